@@ -1,0 +1,63 @@
+"""Configuration, read once from the environment, overridable in a ``with`` block.
+
+``FNNC_CHECKS`` (default ``1``): verify graphs after building and after each pass.
+``FNNC_DEBUG`` (default ``0``): print graphs between passes when ``>= 1``.
+``FNNC_BACKEND`` (default empty): force one backend name for every command that
+supports it, e.g. ``pallas``; ``xla`` forces the reference everywhere.
+
+Example:
+    >>> from fnnc import config
+    >>> with config.override(checks=False):
+    ...     config.get().checks
+    False
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator, Mapping
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Config:
+    """The settings in force. Read them with :func:`get`."""
+
+    checks: bool = True
+    debug: int = 0
+    backend: str = ""
+    backend_per_command: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _from_env() -> Config:
+    return Config(
+        checks=os.environ.get("FNNC_CHECKS", "1") not in ("0", "false", "False", ""),
+        debug=int(os.environ.get("FNNC_DEBUG", "0") or 0),
+        backend=os.environ.get("FNNC_BACKEND", ""),
+    )
+
+
+_current: Config = _from_env()
+
+
+def get() -> Config:
+    """Returns the configuration in force."""
+    return _current
+
+
+@contextlib.contextmanager
+def override(**changes: object) -> Iterator[Config]:
+    """Temporarily replaces some settings; restores them on exit.
+
+    Args:
+        **changes: fields of :class:`Config` to change, e.g. ``checks=False`` or
+            ``backend_per_command={"layer_norm": "pallas"}``.
+    """
+    global _current
+    previous = _current
+    _current = dataclasses.replace(previous, **changes)  # type: ignore[arg-type]
+    try:
+        yield _current
+    finally:
+        _current = previous

@@ -1,0 +1,52 @@
+"""The one error hierarchy of fnnc.
+
+Every error fnnc raises for a user mistake derives from :class:`FnncError` and from
+the matching builtin, so ``except ValueError`` keeps working for callers that do not
+know fnnc. A message says what was expected, what came, where (node, tensor, file),
+and what to do.
+"""
+
+from __future__ import annotations
+
+
+class FnncError(Exception):
+    """Base class of every error fnnc raises on purpose."""
+
+
+class ShapeError(FnncError, ValueError):
+    """A tensor's shape does not fit what a command or graph expects."""
+
+
+class DTypeError(FnncError, TypeError):
+    """A tensor's dtype does not fit what a command or graph expects."""
+
+
+class UnknownCommandError(FnncError, KeyError):
+    """A command name that is not in the registry."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CommandError(FnncError, ValueError):
+    """A command was given bad hyper-parameters or the wrong number of inputs."""
+
+
+class GraphError(FnncError, ValueError):
+    """A graph breaks a structural rule (SSA, def-before-use, unknown symbol)."""
+
+
+class GraphInputError(FnncError, ValueError):
+    """A graph or program was fed the wrong number, shapes or dtypes of arrays."""
+
+
+class GraphFormatError(FnncError, ValueError):
+    """A file or value that was to be loaded as a graph is not one."""
+
+
+class BackendError(FnncError, ValueError):
+    """A forced backend does not support the input it was given."""
+
+
+class TraceError(FnncError, ValueError):
+    """A JAX function could not be traced into a graph."""

@@ -1,0 +1,90 @@
+"""Shared pieces of shape rules and backwards: broadcasting, axes, dtype checks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, NoReturn
+
+import jax.numpy as jnp
+import numpy as np
+
+from fnnc.errors import DTypeError, ShapeError
+from fnnc.ops.command import Spec
+
+
+def fail(msg: str) -> NoReturn:
+    """Raises :class:`ShapeError`; the caller (builder, eager call) adds where."""
+    raise ShapeError(msg)
+
+
+def show(spec: Spec) -> str:
+    return f"{np.dtype(spec.dtype).name}{list(spec.shape)}"
+
+
+def same_shape(x: Spec, *rest: Any, **params: Any) -> Spec:
+    """Shape rule of commands whose output is shaped and typed like input 0."""
+    return Spec(tuple(x.shape), x.dtype)
+
+
+def require_float(name: str, *specs: Spec) -> None:
+    for s in specs:
+        if not jnp.issubdtype(s.dtype, jnp.inexact):
+            raise DTypeError(f"{name}: expected a floating-point input, got {show(s)}")
+
+
+def require_same_dtype(name: str, *specs: Spec) -> np.dtype:
+    dtypes = {np.dtype(s.dtype) for s in specs}
+    if len(dtypes) > 1:
+        raise DTypeError(
+            f"{name}: inputs must share one dtype, got {', '.join(show(s) for s in specs)}; "
+            "insert fnnc.ops.datatype_conversion to convert"
+        )
+    return np.dtype(specs[0].dtype)
+
+
+def broadcast_shape(name: str, *shapes: Sequence[int]) -> tuple[int, ...]:
+    """NumPy broadcasting, with a message naming the command and the shapes."""
+    try:
+        return tuple(np.broadcast_shapes(*(tuple(s) for s in shapes)))
+    except ValueError:
+        fail(f"{name}: shapes {', '.join(str(list(s)) for s in shapes)} do not broadcast")
+
+
+def broadcast(name: str) -> Any:
+    """Shape rule for n-ary elementwise commands (one dtype, NumPy broadcasting)."""
+
+    def rule(*specs: Spec, **params: Any) -> Spec:
+        dtype = require_same_dtype(name, *specs)
+        return Spec(broadcast_shape(name, *(s.shape for s in specs)), dtype)
+
+    return rule
+
+
+def to_shape(x: Any, shape: Sequence[int]) -> Any:
+    """Explicit broadcast (rank promotion stays off)."""
+    shape = tuple(shape)
+    if tuple(x.shape) == shape:
+        return x
+    return jnp.broadcast_to(jnp.reshape(x, (1,) * (len(shape) - x.ndim) + tuple(x.shape)), shape)
+
+
+def unbroadcast(g: Any, shape: Sequence[int]) -> Any:
+    """Sums ``g`` down to ``shape``: the backward of broadcasting."""
+    shape = tuple(shape)
+    if tuple(g.shape) == shape:
+        return g
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1
+    )
+    return jnp.reshape(jnp.sum(g, axis=axes), shape)
+
+
+def norm_axes(name: str, axes: Iterable[int], rank: int) -> tuple[int, ...]:
+    """Axes made non-negative and checked against ``rank``."""
+    out = []
+    for a in axes:
+        if not -rank <= a < rank:
+            fail(f"{name}: axis {a} is out of range for a rank-{rank} input")
+        out.append(a % rank)
+    return tuple(sorted(set(out)))

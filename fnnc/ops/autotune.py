@@ -1,0 +1,81 @@
+"""Autotuning: time the eligible backends of a command on real shapes, keep the winner.
+
+The table maps ``key(command, specs, platform)`` to a backend name; ``compile`` and
+eager execution consult it (see :func:`fnnc.ops.backends.select_backend`). It is
+plain JSON on disk, so a tuned table can ship with a deployment.
+
+Example:
+    >>> import jax.numpy as jnp
+    >>> from fnnc import ops
+    >>> ops.autotune.autotune(ops.relu(), jnp.ones((4, 4)))
+    'xla'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from fnnc.ops.backends import as_specs, backends_of, compiled_forward, why_not
+from fnnc.ops.command import Command, Spec
+
+TABLE: dict[str, str] = {}
+
+
+def key(cmd: Command, specs: Sequence[Spec], platform: str) -> str:
+    """The table key of one (command, input specs, platform)."""
+    shapes = ";".join(f"{s.dtype.name}{list(s.shape)}" for s in specs)
+    return f"{cmd.name}|{cmd.params!r}|{shapes}|{platform}"
+
+
+def autotune(cmd: Command, *arrays: Any, repeats: int = 5, platform: str | None = None) -> str:
+    """Times every backend that compiles here and supports ``arrays``; records the winner.
+
+    Interpret-mode backends are not timed: they are never a speed choice.
+
+    Returns:
+        The winning backend's name (also stored in :data:`TABLE`).
+    """
+    platform = platform or jax.default_backend()
+    specs = as_specs(arrays, str(cmd))
+    times: dict[str, float] = {}
+    for name, backend in backends_of(cmd.name).items():
+        if platform not in backend.platforms or why_not(backend, cmd, specs, platform):
+            continue
+        fn = compiled_forward(cmd, name)
+        jax.block_until_ready(fn(*arrays))
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*arrays))
+            samples.append(time.perf_counter() - start)
+        times[name] = statistics.median(samples)
+    winner = min(times, key=times.__getitem__)
+    TABLE[key(cmd, specs, platform)] = winner
+    return winner
+
+
+def save(path: str | os.PathLike[str]) -> None:
+    """Writes :data:`TABLE` as JSON, atomically (temp file + rename)."""
+    directory = os.path.dirname(os.fspath(path)) or "."
+    with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:
+        json.dump(TABLE, f, indent=1, sort_keys=True)
+    os.replace(f.name, path)
+
+
+def load(path: str | os.PathLike[str]) -> None:
+    """Merges a table written by :func:`save` into :data:`TABLE`."""
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        from fnnc.errors import GraphFormatError
+
+        raise GraphFormatError(f"{path}: not an fnnc autotune table (expected a JSON object)")
+    TABLE.update(data)

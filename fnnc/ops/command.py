@@ -1,0 +1,371 @@
+"""Commands: NNC's ``ccv_nnc_cmd_t`` as frozen, hashable values, and their registry.
+
+A *command* (:class:`Command`) is a name plus hyper-parameters; it holds no arrays,
+so graphs that contain commands stay hashable. Everything fnnc knows about a command
+lives in one :class:`OpDef`, created by the :func:`defcommand` decorator next to the
+command's reference forward:
+
+    @defcommand(family="activation", shape=same_shape, uses=Uses(outputs=(0,)))
+    def relu(x):
+        '''max(x, 0).'''
+        return jnp.maximum(x, 0)
+
+    @relu.backward
+    def _relu_backward(grads, inputs, outputs):
+        (g,), (y,) = grads, outputs
+        return (jnp.where(y > 0, g, 0),)
+
+The decorator returns the *factory*: ``relu()`` builds ``Command("relu")``. Keyword-only
+parameters of the forward are the command's hyper-parameters
+(``gemm(transpose_b=True)``); positional parameters are its inputs, a trailing
+``*inputs`` makes it variadic and a positional default of ``None`` makes an input
+optional.
+
+Backward convention (NNC's): ``backward(grads, inputs, outputs, **params)`` gets
+tuples ``grads`` (one per output, ``None`` where an output has no gradient),
+``inputs`` and ``outputs`` and returns one gradient per input, ``None`` for
+non-differentiable inputs. A tensor not named in ``backward_uses`` arrives as its
+``jax.ShapeDtypeStruct``: its shape is known (to undo broadcasting, say) but its values
+are not, so a backward that lies about what it uses fails loudly instead of silently
+keeping a tensor alive. Commands
+without a hand-written backward derive one from ``jax.vjp`` of the reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from fnnc.errors import CommandError, UnknownCommandError
+
+Spec = jax.ShapeDtypeStruct
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Uses:
+    """Which forward tensors a backward reads (NNC's ``backward_uses`` bitmask).
+
+    Attributes:
+        inputs: indices of forward inputs the backward reads; ``None`` means all.
+        outputs: indices of forward outputs the backward reads.
+    """
+
+    inputs: tuple[int, ...] | None = None
+    outputs: tuple[int, ...] = ()
+
+    def input_used(self, i: int) -> bool:
+        return self.inputs is None or i in self.inputs
+
+
+ALL_INPUTS = Uses()
+NOTHING = Uses(inputs=())
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Attributes:
+    """Properties passes rely on.
+
+    Attributes:
+        random: results depend on a random key; never merged by CSE.
+        has_effects: never removed by DCE even if its outputs are unused.
+        in_place: output 0 may reuse input 0's buffer (donation is safe).
+        differentiable: has a backward at all.
+    """
+
+    random: bool = False
+    has_effects: bool = False
+    in_place: bool = False
+    differentiable: bool = True
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class OpDef:
+    """Everything about one command: shape rule, reference forward, backward, attributes."""
+
+    name: str
+    family: str
+    forward: Callable[..., Any]
+    shape: Callable[..., Spec | tuple[Spec, ...]]
+    backward_uses: Uses
+    attributes: Attributes
+    param_defaults: dict[str, Any]
+    num_required: int
+    num_optional: int
+    variadic: bool
+    doc: str
+    backward_fn: Callable[..., Any] | None = None
+
+    def check_arity(self, n: int, where: str = "") -> None:
+        """Raises :class:`CommandError` unless ``n`` inputs fit this command."""
+        lo, hi = self.num_required, self.num_required + self.num_optional
+        if n < lo or (not self.variadic and n > hi):
+            want = f"at least {lo}" if self.variadic else (f"{lo}" if lo == hi else f"{lo} to {hi}")
+            raise CommandError(
+                f"{where or self.name}: expected {want} input(s), got {n}. "
+                f"Signature: {self.name}{inspect.signature(self.forward)}"
+            )
+
+    def backward(
+        self, grads: Sequence[Any], inputs: Sequence[Any], outputs: Sequence[Any], **params: Any
+    ) -> tuple[Any, ...]:
+        """Gradients of the inputs from gradients of the outputs (NNC convention)."""
+        if self.backward_fn is not None:
+            return tuple(self.backward_fn(tuple(grads), tuple(inputs), tuple(outputs), **params))
+        return vjp_backward(self.forward, grads, inputs, **params)
+
+
+_REGISTRY: dict[str, OpDef] = {}
+
+
+def lookup(name: str) -> OpDef:
+    """Returns the :class:`OpDef` registered under ``name``."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        import difflib
+
+        close = difflib.get_close_matches(name, _REGISTRY, n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise UnknownCommandError(
+            f"unknown command {name!r}.{hint} Known commands are listed by fnnc.ops.registry()."
+        ) from None
+
+
+def registry() -> dict[str, OpDef]:
+    """All registered commands by name (a copy, in registration order)."""
+    return dict(_REGISTRY)
+
+
+def _freeze(value: Any) -> Hashable:
+    """Makes a hyper-parameter hashable: lists become tuples, dtypes become np.dtype."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, np.ndarray):
+        raise CommandError("array hyper-parameters are not allowed; use fnnc.ops.constant")
+    if isinstance(value, np.dtype):
+        return value
+    if isinstance(value, type) and issubclass(value, np.generic):
+        return np.dtype(value)
+    if hasattr(value, "dtype") and not hasattr(value, "shape"):  # jnp.float32 and kin
+        return np.dtype(value.dtype)
+    try:
+        hash(value)
+    except TypeError:
+        raise CommandError(f"hyper-parameter {value!r} is not hashable") from None
+    return value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Command:
+    """A command value: a registered name and its hyper-parameters.
+
+    Calling a command on arrays runs it eagerly with the backend chosen for the
+    current platform:
+
+    >>> import jax.numpy as jnp
+    >>> from fnnc import ops
+    >>> ops.relu()(jnp.array([-1.0, 2.0]))
+    Array([0., 2.], dtype=float32)
+    """
+
+    name: str
+    params: tuple[tuple[str, Hashable], ...] = ()
+
+    @property
+    def definition(self) -> OpDef:
+        """The :class:`OpDef` of this command."""
+        return lookup(self.name)
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """Hyper-parameters as a dict."""
+        return dict(self.params)
+
+    def param(self, key: str) -> Any:
+        """One hyper-parameter by name."""
+        for k, v in self.params:
+            if k == key:
+                return v
+        raise CommandError(f"command {self.name} has no hyper-parameter {key!r}")
+
+    def replace(self, **changes: Any) -> Command:
+        """A copy with some hyper-parameters changed."""
+        return self.definition_factory(**{**self.kwargs, **changes})
+
+    def definition_factory(self, **kwargs: Any) -> Command:
+        return make_command(self.name, kwargs)
+
+    def shape(self, *specs: Spec) -> tuple[Spec, ...]:
+        """Output specs for input specs, from the shape rule (no arrays needed)."""
+        return output_specs(self, specs)
+
+    def __call__(self, *arrays: Any) -> Any:
+        from fnnc.ops.backends import run_eager
+
+        return run_eager(self, arrays)
+
+    def __str__(self) -> str:
+        defaults = self.definition.param_defaults if self.name in _REGISTRY else {}
+        shown = [f"{k}={_show(v)}" for k, v in self.params if defaults.get(k, _MISSING) != v]
+        return f"{self.name}[{', '.join(shown)}]" if shown else self.name
+
+
+_MISSING = object()
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, np.dtype):
+        return value.name
+    if isinstance(value, tuple):
+        return "(" + ",".join(_show(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    return str(value)
+
+
+def make_command(name: str, kwargs: dict[str, Any]) -> Command:
+    """Builds a :class:`Command`, filling defaults and rejecting unknown parameters."""
+    opdef = lookup(name)
+    unknown = [k for k in kwargs if k not in opdef.param_defaults]
+    if unknown:
+        raise CommandError(
+            f"{name}: unknown hyper-parameter(s) {unknown}; "
+            f"expected some of {sorted(opdef.param_defaults)}"
+        )
+    params = []
+    for key, default in opdef.param_defaults.items():
+        value = kwargs.get(key, default)
+        if value is inspect.Parameter.empty:
+            raise CommandError(f"{name}: hyper-parameter {key!r} is required")
+        params.append((key, _freeze(value)))
+    return Command(name, tuple(params))
+
+
+def output_specs(cmd: Command, specs: Sequence[Spec]) -> tuple[Spec, ...]:
+    """Runs the shape rule of ``cmd``; always returns a tuple."""
+    opdef = cmd.definition
+    opdef.check_arity(len(specs))
+    out = opdef.shape(*specs, **cmd.kwargs)
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+class _Factory:
+    """The public constructor of one command, returned by :func:`defcommand`."""
+
+    def __init__(self, opdef: OpDef):
+        self._opdef = opdef
+        self.__name__ = opdef.name
+        self.__qualname__ = opdef.name
+        self.__doc__ = opdef.doc
+        self.__module__ = opdef.forward.__module__
+
+    def __call__(self, **kwargs: Any) -> Command:
+        return make_command(self._opdef.name, kwargs)
+
+    @property
+    def definition(self) -> OpDef:
+        return _REGISTRY[self._opdef.name]
+
+    def backward(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: registers ``fn`` as the hand-written backward of this command."""
+        _REGISTRY[self._opdef.name] = dataclasses.replace(self.definition, backward_fn=fn)
+        return fn
+
+    def __repr__(self) -> str:
+        return f"<fnnc command factory {self._opdef.name}>"
+
+
+def defcommand(
+    *,
+    family: str,
+    shape: Callable[..., Spec | tuple[Spec, ...]],
+    uses: Uses = ALL_INPUTS,
+    name: str | None = None,
+    random: bool = False,
+    has_effects: bool = False,
+    in_place: bool = False,
+    differentiable: bool = True,
+) -> Callable[[Callable[..., Any]], _Factory]:
+    """Registers a command whose reference forward is the decorated function.
+
+    Args:
+        family: NNC family name, e.g. ``"blas"`` or ``"activation"``.
+        shape: the shape rule, ``shape(*specs, **params) -> Spec | tuple[Spec, ...]``;
+            it raises :class:`fnnc.errors.ShapeError` for inputs that do not fit.
+        uses: which forward tensors the backward reads.
+        name: registered name; defaults to the function's name.
+        random, has_effects, in_place, differentiable: see :class:`Attributes`.
+    """
+
+    def decorate(forward: Callable[..., Any]) -> _Factory:
+        sig = inspect.signature(forward)
+        defaults: dict[str, Any] = {}
+        required = optional = 0
+        variadic = False
+        for p in sig.parameters.values():
+            if p.kind is p.KEYWORD_ONLY:
+                defaults[p.name] = p.default
+            elif p.kind is p.VAR_POSITIONAL:
+                variadic = True
+            elif p.default is p.empty:
+                required += 1
+            else:
+                optional += 1
+        cmd_name = name or forward.__name__
+        if cmd_name in _REGISTRY:
+            raise CommandError(f"command {cmd_name!r} is registered twice")
+        _REGISTRY[cmd_name] = OpDef(
+            name=cmd_name,
+            family=family,
+            forward=forward,
+            shape=shape,
+            backward_uses=uses,
+            attributes=Attributes(random, has_effects, in_place, differentiable),
+            param_defaults=defaults,
+            num_required=required,
+            num_optional=optional,
+            variadic=variadic,
+            doc=inspect.getdoc(forward) or "",
+        )
+        return _Factory(_REGISTRY[cmd_name])
+
+    return decorate
+
+
+def is_float(x: Any) -> bool:
+    return x is not None and jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)
+
+
+def vjp_backward(
+    forward: Callable[..., Any], grads: Sequence[Any], inputs: Sequence[Any], **params: Any
+) -> tuple[Any, ...]:
+    """The derived backward: ``jax.vjp`` of the reference over the float inputs."""
+    diff = [i for i, x in enumerate(inputs) if is_float(x)]
+
+    def f(*xs: Any) -> Any:
+        args = list(inputs)
+        for i, x in zip(diff, xs):
+            args[i] = x
+        return forward(*args, **params)
+
+    out, pullback = jax.vjp(f, *[inputs[i] for i in diff])
+    outs = out if isinstance(out, tuple) else (out,)
+    cts = tuple(_cotangent(g, o) for g, o in zip(grads, outs))
+    got = pullback(cts if isinstance(out, tuple) else cts[0])
+    result: list[Any] = [None] * len(inputs)
+    for i, g in zip(diff, got):
+        result[i] = g
+    return tuple(result)
+
+
+def _cotangent(g: Any, out: Any) -> Any:
+    """The cotangent jax.vjp wants for one output: zeros for a missing gradient."""
+    if not is_float(out):
+        return np.zeros(out.shape, jax.dtypes.float0)
+    if g is None:
+        return jax.numpy.zeros_like(out)
+    return g.astype(out.dtype)

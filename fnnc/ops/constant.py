@@ -1,0 +1,89 @@
+"""Constants: array values carried inside a graph as hashable literals.
+
+Graphs hold no arrays, so a constant's value is kept as its bytes in a
+:class:`Literal` (hashable, comparable, serialisable without pickle). ``trace`` turns
+closed-over arrays and jaxpr literals into ``constant`` nodes; ``compile`` passes large
+ones to XLA as arguments rather than baking them into the program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fnnc.ops.command import NOTHING, Command, Spec, defcommand, make_command
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Literal:
+    """An immutable array value: raw bytes, shape and dtype."""
+
+    data: bytes
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @staticmethod
+    def of(value: Any, dtype: Any = None) -> Literal:
+        """A literal from anything ``np.asarray`` takes (a JAX array too)."""
+        arr = np.asarray(value, dtype=dtype)
+        arr = arr.astype(jax.dtypes.canonicalize_dtype(arr.dtype), copy=False)
+        return Literal(np.ascontiguousarray(arr).tobytes(), tuple(arr.shape), arr.dtype)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def numpy(self) -> np.ndarray:
+        """The value as a read-only NumPy array."""
+        return np.frombuffer(self.data, self.dtype).reshape(self.shape)
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash((self.data, self.shape, self.dtype))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Literal)
+            and self.shape == other.shape
+            and self.dtype == other.dtype
+            and self.data == other.data
+        )
+
+    def __str__(self) -> str:
+        if self.size == 1:
+            return repr(self.numpy().reshape(()).item())
+        return f"<{self.dtype.name}{list(self.shape)}>"
+
+
+def _constant_shape(*, value: Literal) -> Spec:
+    return Spec(value.shape, value.dtype)
+
+
+@defcommand(family="data", shape=_constant_shape, uses=NOTHING, differentiable=False,
+            name="constant")
+def _constant(*, value):
+    """A fixed array value (no inputs)."""
+    return jnp.asarray(value.numpy())
+
+
+def constant(value: Any, dtype: Any = None) -> Command:
+    """The command that produces a fixed array.
+
+    >>> import numpy as np
+    >>> from fnnc import ops
+    >>> ops.constant(np.float32(2.5))()
+    Array(2.5, dtype=float32)
+    """
+    lit = value if isinstance(value, Literal) else Literal.of(value, dtype)
+    return make_command("constant", {"value": lit})
+
+
+constant.definition = _constant.definition  # type: ignore[attr-defined]

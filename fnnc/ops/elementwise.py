@@ -1,0 +1,180 @@
+"""Elementwise family: ewsum, ewprod, ewdiv, ewexp, ewlog, ewsqrt, ewabs, clamp, min, max, select.
+
+Binary and n-ary commands broadcast like NumPy (NNC broadcasts size-1 axes); their
+backwards sum gradients back to each input's shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+from jax import lax
+
+from fnnc.ops._rules import (
+    broadcast,
+    broadcast_shape,
+    require_same_dtype,
+    same_shape,
+    show,
+    to_shape,
+    unbroadcast,
+)
+from fnnc.errors import DTypeError
+from fnnc.ops.command import NOTHING, Spec, Uses, defcommand
+
+
+def _out_shape(*xs: Any) -> tuple[int, ...]:
+    return broadcast_shape("elementwise", *(x.shape for x in xs))
+
+
+@defcommand(family="elementwise", shape=broadcast("ewsum"), uses=NOTHING)
+def ewsum(*inputs):
+    """Sum of any number of tensors (broadcasting)."""
+    shape = _out_shape(*inputs)
+    out = to_shape(inputs[0], shape)
+    for x in inputs[1:]:
+        out = out + to_shape(x, shape)
+    return out
+
+
+@ewsum.backward
+def _ewsum_backward(grads, inputs, outputs):
+    (g,) = grads
+    return tuple(unbroadcast(g, x.shape) for x in inputs)
+
+
+@defcommand(family="elementwise", shape=broadcast("ewprod"), uses=Uses(inputs=None))
+def ewprod(*inputs):
+    """Product of any number of tensors (broadcasting)."""
+    shape = _out_shape(*inputs)
+    out = to_shape(inputs[0], shape)
+    for x in inputs[1:]:
+        out = out * to_shape(x, shape)
+    return out
+
+
+@ewprod.backward
+def _ewprod_backward(grads, inputs, outputs):
+    (g,) = grads
+    shape = g.shape
+    result = []
+    for i, x in enumerate(inputs):
+        rest = jnp.ones(shape, g.dtype)
+        for j, y in enumerate(inputs):
+            if j != i:
+                rest = rest * to_shape(y, shape)
+        result.append(unbroadcast(g * rest, x.shape))
+    return tuple(result)
+
+
+@defcommand(family="elementwise", shape=broadcast("ewdiv"), uses=Uses(inputs=(0, 1)))
+def ewdiv(a, b):
+    """a / b (broadcasting). NNC's nil numerator is ``ewdiv(ones, b)``."""
+    shape = _out_shape(a, b)
+    return to_shape(a, shape) / to_shape(b, shape)
+
+
+@ewdiv.backward
+def _ewdiv_backward(grads, inputs, outputs):
+    (g,), (a, b) = grads, inputs
+    bb = to_shape(b, g.shape)
+    ga = g / bb
+    return unbroadcast(ga, a.shape), unbroadcast(-ga * to_shape(a, g.shape) / bb, b.shape)
+
+
+def _unary(name: str, fn, grad_from, uses: Uses):
+    """Defines a unary elementwise command with backward ``g * grad_from(x, y)``."""
+
+    def forward(x):
+        return fn(x)
+
+    forward.__name__ = name
+    forward.__doc__ = f"Elementwise {name[2:] if name.startswith('ew') else name}(x)."
+    factory = defcommand(family="elementwise", shape=same_shape, uses=uses)(forward)
+
+    @factory.backward
+    def _backward(grads, inputs, outputs):
+        return (grads[0] * grad_from(inputs[0], outputs[0]),)
+
+    return factory
+
+
+ewexp = _unary("ewexp", jnp.exp, lambda x, y: y, Uses(inputs=(), outputs=(0,)))
+ewlog = _unary("ewlog", jnp.log, lambda x, y: 1 / x, Uses(inputs=(0,)))
+ewsqrt = _unary("ewsqrt", jnp.sqrt, lambda x, y: 0.5 / y, Uses(inputs=(), outputs=(0,)))
+ewabs = _unary("ewabs", jnp.abs, lambda x, y: jnp.sign(x), Uses(inputs=(0,)))
+
+
+@defcommand(family="elementwise", shape=same_shape, uses=Uses(inputs=(0,)))
+def clamp(x, *, min=None, max=None):
+    """Clamps x to [min, max]; either bound may be None (NNC's CLAMP)."""
+    if min is not None:
+        x = jnp.maximum(x, jnp.asarray(min, x.dtype))
+    if max is not None:
+        x = jnp.minimum(x, jnp.asarray(max, x.dtype))
+    return x
+
+
+@clamp.backward
+def _clamp_backward(grads, inputs, outputs, *, min=None, max=None):
+    (g,), (x,) = grads, inputs
+    keep = jnp.ones(x.shape, bool)
+    if min is not None:
+        keep = keep & (x >= min)
+    if max is not None:
+        keep = keep & (x <= max)
+    return (jnp.where(keep, g, jnp.zeros_like(g)),)
+
+
+def _minmax(name: str, pick):
+    def forward(a, b):
+        shape = _out_shape(a, b)
+        return pick(to_shape(a, shape), to_shape(b, shape))
+
+    forward.__name__ = name
+    forward.__doc__ = f"Elementwise {name} of two tensors (broadcasting); ties send the gradient to a."
+    factory = defcommand(family="elementwise", shape=broadcast(name))(forward)
+
+    @factory.backward
+    def _backward(grads, inputs, outputs):
+        (g,), (a, b) = grads, inputs
+        shape = g.shape
+        a_wins = pick(to_shape(a, shape), to_shape(b, shape)) == to_shape(a, shape)
+        zero = jnp.zeros_like(g)
+        return (
+            unbroadcast(jnp.where(a_wins, g, zero), a.shape),
+            unbroadcast(jnp.where(a_wins, zero, g), b.shape),
+        )
+
+    return factory
+
+
+min = _minmax("min", jnp.minimum)  # noqa: A001 - NNC's command name
+max = _minmax("max", jnp.maximum)  # noqa: A001 - NNC's command name
+
+
+def _select_shape(cond: Spec, a: Spec, b: Spec) -> Spec:
+    if cond.dtype != jnp.bool_:
+        raise DTypeError(f"select: condition must be bool, got {show(cond)}")
+    dtype = require_same_dtype("select", a, b)
+    return Spec(broadcast_shape("select", cond.shape, a.shape, b.shape), dtype)
+
+
+@defcommand(family="elementwise", shape=_select_shape, uses=Uses(inputs=(0,)))
+def select(cond, a, b):
+    """``a`` where ``cond`` else ``b`` (broadcasting), like ``jnp.where``."""
+    shape = _out_shape(cond, a, b)
+    return lax.select(to_shape(cond, shape), to_shape(a, shape), to_shape(b, shape))
+
+
+@select.backward
+def _select_backward(grads, inputs, outputs):
+    (g,), (cond, a, b) = grads, inputs
+    c = to_shape(cond, g.shape)
+    zero = jnp.zeros_like(g)
+    return (
+        None,
+        unbroadcast(jnp.where(c, g, zero), a.shape),
+        unbroadcast(jnp.where(c, zero, g), b.shape),
+    )

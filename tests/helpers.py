@@ -1,0 +1,34 @@
+"""Shared assertions and input makers for the tests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+
+def assert_close(got: Any, want: Any, rtol: float = 1e-5, atol: float = 1e-5, what: str = "") -> None:
+    """Pytrees ``got`` and ``want`` agree leaf by leaf (shapes, dtypes kinds, values)."""
+    g_leaves, g_tree = jax.tree.flatten(got)
+    w_leaves, w_tree = jax.tree.flatten(want)
+    assert len(g_leaves) == len(w_leaves), f"{what}: {g_tree} != {w_tree}"
+    for i, (g, w) in enumerate(zip(g_leaves, w_leaves)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.shape == w.shape, f"{what} leaf {i}: shape {g.shape} != {w.shape}"
+        np.testing.assert_allclose(
+            g.astype(np.float64), w.astype(np.float64), rtol=rtol, atol=atol,
+            err_msg=f"{what} leaf {i}",
+        )
+
+
+def rand(shape: Sequence[int], dtype: Any = np.float32, seed: int = 0, lo: float = -1.0, hi: float = 1.0) -> np.ndarray:
+    """Deterministic uniform values."""
+    rng = np.random.default_rng(seed)
+    return rng.uniform(lo, hi, size=tuple(shape)).astype(dtype)
+
+
+def randint(shape: Sequence[int], high: int, seed: int = 0, dtype: Any = np.int32) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, high, size=tuple(shape)).astype(dtype)

@@ -1,0 +1,18 @@
+from fnnc import ops
+from tests.helpers import rand
+from tests.ops.cases import Case
+
+CASES = [
+    Case(ops.ewsum(), (rand([2, 3]), rand([2, 3], seed=1), rand([1, 3], seed=2)), "ewsum-bcast"),
+    Case(ops.ewprod(), (rand([2, 3]), rand([2, 1], seed=1)), "ewprod"),
+    Case(ops.ewdiv(), (rand([2, 3]), rand([1, 3], seed=1, lo=0.5, hi=2.0)), "ewdiv"),
+    Case(ops.ewexp(), (rand([4]),), "ewexp"),
+    Case(ops.ewlog(), (rand([4], lo=0.5, hi=2.0),), "ewlog"),
+    Case(ops.ewsqrt(), (rand([4], lo=0.5, hi=2.0),), "ewsqrt"),
+    Case(ops.ewabs(), (rand([5], seed=3),), "ewabs"),
+    Case(ops.clamp(min=-0.5, max=0.5), (rand([3, 3]),), "clamp"),
+    Case(ops.clamp(min=0.0), (rand([3, 3], seed=4),), "clamp-min"),
+    Case(ops.min(), (rand([2, 3]), rand([2, 3], seed=1)), "min"),
+    Case(ops.max(), (rand([2, 3]), rand([1, 3], seed=1)), "max-bcast"),
+    Case(ops.select(), (rand([2, 3], seed=5) > 0, rand([2, 3]), rand([2, 3], seed=1)), "select"),
+]

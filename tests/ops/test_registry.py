@@ -1,0 +1,147 @@
+"""One sweep over every registered command.
+
+For each case: the shape rule equals ``jax.eval_shape`` of the reference forward; the
+backward (hand-written or derived) equals ``jax.vjp`` of the reference, while every
+tensor outside ``backward_uses`` is handed in as a bare spec (so a backward that reads
+what it did not declare fails); the backward passes a float64 finite-difference check;
+an eager call equals the reference.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.ops.command import is_float
+from tests import ops as ops_tests
+from tests.helpers import assert_close
+from tests.ops.cases import Case
+
+CASES: list[Case] = []
+for info in pkgutil.iter_modules(ops_tests.__path__):
+    if info.name.startswith("cases_"):
+        CASES += importlib.import_module(f"tests.ops.{info.name}").CASES
+
+# Commands that cannot be given a fixed case here, with the test that covers them.
+COVERED_ELSEWHERE = {"primitive": "tests/graph/test_trace.py"}
+
+
+def _ids(cases: list[Case]) -> list[str]:
+    return [c.id for c in cases]
+
+
+def _forward(case: Case, *xs):
+    out = case.cmd.definition.forward(*xs, **case.cmd.kwargs)
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _grad_inputs(case: Case) -> list[int]:
+    if case.grad_inputs is not None:
+        return list(case.grad_inputs)
+    return [i for i, x in enumerate(case.inputs) if is_float(np.asarray(x))]
+
+
+def _cotangents(outs, seed: int = 7):
+    rng = np.random.default_rng(seed)
+    return tuple(
+        jnp.asarray(rng.uniform(-1, 1, o.shape).astype(o.dtype)) if is_float(o) else None
+        for o in outs
+    )
+
+
+def _our_backward(case: Case, cts, xs, outs):
+    opdef = case.cmd.definition
+    uses = opdef.backward_uses
+    spec = lambda t: jax.ShapeDtypeStruct(t.shape, t.dtype)  # noqa: E731
+    ins = tuple(x if uses.input_used(i) else spec(x) for i, x in enumerate(xs))
+    outs = tuple(o if i in uses.outputs else spec(o) for i, o in enumerate(outs))
+    return opdef.backward(cts, ins, outs, **case.cmd.kwargs)
+
+
+def test_every_command_has_a_case() -> None:
+    have = {c.cmd.name for c in CASES}
+    missing = [n for n in ops.registry() if n not in have and n not in COVERED_ELSEWHERE]
+    assert not missing, f"commands without a case in tests/ops/cases_*.py: {missing}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_shape_rule_matches_eval_shape(case: Case) -> None:
+    specs = [jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype) for x in case.inputs]
+    want = jax.eval_shape(lambda *xs: _forward(case, *xs), *specs)
+    got = case.cmd.shape(*specs)
+    assert [(tuple(s.shape), np.dtype(s.dtype)) for s in got] == [
+        (tuple(s.shape), np.dtype(s.dtype)) for s in want
+    ]
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_eager_call_matches_reference(case: Case) -> None:
+    got = case.cmd(*case.inputs)
+    want = _forward(case, *map(jnp.asarray, case.inputs))
+    assert_close(got if isinstance(got, tuple) else (got,), want, case.rtol, case.atol)
+
+
+_DIFF = [c for c in CASES if c.cmd.definition.attributes.differentiable]
+
+
+@pytest.mark.parametrize("case", _DIFF, ids=_ids(_DIFF))
+def test_backward_matches_vjp(case: Case) -> None:
+    xs = tuple(map(jnp.asarray, case.inputs))
+    which = _grad_inputs(case)
+
+    def f(*diff):
+        args = list(xs)
+        for i, d in zip(which, diff):
+            args[i] = d
+        return tuple(o for o in _forward(case, *args))
+
+    outs, pullback = jax.vjp(f, *[xs[i] for i in which])
+    cts = _cotangents(outs)
+    full_cts = tuple(
+        c if c is not None else np.zeros(o.shape, jax.dtypes.float0) for c, o in zip(cts, outs)
+    )
+    want = pullback(full_cts)
+    got = _our_backward(case, cts, xs, outs)
+    assert len(got) == len(xs), f"backward returned {len(got)} gradients for {len(xs)} inputs"
+    for i, w in zip(which, want):
+        assert got[i] is not None, f"input {i}: backward gave None"
+        assert_close(got[i], w, case.rtol, case.atol, what=f"grad of input {i}")
+
+
+_NUMERIC = [c for c in _DIFF if c.numeric]
+
+
+@pytest.mark.parametrize("case", _NUMERIC, ids=_ids(_NUMERIC))
+def test_backward_finite_differences(case: Case) -> None:
+    with jax.enable_x64(True):
+        xs = tuple(
+            jnp.asarray(x, jnp.float64) if is_float(np.asarray(x)) else jnp.asarray(x)
+            for x in case.inputs
+        )
+        which = _grad_inputs(case)
+        outs = _forward(case, *xs)
+        cts = _cotangents(outs)
+        got = _our_backward(case, cts, xs, outs)
+        rng = np.random.default_rng(11)
+        dirs = {i: jnp.asarray(rng.uniform(-1, 1, xs[i].shape)) for i in which}
+        eps = 1e-6
+
+        def objective(sign: float) -> float:
+            args = list(xs)
+            for i in which:
+                args[i] = xs[i] + sign * eps * dirs[i]
+            total = 0.0
+            for c, o in zip(cts, _forward(case, *args)):
+                if c is not None:
+                    total += float(jnp.sum(c.astype(o.dtype) * o))
+            return total
+
+        numeric = (objective(1.0) - objective(-1.0)) / (2 * eps)
+        analytic = sum(float(jnp.sum(got[i] * dirs[i])) for i in which)
+        assert np.isclose(analytic, numeric, rtol=1e-4, atol=1e-6), (analytic, numeric)
