@@ -1,0 +1,35 @@
+"""fnnc's symbolic graph: immutable SSA data, passes as pure functions, compile and interpret.
+
+Build a graph by hand or trace a JAX function into one, then interpret it (the
+oracle) or compile it into one jitted XLA program:
+
+>>> import numpy as np
+>>> from fnnc import ops
+>>> from fnnc.graph import GraphBuilder, compile, interpret
+>>> b = GraphBuilder()
+>>> x = b.input((2, 3), name="x")
+>>> w = b.input((4, 3), name="w")
+>>> y = b.exec(ops.relu(), b.exec(ops.gemm(transpose_b=True), x, w, name="fc"))
+>>> graph = b.build([y])
+>>> print(graph)
+graph(%0:f32[2,3] x, %1:f32[4,3] w) {
+  %2:f32[2,4] = gemm[transpose_b=True](%0, %1)  # fc
+  %3:f32[2,4] = relu(%2)
+  return %3
+}
+>>> xs = (np.ones((2, 3), np.float32), np.ones((4, 3), np.float32))
+>>> bool((compile(graph)(*xs) == interpret(graph, *xs)).all())
+True
+"""
+
+from fnnc.graph.builder import GraphBuilder as GraphBuilder
+from fnnc.graph.compile import MemoryReport as MemoryReport
+from fnnc.graph.compile import Program as Program
+from fnnc.graph.compile import compile as compile  # noqa: A004
+from fnnc.graph.interpret import interpret as interpret
+from fnnc.graph.ir import AliasSymbol as AliasSymbol
+from fnnc.graph.ir import Graph as Graph
+from fnnc.graph.ir import Node as Node
+from fnnc.graph.ir import TensorSymbol as TensorSymbol
+from fnnc.graph.text import to_dot as to_dot
+from fnnc.graph.verify import verify as verify

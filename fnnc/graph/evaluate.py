@@ -1,0 +1,99 @@
+"""Running a graph's nodes in order: the semantics that ``interpret`` and ``compile`` share.
+
+Values live in an environment keyed by *root* symbol id. Reading an alias views its
+root; a node writing an alias updates its root functionally (so XLA can do it in
+place). A root written only through aliases starts as zeros; its unwritten elements
+stay zero (NNC leaves them uninitialised; fnnc makes them defined).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from fnnc.graph.ir import AliasSymbol, Graph, Node, contiguous_strides
+
+NodeRunner = Callable[[int, Node, list[Any]], Sequence[Any]]
+
+
+@functools.lru_cache(maxsize=4096)
+def _view_plan(sym: AliasSymbol, root_shape: tuple[int, ...]) -> tuple[str, Any]:
+    """How to read/write this view: ("slice", starts), ("block", None) or ("gather", idx)."""
+    size = int(np.prod(sym.shape, dtype=np.int64))
+    if len(sym.shape) == len(root_shape) and sym.stride == contiguous_strides(root_shape):
+        starts = np.unravel_index(sym.base, root_shape) if np.prod(root_shape) else (0,) * len(
+            root_shape)
+        starts = tuple(int(s) for s in starts)
+        if all(s + n <= r for s, n, r in zip(starts, sym.shape, root_shape)):
+            return "slice", starts
+    if sym.stride == contiguous_strides(sym.shape) or size <= 1:
+        return "block", None
+    return "gather", sym.flat_indices()
+
+
+def read_view(root: Any, sym: AliasSymbol) -> Any:
+    """The values of view ``sym`` of array ``root``."""
+    kind, plan = _view_plan(sym, tuple(root.shape))
+    if kind == "slice":
+        return lax.slice(root, plan, tuple(s + n for s, n in zip(plan, sym.shape)))
+    flat = jnp.reshape(root, (-1,))
+    if kind == "block":
+        size = int(np.prod(sym.shape, dtype=np.int64))
+        return jnp.reshape(lax.slice(flat, (sym.base,), (sym.base + size,)), sym.shape)
+    return jnp.reshape(flat[plan.reshape(-1)], sym.shape)
+
+
+def write_view(root: Any, sym: AliasSymbol, value: Any) -> Any:
+    """``root`` with view ``sym`` replaced by ``value``."""
+    kind, plan = _view_plan(sym, tuple(root.shape))
+    value = value.astype(root.dtype)
+    if kind == "slice":
+        return lax.dynamic_update_slice(root, value, plan)
+    flat = jnp.reshape(root, (-1,))
+    if kind == "block":
+        flat = lax.dynamic_update_slice(flat, jnp.reshape(value, (-1,)), (sym.base,))
+    else:
+        flat = flat.at[plan.reshape(-1)].set(jnp.reshape(value, (-1,)))
+    return jnp.reshape(flat, root.shape)
+
+
+def run_nodes(graph: Graph, args: Sequence[Any], run_node: NodeRunner) -> list[Any]:
+    """Evaluates ``graph`` on input values ``args``; returns the output values.
+
+    ``run_node(index, node, input_values)`` computes one node's outputs.
+    """
+    env: dict[int, Any] = dict(zip(graph.inputs, args))
+    symbols = graph.symbols
+
+    def read(sid: int) -> Any:
+        sym = symbols[sid]
+        if isinstance(sym, AliasSymbol):
+            root = env.get(sym.root)
+            if root is None:
+                root = env[sym.root] = jnp.zeros(symbols[sym.root].shape, sym.dtype)
+            return read_view(root, sym)
+        if sid not in env:
+            env[sid] = jnp.zeros(sym.shape, sym.dtype)
+        return env[sid]
+
+    for index, node in enumerate(graph.nodes):
+        outs = run_node(index, node, [read(s) for s in node.inputs])
+        for sid, value in zip(node.outputs, outs):
+            sym = symbols[sid]
+            if isinstance(sym, AliasSymbol):
+                root = env.get(sym.root)
+                if root is None:
+                    root = jnp.zeros(symbols[sym.root].shape, sym.dtype)
+                env[sym.root] = write_view(root, sym, value)
+            else:
+                env[sid] = value
+    return [read(s) for s in graph.outputs]
+
+
+def as_tuple(out: Any) -> tuple[Any, ...]:
+    return out if isinstance(out, tuple) else (out,)

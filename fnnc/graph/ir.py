@@ -1,0 +1,191 @@
+"""The symbolic graph IR: three small frozen records and the graph that holds them.
+
+* :class:`TensorSymbol` — a tensor with a spec (shape, dtype) and a name. It is
+  written once: by being a graph input, by being a node output, or piecewise through
+  disjoint alias writes (NNC's tensor symbol).
+* :class:`AliasSymbol` — a strided view of a root tensor symbol (NNC's alias): element
+  ``i`` of the view is element ``base + sum(i[d] * stride[d])`` of the root's flat,
+  row-major buffer. Slices and reshapes are aliases; an alias of an alias is stored as
+  an alias of the root.
+* :class:`Node` — one command applied to input symbols, writing output symbols.
+
+A :class:`Graph` holds symbols (``symbols[i].id == i``), nodes in a valid execution
+order, graph inputs and outputs. No arrays live in the IR (constants are hashable
+literals inside commands), so a graph is hashable and keys caches. Edit graphs with
+:func:`dataclasses.replace` or a :class:`~fnnc.graph.GraphBuilder`; every pass returns
+the same object when nothing changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import numpy as np
+
+from fnnc.ops import Command
+
+Spec = jax.ShapeDtypeStruct
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides, in elements."""
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TensorSymbol:
+    """A tensor of the graph: id, shape, dtype, name."""
+
+    id: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    name: str = ""
+
+    @property
+    def spec(self) -> Spec:
+        return Spec(self.shape, self.dtype)
+
+    @property
+    def root(self) -> int:
+        return self.id
+
+    @property
+    def is_alias(self) -> bool:
+        return False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AliasSymbol:
+    """A strided view of the root symbol ``root`` (see module doc for the rule)."""
+
+    id: int
+    root: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    base: int
+    stride: tuple[int, ...]
+    name: str = ""
+
+    @property
+    def spec(self) -> Spec:
+        return Spec(self.shape, self.dtype)
+
+    @property
+    def is_alias(self) -> bool:
+        return True
+
+    def flat_indices(self) -> np.ndarray:
+        """Root-buffer element indices of this view, shaped like the view."""
+        idx = np.full(self.shape, self.base, dtype=np.int64)
+        for d, (n, s) in enumerate(zip(self.shape, self.stride)):
+            shape = [1] * len(self.shape)
+            shape[d] = n
+            idx = idx + np.arange(n, dtype=np.int64).reshape(shape) * s
+        return idx
+
+    def last_index(self) -> int:
+        return self.base + sum((n - 1) * s for n, s in zip(self.shape, self.stride) if n > 0)
+
+
+Symbol = TensorSymbol | AliasSymbol
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Node:
+    """One command applied to symbols: ``outputs = cmd(*inputs)``."""
+
+    cmd: Command
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    name: str = ""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Graph:
+    """An immutable SSA graph. Build one with :class:`~fnnc.graph.GraphBuilder` or
+    :func:`~fnnc.graph.trace`.
+
+    Attributes:
+        symbols: every symbol, ``symbols[i].id == i``.
+        nodes: nodes in execution order.
+        inputs: ids of the graph inputs (what callers pass, in order).
+        outputs: ids of the graph outputs.
+        out_tree: optional pytree structure of the outputs (set by ``trace``);
+            ``None`` means one output is returned bare and several as a tuple.
+    """
+
+    symbols: tuple[Symbol, ...]
+    nodes: tuple[Node, ...]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    out_tree: Any = None
+
+    def symbol(self, sid: int) -> Symbol:
+        return self.symbols[sid]
+
+    def spec(self, sid: int) -> Spec:
+        return self.symbols[sid].spec
+
+    def label(self, sid: int) -> str:
+        """``%3`` or ``%3 (name)`` for messages."""
+        name = self.symbols[sid].name
+        return f"%{sid} ({name})" if name else f"%{sid}"
+
+    @functools.cached_property
+    def producers(self) -> dict[int, int]:
+        """Symbol id -> index of the node that writes it (aliases map to their writer)."""
+        return {o: i for i, node in enumerate(self.nodes) for o in node.outputs}
+
+    @functools.cached_property
+    def consumers(self) -> dict[int, list[int]]:
+        """Symbol id -> indices of the nodes that read it, in order."""
+        out: dict[int, list[int]] = {}
+        for i, node in enumerate(self.nodes):
+            for s in node.inputs:
+                out.setdefault(s, []).append(i)
+        return out
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash((self.symbols, self.nodes, self.inputs, self.outputs, self.out_tree))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        return (
+            isinstance(other, Graph)
+            and hash(self) == hash(other)
+            and (self.symbols, self.nodes, self.inputs, self.outputs, self.out_tree)
+            == (other.symbols, other.nodes, other.inputs, other.outputs, other.out_tree)
+        )
+
+    def __str__(self) -> str:
+        from fnnc.graph.text import format_graph
+
+        return format_graph(self)
+
+    def __repr__(self) -> str:
+        return f"<Graph: {len(self.inputs)} inputs, {len(self.nodes)} nodes, {len(self.outputs)} outputs>"
+
+    @property
+    def input_specs(self) -> tuple[Spec, ...]:
+        return tuple(self.spec(i) for i in self.inputs)
+
+    @property
+    def output_specs(self) -> tuple[Spec, ...]:
+        return tuple(self.spec(i) for i in self.outputs)
+
+
+def num_elements(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)

@@ -1,0 +1,115 @@
+"""verify: the structural rules every graph obeys, checked with messages that point.
+
+Rules: symbol ids equal positions; graph inputs are plain tensors, each once; every
+node's command exists and its shape rule reproduces the output specs; SSA (a tensor
+is written once: as an input, by one node, or piecewise by disjoint alias writes);
+def-before-use (a tensor, or any view of it, is read only after every write to it);
+graph outputs are defined.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fnnc.errors import FnncError, GraphError
+from fnnc.graph.ir import AliasSymbol, Graph, TensorSymbol
+from fnnc.graph.text import format_graph
+from fnnc.ops.command import output_specs
+
+
+def _fail(graph: Graph, msg: str, node: int | None = None) -> None:
+    listing = format_graph(graph, mark=node, window=3) if node is not None else ""
+    raise GraphError(f"verify: {msg}" + (f"\n{listing}" if listing else ""))
+
+
+def verify(graph: Graph) -> Graph:
+    """Checks ``graph``; returns it unchanged, or raises :class:`GraphError` naming the node.
+
+    >>> from fnnc import ops
+    >>> from fnnc.graph import GraphBuilder, verify
+    >>> b = GraphBuilder()
+    >>> x = b.input((3,), name="x")
+    >>> g = verify(b.build([b.exec(ops.relu(), x)]))
+    """
+    symbols = graph.symbols
+    n = len(symbols)
+    for i, sym in enumerate(symbols):
+        if sym.id != i:
+            _fail(graph, f"symbol at position {i} has id {sym.id}")
+        if isinstance(sym, AliasSymbol):
+            root = symbols[sym.root] if 0 <= sym.root < n else None
+            if not isinstance(root, TensorSymbol):
+                _fail(graph, f"alias %{i} views %{sym.root}, which is not a tensor symbol")
+            elif sym.base < 0 or (0 not in sym.shape and sym.last_index() >= np.prod(root.shape)):
+                _fail(graph, f"alias %{i} reaches outside its root %{sym.root}")
+    written: dict[int, int] = {}  # root id -> index of last node writing it (-1 = input)
+    alias_writes: dict[int, list[AliasSymbol]] = {}
+    for sid in graph.inputs:
+        if not 0 <= sid < n or isinstance(symbols[sid], AliasSymbol):
+            _fail(graph, f"graph input %{sid} is not a tensor symbol of the graph")
+        if sid in written:
+            _fail(graph, f"graph input {graph.label(sid)} is listed twice")
+        written[sid] = -1
+    first_read: dict[int, int] = {}
+    for index, node in enumerate(graph.nodes):
+        for sid in node.inputs:
+            if not 0 <= sid < n:
+                _fail(graph, f"node {index} reads %{sid}, which is not in the graph", index)
+            root = symbols[sid].root
+            if root not in written:
+                _fail(graph, f"node {index} ({node.cmd.name}) reads {graph.label(sid)} before "
+                      "it is written", index)
+            first_read.setdefault(root, index)
+        try:
+            specs = output_specs(node.cmd, [symbols[s].spec for s in node.inputs])
+        except FnncError as e:
+            _fail(graph, f"node {index} ({node.name or node.cmd.name}): {e}", index)
+        if len(specs) != len(node.outputs):
+            _fail(graph, f"node {index} ({node.cmd.name}) has {len(node.outputs)} outputs, its "
+                  f"command produces {len(specs)}", index)
+        for sid, spec in zip(node.outputs, specs):
+            if not 0 <= sid < n:
+                _fail(graph, f"node {index} writes %{sid}, which is not in the graph", index)
+            sym = symbols[sid]
+            if sym.shape != tuple(spec.shape) or np.dtype(sym.dtype) != np.dtype(spec.dtype):
+                _fail(graph, f"node {index} ({node.cmd}) declares {graph.label(sid)} as "
+                      f"{np.dtype(sym.dtype).name}{list(sym.shape)}, its shape rule gives "
+                      f"{np.dtype(spec.dtype).name}{list(spec.shape)}", index)
+            _check_write(graph, index, sym, written, alias_writes, first_read)
+    for sid in graph.outputs:
+        if not 0 <= sid < n or symbols[sid].root not in written:
+            _fail(graph, f"graph output %{sid} is never written")
+    for root, views in alias_writes.items():
+        _check_disjoint(graph, root, views)
+    return graph
+
+
+def _check_write(graph, index, sym, written, alias_writes, first_read) -> None:
+    root = sym.root
+    if root in first_read and first_read[root] < index:
+        _fail(graph, f"node {index} writes {graph.label(sym.id)} after node {first_read[root]} "
+              "already read it (def-before-use)", index)
+    if isinstance(sym, AliasSymbol):
+        if root in written and root not in alias_writes:
+            _fail(graph, f"node {index} writes alias {graph.label(sym.id)} of "
+                  f"{graph.label(root)}, which is already written whole (SSA)", index)
+        if any(v.id == sym.id for v in alias_writes.get(root, ())):
+            _fail(graph, f"node {index} writes alias {graph.label(sym.id)} a second time", index)
+        alias_writes.setdefault(root, []).append(sym)
+    elif root in written:
+        how = "is a graph input" if written[root] == -1 else f"was written by node {written[root]}"
+        _fail(graph, f"node {index} writes {graph.label(sym.id)}, which {how} (SSA: each "
+              "symbol is written once; write a new symbol instead)", index)
+    written[root] = index
+
+
+def _check_disjoint(graph: Graph, root: int, views: list[AliasSymbol]) -> None:
+    if len(views) < 2:
+        return
+    seen = np.zeros(int(np.prod(graph.symbol(root).shape)), dtype=bool)
+    for view in views:
+        idx = view.flat_indices().reshape(-1)
+        if seen[idx].any():
+            _fail(graph, f"alias writes into {graph.label(root)} overlap at alias "
+                  f"{graph.label(view.id)} (disjoint alias writes only)")
+        seen[idx] = True
