@@ -31,5 +31,9 @@ from fnnc.graph.ir import AliasSymbol as AliasSymbol
 from fnnc.graph.ir import Graph as Graph
 from fnnc.graph.ir import Node as Node
 from fnnc.graph.ir import TensorSymbol as TensorSymbol
+from fnnc.graph.serialize import from_data as from_data
+from fnnc.graph.serialize import load as load
+from fnnc.graph.serialize import save as save
+from fnnc.graph.serialize import to_data as to_data
 from fnnc.graph.text import to_dot as to_dot
 from fnnc.graph.verify import verify as verify

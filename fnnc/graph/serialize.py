@@ -1,0 +1,234 @@
+"""save / load: graphs as plain JSON data (never pickle).
+
+A file holds ``{"format": "fnnc.graph", "version": 1, ...}`` with symbols, nodes
+(command name + hyper-parameters), inputs, outputs and the output tree. Values that
+JSON lacks are tagged: ``{"$tuple": [...]}``, ``{"$dtype": "float32"}``,
+``{"$literal": base64, ...}`` (constants), ``{"$command": ...}``, ``{"$graph": ...}``
+(sub-graphs), ``{"$float": "inf"}``. Loading rebuilds the graph and verifies it.
+
+Generic ``primitive`` nodes (JAX primitives carried by ``trace``) hold live JAX
+objects and cannot be saved; :func:`save` says which node.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import tempfile
+import warnings
+from typing import Any
+
+import jax
+import numpy as np
+
+from fnnc.errors import FnncError, GraphFormatError
+from fnnc.graph.ir import AliasSymbol, Graph, Node, TensorSymbol
+from fnnc.ops import Command, Literal
+from fnnc.ops.command import lookup
+
+FORMAT, VERSION = "fnnc.graph", 1
+
+
+# -- values ------------------------------------------------------------------
+def _enc(value: Any, where: str) -> Any:
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"$float": repr(value)}
+    if isinstance(value, tuple):
+        return {"$tuple": [_enc(v, where) for v in value]}
+    if isinstance(value, np.dtype):
+        return {"$dtype": value.name}
+    if isinstance(value, np.generic):
+        return _enc(value.item(), where)
+    if isinstance(value, Literal):
+        return {"$literal": base64.b64encode(value.data).decode("ascii"),
+                "shape": list(value.shape), "dtype": value.dtype.name}
+    if isinstance(value, Command):
+        return {"$command": _enc_command(value, where)}
+    if isinstance(value, Graph):
+        return {"$graph": to_data(value)}
+    raise GraphFormatError(
+        f"save: {where} holds a {type(value).__name__} ({value!r:.80}), which has no file "
+        "form; graphs with generic JAX primitives (from trace) can be compiled but not saved"
+    )
+
+
+def _dec(value: Any, where: str) -> Any:
+    if not isinstance(value, dict):
+        if isinstance(value, list):
+            raise GraphFormatError(f"load: {where}: bare list (expected a tagged value)")
+        return value
+    if "$tuple" in value:
+        return tuple(_dec(v, where) for v in value["$tuple"])
+    if "$dtype" in value:
+        return np.dtype(value["$dtype"])
+    if "$float" in value:
+        return float(value["$float"])
+    if "$literal" in value:
+        data = base64.b64decode(value["$literal"], validate=True)
+        shape, dtype = tuple(value["shape"]), np.dtype(value["dtype"])
+        if len(data) != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+            raise GraphFormatError(f"load: {where}: constant of {dtype}{list(shape)} has "
+                                   f"{len(data)} bytes")
+        return Literal(data, shape, dtype)
+    if "$command" in value:
+        return _dec_command(value["$command"], where)
+    if "$graph" in value:
+        return from_data(value["$graph"])
+    raise GraphFormatError(f"load: {where}: unknown tagged value with keys {sorted(value)}")
+
+
+def _enc_command(cmd: Command, where: str) -> dict[str, Any]:
+    return {"name": cmd.name, "params": [[k, _enc(v, f"{where} param {k}")] for k, v in cmd.params]}
+
+
+def _dec_command(data: dict[str, Any], where: str) -> Command:
+    name = data["name"]
+    lookup(name)  # UnknownCommandError names it
+    params = tuple((k, _dec(v, f"{where} param {k}")) for k, v in data["params"])
+    return Command(name, params)
+
+
+# -- graphs ------------------------------------------------------------------
+def to_data(graph: Graph) -> dict[str, Any]:
+    """The graph as JSON-able data."""
+    symbols = []
+    for s in graph.symbols:
+        entry: dict[str, Any] = {"shape": list(s.shape), "dtype": np.dtype(s.dtype).name,
+                                 "name": s.name}
+        if isinstance(s, AliasSymbol):
+            entry.update(root=s.root, base=s.base, stride=list(s.stride))
+        symbols.append(entry)
+    nodes = [
+        {"cmd": _enc_command(n.cmd, f"node {i} ({n.name or n.cmd.name})"),
+         "inputs": list(n.inputs), "outputs": list(n.outputs), "name": n.name}
+        for i, n in enumerate(graph.nodes)
+    ]
+    return {"format": FORMAT, "version": VERSION, "symbols": symbols, "nodes": nodes,
+            "inputs": list(graph.inputs), "outputs": list(graph.outputs),
+            "out_tree": _enc_tree(graph)}
+
+
+def from_data(data: Any) -> Graph:
+    """A graph from :func:`to_data` output; raises :class:`GraphFormatError` if it is not one."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise GraphFormatError(
+            "load: not an fnnc graph (expected a JSON object with \"format\": "
+            f"\"{FORMAT}\"; got {type(data).__name__}"
+            + (f" with format {data.get('format')!r})" if isinstance(data, dict) else ")")
+        )
+    if data.get("version") != VERSION:
+        raise GraphFormatError(f"load: graph format version {data.get('version')!r}; this "
+                               f"fnnc reads version {VERSION}")
+    try:
+        symbols = []
+        for i, s in enumerate(data["symbols"]):
+            shape, dtype = tuple(int(n) for n in s["shape"]), np.dtype(s["dtype"])
+            if "root" in s:
+                symbols.append(AliasSymbol(i, int(s["root"]), shape, dtype, int(s["base"]),
+                                           tuple(int(n) for n in s["stride"]), s["name"]))
+            else:
+                symbols.append(TensorSymbol(i, shape, dtype, s["name"]))
+        nodes = tuple(
+            Node(_dec_command(n["cmd"], f"node {i}"), tuple(map(int, n["inputs"])),
+                 tuple(map(int, n["outputs"])), n["name"])
+            for i, n in enumerate(data["nodes"])
+        )
+        graph = Graph(tuple(symbols), nodes, tuple(map(int, data["inputs"])),
+                      tuple(map(int, data["outputs"])),
+                      _dec_tree(data.get("out_tree"), len(data["outputs"])))
+    except FnncError:
+        raise
+    except (KeyError, TypeError, ValueError) as e:
+        raise GraphFormatError(f"load: malformed graph data ({type(e).__name__}: {e})") from e
+    from fnnc.graph.verify import verify
+
+    return verify(graph)
+
+
+def _enc_tree(graph: Graph) -> Any:
+    if graph.out_tree is None:
+        return None
+    example = jax.tree.unflatten(graph.out_tree, list(range(len(graph.outputs))))
+
+    def enc(x: Any) -> Any:
+        if isinstance(x, int):
+            return x
+        if x is None:
+            return {"$none": True}
+        if type(x) is tuple:
+            return {"$tuple": [enc(v) for v in x]}
+        if type(x) is list:
+            return [enc(v) for v in x]
+        if type(x) is dict:
+            return {"$dict": [[k, enc(v)] for k, v in x.items()]}
+        raise TypeError(type(x).__name__)
+
+    try:
+        return enc(example)
+    except TypeError as e:
+        warnings.warn(f"save: the output structure holds a {e} container, which is not saved; "
+                      "the loaded graph returns a flat tuple", stacklevel=3)
+        return None
+
+
+def _dec_tree(data: Any, n: int) -> Any:
+    if data is None:
+        return None
+
+    def dec(x: Any) -> Any:
+        if isinstance(x, int):
+            return x
+        if isinstance(x, list):
+            return [dec(v) for v in x]
+        if "$none" in x:
+            return None
+        if "$tuple" in x:
+            return tuple(dec(v) for v in x["$tuple"])
+        return {k: dec(v) for k, v in x["$dict"]}
+
+    tree = jax.tree.structure(dec(data))
+    if tree.num_leaves != n:
+        raise GraphFormatError(f"load: output structure has {tree.num_leaves} leaves, graph {n}")
+    return tree
+
+
+# -- files -------------------------------------------------------------------
+def save(graph: Graph, path: str | os.PathLike[str]) -> None:
+    """Writes ``graph`` to ``path`` as JSON, atomically (temp file, then rename).
+
+    >>> import os, tempfile
+    >>> from fnnc import ops
+    >>> from fnnc.graph import GraphBuilder, save, load
+    >>> b = GraphBuilder()
+    >>> x = b.input((3,), name="x")
+    >>> g = b.build([b.exec(ops.relu(), x)])
+    >>> path = os.path.join(tempfile.mkdtemp(), "g.json")
+    >>> save(g, path)
+    >>> load(path) == g
+    True
+    """
+    text = json.dumps(to_data(graph), separators=(",", ":"))
+    directory = os.path.dirname(os.fspath(path)) or "."
+    with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(f.name, path)
+
+
+def load(path: str | os.PathLike[str]) -> Graph:
+    """Reads a graph written by :func:`save`; :class:`GraphFormatError` if it is not one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise GraphFormatError(f"load: {os.fspath(path)} is not an fnnc graph file "
+                               f"(not JSON: {e})") from None
+    try:
+        return from_data(data)
+    except GraphFormatError as e:
+        raise GraphFormatError(f"{e} (file {os.fspath(path)})") from None
