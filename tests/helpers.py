@@ -9,7 +9,9 @@ import jax
 import numpy as np
 
 
-def assert_close(got: Any, want: Any, rtol: float = 1e-5, atol: float = 1e-5, what: str = "") -> None:
+def assert_close(
+    got: Any, want: Any, rtol: float = 1e-5, atol: float = 1e-5, what: str = ""
+) -> None:
     """Pytrees ``got`` and ``want`` agree leaf by leaf (shapes, dtypes kinds, values)."""
     g_leaves, g_tree = jax.tree.flatten(got)
     w_leaves, w_tree = jax.tree.flatten(want)
@@ -18,12 +20,17 @@ def assert_close(got: Any, want: Any, rtol: float = 1e-5, atol: float = 1e-5, wh
         g, w = np.asarray(g), np.asarray(w)
         assert g.shape == w.shape, f"{what} leaf {i}: shape {g.shape} != {w.shape}"
         np.testing.assert_allclose(
-            g.astype(np.float64), w.astype(np.float64), rtol=rtol, atol=atol,
+            g.astype(np.float64),
+            w.astype(np.float64),
+            rtol=rtol,
+            atol=atol,
             err_msg=f"{what} leaf {i}",
         )
 
 
-def rand(shape: Sequence[int], dtype: Any = np.float32, seed: int = 0, lo: float = -1.0, hi: float = 1.0) -> np.ndarray:
+def rand(
+    shape: Sequence[int], dtype: Any = np.float32, seed: int = 0, lo: float = -1.0, hi: float = 1.0
+) -> np.ndarray:
     """Deterministic uniform values."""
     rng = np.random.default_rng(seed)
     return rng.uniform(lo, hi, size=tuple(shape)).astype(dtype)

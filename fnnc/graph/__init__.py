@@ -25,7 +25,7 @@ True
 from fnnc.graph.builder import GraphBuilder as GraphBuilder
 from fnnc.graph.compile import MemoryReport as MemoryReport
 from fnnc.graph.compile import Program as Program
-from fnnc.graph.compile import compile as compile  # noqa: A004
+from fnnc.graph.compile import compile as compile
 from fnnc.graph.interpret import interpret as interpret
 from fnnc.graph.ir import AliasSymbol as AliasSymbol
 from fnnc.graph.ir import Graph as Graph
@@ -36,4 +36,5 @@ from fnnc.graph.serialize import load as load
 from fnnc.graph.serialize import save as save
 from fnnc.graph.serialize import to_data as to_data
 from fnnc.graph.text import to_dot as to_dot
+from fnnc.graph.trace import trace as trace
 from fnnc.graph.verify import verify as verify

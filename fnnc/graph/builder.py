@@ -88,6 +88,13 @@ class GraphBuilder:
                 stride = contiguous_strides(root.shape)
             elif parent.is_alias and len(shape) == len(parent.shape):
                 stride = parent.stride
+            elif parent.is_alias and not _is_contiguous(parent):
+                raise ShapeError(
+                    f"alias{' ' + name if name else ''} of {self._label(of)}: a reshape "
+                    f"{list(shape)} of the strided view {list(parent.shape)} (stride "
+                    f"{list(parent.stride)}) is not a view of consecutive elements; pass "
+                    "stride= explicitly, or reshape a contiguous tensor"
+                )
             else:
                 stride = contiguous_strides(shape)
         stride = tuple(int(s) for s in stride)
@@ -140,9 +147,12 @@ class GraphBuilder:
             listing = ", ".join(f"{self._label(s)}:{_spec(s)}" for s in ins)
             raise type(e)(f"{where}: {e}\n  inputs: {listing or '(none)'}") from None
         if outputs is None:
-            outs = tuple(self.tensor(s.shape, s.dtype, name if len(specs) == 1 else
-                                     f"{name}.{i}" if name else "")
-                         for i, s in enumerate(specs))
+            outs = tuple(
+                self.tensor(
+                    s.shape, s.dtype, name if len(specs) == 1 else f"{name}.{i}" if name else ""
+                )
+                for i, s in enumerate(specs)
+            )
         else:
             outs = tuple(self._known(s, where) for s in outputs)
             self._check_outputs(where, outs, specs)
@@ -172,7 +182,9 @@ class GraphBuilder:
 
     def _check_outputs(self, where: str, outs: tuple[Symbol, ...], specs: tuple[Any, ...]) -> None:
         if len(outs) != len(specs):
-            raise GraphError(f"{where}: the command has {len(specs)} outputs, {len(outs)} were given")
+            raise GraphError(
+                f"{where}: the command has {len(specs)} outputs, {len(outs)} were given"
+            )
         for sym, spec in zip(outs, specs):
             if sym.shape != tuple(spec.shape):
                 raise ShapeError(
@@ -187,6 +199,12 @@ class GraphBuilder:
 
     def _label(self, sym: Symbol) -> str:
         return f"%{sym.id} ({sym.name})" if sym.name else f"%{sym.id}"
+
+
+def _is_contiguous(sym: AliasSymbol) -> bool:
+    """Whether the view covers consecutive root elements in row-major order."""
+    want = contiguous_strides(sym.shape)
+    return all(s == w for n, s, w in zip(sym.shape, sym.stride, want) if n != 1)
 
 
 def _spec(sym: Symbol) -> str:

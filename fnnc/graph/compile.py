@@ -58,17 +58,21 @@ class Program:
         self.graph = graph
         self.platform = platform
         choices = []
-        for index, node in enumerate(graph.nodes):
+        for node in graph.nodes:
             specs = [graph.spec(s) for s in node.inputs]
             choices.append(select_backend(node.cmd, specs, platform))
         self.backends = tuple(
-            (i, node.name or str(node.cmd), b) for i, (node, b) in enumerate(zip(graph.nodes, choices))
+            (i, node.name or str(node.cmd), b)
+            for i, (node, b) in enumerate(zip(graph.nodes, choices))
         )
         hoisted = [
-            i for i, node in enumerate(graph.nodes)
+            i
+            for i, node in enumerate(graph.nodes)
             if node.cmd.name == "constant" and node.cmd.param("value").size > HOIST_ELEMENTS
         ]
-        self._consts = tuple(jax.device_put(graph.nodes[i].cmd.param("value").numpy()) for i in hoisted)
+        self._consts = tuple(
+            jax.device_put(graph.nodes[i].cmd.param("value").numpy()) for i in hoisted
+        )
         slot = {node_index: k for k, node_index in enumerate(hoisted)}
         forwards = [
             functools.partial(backends_of(node.cmd.name)[b].forward, **node.cmd.kwargs)
@@ -103,7 +107,9 @@ class Program:
         try:
             return unflatten_outputs(self.graph, self._compiled(*leaves, *self._consts))
         except (TypeError, ValueError) as e:
-            raise GraphInputError(f"Program: inputs were rejected by the compiled program: {e}") from e
+            raise GraphInputError(
+                f"Program: inputs were rejected by the compiled program: {e}"
+            ) from e
 
     def lowered_text(self) -> str:
         """The StableHLO text XLA was given."""
@@ -175,4 +181,6 @@ def compile(  # noqa: A001 - the name NNC users look for
     """
     cfg = config.get()
     key = (cfg.backend, tuple(sorted(cfg.backend_per_command.items())))
-    return _compile_cached(graph, _donate_indices(graph, donate), platform or jax.default_backend(), key)
+    return _compile_cached(
+        graph, _donate_indices(graph, donate), platform or jax.default_backend(), key
+    )

@@ -26,8 +26,11 @@ def _view_plan(sym: AliasSymbol, root_shape: tuple[int, ...]) -> tuple[str, Any]
     """How to read/write this view: ("slice", starts), ("block", None) or ("gather", idx)."""
     size = int(np.prod(sym.shape, dtype=np.int64))
     if len(sym.shape) == len(root_shape) and sym.stride == contiguous_strides(root_shape):
-        starts = np.unravel_index(sym.base, root_shape) if np.prod(root_shape) else (0,) * len(
-            root_shape)
+        starts = (
+            np.unravel_index(sym.base, root_shape)
+            if np.prod(root_shape)
+            else (0,) * len(root_shape)
+        )
         starts = tuple(int(s) for s in starts)
         if all(s + n <= r for s, n, r in zip(starts, sym.shape, root_shape)):
             return "slice", starts

@@ -11,10 +11,15 @@ from fnnc.graph._io import flatten_inputs, unflatten_outputs
 from fnnc.graph.evaluate import as_tuple, run_nodes
 from fnnc.graph.ir import Graph, Node
 from fnnc.graph.text import format_graph
+from fnnc.ops.backends import REFERENCE, compiled_forward
 
 
 def interpret(graph: Graph, *args: Any) -> Any:
-    """Runs ``graph`` node by node, eagerly, with every command's reference forward.
+    """Runs ``graph`` node by node with every command's reference forward.
+
+    Each node runs as its own small compiled computation (the reference forward,
+    jitted once per command value and cached), so the oracle shares no lowering with
+    :func:`~fnnc.graph.compile`, which builds one program for the whole graph.
 
     Each node's results are checked against the specs its output symbols declare, so a
     wrong shape rule is caught at the node that has it.
@@ -38,9 +43,8 @@ def interpret(graph: Graph, *args: Any) -> Any:
     values = flatten_inputs(graph, args, "interpret")
 
     def run_node(index: int, node: Node, inputs: list[Any]) -> tuple[Any, ...]:
-        opdef = node.cmd.definition
         try:
-            outs = as_tuple(opdef.forward(*inputs, **node.cmd.kwargs))
+            outs = as_tuple(compiled_forward(node.cmd, REFERENCE)(*inputs))
         except FnncError:
             raise
         except Exception as e:

@@ -176,7 +176,8 @@ class Graph:
         return format_graph(self)
 
     def __repr__(self) -> str:
-        return f"<Graph: {len(self.inputs)} inputs, {len(self.nodes)} nodes, {len(self.outputs)} outputs>"
+        n_in, n_nodes, n_out = len(self.inputs), len(self.nodes), len(self.outputs)
+        return f"<Graph: {n_in} inputs, {n_nodes} nodes, {n_out} outputs>"
 
     @property
     def input_specs(self) -> tuple[Spec, ...]:

@@ -44,8 +44,11 @@ def _enc(value: Any, where: str) -> Any:
     if isinstance(value, np.generic):
         return _enc(value.item(), where)
     if isinstance(value, Literal):
-        return {"$literal": base64.b64encode(value.data).decode("ascii"),
-                "shape": list(value.shape), "dtype": value.dtype.name}
+        return {
+            "$literal": base64.b64encode(value.data).decode("ascii"),
+            "shape": list(value.shape),
+            "dtype": value.dtype.name,
+        }
     if isinstance(value, Command):
         return {"$command": _enc_command(value, where)}
     if isinstance(value, Graph):
@@ -71,8 +74,9 @@ def _dec(value: Any, where: str) -> Any:
         data = base64.b64decode(value["$literal"], validate=True)
         shape, dtype = tuple(value["shape"]), np.dtype(value["dtype"])
         if len(data) != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
-            raise GraphFormatError(f"load: {where}: constant of {dtype}{list(shape)} has "
-                                   f"{len(data)} bytes")
+            raise GraphFormatError(
+                f"load: {where}: constant of {dtype}{list(shape)} has {len(data)} bytes"
+            )
         return Literal(data, shape, dtype)
     if "$command" in value:
         return _dec_command(value["$command"], where)
@@ -97,49 +101,80 @@ def to_data(graph: Graph) -> dict[str, Any]:
     """The graph as JSON-able data."""
     symbols = []
     for s in graph.symbols:
-        entry: dict[str, Any] = {"shape": list(s.shape), "dtype": np.dtype(s.dtype).name,
-                                 "name": s.name}
+        entry: dict[str, Any] = {
+            "shape": list(s.shape),
+            "dtype": np.dtype(s.dtype).name,
+            "name": s.name,
+        }
         if isinstance(s, AliasSymbol):
             entry.update(root=s.root, base=s.base, stride=list(s.stride))
         symbols.append(entry)
     nodes = [
-        {"cmd": _enc_command(n.cmd, f"node {i} ({n.name or n.cmd.name})"),
-         "inputs": list(n.inputs), "outputs": list(n.outputs), "name": n.name}
+        {
+            "cmd": _enc_command(n.cmd, f"node {i} ({n.name or n.cmd.name})"),
+            "inputs": list(n.inputs),
+            "outputs": list(n.outputs),
+            "name": n.name,
+        }
         for i, n in enumerate(graph.nodes)
     ]
-    return {"format": FORMAT, "version": VERSION, "symbols": symbols, "nodes": nodes,
-            "inputs": list(graph.inputs), "outputs": list(graph.outputs),
-            "out_tree": _enc_tree(graph)}
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "symbols": symbols,
+        "nodes": nodes,
+        "inputs": list(graph.inputs),
+        "outputs": list(graph.outputs),
+        "out_tree": _enc_tree(graph),
+    }
 
 
 def from_data(data: Any) -> Graph:
     """A graph from :func:`to_data` output; raises :class:`GraphFormatError` if it is not one."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise GraphFormatError(
-            "load: not an fnnc graph (expected a JSON object with \"format\": "
-            f"\"{FORMAT}\"; got {type(data).__name__}"
+            'load: not an fnnc graph (expected a JSON object with "format": '
+            f'"{FORMAT}"; got {type(data).__name__}'
             + (f" with format {data.get('format')!r})" if isinstance(data, dict) else ")")
         )
     if data.get("version") != VERSION:
-        raise GraphFormatError(f"load: graph format version {data.get('version')!r}; this "
-                               f"fnnc reads version {VERSION}")
+        raise GraphFormatError(
+            f"load: graph format version {data.get('version')!r}; this fnnc reads version {VERSION}"
+        )
     try:
         symbols = []
         for i, s in enumerate(data["symbols"]):
             shape, dtype = tuple(int(n) for n in s["shape"]), np.dtype(s["dtype"])
             if "root" in s:
-                symbols.append(AliasSymbol(i, int(s["root"]), shape, dtype, int(s["base"]),
-                                           tuple(int(n) for n in s["stride"]), s["name"]))
+                symbols.append(
+                    AliasSymbol(
+                        i,
+                        int(s["root"]),
+                        shape,
+                        dtype,
+                        int(s["base"]),
+                        tuple(int(n) for n in s["stride"]),
+                        s["name"],
+                    )
+                )
             else:
                 symbols.append(TensorSymbol(i, shape, dtype, s["name"]))
         nodes = tuple(
-            Node(_dec_command(n["cmd"], f"node {i}"), tuple(map(int, n["inputs"])),
-                 tuple(map(int, n["outputs"])), n["name"])
+            Node(
+                _dec_command(n["cmd"], f"node {i}"),
+                tuple(map(int, n["inputs"])),
+                tuple(map(int, n["outputs"])),
+                n["name"],
+            )
             for i, n in enumerate(data["nodes"])
         )
-        graph = Graph(tuple(symbols), nodes, tuple(map(int, data["inputs"])),
-                      tuple(map(int, data["outputs"])),
-                      _dec_tree(data.get("out_tree"), len(data["outputs"])))
+        graph = Graph(
+            tuple(symbols),
+            nodes,
+            tuple(map(int, data["inputs"])),
+            tuple(map(int, data["outputs"])),
+            _dec_tree(data.get("out_tree"), len(data["outputs"])),
+        )
     except FnncError:
         raise
     except (KeyError, TypeError, ValueError) as e:
@@ -170,8 +205,11 @@ def _enc_tree(graph: Graph) -> Any:
     try:
         return enc(example)
     except TypeError as e:
-        warnings.warn(f"save: the output structure holds a {e} container, which is not saved; "
-                      "the loaded graph returns a flat tuple", stacklevel=3)
+        warnings.warn(
+            f"save: the output structure holds a {e} container, which is not saved; "
+            "the loaded graph returns a flat tuple",
+            stacklevel=3,
+        )
         return None
 
 
@@ -226,8 +264,9 @@ def load(path: str | os.PathLike[str]) -> Graph:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise GraphFormatError(f"load: {os.fspath(path)} is not an fnnc graph file "
-                               f"(not JSON: {e})") from None
+        raise GraphFormatError(
+            f"load: {os.fspath(path)} is not an fnnc graph file (not JSON: {e})"
+        ) from None
     try:
         return from_data(data)
     except GraphFormatError as e:

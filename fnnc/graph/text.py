@@ -15,9 +15,18 @@ import numpy as np
 from fnnc.graph.ir import AliasSymbol, Graph, Node, Symbol
 
 _SHORT = {
-    "float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
-    "int32": "i32", "int64": "i64", "int8": "i8", "int16": "i16", "uint8": "u8",
-    "uint32": "u32", "bool": "bool", "complex64": "c64",
+    "float32": "f32",
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "float64": "f64",
+    "int32": "i32",
+    "int64": "i64",
+    "int8": "i8",
+    "int16": "i16",
+    "uint8": "u8",
+    "uint32": "u32",
+    "bool": "bool",
+    "complex64": "c64",
 }
 
 
@@ -30,8 +39,13 @@ def sym_str(sym: Symbol) -> str:
     return f"%{sym.id}:{type_str(sym)}"
 
 
+def _sid_str(graph: Graph, sid: int) -> str:
+    """``sym_str`` of a symbol id, tolerating ids a broken graph does not have."""
+    return sym_str(graph.symbols[sid]) if 0 <= sid < len(graph.symbols) else f"%{sid}:?"
+
+
 def format_node(graph: Graph, node: Node) -> str:
-    outs = ", ".join(sym_str(graph.symbols[o]) for o in node.outputs)
+    outs = ", ".join(_sid_str(graph, o) for o in node.outputs)
     ins = ", ".join(f"%{i}" for i in node.inputs)
     comment = f"  # {node.name}" if node.name else ""
     return f"{outs} = {node.cmd}({ins}){comment}"
@@ -46,16 +60,18 @@ def format_alias(sym: AliasSymbol) -> str:
 def _free_roots(graph: Graph) -> list[int]:
     """Symbols that are neither inputs nor node outputs (written through aliases)."""
     written = set(graph.inputs) | set(graph.producers)
-    return [
-        s.id for s in graph.symbols
-        if not s.is_alias and s.id not in written
-    ]
+    return [s.id for s in graph.symbols if not s.is_alias and s.id not in written]
 
 
 def format_graph(graph: Graph, mark: int | None = None, window: int | None = None) -> str:
     """The SSA listing; ``mark`` flags one node index, ``window`` limits lines around it."""
     params = ", ".join(
-        sym_str(graph.symbols[i]) + (f" {graph.symbols[i].name}" if graph.symbols[i].name else "")
+        _sid_str(graph, i)
+        + (
+            f" {graph.symbols[i].name}"
+            if 0 <= i < len(graph.symbols) and graph.symbols[i].name
+            else ""
+        )
         for i in graph.inputs
     )
     lines = [f"graph({params}) {{"]
@@ -75,8 +91,10 @@ def format_graph(graph: Graph, mark: int | None = None, window: int | None = Non
     if mark is not None and window is not None:
         at = first_node + mark
         lo, hi = max(first_node, at - window), min(len(lines) - 2, at + window + 1)
-        body = (["  ..."] if lo > first_node else []) + lines[lo:hi] + (
-            ["  ..."] if hi < len(lines) - 2 else []
+        body = (
+            (["  ..."] if lo > first_node else [])
+            + lines[lo:hi]
+            + (["  ..."] if hi < len(lines) - 2 else [])
         )
         lines = lines[:1] + body + lines[-2:]
     return "\n".join(lines)

@@ -18,8 +18,13 @@ from fnnc.ops.command import output_specs
 
 
 def _fail(graph: Graph, msg: str, node: int | None = None) -> None:
-    listing = format_graph(graph, mark=node, window=3) if node is not None else ""
-    raise GraphError(f"verify: {msg}" + (f"\n{listing}" if listing else ""))
+    listing = format_graph(graph, mark=node, window=3 if node is not None else None)
+    raise GraphError(f"verify: {msg}\n{listing}")
+
+
+def _user_of(graph: Graph, sid: int) -> int | None:
+    """The first node that reads or writes ``sid``, to mark in a message."""
+    return next((i for i, nd in enumerate(graph.nodes) if sid in nd.inputs + nd.outputs), None)
 
 
 def verify(graph: Graph) -> Graph:
@@ -39,9 +44,19 @@ def verify(graph: Graph) -> Graph:
         if isinstance(sym, AliasSymbol):
             root = symbols[sym.root] if 0 <= sym.root < n else None
             if not isinstance(root, TensorSymbol):
-                _fail(graph, f"alias %{i} views %{sym.root}, which is not a tensor symbol")
+                _fail(
+                    graph,
+                    f"alias {graph.label(i)} views %{sym.root}, which is not a tensor symbol",
+                    _user_of(graph, i),
+                )
             elif sym.base < 0 or (0 not in sym.shape and sym.last_index() >= np.prod(root.shape)):
-                _fail(graph, f"alias %{i} reaches outside its root %{sym.root}")
+                _fail(
+                    graph,
+                    f"alias {graph.label(i)} reaches outside its root "
+                    f"{graph.label(sym.root)}: base {sym.base}, stride {list(sym.stride)}, "
+                    f"last element {sym.last_index()} of {int(np.prod(root.shape))}",
+                    _user_of(graph, i),
+                )
     written: dict[int, int] = {}  # root id -> index of last node writing it (-1 = input)
     alias_writes: dict[int, list[AliasSymbol]] = {}
     for sid in graph.inputs:
@@ -57,28 +72,40 @@ def verify(graph: Graph) -> Graph:
                 _fail(graph, f"node {index} reads %{sid}, which is not in the graph", index)
             root = symbols[sid].root
             if root not in written:
-                _fail(graph, f"node {index} ({node.cmd.name}) reads {graph.label(sid)} before "
-                      "it is written", index)
+                _fail(
+                    graph,
+                    f"node {index} ({node.cmd.name}) reads {graph.label(sid)} before it is written",
+                    index,
+                )
             first_read.setdefault(root, index)
         try:
             specs = output_specs(node.cmd, [symbols[s].spec for s in node.inputs])
         except FnncError as e:
             _fail(graph, f"node {index} ({node.name or node.cmd.name}): {e}", index)
         if len(specs) != len(node.outputs):
-            _fail(graph, f"node {index} ({node.cmd.name}) has {len(node.outputs)} outputs, its "
-                  f"command produces {len(specs)}", index)
+            _fail(
+                graph,
+                f"node {index} ({node.cmd.name}) has {len(node.outputs)} outputs, its "
+                f"command produces {len(specs)}",
+                index,
+            )
         for sid, spec in zip(node.outputs, specs):
             if not 0 <= sid < n:
                 _fail(graph, f"node {index} writes %{sid}, which is not in the graph", index)
             sym = symbols[sid]
             if sym.shape != tuple(spec.shape) or np.dtype(sym.dtype) != np.dtype(spec.dtype):
-                _fail(graph, f"node {index} ({node.cmd}) declares {graph.label(sid)} as "
-                      f"{np.dtype(sym.dtype).name}{list(sym.shape)}, its shape rule gives "
-                      f"{np.dtype(spec.dtype).name}{list(spec.shape)}", index)
+                _fail(
+                    graph,
+                    f"node {index} ({node.cmd}) declares {graph.label(sid)} as "
+                    f"{np.dtype(sym.dtype).name}{list(sym.shape)}, its shape rule gives "
+                    f"{np.dtype(spec.dtype).name}{list(spec.shape)}",
+                    index,
+                )
             _check_write(graph, index, sym, written, alias_writes, first_read)
     for sid in graph.outputs:
         if not 0 <= sid < n or symbols[sid].root not in written:
-            _fail(graph, f"graph output %{sid} is never written")
+            label = graph.label(sid) if 0 <= sid < n else f"%{sid}"
+            _fail(graph, f"graph output {label} is never written")
     for root, views in alias_writes.items():
         _check_disjoint(graph, root, views)
     return graph
@@ -87,19 +114,31 @@ def verify(graph: Graph) -> Graph:
 def _check_write(graph, index, sym, written, alias_writes, first_read) -> None:
     root = sym.root
     if root in first_read and first_read[root] < index:
-        _fail(graph, f"node {index} writes {graph.label(sym.id)} after node {first_read[root]} "
-              "already read it (def-before-use)", index)
+        _fail(
+            graph,
+            f"node {index} writes {graph.label(sym.id)} after node {first_read[root]} "
+            "already read it (def-before-use)",
+            index,
+        )
     if isinstance(sym, AliasSymbol):
         if root in written and root not in alias_writes:
-            _fail(graph, f"node {index} writes alias {graph.label(sym.id)} of "
-                  f"{graph.label(root)}, which is already written whole (SSA)", index)
+            _fail(
+                graph,
+                f"node {index} writes alias {graph.label(sym.id)} of "
+                f"{graph.label(root)}, which is already written whole (SSA)",
+                index,
+            )
         if any(v.id == sym.id for v in alias_writes.get(root, ())):
             _fail(graph, f"node {index} writes alias {graph.label(sym.id)} a second time", index)
         alias_writes.setdefault(root, []).append(sym)
     elif root in written:
         how = "is a graph input" if written[root] == -1 else f"was written by node {written[root]}"
-        _fail(graph, f"node {index} writes {graph.label(sym.id)}, which {how} (SSA: each "
-              "symbol is written once; write a new symbol instead)", index)
+        _fail(
+            graph,
+            f"node {index} writes {graph.label(sym.id)}, which {how} (SSA: each "
+            "symbol is written once; write a new symbol instead)",
+            index,
+        )
     written[root] = index
 
 
@@ -110,6 +149,10 @@ def _check_disjoint(graph: Graph, root: int, views: list[AliasSymbol]) -> None:
     for view in views:
         idx = view.flat_indices().reshape(-1)
         if seen[idx].any():
-            _fail(graph, f"alias writes into {graph.label(root)} overlap at alias "
-                  f"{graph.label(view.id)} (disjoint alias writes only)")
+            _fail(
+                graph,
+                f"alias writes into {graph.label(root)} overlap at alias "
+                f"{graph.label(view.id)} (disjoint alias writes only)",
+                graph.producers.get(view.id),
+            )
         seen[idx] = True

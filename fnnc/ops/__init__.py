@@ -13,10 +13,25 @@ in NNC's convention and attributes; :func:`registry` lists them all.
 """
 
 from fnnc.ops import autotune as autotune
+from fnnc.ops.activation import gelu as gelu
+from fnnc.ops.activation import leaky_relu as leaky_relu
+from fnnc.ops.activation import log_softmax as log_softmax
+from fnnc.ops.activation import mish as mish
+from fnnc.ops.activation import relu as relu
+from fnnc.ops.activation import sigmoid as sigmoid
+from fnnc.ops.activation import softmax as softmax
+from fnnc.ops.activation import swish as swish
+from fnnc.ops.activation import tanh as tanh
+from fnnc.ops.attention import scaled_dot_product_attention as scaled_dot_product_attention
 from fnnc.ops.backends import Backend as Backend
 from fnnc.ops.backends import backends_of as backends_of
 from fnnc.ops.backends import register_backend as register_backend
 from fnnc.ops.backends import select_backend as select_backend
+from fnnc.ops.backends import unregister_backend as unregister_backend
+from fnnc.ops.blas import add as add
+from fnnc.ops.blas import gemm as gemm
+from fnnc.ops.blas import mul as mul
+from fnnc.ops.blas import scalar_mul as scalar_mul
 from fnnc.ops.command import ALL_INPUTS as ALL_INPUTS
 from fnnc.ops.command import NOTHING as NOTHING
 from fnnc.ops.command import Attributes as Attributes
@@ -28,12 +43,20 @@ from fnnc.ops.command import lookup as lookup
 from fnnc.ops.command import registry as registry
 from fnnc.ops.constant import Literal as Literal
 from fnnc.ops.constant import constant as constant
-
-# --- families (importing registers them) ---
-from fnnc.ops.blas import add as add
-from fnnc.ops.blas import gemm as gemm
-from fnnc.ops.blas import mul as mul
-from fnnc.ops.blas import scalar_mul as scalar_mul
+from fnnc.ops.conv import convolution as convolution
+from fnnc.ops.conv import convolution_transpose as convolution_transpose
+from fnnc.ops.data import broadcast_to as broadcast_to
+from fnnc.ops.data import concat as concat
+from fnnc.ops.data import datatype_conversion as datatype_conversion
+from fnnc.ops.data import format_transform as format_transform
+from fnnc.ops.data import index_select as index_select
+from fnnc.ops.data import masked_fill as masked_fill
+from fnnc.ops.data import pad as pad
+from fnnc.ops.data import reshape as reshape
+from fnnc.ops.data import set as set
+from fnnc.ops.data import slice as slice
+from fnnc.ops.data import transpose as transpose
+from fnnc.ops.data import upsample as upsample
 from fnnc.ops.elementwise import clamp as clamp
 from fnnc.ops.elementwise import ewabs as ewabs
 from fnnc.ops.elementwise import ewdiv as ewdiv
@@ -42,9 +65,31 @@ from fnnc.ops.elementwise import ewlog as ewlog
 from fnnc.ops.elementwise import ewprod as ewprod
 from fnnc.ops.elementwise import ewsqrt as ewsqrt
 from fnnc.ops.elementwise import ewsum as ewsum
-from fnnc.ops.elementwise import max as max  # noqa: A004
-from fnnc.ops.elementwise import min as min  # noqa: A004
+from fnnc.ops.elementwise import max as max
+from fnnc.ops.elementwise import min as min
 from fnnc.ops.elementwise import select as select
-# --- data, activation, reduce, norm ---
-# --- conv, pool, loss, attention, rnn, random, embedding ---
-# --- primitive (trace) ---
+from fnnc.ops.embedding import embedding as embedding
+from fnnc.ops.loss import binary_crossentropy as binary_crossentropy
+from fnnc.ops.loss import categorical_crossentropy as categorical_crossentropy
+from fnnc.ops.loss import mse as mse
+from fnnc.ops.loss import sigmoid_binary_crossentropy as sigmoid_binary_crossentropy
+from fnnc.ops.loss import smooth_l1 as smooth_l1
+from fnnc.ops.loss import softmax_crossentropy as softmax_crossentropy
+from fnnc.ops.norm import batch_norm as batch_norm
+from fnnc.ops.norm import group_norm as group_norm
+from fnnc.ops.norm import layer_norm as layer_norm
+from fnnc.ops.norm import rms_norm as rms_norm
+from fnnc.ops.pool import avg_pool as avg_pool
+from fnnc.ops.pool import max_pool as max_pool
+from fnnc.ops.primitive import primitive as primitive
+from fnnc.ops.random import dropout as dropout
+from fnnc.ops.random import random_normal as random_normal
+from fnnc.ops.random import random_uniform as random_uniform
+from fnnc.ops.reduce import argmax as argmax
+from fnnc.ops.reduce import argmin as argmin
+from fnnc.ops.reduce import reduce_max as reduce_max
+from fnnc.ops.reduce import reduce_mean as reduce_mean
+from fnnc.ops.reduce import reduce_min as reduce_min
+from fnnc.ops.reduce import reduce_norm2 as reduce_norm2
+from fnnc.ops.reduce import reduce_sum as reduce_sum
+from fnnc.ops.rnn import lstm as lstm

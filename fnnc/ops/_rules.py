@@ -7,6 +7,7 @@ from typing import Any, NoReturn
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from fnnc.errors import DTypeError, ShapeError
 from fnnc.ops.command import Spec
@@ -61,11 +62,20 @@ def broadcast(name: str) -> Any:
 
 
 def to_shape(x: Any, shape: Sequence[int]) -> Any:
-    """Explicit broadcast (rank promotion stays off)."""
+    """Explicit NumPy-style broadcast of ``x`` to ``shape`` (rank promotion stays off).
+
+    One ``broadcast_in_dim`` (after squeezing the size-1 axes that grow), so traced
+    graphs lower to as few primitives as plain JAX code would.
+    """
     shape = tuple(shape)
     if tuple(x.shape) == shape:
         return x
-    return jnp.broadcast_to(jnp.reshape(x, (1,) * (len(shape) - x.ndim) + tuple(x.shape)), shape)
+    lead = len(shape) - x.ndim
+    grow = [d for d, n in enumerate(x.shape) if n == 1 and shape[lead + d] != 1]
+    if grow:
+        x = lax.squeeze(x, grow)
+    dims = tuple(lead + d for d in range(len(shape) - lead) if d not in grow)
+    return lax.broadcast_in_dim(x, shape, dims)
 
 
 def unbroadcast(g: Any, shape: Sequence[int]) -> Any:

@@ -65,10 +65,19 @@ def register_backend(command: str, backend: Backend) -> None:
     """Adds ``backend`` to the backends of the command named ``command``."""
     lookup(command)
     _BACKENDS.setdefault(command, {})[backend.name] = backend
+    backends_of.cache_clear()
 
 
+def unregister_backend(command: str, name: str) -> None:
+    """Removes a backend added by :func:`register_backend` (the reference stays)."""
+    _BACKENDS.get(command, {}).pop(name, None)
+    compiled_forward.cache_clear()
+    backends_of.cache_clear()
+
+
+@functools.cache
 def backends_of(command: str) -> dict[str, Backend]:
-    """All backends of a command by name, the reference first."""
+    """All backends of a command by name, the reference first (do not mutate the result)."""
     opdef = lookup(command)
     ref = Backend(REFERENCE, opdef.forward, ("cpu", "gpu", "tpu"), priority=0)
     return {REFERENCE: ref, **_BACKENDS.get(command, {})}
@@ -104,14 +113,14 @@ def select_backend(cmd: Command, specs: Sequence[Spec], platform: str | None = N
                 f"{[_spec_str(s) for s in specs]} on {platform}: {reason}"
             )
         return forced
-    tuned = autotune.TABLE.get(autotune.key(cmd, specs, platform))
+    tuned = autotune.TABLE.get(autotune.key(cmd, specs, platform)) if autotune.TABLE else None
     if tuned in available and why_not(available[tuned], cmd, specs, platform) is None:
         return tuned
     best, best_priority = REFERENCE, 0
     for name, backend in available.items():
-        if platform in backend.platforms and backend.priority > best_priority:
-            if backend.supports(cmd, specs) is None:
-                best, best_priority = name, backend.priority
+        eligible = platform in backend.platforms and backend.priority > best_priority
+        if eligible and backend.supports(cmd, specs) is None:
+            best, best_priority = name, backend.priority
     return best
 
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax import lax
 
 from fnnc.ops._rules import (
     broadcast,
@@ -38,7 +39,7 @@ def _gemm_shape(a: Spec, b: Spec, bias: Spec | None = None, *, transpose_a, tran
             "for a dense layer with weight [out, in] use gemm(transpose_b=True)"
         )
     batch = broadcast_shape("gemm", a.shape[:-2], b.shape[:-2])
-    out = Spec(batch + (m, n), dtype)
+    out = Spec((*batch, m, n), dtype)
     if bias is not None:
         broadcast_shape("gemm (bias)", out.shape, bias.shape)
         if bias.shape and bias.shape[-1] not in (1, n):
@@ -83,11 +84,17 @@ def add(a, b, *, p=1.0, q=1.0):
     """``p * a + q * b`` (broadcasting), NNC's ADD with its two scalars."""
     shape = broadcast_shape("add", a.shape, b.shape)
     a, b = to_shape(a, shape), to_shape(b, shape)
+    if q == -1.0 and p == 1.0:
+        return lax.sub(a, b)
     if p != 1.0:
-        a = a * jnp.asarray(p, a.dtype)
+        a = lax.mul(a, _scalar(p, a))
     if q != 1.0:
-        b = b * jnp.asarray(q, b.dtype)
-    return a + b
+        b = lax.mul(b, _scalar(q, b))
+    return lax.add(a, b)
+
+
+def _scalar(value, like):
+    return lax.full(like.shape, value, like.dtype)
 
 
 @add.backward
@@ -100,21 +107,23 @@ def _add_backward(grads, inputs, outputs, *, p, q):
 def mul(a, b, *, p=1.0):
     """``p * a * b`` (broadcasting), NNC's MUL."""
     shape = broadcast_shape("mul", a.shape, b.shape)
-    out = to_shape(a, shape) * to_shape(b, shape)
-    return out if p == 1.0 else out * jnp.asarray(p, out.dtype)
+    out = lax.mul(to_shape(a, shape), to_shape(b, shape))
+    return out if p == 1.0 else lax.mul(out, _scalar(p, out))
 
 
 @mul.backward
 def _mul_backward(grads, inputs, outputs, *, p):
     (g,), (a, b) = grads, inputs
     gp = g * p if p != 1.0 else g
-    return unbroadcast(gp * to_shape(b, g.shape), a.shape), unbroadcast(gp * to_shape(a, g.shape), b.shape)
+    return unbroadcast(gp * to_shape(b, g.shape), a.shape), unbroadcast(
+        gp * to_shape(a, g.shape), b.shape
+    )
 
 
 @defcommand(family="blas", shape=same_shape, uses=NOTHING)
 def scalar_mul(x, *, a=1.0):
     """``a * x`` for a Python scalar ``a``, NNC's SCALAR_MUL."""
-    return x * jnp.asarray(a, x.dtype)
+    return lax.mul(x, _scalar(a, x))
 
 
 @scalar_mul.backward

@@ -99,11 +99,13 @@ class OpDef:
     num_optional: int
     variadic: bool
     doc: str
+    min_inputs: int = 0
     backward_fn: Callable[..., Any] | None = None
 
     def check_arity(self, n: int, where: str = "") -> None:
         """Raises :class:`CommandError` unless ``n`` inputs fit this command."""
-        lo, hi = self.num_required, self.num_required + self.num_optional
+        lo = self.min_inputs
+        hi = self.num_required + self.num_optional
         if n < lo or (not self.variadic and n > hi):
             want = f"at least {lo}" if self.variadic else (f"{lo}" if lo == hi else f"{lo} to {hi}")
             raise CommandError(
@@ -289,6 +291,7 @@ def defcommand(
     has_effects: bool = False,
     in_place: bool = False,
     differentiable: bool = True,
+    min_inputs: int | None = None,
 ) -> Callable[[Callable[..., Any]], _Factory]:
     """Registers a command whose reference forward is the decorated function.
 
@@ -299,6 +302,8 @@ def defcommand(
         uses: which forward tensors the backward reads.
         name: registered name; defaults to the function's name.
         random, has_effects, in_place, differentiable: see :class:`Attributes`.
+        min_inputs: fewest inputs accepted; default the required positional ones, and
+            at least one for a variadic command (``ewsum`` of nothing is undefined).
     """
 
     def decorate(forward: Callable[..., Any]) -> _Factory:
@@ -330,6 +335,7 @@ def defcommand(
             num_optional=optional,
             variadic=variadic,
             doc=inspect.getdoc(forward) or "",
+            min_inputs=max(required, int(variadic)) if min_inputs is None else min_inputs,
         )
         return _Factory(_REGISTRY[cmd_name])
 

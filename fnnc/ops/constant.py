@@ -67,8 +67,9 @@ def _constant_shape(*, value: Literal) -> Spec:
     return Spec(value.shape, value.dtype)
 
 
-@defcommand(family="data", shape=_constant_shape, uses=NOTHING, differentiable=False,
-            name="constant")
+@defcommand(
+    family="data", shape=_constant_shape, uses=NOTHING, differentiable=False, name="constant"
+)
 def _constant(*, value):
     """A fixed array value (no inputs)."""
     return jnp.asarray(value.numpy())

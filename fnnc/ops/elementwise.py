@@ -11,6 +11,7 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 
+from fnnc.errors import DTypeError
 from fnnc.ops._rules import (
     broadcast,
     broadcast_shape,
@@ -20,7 +21,6 @@ from fnnc.ops._rules import (
     to_shape,
     unbroadcast,
 )
-from fnnc.errors import DTypeError
 from fnnc.ops.command import NOTHING, Spec, Uses, defcommand
 
 
@@ -34,7 +34,7 @@ def ewsum(*inputs):
     shape = _out_shape(*inputs)
     out = to_shape(inputs[0], shape)
     for x in inputs[1:]:
-        out = out + to_shape(x, shape)
+        out = lax.add(out, to_shape(x, shape))
     return out
 
 
@@ -50,7 +50,7 @@ def ewprod(*inputs):
     shape = _out_shape(*inputs)
     out = to_shape(inputs[0], shape)
     for x in inputs[1:]:
-        out = out * to_shape(x, shape)
+        out = lax.mul(out, to_shape(x, shape))
     return out
 
 
@@ -72,7 +72,7 @@ def _ewprod_backward(grads, inputs, outputs):
 def ewdiv(a, b):
     """a / b (broadcasting). NNC's nil numerator is ``ewdiv(ones, b)``."""
     shape = _out_shape(a, b)
-    return to_shape(a, shape) / to_shape(b, shape)
+    return lax.div(to_shape(a, shape), to_shape(b, shape))
 
 
 @ewdiv.backward
@@ -100,19 +100,19 @@ def _unary(name: str, fn, grad_from, uses: Uses):
     return factory
 
 
-ewexp = _unary("ewexp", jnp.exp, lambda x, y: y, Uses(inputs=(), outputs=(0,)))
-ewlog = _unary("ewlog", jnp.log, lambda x, y: 1 / x, Uses(inputs=(0,)))
-ewsqrt = _unary("ewsqrt", jnp.sqrt, lambda x, y: 0.5 / y, Uses(inputs=(), outputs=(0,)))
-ewabs = _unary("ewabs", jnp.abs, lambda x, y: jnp.sign(x), Uses(inputs=(0,)))
+ewexp = _unary("ewexp", lax.exp, lambda x, y: y, Uses(inputs=(), outputs=(0,)))
+ewlog = _unary("ewlog", lax.log, lambda x, y: 1 / x, Uses(inputs=(0,)))
+ewsqrt = _unary("ewsqrt", lax.sqrt, lambda x, y: 0.5 / y, Uses(inputs=(), outputs=(0,)))
+ewabs = _unary("ewabs", lax.abs, lambda x, y: jnp.sign(x), Uses(inputs=(0,)))
 
 
 @defcommand(family="elementwise", shape=same_shape, uses=Uses(inputs=(0,)))
 def clamp(x, *, min=None, max=None):
     """Clamps x to [min, max]; either bound may be None (NNC's CLAMP)."""
     if min is not None:
-        x = jnp.maximum(x, jnp.asarray(min, x.dtype))
+        x = lax.max(x, jnp.full(x.shape, min, x.dtype))
     if max is not None:
-        x = jnp.minimum(x, jnp.asarray(max, x.dtype))
+        x = lax.min(x, jnp.full(x.shape, max, x.dtype))
     return x
 
 
@@ -133,7 +133,9 @@ def _minmax(name: str, pick):
         return pick(to_shape(a, shape), to_shape(b, shape))
 
     forward.__name__ = name
-    forward.__doc__ = f"Elementwise {name} of two tensors (broadcasting); ties send the gradient to a."
+    forward.__doc__ = (
+        f"Elementwise {name} of two tensors (broadcasting); ties send the gradient to a."
+    )
     factory = defcommand(family="elementwise", shape=broadcast(name))(forward)
 
     @factory.backward
@@ -150,8 +152,8 @@ def _minmax(name: str, pick):
     return factory
 
 
-min = _minmax("min", jnp.minimum)  # noqa: A001 - NNC's command name
-max = _minmax("max", jnp.maximum)  # noqa: A001 - NNC's command name
+min = _minmax("min", lax.min)
+max = _minmax("max", lax.max)
 
 
 def _select_shape(cond: Spec, a: Spec, b: Spec) -> Spec:

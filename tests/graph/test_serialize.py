@@ -3,7 +3,6 @@
 import json
 
 import jax
-import numpy as np
 import pytest
 
 from fnnc import ops
@@ -59,8 +58,12 @@ def test_not_a_graph_file(tmp_path):
 
 def test_malformed_and_unknown_command():
     data = to_data(_graph())
-    broken = dict(data, nodes=[{"cmd": {"name": "no_such_cmd", "params": []},
-                                "inputs": [], "outputs": [0], "name": ""}])
+    broken = dict(
+        data,
+        nodes=[
+            {"cmd": {"name": "no_such_cmd", "params": []}, "inputs": [], "outputs": [0], "name": ""}
+        ],
+    )
     with pytest.raises(UnknownCommandError, match="no_such_cmd"):
         from_data(broken)
     with pytest.raises(GraphFormatError, match="malformed"):
@@ -68,7 +71,9 @@ def test_malformed_and_unknown_command():
     lit = dict(data)
     lit["nodes"] = [dict(n) for n in data["nodes"]]
     const = next(n for n in lit["nodes"] if n["cmd"]["name"] == "constant")
-    const["cmd"] = {"name": "constant", "params": [["value", {"$literal": "AAAA",
-                                                              "shape": [9], "dtype": "float32"}]]}
+    const["cmd"] = {
+        "name": "constant",
+        "params": [["value", {"$literal": "AAAA", "shape": [9], "dtype": "float32"}]],
+    }
     with pytest.raises(GraphFormatError, match="bytes"):
         from_data(lit)

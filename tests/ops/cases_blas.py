@@ -4,7 +4,11 @@ from tests.ops.cases import Case
 
 CASES = [
     Case(ops.gemm(), (rand([3, 4]), rand([4, 5], seed=1)), "gemm"),
-    Case(ops.gemm(transpose_b=True), (rand([3, 4]), rand([5, 4], seed=1), rand([5], seed=2)), "gemm-dense"),
+    Case(
+        ops.gemm(transpose_b=True),
+        (rand([3, 4]), rand([5, 4], seed=1), rand([5], seed=2)),
+        "gemm-dense",
+    ),
     Case(ops.gemm(transpose_a=True), (rand([2, 4, 3]), rand([4, 5], seed=1)), "gemm-batch-ta"),
     Case(ops.add(p=2.0, q=-1.0), (rand([2, 3]), rand([1, 3], seed=1)), "add"),
     Case(ops.mul(p=0.5), (rand([2, 3]), rand([2, 3], seed=1)), "mul"),

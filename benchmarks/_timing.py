@@ -1,0 +1,47 @@
+"""Timing helpers shared by the benchmarks: medians of several runs, same-run baselines."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+
+def median_time(
+    fn: Callable[[], Any], *, repeats: int = 7, inner: int = 20, warmup: int = 3
+) -> float:
+    """Median over ``repeats`` of the mean seconds per call of ``fn`` (blocked on its result)."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(inner):
+            out = fn()
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - start) / inner)
+    return statistics.median(samples)
+
+
+def interleaved(
+    fns: dict[str, Callable[[], Any]], *, rounds: int = 7, inner: int = 20
+) -> dict[str, float]:
+    """Median seconds per call of each fn, alternating between them each round.
+
+    Interleaving is fair on noisy machines: a slow spell hits every contender alike.
+    """
+    for fn in fns.values():
+        for _ in range(3):
+            jax.block_until_ready(fn())
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(inner):
+                out = fn()
+            jax.block_until_ready(out)
+            samples[name].append((time.perf_counter() - start) / inner)
+    return {k: statistics.median(v) for k, v in samples.items()}

@@ -1,0 +1,95 @@
+"""Spatial hyper-parameters shared by convolution and pooling.
+
+``strides``, ``dilation``, ``window`` and ``output_padding`` take one int for every
+spatial axis or a tuple with one int per axis; ``padding`` takes ``"SAME"``,
+``"VALID"``, one int, or a tuple with one int or ``(low, high)`` pair per axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fnnc.ops._rules import fail
+
+Pads = tuple[tuple[int, int], ...]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def ints(name: str, what: str, value: Any, nd: int, *, low: int = 1) -> tuple[int, ...]:
+    """``value`` as ``nd`` ints, each at least ``low``."""
+    out = (value,) * nd if _is_int(value) else tuple(value) if isinstance(value, tuple) else None
+    if out is None or len(out) != nd or not all(_is_int(v) for v in out):
+        fail(
+            f"{name}: {what}={value!r} does not fit {nd} spatial axes; "
+            f"pass one int or a tuple of {nd} ints"
+        )
+    if any(v < low for v in out):
+        fail(f"{name}: {what}={value!r} must be >= {low} on every axis")
+    return out
+
+
+def padding_of(name: str, padding: Any, nd: int) -> str | Pads:
+    """``"SAME"``, ``"VALID"`` or explicit ``(low, high)`` pairs, one per axis."""
+    if isinstance(padding, str):
+        if padding.upper() not in ("SAME", "VALID"):
+            fail(f"{name}: padding={padding!r}; use 'SAME', 'VALID', an int or (low, high) pairs")
+        return padding.upper()
+    if _is_int(padding):
+        padding = (padding,) * nd
+    if not isinstance(padding, tuple) or len(padding) != nd:
+        fail(
+            f"{name}: padding={padding!r} does not fit {nd} spatial axes; "
+            f"pass {nd} (low, high) pairs"
+        )
+    pairs = []
+    for p in padding:
+        pair = (p, p) if _is_int(p) else p
+        if not (
+            isinstance(pair, tuple) and len(pair) == 2 and all(_is_int(v) and v >= 0 for v in pair)
+        ):
+            fail(f"{name}: padding entry {p!r} must be an int or a (low, high) pair of ints >= 0")
+        pairs.append(pair)
+    return tuple(pairs)
+
+
+def explicit(
+    padding: str | Pads, sizes: Sequence[int], windows: Sequence[int], strides: Sequence[int]
+) -> Pads:
+    """Explicit pads for input ``sizes``; ``"SAME"`` splits like TensorFlow (extra at the end)."""
+    if padding == "VALID":
+        return ((0, 0),) * len(sizes)
+    if padding == "SAME":
+        pads = []
+        for n, k, s in zip(sizes, windows, strides):
+            total = max((-(-n // s) - 1) * s + k - n, 0)
+            pads.append((total // 2, total - total // 2))
+        return tuple(pads)
+    return padding  # type: ignore[return-value]
+
+
+def out_sizes(
+    name: str,
+    x: Any,
+    sizes: Sequence[int],
+    pads: Pads,
+    windows: Sequence[int],
+    strides: Sequence[int],
+) -> tuple[int, ...]:
+    """Output sizes of a strided window; fails when a window does not fit."""
+    out = []
+    for n, (lo, hi), k, s in zip(sizes, pads, windows, strides):
+        if n + lo + hi < k:
+            fail(
+                f"{name}: a window of {k} (dilated) does not fit spatial size {n} with padding "
+                f"({lo}, {hi}) in x {x}; pad more or use a smaller window"
+            )
+        out.append((n + lo + hi - k) // s + 1)
+    return tuple(out)
+
+
+def dilated(windows: Sequence[int], dilation: Sequence[int]) -> tuple[int, ...]:
+    return tuple((k - 1) * d + 1 for k, d in zip(windows, dilation))

@@ -1,0 +1,162 @@
+"""Activation family: relu, leaky_relu, sigmoid, tanh, swish, gelu, mish, softmax,
+log_softmax.
+
+All take one floating-point tensor and keep its shape. Every backward is hand-written;
+those of relu, sigmoid, tanh, softmax and log_softmax read only the *output*
+(``uses=Uses(inputs=(), outputs=(0,))``), so the input can be freed right after the
+forward, as in NNC. softmax and log_softmax normalise along ``axis`` (default last).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from fnnc.ops._rules import norm_axes, require_float
+from fnnc.ops.command import Spec, Uses, defcommand
+
+OUTPUT_ONLY = Uses(inputs=(), outputs=(0,))
+INPUT_ONLY = Uses(inputs=(0,))
+
+
+def _float_rule(name: str):
+    """Shape rule: one floating-point input, output shaped and typed like it."""
+
+    def rule(x: Spec, **params) -> Spec:
+        require_float(name, x)
+        if "axis" in params:
+            norm_axes(name, (params["axis"],), x.ndim)
+        return Spec(tuple(x.shape), x.dtype)
+
+    return rule
+
+
+def _zero(g):
+    return jnp.zeros((), g.dtype)
+
+
+@defcommand(family="activation", shape=_float_rule("relu"), uses=OUTPUT_ONLY)
+def relu(x):
+    """``max(x, 0)``."""
+    return lax.max(x, lax.full_like(x, 0))
+
+
+@relu.backward
+def _relu_backward(grads, inputs, outputs):
+    (g,), (y,) = grads, outputs
+    return (jnp.where(y > 0, g, _zero(g)),)
+
+
+@defcommand(family="activation", shape=_float_rule("leaky_relu"), uses=INPUT_ONLY)
+def leaky_relu(x, *, negative_slope=0.01):
+    """``x`` where ``x > 0`` else ``negative_slope * x``."""
+    return jnp.where(x > 0, x, x * jnp.asarray(negative_slope, x.dtype))
+
+
+@leaky_relu.backward
+def _leaky_relu_backward(grads, inputs, outputs, *, negative_slope):
+    (g,), (x,) = grads, inputs
+    return (jnp.where(x > 0, g, g * jnp.asarray(negative_slope, g.dtype)),)
+
+
+@defcommand(family="activation", shape=_float_rule("sigmoid"), uses=OUTPUT_ONLY)
+def sigmoid(x):
+    """``1 / (1 + exp(-x))``."""
+    return jax.nn.sigmoid(x)
+
+
+@sigmoid.backward
+def _sigmoid_backward(grads, inputs, outputs):
+    (g,), (y,) = grads, outputs
+    return (g * y * (1 - y),)
+
+
+@defcommand(family="activation", shape=_float_rule("tanh"), uses=OUTPUT_ONLY)
+def tanh(x):
+    """Hyperbolic tangent."""
+    return lax.tanh(x)
+
+
+@tanh.backward
+def _tanh_backward(grads, inputs, outputs):
+    (g,), (y,) = grads, outputs
+    return (g * (1 - y * y),)
+
+
+@defcommand(family="activation", shape=_float_rule("swish"), uses=INPUT_ONLY)
+def swish(x):
+    """``x * sigmoid(x)`` (SiLU)."""
+    return x * jax.nn.sigmoid(x)
+
+
+@swish.backward
+def _swish_backward(grads, inputs, outputs):
+    (g,), (x,) = grads, inputs
+    s = jax.nn.sigmoid(x)
+    return (g * s * (1 + x * (1 - s)),)
+
+
+_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+_GELU_C = 0.044715
+
+
+@defcommand(family="activation", shape=_float_rule("gelu"), uses=INPUT_ONLY)
+def gelu(x, *, approximate=False):
+    """``x * Phi(x)`` with Phi the standard normal CDF; ``approximate=True`` uses
+    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` (NNC's GELU ``tanh`` flag)."""
+    if approximate:
+        u = _SQRT_2_OVER_PI * (x + _GELU_C * x * x * x)
+        return 0.5 * x * (1 + jnp.tanh(u))
+    return 0.5 * x * (1 + lax.erf(x * (1 / math.sqrt(2))))
+
+
+@gelu.backward
+def _gelu_backward(grads, inputs, outputs, *, approximate):
+    (g,), (x,) = grads, inputs
+    if approximate:
+        t = jnp.tanh(_SQRT_2_OVER_PI * (x + _GELU_C * x * x * x))
+        du = _SQRT_2_OVER_PI * (1 + 3 * _GELU_C * x * x)
+        return (g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du),)
+    cdf = 0.5 * (1 + lax.erf(x * (1 / math.sqrt(2))))
+    pdf = jnp.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
+    return (g * (cdf + x * pdf),)
+
+
+@defcommand(family="activation", shape=_float_rule("mish"), uses=INPUT_ONLY)
+def mish(x):
+    """``x * tanh(softplus(x))``."""
+    return x * jnp.tanh(jax.nn.softplus(x))
+
+
+@mish.backward
+def _mish_backward(grads, inputs, outputs):
+    (g,), (x,) = grads, inputs
+    t = jnp.tanh(jax.nn.softplus(x))
+    return (g * (t + x * (1 - t * t) * jax.nn.sigmoid(x)),)
+
+
+@defcommand(family="activation", shape=_float_rule("softmax"), uses=OUTPUT_ONLY)
+def softmax(x, *, axis=-1):
+    """``exp(x) / sum(exp(x))`` along ``axis`` (computed stably)."""
+    return jax.nn.softmax(x, axis=axis)
+
+
+@softmax.backward
+def _softmax_backward(grads, inputs, outputs, *, axis):
+    (g,), (y,) = grads, outputs
+    return (y * (g - jnp.sum(g * y, axis=axis, keepdims=True)),)
+
+
+@defcommand(family="activation", shape=_float_rule("log_softmax"), uses=OUTPUT_ONLY)
+def log_softmax(x, *, axis=-1):
+    """``x - logsumexp(x)`` along ``axis``."""
+    return jax.nn.log_softmax(x, axis=axis)
+
+
+@log_softmax.backward
+def _log_softmax_backward(grads, inputs, outputs, *, axis):
+    (g,), (y,) = grads, outputs
+    return (g - jnp.exp(y) * jnp.sum(g, axis=axis, keepdims=True),)

@@ -1,0 +1,429 @@
+"""Data-movement family: reshape, transpose, format_transform, datatype_conversion,
+concat, slice, index_select, pad, upsample, set, masked_fill, broadcast_to.
+
+These commands move or copy values without arithmetic (bilinear upsampling aside), so
+most backwards need only the *shapes* of the forward tensors: they declare
+``uses=NOTHING`` and never keep an activation alive. Linear commands whose backward is
+tedious to write by hand (reflect / edge padding, upsampling) transpose their own
+forward with :func:`jax.linear_transpose`, which needs no values either.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from fnnc.errors import CommandError, DTypeError
+from fnnc.ops._rules import (
+    broadcast_shape,
+    fail,
+    norm_axes,
+    require_same_dtype,
+    show,
+    to_shape,
+    unbroadcast,
+)
+from fnnc.ops.command import NOTHING, Spec, Uses, defcommand, is_float
+
+
+def _dtype(dtype: Any) -> np.dtype:
+    """A dtype hyper-parameter as the dtype JAX will really use (x64 off: f64 -> f32)."""
+    return jax.dtypes.canonicalize_dtype(jnp.dtype(dtype))
+
+
+def _choice(name: str, what: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise CommandError(f"{name}: {what} must be one of {list(allowed)}, got {value!r}")
+
+
+def _transpose_back(g: Any, perm: tuple[int, ...]) -> Any:
+    return jnp.transpose(g, tuple(int(i) for i in np.argsort(perm)))
+
+
+# --- reshape, transpose, format_transform -------------------------------------------
+
+
+def _reshape_target(x: Spec, shape: tuple[int, ...]) -> tuple[int, ...]:
+    shape = tuple(int(n) for n in shape)
+    size = math.prod(x.shape)
+    holes = [i for i, n in enumerate(shape) if n == -1]
+    if len(holes) > 1 or any(n < -1 for n in shape):
+        fail(f"reshape: shape {list(shape)} may hold one -1 and otherwise sizes >= 0")
+    known = math.prod(n for n in shape if n != -1)
+    if holes:
+        if known == 0 or size % known:
+            fail(f"reshape: cannot infer the -1 in {list(shape)} for {show(x)} ({size} elements)")
+        return (*shape[: holes[0]], size // known, *shape[holes[0] + 1 :])
+    if known != size:
+        fail(
+            f"reshape: input {show(x)} has {size} elements but shape {list(shape)} holds {known}; "
+            "the sizes must multiply to the same count (use -1 for one inferred axis)"
+        )
+    return shape
+
+
+def _reshape_shape(x: Spec, *, shape: tuple[int, ...]) -> Spec:
+    return Spec(_reshape_target(x, shape), x.dtype)
+
+
+@defcommand(family="data", shape=_reshape_shape, uses=NOTHING)
+def reshape(x, *, shape):
+    """Same values in a new shape (row-major); one entry of ``shape`` may be -1."""
+    return jnp.reshape(x, _reshape_target(x, shape))
+
+
+@reshape.backward
+def _reshape_backward(grads, inputs, outputs, *, shape):
+    return (jnp.reshape(grads[0], inputs[0].shape),)
+
+
+def _transpose_shape(x: Spec, *, perm: tuple[int, ...]) -> Spec:
+    if sorted(perm) != list(range(x.ndim)):
+        fail(f"transpose: perm {list(perm)} is not a permutation of 0..{x.ndim - 1} for {show(x)}")
+    return Spec(tuple(x.shape[p] for p in perm), x.dtype)
+
+
+@defcommand(family="data", shape=_transpose_shape, uses=NOTHING)
+def transpose(x, *, perm):
+    """Permutes axes: output axis ``i`` is input axis ``perm[i]``."""
+    return jnp.transpose(x, perm)
+
+
+@transpose.backward
+def _transpose_backward(grads, inputs, outputs, *, perm):
+    return (_transpose_back(grads[0], perm),)
+
+
+FORMATS = ("NCHW", "NHWC", "CHWN")
+
+
+def _format_perm(x: Spec, src: str, dst: str) -> tuple[int, ...]:
+    _choice("format_transform", "src", src, FORMATS)
+    _choice("format_transform", "dst", dst, FORMATS)
+    if x.ndim != 4:
+        fail(f"format_transform: expected a rank-4 {src} tensor, got {show(x)}")
+    return tuple(src.index(c) for c in dst)
+
+
+def _format_shape(x: Spec, *, src: str, dst: str) -> Spec:
+    return Spec(tuple(x.shape[p] for p in _format_perm(x, src, dst)), x.dtype)
+
+
+@defcommand(family="data", shape=_format_shape, uses=NOTHING)
+def format_transform(x, *, src="NCHW", dst="NHWC"):
+    """Converts a rank-4 tensor between NNC formats NCHW, NHWC and CHWN (a transpose)."""
+    return jnp.transpose(x, _format_perm(x, src, dst))
+
+
+@format_transform.backward
+def _format_transform_backward(grads, inputs, outputs, *, src, dst):
+    return (_transpose_back(grads[0], _format_perm(inputs[0], src, dst)),)
+
+
+# --- datatype_conversion, concat, slice, index_select ---------------------------------
+
+
+@defcommand(family="data", shape=lambda x, *, dtype: Spec(x.shape, _dtype(dtype)), uses=NOTHING)
+def datatype_conversion(x, *, dtype):
+    """Converts ``x`` to ``dtype`` (float64 becomes float32 unless x64 is on)."""
+    return lax.convert_element_type(x, _dtype(dtype))
+
+
+@datatype_conversion.backward
+def _datatype_conversion_backward(grads, inputs, outputs, *, dtype):
+    (g,), (x,) = grads, inputs
+    if not is_float(x):
+        return (None,)
+    if g is None or not is_float(g):  # converted to an integer type: no gradient flows
+        return (jnp.zeros(x.shape, x.dtype),)
+    return (g.astype(x.dtype),)
+
+
+def _concat_shape(*inputs: Spec, axis: int) -> Spec:
+    if not inputs:
+        fail("concat: needs at least one input")
+    dtype = require_same_dtype("concat", *inputs)
+    first = inputs[0]
+    (ax,) = norm_axes("concat", (axis,), first.ndim)
+    total = 0
+    for i, x in enumerate(inputs):
+        rest_x = tuple(n for d, n in enumerate(x.shape) if d != ax)
+        rest_0 = tuple(n for d, n in enumerate(first.shape) if d != ax)
+        if x.ndim != first.ndim or rest_x != rest_0:
+            fail(
+                f"concat: input {i} {show(x)} does not fit input 0 {show(first)}; "
+                f"all sizes except axis {axis} must match"
+            )
+        total += x.shape[ax]
+    return Spec((*first.shape[:ax], total, *first.shape[ax + 1 :]), dtype)
+
+
+@defcommand(family="data", shape=_concat_shape, uses=NOTHING)
+def concat(*inputs, axis=0):
+    """Joins any number of tensors along ``axis``; other sizes must match."""
+    return jnp.concatenate(inputs, axis=axis)
+
+
+@concat.backward
+def _concat_backward(grads, inputs, outputs, *, axis):
+    (g,) = grads
+    if not is_float(inputs[0]):
+        return (None,) * len(inputs)
+    ax = axis % g.ndim
+    pieces, start = [], 0
+    for x in inputs:
+        pieces.append(lax.slice_in_dim(g, start, start + x.shape[ax], axis=ax))
+        start += x.shape[ax]
+    return tuple(pieces)
+
+
+def _slice_dims(x: Spec, start, limit, strides) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    strides = (1,) * x.ndim if strides is None else tuple(strides)
+    if not len(start) == len(limit) == len(strides) == x.ndim:
+        fail(
+            f"slice: start {list(start)}, limit {list(limit)} and strides {list(strides)} "
+            f"need one entry per axis of {show(x)}"
+        )
+    out = []
+    for d, (s, lim, k, n) in enumerate(zip(start, limit, strides, x.shape)):
+        if not 0 <= s <= lim <= n or k < 1:
+            fail(
+                f"slice: axis {d} of {show(x)} needs 0 <= start <= limit <= {n} and stride >= 1, "
+                f"got start={s}, limit={lim}, stride={k}"
+            )
+        out.append(-(-(lim - s) // k))
+    return strides, tuple(out)
+
+
+def _slice_shape(x: Spec, *, start, limit, strides) -> Spec:
+    return Spec(_slice_dims(x, start, limit, strides)[1], x.dtype)
+
+
+@defcommand(family="data", shape=_slice_shape, uses=NOTHING)
+def slice(x, *, start, limit, strides=None):
+    """``x[start:limit:strides]`` per axis (all non-negative, in bounds)."""
+    return lax.slice(x, start, limit, _slice_dims(x, start, limit, strides)[0])
+
+
+@slice.backward
+def _slice_backward(grads, inputs, outputs, *, start, limit, strides):
+    (g,), (x,) = grads, inputs
+    if not is_float(x):
+        return (None,)
+    strides, out = _slice_dims(x, start, limit, strides)
+    config = [
+        (s, n - s - m - max(m - 1, 0) * (k - 1), k - 1)
+        for s, k, n, m in zip(start, strides, x.shape, out)
+    ]
+    return (lax.pad(g, jnp.zeros((), g.dtype), config),)
+
+
+def _index_select_shape(x: Spec, idx: Spec, *, axis: int) -> Spec:
+    if idx.ndim != 1 or not jnp.issubdtype(idx.dtype, jnp.integer):
+        raise DTypeError(f"index_select: idx must be an integer vector, got {show(idx)}")
+    (ax,) = norm_axes("index_select", (axis,), x.ndim)
+    return Spec((*x.shape[:ax], idx.shape[0], *x.shape[ax + 1 :]), x.dtype)
+
+
+@defcommand(family="data", shape=_index_select_shape, uses=Uses(inputs=(1,)))
+def index_select(x, idx, *, axis=0):
+    """Picks the entries ``idx`` of ``x`` along ``axis`` (negative indices count from
+    the end; out-of-range ones read NaN for floats). NNC's INDEX_SELECT is ``axis=0``."""
+    return jnp.take(x, idx, axis=axis)
+
+
+@index_select.backward
+def _index_select_backward(grads, inputs, outputs, *, axis):
+    (g,), (x, idx) = grads, inputs
+    if not is_float(x):
+        return None, None
+    ax = axis % x.ndim
+    rest = tuple(n for d, n in enumerate(x.shape) if d != ax)
+    acc = jnp.zeros((x.shape[ax], *rest), g.dtype).at[idx].add(jnp.moveaxis(g, ax, 0))
+    return jnp.moveaxis(acc, 0, ax), None
+
+
+# --- pad, upsample ---------------------------------------------------------------------
+
+PAD_MODES = ("constant", "reflect", "edge")
+
+
+def _pad_shape(x: Spec, *, pads, mode, value) -> Spec:
+    _choice("pad", "mode", mode, PAD_MODES)
+    if len(pads) != x.ndim or any(len(p) != 2 for p in pads):
+        fail(f"pad: pads {list(pads)} needs one (lo, hi) pair per axis of {show(x)}")
+    out = []
+    for d, ((lo, hi), n) in enumerate(zip(pads, x.shape)):
+        if lo < 0 or hi < 0:
+            fail(f"pad: axis {d}: pads must be >= 0, got ({lo}, {hi}); use slice to crop")
+        if mode == "reflect" and (lo or hi) and max(lo, hi) >= n:
+            fail(f"pad: reflect padding of axis {d} of {show(x)} needs lo, hi < {n}, got {lo, hi}")
+        out.append(lo + n + hi)
+    return Spec(tuple(out), x.dtype)
+
+
+@defcommand(family="data", shape=_pad_shape, uses=NOTHING)
+def pad(x, *, pads, mode="constant", value=0.0):
+    """Pads each axis by ``pads[axis] = (lo, hi)`` entries.
+
+    Modes (NumPy's names): ``"constant"`` writes ``value``; ``"reflect"`` mirrors
+    without repeating the edge (``[1, 2, 3] -> [3, 2, 1, 2, 3, 2, 1]``); ``"edge"``
+    repeats the edge entry (NNC's PAD_REPLICATE).
+    """
+    if mode == "constant":
+        return jnp.pad(x, pads, mode="constant", constant_values=jnp.asarray(value, x.dtype))
+    return jnp.pad(x, pads, mode=mode)
+
+
+@pad.backward
+def _pad_backward(grads, inputs, outputs, *, pads, mode, value):
+    (g,), (x,) = grads, inputs
+    if not is_float(x):
+        return (None,)
+    if mode == "constant":
+        lows = [lo for lo, _ in pads]
+        return (lax.slice(g, lows, [lo + n for lo, n in zip(lows, x.shape)]),)
+    # reflect / edge padding is linear in x: its transpose folds the mirrored entries back.
+    return jax.linear_transpose(lambda t: jnp.pad(t, pads, mode=mode), Spec(x.shape, g.dtype))(g)
+
+
+UPSAMPLE_MODES = ("nearest", "bilinear")
+
+
+def _upsample_sizes(x: Spec, scale, mode: str) -> tuple[int, int]:
+    _choice("upsample", "mode", mode, UPSAMPLE_MODES)
+    sh, sw = (scale, scale) if isinstance(scale, (int, float)) else scale
+    if x.ndim != 4:
+        fail(
+            f"upsample: expected a rank-4 NHWC input, got {show(x)}; use format_transform for NCHW"
+        )
+    ho, wo = int(x.shape[1] * sh + 0.5), int(x.shape[2] * sw + 0.5)
+    if ho < x.shape[1] or wo < x.shape[2]:
+        fail(f"upsample: scale {scale} would shrink {show(x)}; NNC's upsample only enlarges")
+    return ho, wo
+
+
+def _taps(n_in: int, n_out: int, bilinear: bool, align: bool):
+    """NNC's source indices and weights along one axis (float32 arithmetic, as in C)."""
+    i = np.arange(n_out, dtype=np.float64)
+    num, den = (n_in - 1, max(1, n_out - 1)) if align else (n_in, n_out)
+    r = np.float64(np.float32(num) / np.float32(den))
+    if not bilinear:
+        src = (i * r + 0.5) if align else (i + 0.5) * r
+        i0 = np.minimum(src.astype(np.int32), n_in - 1)
+        return i0, None, None, None
+    xs = (i * r if align else (i + 0.5) * r - 0.5).astype(np.float32)
+    i0 = np.trunc(xs).astype(np.int32)  # C's (int) truncates: -0.25 -> 0, both taps at 0
+    i1 = np.minimum(np.trunc(xs + 1).astype(np.int32), n_in - 1)
+    w1 = xs - i0
+    return i0, i1, 1 - w1, w1
+
+
+def _resample(x: Any, axis: int, n_out: int, bilinear: bool, align: bool) -> Any:
+    i0, i1, w0, w1 = _taps(x.shape[axis], n_out, bilinear, align)
+    a = jnp.take(x, i0, axis=axis)
+    if not bilinear:
+        return a
+    keep = tuple(n_out if d == axis else 1 for d in range(x.ndim))
+
+    def weight(w):
+        return to_shape(jnp.asarray(w.reshape(keep), x.dtype), a.shape)
+
+    return a * weight(w0) + jnp.take(x, i1, axis=axis) * weight(w1)
+
+
+def _upsample_shape(x: Spec, *, scale, mode, align_corners) -> Spec:
+    ho, wo = _upsample_sizes(x, scale, mode)
+    return Spec((x.shape[0], ho, wo, x.shape[3]), x.dtype)
+
+
+@defcommand(family="data", shape=_upsample_shape, uses=NOTHING)
+def upsample(x, *, scale=(2, 2), mode="nearest", align_corners=False):
+    """Enlarges the H and W axes of an NHWC tensor by ``scale = (sh, sw)``.
+
+    Follows NNC's UPSAMPLE (lib/nnc/cmd/upsample/ccv_nnc_upsample_cpu_ref.c): output
+    size ``int(n * s + 0.5)``; ``"nearest"`` reads ``min(int((i + 0.5) * n / m), n - 1)``;
+    ``"bilinear"`` samples at half-pixel centres ``(i + 0.5) * n / m - 0.5`` clamped to
+    the edge (PyTorch's ``align_corners=False``). ``align_corners=True`` maps the corner
+    pixels onto each other instead, as NNC's flag does. The backward scatters each
+    output gradient back with the same weights.
+    """
+    ho, wo = _upsample_sizes(x, scale, mode)
+    bilinear = mode == "bilinear"
+    y = _resample(x, 1, ho, bilinear, align_corners)
+    return _resample(y, 2, wo, bilinear, align_corners)
+
+
+@upsample.backward
+def _upsample_backward(grads, inputs, outputs, **params):
+    (g,), (x,) = grads, inputs
+    return jax.linear_transpose(
+        lambda t: upsample.definition.forward(t, **params), Spec(x.shape, g.dtype)
+    )(g)
+
+
+# --- set, masked_fill, broadcast_to -------------------------------------------------------
+
+
+def _set_shape(*, shape, dtype, value) -> Spec:
+    if any(int(n) < 0 for n in shape):
+        fail(f"set: shape {list(shape)} has a negative size")
+    return Spec(tuple(int(n) for n in shape), _dtype(dtype))
+
+
+@defcommand(family="data", shape=_set_shape, uses=NOTHING, differentiable=False)
+def set(*, shape, dtype="float32", value=0.0):
+    """A tensor of ``shape`` filled with ``value`` (no inputs), NNC's SET."""
+    return jnp.full(tuple(shape), value, _dtype(dtype))
+
+
+def _eq_value(eq: Any, dtype: Any) -> Any:
+    """NNC rounds ``eq`` for integer masks: ``(int)(eq + 0.5)``."""
+    return math.floor(eq + 0.5) if jnp.issubdtype(dtype, jnp.integer) else eq
+
+
+def _masked_fill_shape(x: Spec, mask: Spec, *, eq, fill) -> Spec:
+    if broadcast_shape("masked_fill", x.shape, mask.shape) != tuple(x.shape):
+        fail(f"masked_fill: mask {show(mask)} must broadcast to x {show(x)} without enlarging it")
+    return Spec(tuple(x.shape), x.dtype)
+
+
+@defcommand(family="data", shape=_masked_fill_shape, uses=Uses(inputs=(1,)))
+def masked_fill(x, mask, *, eq=0, fill=0.0):
+    """``fill`` where ``mask == eq``, else ``x`` (NNC's MASKED_FILL); mask broadcasts."""
+    hit = to_shape(mask, x.shape) == _eq_value(eq, mask.dtype)
+    return jnp.where(hit, jnp.asarray(fill, x.dtype), x)
+
+
+@masked_fill.backward
+def _masked_fill_backward(grads, inputs, outputs, *, eq, fill):
+    (g,), (x, mask) = grads, inputs
+    if not is_float(x):
+        return None, None
+    hit = to_shape(mask, g.shape) == _eq_value(eq, mask.dtype)
+    return jnp.where(hit, jnp.zeros((), g.dtype), g), None
+
+
+def _broadcast_to_shape(x: Spec, *, shape) -> Spec:
+    shape = tuple(int(n) for n in shape)
+    lead = len(shape) - x.ndim
+    if lead < 0 or any(n not in (1, m) for n, m in zip(x.shape, shape[lead:])):
+        fail(f"broadcast_to: {show(x)} does not broadcast to {list(shape)} (NumPy rules)")
+    return Spec(shape, x.dtype)
+
+
+@defcommand(family="data", shape=_broadcast_to_shape, uses=NOTHING)
+def broadcast_to(x, *, shape):
+    """``x`` broadcast to ``shape`` by NumPy rules (new leading axes, size-1 axes grow)."""
+    return to_shape(x, shape)
+
+
+@broadcast_to.backward
+def _broadcast_to_backward(grads, inputs, outputs, *, shape):
+    (g,), (x,) = grads, inputs
+    return (unbroadcast(g, x.shape) if is_float(x) else None,)

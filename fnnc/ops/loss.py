@@ -1,0 +1,284 @@
+"""Loss family: softmax / categorical / binary / sigmoid-binary cross-entropy, mse, smooth L1.
+
+Every loss gives one value per sample, keeping the reduced axis as size 1 (NNC's
+convention). The cross-entropies reduce the last (class) axis: ``[..., C] -> [..., 1]``;
+``mse`` and ``smooth_l1`` reduce every axis but the batch axis: ``[N, ...] -> [N, 1]``.
+
+Class labels (softmax and categorical cross-entropy) are either class indices shaped
+``[...]`` or ``[..., 1]`` (integers, or floats rounded to the nearest class as NNC
+does), or per-class float targets shaped like the scores. Index labels become the
+targets ``trim1`` at the label and ``trim0`` elsewhere: NNC's label smoothing
+(``CMD_SOFTMAX_CROSSENTROPY_FORWARD(trim0, trim1)``); float targets ignore the trims.
+Sources: ``lib/nnc/cmd/softmax_loss/ccv_nnc_softmax_crossentropy_cpu_ref.c``,
+``lib/nnc/cmd/sigmoid_loss/ccv_nnc_sigmoid_binary_crossentropy_cpu_ref.c`` and
+``lib/nnc/cmd/loss/ccv_nnc_{categorical_crossentropy,binary_crossentropy,mse,smooth_l1}_cpu_ref.c``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from fnnc.errors import CommandError, DTypeError
+from fnnc.ops._rules import fail, require_float, require_same_dtype, show, to_shape
+from fnnc.ops.command import Spec, Uses, defcommand
+
+
+def _label_kind(name: str, x, label) -> str:
+    """``"index"`` or ``"target"``; fails for labels that fit neither."""
+    lead = tuple(x.shape[:-1])
+    shape = tuple(label.shape)
+    floating = jnp.issubdtype(label.dtype, jnp.floating)
+    if not (floating or jnp.issubdtype(label.dtype, jnp.integer)):
+        raise DTypeError(
+            f"{name}: label {show(label)} must be integer class indices or float targets"
+        )
+    if _is_target(label, x.shape):
+        return "target"
+    if shape in (lead, (*lead, 1)):
+        return "index"
+    fail(
+        f"{name}: label {show(label)} does not fit scores {show(x)}: expected class indices "
+        f"shaped {list(lead)} or {[*lead, 1]}, or float targets shaped {list(x.shape)}"
+    )
+
+
+def _is_target(label, shape) -> bool:
+    """Float labels shaped like the scores are per-class targets, others class indices."""
+    return jnp.issubdtype(label.dtype, jnp.floating) and tuple(label.shape) == tuple(shape)
+
+
+def _targets(label, shape, dtype, trim0, trim1):
+    """Per-class targets ``[..., C]`` from a label (see the module docstring)."""
+    if _is_target(label, shape):
+        return label.astype(dtype)
+    if jnp.issubdtype(label.dtype, jnp.floating):
+        label = jnp.floor(label + 0.5).astype(jnp.int32)  # NNC: (int)(label + 0.5)
+    idx = to_shape(jnp.reshape(label, (*shape[:-1], 1)), shape)
+    hit = lax.broadcasted_iota(idx.dtype, shape, len(shape) - 1) == idx
+    return jnp.where(hit, jnp.asarray(trim1, dtype), jnp.asarray(trim0, dtype))
+
+
+def _class_loss_shape(name: str, outputs: int):
+    def rule(x, label, *, trim0, trim1):
+        require_float(name, x)
+        if x.ndim < 1:
+            fail(f"{name}: scores {show(x)} need a class axis")
+        _label_kind(name, x, label)
+        loss = Spec((*x.shape[:-1], 1), x.dtype)
+        return (loss, Spec(x.shape, x.dtype)) if outputs == 2 else loss
+
+    return rule
+
+
+@defcommand(
+    family="loss",
+    shape=_class_loss_shape("softmax_crossentropy", 2),
+    uses=Uses(inputs=(1,), outputs=(1,)),
+)
+def softmax_crossentropy(x, label, *, trim0=0.0, trim1=1.0):
+    """Softmax of the logits ``x`` and the cross-entropy to the label: ``(loss [..., 1], softmax)``.
+
+    ``loss = logsumexp(x) - sum(t * x)`` for targets ``t``; it equals
+    ``sum(t * -log softmax(x))`` whenever the targets sum to 1 (one-hot labels, or
+    ``trim0 = eps / C, trim1 = 1 - eps + eps / C``), and its gradient is always NNC's
+    ``softmax - t``. The backward reads only the softmax and the label.
+
+    >>> import jax.numpy as jnp
+    >>> from fnnc import ops
+    >>> loss, p = ops.softmax_crossentropy()(jnp.array([[10.0, -1.0, -5.0]]), jnp.array([2]))
+    >>> loss
+    Array([[15.000017]], dtype=float32)
+    """
+    m = lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
+    z = x - m
+    e = jnp.exp(z)
+    s = jnp.sum(e, axis=-1, keepdims=True)
+    t = _targets(label, x.shape, x.dtype, trim0, trim1)
+    t_sum = jnp.sum(t, axis=-1, keepdims=True)
+    # -sum(t * z) is exactly max - x[label] for a one-hot t, so log(s) is added last.
+    loss = -jnp.sum(t * z, axis=-1, keepdims=True) + m * (1 - t_sum) + jnp.log(s)
+    return loss, e / s
+
+
+def _softmax_crossentropy_grad(g_loss, g_p, label, p, *, trim0, trim1):
+    gx = jnp.zeros(p.shape, p.dtype)
+    if g_loss is not None:
+        gx = gx + to_shape(g_loss, p.shape) * (p - _targets(label, p.shape, p.dtype, trim0, trim1))
+    if g_p is not None:
+        gx = gx + p * (g_p - jnp.sum(g_p * p, axis=-1, keepdims=True))
+    return gx
+
+
+@softmax_crossentropy.backward
+def _softmax_crossentropy_backward(grads, inputs, outputs, *, trim0, trim1):
+    (g_loss, g_p), (_, label), (_, p) = grads, inputs, outputs
+    return _softmax_crossentropy_grad(g_loss, g_p, label, p, trim0=trim0, trim1=trim1), None
+
+
+@defcommand(
+    family="loss", shape=_class_loss_shape("categorical_crossentropy", 1), uses=Uses(inputs=(0, 1))
+)
+def categorical_crossentropy(p, label, *, trim0=0.0, trim1=1.0):
+    """Cross-entropy of probabilities ``p`` to the label: ``-sum(t * log p)`` as ``[..., 1]``."""
+    t = _targets(label, p.shape, p.dtype, trim0, trim1)
+    return -jnp.sum(t * jnp.log(p), axis=-1, keepdims=True)
+
+
+def _categorical_crossentropy_grad(g, p, label, *, trim0, trim1):
+    g = to_shape(g, p.shape)
+    gp = -g * _targets(label, p.shape, p.dtype, trim0, trim1) / p
+    return gp, (-g * jnp.log(p) if _is_target(label, p.shape) else None)
+
+
+@categorical_crossentropy.backward
+def _categorical_crossentropy_backward(grads, inputs, outputs, *, trim0, trim1):
+    return _categorical_crossentropy_grad(grads[0], *inputs, trim0=trim0, trim1=trim1)
+
+
+def _binary_shape(name: str, outputs: int):
+    def rule(x, label, *, pos_weight):
+        require_float(name, x, label)
+        if x.ndim < 1 or tuple(label.shape) != tuple(x.shape):
+            fail(
+                f"{name}: label {show(label)} must be shaped like the input {show(x)} "
+                "(one target per entry)"
+            )
+        loss = Spec((*x.shape[:-1], 1), x.dtype)
+        return (loss, Spec(x.shape, x.dtype)) if outputs == 2 else loss
+
+    return rule
+
+
+@defcommand(family="loss", shape=_binary_shape("binary_crossentropy", 1), uses=Uses(inputs=(0, 1)))
+def binary_crossentropy(p, label, *, pos_weight=1.0):
+    """Binary cross-entropy of probabilities ``p`` summed over the last axis, ``[..., 1]``.
+
+    ``sum((y - 1) * log(1 - p) - pos_weight * y * log(p))`` as in NNC.
+    """
+    y = label.astype(p.dtype)
+    terms = (y - 1) * jnp.log1p(-p) - pos_weight * y * jnp.log(p)
+    return jnp.sum(terms, axis=-1, keepdims=True)
+
+
+def _binary_crossentropy_grad(g, p, label, *, pos_weight):
+    g, y = to_shape(g, p.shape), label.astype(p.dtype)
+    gp = g * ((1 - y) / (1 - p) - pos_weight * y / p)
+    gy = g * (jnp.log1p(-p) - pos_weight * jnp.log(p))
+    return gp, gy.astype(label.dtype)
+
+
+@binary_crossentropy.backward
+def _binary_crossentropy_backward(grads, inputs, outputs, *, pos_weight):
+    return _binary_crossentropy_grad(grads[0], *inputs, pos_weight=pos_weight)
+
+
+@defcommand(
+    family="loss",
+    shape=_binary_shape("sigmoid_binary_crossentropy", 2),
+    uses=Uses(inputs=(1,), outputs=(1,)),
+)
+def sigmoid_binary_crossentropy(x, label, *, pos_weight=1.0):
+    """Sigmoid of logits ``x`` and binary cross-entropy to ``label``: ``(loss [..., 1], sigmoid)``.
+
+    ``loss = sum((1 - y) * x + (1 + (pos_weight - 1) * y) * log(1 + exp(-x)))`` over the
+    last axis, as in NNC; the backward reads only the sigmoid and the label.
+    """
+    y = label.astype(x.dtype)
+    terms = (1 - y) * x + (1 + (pos_weight - 1) * y) * jax.nn.softplus(-x)
+    return jnp.sum(terms, axis=-1, keepdims=True), jax.nn.sigmoid(x)
+
+
+def _sigmoid_binary_crossentropy_grad(g_loss, g_s, label, s, *, pos_weight):
+    y = label.astype(s.dtype)
+    gx = jnp.zeros(s.shape, s.dtype)
+    if g_loss is not None:
+        gx = gx + to_shape(g_loss, s.shape) * ((s - 1) * y * pos_weight + s * (1 - y))
+    if g_s is not None:
+        gx = gx + g_s * s * (1 - s)
+    return gx
+
+
+@sigmoid_binary_crossentropy.backward
+def _sigmoid_binary_crossentropy_backward(grads, inputs, outputs, *, pos_weight):
+    (g_loss, g_s), (_, label), (_, s) = grads, inputs, outputs
+    return _sigmoid_binary_crossentropy_grad(g_loss, g_s, label, s, pos_weight=pos_weight), None
+
+
+def _pair_shape(name: str, check=None):
+    def rule(a, b, **params):
+        require_float(name, a, b)
+        require_same_dtype(name, a, b)
+        if a.ndim < 1 or tuple(a.shape) != tuple(b.shape):
+            fail(f"{name}: inputs must share one shape [batch, ...], got {show(a)} and {show(b)}")
+        if check is not None:
+            check(**params)
+        return Spec((a.shape[0], 1), a.dtype)
+
+    return rule
+
+
+def _per_sample(v):
+    """Sum over every axis but the first, as ``[N, 1]``."""
+    return jnp.reshape(jnp.sum(v, axis=tuple(range(1, v.ndim))), (v.shape[0], 1))
+
+
+def _expand(g, shape):
+    """``[N, 1]`` gradient spread over a ``[N, ...]`` input."""
+    return to_shape(jnp.reshape(g, (shape[0],) + (1,) * (len(shape) - 1)), shape)
+
+
+def _check_reduce(*, reduce):
+    if reduce not in ("mean", "sum"):
+        raise CommandError(f"mse: reduce={reduce!r}; use 'mean' or 'sum'")
+
+
+@defcommand(family="loss", shape=_pair_shape("mse", _check_reduce), uses=Uses(inputs=(0, 1)))
+def mse(a, b, *, reduce="mean"):
+    """Squared error per sample, ``[N, ...] -> [N, 1]``: ``"mean"`` or ``"sum"`` of ``(a-b)**2``."""
+    d = a - b
+    loss = _per_sample(d * d)
+    return loss / math.prod(a.shape[1:]) if reduce == "mean" else loss
+
+
+def _mse_grad(g, a, b, *, reduce):
+    scale = 2.0 / math.prod(a.shape[1:]) if reduce == "mean" else 2.0
+    ga = _expand(g, a.shape) * (a - b) * jnp.asarray(scale, a.dtype)
+    return ga, -ga
+
+
+@mse.backward
+def _mse_backward(grads, inputs, outputs, *, reduce):
+    return _mse_grad(grads[0], *inputs, reduce=reduce)
+
+
+def _check_beta(*, beta):
+    if not beta > 0:
+        raise CommandError(f"smooth_l1: beta={beta!r} must be > 0")
+
+
+@defcommand(family="loss", shape=_pair_shape("smooth_l1", _check_beta), uses=Uses(inputs=(0, 1)))
+def smooth_l1(a, b, *, beta=1.0):
+    """Smooth L1 per sample, ``[N, ...] -> [N, 1]``, switched on the sample's L1 distance.
+
+    NNC's form: with ``l1 = sum|a - b|`` over the sample, the loss is
+    ``0.5 * sum((a - b)**2) / beta`` when ``l1 < beta`` and ``l1 - 0.5 * beta`` otherwise.
+    """
+    d = a - b
+    l1 = _per_sample(jnp.abs(d))
+    return jnp.where(l1 < beta, _per_sample(d * d) * (0.5 / beta), l1 - 0.5 * beta)
+
+
+def _smooth_l1_grad(g, a, b, *, beta):
+    d = a - b
+    small = _expand(_per_sample(jnp.abs(d)) < beta, a.shape)
+    ga = _expand(g, a.shape) * jnp.where(small, d / beta, jnp.sign(d))
+    return ga, -ga
+
+
+@smooth_l1.backward
+def _smooth_l1_backward(grads, inputs, outputs, *, beta):
+    return _smooth_l1_grad(grads[0], *inputs, beta=beta)

@@ -1,0 +1,160 @@
+"""Generic commands: any JAX primitive carried as one node (family ``"generic"``).
+
+:func:`fnnc.graph.trace` maps the primitives it knows to fnnc commands; every other
+primitive (``cumsum``, ``erf``, ``sort``, ``cond``, ``while``, ``scan``, a custom
+derivative it cannot see through...) becomes one ``primitive`` node. Its
+hyper-parameters are the primitive and its equation parameters, each held in an
+:class:`Opaque` (hashable, so the graph stays hashable), and the output specs, so the
+shape rule needs no arrays. The forward binds the primitive exactly as
+``jax.core.eval_jaxpr`` does, so custom derivative rules and sub-jaxprs (branches,
+loop bodies) keep their JAX meaning; the backward is derived from ``jax.vjp`` of that
+forward.
+
+Attributes are per command, so a primitive whose equation has effects (a debug
+callback, I/O) is carried by the twin command ``effectful_primitive``
+(``has_effects=True``): DCE keeps it and CSE never merges it.
+
+A primitive may have no operands (``iota``): these commands accept zero inputs.
+
+>>> import jax.numpy as jnp
+>>> from jax import lax
+>>> from fnnc.ops.primitive import primitive_command
+>>> cmd = primitive_command(lax.erf_p, {}, [((2,), jnp.float32)])
+>>> cmd(jnp.zeros(2))
+Array([0., 0.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from fnnc.ops.command import Command, Spec, defcommand, make_command
+
+_SHOWN = (bool, int, float, str, type(None), np.dtype)
+
+
+class Opaque:
+    """A hashable holder for a value fnnc cannot inspect (a primitive, equation params).
+
+    Equality and hash go by a fingerprint: hashable parts by value, arrays by bytes,
+    anything else (jaxprs, callables without a hash) by identity. The holder keeps the
+    value alive, so an identity never refers to a recycled object.
+
+    Attributes:
+        value: the held value.
+    """
+
+    __slots__ = ("_key", "_label", "value")
+
+    def __init__(self, value: Any, label: str | None = None):
+        self.value = value
+        self._key = _fingerprint(value)
+        self._label = label if label is not None else _label(value)
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Opaque) and self._key == other._key
+
+    def __str__(self) -> str:
+        return self._label
+
+    def __repr__(self) -> str:
+        return f"Opaque({self._label})"
+
+
+def _fingerprint(value: Any) -> Hashable:
+    if isinstance(value, Mapping):
+        return ("map", tuple((k, _fingerprint(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_fingerprint(v) for v in value))
+    if isinstance(value, (np.ndarray, jax.Array)):
+        arr = np.asarray(value)
+        return ("array", arr.shape, arr.dtype.str, arr.tobytes())
+    try:
+        hash(value)
+    except TypeError:
+        return ("id", id(value))
+    return value
+
+
+def _label(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}={_label(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, tuple) and len(value) <= 8:
+        return "(" + ",".join(_label(v) for v in value) + ")"
+    if isinstance(value, np.dtype):
+        return value.name
+    if isinstance(value, _SHOWN) or hasattr(value, "multiple_results"):
+        return str(value)
+    if hasattr(value, "eqns") or hasattr(value, "jaxpr"):
+        return "<jaxpr>"
+    return f"<{type(value).__name__}>"
+
+
+def bind(prim: Any, params: Mapping[str, Any], args: Sequence[Any]) -> tuple[Any, ...]:
+    """Binds ``prim`` to ``args`` as ``jax.core.eval_jaxpr`` binds an equation.
+
+    Returns:
+        The results as a tuple (one entry for a single-result primitive).
+    """
+    out = prim.bind(*args, **prim.get_bind_params(dict(params)))
+    return tuple(out) if prim.multiple_results else (out,)
+
+
+def _shape(*specs: Spec, out_specs: Any, **params: Any) -> tuple[Spec, ...]:
+    return tuple(Spec(tuple(shape), dtype) for shape, dtype in out_specs)
+
+
+def _define(name: str, has_effects: bool, doc: str):
+    def forward(*inputs, prim, params, out_specs):
+        outs = bind(prim.value, params.value, inputs)
+        return outs if prim.value.multiple_results else outs[0]
+
+    forward.__name__ = name
+    forward.__doc__ = doc
+    return defcommand(family="generic", shape=_shape, has_effects=has_effects, min_inputs=0)(
+        forward
+    )
+
+
+primitive = _define(
+    "primitive",
+    False,
+    "Any JAX primitive ``prim`` bound with ``params``; outputs as ``out_specs`` says.",
+)
+effectful_primitive = _define(
+    "effectful_primitive",
+    True,
+    "A JAX primitive with effects (kept by DCE, never merged by CSE); else as ``primitive``.",
+)
+
+
+def primitive_command(
+    prim: Any,
+    params: Mapping[str, Any],
+    out_specs: Iterable[tuple[Sequence[int], Any]],
+    *,
+    effects: bool = False,
+) -> Command:
+    """The generic command that binds ``prim`` with ``params``.
+
+    Args:
+        prim: a JAX primitive (``jax.extend.core.Primitive``).
+        params: its equation parameters (any values; held by identity where unhashable).
+        out_specs: ``(shape, dtype)`` per result, as the equation's output avals say.
+        effects: the equation has effects; builds ``effectful_primitive``.
+    """
+    specs = tuple(
+        (tuple(int(n) for n in shape), jax.dtypes.canonicalize_dtype(np.dtype(dtype)))
+        for shape, dtype in out_specs
+    )
+    return make_command(
+        "effectful_primitive" if effects else "primitive",
+        {"prim": Opaque(prim), "params": Opaque(dict(params)), "out_specs": specs},
+    )

@@ -1,0 +1,116 @@
+"""Random family: dropout, random_uniform, random_normal (NNC's DROPOUT, RANDOM_UNIFORM,
+RANDOM_NORMAL).
+
+Randomness comes from an explicit key input so that graphs hold only plain arrays: a
+key is the raw ``uint32[2]`` data of a threefry key,
+``jax.random.key_data(jax.random.key(0))``. The same key gives the same numbers, so a
+recomputed (rematerialised) dropout repeats its mask. All three commands are marked
+``random`` (CSE never merges two of them).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fnnc.errors import CommandError, DTypeError
+from fnnc.ops._rules import fail, require_float, show
+from fnnc.ops.command import NOTHING, Spec, Uses, defcommand
+
+_IMPL = "threefry2x32"
+
+
+def _check_key(name: str, key) -> None:
+    if np.dtype(key.dtype) != np.uint32:
+        raise DTypeError(
+            f"{name}: key {show(key)} must be uint32[2] key data; "
+            "pass jax.random.key_data(jax.random.key(seed))"
+        )
+    if tuple(key.shape) != (2,):
+        fail(f"{name}: key {show(key)} must be uint32[2] key data (one threefry key)")
+
+
+def _key(key):
+    return jax.random.wrap_key_data(key, impl=_IMPL)
+
+
+def _dropout_shape(x, key, *, p, entirety):
+    require_float("dropout", x)
+    _check_key("dropout", key)
+    if not 0.0 <= p < 1.0:
+        raise CommandError(f"dropout: p={p!r} must be in [0, 1)")
+    return Spec(x.shape, x.dtype), Spec(x.shape, x.dtype)
+
+
+@defcommand(family="random", shape=_dropout_shape, uses=Uses(inputs=(), outputs=(1,)), random=True)
+def dropout(x, key, *, p=0.5, entirety=False):
+    """Zeroes each entry with probability ``p`` and scales the rest by ``1 / (1 - p)``.
+
+    Returns ``(y, mask)`` where ``mask`` (in ``x``'s dtype) is 1 where kept and
+    ``y = x * mask / (1 - p)``. ``entirety=True`` keeps or drops the whole tensor at
+    once (NNC's ``entirety`` option). The backward reads only the mask.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from fnnc import ops
+    >>> key = jax.random.key_data(jax.random.key(0))
+    >>> y, mask = ops.dropout(p=0.5)(jnp.ones((2, 3)), key)
+    >>> bool(jnp.all(y == 2 * mask))
+    True
+    """
+    shape = () if entirety else x.shape
+    # float32 draws whatever x's dtype or the x64 flag: the mask depends on key and shape only.
+    keep = jax.random.bernoulli(_key(key), jnp.float32(1.0 - p), shape)
+    mask = jnp.broadcast_to(keep.astype(x.dtype), x.shape)
+    return x * mask * jnp.asarray(1.0 / (1.0 - p), x.dtype), mask
+
+
+@dropout.backward
+def _dropout_backward(grads, inputs, outputs, *, p, entirety):
+    (g, _), (_, mask) = grads, outputs
+    gx = None if g is None else g * mask * jnp.asarray(1.0 / (1.0 - p), mask.dtype)
+    return gx, None
+
+
+def _sample_shape(name: str):
+    def rule(key, *, shape, dtype, **params):
+        _check_key(name, key)
+        if not isinstance(shape, tuple) or not all(isinstance(n, int) and n >= 0 for n in shape):
+            raise CommandError(f"{name}: shape={shape!r} must be a tuple of ints >= 0")
+        spec = Spec(shape, np.dtype(dtype))
+        require_float(name, spec)
+        return spec
+
+    return rule
+
+
+@defcommand(
+    family="random",
+    shape=_sample_shape("random_uniform"),
+    uses=NOTHING,
+    random=True,
+    differentiable=False,
+)
+def random_uniform(key, *, shape, dtype="float32", low=0.0, high=1.0):
+    """Uniform samples in ``[low, high)`` of the given ``shape`` and float ``dtype``.
+
+    >>> import jax
+    >>> from fnnc import ops
+    >>> ops.random_uniform(shape=(2, 3))(jax.random.key_data(jax.random.key(0))).shape
+    (2, 3)
+    """
+    return jax.random.uniform(_key(key), shape, np.dtype(dtype), low, high)
+
+
+@defcommand(
+    family="random",
+    shape=_sample_shape("random_normal"),
+    uses=NOTHING,
+    random=True,
+    differentiable=False,
+)
+def random_normal(key, *, shape, dtype="float32", mean=0.0, std=1.0):
+    """Normal samples ``mean + std * N(0, 1)`` of the given ``shape`` and float ``dtype``."""
+    dtype = np.dtype(dtype)
+    z = jax.random.normal(_key(key), shape, dtype)
+    return z * jnp.asarray(std, dtype) + jnp.asarray(mean, dtype)

@@ -1,0 +1,131 @@
+"""Reduce family: reduce_sum, reduce_mean, reduce_max, reduce_min, reduce_norm2,
+argmax, argmin (NNC's REDUCE_* and ARGMAX / ARGMIN).
+
+As in NNC, reduced axes stay in the output with size 1, so a result broadcasts back
+against its input without reshaping: ``reduce_sum(axes=(1,))`` maps ``[2, 3, 4]`` to
+``[2, 1, 4]``. ``axes`` may be negative. argmax / argmin take one axis and return
+``int32`` indices; they have no gradient.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from fnnc.ops._rules import fail, norm_axes, require_float, show, to_shape
+from fnnc.ops.command import NOTHING, Spec, Uses, defcommand, is_float
+
+EXTREMUM_USES = Uses(inputs=(0,), outputs=(0,))
+
+
+def _kept(shape, axes) -> tuple[int, ...]:
+    return tuple(1 if d in axes else n for d, n in enumerate(shape))
+
+
+def _count(shape, axes) -> int:
+    n = 1
+    for a in axes:
+        n *= shape[a]
+    return n
+
+
+def _reduce_rule(name: str, need_float: bool = False):
+    def rule(x: Spec, *, axes) -> Spec:
+        if need_float:
+            require_float(name, x)
+        return Spec(_kept(x.shape, norm_axes(name, axes, x.ndim)), x.dtype)
+
+    return rule
+
+
+@defcommand(family="reduce", shape=_reduce_rule("reduce_sum"), uses=NOTHING)
+def reduce_sum(x, *, axes):
+    """Sum over ``axes`` (kept as size 1), in ``x``'s dtype."""
+    ax = norm_axes("reduce_sum", axes, x.ndim)
+    return jnp.sum(x, axis=ax, keepdims=True, dtype=x.dtype)
+
+
+@reduce_sum.backward
+def _reduce_sum_backward(grads, inputs, outputs, *, axes):
+    (g,), (x,) = grads, inputs
+    return (to_shape(g, x.shape) if is_float(x) else None,)
+
+
+@defcommand(family="reduce", shape=_reduce_rule("reduce_mean", need_float=True), uses=NOTHING)
+def reduce_mean(x, *, axes):
+    """Mean over ``axes`` (kept as size 1)."""
+    return jnp.mean(x, axis=norm_axes("reduce_mean", axes, x.ndim), keepdims=True)
+
+
+@reduce_mean.backward
+def _reduce_mean_backward(grads, inputs, outputs, *, axes):
+    (g,), (x,) = grads, inputs
+    n = _count(x.shape, norm_axes("reduce_mean", axes, x.ndim))
+    return (to_shape(g, x.shape) / n,)
+
+
+def _extremum(name: str, pick, doc: str):
+    def forward(x, *, axes):
+        return pick(x, axis=norm_axes(name, axes, x.ndim), keepdims=True)
+
+    forward.__name__ = name
+    forward.__doc__ = doc
+    factory = defcommand(family="reduce", shape=_reduce_rule(name), uses=EXTREMUM_USES)(forward)
+
+    @factory.backward
+    def _backward(grads, inputs, outputs, *, axes):
+        (g,), (x,), (y,) = grads, inputs, outputs
+        if not is_float(x):
+            return (None,)
+        ax = norm_axes(name, axes, x.ndim)
+        hit = (x == to_shape(y, x.shape)).astype(g.dtype)
+        share = g / jnp.sum(hit, axis=ax, keepdims=True)
+        return (hit * to_shape(share, x.shape),)
+
+    return factory
+
+
+_TIES = "; ties share the gradient equally (as jax.vjp of jnp.{} does)."
+reduce_max = _extremum(
+    "reduce_max", jnp.max, "Maximum over ``axes`` (kept as size 1)" + _TIES.format("max")
+)
+reduce_min = _extremum(
+    "reduce_min", jnp.min, "Minimum over ``axes`` (kept as size 1)" + _TIES.format("min")
+)
+
+
+@defcommand(
+    family="reduce", shape=_reduce_rule("reduce_norm2", need_float=True), uses=EXTREMUM_USES
+)
+def reduce_norm2(x, *, axes):
+    """Euclidean norm ``sqrt(sum(x^2))`` over ``axes`` (kept as size 1)."""
+    ax = norm_axes("reduce_norm2", axes, x.ndim)
+    return jnp.sqrt(jnp.sum(x * x, axis=ax, keepdims=True))
+
+
+@reduce_norm2.backward
+def _reduce_norm2_backward(grads, inputs, outputs, *, axes):
+    (g,), (x,), (y,) = grads, inputs, outputs
+    return (x * to_shape(g / y, x.shape),)
+
+
+def _arg_rule(name: str):
+    def rule(x: Spec, *, axis) -> Spec:
+        if x.ndim == 0:
+            fail(f"{name}: needs an input of rank >= 1, got {show(x)}")
+        return Spec(_kept(x.shape, norm_axes(name, (axis,), x.ndim)), jnp.int32)
+
+    return rule
+
+
+@defcommand(family="reduce", shape=_arg_rule("argmax"), uses=NOTHING, differentiable=False)
+def argmax(x, *, axis):
+    """Index of the largest entry along ``axis`` (kept as size 1), ``int32``; the first
+    one on ties."""
+    return jnp.argmax(x, axis=axis, keepdims=True).astype(jnp.int32)
+
+
+@defcommand(family="reduce", shape=_arg_rule("argmin"), uses=NOTHING, differentiable=False)
+def argmin(x, *, axis):
+    """Index of the smallest entry along ``axis`` (kept as size 1), ``int32``; the first
+    one on ties."""
+    return jnp.argmin(x, axis=axis, keepdims=True).astype(jnp.int32)

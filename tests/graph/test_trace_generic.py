@@ -1,0 +1,108 @@
+"""Primitives without a trace rule become one generic node whose backward is jax.vjp."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from fnnc import ops
+from fnnc.graph import interpret, trace
+from fnnc.ops.primitive import Opaque, primitive_command
+from tests.helpers import assert_close, rand
+
+CASES = {
+    "cumsum": (lambda x: jnp.cumsum(x, axis=1), rand((3, 4))),
+    "erf": (lax.erf, rand((3, 4))),
+    "sort": (lambda x: jnp.sort(x, axis=0), rand((5, 3))),
+    # a custom_jvp other than relu: the node must keep JAX's custom derivative
+    "custom_jvp_call": (lambda x: jnp.logaddexp(x, 0.5), rand((4,))),
+    "cond": (lambda x: lax.cond(x[0] > 0, jnp.sin, jnp.cos, x), rand((3,))),
+}
+
+
+def _single_generic_node(graph, name: str):
+    (node,) = [
+        n for n in graph.nodes if n.cmd.name == "primitive" and str(n.cmd.param("prim")) == name
+    ]
+    return node
+
+
+def graph_vjp(graph, args, cts):
+    """Reverse mode through ``graph`` with each command's own backward (no aliases here)."""
+    env = dict(zip(graph.inputs, args))
+    for node in graph.nodes:
+        out = node.cmd.definition.forward(*[env[i] for i in node.inputs], **node.cmd.kwargs)
+        env.update(zip(node.outputs, out if isinstance(out, tuple) else (out,)))
+    grads = dict(zip(graph.outputs, cts))
+    for node in reversed(graph.nodes):
+        gs = [grads.get(o) for o in node.outputs]
+        opdef = node.cmd.definition
+        if all(g is None for g in gs) or not opdef.attributes.differentiable:
+            continue
+        ins, outs = [env[i] for i in node.inputs], [env[o] for o in node.outputs]
+        for i, g in zip(node.inputs, opdef.backward(gs, ins, outs, **node.cmd.kwargs)):
+            if g is not None and jnp.issubdtype(env[i].dtype, jnp.inexact):
+                grads[i] = g if i not in grads else grads[i] + g
+    return [grads.get(i, jnp.zeros_like(env[i])) for i in graph.inputs]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_generic_node_values_and_backward(name: str) -> None:
+    f, x = CASES[name]
+    graph = trace(f, x)
+    _single_generic_node(graph, name)
+    assert_close(interpret(graph, x), f(x))
+    out, pullback = jax.vjp(f, jnp.asarray(x))
+    ct = jnp.asarray(rand(out.shape, seed=3))
+    (want,) = pullback(ct)
+    (got,) = graph_vjp(graph, [jnp.asarray(x)], [ct])
+    assert_close(got, want)
+
+
+def test_generic_backward_is_the_vjp_of_the_primitive() -> None:
+    x = jnp.asarray(rand((3, 4)))
+    node = _single_generic_node(trace(lambda x: jnp.cumsum(x, axis=1), x), "cumsum")
+    ct = jnp.asarray(rand((3, 4), seed=1))
+    y = ops.lookup("primitive").forward(x, **node.cmd.kwargs)
+    (got,) = ops.lookup("primitive").backward((ct,), (x,), (y,), **node.cmd.kwargs)
+    assert_close(got, jax.vjp(lambda x: jnp.cumsum(x, axis=1), x)[1](ct)[0])
+
+
+def test_generic_node_with_several_outputs() -> None:
+    def f(x):
+        return lax.sort((x, -x), num_keys=1)
+
+    x = rand((6,))
+    graph = trace(f, x)
+    node = _single_generic_node(graph, "sort")
+    assert len(node.outputs) == 2
+    assert_close(interpret(graph, x), f(x))
+
+
+def test_primitive_without_operands() -> None:
+    graph = trace(lambda x: x + lax.iota(np.float32, 3), rand((3,)))
+    node = _single_generic_node(graph, "iota")
+    assert node.inputs == ()
+    assert_close(interpret(graph, rand((3,))), rand((3,)) + np.arange(3))
+
+
+def test_effects_keep_the_node() -> None:
+    graph = trace(lambda x: (jax.debug.callback(lambda v: None, x), x * 2)[1], rand((2,)))
+    (node,) = [n for n in graph.nodes if n.cmd.name == "effectful_primitive"]
+    assert node.cmd.definition.attributes.has_effects
+    assert not ops.lookup("primitive").attributes.has_effects
+
+
+def test_opaque_hash_and_equality() -> None:
+    a = Opaque({"table": np.arange(3), "axis": 0})
+    b = Opaque({"table": np.arange(3), "axis": 0})
+    c = Opaque({"table": np.arange(4), "axis": 0})
+    assert a == b and hash(a) == hash(b) and a != c
+    jaxpr = jax.make_jaxpr(jnp.sin)(1.0)
+    assert Opaque({"j": jaxpr}) == Opaque({"j": jaxpr})
+    cmd = primitive_command(lax.erf_p, {}, [((2,), jnp.float32)])
+    assert cmd == primitive_command(lax.erf_p, {}, [((2,), np.float32)])
+    assert hash(trace(lax.erf, rand((2,)))) == hash(trace(lax.erf, rand((2,))))

@@ -1,0 +1,41 @@
+from fnnc import ops
+from tests.helpers import rand
+from tests.ops.cases import Case
+
+sdpa = ops.scaled_dot_product_attention
+
+CASES = [
+    Case(
+        sdpa(), (rand([2, 3, 2, 4]), rand([2, 5, 2, 4], seed=1), rand([2, 5, 2, 3], seed=2)), "sdpa"
+    ),
+    Case(
+        sdpa(is_causal=True),
+        (rand([1, 2, 2, 3]), rand([1, 4, 2, 3], seed=1), rand([1, 4, 2, 3], seed=2)),
+        "sdpa-causal-s<t",
+    ),
+    Case(
+        sdpa(is_causal=True),  # queries 0 and 1 attend no key: zero rows
+        (rand([1, 4, 1, 3]), rand([1, 2, 1, 3], seed=1), rand([1, 2, 1, 3], seed=2)),
+        "sdpa-causal-s>t",
+    ),
+    Case(
+        sdpa(scale=0.5),
+        (
+            rand([2, 3, 2, 4]),
+            rand([2, 4, 2, 4], seed=1),
+            rand([2, 4, 2, 2], seed=2),
+            rand([2, 1, 3, 4], seed=3) > -0.5,
+        ),
+        "sdpa-bool-mask",
+    ),
+    Case(
+        sdpa(is_causal=True),
+        (
+            rand([1, 3, 4, 2]),
+            rand([1, 3, 2, 2], seed=1),
+            rand([1, 3, 2, 2], seed=2),
+            rand([3, 3], seed=3),
+        ),
+        "sdpa-gqa-float-mask-causal",
+    ),
+]

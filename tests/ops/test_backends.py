@@ -1,0 +1,113 @@
+"""Backend choice: reference by default, priority on compiled platforms, forcing, autotune."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fnnc import config, ops
+from fnnc.errors import BackendError
+from fnnc.graph import GraphBuilder, compile
+from fnnc.ops import Backend
+from tests.helpers import assert_close
+
+
+def _abs_via_sqrt(x):
+    return jnp.sqrt(x * x)
+
+
+def _only_rank2(cmd, specs):
+    return None if len(specs[0].shape) == 2 else f"needs rank 2, got rank {len(specs[0].shape)}"
+
+
+@pytest.fixture
+def fake_backend():
+    """A second backend of ewabs that compiles on CPU, supports rank-2 inputs only."""
+    ops.register_backend(
+        "ewabs",
+        Backend("sqrt", _abs_via_sqrt, platforms=("cpu",), supports=_only_rank2, priority=5),
+    )
+    yield
+    ops.unregister_backend("ewabs", "sqrt")
+    ops.autotune.TABLE.clear()
+
+
+@pytest.fixture
+def interpret_only_backend():
+    """A kernel-like backend that only interprets on CPU (like Pallas there)."""
+    ops.register_backend(
+        "ewabs",
+        Backend(
+            "kernel", _abs_via_sqrt, platforms=("gpu",), interpret_platforms=("cpu",), priority=9
+        ),
+    )
+    yield
+    ops.unregister_backend("ewabs", "kernel")
+
+
+def spec(*shape):
+    return jax.ShapeDtypeStruct(shape, np.float32)
+
+
+def test_reference_is_the_default():
+    assert ops.select_backend(ops.ewexp(), [spec(2, 2)], "cpu") == "xla"
+    assert list(ops.backends_of("ewexp")) == ["xla"]
+
+
+def test_priority_backend_is_chosen_where_supported(fake_backend):
+    assert ops.select_backend(ops.ewabs(), [spec(2, 2)], "cpu") == "sqrt"
+    assert ops.select_backend(ops.ewabs(), [spec(2, 2, 2)], "cpu") == "xla"  # falls back quietly
+    assert ops.select_backend(ops.ewabs(), [spec(2, 2)], "gpu") == "xla"
+
+
+def test_interpret_only_backend_never_chosen_for_speed_on_cpu(interpret_only_backend):
+    assert ops.select_backend(ops.ewabs(), [spec(3)], "cpu") == "xla"
+    with config.override(backend_per_command={"ewabs": "kernel"}):
+        assert ops.select_backend(ops.ewabs(), [spec(3)], "cpu") == "kernel"
+
+
+def test_forcing_gives_identical_results_and_is_reported(fake_backend):
+    b = GraphBuilder()
+    x = b.input((3, 4))
+    graph = b.build([b.exec(ops.ewabs(), x, name="abs")])
+    xs = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+    with config.override(backend_per_command={"ewabs": "xla"}):
+        ref = compile(graph)
+        assert ref.backends == ((0, "abs", "xla"),)
+    fast = compile(graph)
+    assert fast.backends == ((0, "abs", "sqrt"),)
+    assert_close(fast(xs), ref(xs), rtol=1e-6, atol=1e-6)
+
+
+def test_forcing_an_unsupported_input_says_why(fake_backend):
+    with (
+        config.override(backend_per_command={"ewabs": "sqrt"}),
+        pytest.raises(BackendError, match=r"ewabs.*needs rank 2, got rank 3"),
+    ):
+        ops.select_backend(ops.ewabs(), [spec(2, 2, 2)], "cpu")
+    with (
+        config.override(backend_per_command={"ewexp": "pallas"}),
+        pytest.raises(BackendError, match=r"ewexp.*has only \['xla'\]"),
+    ):
+        ops.ewexp()(jnp.ones(2))
+
+
+def test_global_force_applies_only_to_commands_that_have_the_backend(fake_backend):
+    with config.override(backend="sqrt"):
+        assert ops.select_backend(ops.ewabs(), [spec(2, 2)], "cpu") == "sqrt"
+        assert ops.select_backend(ops.ewexp(), [spec(2, 2)], "cpu") == "xla"
+
+
+def test_autotune_records_a_winner_that_compile_uses(fake_backend, tmp_path):
+    x = jnp.ones((64, 64))
+    winner = ops.autotune.autotune(ops.ewabs(), x)
+    assert winner in ("xla", "sqrt")
+    key = ops.autotune.key(ops.ewabs(), [spec(64, 64)], "cpu")
+    assert ops.autotune.TABLE[key] == winner
+    ops.autotune.TABLE[key] = "xla"  # a recorded winner beats priority
+    assert ops.select_backend(ops.ewabs(), [spec(64, 64)], "cpu") == "xla"
+    path = tmp_path / "table.json"
+    ops.autotune.save(path)
+    ops.autotune.TABLE.clear()
+    ops.autotune.load(path)
+    assert ops.autotune.TABLE[key] == "xla"

@@ -1,0 +1,124 @@
+"""Losses against closed forms, NNC's softmax cross-entropy numbers, and label errors."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.errors import CommandError, DTypeError, ShapeError
+from tests.helpers import assert_close, rand, randint
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_softmax_crossentropy_numbers() -> None:
+    logits = np.array([[10, -1, -5], [12, 4, 24]], np.float32)
+    loss, p = ops.softmax_crossentropy()(logits, np.array([2, 1], np.int32))
+    np.testing.assert_array_equal(
+        np.asarray(loss), np.array([[15.000017], [20.000006]], np.float32)
+    )
+    assert_close(p, _softmax(logits.astype(np.float64)), atol=1e-7)
+
+
+def test_softmax_crossentropy_backward_is_softmax_minus_target() -> None:
+    x, label = rand([4, 5]) * 3, randint([4], 5)
+    cmd = ops.softmax_crossentropy()
+    loss, p = cmd(x, label)
+    g = rand([4, 1], seed=3)
+    spec = jax.ShapeDtypeStruct
+    gx, glabel = cmd.definition.backward(
+        (g, None), (spec(x.shape, x.dtype), label), (spec(loss.shape, loss.dtype), p), **cmd.kwargs
+    )
+    assert glabel is None
+    onehot = np.eye(5, dtype=np.float32)[label]
+    np.testing.assert_array_equal(np.asarray(gx), np.asarray(g * (p - onehot)))
+    want = jax.grad(lambda x_: jnp.sum(cmd.definition.forward(x_, label)[0] * g))(x)
+    assert_close(gx, want, atol=1e-6)
+
+
+def test_softmax_crossentropy_label_forms_agree() -> None:
+    x = rand([3, 4]) * 2
+    label = randint([3], 4, seed=1)
+    want, _ = ops.softmax_crossentropy()(x, label)
+    for other in (label[:, None], label.astype(np.float32), np.eye(4, dtype=np.float32)[label]):
+        assert_close(ops.softmax_crossentropy()(x, other)[0], want, atol=1e-6)
+    lse = np.log(np.exp(x.astype(np.float64)).sum(-1))
+    assert_close(want[:, 0], lse - x[np.arange(3), label], atol=1e-6)
+
+
+def test_softmax_crossentropy_label_smoothing() -> None:
+    x, label, eps = rand([3, 5]), randint([3], 5), 0.1
+    trim0, trim1 = eps / 5, 1 - eps + eps / 5  # targets that sum to 1
+    loss, p = ops.softmax_crossentropy(trim0=trim0, trim1=trim1)(x, label)
+    t = np.full((3, 5), trim0)
+    t[np.arange(3), label] = trim1
+    assert_close(loss[:, 0], -(t * np.log(_softmax(x.astype(np.float64)))).sum(-1), atol=1e-6)
+    grad = jax.grad(
+        lambda x_: jnp.sum(ops.softmax_crossentropy(trim0=trim0, trim1=trim1)(x_, label)[0])
+    )
+    assert_close(grad(x), p - t, atol=1e-6)
+
+
+def test_categorical_crossentropy() -> None:
+    p, label = _softmax(rand([3, 4]).astype(np.float64)).astype(np.float32), randint([3], 4)
+    got = ops.categorical_crossentropy()(p, label)
+    assert got.shape == (3, 1)
+    assert_close(got[:, 0], -np.log(p[np.arange(3), label]), atol=1e-6)
+    smooth = ops.categorical_crossentropy(trim0=0.1, trim1=0.7)(p, label[:, None])
+    t = np.full((3, 4), 0.1)
+    t[np.arange(3), label] = 0.7
+    assert_close(smooth[:, 0], -(t * np.log(p)).sum(-1), atol=1e-6)
+
+
+def test_binary_crossentropies() -> None:
+    x, y = rand([3, 4]) * 3, rand([3, 4], seed=1, lo=0.0, hi=1.0)
+    p = 1 / (1 + np.exp(-x.astype(np.float64)))
+    for w in (1.0, 2.5):
+        want = ((y - 1) * np.log(1 - p) - w * y * np.log(p)).sum(-1, keepdims=True)
+        assert_close(
+            ops.binary_crossentropy(pos_weight=w)(p.astype(np.float32), y), want, rtol=1e-5
+        )
+        loss, s = ops.sigmoid_binary_crossentropy(pos_weight=w)(x, y)
+        assert_close(loss, want, rtol=1e-5)
+        assert_close(s, p, atol=1e-6)
+
+
+def test_mse_and_smooth_l1() -> None:
+    a, b = rand([2, 3, 2]), rand([2, 3, 2], seed=1)
+    d = (a - b).reshape(2, -1).astype(np.float64)
+    assert_close(ops.mse()(a, b), (d**2).mean(-1, keepdims=True), atol=1e-6)
+    assert_close(ops.mse(reduce="sum")(a, b), (d**2).sum(-1, keepdims=True), atol=1e-6)
+    near = a + np.float32(0.01)
+    got = ops.smooth_l1(beta=1.0)(np.concatenate([a, a]), np.concatenate([near, b + 2]))
+    l1 = np.abs(np.concatenate([a - near, a - b - 2])).reshape(4, -1).sum(-1)
+    sq = ((np.concatenate([a - near, a - b - 2])) ** 2).reshape(4, -1).sum(-1)
+    assert_close(got[:, 0], np.where(l1 < 1.0, 0.5 * sq, l1 - 0.5), atol=1e-6)
+    assert l1[0] < 1.0 < l1[3]
+
+
+def test_loss_errors_say_what_fits() -> None:
+    x = rand([3, 5])
+    with pytest.raises(
+        ShapeError,
+        match=r"label int32\[3, 2\] does not fit scores float32\[3, 5\]: "
+        r"expected class indices shaped \[3\] or \[3, 1\]",
+    ):
+        ops.softmax_crossentropy()(x, randint([3, 2], 5))
+    with pytest.raises(ShapeError, match=r"float targets shaped \[3, 5\]"):
+        ops.softmax_crossentropy()(x, rand([3, 4]))
+    with pytest.raises(DTypeError, match="label"):
+        ops.categorical_crossentropy()(x, np.ones((3,), bool))
+    with pytest.raises(ShapeError, match="shaped like the input"):
+        ops.binary_crossentropy()(x, rand([3, 1]))
+    with pytest.raises(ShapeError, match="share one shape"):
+        ops.mse()(x, rand([3, 4]))
+    with pytest.raises(CommandError, match="reduce"):
+        ops.mse(reduce="max")(x, x)
+    with pytest.raises(CommandError, match="beta"):
+        ops.smooth_l1(beta=0.0)(x, x)

@@ -1,0 +1,125 @@
+"""Normalisation commands against NumPy closed forms, and their error messages."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.errors import CommandError, DTypeError, ShapeError
+from tests.helpers import assert_close, rand, randint
+
+X = rand([2, 3, 4, 6], seed=3)
+
+
+def _bn_stats(c: int):
+    return (
+        rand([c], seed=1, lo=0.5, hi=1.5),
+        rand([c], seed=2),
+        rand([c], seed=4),
+        rand([c], seed=5, lo=0.5, hi=2.0),
+    )
+
+
+def test_batch_norm_training_follows_nnc_running_stats() -> None:
+    scale, bias, mean, var = _bn_stats(6)
+    y, new_mean, new_var, saved_mean, saved_inv_std = ops.batch_norm(momentum=0.8, epsilon=1e-3)(
+        X, scale, bias, mean, var
+    )
+    bm = X.mean(axis=(0, 1, 2))
+    bv = X.var(axis=(0, 1, 2))  # biased, as NNC's CPU reference
+    assert_close(saved_mean, bm)
+    assert_close(saved_inv_std, 1 / np.sqrt(bv + 1e-3), rtol=1e-4)
+    assert_close(new_mean, 0.8 * mean + 0.2 * bm)
+    assert_close(new_var, 0.8 * var + 0.2 * bv)
+    assert_close(y, (X - bm) / np.sqrt(bv + 1e-3) * scale + bias, rtol=1e-4, atol=1e-4)
+
+
+def test_batch_norm_test_mode_uses_and_passes_running_stats() -> None:
+    scale, bias, mean, var = _bn_stats(6)
+    y, new_mean, new_var, _, inv_std = ops.batch_norm(is_test=True)(X, scale, bias, mean, var)
+    assert_close(y, (X - mean) / np.sqrt(var + 1e-5) * scale + bias, rtol=1e-4, atol=1e-4)
+    assert_close((new_mean, new_var), (mean, var))
+    assert_close(inv_std, 1 / np.sqrt(var + 1e-5), rtol=1e-4)
+
+
+def test_batch_norm_nchw_axes() -> None:
+    x = rand([4, 3, 2, 2])
+    scale, bias, mean, var = _bn_stats(3)
+    y, *_ = ops.batch_norm(axes=(0, 2, 3))(x, scale, bias, mean, var)
+    m = x.mean(axis=(0, 2, 3), keepdims=True)
+    v = x.var(axis=(0, 2, 3), keepdims=True)
+    want = (x - m) / np.sqrt(v + 1e-5) * scale.reshape(1, 3, 1, 1) + bias.reshape(1, 3, 1, 1)
+    assert_close(y, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 3])
+def test_group_norm_matches_numpy(groups) -> None:
+    scale, bias = rand([6], seed=1), rand([6], seed=2)
+    y, mean, inv_std = ops.group_norm(groups=groups)(X, scale, bias)
+    g = X.reshape(2, 3, 4, groups, 6 // groups)
+    m = g.mean(axis=(1, 2, 4), keepdims=True)
+    v = g.var(axis=(1, 2, 4), keepdims=True)
+    want = ((g - m) / np.sqrt(v + 1e-5)).reshape(X.shape) * scale + bias
+    assert_close(y, want, rtol=1e-4, atol=1e-4)
+    assert mean.shape == inv_std.shape == (2, 1, 1, groups)
+    assert_close(mean, m.reshape(2, 1, 1, groups))
+
+
+def test_group_norm_nchw() -> None:
+    x = rand([2, 4, 3, 3])
+    y, mean, _ = ops.group_norm(groups=2, axis=1)(x)
+    g = x.reshape(2, 2, 2, 3, 3)
+    want = (g - g.mean(axis=(2, 3, 4), keepdims=True)) / np.sqrt(
+        g.var(axis=(2, 3, 4), keepdims=True) + 1e-5
+    )
+    assert_close(y, want.reshape(x.shape), rtol=1e-4, atol=1e-4)
+    assert mean.shape == (2, 2, 1, 1)
+
+
+def test_layer_and_rms_norm_match_numpy() -> None:
+    x = rand([3, 8])
+    scale, bias = rand([8], seed=1), rand([8], seed=2)
+    y, mean, inv_std = ops.layer_norm()(x, scale, bias)
+    m, v = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    assert_close(y, (x - m) / np.sqrt(v + 1e-5) * scale + bias, rtol=1e-4, atol=1e-4)
+    assert_close((mean, inv_std), (m, 1 / np.sqrt(v + 1e-5)), rtol=1e-4)
+    y, inv_rms = ops.rms_norm()(x, scale)
+    r = 1 / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)
+    assert_close((y, inv_rms), (x * r * scale, r), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "cmd, inputs, error, match",
+    [
+        (
+            ops.batch_norm(),
+            (X, *_bn_stats(4)),
+            ShapeError,
+            r"scale float32\[4\] must have shape \[6\]",
+        ),
+        (ops.batch_norm(axes=(0, 5)), (X, *_bn_stats(6)), ShapeError, "out of range"),
+        (ops.layer_norm(), (X, rand([4])), ShapeError, r"must have shape \[6\]"),
+        (ops.layer_norm(), (randint([2, 3], 4),), DTypeError, "floating-point"),
+        (ops.layer_norm(), (X, rand([6]).astype(np.float16)), DTypeError, "share one dtype"),
+        (ops.group_norm(groups=4), (X,), CommandError, "must divide the 6 channels"),
+        (ops.group_norm(groups=2, axis=0), (X,), ShapeError, "batch axis"),
+        (ops.group_norm(groups=2), (X, rand([3])), ShapeError, r"must have shape \[6\]"),
+        (ops.rms_norm(axes=(-1,)), (X, rand([6, 1])), ShapeError, r"must have shape \[6\]"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(cmd, inputs, error, match) -> None:
+    with pytest.raises(error, match=match):
+        cmd(*inputs)
+
+
+@pytest.mark.parametrize("cmd", [ops.layer_norm(axes=(1, 2)), ops.rms_norm(axes=(1, 2))])
+def test_backward_without_statistics_gradients(cmd) -> None:
+    """The usual case: only ``y`` gets a gradient; the saved statistics get None."""
+    x, scale = rand([2, 3, 4]), rand([3, 4], seed=1)
+    outs, pull = jax.vjp(lambda *a: cmd.definition.forward(*a, **cmd.kwargs), x, scale)
+    g = rand([2, 3, 4], seed=2)
+    want = pull((g, *(np.zeros(o.shape, o.dtype) for o in outs[1:])))
+    got = cmd.definition.backward((g,) + (None,) * (len(outs) - 1), (x, scale), outs, **cmd.kwargs)
+    assert_close(got, want, rtol=1e-4, atol=1e-5)

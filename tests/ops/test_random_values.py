@@ -1,0 +1,80 @@
+"""Dropout's keep rate and scaling, sampler statistics, and key checks."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.errors import CommandError, DTypeError, ShapeError
+from tests.helpers import assert_close, rand
+
+KEY = np.asarray(jax.random.key_data(jax.random.key(0)))
+KEY1 = np.asarray(jax.random.key_data(jax.random.key(1)))
+
+
+def test_dropout_keep_rate_and_scaling() -> None:
+    x = rand([200, 100])
+    y, mask = ops.dropout(p=0.3)(x, KEY)
+    m = np.asarray(mask)
+    assert mask.dtype == x.dtype and set(np.unique(m)) <= {0.0, 1.0}
+    assert abs(m.mean() - 0.7) < 0.01
+    assert_close(y, x * m / 0.7, atol=1e-6)
+    again, _ = ops.dropout(p=0.3)(x, KEY)
+    other, _ = ops.dropout(p=0.3)(x, KEY1)
+    np.testing.assert_array_equal(np.asarray(again), np.asarray(y))
+    assert not np.array_equal(np.asarray(other), np.asarray(y))
+
+
+def test_dropout_mask_depends_on_key_and_shape_only() -> None:
+    _, m32 = ops.dropout()(rand([8, 8]), KEY)
+    _, m16 = ops.dropout()(rand([8, 8]).astype(jnp.bfloat16), KEY)
+    np.testing.assert_array_equal(np.asarray(m32), np.asarray(m16, np.float32))
+
+
+def test_dropout_backward_reads_the_mask() -> None:
+    x, g = rand([3, 4]), rand([3, 4], seed=1)
+    cmd = ops.dropout(p=0.25)
+    y, mask = cmd(x, KEY)
+    spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)
+    gx, gkey = cmd.definition.backward(
+        (g, None), (spec(x), spec(KEY)), (spec(y), mask), **cmd.kwargs
+    )
+    assert gkey is None
+    assert_close(gx, g * np.asarray(mask) / 0.75, atol=1e-6)
+
+
+def test_dropout_entirety_keeps_or_drops_everything() -> None:
+    masks = [
+        np.asarray(
+            ops.dropout(entirety=True)(
+                rand([3, 3]), np.asarray(jax.random.key_data(jax.random.key(s)))
+            )[1]
+        )
+        for s in range(8)
+    ]
+    assert all(np.all(m == m.flat[0]) for m in masks)
+    assert {float(m.flat[0]) for m in masks} == {0.0, 1.0}
+
+
+def test_samplers() -> None:
+    u = np.asarray(ops.random_uniform(shape=(4000,), low=-1.0, high=3.0)(KEY))
+    assert u.dtype == np.float32 and u.min() >= -1.0 and u.max() < 3.0 and abs(u.mean() - 1.0) < 0.1
+    z = np.asarray(ops.random_normal(shape=(4000,), mean=2.0, std=0.5)(KEY))
+    assert abs(z.mean() - 2.0) < 0.05 and abs(z.std() - 0.5) < 0.05
+    assert ops.random_normal(shape=(2, 3), dtype="bfloat16")(KEY).dtype == jnp.bfloat16
+
+
+def test_random_errors() -> None:
+    with pytest.raises(DTypeError, match="key_data"):
+        ops.dropout()(rand([2, 2]), KEY.astype(np.int32))
+    with pytest.raises(ShapeError, match="uint32"):
+        ops.random_uniform(shape=(2,))(np.zeros((4,), np.uint32))
+    with pytest.raises(CommandError, match=r"p=1.0"):
+        ops.dropout(p=1.0)(rand([2, 2]), KEY)
+    with pytest.raises(DTypeError, match="floating-point"):
+        ops.random_uniform(shape=(2,), dtype="int32")(KEY)
+    with pytest.raises(CommandError, match="shape"):
+        ops.random_normal()(KEY)
