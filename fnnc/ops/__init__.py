@@ -56,7 +56,6 @@ from fnnc.ops.data import reshape as reshape
 from fnnc.ops.data import set as set
 from fnnc.ops.data import slice as slice
 from fnnc.ops.data import transpose as transpose
-from fnnc.ops.data import upsample as upsample
 from fnnc.ops.elementwise import clamp as clamp
 from fnnc.ops.elementwise import ewabs as ewabs
 from fnnc.ops.elementwise import ewdiv as ewdiv
@@ -93,3 +92,4 @@ from fnnc.ops.reduce import reduce_min as reduce_min
 from fnnc.ops.reduce import reduce_norm2 as reduce_norm2
 from fnnc.ops.reduce import reduce_sum as reduce_sum
 from fnnc.ops.rnn import lstm as lstm
+from fnnc.ops.upsample import upsample as upsample

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from fnnc.errors import DTypeError, ShapeError
+from fnnc.errors import CommandError, DTypeError, ShapeError
 from fnnc.ops.command import Spec
 
 
@@ -41,6 +41,12 @@ def require_same_dtype(name: str, *specs: Spec) -> np.dtype:
             "insert fnnc.ops.datatype_conversion to convert"
         )
     return np.dtype(specs[0].dtype)
+
+
+def require_choice(name: str, what: str, value: Any, allowed: tuple[str, ...]) -> None:
+    """Raises :class:`CommandError` unless ``value`` is one of ``allowed``."""
+    if value not in allowed:
+        raise CommandError(f"{name}: {what} must be one of {list(allowed)}, got {value!r}")
 
 
 def broadcast_shape(name: str, *shapes: Sequence[int]) -> tuple[int, ...]:

@@ -1,5 +1,6 @@
 """Data-movement family: reshape, transpose, format_transform, datatype_conversion,
-concat, slice, index_select, pad, upsample, set, masked_fill, broadcast_to.
+concat, slice, index_select, pad, set, masked_fill, broadcast_to (upsample lives in
+:mod:`fnnc.ops.upsample`, as NNC keeps it in its own folder).
 
 These commands move or copy values without arithmetic (bilinear upsampling aside), so
 most backwards need only the *shapes* of the forward tensors: they declare
@@ -18,11 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from fnnc.errors import CommandError, DTypeError
+from fnnc.errors import DTypeError
 from fnnc.ops._rules import (
     broadcast_shape,
     fail,
     norm_axes,
+    require_choice,
     require_same_dtype,
     show,
     to_shape,
@@ -34,11 +36,6 @@ from fnnc.ops.command import NOTHING, Spec, Uses, defcommand, is_float
 def _dtype(dtype: Any) -> np.dtype:
     """A dtype hyper-parameter as the dtype JAX will really use (x64 off: f64 -> f32)."""
     return jax.dtypes.canonicalize_dtype(jnp.dtype(dtype))
-
-
-def _choice(name: str, what: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise CommandError(f"{name}: {what} must be one of {list(allowed)}, got {value!r}")
 
 
 def _transpose_back(g: Any, perm: tuple[int, ...]) -> Any:
@@ -103,8 +100,8 @@ FORMATS = ("NCHW", "NHWC", "CHWN")
 
 
 def _format_perm(x: Spec, src: str, dst: str) -> tuple[int, ...]:
-    _choice("format_transform", "src", src, FORMATS)
-    _choice("format_transform", "dst", dst, FORMATS)
+    require_choice("format_transform", "src", src, FORMATS)
+    require_choice("format_transform", "dst", dst, FORMATS)
     if x.ndim != 4:
         fail(f"format_transform: expected a rank-4 {src} tensor, got {show(x)}")
     return tuple(src.index(c) for c in dst)
@@ -254,7 +251,7 @@ PAD_MODES = ("constant", "reflect", "edge")
 
 
 def _pad_shape(x: Spec, *, pads, mode, value) -> Spec:
-    _choice("pad", "mode", mode, PAD_MODES)
+    require_choice("pad", "mode", mode, PAD_MODES)
     if len(pads) != x.ndim or any(len(p) != 2 for p in pads):
         fail(f"pad: pads {list(pads)} needs one (lo, hi) pair per axis of {show(x)}")
     out = []
@@ -290,84 +287,6 @@ def _pad_backward(grads, inputs, outputs, *, pads, mode, value):
         return (lax.slice(g, lows, [lo + n for lo, n in zip(lows, x.shape)]),)
     # reflect / edge padding is linear in x: its transpose folds the mirrored entries back.
     return jax.linear_transpose(lambda t: jnp.pad(t, pads, mode=mode), Spec(x.shape, g.dtype))(g)
-
-
-UPSAMPLE_MODES = ("nearest", "bilinear")
-
-
-def _upsample_sizes(x: Spec, scale, mode: str) -> tuple[int, int]:
-    _choice("upsample", "mode", mode, UPSAMPLE_MODES)
-    sh, sw = (scale, scale) if isinstance(scale, (int, float)) else scale
-    if x.ndim != 4:
-        fail(
-            f"upsample: expected a rank-4 NHWC input, got {show(x)}; use format_transform for NCHW"
-        )
-    ho, wo = int(x.shape[1] * sh + 0.5), int(x.shape[2] * sw + 0.5)
-    if ho < x.shape[1] or wo < x.shape[2]:
-        fail(f"upsample: scale {scale} would shrink {show(x)}; NNC's upsample only enlarges")
-    return ho, wo
-
-
-def _taps(n_in: int, n_out: int, bilinear: bool, align: bool):
-    """NNC's source indices and weights along one axis (float32 arithmetic, as in C)."""
-    i = np.arange(n_out, dtype=np.float64)
-    num, den = (n_in - 1, max(1, n_out - 1)) if align else (n_in, n_out)
-    r = np.float64(np.float32(num) / np.float32(den))
-    if not bilinear:
-        src = (i * r + 0.5) if align else (i + 0.5) * r
-        i0 = np.minimum(src.astype(np.int32), n_in - 1)
-        return i0, None, None, None
-    xs = (i * r if align else (i + 0.5) * r - 0.5).astype(np.float32)
-    i0 = np.trunc(xs).astype(np.int32)  # C's (int) truncates: -0.25 -> 0, both taps at 0
-    i1 = np.minimum(np.trunc(xs + 1).astype(np.int32), n_in - 1)
-    w1 = xs - i0
-    return i0, i1, 1 - w1, w1
-
-
-def _resample(x: Any, axis: int, n_out: int, bilinear: bool, align: bool) -> Any:
-    i0, i1, w0, w1 = _taps(x.shape[axis], n_out, bilinear, align)
-    a = jnp.take(x, i0, axis=axis)
-    if not bilinear:
-        return a
-    keep = tuple(n_out if d == axis else 1 for d in range(x.ndim))
-
-    def weight(w):
-        return to_shape(jnp.asarray(w.reshape(keep), x.dtype), a.shape)
-
-    return a * weight(w0) + jnp.take(x, i1, axis=axis) * weight(w1)
-
-
-def _upsample_shape(x: Spec, *, scale, mode, align_corners) -> Spec:
-    ho, wo = _upsample_sizes(x, scale, mode)
-    return Spec((x.shape[0], ho, wo, x.shape[3]), x.dtype)
-
-
-@defcommand(family="data", shape=_upsample_shape, uses=NOTHING)
-def upsample(x, *, scale=(2, 2), mode="nearest", align_corners=False):
-    """Enlarges the H and W axes of an NHWC tensor by ``scale = (sh, sw)``.
-
-    Follows NNC's UPSAMPLE (lib/nnc/cmd/upsample/ccv_nnc_upsample_cpu_ref.c): output
-    size ``int(n * s + 0.5)``; ``"nearest"`` reads ``min(int((i + 0.5) * n / m), n - 1)``;
-    ``"bilinear"`` samples at half-pixel centres ``(i + 0.5) * n / m - 0.5`` clamped to
-    the edge (PyTorch's ``align_corners=False``). ``align_corners=True`` maps the corner
-    pixels onto each other instead, as NNC's flag does. The backward scatters each
-    output gradient back with the same weights.
-    """
-    ho, wo = _upsample_sizes(x, scale, mode)
-    bilinear = mode == "bilinear"
-    y = _resample(x, 1, ho, bilinear, align_corners)
-    return _resample(y, 2, wo, bilinear, align_corners)
-
-
-@upsample.backward
-def _upsample_backward(grads, inputs, outputs, **params):
-    (g,), (x,) = grads, inputs
-    return jax.linear_transpose(
-        lambda t: upsample.definition.forward(t, **params), Spec(x.shape, g.dtype)
-    )(g)
-
-
-# --- set, masked_fill, broadcast_to -------------------------------------------------------
 
 
 def _set_shape(*, shape, dtype, value) -> Spec:

@@ -28,14 +28,19 @@ def _out_shape(*xs: Any) -> tuple[int, ...]:
     return broadcast_shape("elementwise", *(x.shape for x in xs))
 
 
-@defcommand(family="elementwise", shape=broadcast("ewsum"), uses=NOTHING)
-def ewsum(*inputs):
-    """Sum of any number of tensors (broadcasting)."""
+def _fold(op, inputs):
+    """``op`` applied left to right over inputs broadcast to their common shape."""
     shape = _out_shape(*inputs)
     out = to_shape(inputs[0], shape)
     for x in inputs[1:]:
-        out = lax.add(out, to_shape(x, shape))
+        out = op(out, to_shape(x, shape))
     return out
+
+
+@defcommand(family="elementwise", shape=broadcast("ewsum"), uses=NOTHING)
+def ewsum(*inputs):
+    """Sum of any number of tensors (broadcasting)."""
+    return _fold(lax.add, inputs)
 
 
 @ewsum.backward
@@ -47,11 +52,7 @@ def _ewsum_backward(grads, inputs, outputs):
 @defcommand(family="elementwise", shape=broadcast("ewprod"), uses=Uses(inputs=None))
 def ewprod(*inputs):
     """Product of any number of tensors (broadcasting)."""
-    shape = _out_shape(*inputs)
-    out = to_shape(inputs[0], shape)
-    for x in inputs[1:]:
-        out = lax.mul(out, to_shape(x, shape))
-    return out
+    return _fold(lax.mul, inputs)
 
 
 @ewprod.backward

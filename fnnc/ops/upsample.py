@@ -1,0 +1,96 @@
+"""Upsample: enlarge the spatial axes of an NHWC tensor, NNC's UPSAMPLE.
+
+Follows ``lib/nnc/cmd/upsample`` in liuliu/ccv: the output size is
+``int(n * scale + 0.5)``; nearest reads ``min(int((i + 0.5) * n / m), n - 1)``;
+bilinear samples at half-pixel centres (edge-clamped), or NNC's ``align_corners``
+formulas. The backward transposes the (linear) forward with
+:func:`jax.linear_transpose`, so it keeps no activation alive.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fnnc.ops._rules import fail, require_choice, show, to_shape
+from fnnc.ops.command import NOTHING, Spec, defcommand
+
+UPSAMPLE_MODES = ("nearest", "bilinear")
+
+
+def _upsample_sizes(x: Spec, scale, mode: str) -> tuple[int, int]:
+    require_choice("upsample", "mode", mode, UPSAMPLE_MODES)
+    sh, sw = (scale, scale) if isinstance(scale, (int, float)) else scale
+    if x.ndim != 4:
+        fail(
+            f"upsample: expected a rank-4 NHWC input, got {show(x)}; use format_transform for NCHW"
+        )
+    ho, wo = int(x.shape[1] * sh + 0.5), int(x.shape[2] * sw + 0.5)
+    if ho < x.shape[1] or wo < x.shape[2]:
+        fail(f"upsample: scale {scale} would shrink {show(x)}; NNC's upsample only enlarges")
+    return ho, wo
+
+
+def _taps(n_in: int, n_out: int, bilinear: bool, align: bool):
+    """NNC's source indices and weights along one axis (float32 arithmetic, as in C)."""
+    i = np.arange(n_out, dtype=np.float64)
+    num, den = (n_in - 1, max(1, n_out - 1)) if align else (n_in, n_out)
+    r = np.float64(np.float32(num) / np.float32(den))
+    if not bilinear:
+        src = (i * r + 0.5) if align else (i + 0.5) * r
+        i0 = np.minimum(src.astype(np.int32), n_in - 1)
+        return i0, None, None, None
+    xs = (i * r if align else (i + 0.5) * r - 0.5).astype(np.float32)
+    i0 = np.trunc(xs).astype(np.int32)  # C's (int) truncates: -0.25 -> 0, both taps at 0
+    i1 = np.minimum(np.trunc(xs + 1).astype(np.int32), n_in - 1)
+    w1 = xs - i0
+    return i0, i1, 1 - w1, w1
+
+
+def _resample(x: Any, axis: int, n_out: int, bilinear: bool, align: bool) -> Any:
+    i0, i1, w0, w1 = _taps(x.shape[axis], n_out, bilinear, align)
+    a = jnp.take(x, i0, axis=axis)
+    if not bilinear:
+        return a
+    keep = tuple(n_out if d == axis else 1 for d in range(x.ndim))
+
+    def weight(w):
+        return to_shape(jnp.asarray(w.reshape(keep), x.dtype), a.shape)
+
+    return a * weight(w0) + jnp.take(x, i1, axis=axis) * weight(w1)
+
+
+def _upsample_shape(x: Spec, *, scale, mode, align_corners) -> Spec:
+    ho, wo = _upsample_sizes(x, scale, mode)
+    return Spec((x.shape[0], ho, wo, x.shape[3]), x.dtype)
+
+
+@defcommand(family="data", shape=_upsample_shape, uses=NOTHING)
+def upsample(x, *, scale=(2, 2), mode="nearest", align_corners=False):
+    """Enlarges the H and W axes of an NHWC tensor by ``scale = (sh, sw)``.
+
+    Follows NNC's UPSAMPLE (lib/nnc/cmd/upsample/ccv_nnc_upsample_cpu_ref.c): output
+    size ``int(n * s + 0.5)``; ``"nearest"`` reads ``min(int((i + 0.5) * n / m), n - 1)``;
+    ``"bilinear"`` samples at half-pixel centres ``(i + 0.5) * n / m - 0.5`` clamped to
+    the edge (PyTorch's ``align_corners=False``). ``align_corners=True`` maps the corner
+    pixels onto each other instead, as NNC's flag does. The backward scatters each
+    output gradient back with the same weights.
+    """
+    ho, wo = _upsample_sizes(x, scale, mode)
+    bilinear = mode == "bilinear"
+    y = _resample(x, 1, ho, bilinear, align_corners)
+    return _resample(y, 2, wo, bilinear, align_corners)
+
+
+@upsample.backward
+def _upsample_backward(grads, inputs, outputs, **params):
+    (g,), (x,) = grads, inputs
+    return jax.linear_transpose(
+        lambda t: upsample.definition.forward(t, **params), Spec(x.shape, g.dtype)
+    )(g)
+
+
+# --- set, masked_fill, broadcast_to -------------------------------------------------------
