@@ -39,3 +39,18 @@ def rand(
 def randint(shape: Sequence[int], high: int, seed: int = 0, dtype: Any = np.int32) -> np.ndarray:
     rng = np.random.default_rng(seed)
     return rng.integers(0, high, size=tuple(shape)).astype(dtype)
+
+
+def assert_pass_keeps_semantics(
+    graph_pass: Any, graph: Any, arrays: Sequence[Any], rtol: float = 1e-5, atol: float = 1e-5
+) -> Any:
+    """``graph_pass(graph)`` verifies, keeps the input and output specs, computes the same
+    values as ``graph`` under ``interpret`` and is a fixpoint of the pass; returns it."""
+    from fnnc.graph import interpret, verify
+
+    new = verify(graph_pass(graph))
+    assert new.input_specs == graph.input_specs, f"{graph_pass}: inputs changed\n{new}"
+    assert new.output_specs == graph.output_specs, f"{graph_pass}: outputs changed\n{new}"
+    assert graph_pass(new) is new, f"{graph_pass} is not idempotent on\n{new}"
+    assert_close(interpret(new, *arrays), interpret(graph, *arrays), rtol, atol, what=str(new))
+    return new

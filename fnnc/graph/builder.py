@@ -43,6 +43,24 @@ class GraphBuilder:
         self._nodes: list[Node] = []
         self._inputs: list[int] = []
 
+    @classmethod
+    def from_graph(cls, graph: Graph) -> GraphBuilder:
+        """A builder holding ``graph``'s symbols, nodes and inputs, to extend (passes).
+
+        Symbols of ``graph`` are symbols of the new builder, so a pass can pass them
+        straight to :meth:`exec`.
+        """
+        builder = cls()
+        builder._symbols = list(graph.symbols)
+        builder._nodes = list(graph.nodes)
+        builder._inputs = list(graph.inputs)
+        return builder
+
+    def add_input(self, sym: TensorSymbol) -> None:
+        """Makes an existing, unwritten tensor symbol a graph input (appended last)."""
+        self._known(sym, "add_input")
+        self._inputs.append(sym.id)
+
     # -- symbols ---------------------------------------------------------------
     def input(self, shape: Sequence[int], dtype: Any = np.float32, name: str = "") -> TensorSymbol:
         """A graph input of ``shape`` and ``dtype``, fed by callers in creation order."""
@@ -68,6 +86,7 @@ class GraphBuilder:
         offset: Sequence[int] | None = None,
         stride: Sequence[int] | None = None,
         name: str = "",
+        base: int | None = None,
     ) -> AliasSymbol:
         """A view of ``of``, NNC's ``ccv_nnc_tensor_symbol_alias_new``.
 
@@ -79,6 +98,8 @@ class GraphBuilder:
             stride: per view axis, in elements of the root's flat buffer. Default:
                 the root's strides when ranks agree (a slice), else the view's own
                 contiguous strides (a reshape).
+            base: the flat start in the root's buffer, instead of ``offset`` (passes
+                use it to copy a view's exact placement).
         """
         parent = self._known(of, "alias")
         root = self._symbols[parent.root]
@@ -104,7 +125,8 @@ class GraphBuilder:
                 f"alias of {self._label(of)}: shape {list(shape)}, offset {list(offset)} and "
                 f"stride {list(stride)} must have one entry per view axis"
             )
-        base = (parent.base if parent.is_alias else 0) + sum(o * s for o, s in zip(offset, stride))
+        start = (parent.base if parent.is_alias else 0) + sum(o * s for o, s in zip(offset, stride))
+        base = start if base is None else int(base)
         sym = AliasSymbol(len(self._symbols), root.id, shape, root.dtype, base, stride, name)
         size = int(np.prod(root.shape, dtype=np.int64))
         if base < 0 or (0 not in shape and sym.last_index() >= size):

@@ -23,6 +23,7 @@ from fnnc.ops.activation import softmax as softmax
 from fnnc.ops.activation import swish as swish
 from fnnc.ops.activation import tanh as tanh
 from fnnc.ops.attention import scaled_dot_product_attention as scaled_dot_product_attention
+from fnnc.ops.autodiff import gradient as gradient
 from fnnc.ops.backends import Backend as Backend
 from fnnc.ops.backends import backends_of as backends_of
 from fnnc.ops.backends import register_backend as register_backend
@@ -43,10 +44,14 @@ from fnnc.ops.command import lookup as lookup
 from fnnc.ops.command import registry as registry
 from fnnc.ops.constant import Literal as Literal
 from fnnc.ops.constant import constant as constant
+from fnnc.ops.control import case_of as case_of
+from fnnc.ops.control import compare as compare
+from fnnc.ops.control import while_loop as while_loop
 from fnnc.ops.conv import convolution as convolution
 from fnnc.ops.conv import convolution_transpose as convolution_transpose
 from fnnc.ops.data import broadcast_to as broadcast_to
 from fnnc.ops.data import concat as concat
+from fnnc.ops.data import data_transfer as data_transfer
 from fnnc.ops.data import datatype_conversion as datatype_conversion
 from fnnc.ops.data import format_transform as format_transform
 from fnnc.ops.data import index_select as index_select
@@ -68,6 +73,7 @@ from fnnc.ops.elementwise import max as max
 from fnnc.ops.elementwise import min as min
 from fnnc.ops.elementwise import select as select
 from fnnc.ops.embedding import embedding as embedding
+from fnnc.ops.fused import fused_elementwise as fused_elementwise
 from fnnc.ops.loss import binary_crossentropy as binary_crossentropy
 from fnnc.ops.loss import categorical_crossentropy as categorical_crossentropy
 from fnnc.ops.loss import mse as mse
@@ -78,6 +84,7 @@ from fnnc.ops.norm import batch_norm as batch_norm
 from fnnc.ops.norm import group_norm as group_norm
 from fnnc.ops.norm import layer_norm as layer_norm
 from fnnc.ops.norm import rms_norm as rms_norm
+from fnnc.ops.optimizer import optax_update as optax_update
 from fnnc.ops.pool import avg_pool as avg_pool
 from fnnc.ops.pool import max_pool as max_pool
 from fnnc.ops.primitive import primitive as primitive

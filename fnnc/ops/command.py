@@ -100,6 +100,7 @@ class OpDef:
     variadic: bool
     doc: str
     min_inputs: int = 0
+    display: Callable[[Command], str] | None = None
     backward_fn: Callable[..., Any] | None = None
 
     def check_arity(self, n: int, where: str = "") -> None:
@@ -213,7 +214,10 @@ class Command:
         return run_eager(self, arrays)
 
     def __str__(self) -> str:
-        defaults = self.definition.param_defaults if self.name in _REGISTRY else {}
+        opdef = _REGISTRY.get(self.name)
+        if opdef is not None and opdef.display is not None:
+            return opdef.display(self)
+        defaults = opdef.param_defaults if opdef is not None else {}
         shown = [f"{k}={_show(v)}" for k, v in self.params if defaults.get(k, _MISSING) != v]
         return f"{self.name}[{', '.join(shown)}]" if shown else self.name
 
@@ -292,6 +296,7 @@ def defcommand(
     in_place: bool = False,
     differentiable: bool = True,
     min_inputs: int | None = None,
+    display: Callable[[Command], str] | None = None,
 ) -> Callable[[Callable[..., Any]], _Factory]:
     """Registers a command whose reference forward is the decorated function.
 
@@ -304,6 +309,8 @@ def defcommand(
         random, has_effects, in_place, differentiable: see :class:`Attributes`.
         min_inputs: fewest inputs accepted; default the required positional ones, and
             at least one for a variadic command (``ewsum`` of nothing is undefined).
+        display: how listings print a command value, when the default
+            ``name[param=value, ...]`` would be unreadable.
     """
 
     def decorate(forward: Callable[..., Any]) -> _Factory:
@@ -336,6 +343,7 @@ def defcommand(
             variadic=variadic,
             doc=inspect.getdoc(forward) or "",
             min_inputs=max(required, int(variadic)) if min_inputs is None else min_inputs,
+            display=display,
         )
         return _Factory(_REGISTRY[cmd_name])
 

@@ -1,5 +1,5 @@
 """Data-movement family: reshape, transpose, format_transform, datatype_conversion,
-concat, slice, index_select, pad, set, masked_fill, broadcast_to (upsample lives in
+concat, slice, index_select, pad, set, masked_fill, broadcast_to, data_transfer (upsample lives in
 :mod:`fnnc.ops.upsample`, as NNC keeps it in its own folder).
 
 These commands move or copy values without arithmetic (bilinear upsampling aside), so
@@ -26,6 +26,7 @@ from fnnc.ops._rules import (
     norm_axes,
     require_choice,
     require_same_dtype,
+    same_shape,
     show,
     to_shape,
     unbroadcast,
@@ -346,3 +347,14 @@ def broadcast_to(x, *, shape):
 def _broadcast_to_backward(grads, inputs, outputs, *, shape):
     (g,), (x,) = grads, inputs
     return (unbroadcast(g, x.shape) if is_float(x) else None,)
+
+
+@defcommand(family="data", shape=same_shape, uses=NOTHING, in_place=True)
+def data_transfer(x):
+    """A copy of ``x`` (NNC's DATA_TRANSFER); writes a value into an alias view."""
+    return x
+
+
+@data_transfer.backward
+def _data_transfer_backward(grads, inputs, outputs):
+    return (grads[0],)

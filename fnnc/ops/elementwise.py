@@ -104,7 +104,10 @@ def _unary(name: str, fn, grad_from, uses: Uses):
 ewexp = _unary("ewexp", lax.exp, lambda x, y: y, Uses(inputs=(), outputs=(0,)))
 ewlog = _unary("ewlog", lax.log, lambda x, y: 1 / x, Uses(inputs=(0,)))
 ewsqrt = _unary("ewsqrt", lax.sqrt, lambda x, y: 0.5 / y, Uses(inputs=(), outputs=(0,)))
-ewabs = _unary("ewabs", lax.abs, lambda x, y: jnp.sign(x), Uses(inputs=(0,)))
+# The subgradient at 0 is +1, as JAX's (so traced programs differentiate identically).
+ewabs = _unary(
+    "ewabs", lax.abs, lambda x, y: jnp.where(x >= 0, 1, -1).astype(x.dtype), Uses(inputs=(0,))
+)
 
 
 @defcommand(family="elementwise", shape=same_shape, uses=Uses(inputs=(0,)))

@@ -6,7 +6,9 @@ arrays for its inputs. Graphs mix broadcasting operands, constants (some large
 enough to be hoisted by ``compile``), slice and reshape aliases (aliases of aliases
 too) read as node inputs, and disjoint alias writes that assemble a fresh
 ``builder.tensor`` piecewise (sometimes leaving a piece unwritten, which reads as
-zeros).
+zeros). For the simplifying passes, options add work: activations (longer
+elementwise chains), repeated nodes, constant-only subexpressions and no-op nodes
+such as ``x * 1``.
 
 Values stay finite and moderate: ``ewlog``, ``ewsqrt`` and the divisor of ``ewdiv``
 read ``ewabs(x) + 1``; ``ewexp`` reads ``clamp(x, -3, 3)``; and every symbol carries a
@@ -148,6 +150,22 @@ OPS: tuple[OpEntry, ...] = (
 )
 """The commands :func:`graphs` draws from (plus ``constant``, always used)."""
 
+ACTIVATIONS: tuple[OpEntry, ...] = (
+    OpEntry(ops.relu, (1, 1), "unary", _none, lambda c, s, b: b[0]),
+    OpEntry(
+        ops.leaky_relu, (1, 1), "unary", _choose(negative_slope=(0.01, 0.2)), lambda c, s, b: b[0]
+    ),
+    OpEntry(ops.sigmoid, (1, 1), "unary", _none, lambda c, s, b: 1.0),
+    OpEntry(ops.tanh, (1, 1), "unary", _none, lambda c, s, b: 1.0),
+    OpEntry(ops.swish, (1, 1), "unary", _none, lambda c, s, b: b[0]),
+    OpEntry(ops.gelu, (1, 1), "unary", _choose(approximate=(False, True)), lambda c, s, b: b[0]),
+    OpEntry(ops.mish, (1, 1), "unary", _none, lambda c, s, b: b[0]),
+)
+"""Activations :func:`graphs` adds with ``activations=True`` (longer elementwise chains)."""
+
+COMMUTATIVE = frozenset({"ewsum", "ewprod", "mul", "min", "max"})
+"""Commands whose operands may be drawn in any order (``add`` too when ``p == q``)."""
+
 _FLOATS = st.floats(
     -2.0, 2.0, width=32, allow_nan=False, allow_infinity=False, allow_subnormal=False
 )
@@ -197,6 +215,8 @@ class _Drawer:
         self.avail: list[Symbol] = []
         self.bound: dict[int, float] = {}  # root id -> bound on |value|
         self.count = 0
+        self.made: list[tuple[Command, tuple[Symbol, ...], float]] = []  # for duplicates
+        self.constants: list[Symbol] = []  # symbols computed from constants alone
 
     # -- small pieces ----------------------------------------------------------
     def dims(self, lo_rank: int = 0) -> tuple[int, ...]:
@@ -212,6 +232,8 @@ class _Drawer:
     ) -> Symbol:
         out = self.b.exec(cmd, *inputs, outputs=outputs, name=f"n{self.count}")
         self.count += 1
+        if outputs is None:
+            self.made.append((cmd, tuple(inputs), bound))
         self.bound[out.root] = max(self.bound.get(out.root, 0.0), bound)
         return out
 
@@ -340,6 +362,58 @@ class _Drawer:
         big = self.exec(cmd, *syms, bound=bound)
         return self.exec(ops.scalar_mul(a=scale), big, outputs=outputs, bound=bound * scale)
 
+    # -- redundancy for the simplifying passes -----------------------------------
+    def duplicate(self) -> Symbol:
+        """An earlier node again (operands reordered when the command commutes)."""
+        if not self.made:
+            return self.node(self.draw(st.sampled_from(self.weighted)))
+        cmd, inputs, bound = self.draw(st.sampled_from(self.made))
+        commutes = cmd.name in COMMUTATIVE or (
+            cmd.name == "add" and cmd.param("p") == cmd.param("q")
+        )
+        if commutes and self.draw(st.booleans()):
+            inputs = inputs[::-1]
+        return self.exec(cmd, *inputs, bound=bound)
+
+    def constant_expression(self) -> Symbol:
+        """A node reading only constants and results computed from constants alone."""
+        outer, self.avail = self.avail, list(self.constants)
+        if not self.avail:
+            self.avail.append(self.constant(self.dims()))
+        out = self.node(self.draw(st.sampled_from(self.weighted)))
+        self.constants = [*self.avail, out]
+        self.avail = outer + [s for s in self.constants if s not in outer]
+        return out
+
+    def identity(self) -> Symbol:
+        """A node that returns its operand unchanged (``x * 1``, a reshape to its shape...)."""
+        x = self.pick()
+        shape, b = x.shape, self.bound[x.root]
+        kind = self.draw(st.sampled_from(IDENTITY_KINDS))
+        if kind == "scalar_mul":
+            return self.exec(ops.scalar_mul(a=1.0), x, bound=b)
+        if kind in ("mul", "ewprod", "ewdiv"):
+            one = self.b.constant(np.ones(self.partner_shape(shape, shape), np.float32))
+            self.bound[one.id] = 1.0
+            cmd = {"mul": ops.mul(), "ewprod": ops.ewprod(), "ewdiv": ops.ewdiv()}[kind]
+            pair = (one, x) if kind != "ewdiv" and self.draw(st.booleans()) else (x, one)
+            return self.exec(cmd, *pair, bound=b)
+        if kind in ("add", "ewsum"):
+            zero = self.b.constant(np.zeros(self.partner_shape(shape, shape), np.float32))
+            self.bound[zero.id] = 0.0
+            if kind == "ewsum":
+                return self.exec(ops.ewsum(), x, zero, bound=b)
+            return self.exec(ops.add(q=self.draw(st.sampled_from([1.0, -1.0]))), x, zero, bound=b)
+        cmd = {
+            "ewsum1": ops.ewsum(),
+            "reshape": ops.reshape(shape=shape),
+            "transpose": ops.transpose(perm=tuple(range(len(shape)))),
+            "datatype_conversion": ops.datatype_conversion(dtype=np.float32),
+            "broadcast_to": ops.broadcast_to(shape=shape),
+            "clamp": ops.clamp(),
+        }[kind]
+        return self.exec(cmd, x, bound=b)
+
     # -- aliases ---------------------------------------------------------------
     def reshape(self, sym: Symbol, min_rank: int = 0) -> Symbol:
         """A reshape alias of the contiguous symbol ``sym`` (dims may include 1s)."""
@@ -405,6 +479,23 @@ class _Drawer:
         return root
 
 
+IDENTITY_KINDS = (
+    "scalar_mul",
+    "mul",
+    "ewprod",
+    "ewdiv",
+    "add",
+    "ewsum",
+    "ewsum1",
+    "reshape",
+    "transpose",
+    "datatype_conversion",
+    "broadcast_to",
+    "clamp",
+)
+"""The no-op nodes :func:`graphs` draws with ``identities=True``."""
+
+
 def graphs(
     *,
     max_inputs: int = 3,
@@ -414,6 +505,10 @@ def graphs(
     commands: Sequence[str] | None = None,
     aliases: bool = True,
     alias_writes: bool = True,
+    activations: bool = False,
+    duplicates: bool = False,
+    constant_exprs: bool = False,
+    identities: bool = False,
 ) -> st.SearchStrategy[tuple[Graph, tuple[np.ndarray, ...]]]:
     """Random valid graphs over :data:`OPS`, with matching input arrays.
 
@@ -428,19 +523,28 @@ def graphs(
             whatever this says.
         aliases: draw slice and reshape aliases read as node inputs.
         alias_writes: draw tensors assembled by disjoint alias writes.
+        activations: also draw the commands of :data:`ACTIVATIONS` (longer
+            elementwise chains for ``fuse``).
+        duplicates: draw earlier nodes again, commuting operands where allowed
+            (work for ``cse``).
+        constant_exprs: draw nodes that read only constants, and chains of them
+            (work for ``fold``).
+        identities: draw nodes that return their operand (:data:`IDENTITY_KINDS`:
+            ``x * 1``, ``x + 0``, reshapes to the same shape...; work for ``fold``).
 
     Returns:
         A strategy of ``(graph, arrays)``: a verified graph whose outputs are 1 to 3
         of its symbols (the last result first), and one float32 array in [-2, 2] per
         graph input.
     """
+    table = OPS + (ACTIVATIONS if activations else ())
     entries = [
         e
-        for e in OPS
+        for e in table
         if (commands is None or e.name in commands) and (e.operands != "gemm" or max_rank >= 2)
     ]
     if not entries:
-        names = [e.name for e in OPS]
+        names = [e.name for e in table]
         raise ValueError(f"graphs: no command of {commands} is in the table {names}")
 
     @st.composite
@@ -451,6 +555,8 @@ def graphs(
             d.avail.append(sym)
             d.bound[sym.id] = 2.0
         steps = ["node"] + ["alias"] * aliases + ["write"] * alias_writes
+        steps += ["duplicate"] * duplicates + ["constant"] * constant_exprs
+        steps += ["identity"] * identities
         target = draw(st.integers(1, max_nodes))
         last: Symbol | None = None
         while d.count < target:
@@ -459,6 +565,12 @@ def graphs(
                 last = d.alias_read()
             elif step == "write":
                 last = d.alias_write()
+            elif step in ("duplicate", "constant", "identity"):
+                last = {
+                    "duplicate": d.duplicate,
+                    "constant": d.constant_expression,
+                    "identity": d.identity,
+                }[step]()
             else:
                 last = d.node(draw(st.sampled_from(d.weighted)))
             if last is not None and last not in d.avail:

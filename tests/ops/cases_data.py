@@ -62,4 +62,5 @@ CASES = [
         grad_inputs=(0,),
     ),
     Case(ops.broadcast_to(shape=(2, 3, 4)), (rand([3, 1]),), "broadcast_to"),
+    Case(ops.data_transfer(), (rand([2, 3]),), "data_transfer"),
 ]

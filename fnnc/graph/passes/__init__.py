@@ -1,0 +1,24 @@
+"""Graph passes: pure functions ``Graph -> Graph`` that return their argument when
+nothing changed, so pipelines detect a fixpoint with ``is``.
+
+* :func:`cse` merges equal computations, :func:`fold` folds constants and algebraic
+  identities, :func:`fuse` fuses NNC's patterns and elementwise chains, :func:`dce`
+  drops dead nodes, :func:`compact` renumbers symbols densely.
+* :func:`simplify` runs them to a fixpoint; :func:`run_passes` runs any tuple of
+  passes, verifying and printing between them as :mod:`fnnc.config` says.
+* :func:`map_subgraphs` applies a pass inside the sub-graphs commands hold.
+* :func:`backward` appends gradient nodes (NNC's symbolic reverse mode);
+  :func:`minimize` adds an Optax update so a training step is one graph.
+"""
+
+from fnnc.graph.passes._subgraphs import map_subgraphs as map_subgraphs
+from fnnc.graph.passes.backward import backward as backward
+from fnnc.graph.passes.compact import compact as compact
+from fnnc.graph.passes.cse import cse as cse
+from fnnc.graph.passes.dce import dce as dce
+from fnnc.graph.passes.fold import fold as fold
+from fnnc.graph.passes.fuse import fuse as fuse
+from fnnc.graph.passes.minimize import TrainLayout as TrainLayout
+from fnnc.graph.passes.minimize import minimize as minimize
+from fnnc.graph.passes.pipeline import run_passes as run_passes
+from fnnc.graph.passes.pipeline import simplify as simplify

@@ -1,0 +1,276 @@
+"""fuse: NNC's fusions, as patterns (softmax + cross-entropy) and elementwise chains."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from fnnc import ops
+from fnnc.graph.builder import GraphBuilder
+from fnnc.graph.ir import AliasSymbol, Graph, Node, Symbol
+from fnnc.graph.passes._subgraphs import is_pure, map_subgraphs
+from fnnc.graph.passes.compact import compact
+
+
+@dataclasses.dataclass(frozen=True)
+class Fusion:
+    """A pattern's rewrite: ``node`` replaces the matched node, ``drop`` lists node
+    indices that go (their outputs are written by ``node`` now or read by no one)."""
+
+    node: Node
+    drop: tuple[int, ...]
+
+
+Pattern = Callable[[Graph, int], Fusion | None]
+
+
+def private_producer(graph: Graph, sid: int, consumer: int, name: str) -> int | None:
+    """Index of the ``name`` node writing ``sid`` when only node ``consumer`` reads it.
+
+    ``sid`` must be a whole tensor (not a view, and with no views of it), not a graph
+    output, and read by ``consumer`` alone, so the producer can be folded into it.
+    """
+    producer = graph.producers.get(sid)
+    if producer is None or graph.nodes[producer].cmd.name != name:
+        return None
+    private = (
+        not graph.symbol(sid).is_alias
+        and sid not in graph.outputs
+        and sid not in _viewed(graph)
+        and set(graph.consumers.get(sid, ())) == {consumer}
+    )
+    return producer if private and is_pure(graph.nodes[producer].cmd) else None
+
+
+def _viewed(graph: Graph) -> set[int]:
+    return {s.root for s in graph.symbols if isinstance(s, AliasSymbol)}
+
+
+def _softmax_crossentropy(graph: Graph, index: int) -> Fusion | None:
+    """``categorical_crossentropy(softmax(x), label)`` -> ``softmax_crossentropy(x, label)``.
+
+    Only for class-index labels whose targets sum to 1 (``trim1 + (C - 1) * trim0 ==
+    1``): softmax_crossentropy's loss is ``logsumexp(x) - sum(t * x)``, which equals the
+    pair's ``-sum(t * log softmax(x))`` exactly then.
+    """
+    node = graph.nodes[index]
+    p, label = (graph.symbol(s) for s in node.inputs)
+    producer = private_producer(graph, p.id, index, "softmax")
+    if producer is None:
+        return None
+    softmax = graph.nodes[producer]
+    axis, rank = softmax.cmd.param("axis"), len(p.shape)
+    trim0, trim1 = node.cmd.param("trim0"), node.cmd.param("trim1")
+    targets = np.issubdtype(label.dtype, np.floating) and label.shape == p.shape
+    if axis % rank != rank - 1 or targets:
+        return None
+    if not math.isclose(trim1 + (p.shape[-1] - 1) * trim0, 1.0, rel_tol=1e-6):
+        return None
+    cmd = ops.softmax_crossentropy(trim0=trim0, trim1=trim1)
+    fused = Node(cmd, (softmax.inputs[0], label.id), (node.outputs[0], p.id), node.name)
+    return Fusion(fused, (producer,))
+
+
+def _sigmoid_binary_crossentropy(graph: Graph, index: int) -> Fusion | None:
+    """``binary_crossentropy(sigmoid(x), y)`` -> ``sigmoid_binary_crossentropy(x, y)``."""
+    node = graph.nodes[index]
+    p, label = node.inputs
+    producer = private_producer(graph, p, index, "sigmoid")
+    if producer is None:
+        return None
+    cmd = ops.sigmoid_binary_crossentropy(pos_weight=node.cmd.param("pos_weight"))
+    x = graph.nodes[producer].inputs[0]
+    return Fusion(Node(cmd, (x, label), (node.outputs[0], p), node.name), (producer,))
+
+
+PATTERNS: dict[str, Pattern] = {
+    "binary_crossentropy": _sigmoid_binary_crossentropy,
+    "categorical_crossentropy": _softmax_crossentropy,
+}
+"""Per command, a pattern ending at a node of that command (NNC's fused losses)."""
+
+ELEMENTWISE = frozenset(
+    {
+        "add",
+        "clamp",
+        "ewabs",
+        "ewdiv",
+        "ewexp",
+        "ewlog",
+        "ewprod",
+        "ewsqrt",
+        "ewsum",
+        "gelu",
+        "leaky_relu",
+        "max",
+        "min",
+        "mish",
+        "mul",
+        "relu",
+        "scalar_mul",
+        "select",
+        "sigmoid",
+        "swish",
+        "tanh",
+    }
+)
+"""Commands that compute each output element from the same element of their
+(broadcast) inputs: the members of a fused elementwise chain."""
+
+Inline = Callable[[GraphBuilder, Node, list[Symbol]], Symbol]
+
+
+def _exec(b: GraphBuilder, node: Node, inputs: list[Symbol]) -> Symbol:
+    return b.exec(node.cmd, *inputs, name=node.name)
+
+
+def _inline_body(b: GraphBuilder, node: Node, inputs: list[Symbol]) -> Symbol:
+    """A fused node joins a longer chain with its body's nodes, not nested."""
+    body = node.cmd.param("body")
+    env: dict[int, Symbol] = dict(zip(body.inputs, inputs))
+    for inner in body.nodes:
+        env[inner.outputs[0]] = _exec(b, inner, [env[s] for s in inner.inputs])
+    return env[body.outputs[0]]
+
+
+def _flat_body(node: Node) -> bool:
+    body = node.cmd.param("body")
+    return len(body.outputs) == 1 and all(
+        len(n.outputs) == 1 and not body.symbol(n.outputs[0]).is_alias for n in body.nodes
+    )
+
+
+MEMBERS: dict[str, tuple[Callable[[Node], bool], Inline]] = {
+    **{name: (lambda node: True, _exec) for name in ELEMENTWISE},
+    "fused_elementwise": (_flat_body, _inline_body),
+}
+"""Per command that may sit in a chain: when it may, and how it enters the body."""
+
+FUSED = frozenset({"fused_elementwise"})
+"""Commands whose sub-graphs are already fused chains; ``fuse`` does not enter them."""
+
+
+def fuse(graph: Graph, *, min_length: int = 2) -> Graph:
+    """Fuses NNC's patterns (:data:`PATTERNS`) and maximal elementwise chains.
+
+    1. Patterns, e.g. ``softmax`` whose only reader is ``categorical_crossentropy``
+       becomes one ``softmax_crossentropy`` node (it writes the loss and, for free, the
+       softmax), and ``sigmoid`` + ``binary_crossentropy`` becomes
+       ``sigmoid_binary_crossentropy``. The intermediate must not be a graph output or
+       be read by anything else.
+    2. Chains: nodes of :data:`ELEMENTWISE` commands (pure, one output) join the node
+       that reads their result when it is read by that node alone, is not a graph
+       output and has that node's output shape. Each maximal tree of at least
+       ``min_length`` nodes becomes one ``fused_elementwise`` node, placed where the
+       tree's last node was, whose ``body`` is the tree as a sub-graph; its inputs are
+       the tree's outside inputs (biases broadcast inside the body).
+
+    Sub-graphs are fused too, except the bodies of fused nodes (:data:`FUSED`).
+
+    Needs: a verified graph.
+
+    Guarantees: the same graph object when nothing fused; otherwise a compacted graph
+    with the same inputs and outputs and the same values (up to the rounding of a
+    fused computation). ``fuse(fuse(g)) is fuse(g)``.
+
+    Before / after (a dense layer with a bias and gelu)::
+
+        graph(%0:f32[2,3] x, %1:f32[4,3] w, %2:f32[4] b) {
+          %3:f32[2,4] = gemm[transpose_b=True](%0, %1)
+          %4:f32[2,4] = add(%3, %2)
+          %5:f32[2,4] = gelu(%4)
+          return %5
+        }
+        graph(%0:f32[2,3] x, %1:f32[4,3] w, %2:f32[4] b) {
+          %3:f32[2,4] = gemm[transpose_b=True](%0, %1)
+          %4:f32[2,4] = fused_elementwise[add, gelu](%3, %2)
+          return %4
+        }
+
+    Args:
+        graph: the graph.
+        min_length: fewest nodes a fused chain has.
+    """
+    graph = map_subgraphs(graph, lambda sub: fuse(sub, min_length=min_length), skip=FUSED)
+    fused = _chains(_patterns(graph), min_length)
+    return graph if fused is graph else compact(fused)
+
+
+def _patterns(graph: Graph) -> Graph:
+    drop: set[int] = set()
+    replaced: dict[int, Node] = {}
+    for index, node in enumerate(graph.nodes):
+        pattern = PATTERNS.get(node.cmd.name)
+        fusion = pattern(graph, index) if pattern is not None else None
+        taken = drop | replaced.keys() | {index}
+        if fusion is not None and taken.isdisjoint(fusion.drop) and index not in drop:
+            drop.update(fusion.drop)
+            replaced[index] = fusion.node
+    if not replaced:
+        return graph
+    nodes = (replaced.get(i, n) for i, n in enumerate(graph.nodes) if i not in drop)
+    return dataclasses.replace(graph, nodes=tuple(nodes))
+
+
+def _member(graph: Graph, node: Node) -> bool:
+    rule = MEMBERS.get(node.cmd.name)
+    return (
+        rule is not None
+        and len(node.outputs) == 1
+        and not graph.symbol(node.outputs[0]).is_alias
+        and is_pure(node.cmd)
+        and rule[0](node)
+    )
+
+
+def _chains(graph: Graph, min_length: int) -> Graph:
+    viewed = _viewed(graph)
+    groups: dict[int, list[int]] = {}  # index of a tree's last node -> its node indices
+    for index, node in enumerate(graph.nodes):
+        if not _member(graph, node):
+            continue
+        shape = graph.symbol(node.outputs[0]).shape
+        group = [index]
+        for sid in dict.fromkeys(node.inputs):
+            producer = graph.producers.get(sid)
+            if (
+                producer in groups
+                and not graph.symbol(sid).is_alias
+                and sid not in viewed
+                and sid not in graph.outputs
+                and set(graph.consumers[sid]) == {index}
+                and graph.symbol(sid).shape == shape
+            ):
+                group = groups.pop(producer) + group
+        groups[index] = group
+    trees = {last: sorted(g) for last, g in groups.items() if len(g) >= max(min_length, 2)}
+    if not trees:
+        return graph
+    inside = {i for g in trees.values() for i in g}
+    nodes = [
+        _fused_node(graph, trees[i]) if i in trees else node
+        for i, node in enumerate(graph.nodes)
+        if i in trees or i not in inside
+    ]
+    return dataclasses.replace(graph, nodes=tuple(nodes))
+
+
+def _fused_node(graph: Graph, tree: list[int]) -> Node:
+    """One ``fused_elementwise`` node computing the nodes ``tree`` (the last is the root)."""
+    members = [graph.nodes[i] for i in tree]
+    written = {n.outputs[0] for n in members}
+    outside = list(dict.fromkeys(s for n in members for s in n.inputs if s not in written))
+    b = GraphBuilder()
+    env: dict[int, Symbol] = {}
+    for sid in outside:
+        sym = graph.symbol(sid)
+        env[sid] = b.input(sym.shape, sym.dtype, name=sym.name)
+    for node in members:
+        inline = MEMBERS[node.cmd.name][1]
+        env[node.outputs[0]] = inline(b, node, [env[s] for s in node.inputs])
+    root = members[-1]
+    body = b.build([env[root.outputs[0]]])
+    return Node(ops.fused_elementwise(body=body), tuple(outside), root.outputs, root.name)

@@ -1,0 +1,141 @@
+"""Helpers of the control commands: running a sub-graph, splitting a loop body at its
+breakpoint, and checking the specs a command feeds a sub-graph.
+
+Imports of :mod:`fnnc.graph` happen inside functions: ``fnnc.graph`` imports
+``fnnc.ops``, so the control commands must not import it while ``fnnc.ops`` loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fnnc.errors import CommandError, DTypeError, GraphError, ShapeError
+from fnnc.ops._rules import show
+from fnnc.ops.command import Spec
+
+if TYPE_CHECKING:
+    from fnnc.graph.ir import Graph
+
+
+def run_graph(graph: Graph, args: Sequence[Any]) -> list[Any]:
+    """``graph``'s outputs on ``args``, each node by its command's reference forward.
+
+    Nodes that are themselves control commands run through this again, so sub-graphs
+    nest to any depth.
+    """
+    from fnnc.graph.evaluate import as_tuple, run_nodes
+    from fnnc.ops.backends import REFERENCE, compiled_forward
+
+    def run_node(index: int, node: Any, inputs: list[Any]) -> tuple[Any, ...]:
+        return as_tuple(compiled_forward(node.cmd, REFERENCE)(*inputs))
+
+    return run_nodes(graph, args, run_node)
+
+
+def require_graph(name: str, what: str, value: Any) -> None:
+    from fnnc.graph.ir import Graph
+
+    if not isinstance(value, Graph):
+        raise CommandError(
+            f"{name}: {what} must be a Graph (build it with its own GraphBuilder), got "
+            f"{type(value).__name__}"
+        )
+
+
+def positions(name: str, what: str, value: Any, size: int, where: str) -> tuple[int, ...]:
+    """``value`` is a tuple of positions in ``range(size)``, else a CommandError."""
+    if not isinstance(value, tuple) or not all(isinstance(v, int) for v in value):
+        raise CommandError(f"{name}: {what} must be a tuple of ints, got {value!r}")
+    bad = [v for v in value if not 0 <= v < size]
+    if bad:
+        raise CommandError(f"{name}: {what} {value} names positions {bad}; {where} has {size}")
+    return value
+
+
+def require_spec(where: str, got: Spec, want: Spec, against: str) -> None:
+    """``got`` equals ``want``, else a Shape/DTypeError saying ``where`` and ``against``."""
+    if tuple(got.shape) != tuple(want.shape):
+        raise ShapeError(f"{where} is {show(got)}, but {against} is {show(want)}")
+    if np.dtype(got.dtype) != np.dtype(want.dtype):
+        raise DTypeError(f"{where} is {show(got)}, but {against} is {show(want)}")
+
+
+def check_inputs(name: str, what: str, graph: Graph, specs: Sequence[Spec]) -> None:
+    """The node's input ``specs`` fit ``graph``'s inputs one by one."""
+    if len(specs) != len(graph.inputs):
+        labels = ", ".join(graph.label(s) for s in graph.inputs) or "none"
+        raise GraphError(
+            f"{name}: the {what} takes {len(graph.inputs)} input(s) ({labels}), the node "
+            f"gives {len(specs)}; pass one input per {what} input, in order"
+        )
+    for k, (spec, sid) in enumerate(zip(specs, graph.inputs)):
+        require_spec(
+            f"{name}: input {k}", spec, graph.spec(sid), f"the {what} input {graph.label(sid)}"
+        )
+
+
+def require_scalar(name: str, what: str, graph: Graph, kind: str) -> None:
+    """``graph`` returns one scalar of ``kind`` ("bool" or "int")."""
+    if len(graph.outputs) != 1:
+        raise GraphError(
+            f"{name}: the {what} must return one {kind} scalar, it returns "
+            f"{len(graph.outputs)} outputs"
+        )
+    sid = graph.outputs[0]
+    spec = graph.spec(sid)
+    dtype = np.dtype(spec.dtype)
+    ok = dtype == np.bool_ if kind == "bool" else np.issubdtype(dtype, np.integer)
+    if not ok:
+        raise DTypeError(
+            f"{name}: the {what} returns {graph.label(sid)}: {show(spec)}, expected "
+            f"{'a bool' if kind == 'bool' else 'an integer'} scalar"
+            + ("; compare with fnnc.ops.compare" if kind == "bool" else "")
+        )
+    if tuple(spec.shape) != ():
+        raise ShapeError(
+            f"{name}: the {what} returns {graph.label(sid)}: {show(spec)}, expected a scalar "
+            "(shape []); reshape it with fnnc.ops.reshape(shape=())"
+        )
+
+
+@functools.lru_cache(maxsize=512)
+def split_body(body: Graph, early: tuple[int, ...]) -> tuple[Graph, Graph]:
+    """Splits ``body`` at the breakpoint that follows its outputs ``early``.
+
+    Returns ``(head, tail)``. ``head`` holds the nodes those outputs need; it takes the
+    body inputs and returns every root it writes followed by the ``early`` outputs.
+    ``tail`` holds the other nodes; it takes the body inputs followed by the roots
+    ``head`` wrote and returns all body outputs.
+    """
+    syms = body.symbols
+    need = {syms[body.outputs[j]].root for j in early}
+    head_at: list[int] = []
+    for index in range(len(body.nodes) - 1, -1, -1):
+        node = body.nodes[index]
+        if any(syms[o].root in need for o in node.outputs):
+            head_at.append(index)
+            need.update(syms[s].root for s in node.inputs)
+    head_at.reverse()
+    roots: dict[int, None] = {}
+    for index in head_at:
+        roots.update((syms[o].root, None) for o in body.nodes[index].outputs)
+    early_ids = tuple(body.outputs[j] for j in early)
+    head = dataclasses.replace(
+        body,
+        nodes=tuple(body.nodes[i] for i in head_at),
+        outputs=(*roots, *early_ids),
+        out_tree=None,
+    )
+    taken = set(head_at)
+    tail = dataclasses.replace(
+        body,
+        nodes=tuple(n for i, n in enumerate(body.nodes) if i not in taken),
+        inputs=(*body.inputs, *roots),
+        out_tree=None,
+    )
+    return head, tail

@@ -1,0 +1,93 @@
+"""The ``gradient`` command: one forward command's backward, as an ordinary node.
+
+NNC gives every command a ``*_BACKWARD`` twin; fnnc derives it from the forward's
+:class:`~fnnc.ops.OpDef`. ``gradient[of=cmd]`` reads, in order,
+
+1. the gradients of the forward outputs that have one (``grad_mask``),
+2. the forward inputs named in ``cmd``'s ``backward_uses``,
+3. the forward outputs named there,
+
+and writes the gradients of the forward inputs listed in ``wants``. The forward
+tensors it does not read are known only by their specs (``in_specs``/``out_specs``),
+so a memory pass can trust that nothing else is kept alive. A ``None`` gradient from
+the rule (e.g. a label) becomes zeros. ``gradient`` has the derived backward itself,
+so second-order gradients work through the same pass.
+
+Listings print ``relu.backward[wants=(0,)](%7, %3)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from fnnc.errors import CommandError
+from fnnc.ops.command import Command, Spec, defcommand, make_command
+
+
+def _specs(pairs: Any) -> tuple[Spec, ...]:
+    return tuple(Spec(tuple(shape), np.dtype(dtype)) for shape, dtype in pairs)
+
+
+def _gradient_shape(*specs: Spec, of, in_specs, out_specs, grad_mask, wants) -> tuple[Spec, ...]:
+    uses = of.definition.backward_uses
+    n_used = sum(uses.input_used(i) for i in range(len(in_specs)))
+    n_used += sum(i in uses.outputs for i in range(len(out_specs)))
+    expected = sum(grad_mask) + n_used
+    if len(specs) != expected:
+        raise CommandError(
+            f"{of}.backward: expected {expected} inputs ({sum(grad_mask)} gradients, "
+            f"{n_used} forward tensors named in backward_uses), got {len(specs)}"
+        )
+    ins = _specs(in_specs)
+    return tuple(ins[i] for i in wants)
+
+
+def _display(cmd: Command) -> str:
+    wants = cmd.param("wants")
+    shown = ",".join(map(str, wants)) + ("," if len(wants) == 1 else "")
+    return f"{cmd.param('of')}.backward[wants=({shown})]"
+
+
+@defcommand(family="autodiff", shape=_gradient_shape, min_inputs=1, display=_display)
+def gradient(*inputs, of, in_specs, out_specs, grad_mask, wants):
+    """Gradients of ``of``'s inputs ``wants`` from its output gradients (see module doc)."""
+    opdef = of.definition
+    uses = opdef.backward_uses
+    ins_spec, outs_spec = _specs(in_specs), _specs(out_specs)
+    values = iter(inputs)
+    grads = tuple(next(values) if m else None for m in grad_mask)
+    ins = tuple(next(values) if uses.input_used(i) else s for i, s in enumerate(ins_spec))
+    outs = tuple(next(values) if i in uses.outputs else s for i, s in enumerate(outs_spec))
+    result = opdef.backward(grads, ins, outs, **of.kwargs)
+    picked = []
+    for i in wants:
+        g, spec = result[i], ins_spec[i]
+        picked.append(jnp.zeros(spec.shape, spec.dtype) if g is None else g.astype(spec.dtype))
+    return picked[0] if len(picked) == 1 else tuple(picked)
+
+
+def gradient_command(
+    of: Command,
+    in_specs: tuple[Spec, ...],
+    out_specs: tuple[Spec, ...],
+    grad_mask: tuple[bool, ...],
+    wants: tuple[int, ...],
+) -> Command:
+    """The ``gradient`` command of one forward node."""
+
+    def pairs(specs: tuple[Spec, ...]) -> tuple[tuple[tuple[int, ...], np.dtype], ...]:
+        return tuple((tuple(s.shape), np.dtype(s.dtype)) for s in specs)
+
+    return make_command(
+        "gradient",
+        {
+            "of": of,
+            "in_specs": pairs(in_specs),
+            "out_specs": pairs(out_specs),
+            "grad_mask": tuple(bool(m) for m in grad_mask),
+            "wants": tuple(wants),
+        },
+    )

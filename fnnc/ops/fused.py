@@ -1,0 +1,65 @@
+"""Fused family: ``fused_elementwise``, a chain of elementwise commands run as one command.
+
+The fusion pass (:func:`fnnc.graph.passes.fuse`) turns a chain such as a bias ``add``
+followed by ``gelu`` into one node whose hyper-parameter ``body`` is the chain as a
+sub-graph. The reference forward runs the body's commands (their reference forwards)
+inside one function, so XLA sees the whole chain at once; a Pallas backend can
+generate one kernel from the body. The backward is derived (``jax.vjp`` of the
+forward), so it sees through the whole chain too.
+
+Listings print the body's commands in order: ``fused_elementwise[add, gelu]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fnnc.errors import ShapeError
+from fnnc.ops._rules import show
+from fnnc.ops.command import Command, Spec, defcommand
+
+
+def _body_shape(*specs: Spec, body: Any) -> Spec | tuple[Spec, ...]:
+    want = body.input_specs
+    fits = len(specs) == len(want) and all(
+        tuple(s.shape) == tuple(w.shape) and np.dtype(s.dtype) == np.dtype(w.dtype)
+        for s, w in zip(specs, want)
+    )
+    if not fits:
+        raise ShapeError(
+            f"fused_elementwise: inputs {[show(s) for s in specs]} do not match the body's "
+            f"inputs {[show(w) for w in want]}; the body is fixed when the chain is fused"
+        )
+    outs = body.output_specs
+    return outs[0] if len(outs) == 1 else outs
+
+
+def _display(cmd: Command) -> str:
+    return f"fused_elementwise[{', '.join(str(n.cmd) for n in cmd.param('body').nodes)}]"
+
+
+@defcommand(family="fused", shape=_body_shape, display=_display)
+def fused_elementwise(*inputs, body):
+    """Runs the sub-graph ``body`` on the inputs, each node with its reference forward.
+
+    ``body`` is a :class:`~fnnc.graph.Graph` whose inputs match the command's inputs
+    (shapes and dtypes); the result is its output (a tuple if it has several).
+
+    >>> import numpy as np
+    >>> from fnnc import ops
+    >>> from fnnc.graph import GraphBuilder
+    >>> b = GraphBuilder()
+    >>> x = b.input((2,))
+    >>> body = b.build([b.exec(ops.ewprod(), x, b.exec(ops.sigmoid(), x))])
+    >>> ops.fused_elementwise(body=body)(np.array([0.0, 2.0], np.float32))
+    Array([0.      , 1.761594], dtype=float32)
+    """
+    from fnnc.graph.evaluate import as_tuple, run_nodes  # the graph layer imports ops
+
+    def run_node(index: int, node: Any, values: list[Any]) -> tuple[Any, ...]:
+        return as_tuple(node.cmd.definition.forward(*values, **node.cmd.kwargs))
+
+    outs = run_nodes(body, inputs, run_node)
+    return outs[0] if len(outs) == 1 else tuple(outs)

@@ -1,0 +1,78 @@
+"""The ``optax_update`` command: one step of any Optax transformation, as a node.
+
+Inputs, in order: the gradients of the ``n`` parameters, the optimizer-state leaves,
+the ``n`` parameters. Outputs: the ``n`` updated parameters, then the new state leaves.
+The transformation and the state's tree structure are hyper-parameters, so the state
+lives in the graph as plain tensors and a training step compiles to a pure function.
+
+One node updates every parameter, because an Optax transformation may couple them
+(``clip_by_global_norm``, LAMB's trust ratios); per-parameter nodes would be wrong for
+those. Its backward is derived (``jax.vjp``), so meta-learning through an update works.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+from fnnc.errors import CommandError
+from fnnc.ops.command import Command, Spec, defcommand, make_command
+from fnnc.ops.primitive import Opaque
+
+
+def _update_shape(*specs: Spec, optimizer, state_tree, state_specs, n_params) -> tuple[Spec, ...]:
+    n_state = len(state_specs)
+    if len(specs) != 2 * n_params + n_state:
+        raise CommandError(
+            f"optax_update: expected {n_params} gradients, {n_state} state leaves and "
+            f"{n_params} parameters ({2 * n_params + n_state} inputs), got {len(specs)}"
+        )
+    params = specs[n_params + n_state :]
+    for i, (g, p) in enumerate(zip(specs[:n_params], params)):
+        if tuple(g.shape) != tuple(p.shape):
+            raise CommandError(
+                f"optax_update: gradient {i} is {list(g.shape)} but parameter {i} is "
+                f"{list(p.shape)}"
+            )
+    state = tuple(Spec(tuple(s), np.dtype(d)) for s, d in state_specs)
+    return tuple(Spec(tuple(p.shape), p.dtype) for p in params) + state
+
+
+def _display(cmd: Command) -> str:
+    return f"optax_update[n_params={cmd.param('n_params')}]"
+
+
+@defcommand(family="optimizer", shape=_update_shape, min_inputs=0, display=_display)
+def optax_update(*inputs, optimizer, state_tree, state_specs, n_params):
+    """``params', state' = apply_updates(params, optimizer.update(grads, state, params))``."""
+    n_state = len(state_specs)
+    grads = list(inputs[:n_params])
+    state = jax.tree.unflatten(state_tree.value, list(inputs[n_params : n_params + n_state]))
+    params = list(inputs[n_params + n_state :])
+    updates, new_state = optimizer.value.update(grads, state, params)
+    new_params = optax.apply_updates(params, updates)
+    new_params = [p.astype(old.dtype) for p, old in zip(new_params, params)]
+    return tuple(new_params) + tuple(jax.tree.leaves(new_state))
+
+
+def optax_update_command(optimizer: Any, param_specs: list[Spec]) -> Command:
+    """The update command for ``optimizer`` over parameters of ``param_specs``."""
+    if not isinstance(optimizer, optax.GradientTransformation):
+        raise CommandError(
+            f"minimize: optimizer must be an optax.GradientTransformation, got "
+            f"{type(optimizer).__name__}; e.g. optax.adam(1e-3)"
+        )
+    state = jax.eval_shape(optimizer.init, [Spec(s.shape, s.dtype) for s in param_specs])
+    leaves, tree = jax.tree.flatten(state)
+    return make_command(
+        "optax_update",
+        {
+            "optimizer": Opaque(optimizer),
+            "state_tree": Opaque(tree),
+            "state_specs": tuple((tuple(x.shape), np.dtype(x.dtype)) for x in leaves),
+            "n_params": len(param_specs),
+        },
+    )
