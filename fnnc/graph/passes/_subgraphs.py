@@ -9,7 +9,9 @@ of them, so every pass applies inside sub-graphs without knowing any such comman
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
 from collections.abc import Callable, Container, Iterator
 from typing import Any
 
@@ -52,8 +54,15 @@ def map_subgraphs(graph: Graph, fn: GraphPass, *, skip: Container[str] = ()) -> 
     return dataclasses.replace(graph, nodes=tuple(nodes))
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def holds_subgraphs(cmd: Command) -> bool:
+    """Whether any hyper-parameter of ``cmd`` holds a graph (cached per command value:
+    passes ask for every node in every round, and most commands hold none)."""
+    return next(subgraphs(cmd), None) is not None
+
+
 def _map_command(cmd: Command, fn: GraphPass, skip: Container[str]) -> Command:
-    if cmd.name in skip or not cmd.params:
+    if cmd.name in skip or not holds_subgraphs(cmd):
         return cmd
     params = tuple((key, _map_value(value, fn, skip)) for key, value in cmd.params)
     if all(new[1] is old[1] for new, old in zip(params, cmd.params)):
@@ -74,9 +83,9 @@ def _map_value(value: Any, fn: GraphPass, skip: Container[str]) -> Any:
 
 def subgraphs(cmd: Command) -> Iterator[Graph]:
     """The graphs held in ``cmd``'s hyper-parameters (not their own sub-graphs)."""
-    stack = [v for _, v in cmd.params]
+    stack = collections.deque(v for _, v in cmd.params)
     while stack:
-        value = stack.pop(0)
+        value = stack.popleft()
         if isinstance(value, Graph):
             yield value
         elif isinstance(value, Command):
@@ -88,6 +97,8 @@ def subgraphs(cmd: Command) -> Iterator[Graph]:
 def _any_node(cmd: Command, attribute: str) -> bool:
     if getattr(cmd.definition.attributes, attribute):
         return True
+    if not holds_subgraphs(cmd):
+        return False
     return any(_any_node(node.cmd, attribute) for g in subgraphs(cmd) for node in g.nodes)
 
 
