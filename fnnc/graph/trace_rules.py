@@ -375,6 +375,7 @@ TRACE_RULES: dict[str, Rule] = {
     "concatenate": _concatenate,
     "slice": _slice,
     "pad": _pad,
+    "copy": _simple("data_transfer"),
     # calls: inlined so the commands inside are visible to passes
     "jit": _inline,
 }
