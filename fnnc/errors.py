@@ -50,3 +50,26 @@ class BackendError(FnncError, ValueError):
 
 class TraceError(FnncError, ValueError):
     """A JAX function could not be traced into a graph."""
+
+
+class TensorFileError(FnncError, ValueError):
+    """A tensor file, or one row in it, is not in NNC's format (or cannot be opened)."""
+
+
+class TensorNotFoundError(FnncError, KeyError):
+    """A tensor name that is not in the file."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ParameterError(FnncError, ValueError):
+    """Stored model parameters do not match what the model expects (missing, mis-shaped)."""
+
+
+class CheckpointError(FnncError, ValueError):
+    """A checkpoint cannot be saved or restored (unknown step, unsupported state)."""
+
+
+class ModelError(FnncError, ValueError):
+    """A cnnp model was defined or used wrongly (names the layer or parameter)."""

@@ -19,3 +19,23 @@ def test_custom_pass_tutorial(capsys):
     result = ns["main"]()
     assert result["erfc"] == 0 and result["gelu"] == 2  # the pass fired on both layers
     assert 0 < result["error"] < 2e-3  # the tanh approximation, not a different function
+
+
+def test_digits_demo_reaches_97_percent():
+    ns = runpy.run_path(str(EXAMPLES / "digits.py"), run_name="digits")
+    result = ns["main"](epochs=12, progress=False)
+    assert result["accuracy"] >= 0.97, result
+
+
+def test_transformer_smoke():
+    ns = runpy.run_path(str(EXAMPLES / "transformer.py"), run_name="transformer")
+    result = ns["main"](steps=60, batch_size=32)
+    assert result["loss"] < 0.5 * result["first_loss"]
+    assert result["accuracy"] > 0.3  # chance is 0.1; the full run reaches 1.0
+
+
+def test_textual_inversion_trains_only_the_pseudo_token():
+    ns = runpy.run_path(str(EXAMPLES / "textual_inversion.py"), run_name="textual_inversion")
+    result = ns["main"](pretrain_steps=300, inversion_steps=150)
+    assert result["pretrained"] > 0.9
+    assert result["hit"] > 0.9 and result["unchanged"] == 1.0

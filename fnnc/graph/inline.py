@@ -1,0 +1,76 @@
+"""inline: copy one graph into a builder, feeding its inputs with symbols of the builder.
+
+Models built from parts (a traced Flax module inside a cnnp model, a loss function
+traced on its own) are assembled by inlining: every symbol and node of the inner graph
+is recreated in the outer builder, so passes see one flat graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fnnc.errors import GraphInputError
+from fnnc.graph.builder import GraphBuilder
+from fnnc.graph.ir import AliasSymbol, Graph, Symbol
+
+
+def inline(
+    builder: GraphBuilder, graph: Graph, args: Sequence[Symbol], *, prefix: str = ""
+) -> list[Symbol]:
+    """Recreates ``graph`` inside ``builder`` with ``args`` as its inputs; returns its outputs.
+
+    Args:
+        builder: the outer builder.
+        graph: the graph to copy.
+        args: one outer symbol per graph input, with matching specs.
+        prefix: prepended to inner node names (e.g. the layer name).
+
+    >>> from fnnc import ops
+    >>> from fnnc.graph import GraphBuilder
+    >>> inner = GraphBuilder()
+    >>> x = inner.input((2,))
+    >>> g = inner.build([inner.exec(ops.relu(), x)])
+    >>> b = GraphBuilder()
+    >>> y = b.input((2,), name="y")
+    >>> (out,) = inline(b, g, [y])
+    >>> print(b.build([out]).nodes[0].cmd)
+    relu
+    """
+    if len(args) != len(graph.inputs):
+        raise GraphInputError(
+            f"inline: the graph takes {len(graph.inputs)} inputs, got {len(args)} symbols"
+        )
+    mapping: dict[int, Symbol] = {}
+    for sid, arg in zip(graph.inputs, args):
+        sym = graph.symbols[sid]
+        if tuple(arg.shape) != sym.shape or arg.dtype != sym.dtype:
+            raise GraphInputError(
+                f"inline: input {graph.label(sid)} is {sym.dtype}{list(sym.shape)}, the symbol "
+                f"given for it is {arg.dtype}{list(arg.shape)}"
+            )
+        mapping[sid] = arg
+
+    def outer(sid: int) -> Symbol:
+        if sid in mapping:
+            return mapping[sid]
+        sym = graph.symbols[sid]
+        if isinstance(sym, AliasSymbol):
+            root = outer(sym.root)
+            new: Any = builder.alias(
+                root, sym.shape, stride=sym.stride, base=sym.base, name=sym.name
+            )
+        else:
+            new = builder.tensor(sym.shape, sym.dtype, name=sym.name)
+        mapping[sid] = new
+        return new
+
+    for node in graph.nodes:
+        name = f"{prefix}/{node.name}" if prefix and node.name else (node.name or "")
+        builder.exec(
+            node.cmd,
+            *(outer(s) for s in node.inputs),
+            outputs=[outer(s) for s in node.outputs],
+            name=name,
+        )
+    return [outer(s) for s in graph.outputs]

@@ -1,0 +1,45 @@
+"""cnnp models: a Keras-like functional model API, compiled through fnnc's symbolic graph.
+
+Define a model with :func:`Input` and layers called on it, compile it for input specs
+with a loss and an Optax minimizer, then train it one fused step at a time:
+
+>>> import numpy as np, optax
+>>> from fnnc.models import Input, Dense, Model, ReLU
+>>> x = Input()
+>>> model = Model([x], [Dense(2, name="linear")(ReLU()(Dense(4)(x)))])
+>>> model.compile([np.zeros((8, 3), np.float32)], loss="softmax_crossentropy",
+...               minimizer=optax.sgd(0.1))
+>>> loss = model.fit([np.ones((8, 3), np.float32)], [np.zeros((8,), np.int32)])
+>>> "t-linear-0-0" in model.parameters()
+True
+"""
+
+from fnnc.models import minimizers as minimizers
+from fnnc.models.layer import BuildContext as BuildContext
+from fnnc.models.layer import Input as Input
+from fnnc.models.layer import Layer as Layer
+from fnnc.models.layer import ModelError as ModelError
+from fnnc.models.layer import ModelIO as ModelIO
+from fnnc.models.layers import LSTM as LSTM
+from fnnc.models.layers import Activation as Activation
+from fnnc.models.layers import Add as Add
+from fnnc.models.layers import AvgPool as AvgPool
+from fnnc.models.layers import BatchNorm as BatchNorm
+from fnnc.models.layers import CommandLayer as CommandLayer
+from fnnc.models.layers import Concat as Concat
+from fnnc.models.layers import Conv as Conv
+from fnnc.models.layers import Dense as Dense
+from fnnc.models.layers import Dropout as Dropout
+from fnnc.models.layers import Embedding as Embedding
+from fnnc.models.layers import Flatten as Flatten
+from fnnc.models.layers import GroupNorm as GroupNorm
+from fnnc.models.layers import LayerNorm as LayerNorm
+from fnnc.models.layers import MaxPool as MaxPool
+from fnnc.models.layers import Mul as Mul
+from fnnc.models.layers import MultiHeadAttention as MultiHeadAttention
+from fnnc.models.layers import Parameter as Parameter
+from fnnc.models.layers import ReLU as ReLU
+from fnnc.models.layers import Reshape as Reshape
+from fnnc.models.layers import RMSNorm as RMSNorm
+from fnnc.models.model import Model as Model
+from fnnc.models.model import Sequential as Sequential

@@ -1,0 +1,368 @@
+"""The cnnp layers: each emits fnnc commands with NNC's parameter layouts.
+
+Dense weights are ``[out, in]`` (``y = x Wᵀ + b``), convolution weights
+``[out, kh, kw, in/groups]``, data NHWC; weight is parameter 0, bias parameter 1.
+
+>>> import numpy as np
+>>> from fnnc.models import Input, Dense, Model
+>>> x = Input()
+>>> model = Model([x], [Dense(2, name="linear")(x)])
+>>> model.compile([np.zeros((1, 3), np.float32)])
+>>> sorted(model.parameters())
+['t-linear-0-0', 't-linear-0-1']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fnnc import ops
+from fnnc.graph.ir import Symbol
+from fnnc.models.layer import (
+    BuildContext,
+    Layer,
+    ModelError,
+    constant_init,
+    glorot_uniform,
+    normal_init,
+    ones,
+    zeros,
+)
+from fnnc.ops import Command
+
+
+class Parameter(Layer):
+    """A free-standing trainable tensor (NNC's shared tensor), called with no inputs.
+
+    >>> from fnnc.models import Parameter
+    >>> w = Parameter((1,), init=1.0, name="w")()
+    """
+
+    def __init__(self, shape: Sequence[int], *, init: float | Any = 0.0, **kw: Any):
+        super().__init__(**kw)
+        self.shape = tuple(shape)
+        self.init = constant_init(init) if isinstance(init, (int, float)) else init
+
+    def build(self, ctx: BuildContext) -> Symbol:
+        return ctx.param(self, 0, self.shape, self.init)
+
+
+class Dense(Layer):
+    """``y = x Wᵀ + b`` over the last axis; weight ``[count, in]``."""
+
+    def __init__(self, count: int, *, no_bias: bool = False, **kw: Any):
+        super().__init__(**kw)
+        self.count, self.no_bias = count, no_bias
+
+    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
+        w = ctx.param(self, 0, (self.count, x.shape[-1]), glorot_uniform([1], [0]), x.dtype)
+        args = [x, w] if self.no_bias else [x, w, ctx.param(self, 1, (self.count,), zeros, x.dtype)]
+        return ctx.b.exec(ops.gemm(transpose_b=True), *args, name=ctx.layer_id(self))
+
+
+class Conv(Layer):
+    """NHWC convolution, weight ``[filters, kh, kw, in/groups]``."""
+
+    def __init__(
+        self,
+        filters: int,
+        kernel_size: Sequence[int],
+        *,
+        strides: Any = 1,
+        padding: Any = "SAME",
+        dilation: Any = 1,
+        groups: int = 1,
+        no_bias: bool = False,
+        **kw: Any,
+    ):
+        super().__init__(**kw)
+        self.filters, self.kernel_size = filters, tuple(kernel_size)
+        self.strides, self.padding, self.dilation = strides, padding, dilation
+        self.groups, self.no_bias = groups, no_bias
+
+    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
+        cin = x.shape[-1]
+        if cin % self.groups:
+            raise ModelError(
+                f"layer {self.describe()}: {cin} input channels do not split into "
+                f"{self.groups} groups"
+            )
+        nk = len(self.kernel_size)
+        shape = (self.filters, *self.kernel_size, cin // self.groups)
+        w = ctx.param(self, 0, shape, glorot_uniform(range(1, nk + 2), [0]), x.dtype)
+        args = (
+            [x, w] if self.no_bias else [x, w, ctx.param(self, 1, (self.filters,), zeros, x.dtype)]
+        )
+        cmd = ops.convolution(
+            strides=self.strides, padding=self.padding, dilation=self.dilation, groups=self.groups
+        )
+        return ctx.b.exec(cmd, *args, name=ctx.layer_id(self))
+
+
+class BatchNorm(Layer):
+    """Batch normalisation over all axes but the last (NHWC); running stats are internals."""
+
+    def __init__(self, *, momentum: float = 0.9, epsilon: float = 1e-5, **kw: Any):
+        super().__init__(**kw)
+        self.momentum, self.epsilon = momentum, epsilon
+
+    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
+        c = (x.shape[-1],)
+        scale = ctx.param(self, 0, c, ones, x.dtype)
+        bias = ctx.param(self, 1, c, zeros, x.dtype)
+        mean = ctx.param(self, 0, c, zeros, x.dtype, internal=True)
+        var = ctx.param(self, 1, c, ones, x.dtype, internal=True)
+        cmd = ops.batch_norm(
+            axes=tuple(range(len(x.shape) - 1)),
+            epsilon=self.epsilon,
+            momentum=self.momentum,
+            is_test=not ctx.training,
+        )
+        y, new_mean, new_var, _, _ = ctx.b.exec(
+            cmd, x, scale, bias, mean, var, name=ctx.layer_id(self)
+        )
+        if ctx.training:
+            ctx.update(self, 0, new_mean)
+            ctx.update(self, 1, new_var)
+        return y
+
+
+class LayerNorm(Layer):
+    """Layer normalisation over ``axes`` with scale and bias."""
+
+    def __init__(
+        self,
+        *,
+        axes: Sequence[int] = (-1,),
+        epsilon: float = 1e-5,
+        elementwise_affine: bool = True,
+        **kw: Any,
+    ):
+        super().__init__(**kw)
+        self.axes, self.epsilon, self.affine = tuple(axes), epsilon, elementwise_affine
+
+    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
+        shape = tuple(x.shape[a] for a in self.axes)
+        args = [x]
+        if self.affine:
+            args += [
+                ctx.param(self, 0, shape, ones, x.dtype),
+                ctx.param(self, 1, shape, zeros, x.dtype),
+            ]
+        cmd = ops.layer_norm(axes=self.axes, epsilon=self.epsilon)
+        return ctx.b.exec(cmd, *args, name=ctx.layer_id(self))[0]
+
+
+class GroupNorm(Layer):
+    """Group normalisation, channels last."""
+
+    def __init__(self, groups: int, *, epsilon: float = 1e-5, **kw: Any):
+        super().__init__(**kw)
+        self.groups, self.epsilon = groups, epsilon
+
+    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
+        c = (x.shape[-1],)
+        args = [x, ctx.param(self, 0, c, ones, x.dtype), ctx.param(self, 1, c, zeros, x.dtype)]
+        cmd = ops.group_norm(groups=self.groups, epsilon=self.epsilon)
+        return ctx.b.exec(cmd, *args, name=ctx.layer_id(self))[0]
+
+
+class RMSNorm(Layer):
+    """RMS normalisation over ``axes`` with a scale."""
+
+    def __init__(self, *, axes: Sequence[int] = (-1,), epsilon: float = 1e-6, **kw: Any):
+        super().__init__(**kw)
+        self.axes, self.epsilon = tuple(axes), epsilon
+
+    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
+        scale = ctx.param(self, 0, tuple(x.shape[a] for a in self.axes), ones, x.dtype)
+        cmd = ops.rms_norm(axes=self.axes, epsilon=self.epsilon)
+        return ctx.b.exec(cmd, x, scale, name=ctx.layer_id(self))[0]
+
+
+class Dropout(Layer):
+    """Drops with probability ``p`` while training; the identity when testing."""
+
+    def __init__(self, p: float = 0.5, **kw: Any):
+        super().__init__(**kw)
+        self.p = p
+
+    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
+        if not ctx.training or self.p == 0:
+            return x
+        return ctx.b.exec(ops.dropout(p=self.p), x, ctx.key(), name=ctx.layer_id(self))[0]
+
+
+class _Pool(Layer):
+    command: Any = None
+
+    def __init__(
+        self, window: Sequence[int] = (2, 2), *, strides: Any = None, padding: Any = 0, **kw: Any
+    ):
+        super().__init__(**kw)
+        self.window, self.strides, self.padding = tuple(window), strides, padding
+
+    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
+        cmd = type(self).command(window=self.window, strides=self.strides, padding=self.padding)
+        return ctx.b.exec(cmd, x, name=ctx.layer_id(self))
+
+
+class MaxPool(_Pool):
+    """Max pooling, NHWC."""
+
+    command = ops.max_pool
+
+
+class AvgPool(_Pool):
+    """Average pooling, NHWC (padded cells not counted, as NNC)."""
+
+    command = ops.avg_pool
+
+
+class Flatten(Layer):
+    """``[N, ...] -> [N, prod(...)]``."""
+
+    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
+        shape = (x.shape[0], int(np.prod(x.shape[1:])))
+        return ctx.b.exec(ops.reshape(shape=shape), x, name=ctx.layer_id(self))
+
+
+class Reshape(Layer):
+    """Reshapes the non-batch axes to ``shape`` (``-1`` allowed once)."""
+
+    def __init__(self, shape: Sequence[int], **kw: Any):
+        super().__init__(**kw)
+        self.shape = tuple(shape)
+
+    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
+        return ctx.b.exec(ops.reshape(shape=(x.shape[0], *self.shape)), x, name=ctx.layer_id(self))
+
+
+class Embedding(Layer):
+    """Rows of a ``[vocab, dim]`` table for integer indices."""
+
+    def __init__(self, vocab: int, dim: int, **kw: Any):
+        super().__init__(**kw)
+        self.vocab, self.dim = vocab, dim
+
+    def build(self, ctx: BuildContext, idx: Symbol) -> Symbol:
+        table = ctx.param(self, 0, (self.vocab, self.dim), normal_init(0.02))
+        return ctx.b.exec(ops.embedding(), table, idx, name=ctx.layer_id(self))
+
+
+class LSTM(Layer):
+    """One LSTM layer over ``[N, T, I]``, returning ``[N, T, hidden]`` (gates i, f, g, o)."""
+
+    def __init__(self, hidden: int, **kw: Any):
+        super().__init__(**kw)
+        self.hidden = hidden
+
+    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
+        h, n = self.hidden, x.shape[0]
+        w_ih = ctx.param(self, 0, (4 * h, x.shape[-1]), glorot_uniform([1], [0]), x.dtype)
+        w_hh = ctx.param(self, 1, (4 * h, h), glorot_uniform([1], [0]), x.dtype)
+        bias = ctx.param(self, 2, (4 * h,), zeros, x.dtype)
+        zero = ctx.b.exec(ops.set(shape=(n, h), dtype=np.dtype(x.dtype), value=0.0))
+        y, _, _ = ctx.b.exec(ops.lstm(), x, zero, zero, w_ih, w_hh, bias, name=ctx.layer_id(self))
+        return y
+
+
+class MultiHeadAttention(Layer):
+    """Self- or cross-attention over ``[N, S, D]``: q/k/v/out projections (parameters 0-3
+    weights, 4-7 biases) around one ``scaled_dot_product_attention``."""
+
+    def __init__(self, num_heads: int, *, is_causal: bool = False, **kw: Any):
+        super().__init__(**kw)
+        self.num_heads, self.is_causal = num_heads, is_causal
+
+    def build(self, ctx: BuildContext, q: Symbol, kv: Symbol | None = None) -> Symbol:
+        kv = q if kv is None else kv
+        d, h = q.shape[-1], self.num_heads
+        if d % h:
+            raise ModelError(
+                f"layer {self.describe()}: model width {d} is not divisible by {h} heads"
+            )
+        b, name = ctx.b, ctx.layer_id(self)
+
+        def project(x: Symbol, i: int) -> Symbol:
+            w = ctx.param(self, i, (d, x.shape[-1]), glorot_uniform([1], [0]), x.dtype)
+            bias = ctx.param(self, 4 + i, (d,), zeros, x.dtype)
+            y = b.exec(ops.gemm(transpose_b=True), x, w, bias, name=f"{name}/proj{i}")
+            return b.exec(ops.reshape(shape=(*x.shape[:-1], h, d // h)), y)
+
+        attn = b.exec(
+            ops.scaled_dot_product_attention(is_causal=self.is_causal),
+            project(q, 0),
+            project(kv, 1),
+            project(kv, 2),
+            name=name,
+        )
+        merged = b.exec(ops.reshape(shape=(*q.shape[:-1], d)), attn)
+        w = ctx.param(self, 3, (d, d), glorot_uniform([1], [0]), q.dtype)
+        return b.exec(
+            ops.gemm(transpose_b=True),
+            merged,
+            w,
+            ctx.param(self, 7, (d,), zeros, q.dtype),
+            name=f"{name}/out",
+        )
+
+
+class CommandLayer(Layer):
+    """Runs any fnnc command on its inputs (no parameters).
+
+    Args:
+        cmd: the command, e.g. ``ops.softmax(axis=-1)``.
+        outputs: how many outputs the command has (a tuple is returned when > 1).
+    """
+
+    def __init__(self, cmd: Command, *, outputs: int = 1, **kw: Any):
+        super().__init__(**kw)
+        self.cmd, self.outputs = cmd, outputs
+
+    def num_outputs(self, num_inputs: int) -> int:
+        return self.outputs
+
+    def build(self, ctx: BuildContext, *xs: Symbol) -> Any:
+        return ctx.b.exec(self.cmd, *xs, name=ctx.layer_id(self))
+
+
+def Activation(kind: str, **kw: Any) -> CommandLayer:
+    """An activation layer: "relu", "sigmoid", "tanh", "swish", "gelu", "mish", "softmax",
+    "leaky_relu"."""
+    factories = {
+        "relu": ops.relu,
+        "sigmoid": ops.sigmoid,
+        "tanh": ops.tanh,
+        "swish": ops.swish,
+        "gelu": ops.gelu,
+        "mish": ops.mish,
+        "softmax": ops.softmax,
+        "leaky_relu": ops.leaky_relu,
+    }
+    if kind not in factories:
+        raise ModelError(f"Activation: unknown kind {kind!r}; expected one of {sorted(factories)}")
+    return CommandLayer(factories[kind](), **kw)
+
+
+def ReLU(**kw: Any) -> CommandLayer:
+    """``max(x, 0)``."""
+    return Activation("relu", **kw)
+
+
+def Add(**kw: Any) -> CommandLayer:
+    """Sum of the inputs."""
+    return CommandLayer(ops.ewsum(), **kw)
+
+
+def Mul(**kw: Any) -> CommandLayer:
+    """Product of the inputs."""
+    return CommandLayer(ops.ewprod(), **kw)
+
+
+def Concat(axis: int = -1, **kw: Any) -> CommandLayer:
+    """Concatenation along ``axis``."""
+    return CommandLayer(ops.concat(axis=axis), **kw)

@@ -1,0 +1,75 @@
+"""Losses of cnnp models: NNC's loss commands by name, or any JAX function.
+
+A loss turns model outputs and targets into one scalar symbol (the batch mean of NNC's
+per-sample ``[N, 1]`` losses).
+
+* ``"softmax_crossentropy"``: logits and integer labels (or one-hot / probabilities);
+* ``"sigmoid_binary_crossentropy"``, ``"categorical_crossentropy"``,
+  ``"binary_crossentropy"``, ``"mse"``, ``"smooth_l1"``: NNC's commands of those names;
+* any callable ``fn(outputs, targets) -> scalar`` written with JAX: traced into a graph
+  and inlined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from fnnc import ops
+from fnnc.graph import GraphBuilder, trace
+from fnnc.graph.inline import inline
+from fnnc.graph.ir import Symbol
+from fnnc.models.layer import ModelError
+
+_COMMANDS: dict[str, Callable[[], Any]] = {
+    "softmax_crossentropy": ops.softmax_crossentropy,
+    "sigmoid_binary_crossentropy": ops.sigmoid_binary_crossentropy,
+    "categorical_crossentropy": ops.categorical_crossentropy,
+    "binary_crossentropy": ops.binary_crossentropy,
+    "mse": ops.mse,
+    "smooth_l1": ops.smooth_l1,
+}
+
+
+def check(loss: Any) -> None:
+    if loss is None or callable(loss) or loss in _COMMANDS:
+        return
+    raise ModelError(
+        f"compile: unknown loss {loss!r}; use one of {sorted(_COMMANDS)} or a "
+        "function (outputs, targets) -> scalar"
+    )
+
+
+def build_loss(
+    b: GraphBuilder, loss: Any, outputs: Sequence[Symbol], targets: Sequence[Symbol]
+) -> Symbol:
+    """The scalar loss symbol for ``outputs`` against ``targets``.
+
+    ``loss=None`` (NNC's ``CMD_NOOP`` loss): the model's first output is the loss
+    (averaged to a scalar if it has several elements).
+    """
+    if loss is None:
+        out = outputs[0]
+        axes = tuple(range(len(out.shape)))
+        mean = b.exec(ops.reduce_mean(axes=axes), out) if axes else out
+        return b.exec(ops.reshape(shape=()), mean, name="loss")
+    if isinstance(loss, str):
+        out = b.exec(_COMMANDS[loss](), outputs[0], targets[0], name="loss")
+        per_sample = out[0] if isinstance(out, tuple) else out
+        axes = tuple(range(len(per_sample.shape)))
+        mean = b.exec(ops.reduce_mean(axes=axes), per_sample) if axes else per_sample
+        return b.exec(ops.reshape(shape=()), mean, name="loss.mean")
+    specs = [jax.ShapeDtypeStruct(s.shape, s.dtype) for s in (*outputs, *targets)]
+    n = len(outputs)
+
+    def flat(*args: Any) -> Any:
+        return loss(list(args[:n]), list(args[n:]))
+
+    graph = trace(flat, *specs)
+    if len(graph.outputs) != 1 or int(np.prod(graph.spec(graph.outputs[0]).shape)) != 1:
+        raise ModelError("compile: the loss function must return one scalar")
+    (value,) = inline(b, graph, [*outputs, *targets], prefix="loss")
+    return value if value.shape == () else b.exec(ops.reshape(shape=()), value)

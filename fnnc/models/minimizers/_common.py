@@ -1,0 +1,127 @@
+"""What every NNC minimizer shares: hyper-parameter checks, dtypes, the rate, the step.
+
+NNC's update kernels read each tensor in its own dtype, compute in ``float``, and write
+the new parameter and the new saved auxiliaries (momentum, velocity) back in the
+parameter's dtype (``NUM2`` in ``gpu/ccv_nnc_*_gpu_ref.cu``). The helpers here give the
+same behaviour to every rule: :func:`compute_dtype` is float32 for half, bfloat16 and
+float32 parameters, and :func:`to_update` turns NNC's ``b = a - delta`` into the Optax
+update ``u`` with ``optax.apply_updates(a, u) == b``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fnnc.errors import CommandError
+
+Rate = float | Callable[[jax.Array], Any]
+"""A fixed learning rate, or an Optax schedule called with the number of steps taken."""
+
+
+def check_rate(minimizer: str, rate: Rate) -> Rate:
+    """``rate`` as given if it is a schedule or a finite number >= 0; raises otherwise."""
+    if callable(rate):
+        return rate
+    value = as_float(minimizer, "rate", rate)
+    if not value >= 0.0:
+        raise CommandError(
+            f"{minimizer}: rate must be >= 0 (it multiplies the step), got {value}; "
+            f"to climb a function, minimize its negation instead"
+        )
+    return value
+
+
+def check_range(
+    minimizer: str,
+    name: str,
+    value: Any,
+    low: float,
+    high: float = math.inf,
+    *,
+    high_open: bool = False,
+    low_open: bool = False,
+) -> float:
+    """``value`` as a float if it lies in the interval; raises naming ``name`` otherwise."""
+    value = as_float(minimizer, name, value)
+    above = value > low if low_open else value >= low
+    below = value < high if high_open else value <= high
+    if above and below:
+        return value
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    raise CommandError(f"{minimizer}: {name} must be in {interval}, got {value}")
+
+
+def as_float(minimizer: str, name: str, value: Any) -> float:
+    """``value`` rounded to a C ``float``, as NNC's ``cmd_param_t`` holds it (so that
+    ``1 - beta2`` is NNC's); raises a CommandError naming ``name`` for a non-number."""
+    try:
+        result = float(np.float32(value))
+    except (TypeError, ValueError):
+        raise CommandError(
+            f"{minimizer}: {name} must be a number, got {type(value).__name__} {value!r}"
+        ) from None
+    if math.isnan(result):
+        raise CommandError(f"{minimizer}: {name} must be a number, got nan")
+    return result
+
+
+def rate_at(rate: Rate, count: jax.Array) -> jax.Array:
+    """The learning rate for the step after ``count`` steps, as a float32 scalar."""
+    value = rate(count) if callable(rate) else rate
+    return jnp.asarray(value, jnp.float32)
+
+
+def compute_dtype(dtype: Any) -> Any:
+    """The dtype NNC computes an update in: float32, or float64 for float64 parameters."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def bias_correction(beta: float, count: jax.Array) -> jax.Array:
+    """``1 - beta ** step`` in float32 with ``step = count + 1``, as NNC's ``powf``."""
+    step = (count + 1).astype(jnp.float32)
+    return 1.0 - jnp.float32(beta) ** step
+
+
+def zeros_like(params: optax.Params) -> optax.Params:
+    """A saved auxiliary per parameter: zeros of its shape and dtype, as NNC sets them."""
+    return jax.tree.map(jnp.zeros_like, params)
+
+
+def leaves_like(treedef: Any, tree: Any) -> list[Any]:
+    """The leaves of ``tree`` in ``treedef``'s order, or ``None`` per leaf if it is None."""
+    if tree is None:
+        return [None] * treedef.num_leaves
+    return treedef.flatten_up_to(tree)
+
+
+def require_params(minimizer: str, params: Any, why: str) -> None:
+    """Raises unless ``params`` were passed to ``update``."""
+    if params is None:
+        raise CommandError(
+            f"{minimizer}: update needs the parameters ({why}); call update(grads, state, params)"
+        )
+
+
+def to_update(delta: jax.Array, param: jax.Array | None, grad: jax.Array) -> jax.Array:
+    """The Optax update for NNC's ``b = a - delta`` computed in ``delta``'s dtype.
+
+    When ``a`` has that dtype, ``-delta`` is returned, so ``a + u`` rounds once exactly
+    as NNC's ``a - delta`` does. For half and bfloat16 parameters NNC rounds ``b`` to
+    the parameter's dtype; the update is then ``round(b) - a`` in that dtype, which
+    ``apply_updates`` turns back into ``round(b)`` (exactly whenever the step does not
+    halve or double ``a``, Sterbenz). Without parameters the update takes ``grad``'s
+    dtype.
+    """
+    if param is None:
+        return (-delta).astype(grad.dtype)
+    if param.dtype == delta.dtype:
+        return -delta
+    new = (param.astype(delta.dtype) - delta).astype(param.dtype)
+    return new - param
