@@ -31,7 +31,7 @@ def main(pretrain_steps: int = 300, inversion_steps: int = 150, seed: int = 0) -
     model = Sequential(
         [Flatten(), Dense(64, name="fc1"), ReLU(), Dense(CLASSES, name="fc2")], name="classifier"
     )
-    x, y = sentences(rng, table, 64)
+    x, _ = sentences(rng, table, 64)
     model.compile([x], loss="softmax_crossentropy", minimizer=minimizers.adam(1e-2))
     for _ in range(pretrain_steps):
         model.fit(*map(lambda a: [a], sentences(rng, table, 64)))

@@ -35,9 +35,9 @@ from fnnc.ops.optimizer import optax_update_command
 Spec = jax.ShapeDtypeStruct
 
 
-def _specs(arrays: Sequence[Any], what: str) -> tuple[Spec, ...]:
+def _specs(arrays: Sequence[Any]) -> tuple[Spec, ...]:
     out = []
-    for i, a in enumerate(arrays):
+    for a in arrays:
         if not hasattr(a, "shape"):
             a = np.asarray(a)
         out.append(Spec(tuple(a.shape), jax.dtypes.canonicalize_dtype(a.dtype)))
@@ -76,7 +76,7 @@ class Engine:
     # -- set-up -------------------------------------------------------------------
     def compile(self, inputs: Sequence[Any], *, loss: Any, minimizer: Any) -> None:
         losses.check(loss)
-        self.input_specs = _specs(inputs, "inputs")
+        self.input_specs = _specs(inputs)
         if loss is not None:
             self.loss = loss
         if minimizer is not None:
@@ -167,7 +167,7 @@ class Engine:
         return env
 
     def _check_inputs(self, inputs: Sequence[Any]) -> tuple[Spec, ...]:
-        specs = _specs(inputs, "inputs")
+        specs = _specs(inputs)
         if self.input_specs and len(specs) != len(self.input_specs):
             raise ModelError(
                 f"model {self.model.describe()} takes {len(self.input_specs)} "
@@ -293,7 +293,7 @@ class Engine:
                 "compile(inputs, loss=..., minimizer=...) first"
             )
         specs = self._check_inputs(inputs)
-        target_specs = _specs(targets, "targets")
+        target_specs = _specs(targets)
         pids = self.trainable()
         opts = [self.minimizer_of(p) for p in pids]
 
