@@ -1,0 +1,152 @@
+"""Each cnnp layer's output against an independent JAX computation from its parameters."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fnnc.models import (
+    LSTM,
+    Activation,
+    Add,
+    AvgPool,
+    Concat,
+    Conv,
+    Dense,
+    Dropout,
+    Embedding,
+    Flatten,
+    GroupNorm,
+    Input,
+    LayerNorm,
+    MaxPool,
+    Model,
+    Mul,
+    MultiHeadAttention,
+    Reshape,
+    RMSNorm,
+)
+from tests.helpers import assert_close, rand
+
+
+def _run(layer, *xs, **evaluate):
+    ins = [Input() for _ in xs]
+    model = Model(ins, [layer(*ins)])
+    model.compile(list(xs))
+    return np.asarray(model.evaluate(list(xs), **evaluate)), model.parameters()
+
+
+def test_dense_is_x_wt_plus_b():
+    x = rand([3, 4])
+    y, p = _run(Dense(5, name="d"), x)
+    assert_close(y, x @ np.asarray(p["t-d-0-0"]).T + np.asarray(p["t-d-0-1"]), rtol=1e-5)
+
+
+def test_conv_nhwc_weight_out_kh_kw_in():
+    x = rand([2, 5, 5, 3])
+    y, p = _run(Conv(4, (3, 3), strides=2, name="c"), x)
+    w = np.transpose(np.asarray(p["t-c-0-0"]), (1, 2, 3, 0))  # -> HWIO
+    want = jax.lax.conv_general_dilated(
+        x, w, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
+    assert_close(y, want + np.asarray(p["t-c-0-1"])[None, None, None, :], rtol=1e-5, atol=1e-5)
+
+
+def test_norms():
+    x = rand([2, 4, 6])
+    y, p = _run(LayerNorm(name="ln"), x)
+    mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    assert_close(y, (x - mu) / np.sqrt(var + 1e-5), rtol=1e-4, atol=1e-5)  # scale 1, bias 0
+    y, _ = _run(RMSNorm(name="rms"), x)
+    assert_close(y, x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6), rtol=1e-4, atol=1e-5)
+    xg = rand([2, 3, 3, 4])
+    y, _ = _run(GroupNorm(2, name="gn"), xg)
+    g = xg.reshape(2, 3, 3, 2, 2)
+    want = (g - g.mean((1, 2, 4), keepdims=True)) / np.sqrt(g.var((1, 2, 4), keepdims=True) + 1e-5)
+    assert_close(y, want.reshape(xg.shape), rtol=1e-4, atol=1e-5)
+
+
+def test_pools_flatten_reshape():
+    x = rand([1, 4, 4, 2])
+    y, _ = _run(MaxPool((2, 2)), x)
+    assert_close(y, x.reshape(1, 2, 2, 2, 2, 2).max((2, 4)))
+    y, _ = _run(AvgPool((2, 2)), x)
+    assert_close(y, x.reshape(1, 2, 2, 2, 2, 2).mean((2, 4)), rtol=1e-6)
+    y, _ = _run(Flatten(), x)
+    assert_close(y, x.reshape(1, -1))
+    y, _ = _run(Reshape((8, 4)), x)
+    assert_close(y, x.reshape(1, 8, 4))
+
+
+def test_embedding_rows():
+    idx = np.array([[0, 3], [2, 2]], np.int32)
+    y, p = _run(Embedding(5, 3, name="e"), idx)
+    assert_close(y, np.asarray(p["t-e-0-0"])[idx])
+
+
+def test_lstm_against_a_scan():
+    x = rand([2, 3, 4])
+    y, p = _run(LSTM(5, name="l"), x)
+    w_ih, w_hh, b = (np.asarray(p[f"t-l-0-{i}"]) for i in range(3))
+
+    def cell(carry, xt):
+        h, c = carry
+        z = xt @ w_ih.T + h @ w_hh.T + b[None, :]
+        i, f, g, o = jnp.split(z, 4, axis=-1)
+        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        return (h, c), h
+
+    zero = jnp.zeros((2, 5))
+    _, hs = jax.lax.scan(cell, (zero, zero), jnp.swapaxes(x, 0, 1))
+    assert_close(y, jnp.swapaxes(hs, 0, 1), rtol=1e-5, atol=1e-6)
+
+
+def test_multi_head_attention_against_manual():
+    x = rand([2, 3, 8])
+    y, p = _run(MultiHeadAttention(2, name="mha"), x)
+    w = [np.asarray(p[f"t-mha-0-{i}"]) for i in range(8)]
+
+    def heads(t, i):
+        return (t @ w[i].T + w[4 + i]).reshape(2, 3, 2, 4)
+
+    q, k, v = heads(x, 0), heads(x, 1), heads(x, 2)
+    logits = np.einsum("bshd,bthd->bhst", q, k) / np.sqrt(4)
+    attn = np.exp(logits - logits.max(-1, keepdims=True))
+    attn /= attn.sum(-1, keepdims=True)
+    o = np.einsum("bhst,bthd->bshd", attn, v).reshape(2, 3, 8)
+    assert_close(y, o @ w[3].T + w[7], rtol=1e-4, atol=1e-5)
+
+
+def test_dropout_only_while_training():
+    x = np.ones((4, 100), np.float32)
+    y, _ = _run(Dropout(0.5), x)
+    assert_close(y, x)  # test mode: identity
+    y, _ = _run(Dropout(0.5), x, is_test=False)
+    kept = y != 0
+    assert 0.3 < kept.mean() < 0.7 and np.allclose(y[kept], 2.0)
+
+
+@pytest.mark.parametrize("kind", ["relu", "sigmoid", "tanh", "swish", "gelu", "mish", "softmax"])
+def test_activations(kind):
+    x = rand([3, 4], lo=-3, hi=3)
+    y, _ = _run(Activation(kind), x)
+    ref = {
+        "relu": jax.nn.relu,
+        "sigmoid": jax.nn.sigmoid,
+        "tanh": jnp.tanh,
+        "swish": jax.nn.swish,
+        "gelu": lambda v: jax.nn.gelu(v, approximate=False),
+        "mish": lambda v: v * jnp.tanh(jax.nn.softplus(v)),
+        "softmax": jax.nn.softmax,
+    }[kind]
+    assert_close(y, ref(x), rtol=1e-5, atol=1e-6)
+
+
+def test_add_mul_concat():
+    a, b = rand([2, 3]), rand([2, 3], seed=1)
+    assert_close(_run(Add(), a, b)[0], a + b)
+    assert_close(_run(Mul(), a, b)[0], a * b)
+    assert_close(_run(Concat(axis=-1), a, b)[0], np.concatenate([a, b], -1))
