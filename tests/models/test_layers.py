@@ -56,7 +56,7 @@ def test_conv_nhwc_weight_out_kh_kw_in():
 
 def test_norms():
     x = rand([2, 4, 6])
-    y, p = _run(LayerNorm(name="ln"), x)
+    y, _p = _run(LayerNorm(name="ln"), x)
     mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
     assert_close(y, (x - mu) / np.sqrt(var + 1e-5), rtol=1e-4, atol=1e-5)  # scale 1, bias 0
     y, _ = _run(RMSNorm(name="rms"), x)
