@@ -6,6 +6,7 @@ Layers: commands (:mod:`fnnc.ops`), the symbolic graph and its passes
 
 from fnnc import config as config
 from fnnc import errors as errors
+from fnnc import io as io
 from fnnc import ops as ops
 from fnnc.errors import FnncError as FnncError
 

@@ -147,6 +147,39 @@ class Model(Layer):
         """Sets parameters by id (e.g. from another model); ``strict`` rejects unknown ids."""
         self.engine.set_parameters(values, strict=strict)
 
+    def write(self, target: Any, *, name: str | None = None) -> None:
+        """Writes parameters (``<id>`` or ``__<name>__[<id>]``) and internals
+        (``<id>(0)``) to an NNC tensor file, in one transaction (NNC's
+        ``ccv_cnnp_model_write``).
+
+        Args:
+            target: a path or a :class:`fnnc.io.TensorFile`.
+            name: the model name in the row names (``None`` for bare ids).
+        """
+        from fnnc.io import write_parameters
+
+        values = self.parameters()
+        infos = self.engine.infos
+        params = {k: v for k, v in values.items() if not infos[k].internal}
+        internals = {k: v for k, v in values.items() if infos[k].internal}
+        write_parameters(target, params, name=name, internals=internals)
+
+    def read(self, source: Any, *, name: str | None = None, strict: bool = True) -> list[str]:
+        """Reads parameters written by :meth:`write` (or by NNC) into this compiled model.
+
+        Raises :class:`fnnc.errors.ParameterError` listing every missing or mis-shaped
+        parameter, unless ``strict=False``, which loads what matches and returns the ids
+        that did not.
+        """
+        from fnnc.io import read_parameters
+
+        infos = self.engine.infos
+        expected = {k: (i.shape, i.dtype) for k, i in infos.items() if not i.internal}
+        internals = {k: (i.shape, i.dtype) for k, i in infos.items() if i.internal}
+        found = read_parameters(source, expected, name=name, internals=internals, strict=strict)
+        self.set_parameters({**found, **found.internals})
+        return [*found.missing, *(m if isinstance(m, str) else str(m) for m in found.mismatched)]
+
     def train(self, data: Any, **kwargs: Any) -> dict[str, list[float]]:
         """A training loop with a progress bar; see :func:`fnnc.models.train.train`."""
         from fnnc.models.train import train

@@ -1,0 +1,44 @@
+"""fnnc.io: NNC's SQLite tensor files, model parameters, checkpoints, stored graphs.
+
+Files are NNC's (``ccv_nnc_tensor_write``): one SQLite table ``tensors`` with a row per
+named tensor, so NNC reads what fnnc writes and the other way round. On top of it:
+
+- :class:`TensorFile`: write / read / info / delete rows; ``transaction()`` batches;
+  encoder / decoder hooks (:class:`Codec`) as NNC's ``ccv_nnc_tensor_io_option_t``.
+- :func:`write_parameters` / :func:`read_parameters`: a model's parameters and
+  internals under NNC's row names (``<id>``, ``__<name>__[<id>]``, ``<id>(<device>)``),
+  read back with a report of every missing or mis-shaped one.
+- :class:`Checkpoints`: a journal of training steps (state, optimizer state, metadata)
+  in one file; each save is one transaction, so a killed writer loses nothing saved.
+- :func:`save_to` / :func:`load_from`: graphs (:mod:`fnnc.graph`) beside the tensors.
+- ``python -m fnnc inspect FILE [--stats]``: what a file holds.
+
+>>> import os, tempfile
+>>> import numpy as np
+>>> from fnnc import io
+>>> path = os.path.join(tempfile.mkdtemp(), "model.sqlite")
+>>> io.write_parameters(path, {"t-linear-0-0": np.eye(2, dtype=np.float32)})
+>>> io.read_parameters(path, {"t-linear-0-0": ((2, 2), np.float32)})["t-linear-0-0"]
+array([[1., 0.],
+       [0., 1.]], dtype=float32)
+
+Nothing is ever unpickled: arrays are raw bytes, structure and metadata are JSON.
+"""
+
+from fnnc.io.checkpoints import Checkpoint as Checkpoint
+from fnnc.io.checkpoints import Checkpoints as Checkpoints
+from fnnc.io.codecs import Codec as Codec
+from fnnc.io.codecs import register_codec as register_codec
+from fnnc.io.codecs import registered_codecs as registered_codecs
+from fnnc.io.codecs import unregister_codec as unregister_codec
+from fnnc.io.format import TensorInfo as TensorInfo
+from fnnc.io.graphs import graph_names as graph_names
+from fnnc.io.graphs import load_from as load_from
+from fnnc.io.graphs import save_to as save_to
+from fnnc.io.parameters import Mismatch as Mismatch
+from fnnc.io.parameters import ParameterSet as ParameterSet
+from fnnc.io.parameters import internal_row as internal_row
+from fnnc.io.parameters import parameter_row as parameter_row
+from fnnc.io.parameters import read_parameters as read_parameters
+from fnnc.io.parameters import write_parameters as write_parameters
+from fnnc.io.tensor_file import TensorFile as TensorFile

@@ -1,0 +1,250 @@
+"""Checkpoints: a journal of training steps in one SQLite file, each saved atomically.
+
+Layout (one file, beside NNC's ``tensors`` table):
+
+- ``tensors``: every array, as NNC tensor rows named ``__ckpt-<step>__[<label>]``, where
+  ``<label>`` is a parameter id (state given as a model with ``parameters()``), or
+  ``state<path>`` / ``optimizer<path>`` (pytrees; ``<path>`` like ``['w'][0].mu``).
+  NNC's ``ccv_cnnp_model_read(handle, "ckpt-<step>", ...)`` reads a model's step.
+- ``fnnc_checkpoints (step INTEGER PRIMARY KEY, created REAL, manifest TEXT)``: per step
+  the JSON tree of the state and optimizer state (see :mod:`fnnc.io.tree`), metadata.
+
+A save is one SQLite transaction (rows, manifest and the retention deletes together),
+so a process killed at any instant leaves the previous checkpoints intact: the next
+opener rolls the half-written one back.
+
+>>> import os, tempfile
+>>> import numpy as np
+>>> from fnnc.io import Checkpoints
+>>> path = os.path.join(tempfile.mkdtemp(), "run.ckpt")
+>>> with Checkpoints(path, keep_last=2) as ckpt:
+...     for step in (10, 20, 30):
+...         ckpt.save(step, {"w": np.full(3, step, np.float32)}, metadata={"loss": 1 / step})
+...     print(ckpt.steps(), ckpt.restore().state["w"], ckpt.restore(20).metadata)
+[20, 30] [30. 30. 30.] {'loss': 0.05}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import operator
+import os
+import time
+from typing import Any
+
+from fnnc.errors import CheckpointError
+from fnnc.io import tree
+from fnnc.io.tensor_file import TensorFile
+
+FORMAT, VERSION = "fnnc.checkpoint", 1
+_CREATE = (
+    "CREATE TABLE IF NOT EXISTS fnnc_checkpoints "
+    "(step INTEGER PRIMARY KEY, created REAL, manifest TEXT)"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """One restored step.
+
+    Attributes:
+        step: the training step.
+        state: the saved state, in its saved structure (a dict id -> array when a model
+            with ``parameters()`` was saved).
+        optimizer_state: the saved optimizer state, or ``None``.
+        metadata: the saved JSON metadata, or ``None``.
+        created: the save time (seconds since the epoch).
+    """
+
+    step: int
+    state: Any
+    optimizer_state: Any
+    metadata: Any
+    created: float
+
+
+class Checkpoints:
+    """A checkpoint journal: :meth:`save` steps, :meth:`restore` any retained one.
+
+    Args:
+        path: the SQLite file (created if missing; may be shared with model tensors).
+        keep_last: keep only the newest ``keep_last`` steps (``None``: no limit).
+        keep_every: also keep every step divisible by ``keep_every``.
+
+    With neither, every step is kept. The newest step is never deleted.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+    ):
+        for what, value in (("keep_last", keep_last), ("keep_every", keep_every)):
+            if value is not None and value < 1:
+                raise CheckpointError(f"{what}={value}: expected a positive int or None")
+        self.keep_last, self.keep_every = keep_last, keep_every
+        self.file = TensorFile(path)
+        self.file.connection.execute(_CREATE)
+
+    @property
+    def path(self) -> str:
+        return self.file.path
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> Checkpoints:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def steps(self) -> list[int]:
+        """Retained steps, ascending."""
+        query = "SELECT step FROM fnnc_checkpoints ORDER BY step"
+        return [r[0] for r in self.file.connection.execute(query)]
+
+    @property
+    def latest(self) -> int | None:
+        """The newest (largest) step, or ``None`` when there is none."""
+        row = self.file.connection.execute("SELECT max(step) FROM fnnc_checkpoints").fetchone()
+        return row[0]
+
+    def save(
+        self,
+        step: int,
+        state: Any,
+        *,
+        optimizer_state: Any = None,
+        metadata: Any = None,
+    ) -> None:
+        """Saves one generation atomically (replacing an earlier save of ``step``).
+
+        Args:
+            step: the training step (an int).
+            state: a pytree of arrays (dict/list/tuple/NamedTuple/None containers), or
+                an object with ``parameters() -> dict[str, array]`` (a cnnp model).
+            optimizer_state: e.g. an Optax state; restored in the same structure.
+            metadata: anything JSON can hold (loss, epoch, config).
+        """
+        step = operator.index(step)
+        prefix = f"__ckpt-{step}__["
+        source = "pytree"
+        if callable(getattr(state, "parameters", None)):
+            state, source = dict(state.parameters()), "parameters"
+        row = lambda label: f"{prefix}{label}]"
+        if source == "parameters":  # rows named by parameter id, as NNC names them
+            encoded = [(k, tree.encode(v, str(k), row)) for k, v in state.items()]
+            state_data = {"$dict": [[k, data] for k, (data, _) in encoded]}
+            rows = [r for _, (_, leaf_rows) in encoded for r in leaf_rows]
+        else:
+            state_data, rows = tree.encode(state, "state", row)
+        opt_data, opt_rows = tree.encode(optimizer_state, "optimizer", row)
+        rows += opt_rows
+        names = [name for name, _ in rows]
+        if len(set(names)) != len(names):
+            raise CheckpointError(f"checkpoint: step {step} would write duplicate rows")
+        manifest = {"format": FORMAT, "version": VERSION, "source": source}
+        manifest.update(state=state_data, optimizer=opt_data, metadata=metadata)
+        try:
+            text = json.dumps(manifest, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(
+                f"checkpoint: metadata for step {step} is not JSON ({e}); "
+                "use dicts, lists, str, int, finite floats, bool and None"
+            ) from None
+        conn = self.file.connection
+        with self.file.transaction():
+            self._drop([step])
+            for name, array in rows:
+                self.file.write(name, array)
+            query = "INSERT INTO fnnc_checkpoints (step, created, manifest) VALUES (?, ?, ?)"
+            conn.execute(query, (step, time.time(), text))
+            self._drop(self._expired(step))
+
+    def restore(
+        self, step: int | None = None, *, like: Any = None, optimizer_like: Any = None
+    ) -> Checkpoint:
+        """The checkpoint of ``step`` (default: the newest) as a :class:`Checkpoint`.
+
+        Args:
+            step: which retained step; ``None`` for the newest.
+            like: a template of the state: its tree structure is used (any pytree,
+                custom nodes included) instead of the saved one; leaves must match.
+            optimizer_like: the same for the optimizer state (e.g. ``opt.init(params)``).
+
+        Raises:
+            CheckpointError: no checkpoints, an unknown step, or a NamedTuple class
+                that is not imported and no template.
+        """
+        if step is None:
+            step = self.latest
+            if step is None:
+                raise CheckpointError(f"checkpoint: {self.path} holds no checkpoints")
+        query = "SELECT created, manifest FROM fnnc_checkpoints WHERE step=?"
+        row = self.file.connection.execute(query, (operator.index(step),)).fetchone()
+        if row is None:
+            raise CheckpointError(
+                f"checkpoint: no step {step} in {self.path}; retained steps: {self.steps()}"
+            )
+        manifest = json.loads(row[1])
+        if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+            raise CheckpointError(f"checkpoint: step {step} in {self.path} has an unknown format")
+        read = lambda name, shape, dtype: self.file.read(name, shape=shape, dtype=dtype)
+        out = []
+        for key, template in (("state", like), ("optimizer", optimizer_like)):
+            value = tree.decode(manifest[key], read, loose=template is not None)
+            out.append(value if template is None else tree.rebuild(value, template, key))
+        return Checkpoint(step, out[0], out[1], manifest.get("metadata"), row[0])
+
+    def delete(self, step: int) -> None:
+        """Deletes one step (its rows and its manifest) atomically."""
+        with self.file.transaction():
+            if not self._drop([operator.index(step)]):
+                raise CheckpointError(f"checkpoint: no step {step} in {self.path}")
+
+    # -- internals ---------------------------------------------------------------
+    def _expired(self, saved: int) -> list[int]:
+        if self.keep_last is None and self.keep_every is None:
+            return []
+        steps = self.steps()
+        keep = {saved, steps[-1]}  # the one just written and the newest are never dropped
+        if self.keep_last is not None:
+            keep.update(steps[-self.keep_last :])
+        if self.keep_every is not None:
+            keep.update(s for s in steps if s % self.keep_every == 0)
+        return [s for s in steps if s not in keep]
+
+    def _drop(self, steps: list[int]) -> bool:
+        conn, dropped = self.file.connection, False
+        for step in steps:
+            row = conn.execute("SELECT manifest FROM fnnc_checkpoints WHERE step=?", (step,))
+            found = row.fetchone()
+            if found is None:
+                continue
+            names = _row_names(json.loads(found[0]))
+            conn.executemany("DELETE FROM tensors WHERE name=?", [(n,) for n in names])
+            conn.execute("DELETE FROM fnnc_checkpoints WHERE step=?", (step,))
+            dropped = True
+        return dropped
+
+
+def _row_names(data: Any) -> list[str]:
+    found: list[str] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, list):
+            for v in x:
+                walk(v)
+        elif isinstance(x, dict):
+            if isinstance(x.get("$array"), str):
+                found.append(x["$array"])
+            for v in x.values():
+                walk(v)
+
+    walk(data.get("state"))
+    walk(data.get("optimizer"))
+    return found

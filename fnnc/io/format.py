@@ -1,0 +1,151 @@
+"""NNC's tensor row format: the codes in ``type``, ``format``, ``datatype`` and ``dim``.
+
+One row of NNC's ``tensors`` table (``lib/nnc/ccv_nnc_tensor_io.c``)::
+
+    name TEXT      the tensor's name (primary key)
+    type INTEGER   memory (CPU 0x1, GPU 0x2) | device id << 8 | encoder id << 32
+    format INTEGER NCHW 1, NHWC 2, CHWN 4
+    datatype INT   8U 0x1000, 32S 0x2000, 32F 0x4000, 64S 0x8000, 64F 0x10000,
+                   16F 0x20000, QX 0x40000, 16BF 0x80000
+    dim BLOB       int32[12] little-endian; the shape ends at the first value <= 0
+    data BLOB      the elements, contiguous, little-endian
+
+NNC cannot express two shapes: a rank-0 tensor (its element count is 0 when ``dim[0]``
+is 0) and a tensor with a zero-size axis. fnnc writes a scalar as ``[1]`` and a
+zero-size tensor with an all-zero ``dim`` (read back as shape ``(0,)``); pass
+``shape=`` to :meth:`TensorFile.read` to get the original back. Checkpoints record
+shapes themselves, so they round-trip both exactly.
+
+NNC pads ``data`` to its allocation size (16 or 64 bytes on CPU, 128 or 4096 on GPU),
+so readers accept a blob up to that much longer than the elements need.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+import ml_dtypes
+import numpy as np
+
+from fnnc.errors import DTypeError, ShapeError, TensorFileError
+
+MAX_DIM = 12
+"""Entries in NNC's ``dim`` array (``CCV_NNC_MAX_DIM_ALLOC``)."""
+
+DIM_BYTES = (4 * MAX_DIM, 4 * 8)
+"""Accepted ``dim`` blob lengths: 12 entries, or 8 from NNC before it grew to 12."""
+
+CPU_MEMORY, GPU_MEMORY = 0x1, 0x2
+ANY_DEVICE = 0xFFF
+"""Device id meaning "any device" (``CCV_COMPUTE_DEVICE_ANY >> 8``)."""
+
+DATATYPES: dict[int, np.dtype] = {
+    0x01000: np.dtype(np.uint8),
+    0x02000: np.dtype(np.int32),
+    0x04000: np.dtype(np.float32),
+    0x08000: np.dtype(np.int64),
+    0x10000: np.dtype(np.float64),
+    0x20000: np.dtype(np.float16),
+    0x80000: np.dtype(ml_dtypes.bfloat16),
+}
+QX = 0x40000
+"""NNC's quantized (palettized) datatype: readable only through the writer's decoder."""
+
+CODES: dict[np.dtype, int] = {dtype: code for code, dtype in DATATYPES.items()}
+FORMATS: dict[str, int] = {"NCHW": 1, "NHWC": 2, "CHWN": 4}
+FORMAT_NAMES: dict[int, str] = {code: name for name, code in FORMATS.items()}
+FLOATS = frozenset(np.dtype(t) for t in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64))
+"""Dtypes :meth:`TensorFile.read` converts between (NNC converts 16F <-> 32F)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """What one row of a tensor file holds, without its data.
+
+    Attributes:
+        name: the row's name.
+        dtype: the element type; ``None`` for NNC's quantized ``QX`` rows.
+        shape: the shape read from ``dim`` (a scalar was written as ``(1,)``).
+        format: ``"NHWC"``, ``"NCHW"`` or ``"CHWN"``.
+        type: NNC's 32-bit tensor type: memory kind | device id << 8.
+        encoder: the encoder identifier from the high 32 bits of ``type``; 0 = raw.
+        nbytes: the length of the stored ``data`` blob (encoded, padded as stored).
+    """
+
+    name: str
+    dtype: np.dtype | None
+    shape: tuple[int, ...]
+    format: str
+    type: int
+    encoder: int
+    nbytes: int
+
+    @property
+    def device(self) -> str:
+        """``"CPU"``, ``"GPU:1"`` and so on, as :meth:`TensorFile.write` takes it."""
+        memory = {CPU_MEMORY: "CPU", GPU_MEMORY: "GPU"}.get(self.type & 0x3, "?")
+        device = (self.type >> 8) & ANY_DEVICE
+        return memory if device == ANY_DEVICE else f"{memory}:{device}"
+
+
+def pack_type(device: str, encoder: int = 0, where: str = "") -> int:
+    """NNC's ``type`` column for ``device`` ("CPU", "GPU:0", ...) and an encoder id."""
+    memory, _, index = str(device).upper().partition(":")
+    kinds = {"CPU": CPU_MEMORY, "GPU": GPU_MEMORY}
+    if memory not in kinds or not (index == "" or index.isdigit()) or len(index) > 3:
+        raise TensorFileError(
+            f'{where}: device {device!r}; expected "CPU", "CPU:<n>", "GPU" or "GPU:<n>"'
+        )
+    dev = ANY_DEVICE if index == "" else int(index)
+    return (encoder << 32) | (dev << 8) | kinds[memory]
+
+
+def pack_format(fmt: str | int, where: str = "") -> int:
+    """The ``format`` code for ``"NHWC"`` / ``"NCHW"`` / ``"CHWN"`` (or a code)."""
+    code = fmt if isinstance(fmt, int) else FORMATS.get(str(fmt).upper())
+    if code not in FORMAT_NAMES:
+        raise TensorFileError(f"{where}: format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    return code
+
+
+def pack_dim(shape: tuple[int, ...]) -> bytes:
+    """The 48-byte ``dim`` blob for ``shape`` (``[1]`` for a scalar, zeros if empty)."""
+    if len(shape) > MAX_DIM:
+        raise ShapeError(f"shape {list(shape)}: NNC tensors have at most {MAX_DIM} dimensions")
+    dims = [1] if not shape else ([] if 0 in shape else list(shape))
+    if any(d >= 2**31 for d in dims):
+        raise ShapeError(f"shape {list(shape)}: NNC stores dimensions as int32")
+    return struct.pack(f"<{MAX_DIM}i", *dims, *([0] * (MAX_DIM - len(dims))))
+
+
+def unpack_dim(blob: bytes) -> tuple[int, ...] | None:
+    """The shape in a ``dim`` blob, ``None`` if the blob has the wrong length."""
+    if not isinstance(blob, bytes) or len(blob) not in DIM_BYTES:
+        return None
+    shape = []
+    for d in struct.unpack(f"<{len(blob) // 4}i", blob):
+        if d <= 0:  # NNC stops here and does not clear what follows
+            break
+        shape.append(d)
+    return tuple(shape) if shape else (0,)
+
+
+def padded(nbytes: int, type_: int) -> int:
+    """The largest blob NNC may write for ``nbytes`` of elements (allocation padding)."""
+    align = 4096 if type_ & 0x3 == GPU_MEMORY else 64
+    return (nbytes + align - 1) // align * align
+
+
+def storable(array: object, where: str) -> np.ndarray:
+    """``array`` as a C-contiguous little-endian NumPy array of an NNC datatype."""
+    arr = np.asarray(array)
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    if arr.dtype not in CODES:
+        names = ", ".join(sorted(d.name for d in CODES))
+        raise DTypeError(
+            f"{where}: NNC has no datatype for {arr.dtype}; supported: {names}. "
+            "Convert first, e.g. .astype(np.uint8) for bool or .astype(np.int32) for int16"
+        )
+    return np.ascontiguousarray(arr)

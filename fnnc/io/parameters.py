@@ -1,0 +1,254 @@
+"""Model parameters in a tensor file, named as ``ccv_cnnp_model_write`` names them.
+
+NNC writes a compiled model's parameters and internals (running statistics) in one
+transaction, each under its id (``lib/nnc/ccv_cnnp_model_io.c``):
+
+============================  ==============================
+without a model name          with model name ``n``
+============================  ==============================
+parameter ``<id>``            ``__n__[<id>]``
+internal ``<id>(<device>)``   ``__n__[<id>(<device>)]``
+============================  ==============================
+
+``<device>`` is the data-parallel index (0 for a model on one device). Reading back
+matches rows to what the model expects and names every row that is missing or has
+the wrong shape, in one error.
+
+>>> import os, tempfile
+>>> import numpy as np
+>>> from fnnc.io import TensorFile, read_parameters, write_parameters
+>>> path = os.path.join(tempfile.mkdtemp(), "model.sqlite")
+>>> write_parameters(path, {"t-linear-0-0": np.ones((4, 3), np.float32)}, name="mlp",
+...                  internals={"t-batch_norm-0-0": np.zeros(4, np.float32)})
+>>> TensorFile(path, readonly=True).names()
+['__mlp__[t-batch_norm-0-0(0)]', '__mlp__[t-linear-0-0]']
+>>> got = read_parameters(path, {"t-linear-0-0": ((4, 3), np.float32),
+...                              "t-linear-0-1": ((4,), np.float32)}, name="mlp", strict=False)
+>>> list(got), got.missing
+(['t-linear-0-0'], ('t-linear-0-1',))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from fnnc.errors import ParameterError
+from fnnc.io.format import FLOATS
+from fnnc.io.tensor_file import Encoder, TensorFile
+
+Source = TensorFile | str | os.PathLike[str]
+_INTERNAL = re.compile(r"^(.*)\((\d+)\)$")
+
+
+def parameter_row(key: str, *, name: str | None = None) -> str:
+    """The row name NNC gives parameter ``key`` (of the model called ``name``)."""
+    return f"__{name}__[{key}]" if name else key
+
+
+def internal_row(key: str, *, name: str | None = None, device: int = 0) -> str:
+    """The row name NNC gives internal ``key`` on data-parallel ``device``."""
+    return parameter_row(f"{key}({device})", name=name)
+
+
+@contextlib.contextmanager
+def opened(source: Source, *, readonly: bool = False) -> Iterator[TensorFile]:
+    """``source`` itself if it is a :class:`TensorFile`, else the file opened (and closed)."""
+    if isinstance(source, TensorFile):
+        yield source
+        return
+    with TensorFile(source, readonly=readonly) as f:
+        yield f
+
+
+def write_parameters(
+    target: Source,
+    params: Mapping[str, Any],
+    *,
+    name: str | None = None,
+    internals: Mapping[str, Any] | None = None,
+    device: int = 0,
+    format: str = "NHWC",  # noqa: A002 (NNC's word)
+    encoder: Encoder | None = None,
+) -> None:
+    """Writes a model's parameters (and internals) in one transaction, named as NNC does.
+
+    Args:
+        target: a :class:`TensorFile` or a path.
+        params: parameter id -> array.
+        name: the model name; rows become ``__<name>__[<id>]``.
+        internals: internal id -> array (e.g. batch-norm running statistics), stored as
+            ``<id>(<device>)``.
+        device: the data-parallel index in internal rows.
+        format: the layout tag of every row.
+        encoder: passed to :meth:`TensorFile.write`.
+    """
+    rows = [(parameter_row(k, name=name), v) for k, v in params.items()]
+    rows += [(internal_row(k, name=name, device=device), v) for k, v in (internals or {}).items()]
+    with opened(target) as f, f.transaction():
+        for row, value in rows:
+            f.write(row, value, format, encoder=encoder)
+
+
+@dataclasses.dataclass(frozen=True)
+class Mismatch:
+    """A stored row whose shape or dtype is not what the model expects."""
+
+    key: str
+    row: str
+    stored: str
+    expected: str
+
+    def __str__(self) -> str:
+        return f"{self.key}: stored {self.stored}, expected {self.expected}"
+
+
+class ParameterSet(Mapping[str, np.ndarray]):
+    """Parameters read back: a mapping id -> array, with what did not match.
+
+    Attributes:
+        internals: internal id -> array.
+        missing: expected ids (internals as ``<id>(<device>)``) with no row.
+        mismatched: rows whose shape or dtype differs from the expected one.
+    """
+
+    def __init__(
+        self,
+        params: dict[str, np.ndarray],
+        internals: dict[str, np.ndarray],
+        missing: list[str],
+        mismatched: list[Mismatch],
+    ):
+        self._params: dict[str, np.ndarray] = params
+        self.internals: dict[str, np.ndarray] = internals
+        self.missing: tuple[str, ...] = tuple(missing)
+        self.mismatched: tuple[Mismatch, ...] = tuple(mismatched)
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self._params[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._params)
+
+    def __len__(self) -> int:
+        return len(self._params)
+
+    def __repr__(self) -> str:
+        return (
+            f"ParameterSet({len(self)} parameters, {len(self.internals)} internals, "
+            f"missing={list(self.missing)}, mismatched={[str(m) for m in self.mismatched]})"
+        )
+
+
+def read_parameters(
+    source: Source,
+    expected: Mapping[str, Any] | None = None,
+    *,
+    name: str | None = None,
+    internals: Mapping[str, Any] | None = None,
+    device: int = 0,
+    strict: bool = True,
+) -> ParameterSet:
+    """Reads a model's parameters, checking them against what the model expects.
+
+    Args:
+        source: a :class:`TensorFile` or a path.
+        expected: parameter id -> ``(shape, dtype)`` (or anything with ``.shape`` and
+            ``.dtype``; dtype ``None`` takes any). ``None`` reads every parameter row of
+            the model (every unnamed row, or every ``__<name>__[...]`` row).
+        name: the model name used when writing.
+        internals: expected internals, like ``expected``; ``None`` reads every internal
+            row of ``device`` when ``expected`` is ``None``, and none otherwise.
+        device: the data-parallel index of the internals to read.
+        strict: raise if anything expected is missing or mis-shaped; with ``False``,
+            return what matched and list the rest in ``missing`` / ``mismatched``.
+
+    Floating rows are converted to the expected floating dtype (NNC converts 16F and
+    32F); a scalar expected as ``()`` matches NNC's ``[1]``.
+
+    Raises:
+        ParameterError: (strict) listing every missing and every mismatched parameter.
+    """
+    with opened(source, readonly=not isinstance(source, TensorFile)) as f:
+        if expected is None:
+            expected, found = _discover(f, name, device)
+            internals = found if internals is None else internals
+        params, missing, mismatched = _match(f, expected, name, None)
+        inner, imissing, imismatched = _match(f, internals or {}, name, device)
+    result = ParameterSet(params, inner, missing + imissing, mismatched + imismatched)
+    if strict and (result.missing or result.mismatched):
+        lines = [f"read_parameters: {f.path} does not hold what the model expects"]
+        lines[0] += f" (model name {name!r})" if name else " (no model name)"
+        if result.missing:
+            lines.append(f"  missing ({len(result.missing)}): " + ", ".join(result.missing))
+        if result.mismatched:
+            lines.append(f"  wrong shape or dtype ({len(result.mismatched)}):")
+            lines += [f"    {m}" for m in result.mismatched]
+        lines.append("pass strict=False to get what matched and these lists")
+        raise ParameterError("\n".join(lines))
+    return result
+
+
+def _discover(f: TensorFile, name: str | None, device: int):
+    params: dict[str, Any] = {}
+    internals: dict[str, Any] = {}
+    prefix = f"__{name}__["
+    for row in f.names():
+        if name:
+            if not (row.startswith(prefix) and row.endswith("]")):
+                continue
+            key = row[len(prefix) : -1]
+        elif row.startswith("__") and "__[" in row:
+            continue  # another named model's row
+        else:
+            key = row
+        m = _INTERNAL.match(key)
+        if m is None:
+            params[key] = None
+        elif int(m.group(2)) == device:
+            internals[m.group(1)] = None
+    return params, internals
+
+
+def _spec(key: str, spec: Any) -> tuple[tuple[int, ...] | None, np.dtype | None]:
+    if spec is None:
+        return None, None
+    if hasattr(spec, "shape") and hasattr(spec, "dtype"):
+        return tuple(spec.shape), np.dtype(spec.dtype)
+    if isinstance(spec, (tuple, list)) and len(spec) == 2 and isinstance(spec[0], (tuple, list)):
+        return tuple(int(d) for d in spec[0]), None if spec[1] is None else np.dtype(spec[1])
+    raise TypeError(
+        f"expected[{key!r}] is {spec!r}; give (shape, dtype), e.g. ((4, 3), np.float32), "
+        "or an array / jax.ShapeDtypeStruct"
+    )
+
+
+def _match(f: TensorFile, expected: Mapping[str, Any], name: str | None, device: int | None):
+    values: dict[str, np.ndarray] = {}
+    missing: list[str] = []
+    mismatched: list[Mismatch] = []
+    for key, spec in expected.items():
+        shape, dtype = _spec(key, spec)
+        if device is None:
+            row, label = parameter_row(key, name=name), key
+        else:
+            row, label = internal_row(key, name=name, device=device), f"{key}({device})"
+        if row not in f:
+            missing.append(label)
+            continue
+        info = f.info(row)
+        stored_shape = () if shape == () and info.shape == (1,) else info.shape
+        dtype_ok = dtype is None or dtype == info.dtype or {dtype, info.dtype} <= FLOATS
+        if (shape is not None and stored_shape != shape) or not dtype_ok:
+            want = f"{dtype.name if dtype else '*'}{list(shape) if shape is not None else ''}"
+            stored = f"{info.dtype.name if info.dtype else 'qx'}{list(info.shape)}"
+            mismatched.append(Mismatch(label, row, stored, want))
+            continue
+        values[key] = f.read(row, shape=shape, dtype=dtype)
+    return values, missing, mismatched

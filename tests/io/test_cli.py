@@ -1,0 +1,86 @@
+"""python -m fnnc inspect, run as a subprocess."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fnnc.io import Checkpoints, TensorFile
+
+ROOT = pathlib.Path(__file__).parents[2]
+
+
+def run(*args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    return subprocess.run(
+        [sys.executable, "-m", "fnnc", *args], capture_output=True, text=True, env=env
+    )
+
+
+@pytest.fixture(scope="module")
+def arrays():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    w[0, 0, :2] = np.nan
+    return {
+        "conv.w": w,
+        "ids": rng.integers(-50, 50, 7).astype(np.int64),
+        "half": rng.standard_normal(6).astype(np.float16),
+        "bf": np.linspace(-2, 2, 5).astype(ml_dtypes.bfloat16),
+    }
+
+
+def test_inspect_lists_and_stats(tmp_path, arrays):
+    path = str(tmp_path / "m.sqlite")
+    with TensorFile(path) as f:
+        for name, a in arrays.items():
+            f.write(name, a)
+    with Checkpoints(path) as ckpt:
+        ckpt.save(5, {"x": np.ones(2, np.uint8)})
+    plain = run("inspect", path)
+    assert plain.returncode == 0, plain.stderr
+    lines = plain.stdout.splitlines()
+    assert lines[0].startswith(f"{path}: 5 tensors")
+    assert lines[1].split() == ["name", "dtype", "shape", "format", "bytes"]
+    assert lines[-1] == "checkpoint steps: 5"
+    table = {cells[0]: cells[1:] for cells in (re.split(r"\s{2,}", x) for x in lines[2:-1])}
+    assert table == {
+        "__ckpt-5__[state['x']]": ["uint8", "[2]", "NHWC", "2"],
+        "bf": ["bfloat16", "[5]", "NHWC", "10"],
+        "conv.w": ["float32", "[3, 4, 5]", "NHWC", "240"],
+        "half": ["float16", "[6]", "NHWC", "12"],
+        "ids": ["int64", "[7]", "NHWC", "56"],
+    }
+
+    stats = run("inspect", "--stats", path)
+    assert stats.returncode == 0, stats.stderr
+    rows = {line.split()[0]: line for line in stats.stdout.splitlines()[2:-1]}
+    for name, a in arrays.items():
+        cells = rows[name].split()
+        lo, hi, mean, nan = (float(c) for c in cells[-4:])
+        v = a.astype(np.float64).reshape(-1)
+        v = v[~np.isnan(v)]
+        np.testing.assert_allclose([lo, hi, mean], [v.min(), v.max(), v.mean()], rtol=1e-5)
+        assert nan == np.isnan(a.astype(np.float64)).sum()
+    assert rows["conv.w"].split()[-1] == "2"
+
+
+def test_inspect_errors(tmp_path):
+    missing = run("inspect", str(tmp_path / "nope.sqlite"))
+    assert missing.returncode == 1 and "no such file" in missing.stderr
+    assert not (tmp_path / "nope.sqlite").exists()
+    import sqlite3
+
+    sqlite3.connect(tmp_path / "other.db").execute("CREATE TABLE t (a)").connection.close()
+    other = run("inspect", str(tmp_path / "other.db"))
+    assert other.returncode == 1 and "no tensors table" in other.stderr
+    (tmp_path / "junk.bin").write_bytes(b"\0junk" * 100)
+    junk = run("inspect", str(tmp_path / "junk.bin"))
+    assert junk.returncode == 1 and "not an SQLite" in junk.stderr
+    usage = run("inspect")
+    assert usage.returncode == 2 and "usage" in usage.stderr

@@ -1,0 +1,51 @@
+"""Graphs stored in the same SQLite file as the tensors."""
+
+import json
+import sqlite3
+
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.errors import GraphFormatError
+from fnnc.graph import GraphBuilder, interpret, to_data
+from fnnc.io import TensorFile, graph_names, load_from, save_to, write_parameters
+
+
+def mlp():
+    b = GraphBuilder()
+    x = b.input((2, 3), name="x")
+    w = b.input((4, 3), name="w")
+    return b.build([b.exec(ops.relu(), b.exec(ops.gemm(transpose_b=True), x, w, name="fc"))])
+
+
+def test_graph_and_weights_in_one_file(tmp_path):
+    path = str(tmp_path / "model.sqlite")
+    w = np.arange(12, dtype=np.float32).reshape(4, 3) - 6
+    write_parameters(path, {"w": w})
+    save_to(path, mlp(), "forward")
+    with TensorFile(path) as f:
+        save_to(f, mlp(), "again")
+        assert f.names() == ["w"]
+        assert graph_names(f) == ["again", "forward"]
+    back = load_from(path, "forward")
+    assert back == mlp()
+    x = np.ones((2, 3), np.float32)
+    np.testing.assert_array_equal(interpret(back, x, w), interpret(mlp(), x, w))
+    stored = sqlite3.connect(path).execute("SELECT data FROM fnnc_graphs WHERE name='forward'")
+    assert json.loads(stored.fetchone()[0]) == json.loads(json.dumps(to_data(mlp())))
+
+
+def test_missing_and_damaged_graphs(tmp_path):
+    path = str(tmp_path / "model.sqlite")
+    TensorFile(path).close()
+    assert graph_names(path) == []
+    with pytest.raises(GraphFormatError, match=r"no graph 'g'.*none"):
+        load_from(path, "g")
+    save_to(path, mlp(), "g")
+    conn = sqlite3.connect(path)
+    conn.execute('UPDATE fnnc_graphs SET data=\'{"format": "x"}\'')
+    conn.commit()
+    conn.close()
+    with pytest.raises(GraphFormatError, match=r"not an fnnc graph.*graph 'g' in"):
+        load_from(path, "g")
