@@ -28,6 +28,7 @@ from fnnc.graph.compile import Program as Program
 from fnnc.graph.compile import compile as compile
 from fnnc.graph.control import case_of as case_of
 from fnnc.graph.control import while_loop as while_loop
+from fnnc.graph.dynamic import DynamicGraph as DynamicGraph
 from fnnc.graph.inline import inline as inline
 from fnnc.graph.interpret import interpret as interpret
 from fnnc.graph.ir import AliasSymbol as AliasSymbol

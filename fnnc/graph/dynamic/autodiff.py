@@ -1,0 +1,309 @@
+"""Gradients and optimizer steps of a dynamic graph, as compiled programs cached by structure.
+
+``backward(f, wrt)``:
+
+1. picks the recorded nodes on a gradient path from ``wrt`` to ``f``
+   (:func:`~fnnc.graph.dynamic.record.between`), the minimal sub-graph;
+2. extracts them as a canonical graph (symbols renumbered, names dropped), which is
+   the cache key together with the positions of ``f`` and ``wrt``;
+3. on a miss only: runs fnnc's ``backward`` pass on it, adds the accumulation into
+   gradients that already hold a value (``ewsum``) and, for :func:`minimize`, one
+   ``optax_update`` node; then removes the forward nodes (their values are recorded)
+   and compiles the rest;
+4. runs the program on the recorded activations.
+
+The next training step records the same computation on new arrays, extracts an equal
+graph and runs the program compiled for the first step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+import optax
+
+from fnnc import ops
+from fnnc.errors import GraphError, ShapeError
+from fnnc.graph.builder import GraphBuilder
+from fnnc.graph.compile import compile
+from fnnc.graph.ir import Graph
+from fnnc.graph.passes.backward import backward as backward_pass
+from fnnc.ops.optimizer import optax_update_command
+
+from . import lazy
+from .extract import PROGRAMS, extract, trim
+from .record import Read, Version, between
+
+if TYPE_CHECKING:
+    from .graph import DynamicGraph
+    from .variable import Slot, Variable
+
+
+def _listed(x: Any) -> list[Any]:
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _check_f(dg: DynamicGraph, fs: list[Variable]) -> list[Read]:
+    reads = [dg._read(f, "backward", i) for i, f in enumerate(fs)]
+    for f, (v, _) in zip(fs, reads):
+        if not v.grad:
+            raise GraphError(
+                f"backward: f {f.label} is a constant: it depends on no trainable variable "
+                "(made with dg.constant, under no_grad, or detached), so it has no gradient"
+            )
+    return reads
+
+
+def _check_wrt(dg: DynamicGraph, ws: list[Variable], what: str) -> list[Read]:
+    reads = [dg._read(w, what, i) for i, w in enumerate(ws)]
+    for w in ws:
+        if not w.requires_grad:
+            raise GraphError(
+                f"{what}: wrt {w.label} is a constant (made with dg.constant, computed from "
+                "constants or under no_grad, or detached); gradients are taken with respect "
+                "to dg.variable(...) values and what is computed from them"
+            )
+    return reads
+
+
+def _seeds(dg: DynamicGraph, df: Any, fs: list[Variable], f_reads: list[Read]) -> list[Any]:
+    if df is None:
+        for f, (v, view) in zip(fs, f_reads):
+            shape = view.shape if view is not None else v.shape
+            if int(np.prod(shape)) != 1:
+                raise ShapeError(
+                    f"backward: f {f.label} is {v.dtype.name}{list(shape)}, not a scalar; "
+                    "pass df= (a seed gradient of f's shape) or reduce f, e.g. f.sum()"
+                )
+        return []
+    dfs = _listed(df)
+    if len(dfs) != len(fs):
+        raise GraphError(f"backward: {len(fs)} f but {len(dfs)} df; pass one seed per f")
+    out = []
+    for f, (v, view), d in zip(fs, f_reads, dfs):
+        d = dg.value_of(d) if hasattr(d, "_slot") else jax.numpy.asarray(d, v.dtype)
+        want = view.shape if view is not None else v.shape
+        if tuple(d.shape) != want:
+            raise ShapeError(f"backward: df for f {f.label} is {list(d.shape)}, f is {list(want)}")
+        out.append(d)
+    return out
+
+
+def _value(dg: DynamicGraph, read: Read) -> Any:
+    v, view = read
+    return v.value if view is None else dg._view_value(v, view)
+
+
+def _gradient_graph(
+    forward: Graph,
+    f: tuple[int, ...],
+    wrt: tuple[int, ...],
+    seeded: bool,
+    acc: tuple[bool, ...],
+    optimizer: Any = None,
+) -> tuple[Graph, tuple[int, ...]]:
+    """``forward``'s gradients (+ accumulation, + an Optax update), see the module doc.
+
+    Returns the graph and the forward symbols it reads, its first inputs; then come
+    the seeds, the gradients accumulated into, and the optimizer state.
+    """
+    b = GraphBuilder.from_graph(forward)
+
+    def extra(sid: int) -> Any:
+        spec = forward.spec(sid)
+        s = b.tensor(spec.shape, spec.dtype)
+        b.add_input(s)
+        return s
+
+    seeds = [extra(s) for s in f] if seeded else None
+    accs = [extra(w) for w, a in zip(wrt, acc) if a]
+    base = b.build([])
+    sym = base.symbols
+    full, grads = backward_pass(base, [sym[s] for s in f], [sym[s] for s in wrt], df=seeds)
+    b = GraphBuilder.from_graph(full)
+    it = iter(accs)
+    outs = [b.exec(ops.ewsum(), g, next(it)) if a else g for g, a in zip(grads, acc)]
+    added = [s.id for s in (seeds or [])] + [s.id for s in accs]
+    if optimizer is not None:
+        params = [sym[w] for w in wrt]
+        cmd = optax_update_command(optimizer, [p.spec for p in params])
+        state = [b.tensor(shape, dtype) for shape, dtype in cmd.param("state_specs")]
+        for s in state:
+            b.add_input(s)
+        added += [s.id for s in state]
+        updated = b.exec(cmd, *outs, *state, *params, name="optimizer")
+        outs = list(updated) if isinstance(updated, tuple) else [updated]
+    return trim(b.build(outs), len(forward.nodes), len(forward.symbols), added)
+
+
+def _run_gradients(
+    dg: DynamicGraph,
+    fs: list[Variable],
+    ws: list[Variable],
+    df: Any,
+    what: str,
+    optimizer: Any = None,
+    into: list[Variable | None] | None = None,
+) -> tuple[list[Any], list[Slot]]:
+    """Runs the cached gradient (or minimize) program; returns its outputs and ``ws``' slots.
+
+    In lazy mode the pending forward runs in the same program (:func:`lazy.run_with`).
+    """
+    f_reads = _check_f(dg, fs)
+    w_reads = _check_wrt(dg, ws, what)
+    seeds = _seeds(dg, df, fs, f_reads)
+    slots = [dg._slot(w, what) for w in ws]
+    old = [dg.grads.get((s, w._view)) for s, w in zip(slots, ws)]
+    if into is not None:
+        old = [g if g is not None else o for g, o in zip(into, old)]
+    with dg._record.hold():
+        nodes = between(dg._record.node_list(), [v for v, _ in w_reads], [v for v, _ in f_reads])
+        ex = extract(nodes, [*f_reads, *w_reads])
+        f_ids, w_ids = ex.reads[: len(fs)], ex.reads[len(fs) :]
+        acc = tuple(g is not None for g in old)
+        key = (what, ex.key, f_ids, w_ids, bool(seeds), acc, optimizer)
+        (graph, roots), fresh = PROGRAMS.get(
+            key, lambda: _gradient_graph(ex.graph, f_ids, w_ids, bool(seeds), acc, optimizer)
+        )
+        args: list[Any] = [ex.versions[r] for r in roots] + seeds
+        args += [dg.value_of(g) for g in old if g is not None]
+        if optimizer is not None:
+            args += _opt_state(dg, optimizer, slots, [_value(dg, r) for r in w_reads])
+        if dg.lazy:
+            out = lazy.run_with(dg, graph, args)
+        else:
+            dg.num_compiled += fresh
+            out = compile(graph)(*(a.value if isinstance(a, Version) else a for a in args))
+    return list(out) if isinstance(out, tuple) else [out], slots
+
+
+def backward(
+    self: DynamicGraph, f: Any, wrt: Any, df: Any = None, *, into: Any = None
+) -> list[Variable]:
+    """Accumulates the gradient of ``f`` with respect to each of ``wrt``.
+
+    Args:
+        f: a variable (or several: their gradients add up); one element each unless
+            ``df`` is given.
+        wrt: the variables to differentiate with respect to (aliases too).
+        df: seed gradients, one per ``f``, shaped like it.
+        into: per ``wrt``, a variable to accumulate into instead of the one
+            :meth:`grad` holds (NNC passes them explicitly); it becomes that gradient.
+
+    Returns:
+        The gradient variables, one per ``wrt``; :meth:`grad` returns them too. A
+        gradient that already holds a value is added to (NNC's rule); reset it with
+        :meth:`zero_grad` or :meth:`set`.
+    """
+    fs, ws = _listed(f), _listed(wrt)
+    targets = [None] * len(ws) if into is None else _listed(into)
+    if len(targets) != len(ws):
+        raise GraphError(f"backward: {len(ws)} wrt but {len(targets)} into; pass one per wrt")
+    outs, slots = _run_gradients(self, fs, ws, df, "backward", into=targets)
+    result = []
+    for w, slot, g, target in zip(ws, slots, outs, targets):
+        key = (slot, w._view)
+        held = target if target is not None else self.grads.get(key)
+        if target is not None:
+            self.set(target, g)
+            self.grads[key] = target
+        elif held is None:
+            held = self.grads[key] = self.constant(g, name=f"grad({w.name})" if w.name else "")
+        else:
+            self.set(held, g)
+        result.append(held)
+    return result
+
+
+def grad(self: DynamicGraph, var: Variable) -> Variable | None:
+    """The gradient accumulated for ``var`` (``None`` before any backward reached it)."""
+    return self.grads.get((self._slot(var, "grad"), var._view))
+
+
+def zero_grad(self: DynamicGraph, variables: Sequence[Variable] | None = None) -> None:
+    """Forgets accumulated gradients (of ``variables``, default all)."""
+    if variables is None:
+        self.grads.clear()
+        return
+    for var in variables:
+        self.grads.pop((self._slot(var, "zero_grad"), var._view), None)
+
+
+def _opt_state(dg: DynamicGraph, optimizer: Any, slots: list[Slot], params: list[Any]) -> list[Any]:
+    if not isinstance(optimizer, optax.GradientTransformation):
+        raise GraphError(
+            f"apply_gradients: optimizer must be an optax.GradientTransformation, got "
+            f"{type(optimizer).__name__}; e.g. optax.adam(1e-3)"
+        )
+    key = (optimizer, tuple(slots))
+    state = dg.opt_states.get(key)
+    if state is None:
+        state = dg.opt_states[key] = jax.tree.leaves(optimizer.init(list(params)))
+    return state
+
+
+def _params(dg: DynamicGraph, variables: Any, what: str) -> tuple[list[Variable], list[Slot]]:
+    ws = _listed(variables)
+    for w in ws:
+        if w.is_alias:
+            raise GraphError(f"{what}: {w.label} is an alias; update the variable it views instead")
+    _check_wrt(dg, ws, what)
+    return ws, [dg._slot(w, what) for w in ws]
+
+
+def _update_program(optimizer: Any, specs: tuple[Any, ...]) -> Any:
+    b = GraphBuilder()
+    params = [b.input(shape, dtype) for shape, dtype in specs]
+    grads = [b.input(shape, dtype) for shape, dtype in specs]
+    cmd = optax_update_command(optimizer, [p.spec for p in params])
+    state = [b.input(shape, dtype) for shape, dtype in cmd.param("state_specs")]
+    outs = b.exec(cmd, *grads, *state, *params, name="optimizer")
+    return compile(b.build(list(outs) if isinstance(outs, tuple) else [outs]))
+
+
+def _store(
+    dg: DynamicGraph, optimizer: Any, ws: list[Variable], slots: list[Slot], out: Any
+) -> None:
+    out = list(out) if isinstance(out, tuple) else [out]
+    for w, value in zip(ws, out[: len(ws)]):
+        dg.set(w, value)
+        dg.grads.pop((dg._slot(w, "update"), None), None)
+    dg.opt_states[(optimizer, tuple(slots))] = out[len(ws) :]
+
+
+def apply_gradients(self: DynamicGraph, optimizer: Any, variables: Any) -> None:
+    """One step of any Optax ``optimizer`` on ``variables`` from their accumulated gradients.
+
+    The optimizer state is kept per (optimizer, variable set) and carried across
+    steps; the gradients are consumed (reset) by the step.
+    """
+    if self.lazy:
+        self.flush()
+    ws, slots = _params(self, variables, "apply_gradients")
+    grads = []
+    for w in ws:
+        g = self.grad(w)
+        if g is None:
+            raise GraphError(
+                f"apply_gradients: variable {w.label} has no gradient; call "
+                f"dg.backward(f, [{w.name or 'var'}]) first"
+            )
+        grads.append(self.value_of(g))
+    params = [self.value_of(w) for w in ws]
+    state = _opt_state(self, optimizer, slots, params)
+    specs = tuple((tuple(p.shape), np.dtype(p.dtype)) for p in params)
+    program, fresh = PROGRAMS.get(
+        ("apply", optimizer, specs), lambda: _update_program(optimizer, specs)
+    )
+    self.num_compiled += fresh
+    _store(self, optimizer, ws, slots, program(*params, *grads, *state))
+
+
+def minimize(self: DynamicGraph, optimizer: Any, f: Any, variables: Any) -> None:
+    """``backward(f, variables)`` and ``apply_gradients`` as one compiled program."""
+    ws, slots = _params(self, variables, "minimize")
+    out, _ = _run_gradients(self, _listed(f), ws, None, "minimize", optimizer)
+    _store(self, optimizer, ws, slots, tuple(out))

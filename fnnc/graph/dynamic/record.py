@@ -1,0 +1,287 @@
+"""The recorded graph of a dynamic graph: SSA versions, nodes, and the pruning rule.
+
+A :class:`Version` is one SSA value: a symbol of the recorded graph and, once
+computed, its array. Variables point at versions; writing a variable makes a new
+version, so a version never changes. A :class:`Node` is one recorded command.
+
+**Pruning** (NNC's bookkeeping rule). A node stays recorded while it lies on a path
+from a live *source* to a live *sink*:
+
+* a sink is the version a live variable holds (constants and detached ones too);
+* a source is the version a live variable holds that can carry a gradient: it was
+  made from trainable variables and is not *cut* (:meth:`DynamicGraph.detach` cuts a
+  version from its readers: gradients no longer pass through it);
+* paths run through versions that no variable holds any more (freed intermediates)
+  and stop at cut versions.
+
+A node not on such a path can never take part in a backward pass, so it is dropped;
+the versions it wrote that are still held or read become leaves (they keep their
+values). In lazy mode a node whose values were not computed yet also stays while its
+outputs are needed. For ``z = 0.5 * log(x)``: two nodes; detaching ``y = log(x)``
+drops ``0.5 * y`` (no source feeds it any more: ``z`` becomes a leaf) but keeps
+``log(x)`` (``x`` feeds it, ``y`` is held); freeing ``x`` then drops ``log(x)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from fnnc.ops import Command
+
+
+class View(NamedTuple):
+    """Where a view sits in its root's flat, row-major buffer (as an alias symbol)."""
+
+    shape: tuple[int, ...]
+    base: int
+    stride: tuple[int, ...]
+
+
+class Version:
+    """One SSA version: shape, dtype, value (``None`` until computed), producer."""
+
+    __slots__ = (
+        "cut", "dtype", "grad", "id", "memo", "name", "node", "pins", "readers", "shape",
+        "source", "spec", "value", "views",
+    )  # fmt: skip
+
+    def __init__(self, vid: int, shape: tuple[int, ...], dtype: np.dtype, value: Any, grad: bool):
+        self.id = vid
+        self.shape = shape
+        self.dtype = dtype
+        self.spec = (shape, dtype)
+        self.value = value
+        self.grad = grad  # made from trainable variables: a gradient can reach it
+        self.cut = False  # detached: gradients do not pass from its readers into it
+        self.source = grad  # passes gradients on to its readers: grad and not cut
+        self.node: Node | None = None  # the producer while it is recorded
+        self.pins = 0  # live storage slots holding this version
+        self.readers = 0  # recorded nodes reading it
+        self.memo: tuple[dict, Any] | None = None  # the memo entry that returns it
+        self.name = ""
+        self.views: dict[View, Any] | None = None  # computed view values
+
+    def detach(self) -> None:
+        """Cuts this version from its readers: no gradient passes through it any more."""
+        self.cut = True
+        self.source = False
+
+    def __repr__(self) -> str:
+        return f"<version {self.id} {self.dtype.name}{list(self.shape)}>"
+
+
+Read = tuple[Version, View | None]
+"""A node input: a version, or a view of one."""
+
+
+class Node:
+    """One recorded command: ``outputs = cmd(*inputs)``; ``pending`` until it ran."""
+
+    __slots__ = ("cmd", "id", "inputs", "name", "outputs", "pending")
+
+    def __init__(
+        self,
+        nid: int,
+        cmd: Command,
+        inputs: tuple[Read, ...],
+        outputs: tuple[Version, ...],
+        name: str,
+        pending: bool,
+    ):
+        self.id = nid
+        self.cmd = cmd
+        self.inputs = inputs
+        self.outputs = outputs
+        self.name = name
+        self.pending = pending
+
+
+class Record:
+    """The versions and nodes a dynamic graph keeps, and the pruning that bounds them.
+
+    Freeing is incremental where it is local: when the last holder of a version goes
+    and no recorded node reads it, the version is forgotten at once, and so is its
+    producer once none of its outputs is held or read (and, in turn, the versions it
+    read). What needs the whole graph (a source dying: nodes no longer fed) waits for
+    :meth:`prune`, which runs when enough was recorded or released.
+    """
+
+    def __init__(self) -> None:
+        self.versions: dict[int, Version] = {}
+        self.nodes: dict[int, Node] = {}
+        self.ids = itertools.count()
+        self.garbage = 0  # unpinned versions since the last prune
+        self.limit = 64  # prune when nodes or garbage pass it
+        self._busy = 0
+        self._deferred: list[Version] = []
+
+    def version(self, shape: tuple[int, ...], dtype: np.dtype, value: Any, grad: bool) -> Version:
+        v = Version(next(self.ids), shape, dtype, value, grad)
+        self.versions[v.id] = v
+        return v
+
+    def add(self, node: Node) -> None:
+        self.nodes[node.id] = node
+        for v, _ in node.inputs:
+            v.readers += 1
+        for out in node.outputs:
+            out.node = node
+
+    def node_list(self) -> list[Node]:
+        return list(self.nodes.values())
+
+    def pinned(self) -> list[Version]:
+        return [v for v in self.versions.values() if v.pins]
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Defers freeing (releases from ``__del__``) while the caller walks the record."""
+        self._busy += 1
+        try:
+            yield
+        finally:
+            self._busy -= 1
+            if not self._busy and self._deferred:
+                deferred, self._deferred = self._deferred, []
+                for v in deferred:
+                    self._free(v)
+
+    def unpin(self, v: Version) -> None:
+        """One holder of ``v`` is gone."""
+        v.pins -= 1
+        self.garbage += 1
+        if v.pins == 0:
+            if self._busy:
+                self._deferred.append(v)
+            else:
+                self._free(v)
+
+    def _free(self, first: Version) -> None:
+        stack = [first]
+        while stack:
+            v = stack.pop()
+            if v.pins or v.readers or v.id not in self.versions:
+                continue
+            node = v.node
+            if node is None:
+                self._forget(v)
+                continue
+            if any(o.pins or o.readers for o in node.outputs):
+                continue
+            del self.nodes[node.id]
+            for o in node.outputs:
+                o.node = None
+                self._forget(o)
+            for iv, _ in node.inputs:
+                iv.readers -= 1
+                stack.append(iv)
+
+    def _forget(self, v: Version) -> None:
+        self.versions.pop(v.id, None)
+        if v.memo is not None:
+            table, key = v.memo
+            table.pop(key, None)
+            v.memo = None
+        v.value = v.views = None
+
+    def keep(self, *, pending: bool) -> list[bool]:
+        """Per node, whether the rule keeps it; ``pending``: also keep lazy nodes whose
+        outputs are needed (see the module doc)."""
+        nodes = self.node_list()
+        feeds: set[int] = set()  # versions a live source reaches
+        fed = []
+        for node in nodes:
+            hit = any(v.source and (v.pins or v.id in feeds) for v, _ in node.inputs)
+            fed.append(hit)
+            if hit:
+                feeds.update(o.id for o in node.outputs)
+        grad_live = {v.id for v in self.pinned()}
+        value_live = set(grad_live)
+        keep = [False] * len(nodes)
+        for i in range(len(nodes) - 1, -1, -1):
+            node = nodes[i]
+            by_grad = fed[i] and any(o.id in grad_live for o in node.outputs)
+            by_value = pending and node.pending and any(o.id in value_live for o in node.outputs)
+            if not (by_grad or by_value):
+                continue
+            keep[i] = True
+            for v, _ in node.inputs:
+                value_live.add(v.id)
+                if by_grad and v.source:
+                    grad_live.add(v.id)
+        return keep
+
+    def prune(self) -> None:
+        """Drops nodes off every source-to-sink path (see the module doc)."""
+        with self.hold():
+            nodes = self.node_list()
+            kept = [node for node, k in zip(nodes, self.keep(pending=True)) if k]
+            self.drop([node for node in nodes if node.id not in {n.id for n in kept}])
+            versions: dict[int, Version] = {v.id: v for v in self.pinned()}
+            for v in self.versions.values():
+                v.readers = 0
+            for node in kept:
+                for v, _ in node.inputs:
+                    versions[v.id] = v
+                    v.readers += 1
+                versions.update((o.id, o) for o in node.outputs)
+            for v in list(self.versions.values()):
+                if v.id not in versions:
+                    self._forget(v)
+            self.nodes = {node.id: node for node in kept}
+            self.versions = dict(sorted(versions.items()))
+            self.garbage = 0
+            self.limit = 2 * len(kept) + 64
+
+    def drop(self, nodes: Iterable[Node]) -> None:
+        """Makes the versions ``nodes`` wrote leaves (callers remove the nodes)."""
+        for node in nodes:
+            for out in node.outputs:
+                if out.node is node:
+                    out.node = None
+
+
+def between(nodes: Sequence[Node], wrt: Iterable[Version], f: Iterable[Version]) -> list[Node]:
+    """The recorded nodes on a gradient path from ``wrt`` to ``f``, in order."""
+    reach = {v.id for v in wrt}
+    forward = []
+    for node in nodes:
+        if any(v.id in reach and not v.cut for v, _ in node.inputs):
+            forward.append(node)
+            reach.update(o.id for o in node.outputs if o.grad)
+    need = {v.id for v in f}
+    picked = []
+    for node in reversed(forward):
+        if any(o.id in need for o in node.outputs):
+            picked.append(node)
+            need.update(v.id for v, _ in node.inputs if not v.cut)
+    picked.reverse()
+    return picked
+
+
+def to_flush(record: Record) -> tuple[list[Node], list[Version]]:
+    """The pending nodes a lazy flush runs, and the versions it must return.
+
+    Returned are the versions held by variables and those of nodes that stay recorded
+    for gradients; pending nodes needed for neither are dead and run never.
+    """
+    need = {v.id for v in record.pinned()}
+    nodes = record.node_list()
+    for node, k in zip(nodes, record.keep(pending=False)):
+        if k:
+            need.update(v.id for v, _ in node.inputs)
+            need.update(o.id for o in node.outputs)
+    returned = set(need)
+    picked = []
+    for node in reversed(nodes):
+        if node.pending and any(o.id in need for o in node.outputs):
+            picked.append(node)
+            need.update(v.id for v, _ in node.inputs)
+    picked.reverse()
+    outs = [o for node in picked for o in node.outputs if o.id in returned]
+    return picked, outs

@@ -1,0 +1,96 @@
+"""Memoisation, no_grad and lazy mode."""
+
+from __future__ import annotations
+
+import numpy as np
+import optax
+
+from fnnc import ops
+from fnnc.graph import DynamicGraph
+from tests.helpers import assert_close, rand
+
+F32 = np.float32
+
+
+def _version(v):
+    return v._slot.version
+
+
+def test_memo_reuses_pure_commands_on_the_same_versions() -> None:
+    dg = DynamicGraph()
+    x = dg.variable(rand((3,)))
+    a, b = dg.exec(ops.ewexp(), x), dg.exec(ops.ewexp(), x)
+    assert _version(a) is _version(b) and dg.num_nodes == 1
+    dg.set(x, rand((3,), seed=9))
+    c = dg.exec(ops.ewexp(), x)
+    assert _version(c) is not _version(a)
+    np.testing.assert_allclose(c.numpy(), np.exp(rand((3,), seed=9)), rtol=1e-6)
+    with dg.no_grad():
+        d = dg.exec(ops.ewexp(), x)
+    assert _version(d) is not _version(c) and not d.requires_grad
+
+
+def test_memo_is_off_for_random_commands_and_when_asked() -> None:
+    dg = DynamicGraph()
+    key = dg.constant(np.array([0, 1], np.uint32))
+    cmd = ops.random_uniform(shape=(2,))
+    assert _version(dg.exec(cmd, key)) is not _version(dg.exec(cmd, key))
+    dg = DynamicGraph(memo=False)
+    x = dg.variable(rand((3,)))
+    assert _version(dg.exec(ops.ewexp(), x)) is not _version(dg.exec(ops.ewexp(), x))
+
+
+def test_no_grad_records_nothing() -> None:
+    dg = DynamicGraph()
+    x = dg.variable(rand((3,)))
+    with dg.no_grad():
+        y = (x * 2.0).sum()
+    assert dg.num_nodes == 0 and not y.requires_grad
+    z = (x * 2.0).sum()
+    assert dg.num_nodes == 2 and z.requires_grad
+
+
+def test_lazy_runs_at_a_sync_point_as_one_program() -> None:
+    dg = DynamicGraph(lazy=True)
+    x = dg.constant(rand((4, 4)))
+    h = x
+    for _ in range(5):
+        h = dg.exec(ops.tanh(), h @ x)
+    assert _version(h).value is None and dg.num_nodes == 10
+    before = dg.num_compiled
+    want = rand((4, 4))
+    for _ in range(5):
+        want = np.tanh(want @ rand((4, 4)))
+    assert_close(h.numpy(), want, rtol=1e-5)
+    assert dg.num_compiled == before + 1
+    assert dg.num_nodes == 0  # constants only: nothing left to differentiate
+
+
+def test_lazy_and_eager_train_alike() -> None:
+    results = []
+    for lazy in (False, True):
+        dg = DynamicGraph(lazy=lazy)
+        w = dg.variable(rand((3, 2), seed=1), name="w")
+        opt = optax.adam(0.1)
+        for step in range(4):
+            x = dg.constant(rand((5, 3), seed=step))
+            loss = dg.exec(ops.relu(), x @ w).sum()
+            dg.backward(loss, [w])
+            dg.apply_gradients(opt, [w])
+        results.append((w.numpy(), loss.numpy()))
+    assert_close(results[0], results[1], rtol=1e-5)
+
+
+def test_lazy_drops_dead_work_and_checks_shapes_at_once() -> None:
+    dg = DynamicGraph(lazy=True)
+    x = dg.variable(rand((2, 3)))
+    dead = dg.exec(ops.ewexp(), x)
+    dg.free(dead)
+    y = dg.exec(ops.ewsum(), x, x)
+    np.testing.assert_allclose(y.numpy(), 2 * rand((2, 3)), rtol=1e-6)
+    try:
+        dg.exec(ops.gemm(), x, x)
+    except ValueError as e:
+        assert "gemm" in str(e)
+    else:
+        raise AssertionError("lazy exec must check shapes when recording")

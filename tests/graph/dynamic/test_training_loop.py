@@ -1,0 +1,97 @@
+"""A long eager training loop keeps the recorded graph, memory and compiled programs flat."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from fnnc import ops
+from fnnc.graph import DynamicGraph
+from fnnc.ops.backends import compiled_forward
+
+DENSE = ops.gemm(transpose_b=True)
+RELU = ops.relu()
+LOSS = ops.softmax_crossentropy()
+MEAN = ops.reduce_mean(axes=(0, 1))
+
+
+def _mlp(dg: DynamicGraph, sizes=(8, 16, 4), seed=0):
+    rng = np.random.default_rng(seed)
+    params = []
+    for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
+        w = rng.normal(0, 1 / np.sqrt(n_in), (n_out, n_in)).astype(np.float32)
+        params += [dg.variable(w, name=f"w{i}"), dg.variable(np.zeros(n_out, np.float32))]
+    return params
+
+
+def _batch(step: int, n: int = 8):
+    rng = np.random.default_rng(step % 7)
+    x = rng.normal(size=(n, 8)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32) + 2 * (x[:, 1] > 0).astype(np.int32)
+    return x, y
+
+
+def _loss(dg: DynamicGraph, params, x, y):
+    w0, b0, w1, b1 = params
+    h = dg.exec(RELU, dg.exec(DENSE, dg.constant(x), w0, b0))
+    loss, _ = dg.exec(LOSS, dg.exec(DENSE, h, w1, b1), dg.constant(y))
+    return dg.exec(MEAN, loss)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_long_loop_keeps_graph_memory_and_programs_flat(lazy: bool) -> None:
+    dg = DynamicGraph(lazy=lazy)
+    params = _mlp(dg)
+    opt = optax.adam(1e-2)
+    steps = 1000 if not lazy else 300
+    counts, losses = [], []
+    for step in range(steps):
+        loss = _loss(dg, params, *_batch(step))
+        dg.backward(loss, params)
+        dg.apply_gradients(opt, params)
+        losses.append(float(loss.numpy().reshape(())))
+        if step >= 3:
+            counts.append(
+                (
+                    dg.num_nodes,
+                    dg.num_tensors,
+                    dg.num_compiled,
+                    compiled_forward.cache_info().currsize,
+                    len(jax.live_arrays()),
+                )
+            )
+    assert len(set(counts)) == 1, f"not flat: first {counts[0]}, last {counts[-1]}"
+    assert np.mean(losses[-20:]) < 0.5 * np.mean(losses[:20])
+
+
+def test_minimize_matches_backward_then_apply() -> None:
+    runs = []
+    for fused in (False, True):
+        dg = DynamicGraph()
+        params = _mlp(dg)
+        opt = optax.sgd(0.1, momentum=0.9)
+        for step in range(5):
+            loss = _loss(dg, params, *_batch(step))
+            if fused:
+                dg.minimize(opt, loss, params)
+            else:
+                dg.backward(loss, params)
+                dg.apply_gradients(opt, params)
+        runs.append([p.numpy() for p in params])
+    for a, b in zip(*runs):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_free_variables_each_step_leaves_nothing_recorded() -> None:
+    dg = DynamicGraph()
+    params = _mlp(dg)
+    for step in range(3):
+        loss = _loss(dg, params, *_batch(step))
+        dg.backward(loss, params)
+        dg.free(loss)
+        assert dg.num_nodes == 0
+        dg.zero_grad()
