@@ -32,6 +32,10 @@ def _specs(pairs: Any) -> tuple[Spec, ...]:
 
 
 def _gradient_shape(*specs: Spec, of, in_specs, out_specs, grad_mask, wants) -> tuple[Spec, ...]:
+    check = of.definition.backward_check
+    reason = check(of) if check is not None else None
+    if reason is not None:
+        raise CommandError(f"{of.name} has no backward here: {reason}")
     uses = of.definition.backward_uses
     n_used = sum(uses.input_used(i) for i in range(len(in_specs)))
     n_used += sum(i in uses.outputs for i in range(len(out_specs)))

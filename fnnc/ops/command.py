@@ -101,6 +101,7 @@ class OpDef:
     doc: str
     min_inputs: int = 0
     display: Callable[[Command], str] | None = None
+    backward_check: Callable[[Command], str | None] | None = None
     backward_fn: Callable[..., Any] | None = None
 
     def check_arity(self, n: int, where: str = "") -> None:
@@ -297,6 +298,7 @@ def defcommand(
     differentiable: bool = True,
     min_inputs: int | None = None,
     display: Callable[[Command], str] | None = None,
+    backward_check: Callable[[Command], str | None] | None = None,
 ) -> Callable[[Callable[..., Any]], _Factory]:
     """Registers a command whose reference forward is the decorated function.
 
@@ -311,6 +313,10 @@ def defcommand(
             at least one for a variadic command (``ewsum`` of nothing is undefined).
         display: how listings print a command value, when the default
             ``name[param=value, ...]`` would be unreadable.
+        backward_check: ``check(cmd) -> None | reason``: why this command value has no
+            backward (e.g. a loop without a trip bound). The ``backward`` pass asks it
+            when it builds the gradient node, so the error comes while differentiating,
+            not later when the gradient graph runs.
     """
 
     def decorate(forward: Callable[..., Any]) -> _Factory:
@@ -344,6 +350,7 @@ def defcommand(
             doc=inspect.getdoc(forward) or "",
             min_inputs=max(required, int(variadic)) if min_inputs is None else min_inputs,
             display=display,
+            backward_check=backward_check,
         )
         return _Factory(_REGISTRY[cmd_name])
 

@@ -218,7 +218,21 @@ def _while_display(cmd: Command) -> str:
         return "while_loop[?]"
 
 
-@defcommand(family="control", shape=_while_shape, display=_while_display)
+def _while_backward_check(cmd: Command) -> str | None:
+    if cmd.param("max_iterations") is not None:
+        return None
+    return (
+        "gradients need a static trip bound, and this loop has none (lax.while_loop has "
+        "no reverse mode); rebuild it with max_iterations=N, an upper bound on its trips"
+    )
+
+
+@defcommand(
+    family="control",
+    shape=_while_shape,
+    display=_while_display,
+    backward_check=_while_backward_check,
+)
 def while_loop(
     *inputs, body, cond, carry_overs, cond_inputs=(), breakpoint=(), max_iterations=None
 ):
