@@ -13,6 +13,7 @@ in NNC's convention and attributes; :func:`registry` lists them all.
 """
 
 from fnnc.ops import autotune as autotune
+from fnnc.ops import pallas as pallas
 from fnnc.ops.activation import gelu as gelu
 from fnnc.ops.activation import leaky_relu as leaky_relu
 from fnnc.ops.activation import log_softmax as log_softmax

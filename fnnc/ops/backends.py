@@ -5,15 +5,19 @@ any platform. Faster backends (Pallas kernels) are registered with
 :func:`register_backend` and declare where they run and what they support. The choice,
 for one node, goes:
 
-1. a forced backend (``config.backend_per_command`` for this command, else
-   ``config.backend`` / ``FNNC_BACKEND`` for commands that have it): used if it
+1. a backend forced for this command (``config.backend_per_command``): used if it
    supports the input, else :class:`~fnnc.errors.BackendError` says why;
-2. the autotune table's winner for (command, shapes, dtypes, platform), if eligible;
-3. the highest-priority backend that compiles on this platform and supports the input;
-4. the reference.
+2. the backend forced for every command (``config.backend`` / ``FNNC_BACKEND``) where
+   the command has it and it supports the input; elsewhere the choice goes on below
+   (a graph's ``gradient`` nodes of commands without kernels, a ragged shape);
+3. the autotune table's winner for (command, shapes, dtypes, platform), if it compiles
+   on this platform and supports the input;
+4. the highest-priority backend that compiles on this platform and supports the input;
+5. the reference.
 
 A backend that only *interprets* on a platform (Pallas on CPU) is never chosen there
-unless forced, so CPU programs never pay for interpret mode by accident.
+unless forced, so CPU programs never pay for interpret mode by accident (not even
+through an autotune table written on another platform).
 """
 
 from __future__ import annotations
@@ -98,8 +102,9 @@ def select_backend(cmd: Command, specs: Sequence[Spec], platform: str | None = N
     available = backends_of(cmd.name)
     cfg = config.get()
     forced = cfg.backend_per_command.get(cmd.name, "")
-    if not forced and cfg.backend in available:
-        forced = cfg.backend
+    preferred = available.get(cfg.backend) if not forced else None
+    if preferred is not None and why_not(preferred, cmd, specs, platform) is None:
+        return cfg.backend
     if forced:
         if forced not in available:
             raise BackendError(
@@ -114,7 +119,8 @@ def select_backend(cmd: Command, specs: Sequence[Spec], platform: str | None = N
             )
         return forced
     tuned = autotune.TABLE.get(autotune.key(cmd, specs, platform)) if autotune.TABLE else None
-    if tuned in available and why_not(available[tuned], cmd, specs, platform) is None:
+    chosen = available.get(tuned) if tuned else None
+    if chosen is not None and platform in chosen.platforms and chosen.supports(cmd, specs) is None:
         return tuned
     best, best_priority = REFERENCE, 0
     for name, backend in available.items():

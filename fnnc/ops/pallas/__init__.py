@@ -1,0 +1,83 @@
+"""Pallas kernels: the ``"pallas"`` backend of fnnc's hot commands.
+
+Each module is named after the command it backs and holds the kernel forward (same
+signature and results as the reference), a ``*_reference`` (the command's ``"xla"``
+forward it matches), a ``jax.custom_vjp`` whose backward is a kernel too, a
+``supports(cmd, specs)`` predicate (``None`` or the reason) and ``backward`` in NNC's
+convention, which :mod:`~fnnc.ops.pallas.gradient` runs for a graph's backward nodes.
+
+========================================  ===============================================
+module                                    kernel
+========================================  ===============================================
+``softmax_crossentropy``                  online logsumexp over class blocks + softmax
+``layer_norm``, ``rms_norm``              row statistics and normalisation; backward
+                                          with partial scale/bias sums
+``scaled_dot_product_attention``          flash attention: online softmax over key blocks;
+                                          dQ and dK/dV kernels
+``fused_elementwise``                     generated from the fused body (and a gemm head:
+                                          bias + activation epilogue)
+``gemm``                                  tiled product with a bias epilogue
+``gradient``                              the backward kernels of the above, as graph nodes
+========================================  ===============================================
+
+Importing this package registers every backend. They are written for the Pallas
+Triton lowering (GPU; every kernel is checked to lower to Triton IR by
+``tests/ops/pallas/test_triton_lowering.py``) and registered as compiled on GPU and
+TPU; on CPU they run in interpret mode, and :func:`~fnnc.ops.select_backend` picks
+them there only when forced. ``config.override(backend="pallas")`` prefers them
+wherever they support the input (elsewhere the usual choice applies); forcing one
+command (``backend_per_command``) on an input its kernel declines raises
+:class:`~fnnc.errors.BackendError` with the reason. Support is decided by each
+module's ``supports``: dtypes (float32, bfloat16, float16), shapes, and blocks (sizes
+must split into power-of-two blocks; the kernels never mask ragged blocks).
+
+>>> import jax.numpy as jnp
+>>> from fnnc import config, ops
+>>> x = jnp.ones((4, 32))
+>>> with config.override(backend_per_command={"rms_norm": "pallas"}):
+...     y, inv_std = ops.rms_norm()(x)
+>>> y.shape
+(4, 32)
+"""
+
+from fnnc.ops.backends import Backend, register_backend
+from fnnc.ops.pallas import (
+    fused_elementwise,
+    gemm,
+    gradient,
+    layer_norm,
+    rms_norm,
+    scaled_dot_product_attention,
+    softmax_crossentropy,
+)
+
+NAME = "pallas"
+# GPU only: the kernels are written for the Triton lowering (checked by exporting them for
+# CUDA in tests/ops/pallas/test_triton_lowering.py). Some block shapes (one-column
+# statistics, one-row bias) do not meet Mosaic's 8x128 TPU tiling, so on a TPU the
+# reference runs until the kernels are verified there.
+PLATFORMS = ("gpu",)
+INTERPRET_PLATFORMS = ("cpu",)
+PRIORITY = 10
+
+MODULES = (
+    fused_elementwise,
+    gemm,
+    gradient,
+    layer_norm,
+    rms_norm,
+    scaled_dot_product_attention,
+    softmax_crossentropy,
+)
+"""One module per backed command, named after it."""
+
+
+def _register() -> None:
+    for module in MODULES:
+        command = module.__name__.rsplit(".", 1)[-1]
+        forward = getattr(module, command)
+        backend = Backend(NAME, forward, PLATFORMS, module.supports, PRIORITY, INTERPRET_PLATFORMS)
+        register_backend(command, backend)
+
+
+_register()

@@ -1,0 +1,111 @@
+"""Running a function of tiles over a ``[rows, lanes]`` grid, and its VJP, as kernels.
+
+:mod:`~fnnc.ops.pallas.fused_elementwise` generates its kernels with these: the
+function is the fused body traced over one tile of every operand (full, row, column or
+scalar tiles, see :func:`~fnnc.ops.pallas._common.operand_kind`), and the backward
+kernel traces ``jax.vjp`` of that same function. A broadcast operand's gradient is
+summed within a tile by the VJP itself (its broadcast is in the traced body); each
+program writes that partial sum to its own slot, and XLA adds the slots up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from fnnc.ops.command import Spec
+from fnnc.ops.pallas._common import (
+    COL,
+    FULL,
+    ROW,
+    SCALAR,
+    launch,
+    operand_spec,
+    reduce_partials,
+)
+
+Operands = Sequence[tuple[Any, str]]
+"""``(array in its 2-D layout, kind)`` pairs."""
+
+
+def vjp_tiles(fn: Callable[..., Any], n: int, *tiles_and_cts: Any) -> list[Any]:
+    """Gradients of ``fn``'s ``n`` float tiles (``None`` for others) for output gradients."""
+    tiles, cts = list(tiles_and_cts[:n]), tiles_and_cts[n:]
+    diff = [i for i, t in enumerate(tiles) if jnp.issubdtype(t.dtype, jnp.floating)]
+
+    def of_floats(*xs: Any) -> tuple[Any, ...]:
+        args = list(tiles)
+        for i, x in zip(diff, xs):
+            args[i] = x
+        return fn(*args)
+
+    outs, pull = jax.vjp(of_floats, *(tiles[i] for i in diff))
+    got = iter(pull(tuple(c.astype(o.dtype) for c, o in zip(cts, outs))))
+    return [next(got) if i in diff else None for i in range(n)]
+
+
+def _store(*refs: Any, fn: Callable[..., Any], n_in: int) -> None:
+    """Stores ``fn`` of the first ``n_in`` refs' tiles into the remaining (output) refs."""
+    outs = [o for o in fn(*(r[...] for r in refs[:n_in])) if o is not None]
+    for ref, value in zip(refs[n_in:], outs):
+        ref[...] = value.astype(ref.dtype)
+
+
+def call(
+    fn: Callable[..., Any],
+    operands: Operands,
+    shape: tuple[int, int],
+    blocks: tuple[int, int],
+    dtypes: Sequence[Any],
+) -> tuple[Any, ...]:
+    """``fn`` over the tiles of ``operands``: one ``shape`` array per output of ``fn``."""
+    (rows, lanes), (br, bl) = shape, blocks
+    return tuple(
+        launch(
+            lambda *refs: _store(*refs, fn=fn, n_in=len(operands)),
+            grid=(rows // br, lanes // bl),
+            in_specs=[operand_spec(k, br, bl) for _, k in operands],
+            out_specs=[operand_spec(FULL, br, bl)] * len(dtypes),
+            out_shape=[Spec(shape, d) for d in dtypes],
+            name="fnnc_fused_elementwise",
+        )(*(x for x, _ in operands))
+    )
+
+
+def _partial(kind: str, shape: tuple[int, int], blocks: tuple[int, int]) -> tuple[Any, Spec]:
+    """Block and array of the per-program partial gradients of an operand of ``kind``."""
+    (rows, lanes), (br, bl) = shape, blocks
+    grid = (rows // br, lanes // bl)
+    block = {FULL: (br, bl), ROW: (1, bl), COL: (br, 1), SCALAR: (1, 1)}[kind]
+    size = {FULL: shape, ROW: (grid[0], lanes), COL: (rows, grid[1]), SCALAR: grid}[kind]
+    return pl.BlockSpec(block, lambda i, j: (i, j)), Spec(size, jnp.float32)
+
+
+def vjp_call(
+    fn: Callable[..., Any],
+    operands: Operands,
+    shape: tuple[int, int],
+    blocks: tuple[int, int],
+    cts: Sequence[Any],
+) -> list[Any]:
+    """Gradients of the operands through ``fn`` (``None`` for non-float operands)."""
+    (rows, lanes), (br, bl) = shape, blocks
+    n = len(operands)
+    diff = [(x, k) for x, k in operands if jnp.issubdtype(x.dtype, jnp.floating)]
+    parts = [_partial(k, shape, blocks) for _, k in diff]
+    grad_fn = lambda *tiles: vjp_tiles(fn, n, *tiles)
+    partials = launch(
+        lambda *refs: _store(*refs, fn=grad_fn, n_in=n + len(cts)),
+        grid=(rows // br, lanes // bl),
+        in_specs=[operand_spec(k, br, bl) for _, k in operands]
+        + [operand_spec(FULL, br, bl)] * len(cts),
+        out_specs=[spec for spec, _ in parts],
+        out_shape=[size for _, size in parts],
+        name="fnnc_fused_elementwise_backward",
+    )(*(x for x, _ in operands), *cts)
+    got = iter(reduce_partials(g, k, x.shape, x.dtype) for g, (x, k) in zip(partials, diff))
+    return [next(got) if jnp.issubdtype(x.dtype, jnp.floating) else None for x, _ in operands]

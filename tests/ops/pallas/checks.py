@@ -1,0 +1,157 @@
+"""Shared checks of a Pallas kernel module against its reference (interpret mode on CPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fnnc import config, ops
+from fnnc.errors import BackendError
+from fnnc.graph import GraphBuilder
+from fnnc.ops.backends import as_specs
+from fnnc.ops.command import Command
+from tests.helpers import assert_close
+
+RTOL = ATOL = 1e-5
+
+
+def _tuple(x: Any) -> tuple[Any, ...]:
+    return x if isinstance(x, tuple) else (x,)
+
+
+def cotangents(outs: Sequence[Any], seed: int = 3) -> tuple[Any, ...]:
+    rng = np.random.default_rng(seed)
+    return tuple(jnp.asarray(rng.uniform(-1, 1, o.shape).astype(o.dtype)) for o in outs)
+
+
+def check_kernel(
+    module: Any,
+    cmd: Command,
+    args: Sequence[Any],
+    diff: Sequence[int],
+    rtol: float = RTOL,
+    atol: float = ATOL,
+) -> None:
+    """Forward, ``jax.vjp`` through the custom_vjp, and the NNC-convention backward."""
+    kernel = getattr(module, cmd.name)
+    reference = getattr(module, f"{cmd.name}_reference")
+    assert module.supports(cmd, as_specs(args, "test")) is None
+    args = [jnp.asarray(a) for a in args]
+    kw = cmd.kwargs
+
+    def pick(fn):
+        def f(*xs):
+            full = list(args)
+            for i, x in zip(diff, xs):
+                full[i] = x
+            return _tuple(fn(*full, **kw))
+
+        return f
+
+    want, ref_pull = jax.vjp(pick(reference), *(args[i] for i in diff))
+    got, pull = jax.vjp(pick(kernel), *(args[i] for i in diff))
+    assert_close(got, want, rtol, atol, what=f"{cmd} forward")
+    cts = cotangents(want)
+    assert_close(pull(cts), ref_pull(cts), rtol, atol, what=f"{cmd} vjp")
+    check_backward(module, cmd, args, want, cts, diff, rtol, atol)
+
+
+def check_backward(module, cmd, args, outs, cts, diff, rtol=RTOL, atol=ATOL) -> None:
+    """``module.backward`` equals the command's backward, unused tensors given as specs."""
+    uses = cmd.definition.backward_uses
+    spec = lambda t: jax.ShapeDtypeStruct(t.shape, t.dtype)
+    ins = tuple(a if uses.input_used(i) else spec(a) for i, a in enumerate(args))
+    outs = tuple(o if i in uses.outputs else spec(o) for i, o in enumerate(outs))
+    want = cmd.definition.backward(cts, ins, outs, **cmd.kwargs)
+    got = jax.jit(lambda c, i, o: module.backward(c, i, o, tuple(diff), **cmd.kwargs))(
+        cts, ins, outs
+    )
+    for i in diff:
+        assert_close(got[i], want[i], rtol, atol, what=f"{cmd} backward input {i}")
+
+
+def check_unsupported(cmd: Command, args: Sequence[Any], reason: str) -> None:
+    """Declined inputs: quiet fallback when preferred, a BackendError naming why when forced."""
+    specs = as_specs(args, "test")
+    with config.override(backend="pallas"):
+        assert ops.select_backend(cmd, specs, "cpu") == "xla"
+        assert ops.select_backend(cmd, specs, "gpu") == "xla"
+        got = cmd(*args)  # runs the reference, no error
+    want = ops.backends_of(cmd.name)["xla"].forward(*args, **cmd.kwargs)
+    assert_close(got, want)
+    with (
+        config.override(backend_per_command={cmd.name: "pallas"}),
+        pytest.raises(BackendError, match=rf"{cmd.name}.*{reason}"),
+    ):
+        cmd(*args)
+
+
+def check_forced_eager(cmd: Command, args: Sequence[Any]) -> None:
+    """Forcing the kernel for an eager call gives the reference's values."""
+    with config.override(backend_per_command={cmd.name: "pallas"}):
+        got = cmd(*args)
+    with config.override(backend_per_command={cmd.name: "xla"}):
+        want = cmd(*args)
+    assert_close(got, want, RTOL, ATOL, what=f"{cmd} forced")
+
+
+def _fused(dtype):
+    b = GraphBuilder()
+    x, m, col, s = (
+        b.input((32, 64), dtype),
+        b.input((32, 64), np.bool_),
+        b.input((32, 1), dtype),
+        b.input((), dtype),
+    )
+    y = b.exec(ops.select(), m, b.exec(ops.mish(), x), b.exec(ops.ewprod(), x, col))
+    body = b.build([b.exec(ops.ewsum(), b.exec(ops.sigmoid(), y), s)])
+    return ops.fused_elementwise(body=body), [
+        ((32, 64), dtype),
+        ((32, 64), np.bool_),
+        ((32, 1), dtype),
+        ((), dtype),
+    ]
+
+
+def _gemm_gelu(dtype):
+    b = GraphBuilder()
+    x, w, bias = b.input((32, 64), dtype), b.input((128, 64), dtype), b.input((128,), dtype)
+    y = b.exec(ops.gelu(approximate=True), b.exec(ops.gemm(transpose_b=True), x, w, bias))
+    return ops.fused_elementwise(body=b.build([y])), [
+        ((32, 64), dtype),
+        ((128, 64), dtype),
+        ((128,), dtype),
+    ]
+
+
+def small_cases(dtype):
+    """One small blockable case per kernel: ``{name: (command, [(shape, dtype), ...])}``."""
+    q, kv = ((1, 64, 4, 32), dtype), ((1, 32, 2, 32), dtype)
+    return {
+        "softmax_crossentropy": (
+            ops.softmax_crossentropy(),
+            [((8, 2048), dtype), ((8,), np.int32)],
+        ),
+        "layer_norm": (ops.layer_norm(), [((4, 8, 96), dtype), ((96,), dtype), ((96,), dtype)]),
+        "rms_norm": (ops.rms_norm(), [((4, 8, 96), dtype), ((96,), dtype)]),
+        "attention_causal_gqa": (ops.scaled_dot_product_attention(is_causal=True), [q, kv, kv]),
+        "attention_float_mask": (
+            ops.scaled_dot_product_attention(),
+            [q, kv, kv, ((4, 64, 32), dtype)],
+        ),
+        "attention_bool_mask": (
+            ops.scaled_dot_product_attention(),
+            [q, kv, kv, ((1, 1, 64, 32), np.bool_)],
+        ),
+        "gemm_transposed": (
+            ops.gemm(transpose_a=True, transpose_b=True),
+            [((64, 32), dtype), ((16, 64), dtype), ((16,), dtype)],
+        ),
+        "fused_chain": _fused(dtype),
+        "fused_gemm_epilogue": _gemm_gelu(dtype),
+    }

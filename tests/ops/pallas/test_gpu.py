@@ -1,0 +1,97 @@
+"""On a real GPU: the compiled (Triton) kernels against the reference, and their times.
+
+Marked ``gpu``, so CI (``-m 'not gpu'``) skips them; run with ``pytest -m gpu``. The
+benchmark ``benchmarks/kernels.py`` times the kernels at full transformer sizes.
+"""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.graph import GraphBuilder
+from fnnc.ops.backends import as_specs
+from tests.helpers import assert_close, rand, randint
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU"),
+]
+
+
+def _gelu_dense():
+    b = GraphBuilder()
+    x, w, bias = b.input((512, 256)), b.input((1024, 256)), b.input((1024,))
+    y = b.exec(ops.gelu(approximate=True), b.exec(ops.gemm(transpose_b=True), x, w, bias))
+    return ops.fused_elementwise(body=b.build([y]))
+
+
+CASES = {
+    "softmax_crossentropy": (
+        ops.softmax_crossentropy(),
+        lambda: [rand((512, 4096)), randint((512,), 4096)],
+        1e-4,
+    ),
+    "layer_norm": (
+        ops.layer_norm(),
+        lambda: [rand((4, 128, 1024)), rand((1024,)), rand((1024,))],
+        1e-4,
+    ),
+    "rms_norm": (ops.rms_norm(), lambda: [rand((4, 128, 1024)), rand((1024,))], 1e-4),
+    "attention": (
+        ops.scaled_dot_product_attention(is_causal=True),
+        lambda: [rand((2, 512, 8, 64), seed=i) for i in range(3)],
+        2e-2,  # XLA and Triton may both use TF32 for float32 products
+    ),
+    "gemm": (
+        ops.gemm(transpose_b=True),
+        lambda: [rand((512, 256)), rand((1024, 256)), rand((1024,))],
+        2e-2,
+    ),
+    "fused gemm+gelu": (
+        _gelu_dense(),
+        lambda: [rand((512, 256)), rand((1024, 256)), rand((1024,))],
+        2e-2,
+    ),
+}
+
+
+def _time(fn, *args, repeats=20):
+    jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    for _ in range(repeats):
+        out = fn(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / repeats
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_compiled_kernel_matches_reference_and_is_timed(name):
+    cmd, make, tol = CASES[name]
+    args = [jnp.asarray(a) for a in make()]
+    assert ops.select_backend(cmd, as_specs(args, name), "gpu") == "pallas"
+    kernel = jax.jit(lambda *a: ops.backends_of(cmd.name)["pallas"].forward(*a, **cmd.kwargs))
+    reference = jax.jit(lambda *a: ops.backends_of(cmd.name)["xla"].forward(*a, **cmd.kwargs))
+    assert_close(kernel(*args), reference(*args), rtol=tol, atol=tol)
+    diff = [i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating)]
+
+    def grad_of(fn):
+        def loss(*xs):
+            full = list(args)
+            for i, x in zip(diff, xs):
+                full[i] = x
+            return sum(jnp.sum(jnp.square(o)) for o in jax.tree.leaves(fn(*full)))
+
+        return jax.jit(jax.grad(loss, argnums=tuple(range(len(diff)))))
+
+    floats = [args[i] for i in diff]
+    assert_close(
+        grad_of(kernel)(*floats), grad_of(reference)(*floats), rtol=10 * tol, atol=10 * tol
+    )
+    t_kernel, t_ref = _time(kernel, *args), _time(reference, *args)
+    ratio = t_ref / t_kernel
+    print(f"{name}: pallas {t_kernel * 1e3:.3f} ms, xla {t_ref * 1e3:.3f} ms ({ratio:.2f}x)")
+    assert np.isfinite(t_kernel)

@@ -1,0 +1,45 @@
+"""Every kernel, forward and backward, lowers to Triton for CUDA, checked on this CPU.
+
+``jax.export`` lowers for a platform without its device, so the whole Pallas Triton
+lowering runs here (power-of-two sizes, primitives it implements, ``dot`` shapes, the
+bf16/f16 paths) and emits Triton IR in custom calls. What it cannot check is Triton's
+own compilation of that IR to a GPU binary (register and shared-memory budgets),
+which happens inside XLA on a GPU: see ``test_gpu.py``.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+
+from fnnc import ops
+from fnnc.ops.pallas import _common
+from tests.ops.pallas.checks import small_cases
+
+TRITON = "__gpu$xla.gpu.triton"
+
+
+@pytest.fixture(autouse=True)
+def gpu_target(monkeypatch):
+    monkeypatch.setattr(_common, "platform", lambda: "gpu")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("name", list(small_cases(np.float32)))
+def test_lowers_to_triton_for_cuda(name, dtype):
+    cmd, shapes = small_cases(dtype)[name]
+    specs = [jax.ShapeDtypeStruct(s, d) for s, d in shapes]
+    assert ops.backends_of(cmd.name)["pallas"].supports(cmd, specs) is None
+    forward = ops.backends_of(cmd.name)["pallas"].forward
+    diff = [i for i, s in enumerate(specs) if jnp.issubdtype(s.dtype, jnp.floating)]
+
+    def loss(*xs):
+        full = list(xs)
+        outs = jax.tree.leaves(forward(*full, **cmd.kwargs))
+        return sum(jnp.sum(jnp.square(o.astype(jnp.float32))) for o in outs)
+
+    train = jax.grad(loss, argnums=tuple(diff))
+    check = [export.DisabledSafetyCheck.custom_call(TRITON)]
+    exported = export.export(jax.jit(train), platforms=["cuda"], disabled_checks=check)(*specs)
+    assert exported.mlir_module().count(TRITON) >= 2  # a forward and a backward kernel
