@@ -235,8 +235,12 @@ def _dec_tree(data: Any, n: int) -> Any:
 
 
 # -- files -------------------------------------------------------------------
-def save(graph: Graph, path: str | os.PathLike[str]) -> None:
+def save(graph: Graph, path: Any, *, name: str | None = None) -> None:
     """Writes ``graph`` to ``path`` as JSON, atomically (temp file, then rename).
+
+    With ``name=`` (or a :class:`fnnc.io.TensorFile` as ``path``), the graph is stored
+    under that name in an NNC SQLite tensor file instead, beside its tensors (e.g. a
+    model's parameters), in one transaction.
 
     >>> import os, tempfile
     >>> from fnnc import ops
@@ -249,6 +253,11 @@ def save(graph: Graph, path: str | os.PathLike[str]) -> None:
     >>> load(path) == g
     True
     """
+    if name is not None or not isinstance(path, (str, os.PathLike)):
+        from fnnc.io import save_to
+
+        save_to(path, graph, name or "graph")
+        return
     text = json.dumps(to_data(graph), separators=(",", ":"))
     directory = os.path.dirname(os.fspath(path)) or "."
     with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:
@@ -258,8 +267,16 @@ def save(graph: Graph, path: str | os.PathLike[str]) -> None:
     os.replace(f.name, path)
 
 
-def load(path: str | os.PathLike[str]) -> Graph:
-    """Reads a graph written by :func:`save`; :class:`GraphFormatError` if it is not one."""
+def load(path: Any, *, name: str | None = None) -> Graph:
+    """Reads a graph written by :func:`save`; :class:`GraphFormatError` if it is not one.
+
+    With ``name=`` (or a :class:`fnnc.io.TensorFile`), reads the graph of that name from
+    an NNC SQLite tensor file.
+    """
+    if name is not None or not isinstance(path, (str, os.PathLike)):
+        from fnnc.io import load_from
+
+        return load_from(path, name or "graph")
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)

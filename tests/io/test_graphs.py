@@ -49,3 +49,24 @@ def test_missing_and_damaged_graphs(tmp_path):
     conn.close()
     with pytest.raises(GraphFormatError, match=r"not an fnnc graph.*graph 'g' in"):
         load_from(path, "g")
+
+
+def test_fnnc_graph_save_and_load_route_to_the_tensor_file(tmp_path):
+    import numpy as np
+
+    from fnnc import ops
+    from fnnc.graph import GraphBuilder, load, save
+    from fnnc.io import TensorFile
+
+    b = GraphBuilder()
+    x = b.input((3,), name="x")
+    g = b.build([b.exec(ops.relu(), x)])
+    path = tmp_path / "model.sqlite3"
+    with TensorFile(path) as f:
+        f.write("w", np.ones(3, np.float32))
+    save(g, path, name="forward")
+    assert load(path, name="forward") == g
+    with TensorFile(path) as f:
+        assert f.names() == ["w"]  # the tensors are untouched
+        save(g, f)
+        assert load(f) == g
