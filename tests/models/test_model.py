@@ -213,3 +213,19 @@ def test_noop_detection_is_not_fooled_by_accumulation_or_zero_rate():
     assert is_noop(minimizers.noop()) and is_noop(optax.set_to_zero())
     assert not is_noop(minimizers.with_gradient_accumulation(minimizers.sgd(0.1), 2))
     assert not is_noop(minimizers.sgd(0.1)) and not is_noop(optax.adam(1e-3))
+
+
+def test_set_minimizer_on_a_subset_freezes_exactly_those_parameters():
+    model = _mlp()
+    x, y = _data()
+    model.compile([x], loss="softmax_crossentropy", minimizer=optax.sgd(0.1))
+    model.set_minimizer(minimizers.noop(), params=["t-hidden-0-0", "t-hidden-0-1"])
+    before = model.parameters()
+    model.fit([x], [y])
+    after = model.parameters()
+    assert np.array_equal(after["t-hidden-0-0"], before["t-hidden-0-0"])
+    assert not np.allclose(after["t-out-0-0"], before["t-out-0-0"])
+    step = next(p for k, p in model.engine._programs.items() if k[0] == "fit")
+    assert "t-hidden-0-0" not in step.program.graph.symbols[step.program.graph.inputs[0]].name
+    with pytest.raises(ModelError, match=r"unknown parameter ids \['t-nope'\]"):
+        model.set_minimizer(optax.sgd(0.1), params=["t-nope"])
