@@ -13,7 +13,6 @@ Operators record commands: ``+`` is ``ewsum``, ``-`` ``add[q=-1]``, ``*`` ``ewpr
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 from collections.abc import Iterator, Sequence
@@ -223,8 +222,12 @@ class Variable:
         slot = self._slot
         if slot is not None:
             self._slot = None
-            with contextlib.suppress(Exception):  # at interpreter shutdown
+            # Plain try/except: at interpreter shutdown module globals (contextlib
+            # included) may already be None, but the builtins are still there.
+            try:  # noqa: SIM105 - contextlib may be gone at shutdown
                 self._dg.release(slot)
+            except Exception:
+                pass
 
 
 def index_view(parent: View, index: Any, label: str) -> View:
