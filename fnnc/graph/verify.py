@@ -28,7 +28,8 @@ def _user_of(graph: Graph, sid: int) -> int | None:
 
 
 def verify(graph: Graph) -> Graph:
-    """Checks ``graph``; returns it unchanged, or raises :class:`GraphError` naming the node.
+    """Checks ``graph`` and every sub-graph its commands hold (loop bodies, fused
+    chains); returns it unchanged, or raises :class:`GraphError` naming the node.
 
     >>> from fnnc import ops
     >>> from fnnc.graph import GraphBuilder, verify
@@ -36,6 +37,31 @@ def verify(graph: Graph) -> Graph:
     >>> x = b.input((3,), name="x")
     >>> g = verify(b.build([b.exec(ops.relu(), x)]))
     """
+    from fnnc.graph.passes._subgraphs import holds_subgraphs, subgraphs
+
+    _verify_one(graph)
+    seen, stack = {id(graph)}, [graph]
+    while stack:
+        outer = stack.pop()
+        for index, node in enumerate(outer.nodes):
+            if not holds_subgraphs(node.cmd):
+                continue
+            for sub in subgraphs(node.cmd):
+                if id(sub) in seen:
+                    continue
+                seen.add(id(sub))
+                try:
+                    _verify_one(sub)
+                except GraphError as e:
+                    raise GraphError(
+                        f"verify: in a sub-graph held by node {index} ({node.cmd.name}):\n{e}"
+                    ) from None
+                stack.append(sub)
+    return graph
+
+
+def _verify_one(graph: Graph) -> None:
+    """The rules of the module doc, for one graph (not its sub-graphs)."""
     symbols = graph.symbols
     n = len(symbols)
     for i, sym in enumerate(symbols):
@@ -108,7 +134,6 @@ def verify(graph: Graph) -> Graph:
             _fail(graph, f"graph output {label} is never written")
     for root, views in alias_writes.items():
         _check_disjoint(graph, root, views)
-    return graph
 
 
 def _check_write(graph, index, sym, written, alias_writes, first_read) -> None:

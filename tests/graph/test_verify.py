@@ -265,3 +265,24 @@ def test_long_graphs_show_a_window_around_the_node() -> None:
     for i in (5, 6, 7, 9, 10, 11):
         assert f"# step{i}" in msg
     assert not re.search(r"# step([0-4]|1[2-5])$", msg, re.MULTILINE)
+
+
+def test_verify_checks_sub_graphs_held_by_commands() -> None:
+    import dataclasses
+
+    from fnnc.graph.passes import fuse
+
+    b = GraphBuilder()
+    x = b.input((4,), name="x")
+    y = b.exec(ops.tanh(), b.exec(ops.ewexp(), b.exec(ops.scalar_mul(a=0.5), x)))
+    fused = fuse(b.build([y]))
+    node = next(n for n in fused.nodes if n.cmd.name == "fused_elementwise")
+    body = node.cmd.param("body")
+    # SSA broken inside the body only: the fused command's shape rule cannot see it.
+    broken_body = dataclasses.replace(body, nodes=(*body.nodes, body.nodes[0]))
+    params = tuple((k, broken_body if k == "body" else v) for k, v in node.cmd.params)
+    bad_node = dataclasses.replace(node, cmd=dataclasses.replace(node.cmd, params=params))
+    bad = dataclasses.replace(fused, nodes=tuple(bad_node if n is node else n for n in fused.nodes))
+    with pytest.raises(GraphError, match=r"in a sub-graph held by node \d+ \(fused_elementwise\)"):
+        verify(bad)
+    assert verify(fused) is fused
