@@ -178,23 +178,22 @@ def _adam_family(
         r1 = lr / c.bias_correction(beta1, state.count)
         c2 = 1.0 / c.bias_correction(beta2, state.count)
         vm_leaves = treedef.flatten_up_to(state.velocity_max) if amsgrad else [None] * len(g_leaves)
-        outs = [
-            rule(g, a, m, v, vm, lr, r1, c2)
-            for g, a, m, v, vm in zip(
-                g_leaves,
-                c.leaves_like(treedef, params),
-                treedef.flatten_up_to(state.momentum),
-                treedef.flatten_up_to(state.velocity),
-                vm_leaves,
-            )
-        ]
-        columns = list(zip(*outs)) if outs else [(), (), (), ()]
+        updates, momentum, velocity, velocity_max = c.map_leaves(
+            lambda g, a, m, v, vm: rule(g, a, m, v, vm, lr, r1, c2),
+            treedef,
+            g_leaves,
+            c.leaves_like(treedef, params),
+            treedef.flatten_up_to(state.momentum),
+            treedef.flatten_up_to(state.velocity),
+            vm_leaves,
+            outputs=4,
+        )
         new_state = AdamState(
             count=optax.safe_int32_increment(state.count),
-            momentum=treedef.unflatten(columns[1]),
-            velocity=treedef.unflatten(columns[2]),
-            velocity_max=treedef.unflatten(columns[3]) if amsgrad else None,
+            momentum=momentum,
+            velocity=velocity,
+            velocity_max=velocity_max if amsgrad else None,
         )
-        return treedef.unflatten(columns[0]), new_state
+        return updates, new_state
 
     return optax.GradientTransformation(init_fn, update_fn)

@@ -125,3 +125,14 @@ def to_update(delta: jax.Array, param: jax.Array | None, grad: jax.Array) -> jax
         return -delta
     new = (param.astype(delta.dtype) - delta).astype(param.dtype)
     return new - param
+
+
+def map_leaves(rule: Any, treedef: Any, *leaf_lists: Any, outputs: int) -> list[Any]:
+    """Applies ``rule`` leaf by leaf over parallel leaf lists; returns one tree per output.
+
+    ``rule(*leaves) -> tuple`` of ``outputs`` values (the update, then new state parts);
+    each column of results is unflattened with ``treedef``.
+    """
+    results = [rule(*leaves) for leaves in zip(*leaf_lists)]
+    columns = list(zip(*results)) if results else [()] * outputs
+    return [treedef.unflatten(list(col)) for col in columns]

@@ -103,21 +103,20 @@ def lamb(
         lr = c.rate_at(rate, state.count)
         c1 = 1.0 / c.bias_correction(beta1, state.count)
         c2 = 1.0 / c.bias_correction(beta2, state.count)
-        outs = [
-            rule(g, a, m, v, lr, c1, c2)
-            for g, a, m, v in zip(
-                g_leaves,
-                treedef.flatten_up_to(params),
-                treedef.flatten_up_to(state.momentum),
-                treedef.flatten_up_to(state.velocity),
-            )
-        ]
-        columns = list(zip(*outs)) if outs else [(), (), ()]
+        updates, momentum, velocity = c.map_leaves(
+            lambda g, a, m, v: rule(g, a, m, v, lr, c1, c2),
+            treedef,
+            g_leaves,
+            treedef.flatten_up_to(params),
+            treedef.flatten_up_to(state.momentum),
+            treedef.flatten_up_to(state.velocity),
+            outputs=3,
+        )
         new_state = LAMBState(
             count=optax.safe_int32_increment(state.count),
-            momentum=treedef.unflatten(columns[1]),
-            velocity=treedef.unflatten(columns[2]),
+            momentum=momentum,
+            velocity=velocity,
         )
-        return treedef.unflatten(columns[0]), new_state
+        return updates, new_state
 
     return optax.GradientTransformation(init_fn, update_fn)

@@ -121,23 +121,22 @@ def rmsprop(
         ga_leaves = (
             treedef.flatten_up_to(state.grad_average) if centered else [None] * len(g_leaves)
         )
-        outs = [
-            rule(g, a, m, v, ga, lr)
-            for g, a, m, v, ga in zip(
-                g_leaves,
-                c.leaves_like(treedef, params),
-                treedef.flatten_up_to(state.momentum),
-                treedef.flatten_up_to(state.velocity),
-                ga_leaves,
-            )
-        ]
-        columns = list(zip(*outs)) if outs else [(), (), (), ()]
+        updates, momentum, velocity, grad_average = c.map_leaves(
+            lambda g, a, m, v, ga: rule(g, a, m, v, ga, lr),
+            treedef,
+            g_leaves,
+            c.leaves_like(treedef, params),
+            treedef.flatten_up_to(state.momentum),
+            treedef.flatten_up_to(state.velocity),
+            ga_leaves,
+            outputs=4,
+        )
         new_state = RMSPropState(
             count=optax.safe_int32_increment(state.count),
-            momentum=treedef.unflatten(columns[1]),
-            velocity=treedef.unflatten(columns[2]),
-            grad_average=treedef.unflatten(columns[3]) if centered else None,
+            momentum=momentum,
+            velocity=velocity,
+            grad_average=grad_average if centered else None,
         )
-        return treedef.unflatten(columns[0]), new_state
+        return updates, new_state
 
     return optax.GradientTransformation(init_fn, update_fn)
