@@ -2,6 +2,19 @@
 
 import jax
 import pytest
+from hypothesis import HealthCheck, settings
+
+# One hypothesis profile for every property test: reproducible in CI (derandomized, no
+# example database), no deadline (JAX compiles), no health checks that flag slow draws.
+# A test's own @settings only says how many examples it wants.
+settings.register_profile(
+    "fnnc",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
+settings.load_profile("fnnc")
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 

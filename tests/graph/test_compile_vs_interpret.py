@@ -20,13 +20,7 @@ from fnnc.graph import Graph, GraphBuilder, compile, interpret
 from fnnc.graph.ir import AliasSymbol
 from tests.graph.strategies import BOUND, OPS, graphs
 
-SETTINGS = settings(
-    max_examples=100,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+SETTINGS = settings(max_examples=100)
 
 
 def _gemm(a, b, bias=None, *, transpose_a, transpose_b):

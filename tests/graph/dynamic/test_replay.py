@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 
 from fnnc.graph import DynamicGraph, Graph, GraphBuilder, compile, interpret
 from fnnc.graph.ir import AliasSymbol
@@ -21,9 +21,7 @@ from fnnc.graph.passes.backward import backward
 from tests.graph.strategies import graphs
 from tests.helpers import assert_close
 
-SETTINGS = settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
-)
+SETTINGS = settings(max_examples=25)
 
 
 def replay(dg: DynamicGraph, graph: Graph, arrays: Any) -> Callable[[int], Any]:

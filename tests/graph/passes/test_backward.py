@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 
 from fnnc import ops
 from fnnc.errors import DTypeError, GraphError, ShapeError
@@ -31,9 +31,7 @@ def _scalar_of_outputs(graph, weights):
     return b.build([f]), f
 
 
-@settings(
-    max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
-)
+@settings(max_examples=60)
 @given(graphs(max_nodes=6))
 def test_random_graphs_match_jax_grad(case):
     graph, arrays = case

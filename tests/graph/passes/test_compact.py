@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 
 from fnnc import ops
 from fnnc.graph import GraphBuilder, verify
@@ -13,13 +13,7 @@ from fnnc.graph.passes import compact
 from tests.graph.strategies import graphs
 from tests.helpers import assert_pass_keeps_semantics, rand
 
-SETTINGS = settings(
-    max_examples=50,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
+SETTINGS = settings(max_examples=50)
 
 
 def _with_holes():

@@ -4,7 +4,7 @@ and view-writing nodes never do."""
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 
 from fnnc import ops
 from fnnc.graph import GraphBuilder, interpret
@@ -12,13 +12,7 @@ from fnnc.graph.passes import cse
 from tests.graph.strategies import graphs
 from tests.helpers import assert_pass_keeps_semantics, rand
 
-SETTINGS = settings(
-    max_examples=100,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
+SETTINGS = settings(max_examples=100)
 
 
 def _nnc_square():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from jax import lax
 
 from fnnc import ops
@@ -13,13 +13,7 @@ from fnnc.ops.primitive import primitive_command
 from tests.graph.strategies import graphs
 from tests.helpers import assert_pass_keeps_semantics, rand
 
-SETTINGS = settings(
-    max_examples=100,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
+SETTINGS = settings(max_examples=100)
 
 
 def test_golden_dead_chain_goes() -> None:

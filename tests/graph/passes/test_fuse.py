@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 
 from fnnc import ops
 from fnnc.graph import GraphBuilder, compile, interpret
@@ -12,13 +12,7 @@ from fnnc.graph.passes import fuse
 from tests.graph.strategies import graphs
 from tests.helpers import assert_close, assert_pass_keeps_semantics, rand
 
-SETTINGS = settings(
-    max_examples=100,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
+SETTINGS = settings(max_examples=100)
 
 LOGITS = np.array([[10, -1, -5], [12, 4, 24]], np.float32)
 LABELS = np.array([2, 1], np.int32)

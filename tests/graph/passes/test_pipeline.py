@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 
 from fnnc import config, ops
 from fnnc.errors import GraphError
@@ -16,13 +16,7 @@ from fnnc.graph.passes import cse, dce, fold, fuse, run_passes
 from tests.graph.strategies import graphs
 from tests.helpers import assert_close, assert_pass_keeps_semantics, rand
 
-SETTINGS = settings(
-    max_examples=100,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
+SETTINGS = settings(max_examples=100)
 EVERYTHING = graphs(
     max_nodes=8, activations=True, duplicates=True, constant_exprs=True, identities=True
 )

@@ -116,7 +116,9 @@ def test_non_elementwise_body_is_declined():
 
 
 def test_primitive_list_is_in_the_triton_lowering_table():
-    lowering = pytest.importorskip("jax._src.pallas.triton.lowering")
+    # Imported, not skipped: this check exists to fail when JAX's table drifts.
+    from jax._src.pallas.triton import lowering
+
     table = {p.name for p in lowering.triton_lowering_rules}
     assert not kernel.TRITON_PRIMITIVES - table, sorted(kernel.TRITON_PRIMITIVES - table)
 
