@@ -26,13 +26,14 @@ def run_graph(graph: Graph, args: Sequence[Any]) -> list[Any]:
     """``graph``'s outputs on ``args``, each node by its command's reference forward.
 
     Nodes that are themselves control commands run through this again, so sub-graphs
-    nest to any depth.
+    nest to any depth. The plain reference forwards are called (no jit per node): a
+    sub-graph always runs inside its command's own compiled forward, so per-node jits
+    would only add tracing work.
     """
     from fnnc.graph.evaluate import as_tuple, run_nodes
-    from fnnc.ops.backends import REFERENCE, compiled_forward
 
     def run_node(index: int, node: Any, inputs: list[Any]) -> tuple[Any, ...]:
-        return as_tuple(compiled_forward(node.cmd, REFERENCE)(*inputs))
+        return as_tuple(node.cmd.definition.forward(*inputs, **node.cmd.kwargs))
 
     return run_nodes(graph, args, run_node)
 

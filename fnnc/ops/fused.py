@@ -18,6 +18,7 @@ import numpy as np
 
 from fnnc.errors import ShapeError
 from fnnc.ops._rules import show
+from fnnc.ops._subgraph import run_graph
 from fnnc.ops.command import Command, Spec, defcommand
 
 
@@ -56,10 +57,5 @@ def fused_elementwise(*inputs, body):
     >>> ops.fused_elementwise(body=body)(np.array([0.0, 2.0], np.float32))
     Array([0.      , 1.761594], dtype=float32)
     """
-    from fnnc.graph.evaluate import as_tuple, run_nodes  # the graph layer imports ops
-
-    def run_node(index: int, node: Any, values: list[Any]) -> tuple[Any, ...]:
-        return as_tuple(node.cmd.definition.forward(*values, **node.cmd.kwargs))
-
-    outs = run_nodes(body, inputs, run_node)
+    outs = run_graph(body, inputs)
     return outs[0] if len(outs) == 1 else tuple(outs)
