@@ -3,7 +3,9 @@
 1. Per command, eager: ``DynamicGraph.exec`` (recording, trainable inputs) against
    plain JAX eager (``jnp`` ops) and PyTorch eager on CPU (autograd recording), for
    small (16x16) and medium (512x512) tensors. Memoisation is off so every call
-   computes.
+   computes. Beside them, the *dispatch*: the jitted forward ``exec`` runs, called
+   bare. For ``jnp.tanh`` and ``jnp.matmul`` JAX eager is exactly such a call, so
+   ``dg - dispatch`` is the cost of recording a command, and it is the whole gap.
 2. One training step of an MLP 784-256-256-10 (batch 128, Adam): forward, backward and
    apply_gradients in eager and lazy mode (and ``minimize``, backward + update in one
    program) against the same step as one ``jax.jit`` (and PyTorch eager).
@@ -30,6 +32,7 @@ import optax
 
 from fnnc import ops
 from fnnc.graph import DynamicGraph
+from fnnc.ops.backends import compiled_forward, select_backend
 
 try:
     import torch
@@ -81,12 +84,22 @@ def per_command(n: int, inner: int, repeats: int) -> None:
             "gemm": lambda: torch.matmul(ta, tb),
             "tanh": lambda: torch.tanh(ta),
         }
+    # The dispatch floor: the very jitted forward dg.exec calls, called bare. JAX eager
+    # is this same kind of call (jnp.tanh and jnp.matmul are jitted functions), so
+    # dg - dispatch is what recording costs per command.
+    spec = jax.ShapeDtypeStruct(a.shape, a.dtype)
+    bare = {k: compiled_forward(c, select_backend(c, [spec] * arity)) for k, c, arity in
+            (("ewsum", ewsum, 2), ("gemm", gemm, 2), ("tanh", tanh, 1))}  # fmt: skip
+    args = {"ewsum": (ja, jb), "gemm": (ja, jb), "tanh": (ja,)}
     k = inner if n <= 64 else max(5, inner // 50)
     for name, (jax_op, dg_op) in rows.items():
         t_jax = _median_us(jax_op, _jax_sync, k, repeats)
         t_dg = _median_us(dg_op, _dg_sync, k, repeats)
+        fn, xs = bare[name], args[name]
+        t_bare = _median_us(lambda fn=fn, xs=xs: fn(*xs), _jax_sync, k, repeats)
         line = f"  {name:6s} {n:4d}x{n:<4d} jax {t_jax:8.1f} us  dg {t_dg:8.1f} us"
-        line += f" ({t_dg / t_jax:4.2f}x jax)"
+        line += f" ({t_dg / t_jax:4.2f}x jax; dispatch {t_bare:6.1f} us,"
+        line += f" recording {t_dg - t_bare:+5.1f} us)"
         if torch is not None:
             t_torch = _median_us(torch_ops[name], lambda x: x, k, repeats)
             line += f"  torch {t_torch:8.1f} us ({t_dg / t_torch:4.2f}x torch)"

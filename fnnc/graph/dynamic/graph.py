@@ -21,36 +21,41 @@ from fnnc.ops.command import output_specs
 from . import autodiff, lazy, versions
 from .commands import call
 from .extract import PROGRAMS, extract
-from .record import Node, Read, Record, Version, View
+from .record import Node, Read, Record, Version, View, spec_id
 from .variable import Slot, Variable, alias_view
 
 Spec = jax.ShapeDtypeStruct
 
 
-class _Plan:
-    """How one command runs on inputs of given specs: output specs and the executable."""
-
-    __slots__ = ("cfg", "floats", "fn", "specs")
-
-    def __init__(self, cfg: Any, specs: tuple[tuple[tuple[int, ...], np.dtype], ...], fn: Any):
-        self.cfg = cfg
-        self.specs = specs
-        self.floats = tuple(np.issubdtype(d, np.inexact) for _, d in specs)
-        self.fn = fn
-
-
 class _PerCommand:
-    """Per command value: plans by input specs, and memoised results by input versions."""
+    """Per command value: its plans by input spec ids, and memoised results."""
 
     __slots__ = ("differentiable", "memo", "plans")
 
     def __init__(self, cmd: Command, memo: bool):
         attrs = cmd.definition.attributes
         self.differentiable = attrs.differentiable
-        self.plans: dict[Any, _Plan] = {}
+        self.plans: dict[tuple[int, ...], _Plan] = {}
         self.memo: dict[Any, tuple[Version, ...]] | None = (
             {} if memo and not (attrs.random or attrs.has_effects) else None
         )
+
+
+class _Plan:
+    """How one command runs on inputs of given specs: the executable and the outputs'
+    ``(shape, dtype, spec id, floating)``, checked once by the shape rule."""
+
+    __slots__ = ("cfg", "fn", "outs", "per")
+
+    def __init__(self, per: _PerCommand, cfg: Any, fn: Any, outs: Any):
+        self.per = per
+        self.cfg = cfg
+        self.fn = fn
+        self.outs = tuple(
+            (tuple(o.shape), np.dtype(o.dtype), spec_id(tuple(o.shape), np.dtype(o.dtype)),
+             np.issubdtype(o.dtype, np.inexact))
+            for o in outs
+        )  # fmt: skip
 
 
 class DynamicGraph:
@@ -88,7 +93,8 @@ class DynamicGraph:
         self._record = Record()
         self._grad_enabled = True
         self._commands: dict[Command, _PerCommand] = {}
-        self._by_id: dict[int, tuple[Command, _PerCommand]] = {}
+        # (command, plan) by (id(command), input spec ids): the hot path's one lookup
+        self._plans: dict[tuple[int, ...], tuple[Command, _Plan]] = {}
         self._scalars: dict[tuple[Any, np.dtype], Any] = {}
         self._dead: list[Slot] = []
         self.grads: dict[tuple[Slot, View | None], Variable] = {}
@@ -175,54 +181,123 @@ class DynamicGraph:
         record = self._record
         if record.garbage > record.limit or len(record.nodes) > record.limit:
             self.collect()
-        try:  # the common case: live variables of this graph
-            reads = [(x._slot.version, x._view) for x in inputs if x._dg is self]
-            if len(reads) != len(inputs):
-                raise AttributeError
-        except AttributeError:
+        # The hot path (an eager step is mostly this): live variables of this graph,
+        # read whole, by a command already planned for their specs. One dict lookup
+        # keyed by the command's identity and the inputs' spec ids finds the plan.
+        # One and two inputs are unrolled: on Python 3.11 each comprehension costs
+        # about 0.1 us, a fair share of what recording a command may cost at all.
+        vs: Any = None
+        try:
+            n = len(inputs)
+            if n == 1:
+                (x,) = inputs
+                if x._view is None and x._dg is self:
+                    v = x._slot.version
+                    vs, key = (v,), (id(cmd), v.sid)
+            elif n == 2:
+                x, y = inputs
+                if x._view is None and y._view is None and x._dg is self and y._dg is self:
+                    v, w = x._slot.version, y._slot.version
+                    vs, key = (v, w), (id(cmd), v.sid, w.sid)
+            else:
+                got = tuple([x._slot.version for x in inputs if x._view is None and x._dg is self])
+                if len(got) == n:
+                    vs, key = got, (id(cmd), *[v.sid for v in got])
+        except AttributeError:  # not a variable, or a freed one: the general path says
+            vs = None
+        if vs is not None:
+            entry = self._plans.get(key)
+            if entry is not None and entry[0] is cmd and entry[1].cfg is config.get():
+                plan = entry[1]
+            else:
+                plan = self._plan(cmd, [(v, None) for v in vs], name)
+            reads = None
+        else:
             reads = [self._read(x, _where(cmd, name), i) for i, x in enumerate(inputs)]
+            vs = tuple([v for v, _ in reads])
+            plan = self._plan(cmd, reads, name)
+            if all(w is None for _, w in reads):
+                reads = None
         if outputs is not None:
-            return versions.exec_into(self, cmd, reads, list(outputs), name)
-        outs = self._run(cmd, reads, name)
+            run = functools.partial(self._run, cmd, plan, vs, reads, name)
+            return versions.exec_into(self, cmd, run, outputs, name)
+        outs = self._run(cmd, plan, vs, reads, name)
         if len(outs) == 1:
             return Variable(self, Slot(outs[0], "", True), None, "")
         return tuple(Variable(self, Slot(v, "", True), None, "") for v in outs)
 
-    def _run(self, cmd: Command, reads: list[Read], name: str) -> tuple[Version, ...]:
-        entry = self._by_id.get(id(cmd))
-        per = entry[1] if entry is not None and entry[0] is cmd else self._per_command(cmd, name)
-        specs = tuple([v.spec if w is None else (w.shape, v.dtype) for v, w in reads])
-        plan = per.plans.get(specs)
-        if plan is None or plan.cfg is not config.get():
-            plan = per.plans[specs] = self._plan(cmd, specs, reads, name)
+    def run(self, cmd: Command, reads: list[Read], name: str) -> tuple[Version, ...]:
+        """Runs ``cmd`` on versions (or views of them) and records it; its new versions."""
+        plan = self._plan(cmd, reads, name)
+        vs = tuple([v for v, _ in reads])
+        whole = all(w is None for _, w in reads)
+        return self._run(cmd, plan, vs, None if whole else reads, name)
+
+    def _run(
+        self,
+        cmd: Command,
+        plan: _Plan,
+        vs: tuple[Version, ...],
+        reads: list[Read] | None,
+        name: str,
+    ) -> tuple[Version, ...]:
+        """Runs a planned command (``reads`` is ``None`` when every input is read whole)."""
+        per = plan.per
         grad = False
         if self._grad_enabled and per.differentiable:
-            for v, _ in reads:
+            for v in vs:
                 if v.source:
                     grad = True
                     break
         memo = per.memo
         if memo is not None:
-            key = (grad, *[(v.id, w) for v, w in reads])
+            if reads is None:
+                key: Any = (grad, *[v.id for v in vs])
+            else:
+                key = (grad, *[(v.id, w) for v, w in reads])
             hit = memo.get(key)
             if hit is not None and not any(o.cut for o in hit):
                 return hit
         record = self._record
-        if self.lazy:
-            values: Any = (None,) * len(plan.specs)
+        lazy = self.lazy
+        n = len(vs)
+        if lazy:
+            values: Any = (None,) * len(plan.outs)
         else:
-            values = plan.fn(*[v.value if w is None else self._view_value(v, w) for v, w in reads])
-            if not isinstance(values, tuple):
+            if reads is not None:
+                values = plan.fn(
+                    *[v.value if w is None else self._view_value(v, w) for v, w in reads]
+                )
+            elif n == 1:
+                values = plan.fn(vs[0].value)
+            elif n == 2:
+                values = plan.fn(vs[0].value, vs[1].value)
+            else:
+                values = plan.fn(*[v.value for v in vs])
+            if type(values) is not tuple:
                 values = (values,)
-        table = record.versions
-        outs = []
-        for (shape, dtype), value, floating in zip(plan.specs, values, plan.floats):
-            out = Version(next(record.ids), shape, dtype, value, grad and floating)
+        ids, table = record.ids, record.versions
+        outs: Any = []
+        for (shape, dtype, sid, floating), value in zip(plan.outs, values):
+            out = Version(next(ids), shape, dtype, sid, value, grad and floating)
             table[out.id] = out
             outs.append(out)
         outs = tuple(outs)
-        if grad or self.lazy:
-            record.add(Node(next(record.ids), cmd, tuple(reads), outs, name, self.lazy))
+        if grad or lazy:
+            if reads is not None:
+                inputs = tuple(reads)
+            elif n == 1:
+                inputs = ((vs[0], None),)
+            elif n == 2:
+                inputs = ((vs[0], None), (vs[1], None))
+            else:
+                inputs = tuple([(v, None) for v in vs])
+            node = Node(next(ids), cmd, inputs, outs, name, lazy)
+            record.nodes[node.id] = node  # recorded: its inputs gain a reader
+            for v, _ in inputs:
+                v.readers += 1
+            for out in outs:
+                out.node = node
         if memo is not None:
             memo[key] = outs
             entry = (memo, key)
@@ -230,33 +305,37 @@ class DynamicGraph:
                 out.memo = entry
         return outs
 
-    def _per_command(self, cmd: Command, name: str) -> _PerCommand:
+    def _plan(self, cmd: Command, reads: list[Read], name: str) -> _Plan:
+        """The plan for ``cmd`` on ``reads`` (made and checked on first use), cached."""
         if not isinstance(cmd, Command):
             raise GraphError(
                 f"exec{' ' + repr(name) if name else ''}: expected a Command (e.g. "
                 f"fnnc.ops.relu()), got {type(cmd).__name__}; call the factory to build one"
             )
+        specs = [(v.shape, v.dtype) if w is None else (w.shape, v.dtype) for v, w in reads]
+        sids = tuple([spec_id(*s) for s in specs])
         per = self._commands.get(cmd)
         if per is None:
             per = self._commands[cmd] = _PerCommand(cmd, self.memo)
-        if len(self._by_id) > 4096:
-            self._by_id.clear()
-        self._by_id[id(cmd)] = (cmd, per)
-        return per
-
-    def _plan(self, cmd: Command, specs: Any, reads: list[Read], name: str) -> _Plan:
-        jspecs = [Spec(shape, dtype) for shape, dtype in specs]
-        try:
-            outs = output_specs(cmd, jspecs)
-        except FnncError as e:
-            listing = ", ".join(
-                f"{self._name_of(v)}:{np.dtype(d).name}{list(s)}"
-                for (v, _), (s, d) in zip(reads, specs)
-            )
-            raise type(e)(f"{_where(cmd, name)}: {e}\n  inputs: {listing or '(none)'}") from None
-        fn = compiled_forward(cmd, select_backend(cmd, jspecs))
-        out_specs = tuple((tuple(s.shape), np.dtype(s.dtype)) for s in outs)
-        return _Plan(config.get(), out_specs, fn)
+        plan = per.plans.get(sids)
+        cfg = config.get()
+        if plan is None or plan.cfg is not cfg:
+            jspecs = [Spec(shape, dtype) for shape, dtype in specs]
+            try:
+                outs = output_specs(cmd, jspecs)
+            except FnncError as e:
+                listing = ", ".join(
+                    f"{self._name_of(v)}:{np.dtype(d).name}{list(s)}"
+                    for (v, _), (s, d) in zip(reads, specs)
+                )
+                where = _where(cmd, name)
+                raise type(e)(f"{where}: {e}\n  inputs: {listing or '(none)'}") from None
+            fn = compiled_forward(cmd, select_backend(cmd, jspecs))
+            plan = per.plans[sids] = _Plan(per, cfg, fn, outs)
+        if len(self._plans) > 4096:  # commands made on the fly (``x * 2.0``) come and go
+            self._plans.clear()
+        self._plans[(id(cmd), *sids)] = (cmd, plan)  # holding cmd keeps its id unique
+        return plan
 
     def evaluate(self, model: Any, inputs: Sequence[Any], name: str = "") -> Any:
         """Runs a whole graph as one recorded node; gradients flow through it.
@@ -331,8 +410,8 @@ class DynamicGraph:
         """One handle of ``slot`` is gone (bookkeeping only: safe inside ``__del__``)."""
         slot.handles -= 1
         if slot.handles == 0:
-            self._record.unpin(slot.version)
             self._dead.append(slot)
+            self._record.unpin(slot.version)
 
     def collect(self) -> None:
         """Prunes the record now (runs by itself as variables come and go)."""

@@ -42,19 +42,34 @@ class View(NamedTuple):
     stride: tuple[int, ...]
 
 
+_SPEC_IDS: dict[tuple[tuple[int, ...], np.dtype], int] = {}
+
+
+def spec_id(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    """A small int naming ``(shape, dtype)``: plans are found by these, since a tuple of
+    ints hashes much faster than one of shapes and dtypes on the eager hot path."""
+    key = (shape, dtype)
+    sid = _SPEC_IDS.get(key)
+    if sid is None:
+        sid = _SPEC_IDS[key] = len(_SPEC_IDS)
+    return sid
+
+
 class Version:
     """One SSA version: shape, dtype, value (``None`` until computed), producer."""
 
     __slots__ = (
         "cut", "dtype", "grad", "id", "memo", "name", "node", "pins", "readers", "shape",
-        "source", "spec", "value", "views",
+        "sid", "source", "value", "views",
     )  # fmt: skip
 
-    def __init__(self, vid: int, shape: tuple[int, ...], dtype: np.dtype, value: Any, grad: bool):
+    def __init__(
+        self, vid: int, shape: tuple[int, ...], dtype: np.dtype, sid: int, value: Any, grad: bool
+    ):
         self.id = vid
         self.shape = shape
         self.dtype = dtype
-        self.spec = (shape, dtype)
+        self.sid = sid  # spec_id(shape, dtype)
         self.value = value
         self.grad = grad  # made from trainable variables: a gradient can reach it
         self.cut = False  # detached: gradients do not pass from its readers into it
@@ -65,6 +80,10 @@ class Version:
         self.memo: tuple[dict, Any] | None = None  # the memo entry that returns it
         self.name = ""
         self.views: dict[View, Any] | None = None  # computed view values
+
+    @property
+    def spec(self) -> tuple[tuple[int, ...], np.dtype]:
+        return self.shape, self.dtype
 
     def detach(self) -> None:
         """Cuts this version from its readers: no gradient passes through it any more."""
@@ -121,16 +140,9 @@ class Record:
         self._deferred: list[Version] = []
 
     def version(self, shape: tuple[int, ...], dtype: np.dtype, value: Any, grad: bool) -> Version:
-        v = Version(next(self.ids), shape, dtype, value, grad)
+        v = Version(next(self.ids), shape, dtype, spec_id(shape, dtype), value, grad)
         self.versions[v.id] = v
         return v
-
-    def add(self, node: Node) -> None:
-        self.nodes[node.id] = node
-        for v, _ in node.inputs:
-            v.readers += 1
-        for out in node.outputs:
-            out.node = node
 
     def node_list(self) -> list[Node]:
         return list(self.nodes.values())
@@ -155,31 +167,34 @@ class Record:
         """One holder of ``v`` is gone."""
         v.pins -= 1
         self.garbage += 1
-        if v.pins == 0:
+        if v.pins == 0 and v.readers == 0:  # read by a recorded node: it stays
             if self._busy:
                 self._deferred.append(v)
             else:
                 self._free(v)
 
     def _free(self, first: Version) -> None:
+        versions, nodes = self.versions, self.nodes
         stack = [first]
         while stack:
             v = stack.pop()
-            if v.pins or v.readers or v.id not in self.versions:
+            if v.pins or v.readers or v.id not in versions:
                 continue
             node = v.node
             if node is None:
                 self._forget(v)
                 continue
-            if any(o.pins or o.readers for o in node.outputs):
+            outs = node.outputs
+            if len(outs) > 1 and any(o.pins or o.readers for o in outs):
                 continue
-            del self.nodes[node.id]
-            for o in node.outputs:
+            del nodes[node.id]
+            for o in outs:
                 o.node = None
                 self._forget(o)
             for iv, _ in node.inputs:
                 iv.readers -= 1
-                stack.append(iv)
+                if not (iv.readers or iv.pins):
+                    stack.append(iv)
 
     def _forget(self, v: Version) -> None:
         self.versions.pop(v.id, None)

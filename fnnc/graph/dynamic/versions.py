@@ -9,6 +9,7 @@ lets ``backward`` differentiate through a variable that was written since.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,12 +30,18 @@ _COPY = ops.data_transfer()
 
 
 def exec_into(
-    self: DynamicGraph, cmd: Command, reads: list[Read], targets: list[Variable], name: str
+    self: DynamicGraph,
+    cmd: Command,
+    run: Callable[[], tuple[Version, ...]],
+    targets: Sequence[Variable],
+    name: str,
 ) -> Any:
-    """``exec`` with ``outputs=``: runs ``cmd`` and writes its outputs into ``targets``."""
+    """``exec`` with ``outputs=``: checks ``targets``, runs ``cmd`` (``run``) and writes
+    its outputs into them."""
     where = f"exec {cmd}" + (f" ({name!r})" if name else "")
+    targets = list(targets)
     slots = [self._slot(t, where) for t in targets]
-    outs = self._run(cmd, reads, name)
+    outs = run()
     if len(outs) != len(targets):
         raise GraphError(f"{where}: the command has {len(outs)} outputs, {len(targets)} were given")
     for target, slot, out in zip(targets, slots, outs):
@@ -72,9 +79,9 @@ def _assign(self: DynamicGraph, target: Variable, slot: Slot, read: Read, where:
     if target._view is not None:
         w = target._view
         cmd = write_view(shape=w.shape, base=w.base, stride=w.stride)
-        (new,) = self._run(cmd, [(old, None), read], "")
+        (new,) = self.run(cmd, [(old, None), read], "")
     elif view is not None:
-        (new,) = self._run(_COPY, [read], "")
+        (new,) = self.run(_COPY, [read], "")
     else:
         new = v
     if not slot.trainable and new.grad and new.pins == 0:
