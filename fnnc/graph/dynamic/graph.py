@@ -274,15 +274,20 @@ class DynamicGraph:
                 values = plan.fn(vs[0].value, vs[1].value)
             else:
                 values = plan.fn(*[v.value for v in vs])
-            if type(values) is not tuple:
-                values = (values,)
         ids, table = record.ids, record.versions
-        outs: Any = []
-        for (shape, dtype, sid, floating), value in zip(plan.outs, values):
+        if len(plan.outs) == 1:  # unrolled, as above
+            ((shape, dtype, sid, floating),) = plan.outs
+            value = values[0] if type(values) is tuple else values
             out = Version(next(ids), shape, dtype, sid, value, grad and floating)
             table[out.id] = out
-            outs.append(out)
-        outs = tuple(outs)
+            outs: Any = (out,)
+        else:
+            outs = []
+            for (shape, dtype, sid, floating), value in zip(plan.outs, values):
+                out = Version(next(ids), shape, dtype, sid, value, grad and floating)
+                table[out.id] = out
+                outs.append(out)
+            outs = tuple(outs)
         if grad or lazy:
             if reads is not None:
                 inputs = tuple(reads)
@@ -411,7 +416,11 @@ class DynamicGraph:
         slot.handles -= 1
         if slot.handles == 0:
             self._dead.append(slot)
-            self._record.unpin(slot.version)
+            v, record = slot.version, self._record
+            v.pins -= 1  # Record.unpin, inlined: this runs once per dropped variable
+            record.garbage += 1
+            if v.pins == 0 and v.readers == 0:
+                record.free(v)
 
     def collect(self) -> None:
         """Prunes the record now (runs by itself as variables come and go)."""

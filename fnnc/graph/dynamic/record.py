@@ -161,19 +161,20 @@ class Record:
             if not self._busy and self._deferred:
                 deferred, self._deferred = self._deferred, []
                 for v in deferred:
-                    self._free(v)
+                    self.free(v)
 
     def unpin(self, v: Version) -> None:
         """One holder of ``v`` is gone."""
         v.pins -= 1
         self.garbage += 1
         if v.pins == 0 and v.readers == 0:  # read by a recorded node: it stays
-            if self._busy:
-                self._deferred.append(v)
-            else:
-                self._free(v)
+            self.free(v)
 
-    def _free(self, first: Version) -> None:
+    def free(self, first: Version) -> None:
+        """Forgets ``first``, no longer held nor read, and what only it kept recorded."""
+        if self._busy:
+            self._deferred.append(first)
+            return
         versions, nodes = self.versions, self.nodes
         stack = [first]
         while stack:
