@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import optax
+import pytest
 
-from fnnc import ops
+from fnnc import config, ops
+from fnnc.errors import BackendError
 from fnnc.graph import DynamicGraph
 from tests.helpers import assert_close, rand
 
@@ -38,6 +40,25 @@ def test_memo_is_off_for_random_commands_and_when_asked() -> None:
     dg = DynamicGraph(memo=False)
     x = dg.variable(rand((3,)))
     assert _version(dg.exec(ops.ewexp(), x)) is not _version(dg.exec(ops.ewexp(), x))
+
+
+def test_cached_plans_follow_command_values_specs_and_config() -> None:
+    """exec finds its plan by the command's identity and the inputs' specs: an equal
+    command made apart, the same command on new shapes, a view, and a configuration
+    changed after the plan was cached must each still run what they ask for."""
+    dg = DynamicGraph(memo=False)
+    x, y = rand((4, 4)), rand((2, 3), seed=1)
+    vx, vy = dg.variable(x), dg.variable(y)
+    first, twin = ops.tanh(), ops.tanh()
+    for cmd in (first, twin, first):
+        assert_close(dg.exec(cmd, vx).numpy(), np.tanh(x))
+    assert_close(dg.exec(first, vy).numpy(), np.tanh(y))
+    assert_close(dg.exec(first, vx[1:3, :2]).numpy(), np.tanh(x[1:3, :2]))
+    assert_close(dg.exec(ops.ewsum(), vx, vx).numpy(), 2 * x)
+    forced = config.override(backend_per_command={"tanh": "no-such-backend"})
+    with forced, pytest.raises(BackendError, match="no-such-backend"):
+        dg.exec(first, vx)
+    assert_close(dg.exec(first, vx).numpy(), np.tanh(x))
 
 
 def test_no_grad_records_nothing() -> None:
