@@ -226,7 +226,7 @@ class DynamicGraph:
             return Variable(self, Slot(outs[0], "", True), None, "")
         return tuple(Variable(self, Slot(v, "", True), None, "") for v in outs)
 
-    def run(self, cmd: Command, reads: list[Read], name: str) -> tuple[Version, ...]:
+    def _run_reads(self, cmd: Command, reads: list[Read], name: str) -> tuple[Version, ...]:
         """Runs ``cmd`` on versions (or views of them) and records it; its new versions."""
         plan = self._plan(cmd, reads, name)
         vs = tuple([v for v, _ in reads])

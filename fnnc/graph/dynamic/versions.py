@@ -79,9 +79,9 @@ def _assign(self: DynamicGraph, target: Variable, slot: Slot, read: Read, where:
     if target._view is not None:
         w = target._view
         cmd = write_view(shape=w.shape, base=w.base, stride=w.stride)
-        (new,) = self.run(cmd, [(old, None), read], "")
+        (new,) = self._run_reads(cmd, [(old, None), read], "")
     elif view is not None:
-        (new,) = self.run(_COPY, [read], "")
+        (new,) = self._run_reads(_COPY, [read], "")
     else:
         new = v
     if not slot.trainable and new.grad and new.pins == 0:
