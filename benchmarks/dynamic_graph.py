@@ -6,6 +6,7 @@
    computes. Beside them, the *dispatch*: the jitted forward ``exec`` runs, called
    bare. For ``jnp.tanh`` and ``jnp.matmul`` JAX eager is exactly such a call, so
    ``dg - dispatch`` is the cost of recording a command, and it is the whole gap.
+   Also ``jax.vjp`` op by op: JAX eager that keeps what a later gradient needs.
 2. One training step of an MLP 784-256-256-10 (batch 128, Adam): forward, backward and
    apply_gradients in eager and lazy mode (and ``minimize``, backward + update in one
    program) against the same step as one ``jax.jit`` (and PyTorch eager).
@@ -67,41 +68,35 @@ def per_command(n: int, inner: int, repeats: int) -> None:
     rng = np.random.default_rng(0)
     a = (rng.normal(size=(n, n)) / np.sqrt(n)).astype(np.float32)
     b = (rng.normal(size=(n, n)) / np.sqrt(n)).astype(np.float32)
-    ja, jb = jnp.asarray(a), jnp.asarray(b)
     dg = DynamicGraph(memo=False)
-    da, db = dg.variable(a), dg.variable(b)
-    ewsum, gemm, tanh = ops.ewsum(), ops.gemm(), ops.tanh()
-    rows = {
-        "ewsum": (lambda: jnp.add(ja, jb), lambda: dg.exec(ewsum, da, db)),
-        "gemm": (lambda: jnp.matmul(ja, jb), lambda: dg.exec(gemm, da, db)),
-        "tanh": (lambda: jnp.tanh(ja), lambda: dg.exec(tanh, da)),
-    }
-    if torch is not None:
-        ta = torch.tensor(a, requires_grad=True)
-        tb = torch.tensor(b, requires_grad=True)
-        torch_ops = {
-            "ewsum": lambda: torch.add(ta, tb),
-            "gemm": lambda: torch.matmul(ta, tb),
-            "tanh": lambda: torch.tanh(ta),
-        }
-    # The dispatch floor: the very jitted forward dg.exec calls, called bare. JAX eager
-    # is this same kind of call (jnp.tanh and jnp.matmul are jitted functions), so
-    # dg - dispatch is what recording costs per command.
+    jargs, dargs = (jnp.asarray(a), jnp.asarray(b)), (dg.variable(a), dg.variable(b))
     spec = jax.ShapeDtypeStruct(a.shape, a.dtype)
-    bare = {k: compiled_forward(c, select_backend(c, [spec] * arity)) for k, c, arity in
-            (("ewsum", ewsum, 2), ("gemm", gemm, 2), ("tanh", tanh, 1))}  # fmt: skip
-    args = {"ewsum": (ja, jb), "gemm": (ja, jb), "tanh": (ja,)}
+    table = {  # name: (JAX eager op, command, arity, PyTorch op name)
+        "ewsum": (jnp.add, ops.ewsum(), 2, "add"),
+        "gemm": (jnp.matmul, ops.gemm(), 2, "matmul"),
+        "tanh": (jnp.tanh, ops.tanh(), 1, "tanh"),
+    }
     k = inner if n <= 64 else max(5, inner // 50)
-    for name, (jax_op, dg_op) in rows.items():
-        t_jax = _median_us(jax_op, _jax_sync, k, repeats)
-        t_dg = _median_us(dg_op, _dg_sync, k, repeats)
-        fn, xs = bare[name], args[name]
-        t_bare = _median_us(lambda fn=fn, xs=xs: fn(*xs), _jax_sync, k, repeats)
+    for name, (jax_op, cmd, arity, torch_name) in table.items():
+        xs, vs = jargs[:arity], dargs[:arity]
+        # The dispatch: the very jitted forward dg.exec calls, called bare. JAX eager
+        # is this same kind of call (jnp.tanh and jnp.matmul are jitted functions),
+        # so dg - dispatch is what recording costs per command.
+        bare = compiled_forward(cmd, select_backend(cmd, [spec] * arity))
+        t_jax = _median_us(lambda op=jax_op, xs=xs: op(*xs), _jax_sync, k, repeats)
+        t_bare = _median_us(lambda fn=bare, xs=xs: fn(*xs), _jax_sync, k, repeats)
+        t_dg = _median_us(lambda c=cmd, vs=vs: dg.exec(c, *vs), _dg_sync, k, repeats)
+        # JAX eager that keeps what a later gradient needs: jax.vjp, op by op.
+        t_vjp = _median_us(
+            lambda op=jax_op, xs=xs: jax.vjp(op, *xs)[0], _jax_sync, max(5, k // 50), repeats
+        )
         line = f"  {name:6s} {n:4d}x{n:<4d} jax {t_jax:8.1f} us  dg {t_dg:8.1f} us"
         line += f" ({t_dg / t_jax:4.2f}x jax; dispatch {t_bare:6.1f} us,"
-        line += f" recording {t_dg - t_bare:+5.1f} us)"
+        line += f" recording {t_dg - t_bare:+5.1f} us)  jax.vjp {t_vjp:7.1f} us"
         if torch is not None:
-            t_torch = _median_us(torch_ops[name], lambda x: x, k, repeats)
+            tx = [torch.tensor(x, requires_grad=True) for x in (a, b)[:arity]]
+            op = getattr(torch, torch_name)
+            t_torch = _median_us(lambda op=op, tx=tx: op(*tx), lambda x: x, k, repeats)
             line += f"  torch {t_torch:8.1f} us ({t_dg / t_torch:4.2f}x torch)"
         print(line)
         dg.collect()
