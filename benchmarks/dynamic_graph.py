@@ -6,7 +6,8 @@
    computes. Beside them, the *dispatch*: the jitted forward ``exec`` runs, called
    bare. For ``jnp.tanh`` and ``jnp.matmul`` JAX eager is exactly such a call, so
    ``dg - dispatch`` is the cost of recording a command, and it is the whole gap.
-   Also ``jax.vjp`` op by op: JAX eager that keeps what a later gradient needs.
+   Also ``jax.vjp`` op by op: JAX eager that keeps what a later gradient needs; and
+   lazy mode's cost per command (recording only: it runs at the next sync point).
 2. One training step of an MLP 784-256-256-10 (batch 128, Adam): forward, backward and
    apply_gradients in eager and lazy mode (and ``minimize``, backward + update in one
    program) against the same step as one ``jax.jit`` (and PyTorch eager).
@@ -70,6 +71,8 @@ def per_command(n: int, inner: int, repeats: int) -> None:
     b = (rng.normal(size=(n, n)) / np.sqrt(n)).astype(np.float32)
     dg = DynamicGraph(memo=False)
     jargs, dargs = (jnp.asarray(a), jnp.asarray(b)), (dg.variable(a), dg.variable(b))
+    dg_lazy = DynamicGraph(memo=False, lazy=True)
+    lazy_args = (dg_lazy.variable(a), dg_lazy.variable(b))
     spec = jax.ShapeDtypeStruct(a.shape, a.dtype)
     table = {  # name: (JAX eager op, command, arity, PyTorch op name)
         "ewsum": (jnp.add, ops.ewsum(), 2, "add"),
@@ -90,9 +93,13 @@ def per_command(n: int, inner: int, repeats: int) -> None:
         t_vjp = _median_us(
             lambda op=jax_op, xs=xs: jax.vjp(op, *xs)[0], _jax_sync, max(5, k // 50), repeats
         )
+        # Lazy mode records only; the work runs at the next sync point, as one program.
+        lvs = lazy_args[:arity]
+        t_lazy = _median_us(lambda c=cmd, vs=lvs: dg_lazy.exec(c, *vs), lambda x: x, k, repeats)
         line = f"  {name:6s} {n:4d}x{n:<4d} jax {t_jax:8.1f} us  dg {t_dg:8.1f} us"
         line += f" ({t_dg / t_jax:4.2f}x jax; dispatch {t_bare:6.1f} us,"
-        line += f" recording {t_dg - t_bare:+5.1f} us)  jax.vjp {t_vjp:7.1f} us"
+        line += f" recording {t_dg - t_bare:+5.1f} us)  lazy record {t_lazy:4.1f} us"
+        line += f"  jax.vjp {t_vjp:7.1f} us"
         if torch is not None:
             tx = [torch.tensor(x, requires_grad=True) for x in (a, b)[:arity]]
             op = getattr(torch, torch_name)
