@@ -416,11 +416,7 @@ class DynamicGraph:
         slot.handles -= 1
         if slot.handles == 0:
             self._dead.append(slot)
-            v, record = slot.version, self._record
-            v.pins -= 1  # Record.unpin, inlined: this runs once per dropped variable
-            record.garbage += 1
-            if v.pins == 0 and v.readers == 0:
-                record.free(v)
+            self._record.unpin(slot.version)
 
     def collect(self) -> None:
         """Prunes the record now (runs by itself as variables come and go)."""
