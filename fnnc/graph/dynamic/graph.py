@@ -249,18 +249,22 @@ class DynamicGraph:
                 if v.source:
                     grad = True
                     break
+        n = len(vs)
         memo = per.memo
         if memo is not None:
-            if reads is None:
-                key: Any = (grad, *[v.id for v in vs])
+            if reads is not None:
+                key: Any = (grad, *[(v.id, w) for v, w in reads])
+            elif n == 1:  # unrolled, as in exec
+                key = (grad, vs[0].id)
+            elif n == 2:
+                key = (grad, vs[0].id, vs[1].id)
             else:
-                key = (grad, *[(v.id, w) for v, w in reads])
+                key = (grad, *[v.id for v in vs])
             hit = memo.get(key)
             if hit is not None and not any(o.cut for o in hit):
                 return hit
         record = self._record
         lazy = self.lazy
-        n = len(vs)
         if lazy:
             values: Any = (None,) * len(plan.outs)
         else:
