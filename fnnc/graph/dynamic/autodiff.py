@@ -18,6 +18,7 @@ graph and runs the program compiled for the first step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -73,7 +74,7 @@ def _seeds(dg: DynamicGraph, df: Any, fs: list[Variable], f_reads: list[Read]) -
     if df is None:
         for f, (v, view) in zip(fs, f_reads):
             shape = view.shape if view is not None else v.shape
-            if int(np.prod(shape)) != 1:
+            if math.prod(shape) != 1:
                 raise ShapeError(
                     f"backward: f {f.label} is {v.dtype.name}{list(shape)}, not a scalar; "
                     "pass df= (a seed gradient of f's shape) or reduce f, e.g. f.sum()"
