@@ -24,9 +24,8 @@ drops ``0.5 * y`` (no source feeds it any more: ``z`` becomes a leaf) but keeps
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -150,18 +149,21 @@ class Record:
     def pinned(self) -> list[Version]:
         return [v for v in self.versions.values() if v.pins]
 
-    @contextlib.contextmanager
-    def hold(self) -> Iterator[None]:
-        """Defers freeing (releases from ``__del__``) while the caller walks the record."""
+    def hold(self) -> Record:
+        """Defers freeing (releases from ``__del__``) while the caller walks the record:
+        ``with record.hold(): ...`` (a plain context manager: it runs every step, and
+        ``contextlib``'s generator-based one costs several microseconds)."""
+        return self
+
+    def __enter__(self) -> None:
         self._busy += 1
-        try:
-            yield
-        finally:
-            self._busy -= 1
-            if not self._busy and self._deferred:
-                deferred, self._deferred = self._deferred, []
-                for v in deferred:
-                    self.free(v)
+
+    def __exit__(self, *exc: object) -> None:
+        self._busy -= 1
+        if not self._busy and self._deferred:
+            deferred, self._deferred = self._deferred, []
+            for v in deferred:
+                self.free(v)
 
     def unpin(self, v: Version) -> None:
         """One holder of ``v`` is gone."""
@@ -208,21 +210,33 @@ class Record:
     def keep(self, *, pending: bool) -> list[bool]:
         """Per node, whether the rule keeps it; ``pending``: also keep lazy nodes whose
         outputs are needed (see the module doc)."""
+        # Plain loops rather than any(...) over generators: this runs at every sync
+        # point and prune, and a generator costs about half a microsecond to start.
         nodes = self.node_list()
         feeds: set[int] = set()  # versions a live source reaches
         fed = []
         for node in nodes:
-            hit = any(v.source and (v.pins or v.id in feeds) for v, _ in node.inputs)
+            hit = False
+            for v, _ in node.inputs:
+                if v.source and (v.pins or v.id in feeds):
+                    hit = True
+                    break
             fed.append(hit)
             if hit:
-                feeds.update(o.id for o in node.outputs)
+                for o in node.outputs:
+                    feeds.add(o.id)
         grad_live = {v.id for v in self.pinned()}
         value_live = set(grad_live)
         keep = [False] * len(nodes)
         for i in range(len(nodes) - 1, -1, -1):
             node = nodes[i]
-            by_grad = fed[i] and any(o.id in grad_live for o in node.outputs)
-            by_value = pending and node.pending and any(o.id in value_live for o in node.outputs)
+            by_grad = by_value = False
+            if fed[i] or (pending and node.pending):
+                for o in node.outputs:
+                    if fed[i] and o.id in grad_live:
+                        by_grad = True
+                    if pending and node.pending and o.id in value_live:
+                        by_value = True
             if not (by_grad or by_value):
                 continue
             keep[i] = True
@@ -267,15 +281,23 @@ def between(nodes: Sequence[Node], wrt: Iterable[Version], f: Iterable[Version])
     reach = {v.id for v in wrt}
     forward = []
     for node in nodes:
-        if any(v.id in reach and not v.cut for v, _ in node.inputs):
-            forward.append(node)
-            reach.update(o.id for o in node.outputs if o.grad)
+        for v, _ in node.inputs:
+            if v.id in reach and not v.cut:
+                forward.append(node)
+                for o in node.outputs:
+                    if o.grad:
+                        reach.add(o.id)
+                break
     need = {v.id for v in f}
     picked = []
     for node in reversed(forward):
-        if any(o.id in need for o in node.outputs):
-            picked.append(node)
-            need.update(v.id for v, _ in node.inputs if not v.cut)
+        for o in node.outputs:
+            if o.id in need:
+                picked.append(node)
+                for v, _ in node.inputs:
+                    if not v.cut:
+                        need.add(v.id)
+                break
     picked.reverse()
     return picked
 
@@ -290,14 +312,20 @@ def to_flush(record: Record) -> tuple[list[Node], list[Version]]:
     nodes = record.node_list()
     for node, k in zip(nodes, record.keep(pending=False)):
         if k:
-            need.update(v.id for v, _ in node.inputs)
-            need.update(o.id for o in node.outputs)
+            for v, _ in node.inputs:
+                need.add(v.id)
+            for o in node.outputs:
+                need.add(o.id)
     returned = set(need)
     picked = []
     for node in reversed(nodes):
-        if node.pending and any(o.id in need for o in node.outputs):
-            picked.append(node)
-            need.update(v.id for v, _ in node.inputs)
+        if node.pending:
+            for o in node.outputs:
+                if o.id in need:
+                    picked.append(node)
+                    for v, _ in node.inputs:
+                        need.add(v.id)
+                    break
     picked.reverse()
     outs = [o for node in picked for o in node.outputs if o.id in returned]
     return picked, outs
