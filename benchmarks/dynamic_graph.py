@@ -162,19 +162,22 @@ def _jit_step(opt: Any) -> Callable[..., Any]:
 
 
 def training_step(inner: int, repeats: int) -> None:
+    """Every variant runs ``inner`` steps per round, rounds interleaved, so that a
+    machine getting slower or faster mid-run moves all of them alike; the ratio is the
+    median over rounds of (variant / jit step of the same round)."""
     x, y = (jnp.asarray(a) for a in _data())  # the batch is on the device for every variant
     opt = optax.adam(1e-3)
     params = [jnp.asarray(p) for p in _init()]
-    state = opt.init(params)
+    carry = [params, opt.init(params)]
     step = _jit_step(opt)
-    carry = [params, state]
 
     def jit_run() -> Any:
         carry[0], carry[1], loss = step(carry[0], carry[1], x, y)
         return loss
 
-    t_jit = _median_us(jit_run, _jax_sync, inner, repeats) / 1e3
-    print(f"  jax.jit step                 {t_jit:8.2f} ms")
+    variants: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
+        "jax.jit step": (jit_run, _jax_sync)
+    }
     for label, lazy, fused in (
         ("eager: backward + apply", False, False),
         ("eager: minimize", False, True),
@@ -184,15 +187,29 @@ def training_step(inner: int, repeats: int) -> None:
         dg = DynamicGraph(lazy=lazy)
         ps = [dg.variable(p) for p in _init()]
         run = lambda dg=dg, ps=ps, fused=fused: _dg_step(dg, ps, opt, x, y, fused)
-        t = _median_us(run, _dg_sync, inner, repeats) / 1e3
-        print(f"  {label:28s} {t:8.2f} ms ({t / t_jit:4.2f}x jit)")
-    if torch is None:
-        return
+        variants[label] = (run, _dg_sync)
+    if torch is not None:
+        variants["torch eager step"] = (_torch_step(x, y), lambda v: v)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, (run, sync) in variants.items():
+            times[name].append(_median_us(run, sync, inner, 1) / 1e3)
+    base = times["jax.jit step"]
+    for name, ts in times.items():
+        line = f"  {name:28s} {statistics.median(ts):8.2f} ms"
+        if name != "jax.jit step":
+            ratios = [t / b for t, b in zip(ts, base)]
+            line += f" ({statistics.median(ratios):4.2f}x jit; rounds {min(ratios):.2f}"
+            line += f"-{max(ratios):.2f})"
+        print(line)
+
+
+def _torch_step(x: Any, y: Any) -> Callable[[], Any]:
     tp = [torch.tensor(p, requires_grad=True) for p in _init()]
     topt = torch.optim.Adam(tp, lr=1e-3)
     tx, ty = torch.tensor(np.asarray(x)), torch.tensor(np.asarray(y), dtype=torch.long)
 
-    def torch_run() -> Any:
+    def run() -> Any:
         h = tx
         for i in range(0, len(tp) - 2, 2):
             h = torch.relu(h @ tp[i].T + tp[i + 1])
@@ -202,8 +219,7 @@ def training_step(inner: int, repeats: int) -> None:
         topt.step()
         return loss
 
-    t = _median_us(torch_run, lambda v: v, inner, repeats) / 1e3
-    print(f"  torch eager step             {t:8.2f} ms ({t / t_jit:4.2f}x jit)")
+    return run
 
 
 def main() -> None:
@@ -219,7 +235,7 @@ def main() -> None:
     for n in (16, 512):
         per_command(n, inner, repeats)
     print(f"training step, MLP {'-'.join(map(str, SIZES))}, batch {BATCH}, Adam (median):")
-    training_step(max(5, inner // 50), repeats)
+    training_step(max(5, inner // 50), 3 * repeats)
 
 
 if __name__ == "__main__":
