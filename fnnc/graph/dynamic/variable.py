@@ -13,6 +13,7 @@ Operators record commands: ``+`` is ``ewsum``, ``-`` ``add[q=-1]``, ``*`` ``ewpr
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 
     from .graph import DynamicGraph
 
+_SLOT_IDS = itertools.count()
+
 
 class Slot:
     """The storage of a root variable: its current version and how many handles hold it."""
@@ -41,7 +44,7 @@ class Slot:
         self.handles = 0
         self.name = name
         self.trainable = trainable
-        self.id = version.id  # for labels (#3): unique, and no counter to bump
+        self.id = next(_SLOT_IDS)  # for labels (#3); memoised results share versions
         version.pins += 1
 
 

@@ -23,6 +23,7 @@ def test_memo_reuses_pure_commands_on_the_same_versions() -> None:
     x = dg.variable(rand((3,)))
     a, b = dg.exec(ops.ewexp(), x), dg.exec(ops.ewexp(), x)
     assert _version(a) is _version(b) and dg.num_nodes == 1
+    assert a.label != b.label  # two variables, one shared version: errors tell them apart
     dg.set(x, rand((3,), seed=9))
     c = dg.exec(ops.ewexp(), x)
     assert _version(c) is not _version(a)
