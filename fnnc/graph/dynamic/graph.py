@@ -205,23 +205,20 @@ class DynamicGraph:
                     vs, key = got, (id(cmd), *[v.sid for v in got])
         except AttributeError:  # not a variable, or a freed one: the general path says
             vs = None
-        if vs is not None:
+        if vs is None:  # the general path: arrays, views, or a mistake to report
+            reads = [self._read(x, _where(cmd, name), i) for i, x in enumerate(inputs)]
+            run: Any = functools.partial(self._run_reads, cmd, reads, name)
+        else:
             entry = self._plans.get(key)
             if entry is not None and entry[0] is cmd and entry[1].cfg is config.get():
                 plan = entry[1]
             else:
                 plan = self._plan(cmd, [(v, None) for v in vs], name)
-            reads = None
-        else:
-            reads = [self._read(x, _where(cmd, name), i) for i, x in enumerate(inputs)]
-            vs = tuple([v for v, _ in reads])
-            plan = self._plan(cmd, reads, name)
-            if all(w is None for _, w in reads):
-                reads = None
+            run = None
         if outputs is not None:
-            run = functools.partial(self._run, cmd, plan, vs, reads, name)
+            run = run or functools.partial(self._run, cmd, plan, vs, None, name)
             return versions.exec_into(self, cmd, run, outputs, name)
-        outs = self._run(cmd, plan, vs, reads, name)
+        outs = run() if run is not None else self._run(cmd, plan, vs, None, name)
         if len(outs) == 1:
             return Variable(self, Slot(outs[0], "", True), None, "")
         return tuple(Variable(self, Slot(v, "", True), None, "") for v in outs)
