@@ -34,7 +34,7 @@ import optax
 
 from fnnc import ops
 from fnnc.graph import DynamicGraph
-from fnnc.ops.backends import compiled_forward, select_backend
+from fnnc.core.dispatch import compiled_forward, select_backend
 
 try:
     import torch

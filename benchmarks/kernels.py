@@ -30,7 +30,7 @@ from benchmarks._timing import interleaved
 from fnnc import ops
 from fnnc.graph import GraphBuilder
 from fnnc.ops import pallas
-from fnnc.ops.backends import as_specs
+from fnnc.core.dispatch import as_specs
 
 Case = tuple[str, Any, Callable[[dict[str, int], Any], list[Any]], tuple[int, ...]]
 

@@ -16,18 +16,29 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 from collections.abc import Iterator, Mapping
+
+_serials = itertools.count()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Config:
-    """The settings in force. Read them with :func:`get`."""
+    """The settings in force. Read them with :func:`get`.
+
+    ``serial`` identifies the backend settings (``backend``, ``backend_per_command``):
+    an :func:`override` that changes them gets a new one, leaving the block restores the
+    old one, so caches of backend choices key on it cheaply.
+    """
 
     checks: bool = True
     debug: int = 0
     backend: str = ""
     backend_per_command: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    serial: int = dataclasses.field(
+        default_factory=lambda: next(_serials), init=False, compare=False, repr=False
+    )
 
 
 def _from_env() -> Config:
@@ -57,6 +68,8 @@ def override(**changes: object) -> Iterator[Config]:
     global _current
     previous = _current
     _current = dataclasses.replace(previous, **changes)  # type: ignore[arg-type]
+    if not changes.keys() & {"backend", "backend_per_command"}:
+        object.__setattr__(_current, "serial", previous.serial)
     try:
         yield _current
     finally:

@@ -22,6 +22,11 @@ graph(%0:f32[2,3] x, %1:f32[4,3] w) {
 True
 """
 
+from fnnc.core.ir import AliasSymbol as AliasSymbol
+from fnnc.core.ir import Graph as Graph
+from fnnc.core.ir import Node as Node
+from fnnc.core.ir import TensorSymbol as TensorSymbol
+from fnnc.core.text import to_dot as to_dot
 from fnnc.graph.builder import GraphBuilder as GraphBuilder
 from fnnc.graph.compile import MemoryReport as MemoryReport
 from fnnc.graph.compile import Program as Program
@@ -31,10 +36,6 @@ from fnnc.graph.control import while_loop as while_loop
 from fnnc.graph.dynamic import DynamicGraph as DynamicGraph
 from fnnc.graph.inline import inline as inline
 from fnnc.graph.interpret import interpret as interpret
-from fnnc.graph.ir import AliasSymbol as AliasSymbol
-from fnnc.graph.ir import Graph as Graph
-from fnnc.graph.ir import Node as Node
-from fnnc.graph.ir import TensorSymbol as TensorSymbol
 from fnnc.graph.passes import TrainLayout as TrainLayout
 from fnnc.graph.passes import backward as backward
 from fnnc.graph.passes import compact as compact
@@ -50,6 +51,5 @@ from fnnc.graph.serialize import from_data as from_data
 from fnnc.graph.serialize import load as load
 from fnnc.graph.serialize import save as save
 from fnnc.graph.serialize import to_data as to_data
-from fnnc.graph.text import to_dot as to_dot
 from fnnc.graph.trace import trace as trace
 from fnnc.graph.verify import verify as verify

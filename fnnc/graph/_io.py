@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fnnc.core.ir import Graph
 from fnnc.errors import DTypeError, GraphInputError, ShapeError
-from fnnc.graph.ir import Graph
 
 
 def flatten_inputs(graph: Graph, args: Sequence[Any], where: str) -> list[Any]:

@@ -24,10 +24,10 @@ import jax
 import numpy as np
 
 from fnnc import config
+from fnnc.core.command import output_specs
+from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol, TensorSymbol, contiguous_strides
 from fnnc.errors import CommandError, DTypeError, FnncError, GraphError, ShapeError
-from fnnc.graph.ir import AliasSymbol, Graph, Node, Symbol, TensorSymbol, contiguous_strides
 from fnnc.ops import Command
-from fnnc.ops.command import output_specs
 from fnnc.ops.constant import constant as constant_cmd
 
 

@@ -1,6 +1,6 @@
 """compile: a graph lowered to one jitted XLA computation, a :class:`Program`.
 
-Backends are chosen per node at compile time (see :mod:`fnnc.ops.backends`) and baked
+Backends are chosen per node at compile time (see :mod:`fnnc.core.dispatch`) and baked
 in; :attr:`Program.backends` reports the choice. Constants larger than a few elements
 are passed to XLA as arguments (uploaded once) instead of being baked into the HLO,
 which keeps compile times of traced models with closed-over weights low.
@@ -15,12 +15,11 @@ from typing import Any
 
 import jax
 
-from fnnc import config
+from fnnc.core import dispatch
+from fnnc.core.evaluate import as_tuple, run_nodes
+from fnnc.core.ir import Graph, Node
 from fnnc.errors import GraphInputError
 from fnnc.graph._io import flatten_inputs, unflatten_outputs
-from fnnc.graph.evaluate import as_tuple, run_nodes
-from fnnc.graph.ir import Graph, Node
-from fnnc.ops.backends import backends_of, select_backend
 
 HOIST_ELEMENTS = 16
 
@@ -60,7 +59,7 @@ class Program:
         choices = []
         for node in graph.nodes:
             specs = [graph.spec(s) for s in node.inputs]
-            choices.append(select_backend(node.cmd, specs, platform))
+            choices.append(dispatch.select_backend(node.cmd, specs, platform))
         self.backends = tuple(
             (i, node.name or str(node.cmd), b)
             for i, (node, b) in enumerate(zip(graph.nodes, choices))
@@ -74,10 +73,7 @@ class Program:
             jax.device_put(graph.nodes[i].cmd.param("value").numpy()) for i in hoisted
         )
         slot = {node_index: k for k, node_index in enumerate(hoisted)}
-        forwards = [
-            functools.partial(backends_of(node.cmd.name)[b].forward, **node.cmd.kwargs)
-            for node, b in zip(graph.nodes, choices)
-        ]
+        forwards = [dispatch.forward_of(node.cmd, b) for node, b in zip(graph.nodes, choices)]
         n_in = len(graph.inputs)
 
         def program(*args: Any) -> tuple[Any, ...]:
@@ -152,7 +148,9 @@ def _donate_indices(graph: Graph, donate: Sequence[int | str]) -> tuple[int, ...
 
 
 @functools.lru_cache(maxsize=256)
-def _compile_cached(graph: Graph, donate: tuple[int, ...], platform: str, cfg: Any) -> Program:
+def _compile_cached(
+    graph: Graph, donate: tuple[int, ...], platform: str, dispatch_state: Any
+) -> Program:
     return Program(graph, donate, platform)
 
 
@@ -161,8 +159,9 @@ def compile(  # noqa: A001 - the name NNC users look for
 ) -> Program:
     """Lowers ``graph`` to one jitted XLA computation.
 
-    Compiled programs are cached by (graph, donation, platform, backend settings), so
-    compiling an equal graph again is free.
+    Compiled programs are cached by (graph, donation, platform, dispatch state), so
+    compiling an equal graph again is free, and registering a backend, writing the
+    autotune table or overriding backend settings compiles anew.
 
     Args:
         graph: the graph to compile.
@@ -179,8 +178,6 @@ def compile(  # noqa: A001 - the name NNC users look for
     >>> program(np.array([1.0, 2.0], np.float32))
     Array([3., 6.], dtype=float32)
     """
-    cfg = config.get()
-    key = (cfg.backend, tuple(sorted(cfg.backend_per_command.items())))
     return _compile_cached(
-        graph, _donate_indices(graph, donate), platform or jax.default_backend(), key
+        graph, _donate_indices(graph, donate), platform or jax.default_backend(), dispatch.state()
     )

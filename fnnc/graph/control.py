@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from fnnc import ops
+from fnnc.core.ir import Graph, Symbol
 from fnnc.errors import CommandError, GraphError
 from fnnc.graph.builder import GraphBuilder
-from fnnc.graph.ir import Graph, Symbol
 
 Breakpoint = Literal["before", "after"] | int
 

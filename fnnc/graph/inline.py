@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from fnnc.core.ir import AliasSymbol, Graph, Symbol
 from fnnc.errors import GraphInputError
 from fnnc.graph.builder import GraphBuilder
-from fnnc.graph.ir import AliasSymbol, Graph, Symbol
 
 
 def inline(

@@ -6,12 +6,12 @@ from typing import Any
 
 import numpy as np
 
+from fnnc.core.dispatch import REFERENCE, compiled_forward
+from fnnc.core.evaluate import as_tuple, run_nodes
+from fnnc.core.ir import Graph, Node
+from fnnc.core.text import format_graph
 from fnnc.errors import FnncError, GraphError
 from fnnc.graph._io import flatten_inputs, unflatten_outputs
-from fnnc.graph.evaluate import as_tuple, run_nodes
-from fnnc.graph.ir import Graph, Node
-from fnnc.graph.text import format_graph
-from fnnc.ops.backends import REFERENCE, compiled_forward
 
 
 def interpret(graph: Graph, *args: Any) -> Any:

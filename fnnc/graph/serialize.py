@@ -23,10 +23,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from fnnc.errors import FnncError, GraphFormatError
-from fnnc.graph.ir import AliasSymbol, Graph, Node, TensorSymbol
-from fnnc.ops import Command, Literal
-from fnnc.ops.command import lookup
+from fnnc.core.command import Command, lookup
+from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol
+from fnnc.errors import CheckpointError, FnncError, GraphFormatError
+from fnnc.graph.verify import verify
+from fnnc.io import documents, tree
+from fnnc.ops import Literal
 
 FORMAT, VERSION = "fnnc.graph", 1
 
@@ -179,59 +181,43 @@ def from_data(data: Any) -> Graph:
         raise
     except (KeyError, TypeError, ValueError) as e:
         raise GraphFormatError(f"load: malformed graph data ({type(e).__name__}: {e})") from e
-    from fnnc.graph.verify import verify
-
     return verify(graph)
 
 
 def _enc_tree(graph: Graph) -> Any:
+    """The output structure in the pytree codec checkpoints use (:mod:`fnnc.io.tree`)."""
     if graph.out_tree is None:
         return None
     example = jax.tree.unflatten(graph.out_tree, list(range(len(graph.outputs))))
-
-    def enc(x: Any) -> Any:
-        if isinstance(x, int):
-            return x
-        if x is None:
-            return {"$none": True}
-        if type(x) is tuple:
-            return {"$tuple": [enc(v) for v in x]}
-        if type(x) is list:
-            return [enc(v) for v in x]
-        if type(x) is dict:
-            return {"$dict": [[k, enc(v)] for k, v in x.items()]}
-        raise TypeError(type(x).__name__)
-
     try:
-        return enc(example)
-    except TypeError as e:
+        data, rows = tree.encode(example, "", str)
+    except CheckpointError as e:
         warnings.warn(
-            f"save: the output structure holds a {e} container, which is not saved; "
-            "the loaded graph returns a flat tuple",
+            f"save: the output structure is not saved ({e}); the loaded graph returns a flat tuple",
             stacklevel=3,
         )
         return None
+    assert not rows  # the leaves are ints, stored inline
+    return data
 
 
 def _dec_tree(data: Any, n: int) -> Any:
     if data is None:
         return None
+    try:
+        example = tree.decode(data, _no_arrays, loose=True)
+    except CheckpointError as e:
+        raise GraphFormatError(f"load: output structure: {e}") from None
+    structure = jax.tree.structure(example)
+    if structure.num_leaves != n:
+        raise GraphFormatError(
+            f"load: output structure has {structure.num_leaves} leaves, graph {n}"
+        )
+    return structure
 
-    def dec(x: Any) -> Any:
-        if isinstance(x, int):
-            return x
-        if isinstance(x, list):
-            return [dec(v) for v in x]
-        if "$none" in x:
-            return None
-        if "$tuple" in x:
-            return tuple(dec(v) for v in x["$tuple"])
-        return {k: dec(v) for k, v in x["$dict"]}
 
-    tree = jax.tree.structure(dec(data))
-    if tree.num_leaves != n:
-        raise GraphFormatError(f"load: output structure has {tree.num_leaves} leaves, graph {n}")
-    return tree
+def _no_arrays(row: str, shape: Any, dtype: Any) -> Any:
+    raise GraphFormatError("load: an output structure holds no arrays")
 
 
 # -- files -------------------------------------------------------------------
@@ -254,9 +240,7 @@ def save(graph: Graph, path: Any, *, name: str | None = None) -> None:
     True
     """
     if name is not None or not isinstance(path, (str, os.PathLike)):
-        from fnnc.io import save_to
-
-        save_to(path, graph, name or "graph")
+        documents.save_to(path, graph, name or "graph")
         return
     text = json.dumps(to_data(graph), separators=(",", ":"))
     directory = os.path.dirname(os.fspath(path)) or "."
@@ -274,9 +258,7 @@ def load(path: Any, *, name: str | None = None) -> Graph:
     an NNC SQLite tensor file.
     """
     if name is not None or not isinstance(path, (str, os.PathLike)):
-        from fnnc.io import load_from
-
-        return load_from(path, name or "graph")
+        return documents.load_from(path, name or "graph")
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -288,3 +270,6 @@ def load(path: Any, *, name: str | None = None) -> Graph:
         return from_data(data)
     except GraphFormatError as e:
         raise GraphFormatError(f"{e} (file {os.fspath(path)})") from None
+
+
+documents.register_format(documents.Format(FORMAT, Graph, to_data, from_data))

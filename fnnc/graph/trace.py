@@ -61,12 +61,12 @@ import jax
 import jax.extend as jex
 import numpy as np
 
+from fnnc.core.command import make_command, output_specs
+from fnnc.core.ir import Graph, Symbol, TensorSymbol
 from fnnc.errors import FnncError, TraceError
 from fnnc.graph.builder import GraphBuilder
-from fnnc.graph.ir import Graph, Symbol, TensorSymbol
 from fnnc.graph.trace_rules import PASS_THROUGH, TRACE_RULES
 from fnnc.ops import lookup
-from fnnc.ops.command import make_command, output_specs
 from fnnc.ops.constant import Literal
 from fnnc.ops.primitive import bind, primitive_command
 

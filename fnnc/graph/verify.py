@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from fnnc.core.command import output_specs
+from fnnc.core.ir import AliasSymbol, Graph, TensorSymbol
+from fnnc.core.text import format_graph
 from fnnc.errors import FnncError, GraphError
-from fnnc.graph.ir import AliasSymbol, Graph, TensorSymbol
-from fnnc.graph.text import format_graph
-from fnnc.ops.command import output_specs
 
 
 def _fail(graph: Graph, msg: str, node: int | None = None) -> None:

@@ -31,10 +31,12 @@ from fnnc.io.codecs import Codec as Codec
 from fnnc.io.codecs import register_codec as register_codec
 from fnnc.io.codecs import registered_codecs as registered_codecs
 from fnnc.io.codecs import unregister_codec as unregister_codec
+from fnnc.io.documents import Format as Format
+from fnnc.io.documents import graph_names as graph_names
+from fnnc.io.documents import load_from as load_from
+from fnnc.io.documents import register_format as register_format
+from fnnc.io.documents import save_to as save_to
 from fnnc.io.format import TensorInfo as TensorInfo
-from fnnc.io.graphs import graph_names as graph_names
-from fnnc.io.graphs import load_from as load_from
-from fnnc.io.graphs import save_to as save_to
 from fnnc.io.parameters import Mismatch as Mismatch
 from fnnc.io.parameters import ParameterSet as ParameterSet
 from fnnc.io.parameters import internal_row as internal_row

@@ -1,9 +1,10 @@
 """Pytrees as JSON plus tensor rows, for checkpoints (no pickle, nothing imported).
 
-Containers are written as tagged JSON, as :mod:`fnnc.graph.serialize` writes output
-trees: ``None``, lists, ``{"$tuple": [...]}``, ``{"$dict": [[key, value], ...]}`` (str
-or int keys, insertion order kept) and ``{"$namedtuple": "module:QualName", "fields":
-[...], "values": [...]}`` (Optax states are NamedTuples). Python ``bool``/``int``/
+The one pytree codec of fnnc: checkpoints and graph files (output structures) both
+use it. Containers are written as tagged JSON: ``None``, lists, ``{"$tuple": [...]}``,
+``{"$dict": [[key, value], ...]}`` (str or int keys, insertion order kept) and
+``{"$namedtuple": "module:QualName", "fields": [...], "values": [...]}`` (Optax states
+are NamedTuples). Python ``bool``/``int``/
 ``float``/``str`` leaves are stored inline. Arrays become
 ``{"$array": row, "shape": [...], "dtype": "float32", "kind": "jax" | "numpy" |
 "scalar"}`` and their bytes go to a tensor row; dtypes NNC lacks (bool, int8, ...) are
@@ -112,6 +113,8 @@ def decode(
             return float(x["$float"])
         if "$tuple" in x:
             return tuple(dec(v) for v in x["$tuple"])
+        if "$none" in x:  # graph files before the codecs were one wrote None so
+            return None
         if "$dict" in x:
             return {k: dec(v) for k, v in x["$dict"]}
         if "$namedtuple" in x:

@@ -23,8 +23,9 @@ import jax
 import numpy as np
 import optax
 
+from fnnc.core import dispatch
+from fnnc.core.ir import Graph
 from fnnc.graph import compile, simplify
-from fnnc.graph.ir import Graph
 from fnnc.graph.passes.backward import backward as backward_pass
 from fnnc.graph.passes.minimize import minimize
 from fnnc.models import losses
@@ -154,6 +155,7 @@ class Engine:
 
     # -- programs -------------------------------------------------------------------
     def _compiled(self, key: Any, make: Any) -> _Program:
+        key = (key, dispatch.state())  # a new backend or autotune winner compiles anew
         if key not in self._programs:
             self._programs[key] = make()
         return self._programs[key]

@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fnnc.core.ir import Symbol
 from fnnc.graph import GraphBuilder
-from fnnc.graph.ir import Symbol
 
 Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from fnnc import ops
-from fnnc.graph.ir import Symbol
+from fnnc.core.ir import Symbol
 from fnnc.models.layer import (
     BuildContext,
     Layer,

@@ -19,9 +19,9 @@ import jax
 import numpy as np
 
 from fnnc import ops
+from fnnc.core.ir import Symbol
 from fnnc.graph import GraphBuilder, trace
 from fnnc.graph.inline import inline
-from fnnc.graph.ir import Symbol
 from fnnc.models.layer import ModelError
 
 _COMMANDS: dict[str, Callable[[], Any]] = {

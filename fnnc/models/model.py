@@ -17,9 +17,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from fnnc.core.ir import Symbol
 from fnnc.graph import trace
 from fnnc.graph.inline import inline
-from fnnc.graph.ir import Symbol
 from fnnc.models.engine import Engine
 from fnnc.models.layer import BuildContext, Layer, ModelError, ModelIO
 

@@ -12,6 +12,20 @@ Each command has a shape rule, a reference forward (the ``"xla"`` backend), a ba
 in NNC's convention and attributes; :func:`registry` lists them all.
 """
 
+from fnnc.core.command import ALL_INPUTS as ALL_INPUTS
+from fnnc.core.command import NOTHING as NOTHING
+from fnnc.core.command import Attributes as Attributes
+from fnnc.core.command import Command as Command
+from fnnc.core.command import OpDef as OpDef
+from fnnc.core.command import Uses as Uses
+from fnnc.core.command import defcommand as defcommand
+from fnnc.core.command import lookup as lookup
+from fnnc.core.command import registry as registry
+from fnnc.core.dispatch import Backend as Backend
+from fnnc.core.dispatch import backends_of as backends_of
+from fnnc.core.dispatch import register_backend as register_backend
+from fnnc.core.dispatch import select_backend as select_backend
+from fnnc.core.dispatch import unregister_backend as unregister_backend
 from fnnc.ops import autotune as autotune
 from fnnc.ops import pallas as pallas
 from fnnc.ops.activation import gelu as gelu
@@ -25,24 +39,12 @@ from fnnc.ops.activation import swish as swish
 from fnnc.ops.activation import tanh as tanh
 from fnnc.ops.attention import scaled_dot_product_attention as scaled_dot_product_attention
 from fnnc.ops.autodiff import gradient as gradient
-from fnnc.ops.backends import Backend as Backend
-from fnnc.ops.backends import backends_of as backends_of
-from fnnc.ops.backends import register_backend as register_backend
-from fnnc.ops.backends import select_backend as select_backend
-from fnnc.ops.backends import unregister_backend as unregister_backend
 from fnnc.ops.blas import add as add
 from fnnc.ops.blas import gemm as gemm
 from fnnc.ops.blas import mul as mul
 from fnnc.ops.blas import scalar_mul as scalar_mul
-from fnnc.ops.command import ALL_INPUTS as ALL_INPUTS
-from fnnc.ops.command import NOTHING as NOTHING
-from fnnc.ops.command import Attributes as Attributes
-from fnnc.ops.command import Command as Command
-from fnnc.ops.command import OpDef as OpDef
-from fnnc.ops.command import Uses as Uses
-from fnnc.ops.command import defcommand as defcommand
-from fnnc.ops.command import lookup as lookup
-from fnnc.ops.command import registry as registry
+from fnnc.ops.call import call as call
+from fnnc.ops.call import write_view as write_view
 from fnnc.ops.constant import Literal as Literal
 from fnnc.ops.constant import constant as constant
 from fnnc.ops.control import case_of as case_of

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from fnnc.core.command import Spec
 from fnnc.errors import CommandError, DTypeError, ShapeError
-from fnnc.ops.command import Spec
 
 
 def fail(msg: str) -> NoReturn:

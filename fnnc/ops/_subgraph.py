@@ -1,8 +1,5 @@
-"""Helpers of the control commands: running a sub-graph, splitting a loop body at its
-breakpoint, and checking the specs a command feeds a sub-graph.
-
-Imports of :mod:`fnnc.graph` happen inside functions: ``fnnc.graph`` imports
-``fnnc.ops``, so the control commands must not import it while ``fnnc.ops`` loads.
+"""Helpers of the commands that hold sub-graphs: running a sub-graph, splitting a loop
+body at its breakpoint, and checking the specs a command feeds a sub-graph.
 """
 
 from __future__ import annotations
@@ -10,16 +7,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import jax
 import numpy as np
 
+from fnnc.core.command import Spec
+from fnnc.core.evaluate import as_tuple, run_nodes
+from fnnc.core.ir import Graph, Node
 from fnnc.errors import CommandError, DTypeError, GraphError, ShapeError
 from fnnc.ops._rules import show
-from fnnc.ops.command import Spec
-
-if TYPE_CHECKING:
-    from fnnc.graph.ir import Graph
 
 
 def run_graph(graph: Graph, args: Sequence[Any]) -> list[Any]:
@@ -30,7 +27,6 @@ def run_graph(graph: Graph, args: Sequence[Any]) -> list[Any]:
     sub-graph always runs inside its command's own compiled forward, so per-node jits
     would only add tracing work.
     """
-    from fnnc.graph.evaluate import as_tuple, run_nodes
 
     def run_node(index: int, node: Any, inputs: list[Any]) -> tuple[Any, ...]:
         return as_tuple(node.cmd.definition.forward(*inputs, **node.cmd.kwargs))
@@ -38,9 +34,76 @@ def run_graph(graph: Graph, args: Sequence[Any]) -> list[Any]:
     return run_nodes(graph, args, run_node)
 
 
-def require_graph(name: str, what: str, value: Any) -> None:
-    from fnnc.graph.ir import Graph
+def run_graph_nnc(graph: Graph, args: Sequence[Any]) -> list[Any]:
+    """:func:`run_graph` whose derivative (``jax.vjp``) follows each command's backward.
 
+    Every node runs as a ``jax.custom_vjp`` whose backward is the command's own rule in
+    NNC's convention (reading only its ``backward_uses``), so differentiating a whole
+    sub-graph gives what fnnc's ``backward`` pass gives node by node, NNC's conventions
+    included (ties of ``min``/``max``, loss gradients), while views and writes through
+    aliases are differentiated by JAX exactly.
+    """
+
+    def run_node(index: int, node: Node, inputs: list[Any]) -> tuple[Any, ...]:
+        return _nnc_differentiable(node.cmd)(*inputs)
+
+    return run_nodes(graph, args, run_node)
+
+
+@functools.lru_cache(maxsize=1024)
+def _nnc_differentiable(cmd: Any) -> Any:
+    """``cmd``'s reference forward with its backward rule as the custom VJP."""
+    opdef = cmd.definition
+    params = cmd.kwargs
+
+    def forward(*xs: Any) -> tuple[Any, ...]:
+        return as_tuple(opdef.forward(*xs, **params))
+
+    if not opdef.attributes.differentiable:
+        return forward
+
+    @jax.custom_vjp
+    def run(*xs: Any) -> tuple[Any, ...]:
+        return forward(*xs)
+
+    def fwd(*xs: Any) -> tuple[tuple[Any, ...], Any]:
+        outs = forward(*xs)
+        return outs, (xs, outs)
+
+    def bwd(res: Any, cts: tuple[Any, ...]) -> tuple[Any, ...]:
+        xs, outs = res
+        check = opdef.backward_check(cmd) if opdef.backward_check else None
+        if check is not None:
+            raise CommandError(f"{cmd} has no backward here: {check}")
+        uses = opdef.backward_uses
+        ins = tuple(x if uses.input_used(i) else _spec(x) for i, x in enumerate(xs))
+        kept = tuple(o if i in uses.outputs else _spec(o) for i, o in enumerate(outs))
+        grads = tuple(None if _is_zero(g) else g for g in cts)
+        got = opdef.backward(grads, ins, kept, **params)
+        return tuple(_cotangent_of(g, x) for g, x in zip(got, xs))
+
+    run.defvjp(fwd, bwd)
+    return run
+
+
+def _spec(x: Any) -> Spec:
+    return Spec(tuple(x.shape), x.dtype)
+
+
+def _is_zero(g: Any) -> bool:
+    return g is None or (hasattr(g, "dtype") and g.dtype == jax.dtypes.float0)
+
+
+def _cotangent_of(g: Any, x: Any) -> Any:
+    """What ``custom_vjp`` wants for input ``x``: float0 zeros where it has no gradient."""
+    if not jax.numpy.issubdtype(x.dtype, jax.numpy.inexact):
+        return np.zeros(x.shape, jax.dtypes.float0)
+    if g is None:
+        return jax.numpy.zeros(x.shape, x.dtype)
+    return g.astype(x.dtype)
+
+
+def require_graph(name: str, what: str, value: Any) -> None:
     if not isinstance(value, Graph):
         raise CommandError(
             f"{name}: {what} must be a Graph (build it with its own GraphBuilder), got "

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fnnc.core.command import Spec, Uses, defcommand
 from fnnc.ops._rules import norm_axes, require_float
-from fnnc.ops.command import Spec, Uses, defcommand
 
 OUTPUT_ONLY = Uses(inputs=(), outputs=(0,))
 INPUT_ONLY = Uses(inputs=(0,))
@@ -38,7 +38,7 @@ def _zero(g):
     return jnp.zeros((), g.dtype)
 
 
-@defcommand(family="activation", shape=_float_rule("relu"), uses=OUTPUT_ONLY)
+@defcommand(family="activation", shape=_float_rule("relu"), uses=OUTPUT_ONLY, elementwise=True)
 def relu(x):
     """``max(x, 0)``."""
     return lax.max(x, lax.full_like(x, 0))
@@ -50,7 +50,7 @@ def _relu_backward(grads, inputs, outputs):
     return (jnp.where(y > 0, g, _zero(g)),)
 
 
-@defcommand(family="activation", shape=_float_rule("leaky_relu"), uses=INPUT_ONLY)
+@defcommand(family="activation", shape=_float_rule("leaky_relu"), uses=INPUT_ONLY, elementwise=True)
 def leaky_relu(x, *, negative_slope=0.01):
     """``x`` where ``x > 0`` else ``negative_slope * x``."""
     return jnp.where(x > 0, x, x * jnp.asarray(negative_slope, x.dtype))
@@ -62,7 +62,7 @@ def _leaky_relu_backward(grads, inputs, outputs, *, negative_slope):
     return (jnp.where(x > 0, g, g * jnp.asarray(negative_slope, g.dtype)),)
 
 
-@defcommand(family="activation", shape=_float_rule("sigmoid"), uses=OUTPUT_ONLY)
+@defcommand(family="activation", shape=_float_rule("sigmoid"), uses=OUTPUT_ONLY, elementwise=True)
 def sigmoid(x):
     """``1 / (1 + exp(-x))``."""
     return jax.nn.sigmoid(x)
@@ -74,7 +74,7 @@ def _sigmoid_backward(grads, inputs, outputs):
     return (g * y * (1 - y),)
 
 
-@defcommand(family="activation", shape=_float_rule("tanh"), uses=OUTPUT_ONLY)
+@defcommand(family="activation", shape=_float_rule("tanh"), uses=OUTPUT_ONLY, elementwise=True)
 def tanh(x):
     """Hyperbolic tangent."""
     return lax.tanh(x)
@@ -86,7 +86,7 @@ def _tanh_backward(grads, inputs, outputs):
     return (g * (1 - y * y),)
 
 
-@defcommand(family="activation", shape=_float_rule("swish"), uses=INPUT_ONLY)
+@defcommand(family="activation", shape=_float_rule("swish"), uses=INPUT_ONLY, elementwise=True)
 def swish(x):
     """``x * sigmoid(x)`` (SiLU)."""
     return x * jax.nn.sigmoid(x)
@@ -103,7 +103,7 @@ _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 _GELU_C = 0.044715
 
 
-@defcommand(family="activation", shape=_float_rule("gelu"), uses=INPUT_ONLY)
+@defcommand(family="activation", shape=_float_rule("gelu"), uses=INPUT_ONLY, elementwise=True)
 def gelu(x, *, approximate=False):
     """``x * Phi(x)`` with Phi the standard normal CDF; ``approximate=True`` uses
     ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` (NNC's GELU ``tanh`` flag)."""
@@ -125,7 +125,7 @@ def _gelu_backward(grads, inputs, outputs, *, approximate):
     return (g * (cdf + x * pdf),)
 
 
-@defcommand(family="activation", shape=_float_rule("mish"), uses=INPUT_ONLY)
+@defcommand(family="activation", shape=_float_rule("mish"), uses=INPUT_ONLY, elementwise=True)
 def mish(x):
     """``x * tanh(softplus(x))``."""
     return x * jnp.tanh(jax.nn.softplus(x))

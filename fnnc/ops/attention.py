@@ -22,9 +22,9 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
+from fnnc.core.command import Spec, Uses, defcommand
 from fnnc.errors import DTypeError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show, to_shape, unbroadcast
-from fnnc.ops.command import Spec, Uses, defcommand
 
 
 def _sdpa_shape(q, k, v, mask=None, *, scale, is_causal):

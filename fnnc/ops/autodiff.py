@@ -23,8 +23,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from fnnc.core.command import BackwardNode, Command, Spec, defcommand, make_command
 from fnnc.errors import CommandError
-from fnnc.ops.command import Command, Spec, defcommand, make_command
 
 
 def _specs(pairs: Any) -> tuple[Spec, ...]:
@@ -55,22 +55,53 @@ def _display(cmd: Command) -> str:
     return f"{cmd.param('of')}.backward[wants=({shown})]"
 
 
-@defcommand(family="autodiff", shape=_gradient_shape, min_inputs=1, display=_display)
-def gradient(*inputs, of, in_specs, out_specs, grad_mask, wants):
-    """Gradients of ``of``'s inputs ``wants`` from its output gradients (see module doc)."""
-    opdef = of.definition
-    uses = opdef.backward_uses
+def _forward_of(cmd: Command) -> tuple[Command, tuple[Spec, ...]]:
+    return cmd.param("of"), _specs(cmd.param("in_specs"))
+
+
+def _run(rule, *inputs, of, in_specs, out_specs, grad_mask, wants):
+    """Unpacks a gradient node's inputs, runs ``rule`` (NNC convention + ``wants``)."""
+    uses = of.definition.backward_uses
     ins_spec, outs_spec = _specs(in_specs), _specs(out_specs)
     values = iter(inputs)
     grads = tuple(next(values) if m else None for m in grad_mask)
     ins = tuple(next(values) if uses.input_used(i) else s for i, s in enumerate(ins_spec))
     outs = tuple(next(values) if i in uses.outputs else s for i, s in enumerate(outs_spec))
-    result = opdef.backward(grads, ins, outs, **of.kwargs)
+    result = rule(grads, ins, outs, tuple(wants), **of.kwargs)
     picked = []
     for i in wants:
         g, spec = result[i], ins_spec[i]
         picked.append(jnp.zeros(spec.shape, spec.dtype) if g is None else g.astype(spec.dtype))
     return picked[0] if len(picked) == 1 else tuple(picked)
+
+
+@defcommand(
+    family="autodiff",
+    shape=_gradient_shape,
+    min_inputs=1,
+    display=_display,
+    backward_node=BackwardNode(_forward_of, _run),
+)
+def gradient(*inputs, of, in_specs, out_specs, grad_mask, wants):
+    """Gradients of ``of``'s inputs ``wants`` from its output gradients (see module doc).
+
+    This reference runs ``of``'s backward rule. A backend of ``of`` that carries its own
+    ``backward`` (a kernel) serves this node under the same backend name (see
+    :mod:`fnnc.core.dispatch`).
+    """
+
+    def rule(grads, ins, outs, _wanted, /, **params):
+        return of.definition.backward(grads, ins, outs, **params)
+
+    return _run(
+        rule,
+        *inputs,
+        of=of,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        grad_mask=grad_mask,
+        wants=wants,
+    )
 
 
 def gradient_command(

@@ -1,8 +1,9 @@
 """Autotuning: time the eligible backends of a command on real shapes, keep the winner.
 
-The table maps ``key(command, specs, platform)`` to a backend name; ``compile`` and
-eager execution consult it (see :func:`fnnc.ops.backends.select_backend`). It is
-plain JSON on disk, so a tuned table can ship with a deployment.
+The table (:data:`TABLE`, owned by :mod:`fnnc.core.dispatch`) maps
+``key(command, specs, platform)`` to a backend name; every backend choice consults it
+and every write to it invalidates cached programs. It is plain JSON on disk, so a tuned
+table can ship with a deployment.
 
 Example:
     >>> import jax.numpy as jnp
@@ -18,21 +19,16 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import jax
 
-from fnnc.ops.backends import as_specs, backends_of, compiled_forward, why_not
-from fnnc.ops.command import Command, Spec
+from fnnc.core.command import Command
+from fnnc.core.dispatch import TABLE, as_specs, backends_of, compiled_forward, why_not
+from fnnc.core.dispatch import table_key as key
+from fnnc.errors import GraphFormatError
 
-TABLE: dict[str, str] = {}
-
-
-def key(cmd: Command, specs: Sequence[Spec], platform: str) -> str:
-    """The table key of one (command, input specs, platform)."""
-    shapes = ";".join(f"{s.dtype.name}{list(s.shape)}" for s in specs)
-    return f"{cmd.name}|{cmd.params!r}|{shapes}|{platform}"
+__all__ = ["TABLE", "autotune", "key", "load", "save"]
 
 
 def autotune(cmd: Command, *arrays: Any, repeats: int = 5, platform: str | None = None) -> str:
@@ -66,7 +62,7 @@ def save(path: str | os.PathLike[str]) -> None:
     """Writes :data:`TABLE` as JSON, atomically (temp file + rename)."""
     directory = os.path.dirname(os.fspath(path)) or "."
     with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:
-        json.dump(TABLE, f, indent=1, sort_keys=True)
+        json.dump(dict(TABLE), f, indent=1, sort_keys=True)
     os.replace(f.name, path)
 
 
@@ -75,7 +71,5 @@ def load(path: str | os.PathLike[str]) -> None:
     with open(path) as f:
         data = json.load(f)
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
-        from fnnc.errors import GraphFormatError
-
         raise GraphFormatError(f"{path}: not an fnnc autotune table (expected a JSON object)")
     TABLE.update(data)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from fnnc.core.command import NOTHING, Spec, Uses, defcommand
 from fnnc.ops._rules import (
     broadcast,
     broadcast_shape,
@@ -19,7 +20,6 @@ from fnnc.ops._rules import (
     to_shape,
     unbroadcast,
 )
-from fnnc.ops.command import NOTHING, Spec, Uses, defcommand
 
 
 def _mt(x):
@@ -79,7 +79,13 @@ def _gemm_backward(grads, inputs, outputs, *, transpose_a, transpose_b):
     return result + tuple(unbroadcast(g, c.shape) for c in bias)
 
 
-@defcommand(family="blas", shape=broadcast("add"), uses=NOTHING)
+@defcommand(
+    family="blas",
+    shape=broadcast("add"),
+    uses=NOTHING,
+    elementwise=True,
+    commutative=lambda cmd: cmd.param("p") == cmd.param("q"),  # p*a + q*b
+)
 def add(a, b, *, p=1.0, q=1.0):
     """``p * a + q * b`` (broadcasting), NNC's ADD with its two scalars."""
     shape = broadcast_shape("add", a.shape, b.shape)
@@ -103,7 +109,13 @@ def _add_backward(grads, inputs, outputs, *, p, q):
     return unbroadcast(g * p, a.shape), unbroadcast(g * q, b.shape)
 
 
-@defcommand(family="blas", shape=broadcast("mul"), uses=Uses(inputs=(0, 1)))
+@defcommand(
+    family="blas",
+    shape=broadcast("mul"),
+    uses=Uses(inputs=(0, 1)),
+    elementwise=True,
+    commutative=True,
+)
 def mul(a, b, *, p=1.0):
     """``p * a * b`` (broadcasting), NNC's MUL."""
     shape = broadcast_shape("mul", a.shape, b.shape)
@@ -120,7 +132,7 @@ def _mul_backward(grads, inputs, outputs, *, p):
     )
 
 
-@defcommand(family="blas", shape=same_shape, uses=NOTHING)
+@defcommand(family="blas", shape=same_shape, uses=NOTHING, elementwise=True)
 def scalar_mul(x, *, a=1.0):
     """``a * x`` for a Python scalar ``a``, NNC's SCALAR_MUL."""
     return lax.mul(x, _scalar(a, x))

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fnnc.ops.command import NOTHING, Command, Spec, defcommand, make_command
+from fnnc.core.command import NOTHING, Command, Spec, defcommand, make_command
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

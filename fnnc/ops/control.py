@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from fnnc.core.command import NOTHING, Command, Spec, defcommand, vjp_backward
 from fnnc.errors import CommandError, GraphError
 from fnnc.ops._rules import broadcast_shape, require_choice, require_same_dtype, to_shape
 from fnnc.ops._subgraph import (
@@ -57,7 +58,6 @@ from fnnc.ops._subgraph import (
     run_graph,
     split_body,
 )
-from fnnc.ops.command import NOTHING, Command, Spec, defcommand, vjp_backward
 
 COMPARISONS = {
     "lt": jnp.less,

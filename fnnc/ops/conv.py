@@ -28,7 +28,7 @@ from jax import lax
 
 from fnnc.ops import _spatial
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show, to_shape
-from fnnc.ops.command import Spec, Uses, defcommand
+from fnnc.core.command import Spec, Uses, defcommand
 
 _DIMS = {
     1: ("NWC", "OWI", "NWC"),

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from fnnc.core.command import NOTHING, Spec, Uses, defcommand, is_float
 from fnnc.errors import DTypeError
 from fnnc.ops._rules import (
     broadcast_shape,
@@ -31,7 +32,6 @@ from fnnc.ops._rules import (
     to_shape,
     unbroadcast,
 )
-from fnnc.ops.command import NOTHING, Spec, Uses, defcommand, is_float
 
 
 def _dtype(dtype: Any) -> np.dtype:

@@ -11,6 +11,7 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 
+from fnnc.core.command import NOTHING, Spec, Uses, defcommand
 from fnnc.errors import DTypeError
 from fnnc.ops._rules import (
     broadcast,
@@ -21,7 +22,6 @@ from fnnc.ops._rules import (
     to_shape,
     unbroadcast,
 )
-from fnnc.ops.command import NOTHING, Spec, Uses, defcommand
 
 
 def _out_shape(*xs: Any) -> tuple[int, ...]:
@@ -37,7 +37,9 @@ def _fold(op, inputs):
     return out
 
 
-@defcommand(family="elementwise", shape=broadcast("ewsum"), uses=NOTHING)
+@defcommand(
+    family="elementwise", shape=broadcast("ewsum"), uses=NOTHING, elementwise=True, commutative=True
+)
 def ewsum(*inputs):
     """Sum of any number of tensors (broadcasting)."""
     return _fold(lax.add, inputs)
@@ -49,7 +51,13 @@ def _ewsum_backward(grads, inputs, outputs):
     return tuple(unbroadcast(g, x.shape) for x in inputs)
 
 
-@defcommand(family="elementwise", shape=broadcast("ewprod"), uses=Uses(inputs=None))
+@defcommand(
+    family="elementwise",
+    shape=broadcast("ewprod"),
+    uses=Uses(inputs=None),
+    elementwise=True,
+    commutative=True,
+)
 def ewprod(*inputs):
     """Product of any number of tensors (broadcasting)."""
     return _fold(lax.mul, inputs)
@@ -69,7 +77,9 @@ def _ewprod_backward(grads, inputs, outputs):
     return tuple(result)
 
 
-@defcommand(family="elementwise", shape=broadcast("ewdiv"), uses=Uses(inputs=(0, 1)))
+@defcommand(
+    family="elementwise", shape=broadcast("ewdiv"), uses=Uses(inputs=(0, 1)), elementwise=True
+)
 def ewdiv(a, b):
     """a / b (broadcasting). NNC's nil numerator is ``ewdiv(ones, b)``."""
     shape = _out_shape(a, b)
@@ -92,7 +102,9 @@ def _unary(name: str, fn, grad_from, uses: Uses):
 
     forward.__name__ = name
     forward.__doc__ = f"Elementwise {name[2:] if name.startswith('ew') else name}(x)."
-    factory = defcommand(family="elementwise", shape=same_shape, uses=uses)(forward)
+    factory = defcommand(family="elementwise", shape=same_shape, uses=uses, elementwise=True)(
+        forward
+    )
 
     @factory.backward
     def _backward(grads, inputs, outputs):
@@ -110,7 +122,7 @@ ewabs = _unary(
 )
 
 
-@defcommand(family="elementwise", shape=same_shape, uses=Uses(inputs=(0,)))
+@defcommand(family="elementwise", shape=same_shape, uses=Uses(inputs=(0,)), elementwise=True)
 def clamp(x, *, min=None, max=None):
     """Clamps x to [min, max]; either bound may be None (NNC's CLAMP)."""
     if min is not None:
@@ -140,7 +152,13 @@ def _minmax(name: str, pick):
     forward.__doc__ = (
         f"Elementwise {name} of two tensors (broadcasting); ties send the gradient to a."
     )
-    factory = defcommand(family="elementwise", shape=broadcast(name))(forward)
+    factory = defcommand(
+        family="elementwise",
+        shape=broadcast(name),
+        elementwise=True,
+        commutative=True,
+        idempotent=True,
+    )(forward)
 
     @factory.backward
     def _backward(grads, inputs, outputs):
@@ -167,7 +185,7 @@ def _select_shape(cond: Spec, a: Spec, b: Spec) -> Spec:
     return Spec(broadcast_shape("select", cond.shape, a.shape, b.shape), dtype)
 
 
-@defcommand(family="elementwise", shape=_select_shape, uses=Uses(inputs=(0,)))
+@defcommand(family="elementwise", shape=_select_shape, uses=Uses(inputs=(0,)), elementwise=True)
 def select(cond, a, b):
     """``a`` where ``cond`` else ``b`` (broadcasting), like ``jnp.where``."""
     shape = _out_shape(cond, a, b)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from fnnc.core.command import Spec, Uses, defcommand
 from fnnc.errors import DTypeError
 from fnnc.ops._rules import fail, require_float, show
-from fnnc.ops.command import Spec, Uses, defcommand
 
 
 def _embedding_shape(table, idx):

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from fnnc.core.command import Command, Spec, defcommand
 from fnnc.errors import ShapeError
 from fnnc.ops._rules import show
 from fnnc.ops._subgraph import run_graph
-from fnnc.ops.command import Command, Spec, defcommand
 
 
 def _body_shape(*specs: Spec, body: Any) -> Spec | tuple[Spec, ...]:

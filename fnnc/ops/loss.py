@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fnnc.core.command import Spec, Uses, defcommand
 from fnnc.errors import CommandError, DTypeError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show, to_shape
-from fnnc.ops.command import Spec, Uses, defcommand
 
 
 def _label_kind(name: str, x, label) -> str:

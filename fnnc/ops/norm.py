@@ -16,9 +16,9 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
+from fnnc.core.command import Spec, Uses, defcommand
 from fnnc.errors import CommandError
 from fnnc.ops._rules import fail, norm_axes, require_float, require_same_dtype, show, to_shape
-from fnnc.ops.command import Spec, Uses, defcommand
 
 
 def _kept(shape, axes) -> tuple[int, ...]:

@@ -18,8 +18,8 @@ import jax
 import numpy as np
 import optax
 
+from fnnc.core.command import Command, Spec, defcommand, make_command
 from fnnc.errors import CommandError
-from fnnc.ops.command import Command, Spec, defcommand, make_command
 from fnnc.ops.primitive import Opaque
 
 

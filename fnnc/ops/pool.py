@@ -19,7 +19,7 @@ from jax import lax
 
 from fnnc.ops import _spatial
 from fnnc.ops._rules import fail, require_float, show
-from fnnc.ops.command import NOTHING, Spec, Uses, defcommand
+from fnnc.core.command import NOTHING, Spec, Uses, defcommand
 
 
 def _geometry(name: str, x, window, strides, padding):

@@ -32,7 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from fnnc.ops.command import Command, Spec, defcommand, make_command
+from fnnc.core.command import Command, Spec, defcommand, make_command
 
 _SHOWN = (bool, int, float, str, type(None), np.dtype)
 

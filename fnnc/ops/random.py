@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fnnc.core.command import NOTHING, Spec, Uses, defcommand
 from fnnc.errors import CommandError, DTypeError
 from fnnc.ops._rules import fail, require_float, show
-from fnnc.ops.command import NOTHING, Spec, Uses, defcommand
 
 _IMPL = "threefry2x32"
 

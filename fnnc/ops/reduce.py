@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from fnnc.core.command import NOTHING, Spec, Uses, defcommand, is_float
 from fnnc.ops._rules import fail, norm_axes, require_float, show, to_shape
-from fnnc.ops.command import NOTHING, Spec, Uses, defcommand, is_float
 
 EXTREMUM_USES = Uses(inputs=(0,), outputs=(0,))
 

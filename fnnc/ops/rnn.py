@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fnnc.core.command import Spec, defcommand
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show, to_shape
-from fnnc.ops.command import Spec, defcommand
 
 
 def _lstm_shape(x, h0, c0, w_ih, w_hh, bias=None):

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fnnc.core.command import NOTHING, Spec, defcommand
 from fnnc.ops._rules import fail, require_choice, show, to_shape
-from fnnc.ops.command import NOTHING, Spec, defcommand
 
 UPSAMPLE_MODES = ("nearest", "bilinear")
 

@@ -38,7 +38,7 @@ from hypothesis.extra import numpy as hnp
 
 from fnnc import ops
 from fnnc.graph import Graph, GraphBuilder
-from fnnc.graph.ir import AliasSymbol, Symbol, contiguous_strides
+from fnnc.core.ir import AliasSymbol, Symbol, contiguous_strides
 from fnnc.ops import Command
 
 BOUND = 64.0

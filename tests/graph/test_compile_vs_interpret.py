@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 
 from fnnc import ops
 from fnnc.graph import Graph, GraphBuilder, compile, interpret
-from fnnc.graph.ir import AliasSymbol
+from fnnc.core.ir import AliasSymbol
 from tests.graph.strategies import BOUND, OPS, graphs
 
 SETTINGS = settings(max_examples=100)

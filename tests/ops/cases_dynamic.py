@@ -4,7 +4,7 @@ import numpy as np
 
 from fnnc import ops
 from fnnc.graph import GraphBuilder
-from fnnc.graph.dynamic.commands import call, write_view
+from fnnc.ops.call import call, write_view
 from tests.helpers import rand, randint
 from tests.ops.cases import Case
 

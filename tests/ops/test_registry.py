@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from fnnc import ops
-from fnnc.ops.backends import compiled_forward
-from fnnc.ops.command import is_float
+from fnnc.core.dispatch import compiled_forward
+from fnnc.core.command import is_float
 from tests import ops as ops_tests
 from tests.helpers import assert_close
 from tests.ops.cases import Case

@@ -27,10 +27,10 @@ import numpy as np
 import optax
 
 from fnnc import ops
+from fnnc.core.ir import Graph
 from fnnc.errors import GraphError, ShapeError
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.compile import compile
-from fnnc.graph.ir import Graph
 from fnnc.graph.passes.backward import backward as backward_pass
 from fnnc.ops.optimizer import optax_update_command
 

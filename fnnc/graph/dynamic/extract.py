@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from fnnc.graph.ir import AliasSymbol, Graph, Node, Symbol, TensorSymbol
+from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol, TensorSymbol
 from fnnc.graph.passes.compact import compact
 from fnnc.graph.passes.dce import dce
 

@@ -10,16 +10,16 @@ from typing import Any
 import jax
 import numpy as np
 
-from fnnc import config
+from fnnc.core.command import output_specs
+from fnnc.core.dispatch import compiled_forward, select_backend
+from fnnc.core.dispatch import state as dispatch_state
+from fnnc.core.evaluate import read_view
+from fnnc.core.ir import AliasSymbol, Graph
 from fnnc.errors import DTypeError, FnncError, GraphError
-from fnnc.graph.evaluate import read_view
-from fnnc.graph.ir import AliasSymbol, Graph
 from fnnc.ops import Command
-from fnnc.ops.backends import compiled_forward, select_backend
-from fnnc.ops.command import output_specs
+from fnnc.ops.call import call
 
 from . import autodiff, lazy, versions
-from .commands import call
 from .extract import PROGRAMS, extract
 from .record import Node, Read, Record, Version, View, spec_id
 from .variable import Slot, Variable, alias_view
@@ -210,7 +210,7 @@ class DynamicGraph:
             run: Any = functools.partial(self._run_reads, cmd, reads, name)
         else:
             entry = self._plans.get(key)
-            if entry is not None and entry[0] is cmd and entry[1].cfg is config.get():
+            if entry is not None and entry[0] is cmd and entry[1].cfg == dispatch_state():
                 plan = entry[1]
             else:
                 plan = self._plan(cmd, [(v, None) for v in vs], name)
@@ -324,8 +324,8 @@ class DynamicGraph:
         if per is None:
             per = self._commands[cmd] = _PerCommand(cmd, self.memo)
         plan = per.plans.get(sids)
-        cfg = config.get()
-        if plan is None or plan.cfg is not cfg:
+        cfg = dispatch_state()  # backends, autotune table and backend settings
+        if plan is None or plan.cfg != cfg:
             jspecs = [Spec(shape, dtype) for shape, dtype in specs]
             try:
                 outs = output_specs(cmd, jspecs)

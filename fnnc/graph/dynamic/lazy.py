@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from fnnc.core.ir import Graph
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.compile import compile
 from fnnc.graph.inline import inline
-from fnnc.graph.ir import Graph
 
 from .extract import PROGRAMS, extract
 from .record import Version, to_flush

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fnnc import ops
+from fnnc.core.ir import contiguous_strides
 from fnnc.errors import ShapeError
-from fnnc.graph.ir import contiguous_strides
 
 from .record import Version, View
 

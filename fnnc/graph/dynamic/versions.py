@@ -17,8 +17,8 @@ import numpy as np
 from fnnc import ops
 from fnnc.errors import DTypeError, GraphError, ShapeError
 from fnnc.ops import Command
+from fnnc.ops.call import write_view
 
-from .commands import write_view
 from .record import Read, Version
 from .variable import Variable
 

@@ -15,7 +15,7 @@ import functools
 from collections.abc import Callable, Container, Iterator
 from typing import Any
 
-from fnnc.graph.ir import Graph
+from fnnc.core.ir import Graph
 from fnnc.ops import Command
 
 GraphPass = Callable[[Graph], Graph]

@@ -45,9 +45,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fnnc import ops
+from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol
 from fnnc.errors import DTypeError, GraphError, ShapeError
 from fnnc.graph.builder import GraphBuilder
-from fnnc.graph.ir import AliasSymbol, Graph, Node, Symbol
 from fnnc.ops.autodiff import gradient_command
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fnnc.graph.ir import AliasSymbol, Graph
+from fnnc.core.ir import AliasSymbol, Graph
 from fnnc.graph.passes._subgraphs import map_subgraphs
 
 

@@ -3,40 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
-from fnnc.graph.ir import AliasSymbol, Graph, Node
+from fnnc.core.ir import AliasSymbol, Graph, Node
 from fnnc.graph.passes._subgraphs import is_pure, map_subgraphs
 from fnnc.graph.passes.compact import compact
 from fnnc.ops import Command
 
-Canonical = Callable[[Command, tuple[int, ...]], tuple[int, ...]]
 
-
-def ordered(cmd: Command, inputs: tuple[int, ...]) -> tuple[int, ...]:
-    """The default: inputs are positional, their order matters."""
+def canonical_inputs(cmd: Command, inputs: tuple[int, ...]) -> tuple[int, ...]:
+    """The input order that identifies a computation: sorted for commutative commands
+    (the command attribute, e.g. ``ewsum``; ``add`` only when ``p == q``), else as given."""
+    if cmd.definition.attributes.is_commutative(cmd):
+        return tuple(sorted(inputs))
     return inputs
-
-
-def commutative(cmd: Command, inputs: tuple[int, ...]) -> tuple[int, ...]:
-    """Any order of the inputs gives the same result."""
-    return tuple(sorted(inputs))
-
-
-def _add(cmd: Command, inputs: tuple[int, ...]) -> tuple[int, ...]:
-    # p * a + q * b is symmetric only when the two scalars are equal.
-    return commutative(cmd, inputs) if cmd.param("p") == cmd.param("q") else inputs
-
-
-CANONICAL_INPUTS: dict[str, Canonical] = {
-    "ewsum": commutative,
-    "ewprod": commutative,
-    "add": _add,
-    "mul": commutative,
-    "min": commutative,
-    "max": commutative,
-}
-"""Per command, the input order that identifies a computation (default: as given)."""
 
 
 def cse(graph: Graph) -> Graph:
@@ -45,7 +24,7 @@ def cse(graph: Graph) -> Graph:
     Nodes are visited in order; a node whose command and (canonically ordered) inputs
     match an earlier node's is dropped and its outputs are replaced by the earlier
     node's outputs everywhere: in later nodes' inputs, in the graph outputs, and as the
-    root of any view of them. Commutative commands (:data:`CANONICAL_INPUTS`) match in
+    root of any view of them. Commutative commands (the ``commutative`` attribute) match in
     any input order. Equal views of one tensor (same root, offset, strides, shape)
     are read as one symbol. Never merged: commands that are random or have effects
     (or hold such commands in sub-graphs), and nodes that write views (aliases).
@@ -94,8 +73,7 @@ def cse(graph: Graph) -> Graph:
         if not is_pure(node.cmd) or any(symbols[s].is_alias for s in node.outputs):
             nodes.append(node)
             continue
-        canonical = CANONICAL_INPUTS.get(node.cmd.name, ordered)
-        first = seen.setdefault((node.cmd, canonical(node.cmd, inputs)), node)
+        first = seen.setdefault((node.cmd, canonical_inputs(node.cmd, inputs)), node)
         if first is node:
             nodes.append(node)
         else:

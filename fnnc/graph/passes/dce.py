@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fnnc.graph.ir import Graph
+from fnnc.core.ir import Graph
 from fnnc.graph.passes._subgraphs import has_effects, map_subgraphs
 from fnnc.graph.passes.compact import compact
 

@@ -7,12 +7,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from fnnc.graph.ir import AliasSymbol, Graph, Node, num_elements
+from fnnc.core.command import Spec, output_specs
+from fnnc.core.dispatch import REFERENCE, compiled_forward
+from fnnc.core.ir import AliasSymbol, Graph, Node, num_elements
 from fnnc.graph.passes._subgraphs import is_pure, map_subgraphs
 from fnnc.graph.passes.compact import compact
 from fnnc.ops import Command
-from fnnc.ops.backends import REFERENCE, compiled_forward
-from fnnc.ops.command import Spec, output_specs
 from fnnc.ops.constant import Literal, constant
 
 MAX_ELEMENTS = 1024
@@ -118,6 +118,15 @@ def _clamp(cmd: Command, ins: tuple[int, ...], facts: Facts) -> Rewrite:
     return ins[0] if cmd.param("min") is None and cmd.param("max") is None else None
 
 
+def _rule_of(cmd: Command) -> Rule:
+    """The identity rule of ``cmd``: its table entry, else ``f(x, x) = x`` for commands
+    with the ``idempotent`` attribute, else none."""
+    rule = IDENTITIES.get(cmd.name)
+    if rule is not None:
+        return rule
+    return _idempotent if cmd.definition.attributes.idempotent else _no_rule
+
+
 IDENTITIES: dict[str, Rule] = {
     "add": _add,
     "broadcast_to": _input0,
@@ -129,8 +138,6 @@ IDENTITIES: dict[str, Rule] = {
     "ewprod": _without(1),
     "ewsum": _without(0),
     "format_transform": _format_transform,
-    "max": _idempotent,
-    "min": _idempotent,
     "mul": _mul,
     "pad": _input0,
     "reshape": _input0,
@@ -228,7 +235,7 @@ def _simplified(node: Node, facts: Facts, viewed: set[int]) -> tuple[Node, int |
         return node, None
     out = facts.spec(node.outputs[0])
     for _ in range(8):  # each rewrite drops an operand or the node, so few are needed
-        rewrite = IDENTITIES.get(node.cmd.name, _no_rule)(node.cmd, node.inputs, facts)
+        rewrite = _rule_of(node.cmd)(node.cmd, node.inputs, facts)
         if isinstance(rewrite, int):
             # Views of the output are re-rooted onto the replacement: it must be a tensor.
             plain = node.outputs[0] not in viewed or not facts.is_view(rewrite)

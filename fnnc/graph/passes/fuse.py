@@ -9,8 +9,8 @@ from collections.abc import Callable
 import numpy as np
 
 from fnnc import ops
+from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol
 from fnnc.graph.builder import GraphBuilder
-from fnnc.graph.ir import AliasSymbol, Graph, Node, Symbol
 from fnnc.graph.passes._subgraphs import is_pure, map_subgraphs
 from fnnc.graph.passes.compact import compact
 
@@ -92,34 +92,6 @@ PATTERNS: dict[str, Pattern] = {
 }
 """Per command, a pattern ending at a node of that command (NNC's fused losses)."""
 
-ELEMENTWISE = frozenset(
-    {
-        "add",
-        "clamp",
-        "ewabs",
-        "ewdiv",
-        "ewexp",
-        "ewlog",
-        "ewprod",
-        "ewsqrt",
-        "ewsum",
-        "gelu",
-        "leaky_relu",
-        "max",
-        "min",
-        "mish",
-        "mul",
-        "relu",
-        "scalar_mul",
-        "select",
-        "sigmoid",
-        "swish",
-        "tanh",
-    }
-)
-"""Commands that compute each output element from the same element of their
-(broadcast) inputs: the members of a fused elementwise chain."""
-
 Inline = Callable[[GraphBuilder, Node, list[Symbol]], Symbol]
 
 
@@ -144,10 +116,19 @@ def _flat_body(node: Node) -> bool:
 
 
 MEMBERS: dict[str, tuple[Callable[[Node], bool], Inline]] = {
-    **{name: (lambda node: True, _exec) for name in ELEMENTWISE},
     "fused_elementwise": (_flat_body, _inline_body),
 }
-"""Per command that may sit in a chain: when it may, and how it enters the body."""
+"""Commands that may sit in a chain besides the ``elementwise`` ones (the command
+attribute, :class:`fnnc.ops.Attributes`): when they may, and how they enter the body."""
+
+
+def _inline_rule(node: Node) -> Inline | None:
+    """How ``node`` enters a chain's body, or ``None`` if it cannot join one."""
+    rule = MEMBERS.get(node.cmd.name)
+    if rule is not None:
+        return rule[1] if rule[0](node) else None
+    return _exec if node.cmd.definition.attributes.elementwise else None
+
 
 FUSED = frozenset({"fused_elementwise"})
 """Commands whose sub-graphs are already fused chains; ``fuse`` does not enter them."""
@@ -161,7 +142,7 @@ def fuse(graph: Graph, *, min_length: int = 2) -> Graph:
        softmax), and ``sigmoid`` + ``binary_crossentropy`` becomes
        ``sigmoid_binary_crossentropy``. The intermediate must not be a graph output or
        be read by anything else.
-    2. Chains: nodes of :data:`ELEMENTWISE` commands (pure, one output) join the node
+    2. Chains: nodes of ``elementwise`` commands (pure, one output) join the node
        that reads their result when it is read by that node alone, is not a graph
        output and has that node's output shape. Each maximal tree of at least
        ``min_length`` nodes becomes one ``fused_elementwise`` node, placed where the
@@ -216,13 +197,11 @@ def _patterns(graph: Graph) -> Graph:
 
 
 def _member(graph: Graph, node: Node) -> bool:
-    rule = MEMBERS.get(node.cmd.name)
     return (
-        rule is not None
-        and len(node.outputs) == 1
+        len(node.outputs) == 1
         and not graph.symbol(node.outputs[0]).is_alias
         and is_pure(node.cmd)
-        and rule[0](node)
+        and _inline_rule(node) is not None
     )
 
 
@@ -269,7 +248,7 @@ def _fused_node(graph: Graph, tree: list[int]) -> Node:
         sym = graph.symbol(sid)
         env[sid] = b.input(sym.shape, sym.dtype, name=sym.name)
     for node in members:
-        inline = MEMBERS[node.cmd.name][1]
+        inline = _inline_rule(node)
         env[node.outputs[0]] = inline(b, node, [env[s] for s in node.inputs])
     root = members[-1]
     body = b.build([env[root.outputs[0]]])

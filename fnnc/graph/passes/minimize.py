@@ -27,9 +27,9 @@ from typing import Any
 
 import jax
 
+from fnnc.core.ir import Graph
 from fnnc.errors import GraphError
 from fnnc.graph.builder import GraphBuilder
-from fnnc.graph.ir import Graph
 from fnnc.graph.passes.backward import _ids, backward
 from fnnc.ops.optimizer import optax_update_command
 

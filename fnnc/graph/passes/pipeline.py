@@ -6,8 +6,8 @@ import difflib
 from collections.abc import Callable, Sequence
 
 from fnnc import config
+from fnnc.core.ir import Graph
 from fnnc.errors import FnncError, GraphError
-from fnnc.graph.ir import Graph
 from fnnc.graph.passes.cse import cse
 from fnnc.graph.passes.dce import dce
 from fnnc.graph.passes.fold import fold

@@ -4,7 +4,9 @@ Each module is named after the command it backs and holds the kernel forward (sa
 signature and results as the reference), a ``*_reference`` (the command's ``"xla"``
 forward it matches), a ``jax.custom_vjp`` whose backward is a kernel too, a
 ``supports(cmd, specs)`` predicate (``None`` or the reason) and ``backward`` in NNC's
-convention, which :mod:`~fnnc.ops.pallas.gradient` runs for a graph's backward nodes.
+convention. The backward is registered with the forward (``Backend.backward``), so a
+graph's ``gradient[of=cmd]`` nodes run it under the same ``"pallas"`` name (see
+:mod:`fnnc.core.dispatch`).
 
 ========================================  ===============================================
 module                                    kernel
@@ -17,7 +19,6 @@ module                                    kernel
 ``fused_elementwise``                     generated from the fused body (and a gemm head:
                                           bias + activation epilogue)
 ``gemm``                                  tiled product with a bias epilogue
-``gradient``                              the backward kernels of the above, as graph nodes
 ========================================  ===============================================
 
 Importing this package registers every backend. They are written for the Pallas
@@ -40,11 +41,10 @@ must split into power-of-two blocks; the kernels never mask ragged blocks).
 (4, 32)
 """
 
-from fnnc.ops.backends import Backend, register_backend
+from fnnc.core.dispatch import Backend, register_backend
 from fnnc.ops.pallas import (
     fused_elementwise,
     gemm,
-    gradient,
     layer_norm,
     rms_norm,
     scaled_dot_product_attention,
@@ -63,7 +63,6 @@ PRIORITY = 10
 MODULES = (
     fused_elementwise,
     gemm,
-    gradient,
     layer_norm,
     rms_norm,
     scaled_dot_product_attention,
@@ -76,7 +75,15 @@ def _register() -> None:
     for module in MODULES:
         command = module.__name__.rsplit(".", 1)[-1]
         forward = getattr(module, command)
-        backend = Backend(NAME, forward, PLATFORMS, module.supports, PRIORITY, INTERPRET_PLATFORMS)
+        backend = Backend(
+            NAME,
+            forward,
+            PLATFORMS,
+            module.supports,
+            PRIORITY,
+            INTERPRET_PLATFORMS,
+            backward=module.backward,
+        )
         register_backend(command, backend)
 
 

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from fnnc.ops.command import Spec
+from fnnc.core.command import Spec
 from fnnc.ops.pallas._common import (
     COL,
     FULL,

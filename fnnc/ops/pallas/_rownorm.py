@@ -25,8 +25,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from fnnc.core.command import Spec
 from fnnc.ops._rules import norm_axes
-from fnnc.ops.command import Spec
 from fnnc.ops.pallas._common import (
     float_reason,
     lane_block,

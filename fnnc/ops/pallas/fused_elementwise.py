@@ -24,7 +24,7 @@ The body runs in float32 inside the kernel (16-bit tiles are widened on load, ou
 rounded once on store): Triton cannot compare 16-bit floats, and XLA's own GPU fusions
 widen the same way; float32 bodies are unchanged.
 
-Supported: bodies without views whose nodes are elementwise (``fuse.ELEMENTWISE``),
+Supported: bodies without views whose nodes are elementwise (the command attribute),
 optionally led by a gemm; float outputs of one shape whose last axis splits into
 power-of-two blocks; float or bool inputs that are full/row/column/scalar tiles; and
 only primitives the Pallas Triton lowering implements (exact ``gelu`` uses ``erf``,
@@ -44,8 +44,8 @@ import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 
+from fnnc.core.command import Command, Spec
 from fnnc.ops._rules import show
-from fnnc.ops.command import Command, Spec
 from fnnc.ops.fused import fused_elementwise as _command
 from fnnc.ops.pallas import _blockwise
 from fnnc.ops.pallas import gemm as _gemm
@@ -123,16 +123,18 @@ def _leading_gemm(body: Any) -> tuple[int, ...] | str:
     return why if why is not None else tuple(pos)
 
 
+def _elementwise(node: Any) -> bool:
+    return node.cmd.definition.attributes.elementwise and len(node.outputs) == 1
+
+
 @functools.lru_cache(maxsize=512)
 def plan(body: Any) -> Plan | str:
     """The kernel plan of ``body``, or why there is none."""
-    from fnnc.graph.passes.fuse import ELEMENTWISE  # the graph layer imports ops
-
     if not body.nodes or any(s.is_alias for s in body.symbols):
         return "the body is empty or has views"
     gemm = body.nodes[0].cmd if body.nodes[0].cmd.name == "gemm" else None
     rest = body.nodes[1:] if gemm is not None else body.nodes
-    odd = [str(n.cmd) for n in rest if n.cmd.name not in ELEMENTWISE or len(n.outputs) != 1]
+    odd = [str(n.cmd) for n in rest if not _elementwise(n)]
     if odd:
         return f"body commands {odd} are not elementwise"
     outs = body.output_specs

@@ -31,8 +31,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from fnnc.core.command import Command, Spec
 from fnnc.ops.blas import gemm as _command
-from fnnc.ops.command import Command, Spec
 from fnnc.ops.pallas._common import (
     FULL,
     MIN_TILE,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fnnc.ops.command import Command, Spec
+from fnnc.core.command import Command, Spec
 from fnnc.ops.norm import rms_norm as _command
 from fnnc.ops.pallas import _rownorm
 

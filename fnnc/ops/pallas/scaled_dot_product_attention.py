@@ -39,8 +39,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from fnnc.core.command import Command, Spec
 from fnnc.ops.attention import scaled_dot_product_attention as _command
-from fnnc.ops.command import Command, Spec
 from fnnc.ops.pallas._common import MIN_TILE, float_reason, lane_block, lane_reason, launch
 
 NAME = "scaled_dot_product_attention"

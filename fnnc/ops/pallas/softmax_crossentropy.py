@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from fnnc.ops.command import Command, Spec
+from fnnc.core.command import Command, Spec
 from fnnc.ops.loss import softmax_crossentropy as _command
 from fnnc.ops.pallas._common import float_reason, lane_block, lane_reason, launch, row_block
 

@@ -12,7 +12,7 @@ import pytest
 
 from fnnc import ops
 from fnnc.graph import DynamicGraph
-from fnnc.ops.backends import compiled_forward
+from fnnc.core.dispatch import _compiled
 
 DENSE = ops.gemm(transpose_b=True)
 RELU = ops.relu()
@@ -75,7 +75,7 @@ def _train(dg, params, opt, steps, counts, losses) -> None:
                     dg.num_nodes,
                     dg.num_tensors,
                     dg.num_compiled,
-                    compiled_forward.cache_info().currsize,
+                    _compiled.cache_info().currsize,
                     len(jax.live_arrays()),
                 )
             )

@@ -13,8 +13,8 @@ import pytest
 from fnnc import config, ops
 from fnnc.errors import BackendError
 from fnnc.graph import GraphBuilder
-from fnnc.ops.backends import as_specs
-from fnnc.ops.command import Command
+from fnnc.core.dispatch import as_specs
+from fnnc.core.command import Command
 from tests.helpers import assert_close
 
 RTOL = ATOL = 1e-5

@@ -13,7 +13,7 @@ import pytest
 
 from fnnc import ops
 from fnnc.graph import GraphBuilder
-from fnnc.ops.backends import as_specs
+from fnnc.core.dispatch import as_specs
 from tests.helpers import assert_close, rand, randint
 
 pytestmark = [

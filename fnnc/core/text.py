@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fnnc.graph.ir import AliasSymbol, Graph, Node, Symbol
+from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol
 
 _SHORT = {
     "float32": "f32",

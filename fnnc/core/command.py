@@ -69,19 +69,50 @@ NOTHING = Uses(inputs=())
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Attributes:
-    """Properties passes rely on.
+    """Facts about a command that passes and kernels read (never name lists in a pass).
 
     Attributes:
         random: results depend on a random key; never merged by CSE.
         has_effects: never removed by DCE even if its outputs are unused.
         in_place: output 0 may reuse input 0's buffer (donation is safe).
         differentiable: has a backward at all.
+        elementwise: one output whose every element depends only on the same element
+            of the (broadcast) inputs, with no effects: a member of fused chains.
+        commutative: the inputs may be given in any order (``True``), or a predicate
+            ``commutative(cmd) -> bool`` for commands symmetric only for some
+            hyper-parameters (``add``: when ``p == q``).
+        idempotent: ``f(x, x) == x`` for a two-input command (``min``, ``max``).
     """
 
     random: bool = False
     has_effects: bool = False
     in_place: bool = False
     differentiable: bool = True
+    elementwise: bool = False
+    commutative: bool | Callable[[Command], bool] = False
+    idempotent: bool = False
+
+    def is_commutative(self, cmd: Command) -> bool:
+        """Whether ``cmd``'s inputs may be reordered."""
+        c = self.commutative
+        return c(cmd) if callable(c) else bool(c)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardNode:
+    """How a command that differentiates another (``gradient``) relates to it.
+
+    Dispatch uses it so that backward nodes choose backends by the forward's backends:
+    a forward backend that carries a ``backward`` serves the gradient nodes too.
+
+    Attributes:
+        forward_of: ``forward_of(cmd) -> (forward command, its input specs)``.
+        run: ``run(rule, *inputs, **params)``: the node's outputs, computing the
+            gradients with ``rule(grads, inputs, outputs, wants, **forward_params)``.
+    """
+
+    forward_of: Callable[[Command], tuple[Command, tuple[Spec, ...]]]
+    run: Callable[..., Any]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -103,6 +134,7 @@ class OpDef:
     display: Callable[[Command], str] | None = None
     backward_check: Callable[[Command], str | None] | None = None
     backward_fn: Callable[..., Any] | None = None
+    backward_node: BackwardNode | None = None
 
     def check_arity(self, n: int, where: str = "") -> None:
         """Raises :class:`CommandError` unless ``n`` inputs fit this command."""
@@ -210,7 +242,8 @@ class Command:
         return output_specs(self, specs)
 
     def __call__(self, *arrays: Any) -> Any:
-        from fnnc.ops.backends import run_eager
+        # dispatch imports this module; the edge back stays inside the core package.
+        from fnnc.core.dispatch import run_eager
 
         return run_eager(self, arrays)
 
@@ -296,9 +329,13 @@ def defcommand(
     has_effects: bool = False,
     in_place: bool = False,
     differentiable: bool = True,
+    elementwise: bool = False,
+    commutative: bool | Callable[[Command], bool] = False,
+    idempotent: bool = False,
     min_inputs: int | None = None,
     display: Callable[[Command], str] | None = None,
     backward_check: Callable[[Command], str | None] | None = None,
+    backward_node: BackwardNode | None = None,
 ) -> Callable[[Callable[..., Any]], _Factory]:
     """Registers a command whose reference forward is the decorated function.
 
@@ -308,7 +345,8 @@ def defcommand(
             it raises :class:`fnnc.errors.ShapeError` for inputs that do not fit.
         uses: which forward tensors the backward reads.
         name: registered name; defaults to the function's name.
-        random, has_effects, in_place, differentiable: see :class:`Attributes`.
+        random, has_effects, in_place, differentiable, elementwise, commutative,
+            idempotent: see :class:`Attributes`.
         min_inputs: fewest inputs accepted; default the required positional ones, and
             at least one for a variadic command (``ewsum`` of nothing is undefined).
         display: how listings print a command value, when the default
@@ -317,6 +355,8 @@ def defcommand(
             backward (e.g. a loop without a trip bound). The ``backward`` pass asks it
             when it builds the gradient node, so the error comes while differentiating,
             not later when the gradient graph runs.
+        backward_node: set only on a command that runs another command's backward
+            (``gradient``); see :class:`BackwardNode`.
     """
 
     def decorate(forward: Callable[..., Any]) -> _Factory:
@@ -342,7 +382,15 @@ def defcommand(
             forward=forward,
             shape=shape,
             backward_uses=uses,
-            attributes=Attributes(random, has_effects, in_place, differentiable),
+            attributes=Attributes(
+                random,
+                has_effects,
+                in_place,
+                differentiable,
+                elementwise,
+                commutative,
+                idempotent,
+            ),
             param_defaults=defaults,
             num_required=required,
             num_optional=optional,
@@ -351,6 +399,7 @@ def defcommand(
             min_inputs=max(required, int(variadic)) if min_inputs is None else min_inputs,
             display=display,
             backward_check=backward_check,
+            backward_node=backward_node,
         )
         return _Factory(_REGISTRY[cmd_name])
 

@@ -1,37 +1,34 @@
-"""The two commands the dynamic graph records besides the user's: ``write_view`` and ``call``.
+"""Two commands the dynamic graph records besides the user's: ``write_view`` and ``call``.
 
 ``write_view[shape, base, stride](root, value)`` is ``root`` with one view replaced by
 ``value``: how a write through an alias (``y[0] = z``) becomes a new SSA version of
 ``y`` without breaking the old one. Its gradient sends the view of ``g`` to ``value``
 and the rest of ``g`` to ``root``.
 
-``call[graph](*inputs)`` runs a whole :class:`~fnnc.graph.Graph` (a traced model, a
-compiled program's graph) as one node. Its backward is built by fnnc's ``backward``
-pass on that graph (cached per graph and gradient mask), so gradients flow through it
-by the same rules as through any recorded node.
+``call[graph](*inputs)`` runs a whole :class:`~fnnc.core.ir.Graph` (a traced model, a
+compiled program's graph) as one node. Its backward differentiates the sub-graph with
+every node's own backward rule (:func:`~fnnc.ops._subgraph.run_graph_nnc`), so
+gradients flow through it by the same rules as through any recorded node.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fnnc.core.command import NOTHING, Command, Spec, defcommand, is_float
+from fnnc.core.evaluate import read_view
+from fnnc.core.evaluate import write_view as write
+from fnnc.core.ir import AliasSymbol
 from fnnc.errors import DTypeError, ShapeError
-from fnnc.ops import NOTHING, Command, defcommand
 from fnnc.ops._rules import show
-from fnnc.ops._subgraph import check_inputs, require_graph, run_graph
-from fnnc.ops.command import Spec, is_float
-
-if TYPE_CHECKING:
-    from fnnc.graph.ir import Graph
+from fnnc.ops._subgraph import check_inputs, require_graph, run_graph, run_graph_nnc
 
 
 def _alias(shape: tuple[int, ...], base: int, stride: tuple[int, ...], dtype: Any) -> Any:
-    from fnnc.graph.ir import AliasSymbol
-
     return AliasSymbol(1, 0, tuple(shape), np.dtype(dtype), int(base), tuple(stride))
 
 
@@ -55,16 +52,11 @@ def _write_view_shape(root: Spec, value: Spec, *, shape, base, stride) -> Spec:
 @defcommand(family="data", shape=_write_view_shape, uses=NOTHING)
 def write_view(root, value, *, shape, base, stride):
     """``root`` with the view ``(shape, base, stride)`` of its flat buffer set to ``value``."""
-    from fnnc.graph.evaluate import write_view as write
-
     return write(root, _alias(shape, base, stride, root.dtype), value)
 
 
 @write_view.backward
 def _write_view_backward(grads, inputs, outputs, *, shape, base, stride):
-    from fnnc.graph.evaluate import read_view
-    from fnnc.graph.evaluate import write_view as write
-
     (g,) = grads
     view = _alias(shape, base, stride, g.dtype)
     return write(g, view, jnp.zeros(shape, g.dtype)), read_view(g, view)
@@ -92,50 +84,22 @@ def call(*inputs, graph):
 
 @call.backward
 def _call_backward(grads, inputs, outputs, *, graph):
-    mask = tuple(g is not None for g in grads)
     wants = tuple(i for i, x in enumerate(inputs) if is_float(x))
-    grad_graph = call_gradient(graph, mask, wants)
-    seeds = [g for g in grads if g is not None]
-    got = iter(run_graph(grad_graph, [*inputs, *seeds]))
+
+    def f(*xs: Any) -> tuple[Any, ...]:
+        args = list(inputs)
+        for i, x in zip(wants, xs):
+            args[i] = x
+        return tuple(run_graph_nnc(graph, args))
+
+    outs, pullback = jax.vjp(f, *[inputs[i] for i in wants])
+    cts = tuple(
+        np.zeros(o.shape, jax.dtypes.float0)
+        if not is_float(o)
+        else jnp.zeros(o.shape, o.dtype)
+        if g is None
+        else g.astype(o.dtype)
+        for g, o in zip(grads, outs)
+    )
+    got = iter(pullback(cts))
     return tuple(next(got) if i in wants else None for i in range(len(inputs)))
-
-
-@functools.lru_cache(maxsize=256)
-def call_gradient(graph: Graph, mask: tuple[bool, ...], wants: tuple[int, ...]) -> Graph:
-    """``(*inputs, *seeds) -> grads of inputs wants``: ``graph`` and fnnc's backward pass.
-
-    One seed per output that has a gradient (``mask``); an output read twice in
-    ``graph.outputs`` gets the sum of its seeds.
-    """
-    from fnnc.graph.builder import GraphBuilder
-    from fnnc.graph.passes.backward import backward
-
-    b = GraphBuilder.from_graph(graph)
-    fs, seeds = [], []
-    for sid, m in zip(graph.outputs, mask):
-        if m:
-            spec = graph.spec(sid)
-            seed = b.tensor(spec.shape, spec.dtype, name="seed")
-            b.add_input(seed)
-            fs.append(graph.symbols[sid])
-            seeds.append(seed)
-    wrt = [graph.symbols[graph.inputs[i]] for i in wants]
-    fwd = b.build([])
-    if not fs:
-        z = GraphBuilder.from_graph(fwd)
-        zeros = [z.exec(_zeros(s)) for s in wrt]
-        return z.build(zeros)
-    out, grads = backward(fwd, fs, wrt, df=seeds)
-    return _returning(out, grads)
-
-
-def _zeros(sym: Any) -> Command:
-    from fnnc import ops
-
-    return ops.set(shape=sym.shape, dtype=np.dtype(sym.dtype), value=0.0)
-
-
-def _returning(graph: Graph, outputs: Any) -> Graph:
-    import dataclasses
-
-    return dataclasses.replace(graph, outputs=tuple(s.id for s in outputs), out_tree=None)

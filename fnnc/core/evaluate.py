@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from fnnc.graph.ir import AliasSymbol, Graph, Node, contiguous_strides
+from fnnc.core.ir import AliasSymbol, Graph, Node, contiguous_strides
 
 NodeRunner = Callable[[int, Node, list[Any]], Sequence[Any]]
 

@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from fnnc.ops import Command
+from fnnc.core.command import Command
 
 Spec = jax.ShapeDtypeStruct
 
@@ -171,7 +171,7 @@ class Graph:
         )
 
     def __str__(self) -> str:
-        from fnnc.graph.text import format_graph
+        from fnnc.core.text import format_graph
 
         return format_graph(self)
 

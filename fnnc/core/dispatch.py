@@ -1,0 +1,296 @@
+"""Dispatch: which backend runs a command (NNC's ``CPU_REF`` / ``GPU_CUDNN`` ...), in one place.
+
+This module owns everything backend choice depends on: the backends registered per
+command, the autotune table, and the selection rule. Eager calls, ``compile`` and the
+dynamic graph all choose through :func:`select_backend`, and every cache of a choice
+keys on :func:`state` (a generation bumped by each registration and table write, plus
+the configuration in force), so no cache can disagree with the registry.
+
+Every command has the ``"xla"`` backend: its reference forward, which XLA compiles on
+any platform. Faster backends (Pallas kernels, CPU variants) are registered with
+:func:`register_backend` and declare where they run and what they support. A backend
+may carry its own ``backward`` (NNC's convention plus the wanted input positions);
+a graph's ``gradient[of=cmd]`` node then has a backend of the same name, synthesized
+here, so backward nodes choose by the same rules as forwards and no second list of
+kernels exists. The choice, for one node, goes:
+
+1. a backend forced for this command (``config.backend_per_command``; for a gradient
+   node also the one forced for the command it differentiates): used if it supports the
+   input, else :class:`~fnnc.errors.BackendError` says why;
+2. the backend forced for every command (``config.backend`` / ``FNNC_BACKEND``) where
+   the command has it and it supports the input; elsewhere the choice goes on below;
+3. the autotune table's winner for (command, shapes, dtypes, platform), if it compiles
+   on this platform and supports the input;
+4. the highest-priority backend that compiles on this platform and supports the input;
+5. the reference.
+
+A backend that only *interprets* on a platform (Pallas on CPU) is never chosen there
+unless forced, so CPU programs never pay for interpret mode by accident (not even
+through an autotune table written on another platform).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from typing import Any
+
+import jax
+
+from fnnc import config
+from fnnc.core.command import Command, Spec, lookup, output_specs
+from fnnc.errors import BackendError, DTypeError
+
+REFERENCE = "xla"
+
+
+def _always(cmd: Command, specs: Sequence[Spec]) -> str | None:
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """One way to run a command.
+
+    Attributes:
+        name: e.g. ``"pallas"``.
+        forward: same signature as the reference forward.
+        platforms: platforms where it runs compiled (``"cpu"``, ``"gpu"``, ``"tpu"``).
+        supports: ``supports(cmd, input_specs) -> None`` if supported, else the reason.
+        priority: among eligible compiled backends, the highest wins without autotune.
+        interpret_platforms: platforms where it runs only in interpret mode (slow;
+            chosen there only when forced).
+        backward: optional ``backward(grads, inputs, outputs, wants, **params)`` in
+            NNC's convention, returning one gradient per forward input (``None`` for
+            those not in ``wants``). Gradient nodes of this command can then run it.
+    """
+
+    name: str
+    forward: Callable[..., Any]
+    platforms: tuple[str, ...]
+    supports: Callable[[Command, Sequence[Spec]], str | None] = _always
+    priority: int = 1
+    interpret_platforms: tuple[str, ...] = ("cpu",)
+    backward: Callable[..., Any] | None = None
+
+
+_BACKENDS: dict[str, dict[str, Backend]] = {}
+_generation = 0
+
+
+def _bump() -> None:
+    global _generation
+    _generation += 1
+
+
+def state() -> tuple[int, int]:
+    """A hashable token of everything backend choice depends on.
+
+    It changes when a backend is registered or removed, when the autotune table is
+    written, and inside a :func:`fnnc.config.override` block; caches of compiled code
+    key on it.
+    """
+    return _generation, config.get().serial
+
+
+class AutotuneTable(MutableMapping[str, str]):
+    """The autotune table: ``key(cmd, specs, platform) -> backend name``.
+
+    A dict whose every write moves :func:`state`, so cached programs see new winners.
+    """
+
+    def __init__(self) -> None:
+        self._data: dict[str, str] = {}
+
+    def __getitem__(self, key: str) -> str:
+        return self._data[key]
+
+    def __setitem__(self, key: str, value: str) -> None:
+        if self._data.get(key) != value:
+            self._data[key] = value
+            _bump()
+
+    def __delitem__(self, key: str) -> None:
+        del self._data[key]
+        _bump()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"AutotuneTable({self._data!r})"
+
+
+TABLE = AutotuneTable()
+
+
+def table_key(cmd: Command, specs: Sequence[Spec], platform: str) -> str:
+    """The autotune table key of one (command, input specs, platform)."""
+    shapes = ";".join(f"{s.dtype.name}{list(s.shape)}" for s in specs)
+    return f"{cmd.name}|{cmd.params!r}|{shapes}|{platform}"
+
+
+def register_backend(command: str, backend: Backend) -> None:
+    """Adds ``backend`` to the backends of the command named ``command``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from fnnc import ops
+        >>> fast = ops.Backend("mine", lambda x: jnp.maximum(x, 0), ("cpu",), priority=5)
+        >>> ops.register_backend("relu", fast)
+        >>> ops.select_backend(ops.relu(), [jax.ShapeDtypeStruct((2,), jnp.float32)], "cpu")
+        'mine'
+        >>> ops.unregister_backend("relu", "mine")
+    """
+    lookup(command)
+    if backend.name == REFERENCE:
+        raise BackendError(f"{command}: {REFERENCE!r} is the reference backend's name")
+    _BACKENDS.setdefault(command, {})[backend.name] = backend
+    _bump()
+
+
+def unregister_backend(command: str, name: str) -> None:
+    """Removes a backend added by :func:`register_backend` (the reference stays)."""
+    if _BACKENDS.get(command, {}).pop(name, None) is not None:
+        _bump()
+
+
+def backends_of(command: str) -> dict[str, Backend]:
+    """All backends of a command by name, the reference first.
+
+    For a command that differentiates another (``gradient``), one backend per name under
+    which some command registered a ``backward``.
+    """
+    return _backends_of(command, _generation)
+
+
+@functools.lru_cache(maxsize=1024)
+def _backends_of(command: str, generation: int) -> dict[str, Backend]:
+    opdef = lookup(command)
+    ref = Backend(REFERENCE, opdef.forward, ("cpu", "gpu", "tpu"), priority=0)
+    if opdef.backward_node is None:
+        return {REFERENCE: ref, **_BACKENDS.get(command, {})}
+    out = {REFERENCE: ref}
+    for per_name in _BACKENDS.values():
+        for name, b in per_name.items():
+            if b.backward is not None and name not in out:
+                out[name] = _gradient_backend(opdef.backward_node, name, b)
+    return out
+
+
+def _gradient_backend(node: Any, name: str, like: Backend) -> Backend:
+    """The backend ``name`` of a gradient command: the forward's backend's ``backward``."""
+
+    def supports(cmd: Command, specs: Sequence[Spec]) -> str | None:
+        of, of_specs = node.forward_of(cmd)
+        b = _BACKENDS.get(of.name, {}).get(name)
+        if b is None or b.backward is None:
+            return f"{of.name} has no {name!r} backward (only the reference differentiates it)"
+        return b.supports(of, of_specs)
+
+    def forward(*inputs: Any, of: Command, **params: Any) -> Any:
+        rule = _BACKENDS[of.name][name].backward
+        return node.run(rule, *inputs, of=of, **params)
+
+    return Backend(name, forward, like.platforms, supports, like.priority, like.interpret_platforms)
+
+
+def why_not(backend: Backend, cmd: Command, specs: Sequence[Spec], platform: str) -> str | None:
+    """Why ``backend`` cannot run ``cmd`` on these inputs here; ``None`` if it can."""
+    if platform not in backend.platforms + backend.interpret_platforms:
+        return f"backend {backend.name!r} does not run on {platform}"
+    return backend.supports(cmd, specs)
+
+
+def _forced(cmd: Command, cfg: config.Config) -> str:
+    forced = cfg.backend_per_command.get(cmd.name, "")
+    node = lookup(cmd.name).backward_node
+    if not forced and node is not None:
+        of, _ = node.forward_of(cmd)
+        by_forward = cfg.backend_per_command.get(of.name, "")
+        if by_forward in _backends_of(cmd.name, _generation):
+            forced = by_forward
+    return forced
+
+
+def select_backend(cmd: Command, specs: Sequence[Spec], platform: str | None = None) -> str:
+    """The backend name a node running ``cmd`` on ``specs`` gets (see module doc)."""
+    platform = platform or jax.default_backend()
+    available = _backends_of(cmd.name, _generation)
+    cfg = config.get()
+    forced = _forced(cmd, cfg)
+    if forced:
+        if forced not in available:
+            raise BackendError(
+                f"{cmd}: backend {forced!r} was forced but this command has only "
+                f"{list(available)}; remove the override or pick one of those"
+            )
+        reason = why_not(available[forced], cmd, specs, platform)
+        if reason is not None:
+            raise BackendError(
+                f"{cmd}: forced backend {forced!r} cannot run inputs "
+                f"{[_spec_str(s) for s in specs]} on {platform}: {reason}"
+            )
+        return forced
+    preferred = available.get(cfg.backend)
+    if preferred is not None and why_not(preferred, cmd, specs, platform) is None:
+        return cfg.backend
+    tuned = TABLE.get(table_key(cmd, specs, platform)) if len(TABLE) else None
+    chosen = available.get(tuned) if tuned else None
+    if chosen is not None and platform in chosen.platforms and chosen.supports(cmd, specs) is None:
+        return chosen.name
+    best, best_priority = REFERENCE, 0
+    for name, backend in available.items():
+        eligible = platform in backend.platforms and backend.priority > best_priority
+        if eligible and backend.supports(cmd, specs) is None:
+            best, best_priority = name, backend.priority
+    return best
+
+
+def forward_of(cmd: Command, backend: str = REFERENCE) -> Callable[..., Any]:
+    """The plain (unjitted) forward of ``cmd`` on one backend, hyper-parameters bound."""
+    return functools.partial(_backends_of(cmd.name, _generation)[backend].forward, **cmd.kwargs)
+
+
+def compiled_forward(cmd: Command, backend: str = REFERENCE) -> Callable[..., Any]:
+    """A jitted forward of ``cmd`` on one backend, cached per command value and state."""
+    return _compiled(cmd, backend, _generation)
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(cmd: Command, backend: str, generation: int) -> Callable[..., Any]:
+    return jax.jit(forward_of(cmd, backend))
+
+
+def _spec_str(s: Spec) -> str:
+    return f"{s.dtype.name}{list(s.shape)}"
+
+
+def as_specs(arrays: Sequence[Any], where: str) -> tuple[Spec, ...]:
+    """The specs of ``arrays``; a :class:`DTypeError` naming ``where`` for non-arrays."""
+    specs = []
+    for i, a in enumerate(arrays):
+        if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+            try:
+                a = jax.numpy.asarray(a)
+            except TypeError:
+                raise DTypeError(
+                    f"{where}: input {i} is a {type(a).__name__}, expected an array"
+                ) from None
+        specs.append(Spec(tuple(a.shape), a.dtype))
+    return tuple(specs)
+
+
+def run_eager(cmd: Command, arrays: Sequence[Any]) -> Any:
+    """Runs ``cmd`` on concrete arrays: checked by the shape rule, then compiled once."""
+    specs = as_specs(arrays, str(cmd))
+    outs = output_specs(cmd, specs)
+    backend = select_backend(cmd, specs)
+    result = compiled_forward(cmd, backend)(*arrays)
+    if len(outs) == 1 and isinstance(result, tuple):
+        return result[0]
+    return result

@@ -1,0 +1,117 @@
+"""JSON documents stored beside tensors: graphs (and any registered format) in a tensor file.
+
+``fnnc_graphs (name TEXT, data TEXT, PRIMARY KEY (name))`` in the same SQLite file as
+NNC's ``tensors``, so a model's graph and its weights travel as one file. A document is
+a JSON object whose ``"format"`` names its kind; a layer above :mod:`fnnc.io` registers
+how to turn its objects into such data and back (:func:`register_format`), so this
+module stores bytes and never imports that layer. :mod:`fnnc.graph` registers its
+``Graph`` (the JSON of :func:`fnnc.graph.to_data`, the same as a ``.json`` graph file).
+
+>>> import os, tempfile
+>>> from fnnc import ops
+>>> from fnnc.graph import GraphBuilder
+>>> from fnnc.io import graph_names, load_from, save_to
+>>> b = GraphBuilder()
+>>> x = b.input((3,), name="x")
+>>> g = b.build([b.exec(ops.relu(), x)])
+>>> path = os.path.join(tempfile.mkdtemp(), "model.sqlite")
+>>> save_to(path, g, "forward")
+>>> graph_names(path), load_from(path, "forward") == g
+(['forward'], True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+from fnnc.errors import GraphFormatError
+from fnnc.io.parameters import Source, opened
+
+_CREATE = "CREATE TABLE IF NOT EXISTS fnnc_graphs (name TEXT, data TEXT, PRIMARY KEY (name))"
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+    """How objects of one type become JSON documents and back.
+
+    Attributes:
+        name: the document's ``"format"`` field, e.g. ``"fnnc.graph"``.
+        type: the Python type of the objects.
+        to_data: ``obj -> dict`` (JSON-able, with ``"format": name``).
+        from_data: ``dict -> obj``; raises :class:`GraphFormatError` on bad data.
+    """
+
+    name: str
+    type: type
+    to_data: Callable[[Any], dict[str, Any]]
+    from_data: Callable[[Any], Any]
+
+
+_FORMATS: dict[str, Format] = {}
+
+
+def register_format(fmt: Format) -> None:
+    """Lets :func:`save_to` / :func:`load_from` store objects of ``fmt.type``."""
+    _FORMATS[fmt.name] = fmt
+
+
+def _format_of(obj: Any) -> Format:
+    for fmt in _FORMATS.values():
+        if isinstance(obj, fmt.type):
+            return fmt
+    known = [f.type.__name__ for f in _FORMATS.values()] or ["none (import fnnc.graph)"]
+    raise GraphFormatError(
+        f"save_to: a {type(obj).__name__} cannot be stored as a document; "
+        f"storable types: {', '.join(known)}"
+    )
+
+
+def save_to(target: Source, obj: Any, name: str) -> None:
+    """Stores ``obj`` (e.g. a graph) under ``name`` (replacing one of that name), atomically."""
+    text = json.dumps(_format_of(obj).to_data(obj), separators=(",", ":"))
+    with opened(target) as f, f.transaction():
+        f.connection.execute(_CREATE)
+        f.connection.execute("REPLACE INTO fnnc_graphs (name, data) VALUES (?, ?)", (name, text))
+
+
+def graph_names(source: Source) -> list[str]:
+    """The names of the documents (graphs) in the file, sorted (empty if it has none)."""
+    with opened(source, readonly=True) as f:
+        if not f.has_table("fnnc_graphs"):
+            return []
+        query = "SELECT name FROM fnnc_graphs ORDER BY name"
+        return [r[0] for r in f.connection.execute(query)]
+
+
+def load_from(source: Source, name: str) -> Any:
+    """The object stored under ``name``; :class:`GraphFormatError` if absent or damaged."""
+    with opened(source, readonly=True) as f:
+        row = None
+        if f.has_table("fnnc_graphs"):
+            query = "SELECT data FROM fnnc_graphs WHERE name=?"
+            row = f.connection.execute(query, (name,)).fetchone()
+        if row is None:
+            raise GraphFormatError(
+                f"load_from: no graph {name!r} in {f.path} (graphs: {graph_names(f) or 'none'})"
+            )
+        try:
+            data = json.loads(row[0])
+        except (TypeError, json.JSONDecodeError) as e:
+            raise GraphFormatError(
+                f"load_from: graph {name!r} in {f.path} is not JSON ({e})"
+            ) from None
+        kind = data.get("format") if isinstance(data, dict) else None
+        fmt = _FORMATS.get(kind) if isinstance(kind, str) else None
+        if fmt is None:
+            raise GraphFormatError(
+                f"load_from: not an fnnc graph or other registered document (format "
+                f"{kind!r}; known: {sorted(_FORMATS) or 'none'}; import fnnc.graph to read "
+                f"graphs) (graph {name!r} in {f.path})"
+            )
+        try:
+            return fmt.from_data(data)
+        except GraphFormatError as e:
+            raise GraphFormatError(f"{e} (graph {name!r} in {f.path})") from None

@@ -1,0 +1,138 @@
+"""Every cache of a backend choice follows the dispatch state: registering a backend,
+writing the autotune table or overriding backend settings takes effect everywhere
+(eager, compile, the dynamic graph, models) and undoing it goes back."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fnnc import config, ops
+from fnnc.core import dispatch
+from fnnc.graph import DynamicGraph, GraphBuilder, compile
+from fnnc.models import Dense, Input, Model, ReLU
+from tests.helpers import assert_close
+
+X = np.array([[-1.0, 2.0], [3.0, -4.0]], np.float32)
+RELU = np.maximum(X, 0)
+
+
+def _fake_relu(x):
+    return jnp.abs(x)  # visibly not relu
+
+
+@pytest.fixture
+def fake():
+    backend = ops.Backend("fake", _fake_relu, ("cpu", "gpu", "tpu"), priority=5)
+    ops.register_backend("relu", backend)
+    yield backend
+    ops.unregister_backend("relu", "fake")
+
+
+def _graph():
+    b = GraphBuilder()
+    x = b.input((2, 2), name="x")
+    return b.build([b.exec(ops.relu(), x)])
+
+
+def _dg_relu() -> np.ndarray:
+    dg = DynamicGraph()
+    return np.asarray(dg.exec(ops.relu(), dg.variable(X)).numpy())
+
+
+def _model():
+    x = Input()
+    model = Model([x], [Dense(2, name="fc")(ReLU()(x))])
+    model.compile([X], loss="mse", minimizer=optax.sgd(0.0))
+    model.set_parameters({"t-fc-0-0": np.eye(2, dtype=np.float32), "t-fc-0-1": np.zeros(2)})
+    return model
+
+
+def _model_out(model) -> np.ndarray:
+    out = model.evaluate([X])
+    return np.asarray(out[0] if isinstance(out, (list, tuple)) else out)
+
+
+def test_registration_reaches_eager_compile_dynamic_graph_and_models():
+    graph = _graph()
+    p1 = compile(graph)
+    model = _model()
+    assert_close(ops.relu()(X), RELU)
+    assert_close(p1(X), RELU)
+    assert_close(_dg_relu(), RELU)
+    assert_close(_model_out(model), RELU)
+    before = dispatch.state()
+
+    ops.register_backend("relu", ops.Backend("fake", _fake_relu, ("cpu", "gpu", "tpu"), priority=5))
+    try:
+        assert dispatch.state() != before
+        p2 = compile(graph)
+        assert p2 is not p1 and p2.backends[0][2] == "fake"
+        assert_close(ops.relu()(X), np.abs(X))
+        assert_close(p2(X), np.abs(X))
+        assert_close(_dg_relu(), np.abs(X))
+        assert_close(_model_out(model), np.abs(X))
+    finally:
+        ops.unregister_backend("relu", "fake")
+
+    p3 = compile(graph)
+    assert p3.backends[0][2] == "xla"
+    assert_close(ops.relu()(X), RELU)
+    assert_close(p3(X), RELU)
+    assert_close(_dg_relu(), RELU)
+    assert_close(_model_out(model), RELU)
+
+
+def test_autotune_table_writes_and_overrides_move_the_state(fake):
+    spec = [jax.ShapeDtypeStruct((2, 2), np.float32)]
+    assert ops.select_backend(ops.relu(), spec, "cpu") == "fake"
+    graph = _graph()
+    with config.override(backend_per_command={"relu": "xla"}):
+        assert compile(graph).backends[0][2] == "xla"
+        assert_close(_dg_relu(), RELU)
+    assert compile(graph).backends[0][2] == "fake"
+    key = ops.autotune.key(ops.relu(), spec, "cpu")
+    ops.autotune.TABLE[key] = "xla"
+    try:
+        assert compile(graph).backends[0][2] == "xla"
+        assert_close(ops.relu()(X), RELU)
+    finally:
+        del ops.autotune.TABLE[key]
+    assert compile(graph).backends[0][2] == "fake"
+
+
+def test_overrides_that_do_not_touch_backends_keep_compiled_programs():
+    graph = _graph()
+    p1 = compile(graph)
+    with config.override(checks=False):
+        assert compile(graph) is p1
+
+
+def test_gradient_nodes_choose_the_forward_backends_backward():
+    calls = []
+
+    def backward(grads, inputs, outputs, wants):
+        calls.append(wants)
+        (g,), (x,) = grads, inputs
+        return (g * 10.0,)
+
+    ops.register_backend(
+        "relu", ops.Backend("fake", _fake_relu, ("cpu",), priority=5, backward=backward)
+    )
+    try:
+        from fnnc.graph import backward as backward_pass
+
+        b = GraphBuilder()
+        x = b.input((2, 2), name="x")
+        y = b.exec(ops.reduce_sum(axes=(0, 1)), b.exec(ops.relu(), x))
+        g, (dx,) = backward_pass(b.build([y]), y, [x])
+        program = compile(g)
+        labels = dict((label, name) for _, label, name in program.backends)
+        assert labels["relu.backward[wants=(0,)]"] == "fake"
+        out = program(X)
+        assert_close(out[-1] if isinstance(out, tuple) else out, np.full((2, 2), 10.0))
+        assert calls
+    finally:
+        ops.unregister_backend("relu", "fake")
+    assert "fake" not in ops.backends_of("gradient")
