@@ -37,8 +37,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fnnc import ops
-from fnnc.graph import Graph, GraphBuilder
 from fnnc.core.ir import AliasSymbol, Symbol, contiguous_strides
+from fnnc.graph import Graph, GraphBuilder
 from fnnc.ops import Command
 
 BOUND = 64.0

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 
 from fnnc import ops
-from fnnc.graph import Graph, GraphBuilder, compile, interpret
 from fnnc.core.ir import AliasSymbol
+from fnnc.graph import Graph, GraphBuilder, compile, interpret
 from tests.graph.strategies import BOUND, OPS, graphs
 
 SETTINGS = settings(max_examples=100)
@@ -154,13 +154,7 @@ def test_strategy_draws_every_feature() -> None:
     """The strategy really exercises the table, broadcasting, constants and aliases."""
     seen: collections.Counter[str] = collections.Counter()
 
-    @settings(
-        max_examples=150,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
+    @settings(max_examples=150)
     @given(graphs())
     def collect(case: tuple[Graph, tuple[np.ndarray, ...]]) -> None:
         graph, xs = case

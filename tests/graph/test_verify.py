@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 
 from fnnc import config, ops
 from fnnc.errors import GraphError
@@ -66,13 +66,7 @@ def test_valid_graph_is_returned_as_is() -> None:
     assert verify(graph) is graph
 
 
-@settings(
-    max_examples=40,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
+@settings(max_examples=40)
 @given(graphs())
 def test_random_graphs_verify(case) -> None:
     graph, _ = case

@@ -20,6 +20,9 @@ class Case:
             e.g. max pooling ties, or random commands).
         rtol, atol: tolerances of the comparisons in float32.
         grad_inputs: indices of inputs whose gradient is checked; default all float ones.
+        numeric_float32: run the finite-difference check in float32 (for commands whose
+            results are float32 whatever their inputs, e.g. ``gradient`` nodes, which
+            cast to the specs they carry); looser tolerances, larger step.
     """
 
     cmd: Command
@@ -29,3 +32,4 @@ class Case:
     rtol: float = 1e-4
     atol: float = 1e-5
     grad_inputs: tuple[int, ...] | None = None
+    numeric_float32: bool = False

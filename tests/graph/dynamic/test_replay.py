@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 from hypothesis import given, settings
 
-from fnnc.graph import DynamicGraph, Graph, GraphBuilder, compile, interpret
 from fnnc.core.ir import AliasSymbol
+from fnnc.graph import DynamicGraph, Graph, GraphBuilder, compile, interpret
 from fnnc.graph.passes.backward import backward
 from tests.graph.strategies import graphs
 from tests.helpers import assert_close

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from fnnc import config, ops
+from fnnc.core.command import Command
+from fnnc.core.dispatch import as_specs
 from fnnc.errors import BackendError
 from fnnc.graph import GraphBuilder
-from fnnc.core.dispatch import as_specs
-from fnnc.core.command import Command
 from tests.helpers import assert_close
 
 RTOL = ATOL = 1e-5

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from fnnc import ops
-from fnnc.graph import GraphBuilder
 from fnnc.core.dispatch import as_specs
+from fnnc.graph import GraphBuilder
 from tests.helpers import assert_close, rand, randint
 
 pytestmark = [
