@@ -11,6 +11,9 @@ trainable set, minimizers): new input shapes recompile and keep weights and stat
 
 Frozen parameters (``is_trainable=False`` or a no-op minimizer) are plain graph inputs
 of the step: they get no gradient nodes and no optimizer state.
+
+Each kind of program is a typed record of :mod:`fnnc.models.programs` (the compiled
+program and its positional layout), cached by (kind, specs, ..., dispatch state).
 """
 
 from __future__ import annotations
@@ -24,16 +27,24 @@ import numpy as np
 import optax
 
 from fnnc.core import dispatch
-from fnnc.core.ir import Graph
-from fnnc.graph import compile, simplify
-from fnnc.graph.passes.backward import backward as backward_pass
-from fnnc.graph.passes.minimize import minimize
+from fnnc.graph.passes.minimize import TrainLayout
 from fnnc.models import losses
 from fnnc.models.layer import BuildContext, ModelError, ParamInfo
 from fnnc.models.optim import StateStore, is_noop, per_parameter
-from fnnc.ops.optimizer import optax_update_command
+from fnnc.models.programs import (
+    ApplyProgram,
+    FitProgram,
+    ForwardProgram,
+    GradientProgram,
+    ModelGraph,
+    apply_program,
+    fit_program,
+    forward_program,
+    gradient_program,
+)
 
 Spec = jax.ShapeDtypeStruct
+AnyProgram = ForwardProgram | GradientProgram | ApplyProgram | FitProgram
 
 
 def _specs(arrays: Sequence[Any]) -> tuple[Spec, ...]:
@@ -45,15 +56,30 @@ def _specs(arrays: Sequence[Any]) -> tuple[Spec, ...]:
     return tuple(out)
 
 
-@dataclasses.dataclass
-class _Program:
-    program: Any
-    names: tuple[str, ...]
-    n_keys: int
-    extra: Any = None
+@dataclasses.dataclass(frozen=True)
+class _Saved:
+    """What ``evaluate(..., requires_grad=True)`` keeps for ``backward``."""
 
-    def __call__(self, env: dict[str, Any]) -> Any:
-        return self.program(*[env[n] for n in self.names])
+    specs: tuple[Spec, ...]
+    training: bool
+    inputs: tuple[Any, ...]
+    keys: tuple[Any, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Live:
+    """The optimizer state of the running fit program (``key``), as flat ``leaves``,
+    until :meth:`Engine._sync_live` writes it back per parameter."""
+
+    key: tuple[Any, ...]
+    pids: tuple[str, ...]
+    opts: tuple[Any, ...]
+    layout: TrainLayout
+    leaves: list[Any]
+
+    def states(self) -> Any:
+        """The per-parameter Optax states, in ``pids`` order."""
+        return self.layout.state(self.leaves)
 
 
 class Engine:
@@ -70,12 +96,13 @@ class Engine:
         self.minimizers: dict[str, Any] = {}
         self.store = StateStore()
         self.grads: dict[str, Any] = {}
-        self._programs: dict[Any, _Program] = {}
-        self._saved: dict[str, Any] | None = None
-        self._live: tuple[Any, list[Any]] | None = None
+        self._programs: dict[tuple[Any, ...], AnyProgram] = {}
+        self._saved: _Saved | None = None
+        self._live: _Live | None = None
 
     # -- set-up -------------------------------------------------------------------
     def compile(self, inputs: Sequence[Any], *, loss: Any, minimizer: Any) -> None:
+        """Fixes the input specs, the loss and minimizer, and initialises parameters."""
         losses.check(loss)
         self.input_specs = _specs(inputs)
         if loss is not None:
@@ -84,9 +111,8 @@ class Engine:
             self.set_minimizer(minimizer)
         self._build(False, self.input_specs)  # registers and initialises parameters
 
-    def _build(
-        self, training: bool, specs: Sequence[Spec]
-    ) -> tuple[BuildContext, list[Any], tuple]:
+    def _build(self, training: bool, specs: Sequence[Spec]) -> ModelGraph:
+        """Builds the model's graph; registers and initialises parameters it meets."""
         ctx = BuildContext(training)
         xs = [ctx.b.input(s.shape, s.dtype, name=f"input[{i}]") for i, s in enumerate(specs)]
         outs = self.model.build(ctx, *xs, nested=False)
@@ -96,9 +122,10 @@ class Engine:
             if pid not in self.values:
                 self.key, sub = jax.random.split(self.key)
                 self.values[pid] = info.init(sub, info.shape, info.dtype)
-        return ctx, xs, outs
+        return ModelGraph(ctx, tuple(xs), outs)
 
     def trainable(self) -> list[str]:
+        """Ids of the parameters a step updates (trainable, with a minimizer that acts)."""
         return [
             pid
             for pid, info in self.infos.items()
@@ -106,12 +133,14 @@ class Engine:
         ]
 
     def minimizer_of(self, pid: str) -> Any:
+        """The minimizer of parameter ``pid`` (``optax.set_to_zero()`` if none)."""
         opt = self.minimizers.get(pid, self.default_minimizer)
         return opt if opt is not None else optax.set_to_zero()
 
     def set_minimizer(
         self, minimizer: Any, *, reset: bool = False, params: Sequence[str] | None = None
     ) -> None:
+        """Sets the minimizer of all (or ``params``) parameters; see ``Model.set_minimizer``."""
         if not isinstance(minimizer, optax.GradientTransformation):
             raise ModelError(
                 f"set_minimizer: expected an optax.GradientTransformation (e.g. "
@@ -133,9 +162,11 @@ class Engine:
 
     # -- parameters -----------------------------------------------------------------
     def parameters(self) -> dict[str, Any]:
+        """Parameter id -> value (internals included)."""
         return dict(self.values)
 
     def set_parameters(self, values: dict[str, Any], *, strict: bool = True) -> None:
+        """Sets parameters by id, checking shapes; ``strict`` rejects unknown ids."""
         unknown = [k for k in values if k not in self.infos]
         if unknown and strict:
             raise ModelError(
@@ -154,19 +185,19 @@ class Engine:
             self.values[pid] = jax.numpy.asarray(value, info.dtype)
 
     # -- programs -------------------------------------------------------------------
-    def _compiled(self, key: Any, make: Any) -> _Program:
-        key = (key, dispatch.state())  # a new backend or autotune winner compiles anew
+    def _compiled(self, key: tuple[Any, ...], make: Any) -> Any:
+        """The program for ``key`` under the current dispatch state, made once."""
+        key = (*key, dispatch.state())  # a new backend or autotune winner compiles anew
         if key not in self._programs:
             self._programs[key] = make()
         return self._programs[key]
 
-    def _env(self, program: _Program, inputs: Sequence[Any], prefix: str = "input") -> dict:
-        env = dict(self.values)
-        env.update({f"{prefix}[{i}]": x for i, x in enumerate(inputs)})
-        if program.n_keys:
-            self.key, *subs = jax.random.split(self.key, program.n_keys + 1)
-            env.update({f"key[{i}]": jax.random.key_data(k) for i, k in enumerate(subs)})
-        return env
+    def _keys(self, n: int) -> list[Any]:
+        """``n`` fresh random keys (as key data) for a program's random layers."""
+        if not n:
+            return []
+        self.key, *subs = jax.random.split(self.key, n + 1)
+        return [jax.random.key_data(k) for k in subs]
 
     def _check_inputs(self, inputs: Sequence[Any]) -> tuple[Spec, ...]:
         specs = _specs(inputs)
@@ -185,110 +216,79 @@ class Engine:
         return specs
 
     def evaluate(self, inputs: Sequence[Any], *, is_test: bool, requires_grad: bool) -> Any:
+        """The outputs for ``inputs``; in training mode internals update; with
+        ``requires_grad`` the inputs and keys are kept for :meth:`backward`."""
         specs = self._check_inputs(inputs)
         training = not is_test
-
-        def make() -> _Program:
-            ctx, _, outs = self._build(training, specs)
-            updates = list(ctx.updates.items())
-            graph = ctx.b.build([*outs, *(s for _, s in updates)])
-            return _Program(
-                compile(graph),
-                _names(graph),
-                len(ctx.keys),
-                extra=(len(outs), [pid for pid, _ in updates]),
-            )
-
-        prog = self._compiled(("evaluate", specs, training), make)
-        env = self._env(prog, inputs)
-        results = _as_list(prog(env))
-        n_out, update_ids = prog.extra
-        for pid, value in zip(update_ids, results[n_out:]):
+        prog = self._compiled(
+            ("evaluate", specs, training), lambda: forward_program(self._build(training, specs))
+        )
+        keys = self._keys(prog.feed.n_keys)
+        outputs, updates = prog(inputs, self.values, keys)
+        for pid, value in zip(prog.updates, updates):
             self.values[pid] = value
         if requires_grad:
-            self._saved = {"env": env, "specs": specs, "training": training, "n_keys": prog.n_keys}
-        outputs = results[:n_out]
-        return outputs[0] if n_out == 1 else outputs
+            self._saved = _Saved(specs, training, tuple(inputs), tuple(keys))
+        return outputs[0] if prog.n_outputs == 1 else outputs
 
     def backward(self, ingrads: Sequence[Any] | None) -> list[Any]:
+        """Gradients w.r.t. the last evaluated differentiable inputs, seeded with
+        ``ingrads`` (ones for scalar outputs); parameter gradients accumulate."""
         if self._saved is None:
             raise ModelError(
                 f"model {self.model.describe()}: backward needs a preceding "
                 "evaluate(..., requires_grad=True)"
             )
         saved = self._saved
-        specs, training = saved["specs"], saved["training"]
+        specs, training = saved.specs, saved.training
         wrt_params = self.trainable()
         diff_inputs = [i for i, s in enumerate(specs) if jax.numpy.issubdtype(s.dtype, np.inexact)]
 
-        def make() -> _Program:
-            ctx, xs, outs = self._build(training, specs)
-            b = ctx.b
-            dfs = [b.input(o.shape, o.dtype, name=f"df[{i}]") for i, o in enumerate(outs)]
-            graph = b.build(list(outs))
-            wrt = [ctx.symbols[p] for p in wrt_params if p in ctx.symbols]
-            wrt += [xs[i] for i in diff_inputs]
-            grad_graph, _ = backward_pass(graph, list(outs), wrt, df=dfs)
-            grad_graph = dataclasses.replace(grad_graph, outputs=grad_graph.outputs[len(outs) :])
-            used = [p for p in wrt_params if p in ctx.symbols]
-            return _Program(
-                compile(simplify(grad_graph)),
-                _names(grad_graph),
-                0,
-                extra=([tuple(o.shape) for o in outs], used),
-            )
+        def make() -> Any:
+            return gradient_program(self._build(training, specs), wrt_params, diff_inputs)
 
         prog = self._compiled(("backward", specs, training, tuple(wrt_params)), make)
-        out_shapes, used = prog.extra
         if ingrads is None:
-            if any(int(np.prod(s)) != 1 for s in out_shapes):
+            if any(int(np.prod(s)) != 1 for s in prog.out_shapes):
                 raise ModelError(
                     "backward: the outputs are not scalars; pass ingrads (the "
                     "gradients of the outputs)"
                 )
-            ingrads = [jax.numpy.ones(s, np.float32) for s in out_shapes]
-        env = dict(saved["env"])
-        env.update(self.values)
-        env.update({f"df[{i}]": g for i, g in enumerate(ingrads)})
-        results = _as_list(prog(env))
-        for pid, g in zip(used, results[: len(used)]):
+            ingrads = [jax.numpy.ones(s, np.float32) for s in prog.out_shapes]
+        if len(ingrads) != len(prog.out_shapes):
+            raise ModelError(
+                f"backward: the model has {len(prog.out_shapes)} outputs, got "
+                f"{len(ingrads)} ingrads"
+            )
+        param_grads, input_grads = prog(saved.inputs, self.values, saved.keys, ingrads)
+        for pid, g in zip(prog.params, param_grads):
             self.grads[pid] = g if pid not in self.grads else self.grads[pid] + g
-        return results[len(used) :]
+        return input_grads
 
     def apply_gradients(self) -> None:
+        """Updates parameters with the accumulated gradients, then clears them."""
         pids = [p for p in self.trainable() if p in self.grads]
         if not pids:
             return
         self._sync_live()
         opts = [self.minimizer_of(p) for p in pids]
-        transform = per_parameter(opts)
         specs = tuple(Spec(self.infos[p].shape, self.infos[p].dtype) for p in pids)
 
-        def make() -> _Program:
-            from fnnc.graph import GraphBuilder
-
-            b = GraphBuilder()
-            cmd = optax_update_command(transform, list(specs))
-            grads = [b.input(s.shape, s.dtype, name=f"grad[{p}]") for p, s in zip(pids, specs)]
-            state = [
-                b.input(shape, dtype, name=f"opt_state[{i}]")
-                for i, (shape, dtype) in enumerate(cmd.param("state_specs"))
-            ]
-            params = [b.input(s.shape, s.dtype, name=p) for p, s in zip(pids, specs)]
-            outs = b.exec(cmd, *grads, *state, *params, name="optimizer")
-            graph = b.build(list(outs) if isinstance(outs, tuple) else [outs])
-            return _Program(compile(graph), _names(graph), 0, extra=cmd.param("state_tree").value)
+        def make() -> Any:
+            return apply_program(per_parameter(opts), pids, specs)
 
         prog = self._compiled(("apply", tuple(pids), tuple(map(id, opts)), specs), make)
         states = tuple(self.store.get(p, o, self.values[p]) for p, o in zip(pids, opts))
-        env = dict(self.values)
-        env.update({f"grad[{p}]": self.grads[p] for p in pids})
-        env.update({f"opt_state[{i}]": x for i, x in enumerate(jax.tree.leaves(states))})
-        results = _as_list(prog(env))
-        self._store_results(pids, opts, results, prog.extra)
+        grads = [self.grads[p] for p in pids]
+        new_params, new_states = prog(grads, jax.tree.leaves(states), self.values)
+        for pid, value in zip(pids, new_params):
+            self.values[pid] = value
+        for pid, opt, state in zip(pids, opts, new_states):
+            self.store.put(pid, opt, self.values[pid], state)
         self.grads.clear()
 
     def fit(self, inputs: Sequence[Any], targets: Sequence[Any] = ()) -> Any:
+        """One fused training step; returns the loss."""
         if self.default_minimizer is None and not self.minimizers:
             raise ModelError(
                 f"model {self.model.describe()}: fit needs a minimizer; call "
@@ -299,74 +299,36 @@ class Engine:
         pids = self.trainable()
         opts = [self.minimizer_of(p) for p in pids]
 
-        def make() -> _Program:
-            ctx, _, outs = self._build(True, specs)
-            b = ctx.b
-            ts = [
-                b.input(s.shape, s.dtype, name=f"target[{i}]") for i, s in enumerate(target_specs)
-            ]
-            loss = losses.build_loss(b, self.loss, outs, ts)
-            updates = list(ctx.updates.items())
-            graph = b.build([loss, *(s for _, s in updates)])
-            step, layout = minimize(
-                graph, loss, [ctx.symbols[p] for p in pids], per_parameter(opts)
-            )
-            step = dataclasses.replace(step, outputs=step.outputs + graph.outputs[1:])
-            return _Program(
-                compile(simplify(step)),
-                _names(step),
-                len(ctx.keys),
-                extra=(layout, [pid for pid, _ in updates]),
-            )
+        def make() -> FitProgram:
+            built = self._build(True, specs)
+            return fit_program(built, self.loss, target_specs, pids, per_parameter(opts))
 
         key = ("fit", specs, target_specs, tuple(pids), tuple(map(id, opts)))
-        prog = self._compiled(key, make)
-        layout, update_ids = prog.extra
-        if self._live is None or self._live[0] != key:
+        prog: FitProgram = self._compiled(key, make)
+        live = self._live
+        if live is None or live.key != key:
             self._sync_live()
             states = tuple(self.store.get(p, o, self.values[p]) for p, o in zip(pids, opts))
-            self._live = (key, jax.tree.leaves(states), pids, opts, layout)
-        env = self._env(prog, inputs)
-        env.update({f"target[{i}]": t for i, t in enumerate(targets)})
-        env.update({f"opt_state[{i}]": x for i, x in enumerate(self._live[1])})
-        results = _as_list(prog(env))
-        new_params, new_state, loss = layout.split(results)
-        for pid, value in zip(pids, new_params):
+            live = _Live(key, prog.params, tuple(opts), prog.train, jax.tree.leaves(states))
+        keys = self._keys(prog.feed.n_keys)
+        new_params, new_state, loss, updates = prog(live.leaves, inputs, targets, self.values, keys)
+        for pid, value in zip(prog.params, new_params):
             self.values[pid] = value
-        self._live = (key, new_state, pids, opts, layout)
-        n = layout.n_params + layout.n_state + 1
-        for pid, value in zip(update_ids, results[n:]):
+        self._live = _Live(key, live.pids, live.opts, live.layout, new_state)
+        for pid, value in zip(prog.updates, updates):
             self.values[pid] = value
         return loss
 
     def _sync_live(self) -> None:
         """Writes the state of the running fit program back to the per-parameter store."""
-        if self._live is None:
+        live = self._live
+        if live is None:
             return
-        _, leaves, pids, opts, layout = self._live
-        for pid, opt, state in zip(pids, opts, layout.state(leaves)):
+        for pid, opt, state in zip(live.pids, live.opts, live.states()):
             self.store.put(pid, opt, self.values[pid], state)
         self._live = None
-
-    def _store_results(
-        self, pids: list[str], opts: list[Any], results: list[Any], tree: Any
-    ) -> None:
-        n = len(pids)
-        for pid, value in zip(pids, results[:n]):
-            self.values[pid] = value
-        states = jax.tree.unflatten(tree, list(results[n:]))
-        for pid, opt, state in zip(pids, opts, states):
-            self.store.put(pid, opt, self.values[pid], state)
 
     def optimizer_state(self, pid: str) -> dict[str, Any]:
         """Every optimizer state kept for ``pid`` (by state structure)."""
         self._sync_live()
         return self.store.all_states(pid)
-
-
-def _names(graph: Graph) -> tuple[str, ...]:
-    return tuple(graph.symbols[i].name for i in graph.inputs)
-
-
-def _as_list(out: Any) -> list[Any]:
-    return list(out) if isinstance(out, (tuple, list)) else [out]

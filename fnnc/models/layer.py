@@ -14,8 +14,9 @@ compiled.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -100,6 +101,7 @@ class BuildContext:
         self._seq: dict[tuple[str, str], int] = {}
         self._prefix: list[str] = []
         self._layers: list[Layer] = []
+        self._prefixed: list[bool] = []
 
     # -- naming ------------------------------------------------------------------
     def layer_id(self, layer: Layer) -> str:
@@ -114,13 +116,30 @@ class BuildContext:
             self._ids[key] = "-".join(parts)
         return self._ids[key]
 
-    def enter(self, layer: Layer) -> None:
-        self._prefix.append(self.layer_id(layer))
+    def enter(self, layer: Layer, *, prefix: bool = True) -> None:
+        """Builds inside ``layer`` until :meth:`leave`: parameters made meanwhile count it
+        among their owners (for ``is_trainable``); with ``prefix`` (a nested model) its
+        id also prefixes the ids of the layers inside. The outermost model enters with
+        ``prefix=False``: NNC's ids do not name it."""
+        if prefix:
+            self._prefix.append(self.layer_id(layer))
         self._layers.append(layer)
+        self._prefixed.append(prefix)
 
     def leave(self) -> None:
-        self._prefix.pop()
+        """Leaves the layer last entered."""
         self._layers.pop()
+        if self._prefixed.pop():
+            self._prefix.pop()
+
+    @contextlib.contextmanager
+    def inside(self, layer: Layer, *, prefix: bool = True) -> Iterator[None]:
+        """:meth:`enter` ``layer`` for the ``with`` block, then :meth:`leave` it."""
+        self.enter(layer, prefix=prefix)
+        try:
+            yield
+        finally:
+            self.leave()
 
     # -- parameters ---------------------------------------------------------------
     def param(

@@ -50,15 +50,12 @@ class Model(Layer):
         return len(self.outputs)
 
     def build(self, ctx: BuildContext, *xs: Symbol, nested: bool = True) -> Any:
+        """Builds every layer on ``xs``; a ``nested`` model prefixes its layers' ids."""
         if len(xs) != len(self.inputs):
             raise ModelError(
                 f"model {self.describe()} takes {len(self.inputs)} inputs, got {len(xs)}"
             )
-        if nested:
-            ctx.enter(self)
-        else:
-            ctx._layers.append(self)
-        try:
+        with ctx.inside(self, prefix=nested):
             values: dict[int, Symbol] = {id(io): x for io, x in zip(self.inputs, xs)}
             built: dict[tuple[int, int], Any] = {}
             for io in self._order:
@@ -74,11 +71,6 @@ class Model(Layer):
                     built[key] = out if isinstance(out, tuple) else (out,)
                 values[id(io)] = built[key][io.index]
             outs = tuple(values[id(o)] for o in self.outputs)
-        finally:
-            if nested:
-                ctx.leave()
-            else:
-                ctx._layers.pop()
         return outs if len(outs) > 1 else outs[0]
 
     # -- Flax ------------------------------------------------------------------

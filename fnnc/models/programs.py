@@ -1,0 +1,252 @@
+"""The compiled programs of a cnnp engine: one typed record per kind, fed by position.
+
+Each record holds a compiled :class:`~fnnc.graph.compile.Program` and its positional
+layout, as :class:`~fnnc.graph.passes.minimize.TrainLayout` does for a bare training
+step. A program's graph inputs are put in the record's order when it is built, so a
+call is one positional call, with no names looked up:
+
+============  ==================================================  ============================
+record        inputs                                              outputs
+============  ==================================================  ============================
+forward       model inputs, parameters, keys                      outputs, internals'
+gradient      model inputs, parameters, keys, output gradients    parameter grads, input grads
+apply         gradients, optimizer state, parameters              parameters', state'
+fit           trainable parameters, optimizer state, model        parameters', state', loss,
+              inputs, other parameters, keys, targets             internals'
+============  ==================================================  ============================
+
+"model inputs, parameters, keys" is a :class:`ModelFeed`. Graph inputs keep their names
+(``input[0]``, ``t-linear-0-0``, ``key[0]``, ``opt_state[0]``) for printing only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+
+from fnnc.core.ir import Graph, Symbol
+from fnnc.graph import GraphBuilder, compile, simplify
+from fnnc.graph.compile import Program
+from fnnc.graph.passes.backward import backward as backward_pass
+from fnnc.graph.passes.minimize import TrainLayout, minimize
+from fnnc.models import losses
+from fnnc.models.layer import BuildContext, ModelError
+from fnnc.ops.optimizer import optax_update_command
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFeed:
+    """The inputs of a model build, in order: ``n_inputs`` model inputs, the
+    parameters ``params`` (ids, internals included), then ``n_keys`` random keys."""
+
+    n_inputs: int
+    params: tuple[str, ...]
+    n_keys: int
+
+    def args(
+        self, inputs: Sequence[Any], values: Mapping[str, Any], keys: Sequence[Any]
+    ) -> list[Any]:
+        """The positional arguments for model ``inputs``, parameter ``values`` and ``keys``."""
+        return [*inputs, *[values[p] for p in self.params], *keys]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelGraph:
+    """One build of a model: its context and its input and output symbols."""
+
+    ctx: BuildContext
+    inputs: tuple[Symbol, ...]
+    outputs: tuple[Symbol, ...]
+
+    def feed(self, params: Sequence[str]) -> tuple[ModelFeed, list[int]]:
+        """The :class:`ModelFeed` for ``params``, and the symbol ids it feeds, in order."""
+        ctx = self.ctx
+        ids = [x.id for x in self.inputs]
+        ids += [ctx.symbols[p].id for p in params]
+        ids += [k.id for k in ctx.keys]
+        return ModelFeed(len(self.inputs), tuple(params), len(ctx.keys)), ids
+
+
+class _Compiled:
+    program: Program
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The graph's input names in feeding order (for diagnostics; calls go by position)."""
+        graph = self.program.graph
+        return tuple(graph.symbols[i].name for i in graph.inputs)
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardProgram(_Compiled):
+    """``evaluate``: inputs ``feed``; outputs the ``n_outputs`` model outputs, then the
+    new values of the internals ``updates`` (ids; BatchNorm statistics when training)."""
+
+    program: Program
+    feed: ModelFeed
+    n_outputs: int
+    updates: tuple[str, ...]
+
+    def __call__(
+        self, inputs: Sequence[Any], values: Mapping[str, Any], keys: Sequence[Any]
+    ) -> tuple[list[Any], list[Any]]:
+        """``(outputs, new internals)`` (the latter in ``updates`` order)."""
+        results = _as_list(self.program(*self.feed.args(inputs, values, keys)))
+        return results[: self.n_outputs], results[self.n_outputs :]
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientProgram(_Compiled):
+    """``backward``: inputs ``feed`` then one gradient per model output (shaped
+    ``out_shapes``); outputs the gradients of ``params`` (ids), then of the
+    differentiable model inputs."""
+
+    program: Program
+    feed: ModelFeed
+    out_shapes: tuple[tuple[int, ...], ...]
+    params: tuple[str, ...]
+
+    def __call__(
+        self,
+        inputs: Sequence[Any],
+        values: Mapping[str, Any],
+        keys: Sequence[Any],
+        ingrads: Sequence[Any],
+    ) -> tuple[list[Any], list[Any]]:
+        """``(parameter gradients, input gradients)``."""
+        args = self.feed.args(inputs, values, keys)
+        results = _as_list(self.program(*args, *ingrads))
+        n = len(self.params)
+        return results[:n], results[n:]
+
+
+@dataclasses.dataclass(frozen=True)
+class ApplyProgram(_Compiled):
+    """``apply_gradients``: inputs the gradients of ``params`` (ids), ``n_state``
+    optimizer-state leaves, then the parameters; outputs the new parameters, then the
+    new state leaves (a ``state_tree``)."""
+
+    program: Program
+    params: tuple[str, ...]
+    n_state: int
+    state_tree: Any
+
+    def __call__(
+        self, grads: Sequence[Any], leaves: Sequence[Any], values: Mapping[str, Any]
+    ) -> tuple[list[Any], Any]:
+        """``(new parameters, new per-parameter states)``, both in ``params`` order."""
+        results = _as_list(self.program(*grads, *leaves, *[values[p] for p in self.params]))
+        n = len(self.params)
+        return results[:n], jax.tree.unflatten(self.state_tree, results[n:])
+
+
+@dataclasses.dataclass(frozen=True)
+class FitProgram(_Compiled):
+    """``fit``, the fused step: inputs the trainable ``params`` (ids), the optimizer
+    state leaves (both placed by ``train``), ``feed`` (model inputs, the other
+    parameters, keys) and ``n_targets`` targets; outputs the new parameters, the new
+    state leaves, the loss, then the new values of the internals ``updates``."""
+
+    program: Program
+    train: TrainLayout
+    params: tuple[str, ...]
+    feed: ModelFeed
+    n_targets: int
+    updates: tuple[str, ...]
+
+    def __call__(
+        self,
+        leaves: Sequence[Any],
+        inputs: Sequence[Any],
+        targets: Sequence[Any],
+        values: Mapping[str, Any],
+        keys: Sequence[Any],
+    ) -> tuple[list[Any], list[Any], Any, list[Any]]:
+        """``(new parameters, new state leaves, loss, new internals)``."""
+        params = [values[p] for p in self.params]
+        args = self.feed.args(inputs, values, keys)
+        results = _as_list(self.program(*params, *leaves, *args, *targets))
+        new_params, new_state, loss = self.train.split(results)
+        return new_params, new_state, loss, results[self.train.n_params + self.train.n_state + 1 :]
+
+
+# -- building ---------------------------------------------------------------------
+def forward_program(built: ModelGraph) -> ForwardProgram:
+    """The program of ``evaluate`` for one build."""
+    ctx = built.ctx
+    graph = ctx.b.build([*built.outputs, *ctx.updates.values()])
+    feed, order = built.feed(tuple(ctx.params))
+    return ForwardProgram(
+        compile(_ordered(graph, order)), feed, len(built.outputs), tuple(ctx.updates)
+    )
+
+
+def gradient_program(
+    built: ModelGraph, wrt_params: Sequence[str], diff_inputs: Sequence[int]
+) -> GradientProgram:
+    """The program of ``backward``: gradients w.r.t. those of ``wrt_params`` this build
+    has, then w.r.t. model inputs ``diff_inputs``, seeded with the output gradients."""
+    ctx, outs = built.ctx, built.outputs
+    dfs = [ctx.b.input(o.shape, o.dtype, name=f"df[{i}]") for i, o in enumerate(outs)]
+    graph = ctx.b.build(list(outs))
+    params = tuple(p for p in wrt_params if p in ctx.symbols)
+    wrt = [ctx.symbols[p] for p in params] + [built.inputs[i] for i in diff_inputs]
+    grad_graph, _ = backward_pass(graph, list(outs), wrt, df=dfs)
+    grad_graph = dataclasses.replace(grad_graph, outputs=grad_graph.outputs[len(outs) :])
+    feed, order = built.feed(tuple(ctx.params))
+    grad_graph = _ordered(grad_graph, [*order, *(d.id for d in dfs)])
+    shapes = tuple(tuple(o.shape) for o in outs)
+    return GradientProgram(compile(simplify(grad_graph)), feed, shapes, params)
+
+
+def apply_program(transform: Any, pids: Sequence[str], specs: Sequence[Any]) -> ApplyProgram:
+    """The program of ``apply_gradients``: ``transform`` (per parameter) on ``pids``."""
+    b = GraphBuilder()
+    cmd = optax_update_command(transform, list(specs))
+    grads = [b.input(s.shape, s.dtype, name=f"grad[{p}]") for p, s in zip(pids, specs)]
+    state = [
+        b.input(shape, dtype, name=f"opt_state[{i}]")
+        for i, (shape, dtype) in enumerate(cmd.param("state_specs"))
+    ]
+    params = [b.input(s.shape, s.dtype, name=p) for p, s in zip(pids, specs)]
+    outs = b.exec(cmd, *grads, *state, *params, name="optimizer")
+    graph = b.build(list(outs) if isinstance(outs, tuple) else [outs])
+    return ApplyProgram(compile(graph), tuple(pids), len(state), cmd.param("state_tree").value)
+
+
+def fit_program(
+    built: ModelGraph, loss: Any, target_specs: Sequence[Any], pids: Sequence[str], transform: Any
+) -> FitProgram:
+    """The fused training step: ``loss`` against targets, minimized over ``pids``."""
+    ctx = built.ctx
+    b = ctx.b
+    ts = [b.input(s.shape, s.dtype, name=f"target[{i}]") for i, s in enumerate(target_specs)]
+    loss_sym = losses.build_loss(b, loss, built.outputs, ts)
+    graph = b.build([loss_sym, *ctx.updates.values()])
+    step, train = minimize(graph, loss_sym, [ctx.symbols[p] for p in pids], transform)
+    step = dataclasses.replace(step, outputs=step.outputs + graph.outputs[1:])
+    trainable = set(pids)
+    feed, order = built.feed(tuple(p for p in ctx.params if p not in trainable))
+    head = step.inputs[: train.n_params + train.n_state]
+    step = _ordered(step, [*head, *order, *(t.id for t in ts)])
+    return FitProgram(
+        compile(simplify(step)), train, tuple(pids), feed, len(ts), tuple(ctx.updates)
+    )
+
+
+def _ordered(graph: Graph, ids: Sequence[int]) -> Graph:
+    """``graph`` with its inputs in the order ``ids`` (which must be exactly its inputs)."""
+    if len(ids) != len(graph.inputs) or set(ids) != set(graph.inputs):
+        extra = [graph.label(i) for i in graph.inputs if i not in set(ids)]
+        raise ModelError(
+            f"the model's graph has inputs the engine does not feed: {extra}; layers take "
+            "parameters from ctx.param and random keys from ctx.key"
+        )
+    return dataclasses.replace(graph, inputs=tuple(ids))
+
+
+def _as_list(out: Any) -> list[Any]:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
