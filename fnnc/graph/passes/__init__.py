@@ -22,3 +22,4 @@ from fnnc.graph.passes.minimize import TrainLayout as TrainLayout
 from fnnc.graph.passes.minimize import minimize as minimize
 from fnnc.graph.passes.pipeline import run_passes as run_passes
 from fnnc.graph.passes.pipeline import simplify as simplify
+from fnnc.graph.passes.remat import remat as remat

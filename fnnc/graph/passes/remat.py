@@ -1,0 +1,351 @@
+"""remat: recompute forward activations in the backward instead of keeping them.
+
+A graph with its backward (:func:`~fnnc.graph.backward`) keeps every forward tensor a
+gradient node reads alive from the forward until that gradient node runs: those are
+the activations that dominate training memory. ``remat`` rewrites such a graph so that
+chosen forward nodes are *not saved*: right before the first backward node that needs
+one of their outputs, the forward segment that produces it is duplicated from the
+nearest saved tensors, and the backward reads the recomputed copy. NNC's
+``ccv_cnnp_model_set_gradient_checkpointing`` does this per sub-model; here it is a pass
+over any graph, driven by a policy or by a byte budget.
+
+The duplicated segment reads its saved inputs through one
+:func:`~fnnc.ops.optimization_barrier` that also takes a tensor of the backward, so XLA
+can neither merge the recomputation with the forward (CSE) nor schedule it early, as
+``jax.checkpoint`` arranges. Duplicated nodes are named ``<name>@remat``.
+
+Before / after (``policy="nothing_saveable"``; ``%2`` is no longer kept for ``%6``)::
+
+    %2 = tanh(%1)                          %2 = tanh(%1)
+    %3 = reduce_sum(%2)                    %3 = reduce_sum(%2)
+    ...                                    ...
+    %6 = tanh.backward(%5, %2)             %7, %8 = optimization_barrier(%1, %5)
+                                           %9 = tanh(%7)  # @remat
+                                           %6 = tanh.backward(%8, %9)
+
+Not recomputed, whatever the policy: nodes of random or effectful commands, nodes that
+write views, and nodes whose outputs are graph outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol
+from fnnc.errors import GraphError
+from fnnc.graph.memory import memory_plan, tensor_bytes
+from fnnc.graph.passes.remat_cost import node_flops
+from fnnc.ops import optimization_barrier
+
+Policy = Callable[[Graph, int], bool]
+"""``policy(graph, index) -> True`` when forward node ``index``'s outputs are saved."""
+
+SAVEABLE_COMMANDS = {"dots_saveable": ("gemm", "convolution", "convolution_transpose")}
+
+POLICIES: dict[str, Policy] = {
+    "everything_saveable": lambda graph, index: True,
+    "nothing_saveable": lambda graph, index: False,
+    "dots_saveable": lambda graph, index: (
+        graph.nodes[index].cmd.name in SAVEABLE_COMMANDS["dots_saveable"]
+    ),
+}
+"""Named policies, after JAX's ``jax.checkpoint_policies``."""
+
+
+def backward_start(graph: Graph) -> int | None:
+    """The index of the first backward (``gradient``) node, or ``None``."""
+    for index, node in enumerate(graph.nodes):
+        if node.cmd.name == "gradient":
+            return index
+    return None
+
+
+def remat(
+    graph: Graph,
+    *,
+    policy: str | Policy | None = None,
+    budget_bytes: int | None = None,
+) -> Graph:
+    """Recomputes unsaved forward activations in the backward (see module doc).
+
+    Args:
+        graph: a graph holding a forward and its backward (gradient nodes).
+        policy: which forward nodes keep their outputs: a name from :data:`POLICIES`
+            or ``policy(graph, index) -> bool`` (True = saved).
+        budget_bytes: instead of a policy, a peak for :func:`~fnnc.graph.memory_plan`:
+            the pass chooses the nodes to recompute, greedily by bytes freed per FLOP
+            recomputed, then drops choices the budget does not need.
+
+    Returns:
+        The rewritten graph (``graph`` itself when nothing is recomputed). Outputs are
+        unchanged in value; gradients are bit-identical in exact arithmetic and equal
+        to float rounding otherwise.
+
+    Raises:
+        GraphError: both or neither of ``policy`` and ``budget_bytes`` given, an unknown
+            policy name, or a budget below what recomputing everything reaches.
+
+    >>> from fnnc import ops
+    >>> from fnnc.graph import GraphBuilder, backward, memory_plan, remat
+    >>> b = GraphBuilder()
+    >>> x = b.input((64,), name="x")
+    >>> h = x
+    >>> for i in range(4):
+    ...     h = b.exec(ops.tanh(), h, name=f"t{i}")
+    >>> loss = b.exec(ops.reduce_sum(axes=(0,)), h)
+    >>> g, _ = backward(b.build([loss]), loss, [x])
+    >>> r = remat(g, policy=lambda graph, i: graph.nodes[i].name in ("t1", "t3"))
+    >>> memory_plan(r).peak_bytes < memory_plan(g).peak_bytes
+    True
+    """
+    if (policy is None) == (budget_bytes is None):
+        raise GraphError("remat: give exactly one of policy= or budget_bytes=")
+    start = backward_start(graph)
+    if start is None:
+        return graph
+    if budget_bytes is not None:
+        return _within_budget(graph, start, int(budget_bytes))
+    if isinstance(policy, str):
+        if policy not in POLICIES:
+            raise GraphError(f"remat: unknown policy {policy!r}; known: {sorted(POLICIES)}")
+        policy = POLICIES[policy]
+    unsaved = {i for i in range(start) if not policy(graph, i)}
+    return recompute(graph, unsaved)
+
+
+def recomputable(graph: Graph, start: int | None = None) -> list[int]:
+    """Forward nodes that may be recomputed in the backward.
+
+    Not: nodes of random or effectful commands, nodes that write views, nodes whose
+    outputs are graph outputs (they stay live to the end anyway).
+    """
+    start = backward_start(graph) if start is None else start
+    if start is None:
+        return []
+    symbols = graph.symbols
+    outputs = {symbols[s].root for s in graph.outputs}
+    found = []
+    for index in range(start):
+        node = graph.nodes[index]
+        attrs = node.cmd.definition.attributes
+        if attrs.random or attrs.has_effects or node.cmd.name == "optimization_barrier":
+            continue
+        if any(symbols[s].is_alias or symbols[s].root in outputs for s in node.outputs):
+            continue
+        found.append(index)
+    return found
+
+
+def candidates(graph: Graph, start: int | None = None) -> list[int]:
+    """Recomputable forward nodes whose outputs the backward reads."""
+    start = backward_start(graph) if start is None else start
+    if start is None:
+        return []
+    symbols = graph.symbols
+    late = {symbols[s].root for node in graph.nodes[start:] for s in node.inputs}
+    return [
+        i
+        for i in recomputable(graph, start)
+        if any(symbols[s].root in late for s in graph.nodes[i].outputs)
+    ]
+
+
+def recompute(graph: Graph, unsaved: set[int]) -> Graph:
+    """``graph`` with forward nodes ``unsaved`` not saved for the backward.
+
+    Their outputs that backward nodes read are recomputed right before the first such
+    reader, from the nearest saved tensors; nodes :func:`recomputable` excludes are kept
+    as they are.
+    """
+    start = backward_start(graph)
+    if start is None:
+        return graph
+    unsaved = set(unsaved) & set(recomputable(graph, start))
+    if not unsaved & set(candidates(graph, start)):
+        return graph
+    return _Rewriter(graph, start, unsaved).run()
+
+
+class _Rewriter:
+    """Builds the rematerialised graph: forward as is, segments duplicated on demand."""
+
+    def __init__(self, graph: Graph, start: int, unsaved: set[int]):
+        self.graph, self.start, self.unsaved = graph, start, unsaved
+        self.symbols: list[Any] = list(graph.symbols)
+        self.nodes: list[Node] = list(graph.nodes[:start])
+        self.copy: dict[int, int] = {}  # forward root id -> its recomputed root id
+
+    def run(self) -> Graph:
+        producers = self.graph.producers
+        for node in self.graph.nodes[self.start :]:
+            need = [
+                self.symbols[s].root
+                for s in node.inputs
+                if self._needs_copy(self.symbols[s].root, producers)
+            ]
+            if need:
+                self._emit_segment(list(dict.fromkeys(need)), node)
+            self.nodes.append(dataclasses.replace(node, inputs=self._remap(node.inputs)))
+        return dataclasses.replace(self.graph, symbols=tuple(self.symbols), nodes=tuple(self.nodes))
+
+    def _needs_copy(self, root: int, producers: dict[int, int]) -> bool:
+        producer = producers.get(root)
+        return (
+            producer is not None
+            and producer < self.start
+            and producer in self.unsaved
+            and root not in self.copy
+        )
+
+    def _emit_segment(self, roots: list[int], reader: Node) -> None:
+        """Duplicates the unsaved forward nodes that ``roots`` need, behind a barrier."""
+        producers, graph = self.graph.producers, self.graph
+        todo: set[int] = set()
+        stack = [producers[r] for r in roots]
+        while stack:
+            index = stack.pop()
+            if index in todo:
+                continue
+            todo.add(index)
+            for s in graph.nodes[index].inputs:
+                root = self.symbols[s].root
+                p = producers.get(root)
+                if p is not None and p < self.start and p in self.unsaved and root not in self.copy:
+                    stack.append(p)
+        order = sorted(todo)
+        made = {o for i in order for o in (self.symbols[s].root for s in graph.nodes[i].outputs)}
+        leaves = list(
+            dict.fromkeys(
+                s
+                for i in order
+                for s in graph.nodes[i].inputs
+                if self.symbols[s].root not in made and self.symbols[s].root not in self.copy
+            )
+        )
+        late = [s for s in reader.inputs if self._is_late(s)]
+        fenced: dict[int, int] = {}
+        if leaves:
+            ins = (*leaves, *late[:1])
+            outs = tuple(self._new_tensor(self.symbols[s]) for s in ins)
+            self.nodes.append(Node(optimization_barrier(), ins, outs, "remat.barrier"))
+            fenced = dict(zip(leaves, outs))
+        for index in order:
+            node = graph.nodes[index]
+            inputs = tuple(fenced[s] if s in fenced else self._remap((s,))[0] for s in node.inputs)
+            outs = []
+            for s in node.outputs:
+                new = self._new_tensor(self.symbols[s])
+                self.copy[self.symbols[s].root] = new
+                outs.append(new)
+            name = f"{node.name or node.cmd.name}@remat"
+            self.nodes.append(Node(node.cmd, inputs, tuple(outs), name))
+
+    def _is_late(self, sid: int) -> bool:
+        producer = self.graph.producers.get(self.symbols[sid].root)
+        return producer is not None and producer >= self.start
+
+    def _remap(
+        self, sids: tuple[int, ...], fenced: dict[int, int] | None = None
+    ) -> tuple[int, ...]:
+        out = []
+        for s in sids:
+            if fenced and s in fenced:
+                out.append(s)  # replaced by the caller with the barrier's output
+                continue
+            sym = self.symbols[s]
+            new_root = self.copy.get(sym.root)
+            if new_root is None:
+                out.append(s)
+            elif isinstance(sym, AliasSymbol):
+                view = dataclasses.replace(sym, id=len(self.symbols), root=new_root)
+                self.symbols.append(view)
+                out.append(view.id)
+            else:
+                out.append(new_root)
+        return tuple(out)
+
+    def _new_tensor(self, like: Any) -> int:
+        sym = TensorSymbol(len(self.symbols), tuple(like.shape), like.dtype, like.name)
+        self.symbols.append(sym)
+        return sym.id
+
+
+def _within_budget(graph: Graph, start: int, budget: int) -> Graph:
+    """The cheapest recomputation found whose plan's peak fits ``budget``.
+
+    Candidates are the forward nodes the backward reads, each with the forward-only
+    nodes that feed it alone (its segment). First a sweep saves every ``k``-th
+    candidate and recomputes the others (``k = 1`` saves everything; for a chain of
+    ``n`` blocks ``k ~ sqrt(n)`` is the classic checkpoint spacing) and keeps the spacing
+    that fits with the fewest FLOPs recomputed; then each recomputed candidate, most
+    expensive first, is saved again if the budget still holds.
+    """
+    full = memory_plan(graph).peak_bytes
+    if full <= budget:
+        return graph
+    units = _segments(graph, start)
+    order = list(units)
+    cost = {c: sum(node_flops(graph, i) for i in unit) for c, unit in units.items()}
+
+    def attempt(unsaved: list[int]) -> tuple[int, int, Graph, list[int]]:
+        result = recompute(graph, _union(units, unsaved))
+        return memory_plan(result).peak_bytes, sum(cost[c] for c in unsaved), result, unsaved
+
+    best: tuple[int, int, Graph, list[int]] | None = None
+    lowest = full
+    for k in range(2, len(order) + 2):
+        saved = set(order[len(order) - 1 :: -k])  # every k-th, counted from the loss end
+        trial = attempt([c for c in order if c not in saved])
+        lowest = min(lowest, trial[0])
+        if trial[0] <= budget and (best is None or trial[1] < best[1]):
+            best = trial
+    if best is None:
+        raise GraphError(
+            f"remat: budget_bytes={budget:,d} is below the smallest peak found "
+            f"({lowest:,d} bytes; without remat {full:,d}); raise the budget"
+        )
+    for c in sorted(best[3], key=lambda c: -cost[c]):
+        trial = attempt([k for k in best[3] if k != c])
+        if trial[0] <= budget:
+            best = trial
+    return best[2]
+
+
+def _union(units: dict[int, set[int]], chosen: list[int]) -> set[int]:
+    out: set[int] = set()
+    for c in chosen:
+        out |= units[c]
+    return out
+
+
+def _segments(graph: Graph, start: int) -> dict[int, set[int]]:
+    """Per candidate: itself and the recomputable forward-only nodes it alone depends on
+    (through others like them), stopping at other candidates, inputs and nodes that
+    cannot be recomputed."""
+    symbols, producers = graph.symbols, graph.producers
+    cands = candidates(graph, start)
+    inner = set(recomputable(graph, start)) - set(cands)
+    units: dict[int, set[int]] = {}
+    for c in cands:
+        unit, stack = {c}, [c]
+        while stack:
+            for s in graph.nodes[stack.pop()].inputs:
+                p = producers.get(symbols[s].root)
+                if p is not None and p in inner and p not in unit:
+                    unit.add(p)
+                    stack.append(p)
+        units[c] = unit
+    return units
+
+
+def _late_bytes(graph: Graph, start: int) -> dict[int, int]:
+    """Per forward node, the bytes of its outputs that the backward reads."""
+    symbols = graph.symbols
+    late = {symbols[s].root for node in graph.nodes[start:] for s in node.inputs}
+    out = {}
+    for index in range(start):
+        roots = {symbols[s].root for s in graph.nodes[index].outputs} & late
+        out[index] = sum(tensor_bytes(symbols[r].shape, symbols[r].dtype) for r in roots)
+    return out
