@@ -35,7 +35,7 @@ from typing import Any
 
 from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol
 from fnnc.errors import GraphError
-from fnnc.graph.memory import memory_plan, tensor_bytes
+from fnnc.graph.memory import PASS_THROUGH, memory_plan, tensor_bytes
 from fnnc.graph.passes.remat_cost import node_flops
 from fnnc.ops import optimization_barrier
 
@@ -55,9 +55,10 @@ POLICIES: dict[str, Policy] = {
 
 
 def backward_start(graph: Graph) -> int | None:
-    """The index of the first backward (``gradient``) node, or ``None``."""
+    """The index of the first backward node (one that runs another command's backward,
+    as ``gradient`` does), or ``None``."""
     for index, node in enumerate(graph.nodes):
-        if node.cmd.name == "gradient":
+        if node.cmd.definition.backward_node is not None:
             return index
     return None
 
@@ -130,7 +131,7 @@ def recomputable(graph: Graph, start: int | None = None) -> list[int]:
     for index in range(start):
         node = graph.nodes[index]
         attrs = node.cmd.definition.attributes
-        if attrs.random or attrs.has_effects or node.cmd.name == "optimization_barrier":
+        if attrs.random or attrs.has_effects or node.cmd.name in PASS_THROUGH:
             continue
         if any(symbols[s].is_alias or symbols[s].root in outputs for s in node.outputs):
             continue
