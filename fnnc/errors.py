@@ -73,3 +73,18 @@ class CheckpointError(FnncError, ValueError):
 
 class ModelError(FnncError, ValueError):
     """A cnnp model was defined or used wrongly (names the layer or parameter)."""
+
+
+class NumericsError(FnncError, FloatingPointError):
+    """A NaN or infinity appeared (the numerics check names the first node that made it)."""
+
+
+class DataError(FnncError, ValueError):
+    """A dataframe was described or fed wrongly: an unknown column, a map function that
+    raised (naming the column and the row), rows whose shapes change inside a batch, an
+    iterator state from another dataframe.
+
+    >>> from fnnc.data import DataError
+    >>> issubclass(DataError, ValueError)
+    True
+    """

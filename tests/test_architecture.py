@@ -16,6 +16,7 @@ BANNED = {
     "ops": ("graph", "io", "models", "data"),
     "graph": ("models", "data"),
     "io": ("graph", "models", "data", "ops"),
+    "data": ("graph", "models"),
 }
 CORE_ALLOWED = {"core", "errors", "config"}
 

@@ -1,0 +1,127 @@
+"""fnnc.data streaming throughput: digits-sized batches through a DataFrame vs NumPy.
+
+Data: scikit-learn's ``load_digits`` (1797 images, 8x8x1 float32, int32 labels), batch
+32, reshuffled every epoch. Contenders, each timed over whole epochs (creating the
+iterator included, as a training loop that asks for one epoch at a time does):
+
+- ``numpy slices``: ``x[i:i+32]`` of arrays in memory (no shuffle): the floor.
+- ``numpy shuffled``: ``x[perm[i:i+32]]`` with a new permutation per epoch: what a
+  hand-written loop does.
+- ``DataFrame threads=T``: ``from_arrays(x=, y=).shuffle().batch(32)`` read through
+  Grain with T reading threads (0: in the consuming thread).
+
+Reported: samples/s (median of several interleaved rounds) and the ratio to the
+shuffled NumPy loop. ``--workers N`` adds a run with N worker processes (their start-up,
+seconds on a small machine, is reported separately and not in the throughput).
+
+Run: python benchmarks/data_pipeline.py [--quick] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np
+from sklearn.datasets import load_digits
+
+from fnnc.data import DataFrame
+
+BATCH = 32
+
+
+def numpy_slices(x: np.ndarray, y: np.ndarray) -> Callable[[int], int]:
+    def epoch(e: int) -> int:
+        n = 0
+        for i in range(0, len(x), BATCH):
+            xb, yb = x[i : i + BATCH], y[i : i + BATCH]
+            n += len(xb) + 0 * len(yb)
+        return n
+
+    return epoch
+
+
+def numpy_shuffled(x: np.ndarray, y: np.ndarray) -> Callable[[int], int]:
+    def epoch(e: int) -> int:
+        perm = np.random.default_rng(e).permutation(len(x))
+        n = 0
+        for i in range(0, len(x), BATCH):
+            idx = perm[i : i + BATCH]
+            xb, yb = x[idx], y[idx]
+            n += len(xb) + 0 * len(yb)
+        return n
+
+    return epoch
+
+
+def dataframe(df: DataFrame, threads: int) -> Callable[[int], int]:
+    def epoch(e: int) -> int:
+        n = 0
+        for xb, _ in df.iterator(("x", "y"), epoch=e, threads=threads):
+            n += len(xb)
+        return n
+
+    return epoch
+
+
+def measure(cases: dict[str, Callable[[int], int]], rounds: int, epochs: int) -> dict[str, float]:
+    """Median samples/s of each case over ``rounds`` interleaved rounds of ``epochs`` epochs."""
+    for fn in cases.values():
+        fn(0)  # warm up
+    rates: dict[str, list[float]] = {k: [] for k in cases}
+    for r in range(rounds):
+        for name, fn in cases.items():
+            start, n = time.perf_counter(), 0
+            for e in range(epochs):
+                n += fn(r * epochs + e)
+            rates[name].append(n / (time.perf_counter() - start))
+    return {k: statistics.median(v) for k, v in rates.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument("--workers", type=int, default=0, help="also time N worker processes")
+    args = parser.parse_args()
+    rounds, epochs = (3, 2) if args.quick else (7, 5)
+    digits = load_digits()
+    x = (digits.images / 16.0).astype(np.float32)[..., None]  # [1797, 8, 8, 1]
+    y = digits.target.astype(np.int32)
+    df = DataFrame.from_arrays(x=x, y=y).shuffle().batch(BATCH)
+    cases = {
+        "numpy slices": numpy_slices(x, y),
+        "numpy shuffled": numpy_shuffled(x, y),
+        "DataFrame threads=0": dataframe(df, 0),
+        "DataFrame threads=2": dataframe(df, 2),
+    }
+    rates = measure(cases, rounds, epochs)
+    if args.workers:
+        start = time.perf_counter()
+        it = df.iterator(("x", "y"), epochs=None, workers=args.workers)
+        next(it)
+        startup = time.perf_counter() - start
+        samples = []
+        for _ in range(rounds):
+            t, n = time.perf_counter(), 0
+            for _ in range(epochs * len(df)):
+                n += len(next(it)[0])
+            samples.append(n / (time.perf_counter() - t))
+        it.close()
+        rates[f"DataFrame workers={args.workers}"] = statistics.median(samples)
+        print(f"workers={args.workers}: first batch after {startup:.1f} s (process start-up)")
+    base = rates["numpy shuffled"]
+    print(f"digits {x.shape} float32, batch {BATCH}, {rounds} rounds x {epochs} epochs (medians)")
+    for name, rate in rates.items():
+        print(
+            f"  {name:24s} {rate:12,.0f} samples/s   {base / rate:6.2f}x slower than numpy shuffled"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,379 @@
+"""DataFrame: NNC's dataframe (``ccv_cnnp_dataframe_t``) as an immutable description.
+
+A dataframe is named columns over a number of rows, plus the steps that derive new
+columns and reorder or group rows. Building one reads nothing; every method returns a
+new dataframe and leaves the old one as it was, so one base can feed several pipelines
+(a training frame with shuffle and augmentation, an evaluation frame without). Rows
+are read when an iterator asks for them, through Grain (see :mod:`fnnc.data.plan`).
+
+Where NNC's calls went:
+
+======================================  ===============================================
+NNC                                     fnnc.data
+======================================  ===============================================
+``ccv_cnnp_dataframe_new`` (data_enum)  :meth:`DataFrame.from_function`,
+                                        :meth:`DataFrame.from_sequence`
+``ccv_cnnp_dataframe_from_array_new``   :meth:`DataFrame.from_arrays`
+``ccv_cnnp_dataframe_from_csv_new``     :meth:`DataFrame.from_csv`
+``ccv_nnc_tensor_read`` row by row      :meth:`DataFrame.from_tensor_file`,
+                                        :meth:`DataFrame.from_tensor_slices`
+``ccv_cnnp_dataframe_map``              :meth:`DataFrame.map`
+``ccv_cnnp_dataframe_shuffle``          :meth:`DataFrame.shuffle` (seeded, per epoch)
+``ccv_cnnp_dataframe_sample_new``       :meth:`DataFrame.sample`
+``ccv_cnnp_dataframe_combine_new``      :meth:`DataFrame.batch`
+``ccv_cnnp_dataframe_iter_new``         :meth:`DataFrame.iterator`
+``ccv_cnnp_dataframe_iter_prefetch``    ``iterator(threads=, prefetch=, workers=)``
+``ccv_cnnp_dataframe_iter_set_cursor``  :meth:`DataIterator.set_state`
+======================================  ===============================================
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import grain
+
+from fnnc.data import files, plan
+from fnnc.data.errors import DataError
+from fnnc.data.iterator import DataIterator
+from fnnc.data.sources import (
+    Column,
+    FieldColumn,
+    FunctionColumn,
+    SequenceColumn,
+    SharedRows,
+    as_column,
+)
+from fnnc.data.stages import Group, Map, Shard, Shuffle, Stage, check_known
+from fnnc.data.stages import names as column_names
+
+
+def _seed(seed: Any, what: str) -> int | None:
+    if seed is None:
+        return None
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise DataError(f"{what}: seed must be a non-negative integer or None, got {seed!r}")
+    return seed
+
+
+class DataFrame:
+    """Named columns over rows, and the steps that derive, reorder and group them.
+
+    Make one with a ``from_*`` constructor (or ``DataFrame(columns)`` from
+    :class:`~fnnc.data.sources.Column` objects); read it with :meth:`iterator` or
+    ``for row in df``; ``df[i]`` is row ``i`` of epoch 0 with seed 0.
+
+    >>> import numpy as np
+    >>> from fnnc.data import DataFrame
+    >>> df = DataFrame.from_arrays(x=np.arange(10.0), y=np.arange(10) % 2)
+    >>> df = df.map(lambda x: x * x, "x", "x2").shuffle().batch(4)
+    >>> df
+    DataFrame(3 rows; columns x, y, x2; map(x->x2) shuffle(None) batch(4))
+    >>> batch = df[0]
+    >>> batch["x2"].shape, bool((batch["x2"] == batch["x"] ** 2).all())
+    ((4,), True)
+    """
+
+    __slots__ = ("_columns", "_rows", "_source", "_source_rows", "_stages")
+
+    def __init__(self, columns: Mapping[str, Column | Any]):
+        source = {name: as_column(value) for name, value in columns.items()}
+        column_names(tuple(source), "DataFrame")
+        lengths = {name: len(column) for name, column in source.items()}
+        if len(set(lengths.values())) > 1:
+            detail = ", ".join(f"{n}: {k}" for n, k in lengths.items())
+            raise DataError(f"DataFrame: columns have different numbers of rows ({detail})")
+        self._source: dict[str, Column] = source
+        self._stages: tuple[Stage, ...] = ()
+        self._columns: tuple[str, ...] = tuple(source)
+        self._rows: int = next(iter(lengths.values()))
+        self._source_rows = self._rows
+
+    # -- making one ------------------------------------------------------------------
+    @classmethod
+    def from_arrays(cls, **arrays: Any) -> DataFrame:
+        """Columns from arrays, rows along their first axis, nothing copied: NumPy arrays,
+        ``np.memmap`` (streamed from disk; ``np.load(path, mmap_mode="r")``), lists, or
+        anything with ``len`` and ``[i]``. JAX arrays are copied to host once."""
+        if not arrays:
+            raise DataError("from_arrays: give at least one column, e.g. from_arrays(x=array)")
+        return cls(arrays)
+
+    @classmethod
+    def from_sequence(
+        cls, sequence: Sequence[Any], names: str | Sequence[str] = "row"
+    ) -> DataFrame:
+        """Rows from a Python sequence. ``names`` a string: one column holding each
+        element. A list of names: each element is a dict (read by those keys) or a
+        tuple (read by position), split into those columns."""
+        return cls._split(SequenceColumn(sequence), names)
+
+    @classmethod
+    def from_function(
+        cls, fn: Callable[[int], Any], rows: int, names: str | Sequence[str] = "row"
+    ) -> DataFrame:
+        """Row ``i`` is ``fn(i)`` for ``i < rows`` (NNC's column ``data_enum``), called
+        when the row is read. ``names`` splits results as in :meth:`from_sequence`;
+        ``fn`` runs once per row however many columns are read."""
+        return cls._split(FunctionColumn(fn, rows), names)
+
+    @classmethod
+    def _split(cls, base: Column, columns: str | Sequence[str]) -> DataFrame:
+        if isinstance(columns, str):
+            return cls({columns: base})
+        shared = SharedRows(base)
+        wanted = column_names(columns, "names")
+        return cls({name: FieldColumn(shared, name, i) for i, name in enumerate(wanted)})
+
+    @classmethod
+    def from_tensor_file(
+        cls,
+        path: str | os.PathLike[str],
+        names: str | Sequence[str] | None = None,
+        *,
+        column: str = "tensor",
+        columns: Mapping[str, str | Sequence[str]] | None = None,
+    ) -> DataFrame:
+        """Rows that are tensors of an NNC tensor file, one tensor a row, read lazily.
+
+        Args:
+            path: the file, opened read-only.
+            names: which tensors, in row order: a list of names; a pattern with ``{}``
+                for a row number (``"x-{}"`` -> ``x-0, x-1, ...`` in numeric order);
+                ``None`` for every tensor, sorted by name.
+            column: the column's name.
+            columns: instead of ``names``/``column``, several columns
+                ``{column: names or pattern}``, aligned row by row.
+        """
+        path = os.fspath(path)
+        specs = dict(columns) if columns is not None else {column: names}
+        if columns is not None and names is not None:
+            raise DataError("from_tensor_file: give names= (one column) or columns=, not both")
+        return cls(
+            {c: files.TensorRowsColumn(path, files.tensor_names(path, s)) for c, s in specs.items()}
+        )
+
+    @classmethod
+    def from_tensor_slices(cls, path: str | os.PathLike[str], **tensors: str) -> DataFrame:
+        """Rows along the first axis of tensors in an NNC tensor file,
+        ``from_tensor_slices(path, x="images", y="labels")``: each row is read from the
+        stored bytes when needed, so a tensor larger than memory streams."""
+        if not tensors:
+            raise DataError("from_tensor_slices: name the tensors, e.g. x='images'")
+        return cls({c: files.TensorSliceColumn(path, name) for c, name in tensors.items()})
+
+    @classmethod
+    def from_csv(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        delimiter: str = ",",
+        quote: str = '"',
+        header: bool = True,
+    ) -> DataFrame:
+        """The rows of a CSV file as string columns (``None`` for a missing field), named
+        by the first line when ``header`` else ``"0"``, ``"1"``, ... (NNC's CSV reader:
+        RFC 4180 with a chosen delimiter and quote). Convert with :meth:`map`."""
+        return cls(files.read_csv(path, delimiter=delimiter, quote=quote, header=header))
+
+    # -- looking at one ----------------------------------------------------------------
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The column names, in order (a map's new columns come last)."""
+        return self._columns
+
+    def __len__(self) -> int:
+        """Rows per epoch (after shard, batch and sample)."""
+        return self._rows
+
+    def __repr__(self) -> str:
+        steps = "".join(f" {s.describe()}" for s in self._stages)
+        columns = ", ".join(self._columns)
+        return f"DataFrame({self._rows} rows; columns {columns}{';' if steps else ''}{steps})"
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """Row ``index`` of epoch 0 with seed 0, as a dict (for looking, not for training)."""
+        if not isinstance(index, int) or not -self._rows <= index < self._rows:
+            raise IndexError(f"row {index!r} of a dataframe with {self._rows} rows")
+        return self.to_grain()[index % self._rows]
+
+    def _then(self, stage: Stage) -> DataFrame:
+        out = object.__new__(DataFrame)
+        out._source, out._source_rows = self._source, self._source_rows
+        out._stages = (*self._stages, stage)
+        out._columns = stage.columns(self._columns)
+        out._rows = stage.rows(self._rows)
+        return out
+
+    # -- deriving ----------------------------------------------------------------------
+    def map(
+        self,
+        fn: Callable[..., Any],
+        inputs: str | Sequence[str],
+        output: str | Sequence[str],
+        *,
+        random: bool = False,
+        seed: int | None = None,
+    ) -> DataFrame:
+        """A new column ``output = fn(*inputs)``, computed row by row when read (NNC's
+        ``ccv_cnnp_dataframe_map``). An existing name is replaced; several outputs take a
+        tuple from ``fn``. With ``random=True`` ``fn`` also gets ``rng=``, a
+        ``np.random.Generator`` seeded from (``seed`` or the iterator's seed, epoch,
+        row), so augmentation differs each epoch and replays exactly. After
+        :meth:`batch` the inputs are whole batches. A raising ``fn`` becomes a
+        :class:`DataError` naming the column and the row."""
+        if not callable(fn):
+            raise DataError(f"map: fn must be callable, got {type(fn).__name__}")
+        stage = Map(
+            fn,
+            column_names(inputs, "map inputs"),
+            column_names(output, "map output"),
+            bool(random),
+            _seed(seed, "map"),
+        )
+        return self._then(stage)
+
+    def shuffle(self, seed: int | None = None) -> DataFrame:
+        """Rows in a random order, a different one each epoch, the same for the same
+        (seed, epoch). ``seed=None`` derives it from the iterator's ``seed`` and this
+        step's position in the description (as Grain's ``ds.seed``), so adding a step
+        before it changes its order; give a seed to pin it."""
+        return self._then(Shuffle(_seed(seed, "shuffle")))
+
+    def shard(
+        self, index: int | None = None, count: int | None = None, *, drop_remainder: bool = True
+    ) -> DataFrame:
+        """This process's share of the rows: every ``count``-th from ``index``.
+
+        Without arguments: ``jax.process_index()`` of ``jax.process_count()`` (Grain's
+        ``ShardByJaxProcess``). Shard after :meth:`shuffle` (all processes shuffle alike,
+        then split) and before :meth:`batch`. ``drop_remainder`` (default) first leaves out
+        the last ``rows % count`` rows so every process reads as many batches as the
+        others; a process with one batch fewer would leave the rest waiting in a
+        collective. Shards are disjoint; without ``drop_remainder`` they cover every row.
+        """
+        if (index is None) != (count is None):
+            raise DataError("shard: give both index and count, or neither (JAX's process)")
+        if index is None:
+            options = grain.sharding.ShardByJaxProcess(drop_remainder=drop_remainder)
+            index, count = options.shard_index, options.shard_count
+        assert count is not None
+        if not isinstance(count, int) or count < 1:
+            raise DataError(f"shard: count must be a positive integer, got {count!r}")
+        return self._then(Shard(index, count, bool(drop_remainder)))
+
+    def batch(
+        self, batch_size: int, *, drop_remainder: bool = False, columns: Sequence[str] | None = None
+    ) -> DataFrame:
+        """Every ``batch_size`` rows become one whose columns are the rows' values stacked
+        along a new first axis (NNC's ``ccv_cnnp_dataframe_combine_new``). The last batch
+        is shorter unless ``drop_remainder`` (a fixed shape keeps ``jit`` from compiling
+        twice). ``columns`` keeps only those. Rows of different shapes raise
+        :class:`DataError` naming the column, the rows and the shapes."""
+        inputs = self._columns if columns is None else column_names(columns, "batch columns")
+        return self._then(Group(batch_size, bool(drop_remainder), inputs, stack=True))
+
+    def sample(
+        self,
+        size: int,
+        fn: Callable[..., Any] | None = None,
+        *,
+        inputs: str | Sequence[str] | None = None,
+        output: str = "sample",
+        drop_remainder: bool = False,
+    ) -> DataFrame:
+        """Every ``size`` rows become one (NNC's ``ccv_cnnp_dataframe_sample_new``).
+
+        Without ``fn`` the columns (``inputs``, default all) hold Python lists of the
+        rows' values, for rows that do not stack (pad them in a later :meth:`map`). With
+        ``fn`` the result is one column ``output = fn(*lists)``, one list per input
+        column, as NNC's sample function reduces n rows to one.
+        """
+        cols = self._columns if inputs is None else column_names(inputs, "sample inputs")
+        check_known("sample", cols, self._columns)
+        if fn is None:
+            return self._then(Group(size, bool(drop_remainder), cols, stack=False))
+        if not callable(fn):
+            raise DataError(f"sample: fn must be callable, got {type(fn).__name__}")
+        out = column_names(output, "sample output")[0]
+        return self._then(Group(size, bool(drop_remainder), cols, stack=False, fn=fn, output=out))
+
+    # -- reading -----------------------------------------------------------------------
+    def _output(self, columns: str | Sequence[str] | None) -> tuple[tuple[str, ...], str]:
+        if columns is None:
+            return self._columns, "dict"
+        chosen = column_names(columns, "columns")
+        check_known("iterator", chosen, self._columns)
+        return chosen, "one" if isinstance(columns, str) else "tuple"
+
+    def to_grain(
+        self, columns: str | Sequence[str] | None = None, *, seed: int = 0
+    ) -> grain.MapDataset:
+        """One epoch as a ``grain.MapDataset`` (index ``i + e * len(df)`` reads epoch
+        ``e``), for composing with Grain directly. ``columns`` as in :meth:`iterator`."""
+        chosen, kind = self._output(columns)
+        return self._build(chosen, kind)(_seed(seed, "to_grain") or 0)
+
+    def _build(self, chosen: tuple[str, ...], kind: str) -> Callable[[int], grain.MapDataset]:
+        source, rows, stages = self._source, self._source_rows, self._stages
+        return lambda seed: plan.build(source, rows, stages, chosen, kind, seed)
+
+    def iterator(
+        self,
+        columns: str | Sequence[str] | None = None,
+        *,
+        seed: int = 0,
+        epoch: int = 0,
+        epochs: int | None = 1,
+        workers: int = 0,
+        threads: int | None = None,
+        prefetch: int | None = None,
+    ) -> DataIterator:
+        """An iterator over the rows (NNC's ``ccv_cnnp_dataframe_iter_new``).
+
+        Args:
+            columns: ``None``: each row is a dict of every column. A list of names: a
+                tuple of those. One name: that column's value alone.
+            seed: seeds every shuffle and random map without a seed of its own.
+            epoch: the first epoch; epoch ``e`` is shuffled from (seed, e), so calling
+                ``iterator(epoch=e)`` for ``e = 0, 1, ...`` continues one sequence.
+            epochs: how many epochs to run through (``None``: without end).
+            workers: processes reading ahead (Grain's ``mp_prefetch``); the stream is the
+                same for any number. Functions and columns are sent to them pickled
+                (memory maps by file name). Starting them takes seconds: worth it when
+                maps are heavy Python.
+            threads: threads reading in each process (Grain's ``ReadOptions``). Default:
+                0 when every column is in memory (threads only contend for the GIL), 4
+                when columns read files, memory maps or call functions.
+            prefetch: elements (batches, after :meth:`batch`) read ahead per process.
+                Default ``2 * threads``; with ``threads=0`` a positive value reads ahead
+                on one background thread (Grain's ``ThreadPrefetchIterDataset``).
+
+        The iterator's ``get_state()`` is a JSON-able dict; ``set_state`` on a new
+        iterator of the same dataframe resumes with exactly the rows that would have come
+        next.
+        """
+        chosen, kind = self._output(columns)
+        return DataIterator(
+            build=self._build(chosen, kind),
+            signature=self._signature(),
+            seed=_seed(seed, "iterator") or 0,
+            epoch=epoch,
+            epochs=epochs,
+            workers=workers,
+            threads=threads,
+            prefetch=prefetch,
+            in_memory=all(c.in_memory for c in self._source.values()),
+        )
+
+    def __iter__(self) -> DataIterator:
+        """``iterator()``: one epoch of dict rows, seed 0."""
+        return self.iterator()
+
+    def _signature(self) -> str:
+        """What a saved iterator position depends on: rows, columns and steps (not the
+        functions' code)."""
+        source = ",".join(self._source) + f":{self._source_rows}"
+        return f"{source}|{' '.join(s.describe() for s in self._stages)}|{self._rows}"

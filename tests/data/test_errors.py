@@ -1,0 +1,84 @@
+"""Errors name what went wrong where: the column, the row, the shapes, the columns known."""
+
+import numpy as np
+import pytest
+
+from fnnc.data import DataError, DataFrame
+from fnnc.errors import FnncError
+
+
+def frame(n=12):
+    return DataFrame.from_arrays(x=np.arange(n), y=np.arange(n) * 2)
+
+
+def fails_on_seven(x):
+    if x == 7:
+        raise ZeroDivisionError("seven")
+    return x
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_a_raising_map_names_the_column_and_row(threads):
+    df = frame().shuffle().map(fails_on_seven, "x", "safe").batch(4)
+    with pytest.raises(DataError, match=r"fails_on_seven -> column 'safe' failed on row 7") as e:
+        list(df.iterator(threads=threads))
+    assert "ZeroDivisionError: seven" in str(e.value)
+    assert isinstance(e.value.__cause__, ZeroDivisionError)
+    assert isinstance(e.value, FnncError) and isinstance(e.value, ValueError)
+
+
+def test_a_raising_map_after_batch_names_the_rows():
+    df = frame(8).batch(4).map(lambda x: 1 / 0 if x[0] == 4 else x, "x", "z")
+    with pytest.raises(DataError, match=r"column 'z' failed on rows \[4, 5, 6, 7\]"):
+        list(df)
+
+
+def test_shapes_changing_mid_epoch_in_a_batch():
+    df = DataFrame.from_function(lambda i: np.zeros(2 if i < 6 else 3), 10, "v").batch(4)
+    it = df.iterator("v")
+    assert next(it).shape == (4, 2)
+    with pytest.raises(DataError) as e:
+        next(it)
+    message = str(e.value)
+    assert "column 'v'" in message and "row 6" in message and "row 4" in message
+    assert "(3,)" in message and "(2,)" in message
+
+
+def test_unknown_columns_list_the_columns():
+    df = frame()
+    with pytest.raises(DataError, match=r"no column 'z' \(the dataframe has 2 columns: 'x', 'y'\)"):
+        df.map(lambda z: z, "z", "w")
+    with pytest.raises(DataError, match=r"no columns 'a', 'b'.*'x', 'y'"):
+        df.iterator(("a", "x", "b"))
+    with pytest.raises(DataError, match=r"batch.*no column 'q'"):
+        df.batch(2, columns=["q"])
+    with pytest.raises(DataError, match=r"no column 'x'.*'y'"):
+        df.batch(2, columns=["y"]).map(lambda x: x, "x", "x2")
+
+
+def test_a_raising_sample_function_and_a_failing_read():
+    df = frame(6).sample(3, lambda xs: xs[5], inputs="x")
+    with pytest.raises(
+        DataError, match=r"sample <lambda> -> column 'sample' failed on rows \[0, 1, 2\]"
+    ):
+        list(df)
+    broken = DataFrame.from_function(lambda i: [][i], 3, "v")
+    with pytest.raises(DataError, match=r"reading column 'v' .* failed on row 0: IndexError"):
+        list(broken)
+
+
+def test_wrong_number_of_map_outputs():
+    df = frame(3).map(lambda x: (x, x, x), "x", ("a", "b"))
+    with pytest.raises(DataError, match=r"must return 2 values .* returned 3 values on row 0"):
+        list(df)
+
+
+def test_bad_descriptions_fail_when_described():
+    with pytest.raises(DataError, match="positive"):
+        frame().batch(0)
+    with pytest.raises(DataError, match=r"index must be in \[0, count\)"):
+        frame().shard(3, 3)
+    with pytest.raises(DataError, match="both index and count"):
+        frame().shard(1)
+    with pytest.raises(DataError, match="twice"):
+        frame().map(lambda x: x, ("x", "x"), "z")
