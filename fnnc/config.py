@@ -1,6 +1,7 @@
 """Configuration, read once from the environment, overridable in a ``with`` block.
 
-``FNNC_CHECKS`` (default ``1``): verify graphs after building and after each pass.
+``FNNC_CHECKS`` (default ``1``): verify graphs after building and after each pass;
+``numerics`` also turns on the numerics check (:attr:`Config.numerics`).
 ``FNNC_DEBUG`` (default ``0``): print graphs between passes when ``>= 1``.
 ``FNNC_BACKEND`` (default empty): force one backend name for every command that
 supports it, e.g. ``pallas``; ``xla`` forces the reference everywhere.
@@ -27,12 +28,18 @@ _serials = itertools.count()
 class Config:
     """The settings in force. Read them with :func:`get`.
 
+    ``numerics``: compiled programs, ``interpret``, the dynamic graph and ``Model.fit``
+    report the first node whose output holds a NaN or an infinity, with its inputs'
+    statistics (:class:`fnnc.errors.NumericsError`). Off by default: it adds one
+    finiteness reduction per node output inside compiled programs.
+
     ``serial`` identifies the backend settings (``backend``, ``backend_per_command``):
     an :func:`override` that changes them gets a new one, leaving the block restores the
     old one, so caches of backend choices key on it cheaply.
     """
 
     checks: bool = True
+    numerics: bool = False
     debug: int = 0
     backend: str = ""
     backend_per_command: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -44,6 +51,7 @@ class Config:
 def _from_env() -> Config:
     return Config(
         checks=os.environ.get("FNNC_CHECKS", "1") not in ("0", "false", "False", ""),
+        numerics="numerics" in os.environ.get("FNNC_CHECKS", "").split(","),
         debug=int(os.environ.get("FNNC_DEBUG", "0") or 0),
         backend=os.environ.get("FNNC_BACKEND", ""),
     )

@@ -38,6 +38,8 @@ from fnnc.graph.inline import inline as inline
 from fnnc.graph.interpret import interpret as interpret
 from fnnc.graph.memory import MemoryPlan as MemoryPlan
 from fnnc.graph.memory import memory_plan as memory_plan
+from fnnc.graph.numerics import Stats as Stats
+from fnnc.graph.numerics import tensor_stats as tensor_stats
 from fnnc.graph.passes import TrainLayout as TrainLayout
 from fnnc.graph.passes import backward as backward
 from fnnc.graph.passes import compact as compact
@@ -47,8 +49,8 @@ from fnnc.graph.passes import fold as fold
 from fnnc.graph.passes import fuse as fuse
 from fnnc.graph.passes import map_subgraphs as map_subgraphs
 from fnnc.graph.passes import minimize as minimize
-from fnnc.graph.passes import run_passes as run_passes
 from fnnc.graph.passes import remat as remat
+from fnnc.graph.passes import run_passes as run_passes
 from fnnc.graph.passes import simplify as simplify
 from fnnc.graph.serialize import from_data as from_data
 from fnnc.graph.serialize import load as load

@@ -14,12 +14,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
+from fnnc import config
 from fnnc.core import dispatch
 from fnnc.core.evaluate import as_tuple, run_nodes
 from fnnc.core.ir import Graph, Node
-from fnnc.errors import GraphInputError
+from fnnc.errors import GraphInputError, NumericsError
 from fnnc.graph._io import flatten_inputs, unflatten_outputs
+from fnnc.graph.numerics import numerics_error
 
 HOIST_ELEMENTS = 16
 
@@ -53,7 +57,9 @@ class Program:
         backends: per node, ``(index, label, backend name)``.
     """
 
-    def __init__(self, graph: Graph, donate: tuple[int, ...], platform: str):
+    def __init__(
+        self, graph: Graph, donate: tuple[int, ...], platform: str, numerics: bool = False
+    ):
         self.graph = graph
         self.platform = platform
         choices = []
@@ -75,16 +81,24 @@ class Program:
         slot = {node_index: k for k, node_index in enumerate(hoisted)}
         forwards = [dispatch.forward_of(node.cmd, b) for node, b in zip(graph.nodes, choices)]
         n_in = len(graph.inputs)
+        self.numerics = numerics
+        scopes = [node.name or node.cmd.name for node in graph.nodes]
 
         def program(*args: Any) -> tuple[Any, ...]:
             consts = args[n_in:]
+            bad: list[Any] = []
 
             def run_node(index: int, node: Node, inputs: list[Any]) -> tuple[Any, ...]:
                 if index in slot:
                     return (consts[slot[index]],)
-                return as_tuple(forwards[index](*inputs))
+                with jax.named_scope(scopes[index]):  # profiles and HLO show node names
+                    outs = as_tuple(forwards[index](*inputs))
+                if numerics:
+                    bad.append(_any_not_finite(outs))
+                return outs
 
-            return tuple(run_nodes(graph, args[:n_in], run_node))
+            results = tuple(run_nodes(graph, args[:n_in], run_node))
+            return (*results, jnp.stack(bad)) if numerics and bad else results
 
         self._jitted = jax.jit(program, donate_argnums=donate)
         arg_specs = list(graph.input_specs) + [
@@ -96,16 +110,41 @@ class Program:
     def __call__(self, *args: Any) -> Any:
         if len(args) == len(self.graph.inputs):
             try:
-                return unflatten_outputs(self.graph, self._compiled(*args, *self._consts))
+                return self._outputs(args, self._compiled(*args, *self._consts))
             except (TypeError, ValueError):
                 pass  # wrong types or a pytree: check below and say what is wrong
         leaves = flatten_inputs(self.graph, args, "Program")
         try:
-            return unflatten_outputs(self.graph, self._compiled(*leaves, *self._consts))
+            values = self._compiled(*leaves, *self._consts)
         except (TypeError, ValueError) as e:
             raise GraphInputError(
                 f"Program: inputs were rejected by the compiled program: {e}"
             ) from e
+        return self._outputs(leaves, values)
+
+    def _outputs(self, args: Sequence[Any], values: tuple[Any, ...]) -> Any:
+        if self.numerics and len(values) > len(self.graph.outputs):
+            flags = np.asarray(values[-1])
+            values = values[:-1]
+            if flags.any():
+                self._report_numerics(args, int(np.argmax(flags)))
+        return unflatten_outputs(self.graph, values)
+
+    def _report_numerics(self, args: Sequence[Any], first: int) -> None:
+        """Raises the NumericsError of node ``first``, with its inputs' statistics."""
+        from fnnc.graph.interpret import interpret  # the oracle re-runs up to the node
+
+        def stop(index: int, node: Node, inputs: tuple, outputs: tuple) -> None:
+            if index == first:
+                raise numerics_error(self.graph, index, inputs, outputs, "Program")
+
+        with config.override(numerics=False):
+            interpret(self.graph, *args, on_node=stop)
+        raise NumericsError(  # the reference did not reproduce it: name the node only
+            f"Program: node {first} ({self.graph.nodes[first].name or self.graph.nodes[first].cmd})"
+            " produced a NaN or an infinity in the compiled program (the reference "
+            "interpreter computes finite values there: a backend differs)"
+        )
 
     def lowered_text(self) -> str:
         """The StableHLO text XLA was given."""
@@ -149,15 +188,30 @@ def _donate_indices(graph: Graph, donate: Sequence[int | str]) -> tuple[int, ...
 
 @functools.lru_cache(maxsize=256)
 def _compile_cached(
-    graph: Graph, donate: tuple[int, ...], platform: str, dispatch_state: Any
+    graph: Graph, donate: tuple[int, ...], platform: str, dispatch_state: Any, numerics: bool
 ) -> Program:
-    return Program(graph, donate, platform)
+    return Program(graph, donate, platform, numerics)
+
+
+def _any_not_finite(outs: tuple[Any, ...]) -> Any:
+    flags = [
+        jnp.logical_not(jnp.all(jnp.isfinite(o)))
+        for o in outs
+        if jnp.issubdtype(o.dtype, jnp.inexact)
+    ]
+    return jnp.any(jnp.stack(flags)) if flags else jnp.array(False)
 
 
 def compile(  # noqa: A001 - the name NNC users look for
     graph: Graph, *, donate: Sequence[int | str] = (), platform: str | None = None
 ) -> Program:
     """Lowers ``graph`` to one jitted XLA computation.
+
+    Each node runs inside ``jax.named_scope(<node name or command>)``, so profiles and
+    the lowered HLO show fnnc's node names. With the numerics check on
+    (``config.override(numerics=True)``), the program also computes one finiteness flag
+    per node and a call that produced a NaN or an infinity raises
+    :class:`~fnnc.errors.NumericsError` naming the first node, with its inputs' statistics.
 
     Compiled programs are cached by (graph, donation, platform, dispatch state), so
     compiling an equal graph again is free, and registering a backend, writing the
@@ -179,5 +233,9 @@ def compile(  # noqa: A001 - the name NNC users look for
     Array([3., 6.], dtype=float32)
     """
     return _compile_cached(
-        graph, _donate_indices(graph, donate), platform or jax.default_backend(), dispatch.state()
+        graph,
+        _donate_indices(graph, donate),
+        platform or jax.default_backend(),
+        dispatch.state(),
+        config.get().numerics,
     )

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
+from fnnc import config
 from fnnc.core.dispatch import REFERENCE, compiled_forward
 from fnnc.core.evaluate import as_tuple, run_nodes
 from fnnc.core.ir import Graph, Node
 from fnnc.core.text import format_graph
 from fnnc.errors import FnncError, GraphError
 from fnnc.graph._io import flatten_inputs, unflatten_outputs
+from fnnc.graph.numerics import check_node
+
+OnNode = Callable[[int, Node, tuple[Any, ...], tuple[Any, ...]], Sequence[Any] | None]
+"""``on_node(index, node, inputs, outputs) -> None | replacement outputs``."""
 
 
-def interpret(graph: Graph, *args: Any) -> Any:
+def interpret(graph: Graph, *args: Any, on_node: OnNode | None = None) -> Any:
     """Runs ``graph`` node by node with every command's reference forward.
 
     Each node runs as its own small compiled computation (the reference forward,
@@ -24,9 +31,16 @@ def interpret(graph: Graph, *args: Any) -> Any:
     Each node's results are checked against the specs its output symbols declare, so a
     wrong shape rule is caught at the node that has it.
 
+    With the numerics check on (``config.override(numerics=True)``), the first node
+    whose output holds a NaN or an infinity raises :class:`~fnnc.errors.NumericsError`
+    naming it, with its inputs' statistics.
+
     Args:
         graph: the graph.
         *args: one array per graph input (or pytrees whose leaves are those arrays).
+        on_node: called after each node with ``(index, node, inputs, outputs)``; it may
+            inspect them (:func:`~fnnc.graph.tensor_stats`) or return replacement outputs
+            (same shapes and dtypes) to inject values: the base of a step-through debugger.
 
     Returns:
         The outputs: shaped by the graph's ``out_tree`` if it has one, else the single
@@ -37,10 +51,20 @@ def interpret(graph: Graph, *args: Any) -> Any:
     >>> from fnnc.graph import GraphBuilder, interpret
     >>> b = GraphBuilder()
     >>> x = b.input((2,))
-    >>> interpret(b.build([b.exec(ops.relu(), x)]), np.array([-1.0, 3.0], np.float32))
+    >>> graph = b.build([b.exec(ops.relu(), x)])
+    >>> interpret(graph, np.array([-1.0, 3.0], np.float32))
     Array([0., 3.], dtype=float32)
+
+    A hook that prints every node's output statistics:
+
+    >>> from fnnc.graph import tensor_stats
+    >>> def show(index, node, inputs, outputs):
+    ...     print(index, node.cmd, tensor_stats(outputs[0]))
+    >>> _ = interpret(graph, np.ones(2, np.float32), on_node=show)
+    0 relu f32[2] min=1 max=1 mean=1 std=0 nan=0 inf=0
     """
     values = flatten_inputs(graph, args, "interpret")
+    numerics = config.get().numerics
 
     def run_node(index: int, node: Node, inputs: list[Any]) -> tuple[Any, ...]:
         try:
@@ -61,6 +85,33 @@ def interpret(graph: Graph, *args: Any) -> Any:
                     f"declared {np.dtype(sym.dtype).name}{list(sym.shape)}: the command's shape "
                     f"rule disagrees with its forward\n{format_graph(graph, mark=index, window=3)}"
                 )
+        if numerics:
+            check_node(graph, index, inputs, outs, "interpret")
+        if on_node is not None:
+            replaced = on_node(index, node, tuple(inputs), outs)
+            if replaced is not None:
+                outs = _replacements(graph, index, node, replaced)
         return outs
 
     return unflatten_outputs(graph, run_nodes(graph, values, run_node))
+
+
+def _replacements(graph: Graph, index: int, node: Node, replaced: Sequence[Any]) -> tuple:
+    """``on_node``'s replacement outputs, checked against the node's output specs."""
+    replaced = tuple(replaced) if isinstance(replaced, (tuple, list)) else (replaced,)
+    if len(replaced) != len(node.outputs):
+        raise GraphError(
+            f"interpret: on_node returned {len(replaced)} value(s) for node {index} "
+            f"({node.name or node.cmd.name}), which has {len(node.outputs)} output(s)"
+        )
+    out = []
+    for sid, value in zip(node.outputs, replaced):
+        sym, value = graph.symbol(sid), jnp.asarray(value)
+        if tuple(value.shape) != sym.shape or np.dtype(value.dtype) != np.dtype(sym.dtype):
+            raise GraphError(
+                f"interpret: on_node replaced {graph.label(sid)} of node {index} with "
+                f"{np.dtype(value.dtype).name}{list(value.shape)}; it is "
+                f"{np.dtype(sym.dtype).name}{list(sym.shape)}"
+            )
+        out.append(value)
+    return tuple(out)

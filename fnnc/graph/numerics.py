@@ -1,0 +1,106 @@
+"""Seeing inside values: tensor statistics and the numerics check.
+
+:func:`tensor_stats` summarises any array (min, max, mean, std, NaN and infinity
+counts); use it from an :func:`~fnnc.graph.interpret` ``on_node`` hook to step through a
+graph. With ``config.override(numerics=True)`` (or ``FNNC_CHECKS=numerics``), compiled
+programs and ``interpret`` raise :class:`~fnnc.errors.NumericsError` naming the first
+node whose output holds a NaN or an infinity, with its inputs' statistics.
+
+>>> import numpy as np
+>>> from fnnc.graph import tensor_stats
+>>> print(tensor_stats(np.array([1.0, np.nan, 3.0], np.float32)))
+f32[3] min=1 max=3 mean=2 std=1 nan=1 inf=0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fnnc.core.ir import Graph
+from fnnc.core.text import format_graph
+from fnnc.errors import NumericsError
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """Statistics of one tensor over its finite elements, plus NaN / infinity counts."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    min: float
+    max: float
+    mean: float
+    std: float
+    nan: int
+    inf: int
+
+    @property
+    def finite(self) -> bool:
+        """No NaN and no infinity."""
+        return self.nan == 0 and self.inf == 0
+
+    def __str__(self) -> str:
+        short = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16"}
+        ty = f"{short.get(self.dtype, self.dtype)}[{','.join(map(str, self.shape))}]"
+        return (
+            f"{ty} min={self.min:.6g} max={self.max:.6g} mean={self.mean:.6g} "
+            f"std={self.std:.6g} nan={self.nan} inf={self.inf}"
+        )
+
+
+def tensor_stats(x: Any) -> Stats:
+    """Statistics of ``x`` (any array): min/max/mean/std of its finite elements."""
+    arr = np.asarray(x)
+    dtype = arr.dtype.name
+    if arr.dtype.kind not in "fc" and arr.dtype.name != "bfloat16":
+        values = arr.astype(np.float64)
+        nan = inf = 0
+    else:
+        values = arr.astype(np.float64)
+        nan, inf = int(np.isnan(values).sum()), int(np.isinf(values).sum())
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        lo = hi = mean = std = float("nan")
+    else:
+        lo, hi = float(finite.min()), float(finite.max())
+        mean, std = float(finite.mean()), float(finite.std())
+    return Stats(tuple(arr.shape), dtype, lo, hi, mean, std, nan, inf)
+
+
+def is_float(x: Any) -> bool:
+    kind = np.dtype(x.dtype)
+    return kind.kind in "fc" or kind.name == "bfloat16"
+
+
+def numerics_error(
+    graph: Graph, index: int, inputs: Sequence[Any], outputs: Sequence[Any], where: str
+) -> NumericsError:
+    """The error for node ``index`` of ``graph`` making a NaN or infinity."""
+    node = graph.nodes[index]
+    lines = [
+        f"{where}: node {index} ({node.name or node.cmd.name}, {node.cmd}) produced "
+        "a NaN or an infinity (the first node to do so)"
+    ]
+    for sid, value in zip(node.outputs, outputs):
+        lines.append(f"  output {graph.label(sid)}: {tensor_stats(value)}")
+    for sid, value in zip(node.inputs, inputs):
+        lines.append(f"  input  {graph.label(sid)}: {tensor_stats(value)}")
+    lines.append(format_graph(graph, mark=index, window=3))
+    lines.append(
+        "Look at the inputs above: a log or division of zero, an overflow in float16, or "
+        "NaN already in the data are the usual causes."
+    )
+    return NumericsError("\n".join(lines))
+
+
+def check_node(
+    graph: Graph, index: int, inputs: Sequence[Any], outputs: Sequence[Any], where: str
+) -> None:
+    """Raises :class:`NumericsError` if a float output of node ``index`` is not finite."""
+    for value in outputs:
+        if is_float(value) and not bool(np.isfinite(np.asarray(value)).all()):
+            raise numerics_error(graph, index, inputs, outputs, where)
