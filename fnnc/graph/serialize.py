@@ -13,6 +13,8 @@ objects and cannot be saved; :func:`save` says which node.
 from __future__ import annotations
 
 import base64
+import contextlib
+import inspect
 import json
 import math
 import os
@@ -69,13 +71,13 @@ def _dec(value: Any, where: str) -> Any:
     if "$tuple" in value:
         return tuple(_dec(v, where) for v in value["$tuple"])
     if "$dtype" in value:
-        return np.dtype(value["$dtype"])
+        return _dtype(value["$dtype"], where)
     if "$float" in value:
         return float(value["$float"])
     if "$literal" in value:
         data = base64.b64decode(value["$literal"], validate=True)
-        shape, dtype = tuple(value["shape"]), np.dtype(value["dtype"])
-        if len(data) != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+        shape, dtype = _dims(value["shape"], where), _dtype(value["dtype"], where)
+        if len(data) != math.prod(shape) * dtype.itemsize:  # Python ints: no overflow
             raise GraphFormatError(
                 f"load: {where}: constant of {dtype}{list(shape)} has {len(data)} bytes"
             )
@@ -92,10 +94,67 @@ def _enc_command(cmd: Command, where: str) -> dict[str, Any]:
 
 
 def _dec_command(data: dict[str, Any], where: str) -> Command:
+    """The command of a node, its parameters checked against the command's definition."""
     name = data["name"]
-    lookup(name)  # UnknownCommandError names it
-    params = tuple((k, _dec(v, f"{where} param {k}")) for k, v in data["params"])
-    return Command(name, params)
+    opdef = lookup(name)  # UnknownCommandError names it
+    given = {}
+    for k, v in data["params"]:
+        if not isinstance(k, str) or k not in opdef.param_defaults:
+            raise GraphFormatError(
+                f"load: {where}: {name} has no parameter {k!r}; its parameters are "
+                f"{sorted(opdef.param_defaults)}"
+            )
+        given[k] = _dec(v, f"{where} param {k}")
+    params = []
+    for key, default in opdef.param_defaults.items():
+        if key not in given:
+            if default is inspect.Parameter.empty:
+                raise GraphFormatError(
+                    f"load: {where}: {name} needs parameter {key!r}, which the file lacks"
+                )
+            given[key] = default
+        _check_type(name, key, given[key], default, where)
+        params.append((key, given[key]))
+    return Command(name, tuple(params))
+
+
+def _check_type(name: str, key: str, value: Any, default: Any, where: str) -> None:
+    """A loaded parameter has its default's kind (a bool for a bool, a number for one)."""
+    if default is inspect.Parameter.empty or default is None or value is None:
+        return
+    kinds = [(bool, (bool,)), (int, (int,)), (float, (int, float)), (str, (str,))]
+    for kind, ok in kinds:
+        if type(default) is kind:
+            if type(value) not in ok:
+                raise GraphFormatError(
+                    f"load: {where}: {name} parameter {key!r} is {value!r} "
+                    f"({type(value).__name__}); expected a {kind.__name__}"
+                )
+            return
+    if isinstance(default, tuple) and not isinstance(value, (tuple, int)):
+        raise GraphFormatError(
+            f"load: {where}: {name} parameter {key!r} is {value!r}; expected a tuple"
+        )
+
+
+def _dims(shape: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+        raise GraphFormatError(
+            f"load: {where}: shape {shape!r:.80} must be a list of non-negative ints"
+        )
+    return tuple(shape)
+
+
+def _dtype(name: Any, where: str) -> np.dtype:
+    try:
+        dtype = jax.numpy.dtype(name) if isinstance(name, str) else None
+    except TypeError:
+        dtype = None
+    if dtype is None or (dtype.kind not in "biufc" and dtype.name != "bfloat16"):
+        raise GraphFormatError(
+            f"load: {where}: dtype {name!r:.40} is not a tensor dtype (float32, int32, ...)"
+        )
+    return dtype
 
 
 # -- graphs ------------------------------------------------------------------
@@ -146,7 +205,8 @@ def from_data(data: Any) -> Graph:
     try:
         symbols = []
         for i, s in enumerate(data["symbols"]):
-            shape, dtype = tuple(int(n) for n in s["shape"]), np.dtype(s["dtype"])
+            where = f"symbol %{i}"
+            shape, dtype = _dims(s["shape"], where), _dtype(s["dtype"], where)
             if "root" in s:
                 symbols.append(
                     AliasSymbol(
@@ -244,11 +304,17 @@ def save(graph: Graph, path: Any, *, name: str | None = None) -> None:
         return
     text = json.dumps(to_data(graph), separators=(",", ":"))
     directory = os.path.dirname(os.fspath(path)) or "."
-    with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(f.name, path)
+    f = tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp")  # noqa: SIM115
+    try:
+        with f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(f.name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(f.name)  # a full disk must not leave the temp file behind
+        raise
 
 
 def load(path: Any, *, name: str | None = None) -> Graph:

@@ -66,7 +66,9 @@ def test_malformed_and_unknown_command():
     )
     with pytest.raises(UnknownCommandError, match="no_such_cmd"):
         from_data(broken)
-    with pytest.raises(GraphFormatError, match="malformed"):
+    with pytest.raises(
+        GraphFormatError, match="malformed|shape .x. must be a list of non-negative ints"
+    ):
         from_data(dict(data, symbols=[{"shape": "x"}]))
     lit = dict(data)
     lit["nodes"] = [dict(n) for n in data["nodes"]]
@@ -77,3 +79,68 @@ def test_malformed_and_unknown_command():
     }
     with pytest.raises(GraphFormatError, match="bytes"):
         from_data(lit)
+
+
+def _edited(edit):
+    import copy
+
+    b = GraphBuilder()
+    x = b.input((2, 3), name="x")
+    w = b.input((4, 3), name="w")
+    g = b.build([b.exec(ops.gemm(transpose_b=True), x, w, name="fc")])
+    data = copy.deepcopy(to_data(g))
+    edit(data)
+    return data
+
+
+def _param(data, key, value):
+    params = data["nodes"][0]["cmd"]["params"]
+    for p in params:
+        if p[0] == key:
+            p[1] = value
+            return
+    params.append([key, value])
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: _param(d, "transpose_b", "yes"), r"node 0.*'transpose_b' is 'yes'.*bool"),
+        (lambda d: _param(d, "no_such", 1), r"gemm has no parameter 'no_such'"),
+        (lambda d: d["symbols"][0].update(shape=[-2, 3]), r"symbol %0: shape \[-2, 3\]"),
+        (lambda d: d["symbols"][0].update(dtype="O"), r"symbol %0: dtype 'O' is not a tensor"),
+    ],
+)
+def test_hand_edited_files_fail_naming_the_place(edit, message):
+    with pytest.raises(GraphFormatError, match=message):
+        from_data(_edited(edit))
+
+
+def test_a_missing_parameter_takes_its_default():
+    def drop(d):
+        d["nodes"][0]["cmd"]["params"] = [
+            p for p in d["nodes"][0]["cmd"]["params"] if p[0] != "transpose_a"
+        ]
+
+    g = from_data(_edited(drop))
+    assert g.nodes[0].cmd.param("transpose_a") is False
+
+
+def test_a_huge_literal_without_data_is_refused_before_allocating():
+    from fnnc.graph.serialize import _dec
+
+    bad = {"$literal": "", "shape": [2**32, 2**32], "dtype": "float32"}
+    with pytest.raises(GraphFormatError, match="has 0 bytes"):
+        _dec(bad, "node 0")
+
+
+def test_save_cleans_up_when_the_write_fails(tmp_path, monkeypatch):
+    import os
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space"):
+        save(_graph(), str(tmp_path / "g.json"))
+    assert list(tmp_path.iterdir()) == []
