@@ -6,14 +6,19 @@ JSON lacks are tagged: ``{"$tuple": [...]}``, ``{"$dtype": "float32"}``,
 ``{"$literal": base64, ...}`` (constants), ``{"$command": ...}``, ``{"$graph": ...}``
 (sub-graphs), ``{"$float": "inf"}``. Loading rebuilds the graph and verifies it.
 
-Generic ``primitive`` nodes (JAX primitives carried by ``trace``) hold live JAX
-objects and cannot be saved; :func:`save` says which node.
+Generic ``primitive`` nodes (JAX primitives carried by ``trace``) are saved through
+``jax.export``: the node becomes an ``exported`` node whose module is stored as
+``{"$stablehlo": base64, "sha256": ...}`` (StableHLO bytes, versioned by JAX, with its
+first-order VJP), so any traced graph saves, loads and runs with the same outputs. The
+checksum is verified before the bytes are parsed; a file never names Python code.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import contextlib
+import hashlib
 import inspect
 import json
 import math
@@ -23,6 +28,7 @@ import warnings
 from typing import Any
 
 import jax
+import jax.export
 import numpy as np
 
 from fnnc.core.command import Command, lookup
@@ -31,6 +37,7 @@ from fnnc.errors import CheckpointError, FnncError, GraphFormatError
 from fnnc.graph.verify import verify
 from fnnc.io import documents, tree
 from fnnc.ops import Literal
+from fnnc.ops.primitive import Opaque, export_command
 
 FORMAT, VERSION = "fnnc.graph", 1
 
@@ -57,9 +64,16 @@ def _enc(value: Any, where: str) -> Any:
         return {"$command": _enc_command(value, where)}
     if isinstance(value, Graph):
         return {"$graph": to_data(value)}
+    if isinstance(value, Opaque) and isinstance(value.value, jax.export.Exported):
+        blob = bytes(value.value.serialize(vjp_order=1))
+        return {
+            "$stablehlo": base64.b64encode(blob).decode("ascii"),
+            "sha256": hashlib.sha256(blob).hexdigest(),
+        }
     raise GraphFormatError(
         f"save: {where} holds a {type(value).__name__} ({value!r:.80}), which has no file "
-        "form; graphs with generic JAX primitives (from trace) can be compiled but not saved"
+        "form (values holding Python code, such as an Optax transformation, cannot be "
+        "saved); such graphs can be compiled but not saved"
     )
 
 
@@ -86,11 +100,46 @@ def _dec(value: Any, where: str) -> Any:
         return _dec_command(value["$command"], where)
     if "$graph" in value:
         return from_data(value["$graph"])
+    if "$stablehlo" in value:
+        return _module(value, where)
     raise GraphFormatError(f"load: {where}: unknown tagged value with keys {sorted(value)}")
+
+
+def _module(value: dict[str, Any], where: str) -> Opaque:
+    """A ``jax.export`` module from its file form, its checksum verified first."""
+    try:
+        blob = base64.b64decode(value["$stablehlo"], validate=True)
+    except (TypeError, ValueError, binascii.Error) as e:
+        raise GraphFormatError(f"load: {where}: StableHLO module is not base64 ({e})") from None
+    if hashlib.sha256(blob).hexdigest() != value.get("sha256"):
+        raise GraphFormatError(
+            f"load: {where}: the StableHLO module does not match its sha256 (the file was "
+            "damaged or edited); save the graph again"
+        )
+    try:
+        module = jax.export.deserialize(bytearray(blob))
+    except Exception as e:  # a damaged module: any parse failure is the file's fault
+        raise GraphFormatError(
+            f"load: {where}: the StableHLO module cannot be read ({type(e).__name__}: {e})"
+        ) from None
+    return Opaque(module, "<exported>")
 
 
 def _enc_command(cmd: Command, where: str) -> dict[str, Any]:
     return {"name": cmd.name, "params": [[k, _enc(v, f"{where} param {k}")] for k, v in cmd.params]}
+
+
+def _file_command(graph: Graph, node: Node, where: str) -> Command:
+    """The command a node is saved as: generic primitives become ``exported``."""
+    if node.cmd.name not in ("primitive", "effectful_primitive"):
+        return node.cmd
+    try:
+        return export_command(node.cmd, [graph.spec(s) for s in node.inputs])
+    except Exception as e:  # jax.export declines (a host callback, say)
+        raise GraphFormatError(
+            f"save: {where} ({node.cmd}) cannot be exported as StableHLO "
+            f"({type(e).__name__}: {e}); graphs holding it can be compiled but not saved"
+        ) from None
 
 
 def _dec_command(data: dict[str, Any], where: str) -> Command:
@@ -118,22 +167,27 @@ def _dec_command(data: dict[str, Any], where: str) -> Command:
     return Command(name, tuple(params))
 
 
+_ACCEPTS: dict[type, tuple[type, ...]] = {
+    bool: (bool,),
+    int: (int, float, tuple, str),  # one int, one per axis, or "SAME"/"VALID" (padding)
+    float: (int, float),
+    str: (str, tuple),  # padding takes "SAME" or explicit pairs
+    tuple: (tuple, int),
+}
+"""Per kind of default, the kinds a loaded parameter may have (``True`` is not an int)."""
+
+
 def _check_type(name: str, key: str, value: Any, default: Any, where: str) -> None:
-    """A loaded parameter has its default's kind (a bool for a bool, a number for one)."""
+    """A loaded parameter has a kind its default admits (a bool for a bool, ...)."""
     if default is inspect.Parameter.empty or default is None or value is None:
         return
-    kinds = [(bool, (bool,)), (int, (int,)), (float, (int, float)), (str, (str,))]
-    for kind, ok in kinds:
-        if type(default) is kind:
-            if type(value) not in ok:
-                raise GraphFormatError(
-                    f"load: {where}: {name} parameter {key!r} is {value!r} "
-                    f"({type(value).__name__}); expected a {kind.__name__}"
-                )
-            return
-    if isinstance(default, tuple) and not isinstance(value, (tuple, int)):
+    accepts = _ACCEPTS.get(type(default))
+    if accepts is None:
+        return
+    if type(value) not in accepts:
         raise GraphFormatError(
-            f"load: {where}: {name} parameter {key!r} is {value!r}; expected a tuple"
+            f"load: {where}: {name} parameter {key!r} is {value!r:.60} "
+            f"({type(value).__name__}); expected a {type(default).__name__}"
         )
 
 
@@ -172,7 +226,9 @@ def to_data(graph: Graph) -> dict[str, Any]:
         symbols.append(entry)
     nodes = [
         {
-            "cmd": _enc_command(n.cmd, f"node {i} ({n.name or n.cmd.name})"),
+            "cmd": _enc_command(
+                _file_command(graph, n, f"node {i}"), f"node {i} ({n.name or n.cmd.name})"
+            ),
             "inputs": list(n.inputs),
             "outputs": list(n.outputs),
             "name": n.name,

@@ -90,6 +90,7 @@ from fnnc.ops.norm import rms_norm as rms_norm
 from fnnc.ops.optimizer import optax_update as optax_update
 from fnnc.ops.pool import avg_pool as avg_pool
 from fnnc.ops.pool import max_pool as max_pool
+from fnnc.ops.primitive import exported as exported
 from fnnc.ops.primitive import primitive as primitive
 from fnnc.ops.random import dropout as dropout
 from fnnc.ops.random import random_normal as random_normal

@@ -30,6 +30,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.export
 import numpy as np
 
 from fnnc.core.command import Command, Spec, defcommand, make_command
@@ -157,4 +158,35 @@ def primitive_command(
     return make_command(
         "effectful_primitive" if effects else "primitive",
         {"prim": Opaque(prim), "params": Opaque(dict(params)), "out_specs": specs},
+    )
+
+
+@defcommand(family="generic", shape=_shape, min_inputs=0)
+def exported(*inputs, module, out_specs):
+    """A serialized computation (``jax.export.Exported``, StableHLO) as one node.
+
+    The file form of a generic ``primitive`` node: :func:`fnnc.graph.save` exports the
+    primitive (with its first-order VJP, so the loaded node is differentiable) and
+    loading gives this command, whose forward calls the deserialized module. Running it
+    needs no Python code from the file.
+    """
+    outs = module.value.call(*inputs)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def export_command(cmd: Command, in_specs: Sequence[Spec]) -> Command:
+    """The ``exported`` twin of a generic ``primitive`` command on inputs ``in_specs``.
+
+    Raises whatever ``jax.export`` raises for a primitive it cannot serialize (host
+    callbacks, for instance); callers turn that into their own error.
+    """
+    prim, params = cmd.param("prim").value, cmd.param("params").value
+
+    def f(*xs: Any) -> tuple[Any, ...]:
+        return bind(prim, params, xs)
+
+    specs = [Spec(tuple(s.shape), s.dtype) for s in in_specs]
+    module = jax.export.export(jax.jit(f))(*specs)
+    return make_command(
+        "exported", {"module": Opaque(module, f"<{prim}>"), "out_specs": cmd.param("out_specs")}
     )

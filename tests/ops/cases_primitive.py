@@ -6,7 +6,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from fnnc.ops.primitive import primitive_command
+from fnnc.ops.primitive import export_command, primitive_command
 from tests.helpers import rand
 from tests.ops.cases import Case
 
@@ -34,3 +34,7 @@ CASES = [
         "effectful_primitive-debug-callback",
     ),
 ]
+
+_ERF = primitive_command(lax.erf_p, {}, [((3, 4), np.float32)])
+_SPEC = jax.ShapeDtypeStruct((3, 4), np.float32)
+CASES.append(Case(export_command(_ERF, [_SPEC]), (X,), "exported-erf", numeric_float32=True))
