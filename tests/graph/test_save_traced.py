@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from fnnc.errors import GraphFormatError
 from fnnc import ops
+from fnnc.errors import GraphFormatError
 from fnnc.graph import GraphBuilder, backward, compile, interpret, load, save, trace
 from tests.graph.test_trace import CNN, Block
 from tests.helpers import assert_close, rand
