@@ -48,6 +48,8 @@ from fnnc.graph.passes import dce as dce
 from fnnc.graph.passes import fold as fold
 from fnnc.graph.passes import fuse as fuse
 from fnnc.graph.passes import map_subgraphs as map_subgraphs
+from fnnc.graph.passes import memory_compression as memory_compression
+from fnnc.graph.passes import memory_reduction as memory_reduction
 from fnnc.graph.passes import minimize as minimize
 from fnnc.graph.passes import remat as remat
 from fnnc.graph.passes import run_passes as run_passes
@@ -56,5 +58,7 @@ from fnnc.graph.serialize import from_data as from_data
 from fnnc.graph.serialize import load as load
 from fnnc.graph.serialize import save as save
 from fnnc.graph.serialize import to_data as to_data
+from fnnc.graph.sharding import Shardings as Shardings
+from fnnc.graph.sharding import data_parallel as data_parallel
 from fnnc.graph.trace import trace as trace
 from fnnc.graph.verify import verify as verify

@@ -24,6 +24,7 @@ from fnnc.core.ir import Graph, Node
 from fnnc.errors import GraphInputError, NumericsError
 from fnnc.graph._io import flatten_inputs, unflatten_outputs
 from fnnc.graph.numerics import numerics_error
+from fnnc.graph.sharding import Shardings
 
 HOIST_ELEMENTS = 16
 
@@ -58,10 +59,16 @@ class Program:
     """
 
     def __init__(
-        self, graph: Graph, donate: tuple[int, ...], platform: str, numerics: bool = False
+        self,
+        graph: Graph,
+        donate: tuple[int, ...],
+        platform: str,
+        numerics: bool = False,
+        shardings: Shardings | None = None,
     ):
         self.graph = graph
         self.platform = platform
+        self.shardings = shardings
         choices = []
         for node in graph.nodes:
             specs = [graph.spec(s) for s in node.inputs]
@@ -100,7 +107,7 @@ class Program:
             results = tuple(run_nodes(graph, args[:n_in], run_node))
             return (*results, jnp.stack(bad)) if numerics and bad else results
 
-        self._jitted = jax.jit(program, donate_argnums=donate)
+        self._jitted = jax.jit(program, donate_argnums=donate, **self._jit_shardings(numerics))
         arg_specs = list(graph.input_specs) + [
             jax.ShapeDtypeStruct(c.shape, c.dtype) for c in self._consts
         ]
@@ -146,6 +153,23 @@ class Program:
             "interpreter computes finite values there: a backend differs)"
         )
 
+    def _jit_shardings(self, numerics: bool) -> dict[str, Any]:
+        """``in_shardings`` / ``out_shardings`` for ``jax.jit`` (constants replicated)."""
+        plan = self.shardings
+        if plan is None:
+            return {}
+        if len(plan.inputs) != len(self.graph.inputs):
+            raise GraphInputError(
+                f"compile: shardings give {len(plan.inputs)} input layouts for a graph with "
+                f"{len(self.graph.inputs)} inputs"
+            )
+        ins = plan.named(plan.inputs) + (plan.replicated,) * len(self._consts)
+        out: dict[str, Any] = {"in_shardings": ins}
+        if plan.outputs is not None:
+            outs = plan.named(plan.outputs)
+            out["out_shardings"] = (*outs, plan.replicated) if numerics else outs
+        return out
+
     def lowered_text(self) -> str:
         """The StableHLO text XLA was given."""
         return self._lowered.as_text()
@@ -188,9 +212,14 @@ def _donate_indices(graph: Graph, donate: Sequence[int | str]) -> tuple[int, ...
 
 @functools.lru_cache(maxsize=256)
 def _compile_cached(
-    graph: Graph, donate: tuple[int, ...], platform: str, dispatch_state: Any, numerics: bool
+    graph: Graph,
+    donate: tuple[int, ...],
+    platform: str,
+    dispatch_state: Any,
+    numerics: bool,
+    shardings: Shardings | None,
 ) -> Program:
-    return Program(graph, donate, platform, numerics)
+    return Program(graph, donate, platform, numerics, shardings)
 
 
 def _any_not_finite(outs: tuple[Any, ...]) -> Any:
@@ -203,7 +232,11 @@ def _any_not_finite(outs: tuple[Any, ...]) -> Any:
 
 
 def compile(  # noqa: A001 - the name NNC users look for
-    graph: Graph, *, donate: Sequence[int | str] = (), platform: str | None = None
+    graph: Graph,
+    *,
+    donate: Sequence[int | str] = (),
+    platform: str | None = None,
+    shardings: Shardings | None = None,
 ) -> Program:
     """Lowers ``graph`` to one jitted XLA computation.
 
@@ -222,6 +255,8 @@ def compile(  # noqa: A001 - the name NNC users look for
         donate: graph inputs (positions or names) whose buffers the program may reuse
             for its outputs (NNC's in-place execution); callers must not use them after.
         platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default: JAX's default backend.
+        shardings: layouts of the inputs (and outputs) on a device mesh, e.g. from
+            :func:`~fnnc.graph.data_parallel`; XLA inserts the collectives.
 
     >>> import numpy as np
     >>> from fnnc import ops
@@ -238,4 +273,5 @@ def compile(  # noqa: A001 - the name NNC users look for
         platform or jax.default_backend(),
         dispatch.state(),
         config.get().numerics,
+        shardings,
     )

@@ -1,0 +1,110 @@
+"""Data-parallel and FSDP compile on 4 virtual CPU devices equals one device.
+
+Each check runs in a subprocess: the device count is fixed when JAX starts
+(``XLA_FLAGS=--xla_force_host_platform_device_count=4``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from fnnc import ops
+from fnnc.errors import GraphError
+from fnnc.graph import GraphBuilder, data_parallel
+
+SCRIPT = textwrap.dedent(
+    """
+    import jax, numpy as np, optax
+    from fnnc import ops
+    from fnnc.graph import GraphBuilder, compile, data_parallel, minimize
+
+    assert jax.device_count() == 4, jax.devices()
+    b = GraphBuilder()
+    x, y = b.input((16, 8), name="x"), b.input((16, 4), name="y")
+    w1, w2 = b.input((12, 8), name="w1"), b.input((4, 12), name="w2")
+    h = b.exec(ops.tanh(), b.exec(ops.gemm(transpose_b=True), x, w1))
+    out = b.exec(ops.gemm(transpose_b=True), h, w2)
+    diff = b.exec(ops.add(q=-1.0), out, y)
+    loss = b.exec(ops.reduce_sum(axes=(0, 1)), b.exec(ops.mul(), diff, diff))
+    step, layout = minimize(b.build([loss]), loss, [w1, w2], optax.adam(1e-2))
+    rng = np.random.default_rng(0)
+    params = [rng.normal(size=(12, 8)).astype(np.float32) * 0.3,
+              rng.normal(size=(4, 12)).astype(np.float32) * 0.3]
+    state = layout.init(params)
+    data = [rng.normal(size=(16, n)).astype(np.float32) for n in (8, 4)]
+
+    def run(program, steps):
+        p, s = list(params), list(state)
+        for _ in range(steps):
+            outs = program(*p, *s, *data)
+            p, s, loss = layout.split(outs)
+        return p, s, loss
+
+    single = compile(step)
+    mesh = jax.make_mesh((4,), ("data",))
+    for mode in ("replicated", "fsdp"):
+        plan = data_parallel(step, mesh, layout=layout, parameter_sharding=mode)
+        program = compile(step, shardings=plan)
+        for steps in (1, 20):
+            want = run(single, steps)
+            got = run(program, steps)
+            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+        p, _, loss = run(program, 1)
+        specs = [tuple(a.sharding.spec) for a in p]
+        if mode == "replicated":
+            assert all(s == () for s in specs), specs
+        else:
+            assert specs == [("data",), ("data",)], specs
+        assert len(loss.sharding.device_set) == 4
+    # a hundred queued steps without blocking (XLA:CPU's all-reduce must not deadlock)
+    p, s = list(params), list(state)
+    for _ in range(100):
+        p, s, loss = layout.split(program(*p, *s, *data))
+    jax.block_until_ready(loss)
+    # a batch that does not divide by the devices says what divides
+    from fnnc.errors import ShapeError
+    b = GraphBuilder()
+    x6, w = b.input((6, 3), name="x"), b.input((4, 3), name="w")
+    g6 = b.build([b.exec(ops.gemm(transpose_b=True), x6, w)])
+    try:
+        data_parallel(g6, mesh, batch=["x"])
+        raise AssertionError("no error")
+    except ShapeError as e:
+        assert "6 rows" in str(e) and "multiple of 4" in str(e), e
+    print("OK")
+    """
+)
+
+
+def test_data_parallel_and_fsdp_match_one_device():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env["JAX_PLATFORMS"] = "cpu"
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "OK" in done.stdout
+
+
+def _graph():
+    b = GraphBuilder()
+    x, w = b.input((6, 3), name="x"), b.input((4, 3), name="w")
+    return b.build([b.exec(ops.gemm(transpose_b=True), x, w)])
+
+
+def test_bad_axis_and_batch_name_what_to_change():
+    import jax
+
+    mesh = jax.make_mesh((1,), ("data",))
+    with pytest.raises(GraphError, match=r"no axis 'batch' \(its axes: \['data'\]\)"):
+        data_parallel(_graph(), mesh, axis="batch")
+    with pytest.raises(GraphError, match="no input named 'z'"):
+        data_parallel(_graph(), mesh, batch=["z"])
+    with pytest.raises(GraphError, match="parameter_sharding"):
+        data_parallel(_graph(), mesh, parameter_sharding="zero")
