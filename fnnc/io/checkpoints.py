@@ -34,7 +34,7 @@ import time
 from typing import Any
 
 from fnnc.errors import CheckpointError
-from fnnc.io import tree
+from fnnc.io import model_state, tree
 from fnnc.io.tensor_file import TensorFile
 
 FORMAT, VERSION = "fnnc.checkpoint", 1
@@ -125,25 +125,37 @@ class Checkpoints:
 
         Args:
             step: the training step (an int).
-            state: a pytree of arrays (dict/list/tuple/NamedTuple/None containers), or
-                an object with ``parameters() -> dict[str, array]`` (a cnnp model).
+            state: a pytree of arrays (dict/list/tuple/NamedTuple/None containers), an
+                object with ``parameters() -> dict[str, array]``, or a compiled cnnp
+                model: then everything to resume training is saved, see
+                :mod:`fnnc.io.model_state` and :meth:`restore_into`.
             optimizer_state: e.g. an Optax state; restored in the same structure.
-            metadata: anything JSON can hold (loss, epoch, config).
+            metadata: anything JSON can hold (loss, epoch, config); a dict with a model.
         """
         step = operator.index(step)
         prefix = f"__ckpt-{step}__["
         source = "pytree"
-        if callable(getattr(state, "parameters", None)):
-            state, source = dict(state.parameters()), "parameters"
         row = lambda label: f"{prefix}{label}]"
-        if source == "parameters":  # rows named by parameter id, as NNC names them
-            encoded = [(k, tree.encode(v, str(k), row)) for k, v in state.items()]
-            state_data = {"$dict": [[k, data] for k, (data, _) in encoded]}
-            rows = [r for _, (_, leaf_rows) in encoded for r in leaf_rows]
+        if model_state.is_model(state):  # parameters, optimizer state, progress, RNG
+            if optimizer_state is not None:
+                raise CheckpointError(
+                    "checkpoint: a model's optimizer state is saved with it; drop optimizer_state="
+                )
+            state_data, opt_data, metadata, rows = model_state.encode_model(
+                state, row, metadata, step
+            )
+            source = "model"
         else:
-            state_data, rows = tree.encode(state, "state", row)
-        opt_data, opt_rows = tree.encode(optimizer_state, "optimizer", row)
-        rows += opt_rows
+            if callable(getattr(state, "parameters", None)):
+                state, source = dict(state.parameters()), "parameters"
+            if source == "parameters":  # rows named by parameter id, as NNC names them
+                encoded = [(k, tree.encode(v, str(k), row)) for k, v in state.items()]
+                state_data = {"$dict": [[k, data] for k, (data, _) in encoded]}
+                rows = [r for _, (_, leaf_rows) in encoded for r in leaf_rows]
+            else:
+                state_data, rows = tree.encode(state, "state", row)
+            opt_data, opt_rows = tree.encode(optimizer_state, "optimizer", row)
+            rows += opt_rows
         names = [name for name, _ in rows]
         if len(set(names)) != len(names):
             raise CheckpointError(f"checkpoint: step {step} would write duplicate rows")
@@ -199,6 +211,39 @@ class Checkpoints:
             value = tree.decode(manifest[key], read, loose=template is not None)
             out.append(value if template is None else tree.rebuild(value, template, key))
         return Checkpoint(step, out[0], out[1], manifest.get("metadata"), row[0])
+
+    def restore_into(self, model: Any, step: int | None = None) -> Checkpoint:
+        """Restores a saved model (parameters, optimizer state, random key, training
+        progress) into ``model``, compiled the same way; returns the :class:`Checkpoint`.
+        ``model.train(data, epochs=E)`` then continues the run where it was saved.
+
+        Raises:
+            CheckpointError: the checkpoint is of another model (listing the missing,
+                extra and mis-shaped parameter ids), or its optimizer state does not
+                fit the model's minimizer.
+
+        >>> import os, tempfile
+        >>> import numpy as np, optax
+        >>> from fnnc.io import Checkpoints
+        >>> from fnnc.models import Dense, Input, Model
+        >>> def mlp():
+        ...     x = Input()
+        ...     model = Model(x, Dense(2, name="fc")(x))
+        ...     model.compile(np.zeros((4, 3), np.float32), loss="mse", minimizer=optax.adam(0.1))
+        ...     return model
+        >>> a, b = mlp(), mlp()
+        >>> loss = a.fit(np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32))
+        >>> with Checkpoints(os.path.join(tempfile.mkdtemp(), "run.ckpt")) as ckpt:
+        ...     ckpt.save(1, a)
+        ...     _ = ckpt.restore_into(b)
+        ...     rows = sorted(ckpt.file.names())
+        >>> bool((a.parameters()["t-fc-0-0"] == b.parameters()["t-fc-0-0"]).all())
+        True
+        >>> [r for r in rows if "/" in r]  # doctest: +NORMALIZE_WHITESPACE
+        ['__ckpt-1__[t-fc-0-0/count]', '__ckpt-1__[t-fc-0-0/mu]', '__ckpt-1__[t-fc-0-0/nu]',
+         '__ckpt-1__[t-fc-0-1/count]', '__ckpt-1__[t-fc-0-1/mu]', '__ckpt-1__[t-fc-0-1/nu]']
+        """
+        return model_state.restore_into(self, model, step)
 
     def delete(self, step: int) -> None:
         """Deletes one step (its rows and its manifest) atomically."""

@@ -10,6 +10,12 @@ parameter ``<id>``            ``__n__[<id>]``
 internal ``<id>(<device>)``   ``__n__[<id>(<device>)]``
 ============================  ==============================
 
+Ids are NNC's (see :class:`fnnc.models.BuildContext`): ``t-`` for parameters, ``r-``
+for internals, then ``<name>-<seq>`` (or ``<seq>`` unnamed) per model level and the
+index in the layer: NNC's ``sequential([dense(8), relu(), dense(3)])`` writes
+``t-0-0``, ``t-0-1``, ``t-1-0``, ``t-1-1``; a batch norm's running statistics are rows
+like ``r-1-0(0)``.
+
 ``<device>`` is the data-parallel index (0 for a model on one device). Reading back
 matches rows to what the model expects and names every row that is missing or has
 the wrong shape, in one error.
@@ -19,9 +25,9 @@ the wrong shape, in one error.
 >>> from fnnc.io import TensorFile, read_parameters, write_parameters
 >>> path = os.path.join(tempfile.mkdtemp(), "model.sqlite")
 >>> write_parameters(path, {"t-linear-0-0": np.ones((4, 3), np.float32)}, name="mlp",
-...                  internals={"t-batch_norm-0-0": np.zeros(4, np.float32)})
+...                  internals={"r-batch_norm-0-0": np.zeros(4, np.float32)})
 >>> TensorFile(path, readonly=True).names()
-['__mlp__[t-batch_norm-0-0(0)]', '__mlp__[t-linear-0-0]']
+['__mlp__[r-batch_norm-0-0(0)]', '__mlp__[t-linear-0-0]']
 >>> got = read_parameters(path, {"t-linear-0-0": ((4, 3), np.float32),
 ...                              "t-linear-0-1": ((4,), np.float32)}, name="mlp", strict=False)
 >>> list(got), got.missing

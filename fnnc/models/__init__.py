@@ -15,6 +15,9 @@ True
 """
 
 from fnnc.models import minimizers as minimizers
+from fnnc.models.callbacks import Callback as Callback
+from fnnc.models.callbacks import CheckpointEvery as CheckpointEvery
+from fnnc.models.callbacks import EarlyStopping as EarlyStopping
 from fnnc.models.layer import BuildContext as BuildContext
 from fnnc.models.layer import Input as Input
 from fnnc.models.layer import Layer as Layer

@@ -13,7 +13,15 @@ Frozen parameters (``is_trainable=False`` or a no-op minimizer) are plain graph 
 of the step: they get no gradient nodes and no optimizer state.
 
 Each kind of program is a typed record of :mod:`fnnc.models.programs` (the compiled
-program and its positional layout), cached by (kind, specs, ..., dispatch state).
+program and its positional layout), cached by (kind, specs, ..., memory options,
+dispatch state).
+
+Buffers: ``fit`` and ``apply_gradients`` donate the parameters and optimizer state to
+their programs, which write the new values in place. So the engine never hands out
+its own buffers: :meth:`Engine.parameters` and :meth:`Engine.optimizer_state` return
+copies, :meth:`Engine.set_parameters` copies what it is given, and state leaves that
+are the same array as a parameter or another leaf (an Optax ``init`` may return its
+argument) are copied before they are donated.
 """
 
 from __future__ import annotations
@@ -27,9 +35,11 @@ import numpy as np
 import optax
 
 from fnnc.core import dispatch
+from fnnc.graph.memory import MemoryPlan, memory_plan
 from fnnc.graph.passes.minimize import TrainLayout
 from fnnc.models import losses
 from fnnc.models.layer import BuildContext, ModelError, ParamInfo
+from fnnc.models.memory import MemoryOptions, memory_key
 from fnnc.models.optim import StateStore, is_noop, per_parameter
 from fnnc.models.programs import (
     ApplyProgram,
@@ -45,6 +55,24 @@ from fnnc.models.programs import (
 
 Spec = jax.ShapeDtypeStruct
 AnyProgram = ForwardProgram | GradientProgram | ApplyProgram | FitProgram
+
+
+def _copy(value: Any) -> Any:
+    """A copy the engine will not donate (any pytree of arrays)."""
+    return jax.tree.map(lambda a: jax.numpy.array(a, copy=True), value)
+
+
+def _owned(leaves: Sequence[Any], params: Sequence[Any]) -> list[Any]:
+    """``leaves`` with every leaf that is a parameter or repeats an earlier leaf copied,
+    so no buffer is donated twice."""
+    seen = {id(p) for p in params}
+    out = []
+    for leaf in leaves:
+        if id(leaf) in seen:
+            leaf = jax.numpy.array(leaf, copy=True)
+        seen.add(id(leaf))
+        out.append(leaf)
+    return out
 
 
 def _specs(arrays: Sequence[Any]) -> tuple[Spec, ...]:
@@ -99,6 +127,7 @@ class Engine:
         self._programs: dict[tuple[Any, ...], AnyProgram] = {}
         self._saved: _Saved | None = None
         self._live: _Live | None = None
+        self._last_fit: FitProgram | None = None
 
     # -- set-up -------------------------------------------------------------------
     def compile(self, inputs: Sequence[Any], *, loss: Any, minimizer: Any) -> None:
@@ -162,8 +191,8 @@ class Engine:
 
     # -- parameters -----------------------------------------------------------------
     def parameters(self) -> dict[str, Any]:
-        """Parameter id -> value (internals included)."""
-        return dict(self.values)
+        """Parameter id -> value (internals included), copies of the engine's buffers."""
+        return {pid: _copy(v) for pid, v in self.values.items()}
 
     def set_parameters(self, values: dict[str, Any], *, strict: bool = True) -> None:
         """Sets parameters by id, checking shapes; ``strict`` rejects unknown ids."""
@@ -182,7 +211,7 @@ class Engine:
                     f"set_parameters: {pid} (layer {info.layer}) is "
                     f"{list(info.shape)}, the value given is {list(np.shape(value))}"
                 )
-            self.values[pid] = jax.numpy.asarray(value, info.dtype)
+            self.values[pid] = jax.numpy.array(value, info.dtype, copy=True)
 
     # -- programs -------------------------------------------------------------------
     def _compiled(self, key: tuple[Any, ...], make: Any) -> Any:
@@ -245,9 +274,12 @@ class Engine:
         diff_inputs = [i for i, s in enumerate(specs) if jax.numpy.issubdtype(s.dtype, np.inexact)]
 
         def make() -> Any:
-            return gradient_program(self._build(training, specs), wrt_params, diff_inputs)
+            built = self._build(training, specs)
+            memory = MemoryOptions.of(self.model, built.ctx.checkpoints)
+            return gradient_program(built, wrt_params, diff_inputs, memory)
 
-        prog = self._compiled(("backward", specs, training, tuple(wrt_params)), make)
+        key = ("backward", specs, training, tuple(wrt_params), memory_key(self.model))
+        prog = self._compiled(key, make)
         if ingrads is None:
             if any(int(np.prod(s)) != 1 for s in prog.out_shapes):
                 raise ModelError(
@@ -280,7 +312,8 @@ class Engine:
         prog = self._compiled(("apply", tuple(pids), tuple(map(id, opts)), specs), make)
         states = tuple(self.store.get(p, o, self.values[p]) for p, o in zip(pids, opts))
         grads = [self.grads[p] for p in pids]
-        new_params, new_states = prog(grads, jax.tree.leaves(states), self.values)
+        leaves = _owned(jax.tree.leaves(states), [self.values[p] for p in pids])
+        new_params, new_states = prog(grads, leaves, self.values)
         for pid, value in zip(pids, new_params):
             self.values[pid] = value
         for pid, opt, state in zip(pids, opts, new_states):
@@ -294,22 +327,14 @@ class Engine:
                 f"model {self.model.describe()}: fit needs a minimizer; call "
                 "compile(inputs, loss=..., minimizer=...) first"
             )
-        specs = self._check_inputs(inputs)
-        target_specs = _specs(targets)
-        pids = self.trainable()
-        opts = [self.minimizer_of(p) for p in pids]
-
-        def make() -> FitProgram:
-            built = self._build(True, specs)
-            return fit_program(built, self.loss, target_specs, pids, per_parameter(opts))
-
-        key = ("fit", specs, target_specs, tuple(pids), tuple(map(id, opts)))
-        prog: FitProgram = self._compiled(key, make)
+        key, prog, opts = self._fit_program(self._check_inputs(inputs), _specs(targets))
+        pids = prog.params
         live = self._live
         if live is None or live.key != key:
             self._sync_live()
             states = tuple(self.store.get(p, o, self.values[p]) for p, o in zip(pids, opts))
-            live = _Live(key, prog.params, tuple(opts), prog.train, jax.tree.leaves(states))
+            leaves = _owned(jax.tree.leaves(states), [self.values[p] for p in pids])
+            live = _Live(key, prog.params, tuple(opts), prog.train, leaves)
         keys = self._keys(prog.feed.n_keys)
         new_params, new_state, loss, updates = prog(live.leaves, inputs, targets, self.values, keys)
         for pid, value in zip(prog.params, new_params):
@@ -318,6 +343,36 @@ class Engine:
         for pid, value in zip(prog.updates, updates):
             self.values[pid] = value
         return loss
+
+    def _fit_program(
+        self, specs: tuple[Spec, ...], target_specs: tuple[Spec, ...]
+    ) -> tuple[tuple[Any, ...], FitProgram, list[Any]]:
+        """``(cache key, fit program, minimizers)`` for input and target specs."""
+        pids = self.trainable()
+        opts = [self.minimizer_of(p) for p in pids]
+
+        def make() -> FitProgram:
+            built = self._build(True, specs)
+            memory = MemoryOptions.of(self.model, built.ctx.checkpoints)
+            return fit_program(built, self.loss, target_specs, pids, per_parameter(opts), memory)
+
+        memory = memory_key(self.model)
+        key = ("fit", specs, target_specs, tuple(pids), tuple(map(id, opts)), memory)
+        prog: FitProgram = self._compiled(key, make)
+        self._last_fit = prog
+        return key, prog, opts
+
+    def memory_plan(self, inputs: Sequence[Any] | None, targets: Sequence[Any]) -> MemoryPlan:
+        """:func:`~fnnc.graph.memory_plan` of the fit program for ``inputs`` and
+        ``targets`` (arrays or specs), or of the last one :meth:`fit` used."""
+        if inputs is not None:
+            self._fit_program(self._check_inputs(inputs), _specs(targets))
+        if self._last_fit is None:
+            raise ModelError(
+                f"model {self.model.describe()}: memory_plan needs a training step; call "
+                "fit first or pass memory_plan(inputs, targets)"
+            )
+        return memory_plan(self._last_fit.program.graph)
 
     def _sync_live(self) -> None:
         """Writes the state of the running fit program back to the per-parameter store."""
@@ -331,4 +386,4 @@ class Engine:
     def optimizer_state(self, pid: str) -> dict[str, Any]:
         """Every optimizer state kept for ``pid`` (by state structure)."""
         self._sync_live()
-        return self.store.all_states(pid)
+        return _copy(self.store.all_states(pid))

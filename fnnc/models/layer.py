@@ -5,7 +5,8 @@ commands into a :class:`~fnnc.graph.GraphBuilder` (a dense layer is one
 ``gemm[transpose_b=True]``, a layer norm one ``layer_norm``), so the compiled graph is
 made of commands that passes, fusion and kernels understand. Parameters are graph
 inputs named by NNC's ids (``t-linear-0-0``: weight 0 of the first layer named
-"linear"); internals such as running statistics use ``r-``.
+"linear"; ``t-1-0``: weight 0 of the second unnamed layer with parameters; see
+:class:`BuildContext`); internals such as running statistics use ``r-``.
 
 Layers are called on :class:`ModelIO` values (from :func:`Input` or other layers) to
 describe a model functionally, Keras-style; nothing is computed until a model is
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -87,8 +89,47 @@ class ParamInfo:
         return True
 
 
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """What building one gradient-checkpointed sub-model made.
+
+    Attributes:
+        layer: the sub-model, described (for messages).
+        first, last: the symbol ids made while it was built are ``first <= id < last``
+            (ids survive ``backward``/``minimize``, which only append).
+        outputs: the root ids of its outputs (kept for the backward, not recomputed).
+    """
+
+    layer: str
+    first: int
+    last: int
+    outputs: frozenset[int]
+
+
+class _Call:
+    """One build of one layer (NNC pushes a model on its id stack once per build)."""
+
+    __slots__ = ("label", "layer", "pushed")
+
+    def __init__(self, layer: Layer):
+        self.layer = layer
+        self.label: str | None = None  # "<name>-<seq>" or "<seq>" once numbered
+        self.pushed = False  # named: on the id stack for the whole build
+
+
 class BuildContext:
-    """The state of one model build: the builder, parameters, internals, random keys."""
+    """The state of one model build: the builder, parameters, internals, random keys.
+
+    Parameter ids follow NNC's ``ccv_cnnp_model_build`` (``lib/nnc/_ccv_cnnp_model.h``):
+    every *named* layer or model is pushed on an id stack for the whole of each of its
+    builds; an *unnamed* one is pushed only if its kind owns parameters or internals,
+    after it is built, just to name them, so unnamed models and parameter-free layers
+    add no level and take no number. A push numbers the layer in its parent's bank, one
+    counter per name (unnamed ones share the counter of ``""``), from 0, once per build:
+    a layer called twice takes two numbers, but its parameters keep the ids of its first
+    build. An id is ``t-`` (``r-`` for internals), each level's ``<name>-<seq>`` or
+    ``<seq>``, then the parameter's index in its layer, joined with ``-``.
+    """
 
     def __init__(self, training: bool):
         self.b = GraphBuilder()
@@ -97,40 +138,85 @@ class BuildContext:
         self.symbols: dict[str, Symbol] = {}
         self.updates: dict[str, Symbol] = {}
         self.keys: list[Symbol] = []
-        self._ids: dict[int, str] = {}
-        self._seq: dict[tuple[str, str], int] = {}
-        self._prefix: list[str] = []
+        self._pids: dict[tuple[int, bool, int], str] = {}  # (layer, internal, index) -> id
+        self._paths: dict[int, str] = {}  # layer -> its id path at its first parameter
+        self._root: dict[str, int] = {}  # NNC's name bank of the outermost level
+        self._levels: list[tuple[str, dict[str, int]]] = []  # (label, bank) per level
+        self._calls: list[_Call] = []
         self._layers: list[Layer] = []
-        self._prefixed: list[bool] = []
+        self._began: list[bool] = []
+        self.checkpoints: list[Checkpoint] = []  # gradient-checkpointed sub-models built
+        self._checkpointing = 0  # > 0 while inside a checkpointed sub-model
 
     # -- naming ------------------------------------------------------------------
+    def _number(self, layer: Layer) -> str:
+        """Pushes ``layer`` in the current bank: ``<name>-<seq>`` or ``<seq>``."""
+        bank = self._levels[-1][1] if self._levels else self._root
+        seq = bank[layer.name] = bank.get(layer.name, -1) + 1
+        return f"{layer.name}-{seq}" if layer.name else str(seq)
+
+    def begin(self, layer: Layer) -> bool:
+        """Starts a build of ``layer`` (False, doing nothing, if it is the build under
+        way, e.g. a ``super().build``): a named layer is numbered and pushed now."""
+        if self._calls and self._calls[-1].layer is layer:
+            return False
+        call = _Call(layer)
+        if layer.name:
+            call.label, call.pushed = self._number(layer), True
+            self._levels.append((call.label, {}))
+        self._calls.append(call)
+        return True
+
+    def end(self) -> None:
+        """Ends the build last begun; an unnamed layer whose kind owns parameters
+        (``Layer.owns_parameters``) is numbered even if this one made none."""
+        call = self._calls.pop()
+        if call.pushed:
+            self._levels.pop()
+        elif call.label is None and type(call.layer).owns_parameters:
+            self._number(call.layer)
+
+    def _current(self, layer: Layer) -> _Call | None:
+        return self._calls[-1] if self._calls and self._calls[-1].layer is layer else None
+
+    def _label(self, layer: Layer) -> str:
+        """The id path of ``layer`` in the build under way, numbering it if unnamed
+        (once per build; a layer asked for outside its own build, once per context)."""
+        levels = [label for label, _ in self._levels]
+        call = self._current(layer)
+        if call is None:
+            if id(layer) in self._paths:
+                return self._paths[id(layer)]
+            return "-".join([*levels, self._number(layer)])
+        if not call.pushed and call.label is None:
+            call.label = self._number(layer)
+        return "-".join(levels if call.pushed else [*levels, str(call.label)])
+
     def layer_id(self, layer: Layer) -> str:
-        """``<prefix>-<name>-<seq>`` (or ``<prefix>-<seq>`` unnamed), fixed at first use."""
-        key = id(layer)
-        if key not in self._ids:
-            prefix = "-".join(self._prefix)
-            count_key = (prefix, layer.name)
-            seq = self._seq.get(count_key, 0)
-            self._seq[count_key] = seq + 1
-            parts = [*self._prefix, *([layer.name] if layer.name else []), str(seq)]
-            self._ids[key] = "-".join(parts)
-        return self._ids[key]
+        """The id path of ``layer`` (``fc1-0``, ``mlp-0-1``): what its parameter ids
+        start with; used for graph node names too. A parameter-free unnamed layer gets a
+        label (its kind) that numbers nothing."""
+        if id(layer) in self._paths:
+            return self._paths[id(layer)]
+        call = self._current(layer)
+        if call is not None and (call.pushed or type(layer).owns_parameters):
+            return self._label(layer)
+        levels = [label for label, _ in self._levels]
+        return "-".join([*levels, layer.name or type(layer).__name__.lower()])
 
     def enter(self, layer: Layer, *, prefix: bool = True) -> None:
         """Builds inside ``layer`` until :meth:`leave`: parameters made meanwhile count it
-        among their owners (for ``is_trainable``); with ``prefix`` (a nested model) its
-        id also prefixes the ids of the layers inside. The outermost model enters with
-        ``prefix=False``: NNC's ids do not name it."""
-        if prefix:
-            self._prefix.append(self.layer_id(layer))
+        among their owners (for ``is_trainable``), and it is pushed on the id stack if
+        named (:meth:`begin`). ``prefix`` is kept for callers: NNC names the outermost
+        model in ids too when it has a name, so it changes nothing."""
+        self._began.append(self.begin(layer))
         self._layers.append(layer)
-        self._prefixed.append(prefix)
 
     def leave(self) -> None:
         """Leaves the layer last entered."""
         self._layers.pop()
-        if self._prefixed.pop():
-            self._prefix.pop()
+        if self._began.pop():
+            self.end()
 
     @contextlib.contextmanager
     def inside(self, layer: Layer, *, prefix: bool = True) -> Iterator[None]:
@@ -140,6 +226,25 @@ class BuildContext:
             yield
         finally:
             self.leave()
+
+    # -- gradient checkpointing -----------------------------------------------------
+    @contextlib.contextmanager
+    def checkpointed(self, layer: Layer, enabled: bool) -> Iterator[list[Symbol]]:
+        """Records ``layer`` as a :class:`Checkpoint` if ``enabled`` and not already inside
+        one (an inner checkpointed model is part of the outer region, as in NNC); the
+        ``with`` body appends the sub-model's output symbols to the list it gets."""
+        outputs: list[Symbol] = []
+        if not enabled or self._checkpointing:
+            yield outputs
+            return
+        first = len(self.b._symbols)  # ids made from here on belong to the region
+        self._checkpointing += 1
+        try:
+            yield outputs
+        finally:
+            self._checkpointing -= 1
+        roots = frozenset(getattr(o, "root", o.id) for o in outputs)
+        self.checkpoints.append(Checkpoint(layer.describe(), first, len(self.b._symbols), roots))
 
     # -- parameters ---------------------------------------------------------------
     def param(
@@ -152,9 +257,12 @@ class BuildContext:
         *,
         internal: bool = False,
     ) -> Symbol:
-        """The symbol of parameter ``index`` of ``layer`` (a graph input, shared on reuse)."""
-        pid = f"{'r' if internal else 't'}-{self.layer_id(layer)}-{index}"
+        """The symbol of parameter (or internal) ``index`` of ``layer``: a graph input
+        named by its NNC id, the same symbol on every build of a shared layer."""
         shape = tuple(int(n) for n in shape)
+        path = self._paths.setdefault(id(layer), self._label(layer))
+        kind = "r" if internal else "t"
+        pid = self._pids.setdefault((id(layer), internal, index), f"{kind}-{path}-{index}")
         if pid in self.params:
             known = self.params[pid]
             if known.shape != shape:
@@ -171,7 +279,13 @@ class BuildContext:
 
     def update(self, layer: Layer, index: int, value: Symbol) -> None:
         """Records the new value of internal ``index`` of ``layer`` (e.g. running mean)."""
-        self.updates[f"r-{self.layer_id(layer)}-{index}"] = value
+        pid = self._pids.get((id(layer), True, index))
+        if pid is None:
+            raise ModelError(
+                f"layer {layer.describe()}: update of internal {index} before "
+                "ctx.param(..., internal=True) made it"
+            )
+        self.updates[pid] = value
 
     def key(self) -> Symbol:
         """A fresh random key input (uint32[2]) for a random layer such as Dropout."""
@@ -188,11 +302,28 @@ class Layer:
     Attributes:
         name: the layer's name (parameter ids use it); may be empty.
         is_trainable: True, False, or None to inherit from the enclosing model.
+        owns_parameters: (class) whether layers of this kind own parameters or
+            internals, as NNC's model kinds with ``add_to_parameter``: an unnamed one
+            then takes a number in ids even when an instance makes none (a layer norm
+            without affine parameters). Layers that call ``ctx.param`` are numbered
+            either way.
+
+    Every subclass's ``build`` runs as one build in the :class:`BuildContext`
+    (:meth:`BuildContext.begin` / :meth:`BuildContext.end`), which is how ids are
+    scoped.
     """
+
+    owns_parameters: bool = False
 
     def __init__(self, *, name: str = "", is_trainable: bool | None = None):
         self.name = name
         self.is_trainable = is_trainable
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        build = cls.__dict__.get("build")
+        if build is not None and not getattr(build, "_scoped", False):
+            cls.build = _scoped(build)  # type: ignore[method-assign]
 
     def __call__(self, *inputs: ModelIO) -> Any:
         for i, x in enumerate(inputs):
@@ -213,6 +344,22 @@ class Layer:
 
     def describe(self) -> str:
         return f"{type(self).__name__}({self.name!r})" if self.name else type(self).__name__
+
+
+def _scoped(build: Callable[..., Any]) -> Callable[..., Any]:
+    """``build`` run as one build of its layer in the :class:`BuildContext`."""
+
+    @functools.wraps(build)
+    def scoped(self: Layer, ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(ctx, BuildContext) or not ctx.begin(self):
+            return build(self, ctx, *args, **kwargs)
+        try:
+            return build(self, ctx, *args, **kwargs)
+        finally:
+            ctx.end()
+
+    scoped._scoped = True  # type: ignore[attr-defined]
+    return scoped
 
 
 # -- initialisers ---------------------------------------------------------------

@@ -41,6 +41,8 @@ class Parameter(Layer):
     >>> w = Parameter((1,), init=1.0, name="w")()
     """
 
+    owns_parameters = True
+
     def __init__(self, shape: Sequence[int], *, init: float | Any = 0.0, **kw: Any):
         super().__init__(**kw)
         self.shape = tuple(shape)
@@ -52,6 +54,8 @@ class Parameter(Layer):
 
 class Dense(Layer):
     """``y = x Wᵀ + b`` over the last axis; weight ``[count, in]``."""
+
+    owns_parameters = True
 
     def __init__(self, count: int, *, no_bias: bool = False, **kw: Any):
         super().__init__(**kw)
@@ -66,10 +70,12 @@ class Dense(Layer):
 class Conv(Layer):
     """NHWC convolution, weight ``[filters, kh, kw, in/groups]``."""
 
+    owns_parameters = True
+
     def __init__(
         self,
         filters: int,
-        kernel_size: Sequence[int],
+        kernel_size: int | Sequence[int],
         *,
         strides: Any = 1,
         padding: Any = "SAME",
@@ -79,7 +85,9 @@ class Conv(Layer):
         **kw: Any,
     ):
         super().__init__(**kw)
-        self.filters, self.kernel_size = filters, tuple(kernel_size)
+        square = isinstance(kernel_size, int)  # Conv(16, 3): a 3x3 kernel
+        self.filters = filters
+        self.kernel_size = (kernel_size,) * 2 if square else tuple(kernel_size)
         self.strides, self.padding, self.dilation = strides, padding, dilation
         self.groups, self.no_bias = groups, no_bias
 
@@ -104,6 +112,8 @@ class Conv(Layer):
 
 class BatchNorm(Layer):
     """Batch normalisation over all axes but the last (NHWC); running stats are internals."""
+
+    owns_parameters = True
 
     def __init__(self, *, momentum: float = 0.9, epsilon: float = 1e-5, **kw: Any):
         super().__init__(**kw)
@@ -133,6 +143,8 @@ class BatchNorm(Layer):
 class LayerNorm(Layer):
     """Layer normalisation over ``axes`` with scale and bias."""
 
+    owns_parameters = True
+
     def __init__(
         self,
         *,
@@ -159,6 +171,8 @@ class LayerNorm(Layer):
 class GroupNorm(Layer):
     """Group normalisation, channels last."""
 
+    owns_parameters = True
+
     def __init__(self, groups: int, *, epsilon: float = 1e-5, **kw: Any):
         super().__init__(**kw)
         self.groups, self.epsilon = groups, epsilon
@@ -172,6 +186,8 @@ class GroupNorm(Layer):
 
 class RMSNorm(Layer):
     """RMS normalisation over ``axes`` with a scale."""
+
+    owns_parameters = True
 
     def __init__(self, *, axes: Sequence[int] = (-1,), epsilon: float = 1e-6, **kw: Any):
         super().__init__(**kw)
@@ -244,6 +260,8 @@ class Reshape(Layer):
 class Embedding(Layer):
     """Rows of a ``[vocab, dim]`` table for integer indices."""
 
+    owns_parameters = True
+
     def __init__(self, vocab: int, dim: int, **kw: Any):
         super().__init__(**kw)
         self.vocab, self.dim = vocab, dim
@@ -255,6 +273,8 @@ class Embedding(Layer):
 
 class LSTM(Layer):
     """One LSTM layer over ``[N, T, I]``, returning ``[N, T, hidden]`` (gates i, f, g, o)."""
+
+    owns_parameters = True
 
     def __init__(self, hidden: int, **kw: Any):
         super().__init__(**kw)
@@ -273,6 +293,8 @@ class LSTM(Layer):
 class MultiHeadAttention(Layer):
     """Self- or cross-attention over ``[N, S, D]``: q/k/v/out projections (parameters 0-3
     weights, 4-7 biases) around one ``scaled_dot_product_attention``."""
+
+    owns_parameters = True
 
     def __init__(self, num_heads: int, *, is_causal: bool = False, **kw: Any):
         super().__init__(**kw)

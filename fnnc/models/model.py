@@ -34,17 +34,20 @@ class Model(Layer):
 
     def __init__(
         self,
-        inputs: Sequence[ModelIO],
+        inputs: Sequence[ModelIO] | ModelIO,
         outputs: Sequence[ModelIO] | ModelIO,
         *,
         name: str = "",
         is_trainable: bool | None = None,
     ):
         super().__init__(name=name, is_trainable=is_trainable)
-        self.inputs = list(inputs)
+        self.inputs = [inputs] if isinstance(inputs, ModelIO) else list(inputs)
         self.outputs = [outputs] if isinstance(outputs, ModelIO) else list(outputs)
         self._order = _topological(self.inputs, self.outputs, self.describe())
         self._engine: Engine | None = None
+        self.gradient_checkpointing = False
+        self.memory_compression = False
+        self.memory_reduction = False
 
     def num_outputs(self, num_inputs: int) -> int:
         return len(self.outputs)
@@ -55,7 +58,10 @@ class Model(Layer):
             raise ModelError(
                 f"model {self.describe()} takes {len(self.inputs)} inputs, got {len(xs)}"
             )
-        with ctx.inside(self, prefix=nested):
+        with (
+            ctx.checkpointed(self, self.gradient_checkpointing) as region,
+            ctx.inside(self, prefix=nested),
+        ):
             values: dict[int, Symbol] = {id(io): x for io, x in zip(self.inputs, xs)}
             built: dict[tuple[int, int], Any] = {}
             for io in self._order:
@@ -71,6 +77,7 @@ class Model(Layer):
                     built[key] = out if isinstance(out, tuple) else (out,)
                 values[id(io)] = built[key][io.index]
             outs = tuple(values[id(o)] for o in self.outputs)
+            region.extend(outs)
         return outs if len(outs) > 1 else outs[0]
 
     # -- Flax ------------------------------------------------------------------
@@ -105,17 +112,36 @@ class Model(Layer):
         and optimizer state."""
         if self._engine is None:
             self._engine = Engine(self, seed)
-        self._engine.compile(inputs, loss=loss, minimizer=minimizer)
+        self._engine.compile(_arrays(inputs), loss=loss, minimizer=minimizer)
 
-    def fit(self, inputs: Sequence[Any], targets: Sequence[Any] = ()) -> Any:
-        """One fused training step (forward, loss, backward, update); returns the loss."""
-        return self.engine.fit(inputs, targets)
+    def fit(self, inputs: Sequence[Any] | Any, targets: Sequence[Any] | Any = ()) -> Any:
+        """One fused training step (forward, loss, backward, update); returns the loss.
+        ``inputs`` and ``targets``: one array each, or lists of arrays."""
+        return self.engine.fit(_arrays(inputs), _arrays(targets))
 
     def evaluate(
-        self, inputs: Sequence[Any], *, is_test: bool = True, requires_grad: bool = False
+        self, inputs: Sequence[Any] | Any, *, is_test: bool = True, requires_grad: bool = False
     ) -> Any:
-        """The model's outputs; ``requires_grad`` keeps what :meth:`backward` needs."""
-        return self.engine.evaluate(inputs, is_test=is_test, requires_grad=requires_grad)
+        """The model's outputs for one batch (one array or a list of arrays);
+        ``requires_grad`` keeps what :meth:`backward` needs."""
+        return self.engine.evaluate(_arrays(inputs), is_test=is_test, requires_grad=requires_grad)
+
+    def predict(self, inputs: Sequence[Any] | Any, *, batch_size: int = 256) -> Any:
+        """The outputs (test mode) over every sample of ``inputs`` (one array or a
+        list), evaluated ``batch_size`` samples at a time, as NumPy: one array for a
+        one-output model, else a list.
+
+        >>> import numpy as np, optax
+        >>> from fnnc.models import Dense, Input, Model
+        >>> x = Input()
+        >>> model = Model(x, Dense(2, name="fc")(x))
+        >>> model.compile(np.zeros((4, 3), np.float32), loss="mse", minimizer=optax.sgd(0.1))
+        >>> model.predict(np.ones((10, 3), np.float32), batch_size=4).shape
+        (10, 2)
+        """
+        from fnnc.models.training import predict
+
+        return predict(self, inputs, batch_size=batch_size)
 
     def backward(self, ingrads: Sequence[Any] | None = None) -> list[Any]:
         """Gradients w.r.t. the last evaluated inputs; parameter gradients accumulate."""
@@ -131,8 +157,32 @@ class Model(Layer):
         """Sets the minimizer of all (or some) parameters; state carries over unless ``reset``."""
         self.engine.set_minimizer(minimizer, reset=reset, params=params)
 
+    # -- memory (NNC's ccv_cnnp_model_set_memory_* / _gradient_checkpointing) --------
+    def set_gradient_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute this (sub-)model's activations in the backward instead of keeping
+        them: every node built inside it, except those making its outputs, is not saved
+        for the training step's backward (:func:`fnnc.graph.remat`). Set it on blocks of a
+        larger model (one block's activations live at a time) or on the whole model."""
+        self.gradient_checkpointing = bool(enabled)
+
+    def set_memory_compression(self, enabled: bool = True) -> None:
+        """Keep convolution activations for the backward LSSC-compressed (lossy, 8x
+        smaller than float32; :func:`fnnc.graph.passes.memory_compression`)."""
+        self.memory_compression = bool(enabled)
+
+    def set_memory_reduction(self, enabled: bool = True) -> None:
+        """Redo widening ``datatype_conversion`` nodes in the backward instead of keeping
+        their wide outputs (lossless; :func:`fnnc.graph.passes.memory_reduction`)."""
+        self.memory_reduction = bool(enabled)
+
+    def memory_plan(self, inputs: Sequence[Any] | None = None, targets: Sequence[Any] = ()) -> Any:
+        """:func:`fnnc.graph.memory_plan` of the compiled training step: the last one
+        :meth:`fit` ran, or the one for ``inputs``/``targets`` (arrays or specs)."""
+        return self.engine.memory_plan(inputs, targets)
+
     def parameters(self) -> dict[str, Any]:
-        """Parameter id -> array (internals ``r-...`` included)."""
+        """Parameter id -> array (internals ``r-...`` included); copies, so they stay
+        valid while the engine reuses (donates) its own buffers in later steps."""
         return self.engine.parameters()
 
     def set_parameters(self, values: dict[str, Any], *, strict: bool = True) -> None:
@@ -172,11 +222,74 @@ class Model(Layer):
         self.set_parameters({**found, **found.internals})
         return [*found.missing, *(m if isinstance(m, str) else str(m) for m in found.mismatched)]
 
-    def train(self, data: Any, **kwargs: Any) -> dict[str, list[float]]:
-        """A training loop with a progress bar; see :func:`fnnc.models.train.train`."""
-        from fnnc.models.train import train
+    def train(
+        self,
+        data: Any,
+        *,
+        epochs: int = 1,
+        batch_size: int = 32,
+        validation: Any = None,
+        metrics: Any = None,
+        callbacks: Sequence[Any] = (),
+        resume: Any = None,
+        seed: int | None = None,
+        stop_on_nan: bool = True,
+        inputs: Any = None,
+        targets: Any = None,
+        progress: bool | None = None,
+        verbose: bool = True,
+    ) -> dict[str, list[float]]:
+        """Trains the compiled model for ``epochs`` epochs of fused steps.
 
-        return train(self, data, **kwargs)
+        Args:
+            data: ``(inputs, targets)`` arrays (or lists of arrays, samples first), a
+                :class:`fnnc.data.DataFrame` (batched with ``batch_size`` unless it has
+                a ``batch``; columns ``inputs``/``targets``, by default the last column
+                is the target), or a ``grain.MapDataset`` of ``(inputs, targets)`` batches.
+            epochs: epochs to run; with ``resume``, the epoch to run up to (Keras's
+                ``initial_epoch`` convention: the run ends at epoch ``epochs``).
+            batch_size: samples per step (arrays and unbatched dataframes).
+            validation: ``(inputs, targets)`` measured after every epoch: ``val_loss``,
+                ``val_accuracy`` (classification losses) and ``val_<name>`` per metric.
+            metrics: ``{"name": fn(outputs, targets)}`` or ``["accuracy"]``; accuracy
+                takes integer labels, one-hot or soft (mixup) targets.
+            callbacks: :class:`fnnc.models.callbacks.Callback` objects, e.g.
+                ``CheckpointEvery(path, per_epoch=True)``, ``EarlyStopping(patience=2)``.
+            resume: a checkpoint path or ``Checkpoints``: its newest step (if any) is
+                restored first (:meth:`fnnc.io.Checkpoints.restore_into`) and the run
+                continues exactly where it stopped, mid-epoch included.
+            seed: the shuffling seed (kept by the model; default 0). Epoch ``e`` is
+                shuffled from ``(seed, e)``: the model counts epochs, so two calls with
+                ``epochs=1`` continue one sequence, as one call with ``epochs=2`` does.
+            stop_on_nan: raise :class:`fnnc.errors.NumericsError` at the first loss that
+                is NaN or infinite (naming the step and the last good checkpoint).
+            progress: a tqdm bar (default: when stderr is a terminal; else one log line
+                per epoch on stderr). ``verbose=False``: neither.
+
+        Returns:
+            ``{"epoch": [...], "loss": [mean training loss], "val_loss": [...], ...}``,
+            one entry per epoch run by this call.
+
+        >>> import numpy as np, optax
+        >>> from fnnc.models import Dense, Input, Model
+        >>> xs = np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32)
+        >>> ys = (xs.sum(1) > 0).astype(np.int32)
+        >>> x = Input()
+        >>> model = Model(x, Dense(2, name="fc")(x))
+        >>> model.compile(xs[:16], loss="softmax_crossentropy", minimizer=optax.adam(0.05))
+        >>> h = model.train((xs, ys), epochs=2, batch_size=16, verbose=False)
+        >>> h = model.train((xs, ys), epochs=1, batch_size=16, verbose=False)
+        >>> h["epoch"], model.train_progress.step
+        ([3], 12)
+        """
+        from fnnc.models.training import train
+
+        return train(
+            self, data, epochs=epochs, batch_size=batch_size, validation=validation,
+            metrics=metrics, callbacks=callbacks, resume=resume, seed=seed,
+            stop_on_nan=stop_on_nan, inputs=inputs, targets=targets, progress=progress,
+            verbose=verbose,
+        )  # fmt: skip
 
 
 def Sequential(
@@ -216,6 +329,11 @@ class FlaxLayer(Layer):
         graph = trace(self._fn, specs, jax.ShapeDtypeStruct(x.shape, x.dtype))
         (out,) = inline(ctx.b, graph, [*params, x], prefix=ctx.layer_id(self))
         return out
+
+
+def _arrays(value: Any) -> list[Any]:
+    """A list of arrays from one array or a list/tuple of them."""
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def _fixed(value: np.ndarray) -> Any:

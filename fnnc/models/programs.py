@@ -17,12 +17,18 @@ fit           trainable parameters, optimizer state, model        parameters', s
 
 "model inputs, parameters, keys" is a :class:`ModelFeed`. Graph inputs keep their names
 (``input[0]``, ``t-linear-0-0``, ``key[0]``, ``opt_state[0]``) for printing only.
+
+``fit`` and ``apply`` donate the parameters and optimizer state they update (the
+engine owns those buffers and replaces them with the outputs), so XLA writes the new
+values in place: a step holds one copy of them. ``fit`` and ``gradient`` take a
+``memory`` transform (:class:`fnnc.models.memory.MemoryOptions`) applied to the graph
+with its backward before ``simplify``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -184,8 +190,14 @@ def forward_program(built: ModelGraph) -> ForwardProgram:
     )
 
 
+Transform = Callable[[Graph], Graph]
+
+
 def gradient_program(
-    built: ModelGraph, wrt_params: Sequence[str], diff_inputs: Sequence[int]
+    built: ModelGraph,
+    wrt_params: Sequence[str],
+    diff_inputs: Sequence[int],
+    memory: Transform | None = None,
 ) -> GradientProgram:
     """The program of ``backward``: gradients w.r.t. those of ``wrt_params`` this build
     has, then w.r.t. model inputs ``diff_inputs``, seeded with the output gradients."""
@@ -198,6 +210,8 @@ def gradient_program(
     grad_graph = dataclasses.replace(grad_graph, outputs=grad_graph.outputs[len(outs) :])
     feed, order = built.feed(tuple(ctx.params))
     grad_graph = _ordered(grad_graph, [*order, *(d.id for d in dfs)])
+    if memory is not None:
+        grad_graph = memory(grad_graph)
     shapes = tuple(tuple(o.shape) for o in outs)
     return GradientProgram(compile(simplify(grad_graph)), feed, shapes, params)
 
@@ -214,11 +228,19 @@ def apply_program(transform: Any, pids: Sequence[str], specs: Sequence[Any]) -> 
     params = [b.input(s.shape, s.dtype, name=p) for p, s in zip(pids, specs)]
     outs = b.exec(cmd, *grads, *state, *params, name="optimizer")
     graph = b.build(list(outs) if isinstance(outs, tuple) else [outs])
-    return ApplyProgram(compile(graph), tuple(pids), len(state), cmd.param("state_tree").value)
+    donated = range(len(grads), len(graph.inputs))  # state and parameters, updated in place
+    return ApplyProgram(
+        compile(graph, donate=donated), tuple(pids), len(state), cmd.param("state_tree").value
+    )
 
 
 def fit_program(
-    built: ModelGraph, loss: Any, target_specs: Sequence[Any], pids: Sequence[str], transform: Any
+    built: ModelGraph,
+    loss: Any,
+    target_specs: Sequence[Any],
+    pids: Sequence[str],
+    transform: Any,
+    memory: Transform | None = None,
 ) -> FitProgram:
     """The fused training step: ``loss`` against targets, minimized over ``pids``."""
     ctx = built.ctx
@@ -232,8 +254,16 @@ def fit_program(
     feed, order = built.feed(tuple(p for p in ctx.params if p not in trainable))
     head = step.inputs[: train.n_params + train.n_state]
     step = _ordered(step, [*head, *order, *(t.id for t in ts)])
+    if memory is not None:
+        step = memory(step)
+    donated = range(train.n_params + train.n_state)  # parameters and state, updated in place
     return FitProgram(
-        compile(simplify(step)), train, tuple(pids), feed, len(ts), tuple(ctx.updates)
+        compile(simplify(step), donate=donated),
+        train,
+        tuple(pids),
+        feed,
+        len(ts),
+        tuple(ctx.updates),
     )
 
 

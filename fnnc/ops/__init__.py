@@ -104,4 +104,6 @@ from fnnc.ops.reduce import reduce_norm2 as reduce_norm2
 from fnnc.ops.reduce import reduce_sum as reduce_sum
 from fnnc.ops.rnn import lstm as lstm
 from fnnc.ops.upsample import upsample as upsample
+from fnnc.ops.memory import lssc_compress as lssc_compress
+from fnnc.ops.memory import lssc_decompress as lssc_decompress
 from fnnc.ops.memory import optimization_barrier as optimization_barrier

@@ -114,11 +114,12 @@ def test_a_layer_making_its_own_graph_input_is_named():
         model.evaluate([x])
 
 
-def test_build_context_scopes_prefix_ids_only_when_asked():
+def test_build_context_pushes_every_named_model_on_the_id_stack():
+    # NNC names the outermost model too when it has a name (prefix=False changes nothing)
     outer, inner, leaf = Layer(name="outer"), Layer(name="inner"), Layer(name="w")
     ctx = BuildContext(training=False)
     with ctx.inside(outer, prefix=False), ctx.inside(inner):
         ctx.param(leaf, 0, (2,), lambda key, shape, dtype: np.zeros(shape, dtype))
-    assert list(ctx.params) == ["t-inner-0-w-0-0"]
-    assert ctx.params["t-inner-0-w-0-0"].owners == (outer, inner, leaf)
-    assert ctx.layer_id(Layer(name="next")) == "next-0"  # both scopes left
+    assert list(ctx.params) == ["t-outer-0-inner-0-w-0-0"]
+    assert ctx.params["t-outer-0-inner-0-w-0-0"].owners == (outer, inner, leaf)
+    assert ctx.layer_id(Layer(name="next")) == "next"  # both scopes left; numbers nothing

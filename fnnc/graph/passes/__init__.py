@@ -18,6 +18,8 @@ from fnnc.graph.passes.cse import cse as cse
 from fnnc.graph.passes.dce import dce as dce
 from fnnc.graph.passes.fold import fold as fold
 from fnnc.graph.passes.fuse import fuse as fuse
+from fnnc.graph.passes.memory_compression import memory_compression as memory_compression
+from fnnc.graph.passes.memory_reduction import memory_reduction as memory_reduction
 from fnnc.graph.passes.minimize import TrainLayout as TrainLayout
 from fnnc.graph.passes.minimize import minimize as minimize
 from fnnc.graph.passes.pipeline import run_passes as run_passes

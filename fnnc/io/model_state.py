@@ -1,0 +1,171 @@
+"""A compiled cnnp model in a checkpoint: parameters, optimizer state, RNG, progress.
+
+:meth:`Checkpoints.save(step, model) <fnnc.io.Checkpoints.save>` stores
+
+- every parameter (internals included) in a row named by its id, as NNC names them:
+  ``__ckpt-<step>__[t-fc1-0-0]``;
+- the optimizer state of each trainable parameter in rows named ``<id>/<field>``, the
+  field path of the Optax state (``t-fc1-0-0/mu``, ``t-fc1-0-0/count``; positions are
+  added, ``t-fc1-0-0/0/mu``, only where the field names alone repeat);
+- in the metadata under ``"fnnc.train"``: the training step, epoch, batch, shuffling
+  seed and data position (:class:`fnnc.models.batches.Progress`) and the engine's
+  random key, so a resumed run draws what the stopped one would have.
+
+:func:`restore_into` puts it all back into a model, after checking the checkpoint is
+of this model (every missing, extra and mis-shaped parameter is listed).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import jax
+import numpy as np
+
+from fnnc.errors import CheckpointError
+from fnnc.io import tree
+
+TRAIN_KEY = "fnnc.train"
+
+
+def is_model(state: Any) -> bool:
+    """Whether ``state`` is a cnnp model (it has an ``engine`` property)."""
+    return isinstance(getattr(type(state), "engine", None), property)
+
+
+def _short(path: str) -> str:
+    """``[0].mu`` -> ``mu``: the field names of a path (dict keys kept)."""
+    parts = re.findall(r"\.(\w+)|\['([^']*)'\]", path)
+    return "/".join(a or b for a, b in parts)
+
+
+def _long(path: str) -> str:
+    """``[0].mu`` -> ``0/mu``: every step of a path."""
+    parts = re.findall(r"\.(\w+)|\[(\d+)\]|\['([^']*)'\]", path)
+    return "/".join(a or b or c for a, b, c in parts)
+
+
+def _rename(data: Any, names: dict[str, str]) -> Any:
+    if isinstance(data, list):
+        return [_rename(v, names) for v in data]
+    if isinstance(data, dict):
+        out = {k: _rename(v, names) for k, v in data.items()}
+        if isinstance(data.get("$array"), str):
+            out["$array"] = names[data["$array"]]
+        return out
+    return data
+
+
+def _optimizer_rows(pid: str, state: Any, row: Any) -> tuple[Any, tree.Rows]:
+    data, rows = tree.encode(state, "", lambda path: path)
+    short = {p: _short(p) for p, _ in rows}
+    if len(set(short.values())) != len(short) or not all(short.values()):
+        short = {p: _long(p) or "state" for p, _ in rows}
+    names = {p: row(f"{pid}/{s}") for p, s in short.items()}
+    return _rename(data, names), [(names[p], a) for p, a in rows]
+
+
+def _current_states(engine: Any) -> dict[str, Any]:
+    """Trainable parameter id -> its Optax state under its current minimizer."""
+    from fnnc.models.optim import structure
+
+    out = {}
+    for pid in engine.trainable():
+        info = engine.infos[pid]
+        key = structure(engine.minimizer_of(pid), jax.ShapeDtypeStruct(info.shape, info.dtype))
+        states = engine.optimizer_state(pid)
+        if key in states:
+            out[pid] = states[key]
+    return out
+
+
+def encode_model(model: Any, row: Any, metadata: Any, step: int) -> tuple[Any, Any, Any, Any]:
+    """``(state data, optimizer data, metadata, rows)`` for the manifest of ``model``."""
+    from fnnc.models.batches import progress
+
+    if metadata is not None and not isinstance(metadata, dict):
+        raise CheckpointError(
+            f"checkpoint: metadata saved with a model must be a dict or None, got "
+            f"{type(metadata).__name__} (the model's progress is added under {TRAIN_KEY!r})"
+        )
+    engine = model.engine
+    params = model.parameters()
+    encoded = [(k, tree.encode(v, str(k), row)) for k, v in params.items()]
+    state_data = {"$dict": [[k, data] for k, (data, _) in encoded]}
+    rows = [r for _, (_, leaf_rows) in encoded for r in leaf_rows]
+    opt_items = []
+    for pid, state in _current_states(engine).items():
+        data, opt_rows = _optimizer_rows(pid, state, row)
+        opt_items.append([pid, data])
+        rows += opt_rows
+    train = progress(model).to_json()
+    train["rng"] = np.asarray(jax.random.key_data(engine.key)).tolist()
+    train["saved_step"] = step
+    meta = {**(metadata or {}), TRAIN_KEY: train}
+    return state_data, {"$dict": opt_items}, meta, rows
+
+
+def restore_into(checkpoints: Any, model: Any, step: int | None = None) -> Any:
+    """Restores step ``step`` (default the newest) of ``checkpoints`` into ``model``;
+    see :meth:`fnnc.io.Checkpoints.restore_into`."""
+    from fnnc.models.batches import progress
+
+    engine = model.engine
+    ckpt = checkpoints.restore(step)
+    where = f"step {ckpt.step} of {checkpoints.path}"
+    saved = ckpt.state if isinstance(ckpt.state, dict) else None
+    if saved is None:
+        raise CheckpointError(
+            f"checkpoint: {where} holds a {type(ckpt.state).__name__}, not a model's "
+            "parameters; restore it with Checkpoints.restore()"
+        )
+    _check_same_model(where, saved, engine.infos, model.describe())
+    opt_saved = ckpt.optimizer_state or {}
+    states = {}
+    for pid, state in opt_saved.items():
+        if pid not in engine.infos:
+            continue
+        info = engine.infos[pid]
+        transform = engine.minimizer_of(pid)
+        like = jax.eval_shape(transform.init, jax.ShapeDtypeStruct(info.shape, info.dtype))
+        try:
+            states[pid] = tree.rebuild(state, like, f"optimizer state of {pid}")
+        except CheckpointError as e:
+            raise CheckpointError(
+                f"checkpoint: {where}: the optimizer state of {pid} does not fit the "
+                f"model's minimizer ({e}); set the minimizer the run was saved with"
+            ) from None
+    engine.set_parameters(saved)
+    engine._sync_live()  # the running fit's state would otherwise win over the restored one
+    for pid, state in states.items():
+        engine.store.put(pid, engine.minimizer_of(pid), engine.values[pid], state)
+    train = (ckpt.metadata or {}).get(TRAIN_KEY) if isinstance(ckpt.metadata, dict) else None
+    if train is not None:
+        progress(model).load(train)
+        engine.key = jax.random.wrap_key_data(np.asarray(train["rng"], np.uint32))
+    return ckpt
+
+
+def _check_same_model(where: str, saved: dict[str, Any], infos: Any, name: str) -> None:
+    missing = [k for k in infos if k not in saved]
+    extra = [k for k in saved if k not in infos]
+    shapes = [
+        f"{k}: saved {list(np.shape(v))}, model {list(infos[k].shape)}"
+        for k, v in saved.items()
+        if k in infos and tuple(np.shape(v)) != tuple(infos[k].shape)
+    ]
+    if not (missing or extra or shapes):
+        return
+    lines = [f"checkpoint: {where} is not of model {name}:"]
+    if missing:
+        lines.append(f"  missing (in the model, not in the checkpoint): {missing}")
+    if extra:
+        lines.append(f"  extra (in the checkpoint, not in the model): {extra}")
+    if shapes:
+        lines.append("  shape mismatches: " + "; ".join(shapes))
+    lines.append(
+        "Restore into the model that saved it, or copy what matches with "
+        "model.set_parameters(Checkpoints(path).restore().state, strict=False)."
+    )
+    raise CheckpointError("\n".join(lines))

@@ -1,0 +1,236 @@
+"""Where training batches come from, and where a run is: the model's training progress.
+
+:func:`batches` turns what :meth:`Model.train <fnnc.models.Model.train>` was given into
+a :class:`Batches` source: in-memory arrays, a :class:`fnnc.data.DataFrame`, or a
+``grain.MapDataset`` of ``(inputs, targets)`` batches. Every source reads epoch ``e``
+in an order drawn from ``(seed, e)`` alone, so a run continues one sequence however it
+is split into calls, and it can start an epoch at any batch (a resumed checkpoint).
+
+:class:`Progress` is what the model remembers between calls: the epoch in progress,
+the batches of it done, the steps done, the shuffling seed and the data position. A
+checkpoint of a model stores it (JSON, in the metadata) and restoring sets it back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from fnnc.errors import DataError, ModelError
+
+Batch = tuple[list[Any], list[Any]]
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where a model's training is (kept on the model as ``model.train_progress``).
+
+    Attributes:
+        epoch: the epoch in progress (the epochs completed, when ``batch`` is 0).
+        batch: batches of ``epoch`` done.
+        step: training steps done over every call.
+        seed: the shuffling seed (epoch ``e`` is shuffled from ``(seed, e)``).
+        data: the data position inside the epoch: JSON, or a function returning it.
+    """
+
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+    seed: int = 0
+    data: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = self.data() if callable(self.data) else self.data
+        return {"epoch": self.epoch, "batch": self.batch, "step": self.step, "seed": self.seed,
+                "data": data}  # fmt: skip
+
+    def load(self, saved: dict[str, Any]) -> None:
+        self.epoch, self.batch = int(saved["epoch"]), int(saved["batch"])
+        self.step, self.seed, self.data = int(saved["step"]), int(saved["seed"]), saved["data"]
+
+    def next_epoch(self) -> None:
+        self.epoch, self.batch, self.data = self.epoch + 1, 0, None
+
+
+def progress(model: Any) -> Progress:
+    """The :class:`Progress` of ``model`` (made at its first use)."""
+    found = model.__dict__.get("train_progress")
+    if found is None:
+        found = model.__dict__["train_progress"] = Progress()
+    return found
+
+
+def as_list(value: Any) -> list[Any]:
+    """A list of arrays from one array or a list/tuple of them."""
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+class Batches:
+    """A source of training batches: ``len(source)`` per epoch, read by :meth:`epoch`."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def epoch(self, epoch: int, start: int, saved: Any) -> Iterator[Batch]:
+        """Batches ``start, start + 1, ...`` of ``epoch``; ``saved`` is the position
+        :meth:`position` gave at ``start`` (or ``None``)."""
+        raise NotImplementedError
+
+    def position(self) -> Any:
+        """The JSON position after the last batch given (``None``: epoch and batch say it)."""
+        return None
+
+
+class ArrayBatches(Batches):
+    """Samples of in-memory arrays in a permutation drawn from ``(seed, epoch)``; the
+    last partial batch is dropped (every sample is still seen over epochs)."""
+
+    def __init__(self, data: Any, batch_size: int, seed: int):
+        inputs, targets = split(data, "train")
+        n = len(inputs[0])
+        if n < batch_size:
+            raise ModelError(f"train: {n} samples are fewer than batch_size={batch_size}")
+        self.inputs, self.targets, self.n = inputs, targets, n
+        self.batch_size, self.seed = batch_size, seed
+
+    def __len__(self) -> int:
+        return self.n // self.batch_size
+
+    def epoch(self, epoch: int, start: int, saved: Any) -> Iterator[Batch]:
+        order = np.random.default_rng((self.seed, epoch)).permutation(self.n)
+        bs = self.batch_size
+        for k in range(start, len(self)):
+            idx = order[k * bs : (k + 1) * bs]
+            yield [x[idx] for x in self.inputs], [t[idx] for t in self.targets]
+
+
+class FrameBatches(Batches):
+    """A :class:`fnnc.data.DataFrame`: epoch ``e`` is ``df.iterator(columns, seed=seed,
+    epoch=e)``; an unbatched frame is shuffled (unless it has a shuffle) and batched with
+    ``drop_remainder=True``; a batched one is read as it is."""
+
+    def __init__(
+        self, frame: Any, batch_size: int, seed: int, inputs: Any = None, targets: Any = None
+    ):
+        from fnnc.data.stages import Group, Shuffle
+
+        if not any(isinstance(s, Group) for s in frame._stages):
+            if not any(isinstance(s, Shuffle) for s in frame._stages):
+                frame = frame.shuffle()
+            frame = frame.batch(batch_size, drop_remainder=True)
+        columns = frame.columns
+        if inputs is None:
+            inputs = columns[:-1] if targets is None else [c for c in columns if c not in targets]
+        if targets is None:
+            targets = [c for c in columns if c not in as_list(inputs)]
+        self.inputs, self.targets = as_list(inputs), as_list(targets)
+        if not self.inputs:
+            raise ModelError(
+                f"train: the dataframe has columns {list(columns)}; name the model's inputs "
+                "and targets with train(df, inputs=[...], targets=[...])"
+            )
+        self.frame, self.seed, self.it = frame, seed, None
+        if len(frame) == 0:
+            raise ModelError(f"train: the dataframe gives no batches of {batch_size}: {frame!r}")
+
+    def __len__(self) -> int:
+        return len(self.frame)
+
+    def epoch(self, epoch: int, start: int, saved: Any) -> Iterator[Batch]:
+        n_in = len(self.inputs)
+        it = self.frame.iterator([*self.inputs, *self.targets], seed=self.seed, epoch=epoch)
+        if start and saved is not None:
+            it.set_state(saved)
+        elif start:
+            it.take(start)
+        self.it = it
+        try:
+            for k in range(start, len(self)):
+                try:
+                    row = next(it)
+                except StopIteration:
+                    return
+                except DataError as e:
+                    raise DataError(f"train: epoch {epoch}, batch {k}: {e}") from e
+                yield list(row[:n_in]), list(row[n_in:])
+        finally:
+            it.close()
+
+    def position(self) -> Any:
+        return None if self.it is None else self.it.get_state()
+
+
+class GrainBatches(Batches):
+    """A ``grain.MapDataset`` whose elements are ``(inputs, targets)`` batches: epoch
+    ``e`` reads indices ``e * len .. (e + 1) * len`` of ``ds.repeat()``, where Grain's
+    shuffles reshuffle per epoch."""
+
+    def __init__(self, dataset: Any):
+        self.dataset, self.n = dataset.repeat(), len(dataset)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def epoch(self, epoch: int, start: int, saved: Any) -> Iterator[Batch]:
+        for k in range(start, self.n):
+            element = self.dataset[epoch * self.n + k]
+            try:
+                inputs, targets = element
+            except (TypeError, ValueError):
+                raise ModelError(
+                    f"train: element {k} of the Grain dataset is a {type(element).__name__}; "
+                    "expected (inputs, targets) batches (map the dataset to that pair)"
+                ) from None
+            yield as_list(inputs), as_list(targets)
+
+
+def batches(
+    data: Any, *, batch_size: int, seed: int, inputs: Any = None, targets: Any = None
+) -> Batches:
+    """The :class:`Batches` for what ``train`` was given."""
+    from fnnc.data import DataFrame
+
+    if isinstance(data, DataFrame):
+        return FrameBatches(data, batch_size, seed, inputs, targets)
+    import grain
+
+    if isinstance(data, grain.MapDataset):
+        return GrainBatches(data)
+    if isinstance(data, grain.IterDataset):
+        raise ModelError(
+            "train: a grain.IterDataset cannot restart an epoch at a batch; pass the "
+            "grain.MapDataset before to_iter_dataset(), or a fnnc.data.DataFrame"
+        )
+    return ArrayBatches(data, batch_size, seed)
+
+
+def split(data: Any, where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """``(inputs, targets)`` as lists of arrays with as many samples each."""
+    try:
+        inputs, targets = data
+    except (TypeError, ValueError):
+        raise ModelError(f"{where}: expected (inputs, targets), e.g. (x_train, y_train)") from None
+    inputs = [np.asarray(a) for a in as_list(inputs)]
+    targets = [np.asarray(a) for a in as_list(targets)]
+    sizes = {len(a) for a in (*inputs, *targets)}
+    if len(sizes) != 1:
+        raise ModelError(
+            f"{where}: inputs and targets disagree on the number of samples: {sorted(sizes)}"
+        )
+    return inputs, targets
+
+
+def in_batches(
+    fn: Callable[[list[Any]], Any], inputs: Sequence[Any], batch_size: int
+) -> list[np.ndarray]:
+    """``fn`` over ``inputs`` in batches, its outputs (one or a list) concatenated."""
+    if batch_size < 1:
+        raise ModelError(f"predict: batch_size must be positive, got {batch_size}")
+    n, chunks = len(inputs[0]), []
+    for start in range(0, n, batch_size):
+        out = fn([x[start : start + batch_size] for x in inputs])
+        chunks.append([np.asarray(o) for o in as_list(out)])
+    return [np.concatenate(parts) for parts in zip(*chunks)]

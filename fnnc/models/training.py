@@ -1,0 +1,239 @@
+"""The training loop of :meth:`Model.train <fnnc.models.Model.train>`, and predict.
+
+Epochs of fused steps over arrays, a :class:`fnnc.data.DataFrame` or a Grain
+``MapDataset`` (see :mod:`fnnc.models.batches`), with per-epoch metrics, callbacks
+(:mod:`fnnc.models.callbacks`), a stop on a NaN or infinite loss, and exact resumption
+from a :class:`fnnc.io.Checkpoints` journal. A learning-rate schedule is an Optax one:
+
+>>> import numpy as np, optax
+>>> from fnnc.models import Dense, Input, Model
+>>> x = Input()
+>>> model = Model(x, Dense(3, name="fc")(x))
+>>> xs = np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32)
+>>> ys = np.argmax(xs[:, :3], axis=1)
+>>> schedule = optax.cosine_decay_schedule(0.05, decay_steps=16)
+>>> model.compile(xs[:16], loss="softmax_crossentropy", minimizer=optax.adam(schedule))
+>>> history = model.train((xs, ys), epochs=2, batch_size=16, validation=(xs, ys),
+...                       verbose=False)
+>>> sorted(history), model.train_progress.epoch, model.train_progress.step
+(['epoch', 'loss', 'val_accuracy', 'val_loss'], 2, 8)
+>>> model.predict(xs, batch_size=32).shape
+(64, 3)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from fnnc.errors import ModelError, NumericsError
+from fnnc.models import batches as feed
+from fnnc.models.callbacks import Callback
+
+CLASSIFICATION = ("softmax_crossentropy", "categorical_crossentropy")
+
+
+@dataclasses.dataclass
+class TrainLoop:
+    """What callbacks see of a running ``train`` call; ``stop = True`` ends it."""
+
+    model: Any
+    progress: feed.Progress
+    history: dict[str, list[float]]
+    batches_per_epoch: int
+    target_epoch: int
+    stop: bool = False
+
+
+def train(
+    model: Any,
+    data: Any,
+    *,
+    epochs: int = 1,
+    batch_size: int = 32,
+    validation: Any = None,
+    metrics: Mapping[str, Callable[..., Any]] | Sequence[str] | None = None,
+    callbacks: Sequence[Callback] = (),
+    resume: Any = None,
+    seed: int | None = None,
+    stop_on_nan: bool = True,
+    inputs: Any = None,
+    targets: Any = None,
+    progress: bool | None = None,
+    verbose: bool = True,
+) -> dict[str, list[float]]:
+    """Trains a compiled model; returns the metrics of each epoch run (see ``Model.train``)."""
+    prog = feed.progress(model)
+    if resume is not None:
+        _restore(resume, model)
+    if seed is not None:
+        prog.seed = seed
+    source = feed.batches(
+        data, batch_size=batch_size, seed=prog.seed, inputs=inputs, targets=targets
+    )
+    if prog.batch >= len(source):  # saved after the last batch of its epoch
+        prog.next_epoch()
+    target = epochs if resume is not None else prog.epoch + epochs
+    measure = _metrics(model, metrics, validation, data)
+    history: dict[str, list[float]] = {"epoch": [], "loss": []}
+    loop = TrainLoop(model, prog, history, len(source), target)
+    bar = None
+    if verbose and (sys.stderr.isatty() if progress is None else progress):
+        from tqdm import tqdm
+
+        total = max(target - prog.epoch, 0) * len(source) - prog.batch
+        bar = tqdm(total=max(total, 0), unit="step", dynamic_ncols=True)
+    for cb in callbacks:
+        cb.on_train_begin(loop)
+    try:
+        while prog.epoch < target and not loop.stop:
+            epoch, started, losses = prog.epoch, time.perf_counter(), []
+            for inputs_b, targets_b in source.epoch(epoch, prog.batch, prog.data):
+                value = float(model.fit(inputs_b, targets_b))
+                prog.step, prog.batch, prog.data = prog.step + 1, prog.batch + 1, source.position
+                if stop_on_nan and not math.isfinite(value):
+                    raise _nan_error(value, prog, callbacks, resume)
+                losses.append(value)
+                if bar is not None:
+                    bar.update(1)
+                for cb in callbacks:
+                    cb.on_step_end(loop, prog.step, value)
+                if loop.stop:
+                    break
+            if prog.batch < len(source):  # stopped inside the epoch
+                break
+            prog.next_epoch()
+            logs = {"loss": float(np.mean(losses)) if losses else math.nan, **measure()}
+            history["epoch"].append(epoch + 1)
+            for key, value in logs.items():
+                history.setdefault(key, []).append(value)
+            _report(bar, verbose, epoch, target, logs, time.perf_counter() - started)
+            for cb in callbacks:
+                cb.on_epoch_end(loop, epoch, logs)
+    finally:
+        if bar is not None:
+            bar.close()
+        for cb in callbacks:
+            cb.on_train_end(loop)
+    return history
+
+
+def _restore(resume: Any, model: Any) -> None:
+    from fnnc.io import Checkpoints
+
+    if isinstance(resume, (str, os.PathLike)):
+        with Checkpoints(resume) as ckpt:
+            if ckpt.latest is not None:
+                ckpt.restore_into(model)
+    elif isinstance(resume, Checkpoints):
+        if resume.latest is not None:
+            resume.restore_into(model)
+    else:
+        raise ModelError(
+            f"train: resume= takes a checkpoint path or a fnnc.io.Checkpoints, got "
+            f"{type(resume).__name__}"
+        )
+
+
+def _nan_error(value: float, prog: Any, callbacks: Sequence[Any], resume: Any) -> NumericsError:
+    saved = [(cb.latest(), cb.checkpoints.path) for cb in callbacks if hasattr(cb, "latest")]
+    saved = [(s, p) for s, p in saved if s is not None]
+    if saved:
+        step, path = max(saved)
+        where = (
+            f"The last good checkpoint is step {step} in {path}: restore it with "
+            f"Checkpoints({path!r}).restore_into(model)"
+        )
+    else:
+        where = "No checkpoint was saved in this run (add callbacks=[CheckpointEvery(...)])"
+    return NumericsError(
+        f"train: the loss is {value} at step {prog.step} (epoch {prog.epoch}, batch "
+        f"{prog.batch}); the weights it updated are not finite, so training stopped. "
+        f"{where}, then lower the learning rate (e.g. an optax schedule) or check the data; "
+        "stop_on_nan=False trains on regardless"
+    )
+
+
+def _report(
+    bar: Any, verbose: bool, epoch: int, target: int, logs: dict[str, float], seconds: float
+) -> None:
+    text = ", ".join(f"{k} {v:.4f}" for k, v in logs.items())
+    if bar is not None:
+        bar.set_postfix({"epoch": epoch + 1, **{k: f"{v:.4f}" for k, v in logs.items()}})
+    elif verbose:
+        print(f"epoch {epoch + 1}/{target}: {text} ({seconds:.1f} s)", file=sys.stderr, flush=True)
+
+
+# -- metrics --------------------------------------------------------------------------
+def accuracy(outputs: Any, targets: Any) -> float:
+    """Top-1 accuracy of ``outputs`` (logits) against integer labels, or one-hot or soft
+    targets (mixup) of the outputs' shape, whose argmax is the label."""
+    outputs, targets = np.asarray(outputs), np.asarray(targets)
+    if targets.shape == outputs.shape and outputs.ndim >= 1:
+        targets = np.argmax(targets, axis=-1)
+    predicted = np.argmax(outputs, axis=-1)
+    return float(np.mean(predicted.reshape(-1) == targets.reshape(-1)))
+
+
+def loss_value(model: Any, outputs: list[Any], targets: list[Any]) -> float:
+    """The compiled loss of ``outputs`` against ``targets`` (a batch mean), run eagerly."""
+    from fnnc.models import losses
+
+    loss = model.engine.loss
+    if loss is None:
+        return float(np.mean(np.asarray(outputs[0])))
+    if isinstance(loss, str):
+        out = losses._COMMANDS[loss]()(outputs[0], targets[0])
+        return float(np.mean(np.asarray(out[0] if isinstance(out, tuple) else out)))
+    return float(loss(list(outputs), list(targets)))
+
+
+def _metrics(model: Any, metrics: Any, validation: Any, data: Any) -> Callable[[], dict]:
+    """A function giving the epoch's validation metrics (``val_loss``, ``val_accuracy``
+    for a classification loss or when asked, and each user metric ``val_<name>``)."""
+    fns: dict[str, Callable[..., Any]] = {}
+    if model.engine.loss in CLASSIFICATION and (metrics is None or isinstance(metrics, Mapping)):
+        fns["accuracy"] = accuracy
+    if metrics is None:
+        pass
+    elif isinstance(metrics, Mapping):
+        fns.update(metrics)
+    else:
+        for name in metrics:
+            if name != "accuracy":
+                raise ModelError(
+                    f"train: unknown metric {name!r}; pass metrics={{'name': fn(outputs, "
+                    "targets)}} for your own"
+                )
+            fns["accuracy"] = accuracy
+    if validation is None:
+        if metrics:
+            raise ModelError(
+                "train: metrics are measured on validation data; pass validation=(x, y)"
+            )
+        return dict
+    val_inputs, val_targets = feed.split(validation, "train validation")
+
+    def measure() -> dict[str, float]:
+        outs = predict(model, val_inputs, batch_size=256, all_outputs=True)
+        logs = {"val_loss": loss_value(model, outs, val_targets)}
+        for name, fn in fns.items():
+            logs[f"val_{name}"] = float(fn(outs[0], val_targets[0]))
+        return logs
+
+    return measure
+
+
+def predict(model: Any, inputs: Any, *, batch_size: int = 256, all_outputs: bool = False) -> Any:
+    """The model's outputs (test mode) over all samples of ``inputs`` in batches: one
+    array for a one-output model, else a list (``all_outputs``: always a list)."""
+    inputs = [np.asarray(x) for x in feed.as_list(inputs)]
+    outs = feed.in_batches(lambda xs: model.evaluate(xs, is_test=True), inputs, batch_size)
+    return outs if all_outputs or len(outs) != 1 else outs[0]

@@ -1,0 +1,206 @@
+"""Model.train: data sources, epoch sequence, metrics, callbacks, resuming, bad input."""
+
+from __future__ import annotations
+
+import grain
+import numpy as np
+import optax
+import pytest
+
+from fnnc.data import DataFrame
+from fnnc.errors import CheckpointError, DataError, ModelError, NumericsError
+from fnnc.io import Checkpoints
+from fnnc.models import (
+    CheckpointEvery,
+    Conv,
+    Dense,
+    Dropout,
+    EarlyStopping,
+    Flatten,
+    Input,
+    Model,
+    ReLU,
+    Sequential,
+)
+from fnnc.models.training import accuracy
+
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((48, 4)).astype(np.float32)
+Y = np.argmax(X[:, :3], axis=1).astype(np.int32)
+
+
+def mlp(hidden=8, lr=0.05):
+    x = Input()
+    h = Dropout(0.2)(ReLU()(Dense(hidden, name="fc1")(x)))
+    model = Model(x, Dense(3, name="fc2")(h))
+    model.compile(X[:8], loss="softmax_crossentropy", minimizer=optax.adam(lr))
+    return model
+
+
+def same(a, b):
+    pa, pb = a.parameters(), b.parameters()
+    return pa.keys() == pb.keys() and all(np.array_equal(pa[k], pb[k]) for k in pa)
+
+
+def test_two_calls_of_one_epoch_continue_the_sequence_of_one_call_of_two():
+    a, b = mlp(), mlp()
+    ha = a.train((X, Y), epochs=2, batch_size=8, verbose=False)
+    b.train((X, Y), epochs=1, batch_size=8, verbose=False)
+    hb = b.train((X, Y), epochs=1, batch_size=8, verbose=False)
+    assert same(a, b)
+    assert hb["epoch"] == [2] and hb["loss"] == ha["loss"][1:]
+    assert (b.train_progress.epoch, b.train_progress.step) == (2, 12)
+
+
+def test_epochs_reshuffle_from_seed_and_epoch():
+    from fnnc.models.batches import batches
+
+    def first_labels(data, seed, epoch):
+        return next(batches(data, batch_size=8, seed=seed).epoch(epoch, 0, None))[1][0].tolist()
+
+    for data in ((X, Y), DataFrame.from_arrays(x=X, y=Y)):
+        assert first_labels(data, 0, 0) != first_labels(data, 0, 1)
+        assert first_labels(data, 0, 1) == first_labels(data, 0, 1)
+        assert first_labels(data, 0, 1) != first_labels(data, 1, 1)
+
+
+@pytest.mark.parametrize("kind", ["arrays", "frame", "grain"])
+def test_resume_mid_epoch_is_exact(tmp_path, kind):
+    frame = DataFrame.from_arrays(x=X, y=Y)
+    data = {
+        "arrays": (X, Y),
+        "frame": frame,
+        "grain": grain.MapDataset.source(list(range(6)))
+        .map(lambda i: (X[8 * i : 8 * i + 8], Y[8 * i : 8 * i + 8]))
+        .shuffle(seed=3),
+    }[kind]
+    full = mlp()
+    full.train(data, epochs=2, batch_size=8, verbose=False)
+    path = tmp_path / "run.ckpt"
+
+    class Stop:
+        def on_train_begin(self, loop): ...
+        def on_step_end(self, loop, step, loss):
+            loop.stop = step == 8  # inside epoch 2, after the save of step 8
+
+        def on_epoch_end(self, loop, epoch, logs): ...
+        def on_train_end(self, loop): ...
+
+    first = mlp()
+    callbacks = [CheckpointEvery(str(path), steps=4), Stop()]
+    first.train(data, epochs=2, batch_size=8, callbacks=callbacks, verbose=False)
+    assert first.train_progress.step == 8 and not same(first, full)
+    resumed = mlp()
+    history = resumed.train(data, epochs=2, batch_size=8, resume=str(path), verbose=False)
+    assert history["epoch"] == [2]
+    assert same(resumed, full)
+
+
+def test_resume_from_an_empty_journal_starts_and_per_epoch_saves(tmp_path):
+    path = str(tmp_path / "run.ckpt")
+    a = mlp()
+    cb = [CheckpointEvery(path, per_epoch=True)]
+    a.train((X, Y), epochs=1, batch_size=8, resume=path, callbacks=cb, verbose=False)
+    a.train((X, Y), epochs=2, batch_size=8, resume=path, callbacks=cb, verbose=False)
+    b = mlp()
+    b.train((X, Y), epochs=2, batch_size=8, verbose=False)
+    assert same(a, b)
+    with Checkpoints(path) as ckpt:
+        assert ckpt.steps() == [6, 12]
+        meta = ckpt.restore().metadata
+    assert meta["fnnc.train"]["epoch"] == 2 and "loss" in meta
+
+
+def test_restore_into_another_model_lists_what_differs(tmp_path):
+    path = str(tmp_path / "run.ckpt")
+    with Checkpoints(path) as ckpt:
+        ckpt.save(1, mlp())
+        other = mlp(hidden=16)
+        x = Input()
+        extra = Model(x, Dense(3, name="fc2")(Dense(8, name="fc1")(Dense(4, name="fc0")(x))))
+        extra.compile(X[:8], loss="softmax_crossentropy", minimizer=optax.adam(0.1))
+        with pytest.raises(CheckpointError, match=r"shape mismatches: t-fc1-0-0: saved \[8, 4\]"):
+            ckpt.restore_into(other)
+        with pytest.raises(CheckpointError, match=r"missing .*t-fc0-0-0"):
+            ckpt.restore_into(extra)
+    with pytest.raises(CheckpointError, match="not of model"):
+        other.train((X, Y), epochs=1, batch_size=8, resume=path, verbose=False)
+
+
+def test_nan_loss_stops_naming_the_step_and_last_checkpoint(tmp_path):
+    path = str(tmp_path / "run.ckpt")
+    model = mlp()
+
+    class Poison:  # weights blow up after step 3: step 4's loss is NaN
+        def on_train_begin(self, loop): ...
+        def on_step_end(self, loop, step, loss):
+            if step == 3:
+                params = loop.model.parameters()
+                loop.model.set_parameters({"t-fc2-0-0": params["t-fc2-0-0"] * np.nan})
+
+        def on_epoch_end(self, loop, epoch, logs): ...
+        def on_train_end(self, loop): ...
+
+    cb = [CheckpointEvery(path, steps=2), Poison()]
+    with pytest.raises(NumericsError, match=r"loss is nan at step 4 .*checkpoint is step 2 in"):
+        model.train((X, Y), epochs=1, batch_size=8, callbacks=cb, verbose=False)
+    with Checkpoints(path) as ckpt:
+        assert ckpt.steps() == [2]
+    with pytest.raises(NumericsError, match="No checkpoint was saved"):
+        model.train((X, Y), epochs=1, batch_size=8, verbose=False)
+    history = model.train((X, Y), epochs=1, batch_size=8, stop_on_nan=False, verbose=False)
+    assert np.isnan(history["loss"][0])
+
+
+def test_a_frame_whose_shapes_change_inside_a_batch_surfaces_the_data_error():
+    rows = [np.zeros(4, np.float32)] * 5 + [np.zeros(3, np.float32)] + [np.zeros(4, np.float32)] * 2
+    frame = DataFrame.from_sequence([(r, 0) for r in rows], ["x", "y"]).batch(4)
+    with pytest.raises(DataError, match=r"train: epoch 0, batch 1: .*changes shape"):
+        mlp().train(frame, epochs=1, batch_size=4, verbose=False)
+
+
+def test_validation_metrics_one_hot_soft_and_user_metrics():
+    model = mlp()
+    soft = 0.9 * np.eye(3, dtype=np.float32)[Y] + 0.1 / 3
+    history = model.train(
+        (X, Y),
+        epochs=2,
+        batch_size=8,
+        validation=(X, np.eye(3)[Y]),
+        metrics={"accuracy": accuracy, "top": lambda o, t: float(np.mean(o.max(-1)))},
+        verbose=False,
+    )
+    assert {"val_loss", "val_accuracy", "val_top"} <= history.keys()
+    logits = model.predict(X)
+    assert accuracy(logits, Y) == accuracy(logits, soft) == accuracy(logits, np.eye(3)[Y])
+    with pytest.raises(ModelError, match="validation"):
+        model.train((X, Y), epochs=1, batch_size=8, metrics=["accuracy"], verbose=False)
+
+
+def test_early_stopping_and_log_lines(capsys):
+    model = mlp(lr=0.0)  # nothing improves
+    stop = EarlyStopping(patience=1)
+    history = model.train((X, Y), epochs=6, batch_size=8, validation=(X, Y), callbacks=[stop])
+    assert len(history["epoch"]) == 3 and stop.stopped_epoch == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 3 and lines[0].startswith("epoch 1/6: loss ")
+    with pytest.raises(ModelError, match="no metric 'val_loss'"):
+        model.train((X, Y), epochs=1, batch_size=8, callbacks=[stop], verbose=False)
+
+
+def test_keras_conveniences_bare_arrays_square_kernels_single_tensors():
+    model = Sequential([Conv(4, 3, name="conv"), ReLU(), Flatten(), Dense(2, name="out")])
+    images = RNG.standard_normal((10, 5, 5, 1)).astype(np.float32)
+    model.compile(images[:4], loss="softmax_crossentropy", minimizer=optax.sgd(0.1))
+    assert model.parameters()["t-conv-0-0"].shape == (4, 3, 3, 1)
+    loss = model.fit(images[:4], np.zeros(4, np.int32))
+    assert np.isfinite(float(loss))
+    assert model.evaluate(images[:4]).shape == (4, 2)
+    assert model.predict(images, batch_size=3).shape == (10, 2)
+    x = Input()
+    two = Model(x, [Dense(2, name="a")(x), Dense(1, name="b")(x)])
+    two.compile(X[:4], loss=None, minimizer=optax.sgd(0.1))
+    a, b = two.predict(X, batch_size=5)
+    assert a.shape == (48, 2) and b.shape == (48, 1)
+    with pytest.raises(ModelError, match="CheckpointEvery"):
+        CheckpointEvery("x.ckpt")

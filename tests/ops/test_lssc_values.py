@@ -1,0 +1,178 @@
+"""LSSC compression against a NumPy transcription of NNC's ccv_nnc_lssc_cpu_ref.c.
+
+The transcription keeps the C loops (per plane, per 4x4 block, per element) and the C
+types: ``float`` arithmetic as NumPy float32 scalars, ``double`` where C promotes (the
+``1e-6`` literal in ``ccv_max``) as Python floats (float64), and ccv's table-driven
+float-to-half conversion (truncating), rebuilt from the van der Zijp construction and
+checked against entries of ccv's tables.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fnnc import ops
+
+F32 = np.float32
+
+
+def _ccv_tables() -> tuple[np.ndarray, np.ndarray]:
+    base = np.zeros(512, np.uint32)
+    shift = np.zeros(512, np.uint32)
+    for i in range(256):
+        e = i - 127
+        if e < -24:
+            b, s = 0, 24
+        elif e < -14:
+            b, s = 0x0400 >> (-e - 14), -e - 1
+        elif e <= 15:
+            b, s = (e + 15) << 10, 13
+        elif e < 128:
+            b, s = 0x7C00, 24
+        else:
+            b, s = 0x7C00, 13
+        base[i], shift[i] = b, s
+        base[i | 0x100], shift[i | 0x100] = b | 0x8000, s
+    return base, shift
+
+
+BASE, SHIFT = _ccv_tables()
+
+
+def test_tables_match_ccv() -> None:
+    # entries of _ccv_base_table / _ccv_shift_table in lib/ccv_util.c
+    assert (BASE[102], BASE[103], BASE[112], BASE[113], BASE[142], BASE[143]) == (
+        0x0,
+        0x1,
+        0x200,
+        0x400,
+        0x7800,
+        0x7C00,
+    )
+    assert (SHIFT[102], SHIFT[103], SHIFT[112], SHIFT[113], SHIFT[143]) == (24, 23, 14, 13, 24)
+
+
+def _to_half(values: np.ndarray) -> np.ndarray:
+    """ccv_float_to_half_precision: uint16 words."""
+    u = np.asarray(values, F32).view(np.uint32)
+    e = (u >> 23) & 0x1FF
+    return (BASE[e] + ((u & 0x007FFFFF) >> SHIFT[e])).astype(np.uint16)
+
+
+def _from_half(words: np.ndarray) -> np.ndarray:
+    return np.asarray(words, np.uint16).view(np.float16).astype(F32)
+
+
+def lssc_forward(a: np.ndarray) -> np.ndarray:
+    """_ccv_nnc_lssc_forw on float16 planes [P, H, W] -> uint16 [P, ceil(H/4), 4*ceil(W/4)]."""
+    p, h, w = a.shape
+    bh, bw = -(-h // 4), -(-w // 4)
+    b = np.zeros((p, bh, bw * 4), np.uint16)
+    for k in range(p):
+        for i0 in range(bh):
+            for i1 in range(bw):
+                hh = min(i0 * 4 + 4, h) - i0 * 4
+                ww = min(i1 * 4 + 4, w) - i1 * 4
+                a16 = np.full(16, a[k, i0 * 4, i1 * 4], np.float16)
+                for j0 in range(hh):
+                    for j1 in range(ww):
+                        a16[j0 * 4 + j1] = a[k, i0 * 4 + j0, i1 * 4 + j1]
+                a32 = a16.astype(F32)
+                amax = amin = a32[0]
+                for c in range(1, 16):
+                    amax, amin = max(a32[c], amax), min(a32[c], amin)
+                b[k, i0, i1 * 4 : i1 * 4 + 2] = _to_half(np.array([amin, amax], F32))
+                abottom = amin * F32(7) / F32(6) - amax / F32(6)
+                span = amax - amin
+                ascale = F32(3 / (float(span) if float(span) > 1e-6 else 1e-6))
+                for word, first in ((2, 0), (3, 8)):
+                    bits = 0
+                    for c in range(8):
+                        q = int((a32[first + c] - abottom) * ascale)  # C truncation
+                        bits |= min(max(q, 0), 3) << (c << 1)
+                    b[k, i0, i1 * 4 + word] = bits
+    return b
+
+
+def lssc_backward(b: np.ndarray, h: int, w: int) -> np.ndarray:
+    """_ccv_nnc_lssc_back: uint16 [P, Hb, 4*Wb] -> float16 planes [P, H, W]."""
+    p, bh, bw4 = b.shape
+    a = np.zeros((p, h, w), np.float16)
+    for k in range(p):
+        for i0 in range(bh):
+            for i1 in range(bw4 // 4):
+                z = b[k, i0, i1 * 4 : i1 * 4 + 4]
+                bm = [*_from_half(z[:2]), F32(0), F32(0)]
+                bm[3] = bm[1]
+                bm[1] = bm[3] / F32(3) + bm[0] * F32(2) / F32(3)
+                bm[2] = bm[3] * F32(2) / F32(3) + bm[0] / F32(3)
+                a32 = np.array(
+                    [bm[(int(z[2 + c // 8]) >> ((c % 8) << 1)) & 3] for c in range(16)], F32
+                )
+                a16 = _to_half(a32).view(np.float16)
+                hh = min(i0 * 4 + 4, h) - i0 * 4
+                ww = min(i1 * 4 + 4, w) - i1 * 4
+                for j0 in range(hh):
+                    for j1 in range(ww):
+                        a[k, i0 * 4 + j0, i1 * 4 + j1] = a16[j0 * 4 + j1]
+    return a
+
+
+def _planes(x: np.ndarray) -> np.ndarray:
+    """Channels-last [N, H, W, C] -> NNC's planes [N*C, H, W]."""
+    n, h, w, c = x.shape
+    return np.transpose(x, (0, 3, 1, 2)).reshape(n * c, h, w)
+
+
+def _unplanes(p: np.ndarray, n: int, c: int) -> np.ndarray:
+    return np.transpose(p.reshape(n, c, *p.shape[1:]), (0, 2, 3, 1))
+
+
+INPUTS = {
+    "normal-7x10": np.random.default_rng(0).normal(size=(2, 7, 10, 3)),
+    "relu-8x8": np.maximum(np.random.default_rng(1).normal(size=(1, 8, 8, 4)), 0.0),
+    "wide-range-5x4": np.random.default_rng(2).normal(size=(3, 5, 4, 2)) * 300.0,
+    "constant-blocks": np.ones((1, 6, 6, 2)) * np.array([0.5, -2.0]),
+    "tiny-1x3": np.random.default_rng(3).uniform(size=(1, 1, 3, 1)) * 1e-5,
+}
+
+
+@pytest.mark.parametrize("name", sorted(INPUTS))
+def test_compress_matches_c_loops(name: str) -> None:
+    x = INPUTS[name].astype(np.float16)
+    n, _, _, c = x.shape
+    want = _unplanes(lssc_forward(_planes(x)), n, c)
+    got = np.asarray(ops.lssc_compress()(x))
+    assert got.dtype == np.uint16 and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("name", sorted(INPUTS))
+def test_decompress_matches_c_loops(name: str) -> None:
+    x = INPUTS[name].astype(np.float16)
+    n, h, w, c = x.shape
+    words = np.asarray(ops.lssc_compress()(x))
+    want = _unplanes(lssc_backward(_planes(words), h, w), n, c)
+    got = np.asarray(ops.lssc_decompress(size=(h, w))(words))
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def test_float32_round_trip_error_is_within_a_sixth_of_the_block_range() -> None:
+    x = np.random.default_rng(4).normal(size=(2, 8, 12, 3)).astype(np.float32)
+    y = np.asarray(ops.lssc_decompress(size=(8, 12), dtype="float32")(ops.lssc_compress()(x)))
+    blocks = x.reshape(2, 2, 4, 3, 4, 3)
+    span = (blocks.max((2, 4)) - blocks.min((2, 4)))[:, :, None, :, None, :]
+    err = np.abs(y - x).reshape(blocks.shape)
+    assert (err <= span / 6 * 1.01 + 2e-3 * np.abs(blocks) + 1e-3).all()
+
+
+def test_rank3_and_shape_errors() -> None:
+    from fnnc.errors import ShapeError
+
+    assert ops.lssc_compress()(np.zeros((5, 5, 2), np.float32)).shape == (2, 8, 2)
+    with pytest.raises(ShapeError):
+        ops.lssc_compress()(np.zeros((5, 5), np.float32))
+    with pytest.raises(ShapeError):
+        ops.lssc_decompress(size=(9, 5))(np.zeros((2, 8, 2), np.uint16))
