@@ -29,8 +29,12 @@ them there only when forced. ``config.override(backend="pallas")`` prefers them
 wherever they support the input (elsewhere the usual choice applies); forcing one
 command (``backend_per_command``) on an input its kernel declines raises
 :class:`~fnnc.errors.BackendError` with the reason. Support is decided by each
-module's ``supports``: dtypes (float32, bfloat16, float16), shapes, and blocks (sizes
-must split into power-of-two blocks; the kernels never mask ragged blocks).
+module's ``supports``: dtypes (float32, bfloat16, float16; 16-bit inputs accumulate in
+float32) and shapes. Sizes need not split into blocks: every block is a power of two
+(Triton's rule), grids and walks are ``cdiv``, and a ragged last block is masked
+(iota masks on loads and stores, ``-inf`` or 0 where nothing was loaded; see
+:mod:`fnnc.ops.pallas._common`), so 1001-class vocabularies and 67-token sequences run
+in the kernels.
 
 >>> import jax.numpy as jnp
 >>> from fnnc import config, ops

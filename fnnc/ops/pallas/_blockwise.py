@@ -6,6 +6,12 @@ scalar tiles, see :func:`~fnnc.ops.pallas._common.operand_kind`), and the backwa
 kernel traces ``jax.vjp`` of that same function. A broadcast operand's gradient is
 summed within a tile by the VJP itself (its broadcast is in the traced body); each
 program writes that partial sum to its own slot, and XLA adds the slots up.
+
+Rows split evenly (the row block divides them); lanes are walked in ``cdiv(L, bl)``
+power-of-two blocks and a ragged last block is masked: tiles read 0 past ``L``,
+nothing is stored there, and in the backward a column or scalar operand is widened to
+the full tile before the VJP so that its sum over lanes can leave the missing lanes
+out (their values are junk, e.g. ``log(0)``, and must not reach the sum as ``0 * inf``).
 """
 
 from __future__ import annotations
@@ -24,8 +30,12 @@ from fnnc.ops.pallas._common import (
     ROW,
     SCALAR,
     launch,
+    load,
     operand_spec,
     reduce_partials,
+    span,
+    steps,
+    store,
 )
 
 Operands = Sequence[tuple[Any, str]]
@@ -48,11 +58,44 @@ def vjp_tiles(fn: Callable[..., Any], n: int, *tiles_and_cts: Any) -> list[Any]:
     return [next(got) if i in diff else None for i in range(n)]
 
 
-def _store(*refs: Any, fn: Callable[..., Any], n_in: int) -> None:
+def _lane_mask(ref: Any, bl: int, lanes: int) -> Any:
+    """Lanes of this program's tile of ``ref`` that lie before ``L`` (``None``: all do)."""
+    if ref.shape[1] != bl:  # a column or scalar tile: no lane axis
+        return None
+    return span(pl.program_id(1) * bl, bl, lanes, ref.shape, 1)
+
+
+def _store(*refs: Any, fn: Callable[..., Any], n_in: int, bl: int, lanes: int) -> None:
     """Stores ``fn`` of the first ``n_in`` refs' tiles into the remaining (output) refs."""
-    outs = [o for o in fn(*(r[...] for r in refs[:n_in])) if o is not None]
+    tiles = (load(r, None, _lane_mask(r, bl, lanes)) for r in refs[:n_in])
+    outs = [o for o in fn(*tiles) if o is not None]
     for ref, value in zip(refs[n_in:], outs):
-        ref[...] = value.astype(ref.dtype)
+        store(ref, None, value, _lane_mask(ref, bl, lanes))
+
+
+def _masked_vjp(fn: Callable[..., Any], kinds: Sequence[str], bl: int, lanes: int) -> Any:
+    """``vjp_tiles`` of ``fn`` whose column/scalar gradients leave out lanes past ``L``."""
+    n = len(kinds)
+
+    def grad_fn(*tiles_and_cts: Any) -> list[Any]:
+        tiles, cts = list(tiles_and_cts[:n]), tiles_and_cts[n:]
+        wide = cts[0].shape
+        keep = span(pl.program_id(1) * bl, bl, lanes, wide, 1)
+        if keep is None:
+            return vjp_tiles(fn, n, *tiles, *cts)
+        narrow = [
+            k in (COL, SCALAR) and jnp.issubdtype(t.dtype, jnp.floating)
+            for t, k in zip(tiles, kinds)
+        ]
+        tiles = [jnp.broadcast_to(t, wide) if w else t for t, w in zip(tiles, narrow)]
+        grads = vjp_tiles(fn, n, *tiles, *cts)
+        for i, (g, k) in enumerate(zip(grads, kinds)):
+            if narrow[i]:
+                g = jnp.sum(jnp.where(keep, g, 0.0), axis=1, keepdims=True)
+                grads[i] = jnp.sum(g, axis=0, keepdims=True) if k == SCALAR else g
+        return grads
+
+    return grad_fn
 
 
 def call(
@@ -66,8 +109,8 @@ def call(
     (rows, lanes), (br, bl) = shape, blocks
     return tuple(
         launch(
-            lambda *refs: _store(*refs, fn=fn, n_in=len(operands)),
-            grid=(rows // br, lanes // bl),
+            lambda *refs: _store(*refs, fn=fn, n_in=len(operands), bl=bl, lanes=lanes),
+            grid=(rows // br, steps(lanes, bl)),
             in_specs=[operand_spec(k, br, bl) for _, k in operands],
             out_specs=[operand_spec(FULL, br, bl)] * len(dtypes),
             out_shape=[Spec(shape, d) for d in dtypes],
@@ -79,7 +122,7 @@ def call(
 def _partial(kind: str, shape: tuple[int, int], blocks: tuple[int, int]) -> tuple[Any, Spec]:
     """Block and array of the per-program partial gradients of an operand of ``kind``."""
     (rows, lanes), (br, bl) = shape, blocks
-    grid = (rows // br, lanes // bl)
+    grid = (rows // br, steps(lanes, bl))
     block = {FULL: (br, bl), ROW: (1, bl), COL: (br, 1), SCALAR: (1, 1)}[kind]
     size = {FULL: shape, ROW: (grid[0], lanes), COL: (rows, grid[1]), SCALAR: grid}[kind]
     return pl.BlockSpec(block, lambda i, j: (i, j)), Spec(size, jnp.float32)
@@ -97,10 +140,10 @@ def vjp_call(
     n = len(operands)
     diff = [(x, k) for x, k in operands if jnp.issubdtype(x.dtype, jnp.floating)]
     parts = [_partial(k, shape, blocks) for _, k in diff]
-    grad_fn = lambda *tiles: vjp_tiles(fn, n, *tiles)
+    grad_fn = _masked_vjp(fn, [k for _, k in operands], bl, lanes)
     partials = launch(
-        lambda *refs: _store(*refs, fn=grad_fn, n_in=n + len(cts)),
-        grid=(rows // br, lanes // bl),
+        lambda *refs: _store(*refs, fn=grad_fn, n_in=n + len(cts), bl=bl, lanes=lanes),
+        grid=(rows // br, steps(lanes, bl)),
         in_specs=[operand_spec(k, br, bl) for _, k in operands]
         + [operand_spec(FULL, br, bl)] * len(cts),
         out_specs=[spec for spec, _ in parts],

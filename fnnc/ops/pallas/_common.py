@@ -2,9 +2,12 @@
 
 Blocks follow the Pallas Triton lowering's rules, so a kernel that runs in interpret
 mode here also lowers on a GPU: every array a kernel loads or stores has a
-power-of-two size, and matrix-product tiles are at least 16 on each side. Kernels do
-not mask partial blocks; a support predicate therefore declines sizes that do not
-split into such blocks, and the node falls back to the reference.
+power-of-two size, and matrix-product tiles are at least 16 on each side. A size that
+is not a multiple of its block is walked in ``cdiv(n, block)`` blocks and the ragged
+last one is *masked*: :func:`load` fills the lanes past the end with a neutral value
+(``-inf`` for a max or logsumexp, 0 for a sum or a product's operand) and
+:func:`store` leaves them alone. Masks are built from ``iota`` only where a size is
+ragged, so evenly blocked shapes lower exactly as before.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 from fnnc.core.command import Spec
 
@@ -33,17 +38,66 @@ def pow2_block(n: int, cap: int) -> int:
     return b
 
 
-def lane_block(n: int, cap: int, floor: int = MIN_TILE) -> int | None:
-    """A power-of-two block dividing ``n``: at least ``floor`` unless it is all of ``n``."""
-    b = pow2_block(n, cap)
-    return b if n > 0 and (b >= floor or b == n) else None
+def next_pow2(n: int) -> int:
+    """The smallest power of two ``>= n`` (1 for ``n <= 1``)."""
+    return 1 << max(0, int(n) - 1).bit_length()
 
 
-def lane_reason(what: str, n: int, floor: int = MIN_TILE) -> str:
-    return (
-        f"{what} {n} does not split into power-of-two blocks of at least {floor} "
-        f"(needs a multiple of {floor}, or a power of two); the kernels do not mask ragged blocks"
-    )
+def lane_block(n: int, cap: int, floor: int = 1) -> int:
+    """A power-of-two block for ``n`` elements: ``n`` padded up, within ``[floor, cap]``.
+
+    ``n`` need not be a multiple: the last of ``cdiv(n, block)`` blocks is masked.
+    """
+    return max(floor, min(cap, next_pow2(n)))
+
+
+def steps(n: int, block: int) -> int:
+    """Blocks of ``block`` that cover ``n`` (the last one ragged if ``n % block``)."""
+    return pl.cdiv(n, block)
+
+
+def span(start: Any, size: int, n: int, shape: Sequence[int], axis: int) -> Any:
+    """``start + iota < n`` along ``axis`` of a ``shape`` tile; ``None`` when never ragged.
+
+    ``size`` is the block along ``axis``; a size ``n`` that is a multiple of it needs
+    no mask (every block is full), so none is built.
+    """
+    if n % size == 0:
+        return None
+    return start + lax.broadcasted_iota(jnp.int32, tuple(shape), axis) < n
+
+
+def both(a: Any, b: Any) -> Any:
+    """The conjunction of two masks, either of which may be ``None`` (all true)."""
+    if a is None or b is None:
+        return b if a is None else a
+    return a & b
+
+
+def ref_at(ref: Any, idx: Any) -> Any:
+    """``ref.at[idx]``; integer indices as int32 scalars (interpret mode needs arrays)."""
+    if idx is None:
+        return ref
+    idx = idx if isinstance(idx, tuple) else (idx,)
+    return ref.at[tuple(jnp.int32(i) if isinstance(i, int) else i for i in idx)]
+
+
+def load(ref: Any, idx: Any = None, mask: Any = None, other: Any = 0) -> Any:
+    """``ref[idx]``, with lanes where ``mask`` is false read as ``other`` (not read at all)."""
+    view = ref_at(ref, idx)
+    if mask is None:
+        return view[...]
+    return plgpu.load(view, mask=mask, other=jnp.asarray(other, view.dtype))
+
+
+def store(ref: Any, idx: Any, value: Any, mask: Any = None) -> None:
+    """``ref[idx] = value`` (cast to the ref's dtype), skipping lanes where ``mask`` is false."""
+    view = ref_at(ref, idx)
+    value = value.astype(view.dtype)
+    if mask is None:
+        view[...] = value
+        return
+    plgpu.store(view, value, mask=mask)
 
 
 def row_block(rows: int, lanes: int, budget: int = 4096, cap: int = 16) -> int:
@@ -90,8 +144,6 @@ def launch(
     """``pl.pallas_call`` in interpret mode off-accelerator, with Triton settings on GPU."""
     params = None
     if platform() == "gpu":
-        from jax.experimental.pallas import triton as plgpu
-
         params = plgpu.CompilerParams(num_warps=warps, num_stages=stages)
     return pl.pallas_call(
         kernel,

@@ -2,7 +2,9 @@
 
 The input is viewed as ``[R, N]`` rows (the normalised axes are the trailing ones).
 One program owns ``bm`` rows and walks the ``N`` lanes in power-of-two blocks of
-``bn``:
+``bn``; when ``N`` is not a multiple of ``bn`` (200 features) the last block is masked
+(missing lanes read as 0 and are kept out of every sum, nothing is stored past ``N``).
+Statistics and sums are float32 whatever the input dtype:
 
 - forward: the mean (layer norm only), then the biased variance of ``x - mean`` (two
   passes, as the reference, so no cancellation), then ``y`` with scale and bias;
@@ -30,9 +32,12 @@ from fnnc.ops._rules import norm_axes
 from fnnc.ops.pallas._common import (
     float_reason,
     lane_block,
-    lane_reason,
     launch,
+    load,
     row_block,
+    span,
+    steps,
+    store,
     trailing,
 )
 
@@ -55,27 +60,34 @@ class Norm:
 
 def blocks(rows: int, lanes: int) -> tuple[int, int]:
     bn = lane_block(lanes, LANE_BLOCK)
-    assert bn is not None, "supports() admits only blockable lane counts"
     return row_block(rows, bn), bn
 
 
-def _load(ref: Any, j: Any, bn: int) -> Any:
-    return ref[:, pl.ds(j * bn, bn)].astype(jnp.float32)
+def _lanes(ref: Any, j: Any, bn: int, n: int) -> tuple[Any, Any]:
+    """Lane block ``j`` of a ``[rows, N]`` ref: its index and mask (``None`` if never ragged)."""
+    return (slice(None), pl.ds(j * bn, bn)), span(j * bn, bn, n, (ref.shape[0], bn), 1)
+
+
+def _load(ref: Any, j: Any, bn: int, n: int) -> Any:
+    """Lane block ``j`` of ``ref`` in float32, 0 past ``N``."""
+    return load(ref, *_lanes(ref, j, bn, n)).astype(jnp.float32)
 
 
 def _stats(x_ref: Any, norm: Norm, bn: int) -> tuple[Any, Any]:
     bm, n = x_ref.shape
-    steps = n // bn
+    walk = steps(n, bn)
     mean = jnp.zeros((bm, 1), jnp.float32)
     if norm.centered:
-        total = lambda j, acc: acc + jnp.sum(_load(x_ref, j, bn), axis=1, keepdims=True)
-        mean = lax.fori_loop(0, steps, total, mean) / n
+        total = lambda j, acc: acc + jnp.sum(_load(x_ref, j, bn, n), axis=1, keepdims=True)
+        mean = lax.fori_loop(0, walk, total, mean) / n
 
     def squares(j, acc):
-        xc = _load(x_ref, j, bn) - mean
+        xc = _load(x_ref, j, bn, n) - mean
+        mask = _lanes(x_ref, j, bn, n)[1]
+        xc = xc if mask is None else jnp.where(mask, xc, 0.0)
         return acc + jnp.sum(xc * xc, axis=1, keepdims=True)
 
-    var = lax.fori_loop(0, steps, squares, jnp.zeros((bm, 1), jnp.float32)) / n
+    var = lax.fori_loop(0, walk, squares, jnp.zeros((bm, 1), jnp.float32)) / n
     return mean, lax.rsqrt(var + norm.epsilon)
 
 
@@ -86,16 +98,19 @@ def _forward_kernel(x_ref, *refs, norm: Norm, bn: int):
     y_ref, *stat_refs = it
     mean, inv = _stats(x_ref, norm, bn)
 
+    n = x_ref.shape[1]
+
     def write(j, carry):
-        y = (_load(x_ref, j, bn) - mean) * inv
+        y = (_load(x_ref, j, bn, n) - mean) * inv
         if scale_ref is not None:
-            y = y * _load(scale_ref, j, bn)
+            y = y * _load(scale_ref, j, bn, n)
         if bias_ref is not None:
-            y = y + _load(bias_ref, j, bn)
-        y_ref[:, pl.ds(j * bn, bn)] = y.astype(y_ref.dtype)
+            y = y + _load(bias_ref, j, bn, n)
+        idx, mask = _lanes(y_ref, j, bn, n)
+        store(y_ref, idx, y, mask)
         return carry
 
-    lax.fori_loop(0, x_ref.shape[1] // bn, write, 0)
+    lax.fori_loop(0, steps(n, bn), write, 0)
     stats = (mean, inv) if norm.centered else (inv,)
     for ref, value in zip(stat_refs, stats):
         ref[...] = value.astype(ref.dtype)
@@ -129,14 +144,14 @@ def _backward_kernel(*refs, norm: Norm, bn: int, has: tuple[bool, bool, bool]):
     gy_ref, gmean_ref, ginv_ref = (next(it) if h else None for h in has)
     gx_ref, *partial_refs = it
     bm, n = x_ref.shape
-    steps = n // bn
+    walk = steps(n, bn)
     mean = mean_ref[...].astype(jnp.float32) if mean_ref is not None else 0.0
     inv = inv_ref[...].astype(jnp.float32)
 
-    def pieces(j):
-        xhat = (_load(x_ref, j, bn) - mean) * inv
-        gy = _load(gy_ref, j, bn) if gy_ref is not None else jnp.zeros_like(xhat)
-        g = gy * _load(scale_ref, j, bn) if scale_ref is not None else gy
+    def pieces(j):  # past N, gy and g are 0, so no sum below sees those lanes
+        xhat = (_load(x_ref, j, bn, n) - mean) * inv
+        gy = _load(gy_ref, j, bn, n) if gy_ref is not None else jnp.zeros_like(xhat)
+        g = gy * _load(scale_ref, j, bn, n) if scale_ref is not None else gy
         return xhat, gy, g
 
     def sums(j, acc):
@@ -147,7 +162,7 @@ def _backward_kernel(*refs, norm: Norm, bn: int, has: tuple[bool, bool, bool]):
         )
 
     zero = jnp.zeros((bm, 1), jnp.float32)
-    sum_g, sum_gx = lax.fori_loop(0, steps, sums, (zero, zero))
+    sum_g, sum_gx = lax.fori_loop(0, walk, sums, (zero, zero))
 
     def write(j, carry):
         xhat, gy, g = pieces(j)
@@ -159,13 +174,15 @@ def _backward_kernel(*refs, norm: Norm, bn: int, has: tuple[bool, bool, bool]):
             gx = gx + gmean_ref[...].astype(jnp.float32) / n
         if ginv_ref is not None:
             gx = gx - (ginv_ref[...].astype(jnp.float32) * inv * inv / n) * xhat
-        gx_ref[:, pl.ds(j * bn, bn)] = gx.astype(gx_ref.dtype)
+        idx, mask = _lanes(gx_ref, j, bn, n)
+        store(gx_ref, idx, gx, mask)
         parts = ([gy * xhat] if norm.has_scale else []) + ([gy] if norm.has_bias else [])
         for ref, part in zip(partial_refs, parts):
-            ref[:, pl.ds(j * bn, bn)] = jnp.sum(part, axis=0, keepdims=True)
+            idx, mask = _lanes(ref, j, bn, n)
+            store(ref, idx, jnp.sum(part, axis=0, keepdims=True), mask)
         return carry
 
-    lax.fori_loop(0, steps, write, 0)
+    lax.fori_loop(0, walk, write, 0)
 
 
 def backward(
@@ -240,8 +257,8 @@ def support_reason(norm_name: str, specs: Sequence[Spec], axes: Sequence[int]) -
     rows, lanes = _split(x.shape, len(ax))
     if rows == 0:
         return f"{norm_name}: input {list(x.shape)} is empty"
-    if lane_block(lanes, LANE_BLOCK) is None:
-        return f"{norm_name}: " + lane_reason("normalised size", lanes)
+    if lanes == 0:
+        return f"{norm_name}: input {list(x.shape)} normalises over no elements"
     return None
 
 

@@ -25,8 +25,9 @@ rounded once on store): Triton cannot compare 16-bit floats, and XLA's own GPU f
 widen the same way; float32 bodies are unchanged.
 
 Supported: bodies without views whose nodes are elementwise (the command attribute),
-optionally led by a gemm; float outputs of one shape whose last axis splits into
-power-of-two blocks; float or bool inputs that are full/row/column/scalar tiles; and
+optionally led by a gemm; float outputs of one non-empty shape of rank >= 1 (any last
+axis: a ragged last lane block is masked, see :mod:`~fnnc.ops.pallas._blockwise`);
+float or bool inputs that are full/row/column/scalar tiles; and
 only primitives the Pallas Triton lowering implements (exact ``gelu`` uses ``erf``,
 which it does not, so such bodies fall back to the reference).
 """
@@ -54,7 +55,6 @@ from fnnc.ops.pallas._common import (
     FULL,
     as_operand,
     lane_block,
-    lane_reason,
     operand_kind,
     reduce_partials,
     row_block,
@@ -88,7 +88,6 @@ class Plan:
     @property
     def blocks(self) -> tuple[int, int]:
         bl = lane_block(self.lanes, LANE_BLOCK)
-        assert bl is not None, "plan() admits only blockable lanes"
         return row_block(self.rows, bl), bl
 
 
@@ -147,8 +146,8 @@ def plan(body: Any) -> Plan | str:
     kinds = _kinds(body, out, skip)
     if isinstance(kinds, str):
         return kinds
-    if not out or lane_block(out[-1], LANE_BLOCK) is None:
-        return lane_reason("last axis", out[-1] if out else 0)
+    if not out or math.prod(out) == 0:
+        return f"outputs {list(out)} are scalars or empty"
     return _plan_primitives(body, Plan(math.prod(out[:-1]), out[-1], kinds, gemm, skip))
 
 

@@ -14,9 +14,14 @@ column, scalar or full tiles, see :func:`~fnnc.ops.pallas._common.operand_kind`)
 The backward is three more products by the same kernel (``dA`` and ``dB`` with the
 right transposes) plus a reduction for the bias.
 
-Supported: float32/bfloat16/float16; ``b`` a rank-2 weight; ``a`` rank 2 (or any rank
-without ``transpose_a``: leading axes fold into rows); M, N and K multiples of 16 (or
-a power of two of at least 16); a bias that is a row, column, scalar or full tile.
+Sizes need not be multiples of the tiles (33 x 47 x 65): the grid is
+``cdiv(M, bm) x cdiv(N, bn)``, and the ragged last tiles and contraction slice are
+masked (operands past the edge read as 0, so they add nothing to the product; nothing
+is stored past the edge). Tiles are powers of two of at least 16 (Triton's ``dot``).
+
+Supported: float32/bfloat16/float16 (float32 accumulation); ``b`` a rank-2 weight;
+``a`` rank 2 (or any rank without ``transpose_a``: leading axes fold into rows); any
+non-empty M, N, K; a bias that is a row, column, scalar or full tile.
 """
 
 from __future__ import annotations
@@ -34,16 +39,22 @@ from jax.experimental import pallas as pl
 from fnnc.core.command import Command, Spec
 from fnnc.ops.blas import gemm as _command
 from fnnc.ops.pallas._common import (
+    COL,
     FULL,
     MIN_TILE,
+    ROW,
     as_operand,
+    both,
     float_reason,
     lane_block,
-    lane_reason,
     launch,
+    load,
     operand_kind,
     operand_spec,
     reduce_partials,
+    span,
+    steps,
+    store,
 )
 
 BLOCK_M, BLOCK_N, BLOCK_K = 64, 64, 32
@@ -68,13 +79,8 @@ def support_reason(a: Spec, b: Spec, bias: Spec | None, ta: bool, tb: bool) -> s
         got = f"a {list(a.shape)}, b {list(b.shape)}"
         return f"gemm: needs a rank-2 b (and a rank-2 a when transpose_a), got {got}"
     m, n, k = dims(a, b, ta, tb)
-    for what, size, cap in (
-        ("rows M", m, BLOCK_M),
-        ("columns N", n, BLOCK_N),
-        ("contraction K", k, BLOCK_K),
-    ):
-        if size < MIN_TILE or lane_block(size, cap) is None:
-            return "gemm: " + lane_reason(what, size)
+    if min(m, n, k) == 0:
+        return f"gemm: an empty product (M, N, K = {m}, {n}, {k})"
     out = (*a.shape[:-2], a.shape[-1] if ta else a.shape[-2], n)
     if bias is not None and operand_kind(bias.shape, out) is None:
         what = f"gemm: bias {list(bias.shape)}"
@@ -89,23 +95,38 @@ def supports(cmd: Command, specs: Sequence[Spec]) -> str | None:
     return support_reason(a, b, bias[0] if bias else None, ta, tb)
 
 
-def _kernel(a_ref, b_ref, *refs, ta, tb, bk, n_operands, epilogue):
-    operands = [r[...] for r in refs[:n_operands]]
-    outs = refs[n_operands:]
-    k = a_ref.shape[0 if ta else 1]
+def _tile(ref: Any, kind: str, ij: tuple[Any, Any], blocks: tuple[int, int], mn: Any) -> Any:
+    """An operand tile of the output tile at ``ij`` (starts), 0 past the output's edge."""
+    if kind not in (FULL, ROW, COL):
+        return ref[...]
+    (bm, bn), shape = blocks, ref.shape
+    rows = span(ij[0], bm, mn[0], shape, 0) if kind != ROW else None
+    cols = span(ij[1], bn, mn[1], shape, 1) if kind != COL else None
+    return load(ref, None, both(rows, cols))
 
-    def step(i, acc):
-        cut = pl.ds(i * bk, bk)
-        a = a_ref[cut, :] if ta else a_ref[:, cut]
-        b = b_ref[:, cut] if tb else b_ref[cut, :]
+
+def _kernel(a_ref, b_ref, *refs, ta, tb, bk, mnk, kinds, epilogue):
+    operands, outs = refs[: len(kinds)], refs[len(kinds) :]
+    (bm, bn), (m, n, k) = outs[0].shape, mnk
+    i0, j0 = pl.program_id(0) * bm, pl.program_id(1) * bn
+    m_a = span(i0, bm, m, (bk, bm) if ta else (bm, bk), 1 if ta else 0)
+    n_b = span(j0, bn, n, (bn, bk) if tb else (bk, bn), 0 if tb else 1)
+
+    def step(s, acc):
+        cut = pl.ds(s * bk, bk)
+        k_a = span(s * bk, bk, k, (bk, bm) if ta else (bm, bk), 0 if ta else 1)
+        k_b = span(s * bk, bk, k, (bn, bk) if tb else (bk, bn), 1 if tb else 0)
+        a = load(a_ref, (cut, slice(None)) if ta else (slice(None), cut), both(m_a, k_a))
+        b = load(b_ref, (slice(None), cut) if tb else (cut, slice(None)), both(n_b, k_b))
         dn = (((0 if ta else 1,), (1 if tb else 0,)), ((), ()))
         return acc + lax.dot_general(a, b, dn, preferred_element_type=jnp.float32)
 
-    bm, bn = outs[0].shape
-    acc = lax.fori_loop(0, k // bk, step, jnp.zeros((bm, bn), jnp.float32))
-    results = epilogue(acc.astype(outs[0].dtype), *operands)
+    acc = lax.fori_loop(0, steps(k, bk), step, jnp.zeros((bm, bn), jnp.float32))
+    rows, cols = span(i0, bm, m, (bm, bn), 0), span(j0, bn, n, (bm, bn), 1)
+    tiles = [_tile(r, kind, (i0, j0), (bm, bn), (m, n)) for r, kind in zip(operands, kinds)]
+    results = epilogue(acc.astype(outs[0].dtype), *tiles)
     for ref, value in zip(outs, results):
-        ref[...] = value.astype(ref.dtype)
+        store(ref, None, value, both(rows, cols))
 
 
 def matmul(
@@ -124,8 +145,8 @@ def matmul(
     epilogue returns the product alone. Returns one ``[M, N]`` array per epilogue output.
     """
     (m, k), n = (a.shape[::-1] if ta else a.shape), (b.shape[0] if tb else b.shape[1])
-    bm, bn, bk = lane_block(m, BLOCK_M), lane_block(n, BLOCK_N), lane_block(k, BLOCK_K)
-    assert bm and bn and bk, "support_reason() admits only blockable sizes"
+    bm, bn = lane_block(m, BLOCK_M, MIN_TILE), lane_block(n, BLOCK_N, MIN_TILE)
+    bk = lane_block(k, BLOCK_K, MIN_TILE)
     dtypes = list(out_dtypes or [a.dtype])
     a_spec = (
         pl.BlockSpec((k, bm), lambda i, j: (0, i))
@@ -142,13 +163,14 @@ def matmul(
         ta=ta,
         tb=tb,
         bk=bk,
-        n_operands=len(operands),
+        mnk=(m, n, k),
+        kinds=tuple(kind for _, kind in operands),
         epilogue=epilogue or (lambda z: (z,)),
     )
     return tuple(
         launch(
             kernel,
-            grid=(m // bm, n // bn),
+            grid=(steps(m, bm), steps(n, bn)),
             in_specs=[a_spec, b_spec, *(operand_spec(kind, bm, bn) for _, kind in operands)],
             out_specs=[operand_spec(FULL, bm, bn)] * len(dtypes),
             out_shape=[Spec((m, n), d) for d in dtypes],

@@ -7,7 +7,7 @@ float32. The backward kernel reads only ``x``, ``scale``, ``mean`` and ``inv_std
 scale and bias gradients.
 
 Supported: float32/bfloat16/float16; ``axes`` the trailing axes (the default ``(-1,)``
-included); a normalised size that is a multiple of 16 or a power of two.
+included); any normalised size (a ragged last lane block is masked).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ without the mean): rows of the trailing normalised axes, walked in power-of-two 
 blocks, statistics in float32. The backward kernel reads only ``x``, ``scale`` and
 ``inv_std`` and also writes per-program partial sums of the scale gradient.
 
-Supported: float32/bfloat16/float16; ``axes`` the trailing axes; a normalised size
-that is a multiple of 16 or a power of two.
+Supported: float32/bfloat16/float16; ``axes`` the trailing axes; any normalised size
+(a ragged last lane block is masked).
 """
 
 from __future__ import annotations

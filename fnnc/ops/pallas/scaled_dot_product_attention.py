@@ -21,9 +21,15 @@ Semantics are the command's exactly (see :mod:`fnnc.ops.attention`): layout
 The graph's ``gradient`` node gets ``O`` but not ``lse``; its kernel backward first
 runs the forward kernel in statistics-only mode (no ``V`` work) to recover ``lse``.
 
+Ragged lengths (67 queries, 45 keys): the grids are ``cdiv(S, bq)`` / ``cdiv(T, bk)``
+and the walks ``cdiv`` too, with power-of-two blocks of at least 16. A query row or
+key column past the end is masked out of the logits (``-inf``, so it carries no
+probability), its loads read 0 and nothing is stored there. Scores, softmax
+statistics and accumulators are float32 for 16-bit inputs too.
+
 Supported: float32/bfloat16/float16; head sizes ``D``, ``Dv`` powers of two in
-[16, 256]; ``S`` and ``T`` multiples of 16 (power-of-two blocks, no masking of ragged
-blocks). Anything else falls back to the reference.
+[16, 256]; any non-empty ``S`` and ``T``; no fused output projection (``weights``,
+``bias``: NNC's unify head). Anything else falls back to the reference.
 """
 
 from __future__ import annotations
@@ -41,12 +47,23 @@ from jax.experimental import pallas as pl
 
 from fnnc.core.command import Command, Spec
 from fnnc.ops.attention import scaled_dot_product_attention as _command
-from fnnc.ops.pallas._common import MIN_TILE, float_reason, lane_block, lane_reason, launch
+from fnnc.ops.pallas._common import (
+    MIN_TILE,
+    both,
+    float_reason,
+    lane_block,
+    launch,
+    load,
+    ref_at,
+    span,
+    steps,
+    store,
+)
 
 NAME = "scaled_dot_product_attention"
 BLOCK_Q = 64
 BLOCK_K = 64
-"""Largest query / key block (the actual block is the largest power of two dividing S / T)."""
+"""Largest query / key block (the actual block is S / T padded to a power of two, >= 16)."""
 
 scaled_dot_product_attention_reference = _command.definition.forward
 """The command's reference forward (the ``"xla"`` backend), which the kernel matches."""
@@ -54,19 +71,17 @@ scaled_dot_product_attention_reference = _command.definition.forward
 
 def supports(cmd: Command, specs: Sequence[Spec]) -> str | None:
     """``None`` when the kernels run these inputs, else the reason (see module doc)."""
-    q, k, v, *_ = specs
+    q, k, v, *rest = specs
+    if any(s is not None for s in rest[1:]):
+        return f"{NAME}: the fused output projection (weights, bias) runs in the reference only"
     why = float_reason(NAME, q, k, v)
     if why is not None:
         return why
     for what, n in (("head size D", q.shape[3]), ("value head size Dv", v.shape[3])):
         if n < MIN_TILE or n > 256 or n & (n - 1):
             return f"{NAME}: {what} {n} is not a power of two in [16, 256]"
-    for what, n, cap in (
-        ("query length S", q.shape[1], BLOCK_Q),
-        ("key length T", k.shape[1], BLOCK_K),
-    ):
-        if lane_block(n, cap) is None or n < MIN_TILE:
-            return f"{NAME}: " + lane_reason(what, n)
+    if q.shape[1] == 0 or k.shape[1] == 0:
+        return f"{NAME}: query length S {q.shape[1]} or key length T {k.shape[1]} is 0"
     return None
 
 
@@ -80,6 +95,8 @@ class _Config:
     group: int  # query heads per key/value head
     bq: int
     bk: int
+    s: int  # query length
+    t: int  # key length
 
 
 def _config(q: Any, k: Any, mask: Any, scale: Any, causal: bool) -> _Config:
@@ -88,10 +105,10 @@ def _config(q: Any, k: Any, mask: Any, scale: Any, causal: bool) -> _Config:
     if mask is not None:
         kind = "bool" if mask.dtype == jnp.bool_ else "float"
         varies = tuple(n != 1 for n in (1,) * (4 - mask.ndim) + tuple(mask.shape))
-    bq, bk = lane_block(s, BLOCK_Q), lane_block(t, BLOCK_K)
-    assert bq is not None and bk is not None, "supports() admits only blockable lengths"
+    bq, bk = lane_block(s, BLOCK_Q, MIN_TILE), lane_block(t, BLOCK_K, MIN_TILE)
     scale = 1 / math.sqrt(d) if scale is None else scale
-    return _Config(float(scale), bool(causal), t - s, kind, varies, h // k.shape[2], bq, bk)
+    group = h // k.shape[2]
+    return _Config(float(scale), bool(causal), t - s, kind, varies, group, bq, bk, s, t)
 
 
 def _logits(cfg: _Config, q: Any, k: Any, row0: Any, col0: Any, m: Any) -> Any:
@@ -108,46 +125,61 @@ def _logits(cfg: _Config, q: Any, k: Any, row0: Any, col0: Any, m: Any) -> Any:
         cols = col0 + lax.broadcasted_iota(jnp.int32, s.shape, 1)
         visible = cols <= rows + cfg.offset
         keep = visible if keep is None else keep & visible
+    inside = both(span(row0, cfg.bq, cfg.s, s.shape, 0), span(col0, cfg.bk, cfg.t, s.shape, 1))
+    keep = both(keep, inside)  # ragged blocks: rows / keys past S / T see nothing
     return s if keep is None else jnp.where(keep, s, -jnp.inf)
 
 
-def _mask_tile(cfg: _Config, ref: Any, rows: Any, cols: Any, head: Any = None) -> Any:
-    """The mask tile for (rows, cols) of a 2-D ``[S|1, T|1]`` block (3-D with heads)."""
+def _rows(ref: Any, idx: Any, row0: Any, n: int, size: int) -> Any:
+    """``ref[idx]``, a tile whose axis 0 is rows ``row0...`` of ``n`` (0 past ``n``)."""
+    view = ref_at(ref, idx)
+    return load(view, None, span(row0, size, n, view.shape, 0))
+
+
+def _mask_tile(cfg: _Config, ref: Any, rows: Any, cols: Any, rc0: Any, head: Any = None) -> Any:
+    """The mask tile for (rows, cols) of a 2-D ``[S|1, T|1]`` block (3-D with heads).
+
+    ``rc0`` are the tile's first query row and key column; past ``S`` / ``T`` it reads 0.
+    """
     if ref is None:
         return None
     _, _, vs, vt = cfg.varies
     index = (rows if vs else slice(None), cols if vt else slice(None))
     if head is not None:
         index = (head if cfg.varies[1] else 0, *index)
-    return ref[index]
+    shape = (cfg.bq if vs else 1, cfg.bk if vt else 1)
+    in_s = span(rc0[0], cfg.bq, cfg.s, shape, 0) if vs else None
+    in_t = span(rc0[1], cfg.bk, cfg.t, shape, 1) if vt else None
+    return load(ref, index, both(in_s, in_t))
 
 
 def _key_blocks(cfg: _Config, i: Any, t: int) -> Any:
     """Key blocks query block ``i`` needs: all, or up to its last visible key (causal)."""
     if not cfg.causal:
-        return t // cfg.bk
+        return steps(t, cfg.bk)
     last = (i + 1) * cfg.bq + cfg.offset  # one past the last visible key
-    return jnp.clip(lax.div(jnp.maximum(last, 0) + cfg.bk - 1, cfg.bk), 0, t // cfg.bk)
+    return jnp.clip(lax.div(jnp.maximum(last, 0) + cfg.bk - 1, cfg.bk), 0, steps(t, cfg.bk))
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, *refs, cfg: _Config, stats_only: bool):
     mask_ref = refs[0] if cfg.mask else None
     *o_ref, lse_ref = refs[1:] if cfg.mask else refs
     i, bq, bk, t = pl.program_id(2), cfg.bq, cfg.bk, k_ref.shape[0]
-    q = q_ref[...]
+    q = _rows(q_ref, None, i * bq, cfg.s, bq)
 
     def body(j, carry):
         acc, m, total = carry
         cols = pl.ds(j * bk, bk)
-        tile = _mask_tile(cfg, mask_ref, slice(None), cols)
-        s = _logits(cfg, q, k_ref[cols, :], i * bq, j * bk, tile)
+        tile = _mask_tile(cfg, mask_ref, slice(None), cols, (i * bq, j * bk))
+        k = _rows(k_ref, (cols, slice(None)), j * bk, t, bk)
+        s = _logits(cfg, q, k, i * bq, j * bk, tile)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
         p = jnp.exp(s - m_safe[:, None])
         alpha = jnp.exp(m - m_safe)
         total = alpha * total + jnp.sum(p, axis=1)
         if not stats_only:
-            v = v_ref[cols, :]
+            v = _rows(v_ref, (cols, slice(None)), j * bk, t, bk)
             pv = lax.dot_general(
                 p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
             )
@@ -162,9 +194,11 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, cfg: _Config, stats_only: bool):
     )
     acc, m, total = lax.fori_loop(0, _key_blocks(cfg, i, t), body, init)
     empty = total == 0
-    lse_ref[...] = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, total)))
+    lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, total)))
+    store(lse_ref, None, lse, span(i * bq, bq, cfg.s, (bq,), 0))
     if not stats_only:
-        o_ref[0][...] = (acc / jnp.where(empty, 1.0, total)[:, None]).astype(o_ref[0].dtype)
+        o = acc / jnp.where(empty, 1.0, total)[:, None]
+        store(o_ref[0], None, o, span(i * bq, bq, cfg.s, o.shape, 0))
 
 
 def _pick(pid: Any, varies: bool) -> Any:
@@ -192,7 +226,7 @@ def _forward(cfg: _Config, q, k, v, mask, *, stats_only=False):
     lse, out = Spec((b, h, s), jnp.float32), Spec((b, s, h, dv), q.dtype)
     results = launch(
         functools.partial(_forward_kernel, cfg=cfg, stats_only=stats_only),
-        grid=(b, h, s // cfg.bq),
+        grid=(b, h, steps(s, cfg.bq)),
         in_specs=specs,
         out_specs=[lse_spec] if stats_only else [out_spec, lse_spec],
         out_shape=[lse] if stats_only else [out, lse],
@@ -206,49 +240,54 @@ def _dq_kernel(q_ref, k_ref, v_ref, *refs, cfg: _Config, want_dmask: bool):
     mask_ref = refs[0] if cfg.mask else None
     go_ref, lse_ref, delta_ref, dq_ref, *dmask_ref = refs[1:] if cfg.mask else refs
     i, bq, bk, t = pl.program_id(2), cfg.bq, cfg.bk, k_ref.shape[0]
-    q, go = q_ref[...], go_ref[...]
-    lse = lse_ref[...]
+    row0 = i * bq
+    q, go = _rows(q_ref, None, row0, cfg.s, bq), _rows(go_ref, None, row0, cfg.s, bq)
+    lse = _rows(lse_ref, None, row0, cfg.s, bq)
     lse = jnp.where(lse == -jnp.inf, 0.0, lse)[:, None]  # rows that see nothing: p = 0
-    delta = delta_ref[...][:, None]
+    delta = _rows(delta_ref, None, row0, cfg.s, bq)[:, None]
 
     def body(j, dq):
         cols = pl.ds(j * bk, bk)
-        k, v = k_ref[cols, :], v_ref[cols, :]
-        tile = _mask_tile(cfg, mask_ref, slice(None), cols)
-        p = jnp.exp(_logits(cfg, q, k, i * bq, j * bk, tile) - lse)
+        k = _rows(k_ref, (cols, slice(None)), j * bk, t, bk)
+        v = _rows(v_ref, (cols, slice(None)), j * bk, t, bk)
+        tile = _mask_tile(cfg, mask_ref, slice(None), cols, (row0, j * bk))
+        p = jnp.exp(_logits(cfg, q, k, row0, j * bk, tile) - lse)
         dp = lax.dot_general(go, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         ds = p * (dp - delta)
         if want_dmask:
-            dmask_ref[0][:, cols] = ds.astype(dmask_ref[0].dtype)
+            inside = both(span(row0, bq, cfg.s, ds.shape, 0), span(j * bk, bk, t, ds.shape, 1))
+            store(dmask_ref[0], (slice(None), cols), ds, inside)
         return dq + lax.dot_general(
             ds.astype(k.dtype), k, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
 
     # The mask's gradient needs every tile written, so no causal early exit then.
-    steps = t // bk if want_dmask else _key_blocks(cfg, i, t)
-    dq = lax.fori_loop(0, steps, body, jnp.zeros(q.shape, jnp.float32))
-    dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
+    walk = steps(t, bk) if want_dmask else _key_blocks(cfg, i, t)
+    dq = lax.fori_loop(0, walk, body, jnp.zeros(q.shape, jnp.float32))
+    store(dq_ref, None, dq * cfg.scale, span(row0, bq, cfg.s, dq.shape, 0))
 
 
 def _dkv_kernel(q_ref, k_ref, v_ref, *refs, cfg: _Config):
     mask_ref = refs[0] if cfg.mask else None
     go_ref, lse_ref, delta_ref, dk_ref, dv_ref = refs[1:] if cfg.mask else refs
     j, bq, bk, s = pl.program_id(2), cfg.bq, cfg.bk, q_ref.shape[0]
-    k, v = k_ref[...], v_ref[...]
+    k, v = _rows(k_ref, None, j * bk, cfg.t, bk), _rows(v_ref, None, j * bk, cfg.t, bk)
     first = 0
     if cfg.causal:  # the first query row that sees key j * bk is j * bk - offset
-        first = jnp.minimum(lax.div(jnp.maximum(j * bk - cfg.offset, 0), bq), s // bq)
+        first = jnp.minimum(lax.div(jnp.maximum(j * bk - cfg.offset, 0), bq), steps(s, bq))
     dk = jnp.zeros(k.shape, jnp.float32)
     dv = jnp.zeros(v.shape, jnp.float32)
     for head in range(cfg.group):  # the query heads that share this key/value head
 
         def body(i, carry, head=head):
             dk, dv = carry
-            rows = pl.ds(i * bq, bq)
-            q, go = q_ref[rows, head, :], go_ref[rows, head, :]
-            lse = lse_ref[head, rows]
+            rows, row0 = pl.ds(i * bq, bq), i * bq
+            q = _rows(q_ref, (rows, head, slice(None)), row0, s, bq)
+            go = _rows(go_ref, (rows, head, slice(None)), row0, s, bq)
+            lse = _rows(lse_ref, (head, rows), row0, s, bq)
             lse = jnp.where(lse == -jnp.inf, 0.0, lse)[:, None]
-            tile = _mask_tile(cfg, mask_ref, rows, slice(None), head)
+            delta = _rows(delta_ref, (head, rows), row0, s, bq)[:, None]
+            tile = _mask_tile(cfg, mask_ref, rows, slice(None), (row0, j * bk), head)
             p = jnp.exp(_logits(cfg, q, k, i * bq, j * bk, tile) - lse)
             dv = dv + lax.dot_general(
                 p.astype(go.dtype), go, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
@@ -256,15 +295,15 @@ def _dkv_kernel(q_ref, k_ref, v_ref, *refs, cfg: _Config):
             dp = lax.dot_general(
                 go, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
             )
-            ds = p * (dp - delta_ref[head, rows][:, None])
+            ds = p * (dp - delta)
             dk = dk + lax.dot_general(
                 ds.astype(q.dtype), q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
             )
             return dk, dv
 
-        dk, dv = lax.fori_loop(first, s // bq, body, (dk, dv))
-    dk_ref[...] = (dk * cfg.scale).astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
+        dk, dv = lax.fori_loop(first, steps(s, bq), body, (dk, dv))
+    store(dk_ref, None, dk * cfg.scale, span(j * bk, bk, cfg.t, dk.shape, 0))
+    store(dv_ref, None, dv, span(j * bk, bk, cfg.t, dv.shape, 0))
 
 
 def _grads(cfg: _Config, q, k, v, mask, o, lse, go, want_dmask: bool):
@@ -293,7 +332,7 @@ def _grads(cfg: _Config, q, k, v, mask, o, lse, go, want_dmask: bool):
     ][: int(want_dmask)]
     dq, *dmask = launch(
         functools.partial(_dq_kernel, cfg=cfg, want_dmask=want_dmask),
-        grid=(b, h, s // cfg.bq),
+        grid=(b, h, steps(s, cfg.bq)),
         in_specs=[
             rows_spec(d),
             keys_spec(d),
@@ -319,7 +358,7 @@ def _grads(cfg: _Config, q, k, v, mask, o, lse, go, want_dmask: bool):
     ][: len(mask_in)]
     dk, dv_ = launch(
         functools.partial(_dkv_kernel, cfg=cfg),
-        grid=(b, hk, t // cfg.bk),
+        grid=(b, hk, steps(t, cfg.bk)),
         in_specs=[
             group_spec(d),
             key_spec(d),

@@ -2,7 +2,10 @@
 
 The scores are viewed as ``[R, C]`` rows. One program owns ``bm`` rows and walks the
 class axis in power-of-two blocks of ``bc`` lanes (a 32k vocabulary never sits in
-registers at once):
+registers at once). ``C`` need not be a multiple of ``bc`` (1001 classes): the last
+block is masked, its missing scores read as ``-inf`` (no mass in the logsumexp) and
+its missing targets as 0, and nothing is stored past ``C``. Statistics are float32
+for every input dtype (16-bit scores are widened on load, results rounded on store):
 
 1. an online logsumexp: the running max ``m`` and ``s = sum exp(x - m)``, rescaled when
    ``m`` grows;
@@ -30,7 +33,16 @@ from jax.experimental import pallas as pl
 
 from fnnc.core.command import Command, Spec
 from fnnc.ops.loss import softmax_crossentropy as _command
-from fnnc.ops.pallas._common import float_reason, lane_block, lane_reason, launch, row_block
+from fnnc.ops.pallas._common import (
+    float_reason,
+    lane_block,
+    launch,
+    load,
+    row_block,
+    span,
+    steps,
+    store,
+)
 
 NAME = "softmax_crossentropy"
 CLASS_BLOCK = 1024
@@ -48,8 +60,8 @@ def supports(cmd: Command, specs: Sequence[Spec]) -> str | None:
         return why
     if x.ndim < 1 or math.prod(x.shape[:-1]) == 0:
         return f"{NAME}: scores {list(x.shape)} have no rows"
-    if lane_block(x.shape[-1], CLASS_BLOCK) is None:
-        return f"{NAME}: " + lane_reason("class axis", x.shape[-1])
+    if x.shape[-1] == 0:
+        return f"{NAME}: scores {list(x.shape)} have no classes"
     return None
 
 
@@ -67,42 +79,56 @@ def _prepare(x_shape: Sequence[int], label: Any, dtype: Any) -> tuple[Any, bool]
     return jnp.reshape(label.astype(jnp.int32), (rows, 1)), False
 
 
-def _targets(t_ref: Any, j: Any, bm: int, bc: int, dense: bool, trims: tuple[float, float]) -> Any:
-    """Targets of class block ``j``: loaded, or built from the rows' class indices."""
+def _cols(j: Any, bm: int, bc: int, c: int) -> tuple[Any, Any]:
+    """Class block ``j``'s index and its mask (``None`` when ``C`` splits evenly)."""
+    return (slice(None), pl.ds(j * bc, bc)), span(j * bc, bc, c, (bm, bc), 1)
+
+
+def _blk(ref: Any, j: Any, bc: int, c: int, other: float = 0.0) -> Any:
+    """Class block ``j`` of ``ref`` in float32, lanes past ``C`` read as ``other``."""
+    idx, mask = _cols(j, ref.shape[0], bc, c)
+    return load(ref, idx, mask, other).astype(jnp.float32)
+
+
+def _targets(t_ref: Any, j: Any, bm: int, bc: int, c: int, dense: bool, trims: Any) -> Any:
+    """Targets of class block ``j`` (0 past ``C``): loaded, or built from class indices."""
     if dense:
-        return t_ref[:, pl.ds(j * bc, bc)].astype(jnp.float32)
+        return _blk(t_ref, j, bc, c)
     cols = j * bc + lax.broadcasted_iota(jnp.int32, (bm, bc), 1)
-    return jnp.where(cols == t_ref[...], trims[1], trims[0]).astype(jnp.float32)
+    t = jnp.where(cols == t_ref[...], trims[1], trims[0]).astype(jnp.float32)
+    mask = span(j * bc, bc, c, (bm, bc), 1)
+    return t if mask is None else jnp.where(mask, t, 0.0)
 
 
 def _forward_kernel(x_ref, t_ref, loss_ref, p_ref, *, bc, dense, trims):
     bm, c = x_ref.shape
+    n = steps(c, bc)
 
     def stats(j, carry):
         m, s = carry
-        x = x_ref[:, pl.ds(j * bc, bc)].astype(jnp.float32)
+        x = _blk(x_ref, j, bc, c, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(x, axis=1, keepdims=True))
         s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(x - m_new), axis=1, keepdims=True)
         return m_new, s
 
     init = (jnp.full((bm, 1), -jnp.inf, jnp.float32), jnp.zeros((bm, 1), jnp.float32))
-    m, s = lax.fori_loop(0, c // bc, stats, init)
+    m, s = lax.fori_loop(0, n, stats, init)
 
     def write(j, carry):
         tz, t_sum = carry
-        z = x_ref[:, pl.ds(j * bc, bc)].astype(jnp.float32) - m
-        p_ref[:, pl.ds(j * bc, bc)] = (jnp.exp(z) / s).astype(p_ref.dtype)
-        t = _targets(t_ref, j, bm, bc, dense, trims)
+        idx, mask = _cols(j, bm, bc, c)
+        z = _blk(x_ref, j, bc, c) - m
+        store(p_ref, idx, jnp.exp(z) / s, mask)
+        t = _targets(t_ref, j, bm, bc, c, dense, trims)
         return tz + jnp.sum(t * z, axis=1, keepdims=True), t_sum + jnp.sum(t, axis=1, keepdims=True)
 
     zero = jnp.zeros((bm, 1), jnp.float32)
-    tz, t_sum = lax.fori_loop(0, c // bc, write, (zero, zero))
+    tz, t_sum = lax.fori_loop(0, n, write, (zero, zero))
     loss_ref[...] = (-tz + m * (1 - t_sum) + jnp.log(s)).astype(loss_ref.dtype)
 
 
 def _blocks(rows: int, c: int) -> tuple[int, int]:
     bc = lane_block(c, CLASS_BLOCK)
-    assert bc is not None, "supports() admits only blockable class axes"
     return row_block(rows, bc), bc
 
 
@@ -126,25 +152,26 @@ def _grad_kernel(*refs, bc, dense, trims, has_gl, has_gp):
     gp_ref = next(it) if has_gp else None
     t_ref, p_ref, gx_ref = next(it), next(it), next(it)
     bm, c = p_ref.shape
-    blk = lambda ref, j: ref[:, pl.ds(j * bc, bc)].astype(jnp.float32)
+    blk = lambda ref, j: _blk(ref, j, bc, c)
     r = jnp.zeros((bm, 1), jnp.float32)
     if has_gp:
         dot = lambda j, acc: acc + jnp.sum(blk(gp_ref, j) * blk(p_ref, j), axis=1, keepdims=True)
-        r = lax.fori_loop(0, c // bc, dot, r)
+        r = lax.fori_loop(0, steps(c, bc), dot, r)
 
     def write(j, carry):
         p = blk(p_ref, j)
         gx = jnp.zeros_like(p)
         if has_gl:
             gx = gx + gl_ref[...].astype(jnp.float32) * (
-                p - _targets(t_ref, j, bm, bc, dense, trims)
+                p - _targets(t_ref, j, bm, bc, c, dense, trims)
             )
         if has_gp:
             gx = gx + p * (blk(gp_ref, j) - r)
-        gx_ref[:, pl.ds(j * bc, bc)] = gx.astype(gx_ref.dtype)
+        idx, mask = _cols(j, bm, bc, c)
+        store(gx_ref, idx, gx, mask)
         return carry
 
-    lax.fori_loop(0, c // bc, write, 0)
+    lax.fori_loop(0, steps(c, bc), write, 0)
 
 
 def _grad(g_loss: Any, g_p: Any, t: Any, p: Any, dense: bool, trims: tuple[float, float]) -> Any:

@@ -14,12 +14,16 @@ from tests.ops.pallas.checks import check_forced_eager, check_kernel, check_unsu
 
 
 def _broadcasts():
-    """Full, row (bias), column and scalar inputs through a chain of five commands."""
+    """Full, row (bias), column and scalar inputs through a chain of five commands.
+
+    37 lanes in blocks of 16: the last block is ragged, and the column and scalar
+    gradients are summed over its valid lanes only.
+    """
     b = GraphBuilder()
-    x, bias, col, c = b.input((4, 8, 32)), b.input((32,)), b.input((4, 8, 1)), b.input(())
+    x, bias, col, c = b.input((3, 2, 37)), b.input((37,)), b.input((3, 2, 1)), b.input(())
     y = b.exec(ops.gelu(approximate=True), b.exec(ops.add(), x, bias))
     y = b.exec(ops.swish(), b.exec(ops.ewsum(), b.exec(ops.ewprod(), y, col), c))
-    args = [rand((4, 8, 32)), rand((32,), seed=1), rand((4, 8, 1), seed=2), rand((), seed=3)]
+    args = [rand((3, 2, 37)), rand((37,), seed=1), rand((3, 2, 1), seed=2), rand((), seed=3)]
     return b.build([y]), args, [0, 1, 2, 3]
 
 
@@ -95,7 +99,6 @@ def _body(shape, *cmds, inputs=None):
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
-        (_body((4, 20), ops.ewexp(), ops.tanh()), "last axis 20 does not split"),
         (_body((4, 32), ops.ewexp(), ops.gelu()), r"primitives \['erf'\] have no Pallas Triton"),
         (
             _body((4, 8, 32), ops.add(), ops.relu(), inputs=[(4, 8, 32), (4, 1, 32)]),

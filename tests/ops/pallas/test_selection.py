@@ -44,7 +44,7 @@ def test_chosen_on_gpu_by_priority_never_on_cpu():
     assert ops.select_backend(cmd, specs, "gpu") == "pallas"
     assert ops.select_backend(cmd, specs, "tpu") == "xla"  # not verified on TPU yet
     assert ops.select_backend(cmd, specs, "cpu") == "xla"
-    assert ops.select_backend(cmd, [spec((8, 20), F32)], "gpu") == "xla"  # ragged: fallback
+    assert ops.select_backend(cmd, [spec((8, 64), np.float64)], "gpu") == "xla"  # fallback
 
 
 def test_compile_on_cpu_never_picks_an_interpret_mode_kernel():
@@ -90,13 +90,13 @@ def test_table_with_pallas_entries_round_trips(clean_table, tmp_path):
 
 
 def test_global_force_falls_back_where_unsupported_per_command_force_raises():
-    cmd, ragged = ops.rms_norm(), [spec((8, 20), F32)]
+    cmd, ragged = ops.rms_norm(), [spec((8, 20), np.float64)]  # a dtype no kernel takes
     with config.override(backend="pallas"):
         assert ops.select_backend(cmd, ragged, "cpu") == "xla"
         assert ops.select_backend(ops.ewexp(), ragged, "cpu") == "xla"
     with (
         config.override(backend_per_command={"rms_norm": "pallas"}),
-        pytest.raises(BackendError, match=r"rms_norm.*normalised size 20"),
+        pytest.raises(BackendError, match=r"rms_norm.*float64"),
     ):
         ops.select_backend(cmd, ragged, "cpu")
 
@@ -205,7 +205,7 @@ def test_16_bit_inputs_match_the_reference_to_their_precision(name, dtype):
         if np.dtype(d) == np.bool_:
             args.append(rng.uniform(size=shape) > 0.3)
         elif np.dtype(d) == np.int32:
-            args.append(rng.integers(0, 2048, shape).astype(np.int32))
+            args.append(rng.integers(0, 1001, shape).astype(np.int32))
         else:
             args.append(jax.numpy.asarray(rng.uniform(-1, 1, shape), d))
     with config.override(backend_per_command={cmd.name: "pallas"}):
