@@ -295,23 +295,43 @@ def _within_budget(graph: Graph, start: int, budget: int) -> Graph:
         return memory_plan(result).peak_bytes, sum(cost[c] for c in unsaved), result, unsaved
 
     best: tuple[int, int, Graph, list[int]] | None = None
-    lowest = full
+    lowest = attempt([])
     for k in range(2, len(order) + 2):
         saved = set(order[len(order) - 1 :: -k])  # every k-th, counted from the loss end
         trial = attempt([c for c in order if c not in saved])
-        lowest = min(lowest, trial[0])
+        lowest = min(lowest, trial, key=lambda t: (t[0], t[1]))
         if trial[0] <= budget and (best is None or trial[1] < best[1]):
             best = trial
     if best is None:
+        best = _descend(attempt, order, lowest, budget)
+    if best is None:
         raise GraphError(
             f"remat: budget_bytes={budget:,d} is below the smallest peak found "
-            f"({lowest:,d} bytes; without remat {full:,d}); raise the budget"
+            f"({lowest[0]:,d} bytes; without remat {full:,d}); raise the budget"
         )
     for c in sorted(best[3], key=lambda c: -cost[c]):
         trial = attempt([k for k in best[3] if k != c])
         if trial[0] <= budget:
             best = trial
     return best[2]
+
+
+def _descend(attempt: Any, order: list[int], start: Any, budget: int) -> Any:
+    """From the lowest configuration the sweep found, flip one candidate at a time
+    (saved <-> recomputed) while that lowers the peak, until the budget holds."""
+    current = start
+    improved = True
+    while improved and current[0] > budget:
+        improved = False
+        for c in order:
+            unsaved = current[3]
+            flipped = [k for k in unsaved if k != c] if c in unsaved else [*unsaved, c]
+            trial = attempt(flipped)
+            if trial[0] < current[0]:
+                current, improved = trial, True
+                if current[0] <= budget:
+                    return current
+    return current if current[0] <= budget else None
 
 
 def _union(units: dict[int, set[int]], chosen: list[int]) -> set[int]:

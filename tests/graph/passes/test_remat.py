@@ -88,6 +88,7 @@ def test_budgets_between_the_floor_and_the_full_peak_are_met():
     # at checkpointing's own peak, the budget search recomputes no more than it does
     same_peak = remat(g, budget_bytes=floor)
     assert recomputed_flops(same_peak) <= recomputed_flops(block)
+    assert memory_plan(same_peak).peak_bytes <= floor
 
 
 def test_a_budget_below_reach_says_what_is_reachable():
