@@ -74,7 +74,6 @@ class Attributes:
     Attributes:
         random: results depend on a random key; never merged by CSE.
         has_effects: never removed by DCE even if its outputs are unused.
-        in_place: output 0 may reuse input 0's buffer (donation is safe).
         differentiable: has a backward at all.
         elementwise: one output whose every element depends only on the same element
             of the (broadcast) inputs, with no effects: a member of fused chains.
@@ -86,7 +85,6 @@ class Attributes:
 
     random: bool = False
     has_effects: bool = False
-    in_place: bool = False
     differentiable: bool = True
     elementwise: bool = False
     commutative: bool | Callable[[Command], bool] = False
@@ -327,7 +325,6 @@ def defcommand(
     name: str | None = None,
     random: bool = False,
     has_effects: bool = False,
-    in_place: bool = False,
     differentiable: bool = True,
     elementwise: bool = False,
     commutative: bool | Callable[[Command], bool] = False,
@@ -345,7 +342,7 @@ def defcommand(
             it raises :class:`fnnc.errors.ShapeError` for inputs that do not fit.
         uses: which forward tensors the backward reads.
         name: registered name; defaults to the function's name.
-        random, has_effects, in_place, differentiable, elementwise, commutative,
+        random, has_effects, differentiable, elementwise, commutative,
             idempotent: see :class:`Attributes`.
         min_inputs: fewest inputs accepted; default the required positional ones, and
             at least one for a variadic command (``ewsum`` of nothing is undefined).
@@ -385,7 +382,6 @@ def defcommand(
             attributes=Attributes(
                 random,
                 has_effects,
-                in_place,
                 differentiable,
                 elementwise,
                 commutative,

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any
 
@@ -40,7 +41,7 @@ import jax
 
 from fnnc import config
 from fnnc.core.command import Command, Spec, lookup, output_specs
-from fnnc.errors import BackendError, DTypeError
+from fnnc.errors import BackendError, CommandError, DTypeError
 
 REFERENCE = "xla"
 
@@ -130,7 +131,7 @@ TABLE = AutotuneTable()
 
 def table_key(cmd: Command, specs: Sequence[Spec], platform: str) -> str:
     """The autotune table key of one (command, input specs, platform)."""
-    shapes = ";".join(f"{s.dtype.name}{list(s.shape)}" for s in specs)
+    shapes = ";".join("none" if s is None else f"{s.dtype.name}{list(s.shape)}" for s in specs)
     return f"{cmd.name}|{cmd.params!r}|{shapes}|{platform}"
 
 
@@ -270,10 +271,16 @@ def _spec_str(s: Spec) -> str:
     return f"{s.dtype.name}{list(s.shape)}"
 
 
-def as_specs(arrays: Sequence[Any], where: str) -> tuple[Spec, ...]:
-    """The specs of ``arrays``; a :class:`DTypeError` naming ``where`` for non-arrays."""
-    specs = []
+def as_specs(arrays: Sequence[Any], where: str) -> tuple[Spec | None, ...]:
+    """The specs of ``arrays``; a :class:`DTypeError` naming ``where`` for non-arrays.
+
+    ``None`` (an optional input left out) stays ``None``.
+    """
+    specs: list[Spec | None] = []
     for i, a in enumerate(arrays):
+        if a is None:
+            specs.append(None)
+            continue
         if not hasattr(a, "shape") or not hasattr(a, "dtype"):
             try:
                 a = jax.numpy.asarray(a)
@@ -285,11 +292,39 @@ def as_specs(arrays: Sequence[Any], where: str) -> tuple[Spec, ...]:
     return tuple(specs)
 
 
+def _left_out(cmd: Command, arrays: Sequence[Any]) -> tuple[Any, ...]:
+    """``arrays`` without trailing ``None``s; a :class:`CommandError` for a ``None`` in
+    the place of a required input (only inputs whose default is ``None`` may be left out).
+    """
+    if not any(a is None for a in arrays):
+        return tuple(arrays)
+    opdef = lookup(cmd.name)
+    for i, a in enumerate(arrays):
+        if a is None and (opdef.variadic or i < opdef.num_required):
+            raise CommandError(
+                f"{cmd}: input {i} is None, but it is required "
+                f"(signature {opdef.name}{inspect.signature(opdef.forward)}); only optional "
+                "inputs (those with a default of None) may be passed as None"
+            )
+    arrays = tuple(arrays)
+    while arrays and arrays[-1] is None:
+        arrays = arrays[:-1]
+    return arrays
+
+
 def run_eager(cmd: Command, arrays: Sequence[Any]) -> Any:
-    """Runs ``cmd`` on concrete arrays: checked by the shape rule, then compiled once."""
+    """Runs ``cmd`` on concrete arrays: checked by the shape rule, then compiled once.
+
+    ``None`` leaves out an optional input: ``sdpa(q, k, v, None)`` is ``sdpa(q, k, v)``
+    (trailing ``None``s are dropped), and ``sdpa(q, k, v, None, w)`` gives the command
+    ``mask=None``. Such a call, with an input left out before a given one, runs the
+    reference backend: other backends take their inputs by position.
+    """
+    arrays = _left_out(cmd, arrays)
     specs = as_specs(arrays, str(cmd))
     outs = output_specs(cmd, specs)
-    backend = select_backend(cmd, specs)
+    gap = any(s is None for s in specs)
+    backend = REFERENCE if gap else select_backend(cmd, specs)
     result = compiled_forward(cmd, backend)(*arrays)
     if len(outs) == 1 and isinstance(result, tuple):
         return result[0]

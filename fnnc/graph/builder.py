@@ -17,6 +17,7 @@ Example: NNC's autograd example, w = x*x, u = 1/x, v = log u, z = w + v.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ class GraphBuilder:
         self._symbols: list[Symbol] = []
         self._nodes: list[Node] = []
         self._inputs: list[int] = []
+        self._auto: dict[int, TensorSymbol] = {}  # id -> the shape-less symbol handed out
 
     @classmethod
     def from_graph(cls, graph: Graph) -> GraphBuilder:
@@ -62,16 +64,42 @@ class GraphBuilder:
         self._inputs.append(sym.id)
 
     # -- symbols ---------------------------------------------------------------
-    def input(self, shape: Sequence[int], dtype: Any = np.float32, name: str = "") -> TensorSymbol:
-        """A graph input of ``shape`` and ``dtype``, fed by callers in creation order."""
-        sym = self.tensor(shape, dtype, name)
+    def input(
+        self, shape: Sequence[int] | None, dtype: Any = np.float32, name: str = ""
+    ) -> TensorSymbol:
+        """A graph input of ``shape`` and ``dtype``, fed by callers in creation order.
+
+        ``shape=None`` is accepted only to fail clearly: NNC's auto shape comes from the
+        node that writes a tensor, and no node writes a graph input, so :meth:`build`
+        (or a node reading it) raises :class:`GraphError` naming it.
+        """
+        sym = self._new(shape, dtype, name, "input")
         self._inputs.append(sym.id)
         return sym
 
-    def tensor(self, shape: Sequence[int], dtype: Any = np.float32, name: str = "") -> TensorSymbol:
-        """A tensor symbol not yet written (write it via ``exec(outputs=)`` or aliases)."""
-        dtype = jax.dtypes.canonicalize_dtype(np.dtype(dtype))
-        sym = TensorSymbol(len(self._symbols), tuple(int(n) for n in shape), dtype, name)
+    def tensor(
+        self, shape: Sequence[int] | None, dtype: Any = None, name: str = ""
+    ) -> TensorSymbol:
+        """A tensor symbol not yet written (write it via ``exec(outputs=)`` or aliases).
+
+        ``shape=None`` is NNC's auto shape (``ccv_nnc_tensor_symbol_new`` with auto
+        parameters): the node that writes the symbol (``exec(cmd, x, outputs=[t])``)
+        fills its shape, and its dtype unless ``dtype`` is given. ``exec`` returns the
+        filled symbol; the shape-less one stays usable in later calls. ``dtype=None``
+        means float32 for a tensor with a shape.
+        """
+        return self._new(shape, dtype, name, "tensor")
+
+    def _new(self, shape: Any, dtype: Any, name: str, kind: str) -> TensorSymbol:
+        where = f"{kind} {name!r}" if name else kind
+        sid = len(self._symbols)
+        if shape is None:  # auto: shape (and dtype, unless given) come from the writer
+            auto_dtype = None if dtype is None else _dtype(dtype, where)
+            sym = TensorSymbol(sid, None, auto_dtype, name)  # type: ignore[arg-type]
+            self._auto[sid] = sym
+        else:
+            dtype = np.float32 if dtype is None else dtype
+            sym = TensorSymbol(sid, _shape(shape, where), _dtype(dtype, where), name)
         self._symbols.append(sym)
         return sym
 
@@ -101,9 +129,10 @@ class GraphBuilder:
             base: the flat start in the root's buffer, instead of ``offset`` (passes
                 use it to copy a view's exact placement).
         """
-        parent = self._known(of, "alias")
+        parent = self._shaped(of, "alias")
         root = self._symbols[parent.root]
-        shape = tuple(int(n) for n in shape)
+        where = f"alias {name!r} of {self._label(of)}" if name else f"alias of {self._label(of)}"
+        shape = _shape(shape, where, auto=False)
         if stride is None:
             if len(shape) == len(parent.shape) and not parent.is_alias:
                 stride = contiguous_strides(root.shape)
@@ -118,8 +147,8 @@ class GraphBuilder:
                 )
             else:
                 stride = contiguous_strides(shape)
-        stride = tuple(int(s) for s in stride)
-        offset = tuple(int(o) for o in (offset or (0,) * len(shape)))
+        stride = _ints(stride, "stride", where)
+        offset = _ints(offset or (0,) * len(shape), "offset", where)
         if not len(offset) == len(stride) == len(shape):
             raise ShapeError(
                 f"alias of {self._label(of)}: shape {list(shape)}, offset {list(offset)} and "
@@ -161,7 +190,7 @@ class GraphBuilder:
                 f"exec {name!r}: expected a Command (e.g. fnnc.ops.relu()), got "
                 f"{type(cmd).__name__}; call the factory to build one"
             )
-        ins = tuple(self._known(s, f"node {name or cmd.name}") for s in inputs)
+        ins = tuple(self._shaped(s, f"node {name or cmd.name}") for s in inputs)
         where = f"node {name!r} ({cmd.name})" if name else f"node {cmd.name}"
         try:
             specs = output_specs(cmd, [s.spec for s in ins])
@@ -176,14 +205,16 @@ class GraphBuilder:
                 for i, s in enumerate(specs)
             )
         else:
-            outs = tuple(self._known(s, where) for s in outputs)
+            outs = tuple(self._known(s, where) for s in _listed(outputs, where, "outputs="))
+            outs = self._fill_auto(where, outs, specs)
             self._check_outputs(where, outs, specs)
         self._nodes.append(Node(cmd, tuple(s.id for s in ins), tuple(s.id for s in outs), name))
         return outs[0] if len(outs) == 1 else outs
 
     def build(self, outputs: Sequence[Symbol], *, out_tree: Any = None) -> Graph:
         """The graph so far, returning ``outputs``; verified when checks are on."""
-        outs = tuple(self._known(s, "build").id for s in outputs)
+        outs = tuple(self._known(s, "build").id for s in _listed(outputs, "build", "outputs"))
+        self._no_auto_left()
         graph = Graph(tuple(self._symbols), tuple(self._nodes), tuple(self._inputs), outs, out_tree)
         if config.get().checks:
             from fnnc.graph.verify import verify
@@ -193,14 +224,57 @@ class GraphBuilder:
 
     # -- helpers ---------------------------------------------------------------
     def _known(self, sym: Any, where: str) -> Symbol:
+        """``sym`` as this builder holds it now (an auto symbol comes back filled)."""
         if not isinstance(sym, (TensorSymbol, AliasSymbol)):
             raise CommandError(
                 f"{where}: expected a tensor symbol of this builder, got {type(sym).__name__} "
                 f"{sym!r}; wrap values with builder.constant(value)"
             )
-        if sym.id >= len(self._symbols) or self._symbols[sym.id] != sym:
+        if sym.id >= len(self._symbols):
             raise GraphError(f"{where}: symbol {self._label(sym)} belongs to another builder")
-        return sym
+        held = self._symbols[sym.id]
+        if held != sym and self._auto.get(sym.id) != sym:
+            raise GraphError(f"{where}: symbol {self._label(sym)} belongs to another builder")
+        return held
+
+    def _shaped(self, sym: Any, where: str) -> Symbol:
+        """:meth:`_known`, for uses that need the shape (node inputs, views)."""
+        held = self._known(sym, where)
+        if held.shape is None:
+            raise GraphError(f"{where}: {self._auto_problem(held)}")
+        return held
+
+    def _auto_problem(self, sym: Symbol) -> str:
+        label = self._label(sym)
+        if sym.id in self._inputs:
+            return (
+                f"graph input {label} has no shape (input(None)); NNC's auto shape comes "
+                "from the node that writes a tensor, and no node writes a graph input: "
+                "give input() a shape"
+            )
+        return (
+            f"tensor {label} has no shape yet (made with shape=None, NNC's auto shape, which "
+            "the node writing it fills); write it first with exec(..., outputs=[it]), or "
+            "give tensor() a shape"
+        )
+
+    def _fill_auto(self, where: str, outs: tuple[Symbol, ...], specs: Any) -> tuple[Symbol, ...]:
+        """Gives the auto symbols among ``outs`` the specs the command produces."""
+        filled = []
+        for sym, spec in zip(outs, specs):
+            if sym.shape is None:
+                if sym.id in self._inputs:
+                    raise GraphError(f"{where}: {self._auto_problem(sym)}")
+                dtype = np.dtype(spec.dtype) if sym.dtype is None else sym.dtype
+                sym = TensorSymbol(sym.id, tuple(spec.shape), dtype, sym.name)
+                self._symbols[sym.id] = sym
+            filled.append(sym)
+        return tuple(filled)
+
+    def _no_auto_left(self) -> None:
+        for sid in self._auto:
+            if self._symbols[sid].shape is None:
+                raise GraphError(f"build: {self._auto_problem(self._symbols[sid])}")
 
     def _check_outputs(self, where: str, outs: tuple[Symbol, ...], specs: tuple[Any, ...]) -> None:
         if len(outs) != len(specs):
@@ -221,6 +295,50 @@ class GraphBuilder:
 
     def _label(self, sym: Symbol) -> str:
         return f"%{sym.id} ({sym.name})" if sym.name else f"%{sym.id}"
+
+
+def _shape(shape: Any, where: str, auto: bool = True) -> tuple[int, ...]:
+    """A shape as a tuple of non-negative ints; a :class:`GraphError` for anything else."""
+    try:
+        dims = tuple(operator.index(n) for n in shape)
+    except TypeError:
+        dims = None
+    if dims is None or any(n < 0 for n in dims):
+        also = ", or None for NNC's auto shape (filled by the node that writes the tensor)"
+        raise GraphError(
+            f"{where}: shape {shape!r} is not a sequence of non-negative ints; give e.g. "
+            f"(2, 3) or () for a scalar{also if auto else ''}"
+        )
+    return dims
+
+
+def _ints(values: Any, what: str, where: str) -> tuple[int, ...]:
+    """``values`` as a tuple of ints; a :class:`GraphError` naming ``what`` otherwise."""
+    try:
+        return tuple(operator.index(v) for v in values)
+    except TypeError:
+        raise GraphError(f"{where}: {what} {values!r} is not a sequence of ints") from None
+
+
+def _listed(items: Any, where: str, what: str) -> list[Any]:
+    """``items`` as a list; a :class:`GraphError` for a bare symbol (the usual slip) or
+    anything else that is not a sequence of symbols."""
+    if not isinstance(items, (TensorSymbol, AliasSymbol)):
+        try:
+            return list(items)
+        except TypeError:
+            pass
+    hint = f"; wrap the one symbol: [{items.name or 'sym'}]" if hasattr(items, "id") else ""
+    raise GraphError(f"{where}: {what} takes a list of symbols, got {type(items).__name__}{hint}")
+
+
+def _dtype(dtype: Any, where: str) -> np.dtype:
+    try:
+        return jax.dtypes.canonicalize_dtype(np.dtype(dtype))
+    except TypeError:
+        raise DTypeError(
+            f"{where}: dtype {dtype!r} is not a dtype; give e.g. np.float32 or 'int32'"
+        ) from None
 
 
 def _is_contiguous(sym: AliasSymbol) -> bool:

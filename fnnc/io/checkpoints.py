@@ -34,7 +34,7 @@ import time
 from typing import Any
 
 from fnnc.errors import CheckpointError
-from fnnc.io import model_state, tree
+from fnnc.io import tree
 from fnnc.io.tensor_file import TensorFile
 
 FORMAT, VERSION = "fnnc.checkpoint", 1
@@ -128,7 +128,8 @@ class Checkpoints:
             state: a pytree of arrays (dict/list/tuple/NamedTuple/None containers), an
                 object with ``parameters() -> dict[str, array]``, or a compiled cnnp
                 model: then everything to resume training is saved, see
-                :mod:`fnnc.io.model_state` and :meth:`restore_into`.
+                :meth:`restore_into` (any object with ``checkpoint_state(row, metadata,
+                step)``, which :class:`fnnc.models.Model` implements).
             optimizer_state: e.g. an Optax state; restored in the same structure.
             metadata: anything JSON can hold (loss, epoch, config); a dict with a model.
         """
@@ -136,14 +137,12 @@ class Checkpoints:
         prefix = f"__ckpt-{step}__["
         source = "pytree"
         row = lambda label: f"{prefix}{label}]"
-        if model_state.is_model(state):  # parameters, optimizer state, progress, RNG
+        if callable(getattr(state, "checkpoint_state", None)):  # a model: everything to resume
             if optimizer_state is not None:
                 raise CheckpointError(
                     "checkpoint: a model's optimizer state is saved with it; drop optimizer_state="
                 )
-            state_data, opt_data, metadata, rows = model_state.encode_model(
-                state, row, metadata, step
-            )
+            state_data, opt_data, metadata, rows = state.checkpoint_state(row, metadata, step)
             source = "model"
         else:
             if callable(getattr(state, "parameters", None)):
@@ -243,7 +242,7 @@ class Checkpoints:
         ['__ckpt-1__[t-fc-0-0/count]', '__ckpt-1__[t-fc-0-0/mu]', '__ckpt-1__[t-fc-0-0/nu]',
          '__ckpt-1__[t-fc-0-1/count]', '__ckpt-1__[t-fc-0-1/mu]', '__ckpt-1__[t-fc-0-1/nu]']
         """
-        return model_state.restore_into(self, model, step)
+        return model.restore_checkpoint(self, step)
 
     def delete(self, step: int) -> None:
         """Deletes one step (its rows and its manifest) atomically."""

@@ -233,8 +233,12 @@ class TensorFile:
 
         Args:
             name: the row's name.
-            shape: read into this shape (same element count), as NNC reads into a given
-                tensor; ``shape=()`` gets a scalar back from its ``[1]`` row.
+            shape: read into this shape, as NNC reads into a given tensor
+                (``ccv_nnc_tensor_read`` with a preallocated one): the stored values in
+                order, or, for a shape with fewer elements, the first that many
+                (NNC copies ``min(sizes)``); ``shape=()`` gets a scalar back from its
+                ``[1]`` row. A larger shape raises :class:`ShapeError` (NNC would leave
+                the rest of its tensor as it was; a new array has no "as it was").
             dtype: read as this dtype. Floating types convert into each other (NNC
                 converts 16F <-> 32F); other changes raise :class:`DTypeError`.
             decoder: for rows written with an encoder: a :class:`Codec` or a function
@@ -271,12 +275,14 @@ class TensorFile:
             )
         arr = np.frombuffer(data, info.dtype, count).reshape(info.shape)
         if shape is not None and tuple(shape) != info.shape:
-            if int(np.prod(shape, dtype=np.int64)) != count:
+            wanted = int(np.prod(shape, dtype=np.int64))
+            if wanted > count:
                 raise ShapeError(
-                    f"{where} is {info.dtype}{list(info.shape)}; cannot read it as shape "
-                    f"{list(shape)} (element counts differ)"
+                    f"{where} is {info.dtype}{list(info.shape)} ({count} elements); cannot "
+                    f"read it as shape {list(shape)} ({wanted} elements): a shape may hold "
+                    "the stored elements or fewer (the first ones are read, as NNC does)"
                 )
-            arr = arr.reshape(shape)
+            arr = arr.reshape(-1)[:wanted].reshape(shape)
         want = info.dtype if dtype is None else np.dtype(dtype)
         if want != info.dtype and not {want, info.dtype} <= fmt.FLOATS:
             raise DTypeError(

@@ -20,6 +20,7 @@ import numpy as np
 from fnnc.core.ir import Symbol
 from fnnc.graph import trace
 from fnnc.graph.inline import inline
+from fnnc.models import checkpoint_state
 from fnnc.models.engine import Engine
 from fnnc.models.layer import BuildContext, Layer, ModelError, ModelIO
 
@@ -188,6 +189,16 @@ class Model(Layer):
     def set_parameters(self, values: dict[str, Any], *, strict: bool = True) -> None:
         """Sets parameters by id (e.g. from another model); ``strict`` rejects unknown ids."""
         self.engine.set_parameters(values, strict=strict)
+
+    def checkpoint_state(self, row: Any, metadata: Any, step: int) -> tuple[Any, Any, Any, Any]:
+        """What :meth:`fnnc.io.Checkpoints.save` stores of this model (parameters, optimizer
+        state, progress, random key); see :mod:`fnnc.models.checkpoint_state`."""
+        return checkpoint_state.encode_model(self, row, metadata, step)
+
+    def restore_checkpoint(self, checkpoints: Any, step: int | None = None) -> Any:
+        """Restores a step of ``checkpoints`` into this model
+        (:meth:`fnnc.io.Checkpoints.restore_into` calls this)."""
+        return checkpoint_state.restore_into(checkpoints, self, step)
 
     def write(self, target: Any, *, name: str | None = None) -> None:
         """Writes parameters (``<id>`` or ``__<name>__[<id>]``) and internals

@@ -97,6 +97,7 @@ from fnnc.ops.random import random_normal as random_normal
 from fnnc.ops.random import random_uniform as random_uniform
 from fnnc.ops.reduce import argmax as argmax
 from fnnc.ops.reduce import argmin as argmin
+from fnnc.ops.reduce import reduce_isnan as reduce_isnan
 from fnnc.ops.reduce import reduce_max as reduce_max
 from fnnc.ops.reduce import reduce_mean as reduce_mean
 from fnnc.ops.reduce import reduce_min as reduce_min

@@ -11,6 +11,14 @@ NNC: query ``i`` attends keys ``j <= i + T - S`` (the usual lower triangle when
 ``S == T``; with a KV cache, ``S = 1``, the query sees every key). A query that
 attends no key at all gets zeros, as in NNC.
 
+With ``weights`` (and optionally ``bias``), NNC's fused output projection ("unify
+head") follows: the heads are joined, ``[B, S, H * Dv]``, and projected,
+``y = joined @ weights^T + bias``; the command then returns ``(y, o)``, NNC's first and
+third outputs (its softmax statistics are not kept). NNC's input order is kept: ``q, k,
+v, mask, weights, bias``; in an eager call ``None`` leaves the mask out
+(``cmd(q, k, v, None, w, b)``); a graph node has no gap, so there a mask that changes
+nothing (a float zero, shape ``[]``) stands in.
+
 The backward is hand-written: it recomputes the softmax from ``q`` and ``k`` instead
 of keeping the ``[B, H, S, T]`` probabilities alive.
 """
@@ -27,7 +35,7 @@ from fnnc.errors import DTypeError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show, to_shape, unbroadcast
 
 
-def _sdpa_shape(q, k, v, mask=None, *, scale, is_causal):
+def _sdpa_shape(q, k, v, mask=None, weights=None, bias=None, *, scale, is_causal):
     name = "scaled_dot_product_attention"
     require_float(name, q, k, v)
     dtype = require_same_dtype(name, q, k, v)
@@ -55,7 +63,30 @@ def _sdpa_shape(q, k, v, mask=None, *, scale, is_causal):
         full = (b, h, s, t)
         if mask.ndim > 4 or any(n not in (1, f) for n, f in zip(mask.shape[::-1], full[::-1])):
             fail(f"{name}: mask {show(mask)} must broadcast to [B, H, S, T] = {list(full)}")
-    return Spec((b, s, h, v.shape[-1]), q.dtype)
+    o = Spec((b, s, h, v.shape[-1]), q.dtype)
+    if weights is None and bias is None:
+        return o
+    return Spec((b, s, _projection(q, v, weights, bias)), q.dtype), o
+
+
+def _projection(q, v, weights, bias) -> int:
+    """Checks the unify-head weights ``[E, H * Dv]`` and bias ``[E]``; returns ``E``."""
+    name = "scaled_dot_product_attention"
+    joined = q.shape[2] * v.shape[3]
+    if weights is None:
+        fail(
+            f"{name}: bias {show(bias)} without weights; the output projection's bias needs "
+            "its weights (input 4), as in NNC"
+        )
+    require_same_dtype(name, q, *(t for t in (weights, bias) if t is not None))
+    if weights.ndim != 2 or weights.shape[1] != joined:
+        fail(
+            f"{name}: weights {show(weights)} must be [E, H * Dv] = [E, {joined}] to project "
+            f"the joined heads of q {show(q)} and v {show(v)} (NNC's is square, E = {joined})"
+        )
+    if bias is not None and tuple(bias.shape) != (weights.shape[0],):
+        fail(f"{name}: bias {show(bias)} must be [{weights.shape[0]}], one per output feature")
+    return weights.shape[0]
 
 
 def _expand_heads(x, heads):
@@ -87,21 +118,33 @@ def _probabilities(q, k, mask, scale, is_causal):
     return e / jnp.where(total == 0, 1, total)
 
 
-@defcommand(family="attention", shape=_sdpa_shape, uses=Uses(inputs=None, outputs=(0,)))
-def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, is_causal=False):
+@defcommand(family="attention", shape=_sdpa_shape, uses=Uses(inputs=None, outputs=(0, 1)))
+def scaled_dot_product_attention(
+    q, k, v, mask=None, weights=None, bias=None, *, scale=None, is_causal=False
+):
     """``softmax(scale * q kᵀ + mask) v`` per head; ``scale=None`` means ``1 / sqrt(D)``.
 
     ``mask`` broadcasts to ``[B, H, S, T]``: bool keeps the True keys, float is added to
-    the logits. See the module docstring for layouts and causal alignment.
+    the logits. With ``weights [E, H * Dv]`` (and ``bias [E]``) the joined heads are
+    projected too and the result is ``(y [B, S, E], o [B, S, H, Dv])``. See the module
+    docstring for layouts, causal alignment and the projection.
 
     >>> import jax.numpy as jnp
     >>> from fnnc import ops
     >>> q = jnp.ones((2, 5, 4, 8))
     >>> ops.scaled_dot_product_attention(is_causal=True)(q, q, q).shape
     (2, 5, 4, 8)
+    >>> y, o = ops.scaled_dot_product_attention()(q, q, q, None, jnp.ones((6, 32)))
+    >>> y.shape
+    (2, 5, 6)
     """
     p = _probabilities(q, k, mask, scale, is_causal)
-    return jnp.einsum("bhst,bthd->bshd", p, _expand_heads(v, q.shape[2]))
+    o = jnp.einsum("bhst,bthd->bshd", p, _expand_heads(v, q.shape[2]))
+    if weights is None:
+        return o
+    b, s, h, dv = o.shape
+    y = jnp.einsum("bsf,ef->bse", jnp.reshape(o, (b, s, h * dv)), weights)
+    return (y if bias is None else y + to_shape(bias, y.shape)), o
 
 
 def _fold_heads(g, heads):
@@ -111,6 +154,7 @@ def _fold_heads(g, heads):
 
 
 def _sdpa_grads(go, q, k, v, o, m, *, scale, is_causal):
+    """Gradients of q, k, v and the mask (``None`` unless a float mask) from ``go``."""
     h, d = q.shape[2], q.shape[3]
     scale = 1 / math.sqrt(d) if scale is None else scale
     p = _probabilities(q, k, m, scale, is_causal)
@@ -121,13 +165,28 @@ def _sdpa_grads(go, q, k, v, o, m, *, scale, is_causal):
     ds = p * (dp - delta)
     gq = jnp.einsum("bhst,bthd->bshd", ds, _expand_heads(k, h)) * jnp.asarray(scale, q.dtype)
     gk = jnp.einsum("bhst,bshd->bthd", ds, q) * jnp.asarray(scale, q.dtype)
-    result = (gq, _fold_heads(gk, k.shape[2]), _fold_heads(gv, v.shape[2]))
-    if m is None:
-        return result
-    return (*result, None if m.dtype == jnp.bool_ else unbroadcast(ds, m.shape))
+    gm = None if m is None or m.dtype == jnp.bool_ else unbroadcast(ds, m.shape)
+    return gq, _fold_heads(gk, k.shape[2]), _fold_heads(gv, v.shape[2]), gm
 
 
 @scaled_dot_product_attention.backward
 def _sdpa_backward(grads, inputs, outputs, *, scale, is_causal):
-    (go,), (q, k, v, *mask), (o,) = grads, inputs, outputs
-    return _sdpa_grads(go, q, k, v, o, mask[0] if mask else None, scale=scale, is_causal=is_causal)
+    q, k, v, mask, weights = (*inputs, None, None)[:5]
+    if weights is None:
+        (go,), (o,) = grads, outputs
+        extra: tuple = ()
+    else:
+        (gy, go), (_, o) = grads, outputs
+        b, s, h, dv = o.shape
+        joined = jnp.reshape(o, (b, s, h * dv))
+        gw = gb = None
+        if gy is not None:
+            g_joined = jnp.reshape(jnp.einsum("bse,ef->bsf", gy, weights), o.shape)
+            go = g_joined if go is None else go + g_joined
+            gw = jnp.einsum("bse,bsf->ef", gy, joined)
+            gb = jnp.sum(gy, axis=(0, 1))
+        extra = (gw, gb)
+    if go is None:
+        go = jnp.zeros(o.shape, o.dtype)
+    result = (*_sdpa_grads(go, q, k, v, o, mask, scale=scale, is_causal=is_causal), *extra)
+    return result[: len(inputs)]

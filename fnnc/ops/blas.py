@@ -26,25 +26,53 @@ def _mt(x):
     return jnp.swapaxes(x, -1, -2)
 
 
-def _gemm_shape(a: Spec, b: Spec, bias: Spec | None = None, *, transpose_a, transpose_b):
-    dtype = require_same_dtype("gemm", *(s for s in (a, b, bias) if s is not None))
-    if a.ndim < 2 or b.ndim < 2:
-        fail(f"gemm: inputs need rank >= 2, got a {show(a)} and b {show(b)}")
-    m, ka = (a.shape[-1], a.shape[-2]) if transpose_a else (a.shape[-2], a.shape[-1])
-    kb, n = (b.shape[-1], b.shape[-2]) if transpose_b else (b.shape[-2], b.shape[-1])
+def _as_matrix(name: str, x: Spec, transpose: bool) -> tuple[int, ...]:
+    """``x``'s shape as NNC's matrix view: a rank-1 ``[k]`` is the row ``[1, k]``.
+
+    NNC cannot transpose a vector (``ccv_nnc_tensor_get_matrix_params`` asserts), so
+    neither can fnnc: a column is an explicit ``[k, 1]``.
+    """
+    if x.ndim == 0:
+        fail(f"gemm: {name} {show(x)} is a scalar; gemm needs a vector or a matrix")
+    if x.ndim == 1 and transpose:
+        fail(
+            f"gemm: transpose_{name} on the vector {name} {show(x)}: a rank-1 operand is the "
+            f"row [1, {x.shape[0]}] and has no transpose (as in NNC); reshape it to "
+            f"[{x.shape[0]}, 1] (a column) and drop transpose_{name}"
+        )
+    return tuple(x.shape) if x.ndim >= 2 else (1, *x.shape)
+
+
+def _gemm_layout(a: Spec, b: Spec, bias: Spec | None, transpose_a: bool, transpose_b: bool):
+    """(a's matrix shape, b's matrix shape, the product's matrix shape, the output shape).
+
+    NNC's rule (``_ccv_nnc_gemm_tensor_auto_forw``): a vector ``a`` gives a vector when
+    neither operand has batch axes (``[k] x [k, n] -> [n]``); otherwise the row axis
+    stays (``[k] x [B, k, n] -> [B, 1, n]``).
+    """
+    am, bm = _as_matrix("a", a, transpose_a), _as_matrix("b", b, transpose_b)
+    m, ka = (am[-1], am[-2]) if transpose_a else (am[-2], am[-1])
+    kb, n = (bm[-1], bm[-2]) if transpose_b else (bm[-2], bm[-1])
     if ka != kb:
         fail(
             f"gemm: contraction sizes differ: a {show(a)} gives k={ka} "
             f"(transpose_a={transpose_a}), b {show(b)} gives k={kb} (transpose_b={transpose_b}); "
             "for a dense layer with weight [out, in] use gemm(transpose_b=True)"
         )
-    batch = broadcast_shape("gemm", a.shape[:-2], b.shape[:-2])
-    out = Spec((*batch, m, n), dtype)
-    if bias is not None:
-        broadcast_shape("gemm (bias)", out.shape, bias.shape)
-        if bias.shape and bias.shape[-1] not in (1, n):
-            fail(f"gemm: bias {show(bias)} does not fit output columns n={n}")
-    return out
+    batch = broadcast_shape("gemm", am[:-2], bm[:-2])
+    full = (*batch, m, n)
+    if bias is not None and broadcast_shape("gemm (bias)", full, bias.shape) != full:
+        fail(
+            f"gemm: bias {show(bias)} must broadcast to the product {list(full)} "
+            f"(e.g. [{n}], one value per output column)"
+        )
+    out = (n,) if a.ndim == 1 and max(a.ndim, b.ndim) <= 2 else full
+    return am, bm, full, out
+
+
+def _gemm_shape(a: Spec, b: Spec, bias: Spec | None = None, *, transpose_a, transpose_b):
+    dtype = require_same_dtype("gemm", *(s for s in (a, b, bias) if s is not None))
+    return Spec(_gemm_layout(a, b, bias, transpose_a, transpose_b)[3], dtype)
 
 
 @defcommand(family="blas", shape=_gemm_shape, uses=Uses(inputs=(0, 1)))
@@ -52,30 +80,43 @@ def gemm(a, b, bias=None, *, transpose_a=False, transpose_b=False):
     """Matrix product of the last two axes, plus an optional bias: ``a @ b + bias``.
 
     ``transpose_a`` / ``transpose_b`` transpose the last two axes of ``a`` / ``b``
-    first; leading axes are batch axes and broadcast.
+    first; leading axes are batch axes and broadcast. As in NNC, a rank-1 operand is a
+    row vector ``[1, k]`` (it cannot be transposed), and a vector ``a`` times a matrix
+    gives a vector: ``[1, 2] x [[7, 8, 9], [10, 11, 12]] = [27, 30, 33]``, and the dense
+    layer ``gemm(transpose_b=True)`` maps an input ``[in]`` to ``[out]``. The bias
+    broadcasts against the product ``[..., m, n]`` (``[n]``: one value per column).
     """
-    x = _mt(a) if transpose_a else a
-    w = _mt(b) if transpose_b else b
-    batch = broadcast_shape("gemm", x.shape[:-2], w.shape[:-2])
+    am, bm, full, out = _gemm_layout(a, b, bias, transpose_a, transpose_b)
+    x, w = jnp.reshape(a, am), jnp.reshape(b, bm)
+    x = _mt(x) if transpose_a else x
+    w = _mt(w) if transpose_b else w
+    batch = full[:-2]
     if x.ndim != w.ndim or x.shape[:-2] != w.shape[:-2]:
         x = to_shape(x, batch + x.shape[-2:])
         w = to_shape(w, batch + w.shape[-2:])
-    out = jnp.matmul(x, w, preferred_element_type=None)
+    y = jnp.matmul(x, w, preferred_element_type=None)
     if bias is not None:
-        out = out + to_shape(bias, out.shape)
-    return out
+        y = y + to_shape(bias, y.shape)
+    return jnp.reshape(y, out)
 
 
 @gemm.backward
 def _gemm_backward(grads, inputs, outputs, *, transpose_a, transpose_b):
     (g,), (a, b, *bias) = grads, inputs
-    x = _mt(a) if transpose_a else a
-    w = _mt(b) if transpose_b else b
+    am, bm, full, _ = _gemm_layout(a, b, bias[0] if bias else None, transpose_a, transpose_b)
+    g = jnp.reshape(g, full)
+    x = jnp.reshape(a, am)
+    w = jnp.reshape(b, bm)
+    x = _mt(x) if transpose_a else x
+    w = _mt(w) if transpose_b else w
     gx = jnp.matmul(g, _mt(to_shape(w, g.shape[:-2] + w.shape[-2:])))
     gw = jnp.matmul(_mt(to_shape(x, g.shape[:-2] + x.shape[-2:])), g)
     ga = _mt(gx) if transpose_a else gx
     gb = _mt(gw) if transpose_b else gw
-    result = (unbroadcast(ga, a.shape), unbroadcast(gb, b.shape))
+    result = (
+        jnp.reshape(unbroadcast(ga, am), a.shape),
+        jnp.reshape(unbroadcast(gb, bm), b.shape),
+    )
     return result + tuple(unbroadcast(g, c.shape) for c in bias)
 
 

@@ -222,17 +222,46 @@ def _slice_backward(grads, inputs, outputs, *, start, limit, strides):
 
 
 def _index_select_shape(x: Spec, idx: Spec, *, axis: int) -> Spec:
-    if idx.ndim != 1 or not jnp.issubdtype(idx.dtype, jnp.integer):
-        raise DTypeError(f"index_select: idx must be an integer vector, got {show(idx)}")
+    floating = jnp.issubdtype(idx.dtype, jnp.floating)
+    if idx.ndim != 1 or not (floating or jnp.issubdtype(idx.dtype, jnp.integer)):
+        raise DTypeError(
+            f"index_select: idx must be an integer vector (indices) or a float vector "
+            f"(positions, interpolated as in NNC), got {show(idx)}"
+        )
+    if floating and not jnp.issubdtype(x.dtype, jnp.floating):
+        raise DTypeError(
+            f"index_select: float positions {show(idx)} interpolate, so x must be floating, "
+            f"got {show(x)}; pass integer indices to pick rows of an integer x"
+        )
     (ax,) = norm_axes("index_select", (axis,), x.ndim)
     return Spec((*x.shape[:ax], idx.shape[0], *x.shape[ax + 1 :]), x.dtype)
+
+
+def _interpolation(idx: Any, n: int) -> tuple[Any, Any, Any]:
+    """NNC's float positions: rows ``j0 = int(i)`` and ``min(j0 + 1, n - 1)``, and the
+    weight ``i - j0`` of the second."""
+    j0 = idx.astype(jnp.int32)
+    return j0, jnp.minimum(j0 + 1, n - 1), idx - j0.astype(idx.dtype)
 
 
 @defcommand(family="data", shape=_index_select_shape, uses=Uses(inputs=(1,)))
 def index_select(x, idx, *, axis=0):
     """Picks the entries ``idx`` of ``x`` along ``axis`` (negative indices count from
-    the end; out-of-range ones read NaN for floats). NNC's INDEX_SELECT is ``axis=0``."""
-    return jnp.take(x, idx, axis=axis)
+    the end; out-of-range ones read NaN for floats). NNC's INDEX_SELECT is ``axis=0``.
+
+    Float ``idx`` are positions between entries, interpolated linearly as in NNC
+    (``ccv_nnc_index_select_cpu_ref.c``): position ``i`` reads
+    ``x[j] * (1 - w) + x[min(j + 1, n - 1)] * w`` with ``j = int(i)``, ``w = i - j``, so
+    rows ``[[1, 2], [2, 3], [3, 4]]`` at ``[1.5, 0.4]`` give ``[[2.5, 3.5], [1.4, 2.4]]``.
+    Positions must lie in ``[0, n)``. The positions get no gradient (NNC gives none).
+    """
+    if not jnp.issubdtype(idx.dtype, jnp.floating):
+        return jnp.take(x, idx, axis=axis)
+    j0, j1, w = _interpolation(idx, x.shape[axis % x.ndim])
+    keep = [1] * x.ndim
+    keep[axis % x.ndim] = idx.shape[0]
+    w = jnp.reshape(w.astype(x.dtype), keep)
+    return jnp.take(x, j0, axis=axis) * (1 - w) + jnp.take(x, j1, axis=axis) * w
 
 
 @index_select.backward
@@ -242,7 +271,14 @@ def _index_select_backward(grads, inputs, outputs, *, axis):
         return None, None
     ax = axis % x.ndim
     rest = tuple(n for d, n in enumerate(x.shape) if d != ax)
-    acc = jnp.zeros((x.shape[ax], *rest), g.dtype).at[idx].add(jnp.moveaxis(g, ax, 0))
+    g = jnp.moveaxis(g, ax, 0)
+    acc = jnp.zeros((x.shape[ax], *rest), g.dtype)
+    if not jnp.issubdtype(idx.dtype, jnp.floating):
+        acc = acc.at[idx].add(g)
+    else:
+        j0, j1, w = _interpolation(idx, x.shape[ax])
+        w = jnp.reshape(w.astype(g.dtype), (-1,) + (1,) * len(rest))
+        acc = acc.at[j0].add(g * (1 - w)).at[j1].add(g * w)
     return jnp.moveaxis(acc, 0, ax), None
 
 
@@ -349,7 +385,7 @@ def _broadcast_to_backward(grads, inputs, outputs, *, shape):
     return (unbroadcast(g, x.shape) if is_float(x) else None,)
 
 
-@defcommand(family="data", shape=same_shape, uses=NOTHING, in_place=True)
+@defcommand(family="data", shape=same_shape, uses=NOTHING)
 def data_transfer(x):
     """A copy of ``x`` (NNC's DATA_TRANSFER); writes a value into an alias view."""
     return x

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -143,14 +144,36 @@ def _clamp_backward(grads, inputs, outputs, *, min=None, max=None):
     return (jnp.where(keep, g, jnp.zeros_like(g)),)
 
 
+def _tie_to_both(pick):
+    """``pick`` (``lax.min`` / ``lax.max``) whose derivative at a tie is 1 for both
+    operands, NNC's rule, so ``jax.vjp`` of the reference equals the backward (JAX's own
+    splits a tie 1/2 : 1/2). A ``custom_jvp``, which the Pallas lowering traces through."""
+
+    @jax.custom_jvp
+    def picked(a, b):
+        return pick(a, b)
+
+    @picked.defjvp
+    def _jvp(primals, tangents):
+        (a, b), (ta, tb) = primals, tangents
+        y = pick(a, b)
+        zero = jnp.zeros_like(y)
+        return y, jnp.where(y == a, ta, zero) + jnp.where(y == b, tb, zero)
+
+    return picked
+
+
 def _minmax(name: str, pick):
+    tied = _tie_to_both(pick)
+
     def forward(a, b):
         shape = _out_shape(a, b)
-        return pick(to_shape(a, shape), to_shape(b, shape))
+        return tied(to_shape(a, shape), to_shape(b, shape))
 
     forward.__name__ = name
     forward.__doc__ = (
-        f"Elementwise {name} of two tensors (broadcasting); ties send the gradient to a."
+        f"Elementwise {name} of two tensors (broadcasting); where ``a == b`` both inputs "
+        "get the whole gradient, as in NNC (``ccv_nnc_min_cpu_ref.c``)."
     )
     factory = defcommand(
         family="elementwise",
@@ -163,12 +186,13 @@ def _minmax(name: str, pick):
     @factory.backward
     def _backward(grads, inputs, outputs):
         (g,), (a, b) = grads, inputs
-        shape = g.shape
-        a_wins = pick(to_shape(a, shape), to_shape(b, shape)) == to_shape(a, shape)
+        aa, bb = to_shape(a, g.shape), to_shape(b, g.shape)
+        picked = pick(aa, bb)
         zero = jnp.zeros_like(g)
+        # A tie is picked from both sides, so both get g (not half each, as jax.vjp).
         return (
-            unbroadcast(jnp.where(a_wins, g, zero), a.shape),
-            unbroadcast(jnp.where(a_wins, zero, g), b.shape),
+            unbroadcast(jnp.where(picked == aa, g, zero), a.shape),
+            unbroadcast(jnp.where(picked == bb, g, zero), b.shape),
         )
 
     return factory

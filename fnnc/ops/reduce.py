@@ -1,10 +1,10 @@
 """Reduce family: reduce_sum, reduce_mean, reduce_max, reduce_min, reduce_norm2,
-argmax, argmin (NNC's REDUCE_* and ARGMAX / ARGMIN).
+reduce_isnan, argmax, argmin (NNC's REDUCE_* and ARGMAX / ARGMIN).
 
 As in NNC, reduced axes stay in the output with size 1, so a result broadcasts back
 against its input without reshaping: ``reduce_sum(axes=(1,))`` maps ``[2, 3, 4]`` to
 ``[2, 1, 4]``. ``axes`` may be negative. argmax / argmin take one axis and return
-``int32`` indices; they have no gradient.
+``int32`` indices; they and ``reduce_isnan`` (``int32`` flags) have no gradient.
 """
 
 from __future__ import annotations
@@ -106,6 +106,19 @@ def reduce_norm2(x, *, axes):
 def _reduce_norm2_backward(grads, inputs, outputs, *, axes):
     (g,), (x,), (y,) = grads, inputs, outputs
     return (x * to_shape(g / y, x.shape),)
+
+
+def _isnan_rule(x: Spec, *, axes) -> Spec:
+    return Spec(_kept(x.shape, norm_axes("reduce_isnan", axes, x.ndim)), jnp.int32)
+
+
+@defcommand(family="reduce", shape=_isnan_rule, uses=NOTHING, differentiable=False)
+def reduce_isnan(x, *, axes):
+    """1 where a NaN is among the entries reduced over ``axes`` (kept as size 1), else
+    0, as ``int32`` (NNC's REDUCE_ISNAN). It has no gradient: NNC's backward is
+    ``CCV_NNC_EXEC_INVALID``. Integer inputs hold no NaN and give zeros."""
+    ax = norm_axes("reduce_isnan", axes, x.ndim)
+    return jnp.any(jnp.isnan(x), axis=ax, keepdims=True).astype(jnp.int32)
 
 
 def _arg_rule(name: str):

@@ -7,8 +7,9 @@ enough to be hoisted by ``compile``), slice and reshape aliases (aliases of alia
 too) read as node inputs, and disjoint alias writes that assemble a fresh
 ``builder.tensor`` piecewise (sometimes leaving a piece unwritten, which reads as
 zeros). For the simplifying passes, options add work: activations (longer
-elementwise chains), repeated nodes, constant-only subexpressions and no-op nodes
-such as ``x * 1``.
+elementwise chains, and ``f(s, g(s))``, one result read twice within a chain), repeated
+nodes, constant-only subexpressions and no-op nodes such as ``x * 1`` or ``min(x, x)``
+(with aliases, also views of such a no-op's result on a constant, read by a node).
 
 Values stay finite and moderate: ``ewlog``, ``ewsqrt`` and the divisor of ``ewdiv``
 read ``ewabs(x) + 1``; ``ewexp`` reads ``clamp(x, -3, 3)``; and every symbol carries a
@@ -292,9 +293,17 @@ class _Drawer:
         return 2.0**-k
 
     # -- nodes -----------------------------------------------------------------
-    def operands(self, entry: OpEntry, first: Symbol, into: tuple[int, ...] | None) -> list[Symbol]:
+    def operands(
+        self,
+        entry: OpEntry,
+        first: Symbol,
+        into: tuple[int, ...] | None,
+        second: Symbol | None = None,
+    ) -> list[Symbol]:
         if entry.operands == "unary":
             return [first]
+        if second is not None:
+            return [first, second]
         if entry.operands == "select":
             b = self.operand(first.shape, into)
             cond_into = np.broadcast_shapes(first.shape, b.shape) if into is not None else None
@@ -336,11 +345,13 @@ class _Drawer:
         *,
         into: tuple[int, ...] | None = None,
         outputs: Sequence[Symbol] | None = None,
+        second: Symbol | None = None,
     ) -> Symbol:
         """Adds one ``entry`` node (plus guards and a rescale if needed); returns its result.
 
         With ``outputs``, the node (or its rescale) writes those symbols and every
-        operand broadcasts ``into`` the shape of ``first``.
+        operand broadcasts ``into`` the shape of ``first``. ``second`` fixes the second
+        operand of a two-operand ``"broadcast"`` entry.
         """
         params = entry.params(self.draw)
         if entry.operands == "gemm":
@@ -349,7 +360,7 @@ class _Drawer:
             syms = self.gemm_operands(ta, tb)
         else:
             first = first if first is not None else self.pick()
-            syms = self.operands(entry, first, into)
+            syms = self.operands(entry, first, into, second)
         if entry.guard:
             syms = [
                 self.guard(s, entry.guard) if i in entry.guarded else s for i, s in enumerate(syms)
@@ -385,11 +396,14 @@ class _Drawer:
         self.avail = outer + [s for s in self.constants if s not in outer]
         return out
 
-    def identity(self) -> Symbol:
-        """A node that returns its operand unchanged (``x * 1``, a reshape to its shape...)."""
-        x = self.pick()
+    def identity(self, x: Symbol | None = None) -> Symbol:
+        """A node that returns its operand (default: a drawn one) unchanged (``x * 1``, a
+        reshape to its shape, ``min(x, x)``...)."""
+        x = self.pick() if x is None else x
         shape, b = x.shape, self.bound[x.root]
         kind = self.draw(st.sampled_from(IDENTITY_KINDS))
+        if kind in ("min", "max"):
+            return self.exec(ops.min() if kind == "min" else ops.max(), x, x, bound=b)
         if kind == "scalar_mul":
             return self.exec(ops.scalar_mul(a=1.0), x, bound=b)
         if kind in ("mul", "ewprod", "ewdiv"):
@@ -413,6 +427,30 @@ class _Drawer:
             "clamp": ops.clamp(),
         }[kind]
         return self.exec(cmd, x, bound=b)
+
+    def folded_view(self) -> Symbol:
+        """A view of a no-op's result on a constant, read by a node (``v = view(c + 0)``):
+        ``fold`` drops the no-op and must see ``v`` as constant in the same run."""
+        if not self.constants:
+            self.constants.append(self.constant(self.dims(lo_rank=1)))
+        same = self.identity(self.draw(st.sampled_from(self.constants)))
+        view = self.slice(same) if same.shape and self.draw(st.booleans()) else self.reshape(same)
+        readers = [e for e in self.entries if e.operands != "gemm"]
+        return self.node(self.draw(st.sampled_from(readers)), view) if readers else view
+
+    def shared_in_chain(self) -> Symbol:
+        """``f(s, g(s))``: a result read twice within one elementwise chain (``fuse``
+        must take ``s`` into the chain in one run)."""
+        unary = [e for e in self.entries if e.operands == "unary"]
+        binary = [
+            e for e in self.entries if e.operands == "broadcast" and e.arity[0] <= 2 <= e.arity[1]
+        ]
+        if not unary or not binary:
+            return self.node(self.draw(st.sampled_from(self.weighted)))
+        s = self.node(self.draw(st.sampled_from(unary)))
+        g = self.node(self.draw(st.sampled_from(unary)), s)
+        pair = (s, g) if self.draw(st.booleans()) else (g, s)
+        return self.node(self.draw(st.sampled_from(binary)), pair[0], second=pair[1])
 
     # -- aliases ---------------------------------------------------------------
     def reshape(self, sym: Symbol, min_rank: int = 0) -> Symbol:
@@ -492,6 +530,8 @@ IDENTITY_KINDS = (
     "datatype_conversion",
     "broadcast_to",
     "clamp",
+    "min",
+    "max",
 )
 """The no-op nodes :func:`graphs` draws with ``identities=True``."""
 
@@ -524,13 +564,16 @@ def graphs(
         aliases: draw slice and reshape aliases read as node inputs.
         alias_writes: draw tensors assembled by disjoint alias writes.
         activations: also draw the commands of :data:`ACTIVATIONS` (longer
-            elementwise chains for ``fuse``).
+            elementwise chains for ``fuse``), and ``f(s, g(s))``: one result read twice
+            within a chain.
         duplicates: draw earlier nodes again, commuting operands where allowed
             (work for ``cse``).
         constant_exprs: draw nodes that read only constants, and chains of them
             (work for ``fold``).
         identities: draw nodes that return their operand (:data:`IDENTITY_KINDS`:
-            ``x * 1``, ``x + 0``, reshapes to the same shape...; work for ``fold``).
+            ``x * 1``, ``x + 0``, ``min(x, x)``, reshapes to the same shape...; work for
+            ``fold``); with ``aliases``, also views of such a node's result on a
+            constant, read by a node.
 
     Returns:
         A strategy of ``(graph, arrays)``: a verified graph whose outputs are 1 to 3
@@ -556,7 +599,8 @@ def graphs(
             d.bound[sym.id] = 2.0
         steps = ["node"] + ["alias"] * aliases + ["write"] * alias_writes
         steps += ["duplicate"] * duplicates + ["constant"] * constant_exprs
-        steps += ["identity"] * identities
+        steps += ["identity"] * identities + ["folded_view"] * (identities and aliases)
+        steps += ["shared"] * activations
         target = draw(st.integers(1, max_nodes))
         last: Symbol | None = None
         while d.count < target:
@@ -565,11 +609,13 @@ def graphs(
                 last = d.alias_read()
             elif step == "write":
                 last = d.alias_write()
-            elif step in ("duplicate", "constant", "identity"):
+            elif step in ("duplicate", "constant", "identity", "folded_view", "shared"):
                 last = {
                     "duplicate": d.duplicate,
                     "constant": d.constant_expression,
                     "identity": d.identity,
+                    "folded_view": d.folded_view,
+                    "shared": d.shared_in_chain,
                 }[step]()
             else:
                 last = d.node(draw(st.sampled_from(d.weighted)))

@@ -38,4 +38,27 @@ CASES = [
         ),
         "sdpa-gqa-float-mask-causal",
     ),
+    Case(  # NNC's unify head: the joined heads [B, S, H * Dv] @ weights^T + bias
+        sdpa(is_causal=True),
+        (
+            rand([2, 3, 2, 4]),
+            rand([2, 4, 2, 4], seed=1),
+            rand([2, 4, 2, 3], seed=2),
+            rand([2, 1, 3, 4], seed=3),
+            rand([5, 6], seed=4),
+            rand([5], seed=5),
+        ),
+        "sdpa-unify-head",
+    ),
+    Case(
+        sdpa(),
+        (
+            rand([1, 2, 4, 3]),
+            rand([1, 3, 2, 3], seed=1),
+            rand([1, 3, 2, 2], seed=2),
+            rand([1, 3], seed=3) > -0.5,
+            rand([8, 8], seed=4),
+        ),
+        "sdpa-unify-head-gqa-no-bias",
+    ),
 ]

@@ -37,6 +37,18 @@ CASES = [
         (rand([2, 4]), np.array([1, 1, 2, 0, -1], np.int32)),
         "index_select-axis",
     ),
+    Case(  # NNC's float positions interpolate between rows; they get no gradient
+        ops.index_select(),
+        (rand([4, 3]), np.array([1.5, 0.25, 3.0, 2.75], np.float32)),
+        "index_select-float",
+        grad_inputs=(0,),
+    ),
+    Case(
+        ops.index_select(axis=1),
+        (rand([2, 3]), np.array([0.5, 2.0], np.float32)),
+        "index_select-float-axis",
+        grad_inputs=(0,),
+    ),
     Case(ops.pad(pads=((1, 0), (2, 1))), (rand([2, 3]),), "pad-zero"),
     Case(ops.pad(pads=((0, 1), (1, 1)), value=2.5), (rand([2, 3]),), "pad-value"),
     Case(ops.pad(pads=((1, 1), (2, 1)), mode="reflect"), (rand([2, 3]),), "pad-reflect"),

@@ -35,6 +35,17 @@ CASES = [
     Case(
         ops.group_norm(groups=1, axis=1), (rand([2, 3, 4]), rand([3], seed=1)), "group_norm-axis1"
     ),
+    Case(ops.group_norm(groups=2, reduce_axes=(1,)), (X4, rand([C], seed=1)), "group_norm-reduce"),
+    Case(  # NNC's default: each position over its group's channels alone
+        ops.group_norm(groups=1, reduce_axes=()),
+        (X4, rand([1, 2, 3, C], seed=1), rand([1, 1, 1, C], seed=2)),
+        "group_norm-no-reduce-nnc-affine",
+    ),
+    Case(
+        ops.group_norm(groups=2, axis=1, reduce_axes=(0, 2)),
+        (rand([3, 4, 5], seed=3), rand([4], seed=1), rand([4], seed=2)),
+        "group_norm-axis1-batch-reduced",
+    ),
     Case(ops.rms_norm(), (rand([3, 5]),), "rms_norm-plain"),
     Case(ops.rms_norm(), (rand([3, 5]), rand([5], seed=1)), "rms_norm-scale"),
     Case(ops.rms_norm(axes=(0, 2)), (rand([2, 3, 4]), rand([2, 4], seed=1)), "rms_norm-axes"),

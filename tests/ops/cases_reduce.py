@@ -1,3 +1,5 @@
+import numpy as np
+
 from fnnc import ops
 from tests.helpers import rand, randint
 from tests.ops.cases import Case
@@ -16,6 +18,8 @@ CASES = [
     Case(ops.reduce_min(axes=(2,)), (X,), "reduce_min"),
     Case(ops.reduce_norm2(axes=(1, 2)), (X,), "reduce_norm2"),
     Case(ops.reduce_norm2(axes=(-1,)), (rand([3, 2], seed=1),), "reduce_norm2-neg"),
+    Case(ops.reduce_isnan(axes=(1,)), (np.where(X > 0.5, np.nan, X),), "reduce_isnan"),
+    Case(ops.reduce_isnan(axes=(0, -1)), (randint([3, 2], 5),), "reduce_isnan-int"),
     Case(ops.argmax(axis=1), (X,), "argmax"),
     Case(ops.argmin(axis=-1), (X,), "argmin"),
 ]

@@ -159,7 +159,7 @@ def test_set_and_datatype_conversion() -> None:
         (ops.concat(axis=2), (rand([2, 3]),), ShapeError, "out of range"),
         (ops.slice(start=(0,), limit=(4,)), (rand([3]),), ShapeError, "limit <= 3"),
         (ops.slice(start=(0,), limit=(2, 2)), (rand([3]),), ShapeError, "one entry per axis"),
-        (ops.index_select(), (rand([3]), rand([2])), DTypeError, "integer vector"),
+        (ops.index_select(), (rand([3]), rand([2, 2])), DTypeError, "integer vector"),
         (ops.pad(pads=((1, 1),), mode="wrap"), (rand([3]),), CommandError, "mode must be one of"),
         (ops.pad(pads=((1, 1),)), (rand([3, 3]),), ShapeError, "one \\(lo, hi\\) pair per axis"),
         (ops.pad(pads=((3, 0),), mode="reflect"), (rand([3]),), ShapeError, "lo, hi < 3"),

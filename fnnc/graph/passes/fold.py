@@ -22,9 +22,10 @@ MAX_ELEMENTS = 1024
 class Facts:
     """What an identity rule may ask about a symbol: its spec and, if known, its value."""
 
-    def __init__(self, graph: Graph, values: dict[int, np.ndarray]):
+    def __init__(self, graph: Graph, values: dict[int, np.ndarray], same: dict[int, int]):
         self._graph = graph
         self._values = values
+        self._same = same  # dropped result -> the symbol it equals (views follow it)
 
     def spec(self, sid: int) -> Spec:
         return self._graph.spec(sid)
@@ -33,9 +34,13 @@ class Facts:
         return self._graph.symbol(sid).is_alias
 
     def value(self, sid: int) -> np.ndarray | None:
-        """The value of ``sid`` when a ``constant`` node (or a folded one) wrote it whole."""
+        """The value of ``sid`` when a ``constant`` node (or a folded one) wrote it whole.
+
+        A view of a result an identity dropped is a view of its replacement (the pass
+        re-roots it there), so its value is looked up there, in the same run.
+        """
         sym = self._graph.symbol(sid)
-        root = self._values.get(sym.root)
+        root = self._values.get(self._same.get(sym.root, sym.root))
         if root is None or not isinstance(sym, AliasSymbol):
             return root
         return root.reshape(-1)[sym.flat_indices()]
@@ -197,8 +202,8 @@ def fold(graph: Graph, *, max_elements: int = MAX_ELEMENTS) -> Graph:
     symbols = graph.symbols
     viewed = {s.root for s in symbols if isinstance(s, AliasSymbol)}
     values: dict[int, np.ndarray] = {}  # root id -> value, for tensors constants wrote
-    facts = Facts(graph, values)
     same: dict[int, int] = {}
+    facts = Facts(graph, values, same)
     nodes: list[Node] = []
     for node in graph.nodes:
         inputs = tuple(same.get(s, s) for s in node.inputs)

@@ -13,15 +13,18 @@ from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.passes._subgraphs import is_pure, map_subgraphs
 from fnnc.graph.passes.compact import compact
+from fnnc.ops.autodiff import gradient, gradient_command
 
 
 @dataclasses.dataclass(frozen=True)
 class Fusion:
-    """A pattern's rewrite: ``node`` replaces the matched node, ``drop`` lists node
-    indices that go (their outputs are written by ``node`` now or read by no one)."""
+    """A pattern's rewrite: ``node`` replaces the matched node, ``also`` replaces other
+    nodes (index, node), and ``drop`` lists node indices that go (their outputs are
+    written by the new nodes now or read by no one)."""
 
     node: Node
     drop: tuple[int, ...]
+    also: tuple[tuple[int, Node], ...] = ()
 
 
 Pattern = Callable[[Graph, int], Fusion | None]
@@ -33,20 +36,80 @@ def private_producer(graph: Graph, sid: int, consumer: int, name: str) -> int | 
     ``sid`` must be a whole tensor (not a view, and with no views of it), not a graph
     output, and read by ``consumer`` alone, so the producer can be folded into it.
     """
-    producer = graph.producers.get(sid)
-    if producer is None or graph.nodes[producer].cmd.name != name:
-        return None
-    private = (
-        not graph.symbol(sid).is_alias
-        and sid not in graph.outputs
-        and sid not in _viewed(graph)
-        and set(graph.consumers.get(sid, ())) == {consumer}
-    )
-    return producer if private and is_pure(graph.nodes[producer].cmd) else None
+    producer = _producer(graph, sid, name)
+    private = set(graph.consumers.get(sid, ())) == {consumer}
+    return producer if private else None
 
 
 def _viewed(graph: Graph) -> set[int]:
     return {s.root for s in graph.symbols if isinstance(s, AliasSymbol)}
+
+
+def _gradient_of(graph: Graph, index: int, of: Node) -> bool:
+    """Whether node ``index`` is ``of``'s backward wanting only input 0's gradient from
+    the gradient of ``of``'s only output (what the ``backward`` pass writes)."""
+    node = graph.nodes[index]
+    if node.cmd.name != gradient.definition.name:
+        return False
+    params = node.cmd.kwargs
+    return (
+        params["of"] == of.cmd
+        and params["wants"] == (0,)
+        and params["grad_mask"] == (True,)
+        and len(of.outputs) == 1
+    )
+
+
+def _pair_backward(graph: Graph, index: int, act: int, fused: Node) -> Fusion | None:
+    """The pair ``act(x) -> loss(p, label)`` after ``backward``: the activation's result
+    ``p`` is read by the loss, by the loss's gradient node ``gl`` (``dp``) and by the
+    activation's gradient node ``ga``, which reads ``dp`` alone. The fused node writes
+    ``p`` and the loss, and ``ga`` becomes the fused command's gradient node, reading
+    the loss's gradient: ``gl`` goes (NNC keeps both forward nodes' backwards instead).
+    """
+    loss, p = graph.nodes[index], graph.nodes[act].outputs[0]
+    readers = [i for i in graph.consumers.get(p, ()) if i != index]
+    if len(readers) != 2:
+        return None
+    for gl, ga in ((readers[0], readers[1]), (readers[1], readers[0])):
+        g_loss, *read = graph.nodes[gl].inputs
+        dp = graph.nodes[gl].outputs[0]
+        if (
+            _gradient_of(graph, gl, loss)
+            and _gradient_of(graph, ga, graph.nodes[act])
+            and tuple(read) == loss.inputs
+            and graph.nodes[ga].inputs == (dp, p)
+            and private_producer(graph, dp, ga, gradient.definition.name) == gl
+            and index < ga
+        ):
+            break
+    else:
+        return None
+    specs = tuple(graph.spec(s) for s in (*fused.inputs, *fused.outputs))
+    n_in = len(fused.inputs)
+    grad = gradient_command(fused.cmd, specs[:n_in], specs[n_in:], (True, False), (0,))
+    uses = fused.cmd.definition.backward_uses
+    args = [g_loss, *(s for i, s in enumerate(fused.inputs) if uses.input_used(i))]
+    args += [s for i, s in enumerate(fused.outputs) if i in uses.outputs]
+    old = graph.nodes[ga]
+    return Fusion(fused, (act, gl), ((ga, Node(grad, tuple(args), old.outputs, old.name)),))
+
+
+def _loss_pair(graph: Graph, index: int, act: int, fused: Node) -> Fusion | None:
+    """The forward pair alone, or with its backward (:func:`_pair_backward`)."""
+    if set(graph.consumers[graph.nodes[act].outputs[0]]) == {index}:
+        return Fusion(fused, (act,))
+    return _pair_backward(graph, index, act, fused)
+
+
+def _producer(graph: Graph, sid: int, name: str) -> int | None:
+    """The pure ``name`` node writing the whole tensor ``sid``, unviewed, not an output."""
+    producer = graph.producers.get(sid)
+    if producer is None or graph.nodes[producer].cmd.name != name:
+        return None
+    whole = not graph.symbol(sid).is_alias and sid not in _viewed(graph)
+    ok = whole and sid not in graph.outputs and is_pure(graph.nodes[producer].cmd)
+    return producer if ok else None
 
 
 def _softmax_crossentropy(graph: Graph, index: int) -> Fusion | None:
@@ -54,11 +117,12 @@ def _softmax_crossentropy(graph: Graph, index: int) -> Fusion | None:
 
     Only for class-index labels whose targets sum to 1 (``trim1 + (C - 1) * trim0 ==
     1``): softmax_crossentropy's loss is ``logsumexp(x) - sum(t * x)``, which equals the
-    pair's ``-sum(t * log softmax(x))`` exactly then.
+    pair's ``-sum(t * log softmax(x))`` exactly then, and its gradient ``softmax - t``
+    equals the pair's backward.
     """
     node = graph.nodes[index]
     p, label = (graph.symbol(s) for s in node.inputs)
-    producer = private_producer(graph, p.id, index, "softmax")
+    producer = _producer(graph, p.id, "softmax")
     if producer is None:
         return None
     softmax = graph.nodes[producer]
@@ -71,19 +135,20 @@ def _softmax_crossentropy(graph: Graph, index: int) -> Fusion | None:
         return None
     cmd = ops.softmax_crossentropy(trim0=trim0, trim1=trim1)
     fused = Node(cmd, (softmax.inputs[0], label.id), (node.outputs[0], p.id), node.name)
-    return Fusion(fused, (producer,))
+    return _loss_pair(graph, index, producer, fused)
 
 
 def _sigmoid_binary_crossentropy(graph: Graph, index: int) -> Fusion | None:
     """``binary_crossentropy(sigmoid(x), y)`` -> ``sigmoid_binary_crossentropy(x, y)``."""
     node = graph.nodes[index]
     p, label = node.inputs
-    producer = private_producer(graph, p, index, "sigmoid")
+    producer = _producer(graph, p, "sigmoid")
     if producer is None:
         return None
     cmd = ops.sigmoid_binary_crossentropy(pos_weight=node.cmd.param("pos_weight"))
     x = graph.nodes[producer].inputs[0]
-    return Fusion(Node(cmd, (x, label), (node.outputs[0], p), node.name), (producer,))
+    fused = Node(cmd, (x, label), (node.outputs[0], p), node.name)
+    return _loss_pair(graph, index, producer, fused)
 
 
 PATTERNS: dict[str, Pattern] = {
@@ -141,10 +206,12 @@ def fuse(graph: Graph, *, min_length: int = 2) -> Graph:
        becomes one ``softmax_crossentropy`` node (it writes the loss and, for free, the
        softmax), and ``sigmoid`` + ``binary_crossentropy`` becomes
        ``sigmoid_binary_crossentropy``. The intermediate must not be a graph output or
-       be read by anything else.
+       be read by anything else, except, after ``backward``, by the pair's gradient
+       nodes: those two become the fused command's one gradient node.
     2. Chains: nodes of ``elementwise`` commands (pure, one output) join the node
-       that reads their result when it is read by that node alone, is not a graph
-       output and has that node's output shape. Each maximal tree of at least
+       that reads their result when every reader of it is in the same tree (so
+       ``s = sigmoid(x); ewdiv(s, ewabs(s))`` is one node), it is not a graph output
+       and has that node's output shape. Each maximal tree of at least
        ``min_length`` nodes becomes one ``fused_elementwise`` node, placed where the
        tree's last node was, whose ``body`` is the tree as a sub-graph; its inputs are
        the tree's outside inputs (biases broadcast inside the body).
@@ -186,10 +253,13 @@ def _patterns(graph: Graph) -> Graph:
     for index, node in enumerate(graph.nodes):
         pattern = PATTERNS.get(node.cmd.name)
         fusion = pattern(graph, index) if pattern is not None else None
-        taken = drop | replaced.keys() | {index}
-        if fusion is not None and taken.isdisjoint(fusion.drop) and index not in drop:
+        if fusion is None:
+            continue
+        touched = {index, *fusion.drop, *(i for i, _ in fusion.also)}
+        if touched.isdisjoint(drop | replaced.keys()):
             drop.update(fusion.drop)
             replaced[index] = fusion.node
+            replaced.update(fusion.also)
     if not replaced:
         return graph
     nodes = (replaced.get(i, n) for i, n in enumerate(graph.nodes) if i not in drop)
@@ -212,20 +282,27 @@ def _chains(graph: Graph, min_length: int) -> Graph:
         if not _member(graph, node):
             continue
         shape = graph.symbol(node.outputs[0]).shape
-        group = [index]
-        for sid in dict.fromkeys(node.inputs):
-            producer = graph.producers.get(sid)
-            if (
-                producer in groups
-                and not graph.symbol(sid).is_alias
-                and sid not in viewed
-                and sid not in graph.outputs
-                and set(graph.consumers[sid]) == {index}
-                and graph.symbol(sid).shape == shape
-            ):
-                group = groups.pop(producer) + group
-        groups[index] = group
-    trees = {last: sorted(g) for last, g in groups.items() if len(g) >= max(min_length, 2)}
+        group = {index}
+        # A producer joins when every reader of its result is in the group; merging one
+        # can make another's readers all members (``f(s, g(s))``: s joins after g), so
+        # candidates are looked at again until none joins: one run reaches the fixpoint.
+        grown = True
+        while grown:
+            grown = False
+            for sid in dict.fromkeys(s for i in sorted(group) for s in graph.nodes[i].inputs):
+                producer = graph.producers.get(sid)
+                if (
+                    producer in groups
+                    and not graph.symbol(sid).is_alias
+                    and sid not in viewed
+                    and sid not in graph.outputs
+                    and set(graph.consumers[sid]) <= group
+                    and graph.symbol(sid).shape == shape
+                ):
+                    group.update(groups.pop(producer))
+                    grown = True
+        groups[index] = sorted(group)
+    trees = {last: g for last, g in groups.items() if len(g) >= max(min_length, 2)}
     if not trees:
         return graph
     inside = {i for g in trees.values() for i in g}

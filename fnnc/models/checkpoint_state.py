@@ -13,6 +13,10 @@
 
 :func:`restore_into` puts it all back into a model, after checking the checkpoint is
 of this model (every missing, extra and mis-shaped parameter is listed).
+
+:mod:`fnnc.io` knows no models: a :class:`~fnnc.models.Model` offers
+``checkpoint_state`` and ``restore_checkpoint``, which call this module, and
+``Checkpoints`` calls those methods on any object that has them.
 """
 
 from __future__ import annotations
@@ -25,13 +29,10 @@ import numpy as np
 
 from fnnc.errors import CheckpointError
 from fnnc.io import tree
+from fnnc.models.batches import progress
+from fnnc.models.optim import structure
 
 TRAIN_KEY = "fnnc.train"
-
-
-def is_model(state: Any) -> bool:
-    """Whether ``state`` is a cnnp model (it has an ``engine`` property)."""
-    return isinstance(getattr(type(state), "engine", None), property)
 
 
 def _short(path: str) -> str:
@@ -68,8 +69,6 @@ def _optimizer_rows(pid: str, state: Any, row: Any) -> tuple[Any, tree.Rows]:
 
 def _current_states(engine: Any) -> dict[str, Any]:
     """Trainable parameter id -> its Optax state under its current minimizer."""
-    from fnnc.models.optim import structure
-
     out = {}
     for pid in engine.trainable():
         info = engine.infos[pid]
@@ -82,8 +81,6 @@ def _current_states(engine: Any) -> dict[str, Any]:
 
 def encode_model(model: Any, row: Any, metadata: Any, step: int) -> tuple[Any, Any, Any, Any]:
     """``(state data, optimizer data, metadata, rows)`` for the manifest of ``model``."""
-    from fnnc.models.batches import progress
-
     if metadata is not None and not isinstance(metadata, dict):
         raise CheckpointError(
             f"checkpoint: metadata saved with a model must be a dict or None, got "
@@ -109,8 +106,6 @@ def encode_model(model: Any, row: Any, metadata: Any, step: int) -> tuple[Any, A
 def restore_into(checkpoints: Any, model: Any, step: int | None = None) -> Any:
     """Restores step ``step`` (default the newest) of ``checkpoints`` into ``model``;
     see :meth:`fnnc.io.Checkpoints.restore_into`."""
-    from fnnc.models.batches import progress
-
     engine = model.engine
     ckpt = checkpoints.restore(step)
     where = f"step {ckpt.step} of {checkpoints.path}"
