@@ -33,8 +33,8 @@ import numpy as np
 import optax
 
 from fnnc import ops
-from fnnc.graph import DynamicGraph
 from fnnc.core.dispatch import compiled_forward, select_backend
+from fnnc.graph import DynamicGraph
 
 try:
     import torch

@@ -19,7 +19,6 @@ graph and runs the program compiled for the first step.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -181,56 +180,28 @@ def _run_gradients(
     return list(out) if isinstance(out, tuple) else [out], slots
 
 
-def backward(
-    self: DynamicGraph, f: Any, wrt: Any, df: Any = None, *, into: Any = None
-) -> list[Variable]:
-    """Accumulates the gradient of ``f`` with respect to each of ``wrt``.
-
-    Args:
-        f: a variable (or several: their gradients add up); one element each unless
-            ``df`` is given.
-        wrt: the variables to differentiate with respect to (aliases too).
-        df: seed gradients, one per ``f``, shaped like it.
-        into: per ``wrt``, a variable to accumulate into instead of the one
-            :meth:`grad` holds (NNC passes them explicitly); it becomes that gradient.
-
-    Returns:
-        The gradient variables, one per ``wrt``; :meth:`grad` returns them too. A
-        gradient that already holds a value is added to (NNC's rule); reset it with
-        :meth:`zero_grad` or :meth:`set`.
-    """
+def backward(dg: DynamicGraph, f: Any, wrt: Any, df: Any, into: Any) -> list[Variable]:
+    """:meth:`DynamicGraph.backward`: runs the gradient program, then accumulates each
+    gradient into ``into``'s variable, the one :meth:`~DynamicGraph.grad` holds, or a
+    new constant."""
     fs, ws = _listed(f), _listed(wrt)
     targets = [None] * len(ws) if into is None else _listed(into)
     if len(targets) != len(ws):
         raise GraphError(f"backward: {len(ws)} wrt but {len(targets)} into; pass one per wrt")
-    outs, slots = _run_gradients(self, fs, ws, df, "backward", into=targets)
+    outs, slots = _run_gradients(dg, fs, ws, df, "backward", into=targets)
     result = []
     for w, slot, g, target in zip(ws, slots, outs, targets):
         key = (slot, w._view)
-        held = target if target is not None else self.grads.get(key)
+        held = target if target is not None else dg.grads.get(key)
         if target is not None:
-            self.set(target, g)
-            self.grads[key] = target
+            dg.set(target, g)
+            dg.grads[key] = target
         elif held is None:
-            held = self.grads[key] = self.constant(g, name=f"grad({w.name})" if w.name else "")
+            held = dg.grads[key] = dg.constant(g, name=f"grad({w.name})" if w.name else "")
         else:
-            self.set(held, g)
+            dg.set(held, g)
         result.append(held)
     return result
-
-
-def grad(self: DynamicGraph, var: Variable) -> Variable | None:
-    """The gradient accumulated for ``var`` (``None`` before any backward reached it)."""
-    return self.grads.get((self._slot(var, "grad"), var._view))
-
-
-def zero_grad(self: DynamicGraph, variables: Sequence[Variable] | None = None) -> None:
-    """Forgets accumulated gradients (of ``variables``, default all)."""
-    if variables is None:
-        self.grads.clear()
-        return
-    for var in variables:
-        self.grads.pop((self._slot(var, "zero_grad"), var._view), None)
 
 
 def _opt_state(dg: DynamicGraph, optimizer: Any, slots: list[Slot], params: list[Any]) -> list[Any]:
@@ -275,36 +246,33 @@ def _store(
     dg.opt_states[(optimizer, tuple(slots))] = out[len(ws) :]
 
 
-def apply_gradients(self: DynamicGraph, optimizer: Any, variables: Any) -> None:
-    """One step of any Optax ``optimizer`` on ``variables`` from their accumulated gradients.
-
-    The optimizer state is kept per (optimizer, variable set) and carried across
-    steps; the gradients are consumed (reset) by the step.
-    """
-    if self.lazy:
-        self.flush()
-    ws, slots = _params(self, variables, "apply_gradients")
+def apply_gradients(dg: DynamicGraph, optimizer: Any, variables: Any) -> None:
+    """:meth:`DynamicGraph.apply_gradients`: one cached update program per (optimizer,
+    specs), on the variables' values, gradients and optimizer state."""
+    if dg.lazy:
+        dg.flush()
+    ws, slots = _params(dg, variables, "apply_gradients")
     grads = []
     for w in ws:
-        g = self.grad(w)
+        g = dg.grad(w)
         if g is None:
             raise GraphError(
                 f"apply_gradients: variable {w.label} has no gradient; call "
                 f"dg.backward(f, [{w.name or 'var'}]) first"
             )
-        grads.append(self.value_of(g))
-    params = [self.value_of(w) for w in ws]
-    state = _opt_state(self, optimizer, slots, params)
+        grads.append(dg.value_of(g))
+    params = [dg.value_of(w) for w in ws]
+    state = _opt_state(dg, optimizer, slots, params)
     specs = tuple((tuple(p.shape), np.dtype(p.dtype)) for p in params)
     program, fresh = PROGRAMS.get(
         ("apply", optimizer, specs), lambda: _update_program(optimizer, specs)
     )
-    self.num_compiled += fresh
-    _store(self, optimizer, ws, slots, program(*params, *grads, *state))
+    dg.num_compiled += fresh
+    _store(dg, optimizer, ws, slots, program(*params, *grads, *state))
 
 
-def minimize(self: DynamicGraph, optimizer: Any, f: Any, variables: Any) -> None:
-    """``backward(f, variables)`` and ``apply_gradients`` as one compiled program."""
-    ws, slots = _params(self, variables, "minimize")
-    out, _ = _run_gradients(self, _listed(f), ws, None, "minimize", optimizer)
-    _store(self, optimizer, ws, slots, tuple(out))
+def minimize(dg: DynamicGraph, optimizer: Any, f: Any, variables: Any) -> None:
+    """:meth:`DynamicGraph.minimize`: the gradient program with the update appended."""
+    ws, slots = _params(dg, variables, "minimize")
+    out, _ = _run_gradients(dg, _listed(f), ws, None, "minimize", optimizer)
+    _store(dg, optimizer, ws, slots, tuple(out))

@@ -1,4 +1,16 @@
-"""DynamicGraph: run commands now, record them, differentiate the record (NNC's dynamic graph)."""
+"""DynamicGraph: run commands now, record them, differentiate the record (NNC's dynamic graph).
+
+:class:`DynamicGraph` is a plain class: it defines every method itself and holds the
+per-graph state (the :class:`~.record.Record`, its IR; the plans; gradients and
+optimizer states). What takes more than a few lines lives in helper modules it calls
+explicitly with itself as first argument:
+
+* :mod:`.execute`: plans (cached per command and input specs) and the recorded run
+  of one command; ``exec`` keeps its fast path here and calls :func:`.execute.run`;
+* :mod:`.versions`: writes, ``set``, ``free``, ``detach`` and ``exec(outputs=...)``;
+* :mod:`.autodiff`: ``backward``, ``apply_gradients`` and ``minimize``;
+* :mod:`.lazy`: ``flush``, lazy mode's sync point.
+"""
 
 from __future__ import annotations
 
@@ -10,52 +22,17 @@ from typing import Any
 import jax
 import numpy as np
 
-from fnnc.core.command import output_specs
-from fnnc.core.dispatch import compiled_forward, select_backend
 from fnnc.core.dispatch import state as dispatch_state
-from fnnc.core.evaluate import read_view
-from fnnc.core.ir import AliasSymbol, Graph
-from fnnc.errors import DTypeError, FnncError, GraphError
+from fnnc.core.ir import Graph
+from fnnc.errors import DTypeError, GraphError
 from fnnc.ops import Command
 from fnnc.ops.call import call
 
 from . import autodiff, lazy, versions
+from .execute import Plans, reader, run, run_reads, where
 from .extract import PROGRAMS, extract
-from .record import Node, Read, Record, Version, View, spec_id
+from .record import Read, Record, Version, View
 from .variable import Slot, Variable, alias_view
-
-Spec = jax.ShapeDtypeStruct
-
-
-class _PerCommand:
-    """Per command value: its plans by input spec ids, and memoised results."""
-
-    __slots__ = ("differentiable", "memo", "plans")
-
-    def __init__(self, cmd: Command, memo: bool):
-        attrs = cmd.definition.attributes
-        self.differentiable = attrs.differentiable
-        self.plans: dict[tuple[int, ...], _Plan] = {}
-        self.memo: dict[Any, tuple[Version, ...]] | None = (
-            {} if memo and not (attrs.random or attrs.has_effects) else None
-        )
-
-
-class _Plan:
-    """How one command runs on inputs of given specs: the executable and the outputs'
-    ``(shape, dtype, spec id, floating)``, checked once by the shape rule."""
-
-    __slots__ = ("cfg", "fn", "outs", "per")
-
-    def __init__(self, per: _PerCommand, cfg: Any, fn: Any, outs: Any):
-        self.per = per
-        self.cfg = cfg
-        self.fn = fn
-        self.outs = tuple(
-            (tuple(o.shape), np.dtype(o.dtype), spec_id(tuple(o.shape), np.dtype(o.dtype)),
-             np.issubdtype(o.dtype, np.inexact))
-            for o in outs
-        )  # fmt: skip
 
 
 class DynamicGraph:
@@ -92,9 +69,8 @@ class DynamicGraph:
         self.memo = memo
         self._record = Record()
         self._grad_enabled = True
-        self._commands: dict[Command, _PerCommand] = {}
-        # (command, plan) by (id(command), input spec ids): the hot path's one lookup
-        self._plans: dict[tuple[int, ...], tuple[Command, _Plan]] = {}
+        self._plans = Plans(memo)
+        self._fast = self._plans.fast  # exec's one lookup (see execute.py)
         self._scalars: dict[tuple[Any, np.dtype], Any] = {}
         self._dead: list[Slot] = []
         self.grads: dict[tuple[Slot, View | None], Variable] = {}
@@ -181,167 +157,44 @@ class DynamicGraph:
         record = self._record
         if record.garbage > record.limit or len(record.nodes) > record.limit:
             self.collect()
-        # The hot path (an eager step is mostly this): live variables of this graph,
-        # read whole, by a command already planned for their specs. One dict lookup
-        # keyed by the command's identity and the inputs' spec ids finds the plan.
-        # One and two inputs are unrolled: on Python 3.11 each comprehension costs
-        # about 0.1 us, a fair share of what recording a command may cost at all.
-        vs: Any = None
+        # The fast path (an eager step is mostly this): live variables of this graph,
+        # read whole, by a command already planned for their specs; one dict lookup
+        # keyed by the command's identity and the inputs' spec ids finds the plan. A
+        # plain loop: on Python 3.11 a comprehension is a function call, and a few of
+        # them would be a fair share of what recording a command may cost at all.
+        plan = None
+        reads: list[Read] = []
+        args: list[Any] = []
+        key = [id(cmd)]
         try:
-            n = len(inputs)
-            if n == 1:
-                (x,) = inputs
-                if x._view is None and x._dg is self:
-                    v = x._slot.version
-                    vs, key = (v,), (id(cmd), v.sid)
-            elif n == 2:
-                x, y = inputs
-                if x._view is None and y._view is None and x._dg is self and y._dg is self:
-                    v, w = x._slot.version, y._slot.version
-                    vs, key = (v, w), (id(cmd), v.sid, w.sid)
+            for x in inputs:
+                if x._view is not None or x._dg is not self:
+                    break
+                v = x._slot.version
+                reads.append((v, None))
+                args.append(v.value)
+                key.append(v.sid)
             else:
-                got = tuple([x._slot.version for x in inputs if x._view is None and x._dg is self])
-                if len(got) == n:
-                    vs, key = got, (id(cmd), *[v.sid for v in got])
+                entry = self._fast.get(tuple(key))
+                if entry is not None and entry[0] is cmd and entry[1].cfg == dispatch_state():
+                    plan = entry[1]
         except AttributeError:  # not a variable, or a freed one: the general path says
-            vs = None
-        if vs is None:  # the general path: arrays, views, or a mistake to report
-            reads = [self._read(x, _where(cmd, name), i) for i, x in enumerate(inputs)]
-            run: Any = functools.partial(self._run_reads, cmd, reads, name)
+            pass
+        if plan is not None and outputs is None:
+            outs = run(self, cmd, plan, reads, args, name)
         else:
-            entry = self._plans.get(key)
-            if entry is not None and entry[0] is cmd and entry[1].cfg == dispatch_state():
-                plan = entry[1]
+            if plan is None:  # the general path: arrays, views, a first use, a mistake
+                at = where(cmd, name)
+                reads = [self._read(x, at, i) for i, x in enumerate(inputs)]
+                job: Any = functools.partial(run_reads, self, cmd, reads, name)
             else:
-                plan = self._plan(cmd, [(v, None) for v in vs], name)
-            run = None
-        if outputs is not None:
-            run = run or functools.partial(self._run, cmd, plan, vs, None, name)
-            return versions.exec_into(self, cmd, run, outputs, name)
-        outs = run() if run is not None else self._run(cmd, plan, vs, None, name)
+                job = functools.partial(run, self, cmd, plan, reads, args, name)
+            if outputs is not None:
+                return versions.exec_into(self, cmd, job, outputs, name)
+            outs = job()
         if len(outs) == 1:
             return Variable(self, Slot(outs[0], "", True), None, "")
         return tuple(Variable(self, Slot(v, "", True), None, "") for v in outs)
-
-    def _run_reads(self, cmd: Command, reads: list[Read], name: str) -> tuple[Version, ...]:
-        """Runs ``cmd`` on versions (or views of them) and records it; its new versions."""
-        plan = self._plan(cmd, reads, name)
-        vs = tuple([v for v, _ in reads])
-        whole = all(w is None for _, w in reads)
-        return self._run(cmd, plan, vs, None if whole else reads, name)
-
-    def _run(
-        self,
-        cmd: Command,
-        plan: _Plan,
-        vs: tuple[Version, ...],
-        reads: list[Read] | None,
-        name: str,
-    ) -> tuple[Version, ...]:
-        """Runs a planned command (``reads`` is ``None`` when every input is read whole)."""
-        per = plan.per
-        grad = False
-        if self._grad_enabled and per.differentiable:
-            for v in vs:
-                if v.source:
-                    grad = True
-                    break
-        n = len(vs)
-        memo = per.memo
-        if memo is not None:
-            if reads is not None:
-                key: Any = (grad, *[(v.id, w) for v, w in reads])
-            elif n == 1:  # unrolled, as in exec
-                key = (grad, vs[0].id)
-            elif n == 2:
-                key = (grad, vs[0].id, vs[1].id)
-            else:
-                key = (grad, *[v.id for v in vs])
-            hit = memo.get(key)
-            if hit is not None and not any(o.cut for o in hit):
-                return hit
-        record = self._record
-        lazy = self.lazy
-        if lazy:
-            values: Any = (None,) * len(plan.outs)
-        else:
-            if reads is not None:
-                values = plan.fn(
-                    *[v.value if w is None else self._view_value(v, w) for v, w in reads]
-                )
-            elif n == 1:
-                values = plan.fn(vs[0].value)
-            elif n == 2:
-                values = plan.fn(vs[0].value, vs[1].value)
-            else:
-                values = plan.fn(*[v.value for v in vs])
-        ids, table = record.ids, record.versions
-        if len(plan.outs) == 1:  # unrolled, as above
-            ((shape, dtype, sid, floating),) = plan.outs
-            value = values[0] if type(values) is tuple else values
-            out = Version(next(ids), shape, dtype, sid, value, grad and floating)
-            table[out.id] = out
-            outs: Any = (out,)
-        else:
-            outs = []
-            for (shape, dtype, sid, floating), value in zip(plan.outs, values):
-                out = Version(next(ids), shape, dtype, sid, value, grad and floating)
-                table[out.id] = out
-                outs.append(out)
-            outs = tuple(outs)
-        if grad or lazy:
-            if reads is not None:
-                inputs = tuple(reads)
-            elif n == 1:
-                inputs = ((vs[0], None),)
-            elif n == 2:
-                inputs = ((vs[0], None), (vs[1], None))
-            else:
-                inputs = tuple([(v, None) for v in vs])
-            node = Node(next(ids), cmd, inputs, outs, name, lazy)
-            record.nodes[node.id] = node  # recorded: its inputs gain a reader
-            for v, _ in inputs:
-                v.readers += 1
-            for out in outs:
-                out.node = node
-        if memo is not None:
-            memo[key] = outs
-            entry = (memo, key)
-            for out in outs:
-                out.memo = entry
-        return outs
-
-    def _plan(self, cmd: Command, reads: list[Read], name: str) -> _Plan:
-        """The plan for ``cmd`` on ``reads`` (made and checked on first use), cached."""
-        if not isinstance(cmd, Command):
-            raise GraphError(
-                f"exec{' ' + repr(name) if name else ''}: expected a Command (e.g. "
-                f"fnnc.ops.relu()), got {type(cmd).__name__}; call the factory to build one"
-            )
-        specs = [(v.shape, v.dtype) if w is None else (w.shape, v.dtype) for v, w in reads]
-        sids = tuple([spec_id(*s) for s in specs])
-        per = self._commands.get(cmd)
-        if per is None:
-            per = self._commands[cmd] = _PerCommand(cmd, self.memo)
-        plan = per.plans.get(sids)
-        cfg = dispatch_state()  # backends, autotune table and backend settings
-        if plan is None or plan.cfg != cfg:
-            jspecs = [Spec(shape, dtype) for shape, dtype in specs]
-            try:
-                outs = output_specs(cmd, jspecs)
-            except FnncError as e:
-                listing = ", ".join(
-                    f"{self._name_of(v)}:{np.dtype(d).name}{list(s)}"
-                    for (v, _), (s, d) in zip(reads, specs)
-                )
-                where = _where(cmd, name)
-                raise type(e)(f"{where}: {e}\n  inputs: {listing or '(none)'}") from None
-            fn = compiled_forward(cmd, select_backend(cmd, jspecs))
-            plan = per.plans[sids] = _Plan(per, cfg, fn, outs)
-        if len(self._plans) > 4096:  # commands made on the fly (``x * 2.0``) come and go
-            self._plans.clear()
-        self._plans[(id(cmd), *sids)] = (cmd, plan)  # holding cmd keeps its id unique
-        return plan
 
     def evaluate(self, model: Any, inputs: Sequence[Any], name: str = "") -> Any:
         """Runs a whole graph as one recorded node; gradients flow through it.
@@ -385,6 +238,7 @@ class DynamicGraph:
         return x._slot  # type: ignore[return-value]
 
     def freed_error(self, x: Variable, where: str) -> None:
+        """Raises the :class:`GraphError` for using ``x`` after it was freed."""
         raise GraphError(
             f"{where}: variable {x.label} was freed (dg.free or detach of its last handle); "
             "make a new variable instead of reusing it"
@@ -405,11 +259,8 @@ class DynamicGraph:
         if got is None:
             if v.value is None:
                 self.flush()
-            got = v.views[view] = _reader(view, v.shape, v.dtype)(v.value)
+            got = v.views[view] = reader(view, v.shape, v.dtype)(v.value)
         return got
-
-    def _name_of(self, v: Version) -> str:
-        return repr(v.name) if v.name else f"%{v.id}"
 
     # -- lifetime ----------------------------------------------------------------
     def release(self, slot: Slot) -> None:
@@ -466,29 +317,80 @@ class DynamicGraph:
         mode = "lazy" if self.lazy else "eager"
         return f"<DynamicGraph ({mode}): {self.num_nodes} nodes, {self.num_tensors} tensors>"
 
-    # -- writes and lifetime (versions.py), autodiff and lazy mode -------------------
-    write = versions.write
-    set = versions.set
-    free = versions.free
-    detach = versions.detach
-    backward = autodiff.backward
-    grad = autodiff.grad
-    zero_grad = autodiff.zero_grad
-    apply_gradients = autodiff.apply_gradients
-    minimize = autodiff.minimize
-    flush = lazy.flush
+    # -- writes and lifetime: versions.py -------------------------------------------
+    def write(self, target: Variable, value: Any) -> None:
+        """Writes ``value`` (a variable, an array or a number) into ``target``.
+
+        ``target`` keeps its shape; a number or array broadcasts to it. Writing an alias
+        makes a new version of the variable it views (``y[0] = z`` is
+        ``dg.write(y[0], z)``).
+        """
+        versions.write(self, target, value)
+
+    def set(self, var: Variable, value: Any) -> None:
+        """Gives ``var`` a new value (a leaf version; NNC's ``ccv_nnc_tensor_variable_set``)."""
+        versions.set_value(self, var, value)
+
+    def free(self, var: Variable) -> None:
+        """Frees ``var`` now (NNC's ``ccv_nnc_tensor_variable_free``) and prunes the record."""
+        versions.free(self, var)
+
+    def detach(self, var: Variable) -> None:
+        """Makes ``var`` a constant: no gradient passes through its current value any more.
+
+        Nodes that only that value fed are pruned (NNC's ``ccv_nnc_tensor_variable_detach``).
+        """
+        versions.detach(self, var)
+
+    # -- gradients and optimizer steps: autodiff.py -----------------------------------
+    def backward(self, f: Any, wrt: Any, df: Any = None, *, into: Any = None) -> list[Variable]:
+        """Accumulates the gradient of ``f`` with respect to each of ``wrt``.
+
+        Args:
+            f: a variable (or several: their gradients add up); one element each unless
+                ``df`` is given.
+            wrt: the variables to differentiate with respect to (aliases too).
+            df: seed gradients, one per ``f``, shaped like it.
+            into: per ``wrt``, a variable to accumulate into instead of the one
+                :meth:`grad` holds (NNC passes them explicitly); it becomes that gradient.
+
+        Returns:
+            The gradient variables, one per ``wrt``; :meth:`grad` returns them too. A
+            gradient that already holds a value is added to (NNC's rule); reset it with
+            :meth:`zero_grad` or :meth:`set`.
+        """
+        return autodiff.backward(self, f, wrt, df, into)
+
+    def grad(self, var: Variable) -> Variable | None:
+        """The gradient accumulated for ``var`` (``None`` before any backward reached it)."""
+        return self.grads.get((self._slot(var, "grad"), var._view))
+
+    def zero_grad(self, variables: Sequence[Variable] | None = None) -> None:
+        """Forgets accumulated gradients (of ``variables``, default all)."""
+        if variables is None:
+            self.grads.clear()
+            return
+        for var in variables:
+            self.grads.pop((self._slot(var, "zero_grad"), var._view), None)
+
+    def apply_gradients(self, optimizer: Any, variables: Any) -> None:
+        """One step of any Optax ``optimizer`` on ``variables`` from their accumulated
+        gradients.
+
+        The optimizer state is kept per (optimizer, variable set) and carried across
+        steps; the gradients are consumed (reset) by the step.
+        """
+        autodiff.apply_gradients(self, optimizer, variables)
+
+    def minimize(self, optimizer: Any, f: Any, variables: Any) -> None:
+        """``backward(f, variables)`` and ``apply_gradients`` as one compiled program."""
+        autodiff.minimize(self, optimizer, f, variables)
+
+    def flush(self) -> None:
+        """Runs every pending command whose result is needed (lazy mode's sync point)."""
+        lazy.flush(self)
 
     @staticmethod
     def programs() -> int:
         """How many programs dynamic graphs hold compiled (gradients, updates, flushes)."""
         return len(PROGRAMS)
-
-
-def _where(cmd: Command, name: str) -> str:
-    return f"exec {cmd}" + (f" ({name!r})" if name else "")
-
-
-@functools.lru_cache(maxsize=1024)
-def _reader(view: View, shape: tuple[int, ...], dtype: np.dtype) -> Any:
-    sym = AliasSymbol(1, 0, view.shape, dtype, view.base, view.stride)
-    return jax.jit(lambda root: read_view(root, sym))

@@ -31,10 +31,10 @@ if TYPE_CHECKING:
     from .graph import DynamicGraph
 
 
-def flush(self: DynamicGraph) -> None:
-    """Runs every pending command whose result is needed (lazy mode's sync point)."""
-    if any(node.pending for node in self._record.nodes.values()):
-        run_with(self, None, ())
+def flush(dg: DynamicGraph) -> None:
+    """:meth:`DynamicGraph.flush`: runs every pending command whose result is needed."""
+    if any(node.pending for node in dg._record.nodes.values()):
+        run_with(dg, None, ())
 
 
 def run_with(dg: DynamicGraph, tail: Graph | None, args: Sequence[Any]) -> Any:

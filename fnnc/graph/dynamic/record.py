@@ -1,8 +1,30 @@
-"""The recorded graph of a dynamic graph: SSA versions, nodes, and the pruning rule.
+"""The dynamic graph's own IR: SSA versions, recorded nodes, and the pruning rule.
 
 A :class:`Version` is one SSA value: a symbol of the recorded graph and, once
 computed, its array. Variables point at versions; writing a variable makes a new
-version, so a version never changes. A :class:`Node` is one recorded command.
+version, so a version never changes. A :class:`Node` is one recorded command, reading
+versions (or views of them: :data:`Read`) and writing new ones. A :class:`Record`
+holds both, in recording order.
+
+**Why not** :class:`fnnc.core.ir.Graph`. ``Graph`` is frozen and hashable, numbered
+densely, array-free, valid as a whole: right for passes, caching and compiling, wrong
+for a graph that changes at every command. The record is the opposite on each point:
+
+* *mutable and appended to per command*: ``exec`` adds a node and its versions in
+  about a microsecond (plain ``__slots__`` objects in dicts keyed by a counter; no
+  validation, no renumbering, no copy of what was recorded before);
+* *carrying runtime state*: a version holds its array (``None`` while a lazy node is
+  pending), a node knows whether it ran; ``Graph`` holds no arrays;
+* *shrinking as variables die*: versions are freed when no variable holds them and no
+  node reads them (:meth:`Record.free`, at once) and nodes off every path from a live
+  trainable variable to a live variable are pruned (:meth:`Record.prune`), so the
+  record stays bounded while a training loop runs forever; ids are never reused.
+
+A ``Graph`` is made from the record only when something needs one: ``backward`` (the
+gradient path from ``wrt`` to ``f``), a lazy flush (the pending work), or printing
+(:meth:`DynamicGraph.graph`). :func:`~fnnc.graph.dynamic.extract.extract` renumbers the
+picked nodes canonically, so the same computation recorded again extracts an equal
+graph and finds its compiled program cached.
 
 **Pruning** (NNC's bookkeeping rule). A node stays recorded while it lies on a path
 from a live *source* to a live *sink*:
@@ -82,6 +104,7 @@ class Version:
 
     @property
     def spec(self) -> tuple[tuple[int, ...], np.dtype]:
+        """``(shape, dtype)``."""
         return self.shape, self.dtype
 
     def detach(self) -> None:
@@ -98,7 +121,11 @@ Read = tuple[Version, View | None]
 
 
 class Node:
-    """One recorded command: ``outputs = cmd(*inputs)``; ``pending`` until it ran."""
+    """One recorded command: ``outputs = cmd(*inputs)``; ``pending`` until it ran.
+
+    ``inputs`` is any sequence of reads (``exec`` hands over the list it built, never
+    to change it again); nothing mutates it.
+    """
 
     __slots__ = ("cmd", "id", "inputs", "name", "outputs", "pending")
 
@@ -106,7 +133,7 @@ class Node:
         self,
         nid: int,
         cmd: Command,
-        inputs: tuple[Read, ...],
+        inputs: Sequence[Read],
         outputs: tuple[Version, ...],
         name: str,
         pending: bool,
@@ -139,14 +166,17 @@ class Record:
         self._deferred: list[Version] = []
 
     def version(self, shape: tuple[int, ...], dtype: np.dtype, value: Any, grad: bool) -> Version:
+        """A new leaf version (no producer) holding ``value``."""
         v = Version(next(self.ids), shape, dtype, spec_id(shape, dtype), value, grad)
         self.versions[v.id] = v
         return v
 
     def node_list(self) -> list[Node]:
+        """The recorded nodes, in recording order (an execution order)."""
         return list(self.nodes.values())
 
     def pinned(self) -> list[Version]:
+        """The versions live variables hold."""
         return [v for v in self.versions.values() if v.pins]
 
     def hold(self) -> Record:

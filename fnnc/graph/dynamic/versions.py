@@ -1,5 +1,5 @@
 """What changes a variable's version: writes (whole or through an alias), ``set``,
-``detach`` and ``free``.
+``detach`` and ``free``; :class:`DynamicGraph`'s methods of those names call these.
 
 A write never changes a version: writing a variable points its slot at a new one, and
 writing through an alias records ``write_view(old, value)``, whose result is the new
@@ -19,6 +19,7 @@ from fnnc.errors import DTypeError, GraphError, ShapeError
 from fnnc.ops import Command
 from fnnc.ops.call import write_view
 
+from .execute import run_reads, where
 from .record import Read, Version
 from .variable import Variable
 
@@ -30,7 +31,7 @@ _COPY = ops.data_transfer()
 
 
 def exec_into(
-    self: DynamicGraph,
+    dg: DynamicGraph,
     cmd: Command,
     run: Callable[[], tuple[Version, ...]],
     targets: Sequence[Variable],
@@ -38,34 +39,29 @@ def exec_into(
 ) -> Any:
     """``exec`` with ``outputs=``: checks ``targets``, runs ``cmd`` (``run``) and writes
     its outputs into them."""
-    where = f"exec {cmd}" + (f" ({name!r})" if name else "")
+    at = where(cmd, name)
     targets = list(targets)
-    slots = [self._slot(t, where) for t in targets]
+    slots = [dg._slot(t, at) for t in targets]
     outs = run()
     if len(outs) != len(targets):
-        raise GraphError(f"{where}: the command has {len(outs)} outputs, {len(targets)} were given")
+        raise GraphError(f"{at}: the command has {len(outs)} outputs, {len(targets)} were given")
     for target, slot, out in zip(targets, slots, outs):
-        _assign(self, target, slot, (out, None), where)
+        _assign(dg, target, slot, (out, None), at)
     return targets[0] if len(targets) == 1 else tuple(targets)
 
 
-def write(self: DynamicGraph, target: Variable, value: Any) -> None:
-    """Writes ``value`` (a variable, an array or a number) into ``target``.
-
-    ``target`` keeps its shape; a number or array broadcasts to it. Writing an alias
-    makes a new version of the variable it views (``y[0] = z`` is
-    ``dg.write(y[0], z)``).
-    """
-    slot = self._slot(target, "write")
+def write(dg: DynamicGraph, target: Variable, value: Any) -> None:
+    """:meth:`DynamicGraph.write`: ``target``'s slot gets a new version holding ``value``."""
+    slot = dg._slot(target, "write")
     if isinstance(value, Variable):
-        read = self._read(value, "write", 0)
+        read = dg._read(value, "write", 0)
     else:
         arr = np.broadcast_to(np.asarray(value, slot.version.dtype), target.shape)
-        read = (self._leaf(np.array(arr), grad=False), None)
-    _assign(self, target, slot, read, f"write into {target.label}")
+        read = (dg._leaf(np.array(arr), grad=False), None)
+    _assign(dg, target, slot, read, f"write into {target.label}")
 
 
-def _assign(self: DynamicGraph, target: Variable, slot: Slot, read: Read, where: str) -> None:
+def _assign(dg: DynamicGraph, target: Variable, slot: Slot, read: Read, where: str) -> None:
     old = slot.version
     shape, dtype = target.shape, old.dtype
     v, view = read
@@ -79,58 +75,56 @@ def _assign(self: DynamicGraph, target: Variable, slot: Slot, read: Read, where:
     if target._view is not None:
         w = target._view
         cmd = write_view(shape=w.shape, base=w.base, stride=w.stride)
-        (new,) = self._run_reads(cmd, [(old, None), read], "")
+        (new,) = run_reads(dg, cmd, [(old, None), read], "")
     elif view is not None:
-        (new,) = self._run_reads(_COPY, [read], "")
+        (new,) = run_reads(dg, _COPY, [read], "")
     else:
         new = v
     if not slot.trainable and new.grad and new.pins == 0:
         new.detach()
     new.name = new.name or slot.name
-    repin(self, slot, new)
+    repin(dg, slot, new)
 
 
-def set(  # noqa: A001 - the method name NNC users know
-    self: DynamicGraph, var: Variable, value: Any
-) -> None:
-    """Gives ``var`` a new value (a leaf version; NNC's ``ccv_nnc_tensor_variable_set``)."""
-    slot = self._slot(var, "set")
+def set_value(dg: DynamicGraph, var: Variable, value: Any) -> None:
+    """:meth:`DynamicGraph.set`: ``var``'s slot gets a new leaf version (a write, for an
+    alias)."""
+    slot = dg._slot(var, "set")
     if var.is_alias:
-        return self.write(var, value)
-    leaf = self._leaf(value, grad=slot.trainable, name=slot.name)
+        return write(dg, var, value)
+    leaf = dg._leaf(value, grad=slot.trainable, name=slot.name)
     if leaf.spec != slot.version.spec:
         raise ShapeError(
             f"set: variable {var.label} is {slot.version.dtype.name}"
             f"{list(slot.version.shape)}, the value is {leaf.dtype.name}{list(leaf.shape)}"
         )
-    repin(self, slot, leaf)
+    repin(dg, slot, leaf)
 
 
-def repin(self: DynamicGraph, slot: Slot, version: Version) -> None:
+def repin(dg: DynamicGraph, slot: Slot, version: Version) -> None:
+    """Points ``slot`` at ``version``; the version it held loses a holder."""
     old = slot.version
     slot.version = version
     version.pins += 1
-    self._record.unpin(old)
+    dg._record.unpin(old)
 
 
-def free(self: DynamicGraph, var: Variable) -> None:
-    """Frees ``var`` now (NNC's ``ccv_nnc_tensor_variable_free``) and prunes the record."""
-    slot = self._slot(var, "free")
+def free(dg: DynamicGraph, var: Variable) -> None:
+    """:meth:`DynamicGraph.free`: ``var`` lets go of its slot; the record is pruned."""
+    slot = dg._slot(var, "free")
     var._slot = None
-    self.release(slot)
-    self.collect()
+    dg.release(slot)
+    dg.collect()
 
 
-def detach(self: DynamicGraph, var: Variable) -> None:
-    """Makes ``var`` a constant: no gradient passes through its current value any more.
-
-    Nodes that only that value fed are pruned (NNC's ``ccv_nnc_tensor_variable_detach``).
-    """
-    slot = self._slot(var, "detach")
+def detach(dg: DynamicGraph, var: Variable) -> None:
+    """:meth:`DynamicGraph.detach`: cuts ``var``'s version (or a copy of it, when
+    memoisation shares it) and makes its slot a constant one."""
+    slot = dg._slot(var, "detach")
     v = slot.version
     if v.pins > 1:  # shared by memoisation: detach a copy
-        repin(self, slot, self._leaf(v.value if v.value is not None else var.value, False))
+        repin(dg, slot, dg._leaf(v.value if v.value is not None else var.value, False))
     else:
         v.detach()
     slot.trainable = False
-    self.collect()
+    dg.collect()

@@ -116,3 +116,41 @@ def test_lazy_drops_dead_work_and_checks_shapes_at_once() -> None:
         assert "gemm" in str(e)
     else:
         raise AssertionError("lazy exec must check shapes when recording")
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_fast_and_general_paths_agree_for_any_number_of_inputs(lazy: bool) -> None:
+    """exec has one fast path (whole live variables, a planned command) for any number
+    of inputs and one general path (arrays, views, a first use): a command gives the
+    same result and the same recorded gradient either way."""
+    dg = DynamicGraph(lazy=lazy)
+    xs = [rand((2, 3), seed=i) for i in range(4)]
+    vs = [dg.variable(x) for x in xs]
+    view = dg.variable(np.concatenate([xs[0], xs[1]]))[:2]
+    for n in (1, 2, 3, 4):
+        want = sum(xs[:n])
+        for _ in range(2):  # the first call plans (general path), the second is fast
+            assert_close(dg.exec(ops.ewsum(), *vs[:n]).numpy(), want)
+        mixed = [view, *vs[1 : n - 1], xs[n - 1]] if n > 1 else [view]
+        assert_close(dg.exec(ops.ewsum(), *mixed).numpy(), want)
+    f = dg.exec(ops.ewprod(), vs[0], vs[1], vs[2]).sum()
+    dx = dg.backward(f, [vs[0]])[0].numpy()
+    assert_close(dx, xs[1] * xs[2])
+
+
+def test_memo_covers_the_fast_path_with_three_inputs() -> None:
+    dg = DynamicGraph()
+    a, b, c = (dg.variable(rand((2,), seed=i)) for i in range(3))
+    first, again = dg.exec(ops.ewsum(), a, b, c), dg.exec(ops.ewsum(), a, b, c)
+    assert _version(first) is _version(again)
+    assert _version(dg.exec(ops.ewsum(), a, c, b)) is not _version(first)
+
+
+def test_dynamic_graph_is_a_plain_class() -> None:
+    """Every method of DynamicGraph is defined in its class body (none is assigned
+    from the helper modules it delegates to)."""
+    for name, attr in vars(DynamicGraph).items():
+        fn = getattr(attr, "fget", None) or getattr(attr, "__func__", None) or attr
+        fn = getattr(fn, "__wrapped__", fn)  # no_grad's contextmanager
+        if callable(fn):
+            assert fn.__qualname__ == f"DynamicGraph.{name}", name

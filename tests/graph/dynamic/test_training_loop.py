@@ -11,8 +11,8 @@ import optax
 import pytest
 
 from fnnc import ops
-from fnnc.graph import DynamicGraph
 from fnnc.core.dispatch import _compiled
+from fnnc.graph import DynamicGraph
 
 DENSE = ops.gemm(transpose_b=True)
 RELU = ops.relu()
