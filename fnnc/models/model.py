@@ -181,6 +181,27 @@ class Model(Layer):
         :meth:`fit` ran, or the one for ``inputs``/``targets`` (arrays or specs)."""
         return self.engine.memory_plan(inputs, targets)
 
+    def forward_graph(
+        self, inputs: Sequence[Any], *, is_test: bool = True
+    ) -> tuple[Any, list[str]]:
+        """The forward :class:`~fnnc.core.ir.Graph` for inputs like ``inputs`` (arrays or
+        specs), with the parameters as extra inputs: ``(graph, parameter ids)``; the
+        graph's inputs are the model inputs then those parameters, its outputs the
+        model outputs (how :meth:`fnnc.graph.DynamicGraph.evaluate` runs a model)."""
+        from fnnc.models.programs import _ordered
+
+        engine = self.engine
+        built = engine._build(not is_test, engine._check_inputs(_arrays(inputs)))
+        ctx = built.ctx
+        if ctx.keys or ctx.updates:
+            raise ModelError(
+                f"model {self.describe()}: forward_graph needs a deterministic forward "
+                "without internal updates (no dropout keys, no batch-norm statistics); "
+                "pass is_test=True"
+            )
+        feed, order = built.feed(tuple(ctx.params))
+        return _ordered(ctx.b.build(list(built.outputs)), order), list(feed.params)
+
     def parameters(self) -> dict[str, Any]:
         """Parameter id -> array (internals ``r-...`` included); copies, so they stay
         valid while the engine reuses (donates) its own buffers in later steps."""

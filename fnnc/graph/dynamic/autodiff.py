@@ -8,8 +8,9 @@
    the cache key together with the positions of ``f`` and ``wrt``;
 3. on a miss only: runs fnnc's ``backward`` pass on it, adds the accumulation into
    gradients that already hold a value (``ewsum``) and, for :func:`minimize`, one
-   ``optax_update`` node; then removes the forward nodes (their values are recorded)
-   and compiles the rest;
+   ``optax_update`` node; then runs ``simplify`` as ``Model.fit`` does (fused losses
+   and kernels), removes the forward nodes (their values are recorded) and compiles
+   the rest (:mod:`.simplified`);
 4. runs the program on the recorded activations.
 
 The next training step records the same computation on new arrays, extracts an equal
@@ -22,8 +23,6 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import jax
-import numpy as np
-import optax
 
 from fnnc import ops
 from fnnc.core.ir import Graph
@@ -33,9 +32,10 @@ from fnnc.graph.compile import compile
 from fnnc.graph.passes.backward import backward as backward_pass
 from fnnc.ops.optimizer import optax_update_command
 
-from . import lazy
-from .extract import PROGRAMS, extract, trim
+from . import higher, lazy, optim
+from .extract import PROGRAMS, extract
 from .record import Read, Version, between
+from .simplified import simplify_trim
 
 if TYPE_CHECKING:
     from .graph import DynamicGraph
@@ -136,7 +136,7 @@ def _gradient_graph(
         added += [s.id for s in state]
         updated = b.exec(cmd, *outs, *state, *params, name="optimizer")
         outs = list(updated) if isinstance(updated, tuple) else [updated]
-    return trim(b.build(outs), len(forward.nodes), len(forward.symbols), added)
+    return simplify_trim(b.build(outs), len(forward.symbols), added)
 
 
 def _run_gradients(
@@ -147,31 +147,44 @@ def _run_gradients(
     what: str,
     optimizer: Any = None,
     into: list[Variable | None] | None = None,
+    create_graph: bool = False,
 ) -> tuple[list[Any], list[Slot]]:
     """Runs the cached gradient (or minimize) program; returns its outputs and ``ws``' slots.
 
     In lazy mode the pending forward runs in the same program (:func:`lazy.run_with`).
+    With ``create_graph`` the program is recorded instead (:mod:`.higher`) and the
+    outputs are versions.
     """
     f_reads = _check_f(dg, fs)
     w_reads = _check_wrt(dg, ws, what)
     seeds = _seeds(dg, df, fs, f_reads)
     slots = [dg._slot(w, what) for w in ws]
     old = [dg.grads.get((s, w._view)) for s, w in zip(slots, ws)]
-    if into is not None:
+    if create_graph:
+        old = [None] * len(ws)
+    elif into is not None:
         old = [g if g is not None else o for g, o in zip(into, old)]
     with dg._record.hold():
         nodes = between(dg._record.node_list(), [v for v, _ in w_reads], [v for v, _ in f_reads])
         ex = extract(nodes, [*f_reads, *w_reads])
         f_ids, w_ids = ex.reads[: len(fs)], ex.reads[len(fs) :]
         acc = tuple(g is not None for g in old)
-        key = (what, ex.key, f_ids, w_ids, bool(seeds), acc, optimizer)
+        params: list[Any] = []
+        opt_key = None
+        if optimizer is not None:
+            params = [_value(dg, r) for r in w_reads]
+            optim.check(optimizer, what)
+            opt_key = optim.keys(optimizer, optim.specs_of(params))[0]
+        key = (what, ex.key, f_ids, w_ids, bool(seeds), acc, opt_key)
         (graph, roots), fresh = PROGRAMS.get(
             key, lambda: _gradient_graph(ex.graph, f_ids, w_ids, bool(seeds), acc, optimizer)
         )
         args: list[Any] = [ex.versions[r] for r in roots] + seeds
         args += [dg.value_of(g) for g in old if g is not None]
         if optimizer is not None:
-            args += _opt_state(dg, optimizer, slots, [_value(dg, r) for r in w_reads])
+            args += optim.state(dg, optimizer, slots, params, what)
+        if create_graph:
+            return higher.record(dg, graph, args), slots
         if dg.lazy:
             out = lazy.run_with(dg, graph, args)
         else:
@@ -180,11 +193,22 @@ def _run_gradients(
     return list(out) if isinstance(out, tuple) else [out], slots
 
 
-def backward(dg: DynamicGraph, f: Any, wrt: Any, df: Any, into: Any) -> list[Variable]:
+def backward(
+    dg: DynamicGraph, f: Any, wrt: Any, df: Any, into: Any, create_graph: bool = False
+) -> list[Variable]:
     """:meth:`DynamicGraph.backward`: runs the gradient program, then accumulates each
     gradient into ``into``'s variable, the one :meth:`~DynamicGraph.grad` holds, or a
-    new constant."""
+    new constant. With ``create_graph``, records it and returns the recorded
+    gradients (:mod:`.higher`)."""
     fs, ws = _listed(f), _listed(wrt)
+    if create_graph:
+        if into is not None:
+            raise GraphError(
+                "backward: create_graph=True returns new recorded gradients and accumulates "
+                "into nothing; drop into= (add the results to your variables yourself)"
+            )
+        outs, _ = _run_gradients(dg, fs, ws, df, "backward", create_graph=True)
+        return higher.variables(outs, ws, dg)
     targets = [None] * len(ws) if into is None else _listed(into)
     if len(targets) != len(ws):
         raise GraphError(f"backward: {len(ws)} wrt but {len(targets)} into; pass one per wrt")
@@ -202,19 +226,6 @@ def backward(dg: DynamicGraph, f: Any, wrt: Any, df: Any, into: Any) -> list[Var
             dg.set(held, g)
         result.append(held)
     return result
-
-
-def _opt_state(dg: DynamicGraph, optimizer: Any, slots: list[Slot], params: list[Any]) -> list[Any]:
-    if not isinstance(optimizer, optax.GradientTransformation):
-        raise GraphError(
-            f"apply_gradients: optimizer must be an optax.GradientTransformation, got "
-            f"{type(optimizer).__name__}; e.g. optax.adam(1e-3)"
-        )
-    key = (optimizer, tuple(slots))
-    state = dg.opt_states.get(key)
-    if state is None:
-        state = dg.opt_states[key] = jax.tree.leaves(optimizer.init(list(params)))
-    return state
 
 
 def _params(dg: DynamicGraph, variables: Any, what: str) -> tuple[list[Variable], list[Slot]]:
@@ -240,10 +251,10 @@ def _store(
     dg: DynamicGraph, optimizer: Any, ws: list[Variable], slots: list[Slot], out: Any
 ) -> None:
     out = list(out) if isinstance(out, tuple) else [out]
+    optim.store(dg, optimizer, slots, out[: len(ws)], out[len(ws) :])
     for w, value in zip(ws, out[: len(ws)]):
         dg.set(w, value)
         dg.grads.pop((dg._slot(w, "update"), None), None)
-    dg.opt_states[(optimizer, tuple(slots))] = out[len(ws) :]
 
 
 def apply_gradients(dg: DynamicGraph, optimizer: Any, variables: Any) -> None:
@@ -262,10 +273,11 @@ def apply_gradients(dg: DynamicGraph, optimizer: Any, variables: Any) -> None:
             )
         grads.append(dg.value_of(g))
     params = [dg.value_of(w) for w in ws]
-    state = _opt_state(dg, optimizer, slots, params)
-    specs = tuple((tuple(p.shape), np.dtype(p.dtype)) for p in params)
+    state = optim.state(dg, optimizer, slots, params, "apply_gradients")
+    specs = optim.specs_of(params)
     program, fresh = PROGRAMS.get(
-        ("apply", optimizer, specs), lambda: _update_program(optimizer, specs)
+        ("apply", optim.keys(optimizer, specs)[0], specs),
+        lambda: _update_program(optimizer, specs),
     )
     dg.num_compiled += fresh
     _store(dg, optimizer, ws, slots, program(*params, *grads, *state))

@@ -26,9 +26,8 @@ from fnnc.core.dispatch import state as dispatch_state
 from fnnc.core.ir import Graph
 from fnnc.errors import DTypeError, GraphError
 from fnnc.ops import Command
-from fnnc.ops.call import call
 
-from . import autodiff, lazy, versions
+from . import autodiff, cnnp, lazy, versions
 from .execute import Plans, reader, run, run_reads, where
 from .extract import PROGRAMS, extract
 from .record import Read, Record, Version, View
@@ -49,7 +48,8 @@ class DynamicGraph:
     Attributes:
         grads: accumulated gradient variables by (slot, view) of what they belong to;
             read them with :meth:`grad`.
-        opt_states: Optax state leaves by (optimizer, slots of the variable set).
+        opt_states: Optax state leaves by (state structure, slots of the variable set):
+            a fresh optimizer of the same structure finds them (see :mod:`.optim`).
         num_compiled: programs this graph compiled (gradients, updates, lazy flushes);
             it stops growing once a training loop repeats the same structure.
 
@@ -75,6 +75,8 @@ class DynamicGraph:
         self._dead: list[Slot] = []
         self.grads: dict[tuple[Slot, View | None], Variable] = {}
         self.opt_states: dict[tuple[Any, tuple[Slot, ...]], list[Any]] = {}
+        self._opt_owner: dict[tuple[Any, tuple[Slot, ...]], Any] = {}  # see optim.state
+        self._models: dict[int, Any] = {}  # cnnp models evaluated here (cnnp.py)
         self.num_compiled = 0
 
     # -- variables -------------------------------------------------------------
@@ -199,22 +201,16 @@ class DynamicGraph:
     def evaluate(self, model: Any, inputs: Sequence[Any], name: str = "") -> Any:
         """Runs a whole graph as one recorded node; gradients flow through it.
 
-        ``model`` is a :class:`~fnnc.graph.Graph` (e.g. from :func:`fnnc.graph.trace`),
-        a :class:`~fnnc.graph.Program`, or any object with a ``graph`` attribute
-        holding a ``Graph`` (how a cnnp model plugs in). Its backward comes from the
-        ``backward`` pass on that graph.
+        ``model``: a :class:`~fnnc.graph.Graph` (e.g. :func:`fnnc.graph.trace`'s), a
+        :class:`~fnnc.graph.Program`, or a compiled cnnp :class:`~fnnc.models.Model`
+        whose parameters are this graph's variables (:meth:`parameters`), so
+        ``minimize`` trains it (:mod:`.cnnp`).
         """
-        graph = model if isinstance(model, Graph) else getattr(model, "graph", None)
-        if not isinstance(graph, Graph):
-            raise GraphError(
-                f"evaluate: expected a Graph, a Program or an object with a .graph Graph, "
-                f"got {type(model).__name__}"
-            )
-        outs = self.exec(call(graph=graph), *inputs, name=name)
-        if graph.out_tree is not None:
-            leaves = outs if isinstance(outs, tuple) else (outs,)
-            return jax.tree.unflatten(graph.out_tree, list(leaves))
-        return outs
+        return cnnp.evaluate(self, model, inputs, name)
+
+    def parameters(self, model: Any) -> dict[str, Variable]:
+        """A cnnp model's trainable parameters as variables of this graph, by id."""
+        return cnnp.parameters(self, model)
 
     # -- reading ---------------------------------------------------------------
     def _read(self, x: Any, where: str, i: int) -> Read:
@@ -278,6 +274,7 @@ class DynamicGraph:
             self.opt_states = {
                 k: s for k, s in self.opt_states.items() if not dead.intersection(k[1])
             }
+            self._opt_owner = {k: o for k, o in self._opt_owner.items() if k in self.opt_states}
         self._record.prune()
 
     @contextlib.contextmanager
@@ -343,7 +340,9 @@ class DynamicGraph:
         versions.detach(self, var)
 
     # -- gradients and optimizer steps: autodiff.py -----------------------------------
-    def backward(self, f: Any, wrt: Any, df: Any = None, *, into: Any = None) -> list[Variable]:
+    def backward(
+        self, f: Any, wrt: Any, df: Any = None, *, into: Any = None, create_graph: bool = False
+    ) -> list[Variable]:
         """Accumulates the gradient of ``f`` with respect to each of ``wrt``.
 
         Args:
@@ -353,13 +352,16 @@ class DynamicGraph:
             df: seed gradients, one per ``f``, shaped like it.
             into: per ``wrt``, a variable to accumulate into instead of the one
                 :meth:`grad` holds (NNC passes them explicitly); it becomes that gradient.
+            create_graph: record the gradient computation and return its results as
+                differentiable variables (not accumulated), so a second ``backward``
+                differentiates them (:mod:`.higher`).
 
         Returns:
             The gradient variables, one per ``wrt``; :meth:`grad` returns them too. A
             gradient that already holds a value is added to (NNC's rule); reset it with
             :meth:`zero_grad` or :meth:`set`.
         """
-        return autodiff.backward(self, f, wrt, df, into)
+        return autodiff.backward(self, f, wrt, df, into, create_graph)
 
     def grad(self, var: Variable) -> Variable | None:
         """The gradient accumulated for ``var`` (``None`` before any backward reached it)."""
@@ -381,10 +383,12 @@ class DynamicGraph:
         steps; the gradients are consumed (reset) by the step.
         """
         autodiff.apply_gradients(self, optimizer, variables)
+        cnnp.sync(self)
 
     def minimize(self, optimizer: Any, f: Any, variables: Any) -> None:
         """``backward(f, variables)`` and ``apply_gradients`` as one compiled program."""
         autodiff.minimize(self, optimizer, f, variables)
+        cnnp.sync(self)
 
     def flush(self) -> None:
         """Runs every pending command whose result is needed (lazy mode's sync point)."""

@@ -7,7 +7,8 @@ where they are made) but not its forward. Reading a value, ``backward``,
 1. picks the pending nodes whose results something needs: a live variable, or a
    node that stays recorded for gradients (dead pending work is dropped unrun);
 2. extracts them as one canonical graph (inputs: the values they read; outputs: the
-   versions needed), compiled once per structure and cached like gradient programs;
+   versions needed), simplified (as ``Model.fit``'s programs are) and compiled once
+   per structure, cached like gradient programs;
 3. runs it and stores the values, then prunes the record as in eager mode.
 
 A training loop records the same commands every step, so each step after the first
@@ -23,6 +24,7 @@ from fnnc.core.ir import Graph
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.compile import compile
 from fnnc.graph.inline import inline
+from fnnc.graph.passes.pipeline import simplify
 
 from .extract import PROGRAMS, extract
 from .record import Version, to_flush
@@ -57,7 +59,9 @@ def run_with(dg: DynamicGraph, tail: Graph | None, args: Sequence[Any]) -> Any:
                 spots.append(-1 - len(extra))
                 extra.append(a.value if isinstance(a, Version) else a)
         key = ("flush", ex.key, tail, tuple(spots))
-        program, fresh = PROGRAMS.get(key, lambda: compile(_compose(ex.graph, tail, spots)))
+        program, fresh = PROGRAMS.get(
+            key, lambda: compile(simplify(_compose(ex.graph, tail, spots)))
+        )
         dg.num_compiled += fresh
         values = program(*(ex.versions[s].value for s in ex.inputs), *extra)
         values = values if isinstance(values, tuple) else (values,)

@@ -110,8 +110,14 @@ def repin(dg: DynamicGraph, slot: Slot, version: Version) -> None:
 
 
 def free(dg: DynamicGraph, var: Variable) -> None:
-    """:meth:`DynamicGraph.free`: ``var`` lets go of its slot; the record is pruned."""
+    """:meth:`DynamicGraph.free`: ``var`` lets go of its slot; the record is pruned.
+
+    Freeing a gradient that :meth:`~DynamicGraph.backward` returned drops it from the
+    accumulator (NNC: freeing the gradient tensor resets accumulation): the next
+    ``backward`` starts a new gradient.
+    """
     slot = dg._slot(var, "free")
+    dg.grads = {k: g for k, g in dg.grads.items() if g is not var}
     var._slot = None
     dg.release(slot)
     dg.collect()

@@ -1,0 +1,115 @@
+"""A cnnp :class:`~fnnc.models.Model` in a dynamic graph (NNC's "dynamic graph to
+evaluate cnnp model", with and without parameters).
+
+:meth:`DynamicGraph.evaluate(model, inputs) <fnnc.graph.DynamicGraph.evaluate>` records
+the model as ONE ``call[graph]`` node: the graph is the model's forward
+(:meth:`Model.forward_graph <fnnc.models.Model.forward_graph>`) with the parameters as
+extra inputs, so gradients flow through the node to the inputs and to the parameters.
+
+The parameters are variables of the dynamic graph, made once per model from
+:meth:`Model.parameters` (:func:`parameters`; trainable ones as ``dg.variable``, the
+rest as constants). ``dg.minimize`` / ``dg.apply_gradients`` on them update the
+variables; :func:`sync` then writes the new values back into the model, so
+``model.parameters()`` (and ``model.evaluate``) see the training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+from fnnc.core.ir import Graph
+from fnnc.errors import GraphError
+from fnnc.ops.call import call
+
+if TYPE_CHECKING:
+    from .graph import DynamicGraph
+    from .variable import Variable
+
+
+class _Bound:
+    """A model's parameter variables in one dynamic graph, and the versions last synced."""
+
+    __slots__ = ("model", "synced", "trainable", "variables")
+
+    def __init__(self, dg: DynamicGraph, model: Any) -> None:
+        self.model = model
+        values = model.parameters()
+        infos = model.engine.infos
+        self.trainable = [p for p in values if infos[p].trainable]
+        self.variables: dict[str, Variable] = {
+            pid: (dg.variable if pid in self.trainable else dg.constant)(value, name=pid)
+            for pid, value in values.items()
+        }
+        self.synced = {pid: v._slot.version for pid, v in self.variables.items()}
+
+
+def is_model(model: Any) -> bool:
+    """Whether ``model`` is a cnnp model (it has ``forward_graph``)."""
+    return callable(getattr(model, "forward_graph", None))
+
+
+def _bound(dg: DynamicGraph, model: Any) -> _Bound:
+    if not is_model(model):
+        raise GraphError(f"parameters: expected a cnnp Model, got {type(model).__name__}")
+    bound = dg._models.get(id(model))
+    if bound is None or bound.model is not model:
+        bound = dg._models[id(model)] = _Bound(dg, model)
+    return bound
+
+
+def parameters(dg: DynamicGraph, model: Any) -> dict[str, Variable]:
+    """The trainable parameters of ``model`` as variables of ``dg``, by parameter id
+    (the same variables every call; what ``dg.minimize`` should update)."""
+    bound = _bound(dg, model)
+    return {pid: bound.variables[pid] for pid in bound.trainable}
+
+
+def evaluate(dg: DynamicGraph, model: Any, inputs: Sequence[Any], name: str) -> Any:
+    """Records ``model`` (a cnnp model, a graph, a program) on ``inputs`` as one
+    ``call`` node; its output variable(s) (a pytree for a traced graph)."""
+    if not is_model(model):
+        graph = graph_of(model)
+        outs = dg.exec(call(graph=graph), *inputs, name=name)
+        if graph.out_tree is not None:
+            leaves = outs if isinstance(outs, tuple) else (outs,)
+            return jax.tree.unflatten(graph.out_tree, list(leaves))
+        return outs
+    bound = _bound(dg, model)
+    specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in inputs]
+    graph, pids = model.forward_graph(specs, is_test=True)
+    missing = [p for p in pids if p not in bound.variables]
+    if missing:
+        raise GraphError(
+            f"evaluate: model {model.describe()} has parameters {missing} that the dynamic "
+            "graph did not see when it first evaluated the model; evaluate a model in a "
+            "dynamic graph only after model.compile(...) with these input shapes"
+        )
+    args = [*inputs, *(bound.variables[p] for p in pids)]
+    return dg.exec(call(graph=graph), *args, name=name or model.describe())
+
+
+def graph_of(model: Any) -> Graph:
+    """``model`` itself, or its ``.graph`` (a :class:`~fnnc.graph.Program`)."""
+    graph = model if isinstance(model, Graph) else getattr(model, "graph", None)
+    if not isinstance(graph, Graph):
+        raise GraphError(
+            f"evaluate: expected a Graph, a Program, a compiled cnnp Model or an object "
+            f"with a .graph Graph, got {type(model).__name__}"
+        )
+    return graph
+
+
+def sync(dg: DynamicGraph) -> None:
+    """Writes parameter variables that changed since the last sync into their models."""
+    for bound in dg._models.values():
+        changed = {}
+        for pid, var in bound.variables.items():
+            slot = var._slot
+            if slot is not None and slot.version is not bound.synced[pid]:
+                changed[pid] = dg.value_of(var)
+                bound.synced[pid] = slot.version
+        if changed:
+            bound.model.set_parameters(changed)

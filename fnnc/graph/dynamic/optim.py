@@ -1,0 +1,137 @@
+"""Optimizer state and programs of a dynamic graph, keyed by structure, not identity.
+
+A training loop may build its Optax transformation afresh at every step
+(``dg.minimize(optax.adam(1e-3), loss, params)``): each call makes new closures, so
+keying by the object would start Adam from zero every step and compile a program per
+step. Instead:
+
+* **state** is kept per (state structure, variable set), the structure being
+  :func:`fnnc.models.optim.structure` of the whole parameter list (state tree and leaf
+  specs), the key a cnnp model's engine uses per parameter. A fresh ``optax.adam()``
+  finds the moments the previous one left; switching to a transformation of another
+  structure sets them aside (switching back finds them again);
+* **programs** are cached by :func:`behaviour` of the transformation's ``update``: its
+  code and what its closure holds (numbers by value), recursively. Two transformations
+  made by the same factory with the same settings behave alike and share one program.
+
+Hyper-parameters as inputs: with ``optax.inject_hyperparams(optax.adam)(learning_rate=
+lr)`` the rate is a leaf of the state, not of ``update``'s closure, so a new ``lr``
+recompiles nothing; when another object of that kind steps a kept state, its
+hyper-parameters replace the state's (:func:`state`), so the new rate takes effect.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+import optax
+
+from fnnc.errors import GraphError
+
+if TYPE_CHECKING:
+    from .graph import DynamicGraph
+    from .variable import Slot
+
+_KEYS: dict[tuple[int, Any], tuple[Any, Hashable, str]] = {}
+
+
+def check(optimizer: Any, what: str) -> None:
+    """Raises the :class:`GraphError` for an ``optimizer`` that is not an Optax one."""
+    if not isinstance(optimizer, optax.GradientTransformation):
+        raise GraphError(
+            f"{what}: optimizer must be an optax.GradientTransformation, got "
+            f"{type(optimizer).__name__}; e.g. optax.adam(1e-3)"
+        )
+
+
+def behaviour(value: Any, depth: int = 0) -> Hashable:
+    """A hashable fingerprint of what ``value`` does: functions by code, defaults and
+    closure (recursively), containers by contents, numbers and strings by value,
+    small arrays by bytes, anything else by identity."""
+    if depth > 12:
+        return ("id", id(value))
+    if isinstance(value, types.FunctionType):
+        cells = tuple(behaviour(c.cell_contents, depth + 1) for c in value.__closure__ or ())
+        defaults = behaviour(value.__defaults__ or (), depth + 1)
+        return ("fn", value.__code__, defaults, cells)
+    if isinstance(value, functools.partial):
+        return ("partial", behaviour((value.func, value.args, value.keywords), depth + 1))
+    if isinstance(value, (bool, int, float, complex, str, bytes, type(None), np.dtype, type)):
+        return (type(value).__name__, value)
+    if isinstance(value, dict):
+        return ("dict", tuple((k, behaviour(v, depth + 1)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(behaviour(v, depth + 1) for v in value))
+    if isinstance(value, (np.ndarray, np.generic, jax.Array)) and np.size(value) <= 64:
+        arr = np.asarray(value)
+        return ("array", arr.shape, arr.dtype.str, arr.tobytes())
+    try:
+        hash(value)
+    except TypeError:
+        return ("id", id(value))
+    return ("obj", type(value), value)
+
+
+def keys(optimizer: Any, specs: tuple[Any, ...]) -> tuple[Hashable, str]:
+    """``(program key, state structure)`` of ``optimizer`` over parameters of ``specs``
+    (``(shape, dtype)`` pairs); cached per object (the cache holds it, so its id stays
+    its own)."""
+    got = _KEYS.get((id(optimizer), specs))
+    if got is not None and got[0] is optimizer:
+        return got[1], got[2]
+    if len(_KEYS) > 256:
+        _KEYS.clear()
+    from fnnc.models.optim import structure  # here: fnnc.models imports fnnc.graph
+
+    params = [jax.ShapeDtypeStruct(s, d) for s, d in specs]
+    made = (behaviour(optimizer.update), structure(optimizer, params))  # type: ignore[arg-type]
+    _KEYS[(id(optimizer), specs)] = (optimizer, *made)
+    return made
+
+
+def specs_of(params: Sequence[Any]) -> tuple[Any, ...]:
+    """The ``(shape, dtype)`` pairs of ``params`` (arrays or specs)."""
+    return tuple((tuple(p.shape), np.dtype(p.dtype)) for p in params)
+
+
+def state(
+    dg: DynamicGraph, optimizer: Any, slots: Sequence[Slot], params: list[Any], what: str
+) -> list[Any]:
+    """The state leaves of ``optimizer`` for the variables of ``slots``: the kept ones
+    of its structure, else a fresh ``init``. An injected hyper-parameter (a
+    ``hyperparams`` leaf) follows the object stepping now."""
+    check(optimizer, what)
+    _, struct = keys(optimizer, specs_of(params))
+    key = (struct, tuple(slots))
+    leaves = dg.opt_states.get(key)
+    if leaves is None:
+        leaves = dg.opt_states[key] = jax.tree.leaves(optimizer.init(list(params)))
+        dg._opt_owner[key] = optimizer
+        return leaves
+    if dg._opt_owner.get(key) is not optimizer:
+        dg._opt_owner[key] = optimizer
+        fresh = jax.tree_util.tree_flatten_with_path(optimizer.init(list(params)))[0]
+        injected = [i for i, (path, _) in enumerate(fresh) if _injected(path)]
+        if injected:
+            leaves = list(leaves)
+            for i in injected:
+                leaves[i] = fresh[i][1]
+            dg.opt_states[key] = leaves
+    return leaves
+
+
+def store(
+    dg: DynamicGraph, optimizer: Any, slots: Sequence[Slot], params: list[Any], leaves: list[Any]
+) -> None:
+    """Keeps ``leaves``, the state after a step, under ``optimizer``'s structure."""
+    _, struct = keys(optimizer, specs_of(params))
+    dg.opt_states[(struct, tuple(slots))] = leaves
+
+
+def _injected(path: Sequence[Any]) -> bool:
+    return any(getattr(k, "name", None) == "hyperparams" for k in path)
