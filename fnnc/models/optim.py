@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fnnc.ops.optimizer import state_structure as structure
+
 
 def per_parameter(
     transforms: Sequence[optax.GradientTransformation],
@@ -58,13 +60,6 @@ def is_noop(transform: optax.GradientTransformation) -> bool:
     except Exception:  # a transformation that needs more than this probe is not a no-op
         return False
     return all(bool(jnp.all(u == 0)) for u in jax.tree.leaves(updates))
-
-
-def structure(transform: optax.GradientTransformation, param: jax.ShapeDtypeStruct) -> str:
-    """A key for the structure of ``transform``'s state of one parameter."""
-    shapes = jax.eval_shape(transform.init, param)
-    leaves, tree = jax.tree.flatten(shapes)
-    return f"{tree}|{[(tuple(x.shape), str(x.dtype)) for x in leaves]}"
 
 
 class StateStore:

@@ -76,3 +76,14 @@ def optax_update_command(optimizer: Any, param_specs: list[Spec]) -> Command:
             "n_params": len(param_specs),
         },
     )
+
+
+def state_structure(transform: Any, param: Any) -> str:
+    """A key for the structure of an Optax ``transform``'s state of ``param`` (specs).
+
+    Two transformations with equal keys keep interchangeable state: the model engine
+    and the dynamic graph carry state over by this key, never by object identity.
+    """
+    shapes = jax.eval_shape(transform.init, param)
+    leaves, tree = jax.tree.flatten(shapes)
+    return f"{tree}|{[(tuple(x.shape), str(x.dtype)) for x in leaves]}"

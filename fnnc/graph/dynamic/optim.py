@@ -32,6 +32,7 @@ import numpy as np
 import optax
 
 from fnnc.errors import GraphError
+from fnnc.ops.optimizer import state_structure
 
 if TYPE_CHECKING:
     from .graph import DynamicGraph
@@ -86,10 +87,8 @@ def keys(optimizer: Any, specs: tuple[Any, ...]) -> tuple[Hashable, str]:
         return got[1], got[2]
     if len(_KEYS) > 256:
         _KEYS.clear()
-    from fnnc.models.optim import structure  # here: fnnc.models imports fnnc.graph
-
     params = [jax.ShapeDtypeStruct(s, d) for s, d in specs]
-    made = (behaviour(optimizer.update), structure(optimizer, params))  # type: ignore[arg-type]
+    made = (behaviour(optimizer.update), state_structure(optimizer, params))  # type: ignore[arg-type]
     _KEYS[(id(optimizer), specs)] = (optimizer, *made)
     return made
 
