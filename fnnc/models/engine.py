@@ -41,6 +41,7 @@ from fnnc.models import losses
 from fnnc.models.layer import BuildContext, ModelError, ParamInfo
 from fnnc.models.memory import MemoryOptions, memory_key
 from fnnc.models.optim import StateStore, is_noop, per_parameter
+from fnnc.models.parallel import Parallel, place
 from fnnc.models.programs import (
     ApplyProgram,
     FitProgram,
@@ -128,6 +129,8 @@ class Engine:
         self._saved: _Saved | None = None
         self._live: _Live | None = None
         self._last_fit: FitProgram | None = None
+        self.parallel: Parallel | None = None  # a mesh layout (fnnc.models.parallel)
+        self.precision: Any = None  # mixed precision (fnnc.models.precision)
 
     # -- set-up -------------------------------------------------------------------
     def compile(self, inputs: Sequence[Any], *, loss: Any, minimizer: Any) -> None:
@@ -192,7 +195,19 @@ class Engine:
     # -- parameters -----------------------------------------------------------------
     def parameters(self) -> dict[str, Any]:
         """Parameter id -> value (internals included), copies of the engine's buffers."""
-        return {pid: _copy(v) for pid, v in self.values.items()}
+        return {pid: self._host(v) for pid, v in self.values.items()}
+
+    def _host(self, value: Any) -> Any:
+        """A copy of a pytree of engine arrays; full arrays on one device if sharded."""
+        return _copy(value) if self.parallel is None else jax.tree.map(self.parallel.gather, value)
+
+    def place_parameters(self) -> None:
+        """Lays every parameter out on the mesh (replicated, or FSDP-split if trainable)."""
+        if self.parallel is not None:
+            trainable = set(self.trainable())
+            for pid, v in self.values.items():
+                spec = self.parallel.param_spec(np.shape(v), pid in trainable)
+                self.values[pid] = place(v, self.parallel.sharding(spec))
 
     def set_parameters(self, values: dict[str, Any], *, strict: bool = True) -> None:
         """Sets parameters by id, checking shapes; ``strict`` rejects unknown ids."""
@@ -212,11 +227,13 @@ class Engine:
                     f"{list(info.shape)}, the value given is {list(np.shape(value))}"
                 )
             self.values[pid] = jax.numpy.array(value, info.dtype, copy=True)
+        self.place_parameters()
 
     # -- programs -------------------------------------------------------------------
     def _compiled(self, key: tuple[Any, ...], make: Any) -> Any:
         """The program for ``key`` under the current dispatch state, made once."""
-        key = (*key, dispatch.state())  # a new backend or autotune winner compiles anew
+        layout = (self.parallel and self.parallel.key, self.precision and self.precision.key)
+        key = (*key, dispatch.state(), layout)  # a new backend, winner or mesh compiles anew
         if key not in self._programs:
             self._programs[key] = make()
         return self._programs[key]
@@ -247,10 +264,16 @@ class Engine:
     def evaluate(self, inputs: Sequence[Any], *, is_test: bool, requires_grad: bool) -> Any:
         """The outputs for ``inputs``; in training mode internals update; with
         ``requires_grad`` the inputs and keys are kept for :meth:`backward`."""
+        par = self.parallel
+        if par is not None:
+            inputs = par.batch(inputs, f"model {self.model.describe()} evaluate", lenient=True)
         specs = self._check_inputs(inputs)
         training = not is_test
         prog = self._compiled(
-            ("evaluate", specs, training), lambda: forward_program(self._build(training, specs))
+            ("evaluate", specs, training),
+            lambda: forward_program(
+                self._build(training, specs), par, self.trainable(), self.precision
+            ),
         )
         keys = self._keys(prog.feed.n_keys)
         outputs, updates = prog(inputs, self.values, keys)
@@ -258,6 +281,8 @@ class Engine:
             self.values[pid] = value
         if requires_grad:
             self._saved = _Saved(specs, training, tuple(inputs), tuple(keys))
+        if par is not None and jax.process_count() > 1:
+            outputs = [par.gather(o) for o in outputs]
         return outputs[0] if prog.n_outputs == 1 else outputs
 
     def backward(self, ingrads: Sequence[Any] | None) -> list[Any]:
@@ -327,6 +352,10 @@ class Engine:
                 f"model {self.model.describe()}: fit needs a minimizer; call "
                 "compile(inputs, loss=..., minimizer=...) first"
             )
+        if self.parallel is not None:
+            where = f"model {self.model.describe()} fit"
+            inputs = self.parallel.batch(inputs, where)
+            targets = self.parallel.batch(targets, where, "target")
         key, prog, opts = self._fit_program(self._check_inputs(inputs), _specs(targets))
         pids = prog.params
         live = self._live
@@ -354,7 +383,11 @@ class Engine:
         def make() -> FitProgram:
             built = self._build(True, specs)
             memory = MemoryOptions.of(self.model, built.ctx.checkpoints)
-            return fit_program(built, self.loss, target_specs, pids, per_parameter(opts), memory)
+            transform = per_parameter(opts)
+            return fit_program(
+                built, self.loss, target_specs, pids, transform, memory, self.parallel,
+                self.precision,
+            )  # fmt: skip
 
         memory = memory_key(self.model)
         key = ("fit", specs, target_specs, tuple(pids), tuple(map(id, opts)), memory)
@@ -386,4 +419,4 @@ class Engine:
     def optimizer_state(self, pid: str) -> dict[str, Any]:
         """Every optimizer state kept for ``pid`` (by state structure)."""
         self._sync_live()
-        return _copy(self.store.all_states(pid))
+        return self._host(self.store.all_states(pid))

@@ -23,9 +23,10 @@ from fnnc.graph.inline import inline
 from fnnc.models import checkpoint_state
 from fnnc.models.engine import Engine
 from fnnc.models.layer import BuildContext, Layer, ModelError, ModelIO
+from fnnc.models.scale import ScaleMixin
 
 
-class Model(Layer):
+class Model(ScaleMixin, Layer):
     """A model from inputs to outputs through layers called on them.
 
     A layer object called twice shares its parameters. A model is itself a layer, so
@@ -106,14 +107,20 @@ class Model(Layer):
         return self._engine
 
     def compile(
-        self, inputs: Sequence[Any], *, loss: Any = None, minimizer: Any = None, seed: int = 0
-    ) -> None:
+        self, inputs: Sequence[Any], *, loss: Any = None, minimizer: Any = None, seed: int = 0,
+        mesh: Any = None, parameter_sharding: str | None = None, precision: str | None = None,
+    ) -> None:  # fmt: skip
         """Fixes input specs (arrays or ShapeDtypeStructs), the loss and the minimizer,
         and initialises parameters. New input shapes later recompile, keeping weights
-        and optimizer state."""
+        and optimizer state. ``mesh`` (a ``jax.sharding.Mesh`` with axis ``"data"``) and
+        ``parameter_sharding`` (``"replicated"``/``"fsdp"``) train data-parallel (see
+        :meth:`set_data_parallel`); ``precision`` (``"bfloat16"``/``"float16"``) computes
+        in that type with float32 parameters (:mod:`fnnc.models.precision`)."""
         if self._engine is None:
             self._engine = Engine(self, seed)
+        self._scale_options(mesh, parameter_sharding, precision)
         self._engine.compile(_arrays(inputs), loss=loss, minimizer=minimizer)
+        self._engine.place_parameters()
 
     def fit(self, inputs: Sequence[Any] | Any, targets: Sequence[Any] | Any = ()) -> Any:
         """One fused training step (forward, loss, backward, update); returns the loss.

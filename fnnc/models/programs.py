@@ -40,6 +40,7 @@ from fnnc.graph.passes.backward import backward as backward_pass
 from fnnc.graph.passes.minimize import TrainLayout, minimize
 from fnnc.models import losses
 from fnnc.models.layer import BuildContext, ModelError
+from fnnc.models.parallel import Placed
 from fnnc.ops.optimizer import optax_update_command
 
 
@@ -180,14 +181,23 @@ class FitProgram(_Compiled):
 
 
 # -- building ---------------------------------------------------------------------
-def forward_program(built: ModelGraph) -> ForwardProgram:
-    """The program of ``evaluate`` for one build."""
+def forward_program(
+    built: ModelGraph, parallel: Any = None, trainable: Sequence[str] = (), precision: Any = None
+) -> ForwardProgram:
+    """The program of ``evaluate`` for one build; ``parallel``
+    (:class:`fnnc.models.parallel.Parallel`) lays it out on a mesh, ``precision``
+    (:class:`fnnc.models.precision.Precision`) casts its compute type."""
     ctx = built.ctx
     graph = ctx.b.build([*built.outputs, *ctx.updates.values()])
+    graph = precision(graph) if precision is not None else graph
     feed, order = built.feed(tuple(ctx.params))
-    return ForwardProgram(
-        compile(_ordered(graph, order)), feed, len(built.outputs), tuple(ctx.updates)
-    )
+    graph = _ordered(graph, order)
+    if parallel is None:
+        program = compile(graph)
+    else:
+        plan = parallel.forward_plan(graph, len(built.inputs), trainable, feed.params)
+        program = Placed(compile(graph, shardings=plan))
+    return ForwardProgram(program, feed, len(built.outputs), tuple(ctx.updates))
 
 
 Transform = Callable[[Graph], Graph]
@@ -241,14 +251,20 @@ def fit_program(
     pids: Sequence[str],
     transform: Any,
     memory: Transform | None = None,
+    parallel: Any = None,
+    precision: Any = None,
 ) -> FitProgram:
-    """The fused training step: ``loss`` against targets, minimized over ``pids``."""
+    """The fused training step: ``loss`` against targets, minimized over ``pids``;
+    ``parallel`` (:class:`fnnc.models.parallel.Parallel`) lays it out on a mesh."""
     ctx = built.ctx
     b = ctx.b
     ts = [b.input(s.shape, s.dtype, name=f"target[{i}]") for i, s in enumerate(target_specs)]
     loss_sym = losses.build_loss(b, loss, built.outputs, ts)
     graph = b.build([loss_sym, *ctx.updates.values()])
-    step, train = minimize(graph, loss_sym, [ctx.symbols[p] for p in pids], transform)
+    if precision is not None:  # keeps input ids: parameters are still ctx.symbols[p]
+        graph = precision(graph)
+    loss_id = graph.outputs[0]
+    step, train = minimize(graph, loss_id, [ctx.symbols[p] for p in pids], transform)
     step = dataclasses.replace(step, outputs=step.outputs + graph.outputs[1:])
     trainable = set(pids)
     feed, order = built.feed(tuple(p for p in ctx.params if p not in trainable))
@@ -257,8 +273,14 @@ def fit_program(
     if memory is not None:
         step = memory(step)
     donated = range(train.n_params + train.n_state)  # parameters and state, updated in place
+    step = simplify(step)
+    if parallel is None:
+        program = compile(step, donate=donated)
+    else:
+        plan = parallel.fit_plan(step, train, len(built.inputs), len(ts))
+        program = Placed(compile(step, donate=donated, shardings=plan))
     return FitProgram(
-        compile(simplify(step), donate=donated),
+        program,
         train,
         tuple(pids),
         feed,

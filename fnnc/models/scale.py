@@ -1,0 +1,54 @@
+"""Model methods for scale: data parallelism over devices (and processes) and mixed
+precision; :class:`fnnc.models.Model` mixes them in. See :mod:`fnnc.models.parallel`
+and :mod:`fnnc.models.precision`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fnnc.models.parallel import Parallel, mesh_of
+
+
+class ScaleMixin:
+    """``set_data_parallel`` and the ``mesh=`` / ``precision=`` options of ``compile``."""
+
+    _pending_parallel: Parallel | None = None
+    _engine: Any
+
+    def set_data_parallel(self, n: int = 0, *, parameter_sharding: str = "replicated") -> None:
+        """Trains and evaluates on ``n`` devices (NNC's ``ccv_cnnp_model_set_data_parallel``;
+        ``0``: every device, with ``jax.distributed`` every process's): a one-axis mesh
+        ``"data"``, the batch split over it, parameters ``"replicated"`` or ``"fsdp"``
+        (each device holds a slice). Call before or after ``compile``.
+
+        >>> import numpy as np, optax
+        >>> from fnnc.models import Dense, Input, Model
+        >>> x = Input()
+        >>> model = Model(x, Dense(2, name="fc")(x))
+        >>> model.set_data_parallel(1, parameter_sharding="fsdp")
+        >>> model.compile(np.zeros((4, 3), np.float32), loss="mse", minimizer=optax.sgd(0.1))
+        >>> model.engine.parallel.size
+        1
+        """
+        self._set_layout(Parallel.of(mesh_of(n), parameter_sharding))
+
+    def _set_layout(self, parallel: Parallel | None) -> None:
+        self._pending_parallel = parallel
+        if self._engine is not None:
+            self._engine._sync_live()
+            self._engine.parallel = parallel
+            self._engine.place_parameters()
+
+    def _scale_options(self, mesh: Any, parameter_sharding: str | None, precision: Any) -> None:
+        """Applies ``compile``'s ``mesh=``, ``parameter_sharding=`` and ``precision=``."""
+        if precision is not None:
+            from fnnc.models.precision import Precision
+
+            self._engine.precision = Precision.of(precision)
+        if mesh is not None:
+            self._pending_parallel = Parallel.of(mesh, parameter_sharding or "replicated")
+        elif parameter_sharding is not None:
+            current = self._pending_parallel or Parallel.of(mesh_of(0), "replicated")
+            self._pending_parallel = Parallel.of(current.mesh, parameter_sharding)
+        if self._engine is not None:
+            self._engine.parallel = self._pending_parallel
