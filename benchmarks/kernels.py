@@ -28,9 +28,9 @@ import numpy as np
 
 from benchmarks._timing import interleaved
 from fnnc import ops
+from fnnc.core.dispatch import as_specs
 from fnnc.graph import GraphBuilder
 from fnnc.ops import pallas
-from fnnc.core.dispatch import as_specs
 
 Case = tuple[str, Any, Callable[[dict[str, int], Any], list[Any]], tuple[int, ...]]
 

@@ -27,6 +27,7 @@ from fnnc.core.dispatch import register_backend as register_backend
 from fnnc.core.dispatch import select_backend as select_backend
 from fnnc.core.dispatch import unregister_backend as unregister_backend
 from fnnc.ops import autotune as autotune
+from fnnc.ops import conv_cpu as conv_cpu
 from fnnc.ops import pallas as pallas
 from fnnc.ops.activation import gelu as gelu
 from fnnc.ops.activation import leaky_relu as leaky_relu
@@ -83,6 +84,9 @@ from fnnc.ops.loss import mse as mse
 from fnnc.ops.loss import sigmoid_binary_crossentropy as sigmoid_binary_crossentropy
 from fnnc.ops.loss import smooth_l1 as smooth_l1
 from fnnc.ops.loss import softmax_crossentropy as softmax_crossentropy
+from fnnc.ops.memory import lssc_compress as lssc_compress
+from fnnc.ops.memory import lssc_decompress as lssc_decompress
+from fnnc.ops.memory import optimization_barrier as optimization_barrier
 from fnnc.ops.norm import batch_norm as batch_norm
 from fnnc.ops.norm import group_norm as group_norm
 from fnnc.ops.norm import layer_norm as layer_norm
@@ -105,6 +109,3 @@ from fnnc.ops.reduce import reduce_norm2 as reduce_norm2
 from fnnc.ops.reduce import reduce_sum as reduce_sum
 from fnnc.ops.rnn import lstm as lstm
 from fnnc.ops.upsample import upsample as upsample
-from fnnc.ops.memory import lssc_compress as lssc_compress
-from fnnc.ops.memory import lssc_decompress as lssc_decompress
-from fnnc.ops.memory import optimization_barrier as optimization_barrier

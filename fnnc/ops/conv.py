@@ -26,9 +26,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fnnc.core.command import Spec, Uses, defcommand
 from fnnc.ops import _spatial
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show, to_shape
-from fnnc.core.command import Spec, Uses, defcommand
 
 _DIMS = {
     1: ("NWC", "OWI", "NWC"),

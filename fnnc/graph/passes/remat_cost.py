@@ -50,6 +50,4 @@ def node_flops(graph: Graph, index: int) -> int:
 
 def recomputed_flops(graph: Graph) -> int:
     """FLOPs of the nodes :func:`fnnc.graph.remat` duplicated (named ``...@remat``)."""
-    return sum(
-        node_flops(graph, i) for i, n in enumerate(graph.nodes) if n.name.endswith("@remat")
-    )
+    return sum(node_flops(graph, i) for i, n in enumerate(graph.nodes) if n.name.endswith("@remat"))

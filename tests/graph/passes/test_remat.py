@@ -116,7 +116,7 @@ def test_bad_arguments():
 
 
 def test_barrier_keeps_xla_from_merging_the_recomputation():
-    g, args = _mlp_chain(4)
+    g, _ = _mlp_chain(4)
     r = remat(g, policy=_block_policy)
     text = compile(r).compiled_text()
     assert "opt-barrier" in text or "optimization_barrier" in text

@@ -1,0 +1,82 @@
+"""Whole-graph autotuning: time every node's eligible backends on the graph's own values.
+
+:func:`fnnc.ops.autotune.autotune` times one command on arrays it is given; a graph
+already says which commands run on which shapes, and its inputs say which values. This
+pass runs the graph once, node by node, and hands every node whose command has more
+than one backend that compiles here and supports its inputs to ``autotune`` with the
+values that node sees. Winners land in the autotune table, which ``compile`` consults
+(and which invalidates its cached programs when written), so the next compile of the
+graph uses them. Backward nodes (``gradient[of=...]``) are tuned like any other: their
+backends are the forward backends that carry a backward, so the backward of a
+convolution gets its own winner.
+
+The graph and its outputs are unchanged: only the table is written. Nodes inside the
+sub-graphs of control-flow commands are not visited (their values exist only inside
+the loop or branch).
+
+>>> import numpy as np
+>>> from fnnc import ops
+>>> from fnnc.graph import GraphBuilder
+>>> from fnnc.graph.autotune import autotune_graph
+>>> b = GraphBuilder()
+>>> x = b.input((2, 3))
+>>> autotune_graph(b.build([b.exec(ops.relu(), x)]), np.ones((2, 3), np.float32))
+{}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from fnnc.core.evaluate import as_tuple, run_nodes
+from fnnc.core.ir import Graph, Node
+from fnnc.graph._io import flatten_inputs
+from fnnc.ops import Command, backends_of
+from fnnc.ops import autotune as _autotune
+
+
+def eligible(cmd: Command, specs: Any, platform: str) -> list[str]:
+    """Names of the backends of ``cmd`` that compile on ``platform`` and support ``specs``."""
+    return [
+        name
+        for name, backend in backends_of(cmd.name).items()
+        if platform in backend.platforms and backend.supports(cmd, specs) is None
+    ]
+
+
+def autotune_graph(
+    graph: Graph, *args: Any, repeats: int = 5, platform: str | None = None
+) -> dict[int, str]:
+    """Autotunes every node of ``graph`` that has a choice, on the values it sees.
+
+    Args:
+        graph: the graph (a training step from ``minimize``, a forward, ...).
+        *args: one array per graph input, as for :func:`~fnnc.graph.interpret`.
+        repeats: timed runs per backend (the median counts).
+        platform: where the winners apply; default JAX's default backend.
+
+    Returns:
+        ``{node index: winning backend}`` for the nodes that had more than one eligible
+        backend (nodes sharing a command and input specs are timed once). The winners
+        are also in :data:`fnnc.ops.autotune.TABLE`.
+    """
+    platform = platform or jax.default_backend()
+    values = flatten_inputs(graph, args, "autotune_graph")
+    winners: dict[int, str] = {}
+    tuned: dict[str, str] = {}
+
+    def run_node(index: int, node: Node, inputs: list[Any]) -> tuple[Any, ...]:
+        specs = [graph.spec(s) for s in node.inputs]
+        if len(eligible(node.cmd, specs, platform)) > 1:
+            key = _autotune.key(node.cmd, specs, platform)
+            if key not in tuned:
+                tuned[key] = _autotune.autotune(
+                    node.cmd, *inputs, repeats=repeats, platform=platform
+                )
+            winners[index] = tuned[key]
+        return as_tuple(node.cmd(*inputs))
+
+    run_nodes(graph, values, run_node)
+    return winners
