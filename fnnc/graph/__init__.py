@@ -27,6 +27,7 @@ from fnnc.core.ir import Graph as Graph
 from fnnc.core.ir import Node as Node
 from fnnc.core.ir import TensorSymbol as TensorSymbol
 from fnnc.core.text import to_dot as to_dot
+from fnnc.graph.autotune import autotune_graph as autotune_graph
 from fnnc.graph.builder import GraphBuilder as GraphBuilder
 from fnnc.graph.compile import MemoryReport as MemoryReport
 from fnnc.graph.compile import Program as Program
