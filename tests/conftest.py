@@ -22,3 +22,15 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a real GPU (kept out of CI)")
     config.addinivalue_line("markers", "slow: slower end-to-end checks")
+
+
+@pytest.fixture
+def clean_table():
+    """The autotune table emptied for one test and restored after it."""
+    from fnnc.ops import autotune
+
+    saved = dict(autotune.TABLE)
+    autotune.TABLE.clear()
+    yield autotune.TABLE
+    autotune.TABLE.clear()
+    autotune.TABLE.update(saved)

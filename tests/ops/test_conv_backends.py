@@ -183,15 +183,6 @@ def test_registered_for_convolution_only_on_cpu():
         assert backends[name].interpret_platforms == ()
 
 
-@pytest.fixture
-def clean_table():
-    saved = dict(autotune.TABLE)
-    autotune.TABLE.clear()
-    yield autotune.TABLE
-    autotune.TABLE.clear()
-    autotune.TABLE.update(saved)
-
-
 def _conv_graph(with_backward):
     """x [32, 12, 12, 4] -> conv3x3(8, SAME) -> relu -> sum."""
     b = GraphBuilder()

@@ -16,15 +16,6 @@ F32 = np.float32
 spec = jax.ShapeDtypeStruct
 
 
-@pytest.fixture
-def clean_table():
-    saved = dict(autotune.TABLE)
-    autotune.TABLE.clear()
-    yield autotune.TABLE
-    autotune.TABLE.clear()
-    autotune.TABLE.update(saved)
-
-
 def test_every_backed_command_registers_pallas():
     for name in (
         "softmax_crossentropy",
