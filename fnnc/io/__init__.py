@@ -11,7 +11,14 @@ named tensor, so NNC reads what fnnc writes and the other way round. On top of i
 - :class:`Checkpoints`: a journal of training steps (state, optimizer state, metadata)
   in one file; each save is one transaction, so a killed writer loses nothing saved.
 - :func:`save_to` / :func:`load_from`: graphs (:mod:`fnnc.graph`) beside the tensors.
-- ``python -m fnnc inspect FILE [--stats]``: what a file holds.
+- ``python -m fnnc inspect FILE [--stats] [--verify]``: what a file holds; with
+  ``--verify``, every row checked (exit status 1 on damage).
+
+Reading never creates or changes a file (read-only SQLite connections until the first
+write); every SQLite failure is a :class:`~fnnc.errors.TensorFileError` naming the file
+and the operation; every row fnnc writes carries a checksum in its own side table,
+checked on read and by :meth:`TensorFile.verify` (NNC's ``tensors`` table is
+unchanged). In a multi-process run only process 0 writes.
 
 >>> import os, tempfile
 >>> import numpy as np
@@ -37,6 +44,7 @@ from fnnc.io.documents import load_from as load_from
 from fnnc.io.documents import register_format as register_format
 from fnnc.io.documents import save_to as save_to
 from fnnc.io.format import TensorInfo as TensorInfo
+from fnnc.io.integrity import IntegrityReport as IntegrityReport
 from fnnc.io.parameters import Mismatch as Mismatch
 from fnnc.io.parameters import ParameterSet as ParameterSet
 from fnnc.io.parameters import internal_row as internal_row

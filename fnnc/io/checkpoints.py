@@ -11,7 +11,14 @@ Layout (one file, beside NNC's ``tensors`` table):
 
 A save is one SQLite transaction (rows, manifest and the retention deletes together),
 so a process killed at any instant leaves the previous checkpoints intact: the next
-opener rolls the half-written one back.
+opener rolls the half-written one back. Only process 0 of a multi-process run writes
+(:mod:`fnnc.io.processes`).
+
+Reading writes nothing: a missing file is an empty journal (``steps() == []``, so
+``train(resume=path)`` starts fresh) and :meth:`Checkpoints.restore` says the file does
+not exist; an SQLite file without the journal table (any other database) is left as it
+is. A damaged manifest (not JSON, wrong types, out-of-range values, rows it names that
+the file lacks) raises :class:`CheckpointError` naming the file and the step.
 
 >>> import os, tempfile
 >>> import numpy as np
@@ -28,13 +35,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import operator
 import os
 import time
 from typing import Any
 
-from fnnc.errors import CheckpointError
+import numpy as np
+
+from fnnc.errors import CheckpointError, TensorFileError, TensorNotFoundError
 from fnnc.io import tree
+from fnnc.io.processes import writes_files
 from fnnc.io.tensor_file import TensorFile
 
 FORMAT, VERSION = "fnnc.checkpoint", 1
@@ -68,7 +79,8 @@ class Checkpoints:
     """A checkpoint journal: :meth:`save` steps, :meth:`restore` any retained one.
 
     Args:
-        path: the SQLite file (created if missing; may be shared with model tensors).
+        path: the SQLite file (created by the first save; may be shared with model
+            tensors).
         keep_last: keep only the newest ``keep_last`` steps (``None``: no limit).
         keep_every: also keep every step divisible by ``keep_every``.
 
@@ -87,7 +99,6 @@ class Checkpoints:
                 raise CheckpointError(f"{what}={value}: expected a positive int or None")
         self.keep_last, self.keep_every = keep_last, keep_every
         self.file = TensorFile(path)
-        self.file.connection.execute(_CREATE)
 
     @property
     def path(self) -> str:
@@ -103,15 +114,21 @@ class Checkpoints:
         self.close()
 
     def steps(self) -> list[int]:
-        """Retained steps, ascending."""
-        query = "SELECT step FROM fnnc_checkpoints ORDER BY step"
-        return [r[0] for r in self.file.connection.execute(query)]
+        """Retained steps, ascending (none for a file that does not exist yet)."""
+        with self.file.operation("list checkpoint steps"):
+            if not self._journal():
+                return []
+            query = "SELECT step FROM fnnc_checkpoints ORDER BY step"
+            return [r[0] for r in self.file.connection.execute(query)]
 
     @property
     def latest(self) -> int | None:
         """The newest (largest) step, or ``None`` when there is none."""
-        row = self.file.connection.execute("SELECT max(step) FROM fnnc_checkpoints").fetchone()
-        return row[0]
+        with self.file.operation("list checkpoint steps"):
+            if not self._journal():
+                return None
+            query = "SELECT max(step) FROM fnnc_checkpoints"
+            return self.file.connection.execute(query).fetchone()[0]
 
     def save(
         self,
@@ -132,8 +149,11 @@ class Checkpoints:
                 step)``, which :class:`fnnc.models.Model` implements).
             optimizer_state: e.g. an Optax state; restored in the same structure.
             metadata: anything JSON can hold (loss, epoch, config); a dict with a model.
+
+        In a multi-process run every process calls this (a model's state is gathered
+        first), and only process 0 writes the file.
         """
-        step = operator.index(step)
+        step = _step(step, self.path)
         prefix = f"__ckpt-{step}__["
         source = "pytree"
         row = lambda label: f"{prefix}{label}]"
@@ -167,8 +187,11 @@ class Checkpoints:
                 f"checkpoint: metadata for step {step} is not JSON ({e}); "
                 "use dicts, lists, str, int, finite floats, bool and None"
             ) from None
-        conn = self.file.connection
-        with self.file.transaction():
+        if not writes_files():
+            return
+        with self.file.operation(f"save checkpoint step {step}"), self.file.transaction():
+            conn = self.file.connection
+            conn.execute(_CREATE)
             self._drop([step])
             for name, array in rows:
                 self.file.write(name, array)
@@ -188,28 +211,13 @@ class Checkpoints:
             optimizer_like: the same for the optimizer state (e.g. ``opt.init(params)``).
 
         Raises:
-            CheckpointError: no checkpoints, an unknown step, or a NamedTuple class
-                that is not imported and no template.
+            CheckpointError: no checkpoints (or no file), an unknown step, a damaged
+                manifest or row, or a NamedTuple class that is not imported and no
+                template.
+            TensorFileError: the file is not SQLite or its pages are damaged.
         """
-        if step is None:
-            step = self.latest
-            if step is None:
-                raise CheckpointError(f"checkpoint: {self.path} holds no checkpoints")
-        query = "SELECT created, manifest FROM fnnc_checkpoints WHERE step=?"
-        row = self.file.connection.execute(query, (operator.index(step),)).fetchone()
-        if row is None:
-            raise CheckpointError(
-                f"checkpoint: no step {step} in {self.path}; retained steps: {self.steps()}"
-            )
-        manifest = json.loads(row[1])
-        if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-            raise CheckpointError(f"checkpoint: step {step} in {self.path} has an unknown format")
-        read = lambda name, shape, dtype: self.file.read(name, shape=shape, dtype=dtype)
-        out = []
-        for key, template in (("state", like), ("optimizer", optimizer_like)):
-            value = tree.decode(manifest[key], read, loose=template is not None)
-            out.append(value if template is None else tree.rebuild(value, template, key))
-        return Checkpoint(step, out[0], out[1], manifest.get("metadata"), row[0])
+        with self.file.operation(f"restore checkpoint step {step}"):
+            return self._restore(step, like, optimizer_like)
 
     def restore_into(self, model: Any, step: int | None = None) -> Checkpoint:
         """Restores a saved model (parameters, optimizer state, random key, training
@@ -245,12 +253,67 @@ class Checkpoints:
         return model.restore_checkpoint(self, step)
 
     def delete(self, step: int) -> None:
-        """Deletes one step (its rows and its manifest) atomically."""
-        with self.file.transaction():
-            if not self._drop([operator.index(step)]):
-                raise CheckpointError(f"checkpoint: no step {step} in {self.path}")
+        """Deletes one step (its rows and its manifest) atomically (process 0 only)."""
+        step = _step(step, self.path)
+        if step not in self.steps():
+            raise CheckpointError(f"checkpoint: no step {step} in {self.path}")
+        if writes_files():
+            with self.file.operation(f"delete checkpoint step {step}"), self.file.transaction():
+                self._drop([step])
 
     # -- internals ---------------------------------------------------------------
+    def _journal(self) -> bool:
+        """Whether the file exists and holds the journal table (reading creates neither)."""
+        return self.file.exists() and self.file.has_table("fnnc_checkpoints")
+
+    def _restore(self, step: int | None, like: Any, optimizer_like: Any) -> Checkpoint:
+        if step is None:
+            step = self.latest
+            if step is None:
+                why = "" if self.file.exists() else " (the file does not exist; check the path)"
+                raise CheckpointError(f"checkpoint: {self.path} holds no checkpoints{why}")
+        step = _step(step, self.path)
+        query = "SELECT created, manifest FROM fnnc_checkpoints WHERE step=?"
+        row = self.file.connection.execute(query, (step,)).fetchone() if self._journal() else None
+        if row is None:
+            raise CheckpointError(
+                f"checkpoint: no step {step} in {self.path}; retained steps: {self.steps()}"
+            )
+        where = f"checkpoint: step {step} in {self.path}"
+        manifest = _manifest(row[1], where)
+        created = row[0]
+        if isinstance(created, bool) or not isinstance(created, (int, float)):
+            raise CheckpointError(f"{where}: its save time is {created!r:.40}, not a number")
+        read = lambda name, shape, dtype: self._row(name, shape, dtype, where)
+        out = []
+        for key, template in (("state", like), ("optimizer", optimizer_like)):
+            if key not in manifest:
+                raise CheckpointError(f"{where}: the manifest has no {key!r} entry; it is damaged")
+            try:
+                value = tree.decode(manifest[key], read, loose=template is not None, where=where)
+            except RecursionError:
+                raise CheckpointError(f"{where}: the {key} is nested too deeply") from None
+            out.append(value if template is None else tree.rebuild(value, template, key))
+        return Checkpoint(step, out[0], out[1], manifest.get("metadata"), float(created))
+
+    def _row(self, name: str, shape: tuple[int, ...], dtype: np.dtype, where: str) -> np.ndarray:
+        """Row ``name`` as the manifest describes it, exactly (or CheckpointError)."""
+        try:
+            arr = self.file.read(name)
+        except TensorNotFoundError:
+            raise CheckpointError(
+                f"{where}: the manifest names tensor row {name!r}, which the file lacks; the "
+                f"checkpoint is damaged (retained steps: {self.steps()})"
+            ) from None
+        except TensorFileError as e:
+            raise CheckpointError(f"{where}: {e}") from e
+        if arr.dtype != dtype or arr.size != math.prod(shape):
+            raise CheckpointError(
+                f"{where}: row {name!r} holds {arr.dtype}{list(arr.shape)}, the manifest says "
+                f"{dtype}{list(shape)}; the checkpoint is damaged"
+            )
+        return arr.reshape(shape)
+
     def _expired(self, saved: int) -> list[int]:
         if self.keep_last is None and self.keep_every is None:
             return []
@@ -263,32 +326,66 @@ class Checkpoints:
         return [s for s in steps if s not in keep]
 
     def _drop(self, steps: list[int]) -> bool:
+        """Deletes ``steps`` inside the caller's transaction. A step whose manifest is
+        damaged loses every row named as its rows are (``__ckpt-<step>__[...]``)."""
         conn, dropped = self.file.connection, False
         for step in steps:
             row = conn.execute("SELECT manifest FROM fnnc_checkpoints WHERE step=?", (step,))
             found = row.fetchone()
             if found is None:
                 continue
-            names = _row_names(json.loads(found[0]))
-            conn.executemany("DELETE FROM tensors WHERE name=?", [(n,) for n in names])
+            try:
+                names = _row_names(_manifest(found[0], ""))
+            except CheckpointError:
+                prefix = f"__ckpt-{step}__["
+                names = [n for n in self.file.names() if str(n).startswith(prefix)]
+            self.file.discard(names)
             conn.execute("DELETE FROM fnnc_checkpoints WHERE step=?", (step,))
             dropped = True
         return dropped
 
 
-def _row_names(data: Any) -> list[str]:
-    found: list[str] = []
+def _step(step: Any, path: str) -> int:
+    """``step`` as an int SQLite can store (a 64-bit signed integer)."""
+    try:
+        step = operator.index(step)
+    except TypeError:
+        raise CheckpointError(
+            f"checkpoint: step {step!r:.40} for {path} is a {type(step).__name__}; give an int"
+        ) from None
+    if not -(2**63) <= step < 2**63:
+        raise CheckpointError(f"checkpoint: step {step} for {path} is outside SQLite's int64 range")
+    return step
 
-    def walk(x: Any) -> None:
+
+def _manifest(text: Any, where: str) -> dict[str, Any]:
+    """The manifest JSON of one step, checked to be fnnc's."""
+    try:
+        manifest = json.loads(text)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise CheckpointError(
+            f"{where}: its manifest is not JSON ({type(e).__name__}: {str(e)[:100]}); the "
+            "checkpoint is damaged, restore another step"
+        ) from None
+    kind = (manifest.get("format"), manifest.get("version")) if isinstance(manifest, dict) else ()
+    if kind != (FORMAT, VERSION):
+        raise CheckpointError(
+            f"{where} has an unknown format (expected a JSON object with format "
+            f"{FORMAT!r}, version {VERSION})"
+        )
+    return manifest
+
+
+def _row_names(data: dict[str, Any]) -> list[str]:
+    """Every row a manifest names (iterative: a deep manifest cannot exhaust the stack)."""
+    found: list[str] = []
+    stack = [data.get("state"), data.get("optimizer")]
+    while stack:
+        x = stack.pop()
         if isinstance(x, list):
-            for v in x:
-                walk(v)
+            stack.extend(x)
         elif isinstance(x, dict):
             if isinstance(x.get("$array"), str):
                 found.append(x["$array"])
-            for v in x.values():
-                walk(v)
-
-    walk(data.get("state"))
-    walk(data.get("optimizer"))
+            stack.extend(x.values())
     return found

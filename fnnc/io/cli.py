@@ -1,4 +1,13 @@
-"""``python -m fnnc inspect FILE [--stats]``: what an NNC or fnnc tensor file holds.
+"""``python -m fnnc inspect FILE [--stats] [--verify]``: what an NNC or fnnc tensor file holds.
+
+``inspect`` lists the tensors of an NNC or fnnc SQLite file (name, dtype, shape,
+format, stored bytes), the graphs and checkpoint steps fnnc keeps beside them, and with
+``--stats`` each tensor's min, max, mean (NaNs left out) and NaN count. ``--verify``
+adds a check of every row (SQLite's ``integrity_check``, each row's format and length,
+its checksum where fnnc wrote one) and exits with status 1 if anything is damaged.
+
+A missing, damaged or non-SQLite file prints one line, ``python -m fnnc inspect:
+error: ...``, and exits with status 1 (never a traceback); the file is only read.
 
 >>> import os, tempfile
 >>> import numpy as np
@@ -14,7 +23,10 @@ w     float32  [2, 2]  NHWC    16     1    3    2     1
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -24,22 +36,30 @@ from fnnc.io.tensor_file import TensorFile
 
 
 def inspect_lines(path: str | os.PathLike[str], *, stats: bool = False) -> list[str]:
-    """The report ``python -m fnnc inspect`` prints, line by line.
+    """The report ``python -m fnnc inspect`` prints, line by line (a row that cannot
+    be read shows ``?`` and why).
 
     Raises:
         TensorFileError: the file is missing, not SQLite, or has no ``tensors`` table.
     """
-    with TensorFile(path, readonly=True) as f:
+    return _inspect(path, stats)[0]
+
+
+def _inspect(path: str | os.PathLike[str], stats: bool) -> tuple[list[str], int]:
+    """The report's lines and how many rows could not be read."""
+    with TensorFile(path, readonly=True) as f, f.operation("inspect"):
         header = ["name", "dtype", "shape", "format", "bytes"]
         header += ["min", "max", "mean", "nan"] if stats else []
-        table, total = [header], 0
+        table, total, unreadable = [header], 0, 0
         for name in f.names():
-            table.append(_row(f, name, stats))
+            cells = _row(f, name, stats)
+            unreadable += cells[1] == "?"
+            table.append([str(cell) for cell in cells])
             total += int(table[-1][4]) if table[-1][4].isdigit() else 0
         lines = [f"{f.path}: {len(table) - 1} tensors, {_human(total)} of data"]
         lines += _aligned(table)
         lines += _extras(f)
-    return lines
+    return lines, unreadable
 
 
 def _row(f: TensorFile, name: str, stats: bool) -> list[str]:
@@ -95,10 +115,59 @@ def _aligned(table: list[list[str]]) -> list[str]:
 def _extras(f: TensorFile) -> list[str]:
     lines = []
     if f.has_table("fnnc_graphs"):
-        names = [r[0] for r in f.connection.execute("SELECT name FROM fnnc_graphs ORDER BY name")]
+        query = "SELECT name FROM fnnc_graphs ORDER BY name"
+        names = [str(r[0]) for r in f.connection.execute(query)]
         lines.append(f"graphs: {', '.join(names) or 'none'}")
     if f.has_table("fnnc_checkpoints"):
         query = "SELECT step FROM fnnc_checkpoints ORDER BY step"
         steps = [str(r[0]) for r in f.connection.execute(query)]
         lines.append(f"checkpoint steps: {', '.join(steps) or 'none'}")
     return lines
+
+
+def verify_lines(path: str | os.PathLike[str]) -> tuple[list[str], bool]:
+    """The report of ``inspect --verify`` and whether the file is undamaged.
+
+    Raises:
+        TensorFileError: the file is missing, not SQLite, or has no ``tensors`` table.
+    """
+    with TensorFile(path, readonly=True) as f:
+        report = f.verify()
+    return report.lines(), report.ok
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m fnnc``: runs the command line on ``argv``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m fnnc", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    inspect = commands.add_parser("inspect", help="list the tensors of an NNC/fnnc file")
+    inspect.add_argument("file", help="an SQLite file with NNC's tensors table")
+    inspect.add_argument("--stats", action="store_true", help="add min, max, mean, NaN count")
+    inspect.add_argument(
+        "--verify", action="store_true", help="check every row; exit status 1 on damage"
+    )
+    args = parser.parse_args(argv)
+    status = 0
+    try:
+        lines, unreadable = _inspect(args.file, args.stats)
+        print("\n".join(lines))
+        if unreadable:
+            print(
+                f"python -m fnnc inspect: error: {args.file}: {unreadable} rows cannot be "
+                "read (marked ?); the file is damaged or not NNC's: --verify lists them all",
+                file=sys.stderr,
+            )
+            status = 1
+    except FnncError as e:
+        print(f"python -m fnnc inspect: error: {e}", file=sys.stderr)
+        status = 1  # with --verify, the report may still say what is readable
+    if args.verify:
+        try:
+            lines, ok = verify_lines(args.file)
+        except FnncError as e:
+            if not status:  # the listing's error said it already
+                print(f"python -m fnnc inspect: error: {e}", file=sys.stderr)
+            return 1
+        print("\n".join(lines))
+        status = status or (0 if ok else 1)
+    return status

@@ -10,8 +10,6 @@ with a codec read back without naming it again:
 
 >>> import zlib
 >>> import numpy as np
-
-from fnnc.errors import TensorFileError
 >>> from fnnc.io import Codec, register_codec, unregister_codec
 >>> codec = Codec(
 ...     0x5A1,
@@ -95,3 +93,68 @@ def get_codec(identifier: int) -> Codec | None:
 def registered_codecs() -> dict[int, Codec]:
     """A copy of the registry: identifier -> codec."""
     return dict(_registry)
+
+
+Encoder = Codec | int | Callable[[bytes, np.dtype, tuple[int, ...]], tuple[int, bytes] | None]
+"""What :meth:`fnnc.io.TensorFile.write` takes as ``encoder=``."""
+Decoder = Codec | Callable[[int, bytes, np.dtype, tuple[int, ...]], bytes | None]
+"""What :meth:`fnnc.io.TensorFile.read` takes as ``decoder=``."""
+
+
+def encode_with(
+    encoder: Encoder, data: bytes, dtype: np.dtype, shape: tuple[int, ...], where: str
+) -> tuple[int, bytes]:
+    """``(identifier, bytes)`` to store for ``data``; ``(0, data)`` when it declines."""
+    if isinstance(encoder, int):
+        codec = get_codec(encoder)
+        if codec is None:
+            raise TensorFileError(f"{where}: no codec registered as {encoder:#x}")
+        encoder = codec
+    if isinstance(encoder, Codec):
+        out = encoder.encode(data, dtype, shape)
+        result = None if out is None else (encoder.identifier, out)
+    else:
+        result = encoder(data, dtype, shape)
+    if result is None:
+        return 0, data
+    identifier, out = result
+    if not 0 <= identifier < 2**32 or not isinstance(out, (bytes, bytearray)):
+        raise TensorFileError(
+            f"{where}: the encoder must return (identifier in 0..2**32-1, bytes), "
+            f"got ({identifier!r}, {type(out).__name__})"
+        )
+    return identifier, bytes(out)
+
+
+def decode_with(
+    decoder: Decoder | None,
+    identifier: int,
+    data: bytes,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    where: str,
+) -> bytes:
+    """The raw bytes of a row stored with encoder ``identifier``.
+
+    A decoder that raises is reported as damaged data (:class:`TensorFileError` naming
+    the row, the original error attached); one that declines keeps the stored bytes,
+    as NNC does.
+    """
+    codec = decoder if decoder is not None else get_codec(identifier)
+    if codec is None:
+        raise TensorFileError(
+            f"{where} was written with encoder {identifier:#x}; register a Codec with "
+            "that identifier or pass decoder="
+        )
+    name = codec.name if isinstance(codec, Codec) and codec.name else f"{identifier:#x}"
+    try:
+        if isinstance(codec, Codec):
+            out = codec.decode(data, dtype, shape)
+        else:
+            out = codec(identifier, data, dtype, shape)
+        return data if out is None else bytes(out)
+    except Exception as e:  # a decoder fails on damaged bytes in its own way
+        raise TensorFileError(
+            f"{where}: decoder {name} failed ({type(e).__name__}: {e}); the stored bytes "
+            "are damaged or were written by another encoder"
+        ) from e

@@ -72,14 +72,14 @@ def _format_of(obj: Any) -> Format:
 def save_to(target: Source, obj: Any, name: str) -> None:
     """Stores ``obj`` (e.g. a graph) under ``name`` (replacing one of that name), atomically."""
     text = json.dumps(_format_of(obj).to_data(obj), separators=(",", ":"))
-    with opened(target) as f, f.transaction():
+    with opened(target) as f, f.operation(f"save graph {name!r}"), f.transaction():
         f.connection.execute(_CREATE)
         f.connection.execute("REPLACE INTO fnnc_graphs (name, data) VALUES (?, ?)", (name, text))
 
 
 def graph_names(source: Source) -> list[str]:
     """The names of the documents (graphs) in the file, sorted (empty if it has none)."""
-    with opened(source, readonly=True) as f:
+    with opened(source, readonly=True) as f, f.operation("list graphs"):
         if not f.has_table("fnnc_graphs"):
             return []
         query = "SELECT name FROM fnnc_graphs ORDER BY name"
@@ -88,7 +88,7 @@ def graph_names(source: Source) -> list[str]:
 
 def load_from(source: Source, name: str) -> Any:
     """The object stored under ``name``; :class:`GraphFormatError` if absent or damaged."""
-    with opened(source, readonly=True) as f:
+    with opened(source, readonly=True) as f, f.operation(f"load graph {name!r}"):
         row = None
         if f.has_table("fnnc_graphs"):
             query = "SELECT data FROM fnnc_graphs WHERE name=?"
@@ -99,7 +99,7 @@ def load_from(source: Source, name: str) -> Any:
             )
         try:
             data = json.loads(row[0])
-        except (TypeError, json.JSONDecodeError) as e:
+        except (TypeError, ValueError, RecursionError) as e:
             raise GraphFormatError(
                 f"load_from: graph {name!r} in {f.path} is not JSON ({e})"
             ) from None
@@ -115,3 +115,7 @@ def load_from(source: Source, name: str) -> Any:
             return fmt.from_data(data)
         except GraphFormatError as e:
             raise GraphFormatError(f"{e} (graph {name!r} in {f.path})") from None
+        except RecursionError:
+            raise GraphFormatError(
+                f"load_from: graph {name!r} in {f.path} is nested too deeply to be a graph"
+            ) from None

@@ -23,7 +23,10 @@ so readers accept a blob up to that much longer than the elements need.
 from __future__ import annotations
 
 import dataclasses
+import math
+import operator
 import struct
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -149,3 +152,70 @@ def storable(array: object, where: str) -> np.ndarray:
             "Convert first, e.g. .astype(np.uint8) for bool or .astype(np.int32) for int16"
         )
     return np.ascontiguousarray(arr)
+
+
+def row_info(
+    name: Any, type_: Any, format_: Any, datatype: Any, dim: Any, nbytes: Any, *, path: str
+) -> TensorInfo:
+    """The :class:`TensorInfo` of a row's columns, checked (``nbytes``: the blob length).
+
+    Raises:
+        TensorFileError: a column is not what NNC writes, naming the row and ``path``.
+    """
+    where = f"tensor {name!r:.80} in {path}"
+    if not all(isinstance(v, int) for v in (type_, format_, datatype)):
+        raise TensorFileError(f"{where}: type, format and datatype must be integers")
+    shape = unpack_dim(dim)
+    if shape is None:
+        got = f"{len(dim)} bytes" if isinstance(dim, bytes) else type(dim).__name__
+        raise TensorFileError(
+            f"{where}: dim blob is {got}, expected {DIM_BYTES[0]} bytes (int32[12])"
+        )
+    if format_ not in FORMAT_NAMES:
+        raise TensorFileError(
+            f"{where}: unknown format {format_:#x} (NNC knows NCHW 1, NHWC 2, CHWN 4)"
+        )
+    if datatype not in DATATYPES and datatype != QX:
+        known = ", ".join(f"{d}={c:#x}" for c, d in DATATYPES.items())
+        raise TensorFileError(f"{where}: unknown datatype {datatype:#x} (known: {known})")
+    return TensorInfo(
+        name=name,
+        dtype=DATATYPES.get(datatype),
+        shape=shape,
+        format=FORMAT_NAMES[format_],
+        type=type_ & 0xFFFFFFFF,
+        encoder=(type_ >> 32) & 0xFFFFFFFF,
+        nbytes=nbytes if isinstance(nbytes, int) else 0,
+    )
+
+
+def check_length(where: str, info: TensorInfo, n: int) -> None:
+    """The blob of ``n`` bytes holds the row's elements (up to NNC's allocation padding
+    more). Counted in Python ints: ``65536**4`` elements do not wrap around to 0."""
+    assert info.dtype is not None
+    need = math.prod(info.shape) * info.dtype.itemsize
+    if not need <= n <= padded(need, info.type):
+        what = "truncated" if n < need else "oversized"
+        raise TensorFileError(
+            f"{where}: {what} data: {n} bytes for {info.dtype}{list(info.shape)} "
+            f"({need} bytes); the file is damaged or was not written by NNC/fnnc"
+        )
+
+
+def requested_shape(shape: Any, where: str) -> tuple[int, ...]:
+    """A ``shape=`` argument as a tuple of non-negative ints (else :class:`ShapeError`)."""
+    try:
+        dims = tuple(operator.index(d) for d in shape)
+    except TypeError:
+        dims = (-1,)
+    if any(d < 0 for d in dims):
+        raise ShapeError(f"{where}: shape={shape!r:.60} must be a tuple of non-negative ints")
+    return dims
+
+
+def requested_dtype(dtype: Any, where: str) -> np.dtype:
+    """A ``dtype=`` argument as a NumPy dtype (else :class:`DTypeError`)."""
+    try:
+        return np.dtype(dtype)
+    except TypeError as e:
+        raise DTypeError(f"{where}: dtype={dtype!r:.60} is not a NumPy dtype ({e})") from None

@@ -47,6 +47,7 @@ import numpy as np
 
 from fnnc.errors import ParameterError
 from fnnc.io.format import FLOATS
+from fnnc.io.processes import writes_files
 from fnnc.io.tensor_file import Encoder, TensorFile
 
 Source = TensorFile | str | os.PathLike[str]
@@ -94,7 +95,12 @@ def write_parameters(
         device: the data-parallel index in internal rows.
         format: the layout tag of every row.
         encoder: passed to :meth:`TensorFile.write`.
+
+    In a multi-process run only process 0 writes (:mod:`fnnc.io.processes`); the
+    others return without touching the file.
     """
+    if not writes_files():
+        return
     rows = [(parameter_row(k, name=name), v) for k, v in params.items()]
     rows += [(internal_row(k, name=name, device=device), v) for k, v in (internals or {}).items()]
     with opened(target) as f, f.transaction():
@@ -206,6 +212,8 @@ def _discover(f: TensorFile, name: str | None, device: int):
     internals: dict[str, Any] = {}
     prefix = f"__{name}__["
     for row in f.names():
+        if not isinstance(row, str):  # a damaged or foreign row: no parameter's name
+            continue
         if name:
             if not (row.startswith(prefix) and row.endswith("]")):
                 continue

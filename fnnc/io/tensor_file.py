@@ -9,41 +9,66 @@ written to the log and again to the database. A transaction killed half-way leav
 hot journal that the next opener rolls back, so readers never see part of a batch.
 New files get 64 KiB pages, which roughly halves the cost of writing large blobs; any
 SQLite, NNC's included, reads any page size.
+
+Reads never create or change a file: it is read-only (:mod:`fnnc.io.connections`)
+until the first write creates it. Each SQLite error becomes a ``TensorFileError``
+naming file and operation (:mod:`fnnc.io.sqlite_errors`); rows carry checksums in a
+side table, checked on read (:mod:`fnnc.io.integrity`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import os
 import sqlite3
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 
 from fnnc.errors import DTypeError, ShapeError, TensorFileError, TensorNotFoundError
+from fnnc.io import connections, integrity
 from fnnc.io import format as fmt
-from fnnc.io.codecs import Codec, get_codec
+from fnnc.io.codecs import Decoder, Encoder, decode_with, encode_with
 from fnnc.io.format import TensorInfo
+from fnnc.io.integrity import IntegrityReport
+from fnnc.io.sqlite_errors import translating
 
-Encoder = Codec | int | Callable[[bytes, np.dtype, tuple[int, ...]], tuple[int, bytes] | None]
-Decoder = Codec | Callable[[int, bytes, np.dtype, tuple[int, ...]], bytes | None]
+__all__ = ["Decoder", "Encoder", "TensorFile"]
 
 _CREATE = (
     "CREATE TABLE IF NOT EXISTS tensors "
     "(name TEXT, type INTEGER, format INTEGER, datatype INTEGER, "
     "dim BLOB, data BLOB, PRIMARY KEY (name))"
 )
-_PAGE_SIZE = 65536
+_ROW = "SELECT rowid, name, type, format, datatype, dim, length(data), data FROM tensors "
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _operation(verb: str, *, named: bool = False) -> Callable[[_F], _F]:
+    """Runs a method as one operation: SQLite errors inside name the file and ``verb``."""
+
+    def wrap(method: _F) -> _F:
+        @functools.wraps(method)
+        def run(self: TensorFile, *args: Any, **kwargs: Any) -> Any:
+            what = f"{verb} tensor {args[0]!r:.80}" if named and args else verb
+            with self.operation(what):
+                return method(self, *args, **kwargs)
+
+        return run  # type: ignore[return-value]
+
+    return wrap
 
 
 class TensorFile:
     """An NNC tensor file: named arrays in SQLite, readable by NNC and by fnnc.
 
     Args:
-        path: the file; created (with NNC's ``tensors`` table) unless ``readonly``.
-        readonly: open without writing anything; the file must exist and hold a
-            ``tensors`` table.
+        path: the file. It is created (with NNC's ``tensors`` table) by the first
+            write, never by opening or reading: reading a missing file is an error.
+        readonly: refuse writes; the file must exist and hold a ``tensors`` table.
 
     >>> import os, tempfile
     >>> import numpy as np
@@ -64,51 +89,53 @@ class TensorFile:
         self.path = os.fspath(path)
         self.readonly = readonly
         self._depth = 0
-        if readonly and not os.path.isfile(self.path):
-            raise TensorFileError(f"{self.path}: no such file")
-        try:
-            self._conn = sqlite3.connect(self.path, isolation_level=None, timeout=30)
-        except sqlite3.Error as e:
-            raise TensorFileError(f"{self.path}: cannot open as SQLite ({e})") from None
-        try:
-            if readonly:
-                # query_only, not mode=ro: SQLite may still roll back a hot journal left
-                # by a killed writer, which a read-only connection could not do.
-                self._conn.execute("PRAGMA query_only=1")
-                if not self.has_table("tensors"):
-                    raise TensorFileError(
-                        f"{self.path}: no tensors table (not an NNC tensor file; "
-                        "NNC creates it on its first ccv_nnc_tensor_write)"
-                    )
-            else:
-                if self._conn.execute("PRAGMA page_count").fetchone()[0] == 0:
-                    self._conn.execute(f"PRAGMA page_size={_PAGE_SIZE}")
-                self._conn.execute("PRAGMA synchronous=FULL")
-                self._conn.execute(_CREATE)
-        except sqlite3.DatabaseError as e:
-            self._conn.close()
-            raise TensorFileError(f"{self.path}: not an SQLite database ({e})") from None
-        except BaseException:
-            self._conn.close()
-            raise
+        self._op: str | None = None
+        self._handle = connections.Handle(self.path, setup=(_CREATE, integrity.CREATE))
+        if readonly or os.path.exists(self.path):
+            self._handle.reader()  # a missing, non-SQLite or damaged file fails here
+            if readonly and not self.has_table("tensors"):
+                self.close()
+                raise TensorFileError(
+                    f"{self.path}: no tensors table (not an NNC tensor file; "
+                    "NNC creates it on its first ccv_nnc_tensor_write)"
+                )
 
     # -- plumbing ------------------------------------------------------------
     @property
     def connection(self) -> sqlite3.Connection:
-        """The SQLite connection, for fnnc.io's own tables (use :meth:`transaction`)."""
-        return self._conn
+        """The SQLite connection, for fnnc.io's own tables: read-only until the first
+        write; write only inside :meth:`transaction` (which opens it for writing)."""
+        return self._handle.reader()
+
+    def exists(self) -> bool:
+        """Whether the file exists (reading a missing file raises)."""
+        return self._handle.exists()
+
+    @contextlib.contextmanager
+    def operation(self, what: str) -> Iterator[None]:
+        """Names the work in the block (``"restore step 3"``) in the errors it raises:
+        SQLite errors become :class:`TensorFileError` naming the file and ``what``. The
+        outermost operation names the error; methods of this class are operations."""
+        outer = self._op
+        self._op = what if outer is None else outer
+        try:
+            with translating(self.path, self._op):
+                yield
+        finally:
+            self._op = outer
 
     def has_table(self, table: str) -> bool:
         """Whether the file has a table called ``table``."""
-        query = "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?"
-        return self._conn.execute(query, (table,)).fetchone() is not None
+        with self.operation("list tables"):
+            return self._handle.has_table(table)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[TensorFile]:
         """Makes the writes inside the block one atomic batch: all of them or none.
 
         An exception inside the block rolls the batch back and propagates. Nested
-        blocks are savepoints: an inner failure undoes only the inner writes.
+        blocks are savepoints: an inner failure undoes only the inner writes. The file
+        is created here if it does not exist.
         """
         depth = self._depth
         begin, commit, rollback = "BEGIN IMMEDIATE", ["COMMIT"], ["ROLLBACK"]
@@ -116,23 +143,27 @@ class TensorFile:
             sp = f"fnnc_{depth}"
             begin, commit = f"SAVEPOINT {sp}", [f"RELEASE {sp}"]
             rollback = [f"ROLLBACK TO {sp}", f"RELEASE {sp}"]
-        self._conn.execute(begin)
+        with self.operation("write"):
+            conn = self._writer()
+            conn.execute(begin)
         self._depth = depth + 1
         try:
             yield self
-            for statement in commit:
-                self._conn.execute(statement)
+            with self.operation("write (commit)"):
+                for statement in commit:
+                    conn.execute(statement)
         except BaseException:
-            if self._conn.in_transaction:
-                for statement in rollback:
-                    self._conn.execute(statement)
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):  # the first error is the one to see
+                    for statement in rollback:
+                        conn.execute(statement)
             raise
         finally:
             self._depth = depth
 
     def close(self) -> None:
         """Closes the file (an open transaction is rolled back)."""
-        self._conn.close()
+        self._handle.close()
 
     def __enter__(self) -> TensorFile:
         return self
@@ -143,21 +174,34 @@ class TensorFile:
     def __repr__(self) -> str:
         return f"TensorFile({self.path!r}{', readonly=True' if self.readonly else ''})"
 
+    def _tensors(self) -> sqlite3.Connection:
+        conn = self._handle.reader()
+        if not self._handle.writing and not self.has_table("tensors"):
+            raise TensorFileError(
+                f"{self.path}: no tensors table (not an NNC tensor file; NNC creates it on "
+                "its first ccv_nnc_tensor_write)"
+            )
+        return conn
+
     # -- listing ---------------------------------------------------------------
+    @_operation("list")
     def names(self) -> list[str]:
         """Every tensor name in the file, sorted."""
-        return [r[0] for r in self._conn.execute("SELECT name FROM tensors ORDER BY name")]
+        return [r[0] for r in self._tensors().execute("SELECT name FROM tensors ORDER BY name")]
 
+    @_operation("list")
     def __contains__(self, name: object) -> bool:
         query = "SELECT 1 FROM tensors WHERE name=?"
-        return isinstance(name, str) and self._conn.execute(query, (name,)).fetchone() is not None
+        return isinstance(name, str) and bool(self._tensors().execute(query, (name,)).fetchall())
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
+    @_operation("list")
     def __len__(self) -> int:
-        return self._conn.execute("SELECT count(*) FROM tensors").fetchone()[0]
+        return self._tensors().execute("SELECT count(*) FROM tensors").fetchone()[0]
 
+    @_operation("read", named=True)
     def info(self, name: str) -> TensorInfo:
         """The row's metadata without reading its data.
 
@@ -166,17 +210,32 @@ class TensorFile:
             TensorFileError: the row is not in NNC's format.
         """
         query = "SELECT name, type, format, datatype, dim, length(data) FROM tensors WHERE name=?"
-        row = self._conn.execute(query, (name,)).fetchone()
+        row = self._tensors().execute(query, (name,)).fetchone()
         if row is None:
             raise self._missing(name)
-        return self._info(*row)
+        return fmt.row_info(*row, path=self.path)
 
+    @_operation("list")
     def infos(self) -> list[TensorInfo]:
         """:meth:`info` of every row, sorted by name."""
         query = "SELECT name, type, format, datatype, dim, length(data) FROM tensors ORDER BY name"
-        return [self._info(*row) for row in self._conn.execute(query)]
+        rows = self._tensors().execute(query).fetchall()
+        return [fmt.row_info(*row, path=self.path) for row in rows]
+
+    @_operation("verify")
+    def verify(self) -> IntegrityReport:
+        """Checks every row: SQLite's ``integrity_check`` of the file's structure, each
+        row's format and length, and its checksum where fnnc wrote one.
+
+        Returns:
+            an :class:`~fnnc.io.integrity.IntegrityReport` listing every damaged row
+            (``.ok``, ``.damaged``; ``.raise_if_damaged()`` raises
+            :class:`TensorFileError` with the list).
+        """
+        return integrity.verify(self)
 
     # -- writing ---------------------------------------------------------------
+    @_operation("write", named=True)
     def write(
         self,
         name: str,
@@ -186,7 +245,8 @@ class TensorFile:
         device: str = "CPU",
         encoder: Encoder | None = None,
     ) -> None:
-        """Stores ``array`` under ``name`` as NNC does (replacing a row of that name).
+        """Stores ``array`` under ``name`` as NNC does (replacing a row of that name),
+        with its checksum, in one transaction.
 
         Args:
             name: the row's name.
@@ -199,7 +259,7 @@ class TensorFile:
                 function ``(data, dtype, shape) -> (identifier, bytes)``; ``None`` or a
                 declining encoder (returning ``None``) stores raw bytes.
         """
-        self._writable(name)
+        self._writable(f"tensor {name!r}")
         if not isinstance(name, str):
             raise TypeError(f"tensor names are str, got {type(name).__name__}")
         where = f"tensor {name!r} in {self.path}"
@@ -207,20 +267,40 @@ class TensorFile:
         data: bytes | memoryview = memoryview(arr.reshape(-1).view(np.uint8))
         identifier = 0
         if encoder is not None:
-            identifier, data = self._encode(encoder, bytes(data), arr.dtype, arr.shape, name)
+            identifier, data = encode_with(encoder, bytes(data), arr.dtype, arr.shape, where)
         type_ = fmt.pack_type(device, identifier, where)
-        row = (name, type_ - 2**64 if type_ >= 2**63 else type_, fmt.pack_format(format, where))
-        row += (fmt.CODES[arr.dtype], fmt.pack_dim(arr.shape), data)
+        type_ = type_ - 2**64 if type_ >= 2**63 else type_
+        format_, datatype = fmt.pack_format(format, where), fmt.CODES[arr.dtype]
+        fields = (type_, format_, datatype, fmt.pack_dim(arr.shape))
         query = "REPLACE INTO tensors (name, type, format, datatype, dim, data) VALUES "
-        self._conn.execute(query + "(?, ?, ?, ?, ?, ?)", row)
+        with self.transaction():
+            conn = self._writer()
+            cursor = conn.execute(query + "(?, ?, ?, ?, ?, ?)", (name, *fields, data))
+            rowid = cursor.lastrowid
+            assert rowid is not None
+            integrity.record(conn, name, rowid, integrity.digest(fields, data) or "")
 
+    @_operation("write", named=True)
     def delete(self, name: str) -> None:
         """Removes the row ``name``; :class:`TensorNotFoundError` if there is none."""
-        self._writable(name)
-        if self._conn.execute("DELETE FROM tensors WHERE name=?", (name,)).rowcount == 0:
+        self._writable(f"tensor {name!r}")
+        if not self.exists() or self.discard([name]) == 0:
             raise self._missing(name)
 
+    @_operation("write")
+    def discard(self, names: Iterable[str]) -> int:
+        """Removes the rows among ``names`` that exist (and their checksums) in one
+        transaction; returns how many were removed."""
+        self._writable("tensors")
+        names = list(names)
+        with self.transaction():
+            conn = self._writer()
+            removed = conn.executemany("DELETE FROM tensors WHERE name=?", [(n,) for n in names])
+            integrity.forget(conn, names)
+        return removed.rowcount
+
     # -- reading ---------------------------------------------------------------
+    @_operation("read", named=True)
     def read(
         self,
         name: str,
@@ -248,13 +328,49 @@ class TensorFile:
         Raises:
             TensorNotFoundError: no such name.
             TensorFileError: the row is malformed (data blob too short or too long, wrong
-                ``dim`` length, unknown datatype or format), or needs a missing decoder.
+                ``dim`` length, unknown datatype or format), its bytes do not match the
+                checksum fnnc wrote with it, or it needs a missing decoder.
         """
-        query = "SELECT name, type, format, datatype, dim, length(data), data FROM tensors "
-        row = self._conn.execute(query + "WHERE name=?", (name,)).fetchone()
+        where = f"tensor {name!r} in {self.path}"
+        want_shape = None if shape is None else fmt.requested_shape(shape, where)
+        want = None if dtype is None else fmt.requested_dtype(dtype, where)
+        info, data, _ = self.load_row(name, decoder=decoder)
+        assert info.dtype is not None
+        count = math.prod(info.shape)
+        arr = np.frombuffer(data, info.dtype, count).reshape(info.shape)
+        if want_shape is not None and want_shape != info.shape:
+            wanted = math.prod(want_shape)
+            if wanted > count:
+                raise ShapeError(
+                    f"{where} is {info.dtype}{list(info.shape)} ({count} elements); cannot "
+                    f"read it as shape {list(want_shape)} ({wanted} elements): a shape may hold "
+                    "the stored elements or fewer (the first ones are read, as NNC does)"
+                )
+            arr = arr.reshape(-1)[:wanted].reshape(want_shape)
+        want = info.dtype if want is None else want
+        if want != info.dtype and not {want, info.dtype} <= fmt.FLOATS:
+            raise DTypeError(
+                f"{where} is {info.dtype}; reading it as {want} is not a conversion NNC "
+                "makes (only between floating types); read it and use .astype"
+            )
+        return arr.astype(want)  # always a copy: writable, owns its memory
+
+    @_operation("read", named=True)
+    def load_row(
+        self, name: str, *, decode: bool = True, decoder: Decoder | None = None
+    ) -> tuple[TensorInfo, bytes, str]:
+        """One row as stored, checked: ``(info, bytes, checksum status)``.
+
+        The bytes are the decoded elements (``decode=False``: as stored, for rows
+        written with an encoder); the status is ``"checked"``, ``"unchecked"`` (no
+        checksum) or ``"stale"`` (rewritten by a writer that keeps none, e.g. NNC).
+        Allocates no more than the row holds.
+        """
+        row = self._tensors().execute(_ROW + "WHERE name=?", (name,)).fetchone()
         if row is None:
             raise self._missing(name)
-        info, data = self._info(*row[:6]), row[6]
+        rowid, fields, data = row[0], row[2:6], row[7]
+        info = fmt.row_info(*row[1:7], path=self.path)
         where = f"tensor {name!r} in {self.path}"
         if info.dtype is None:
             raise TensorFileError(
@@ -263,110 +379,28 @@ class TensorFile:
             )
         if not isinstance(data, bytes):
             raise TensorFileError(f"{where}: data is {type(data).__name__}, expected a BLOB")
-        if info.encoder:
-            data = self._decode(decoder, info, data)
-        count = int(np.prod(info.shape, dtype=np.int64))
-        need = count * info.dtype.itemsize
-        if not need <= len(data) <= fmt.padded(need, info.type):
-            what = "truncated" if len(data) < need else "oversized"
-            raise TensorFileError(
-                f"{where}: {what} data: {len(data)} bytes for {info.dtype}{list(info.shape)} "
-                f"({need} bytes); the file is damaged or was not written by NNC/fnnc"
-            )
-        arr = np.frombuffer(data, info.dtype, count).reshape(info.shape)
-        if shape is not None and tuple(shape) != info.shape:
-            wanted = int(np.prod(shape, dtype=np.int64))
-            if wanted > count:
-                raise ShapeError(
-                    f"{where} is {info.dtype}{list(info.shape)} ({count} elements); cannot "
-                    f"read it as shape {list(shape)} ({wanted} elements): a shape may hold "
-                    "the stored elements or fewer (the first ones are read, as NNC does)"
-                )
-            arr = arr.reshape(-1)[:wanted].reshape(shape)
-        want = info.dtype if dtype is None else np.dtype(dtype)
-        if want != info.dtype and not {want, info.dtype} <= fmt.FLOATS:
-            raise DTypeError(
-                f"{where} is {info.dtype}; reading it as {want} is not a conversion NNC "
-                "makes (only between floating types); read it and use .astype"
-            )
-        return arr.astype(want)  # always a copy: writable, owns its memory
+        if not info.encoder:
+            fmt.check_length(where, info, len(data))
+        status = integrity.UNCHECKED
+        if self.has_table(integrity.TABLE):
+            status = integrity.check(self._handle.reader(), where, name, rowid, fields, data)
+        if info.encoder and decode:
+            data = decode_with(decoder, info.encoder, data, info.dtype, info.shape, where)
+            fmt.check_length(where, info, len(data))
+        return info, data, status
 
     # -- internals -------------------------------------------------------------
-    def _writable(self, name: str) -> None:
-        if self.readonly:
-            raise TensorFileError(
-                f"cannot change tensor {name!r}: {self.path} is open with readonly=True"
-            )
+    def _writer(self) -> sqlite3.Connection:
+        self._writable("the file")
+        return self._handle.writer()
 
-    def _missing(self, name: str) -> TensorNotFoundError:
-        names = self.names()
+    def _writable(self, what: str) -> None:
+        if self.readonly:
+            raise TensorFileError(f"cannot change {what}: {self.path} is open with readonly=True")
+
+    def _missing(self, name: Any) -> TensorNotFoundError:
+        names = self.names() if self.exists() else []
         shown = ", ".join(repr(n) for n in names[:8]) + (", ..." if len(names) > 8 else "")
         return TensorNotFoundError(
-            f"no tensor {name!r} in {self.path} ({len(names)} tensors: {shown or 'none'})"
+            f"no tensor {name!r:.80} in {self.path} ({len(names)} tensors: {shown or 'none'})"
         )
-
-    def _info(
-        self, name: str, type_: Any, format_: Any, datatype: Any, dim: Any, n: Any
-    ) -> TensorInfo:
-        where = f"tensor {name!r} in {self.path}"
-        if not all(isinstance(v, int) for v in (type_, format_, datatype)):
-            raise TensorFileError(f"{where}: type, format and datatype must be integers")
-        shape = fmt.unpack_dim(dim)
-        if shape is None:
-            got = f"{len(dim)} bytes" if isinstance(dim, bytes) else type(dim).__name__
-            raise TensorFileError(
-                f"{where}: dim blob is {got}, expected {fmt.DIM_BYTES[0]} bytes (int32[12])"
-            )
-        if format_ not in fmt.FORMAT_NAMES:
-            raise TensorFileError(
-                f"{where}: unknown format {format_:#x} (NNC knows NCHW 1, NHWC 2, CHWN 4)"
-            )
-        if datatype not in fmt.DATATYPES and datatype != fmt.QX:
-            known = ", ".join(f"{d}={c:#x}" for c, d in fmt.DATATYPES.items())
-            raise TensorFileError(f"{where}: unknown datatype {datatype:#x} (known: {known})")
-        return TensorInfo(
-            name=name,
-            dtype=fmt.DATATYPES.get(datatype),
-            shape=shape,
-            format=fmt.FORMAT_NAMES[format_],
-            type=type_ & 0xFFFFFFFF,
-            encoder=(type_ >> 32) & 0xFFFFFFFF,
-            nbytes=n or 0,
-        )
-
-    def _encode(
-        self, encoder: Encoder, data: bytes, dtype: np.dtype, shape: Any, name: str
-    ) -> tuple[int, bytes]:
-        if isinstance(encoder, int):
-            codec = get_codec(encoder)
-            if codec is None:
-                raise TensorFileError(f"tensor {name!r}: no codec registered as {encoder:#x}")
-            encoder = codec
-        if isinstance(encoder, Codec):
-            out = encoder.encode(data, dtype, tuple(shape))
-            result = None if out is None else (encoder.identifier, out)
-        else:
-            result = encoder(data, dtype, tuple(shape))
-        if result is None:
-            return 0, data
-        identifier, out = result
-        if not 0 <= identifier < 2**32 or not isinstance(out, (bytes, bytearray)):
-            raise TensorFileError(
-                f"tensor {name!r}: the encoder must return (identifier in 0..2**32-1, bytes), "
-                f"got ({identifier!r}, {type(out).__name__})"
-            )
-        return identifier, bytes(out)
-
-    def _decode(self, decoder: Decoder | None, info: TensorInfo, data: bytes) -> bytes:
-        assert info.dtype is not None
-        codec = decoder if decoder is not None else get_codec(info.encoder)
-        if codec is None:
-            raise TensorFileError(
-                f"tensor {info.name!r} in {self.path} was written with encoder "
-                f"{info.encoder:#x}; register a Codec with that identifier or pass decoder="
-            )
-        if isinstance(codec, Codec):
-            out = codec.decode(data, info.dtype, info.shape)
-        else:
-            out = codec(info.encoder, data, info.dtype, info.shape)
-        return data if out is None else bytes(out)  # NNC keeps the raw bytes on a refusal

@@ -10,9 +10,9 @@ are NamedTuples). Python ``bool``/``int``/
 "scalar"}`` and their bytes go to a tensor row; dtypes NNC lacks (bool, int8, ...) are
 stored as uint8 bytes with one extra axis and viewed back.
 
-A NamedTuple class is looked up only among modules already imported (the file names
-it, it never makes Python import anything); when it is not, restore with a template
-(``like=``) instead.
+A NamedTuple class is looked up only among modules already imported, through their
+``__dict__`` (the file names it, it never makes Python import or run anything); when
+it is not defined, restore with a template (``like=``) instead.
 """
 
 from __future__ import annotations
@@ -91,55 +91,134 @@ def encode(tree: Any, label: str, row_name: Callable[[str], str]) -> tuple[Any, 
     return enc(tree, ""), rows
 
 
+MAX_DEPTH = 200
+"""Deepest container nesting :func:`decode` accepts (a file cannot exhaust the stack)."""
+
+_KINDS = ("jax", "numpy", "scalar")
+
+
 def decode(
-    data: Any, read: Callable[[str, tuple[int, ...], np.dtype], np.ndarray], *, loose: bool
+    data: Any,
+    read: Callable[[str, tuple[int, ...], np.dtype], np.ndarray],
+    *,
+    loose: bool,
+    where: str = "checkpoint",
 ) -> Any:
     """The tree :func:`encode` described; ``read(row, shape, dtype)`` fetches arrays.
 
     With ``loose``, NamedTuples whose class is not loaded come back as plain tuples
-    (same leaves, same order), for :func:`rebuild` with a template.
+    (same leaves, same order), for :func:`rebuild` with a template. Every entry is
+    checked as it is decoded: anything :func:`encode` could not have written raises
+    :class:`CheckpointError` naming ``where`` (never ``KeyError``, ``ValueError``,
+    ``RecursionError``), and nothing is allocated beyond what ``read`` returns (an
+    entry without a row is a zero-size array).
     """
 
-    def dec(x: Any) -> Any:
+    def bad(why: str, x: Any) -> CheckpointError:
+        return CheckpointError(f"{where}: malformed entry {_short(x)}: {why}")
+
+    def dec(x: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise CheckpointError(f"{where}: containers nested deeper than {MAX_DEPTH}")
         if x is None or isinstance(x, (bool, int, float, str)):
             return x
         if isinstance(x, list):
-            return [dec(v) for v in x]
+            return [dec(v, depth + 1) for v in x]
         if not isinstance(x, dict):
-            raise CheckpointError(f"checkpoint: malformed tree entry {x!r:.80}")
+            raise bad("not a JSON value", x)
         if "$array" in x:
-            return _leaf(x)
+            return _leaf(x, read, bad)
         if "$float" in x:
-            return float(x["$float"])
+            return _float(x["$float"], bad)
         if "$tuple" in x:
-            return tuple(dec(v) for v in x["$tuple"])
+            return tuple(dec(v, depth + 1) for v in _list(x, "$tuple", bad))
         if "$none" in x:  # graph files before the codecs were one wrote None so
             return None
         if "$dict" in x:
-            return {k: dec(v) for k, v in x["$dict"]}
+            out = {}
+            for item in _list(x, "$dict", bad):
+                if not (isinstance(item, list) and len(item) == 2 and _key(item[0])):
+                    raise bad("$dict items are [key, value] with a str or int key", item)
+                out[item[0]] = dec(item[1], depth + 1)
+            return out
         if "$namedtuple" in x:
-            values = [dec(v) for v in x["values"]]
-            cls = _namedtuple(x["$namedtuple"], x["fields"], loose)
-            return tuple(values) if cls is None else cls(*values)
-        raise CheckpointError(f"checkpoint: unknown tree entry with keys {sorted(x)}")
+            fields, values = _list(x, "fields", bad), _list(x, "values", bad)
+            name = x["$namedtuple"]
+            if not isinstance(name, str) or not all(isinstance(f, str) for f in fields):
+                raise bad("$namedtuple is 'module:QualName' with str fields", x)
+            if len(fields) != len(values):
+                raise bad(f"{len(fields)} fields but {len(values)} values", x)
+            decoded = [dec(v, depth + 1) for v in values]
+            cls = _namedtuple(name, fields, loose, where)
+            return tuple(decoded) if cls is None else cls(*decoded)
+        raise bad(f"unknown entry with keys {sorted(map(str, x))[:8]}", x)
 
-    def _leaf(x: dict[str, Any]) -> Any:
-        shape, dtype = tuple(int(d) for d in x["shape"]), _dtype(x["dtype"])
-        if x["$array"] is None:
-            arr = np.zeros(shape, dtype)
-        elif x.get("bytes"):
-            raw = read(x["$array"], (*shape, dtype.itemsize), np.dtype(np.uint8))
-            arr = raw.view(dtype).reshape(shape)
-        else:
-            arr = read(x["$array"], shape, dtype)
-        if x["kind"] == "scalar":
-            return arr[()]
-        if x["kind"] == "jax":
-            weak = jnp.asarray(arr.item()) if x.get("weak") else None
-            return weak if weak is not None and weak.dtype == arr.dtype else jnp.asarray(arr)
-        return arr
+    return dec(data, 0)
 
-    return dec(data)
+
+def _short(x: Any) -> str:
+    text = repr(x)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _key(k: Any) -> bool:
+    return type(k) in (str, int)
+
+
+def _list(x: dict[str, Any], key: str, bad: Callable[[str, Any], Exception]) -> list[Any]:
+    value = x.get(key)
+    if not isinstance(value, list):
+        raise bad(f"{key!r} must be a list", x)
+    return value
+
+
+def _float(text: Any, bad: Callable[[str, Any], Exception]) -> float:
+    if isinstance(text, str) and len(text) < 32:
+        try:
+            return float(text)
+        except ValueError:
+            pass
+    raise bad("$float holds the repr of a float ('inf', 'nan')", text)
+
+
+def _leaf(
+    x: dict[str, Any],
+    read: Callable[[str, tuple[int, ...], np.dtype], np.ndarray],
+    bad: Callable[[str, Any], Exception],
+) -> Any:
+    shape = x.get("shape")
+    if not (
+        isinstance(shape, list)
+        and len(shape) <= 64
+        and all(type(d) is int and 0 <= d < 2**63 for d in shape)
+    ):
+        raise bad("shape must be a list of non-negative ints", x)
+    shape = tuple(shape)
+    dtype = _dtype(x.get("dtype"), bad)
+    kind, row = x.get("kind"), x["$array"]
+    if kind not in _KINDS:
+        raise bad(f"kind must be one of {list(_KINDS)}", x)
+    if row is None:
+        if math.prod(shape) != 0:  # encode stores every non-empty array in a row
+            raise bad("an array without a row must have a zero-size shape", x)
+        arr = np.zeros(shape, dtype)
+    elif not isinstance(row, str):
+        raise bad("$array names a tensor row (a str) or is null", x)
+    elif x.get("bytes"):
+        if kind == "scalar" and shape:
+            raise bad("a scalar has shape []", x)
+        raw = read(row, (*shape, dtype.itemsize), np.dtype(np.uint8))
+        arr = raw.view(dtype).reshape(shape)
+    else:
+        arr = read(row, shape, dtype)
+    if kind == "scalar":
+        if arr.shape != ():
+            raise bad("a scalar has shape []", x)
+        return arr[()]
+    if kind == "jax":
+        weak = jnp.asarray(arr.item()) if x.get("weak") and arr.shape == () else None
+        return weak if weak is not None and weak.dtype == arr.dtype else jnp.asarray(arr)
+    return arr
 
 
 def rebuild(decoded: Any, like: Any, what: str) -> Any:
@@ -160,30 +239,43 @@ def rebuild(decoded: Any, like: Any, what: str) -> Any:
     return jax.tree.unflatten(treedef, leaves)
 
 
-def _dtype(name: str) -> np.dtype:
-    if isinstance(getattr(ml_dtypes, name, None), type):
-        return np.dtype(getattr(ml_dtypes, name))
-    dtype = np.dtype(name)
-    if dtype.kind not in "biufc":
-        raise CheckpointError(f"checkpoint: unsupported dtype {name!r} in the manifest")
+def _dtype(name: Any, bad: Callable[[str, Any], Exception]) -> np.dtype:
+    if not isinstance(name, str) or len(name) > 32:
+        raise bad("dtype must be a dtype name", name)
+    if isinstance(vars(ml_dtypes).get(name), type):
+        return np.dtype(vars(ml_dtypes)[name])
+    try:
+        dtype = np.dtype(name)
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.kind not in "biufc" or dtype.itemsize == 0:
+        raise bad("unsupported dtype (bool, ints, floats, complex, ml_dtypes)", name)
     return dtype
 
 
-def _namedtuple(qualified: str, fields: list[str], loose: bool) -> type | None:
+def _namedtuple(qualified: str, fields: list[str], loose: bool, where: str) -> type | None:
+    """The class ``module:QualName`` names, if it is already defined.
+
+    The lookup reads module and class ``__dict__``s only (``vars``), never ``getattr``:
+    a module's ``__getattr__`` may import submodules lazily (NumPy's does), and a file
+    must never make Python import or run anything. Only a ``tuple`` subclass with the
+    saved ``_fields`` is accepted; anything else is a plain tuple (``loose``) or an error.
+    """
     module, _, qualname = qualified.partition(":")
-    obj: Any = sys.modules.get(module)  # never import: the file only names the class
+    obj: Any = sys.modules.get(module)
     for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-    if (
-        isinstance(obj, type)
-        and issubclass(obj, tuple)
-        and list(getattr(obj, "_fields", ())) == list(fields)
-    ):
-        return obj
+        try:
+            obj = vars(obj).get(part)
+        except TypeError:  # no __dict__: not a module or a class
+            obj = None
+    if isinstance(obj, type) and issubclass(obj, tuple):
+        saved = next((vars(c)["_fields"] for c in obj.__mro__ if "_fields" in vars(c)), None)
+        if isinstance(saved, tuple) and list(saved) == list(fields):
+            return obj
     if loose:
         return None
     why = "is not imported" if module not in sys.modules else "does not match the saved fields"
     raise CheckpointError(
-        f"checkpoint: NamedTuple {module}.{qualname} {why} (fields {fields}); import its "
+        f"{where}: NamedTuple {module}.{qualname} {why} (fields {fields}); import its "
         "module before restoring, or pass a template of the state as like= / optimizer_like="
     )

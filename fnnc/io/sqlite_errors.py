@@ -1,0 +1,117 @@
+"""SQLite's errors as :class:`~fnnc.errors.TensorFileError`: the one translation point.
+
+Everything :mod:`fnnc.io` does to a file goes through an *operation* (``read``,
+``write``, ``list``, ``restore``, ``inspect``, ...) opened with :func:`translating`.
+A raw :class:`sqlite3.Error` raised inside becomes a ``TensorFileError`` that names the
+file, the operation and what to do, chosen by SQLite's error code (Python 3.11+ gives
+it as ``sqlite_errorname``), so ``database disk image is malformed`` and ``database or
+disk is full`` read as what they mean for a tensor file. The original error stays
+attached as ``__cause__``.
+
+>>> import sqlite3
+>>> from fnnc.io.sqlite_errors import translate
+>>> err = sqlite3.connect(":memory:").execute  # no table: SQLite's "no such table"
+>>> try:
+...     err("SELECT data FROM tensors")
+... except sqlite3.Error as e:
+...     print(translate(e, "w.sqlite", "read"))  # doctest: +ELLIPSIS
+w.sqlite: cannot read: no such table: tensors; the file's tables are not NNC's layout ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+
+from fnnc.errors import TensorFileError
+
+NNC_COLUMNS = ("name", "type", "format", "datatype", "dim", "data")
+"""The columns of NNC's ``tensors`` table, in order."""
+
+_ADVICE: tuple[tuple[str, str], ...] = (
+    (
+        "SQLITE_CORRUPT",
+        "the file is damaged; restore it from a copy (python -m fnnc inspect --verify "
+        "FILE lists what is still readable)",
+    ),
+    (
+        "SQLITE_NOTADB",
+        "it is not an SQLite database (NNC tensor files, model files and fnnc checkpoints "
+        "are); check the path",
+    ),
+    (
+        "SQLITE_READONLY_ROLLBACK",
+        "a writer was killed mid-transaction and its journal must be rolled back, which "
+        "needs write access to the file and its folder; open it once with write access",
+    ),
+    (
+        "SQLITE_READONLY",
+        "the file or its folder is read-only; reading needs no write access, but this "
+        "operation writes: copy the file somewhere writable or change its permissions",
+    ),
+    (
+        "SQLITE_FULL",
+        "the disk is full (or the file reached its size limit); nothing of this operation "
+        "was kept: free space and retry",
+    ),
+    (
+        "SQLITE_TOOBIG",
+        "one value exceeds SQLite's size limit (about 1 GiB per blob by default); store "
+        "the tensor in parts",
+    ),
+    (
+        "SQLITE_BUSY",
+        "another process holds the file locked (a long write); retry when it has finished",
+    ),
+    ("SQLITE_LOCKED", "another connection in this process holds the file locked; retry"),
+    (
+        "SQLITE_CANTOPEN",
+        "SQLite cannot open it; check that the path is a file and its folder exists",
+    ),
+    ("SQLITE_IOERR", "the operating system reported an I/O error; check the disk"),
+    ("SQLITE_NOMEM", "SQLite ran out of memory"),
+)
+
+
+def advice(error: BaseException) -> str:
+    """What to do about ``error``, chosen by its SQLite error code (or its message)."""
+    code = getattr(error, "sqlite_errorname", None) or ""
+    for prefix, text in _ADVICE:
+        if code.startswith(prefix):
+            return text
+    message = str(error)
+    if "no such column" in message or "no such table" in message or "has no column" in message:
+        return (
+            "the file's tables are not NNC's layout (tensors: "
+            + ", ".join(NNC_COLUMNS)
+            + "); it was not written by NNC or fnnc, or was edited"
+        )
+    if isinstance(error, (sqlite3.ProgrammingError, sqlite3.InterfaceError)):
+        return "the file was closed or is used from another thread; open it again"
+    return "the file may be damaged or not an NNC/fnnc file"
+
+
+ERRORS = (sqlite3.Error, UnicodeDecodeError)
+"""What :func:`translating` translates. Python's ``sqlite3`` raises
+``UnicodeDecodeError`` when SQLite's own message quotes damaged, non-UTF-8 bytes of
+the file (a damaged schema)."""
+
+
+def translate(error: BaseException, path: str, operation: str) -> TensorFileError:
+    """``error`` as a :class:`TensorFileError` naming ``path``, ``operation`` and the fix."""
+    if isinstance(error, UnicodeDecodeError):
+        return TensorFileError(
+            f"{path}: cannot {operation}: SQLite reported text that is not UTF-8 ({error}); "
+            + _ADVICE[0][1]
+        )
+    return TensorFileError(f"{path}: cannot {operation}: {error}; {advice(error)}")
+
+
+@contextlib.contextmanager
+def translating(path: str, operation: str) -> Iterator[None]:
+    """Raises any SQLite error (:data:`ERRORS`) from the block as :func:`translate` does."""
+    try:
+        yield
+    except ERRORS as e:
+        raise translate(e, path, operation) from e

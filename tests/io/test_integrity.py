@@ -1,0 +1,130 @@
+"""Row checksums: NNC's table unchanged, damage detected, NNC-written rows still read."""
+
+import pathlib
+import shutil
+import sqlite3
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from fnnc.errors import TensorFileError
+from fnnc.io import TensorFile
+from fnnc.io.cli import main
+
+# /work/shared/nnc-files beside the repository: written by libccv (liuliu/ccv c6ce5b1)
+NNC_FILES = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "nnc-files"
+# ccv_nnc_tensor_io.c's statement, as NNC creates the table
+NNC_CREATE = (
+    "CREATE TABLE IF NOT EXISTS tensors (name TEXT, type INTEGER, format INTEGER, "
+    "datatype INTEGER, dim BLOB, data BLOB, PRIMARY KEY (name))"
+)
+
+
+@pytest.fixture
+def written(tmp_path):
+    path = str(tmp_path / "w.sqlite")
+    arrays = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.arange(5, dtype=np.int64)}
+    with TensorFile(path) as f:
+        for name, a in arrays.items():
+            f.write(name, a)
+    return path, arrays
+
+
+def test_the_tensors_table_is_nnc_s(written, tmp_path):
+    path, _ = written
+    nnc = str(tmp_path / "nnc.sqlite")
+    sqlite3.connect(nnc).execute(NNC_CREATE).connection.close()
+    schema = "SELECT sql FROM sqlite_master WHERE name='tensors'"
+    columns = "PRAGMA table_info(tensors)"
+    for query in (schema, columns):
+        got = sqlite3.connect(path).execute(query).fetchall()
+        assert got == sqlite3.connect(nnc).execute(query).fetchall()
+
+
+def test_the_checksum_is_crc32_of_the_stored_row(written):
+    path, arrays = written
+    conn = sqlite3.connect(path)
+    for name in arrays:
+        rowid, type_, fmt, datatype, dim, data = conn.execute(
+            "SELECT rowid, type, format, datatype, dim, data FROM tensors WHERE name=?", (name,)
+        ).fetchone()
+        row, algo, digest = conn.execute(
+            "SELECT row, algo, digest FROM fnnc_checksums WHERE name=?", (name,)
+        ).fetchone()
+        head = struct.pack("<3q", type_, fmt, datatype) + dim
+        assert (row, algo, digest) == (rowid, "crc32", f"{zlib.crc32(head + data):08x}")
+
+
+@pytest.mark.parametrize("column", ["data", "dim"])
+def test_a_flipped_byte_is_detected(written, column, capsys):
+    path, arrays = written
+    conn = sqlite3.connect(path)
+    blob = bytearray(conn.execute(f"SELECT {column} FROM tensors WHERE name='a'").fetchone()[0])
+    blob[0 if column == "dim" else 17] ^= 0x04  # dim [3, 4] -> [7, 4]: same length
+    if column == "dim":
+        blob[4] = 0  # and [7] alone: 7 of the 12 stored floats still fit the length check
+    conn.execute(f"UPDATE tensors SET {column}=? WHERE name='a'", (bytes(blob),))
+    conn.commit()
+    conn.close()
+    with TensorFile(path, readonly=True) as f:
+        with pytest.raises(TensorFileError, match=r"tensor 'a' in .*w\.sqlite: checksum mismatch"):
+            f.read("a")
+        np.testing.assert_array_equal(f.read("b"), arrays["b"])  # the rest reads
+        report = f.verify()
+    assert not report.ok and [name for name, _ in report.damaged] == ["a"]
+    assert report.checked == ("b",) and report.unchecked == ()
+    with pytest.raises(TensorFileError, match=r"1 damaged\n  damaged: a: .*checksum mismatch"):
+        report.raise_if_damaged()
+    assert main(["inspect", "--verify", path]) == 1
+    out = capsys.readouterr().out
+    assert "2 rows: 1 match their checksum, 0 have none, 1 damaged" in out
+    assert "damaged: a:" in out
+
+
+@pytest.mark.skipif(not (NNC_FILES / "model.sqlite3").exists(), reason="no NNC-written files")
+def test_nnc_written_files_read_without_checksums(tmp_path, capsys):
+    files = sorted(NNC_FILES.glob("*.sqlite3"))
+    for source in files:
+        path = tmp_path / source.name
+        shutil.copyfile(source, path)
+        with TensorFile(path, readonly=True) as f:
+            report = f.verify()
+            assert report.ok and report.checked == () and len(report.unchecked) == len(f)
+            for name in f.names():
+                f.read(name)
+        assert main(["inspect", "--verify", str(path)]) == 0
+    capsys.readouterr()
+
+
+def test_a_row_rewritten_by_nnc_reads_as_unchecked(written):
+    path, _ = written
+    new = np.ones(3, np.float32)
+    conn = sqlite3.connect(path)  # NNC's REPLACE knows nothing of fnnc_checksums
+    conn.execute(
+        "REPLACE INTO tensors (name, type, format, datatype, dim, data) VALUES ('a', 1044225, 2, "
+        "16384, ?, ?)",
+        (struct.pack("<12i", 3, *[0] * 11), new.tobytes()),
+    )
+    conn.commit()
+    conn.close()
+    with TensorFile(path) as f:
+        np.testing.assert_array_equal(f.read("a"), new)
+        report = f.verify()
+        assert report.ok and report.unchecked == ("a",) and report.checked == ("b",)
+        f.write("a", new * 2)  # fnnc writes a fresh checksum
+        assert f.verify().checked == ("a", "b")
+
+
+def test_checksums_follow_rows_in_transactions_and_deletes(written):
+    path, _ = written
+    with TensorFile(path) as f:
+        with pytest.raises(RuntimeError), f.transaction():
+            f.write("c", np.ones(2, np.float32))
+            raise RuntimeError("rolled back")
+        f.delete("b")
+        f.discard(["a", "nope"])
+        f.write("d", np.ones(1, np.float32))
+    names = sqlite3.connect(path).execute("SELECT name FROM fnnc_checksums").fetchall()
+    assert names == [("d",)]
