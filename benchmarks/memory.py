@@ -14,7 +14,15 @@ training step (``Model.fit``'s program):
    every block;
 3. the CNN with ``set_memory_compression(True)`` (LSSC) and a mixed-precision MLP
    (float16 activations widened to float32 per block) with
-   ``set_memory_reduction(True)``: peak and kept bytes.
+   ``set_memory_reduction(True)``: peak and kept bytes;
+4. XLA's own figure: a 16-block residual MLP (blocks ``h + relu(h W1ᵀ) W2ᵀ``, inner
+   width 4x) as one :func:`fnnc.graph.scan` over stacked parameters, plain and
+   checkpointed, against the unrolled graph: ``Program.memory()`` temporaries, the
+   plan's peak, the step time and the gradients' largest difference to the unrolled
+   backward. On XLA:CPU the unrolled net hides what checkpointing saves; the loop shows it.
+
+Plans are of the programs as they run: with the parameters and optimizer state the fit
+step donates (``Program.memory_plan()``).
 
 Run: python benchmarks/memory.py [--quick]
 """
@@ -32,7 +40,7 @@ import optax
 
 from benchmarks._timing import interleaved
 from fnnc import ops
-from fnnc.graph import memory_plan, remat
+from fnnc.graph import GraphBuilder, backward, compile, memory_plan, remat, scan
 from fnnc.graph.passes.remat_cost import recomputed_flops
 from fnnc.models import Add, AvgPool, Conv, Dense, Flatten, Input, Model, ReLU
 from fnnc.models.layers import CommandLayer
@@ -97,7 +105,7 @@ def step_graph(model: Model):
 
 def row(name: str, model: Model) -> dict[str, float]:
     prog = step_graph(model)
-    plan = memory_plan(prog.graph)
+    plan = prog.memory_plan()
     return {
         "name": name,
         "peak": plan.peak_bytes / MB,
@@ -130,16 +138,16 @@ def checkpoint_and_budgets(label: str, make, x, y, rounds: int) -> None:
         inner=3,
     )
     rows = [row("plain", plain), row("checkpoint every block", ckpt)]
-    graph = step_graph(plain).graph
-    lo, hi = memory_plan(step_graph(ckpt).graph).peak_bytes, memory_plan(graph).peak_bytes
+    graph, donate = step_graph(plain).graph, step_graph(plain).donate
+    lo, hi = step_graph(ckpt).memory_plan().peak_bytes, step_graph(plain).memory_plan().peak_bytes
     for frac in (0.0, 0.25, 0.5, 0.75):
         budget = int(lo + frac * (hi - lo))
         try:
-            g = remat(graph, budget_bytes=budget)
+            g = remat(graph, budget_bytes=budget, donate=donate)
         except Exception as e:  # a budget below what remat reaches
             print(f"  remat(budget={budget / MB:.2f}MB): {e}")
             continue
-        p = memory_plan(g)
+        p = memory_plan(g, donate=donate)
         rows.append(
             {
                 "name": f"remat(budget={budget / MB:.2f}MB)",
@@ -154,6 +162,73 @@ def checkpoint_and_budgets(label: str, make, x, y, rounds: int) -> None:
     print(
         f"step time ratio checkpoint/plain: {times['checkpoint every block'] / times['plain']:.2f}x"
     )
+
+
+def _expanding_block(b: GraphBuilder, h, w1, w2, tag: str = ""):
+    up = b.exec(ops.relu(), b.exec(ops.gemm(transpose_b=True), h, w1, name=f"up{tag}"))
+    return b.exec(ops.ewsum(), h, b.exec(ops.gemm(transpose_b=True), up, w2), name=f"res{tag}")
+
+
+def scan_mlp(blocks: int, batch: int, width: int, checkpoint=None):
+    """The gradient graph of ``sum(h_n^2)``: unrolled (``checkpoint=None``, one weight
+    input per block) or one scan over weights stacked ``[blocks, ...]``."""
+    shapes = ((4 * width, width), (width, 4 * width))
+    b = GraphBuilder()
+    h = b.input((batch, width), name="x")
+    if checkpoint is None:
+        params = []
+        for i in range(blocks):
+            params += [b.input(s, name=f"w{i}.{k}") for k, s in enumerate(shapes)]
+            h = _expanding_block(b, h, *params[-2:], tag=str(i))
+    else:
+        body = GraphBuilder()
+        carry = body.input((batch, width), name="h")
+        block = body.build([_expanding_block(body, carry, *(body.input(s) for s in shapes))])
+        params = [b.input((blocks, *s), name=f"w.{k}") for k, s in enumerate(shapes)]
+        (h,) = scan(b, block, [h], params, checkpoint=checkpoint, name="blocks")
+    loss = b.exec(ops.reduce_sum(axes=(0, 1)), b.exec(ops.ewprod(), h, h))
+    return backward(b.build([loss]), loss, params)[0]
+
+
+def scan_blocks(quick: bool, rounds: int) -> None:
+    blocks, batch, width = 16, 512 if quick else 2048, 128
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch, width)).astype(np.float32)
+    stacked = [
+        rng.normal(scale=0.05, size=(blocks, *s)).astype(np.float32)
+        for s in ((4 * width, width), (width, 4 * width))
+    ]
+    per_block = [w[i] for i in range(blocks) for w in stacked]
+    programs = {
+        "unrolled, plain backward": (compile(scan_mlp(blocks, batch, width)), [x, *per_block]),
+        "scan, plain": (compile(scan_mlp(blocks, batch, width, False)), [x, *stacked]),
+        "scan, checkpoint every block": (
+            compile(scan_mlp(blocks, batch, width, True)),
+            [x, *stacked],
+        ),
+    }
+    times = interleaved(
+        {k: (lambda p=p, a=a: p(*a)) for k, (p, a) in programs.items()}, rounds=rounds, inner=3
+    )
+    ref = programs["unrolled, plain backward"][0](x, *per_block)
+    ref_grads = [np.stack([ref[1 + 2 * i + k] for i in range(blocks)]) for k in range(2)]
+    print(f"\n== XLA's own figure: {blocks}-block residual MLP ({batch}x{width}, inner 4x)")
+    print(f"{'variant':<30} {'XLA temp':>10} {'plan peak':>10} {'step':>9} {'grad rel diff':>14}")
+    base = programs["unrolled, plain backward"][0].memory().temp_bytes
+    for name, (program, args) in programs.items():
+        temp = program.memory().temp_bytes
+        out = program(*args)
+        grads = ref_grads if name.startswith("unrolled") else [np.asarray(g) for g in out[1:]]
+        diff = max(np.abs(g - r).max() / np.abs(r).max() for g, r in zip(grads, ref_grads))
+        print(
+            f"{name:<30} {temp / MB:>8.2f}MB {program.memory_plan().peak_bytes / MB:>8.2f}MB "
+            f"{times[name] * 1e3:>7.1f}ms {diff:>14.1e}   temp {temp / base:.2f}x unrolled"
+        )
+    ratio = programs["scan, checkpoint every block"][0].memory().temp_bytes / (
+        programs["scan, plain"][0].memory().temp_bytes
+    )
+    slow = times["scan, checkpoint every block"] / times["scan, plain"]
+    print(f"scan checkpoint / plain: XLA temp {ratio:.2f}x, step time {slow:.2f}x")
 
 
 def main(quick: bool = False) -> None:
@@ -185,6 +260,8 @@ def main(quick: bool = False) -> None:
         row("mixed MLP memory_reduction", compiled(mixed, x16, y, reduction=True)),
     ]
     show(rows)
+
+    scan_blocks(quick, rounds)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ def while_loop(
     breakpoint: Breakpoint = "before",  # noqa: A002 - NNC's word
     cond_inputs: Sequence[Symbol] = (),
     max_iterations: int | None = None,
+    tape: int | None = None,
     name: str = "",
 ) -> tuple[Symbol, ...]:
     """Adds NNC's while loop; returns the final value of each carried tensor.
@@ -54,8 +55,13 @@ def while_loop(
             first k body nodes (NNC's breakpoint node).
         cond_inputs: body inputs, or body outputs computed before the breakpoint, that
             the condition reads after ``count``.
-        max_iterations: a static bound on ``count``; needed for gradients (the loop
-            then lowers to ``lax.scan``) and stops the loop at that count.
+        max_iterations: a static bound on ``count``: the loop lowers to a masked
+            ``lax.scan`` and stops at that count; differentiable (second order too).
+        tape: for gradients of a loop whose trip count depends on the data: NNC's
+            tape, the carries of up to ``tape`` trips kept for the backward, which
+            walks them in reverse (cost follows the trips taken). More trips than
+            ``tape`` in a differentiated call is an error naming the size to use.
+            Exclusive with ``max_iterations``; see :mod:`fnnc.ops.while_tape`.
         name: the node's name.
 
     Returns:
@@ -97,6 +103,7 @@ def while_loop(
         cond_inputs=refs,
         breakpoint=_early_outputs(body, breakpoint),
         max_iterations=None if max_iterations is None else int(max_iterations),
+        tape=None if tape is None else int(tape),
     )
     return _as_tuple(builder.exec(cmd, *inputs, name=name))
 

@@ -4,9 +4,16 @@ NNC plans a concrete graph's tensor arena from liveness over the execution order
 (``ccv_nnc_symbolic_graph_compile``). :func:`memory_plan` is that view for an fnnc
 graph, independent of XLA's scheduler (:meth:`fnnc.graph.Program.memory` is XLA's):
 
-- a *root* tensor occupies its bytes from the node that first writes it (graph inputs:
-  from the start) through the last node that reads it or any view of it (graph
-  outputs: to the end); views (aliases) share their root's bytes;
+- a *root* tensor occupies its bytes from the node that first writes it through the
+  last node that reads it or any view of it (graph outputs: to the end); views
+  (aliases) share their root's bytes;
+- graph inputs belong to the caller, who holds them for the whole call: they are live
+  from the start to the end, unless *donated* (``donate=``, as
+  :func:`~fnnc.graph.compile` takes it): then, as XLA's input/output aliasing does,
+  each output takes the first donated input of its shape and dtype, and when the
+  output is written after that input's last read (NNC's in-place reuse) the two share
+  one buffer. So a training step whose parameters and optimizer state are donated
+  holds one copy of them, not two;
 - during node ``i`` the tensors it reads and the ones it writes are live together, so
   the bytes at node ``i`` are every root whose interval holds ``i``;
 - a command's internal scratch (a loop body's temporaries, a fused chain's) is not
@@ -24,19 +31,24 @@ backward, which is what :func:`fnnc.graph.remat` trades against recomputation.
 >>> x = b.input((256,), name="x")
 >>> y = b.exec(ops.relu(), b.exec(ops.ewexp(), x, name="e"), name="r")
 >>> plan = memory_plan(b.build([y]))
->>> plan.peak_bytes, plan.peak_node  # x and exp(x) live together at node 0
-(2048, 0)
+>>> plan.peak_bytes, plan.peak_node  # x (the caller's), exp(x) and relu at node 1
+(3072, 1)
+>>> memory_plan(b.build([y]), donate=["x"]).peak_bytes  # relu writes into x's buffer
+2048
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from fnnc.core.ir import Graph
 from fnnc.core.text import type_str
+from fnnc.errors import GraphInputError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +86,7 @@ class MemoryPlan:
         live_at_peak: the root tensors live there, largest first.
         intervals: per root tensor id, ``(first, last)`` node indices of its liveness
             (``-1`` = from the start, ``len(nodes)`` = to the end).
+        donated: ``(input id, output id)`` pairs that share one buffer (donation).
     """
 
     graph: Graph
@@ -82,11 +95,15 @@ class MemoryPlan:
     peak_node: int | None
     live_at_peak: tuple[LiveTensor, ...]
     intervals: dict[int, tuple[int, int]]
+    donated: tuple[tuple[int, int], ...] = ()
 
     def table(self, limit: int = 20) -> str:
         """The tensors live at the peak as a text table (``limit`` rows)."""
         where = "no nodes" if self.peak_node is None else self._node_label(self.peak_node)
         lines = [f"peak {self.peak_bytes:,d} bytes at {where}"]
+        if self.donated:
+            pairs = ", ".join(f"%{o} in %{i}" for i, o in self.donated)
+            lines.append(f"written in place (donated): {pairs}")
         lines.append(f"{'tensor':<28} {'type':<22} {'bytes':>14}  producer")
         for t in self.live_at_peak[:limit]:
             label = f"%{t.id}" + (f" ({t.name})" if t.name else "")
@@ -113,9 +130,55 @@ def tensor_bytes(shape: tuple[int, ...], dtype: object) -> int:
 PASS_THROUGH = frozenset({"optimization_barrier"})
 """Commands whose output ``i`` is input ``i``'s buffer (XLA aliases them)."""
 
+Donate = Sequence[int | str]
+"""Graph inputs whose buffers the program may reuse: positions or names."""
 
-def storage(graph: Graph) -> dict[int, int]:
-    """Root id -> the root whose bytes it uses (itself, or a pass-through's input)."""
+
+def donated_positions(graph: Graph, donate: Donate) -> tuple[int, ...]:
+    """``donate`` as sorted input positions (names are the inputs' symbol names)."""
+    names = {graph.symbols[s].name: i for i, s in enumerate(graph.inputs)}
+    out = set()
+    for d in donate:
+        if isinstance(d, str):
+            if d not in names:
+                raise GraphInputError(
+                    f"memory_plan: donate names input {d!r}, but the graph inputs are "
+                    f"{list(names)}; pass input names or positions"
+                )
+            out.add(names[d])
+        elif isinstance(d, (int, np.integer)) and 0 <= d < len(graph.inputs):
+            out.add(int(d))
+        else:
+            raise GraphInputError(
+                f"memory_plan: donate entry {d!r} is not a graph input position "
+                f"(the graph has {len(graph.inputs)} inputs)"
+            )
+    return tuple(sorted(out))
+
+
+def donation_pairs(graph: Graph, donate: Donate) -> tuple[tuple[int, int], ...]:
+    """``(input position, output position)`` pairs that share a buffer when ``donate``
+    is donated: JAX's rule (each output, in order, takes the first unpaired donated
+    input of its shape and dtype)."""
+    free: dict[tuple[Any, ...], list[int]] = {}
+    for i in donated_positions(graph, donate):
+        free.setdefault(_key(graph, graph.inputs[i]), []).append(i)
+    pairs = []
+    for j, sid in enumerate(graph.outputs):
+        waiting = free.get(_key(graph, sid))
+        if waiting:
+            pairs.append((waiting.pop(0), j))
+    return tuple(pairs)
+
+
+def _key(graph: Graph, sid: int) -> tuple[Any, ...]:
+    sym = graph.symbols[sid]
+    return tuple(sym.shape), np.dtype(sym.dtype)
+
+
+def storage(graph: Graph, donate: Donate = ()) -> dict[int, int]:
+    """Root id -> the root whose bytes it uses (a pass-through's input, or the donated
+    input an output is written into in place); roots using their own are absent."""
     symbols = graph.symbols
     owner: dict[int, int] = {}
     for node in graph.nodes:
@@ -123,48 +186,72 @@ def storage(graph: Graph) -> dict[int, int]:
             for i, o in zip(node.inputs, node.outputs):
                 src = symbols[i].root
                 owner[symbols[o].root] = owner.get(src, src)
+    if donate:
+        owner.update(_in_place(graph, donate, owner))
     return owner
 
 
-def liveness(graph: Graph) -> dict[int, tuple[int, int]]:
-    """Per storage root id, the ``(first, last)`` node indices of its liveness."""
+def _in_place(graph: Graph, donate: Donate, owner: dict[int, int]) -> dict[int, int]:
+    """Outputs that reuse a donated input's buffer: paired by :func:`donation_pairs`
+    and first written no earlier than the input's last read (else XLA copies)."""
+    spans = _spans(graph, owner)
+    inputs = {owner.get(r, r) for r in (graph.symbols[s].root for s in graph.inputs)}
+    shared: dict[int, int] = {}
+    for i, j in donation_pairs(graph, donate):
+        src = graph.symbols[graph.inputs[i]].root
+        out = graph.symbols[graph.outputs[j]].root
+        out = owner.get(out, out)
+        if out in inputs or out in shared or src in shared.values():
+            continue  # an input returned as is, or a buffer already given away
+        if spans[out][0] >= spans[src][1]:
+            shared[out] = src
+    return shared
+
+
+def _spans(graph: Graph, owner: dict[int, int]) -> dict[int, tuple[int, int]]:
+    """Per storage root, ``(first write or read, last read or write)`` over the nodes
+    (graph inputs start at -1; nothing is extended to the end here)."""
     symbols = graph.symbols
-    owner = storage(graph)
-    end = len(graph.nodes)
-
-    def root_of(sid: int) -> int:
-        root = symbols[sid].root
-        return owner.get(root, root)
-
-    first: dict[int, int] = {root_of(s): -1 for s in graph.inputs}
-    last: dict[int, int] = dict.fromkeys(first, -1)
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for sid in graph.inputs:
+        root = owner.get(symbols[sid].root, symbols[sid].root)
+        first[root], last[root] = -1, -1
     for index, node in enumerate(graph.nodes):
-        for sid in node.inputs:
-            root = root_of(sid)
+        for sid in (*node.inputs, *node.outputs):
+            root = owner.get(symbols[sid].root, symbols[sid].root)
             first.setdefault(root, index)  # read before written: zeros made here
             last[root] = index
-        for sid in node.outputs:
-            root = root_of(sid)
-            first.setdefault(root, index)
-            last[root] = max(last.get(root, index), index)
-    for sid in graph.outputs:
-        root = root_of(sid)
-        first.setdefault(root, end)
-        last[root] = end
     return {root: (first[root], last[root]) for root in first}
 
 
-def memory_plan(graph: Graph) -> MemoryPlan:
+def liveness(graph: Graph, donate: Donate = ()) -> dict[int, tuple[int, int]]:
+    """Per storage root id, the ``(first, last)`` node indices of its liveness
+    (``-1``: from the start; ``len(graph.nodes)``: to the end)."""
+    symbols = graph.symbols
+    owner = storage(graph, donate)
+    end = len(graph.nodes)
+    spans = _spans(graph, owner)
+    for sid in (*graph.inputs, *graph.outputs):  # the caller's buffers, and the results
+        root = owner.get(symbols[sid].root, symbols[sid].root)
+        spans[root] = (spans.get(root, (end, end))[0], end)
+    return spans
+
+
+def memory_plan(graph: Graph, *, donate: Donate = ()) -> MemoryPlan:
     """NNC-style liveness of ``graph`` over its node order (see the module doc).
 
     Args:
         graph: any verified graph (a forward, or one with its backward and updates).
+        donate: graph inputs (positions or names) the program donates, as given to
+            :func:`~fnnc.graph.compile` (:attr:`Program.donate` of a compiled one):
+            outputs written after such an input's last read reuse its bytes.
 
     Returns:
         A :class:`MemoryPlan`; ``print(plan)`` shows the peak and what is live there.
     """
     symbols = graph.symbols
-    intervals = liveness(graph)
+    intervals = liveness(graph, donate)
     size = {r: tensor_bytes(symbols[r].shape, symbols[r].dtype) for r in intervals}
     n = len(graph.nodes)
     delta = [0] * (n + 3)  # a difference array over positions -1..n, shifted by one
@@ -196,4 +283,10 @@ def memory_plan(graph: Graph) -> MemoryPlan:
         if lo <= where <= hi
     ]
     live.sort(key=lambda t: -t.bytes)
-    return MemoryPlan(graph, live_bytes, peak, peak_node, tuple(live), intervals)
+    owner = storage(graph, donate)
+    shared = tuple(
+        (graph.inputs[i], graph.outputs[j])
+        for i, j in donation_pairs(graph, donate)
+        if owner.get(symbols[graph.outputs[j]].root) == symbols[graph.inputs[i]].root
+    )
+    return MemoryPlan(graph, live_bytes, peak, peak_node, tuple(live), intervals, shared)

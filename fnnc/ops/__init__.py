@@ -108,4 +108,5 @@ from fnnc.ops.reduce import reduce_min as reduce_min
 from fnnc.ops.reduce import reduce_norm2 as reduce_norm2
 from fnnc.ops.reduce import reduce_sum as reduce_sum
 from fnnc.ops.rnn import lstm as lstm
+from fnnc.ops.scan import scan as scan
 from fnnc.ops.upsample import upsample as upsample

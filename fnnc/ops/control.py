@@ -24,12 +24,22 @@ it before the breakpoint of the last (partial) iteration.
   condition, the others after (NNC runs the nodes that lead to its breakpoint node).
 * The condition sees ``count`` and ``cond_inputs``: ``("in", i)`` is body input ``i``
   as the iteration sees it, ``("out", j)`` a body output computed before the breakpoint.
-* Lowering: ``lax.while_loop``. It has no reverse mode, so with ``max_iterations=N``
-  (a static trip bound) the forward runs a ``lax.scan`` of N steps with an "active"
-  flag instead: the same values while ``count`` stays within N, and ``jax.vjp`` (the
-  derived backward) differentiates it. The loop then stops at ``count == N`` even if
-  the condition still holds. Without a bound, the backward raises
-  :class:`~fnnc.errors.CommandError`.
+* Lowering: ``lax.while_loop``. It has no reverse mode, so a loop that is
+  differentiated needs one of two hyper-parameters, else its backward raises
+  :class:`~fnnc.errors.CommandError`:
+
+  - ``max_iterations=N`` (a static trip bound): the forward runs a ``lax.scan`` of N
+    steps with an "active" flag instead: the same values while ``count`` stays within
+    N, and ``jax.vjp`` (the derived backward) differentiates it. The loop then stops at
+    ``count == N`` even if the condition still holds. Every call pays N steps.
+  - ``tape=K`` (NNC's tape, for a trip count that is data): the forward stays a
+    ``lax.while_loop`` that also stores each iteration's carried values in a buffer of
+    K iterations; the backward replays the tape in reverse over the iterations actually
+    taken, running each command's own backward rule on the body
+    (:mod:`fnnc.ops.while_tape`). Cost follows the trips taken; memory is K copies of
+    the carried tensors. More than K iterations: the forward values stay exact, the
+    gradients are NaN and the backward raises an error naming the loop, its trip
+    count, K and the K to rebuild with.
 
 **case_of** (NNC's ``ccv_nnc_symbolic_graph_case_of_new``). ``selector(*inputs)``
 returns an integer scalar ``k``; branch ``k`` runs on the inputs and its outputs are
@@ -56,8 +66,17 @@ from fnnc.ops._subgraph import (
     require_scalar,
     require_spec,
     run_graph,
+    run_graph_nnc,
     split_body,
 )
+from fnnc.ops._while_rules import (
+    NO_REVERSE_MODE,
+    describe_loop,
+    while_backward_check,
+    while_display,
+    while_shape,
+)
+from fnnc.ops.while_tape import taped_while
 
 COMPARISONS = {
     "lt": jnp.less,
@@ -92,157 +111,38 @@ def compare(a, b, *, op="lt"):
 # --- while_loop ---------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=512)
-def _check_while(body, cond, carry_overs, cond_inputs, breakpoint, max_iterations) -> None:
-    """Structural rules of a loop (cached: graphs are hashable)."""
-    require_graph("while_loop", "body", body)
-    require_graph("while_loop", "cond", cond)
-    bounded = isinstance(max_iterations, (int, np.integer)) and max_iterations >= 0
-    if max_iterations is not None and not bounded:
-        raise CommandError(
-            f"while_loop: max_iterations must be None or an int >= 0, got {max_iterations!r}"
-        )
-    for index, node in enumerate(body.nodes):
-        for sid in node.outputs:
-            root = body.symbols[sid].root
-            if root in body.inputs:
-                raise GraphError(
-                    f"while_loop: body node {index} ({node.name or node.cmd.name}) writes the "
-                    f"body input {body.label(root)}; a loop-carried value is a new symbol: "
-                    f"write it to a fresh tensor and carry it over into {body.label(root)}"
-                )
-    early = positions("while_loop", "breakpoint", breakpoint, len(body.outputs), "the body")
-    _check_carry_overs(body, carry_overs)
-    seen = _cond_symbols(body, cond_inputs, early)
-    read = {j for j, _ in carry_overs} | {k for kind, k in cond_inputs if kind == "out"}
-    for j, sid in enumerate(body.outputs):
-        if j not in read and sid not in body.inputs:
-            raise GraphError(
-                f"while_loop: body output {body.label(sid)} has no carry-over and the condition "
-                "does not read it, so its value is lost after each iteration; carry it into "
-                f"the body input it updates (carry_overs={{{body.label(sid)}: <that input>}})"
-            )
-    _check_cond(body, cond, seen)
-
-
-def _check_carry_overs(body, carry_overs) -> None:
-    """Pairs (output, input) in range, one per input, output spec == input spec."""
-    n_out, n_in = len(body.outputs), len(body.inputs)
-    if not carry_overs:
-        raise GraphError(
-            "while_loop: no carry-overs; a loop needs at least one body output "
-            "carried into a body input (y -> x)"
-        )
-    into: dict[int, int] = {}
-    for pair in carry_overs:
-        ok = isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(v, int) for v in pair)
-        if not ok or not (0 <= pair[0] < n_out and 0 <= pair[1] < n_in):
-            raise CommandError(
-                f"while_loop: carry-over {pair!r} must be a pair (output position, input "
-                f"position); the body has {n_out} outputs and {n_in} inputs"
-            )
-        j, i = pair
-        y, x = body.outputs[j], body.inputs[i]
-        if i in into:
-            raise GraphError(
-                f"while_loop: body input {body.label(x)} receives two carry-overs "
-                f"(outputs {body.label(body.outputs[into[i]])} and {body.label(y)})"
-            )
-        into[i] = j
-        require_spec(
-            f"while_loop: carry-over {body.label(y)} -> {body.label(x)}: the output",
-            body.spec(y),
-            body.spec(x),
-            "the input it is carried into",
-        )
-
-
-def _cond_symbols(body, cond_inputs, early: tuple[int, ...]) -> list[int]:
-    """The body symbols the condition reads after the count."""
-    seen = []
-    for ref in cond_inputs:
-        kind, k = ref if isinstance(ref, tuple) and len(ref) == 2 else (None, -1)
-        size = len(body.inputs) if kind == "in" else len(body.outputs)
-        if kind not in ("in", "out") or not isinstance(k, int) or not 0 <= k < size:
-            raise CommandError(
-                f"while_loop: condition input {ref!r} must be ('in', i) or "
-                "('out', j) with i, j positions of the body's inputs / outputs"
-            )
-        if kind == "out" and k not in early:
-            raise GraphError(
-                f"while_loop: the condition reads body output "
-                f"{body.label(body.outputs[k])}, which the body computes after the "
-                "breakpoint; move the breakpoint after it"
-            )
-        seen.append(body.inputs[k] if kind == "in" else body.outputs[k])
-    return seen
-
-
-def _check_cond(body, cond, seen: list[int]) -> None:
-    """cond takes (count: int32[], *seen) and returns a bool scalar."""
-    if len(cond.inputs) != 1 + len(seen):
-        labels = ", ".join(body.label(s) for s in seen) or "nothing else"
-        raise GraphError(
-            f"while_loop: the condition takes {len(cond.inputs)} input(s); it is fed the loop "
-            f"count and {labels} ({1 + len(seen)} in all)"
-        )
-    first = cond.inputs[0]
-    count = Spec((), np.dtype(np.int32))
-    where = f"while_loop: the condition's first input {cond.label(first)}"
-    require_spec(where, cond.spec(first), count, "the loop count it receives")
-    for sid, mine in zip(seen, cond.inputs[1:]):
-        where = f"while_loop: the condition input {cond.label(mine)}"
-        require_spec(where, cond.spec(mine), body.spec(sid), f"the body's {body.label(sid)}")
-    require_scalar("while_loop", "condition", cond, "bool")
-
-
-def _while_shape(*specs: Spec, body, cond, carry_overs, cond_inputs, breakpoint, max_iterations):
-    _check_while(body, cond, carry_overs, cond_inputs, breakpoint, max_iterations)
-    check_inputs("while_loop", "body", body, specs)
-    return tuple(body.spec(body.inputs[i]) for _, i in carry_overs)
-
-
-def _while_display(cmd: Command) -> str:
-    try:
-        body, carry = cmd.param("body"), cmd.param("carry_overs")
-        early, bound = cmd.param("breakpoint"), cmd.param("max_iterations")
-        name = lambda sid: body.symbols[sid].name or f"%{sid}"
-        pairs = ", ".join(f"{name(body.outputs[j])}->{name(body.inputs[i])}" for j, i in carry)
-        where = "before" if not early else "after"
-        if early and len(early) < len(body.outputs):
-            where = "after " + ",".join(name(body.outputs[j]) for j in early)
-        shown = [f"{len(body.nodes)} nodes", f"carry {pairs}", f"break {where}"]
-        shown += [] if bound is None else [f"max_iterations={bound}"]
-        return f"while_loop[{'; '.join(shown)}]"
-    except (AttributeError, IndexError, TypeError, ValueError):
-        return "while_loop[?]"
-
-
-def _while_backward_check(cmd: Command) -> str | None:
-    if cmd.param("max_iterations") is not None:
-        return None
-    return (
-        "gradients need a static trip bound, and this loop has none (lax.while_loop has "
-        "no reverse mode); rebuild it with max_iterations=N, an upper bound on its trips"
-    )
-
-
 @defcommand(
     family="control",
-    shape=_while_shape,
-    display=_while_display,
-    backward_check=_while_backward_check,
+    shape=while_shape,
+    display=while_display,
+    backward_check=while_backward_check,
 )
 def while_loop(
-    *inputs, body, cond, carry_overs, cond_inputs=(), breakpoint=(), max_iterations=None
+    *inputs,
+    body,
+    cond,
+    carry_overs,
+    cond_inputs=(),
+    breakpoint=(),
+    max_iterations=None,
+    tape=None,
 ):
     """NNC's while loop over a body sub-graph (see the module doc for the semantics).
 
     Build it with :func:`fnnc.graph.while_loop`. Hyper-parameters: ``body`` and
     ``cond`` graphs, ``carry_overs`` pairs (body output position, body input position),
     ``cond_inputs`` (``("in", i)`` / ``("out", j)``), ``breakpoint`` (positions of the
-    body outputs computed before the condition), ``max_iterations`` (static bound;
-    needed for gradients).
+    body outputs computed before the condition), and for gradients one of
+    ``max_iterations`` (a static bound: the loop lowers to a scan of that many steps and
+    stops there) or ``tape`` (the loop stays unbounded; its backward replays up to
+    ``tape`` stored iterations, :mod:`fnnc.ops.while_tape`).
+
+    A tape too short for the iterations a call takes is found only when that call's
+    backward runs (the trip count is data): its gradients are NaN and the backward
+    raises a :class:`~fnnc.errors.CommandError` from a host callback that names the loop,
+    its trip count, the tape and the tape to rebuild with (``interpret`` wraps it in a
+    ``GraphError`` naming the node; a compiled program's runtime error carries the
+    message). Why this design: :mod:`fnnc.ops.while_tape`.
 
     >>> import numpy as np
     >>> from fnnc.graph import GraphBuilder
@@ -254,48 +154,55 @@ def while_loop(
     >>> cond = c.build([c.exec(ops.compare(op="lt"), n, c.constant(np.int32(3)))])
     >>> ops.while_loop(body=body, cond=cond, carry_overs=((0, 0),))(np.float32(1))
     Array(8., dtype=float32)
+
+    With ``tape=4`` the same loop differentiates (``d(8 z0)/dz0 = 8``):
+
+    >>> import jax
+    >>> loop = ops.while_loop(body=body, cond=cond, carry_overs=((0, 0),), tape=4)
+    >>> float(jax.grad(loop)(np.float32(1)))
+    8.0
     """
     head, tail = split_body(body, breakpoint)
     n_roots = len(head.outputs) - len(breakpoint)
     slots = sorted({i for _, i in carry_overs})
+    fixed = [i for i in range(len(inputs)) if i not in slots]
     dtypes = [inputs[i].dtype for i in slots]
+    # A taped loop is differentiated trip by trip with jax.vjp of the body: running it
+    # through run_graph_nnc makes that vjp follow each command's own backward rule.
+    run = run_graph if tape is None else run_graph_nnc
 
-    def full(xs):
-        args = list(inputs)
-        for i, x in zip(slots, xs):
-            args[i] = x
+    def full(consts, xs):
+        args = [None] * len(inputs)
+        for i, v in [*zip(fixed, consts), *zip(slots, xs)]:
+            args[i] = v
         return args
 
-    def test(state):
+    def test(consts, state):
         count, xs, early = state
-        args = full(xs)
+        args = full(consts, xs)
         seen = [
             args[k] if kind == "in" else early[n_roots + breakpoint.index(k)]
             for kind, k in cond_inputs
         ]
         return run_graph(cond, [count, *seen])[0]
 
-    def step(state):
+    def step(consts, state):
         count, xs, early = state
-        outs = run_graph(tail, [*full(xs), *early[:n_roots]])
+        outs = run(tail, [*full(consts, xs), *early[:n_roots]])
         new = list(xs)
         for j, i in carry_overs:
             new[slots.index(i)] = lax.convert_element_type(outs[j], dtypes[slots.index(i)])
         new = tuple(new)
-        return count + 1, new, tuple(run_graph(head, full(new)))
+        return count + 1, new, tuple(run(head, full(consts, new)))
 
+    consts = tuple(inputs[i] for i in fixed)
     xs0 = tuple(lax.convert_element_type(inputs[i], d) for i, d in zip(slots, dtypes))
-    state = (jnp.zeros((), jnp.int32), xs0, tuple(run_graph(head, full(xs0))))
-    if max_iterations is None:
-        state = lax.while_loop(test, step, state)
+    state = (jnp.zeros((), jnp.int32), xs0, tuple(run(head, full(consts, xs0))))
+    if tape is not None:
+        label = describe_loop(body, carry_overs, breakpoint, max_iterations, tape)
+        state = taped_while(test, step, consts, state, capacity=tape, label=label)
     else:
-
-        def bounded(carry, _):
-            state, active = carry
-            state = lax.cond(active, step, lambda s: s, state)
-            return (state, jnp.logical_and(active, test(state))), None
-
-        (state, _), _ = lax.scan(bounded, (state, test(state)), None, length=max_iterations)
+        state = _untaped(test, step, consts, state, max_iterations)
     _, xs, early = state
     outs = tuple(
         early[n_roots + breakpoint.index(j)] if j in breakpoint else xs[slots.index(i)]
@@ -304,15 +211,25 @@ def while_loop(
     return outs[0] if len(outs) == 1 else outs
 
 
+def _untaped(test, step, consts, state, max_iterations):
+    """``lax.while_loop``, or with a bound a ``lax.scan`` of that many masked steps."""
+    test, step = functools.partial(test, consts), functools.partial(step, consts)
+    if max_iterations is None:
+        return lax.while_loop(test, step, state)
+
+    def bounded(carry, _):
+        state, active = carry
+        state = lax.cond(active, step, lambda s: s, state)
+        return (state, jnp.logical_and(active, test(state))), None
+
+    (state, _), _ = lax.scan(bounded, (state, test(state)), None, length=max_iterations)
+    return state
+
+
 @while_loop.backward
 def _while_loop_backward(grads, inputs, outputs, **params):
-    if params["max_iterations"] is None:
-        raise CommandError(
-            "while_loop: gradients need a static trip bound, and this loop has none "
-            "(lax.while_loop has no reverse mode); rebuild it with max_iterations=N, an upper "
-            "bound on the loop count: the forward then runs a lax.scan of N steps and "
-            "returns the same values"
-        )
+    if params["max_iterations"] is None and params["tape"] is None:
+        raise CommandError(f"while_loop: {NO_REVERSE_MODE}")
     return vjp_backward(while_loop.definition.forward, grads, inputs, **params)
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol
 from fnnc.errors import GraphError
-from fnnc.graph.memory import PASS_THROUGH, memory_plan, tensor_bytes
+from fnnc.graph.memory import PASS_THROUGH, Donate, memory_plan
 from fnnc.graph.passes.remat_cost import node_flops
 from fnnc.ops import optimization_barrier
 
@@ -68,6 +68,7 @@ def remat(
     *,
     policy: str | Policy | None = None,
     budget_bytes: int | None = None,
+    donate: Donate = (),
 ) -> Graph:
     """Recomputes unsaved forward activations in the backward (see module doc).
 
@@ -78,6 +79,10 @@ def remat(
         budget_bytes: instead of a policy, a peak for :func:`~fnnc.graph.memory_plan`:
             the pass chooses the nodes to recompute, greedily by bytes freed per FLOP
             recomputed, then drops choices the budget does not need.
+        donate: the graph inputs the compiled program donates (as for
+            :func:`~fnnc.graph.compile`), so the budget is checked against the plan of
+            the program that runs: a training step's updated parameters and state
+            written into the old ones' buffers.
 
     Returns:
         The rewritten graph (``graph`` itself when nothing is recomputed). Outputs are
@@ -107,7 +112,7 @@ def remat(
     if start is None:
         return graph
     if budget_bytes is not None:
-        return _within_budget(graph, start, int(budget_bytes))
+        return _within_budget(graph, start, int(budget_bytes), donate)
     if isinstance(policy, str):
         if policy not in POLICIES:
             raise GraphError(f"remat: unknown policy {policy!r}; known: {sorted(POLICIES)}")
@@ -273,7 +278,7 @@ class _Rewriter:
         return sym.id
 
 
-def _within_budget(graph: Graph, start: int, budget: int) -> Graph:
+def _within_budget(graph: Graph, start: int, budget: int, donate: Donate = ()) -> Graph:
     """The cheapest recomputation found whose plan's peak fits ``budget``.
 
     Candidates are the forward nodes the backward reads, each with the forward-only
@@ -283,7 +288,7 @@ def _within_budget(graph: Graph, start: int, budget: int) -> Graph:
     that fits with the fewest FLOPs recomputed; then each recomputed candidate, most
     expensive first, is saved again if the budget still holds.
     """
-    full = memory_plan(graph).peak_bytes
+    full = memory_plan(graph, donate=donate).peak_bytes
     if full <= budget:
         return graph
     units = _segments(graph, start)
@@ -292,7 +297,8 @@ def _within_budget(graph: Graph, start: int, budget: int) -> Graph:
 
     def attempt(unsaved: list[int]) -> tuple[int, int, Graph, list[int]]:
         result = recompute(graph, _union(units, unsaved))
-        return memory_plan(result).peak_bytes, sum(cost[c] for c in unsaved), result, unsaved
+        peak = memory_plan(result, donate=donate).peak_bytes
+        return peak, sum(cost[c] for c in unsaved), result, unsaved
 
     best: tuple[int, int, Graph, list[int]] | None = None
     lowest = attempt([])
@@ -359,14 +365,3 @@ def _segments(graph: Graph, start: int) -> dict[int, set[int]]:
                     stack.append(p)
         units[c] = unit
     return units
-
-
-def _late_bytes(graph: Graph, start: int) -> dict[int, int]:
-    """Per forward node, the bytes of its outputs that the backward reads."""
-    symbols = graph.symbols
-    late = {symbols[s].root for node in graph.nodes[start:] for s in node.inputs}
-    out = {}
-    for index in range(start):
-        roots = {symbols[s].root for s in graph.nodes[index].outputs} & late
-        out[index] = sum(tensor_bytes(symbols[r].shape, symbols[r].dtype) for r in roots)
-    return out

@@ -35,10 +35,16 @@ def _convolution_transpose(graph: Graph, node: Node) -> int:
     return 2 * math.prod(w) * math.prod(graph.symbols[node.inputs[0]].shape[:-1])
 
 
+def _scan(graph: Graph, node: Node) -> int:
+    body = node.cmd.param("forward")  # one iteration: its nodes' FLOPs, length times
+    return node.cmd.param("length") * sum(node_flops(body, i) for i in range(len(body.nodes)))
+
+
 FLOP_RULES: dict[str, FlopRule] = {
     "gemm": _gemm,
     "convolution": _convolution,
     "convolution_transpose": _convolution_transpose,
+    "scan": _scan,
 }
 
 

@@ -1,0 +1,194 @@
+"""scan: a run of identical blocks as one loop, optionally checkpointed per iteration.
+
+Why a command and not a pass over unrolled blocks: XLA keeps what a loop *carries*
+and nothing else of an iteration, so a loop is the structure on which XLA's own memory
+figure (:meth:`fnnc.graph.Program.memory`) shows what checkpointing saves. In an
+unrolled graph XLA:CPU's scheduler is free to hoist the recomputation back next to the
+forward or keep activations anyway, and hides the saving. Writing the blocks as one
+body over stacked parameters (``[n, out, in]``, as layer stacks are stored in JAX
+codebases) states the structure directly instead of rediscovering it from a graph.
+
+:func:`scan` takes a block *body* graph (inputs ``(*carry, *slices, *consts)``, outputs
+the next carry) and adds one ``scan`` node (:mod:`fnnc.ops.scan`). It derives the two
+sub-graphs that node holds with fnnc's own passes, so the loop's gradient is made of
+the same gradient commands the unrolled backward would use:
+
+1. ``backward(body, carry', wrt=inputs, df=seeds)``: the body and its gradient nodes;
+2. with ``checkpoint``, :func:`~fnnc.graph.remat` on that graph (``True`` = recompute
+   everything from the carry, as ``jax.checkpoint`` on the body; or any remat policy);
+3. a split at the first gradient node: the forward part returns the next carry and the
+   tensors the gradient part reads (the *saved* set: with checkpointing, the carry
+   alone), the gradient part reads them, the slices, the constants and the seeds.
+
+Per iteration the node records the saved set in a stacked output, the tape (``[n,
+*shape]``): without checkpointing every activation the block's backward reads, with it
+the carry only. That is the whole memory difference, and XLA sees it.
+
+>>> import numpy as np
+>>> from fnnc import ops
+>>> from fnnc.graph import GraphBuilder, backward, compile, scan
+>>> body = GraphBuilder()
+>>> h, w = body.input((4, 8), name="h"), body.input((8, 8), name="w")
+>>> y = body.exec(ops.ewsum(), h, body.exec(ops.tanh(), body.exec(ops.gemm(), h, w)))
+>>> block = body.build([y])
+>>> b = GraphBuilder()
+>>> x, ws = b.input((4, 8), name="x"), b.input((16, 8, 8), name="ws")
+>>> (out,) = scan(b, block, [x], [ws], checkpoint=True, name="blocks")
+>>> loss = b.exec(ops.reduce_sum(axes=(0, 1)), out)
+>>> g, (dws,) = backward(b.build([loss]), loss, [ws])
+>>> rng = np.random.default_rng(0)
+>>> args = rng.normal(size=(4, 8)), rng.normal(scale=0.1, size=(16, 8, 8))
+>>> loss_value, grad = compile(g)(*(a.astype(np.float32) for a in args))
+>>> grad.shape
+(16, 8, 8)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+
+from fnnc import ops
+from fnnc.core.ir import Graph, Symbol
+from fnnc.errors import GraphError
+from fnnc.graph.builder import GraphBuilder
+from fnnc.graph.passes.backward import backward
+from fnnc.graph.passes.compact import compact
+from fnnc.graph.passes.remat import Policy, backward_start, remat
+
+Checkpoint = bool | str | Policy
+"""``False``: save what the backward reads; ``True``: recompute all from the carry; a
+:func:`~fnnc.graph.remat` policy name or function: save what it keeps."""
+
+
+def scan(
+    builder: GraphBuilder,
+    body: Graph,
+    carry: Sequence[Symbol],
+    stacked: Sequence[Symbol] = (),
+    consts: Sequence[Symbol] = (),
+    *,
+    length: int | None = None,
+    checkpoint: Checkpoint = False,
+    name: str = "",
+) -> tuple[Symbol, ...]:
+    """Adds a ``scan`` node running ``body`` once per slice of ``stacked``.
+
+    Iteration ``i`` runs ``body(*carry_i, *(s[i] for s in stacked), *consts)`` and its
+    outputs are ``carry_{i+1}``: for blocks ``h <- block_i(h)`` with parameters ``W_i``,
+    pass the blocks' parameters stacked (``[n, *shape]``) and one block as ``body``.
+
+    Args:
+        builder: the outer graph's builder.
+        body: the block: inputs ``(*carry, *slices, *consts)``; outputs the next carry,
+            each with its carry input's spec. Carried tensors must be floating-point.
+        carry: outer symbols, the initial carried values.
+        stacked: outer symbols ``[length, *slice]``, one per body slice input.
+        consts: outer symbols fed unchanged to every iteration.
+        length: the trip count; default the leading axis of ``stacked``.
+        checkpoint: what an iteration keeps for the backward (see :data:`Checkpoint`).
+        name: the node's name.
+
+    Returns:
+        The final carried values, one per ``carry``.
+
+    Raises:
+        GraphError: the body's inputs or outputs do not match ``carry``/``stacked``/
+            ``consts``, or no length is known.
+    """
+    n_carry, n_stacked = len(carry), len(stacked)
+    if length is None:
+        if not stacked:
+            raise GraphError("scan: give length= when nothing is stacked")
+        length = int(stacked[0].shape[0]) if stacked[0].shape else 0
+    given = n_carry + n_stacked + len(consts)
+    if len(body.inputs) != given:
+        raise GraphError(
+            f"scan: the body takes {len(body.inputs)} inputs, the call gives {given} "
+            f"({n_carry} carry + {n_stacked} stacked + {len(consts)} consts); the body's "
+            "inputs are (*carry, *slices, *consts), in that order"
+        )
+    forward, grad, wants = scan_bodies(body, n_carry, n_stacked, checkpoint)
+    cmd = ops.scan(
+        forward=forward,
+        backward=grad,
+        length=int(length),
+        n_carry=n_carry,
+        n_stacked=n_stacked,
+        wants=wants,
+    )
+    outs = builder.exec(cmd, *carry, *stacked, *consts, name=name)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    return tuple(outs[:n_carry])
+
+
+@functools.lru_cache(maxsize=256)
+def scan_bodies(
+    body: Graph, n_carry: int, n_stacked: int, checkpoint: Checkpoint = False
+) -> tuple[Graph, Graph, tuple[int, ...]]:
+    """The ``forward`` and ``backward`` sub-graphs of a ``scan`` node, and ``wants``.
+
+    See the module doc for the three steps; ``wants`` lists the body inputs that get a
+    gradient (every carry, then the floating-point slices and constants).
+    """
+    _check_body(body, n_carry)
+    b = GraphBuilder.from_graph(body)
+    seeds = [
+        b.input(body.spec(s).shape, body.spec(s).dtype, name=f"d.{body.symbols[s].name}")
+        for s in body.outputs
+    ]
+    outs = [body.symbols[s] for s in body.outputs]
+    wants = tuple(
+        i for i, s in enumerate(body.inputs) if jnp.issubdtype(body.symbols[s].dtype, jnp.inexact)
+    )
+    combined, grads = backward(
+        b.build(outs), outs, [body.symbols[body.inputs[i]] for i in wants], df=seeds
+    )
+    combined = dataclasses.replace(combined, outputs=tuple(g.id for g in grads), out_tree=None)
+    n_fwd = len(body.nodes)
+    if checkpoint is not False:
+        start = backward_start(combined)
+        if start is not None and start != n_fwd:
+            raise GraphError(
+                "scan: checkpoint= needs a body without gradient nodes of its own (its "
+                f"node {start} is one); build the loop with checkpoint=False"
+            )
+        combined = remat(combined, policy="nothing_saveable" if checkpoint is True else checkpoint)
+    saved = _saved(combined, n_fwd, body.inputs[:n_carry])
+    forward = dataclasses.replace(body, outputs=(*body.outputs, *saved), out_tree=None)
+    grad = dataclasses.replace(
+        combined,
+        inputs=(*saved, *body.inputs[n_carry:], *(s.id for s in seeds)),
+        nodes=combined.nodes[n_fwd:],
+        out_tree=None,
+    )
+    return compact(forward), compact(grad), wants
+
+
+def _saved(graph: Graph, n_fwd: int, carries: Sequence[int]) -> tuple[int, ...]:
+    """Roots made by the first ``n_fwd`` nodes, or carried in, that the rest reads."""
+    symbols = graph.symbols
+    made = {symbols[o].root for node in graph.nodes[:n_fwd] for o in node.outputs}
+    made.update(carries)
+    read = [s for node in graph.nodes[n_fwd:] for s in node.inputs] + list(graph.outputs)
+    return tuple(dict.fromkeys(symbols[s].root for s in read if symbols[s].root in made))
+
+
+def _check_body(body: Graph, n_carry: int) -> None:
+    if n_carry < 1:
+        raise GraphError("scan: carry at least one tensor (the blocks' activation)")
+    if len(body.outputs) != n_carry:
+        raise GraphError(
+            f"scan: the body returns {len(body.outputs)} tensors for {n_carry} carried "
+            "ones; it must return exactly the next value of each carry, in order"
+        )
+    for k in range(n_carry):
+        sym = body.symbols[body.inputs[k]]
+        if not jnp.issubdtype(sym.dtype, jnp.inexact):
+            raise GraphError(
+                f"scan: carry {k} ({body.label(sym.id)}) is {sym.dtype}; carried tensors "
+                "must be floating-point (pass integer tensors as consts or stacked)"
+            )
