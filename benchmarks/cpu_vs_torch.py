@@ -13,23 +13,37 @@ interleaved rounds (medians):
 (c) the MLP 784-256-256-10, batch 128.
 
 The fnnc step runs with the backends chosen by default (on CPU the ``"mixed"``
-convolution backend of :mod:`fnnc.ops.conv_cpu`) and, for comparison, with XLA's
-convolutions forced (``"fnnc/xla"``; max-pool keeps its CPU rules there, which are not
-a backend). Then a per-op breakdown (ms): convolution forward, data
-gradient and weight gradient of each convolution shape of the nets for XLA's reference,
-the backends of :mod:`fnnc.ops.conv_cpu` and torch, and max-pool backward (JAX's
-``select_and_scatter`` vs fnnc's rule vs torch).
+convolution backend of :mod:`fnnc.ops.conv_cpu`), after ``Model.autotune`` on the batch
+(``"fnnc tuned"``), and with XLA's convolutions forced (``"fnnc/xla"``; max-pool keeps
+its CPU rules there, which are not a backend), each in its own interleaved block
+against torch: medians, ranges, and the same-round ratios. Then a per-op breakdown
+(ms): convolution forward, data gradient and weight gradient of each convolution shape
+of the nets for XLA's reference, the backends of :mod:`fnnc.ops.conv_cpu` and torch;
+batch norm forward and forward + backward (fnnc's rule, the JAX-derived backward it
+replaced, torch); max-pool backward (JAX's ``select_and_scatter`` vs fnnc's rule vs
+torch).
+
+On a machine shared with other work, a multi-threaded torch loses most to the load
+(its workers spin on barriers; 2-thread steps measured 5-80x slower than 1-thread ones
+there), which flatters fnnc: pin the process (``taskset -c 0 ...``) with
+``--threads 1`` for load-robust ratios. Which fnnc backend wins also depends on the
+thread count (see :mod:`fnnc.ops.conv_cpu`), so single-core ratios are not the
+two-core ones.
 
 torch is an optional benchmark dependency: ``pip install torch`` (CPU wheel).
 
-Run: python benchmarks/cpu_vs_torch.py [--quick] [--threads 2] [--no-ops]
+Run: python benchmarks/cpu_vs_torch.py [--quick] [--threads 2] [--no-ops] [--only NAME]
+[--rounds N]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -46,6 +60,7 @@ import optax
 
 from benchmarks._timing import interleaved
 from fnnc import config, ops
+from fnnc.core.command import vjp_backward
 from fnnc.models import (
     Add,
     AvgPool,
@@ -59,7 +74,7 @@ from fnnc.models import (
     ReLU,
     Sequential,
 )
-from fnnc.ops import conv_cpu, pool
+from fnnc.ops import autotune, conv_cpu, pool
 
 # -- the three workloads, in fnnc and in torch ---------------------------------------
 
@@ -131,10 +146,17 @@ WORKLOADS = {
 # -- steps ---------------------------------------------------------------------------
 
 
-def fnnc_step(make, x, y):
-    """A compiled ``fit`` step of a fresh model, as a thunk (compiled on the first call)."""
+def fnnc_step(make, x, y, tuned: bool = False):
+    """A compiled ``fit`` step of a fresh model, as a thunk (compiled on the first call).
+
+    ``tuned``: ``Model.autotune`` first times every node's backends on this batch into
+    the autotune table, and the step compiles with the winners. (Any later write to the
+    table moves the dispatch state, and every model's next step compiles anew.)
+    """
     model = make()
     model.compile([x], loss="softmax_crossentropy", minimizer=optax.adam(1e-3))
+    if tuned:
+        model.autotune([x], [y], repeats=3)
     model.fit([x], [y])
     return lambda: model.fit([x], [y])
 
@@ -158,39 +180,77 @@ def torch_step(make, x, y):
     return step
 
 
-def _row(ours: float, theirs: float) -> str:
-    return f"{ours * 1e3:10.2f}{theirs * 1e3:10.2f}{ours / theirs:10.3f}"
+def rounds_of(fns: dict, rounds: int, inner: int) -> dict[str, list[float]]:
+    """Seconds per call of each thunk, one sample per round, the thunks alternating
+    within each round (a slow spell of a loaded machine hits every contender alike)."""
+    for fn in fns.values():
+        for _ in range(3):
+            jax.block_until_ready(fn())
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(inner):
+                out = fn()
+            jax.block_until_ready(out)
+            samples[name].append((time.perf_counter() - start) / inner)
+    return samples
 
 
-def workloads(rounds: int, inner: int) -> None:
-    """fnnc (default backends) vs torch, interleaved; then, for the convolution nets,
-    fnnc with XLA's convolutions forced vs torch in a second interleaved block (a
-    backend override holds for the whole block: leaving it would recompile)."""
+def _spread(values: list[float], scale: float = 1.0) -> str:
+    """``median [min-max]``."""
+    med = statistics.median(values) * scale
+    return f"{med:.2f} [{min(values) * scale:.2f}-{max(values) * scale:.2f}]"
+
+
+VARIANTS = {
+    "fnnc": (contextlib.nullcontext, False),
+    "fnnc tuned": (contextlib.nullcontext, True),
+    "fnnc/xla": (lambda: config.override(backend_per_command={"convolution": "xla"}), False),
+}
+"""The fnnc steps timed against torch: the default backends, after ``Model.autotune``,
+and XLA's own convolutions forced (max-pool keeps its CPU rules there: not a backend)."""
+
+
+def workloads(rounds: int, inner: int, only: str | None = None) -> None:
+    """Per workload and fnnc variant (:data:`VARIANTS`; the MLP has no backend choice, so
+    only the default), one interleaved block of that fnnc step against torch: ms per
+    step (median [range]) and the same-round ratio fnnc / torch. Each variant has a
+    block of its own because leaving a backend override or writing the autotune table
+    makes the engine's next step compile anew."""
     rng = np.random.default_rng(0)
-    cols = ("fnnc", "torch", "ratio", "fnnc/xla", "torch", "ratio")
-    print(f"{'step (ms)':<8}" + "".join(f"{c:>10}" for c in cols))
     for name, (ours, theirs, shape) in WORKLOADS.items():
+        if only and name != only:
+            continue
         x = rng.standard_normal(shape).astype(np.float32)
         y = rng.integers(0, 10, shape[0]).astype(np.int32)
-        fns = {"fnnc": fnnc_step(ours, x, y), "torch": torch_step(theirs, x, y)}
-        t = interleaved(fns, rounds=rounds, inner=inner)
-        line = f"{name:<8}{_row(t['fnnc'], t['torch'])}"
-        if len(shape) == 4:
-            with config.override(backend_per_command={"convolution": "xla"}):
-                fns = {"xla": fnnc_step(ours, x, y), "torch": torch_step(theirs, x, y)}
-                t = interleaved(fns, rounds=rounds, inner=inner)
-            line += _row(t["xla"], t["torch"])
-        print(line)
+        theirs_step = torch_step(theirs, x, y)
+        saved = dict(autotune.TABLE)
+        print(f"{name}: ms per step, median [range] of {rounds} rounds; ratio per round")
+        for label, (context, tuned) in VARIANTS.items():
+            if label != "fnnc" and len(shape) != 4:
+                continue
+            with context():
+                t = rounds_of({label: fnnc_step(ours, x, y, tuned), "torch": theirs_step},
+                              rounds, inner)  # fmt: skip
+            ratio = [a / b for a, b in zip(t[label], t["torch"])]
+            ms = f"{_spread(t[label], 1e3):>24}   torch {_spread(t['torch'], 1e3):>24}"
+            print(f"  {label:<11}{ms}   ratio {_spread(ratio)}")
+        autotune.TABLE.clear()
+        autotune.TABLE.update(saved)
 
 
 # -- per-op breakdown ----------------------------------------------------------------
 
-CONV_SHAPES = [  # (x shape NHWC, out channels, kernel, stride)
+CONV_SHAPES = [  # (x shape NHWC, out channels, kernel, stride): the CNN's, then the ResNet's
     ((64, 28, 28, 1), 32, 3, 1),
     ((64, 14, 14, 32), 64, 3, 1),
+    ((64, 32, 32, 3), 16, 3, 1),
     ((64, 32, 32, 16), 32, 3, 2),
+    ((64, 32, 32, 16), 32, 1, 2),
     ((64, 16, 16, 32), 32, 3, 1),
     ((64, 16, 16, 32), 64, 3, 2),
+    ((64, 16, 16, 32), 64, 1, 2),
     ((64, 8, 8, 64), 64, 3, 1),
 ]
 
@@ -291,19 +351,83 @@ def pool_ops(rounds: int, inner: int) -> None:
         print(f"{list(xs)!s:<20} " + " / ".join(f"{v * 1e3:6.2f}" for v in t.values()))
 
 
+def _norm_fns(xs):
+    """{variant: thunk} of batch-norm (training) forward, and forward + backward, on
+    ``x`` of shape ``xs`` (NHWC): fnnc's rule, the reference differentiated by JAX (what
+    fnnc ran before it had the rule) and torch (channels_last)."""
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal(xs), jnp.float32)
+    g = jnp.asarray(rng.standard_normal(xs), jnp.float32)
+    c = xs[-1]
+    stats = (jnp.ones(c), jnp.zeros(c), jnp.zeros(c), jnp.ones(c))
+    definition = ops.batch_norm.definition
+    params = dict(axes=(0, 1, 2), epsilon=1e-5, momentum=0.9, is_test=False)
+
+    def forward(x, *stats):
+        return definition.forward(x, *stats, **params)
+
+    def step(rule):
+        def run(x, g, *stats):
+            outs = forward(x, *stats)
+            grads = (g, None, None, None, None)
+            return outs[0], rule(grads, (x, *stats), outs)[:3]
+
+        return jax.jit(run)
+
+    ours = step(lambda grads, ins, outs: definition.backward(grads, ins, outs, **params))
+    derived = step(lambda grads, ins, outs: vjp_backward(definition.forward, grads, ins, **params))
+    fwd = jax.jit(forward)
+    xt = torch.from_numpy(np.array(x)).permute(0, 3, 1, 2)
+    xt = xt.contiguous(memory_format=torch.channels_last).requires_grad_(True)
+    gt = torch.from_numpy(np.array(g)).permute(0, 3, 1, 2)
+    gt = gt.contiguous(memory_format=torch.channels_last)
+    bn = nn.BatchNorm2d(c).to(memory_format=torch.channels_last)
+
+    def torch_forward():
+        with torch.no_grad():
+            return bn(xt)
+
+    def torch_step():
+        xt.grad = None
+        bn.zero_grad(set_to_none=True)
+        out = bn(xt)
+        out.backward(gt)
+        return out
+
+    return {
+        "fwd": lambda: fwd(x, *stats),
+        "torch fwd": torch_forward,
+        "fwd+bwd": lambda: ours(x, g, *stats),
+        "derived": lambda: derived(x, g, *stats),
+        "torch f+b": torch_step,
+    }
+
+
+def norm_ops(rounds: int, inner: int) -> None:
+    print("\nbatch norm, training (ms): forward and forward + backward; 'derived' = the")
+    print("reference differentiated by JAX (before the hand-written backward)")
+    for xs in [(64, 32, 32, 16), (64, 16, 16, 32), (64, 8, 8, 64)]:
+        t = interleaved(_norm_fns(xs), rounds=rounds, inner=inner)
+        print(f"{list(xs)!s:<20} " + "".join(f"{k} {v * 1e3:6.2f}  " for k, v in t.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--no-ops", action="store_true", help="skip the per-op breakdown")
+    parser.add_argument("--only", choices=list(WORKLOADS), help="time one workload only")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 9; 3 quick)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rounds, inner = (3, 3) if args.quick else (9, 5)
+    rounds = args.rounds or rounds
     print(f"jax {jax.__version__} on {jax.default_backend()}, torch {torch.__version__} "
           f"with {torch.get_num_threads()} threads")  # fmt: skip
-    workloads(rounds, inner)
+    workloads(rounds, inner, args.only)
     if not args.no_ops:
         conv_ops(rounds, inner)
+        norm_ops(rounds, inner)
         pool_ops(rounds, inner)
 
 

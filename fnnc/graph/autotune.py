@@ -10,7 +10,10 @@ graph uses them. Backward nodes (``gradient[of=...]``) are tuned like any other:
 backends are the forward backends that carry a backward, so the backward of a
 convolution gets its own winner.
 
-The graph and its outputs are unchanged: only the table is written. Nodes inside the
+A (command, input specs, platform) already in the table is not timed again (NNC
+measures once and caches; :func:`fnnc.ops.autotune.save` keeps the table across
+processes) while its recorded winner is still eligible, unless ``retune=True``. The
+graph and its outputs are unchanged: only the table is written. Nodes inside the
 sub-graphs of control-flow commands are not visited (their values exist only inside
 the loop or branch).
 
@@ -26,6 +29,7 @@ the loop or branch).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import jax
@@ -47,7 +51,11 @@ def eligible(cmd: Command, specs: Any, platform: str) -> list[str]:
 
 
 def autotune_graph(
-    graph: Graph, *args: Any, repeats: int = 5, platform: str | None = None
+    graph: Graph,
+    *args: Any,
+    repeats: int = 5,
+    platform: str | None = None,
+    retune: bool = False,
 ) -> dict[int, str]:
     """Autotunes every node of ``graph`` that has a choice, on the values it sees.
 
@@ -56,6 +64,8 @@ def autotune_graph(
         *args: one array per graph input, as for :func:`~fnnc.graph.interpret`.
         repeats: timed runs per backend (the median counts).
         platform: where the winners apply; default JAX's default backend.
+        retune: time again the nodes whose (command, specs, platform) the table holds
+            already (by default their recorded winner stands, unmeasured).
 
     Returns:
         ``{node index: winning backend}`` for the nodes that had more than one eligible
@@ -64,19 +74,55 @@ def autotune_graph(
     """
     platform = platform or jax.default_backend()
     values = flatten_inputs(graph, args, "autotune_graph")
-    winners: dict[int, str] = {}
-    tuned: dict[str, str] = {}
-
-    def run_node(index: int, node: Node, inputs: list[Any]) -> tuple[Any, ...]:
+    keys: dict[int, str] = {}
+    pending: dict[str, int] = {}  # key -> the first node that needs it timed
+    for index, node in enumerate(graph.nodes):
         specs = [graph.spec(s) for s in node.inputs]
-        if len(eligible(node.cmd, specs, platform)) > 1:
-            key = _autotune.key(node.cmd, specs, platform)
-            if key not in tuned:
-                tuned[key] = _autotune.autotune(
-                    node.cmd, *inputs, repeats=repeats, platform=platform
-                )
-            winners[index] = tuned[key]
-        return as_tuple(node.cmd(*inputs))
+        names = eligible(node.cmd, specs, platform)
+        if len(names) > 1:
+            key = keys[index] = _autotune.key(node.cmd, specs, platform)
+            if retune or _autotune.TABLE.get(key) not in names:
+                pending.setdefault(key, index)
+    if pending:
+        _time(graph, values, pending, repeats, platform)
+    return {index: _autotune.TABLE[key] for index, key in keys.items()}
 
-    run_nodes(graph, values, run_node)
-    return winners
+
+class _Stop(Exception):
+    """Ends a run of the graph after the last node whose inputs are wanted."""
+
+
+def _node_inputs(graph: Graph, values: list[Any], wanted: set[int]) -> dict[int, list[Any]]:
+    """The input values of the nodes ``wanted``, from one compiled run of the graph's
+    nodes up to the last of them (one XLA compile instead of one per node)."""
+    last = max(wanted)
+
+    def run(*args: Any) -> dict[int, list[Any]]:
+        seen: dict[int, list[Any]] = {}
+
+        def run_node(index: int, node: Node, inputs: list[Any]) -> tuple[Any, ...]:
+            if index in wanted:
+                seen[index] = list(inputs)
+            if index == last:
+                raise _Stop
+            return as_tuple(node.cmd(*inputs))
+
+        with contextlib.suppress(_Stop):
+            run_nodes(graph, args, run_node)
+        return seen
+
+    return jax.jit(run)(*values)
+
+
+def _time(
+    graph: Graph, values: list[Any], pending: dict[str, int], repeats: int, platform: str
+) -> None:
+    """Times the ``pending`` nodes of ``graph`` on the inputs they see given ``values``.
+
+    Every input is computed before anything is timed: each table write moves the
+    dispatch state, after which cached functions compile anew.
+    """
+    seen = _node_inputs(graph, values, set(pending.values()))
+    for index in pending.values():
+        cmd = graph.nodes[index].cmd
+        _autotune.autotune(cmd, *seen[index], repeats=repeats, platform=platform)

@@ -16,12 +16,23 @@ least :data:`MIN_ROWS` output positions over the batch)
     ===============  ==============================================  ===================
     product          rule                                            ms
     ===============  ==============================================  ===================
+    (1x1 kernels)    ``gemm`` for all three: a GEMM over the         weight gradient
+                     (strided) input itself                          8.0 -> 3.9, 0.9 (1)
     forward          ``dilated`` if C >= 32, else XLA's (YNNPACK)    4.9 -> 3.0, 2.5
     data gradient    ``gemm`` (col2im) if strided, ``dilated`` if    5.0 -> 3.6, 2.6
                      C and O >= 32, else XLA's
     weight gradient  ``chunked`` if 8 <= C < 32 on maps of >= 1024   15.4 -> 4.8, 2.3
                      output cells, else ``dilated``
     ===============  ==============================================  ===================
+
+    (1) The ResNet projection 32x32x16 -> 32, 1x1 stride 2, on one core shared with
+    other work (``taskset -c 0``, torch with one thread): only the ratios hold.
+
+    The rules depend on the thread count: on one core XLA's own forward and data
+    gradient (YNNPACK) beat ``dilated`` at every stride-1 shape measured (batch 64:
+    14x14x32 -> 64 forward 4.8 vs 5.6 ms, 16x16x32 -> 32 2.5 vs 3.9, 8x8x64 -> 64 2.5
+    vs 2.6), while on two threads ``dilated`` (Eigen, which uses both) wins as the
+    table says. :meth:`fnnc.models.Model.autotune` measures on the machine at hand.
 
 ``"dilated"``, ``"chunked"``, ``"im2col"`` (priority 0)
     one formulation for every product (``chunked``: XLA's forward and data gradient,
@@ -108,6 +119,8 @@ class Plan:
 
 def mixed_plan(x: Any, w: Any, strides: Sequence[int], out: Sequence[int]) -> Plan:
     """The ``mixed`` backend's choice for ``x`` (NHWC), weight ``w`` and the geometry."""
+    if all(k == 1 for k in w.shape[1:-1]):
+        return Plan("gemm", "gemm", "gemm")  # 1x1: the patches are the (strided) input
     c, o = x.shape[-1], w.shape[0]
     forward = "dilated" if c >= WIDE else "reference"
     if max(strides) > 1:

@@ -60,7 +60,7 @@ def _batch_norm_shape(x, scale, bias, mean, var, *, axes, epsilon, momentum, is_
     return Spec(tuple(x.shape), x.dtype), s, s, s, s
 
 
-@defcommand(family="norm", shape=_batch_norm_shape)
+@defcommand(family="norm", shape=_batch_norm_shape, uses=Uses(inputs=(0, 1), outputs=(3, 4)))
 def batch_norm(
     x, scale, bias, mean, var, *, axes=(0, 1, 2), epsilon=1e-5, momentum=0.9, is_test=False
 ):
@@ -95,6 +95,60 @@ def batch_norm(
     new_mean = momentum * mean + (1 - momentum) * mu
     new_var = momentum * var + (1 - momentum) * batch_var
     return y, new_mean, new_var, mu, inv_std
+
+
+def _sum_or_none(*terms):
+    """The sum of the terms that are not ``None`` (``None`` if all are)."""
+    given = [t for t in terms if t is not None]
+    return sum(given[1:], given[0]) if given else None
+
+
+@batch_norm.backward
+def _batch_norm_backward(grads, inputs, outputs, *, axes, epsilon, momentum, is_test):
+    """Closed form from the saved statistics: ``x``, ``scale``, ``saved_mean`` and
+    ``saved_inv_std`` are all it reads (two reductions and one elementwise pass over
+    ``x`` in training, where differentiating the reference would recompute the
+    centred input and its square)."""
+    gy, g_new_mean, g_new_var, g_mean, g_inv = grads
+    x, scale, *_ = inputs
+    *_, mu, inv_std = outputs
+    ax = norm_axes("batch_norm", axes, x.ndim)
+    keep = _kept(x.shape, ax)
+    n = math.prod(x.shape[a] for a in ax)
+
+    def full(t):
+        return to_shape(jnp.reshape(t, keep), x.shape)
+
+    xhat = (x - full(mu)) * full(inv_std)
+    gy = jnp.zeros(x.shape, x.dtype) if gy is None else gy
+    sum_gy = jnp.sum(gy, axis=ax)
+    sum_gy_xhat = jnp.sum(gy * xhat, axis=ax)
+    g_scale, g_bias = sum_gy_xhat, sum_gy
+    # What reaches the statistics by other routes than y: the running averages (in
+    # training they take the batch's), and saved_mean / saved_inv_std themselves.
+    d_inv = -0.5 * inv_std**3  # d inv_std / d var
+    g_stat_mean = _sum_or_none(g_mean, None if is_test else _scaled(g_new_mean, 1 - momentum))
+    g_stat_var = _sum_or_none(
+        None if g_inv is None else g_inv * d_inv,
+        None if is_test else _scaled(g_new_var, 1 - momentum),
+    )
+    if is_test:
+        gx = gy * full(inv_std * scale)
+        g_run_mean = _sum_or_none(-sum_gy * inv_std * scale, g_new_mean, g_stat_mean)
+        g_run_var = _sum_or_none(sum_gy_xhat * scale * d_inv / inv_std, g_new_var, g_stat_var)
+        return gx, g_scale, g_bias, g_run_mean, g_run_var
+    gx = full(inv_std * scale) * (gy - full(sum_gy / n) - xhat * full(sum_gy_xhat / n))
+    if g_stat_mean is not None:
+        gx = gx + full(g_stat_mean / n)
+    if g_stat_var is not None:
+        gx = gx + full(2 * g_stat_var / (n * inv_std)) * xhat
+    return (
+        gx, g_scale, g_bias, _scaled(g_new_mean, momentum), _scaled(g_new_var, momentum)
+    )  # fmt: skip
+
+
+def _scaled(g, factor):
+    return None if g is None else g * factor
 
 
 # --- layer_norm ------------------------------------------------------------------------

@@ -23,6 +23,9 @@ class Case:
         numeric_float32: run the finite-difference check in float32 (for commands whose
             results are float32 whatever their inputs, e.g. ``gradient`` nodes, which
             cast to the specs they carry); looser tolerances, larger step.
+        sweep_float64: the backend sweep (``test_backend_sweep.py``) also compares every
+            backend that takes this case in float64 with the reference, to 1e-9 (one
+            compile per backend: set it on the few cases that reach each code path).
     """
 
     cmd: Command
@@ -33,3 +36,4 @@ class Case:
     atol: float = 1e-5
     grad_inputs: tuple[int, ...] | None = None
     numeric_float32: bool = False
+    sweep_float64: bool = False

@@ -19,6 +19,11 @@ CASES = [
         "sdpa-causal-s>t",
     ),
     Case(
+        sdpa(is_causal=True),  # head size 16: the smallest the Pallas kernel takes
+        (rand([1, 3, 2, 16]), rand([1, 5, 2, 16], seed=1), rand([1, 5, 2, 16], seed=2)),
+        "sdpa-causal-d16",
+    ),
+    Case(
         sdpa(scale=0.5),
         (
             rand([2, 3, 2, 4]),

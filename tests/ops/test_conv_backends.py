@@ -1,14 +1,13 @@
-"""The CPU convolution backends (``fnnc.ops.conv_cpu``): values, choice, autotuning.
+"""The CPU convolution backends (``fnnc.ops.conv_cpu``): choice, autotuning, ``wants``.
 
-Every backend's forward and backward equal the reference convolution's (float32) over
-strides, dilations, groups, padding modes and odd sizes, pass a float64 finite-difference
-check, and honour ``wants``; the default choice on CPU and the autotune table pick them
+Their values (forward and backward against the reference over strides, dilations,
+groups, padding modes and odd sizes, float32 and float64) are checked by the registry
+sweep over the convolution cases, ``tests/ops/test_backend_sweep.py``. Here: every
+backward honours ``wants``; the default choice on CPU and the autotune table pick them
 where intended; whole-graph autotuning (``fnnc.graph.autotune``) changes no output.
 """
 
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +20,7 @@ from fnnc.graph import GraphBuilder, backward, compile, interpret, minimize
 from fnnc.graph.autotune import autotune_graph
 from fnnc.ops import autotune, conv_cpu
 from tests.helpers import assert_close, rand
+from tests.ops import cases_conv
 
 spec = jax.ShapeDtypeStruct
 BACKENDS = {
@@ -28,114 +28,15 @@ BACKENDS = {
     for name in ("mixed", "dilated", "chunked", "im2col")
 }
 
-# (x shape, weight shape, bias?, hyper-parameters): tiny, odd sizes, every option.
-CASES = {
-    "same": ((3, 5, 5, 3), (4, 3, 3, 3), True, dict(padding="SAME")),
-    "same-s2-odd": ((1, 7, 6, 2), (3, 3, 3, 2), False, dict(strides=2, padding="SAME")),
-    "valid-s2x1": ((3, 6, 7, 3), (2, 3, 2, 3), True, dict(strides=(2, 1), padding="VALID")),
-    "explicit-dilated": (
-        (1, 6, 5, 2),
-        (2, 2, 2, 2),
-        False,
-        dict(dilation=(2, 1), padding=((1, 2), (0, 1))),
-    ),
-    "groups": ((1, 5, 5, 4), (6, 3, 3, 2), True, dict(strides=(1, 2), padding=1, groups=2)),
-    "depthwise": ((2, 5, 4, 3), (3, 3, 3, 1), False, dict(padding="SAME", groups=3)),
-    "kernel-5-s3": ((1, 9, 8, 2), (3, 5, 5, 2), False, dict(strides=3, padding=(2, 1))),
-    "1x1-s2": ((2, 5, 5, 3), (4, 1, 1, 3), True, dict(strides=2)),
-    "conv1d": ((2, 7, 3), (4, 3, 3), True, dict(strides=(2,), padding=((1, 1),))),
-    "conv3d": ((1, 3, 4, 3, 2), (2, 2, 2, 2, 2), False, dict(padding="VALID")),
-    # Wide enough for every branch of the "mixed" rules (with one-image chunks).
-    "wide": ((2, 4, 5, 32), (32, 3, 3, 32), True, dict(padding="SAME")),
-    "wide-s2": ((2, 5, 5, 32), (40, 3, 3, 32), False, dict(strides=2, padding="SAME")),
-    "big-map": ((2, 32, 32, 8), (4, 3, 3, 8), False, dict(padding="SAME")),
-}
-# "mixed" is offered for 2-D ungrouped convolutions only.
-MIXED_CASES = [c for c, (xs, _, _, p) in CASES.items() if len(xs) == 4 and p.get("groups", 1) == 1]
-PAIRS = [(b, c) for b in BACKENDS for c in CASES if b != "mixed" or c in MIXED_CASES]
-
-
-def _params(p):
-    return {**dict(strides=1, padding=0, dilation=1, groups=1), **p}
-
-
-def _inputs(case, dtype=np.float32):
-    xs, ws, bias, _ = CASES[case]
-    arrays = [rand(xs, dtype), rand(ws, dtype, seed=1)]
-    if bias:
-        arrays.append(rand(ws[:1], dtype, seed=2))
-    return tuple(jnp.asarray(a) for a in arrays)
-
-
-@functools.cache
-def _jitted(backend, case):
-    """``(g, *inputs) -> (forward, gradients of every input)`` of one backend, jitted once
-    (the reference for ``"xla"``); ``g`` is the output gradient."""
-    params = _params(CASES[case][3])
-    if backend == "xla":
-        opdef = ops.convolution.definition
-        forward = functools.partial(opdef.forward, **params)
-
-        def rule(g, xs):
-            return opdef.backward((g,), xs, (None,), **params)
-
-    else:
-        fwd, bwd = BACKENDS[backend]
-        forward = functools.partial(fwd, **params)
-
-        def rule(g, xs):
-            return bwd((g,), xs, (None,), tuple(range(len(xs))), **params)
-
-    return jax.jit(lambda g, *xs: (forward(*xs), rule(g, xs)))
-
-
-@pytest.fixture(autouse=True)
-def _one_image_chunks(monkeypatch):
-    """Chunks of one image, so the tiny batches here still split into several chunks."""
-    monkeypatch.setattr(conv_cpu.forms, "CHUNK", 1)
-
-
-@pytest.mark.parametrize("backend, case", PAIRS)
-def test_forward_and_backward_match_the_reference(backend, case):
-    xs = _inputs(case)
-    p = CASES[case][3]
-    out = ops.convolution(**p).shape(*(spec(x.shape, x.dtype) for x in xs))[0].shape
-    g = jnp.asarray(rand(out, seed=3))
-    assert_close(_jitted(backend, case)(g, *xs), _jitted("xla", case)(g, *xs), 1e-5, 1e-5)
-
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_backward_gives_only_what_is_wanted(backend):
-    xs = _inputs("same")
-    params = _params(CASES["same"][3])
+    xs = (rand((3, 5, 5, 3)), rand((4, 3, 3, 3), seed=1), rand((4,), seed=2))
+    params = dict(strides=1, padding="SAME", dilation=1, groups=1)
     g = jnp.ones((3, 5, 5, 4), jnp.float32)
     rule = BACKENDS[backend][1]
     got = rule((g,), xs, (None,), (1,), **params)
     assert got[0] is None and got[2] is None and got[1].shape == xs[1].shape
-
-
-@pytest.mark.parametrize(
-    "backend, case", [("im2col", "groups"), ("dilated", "same-s2-odd"), ("mixed", "wide-s2")]
-)
-def test_backward_finite_differences_float64(backend, case):
-    forward, rule = BACKENDS[backend]
-    params = _params(CASES[case][3])
-    with jax.enable_x64(True):
-        xs = _inputs(case, np.float64)
-        f = jax.jit(lambda *xs: jnp.sum(g * forward(*xs, **params)))
-        out = jax.eval_shape(functools.partial(forward, **params), *xs).shape
-        g = jnp.asarray(rand(out, np.float64, seed=4))
-        wants = tuple(range(len(xs)))
-        grads = jax.jit(lambda g, *xs: rule((g,), xs, (None,), wants, **params))(g, *xs)
-        dirs = [jnp.asarray(rand(x.shape, np.float64, seed=5 + i)) for i, x in enumerate(xs)]
-        eps = 1e-6
-
-        def objective(sign):
-            return float(f(*(x + sign * eps * d for x, d in zip(xs, dirs))))
-
-        numeric = (objective(1.0) - objective(-1.0)) / (2 * eps)
-        analytic = sum(float(jnp.sum(gr * d)) for gr, d in zip(grads, dirs))
-        assert np.isclose(analytic, numeric, rtol=1e-6, atol=1e-8), (analytic, numeric)
 
 
 COMMON = (spec((64, 14, 14, 32), jnp.float32), spec((64, 3, 3, 32), jnp.float32))
@@ -146,9 +47,30 @@ def test_mixed_plan_covers_every_rule():
     x, w = spec((3, 5, 5, 32), jnp.float32), spec((32, 3, 3, 32), jnp.float32)
     assert plan(x, w, (1, 1), (5, 5)) == conv_cpu.Plan("dilated", "dilated", "dilated")
     assert plan(x, w, (2, 2), (3, 3)).data_grad == "gemm"
-    thin = spec((3, 32, 32, 8), jnp.float32), spec((8, 3, 3, 8), jnp.float32)
+    thin = spec((9, 32, 32, 8), jnp.float32), spec((8, 3, 3, 8), jnp.float32)
     assert plan(*thin, (1, 1), (32, 32)) == conv_cpu.Plan("reference", "reference", "chunked")
+    one = spec((32, 1, 1, 32), jnp.float32)
+    assert plan(x, one, (2, 2), (3, 3)) == conv_cpu.Plan("gemm", "gemm", "gemm")
     assert set(conv_cpu.FORWARD) >= {p.forward for p in [plan(x, w, (1, 1), (5, 5))]}
+
+
+def test_the_sweep_reaches_every_mixed_rule():
+    """The convolution cases the ``mixed`` backend takes (tests/ops/cases_conv.py) run
+    each formulation its rules pick, so the backend sweep checks every one."""
+    used: dict[str, set[str]] = {"forward": set(), "data_grad": set(), "weight_grad": set()}
+    for case in cases_conv.CASES:
+        specs = [spec(np.shape(x), np.float32) for x in case.inputs]
+        if case.cmd.name != "convolution" or conv_cpu.supports_mixed(case.cmd, specs):
+            continue
+        s, _, _, out = conv_cpu._geometry(specs[0], specs[1], case.cmd.kwargs)
+        plan = conv_cpu.mixed_plan(specs[0], specs[1], s, out)
+        for product in used:
+            used[product].add(getattr(plan, product))
+    assert used == {
+        "forward": {"reference", "dilated", "gemm"},
+        "data_grad": {"reference", "dilated", "gemm"},
+        "weight_grad": {"dilated", "chunked", "gemm"},
+    }
 
 
 def test_default_choice_on_cpu(monkeypatch):

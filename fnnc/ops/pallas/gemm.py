@@ -75,9 +75,12 @@ def support_reason(a: Spec, b: Spec, bias: Spec | None, ta: bool, tb: bool) -> s
     why = float_reason("gemm", a, b, bias)
     if why is not None:
         return why
-    if b.ndim != 2 or (ta and a.ndim != 2):
+    if b.ndim != 2 or a.ndim < 2 or (ta and a.ndim != 2):
         got = f"a {list(a.shape)}, b {list(b.shape)}"
-        return f"gemm: needs a rank-2 b (and a rank-2 a when transpose_a), got {got}"
+        return (
+            "gemm: needs a rank-2 b and an a of rank 2 or more (exactly 2 when "
+            f"transpose_a); a vector operand runs on the reference, got {got}"
+        )
     m, n, k = dims(a, b, ta, tb)
     if min(m, n, k) == 0:
         return f"gemm: an empty product (M, N, K = {m}, {n}, {k})"
