@@ -237,13 +237,19 @@ def test_sdpa_unify_head_backward_matches_vjp() -> None:
     ins = (q, k, v, None, w, bias)
     outs = cmd(*ins)
     gy, gc = rand([1, 3, 4], seed=5), rand([1, 3, 2, 3], seed=6)
-    got = cmd.definition.backward((gy, gc), ins, outs, **cmd.kwargs)
+    # Both sides jitted: eagerly, each small op of the attention backward compiles alone.
+    got = jax.jit(lambda c, i, o: cmd.definition.backward(c, i, o, **cmd.kwargs))(
+        (gy, gc), ins, outs
+    )
     assert got[3] is None and len(got) == 6
 
     def f(q, k, v, w, bias):
         return cmd.definition.forward(q, k, v, None, w, bias, **cmd.kwargs)
 
-    _, pullback = jax.vjp(f, q, k, v, w, bias)
+    @jax.jit
+    def pullback(cts):
+        return jax.vjp(f, q, k, v, w, bias)[1](cts)
+
     for g, want in zip((*got[:3], *got[4:]), pullback((jnp.asarray(gy), jnp.asarray(gc)))):
         assert_close(g, want, rtol=1e-4, atol=1e-5)
 

@@ -148,21 +148,27 @@ def test_backward_finite_differences(case: Case) -> None:
         outs = _forward(case, *xs)
         cts = _cotangents(outs)
         got = _our_backward(case, cts, xs, outs)
+        # The perturbations and sums run in NumPy (float64 sums): eager jnp arithmetic
+        # would compile one small XLA program per new shape, most of this test's cost.
+        host = [np.asarray(x) for x in xs]
         rng = np.random.default_rng(11)
-        dirs = {i: jnp.asarray(rng.uniform(-1, 1, xs[i].shape), dtype) for i in which}
+        dirs = {i: rng.uniform(-1, 1, host[i].shape).astype(host[i].dtype) for i in which}
         eps = 1e-2 if f32 else 1e-6
 
         def objective(sign: float) -> float:
-            args = list(xs)
+            args = list(host)
             for i in which:
-                args[i] = xs[i] + sign * eps * dirs[i]
+                args[i] = (host[i] + host[i].dtype.type(sign * eps) * dirs[i]).astype(host[i].dtype)
             total = 0.0
             for c, o in zip(cts, _forward(case, *args)):
                 if c is not None:
-                    total += float(jnp.sum(c.astype(o.dtype) * o))
+                    total += float(np.sum(np.asarray(c, np.float64) * np.asarray(o, np.float64)))
             return total
 
         numeric = (objective(1.0) - objective(-1.0)) / (2 * eps)
-        analytic = sum(float(jnp.sum(got[i] * dirs[i])) for i in which)
+        analytic = sum(
+            float(np.sum(np.asarray(got[i], np.float64) * dirs[i].astype(np.float64)))
+            for i in which
+        )
         rtol, atol = (1e-3, 1e-4) if f32 else (1e-4, 1e-6)
         assert np.isclose(analytic, numeric, rtol=rtol, atol=atol), (analytic, numeric)
