@@ -33,9 +33,10 @@ class Config:
     statistics (:class:`fnnc.errors.NumericsError`). Off by default: it adds one
     finiteness reduction per node output inside compiled programs.
 
-    ``serial`` identifies the backend settings (``backend``, ``backend_per_command``):
-    an :func:`override` that changes them gets a new one, leaving the block restores the
-    old one, so caches of backend choices key on it cheaply.
+    ``serial`` identifies the settings compiled code depends on (``backend``,
+    ``backend_per_command``, ``numerics``): an :func:`override` that changes them gets a
+    new one, leaving the block restores the old one, so caches of backend choices and of
+    compiled programs key on it cheaply.
     """
 
     checks: bool = True
@@ -76,7 +77,7 @@ def override(**changes: object) -> Iterator[Config]:
     global _current
     previous = _current
     _current = dataclasses.replace(previous, **changes)  # type: ignore[arg-type]
-    if not changes.keys() & {"backend", "backend_per_command"}:
+    if not changes.keys() & {"backend", "backend_per_command", "numerics"}:
         object.__setattr__(_current, "serial", previous.serial)
     try:
         yield _current

@@ -14,19 +14,33 @@ from fnnc.errors import DTypeError, GraphInputError, ShapeError
 
 
 def flatten_inputs(graph: Graph, args: Sequence[Any], where: str) -> list[Any]:
-    """The leaves of ``args``, checked against ``graph.inputs`` (count, shape, dtype)."""
+    """The leaves of ``args``, checked against ``graph.inputs`` (count, shape, dtype).
+
+    An argument per graph input may be a nested list of numbers (one array); otherwise
+    the arguments are pytrees whose leaves are the graph inputs in order.
+    """
     leaves = jax.tree.leaves(list(args))
     if len(leaves) != len(graph.inputs):
-        names = ", ".join(graph.label(i) for i in graph.inputs)
-        raise GraphInputError(
-            f"{where}: the graph takes {len(graph.inputs)} array(s) ({names}), "
-            f"got {len(leaves)}; pass one array per graph input, in order"
-        )
+        if len(args) == len(graph.inputs) and all(map(_nested_numbers, args)):
+            leaves = list(args)  # nested lists of numbers, one array each
+        else:
+            names = ", ".join(graph.label(i) for i in graph.inputs)
+            given = ", ".join(describe(a) for a in args) or "nothing"
+            raise GraphInputError(
+                f"{where}: the graph takes {len(graph.inputs)} array(s) ({names}), "
+                f"got {len(leaves)} from {len(args)} argument(s) ({given}); pass one array "
+                "per graph input, in order"
+            )
     out = []
     for sid, leaf in zip(graph.inputs, leaves):
         sym = graph.symbol(sid)
-        arr = leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf)
         want = f"{np.dtype(sym.dtype).name}{list(sym.shape)}"
+        arr = leaf if isinstance(leaf, jax.Array) else _numeric(leaf)
+        if arr is None:
+            raise DTypeError(
+                f"{where}: input {graph.label(sid)} expects {want}, got {describe(leaf)}; "
+                "pass a NumPy or JAX array (or a nested list of numbers)"
+            )
         got = f"{np.dtype(arr.dtype).name}{list(arr.shape)}"
         if tuple(arr.shape) != sym.shape:
             raise ShapeError(f"{where}: input {graph.label(sid)} expects {want}, got {got}")
@@ -35,8 +49,39 @@ def flatten_inputs(graph: Graph, args: Sequence[Any], where: str) -> list[Any]:
                 f"{where}: input {graph.label(sid)} expects {want}, got {got}; "
                 f"convert with .astype({np.dtype(sym.dtype).name})"
             )
-        out.append(arr)
+        out.append(arr if isinstance(arr, jax.Array) else jnp.asarray(arr))
     return out
+
+
+def describe(value: Any) -> str:
+    """How messages show a value given where an array was expected."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"{np.dtype(value.dtype).name}{list(value.shape)}"
+    if isinstance(value, (str, bytes)):
+        text = repr(value)
+        return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
+    if isinstance(value, (list, tuple)):
+        arr = _numeric(value) if _nested_numbers(value) else None
+        if arr is not None:
+            return f"a {type(value).__name__} of numbers, shape {list(arr.shape)}"
+        return f"a {type(value).__name__} of {len(value)} item(s)"
+    if isinstance(value, (bool, int, float, complex, np.generic)):
+        return f"{type(value).__name__} {value!r}"
+    return f"a {type(value).__name__}"
+
+
+def _numeric(value: Any) -> np.ndarray | None:
+    """``value`` as a NumPy array of numbers, or ``None`` (strings, objects, ragged lists)."""
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError):
+        return None
+    return arr if arr.dtype.kind in "biufc" or arr.dtype.name == "bfloat16" else None
+
+
+def _nested_numbers(value: Any) -> bool:
+    """A (nested) list or tuple of numbers, one array's worth."""
+    return isinstance(value, (list, tuple)) and _numeric(value) is not None
 
 
 def unflatten_outputs(graph: Graph, values: Sequence[Any]) -> Any:

@@ -8,6 +8,7 @@ which keeps compile times of traced models with closed-over weights low.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 from collections.abc import Sequence
@@ -23,10 +24,14 @@ from fnnc.core.evaluate import as_tuple, run_nodes
 from fnnc.core.ir import Graph, Node
 from fnnc.errors import GraphInputError, NumericsError
 from fnnc.graph._io import flatten_inputs, unflatten_outputs
+from fnnc.graph.memory import MemoryPlan, memory_plan
 from fnnc.graph.numerics import numerics_error
 from fnnc.graph.sharding import Shardings
 
 HOIST_ELEMENTS = 16
+
+IN_FLIGHT = 8
+"""Calls of a multi-device CPU program left queued before one blocks (see Program)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +61,7 @@ class Program:
     Attributes:
         graph: the graph it was compiled from.
         backends: per node, ``(index, label, backend name)``.
+        donate: positions of the graph inputs it donates (their buffers may hold outputs).
     """
 
     def __init__(
@@ -67,6 +73,7 @@ class Program:
         shardings: Shardings | None = None,
     ):
         self.graph = graph
+        self.donate = donate
         self.platform = platform
         self.shardings = shardings
         choices = []
@@ -113,6 +120,14 @@ class Program:
         ]
         self._lowered = self._jitted.lower(*arg_specs)
         self._compiled = self._lowered.compile()
+        # XLA:CPU runs the collectives of a multi-device program on a shared thread
+        # pool: with tens of steps queued (dispatch is asynchronous), participants of
+        # different steps can fill it and the all-reduce rendezvous never completes.
+        # Such programs keep at most IN_FLIGHT calls queued, blocking on the oldest.
+        many = shardings is not None and len(shardings.mesh.devices.flat) > 1
+        self._in_flight: collections.deque[Any] | None = (
+            collections.deque() if many and platform == "cpu" else None
+        )
 
     def __call__(self, *args: Any) -> Any:
         if len(args) == len(self.graph.inputs):
@@ -130,6 +145,11 @@ class Program:
         return self._outputs(leaves, values)
 
     def _outputs(self, args: Sequence[Any], values: tuple[Any, ...]) -> Any:
+        if self._in_flight is not None:
+            self._in_flight.append(values)
+            if len(self._in_flight) > IN_FLIGHT:  # outputs a later call took are gone
+                oldest = jax.tree.leaves(self._in_flight.popleft())
+                jax.block_until_ready([v for v in oldest if not v.is_deleted()])
         if self.numerics and len(values) > len(self.graph.outputs):
             flags = np.asarray(values[-1])
             values = values[:-1]
@@ -177,6 +197,11 @@ class Program:
     def compiled_text(self) -> str:
         """The optimised HLO XLA produced."""
         return self._compiled.as_text()
+
+    def memory_plan(self) -> MemoryPlan:
+        """fnnc's own plan of this program (:func:`~fnnc.graph.memory_plan` with its
+        donation), beside XLA's :meth:`memory`."""
+        return memory_plan(self.graph, donate=self.donate)
 
     def memory(self) -> MemoryReport:
         """XLA's memory analysis: arguments, outputs, temporaries, aliased (donated)."""
@@ -245,6 +270,8 @@ def compile(  # noqa: A001 - the name NNC users look for
     (``config.override(numerics=True)``), the program also computes one finiteness flag
     per node and a call that produced a NaN or an infinity raises
     :class:`~fnnc.errors.NumericsError` naming the first node, with its inputs' statistics.
+    The check donates nothing (``donate`` is ignored), so a failing call's inputs are
+    still there to re-run up to that node.
 
     Compiled programs are cached by (graph, donation, platform, dispatch state), so
     compiling an equal graph again is free, and registering a backend, writing the
@@ -267,11 +294,13 @@ def compile(  # noqa: A001 - the name NNC users look for
     >>> program(np.array([1.0, 2.0], np.float32))
     Array([3., 6.], dtype=float32)
     """
+    numerics = config.get().numerics
+    donated = _donate_indices(graph, donate)
     return _compile_cached(
         graph,
-        _donate_indices(graph, donate),
+        () if numerics else donated,  # the numerics report re-runs the inputs
         platform or jax.default_backend(),
         dispatch.state(),
-        config.get().numerics,
+        numerics,
         shardings,
     )

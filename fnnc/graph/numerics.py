@@ -3,8 +3,14 @@
 :func:`tensor_stats` summarises any array (min, max, mean, std, NaN and infinity
 counts); use it from an :func:`~fnnc.graph.interpret` ``on_node`` hook to step through a
 graph. With ``config.override(numerics=True)`` (or ``FNNC_CHECKS=numerics``), compiled
-programs and ``interpret`` raise :class:`~fnnc.errors.NumericsError` naming the first
-node whose output holds a NaN or an infinity, with its inputs' statistics.
+programs, ``interpret``, the dynamic graph (each ``exec`` as it runs: :func:`checked`)
+and ``Model.fit`` raise :class:`~fnnc.errors.NumericsError` naming the first node whose
+output holds a NaN or an infinity, with its inputs' statistics.
+
+Cost: off, nothing (the check is compiled in, or a command's forward wrapped, only when
+it is on). On, a compiled program computes one finiteness flag per node and reads them
+back once per call, and nothing is donated; the dynamic graph reads every command's
+outputs back to the host, so each ``exec`` waits for its result.
 
 >>> import numpy as np
 >>> from fnnc.graph import tensor_stats
@@ -15,7 +21,7 @@ f32[3] min=1 max=3 mean=2 std=1 nan=1 inf=0
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -104,3 +110,70 @@ def check_node(
     for value in outputs:
         if is_float(value) and not bool(np.isfinite(np.asarray(value)).all()):
             raise numerics_error(graph, index, inputs, outputs, where)
+
+
+class NotFinite(NumericsError):
+    """Raised by a :func:`checked` forward: its ``inputs`` and ``outputs`` (the caller,
+    who knows the node's name and inputs, turns it into :func:`exec_error`)."""
+
+    def __init__(self, inputs: Sequence[Any], outputs: Sequence[Any]):
+        super().__init__("a command produced a NaN or an infinity")
+        self.inputs, self.outputs = tuple(inputs), tuple(outputs)
+
+
+def checked(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a command's forward) raising :class:`NotFinite` when a float output holds
+    a NaN or an infinity; it reads the outputs back, so it waits for them."""
+
+    def run(*args: Any) -> Any:
+        out = fn(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        for value in outs:
+            if is_float(value) and not bool(np.isfinite(np.asarray(value)).all()):
+                raise NotFinite(args, outs)
+        return out
+
+    return run
+
+
+def exec_error(label: str, cmd: Any, names: Sequence[str], found: NotFinite) -> NumericsError:
+    """The error for one ``exec`` (``label``, e.g. ``exec ewlog ('y')``) whose outputs
+    ``found`` holds a NaN or an infinity; ``names`` are its inputs' names."""
+    lines = [f"{label} produced a NaN or an infinity (the first command to do so)"]
+    for k, value in enumerate(found.outputs):
+        lines.append(f"  output {k}: {tensor_stats(value)}")
+    for name, value in zip(names, found.inputs):
+        lines.append(f"  input  {name}: {tensor_stats(value)}")
+    stale = [n for n, v in zip(names, found.inputs) if is_float(v) and not tensor_stats(v).finite]
+    inner = None if stale else _inside(cmd, found.inputs)
+    if stale:
+        lines.append(
+            f"Input {', '.join(stale)} already held a NaN or an infinity: it came from outside "
+            "the checked commands (data, a variable set by hand, a command run before the "
+            "check was on)."
+        )
+    elif inner is not None:
+        lines.append(f"Inside it: {inner}")
+    else:
+        lines.append(
+            f"{cmd} made it from finite inputs: a log or division of zero, an overflow in "
+            "float16, or an input outside the command's domain are the usual causes."
+        )
+    return NumericsError("\n".join(lines))
+
+
+def _inside(cmd: Any, inputs: Sequence[Any]) -> str | None:
+    """For a command holding a sub-graph (``call``: an evaluated model or graph), the
+    numerics report of the first node inside it that made the NaN or infinity."""
+    graph = dict(getattr(cmd, "params", ())).get("graph")
+    if not isinstance(graph, Graph):
+        return None
+    from fnnc import config
+    from fnnc.graph.interpret import interpret  # interpret imports this module
+
+    try:
+        with config.override(numerics=True):
+            interpret(graph, *inputs)
+    except NumericsError as e:
+        return str(e)
+    return None

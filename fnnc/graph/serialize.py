@@ -184,7 +184,8 @@ def _check_type(name: str, key: str, value: Any, default: Any, where: str) -> No
     accepts = _ACCEPTS.get(type(default))
     if accepts is None:
         return
-    if type(value) not in accepts:
+    if type(value) not in accepts and not (str in accepts and isinstance(value, np.dtype)):
+        # a dtype parameter whose default is a name ("float32") holds a np.dtype
         raise GraphFormatError(
             f"load: {where}: {name} parameter {key!r} is {value!r:.60} "
             f"({type(value).__name__}); expected a {type(default).__name__}"
@@ -384,9 +385,14 @@ def load(path: Any, *, name: str | None = None) -> Graph:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except OSError as e:  # reading never creates: a missing file is an error naming it
         raise GraphFormatError(
-            f"load: {os.fspath(path)} is not an fnnc graph file (not JSON: {e})"
+            f"load: cannot read {os.fspath(path)} ({e.strerror or e}); check the path"
+        ) from None
+    except (ValueError, RecursionError) as e:  # bad UTF-8 and JSON are ValueErrors
+        why = "nested too deeply" if isinstance(e, RecursionError) else f"not JSON: {e}"
+        raise GraphFormatError(
+            f"load: {os.fspath(path)} is not an fnnc graph file ({why})"
         ) from None
     try:
         return from_data(data)

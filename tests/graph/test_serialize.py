@@ -37,6 +37,20 @@ def test_round_trip_is_equal_and_computes_the_same(tmp_path):
     assert set(interpret(back, *xs)) == {"y", "pair"}
 
 
+def test_a_backward_graph_round_trips():
+    """Gradient graphs hold ``set`` nodes whose dtype parameter is a ``np.dtype``."""
+    from fnnc.graph.passes.backward import backward
+
+    g = _graph()
+    b = GraphBuilder.from_graph(g)
+    y = g.symbols[g.outputs[0]]
+    f = b.exec(ops.reduce_sum(axes=(0, 1)), b.exec(ops.ewexp(), y))
+    grads, _ = backward(b.build([f]), f, [g.symbols[g.inputs[1]]])
+    assert any(n.cmd.name == "set" for n in grads.nodes)
+    back = from_data(json.loads(json.dumps(to_data(grads))))
+    assert back == grads
+
+
 def test_data_is_plain_json():
     text = json.dumps(to_data(_graph()))
     assert from_data(json.loads(text)) == _graph()

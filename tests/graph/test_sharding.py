@@ -66,6 +66,8 @@ SCRIPT = textwrap.dedent(
     p, s = list(params), list(state)
     for _ in range(100):
         p, s, loss = layout.split(program(*p, *s, *data))
+    from fnnc.graph.compile import IN_FLIGHT
+    assert len(program._in_flight) == IN_FLIGHT  # the older calls were waited for
     jax.block_until_ready(loss)
     # a batch that does not divide by the devices says what divides
     from fnnc.errors import ShapeError

@@ -11,7 +11,10 @@ over:
   path. The entry holds the command, which keeps its ``id`` from being reused.
 
 Both key on :func:`fnnc.core.dispatch.state` (backends, autotune table, settings): a
-plan made before a backend was registered is made again.
+plan made before a backend was registered is made again. With the numerics check on
+(``config.override(numerics=True)``), a plan's forward is wrapped by
+:func:`fnnc.graph.numerics.checked`, and the first ``exec`` whose output holds a NaN or
+an infinity raises :class:`~fnnc.errors.NumericsError` naming it and its inputs' statistics.
 
 :func:`run` is the rest of every command: call the forward (unless lazy), make the
 output versions, and append a node to the :class:`~.record.Record` when a gradient
@@ -28,12 +31,14 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from fnnc import config
 from fnnc.core.command import output_specs
 from fnnc.core.dispatch import compiled_forward, select_backend
 from fnnc.core.dispatch import state as dispatch_state
 from fnnc.core.evaluate import read_view
 from fnnc.core.ir import AliasSymbol
 from fnnc.errors import FnncError, GraphError
+from fnnc.graph.numerics import NotFinite, checked, exec_error
 from fnnc.ops import Command
 
 from .record import Node, Read, Version, View, spec_id
@@ -130,6 +135,8 @@ class Plans:
                 )
                 raise type(e)(f"{where(cmd, name)}: {e}\n  inputs: {listing or '(none)'}") from None
             fn = compiled_forward(cmd, select_backend(cmd, jspecs))
+            if config.get().numerics:  # planned anew when it changes (dispatch state)
+                fn = checked(fn)
             plan = per.plans[sids] = Plan(per, cfg, fn, outs)
         if len(self.fast) > 4096:  # commands made on the fly (``x * 2.0``) come and go
             self.fast.clear()
@@ -169,7 +176,11 @@ def run(
     if lazy:
         values: Any = plan.pending
     else:
-        values = plan.fn(*args)
+        try:  # free unless raised (Python 3.11); only a numerics-checked forward raises
+            values = plan.fn(*args)
+        except NotFinite as e:
+            names = [name_of(v) for v, _ in reads]
+            raise exec_error(where(cmd, name), cmd, names, e) from None
         if type(values) is not tuple:
             values = (values,)
     ids, table = record.ids, record.versions

@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+from fnnc.core import dispatch
 from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol, TensorSymbol
 from fnnc.graph.passes.compact import compact
 from fnnc.graph.passes.dce import dce
@@ -159,7 +160,11 @@ class ProgramCache:
         self.misses = 0
 
     def get(self, key: Hashable, build: Callable[[], Any]) -> tuple[Any, bool]:
-        """The entry for ``key``, built on a miss; and whether it was built now."""
+        """The entry for ``key``, built on a miss; and whether it was built now.
+
+        The dispatch state (backend registry, autotune table, backend and numerics
+        settings) is part of every key, as in every other program cache."""
+        key = (key, dispatch.state())
         item = self._items.get(key)
         if item is not None:
             self._items.move_to_end(key)

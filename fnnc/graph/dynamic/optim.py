@@ -50,6 +50,16 @@ def check(optimizer: Any, what: str) -> None:
         )
 
 
+def _cell(cell: Any, depth: int) -> Any:
+    """A closure cell's behaviour; an empty cell (a name bound later, as in
+    ``optax.exponential_decay``) is its own marker."""
+    try:
+        contents = cell.cell_contents
+    except ValueError:
+        return ("empty cell",)
+    return behaviour(contents, depth)
+
+
 def behaviour(value: Any, depth: int = 0) -> Hashable:
     """A hashable fingerprint of what ``value`` does: functions by code, defaults and
     closure (recursively), containers by contents, numbers and strings by value,
@@ -57,7 +67,7 @@ def behaviour(value: Any, depth: int = 0) -> Hashable:
     if depth > 12:
         return ("id", id(value))
     if isinstance(value, types.FunctionType):
-        cells = tuple(behaviour(c.cell_contents, depth + 1) for c in value.__closure__ or ())
+        cells = tuple(_cell(c, depth + 1) for c in value.__closure__ or ())
         defaults = behaviour(value.__defaults__ or (), depth + 1)
         return ("fn", value.__code__, defaults, cells)
     if isinstance(value, functools.partial):

@@ -8,7 +8,8 @@ nothing changed, so pipelines detect a fixpoint with ``is``.
   passes, verifying and printing between them as :mod:`fnnc.config` says.
 * :func:`map_subgraphs` applies a pass inside the sub-graphs commands hold.
 * :func:`backward` appends gradient nodes (NNC's symbolic reverse mode);
-  :func:`minimize` adds an Optax update so a training step is one graph.
+  :func:`minimize` adds an Optax update so a training step is one graph;
+  :func:`minimize_scaled` is the same with float16 dynamic loss scaling.
 """
 
 from fnnc.graph.passes._subgraphs import map_subgraphs as map_subgraphs
@@ -18,6 +19,7 @@ from fnnc.graph.passes.cse import cse as cse
 from fnnc.graph.passes.dce import dce as dce
 from fnnc.graph.passes.fold import fold as fold
 from fnnc.graph.passes.fuse import fuse as fuse
+from fnnc.graph.passes.loss_scale import minimize_scaled as minimize_scaled
 from fnnc.graph.passes.memory_compression import memory_compression as memory_compression
 from fnnc.graph.passes.memory_reduction import memory_reduction as memory_reduction
 from fnnc.graph.passes.minimize import TrainLayout as TrainLayout

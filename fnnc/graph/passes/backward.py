@@ -52,10 +52,25 @@ from fnnc.ops.autodiff import gradient_command
 
 
 def _ids(graph: Graph, items: Any, what: str) -> list[int]:
-    if isinstance(items, (int, np.integer)) or hasattr(items, "id"):
+    """Symbol ids of ``items``: symbols of ``graph`` or their integer ids (one or a list)."""
+    if isinstance(items, (int, np.integer, str)) or hasattr(items, "id"):
         items = [items]
+    elif not hasattr(items, "__iter__"):
+        raise GraphError(
+            f"backward: {what} is a {type(items).__name__}; it takes a tensor symbol of the "
+            "graph (what GraphBuilder.input/exec return), its integer id, or a list of them"
+        )
     out = []
-    for item in items:
+    for k, item in enumerate(items):
+        if not hasattr(item, "id") and (
+            isinstance(item, bool) or not isinstance(item, (int, np.integer))
+        ):
+            inputs = ", ".join(graph.label(s) for s in graph.inputs)
+            raise GraphError(
+                f"backward: {what}[{k}] is {item!r} (a {type(item).__name__}); {what} takes "
+                "tensor symbols of the graph (what GraphBuilder.input/exec return) or their "
+                f"integer ids, e.g. the graph inputs {inputs}"
+            )
         sid = int(item.id if hasattr(item, "id") else item)
         if not 0 <= sid < len(graph.symbols) or (
             hasattr(item, "id") and graph.symbols[sid] != item

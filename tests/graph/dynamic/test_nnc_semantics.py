@@ -56,6 +56,18 @@ def test_fresh_adam_per_step_equals_one_reused(apply: bool) -> None:
     np.testing.assert_allclose(one, params, rtol=1e-5)
 
 
+def test_a_scheduled_optimizer_made_fresh_per_step_keeps_its_state() -> None:
+    """``optax.exponential_decay`` closes over a cell bound after its inner function."""
+    make = lambda: optax.adam(optax.exponential_decay(0.1, 2, 0.5))  # noqa: E731
+    fresh = _quadratic_steps(make)
+    params, opt = jnp.float32([1.0, -2.0, 3.0]), make()
+    state = opt.init(params)
+    for _ in range(5):
+        updates, state = opt.update(2 * params, state, params)
+        params = optax.apply_updates(params, updates)
+    np.testing.assert_allclose(fresh, params, rtol=1e-5)
+
+
 def test_fresh_optimizer_compiles_once_and_injected_rate_recompiles_nothing() -> None:
     dg = DynamicGraph()
     w = dg.variable(np.float32([1.0, -2.0]), name="w")
@@ -92,7 +104,8 @@ def test_other_structure_sets_state_aside() -> None:
 
 
 def _gradient_graphs():
-    return [v[0] for k, v in PROGRAMS._items.items() if k[0] in ("backward", "minimize")]
+    # keys are (structure key, dispatch state); a structure key starts with its kind
+    return [v[0] for (k, _), v in PROGRAMS._items.items() if k[0] in ("backward", "minimize")]
 
 
 @pytest.mark.parametrize("lazy", [False, True])

@@ -1,0 +1,194 @@
+"""minimize_scaled: a training step with dynamic loss scaling (float16 training).
+
+float16 holds magnitudes from about 6e-8 to 65504, so small gradients of a float16
+computation underflow to zero. NNC's half-precision training (as Flax's
+``DynamicScale`` and jmp's ``DynamicLossScale``) multiplies the loss by a scale ``S``
+before the backward, so the gradients flowing through float16 are ``S`` times larger,
+and divides them by ``S`` before the update. ``S`` adapts, inside the step:
+
+- every gradient finite: the update is applied; after ``growth_interval`` such steps
+  in a row, ``S`` doubles (``factor``);
+- any gradient Inf or NaN (``S`` was too large, the float16 backward overflowed): the
+  step is skipped (parameters and optimizer state come out bitwise unchanged) and ``S``
+  halves (not below ``minimum``).
+
+All of it is graph nodes (one ``ewprod`` for the scaled loss and one ``optax_update``
+whose transformation unscales, checks and selects with ``jnp.where``), so a training
+step stays one jitted computation with no host synchronisation. The scale state
+(``loss_scale: f32[]``, ``good_steps: i32[]``) is two more graph inputs and outputs.
+
+Before / after (``minimize`` for comparison; loss = sum(w * x))::
+
+    graph(%0 w, %1 opt_state[0], %2 x) { ...; return %w', %state', %loss }
+    graph(%0 w, %1 opt_state[0], %2 x, %3 loss_scale, %4 good_steps) {
+        %5 = ewprod(%loss, %3)  # scaled_loss
+        ... backward of %5 ...
+        %w', %state', %3', %4' = optax_update[n_params=1](%grad, %1, %3, %4, %0)
+        return %w', %state', %loss, %3', %4' }
+
+>>> import numpy as np, optax
+>>> from fnnc import ops
+>>> from fnnc.graph import GraphBuilder, interpret
+>>> from fnnc.graph.passes.loss_scale import LossScale, minimize_scaled
+>>> b = GraphBuilder()
+>>> w = b.input((), name="w")
+>>> loss = b.exec(ops.ewprod(), w, w)
+>>> step, layout = minimize_scaled(b.build([loss]), loss, [w], optax.sgd(0.25),
+...                                scaling=LossScale(growth_interval=1))
+>>> w1, value, scale, good = interpret(step, np.float32(2.0), np.float32(2.0**15), np.int32(0))
+>>> float(w1), float(value), float(scale), int(good)      # w - 0.25 * 2w; S doubled
+(1.0, 4.0, 65536.0, 0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fnnc import ops
+from fnnc.core.ir import Graph
+from fnnc.errors import GraphError
+from fnnc.graph.builder import GraphBuilder
+from fnnc.graph.passes.backward import _ids, backward
+from fnnc.graph.passes.minimize import TrainLayout
+from fnnc.ops.optimizer import optax_update_command
+
+
+class ScaleState(NamedTuple):
+    """The dynamic state: the loss ``scale`` (float32) and the finite steps in a row
+    since it last changed, ``good_steps`` (int32)."""
+
+    scale: Any
+    good_steps: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class LossScale:
+    """A dynamic loss-scaling policy (see the module doc).
+
+    Attributes:
+        initial: the first scale (NNC and Flax: ``2**15``).
+        growth_interval: finite steps in a row after which the scale grows.
+        factor: the scale is multiplied by it to grow, divided by it on Inf/NaN.
+        minimum: the scale never goes below it.
+    """
+
+    initial: float = 2.0**15
+    growth_interval: int = 2000
+    factor: float = 2.0
+    minimum: float = 1.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not (np.isfinite(self.initial) and self.initial > 0):
+            problems.append(f"initial={self.initial!r} (a positive finite number)")
+        if not (isinstance(self.growth_interval, int) and self.growth_interval >= 1):
+            problems.append(f"growth_interval={self.growth_interval!r} (an int >= 1)")
+        if not self.factor > 1:
+            problems.append(f"factor={self.factor!r} (a number > 1, e.g. 2.0)")
+        if not self.minimum > 0:
+            problems.append(f"minimum={self.minimum!r} (a number > 0)")
+        if problems:
+            raise GraphError("LossScale: expected " + "; ".join(problems))
+
+    def init(self) -> ScaleState:
+        """The starting state: ``initial`` and no good steps."""
+        return ScaleState(jnp.asarray(self.initial, jnp.float32), jnp.zeros((), jnp.int32))
+
+    def next(self, state: ScaleState, finite: Any) -> ScaleState:
+        """The state after a step whose unscaled gradients were all ``finite`` (or not)."""
+        good = state.good_steps + 1
+        grown = state.scale * self.factor
+        grow = finite & (good >= self.growth_interval) & jnp.isfinite(grown)
+        kept = jnp.where(grow, grown, state.scale)
+        backed = jnp.maximum(state.scale / self.factor, jnp.float32(self.minimum))
+        scale = jnp.where(finite, kept, backed).astype(jnp.float32)
+        good = jnp.where(finite & ~grow, good, 0).astype(jnp.int32)
+        return ScaleState(scale, good)
+
+    def transform(self, inner: optax.GradientTransformation) -> optax.GradientTransformation:
+        """``inner`` on gradients of a scaled loss: its state is ``(inner state,
+        ScaleState)``; it unscales the gradients, and where any is not finite it
+        updates by ``-0.0`` (``p + -0.0 == p`` bitwise) and keeps the inner state."""
+
+        def init(params: Any) -> tuple[Any, ScaleState]:
+            return inner.init(params), self.init()
+
+        def update(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+            inner_state, scaled = state
+            grads = jax.tree.map(lambda g: (g / scaled.scale).astype(g.dtype), grads)
+            finite = jnp.array(True)
+            for g in jax.tree.leaves(grads):
+                finite = finite & jnp.all(jnp.isfinite(g))
+            updates, new_inner = inner.update(grads, inner_state, params)
+            updates = jax.tree.map(lambda u: jnp.where(finite, u, -jnp.zeros_like(u)), updates)
+            new_inner = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new_inner, inner_state)
+            return updates, (new_inner, self.next(scaled, finite))
+
+        return optax.GradientTransformation(init, update)
+
+
+def minimize_scaled(
+    graph: Graph,
+    loss: Any,
+    params: Sequence[Any],
+    optimizer: Any,
+    *,
+    scaling: LossScale = LossScale(),
+) -> tuple[Graph, TrainLayout]:
+    """:func:`~fnnc.graph.passes.minimize.minimize` with dynamic loss scaling.
+
+    Args:
+        graph: the forward graph computing ``loss`` (a float scalar); its other
+            outputs are kept after the loss.
+        loss: a scalar symbol (or id) of ``graph``.
+        params: graph inputs to train.
+        optimizer: any ``optax.GradientTransformation``.
+        scaling: the :class:`LossScale` policy.
+
+    Returns:
+        ``(step_graph, layout)``. The step maps (params, state, the graph's other
+        inputs, ``loss_scale``, ``good_steps``) to (params', state', loss, the graph's
+        other outputs, ``loss_scale'``, ``good_steps'``); ``layout`` describes the
+        optimizer's own state (the scale state is not in it) and
+        ``scaling.init()`` gives the first scale state.
+    """
+    (loss_id,) = _ids(graph, loss, "loss")
+    param_ids = _ids(graph, params, "params")
+    for pid in param_ids:
+        if pid not in graph.inputs:
+            raise GraphError(
+                f"minimize_scaled: parameter {graph.label(pid)} is not a graph input; "
+                "parameters must be inputs so the step can return their new values"
+            )
+    b = GraphBuilder.from_graph(graph)
+    param_syms = [graph.symbols[p] for p in param_ids]
+    cmd = optax_update_command(scaling.transform(optimizer), [s.spec for s in param_syms])
+    state_specs = cmd.param("state_specs")
+    m = len(state_specs) - 2  # the optimizer's leaves; the scale state is last
+    names = [*(f"opt_state[{i}]" for i in range(m)), "loss_scale", "good_steps"]
+    state_in = [b.tensor(s, d, name=n) for (s, d), n in zip(state_specs, names)]
+    for s in state_in:
+        b.add_input(s)
+    value = graph.symbols[loss_id]
+    if np.dtype(value.dtype) != np.float32:
+        value = b.exec(ops.datatype_conversion(dtype="float32"), value)
+    scaled = b.exec(ops.ewprod(), value, state_in[m], name="scaled_loss")
+    others = [graph.symbols[i] for i in graph.outputs[1:]]
+    grad_graph, grads = backward(b.build([scaled, *others]), scaled, param_ids)
+    b = GraphBuilder.from_graph(grad_graph)
+    outs = b.exec(cmd, *grads, *state_in, *param_syms, name="optimizer")
+    n = len(param_ids)
+    head, tail = list(outs[: n + m]), list(outs[n + m :])
+    step = b.build([*head, graph.symbols[loss_id], *others, *tail])
+    rest = [i for i in graph.inputs if i not in param_ids]
+    order = (*param_ids, *(s.id for s in state_in[:m]), *rest, *(s.id for s in state_in[m:]))
+    step = dataclasses.replace(step, inputs=order)
+    inner = jax.tree.structure(jax.eval_shape(optimizer.init, [s.spec for s in param_syms]))
+    return step, TrainLayout(n, m, inner, optimizer)

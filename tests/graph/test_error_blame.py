@@ -1,0 +1,100 @@
+"""Wrong calls of a compiled Program, interpret and backward name the input and the fix."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.errors import DTypeError, GraphError, GraphInputError, ShapeError
+from fnnc.graph import GraphBuilder, backward, compile, interpret
+
+
+def _graph():
+    b = GraphBuilder()
+    x = b.input((2, 3), name="x")
+    y = b.input((3,), name="y")
+    return b.build([b.exec(ops.mul(), x, y, name="m")])
+
+
+@pytest.fixture(scope="module")
+def runners():
+    graph = _graph()
+    program = compile(graph)
+    return {"Program": program, "interpret": lambda *xs: interpret(graph, *xs)}
+
+
+WHERE = ["Program", "interpret"]
+Y = np.array([1.0, 2.0, 3.0], np.float32)
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_a_string_is_named_with_its_input(runners, where: str) -> None:
+    with pytest.raises(DTypeError) as e:
+        runners[where]("abc", Y)
+    assert str(e.value) == (
+        f"{where}: input %0 (x) expects float32[2, 3], got str 'abc'; pass a NumPy or JAX "
+        "array (or a nested list of numbers)"
+    )
+    assert isinstance(e.value, TypeError)
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_nested_lists_of_numbers_are_arrays(runners, where: str) -> None:
+    rows = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+    got = runners[where](rows, [1.0, 2.0, 3.0])
+    np.testing.assert_allclose(np.asarray(got), np.asarray(rows) * Y)
+    with pytest.raises(ShapeError, match=r"input %1 \(y\) expects float32\[3\], got \w+\[2\]"):
+        runners[where](rows, [1.0, 2.0])
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_wrong_arity_says_what_was_given(runners, where: str) -> None:
+    rows = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+    with pytest.raises(GraphInputError) as e:
+        runners[where](rows)
+    assert str(e.value) == (
+        f"{where}: the graph takes 2 array(s) (%0 (x), %1 (y)), got 6 from 1 argument(s) "
+        "(a list of numbers, shape [2, 3]); pass one array per graph input, in order"
+    )
+    with pytest.raises(GraphInputError, match=r"got 1 from 1 argument\(s\) \(float32\[3\]\)"):
+        runners[where](Y)
+    given = r"got 3 from 2 argument\(s\) \(float32\[3\], a dict\)"
+    with pytest.raises(GraphInputError, match=given):
+        runners[where](Y, {"a": Y, "b": Y})
+
+
+def _loss_graph():
+    b = GraphBuilder()
+    x = b.input((3,), name="x")
+    w = b.input((3,), name="w")
+    loss = b.exec(ops.reduce_sum(axes=(0,)), b.exec(ops.mul(), x, w), name="loss")
+    return b.build([loss]), x, w, loss
+
+
+def test_backward_names_a_bad_wrt_item() -> None:
+    graph, x, _, loss = _loss_graph()
+    with pytest.raises(GraphError) as e:
+        backward(graph, loss, [x, "nope"])
+    assert str(e.value) == (
+        "backward: wrt[1] is 'nope' (a str); wrt takes tensor symbols of the graph (what "
+        "GraphBuilder.input/exec return) or their integer ids, e.g. the graph inputs "
+        "%0 (x), %1 (w)"
+    )
+    with pytest.raises(GraphError, match=r"wrt\[0\] is True \(a bool\)"):
+        backward(graph, loss, [True])
+    with pytest.raises(GraphError, match="backward: wrt is a float; it takes a tensor symbol"):
+        backward(graph, loss, 1.5)
+    with pytest.raises(GraphError, match=r"f\[0\] is 'loss' \(a str\)"):
+        backward(graph, "loss", [x])
+
+
+def test_backward_takes_symbols_and_integer_ids() -> None:
+    graph, x, w, loss = _loss_graph()
+    xv, wv = np.float32([1.0, -2.0, 3.0]), np.float32([0.5, 4.0, -1.0])
+    oracle = jax.grad(lambda a, b: jnp.sum(a * b), argnums=(0, 1))(xv, wv)
+    for wrt in ([x, w], [x.id, np.int64(w.id)]):
+        grads_graph, _ = backward(graph, loss, wrt)
+        _, gx, gw = interpret(grads_graph, xv, wv)
+        np.testing.assert_allclose(gx, oracle[0])
+        np.testing.assert_allclose(gw, oracle[1])
