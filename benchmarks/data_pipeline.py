@@ -14,7 +14,18 @@ Reported: samples/s (median of several interleaved rounds) and the ratio to the
 shuffled NumPy loop. ``--workers N`` adds a run with N worker processes (their start-up,
 seconds on a small machine, is reported separately and not in the throughput).
 
-Run: python benchmarks/data_pipeline.py [--quick] [--workers 2]
+``--fit``: the pipeline feeding training instead. The digits CNN of
+``examples/digits.py`` (1437 training images, batch 32, Adam) runs ``model.train``
+epochs fed by in-memory arrays, by a DataFrame read in the training thread, and by
+the DataFrame with 2 Grain worker processes (``df.read_with(workers=2)``; started
+once, in the warm-up, and kept from epoch to epoch). Each contender trains its own
+copy of the model; every round runs one ``train(epochs=1)`` call per contender, in an
+order rotated each round; reported are the median wall-clock seconds per epoch and the
+ratio to arrays (the pipeline is not the bottleneck at <= 1.05), and the same for the
+CPU time of this process (XLA's threads included, worker processes not), which other
+jobs on a shared machine disturb less than the wall clock.
+
+Run: python benchmarks/data_pipeline.py [--quick] [--workers 2] [--fit [--rounds 41]]
 """
 
 from __future__ import annotations
@@ -84,11 +95,56 @@ def measure(cases: dict[str, Callable[[int], int]], rounds: int, epochs: int) ->
     return {k: statistics.median(v) for k, v in rates.items()}
 
 
+def fit_epochs(rounds: int, workers: int) -> None:
+    """Median seconds per ``model.train`` epoch of the digits CNN per data source."""
+    from examples.digits import load, make_model
+    from fnnc.models import minimizers
+
+    (x, y), _ = load()
+    frame = DataFrame.from_arrays(x=x, y=y)
+    sources = {
+        "arrays": (x, y),
+        "DataFrame workers=0": frame,
+        f"DataFrame workers={workers}": frame.read_with(workers=workers),
+    }
+    models = {}
+    for name, data in sources.items():
+        model = make_model()
+        model.compile([x[:BATCH]], loss="softmax_crossentropy", minimizer=minimizers.adam(3e-3))
+        start = time.perf_counter()
+        model.train(data, epochs=1, batch_size=BATCH, verbose=False)  # compile, start workers
+        print(f"  warm-up epoch {name:22s} {time.perf_counter() - start:6.1f} s")
+        models[name] = model
+    seconds: dict[str, list[float]] = {k: [] for k in sources}
+    cpu: dict[str, list[float]] = {k: [] for k in sources}
+    names = list(sources)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            start, start_cpu = time.perf_counter(), time.process_time()
+            models[name].train(sources[name], epochs=1, batch_size=BATCH, verbose=False)
+            seconds[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
+    base, base_cpu = statistics.median(seconds["arrays"]), statistics.median(cpu["arrays"])
+    steps = len(x) // BATCH
+    load = os.getloadavg()[0]
+    print(f"digits CNN train: {steps} steps of {BATCH} per epoch, median of {rounds} "
+          f"interleaved epochs each ({os.cpu_count()} CPUs, load average {load:.1f})")  # fmt: skip
+    for name, values in seconds.items():
+        wall, used = statistics.median(values), statistics.median(cpu[name])
+        print(f"  {name:22s} {wall * 1e3:7.1f} ms/epoch, ratio to arrays {wall / base:5.3f}   "
+              f"CPU {used * 1e3:7.1f} ms/epoch, ratio {used / base_cpu:5.3f}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
     parser.add_argument("--workers", type=int, default=0, help="also time N worker processes")
+    parser.add_argument("--fit", action="store_true", help="time model.train epochs instead")
+    parser.add_argument("--rounds", type=int, default=0, help="--fit: epochs per contender")
     args = parser.parse_args()
+    if args.fit:
+        fit_epochs(args.rounds or (5 if args.quick else 41), workers=args.workers or 2)
+        return
     rounds, epochs = (3, 2) if args.quick else (7, 5)
     digits = load_digits()
     x = (digits.images / 16.0).astype(np.float32)[..., None]  # [1797, 8, 8, 1]

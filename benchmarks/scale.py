@@ -1,4 +1,7 @@
-"""Step time of the digits CNN: 1 vs 4 virtual CPU devices, and bfloat16 vs float32.
+"""Step time of the digits CNN: 1 vs 4 virtual CPU devices, bfloat16 and float16 vs float32.
+
+float16 runs with dynamic loss scaling (the default for ``precision="float16"``: the
+scaled backward, the finiteness check and the skip-or-apply select inside the step).
 
 Each device count runs in its own subprocess (JAX fixes the count at start-up), in
 the same run, so the ratio compares like with like; every figure is the median of
@@ -72,12 +75,14 @@ def main() -> None:
         "1 device, float32": child(1, "float32", args),
         "4 devices, float32": child(4, "float32", args),
         "1 device, bfloat16": child(1, "bfloat16", args),
+        "1 device, float16+scaling": child(1, "float16", args),
     }
     for name, s in rows.items():
-        print(f"{name:>20}: {s * 1e3:8.2f} ms/step (median of {args.repeats})")
+        print(f"{name:>26}: {s * 1e3:8.2f} ms/step (median of {args.repeats})")
     one = rows["1 device, float32"]
     print(f"4 devices / 1 device: {rows['4 devices, float32'] / one:.2f}x step time")
     print(f"bfloat16 / float32:   {rows['1 device, bfloat16'] / one:.2f}x step time")
+    print(f"float16+scaling / float32: {rows['1 device, float16+scaling'] / one:.2f}x step time")
 
 
 if __name__ == "__main__":

@@ -31,11 +31,15 @@ True
 
 Epoch ``e`` is shuffled from ``(seed, e)``: ``df.iterator(epoch=e)`` for e = 0, 1, ...
 continues one sequence, and the same seed replays it. ``workers=`` reads ahead in
-processes and gives the same stream as ``workers=0``; :meth:`~DataFrame.shard` gives
-each JAX process its share. Errors are :class:`DataError`, naming the column and row.
+processes and gives the same stream as ``workers=0``; ``df.read_with(workers=2)`` makes
+that the default, for loops that make the iterators themselves (``Model.train``): the
+processes then start once per run (:func:`release_workers` stops them before exit).
+:meth:`~DataFrame.shard` gives each JAX process its share. Errors are
+:class:`DataError`, naming the column and row.
 """
 
 from fnnc.data.errors import DataError as DataError
 from fnnc.data.frame import DataFrame as DataFrame
 from fnnc.data.iterator import DataIterator as DataIterator
 from fnnc.data.sources import Column as Column
+from fnnc.data.workers import release_workers as release_workers

@@ -76,7 +76,7 @@ class DataFrame:
     ((4,), True)
     """
 
-    __slots__ = ("_columns", "_rows", "_source", "_source_rows", "_stages")
+    __slots__ = ("_columns", "_read", "_rows", "_source", "_source_rows", "_stages")
 
     def __init__(self, columns: Mapping[str, Column | Any]):
         source = {name: as_column(value) for name, value in columns.items()}
@@ -90,6 +90,7 @@ class DataFrame:
         self._columns: tuple[str, ...] = tuple(source)
         self._rows: int = next(iter(lengths.values()))
         self._source_rows = self._rows
+        self._read: dict[str, int] = {}
 
     # -- making one ------------------------------------------------------------------
     @classmethod
@@ -190,6 +191,8 @@ class DataFrame:
 
     def __repr__(self) -> str:
         steps = "".join(f" {s.describe()}" for s in self._stages)
+        if self._read:
+            steps += f" read_with({', '.join(f'{k}={v}' for k, v in self._read.items())})"
         columns = ", ".join(self._columns)
         return f"DataFrame({self._rows} rows; columns {columns}{';' if steps else ''}{steps})"
 
@@ -201,7 +204,7 @@ class DataFrame:
 
     def _then(self, stage: Stage) -> DataFrame:
         out = object.__new__(DataFrame)
-        out._source, out._source_rows = self._source, self._source_rows
+        out._source, out._source_rows, out._read = self._source, self._source_rows, self._read
         out._stages = (*self._stages, stage)
         out._columns = stage.columns(self._columns)
         out._rows = stage.rows(self._rows)
@@ -301,6 +304,30 @@ class DataFrame:
         return self._then(Group(size, bool(drop_remainder), cols, stack=False, fn=fn, output=out))
 
     # -- reading -----------------------------------------------------------------------
+    def read_with(
+        self, *, workers: int | None = None, threads: int | None = None, prefetch: int | None = None
+    ) -> DataFrame:
+        """This dataframe, read by default with these :meth:`iterator` options (what
+        is not given keeps its default): how a loop that makes the iterators itself
+        reads with worker processes, e.g. ``model.train(df.read_with(workers=2))``.
+        Workers start once per run, not once per epoch (:mod:`fnnc.data.workers`). The
+        rows and their order do not depend on these options.
+
+        >>> import numpy as np
+        >>> from fnnc.data import DataFrame
+        >>> DataFrame.from_arrays(x=np.arange(4)).batch(2).read_with(workers=2)
+        DataFrame(2 rows; columns x; batch(2) read_with(workers=2))
+        """
+        given = {"workers": workers, "threads": threads, "prefetch": prefetch}
+        for name, value in given.items():
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise DataError(f"read_with: {name} must be an integer >= 0, got {value!r}")
+        out = object.__new__(DataFrame)
+        for slot in DataFrame.__slots__:
+            setattr(out, slot, getattr(self, slot))
+        out._read = {**self._read, **{k: v for k, v in given.items() if v is not None}}
+        return out
+
     def _output(self, columns: str | Sequence[str] | None) -> tuple[tuple[str, ...], str]:
         if columns is None:
             return self._columns, "dict"
@@ -327,7 +354,7 @@ class DataFrame:
         seed: int = 0,
         epoch: int = 0,
         epochs: int | None = 1,
-        workers: int = 0,
+        workers: int | None = None,
         threads: int | None = None,
         prefetch: int | None = None,
     ) -> DataIterator:
@@ -341,7 +368,8 @@ class DataFrame:
                 ``iterator(epoch=e)`` for ``e = 0, 1, ...`` continues one sequence.
             epochs: how many epochs to run through (``None``: without end).
             workers: processes reading ahead (Grain's ``mp_prefetch``); the stream is the
-                same for any number. Functions and columns are sent to them pickled
+                same for any number. Default 0, or what :meth:`read_with` set (as for
+                ``threads`` and ``prefetch``). Functions and columns are sent to them pickled
                 (memory maps by file name). Starting them takes seconds: worth it when
                 maps are heavy Python.
             threads: threads reading in each process (Grain's ``ReadOptions``). Default:
@@ -356,16 +384,18 @@ class DataFrame:
         next.
         """
         chosen, kind = self._output(columns)
+        read = self._read
         return DataIterator(
             build=self._build(chosen, kind),
             signature=self._signature(),
             seed=_seed(seed, "iterator") or 0,
             epoch=epoch,
             epochs=epochs,
-            workers=workers,
-            threads=threads,
-            prefetch=prefetch,
+            workers=read.get("workers", 0) if workers is None else workers,
+            threads=read.get("threads") if threads is None else threads,
+            prefetch=read.get("prefetch") if prefetch is None else prefetch,
             in_memory=all(c.in_memory for c in self._source.values()),
+            pipeline=(id(self._source), self._stages, chosen, kind),
         )
 
     def __iter__(self) -> DataIterator:

@@ -108,6 +108,14 @@ class PermutedMapDataset(grain.MapDataset):
         return self._parent[int(self.table(epoch)[position]) + epoch * self._length]
 
     def _getitems(self, indices: Sequence[int]) -> Any:
+        n = self._length
+        if isinstance(indices, range) and indices.step == 1 and len(indices):
+            epoch = indices.start // n
+            if (indices.stop - 1) // n == epoch:  # a group's run of one epoch: a slice
+                base = epoch * n
+                out = self.table(epoch)[indices.start - base : indices.stop - base] + base
+                parent = self._parent
+                return parent._getitems(out if isinstance(parent, RowIndices) else out.tolist())
         epochs, positions = np.divmod(np.asarray(indices, np.int64), self._length)
         first = int(epochs[0]) if epochs.size else 0
         if not epochs.size or (epochs == first).all():  # the usual case: one epoch
@@ -166,7 +174,7 @@ class GroupMapDataset(grain.MapDataset):
         start = group * self._size
         stop = min(start + self._size, self._parent_length)
         offset = epoch * self._parent_length
-        members = self._parent._getitems(list(range(start + offset, stop + offset)))
+        members = self._parent._getitems(range(start + offset, stop + offset))
         return np.asarray(members, np.int64) if self._rows else tuple(members)
 
     def _getitems(self, indices: Sequence[int]) -> list[Any]:

@@ -3,29 +3,36 @@
 The iterator reads the dataframe's Grain ``MapDataset`` (one epoch, see
 :mod:`fnnc.data.plan`) as an endless, epoch-by-epoch stream: ``.repeat()`` and a slice
 from ``epoch * len`` give Grain's epoch-aware indexing, where epoch ``e``'s shuffles are
-seeded from (seed, e) and batches never straddle two epochs. The slice goes to
-``to_iter_dataset(grain.ReadOptions(...))`` (threads reading ahead), or with no threads
-but a prefetch to ``grain.experimental.ThreadPrefetchIterDataset`` (one thread reading
-ahead), and with workers to ``mp_prefetch(grain.MultiprocessingOptions(...))``
-(processes, each reading every ``workers``-th element, interleaved back in order), so
-the stream is the same for any number of threads or workers.
+seeded from (seed, e) and batches never straddle two epochs. How it is read:
+
+- nothing reading ahead (no threads, workers or prefetch): by index in the consuming
+  thread (Grain's iterator machinery costs about 80 us an element, for nothing when
+  nobody reads ahead);
+- threads: the slice goes to ``to_iter_dataset(grain.ReadOptions(...))``, or with no
+  threads but a prefetch to ``grain.experimental.ThreadPrefetchIterDataset`` (one
+  thread reading ahead);
+- workers: Grain's ``mp_prefetch`` processes, reading small elements in chunks, and
+  handed on from an epoch's iterator to the next epoch's (:mod:`fnnc.data.workers`).
+
+The stream is the same for any number of threads or workers.
 
 State: ``get_state()`` is ``{"position": ..., "grain": ...}`` plus what the position
-means (seed, end, the dataframe's signature). ``"grain"`` is Grain's own iterator state;
-``set_state`` hands it back to Grain when the worker count and slice are the same, and
-otherwise restarts Grain's slice at ``"position"`` (both land on the same element,
-since every element is a function of its index).
+means (seed, end, the dataframe's signature). ``"grain"`` is Grain's own iterator state
+of a threaded iterator; ``set_state`` hands it back to Grain when the slice is the same,
+and otherwise restarts at ``"position"`` (both land on the same element, since every
+element is a function of its index).
 """
 
 from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import grain
 
+from fnnc.data import workers as parking
 from fnnc.data.errors import DataError
 
 _FORMAT = "fnnc.data.DataIterator/1"
@@ -33,19 +40,6 @@ _FILE_THREADS = 4
 """Default reading threads when a column reads files (memory maps, tensor files,
 functions); in-memory columns default to 0, as Grain advises: threads would only
 contend for the GIL (measured: 2 threads read digits batches about half as fast)."""
-
-
-def _allow_worker_flags() -> None:
-    # Grain 0.2.18 reads the absl flag --grain_enable_multiprocess_worker_profiling
-    # when it starts workers under JAX, and absl refuses to read flags before they are
-    # parsed (a script that does not use absl.app never parses them): google/grain#1355,
-    # fixed upstream by #1362. Marking that one flag present lets its default be read,
-    # as Grain itself does for its debug flags; parsed flags are left alone.
-    from absl import flags
-
-    name = "grain_enable_multiprocess_worker_profiling"
-    if not flags.FLAGS.is_parsed() and name in flags.FLAGS:
-        flags.FLAGS[name].present = True
 
 
 def _count(value: Any, what: str, low: int) -> int:
@@ -84,6 +78,7 @@ class DataIterator(Iterator[Any]):
         threads: int | None = None,
         prefetch: int | None = None,
         in_memory: bool = False,
+        pipeline: Hashable | None = None,
     ):
         self._build, self._signature = build, signature
         self._workers = _count(workers, "workers", 0)
@@ -102,6 +97,14 @@ class DataIterator(Iterator[Any]):
         self._stop = None if epochs is None else (epoch + epochs) * self.batches_per_epoch
         self._iter: Any = None
         self._opened_at = -1
+        self._key = None
+        if pipeline is not None and self._workers:
+            key = (pipeline, seed, self._workers, self._threads, self._prefetch)
+            try:
+                hash(key)
+                self._key = key
+            except TypeError:  # a map with an unhashable function: never parked
+                pass
 
     # -- where it is ---------------------------------------------------------------
     @property
@@ -115,24 +118,28 @@ class DataIterator(Iterator[Any]):
         return self._position % max(self.batches_per_epoch, 1)
 
     # -- reading -------------------------------------------------------------------
-    def _open(self) -> Iterator[Any]:
+    def _open(self, reuse: bool = True) -> Iterator[Any]:
+        if self._iter is None and reuse and self._key is not None:
+            taken = parking.take(self._key, self._position)
+            if taken is not None:
+                self._opened_at, self._iter = taken
         if self._iter is None:
+            data, at = self._epoch_data.repeat(), self._position
             stop = sys.maxsize if self._stop is None else self._stop
-            ds = self._epoch_data.repeat()[self._position : stop]
-            buffer = max(self._prefetch, self._threads) if self._threads else 0
-            read = grain.ReadOptions(num_threads=self._threads, prefetch_buffer_size=buffer)
-            out = ds.to_iter_dataset(read)
-            if not self._threads and self._prefetch and not self._workers:
-                out = grain.experimental.ThreadPrefetchIterDataset(
-                    out, prefetch_buffer_size=self._prefetch
-                )
-            if self._workers:
-                _allow_worker_flags()
-                options = grain.MultiprocessingOptions(
-                    num_workers=self._workers, per_worker_buffer_size=max(self._prefetch, 1)
-                )
-                out = out.mp_prefetch(options)
-            self._iter, self._opened_at = iter(out), self._position
+            if self._workers:  # unbounded: the processes may go on into the next epoch
+                self._iter = parking.stream(data, at, self._workers, self._threads, self._prefetch)
+            elif not (self._threads or self._prefetch):
+                self._iter = _Indexed(data, at, stop)
+            else:
+                buffer = max(self._prefetch, self._threads) if self._threads else 0
+                read = grain.ReadOptions(num_threads=self._threads, prefetch_buffer_size=buffer)
+                out = data[at:stop].to_iter_dataset(read)
+                if not self._threads:
+                    out = grain.experimental.ThreadPrefetchIterDataset(
+                        out, prefetch_buffer_size=self._prefetch
+                    )
+                self._iter = iter(out)
+            self._opened_at = at
         return self._iter
 
     def __next__(self) -> Any:
@@ -152,10 +159,15 @@ class DataIterator(Iterator[Any]):
 
     def close(self) -> None:
         """Stops Grain's threads and worker processes; the position is kept, and reading
-        again restarts them there."""
-        if self._iter is not None:
+        again restarts them there. Worker processes of an iterator that read to its end
+        are kept for the next epoch's iterator instead (:mod:`fnnc.data.workers`)."""
+        if self._iter is None:
+            return
+        if self._key is not None and self._position == self._stop:
+            parking.park(self._key, self._position, self._opened_at, self._iter, self._build)
+        else:
             self._iter.close()
-            self._iter = None
+        self._iter = None
 
     def __enter__(self) -> DataIterator:
         return self
@@ -167,7 +179,7 @@ class DataIterator(Iterator[Any]):
     def get_state(self) -> dict[str, Any]:
         """Where the iterator is, as a JSON-able dict (store it with the checkpoint)."""
         grain_state = None
-        if self._iter is not None:
+        if self._iter is not None and hasattr(self._iter, "get_state"):
             grain_state = {
                 "opened_at": self._opened_at,
                 "workers": self._workers,
@@ -199,7 +211,26 @@ class DataIterator(Iterator[Any]):
             self._seed, self._epoch_data = state["seed"], self._build(state["seed"])
         self._position, self._stop = int(state["position"]), state["stop"]
         saved = state.get("grain")
-        if saved and saved["workers"] == self._workers and saved["opened_at"] >= 0:
+        threaded = (self._threads or self._prefetch) and not self._workers
+        if saved and saved["workers"] == self._workers and saved["opened_at"] >= 0 and threaded:
             self._position = saved["opened_at"]
-            self._open().set_state(saved["state"])  # type: ignore[attr-defined]
+            self._open(reuse=False).set_state(saved["state"])  # type: ignore[attr-defined]
             self._position = int(state["position"])
+
+
+class _Indexed(Iterator[Any]):
+    """Elements ``start, start + 1, ...`` (before ``stop``) of a ``MapDataset``, read by
+    index in the calling thread; its position is the state."""
+
+    def __init__(self, dataset: grain.MapDataset, start: int, stop: int):
+        self._dataset, self._next, self._stop = dataset, start, stop
+
+    def __next__(self) -> Any:
+        if self._next >= self._stop:
+            raise StopIteration
+        element = self._dataset[self._next]
+        self._next += 1
+        return element
+
+    def close(self) -> None:
+        """Nothing runs in the background."""

@@ -14,6 +14,8 @@ with a loss and an Optax minimizer, then train it one fused step at a time:
 True
 """
 
+from typing import TYPE_CHECKING
+
 from fnnc.models import minimizers as minimizers
 from fnnc.models.callbacks import Callback as Callback
 from fnnc.models.callbacks import CheckpointEvery as CheckpointEvery
@@ -44,5 +46,22 @@ from fnnc.models.layers import Parameter as Parameter
 from fnnc.models.layers import ReLU as ReLU
 from fnnc.models.layers import Reshape as Reshape
 from fnnc.models.layers import RMSNorm as RMSNorm
+from fnnc.models.loss_scale import LossScale as LossScale
 from fnnc.models.model import Model as Model
 from fnnc.models.model import Sequential as Sequential
+from fnnc.models.model_function import ModelFunction as ModelFunction
+from fnnc.models.model_function import model_function as model_function
+
+if TYPE_CHECKING:
+    from fnnc.models.nnx_module import FnncModule as FnncModule
+    from fnnc.models.nnx_module import Frozen as Frozen
+
+_FLAX = {"FnncModule", "Frozen"}  # need Flax: imported on first use (Flax costs ~0.4 s)
+
+
+def __getattr__(name: str) -> object:
+    if name in _FLAX:
+        from fnnc.models import nnx_module
+
+        return getattr(nnx_module, name)
+    raise AttributeError(f"module 'fnnc.models' has no attribute {name!r}")

@@ -9,7 +9,9 @@
   added, ``t-fc1-0-0/0/mu``, only where the field names alone repeat);
 - in the metadata under ``"fnnc.train"``: the training step, epoch, batch, shuffling
   seed and data position (:class:`fnnc.models.batches.Progress`) and the engine's
-  random key, so a resumed run draws what the stopped one would have.
+  random key, so a resumed run draws what the stopped one would have; the loss scale
+  of float16 training (:mod:`fnnc.models.loss_scale`); the run's process and device
+  counts (a data position saved by one process count does not fit another).
 
 :func:`restore_into` puts it all back into a model, after checking the checkpoint is
 of this model (every missing, extra and mis-shaped parameter is listed).
@@ -29,7 +31,8 @@ import numpy as np
 
 from fnnc.errors import CheckpointError
 from fnnc.io import tree
-from fnnc.models.batches import progress
+from fnnc.models import loss_scale, parallel
+from fnnc.models.batches import Progress, progress
 from fnnc.models.optim import structure
 
 TRAIN_KEY = "fnnc.train"
@@ -99,6 +102,8 @@ def encode_model(model: Any, row: Any, metadata: Any, step: int) -> tuple[Any, A
     train = progress(model).to_json()
     train["rng"] = np.asarray(jax.random.key_data(engine.key)).tolist()
     train["saved_step"] = step
+    train.update(loss_scale.to_json(engine))  # float16 training's scale state
+    train.update(parallel.layout_json(engine))  # processes and devices of the run
     meta = {**(metadata or {}), TRAIN_KEY: train}
     return state_data, {"$dict": opt_items}, meta, rows
 
@@ -116,6 +121,9 @@ def restore_into(checkpoints: Any, model: Any, step: int | None = None) -> Any:
             "parameters; restore it with Checkpoints.restore()"
         )
     _check_same_model(where, saved, engine.infos, model.describe())
+    meta = ckpt.metadata.get(TRAIN_KEY) if isinstance(ckpt.metadata, dict) else None
+    key = _saved_key(where, meta)  # checked before anything of the model changes
+    parallel.check_restore(where, meta or {})
     opt_saved = ckpt.optimizer_state or {}
     states = {}
     for pid, state in opt_saved.items():
@@ -138,8 +146,27 @@ def restore_into(checkpoints: Any, model: Any, step: int | None = None) -> Any:
     train = (ckpt.metadata or {}).get(TRAIN_KEY) if isinstance(ckpt.metadata, dict) else None
     if train is not None:
         progress(model).load(train)
-        engine.key = jax.random.wrap_key_data(np.asarray(train["rng"], np.uint32))
+        engine.key = key
+        loss_scale.load(engine, train, where)
     return ckpt
+
+
+def _saved_key(where: str, train: Any) -> Any:
+    """The random key saved in the progress entry ``train`` (``None`` without one),
+    after checking the entry: a damaged one raises :class:`CheckpointError`."""
+    if train is None:
+        return None
+    try:
+        if not isinstance(train, dict):
+            raise TypeError(f"a {type(train).__name__}, not a dict")
+        Progress().load(train)  # its fields, read as restoring will
+        return jax.random.wrap_key_data(np.asarray(train["rng"], np.uint32))
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
+        raise CheckpointError(
+            f"checkpoint: {where}: its training progress ({TRAIN_KEY!r} in the metadata) "
+            f"is damaged ({type(e).__name__}: {e}); restore another step, or only the "
+            "parameters: model.set_parameters(Checkpoints(path).restore(step).state)"
+        ) from None
 
 
 def _check_same_model(where: str, saved: dict[str, Any], infos: Any, name: str) -> None:

@@ -35,12 +35,14 @@ import numpy as np
 import optax
 
 from fnnc.core import dispatch
-from fnnc.graph.memory import MemoryPlan, memory_plan
+from fnnc.errors import NumericsError
+from fnnc.graph.memory import MemoryPlan
 from fnnc.graph.passes.minimize import TrainLayout
-from fnnc.models import losses
+from fnnc.models import checks, loss_scale, losses, residuals
 from fnnc.models.layer import BuildContext, ModelError, ParamInfo
 from fnnc.models.memory import MemoryOptions, memory_key
-from fnnc.models.optim import StateStore, is_noop, per_parameter
+from fnnc.models.minimizer_key import Minimizers
+from fnnc.models.optim import StateStore, is_noop
 from fnnc.models.parallel import Parallel, place
 from fnnc.models.programs import (
     ApplyProgram,
@@ -108,7 +110,7 @@ class _Live:
 
     def states(self) -> Any:
         """The per-parameter Optax states, in ``pids`` order."""
-        return self.layout.state(self.leaves)
+        return Minimizers.inner(self.layout.state(self.leaves))
 
 
 class Engine:
@@ -126,22 +128,24 @@ class Engine:
         self.store = StateStore()
         self.grads: dict[str, Any] = {}
         self._programs: dict[tuple[Any, ...], AnyProgram] = {}
-        self._saved: _Saved | None = None
+        self._saved: _Saved | residuals.Kept | None = None
         self._live: _Live | None = None
         self._last_fit: FitProgram | None = None
         self.parallel: Parallel | None = None  # a mesh layout (fnnc.models.parallel)
         self.precision: Any = None  # mixed precision (fnnc.models.precision)
+        self.loss_scale_state: Any = None  # float16 loss scaling (fnnc.models.loss_scale)
 
     # -- set-up -------------------------------------------------------------------
     def compile(self, inputs: Sequence[Any], *, loss: Any, minimizer: Any) -> None:
         """Fixes the input specs, the loss and minimizer, and initialises parameters."""
         losses.check(loss)
-        self.input_specs = _specs(inputs)
+        specs = _specs(inputs)
         if loss is not None:
             self.loss = loss
         if minimizer is not None:
             self.set_minimizer(minimizer)
-        self._build(False, self.input_specs)  # registers and initialises parameters
+        self._build(False, specs)  # registers and initialises parameters
+        self.input_specs = specs  # after: a mismatch names the specs compiled before
 
     def _build(self, training: bool, specs: Sequence[Spec]) -> ModelGraph:
         """Builds the model's graph; registers and initialises parameters it meets."""
@@ -149,6 +153,7 @@ class Engine:
         xs = [ctx.b.input(s.shape, s.dtype, name=f"input[{i}]") for i, s in enumerate(specs)]
         outs = self.model.build(ctx, *xs, nested=False)
         outs = outs if isinstance(outs, tuple) else (outs,)
+        checks.parameters(self, ctx.params, specs)  # names the input, not the weight
         for pid, info in ctx.params.items():
             self.infos[pid] = info
             if pid not in self.values:
@@ -250,12 +255,14 @@ class Engine:
         if self.input_specs and len(specs) != len(self.input_specs):
             raise ModelError(
                 f"model {self.model.describe()} takes {len(self.input_specs)} "
-                f"inputs, got {len(specs)}"
+                f"inputs, got {len(specs)}; pass one array per model input (a list is a "
+                "list of inputs: make a nested list of numbers one array with np.asarray)"
             )
         for i, (got, want) in enumerate(zip(specs, self.input_specs)):
             if got.dtype != want.dtype or len(got.shape) != len(want.shape):
                 raise ModelError(
-                    f"model {self.model.describe()}: input {i} is {got.dtype}{list(got.shape)}, "
+                    f"model {self.model.describe()}: {checks.input_label(self.model, i)} is "
+                    f"{got.dtype}{list(got.shape)}, "
                     f"compiled for {want.dtype}{list(want.shape)} (the batch size and other "
                     "sizes may change; rank and dtype may not)"
                 )
@@ -269,58 +276,77 @@ class Engine:
             inputs = par.batch(inputs, f"model {self.model.describe()} evaluate", lenient=True)
         specs = self._check_inputs(inputs)
         training = not is_test
-        prog = self._compiled(
-            ("evaluate", specs, training),
-            lambda: forward_program(
-                self._build(training, specs), par, self.trainable(), self.precision
-            ),
-        )
-        keys = self._keys(prog.feed.n_keys)
-        outputs, updates = prog(inputs, self.values, keys)
+        if requires_grad and par is None:  # one program; keeps residuals for backward
+            key = ("evaluate", specs, training, tuple(self.trainable()), memory_key(self.model))
+            prog = self._compiled(key, lambda: self._residual_forward(training, specs))
+            keys = self._keys(prog.feed.n_keys)
+            outputs, updates, kept = prog.run(inputs, self.values, keys)
+            self._saved = residuals.Kept(prog, key, specs, tuple(inputs), tuple(keys), tuple(kept))
+        else:
+            prog = self._compiled(
+                ("evaluate", specs, training),
+                lambda: forward_program(
+                    self._build(training, specs), par, self.trainable(), self.precision
+                ),
+            )
+            keys = self._keys(prog.feed.n_keys)
+            outputs, updates = prog(inputs, self.values, keys)
+            if requires_grad:
+                self._saved = _Saved(specs, training, tuple(inputs), tuple(keys))
         for pid, value in zip(prog.updates, updates):
             self.values[pid] = value
-        if requires_grad:
-            self._saved = _Saved(specs, training, tuple(inputs), tuple(keys))
         if par is not None and jax.process_count() > 1:
             outputs = [par.gather(o) for o in outputs]
         return outputs[0] if prog.n_outputs == 1 else outputs
 
-    def backward(self, ingrads: Sequence[Any] | None) -> list[Any]:
-        """Gradients w.r.t. the last evaluated differentiable inputs, seeded with
-        ``ingrads`` (ones for scalar outputs); parameter gradients accumulate."""
+    def backward(
+        self, ingrads: Sequence[Any] | None, outgrad: bool | Sequence[int] = True
+    ) -> list[Any]:
+        """Gradients w.r.t. the model inputs ``outgrad`` selects (see
+        :func:`fnnc.models.residuals.outgrad_inputs`), seeded with ``ingrads`` (ones for
+        scalar outputs); parameter gradients accumulate. Runs from the residuals the
+        last ``evaluate(..., requires_grad=True)`` kept (:mod:`fnnc.models.residuals`)."""
         if self._saved is None:
             raise ModelError(
                 f"model {self.model.describe()}: backward needs a preceding "
                 "evaluate(..., requires_grad=True)"
             )
         saved = self._saved
-        specs, training = saved.specs, saved.training
-        wrt_params = self.trainable()
-        diff_inputs = [i for i, s in enumerate(specs) if jax.numpy.issubdtype(s.dtype, np.inexact)]
+        wrt_inputs = residuals.outgrad_inputs(outgrad, saved.specs)
+        if isinstance(saved, residuals.Kept):
+            fwd, floats = saved.forward, residuals.outgrad_inputs(True, saved.specs)
+            prog = self._compiled(
+                ("backward", saved.key, tuple(wrt_inputs)),
+                lambda: residuals.backward_program(fwd, [floats.index(i) for i in wrt_inputs]),
+            )
+            seeds = residuals.seeds(ingrads, prog.out_shapes)
+            param_grads, input_grads = prog(saved.feed_args(self.values), saved.residuals, seeds)
+        else:  # on a mesh: a program that runs the forward again
+            prog = self._gradient_program(saved, tuple(wrt_inputs))
+            seeds = residuals.seeds(ingrads, prog.out_shapes)
+            param_grads, input_grads = prog(saved.inputs, self.values, saved.keys, seeds)
+        for pid, g in zip(prog.params, param_grads):
+            self.grads[pid] = g if pid not in self.grads else self.grads[pid] + g
+        if self.parallel is not None and jax.process_count() > 1:
+            input_grads = [self.parallel.gather(g) for g in input_grads]
+        return input_grads
+
+    def _residual_forward(self, training: bool, specs: tuple[Spec, ...]) -> Any:
+        built = self._build(training, specs)
+        memory = MemoryOptions.of(self.model, built.ctx.checkpoints)
+        floats = residuals.outgrad_inputs(True, specs)
+        return residuals.residual_forward(built, self.trainable(), floats, memory, self.precision)
+
+    def _gradient_program(self, saved: _Saved, wrt_inputs: tuple[int, ...]) -> Any:
+        specs, training, wrt_params = saved.specs, saved.training, self.trainable()
 
         def make() -> Any:
             built = self._build(training, specs)
             memory = MemoryOptions.of(self.model, built.ctx.checkpoints)
-            return gradient_program(built, wrt_params, diff_inputs, memory)
+            return gradient_program(built, wrt_params, wrt_inputs, memory, self.parallel)
 
-        key = ("backward", specs, training, tuple(wrt_params), memory_key(self.model))
-        prog = self._compiled(key, make)
-        if ingrads is None:
-            if any(int(np.prod(s)) != 1 for s in prog.out_shapes):
-                raise ModelError(
-                    "backward: the outputs are not scalars; pass ingrads (the "
-                    "gradients of the outputs)"
-                )
-            ingrads = [jax.numpy.ones(s, np.float32) for s in prog.out_shapes]
-        if len(ingrads) != len(prog.out_shapes):
-            raise ModelError(
-                f"backward: the model has {len(prog.out_shapes)} outputs, got "
-                f"{len(ingrads)} ingrads"
-            )
-        param_grads, input_grads = prog(saved.inputs, self.values, saved.keys, ingrads)
-        for pid, g in zip(prog.params, param_grads):
-            self.grads[pid] = g if pid not in self.grads else self.grads[pid] + g
-        return input_grads
+        key = ("backward", specs, training, tuple(wrt_params), memory_key(self.model), wrt_inputs)
+        return self._compiled(key, make)
 
     def apply_gradients(self) -> None:
         """Updates parameters with the accumulated gradients, then clears them."""
@@ -329,16 +355,18 @@ class Engine:
             return
         self._sync_live()
         opts = [self.minimizer_of(p) for p in pids]
+        mins = Minimizers.of(opts)  # keyed by structure; hyper-parameters are inputs
         specs = tuple(Spec(self.infos[p].shape, self.infos[p].dtype) for p in pids)
 
         def make() -> Any:
-            return apply_program(per_parameter(opts), pids, specs)
+            return apply_program(mins.transform(), pids, specs, self.parallel, mins.n_hyper)
 
-        prog = self._compiled(("apply", tuple(pids), tuple(map(id, opts)), specs), make)
+        prog = self._compiled(("apply", tuple(pids), mins.key, specs), make)
         states = tuple(self.store.get(p, o, self.values[p]) for p, o in zip(pids, opts))
         grads = [self.grads[p] for p in pids]
         leaves = _owned(jax.tree.leaves(states), [self.values[p] for p in pids])
-        new_params, new_states = prog(grads, leaves, self.values)
+        new_params, new_states = prog(grads, [*leaves, *mins.hyper_leaves()], self.values)
+        new_states = Minimizers.inner(new_states)
         for pid, value in zip(pids, new_params):
             self.values[pid] = value
         for pid, opt, state in zip(pids, opts, new_states):
@@ -356,16 +384,26 @@ class Engine:
             where = f"model {self.model.describe()} fit"
             inputs = self.parallel.batch(inputs, where)
             targets = self.parallel.batch(targets, where, "target")
-        key, prog, opts = self._fit_program(self._check_inputs(inputs), _specs(targets))
+        specs = self._check_inputs(inputs)
+        checks.targets(self, specs, targets, "fit")  # NumPy labels only: no device sync
+        key, prog, opts = self._fit_program(specs, _specs(targets))
         pids = prog.params
         live = self._live
         if live is None or live.key != key:
             self._sync_live()
             states = tuple(self.store.get(p, o, self.values[p]) for p, o in zip(pids, opts))
             leaves = _owned(jax.tree.leaves(states), [self.values[p] for p in pids])
+            leaves += Minimizers.of(opts).hyper_leaves()
             live = _Live(key, prog.params, tuple(opts), prog.train, leaves)
         keys = self._keys(prog.feed.n_keys)
-        new_params, new_state, loss, updates = prog(live.leaves, inputs, targets, self.values, keys)
+        scale = loss_scale.current(self, prog.n_scale)
+        try:
+            new_params, new_state, loss, updates, scale = prog(
+                live.leaves, inputs, targets, self.values, keys, scale
+            )
+        except NumericsError as e:  # config numerics: name the model too
+            raise NumericsError(f"model {self.model.describe()} fit: {e}") from None
+        loss_scale.keep(self, scale)
         for pid, value in zip(prog.params, new_params):
             self.values[pid] = value
         self._live = _Live(key, live.pids, live.opts, live.layout, new_state)
@@ -379,18 +417,19 @@ class Engine:
         """``(cache key, fit program, minimizers)`` for input and target specs."""
         pids = self.trainable()
         opts = [self.minimizer_of(p) for p in pids]
+        mins = Minimizers.of(opts)  # keyed by structure; hyper-parameters are inputs
 
         def make() -> FitProgram:
             built = self._build(True, specs)
             memory = MemoryOptions.of(self.model, built.ctx.checkpoints)
-            transform = per_parameter(opts)
+            transform = mins.transform()
             return fit_program(
                 built, self.loss, target_specs, pids, transform, memory, self.parallel,
-                self.precision,
+                self.precision, mins.n_hyper,
             )  # fmt: skip
 
         memory = memory_key(self.model)
-        key = ("fit", specs, target_specs, tuple(pids), tuple(map(id, opts)), memory)
+        key = ("fit", specs, target_specs, tuple(pids), mins.key, memory)
         prog: FitProgram = self._compiled(key, make)
         self._last_fit = prog
         return key, prog, opts
@@ -405,7 +444,7 @@ class Engine:
                 f"model {self.model.describe()}: memory_plan needs a training step; call "
                 "fit first or pass memory_plan(inputs, targets)"
             )
-        return memory_plan(self._last_fit.program.graph)
+        return self._last_fit.program.memory_plan()  # with the step's donation
 
     def _sync_live(self) -> None:
         """Writes the state of the running fit program back to the per-parameter store."""

@@ -57,6 +57,11 @@ def build_loss(
         mean = b.exec(ops.reduce_mean(axes=axes), out) if axes else out
         return b.exec(ops.reshape(shape=()), mean, name="loss")
     if isinstance(loss, str):
+        if not targets:
+            raise ModelError(
+                f"fit: loss={loss!r} compares the model's first output with targets, but no "
+                "targets were given; call model.fit(inputs, targets)"
+            )
         out = b.exec(_COMMANDS[loss](), outputs[0], targets[0], name="loss")
         per_sample = out[0] if isinstance(out, tuple) else out
         axes = tuple(range(len(per_sample.shape)))

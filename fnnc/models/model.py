@@ -109,16 +109,19 @@ class Model(ScaleMixin, Layer):
     def compile(
         self, inputs: Sequence[Any], *, loss: Any = None, minimizer: Any = None, seed: int = 0,
         mesh: Any = None, parameter_sharding: str | None = None, precision: str | None = None,
+        loss_scale: Any = None,
     ) -> None:  # fmt: skip
         """Fixes input specs (arrays or ShapeDtypeStructs), the loss and the minimizer,
         and initialises parameters. New input shapes later recompile, keeping weights
         and optimizer state. ``mesh`` (a ``jax.sharding.Mesh`` with axis ``"data"``) and
         ``parameter_sharding`` (``"replicated"``/``"fsdp"``) train data-parallel (see
         :meth:`set_data_parallel`); ``precision`` (``"bfloat16"``/``"float16"``) computes
-        in that type with float32 parameters (:mod:`fnnc.models.precision`)."""
+        in that type with float32 parameters (:mod:`fnnc.models.precision`); float16
+        scales the loss dynamically, ``loss_scale`` (a
+        :class:`fnnc.models.loss_scale.LossScale`, ``True``/``False``) says how."""
         if self._engine is None:
             self._engine = Engine(self, seed)
-        self._scale_options(mesh, parameter_sharding, precision)
+        self._scale_options(mesh, parameter_sharding, precision, loss_scale)
         self._engine.compile(_arrays(inputs), loss=loss, minimizer=minimizer)
         self._engine.place_parameters()
 
@@ -133,6 +136,13 @@ class Model(ScaleMixin, Layer):
         """The model's outputs for one batch (one array or a list of arrays);
         ``requires_grad`` keeps what :meth:`backward` needs."""
         return self.engine.evaluate(_arrays(inputs), is_test=is_test, requires_grad=requires_grad)
+
+    def to_nnx(self, **options: Any) -> Any:
+        """This compiled model as a Flax ``nnx.Module`` whose variables are its parameters
+        by id (:class:`fnnc.models.FnncModule`; ``options`` go to it)."""
+        from fnnc.models.nnx_module import FnncModule
+
+        return FnncModule(self, **options)
 
     def predict(self, inputs: Sequence[Any] | Any, *, batch_size: int = 256) -> Any:
         """The outputs (test mode) over every sample of ``inputs`` (one array or a
@@ -151,9 +161,30 @@ class Model(ScaleMixin, Layer):
 
         return predict(self, inputs, batch_size=batch_size)
 
-    def backward(self, ingrads: Sequence[Any] | None = None) -> list[Any]:
-        """Gradients w.r.t. the last evaluated inputs; parameter gradients accumulate."""
-        return self.engine.backward(ingrads)
+    def autotune(
+        self, inputs: Sequence[Any] | Any, targets: Sequence[Any] | Any | None = None,
+        *, repeats: int = 5, retune: bool = False,
+    ) -> dict[str, dict[int, str]]:  # fmt: skip
+        """Times every node's eligible backends of the ``evaluate`` (and, given
+        ``targets``, ``fit``) programs on this batch into the autotune table, as NNC's
+        ``ccv_nnc_graph_autotune``; later programs compile with the winners. Changes
+        nothing the model holds; see :mod:`fnnc.models.autotune`."""
+        from fnnc.models.autotune import autotune
+
+        targets = None if targets is None else _arrays(targets)
+        return autotune(self.engine, _arrays(inputs), targets, repeats=repeats, retune=retune)
+
+    def backward(
+        self, ingrads: Sequence[Any] | None = None, *, outgrad: bool | Sequence[int] = True
+    ) -> list[Any]:
+        """Backpropagates ``ingrads`` (the output gradients; ones for scalar outputs)
+        from the residuals the last ``evaluate(..., requires_grad=True)`` kept, without
+        running the forward again. Parameter gradients accumulate for
+        :meth:`apply_gradients`. Returns the gradients of the model inputs ``outgrad``
+        selects (NNC's ``outgrads``): every floating-point input (``True``), none
+        (``False``: parameter gradients only, and the program computes no more), or
+        the listed input positions. See :mod:`fnnc.models.residuals`."""
+        return self.engine.backward(ingrads, outgrad)
 
     def apply_gradients(self) -> None:
         """Applies the accumulated parameter gradients with the minimizers, then clears them."""
@@ -288,8 +319,10 @@ class Model(ScaleMixin, Layer):
             epochs: epochs to run; with ``resume``, the epoch to run up to (Keras's
                 ``initial_epoch`` convention: the run ends at epoch ``epochs``).
             batch_size: samples per step (arrays and unbatched dataframes).
-            validation: ``(inputs, targets)`` measured after every epoch: ``val_loss``,
-                ``val_accuracy`` (classification losses) and ``val_<name>`` per metric.
+            validation: measured after every epoch: ``val_loss``, ``val_accuracy``
+                (classification losses) and ``val_<name>`` per metric. Arrays, a
+                dataframe (its columns chosen as for ``data``) or a Grain dataset of
+                ``(inputs, targets)`` batches (:mod:`fnnc.models.validation`).
             metrics: ``{"name": fn(outputs, targets)}`` or ``["accuracy"]``; accuracy
                 takes integer labels, one-hot or soft (mixup) targets.
             callbacks: :class:`fnnc.models.callbacks.Callback` objects, e.g.
@@ -301,7 +334,10 @@ class Model(ScaleMixin, Layer):
                 shuffled from ``(seed, e)``: the model counts epochs, so two calls with
                 ``epochs=1`` continue one sequence, as one call with ``epochs=2`` does.
             stop_on_nan: raise :class:`fnnc.errors.NumericsError` at the first loss that
-                is NaN or infinite (naming the step and the last good checkpoint).
+                is NaN or infinite (naming the step, the last good checkpoint, and the
+                batch's non-finite values if it had any). In-memory data is checked once
+                before the first step: NaN or infinity warns (``RuntimeWarning``), class
+                labels out of range raise (:mod:`fnnc.models.checks`).
             progress: a tqdm bar (default: when stderr is a terminal; else one log line
                 per epoch on stderr). ``verbose=False``: neither.
 

@@ -36,7 +36,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from fnnc.errors import ModelError, ShapeError
+from fnnc.errors import CheckpointError, ModelError, ShapeError
 from fnnc.graph.sharding import MODES, Shardings, _fsdp, data_parallel
 
 AXIS = "data"
@@ -45,19 +45,29 @@ AXIS = "data"
 def mesh_of(n: int) -> Mesh:
     """A one-axis mesh ``"data"`` over the first ``n`` devices (``0``: all of them)."""
     devices = jax.devices()
-    if n < 0 or n > len(devices):
+    procs = jax.process_count()
+    if not isinstance(n, (int, np.integer)) or n < 0 or n > len(devices):
         raise ModelError(
-            f"set_data_parallel({n}): this run has {len(devices)} devices "
-            f"({jax.process_count()} processes); pass 0 for all or 1..{len(devices)} (on "
-            "CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N devices)"
+            f"set_data_parallel({n!r}): this run has {len(devices)} devices "
+            f"({procs} processes); pass 0 for all or 1..{len(devices)} (on "
+            "CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N devices; "
+            "more processes: jax.distributed.initialize(num_processes=...))"
         )
-    n = n or len(devices)
-    if jax.process_count() > 1 and n != len(devices):
+    n = int(n) or len(devices)
+    if procs > 1 and n != len(devices):
         raise ModelError(
-            f"set_data_parallel({n}): with {jax.process_count()} processes the mesh must "
-            f"span every process's devices; pass 0 (all {len(devices)})"
+            f"set_data_parallel({n}): with {procs} processes ({len(devices)} devices in "
+            f"all, {jax.local_device_count()} in this one) the mesh must span every "
+            f"process's devices; pass 0 (all {len(devices)}), or start "
+            f"{_divisors(n)} processes to train on {n} devices"
         )
     return Mesh(np.array(devices[:n]), (AXIS,))
+
+
+def _divisors(n: int) -> str:
+    """``"1, 2 or 4"``: the process counts that split ``n`` devices evenly."""
+    ds = [str(d) for d in range(1, n + 1) if n % d == 0]
+    return ds[0] if len(ds) == 1 else ", ".join(ds[:-1]) + " or " + ds[-1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,12 +93,7 @@ class Parallel:
             )
         if mode not in MODES:
             raise ModelError(f"compile: parameter_sharding={mode!r}; expected one of {MODES}")
-        mine = {d.process_index for d in mesh.devices.flat}
-        if jax.process_count() > 1 and len(mine) != jax.process_count():
-            raise ModelError(
-                f"compile: the mesh spans processes {sorted(mine)} of {jax.process_count()}; "
-                "a data-parallel mesh must include devices of every process (jax.devices())"
-            )
+        _check_processes(mesh)
         return Parallel(mesh, mode, axis)
 
     @property
@@ -110,10 +115,13 @@ class Parallel:
         return PartitionSpec()
 
     # -- plans --------------------------------------------------------------------
-    def fit_plan(self, graph: Any, train: Any, n_inputs: int, n_targets: int) -> Shardings:
-        """The shardings of a fit program (inputs ordered as :class:`FitProgram` says)."""
+    def fit_plan(
+        self, graph: Any, train: Any, n_inputs: int, n_targets: int, n_scale: int = 0
+    ) -> Shardings:
+        """The shardings of a fit program (inputs ordered as :class:`FitProgram` says;
+        the ``n_scale`` loss-scale inputs last, replicated)."""
         head = train.n_params + train.n_state
-        n = len(graph.inputs)
+        n = len(graph.inputs) - n_scale
         batch = [*range(head, head + n_inputs), *range(n - n_targets, n)]
         return data_parallel(
             graph, self.mesh, batch=batch, axis=self.axis, layout=train,
@@ -123,17 +131,49 @@ class Parallel:
     def forward_plan(self, graph: Any, n_inputs: int, trainable: Sequence[str], params: Any) -> Any:
         """The shardings of a forward program: model inputs split (unless a batch does
         not divide, then replicated), parameters laid out as :meth:`param_spec`."""
+        n_keys = len(graph.inputs) - n_inputs - len(params)
+        specs = self._feed_specs(graph, n_inputs, trainable, params, n_keys)
+        return Shardings(self.mesh, tuple(specs))
+
+    def gradient_plan(self, graph: Any, feed: Any, trainable: Sequence[str], wrt: Any) -> Shardings:
+        """The shardings of a ``backward`` program (a forward ``feed``, a
+        :class:`~fnnc.models.programs.ModelFeed`, then one gradient per model output):
+        output gradients split as the batch (where it divides); the gradients of
+        parameters ``wrt`` laid out as the parameters, then those of the model inputs
+        as the batch."""
+        n_inputs, params = feed.n_inputs, feed.params
+        specs = self._feed_specs(graph, n_inputs, trainable, params, feed.n_keys)
+        head = len(specs)
+        specs += [self._batch_spec(graph.symbols[s].shape) for s in graph.inputs[head:]]
+        by_id = dict(zip(params, specs[n_inputs:]))
+        outs = [by_id[p] for p in wrt]
+        outs += [self._batch_spec(graph.symbols[s].shape) for s in graph.outputs[len(wrt) :]]
+        return Shardings(self.mesh, tuple(specs), tuple(outs))
+
+    def apply_plan(self, graph: Any, n_params: int) -> Shardings:
+        """The shardings of an ``apply_gradients`` program (gradients, optimizer state,
+        parameters; all of trainable parameters): laid out as ``fit`` lays out
+        parameters and state, the outputs (parameters', state') as their inputs."""
+        specs = [self.param_spec(graph.symbols[s].shape, True) for s in graph.inputs]
+        outs = (*specs[len(specs) - n_params :], *specs[n_params : len(specs) - n_params])
+        return Shardings(self.mesh, tuple(specs), outs)
+
+    def _batch_spec(self, shape: Sequence[int]) -> PartitionSpec:
+        split = len(shape) and shape[0] % self.size == 0
+        return PartitionSpec(self.axis) if split else PartitionSpec()
+
+    def _feed_specs(
+        self, graph: Any, n_inputs: int, trainable: Sequence[str], params: Any, n_keys: int
+    ) -> list[PartitionSpec]:
+        """Specs of a :class:`~fnnc.models.programs.ModelFeed`: inputs, params, keys."""
         specs = []
-        for i, sid in enumerate(graph.inputs):
+        for i, sid in enumerate(graph.inputs[: n_inputs + len(params)]):
             shape = graph.symbols[sid].shape
             if i < n_inputs:
-                split = shape and shape[0] % self.size == 0
-                specs.append(PartitionSpec(self.axis) if split else PartitionSpec())
-            elif i - n_inputs < len(params):
-                specs.append(self.param_spec(shape, params[i - n_inputs] in trainable))
+                specs.append(self._batch_spec(shape))
             else:
-                specs.append(PartitionSpec())
-        return Shardings(self.mesh, tuple(specs))
+                specs.append(self.param_spec(shape, params[i - n_inputs] in trainable))
+        return specs + [PartitionSpec()] * n_keys
 
     # -- moving values ------------------------------------------------------------
     def batch(
@@ -153,13 +193,7 @@ class Parallel:
                 out.append(a)
                 continue
             if not a.ndim or rows % self.size:
-                local = f" ({a.shape[0] if a.ndim else 0} rows in each of {procs} processes)"
-                raise ShapeError(
-                    f"{where}: {names} {i} has a batch of {rows} rows"
-                    f"{local if procs > 1 else ''}, which does not divide over the "
-                    f"{self.size} devices of mesh axis {self.axis!r}; use a batch size that "
-                    f"is a multiple of {self.size}, or set_data_parallel(n) with n dividing {rows}"
-                )
+                raise ShapeError(self._indivisible(where, f"{names} {i}", a, rows))
             sharding = self.sharding(PartitionSpec(self.axis))
             if procs == 1:
                 out.append(jax.device_put(a, sharding))
@@ -168,6 +202,26 @@ class Parallel:
                     jax.make_array_from_process_local_data(sharding, a, (rows, *a.shape[1:]))
                 )
         return out
+
+    def _indivisible(self, where: str, what: str, a: np.ndarray, rows: int) -> str:
+        """The error for a batch of ``rows`` rows (``a``: this process's) that does
+        not divide over the mesh, saying what to change."""
+        procs = jax.process_count()
+        head = (
+            f"{where}: {what} has a batch of {rows} rows, which does not divide over the "
+            f"{self.size} devices of mesh axis {self.axis!r}"
+        )
+        if procs == 1:
+            return (
+                f"{head}; use a batch size that is a multiple of {self.size}, or "
+                f"set_data_parallel(n) with n dividing {rows}"
+            )
+        local, each = a.shape[0] if a.ndim else 0, max(self.size // procs, 1)
+        return (
+            f"{head} ({local} rows in each of {procs} processes, {each} devices each); "
+            f"give each process a batch that is a multiple of {each} (a global batch that "
+            f"is a multiple of {self.size})"
+        )
 
     def gather(self, value: Any) -> Any:
         """A full array on one device from any (sharded, multi-process) array."""
@@ -180,6 +234,57 @@ class Parallel:
 
             host = np.asarray(multihost_utils.process_allgather(value, tiled=True))
         return jax.device_put(host, jax.local_devices()[0])
+
+
+def _check_processes(mesh: Mesh) -> None:
+    """A mesh of this run's processes, as many devices of each (a mesh built for
+    another process count, or before ``jax.distributed.initialize``, is not)."""
+    procs = jax.process_count()
+    per: dict[int, int] = {}
+    for d in mesh.devices.flat:
+        per[d.process_index] = per.get(d.process_index, 0) + 1
+    counts = ", ".join(f"{per[p]} of process {p}" for p in sorted(per))
+    if max(per) >= procs:
+        raise ModelError(
+            f"compile: the mesh has devices of processes up to {max(per)} ({counts}) but "
+            f"this run has {procs} process(es); build the mesh in this run from "
+            "jax.devices() after jax.distributed.initialize, or use set_data_parallel(0)"
+        )
+    if procs > 1 and len(per) != procs:
+        raise ModelError(
+            f"compile: the mesh spans processes {sorted(per)} of {procs}; a data-parallel "
+            "mesh must include devices of every process: build it from jax.devices() "
+            "(not jax.local_devices()), or use set_data_parallel(0)"
+        )
+    if len(set(per.values())) > 1:
+        raise ModelError(
+            f"compile: the mesh has {counts}; each process feeds its own slice of the "
+            "batch, so every process needs as many devices in the mesh: build it from "
+            "jax.devices() whole, or use set_data_parallel(0)"
+        )
+
+
+def layout_json(engine: Any) -> dict[str, Any]:
+    """The run's ``processes`` and data-parallel ``devices``, for a checkpoint."""
+    par = engine.parallel
+    return {"processes": jax.process_count(), "devices": 1 if par is None else par.size}
+
+
+def check_restore(where: str, saved: dict[str, Any]) -> None:
+    """Refuses a checkpoint ``saved`` mid-epoch with a data position under another
+    process count: the position is that of one process's shard of the data
+    (:meth:`fnnc.data.DataFrame.shard`), meaningless for another split. Parameters,
+    optimizer state and the loss scale are full arrays and restore on any layout."""
+    before, now = saved.get("processes"), jax.process_count()
+    if before is None or before == now or saved.get("data") is None:
+        return
+    raise CheckpointError(
+        f"checkpoint: {where} was saved in the middle of an epoch by a run of {before} "
+        f"process(es), with the data position of its shard of the data; this run has "
+        f"{now}. Restore it with {before} process(es), or restore a step saved at an epoch "
+        "end (CheckpointEvery(..., per_epoch=True)), or take only the parameters: "
+        "model.set_parameters(Checkpoints(path).restore().state)"
+    )
 
 
 def place(value: Any, sharding: NamedSharding) -> Any:

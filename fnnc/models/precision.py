@@ -4,7 +4,8 @@ The engine runs :func:`fnnc.graph.passes.precision.cast_precision` on the forwar
 loss graph of its ``fit`` and ``evaluate`` programs, before ``minimize`` adds the
 backward and the optimizer: parameters, optimizer state, gradients and the loss stay
 float32 (``parameters()`` returns float32), matmuls and convolutions run in the low
-type, softmax, losses, reductions and normalisations in float32.
+type, softmax, losses, reductions and normalisations in float32. With float16 the
+``fit`` program also scales the loss dynamically (:mod:`fnnc.models.loss_scale`).
 
 >>> import numpy as np, optax
 >>> from fnnc.models import Dense, Input, Model
@@ -25,32 +26,38 @@ from typing import Any
 from fnnc.core.ir import Graph
 from fnnc.errors import ModelError
 from fnnc.graph.passes.precision import KEEP_FLOAT32, LOW, cast_precision
+from fnnc.models import loss_scale as scaling
 
 
 @dataclasses.dataclass(frozen=True)
 class Precision:
-    """The compute type ``dtype`` (``"bfloat16"``, ``"float16"``) and the command
-    names kept in float32."""
+    """The compute type ``dtype`` (``"bfloat16"``, ``"float16"``), the command
+    names kept in float32 and the dynamic ``loss_scale`` policy of ``fit`` (a
+    :class:`fnnc.models.loss_scale.LossScale`, or ``None``)."""
 
     dtype: str
     keep_float32: frozenset[str] = KEEP_FLOAT32
+    loss_scale: scaling.LossScale | None = None
 
     @staticmethod
-    def of(value: Any) -> Precision | None:
-        """A :class:`Precision` from a name (``"float32"``: none), checking it."""
-        if isinstance(value, Precision) or value is None:
-            return value
-        if value == "float32":
-            return None
-        if value not in LOW:
+    def of(value: Any, loss_scale: Any = None) -> Precision | None:
+        """A :class:`Precision` from a name (``"float32"``: none) and ``compile``'s
+        ``loss_scale=`` (see :func:`fnnc.models.loss_scale.policy`), checking both."""
+        if isinstance(value, Precision):
+            if loss_scale is None:
+                return value
+            return dataclasses.replace(value, loss_scale=scaling.policy(loss_scale, value.dtype))
+        if value not in (None, "float32", *LOW):
             raise ModelError(
                 f"compile: precision={value!r}; expected 'float32', 'bfloat16' or 'float16'"
             )
-        return Precision(value)
+        dtype = None if value in (None, "float32") else value
+        policy = scaling.policy(loss_scale, dtype)
+        return None if dtype is None else Precision(dtype, loss_scale=policy)
 
     @property
     def key(self) -> tuple[Any, ...]:
-        return (self.dtype, tuple(sorted(self.keep_float32)))
+        return (self.dtype, tuple(sorted(self.keep_float32)), self.loss_scale)
 
     def __call__(self, graph: Graph) -> Graph:
         return cast_precision(graph, self.dtype, keep_float32=self.keep_float32)

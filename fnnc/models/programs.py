@@ -12,11 +12,20 @@ forward       model inputs, parameters, keys                      outputs, inter
 gradient      model inputs, parameters, keys, output gradients    parameter grads, input grads
 apply         gradients, optimizer state, parameters              parameters', state'
 fit           trainable parameters, optimizer state, model        parameters', state', loss,
-              inputs, other parameters, keys, targets             internals'
+              inputs, other parameters, keys, targets[, loss      internals'[, loss scale']
+              scale]
 ============  ==================================================  ============================
 
+"loss scale" is the state of float16 training's dynamic loss scaling
+(:mod:`fnnc.models.loss_scale`), when it is on.
+
 "model inputs, parameters, keys" is a :class:`ModelFeed`. Graph inputs keep their names
-(``input[0]``, ``t-linear-0-0``, ``key[0]``, ``opt_state[0]``) for printing only.
+(``input[0]``, ``t-linear-0-0``, ``key[0]``, ``opt_state[0]``, ``hyper[0]``) for printing
+only. The optimizer state of ``fit`` and ``apply`` ends with the minimizers'
+hyper-parameters (``hyper[i]``, passed through unchanged), so a new learning rate is a
+new input value, not a new program (:mod:`fnnc.models.minimizer_key`). ``evaluate`` with
+``requires_grad`` and ``backward`` without a mesh are the records of
+:mod:`fnnc.models.residuals`.
 
 ``fit`` and ``apply`` donate the parameters and optimizer state they update (the
 engine owns those buffers and replaces them with the outputs), so XLA writes the new
@@ -37,6 +46,7 @@ from fnnc.core.ir import Graph, Symbol
 from fnnc.graph import GraphBuilder, compile, simplify
 from fnnc.graph.compile import Program
 from fnnc.graph.passes.backward import backward as backward_pass
+from fnnc.graph.passes.loss_scale import minimize_scaled
 from fnnc.graph.passes.minimize import TrainLayout, minimize
 from fnnc.models import losses
 from fnnc.models.layer import BuildContext, ModelError
@@ -163,6 +173,7 @@ class FitProgram(_Compiled):
     feed: ModelFeed
     n_targets: int
     updates: tuple[str, ...]
+    n_scale: int = 0
 
     def __call__(
         self,
@@ -171,13 +182,17 @@ class FitProgram(_Compiled):
         targets: Sequence[Any],
         values: Mapping[str, Any],
         keys: Sequence[Any],
-    ) -> tuple[list[Any], list[Any], Any, list[Any]]:
-        """``(new parameters, new state leaves, loss, new internals)``."""
+        scale: Sequence[Any] = (),
+    ) -> tuple[list[Any], list[Any], Any, list[Any], tuple[Any, ...]]:
+        """``(new parameters, new state leaves, loss, new internals, new scale state)``;
+        ``scale``: the ``n_scale`` loss-scale arrays (:mod:`fnnc.models.loss_scale`)."""
         params = [values[p] for p in self.params]
         args = self.feed.args(inputs, values, keys)
-        results = _as_list(self.program(*params, *leaves, *args, *targets))
+        results = _as_list(self.program(*params, *leaves, *args, *targets, *scale))
         new_params, new_state, loss = self.train.split(results)
-        return new_params, new_state, loss, results[self.train.n_params + self.train.n_state + 1 :]
+        rest = results[self.train.n_params + self.train.n_state + 1 :]
+        cut = len(rest) - self.n_scale
+        return new_params, new_state, loss, rest[:cut], tuple(rest[cut:])
 
 
 # -- building ---------------------------------------------------------------------
@@ -208,9 +223,11 @@ def gradient_program(
     wrt_params: Sequence[str],
     diff_inputs: Sequence[int],
     memory: Transform | None = None,
+    parallel: Any = None,
 ) -> GradientProgram:
     """The program of ``backward``: gradients w.r.t. those of ``wrt_params`` this build
-    has, then w.r.t. model inputs ``diff_inputs``, seeded with the output gradients."""
+    has, then w.r.t. model inputs ``diff_inputs``, seeded with the output gradients;
+    ``parallel`` lays it out on a mesh as ``fit`` is."""
     ctx, outs = built.ctx, built.outputs
     dfs = [ctx.b.input(o.shape, o.dtype, name=f"df[{i}]") for i, o in enumerate(outs)]
     graph = ctx.b.build(list(outs))
@@ -223,25 +240,43 @@ def gradient_program(
     if memory is not None:
         grad_graph = memory(grad_graph)
     shapes = tuple(tuple(o.shape) for o in outs)
-    return GradientProgram(compile(simplify(grad_graph)), feed, shapes, params)
+    grad_graph = simplify(grad_graph)
+    if parallel is None:
+        program = compile(grad_graph)
+    else:
+        plan = parallel.gradient_plan(grad_graph, feed, wrt_params, params)
+        program = Placed(compile(grad_graph, shardings=plan))
+    return GradientProgram(program, feed, shapes, params)
 
 
-def apply_program(transform: Any, pids: Sequence[str], specs: Sequence[Any]) -> ApplyProgram:
-    """The program of ``apply_gradients``: ``transform`` (per parameter) on ``pids``."""
+def apply_program(
+    transform: Any,
+    pids: Sequence[str],
+    specs: Sequence[Any],
+    parallel: Any = None,
+    n_hyper: int = 0,
+) -> ApplyProgram:
+    """The program of ``apply_gradients``: ``transform`` (per parameter) on ``pids``;
+    ``parallel`` lays it out on a mesh as ``fit`` lays out parameters and state; the
+    last ``n_hyper`` state leaves are hyper-parameters (:mod:`fnnc.models.minimizer_key`)."""
     b = GraphBuilder()
     cmd = optax_update_command(transform, list(specs))
     grads = [b.input(s.shape, s.dtype, name=f"grad[{p}]") for p, s in zip(pids, specs)]
+    n_state = len(cmd.param("state_specs"))
     state = [
-        b.input(shape, dtype, name=f"opt_state[{i}]")
+        b.input(shape, dtype, name=_state_name(i, n_state, n_hyper))
         for i, (shape, dtype) in enumerate(cmd.param("state_specs"))
     ]
     params = [b.input(s.shape, s.dtype, name=p) for p, s in zip(pids, specs)]
     outs = b.exec(cmd, *grads, *state, *params, name="optimizer")
     graph = b.build(list(outs) if isinstance(outs, tuple) else [outs])
     donated = range(len(grads), len(graph.inputs))  # state and parameters, updated in place
-    return ApplyProgram(
-        compile(graph, donate=donated), tuple(pids), len(state), cmd.param("state_tree").value
-    )
+    if parallel is None:
+        program = compile(graph, donate=donated)
+    else:
+        plan = parallel.apply_plan(graph, len(pids))
+        program = Placed(compile(graph, donate=donated, shardings=plan))
+    return ApplyProgram(program, tuple(pids), len(state), cmd.param("state_tree").value)
 
 
 def fit_program(
@@ -253,9 +288,11 @@ def fit_program(
     memory: Transform | None = None,
     parallel: Any = None,
     precision: Any = None,
+    n_hyper: int = 0,
 ) -> FitProgram:
     """The fused training step: ``loss`` against targets, minimized over ``pids``;
-    ``parallel`` (:class:`fnnc.models.parallel.Parallel`) lays it out on a mesh."""
+    ``parallel`` (:class:`fnnc.models.parallel.Parallel`) lays it out on a mesh; the
+    last ``n_hyper`` state leaves are hyper-parameters (:mod:`fnnc.models.minimizer_key`)."""
     ctx = built.ctx
     b = ctx.b
     ts = [b.input(s.shape, s.dtype, name=f"target[{i}]") for i, s in enumerate(target_specs)]
@@ -264,12 +301,20 @@ def fit_program(
     if precision is not None:  # keeps input ids: parameters are still ctx.symbols[p]
         graph = precision(graph)
     loss_id = graph.outputs[0]
-    step, train = minimize(graph, loss_id, [ctx.symbols[p] for p in pids], transform)
-    step = dataclasses.replace(step, outputs=step.outputs + graph.outputs[1:])
+    scaling = getattr(precision, "loss_scale", None)
+    wrt = [ctx.symbols[p] for p in pids]
+    if scaling is not None:  # loss scale state: last inputs and outputs
+        step, train = minimize_scaled(graph, loss_id, wrt, transform, scaling=scaling)
+    else:
+        step, train = minimize(graph, loss_id, wrt, transform)
+        step = dataclasses.replace(step, outputs=step.outputs + graph.outputs[1:])
+    n_scale = 2 if scaling is not None else 0
+    step = _hyper_named(step, train, n_hyper)
     trainable = set(pids)
     feed, order = built.feed(tuple(p for p in ctx.params if p not in trainable))
     head = step.inputs[: train.n_params + train.n_state]
-    step = _ordered(step, [*head, *order, *(t.id for t in ts)])
+    tail = step.inputs[len(step.inputs) - n_scale :]
+    step = _ordered(step, [*head, *order, *(t.id for t in ts), *tail])
     if memory is not None:
         step = memory(step)
     donated = range(train.n_params + train.n_state)  # parameters and state, updated in place
@@ -277,7 +322,7 @@ def fit_program(
     if parallel is None:
         program = compile(step, donate=donated)
     else:
-        plan = parallel.fit_plan(step, train, len(built.inputs), len(ts))
+        plan = parallel.fit_plan(step, train, len(built.inputs), len(ts), n_scale)
         program = Placed(compile(step, donate=donated, shardings=plan))
     return FitProgram(
         program,
@@ -286,6 +331,7 @@ def fit_program(
         feed,
         len(ts),
         tuple(ctx.updates),
+        n_scale,
     )
 
 
@@ -298,6 +344,22 @@ def _ordered(graph: Graph, ids: Sequence[int]) -> Graph:
             "parameters from ctx.param and random keys from ctx.key"
         )
     return dataclasses.replace(graph, inputs=tuple(ids))
+
+
+def _state_name(i: int, n_state: int, n_hyper: int) -> str:
+    first = n_state - n_hyper
+    return f"opt_state[{i}]" if i < first else f"hyper[{i - first}]"
+
+
+def _hyper_named(graph: Graph, train: TrainLayout, n_hyper: int) -> Graph:
+    """``graph`` with its last ``n_hyper`` optimizer-state inputs named ``hyper[i]``."""
+    if not n_hyper:
+        return graph
+    end = train.n_params + train.n_state
+    symbols = list(graph.symbols)
+    for i, sid in enumerate(graph.inputs[end - n_hyper : end]):
+        symbols[sid] = dataclasses.replace(symbols[sid], name=f"hyper[{i}]")
+    return dataclasses.replace(graph, symbols=tuple(symbols))
 
 
 def _as_list(out: Any) -> list[Any]:

@@ -1,11 +1,13 @@
 """Model methods for scale: data parallelism over devices (and processes) and mixed
-precision; :class:`fnnc.models.Model` mixes them in. See :mod:`fnnc.models.parallel`
-and :mod:`fnnc.models.precision`."""
+precision; :class:`fnnc.models.Model` mixes them in. See :mod:`fnnc.models.parallel`,
+:mod:`fnnc.models.precision` and :mod:`fnnc.models.loss_scale`."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from fnnc.models import loss_scale
+from fnnc.models.loss_scale import ScaleState
 from fnnc.models.parallel import Parallel, mesh_of
 
 
@@ -39,12 +41,26 @@ class ScaleMixin:
             self._engine.parallel = parallel
             self._engine.place_parameters()
 
-    def _scale_options(self, mesh: Any, parameter_sharding: str | None, precision: Any) -> None:
-        """Applies ``compile``'s ``mesh=``, ``parameter_sharding=`` and ``precision=``."""
-        if precision is not None:
+    @property
+    def loss_scale(self) -> ScaleState | None:
+        """The dynamic loss scale of float16 training and the finite steps in a row
+        (``ScaleState(scale=32768.0, good_steps=0)``), or ``None`` without loss
+        scaling; see :mod:`fnnc.models.loss_scale`. Reading it waits for the last step."""
+        return None if self._engine is None else loss_scale.visible(self._engine)
+
+    def _scale_options(
+        self, mesh: Any, parameter_sharding: str | None, precision: Any, scaling: Any = None
+    ) -> None:
+        """Applies ``compile``'s ``mesh=``, ``parameter_sharding=``, ``precision=`` and
+        ``loss_scale=``."""
+        if precision is not None or scaling is not None:
             from fnnc.models.precision import Precision
 
-            self._engine.precision = Precision.of(precision)
+            engine = self._engine
+            old = engine.precision
+            engine.precision = Precision.of(precision if precision is not None else old, scaling)
+            if getattr(old, "loss_scale", None) != getattr(engine.precision, "loss_scale", None):
+                engine.loss_scale_state = None  # a new policy starts from its initial scale
         if mesh is not None:
             self._pending_parallel = Parallel.of(mesh, parameter_sharding or "replicated")
         elif parameter_sharding is not None:

@@ -35,7 +35,9 @@ import numpy as np
 
 from fnnc.errors import ModelError, NumericsError
 from fnnc.models import batches as feed
+from fnnc.models import checks
 from fnnc.models.callbacks import Callback
+from fnnc.models.validation import outputs_and_targets, validation_batches
 
 CLASSIFICATION = ("softmax_crossentropy", "categorical_crossentropy")
 
@@ -78,10 +80,12 @@ def train(
     source = feed.batches(
         data, batch_size=batch_size, seed=prog.seed, inputs=inputs, targets=targets
     )
+    if isinstance(source, feed.ArrayBatches):  # once per call, on the host
+        checks.train_data(model, source.inputs, source.targets, batch_size)
     if prog.batch >= len(source):  # saved after the last batch of its epoch
         prog.next_epoch()
     target = epochs if resume is not None else prog.epoch + epochs
-    measure = _metrics(model, metrics, validation, data)
+    measure = _metrics(model, metrics, validation, (inputs, targets))
     history: dict[str, list[float]] = {"epoch": [], "loss": []}
     loop = TrainLoop(model, prog, history, len(source), target)
     bar = None
@@ -93,13 +97,19 @@ def train(
     for cb in callbacks:
         cb.on_train_begin(loop)
     try:
+        # labels of in-memory data were checked whole above: fit need not check each batch
+        checks.trust_labels(model.engine, isinstance(source, feed.ArrayBatches))
         while prog.epoch < target and not loop.stop:
             epoch, started, losses = prog.epoch, time.perf_counter(), []
             for inputs_b, targets_b in source.epoch(epoch, prog.batch, prog.data):
-                value = float(model.fit(inputs_b, targets_b))
+                try:
+                    value = float(model.fit(inputs_b, targets_b))
+                except ModelError as e:
+                    raise ModelError(f"train: epoch {epoch}, batch {prog.batch}: {e}") from None
                 prog.step, prog.batch, prog.data = prog.step + 1, prog.batch + 1, source.position
                 if stop_on_nan and not math.isfinite(value):
-                    raise _nan_error(value, prog, callbacks, resume)
+                    note = checks.batch_note(inputs_b, targets_b)
+                    raise _nan_error(value, prog, callbacks, resume, note)
                 losses.append(value)
                 if bar is not None:
                     bar.update(1)
@@ -118,6 +128,7 @@ def train(
             for cb in callbacks:
                 cb.on_epoch_end(loop, epoch, logs)
     finally:
+        checks.trust_labels(model.engine, False)
         if bar is not None:
             bar.close()
         for cb in callbacks:
@@ -142,7 +153,9 @@ def _restore(resume: Any, model: Any) -> None:
         )
 
 
-def _nan_error(value: float, prog: Any, callbacks: Sequence[Any], resume: Any) -> NumericsError:
+def _nan_error(
+    value: float, prog: Any, callbacks: Sequence[Any], resume: Any, note: str = ""
+) -> NumericsError:
     saved = [(cb.latest(), cb.checkpoints.path) for cb in callbacks if hasattr(cb, "latest")]
     saved = [(s, p) for s, p in saved if s is not None]
     if saved:
@@ -155,7 +168,7 @@ def _nan_error(value: float, prog: Any, callbacks: Sequence[Any], resume: Any) -
         where = "No checkpoint was saved in this run (add callbacks=[CheckpointEvery(...)])"
     return NumericsError(
         f"train: the loss is {value} at step {prog.step} (epoch {prog.epoch}, batch "
-        f"{prog.batch}); the weights it updated are not finite, so training stopped. "
+        f"{prog.batch}); the weights it updated are not finite, so training stopped.{note} "
         f"{where}, then lower the learning rate (e.g. an optax schedule) or check the data; "
         "stop_on_nan=False trains on regardless"
     )
@@ -190,14 +203,18 @@ def loss_value(model: Any, outputs: list[Any], targets: list[Any]) -> float:
     if loss is None:
         return float(np.mean(np.asarray(outputs[0])))
     if isinstance(loss, str):
+        if isinstance(targets[0], np.ndarray):
+            checks.labels(loss, np.shape(outputs[0]), targets[0], "train validation")
         out = losses._COMMANDS[loss]()(outputs[0], targets[0])
         return float(np.mean(np.asarray(out[0] if isinstance(out, tuple) else out)))
     return float(loss(list(outputs), list(targets)))
 
 
-def _metrics(model: Any, metrics: Any, validation: Any, data: Any) -> Callable[[], dict]:
+def _metrics(model: Any, metrics: Any, validation: Any, columns: Any) -> Callable[[], dict]:
     """A function giving the epoch's validation metrics (``val_loss``, ``val_accuracy``
-    for a classification loss or when asked, and each user metric ``val_<name>``)."""
+    for a classification loss or when asked, and each user metric ``val_<name>``) over
+    ``validation`` (arrays, a dataframe with ``columns = (inputs, targets)`` names, or a
+    Grain dataset: :mod:`fnnc.models.validation`)."""
     fns: dict[str, Callable[..., Any]] = {}
     if model.engine.loss in CLASSIFICATION and (metrics is None or isinstance(metrics, Mapping)):
         fns["accuracy"] = accuracy
@@ -219,10 +236,10 @@ def _metrics(model: Any, metrics: Any, validation: Any, data: Any) -> Callable[[
                 "train: metrics are measured on validation data; pass validation=(x, y)"
             )
         return dict
-    val_inputs, val_targets = feed.split(validation, "train validation")
+    read = validation_batches(validation, inputs=columns[0], targets=columns[1])
 
     def measure() -> dict[str, float]:
-        outs = predict(model, val_inputs, batch_size=256, all_outputs=True)
+        outs, val_targets = outputs_and_targets(model, read)
         logs = {"val_loss": loss_value(model, outs, val_targets)}
         for name, fn in fns.items():
             logs[f"val_{name}"] = float(fn(outs[0], val_targets[0]))

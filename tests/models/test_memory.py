@@ -207,4 +207,6 @@ def test_digits_cnn_trained_with_compression_keeps_its_accuracy():
         model.compile([train[0][:32]], loss="softmax_crossentropy", minimizer=minimizers.adam(3e-3))
         model.train(train, epochs=12, batch_size=32, progress=False)
         scores.append(accuracy(model, test))
-    assert abs(scores[1] - scores[0]) <= 0.005 + 1e-9, scores
+    # Compression may cost at most half a point; it may also land a sample or two higher
+    # (one test sample is 0.28 points), which is not a loss.
+    assert scores[1] >= scores[0] - 0.005 - 1e-9, scores

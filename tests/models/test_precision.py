@@ -57,3 +57,107 @@ def test_digits_accuracy_within_half_a_point(precision):
         model.train(train, epochs=6, batch_size=32, verbose=False)
         result[p] = accuracy(model.predict(test[0]), test[1])
     assert abs(result[precision] - result["float32"]) <= 0.005 + 1e-9, result
+
+
+def _data():
+    rng = np.random.default_rng(1)
+    return rng.normal(size=(8, 4)).astype(np.float32), rng.normal(size=(8, 3)).astype(np.float32)
+
+
+def test_float16_overflow_skips_the_step_and_the_scale_halves_then_grows():
+    import jax
+
+    from fnnc.models.loss_scale import LossScale
+
+    xs, ys = _data()
+    m = _model()
+    m.compile(xs, loss="mse", minimizer=optax.adam(1e-2), precision="float16",
+              loss_scale=LossScale(initial=2.0**40, growth_interval=2))  # fmt: skip
+    assert m.loss_scale == (2.0**40, 0)
+    pid = "t-h-0-0"
+    skipped = grown = 0
+    for step in range(40):
+        before, state = m.parameters(), m.loss_scale
+        adam = jax.tree.leaves(m.engine.optimizer_state(pid))
+        m.fit(xs, ys)
+        after, now = m.parameters(), m.loss_scale
+        same = [np.array_equal(before[k], after[k]) for k in before]
+        assert all(v.dtype == np.float32 for v in after.values())
+        if step == 0:  # 2**40 overflows every float16 gradient
+            assert all(same) and now == (2.0**39, 0)
+        if all(same):  # skipped: state bitwise unchanged, scale halved
+            skipped += 1
+            assert now == (state.scale / 2, 0), (step, state, now)
+            for a, b in zip(adam, jax.tree.leaves(m.engine.optimizer_state(pid))):
+                np.testing.assert_array_equal(a, b)
+        else:
+            assert not any(same), step  # one update changes every parameter
+            if state.good_steps + 1 == 2:
+                grown += 1
+                assert now == (state.scale * 2, 0), (step, state, now)
+            else:
+                assert now == (state.scale, state.good_steps + 1), (step, state, now)
+    # from 2**40 down to the first scale whose gradients fit float16, then growth past
+    # it overflows again: both transitions happen
+    assert skipped > 20 and grown >= 2, (skipped, grown)
+    assert m.loss_scale.scale <= 2.0**17
+
+
+def test_float16_gradients_match_float32_and_the_scale_is_checkpointed(tmp_path):
+    import jax
+    import jax.numpy as jnp
+
+    from fnnc.io import Checkpoints
+
+    xs, ys = _data()
+    m = _model()
+    m.compile(xs, loss="mse", minimizer=optax.sgd(1.0), precision="float16")  # default scale
+    p0 = m.parameters()
+    m.fit(xs, ys)
+    p1 = m.parameters()
+    assert m.loss_scale == (2.0**15, 1)  # applied, not skipped
+    ids = ("t-h-0-0", "t-h-0-1", "t-out-0-0", "t-out-0-1")
+    assert sorted(p0) == sorted(ids)
+
+    def loss(w1, b1, w2, b2):  # the float32 oracle: jax.grad of the closed form
+        h = jnp.maximum(xs @ w1.T + b1[None], 0)
+        return jnp.mean((h @ w2.T + b2[None] - ys) ** 2)
+
+    grads = jax.grad(loss, argnums=(0, 1, 2, 3))(*(p0[k] for k in ids))
+    for k, g in zip(ids, grads):
+        step = np.asarray(p0[k]) - np.asarray(p1[k])  # SGD(1.0): the gradient itself
+        np.testing.assert_allclose(step, g, rtol=0, atol=5e-3 * float(np.abs(g).max()), err_msg=k)
+
+    m.engine.loss_scale_state = m.engine.loss_scale_state._replace(scale=jnp.float32(2.0**9))
+    Checkpoints(tmp_path / "fp16.ckpt").save(1, m)
+    r = _model()
+    r.compile(xs, loss="mse", minimizer=optax.sgd(1.0), precision="float16")
+    assert r.loss_scale == (2.0**15, 0)
+    Checkpoints(tmp_path / "fp16.ckpt").restore_into(r)
+    assert r.loss_scale == (2.0**9, 1)
+    m.fit(xs, ys)
+    assert m.loss_scale == (2.0**9, 2)
+    after_two = m.parameters()
+    Checkpoints(tmp_path / "fp16.ckpt").restore_into(m)
+    assert m.loss_scale == (2.0**9, 1)
+    m.fit(xs, ys)  # the restored state feeds the step
+    assert m.loss_scale == (2.0**9, 2)
+    np.testing.assert_array_equal(m.parameters()["t-h-0-0"], after_two["t-h-0-0"])
+
+
+def test_loss_scale_options_are_checked():
+    from fnnc.errors import GraphError
+    from fnnc.models.loss_scale import LossScale
+
+    xs = np.zeros((2, 4), np.float32)
+    with pytest.raises(ModelError, match="loss_scale= needs a low compute type"):
+        _model().compile(xs, loss="mse", loss_scale=LossScale())
+    with pytest.raises(ModelError, match=r"loss_scale=2; expected None .*\.LossScale\(initial="):
+        _model().compile(xs, loss="mse", precision="float16", loss_scale=2)
+    with pytest.raises(GraphError, match=r"growth_interval=0 \(an int >= 1\)"):
+        LossScale(growth_interval=0)
+    m = _model()
+    m.compile(xs, loss="mse", precision="float16", loss_scale=False)
+    assert m.loss_scale is None and m.engine.precision.dtype == "float16"
+    m.compile(xs, loss="mse", loss_scale=True)  # precision kept, default policy
+    assert m.loss_scale == (2.0**15, 0)

@@ -20,7 +20,8 @@ from fnnc.models import (
     Sequential,
     minimizers,
 )
-from fnnc.models.programs import ApplyProgram, FitProgram, ForwardProgram, GradientProgram
+from fnnc.models.programs import ApplyProgram, FitProgram, ForwardProgram
+from fnnc.models.residuals import ResidualGradient
 from tests.helpers import rand
 
 
@@ -51,10 +52,12 @@ def test_every_program_kind_is_a_record_whose_layout_names_its_graph_inputs():
     (fit,) = _programs(model, "fit")
     assert isinstance(fit, FitProgram)
     assert fit.params == ("t-h-0-0", "t-h-0-1", "t-bn-0-0", "t-bn-0-1")
-    assert fit.train.n_params == 4 and fit.train.n_state == 3 * 4  # Adam: count, mu, nu
+    # Adam: count, mu, nu per parameter, then its float hyper-parameters as inputs (eps,
+    # eps_root, -learning rate), so a new learning rate compiles nothing
+    assert fit.train.n_params == 4 and fit.train.n_state == 3 * 4 + 3
     assert fit.updates == ("r-bn-0-0", "r-bn-0-1")
     assert "t-out-0-0" in fit.feed.params and fit.feed.n_keys == 1
-    state = [f"opt_state[{i}]" for i in range(fit.train.n_state)]
+    state = [f"opt_state[{i}]" for i in range(12)] + [f"hyper[{i}]" for i in range(3)]
     assert list(fit.names) == [*fit.params, *state, *_feed_names(fit.feed), "target[0]"]
     n_out = fit.train.n_params + fit.train.n_state + 1 + len(fit.updates)
     assert len(fit.program.graph.outputs) == n_out
@@ -65,9 +68,9 @@ def test_every_program_kind_is_a_record_whose_layout_names_its_graph_inputs():
     assert fwd.n_outputs == 1 and fwd.updates == fit.updates
 
     (grad,) = _programs(model, "backward")
-    assert isinstance(grad, GradientProgram)
+    assert isinstance(grad, ResidualGradient)  # the forward's residuals, not a re-run
     assert grad.params == fit.params and grad.out_shapes == ((6, 3),)
-    assert list(grad.names) == [*_feed_names(grad.feed), "df[0]"]
+    assert grad.names[-1] == "df[0]"
     assert len(grad.program.graph.outputs) == len(grad.params) + 1  # + the input's gradient
 
     (apply,) = _programs(model, "apply")

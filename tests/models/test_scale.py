@@ -68,6 +68,51 @@ SCRIPT = COMMON + textwrap.dedent(
                     assert specs["t-mlp-0-out-0-0"] == ("data",), specs        # [4, 12]
                     assert specs["t-mlp-0-out-0-1"] == ("data",), specs        # [4]
                     assert specs["r-mlp-0-bn-0-0"] == (), specs                # an internal
+    def backward_applied(n=None, mode="replicated"):
+        # evaluate, two backward calls (parameter gradients accumulate), apply; twice
+        m = make()
+        if n is not None:
+            m.set_data_parallel(n, parameter_sharding=mode)
+        m.compile(XS, loss="mse", minimizer=optax.adam(1e-2))
+        input_grads = []
+        for _ in range(2):
+            m.evaluate(XS, is_test=False, requires_grad=True)
+            input_grads += m.backward([YS]) + m.backward([YS * YS])
+            grads = dict(m.engine.grads)
+            m.apply_gradients()
+        return m, input_grads, grads
+
+    ref, ref_grads, _ = backward_applied()
+    for mode in ("replicated", "fsdp"):
+        m, input_grads, grads = backward_applied(4, mode)
+        for k, v in m.parameters().items():
+            np.testing.assert_allclose(v, ref.parameters()[k], rtol=1e-5, atol=1e-5, err_msg=k)
+        for got, want in zip(input_grads, ref_grads):
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+        kinds = {key[0]: p for key, p in m.engine._programs.items()}
+        assert all(type(kinds[k].program).__name__ == "Placed" for k in ("backward", "apply"))
+        w = "t-mlp-0-h-0-0"                                                # [12, 8]
+        P = jax.sharding.PartitionSpec
+        split = P("data") if mode == "fsdp" else P()
+        adam = jax.tree.leaves(m.engine.store.all_states(w))
+        assert grads[w].sharding.spec == split, grads[w].sharding
+        assert m.engine.values[w].sharding.spec == split, m.engine.values[w].sharding
+        assert [a.sharding.spec for a in adam if a.ndim] == [split, split], adam
+        assert len(grads[w].sharding.device_set) == 4
+    from fnnc.models.loss_scale import LossScale
+    fp16 = []  # float16 with loss scaling: the scale state is replicated, steps agree
+    for n in (None, 4):
+        m = make()
+        if n is not None:
+            m.set_data_parallel(n, parameter_sharding="fsdp")
+        m.compile(XS, loss="mse", minimizer=optax.adam(1e-2), precision="float16",
+                  loss_scale=LossScale(initial=2.0**20, growth_interval=2))
+        for _ in range(6):
+            m.fit(XS, YS)
+        fp16.append((m.loss_scale, m.parameters()))
+    assert fp16[0][0] == fp16[1][0] and fp16[0][0].scale < 2.0**20, fp16[0][0]
+    for k, v in fp16[1][1].items():
+        np.testing.assert_allclose(v, fp16[0][1][k], rtol=1e-4, atol=1e-5, err_msg=k)
     m = trained(3, 4, "fsdp")
     Checkpoints(sys.argv[1]).save(3, m)
     m.write(sys.argv[1] + ".nnc")
@@ -149,3 +194,72 @@ def test_one_device_mesh_trains_and_scalar_batch_errors():
     assert np.isfinite(float(loss))
     with pytest.raises(ShapeError, match=r"model .* fit: target 0 has a batch of 0 rows"):
         m.fit(np.ones((6, 3), np.float32), np.float32(0))
+
+
+class _Device:
+    """A stand-in for a device of another process (only what the checks read)."""
+
+    def __init__(self, id: int, process_index: int):
+        self.id, self.process_index = id, process_index
+
+
+def _devices(*per_process: int) -> list[_Device]:
+    return [_Device(10 * p + i, p) for p, n in enumerate(per_process) for i in range(n)]
+
+
+def _two_processes(monkeypatch, devices):
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "devices", lambda: devices)
+    monkeypatch.setattr(jax, "local_device_count", lambda: 2)
+
+
+def test_process_count_mismatches_name_what_to_change(monkeypatch):
+    from jax.sharding import Mesh
+
+    from fnnc.models.parallel import Parallel
+
+    xs = np.zeros((6, 3), np.float32)
+    foreign = Mesh(np.array(_devices(1, 1)), ("data",))  # built for a 2-process run
+    with pytest.raises(ModelError, match=r"processes up to 1 .* this run has 1 process"):
+        _model().compile(xs, loss="mse", minimizer=optax.sgd(0.1), mesh=foreign)
+
+    _two_processes(monkeypatch, _devices(2, 2))  # 2 processes of 2 devices each
+    with pytest.raises(ModelError, match=r"set_data_parallel\(3\): with 2 processes .* "
+                       r"pass 0 \(all 4\), or start 1 or 3 processes"):  # fmt: skip
+        _model().set_data_parallel(3)
+    with pytest.raises(ModelError, match=r"set_data_parallel\(8\): this run has 4 devices"):
+        _model().set_data_parallel(8)
+    with pytest.raises(ModelError, match=r"processes \[0\] of 2.*\(not jax\.local_devices"):
+        Parallel.of(jax.make_mesh((1,), ("data",)), "replicated")
+    uneven = Mesh(np.array(_devices(2, 1)), ("data",))
+    with pytest.raises(ModelError, match="2 of process 0, 1 of process 1; each process"):
+        Parallel.of(uneven, "replicated")
+    par = Parallel(Mesh(np.array(_devices(2, 2)), ("data",)))
+    with pytest.raises(ShapeError, match=r"input 0 has a batch of 6 rows.* \(3 rows in each "
+                       r"of 2 processes, 2 devices each\); give each process a batch that is "
+                       r"a multiple of 2 \(a global batch that is a multiple of 4\)"):  # fmt: skip
+        par.batch([np.zeros((3, 5), np.float32)], "fit")
+
+
+def test_checkpoint_data_position_needs_the_same_process_count(tmp_path, monkeypatch):
+    from fnnc.errors import CheckpointError
+    from fnnc.models.batches import Progress
+
+    m = _model_compiled()
+    m.train_progress = Progress(epoch=0, batch=2, step=2, data={"shard": 2})
+    Checkpoints(tmp_path / "mid.ckpt").save(2, m)  # one process, mid-epoch, a data position
+    m.train_progress.data = None
+    Checkpoints(tmp_path / "end.ckpt").save(2, m)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(CheckpointError, match=r"run of 1 process\(es\).* this run has 2. "
+                       r"Restore it with 1 process\(es\)"):  # fmt: skip
+        Checkpoints(tmp_path / "mid.ckpt").restore_into(_model_compiled())
+    r = _model_compiled()
+    Checkpoints(tmp_path / "end.ckpt").restore_into(r)  # no data position: any count
+    assert r.train_progress.step == 2
+
+
+def _model_compiled():
+    m = _model()
+    m.compile(np.zeros((6, 3), np.float32), loss="mse", minimizer=optax.sgd(0.1))
+    return m

@@ -1,0 +1,250 @@
+"""Checks of what a cnnp model is fed, made on the host before anything runs.
+
+Mistakes that would otherwise surface deep inside a compiled program (or not at all)
+are caught here and named in the user's terms:
+
+* inputs whose sizes do not fit the parameters the model was compiled with name the
+  input (``input 0 (x) is float32[64, 21], compiled for float32[64, 20]``), not a
+  weight id;
+* a named loss without targets says so;
+* class labels out of range (7 or -1 with 3 classes), or not whole numbers (1.7), for
+  ``softmax_crossentropy`` / ``categorical_crossentropy``, and binary targets outside
+  ``[0, 1]``, name the value, its position and the number of classes;
+* NaN or infinity in ``train``'s in-memory data warns (a :class:`RuntimeWarning`)
+  naming the input or target and the first sample; a NaN loss names the batch's
+  non-finite values when the data had them.
+
+Labels are checked only when they are NumPy arrays (what ``train`` feeds and what users
+usually pass to ``fit``): a JAX array on a device is not read back, so no check adds a
+device sync to a step. ``train`` checks its whole in-memory dataset once per call (and
+its steps then skip the check); ``fit`` checks each NumPy batch (a min and a max over
+the labels: about 10 us for 32 labels).
+
+>>> import numpy as np, optax
+>>> from fnnc.models import Dense, Input, Model
+>>> x = Input(name="x")
+>>> model = Model(x, Dense(3, name="fc")(x))
+>>> model.compile(np.zeros((4, 2), np.float32), loss="softmax_crossentropy",
+...               minimizer=optax.sgd(0.1))
+>>> model.fit(np.zeros((4, 2), np.float32), np.array([0, 1, 7, 2]))
+Traceback (most recent call last):
+...
+fnnc.errors.ModelError: fit: target 0 holds the label 7 at sample 2; ...
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from fnnc.errors import ModelError
+
+CLASSIFICATION = ("softmax_crossentropy", "categorical_crossentropy")
+BINARY = ("binary_crossentropy", "sigmoid_binary_crossentropy")
+
+# Per engine: the shape of the first model output, by input specs (one build each).
+_SCORES: weakref.WeakKeyDictionary[Any, dict[Any, tuple[int, ...]]] = weakref.WeakKeyDictionary()
+# Engines inside a ``train`` call whose whole in-memory dataset was checked.
+_TRUSTED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _ty(spec: Any) -> str:
+    return f"{np.dtype(spec.dtype).name}{list(spec.shape)}"
+
+
+def input_label(model: Any, index: int) -> str:
+    """``input 0 (x)`` for a named ``Input(name="x")``, else ``input 0``."""
+    inputs = getattr(model, "inputs", ())
+    name = getattr(inputs[index], "name", "") if index < len(inputs) else ""
+    return f"input {index} ({name})" if name else f"input {index}"
+
+
+# -- inputs against compiled parameters ---------------------------------------------
+def parameters(engine: Any, built: dict[str, Any], specs: Sequence[Any]) -> None:
+    """Raises :class:`ModelError` when a build from ``specs`` asks a parameter the model
+    already has in another shape: the inputs' sizes differ from the compiled ones."""
+    for pid, info in built.items():
+        known = engine.infos.get(pid)
+        if known is None or known.shape == info.shape:
+            continue
+        compiled = engine.input_specs
+        differ = [
+            i
+            for i, (got, want) in enumerate(zip(specs, compiled))
+            if tuple(got.shape[1:]) != tuple(want.shape[1:])
+        ] or list(range(len(specs)))
+        parts = [
+            f"{input_label(engine.model, i)} is {_ty(specs[i])}"
+            + (f", compiled for {_ty(compiled[i])}" if i < len(compiled) else "")
+            for i in differ
+        ]
+        raise ModelError(
+            f"model {engine.model.describe()}: {'; '.join(parts)}. Layer {info.layer} has "
+            f"parameter {pid} of shape {list(known.shape)}, which these inputs would need as "
+            f"{list(info.shape)}. Sizes that parameters depend on cannot change after "
+            "compile: pass inputs with the compiled sizes, or build a new model for new ones"
+        )
+
+
+# -- targets and labels -------------------------------------------------------------
+def targets(engine: Any, specs: tuple[Any, ...], values: Sequence[Any], where: str) -> None:
+    """Checks the targets of a training step: present when the loss needs them, and
+    class labels in range for a classification loss (NumPy targets only)."""
+    loss = engine.loss
+    if not isinstance(loss, str):
+        return
+    if not values:
+        raise ModelError(
+            f"{where}: loss={loss!r} compares the model's first output with targets, but "
+            "no targets were given; call model.fit(inputs, targets) (train takes "
+            "(inputs, targets) pairs)"
+        )
+    if (
+        (loss in CLASSIFICATION or loss in BINARY)
+        and isinstance(values[0], np.ndarray)
+        and engine not in _TRUSTED
+    ):
+        labels(loss, scores_shape(engine, specs), values[0], where)
+
+
+def trust_labels(engine: Any, trusted: bool) -> None:
+    """While ``trusted``, :func:`targets` skips the label check of ``engine``'s steps
+    (``train`` checked its whole dataset with :func:`train_data`)."""
+    if trusted:
+        _TRUSTED.add(engine)
+    else:
+        _TRUSTED.discard(engine)
+
+
+def scores_shape(engine: Any, specs: tuple[Any, ...]) -> tuple[int, ...]:
+    """The shape of the model's first output for inputs of ``specs`` (built once)."""
+    shapes = _SCORES.setdefault(engine, {})
+    if specs not in shapes:
+        shapes[specs] = tuple(engine._build(False, specs).outputs[0].shape)
+    return shapes[specs]
+
+
+def labels(
+    loss: str, scores: tuple[int, ...], target: np.ndarray, where: str, sample: str = "sample"
+) -> None:
+    """Raises :class:`ModelError` for a label that ``loss`` cannot take against
+    ``scores`` (the first output's shape): a class index outside ``[0, C)`` or not a
+    whole number, or a binary target outside ``[0, 1]``. Positions are by sample."""
+    target = np.asarray(target)
+    floating = target.dtype.kind == "f"
+    if target.dtype.kind not in "iuf" or target.size == 0 or not scores:
+        return  # the loss's shape rule names dtypes it cannot take
+    if loss in BINARY:
+        if target.min() < 0 or target.max() > 1:  # NaN compares false: a NaN passes
+            bad = np.flatnonzero((target < 0) | (target > 1))[0]
+            _fail(where, target, bad, sample, f"{loss!r} needs targets in [0, 1]")
+        return
+    if floating and target.shape == scores:
+        return  # per-class targets (one-hot or soft), not class indices
+    classes = scores[-1]
+    lead = tuple(scores[:-1])
+    if target.shape not in (lead, (*lead, 1)):
+        return  # the loss's shape rule explains what fits
+    need = (
+        f"{loss!r} needs class indices in [0, {classes}) for the model's {classes} output "
+        f"classes (its first output is shaped {list(scores)})"
+    )
+    if target.min() < 0 or target.max() >= classes:
+        bad = np.flatnonzero((target < 0) | (target >= classes))[0]
+        _fail(
+            where, target, bad, sample,
+            f"{need}. Labels counted from 1 need y - 1; or give the last layer as many "
+            "units as there are classes",
+        )  # fmt: skip
+    if floating:
+        whole = np.isfinite(target) & (target == np.floor(target))
+        if not whole.all():
+            bad = np.flatnonzero(~whole)[0]
+            _fail(
+                where, target, bad, sample,
+                f"{need}: a class index is a whole number (cast labels with "
+                f".astype(np.int32)), or pass per-class float targets shaped {list(scores)}",
+            )  # fmt: skip
+
+
+def _fail(where: str, target: np.ndarray, flat: int, sample: str, need: str) -> None:
+    raise ModelError(
+        f"{where}: target 0 holds the label {_show(target.reshape(-1)[flat])} at "
+        f"{_position(target.shape, flat, sample)}; {need}"
+    )
+
+
+def _show(value: Any) -> str:
+    """A value as its dtype prints it (``1.7``, not ``1.7000000476837158``)."""
+    item = value.item()
+    return f"{item:.7g}" if isinstance(item, float) else repr(item)
+
+
+def _position(shape: tuple[int, ...], flat: int, sample: str) -> str:
+    """``sample 12`` (one value per sample) or ``sample 12, at [12, 3]``."""
+    at = [int(i) for i in np.unravel_index(flat, shape)]
+    if len(shape) == 1 or int(np.prod(shape[1:])) == 1:
+        return f"{sample} {at[0]}"
+    return f"{sample} {at[0]}, at {at}"
+
+
+# -- train's data -------------------------------------------------------------------
+def train_data(model: Any, inputs: Sequence[Any], targets_: Sequence[Any], batch: int) -> None:
+    """Checks ``train``'s in-memory dataset once: non-finite values warn, class labels
+    out of range raise (with their sample index in the dataset)."""
+    for kind, arrays in (("input", inputs), ("target", targets_)):
+        for i, a in enumerate(arrays):
+            found = nonfinite(a)
+            if found is None:
+                continue
+            what = input_label(model, i) if kind == "input" else f"target {i}"
+            warnings.warn(
+                f"train: {what} holds {found}; every batch with such a value makes the loss "
+                "and then the weights NaN. Clean the data (drop those samples, or "
+                "np.nan_to_num) or mask them in your own loss",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+    engine = model.engine
+    loss = engine.loss
+    if not (loss in CLASSIFICATION or loss in BINARY) or not targets_:
+        return
+    specs = tuple(
+        jax.ShapeDtypeStruct((batch, *np.shape(x)[1:]), jax.dtypes.canonicalize_dtype(x.dtype))
+        for x in inputs
+    )
+    scores = scores_shape(engine, engine._check_inputs(specs))
+    labels(loss, (len(targets_[0]), *scores[1:]), targets_[0], "train", "sample")
+
+
+def nonfinite(a: Any) -> str | None:
+    """``"3 NaN and 0 infinite values (the first at sample 17, at [17, 2]: nan)"`` for
+    a NumPy float array that has any, else ``None``."""
+    if not isinstance(a, np.ndarray) or a.dtype.kind not in "fc" or a.size == 0:
+        return None
+    finite = np.isfinite(a)
+    if finite.all():
+        return None
+    nan = int(np.isnan(a).sum())
+    flat = int(np.flatnonzero(~finite)[0])
+    value = _show(a.reshape(-1)[flat])
+    return (
+        f"{nan} NaN and {a.size - int(finite.sum()) - nan} infinite value(s) (the first at "
+        f"{_position(a.shape, flat, 'sample')}: {value})"
+    )
+
+
+def batch_note(inputs: Sequence[Any], targets_: Sequence[Any]) -> str:
+    """What in one batch is not finite (empty if nothing, or not NumPy)."""
+    notes = []
+    for kind, arrays in (("input", inputs), ("target", targets_)):
+        for i, a in enumerate(arrays):
+            found = nonfinite(a) if isinstance(a, np.ndarray) else None
+            if found is not None:
+                notes.append(f"{kind} {i} of this batch holds {found}")
+    return " The data is the cause: " + "; ".join(notes) + "." if notes else ""

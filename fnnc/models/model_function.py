@@ -1,0 +1,161 @@
+"""A compiled cnnp model's forward as a pure JAX function of parameters and inputs.
+
+:func:`model_function` builds the model's forward graph for some input specs (the
+graph ``Model.evaluate`` compiles) and returns a :class:`ModelFunction`: a pure
+function ``f(inputs, params, keys) -> (outputs, internals)`` that JAX can ``jit``,
+``grad``, ``vmap`` and nest in Flax code, with parameters passed by NNC id.
+
+Its derivative is fnnc's, not JAX's: every node runs as a ``jax.custom_vjp`` whose
+backward is the command's own NNC backward rule (what the ``backward`` pass emits node
+by node; :func:`fnnc.ops._subgraph.run_graph_nnc`), so ``jax.grad`` of a loss of the
+outputs equals what ``model.backward`` computes, and a step under ``jax.jit`` runs the
+forward once and keeps what each rule needs.
+
+>>> import jax, numpy as np, optax
+>>> from fnnc.models import Dense, Input, Model, model_function
+>>> x = Input()
+>>> model = Model(x, Dense(2, name="fc")(x))
+>>> model.compile(np.zeros((4, 3), np.float32), loss="mse", minimizer=optax.sgd(0.1))
+>>> fn = model_function(model, [jax.ShapeDtypeStruct((4, 3), np.float32)])
+>>> params = fn.initial_parameters(model)
+>>> (out,), _ = fn([np.ones((4, 3), np.float32)], params)
+>>> bool(np.allclose(out, model.evaluate(np.ones((4, 3), np.float32))))
+True
+>>> grads = jax.grad(lambda p: fn([np.ones((4, 3), np.float32)], p)[0][0].sum())(params)
+>>> sorted(grads)
+['t-fc-0-0', 't-fc-0-1']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from fnnc.core.ir import Graph
+from fnnc.errors import ModelError
+from fnnc.models.programs import _ordered
+from fnnc.ops._subgraph import run_graph_nnc
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ModelFunction:
+    """One build of a model's forward as a pure function (see the module docstring).
+
+    Attributes:
+        graph: the forward graph; inputs are the model inputs, then ``params``, then
+            ``n_keys`` random keys; outputs the model outputs, then the new values of
+            the internals ``updates``.
+        params: every parameter id the graph reads (internals included), in order.
+        trainable: ids of the parameters that get gradients; the others (frozen with
+            ``is_trainable=False``, and internals) pass through ``stop_gradient``.
+        updates: ids of the internals a training-mode forward updates (BatchNorm
+            running statistics); empty in test mode.
+        n_inputs, n_outputs, n_keys: counts of model inputs, outputs and random keys.
+        training: whether this is the training-mode forward (``evaluate(is_test=False)``).
+    """
+
+    graph: Graph
+    params: tuple[str, ...]
+    trainable: frozenset[str]
+    updates: tuple[str, ...]
+    n_inputs: int
+    n_outputs: int
+    n_keys: int
+    training: bool
+
+    def __call__(
+        self,
+        inputs: Sequence[Any],
+        params: Mapping[str, Any],
+        keys: Sequence[Any] = (),
+    ) -> tuple[list[Any], dict[str, Any]]:
+        """``(outputs, new internals by id)`` for model ``inputs`` and parameter values.
+
+        Args:
+            inputs: one array per model input.
+            params: every id of :attr:`params` to its value (extra ids are ignored).
+            keys: :attr:`n_keys` random keys (``jax.random.key_data`` of typed keys, or
+                typed keys) for Dropout and other random layers.
+        """
+        if len(inputs) != self.n_inputs:
+            raise ModelError(
+                f"model function: the model takes {self.n_inputs} inputs, got {len(inputs)}"
+            )
+        missing = [p for p in self.params if p not in params]
+        if missing:
+            raise ModelError(
+                f"model function: parameters {missing} are missing; pass every id of "
+                f"fn.params ({list(self.params)}), e.g. fn.initial_parameters(model)"
+            )
+        if len(keys) != self.n_keys:
+            raise ModelError(
+                f"model function: the {'training' if self.training else 'test'}-mode forward "
+                f"takes {self.n_keys} random keys (Dropout and other random layers), got "
+                f"{len(keys)}"
+            )
+        values = [
+            params[p] if p in self.trainable else jax.lax.stop_gradient(params[p])
+            for p in self.params
+        ]
+        keys = [_key_data(k) for k in keys]
+        results = run_graph_nnc(self.graph, [*inputs, *values, *keys])
+        outs = list(results[: self.n_outputs])
+        return outs, dict(zip(self.updates, results[self.n_outputs :]))
+
+    def initial_parameters(self, model: Any) -> dict[str, Any]:
+        """The current values of :attr:`params` in ``model`` (copies)."""
+        values = model.parameters()
+        return {p: values[p] for p in self.params}
+
+
+def model_function(model: Any, inputs: Sequence[Any], *, training: bool = False) -> ModelFunction:
+    """The forward of compiled ``model`` for inputs like ``inputs`` (arrays or
+    ``jax.ShapeDtypeStruct``) as a :class:`ModelFunction`; ``training`` gives the
+    training-mode forward (batch statistics, Dropout), which returns the updated
+    internals too. Input rank and dtype must be those the model was compiled for."""
+    engine = model.engine
+    specs = engine._check_inputs(list(inputs))
+    built = engine._build(training, specs)
+    ctx = built.ctx
+    graph = ctx.b.build([*built.outputs, *ctx.updates.values()])
+    if engine.precision is not None:
+        graph = engine.precision(graph)
+    feed, order = built.feed(tuple(ctx.params))
+    infos = engine.infos
+    return ModelFunction(
+        graph=_ordered(graph, order),
+        params=feed.params,
+        trainable=frozenset(p for p in feed.params if infos[p].trainable),
+        updates=tuple(ctx.updates),
+        n_inputs=len(built.inputs),
+        n_outputs=len(built.outputs),
+        n_keys=feed.n_keys,
+        training=training,
+    )
+
+
+class FunctionCache:
+    """:func:`model_function` of one model, built once per (input specs, mode)."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self._built: dict[tuple[Any, ...], ModelFunction] = {}
+
+    def get(self, inputs: Sequence[Any], training: bool) -> ModelFunction:
+        """The :class:`ModelFunction` for inputs like ``inputs`` in that mode."""
+        specs = tuple((tuple(np.shape(x)), np.dtype(x.dtype)) for x in inputs)
+        key = (specs, training)
+        if key not in self._built:
+            self._built[key] = model_function(self.model, inputs, training=training)
+        return self._built[key]
+
+
+def _key_data(key: Any) -> Any:
+    """Key data (what the graph's key inputs hold) of a typed key or raw key data."""
+    if jax.dtypes.issubdtype(getattr(key, "dtype", None), jax.dtypes.prng_key):
+        return jax.random.key_data(key)
+    return key

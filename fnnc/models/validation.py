@@ -1,0 +1,111 @@
+"""Where :meth:`Model.train <fnnc.models.Model.train>` reads its ``validation=`` data.
+
+Validation takes what training takes: ``(inputs, targets)`` arrays, a
+:class:`fnnc.data.DataFrame` (unbatched ones are read in batches of ``batch_size``,
+in order, nothing dropped; batched ones as they are; columns chosen as for training,
+by ``inputs=``/``targets=`` or the last column as the target), a ``grain.MapDataset``
+of ``(inputs, targets)`` batches, or a ``grain.IterDataset`` of them (read once per
+epoch from its start). Every epoch the model's test-mode outputs over all of it are
+gathered with the targets, so the loss and metrics are those of the whole set, the
+same numbers whichever form the data came in (bitwise, for the same batches). Every
+epoch reads the set's epoch 0 (the same rows, random maps included); so worker
+processes of a validation dataframe (``read_with(workers=...)``) start anew each
+epoch: give them to the training dataframe, where they are kept from epoch to epoch.
+
+>>> import numpy as np
+>>> from fnnc.data import DataFrame
+>>> from fnnc.models.validation import validation_batches
+>>> x, y = np.ones((5, 2), np.float32), np.arange(5)
+>>> read = validation_batches(DataFrame.from_arrays(x=x, y=y), batch_size=2)
+>>> [(xb[0].shape, yb[0].tolist()) for xb, yb in read()]
+[((2, 2), [0, 1]), ((2, 2), [2, 3]), ((1, 2), [4])]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from fnnc.errors import DataError, ModelError
+from fnnc.models import batches as feed
+
+Read = Callable[[], Iterator[feed.Batch]]
+
+
+def validation_batches(
+    validation: Any, *, batch_size: int = 256, inputs: Any = None, targets: Any = None
+) -> Read:
+    """A function giving, each time it is called, the ``(inputs, targets)`` batches of
+    ``validation`` (see the module docstring); ``inputs``/``targets`` name a
+    dataframe's columns."""
+    import grain
+
+    from fnnc.data import DataFrame
+    from fnnc.data.stages import Group
+
+    if isinstance(validation, DataFrame):
+        frame = validation
+        if not any(isinstance(s, Group) for s in frame._stages):
+            frame = frame.batch(batch_size)  # in order, the last batch kept
+        try:
+            source = feed.FrameBatches(frame, batch_size, 0, inputs, targets)
+        except ModelError as e:
+            raise ModelError(_where(e)) from None
+        return lambda: _renamed(source.epoch(0, 0, None))
+    if isinstance(validation, grain.MapDataset):
+        grain_source = feed.GrainBatches(validation)
+        return lambda: _renamed(grain_source.epoch(0, 0, None))
+    if isinstance(validation, grain.IterDataset):
+        return lambda: (_pair(e, k) for k, e in enumerate(validation))
+    xs, ts = feed.split(validation, "train validation")
+    n = len(xs[0])
+
+    def arrays() -> Iterator[feed.Batch]:
+        for start in range(0, n, batch_size):
+            end = start + batch_size
+            yield [x[start:end] for x in xs], [t[start:end] for t in ts]
+
+    return arrays
+
+
+def outputs_and_targets(model: Any, read: Read) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The model's test-mode outputs over every batch of ``read()``, and the targets,
+    each concatenated over batches (one array per output / target)."""
+    outs: list[list[np.ndarray]] = []
+    targets: list[list[np.ndarray]] = []
+    for inputs_b, targets_b in read():
+        out = model.evaluate(inputs_b, is_test=True)
+        outs.append([np.asarray(o) for o in feed.as_list(out)])
+        targets.append([np.asarray(t) for t in targets_b])
+    if not outs:
+        raise ModelError("train: the validation data gave no batches; pass a non-empty set")
+    return [np.concatenate(p) for p in zip(*outs)], [np.concatenate(p) for p in zip(*targets)]
+
+
+def _renamed(batches: Iterator[feed.Batch]) -> Iterator[feed.Batch]:
+    """``batches``, with a data error saying it came from the validation data."""
+    try:
+        yield from batches
+    except DataError as e:
+        raise DataError(_where(e)) from e
+    except ModelError as e:
+        raise ModelError(_where(e)) from e
+
+
+def _where(error: Exception) -> str:
+    """``error``'s message said of the validation data (not of the training data)."""
+    text = str(error)
+    return f"validation: {text.removeprefix('train: ')}"
+
+
+def _pair(element: Any, k: int) -> feed.Batch:
+    try:
+        inputs, targets = element
+    except (TypeError, ValueError):
+        raise ModelError(
+            f"validation: element {k} of the Grain dataset is a {type(element).__name__}; "
+            "expected (inputs, targets) batches (map the dataset to that pair)"
+        ) from None
+    return feed.as_list(inputs), feed.as_list(targets)

@@ -1,0 +1,146 @@
+"""Model mistakes name the user's input, label or layer (issue 16), checked on the host."""
+
+import re
+
+import numpy as np
+import optax
+import pytest
+
+from fnnc import config, ops
+from fnnc.errors import ModelError, NumericsError
+from fnnc.models import BuildContext, CommandLayer, Conv, Dense, Input, Model
+
+RNG = np.random.default_rng(0)
+XS = RNG.standard_normal((16, 4)).astype(np.float32)
+YS = (np.arange(16) % 3).astype(np.int32)
+
+
+def _classifier():
+    x = Input(name="x")
+    model = Model(x, Dense(3, name="fc")(x), name="clf")
+    model.compile(XS[:8], loss="softmax_crossentropy", minimizer=optax.sgd(0.1))
+    return model
+
+
+@pytest.fixture(scope="module")
+def clf():
+    return _classifier()
+
+
+def _xent(logits, labels):
+    """NumPy softmax cross-entropy, batch mean: the oracle."""
+    z = logits - logits.max(-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    return float(-np.mean(logp[np.arange(len(labels)), labels]))
+
+
+def test_wrong_feature_count_names_the_input_not_the_weight(clf) -> None:
+    wide = np.zeros((8, 5), np.float32)
+    for call in (lambda: clf.evaluate(wide), lambda: clf.fit(wide, YS[:8])):
+        with pytest.raises(ModelError) as e:
+            call()
+        text = str(e.value)
+        assert "input 0 (x) is float32[8, 5], compiled for float32[8, 4]" in text
+        assert "Layer Dense('fc') has parameter t-clf-0-fc-0-0 of shape [3, 4]" in text
+        assert "[3, 5]" in text and "build a new model" in text
+
+
+def test_fit_without_targets_says_targets_are_missing(clf) -> None:
+    with pytest.raises(ModelError, match=r"loss='softmax_crossentropy' .* no targets were given"):
+        clf.fit([XS[:8]])
+
+
+@pytest.mark.parametrize(("bad", "at"), [(7, 5), (-1, 2)])
+def test_fit_rejects_labels_out_of_range(clf, bad: int, at: int) -> None:
+    labels = YS[:8].copy()
+    labels[at] = bad
+    before = clf.parameters()["t-clf-0-fc-0-0"]
+    with pytest.raises(ModelError) as e:
+        clf.fit(XS[:8], labels)
+    text = str(e.value)
+    assert f"fit: target 0 holds the label {bad} at sample {at};" in text
+    assert "class indices in [0, 3) for the model's 3 output classes" in text
+    assert "y - 1" in text  # what to do
+    np.testing.assert_array_equal(clf.parameters()["t-clf-0-fc-0-0"], before)  # no step ran
+
+
+def test_fit_rejects_fractional_labels_and_takes_whole_float_ones(clf) -> None:
+    model = clf
+    labels = YS[:8].astype(np.float32)
+    labels[3] = 1.7
+    with pytest.raises(ModelError, match=r"the label 1\.7 at sample 3; .*whole number"):
+        model.fit(XS[:8], labels)
+    expected = _xent(np.asarray(model.evaluate(XS[:8])), YS[:8])
+    loss = float(model.fit(XS[:8], YS[:8].astype(np.float32)))  # 2.0 is class 2
+    np.testing.assert_allclose(loss, expected, rtol=1e-5)
+
+
+def test_one_hot_float_targets_are_not_taken_for_labels(clf) -> None:
+    expected = _xent(np.asarray(clf.evaluate(XS[8:])), YS[8:])
+    loss = float(clf.fit(XS[8:], np.eye(3, dtype=np.float32)[YS[8:]]))
+    np.testing.assert_allclose(loss, expected, rtol=1e-5)
+
+
+def test_binary_targets_outside_0_1_are_named() -> None:
+    x = Input()
+    model = Model(x, Dense(2, name="fc")(x))
+    model.compile(XS[:8], loss="sigmoid_binary_crossentropy", minimizer=optax.sgd(0.1))
+    targets = np.zeros((8, 2), np.float32)
+    targets[6, 1] = 2.0
+    with pytest.raises(ModelError, match=r"label 2 at sample 6, at \[6, 1\]; .* in \[0, 1\]"):
+        model.fit(XS[:8], targets)
+
+
+def test_train_checks_the_whole_dataset_before_a_step(clf) -> None:
+    model = clf
+    labels = YS.copy()
+    labels[13] = 3
+    with pytest.raises(ModelError, match=r"^train: target 0 holds the label 3 at sample 13;"):
+        model.train((XS, labels), batch_size=8, verbose=False)
+    assert model.train_progress.step == 0
+    with pytest.raises(ModelError, match=r"^train validation: target 0 holds the label 3"):
+        model.train((XS, YS), batch_size=8, validation=(XS, labels), verbose=False)
+
+
+def test_nan_in_train_data_warns_and_the_nan_loss_names_the_batch() -> None:
+    model = _classifier()
+    xs = XS.copy()
+    xs[11, 2] = np.nan
+    warning = r"input 0 \(x\) holds 1 NaN and 0 infinite value\(s\) \(the first at sample 11, "
+    with (
+        pytest.warns(RuntimeWarning, match=warning + r"at \[11, 2\]"),
+        pytest.raises(NumericsError) as e,
+    ):
+        model.train((xs, YS), batch_size=8, verbose=False)
+    assert "The data is the cause: input 0 of this batch holds 1 NaN" in str(e.value)
+
+
+def test_numerics_check_in_fit_names_the_layer_node() -> None:
+    x = Input(name="x")
+    net = Model(x, CommandLayer(ops.ewlog(), name="log")(Dense(3, name="fc")(x)), name="net")
+    xs, ts = np.ones((4, 2), np.float32), np.zeros((4, 3), np.float32)
+    net.compile(xs, loss="mse", minimizer=optax.sgd(0.1))
+    weight = -np.ones((3, 2), np.float32)  # fc gives -2 everywhere: log of it is NaN
+    net.set_parameters({"t-net-0-fc-0-0": weight})
+    with config.override(numerics=True), pytest.raises(NumericsError) as e:
+        net.fit(xs, ts)
+    text = str(e.value)
+    assert text.startswith("model Model('net') fit: Program: node 1 (net-0-log-0, ewlog)")
+    assert re.search(r"input +%\d+ \(net-0-fc-0\): f32\[4,3\] min=-2 max=-2 .* nan=0", text)
+    np.testing.assert_array_equal(net.parameters()["t-net-0-fc-0-0"], weight)  # not donated
+    assert np.isnan(float(net.fit(xs, ts)))  # off by default: no check
+
+
+def test_conv_and_model_without_lists(clf) -> None:
+    x = Input()
+    conv = Model(x, Conv(4, 3, name="c")(x))  # a 3x3 kernel; one input, one output
+    ctx = BuildContext(False)  # a build only: no parameter values, nothing compiled
+    out = conv.build(ctx, ctx.b.input((1, 5, 5, 2), np.float32), nested=False)
+    assert out.shape == (1, 5, 5, 4)  # "SAME" padding
+    assert {k: p.shape for k, p in ctx.params.items()} == {
+        "t-c-0-0": (4, 3, 3, 2),
+        "t-c-0-1": (4,),
+    }
+    params = clf.parameters()  # clf is Model(x, y) without lists: y = x W^T + b
+    w, b = np.asarray(params["t-clf-0-fc-0-0"]), np.asarray(params["t-clf-0-fc-0-1"])
+    np.testing.assert_allclose(np.asarray(clf.evaluate(XS[:8])), XS[:8] @ w.T + b, rtol=1e-5)

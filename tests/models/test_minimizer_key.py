@@ -1,0 +1,111 @@
+"""Minimizers keyed by structure: a new learning rate is an input value, not a new program."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fnnc.models import Dense, Input, Model, minimizers
+from fnnc.models.minimizer_key import Minimizers, split
+from tests.helpers import assert_close, rand
+
+
+def test_numbers_that_trace_are_inputs_and_the_others_stay_in_the_key():
+    adam = optax.adam(1e-3)
+    a, b = split(adam), split(optax.adam(1e-4))
+    assert a.key == b.key and a.values != b.values
+    assert split(adam) is a  # cached per object
+    assert split(optax.sgd(1e-3)).key != a.key
+    # optax computes 1 - b1 in Python (double precision, rounded once): a float32 input
+    # would round twice and change Adam's numbers, so b1 stays a constant of the key
+    assert split(optax.adam(1e-3, b1=0.8)).key != a.key
+    # NNC's Adam tests `if decay:` in Python: decay stays a constant, the rate is an input
+    n1 = split(minimizers.adam(1e-3, decay=0.1))
+    assert n1.key == split(minimizers.adam(5e-2, decay=0.1)).key
+    assert n1.key != split(minimizers.adam(1e-3, decay=0.2)).key
+    # a schedule's numbers are inputs as well
+    s1 = split(optax.adam(optax.exponential_decay(1e-3, 10, 0.5)))
+    assert s1.key == split(optax.adam(optax.exponential_decay(2e-3, 10, 0.25))).key
+
+
+def test_the_rebuilt_update_is_the_update_of_the_object_that_gave_the_numbers():
+    params = [jnp.asarray(rand([3])), jnp.asarray(rand([2, 2], seed=1))]
+    grads = [jnp.asarray(rand([3], seed=2)), jnp.asarray(rand([2, 2], seed=3))]
+    template = Minimizers.of([optax.adam(1e-3)] * 2)
+    new = optax.adam(3e-2, eps=1e-6)
+    fed = Minimizers.of([new] * 2)
+    assert fed.key == template.key and fed.n_hyper == template.n_hyper
+    tx = template.transform()
+    inner = tuple(new.init(p) for p in params)
+    step = jax.jit(tx.update)
+    updates, (state, hyper) = step(grads, (inner, tuple(fed.hyper_leaves())), params)
+    want = jax.jit(lambda: [new.update(g, s, p) for g, s, p in zip(grads, inner, params)])()
+    assert_close(updates, [u for u, _ in want], rtol=1e-6, atol=1e-7)
+    assert_close(list(state), [s for _, s in want], rtol=1e-6, atol=1e-7)
+    assert_close(list(hyper), fed.hyper_leaves())
+
+
+def _oracle_grad(p, x, t):
+    def loss(p):
+        return jnp.mean((x @ p["t-d-0-0"].T + p["t-d-0-1"][None] - t) ** 2)
+
+    return jax.grad(loss)(p)
+
+
+def test_a_new_rate_compiles_nothing_keeps_the_moments_and_takes_effect():
+    x = Input()
+    model = Model(x, Dense(2, name="d")(x))
+    xs, ts = rand([4, 3]), rand([4, 2], seed=1)
+    model.compile(xs, loss="mse", minimizer=optax.adam(1e-1))
+    p = {k: jnp.asarray(v) for k, v in model.parameters().items()}
+    opt_state = {k: optax.adam(1e-1).init(v) for k, v in p.items()}
+
+    @jax.jit  # plain optax; the rate is an argument so that one compile serves every rate
+    def oracle_step(p, opt_state, rate):
+        grads = _oracle_grad(p, xs, ts)
+        new_p, new_s = {}, {}
+        for k in p:  # per parameter, as the engine applies minimizers
+            u, new_s[k] = optax.adam(rate).update(grads[k], opt_state[k], p[k])
+            new_p[k] = optax.apply_updates(p[k], u)
+        return new_p, new_s
+
+    def programs(kind):
+        return [k for k in model.engine._programs if k[0] == kind]
+
+    for rate in (1e-1, 1e-2, 3e-3):  # the step after each set_minimizer uses its rate
+        model.set_minimizer(optax.adam(rate))
+        model.fit(xs, ts)
+        p, opt_state = oracle_step(p, opt_state, rate)
+        assert_close(model.parameters(), p, rtol=1e-6, atol=1e-7)
+    assert len(programs("fit")) == 1
+    # apply_gradients is keyed the same way
+    for rate in (1e-2, 5e-2):
+        model.set_minimizer(optax.adam(rate))
+        out = model.evaluate(xs, requires_grad=True)
+        model.backward([2 * (np.asarray(out) - ts) / ts.size], outgrad=False)
+        model.apply_gradients()
+        p, opt_state = oracle_step(p, opt_state, rate)
+        assert_close(model.parameters(), p, rtol=1e-6, atol=1e-7)
+    assert len(programs("apply")) == 1
+
+
+def test_a_schedule_that_rewrites_its_closure_trains_as_plain_optax():
+    """Optax's cosine schedule turns its int ``decay_steps`` into a float on its first
+    call; the walk must count the floats of its steady state."""
+    x = Input()
+    model = Model(x, Dense(2, name="d")(x))
+    xs, ts = rand([4, 3]), rand([4, 2], seed=1)
+    make = lambda: optax.adam(optax.cosine_decay_schedule(0.05, decay_steps=4))  # noqa: E731
+    model.compile(xs, loss="mse", minimizer=make())
+    p = {k: jnp.asarray(v) for k, v in model.parameters().items()}
+    opt = make()
+    state = {k: opt.init(v) for k, v in p.items()}
+    for _ in range(3):
+        model.fit(xs, ts)
+        grads = jax.jit(_oracle_grad)(p, xs, ts)
+        for k in p:
+            u, state[k] = opt.update(grads[k], state[k], p[k])
+            p[k] = optax.apply_updates(p[k], u)
+    assert_close(model.parameters(), p, rtol=1e-6, atol=1e-7)
