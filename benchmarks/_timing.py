@@ -26,13 +26,12 @@ def median_time(
     return statistics.median(samples)
 
 
-def interleaved(
+def samples_of(
     fns: dict[str, Callable[[], Any]], *, rounds: int = 7, inner: int = 20
-) -> dict[str, float]:
-    """Median seconds per call of each fn, alternating between them each round.
-
-    Interleaving is fair on noisy machines: a slow spell hits every contender alike.
-    """
+) -> dict[str, list[float]]:
+    """Seconds per call of each fn, one sample per round, the fns alternating within
+    each round (interleaving is fair on noisy machines: a slow spell hits every
+    contender alike)."""
     for fn in fns.values():
         for _ in range(3):
             jax.block_until_ready(fn())
@@ -44,4 +43,13 @@ def interleaved(
                 out = fn()
             jax.block_until_ready(out)
             samples[name].append((time.perf_counter() - start) / inner)
+    return samples
+
+
+def interleaved(
+    fns: dict[str, Callable[[], Any]], *, rounds: int = 7, inner: int = 20
+) -> dict[str, float]:
+    """Median seconds per call of each fn, alternating between them each round
+    (:func:`samples_of`)."""
+    samples = samples_of(fns, rounds=rounds, inner=inner)
     return {k: statistics.median(v) for k, v in samples.items()}

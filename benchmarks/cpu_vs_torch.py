@@ -43,7 +43,6 @@ import contextlib
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -58,7 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from benchmarks._timing import interleaved
+from benchmarks._timing import interleaved, samples_of
 from fnnc import config, ops
 from fnnc.core.command import vjp_backward
 from fnnc.models import (
@@ -180,23 +179,6 @@ def torch_step(make, x, y):
     return step
 
 
-def rounds_of(fns: dict, rounds: int, inner: int) -> dict[str, list[float]]:
-    """Seconds per call of each thunk, one sample per round, the thunks alternating
-    within each round (a slow spell of a loaded machine hits every contender alike)."""
-    for fn in fns.values():
-        for _ in range(3):
-            jax.block_until_ready(fn())
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(inner):
-                out = fn()
-            jax.block_until_ready(out)
-            samples[name].append((time.perf_counter() - start) / inner)
-    return samples
-
-
 def _spread(values: list[float], scale: float = 1.0) -> str:
     """``median [min-max]``."""
     med = statistics.median(values) * scale
@@ -231,8 +213,8 @@ def workloads(rounds: int, inner: int, only: str | None = None) -> None:
             if label != "fnnc" and len(shape) != 4:
                 continue
             with context():
-                t = rounds_of({label: fnnc_step(ours, x, y, tuned), "torch": theirs_step},
-                              rounds, inner)  # fmt: skip
+                fns = {label: fnnc_step(ours, x, y, tuned), "torch": theirs_step}
+                t = samples_of(fns, rounds=rounds, inner=inner)
             ratio = [a / b for a, b in zip(t[label], t["torch"])]
             ms = f"{_spread(t[label], 1e3):>24}   torch {_spread(t['torch'], 1e3):>24}"
             print(f"  {label:<11}{ms}   ratio {_spread(ratio)}")

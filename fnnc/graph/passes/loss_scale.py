@@ -55,8 +55,8 @@ from fnnc import ops
 from fnnc.core.ir import Graph
 from fnnc.errors import GraphError
 from fnnc.graph.builder import GraphBuilder
-from fnnc.graph.passes.backward import _ids, backward
-from fnnc.graph.passes.minimize import TrainLayout
+from fnnc.graph.passes.backward import backward
+from fnnc.graph.passes.minimize import TrainLayout, loss_and_params
 from fnnc.ops.optimizer import optax_update_command
 
 
@@ -159,14 +159,7 @@ def minimize_scaled(
         optimizer's own state (the scale state is not in it) and
         ``scaling.init()`` gives the first scale state.
     """
-    (loss_id,) = _ids(graph, loss, "loss")
-    param_ids = _ids(graph, params, "params")
-    for pid in param_ids:
-        if pid not in graph.inputs:
-            raise GraphError(
-                f"minimize_scaled: parameter {graph.label(pid)} is not a graph input; "
-                "parameters must be inputs so the step can return their new values"
-            )
+    loss_id, param_ids = loss_and_params(graph, loss, params, "minimize_scaled")
     b = GraphBuilder.from_graph(graph)
     param_syms = [graph.symbols[p] for p in param_ids]
     cmd = optax_update_command(scaling.transform(optimizer), [s.spec for s in param_syms])

@@ -64,6 +64,22 @@ class TrainLayout:
         return jax.tree.unflatten(self.state_tree, list(leaves))
 
 
+def loss_and_params(
+    graph: Graph, loss: Any, params: Sequence[Any], who: str
+) -> tuple[int, list[int]]:
+    """The ids of ``loss`` and ``params``, checking that every parameter is a graph
+    input (the step returns their new values)."""
+    (loss_id,) = _ids(graph, loss, "loss")
+    param_ids = _ids(graph, params, "params")
+    for pid in param_ids:
+        if pid not in graph.inputs:
+            raise GraphError(
+                f"{who}: parameter {graph.label(pid)} is not a graph input; parameters "
+                "must be inputs so the step can return their new values"
+            )
+    return loss_id, list(param_ids)
+
+
 def minimize(
     graph: Graph, loss: Any, params: Sequence[Any], optimizer: Any
 ) -> tuple[Graph, TrainLayout]:
@@ -91,14 +107,7 @@ def minimize(
     >>> float(w1[0]), float(value)       # w - 0.25 * 2w
     (1.0, 4.0)
     """
-    (loss_id,) = _ids(graph, loss, "loss")
-    param_ids = _ids(graph, params, "params")
-    for pid in param_ids:
-        if pid not in graph.inputs:
-            raise GraphError(
-                f"minimize: parameter {graph.label(pid)} is not a graph input; parameters "
-                "must be inputs so the step can return their new values"
-            )
+    loss_id, param_ids = loss_and_params(graph, loss, params, "minimize")
     grad_graph, grads = backward(graph, loss_id, param_ids)
     b = GraphBuilder.from_graph(grad_graph)
     param_syms = [grad_graph.symbols[p] for p in param_ids]
