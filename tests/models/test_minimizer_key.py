@@ -97,7 +97,7 @@ def test_a_schedule_that_rewrites_its_closure_trains_as_plain_optax():
     x = Input()
     model = Model(x, Dense(2, name="d")(x))
     xs, ts = rand([4, 3]), rand([4, 2], seed=1)
-    make = lambda: optax.adam(optax.cosine_decay_schedule(0.05, decay_steps=4))  # noqa: E731
+    make = lambda: optax.adam(optax.cosine_decay_schedule(0.05, decay_steps=4))
     model.compile(xs, loss="mse", minimizer=make())
     p = {k: jnp.asarray(v) for k, v in model.parameters().items()}
     opt = make()

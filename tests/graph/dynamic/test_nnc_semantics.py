@@ -58,7 +58,7 @@ def test_fresh_adam_per_step_equals_one_reused(apply: bool) -> None:
 
 def test_a_scheduled_optimizer_made_fresh_per_step_keeps_its_state() -> None:
     """``optax.exponential_decay`` closes over a cell bound after its inner function."""
-    make = lambda: optax.adam(optax.exponential_decay(0.1, 2, 0.5))  # noqa: E731
+    make = lambda: optax.adam(optax.exponential_decay(0.1, 2, 0.5))
     fresh = _quadratic_steps(make)
     params, opt = jnp.float32([1.0, -2.0, 3.0]), make()
     state = opt.init(params)

@@ -54,7 +54,8 @@ def test_a_gradient_node_making_infinity_is_named() -> None:
 
 
 def test_an_evaluated_model_names_the_node_inside() -> None:
-    optax = pytest.importorskip("optax")
+    import optax
+
     from fnnc.models import CommandLayer, Dense, Input, Model
 
     x = Input(name="x")
