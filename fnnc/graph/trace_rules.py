@@ -352,6 +352,8 @@ TRACE_RULES: dict[str, Rule] = {
     "square": _square,
     "integer_pow": _integer_pow,
     "select_n": _select_n,
+    # comparisons (ELU, leaky ReLU, Embed's bounds checks)
+    **{op: _simple("compare", op=op) for op in ("lt", "le", "gt", "ge", "eq", "ne")},
     # activations
     "tanh": _simple("tanh", "float"),
     "logistic": _simple("sigmoid", "float"),
