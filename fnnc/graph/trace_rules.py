@@ -75,10 +75,20 @@ def _square(ctx, eqn, args):
 
 
 def _integer_pow(ctx, eqn, args):
+    """``x ** y`` for a positive int ``y`` as ``mul`` nodes, squaring as JAX's lowering
+    does (so the products round alike): tanh-GELU's ``x ** 3`` is ``x * (x * x)``."""
     (x,) = args
-    if eqn.params["y"] != 2 or not (_kind(x.dtype, "number") and ctx.has("mul")):
+    y = eqn.params["y"]
+    if not (2 <= y <= 16 and _kind(x.dtype, "number") and ctx.has("mul")):
         return None
-    return [ctx.exec("mul", x, x)]
+    acc = None
+    while y > 0:
+        if y & 1:
+            acc = x if acc is None else ctx.exec("mul", acc, x)
+        y >>= 1
+        if y:
+            x = ctx.exec("mul", x, x)
+    return [acc]
 
 
 # -- matmul and convolution ----------------------------------------------------------
@@ -348,6 +358,11 @@ TRACE_RULES: dict[str, Rule] = {
     "exp": _simple("ewexp", "float"),
     "log": _simple("ewlog", "float"),
     "sqrt": _simple("ewsqrt", "float"),
+    "rsqrt": _simple("ewrsqrt", "float"),
+    "expm1": _simple("ewexpm1", "float"),
+    "log1p": _simple("ewlog1p", "float"),
+    "erf": _simple("ewerf", "float"),
+    "erfc": _simple("ewerfc", "float"),
     "abs": _simple("ewabs", "real"),
     "square": _square,
     "integer_pow": _integer_pow,

@@ -68,9 +68,14 @@ from fnnc.ops.data import transpose as transpose
 from fnnc.ops.elementwise import clamp as clamp
 from fnnc.ops.elementwise import ewabs as ewabs
 from fnnc.ops.elementwise import ewdiv as ewdiv
+from fnnc.ops.elementwise import ewerf as ewerf
+from fnnc.ops.elementwise import ewerfc as ewerfc
 from fnnc.ops.elementwise import ewexp as ewexp
+from fnnc.ops.elementwise import ewexpm1 as ewexpm1
 from fnnc.ops.elementwise import ewlog as ewlog
+from fnnc.ops.elementwise import ewlog1p as ewlog1p
 from fnnc.ops.elementwise import ewprod as ewprod
+from fnnc.ops.elementwise import ewrsqrt as ewrsqrt
 from fnnc.ops.elementwise import ewsqrt as ewsqrt
 from fnnc.ops.elementwise import ewsum as ewsum
 from fnnc.ops.elementwise import max as max

@@ -1,4 +1,5 @@
-"""Elementwise family: ewsum, ewprod, ewdiv, ewexp, ewlog, ewsqrt, ewabs, clamp, min, max, select.
+"""Elementwise family: ewsum, ewprod, ewdiv, ewexp, ewlog, ewsqrt, ewabs, clamp, min, max, select;
+and beyond NNC: ewrsqrt, ewexpm1, ewlog1p, ewerf, ewerfc.
 
 Binary and n-ary commands broadcast like NumPy (NNC broadcasts size-1 axes); their
 backwards sum gradients back to each input's shape.
@@ -117,6 +118,18 @@ def _unary(name: str, fn, grad_from, uses: Uses):
 ewexp = _unary("ewexp", lax.exp, lambda x, y: y, Uses(inputs=(), outputs=(0,)))
 ewlog = _unary("ewlog", lax.log, lambda x, y: 1 / x, Uses(inputs=(0,)))
 ewsqrt = _unary("ewsqrt", lax.sqrt, lambda x, y: 0.5 / y, Uses(inputs=(), outputs=(0,)))
+# Beyond NNC's set: the transcendental forms Flax models emit (normalisations' rsqrt,
+# exact GELU's erf/erfc, ELU's expm1, softplus's log1p), so traced graphs hold commands.
+ewrsqrt = _unary("ewrsqrt", lax.rsqrt, lambda x, y: -0.5 * y * y * y, Uses(inputs=(), outputs=(0,)))
+ewexpm1 = _unary("ewexpm1", lax.expm1, lambda x, y: y + 1, Uses(inputs=(), outputs=(0,)))
+ewlog1p = _unary("ewlog1p", lax.log1p, lambda x, y: 1 / (1 + x), Uses(inputs=(0,)))
+_TWO_OVER_SQRT_PI = 1.1283791670955126
+ewerf = _unary(
+    "ewerf", lax.erf, lambda x, y: _TWO_OVER_SQRT_PI * lax.exp(-x * x), Uses(inputs=(0,))
+)
+ewerfc = _unary(
+    "ewerfc", lax.erfc, lambda x, y: -_TWO_OVER_SQRT_PI * lax.exp(-x * x), Uses(inputs=(0,))
+)
 # The subgradient at 0 is +1, as JAX's (so traced programs differentiate identically).
 ewabs = _unary(
     "ewabs", lax.abs, lambda x, y: jnp.where(x >= 0, 1, -1).astype(x.dtype), Uses(inputs=(0,))
