@@ -361,8 +361,6 @@ TRACE_RULES: dict[str, Rule] = {
     "rsqrt": _simple("ewrsqrt", "float"),
     "expm1": _simple("ewexpm1", "float"),
     "log1p": _simple("ewlog1p", "float"),
-    "erf": _simple("ewerf", "float"),
-    "erfc": _simple("ewerfc", "float"),
     "abs": _simple("ewabs", "real"),
     "square": _square,
     "integer_pow": _integer_pow,
