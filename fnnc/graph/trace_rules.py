@@ -168,25 +168,94 @@ def _permuted(x: Any, perm: tuple[int, ...]) -> Spec:
     return Spec(tuple(x.shape[d] for d in perm), x.dtype)
 
 
-def _max_pool(ctx, eqn, args):
-    """reduce_window_max over the spatial axes of a channels-last tensor as ``max_pool``."""
+def _pool(cmd: str) -> Rule:
+    """reduce_window_max / _sum over the spatial axes of a channels-last tensor as
+    ``max_pool`` / ``sum_pool`` (Flax's ``avg_pool`` is ``sum_pool`` then a division)."""
+
+    def rule(ctx, eqn, args):
+        p = eqn.params
+        (x,) = args
+        win, strides, pads = p["window_dimensions"], p["window_strides"], p["padding"]
+        if len(x.shape) < 3 or any(d != 1 for d in (*p["base_dilation"], *p["window_dilation"])):
+            return None
+        if (win[0], win[-1], strides[0], strides[-1]) != (1, 1, 1, 1):
+            return None
+        if tuple(pads[0]) != (0, 0) or tuple(pads[-1]) != (0, 0):
+            return None
+        params = {
+            "window": tuple(int(k) for k in win[1:-1]),
+            "strides": tuple(int(s) for s in strides[1:-1]),
+            "padding": tuple((int(lo), int(hi)) for lo, hi in pads[1:-1]),
+        }
+        if not ctx.fits(cmd, [x], _out(eqn), **params):
+            return None
+        return [ctx.exec(cmd, x, **params)]
+
+    rule.__name__ = f"rule_{cmd}"
+    return rule
+
+
+def _gather(ctx, eqn, args):
+    """Rows of a table along axis 0 (``jnp.take``, ``x[idx]``, Flax's ``Embed``): a gather
+    of ``[1, rest...]`` slices at indices ``[..., 1]``.
+
+    Clipped lookups are ``embedding``, which clamps in the forward and the backward as
+    JAX does. So are promised in-bounds ones (``x[i]``), where the two agree for every
+    index the promise allows (outside it, JAX clamps the read but drops the gradient);
+    FILL_OR_DROP (NaN outside ``[0, n)``) is ``index_select`` on indices whose negatives
+    are first sent past the end, since ``index_select`` would count them from the end.
+    """
+    x, idx = args
+    p, out = eqn.params, _out(eqn)
+    dn, mode = p["dimension_numbers"], p["mode"]
+    lead, rest = tuple(idx.shape[:-1]), tuple(x.shape[1:])
+    if not (len(x.shape) >= 1 and len(idx.shape) >= 1 and idx.shape[-1] == 1):
+        return None
+    if (
+        tuple(dn.collapsed_slice_dims) != (0,)
+        or tuple(dn.start_index_map) != (0,)
+        or dn.operand_batching_dims
+        or dn.start_indices_batching_dims
+        or tuple(dn.offset_dims) != tuple(range(len(lead), len(lead) + len(rest)))
+        or tuple(p["slice_sizes"]) != (1, *rest)
+    ):
+        return None
+    if not (_kind(x.dtype, "float") and jnp.issubdtype(idx.dtype, jnp.integer)):
+        return None
+    modes = jax.lax.GatherScatterMode
+    if mode in (modes.CLIP, modes.PROMISE_IN_BOUNDS) and ctx.has("embedding", "reshape"):
+        return [ctx.exec("embedding", x, ctx.reshape(idx, lead))]
+    fill = p.get("fill_value")
+    if mode != modes.FILL_OR_DROP or (fill is not None and not math.isnan(fill)):
+        return None
+    if not ctx.has("index_select", "reshape", "compare", "select"):
+        return None
+    flat = ctx.reshape(idx, (math.prod(lead),))
+    if jnp.issubdtype(idx.dtype, jnp.signedinteger):
+        below = ctx.exec("compare", flat, ctx.constant(np.zeros((), idx.dtype)), op="lt")
+        flat = ctx.exec("select", below, ctx.constant(np.array(x.shape[0], idx.dtype)), flat)
+    y = ctx.exec("index_select", x, flat, axis=0)
+    return [ctx.reshape(y, out.shape)]
+
+
+def _iota(ctx, eqn, args):
+    """A constant: iota depends on its shape only (``one_hot``, masks)."""
     p = eqn.params
+    if not _plain(p, "sharding"):
+        return None
+    shape, dim = tuple(p["shape"]), int(p["dimension"])
+    ramp = np.arange(shape[dim], dtype=np.dtype(p["dtype"]))
+    ramp = ramp.reshape([-1 if d == dim else 1 for d in range(len(shape))])
+    return [ctx.constant(np.broadcast_to(ramp, shape).copy(), _out(eqn))]
+
+
+def _is_finite(ctx, eqn, args):
+    """``|x| < inf``: False for +-inf and NaN, as is_finite."""
     (x,) = args
-    win, strides, pads = p["window_dimensions"], p["window_strides"], p["padding"]
-    if len(x.shape) < 3 or any(d != 1 for d in (*p["base_dilation"], *p["window_dilation"])):
+    if not (_kind(x.dtype, "float") and ctx.has("ewabs", "compare")):
         return None
-    if (win[0], win[-1], strides[0], strides[-1]) != (1, 1, 1, 1):
-        return None
-    if tuple(pads[0]) != (0, 0) or tuple(pads[-1]) != (0, 0):
-        return None
-    params = {
-        "window": tuple(int(k) for k in win[1:-1]),
-        "strides": tuple(int(s) for s in strides[1:-1]),
-        "padding": tuple((int(lo), int(hi)) for lo, hi in pads[1:-1]),
-    }
-    if not ctx.fits("max_pool", [x], _out(eqn), **params):
-        return None
-    return [ctx.exec("max_pool", x, **params)]
+    inf = ctx.constant(np.array(np.inf, x.dtype))
+    return [ctx.exec("compare", ctx.exec("ewabs", x), inf, op="lt")]
 
 
 # -- reductions and data movement ---------------------------------------------------------
@@ -336,14 +405,30 @@ def _is_relu(closed: Any) -> bool:
 
 
 def _custom_jvp(ctx, eqn, args):
-    """``jax.nn.relu`` (a custom_jvp around max(x, 0)) as ``relu``; others stay generic."""
+    """``jax.nn.relu`` (a custom_jvp around max(x, 0)) as ``relu``; ``logaddexp(x, 0)``
+    (``jax.nn.softplus``, and ``log_sigmoid`` around it) as ``softplus``, whose backward
+    is logaddexp's own rule. Other custom derivatives stay generic, which keeps them."""
     closed = eqn.params["call_jaxpr"]
     name = getattr(closed.jaxpr.debug_info, "func_name", "")
-    if name != "relu" or eqn.params.get("num_consts", 0) or len(args) != 1:
+    if eqn.params.get("num_consts", 0):
+        return None
+    if name == "logaddexp" and len(args) == 2:
+        return _softplus(ctx, eqn, args)
+    if name != "relu" or len(args) != 1:
         return None
     if not (_kind(args[0].dtype, "float") and _is_relu(closed) and ctx.has("relu")):
         return None
     return [ctx.exec("relu", args[0])]
+
+
+def _softplus(ctx, eqn, args):
+    for x, zero in (args, args[::-1]):
+        value = ctx.value(zero)
+        if value is None or value.size != 1 or float(value.reshape(())) != 0.0:
+            continue
+        if x.shape == tuple(_out(eqn).shape) and _kind(x.dtype, "float") and ctx.has("softplus"):
+            return [ctx.exec("softplus", x)]
+    return None
 
 
 TRACE_RULES: dict[str, Rule] = {
@@ -362,6 +447,10 @@ TRACE_RULES: dict[str, Rule] = {
     "expm1": _simple("ewexpm1", "float"),
     "log1p": _simple("ewlog1p", "float"),
     "abs": _simple("ewabs", "real"),
+    "erf": _simple("ewerf", "float"),
+    "erfc": _simple("ewerfc", "float"),
+    "is_finite": _is_finite,
+    "stop_gradient": _simple("stop_gradient"),
     "square": _square,
     "integer_pow": _integer_pow,
     "select_n": _select_n,
@@ -374,7 +463,8 @@ TRACE_RULES: dict[str, Rule] = {
     # matmul, convolution, pooling
     "dot_general": _dot_general,
     "conv_general_dilated": _conv,
-    "reduce_window_max": _max_pool,
+    "reduce_window_max": _pool("max_pool"),
+    "reduce_window_sum": _pool("sum_pool"),
     # reductions
     "reduce_sum": _reduce("reduce_sum"),
     "reduce_max": _reduce("reduce_max"),
@@ -390,6 +480,8 @@ TRACE_RULES: dict[str, Rule] = {
     "concatenate": _concatenate,
     "slice": _slice,
     "pad": _pad,
+    "gather": _gather,
+    "iota": _iota,
     "copy": _simple("data_transfer"),
     # calls: inlined so the commands inside are visible to passes
     "jit": _inline,

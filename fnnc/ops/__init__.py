@@ -36,6 +36,7 @@ from fnnc.ops.activation import mish as mish
 from fnnc.ops.activation import relu as relu
 from fnnc.ops.activation import sigmoid as sigmoid
 from fnnc.ops.activation import softmax as softmax
+from fnnc.ops.activation import softplus as softplus
 from fnnc.ops.activation import swish as swish
 from fnnc.ops.activation import tanh as tanh
 from fnnc.ops.attention import scaled_dot_product_attention as scaled_dot_product_attention
@@ -81,6 +82,7 @@ from fnnc.ops.elementwise import ewsum as ewsum
 from fnnc.ops.elementwise import max as max
 from fnnc.ops.elementwise import min as min
 from fnnc.ops.elementwise import select as select
+from fnnc.ops.elementwise import stop_gradient as stop_gradient
 from fnnc.ops.embedding import embedding as embedding
 from fnnc.ops.fused import fused_elementwise as fused_elementwise
 from fnnc.ops.loss import binary_crossentropy as binary_crossentropy
@@ -99,6 +101,7 @@ from fnnc.ops.norm import rms_norm as rms_norm
 from fnnc.ops.optimizer import optax_update as optax_update
 from fnnc.ops.pool import avg_pool as avg_pool
 from fnnc.ops.pool import max_pool as max_pool
+from fnnc.ops.pool import sum_pool as sum_pool
 from fnnc.ops.primitive import exported as exported
 from fnnc.ops.primitive import primitive as primitive
 from fnnc.ops.random import dropout as dropout

@@ -1,4 +1,4 @@
-"""Activation family: relu, leaky_relu, sigmoid, tanh, swish, gelu, mish, softmax,
+"""Activation family: relu, leaky_relu, sigmoid, softplus, tanh, swish, gelu, mish, softmax,
 log_softmax.
 
 All take one floating-point tensor and keep its shape. Every backward is hand-written;
@@ -72,6 +72,26 @@ def sigmoid(x):
 def _sigmoid_backward(grads, inputs, outputs):
     (g,), (y,) = grads, outputs
     return (g * y * (1 - y),)
+
+
+@defcommand(
+    family="activation",
+    shape=_float_rule("softplus"),
+    uses=Uses(inputs=(0,), outputs=(0,)),
+    elementwise=True,
+)
+def softplus(x):
+    """``log(1 + exp(x))``, computed as ``jax.nn.softplus`` (``logaddexp(x, 0)``)."""
+    return jnp.logaddexp(x, jnp.zeros((), x.dtype))
+
+
+@softplus.backward
+def _softplus_backward(grads, inputs, outputs):
+    # logaddexp's own JVP rule (``exp(x - y)`` with +inf read as 0), so traced Flax
+    # softplus differentiates exactly as jax.grad does, also at +-inf.
+    (g,), (x,), (y,) = grads, inputs, outputs
+    zero = jnp.zeros((), x.dtype)
+    return (g * lax.exp(jnp.where(jnp.isposinf(x), zero, x) - jnp.where(jnp.isposinf(y), zero, y)),)
 
 
 @defcommand(family="activation", shape=_float_rule("tanh"), uses=OUTPUT_ONLY, elementwise=True)

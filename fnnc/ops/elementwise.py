@@ -239,3 +239,14 @@ def _select_backward(grads, inputs, outputs):
         unbroadcast(jnp.where(c, g, zero), a.shape),
         unbroadcast(jnp.where(c, zero, g), b.shape),
     )
+
+
+@defcommand(family="elementwise", shape=same_shape, uses=NOTHING, differentiable=False)
+def stop_gradient(x):
+    """``x`` unchanged, with no gradient flowing back through it (``lax.stop_gradient``;
+    not an NNC command: Flax's softmax, BatchNorm and attention trace to it).
+
+    Not marked elementwise, so ``fuse`` keeps it out of fused chains, and never folded
+    away before ``backward`` has run.
+    """
+    return lax.stop_gradient(x)

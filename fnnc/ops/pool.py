@@ -1,11 +1,13 @@
-"""Pool family: max_pool and avg_pool (NNC's MAX_POOL and AVERAGE_POOL).
+"""Pool family: max_pool and avg_pool (NNC's MAX_POOL and AVERAGE_POOL), and sum_pool.
 
 Inputs are channels-last ``[batch, spatial..., channels]`` (NHWC for 2-D); the number
 of spatial axes is the rank minus 2. ``window``, ``strides`` (default: the window)
 and ``padding`` take one int for every axis or one entry per axis; ``padding`` also
 takes ``"SAME"`` / ``"VALID"``. Padded cells never win a max and are not counted in
 an average: NNC's ``lib/nnc/cmd/pool/ccv_nnc_avg_pool_cpu_ref.c`` divides each sum by
-the number of cells of the window inside the input (``m[0] * m[1]``).
+the number of cells of the window inside the input (``m[0] * m[1]``). ``sum_pool`` (not
+an NNC command) is the window sum that Flax's ``avg_pool`` divides by the window size,
+so traced Flax models map to commands with the very same values.
 
 On CPU, ``max_pool`` runs as elementwise passes over one strided view per window cell:
 the forward is their maximum, the backward replays XLA's ``select_and_scatter`` (the
@@ -185,5 +187,30 @@ def _avg_pool_backward(grads, inputs, outputs, *, window, strides, padding):
     (g,), (x,) = grads, inputs
     f = functools.partial(
         avg_pool.definition.forward, window=window, strides=strides, padding=padding
+    )
+    return jax.linear_transpose(f, Spec(x.shape, x.dtype))(g)
+
+
+@defcommand(family="pool", shape=_pool_shape("sum_pool"), uses=NOTHING)
+def sum_pool(x, *, window=(2, 2), strides=None, padding=0):
+    """Sum over each window; padded cells add zero (JAX's ``reduce_window`` with ``add``,
+    which Flax's ``avg_pool`` divides by the window size).
+
+    >>> import jax.numpy as jnp
+    >>> from fnnc import ops
+    >>> ops.sum_pool()(jnp.arange(16.0).reshape(1, 4, 4, 1))[0, :, :, 0]
+    Array([[10., 18.],
+           [42., 50.]], dtype=float32)
+    """
+    k, s, pads, _ = _geometry("sum_pool", x, window, strides, padding)
+    return _reduce(x, 0, lax.add, k, s, pads)
+
+
+@sum_pool.backward
+def _sum_pool_backward(grads, inputs, outputs, *, window, strides, padding):
+    # Linear, like avg_pool: the transpose of the forward, which needs no values.
+    (g,), (x,) = grads, inputs
+    f = functools.partial(
+        sum_pool.definition.forward, window=window, strides=strides, padding=padding
     )
     return jax.linear_transpose(f, Spec(x.shape, x.dtype))(g)

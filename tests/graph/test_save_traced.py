@@ -1,5 +1,6 @@
-"""Graphs traced from ordinary Flax models save and load: generic primitives (rsqrt in
-BatchNorm, erf in GELU, ...) go to the file as StableHLO through jax.export."""
+"""Graphs traced from ordinary Flax models save and load. Their layers trace to commands
+only; a primitive without a command (cumsum, sort, ``relu6``'s custom derivative, ...)
+goes to the file as StableHLO through jax.export."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import base64
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -27,6 +29,13 @@ class GeluMLP(nnx.Module):
         return self.fc2(nnx.gelu(self.fc1(x), approximate=False))
 
 
+class CumsumMLP(GeluMLP):
+    """An MLP with a primitive no command stands for (cumsum: a generic node)."""
+
+    def __call__(self, x):
+        return self.fc2(jnp.cumsum(nnx.relu6(self.fc1(x)), axis=-1))
+
+
 def _generic(graph) -> list[str]:
     return [n.cmd.name for n in graph.nodes if n.cmd.name in ("primitive", "exported")]
 
@@ -35,7 +44,8 @@ def _roundtrip(graph, tmp_path, *args):
     path = tmp_path / "g.json"
     save(graph, str(path))
     loaded = load(str(path))
-    assert _generic(loaded) and all(name == "exported" for name in _generic(loaded))
+    assert len(_generic(loaded)) == len(_generic(graph))
+    assert all(name == "exported" for name in _generic(loaded))
     want = compile(graph)(*args)
     assert_close(compile(loaded)(*args), want, rtol=0, atol=0)
     assert_close(interpret(loaded, *args), interpret(graph, *args), rtol=1e-6, atol=1e-6)
@@ -45,7 +55,14 @@ def _roundtrip(graph, tmp_path, *args):
 def test_nnx_mlp_with_exact_gelu(tmp_path):
     x = rand((4, 6))
     graph = trace(GeluMLP(nnx.Rngs(0)), x)
-    assert _generic(graph)  # erf is carried generically
+    assert not _generic(graph)  # erfc is a command now
+    _roundtrip(graph, tmp_path, x)
+
+
+def test_generic_primitives_save_through_export(tmp_path):
+    x = rand((4, 6))
+    graph = trace(CumsumMLP(nnx.Rngs(0)), x)
+    assert len(_generic(graph)) == 2  # cumsum and relu6's custom_jvp_call
     _roundtrip(graph, tmp_path, x)
 
 
@@ -73,7 +90,7 @@ def test_transformer_block_and_its_gradient(tmp_path):
 def test_a_tampered_module_is_a_format_error(tmp_path):
     x = rand((4, 6))
     path = tmp_path / "g.json"
-    save(trace(GeluMLP(nnx.Rngs(0)), x), str(path))
+    save(trace(CumsumMLP(nnx.Rngs(0)), x), str(path))
     data = json.loads(path.read_text())
     for node in data["nodes"]:
         for key, value in node["cmd"]["params"]:

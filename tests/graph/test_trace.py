@@ -234,6 +234,10 @@ RULE_CASES = {
     "expm1": (jnp.expm1, X),
     "log1p": (jnp.log1p, POS),
     "abs": (jnp.abs, X),
+    "erf": (jax.lax.erf, X),
+    "erfc": (jax.lax.erfc, X),
+    "is_finite": (lambda x: jnp.where(jnp.isfinite(jnp.log(x)), x, 0.0), X),
+    "stop_gradient": (lambda x: x * lax.stop_gradient(x), X),
     "square": (jnp.square, X),
     "integer_pow": (lambda x: x**2 + x**3 * 0.5 - x**6, X),
     "select_n": (lambda x, y: jnp.where(x > y, x, y + 1), X, Y),
@@ -260,6 +264,7 @@ RULE_CASES = {
         NCHW,
         OIHW,
     ),
+    "reduce_window_sum": (lambda x: nnx.avg_pool(x, (2, 3), strides=(2, 1), padding="SAME"), IMG),
     "reduce_window_max": (lambda x: nnx.max_pool(x, (3, 2), strides=(2, 1), padding="SAME"), IMG),
     "reduce_sum": (lambda x: jnp.sum(x, axis=1), X),
     "reduce_max": (lambda x: jnp.max(x, axis=0), X),
@@ -275,6 +280,8 @@ RULE_CASES = {
     "slice": (lambda x: x[1:, ::2], X),
     "pad": (lambda x: jnp.pad(x, ((1, 2), (0, 1)), constant_values=3.0), X),
     "copy": (lambda x: jnp.copy(x) * 2.0, X),
+    "gather": (lambda x, i: jnp.take(x, i, axis=0), X, np.array([[2, -1], [0, 7]], np.int32)),
+    "iota": (lambda x: x + jnp.arange(4, dtype=x.dtype).reshape(1, 4), X),
     "jit": (jax.jit(lambda x: jnp.tanh(x) * 2), X),
 }
 

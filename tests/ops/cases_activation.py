@@ -10,6 +10,8 @@ CASES = [
     Case(ops.leaky_relu(negative_slope=0.2), (rand([2, 2, 3], seed=1),), "leaky_relu-0.2"),
     Case(ops.sigmoid(), (X,), "sigmoid"),
     Case(ops.tanh(), (X,), "tanh"),
+    Case(ops.softplus(), (X,), "softplus"),
+    Case(ops.softplus(), (rand([2, 3], lo=-40, hi=40, seed=3),), "softplus-wide"),
     Case(ops.swish(), (X,), "swish"),
     Case(ops.gelu(), (X,), "gelu"),
     Case(ops.gelu(approximate=True), (X,), "gelu-tanh"),

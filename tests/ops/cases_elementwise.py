@@ -19,5 +19,6 @@ CASES = [
     Case(ops.clamp(min=0.0), (rand([3, 3], seed=4),), "clamp-min"),
     Case(ops.min(), (rand([2, 3]), rand([2, 3], seed=1)), "min"),
     Case(ops.max(), (rand([2, 3]), rand([1, 3], seed=1)), "max-bcast"),
+    Case(ops.stop_gradient(), (rand([2, 3]),), "stop_gradient"),
     Case(ops.select(), (rand([2, 3], seed=5) > 0, rand([2, 3]), rand([2, 3], seed=1)), "select"),
 ]

@@ -15,4 +15,6 @@ CASES = [
         (rand([1, 5, 5, 1]),),
         "avg_pool-same",
     ),
+    Case(ops.sum_pool(), (rand([2, 4, 4, 3]),), "sum_pool"),
+    Case(ops.sum_pool(window=3, strides=1, padding="SAME"), (rand([1, 5, 4, 2]),), "sum_pool-same"),
 ]
