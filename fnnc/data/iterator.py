@@ -194,6 +194,22 @@ class DataIterator(Iterator[Any]):
             "grain": grain_state,
         }
 
+    def snapshot(self) -> Callable[[], dict[str, Any]]:
+        """:meth:`get_state` as of now, to call later: cheap now where the position says
+        everything (in the calling thread, or worker processes, which restart from
+        it), taken whole now where Grain's reading threads hold a buffer. A training
+        loop that reads the next batch while a step runs keeps the position of the
+        step's own batch this way."""
+        if (self._threads or self._prefetch) and not self._workers:
+            state = self.get_state()
+            return lambda: state
+        position = self._position
+
+        def state() -> dict[str, Any]:
+            return {**self.get_state(), "position": position, "grain": None}
+
+        return state
+
     def set_state(self, state: dict[str, Any]) -> None:
         """Continues from ``state`` (from :meth:`get_state` of an iterator of the same
         dataframe): the next elements are the ones that iterator would have given next.

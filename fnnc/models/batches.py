@@ -79,9 +79,14 @@ class Batches:
         :meth:`position` gave at ``start`` (or ``None``)."""
         raise NotImplementedError
 
-    def position(self) -> Any:
-        """The JSON position after the last batch given (``None``: epoch and batch say it)."""
-        return None
+    def snapshot(self) -> Callable[[], Any]:
+        """The JSON position after the last batch given (``None``: epoch and batch say
+        it), as a function to call later: ``train`` takes it before reading ahead."""
+        return _nothing
+
+
+def _nothing() -> None:
+    return None
 
 
 class ArrayBatches(Batches):
@@ -159,8 +164,8 @@ class FrameBatches(Batches):
         finally:
             it.close()
 
-    def position(self) -> Any:
-        return None if self.it is None else self.it.get_state()
+    def snapshot(self) -> Callable[[], Any]:
+        return _nothing if self.it is None else self.it.snapshot()
 
 
 class GrainBatches(Batches):

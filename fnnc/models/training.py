@@ -101,12 +101,21 @@ def train(
         checks.trust_labels(model.engine, isinstance(source, feed.ArrayBatches))
         while prog.epoch < target and not loop.stop:
             epoch, started, losses = prog.epoch, time.perf_counter(), []
-            for inputs_b, targets_b in source.epoch(epoch, prog.batch, prog.data):
+            saved = prog.data() if callable(prog.data) else prog.data
+            batches = source.epoch(epoch, prog.batch, saved)
+            ahead = _read_ahead(batches)
+            while ahead is not None:
+                if ahead.error is not None:
+                    raise ahead.error
+                inputs_b, targets_b = ahead.batch
                 try:
-                    value = float(model.fit(inputs_b, targets_b))
+                    loss = model.fit(inputs_b, targets_b)  # dispatched: runs in XLA's threads
                 except ModelError as e:
                     raise ModelError(f"train: epoch {epoch}, batch {prog.batch}: {e}") from None
-                prog.step, prog.batch, prog.data = prog.step + 1, prog.batch + 1, source.position
+                position = source.snapshot()  # of this batch, before reading the next
+                ahead = _read_ahead(batches)  # while the step runs
+                value = float(loss)
+                prog.step, prog.batch, prog.data = prog.step + 1, prog.batch + 1, position
                 if stop_on_nan and not math.isfinite(value):
                     note = checks.batch_note(inputs_b, targets_b)
                     raise _nan_error(value, prog, callbacks, resume, note)
@@ -117,6 +126,7 @@ def train(
                     cb.on_step_end(loop, prog.step, value)
                 if loop.stop:
                     break
+            batches.close()
             if prog.batch < len(source):  # stopped inside the epoch
                 break
             prog.next_epoch()
@@ -134,6 +144,26 @@ def train(
         for cb in callbacks:
             cb.on_train_end(loop)
     return history
+
+
+@dataclasses.dataclass
+class _Ahead:
+    """The next batch, or the error reading it gave (raised after the step before)."""
+
+    batch: Any = None
+    error: BaseException | None = None
+
+
+def _read_ahead(batches: Any) -> _Ahead | None:
+    """The next batch of ``batches`` (``None`` at the end). ``train`` reads it while the
+    step before runs, so a data pipeline's host work overlaps the step instead of adding
+    to it; an error is kept until that step's callbacks have run."""
+    try:
+        return _Ahead(next(batches))
+    except StopIteration:
+        return None
+    except Exception as e:  # a DataError naming the batch, or the user's map failing
+        return _Ahead(error=e)
 
 
 def _restore(resume: Any, model: Any) -> None:

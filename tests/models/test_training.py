@@ -64,12 +64,15 @@ def test_epochs_reshuffle_from_seed_and_epoch():
         assert first_labels(data, 0, 1) != first_labels(data, 1, 1)
 
 
-@pytest.mark.parametrize("kind", ["arrays", "frame", "grain"])
+@pytest.mark.parametrize("kind", ["arrays", "frame", "frame-threads", "grain"])
 def test_resume_mid_epoch_is_exact(tmp_path, kind):
+    # train reads each batch while the step before runs: the position saved with a
+    # step must still be that step's own (in the calling thread and with Grain threads)
     frame = DataFrame.from_arrays(x=X, y=Y)
     data = {
         "arrays": (X, Y),
         "frame": frame,
+        "frame-threads": frame.read_with(threads=2, prefetch=3),
         "grain": grain.MapDataset.source(list(range(6)))
         .map(lambda i: (X[8 * i : 8 * i + 8], Y[8 * i : 8 * i + 8]))
         .shuffle(seed=3),
@@ -90,6 +93,8 @@ def test_resume_mid_epoch_is_exact(tmp_path, kind):
     callbacks = [CheckpointEvery(str(path), steps=4), Stop()]
     first.train(data, epochs=2, batch_size=8, callbacks=callbacks, verbose=False)
     assert first.train_progress.step == 8 and not same(first, full)
+    first.train(data, epochs=1, batch_size=8, verbose=False)  # goes on in this process
+    assert first.train_progress.step == 12 and same(first, full)
     resumed = mlp()
     history = resumed.train(data, epochs=2, batch_size=8, resume=str(path), verbose=False)
     assert history["epoch"] == [2]
@@ -157,6 +162,30 @@ def test_a_frame_whose_shapes_change_inside_a_batch_surfaces_the_data_error():
     frame = DataFrame.from_sequence([(r, 0) for r in rows], ["x", "y"]).batch(4)
     with pytest.raises(DataError, match=r"train: epoch 0, batch 1: .*changes shape"):
         mlp().train(frame, epochs=1, batch_size=4, verbose=False)
+
+
+def test_a_failing_map_is_raised_after_the_step_before_it_ran_its_callbacks(tmp_path):
+    def fail_on_row_20(x, row):
+        if row == 20:
+            raise ValueError("bad row")
+        return x
+
+    frame = DataFrame.from_arrays(x=X, y=Y, row=np.arange(48))
+    frame = frame.map(fail_on_row_20, ["x", "row"], "x2").batch(8)
+    seen = []
+
+    class Record:
+        def on_train_begin(self, loop): ...
+        def on_step_end(self, loop, step, loss):
+            seen.append(step)
+
+        def on_epoch_end(self, loop, epoch, logs): ...
+        def on_train_end(self, loop): ...
+
+    model = mlp()
+    with pytest.raises(DataError, match=r"train: epoch 0, batch 2: .*bad row"):
+        model.train(frame, epochs=1, inputs="x2", targets="y", callbacks=[Record()], verbose=False)
+    assert seen == [1, 2] and model.train_progress.step == 2
 
 
 def test_validation_metrics_one_hot_soft_and_user_metrics():
