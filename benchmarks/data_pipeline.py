@@ -21,9 +21,11 @@ the DataFrame with 2 Grain worker processes (``df.read_with(workers=2)``; starte
 once, in the warm-up, and kept from epoch to epoch). Each contender trains its own
 copy of the model; every round runs one ``train(epochs=1)`` call per contender, in an
 order rotated each round; reported are the median wall-clock seconds per epoch and the
-ratio to arrays (the pipeline is not the bottleneck at <= 1.05), and the same for the
-CPU time of this process (XLA's threads included, worker processes not), which other
-jobs on a shared machine disturb less than the wall clock.
+ratio to arrays (the pipeline is not the bottleneck at <= 1.05), the median of the
+per-round ratios (each epoch against the arrays epoch of its own round, which cancels
+the slow drifts of a shared virtual machine: medians of 61 rounds moved by 6% from run
+to run, paired ratios by 2%), and the CPU time of this process (XLA's threads included,
+worker processes not).
 
 Run: python benchmarks/data_pipeline.py [--quick] [--workers 2] [--fit [--rounds 41]]
 """
@@ -96,17 +98,25 @@ def measure(cases: dict[str, Callable[[int], int]], rounds: int, epochs: int) ->
 
 
 def fit_epochs(rounds: int, workers: int) -> None:
-    """Median seconds per ``model.train`` epoch of the digits CNN per data source."""
-    from examples.digits import load, make_model
-    from fnnc.models import minimizers
+    """Median seconds per ``model.train`` epoch of the digits CNN per data source: arrays
+    against the DataFrame read in the training thread, then (a second phase, since the
+    worker processes and Grain's threads that serve them take CPU from every contender
+    while they run) arrays against the DataFrame read by ``workers`` processes."""
+    from examples.digits import load
 
     (x, y), _ = load()
     frame = DataFrame.from_arrays(x=x, y=y)
-    sources = {
-        "arrays": (x, y),
-        "DataFrame workers=0": frame,
-        f"DataFrame workers={workers}": frame.read_with(workers=workers),
-    }
+    print(f"digits CNN train: {len(x) // BATCH} steps of {BATCH} per epoch, median of {rounds} "
+          f"interleaved epochs each ({os.cpu_count()} CPUs)")  # fmt: skip
+    _fit_phase({"arrays": (x, y), "DataFrame workers=0": frame}, rounds, x)
+    _fit_phase({"arrays": (x, y), f"DataFrame workers={workers}": frame.read_with(workers=workers)},
+               rounds, x)  # fmt: skip
+
+
+def _fit_phase(sources: dict, rounds: int, x: np.ndarray) -> None:
+    from examples.digits import make_model
+    from fnnc.models import minimizers
+
     models = {}
     for name, data in sources.items():
         model = make_model()
@@ -125,14 +135,13 @@ def fit_epochs(rounds: int, workers: int) -> None:
             seconds[name].append(time.perf_counter() - start)
             cpu[name].append(time.process_time() - start_cpu)
     base, base_cpu = statistics.median(seconds["arrays"]), statistics.median(cpu["arrays"])
-    steps = len(x) // BATCH
-    load = os.getloadavg()[0]
-    print(f"digits CNN train: {steps} steps of {BATCH} per epoch, median of {rounds} "
-          f"interleaved epochs each ({os.cpu_count()} CPUs, load average {load:.1f})")  # fmt: skip
+    print(f"  load average {os.getloadavg()[0]:.1f}")
     for name, values in seconds.items():
         wall, used = statistics.median(values), statistics.median(cpu[name])
-        print(f"  {name:22s} {wall * 1e3:7.1f} ms/epoch, ratio to arrays {wall / base:5.3f}   "
-              f"CPU {used * 1e3:7.1f} ms/epoch, ratio {used / base_cpu:5.3f}")  # fmt: skip
+        paired = statistics.median(v / a for v, a in zip(values, seconds["arrays"]))
+        print(f"  {name:22s} {wall * 1e3:7.1f} ms/epoch, ratio to arrays {wall / base:5.3f} "
+              f"(paired {paired:5.3f})   CPU {used * 1e3:7.1f} ms/epoch, "
+              f"ratio {used / base_cpu:5.3f}")  # fmt: skip
 
 
 def main() -> None:

@@ -26,6 +26,8 @@ At most :data:`KEEP` streams stay parked (the oldest is closed when another come
 from __future__ import annotations
 
 import atexit
+import contextlib
+import os
 import sys
 import threading
 from collections import OrderedDict
@@ -67,8 +69,22 @@ def stream(
     options = grain.MultiprocessingOptions(
         num_workers=workers, per_worker_buffer_size=max(-(-prefetch // chunk), BUFFER)
     )
-    out = grain.experimental.WithOptionsIterDataset(out, small).mp_prefetch(options)
+    out = grain.experimental.WithOptionsIterDataset(out, small).mp_prefetch(
+        options, worker_init_fn=_yield_to_training
+    )
     return _Unchunked(iter(out)) if chunk > 1 else iter(out)
+
+
+NICE = 10
+"""How much lower the workers' scheduling priority is than the training process's."""
+
+
+def _yield_to_training(worker: int, workers: int) -> None:
+    """Runs first in each worker: a lower priority, so on a machine with fewer cores than
+    the workers and the training threads want, reading ahead takes only the CPU time that
+    the training step leaves (the step waits for a batch only when none is buffered)."""
+    with contextlib.suppress(OSError):  # not permitted here: keep the default priority
+        os.nice(NICE)
 
 
 class _Unchunked(Iterator[Any]):

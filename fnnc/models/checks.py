@@ -92,9 +92,12 @@ def parameters(engine: Any, built: dict[str, Any], specs: Sequence[Any]) -> None
 
 
 # -- targets and labels -------------------------------------------------------------
-def targets(engine: Any, specs: tuple[Any, ...], values: Sequence[Any], where: str) -> None:
+def targets(
+    engine: Any, specs: tuple[Any, ...], values: Sequence[Any], where: str, force: bool = False
+) -> None:
     """Checks the targets of a training step: present when the loss needs them, and
-    class labels in range for a classification loss (NumPy targets only)."""
+    class labels in range for a classification loss (NumPy targets only; ``force``: also
+    while :func:`trust_labels` holds, as ``train`` does for the batch it reads ahead)."""
     loss = engine.loss
     if not isinstance(loss, str):
         return
@@ -107,14 +110,15 @@ def targets(engine: Any, specs: tuple[Any, ...], values: Sequence[Any], where: s
     if (
         (loss in CLASSIFICATION or loss in BINARY)
         and isinstance(values[0], np.ndarray)
-        and engine not in _TRUSTED
+        and (force or engine not in _TRUSTED)
     ):
         labels(loss, scores_shape(engine, specs), values[0], where)
 
 
 def trust_labels(engine: Any, trusted: bool) -> None:
     """While ``trusted``, :func:`targets` skips the label check of ``engine``'s steps
-    (``train`` checked its whole dataset with :func:`train_data`)."""
+    (``train`` checked its whole dataset with :func:`train_data`, or checks each batch
+    as it reads it, while the step before runs)."""
     if trusted:
         _TRUSTED.add(engine)
     else:

@@ -97,14 +97,20 @@ def train(
     for cb in callbacks:
         cb.on_train_begin(loop)
     try:
-        # labels of in-memory data were checked whole above: fit need not check each batch
-        checks.trust_labels(model.engine, isinstance(source, feed.ArrayBatches))
+        # Labels of in-memory data were checked whole above; streamed batches are
+        # checked as they are read ahead (on one process: fit checks what a data-parallel
+        # step takes). Either way fit need not check them again.
+        in_memory = isinstance(source, feed.ArrayBatches)
+        check = None if in_memory or model.engine.parallel else _label_check(model)
+        checks.trust_labels(model.engine, in_memory or check is not None)
         while prog.epoch < target and not loop.stop:
             epoch, started, losses = prog.epoch, time.perf_counter(), []
             saved = prog.data() if callable(prog.data) else prog.data
             batches = source.epoch(epoch, prog.batch, saved)
-            ahead = _read_ahead(batches)
+            ahead = _read_ahead(batches, check)
             while ahead is not None:
+                if isinstance(ahead.error, ModelError):
+                    raise ModelError(f"train: epoch {epoch}, batch {prog.batch}: {ahead.error}")
                 if ahead.error is not None:
                     raise ahead.error
                 inputs_b, targets_b = ahead.batch
@@ -113,7 +119,7 @@ def train(
                 except ModelError as e:
                     raise ModelError(f"train: epoch {epoch}, batch {prog.batch}: {e}") from None
                 position = source.snapshot()  # of this batch, before reading the next
-                ahead = _read_ahead(batches)  # while the step runs
+                ahead = _read_ahead(batches, check)  # while the step runs
                 value = float(loss)
                 prog.step, prog.batch, prog.data = prog.step + 1, prog.batch + 1, position
                 if stop_on_nan and not math.isfinite(value):
@@ -154,16 +160,31 @@ class _Ahead:
     error: BaseException | None = None
 
 
-def _read_ahead(batches: Any) -> _Ahead | None:
-    """The next batch of ``batches`` (``None`` at the end). ``train`` reads it while the
-    step before runs, so a data pipeline's host work overlaps the step instead of adding
-    to it; an error is kept until that step's callbacks have run."""
+def _read_ahead(batches: Any, check: Callable[[Any], None] | None) -> _Ahead | None:
+    """The next batch of ``batches`` (``None`` at the end), checked by ``check``.
+    ``train`` reads it while the step before runs, so a data pipeline's host work
+    overlaps the step instead of adding to it; an error is kept until that step's
+    callbacks have run."""
     try:
-        return _Ahead(next(batches))
+        batch = next(batches)
+        if check is not None:
+            check(batch)
+        return _Ahead(batch)
     except StopIteration:
         return None
-    except Exception as e:  # a DataError naming the batch, or the user's map failing
+    except Exception as e:  # a DataError naming the batch, a bad label, a failing map
         return _Ahead(error=e)
+
+
+def _label_check(model: Any) -> Callable[[Any], None]:
+    """fit's check of a streamed batch's labels, run where ``train`` reads it."""
+    engine = model.engine
+
+    def check(batch: Any) -> None:
+        inputs, targets = batch
+        checks.targets(engine, engine._check_inputs(inputs), targets, "fit", force=True)
+
+    return check
 
 
 def _restore(resume: Any, model: Any) -> None:

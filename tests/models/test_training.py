@@ -188,6 +188,17 @@ def test_a_failing_map_is_raised_after_the_step_before_it_ran_its_callbacks(tmp_
     assert seen == [1, 2] and model.train_progress.step == 2
 
 
+def test_a_streamed_bad_label_is_caught_in_its_own_batch():
+    labels = Y.copy()
+    labels[21] = 7  # batch 2 of 8 rows, read in order (a batched frame is not reshuffled)
+    frame = DataFrame.from_arrays(x=X, y=labels).batch(8)
+    model = mlp()
+    message = r"^train: epoch 0, batch 2: fit: target 0 holds the label 7"
+    with pytest.raises(ModelError, match=message):
+        model.train(frame, epochs=1, verbose=False)
+    assert model.train_progress.step == 2
+
+
 def test_validation_metrics_one_hot_soft_and_user_metrics():
     model = mlp()
     soft = 0.9 * np.eye(3, dtype=np.float32)[Y] + 0.1 / 3
