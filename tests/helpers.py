@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pathlib
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
+import pytest
 
 
 def assert_close(
@@ -54,3 +56,12 @@ def assert_pass_keeps_semantics(
     assert graph_pass(new) is new, f"{graph_pass} is not idempotent on\n{new}"
     assert_close(interpret(new, *arrays), interpret(graph, *arrays), rtol, atol, what=str(new))
     return new
+
+
+# Files written by libccv itself (liuliu/ccv c6ce5b1), in the team's shared folder beside
+# the repository; tests that read them skip where that folder is absent.
+NNC_FILES = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "nnc-files"
+needs_nnc_files = pytest.mark.skipif(
+    not (NNC_FILES / "model.sqlite3").exists(),
+    reason=f"no files written by NNC at {NNC_FILES}",
+)

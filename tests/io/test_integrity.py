@@ -1,6 +1,5 @@
 """Row checksums: NNC's table unchanged, damage detected, NNC-written rows still read."""
 
-import pathlib
 import shutil
 import sqlite3
 import struct
@@ -12,9 +11,9 @@ import pytest
 from fnnc.errors import TensorFileError
 from fnnc.io import TensorFile
 from fnnc.io.cli import main
+from tests.helpers import NNC_FILES, needs_nnc_files
 
 # /work/shared/nnc-files beside the repository: written by libccv (liuliu/ccv c6ce5b1)
-NNC_FILES = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "nnc-files"
 # ccv_nnc_tensor_io.c's statement, as NNC creates the table
 NNC_CREATE = (
     "CREATE TABLE IF NOT EXISTS tensors (name TEXT, type INTEGER, format INTEGER, "
@@ -83,7 +82,7 @@ def test_a_flipped_byte_is_detected(written, column, capsys):
     assert "damaged: a:" in out
 
 
-@pytest.mark.skipif(not (NNC_FILES / "model.sqlite3").exists(), reason="no NNC-written files")
+@needs_nnc_files
 def test_nnc_written_files_read_without_checksums(tmp_path, capsys):
     files = sorted(NNC_FILES.glob("*.sqlite3"))
     for source in files:

@@ -12,13 +12,7 @@ import pytest
 from fnnc.errors import ParameterError
 from fnnc.io import Checkpoints, TensorFile
 from fnnc.models import BatchNorm, Dense, Model, ReLU, Sequential
-
-# /work/shared/nnc-files beside the repository: written by libccv (liuliu/ccv c6ce5b1)
-NNC_FILES = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "nnc-files"
-needs_nnc_files = pytest.mark.skipif(
-    not (NNC_FILES / "model.sqlite3").exists(),
-    reason=f"no files written by NNC at {NNC_FILES}",
-)
+from tests.helpers import NNC_FILES, needs_nnc_files
 
 # The weights, input and output in NNC_FILES/README.md.
 W1 = np.array([[(((o * 4 + i) * 5) % 11 - 5) / 8 for i in range(4)] for o in range(8)], np.float32)
