@@ -10,6 +10,13 @@ graph uses them. Backward nodes (``gradient[of=...]``) are tuned like any other:
 backends are the forward backends that carry a backward, so the backward of a
 convolution gets its own winner.
 
+Per-node winners need not make a faster program: a backend timed alone may lose inside
+the fused program (XLA fuses around it differently, or its threads compete with the
+rest), and on a 2-core machine per-node picks made the digits-sized CNN's training step
+twice as slow. So the whole compiled graph is then timed with the new winners against
+the default choices for the same nodes (interleaved, medians), and the default choices
+are written instead when the winners are not faster (``check=False`` skips this).
+
 A (command, input specs, platform) already in the table is not timed again (NNC
 measures once and caches; :func:`fnnc.ops.autotune.save` keeps the table across
 processes) while its recorded winner is still eligible, unless ``retune=True``. The
@@ -30,13 +37,17 @@ the loop or branch).
 from __future__ import annotations
 
 import contextlib
+import statistics
+import time
 from typing import Any
 
 import jax
 
+from fnnc.core.dispatch import select_backend
 from fnnc.core.evaluate import as_tuple, run_nodes
 from fnnc.core.ir import Graph, Node
 from fnnc.graph._io import flatten_inputs
+from fnnc.graph.compile import compile as compile_graph
 from fnnc.ops import Command, backends_of
 from fnnc.ops import autotune as _autotune
 
@@ -56,6 +67,7 @@ def autotune_graph(
     repeats: int = 5,
     platform: str | None = None,
     retune: bool = False,
+    check: bool = True,
 ) -> dict[int, str]:
     """Autotunes every node of ``graph`` that has a choice, on the values it sees.
 
@@ -66,6 +78,9 @@ def autotune_graph(
         platform: where the winners apply; default JAX's default backend.
         retune: time again the nodes whose (command, specs, platform) the table holds
             already (by default their recorded winner stands, unmeasured).
+        check: time the whole compiled graph with the per-node winners against the
+            default choices, and keep the winners only if the graph runs faster (see
+            the module doc).
 
     Returns:
         ``{node index: winning backend}`` for the nodes that had more than one eligible
@@ -85,6 +100,8 @@ def autotune_graph(
                 pending.setdefault(key, index)
     if pending:
         _time(graph, values, pending, repeats, platform)
+        if check:
+            _keep_if_faster(graph, values, pending, repeats, platform)
     return {index: _autotune.TABLE[key] for index, key in keys.items()}
 
 
@@ -126,3 +143,35 @@ def _time(
     for index in pending.values():
         cmd = graph.nodes[index].cmd
         _autotune.autotune(cmd, *seen[index], repeats=repeats, platform=platform)
+
+
+def _keep_if_faster(
+    graph: Graph, values: list[Any], pending: dict[str, int], repeats: int, platform: str
+) -> None:
+    """Keeps the per-node winners of ``pending`` only if the compiled graph runs faster
+    with them than with the default choices; else writes the defaults (so a later call
+    measures nothing again)."""
+    table = _autotune.TABLE
+    tuned = {key: table[key] for key in pending}
+    defaults = {}
+    for key, index in pending.items():
+        node = graph.nodes[index]
+        del table[key]
+        defaults[key] = select_backend(node.cmd, [graph.spec(s) for s in node.inputs], platform)
+    if defaults == tuned:
+        table.update(tuned)
+        return
+    programs = {}
+    for name, choice in (("tuned", tuned), ("default", defaults)):
+        table.update(choice)
+        program = compile_graph(graph)
+        jax.block_until_ready(program(*values))  # traced and compiled under this choice
+        programs[name] = program
+    samples: dict[str, list[float]] = {name: [] for name in programs}
+    for _ in range(max(repeats, 3)):
+        for name, program in programs.items():
+            start = time.perf_counter()
+            jax.block_until_ready(program(*values))
+            samples[name].append(time.perf_counter() - start)
+    faster = statistics.median(samples["tuned"]) < statistics.median(samples["default"])
+    table.update(tuned if faster else defaults)

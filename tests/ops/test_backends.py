@@ -111,3 +111,42 @@ def test_autotune_records_a_winner_that_compile_uses(fake_backend, tmp_path):
     ops.autotune.TABLE.clear()
     ops.autotune.load(path)
     assert ops.autotune.TABLE[key] == "xla"
+
+
+def _slow_abs(x):
+    """ewabs through a host callback that sleeps: slow inside any compiled program."""
+
+    def host(v):
+        import time
+
+        time.sleep(0.02)
+        return np.abs(v)
+
+    return jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_autotune_graph_keeps_per_node_winners_only_if_the_graph_runs_faster(check, monkeypatch):
+    from fnnc.graph.autotune import autotune_graph
+
+    ops.register_backend("ewabs", Backend("slow", _slow_abs, platforms=("cpu",), priority=0))
+    # per-node timing that (wrongly) prefers the slow backend, as a noisy one might
+    monkeypatch.setattr(
+        ops.autotune,
+        "autotune",
+        lambda cmd, *a, **k: ops.autotune.TABLE.__setitem__(
+            ops.autotune.key(cmd, ops.autotune.as_specs(a, "t"), "cpu"), "slow"
+        ),
+    )
+    try:
+        b = GraphBuilder()
+        x = b.input((3, 4))
+        graph = b.build([b.exec(ops.ewabs(), x)])
+        x0 = np.full((3, 4), -2.0, np.float32)
+        (winner,) = autotune_graph(graph, x0, repeats=3, check=check).values()
+        assert winner == ("xla" if check else "slow")
+        assert_close(compile(graph)(x0), np.abs(x0), 0, 0)
+        assert autotune_graph(graph, x0, check=check) == {0: winner}  # measured once
+    finally:
+        ops.unregister_backend("ewabs", "slow")
+        ops.autotune.TABLE.clear()
