@@ -181,14 +181,21 @@ def avg_pool(x, *, window=(2, 2), strides=None, padding=0):
     return sums / jnp.asarray(_window_counts(x.shape[1:-1], pads, k, s, out), x.dtype)
 
 
-@avg_pool.backward
-def _avg_pool_backward(grads, inputs, outputs, *, window, strides, padding):
-    # Average pooling is linear: its backward is its transpose, which needs no values.
-    (g,), (x,) = grads, inputs
-    f = functools.partial(
-        avg_pool.definition.forward, window=window, strides=strides, padding=padding
-    )
-    return jax.linear_transpose(f, Spec(x.shape, x.dtype))(g)
+def _transposed(factory):
+    """The backward of a linear pool (average, sum): the transpose of its forward, which
+    needs no values."""
+
+    def backward(grads, inputs, outputs, *, window, strides, padding):
+        (g,), (x,) = grads, inputs
+        f = functools.partial(
+            factory.definition.forward, window=window, strides=strides, padding=padding
+        )
+        return jax.linear_transpose(f, Spec(x.shape, x.dtype))(g)
+
+    return backward
+
+
+avg_pool.backward(_transposed(avg_pool))
 
 
 @defcommand(family="pool", shape=_pool_shape("sum_pool"), uses=NOTHING)
@@ -206,11 +213,4 @@ def sum_pool(x, *, window=(2, 2), strides=None, padding=0):
     return _reduce(x, 0, lax.add, k, s, pads)
 
 
-@sum_pool.backward
-def _sum_pool_backward(grads, inputs, outputs, *, window, strides, padding):
-    # Linear, like avg_pool: the transpose of the forward, which needs no values.
-    (g,), (x,) = grads, inputs
-    f = functools.partial(
-        sum_pool.definition.forward, window=window, strides=strides, padding=padding
-    )
-    return jax.linear_transpose(f, Spec(x.shape, x.dtype))(g)
+sum_pool.backward(_transposed(sum_pool))
