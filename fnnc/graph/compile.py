@@ -22,11 +22,12 @@ from fnnc import config
 from fnnc.core import dispatch
 from fnnc.core.evaluate import as_tuple, run_nodes
 from fnnc.core.ir import Graph, Node
-from fnnc.errors import GraphInputError, NumericsError
+from fnnc.errors import CommandError, GraphInputError, NumericsError
 from fnnc.graph._io import flatten_inputs, unflatten_outputs
 from fnnc.graph.memory import MemoryPlan, memory_plan
 from fnnc.graph.numerics import numerics_error
 from fnnc.graph.sharding import Shardings
+from fnnc.ops import while_tape
 
 HOIST_ELEMENTS = 16
 
@@ -96,6 +97,14 @@ class Program:
         forwards = [dispatch.forward_of(node.cmd, b) for node, b in zip(graph.nodes, choices)]
         n_in = len(graph.inputs)
         self.numerics = numerics
+        # Taped loops' backwards check their tape on the host: wait for such a
+        # program's outputs, so an overflow is a CommandError here, not an XLA
+        # runtime error wherever the caller first reads a value.
+        self._host_checks = [
+            f"node {i} ({node.name or node.cmd.name})"
+            for i, node in enumerate(graph.nodes)
+            if while_tape.checks_on_host(node.cmd)
+        ]
         scopes = [node.name or node.cmd.name for node in graph.nodes]
 
         def program(*args: Any) -> tuple[Any, ...]:
@@ -130,6 +139,18 @@ class Program:
         )
 
     def __call__(self, *args: Any) -> Any:
+        if not self._host_checks:
+            return self._call(args)
+        try:
+            return self._call(args)
+        except jax.errors.JaxRuntimeError as e:
+            error = while_tape.host_error(e)
+            if error is None:
+                raise
+            where = " or ".join(self._host_checks)
+            raise CommandError(f"Program: {where}: {error}") from None
+
+    def _call(self, args: tuple[Any, ...]) -> Any:
         if len(args) == len(self.graph.inputs):
             try:
                 return self._outputs(args, self._compiled(*args, *self._consts))
@@ -145,6 +166,8 @@ class Program:
         return self._outputs(leaves, values)
 
     def _outputs(self, args: Sequence[Any], values: tuple[Any, ...]) -> Any:
+        if self._host_checks:
+            jax.block_until_ready(values)
         if self._in_flight is not None:
             self._in_flight.append(values)
             if len(self._in_flight) > IN_FLIGHT:  # outputs a later call took are gone

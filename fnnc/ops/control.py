@@ -141,8 +141,9 @@ def while_loop(
     backward runs (the trip count is data): its gradients are NaN and the backward
     raises a :class:`~fnnc.errors.CommandError` from a host callback that names the loop,
     its trip count, the tape and the tape to rebuild with (``interpret`` wraps it in a
-    ``GraphError`` naming the node; a compiled program's runtime error carries the
-    message). Why this design: :mod:`fnnc.ops.while_tape`.
+    ``GraphError`` naming the node; a compiled :class:`~fnnc.graph.Program` holding a
+    taped backward waits for its outputs and raises it as a ``CommandError`` naming the
+    node). Why this design: :mod:`fnnc.ops.while_tape`.
 
     >>> import numpy as np
     >>> from fnnc.graph import GraphBuilder

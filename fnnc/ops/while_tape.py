@@ -32,12 +32,15 @@ Then
    added to the gradients, which keeps it alive: an effectful ``jax.debug.callback``
    would do the same but takes jit's slow dispatch path on every call (~0.2 ms per call
    on CPU, measured). What is left is a constant per call, not per trip (on a busy
-   2-core CPU, ~0.07 ms for a whole gradient program). Inside a compiled program the error reaches
-   the caller as the runtime's error carrying that message (``interpret`` adds the node's
-   index and name). ``checkify`` was not used because it needs every caller, compiled
-   programs included, to functionalise its errors; a flag output would change the
-   command's outputs; a switch read from :mod:`fnnc.config` would be baked into cached
-   compiled code (those caches do not key on ``checks``).
+   2-core CPU, ~0.07 ms for a whole gradient program). A compiled ``Program`` that holds
+   a taped backward waits for its outputs (the one synchronisation this costs) and
+   raises the error as a ``CommandError`` naming the node (``interpret`` wraps it in a
+   ``GraphError`` naming the node); under a caller's own ``jax.jit`` the error reaches
+   the caller as the runtime's error carrying that message. ``checkify`` was not used
+   because it needs every caller, compiled programs included, to functionalise its
+   errors; a flag output would change the command's outputs; a switch read from
+   :mod:`fnnc.config` would be baked into cached compiled code (those caches do not key
+   on ``checks``).
 
 The backward uses ``lax.fori_loop`` with data-dependent bounds, which lowers to a
 ``while_loop`` and so has no reverse mode itself: gradients of gradients through a
@@ -235,3 +238,22 @@ def _is_float(x: Any) -> bool:
 
 def _dtype(x: Any) -> Any:
     return jnp.result_type(x)
+
+
+def checks_on_host(cmd: Any) -> bool:
+    """Whether ``cmd`` is the backward of a taped ``while_loop``: its overflow check
+    raises from a host callback, which a compiled program reports when its outputs are
+    read (:class:`fnnc.graph.Program` waits for them, to raise a ``CommandError``)."""
+    if cmd.name != "gradient":
+        return False
+    of = cmd.param("of")
+    return of.name == "while_loop" and of.param("tape") is not None
+
+
+def host_error(error: Exception) -> CommandError | None:
+    """The tape's ``CommandError`` carried by a runtime error of XLA, else ``None``."""
+    text = str(error)
+    start = text.find("CommandError: ")
+    if start < 0 or "but its tape holds" not in text:
+        return None
+    return CommandError(text[start + len("CommandError: ") :].strip().splitlines()[0])
