@@ -16,55 +16,25 @@ only for signed types, where ``a + (-1) * b`` wraps like ``a - b``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-Spec = jax.ShapeDtypeStruct
-Rule = Callable[[Any, Any, list[Any]], list[Any] | None]
+from fnnc.graph._trace_base import PASS_THROUGH, Rule, Spec, _kind, _out, _plain, _simple
+from fnnc.graph.trace_data_rules import (
+    _broadcast_in_dim,
+    _concatenate,
+    _convert,
+    _gather,
+    _iota,
+    _pad,
+    _reshape,
+    _slice,
+    _squeeze,
+    _transpose,
+)
 
-# Rules that may see non-array values (PRNG keys) and pass them through unchanged.
-PASS_THROUGH = frozenset({"jit"})
-
-
-def _out(eqn: Any, i: int = 0) -> Any:
-    return eqn.outvars[i].aval
-
-
-def _kind(dtype: Any, kind: str) -> bool:
-    """``real``: float or signed int; ``float``: real floating; ``number``: not bool."""
-    dtype = np.dtype(dtype)
-    if kind == "float":
-        return jnp.issubdtype(dtype, jnp.floating)
-    if kind == "real":
-        return jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.signedinteger)
-    if kind == "inexact":
-        return jnp.issubdtype(dtype, jnp.inexact)
-    if kind == "number":
-        return dtype != np.bool_
-    return True
-
-
-def _plain(params: dict[str, Any], *keys: str) -> bool:
-    """The parameters that would change the result (accuracy, sharding...) are unset."""
-    return all(params.get(k) is None for k in keys)
-
-
-def _simple(cmd: str, kind: str = "any", **params: Any) -> Rule:
-    """A primitive that is exactly one command on the same inputs."""
-
-    def rule(ctx, eqn, args):
-        if not (_kind(args[0].dtype, kind) and _plain(eqn.params, "accuracy")):
-            return None
-        if not ctx.fits(cmd, args, _out(eqn), **params):
-            return None
-        return [ctx.exec(cmd, *args, **params)]
-
-    rule.__name__ = f"rule_{cmd}"
-    return rule
+__all__ = ["PASS_THROUGH", "TRACE_RULES"]
 
 
 def _square(ctx, eqn, args):
@@ -195,60 +165,6 @@ def _pool(cmd: str) -> Rule:
     return rule
 
 
-def _gather(ctx, eqn, args):
-    """Rows of a table along axis 0 (``jnp.take``, ``x[idx]``, Flax's ``Embed``): a gather
-    of ``[1, rest...]`` slices at indices ``[..., 1]``.
-
-    Clipped lookups are ``embedding``, which clamps in the forward and the backward as
-    JAX does. So are promised in-bounds ones (``x[i]``), where the two agree for every
-    index the promise allows (outside it, JAX clamps the read but drops the gradient);
-    FILL_OR_DROP (NaN outside ``[0, n)``) is ``index_select`` on indices whose negatives
-    are first sent past the end, since ``index_select`` would count them from the end.
-    """
-    x, idx = args
-    p, out = eqn.params, _out(eqn)
-    dn, mode = p["dimension_numbers"], p["mode"]
-    lead, rest = tuple(idx.shape[:-1]), tuple(x.shape[1:])
-    if not (len(x.shape) >= 1 and len(idx.shape) >= 1 and idx.shape[-1] == 1):
-        return None
-    if (
-        tuple(dn.collapsed_slice_dims) != (0,)
-        or tuple(dn.start_index_map) != (0,)
-        or dn.operand_batching_dims
-        or dn.start_indices_batching_dims
-        or tuple(dn.offset_dims) != tuple(range(len(lead), len(lead) + len(rest)))
-        or tuple(p["slice_sizes"]) != (1, *rest)
-    ):
-        return None
-    if not (_kind(x.dtype, "float") and jnp.issubdtype(idx.dtype, jnp.integer)):
-        return None
-    modes = jax.lax.GatherScatterMode
-    if mode in (modes.CLIP, modes.PROMISE_IN_BOUNDS) and ctx.has("embedding", "reshape"):
-        return [ctx.exec("embedding", x, ctx.reshape(idx, lead))]
-    fill = p.get("fill_value")
-    if mode != modes.FILL_OR_DROP or (fill is not None and not math.isnan(fill)):
-        return None
-    if not ctx.has("index_select", "reshape", "compare", "select"):
-        return None
-    flat = ctx.reshape(idx, (math.prod(lead),))
-    if jnp.issubdtype(idx.dtype, jnp.signedinteger):
-        below = ctx.exec("compare", flat, ctx.constant(np.zeros((), idx.dtype)), op="lt")
-        flat = ctx.exec("select", below, ctx.constant(np.array(x.shape[0], idx.dtype)), flat)
-    y = ctx.exec("index_select", x, flat, axis=0)
-    return [ctx.reshape(y, out.shape)]
-
-
-def _iota(ctx, eqn, args):
-    """A constant: iota depends on its shape only (``one_hot``, masks)."""
-    p = eqn.params
-    if not _plain(p, "sharding"):
-        return None
-    shape, dim = tuple(p["shape"]), int(p["dimension"])
-    ramp = np.arange(shape[dim], dtype=np.dtype(p["dtype"]))
-    ramp = ramp.reshape([-1 if d == dim else 1 for d in range(len(shape))])
-    return [ctx.constant(np.broadcast_to(ramp, shape).copy(), _out(eqn))]
-
-
 def _is_finite(ctx, eqn, args):
     """``|x| < inf``: False for +-inf and NaN, as is_finite."""
     (x,) = args
@@ -258,7 +174,7 @@ def _is_finite(ctx, eqn, args):
     return [ctx.exec("compare", ctx.exec("ewabs", x), inf, op="lt")]
 
 
-# -- reductions and data movement ---------------------------------------------------------
+# -- reductions -------------------------------------------------------------------------
 
 
 def _reduce(cmd: str) -> Rule:
@@ -288,86 +204,6 @@ def _arg(cmd: str) -> Rule:
 
     rule.__name__ = f"rule_{cmd}"
     return rule
-
-
-def _reshape(ctx, eqn, args):
-    if len(args) != 1 or not _plain(eqn.params, "dimensions", "sharding") or not ctx.has("reshape"):
-        return None
-    return [ctx.reshape(args[0], _out(eqn).shape)]
-
-
-def _squeeze(ctx, eqn, args):
-    if not ctx.has("reshape"):
-        return None
-    return [ctx.reshape(args[0], _out(eqn).shape)]
-
-
-def _transpose(ctx, eqn, args):
-    if not ctx.has("transpose"):
-        return None
-    return [ctx.transpose(args[0], eqn.params["permutation"])]
-
-
-def _broadcast_in_dim(ctx, eqn, args):
-    """broadcast_in_dim as a reshape (operand axes in place, size 1 elsewhere) + broadcast_to."""
-    if len(args) != 1 or not _plain(eqn.params, "sharding"):
-        return None
-    (x,) = args
-    shape, dims = tuple(eqn.params["shape"]), tuple(eqn.params["broadcast_dimensions"])
-    if list(dims) != sorted(dims) or not ctx.has("reshape", "broadcast_to"):
-        return None
-    middle = [1] * len(shape)
-    for i, d in enumerate(dims):
-        middle[d] = x.shape[i]
-    y = ctx.reshape(x, middle)
-    return [y if y.shape == shape else ctx.exec("broadcast_to", y, shape=shape)]
-
-
-def _convert(ctx, eqn, args):
-    (x,) = args
-    dtype = np.dtype(_out(eqn).dtype)
-    if not _plain(eqn.params, "sharding"):
-        return None
-    if dtype == np.dtype(x.dtype):
-        return [x]
-    if not ctx.has("datatype_conversion"):
-        return None
-    return [ctx.exec("datatype_conversion", x, dtype=dtype)]
-
-
-def _concatenate(ctx, eqn, args):
-    if not ctx.has("concat"):
-        return None
-    return [ctx.exec("concat", *args, axis=int(eqn.params["dimension"]))]
-
-
-def _slice(ctx, eqn, args):
-    p = eqn.params
-    params = {
-        "start": tuple(int(s) for s in p["start_indices"]),
-        "limit": tuple(int(s) for s in p["limit_indices"]),
-        "strides": None if p["strides"] is None else tuple(int(s) for s in p["strides"]),
-    }
-    if not ctx.fits("slice", args, _out(eqn), **params):
-        return None
-    return [ctx.exec("slice", args[0], **params)]
-
-
-def _pad(ctx, eqn, args):
-    """pad with non-negative edges, no interior padding and a constant padding value."""
-    x, fill = args
-    config = eqn.params["padding_config"]
-    value = ctx.value(fill)
-    if value is None or any(lo < 0 or hi < 0 or mid != 0 for lo, hi, mid in config):
-        return None
-    params = {
-        "pads": tuple((int(lo), int(hi)) for lo, hi, _ in config),
-        "mode": "constant",
-        "value": value.reshape(()).item(),
-    }
-    if not ctx.fits("pad", [x], _out(eqn), **params):
-        return None
-    return [ctx.exec("pad", x, **params)]
 
 
 def _select_n(ctx, eqn, args):
