@@ -88,13 +88,16 @@ def autotune(
         retune: time again what the table already holds.
 
     Returns:
-        Per program tuned (``"evaluate"``, ``"fit"``), ``{node index: backend}`` for
-        the nodes of its graph that had a choice.
+        Per program tuned (``"fit"`` first when tuned, then ``"evaluate"``),
+        ``{node index: backend}`` for the nodes of its graph that had a choice.
     """
-    runs = {"evaluate": lambda: engine.evaluate(inputs, is_test=True, requires_grad=False)}
+    runs = {}
     has_minimizer = engine.default_minimizer is not None or bool(engine.minimizers)
     if targets is not None and has_minimizer:
+        # The training step first: the forward nodes it shares with evaluate are then
+        # chosen (and checked against the defaults) inside the program that trains.
         runs["fit"] = lambda: engine.fit(inputs, targets)
+    runs["evaluate"] = lambda: engine.evaluate(inputs, is_test=True, requires_grad=False)
     calls = {kind: _program_call(engine, run) for kind, run in runs.items()}
     return {
         kind: autotune_graph(graph, *args, repeats=repeats, retune=retune)
