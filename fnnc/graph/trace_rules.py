@@ -34,7 +34,7 @@ from fnnc.graph.trace_data_rules import (
     _transpose,
 )
 
-__all__ = ["PASS_THROUGH", "TRACE_RULES"]
+__all__ = ["CUSTOM_JVP_RULES", "PASS_THROUGH", "TRACE_RULES"]
 
 
 def _square(ctx, eqn, args):
@@ -240,24 +240,20 @@ def _is_relu(closed: Any) -> bool:
     return x is jaxpr.invars[0] and val is not None and np.ndim(val) == 0 and float(val) == 0.0
 
 
-def _custom_jvp(ctx, eqn, args):
-    """``jax.nn.relu`` (a custom_jvp around max(x, 0)) as ``relu``; ``logaddexp(x, 0)``
-    (``jax.nn.softplus``, and ``log_sigmoid`` around it) as ``softplus``, whose backward
-    is logaddexp's own rule. Other custom derivatives stay generic, which keeps them."""
-    closed = eqn.params["call_jaxpr"]
-    name = getattr(closed.jaxpr.debug_info, "func_name", "")
-    if eqn.params.get("num_consts", 0):
+def _custom_relu(ctx, eqn, args):
+    """``jax.nn.relu``: a custom_jvp around max(x, 0)."""
+    if len(args) != 1 or not _is_relu(eqn.params["call_jaxpr"]):
         return None
-    if name == "logaddexp" and len(args) == 2:
-        return _softplus(ctx, eqn, args)
-    if name != "relu" or len(args) != 1:
-        return None
-    if not (_kind(args[0].dtype, "float") and _is_relu(closed) and ctx.has("relu")):
+    if not (_kind(args[0].dtype, "float") and ctx.has("relu")):
         return None
     return [ctx.exec("relu", args[0])]
 
 
-def _softplus(ctx, eqn, args):
+def _custom_softplus(ctx, eqn, args):
+    """``logaddexp(x, 0)`` (``jax.nn.softplus``, and ``log_sigmoid`` around it): the
+    ``softplus`` command, whose backward is logaddexp's own JVP rule."""
+    if len(args) != 2:
+        return None
     for x, zero in (args, args[::-1]):
         value = ctx.value(zero)
         if value is None or value.size != 1 or float(value.reshape(())) != 0.0:
@@ -265,6 +261,21 @@ def _softplus(ctx, eqn, args):
         if x.shape == tuple(_out(eqn).shape) and _kind(x.dtype, "float") and ctx.has("softplus"):
             return [ctx.exec("softplus", x)]
     return None
+
+
+CUSTOM_JVP_RULES: dict[str, Rule] = {"relu": _custom_relu, "logaddexp": _custom_softplus}
+"""Rules for ``custom_jvp_call`` by the name of the function JAX differentiates
+specially; each maps it only to a command whose backward is that custom derivative."""
+
+
+def _custom_jvp(ctx, eqn, args):
+    """A custom derivative that :data:`CUSTOM_JVP_RULES` knows; others stay generic,
+    which keeps their derivative."""
+    name = getattr(eqn.params["call_jaxpr"].jaxpr.debug_info, "func_name", "")
+    rule = CUSTOM_JVP_RULES.get(name)
+    if rule is None or eqn.params.get("num_consts", 0):
+        return None
+    return rule(ctx, eqn, args)
 
 
 TRACE_RULES: dict[str, Rule] = {
