@@ -75,8 +75,8 @@ class Batches:
         raise NotImplementedError
 
     def epoch(self, epoch: int, start: int, saved: Any) -> Iterator[Batch]:
-        """Batches ``start, start + 1, ...`` of ``epoch``; ``saved`` is the position
-        :meth:`position` gave at ``start`` (or ``None``)."""
+        """Batches ``start, start + 1, ...`` of ``epoch``; ``saved`` is the position a
+        :meth:`snapshot` taken at ``start`` gives (or ``None``)."""
         raise NotImplementedError
 
     def snapshot(self) -> Callable[[], Any]:

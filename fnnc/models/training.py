@@ -110,7 +110,8 @@ def train(
             ahead = _read_ahead(batches, check)
             while ahead is not None:
                 if isinstance(ahead.error, ModelError):
-                    raise ModelError(f"train: epoch {epoch}, batch {prog.batch}: {ahead.error}")
+                    where = f"train: epoch {epoch}, batch {prog.batch}"
+                    raise ModelError(f"{where}: {ahead.error}") from None
                 if ahead.error is not None:
                     raise ahead.error
                 inputs_b, targets_b = ahead.batch
