@@ -37,8 +37,6 @@ the loop or branch).
 from __future__ import annotations
 
 import contextlib
-import statistics
-import time
 from typing import Any
 
 import jax
@@ -167,11 +165,5 @@ def _keep_if_faster(
         program = compile_graph(graph)
         jax.block_until_ready(program(*values))  # traced and compiled under this choice
         programs[name] = program
-    samples: dict[str, list[float]] = {name: [] for name in programs}
-    for _ in range(max(repeats, 3)):
-        for name, program in programs.items():
-            start = time.perf_counter()
-            jax.block_until_ready(program(*values))
-            samples[name].append(time.perf_counter() - start)
-    faster = statistics.median(samples["tuned"]) < statistics.median(samples["default"])
-    table.update(tuned if faster else defaults)
+    times = _autotune.median_seconds(programs, *values, repeats=max(repeats, 3))
+    table.update(tuned if times["tuned"] < times["default"] else defaults)

@@ -28,7 +28,21 @@ from fnnc.core.dispatch import TABLE, as_specs, backends_of, compiled_forward, w
 from fnnc.core.dispatch import table_key as key
 from fnnc.errors import GraphFormatError
 
-__all__ = ["TABLE", "autotune", "key", "load", "save"]
+__all__ = ["TABLE", "autotune", "key", "load", "median_seconds", "save"]
+
+
+def median_seconds(fns: dict[str, Any], *args: Any, repeats: int = 5) -> dict[str, float]:
+    """Median seconds per call of each function on ``args`` (each called once first, to
+    compile), the functions taking turns every round so a slow spell hits all alike."""
+    for fn in fns.values():
+        jax.block_until_ready(fn(*args))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(s) for name, s in samples.items()}
 
 
 def autotune(cmd: Command, *arrays: Any, repeats: int = 5, platform: str | None = None) -> str:
@@ -41,18 +55,12 @@ def autotune(cmd: Command, *arrays: Any, repeats: int = 5, platform: str | None 
     """
     platform = platform or jax.default_backend()
     specs = as_specs(arrays, str(cmd))
-    times: dict[str, float] = {}
-    for name, backend in backends_of(cmd.name).items():
-        if platform not in backend.platforms or why_not(backend, cmd, specs, platform):
-            continue
-        fn = compiled_forward(cmd, name)
-        jax.block_until_ready(fn(*arrays))
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            jax.block_until_ready(fn(*arrays))
-            samples.append(time.perf_counter() - start)
-        times[name] = statistics.median(samples)
+    fns = {
+        name: compiled_forward(cmd, name)
+        for name, backend in backends_of(cmd.name).items()
+        if platform in backend.platforms and not why_not(backend, cmd, specs, platform)
+    }
+    times = median_seconds(fns, *arrays, repeats=repeats)
     winner = min(times, key=times.__getitem__)
     TABLE[key(cmd, specs, platform)] = winner
     return winner
