@@ -5,6 +5,8 @@
 ``FNNC_DEBUG`` (default ``0``): print graphs between passes when ``>= 1``.
 ``FNNC_BACKEND`` (default empty): force one backend name for every command that
 supports it, e.g. ``pallas``; ``xla`` forces the reference everywhere.
+``FNNC_CPU_LIBRARIES`` (default empty): force one XLA:CPU library set for every compiled
+program (:mod:`fnnc.graph.cpu_libraries`), e.g. ``eigen``.
 
 Example:
     >>> from fnnc import config
@@ -33,10 +35,14 @@ class Config:
     statistics (:class:`fnnc.errors.NumericsError`). Off by default: it adds one
     finiteness reduction per node output inside compiled programs.
 
+    ``cpu_libraries``: the XLA:CPU library set every compiled CPU program uses (a name
+    in :data:`fnnc.graph.cpu_libraries.LIBRARY_SETS`); empty: the autotune table's
+    choice per program, else XLA's defaults.
+
     ``serial`` identifies the settings compiled code depends on (``backend``,
-    ``backend_per_command``, ``numerics``): an :func:`override` that changes them gets a
-    new one, leaving the block restores the old one, so caches of backend choices and of
-    compiled programs key on it cheaply.
+    ``backend_per_command``, ``numerics``, ``cpu_libraries``): an :func:`override` that
+    changes them gets a new one, leaving the block restores the old one, so caches of
+    backend choices and of compiled programs key on it cheaply.
     """
 
     checks: bool = True
@@ -44,6 +50,7 @@ class Config:
     debug: int = 0
     backend: str = ""
     backend_per_command: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    cpu_libraries: str = ""
     serial: int = dataclasses.field(
         default_factory=lambda: next(_serials), init=False, compare=False, repr=False
     )
@@ -55,6 +62,7 @@ def _from_env() -> Config:
         numerics="numerics" in os.environ.get("FNNC_CHECKS", "").split(","),
         debug=int(os.environ.get("FNNC_DEBUG", "0") or 0),
         backend=os.environ.get("FNNC_BACKEND", ""),
+        cpu_libraries=os.environ.get("FNNC_CPU_LIBRARIES", ""),
     )
 
 
@@ -77,7 +85,7 @@ def override(**changes: object) -> Iterator[Config]:
     global _current
     previous = _current
     _current = dataclasses.replace(previous, **changes)  # type: ignore[arg-type]
-    if not changes.keys() & {"backend", "backend_per_command", "numerics"}:
+    if not changes.keys() & {"backend", "backend_per_command", "numerics", "cpu_libraries"}:
         object.__setattr__(_current, "serial", previous.serial)
     try:
         yield _current

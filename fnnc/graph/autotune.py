@@ -17,6 +17,10 @@ twice as slow. So the whole compiled graph is then timed with the new winners ag
 the default choices for the same nodes (interleaved, medians), and the default choices
 are written instead when the winners are not faster (``check=False`` skips this).
 
+On CPU the pass then picks the graph's XLA:CPU library set the same way: the compiled
+graph is timed under each set of :mod:`fnnc.graph.cpu_libraries` (interleaved, medians)
+and the fastest is recorded for this graph (``libraries=False`` skips this).
+
 A (command, input specs, platform) already in the table is not timed again (NNC
 measures once and caches; :func:`fnnc.ops.autotune.save` keeps the table across
 processes) while its recorded winner is still eligible, unless ``retune=True``. The
@@ -41,9 +45,11 @@ from typing import Any
 
 import jax
 
+from fnnc import config
 from fnnc.core.dispatch import select_backend
 from fnnc.core.evaluate import as_tuple, run_nodes
 from fnnc.core.ir import Graph, Node
+from fnnc.graph import cpu_libraries
 from fnnc.graph._io import flatten_inputs
 from fnnc.graph.compile import compile as compile_graph
 from fnnc.ops import Command, backends_of
@@ -66,6 +72,7 @@ def autotune_graph(
     platform: str | None = None,
     retune: bool = False,
     check: bool = True,
+    libraries: bool = True,
 ) -> dict[int, str]:
     """Autotunes every node of ``graph`` that has a choice, on the values it sees.
 
@@ -79,6 +86,9 @@ def autotune_graph(
         check: time the whole compiled graph with the per-node winners against the
             default choices, and keep the winners only if the graph runs faster (see
             the module doc).
+        libraries: on CPU, time the compiled graph under each XLA:CPU library set and
+            record the fastest for this graph (:mod:`fnnc.graph.cpu_libraries`; a graph
+            whose set the table holds is not timed again unless ``retune``).
 
     Returns:
         ``{node index: winning backend}`` for the nodes that had more than one eligible
@@ -100,6 +110,10 @@ def autotune_graph(
         _time(graph, values, pending, repeats, platform)
         if check:
             _keep_if_faster(graph, values, pending, repeats, platform)
+    if libraries and len(cpu_libraries.available(platform)) > 1:
+        key = cpu_libraries.program_key(graph, platform)
+        if retune or _autotune.TABLE.get(key) not in cpu_libraries.available(platform):
+            _choose_libraries(graph, values, key, repeats, platform)
     return {index: _autotune.TABLE[key] for index, key in keys.items()}
 
 
@@ -167,3 +181,15 @@ def _keep_if_faster(
         programs[name] = program
     times = _autotune.median_seconds(programs, *values, repeats=max(repeats, 3))
     table.update(tuned if times["tuned"] < times["default"] else defaults)
+
+
+def _choose_libraries(
+    graph: Graph, values: list[Any], key: str, repeats: int, platform: str
+) -> None:
+    """Times the compiled graph under every XLA:CPU library set; records the fastest."""
+    programs = {}
+    for name in cpu_libraries.available(platform):
+        with config.override(cpu_libraries=name):
+            programs[name] = compile_graph(graph, platform=platform)
+    times = _autotune.median_seconds(programs, *values, repeats=max(repeats, 3))
+    _autotune.TABLE[key] = min(times, key=times.__getitem__)

@@ -23,6 +23,7 @@ from fnnc.core import dispatch
 from fnnc.core.evaluate import as_tuple, run_nodes
 from fnnc.core.ir import Graph, Node
 from fnnc.errors import CommandError, GraphInputError, NumericsError
+from fnnc.graph import cpu_libraries
 from fnnc.graph._io import flatten_inputs, unflatten_outputs
 from fnnc.graph.memory import MemoryPlan, memory_plan
 from fnnc.graph.numerics import numerics_error
@@ -62,6 +63,8 @@ class Program:
     Attributes:
         graph: the graph it was compiled from.
         backends: per node, ``(index, label, backend name)``.
+        cpu_libraries: the XLA:CPU library set it was compiled with
+            (:mod:`fnnc.graph.cpu_libraries`; ``"xla"`` off CPU).
         donate: positions of the graph inputs it donates (their buffers may hold outputs).
     """
 
@@ -123,7 +126,13 @@ class Program:
             results = tuple(run_nodes(graph, args[:n_in], run_node))
             return (*results, jnp.stack(bad)) if numerics and bad else results
 
-        self._jitted = jax.jit(program, donate_argnums=donate, **self._jit_shardings(numerics))
+        self.cpu_libraries = cpu_libraries.chosen(graph, platform, choices)
+        self._jitted = jax.jit(
+            program,
+            donate_argnums=donate,
+            compiler_options=cpu_libraries.compiler_options(self.cpu_libraries),
+            **self._jit_shardings(numerics),
+        )
         arg_specs = list(graph.input_specs) + [
             jax.ShapeDtypeStruct(c.shape, c.dtype) for c in self._consts
         ]

@@ -12,6 +12,7 @@ import numpy as np
 import optax
 
 from fnnc import ops
+from fnnc.graph import cpu_libraries
 from fnnc.models import BatchNorm, Conv, Dense, Flatten, ReLU, Sequential
 from fnnc.ops import autotune as op_autotune
 from tests.helpers import assert_close, rand, randint
@@ -49,7 +50,10 @@ def test_autotune_tunes_the_programs_and_changes_no_output(clean_table, monkeypa
 
     assert set(winners) == {"evaluate", "fit"}
     assert _conv_key() in clean_table, list(clean_table)
-    assert len(clean_table) == 2  # the forward and the gradient of the one convolution shape
+    nodes = [k for k in clean_table if not k.startswith("program|")]
+    assert len(nodes) == 2  # the forward and the gradient of the one convolution shape
+    # ... and one XLA:CPU library set per program (fit and evaluate).
+    assert len(clean_table) - len(nodes) == 2, list(clean_table)
     assert_close(model.parameters(), before, 0, 0, what="parameters after autotune")
 
     # The next programs compile with the winners and compute the same values.
@@ -60,10 +64,13 @@ def test_autotune_tunes_the_programs_and_changes_no_output(clean_table, monkeypa
     kinds = {program.graph.nodes[i].cmd.name for i in winners["fit"]}
     assert kinds == {"convolution", "gradient"}, winners
     assert {i: program.backends[i][2] for i in winners["fit"]} == winners["fit"]
+    library_key = cpu_libraries.program_key(program.graph, "cpu")
+    assert program.cpu_libraries == clean_table[library_key]
 
     # Cached: a second call times nothing and reports the same winners.
     def no_timing(*args, **kwargs):
         raise AssertionError("autotune timed a node the table already holds")
 
     monkeypatch.setattr(op_autotune, "autotune", no_timing)
+    monkeypatch.setattr(op_autotune, "median_seconds", no_timing)
     assert model.autotune([X], [Y], repeats=1) == winners
