@@ -11,10 +11,11 @@ loops run faster in YNNPACK). The choice is an XLA compile option
 (``xla_cpu_experimental_ynn_fusion_type``), set per compiled program, so fnnc offers it as
 a program-level choice, the way backends are a node-level one (:data:`LIBRARY_SETS`):
 
-``"xla"`` (the default)
-    XLA's own defaults.
+``"xla"``
+    XLA's own defaults: the default for programs without training-mode batch norm.
 ``"ynn-gemm"``
-    YNNPACK for dots and convolutions only.
+    YNNPACK for dots and convolutions only: the default for programs that hold a
+    training-mode ``batch_norm`` (see :data:`REDUCTION_HEAVY`).
 ``"ynn-dot"``
     YNNPACK for dots only (convolutions on Eigen).
 ``"ynn-no-conv"``
@@ -67,6 +68,14 @@ LIBRARY_SETS: Mapping[str, Mapping[str, str]] = {
 }
 """XLA:CPU compile options of each library set, by name (see the module doc)."""
 
+REDUCTION_HEAVY = "ynn-gemm"
+"""The default set of a program with a training-mode ``batch_norm``: every statistic is
+a reduction that YNNPACK would run on its own. Measured (``fit`` step, 2-core x86,
+batch 64; ms under ``"xla"`` -> ``"ynn-gemm"``): the ResNet of
+``benchmarks/cpu_vs_torch.py`` 44.4 -> 36.3, its CNN with a BatchNorm after each
+convolution 26.4 -> 23.4; without batch norm ``"xla"`` stays ahead (the CNN 11.9 vs
+13.0, the MLP 1.94 vs 1.99)."""
+
 
 def program_key(graph: Graph, platform: str, backends: Sequence[str] | None = None) -> str:
     """The autotune-table key of ``graph``'s library set on ``platform``: a digest of
@@ -103,7 +112,8 @@ def available(platform: str) -> tuple[str, ...]:
 
 def chosen(graph: Graph, platform: str, backends: Sequence[str] | None = None) -> str:
     """The library set ``graph`` compiles with (its nodes running ``backends``): the forced
-    one (``config.override(cpu_libraries=...)``), else the autotune table's, else ``"xla"``."""
+    one (``config.override(cpu_libraries=...)``), else the autotune table's, else
+    :func:`default`'s."""
     if platform != "cpu":
         return DEFAULT
     forced = config.get().cpu_libraries
@@ -116,7 +126,18 @@ def chosen(graph: Graph, platform: str, backends: Sequence[str] | None = None) -
             )
         return forced
     tuned = TABLE.get(program_key(graph, platform, backends)) if len(TABLE) else None
-    return tuned if tuned in LIBRARY_SETS and tuned in available(platform) else DEFAULT
+    if tuned in LIBRARY_SETS and tuned in available(platform):
+        return tuned
+    return default(graph, platform)
+
+
+def default(graph: Graph, platform: str) -> str:
+    """The set ``graph`` gets untuned: :data:`REDUCTION_HEAVY` if it holds a
+    training-mode batch norm (and this jaxlib offers the set), else ``"xla"``."""
+    heavy = any(
+        node.cmd.name == "batch_norm" and not node.cmd.param("is_test") for node in graph.nodes
+    )
+    return REDUCTION_HEAVY if heavy and REDUCTION_HEAVY in available(platform) else DEFAULT
 
 
 def compiler_options(name: str) -> dict[str, str] | None:

@@ -130,3 +130,23 @@ def test_a_saved_table_carries_the_set(clean_table, tmp_path):
 
 
 ARGS_SMALL = (rand((16, 32), seed=2), rand((32, 32), seed=3))
+
+
+def _norm_graph(is_test):
+    b = GraphBuilder()
+    x = b.input((8, 4, 4, 3), name="x")
+    stats = [b.input((3,), name=n) for n in ("scale", "bias", "mean", "var")]
+    out = b.exec(ops.batch_norm(is_test=is_test), x, *stats)
+    return b.build([out[0]])
+
+
+def test_training_batch_norm_programs_default_to_ynn_gemm(clean_table):
+    args = (rand((8, 4, 4, 3)), rand((3,), seed=1), rand((3,), seed=2), rand((3,), seed=3),
+            abs(rand((3,), seed=4)) + 1)  # fmt: skip
+    training = compile(_norm_graph(is_test=False))
+    assert training.cpu_libraries == cpu_libraries.REDUCTION_HEAVY == "ynn-gemm"
+    assert compile(_norm_graph(is_test=True)).cpu_libraries == "xla"
+    graph = _norm_graph(is_test=False)
+    assert_close(training(*args), interpret(graph, *args), 1e-5, 1e-5)
+    clean_table[cpu_libraries.program_key(graph, "cpu")] = "xla"  # a tuned choice wins
+    assert compile(graph).cpu_libraries == "xla"
