@@ -3,7 +3,8 @@
 Three workloads, each an fnnc ``fit`` step (forward + loss + backward + Adam, one
 compiled program) against the same model in PyTorch eager (channels_last convolutions,
 ``torch.set_num_threads(threads)``, same batch), timed in the same process in
-interleaved rounds (medians):
+interleaved rounds (medians; each line ends with the XLA:CPU library set the fnnc
+program compiled with, :mod:`fnnc.graph.cpu_libraries`):
 
 (a) the CNN conv3x3(32)-ReLU-maxpool2-conv3x3(64)-ReLU-maxpool2-dense(10), 28x28x1,
     batch 64;
@@ -22,6 +23,11 @@ of the nets for XLA's reference, the backends of :mod:`fnnc.ops.conv_cpu` and to
 batch norm forward and forward + backward (fnnc's rule, the JAX-derived backward it
 replaced, torch); max-pool backward (JAX's ``select_and_scatter`` vs fnnc's rule vs
 torch).
+
+Compare ratios within a line, not milliseconds across lines: each line is its own
+block of rounds, and on this VM the same compiled ResNet step ran at 35 ms or at 47 ms
+for spells of several seconds (also in a process that never imported torch), so two
+blocks can land in different spells.
 
 On a machine shared with other work, a multi-threaded torch loses most to the load
 (its workers spin on barriers; 2-thread steps measured 5-80x slower than 1-thread ones
@@ -157,7 +163,12 @@ def fnnc_step(make, x, y, tuned: bool = False):
     if tuned:
         model.autotune([x], [y], repeats=3)
     model.fit([x], [y])
-    return lambda: model.fit([x], [y])
+
+    def step():
+        return model.fit([x], [y])
+
+    step.libraries = model.engine._last_fit.program.cpu_libraries  # type: ignore[attr-defined]
+    return step
 
 
 def torch_step(make, x, y):
@@ -213,11 +224,12 @@ def workloads(rounds: int, inner: int, only: str | None = None) -> None:
             if label != "fnnc" and len(shape) != 4:
                 continue
             with context():
-                fns = {label: fnnc_step(ours, x, y, tuned), "torch": theirs_step}
+                ours_step = fnnc_step(ours, x, y, tuned)
+                fns = {label: ours_step, "torch": theirs_step}
                 t = samples_of(fns, rounds=rounds, inner=inner)
             ratio = [a / b for a, b in zip(t[label], t["torch"])]
             ms = f"{_spread(t[label], 1e3):>24}   torch {_spread(t['torch'], 1e3):>24}"
-            print(f"  {label:<11}{ms}   ratio {_spread(ratio)}")
+            print(f"  {label:<11}{ms}   ratio {_spread(ratio)}   ({ours_step.libraries})")
         autotune.TABLE.clear()
         autotune.TABLE.update(saved)
 

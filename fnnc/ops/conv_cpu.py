@@ -48,12 +48,13 @@ round differently from the reference). Each ``backward`` follows NNC's conventio
 ``gradient[of=convolution]`` node runs it when this backend is chosen for the node
 (see :mod:`fnnc.core.dispatch`).
 
-A process can instead keep every convolution away from YNNPACK with
-``XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=dot`` (set before JAX starts; it
-replaces the default YNNPACK fusion list, so XLA's own convolutions run on Eigen):
-measured on the shape above, XLA's forward / data / weight gradient then take 2.0 /
-2.1 / 3.9 ms instead of 3.4 / 4.8 / 13. It is process-wide and experimental, so fnnc
-does not set it.
+A compiled program can instead keep every convolution away from YNNPACK: its XLA:CPU
+library set (:mod:`fnnc.graph.cpu_libraries`, per program, chosen by
+:func:`fnnc.graph.autotune.autotune_graph` or forced with
+``config.override(cpu_libraries="ynn-dot")``) then runs XLA's own convolutions on
+Eigen. Measured on the shape above (batch 64, 14x14x32 -> 64), XLA's forward / data /
+weight gradient take 2.7 / 2.7 / 4.3 ms that way instead of 5.3 / 5.2 / 8.1, close to
+``dilated``'s 3.1 / 2.9 / 4.2, so the ``mixed`` rules hold under every set.
 
 >>> import jax, jax.numpy as jnp
 >>> from fnnc import ops
