@@ -14,15 +14,16 @@ program compiled with, :mod:`fnnc.graph.cpu_libraries`):
 (c) the MLP 784-256-256-10, batch 128.
 
 The fnnc step runs with the backends chosen by default (on CPU the ``"mixed"``
-convolution backend of :mod:`fnnc.ops.conv_cpu`), after ``Model.autotune`` on the batch
-(``"fnnc tuned"``), and with XLA's convolutions forced (``"fnnc/xla"``; max-pool keeps
-its CPU rules there, which are not a backend), each in its own interleaved block
-against torch: medians, ranges, and the same-round ratios. Then a per-op breakdown
-(ms): convolution forward, data gradient and weight gradient of each convolution shape
-of the nets for XLA's reference, the backends of :mod:`fnnc.ops.conv_cpu` and torch;
-batch norm forward and forward + backward (fnnc's rule, the JAX-derived backward it
-replaced, torch); max-pool backward (JAX's ``select_and_scatter`` vs fnnc's rule vs
-torch).
+convolution backend of :mod:`fnnc.ops.conv_cpu`) and with XLA's convolutions forced
+(``"fnnc/xla"``; max-pool keeps its CPU rules there, which are not a backend), each in
+its own interleaved block against torch: medians, ranges, and the same-round ratios.
+Then the compiled ``fit`` program before and after ``Model.autotune`` on the batch,
+both in one block against torch, with their same-round ratio ``tuned/default``. Then a
+per-op breakdown (ms): convolution forward, data gradient and weight gradient of each
+convolution shape of the nets for XLA's reference, the backends of
+:mod:`fnnc.ops.conv_cpu` and torch; batch norm forward and forward + backward
+(fnnc's rule, the JAX-derived backward it replaced, torch); max-pool backward (JAX's
+``select_and_scatter`` vs fnnc's rule vs torch).
 
 Compare ratios within a line, not milliseconds across lines: each line is its own
 block of rounds, and on this VM the same compiled ResNet step ran at 35 ms or at 47 ms
@@ -66,6 +67,7 @@ import optax
 from benchmarks._timing import interleaved, samples_of
 from fnnc import config, ops
 from fnnc.core.command import vjp_backward
+from fnnc.graph import compile as compile_graph
 from fnnc.models import (
     Add,
     AvgPool,
@@ -79,6 +81,7 @@ from fnnc.models import (
     ReLU,
     Sequential,
 )
+from fnnc.models.autotune import _program_call
 from fnnc.ops import autotune, conv_cpu, pool
 
 # -- the three workloads, in fnnc and in torch ---------------------------------------
@@ -151,17 +154,10 @@ WORKLOADS = {
 # -- steps ---------------------------------------------------------------------------
 
 
-def fnnc_step(make, x, y, tuned: bool = False):
-    """A compiled ``fit`` step of a fresh model, as a thunk (compiled on the first call).
-
-    ``tuned``: ``Model.autotune`` first times every node's backends on this batch into
-    the autotune table, and the step compiles with the winners. (Any later write to the
-    table moves the dispatch state, and every model's next step compiles anew.)
-    """
+def fnnc_step(make, x, y):
+    """A compiled ``fit`` step of a fresh model, as a thunk (compiled on the first call)."""
     model = make()
     model.compile([x], loss="softmax_crossentropy", minimizer=optax.adam(1e-3))
-    if tuned:
-        model.autotune([x], [y], repeats=3)
     model.fit([x], [y])
 
     def step():
@@ -197,20 +193,45 @@ def _spread(values: list[float], scale: float = 1.0) -> str:
 
 
 VARIANTS = {
-    "fnnc": (contextlib.nullcontext, False),
-    "fnnc tuned": (contextlib.nullcontext, True),
-    "fnnc/xla": (lambda: config.override(backend_per_command={"convolution": "xla"}), False),
+    "fnnc": contextlib.nullcontext,
+    "fnnc/xla": lambda: config.override(backend_per_command={"convolution": "xla"}),
 }
-"""The fnnc steps timed against torch: the default backends, after ``Model.autotune``,
-and XLA's own convolutions forced (max-pool keeps its CPU rules there: not a backend)."""
+"""The ``fit`` steps timed against torch: the default backends, and XLA's own
+convolutions forced (max-pool keeps its CPU rules there: not a backend)."""
+
+
+def _line(label: str, t: dict[str, list[float]], libraries: str) -> None:
+    ratio = [a / b for a, b in zip(t[label], t["torch"])]
+    ms = f"{_spread(t[label], 1e3):>24}   torch {_spread(t['torch'], 1e3):>24}"
+    print(f"  {label:<15}{ms}   ratio {_spread(ratio)}   ({libraries})")
+
+
+def _tuned_block(ours, x, y, theirs_step, rounds: int, inner: int) -> None:
+    """The compiled ``fit`` program before and after ``Model.autotune``, both timed in
+    the same rounds against torch (a model's next step would compile with the table's
+    winners, so the two programs are compiled from the captured graph and called
+    directly: the step without the model's Python around it)."""
+    model = ours()
+    model.compile([x], loss="softmax_crossentropy", minimizer=optax.adam(1e-3))
+    graph, args = _program_call(model.engine, lambda: model.engine.fit([x], [y]))
+    default = compile_graph(graph)
+    model.autotune([x], [y])
+    tuned = compile_graph(graph)
+    fns = {"default program": lambda: default(*args), "tuned program": lambda: tuned(*args)}
+    t = samples_of({**fns, "torch": theirs_step}, rounds=rounds, inner=inner)
+    _line("default program", t, default.cpu_libraries)
+    _line("tuned program", t, tuned.cpu_libraries)
+    gain = [a / b for a, b in zip(t["tuned program"], t["default program"])]
+    print(f"  {'tuned/default':<15}{'':>55}ratio {_spread(gain)}")
 
 
 def workloads(rounds: int, inner: int, only: str | None = None) -> None:
     """Per workload and fnnc variant (:data:`VARIANTS`; the MLP has no backend choice, so
     only the default), one interleaved block of that fnnc step against torch: ms per
     step (median [range]) and the same-round ratio fnnc / torch. Each variant has a
-    block of its own because leaving a backend override or writing the autotune table
-    makes the engine's next step compile anew."""
+    block of its own because leaving a backend override makes the engine's next step
+    compile anew. Then the default and the autotuned ``fit`` programs in one block
+    (:func:`_tuned_block`)."""
     rng = np.random.default_rng(0)
     for name, (ours, theirs, shape) in WORKLOADS.items():
         if only and name != only:
@@ -220,16 +241,14 @@ def workloads(rounds: int, inner: int, only: str | None = None) -> None:
         theirs_step = torch_step(theirs, x, y)
         saved = dict(autotune.TABLE)
         print(f"{name}: ms per step, median [range] of {rounds} rounds; ratio per round")
-        for label, (context, tuned) in VARIANTS.items():
+        for label, context in VARIANTS.items():
             if label != "fnnc" and len(shape) != 4:
                 continue
             with context():
-                ours_step = fnnc_step(ours, x, y, tuned)
-                fns = {label: ours_step, "torch": theirs_step}
-                t = samples_of(fns, rounds=rounds, inner=inner)
-            ratio = [a / b for a, b in zip(t[label], t["torch"])]
-            ms = f"{_spread(t[label], 1e3):>24}   torch {_spread(t['torch'], 1e3):>24}"
-            print(f"  {label:<11}{ms}   ratio {_spread(ratio)}   ({ours_step.libraries})")
+                ours_step = fnnc_step(ours, x, y)
+                t = samples_of({label: ours_step, "torch": theirs_step}, rounds=rounds, inner=inner)
+            _line(label, t, ours_step.libraries)
+        _tuned_block(ours, x, y, theirs_step, rounds, inner)
         autotune.TABLE.clear()
         autotune.TABLE.update(saved)
 

@@ -16,7 +16,7 @@ import pytest
 
 from fnnc import config, ops
 from fnnc.errors import BackendError
-from fnnc.graph import GraphBuilder, autotune_graph, compile, cpu_libraries, interpret
+from fnnc.graph import GraphBuilder, autotune, autotune_graph, compile, cpu_libraries, interpret
 from fnnc.ops import autotune as op_autotune
 from tests.helpers import assert_close, rand
 
@@ -150,3 +150,16 @@ def test_training_batch_norm_programs_default_to_ynn_gemm(clean_table):
     assert_close(training(*args), interpret(graph, *args), 1e-5, 1e-5)
     clean_table[cpu_libraries.program_key(graph, "cpu")] = "xla"  # a tuned choice wins
     assert compile(graph).cpu_libraries == "xla"
+
+
+@pytest.mark.parametrize("alternative", [0.99, 0.9])
+def test_a_set_must_beat_the_default_by_the_margin(clean_table, monkeypatch, alternative):
+    graph = _dense_graph()
+
+    def rigged(fns, *args, repeats=5):
+        return {name: (alternative if name == "eigen" else 1.0) for name in fns}
+
+    monkeypatch.setattr(op_autotune, "median_seconds", rigged)
+    autotune_graph(graph, *ARGS_SMALL)
+    won = "eigen" if alternative < autotune.MARGIN else "xla"
+    assert clean_table[cpu_libraries.program_key(graph, "cpu")] == won
