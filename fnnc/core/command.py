@@ -81,6 +81,9 @@ class Attributes:
             ``commutative(cmd) -> bool`` for commands symmetric only for some
             hyper-parameters (``add``: when ``p == q``).
         idempotent: ``f(x, x) == x`` for a two-input command (``min``, ``max``).
+        batch_statistics: computes statistics over the batch by reductions (training
+            ``batch_norm``: a predicate on the command value); a program with such
+            nodes gets another XLA:CPU library set (:mod:`fnnc.graph.cpu_libraries`).
     """
 
     random: bool = False
@@ -89,11 +92,19 @@ class Attributes:
     elementwise: bool = False
     commutative: bool | Callable[[Command], bool] = False
     idempotent: bool = False
+    batch_statistics: bool | Callable[[Command], bool] = False
 
     def is_commutative(self, cmd: Command) -> bool:
         """Whether ``cmd``'s inputs may be reordered."""
-        c = self.commutative
-        return c(cmd) if callable(c) else bool(c)
+        return _holds(self.commutative, cmd)
+
+    def has_batch_statistics(self, cmd: Command) -> bool:
+        """Whether ``cmd`` reduces over the batch for statistics."""
+        return _holds(self.batch_statistics, cmd)
+
+
+def _holds(attribute: bool | Callable[[Command], bool], cmd: Command) -> bool:
+    return attribute(cmd) if callable(attribute) else bool(attribute)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,6 +340,7 @@ def defcommand(
     elementwise: bool = False,
     commutative: bool | Callable[[Command], bool] = False,
     idempotent: bool = False,
+    batch_statistics: bool | Callable[[Command], bool] = False,
     min_inputs: int | None = None,
     display: Callable[[Command], str] | None = None,
     backward_check: Callable[[Command], str | None] | None = None,
@@ -343,7 +355,7 @@ def defcommand(
         uses: which forward tensors the backward reads.
         name: registered name; defaults to the function's name.
         random, has_effects, differentiable, elementwise, commutative,
-            idempotent: see :class:`Attributes`.
+            idempotent, batch_statistics: see :class:`Attributes`.
         min_inputs: fewest inputs accepted; default the required positional ones, and
             at least one for a variadic command (``ewsum`` of nothing is undefined).
         display: how listings print a command value, when the default
@@ -386,6 +398,7 @@ def defcommand(
                 elementwise,
                 commutative,
                 idempotent,
+                batch_statistics,
             ),
             param_defaults=defaults,
             num_required=required,

@@ -2,20 +2,20 @@
 
 XLA:CPU passes dots, 2-D convolutions, and large elementwise and reduce operations to
 YNNPACK, everything else to its own loops, Eigen's convolutions and Eigen's GEMM. Which
-mix is fastest depends on the whole program, not on one operation: YNNPACK runs every
-batch-norm statistic of a ResNet as its own reduction (XLA would fuse it into the loop
-that produces its operand), which made the ResNet's training step of
-``benchmarks/cpu_vs_torch.py`` 20-25% slower than with YNNPACK kept to dots and
-convolutions; the same restriction made the CNN's step 14% slower (its ReLU and max-pool
-loops run faster in YNNPACK). The choice is an XLA compile option
+mix is fastest depends on the whole program, not on one operation: in the ResNet of
+``benchmarks/cpu_vs_torch.py`` YNNPACK runs each batch-norm statistic as a reduction of
+its own over an operand XLA first writes out, and the training step took 15-22% longer
+than with YNNPACK kept to dots and convolutions; the same restriction made the CNN's
+step (no batch norm) 10% slower. The choice is an XLA compile option
 (``xla_cpu_experimental_ynn_fusion_type``), set per compiled program, so fnnc offers it as
 a program-level choice, the way backends are a node-level one (:data:`LIBRARY_SETS`):
 
 ``"xla"``
     XLA's own defaults: the default for programs without training-mode batch norm.
 ``"ynn-gemm"``
-    YNNPACK for dots and convolutions only: the default for programs that hold a
-    training-mode ``batch_norm`` (see :data:`REDUCTION_HEAVY`).
+    YNNPACK for dots and convolutions only: the default for programs with a node whose
+    command computes batch statistics (training ``batch_norm``; see
+    :data:`REDUCTION_HEAVY`).
 ``"ynn-dot"``
     YNNPACK for dots only (convolutions on Eigen).
 ``"ynn-no-conv"``
@@ -69,12 +69,12 @@ LIBRARY_SETS: Mapping[str, Mapping[str, str]] = {
 """XLA:CPU compile options of each library set, by name (see the module doc)."""
 
 REDUCTION_HEAVY = "ynn-gemm"
-"""The default set of a program with a training-mode ``batch_norm``: every statistic is
-a reduction that YNNPACK would run on its own. Measured (``fit`` step, 2-core x86,
-batch 64; ms under ``"xla"`` -> ``"ynn-gemm"``): the ResNet of
-``benchmarks/cpu_vs_torch.py`` 44.4 -> 36.3, its CNN with a BatchNorm after each
-convolution 26.4 -> 23.4; without batch norm ``"xla"`` stays ahead (the CNN 11.9 vs
-13.0, the MLP 1.94 vs 1.99)."""
+"""The default set of a program that computes batch statistics: every statistic is a
+reduction that YNNPACK would run on its own. Measured (``fit`` step, 2-core x86, batch
+64, time under ``"ynn-gemm"`` / under ``"xla"``, same process): the ResNet of
+``benchmarks/cpu_vs_torch.py`` 0.82-0.87 (three runs), its CNN with a BatchNorm after
+each convolution 0.91; without batch norm ``"xla"`` stays ahead (the CNN 1.10, the MLP
+1.04)."""
 
 
 def program_key(graph: Graph, platform: str, backends: Sequence[str] | None = None) -> str:
@@ -132,10 +132,11 @@ def chosen(graph: Graph, platform: str, backends: Sequence[str] | None = None) -
 
 
 def default(graph: Graph, platform: str) -> str:
-    """The set ``graph`` gets untuned: :data:`REDUCTION_HEAVY` if it holds a
-    training-mode batch norm (and this jaxlib offers the set), else ``"xla"``."""
+    """The set ``graph`` gets untuned: :data:`REDUCTION_HEAVY` if a node computes batch
+    statistics (the command attribute ``batch_statistics``: training ``batch_norm``) and
+    this jaxlib offers the set, else ``"xla"``."""
     heavy = any(
-        node.cmd.name == "batch_norm" and not node.cmd.param("is_test") for node in graph.nodes
+        node.cmd.definition.attributes.has_batch_statistics(node.cmd) for node in graph.nodes
     )
     return REDUCTION_HEAVY if heavy and REDUCTION_HEAVY in available(platform) else DEFAULT
 

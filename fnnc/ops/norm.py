@@ -60,7 +60,12 @@ def _batch_norm_shape(x, scale, bias, mean, var, *, axes, epsilon, momentum, is_
     return Spec(tuple(x.shape), x.dtype), s, s, s, s
 
 
-@defcommand(family="norm", shape=_batch_norm_shape, uses=Uses(inputs=(0, 1), outputs=(3, 4)))
+@defcommand(
+    family="norm",
+    shape=_batch_norm_shape,
+    uses=Uses(inputs=(0, 1), outputs=(3, 4)),
+    batch_statistics=lambda cmd: not cmd.param("is_test"),
+)
 def batch_norm(
     x, scale, bias, mean, var, *, axes=(0, 1, 2), epsilon=1e-5, momentum=0.9, is_test=False
 ):
