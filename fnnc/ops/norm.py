@@ -33,6 +33,19 @@ def _kept(shape, axes) -> tuple[int, ...]:
     return tuple(1 if d in axes else n for d, n in enumerate(shape))
 
 
+def _leading_sum(t, axes):
+    """``jnp.sum(t, axis=axes)``; when ``axes`` are all but the last axis (NHWC batch
+    statistics), summed in two stages: over the rows of ``[N*H, W*C]`` first, then over
+    ``W``. XLA:CPU's own reduction of the leading axes into ``[C]`` runs about twice as
+    slowly (batch 64, 32x32x16: 1.34 vs 0.60 ms for batch norm's forward when YNNPACK
+    does not take reductions, :mod:`fnnc.graph.cpu_libraries`); the stages read rows of
+    ``W*C`` contiguous values. Another summation order: equal up to rounding."""
+    if t.ndim < 3 or tuple(axes) != tuple(range(t.ndim - 1)):
+        return jnp.sum(t, axis=tuple(axes))
+    rows = jnp.reshape(t, (math.prod(t.shape[:-2]), t.shape[-2] * t.shape[-1]))
+    return jnp.sum(jnp.reshape(jnp.sum(rows, axis=0), t.shape[-2:]), axis=0)
+
+
 def _param(p, x, axes):
     """A per-``axes`` parameter (shaped like x at axes) broadcast against x."""
     keep = tuple(n if d in axes else 1 for d, n in enumerate(x.shape))
@@ -91,8 +104,9 @@ def batch_norm(
     if is_test:
         mu, batch_var = mean, var
     else:
-        mu = jnp.mean(x, axis=ax)
-        batch_var = jnp.mean(jnp.square(x - full(mu)), axis=ax)
+        n = math.prod(x.shape[a] for a in ax)
+        mu = _leading_sum(x, ax) / n
+        batch_var = _leading_sum(jnp.square(x - full(mu)), ax) / n
     inv_std = lax.rsqrt(batch_var + epsilon)
     y = (x - full(mu)) * full(inv_std * scale) + full(bias)
     if is_test:
@@ -126,8 +140,8 @@ def _batch_norm_backward(grads, inputs, outputs, *, axes, epsilon, momentum, is_
 
     xhat = (x - full(mu)) * full(inv_std)
     gy = jnp.zeros(x.shape, x.dtype) if gy is None else gy
-    sum_gy = jnp.sum(gy, axis=ax)
-    sum_gy_xhat = jnp.sum(gy * xhat, axis=ax)
+    sum_gy = _leading_sum(gy, ax)
+    sum_gy_xhat = _leading_sum(gy * xhat, ax)
     g_scale, g_bias = sum_gy_xhat, sum_gy
     # What reaches the statistics by other routes than y: the running averages (in
     # training they take the batch's), and saved_mean / saved_inv_std themselves.
