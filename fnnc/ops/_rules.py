@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
@@ -84,6 +85,21 @@ def to_shape(x: Any, shape: Sequence[int]) -> Any:
     return lax.broadcast_in_dim(x, shape, dims)
 
 
+def leading_sum(t: Any, axes: Sequence[int]) -> Any:
+    """``jnp.sum(t, axis=axes)``; when ``axes`` are all but the last axis (NHWC batch
+    statistics, bias gradients), summed in two stages: over the rows of ``[N*H, W*C]``
+    first, then over ``W``, so each stage reads contiguous rows. XLA:CPU's own
+    reduction of the leading axes into ``[C]`` ran 2-4x slower (batch 64: 32x32x16
+    0.70 vs 0.22 ms, 28x28x32 1.05 vs 0.29 where YNNPACK does not take reductions,
+    :mod:`fnnc.graph.cpu_libraries`; 0.40 vs 0.22 at 28x28x32 where it does). Another
+    summation order: equal up to rounding."""
+    axes = tuple(axes)
+    if t.ndim < 3 or axes != tuple(range(t.ndim - 1)):
+        return jnp.sum(t, axis=axes)
+    rows = jnp.reshape(t, (math.prod(t.shape[:-2]), t.shape[-2] * t.shape[-1]))
+    return jnp.sum(jnp.reshape(jnp.sum(rows, axis=0), t.shape[-2:]), axis=0)
+
+
 def unbroadcast(g: Any, shape: Sequence[int]) -> Any:
     """Sums ``g`` down to ``shape``: the backward of broadcasting."""
     shape = tuple(shape)
@@ -93,7 +109,7 @@ def unbroadcast(g: Any, shape: Sequence[int]) -> Any:
     axes = tuple(range(lead)) + tuple(
         lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1
     )
-    return jnp.reshape(jnp.sum(g, axis=axes), shape)
+    return jnp.reshape(leading_sum(g, axes), shape)
 
 
 def norm_axes(name: str, axes: Iterable[int], rank: int) -> tuple[int, ...]:

@@ -28,7 +28,14 @@ from jax import lax
 
 from fnnc.core.command import Spec, Uses, defcommand
 from fnnc.ops import _spatial
-from fnnc.ops._rules import fail, require_float, require_same_dtype, show, to_shape
+from fnnc.ops._rules import (
+    fail,
+    leading_sum,
+    require_float,
+    require_same_dtype,
+    show,
+    to_shape,
+)
 
 _DIMS = {
     1: ("NWC", "OWI", "NWC"),
@@ -134,7 +141,7 @@ def _grads(g, x, w, *, transpose, strides, pads, dilation, groups, output_paddin
         f = functools.partial(_conv, x, **geometry)
     # The weight gradient is the transpose of a map linear in the weight.
     (gw,) = jax.linear_transpose(f, Spec(w.shape, w.dtype))(g)
-    return (gx, gw) + ((jnp.sum(g, axis=tuple(range(g.ndim - 1))),) if bias else ())
+    return (gx, gw) + ((leading_sum(g, range(g.ndim - 1)),) if bias else ())
 
 
 def _conv_shape(x, w, bias=None, *, strides, padding, dilation, groups):

@@ -72,12 +72,11 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
 from fnnc.ops import Backend, register_backend
 from fnnc.ops import _conv_forms as forms
-from fnnc.ops._rules import to_shape
+from fnnc.ops._rules import leading_sum, to_shape
 from fnnc.ops.conv import _conv_geometry
 
 PLATFORMS = ("cpu",)
@@ -202,7 +201,7 @@ def _run_backward(name: str, grads, inputs, wants, params) -> tuple[Any, ...]:
     gw = WEIGHT_GRAD[plan.weight_grad](g, x, w, s, pads, d, groups) if 1 in wants else None
     if not bias:
         return gx, gw
-    return gx, gw, (jnp.sum(g, axis=tuple(range(g.ndim - 1))) if 2 in wants else None)
+    return gx, gw, (leading_sum(g, range(g.ndim - 1)) if 2 in wants else None)
 
 
 def backward_of(name: str) -> Callable[..., tuple[Any, ...]]:

@@ -20,6 +20,7 @@ from fnnc.core.command import Spec, Uses, defcommand
 from fnnc.errors import CommandError
 from fnnc.ops._rules import (
     fail,
+    leading_sum,
     norm_axes,
     require_float,
     require_same_dtype,
@@ -31,19 +32,6 @@ from fnnc.ops._rules import (
 
 def _kept(shape, axes) -> tuple[int, ...]:
     return tuple(1 if d in axes else n for d, n in enumerate(shape))
-
-
-def _leading_sum(t, axes):
-    """``jnp.sum(t, axis=axes)``; when ``axes`` are all but the last axis (NHWC batch
-    statistics), summed in two stages: over the rows of ``[N*H, W*C]`` first, then over
-    ``W``. XLA:CPU's own reduction of the leading axes into ``[C]`` runs about twice as
-    slowly (batch 64, 32x32x16: 1.34 vs 0.60 ms for batch norm's forward when YNNPACK
-    does not take reductions, :mod:`fnnc.graph.cpu_libraries`); the stages read rows of
-    ``W*C`` contiguous values. Another summation order: equal up to rounding."""
-    if t.ndim < 3 or tuple(axes) != tuple(range(t.ndim - 1)):
-        return jnp.sum(t, axis=tuple(axes))
-    rows = jnp.reshape(t, (math.prod(t.shape[:-2]), t.shape[-2] * t.shape[-1]))
-    return jnp.sum(jnp.reshape(jnp.sum(rows, axis=0), t.shape[-2:]), axis=0)
 
 
 def _param(p, x, axes):
@@ -105,8 +93,8 @@ def batch_norm(
         mu, batch_var = mean, var
     else:
         n = math.prod(x.shape[a] for a in ax)
-        mu = _leading_sum(x, ax) / n
-        batch_var = _leading_sum(jnp.square(x - full(mu)), ax) / n
+        mu = leading_sum(x, ax) / n
+        batch_var = leading_sum(jnp.square(x - full(mu)), ax) / n
     inv_std = lax.rsqrt(batch_var + epsilon)
     y = (x - full(mu)) * full(inv_std * scale) + full(bias)
     if is_test:
@@ -140,8 +128,8 @@ def _batch_norm_backward(grads, inputs, outputs, *, axes, epsilon, momentum, is_
 
     xhat = (x - full(mu)) * full(inv_std)
     gy = jnp.zeros(x.shape, x.dtype) if gy is None else gy
-    sum_gy = _leading_sum(gy, ax)
-    sum_gy_xhat = _leading_sum(gy * xhat, ax)
+    sum_gy = leading_sum(gy, ax)
+    sum_gy_xhat = leading_sum(gy * xhat, ax)
     g_scale, g_bias = sum_gy_xhat, sum_gy
     # What reaches the statistics by other routes than y: the running averages (in
     # training they take the batch's), and saved_mean / saved_inv_std themselves.
