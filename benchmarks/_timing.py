@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -26,28 +27,40 @@ def median_time(
     return statistics.median(samples)
 
 
+MIN_BLOCK = 0.05
+"""Seconds a timed block lasts at least (short steps are repeated more): blocks of a few
+ms timed 2 ms steps 30% apart from round to round."""
+
+
 def samples_of(
     fns: dict[str, Callable[[], Any]], *, rounds: int = 7, inner: int = 20
 ) -> dict[str, list[float]]:
     """Seconds per call of each fn, one sample per round, the fns alternating within
     each round (interleaving is fair on noisy machines: a slow spell hits every
-    contender alike). The order rotates every round, so no contender always runs right
-    after the same other one: with a fixed order, two identical compiled 2 ms programs
-    (the MLP's, default and "tuned") timed 18% apart, the first of them always running
-    right after torch."""
-    for fn in fns.values():
-        for _ in range(3):
+    contender alike). The order rotates every round, and every block starts with one
+    untimed call: without it, two identical compiled 2 ms programs (the MLP's, default
+    and "tuned") timed 18-27% apart, the one that more often ran right after torch
+    being the slower. (Idling 50 ms before each block instead made every 2 ms step
+    slower, torch's by 2x: the cores had gone idle.) A block runs at least ``inner``
+    calls and at least :data:`MIN_BLOCK` seconds' worth, as the warm-up calls timed it."""
+    calls = {}
+    for name, fn in fns.items():
+        for _ in range(2):
             jax.block_until_ready(fn())
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        calls[name] = max(inner, math.ceil(MIN_BLOCK / max(time.perf_counter() - start, 1e-6)))
     samples: dict[str, list[float]] = {k: [] for k in fns}
     names = list(fns)
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             fn = fns[name]
+            jax.block_until_ready(fn())  # untimed: the previous contender's threads settle
             start = time.perf_counter()
-            for _ in range(inner):
+            for _ in range(calls[name]):
                 out = fn()
             jax.block_until_ready(out)
-            samples[name].append((time.perf_counter() - start) / inner)
+            samples[name].append((time.perf_counter() - start) / calls[name])
     return samples
 
 
