@@ -201,6 +201,5 @@ def _choose_libraries(
             programs[name] = compile_graph(graph, platform=platform)
     times = _autotune.median_seconds(programs, *values, repeats=max(repeats, 3))
     fastest = min(times, key=times.__getitem__)
-    default = cpu_libraries.default(graph, platform)
-    keep = default in times and times[fastest] >= MARGIN * times[default]
-    _autotune.TABLE[key] = default if keep else fastest
+    default = cpu_libraries.default(graph, platform)  # always one of the sets timed
+    _autotune.TABLE[key] = fastest if times[fastest] < MARGIN * times[default] else default

@@ -126,9 +126,7 @@ def chosen(graph: Graph, platform: str, backends: Sequence[str] | None = None) -
             )
         return forced
     tuned = TABLE.get(program_key(graph, platform, backends)) if len(TABLE) else None
-    if tuned in LIBRARY_SETS and tuned in available(platform):
-        return tuned
-    return default(graph, platform)
+    return tuned if tuned in available(platform) else default(graph, platform)
 
 
 def default(graph: Graph, platform: str) -> str:

@@ -93,6 +93,9 @@ def _dense_graph():
     return b.build([b.exec(ops.relu(), b.exec(ops.gemm(), x, w))])
 
 
+ARGS_SMALL = (rand((16, 32), seed=2), rand((32, 32), seed=3))
+
+
 def test_autotune_graph_records_the_fastest_set(clean_table, monkeypatch):
     graph = _dense_graph()  # no node with a choice: only the library set is tuned
 
@@ -127,9 +130,6 @@ def test_a_saved_table_carries_the_set(clean_table, tmp_path):
     assert compile(graph).cpu_libraries == "xla"
     op_autotune.load(tmp_path / "table.json")
     assert compile(graph).cpu_libraries == "eigen"
-
-
-ARGS_SMALL = (rand((16, 32), seed=2), rand((32, 32), seed=3))
 
 
 def _norm_graph(is_test):
