@@ -7,6 +7,18 @@
 supports it, e.g. ``pallas``; ``xla`` forces the reference everywhere.
 ``FNNC_CPU_LIBRARIES`` (default empty): force one XLA:CPU library set for every compiled
 program (:mod:`fnnc.graph.cpu_libraries`), e.g. ``eigen``.
+``FNNC_MATMUL_PRECISION`` (default ``float32``): how float32 dots and convolutions run
+(:data:`MATMUL_PRECISIONS`); ``tensorfloat32`` trades accuracy for speed on GPUs.
+
+The float32 matmul policy is a decision, not an accident: by default fnnc computes
+float32 dots and convolutions in full float32 on every platform, as NNC and PyTorch do,
+instead of JAX's default, which runs them as TF32 (10-bit mantissa inputs, about 1e-3
+relative error) on NVIDIA GPUs since Ampere. Every compiled program, eager call and
+``interpret`` traces its commands under the policy in force (Pallas kernels' dots
+included), and :attr:`fnnc.graph.Program.matmul_precision` reports it. Opt into TF32
+with ``FNNC_MATMUL_PRECISION=tensorfloat32``, ``config.override(matmul_precision=...)``
+or ``compile(graph, matmul_precision="tensorfloat32")``. Inputs in bfloat16 or float16
+are unaffected (their dots already run at their own precision).
 
 Example:
     >>> from fnnc import config
@@ -22,6 +34,43 @@ import dataclasses
 import itertools
 import os
 from collections.abc import Iterator, Mapping
+
+from fnnc.errors import ConfigError
+
+MATMUL_PRECISIONS: Mapping[str, str | None] = {
+    "float32": "float32",
+    "tensorfloat32": "tensorfloat32",
+    "bfloat16": "bfloat16",
+    "default": None,
+    "highest": "float32",
+    "high": "tensorfloat32",
+}
+"""fnnc's matmul precision names and the ``jax.default_matmul_precision`` value each
+traces under: ``float32`` (full precision, fnnc's default), ``tensorfloat32`` (TF32 on
+GPUs, 3-pass bfloat16 on TPUs), ``bfloat16`` (one bfloat16 pass, fastest), ``default``
+(whatever JAX's own setting says; on recent NVIDIA GPUs that is TF32). ``highest`` and
+``high`` are JAX's names for the first two."""
+
+COMPILED_SETTINGS = frozenset(
+    {"backend", "backend_per_command", "numerics", "cpu_libraries", "matmul_precision"}
+)
+"""The settings compiled code depends on: changing one gives a new :attr:`Config.serial`."""
+
+
+def matmul_precision_name(value: str, where: str = "matmul_precision") -> str:
+    """``value`` as one of fnnc's matmul precision names (JAX's aliases mapped).
+
+    Raises:
+        ConfigError: ``value`` is not a name in :data:`MATMUL_PRECISIONS`.
+    """
+    name = str(value).strip().lower()
+    if name not in MATMUL_PRECISIONS:
+        raise ConfigError(
+            f"{where}: unknown matmul precision {value!r}; expected one of "
+            f"{list(MATMUL_PRECISIONS)} (fnnc's default is 'float32')"
+        )
+    return {"highest": "float32", "high": "tensorfloat32"}.get(name, name)
+
 
 _serials = itertools.count()
 
@@ -39,8 +88,11 @@ class Config:
     in :data:`fnnc.graph.cpu_libraries.LIBRARY_SETS`); empty: the autotune table's
     choice per program, else XLA's defaults.
 
-    ``serial`` identifies the settings compiled code depends on (``backend``,
-    ``backend_per_command``, ``numerics``, ``cpu_libraries``): an :func:`override` that
+    ``matmul_precision``: how float32 dots and convolutions run (a name in
+    :data:`MATMUL_PRECISIONS`, default ``float32``: full precision on every platform).
+
+    ``serial`` identifies the settings compiled code depends on
+    (:data:`COMPILED_SETTINGS`): an :func:`override` that
     changes them gets a new one, leaving the block restores the old one, so caches of
     backend choices and of compiled programs key on it cheaply.
     """
@@ -51,6 +103,7 @@ class Config:
     backend: str = ""
     backend_per_command: Mapping[str, str] = dataclasses.field(default_factory=dict)
     cpu_libraries: str = ""
+    matmul_precision: str = "float32"
     serial: int = dataclasses.field(
         default_factory=lambda: next(_serials), init=False, compare=False, repr=False
     )
@@ -63,6 +116,9 @@ def _from_env() -> Config:
         debug=int(os.environ.get("FNNC_DEBUG", "0") or 0),
         backend=os.environ.get("FNNC_BACKEND", ""),
         cpu_libraries=os.environ.get("FNNC_CPU_LIBRARIES", ""),
+        matmul_precision=matmul_precision_name(
+            os.environ.get("FNNC_MATMUL_PRECISION", "") or "float32", "FNNC_MATMUL_PRECISION"
+        ),
     )
 
 
@@ -84,8 +140,10 @@ def override(**changes: object) -> Iterator[Config]:
     """
     global _current
     previous = _current
+    if "matmul_precision" in changes:
+        changes["matmul_precision"] = matmul_precision_name(str(changes["matmul_precision"]))
     _current = dataclasses.replace(previous, **changes)  # type: ignore[arg-type]
-    if not changes.keys() & {"backend", "backend_per_command", "numerics", "cpu_libraries"}:
+    if not changes.keys() & COMPILED_SETTINGS:
         object.__setattr__(_current, "serial", previous.serial)
     try:
         yield _current

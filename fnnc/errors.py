@@ -13,6 +13,10 @@ class FnncError(Exception):
     """Base class of every error fnnc raises on purpose."""
 
 
+class ConfigError(FnncError, ValueError):
+    """A configuration value (environment variable or override) fnnc does not know."""
+
+
 class ShapeError(FnncError, ValueError):
     """A tensor's shape does not fit what a command or graph expects."""
 

@@ -17,6 +17,11 @@ settings.register_profile(
 settings.load_profile("fnnc")
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+# Oracles (plain jax.jit steps, Flax, Optax) compute float32 dots at full precision: on
+# GPUs JAX's default is TF32. fnnc's programs trace under their own policy
+# (fnnc.config.matmul_precision, float32 by default), which this setting does not touch:
+# tests/graph/test_matmul_precision.py checks that under an ambient "bfloat16".
+jax.config.update("jax_default_matmul_precision", "highest")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -30,6 +30,18 @@ def assert_close(
         )
 
 
+MATMUL_RTOL = {"float32": 1e-5, "tensorfloat32": 5e-3, "default": 5e-3, "bfloat16": 3e-2}
+"""Relative error of a float32 dot of unit-scale values at each matmul precision, on an
+accelerator (TF32 keeps 10 mantissa bits, bfloat16 7)."""
+
+
+def matmul_rtol(precision: str, platform: str) -> float:
+    """The relative tolerance a float32 result earns at the matmul ``precision`` a program
+    really used (``Program.matmul_precision``) on ``platform``: XLA:CPU computes every
+    float32 dot in float32 whatever the precision says."""
+    return MATMUL_RTOL["float32"] if platform == "cpu" else MATMUL_RTOL[precision]
+
+
 def rand(
     shape: Sequence[int], dtype: Any = np.float32, seed: int = 0, lo: float = -1.0, hi: float = 1.0
 ) -> np.ndarray:

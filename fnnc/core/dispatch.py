@@ -31,6 +31,7 @@ through an autotune table written on another platform).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -257,14 +258,35 @@ def forward_of(cmd: Command, backend: str = REFERENCE) -> Callable[..., Any]:
     return functools.partial(_backends_of(cmd.name, _generation)[backend].forward, **cmd.kwargs)
 
 
+def matmul_precision_scope(precision: str | None = None) -> contextlib.AbstractContextManager:
+    """The context fnnc traces commands under: float32 dots and convolutions at
+    ``precision`` (a name in :data:`fnnc.config.MATMUL_PRECISIONS`; default: the
+    configured policy, :attr:`fnnc.config.Config.matmul_precision`).
+
+    It sets ``jax.default_matmul_precision`` while a forward is traced, so every dot and
+    convolution the forward emits (Pallas kernels' in-kernel dots included) carries the
+    precision; ``"default"`` leaves JAX's own setting in force.
+    """
+    name = config.matmul_precision_name(precision or config.get().matmul_precision)
+    value = config.MATMUL_PRECISIONS[name]
+    return contextlib.nullcontext() if value is None else jax.default_matmul_precision(value)
+
+
 def compiled_forward(cmd: Command, backend: str = REFERENCE) -> Callable[..., Any]:
-    """A jitted forward of ``cmd`` on one backend, cached per command value and state."""
-    return _compiled(cmd, backend, _generation)
+    """A jitted forward of ``cmd`` on one backend, traced under the matmul precision in
+    force, cached per command value, state and precision."""
+    return _compiled(cmd, backend, _generation, config.get().matmul_precision)
 
 
 @functools.lru_cache(maxsize=4096)
-def _compiled(cmd: Command, backend: str, generation: int) -> Callable[..., Any]:
-    return jax.jit(forward_of(cmd, backend))
+def _compiled(cmd: Command, backend: str, generation: int, precision: str) -> Callable[..., Any]:
+    forward = forward_of(cmd, backend)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with matmul_precision_scope(precision):
+            return forward(*args, **kwargs)
+
+    return jax.jit(run)
 
 
 def _spec_str(s: Spec) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 Spec = jax.ShapeDtypeStruct
 Rule = Callable[[Any, Any, list[Any]], list[Any] | None]
@@ -38,6 +39,21 @@ def _kind(dtype: Any, kind: str) -> bool:
 def _plain(params: dict[str, Any], *keys: str) -> bool:
     """The parameters that would change the result (accuracy, sharding...) are unset."""
     return all(params.get(k) is None for k in keys)
+
+
+def _default_precision(params: dict[str, Any]) -> bool:
+    """A dot or convolution's ``precision`` is what JAX's default gave it (none, or the
+    ambient ``jax_default_matmul_precision``): the user asked for nothing of their own,
+    so the command fnnc maps it to runs at fnnc's policy (:mod:`fnnc.config`). An
+    explicit precision or algorithm stays a generic node, which binds it as written."""
+    precision = params.get("precision")
+    if precision is None:
+        return True
+    ambient = jax.config.jax_default_matmul_precision
+    try:
+        return ambient is not None and precision == (lax.Precision(ambient),) * 2
+    except ValueError:  # an algorithm preset's name: never the plain default
+        return False
 
 
 def _simple(cmd: str, kind: str = "any", **params: Any) -> Rule:

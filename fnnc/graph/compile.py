@@ -65,6 +65,8 @@ class Program:
         backends: per node, ``(index, label, backend name)``.
         cpu_libraries: the XLA:CPU library set it was compiled with
             (:mod:`fnnc.graph.cpu_libraries`; ``"xla"`` off CPU).
+        matmul_precision: the precision its float32 dots and convolutions were traced
+            at (a name in :data:`fnnc.config.MATMUL_PRECISIONS`).
         donate: positions of the graph inputs it donates (their buffers may hold outputs).
     """
 
@@ -75,8 +77,10 @@ class Program:
         platform: str,
         numerics: bool = False,
         shardings: Shardings | None = None,
+        matmul_precision: str = "float32",
     ):
         self.graph = graph
+        self.matmul_precision = matmul_precision
         self.donate = donate
         self.platform = platform
         self.shardings = shardings
@@ -123,7 +127,8 @@ class Program:
                     bad.append(_any_not_finite(outs))
                 return outs
 
-            results = tuple(run_nodes(graph, args[:n_in], run_node))
+            with dispatch.matmul_precision_scope(matmul_precision):
+                results = tuple(run_nodes(graph, args[:n_in], run_node))
             return (*results, jnp.stack(bad)) if numerics and bad else results
 
         self.cpu_libraries = cpu_libraries.chosen(graph, platform, choices)
@@ -275,8 +280,9 @@ def _compile_cached(
     dispatch_state: Any,
     numerics: bool,
     shardings: Shardings | None,
+    matmul_precision: str,
 ) -> Program:
-    return Program(graph, donate, platform, numerics, shardings)
+    return Program(graph, donate, platform, numerics, shardings, matmul_precision)
 
 
 def _any_not_finite(outs: tuple[Any, ...]) -> Any:
@@ -294,6 +300,7 @@ def compile(  # noqa: A001 - the name NNC users look for
     donate: Sequence[int | str] = (),
     platform: str | None = None,
     shardings: Shardings | None = None,
+    matmul_precision: str | None = None,
 ) -> Program:
     """Lowers ``graph`` to one jitted XLA computation.
 
@@ -316,6 +323,10 @@ def compile(  # noqa: A001 - the name NNC users look for
         platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default: JAX's default backend.
         shardings: layouts of the inputs (and outputs) on a device mesh, e.g. from
             :func:`~fnnc.graph.data_parallel`; XLA inserts the collectives.
+        matmul_precision: how float32 dots and convolutions run: ``"float32"`` (full
+            precision), ``"tensorfloat32"`` (TF32 on GPUs), ``"bfloat16"`` or
+            ``"default"`` (JAX's setting); default: ``config.get().matmul_precision``,
+            which is ``"float32"`` unless ``FNNC_MATMUL_PRECISION`` says otherwise.
 
     >>> import numpy as np
     >>> from fnnc import ops
@@ -335,4 +346,5 @@ def compile(  # noqa: A001 - the name NNC users look for
         dispatch.state(),
         numerics,
         shardings,
+        config.matmul_precision_name(matmul_precision or config.get().matmul_precision),
     )

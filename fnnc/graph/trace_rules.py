@@ -20,7 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from fnnc.graph._trace_base import PASS_THROUGH, Rule, Spec, _kind, _out, _plain, _simple
+from fnnc.graph._trace_base import (
+    PASS_THROUGH,
+    Rule,
+    Spec,
+    _default_precision,
+    _kind,
+    _out,
+    _plain,
+    _simple,
+)
 from fnnc.graph.trace_data_rules import (
     _broadcast_in_dim,
     _concatenate,
@@ -74,7 +83,8 @@ def _dot_general(ctx, eqn, args):
         return None
     if (
         (pet is not None and np.dtype(pet) != np.dtype(a.dtype))
-        or not _plain(eqn.params, "precision", "out_sharding")
+        or not _plain(eqn.params, "out_sharding")
+        or not _default_precision(eqn.params)
         or not ctx.has("gemm", "reshape", "transpose")
     ):
         return None
@@ -111,7 +121,7 @@ def _conv(ctx, eqn, args):
         return None
     if any(v < 0 for pair in pads for v in pair) or not _kind(x.dtype, "float"):
         return None
-    if (pet is not None and np.dtype(pet) != np.dtype(x.dtype)) or not _plain(p, "precision"):
+    if (pet is not None and np.dtype(pet) != np.dtype(x.dtype)) or not _default_precision(p):
         return None
     xp, wp = (lhs[0], *lhs[2:], lhs[1]), (rhs[0], *rhs[2:], rhs[1])
     perm = [0] * (nd + 2)

@@ -32,6 +32,7 @@ from typing import Any
 import jax
 import jax.export
 import numpy as np
+from jax import lax
 
 from fnnc.core.command import Command, Spec, defcommand, make_command
 
@@ -98,13 +99,25 @@ def _label(value: Any) -> str:
     return f"<{type(value).__name__}>"
 
 
+_PRECISION_NAMES = frozenset({"bfloat16", "tensorfloat32", "float32", "default", "high", "highest"})
+
+
 def bind(prim: Any, params: Mapping[str, Any], args: Sequence[Any]) -> tuple[Any, ...]:
     """Binds ``prim`` to ``args`` as ``jax.core.eval_jaxpr`` binds an equation.
+
+    A dot or convolution traced with no precision of its own takes the matmul precision
+    in force where it is bound (fnnc's policy, :func:`fnnc.core.dispatch.matmul_precision_scope`),
+    as a ``lax.dot_general`` call would.
 
     Returns:
         The results as a tuple (one entry for a single-result primitive).
     """
-    out = prim.bind(*args, **prim.get_bind_params(dict(params)))
+    params = dict(params)
+    if "precision" in params and params["precision"] is None:
+        ambient = jax.config.jax_default_matmul_precision
+        if ambient in _PRECISION_NAMES:
+            params["precision"] = (lax.Precision(ambient),) * 2
+    out = prim.bind(*args, **prim.get_bind_params(params))
     return tuple(out) if prim.multiple_results else (out,)
 
 
