@@ -21,8 +21,12 @@ kernels exists. The choice, for one node, goes:
    the command has it and it supports the input; elsewhere the choice goes on below;
 3. the autotune table's winner for (command, shapes, dtypes, platform), if it compiles
    on this platform and supports the input;
-4. the highest-priority backend that compiles on this platform and supports the input;
-5. the reference.
+4. the measured default for (device kind, command, shape class) shipped with the package
+   (:mod:`fnnc.core.measured`), if it compiles here and supports the input;
+5. the highest-priority backend that compiles on this platform and supports the input;
+   a backend registers a priority above 0 only where it wins by construction (flash
+   attention), so a priority alone never makes an unmeasured kernel the default;
+6. the reference.
 
 A backend that only *interprets* on a platform (Pallas on CPU) is never chosen there
 unless forced, so CPU programs never pay for interpret mode by accident (not even
@@ -41,6 +45,7 @@ from typing import Any
 import jax
 
 from fnnc import config
+from fnnc.core import measured
 from fnnc.core.command import Command, Spec, lookup, output_specs
 from fnnc.errors import BackendError, CommandError, DTypeError
 
@@ -242,15 +247,48 @@ def select_backend(cmd: Command, specs: Sequence[Spec], platform: str | None = N
     if preferred is not None and why_not(preferred, cmd, specs, platform) is None:
         return cfg.backend
     tuned = TABLE.get(table_key(cmd, specs, platform)) if len(TABLE) else None
-    chosen = available.get(tuned) if tuned else None
-    if chosen is not None and platform in chosen.platforms and chosen.supports(cmd, specs) is None:
-        return chosen.name
+    for name in (tuned, _measured(cmd, specs, platform)):
+        chosen = available.get(name) if name else None
+        if (
+            chosen is not None
+            and platform in chosen.platforms
+            and chosen.supports(cmd, specs) is None
+        ):
+            return chosen.name
     best, best_priority = REFERENCE, 0
     for name, backend in available.items():
-        eligible = platform in backend.platforms and backend.priority > best_priority
+        priority = _priority(cmd, name, backend)
+        eligible = platform in backend.platforms and priority > best_priority
         if eligible and backend.supports(cmd, specs) is None:
-            best, best_priority = name, backend.priority
+            best, best_priority = name, priority
     return best
+
+
+def _priority(cmd: Command, name: str, backend: Backend) -> int:
+    """A backend's priority; for a gradient node, that of the differentiated command's
+    backend of the same name (gradient backends are shared by every command)."""
+    node = lookup(cmd.name).backward_node
+    if node is None:
+        return backend.priority
+    of, _ = node.forward_of(cmd)
+    like = _BACKENDS.get(of.name, {}).get(name)
+    return like.priority if like is not None else 0
+
+
+def _measured(cmd: Command, specs: Sequence[Spec], platform: str) -> str | None:
+    """The shipped measured default; a gradient node looks up the command it differentiates."""
+    node = lookup(cmd.name).backward_node
+    if node is not None:
+        cmd, specs = node.forward_of(cmd)
+    return measured.lookup(cmd.name, specs, platform)
+
+
+def use_measured_defaults(devices: Any = None) -> None:
+    """Replaces the measured defaults in force (``{device kind: {command: {shape class:
+    backend}}}``; ``None``: the file shipped with fnnc) and moves :func:`state`, so
+    cached programs choose again."""
+    measured.use(devices)
+    _bump()
 
 
 def forward_of(cmd: Command, backend: str = REFERENCE) -> Callable[..., Any]:

@@ -23,9 +23,11 @@ module                                    kernel
 
 Importing this package registers every backend. They are written for the Pallas
 Triton lowering (GPU; every kernel is checked to lower to Triton IR by
-``tests/ops/pallas/test_triton_lowering.py``) and registered as compiled on GPU and
-TPU; on CPU they run in interpret mode, and :func:`~fnnc.ops.select_backend` picks
-them there only when forced. ``config.override(backend="pallas")`` prefers them
+``tests/ops/pallas/test_triton_lowering.py``) and registered as compiled on GPU;
+on CPU they run in interpret mode, and :func:`~fnnc.ops.select_backend` picks them
+there only when forced. On a GPU a kernel is the default only where measured faster
+(the shipped :mod:`fnnc.core.measured` defaults for the device kind, or the autotune
+table), except flash attention, which wins by construction (:data:`PRIORITY`). ``config.override(backend="pallas")`` prefers them
 wherever they support the input (elsewhere the usual choice applies); forcing one
 command (``backend_per_command``) on an input its kernel declines raises
 :class:`~fnnc.errors.BackendError` with the reason. Support is decided by each
@@ -62,7 +64,11 @@ NAME = "pallas"
 # reference runs until the kernels are verified there.
 PLATFORMS = ("gpu",)
 INTERPRET_PLATFORMS = ("cpu",)
-PRIORITY = 10
+PRIORITY = {"scaled_dot_product_attention": 10}
+"""Priorities without measurement: only flash attention wins by construction (it never
+materialises the scores). Every other kernel is the default only where the measured
+defaults (:mod:`fnnc.core.measured`) or the autotune table say it is faster: on an H100
+XLA ran gemm + bias 2x faster than the Pallas gemm, which had been chosen by priority."""
 
 MODULES = (
     fused_elementwise,
@@ -84,7 +90,7 @@ def _register() -> None:
             forward,
             PLATFORMS,
             module.supports,
-            PRIORITY,
+            PRIORITY.get(command, 0),
             INTERPRET_PLATFORMS,
             backward=module.backward,
         )

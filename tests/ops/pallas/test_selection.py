@@ -30,12 +30,16 @@ def test_every_backed_command_registers_pallas():
         assert backend.platforms == ("gpu",) and backend.interpret_platforms == ("cpu",)
 
 
-def test_chosen_on_gpu_by_priority_never_on_cpu():
+def test_chosen_on_gpu_by_measurement_or_construction_never_on_cpu(clean_table):
     cmd, specs = ops.layer_norm(), [spec((8, 64), F32)]
+    assert ops.select_backend(cmd, specs, "gpu") == "xla"  # unmeasured: XLA
+    clean_table[autotune.key(cmd, specs, "gpu")] = "pallas"  # measured faster
     assert ops.select_backend(cmd, specs, "gpu") == "pallas"
     assert ops.select_backend(cmd, specs, "tpu") == "xla"  # not verified on TPU yet
     assert ops.select_backend(cmd, specs, "cpu") == "xla"
     assert ops.select_backend(cmd, [spec((8, 64), np.float64)], "gpu") == "xla"  # fallback
+    qkv = [spec((2, 16, 2, 16), F32)] * 3  # flash attention wins by construction
+    assert ops.select_backend(ops.scaled_dot_product_attention(), qkv, "gpu") == "pallas"
 
 
 def test_compile_on_cpu_never_picks_an_interpret_mode_kernel():
@@ -208,14 +212,21 @@ def test_16_bit_inputs_match_the_reference_to_their_precision(name, dtype):
         assert_close(g.astype(F32), w.astype(F32), rtol=2e-2, atol=2e-2 * scale)
 
 
-def test_gradient_backend_supports_only_kernel_backwards():
+def test_gradient_backend_supports_only_kernel_backwards(clean_table):
     from fnnc.ops.autodiff import gradient_command
 
     x = spec((8, 64), F32)
     stat = spec((8, 1), F32)
     ln = gradient_command(ops.layer_norm(), (x,), (x, stat, stat), (True, False, False), (0,))
     relu = gradient_command(ops.relu(), (x,), (x,), (True,), (0,))
+    assert ops.select_backend(ln, [x, x, stat, stat], "gpu") == "xla"  # layer_norm: unmeasured
+    clean_table[autotune.key(ln, [x, x, stat, stat], "gpu")] = "pallas"
     assert ops.select_backend(ln, [x, x, stat, stat], "gpu") == "pallas"
+    q = spec((2, 16, 2, 16), F32)
+    sdpa = gradient_command(
+        ops.scaled_dot_product_attention(), (q, q, q), (q,), (True, True, True), (0, 1, 2)
+    )
+    assert ops.select_backend(sdpa, [q, q, q, q, q], "gpu") == "pallas"  # the forward's priority
     assert ops.select_backend(relu, [x, x], "gpu") == "xla"
     with (
         config.override(backend_per_command={"gradient": "pallas"}),

@@ -1,0 +1,161 @@
+"""Regenerates the measured backend defaults (:mod:`fnnc.core.measured`) on this device.
+
+For each command with a backend other than the reference that compiles on this
+platform, at representative inputs of each shape class (transformer sizes for
+``large``) and dtype, it times the forward and the forward + backward of every such
+backend against the reference, interleaved (:func:`fnnc.ops.autotune.median_seconds`),
+and records the winner: a backend replaces the reference only when it is faster at
+both by :data:`MARGIN`. The entries are merged into the package's
+``measured_defaults.json`` under ``jax.devices()[0].device_kind``::
+
+    python -m fnnc.ops.measure_defaults [--out PATH] [--repeats N] [--sizes small,large]
+
+Interpret-mode backends (Pallas on CPU) are never timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fnnc.core import measured
+from fnnc.core.command import Command
+from fnnc.core.dispatch import REFERENCE, as_specs, backends_of, why_not
+from fnnc.ops import autotune
+
+MARGIN = 0.97
+"""A backend must take at most this fraction of the reference's time, forward and
+forward + backward, to become the default (two compiled copies of one program time up
+to 3% apart)."""
+
+SIZES = {
+    "small": dict(b=2, s=128, d=256, h=4, vocab=1024, ff=1024),
+    "large": dict(b=2, s=2048, d=1024, h=16, vocab=32000, ff=4096),
+}
+"""Representative sizes per class (``large``: those of ``benchmarks/kernels.py``)."""
+
+Case = tuple[Command, list[Any], tuple[int, ...]]
+
+
+def cases(z: dict[str, int], dtype: Any) -> list[Case]:
+    """(command, inputs, differentiated input positions) for each kernel-backed command."""
+    from fnnc import ops
+
+    rng = np.random.default_rng(0)
+    n = lambda *shape, scale=1.0: jnp.asarray(rng.standard_normal(shape) * scale, dtype)
+    rows, d, hd = z["b"] * z["s"], z["d"], z["d"] // z["h"]
+    labels = jnp.asarray(rng.integers(0, z["vocab"], rows), jnp.int32)
+    qkv = [n(z["b"], z["s"], z["h"], hd) for _ in range(3)]
+    return [
+        (ops.softmax_crossentropy(), [n(rows, z["vocab"]), labels], (0,)),
+        (ops.layer_norm(), [n(z["b"], z["s"], d), n(d), n(d)], (0, 1, 2)),
+        (ops.rms_norm(), [n(z["b"], z["s"], d), n(d)], (0, 1)),
+        (ops.scaled_dot_product_attention(is_causal=True), qkv, (0, 1, 2)),
+        (
+            ops.gemm(transpose_b=True),
+            [n(rows, d), n(z["ff"], d, scale=0.03), n(z["ff"])],
+            (0, 1, 2),
+        ),
+    ]
+
+
+def _timed(cmd: Command, backend: str, args: list[Any], diff: tuple[int, ...]) -> dict[str, Any]:
+    """Jitted forward and forward + backward of ``cmd`` on one backend."""
+    fwd = backends_of(cmd.name)[backend].forward
+
+    def run(*xs: Any) -> Any:
+        return fwd(*xs, **cmd.kwargs)
+
+    def loss(*ds: Any) -> Any:
+        full = list(args)
+        for i, x in zip(diff, ds):
+            full[i] = x
+        outs = [o for o in jax.tree.leaves(run(*full)) if jnp.issubdtype(o.dtype, jnp.inexact)]
+        return sum(0.5 * jnp.sum(jnp.square(o.astype(jnp.float32))) for o in outs)
+
+    forward, grad = jax.jit(run), jax.jit(jax.grad(loss, argnums=tuple(range(len(diff)))))
+    return {
+        "fwd": lambda: forward(*args),
+        "fwd+bwd": lambda: grad(*(args[i] for i in diff)),
+    }
+
+
+def _ratios(
+    cmd: Command, args: list[Any], diff: tuple[int, ...], platform: str, repeats: int
+) -> dict[str, float]:
+    """Per compiled rival of the reference: its time over the reference's, the worse of
+    forward and forward + backward (timed interleaved)."""
+    specs = as_specs(args, str(cmd))
+    rivals = [
+        name
+        for name, b in backends_of(cmd.name).items()
+        if name != REFERENCE
+        and platform in b.platforms
+        and why_not(b, cmd, specs, platform) is None
+    ]
+    if not rivals:
+        return {}
+    fns = {}
+    for name in (REFERENCE, *rivals):
+        for part, fn in _timed(cmd, name, args, diff).items():
+            fns[f"{name} {part}"] = fn
+    times = autotune.median_seconds(fns, repeats=repeats)
+    parts = ("fwd", "fwd+bwd")
+    return {
+        name: max(times[f"{name} {p}"] / times[f"{REFERENCE} {p}"] for p in parts)
+        for name in rivals
+    }
+
+
+def measure(
+    platform: str | None = None,
+    sizes: Sequence[str] = ("small", "large"),
+    dtypes: Sequence[Any] = (jnp.float32, jnp.bfloat16),
+    repeats: int = 10,
+    make_cases: Callable[[dict[str, int], Any], list[Case]] = cases,
+    log: Callable[[str], None] = print,
+) -> dict[str, dict[str, str]]:
+    """Times every compiled backend of each case; returns ``{command: {class: winner}}``."""
+    platform = platform or jax.default_backend()
+    entries: dict[str, dict[str, str]] = {}
+    for size in sizes:
+        for dtype in dtypes:
+            for cmd, args, diff in make_cases(SIZES[size], dtype):
+                ratios = _ratios(cmd, args, diff, platform, repeats)
+                if not ratios:
+                    continue
+                best = min(ratios, key=ratios.__getitem__)
+                winner = best if ratios[best] <= MARGIN else REFERENCE
+                cls = measured.shape_class(as_specs(args, str(cmd)))
+                entries.setdefault(cmd.name, {})[cls] = winner
+                shown = ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
+                log(f"{cmd.name:30s} {cls:16s} time/xla, worse of fwd and fwd+bwd: {shown}")
+    return entries
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(measured.PATH), help="defaults file to update")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--sizes", default="small,large", help=f"some of {list(SIZES)}")
+    opts = parser.parse_args(argv)
+    platform = jax.default_backend()
+    kind = measured.device_kind(platform) or platform
+    entries = measure(platform, opts.sizes.split(","), repeats=opts.repeats)
+    if not entries:
+        print(f"no backend other than the reference compiles on {platform}: nothing to record")
+        return
+    stamp = datetime.date.today().isoformat()
+    source = f"python -m fnnc.ops.measure_defaults on {kind}, jax {jax.__version__}, {stamp}"
+    measured.write(kind, entries, source, opts.out)
+    print(f"wrote {sum(map(len, entries.values()))} entries for {kind!r} to {opts.out}")
+
+
+if __name__ == "__main__":
+    main()

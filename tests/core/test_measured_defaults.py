@@ -1,0 +1,133 @@
+"""Measured backend defaults: a kernel is the default on an accelerator only where the
+shipped measurements (or the autotune table) say it is faster, or where it wins by
+construction (flash attention); the regenerate command records winners by timing."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.core import dispatch, measured
+from fnnc.errors import GraphFormatError
+from fnnc.ops import measure_defaults
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _specs(*shapes, dtype=jnp.float32):
+    return [jax.ShapeDtypeStruct(s, dtype) for s in shapes]
+
+
+@pytest.fixture
+def restore_defaults():
+    yield
+    dispatch.use_measured_defaults(None)
+
+
+def _abs_via_sqrt(x):
+    return jnp.sqrt(x * x)
+
+
+@pytest.fixture
+def rival():
+    """A second compiled CPU backend of ewabs with priority 0 (never chosen by priority)."""
+    ops.register_backend("ewabs", ops.Backend("rival", _abs_via_sqrt, ("cpu",), priority=0))
+    yield
+    ops.unregister_backend("ewabs", "rival")
+
+
+def test_on_an_unmeasured_gpu_only_flash_attention_is_a_kernel_default(monkeypatch):
+    monkeypatch.setattr(measured, "device_kind", lambda platform: "Some Future GPU")
+    x = _specs((64, 256))
+    assert (
+        ops.select_backend(ops.gemm(transpose_b=True), _specs((64, 32), (16, 32)), "gpu") == "xla"
+    )
+    assert ops.select_backend(ops.layer_norm(), [*x, *_specs((256,), (256,))], "gpu") == "xla"
+    ce = ops.select_backend(
+        ops.softmax_crossentropy(), [*x, jax.ShapeDtypeStruct((64,), jnp.int32)], "gpu"
+    )
+    assert ce == "xla"
+    qkv = _specs((2, 64, 4, 16), (2, 64, 4, 16), (2, 64, 4, 16))
+    assert ops.select_backend(ops.scaled_dot_product_attention(), qkv, "gpu") == "pallas"
+
+
+def test_the_shipped_h100_measurements_choose_per_shape_class(monkeypatch):
+    monkeypatch.setattr(measured, "device_kind", lambda platform: H100)
+    big = _specs((4096, 32000), dtype=jnp.bfloat16)
+    labels = jax.ShapeDtypeStruct((4096,), jnp.int32)
+    assert measured.lookup("softmax_crossentropy", [*big, labels], "gpu") == "xla"
+    qkv = _specs(*[(2, 2048, 16, 64)] * 3, dtype=jnp.bfloat16)
+    assert measured.lookup("scaled_dot_product_attention", qkv, "gpu") == "pallas"
+    assert ops.select_backend(ops.scaled_dot_product_attention(), qkv, "gpu") == "pallas"
+    assert measured.lookup("gemm", _specs((8, 8)), "gpu") is None  # not measured: priority
+
+
+def test_a_table_entry_makes_a_zero_priority_backend_the_default(rival, restore_defaults):
+    spec = _specs((4, 4))
+    assert ops.select_backend(ops.ewabs(), spec, "cpu") == "xla"
+    before = dispatch.state()
+    kind = measured.device_kind("cpu")
+    dispatch.use_measured_defaults({kind: {"ewabs": {"float32:small": "rival"}}})
+    assert dispatch.state() != before  # cached programs choose again
+    assert ops.select_backend(ops.ewabs(), spec, "cpu") == "rival"
+    assert ops.select_backend(ops.ewabs(), _specs((4096, 4096)), "cpu") == "xla"  # other class
+    np.testing.assert_allclose(np.asarray(ops.ewabs()(-np.ones((4, 4), np.float32))), 1.0)
+    dispatch.use_measured_defaults({kind: {"ewabs": {"*": "no-such-backend"}}})
+    assert ops.select_backend(ops.ewabs(), spec, "cpu") == "xla"
+
+
+def test_shape_classes():
+    assert measured.shape_class(_specs((8, 8))) == "float32:small"
+    assert measured.shape_class([None, *_specs((2048, 1024), dtype=jnp.bfloat16)]) == (
+        "bfloat16:medium"
+    )
+    assert measured.shape_class(_specs((4, 1), (4096, 1024))) == "float32:large"
+
+
+def test_measure_records_the_faster_backend_only_past_the_margin(rival, monkeypatch, tmp_path):
+    def one_case(z, dtype):
+        return [(ops.ewabs(), [jnp.asarray(np.linspace(-1, 1, 16, dtype=np.float32))], (0,))]
+
+    def timings(ratio):
+        def fake(fns, repeats):
+            assert sorted(fns) == ["rival fwd", "rival fwd+bwd", "xla fwd", "xla fwd+bwd"]
+            for fn in fns.values():  # each program runs and differentiates
+                jax.block_until_ready(fn())
+            return {k: (ratio if k.startswith("rival") else 1.0) for k in fns}
+
+        return fake
+
+    run = dict(platform="cpu", sizes=["small"], dtypes=[jnp.float32], make_cases=one_case)
+    monkeypatch.setattr(measure_defaults.autotune, "median_seconds", timings(0.5))
+    assert measure_defaults.measure(**run, log=lambda s: None) == {
+        "ewabs": {"float32:small": "rival"}
+    }
+    monkeypatch.setattr(measure_defaults.autotune, "median_seconds", timings(0.99))
+    assert measure_defaults.measure(**run, log=lambda s: None) == {
+        "ewabs": {"float32:small": "xla"}
+    }
+    path = tmp_path / "defaults.json"
+    measured.write("cpu", {"ewabs": {"float32:small": "rival"}}, "test", path)
+    measured.write("cpu", {"gemm": {"*": "xla"}}, "test again", path)
+    data = json.loads(path.read_text())
+    assert data["devices"]["cpu"] == {
+        "ewabs": {"float32:small": "rival"},
+        "gemm": {"*": "xla"},
+    }
+    assert data["sources"]["cpu"] == "test again"
+
+
+def test_a_damaged_defaults_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps({"format": 7, "devices": {}}))
+    with pytest.raises(GraphFormatError, match=r"expected format 1.*measure_defaults"):
+        measured.read(path)
+    path.write_text("{")
+    with pytest.raises(GraphFormatError, match="not JSON"):
+        measured.read(path)
+    assert measured.read(tmp_path / "missing.json")["devices"] == {}
