@@ -2,9 +2,10 @@
 
 :class:`FlaxLayer` traces the module's call (:func:`fnnc.graph.trace`) and inlines the
 graph into the model, once per build: the training-mode build (``fit``,
-``evaluate(is_test=False)``) runs the module as ``module.train()`` would
-(``nnx.view(module, deterministic=False, use_running_average=False)``), the test-mode
-build as ``module.eval()``. The module object itself is never changed.
+``evaluate(is_test=False)``) runs the module as ``module.train()`` leaves it, the
+test-mode build as ``module.eval()`` does (``deterministic`` and
+``use_running_average`` set through ``nnx.view`` and on every module holding them).
+The module object itself is never changed.
 
 What each piece of an NNX module's state becomes:
 
@@ -136,17 +137,7 @@ class _NnxFunction(_Function):
 
         self._nnx = nnx
         self._filters = (nnx.Param, nnx.RngState, nnx.Not(nnx.Any(nnx.Param, nnx.RngState)))
-        self._graphdefs = {
-            training: nnx.graphdef(
-                nnx.view(
-                    module,
-                    deterministic=not training,
-                    use_running_average=not training,
-                    raise_if_not_found=False,
-                )
-            )
-            for training in (True, False)
-        }
+        self._graphdefs = {training: _mode(module, training) for training in (True, False)}
         _, params, rngs, state = nnx.split(module, *self._filters)
         self.params, self._params_tree = _flat(params)
         self.state, self._state_tree = _flat(state)
@@ -254,6 +245,18 @@ def _path(path: tuple[Any, ...]) -> str:
     if len(parts) > 1 and parts[-1] == "value":
         parts.pop()
     return ".".join(parts)
+
+
+def _mode(module: Any, training: bool) -> Any:
+    """The graph definition of ``module`` in training or test mode: NNX's modes, set
+    by ``nnx.view`` (modules with ``set_view``, as ``nnx.Dropout``) and by the
+    attributes ``module.train()``/``module.eval()`` set (any module holding them)."""
+    from flax import nnx
+
+    flags = {"deterministic": not training, "use_running_average": not training}
+    view = nnx.view(module, **flags, raise_if_not_found=False)  # new nodes: module unchanged
+    view.set_attributes(**flags, raise_if_not_found=False)
+    return nnx.graphdef(view)
 
 
 def _is_key(value: Any) -> bool:
