@@ -103,6 +103,12 @@ class FlaxLayer(Layer):
             else ctx.b.constant(np.zeros(2, np.uint32), np.uint32)
             for k in range(fn.n_keys)
         ]
+        n_out = len(graph.outputs) - len(state)
+        if n_out != 1:
+            raise ModelError(
+                f"from_flax: layer {self.describe()}: {fn.kind} returns {n_out} arrays; a "
+                "from_flax model has one output: wrap the module in one that returns one array"
+            )
         out, *new_state = inline(
             ctx.b, graph, [*params, *state, *keys, x], prefix=ctx.layer_id(self)
         )
@@ -119,7 +125,10 @@ class _Function:
         params: ``(Flax path, value)`` of each parameter, in order.
         state: ``(Flax path, value)`` of each internal, in order.
         n_keys: how many random key inputs (key data, uint32[2]) it takes.
+        kind: the module's class, for messages.
     """
+
+    kind: str
 
     params: list[tuple[str, np.ndarray]]
     state: list[tuple[str, np.ndarray]]
@@ -136,6 +145,7 @@ class _NnxFunction(_Function):
         from flax import nnx
 
         self._nnx = nnx
+        self.kind = type(module).__name__
         self._filters = (nnx.Param, nnx.RngState, nnx.Not(nnx.Any(nnx.Param, nnx.RngState)))
         self._graphdefs = {training: _mode(module, training) for training in (True, False)}
         _, params, rngs, state = nnx.split(module, *self._filters)
@@ -169,6 +179,7 @@ class _NnxFunction(_Function):
 class _LinenFunction(_Function):
     def __init__(self, module: Any, variables: Any):
         self._module = module
+        self.kind = type(module).__name__
         variables = dict(variables)
         params = variables.pop("params", {})
         self.params, self._params_tree = _flat(params, prefix="params.")

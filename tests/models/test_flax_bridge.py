@@ -255,3 +255,20 @@ def test_fnnc_model_through_to_nnx_and_from_flax_trains_as_itself() -> None:
         np.testing.assert_allclose(got[pid], want[native_id], atol=1e-6, err_msg=path)
     x = batches[0][0]
     np.testing.assert_allclose(bridged.evaluate(x), native.evaluate(x), atol=1e-6)
+    # nnx.view sets FnncModule's mode as it sets nnx.Dropout's
+    test_mode = nnx.view(native.to_nnx(), deterministic=True)
+    np.testing.assert_allclose(test_mode(x), native.evaluate(x), atol=1e-6)
+
+
+class TwoOutputs(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.fc = nnx.Linear(3, 2, rngs=rngs)
+
+    def __call__(self, x):
+        return self.fc(x), x
+
+
+def test_a_module_returning_several_arrays_is_refused_by_name() -> None:
+    model = Model.from_flax(TwoOutputs(nnx.Rngs(0)), name="two")
+    with pytest.raises(ModelError, match=r"TwoOutputs returns 2 arrays; .* one output"):
+        model.compile(np.zeros((2, 3), F32), loss=_mse, minimizer=optax.sgd(0.1))
