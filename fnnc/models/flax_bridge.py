@@ -93,6 +93,12 @@ class FlaxLayer(Layer):
             [_KEY_DATA] * fn.n_keys,
             jax.ShapeDtypeStruct(x.shape, x.dtype),
         )
+        n_out = len(graph.outputs) - len(state)
+        if n_out != 1:
+            raise ModelError(
+                f"from_flax: layer {self.describe()}: {fn.kind} returns {n_out} arrays; a "
+                "from_flax model has one output: wrap the module in one that returns one array"
+            )
         read = _read_inputs(graph)
         first = len(params) + len(state)
         # A key only where the module draws from it: the test-mode build (Dropout off)
@@ -103,12 +109,6 @@ class FlaxLayer(Layer):
             else ctx.b.constant(np.zeros(2, np.uint32), np.uint32)
             for k in range(fn.n_keys)
         ]
-        n_out = len(graph.outputs) - len(state)
-        if n_out != 1:
-            raise ModelError(
-                f"from_flax: layer {self.describe()}: {fn.kind} returns {n_out} arrays; a "
-                "from_flax model has one output: wrap the module in one that returns one array"
-            )
         out, *new_state = inline(
             ctx.b, graph, [*params, *state, *keys, x], prefix=ctx.layer_id(self)
         )
@@ -128,11 +128,10 @@ class _Function:
         kind: the module's class, for messages.
     """
 
-    kind: str
-
     params: list[tuple[str, np.ndarray]]
     state: list[tuple[str, np.ndarray]]
     n_keys: int
+    kind: str
 
     def __call__(
         self, training: bool, params: list[Any], state: list[Any], keys: list[Any], x: Any
@@ -242,6 +241,13 @@ def parameter_id(model: Any, path: str) -> str:
 def _flat(tree: Any, prefix: str = "") -> tuple[list[tuple[str, np.ndarray]], Any]:
     """``(Flax path, NumPy value)`` of each leaf of a state tree, and its structure."""
     leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    for path, value in leaves:
+        if _is_key(value):
+            raise ModelError(
+                f"from_flax: variable {prefix + _path(path)} holds PRNG keys but is not an "
+                "nnx.RngKey; keep keys in nnx.Rngs (each training step then draws fresh "
+                "ones), or hold jax.random.key_data(key)"
+            )
     return [(prefix + _path(p), np.asarray(v)) for p, v in leaves], treedef
 
 

@@ -272,3 +272,16 @@ def test_a_module_returning_several_arrays_is_refused_by_name() -> None:
     model = Model.from_flax(TwoOutputs(nnx.Rngs(0)), name="two")
     with pytest.raises(ModelError, match=r"TwoOutputs returns 2 arrays; .* one output"):
         model.compile(np.zeros((2, 3), F32), loss=_mse, minimizer=optax.sgd(0.1))
+
+
+class KeyHolder(nnx.Module):
+    def __init__(self):
+        self.seed = nnx.Variable(jax.random.key(0))
+
+    def __call__(self, x):
+        return x + jax.random.normal(self.seed[...], x.shape)
+
+
+def test_a_key_outside_nnx_rngs_is_refused_by_path() -> None:
+    with pytest.raises(ModelError, match=r"variable seed holds PRNG keys .*nnx\.Rngs"):
+        Model.from_flax(KeyHolder())
