@@ -19,7 +19,13 @@ def flatten_inputs(graph: Graph, args: Sequence[Any], where: str) -> list[Any]:
     An argument per graph input may be a nested list of numbers (one array); otherwise
     the arguments are pytrees whose leaves are the graph inputs in order.
     """
-    leaves = jax.tree.leaves(list(args))
+    # a PRNG key feeds the input holding its key data (how trace takes keys)
+    leaves = [
+        jax.random.key_data(v)
+        if jax.dtypes.issubdtype(getattr(v, "dtype", None), jax.dtypes.prng_key)
+        else v
+        for v in jax.tree.leaves(list(args))
+    ]
     if len(leaves) != len(graph.inputs):
         if len(args) == len(graph.inputs) and all(map(_nested_numbers, args)):
             leaves = list(args)  # nested lists of numbers, one array each

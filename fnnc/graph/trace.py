@@ -29,9 +29,16 @@ Nested calls, and why:
 * Values that are not plain arrays (PRNG key arrays) cannot be graph tensors: the
   equations that produce them are held back and folded, together with their first
   array-valued consumer, into one generic ``closed_call`` node.
+* A PRNG key among the arguments (``jax.random.key``, or the ``RngKey`` of an
+  ``nnx.Rngs`` stream in a module argument: ``trace(f, module, x)``) becomes a graph
+  input holding its key data (uint32 ``[2]`` for threefry), re-wrapped inside, so each
+  call draws from the key it is given; ``interpret`` and ``compile`` take the key
+  itself (or its data). Streams advanced inside ``f`` (Dropout's count) are not
+  outputs: the graph, like ``f`` on a copy of the module, leaves the module as it is.
 
 A Flax NNX module passed as ``fn`` is split (``nnx.split``) and merged inside the
-trace, so its state becomes constants and updates it makes while running (BatchNorm
+trace, so its state becomes constants (its Rngs keys included: every call of the graph
+draws the same Dropout mask) and updates it makes while running (BatchNorm
 statistics) stay out of the module. Pass a module as an *argument* instead to make
 its parameters graph inputs.
 
@@ -93,6 +100,7 @@ def trace(fn: Callable[..., Any], *example_args: Any) -> Graph:
     names = _input_names(fn, example_args)
     call, state = _split_module(fn)
     frozen = jax.tree_util.tree_flatten_with_path(state)[0] if state is not None else []
+    call, example_args = _key_data_arguments(call, example_args, len(frozen) > 0)
     traced_args = example_args if state is None else (state, *example_args)
     closed, out_shape = jax.make_jaxpr(call, return_shape=True)(*traced_args)
     tracer = _Tracer()
@@ -101,8 +109,8 @@ def trace(fn: Callable[..., Any], *example_args: Any) -> Graph:
     for name, var in zip(names, invars[len(frozen) :]):
         if not _is_array(var.aval):
             raise TraceError(
-                f"trace: argument {name} is a {var.aval} value; pass raw key data "
-                "(jax.random.key_data) or close over it"
+                f"trace: argument {name} is a {var.aval} value, which cannot be a graph "
+                "input; pass arrays (raw key data from jax.random.key_data) or close over it"
             )
         args.append(tracer.b.input(var.aval.shape, var.aval.dtype, name=name))
     consts = [
@@ -184,6 +192,48 @@ def _split_module(fn: Callable[..., Any]) -> tuple[Callable[..., Any], Any]:
         return nnx.merge(graphdef, state)(*args)
 
     return call, state
+
+
+def _key_data_arguments(
+    call: Callable[..., Any], args: Sequence[Any], skip_first: bool
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """``call`` taking key data where ``args`` hold PRNG keys, and those arguments.
+
+    A key (an ``nnx.Rngs`` stream's ``RngKey``, a ``jax.random.key``) cannot be a graph
+    tensor, but its key data can: the graph input holds the data (uint32, e.g. ``[2]``
+    for threefry) and the traced function re-wraps it, so each call of the graph draws
+    from the key it is given (``interpret``/``compile`` take the key itself too).
+    ``skip_first``: ``call`` takes a module's state first (not an argument).
+    """
+    leaves, tree = jax.tree.flatten(tuple(args))
+    impls = {i: _key_impl(v) for i, v in enumerate(leaves) if _is_key(v)}
+    if not impls:
+        return call, tuple(args)
+    data = [
+        jax.eval_shape(jax.random.key_data, v) if i in impls else v for i, v in enumerate(leaves)
+    ]
+
+    def keyed(*given: Any) -> Any:
+        head, rest = (given[:1], given[1:]) if skip_first else ((), given)
+        flat = jax.tree.leaves(tuple(rest))
+        wrapped = [
+            jax.random.wrap_key_data(v, impl=impls[i]) if i in impls else v
+            for i, v in enumerate(flat)
+        ]
+        return call(*head, *jax.tree.unflatten(tree, wrapped))
+
+    return keyed, tuple(jax.tree.unflatten(tree, data))
+
+
+def _key_impl(key: Any) -> Any:
+    """The PRNG implementation of a key array or of a ``ShapeDtypeStruct`` of keys."""
+    impl: list[Any] = []
+    jax.eval_shape(lambda k: impl.append(jax.random.key_impl(k)), key)  # abstract too
+    return impl[0]
+
+
+def _is_key(value: Any) -> bool:
+    return jax.dtypes.issubdtype(getattr(value, "dtype", None), jax.dtypes.prng_key)
 
 
 def _is_array(aval: Any) -> bool:

@@ -14,12 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import jax
-import numpy as np
-
 from fnnc.core.ir import Symbol
-from fnnc.graph import trace
-from fnnc.graph.inline import inline
 from fnnc.models import checkpoint_state
 from fnnc.models.engine import Engine
 from fnnc.models.layer import BuildContext, Layer, ModelError, ModelIO
@@ -89,12 +84,31 @@ class Model(ScaleMixin, Layer):
     ) -> Model:
         """Wraps a Flax module as a one-input model (NNX module, or Linen module + variables).
 
-        Its parameters become model parameters ``t-<name>-<seq>-<i>`` (leaf order of the
-        module's state), initialised with the module's current values.
+        Its ``nnx.Param`` s become parameters ``t-<name>-<seq>-<i>``, its other variables
+        (``nnx.BatchStat``) internals ``r-<name>-<seq>-<j>`` that training-mode steps
+        update, initialised with the module's current values; ``nnx.Rngs`` keys are not
+        parameters: each training step draws fresh ones (:mod:`fnnc.models.flax_bridge`).
+        :meth:`parameter_paths` maps ids to Flax paths.
         """
+        from fnnc.models.flax_bridge import FlaxLayer
+
         layer = FlaxLayer(module, variables, name=name, is_trainable=is_trainable)
         x = ModelIO(None, (), 0)
         return Model([x], [layer(x)], name=name, is_trainable=is_trainable)
+
+    def parameter_paths(self) -> dict[str, str]:
+        """Parameter id -> Flax path (``"layers.0.kernel"``, ``"bn.mean"``) of every
+        parameter and internal of this compiled model that comes from a Flax module
+        (:meth:`from_flax`); see :func:`fnnc.models.flax_bridge.parameter_paths`."""
+        from fnnc.models.flax_bridge import parameter_paths
+
+        return parameter_paths(self)
+
+    def parameter_id(self, path: str) -> str:
+        """The parameter id of Flax path ``path`` (the reverse of :meth:`parameter_paths`)."""
+        from fnnc.models.flax_bridge import parameter_id
+
+        return parameter_id(self, path)
 
     # -- training and inference: see Engine ------------------------------------
     @property
@@ -378,41 +392,9 @@ def Sequential(
     return Model([x], [y], name=name, is_trainable=is_trainable)
 
 
-class FlaxLayer(Layer):
-    """A Flax module (NNX, or Linen with its variables) as a layer, traced and inlined."""
-
-    def __init__(self, module: Any, variables: Any = None, **kw: Any):
-        super().__init__(**kw)
-        from flax import nnx
-
-        if isinstance(module, nnx.Module):
-            graphdef, state = nnx.split(module)
-            self._fn = lambda leaves, x: nnx.merge(graphdef, jax.tree.unflatten(tree, leaves))(x)
-            leaves, tree = jax.tree.flatten(state)
-        elif variables is not None:
-            leaves, tree = jax.tree.flatten(variables)
-            self._fn = lambda leaves, x: module.apply(jax.tree.unflatten(tree, leaves), x)
-        else:
-            raise ModelError("from_flax: a Linen module needs its variables (module.init(...))")
-        self._leaves = [np.asarray(v) for v in leaves]
-
-    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
-        params = [
-            ctx.param(self, i, v.shape, _fixed(v), v.dtype) for i, v in enumerate(self._leaves)
-        ]
-        specs = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in self._leaves]
-        graph = trace(self._fn, specs, jax.ShapeDtypeStruct(x.shape, x.dtype))
-        (out,) = inline(ctx.b, graph, [*params, x], prefix=ctx.layer_id(self))
-        return out
-
-
 def _arrays(value: Any) -> list[Any]:
     """A list of arrays from one array or a list/tuple of them."""
     return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def _fixed(value: np.ndarray) -> Any:
-    return lambda key, shape, dtype: jax.numpy.asarray(value, dtype)
 
 
 def _topological(inputs: list[ModelIO], outputs: list[ModelIO], where: str) -> list[ModelIO]:

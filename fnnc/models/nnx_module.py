@@ -114,6 +114,12 @@ class FnncModule(nnx.Module):
             )
         return self.rngs.dropout()
 
+    def set_view(self, deterministic: bool | None = None) -> None:
+        """What ``nnx.view(module, deterministic=...)`` sets (``True``: test mode), as
+        for ``nnx.Dropout``; ``module.eval()``/``train()`` set the same attribute."""
+        if deterministic is not None:
+            self.deterministic = deterministic
+
     def write_back(self, model: Any = None) -> None:
         """Writes every parameter and internal into ``model`` (default: the model this
         module was made from) with ``model.set_parameters``."""

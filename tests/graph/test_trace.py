@@ -204,9 +204,10 @@ def test_trace_error_names_the_bad_argument() -> None:
         trace(lambda x, opts: x, rand((2,)), {"mode": "train"})
 
 
-def test_key_array_argument_is_refused() -> None:
-    with pytest.raises(TraceError, match=r"argument key .*key_data"):
-        trace(lambda x, key: x, rand((2,)), jax.random.key(0))
+def test_key_array_argument_is_an_input_of_its_key_data() -> None:
+    graph = trace(lambda x, key: x, rand((2,)), jax.random.key(0))  # see test_trace_rngs
+    key = graph.symbol(graph.inputs[1])
+    assert (key.name, key.shape, np.dtype(key.dtype)) == ("key", (2,), np.dtype(np.uint32))
 
 
 # -- every rule fires ------------------------------------------------------------------------
