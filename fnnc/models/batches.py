@@ -131,14 +131,12 @@ class ArrayBatches(Batches):
         return self.n // self.batch_size
 
     def resume(self, progress: Progress) -> None:
-        if not progress.batch:
-            return
-        before = progress.batch_size or self.batch_size
         saved = progress.position()
         shifted = isinstance(saved, dict) and "samples" in saved
-        done = int(saved["samples"]) if shifted else progress.batch * before
-        if before == self.batch_size:
+        before = progress.batch_size or self.batch_size
+        if not (progress.batch or shifted) or before == self.batch_size:
             return
+        done = int(saved["samples"]) if shifted else progress.batch * before
         # start + (batches left) == len(self): train's end-of-epoch check holds as is
         progress.batch = len(self) - max(self.n - done, 0) // self.batch_size
         aligned = done == progress.batch * self.batch_size
@@ -148,7 +146,7 @@ class ArrayBatches(Batches):
         order = np.random.default_rng((self.seed, epoch)).permutation(self.n)
         bs = self.batch_size
         shifted = isinstance(saved, dict) and "samples" in saved
-        offset = int(saved["samples"]) - start * bs if start and shifted else 0
+        offset = int(saved["samples"]) - start * bs if shifted else 0
         for k in range(start, len(self)):
             idx = order[offset + k * bs : offset + (k + 1) * bs]
             self._samples = offset + (k + 1) * bs if offset else None

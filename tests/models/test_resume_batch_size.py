@@ -48,7 +48,8 @@ class StopAt:
 
 
 def run(path, data, batch_size, stop=None, epochs=1):
-    """Batches fit saw in one resumed call (a checkpoint each step)."""
+    """Batches fit saw in one resumed call (a checkpoint each step); ``stop``: the
+    step (counted over every call) after which it stops."""
     seen = []
     callbacks = [CheckpointEvery(path, steps=1)] + ([StopAt(stop)] if stop else [])
     model = recording_model(seen)
@@ -81,6 +82,13 @@ def test_arrays_shifted_positions_survive_checkpoints_and_more_batch_sizes(tmp_p
     a, _ = run(path2, (X, Y), 8, stop=3)
     b, _ = run(path2, (X, Y), 16)
     assert flat(a + b) == order[:40]
+    # 40 samples left fill 3 batches of 13: the shifted epoch starts at its batch 0
+    path3 = str(tmp_path / "zero.ckpt")
+    a, _ = run(path3, (X, Y), 8, stop=1)
+    b, prog = run(path3, (X, Y), 13, stop=2)  # steps count on: one batch of 13
+    assert prog.batch == 1 and flat(a + b) == order[:21]
+    c, _ = run(path3, (X, Y), 13)
+    assert flat(a + b + c) == order[:47]
 
 
 def test_a_dataframe_stopped_mid_epoch_says_to_finish_it_in_its_batch_size(tmp_path):
