@@ -172,9 +172,11 @@ class IntegrityReport:
 
     Attributes:
         path: the file.
-        checked: rows whose checksum matched.
+        checked: rows whose checksum matched (checkpoint manifests as
+            ``<manifest of checkpoint step S>``).
         unchecked: rows that read fine but carry no current checksum (written by NNC,
-            or rewritten by it after fnnc wrote them).
+            or rewritten by it after fnnc wrote them; manifests saved before fnnc
+            wrote their checksums).
         damaged: ``(row name, why)`` for every row that cannot be read as stored, and
             ``("<file>", why)`` for damage SQLite's ``integrity_check`` found in the
             file's structure.
