@@ -6,8 +6,10 @@ Layout (one file, beside NNC's ``tensors`` table):
   ``<label>`` is a parameter id (state given as a model with ``parameters()``), or
   ``state<path>`` / ``optimizer<path>`` (pytrees; ``<path>`` like ``['w'][0].mu``).
   NNC's ``ccv_cnnp_model_read(handle, "ckpt-<step>", ...)`` reads a model's step.
-- ``fnnc_checkpoints (step INTEGER PRIMARY KEY, created REAL, manifest TEXT)``: per step
-  the JSON tree of the state and optimizer state (see :mod:`fnnc.io.tree`), metadata.
+- ``fnnc_checkpoints (step INTEGER PRIMARY KEY, created REAL, manifest TEXT, checksum
+  TEXT)``: per step the JSON tree of the state and optimizer state (see
+  :mod:`fnnc.io.tree`), metadata, and a checksum of the row, checked as tensor rows'
+  are (:mod:`fnnc.io.integrity`; steps saved before it restore unchecked).
 
 A save is one SQLite transaction (rows, manifest and the retention deletes together),
 so a process killed at any instant leaves the previous checkpoints intact: the next
@@ -17,8 +19,9 @@ opener rolls the half-written one back. Only process 0 of a multi-process run wr
 Reading writes nothing: a missing file is an empty journal (``steps() == []``, so
 ``train(resume=path)`` starts fresh) and :meth:`Checkpoints.restore` says the file does
 not exist; an SQLite file without the journal table (any other database) is left as it
-is. A damaged manifest (not JSON, wrong types, out-of-range values, rows it names that
-the file lacks) raises :class:`CheckpointError` naming the file and the step.
+is. A damaged manifest (changed after it was saved, not JSON, wrong types, out-of-range
+values, rows it names that the file lacks) raises :class:`CheckpointError` naming the
+file and the step.
 
 >>> import os, tempfile
 >>> import numpy as np
@@ -44,14 +47,14 @@ from typing import Any
 import numpy as np
 
 from fnnc.errors import CheckpointError, TensorFileError, TensorNotFoundError
-from fnnc.io import tree
+from fnnc.io import integrity, tree
 from fnnc.io.processes import writes_files
 from fnnc.io.tensor_file import TensorFile
 
 FORMAT, VERSION = "fnnc.checkpoint", 1
 _CREATE = (
     "CREATE TABLE IF NOT EXISTS fnnc_checkpoints "
-    "(step INTEGER PRIMARY KEY, created REAL, manifest TEXT)"
+    "(step INTEGER PRIMARY KEY, created REAL, manifest TEXT, checksum TEXT)"
 )
 
 
@@ -192,11 +195,17 @@ class Checkpoints:
         with self.file.operation(f"save checkpoint step {step}"), self.file.transaction():
             conn = self.file.connection
             conn.execute(_CREATE)
+            integrity.add_manifest_checksums(conn)  # a file saved by an older fnnc
             self._drop([step])
             for name, array in rows:
                 self.file.write(name, array)
-            query = "INSERT INTO fnnc_checkpoints (step, created, manifest) VALUES (?, ?, ?)"
-            conn.execute(query, (step, time.time(), text))
+            created = time.time()
+            checksum = f"{integrity.ALGO}:{integrity.manifest_digest(step, created, text)}"
+            query = (
+                "INSERT INTO fnnc_checkpoints (step, created, manifest, checksum) "
+                "VALUES (?, ?, ?, ?)"
+            )
+            conn.execute(query, (step, created, text, checksum))
             self._drop(self._expired(step))
 
     def restore(
@@ -273,13 +282,13 @@ class Checkpoints:
                 why = "" if self.file.exists() else " (the file does not exist; check the path)"
                 raise CheckpointError(f"checkpoint: {self.path} holds no checkpoints{why}")
         step = _step(step, self.path)
-        query = "SELECT created, manifest FROM fnnc_checkpoints WHERE step=?"
-        row = self.file.connection.execute(query, (step,)).fetchone() if self._journal() else None
+        row = self._manifest_row(step) if self._journal() else None
         if row is None:
             raise CheckpointError(
                 f"checkpoint: no step {step} in {self.path}; retained steps: {self.steps()}"
             )
         where = f"checkpoint: step {step} in {self.path}"
+        integrity.check_manifest(where, step, *row)
         manifest = _manifest(row[1], where)
         created = row[0]
         if isinstance(created, bool) or not isinstance(created, (int, float)):
@@ -295,6 +304,14 @@ class Checkpoints:
                 raise CheckpointError(f"{where}: the {key} is nested too deeply") from None
             out.append(value if template is None else tree.rebuild(value, template, key))
         return Checkpoint(step, out[0], out[1], manifest.get("metadata"), float(created))
+
+    def _manifest_row(self, step: int) -> tuple[Any, Any, Any] | None:
+        """``(created, manifest, checksum)`` of ``step`` (checksum ``None`` in files
+        saved before fnnc wrote it), or ``None`` for a step the journal lacks."""
+        conn = self.file.connection
+        checksum = integrity.MANIFEST_COLUMN if integrity.manifest_checksums(conn) else "NULL"
+        query = f"SELECT created, manifest, {checksum} FROM fnnc_checkpoints WHERE step=?"
+        return conn.execute(query, (step,)).fetchone()
 
     def _row(self, name: str, shape: tuple[int, ...], dtype: np.dtype, where: str) -> np.ndarray:
         """Row ``name`` as the manifest describes it, exactly (or CheckpointError)."""
@@ -327,15 +344,16 @@ class Checkpoints:
 
     def _drop(self, steps: list[int]) -> bool:
         """Deletes ``steps`` inside the caller's transaction. A step whose manifest is
-        damaged loses every row named as its rows are (``__ckpt-<step>__[...]``)."""
+        damaged (or changed since it was saved) loses every row named as its rows are
+        (``__ckpt-<step>__[...]``)."""
         conn, dropped = self.file.connection, False
         for step in steps:
-            row = conn.execute("SELECT manifest FROM fnnc_checkpoints WHERE step=?", (step,))
-            found = row.fetchone()
+            found = self._manifest_row(step)
             if found is None:
                 continue
-            try:
-                names = _row_names(_manifest(found[0], ""))
+            try:  # a changed manifest may name rows of other steps: not trusted
+                integrity.check_manifest("", step, *found)
+                names = _row_names(_manifest(found[1], ""))
             except CheckpointError:
                 prefix = f"__ckpt-{step}__["
                 names = [n for n in self.file.names() if str(n).startswith(prefix)]

@@ -15,6 +15,13 @@ The digest (``crc32``, the fastest stdlib hash here and made for detecting damag
 bytes: any burst of up to 32 flipped bits is caught) covers ``type``, ``format``,
 ``datatype``, ``dim`` and ``data`` as stored (encoded rows: the encoded bytes).
 
+A checkpoint's manifest (its row of ``fnnc_checkpoints``, :mod:`fnnc.io.checkpoints`)
+is checked the same way: the row's ``checksum`` column holds ``"<algo>:<digest>"`` of
+its ``step``, ``created`` and ``manifest``, written in the same statement. Steps saved
+before fnnc wrote that column (a ``NULL`` checksum, or a table without the column)
+restore unchecked, as NNC-written tensor rows read; saving a step into such a file
+adds the column and checks the new step.
+
 >>> import os, sqlite3, tempfile
 >>> import numpy as np
 >>> from fnnc.io import TensorFile
@@ -39,7 +46,7 @@ import struct
 import zlib
 from typing import TYPE_CHECKING, Any
 
-from fnnc.errors import FnncError, TensorFileError
+from fnnc.errors import CheckpointError, FnncError, TensorFileError
 from fnnc.io.sqlite_errors import ERRORS
 
 if TYPE_CHECKING:
@@ -55,6 +62,8 @@ ALGO = "crc32"
 CHECKED, UNCHECKED, STALE = "checked", "unchecked", "stale"
 """What :func:`check` found: the digest matched; no checksum; one for an older row."""
 
+MANIFESTS, MANIFEST_COLUMN = "fnnc_checkpoints", "checksum"
+
 
 def digest(fields: tuple[int, int, int, bytes], data: Any, algo: str = ALGO) -> str | None:
     """The hex digest of a row (``(type, format, datatype, dim)`` and ``data``), or
@@ -66,6 +75,57 @@ def digest(fields: tuple[int, int, int, bytes], data: Any, algo: str = ALGO) -> 
     if algo == "sha256":
         return hashlib.sha256(head + bytes(data)).hexdigest()
     return None
+
+
+def manifest_digest(step: Any, created: Any, manifest: Any, algo: str = ALGO) -> str | None:
+    """The hex digest of a checkpoint's manifest row (its ``step``, ``created`` and
+    ``manifest`` values as SQLite gives them back), or ``None`` for an unknown ``algo``.
+    ``repr`` of the step and the save time is exact: a REAL reads back as the float
+    written, and any other value it was changed to gives another digest."""
+    text = manifest if isinstance(manifest, bytes) else str(manifest).encode("utf-8", "replace")
+    data = f"{step!r}\n{created!r}\n".encode() + text
+    if algo == "crc32":
+        return f"{zlib.crc32(data):08x}"
+    if algo == "sha256":
+        return hashlib.sha256(data).hexdigest()
+    return None
+
+
+def manifest_checksums(conn: sqlite3.Connection) -> bool:
+    """Whether the file's checkpoint table has the checksum column (files saved
+    before it have none; reading adds nothing)."""
+    columns = conn.execute(f"PRAGMA table_info({MANIFESTS})").fetchall()
+    return any(c[1] == MANIFEST_COLUMN for c in columns)
+
+
+def add_manifest_checksums(conn: sqlite3.Connection) -> None:
+    """Adds the checksum column to a checkpoint table made before it (inside the
+    caller's transaction: a save); the steps already there keep ``NULL``."""
+    if not manifest_checksums(conn):
+        conn.execute(f"ALTER TABLE {MANIFESTS} ADD COLUMN {MANIFEST_COLUMN} TEXT")
+
+
+def check_manifest(where: str, step: Any, created: Any, manifest: Any, stored: Any) -> str:
+    """:data:`CHECKED` or :data:`UNCHECKED` (no checksum, or an unknown algorithm) for
+    one row of the checkpoint table, ``stored`` being its ``checksum`` value.
+
+    Raises:
+        CheckpointError: the row's values do not match the checksum saved with them.
+    """
+    if stored is None:
+        return UNCHECKED
+    algo, _, value = stored.partition(":") if isinstance(stored, str) else ("", "", "")
+    computed = manifest_digest(step, created, manifest, algo) if value else None
+    if computed is None and value:
+        return UNCHECKED
+    if computed != value:
+        raise CheckpointError(
+            f"{where}: its manifest does not match the checksum saved with it "
+            f"({stored!r:.80} stored, {computed} computed now): the step's "
+            "progress, metadata or tree changed after fnnc wrote them (disk damage or an "
+            "edit); the checkpoint is damaged, restore another step"
+        )
+    return CHECKED
 
 
 def record(conn: sqlite3.Connection, name: str, rowid: int, value: str) -> None:
@@ -112,9 +172,11 @@ class IntegrityReport:
 
     Attributes:
         path: the file.
-        checked: rows whose checksum matched.
+        checked: rows whose checksum matched (checkpoint manifests as
+            ``<manifest of checkpoint step S>``).
         unchecked: rows that read fine but carry no current checksum (written by NNC,
-            or rewritten by it after fnnc wrote them).
+            or rewritten by it after fnnc wrote them; manifests saved before fnnc
+            wrote their checksums).
         damaged: ``(row name, why)`` for every row that cannot be read as stored, and
             ``("<file>", why)`` for damage SQLite's ``integrity_check`` found in the
             file's structure.
@@ -166,6 +228,30 @@ def verify(file: TensorFile) -> IntegrityReport:
             status[file.load_row(name, decode=False)[2]].append(str(name))
         except FnncError as e:
             damaged.append((str(name), str(e)))
+    if file.has_table(MANIFESTS):
+        _verify_manifests(file, status, damaged)
     return IntegrityReport(
         file.path, tuple(status[CHECKED]), tuple(status[UNCHECKED] + status[STALE]), tuple(damaged)
     )
+
+
+def _verify_manifests(
+    file: TensorFile, status: dict[str, list[str]], damaged: list[tuple[str, str]]
+) -> None:
+    """Checks every checkpoint manifest into ``status`` and ``damaged``, each named
+    ``<manifest of checkpoint step S>``."""
+    conn = file.connection
+    column = MANIFEST_COLUMN if manifest_checksums(conn) else "NULL"
+    query = f"SELECT step, created, manifest, {column} FROM {MANIFESTS} ORDER BY step"
+    try:
+        rows = conn.execute(query).fetchall()
+    except ERRORS as e:
+        damaged.append((f"<{MANIFESTS}>", f"{e} (its rows cannot be read)"))
+        return
+    for step, created, manifest, stored in rows:
+        name = f"<manifest of checkpoint step {step}>"
+        where = f"checkpoint: step {step} in {file.path}"
+        try:
+            status[check_manifest(where, step, created, manifest, stored)].append(name)
+        except CheckpointError as e:
+            damaged.append((name, str(e)))

@@ -193,18 +193,51 @@ def read_parameters(
             internals = found if internals is None else internals
         params, missing, mismatched = _match(f, expected, name, None)
         inner, imissing, imismatched = _match(f, internals or {}, name, device)
-    result = ParameterSet(params, inner, missing + imissing, mismatched + imismatched)
+        result = ParameterSet(params, inner, missing + imissing, mismatched + imismatched)
+        hint = _names_hint(f, result.missing, name) if strict and result.missing else []
     if strict and (result.missing or result.mismatched):
         lines = [f"read_parameters: {f.path} does not hold what the model expects"]
         lines[0] += f" (model name {name!r})" if name else " (no model name)"
         if result.missing:
             lines.append(f"  missing ({len(result.missing)}): " + ", ".join(result.missing))
+            lines += hint
         if result.mismatched:
             lines.append(f"  wrong shape or dtype ({len(result.mismatched)}):")
             lines += [f"    {m}" for m in result.mismatched]
         lines.append("pass strict=False to get what matched and these lists")
         raise ParameterError("\n".join(lines))
     return result
+
+
+_NAMED = re.compile(r"^__(.+?)__\[(.*)\]$", re.DOTALL)
+
+
+def _names_hint(f: TensorFile, missing: tuple[str, ...], name: str | None) -> list[str]:
+    """Lines naming the models the file does hold (``__<name>__[...]`` rows, and bare
+    rows) under which the ``missing`` ids are found, with the ``name=`` to read them:
+    the usual cause of every id missing is the model name given or not given."""
+    holds: dict[str | None, int] = {}
+    for row in f.names():
+        if not isinstance(row, str):
+            continue
+        m = _NAMED.match(row)
+        holds.setdefault(m.group(1) if m else None, 0)
+    lines = []
+    for other in holds:
+        if other == (name or None):
+            continue
+        found = sum(parameter_row(key, name=other) in f for key in missing)
+        if found:
+            rows = f"rows __{other}__[<id>]" if other else "rows <id>"
+            what = f"a model named {other!r}" if other else "a model without a name"
+            lines.append(
+                f"  the file holds {what} ({rows}) with {found} of the {len(missing)} "
+                f"missing ids: read it with name={other!r}"
+            )
+    named = [repr(n) for n in holds if n is not None and n != name]
+    if not lines and named:
+        lines.append(f"  the file holds models named {', '.join(named)}; none has these ids")
+    return lines
 
 
 def _discover(f: TensorFile, name: str | None, device: int):

@@ -225,7 +225,9 @@ class TensorFile:
     @_operation("verify")
     def verify(self) -> IntegrityReport:
         """Checks every row: SQLite's ``integrity_check`` of the file's structure, each
-        row's format and length, and its checksum where fnnc wrote one.
+        row's format and length, and its checksum where fnnc wrote one; and each
+        checkpoint step's manifest against its checksum (reported as
+        ``<manifest of checkpoint step S>``).
 
         Returns:
             an :class:`~fnnc.io.integrity.IntegrityReport` listing every damaged row

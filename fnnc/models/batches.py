@@ -34,6 +34,9 @@ class Progress:
         step: training steps done over every call.
         seed: the shuffling seed (epoch ``e`` is shuffled from ``(seed, e)``).
         data: the data position inside the epoch: JSON, or a function returning it.
+        batch_size: the samples per batch of ``batch``, where ``train`` batches the
+            data (arrays, unbatched dataframes); ``None`` where the source does (Grain,
+            batched dataframes) or in a checkpoint saved before it was recorded.
     """
 
     epoch: int = 0
@@ -41,15 +44,22 @@ class Progress:
     step: int = 0
     seed: int = 0
     data: Any = None
+    batch_size: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = self.data() if callable(self.data) else self.data
         return {"epoch": self.epoch, "batch": self.batch, "step": self.step, "seed": self.seed,
-                "data": data}  # fmt: skip
+                "data": data, "batch_size": self.batch_size}  # fmt: skip
 
     def load(self, saved: dict[str, Any]) -> None:
         self.epoch, self.batch = int(saved["epoch"]), int(saved["batch"])
         self.step, self.seed, self.data = int(saved["step"]), int(saved["seed"]), saved["data"]
+        size = saved.get("batch_size")  # absent in checkpoints of older versions
+        self.batch_size = None if size is None else int(size)
+
+    def position(self) -> Any:
+        """:attr:`data` as JSON (calling it where it is a function)."""
+        return self.data() if callable(self.data) else self.data
 
     def next_epoch(self) -> None:
         self.epoch, self.batch, self.data = self.epoch + 1, 0, None
@@ -69,10 +79,18 @@ def as_list(value: Any) -> list[Any]:
 
 
 class Batches:
-    """A source of training batches: ``len(source)`` per epoch, read by :meth:`epoch`."""
+    """A source of training batches: ``len(source)`` per epoch, read by :meth:`epoch`.
+    ``batch_size``: the samples per batch where ``train``'s ``batch_size`` applies."""
+
+    batch_size: int | None = None
 
     def __len__(self) -> int:
         raise NotImplementedError
+
+    def resume(self, progress: Progress) -> None:
+        """Fits ``progress`` (an epoch stopped at a batch, maybe in batches of another
+        size) to this source's batches: sets its ``batch`` and ``data`` to where this
+        source continues the epoch, or raises :class:`ModelError` where it cannot."""
 
     def epoch(self, epoch: int, start: int, saved: Any) -> Iterator[Batch]:
         """Batches ``start, start + 1, ...`` of ``epoch``; ``saved`` is the position a
@@ -91,7 +109,14 @@ def _nothing() -> None:
 
 class ArrayBatches(Batches):
     """Samples of in-memory arrays in a permutation drawn from ``(seed, epoch)``; the
-    last partial batch is dropped (every sample is still seen over epochs)."""
+    last partial batch is dropped (every sample is still seen over epochs).
+
+    An epoch begun in batches of another size (a resumed run given another
+    ``batch_size``) continues at the same sample of the same permutation: the batches
+    are then shifted by an offset, kept in the data position as ``{"samples": s}``
+    (the samples of the epoch done), and the samples after the last full batch are
+    dropped as at any epoch's end. Aligned epochs keep no position (``None``).
+    """
 
     def __init__(self, data: Any, batch_size: int, seed: int):
         inputs, targets = split(data, "train")
@@ -100,16 +125,36 @@ class ArrayBatches(Batches):
             raise ModelError(f"train: {n} samples are fewer than batch_size={batch_size}")
         self.inputs, self.targets, self.n = inputs, targets, n
         self.batch_size, self.seed = batch_size, seed
+        self._samples: int | None = None  # after the last batch given, when shifted
 
     def __len__(self) -> int:
         return self.n // self.batch_size
 
+    def resume(self, progress: Progress) -> None:
+        saved = progress.position()
+        shifted = isinstance(saved, dict) and "samples" in saved
+        before = progress.batch_size or self.batch_size
+        if not (progress.batch or shifted) or before == self.batch_size:
+            return
+        done = int(saved["samples"]) if shifted else progress.batch * before
+        # start + (batches left) == len(self): train's end-of-epoch check holds as is
+        progress.batch = len(self) - max(self.n - done, 0) // self.batch_size
+        aligned = done == progress.batch * self.batch_size
+        progress.data = None if aligned else {"samples": done}
+
     def epoch(self, epoch: int, start: int, saved: Any) -> Iterator[Batch]:
         order = np.random.default_rng((self.seed, epoch)).permutation(self.n)
         bs = self.batch_size
+        shifted = isinstance(saved, dict) and "samples" in saved
+        offset = int(saved["samples"]) - start * bs if shifted else 0
         for k in range(start, len(self)):
-            idx = order[k * bs : (k + 1) * bs]
+            idx = order[offset + k * bs : offset + (k + 1) * bs]
+            self._samples = offset + (k + 1) * bs if offset else None
             yield [x[idx] for x in self.inputs], [t[idx] for t in self.targets]
+
+    def snapshot(self) -> Callable[[], Any]:
+        samples = self._samples
+        return _nothing if samples is None else lambda: {"samples": samples}
 
 
 class FrameBatches(Batches):
@@ -126,6 +171,7 @@ class FrameBatches(Batches):
             if not any(isinstance(s, Shuffle) for s in frame._stages):
                 frame = frame.shuffle()
             frame = frame.batch(batch_size, drop_remainder=True)
+            self.batch_size = batch_size
         columns = frame.columns
         if inputs is None:
             inputs = columns[:-1] if targets is None else [c for c in columns if c not in targets]
@@ -143,6 +189,24 @@ class FrameBatches(Batches):
 
     def __len__(self) -> int:
         return len(self.frame)
+
+    def resume(self, progress: Progress) -> None:
+        before = progress.batch_size
+        if not progress.batch or before in (None, self.batch_size) or self.batch_size is None:
+            return
+        saved = progress.position()
+        if isinstance(saved, dict) and saved.get("position", 0) >= saved.get("stop", 1):
+            progress.next_epoch()  # saved after its epoch's last batch
+            return
+        # The reading position is a batch count of the pipeline batched in the old size;
+        # continuing in another would repeat or skip samples.
+        raise ModelError(
+            f"train: the run stopped inside epoch {progress.epoch} after {progress.batch} "
+            f"batches of {before} samples of this dataframe; it continues only in "
+            f"batches of {before}, got batch_size={self.batch_size}. Finish the epoch "
+            f"with batch_size={before} (epochs={progress.epoch + 1} with resume=), then "
+            f"train on with batch_size={self.batch_size}"
+        )
 
     def epoch(self, epoch: int, start: int, saved: Any) -> Iterator[Batch]:
         n_in = len(self.inputs)
@@ -231,11 +295,13 @@ def split(data: Any, where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
 def in_batches(
     fn: Callable[[list[Any]], Any], inputs: Sequence[Any], batch_size: int
 ) -> list[np.ndarray]:
-    """``fn`` over ``inputs`` in batches, its outputs (one or a list) concatenated."""
+    """``fn`` over ``inputs`` in batches, its outputs (one or a list) concatenated.
+    Zero samples still run ``fn`` once, on the empty batch, so the outputs have
+    ``fn``'s shapes (``(0, *output_shape)``) and dtypes."""
     if batch_size < 1:
         raise ModelError(f"predict: batch_size must be positive, got {batch_size}")
     n, chunks = len(inputs[0]), []
-    for start in range(0, n, batch_size):
+    for start in range(0, n, batch_size) or [0]:
         out = fn([x[start : start + batch_size] for x in inputs])
         chunks.append([np.asarray(o) for o in as_list(out)])
     return [np.concatenate(parts) for parts in zip(*chunks)]

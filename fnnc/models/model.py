@@ -343,7 +343,10 @@ class Model(ScaleMixin, Layer):
                 ``CheckpointEvery(path, per_epoch=True)``, ``EarlyStopping(patience=2)``.
             resume: a checkpoint path or ``Checkpoints``: its newest step (if any) is
                 restored first (:meth:`fnnc.io.Checkpoints.restore_into`) and the run
-                continues exactly where it stopped, mid-epoch included.
+                continues exactly where it stopped, mid-epoch included. Given another
+                ``batch_size``, arrays go on at the same sample of the stopped epoch's
+                order; a dataframe's epoch must end in its own batch size (an error
+                says which).
             seed: the shuffling seed (kept by the model; default 0). Epoch ``e`` is
                 shuffled from ``(seed, e)``: the model counts epochs, so two calls with
                 ``epochs=1`` continue one sequence, as one call with ``epochs=2`` does.

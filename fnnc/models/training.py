@@ -82,8 +82,10 @@ def train(
     )
     if isinstance(source, feed.ArrayBatches):  # once per call, on the host
         checks.train_data(model, source.inputs, source.targets, batch_size)
+    source.resume(prog)  # an epoch stopped in batches of another size
     if prog.batch >= len(source):  # saved after the last batch of its epoch
         prog.next_epoch()
+    prog.batch_size = source.batch_size
     target = epochs if resume is not None else prog.epoch + epochs
     measure = _metrics(model, metrics, validation, (inputs, targets))
     history: dict[str, list[float]] = {"epoch": [], "loss": []}

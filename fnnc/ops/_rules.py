@@ -85,19 +85,23 @@ def to_shape(x: Any, shape: Sequence[int]) -> Any:
     return lax.broadcast_in_dim(x, shape, dims)
 
 
-def leading_sum(t: Any, axes: Sequence[int]) -> Any:
-    """``jnp.sum(t, axis=axes)``; when ``axes`` are all but the last axis (NHWC batch
-    statistics, bias gradients), summed in two stages: over the rows of ``[N*H, W*C]``
-    first, then over ``W``, so each stage reads contiguous rows. XLA:CPU's own
-    reduction of the leading axes into ``[C]`` ran 2-4x slower (batch 64: 32x32x16
-    0.70 vs 0.22 ms, 28x28x32 1.05 vs 0.29 where YNNPACK does not take reductions,
-    :mod:`fnnc.graph.cpu_libraries`; 0.40 vs 0.22 at 28x28x32 where it does). Another
-    summation order: equal up to rounding."""
+def leading_sum(t: Any, axes: Sequence[int], dtype: Any = None) -> Any:
+    """``jnp.sum(t, axis=axes, dtype=dtype)``; when ``axes`` are all but the last axis
+    (NHWC batch statistics, bias gradients), summed in two stages: over the rows of
+    ``[N*H, W*C]`` first, then over ``W``, so each stage reads contiguous rows.
+    XLA:CPU's own reduction of the leading axes into ``[C]`` ran 2-4x slower (batch 64:
+    32x32x16 0.70 vs 0.22 ms, 28x28x32 1.05 vs 0.29 where YNNPACK does not take
+    reductions, :mod:`fnnc.graph.cpu_libraries`; 0.40 vs 0.22 at 28x28x32 where it
+    does). Another summation order than ``jnp.sum``'s, so every command that sums over
+    these axes uses this one (batch_norm, reduce_sum, reduce_mean, the backwards of
+    broadcasting): a graph of fine-grained commands then agrees with the fused one to
+    the last bits, as NNC's tests of batch norm built both ways require."""
     axes = tuple(axes)
     if t.ndim < 3 or axes != tuple(range(t.ndim - 1)):
-        return jnp.sum(t, axis=axes)
+        return jnp.sum(t, axis=axes, dtype=dtype)
     rows = jnp.reshape(t, (math.prod(t.shape[:-2]), t.shape[-2] * t.shape[-1]))
-    return jnp.sum(jnp.reshape(jnp.sum(rows, axis=0), t.shape[-2:]), axis=0)
+    partial = jnp.sum(rows, axis=0, dtype=dtype)
+    return jnp.sum(jnp.reshape(partial, t.shape[-2:]), axis=0, dtype=dtype)
 
 
 def unbroadcast(g: Any, shape: Sequence[int]) -> Any:

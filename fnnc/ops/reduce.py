@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fnnc.core.command import NOTHING, Spec, Uses, defcommand, is_float
-from fnnc.ops._rules import fail, norm_axes, require_float, show, to_shape
+from fnnc.ops._rules import fail, leading_sum, norm_axes, require_float, show, to_shape
 
 EXTREMUM_USES = Uses(inputs=(0,), outputs=(0,))
 
@@ -39,9 +39,10 @@ def _reduce_rule(name: str, need_float: bool = False):
 
 @defcommand(family="reduce", shape=_reduce_rule("reduce_sum"), uses=NOTHING)
 def reduce_sum(x, *, axes):
-    """Sum over ``axes`` (kept as size 1), in ``x``'s dtype."""
+    """Sum over ``axes`` (kept as size 1), in ``x``'s dtype. Over all axes but the
+    last it sums in batch_norm's order (:func:`fnnc.ops._rules.leading_sum`)."""
     ax = norm_axes("reduce_sum", axes, x.ndim)
-    return jnp.sum(x, axis=ax, keepdims=True, dtype=x.dtype)
+    return jnp.reshape(leading_sum(x, ax, dtype=x.dtype), _kept(x.shape, ax))
 
 
 @reduce_sum.backward
@@ -52,8 +53,13 @@ def _reduce_sum_backward(grads, inputs, outputs, *, axes):
 
 @defcommand(family="reduce", shape=_reduce_rule("reduce_mean", need_float=True), uses=NOTHING)
 def reduce_mean(x, *, axes):
-    """Mean over ``axes`` (kept as size 1)."""
-    return jnp.mean(x, axis=norm_axes("reduce_mean", axes, x.ndim), keepdims=True)
+    """Mean over ``axes`` (kept as size 1); 16-bit floats are summed in float32, as
+    ``jnp.mean`` does. Over all axes but the last it sums in batch_norm's order and
+    divides as it does (:func:`fnnc.ops._rules.leading_sum`): equal batch means."""
+    ax = norm_axes("reduce_mean", axes, x.ndim)
+    wide = jnp.promote_types(x.dtype, jnp.float32)
+    total = leading_sum(x, ax, dtype=wide)
+    return jnp.reshape(total / _count(x.shape, ax), _kept(x.shape, ax)).astype(x.dtype)
 
 
 @reduce_mean.backward

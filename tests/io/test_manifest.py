@@ -27,10 +27,12 @@ def saved(tmp_path):
     return path, json.loads(text)
 
 
-def edit(path, manifest):
+def edit(path, manifest, checksum=None):
+    """Replaces the manifest; the checksum too (default: none, as a step saved by an
+    older fnnc has, so the manifest's own checks are what finds the damage)."""
     text = manifest if isinstance(manifest, str) else json.dumps(manifest)
     conn = sqlite3.connect(path)
-    conn.execute("UPDATE fnnc_checkpoints SET manifest=?", (text,))
+    conn.execute("UPDATE fnnc_checkpoints SET manifest=?, checksum=?", (text, checksum))
     conn.commit()
     conn.close()
 
@@ -111,6 +113,17 @@ def test_damaged_manifests(saved, name):
     assert f"step 4 in {path}" in str(e.value)
 
 
+@pytest.mark.parametrize("name", ["truncated JSON", "no state", "another dtype than the row"])
+def test_damage_under_the_saved_checksum_is_named_as_such(saved, name):
+    path, manifest = saved
+    query = "SELECT checksum FROM fnnc_checkpoints"
+    checksum = sqlite3.connect(path).execute(query).fetchone()[0]
+    edit(path, EDITS[name][0](manifest), checksum)
+    with Checkpoints(path) as ckpt, pytest.raises(CheckpointError, match=r"checksum") as e:
+        ckpt.restore()
+    assert f"step 4 in {path}: its manifest does not match" in str(e.value)
+
+
 def test_a_damaged_manifest_does_not_block_later_saves(saved):
     path, _ = saved
     edit(path, "{not json")
@@ -122,7 +135,7 @@ def test_a_damaged_manifest_does_not_block_later_saves(saved):
 def test_the_saved_time_and_the_step_column(saved):
     path, _ = saved
     conn = sqlite3.connect(path)
-    conn.execute("UPDATE fnnc_checkpoints SET created='yesterday'")
+    conn.execute("UPDATE fnnc_checkpoints SET created='yesterday', checksum=NULL")
     conn.commit()
     conn.close()
     with pytest.raises(CheckpointError, match=r"step 4 in .*save time is 'yesterday'"):

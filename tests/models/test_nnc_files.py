@@ -75,6 +75,32 @@ def test_reading_the_named_file_without_its_name_lists_every_missing_id():
         model.read(NNC_FILES / "model_named.sqlite3")
 
 
+@needs_nnc_files
+def test_reading_a_file_nnc_wrote_with_the_wrong_model_name_says_the_right_one():
+    model = _compiled(_mlp())
+    hint = r"holds a model named 'mlp' \(rows __mlp__\[<id>\]\) with 4 of the 4 missing ids: "
+    for name in (None, "net"):
+        with pytest.raises(ParameterError, match=hint + r"read it with name='mlp'"):
+            model.read(NNC_FILES / "model_named.sqlite3", name=name)
+    with pytest.raises(ParameterError, match=r"a model without a name .*name=None"):
+        model.read(NNC_FILES / "model.sqlite3", name="mlp")
+
+
+def test_the_name_hint_counts_the_missing_ids_each_model_of_the_file_holds(tmp_path):
+    path = tmp_path / "two.sqlite3"
+    _write_nnc_rows(path, {"__a__[t-0-0]": W1, "__b__[t-0-0]": W1, "__b__[t-0-1]": B1})
+    model = _compiled(_mlp())
+    with pytest.raises(ParameterError) as e:
+        model.read(path)
+    lines = str(e.value).splitlines()
+    assert "model named 'a' (rows __a__[<id>]) with 1 of the 4 missing ids" in lines[2]
+    assert "model named 'b' (rows __b__[<id>]) with 2 of the 4 missing ids" in lines[3]
+    other = tmp_path / "other.sqlite3"
+    _write_nnc_rows(other, {"__c__[t-9-0]": B2, "__d__[t-9-0]": B2})
+    with pytest.raises(ParameterError, match=r"holds models named 'c', 'd'; none has these ids"):
+        model.read(other)
+
+
 def _write_nnc_rows(path: pathlib.Path, rows: dict[str, np.ndarray]) -> None:
     """Rows as ``ccv_cnnp_model_write`` lays them out: NHWC float32 tensors by name."""
     with TensorFile(path) as f, f.transaction():

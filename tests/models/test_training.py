@@ -244,3 +244,15 @@ def test_keras_conveniences_bare_arrays_square_kernels_single_tensors():
     assert a.shape == (48, 2) and b.shape == (48, 1)
     with pytest.raises(ModelError, match="CheckpointEvery"):
         CheckpointEvery("x.ckpt")
+
+
+def test_predict_on_zero_samples_has_the_shapes_and_dtypes_of_evaluate():
+    x = Input()
+    two = Model(x, [Dense(3, name="a")(x), Dense(1, name="b")(x)])
+    two.compile(X[:4], loss=None, minimizer=optax.sgd(0.1))
+    empty = X[:0]
+    outs = two.predict(empty, batch_size=5)
+    for got, want in zip(outs, two.evaluate(empty), strict=True):
+        assert got.shape == np.shape(want) == (0, got.shape[1])
+        assert got.dtype == np.asarray(want).dtype
+    assert [o.shape for o in outs] == [(0, 3), (0, 1)]
