@@ -266,7 +266,10 @@ class GraphBuilder:
         held = [self._known(s, f"node {name or cmd.name}") for s in inputs]
         if any(s.id in self._deferred for s in held):
             return self._exec_later(cmd, held, outputs, name, where)
-        ins = tuple(self._shaped(s, f"node {name or cmd.name}") for s in held)
+        for s in held:
+            if s.shape is None:
+                raise GraphError(f"node {name or cmd.name}: {self._auto_problem(s)}")
+        ins = tuple(held)
         try:
             specs = output_specs(cmd, [s.spec for s in ins])
         except FnncError as e:
