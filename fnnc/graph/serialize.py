@@ -69,7 +69,7 @@ def _enc(value: Any, where: str, order: int = 1) -> Any:
     if isinstance(value, Graph):
         return {"$graph": _graph_data(value, order)}
     if isinstance(value, Opaque) and isinstance(value.value, jax.export.Exported):
-        blob = _stablehlo(value.value, order)
+        blob = _stablehlo(value.value, order, where)
         return {
             "$stablehlo": base64.b64encode(blob).decode("ascii"),
             "sha256": hashlib.sha256(blob).hexdigest(),
@@ -109,20 +109,26 @@ def _dec(value: Any, where: str) -> Any:
     raise GraphFormatError(f"load: {where}: unknown tagged value with keys {sorted(value)}")
 
 
-def _stablehlo(module: jax.export.Exported, order: int) -> bytes:
-    """The module's bytes with ``order`` orders of its VJP, or as many as it holds.
+def _stablehlo(module: jax.export.Exported, order: int, where: str) -> bytes:
+    """The module's bytes with ``order`` orders of its VJP, or the ``order - 1`` it needs.
 
     A module at the top of a graph keeps one order, so the loaded node is differentiable
     once more; inside ``k`` gradient nodes it keeps ``k + 1``, since running those nodes
-    already takes ``k``. A module that was itself loaded holds only the orders its file
-    had, which is what the graph holding it could run anyway.
+    takes ``k``. The extra order is dropped where it cannot be had: a module that was
+    itself loaded holds only the orders its file had (what the graph holding it could
+    run anyway), and some primitives' higher VJPs do not export.
     """
-    for held in range(order, 0, -1):
+    errors = []
+    for held in range(order, max(order - 2, -1), -1):
         try:
             return bytes(module.serialize(vjp_order=held))
-        except ValueError:  # "does not have vjps of high-enough order": a loaded module
-            continue
-    return bytes(module.serialize(vjp_order=0))
+        except Exception as e:  # "does not have vjps of high-enough order", or export fails
+            errors.append(f"{held}: {type(e).__name__}: {e}")
+    raise GraphFormatError(
+        f"save: {where}: the StableHLO module cannot be saved with the {order - 1} VJP "
+        f"order(s) the gradient nodes around it run ({'; '.join(errors)}); graphs holding "
+        "it can be compiled but not saved"
+    )
 
 
 def _module(value: dict[str, Any], where: str) -> Opaque:

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fnnc import ops
+from fnnc.errors import GraphFormatError
 from fnnc.graph import (
     GraphBuilder,
     backward,
@@ -153,3 +154,18 @@ def test_random_programs_of_primitives_and_commands_round_trip(steps):
     assert_close(
         interpret(loaded, x)[-1], jax.grad(lambda v: jnp.sum(f(v)))(x), rtol=1e-4, atol=1e-4
     )
+
+
+def test_a_module_without_the_vjp_orders_a_graph_runs_is_named_at_save(tmp_path):
+    """A loaded forward holds one VJP order; its second-order gradient needs two."""
+    x = _x()
+    save(trace(jnp.sin, x), str(tmp_path / "f.json"))
+    forward = load(str(tmp_path / "f.json"))
+    b = GraphBuilder.from_graph(forward)
+    total = b.exec(ops.reduce_sum(axes=(0, 1)), forward.symbols[forward.outputs[0]])
+    graph, (dx,) = backward(b.build([total]), total, [forward.symbols[forward.inputs[0]]])
+    b = GraphBuilder.from_graph(graph)
+    gsum = b.exec(ops.reduce_sum(axes=(0, 1)), dx)
+    graph2, _ = backward(b.build([gsum]), gsum, [graph.symbols[graph.inputs[0]]])
+    with pytest.raises(GraphFormatError, match=r"node \d+ .*cannot be saved with the 2 VJP"):
+        to_data(graph2)
