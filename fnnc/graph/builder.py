@@ -13,6 +13,11 @@ Example: NNC's autograd example, w = x*x, u = 1/x, v = log u, z = w + v.
 >>> graph = b.build([z])
 >>> round(float(interpret(graph, np.float32(0.84))), 6)
 0.879953
+
+A graph input may be made without a shape and given one after the computation is
+written (:meth:`GraphBuilder.set_shape`, NNC's ``ccv_nnc_tensor_symbol_set``): the
+shapes that depend on it are inferred at :meth:`~GraphBuilder.build` (see
+:mod:`fnnc.graph._deferred`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from fnnc.errors import CommandError, DTypeError, FnncError, GraphError, ShapeEr
 from fnnc.ops import Command
 from fnnc.ops.constant import constant as constant_cmd
 
+from . import _deferred
+
 
 class GraphBuilder:
     """Builds a :class:`Graph` one symbol and node at a time.
@@ -44,6 +51,10 @@ class GraphBuilder:
         self._nodes: list[Node] = []
         self._inputs: list[int] = []
         self._auto: dict[int, TensorSymbol] = {}  # id -> the shape-less symbol handed out
+        # shapes known only at build: inputs made without a shape, outputs of the
+        # nodes that read them (pending: their shape rules run at build)
+        self._deferred: set[int] = set()
+        self._pending: list[int] = []
 
     @classmethod
     def from_graph(cls, graph: Graph) -> GraphBuilder:
@@ -69,13 +80,67 @@ class GraphBuilder:
     ) -> TensorSymbol:
         """A graph input of ``shape`` and ``dtype``, fed by callers in creation order.
 
-        ``shape=None`` is accepted only to fail clearly: NNC's auto shape comes from the
-        node that writes a tensor, and no node writes a graph input, so :meth:`build`
-        (or a node reading it) raises :class:`GraphError` naming it.
+        ``shape=None``: the shape is set later with :meth:`set_shape` (NNC's
+        ``ccv_nnc_tensor_symbol_set``), after the nodes that read the input are added;
+        their shapes, and those of the nodes after them, are inferred at :meth:`build`.
         """
         sym = self._new(shape, dtype, name, "input")
         self._inputs.append(sym.id)
+        if shape is None:
+            self._deferred.add(sym.id)
         return sym
+
+    def set_shape(
+        self, symbol: TensorSymbol, shape: Sequence[int], dtype: Any = None
+    ) -> TensorSymbol:
+        """Gives a graph input made without a shape its shape (NNC's
+        ``ccv_nnc_tensor_symbol_set``; ``set_tensor_symbol_shape`` is the same method).
+
+        The nodes that read it may already be there: every shape that depends on it is
+        inferred at :meth:`build`. It may be set again before a later build (NNC sets a
+        symbol's parameters and compiles again).
+
+        Args:
+            symbol: a graph input made with ``input(None)``.
+            shape: its shape.
+            dtype: its dtype; default the one ``input()`` was given.
+
+        Returns:
+            The input with its shape (the shape-less symbol stays usable).
+
+        >>> import numpy as np
+        >>> from fnnc import ops
+        >>> from fnnc.graph import GraphBuilder, interpret
+        >>> b = GraphBuilder()
+        >>> a = b.input(None, name="a")
+        >>> y = b.exec(ops.ewlog(), a, name="log")
+        >>> _ = b.set_shape(a, (1,))
+        >>> graph = b.build([y])
+        >>> graph.output_specs[0].shape, round(float(interpret(graph, np.float32([1.25]))[0]), 5)
+        ((1,), 0.22314)
+        """
+        held = self._known(symbol, "set_shape")
+        where = f"set_shape {self._label(held)}"
+        if held.id not in self._inputs or held.id not in self._deferred:
+            made = (
+                "a view"
+                if held.is_alias
+                else (
+                    f"made with shape {list(held.shape)}, and the nodes reading it were shaped then"
+                    if held.id in self._inputs and held.shape is not None
+                    else "not a graph input; its shape comes from the node that writes it"
+                )
+            )
+            raise GraphError(
+                f"{where}: it is {made}; set_shape gives a shape to a graph input made with "
+                "input(None)"
+            )
+        dtype = held.dtype if dtype is None else _dtype(dtype, where)
+        sym = TensorSymbol(held.id, _shape(shape, where, auto=False), dtype, held.name)
+        self._symbols[held.id] = sym
+        return sym
+
+    set_tensor_symbol_shape = set_shape
 
     def tensor(
         self, shape: Sequence[int] | None, dtype: Any = None, name: str = ""
@@ -129,6 +194,13 @@ class GraphBuilder:
             base: the flat start in the root's buffer, instead of ``offset`` (passes
                 use it to copy a view's exact placement).
         """
+        if self._known(of, "alias").root in self._deferred:
+            raise GraphError(
+                f"alias of {self._label(of)}: its shape is known only at build (a graph input "
+                "made with input(None), which set_shape may change, or a result computed "
+                "from one); a view needs a fixed shape: give input() the shape, or use "
+                "commands (ops.reshape, ...)"
+            )
         parent = self._shaped(of, "alias")
         root = self._symbols[parent.root]
         where = f"alias {name!r} of {self._label(of)}" if name else f"alias of {self._label(of)}"
@@ -190,8 +262,14 @@ class GraphBuilder:
                 f"exec {name!r}: expected a Command (e.g. fnnc.ops.relu()), got "
                 f"{type(cmd).__name__}; call the factory to build one"
             )
-        ins = tuple(self._shaped(s, f"node {name or cmd.name}") for s in inputs)
         where = f"node {name!r} ({cmd.name})" if name else f"node {cmd.name}"
+        held = [self._known(s, f"node {name or cmd.name}") for s in inputs]
+        if any(s.id in self._deferred for s in held):
+            return self._exec_later(cmd, held, outputs, name, where)
+        for s in held:
+            if s.shape is None:
+                raise GraphError(f"node {name or cmd.name}: {self._auto_problem(s)}")
+        ins = tuple(held)
         try:
             specs = output_specs(cmd, [s.spec for s in ins])
         except FnncError as e:
@@ -214,8 +292,15 @@ class GraphBuilder:
     def build(self, outputs: Sequence[Symbol], *, out_tree: Any = None) -> Graph:
         """The graph so far, returning ``outputs``; verified when checks are on."""
         outs = tuple(self._known(s, "build").id for s in _listed(outputs, "build", "outputs"))
-        self._no_auto_left()
-        graph = Graph(tuple(self._symbols), tuple(self._nodes), tuple(self._inputs), outs, out_tree)
+        symbols = self._symbols
+        if self._pending:
+            symbols = _deferred.resolve(
+                symbols, self._nodes, self._pending, self._label, self._auto_problem
+            )
+        for sid in self._auto:
+            if symbols[sid].shape is None:
+                raise GraphError(f"build: {self._auto_problem(symbols[sid])}")
+        graph = Graph(tuple(symbols), tuple(self._nodes), tuple(self._inputs), outs, out_tree)
         if config.get().checks:
             from fnnc.graph.verify import verify
 
@@ -223,6 +308,30 @@ class GraphBuilder:
         return graph
 
     # -- helpers ---------------------------------------------------------------
+    def _exec_later(
+        self,
+        cmd: Command,
+        ins: Sequence[Symbol],
+        outputs: Sequence[Symbol] | None,
+        name: str,
+        where: str,
+    ) -> Any:
+        """Adds a node reading a symbol whose shape is known only at build (pending)."""
+        cmd.definition.check_arity(len(ins), where)
+        if outputs is None:
+            n = _deferred.count_outputs(cmd, ins)
+            names = [name] if n == 1 else [f"{name}.{i}" if name else "" for i in range(n)]
+            outs = tuple(self.tensor(None, None, label) for label in names)
+        else:
+            outs = tuple(self._known(s, where) for s in _listed(outputs, where, "outputs="))
+            for sym in outs:
+                if sym.id in self._inputs:
+                    raise GraphError(f"{where}: {self._written_input(sym)}")
+        self._deferred.update(s.id for s in outs if s.shape is None)
+        self._pending.append(len(self._nodes))
+        self._nodes.append(Node(cmd, tuple(s.id for s in ins), tuple(s.id for s in outs), name))
+        return outs[0] if len(outs) == 1 else outs
+
     def _known(self, sym: Any, where: str) -> Symbol:
         """``sym`` as this builder holds it now (an auto symbol comes back filled)."""
         if not isinstance(sym, (TensorSymbol, AliasSymbol)):
@@ -233,9 +342,18 @@ class GraphBuilder:
         if sym.id >= len(self._symbols):
             raise GraphError(f"{where}: symbol {self._label(sym)} belongs to another builder")
         held = self._symbols[sym.id]
-        if held != sym and self._auto.get(sym.id) != sym:
+        if held != sym and self._auto.get(sym.id) != sym and not self._earlier_shape(sym, held):
             raise GraphError(f"{where}: symbol {self._label(sym)} belongs to another builder")
         return held
+
+    def _earlier_shape(self, sym: Symbol, held: Symbol) -> bool:
+        """``sym`` is what an earlier :meth:`set_shape` of the input ``held`` returned."""
+        return (
+            held.id in self._deferred
+            and isinstance(sym, TensorSymbol)
+            and sym.name == held.name
+            and sym.id in self._inputs
+        )
 
     def _shaped(self, sym: Any, where: str) -> Symbol:
         """:meth:`_known`, for uses that need the shape (node inputs, views)."""
@@ -246,11 +364,16 @@ class GraphBuilder:
 
     def _auto_problem(self, sym: Symbol) -> str:
         label = self._label(sym)
+        if sym.id in self._deferred and sym.id not in self._inputs:
+            return (
+                f"tensor {label}, whose shape is inferred at build (it depends on a graph "
+                "input made with input(None))"
+            )
         if sym.id in self._inputs:
             return (
-                f"graph input {label} has no shape (input(None)); NNC's auto shape comes "
-                "from the node that writes a tensor, and no node writes a graph input: "
-                "give input() a shape"
+                f"graph input {label}, which has no shape (input(None)): give it one with "
+                "builder.set_shape(input, shape) before build (NNC's "
+                "ccv_nnc_tensor_symbol_set), or give input() a shape"
             )
         return (
             f"tensor {label} has no shape yet (made with shape=None, NNC's auto shape, which "
@@ -258,23 +381,24 @@ class GraphBuilder:
             "give tensor() a shape"
         )
 
+    def _written_input(self, sym: Symbol) -> str:
+        return (
+            f"graph input {self._label(sym)} is an output here, but callers feed graph "
+            "inputs and no node writes a graph input; write a tensor() instead"
+        )
+
     def _fill_auto(self, where: str, outs: tuple[Symbol, ...], specs: Any) -> tuple[Symbol, ...]:
         """Gives the auto symbols among ``outs`` the specs the command produces."""
         filled = []
         for sym, spec in zip(outs, specs):
+            if sym.id in self._inputs and sym.id in self._deferred:
+                raise GraphError(f"{where}: {self._written_input(sym)}")
             if sym.shape is None:
-                if sym.id in self._inputs:
-                    raise GraphError(f"{where}: {self._auto_problem(sym)}")
                 dtype = np.dtype(spec.dtype) if sym.dtype is None else sym.dtype
                 sym = TensorSymbol(sym.id, tuple(spec.shape), dtype, sym.name)
                 self._symbols[sym.id] = sym
             filled.append(sym)
         return tuple(filled)
-
-    def _no_auto_left(self) -> None:
-        for sid in self._auto:
-            if self._symbols[sid].shape is None:
-                raise GraphError(f"build: {self._auto_problem(self._symbols[sid])}")
 
     def _check_outputs(self, where: str, outs: tuple[Symbol, ...], specs: tuple[Any, ...]) -> None:
         if len(outs) != len(specs):

@@ -9,7 +9,9 @@ JSON lacks are tagged: ``{"$tuple": [...]}``, ``{"$dtype": "float32"}``,
 Generic ``primitive`` nodes (JAX primitives carried by ``trace``) are saved through
 ``jax.export``: the node becomes an ``exported`` node whose module is stored as
 ``{"$stablehlo": base64, "sha256": ...}`` (StableHLO bytes, versioned by JAX, with its
-first-order VJP), so any traced graph saves, loads and runs with the same outputs. The
+first-order VJP), so any traced graph saves, loads and runs with the same outputs. A
+gradient node of a primitive is saved as ``gradient[of=exported]``, its module keeping
+one more VJP order per gradient level, so every graph ``backward`` makes saves too. The
 checksum is verified before the bytes are parsed; a file never names Python code.
 """
 
@@ -25,13 +27,14 @@ import math
 import os
 import tempfile
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.export
 import numpy as np
 
-from fnnc.core.command import Command, lookup
+from fnnc.core.command import Command, Spec, lookup
 from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol
 from fnnc.errors import CheckpointError, FnncError, GraphFormatError
 from fnnc.graph.verify import verify
@@ -43,13 +46,14 @@ FORMAT, VERSION = "fnnc.graph", 1
 
 
 # -- values ------------------------------------------------------------------
-def _enc(value: Any, where: str) -> Any:
+def _enc(value: Any, where: str, order: int = 1) -> Any:
+    """``value``'s file form; ``order``: VJP orders a StableHLO module keeps (see _stablehlo)."""
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else {"$float": repr(value)}
     if isinstance(value, tuple):
-        return {"$tuple": [_enc(v, where) for v in value]}
+        return {"$tuple": [_enc(v, where, order) for v in value]}
     if isinstance(value, np.dtype):
         return {"$dtype": value.name}
     if isinstance(value, np.generic):
@@ -61,11 +65,11 @@ def _enc(value: Any, where: str) -> Any:
             "dtype": value.dtype.name,
         }
     if isinstance(value, Command):
-        return {"$command": _enc_command(value, where)}
+        return {"$command": _enc_command(value, where, order)}
     if isinstance(value, Graph):
-        return {"$graph": to_data(value)}
+        return {"$graph": _graph_data(value, order)}
     if isinstance(value, Opaque) and isinstance(value.value, jax.export.Exported):
-        blob = bytes(value.value.serialize(vjp_order=1))
+        blob = _stablehlo(value.value, order, where)
         return {
             "$stablehlo": base64.b64encode(blob).decode("ascii"),
             "sha256": hashlib.sha256(blob).hexdigest(),
@@ -105,6 +109,28 @@ def _dec(value: Any, where: str) -> Any:
     raise GraphFormatError(f"load: {where}: unknown tagged value with keys {sorted(value)}")
 
 
+def _stablehlo(module: jax.export.Exported, order: int, where: str) -> bytes:
+    """The module's bytes with ``order`` orders of its VJP, or the ``order - 1`` it needs.
+
+    A module at the top of a graph keeps one order, so the loaded node is differentiable
+    once more; inside ``k`` gradient nodes it keeps ``k + 1``, since running those nodes
+    takes ``k``. The extra order is dropped where it cannot be had: a module that was
+    itself loaded holds only the orders its file had (what the graph holding it could
+    run anyway), and some primitives' higher VJPs do not export.
+    """
+    errors = []
+    for held in range(order, max(order - 2, -1), -1):
+        try:
+            return bytes(module.serialize(vjp_order=held))
+        except Exception as e:  # "does not have vjps of high-enough order", or export fails
+            errors.append(f"{held}: {type(e).__name__}: {e}")
+    raise GraphFormatError(
+        f"save: {where}: the StableHLO module cannot be saved with the {order - 1} VJP "
+        f"order(s) the gradient nodes around it run ({'; '.join(errors)}); graphs holding "
+        "it can be compiled but not saved"
+    )
+
+
 def _module(value: dict[str, Any], where: str) -> Opaque:
     """A ``jax.export`` module from its file form, its checksum verified first."""
     try:
@@ -125,21 +151,36 @@ def _module(value: dict[str, Any], where: str) -> Opaque:
     return Opaque(module, "<exported>")
 
 
-def _enc_command(cmd: Command, where: str) -> dict[str, Any]:
-    return {"name": cmd.name, "params": [[k, _enc(v, f"{where} param {k}")] for k, v in cmd.params]}
+def _enc_command(cmd: Command, where: str, order: int = 1) -> dict[str, Any]:
+    if cmd.definition.backward_node is not None:
+        order += 1  # the command it differentiates runs its VJP: one order more to keep
+    params = [[k, _enc(v, f"{where} param {k}", order)] for k, v in cmd.params]
+    return {"name": cmd.name, "params": params}
 
 
-def _file_command(graph: Graph, node: Node, where: str) -> Command:
-    """The command a node is saved as: generic primitives become ``exported``."""
-    if node.cmd.name not in ("primitive", "effectful_primitive"):
-        return node.cmd
-    try:
-        return export_command(node.cmd, [graph.spec(s) for s in node.inputs])
-    except Exception as e:  # jax.export declines (a host callback, say)
-        raise GraphFormatError(
-            f"save: {where} ({node.cmd}) cannot be exported as StableHLO "
-            f"({type(e).__name__}: {e}); graphs holding it can be compiled but not saved"
-        ) from None
+def _file_command(cmd: Command, in_specs: Sequence[Spec], where: str) -> Command:
+    """The command a node is saved as: generic primitives become ``exported``.
+
+    So does the forward command of a gradient node (any command with a
+    ``backward_node``, to any depth): ``gradient[of=primitive[sin]]`` is saved as
+    ``gradient[of=exported]``, whose derived backward runs the VJP stored with the module.
+    """
+    if cmd.name in ("primitive", "effectful_primitive"):
+        try:
+            return export_command(cmd, in_specs)
+        except Exception as e:  # jax.export declines (a host callback, say)
+            raise GraphFormatError(
+                f"save: {where} ({cmd}) cannot be exported as StableHLO "
+                f"({type(e).__name__}: {e}); graphs holding it can be compiled but not saved"
+            ) from None
+    backward_node = cmd.definition.backward_node
+    if backward_node is None:
+        return cmd
+    of, of_specs = backward_node.forward_of(cmd)
+    saved = _file_command(of, of_specs, where)
+    if saved is of:
+        return cmd
+    return Command(cmd.name, tuple((k, saved if v is of else v) for k, v in cmd.params))
 
 
 def _dec_command(data: dict[str, Any], where: str) -> Command:
@@ -215,6 +256,10 @@ def _dtype(name: Any, where: str) -> np.dtype:
 # -- graphs ------------------------------------------------------------------
 def to_data(graph: Graph) -> dict[str, Any]:
     """The graph as JSON-able data."""
+    return _graph_data(graph, 1)
+
+
+def _graph_data(graph: Graph, order: int) -> dict[str, Any]:
     symbols = []
     for s in graph.symbols:
         entry: dict[str, Any] = {
@@ -228,7 +273,9 @@ def to_data(graph: Graph) -> dict[str, Any]:
     nodes = [
         {
             "cmd": _enc_command(
-                _file_command(graph, n, f"node {i}"), f"node {i} ({n.name or n.cmd.name})"
+                _file_command(n.cmd, [graph.spec(s) for s in n.inputs], f"node {i}"),
+                f"node {i} ({n.name or n.cmd.name})",
+                order,
             ),
             "inputs": list(n.inputs),
             "outputs": list(n.outputs),

@@ -6,6 +6,10 @@ the model as ONE ``call[graph]`` node: the graph is the model's forward
 (:meth:`Model.forward_graph <fnnc.models.Model.forward_graph>`) with the parameters as
 extra inputs, so gradients flow through the node to the inputs and to the parameters.
 
+A model that was never compiled is compiled here from the specs of the inputs it is
+given, without loss or minimizer, as NNC's ``ccv_nnc_dynamic_graph_evaluate`` compiles
+it (:func:`compile_for`); the dynamic graph's optimizer trains it, not the model's.
+
 The parameters are variables of the dynamic graph, made once per model from
 :meth:`Model.parameters` (:func:`parameters`; trainable ones as ``dg.variable``, the
 rest as constants). ``dg.minimize`` / ``dg.apply_gradients`` on them update the
@@ -21,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from fnnc.core.ir import Graph
-from fnnc.errors import GraphError
+from fnnc.errors import GraphError, ModelError
 from fnnc.ops.call import call
 
 if TYPE_CHECKING:
@@ -60,6 +64,19 @@ def _bound(dg: DynamicGraph, model: Any) -> _Bound:
     return bound
 
 
+def compile_for(model: Any, specs: Sequence[jax.ShapeDtypeStruct]) -> None:
+    """Compiles ``model`` for inputs like ``specs`` unless it already is (NNC's rule).
+
+    Only through the model's own interface (``engine``, ``compile``), so this layer
+    needs nothing from :mod:`fnnc.models`: a compiled model keeps its input specs,
+    loss and minimizer; one that never was gets these specs and neither of the others.
+    """
+    try:
+        _ = model.engine
+    except ModelError:  # "not compiled": the one thing a model's engine property raises
+        model.compile(list(specs))
+
+
 def parameters(dg: DynamicGraph, model: Any) -> dict[str, Variable]:
     """The trainable parameters of ``model`` as variables of ``dg``, by parameter id
     (the same variables every call; what ``dg.minimize`` should update)."""
@@ -77,8 +94,9 @@ def evaluate(dg: DynamicGraph, model: Any, inputs: Sequence[Any], name: str) -> 
             leaves = outs if isinstance(outs, tuple) else (outs,)
             return jax.tree.unflatten(graph.out_tree, list(leaves))
         return outs
-    bound = _bound(dg, model)
     specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in inputs]
+    compile_for(model, specs)
+    bound = _bound(dg, model)
     graph, pids = model.forward_graph(specs, is_test=True)
     missing = [p for p in pids if p not in bound.variables]
     if missing:

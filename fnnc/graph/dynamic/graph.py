@@ -202,9 +202,10 @@ class DynamicGraph:
         """Runs a whole graph as one recorded node; gradients flow through it.
 
         ``model``: a :class:`~fnnc.graph.Graph` (e.g. :func:`fnnc.graph.trace`'s), a
-        :class:`~fnnc.graph.Program`, or a compiled cnnp :class:`~fnnc.models.Model`
-        whose parameters are this graph's variables (:meth:`parameters`), so
-        ``minimize`` trains it (:mod:`.cnnp`).
+        :class:`~fnnc.graph.Program`, or a cnnp :class:`~fnnc.models.Model` whose
+        parameters are this graph's variables (:meth:`parameters`), so ``minimize``
+        trains it (:mod:`.cnnp`); a model never compiled is compiled for ``inputs``
+        first, as NNC does.
         """
         return cnnp.evaluate(self, model, inputs, name)
 

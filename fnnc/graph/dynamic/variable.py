@@ -7,8 +7,12 @@ root, and an alias of an alias is a view of the root (NNC's rule). Writing throu
 an alias (``y[0] = z``) makes a new version of the whole slot.
 
 Operators record commands: ``+`` is ``ewsum``, ``-`` ``add[q=-1]``, ``*`` ``ewprod``
-(``scalar_mul`` with a Python number), ``/`` ``ewdiv``, ``@`` ``gemm``; ``sum()`` is
-``reduce_sum`` over every axis (kept as size 1, NNC's convention).
+(``scalar_mul`` with a Python number), ``/`` ``ewdiv``, ``@`` ``gemm``, ``**`` the
+commands :mod:`.operands` lists; ``sum()`` is ``reduce_sum`` over every axis (kept as
+size 1, NNC's convention), ``mean(axis)`` ``reduce_mean`` (axes dropped, as NumPy does),
+``.T`` ``transpose``. The other operand may be a variable, a NumPy or JAX array or a
+Python number, on either side (``np_arr + x`` is a variable too); anything else is a
+:class:`~fnnc.errors.DTypeError` naming it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from fnnc import ops
 from fnnc.core.ir import contiguous_strides
 from fnnc.errors import ShapeError
 
+from . import operands
 from .record import Version, View
 
 if TYPE_CHECKING:
@@ -172,47 +177,70 @@ class Variable:
         return View(shape, 0, contiguous_strides(shape))
 
     # -- operators ---------------------------------------------------------------
-    def _binary(self, cmd: Any, other: Any, swap: bool = False) -> Variable:
-        dg = self._dg
-        other = other if isinstance(other, Variable) else dg.scalar(other, self.dtype)
-        return dg.exec(cmd, other, self) if swap else dg.exec(cmd, self, other)
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        # ``np_arr + x`` asks here first; without this NumPy would read x as an array
+        return operands.array_ufunc(ufunc, method, inputs, kwargs)
+
+    def _binary(self, cmd: Any, other: Any, op: str, swap: bool = False) -> Variable:
+        other = operands.operand(self, other, op)
+        return self._dg.exec(cmd, other, self) if swap else self._dg.exec(cmd, self, other)
 
     def __add__(self, other: Any) -> Variable:
-        return self._binary(_ADD, other)
+        return self._binary(_ADD, other, "+")
 
     def __radd__(self, other: Any) -> Variable:
-        return self._binary(_ADD, other, swap=True)
+        return self._binary(_ADD, other, "+", swap=True)
 
     def __sub__(self, other: Any) -> Variable:
-        return self._binary(_SUB, other)
+        return self._binary(_SUB, other, "-")
 
     def __rsub__(self, other: Any) -> Variable:
-        return self._binary(_RSUB, other)
+        return self._binary(_RSUB, other, "-")
 
     def __mul__(self, other: Any) -> Variable:
-        if isinstance(other, (int, float)) and not isinstance(other, bool):
+        if operands.is_number(other) and not isinstance(other, (bool, np.bool_)):
             return self._dg.exec(ops.scalar_mul(a=float(other)), self)
-        return self._binary(_MUL, other)
+        return self._binary(_MUL, other, "*")
 
     def __rmul__(self, other: Any) -> Variable:
         return self.__mul__(other)
 
     def __truediv__(self, other: Any) -> Variable:
-        if isinstance(other, (int, float)) and not isinstance(other, bool):
+        if operands.is_number(other) and not isinstance(other, (bool, np.bool_)):
             return self._dg.exec(ops.scalar_mul(a=1.0 / float(other)), self)
-        return self._binary(_DIV, other)
+        return self._binary(_DIV, other, "/")
 
     def __rtruediv__(self, other: Any) -> Variable:
-        return self._binary(_DIV, other, swap=True)
+        return self._binary(_DIV, other, "/", swap=True)
 
     def __matmul__(self, other: Any) -> Variable:
-        return self._binary(_MATMUL, other)
+        return self._binary(_MATMUL, other, "@")
 
     def __rmatmul__(self, other: Any) -> Variable:
-        return self._binary(_MATMUL, other, swap=True)
+        return self._binary(_MATMUL, other, "@", swap=True)
+
+    def __pow__(self, other: Any) -> Variable:
+        return operands.power(self, other)
+
+    def __rpow__(self, other: Any) -> Variable:
+        return operands.rpower(self, other)
 
     def __neg__(self) -> Variable:
         return self._dg.exec(_NEG, self)
+
+    @property
+    def T(self) -> Variable:
+        """The axes reversed (``transpose``); a variable of fewer than two axes itself."""
+        return operands.transposed(self)
+
+    def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Variable:
+        """The mean over ``axis`` (all by default), as ``np.mean`` (``reduce_mean``).
+
+        Args:
+            axis: an axis or axes (negative counts from the end); ``None``: every axis.
+            keepdims: keep the reduced axes as size 1 (NNC's ``reduce_mean`` shape).
+        """
+        return operands.mean(self, axis, keepdims)
 
     def sum(self) -> Variable:
         """The sum of every element (``reduce_sum`` over all axes, kept as size 1)."""

@@ -1,0 +1,196 @@
+"""What a :class:`~.variable.Variable` operator takes, and the operators built from commands.
+
+An operand of ``+ - * / @ **`` is a variable, a Python or NumPy number, or an array
+(NumPy, JAX, or a list of numbers); anything else is a :class:`DTypeError` naming it.
+Numbers and arrays become constants of the variable's dtype where NumPy would promote
+to it (``float32 + float64 array`` is float32, as JAX computes with 64-bit types off;
+``float32 + int array`` is float32); an array of another kind (floats beside an integer
+variable) keeps its dtype, and the command then says the dtypes differ.
+
+``**`` is recorded with existing commands, so gradients flow: an integer power is
+``ewprod`` by repeated squaring (``1 / x**n`` for a negative one), ``x**0.5`` is
+``ewsqrt``, ``x**-0.5`` ``ewrsqrt``, and any other exponent ``exp(p * log x)``, which,
+like NumPy's real power, is defined for ``x > 0`` (``x = 0`` gives 0, a NaN gradient).
+
+``mean`` is ``reduce_mean`` (then ``reshape`` to drop the axes, as NumPy does) and
+``.T`` is ``transpose`` with the axes reversed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fnnc import ops
+from fnnc.errors import DTypeError, ShapeError
+
+if TYPE_CHECKING:
+    from .variable import Variable
+
+_ONE_OF = "a Variable, a NumPy or JAX array, a list of numbers, or a Python number"
+
+
+def is_number(x: Any) -> bool:
+    """A Python or NumPy scalar number (``bool`` included, as NumPy counts it)."""
+    return isinstance(x, (bool, int, float, np.bool_, np.integer, np.floating))
+
+
+def operand(var: Variable, other: Any, op: str) -> Variable:
+    """``other`` as a variable of ``var``'s graph, for ``var <op> other`` (or reversed).
+
+    Raises:
+        DTypeError: ``other`` is not a number, an array of numbers or a variable.
+    """
+    from .variable import Variable
+
+    if isinstance(other, Variable):
+        return other
+    dg = var._dg
+    if is_number(other):
+        return dg.scalar(other.item() if isinstance(other, np.generic) else other, var.dtype)
+    arr = _array(other)
+    if arr is None:
+        raise DTypeError(
+            f"{op} with variable {var.label}: the other operand, {type(other).__name__} "
+            f"{other!r:.60}, is not a tensor; use {_ONE_OF}"
+        )
+    return dg.constant(_cast(arr, var.dtype))
+
+
+def _array(x: Any) -> Any:
+    """``x`` as an array of numbers, or ``None`` where it is none."""
+    if isinstance(x, jax.Array):
+        return x
+    if not isinstance(x, (np.ndarray, list, tuple)):
+        return None
+    try:
+        arr = np.asarray(x)
+    except (TypeError, ValueError):  # ragged lists
+        return None
+    numeric = arr.dtype.kind in "biuf" or arr.dtype.name == "bfloat16"
+    return arr if numeric and arr.dtype != object else None
+
+
+def _cast(arr: Any, dtype: np.dtype) -> Any:
+    """``arr`` in ``dtype`` where NumPy's promotion would give ``dtype``; else unchanged."""
+    if arr.dtype == dtype:
+        return arr
+    given_float = jnp.issubdtype(arr.dtype, jnp.inexact)
+    if jnp.issubdtype(dtype, jnp.inexact) or not given_float:
+        return arr.astype(dtype)
+    return arr
+
+
+def power(x: Variable, p: Any) -> Variable:
+    """``x ** p`` with existing commands (see the module doc)."""
+    dg = x._dg
+    if not is_number(p):
+        exponent = operand(x, p, "**")
+        return dg.exec(ops.ewexp(), dg.exec(ops.ewprod(), exponent, dg.exec(ops.ewlog(), x)))
+    p = float(p)
+    if p == 0.5:
+        return dg.exec(ops.ewsqrt(), x)
+    if p == -0.5:
+        return dg.exec(ops.ewrsqrt(), x)
+    if p != int(p) or not math.isfinite(p):
+        return dg.exec(ops.ewexp(), dg.exec(ops.scalar_mul(a=p), dg.exec(ops.ewlog(), x)))
+    n = int(p)
+    if n == 0:
+        # d(x**0)/dx is 0 everywhere; 0 * x + 1 would be NaN where x is infinite
+        return dg.constant(np.ones(x.shape, x.dtype))
+    factors, square, k = [], x, abs(n)
+    while k:
+        if k & 1:
+            factors.append(square)
+        k >>= 1
+        if k:
+            square = dg.exec(ops.ewprod(), square, square)
+    positive = factors[0] if len(factors) == 1 else dg.exec(ops.ewprod(), *factors)
+    if n > 0:
+        return positive
+    return dg.exec(ops.ewdiv(), dg.scalar(1, x.dtype), positive)
+
+
+def rpower(x: Variable, base: Any) -> Variable:
+    """``base ** x``: ``exp(x * log(base))``, for a positive ``base``."""
+    dg = x._dg
+    if is_number(base) and base > 0:
+        return dg.exec(ops.ewexp(), dg.exec(ops.scalar_mul(a=math.log(base)), x))
+    log_base = dg.exec(ops.ewlog(), operand(x, base, "**"))
+    return dg.exec(ops.ewexp(), dg.exec(ops.ewprod(), x, log_base))
+
+
+def mean(x: Variable, axis: int | Sequence[int] | None, keepdims: bool) -> Variable:
+    """``x.mean(axis, keepdims)`` as NumPy computes it (see :meth:`Variable.mean`)."""
+    axes = _axes(x, axis)
+    out = x._dg.exec(ops.reduce_mean(axes=axes), x)
+    if keepdims:
+        return out
+    shape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
+    return x._dg.exec(ops.reshape(shape=shape), out)
+
+
+def _axes(x: Variable, axis: int | Sequence[int] | None) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(x.ndim))
+    given = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    axes = []
+    for a in given:
+        if not isinstance(a, (int, np.integer)) or not -x.ndim <= a < x.ndim:
+            raise ShapeError(
+                f"variable {x.label}: mean over axis {a!r} of a {x.ndim}-d variable "
+                f"{list(x.shape)}; give axes in [{-x.ndim}, {x.ndim})"
+            )
+        axes.append(int(a) % x.ndim)
+    if len(set(axes)) != len(axes):
+        raise ShapeError(f"variable {x.label}: mean over repeated axes {list(given)}")
+    return tuple(sorted(axes))
+
+
+def transposed(x: Variable) -> Variable:
+    """``x.T``: the axes reversed (``x`` itself below two axes, as in NumPy)."""
+    if x.ndim < 2:
+        return x
+    return x._dg.exec(ops.transpose(perm=tuple(reversed(range(x.ndim)))), x)
+
+
+UFUNC_OPERATORS: dict[Any, str] = {
+    np.add: "add",
+    np.subtract: "sub",
+    np.multiply: "mul",
+    np.true_divide: "truediv",
+    np.matmul: "matmul",
+    np.power: "pow",
+}
+"""NumPy ufuncs a variable answers with its own operator (``np_arr + var`` calls them)."""
+
+
+def array_ufunc(ufunc: Any, method: str, inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """NumPy's ``__array_ufunc__`` for variables.
+
+    ``ndarray + variable`` reaches here as ``np.add(ndarray, variable)``: the six
+    operators of :data:`UFUNC_OPERATORS` are recorded as the variable's operator
+    (``variable.__radd__(ndarray)``), so the result is a variable, not an object array.
+    Any other ufunc (``np.exp(variable)``) computes in NumPy on the values, as
+    ``np.asarray(variable)`` would.
+    """
+    from .variable import Variable
+
+    name = UFUNC_OPERATORS.get(ufunc)
+    if name is not None and method == "__call__" and not kwargs and len(inputs) == 2:
+        a, b = inputs
+        if isinstance(a, Variable):
+            return getattr(a, f"__{name}__")(b)
+        return getattr(b, f"__r{name}__")(a)
+    if any(isinstance(o, Variable) for o in kwargs.get("out", ())):
+        raise DTypeError(
+            f"np.{ufunc.__name__}(..., out=variable): NumPy cannot write into a variable; "
+            "compute it with commands (DynamicGraph.exec) or write with DynamicGraph.set"
+        )
+    values = tuple(np.asarray(x) if isinstance(x, Variable) else x for x in inputs)
+    return getattr(ufunc, method)(*values, **kwargs)

@@ -1,0 +1,94 @@
+"""NNC's "dynamic graph to evaluate cnnp model" tests, translated: ``evaluate`` compiles a
+model that was never compiled from the inputs it is given (issue 25, item 8), also a
+model without parameters."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fnnc import ops
+from fnnc.errors import ModelError
+from fnnc.graph import DynamicGraph
+from fnnc.models import Dense, Input, Model, Mul
+
+F32 = np.float32
+
+
+def _dense_1() -> Model:
+    x = Input()
+    return Model(x, Dense(1, name="linear")(x))
+
+
+def _closed_form(params: dict, pids: list[str], x):
+    """``Dense(1)`` in plain JAX: ``x @ w.T + b``."""
+    by_ndim = {np.ndim(params[p]): p for p in pids}
+    return x @ params[by_ndim[2]].T + params[by_ndim[1]][None]
+
+
+def test_evaluate_compiles_a_model_never_compiled_and_trains_it() -> None:
+    """NNC: "dynamic graph to evaluate cnnp model" (batches of 1 and 2 alternate)."""
+    linear = _dense_1()
+    with pytest.raises(ModelError, match="not compiled"):
+        linear.parameters()
+    dg = DynamicGraph()
+    z = dg.constant(F32([[5.0]]))
+    opt = optax.sgd(0.01)
+    for i in range(100):
+        x = dg.variable(np.full((2 if i % 2 else 1, 1), 10.0, F32), name="x")
+        y = dg.evaluate(linear, [dg.exec(ops.ewlog(), x)])
+        d = y - z
+        params = dg.parameters(linear)
+        if i == 0:  # the compiled model's forward and gradient against plain JAX
+            values = {p: v.numpy() for p, v in params.items()}
+            pids = list(values)
+            np.testing.assert_allclose(
+                y.numpy(), _closed_form(values, pids, np.log(x.numpy())), rtol=1e-6
+            )
+
+            def loss(xv, p):
+                return jnp.sum((_closed_form(p, pids, jnp.log(xv)) - 5.0) ** 2)
+
+            want_dx, want_dp = jax.grad(loss, argnums=(0, 1))(x.numpy(), values)
+        grads = dg.backward((d * d).sum(), [x, *params.values()])
+        if i == 0:
+            np.testing.assert_allclose(grads[0].numpy(), want_dx, rtol=1e-5)
+            for g, pid in zip(grads[1:], params):
+                np.testing.assert_allclose(g.numpy(), want_dp[pid], rtol=1e-5)
+        dg.apply_gradients(opt, list(params.values()))
+    y = dg.evaluate(linear, [dg.exec(ops.ewlog(), dg.constant(F32([[10.0]])))])
+    assert abs(float(y.numpy()[0, 0]) - 5.0) < 1e-2  # NNC's check
+    # the model was compiled (for rank-2 float32 inputs) and holds the trained values
+    np.testing.assert_allclose(
+        np.asarray(linear.evaluate(np.log(F32([[10.0]])))), y.numpy(), rtol=1e-6
+    )
+
+
+def test_evaluate_compiles_a_model_without_parameters() -> None:
+    """NNC: "dynamic graph to evaluate cnnp model without any parameters"."""
+    a_in, b_in = Input(), Input()
+    mul = Model([a_in, b_in], Mul(name="mul")(a_in, b_in))
+    dg = DynamicGraph()
+    a = dg.variable(F32([1.23]), name="a")
+    b = dg.variable(F32([2.0]), name="b")
+    c = dg.evaluate(mul, [a, b])
+    (da,) = dg.backward(c, [a])
+    np.testing.assert_allclose(c.numpy(), [2.46], rtol=1e-6)
+    np.testing.assert_allclose(da.numpy(), [2.0], rtol=1e-6)
+    assert dg.parameters(mul) == {}
+
+
+def test_a_compiled_model_keeps_its_compile() -> None:
+    """Evaluating a compiled model on another batch size does not compile it again."""
+    linear = _dense_1()
+    linear.compile([np.zeros((4, 3), F32)], loss="mse", minimizer=optax.sgd(0.1))
+    before = linear.parameters()
+    dg = DynamicGraph()
+    y = dg.evaluate(linear, [dg.constant(np.ones((2, 3), F32))])
+    assert y.shape == (2, 1)
+    after = linear.parameters()
+    assert all(np.array_equal(before[p], after[p]) for p in before)
+    linear.fit(np.ones((4, 3), F32), np.zeros((4, 1), F32))  # loss and minimizer kept
