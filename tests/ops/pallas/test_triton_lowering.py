@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import export
+from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
 
 from fnnc import ops
 from fnnc.ops.pallas import _common
@@ -22,7 +23,12 @@ TRITON = "__gpu$xla.gpu.triton"
 
 @pytest.fixture(autouse=True)
 def gpu_target(monkeypatch):
+    """Kernels built for a GPU, lowered for an H100 (JAX 0.11 asks for the target's kind
+    when no GPU is attached; an abstract device names it)."""
     monkeypatch.setattr(_common, "platform", lambda: "gpu")
+    h100 = AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132, platform="gpu")
+    with use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=h100)):
+        yield
 
 
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=["f32", "bf16"])
