@@ -29,6 +29,15 @@ def _gelu_dense():
     return ops.fused_elementwise(body=b.build([y]))
 
 
+def _bias_gelu(approximate):
+    """The fused chain of a dense layer's activation: tanh GELU (its backward is
+    ``1 - tanh²``) or exact GELU (``erf``, run as fnnc's rule inside the kernel)."""
+    b = GraphBuilder()
+    x, bias = b.input((4, 128, 1024)), b.input((1024,))
+    y = b.exec(ops.gelu(approximate=approximate), b.exec(ops.add(), x, bias))
+    return ops.fused_elementwise(body=b.build([y]))
+
+
 CASES = {
     "softmax_crossentropy": (
         ops.softmax_crossentropy(),
@@ -50,6 +59,16 @@ CASES = {
         ops.gemm(transpose_b=True),
         lambda: [rand((512, 256)), rand((1024, 256)), rand((1024,))],
         2e-2,
+    ),
+    "fused add+gelu": (
+        _bias_gelu(True),
+        lambda: [rand((4, 128, 1024), lo=-4, hi=4), rand((1024,), seed=1)],
+        1e-5,  # no products: elementwise float32 on both sides
+    ),
+    "fused add+gelu exact": (
+        _bias_gelu(False),
+        lambda: [rand((4, 128, 1024), lo=-4, hi=4), rand((1024,), seed=1)],
+        1e-5,
     ),
     "fused gemm+gelu": (
         _gelu_dense(),
