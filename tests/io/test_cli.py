@@ -1,7 +1,5 @@
 """python -m fnnc inspect, run as a subprocess."""
 
-import os
-import pathlib
 import re
 import subprocess
 import sys
@@ -11,12 +9,11 @@ import numpy as np
 import pytest
 
 from fnnc.io import Checkpoints, TensorFile
-
-ROOT = pathlib.Path(__file__).parents[2]
+from tests.helpers import subprocess_env
 
 
 def run(*args):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    env = subprocess_env()
     return subprocess.run(
         [sys.executable, "-m", "fnnc", *args], capture_output=True, text=True, env=env
     )
