@@ -6,6 +6,7 @@ import collections
 
 import flax.linen as nn
 import jax
+import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -186,7 +187,9 @@ def test_random_values_inside_the_function() -> None:
         return x + jax.random.normal(k1, x.shape) * jax.random.uniform(k2, ())
 
     graph = check(f, rand((3, 4)))
-    assert "closed_call" in generic_prims(graph)
+    # the key equations fold into one call node: closed_call before jax 0.11, whose
+    # closed_call_p is an alias of eval_jaxpr_p
+    assert jex.core.primitives.closed_call_p.name in generic_prims(graph)
 
 
 def test_pytree_output_round_trips_structure() -> None:
