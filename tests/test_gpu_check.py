@@ -70,3 +70,29 @@ def test_missing_packages_are_named_with_the_commands_that_install_them():
     ]
     text = gpu_check.how_to_install(["grain", "portpicker"])
     assert "pip install grain portpicker" in text and "FNNC_WHEELS" in text
+
+
+def _wheel(folder, name="fnnc_probe_pkg"):
+    """A minimal pure-Python wheel, written by hand (no build backend needed)."""
+    import zipfile
+
+    dist = name.replace("_", "-")
+    info = f"{name}-0.1.dist-info"
+    with zipfile.ZipFile(folder / f"{name}-0.1-py3-none-any.whl", "w") as z:
+        z.writestr(f"{name}/__init__.py", "ANSWER = 42\n")
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+        z.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        z.writestr(f"{info}/RECORD", "")
+    return name, dist
+
+
+def test_missing_packages_install_from_a_folder_of_wheels(tmp_path, monkeypatch):
+    wheels, target = tmp_path / "wheels", tmp_path / "deps"
+    wheels.mkdir()
+    module, dist = _wheel(wheels)
+    assert gpu_check.missing({module: dist}) == [dist]
+    gpu_check.install([dist], wheels, target)
+    monkeypatch.syspath_prepend(str(target))
+    assert gpu_check.missing({module: dist}) == []
