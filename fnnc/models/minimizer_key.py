@@ -26,8 +26,8 @@ structure and set of constants (later objects of that kind reuse its answer).
 
 In a program, the hyper-parameters ride as float32 scalar leaves at the end of the
 optimizer state (:class:`Minimizers`), as ``optax.inject_hyperparams`` carries them:
-the program passes them through unchanged. The per-parameter state kept by
-:class:`fnnc.models.optim.StateStore` never holds them (:meth:`Minimizers.inner`), so
+the program passes them through unchanged. The partition states kept by
+:class:`fnnc.models.optim.StateStore` never hold them (:meth:`Minimizers.inner`), so
 checkpoints and ``optimizer_state`` are the plain Optax states.
 
 Numerics: a traced float32 rate is not weakly typed as a Python float is, so for a
@@ -52,7 +52,7 @@ from jax.extend.core import Literal
 
 from fnnc.errors import ModelError
 from fnnc.graph.dynamic.optim import behaviour
-from fnnc.models.optim import per_parameter
+from fnnc.models.optim import partitioned
 
 _DEPTH = 12  # as deep as behaviour() looks
 _CACHE: dict[int, tuple[Any, Hyper]] = {}
@@ -358,32 +358,37 @@ def _scan(jaxpr: Any, pure: dict[Any, set[int]], rejected: set[int]) -> None:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Minimizers:
-    """The minimizers of a program's parameters, grouped by (structure, values).
+    """The minimizer of a program's parameters: their partitions, one per
+    transformation object (:func:`fnnc.models.optim.partitioned`).
 
     Attributes:
-        key: the program key: the groups' structures and each parameter's group.
-        groups: one :class:`Hyper` per distinct minimizer (the first object met).
-        index: the group of each parameter.
+        key: the program key: the partitions' structures and each parameter's partition.
+        groups: one :class:`Hyper` per partition, in order of first appearance.
+        parts: the parameter ids of each partition, in the program's order.
+        pids: every parameter id, in the program's order.
     """
 
     key: Hashable
     groups: tuple[Hyper, ...]
-    index: tuple[int, ...]
+    parts: tuple[tuple[str, ...], ...]
+    pids: tuple[str, ...]
 
     @staticmethod
-    def of(transforms: Sequence[optax.GradientTransformation]) -> Minimizers:
-        """The :class:`Minimizers` of one transformation per parameter."""
+    def of(pids: Sequence[str], transforms: Sequence[optax.GradientTransformation]) -> Minimizers:
+        """The :class:`Minimizers` of parameters ``pids`` with minimizers ``transforms``
+        (one per parameter; the same object for every parameter of a partition)."""
         groups: list[Hyper] = []
-        where: dict[tuple[Hashable, tuple[float, ...]], int] = {}
-        index = []
-        for t in transforms:
-            h = split(t)
-            at = where.setdefault((h.key, h.values), len(groups))
+        parts: list[list[str]] = []
+        where: dict[int, int] = {}
+        for pid, t in zip(pids, transforms):
+            at = where.setdefault(id(t), len(groups))
             if at == len(groups):
-                groups.append(h)
-            index.append(at)
-        key = (tuple(g.key for g in groups), tuple(index))
-        return Minimizers(key, tuple(groups), tuple(index))
+                groups.append(split(t))
+                parts.append([])
+            parts[at].append(pid)
+        index = tuple(where[id(t)] for t in transforms)
+        key = (tuple(g.key for g in groups), index)
+        return Minimizers(key, tuple(groups), tuple(map(tuple, parts)), tuple(pids))
 
     @property
     def n_hyper(self) -> int:
@@ -395,14 +400,16 @@ class Minimizers:
         return [jnp.array(v, jnp.float32) for g in self.groups for v in g.values]
 
     def transform(self) -> optax.GradientTransformation:
-        """One Optax transformation over the parameter list whose state is
-        ``(per-parameter states, hyper-parameters)``; ``update`` rebuilds each
-        minimizer from the hyper-parameters in its state and passes them on."""
-        groups, index = self.groups, self.index
+        """One Optax transformation over the parameter list (in ``pids`` order, as the
+        ``optax_update`` command passes it) whose state is ``(partition states,
+        hyper-parameters)``; ``update`` rebuilds each partition's minimizer from the
+        hyper-parameters in its state, applies it to its partition's dict and passes
+        the hyper-parameters on."""
+        groups, parts, pids = self.groups, self.parts, self.pids
         sizes = [len(g.values) for g in groups]
 
         def init(params: Sequence[Any]) -> tuple[Any, tuple[Any, ...]]:
-            inner = per_parameter([groups[i].template for i in index]).init(params)
+            inner = partitioned([g.template for g in groups], parts).init(dict(zip(pids, params)))
             return inner, tuple(self.hyper_leaves())
 
         def update(grads: Sequence[Any], state: Any, params: Any = None) -> Any:
@@ -411,16 +418,15 @@ class Minimizers:
             for g, n in zip(groups, sizes):
                 built.append(g.rebuild(hyper[at : at + n]) if n else g.template)
                 at += n
-            per = per_parameter([built[i] for i in index])
-            updates, new = per.update(grads, inner, params)
+            tree = None if params is None else dict(zip(pids, params))
+            updates, new = partitioned(built, parts).update(dict(zip(pids, grads)), inner, tree)
             new = jax.tree.map(lambda a, b: a.astype(b.dtype), new, inner)
             like = params if params is not None else grads
-            updates = [u.astype(p.dtype) for u, p in zip(updates, like)]
-            return updates, (new, hyper)
+            return [updates[p].astype(x.dtype) for p, x in zip(pids, like)], (new, hyper)
 
         return optax.GradientTransformation(init, update)
 
     @staticmethod
     def inner(state: Any) -> Any:
-        """The per-parameter states of a :meth:`transform` state."""
+        """The partition states of a :meth:`transform` state."""
         return state[0]
