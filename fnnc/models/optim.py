@@ -174,6 +174,18 @@ class StateStore:
 
     def __init__(self) -> None:
         self._views: dict[str, dict[str, Any]] = {}
+        self._shapes: dict[Any, tuple[Any, Any]] = {}  # (id, specs) -> (transform, shapes)
+
+    def _shapes_of(self, transform: Any, values: Mapping[str, Any]) -> Any:
+        """``jax.eval_shape`` of ``transform.init`` over ``values``, cached per object and
+        parameter specs (tracing the init of hundreds of parameters takes a while)."""
+        key = (id(transform), tuple((p, np.shape(v), str(v.dtype)) for p, v in values.items()))
+        got = self._shapes.get(key)
+        if got is None or got[0] is not transform:
+            if len(self._shapes) > 64:
+                self._shapes.clear()
+            got = self._shapes[key] = (transform, jax.eval_shape(transform.init, dict(values)))
+        return got[1]
 
     def find(self, pid: str, like: Any) -> Any:
         """The kept view of ``pid`` with the structure of ``like``, or None."""
@@ -193,23 +205,22 @@ class StateStore:
         """``transform``'s state over ``values`` (id -> parameter) from the kept views:
         each parameter's own leaves from its view, the shared ones from the first
         parameter holding a view, injected hyper-parameters and the rest from
-        ``transform.init``."""
-        fresh = transform.init(dict(values))
+        ``transform.init`` (run only when some leaf needs it)."""
+        shapes = self._shapes_of(transform, values)
         pids = frozenset(values)
-        found = {p: self.find(p, view(fresh, p, pids)) for p in values}
+        found = {p: self.find(p, view(shapes, p, pids)) for p in values}
         kept = {p: _by_path(v) for p, v in found.items() if v is not None}
-        if not kept:
-            return fresh
-        donor = next(iter(kept))
-        flat, treedef = jax.tree_util.tree_flatten_with_path(fresh)
-        leaves = []
-        for (path, leaf), owner in zip(flat, owners(fresh, pids)):
+        donor = next(iter(kept), None)
+        flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+        leaves: list[Any] = []
+        for (path, _), owner in zip(flat, owners(shapes, pids)):
             name = jax.tree_util.keystr(path)
-            source = kept.get(owner) if owner != SHARED else kept[donor]
-            if source is None or (owner == SHARED and _injected(name)):
-                leaves.append(leaf)
-            else:
-                leaves.append(source[name])
+            source = kept.get(owner if owner != SHARED else donor)
+            fresh = source is None or (owner == SHARED and _injected(name))
+            leaves.append(None if fresh else source[name])
+        if any(leaf is None for leaf in leaves):
+            init = jax.tree.leaves(transform.init(dict(values)))
+            leaves = [new if leaf is None else leaf for leaf, new in zip(leaves, init)]
         return treedef.unflatten(leaves)
 
     def reset(self, pids: Sequence[str] | None = None) -> None:
