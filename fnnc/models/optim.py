@@ -25,7 +25,9 @@ keeps views per parameter id and view structure (tree and leaf shapes), so:
   new batch size; set Adam; evaluate with input gradients; set a no-op; repeat" keeps
   Adam's moments;
 * repartitioning keeps each parameter's own leaves; a partition's shared leaves come
-  from its first parameter (in model order) that holds a view of that structure;
+  from its first parameter (in model order) that holds a view of that structure, so
+  ``set_minimizer(opt, params=..., reset=True)`` restarts those parameters' own leaves
+  and, in a partition of their own, its step count too;
 * hyper-parameters injected with ``optax.inject_hyperparams`` follow the
   transformation as set (a new rate takes effect; DynamicGraph does the same);
 * recompiling for a new batch size or for input gradients never touches the store.

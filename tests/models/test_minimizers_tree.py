@@ -71,11 +71,15 @@ def test_global_norm_clip_and_adamw_schedule_equal_optax_on_the_dict():
     assert float(optax.tree.norm(_grad(p0, XS, TS))) > 0.05  # the clip acts
     for _ in range(5):
         model.fit(XS, TS)
-    want, _ = _oracle(make(), p0, 5)
+    want, state = _oracle(make(), p0, 5)
     assert_close(model.parameters(), want, rtol=1e-6, atol=1e-6)
     alone, _ = _oracle(_per_parameter(make), p0, 5)
     gap = max(float(jnp.abs(want[k] - alone[k]).max()) for k in want)
     assert gap > 1e-4, gap  # clipping each parameter alone is another optimizer
+    out = model.evaluate(XS, requires_grad=True)  # NNC's backward + apply: the same step
+    model.backward([2 * (np.asarray(out) - TS) / TS.size], outgrad=False)
+    model.apply_gradients()
+    assert_close(model.parameters(), _oracle(make(), want, 1, state)[0], rtol=1e-6, atol=1e-6)
 
 
 def test_multisteps_accumulates_the_dict_and_steps_every_k():
