@@ -38,6 +38,7 @@ cast back to its dtypes and the update to the parameter's dtype.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import types
@@ -100,6 +101,15 @@ def _walk(value: Any, put: Callable[[Any], Any], depth: int = 0, *, fill: bool =
 
     if isinstance(value, types.FunctionType):
         return _walk_function(value, walk, fill)
+    if isinstance(value, types.MethodType) and hasattr(value.__self__, "__dict__"):
+        # a transformation object's bound method (optax.MultiSteps): its attributes
+        # are its closure; a copy of the object carries the substituted numbers
+        attrs = walk(vars(value.__self__))
+        if attrs is vars(value.__self__):
+            return value
+        obj = copy.copy(value.__self__)
+        vars(obj).update(attrs)
+        return types.MethodType(value.__func__, obj)
     if isinstance(value, functools.partial):
         func, args, kw = walk((value.func, value.args, value.keywords))
         if func is value.func and args is value.args and kw is value.keywords:
@@ -235,7 +245,15 @@ def _settle(transform: Any) -> None:
 
 
 def _key(holed: Any) -> Hashable:
-    return (type(holed), behaviour(holed.init), behaviour(holed.update))
+    return (type(holed), behaviour(_plain(holed.init)), behaviour(_plain(holed.update)))
+
+
+def _plain(fn: Any) -> Any:
+    """A bound method as its function and its object's attributes (which ``behaviour``
+    reads by value), so equal objects give equal keys; anything else as it is."""
+    if isinstance(fn, types.MethodType) and hasattr(fn.__self__, "__dict__"):
+        return (fn.__func__, type(fn.__self__), vars(fn.__self__))
+    return fn
 
 
 def _known_mask(transform: Any, floats: Sequence[Any]) -> list[bool]:
@@ -346,14 +364,43 @@ def _scan(jaxpr: Any, pure: dict[Any, set[int]], rejected: set[int]) -> None:
                 if not isinstance(iv, Literal) and iv in sub:
                     pure[ov] = sub[iv]
             continue
+        if "branches" in eqn.params:  # lax.cond (optax.MultiSteps): operands after the index
+            _scan_branches(eqn, pure, rejected)
+            continue
+        nested = inner is not None or any(map(_holds_jaxpr, eqn.params.values()))
         hypers = set().union(*(pure.get(v, set()) for v in ins))
         if all(v in pure for v in ins):  # hyper-parameters and literals only
-            if eqn.primitive.name not in _EXACT or inner is not None:
+            if eqn.primitive.name not in _EXACT or nested:
                 rejected.update(hypers)
             for ov in eqn.outvars:
                 pure[ov] = hypers
-        elif inner is not None:  # control flow we do not follow
+        elif nested:  # control flow we do not follow (while, scan)
             rejected.update(hypers)
+
+
+def _holds_jaxpr(param: Any) -> bool:
+    if isinstance(param, (tuple, list)):
+        return any(map(_holds_jaxpr, param))
+    return hasattr(param, "eqns") or hasattr(getattr(param, "jaxpr", None), "eqns")
+
+
+def _scan_branches(eqn: Any, pure: dict[Any, set[int]], rejected: set[int]) -> None:
+    """:func:`_scan` of each branch of a ``cond``; an output is pure if it is in some
+    branch (which rejects more, never less)."""
+    outs: dict[int, set[int]] = {}
+    for branch in eqn.params["branches"]:
+        jaxpr = getattr(branch, "jaxpr", branch)
+        sub = {
+            iv: pure[v]
+            for iv, v in zip(jaxpr.invars, eqn.invars[1:])
+            if not isinstance(v, Literal) and v in pure
+        }
+        _scan(jaxpr, sub, rejected)
+        for i, ov in enumerate(jaxpr.outvars):
+            if not isinstance(ov, Literal) and ov in sub:
+                outs.setdefault(i, set()).update(sub[ov])
+    for i, hypers in outs.items():
+        pure[eqn.outvars[i]] = hypers
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

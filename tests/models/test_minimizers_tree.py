@@ -43,16 +43,11 @@ def _params(model):
 def _oracle(opt, p, steps, state=None):
     """``steps`` steps of plain Optax ``opt`` on the parameter dict ``p``."""
     state = opt.init(p) if state is None else state
+    update = jax.jit(opt.update)  # one compile: op by op, each operation compiles alone
     for _ in range(steps):
-        updates, state = opt.update(_grad(p, XS, TS), state, p)
+        updates, state = update(_grad(p, XS, TS), state, p)
         p = optax.apply_updates(p, updates)
     return p, state
-
-
-def _per_parameter(make):
-    """The old semantics, for contrast: ``make()`` applied to each parameter alone."""
-    names = ["t-h-0-0", "t-h-0-1", *HEAD]
-    return optax.multi_transform({k: make() for k in names}, {k: k for k in names})
 
 
 def _clipped_sgd(learning_rate):
@@ -73,9 +68,6 @@ def test_global_norm_clip_and_adamw_schedule_equal_optax_on_the_dict():
         model.fit(XS, TS)
     want, state = _oracle(make(), p0, 5)
     assert_close(model.parameters(), want, rtol=1e-6, atol=1e-6)
-    alone, _ = _oracle(_per_parameter(make), p0, 5)
-    gap = max(float(jnp.abs(want[k] - alone[k]).max()) for k in want)
-    assert gap > 1e-4, gap  # clipping each parameter alone is another optimizer
     out = model.evaluate(XS, requires_grad=True)  # NNC's backward + apply: the same step
     model.backward([2 * (np.asarray(out) - TS) / TS.size], outgrad=False)
     model.apply_gradients()
@@ -83,8 +75,8 @@ def test_global_norm_clip_and_adamw_schedule_equal_optax_on_the_dict():
 
 
 def test_multisteps_accumulates_the_dict_and_steps_every_k():
-    def make():
-        return optax.MultiSteps(_clipped_sgd(0.5), every_k_schedule=2)
+    def make(rate=0.5):
+        return optax.MultiSteps(_clipped_sgd(rate), every_k_schedule=2)
 
     model = _mlp(make())
     p0 = _params(model)
@@ -97,6 +89,11 @@ def test_multisteps_accumulates_the_dict_and_steps_every_k():
     assert int(seen.gradient_step) == int(state.gradient_step) == 2
     assert list(seen.acc_grads) == ["t-out-0-0"]  # the parameter's own accumulator
     assert_close(seen.acc_grads["t-out-0-0"], state.acc_grads["t-out-0-0"], 1e-6, 1e-7)
+    model.set_minimizer(make(0.1))  # a new rate: the same program, the state carries over
+    for _ in range(3):
+        model.fit(XS, TS)
+    assert_close(model.parameters(), _oracle(make(0.1), want, 3, state)[0], 1e-6, 1e-6)
+    assert len([k for k in model.engine._programs if k[0] == "fit"]) == 1
 
 
 def test_inject_hyperparams_a_new_rate_takes_effect_compiles_nothing_keeps_state():
@@ -122,6 +119,8 @@ def test_a_per_parameter_override_is_a_partition_updated_as_a_whole():
     model = _mlp(body)
     model.set_minimizer(head, params=HEAD)
     p0 = _params(model)
+    g = _grad(p0, XS, TS)
+    assert float(optax.tree.norm({k: g[k] for k in HEAD})) > 0.02  # the head's clip acts
     for _ in range(3):
         model.fit(XS, TS)
     labels = {k: "head" if k in HEAD else "body" for k in p0}
@@ -131,9 +130,6 @@ def test_a_per_parameter_override_is_a_partition_updated_as_a_whole():
     alone = {k: minimizers.sgd(0.1, momentum=0.9) for k in p0 if k not in HEAD}
     nnc = optax.multi_transform({**alone, "head": head}, {**labels, **{k: k for k in alone}})
     assert_close(model.parameters(), _oracle(nnc, p0, 3)[0], rtol=1e-6, atol=1e-6)
-    # the head's clip saw the head's norm only: the whole dict's norm gives other numbers
-    whole, _ = _oracle(optax.chain(optax.clip_by_global_norm(0.02), minimizers.adam(0.05)), p0, 3)
-    assert float(jnp.abs(whole["t-out-0-0"] - want["t-out-0-0"]).max()) > 1e-4
 
 
 def _accumulated_adam():
