@@ -46,6 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fnnc.errors import ModelError
+
 SHARED = ""
 """The owner of a leaf that belongs to a partition as a whole (:func:`owners`)."""
 
@@ -73,7 +75,18 @@ def partitioned(
     transforms, parts = tuple(transforms), tuple(tuple(p) for p in parts)
 
     def init(params: Mapping[str, Any]) -> tuple[Any, ...]:
-        return tuple(t.init({p: params[p] for p in ids}) for t, ids in zip(transforms, parts))
+        states = []
+        for t, ids in zip(transforms, parts):
+            try:
+                states.append(t.init({p: params[p] for p in ids}))
+            except (TypeError, ValueError, KeyError) as e:
+                raise ModelError(
+                    f"minimizer {t!r:.60}: its init failed on the parameters {list(ids)} "
+                    f"({type(e).__name__}: {str(e)[:300]}); a model's minimizer updates "
+                    "the dict {parameter id: array} of its partition, so masks and labels "
+                    "must be trees of that dict (keyed by these ids) or callables of it"
+                ) from e
+        return tuple(states)
 
     def update(grads: Mapping[str, Any], state: Sequence[Any], params: Any = None) -> Any:
         updates: dict[str, Any] = {}

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from fnnc.errors import CheckpointError
+from fnnc.errors import CheckpointError, ModelError
 from fnnc.io import Checkpoints
 from fnnc.models import Dense, Input, Model, ReLU, minimizers
 from tests.helpers import assert_close, rand
@@ -183,3 +183,9 @@ def test_restoring_shared_state_that_differs_within_a_partition_names_it(tmp_pat
     assert int(seen[0].count) == 1
     (seen,) = b.engine.optimizer_state("t-h-0-0").values()
     assert int(seen[0].count) == 3
+
+
+def test_a_mask_that_is_not_a_tree_of_the_parameter_dict_names_the_ids():
+    model = _mlp(optax.masked(optax.sgd(0.1), {"w": True, "b": False}))
+    with pytest.raises(ModelError, match=r"(?s)\['t-h-0-0', .*keyed by these ids"):
+        model.fit(XS, TS)
