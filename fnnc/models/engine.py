@@ -45,8 +45,7 @@ from fnnc.graph.passes.minimize import TrainLayout
 from fnnc.models import checks, loss_scale, losses, residuals
 from fnnc.models.layer import BuildContext, ModelError, ParamInfo
 from fnnc.models.memory import MemoryOptions, memory_key
-from fnnc.models.minimizer_key import Minimizers
-from fnnc.models.optim import StateStore, is_noop
+from fnnc.models.optim import Minimizers, StateStore, is_noop
 from fnnc.models.parallel import Parallel, place
 from fnnc.models.programs import (
     ApplyProgram,

@@ -25,10 +25,10 @@ with every input float replaced by a numbered placeholder. The probe runs once p
 structure and set of constants (later objects of that kind reuse its answer).
 
 In a program, the hyper-parameters ride as float32 scalar leaves at the end of the
-optimizer state (:class:`Minimizers`), as ``optax.inject_hyperparams`` carries them:
-the program passes them through unchanged. The partition states kept by
-:class:`fnnc.models.optim.StateStore` never hold them (:meth:`Minimizers.inner`), so
-checkpoints and ``optimizer_state`` are the plain Optax states.
+optimizer state (:class:`fnnc.models.optim.Minimizers`), as ``optax.inject_hyperparams``
+carries them: the program passes them through unchanged. The partition states kept by
+:class:`fnnc.models.optim.StateStore` never hold them, so checkpoints and
+``optimizer_state`` are the plain Optax states.
 
 Numerics: a traced float32 rate is not weakly typed as a Python float is, so for a
 bfloat16 or float16 parameter the update is computed in float32; the new state is
@@ -53,7 +53,6 @@ from jax.extend.core import Literal
 
 from fnnc.errors import ModelError
 from fnnc.graph.dynamic.optim import behaviour
-from fnnc.models.optim import partitioned
 
 _DEPTH = 12  # as deep as behaviour() looks
 _CACHE: dict[int, tuple[Any, Hyper]] = {}
@@ -401,79 +400,3 @@ def _scan_branches(eqn: Any, pure: dict[Any, set[int]], rejected: set[int]) -> N
                 outs.setdefault(i, set()).update(sub[ov])
     for i, hypers in outs.items():
         pure[eqn.outvars[i]] = hypers
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Minimizers:
-    """The minimizer of a program's parameters: their partitions, one per
-    transformation object (:func:`fnnc.models.optim.partitioned`).
-
-    Attributes:
-        key: the program key: the partitions' structures and each parameter's partition.
-        groups: one :class:`Hyper` per partition, in order of first appearance.
-        parts: the parameter ids of each partition, in the program's order.
-        pids: every parameter id, in the program's order.
-    """
-
-    key: Hashable
-    groups: tuple[Hyper, ...]
-    parts: tuple[tuple[str, ...], ...]
-    pids: tuple[str, ...]
-
-    @staticmethod
-    def of(pids: Sequence[str], transforms: Sequence[optax.GradientTransformation]) -> Minimizers:
-        """The :class:`Minimizers` of parameters ``pids`` with minimizers ``transforms``
-        (one per parameter; the same object for every parameter of a partition)."""
-        groups: list[Hyper] = []
-        parts: list[list[str]] = []
-        where: dict[int, int] = {}
-        for pid, t in zip(pids, transforms):
-            at = where.setdefault(id(t), len(groups))
-            if at == len(groups):
-                groups.append(split(t))
-                parts.append([])
-            parts[at].append(pid)
-        index = tuple(where[id(t)] for t in transforms)
-        key = (tuple(g.key for g in groups), index)
-        return Minimizers(key, tuple(groups), tuple(map(tuple, parts)), tuple(pids))
-
-    @property
-    def n_hyper(self) -> int:
-        """The number of hyper-parameter leaves (the last leaves of the state)."""
-        return sum(len(g.values) for g in self.groups)
-
-    def hyper_leaves(self) -> list[Any]:
-        """The hyper-parameters as fresh float32 scalars (the program may donate them)."""
-        return [jnp.array(v, jnp.float32) for g in self.groups for v in g.values]
-
-    def transform(self) -> optax.GradientTransformation:
-        """One Optax transformation over the parameter list (in ``pids`` order, as the
-        ``optax_update`` command passes it) whose state is ``(partition states,
-        hyper-parameters)``; ``update`` rebuilds each partition's minimizer from the
-        hyper-parameters in its state, applies it to its partition's dict and passes
-        the hyper-parameters on."""
-        groups, parts, pids = self.groups, self.parts, self.pids
-        sizes = [len(g.values) for g in groups]
-
-        def init(params: Sequence[Any]) -> tuple[Any, tuple[Any, ...]]:
-            inner = partitioned([g.template for g in groups], parts).init(dict(zip(pids, params)))
-            return inner, tuple(self.hyper_leaves())
-
-        def update(grads: Sequence[Any], state: Any, params: Any = None) -> Any:
-            inner, hyper = state
-            built, at = [], 0
-            for g, n in zip(groups, sizes):
-                built.append(g.rebuild(hyper[at : at + n]) if n else g.template)
-                at += n
-            tree = None if params is None else dict(zip(pids, params))
-            updates, new = partitioned(built, parts).update(dict(zip(pids, grads)), inner, tree)
-            new = jax.tree.map(lambda a, b: a.astype(b.dtype), new, inner)
-            like = params if params is not None else grads
-            return [updates[p].astype(x.dtype) for p, x in zip(pids, like)], (new, hyper)
-
-        return optax.GradientTransformation(init, update)
-
-    @staticmethod
-    def inner(state: Any) -> Any:
-        """The partition states of a :meth:`transform` state."""
-        return state[0]

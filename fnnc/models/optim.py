@@ -11,7 +11,9 @@ transformation object form one partition, the rest keep the model's minimizer, a
 transformation updates the sub-dict of its partition as a whole (a clip in one
 partition sees that partition's norm). Per-element rules (SGD, Adam, NNC's
 :mod:`~fnnc.models.minimizers`) give on a dict what they give per parameter, so NNC's
-per-parameter semantics hold.
+per-parameter semantics hold. :class:`Minimizers` is that transformation for a
+program, with the numbers of each partition's minimizer as program inputs
+(:mod:`fnnc.models.minimizer_key`), so a new learning rate compiles nothing.
 
 State views: the state of a partition, seen from one parameter (:func:`view`), is that
 state with every dict keyed by parameter ids (Adam's ``mu``) cut down to the
@@ -37,8 +39,9 @@ Checkpoints write each parameter's view under its id (:mod:`fnnc.models.checkpoi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -47,6 +50,7 @@ import numpy as np
 import optax
 
 from fnnc.errors import ModelError
+from fnnc.models.minimizer_key import Hyper, split
 
 SHARED = ""
 """The owner of a leaf that belongs to a partition as a whole (:func:`owners`)."""
@@ -99,6 +103,82 @@ def partitioned(
         return {p: updates[p] for p in grads}, tuple(new)
 
     return optax.GradientTransformation(init, update)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Minimizers:
+    """The minimizer of a program's parameters: their partitions, one per
+    transformation object (:func:`fnnc.models.optim.partitioned`).
+
+    Attributes:
+        key: the program key: the partitions' structures and each parameter's partition.
+        groups: one :class:`Hyper` per partition, in order of first appearance.
+        parts: the parameter ids of each partition, in the program's order.
+        pids: every parameter id, in the program's order.
+    """
+
+    key: Hashable
+    groups: tuple[Hyper, ...]
+    parts: tuple[tuple[str, ...], ...]
+    pids: tuple[str, ...]
+
+    @staticmethod
+    def of(pids: Sequence[str], transforms: Sequence[optax.GradientTransformation]) -> Minimizers:
+        """The :class:`Minimizers` of parameters ``pids`` with minimizers ``transforms``
+        (one per parameter; the same object for every parameter of a partition)."""
+        groups: list[Hyper] = []
+        parts: list[list[str]] = []
+        where: dict[int, int] = {}
+        for pid, t in zip(pids, transforms):
+            at = where.setdefault(id(t), len(groups))
+            if at == len(groups):
+                groups.append(split(t))
+                parts.append([])
+            parts[at].append(pid)
+        index = tuple(where[id(t)] for t in transforms)
+        key = (tuple(g.key for g in groups), index)
+        return Minimizers(key, tuple(groups), tuple(map(tuple, parts)), tuple(pids))
+
+    @property
+    def n_hyper(self) -> int:
+        """The number of hyper-parameter leaves (the last leaves of the state)."""
+        return sum(len(g.values) for g in self.groups)
+
+    def hyper_leaves(self) -> list[Any]:
+        """The hyper-parameters as fresh float32 scalars (the program may donate them)."""
+        return [jnp.array(v, jnp.float32) for g in self.groups for v in g.values]
+
+    def transform(self) -> optax.GradientTransformation:
+        """One Optax transformation over the parameter list (in ``pids`` order, as the
+        ``optax_update`` command passes it) whose state is ``(partition states,
+        hyper-parameters)``; ``update`` rebuilds each partition's minimizer from the
+        hyper-parameters in its state, applies it to its partition's dict and passes
+        the hyper-parameters on."""
+        groups, parts, pids = self.groups, self.parts, self.pids
+        sizes = [len(g.values) for g in groups]
+
+        def init(params: Sequence[Any]) -> tuple[Any, tuple[Any, ...]]:
+            inner = partitioned([g.template for g in groups], parts).init(dict(zip(pids, params)))
+            return inner, tuple(self.hyper_leaves())
+
+        def update(grads: Sequence[Any], state: Any, params: Any = None) -> Any:
+            inner, hyper = state
+            built, at = [], 0
+            for g, n in zip(groups, sizes):
+                built.append(g.rebuild(hyper[at : at + n]) if n else g.template)
+                at += n
+            tree = None if params is None else dict(zip(pids, params))
+            updates, new = partitioned(built, parts).update(dict(zip(pids, grads)), inner, tree)
+            new = jax.tree.map(lambda a, b: a.astype(b.dtype), new, inner)
+            like = params if params is not None else grads
+            return [updates[p].astype(x.dtype) for p, x in zip(pids, like)], (new, hyper)
+
+        return optax.GradientTransformation(init, update)
+
+    @staticmethod
+    def inner(state: Any) -> Any:
+        """The partition states of a :meth:`transform` state."""
+        return state[0]
 
 
 def _children(tree: Any) -> tuple[list[Any], Any] | None:

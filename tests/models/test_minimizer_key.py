@@ -8,7 +8,8 @@ import numpy as np
 import optax
 
 from fnnc.models import Dense, Input, Model, minimizers
-from fnnc.models.minimizer_key import Minimizers, split
+from fnnc.models.minimizer_key import split
+from fnnc.models.optim import Minimizers
 from tests.helpers import assert_close, rand
 
 
