@@ -34,6 +34,7 @@ Nothing is ever unpickled: arrays are raw bytes, structure and metadata are JSON
 
 from fnnc.io.checkpoints import Checkpoint as Checkpoint
 from fnnc.io.checkpoints import Checkpoints as Checkpoints
+from fnnc.io import nnc_codecs as _nnc_codecs
 from fnnc.io.codecs import Codec as Codec
 from fnnc.io.codecs import register_codec as register_codec
 from fnnc.io.codecs import registered_codecs as registered_codecs
@@ -52,3 +53,5 @@ from fnnc.io.parameters import parameter_row as parameter_row
 from fnnc.io.parameters import read_parameters as read_parameters
 from fnnc.io.parameters import write_parameters as write_parameters
 from fnnc.io.tensor_file import TensorFile as TensorFile
+
+_nnc_codecs.register_nnc_codecs()
