@@ -32,9 +32,9 @@ array([[1., 0.],
 Nothing is ever unpickled: arrays are raw bytes, structure and metadata are JSON.
 """
 
+from fnnc.io import nnc_codecs as _nnc_codecs
 from fnnc.io.checkpoints import Checkpoint as Checkpoint
 from fnnc.io.checkpoints import Checkpoints as Checkpoints
-from fnnc.io import nnc_codecs as _nnc_codecs
 from fnnc.io.codecs import Codec as Codec
 from fnnc.io.codecs import register_codec as register_codec
 from fnnc.io.codecs import registered_codecs as registered_codecs
