@@ -36,6 +36,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import safetensors
 import safetensors.numpy
@@ -131,10 +132,22 @@ class SafetensorsFile:
             try:
                 return np.asarray(f.get_tensor(name))
             except Exception as e:  # the library's errors for dtypes NumPy cannot hold
+                if f.get_slice(name).get_dtype() == "BF16":
+                    return self._bfloat16(name)
                 raise TensorFileError(
                     f"tensor {name!r} in {self.path}: the safetensors library cannot read it "
                     f"into NumPy ({type(e).__name__}: {e})"
                 ) from None
+
+    def _bfloat16(self, name: str) -> np.ndarray:
+        """A BF16 tensor from the library's raw bytes, for versions of ``safetensors``
+        whose NumPy reader has no bfloat16 (it came with ml_dtypes support)."""
+        with open(self.path, "rb") as f:
+            for key, view in safetensors.deserialize(f.read()):
+                if key == name:
+                    data = np.frombuffer(bytes(view["data"]), ml_dtypes.bfloat16)
+                    return data.reshape(view["shape"])
+        raise TensorNotFoundError(f"no tensor {name!r:.80} in {self.path}")
 
     def _facts(self, name: str) -> tuple[str, str]:
         if self._pending and name in self._pending:

@@ -157,3 +157,37 @@ def test_command_line_convert_and_inspect(tmp_path, capsys):
     assert "fc.weight  float32  [3, 4]  NHWC    48     1    1    1     0" in out
     assert main(["convert", str(tmp_path / "nope.sqlite"), str(tmp_path / "x.safetensors")]) == 1
     assert "python -m fnnc convert: error:" in capsys.readouterr().err
+
+
+def test_bfloat16_reads_where_the_librarys_numpy_reader_has_none(tmp_path, monkeypatch):
+    """Older safetensors versions cannot put BF16 into NumPy: fnnc reads their bytes."""
+    import safetensors
+
+    path = tmp_path / "b.safetensors"
+    x = _arrays()["bf16"]
+    save_file({"b": x, "f": np.ones(3, np.float32)}, str(path))
+    real = safetensors.safe_open
+
+    class Old:
+        def __init__(self, *args, **kwargs):
+            self.inner = real(*args, **kwargs)
+
+        def __enter__(self):
+            self.inner.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+        def __getattr__(self, attr):
+            return getattr(self.inner, attr)
+
+        def get_tensor(self, name):
+            if self.inner.get_slice(name).get_dtype() == "BF16":
+                raise KeyError("BF16")
+            return self.inner.get_tensor(name)
+
+    monkeypatch.setattr("fnnc.io.safetensors_io.safe_open", Old)
+    got = SafetensorsFile(path).read("b")
+    assert got.dtype == ml_dtypes.bfloat16 and got.tobytes() == x.tobytes()
+    assert (SafetensorsFile(path).read("f") == 1).all()
