@@ -294,20 +294,9 @@ class Model(ScaleMixin, Layer):
             encoder: a codec for every row (NNC files only), e.g. ``"q8p"``, ``"ezm7"``
                 (:mod:`fnnc.io.nnc_codecs`); rows a codec declines are stored raw.
         """
-        import os
+        from fnnc.models.weights import write_model
 
-        from fnnc.io import write_parameters
-        from fnnc.io.convert import open_tensors
-
-        values = self.parameters()
-        infos = self.engine.infos
-        params = {k: v for k, v in values.items() if not infos[k].internal}
-        internals = {k: v for k, v in values.items() if infos[k].internal}
-        if format is None or not isinstance(target, (str, os.PathLike)):
-            write_parameters(target, params, name=name, internals=internals, encoder=encoder)
-            return
-        with open_tensors(target, format=format) as f:
-            write_parameters(f, params, name=name, internals=internals, encoder=encoder)
+        write_model(self, target, name=name, format=format, encoder=encoder)
 
     def read(
         self,
@@ -323,28 +312,14 @@ class Model(ScaleMixin, Layer):
 
         ``format`` as in :meth:`write`. ``rename`` maps the file's names to this model's
         row names (a dict, a JSON file of one, or a function; see
-        :func:`fnnc.io.convert`), e.g. a Hugging Face checkpoint's ``"fc.weight"`` to
+        :mod:`fnnc.models.weights`), e.g. a Hugging Face checkpoint's ``"fc.weight"`` to
         ``"t-fc-0-0"``. Raises :class:`fnnc.errors.ParameterError` listing every missing
         or mis-shaped parameter, unless ``strict=False``, which loads what matches and
         returns the ids that did not.
         """
-        import contextlib
-        import os
+        from fnnc.models.weights import read_model
 
-        from fnnc.io import read_parameters
-        from fnnc.io.convert import Renamed, open_tensors
-
-        infos = self.engine.infos
-        expected = {k: (i.shape, i.dtype) for k, i in infos.items() if not i.internal}
-        internals = {k: (i.shape, i.dtype) for k, i in infos.items() if i.internal}
-        with contextlib.ExitStack() as stack:
-            if isinstance(source, (str, os.PathLike)):
-                source = stack.enter_context(open_tensors(source, readonly=True, format=format))
-            if rename is not None:
-                source = Renamed(source, rename)
-            found = read_parameters(source, expected, name=name, internals=internals, strict=strict)
-        self.set_parameters({**found, **found.internals})
-        return [*found.missing, *(m if isinstance(m, str) else str(m) for m in found.mismatched)]
+        return read_model(self, source, name=name, strict=strict, format=format, rename=rename)
 
     def export(
         self,
