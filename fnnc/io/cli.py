@@ -1,10 +1,16 @@
-"""``python -m fnnc inspect FILE [--stats] [--verify]``: what an NNC or fnnc tensor file holds.
+"""``python -m fnnc inspect FILE [--stats] [--verify]``: what an NNC or fnnc tensor file holds;
+``python -m fnnc convert A B [--map FILE] [--encoder NAME]``: NNC tensor file <-> safetensors.
 
 ``inspect`` lists the tensors of an NNC or fnnc SQLite file (name, dtype, shape,
 format, stored bytes), the graphs and checkpoint steps fnnc keeps beside them, and with
 ``--stats`` each tensor's min, max, mean (NaNs left out) and NaN count. ``--verify``
 adds a check of every row (SQLite's ``integrity_check``, each row's format and length,
 its checksum where fnnc wrote one) and exits with status 1 if anything is damaged.
+
+``inspect`` also lists a ``.safetensors`` file's tensors (with ``--stats``), and shows
+the signature of a ``jax.export`` artifact (:meth:`fnnc.models.Model.export`).
+``convert`` copies every tensor (:func:`fnnc.io.convert`): ``--map`` is a JSON object
+``{"old name": "new name" or null}``, ``--encoder`` an NNC codec for the target's rows.
 
 A missing, damaged or non-SQLite file prints one line, ``python -m fnnc inspect:
 error: ...``, and exits with status 1 (never a traceback); the file is only read.
@@ -32,6 +38,9 @@ from typing import Any
 import numpy as np
 
 from fnnc.errors import FnncError
+from fnnc.io.convert import convert
+from fnnc.io.exported import describe_exported, looks_exported
+from fnnc.io.safetensors_io import SafetensorsFile, is_safetensors
 from fnnc.io.tensor_file import TensorFile
 
 
@@ -47,22 +56,31 @@ def inspect_lines(path: str | os.PathLike[str], *, stats: bool = False) -> list[
 
 def _inspect(path: str | os.PathLike[str], stats: bool) -> tuple[list[str], int]:
     """The report's lines and how many rows could not be read."""
+    if is_safetensors(path):
+        return _table(SafetensorsFile(path, readonly=True), stats, extras=False)
+    if looks_exported(path):
+        return describe_exported(path), 0
     with TensorFile(path, readonly=True) as f, f.operation("inspect"):
-        header = ["name", "dtype", "shape", "format", "bytes"]
-        header += ["min", "max", "mean", "nan"] if stats else []
-        table, total, unreadable = [header], 0, 0
-        for name in f.names():
-            cells = _row(f, name, stats)
-            unreadable += cells[1] == "?"
-            table.append([str(cell) for cell in cells])
-            total += int(table[-1][4]) if table[-1][4].isdigit() else 0
-        lines = [f"{f.path}: {len(table) - 1} tensors, {_human(total)} of data"]
-        lines += _aligned(table)
-        lines += _extras(f)
+        return _table(f, stats, extras=True)
+
+
+def _table(f: Any, stats: bool, *, extras: bool) -> tuple[list[str], int]:
+    """The listing of an open tensor file (NNC's or safetensors) and its unreadable rows."""
+    header = ["name", "dtype", "shape", "format", "bytes"]
+    header += ["min", "max", "mean", "nan"] if stats else []
+    table, total, unreadable = [header], 0, 0
+    for name in f.names():
+        cells = _row(f, name, stats)
+        unreadable += cells[1] == "?"
+        table.append([str(cell) for cell in cells])
+        total += int(table[-1][4]) if table[-1][4].isdigit() else 0
+    lines = [f"{f.path}: {len(table) - 1} tensors, {_human(total)} of data"]
+    lines += _aligned(table)
+    lines += _extras(f) if extras else []
     return lines, unreadable
 
 
-def _row(f: TensorFile, name: str, stats: bool) -> list[str]:
+def _row(f: Any, name: str, stats: bool) -> list[str]:
     try:
         info = f.info(name)
     except FnncError as e:
@@ -146,7 +164,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     inspect.add_argument(
         "--verify", action="store_true", help="check every row; exit status 1 on damage"
     )
+    conv = commands.add_parser("convert", help="copy tensors: NNC tensor file <-> safetensors")
+    conv.add_argument("source", help="an NNC tensor file or a .safetensors file")
+    conv.add_argument("target", help="the file to write (.safetensors or an NNC tensor file)")
+    conv.add_argument("--map", help='JSON object {"old name": "new name" or null}')
+    conv.add_argument("--encoder", help="an NNC codec for the target's rows, e.g. q8p, ezm7")
+    conv.add_argument("--from", dest="source_format", choices=("nnc", "safetensors"))
+    conv.add_argument("--to", dest="target_format", choices=("nnc", "safetensors"))
     args = parser.parse_args(argv)
+    if args.command == "convert":
+        return _convert(args)
     status = 0
     try:
         lines, unreadable = _inspect(args.file, args.stats)
@@ -171,3 +198,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(lines))
         status = status or (0 if ok else 1)
     return status
+
+
+def _convert(args: argparse.Namespace) -> int:
+    try:
+        names = convert(
+            args.source,
+            args.target,
+            rename=args.map,
+            encoder=args.encoder,
+            source_format=args.source_format,
+            target_format=args.target_format,
+        )
+    except FnncError as e:
+        print(f"python -m fnnc convert: error: {e}", file=sys.stderr)
+        return 1
+    print(f"{args.source} -> {args.target}: {len(names)} tensors")
+    return 0

@@ -278,38 +278,73 @@ class Model(ScaleMixin, Layer):
         (:meth:`fnnc.io.Checkpoints.restore_into` calls this)."""
         return checkpoint_state.restore_into(checkpoints, self, step)
 
-    def write(self, target: Any, *, name: str | None = None) -> None:
+    def write(
+        self,
+        target: Any,
+        *,
+        name: str | None = None,
+        format: str | None = None,  # noqa: A002 (the file format)
+        encoder: Any = None,
+    ) -> None:
         """Writes parameters (``<id>`` or ``__<name>__[<id>]``) and internals
         (``<id>(0)``) to an NNC tensor file, in one transaction (NNC's
-        ``ccv_cnnp_model_write``).
+        ``ccv_cnnp_model_write``), or to a safetensors file under the same names.
 
         Args:
-            target: a path or a :class:`fnnc.io.TensorFile`.
+            target: a path or an open :class:`fnnc.io.TensorFile` /
+                :class:`fnnc.io.SafetensorsFile`.
             name: the model name in the row names (``None`` for bare ids).
+            format: ``"nnc"`` or ``"safetensors"``; by default ``.safetensors`` paths
+                are safetensors, others NNC tensor files.
+            encoder: a codec for every row (NNC files only), e.g. ``"q8p"``, ``"ezm7"``
+                (:mod:`fnnc.io.nnc_codecs`); rows a codec declines are stored raw.
         """
-        from fnnc.io import write_parameters
+        from fnnc.models.weights import write_model
 
-        values = self.parameters()
-        infos = self.engine.infos
-        params = {k: v for k, v in values.items() if not infos[k].internal}
-        internals = {k: v for k, v in values.items() if infos[k].internal}
-        write_parameters(target, params, name=name, internals=internals)
+        write_model(self, target, name=name, format=format, encoder=encoder)
 
-    def read(self, source: Any, *, name: str | None = None, strict: bool = True) -> list[str]:
-        """Reads parameters written by :meth:`write` (or by NNC) into this compiled model.
+    def read(
+        self,
+        source: Any,
+        *,
+        name: str | None = None,
+        strict: bool = True,
+        format: str | None = None,  # noqa: A002 (the file format)
+        rename: Any = None,
+    ) -> list[str]:
+        """Reads parameters written by :meth:`write` (or by NNC, or a safetensors file)
+        into this compiled model.
 
-        Raises :class:`fnnc.errors.ParameterError` listing every missing or mis-shaped
-        parameter, unless ``strict=False``, which loads what matches and returns the ids
-        that did not.
+        ``format`` as in :meth:`write`. ``rename`` maps the file's names to this model's
+        row names (a dict, a JSON file of one, or a function; see
+        :mod:`fnnc.models.weights`), e.g. a Hugging Face checkpoint's ``"fc.weight"`` to
+        ``"t-fc-0-0"``. Raises :class:`fnnc.errors.ParameterError` listing every missing
+        or mis-shaped parameter, unless ``strict=False``, which loads what matches and
+        returns the ids that did not.
         """
-        from fnnc.io import read_parameters
+        from fnnc.models.weights import read_model
 
-        infos = self.engine.infos
-        expected = {k: (i.shape, i.dtype) for k, i in infos.items() if not i.internal}
-        internals = {k: (i.shape, i.dtype) for k, i in infos.items() if i.internal}
-        found = read_parameters(source, expected, name=name, internals=internals, strict=strict)
-        self.set_parameters({**found, **found.internals})
-        return [*found.missing, *(m if isinstance(m, str) else str(m) for m in found.mismatched)]
+        return read_model(self, source, name=name, strict=strict, format=format, rename=rename)
+
+    def export(
+        self,
+        path: Any = None,
+        *,
+        batch: str | None = "b",
+        parameters: str = "embedded",
+        inputs: Sequence[Any] | None = None,
+        platforms: Sequence[str] | None = None,
+    ) -> Any:
+        """Writes this compiled model's inference as a ``jax.export`` artifact that plain
+        JAX loads (``jax.export.deserialize``) and runs without fnnc, at any size of the
+        symbolic ``batch`` dimension; ``parameters="embedded"`` or ``"argument"`` (a
+        dict by id, the first argument). Returns the ``jax.export.Exported``; see
+        :mod:`fnnc.models.export`."""
+        from fnnc.models.export import export
+
+        return export(
+            self, path, batch=batch, parameters=parameters, inputs=inputs, platforms=platforms
+        )
 
     def train(
         self,
