@@ -122,7 +122,9 @@ from fnnc.ops.reduce import reduce_norm2 as reduce_norm2
 from fnnc.ops.reduce import reduce_sum as reduce_sum
 from fnnc.ops.rnn import lstm as lstm
 from fnnc.ops.scan import scan as scan
-from fnnc.ops.sparse_attention import scaled_dot_product_arg_partition as scaled_dot_product_arg_partition
+from fnnc.ops.sparse_attention import (
+    scaled_dot_product_arg_partition as scaled_dot_product_arg_partition,
+)
 from fnnc.ops.sparse_attention import sol_attention as sol_attention
 from fnnc.ops.sparse_attention import sparse_indexed_attention as sparse_indexed_attention
 from fnnc.ops.upsample import upsample as upsample

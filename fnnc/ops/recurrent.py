@@ -33,7 +33,7 @@ from fnnc.errors import CommandError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show
 
 
-def _gated_delta_shape(q, k, v, log_decay, beta, state, *, log_decay_input):
+def _gated_delta_shape(q, k, v, log_decay, beta, state, *, log_decay_input, state_checkpoint_count):
     name = "gated_delta"
     require_float(name, q, k, v, log_decay, beta, state)
     require_same_dtype(name, q, k, v, log_decay, beta, state)
@@ -54,12 +54,23 @@ def _gated_delta_shape(q, k, v, log_decay, beta, state, *, log_decay_input):
             f"and beta [B, T, Hv], state [B, Hv, Dv, Dk]; got q {show(q)}, k {show(k)}, v "
             f"{show(v)}, log_decay {show(log_decay)}, beta {show(beta)}, state {show(state)}"
         )
-    return Spec(tuple(v.shape), v.dtype), Spec(tuple(state.shape), state.dtype)
+    if not 0 <= state_checkpoint_count <= q.shape[1]:
+        fail(
+            f"{name}: state_checkpoint_count={state_checkpoint_count} must be in 0..T = "
+            f"{q.shape[1]} (the states kept besides the final one)"
+        )
+    b, hv, dv, dk = state.shape
+    history = Spec((b, hv * (state_checkpoint_count + 1), dv, dk), state.dtype)
+    return Spec(tuple(v.shape), v.dtype), history
 
 
 @defcommand(family="gated_delta", shape=_gated_delta_shape)
-def gated_delta(q, k, v, log_decay, beta, state, *, log_decay_input=True):
+def gated_delta(q, k, v, log_decay, beta, state, *, log_decay_input=True, state_checkpoint_count=0):
     """The Gated DeltaNet recurrence (see the module docstring): ``(y, state_out)``.
+
+    With ``state_checkpoint_count = c`` the second output holds the last ``c + 1``
+    states, final first (NNC's reverse checkpoints for a backward pass), flattened into
+    the head axis: ``[B, (c + 1) * Hv, Dv, Dk]``.
 
     >>> import jax.numpy as jnp
     >>> from fnnc import ops
@@ -72,17 +83,25 @@ def gated_delta(q, k, v, log_decay, beta, state, *, log_decay_input=True):
     qe, ke = jnp.repeat(q, r, axis=2), jnp.repeat(k, r, axis=2)  # [B, T, Hv, Dk]
     decay = jnp.exp(log_decay) if log_decay_input else log_decay
 
+    keep = state_checkpoint_count
+
     def step(s, xs):
         q_t, k_t, v_t, a_t, b_t = xs  # [B, Hv, ...]
         s = s * a_t[..., None, None]
         memory = jnp.einsum("bhvk,bhk->bhv", s, k_t)
         delta = (v_t - memory) * b_t[..., None]
         s = s + delta[..., None] * k_t[..., None, :]
-        return s, jnp.einsum("bhvk,bhk->bhv", s, q_t)
+        return s, (jnp.einsum("bhvk,bhk->bhv", s, q_t), s if keep else None)
 
     xs = tuple(jnp.swapaxes(x, 0, 1) for x in (qe, ke, v, decay, beta))
-    final, ys = lax.scan(step, state, xs)
-    return jnp.swapaxes(ys, 0, 1), final
+    final, (ys, states) = lax.scan(step, state, xs)
+    y = jnp.swapaxes(ys, 0, 1)
+    if not keep:
+        return y, final
+    every = jnp.concatenate([state[None], states], axis=0)  # [T + 1, B, Hv, Dv, Dk]
+    history = jnp.flip(every, axis=0)[: keep + 1]
+    b, hv, dv, dk = state.shape
+    return y, jnp.reshape(jnp.swapaxes(history, 0, 1), (b, (keep + 1) * hv, dv, dk))
 
 
 def _hc_shape(*xs, mode, count, sinkhorn_iterations, epsilon):

@@ -207,7 +207,10 @@ def _sol_shape(
     require_float(name, q, k, v)
     require_same_dtype(name, q, k, v)
     if q.ndim != 4 or tuple(k.shape) != tuple(q.shape) or tuple(v.shape) != tuple(q.shape):
-        fail(f"{name}: q, k, v must share one [N, T, H, D] shape; got {show(q)}, {show(k)}, {show(v)}")
+        fail(
+            f"{name}: q, k, v must share one [N, T, H, D] shape; got {show(q)}, {show(k)}, "
+            f"{show(v)}"
+        )
     t = q.shape[1]
     if block_size <= 0 or query_block_size < 0 or local_block_radius < 1:
         fail(
@@ -278,7 +281,9 @@ def sol_attention(
         | (np.minimum((ji + 1) * b, t) > end)
         | (np.abs(qi * qb // b - ji) <= local_block_radius)
     )
-    routed = lax.stop_gradient(jnp.asarray(fixed)[None, None] | (block_logit > threshold[..., None]))
+    routed = lax.stop_gradient(
+        jnp.asarray(fixed)[None, None] | (block_logit > threshold[..., None])
+    )
     rows = np.arange(t) // qb
     cols = np.arange(t) // b
     routed_rows = routed[:, :, rows]  # [N, H, T, J]

@@ -171,8 +171,12 @@ def _nms_one(a, threshold):
     order = jnp.argsort(-a[:, 0], stable=True)
     b = a[order]
     x, y, w, h = b[:, 1], b[:, 2], b[:, 3], b[:, 4]
-    xd = jnp.maximum(0, jnp.minimum((x + w)[:, None], (x + w)[None]) - jnp.maximum(x[:, None], x[None]))
-    yd = jnp.maximum(0, jnp.minimum((y + h)[:, None], (y + h)[None]) - jnp.maximum(y[:, None], y[None]))
+    xd = jnp.maximum(
+        0, jnp.minimum((x + w)[:, None], (x + w)[None]) - jnp.maximum(x[:, None], x[None])
+    )
+    yd = jnp.maximum(
+        0, jnp.minimum((y + h)[:, None], (y + h)[None]) - jnp.maximum(y[:, None], y[None])
+    )
     inter = xd * yd
     area = w * h
     iou = inter / (area[:, None] + area[None] - inter)

@@ -43,3 +43,18 @@ CASES = [
         "hyper_connection-expand",
     ),
 ]
+
+CASES.append(
+    Case(  # NNC's reverse state checkpoints: the last two states, final first
+        ops.gated_delta(state_checkpoint_count=1),
+        (
+            rand([1, 2, 1, 2]),
+            rand([1, 2, 1, 2], seed=1),
+            rand([1, 2, 1, 2], seed=2),
+            rand([1, 2, 1], seed=3, lo=-0.5, hi=0.0),
+            rand([1, 2, 1], seed=4, lo=0.1, hi=0.9),
+            rand([1, 1, 2, 2], seed=5),
+        ),
+        "gated_delta-checkpoints",
+    )
+)

@@ -13,7 +13,9 @@ CASES = [
         "sdp_arg_partition-causal",
     ),
     Case(
-        ops.scaled_dot_product_arg_partition(kth=2, compression_ratio=2, query_offset=1, is_causal=True, sort_indices=True),
+        ops.scaled_dot_product_arg_partition(
+            kth=2, compression_ratio=2, query_offset=1, is_causal=True, sort_indices=True
+        ),
         (rand([3, 1, 2]), rand([5, 2], seed=1), rand([3, 1], seed=2)),
         "sdp_arg_partition-compressed-sorted",
     ),
@@ -43,7 +45,9 @@ CASES = [
         "sparse_indexed_attention-sinks-window",
     ),
     Case(
-        ops.sol_attention(scale=0.6, tau=0.2, block_size=2, approximation_start=2, approximation_end=8),
+        ops.sol_attention(
+            scale=0.6, tau=0.2, block_size=2, approximation_start=2, approximation_end=8
+        ),
         (rand([1, 9, 2, 3]), rand([1, 9, 2, 3], seed=1), rand([1, 9, 2, 3], seed=2)),
         "sol_attention",
     ),

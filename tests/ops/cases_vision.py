@@ -33,7 +33,9 @@ CASES = [
         ops.roi_align(size=(2, 2)),  # a box partly outside the image, one image for three boxes
         (
             rand([5, 4, 2]),
-            np.array([[-0.2, 0.5, 0.6, 0.7], [0.0, 0.0, 1.0, 1.0], [0.5, 0.5, 0.2, 0.2]], np.float32),
+            np.array(
+                [[-0.2, 0.5, 0.6, 0.7], [0.0, 0.0, 1.0, 1.0], [0.5, 0.5, 0.2, 0.2]], np.float32
+            ),
         ),
         "roi_align-outside-broadcast",
         grad_inputs=(0,),
