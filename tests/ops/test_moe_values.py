@@ -98,7 +98,7 @@ def test_moe_routing_matches_nnc_reference(preselected):
 
 def test_moe_routing_ties_go_to_the_lower_expert_and_unused_groups_are_minus_one():
     logits = np.zeros((2, 6), np.float32)  # every expert ties
-    gathered, weights, tokens, experts, counts = ops.moe_routing(kth=2)(
+    _gathered, weights, tokens, experts, counts = ops.moe_routing(kth=2)(
         logits, np.zeros(6, np.float32), np.eye(2, 3, dtype=np.float32)
     )
     np.testing.assert_array_equal(experts, [0, 1, -1, -1])

@@ -49,7 +49,7 @@ def test_arg_partition_matches_nnc_reference(kth, causal, ratio, offset, sort):
 
 
 def _sparse_reference(q, dk, dv, sk, sv, idx, sinks, scale, causal, window):
-    t, h, d = q.shape
+    t, h, _d = q.shape
     out = np.zeros(q.shape)
     for i in range(t):
         end = min(max(dk.shape[0] - t + i + 1, 0), dk.shape[0]) if causal else dk.shape[0]
@@ -87,7 +87,7 @@ def test_sparse_indexed_attention_matches_nnc_reference(sinks, window):
 
 
 def _sol_reference(q, k, v, scale, tau, b, start, end, qb, radius):
-    n_, t, h_, d = q.shape
+    n_, t, h_, _d = q.shape
     out = np.zeros(q.shape)
     j_, qj_ = -(-t // b), -(-t // qb)
     for n in range(n_):
