@@ -4,7 +4,6 @@ becomes ``segmented_gemm``), saves and loads, and differentiates as ``jax.grad``
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -48,7 +47,7 @@ def test_ragged_dot_traces_to_segmented_gemm_saves_and_differentiates(tmp_path):
 
 def test_transposed_expert_weights_trace_with_transpose_b():
     w = rand((E, 5, 3), seed=3)
-    f = lambda x, w, s: lax.ragged_dot_general(  # noqa: E731
+    f = lambda x, w, s: lax.ragged_dot_general(
         x,
         w,
         s,
