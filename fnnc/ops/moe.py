@@ -238,31 +238,39 @@ def _all_to_all_backward(grads, inputs, outputs, *, axis):
     return comm_all_to_all.definition.forward(*gs, axis=axis)
 
 
-def _shard_map_supports(cmd, specs) -> str | None:
-    r = len(specs)
-    if r < 2:
-        return "one rank exchanges nothing"
-    if jax.device_count() < r:
-        return f"{r} ranks need {r} devices; {jax.device_count()} are visible"
-    return None
+def _devices_for(r: int) -> int:
+    """The most devices, at most ``r`` and dividing it, that the ranks spread over."""
+    return max(m for m in range(1, min(r, jax.device_count()) + 1) if r % m == 0)
 
 
 @functools.lru_cache(maxsize=32)
-def _exchange(r: int, axis: int):
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:r]), ("ranks",))
+def _exchange(r: int, m: int):
+    """``shard_map`` over ``m`` devices of ``[R, m, R/m, chunk...]`` blocks: rank ``i``
+    lives on device ``i // (R/m)``; chunks cross devices by ``lax.all_to_all`` and
+    change places within a device by a transpose."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:m]), ("ranks",))
     spec = jax.sharding.PartitionSpec("ranks")
 
-    def local(block):
-        return lax.all_to_all(block, "ranks", axis + 1, axis + 1, tiled=True)
+    def local(block):  # [r, m, r, c, ...]: my ranks a, chunks for (device g', rank b)
+        got = lax.all_to_all(block, "ranks", 1, 1, tiled=True)  # [a, g (source), b, c, ...]
+        got = jnp.moveaxis(got, 2, 0)  # [b, a, g, c, ...]
+        got = jnp.swapaxes(got, 1, 2)  # [b, g, a, c, ...]: chunk i = g * r + a
+        return jnp.reshape(got, (got.shape[0], -1, *got.shape[4:]))
 
     return jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=spec)
 
 
 def _all_to_all_shard_map(*xs, axis=0):
-    """NNC's all-to-all with one device per rank: the tensors stacked along a mesh axis
-    and exchanged by ``lax.all_to_all`` inside ``shard_map``."""
-    out = _exchange(len(xs), axis)(jnp.stack(xs))
-    return tuple(out[i] for i in range(len(xs)))
+    """NNC's all-to-all as a collective: rank ``i``'s tensor on device ``i // (R/m)`` of
+    ``m`` devices (all ``R`` where there are that many), exchanged by
+    ``lax.all_to_all`` inside ``shard_map``."""
+    r = len(xs)
+    m = _devices_for(r)
+    stacked = jnp.stack([jnp.moveaxis(x, axis, 0) for x in xs])  # [R, n, rest...]
+    n, rest = stacked.shape[1], stacked.shape[2:]
+    blocks = jnp.reshape(stacked, (r, m, r // m, n // r, *rest))
+    out = _exchange(r, m)(blocks)  # [R, n, rest...]
+    return tuple(jnp.moveaxis(out[j], 0, axis) for j in range(r))
 
 
 def _all_to_all_shard_map_backward(grads, inputs, outputs, wants, *, axis):
@@ -271,15 +279,13 @@ def _all_to_all_shard_map_backward(grads, inputs, outputs, wants, *, axis):
 
 
 # Priority 0: the command cannot see where its tensors live, so the collective (which
-# places rank i on device i) is chosen only when forced, e.g. under shard_map-free
-# expert parallelism with one tensor per device.
+# places rank i on a device of its own) is chosen only when forced.
 register_backend(
     "comm_all_to_all",
     Backend(
         "shard_map",
         _all_to_all_shard_map,
         ("cpu", "gpu", "tpu"),
-        _shard_map_supports,
         priority=0,
         backward=_all_to_all_shard_map_backward,
     ),

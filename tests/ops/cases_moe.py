@@ -51,5 +51,6 @@ CASES = [
         ops.comm_all_to_all(axis=1),
         (rand([2, 6]), rand([2, 6], seed=1), rand([2, 6], seed=2)),
         "comm_all_to_all",
+        sweep_float64=True,
     ),
 ]
