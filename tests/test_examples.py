@@ -39,3 +39,12 @@ def test_textual_inversion_trains_only_the_pseudo_token():
     result = ns["main"](pretrain_steps=300, inversion_steps=150)
     assert result["pretrained"] > 0.9
     assert result["hit"] > 0.9 and result["unchanged"] == 1.0
+
+
+def test_moe_example_trains_and_reports_expert_load(capsys):
+    ns = runpy.run_path(str(EXAMPLES / "moe.py"), run_name="moe")
+    result = ns["main"](steps=60, batch_size=32)
+    assert result["loss"] < 0.5 * result["first_loss"]
+    for share in result["load"]:  # every routed row is counted once, top-2 of 4 experts
+        assert abs(float(share.sum()) - 1.0) < 1e-6 and len(share) == 4
+    assert "expert load, layer 1:" in capsys.readouterr().out

@@ -46,6 +46,9 @@ from fnnc.models.layers import Parameter as Parameter
 from fnnc.models.layers import ReLU as ReLU
 from fnnc.models.layers import Reshape as Reshape
 from fnnc.models.layers import RMSNorm as RMSNorm
+from fnnc.models.llm_layers import MoE as MoE
+from fnnc.models.llm_layers import RotaryEmbedding as RotaryEmbedding
+from fnnc.models.llm_layers import SwiGLU as SwiGLU
 from fnnc.models.loss_scale import LossScale as LossScale
 from fnnc.models.model import Model as Model
 from fnnc.models.model import Sequential as Sequential

@@ -94,6 +94,9 @@ from fnnc.ops.loss import softmax_crossentropy as softmax_crossentropy
 from fnnc.ops.memory import lssc_compress as lssc_compress
 from fnnc.ops.memory import lssc_decompress as lssc_decompress
 from fnnc.ops.memory import optimization_barrier as optimization_barrier
+from fnnc.ops.moe import comm_all_to_all as comm_all_to_all
+from fnnc.ops.moe import moe_routing as moe_routing
+from fnnc.ops.moe import segmented_gemm as segmented_gemm
 from fnnc.ops.norm import batch_norm as batch_norm
 from fnnc.ops.norm import group_norm as group_norm
 from fnnc.ops.norm import layer_norm as layer_norm
@@ -107,6 +110,8 @@ from fnnc.ops.primitive import primitive as primitive
 from fnnc.ops.random import dropout as dropout
 from fnnc.ops.random import random_normal as random_normal
 from fnnc.ops.random import random_uniform as random_uniform
+from fnnc.ops.recurrent import gated_delta as gated_delta
+from fnnc.ops.recurrent import hyper_connection as hyper_connection
 from fnnc.ops.reduce import argmax as argmax
 from fnnc.ops.reduce import argmin as argmin
 from fnnc.ops.reduce import reduce_isnan as reduce_isnan
@@ -117,4 +122,12 @@ from fnnc.ops.reduce import reduce_norm2 as reduce_norm2
 from fnnc.ops.reduce import reduce_sum as reduce_sum
 from fnnc.ops.rnn import lstm as lstm
 from fnnc.ops.scan import scan as scan
+from fnnc.ops.sparse_attention import (
+    scaled_dot_product_arg_partition as scaled_dot_product_arg_partition,
+)
+from fnnc.ops.sparse_attention import sol_attention as sol_attention
+from fnnc.ops.sparse_attention import sparse_indexed_attention as sparse_indexed_attention
 from fnnc.ops.upsample import upsample as upsample
+from fnnc.ops.vision import grid_sample as grid_sample
+from fnnc.ops.vision import nms as nms
+from fnnc.ops.vision import roi_align as roi_align

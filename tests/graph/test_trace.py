@@ -287,6 +287,11 @@ RULE_CASES = {
     "gather": (lambda x, i: jnp.take(x, i, axis=0), X, np.array([[2, -1], [0, 7]], np.int32)),
     "iota": (lambda x: x + jnp.arange(4, dtype=x.dtype).reshape(1, 4), X),
     "jit": (jax.jit(lambda x: jnp.tanh(x) * 2), X),
+    "ragged_dot_general": (
+        lambda a, w: lax.ragged_dot(a, w, jnp.array([2, 0, 1], jnp.int32)),
+        X,
+        rand((3, 4, 2), seed=11),
+    ),
 }
 
 
