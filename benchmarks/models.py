@@ -10,9 +10,8 @@ Run: python benchmarks/models.py [--quick]
 
 ``--check [--limit 1.10]`` (seconds): only the MLP ``fit`` step with SGD against the
 hand-written step, the median of same-round ratios over interleaved rounds; exits 1
-above the limit (issue 25: 1.25-1.35 while XLA copied three weights a step). It is a
-timing, so it stays out of the test suite; ``tests/models/test_fit_step_structure.py``
-is its structural counterpart.
+above the limit (issue 25 measured 1.25-1.35). It is a timing, so it stays out of the
+test suite.
 """
 
 from __future__ import annotations

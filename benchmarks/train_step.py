@@ -11,8 +11,7 @@ Run: python benchmarks/train_step.py [--quick]
 
 ``--check [--limit 1.10]`` (seconds): only the MLP step with SGD, the median of
 same-round ratios over interleaved rounds; exits 1 above the limit. A timing, so it
-stays out of the test suite (``tests/models/test_fit_step_structure.py`` checks the
-compiled step's structure).
+stays out of the test suite.
 """
 
 from __future__ import annotations
