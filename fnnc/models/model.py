@@ -399,8 +399,9 @@ class Model(ScaleMixin, Layer):
                 batch's non-finite values if it had any). In-memory data is checked once
                 before the first step: NaN or infinity warns (``RuntimeWarning``), class
                 labels out of range raise (:mod:`fnnc.models.checks`).
-            progress: a tqdm bar (default: when stderr is a terminal; else one log line
-                per epoch on stderr). ``verbose=False``: neither.
+            progress: a tqdm bar per epoch that stays on screen with the epoch's
+                metrics (default: when stderr is a terminal; else one log line per
+                epoch on stderr; :mod:`fnnc.models.progress`). ``verbose=False``: neither.
 
         Returns:
             ``{"epoch": [...], "loss": [mean training loss], "val_loss": [...], ...}``,

@@ -29,6 +29,13 @@ def format_logs(logs: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.4f}" for k, v in logs.items())
 
 
+def _has_tqdm() -> bool:
+    """tqdm comes with the ``examples`` extra; without it the plain lines are shown."""
+    import importlib.util
+
+    return importlib.util.find_spec("tqdm") is not None
+
+
 class EpochLines:
     """One bar (terminal) or one line per epoch; see the module docstring.
 
@@ -39,7 +46,7 @@ class EpochLines:
     """
 
     def __init__(self, target: int, *, bars: bool, stream: TextIO | None = None):
-        self.target, self.bars = target, bars
+        self.target, self.bars = target, bars and _has_tqdm()
         self.stream = stream
         self._bar: Any = None
         self._epoch = 0

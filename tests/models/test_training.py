@@ -78,7 +78,7 @@ def test_resume_mid_epoch_is_exact(tmp_path, kind):
         .shuffle(seed=3),
     }[kind]
     full = mlp()
-    full.train(data, epochs=2, batch_size=8, verbose=False)
+    whole = full.train(data, epochs=2, batch_size=8, verbose=False)
     path = tmp_path / "run.ckpt"
 
     class Stop:
@@ -93,12 +93,14 @@ def test_resume_mid_epoch_is_exact(tmp_path, kind):
     callbacks = [CheckpointEvery(str(path), steps=4), Stop()]
     first.train(data, epochs=2, batch_size=8, callbacks=callbacks, verbose=False)
     assert first.train_progress.step == 8 and not same(first, full)
-    first.train(data, epochs=1, batch_size=8, verbose=False)  # goes on in this process
+    went_on = first.train(data, epochs=1, batch_size=8, verbose=False)  # in this process
     assert first.train_progress.step == 12 and same(first, full)
     resumed = mlp()
     history = resumed.train(data, epochs=2, batch_size=8, resume=str(path), verbose=False)
     assert history["epoch"] == [2]
     assert same(resumed, full)
+    # the resumed epoch's loss is the mean over all its batches, those before the stop too
+    assert history["loss"] == went_on["loss"] == whole["loss"][1:]
 
 
 def test_resume_from_an_empty_journal_starts_and_per_epoch_saves(tmp_path):
