@@ -190,6 +190,19 @@ class Model(ScaleMixin, Layer):
 
         return summary(self, inputs, print_fn=print_fn)
 
+    def profile(
+        self, inputs: Sequence[Any] | Any, targets: Sequence[Any] | Any | None = None, *,
+        runs: int = 10, log_dir: str | None = None,
+    ) -> Any:  # fmt: skip
+        """Time per node and per command of the training step on this batch (given
+        ``targets``; it trains, as ``fit`` does) or of the forward pass, under
+        ``jax.profiler``: a :class:`fnnc.graph.profile.Profile` (print it for the
+        tables; :mod:`fnnc.models.profiling`)."""
+        from fnnc.models.profiling import profile_model
+
+        targets = None if targets is None else _arrays(targets)
+        return profile_model(self, _arrays(inputs), targets, runs=runs, log_dir=log_dir)
+
     def __repr__(self) -> str:
         from fnnc.models.summary import describe_model
 
