@@ -106,7 +106,7 @@ def test_help_is_plain_text():
 def test_a_reader_that_stops_early_ends_inspect_quietly(tmp_path):
     # more rows than a pipe buffers (64 KiB), so inspect is still writing when head exits
     path = str(tmp_path / "many.sqlite")
-    with TensorFile(path) as f:
+    with TensorFile(path) as f, f.transaction():
         for i in range(1500):
             f.write(f"layer-{i}.weight-with-a-long-name", np.zeros(1, np.float32))
     proc = subprocess.Popen(
