@@ -55,7 +55,7 @@ class Progress:
     def to_json(self) -> dict[str, Any]:
         data = self.data() if callable(self.data) else self.data
         return {"epoch": self.epoch, "batch": self.batch, "step": self.step, "seed": self.seed,
-                "data": data, "batch_size": self.batch_size, "loss_sum": self.loss_sum,
+                "data": data, "batch_size": self.batch_size, "loss_sum": _finite(self.loss_sum),
                 "loss_count": self.loss_count}  # fmt: skip
 
     def load(self, saved: dict[str, Any]) -> None:
@@ -64,7 +64,8 @@ class Progress:
         size = saved.get("batch_size")  # absent in checkpoints of older versions
         self.batch_size = None if size is None else int(size)
         # absent in older checkpoints: the epoch's mean is then of the resumed batches
-        self.loss_sum = float(saved.get("loss_sum", 0.0))
+        total = saved.get("loss_sum", 0.0)  # None: not finite (checkpoint JSON has no NaN)
+        self.loss_sum = math.nan if total is None else float(total)
         self.loss_count = int(saved.get("loss_count", 0))
 
     def position(self) -> Any:
@@ -82,6 +83,10 @@ class Progress:
     def mean_loss(self) -> float:
         """The mean training loss of the epoch so far (NaN before its first step)."""
         return self.loss_sum / self.loss_count if self.loss_count else math.nan
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def progress(model: Any) -> Progress:

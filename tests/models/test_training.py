@@ -258,3 +258,19 @@ def test_predict_on_zero_samples_has_the_shapes_and_dtypes_of_evaluate():
         assert got.shape == np.shape(want) == (0, got.shape[1])
         assert got.dtype == np.asarray(want).dtype
     assert [o.shape for o in outs] == [(0, 3), (0, 1)]
+
+
+def test_a_nan_loss_trained_on_still_saves_its_progress(tmp_path):
+    path = str(tmp_path / "run.ckpt")
+    bad = X.copy()
+    bad[0, 0] = np.nan  # the first batch's loss is NaN
+    model = mlp()
+    with pytest.warns(RuntimeWarning, match="NaN"):
+        history = model.train(
+            (bad, Y), epochs=1, batch_size=8, stop_on_nan=False,
+            callbacks=[CheckpointEvery(path, steps=1)], verbose=False,
+        )  # fmt: skip
+    assert np.isnan(history["loss"][0])
+    with Checkpoints(path) as ckpt:
+        saved = ckpt.restore().metadata["fnnc.train"]
+    assert saved["loss_sum"] is None and saved["loss_count"] == 6
