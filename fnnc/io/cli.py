@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -42,6 +43,15 @@ from fnnc.io.convert import convert
 from fnnc.io.exported import describe_exported, looks_exported
 from fnnc.io.safetensors_io import SafetensorsFile, is_safetensors
 from fnnc.io.tensor_file import TensorFile
+
+_DIGITS = re.compile(r"(\d+)")
+
+DESCRIPTION = "What an NNC or fnnc tensor file holds."
+INSPECT_HELP = """\
+List the tensors of an NNC or fnnc SQLite file (name, dtype, shape, format, stored
+bytes), in name order with numbers sorted as numbers, and the graphs and checkpoint
+steps fnnc keeps beside them. A missing, damaged or non-SQLite file prints one error
+line and exits with status 1; the file is only read."""
 
 
 def inspect_lines(path: str | os.PathLike[str], *, stats: bool = False) -> list[str]:
@@ -69,7 +79,7 @@ def _table(f: Any, stats: bool, *, extras: bool) -> tuple[list[str], int]:
     header = ["name", "dtype", "shape", "format", "bytes"]
     header += ["min", "max", "mean", "nan"] if stats else []
     table, total, unreadable = [header], 0, 0
-    for name in f.names():
+    for name in sorted(f.names(), key=natural_key):
         cells = _row(f, name, stats)
         unreadable += cells[1] == "?"
         table.append([str(cell) for cell in cells])
@@ -78,6 +88,16 @@ def _table(f: Any, stats: bool, *, extras: bool) -> tuple[list[str], int]:
     lines += _aligned(table)
     lines += _extras(f) if extras else []
     return lines, unreadable
+
+
+def natural_key(name: str) -> list[Any]:
+    """Sorts names with their numbers as numbers: ``__ckpt-4__`` before ``__ckpt-12__``,
+    ``t-fc-0-2`` before ``t-fc-0-10``.
+
+    >>> sorted(["__ckpt-12__[w]", "__ckpt-4__[w]", "b", "__ckpt-4__[v]"], key=natural_key)
+    ['__ckpt-4__[v]', '__ckpt-4__[w]', '__ckpt-12__[w]', 'b']
+    """
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in _DIGITS.split(name)]
 
 
 def _row(f: Any, name: str, stats: bool) -> list[str]:
@@ -156,9 +176,12 @@ def verify_lines(path: str | os.PathLike[str]) -> tuple[list[str], bool]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m fnnc``: runs the command line on ``argv``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m fnnc", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fnnc", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
-    inspect = commands.add_parser("inspect", help="list the tensors of an NNC/fnnc file")
+    inspect = commands.add_parser(
+        "inspect", help="list the tensors of an NNC/fnnc file", description=INSPECT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     inspect.add_argument("file", help="an SQLite file with NNC's tensors table")
     inspect.add_argument("--stats", action="store_true", help="add min, max, mean, NaN count")
     inspect.add_argument(
@@ -172,12 +195,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     conv.add_argument("--from", dest="source_format", choices=("nnc", "safetensors"))
     conv.add_argument("--to", dest="target_format", choices=("nnc", "safetensors"))
     args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except BrokenPipeError:
+        # the reader left (``| head``): stop quietly, as cat and ls do. Point stdout
+        # at devnull so the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE: what a shell reports for a writer cut off by a pipe
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "convert":
         return _convert(args)
     status = 0
     try:
         lines, unreadable = _inspect(args.file, args.stats)
-        print("\n".join(lines))
+        print("\n".join(lines), flush=True)
         if unreadable:
             print(
                 f"python -m fnnc inspect: error: {args.file}: {unreadable} rows cannot be "
@@ -195,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not status:  # the listing's error said it already
                 print(f"python -m fnnc inspect: error: {e}", file=sys.stderr)
             return 1
-        print("\n".join(lines))
+        print("\n".join(lines), flush=True)
         status = status or (0 if ok else 1)
     return status
 

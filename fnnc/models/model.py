@@ -151,6 +151,63 @@ class Model(ScaleMixin, Layer):
         ``requires_grad`` keeps what :meth:`backward` needs."""
         return self.engine.evaluate(_arrays(inputs), is_test=is_test, requires_grad=requires_grad)
 
+    def score(
+        self, data: Any, labels: Any = None, *, metrics: Any = None, batch_size: int = 256,
+        inputs: Any = None, targets: Any = None,
+    ) -> dict[str, float]:  # fmt: skip
+        """Loss and metrics on a labelled set in one call (Keras's ``evaluate(x, y)``;
+        ``evaluate`` here is NNC's forward pass): ``{"loss": ..., "accuracy": ...}``,
+        what ``train(validation=data)`` logs as ``val_loss``, ``val_accuracy``.
+
+        ``data`` is what ``validation=`` takes (``(x, y)``, a dataframe with columns
+        ``inputs``/``targets``, a Grain dataset), or ``x`` with ``labels``; ``metrics``
+        adds names, :class:`fnnc.models.metrics.Metric` objects or ``{"name": fn}``
+        (:mod:`fnnc.models.metrics`).
+
+        >>> import numpy as np, optax
+        >>> from fnnc.models import Dense, Input, Model
+        >>> x = Input()
+        >>> model = Model(x, Dense(3, name="fc")(x))
+        >>> model.compile(np.zeros((4, 2), np.float32), loss="softmax_crossentropy",
+        ...               minimizer=optax.sgd(0.1))
+        >>> sorted(model.score(np.ones((5, 2), np.float32), np.arange(5) % 3,
+        ...                    metrics=["top_2_accuracy"]))
+        ['loss', 'top_2_accuracy']
+        """
+        from fnnc.models.metrics import score
+
+        return score(
+            self, data, labels, metrics=metrics, batch_size=batch_size, inputs=inputs,
+            targets=targets,
+        )  # fmt: skip
+
+    def summary(self, inputs: Sequence[Any] | None = None, *, print_fn: Any = print) -> str:
+        """Prints (with ``print_fn``; ``None`` prints nothing) and returns a table of the
+        layers: output shapes, parameter ids, counts and bytes (Keras's ``summary``), for
+        the compiled input specs or ``inputs`` (arrays or specs);
+        see :mod:`fnnc.models.summary`."""
+        from fnnc.models.summary import summary
+
+        return summary(self, inputs, print_fn=print_fn)
+
+    def profile(
+        self, inputs: Sequence[Any] | Any, targets: Sequence[Any] | Any | None = None, *,
+        runs: int = 10, log_dir: str | None = None,
+    ) -> Any:  # fmt: skip
+        """Time per node and per command of the training step on this batch (given
+        ``targets``; it trains, as ``fit`` does) or of the forward pass, under
+        ``jax.profiler``: a :class:`fnnc.graph.profile.Profile` (print it for the
+        tables; :mod:`fnnc.models.profiling`)."""
+        from fnnc.models.profiling import profile_model
+
+        targets = None if targets is None else _arrays(targets)
+        return profile_model(self, _arrays(inputs), targets, runs=runs, log_dir=log_dir)
+
+    def __repr__(self) -> str:
+        from fnnc.models.summary import describe_model
+
+        return describe_model(self)
+
     def to_nnx(self, **options: Any) -> Any:
         """This compiled model as a Flax ``nnx.Module`` whose variables are its parameters
         by id (:class:`fnnc.models.FnncModule`; ``options`` go to it)."""
@@ -395,8 +452,9 @@ class Model(ScaleMixin, Layer):
                 batch's non-finite values if it had any). In-memory data is checked once
                 before the first step: NaN or infinity warns (``RuntimeWarning``), class
                 labels out of range raise (:mod:`fnnc.models.checks`).
-            progress: a tqdm bar (default: when stderr is a terminal; else one log line
-                per epoch on stderr). ``verbose=False``: neither.
+            progress: a tqdm bar per epoch that stays on screen with the epoch's
+                metrics (default: when stderr is a terminal; else one log line per
+                epoch on stderr; :mod:`fnnc.models.progress`). ``verbose=False``: neither.
 
         Returns:
             ``{"epoch": [...], "loss": [mean training loss], "val_loss": [...], ...}``,
