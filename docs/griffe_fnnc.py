@@ -32,6 +32,39 @@ def role_link(match: re.Match[str], module: str) -> str:
     return f'<autoref identifier="{ident}" optional><code>{shown}</code></autoref>'
 
 
+# RST's "text::" before an indented block: Markdown reads the block as code already.
+_LITERAL = re.compile(r"::\n(?=\n)")
+_BORDER = re.compile(r"^=+( +=+)+$")
+
+
+def rst_tables(text: str) -> str:
+    """RST simple tables (``=====  =====`` borders) as Markdown tables."""
+    lines, out, i = text.split("\n"), [], 0
+    while i < len(lines):
+        if not _BORDER.match(lines[i]):
+            out.append(lines[i])
+            i += 1
+            continue
+        starts = [m.start() for m in re.finditer(r"=+", lines[i])]
+        rows: list[list[str]] = []
+        borders, i = 1, i + 1
+        while i < len(lines) and borders < 3:
+            line = lines[i]
+            i += 1
+            if _BORDER.match(line):
+                borders += 1
+                continue
+            cells = [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None])]
+            if rows and not cells[0] and borders == 2:
+                rows[-1] = [f"{p} {c}".strip() for p, c in zip(rows[-1], cells)]
+            else:
+                rows.append(cells)
+        header, body = rows[0], rows[1:]
+        out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        out += ["| " + " | ".join(r) + " |" for r in body]
+    return "\n".join(out)
+
+
 def fence_doctests(text: str) -> str:
     out: list[str] = []
     in_fence = in_run = False
@@ -69,7 +102,8 @@ class FnncDocstrings(griffe.Extension):
             return
         module = obj.module.path if not obj.is_module else obj.path
         text = ROLE.sub(lambda m: role_link(m, module), obj.docstring.value)
-        obj.docstring.value = fence_doctests(_EXAMPLE.sub(r"\1Examples:", text))
+        text = rst_tables(_EXAMPLE.sub(r"\1Examples:", text))
+        obj.docstring.value = fence_doctests(_LITERAL.sub(":\n", text))
 
     def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
         self.on_object(obj=pkg)  # the root package gets no on_object call
