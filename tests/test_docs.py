@@ -10,6 +10,7 @@ the same way. ```bash blocks are shown, not run (installs, GPU-only commands).
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import doctest
 import io
@@ -113,10 +114,23 @@ def test_every_guide_is_in_the_navigation():
         assert f" {page}\n" in nav, f"docs/{page} is not listed in mkdocs.yml's nav"
 
 
+def reexports(package: str) -> list[tuple[str, str]]:
+    """(name, defining module) of each ``from m import name as name`` in the package."""
+    tree = ast.parse((ROOT / package.replace(".", "/") / "__init__.py").read_text())
+    return [
+        (alias.name, node.module)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module
+        for alias in node.names
+        if alias.asname == alias.name and not alias.name.startswith("_")
+    ]
+
+
 @pytest.mark.slow
-def test_site_builds_strict_offline(tmp_path):
+def test_site_builds_strict_offline_with_every_public_name(tmp_path):
     """``mkdocs build --strict``: any warning (a docstring Griffe cannot parse, a broken
-    link, a page missing from the nav) fails the build."""
+    link, a page missing from the nav) fails the build; and every name a package
+    re-exports has its entry in the API reference."""
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)}
     run = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path)],
@@ -128,7 +142,26 @@ def test_site_builds_strict_offline(tmp_path):
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "WARNING" not in run.stderr, run.stderr
-    reference = (tmp_path / "api" / "graph" / "index.html").read_text()
-    for name in ("GraphBuilder", "compile", "DynamicGraph", "memory_plan"):
-        assert f'id="fnnc.graph.{name}"' in reference or f'.{name}.{name}"' in reference
-    assert 'id="fnnc.ops.gemm"' in (tmp_path / "api" / "commands" / "index.html").read_text()
+    for package in ("fnnc.ops", "fnnc.graph", "fnnc.models", "fnnc.io", "fnnc.data"):
+        page = "commands" if package == "fnnc.ops" else package.split(".")[1]
+        html = (tmp_path / "api" / package.split(".")[1] / "index.html").read_text()
+        html += (tmp_path / "api" / page / "index.html").read_text()
+        missing = [
+            name
+            for name, module in reexports(package)
+            if f'id="{package}.{name}"' not in html and f'id="{module}.{name}"' not in html
+        ]
+        assert not missing, f"{package} re-exports {missing} but the API reference lacks them"
+    site = "".join(p.read_text() for p in tmp_path.rglob("*.html"))
+    assert "fonts.googleapis.com" not in site  # readable offline too
+
+
+def test_output_checks_catch_wrong_and_unshown_output():
+    check_output("page.md", 1, "[1. 2.]\n", "[1.  2.]\n")  # whitespace runs are one
+    check_output("page.md", 2, "loss 0.123456\n", "loss ...\n")
+    with pytest.raises(pytest.fail.Exception, match="printed output differs"):
+        check_output("page.md", 3, "True\n", "False\n")
+    with pytest.raises(AssertionError, match="prints but has no"):
+        check_output("page.md", 4, "something\n", None)
+    script, want = console("$ echo a\n$ python - <<'EOF'\nprint(1)\nEOF\na\n1\n")
+    assert script == "echo a\npython - <<'EOF'\nprint(1)\nEOF\n" and want == "a\n1\n"
