@@ -154,8 +154,8 @@ def convert(
         target: the file to write (created; tensors of the same name are replaced).
         rename: a name map (see :data:`Rename`); tensors it maps to ``None`` stay out.
         encoder: a codec for the target's rows (NNC tensor files only), e.g. ``"q8p"``.
-        source_format, target_format: ``"nnc"`` or ``"safetensors"`` where the
-            extension does not say.
+        source_format: ``"nnc"`` or ``"safetensors"`` where the extension does not say.
+        target_format: the same for ``target``.
 
     Returns:
         The target's names of the tensors written, sorted.
