@@ -18,6 +18,7 @@ symmetric, so the backward is the same transform of the gradient, as in NNC.
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax import lax
 
 from fnnc.core.command import NOTHING, Spec, defcommand
 from fnnc.errors import CommandError
@@ -56,7 +57,9 @@ def conform_data_format(x, *, datatype="fp8_e4m3", preserved_tail=0):
     normal = jnp.clip(blocks / scale, -E4M3_MAX, E4M3_MAX)
     rounded = normal.astype(jnp.float8_e4m3fn).astype(jnp.float32) * scale
     head_part = rounded.reshape(*x.shape[:-1], prefix).astype(x.dtype)
-    return jnp.concatenate([head_part, x[..., prefix:]], axis=-1)
+    conformed = jnp.concatenate([head_part, x[..., prefix:]], axis=-1)
+    # Straight-through: the value is the conformed one, the derivative the identity's.
+    return x + lax.stop_gradient(conformed - x)
 
 
 @conform_data_format.backward
