@@ -284,6 +284,14 @@ RULE_CASES = {
     "gather": (lambda x, i: jnp.take(x, i, axis=0), X, np.array([[2, -1], [0, 7]], np.int32)),
     "iota": (lambda x: x + jnp.arange(4, dtype=x.dtype).reshape(1, 4), X),
     "jit": (jax.jit(lambda x: jnp.tanh(x) * 2), X),
+    # fnnc.graph.trace_llm_rules
+    "sin": (jnp.sin, X),
+    "cos": (jnp.cos, X),
+    "pow": (lambda x, y: x**y, POS, Y),
+    "split": (lambda x: jnp.split(x, [1, 3], axis=1)[1] * 2, X),
+    "sort": (lambda x: (jnp.sort(x, axis=0), jnp.argsort(x, axis=1)), X),
+    "top_k": (lambda x: lax.top_k(x, 3), X),
+    "scatter-add": (lambda x, y: jnp.asarray(x).at[jnp.array([2, 0, 2])].add(y * 2), X, Y),
 }
 
 
