@@ -46,7 +46,9 @@ def _pow_rule(a: Spec, b: Spec) -> Spec:
     return broadcast("ewpow")(a, b)
 
 
-@defcommand(family="elementwise", shape=_pow_rule, uses=Uses(inputs=(0, 1), outputs=(0,)))
+@defcommand(
+    family="elementwise", shape=_pow_rule, uses=Uses(inputs=(0, 1), outputs=(0,)), elementwise=True
+)
 def ewpow(a, b):
     """``a ** b`` elementwise (broadcasting), for floating-point tensors."""
     shape = broadcast_shape("ewpow", a.shape, b.shape)
