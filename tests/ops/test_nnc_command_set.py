@@ -154,23 +154,17 @@ NOT_APPLICABLE = {
 }
 
 
-def test_the_list_holds_every_nnc_command_found() -> None:
+def test_every_nnc_command_has_its_fnnc_command() -> None:
+    from fnnc.graph import Shardings, data_parallel  # the communication commands' API
+
     groups = (NNC_TO_FNNC, OTHER_BRANCH, OTHER_API, NOT_APPLICABLE)
     names = [name for group in groups for name in group]
     # 71 names of the 2024 header and the 30 registered since (module docstring).
     assert len(names) == len(set(names)) == 71 + 30
-
-
-def test_every_nnc_command_has_its_fnnc_command() -> None:
+    assert callable(data_parallel) and Shardings is not None
     registered = ops.registry()
     missing = {nnc: fnnc for nnc, fnnc in NNC_TO_FNNC.items() if fnnc not in registered}
     assert not missing, f"NNC commands without their fnnc command: {missing}"
-
-
-def test_the_communication_apis_exist() -> None:
-    from fnnc.graph import Shardings, data_parallel
-
-    assert callable(data_parallel) and Shardings is not None
 
 
 def test_the_other_branch_commands_once_merged() -> None:
