@@ -137,9 +137,16 @@ def _scatter_add_rule(x: Spec, indices: Spec, *, bincount) -> Spec:
 def scatter_add(x, indices, *, bincount=0):
     """Row ``i`` of ``x`` added into row ``indices[i]`` of a zero tensor of
     ``bincount`` rows (``indices``' length when 0, NNC's default); rows whose index is
-    out of range are dropped. The inverse of ``index_select``."""
+    out of range (negative included) are dropped. The inverse of ``index_select``."""
     rows = bincount if bincount > 0 else indices.shape[0]
-    return jnp.zeros((rows, *x.shape[1:]), x.dtype).at[indices].add(x, mode="drop")
+    where = _in_range(indices, rows)
+    return jnp.zeros((rows, *x.shape[1:]), x.dtype).at[where].add(x, mode="drop")
+
+
+def _in_range(indices, rows: int):
+    """Negative indices made out of range too: dropped (``lax.scatter_add``'s rule), not
+    counted from the end as NumPy indexing would."""
+    return jnp.where(indices < 0, rows, indices)
 
 
 @scatter_add.backward
@@ -147,4 +154,5 @@ def _scatter_add_backward(grads, inputs, outputs, *, bincount):
     (g,), (x, indices) = grads, inputs
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         return (None, None)
-    return (jnp.take(g, indices, axis=0, mode="fill", fill_value=0), None)
+    where = _in_range(indices, g.shape[0])
+    return (jnp.take(g, where, axis=0, mode="fill", fill_value=0), None)

@@ -188,3 +188,16 @@ def test_logsumexp_with_a_shift_that_is_not_the_maximum_is_left_alone():
 def test_rewrite_idioms_returns_the_same_graph_when_nothing_matches():
     graph = trace(lambda x: jnp.tanh(x) * 2.0, rand((2, 3)))
     assert rewrite_idioms(graph) is graph
+
+
+def test_scatter_add_drops_indices_out_of_range_as_jax_does():
+    """``lax.scatter_add`` drops an index of -1 (no wrap-around) and one past the end."""
+    x, rows = rand((4, 2), seed=17), rand((3, 2), seed=18)
+
+    def f(x, rows):
+        dn = jax.lax.ScatterDimensionNumbers((1,), (0,), (0,))
+        return jax.lax.scatter_add(x, jnp.array([[1], [-1], [4]], jnp.int32), rows, dn)
+
+    graph = trace(f, x, rows)
+    assert "scatter_add" in _names(graph) and "primitive" not in _names(graph)
+    assert_close(interpret(graph, x, rows), f(x, rows))

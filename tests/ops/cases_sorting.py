@@ -6,7 +6,7 @@ from tests.ops.cases import Case
 
 X = rand([3, 5], seed=1)
 ROWS = rand([4, 3], seed=2)
-IDX = np.array([2, 0, 2, 5], np.int32)  # 5 is out of range for 4 bins: dropped
+IDX = np.array([2, -1, 2, 5], np.int32)  # -1 and 5 are out of range for 4 bins: dropped
 
 CASES = [
     Case(ops.sort(), (X,), "sort"),
