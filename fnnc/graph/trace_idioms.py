@@ -241,6 +241,16 @@ def rewrite_idioms(graph: Graph) -> Graph:
 
     Guarantees: the same object when no idiom matched; otherwise a graph with the same
     inputs, outputs and values, the replaced patterns' dead nodes removed (``dce``).
+    ``rewrite_idioms(rewrite_idioms(g)) is rewrite_idioms(g)``.
+
+    Before / after (``jax.nn.silu(a) * u``, SwiGLU)::
+
+        graph(%0:f32[2,3] a, %1:f32[2,3] u) {     graph(%0:f32[2,3] a, %1:f32[2,3] u) {
+          %2:f32[2,3] = sigmoid(%0)                  %2:f32[2,3] = swish_mul(%1, %0)
+          %3:f32[2,3] = mul(%0, %2)                  return %2
+          %4:f32[2,3] = mul(%3, %1)                }
+          return %4
+        }
     """
     rw = Rewriter(graph, list(graph.symbols), {})
     nodes: list[Node] = []

@@ -201,3 +201,9 @@ def test_scatter_add_drops_indices_out_of_range_as_jax_does():
     graph = trace(f, x, rows)
     assert "scatter_add" in _names(graph) and "primitive" not in _names(graph)
     assert_close(interpret(graph, x, rows), f(x, rows))
+
+
+def test_rewrite_idioms_is_idempotent():
+    f, args, _ = CASES["rope"]
+    graph = trace(f, *args)
+    assert rewrite_idioms(graph) is graph
