@@ -42,6 +42,7 @@ from fnnc.graph.trace_data_rules import (
     _squeeze,
     _transpose,
 )
+from fnnc.graph.trace_llm_rules import LLM_RULES
 from fnnc.graph.trace_moe_rules import MOE_TRACE_RULES
 
 __all__ = ["CUSTOM_JVP_RULES", "PASS_THROUGH", "TRACE_RULES"]
@@ -345,4 +346,6 @@ TRACE_RULES: dict[str, Rule] = {
     "jit": _inline,
     # mixture of experts
     **MOE_TRACE_RULES,
+    # sorting, scatter-add, RoPE's sin / cos / split, pow
+    **LLM_RULES,
 }

@@ -292,6 +292,14 @@ RULE_CASES = {
         X,
         rand((3, 4, 2), seed=11),
     ),
+    # fnnc.graph.trace_llm_rules
+    "sin": (jnp.sin, X),
+    "cos": (jnp.cos, X),
+    "pow": (lambda x, y: x**y, POS, Y),
+    "split": (lambda x: jnp.split(x, [1, 3], axis=1)[1] * 2, X),
+    "sort": (lambda x: (jnp.sort(x, axis=0), jnp.argsort(x, axis=1)), X),
+    "top_k": (lambda x: lax.top_k(x, 3), X),
+    "scatter-add": (lambda x, y: jnp.asarray(x).at[jnp.array([2, 0, 2])].add(y * 2), X, Y),
 }
 
 
