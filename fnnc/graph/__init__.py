@@ -41,6 +41,8 @@ from fnnc.graph.memory import MemoryPlan as MemoryPlan
 from fnnc.graph.memory import memory_plan as memory_plan
 from fnnc.graph.numerics import Stats as Stats
 from fnnc.graph.numerics import tensor_stats as tensor_stats
+from fnnc.graph.pattern import Match as Match
+from fnnc.graph.pattern import Pat as Pat
 from fnnc.graph.passes import TrainLayout as TrainLayout
 from fnnc.graph.passes import backward as backward
 from fnnc.graph.passes import compact as compact
@@ -55,6 +57,10 @@ from fnnc.graph.passes import minimize as minimize
 from fnnc.graph.passes import remat as remat
 from fnnc.graph.passes import run_passes as run_passes
 from fnnc.graph.passes import simplify as simplify
+from fnnc.graph.rewrite import Rewriter as Rewriter
+from fnnc.graph.rules import Rule as Rule
+from fnnc.graph.rules import graph_rewrite as graph_rewrite
+from fnnc.graph.rules import rewrite_pass as rewrite_pass
 from fnnc.graph.scan import scan as scan
 from fnnc.graph.serialize import from_data as from_data
 from fnnc.graph.serialize import load as load
