@@ -43,6 +43,9 @@ from fnnc.graph.numerics import Stats as Stats
 from fnnc.graph.numerics import tensor_stats as tensor_stats
 from fnnc.graph.pattern import Match as Match
 from fnnc.graph.pattern import Pat as Pat
+from fnnc.graph.pattern_functions import pattern_of as pattern_of
+from fnnc.graph.pattern_functions import replace_pattern as replace_pattern
+from fnnc.graph.pattern_functions import traced_rule as traced_rule
 from fnnc.graph.passes import TrainLayout as TrainLayout
 from fnnc.graph.passes import backward as backward
 from fnnc.graph.passes import compact as compact

@@ -74,6 +74,7 @@ class Pat:
     where: Callable[[Symbol], bool] | None = None
     value: Any = None
     choices: tuple[Pat, ...] = ()
+    index: int | None = None
 
     @staticmethod
     def op(
@@ -85,6 +86,7 @@ class Pat:
         dtype: Any = None,
         shape: Sequence[int | None] | None = None,
         where: Callable[[Symbol], bool] | None = None,
+        index: int | None = None,
         **params: Any,
     ) -> Pat:
         """The output of a node running ``cmd`` (a name, several names, or ``None`` for
@@ -98,6 +100,7 @@ class Pat:
             attrs: command attributes that must hold (:data:`ATTRIBUTES`).
             ordered: match inputs in the given order even for a commutative command.
             dtype, shape, where: as for :meth:`var`.
+            index: which output of the node the symbol must be (default any).
             **params: hyper-parameters that must be equal, or predicates
                 ``value -> bool`` (``perm=lambda p: p == (1, 0)``).
         """
@@ -115,7 +118,7 @@ class Pat:
         cmds = None if cmd is None else frozenset([cmd] if isinstance(cmd, str) else cmd)
         return Pat(
             "op", name, cmds, tuple(pats) if inputs else None, rest, tuple(params.items()),
-            tuple(attrs), ordered, _dtype(dtype), _shape(shape), where,
+            tuple(attrs), ordered, _dtype(dtype), _shape(shape), where, index=index,
         )  # fmt: skip
 
     @staticmethod
@@ -264,6 +267,8 @@ def _match(pat: Pat, sid: int, src: Source, bound: dict[str, Any]) -> Iterator[d
     else:
         node = src.producer(sid)
         if node is None or not _command_fits(pat, node.cmd):
+            return
+        if pat.index is not None and node.outputs.index(sid) != pat.index:
             return
         for b in _inputs(pat, node, src, bound):
             yield from _bind(pat.name, sid, b)
