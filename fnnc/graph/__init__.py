@@ -29,6 +29,9 @@ from fnnc.core.ir import TensorSymbol as TensorSymbol
 from fnnc.core.text import to_dot as to_dot
 from fnnc.graph.autotune import autotune_graph as autotune_graph
 from fnnc.graph.builder import GraphBuilder as GraphBuilder
+from fnnc.graph.check import PassCheck as PassCheck
+from fnnc.graph.check import PassCheckError as PassCheckError
+from fnnc.graph.check import check_pass as check_pass
 from fnnc.graph.compile import MemoryReport as MemoryReport
 from fnnc.graph.compile import Program as Program
 from fnnc.graph.compile import compile as compile
@@ -41,11 +44,6 @@ from fnnc.graph.memory import MemoryPlan as MemoryPlan
 from fnnc.graph.memory import memory_plan as memory_plan
 from fnnc.graph.numerics import Stats as Stats
 from fnnc.graph.numerics import tensor_stats as tensor_stats
-from fnnc.graph.pattern import Match as Match
-from fnnc.graph.pattern import Pat as Pat
-from fnnc.graph.pattern_functions import pattern_of as pattern_of
-from fnnc.graph.pattern_functions import replace_pattern as replace_pattern
-from fnnc.graph.pattern_functions import traced_rule as traced_rule
 from fnnc.graph.passes import TrainLayout as TrainLayout
 from fnnc.graph.passes import backward as backward
 from fnnc.graph.passes import compact as compact
@@ -60,6 +58,11 @@ from fnnc.graph.passes import minimize as minimize
 from fnnc.graph.passes import remat as remat
 from fnnc.graph.passes import run_passes as run_passes
 from fnnc.graph.passes import simplify as simplify
+from fnnc.graph.pattern import Match as Match
+from fnnc.graph.pattern import Pat as Pat
+from fnnc.graph.pattern_functions import pattern_of as pattern_of
+from fnnc.graph.pattern_functions import replace_pattern as replace_pattern
+from fnnc.graph.pattern_functions import traced_rule as traced_rule
 from fnnc.graph.rewrite import Rewriter as Rewriter
 from fnnc.graph.rules import Rule as Rule
 from fnnc.graph.rules import graph_rewrite as graph_rewrite

@@ -345,9 +345,9 @@ def _inputs(pat: Pat, node: Node, src: Source, bound: dict[str, Any]) -> Iterato
         return
     head, tail = ins[:n], ins[n:]
     orders: Any = (head,)
-    if not pat.ordered and 1 < n <= MAX_PERMUTED and len(tail) == 0:
-        if node.cmd.definition.attributes.is_commutative(node.cmd):
-            orders = dict.fromkeys(itertools.permutations(head))
+    permute = not pat.ordered and 1 < n <= MAX_PERMUTED and len(tail) == 0
+    if permute and node.cmd.definition.attributes.is_commutative(node.cmd):
+        orders = dict.fromkeys(itertools.permutations(head))
     for order in orders:
         for b in _all(pat.inputs, order, src, bound):
             yield {**b, "\0rest": tail} if pat.rest else b

@@ -123,7 +123,9 @@ def pattern_of(fn: Callable[..., Any], *example_args: Any) -> tuple[Pat, tuple[s
     g = trace_function(fn, *example_args)
     where = f"pattern {getattr(fn, '__name__', fn)}"
     if len(g.outputs) != 1:
-        raise GraphError(f"{where}: a pattern function returns one array, this one {len(g.outputs)}")
+        raise GraphError(
+            f"{where}: a pattern function returns one array, this one {len(g.outputs)}"
+        )
     names = tuple(g.symbols[i].name for i in g.inputs)
     reads: dict[int, int] = {}
     for node in g.nodes:

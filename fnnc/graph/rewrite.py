@@ -25,8 +25,8 @@ graph(%0:f32[2,3] x, %1:f32[4,3] w) {
 }
 
 New symbols take the next free ids (``%4``); ids name symbols, the node order is the
-execution order. ``replace_all_uses(old, new)`` rewires every read of ``old`` that comes after ``new``
-is written (so the node computing ``new`` from ``old`` keeps reading ``old``), the
+execution order. ``replace_all_uses(old, new)`` rewires every read of ``old`` that comes
+after ``new`` is written (so the node computing ``new`` from ``old`` keeps reading ``old``), the
 graph outputs and the views of ``old`` (re-rooted onto ``new``).
 """
 
@@ -248,7 +248,9 @@ class Rewriter:
         nodes = []
         for pos, node in enumerate(order):
             inputs = tuple(resolve(s, pos) for s in node.inputs)
-            nodes.append(node if inputs == node.inputs else dataclasses.replace(node, inputs=inputs))
+            nodes.append(
+                node if inputs == node.inputs else dataclasses.replace(node, inputs=inputs)
+            )
         end = len(order)
         for i, sym in enumerate(symbols):
             if isinstance(sym, AliasSymbol) and sym.root in self._same:

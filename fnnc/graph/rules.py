@@ -111,9 +111,7 @@ def graph_rewrite(
             or a rule keeps matching its own replacement.
     """
     if subgraphs:
-        graph = map_subgraphs(
-            graph, lambda sub: graph_rewrite(sub, rules, dce=dce, subgraphs=True)
-        )
+        graph = map_subgraphs(graph, lambda sub: graph_rewrite(sub, rules, dce=dce, subgraphs=True))
     walk = _Walk(graph, tuple(rules))
     for node in graph.nodes:
         walk.visit(node, 0)
@@ -174,9 +172,7 @@ class _Walk:
     def _rules_for(self, name: str) -> tuple[Rule, ...]:
         found = self._by_cmd.get(name)
         if found is None:
-            found = tuple(
-                r for r in self.rules if r.pattern.cmds is None or name in r.pattern.cmds
-            )
+            found = tuple(r for r in self.rules if r.pattern.cmds is None or name in r.pattern.cmds)
             self._by_cmd[name] = found
         return found
 
