@@ -44,6 +44,7 @@ from fnnc.graph.memory import MemoryPlan as MemoryPlan
 from fnnc.graph.memory import memory_plan as memory_plan
 from fnnc.graph.numerics import Stats as Stats
 from fnnc.graph.numerics import tensor_stats as tensor_stats
+from fnnc.graph.passes import PassReport as PassReport
 from fnnc.graph.passes import TrainLayout as TrainLayout
 from fnnc.graph.passes import backward as backward
 from fnnc.graph.passes import compact as compact

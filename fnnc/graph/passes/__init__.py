@@ -24,6 +24,8 @@ from fnnc.graph.passes.memory_compression import memory_compression as memory_co
 from fnnc.graph.passes.memory_reduction import memory_reduction as memory_reduction
 from fnnc.graph.passes.minimize import TrainLayout as TrainLayout
 from fnnc.graph.passes.minimize import minimize as minimize
+from fnnc.graph.passes.pipeline import PassReport as PassReport
+from fnnc.graph.passes.pipeline import graph_diff as graph_diff
 from fnnc.graph.passes.pipeline import run_passes as run_passes
 from fnnc.graph.passes.pipeline import simplify as simplify
 from fnnc.graph.passes.remat import remat as remat
