@@ -27,6 +27,7 @@ replacement into a rewrite.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
@@ -75,6 +76,7 @@ class Pat:
     value: Any = None
     choices: tuple[Pat, ...] = ()
     index: int | None = None
+    each: Pat | None = None
 
     @staticmethod
     def op(
@@ -87,6 +89,7 @@ class Pat:
         shape: Sequence[int | None] | None = None,
         where: Callable[[Symbol], bool] | None = None,
         index: int | None = None,
+        each: Pat | None = None,
         **params: Any,
     ) -> Pat:
         """The output of a node running ``cmd`` (a name, several names, or ``None`` for
@@ -101,6 +104,8 @@ class Pat:
             ordered: match inputs in the given order even for a commutative command.
             dtype, shape, where: as for :meth:`var`.
             index: which output of the node the symbol must be (default any).
+            each: a pattern every input must match (any number of inputs); instead
+                of listing ``inputs``.
             **params: hyper-parameters that must be equal, or predicates
                 ``value -> bool`` (``perm=lambda p: p == (1, 0)``).
         """
@@ -119,6 +124,7 @@ class Pat:
         return Pat(
             "op", name, cmds, tuple(pats) if inputs else None, rest, tuple(params.items()),
             tuple(attrs), ordered, _dtype(dtype), _shape(shape), where, index=index,
+            each=each,
         )  # fmt: skip
 
     @staticmethod
@@ -179,14 +185,18 @@ class Match(Mapping[str, Symbol]):
 
     Attributes:
         root: the node whose output the pattern matched.
-        rest: the root's inputs matched by a trailing ``...``, as symbols.
     """
 
     def __init__(self, source: Source, root: Node, bound: dict[str, int], rest: tuple[int, ...]):
         self.source = source
         self.root = root
         self._bound = bound
-        self.rest = tuple(source.symbol(s) for s in rest)
+        self._rest = rest
+
+    @property
+    def rest(self) -> tuple[Symbol, ...]:
+        """The root's inputs matched by a trailing ``...``."""
+        return tuple(self.source.symbol(s) for s in self._rest)
 
     def __getitem__(self, name: str) -> Symbol:
         return self.source.symbol(self._bound[name])
@@ -216,6 +226,13 @@ class Match(Mapping[str, Symbol]):
         if emit is None:
             raise GraphError("Match.exec: nodes are added only inside a rule's replacement")
         return emit(cmd, *inputs, name=name)
+
+    def call(self, fn: Callable[..., Any], *inputs: Symbol) -> Any:
+        """In a rule's replacement: the nodes of ``fn`` (a JAX function, which may call
+        fnnc commands), traced on the inputs' shapes, applied to ``inputs``."""
+        from fnnc.graph.pattern_functions import call_function
+
+        return call_function(self.exec, fn, inputs)
 
     def constant(self, value: Any, dtype: Any = None) -> Symbol:
         """In a rule's replacement: a ``constant`` node holding ``value``."""
@@ -320,16 +337,36 @@ def _command_fits(pat: Pat, cmd: Command) -> bool:
 
 _MISSING = object()
 
+_DEEP = ("pure", "random", "has_effects")
+"""Attributes that also look inside a command's sub-graphs."""
 
-def _has(cmd: Command, attribute: str) -> bool:
+
+@functools.cache
+def _deep() -> dict[str, Callable[[Command], bool]]:
     from fnnc.graph.passes._subgraphs import has_effects, is_pure, is_random
 
-    if attribute == "pure":
-        return is_pure(cmd)
-    if attribute == "random":
-        return is_random(cmd)
-    if attribute == "has_effects":
-        return has_effects(cmd)
+    return {"pure": is_pure, "random": is_random, "has_effects": has_effects}
+
+
+def may_match(pat: Pat, name: str) -> bool:
+    """Whether an op pattern can match a node of command ``name`` at all (its names and
+    the attributes fixed per command); rule tables use it to index rules by command."""
+    if pat.cmds is not None and name not in pat.cmds:
+        return False
+    from fnnc.ops import lookup
+
+    attrs = lookup(name).attributes
+    for a in pat.attrs:
+        if a == "pure" and (attrs.random or attrs.has_effects):
+            return False
+        if a in ("elementwise", "idempotent") and not getattr(attrs, a):
+            return False
+    return True
+
+
+def _has(cmd: Command, attribute: str) -> bool:
+    if attribute in _DEEP:
+        return _deep()[attribute](cmd)
     attrs = cmd.definition.attributes
     if attribute == "commutative":
         return attrs.is_commutative(cmd)
@@ -337,6 +374,9 @@ def _has(cmd: Command, attribute: str) -> bool:
 
 
 def _inputs(pat: Pat, node: Node, src: Source, bound: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    if pat.each is not None:
+        yield from _all((pat.each,) * len(node.inputs), node.inputs, src, bound)
+        return
     if pat.inputs is None:
         yield bound
         return

@@ -33,6 +33,7 @@ reshape's target) then come from those examples.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -202,14 +203,32 @@ def traced_rule(
 def inline_match(m: Match, graph: Graph, args: Sequence[Symbol]) -> Any:
     """Emits ``graph``'s nodes through ``m.exec`` with ``args`` as its inputs; returns
     its output symbol(s)."""
+    return inline_graph(m.exec, graph, args)
+
+
+def inline_graph(exec_: Callable[..., Any], graph: Graph, args: Sequence[Symbol]) -> Any:
+    """Emits ``graph``'s nodes through ``exec_(cmd, *inputs)`` (``Match.exec``,
+    ``Rewriter.exec``) with ``args`` as its inputs; returns its output symbol(s)."""
     env: dict[int, Symbol] = dict(zip(graph.inputs, args))
     for node in graph.nodes:
         if any(graph.symbols[o].is_alias for o in node.outputs):
-            raise GraphError("inline_match: the replacement writes views; return whole arrays")
-        outs = m.exec(node.cmd, *(env[s] for s in node.inputs))
+            raise GraphError("inline: the traced function writes views; return whole arrays")
+        outs = exec_(node.cmd, *(env[s] for s in node.inputs))
         env.update(zip(node.outputs, outs if isinstance(outs, tuple) else (outs,)))
     results = tuple(env[s] for s in graph.outputs)
     return results[0] if len(results) == 1 else results
+
+
+def call_function(exec_: Callable[..., Any], fn: Callable[..., Any], args: Sequence[Symbol]) -> Any:
+    """``fn`` (a JAX function, which may call fnnc commands) traced on the specs of
+    ``args`` (cached per function and specs) and emitted through ``exec_``."""
+    specs = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args)
+    return inline_graph(exec_, _traced(fn, specs), args)
+
+
+@functools.lru_cache(maxsize=256)
+def _traced(fn: Callable[..., Any], specs: tuple[Any, ...]) -> Graph:
+    return trace_function(fn, *specs)
 
 
 def replace_pattern(

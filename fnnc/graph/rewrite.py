@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -148,6 +148,13 @@ class Rewriter:
         from fnnc.ops.constant import constant
 
         return self.exec(constant(value, dtype), name=name)
+
+    def call(self, fn: Callable[..., Any], *inputs: int | Symbol) -> Any:
+        """Inserts the nodes of ``fn`` (a JAX function, which may call fnnc commands),
+        traced on the inputs' shapes, at the insertion point; returns its output(s)."""
+        from fnnc.graph.pattern_functions import call_function
+
+        return call_function(self.exec, fn, [self.symbol(s) for s in inputs])
 
     def insert_before(self, node: NodeRef, cmd: Command, *inputs: int | Symbol) -> Any:
         """``cmd(*inputs)`` inserted before ``node``; its output symbol(s)."""

@@ -48,7 +48,7 @@ from fnnc.errors import CommandError, FnncError, GraphError
 from fnnc.graph.passes._subgraphs import map_subgraphs
 from fnnc.graph.passes.compact import compact
 from fnnc.graph.passes.dce import dce as dce_pass
-from fnnc.graph.pattern import Match, Pat, constant_value, matches
+from fnnc.graph.pattern import Match, Pat, constant_value, matches, may_match
 from fnnc.ops import Command
 
 MAX_DEPTH = 32
@@ -172,7 +172,7 @@ class _Walk:
     def _rules_for(self, name: str) -> tuple[Rule, ...]:
         found = self._by_cmd.get(name)
         if found is None:
-            found = tuple(r for r in self.rules if r.pattern.cmds is None or name in r.pattern.cmds)
+            found = tuple(r for r in self.rules if may_match(r.pattern, name))
             self._by_cmd[name] = found
         return found
 
@@ -258,6 +258,8 @@ class _Walk:
                 for a in self.views.pop(o, ()):
                     self.symbols[a] = dataclasses.replace(self.symbols[a], root=n)
                     self.views.setdefault(n, []).append(a)
+        while len(self.symbols) - 1 in rename:  # renamed fresh symbols are unused
+            self.symbols.pop()
         for p in pending:
             if rename:
                 p = dataclasses.replace(
