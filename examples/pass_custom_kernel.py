@@ -33,20 +33,23 @@ def _define() -> None:
     @defcommand(family="blas", shape=_shape)
     def dense_relu(x, w, b):
         """``relu(x @ w.T + b)``."""
-        return jnp.maximum(x @ w.T + b, 0)
+        return jnp.maximum(x @ w.T + b[None, :], 0)
 
 
 def kernel(x, w, b):
     y = lax.dot_general(x, w, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST)
-    return jnp.maximum(y + b, 0)
+    return jnp.maximum(y + b[None, :], 0)
 
 
 _define()
 ops.register_backend("dense_relu", ops.Backend("my_kernel", kernel, ("cpu", "gpu"), priority=5))
 
+dense = Pat.op("gemm", Pat.var("x"), Pat.var("w"), Pat.var("b"), transpose_b=True, name="fc")
 to_kernel = Rule(
-    Pat.op("relu", Pat.op("gemm", Pat.var("x"), Pat.var("w"), Pat.var("b"), transpose_b=True)),
-    lambda m: m.exec(make_command("dense_relu", {}), m["x"], m["w"], m["b"]),
+    Pat.op("relu", dense),
+    lambda m: m.exec(
+        make_command("dense_relu", {}), m["x"], m["w"], m["b"], name=m.node("fc").name
+    ),
     name="dense_relu",
 )
 

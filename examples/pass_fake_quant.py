@@ -58,7 +58,7 @@ def main(steps: int = 30) -> dict[str, float]:
     for _ in range(steps - 1):
         loss = float(model.fit(x, y))
     print(f"fake-quant training: loss {first:.4f} -> {loss:.4f}")
-    p = model.parameters()
+    p = {k: np.asarray(v) for k, v in model.parameters().items()}
     h = np.maximum(qdq(x) @ qdq(p["t-hidden-0-0"]).T + p["t-hidden-0-1"], 0)
     want = qdq(h) @ qdq(p["t-out-0-0"]).T + p["t-out-0-1"]
     err = float(np.max(np.abs(np.asarray(model.evaluate(x)) - want)))

@@ -16,7 +16,6 @@ Run: python examples/pass_scale_folding.py
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fnnc import ops
@@ -37,7 +36,7 @@ relu_to_leaky = Rule(
 
 
 def layer(x, w, b):
-    return jax.nn.relu((0.5 * x) @ w.T + b)
+    return jax.nn.relu((0.5 * x) @ w.T + b[None, :])
 
 
 def main() -> dict[str, float]:

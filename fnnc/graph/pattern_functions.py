@@ -128,6 +128,8 @@ def pattern_of(fn: Callable[..., Any], *example_args: Any) -> tuple[Pat, tuple[s
             f"{where}: a pattern function returns one array, this one {len(g.outputs)}"
         )
     names = tuple(g.symbols[i].name for i in g.inputs)
+    if g.outputs[0] in g.inputs:
+        raise GraphError(f"{where}: it returns an argument unchanged; a pattern computes something")
     reads: dict[int, int] = {}
     for node in g.nodes:
         for s in node.inputs:
@@ -144,7 +146,7 @@ def pattern_of(fn: Callable[..., Any], *example_args: Any) -> tuple[Pat, tuple[s
 
     pat = build(g.outputs[0])
     if pat.kind != "op":
-        raise GraphError(f"{where}: it returns an argument unchanged; a pattern computes something")
+        raise GraphError(f"{where}: it returns a constant; a pattern computes from its arguments")
     return pat, names
 
 

@@ -86,7 +86,7 @@ def test_a_pass_that_changes_the_outputs_is_refused() -> None:
     x, y = _data()
     model = _mlp(CommandLayer(ops.relu()))
     model.compile(x, loss="mse", minimizer=optax.sgd(0.1), passes=[drops_an_output])
-    with pytest.raises(ModelError, match="drops_an_output.*changed the graph's inputs or outputs"):
+    with pytest.raises(ModelError, match=r"drops_an_output.*changed the graph's inputs or outputs"):
         model.fit(x, y)
     with pytest.raises(ModelError, match="unknown stage"):
         model.compile(x, passes={"backward": [drops_an_output]})
