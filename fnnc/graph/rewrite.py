@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -178,10 +178,20 @@ class Rewriter:
         if a.id != b.id:
             self._same[a.id] = b.id
 
-    def replace_node(self, node: NodeRef, cmd: Command, *inputs: int | Symbol) -> None:
-        """``node`` runs ``cmd(*inputs)`` instead, writing the same outputs (specs checked)."""
+    def replace_node(
+        self,
+        node: NodeRef,
+        cmd: Command,
+        *inputs: int | Symbol,
+        outputs: Sequence[int | Symbol] | None = None,
+    ) -> None:
+        """``node`` runs ``cmd(*inputs)`` instead, writing the same outputs, or
+        ``outputs`` (existing symbols whose writers are removed: a fusion writes the
+        intermediate it absorbed); the specs are checked."""
         i = self.index(node)
         old = self.graph.nodes[i]
+        if outputs is not None:
+            old = dataclasses.replace(old, outputs=tuple(self.symbol(s).id for s in outputs))
         ids = tuple(self.symbol(s).id for s in inputs)
         where = f"{self.name}: replace_node {i} ({old.cmd.name}) by {cmd.name}"
         try:
@@ -208,9 +218,10 @@ class Rewriter:
         """Whether any edit was made."""
         return bool(self._before or self._after or self._replaced or self._removed or self._same)
 
-    def finish(self, *, dead_code: bool = True) -> Graph:
-        """The edited graph: verified when checks are on, dead nodes dropped
-        (``dead_code``), compacted; ``graph`` itself when nothing was edited.
+    def finish(self, *, dead_code: bool = True, check: bool | None = None) -> Graph:
+        """The edited graph: verified (``check``; default when ``fnnc.config`` checks
+        are on), dead nodes dropped (``dead_code``), compacted; ``graph`` itself when
+        nothing was edited.
 
         Raises:
             GraphError: the edits break the graph (a removed node still read, a node
@@ -228,7 +239,7 @@ class Rewriter:
         symbols, nodes, outputs = self._rewired(order)
         g = self.graph
         new = Graph(tuple(symbols), tuple(nodes), g.inputs, outputs, g.out_tree)
-        if config.get().checks:
+        if config.get().checks if check is None else check:
             try:
                 verify(new)
             except GraphError as e:
