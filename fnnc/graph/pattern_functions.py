@@ -84,9 +84,6 @@ def _trace_rule(tracer: Any, eqn: Any, ins: Sequence[Symbol]) -> list[Symbol]:
     return list(out) if isinstance(out, tuple) else [out]
 
 
-TRACE_RULES[_command_p.name] = _trace_rule
-
-
 def _as_node(cmd: Command, arrays: tuple[Any, ...]) -> Any:
     if not any(isinstance(a, jax.core.Tracer) for a in arrays):
         return NotImplemented
@@ -98,10 +95,14 @@ def _as_node(cmd: Command, arrays: tuple[Any, ...]) -> Any:
 def commands_as_nodes() -> Iterator[None]:
     """Within the block, an fnnc command called on traced values traces to one node."""
     token = CALL_HOOK.set(_as_node)
+    # the primitive exists only inside the block, so the trace rule does too
+    TRACE_RULES[_command_p.name] = _trace_rule
     try:
         yield
     finally:
         CALL_HOOK.reset(token)
+        if CALL_HOOK.get() is None:
+            TRACE_RULES.pop(_command_p.name, None)
 
 
 def trace_function(fn: Callable[..., Any], *example_args: Any) -> Graph:

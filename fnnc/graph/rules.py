@@ -187,7 +187,7 @@ class _Walk:
             if inputs != node.inputs:
                 node = dataclasses.replace(node, inputs=inputs)
         rules = self._rules_for(node.cmd.name)
-        if rules and not any(self.symbols[o].is_alias for o in node.outputs):
+        if rules and node.outputs and not any(self.symbols[o].is_alias for o in node.outputs):
             for o in node.outputs:
                 self.writer[o] = node
             for rule in rules:
