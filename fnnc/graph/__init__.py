@@ -20,6 +20,18 @@ graph(%0:f32[2,3] x, %1:f32[4,3] w) {
 >>> xs = (np.ones((2, 3), np.float32), np.ones((4, 3), np.float32))
 >>> bool((compile(graph)(*xs) == interpret(graph, *xs)).all())
 True
+
+Passes are written as data: a :class:`Pat` and a replacement make a :class:`Rule`,
+and :func:`graph_rewrite` runs rules to a fixpoint (:func:`replace_pattern` takes both
+sides as plain functions, traced); a :class:`Rewriter` edits a graph by hand (insert,
+replace all uses, remove). :func:`check_pass` runs a graph before and after a pass and
+names the first node that differs. ``compile(graph, passes=[...])``,
+``Model.compile(..., passes=...)`` and ``DynamicGraph(lazy=True, passes=...)`` run them.
+
+>>> from fnnc.graph import Pat, Rule
+>>> leaky = Rule(Pat.op("relu", Pat.var("x")), lambda m: m.exec(ops.leaky_relu(), m["x"]))
+>>> print(graph_rewrite(graph, [leaky]).nodes[1].cmd)
+leaky_relu
 """
 
 from fnnc.core.ir import AliasSymbol as AliasSymbol
@@ -40,6 +52,7 @@ from fnnc.graph.control import while_loop as while_loop
 from fnnc.graph.dynamic import DynamicGraph as DynamicGraph
 from fnnc.graph.inline import inline as inline
 from fnnc.graph.interpret import interpret as interpret
+from fnnc.graph.matching import Match as Match
 from fnnc.graph.memory import MemoryPlan as MemoryPlan
 from fnnc.graph.memory import memory_plan as memory_plan
 from fnnc.graph.numerics import Stats as Stats
@@ -59,7 +72,6 @@ from fnnc.graph.passes import minimize as minimize
 from fnnc.graph.passes import remat as remat
 from fnnc.graph.passes import run_passes as run_passes
 from fnnc.graph.passes import simplify as simplify
-from fnnc.graph.pattern import Match as Match
 from fnnc.graph.pattern import Pat as Pat
 from fnnc.graph.pattern_functions import pattern_of as pattern_of
 from fnnc.graph.pattern_functions import replace_pattern as replace_pattern

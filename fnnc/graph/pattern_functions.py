@@ -47,7 +47,8 @@ from fnnc.core.dispatch import REFERENCE, compiled_forward
 from fnnc.core.evaluate import as_tuple
 from fnnc.core.ir import Graph, Symbol
 from fnnc.errors import GraphError
-from fnnc.graph.pattern import Match, Pat
+from fnnc.graph.matching import Match
+from fnnc.graph.pattern import Pat
 from fnnc.graph.rules import Rule, graph_rewrite
 from fnnc.graph.trace import trace
 from fnnc.graph.trace_rules import TRACE_RULES

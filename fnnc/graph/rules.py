@@ -45,10 +45,11 @@ from fnnc.core.command import output_specs
 from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol, TensorSymbol
 from fnnc.core.text import format_graph
 from fnnc.errors import CommandError, FnncError, GraphError
+from fnnc.graph.matching import Match, constant_value, matches, may_match
 from fnnc.graph.passes._subgraphs import map_subgraphs
 from fnnc.graph.passes.compact import compact
 from fnnc.graph.passes.dce import dce as dce_pass
-from fnnc.graph.pattern import Match, Pat, constant_value, matches, may_match
+from fnnc.graph.pattern import Pat
 from fnnc.ops import Command
 
 MAX_DEPTH = 32

@@ -8,7 +8,7 @@ import pytest
 from fnnc import ops
 from fnnc.errors import GraphError
 from fnnc.graph import Graph, GraphBuilder, Pat
-from fnnc.graph.pattern import match, matches
+from fnnc.graph.matching import match, matches
 
 
 def _silu_graph(swapped: bool) -> Graph:

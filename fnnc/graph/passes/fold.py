@@ -15,7 +15,8 @@ import numpy as np
 from fnnc.core.command import output_specs
 from fnnc.core.dispatch import REFERENCE, compiled_forward
 from fnnc.core.ir import Graph, Symbol, num_elements
-from fnnc.graph.pattern import Match, Pat
+from fnnc.graph.matching import Match
+from fnnc.graph.pattern import Pat
 from fnnc.graph.rules import Rule, graph_rewrite
 from fnnc.ops.constant import Literal, constant
 

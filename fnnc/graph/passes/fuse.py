@@ -17,9 +17,10 @@ import numpy as np
 from fnnc import ops
 from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol
 from fnnc.graph.builder import GraphBuilder
+from fnnc.graph.matching import GraphSource, Match, match
 from fnnc.graph.passes._subgraphs import is_pure, map_subgraphs
 from fnnc.graph.passes.compact import compact
-from fnnc.graph.pattern import GraphSource, Match, Pat, match
+from fnnc.graph.pattern import Pat
 from fnnc.ops.autodiff import gradient, gradient_command
 
 
