@@ -59,6 +59,8 @@ def test_lazy_dynamic_graph_runs_passes_at_flush() -> None:
     assert dg.num_compiled == 1  # the second flush found the first's program
     plain = DynamicGraph(lazy=True)
     np.testing.assert_allclose(plain.exec(ops.relu(), plain.constant(XS)).numpy(), [0, 0, 3])
+    with pytest.raises(GraphError, match=r"passes run on lazy flushes"):
+        DynamicGraph(passes=[relu_to_leaky])
 
 
 def test_reports_and_debug_diffs(capsys) -> None:

@@ -71,6 +71,12 @@ class DynamicGraph:
     def __init__(
         self, *, lazy: bool = False, memo: bool = True, passes: Sequence[Pass] = ()
     ) -> None:
+        if passes and not lazy:
+            raise GraphError(
+                "DynamicGraph: passes run on lazy flushes (one compiled program per sync "
+                "point); eager mode runs each command at once. Use "
+                "DynamicGraph(lazy=True, passes=[...])"
+            )
         self.lazy = lazy
         self.passes = tuple(passes)
         self.memo = memo
