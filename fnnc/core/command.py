@@ -33,6 +33,7 @@ without a hand-written backward derive one from ``jax.vjp`` of the reference.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import inspect
 from collections.abc import Callable, Hashable, Sequence
@@ -167,6 +168,12 @@ class OpDef:
 
 _REGISTRY: dict[str, OpDef] = {}
 
+CALL_HOOK: contextvars.ContextVar[Callable[[Command, tuple[Any, ...]], Any] | None] = (
+    contextvars.ContextVar("fnnc_command_call_hook", default=None)
+)
+"""While set (by :func:`fnnc.graph.pattern_functions.commands_as_nodes`), calling a
+command goes through it first; ``NotImplemented`` falls back to running it."""
+
 
 def lookup(name: str) -> OpDef:
     """Returns the :class:`OpDef` registered under ``name``."""
@@ -251,6 +258,11 @@ class Command:
         return output_specs(self, specs)
 
     def __call__(self, *arrays: Any) -> Any:
+        hook = CALL_HOOK.get()
+        if hook is not None:  # tracing a pattern function: the call becomes one node
+            result = hook(self, arrays)
+            if result is not NotImplemented:
+                return result
         # dispatch imports this module; the edge back stays inside the core package.
         from fnnc.core.dispatch import run_eager
 

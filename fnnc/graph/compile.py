@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -22,7 +22,7 @@ from fnnc import config
 from fnnc.core import dispatch
 from fnnc.core.evaluate import as_tuple, run_nodes
 from fnnc.core.ir import Graph, Node
-from fnnc.errors import CommandError, GraphInputError, NumericsError
+from fnnc.errors import CommandError, GraphError, GraphInputError, NumericsError
 from fnnc.graph import cpu_libraries
 from fnnc.graph._io import flatten_inputs, unflatten_outputs
 from fnnc.graph.memory import MemoryPlan, memory_plan
@@ -301,6 +301,7 @@ def compile(  # noqa: A001 - the name NNC users look for
     platform: str | None = None,
     shardings: Shardings | None = None,
     matmul_precision: str | None = None,
+    passes: Sequence[Callable[[Graph], Graph]] = (),
 ) -> Program:
     """Lowers ``graph`` to one jitted XLA computation.
 
@@ -314,7 +315,10 @@ def compile(  # noqa: A001 - the name NNC users look for
 
     Compiled programs are cached by (graph, donation, platform, dispatch state), so
     compiling an equal graph again is free, and registering a backend, writing the
-    autotune table or overriding backend settings compiles anew.
+    autotune table or overriding backend settings compiles anew. ``passes`` run first
+    (:func:`~fnnc.graph.run_passes`: verified after each, blamed by name, shown with
+    ``FNNC_DEBUG``), so the cache keys on the graph they produce and
+    :attr:`Program.graph` is that graph.
 
     Args:
         graph: the graph to compile.
@@ -327,6 +331,8 @@ def compile(  # noqa: A001 - the name NNC users look for
             precision), ``"tensorfloat32"`` (TF32 on GPUs), ``"bfloat16"`` or
             ``"default"`` (JAX's setting); default: ``config.get().matmul_precision``,
             which is ``"float32"`` unless ``FNNC_MATMUL_PRECISION`` says otherwise.
+        passes: passes ``Graph -> Graph`` to run on ``graph`` first, in order; they
+            must keep its inputs and outputs (their number and specs).
 
     >>> import numpy as np
     >>> from fnnc import ops
@@ -337,6 +343,8 @@ def compile(  # noqa: A001 - the name NNC users look for
     >>> program(np.array([1.0, 2.0], np.float32))
     Array([3., 6.], dtype=float32)
     """
+    if passes:
+        graph = _after_passes(graph, passes)
     numerics = config.get().numerics
     donated = _donate_indices(graph, donate)
     return _compile_cached(
@@ -348,3 +356,17 @@ def compile(  # noqa: A001 - the name NNC users look for
         shardings,
         config.matmul_precision_name(matmul_precision or config.get().matmul_precision),
     )
+
+
+def _after_passes(graph: Graph, passes: Sequence[Callable[[Graph], Graph]]) -> Graph:
+    from fnnc.graph.passes.pipeline import run_passes
+
+    new = run_passes(graph, tuple(passes))
+    if new.input_specs != graph.input_specs or new.output_specs != graph.output_specs:
+        raise GraphError(
+            f"compile: passes {[getattr(p, '__name__', p) for p in passes]} changed the "
+            f"graph's inputs or outputs ({len(graph.inputs)} inputs, {len(graph.outputs)} "
+            f"outputs before, {len(new.inputs)} and {len(new.outputs)} after); a pass run "
+            "by compile keeps them (their number, shapes and dtypes)"
+        )
+    return new

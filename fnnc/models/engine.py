@@ -45,6 +45,7 @@ from fnnc.graph.passes.minimize import TrainLayout
 from fnnc.models import checks, loss_scale, losses, residuals
 from fnnc.models.layer import BuildContext, ModelError, ParamInfo
 from fnnc.models.memory import MemoryOptions, memory_key
+from fnnc.models.model_passes import ModelPasses
 from fnnc.models.optim import Minimizers, StateStore, is_noop
 from fnnc.models.parallel import Parallel, place
 from fnnc.models.programs import (
@@ -136,11 +137,17 @@ class Engine:
         self.parallel: Parallel | None = None  # a mesh layout (fnnc.models.parallel)
         self.precision: Any = None  # mixed precision (fnnc.models.precision)
         self.loss_scale_state: Any = None  # float16 loss scaling (fnnc.models.loss_scale)
+        self.passes = ModelPasses()  # the user's passes (fnnc.models.model_passes)
 
     # -- set-up -------------------------------------------------------------------
-    def compile(self, inputs: Sequence[Any], *, loss: Any, minimizer: Any) -> None:
-        """Fixes the input specs, the loss and minimizer, and initialises parameters."""
+    def compile(
+        self, inputs: Sequence[Any], *, loss: Any, minimizer: Any, passes: Any = None
+    ) -> None:
+        """Fixes the input specs, the loss and minimizer (and ``passes``, when given),
+        and initialises parameters."""
         losses.check(loss)
+        if passes is not None:
+            self.passes = ModelPasses.of(passes)
         specs = _specs(inputs)
         if loss is not None:
             self.loss = loss
@@ -245,7 +252,11 @@ class Engine:
     # -- programs -------------------------------------------------------------------
     def _compiled(self, key: tuple[Any, ...], make: Any) -> Any:
         """The program for ``key`` under the current dispatch state, made once."""
-        layout = (self.parallel and self.parallel.key, self.precision and self.precision.key)
+        layout = (
+            self.parallel and self.parallel.key,
+            self.precision and self.precision.key,
+            self.passes,
+        )
         key = (*key, dispatch.state(), layout)  # a new backend, winner or mesh compiles anew
         if key not in self._programs:
             self._programs[key] = make()
@@ -294,7 +305,11 @@ class Engine:
             prog = self._compiled(
                 ("evaluate", specs, training),
                 lambda: forward_program(
-                    self._build(training, specs), par, self.trainable(), self.precision
+                    self._build(training, specs),
+                    par,
+                    self.trainable(),
+                    self.precision,
+                    self.passes,
                 ),
             )
             keys = self._keys(prog.feed.n_keys)
@@ -343,7 +358,9 @@ class Engine:
         built = self._build(training, specs)
         memory = MemoryOptions.of(self.model, built.ctx.checkpoints)
         floats = residuals.outgrad_inputs(True, specs)
-        return residuals.residual_forward(built, self.trainable(), floats, memory, self.precision)
+        return residuals.residual_forward(
+            built, self.trainable(), floats, memory, self.precision, self.passes
+        )
 
     def _gradient_program(self, saved: _Saved, wrt_inputs: tuple[int, ...]) -> Any:
         specs, training, wrt_params = saved.specs, saved.training, self.trainable()
@@ -351,7 +368,9 @@ class Engine:
         def make() -> Any:
             built = self._build(training, specs)
             memory = MemoryOptions.of(self.model, built.ctx.checkpoints)
-            return gradient_program(built, wrt_params, wrt_inputs, memory, self.parallel)
+            return gradient_program(
+                built, wrt_params, wrt_inputs, memory, self.parallel, self.passes
+            )
 
         key = ("backward", specs, training, tuple(wrt_params), memory_key(self.model), wrt_inputs)
         return self._compiled(key, make)
@@ -441,7 +460,7 @@ class Engine:
             transform = mins.transform()
             return fit_program(
                 built, self.loss, target_specs, pids, transform, memory, self.parallel,
-                self.precision, mins.n_hyper,
+                self.precision, mins.n_hyper, self.passes,
             )  # fmt: skip
 
         memory = memory_key(self.model)

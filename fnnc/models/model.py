@@ -123,7 +123,7 @@ class Model(ScaleMixin, Layer):
     def compile(
         self, inputs: Sequence[Any], *, loss: Any = None, minimizer: Any = None, seed: int = 0,
         mesh: Any = None, parameter_sharding: str | None = None, precision: str | None = None,
-        loss_scale: Any = None,
+        loss_scale: Any = None, passes: Any = None,
     ) -> None:  # fmt: skip
         """Fixes input specs (arrays or ShapeDtypeStructs), the loss and the minimizer,
         and initialises parameters. New input shapes later recompile, keeping weights
@@ -132,11 +132,14 @@ class Model(ScaleMixin, Layer):
         :meth:`set_data_parallel`); ``precision`` (``"bfloat16"``/``"float16"``) computes
         in that type with float32 parameters (:mod:`fnnc.models.precision`); float16
         scales the loss dynamically, ``loss_scale`` (a
-        :class:`fnnc.models.loss_scale.LossScale`, ``True``/``False``) says how."""
+        :class:`fnnc.models.loss_scale.LossScale`, ``True``/``False``) says how.
+        ``passes``: graph passes on the forward graph before ``backward`` (a list), or
+        ``{"forward": [...], "training": [...]}`` to also rewrite the training graph
+        after it (:mod:`fnnc.models.model_passes`)."""
         if self._engine is None:
             self._engine = Engine(self, seed)
         self._scale_options(mesh, parameter_sharding, precision, loss_scale)
-        self._engine.compile(_arrays(inputs), loss=loss, minimizer=minimizer)
+        self._engine.compile(_arrays(inputs), loss=loss, minimizer=minimizer, passes=passes)
         self._engine.place_parameters()
 
     def fit(self, inputs: Sequence[Any] | Any, targets: Sequence[Any] | Any = ()) -> Any:

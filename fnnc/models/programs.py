@@ -50,6 +50,7 @@ from fnnc.graph.passes.loss_scale import minimize_scaled
 from fnnc.graph.passes.minimize import TrainLayout, minimize
 from fnnc.models import losses
 from fnnc.models.layer import BuildContext, ModelError
+from fnnc.models.model_passes import NO_PASSES, ModelPasses
 from fnnc.models.parallel import Placed
 from fnnc.ops.optimizer import optax_update_command
 
@@ -197,16 +198,22 @@ class FitProgram(_Compiled):
 
 # -- building ---------------------------------------------------------------------
 def forward_program(
-    built: ModelGraph, parallel: Any = None, trainable: Sequence[str] = (), precision: Any = None
+    built: ModelGraph,
+    parallel: Any = None,
+    trainable: Sequence[str] = (),
+    precision: Any = None,
+    passes: ModelPasses = NO_PASSES,
 ) -> ForwardProgram:
     """The program of ``evaluate`` for one build; ``parallel``
     (:class:`fnnc.models.parallel.Parallel`) lays it out on a mesh, ``precision``
-    (:class:`fnnc.models.precision.Precision`) casts its compute type."""
+    (:class:`fnnc.models.precision.Precision`) casts its compute type, ``passes``
+    (:mod:`fnnc.models.model_passes`) rewrite it."""
     ctx = built.ctx
     graph = ctx.b.build([*built.outputs, *ctx.updates.values()])
     graph = precision(graph) if precision is not None else graph
+    graph, ids = passes.run_forward(graph)
     feed, order = built.feed(tuple(ctx.params))
-    graph = _ordered(graph, order)
+    graph = _ordered(graph, [ids(i) for i in order])
     if parallel is None:
         program = compile(graph)
     else:
@@ -224,23 +231,25 @@ def gradient_program(
     diff_inputs: Sequence[int],
     memory: Transform | None = None,
     parallel: Any = None,
+    passes: ModelPasses = NO_PASSES,
 ) -> GradientProgram:
     """The program of ``backward``: gradients w.r.t. those of ``wrt_params`` this build
     has, then w.r.t. model inputs ``diff_inputs``, seeded with the output gradients;
     ``parallel`` lays it out on a mesh as ``fit`` is."""
     ctx, outs = built.ctx, built.outputs
     dfs = [ctx.b.input(o.shape, o.dtype, name=f"df[{i}]") for i, o in enumerate(outs)]
-    graph = ctx.b.build(list(outs))
+    graph, ids = passes.run_forward(ctx.b.build(list(outs)))
     params = tuple(p for p in wrt_params if p in ctx.symbols)
     wrt = [ctx.symbols[p] for p in params] + [built.inputs[i] for i in diff_inputs]
-    grad_graph, _ = backward_pass(graph, list(outs), wrt, df=dfs)
+    dfs_ids = [ids(d.id) for d in dfs]
+    grad_graph, _ = backward_pass(graph, graph.outputs, [ids(w.id) for w in wrt], df=dfs_ids)
     grad_graph = dataclasses.replace(grad_graph, outputs=grad_graph.outputs[len(outs) :])
     feed, order = built.feed(tuple(ctx.params))
-    grad_graph = _ordered(grad_graph, [*order, *(d.id for d in dfs)])
+    grad_graph = _ordered(grad_graph, [*(ids(i) for i in order), *dfs_ids])
     if memory is not None:
         grad_graph = memory(grad_graph)
     shapes = tuple(tuple(o.shape) for o in outs)
-    grad_graph = simplify(grad_graph)
+    grad_graph = passes.run_training(simplify(grad_graph))
     if parallel is None:
         program = compile(grad_graph)
     else:
@@ -289,6 +298,7 @@ def fit_program(
     parallel: Any = None,
     precision: Any = None,
     n_hyper: int = 0,
+    passes: ModelPasses = NO_PASSES,
 ) -> FitProgram:
     """The fused training step: ``loss`` against targets, minimized over ``pids``;
     ``parallel`` (:class:`fnnc.models.parallel.Parallel`) lays it out on a mesh; the
@@ -300,9 +310,10 @@ def fit_program(
     graph = b.build([loss_sym, *ctx.updates.values()])
     if precision is not None:  # keeps input ids: parameters are still ctx.symbols[p]
         graph = precision(graph)
+    graph, ids = passes.run_forward(graph)
     loss_id = graph.outputs[0]
     scaling = getattr(precision, "loss_scale", None)
-    wrt = [ctx.symbols[p] for p in pids]
+    wrt = [ids(ctx.symbols[p].id) for p in pids]
     if scaling is not None:  # loss scale state: last inputs and outputs
         step, train = minimize_scaled(graph, loss_id, wrt, transform, scaling=scaling)
     else:
@@ -314,11 +325,11 @@ def fit_program(
     feed, order = built.feed(tuple(p for p in ctx.params if p not in trainable))
     head = step.inputs[: train.n_params + train.n_state]
     tail = step.inputs[len(step.inputs) - n_scale :]
-    step = _ordered(step, [*head, *order, *(t.id for t in ts), *tail])
+    step = _ordered(step, [*head, *(ids(i) for i in order), *(ids(t.id) for t in ts), *tail])
     if memory is not None:
         step = memory(step)
     donated = range(train.n_params + train.n_state)  # parameters and state, updated in place
-    step = simplify(step)
+    step = passes.run_training(simplify(step))
     if parallel is None:
         program = compile(step, donate=donated)
     else:

@@ -61,6 +61,7 @@ from fnnc.graph.passes import dce
 from fnnc.graph.passes._subgraphs import is_pure
 from fnnc.graph.passes.backward import backward as backward_pass
 from fnnc.models.layer import ModelError
+from fnnc.models.model_passes import NO_PASSES, ModelPasses
 from fnnc.models.programs import (
     ForwardProgram,
     ModelGraph,
@@ -233,6 +234,7 @@ def residual_forward(
     diff_inputs: Sequence[int],
     memory: Transform | None = None,
     precision: Any = None,
+    passes: ModelPasses = NO_PASSES,
 ) -> ResidualForward:
     """The ``evaluate(..., requires_grad=True)`` program of one build: gradients will
     be w.r.t. those of ``wrt_params`` it has and model inputs ``diff_inputs``."""
@@ -242,14 +244,17 @@ def residual_forward(
     graph = b.build([*built.outputs, *ctx.updates.values()])
     if precision is not None:  # keeps input ids
         graph = precision(graph)
+    graph, ids = passes.run_forward(graph)
     params = tuple(p for p in wrt_params if p in ctx.symbols)
     wrt = [ctx.symbols[p].id for p in params] + [built.inputs[i].id for i in diff_inputs]
-    full, _ = backward_pass(graph, list(graph.outputs[:n_out]), wrt, df=[d.id for d in dfs])
+    dfs_ids = [ids(d.id) for d in dfs]
+    full, _ = backward_pass(graph, list(graph.outputs[:n_out]), [ids(w) for w in wrt], df=dfs_ids)
     feed, order = built.feed(tuple(ctx.params))
-    full = _ordered(full, [*order, *(d.id for d in dfs)])
+    full = _ordered(full, [*(ids(i) for i in order), *dfs_ids])
     if memory is not None:
         full = memory(full)
-    halves = split_at_seeds(simplify(full), len(order), len(graph.outputs))
+    full = passes.run_training(simplify(full))
+    halves = split_at_seeds(full, len(order), len(graph.outputs))
     return ResidualForward(
         compile(halves.forward), feed, n_out, tuple(ctx.updates), halves.n_computed, halves, params
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -33,6 +33,8 @@ from .extract import PROGRAMS, extract
 from .record import Read, Record, Version, View
 from .variable import Slot, Variable, alias_view
 
+Pass = Callable[[Graph], Graph]
+
 
 class DynamicGraph:
     """NNC's dynamic graph: commands run eagerly on variables while a graph is recorded.
@@ -44,6 +46,8 @@ class DynamicGraph:
         lazy: record commands and run them only at a sync point (reading a value,
             ``backward``, ``apply_gradients``) as one compiled program.
         memo: reuse the result of a pure command already run on the same versions.
+        passes: passes ``Graph -> Graph`` run on each lazy flush's graph before it is
+            simplified and compiled (cached per structure and passes, as flushes are).
 
     Attributes:
         grads: accumulated gradient variables by (slot, view) of what they belong to;
@@ -64,8 +68,17 @@ class DynamicGraph:
     5.14444
     """
 
-    def __init__(self, *, lazy: bool = False, memo: bool = True) -> None:
+    def __init__(
+        self, *, lazy: bool = False, memo: bool = True, passes: Sequence[Pass] = ()
+    ) -> None:
+        if passes and not lazy:
+            raise GraphError(
+                "DynamicGraph: passes run on lazy flushes (one compiled program per sync "
+                "point); eager mode runs each command at once. Use "
+                "DynamicGraph(lazy=True, passes=[...])"
+            )
         self.lazy = lazy
+        self.passes = tuple(passes)
         self.memo = memo
         self._record = Record()
         self._grad_enabled = True

@@ -7,8 +7,9 @@ where they are made) but not its forward. Reading a value, ``backward``,
 1. picks the pending nodes whose results something needs: a live variable, or a
    node that stays recorded for gradients (dead pending work is dropped unrun);
 2. extracts them as one canonical graph (inputs: the values they read; outputs: the
-   versions needed), simplified (as ``Model.fit``'s programs are) and compiled once
-   per structure, cached like gradient programs;
+   versions needed), runs the graph's ``passes`` on it (``DynamicGraph(passes=)``),
+   simplifies it (as ``Model.fit``'s programs are) and compiles it once per structure,
+   cached like gradient programs;
 3. runs it and stores the values, then prunes the record as in eager mode.
 
 A training loop records the same commands every step, so each step after the first
@@ -21,10 +22,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fnnc.core.ir import Graph
+from fnnc.errors import GraphError
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.compile import compile
 from fnnc.graph.inline import inline
-from fnnc.graph.passes.pipeline import simplify
+from fnnc.graph.passes.pipeline import run_passes, simplify
 
 from .extract import PROGRAMS, extract
 from .record import Version, to_flush
@@ -58,9 +60,9 @@ def run_with(dg: DynamicGraph, tail: Graph | None, args: Sequence[Any]) -> Any:
             else:
                 spots.append(-1 - len(extra))
                 extra.append(a.value if isinstance(a, Version) else a)
-        key = ("flush", ex.key, tail, tuple(spots))
+        key = ("flush", ex.key, tail, tuple(spots), dg.passes)
         program, fresh = PROGRAMS.get(
-            key, lambda: compile(simplify(_compose(ex.graph, tail, spots)))
+            key, lambda: compile(simplify(_passes(dg, _compose(ex.graph, tail, spots))))
         )
         dg.num_compiled += fresh
         values = program(*(ex.versions[s].value for s in ex.inputs), *extra)
@@ -78,6 +80,20 @@ def run_with(dg: DynamicGraph, tail: Graph | None, args: Sequence[Any]) -> Any:
         dg.collect()
     rest = values[len(outs) :]
     return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+def _passes(dg: DynamicGraph, graph: Graph) -> Graph:
+    """``graph`` after the user's passes, which must keep its inputs and outputs."""
+    if not dg.passes:
+        return graph
+    new = run_passes(graph, dg.passes)
+    if new.input_specs != graph.input_specs or new.output_specs != graph.output_specs:
+        names = [getattr(p, "__name__", p) for p in dg.passes]
+        raise GraphError(
+            f"DynamicGraph: passes {names} changed a lazy flush's inputs or outputs; a "
+            "pass must keep them (their number, shapes and dtypes)"
+        )
+    return new
 
 
 def _compose(forward: Graph, tail: Graph | None, spots: Sequence[int]) -> Graph:

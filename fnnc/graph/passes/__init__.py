@@ -5,7 +5,10 @@ nothing changed, so pipelines detect a fixpoint with ``is``.
   identities, :func:`fuse` fuses NNC's patterns and elementwise chains, :func:`dce`
   drops dead nodes, :func:`compact` renumbers symbols densely.
 * :func:`simplify` runs them to a fixpoint; :func:`run_passes` runs any tuple of
-  passes, verifying and printing between them as :mod:`fnnc.config` says.
+  passes, verifying and printing between them as :mod:`fnnc.config` says (each
+  pass's time, node counts and diff: :class:`PassReport`, :func:`graph_diff`).
+* :func:`fold` and the loss fusions of :func:`fuse` are written with the rewrite
+  toolkit users get (:mod:`fnnc.graph.rules`, :mod:`fnnc.graph.rewrite`).
 * :func:`map_subgraphs` applies a pass inside the sub-graphs commands hold.
 * :func:`backward` appends gradient nodes (NNC's symbolic reverse mode);
   :func:`minimize` adds an Optax update so a training step is one graph;
@@ -24,6 +27,8 @@ from fnnc.graph.passes.memory_compression import memory_compression as memory_co
 from fnnc.graph.passes.memory_reduction import memory_reduction as memory_reduction
 from fnnc.graph.passes.minimize import TrainLayout as TrainLayout
 from fnnc.graph.passes.minimize import minimize as minimize
+from fnnc.graph.passes.pipeline import PassReport as PassReport
+from fnnc.graph.passes.pipeline import graph_diff as graph_diff
 from fnnc.graph.passes.pipeline import run_passes as run_passes
 from fnnc.graph.passes.pipeline import simplify as simplify
 from fnnc.graph.passes.remat import remat as remat

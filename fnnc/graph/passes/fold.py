@@ -1,162 +1,133 @@
-"""fold: constant folding and algebraic identities."""
+"""fold: constant folding and algebraic identities, as rules of the rewrite toolkit.
+
+Both are rule lists run by :func:`~fnnc.graph.graph_rewrite` (what users write their
+passes with): :data:`IDENTITIES` (``x * 1 -> x``, ...) and constant folding.
+"""
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from fnnc.core.command import Spec, output_specs
+from fnnc.core.command import output_specs
 from fnnc.core.dispatch import REFERENCE, compiled_forward
-from fnnc.core.ir import AliasSymbol, Graph, Node, num_elements
-from fnnc.graph.passes._subgraphs import is_pure, map_subgraphs
-from fnnc.graph.passes.compact import compact
-from fnnc.ops import Command
+from fnnc.core.ir import Graph, Symbol, num_elements
+from fnnc.graph.matching import Match
+from fnnc.graph.pattern import Pat
+from fnnc.graph.rules import Rule, graph_rewrite
 from fnnc.ops.constant import Literal, constant
 
 MAX_ELEMENTS = 1024
 """Default size limit of a folded result: larger ones stay computed, not stored."""
 
 
-class Facts:
-    """What an identity rule may ask about a symbol: its spec and, if known, its value."""
-
-    def __init__(self, graph: Graph, values: dict[int, np.ndarray], same: dict[int, int]):
-        self._graph = graph
-        self._values = values
-        self._same = same  # dropped result -> the symbol it equals (views follow it)
-
-    def spec(self, sid: int) -> Spec:
-        return self._graph.spec(sid)
-
-    def is_view(self, sid: int) -> bool:
-        return self._graph.symbol(sid).is_alias
-
-    def value(self, sid: int) -> np.ndarray | None:
-        """The value of ``sid`` when a ``constant`` node (or a folded one) wrote it whole.
-
-        A view of a result an identity dropped is a view of its replacement (the pass
-        re-roots it there), so its value is looked up there, in the same run.
-        """
-        sym = self._graph.symbol(sid)
-        root = self._values.get(self._same.get(sym.root, sym.root))
-        if root is None or not isinstance(sym, AliasSymbol):
-            return root
-        return root.reshape(-1)[sym.flat_indices()]
-
-    def is_all(self, sid: int, x: float) -> bool:
-        value = self.value(sid)
-        return value is not None and bool(np.all(value == x))
+X = Pat.var("x")
+ONE, ZERO = Pat.const(1), Pat.const(0)
 
 
-Rewrite = int | tuple[Command, tuple[int, ...]] | None
-"""What a rule returns: the symbol the output equals, a cheaper node, or no change."""
+def _keep(name: str = "x") -> Callable[[Match], Symbol | None]:
+    """The replacement "the captured symbol", taken only when it keeps the node's output
+    spec exactly (so a broadcasting ``x * 1`` stays)."""
 
-Rule = Callable[[Command, tuple[int, ...], Facts], Rewrite]
+    def replace(m: Match) -> Symbol | None:
+        return m[name] if _same_spec(m[name], m.source.symbol(m.root.outputs[0])) else None
+
+    replace.__name__ = f"keep_{name}"
+    return replace
 
 
-def _input0(cmd: Command, ins: tuple[int, ...], facts: Facts) -> Rewrite:
-    # For commands that are the identity exactly when their output spec equals their
-    # input's (reshape, broadcast_to, slice, pad, ...): the driver checks the specs.
-    return ins[0]
-
-
-def _without(unit: float) -> Rule:
+def _without(unit: float) -> Callable[[Match], Symbol | None]:
     """n-ary ``ewsum`` / ``ewprod``: drop operands that are all ``unit`` (0 or 1)."""
 
-    def rule(cmd: Command, ins: tuple[int, ...], facts: Facts) -> Rewrite:
+    def replace(m: Match) -> Symbol | None:
+        ins = m.rest
         if len(ins) == 1:
-            return ins[0]
-        rest = tuple(s for s in ins if not facts.is_all(s, unit))
+            return _keep_symbol(m, ins[0])
+        rest = [s for s in ins if not _is_all(m, s.id, unit)]
         if len(rest) == len(ins) or not rest:
             return None
-        return rest[0] if len(rest) == 1 else (cmd, rest)
+        if len(rest) == 1:
+            return _keep_symbol(m, rest[0])
+        (spec,) = output_specs(m.root.cmd, [s.spec for s in rest])
+        out = m.source.symbol(m.root.outputs[0])
+        return m.exec(m.root.cmd, *rest) if _same_spec(spec, out) else None
 
-    return rule
-
-
-def _when(param: str, want: object) -> Rule:
-    """Input 0 when hyper-parameter ``param`` has the neutral value ``want``."""
-    return lambda cmd, ins, facts: ins[0] if cmd.param(param) == want else None
-
-
-def _mul(cmd: Command, ins: tuple[int, ...], facts: Facts) -> Rewrite:
-    a, b = ins
-    if cmd.param("p") != 1.0:
-        return None
-    return a if facts.is_all(b, 1) else b if facts.is_all(a, 1) else None
+    replace.__name__ = f"without_{unit:g}"
+    return replace
 
 
-def _add(cmd: Command, ins: tuple[int, ...], facts: Facts) -> Rewrite:
-    a, b = ins
-    if cmd.param("p") == 1.0 and facts.is_all(b, 0):
-        return a  # x + 0 and x - 0 (any q)
-    if cmd.param("q") == 1.0 and facts.is_all(a, 0):
-        return b
-    return None
+def _keep_symbol(m: Match, sym: Symbol) -> Symbol | None:
+    return sym if _same_spec(sym, m.source.symbol(m.root.outputs[0])) else None
 
 
-def _ewdiv(cmd: Command, ins: tuple[int, ...], facts: Facts) -> Rewrite:
-    return ins[0] if facts.is_all(ins[1], 1) else None
+def _is_all(m: Match, sid: int, x: float) -> bool:
+    value = m.source.value(sid)
+    return value is not None and bool(np.all(value == x))
 
 
-def _select(cmd: Command, ins: tuple[int, ...], facts: Facts) -> Rewrite:
-    cond, a, b = ins
-    return a if facts.is_all(cond, True) else b if facts.is_all(cond, False) else None
+def _param_is(key: str, want: Any) -> Callable[[Match], bool]:
+    return lambda m: m.root.cmd.param(key) == want
 
 
-def _idempotent(cmd: Command, ins: tuple[int, ...], facts: Facts) -> Rewrite:
-    return ins[0] if ins[0] == ins[1] else None
+def _identity_perm(perm: tuple[int, ...]) -> bool:
+    return tuple(perm) == tuple(range(len(perm)))
 
 
-def _transpose(cmd: Command, ins: tuple[int, ...], facts: Facts) -> Rewrite:
-    perm = tuple(cmd.param("perm"))
-    return ins[0] if perm == tuple(range(len(perm))) else None
+RESHAPING = ("broadcast_to", "concat", "data_transfer", "datatype_conversion", "pad", "reshape")
+"""Commands that are the identity exactly when their output spec equals their input's."""
+
+IDENTITIES: tuple[Rule, ...] = (
+    Rule(Pat.op("add", X, ZERO, ordered=True, p=1.0), _keep(), name="x+0"),  # x - 0 too
+    Rule(Pat.op("add", ZERO, X, ordered=True, q=1.0), _keep(), name="0+x"),
+    Rule(Pat.op((*RESHAPING, "slice"), X), _keep(), name="same-shape view"),
+    Rule(Pat.op("clamp", X, min=None, max=None), _keep(), name="clamp without bounds"),
+    Rule(Pat.op("ewdiv", X, ONE), _keep(), name="x/1"),
+    Rule(Pat.op("ewprod", ...), _without(1), name="ewprod without ones"),
+    Rule(Pat.op("ewsum", ...), _without(0), name="ewsum without zeros"),
+    Rule(
+        Pat.op("format_transform", X),
+        _keep(),
+        where=lambda m: m.root.cmd.param("src") == m.root.cmd.param("dst"),
+        name="format_transform to itself",
+    ),
+    Rule(Pat.op("mul", X, ONE, p=1.0), _keep(), name="x*1"),
+    Rule(Pat.op("scalar_mul", X, a=1.0), _keep(), name="1*x"),
+    Rule(Pat.op("select", Pat.const(True), X, Pat.var()), _keep(), name="select true"),
+    Rule(Pat.op("select", Pat.const(False), Pat.var(), X), _keep(), name="select false"),
+    Rule(Pat.op("transpose", X, perm=_identity_perm), _keep(), name="transpose to itself"),
+    Rule(Pat.op(None, X, X, attrs=("idempotent",)), _keep(), name="f(x, x) = x"),
+)
+"""Algebraic identities as rewrite rules (:class:`~fnnc.graph.Rule`): a rewrite is taken
+only when the result keeps the node's output spec exactly (shape and dtype), so a
+broadcasting ``x * 1`` stays. Commutative commands (``mul``) match in either order."""
 
 
-def _format_transform(cmd: Command, ins: tuple[int, ...], facts: Facts) -> Rewrite:
-    return ins[0] if cmd.param("src") == cmd.param("dst") else None
+def _fold_constants(max_elements: int) -> Rule:
+    """A pure node whose inputs are all known constants, and whose outputs are small,
+    becomes ``constant`` nodes (values from the command's reference forward)."""
+
+    def replace(m: Match) -> Any:
+        node = m.root
+        if node.cmd.name == constant.definition.name:
+            return None
+        specs = [m.source.symbol(s) for s in node.outputs]
+        if any(num_elements(s.shape) > max_elements for s in specs):
+            return None
+        args = [m.source.value(s) for s in node.inputs]
+        outs = compiled_forward(node.cmd, REFERENCE)(*args)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        return tuple(m.exec(constant(Literal.of(np.asarray(v)))) for v in outs)
+
+    return Rule(Pat.op(None, attrs=("pure",), each=Pat.const()), replace, name="fold constants")
 
 
-def _clamp(cmd: Command, ins: tuple[int, ...], facts: Facts) -> Rewrite:
-    return ins[0] if cmd.param("min") is None and cmd.param("max") is None else None
-
-
-def _rule_of(cmd: Command) -> Rule:
-    """The identity rule of ``cmd``: its table entry, else ``f(x, x) = x`` for commands
-    with the ``idempotent`` attribute, else none."""
-    rule = IDENTITIES.get(cmd.name)
-    if rule is not None:
-        return rule
-    return _idempotent if cmd.definition.attributes.idempotent else _no_rule
-
-
-IDENTITIES: dict[str, Rule] = {
-    "add": _add,
-    "broadcast_to": _input0,
-    "clamp": _clamp,
-    "concat": _input0,
-    "data_transfer": _input0,
-    "datatype_conversion": _input0,
-    "ewdiv": _ewdiv,
-    "ewprod": _without(1),
-    "ewsum": _without(0),
-    "format_transform": _format_transform,
-    "mul": _mul,
-    "pad": _input0,
-    "reshape": _input0,
-    "scalar_mul": _when("a", 1.0),
-    "select": _select,
-    "slice": _input0,
-    "transpose": _transpose,
-}
-"""Per command, an algebraic identity. A rewrite is taken only when the result keeps the
-node's output spec exactly (shape and dtype), so a broadcasting ``x * 1`` stays."""
-
-
-def _no_rule(cmd: Command, ins: tuple[int, ...], facts: Facts) -> Rewrite:
-    return None
+@functools.lru_cache(maxsize=8)
+def fold_rules(max_elements: int = MAX_ELEMENTS) -> tuple[Rule, ...]:
+    """The rules :func:`fold` runs: :data:`IDENTITIES`, then constant folding."""
+    return (*IDENTITIES, _fold_constants(max_elements))
 
 
 def fold(graph: Graph, *, max_elements: int = MAX_ELEMENTS) -> Graph:
@@ -198,79 +169,8 @@ def fold(graph: Graph, *, max_elements: int = MAX_ELEMENTS) -> Graph:
         graph: the graph.
         max_elements: largest folded output, in elements.
     """
-    graph = map_subgraphs(graph, lambda sub: fold(sub, max_elements=max_elements))
-    symbols = graph.symbols
-    viewed = {s.root for s in symbols if isinstance(s, AliasSymbol)}
-    values: dict[int, np.ndarray] = {}  # root id -> value, for tensors constants wrote
-    same: dict[int, int] = {}
-    facts = Facts(graph, values, same)
-    nodes: list[Node] = []
-    for node in graph.nodes:
-        inputs = tuple(same.get(s, s) for s in node.inputs)
-        if inputs != node.inputs:
-            node = dataclasses.replace(node, inputs=inputs)
-        if not is_pure(node.cmd) or any(symbols[s].is_alias for s in node.outputs):
-            nodes.append(node)
-            continue
-        node, equal = _simplified(node, facts, viewed)
-        if equal is not None:
-            same[node.outputs[0]] = equal
-            continue
-        nodes.extend(_folded(node, facts, values, max_elements))
-    outputs = tuple(same.get(s, s) for s in graph.outputs)
-    unchanged = len(nodes) == len(graph.nodes) and outputs == graph.outputs
-    if unchanged and all(new is old for new, old in zip(nodes, graph.nodes)):
-        return graph
-    symbols = tuple(
-        dataclasses.replace(s, root=same[s.root])
-        if isinstance(s, AliasSymbol) and s.root in same
-        else s
-        for s in symbols
-    )
-    return compact(dataclasses.replace(graph, symbols=symbols, nodes=tuple(nodes), outputs=outputs))
+    return graph_rewrite(graph, fold_rules(max_elements), dce=False)
 
 
-def _same_spec(a: Spec, b: Spec) -> bool:
+def _same_spec(a: Any, b: Any) -> bool:
     return tuple(a.shape) == tuple(b.shape) and np.dtype(a.dtype) == np.dtype(b.dtype)
-
-
-def _simplified(node: Node, facts: Facts, viewed: set[int]) -> tuple[Node, int | None]:
-    """Applies identities to ``node`` until none fits: the node, or the symbol it equals."""
-    if len(node.outputs) != 1:
-        return node, None
-    out = facts.spec(node.outputs[0])
-    for _ in range(8):  # each rewrite drops an operand or the node, so few are needed
-        rewrite = _rule_of(node.cmd)(node.cmd, node.inputs, facts)
-        if isinstance(rewrite, int):
-            # Views of the output are re-rooted onto the replacement: it must be a tensor.
-            plain = node.outputs[0] not in viewed or not facts.is_view(rewrite)
-            ok = plain and _same_spec(facts.spec(rewrite), out)
-            return node, (rewrite if ok else None)
-        if rewrite is None:
-            break
-        cmd, inputs = rewrite
-        specs = output_specs(cmd, [facts.spec(s) for s in inputs])
-        if len(specs) != 1 or not _same_spec(specs[0], out):
-            break
-        node = dataclasses.replace(node, cmd=cmd, inputs=inputs)
-    return node, None
-
-
-def _folded(
-    node: Node, facts: Facts, values: dict[int, np.ndarray], max_elements: int
-) -> list[Node]:
-    """``node`` as ``constant`` nodes when its inputs are known and its outputs small."""
-    if node.cmd.name == constant.definition.name:
-        values[node.outputs[0]] = node.cmd.param("value").numpy()
-        return [node]
-    args = [facts.value(s) for s in node.inputs]
-    too_big = any(num_elements(facts.spec(s).shape) > max_elements for s in node.outputs)
-    if too_big or any(a is None for a in args):
-        return [node]
-    outs = compiled_forward(node.cmd, REFERENCE)(*args)
-    outs = outs if isinstance(outs, tuple) else (outs,)
-    folded = []
-    for sid, value in zip(node.outputs, outs):
-        values[sid] = np.asarray(value)
-        folded.append(Node(constant(Literal.of(values[sid])), (), (sid,), node.name))
-    return folded

@@ -1,4 +1,10 @@
-"""fuse: NNC's fusions, as patterns (softmax + cross-entropy) and elementwise chains."""
+"""fuse: NNC's fusions, as patterns (softmax + cross-entropy) and elementwise chains.
+
+The loss fusions are written with the rewrite toolkit users get: a
+:class:`~fnnc.graph.Pat` finds the pair, a :class:`~fnnc.graph.Rewriter` replaces the
+loss node by the fused one (writing the activation's result too), removes the
+activation and, after ``backward``, turns the pair's gradient nodes into one.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +17,10 @@ import numpy as np
 from fnnc import ops
 from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol
 from fnnc.graph.builder import GraphBuilder
+from fnnc.graph.matching import GraphSource, Match, match
 from fnnc.graph.passes._subgraphs import is_pure, map_subgraphs
 from fnnc.graph.passes.compact import compact
+from fnnc.graph.pattern import Pat
 from fnnc.ops.autodiff import gradient, gradient_command
 
 
@@ -27,7 +35,7 @@ class Fusion:
     also: tuple[tuple[int, Node], ...] = ()
 
 
-Pattern = Callable[[Graph, int], Fusion | None]
+Pattern = Callable[[Graph, int, Match], Fusion | None]
 
 
 def private_producer(graph: Graph, sid: int, consumer: int, name: str) -> int | None:
@@ -112,7 +120,21 @@ def _producer(graph: Graph, sid: int, name: str) -> int | None:
     return producer if ok else None
 
 
-def _softmax_crossentropy(graph: Graph, index: int) -> Fusion | None:
+def _activation_loss(activation: str, loss: str) -> Pat:
+    """``loss(activation(x), label)``, the activation a pure node (captured as ``p``)."""
+    act = Pat.op(activation, Pat.var("x"), name="p", attrs=("pure",))
+    return Pat.op(loss, act, Pat.var("label"), ordered=True)
+
+
+def _private_activation(graph: Graph, m: Match) -> int | None:
+    """The index of the node writing ``p`` when ``p`` is unviewed and not an output."""
+    p = m["p"].id
+    if p in graph.outputs or p in _viewed(graph):
+        return None
+    return graph.producers[p]
+
+
+def _softmax_crossentropy(graph: Graph, index: int, m: Match) -> Fusion | None:
     """``categorical_crossentropy(softmax(x), label)`` -> ``softmax_crossentropy(x, label)``.
 
     Only for class-index labels whose targets sum to 1 (``trim1 + (C - 1) * trim0 ==
@@ -121,8 +143,8 @@ def _softmax_crossentropy(graph: Graph, index: int) -> Fusion | None:
     equals the pair's backward.
     """
     node = graph.nodes[index]
-    p, label = (graph.symbol(s) for s in node.inputs)
-    producer = _producer(graph, p.id, "softmax")
+    p, label = m["p"], m["label"]
+    producer = _private_activation(graph, m)
     if producer is None:
         return None
     softmax = graph.nodes[producer]
@@ -138,24 +160,29 @@ def _softmax_crossentropy(graph: Graph, index: int) -> Fusion | None:
     return _loss_pair(graph, index, producer, fused)
 
 
-def _sigmoid_binary_crossentropy(graph: Graph, index: int) -> Fusion | None:
+def _sigmoid_binary_crossentropy(graph: Graph, index: int, m: Match) -> Fusion | None:
     """``binary_crossentropy(sigmoid(x), y)`` -> ``sigmoid_binary_crossentropy(x, y)``."""
     node = graph.nodes[index]
-    p, label = node.inputs
-    producer = _producer(graph, p, "sigmoid")
+    producer = _private_activation(graph, m)
     if producer is None:
         return None
     cmd = ops.sigmoid_binary_crossentropy(pos_weight=node.cmd.param("pos_weight"))
-    x = graph.nodes[producer].inputs[0]
-    fused = Node(cmd, (x, label), (node.outputs[0], p), node.name)
+    fused = Node(cmd, (m["x"].id, m["label"].id), (node.outputs[0], m["p"].id), node.name)
     return _loss_pair(graph, index, producer, fused)
 
 
-PATTERNS: dict[str, Pattern] = {
-    "binary_crossentropy": _sigmoid_binary_crossentropy,
-    "categorical_crossentropy": _softmax_crossentropy,
+PATTERNS: dict[str, tuple[Pat, Pattern]] = {
+    "binary_crossentropy": (
+        _activation_loss("sigmoid", "binary_crossentropy"),
+        _sigmoid_binary_crossentropy,
+    ),
+    "categorical_crossentropy": (
+        _activation_loss("softmax", "categorical_crossentropy"),
+        _softmax_crossentropy,
+    ),
 }
-"""Per command, a pattern ending at a node of that command (NNC's fused losses)."""
+"""Per command, a pattern ending at a node of that command (NNC's fused losses) and the
+fusion it makes of a match."""
 
 Inline = Callable[[GraphBuilder, Node, list[Symbol]], Symbol]
 
@@ -248,22 +275,25 @@ def fuse(graph: Graph, *, min_length: int = 2) -> Graph:
 
 
 def _patterns(graph: Graph) -> Graph:
-    drop: set[int] = set()
-    replaced: dict[int, Node] = {}
+    from fnnc.graph.rewrite import Rewriter  # it uses passes; this package loads it later
+
+    source = GraphSource(graph)
+    edit = Rewriter(graph, name="fuse")
+    touched_so_far: set[int] = set()
     for index, node in enumerate(graph.nodes):
-        pattern = PATTERNS.get(node.cmd.name)
-        fusion = pattern(graph, index) if pattern is not None else None
+        entry = PATTERNS.get(node.cmd.name)
+        m = match(entry[0], source, node.outputs[0]) if entry is not None else None
+        fusion = entry[1](graph, index, m) if m is not None else None  # type: ignore[index]
         if fusion is None:
             continue
         touched = {index, *fusion.drop, *(i for i, _ in fusion.also)}
-        if touched.isdisjoint(drop | replaced.keys()):
-            drop.update(fusion.drop)
-            replaced[index] = fusion.node
-            replaced.update(fusion.also)
-    if not replaced:
-        return graph
-    nodes = (replaced.get(i, n) for i, n in enumerate(graph.nodes) if i not in drop)
-    return dataclasses.replace(graph, nodes=tuple(nodes))
+        if touched.isdisjoint(touched_so_far):
+            touched_so_far |= touched
+            for i, new in ((index, fusion.node), *fusion.also):
+                edit.replace_node(i, new.cmd, *new.inputs, outputs=new.outputs)
+            for i in fusion.drop:
+                edit.remove(i)
+    return edit.finish(dead_code=False, check=False)  # run_passes verifies
 
 
 def _member(graph: Graph, node: Node) -> bool:

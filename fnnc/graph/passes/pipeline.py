@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import time
 from collections.abc import Callable, Sequence
 
 from fnnc import config
@@ -26,6 +28,35 @@ def _name(p: Pass) -> str:
     return getattr(p, "__name__", repr(p))
 
 
+@dataclasses.dataclass(frozen=True)
+class PassReport:
+    """One pass run by :func:`run_passes`: its name, round, time and node counts."""
+
+    name: str
+    round: int
+    seconds: float
+    nodes_before: int
+    nodes_after: int
+    changed: bool
+
+    def __str__(self) -> str:
+        took = f"{self.seconds * 1e3:.1f} ms"
+        if not self.changed:
+            return f"{self.name} (round {self.round}): unchanged, {took}"
+        return (
+            f"{self.name} (round {self.round}): {self.nodes_before} -> {self.nodes_after} "
+            f"nodes, {took}"
+        )
+
+
+def graph_diff(before: Graph, after: Graph, name: str = "pass") -> str:
+    """The unified diff of two graphs' listings (one line of context)."""
+    lines = difflib.unified_diff(
+        str(before).splitlines(), str(after).splitlines(), "before", f"after {name}", n=1
+    )
+    return "\n".join(line.rstrip("\n") for line in lines)
+
+
 def run_passes(
     graph: Graph,
     passes: Sequence[Pass],
@@ -33,6 +64,7 @@ def run_passes(
     verify_each: bool | None = None,
     print_each: bool | None = None,
     max_rounds: int = 1,
+    report: list[PassReport] | None = None,
 ) -> Graph:
     """Runs ``passes`` in order, ``max_rounds`` times at most or until nothing changes.
 
@@ -42,10 +74,11 @@ def run_passes(
             they change nothing.
         verify_each: verify each changed graph, naming the pass that broke it; default
             ``fnnc.config.get().checks``.
-        print_each: print each pass's result as a listing; default
-            ``fnnc.config.get().debug >= 1``.
+        print_each: print each pass's time, node counts and the diff of the listing
+            it made; default ``fnnc.config.get().debug >= 1`` (``FNNC_DEBUG=1``).
         max_rounds: with more than one, the passes run again while a round changed the
             graph (a fixpoint is a round after which the graph ``is`` the same object).
+        report: a list to append one :class:`PassReport` per pass run to.
 
     Returns:
         The final graph (``graph`` itself when no pass changed anything).
@@ -57,13 +90,19 @@ def run_passes(
     >>> x = b.input((2,), name="x")
     >>> _ = b.exec(ops.ewexp(), x)
     >>> g = b.build([b.exec(ops.relu(), x)])
-    >>> print(run_passes(g, (cse, dce), print_each=True))
-    -- cse (round 1): unchanged
-    -- dce (round 1):
-    graph(%0:f32[2] x) {
-      %1:f32[2] = relu(%0)
-      return %1
-    }
+    >>> print(run_passes(g, (cse, dce), print_each=True))  # doctest: +ELLIPSIS
+    -- cse (round 1): unchanged, ... ms
+    -- dce (round 1): 2 -> 1 nodes, ... ms
+    --- before
+    +++ after dce
+    @@ -1,5 +1,4 @@
+     graph(%0:f32[2] x) {
+    -  %1:f32[2] = ewexp(%0)
+    -  %2:f32[2] = relu(%0)
+    -  return %2
+    +  %1:f32[2] = relu(%0)
+    +  return %1
+     }
     graph(%0:f32[2] x) {
       %1:f32[2] = relu(%0)
       return %1
@@ -75,11 +114,19 @@ def run_passes(
     for round_ in range(1, max_rounds + 1):
         start = graph
         for p in passes:
+            began = time.perf_counter()
             new = p(graph)
-            if show:
-                print(f"-- {_name(p)} (round {round_}):" + (" unchanged" if new is graph else ""))
-                if new is not graph:
-                    print(new)
+            if show or report is not None:
+                done = PassReport(
+                    _name(p), round_, time.perf_counter() - began, len(graph.nodes),
+                    len(new.nodes), new is not graph,
+                )  # fmt: skip
+                if report is not None:
+                    report.append(done)
+                if show:
+                    print(f"-- {done}")
+                    if new is not graph:
+                        print(graph_diff(graph, new, _name(p)))
             if checks and new is not graph:
                 try:
                     verify(new)

@@ -1,0 +1,304 @@
+"""check_pass: run a graph before and after a pass on random inputs; name where they part.
+
+For pass authors: ``check_pass(my_pass, graph)`` applies the pass (verified, blamed by
+name as :func:`~fnnc.graph.run_passes` does), draws random inputs, and interprets both
+graphs with the reference backends, in float64 where every command of both graphs
+accepts it (float32 otherwise). It then does the same with NNC-convention gradients:
+the ``backward`` pass of both graphs, seeded with random output gradients, with respect
+to every floating-point input. When values differ beyond the tolerance it raises
+:class:`PassCheckError` naming the *first* node of the rewritten graph whose result
+differs from the result it stands for in the original, with the listing around it.
+
+Which original result a new node stands for: graph outputs stand for the original
+outputs (by position), inputs for inputs; and where a paired symbol's writers run the
+same command, their inputs pair up too, when written by the same command (or both
+inputs). So the pairing follows the unchanged parts of the graph up to the rewritten
+region, and the first bad node is where a wrong rewrite first shows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from fnnc.core.ir import Graph, Node
+from fnnc.core.text import format_graph
+from fnnc.errors import FnncError, GraphError
+from fnnc.graph.builder import GraphBuilder
+from fnnc.graph.interpret import interpret
+from fnnc.graph.passes.backward import backward
+from fnnc.graph.passes.pipeline import run_passes
+
+
+class PassCheckError(FnncError, AssertionError):
+    """A pass changed what a graph computes (raised by :func:`check_pass`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PassCheck:
+    """What :func:`check_pass` compared.
+
+    Attributes:
+        graph: the pass's result.
+        dtype: ``"float64"`` or ``"float32"``, the precision both graphs ran in.
+        max_error: the largest absolute difference over outputs (and gradients).
+        gradients: whether gradients were compared (the graph is differentiable with
+            respect to some floating-point input).
+    """
+
+    graph: Graph
+    dtype: str
+    max_error: float
+    gradients: bool
+
+
+def check_pass(
+    graph_pass: Callable[[Graph], Graph],
+    graph: Graph,
+    *,
+    args: Sequence[Any] | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    grads: bool = True,
+    seed: int = 0,
+) -> PassCheck:
+    """Checks that ``graph_pass`` keeps what ``graph`` computes (see the module doc).
+
+    Args:
+        graph_pass: a pass ``Graph -> Graph``.
+        graph: a graph to run it on.
+        args: input arrays; default random (normal floats, integers 0 or 1, bools).
+        rtol, atol: tolerance; default ``1e-6``/``1e-7`` in float64, ``1e-4``/``1e-5``
+            in float32.
+        grads: also compare gradients.
+        seed: seed of the random inputs and output gradients.
+
+    Returns:
+        A :class:`PassCheck` when they agree.
+
+    Raises:
+        PassCheckError: they differ; the message names the first differing node.
+        GraphError: the pass produced an invalid graph (naming the pass).
+    """
+    name = getattr(graph_pass, "__name__", repr(graph_pass))
+    new = run_passes(graph, (graph_pass,), verify_each=True, print_each=False)
+    if new.input_specs != graph.input_specs or new.output_specs != graph.output_specs:
+        raise PassCheckError(
+            f"check_pass: pass {name} changed the graph's signature: inputs "
+            f"{_specs(graph.input_specs)} -> {_specs(new.input_specs)}, outputs "
+            f"{_specs(graph.output_specs)} -> {_specs(new.output_specs)}"
+        )
+    rng = np.random.default_rng(seed)
+    values = list(args) if args is not None else [_draw(rng, s) for s in graph.input_specs]
+    with jax.enable_x64(True):
+        wide = (_float64(graph), _float64(new))
+        if args is None and wide[0] is not None and wide[1] is not None:
+            pair, dtype = wide, "float64"
+            values = [_widen(v) for v in values]
+        else:
+            pair, dtype = (graph, new), "float32"
+        wide_tol = dtype == "float64"
+        tol = (rtol or (1e-6 if wide_tol else 1e-4), atol or (1e-7 if wide_tol else 1e-5))
+        error = _compare(name, *pair, values, tol, "", shown=(graph, new))
+        checked = False
+        if grads:
+            seeded = _with_gradients(pair[0]), _with_gradients(pair[1])
+            if seeded[0] is not None and seeded[1] is not None:
+                extra = [_draw(rng, s) for s in seeded[0].input_specs[len(values) :]]
+                extra = [_widen(v) if wide_tol else v for v in extra]
+                error = max(error, _compare(name, *seeded, values + extra, tol, "gradients: "))
+                checked = True
+    return PassCheck(new, dtype, error, checked)
+
+
+def _specs(specs: Sequence[Any]) -> list[str]:
+    return [f"{np.dtype(s.dtype).name}{list(s.shape)}" for s in specs]
+
+
+def _draw(rng: np.random.Generator, spec: Any) -> np.ndarray:
+    dtype = np.dtype(spec.dtype)
+    if np.issubdtype(dtype, np.floating):
+        return rng.standard_normal(spec.shape).astype(dtype)
+    if dtype == np.bool_:
+        return rng.random(spec.shape) < 0.5
+    return rng.integers(0, 2, spec.shape).astype(dtype)
+
+
+def _widen(value: Any) -> Any:
+    value = np.asarray(value)
+    return value.astype(np.float64) if value.dtype == np.float32 else value
+
+
+def _values(graph: Graph, args: Sequence[Any]) -> dict[int, np.ndarray]:
+    """Every symbol's value (node outputs and inputs) in one interpreted run."""
+    seen: dict[int, np.ndarray] = {s: np.asarray(a) for s, a in zip(graph.inputs, args)}
+
+    def record(index: int, node: Node, inputs: tuple, outputs: tuple) -> None:
+        seen.update((s, np.asarray(v)) for s, v in zip(node.outputs, outputs))
+
+    interpret(graph, *args, on_node=record)
+    return seen
+
+
+def _compare(
+    name: str,
+    old: Graph,
+    new: Graph,
+    args: Sequence[Any],
+    tol: tuple[float, float],
+    what: str,
+    shown: tuple[Graph, Graph] | None = None,
+) -> float:
+    """The largest difference of the outputs; raises naming the first bad node.
+    ``shown``: the graphs to name symbols in (``old``/``new`` may be float64 replays
+    of them, node for node)."""
+    a, b = _values(old, args), _values(new, args)
+    outs = [(n, o) for n, o in zip(new.outputs, old.outputs) if n in b and o in a]
+    errors = [_error(b[n], a[o]) for n, o in outs]
+    bad = [not _close(b[n], a[o], tol) for n, o in outs]
+    if not any(bad):
+        return max(errors, default=0.0)
+    pairs = _pairing(old, new)
+    for index, node in enumerate(new.nodes):
+        for sid in node.outputs:
+            o = pairs.get(sid)
+            if o is None or o not in a or new.symbols[sid].shape != old.symbols[o].shape:
+                continue
+            if not _close(b[sid], a[o], tol):
+                show_old, show_new = shown or (old, new)
+                writer = old.producers.get(o)
+                was = (
+                    f" (written by node {writer}: {old.nodes[writer].cmd})"
+                    if writer is not None
+                    else ""
+                )
+                raise PassCheckError(
+                    f"check_pass: {what}pass {name} changed the values: node {index} "
+                    f"({node.name or node.cmd.name}) computes "
+                    f"{show_new.label(_same(new, sid, show_new))}, which stands for the original "
+                    f"{show_old.label(_same(old, o, show_old))}{was}; max |difference| "
+                    f"{_error(b[sid], a[o]):.3g} (rtol {tol[0]:g}, atol {tol[1]:g}); the paired "
+                    f"results before it agree\n{format_graph(show_new, mark=index, window=3)}"
+                )
+    k = bad.index(True)
+    raise PassCheckError(
+        f"check_pass: {what}pass {name} changed output {k}: max |difference| {errors[k]:.3g}\n{new}"
+    )
+
+
+def _same(graph: Graph, sid: int, shown: Graph) -> int:
+    """The symbol of ``shown`` at ``sid``'s place in ``graph`` (a node-for-node replay)."""
+    if sid in graph.inputs:
+        return shown.inputs[graph.inputs.index(sid)]
+    node = graph.nodes[graph.producers[sid]]
+    return shown.nodes[graph.producers[sid]].outputs[node.outputs.index(sid)]
+
+
+def _pairing(old: Graph, new: Graph) -> dict[int, int]:
+    """New symbol -> the original symbol it stands for (see the module doc)."""
+    pairs: dict[int, int] = {}
+    queue = list(zip(new.outputs, old.outputs)) + list(zip(new.inputs, old.inputs))
+    while queue:
+        n, o = queue.pop()
+        if n in pairs:
+            continue
+        pairs[n] = o
+        i, j = new.producers.get(n), old.producers.get(o)
+        if i is None or j is None or new.symbols[n].is_alias or old.symbols[o].is_alias:
+            continue
+        p, q = new.nodes[i], old.nodes[j]
+        same = p.cmd.name == q.cmd.name and len(p.inputs) == len(q.inputs)
+        if same and p.outputs.index(n) == q.outputs.index(o):
+            # an input stands for an input only where both come from the same kind of
+            # node: a rewritten region's inputs stand for nothing in the original
+            queue.extend(
+                (x, y) for x, y in zip(p.inputs, q.inputs) if _kind(new, x) == _kind(old, y)
+            )
+    return pairs
+
+
+def _kind(graph: Graph, sid: int) -> str | None:
+    index = graph.producers.get(sid)
+    return graph.nodes[index].cmd.name if index is not None else None
+
+
+def _close(x: np.ndarray, y: np.ndarray, tol: tuple[float, float]) -> bool:
+    if x.shape != y.shape:
+        return False
+    if not np.issubdtype(x.dtype, np.inexact):
+        return bool(np.array_equal(x, y))
+    return bool(np.allclose(x, y, rtol=tol[0], atol=tol[1], equal_nan=True))
+
+
+def _error(x: np.ndarray, y: np.ndarray) -> float:
+    if x.shape != y.shape or x.size == 0:
+        return 0.0 if x.shape == y.shape else float("inf")
+    diff = np.abs(x.astype(np.float64) - y.astype(np.float64))
+    return float(np.nanmax(diff)) if not np.all(np.isnan(diff)) else 0.0
+
+
+def _with_gradients(graph: Graph) -> Graph | None:
+    """``graph`` returning the gradients of its float outputs (seeded by new inputs)
+    with respect to its float inputs; ``None`` when it cannot be differentiated."""
+    floats = [s for s in graph.inputs if np.issubdtype(graph.symbols[s].dtype, np.floating)]
+    fs = [s for s in graph.outputs if np.issubdtype(graph.symbols[s].dtype, np.floating)]
+    if not floats or not fs:
+        return None
+    b = GraphBuilder.from_graph(graph)
+    dfs = [
+        b.input(graph.symbols[s].shape, graph.symbols[s].dtype, name=f"df[{k}]")
+        for k, s in enumerate(fs)
+    ]
+    seeded = b.build([graph.symbols[s] for s in graph.outputs])
+    try:
+        full, grads = backward(seeded, fs, floats, df=dfs)
+    except FnncError:
+        return None
+    return dataclasses.replace(full, outputs=tuple(g.id for g in grads), out_tree=None)
+
+
+def _float64(graph: Graph) -> Graph | None:
+    """``graph`` with float32 replaced by float64 (inputs, constants, dtype
+    hyper-parameters); ``None`` when some command does not take it, or the graph has
+    views or sub-graphs. Call under ``jax.enable_x64``."""
+    from fnnc.graph.passes._subgraphs import holds_subgraphs
+    from fnnc.ops.constant import Literal, constant
+
+    if any(s.is_alias for s in graph.symbols):
+        return None
+    b = GraphBuilder()
+    env: dict[int, Any] = {}
+    for sid in graph.inputs:
+        sym = graph.symbols[sid]
+        env[sid] = b.input(sym.shape, _wide(sym.dtype), name=sym.name)
+    try:
+        for node in graph.nodes:
+            if holds_subgraphs(node.cmd):
+                return None
+            if node.cmd.name == "constant":
+                value = node.cmd.param("value").numpy()
+                cmd = constant(Literal.of(value.astype(_wide(value.dtype))))
+            else:
+                cmd = node.cmd.replace(
+                    **{k: np.dtype(np.float64) for k, v in node.cmd.params if _is_f32(v)}
+                )
+            outs = b.exec(cmd, *(env[s] for s in node.inputs), name=node.name)
+            env.update(zip(node.outputs, outs if isinstance(outs, tuple) else (outs,)))
+        return b.build([env[s] for s in graph.outputs], out_tree=graph.out_tree)
+    except (FnncError, TypeError, ValueError):
+        return None
+
+
+def _wide(dtype: Any) -> np.dtype:
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float32 else np.dtype(dtype)
+
+
+def _is_f32(value: Any) -> bool:
+    return isinstance(value, np.dtype) and value == np.float32
+
+
+__all__ = ["GraphError", "PassCheck", "PassCheckError", "check_pass"]
