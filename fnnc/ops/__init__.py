@@ -26,6 +26,7 @@ from fnnc.core.dispatch import backends_of as backends_of
 from fnnc.core.dispatch import register_backend as register_backend
 from fnnc.core.dispatch import select_backend as select_backend
 from fnnc.core.dispatch import unregister_backend as unregister_backend
+from fnnc.ops import attention_cudnn as attention_cudnn
 from fnnc.ops import autotune as autotune
 from fnnc.ops import conv_cpu as conv_cpu
 from fnnc.ops import pallas as pallas
@@ -85,6 +86,9 @@ from fnnc.ops.elementwise import select as select
 from fnnc.ops.elementwise import stop_gradient as stop_gradient
 from fnnc.ops.embedding import embedding as embedding
 from fnnc.ops.fused import fused_elementwise as fused_elementwise
+from fnnc.ops.linear_crossentropy import (
+    linear_softmax_crossentropy as linear_softmax_crossentropy,
+)
 from fnnc.ops.loss import binary_crossentropy as binary_crossentropy
 from fnnc.ops.loss import categorical_crossentropy as categorical_crossentropy
 from fnnc.ops.loss import mse as mse
