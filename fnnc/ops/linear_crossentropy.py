@@ -50,7 +50,7 @@ issue's full ``[16384, 32768]`` logits, and each block's product still fills a G
 
 def result_dtype(dtype: Any) -> np.dtype:
     """The loss's dtype for inputs of ``dtype``: float32 at least, as losses are kept."""
-    return np.promote_types(np.dtype(dtype), np.float32)
+    return np.dtype(jnp.promote_types(dtype, jnp.float32))
 
 
 def _shape(x, w, label, bias=None, *, trim0, trim1, row_chunk, class_chunk):
@@ -99,17 +99,18 @@ def _fresh(start: Any, i: Any, chunk: int) -> Any:
 
 def _block_logits(xr: Any, w: Any, bias: Any, c0: Any, cv: int) -> Any:
     """Float32 logits of one block, rounded to the inputs' dtype first (the gemm's)."""
+    acc = result_dtype(xr.dtype)
     wj = lax.dynamic_slice_in_dim(w, c0, cv, 0)
-    z = lax.dot_general(xr, wj, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    z = lax.dot_general(xr, wj, (((1,), (1,)), ((), ())), preferred_element_type=acc)
     if bias is not None:
-        z = z + lax.dynamic_slice_in_dim(bias, c0, cv, 0).astype(jnp.float32)[None, :]
-    return z.astype(xr.dtype).astype(jnp.float32)
+        z = z + lax.dynamic_slice_in_dim(bias, c0, cv, 0).astype(acc)[None, :]
+    return z.astype(xr.dtype).astype(acc)
 
 
 def _row_losses(xr, lr, w, bias, trims, cv):
     """``(loss, lse)`` of one block of rows, walking the classes (online logsumexp)."""
     v, (trim0, trim1) = w.shape[0], trims
-    rows = xr.shape[0]
+    rows, acc = xr.shape[0], result_dtype(xr.dtype)
 
     def body(j, carry):
         m, s, picked, total = carry
@@ -125,8 +126,8 @@ def _row_losses(xr, lr, w, bias, trims, cv):
             total = total + jnp.sum(jnp.where(fresh, z, 0.0), axis=1)
         return m_new, s, picked, total
 
-    zeros = jnp.zeros((rows,), jnp.float32)
-    init = (jnp.full((rows,), -jnp.inf, jnp.float32), zeros, zeros, zeros)
+    zeros = jnp.zeros((rows,), acc)
+    init = (jnp.full((rows,), -jnp.inf, acc), zeros, zeros, zeros)
     m, s, picked, total = lax.fori_loop(0, -(-v // cv), body, init)
     lse = m + jnp.log(s)
     # loss = lse - sum(t * logits), t = trim1 at the label and trim0 elsewhere.
@@ -172,15 +173,16 @@ def linear_softmax_crossentropy(
         block = _row_losses(xr, lr, w, bias, (trim0, trim1), cv)
         return tuple(lax.dynamic_update_slice_in_dim(a, b, r0, 0) for a, b in zip(carry, block))
 
-    zeros = jnp.zeros((n,), jnp.float32)
+    zeros = jnp.zeros((n,), out)
     loss, lse = lax.fori_loop(0, -(-n // cr), body, (zeros, zeros))
     shape = (*lead, 1)
     return jnp.reshape(loss, shape).astype(out), jnp.reshape(lse, shape).astype(out)
 
 
 def _grads(g_loss, g_lse, x2, w, labels, bias, lse, trims, cr, cv):
-    """``(dx, dw, db)`` in float32, walking class blocks and, inside, row blocks."""
+    """``(dx, dw, db)`` in float32 (or wider), walking class blocks and, inside, row blocks."""
     (n, d), v, (trim0, trim1) = x2.shape, w.shape[0], trims
+    acc = result_dtype(x2.dtype)
 
     def rows_of(i, carry):
         dx, dwj, dbj, c0, fresh_cols = carry
@@ -190,9 +192,9 @@ def _grads(g_loss, g_lse, x2, w, labels, bias, lse, trims, cr, cv):
         p = jnp.exp(z - lax.dynamic_slice_in_dim(lse, r0, cr, 0)[:, None])
         cols = c0 + lax.iota(jnp.int32, cv)[None, :]
         hit = cols == lax.dynamic_slice_in_dim(labels, r0, cr, 0)[:, None]
-        dz = jnp.zeros(z.shape, jnp.float32)
+        dz = jnp.zeros(z.shape, acc)
         if g_loss is not None:
-            t = jnp.where(hit, jnp.float32(trim1), jnp.float32(trim0))
+            t = jnp.where(hit, acc.type(trim1), acc.type(trim0))
             dz = dz + lax.dynamic_slice_in_dim(g_loss, r0, cr, 0)[:, None] * (p - t)
         if g_lse is not None:
             dz = dz + lax.dynamic_slice_in_dim(g_lse, r0, cr, 0)[:, None] * p
@@ -200,26 +202,24 @@ def _grads(g_loss, g_lse, x2, w, labels, bias, lse, trims, cr, cv):
         # The gemm's backward reads the logits' gradient in the gemm's dtype.
         dz = jnp.where(keep, dz, 0.0).astype(x2.dtype)
         wj = lax.dynamic_slice_in_dim(w, c0, cv, 0)
-        mm = lambda a, b, c: lax.dot_general(
-            a, b, (c, ((), ())), preferred_element_type=jnp.float32
-        )
+        mm = lambda a, b, c: lax.dot_general(a, b, (c, ((), ())), preferred_element_type=acc)
         grown = lax.dynamic_slice_in_dim(dx, r0, cr, 0) + mm(dz, wj, ((1,), (0,)))
         dx = lax.dynamic_update_slice_in_dim(dx, grown, r0, 0)
         dwj = dwj + mm(dz, xr, ((0,), (0,)))
-        dbj = dbj + jnp.sum(dz.astype(jnp.float32), axis=0)
+        dbj = dbj + jnp.sum(dz.astype(acc), axis=0)
         return dx, dwj, dbj, c0, fresh_cols
 
     def classes_of(j, carry):
         dx, dw, db = carry
         c0 = _start(j, cv, v)
-        init = (dx, jnp.zeros((cv, d), jnp.float32), jnp.zeros((cv,), jnp.float32), c0)
+        init = (dx, jnp.zeros((cv, d), acc), jnp.zeros((cv,), acc), c0)
         dx, dwj, dbj, _, _ = lax.fori_loop(0, -(-n // cr), rows_of, (*init, _fresh(c0, j, cv)))
         add = lambda a, b: lax.dynamic_update_slice_in_dim(
             a, lax.dynamic_slice_in_dim(a, c0, cv, 0) + b, c0, 0
         )
         return dx, add(dw, dwj), add(db, dbj)
 
-    init = (jnp.zeros((n, d), jnp.float32), jnp.zeros((v, d), jnp.float32), jnp.zeros((v,)))
+    init = (jnp.zeros((n, d), acc), jnp.zeros((v, d), acc), jnp.zeros((v,), acc))
     return lax.fori_loop(0, -(-v // cv), classes_of, init)
 
 
@@ -228,7 +228,8 @@ def _backward(grads, inputs, outputs, *, trim0, trim1, row_chunk, class_chunk):
     (g_loss, g_lse), (x, w, label, *rest), (_, lse) = grads, inputs, outputs
     bias = rest[0] if rest else None
     (v, d), n = w.shape, int(np.prod(x.shape[:-1], dtype=np.int64))
-    flat = lambda g: None if g is None else jnp.reshape(g, (n,)).astype(jnp.float32)
+    acc = result_dtype(x.dtype)
+    flat = lambda g: None if g is None else jnp.reshape(g, (n,)).astype(acc)
     if n == 0 or (g_loss is None and g_lse is None):
         dx, dw, db = jnp.zeros(x.shape), jnp.zeros(w.shape), jnp.zeros((v,))
     else:
