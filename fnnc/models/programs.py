@@ -46,6 +46,7 @@ from fnnc.core.ir import Graph, Symbol
 from fnnc.graph import GraphBuilder, compile, simplify
 from fnnc.graph.compile import Program
 from fnnc.graph.passes.backward import backward as backward_pass
+from fnnc.graph.passes.linear_crossentropy import fuse_linear_crossentropy
 from fnnc.graph.passes.loss_scale import minimize_scaled
 from fnnc.graph.passes.minimize import TrainLayout, minimize
 from fnnc.models import losses
@@ -300,6 +301,7 @@ def fit_program(
     graph = b.build([loss_sym, *ctx.updates.values()])
     if precision is not None:  # keeps input ids: parameters are still ctx.symbols[p]
         graph = precision(graph)
+    graph = fuse_linear_crossentropy(graph)  # keeps ids too; before backward, so it pays
     loss_id = graph.outputs[0]
     scaling = getattr(precision, "loss_scale", None)
     wrt = [ctx.symbols[p] for p in pids]

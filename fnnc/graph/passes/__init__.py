@@ -7,6 +7,9 @@ nothing changed, so pipelines detect a fixpoint with ``is``.
 * :func:`simplify` runs them to a fixpoint; :func:`run_passes` runs any tuple of
   passes, verifying and printing between them as :mod:`fnnc.config` says.
 * :func:`map_subgraphs` applies a pass inside the sub-graphs commands hold.
+* :func:`fuse_linear_crossentropy` turns a dense layer feeding the softmax
+  cross-entropy loss into one blockwise ``linear_softmax_crossentropy`` node (before
+  ``backward``; ``Model.fit`` runs it on its step).
 * :func:`backward` appends gradient nodes (NNC's symbolic reverse mode);
   :func:`minimize` adds an Optax update so a training step is one graph;
   :func:`minimize_scaled` is the same with float16 dynamic loss scaling.
@@ -19,6 +22,9 @@ from fnnc.graph.passes.cse import cse as cse
 from fnnc.graph.passes.dce import dce as dce
 from fnnc.graph.passes.fold import fold as fold
 from fnnc.graph.passes.fuse import fuse as fuse
+from fnnc.graph.passes.linear_crossentropy import (
+    fuse_linear_crossentropy as fuse_linear_crossentropy,
+)
 from fnnc.graph.passes.loss_scale import minimize_scaled as minimize_scaled
 from fnnc.graph.passes.memory_compression import memory_compression as memory_compression
 from fnnc.graph.passes.memory_reduction import memory_reduction as memory_reduction
