@@ -39,6 +39,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import gc
 import json
 import os
 import subprocess
@@ -398,7 +399,8 @@ def run_torch(z: Size, data, params, compiled: bool, precision: str, timed: bool
         ms = 1e3 * float(np.median(samples))
     peak = int(torch.cuda.max_memory_allocated()) if dev == "cuda" else None
     name = "torch-compile" if compiled else "torch"
-    return Result(name, ms, peak, "device" if peak else "", losses)
+    kind = torch.cuda.get_device_name() if dev == "cuda" else ""
+    return Result(name, ms, peak, "device" if peak else "", losses, device=kind)
 
 
 # -- one implementation, all of them, the table -----------------------------------------
@@ -407,20 +409,24 @@ def run_torch(z: Size, data, params, compiled: bool, precision: str, timed: bool
 def run(impl: str, z: Size, steps: int, precision: str, timed: bool = True) -> Result:
     """Losses of ``steps`` steps on fresh batches, then ms/step on one batch."""
     data, params = batches(z, steps), initial_params(z)
+    gc.collect()  # the model that made the weights holds no device memory from here on
     if impl.startswith("fnnc"):
         result = run_fnnc(z, data, params, impl, precision, timed)
     elif impl == "nnx":
         result = run_nnx(z, data, params, precision, timed)
     else:
         result = run_torch(z, data, params, impl == "torch-compile", precision, timed)
-    result.device = jax.devices()[0].device_kind
+    result.device = result.device or jax.devices()[0].device_kind
     return result
 
 
 def _in_subprocess(impl: str, argv: Sequence[str]) -> Result:
     """One implementation in its own process (its own peak memory, its own compiles)."""
     cmd = [sys.executable, os.path.abspath(__file__), *argv, "--impls", impl, "--one"]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    env = dict(os.environ)
+    if impl.startswith("torch"):  # JAX only makes the weights there: keep it off the GPU
+        env["JAX_PLATFORMS"] = "cpu"
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode or not lines:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -436,7 +442,7 @@ def table(results: Sequence[Result], z: Size, peak_flops: float | None, peak_not
     lines = [
         f"{z}: {flops / 1e12:.3f} TFLOP/step; MFU against {peak_note}",
         f"{'implementation':15s} {'ms/step':>9s} {'TFLOP/s':>8s} {'MFU':>6s} "
-        f"{'peak GiB':>9s} {'ratio to ' + (base or '-'):>22s}  first/last loss",
+        f"{'peak GiB':>10s} {'ratio to ' + (base or '-'):>22s}  first/last loss",
     ]
     for r in results:
         if r.ms is None:
@@ -444,10 +450,11 @@ def table(results: Sequence[Result], z: Size, peak_flops: float | None, peak_not
             continue
         tflops = flops / (r.ms / 1e3) / 1e12
         mfu = f"{100 * tflops * 1e12 / peak_flops:5.1f}%" if peak_flops else "     -"
-        mem = f"{r.peak_bytes / 2**30:8.2f}" + ("*" if r.peak_kind == "xla est." else " ")
+        mem = "         -" if r.peak_bytes is None else f"{r.peak_bytes / 2**30:9.3f}"
+        mem += "*" if r.peak_kind == "xla est." else " "
         ratio = f"{r.ms / times[base]:22.2f}" if base else f"{'-':>22s}"
         loss = f"{r.losses[0]:.4f}/{r.losses[-1]:.4f}" if r.losses else ""
-        lines.append(f"{r.impl:15s} {r.ms:9.2f} {tflops:8.1f} {mfu} {mem} {ratio}  {loss}")
+        lines.append(f"{r.impl:15s} {r.ms:9.2f} {tflops:8.3g} {mfu} {mem} {ratio}  {loss}")
     if any(r.peak_kind == "xla est." for r in results):
         lines.append("* XLA's estimate of the step (no device memory statistics here)")
     return "\n".join(lines)
