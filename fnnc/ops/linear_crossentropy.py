@@ -26,18 +26,28 @@ masks the rows or classes an earlier block already covered. The hand-written bac
 (NNC's convention) recomputes each block's logits from ``x`` and ``w``, forms
 ``g_loss (softmax - t) + g_lse softmax`` there, and accumulates ``dx``, ``dw`` and
 ``db`` in float32, so it holds one block at a time too. The price is one more
-``[N, D] x [D, V]`` product in the backward (four instead of three).
+``[N, D] x [D, V]`` product in the backward (four instead of three). The reference
+forward is a ``jax.custom_vjp`` with that backward, so ``jax.grad`` of the command
+(eager code, traced functions) is blockwise as well.
+
+Backends: the reference (``"xla"``) is the blockwise computation; ``"dense"``
+materialises the logits (one product and XLA's fused softmax), which pays where they
+are small. It has priority 0, so it is chosen only where ``python -m
+fnnc.ops.measure_defaults`` measured it faster or when forced.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from fnnc.core.command import Spec, Uses, defcommand
+from fnnc.core.dispatch import Backend, register_backend
 from fnnc.errors import CommandError, DTypeError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show
 
@@ -157,6 +167,10 @@ def linear_softmax_crossentropy(
     >>> loss[:, 0]  # uniform logits: log(1000)
     Array([6.9077554, 6.9077554, 6.9077554, 6.9077554], dtype=float32)
     """
+    return _blockwise(x, w, label, bias, (trim0, trim1, row_chunk, class_chunk))
+
+
+def _forward(x, w, label, bias, trim0, trim1, row_chunk, class_chunk):
     lead, (v, d) = x.shape[:-1], w.shape
     n = int(np.prod(lead, dtype=np.int64))
     x2, labels = jnp.reshape(x, (n, d)), _indices(label, n)
@@ -177,6 +191,28 @@ def linear_softmax_crossentropy(
     loss, lse = lax.fori_loop(0, -(-n // cr), body, (zeros, zeros))
     shape = (*lead, 1)
     return jnp.reshape(loss, shape).astype(out), jnp.reshape(lse, shape).astype(out)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _blockwise(x, w, label, bias, params):
+    """The blockwise forward whose ``jax.vjp`` is the blockwise backward (JAX's own
+    derivative of the loops would keep every block's logits for its backward)."""
+    return _forward(x, w, label, bias, *params)
+
+
+def _blockwise_fwd(x, w, label, bias, params):
+    out = _forward(x, w, label, bias, *params)
+    return out, (x, w, label, bias, out[1])
+
+
+def _blockwise_bwd(params, residuals, cotangents):
+    x, w, label, bias, lse = residuals
+    keys = ("trim0", "trim1", "row_chunk", "class_chunk")
+    grads = _backward(cotangents, (x, w, label, bias), (None, lse), **dict(zip(keys, params)))
+    return (*grads[:3], grads[3] if bias is not None else None)
+
+
+_blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
 
 
 def _grads(g_loss, g_lse, x2, w, labels, bias, lse, trims, cr, cv):
@@ -247,3 +283,47 @@ def _backward(grads, inputs, outputs, *, trim0, trim1, row_chunk, class_chunk):
         )
     result = (jnp.reshape(dx, x.shape).astype(x.dtype), dw.astype(w.dtype), None)
     return result if bias is None else (*result, db.astype(bias.dtype))
+
+
+def _dense(x, w, label, bias=None, *, trim0, trim1, row_chunk, class_chunk):
+    """The ``"dense"`` backend: all ``[N, V]`` logits at once (XLA fuses the softmax
+    statistics into the product's consumers); faster where the logits are small."""
+    acc = result_dtype(x.dtype)
+    z = lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=acc)
+    if bias is not None:
+        z = z + jnp.reshape(bias.astype(acc), (1,) * (z.ndim - 1) + (-1,))
+    z = z.astype(x.dtype).astype(acc)
+    lse = jax.nn.logsumexp(z, axis=-1, keepdims=True)
+    index = jnp.reshape(
+        _indices(label, int(np.prod(x.shape[:-1], dtype=np.int64))), (*x.shape[:-1], 1)
+    )
+    picked = jnp.take_along_axis(z, jnp.clip(index, 0, w.shape[0] - 1), axis=-1)
+    picked = jnp.where((index >= 0) & (index < w.shape[0]), picked, 0.0)
+    total = jnp.sum(z, axis=-1, keepdims=True) if trim0 else 0.0
+    return lse - (trim0 * total + (trim1 - trim0) * picked), lse
+
+
+def _dense_backward(grads, inputs, outputs, wants, **params):
+    """NNC's convention: ``jax.vjp`` of :func:`_dense` (it keeps the logits anyway)."""
+    x, w, label, *rest = inputs
+    floats = [x, w, *rest]
+    run = lambda x, w, *b: _dense(x, w, label, *b, **params)
+    out, vjp = jax.vjp(run, *floats)
+    cts = tuple(
+        jnp.zeros(o.shape, o.dtype) if g is None else g.astype(o.dtype) for g, o in zip(grads, out)
+    )
+    dx, dw, *db = vjp(cts)
+    return (dx, dw, None, *db)
+
+
+DENSE = Backend(
+    "dense",
+    _dense,
+    ("cpu", "gpu", "tpu"),
+    priority=0,
+    interpret_platforms=(),
+    backward=_dense_backward,
+)
+"""The materialising backend: the default only where measured faster (priority 0)."""
+
+register_backend(NAME, DENSE)

@@ -7,8 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fnnc import ops
+from fnnc import config, ops
+from fnnc.core.dispatch import REFERENCE, as_specs, why_not
 from fnnc.errors import CommandError, ShapeError
+from fnnc.ops import measure_defaults
 from tests.helpers import assert_close
 
 CMD = ops.linear_softmax_crossentropy
@@ -122,3 +124,38 @@ def test_chunks_must_be_positive():
             *[jax.ShapeDtypeStruct(s, jnp.float32) for s in ((4, 8), (9, 8))],
             jax.ShapeDtypeStruct((4,), jnp.int32),
         )
+
+
+def test_jax_grad_of_the_command_is_blockwise_too():
+    n, v = 256, 16384
+    x, w, b, label = _data(n=n, d=32, v=v)
+    cmd = CMD(row_chunk=64, class_chunk=1024)
+
+    def loss(x, w, b):
+        return jnp.sum(cmd.definition.forward(x, w, label, b, **cmd.kwargs)[0])
+
+    grad = jax.grad(loss, argnums=(0, 1, 2))
+    assert _temp_bytes(grad, x, w, b) < n * v * 4 / 8
+    small = _data()
+    small_cmd = CMD(row_chunk=8, class_chunk=32)
+    got = jax.grad(
+        lambda *a: jnp.sum(small_cmd.definition.forward(a[0], a[1], small[3], a[2])[0]),
+        argnums=(0, 1, 2),
+    )(*small[:3])
+    want = jax.grad(lambda *a: jnp.sum(_plain(*a, small[3])[0]), argnums=(0, 1, 2))(*small[:3])
+    assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_dense_backend_is_chosen_only_by_measurement_and_is_timed():
+    dense = ops.backends_of(CMD().name)["dense"]
+    assert dense.priority == 0 and dense.backward is not None
+    x, w, b, label = _data()
+    specs = as_specs([x, w, label, b], "case")
+    for platform in ("cpu", "gpu"):
+        assert ops.select_backend(CMD(), specs, platform) == REFERENCE
+    with config.override(backend_per_command={CMD().name: "dense"}):
+        loss, lse = CMD()(x, w, label, b)
+    assert_close((loss[:, 0], lse[:, 0]), _plain(x, w, b, label), rtol=1e-5, atol=1e-5)
+    cases = measure_defaults.cases(measure_defaults.SIZES["small"], jnp.float32)
+    (cmd, args, diff), *_ = [c for c in cases if c[0].name == CMD().name]
+    assert why_not(dense, cmd, as_specs(args, "case"), "gpu") is None and diff == (0, 1, 3)
