@@ -30,7 +30,7 @@ GPU, XLA's estimate of the step (arguments + outputs + temporaries - donated) on
 ``--tiny`` runs a small size on CPU; ``tests/test_lm_step.py`` runs it in the suite and
 checks that fnnc's and NNX's losses agree step by step.
 
-Run: python benchmarks/lm_step.py [--tiny] [--impls fnnc,fnnc-xla,nnx,...] [--steps N]
+Run: python benchmarks/lm_step.py [--tiny | --size cpu] [--impls fnnc,nnx,...] [--steps N]
 """
 
 from __future__ import annotations
@@ -86,7 +86,10 @@ class Size:
 SIZES = {
     "issue": Size(batch=16, seq=1024, width=1024, heads=16, blocks=4, vocab=32768),
     "tiny": Size(batch=2, seq=16, width=32, heads=4, blocks=2, vocab=64),
+    "cpu": Size(batch=4, seq=128, width=256, heads=4, blocks=2, vocab=32768),
 }
+"""``issue``: the issue's step; ``tiny``: the suite's; ``cpu``: the issue's vocabulary on a
+narrow model, where the logits dominate the step's memory, small enough for a CPU."""
 PEAK_BF16 = {
     "NVIDIA H100 80GB HBM3": 989.4e12,
     "NVIDIA H100 PCIe": 756.0e12,
@@ -472,6 +475,7 @@ def available(impls: Sequence[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help=f"size {SIZES['tiny']} (CPU)")
+    parser.add_argument("--size", choices=list(SIZES), default="issue")
     parser.add_argument("--impls", default=",".join(IMPLS), help=f"some of {IMPLS}")
     parser.add_argument("--steps", type=int, default=3, help="steps whose losses are compared")
     parser.add_argument("--precision", default="bfloat16", choices=("bfloat16", "float32"))
@@ -479,7 +483,7 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
     parser.add_argument("--in-process", action="store_true", help="no process per implementation")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
-    z = SIZES["tiny" if opts.tiny else "issue"]
+    z = SIZES["tiny" if opts.tiny else opts.size]
     impls = available(opts.impls.split(","))
     if opts.one:
         print(json.dumps(dataclasses.asdict(run(impls[0], z, opts.steps, opts.precision))))
