@@ -71,3 +71,19 @@ def interleaved(
     (:func:`samples_of`)."""
     samples = samples_of(fns, rounds=rounds, inner=inner)
     return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def round_ratios(samples: dict[str, list[float]], ours: str, theirs: str) -> list[float]:
+    """``ours / theirs`` of each round of :func:`samples_of` (both timed in the same
+    round, so a slow spell of the machine mostly cancels)."""
+    return [a / b for a, b in zip(samples[ours], samples[theirs], strict=True)]
+
+
+def check_ratio(name: str, ratios: list[float], limit: float) -> bool:
+    """Prints the median of ``ratios`` against ``limit``; True if it is within."""
+    median = statistics.median(ratios)
+    ok = median <= limit
+    spread = f"{min(ratios):.3f}-{max(ratios):.3f}"
+    verdict = "ok" if ok else "REGRESSION"
+    print(f"check {name}: median ratio {median:.3f} (rounds {spread}), limit {limit}: {verdict}")
+    return ok

@@ -1,7 +1,8 @@
 """Fuzzes fnnc's file readers: damaged tensor files, checkpoints and graph files.
 
-Valid files are written once (a tensor file with rows of every dtype, an encoded row,
-an NNC-written row without checksum and a stored graph; a checkpoint journal of two
+Valid files are written once (a tensor file with rows of every dtype, encoded rows (a
+user codec and NNC's palettized, ezm7 and zip codecs, whose decoded bytes are the
+oracle), an NNC-written row without checksum and a stored graph; a checkpoint journal of two
 steps with NamedTuple, scalar and zero-size leaves; a JSON graph file). Each case copies
 one, damages it with a seeded random mutation (flipped bytes, a truncated file, zeroed
 pages, SQL edits of rows, columns and tables, JSON edits of manifests and graphs) and
@@ -78,6 +79,16 @@ ZLIB = Codec(
 )
 
 
+_wave = np.sin(np.arange(600, dtype=np.float32) / 7)
+CODEC_ROWS = [
+    ("q4p", "q4p", _wave),
+    ("q5p", "q5p", _wave.astype(np.float16)),
+    ("ezm7", "ezm7", _wave.astype(np.float16)),
+    ("zip", "zip", np.round(_wave * 4)),
+]
+"""Rows written with NNC's codecs (:mod:`fnnc.io.nnc_codecs`)."""
+
+
 class Hang(Exception):
     """A case ran past its time limit."""
 
@@ -110,6 +121,10 @@ def templates(work: str) -> dict[str, tuple[str, dict[str, bytes]]]:
         for name, a in arrays().items():
             f.write(name, a)
         f.write("zlib", np.ones(64, np.float32), encoder=ZLIB)
+        for name, codec, value in CODEC_ROWS:  # NNC's codecs: decoded bytes are the oracle
+            f.write(name, value, encoder=codec)
+            assert f.info(name).encoder, name
+            written[name] = f.read(name).tobytes()
     written["zlib"] = np.ones(64, np.float32).tobytes()
     nnc = np.arange(6, dtype=np.int32)
     conn = sqlite3.connect(tensors)  # a row as NNC writes it: no checksum

@@ -8,12 +8,17 @@
    Target: linear, 20k under 5 s.
 
 Run: python benchmarks/train_step.py [--quick]
+
+``--check [--limit 1.10]`` (seconds): only the MLP step with SGD, the median of
+same-round ratios over interleaved rounds; exits 1 above the limit. A timing, so it
+stays out of the test suite.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -25,7 +30,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from benchmarks._timing import interleaved
+from benchmarks._timing import check_ratio, round_ratios, samples_of
 from benchmarks.graph_overhead import CNN, MLP, chain
 from fnnc import config
 from fnnc.graph import compile, trace
@@ -48,7 +53,8 @@ def _xent(logits, labels):
 
 
 def compare(name, loss, params, batch, optimizer, rounds):
-    """Median step times of the fnnc step and the hand-written step, same run."""
+    """Median step times of the fnnc step and the hand-written step, same run; returns
+    the same-round ratios."""
     graph = trace(loss, params, *batch)
     n = len(jax.tree.leaves(params))
     wrt = [graph.symbols[i] for i in graph.inputs[:n]]
@@ -68,7 +74,7 @@ def compare(name, loss, params, batch, optimizer, rounds):
     ours = program(*leaves, *state_leaves, *batch)
     theirs = reference(params, ref_state, *batch)
     diff = abs(float(ours[-1]) - float(theirs[-1]))
-    t = interleaved(
+    samples = samples_of(
         {
             "jit": lambda: reference(params, ref_state, *batch),
             "fnnc": lambda: program(*leaves, *state_leaves, *batch),
@@ -76,11 +82,13 @@ def compare(name, loss, params, batch, optimizer, rounds):
         rounds=rounds,
         inner=10,
     )
+    t = {k: statistics.median(v) for k, v in samples.items()}
     print(
         f"{name:<22} jax.jit {t['jit'] * 1e3:8.3f} ms   fnnc {t['fnnc'] * 1e3:8.3f} ms   "
         f"ratio {t['fnnc'] / t['jit']:.3f}   (|loss diff| {diff:.1e}, "
         f"{len(step_graph.nodes)} nodes)"
     )
+    return round_ratios(samples, "fnnc", "jit")
 
 
 def nnx_loss(model):
@@ -113,13 +121,18 @@ def host_times(sizes):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--check", action="store_true", help="MLP sgd ratio only; exit 1 above")
+    parser.add_argument("--limit", type=float, default=1.10, help="--check's limit (1.10)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (9; 3 quick; 15 check)")
     args = parser.parse_args()
-    rounds = 3 if args.quick else 9
+    rounds = args.rounds or (15 if args.check else 3 if args.quick else 9)
     print(f"platform {jax.default_backend()}")
     key = jax.random.key(0)
     x, y = jax.random.normal(key, (128, 784)), jax.random.randint(key, (128,), 0, 10)
     loss, state = nnx_loss(MLP(nnx.Rngs(0)))
-    compare("MLP sgd", loss, state, (x, y), optax.sgd(0.01), rounds)
+    ratios = compare("MLP sgd", loss, state, (x, y), optax.sgd(0.01), rounds)
+    if args.check:
+        sys.exit(0 if check_ratio("train_step.py MLP sgd", ratios, args.limit) else 1)
     compare("MLP adam", loss, state, (x, y), optax.adam(1e-3), rounds)
     loss, state = nnx_loss(CNN(nnx.Rngs(0)))
     compare("CNN adam", loss, state, (jnp.ones((32, 28, 28, 1)), y[:32]), optax.adam(1e-3), rounds)

@@ -132,5 +132,8 @@ def main() -> dict[str, float]:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     np.set_printoptions(precision=4)
     main()

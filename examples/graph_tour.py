@@ -5,6 +5,8 @@ Run: python examples/graph_tour.py
 
 from __future__ import annotations
 
+import argparse
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,5 +64,6 @@ def traced() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     by_hand()
     traced()

@@ -7,10 +7,12 @@
    model's gradient w.r.t. its inputs (``evaluate(requires_grad=True)`` + ``backward``),
    until the frozen model reads the pseudo-token as class 2.
 
-Run: python examples/textual_inversion.py
+Run: python examples/textual_inversion.py [--pretrain-steps N] [--inversion-steps N]
 """
 
 from __future__ import annotations
+
+import argparse
 
 import numpy as np
 import optax
@@ -65,4 +67,9 @@ def main(pretrain_steps: int = 300, inversion_steps: int = 150, seed: int = 0) -
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pretrain-steps", type=int, default=300)
+    parser.add_argument("--inversion-steps", type=int, default=150)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    main(args.pretrain_steps, args.inversion_steps, args.seed)

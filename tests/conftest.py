@@ -24,9 +24,39 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
+# ``pytest -m quick``: a subset that runs in under 3 minutes on 2 cores (the whole suite
+# takes about 10), with a file or more from every package. Paths from the repository root.
+QUICK = (
+    "tests/test_architecture.py",
+    "tests/core/",
+    "tests/io/",
+    "tests/data/",
+    "tests/ops/test_backends.py",
+    "tests/ops/test_activation_values.py",
+    "tests/graph/test_builder.py",
+    "tests/graph/test_program.py",
+    "tests/graph/test_verify.py",
+    "tests/models/test_model.py",
+    "tests/test_readme.py",
+)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a real GPU (kept out of CI)")
     config.addinivalue_line("markers", "slow: slower end-to-end checks")
+    config.addinivalue_line("markers", "quick: the quick subset (tests/conftest.py QUICK)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks the tests of the QUICK files ``quick``, except slow and GPU ones."""
+    root = config.rootpath
+    for item in items:
+        try:
+            path = item.path.relative_to(root).as_posix()
+        except ValueError:
+            continue
+        if path.startswith(QUICK) and not any(item.get_closest_marker(m) for m in ("slow", "gpu")):
+            item.add_marker(pytest.mark.quick)
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 from collections.abc import Sequence
 from typing import Any
@@ -77,3 +78,15 @@ needs_nnc_files = pytest.mark.skipif(
     not (NNC_FILES / "model.sqlite3").exists(),
     reason=f"no files written by NNC at {NNC_FILES}",
 )
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment of a child Python process a test starts: this checkout first on
+    ``PYTHONPATH`` with the parent's entries kept (packages installed with
+    ``pip install --target`` live there, e.g. grain on the GPU machines), JAX on CPU
+    (such tests are about processes, not accelerators), then ``extra``."""
+    paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "JAX_PLATFORMS": "cpu", **extra}

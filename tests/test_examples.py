@@ -1,12 +1,19 @@
 """Examples run end to end (smoke mode) and print what they promise."""
 
 import runpy
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
+
+from tests.helpers import subprocess_env
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def test_graph_tour(capsys):
+def test_graph_tour(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["graph_tour.py"])  # not pytest's own arguments
     runpy.run_path(str(EXAMPLES / "graph_tour.py"), run_name="__main__")
     out = capsys.readouterr().out
     assert "interpret: 0.879953" in out and "compile:   0.879953" in out
@@ -39,3 +46,22 @@ def test_textual_inversion_trains_only_the_pseudo_token():
     result = ns["main"](pretrain_steps=300, inversion_steps=150)
     assert result["pretrained"] > 0.9
     assert result["hit"] > 0.9 and result["unchanged"] == 1.0
+
+
+def test_moe_example_trains_and_reports_expert_load(capsys):
+    ns = runpy.run_path(str(EXAMPLES / "moe.py"), run_name="moe")
+    result = ns["main"](steps=60, batch_size=32)
+    assert result["loss"] < 0.5 * result["first_loss"]
+    for share in result["load"]:  # every routed row is counted once, top-2 of 4 experts
+        assert abs(float(share.sum()) - 1.0) < 1e-6 and len(share) == 4
+    assert "expert load, layer 1:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.py")))
+def test_every_example_answers_help_without_running(name):
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), "--help"], capture_output=True, text=True,
+        env=subprocess_env(), timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0 and out.stdout.startswith(f"usage: {name}"), out.stderr
+    assert "==" not in out.stdout and "accuracy" not in out.stdout  # nothing ran

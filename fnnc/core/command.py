@@ -354,8 +354,13 @@ def defcommand(
             it raises :class:`fnnc.errors.ShapeError` for inputs that do not fit.
         uses: which forward tensors the backward reads.
         name: registered name; defaults to the function's name.
-        random, has_effects, differentiable, elementwise, commutative,
-            idempotent, batch_statistics: see :class:`Attributes`.
+        random: see :class:`Attributes`.
+        has_effects: see :class:`Attributes`.
+        differentiable: see :class:`Attributes`.
+        elementwise: see :class:`Attributes`.
+        commutative: see :class:`Attributes`.
+        idempotent: see :class:`Attributes`.
+        batch_statistics: see :class:`Attributes`.
         min_inputs: fewest inputs accepted; default the required positional ones, and
             at least one for a variadic command (``ewsum`` of nothing is undefined).
         display: how listings print a command value, when the default

@@ -55,6 +55,8 @@ from fnnc.graph.passes import minimize as minimize
 from fnnc.graph.passes import remat as remat
 from fnnc.graph.passes import run_passes as run_passes
 from fnnc.graph.passes import simplify as simplify
+from fnnc.graph.profile import Profile as Profile
+from fnnc.graph.profile import profile as profile
 from fnnc.graph.scan import scan as scan
 from fnnc.graph.serialize import from_data as from_data
 from fnnc.graph.serialize import load as load

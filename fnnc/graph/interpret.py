@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -16,6 +17,7 @@ from fnnc.core.text import format_graph
 from fnnc.errors import FnncError, GraphError
 from fnnc.graph._io import flatten_inputs, unflatten_outputs
 from fnnc.graph.numerics import check_node
+from fnnc.ops import while_tape
 
 OnNode = Callable[[int, Node, tuple[Any, ...], tuple[Any, ...]], Sequence[Any] | None]
 """``on_node(index, node, inputs, outputs) -> None | replacement outputs``."""
@@ -69,6 +71,10 @@ def interpret(graph: Graph, *args: Any, on_node: OnNode | None = None) -> Any:
     def run_node(index: int, node: Node, inputs: list[Any]) -> tuple[Any, ...]:
         try:
             outs = as_tuple(compiled_forward(node.cmd, REFERENCE)(*inputs))
+            if while_tape.checks_on_host(node.cmd):
+                # Its overflow check raises from a host callback; an asynchronous
+                # runtime (GPU) reports that only when the outputs are waited for.
+                jax.block_until_ready(outs)
         except FnncError:
             raise
         except Exception as e:

@@ -12,6 +12,8 @@ replays the jaxpr into a :class:`~fnnc.graph.GraphBuilder`:
   known primitives to fnnc commands; any other primitive becomes one generic
   ``primitive`` node (:mod:`fnnc.ops.primitive`), so tracing never fails on a valid
   JAX program;
+* patterns of several commands that are one NNC command (RoPE's rotate-half, SiLU,
+  SwiGLU, logsumexp) are then rewritten into it (:mod:`fnnc.graph.trace_idioms`);
 * the outputs are flattened and ``graph.out_tree`` keeps their structure, so
   ``interpret`` and ``compile`` return what ``fn`` returns.
 
@@ -72,6 +74,7 @@ from fnnc.core.command import make_command, output_specs
 from fnnc.core.ir import Graph, Symbol, TensorSymbol
 from fnnc.errors import FnncError, TraceError
 from fnnc.graph.builder import GraphBuilder
+from fnnc.graph.trace_idioms import rewrite_idioms
 from fnnc.graph.trace_rules import PASS_THROUGH, TRACE_RULES
 from fnnc.ops import lookup
 from fnnc.ops.constant import Literal
@@ -119,7 +122,7 @@ def trace(fn: Callable[..., Any], *example_args: Any) -> Graph:
     ]
     outs = tracer.run(closed.jaxpr, closed.consts, consts + args)
     outs = [tracer.resolve(o, f"output {i}") for i, o in enumerate(outs)]
-    return tracer.b.build(outs, out_tree=jax.tree.structure(out_shape))
+    return rewrite_idioms(tracer.b.build(outs, out_tree=jax.tree.structure(out_shape)))
 
 
 # -- arguments -------------------------------------------------------------------------

@@ -42,6 +42,8 @@ from fnnc.graph.trace_data_rules import (
     _squeeze,
     _transpose,
 )
+from fnnc.graph.trace_llm_rules import LLM_RULES
+from fnnc.graph.trace_moe_rules import MOE_TRACE_RULES
 
 __all__ = ["CUSTOM_JVP_RULES", "PASS_THROUGH", "TRACE_RULES"]
 
@@ -342,4 +344,8 @@ TRACE_RULES: dict[str, Rule] = {
     "copy": _simple("data_transfer"),
     # calls: inlined so the commands inside are visible to passes
     "jit": _inline,
+    # mixture of experts
+    **MOE_TRACE_RULES,
+    # sorting, scatter-add, RoPE's sin / cos / split, pow
+    **LLM_RULES,
 }

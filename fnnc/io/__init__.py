@@ -8,6 +8,11 @@ named tensor, so NNC reads what fnnc writes and the other way round. On top of i
 - :func:`write_parameters` / :func:`read_parameters`: a model's parameters and
   internals under NNC's row names (``<id>``, ``__<name>__[<id>]``, ``<id>(<device>)``),
   read back with a report of every missing or mis-shaped one.
+- :class:`SafetensorsFile` and :func:`convert`: safetensors files (read and written
+  through the ``safetensors`` library) with the same interface; conversion both ways
+  with a name map; ``python -m fnnc convert A B``.
+- NNC's codecs (:mod:`fnnc.io.nnc_codecs`: palettized ``q4p`` .. ``q8p``, ``ezm7``,
+  ``zip``, ``fpzip``), registered by default: ``TensorFile.write(..., encoder="q8p")``.
 - :class:`Checkpoints`: a journal of training steps (state, optimizer state, metadata)
   in one file; each save is one transaction, so a killed writer loses nothing saved.
 - :func:`save_to` / :func:`load_from`: graphs (:mod:`fnnc.graph`) beside the tensors.
@@ -32,12 +37,14 @@ array([[1., 0.],
 Nothing is ever unpickled: arrays are raw bytes, structure and metadata are JSON.
 """
 
+from fnnc.io import nnc_codecs as _nnc_codecs
 from fnnc.io.checkpoints import Checkpoint as Checkpoint
 from fnnc.io.checkpoints import Checkpoints as Checkpoints
 from fnnc.io.codecs import Codec as Codec
 from fnnc.io.codecs import register_codec as register_codec
 from fnnc.io.codecs import registered_codecs as registered_codecs
 from fnnc.io.codecs import unregister_codec as unregister_codec
+from fnnc.io.convert import convert as convert
 from fnnc.io.documents import Format as Format
 from fnnc.io.documents import graph_names as graph_names
 from fnnc.io.documents import load_from as load_from
@@ -51,4 +58,7 @@ from fnnc.io.parameters import internal_row as internal_row
 from fnnc.io.parameters import parameter_row as parameter_row
 from fnnc.io.parameters import read_parameters as read_parameters
 from fnnc.io.parameters import write_parameters as write_parameters
+from fnnc.io.safetensors_io import SafetensorsFile as SafetensorsFile
 from fnnc.io.tensor_file import TensorFile as TensorFile
+
+_nnc_codecs.register_nnc_codecs()

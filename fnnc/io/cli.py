@@ -1,10 +1,16 @@
-"""``python -m fnnc inspect FILE [--stats] [--verify]``: what an NNC or fnnc tensor file holds.
+"""``python -m fnnc inspect FILE [--stats] [--verify]``: what an NNC or fnnc tensor file holds;
+``python -m fnnc convert A B [--map FILE] [--encoder NAME]``: NNC tensor file <-> safetensors.
 
 ``inspect`` lists the tensors of an NNC or fnnc SQLite file (name, dtype, shape,
 format, stored bytes), the graphs and checkpoint steps fnnc keeps beside them, and with
 ``--stats`` each tensor's min, max, mean (NaNs left out) and NaN count. ``--verify``
 adds a check of every row (SQLite's ``integrity_check``, each row's format and length,
 its checksum where fnnc wrote one) and exits with status 1 if anything is damaged.
+
+``inspect`` also lists a ``.safetensors`` file's tensors (with ``--stats``), and shows
+the signature of a ``jax.export`` artifact (:meth:`fnnc.models.Model.export`).
+``convert`` copies every tensor (:func:`fnnc.io.convert`): ``--map`` is a JSON object
+``{"old name": "new name" or null}``, ``--encoder`` an NNC codec for the target's rows.
 
 A missing, damaged or non-SQLite file prints one line, ``python -m fnnc inspect:
 error: ...``, and exits with status 1 (never a traceback); the file is only read.
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -32,7 +39,19 @@ from typing import Any
 import numpy as np
 
 from fnnc.errors import FnncError
+from fnnc.io.convert import convert
+from fnnc.io.exported import describe_exported, looks_exported
+from fnnc.io.safetensors_io import SafetensorsFile, is_safetensors
 from fnnc.io.tensor_file import TensorFile
+
+_DIGITS = re.compile(r"(\d+)")
+
+DESCRIPTION = "What an NNC or fnnc tensor file holds."
+INSPECT_HELP = """\
+List the tensors of an NNC or fnnc SQLite file (name, dtype, shape, format, stored
+bytes), in name order with numbers sorted as numbers, and the graphs and checkpoint
+steps fnnc keeps beside them. A missing, damaged or non-SQLite file prints one error
+line and exits with status 1; the file is only read."""
 
 
 def inspect_lines(path: str | os.PathLike[str], *, stats: bool = False) -> list[str]:
@@ -47,22 +66,41 @@ def inspect_lines(path: str | os.PathLike[str], *, stats: bool = False) -> list[
 
 def _inspect(path: str | os.PathLike[str], stats: bool) -> tuple[list[str], int]:
     """The report's lines and how many rows could not be read."""
+    if is_safetensors(path):
+        return _table(SafetensorsFile(path, readonly=True), stats, extras=False)
+    if looks_exported(path):
+        return describe_exported(path), 0
     with TensorFile(path, readonly=True) as f, f.operation("inspect"):
-        header = ["name", "dtype", "shape", "format", "bytes"]
-        header += ["min", "max", "mean", "nan"] if stats else []
-        table, total, unreadable = [header], 0, 0
-        for name in f.names():
-            cells = _row(f, name, stats)
-            unreadable += cells[1] == "?"
-            table.append([str(cell) for cell in cells])
-            total += int(table[-1][4]) if table[-1][4].isdigit() else 0
-        lines = [f"{f.path}: {len(table) - 1} tensors, {_human(total)} of data"]
-        lines += _aligned(table)
-        lines += _extras(f)
+        return _table(f, stats, extras=True)
+
+
+def _table(f: Any, stats: bool, *, extras: bool) -> tuple[list[str], int]:
+    """The listing of an open tensor file (NNC's or safetensors) and its unreadable rows."""
+    header = ["name", "dtype", "shape", "format", "bytes"]
+    header += ["min", "max", "mean", "nan"] if stats else []
+    table, total, unreadable = [header], 0, 0
+    for name in sorted(f.names(), key=natural_key):
+        cells = _row(f, name, stats)
+        unreadable += cells[1] == "?"
+        table.append([str(cell) for cell in cells])
+        total += int(table[-1][4]) if table[-1][4].isdigit() else 0
+    lines = [f"{f.path}: {len(table) - 1} tensors, {_human(total)} of data"]
+    lines += _aligned(table)
+    lines += _extras(f) if extras else []
     return lines, unreadable
 
 
-def _row(f: TensorFile, name: str, stats: bool) -> list[str]:
+def natural_key(name: str) -> list[Any]:
+    """Sorts names with their numbers as numbers: ``__ckpt-4__`` before ``__ckpt-12__``,
+    ``t-fc-0-2`` before ``t-fc-0-10``.
+
+    >>> sorted(["__ckpt-12__[w]", "__ckpt-4__[w]", "b", "__ckpt-4__[v]"], key=natural_key)
+    ['__ckpt-4__[v]', '__ckpt-4__[w]', '__ckpt-12__[w]', 'b']
+    """
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in _DIGITS.split(name)]
+
+
+def _row(f: Any, name: str, stats: bool) -> list[str]:
     try:
         info = f.info(name)
     except FnncError as e:
@@ -138,19 +176,42 @@ def verify_lines(path: str | os.PathLike[str]) -> tuple[list[str], bool]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m fnnc``: runs the command line on ``argv``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m fnnc", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fnnc", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
-    inspect = commands.add_parser("inspect", help="list the tensors of an NNC/fnnc file")
+    inspect = commands.add_parser(
+        "inspect", help="list the tensors of an NNC/fnnc file", description=INSPECT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     inspect.add_argument("file", help="an SQLite file with NNC's tensors table")
     inspect.add_argument("--stats", action="store_true", help="add min, max, mean, NaN count")
     inspect.add_argument(
         "--verify", action="store_true", help="check every row; exit status 1 on damage"
     )
+    conv = commands.add_parser("convert", help="copy tensors: NNC tensor file <-> safetensors")
+    conv.add_argument("source", help="an NNC tensor file or a .safetensors file")
+    conv.add_argument("target", help="the file to write (.safetensors or an NNC tensor file)")
+    conv.add_argument("--map", help='JSON object {"old name": "new name" or null}')
+    conv.add_argument("--encoder", help="an NNC codec for the target's rows, e.g. q8p, ezm7")
+    conv.add_argument("--from", dest="source_format", choices=("nnc", "safetensors"))
+    conv.add_argument("--to", dest="target_format", choices=("nnc", "safetensors"))
     args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except BrokenPipeError:
+        # the reader left (``| head``): stop quietly, as cat and ls do. Point stdout
+        # at devnull so the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE: what a shell reports for a writer cut off by a pipe
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "convert":
+        return _convert(args)
     status = 0
     try:
         lines, unreadable = _inspect(args.file, args.stats)
-        print("\n".join(lines))
+        print("\n".join(lines), flush=True)
         if unreadable:
             print(
                 f"python -m fnnc inspect: error: {args.file}: {unreadable} rows cannot be "
@@ -168,6 +229,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not status:  # the listing's error said it already
                 print(f"python -m fnnc inspect: error: {e}", file=sys.stderr)
             return 1
-        print("\n".join(lines))
+        print("\n".join(lines), flush=True)
         status = status or (0 if ok else 1)
     return status
+
+
+def _convert(args: argparse.Namespace) -> int:
+    try:
+        names = convert(
+            args.source,
+            args.target,
+            rename=args.map,
+            encoder=args.encoder,
+            source_format=args.source_format,
+            target_format=args.target_format,
+        )
+    except FnncError as e:
+        print(f"python -m fnnc convert: error: {e}", file=sys.stderr)
+        return 1
+    print(f"{args.source} -> {args.target}: {len(names)} tensors")
+    return 0

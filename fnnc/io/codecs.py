@@ -90,12 +90,28 @@ def get_codec(identifier: int) -> Codec | None:
     return _registry.get(identifier)
 
 
+def codec_named(name: str, where: str = "") -> Codec:
+    """The registered codec called ``name`` (``"q8p"``, ``"ezm7"``, ...).
+
+    Raises:
+        TensorFileError: no registered codec has that name.
+    """
+    for codec in _registry.values():
+        if codec.name == name:
+            return codec
+    known = ", ".join(sorted(c.name for c in _registry.values() if c.name)) or "none"
+    raise TensorFileError(
+        f"{where + ': ' if where else ''}no codec named {name!r} is registered "
+        f"(registered: {known}); register a Codec with that name or pass one"
+    )
+
+
 def registered_codecs() -> dict[int, Codec]:
     """A copy of the registry: identifier -> codec."""
     return dict(_registry)
 
 
-Encoder = Codec | int | Callable[[bytes, np.dtype, tuple[int, ...]], tuple[int, bytes] | None]
+Encoder = Codec | int | str | Callable[[bytes, np.dtype, tuple[int, ...]], tuple[int, bytes] | None]
 """What :meth:`fnnc.io.TensorFile.write` takes as ``encoder=``."""
 Decoder = Codec | Callable[[int, bytes, np.dtype, tuple[int, ...]], bytes | None]
 """What :meth:`fnnc.io.TensorFile.read` takes as ``decoder=``."""
@@ -105,6 +121,8 @@ def encode_with(
     encoder: Encoder, data: bytes, dtype: np.dtype, shape: tuple[int, ...], where: str
 ) -> tuple[int, bytes]:
     """``(identifier, bytes)`` to store for ``data``; ``(0, data)`` when it declines."""
+    if isinstance(encoder, str):
+        encoder = codec_named(encoder, where)
     if isinstance(encoder, int):
         codec = get_codec(encoder)
         if codec is None:

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from fnnc.errors import ParameterError
+from fnnc.io.convert import open_tensors
 from fnnc.io.format import FLOATS
 from fnnc.io.processes import writes_files
 from fnnc.io.tensor_file import Encoder, TensorFile
@@ -66,12 +67,14 @@ def internal_row(key: str, *, name: str | None = None, device: int = 0) -> str:
 
 @contextlib.contextmanager
 def opened(source: Source, *, readonly: bool = False) -> Iterator[TensorFile]:
-    """``source`` itself if it is a :class:`TensorFile`, else the file opened (and closed)."""
-    if isinstance(source, TensorFile):
+    """``source`` itself if it is an open file (a :class:`TensorFile`, a
+    :class:`~fnnc.io.SafetensorsFile`, a :class:`~fnnc.io.convert.Renamed` view), else
+    the path opened by its extension (``.safetensors`` or an NNC tensor file) and closed."""
+    if not isinstance(source, (str, os.PathLike)):
         yield source
         return
-    with TensorFile(source, readonly=readonly) as f:
-        yield f
+    with open_tensors(source, readonly=readonly) as f:
+        yield f  # type: ignore[misc]
 
 
 def write_parameters(
@@ -187,7 +190,7 @@ def read_parameters(
     Raises:
         ParameterError: (strict) listing every missing and every mismatched parameter.
     """
-    with opened(source, readonly=not isinstance(source, TensorFile)) as f:
+    with opened(source, readonly=True) as f:
         if expected is None:
             expected, found = _discover(f, name, device)
             internals = found if internals is None else internals

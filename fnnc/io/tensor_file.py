@@ -257,7 +257,8 @@ class TensorFile:
             format: the layout tag NNC keeps with the tensor.
             device: recorded in ``type``: ``"CPU"`` (NNC's any-CPU, 0xfff01),
                 ``"GPU:0"``, ...
-            encoder: a :class:`Codec`, a registered codec's identifier, or a
+            encoder: a :class:`Codec`, a registered codec's identifier or name (NNC's
+                ``"q4p"`` .. ``"q8p"``, ``"ezm7"``, ``"zip"``, ``"fpzip"``), or a
                 function ``(data, dtype, shape) -> (identifier, bytes)``; ``None`` or a
                 declining encoder (returning ``None``) stores raw bytes.
         """

@@ -16,6 +16,7 @@ True
 
 from typing import TYPE_CHECKING
 
+from fnnc.models import metrics as metrics
 from fnnc.models import minimizers as minimizers
 from fnnc.models.callbacks import Callback as Callback
 from fnnc.models.callbacks import CheckpointEvery as CheckpointEvery
@@ -46,6 +47,13 @@ from fnnc.models.layers import Parameter as Parameter
 from fnnc.models.layers import ReLU as ReLU
 from fnnc.models.layers import Reshape as Reshape
 from fnnc.models.layers import RMSNorm as RMSNorm
+from fnnc.models.llm_layers import MoE as MoE
+from fnnc.models.llm_layers import RotaryEmbedding as RotaryEmbedding
+from fnnc.models.llm_layers import SwiGLU as SwiGLU
+from fnnc.models.loggers import CSVLogger as CSVLogger
+from fnnc.models.loggers import LearningRate as LearningRate
+from fnnc.models.loggers import PlotHistory as PlotHistory
+from fnnc.models.loggers import TensorBoard as TensorBoard
 from fnnc.models.loss_scale import LossScale as LossScale
 from fnnc.models.model import Model as Model
 from fnnc.models.model import Sequential as Sequential

@@ -14,6 +14,7 @@ checkpoint of a model stores it (JSON, in the metadata) and restoring sets it ba
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -37,6 +38,9 @@ class Progress:
         batch_size: the samples per batch of ``batch``, where ``train`` batches the
             data (arrays, unbatched dataframes); ``None`` where the source does (Grain,
             batched dataframes) or in a checkpoint saved before it was recorded.
+        loss_sum, loss_count: the sum (in order, float64) and number of the training
+            losses of ``epoch`` so far, so that an epoch resumed from a checkpoint
+            reports the mean over all its batches, as the uninterrupted run does.
     """
 
     epoch: int = 0
@@ -45,17 +49,24 @@ class Progress:
     seed: int = 0
     data: Any = None
     batch_size: int | None = None
+    loss_sum: float = 0.0
+    loss_count: int = 0
 
     def to_json(self) -> dict[str, Any]:
         data = self.data() if callable(self.data) else self.data
         return {"epoch": self.epoch, "batch": self.batch, "step": self.step, "seed": self.seed,
-                "data": data, "batch_size": self.batch_size}  # fmt: skip
+                "data": data, "batch_size": self.batch_size, "loss_sum": _finite(self.loss_sum),
+                "loss_count": self.loss_count}  # fmt: skip
 
     def load(self, saved: dict[str, Any]) -> None:
         self.epoch, self.batch = int(saved["epoch"]), int(saved["batch"])
         self.step, self.seed, self.data = int(saved["step"]), int(saved["seed"]), saved["data"]
         size = saved.get("batch_size")  # absent in checkpoints of older versions
         self.batch_size = None if size is None else int(size)
+        # absent in older checkpoints: the epoch's mean is then of the resumed batches
+        total = saved.get("loss_sum", 0.0)  # None: not finite (checkpoint JSON has no NaN)
+        self.loss_sum = math.nan if total is None else float(total)
+        self.loss_count = int(saved.get("loss_count", 0))
 
     def position(self) -> Any:
         """:attr:`data` as JSON (calling it where it is a function)."""
@@ -63,6 +74,19 @@ class Progress:
 
     def next_epoch(self) -> None:
         self.epoch, self.batch, self.data = self.epoch + 1, 0, None
+        self.loss_sum, self.loss_count = 0.0, 0
+
+    def add_loss(self, value: float) -> None:
+        """Counts one step's training loss into the epoch's running mean."""
+        self.loss_sum, self.loss_count = self.loss_sum + value, self.loss_count + 1
+
+    def mean_loss(self) -> float:
+        """The mean training loss of the epoch so far (NaN before its first step)."""
+        return self.loss_sum / self.loss_count if self.loss_count else math.nan
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def progress(model: Any) -> Progress:

@@ -88,7 +88,8 @@ class CheckpointEvery(Callback):
 
     def on_step_end(self, loop: Any, step: int, loss: float) -> None:
         if self.steps is not None and step % self.steps == 0:
-            self.checkpoints.save(step, loop.model, metadata={"loss": loss})
+            finite = {"loss": loss} if math.isfinite(loss) else {}  # JSON holds no NaN
+            self.checkpoints.save(step, loop.model, metadata=finite)
 
     def on_epoch_end(self, loop: Any, epoch: int, logs: dict[str, float]) -> None:
         if self.per_epoch:

@@ -6,7 +6,15 @@
   ``__ckpt-<step>__[t-fc1-0-0]``;
 - the optimizer state of each trainable parameter in rows named ``<id>/<field>``, the
   field path of the Optax state (``t-fc1-0-0/mu``, ``t-fc1-0-0/count``; positions are
-  added, ``t-fc1-0-0/0/mu``, only where the field names alone repeat);
+  added, ``t-fc1-0-0/0/mu``, only where the field names alone repeat). The model's
+  minimizer is one transformation over the parameter dict (:mod:`fnnc.models.optim`);
+  a parameter's rows are its partition's state as it sees it: its own entries of the
+  per-parameter dicts (``mu``, ``nu``, MultiSteps' ``acc_grads``) and the leaves of the
+  partition as a whole (``count``, MultiSteps' ``mini_step`` and ``gradient_step``,
+  ``inject_hyperparams``' ``hyperparams/learning_rate``), written under every parameter
+  of the partition, so each parameter's rows are a complete state as they were when
+  minimizers ran per parameter (and such checkpoints restore). Restoring checks that the
+  copies agree within each partition;
 - in the metadata under ``"fnnc.train"``: the training step, epoch, batch, shuffling
   seed and data position (:class:`fnnc.models.batches.Progress`) and the engine's
   random key, so a resumed run draws what the stopped one would have; the loss scale
@@ -33,7 +41,7 @@ from fnnc.errors import CheckpointError
 from fnnc.io import tree
 from fnnc.models import loss_scale, parallel
 from fnnc.models.batches import Progress, progress
-from fnnc.models.optim import structure
+from fnnc.models.optim import disagreements, views_like
 
 TRAIN_KEY = "fnnc.train"
 
@@ -63,22 +71,34 @@ def _rename(data: Any, names: dict[str, str]) -> Any:
 
 def _optimizer_rows(pid: str, state: Any, row: Any) -> tuple[Any, tree.Rows]:
     data, rows = tree.encode(state, "", lambda path: path)
-    short = {p: _short(p) for p, _ in rows}
+    own = f"[{pid!r}]"  # the parameter's entry of a per-parameter dict: its row says it
+    short = {p: _short(p.replace(own, "")) for p, _ in rows}
     if len(set(short.values())) != len(short) or not all(short.values()):
-        short = {p: _long(p) or "state" for p, _ in rows}
+        short = {p: _long(p.replace(own, "")) or "state" for p, _ in rows}
     names = {p: row(f"{pid}/{s}") for p, s in short.items()}
     return _rename(data, names), [(names[p], a) for p, a in rows]
 
 
+def _templates(engine: Any) -> list[dict[str, Any]]:
+    """Per partition of the current minimizer: parameter id -> the template of its
+    view of the partition's state (``jax.ShapeDtypeStruct`` leaves)."""
+    mins = engine.minimizers_of(engine.trainable())
+    out = []
+    for group, ids in zip(mins.groups, mins.parts):
+        specs = {p: jax.ShapeDtypeStruct(engine.infos[p].shape, engine.infos[p].dtype) for p in ids}
+        out.append(views_like(group.template, specs))
+    return out
+
+
 def _current_states(engine: Any) -> dict[str, Any]:
-    """Trainable parameter id -> its Optax state under its current minimizer."""
+    """Trainable parameter id -> its view of its partition's Optax state."""
+    engine._sync_live()
     out = {}
-    for pid in engine.trainable():
-        info = engine.infos[pid]
-        key = structure(engine.minimizer_of(pid), jax.ShapeDtypeStruct(info.shape, info.dtype))
-        states = engine.optimizer_state(pid)
-        if key in states:
-            out[pid] = states[key]
+    for likes in _templates(engine):
+        for pid, like in likes.items():
+            state = engine.store.find(pid, like)
+            if state is not None:
+                out[pid] = engine._host(state)
     return out
 
 
@@ -124,31 +144,49 @@ def restore_into(checkpoints: Any, model: Any, step: int | None = None) -> Any:
     meta = ckpt.metadata.get(TRAIN_KEY) if isinstance(ckpt.metadata, dict) else None
     key = _saved_key(where, meta)  # checked before anything of the model changes
     parallel.check_restore(where, meta or {})
-    opt_saved = ckpt.optimizer_state or {}
-    states = {}
-    for pid, state in opt_saved.items():
-        if pid not in engine.infos:
-            continue
-        info = engine.infos[pid]
-        transform = engine.minimizer_of(pid)
-        like = jax.eval_shape(transform.init, jax.ShapeDtypeStruct(info.shape, info.dtype))
-        try:
-            states[pid] = tree.rebuild(state, like, f"optimizer state of {pid}")
-        except CheckpointError as e:
-            raise CheckpointError(
-                f"checkpoint: {where}: the optimizer state of {pid} does not fit the "
-                f"model's minimizer ({e}); set the minimizer the run was saved with"
-            ) from None
+    states = _saved_states(where, ckpt.optimizer_state or {}, engine)
     engine.set_parameters(saved)
     engine._sync_live()  # the running fit's state would otherwise win over the restored one
     for pid, state in states.items():
-        engine.store.put(pid, engine.minimizer_of(pid), engine.values[pid], state)
+        engine.store.put(pid, state)
     train = (ckpt.metadata or {}).get(TRAIN_KEY) if isinstance(ckpt.metadata, dict) else None
     if train is not None:
         progress(model).load(train)
         engine.key = key
         loss_scale.load(engine, train, where)
     return ckpt
+
+
+def _saved_states(where: str, opt_saved: dict[str, Any], engine: Any) -> dict[str, Any]:
+    """The saved optimizer states (parameter id -> view) rebuilt on the templates of the
+    model's minimizer, after checking that the copies of each partition's shared leaves
+    agree (they were written under every parameter of the partition)."""
+    states = {}
+    for likes in _templates(engine):
+        part = {}
+        for pid, like in likes.items():
+            if pid not in opt_saved:
+                continue
+            try:
+                part[pid] = tree.rebuild(opt_saved[pid], like, f"optimizer state of {pid}")
+            except CheckpointError as e:
+                raise CheckpointError(
+                    f"checkpoint: {where}: the optimizer state of {pid} does not fit the "
+                    f"model's minimizer ({e}); set the minimizer the run was saved with"
+                ) from None
+        differ = disagreements(part)
+        if differ:
+            raise CheckpointError(
+                f"checkpoint: {where}: the parameters {sorted(part)} share one minimizer "
+                "(one partition of the model's transformation), but their saved optimizer "
+                "states differ on what the partition holds as a whole:\n  "
+                + "\n  ".join(differ[:8])
+                + "\nThey were trained in different partitions: set the minimizers the run "
+                "was saved with (model.set_minimizer(opt, params=[...]) per partition) "
+                "before restoring"
+            )
+        states.update(part)
+    return states
 
 
 def _saved_key(where: str, train: Any) -> Any:

@@ -12,6 +12,10 @@ trainable set, minimizers): new input shapes recompile and keep weights and stat
 Frozen parameters (``is_trainable=False`` or a no-op minimizer) are plain graph inputs
 of the step: they get no gradient nodes and no optimizer state.
 
+The minimizer is one Optax transformation over the dict of trainable parameters,
+partitioned by per-parameter ``set_minimizer`` calls (:mod:`fnnc.models.optim`); its
+state is kept between programs as per-parameter views (:class:`StateStore`).
+
 Each kind of program is a typed record of :mod:`fnnc.models.programs` (the compiled
 program and its positional layout), cached by (kind, specs, ..., memory options,
 dispatch state).
@@ -41,8 +45,7 @@ from fnnc.graph.passes.minimize import TrainLayout
 from fnnc.models import checks, loss_scale, losses, residuals
 from fnnc.models.layer import BuildContext, ModelError, ParamInfo
 from fnnc.models.memory import MemoryOptions, memory_key
-from fnnc.models.minimizer_key import Minimizers
-from fnnc.models.optim import StateStore, is_noop
+from fnnc.models.optim import Minimizers, StateStore, is_noop
 from fnnc.models.parallel import Parallel, place
 from fnnc.models.programs import (
     ApplyProgram,
@@ -100,16 +103,15 @@ class _Saved:
 @dataclasses.dataclass(frozen=True)
 class _Live:
     """The optimizer state of the running fit program (``key``), as flat ``leaves``,
-    until :meth:`Engine._sync_live` writes it back per parameter."""
+    until :meth:`Engine._sync_live` writes it back to the store."""
 
     key: tuple[Any, ...]
-    pids: tuple[str, ...]
-    opts: tuple[Any, ...]
+    mins: Minimizers
     layout: TrainLayout
     leaves: list[Any]
 
     def states(self) -> Any:
-        """The per-parameter Optax states, in ``pids`` order."""
+        """The Optax states of the partitions, in ``mins.parts`` order."""
         return Minimizers.inner(self.layout.state(self.leaves))
 
 
@@ -177,11 +179,17 @@ class Engine:
     def set_minimizer(
         self, minimizer: Any, *, reset: bool = False, params: Sequence[str] | None = None
     ) -> None:
-        """Sets the minimizer of all (or ``params``) parameters; see ``Model.set_minimizer``."""
+        """Sets the minimizer of all (or ``params``) parameters; see ``Model.set_minimizer``.
+
+        ``params`` makes those parameters one partition of the model's transformation
+        (every parameter set with one object is one partition), updated as a whole."""
+        if isinstance(minimizer, optax.MultiSteps):
+            minimizer = minimizer.gradient_transformation()
         if not isinstance(minimizer, optax.GradientTransformation):
             raise ModelError(
                 f"set_minimizer: expected an optax.GradientTransformation (e.g. "
-                f"fnnc.models.minimizers.sgd(0.1)), got {type(minimizer).__name__}"
+                f"fnnc.models.minimizers.sgd(0.1)) or optax.MultiSteps, got "
+                f"{type(minimizer).__name__}"
             )
         self._sync_live()
         if params is None:
@@ -354,24 +362,37 @@ class Engine:
         if not pids:
             return
         self._sync_live()
-        opts = [self.minimizer_of(p) for p in pids]
-        mins = Minimizers.of(opts)  # keyed by structure; hyper-parameters are inputs
+        mins = self.minimizers_of(pids)  # keyed by structure; hyper-parameters are inputs
         specs = tuple(Spec(self.infos[p].shape, self.infos[p].dtype) for p in pids)
 
         def make() -> Any:
             return apply_program(mins.transform(), pids, specs, self.parallel, mins.n_hyper)
 
         prog = self._compiled(("apply", tuple(pids), mins.key, specs), make)
-        states = tuple(self.store.get(p, o, self.values[p]) for p, o in zip(pids, opts))
         grads = [self.grads[p] for p in pids]
-        leaves = _owned(jax.tree.leaves(states), [self.values[p] for p in pids])
-        new_params, new_states = prog(grads, [*leaves, *mins.hyper_leaves()], self.values)
-        new_states = Minimizers.inner(new_states)
+        new_params, new_state = prog(grads, self._state_leaves(mins), self.values)
         for pid, value in zip(pids, new_params):
             self.values[pid] = value
-        for pid, opt, state in zip(pids, opts, new_states):
-            self.store.put(pid, opt, self.values[pid], state)
+        self._keep(mins, Minimizers.inner(new_state))
         self.grads.clear()
+
+    def minimizers_of(self, pids: Sequence[str]) -> Minimizers:
+        """The partitioned minimizer of parameters ``pids``."""
+        return Minimizers.of(pids, [self.minimizer_of(p) for p in pids])
+
+    def _state_leaves(self, mins: Minimizers) -> list[Any]:
+        """The optimizer-state leaves of a program for ``mins``: each partition's state
+        assembled from the store, then the hyper-parameters."""
+        states = tuple(
+            self.store.assemble(g.template, {p: self.values[p] for p in ids})
+            for g, ids in zip(mins.groups, mins.parts)
+        )
+        leaves = _owned(jax.tree.leaves(states), [self.values[p] for p in mins.pids])
+        return [*leaves, *mins.hyper_leaves()]
+
+    def _keep(self, mins: Minimizers, states: Sequence[Any]) -> None:
+        for ids, state in zip(mins.parts, states):
+            self.store.keep(state, ids)
 
     def fit(self, inputs: Sequence[Any], targets: Sequence[Any] = ()) -> Any:
         """One fused training step; returns the loss."""
@@ -386,15 +407,11 @@ class Engine:
             targets = self.parallel.batch(targets, where, "target")
         specs = self._check_inputs(inputs)
         checks.targets(self, specs, targets, "fit")  # NumPy labels only: no device sync
-        key, prog, opts = self._fit_program(specs, _specs(targets))
-        pids = prog.params
+        key, prog, mins = self._fit_program(specs, _specs(targets))
         live = self._live
         if live is None or live.key != key:
             self._sync_live()
-            states = tuple(self.store.get(p, o, self.values[p]) for p, o in zip(pids, opts))
-            leaves = _owned(jax.tree.leaves(states), [self.values[p] for p in pids])
-            leaves += Minimizers.of(opts).hyper_leaves()
-            live = _Live(key, prog.params, tuple(opts), prog.train, leaves)
+            live = _Live(key, mins, prog.train, self._state_leaves(mins))
         keys = self._keys(prog.feed.n_keys)
         scale = loss_scale.current(self, prog.n_scale)
         try:
@@ -406,18 +423,17 @@ class Engine:
         loss_scale.keep(self, scale)
         for pid, value in zip(prog.params, new_params):
             self.values[pid] = value
-        self._live = _Live(key, live.pids, live.opts, live.layout, new_state)
+        self._live = _Live(key, live.mins, live.layout, new_state)
         for pid, value in zip(prog.updates, updates):
             self.values[pid] = value
         return loss
 
     def _fit_program(
         self, specs: tuple[Spec, ...], target_specs: tuple[Spec, ...]
-    ) -> tuple[tuple[Any, ...], FitProgram, list[Any]]:
+    ) -> tuple[tuple[Any, ...], FitProgram, Minimizers]:
         """``(cache key, fit program, minimizers)`` for input and target specs."""
         pids = self.trainable()
-        opts = [self.minimizer_of(p) for p in pids]
-        mins = Minimizers.of(opts)  # keyed by structure; hyper-parameters are inputs
+        mins = self.minimizers_of(pids)  # keyed by structure; hyper-parameters are inputs
 
         def make() -> FitProgram:
             built = self._build(True, specs)
@@ -432,7 +448,7 @@ class Engine:
         key = ("fit", specs, target_specs, tuple(pids), mins.key, memory)
         prog: FitProgram = self._compiled(key, make)
         self._last_fit = prog
-        return key, prog, opts
+        return key, prog, mins
 
     def memory_plan(self, inputs: Sequence[Any] | None, targets: Sequence[Any]) -> MemoryPlan:
         """:func:`~fnnc.graph.memory_plan` of the fit program for ``inputs`` and
@@ -447,15 +463,15 @@ class Engine:
         return self._last_fit.program.memory_plan()  # with the step's donation
 
     def _sync_live(self) -> None:
-        """Writes the state of the running fit program back to the per-parameter store."""
+        """Writes the state of the running fit program back to the store."""
         live = self._live
         if live is None:
             return
-        for pid, opt, state in zip(live.pids, live.opts, live.states()):
-            self.store.put(pid, opt, self.values[pid], state)
+        self._keep(live.mins, live.states())
         self._live = None
 
     def optimizer_state(self, pid: str) -> dict[str, Any]:
-        """Every optimizer state kept for ``pid`` (by state structure)."""
+        """Every optimizer state kept for ``pid`` (by state structure), each the state
+        of its partition as ``pid`` sees it (:func:`fnnc.models.optim.view`)."""
         self._sync_live()
         return self._host(self.store.all_states(pid))

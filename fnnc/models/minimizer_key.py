@@ -25,10 +25,10 @@ with every input float replaced by a numbered placeholder. The probe runs once p
 structure and set of constants (later objects of that kind reuse its answer).
 
 In a program, the hyper-parameters ride as float32 scalar leaves at the end of the
-optimizer state (:class:`Minimizers`), as ``optax.inject_hyperparams`` carries them:
-the program passes them through unchanged. The per-parameter state kept by
-:class:`fnnc.models.optim.StateStore` never holds them (:meth:`Minimizers.inner`), so
-checkpoints and ``optimizer_state`` are the plain Optax states.
+optimizer state (:class:`fnnc.models.optim.Minimizers`), as ``optax.inject_hyperparams``
+carries them: the program passes them through unchanged. The partition states kept by
+:class:`fnnc.models.optim.StateStore` never hold them, so checkpoints and
+``optimizer_state`` are the plain Optax states.
 
 Numerics: a traced float32 rate is not weakly typed as a Python float is, so for a
 bfloat16 or float16 parameter the update is computed in float32; the new state is
@@ -38,6 +38,7 @@ cast back to its dtypes and the update to the parameter's dtype.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import types
@@ -52,7 +53,6 @@ from jax.extend.core import Literal
 
 from fnnc.errors import ModelError
 from fnnc.graph.dynamic.optim import behaviour
-from fnnc.models.optim import per_parameter
 
 _DEPTH = 12  # as deep as behaviour() looks
 _CACHE: dict[int, tuple[Any, Hyper]] = {}
@@ -100,6 +100,15 @@ def _walk(value: Any, put: Callable[[Any], Any], depth: int = 0, *, fill: bool =
 
     if isinstance(value, types.FunctionType):
         return _walk_function(value, walk, fill)
+    if isinstance(value, types.MethodType) and hasattr(value.__self__, "__dict__"):
+        # a transformation object's bound method (optax.MultiSteps): its attributes
+        # are its closure; a copy of the object carries the substituted numbers
+        attrs = walk(vars(value.__self__))
+        if attrs is vars(value.__self__):
+            return value
+        obj = copy.copy(value.__self__)
+        vars(obj).update(attrs)
+        return types.MethodType(value.__func__, obj)
     if isinstance(value, functools.partial):
         func, args, kw = walk((value.func, value.args, value.keywords))
         if func is value.func and args is value.args and kw is value.keywords:
@@ -235,7 +244,15 @@ def _settle(transform: Any) -> None:
 
 
 def _key(holed: Any) -> Hashable:
-    return (type(holed), behaviour(holed.init), behaviour(holed.update))
+    return (type(holed), behaviour(_plain(holed.init)), behaviour(_plain(holed.update)))
+
+
+def _plain(fn: Any) -> Any:
+    """A bound method as its function and its object's attributes (which ``behaviour``
+    reads by value), so equal objects give equal keys; anything else as it is."""
+    if isinstance(fn, types.MethodType) and hasattr(fn.__self__, "__dict__"):
+        return (fn.__func__, type(fn.__self__), vars(fn.__self__))
+    return fn
 
 
 def _known_mask(transform: Any, floats: Sequence[Any]) -> list[bool]:
@@ -346,81 +363,40 @@ def _scan(jaxpr: Any, pure: dict[Any, set[int]], rejected: set[int]) -> None:
                 if not isinstance(iv, Literal) and iv in sub:
                     pure[ov] = sub[iv]
             continue
+        if "branches" in eqn.params:  # lax.cond (optax.MultiSteps): operands after the index
+            _scan_branches(eqn, pure, rejected)
+            continue
+        nested = inner is not None or any(map(_holds_jaxpr, eqn.params.values()))
         hypers = set().union(*(pure.get(v, set()) for v in ins))
         if all(v in pure for v in ins):  # hyper-parameters and literals only
-            if eqn.primitive.name not in _EXACT or inner is not None:
+            if eqn.primitive.name not in _EXACT or nested:
                 rejected.update(hypers)
             for ov in eqn.outvars:
                 pure[ov] = hypers
-        elif inner is not None:  # control flow we do not follow
+        elif nested:  # control flow we do not follow (while, scan)
             rejected.update(hypers)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class Minimizers:
-    """The minimizers of a program's parameters, grouped by (structure, values).
+def _holds_jaxpr(param: Any) -> bool:
+    if isinstance(param, (tuple, list)):
+        return any(map(_holds_jaxpr, param))
+    return hasattr(param, "eqns") or hasattr(getattr(param, "jaxpr", None), "eqns")
 
-    Attributes:
-        key: the program key: the groups' structures and each parameter's group.
-        groups: one :class:`Hyper` per distinct minimizer (the first object met).
-        index: the group of each parameter.
-    """
 
-    key: Hashable
-    groups: tuple[Hyper, ...]
-    index: tuple[int, ...]
-
-    @staticmethod
-    def of(transforms: Sequence[optax.GradientTransformation]) -> Minimizers:
-        """The :class:`Minimizers` of one transformation per parameter."""
-        groups: list[Hyper] = []
-        where: dict[tuple[Hashable, tuple[float, ...]], int] = {}
-        index = []
-        for t in transforms:
-            h = split(t)
-            at = where.setdefault((h.key, h.values), len(groups))
-            if at == len(groups):
-                groups.append(h)
-            index.append(at)
-        key = (tuple(g.key for g in groups), tuple(index))
-        return Minimizers(key, tuple(groups), tuple(index))
-
-    @property
-    def n_hyper(self) -> int:
-        """The number of hyper-parameter leaves (the last leaves of the state)."""
-        return sum(len(g.values) for g in self.groups)
-
-    def hyper_leaves(self) -> list[Any]:
-        """The hyper-parameters as fresh float32 scalars (the program may donate them)."""
-        return [jnp.array(v, jnp.float32) for g in self.groups for v in g.values]
-
-    def transform(self) -> optax.GradientTransformation:
-        """One Optax transformation over the parameter list whose state is
-        ``(per-parameter states, hyper-parameters)``; ``update`` rebuilds each
-        minimizer from the hyper-parameters in its state and passes them on."""
-        groups, index = self.groups, self.index
-        sizes = [len(g.values) for g in groups]
-
-        def init(params: Sequence[Any]) -> tuple[Any, tuple[Any, ...]]:
-            inner = per_parameter([groups[i].template for i in index]).init(params)
-            return inner, tuple(self.hyper_leaves())
-
-        def update(grads: Sequence[Any], state: Any, params: Any = None) -> Any:
-            inner, hyper = state
-            built, at = [], 0
-            for g, n in zip(groups, sizes):
-                built.append(g.rebuild(hyper[at : at + n]) if n else g.template)
-                at += n
-            per = per_parameter([built[i] for i in index])
-            updates, new = per.update(grads, inner, params)
-            new = jax.tree.map(lambda a, b: a.astype(b.dtype), new, inner)
-            like = params if params is not None else grads
-            updates = [u.astype(p.dtype) for u, p in zip(updates, like)]
-            return updates, (new, hyper)
-
-        return optax.GradientTransformation(init, update)
-
-    @staticmethod
-    def inner(state: Any) -> Any:
-        """The per-parameter states of a :meth:`transform` state."""
-        return state[0]
+def _scan_branches(eqn: Any, pure: dict[Any, set[int]], rejected: set[int]) -> None:
+    """:func:`_scan` of each branch of a ``cond``; an output is pure if it is in some
+    branch (which rejects more, never less)."""
+    outs: dict[int, set[int]] = {}
+    for branch in eqn.params["branches"]:
+        jaxpr = getattr(branch, "jaxpr", branch)
+        sub = {
+            iv: pure[v]
+            for iv, v in zip(jaxpr.invars, eqn.invars[1:])
+            if not isinstance(v, Literal) and v in pure
+        }
+        _scan(jaxpr, sub, rejected)
+        for i, ov in enumerate(jaxpr.outvars):
+            if not isinstance(ov, Literal) and ov in sub:
+                outs.setdefault(i, set()).update(sub[ov])
+    for i, hypers in outs.items():
+        pure[eqn.outvars[i]] = hypers

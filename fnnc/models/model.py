@@ -151,6 +151,63 @@ class Model(ScaleMixin, Layer):
         ``requires_grad`` keeps what :meth:`backward` needs."""
         return self.engine.evaluate(_arrays(inputs), is_test=is_test, requires_grad=requires_grad)
 
+    def score(
+        self, data: Any, labels: Any = None, *, metrics: Any = None, batch_size: int = 256,
+        inputs: Any = None, targets: Any = None,
+    ) -> dict[str, float]:  # fmt: skip
+        """Loss and metrics on a labelled set in one call (Keras's ``evaluate(x, y)``;
+        ``evaluate`` here is NNC's forward pass): ``{"loss": ..., "accuracy": ...}``,
+        what ``train(validation=data)`` logs as ``val_loss``, ``val_accuracy``.
+
+        ``data`` is what ``validation=`` takes (``(x, y)``, a dataframe with columns
+        ``inputs``/``targets``, a Grain dataset), or ``x`` with ``labels``; ``metrics``
+        adds names, :class:`fnnc.models.metrics.Metric` objects or ``{"name": fn}``
+        (:mod:`fnnc.models.metrics`).
+
+        >>> import numpy as np, optax
+        >>> from fnnc.models import Dense, Input, Model
+        >>> x = Input()
+        >>> model = Model(x, Dense(3, name="fc")(x))
+        >>> model.compile(np.zeros((4, 2), np.float32), loss="softmax_crossentropy",
+        ...               minimizer=optax.sgd(0.1))
+        >>> sorted(model.score(np.ones((5, 2), np.float32), np.arange(5) % 3,
+        ...                    metrics=["top_2_accuracy"]))
+        ['loss', 'top_2_accuracy']
+        """
+        from fnnc.models.metrics import score
+
+        return score(
+            self, data, labels, metrics=metrics, batch_size=batch_size, inputs=inputs,
+            targets=targets,
+        )  # fmt: skip
+
+    def summary(self, inputs: Sequence[Any] | None = None, *, print_fn: Any = print) -> str:
+        """Prints (with ``print_fn``; ``None`` prints nothing) and returns a table of the
+        layers: output shapes, parameter ids, counts and bytes (Keras's ``summary``), for
+        the compiled input specs or ``inputs`` (arrays or specs);
+        see :mod:`fnnc.models.summary`."""
+        from fnnc.models.summary import summary
+
+        return summary(self, inputs, print_fn=print_fn)
+
+    def profile(
+        self, inputs: Sequence[Any] | Any, targets: Sequence[Any] | Any | None = None, *,
+        runs: int = 10, log_dir: str | None = None,
+    ) -> Any:  # fmt: skip
+        """Time per node and per command of the training step on this batch (given
+        ``targets``; it trains, as ``fit`` does) or of the forward pass, under
+        ``jax.profiler``: a :class:`fnnc.graph.profile.Profile` (print it for the
+        tables; :mod:`fnnc.models.profiling`)."""
+        from fnnc.models.profiling import profile_model
+
+        targets = None if targets is None else _arrays(targets)
+        return profile_model(self, _arrays(inputs), targets, runs=runs, log_dir=log_dir)
+
+    def __repr__(self) -> str:
+        from fnnc.models.summary import describe_model
+
+        return describe_model(self)
+
     def to_nnx(self, **options: Any) -> Any:
         """This compiled model as a Flax ``nnx.Module`` whose variables are its parameters
         by id (:class:`fnnc.models.FnncModule`; ``options`` go to it)."""
@@ -207,7 +264,12 @@ class Model(ScaleMixin, Layer):
     def set_minimizer(
         self, minimizer: Any, *, reset: bool = False, params: Sequence[str] | None = None
     ) -> None:
-        """Sets the minimizer of all (or some) parameters; state carries over unless ``reset``."""
+        """Sets the minimizer of all (or some) parameters; state carries over unless ``reset``.
+
+        The minimizer (an Optax transformation or ``optax.MultiSteps``) updates the dict
+        of trainable parameters ``{id: array}`` as a whole; ``params`` makes those ids a
+        partition that ``minimizer`` updates as a whole, as ``optax.multi_transform``
+        does (the ids set with one object are one partition); see :mod:`fnnc.models.optim`."""
         self.engine.set_minimizer(minimizer, reset=reset, params=params)
 
     # -- memory (NNC's ccv_cnnp_model_set_memory_* / _gradient_checkpointing) --------
@@ -273,38 +335,73 @@ class Model(ScaleMixin, Layer):
         (:meth:`fnnc.io.Checkpoints.restore_into` calls this)."""
         return checkpoint_state.restore_into(checkpoints, self, step)
 
-    def write(self, target: Any, *, name: str | None = None) -> None:
+    def write(
+        self,
+        target: Any,
+        *,
+        name: str | None = None,
+        format: str | None = None,  # noqa: A002 (the file format)
+        encoder: Any = None,
+    ) -> None:
         """Writes parameters (``<id>`` or ``__<name>__[<id>]``) and internals
         (``<id>(0)``) to an NNC tensor file, in one transaction (NNC's
-        ``ccv_cnnp_model_write``).
+        ``ccv_cnnp_model_write``), or to a safetensors file under the same names.
 
         Args:
-            target: a path or a :class:`fnnc.io.TensorFile`.
+            target: a path or an open :class:`fnnc.io.TensorFile` /
+                :class:`fnnc.io.SafetensorsFile`.
             name: the model name in the row names (``None`` for bare ids).
+            format: ``"nnc"`` or ``"safetensors"``; by default ``.safetensors`` paths
+                are safetensors, others NNC tensor files.
+            encoder: a codec for every row (NNC files only), e.g. ``"q8p"``, ``"ezm7"``
+                (:mod:`fnnc.io.nnc_codecs`); rows a codec declines are stored raw.
         """
-        from fnnc.io import write_parameters
+        from fnnc.models.weights import write_model
 
-        values = self.parameters()
-        infos = self.engine.infos
-        params = {k: v for k, v in values.items() if not infos[k].internal}
-        internals = {k: v for k, v in values.items() if infos[k].internal}
-        write_parameters(target, params, name=name, internals=internals)
+        write_model(self, target, name=name, format=format, encoder=encoder)
 
-    def read(self, source: Any, *, name: str | None = None, strict: bool = True) -> list[str]:
-        """Reads parameters written by :meth:`write` (or by NNC) into this compiled model.
+    def read(
+        self,
+        source: Any,
+        *,
+        name: str | None = None,
+        strict: bool = True,
+        format: str | None = None,  # noqa: A002 (the file format)
+        rename: Any = None,
+    ) -> list[str]:
+        """Reads parameters written by :meth:`write` (or by NNC, or a safetensors file)
+        into this compiled model.
 
-        Raises :class:`fnnc.errors.ParameterError` listing every missing or mis-shaped
-        parameter, unless ``strict=False``, which loads what matches and returns the ids
-        that did not.
+        ``format`` as in :meth:`write`. ``rename`` maps the file's names to this model's
+        row names (a dict, a JSON file of one, or a function; see
+        :mod:`fnnc.models.weights`), e.g. a Hugging Face checkpoint's ``"fc.weight"`` to
+        ``"t-fc-0-0"``. Raises :class:`fnnc.errors.ParameterError` listing every missing
+        or mis-shaped parameter, unless ``strict=False``, which loads what matches and
+        returns the ids that did not.
         """
-        from fnnc.io import read_parameters
+        from fnnc.models.weights import read_model
 
-        infos = self.engine.infos
-        expected = {k: (i.shape, i.dtype) for k, i in infos.items() if not i.internal}
-        internals = {k: (i.shape, i.dtype) for k, i in infos.items() if i.internal}
-        found = read_parameters(source, expected, name=name, internals=internals, strict=strict)
-        self.set_parameters({**found, **found.internals})
-        return [*found.missing, *(m if isinstance(m, str) else str(m) for m in found.mismatched)]
+        return read_model(self, source, name=name, strict=strict, format=format, rename=rename)
+
+    def export(
+        self,
+        path: Any = None,
+        *,
+        batch: str | None = "b",
+        parameters: str = "embedded",
+        inputs: Sequence[Any] | None = None,
+        platforms: Sequence[str] | None = None,
+    ) -> Any:
+        """Writes this compiled model's inference as a ``jax.export`` artifact that plain
+        JAX loads (``jax.export.deserialize``) and runs without fnnc, at any size of the
+        symbolic ``batch`` dimension; ``parameters="embedded"`` or ``"argument"`` (a
+        dict by id, the first argument). Returns the ``jax.export.Exported``; see
+        :mod:`fnnc.models.export`."""
+        from fnnc.models.export import export
+
+        return export(
+            self, path, batch=batch, parameters=parameters, inputs=inputs, platforms=platforms
+        )
 
     def train(
         self,
@@ -355,8 +452,9 @@ class Model(ScaleMixin, Layer):
                 batch's non-finite values if it had any). In-memory data is checked once
                 before the first step: NaN or infinity warns (``RuntimeWarning``), class
                 labels out of range raise (:mod:`fnnc.models.checks`).
-            progress: a tqdm bar (default: when stderr is a terminal; else one log line
-                per epoch on stderr). ``verbose=False``: neither.
+            progress: a tqdm bar per epoch that stays on screen with the epoch's
+                metrics (default: when stderr is a terminal; else one log line per
+                epoch on stderr; :mod:`fnnc.models.progress`). ``verbose=False``: neither.
 
         Returns:
             ``{"epoch": [...], "loss": [mean training loss], "val_loss": [...], ...}``,

@@ -1,50 +1,252 @@
-"""Per-parameter minimizers and the optimizer-state store that never silently resets.
+"""A cnnp model's minimizer: one Optax transformation over the parameter dict.
 
-NNC applies a minimizer per parameter, and so does a cnnp model here: the update is
-one Optax transformation made of one transformation per trainable parameter
-(:func:`per_parameter`). The state of each parameter is kept in :class:`StateStore`
-under the *structure* of the state it belongs to (tree and leaf shapes), so:
+A model trains its trainable parameters as one pytree, ``{parameter id: array}``, and
+its minimizer is one Optax transformation over that dict, as Optax users apply one:
+``optax.clip_by_global_norm`` clips by the norm of every gradient together,
+``optax.MultiSteps`` and ``optax.inject_hyperparams`` wrap the whole update.
+
+NNC's per-parameter ``set_minimizer(opt, params=[...])`` partitions the dict the
+``optax.multi_transform`` way (:func:`partitioned`): the parameters set with one
+transformation object form one partition, the rest keep the model's minimizer, and each
+transformation updates the sub-dict of its partition as a whole (a clip in one
+partition sees that partition's norm). Per-element rules (SGD, Adam, NNC's
+:mod:`~fnnc.models.minimizers`) give on a dict what they give per parameter, so NNC's
+per-parameter semantics hold. :class:`Minimizers` is that transformation for a
+program, with the numbers of each partition's minimizer as program inputs
+(:mod:`fnnc.models.minimizer_key`), so a new learning rate compiles nothing.
+
+State views: the state of a partition, seen from one parameter (:func:`view`), is that
+state with every dict keyed by parameter ids (Adam's ``mu``) cut down to the
+parameter's entry; the leaves of the partition as a whole (a step count, MultiSteps'
+counters, injected hyper-parameters) are in every parameter's view. :class:`StateStore`
+keeps views per parameter id and view structure (tree and leaf shapes), so:
 
 * switching minimizers keeps every parameter's state whose structure still matches
-  (Adam -> Adam with another rate keeps the moments);
-* switching to a minimizer of another structure (a no-op, SGD) sets Adam's state
-  aside, and switching back finds it again: NNC's "evaluate; new batch size; set Adam;
-  evaluate with input gradients; set a no-op; repeat" keeps Adam's moments;
+  (Adam -> Adam with another rate keeps the moments); switching to another structure
+  (a no-op, SGD) sets the state aside and switching back finds it: NNC's "evaluate;
+  new batch size; set Adam; evaluate with input gradients; set a no-op; repeat" keeps
+  Adam's moments;
+* repartitioning keeps each parameter's own leaves; a partition's shared leaves come
+  from its first parameter (in model order) that holds a view of that structure, so
+  ``set_minimizer(opt, params=..., reset=True)`` restarts those parameters' own leaves
+  and, in a partition of their own, its step count too;
+* hyper-parameters injected with ``optax.inject_hyperparams`` follow the
+  transformation as set (a new rate takes effect; DynamicGraph does the same);
 * recompiling for a new batch size or for input gradients never touches the store.
 
-A consequence of per-parameter updates: a transformation that couples parameters
-(``optax.clip_by_global_norm``) sees one parameter at a time in a cnnp model. Use the
-graph-level :func:`fnnc.graph.minimize` for such global transformations.
+Checkpoints write each parameter's view under its id (:mod:`fnnc.models.checkpoint_state`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
-from fnnc.ops.optimizer import state_structure as structure
+from fnnc.errors import ModelError
+from fnnc.models.minimizer_key import Hyper, split
+
+SHARED = ""
+"""The owner of a leaf that belongs to a partition as a whole (:func:`owners`)."""
 
 
-def per_parameter(
-    transforms: Sequence[optax.GradientTransformation],
+def partitioned(
+    transforms: Sequence[optax.GradientTransformation], parts: Sequence[Sequence[str]]
 ) -> optax.GradientTransformation:
-    """One Optax transformation applying ``transforms[i]`` to parameter ``i`` of a list."""
-    transforms = tuple(transforms)
+    """One transformation over a dict of parameters: ``transforms[i]`` updates the
+    sub-dict of the ids ``parts[i]``, its whole partition at once.
 
-    def init(params: Sequence[Any]) -> tuple[Any, ...]:
-        return tuple(t.init(p) for t, p in zip(transforms, params))
+    This is ``optax.multi_transform`` with the labels given as partitions, except that
+    each transformation gets its sub-dict itself (``multi_transform`` passes the whole
+    dict with ``optax.MaskedNode`` placeholders, which have no leaves: the same
+    numbers), so a partition's state is that transformation's plain state. The state is
+    the tuple of the partitions' states.
 
-    def update(grads: Sequence[Any], state: Sequence[Any], params: Sequence[Any] | None = None):
-        params = params if params is not None else [None] * len(transforms)
-        pairs = [t.update(g, s, p) for t, g, s, p in zip(transforms, grads, state, params)]
-        return [u for u, _ in pairs], tuple(s for _, s in pairs)
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> tx = partitioned([optax.clip_by_global_norm(1.0), optax.sgd(1.0)], [["a", "b"], ["c"]])
+        >>> g = {"a": jnp.array([3.0]), "b": jnp.array([4.0]), "c": jnp.array([10.0])}
+        >>> updates, _ = tx.update(g, tx.init(g))
+        >>> [float(updates[k][0]) for k in "abc"]  # a and b clipped together, c not clipped
+        [0.6000000238418579, 0.800000011920929, -10.0]
+    """
+    transforms, parts = tuple(transforms), tuple(tuple(p) for p in parts)
+
+    def init(params: Mapping[str, Any]) -> tuple[Any, ...]:
+        states = []
+        for t, ids in zip(transforms, parts):
+            try:
+                states.append(t.init({p: params[p] for p in ids}))
+            except (TypeError, ValueError, KeyError) as e:
+                raise ModelError(
+                    f"minimizer {t!r:.60}: its init failed on the parameters {list(ids)} "
+                    f"({type(e).__name__}: {str(e)[:300]}); a model's minimizer updates "
+                    "the dict {parameter id: array} of its partition, so masks and labels "
+                    "must be trees of that dict (keyed by these ids) or callables of it"
+                ) from e
+        return tuple(states)
+
+    def update(grads: Mapping[str, Any], state: Sequence[Any], params: Any = None) -> Any:
+        updates: dict[str, Any] = {}
+        new = []
+        for t, ids, s in zip(transforms, parts, state):
+            sub = None if params is None else {p: params[p] for p in ids}
+            u, s = t.update({p: grads[p] for p in ids}, s, sub)
+            updates.update(u)
+            new.append(s)
+        return {p: updates[p] for p in grads}, tuple(new)
 
     return optax.GradientTransformation(init, update)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Minimizers:
+    """The minimizer of a program's parameters: their partitions, one per
+    transformation object (:func:`fnnc.models.optim.partitioned`).
+
+    Attributes:
+        key: the program key: the partitions' structures and each parameter's partition.
+        groups: one :class:`Hyper` per partition, in order of first appearance.
+        parts: the parameter ids of each partition, in the program's order.
+        pids: every parameter id, in the program's order.
+    """
+
+    key: Hashable
+    groups: tuple[Hyper, ...]
+    parts: tuple[tuple[str, ...], ...]
+    pids: tuple[str, ...]
+
+    @staticmethod
+    def of(pids: Sequence[str], transforms: Sequence[optax.GradientTransformation]) -> Minimizers:
+        """The :class:`Minimizers` of parameters ``pids`` with minimizers ``transforms``
+        (one per parameter; the same object for every parameter of a partition)."""
+        groups: list[Hyper] = []
+        parts: list[list[str]] = []
+        where: dict[int, int] = {}
+        for pid, t in zip(pids, transforms):
+            at = where.setdefault(id(t), len(groups))
+            if at == len(groups):
+                groups.append(split(t))
+                parts.append([])
+            parts[at].append(pid)
+        index = tuple(where[id(t)] for t in transforms)
+        key = (tuple(g.key for g in groups), index)
+        return Minimizers(key, tuple(groups), tuple(map(tuple, parts)), tuple(pids))
+
+    @property
+    def n_hyper(self) -> int:
+        """The number of hyper-parameter leaves (the last leaves of the state)."""
+        return sum(len(g.values) for g in self.groups)
+
+    def hyper_leaves(self) -> list[Any]:
+        """The hyper-parameters as fresh float32 scalars (the program may donate them)."""
+        return [jnp.array(v, jnp.float32) for g in self.groups for v in g.values]
+
+    def transform(self) -> optax.GradientTransformation:
+        """One Optax transformation over the parameter list (in ``pids`` order, as the
+        ``optax_update`` command passes it) whose state is ``(partition states,
+        hyper-parameters)``; ``update`` rebuilds each partition's minimizer from the
+        hyper-parameters in its state, applies it to its partition's dict and passes
+        the hyper-parameters on."""
+        groups, parts, pids = self.groups, self.parts, self.pids
+        sizes = [len(g.values) for g in groups]
+
+        def init(params: Sequence[Any]) -> tuple[Any, tuple[Any, ...]]:
+            inner = partitioned([g.template for g in groups], parts).init(dict(zip(pids, params)))
+            return inner, tuple(self.hyper_leaves())
+
+        def update(grads: Sequence[Any], state: Any, params: Any = None) -> Any:
+            inner, hyper = state
+            built, at = [], 0
+            for g, n in zip(groups, sizes):
+                built.append(g.rebuild(hyper[at : at + n]) if n else g.template)
+                at += n
+            tree = None if params is None else dict(zip(pids, params))
+            updates, new = partitioned(built, parts).update(dict(zip(pids, grads)), inner, tree)
+            new = jax.tree.map(lambda a, b: a.astype(b.dtype), new, inner)
+            like = params if params is not None else grads
+            return [updates[p].astype(x.dtype) for p, x in zip(pids, like)], (new, hyper)
+
+        return optax.GradientTransformation(init, update)
+
+    @staticmethod
+    def inner(state: Any) -> Any:
+        """The partition states of a :meth:`transform` state."""
+        return state[0]
+
+
+def _children(tree: Any) -> tuple[list[Any], Any] | None:
+    """The children of ``tree``'s top node and its treedef, or None for a leaf."""
+    children, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is not tree)
+    if treedef.num_nodes == 1 and treedef.num_leaves == 1:
+        return None
+    return children, treedef
+
+
+def _by_parameter(node: Any, pids: Collection[str]) -> bool:
+    """Whether ``node`` is a dict keyed by parameter ids (a per-parameter part of a state)."""
+    return isinstance(node, dict) and bool(node) and all(k in pids for k in node)
+
+
+def view(state: Any, pid: str, pids: Collection[str]) -> Any:
+    """``state`` (of a partition holding ``pids``) as parameter ``pid`` sees it: every
+    dict keyed by parameter ids keeps ``pid``'s entry only; the rest is kept whole.
+
+    >>> import jax.numpy as jnp, optax
+    >>> state = optax.adam(0.1).init({"a": jnp.zeros(2), "b": jnp.zeros(3)})
+    >>> view(state, "b", {"a", "b"})[0].mu
+    {'b': Array([0., 0., 0.], dtype=float32)}
+    """
+    if _by_parameter(state, pids):
+        return {pid: state[pid]} if pid in state else {}
+    split = _children(state)
+    if split is None:
+        return state
+    children, treedef = split
+    return treedef.unflatten([view(c, pid, pids) for c in children])
+
+
+def owners(state: Any, pids: Collection[str], owner: str = SHARED) -> list[str]:
+    """Per leaf of ``state`` (in ``jax.tree.leaves`` order), the parameter id it
+    belongs to, or :data:`SHARED` for a leaf of the partition as a whole."""
+    if _by_parameter(state, pids):
+        return [o for k in sorted(state) for o in owners(state[k], pids, k)]
+    split = _children(state)
+    if split is None:
+        return [owner]
+    return [o for c in split[0] for o in owners(c, pids, owner)]
+
+
+def structure(tree: Any) -> str:
+    """A key for the structure of a state (view): its tree and leaf shapes and dtypes."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return f"{treedef}|{[(tuple(np.shape(x)), str(x.dtype)) for x in leaves]}"
+
+
+def _paths(tree: Any) -> list[str]:
+    return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _by_path(tree: Any) -> dict[str, Any]:
+    return dict(zip(_paths(tree), jax.tree.leaves(tree)))
+
+
+def _injected(path: str) -> bool:
+    """Whether a leaf at ``path`` is a hyper-parameter of ``optax.inject_hyperparams``."""
+    return ".hyperparams[" in path
+
+
+def views_like(transform: Any, specs: Mapping[str, Any]) -> dict[str, Any]:
+    """Each parameter's view (of ``jax.ShapeDtypeStruct`` leaves) of ``transform``'s
+    state over the parameters ``specs`` (id -> spec): the templates checkpoints restore."""
+    shapes = jax.eval_shape(transform.init, dict(specs))
+    return {p: view(shapes, p, specs) for p in specs}
 
 
 @functools.lru_cache(maxsize=1024)
@@ -63,29 +265,85 @@ def is_noop(transform: optax.GradientTransformation) -> bool:
 
 
 class StateStore:
-    """Optimizer state per parameter id and state structure."""
+    """Optimizer state views per parameter id and view structure (see module doc)."""
 
     def __init__(self) -> None:
-        self._states: dict[str, dict[str, Any]] = {}
+        self._views: dict[str, dict[str, Any]] = {}
+        self._shapes: dict[Any, tuple[Any, Any]] = {}  # (id, specs) -> (transform, shapes)
 
-    def get(self, pid: str, transform: optax.GradientTransformation, value: Any) -> Any:
-        """The state of ``pid`` for ``transform``: kept if one of this structure exists."""
-        key = structure(transform, jax.ShapeDtypeStruct(value.shape, value.dtype))
-        slot = self._states.setdefault(pid, {})
-        if key not in slot:
-            slot[key] = transform.init(value)
-        return slot[key]
+    def _shapes_of(self, transform: Any, values: Mapping[str, Any]) -> Any:
+        """``jax.eval_shape`` of ``transform.init`` over ``values``, cached per object and
+        parameter specs (tracing the init of hundreds of parameters takes a while)."""
+        key = (id(transform), tuple((p, np.shape(v), str(v.dtype)) for p, v in values.items()))
+        got = self._shapes.get(key)
+        if got is None or got[0] is not transform:
+            if len(self._shapes) > 64:
+                self._shapes.clear()
+            got = self._shapes[key] = (transform, jax.eval_shape(transform.init, dict(values)))
+        return got[1]
 
-    def put(
-        self, pid: str, transform: optax.GradientTransformation, value: Any, state: Any
-    ) -> None:
-        key = structure(transform, jax.ShapeDtypeStruct(value.shape, value.dtype))
-        self._states.setdefault(pid, {})[key] = state
+    def find(self, pid: str, like: Any) -> Any:
+        """The kept view of ``pid`` with the structure of ``like``, or None."""
+        return self._views.get(pid, {}).get(structure(like))
+
+    def put(self, pid: str, value: Any) -> None:
+        """Keeps ``value``, a view of ``pid``, under its structure."""
+        self._views.setdefault(pid, {})[structure(value)] = value
+
+    def keep(self, state: Any, pids: Sequence[str]) -> None:
+        """Keeps the views of a partition's ``state`` for each of its ``pids``."""
+        members = frozenset(pids)
+        for pid in pids:
+            self.put(pid, view(state, pid, members))
+
+    def assemble(self, transform: Any, values: Mapping[str, Any]) -> Any:
+        """``transform``'s state over ``values`` (id -> parameter) from the kept views:
+        each parameter's own leaves from its view, the shared ones from the first
+        parameter holding a view, injected hyper-parameters and the rest from
+        ``transform.init`` (run only when some leaf needs it)."""
+        shapes = self._shapes_of(transform, values)
+        pids = frozenset(values)
+        found = {p: self.find(p, view(shapes, p, pids)) for p in values}
+        kept = {p: _by_path(v) for p, v in found.items() if v is not None}
+        donor = next(iter(kept), None)
+        flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+        leaves: list[Any] = []
+        for (path, _), owner in zip(flat, owners(shapes, pids)):
+            name = jax.tree_util.keystr(path)
+            source = kept.get(owner if owner != SHARED else donor)
+            fresh = source is None or (owner == SHARED and _injected(name))
+            leaves.append(None if fresh else source[name])
+        if any(leaf is None for leaf in leaves):
+            init = jax.tree.leaves(transform.init(dict(values)))
+            leaves = [new if leaf is None else leaf for leaf, new in zip(leaves, init)]
+        return treedef.unflatten(leaves)
 
     def reset(self, pids: Sequence[str] | None = None) -> None:
-        for pid in list(self._states) if pids is None else pids:
-            self._states.pop(pid, None)
+        for pid in list(self._views) if pids is None else pids:
+            self._views.pop(pid, None)
 
     def all_states(self, pid: str) -> dict[str, Any]:
-        """Every stored state of ``pid`` by structure (for checkpoints and tests)."""
-        return dict(self._states.get(pid, {}))
+        """Every kept view of ``pid`` by structure (for checkpoints and tests)."""
+        return dict(self._views.get(pid, {}))
+
+
+def disagreements(views: Mapping[str, Any]) -> list[str]:
+    """The shared leaves on which the ``views`` (id -> view) of one partition differ, as
+    ``"<path>: <id> holds ..., <id> holds ..."`` lines (none when they agree)."""
+    pids = frozenset(views)
+    seen: dict[str, tuple[str, Any]] = {}
+    lines = []
+    for pid, v in views.items():
+        paths, leaves = _paths(v), jax.tree.leaves(v)
+        for name, leaf, owner in zip(paths, leaves, owners(v, pids)):
+            if owner != SHARED:
+                continue
+            first = seen.setdefault(name, (pid, leaf))
+            if first[0] != pid and not np.array_equal(np.asarray(first[1]), np.asarray(leaf)):
+                lines.append(f"{name}: {first[0]} holds {_brief(first[1])}, {pid} {_brief(leaf)}")
+    return lines
+
+
+def _brief(x: Any) -> str:
+    a = np.asarray(x)
+    return str(a.tolist()) if a.size <= 4 else f"{a.dtype}{list(a.shape)}"

@@ -36,10 +36,10 @@ import numpy as np
 from fnnc.errors import ModelError, NumericsError
 from fnnc.models import batches as feed
 from fnnc.models import checks
+from fnnc.models import metrics as metrics_
 from fnnc.models.callbacks import Callback
+from fnnc.models.progress import EpochLines
 from fnnc.models.validation import outputs_and_targets, validation_batches
-
-CLASSIFICATION = ("softmax_crossentropy", "categorical_crossentropy")
 
 
 @dataclasses.dataclass
@@ -90,12 +90,9 @@ def train(
     measure = _metrics(model, metrics, validation, (inputs, targets))
     history: dict[str, list[float]] = {"epoch": [], "loss": []}
     loop = TrainLoop(model, prog, history, len(source), target)
-    bar = None
-    if verbose and (sys.stderr.isatty() if progress is None else progress):
-        from tqdm import tqdm
-
-        total = max(target - prog.epoch, 0) * len(source) - prog.batch
-        bar = tqdm(total=max(total, 0), unit="step", dynamic_ncols=True)
+    lines = None
+    if verbose:
+        lines = EpochLines(target, bars=sys.stderr.isatty() if progress is None else progress)
     for cb in callbacks:
         cb.on_train_begin(loop)
     try:
@@ -106,7 +103,9 @@ def train(
         check = None if in_memory or model.engine.parallel else _label_check(model)
         checks.trust_labels(model.engine, in_memory or check is not None)
         while prog.epoch < target and not loop.stop:
-            epoch, started, losses = prog.epoch, time.perf_counter(), []
+            epoch, started = prog.epoch, time.perf_counter()
+            if lines is not None:
+                lines.begin(epoch, len(source), prog.batch)
             saved = prog.data() if callable(prog.data) else prog.data
             batches = source.epoch(epoch, prog.batch, saved)
             ahead = _read_ahead(batches, check)
@@ -128,9 +127,9 @@ def train(
                 if stop_on_nan and not math.isfinite(value):
                     note = checks.batch_note(inputs_b, targets_b)
                     raise _nan_error(value, prog, callbacks, resume, note)
-                losses.append(value)
-                if bar is not None:
-                    bar.update(1)
+                prog.add_loss(value)  # kept in checkpoints: a resumed epoch's mean is whole
+                if lines is not None:
+                    lines.step()
                 for cb in callbacks:
                     cb.on_step_end(loop, prog.step, value)
                 if loop.stop:
@@ -138,18 +137,23 @@ def train(
             batches.close()
             if prog.batch < len(source):  # stopped inside the epoch
                 break
+            mean_loss = prog.mean_loss()
             prog.next_epoch()
-            logs = {"loss": float(np.mean(losses)) if losses else math.nan, **measure()}
+            logs = {"loss": mean_loss, **measure()}
             history["epoch"].append(epoch + 1)
             for key, value in logs.items():
                 history.setdefault(key, []).append(value)
-            _report(bar, verbose, epoch, target, logs, time.perf_counter() - started)
+            if lines is not None:
+                lines.end(logs, time.perf_counter() - started)
             for cb in callbacks:
                 cb.on_epoch_end(loop, epoch, logs)
+            for key, value in logs.items():  # added by a callback (LearningRate's "lr")
+                if len(history.setdefault(key, [])) < len(history["epoch"]):
+                    history[key].append(value)
     finally:
         checks.trust_labels(model.engine, False)
-        if bar is not None:
-            bar.close()
+        if lines is not None:
+            lines.close()
         for cb in callbacks:
             cb.on_train_end(loop)
     return history
@@ -228,62 +232,24 @@ def _nan_error(
     )
 
 
-def _report(
-    bar: Any, verbose: bool, epoch: int, target: int, logs: dict[str, float], seconds: float
-) -> None:
-    text = ", ".join(f"{k} {v:.4f}" for k, v in logs.items())
-    if bar is not None:
-        bar.set_postfix({"epoch": epoch + 1, **{k: f"{v:.4f}" for k, v in logs.items()}})
-    elif verbose:
-        print(f"epoch {epoch + 1}/{target}: {text} ({seconds:.1f} s)", file=sys.stderr, flush=True)
-
-
-# -- metrics --------------------------------------------------------------------------
+# -- metrics (fnnc.models.metrics) ----------------------------------------------------
 def accuracy(outputs: Any, targets: Any) -> float:
     """Top-1 accuracy of ``outputs`` (logits) against integer labels, or one-hot or soft
     targets (mixup) of the outputs' shape, whose argmax is the label."""
-    outputs, targets = np.asarray(outputs), np.asarray(targets)
-    if targets.shape == outputs.shape and outputs.ndim >= 1:
-        targets = np.argmax(targets, axis=-1)
-    predicted = np.argmax(outputs, axis=-1)
-    return float(np.mean(predicted.reshape(-1) == targets.reshape(-1)))
+    return metrics_.Accuracy()(None, [outputs], [targets])
 
 
 def loss_value(model: Any, outputs: list[Any], targets: list[Any]) -> float:
     """The compiled loss of ``outputs`` against ``targets`` (a batch mean), run eagerly."""
-    from fnnc.models import losses
-
-    loss = model.engine.loss
-    if loss is None:
-        return float(np.mean(np.asarray(outputs[0])))
-    if isinstance(loss, str):
-        if isinstance(targets[0], np.ndarray):
-            checks.labels(loss, np.shape(outputs[0]), targets[0], "train validation")
-        out = losses._COMMANDS[loss]()(outputs[0], targets[0])
-        return float(np.mean(np.asarray(out[0] if isinstance(out, tuple) else out)))
-    return float(loss(list(outputs), list(targets)))
+    return metrics_.MeanLoss()(model, outputs, targets)
 
 
 def _metrics(model: Any, metrics: Any, validation: Any, columns: Any) -> Callable[[], dict]:
     """A function giving the epoch's validation metrics (``val_loss``, ``val_accuracy``
-    for a classification loss or when asked, and each user metric ``val_<name>``) over
+    for a classification loss or when asked, and each other metric ``val_<name>``) over
     ``validation`` (arrays, a dataframe with ``columns = (inputs, targets)`` names, or a
-    Grain dataset: :mod:`fnnc.models.validation`)."""
-    fns: dict[str, Callable[..., Any]] = {}
-    if model.engine.loss in CLASSIFICATION and (metrics is None or isinstance(metrics, Mapping)):
-        fns["accuracy"] = accuracy
-    if metrics is None:
-        pass
-    elif isinstance(metrics, Mapping):
-        fns.update(metrics)
-    else:
-        for name in metrics:
-            if name != "accuracy":
-                raise ModelError(
-                    f"train: unknown metric {name!r}; pass metrics={{'name': fn(outputs, "
-                    "targets)}} for your own"
-                )
-            fns["accuracy"] = accuracy
+    Grain dataset: :mod:`fnnc.models.validation`), measured as ``Model.score`` does."""
+    found = metrics_.resolve(model, metrics, "train")
     if validation is None:
         if metrics:
             raise ModelError(
@@ -294,10 +260,8 @@ def _metrics(model: Any, metrics: Any, validation: Any, columns: Any) -> Callabl
 
     def measure() -> dict[str, float]:
         outs, val_targets = outputs_and_targets(model, read)
-        logs = {"val_loss": loss_value(model, outs, val_targets)}
-        for name, fn in fns.items():
-            logs[f"val_{name}"] = float(fn(outs[0], val_targets[0]))
-        return logs
+        values = metrics_.measure(model, outs, val_targets, found)
+        return {f"val_{name}": value for name, value in values.items()}
 
     return measure
 

@@ -86,6 +86,10 @@ from fnnc.ops.elementwise import select as select
 from fnnc.ops.elementwise import stop_gradient as stop_gradient
 from fnnc.ops.embedding import embedding as embedding
 from fnnc.ops.fused import fused_elementwise as fused_elementwise
+from fnnc.ops.gated import rmsnorm_gated as rmsnorm_gated
+from fnnc.ops.gated import segmented_swiglu as segmented_swiglu
+from fnnc.ops.gated import swiglu as swiglu
+from fnnc.ops.gated import swish_mul as swish_mul
 from fnnc.ops.linear_crossentropy import (
     linear_softmax_crossentropy as linear_softmax_crossentropy,
 )
@@ -98,6 +102,9 @@ from fnnc.ops.loss import softmax_crossentropy as softmax_crossentropy
 from fnnc.ops.memory import lssc_compress as lssc_compress
 from fnnc.ops.memory import lssc_decompress as lssc_decompress
 from fnnc.ops.memory import optimization_barrier as optimization_barrier
+from fnnc.ops.moe import comm_all_to_all as comm_all_to_all
+from fnnc.ops.moe import moe_routing as moe_routing
+from fnnc.ops.moe import segmented_gemm as segmented_gemm
 from fnnc.ops.norm import batch_norm as batch_norm
 from fnnc.ops.norm import group_norm as group_norm
 from fnnc.ops.norm import layer_norm as layer_norm
@@ -108,9 +115,13 @@ from fnnc.ops.pool import max_pool as max_pool
 from fnnc.ops.pool import sum_pool as sum_pool
 from fnnc.ops.primitive import exported as exported
 from fnnc.ops.primitive import primitive as primitive
+from fnnc.ops.quantize import conform_data_format as conform_data_format
+from fnnc.ops.quantize import walsh_hadamard_transform as walsh_hadamard_transform
 from fnnc.ops.random import dropout as dropout
 from fnnc.ops.random import random_normal as random_normal
 from fnnc.ops.random import random_uniform as random_uniform
+from fnnc.ops.recurrent import gated_delta as gated_delta
+from fnnc.ops.recurrent import hyper_connection as hyper_connection
 from fnnc.ops.reduce import argmax as argmax
 from fnnc.ops.reduce import argmin as argmin
 from fnnc.ops.reduce import reduce_isnan as reduce_isnan
@@ -120,5 +131,28 @@ from fnnc.ops.reduce import reduce_min as reduce_min
 from fnnc.ops.reduce import reduce_norm2 as reduce_norm2
 from fnnc.ops.reduce import reduce_sum as reduce_sum
 from fnnc.ops.rnn import lstm as lstm
+from fnnc.ops.rope import cmul as cmul
+from fnnc.ops.rope import rmsnorm_cmul as rmsnorm_cmul
+from fnnc.ops.rope import rotate_half as rotate_half
 from fnnc.ops.scan import scan as scan
+from fnnc.ops.sorting import partition as partition
+from fnnc.ops.sorting import scatter_add as scatter_add
+from fnnc.ops.sorting import sort as sort
+from fnnc.ops.sorting import unique_consecutive as unique_consecutive
+from fnnc.ops.sparse_attention import (
+    scaled_dot_product_arg_partition as scaled_dot_product_arg_partition,
+)
+from fnnc.ops.sparse_attention import sol_attention as sol_attention
+from fnnc.ops.sparse_attention import sparse_indexed_attention as sparse_indexed_attention
+from fnnc.ops.statistics import gumbel_argmax as gumbel_argmax
+from fnnc.ops.statistics import histogram as histogram
+from fnnc.ops.transcendental import ewcos as ewcos
+from fnnc.ops.transcendental import ewpow as ewpow
+from fnnc.ops.transcendental import ewsin as ewsin
+from fnnc.ops.transcendental import fill_if_less_than as fill_if_less_than
+from fnnc.ops.transcendental import reduce_logsumexp as reduce_logsumexp
+from fnnc.ops.transcendental import signed_sqrt as signed_sqrt
 from fnnc.ops.upsample import upsample as upsample
+from fnnc.ops.vision import grid_sample as grid_sample
+from fnnc.ops.vision import nms as nms
+from fnnc.ops.vision import roi_align as roi_align

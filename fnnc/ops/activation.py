@@ -107,16 +107,19 @@ def _tanh_backward(grads, inputs, outputs):
 
 
 @defcommand(family="activation", shape=_float_rule("swish"), uses=INPUT_ONLY, elementwise=True)
-def swish(x):
-    """``x * sigmoid(x)`` (SiLU)."""
-    return x * jax.nn.sigmoid(x)
+def swish(x, *, beta=1.0):
+    """``x * sigmoid(beta * x)``; SiLU at NNC's default ``beta=1`` (``CMD_SWISH_FORWARD``)."""
+    if beta == 1.0:
+        return x * jax.nn.sigmoid(x)
+    return x * jax.nn.sigmoid(x * jnp.asarray(beta, x.dtype))
 
 
 @swish.backward
-def _swish_backward(grads, inputs, outputs):
+def _swish_backward(grads, inputs, outputs, *, beta):
     (g,), (x,) = grads, inputs
-    s = jax.nn.sigmoid(x)
-    return (g * s * (1 + x * (1 - s)),)
+    bx = x if beta == 1.0 else x * jnp.asarray(beta, x.dtype)
+    s = jax.nn.sigmoid(bx)
+    return (g * s * (1 + bx * (1 - s)),)
 
 
 _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)

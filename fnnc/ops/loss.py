@@ -6,7 +6,8 @@ convention). The cross-entropies reduce the last (class) axis: ``[..., C] -> [..
 
 Class labels (softmax and categorical cross-entropy) are either class indices shaped
 ``[...]`` or ``[..., 1]`` (integers, or floats rounded to the nearest class as NNC
-does), or per-class float targets shaped like the scores. Index labels become the
+does; ``[N]`` also fits scores ``[N, 1, ..., 1, C]``, NNC taking dimension 0 as the
+batch), or per-class float targets shaped like the scores. Index labels become the
 targets ``trim1`` at the label and ``trim0`` elsewhere: NNC's label smoothing
 (``CMD_SOFTMAX_CROSSENTROPY_FORWARD(trim0, trim1)``); float targets ignore the trims.
 Sources: ``lib/nnc/cmd/softmax_loss/ccv_nnc_softmax_crossentropy_cpu_ref.c``,
@@ -38,11 +39,23 @@ def _label_kind(name: str, x, label) -> str:
         )
     if _is_target(label, x.shape):
         return "target"
-    if shape in (lead, (*lead, 1)):
+    if shape in (lead, (*lead, 1)) or _batch_label(x.shape, shape):
         return "index"
     fail(
         f"{name}: label {show(label)} does not fit scores {show(x)}: expected class indices "
-        f"shaped {list(lead)} or {[*lead, 1]}, or float targets shaped {list(x.shape)}"
+        f"shaped {list(lead)} or {[*lead, 1]} (or [N] for scores [N, 1, ..., 1, C], NNC's "
+        f"batch-first rule), or float targets shaped {list(x.shape)}"
+    )
+
+
+def _batch_label(scores, shape) -> bool:
+    """NNC's rule: dimension 0 is the batch, so ``[N]`` (or ``[N, 1]``) labels fit scores
+    ``[N, 1, ..., 1, C]``, whose axes between the batch and the classes have size 1."""
+    scores, shape = tuple(scores), tuple(shape)
+    return (
+        len(scores) > 2
+        and all(n == 1 for n in scores[1:-1])
+        and shape in ((scores[0],), (scores[0], 1))
     )
 
 

@@ -123,9 +123,16 @@ def _constants() -> tuple[jax.Array, ...]:
     return lax.optimization_barrier(tuple(jnp.asarray(_F32(v)) for v in (2, 3, 6, 7)))
 
 
+def _to_f16(x: jax.Array) -> jax.Array:
+    """``x`` rounded to float16, a rounding XLA must keep: XLA:GPU removes a float32 ->
+    float16 -> float32 round trip as excess precision (``xla_allow_excess_precision``),
+    which the barrier between the two conversions prevents."""
+    return lax.optimization_barrier(x.astype(_F16))
+
+
 def _f16_toward_zero(x: jax.Array) -> jax.Array:
     """float32 -> float16 truncating toward zero, as ccv_float_to_half_precision."""
-    r = x.astype(_F16)
+    r = _to_f16(x)
     bits = lax.bitcast_convert_type(r, _U16)
     away = jnp.abs(r.astype(_F32)) > jnp.abs(x)
     return jnp.where(away, lax.bitcast_convert_type(bits - _U16(1), _F16), r)
@@ -140,7 +147,7 @@ def lssc_compress(x):
     >>> ops.lssc_compress()(jnp.ones((2, 8, 8, 3))).shape  # 8x smaller than float32
     (2, 2, 8, 3)
     """
-    a = _blocks(x.astype(_F16).astype(_F32))
+    a = _blocks(_to_f16(x).astype(_F32))
     amin, amax = a.min(-1), a.max(-1)
     _, three, six, seven = _constants()
     bottom = amin * seven / six - amax / six

@@ -1,63 +1,101 @@
-"""RNN family: lstm (NNC's LSTM, one layer, one direction).
+"""RNN family: lstm, NNC's LSTM with its ``num_layers``, ``bidirectional``, ``proj_size``
+and ``dropout`` options (``CMD_LSTM_FORWARD`` in liuliu/ccv ``lib/nnc/cmd/rnn``).
 
-Weights are packed per gate in the order input, forget, cell (g), output (cuDNN's
-order, which NNC's LSTM follows): ``w_ih [4H, I]``, ``w_hh [4H, H]``, ``bias [4H]``.
-The recurrence runs as one ``lax.scan`` over time; the backward is derived from
-``jax.vjp`` of it (a reverse scan).
+Data is batch-first, ``x [B, T, I]``. Weights are packed per gate in the order input,
+forget, cell (g), output (cuDNN's order, which NNC's LSTM follows) and given one
+layer and direction after another (layer 0 forward, layer 0 backward, layer 1 ...),
+each as ``w_ih [4H, In]``, ``w_hh [4H, P]``, optionally ``bias [4H]``, and with
+``proj_size = P > 0`` the projection ``w_hr [P, H]`` (LSTMP: ``h = w_hr (σ(o)
+tanh(c))``); without a projection ``P = H``. Layer 0 reads ``In = I`` features, later
+layers the ``D * P`` of the one below (``D = 2`` when bidirectional). Whether biases
+are present follows from the number of weights.
+
+The states are ``h0 [L*D, B, P]`` and ``c0 [L*D, B, H]`` (or ``[B, P]``/``[B, H]`` for a
+single layer and direction); the outputs are ``y [B, T, D*P]`` (the last layer, the
+directions concatenated) and the final states, shaped like the initial ones. With
+``dropout > 0`` and ``is_test=False`` (training), every layer's output but the last
+is dropped with that probability (scaled by ``1 / (1 - p)``), drawn from a trailing
+``key`` input (``uint32[2]``, as ``ops.dropout`` takes), so equal keys give equal masks.
+
+Each direction of each layer runs as one ``lax.scan`` over time; the backward is
+derived from ``jax.vjp`` of it (a reverse scan), as NNC's cuDNN LSTM differentiates
+inputs, states and weights.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from fnnc.core.command import Spec, defcommand
+from fnnc.errors import CommandError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show, to_shape
+from fnnc.ops.random import _check_key, _key
 
 
-def _lstm_shape(x, h0, c0, w_ih, w_hh, bias=None):
+def _layout(n: int, *, num_layers, bidirectional, proj_size, dropout, is_test):
+    """``(units, per-unit weight count, has bias, has key)`` from the input count."""
+    if num_layers < 1:
+        raise CommandError(f"lstm: num_layers must be at least 1, got {num_layers}")
+    if not 0.0 <= dropout < 1.0:
+        raise CommandError(f"lstm: dropout={dropout!r} must be in [0, 1)")
+    if proj_size < 0:
+        raise CommandError(f"lstm: proj_size must be >= 0, got {proj_size}")
+    keyed = dropout > 0 and not is_test
+    units = num_layers * (2 if bidirectional else 1)
+    weights = n - 3 - keyed
+    base = 2 + (1 if proj_size else 0)
+    if weights not in (units * base, units * (base + 1)):
+        fail(
+            f"lstm: {n} inputs do not fit {num_layers} layer(s) x {units // num_layers} "
+            f"direction(s): expected x, h0, c0, then per layer and direction w_ih, w_hh, "
+            f"[bias]{', w_hr' if proj_size else ''} ({units * base} or {units * (base + 1)} "
+            f"weights){', then the dropout key' if keyed else ''}"
+        )
+    per = weights // units
+    return units, per, per == base + 1, keyed
+
+
+def _lstm_shape(x, h0, c0, *rest, **params):
     name = "lstm"
-    specs = [s for s in (x, h0, c0, w_ih, w_hh, bias) if s is not None]
-    require_float(name, *specs)
-    require_same_dtype(name, *specs)
+    units, per, has_bias, keyed = _layout(3 + len(rest), **params)
+    weights = rest[: units * per]
+    require_float(name, x, h0, c0, *weights)
+    require_same_dtype(name, x, h0, c0, *weights)
+    if keyed:
+        _check_key(name, rest[-1])
     if x.ndim != 3:
         fail(f"{name}: x {show(x)} must be [batch, time, features]")
     b, t, i = x.shape
-    h = h0.shape[-1] if h0.ndim == 2 else -1
-    want = {
-        "h0": (h0, (b, h)),
-        "c0": (c0, (b, h)),
-        "w_ih": (w_ih, (4 * h, i)),
-        "w_hh": (w_hh, (4 * h, h)),
-    }
-    if bias is not None:
-        want["bias"] = (bias, (4 * h,))
-    for label, (spec, shape) in want.items():
-        if tuple(spec.shape) != shape:
-            fail(
-                f"{name}: {label} {show(spec)} should be {list(shape)} for x {show(x)} "
-                f"and h0 {show(h0)} (x [B, T, I], h0/c0 [B, H], w_ih [4H, I], "
-                "w_hh [4H, H], bias [4H]; gates i, f, g, o)"
-            )
-    return Spec((b, t, h), x.dtype), Spec((b, h), x.dtype), Spec((b, h), x.dtype)
+    hidden = c0.shape[-1]
+    p = params["proj_size"] or hidden
+    d = 2 if params["bidirectional"] else 1
+    lead = (units, b) if units > 1 or h0.ndim == 3 else (b,)
+    if tuple(h0.shape) != (*lead, p) or tuple(c0.shape) != (*lead, hidden):
+        fail(
+            f"{name}: h0 {show(h0)} and c0 {show(c0)} should be {list((*lead, p))} and "
+            f"{list((*lead, hidden))} ([L*D, B, P] and [L*D, B, H]; [B, P], [B, H] for one "
+            "layer and direction)"
+        )
+    for u in range(units):
+        n_in = i if u < d else d * p
+        want = [("w_ih", (4 * hidden, n_in)), ("w_hh", (4 * hidden, p))]
+        want += [("bias", (4 * hidden,))] if has_bias else []
+        want += [("w_hr", (p, hidden))] if params["proj_size"] else []
+        for (label, shape), spec in zip(want, weights[u * per : (u + 1) * per]):
+            if tuple(spec.shape) != shape:
+                fail(
+                    f"{name}: {label} {show(spec)} should be {list(shape)} (layer {u // d}"
+                    f"{', reverse' if u % d else ''}; x {show(x)}, hidden {hidden}, proj "
+                    f"{params['proj_size']}; gates i, f, g, o)"
+                )
+    return Spec((b, t, d * p), x.dtype), Spec(tuple(h0.shape), x.dtype), Spec(c0.shape, x.dtype)
 
 
-@defcommand(family="rnn", shape=_lstm_shape)
-def lstm(x, h0, c0, w_ih, w_hh, bias=None):
-    """One LSTM layer over ``x [B, T, I]`` from ``(h0, c0) [B, H]``: ``(y [B, T, H], h_T, c_T)``.
-
-    Per step, ``i, f, g, o = split(x_t w_ihᵀ + h w_hhᵀ + bias)``;
-    ``c = σ(f) c + σ(i) tanh(g)`` and ``h = σ(o) tanh(c)``; ``y`` stacks every ``h``.
-
-    >>> import jax.numpy as jnp
-    >>> from fnnc import ops
-    >>> y, h, c = ops.lstm()(jnp.ones((2, 5, 3)), jnp.zeros((2, 4)), jnp.zeros((2, 4)),
-    ...                      jnp.ones((16, 3)), jnp.ones((16, 4)))
-    >>> y.shape, h.shape
-    ((2, 5, 4), (2, 4))
-    """
-    # The input projection of every step is one matmul outside the loop.
+def _direction(x, h0, c0, w_ih, w_hh, bias, w_hr, reverse):
+    """One layer, one direction over ``x [B, T, In]``: ``(ys [B, T, P], h_T, c_T)``."""
     xw = jnp.einsum("bti,gi->tbg", x, w_ih)
     if bias is not None:
         xw = xw + to_shape(bias, xw.shape)
@@ -68,7 +106,66 @@ def lstm(x, h0, c0, w_ih, w_hh, bias=None):
         i, f, g, o = jnp.split(gates, 4, axis=-1)
         c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
         h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        if w_hr is not None:
+            h = h @ w_hr.T
         return (h, c), h
 
-    (h, c), ys = lax.scan(step, (h0, c0), xw)
+    (h, c), ys = lax.scan(step, (h0, c0), xw, reverse=reverse)
     return jnp.swapaxes(ys, 0, 1), h, c
+
+
+@defcommand(family="rnn", shape=_lstm_shape, min_inputs=5)
+def lstm(
+    x, h0, c0, *rest, num_layers=1, bidirectional=False, proj_size=0, dropout=0.0, is_test=False
+):
+    """NNC's LSTM over ``x [B, T, I]``: ``(y [B, T, D*P], h_T, c_T)`` (see the module doc).
+
+    Per step, ``i, f, g, o = split(x_t w_ihᵀ + h w_hhᵀ + bias)``;
+    ``c = σ(f) c + σ(i) tanh(g)`` and ``h = σ(o) tanh(c)`` (times ``w_hrᵀ`` with a
+    projection); ``y`` stacks every ``h``.
+
+    >>> import jax.numpy as jnp
+    >>> from fnnc import ops
+    >>> y, h, c = ops.lstm()(jnp.ones((2, 5, 3)), jnp.zeros((2, 4)), jnp.zeros((2, 4)),
+    ...                      jnp.ones((16, 3)), jnp.ones((16, 4)))
+    >>> y.shape, h.shape
+    ((2, 5, 4), (2, 4))
+    >>> two = ops.lstm(num_layers=2, bidirectional=True, proj_size=2)
+    >>> w = [jnp.ones(s) for _ in range(2) for s in ((16, 3), (16, 2), (2, 4))]
+    >>> w += [jnp.ones(s) for _ in range(2) for s in ((16, 4), (16, 2), (2, 4))]
+    >>> two(jnp.ones((2, 5, 3)), jnp.zeros((4, 2, 2)), jnp.zeros((4, 2, 4)), *w)[0].shape
+    (2, 5, 4)
+    """
+    params = dict(
+        num_layers=num_layers,
+        bidirectional=bidirectional,
+        proj_size=proj_size,
+        dropout=dropout,
+        is_test=is_test,
+    )
+    _, per, has_bias, keyed = _layout(3 + len(rest), **params)
+    d = 2 if bidirectional else 1
+    stacked = h0.ndim == 3
+    hs = h0 if stacked else h0[None]
+    cs = c0 if stacked else c0[None]
+    layer_in, h_out, c_out = x, [], []
+    for layer in range(num_layers):
+        outs = []
+        for direction in range(d):
+            u = layer * d + direction
+            w = list(rest[u * per : (u + 1) * per])
+            w_ih, w_hh = w[0], w[1]
+            bias = w[2] if has_bias else None
+            w_hr = w[-1] if proj_size else None
+            ys, h, c = _direction(layer_in, hs[u], cs[u], w_ih, w_hh, bias, w_hr, direction == 1)
+            outs.append(ys)
+            h_out.append(h)
+            c_out.append(c)
+        layer_in = outs[0] if d == 1 else jnp.concatenate(outs, axis=-1)
+        if keyed and layer < num_layers - 1:
+            key = jax.random.fold_in(_key(rest[-1]), layer)
+            keep = jax.random.bernoulli(key, np.float32(1.0 - dropout), layer_in.shape)
+            scale = jnp.asarray(1.0 / (1.0 - dropout), x.dtype)
+            layer_in = layer_in * keep.astype(x.dtype) * scale
+    h_t, c_t = jnp.stack(h_out), jnp.stack(c_out)
+    return layer_in, (h_t if stacked else h_t[0]), (c_t if stacked else c_t[0])

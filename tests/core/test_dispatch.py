@@ -14,6 +14,7 @@ from fnnc.graph import DynamicGraph, GraphBuilder, compile
 from fnnc.models import Dense, Input, Model, ReLU
 from tests.helpers import assert_close
 
+HERE = jax.default_backend()  # where compile, eager calls and models choose
 X = np.array([[-1.0, 2.0], [3.0, -4.0]], np.float32)
 RELU = np.maximum(X, 0)
 
@@ -86,13 +87,13 @@ def test_registration_reaches_eager_compile_dynamic_graph_and_models():
 
 def test_autotune_table_writes_and_overrides_move_the_state(fake):
     spec = [jax.ShapeDtypeStruct((2, 2), np.float32)]
-    assert ops.select_backend(ops.relu(), spec, "cpu") == "fake"
+    assert ops.select_backend(ops.relu(), spec, HERE) == "fake"
     graph = _graph()
     with config.override(backend_per_command={"relu": "xla"}):
         assert compile(graph).backends[0][2] == "xla"
         assert_close(_dg_relu(), RELU)
     assert compile(graph).backends[0][2] == "fake"
-    key = ops.autotune.key(ops.relu(), spec, "cpu")
+    key = ops.autotune.key(ops.relu(), spec, HERE)
     ops.autotune.TABLE[key] = "xla"
     try:
         assert compile(graph).backends[0][2] == "xla"
@@ -118,7 +119,7 @@ def test_gradient_nodes_choose_the_forward_backends_backward():
         return (g * 10.0,)
 
     ops.register_backend(
-        "relu", ops.Backend("fake", _fake_relu, ("cpu",), priority=5, backward=backward)
+        "relu", ops.Backend("fake", _fake_relu, (HERE,), priority=5, backward=backward)
     )
     try:
         from fnnc.graph import backward as backward_pass

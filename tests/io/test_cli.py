@@ -1,7 +1,5 @@
 """python -m fnnc inspect, run as a subprocess."""
 
-import os
-import pathlib
 import re
 import subprocess
 import sys
@@ -11,12 +9,11 @@ import numpy as np
 import pytest
 
 from fnnc.io import Checkpoints, TensorFile
-
-ROOT = pathlib.Path(__file__).parents[2]
+from tests.helpers import subprocess_env
 
 
 def run(*args):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    env = subprocess_env()
     return subprocess.run(
         [sys.executable, "-m", "fnnc", *args], capture_output=True, text=True, env=env
     )
@@ -84,3 +81,43 @@ def test_inspect_errors(tmp_path):
     assert junk.returncode == 1 and "not an SQLite" in junk.stderr
     usage = run("inspect")
     assert usage.returncode == 2 and "usage" in usage.stderr
+
+
+def test_checkpoint_rows_sort_by_step_number(tmp_path):
+    path = str(tmp_path / "run.ckpt")
+    with Checkpoints(path) as ckpt:
+        for step in (12, 4, 100):
+            ckpt.save(step, {"w": np.ones(2, np.float32)})
+    out = run("inspect", path)
+    assert out.returncode == 0, out.stderr
+    names = [line.split()[0] for line in out.stdout.splitlines()[2:-1]]
+    assert names == ["__ckpt-4__[state['w']]", "__ckpt-12__[state['w']]",
+                     "__ckpt-100__[state['w']]"]  # fmt: skip
+
+
+def test_help_is_plain_text():
+    for args in (["--help"], ["inspect", "--help"]):
+        out = run(*args)
+        assert out.returncode == 0 and "usage: python -m fnnc" in out.stdout
+        assert "``" not in out.stdout and ":mod:" not in out.stdout, out.stdout
+    assert "checkpoint steps" in " ".join(run("inspect", "--help").stdout.split())
+
+
+def test_a_reader_that_stops_early_ends_inspect_quietly(tmp_path):
+    # more rows than a pipe buffers (64 KiB), so inspect is still writing when head exits
+    path = str(tmp_path / "many.sqlite")
+    with TensorFile(path) as f, f.transaction():
+        for i in range(1500):
+            f.write(f"layer-{i}.weight-with-a-long-name", np.zeros(1, np.float32))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fnnc", "inspect", path], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env=subprocess_env(),
+    )  # fmt: skip
+    first = [proc.stdout.readline() for _ in range(2)]
+    proc.stdout.close()  # as `| head -2` does
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    status = proc.wait(timeout=120)
+    assert first[0].decode().endswith("1500 tensors, 5.9 KiB of data\n")
+    assert "Traceback" not in err and "BrokenPipeError" not in err and err == "", err
+    assert status == 141

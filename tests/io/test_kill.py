@@ -1,7 +1,6 @@
 """A checkpoint writer killed with SIGKILL at random moments loses nothing it committed."""
 
 import os
-import pathlib
 import random
 import signal
 import sqlite3
@@ -13,9 +12,9 @@ import time
 import numpy as np
 
 from fnnc.io import Checkpoints, TensorFile
+from tests.helpers import subprocess_env
 
 KILLS, KEEP = 20, 4
-ROOT = pathlib.Path(__file__).parents[2]
 
 # A fork server: it imports fnnc once, then forks one writer per kill, so twenty kills
 # cost twenty forks instead of twenty interpreter starts (about a second each). The
@@ -59,7 +58,7 @@ def state(step):
 def test_sigkill_at_random_moments(tmp_path):
     script, path = tmp_path / "server.py", str(tmp_path / "run.ckpt")
     script.write_text(SERVER)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    env = subprocess_env()
     rng = random.Random(20240611)
     committed: list[int] = []
     hot_journals = 0

@@ -8,7 +8,8 @@ import numpy as np
 import optax
 
 from fnnc.models import Dense, Input, Model, minimizers
-from fnnc.models.minimizer_key import Minimizers, split
+from fnnc.models.minimizer_key import split
+from fnnc.models.optim import Minimizers
 from tests.helpers import assert_close, rand
 
 
@@ -33,17 +34,19 @@ def test_numbers_that_trace_are_inputs_and_the_others_stay_in_the_key():
 def test_the_rebuilt_update_is_the_update_of_the_object_that_gave_the_numbers():
     params = [jnp.asarray(rand([3])), jnp.asarray(rand([2, 2], seed=1))]
     grads = [jnp.asarray(rand([3], seed=2)), jnp.asarray(rand([2, 2], seed=3))]
-    template = Minimizers.of([optax.adam(1e-3)] * 2)
+    adam = optax.adam(1e-3)
+    template = Minimizers.of(["a", "b"], [adam] * 2)
     new = optax.adam(3e-2, eps=1e-6)
-    fed = Minimizers.of([new] * 2)
+    fed = Minimizers.of(["a", "b"], [new] * 2)
     assert fed.key == template.key and fed.n_hyper == template.n_hyper
     tx = template.transform()
-    inner = tuple(new.init(p) for p in params)
+    tree = lambda xs: dict(zip("ab", xs))
+    inner = new.init(tree(params))
     step = jax.jit(tx.update)
-    updates, (state, hyper) = step(grads, (inner, tuple(fed.hyper_leaves())), params)
-    want = jax.jit(lambda: [new.update(g, s, p) for g, s, p in zip(grads, inner, params)])()
-    assert_close(updates, [u for u, _ in want], rtol=1e-6, atol=1e-7)
-    assert_close(list(state), [s for _, s in want], rtol=1e-6, atol=1e-7)
+    updates, ((state,), hyper) = step(grads, ((inner,), tuple(fed.hyper_leaves())), params)
+    want, want_state = jax.jit(new.update)(tree(grads), inner, tree(params))
+    assert_close(updates, [want["a"], want["b"]], rtol=1e-6, atol=1e-7)
+    assert_close(jax.tree.leaves(state), jax.tree.leaves(want_state), rtol=1e-6, atol=1e-7)
     assert_close(list(hyper), fed.hyper_leaves())
 
 

@@ -52,12 +52,13 @@ def test_every_program_kind_is_a_record_whose_layout_names_its_graph_inputs():
     (fit,) = _programs(model, "fit")
     assert isinstance(fit, FitProgram)
     assert fit.params == ("t-h-0-0", "t-h-0-1", "t-bn-0-0", "t-bn-0-1")
-    # Adam: count, mu, nu per parameter, then its float hyper-parameters as inputs (eps,
-    # eps_root, -learning rate), so a new learning rate compiles nothing
-    assert fit.train.n_params == 4 and fit.train.n_state == 3 * 4 + 3
+    # Adam over the parameter dict: one count, mu and nu per parameter, then its float
+    # hyper-parameters as inputs (eps, eps_root, -learning rate), so a new learning rate
+    # compiles nothing
+    assert fit.train.n_params == 4 and fit.train.n_state == 1 + 2 * 4 + 3
     assert fit.updates == ("r-bn-0-0", "r-bn-0-1")
     assert "t-out-0-0" in fit.feed.params and fit.feed.n_keys == 1
-    state = [f"opt_state[{i}]" for i in range(12)] + [f"hyper[{i}]" for i in range(3)]
+    state = [f"opt_state[{i}]" for i in range(9)] + [f"hyper[{i}]" for i in range(3)]
     assert list(fit.names) == [*fit.params, *state, *_feed_names(fit.feed), "target[0]"]
     n_out = fit.train.n_params + fit.train.n_state + 1 + len(fit.updates)
     assert len(fit.program.graph.outputs) == n_out

@@ -78,7 +78,7 @@ def test_resume_mid_epoch_is_exact(tmp_path, kind):
         .shuffle(seed=3),
     }[kind]
     full = mlp()
-    full.train(data, epochs=2, batch_size=8, verbose=False)
+    whole = full.train(data, epochs=2, batch_size=8, verbose=False)
     path = tmp_path / "run.ckpt"
 
     class Stop:
@@ -93,12 +93,14 @@ def test_resume_mid_epoch_is_exact(tmp_path, kind):
     callbacks = [CheckpointEvery(str(path), steps=4), Stop()]
     first.train(data, epochs=2, batch_size=8, callbacks=callbacks, verbose=False)
     assert first.train_progress.step == 8 and not same(first, full)
-    first.train(data, epochs=1, batch_size=8, verbose=False)  # goes on in this process
+    went_on = first.train(data, epochs=1, batch_size=8, verbose=False)  # in this process
     assert first.train_progress.step == 12 and same(first, full)
     resumed = mlp()
     history = resumed.train(data, epochs=2, batch_size=8, resume=str(path), verbose=False)
     assert history["epoch"] == [2]
     assert same(resumed, full)
+    # the resumed epoch's loss is the mean over all its batches, those before the stop too
+    assert history["loss"] == went_on["loss"] == whole["loss"][1:]
 
 
 def test_resume_from_an_empty_journal_starts_and_per_epoch_saves(tmp_path):
@@ -256,3 +258,19 @@ def test_predict_on_zero_samples_has_the_shapes_and_dtypes_of_evaluate():
         assert got.shape == np.shape(want) == (0, got.shape[1])
         assert got.dtype == np.asarray(want).dtype
     assert [o.shape for o in outs] == [(0, 3), (0, 1)]
+
+
+def test_a_nan_loss_trained_on_still_saves_its_progress(tmp_path):
+    path = str(tmp_path / "run.ckpt")
+    bad = X.copy()
+    bad[0, 0] = np.nan  # the first batch's loss is NaN
+    model = mlp()
+    with pytest.warns(RuntimeWarning, match="NaN"):
+        history = model.train(
+            (bad, Y), epochs=1, batch_size=8, stop_on_nan=False,
+            callbacks=[CheckpointEvery(path, steps=1)], verbose=False,
+        )  # fmt: skip
+    assert np.isnan(history["loss"][0])
+    with Checkpoints(path) as ckpt:
+        saved = ckpt.restore().metadata["fnnc.train"]
+    assert saved["loss_sum"] is None and saved["loss_count"] == 6

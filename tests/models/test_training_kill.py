@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import pathlib
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).parents[2]
+from tests.helpers import subprocess_env
 
 RUN = textwrap.dedent(
     """
@@ -49,7 +47,7 @@ RUN = textwrap.dedent(
 def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path):
     script, path = tmp_path / "run.py", str(tmp_path / "run.ckpt")
     script.write_text(RUN)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    env = subprocess_env()
 
     def run(ckpt, out, hang_at):
         args = [sys.executable, str(script), ckpt, str(tmp_path / out), str(hang_at)]

@@ -13,6 +13,7 @@ CASES = [
     Case(ops.softplus(), (X,), "softplus"),
     Case(ops.softplus(), (rand([2, 3], lo=-40, hi=40, seed=3),), "softplus-wide"),
     Case(ops.swish(), (X,), "swish"),
+    Case(ops.swish(beta=1.7), (X,), "swish-beta"),
     Case(ops.gelu(), (X,), "gelu"),
     Case(ops.gelu(approximate=True), (X,), "gelu-tanh"),
     Case(ops.mish(), (X,), "mish"),

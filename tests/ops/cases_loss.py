@@ -23,6 +23,11 @@ CASES = [
     ),
     Case(ops.softmax_crossentropy(), (rand([3, 5]) * 3, randint([3], 5)), "softmax_xent-int"),
     Case(
+        ops.softmax_crossentropy(),
+        (rand([4, 1, 1, 3], seed=9) * 3, randint([4], 3, seed=9)),
+        "softmax_xent-nnc-batch-label",
+    ),
+    Case(
         ops.softmax_crossentropy(trim0=0.05, trim1=0.8),
         (rand([3, 5], seed=1), randint([3, 1], 5, seed=1)),
         "softmax_xent-trim",

@@ -20,12 +20,17 @@ def _only_rank2(cmd, specs):
     return None if len(specs[0].shape) == 2 else f"needs rank 2, got rank {len(specs[0].shape)}"
 
 
+HERE = jax.default_backend()  # where compile and autotune choose by default
+ELSEWHERE = "tpu" if HERE == "gpu" else "gpu"
+
+
 @pytest.fixture
 def fake_backend():
-    """A second backend of ewabs that compiles on CPU, supports rank-2 inputs only."""
+    """A second backend of ewabs that compiles here (JAX's default platform), supports
+    rank-2 inputs only."""
     ops.register_backend(
         "ewabs",
-        Backend("sqrt", _abs_via_sqrt, platforms=("cpu",), supports=_only_rank2, priority=5),
+        Backend("sqrt", _abs_via_sqrt, platforms=(HERE,), supports=_only_rank2, priority=5),
     )
     yield
     ops.unregister_backend("ewabs", "sqrt")
@@ -55,9 +60,9 @@ def test_reference_is_the_default():
 
 
 def test_priority_backend_is_chosen_where_supported(fake_backend):
-    assert ops.select_backend(ops.ewabs(), [spec(2, 2)], "cpu") == "sqrt"
-    assert ops.select_backend(ops.ewabs(), [spec(2, 2, 2)], "cpu") == "xla"  # falls back quietly
-    assert ops.select_backend(ops.ewabs(), [spec(2, 2)], "gpu") == "xla"
+    assert ops.select_backend(ops.ewabs(), [spec(2, 2)], HERE) == "sqrt"
+    assert ops.select_backend(ops.ewabs(), [spec(2, 2, 2)], HERE) == "xla"  # falls back quietly
+    assert ops.select_backend(ops.ewabs(), [spec(2, 2)], ELSEWHERE) == "xla"
 
 
 def test_interpret_only_backend_never_chosen_for_speed_on_cpu(interpret_only_backend):
@@ -84,7 +89,7 @@ def test_forcing_an_unsupported_input_says_why(fake_backend):
         config.override(backend_per_command={"ewabs": "sqrt"}),
         pytest.raises(BackendError, match=r"ewabs.*needs rank 2, got rank 3"),
     ):
-        ops.select_backend(ops.ewabs(), [spec(2, 2, 2)], "cpu")
+        ops.select_backend(ops.ewabs(), [spec(2, 2, 2)], HERE)
     with (
         config.override(backend_per_command={"ewexp": "pallas"}),
         pytest.raises(BackendError, match=r"ewexp.*has only \['xla'\]"),
@@ -94,18 +99,18 @@ def test_forcing_an_unsupported_input_says_why(fake_backend):
 
 def test_global_force_applies_only_to_commands_that_have_the_backend(fake_backend):
     with config.override(backend="sqrt"):
-        assert ops.select_backend(ops.ewabs(), [spec(2, 2)], "cpu") == "sqrt"
-        assert ops.select_backend(ops.ewexp(), [spec(2, 2)], "cpu") == "xla"
+        assert ops.select_backend(ops.ewabs(), [spec(2, 2)], HERE) == "sqrt"
+        assert ops.select_backend(ops.ewexp(), [spec(2, 2)], HERE) == "xla"
 
 
 def test_autotune_records_a_winner_that_compile_uses(fake_backend, tmp_path):
     x = jnp.ones((64, 64))
     winner = ops.autotune.autotune(ops.ewabs(), x)
     assert winner in ("xla", "sqrt")
-    key = ops.autotune.key(ops.ewabs(), [spec(64, 64)], "cpu")
+    key = ops.autotune.key(ops.ewabs(), [spec(64, 64)], HERE)
     assert ops.autotune.TABLE[key] == winner
     ops.autotune.TABLE[key] = "xla"  # a recorded winner beats priority
-    assert ops.select_backend(ops.ewabs(), [spec(64, 64)], "cpu") == "xla"
+    assert ops.select_backend(ops.ewabs(), [spec(64, 64)], HERE) == "xla"
     path = tmp_path / "table.json"
     ops.autotune.save(path)
     ops.autotune.TABLE.clear()
@@ -129,13 +134,13 @@ def _slow_abs(x):
 def test_autotune_graph_keeps_per_node_winners_only_if_the_graph_runs_faster(check, monkeypatch):
     from fnnc.graph.autotune import autotune_graph
 
-    ops.register_backend("ewabs", Backend("slow", _slow_abs, platforms=("cpu",), priority=0))
+    ops.register_backend("ewabs", Backend("slow", _slow_abs, platforms=(HERE,), priority=0))
     # per-node timing that (wrongly) prefers the slow backend, as a noisy one might
     monkeypatch.setattr(
         ops.autotune,
         "autotune",
         lambda cmd, *a, **k: ops.autotune.TABLE.__setitem__(
-            ops.autotune.key(cmd, ops.autotune.as_specs(a, "t"), "cpu"), "slow"
+            ops.autotune.key(cmd, ops.autotune.as_specs(a, "t"), HERE), "slow"
         ),
     )
     try:

@@ -122,3 +122,17 @@ def test_loss_errors_say_what_fits() -> None:
         ops.mse(reduce="max")(x, x)
     with pytest.raises(CommandError, match="beta"):
         ops.smooth_l1(beta=0.0)(x, x)
+
+
+def test_softmax_crossentropy_takes_dimension_0_as_the_batch() -> None:
+    """NNC's label rule: logits [16, 1, 1, 8] with labels [16] (a ShapeError before)."""
+    x, label = rand([16, 1, 1, 8], seed=4) * 3, randint([16], 8, seed=5)
+    loss, p = ops.softmax_crossentropy()(x, label)
+    flat = x.reshape(16, 8).astype(np.float64)
+    lse = np.log(np.exp(flat).sum(-1))
+    assert loss.shape == (16, 1, 1, 1)
+    assert_close(loss.reshape(16), lse - flat[np.arange(16), label], atol=1e-5)
+    assert_close(p.reshape(16, 8), _softmax(flat), atol=1e-6)
+    assert_close(ops.softmax_crossentropy()(x, label[:, None])[0], loss)
+    with pytest.raises(ShapeError, match=r"or \[N\] for scores \[N, 1, \.\.\., 1, C\]"):
+        ops.softmax_crossentropy()(rand([16, 2, 8]), label)

@@ -9,6 +9,10 @@ checked against entries of ccv's tables.
 
 from __future__ import annotations
 
+import functools
+
+import jax
+import jax.extend
 import numpy as np
 import pytest
 
@@ -176,3 +180,46 @@ def test_rank3_and_shape_errors() -> None:
         ops.lssc_compress()(np.zeros((5, 5), np.float32))
     with pytest.raises(ShapeError):
         ops.lssc_decompress(size=(9, 5))(np.zeros((2, 8, 2), np.uint16))
+
+
+def _half_roundings(jaxpr) -> list[list[str]]:
+    """For each float32 -> float16 conversion in ``jaxpr`` (sub-jaxprs included), the
+    primitives that read its result."""
+    found = []
+    readers: dict = {}
+    for eqn in jaxpr.eqns:
+        for v in eqn.invars:
+            if isinstance(v, jax.extend.core.Var):  # not a literal
+                readers.setdefault(v, []).append(eqn.primitive.name)
+    for eqn in jaxpr.eqns:
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's own
+                if hasattr(sub, "eqns"):
+                    found += _half_roundings(sub)
+        if eqn.primitive.name == "convert_element_type":
+            (x,), (y,) = eqn.invars, eqn.outvars
+            if x.aval.dtype == np.float32 and y.aval.dtype == np.float16:
+                found.append(readers.get(y, []))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("cmd", "x"),
+    [
+        (ops.lssc_compress(), np.zeros((1, 4, 4, 1), np.float32)),
+        (ops.lssc_decompress(size=(4, 4)), np.zeros((1, 1, 4, 1), np.uint16)),
+    ],
+    ids=["compress", "decompress"],
+)
+def test_every_rounding_to_half_survives_excess_precision_rewrites(cmd, x) -> None:
+    """XLA:GPU removes a float32 -> float16 -> float32 round trip as excess precision
+    (``xla_allow_excess_precision``, on by default): decompression then rounded its
+    levels to nearest, not toward zero as ccv does (1 ulp off the C loops on an H100).
+    XLA:CPU keeps the round trip, so this checks the guard instead: no rounding to
+    half is widened back directly; one that is read as float again passes an
+    optimization barrier first, which no rewrite crosses."""
+    forward = functools.partial(cmd.definition.forward, **cmd.kwargs)
+    roundings = _half_roundings(jax.make_jaxpr(forward)(x).jaxpr)
+    assert ["optimization_barrier"] in roundings, roundings
+    assert not any("convert_element_type" in r for r in roundings), roundings

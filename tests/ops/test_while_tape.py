@@ -143,6 +143,48 @@ def test_more_trips_than_the_tape_holds_is_an_error_naming_loop_and_cap(taped):
     np.testing.assert_allclose(np.asarray(loop(X0, W, t)), X0 * W ** (TAPE + 3), rtol=1e-5)
 
 
+class _Pending:
+    """An output whose runtime error shows only when it is waited for: how an
+    asynchronous runtime (XLA:GPU) reports a failed host callback. XLA:CPU raises at
+    the call instead, so the test below simulates the GPU's order on CPU."""
+
+    def __init__(self, spec, error):
+        self.shape, self.dtype, self._error = spec.shape, spec.dtype, error
+
+    def block_until_ready(self):
+        raise self._error
+
+
+def test_an_overflow_reported_only_when_waited_for_still_names_the_node(taped, monkeypatch):
+    import importlib
+
+    from fnnc.core.command import output_specs
+    from fnnc.core.dispatch import as_specs
+    from fnnc.ops import while_tape
+
+    interpret_module = importlib.import_module("fnnc.graph.interpret")  # not the function
+    real = interpret_module.compiled_forward
+
+    def deferred(cmd, backend):
+        run = real(cmd, backend)
+        if not while_tape.checks_on_host(cmd):
+            return run
+
+        def later(*inputs):
+            try:
+                return run(*inputs)
+            except jax.errors.JaxRuntimeError as e:
+                return tuple(_Pending(s, e) for s in output_specs(cmd, as_specs(inputs, "t")))
+
+        return later
+
+    monkeypatch.setattr(interpret_module, "compiled_forward", deferred)
+    graph, _ = taped
+    message = rf"the loop ran {TAPE + 3} iterations, but its tape holds {TAPE} .*tape=16"
+    with pytest.raises(GraphError, match=r"node \d+ \(grow\.backward\)[\s\S]*" + message):
+        interpret(graph, X0, W, _threshold(TAPE + 3))
+
+
 def test_overflow_poisons_gradients_and_the_backward_follows_the_trips():
     """taped_while directly: NaN gradients past the cap with on_overflow="nan"; within
     it, under vmap, each element replays its own trip count."""

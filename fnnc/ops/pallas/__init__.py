@@ -21,22 +21,26 @@ module                                    kernel
 ``gemm``                                  tiled product with a bias epilogue
 ========================================  ===============================================
 
-Importing this package registers every backend. They are written for the Pallas
-Triton lowering (GPU; every kernel is checked to lower to Triton IR by
-``tests/ops/pallas/test_triton_lowering.py``) and registered as compiled on GPU;
-on CPU they run in interpret mode, and :func:`~fnnc.ops.select_backend` picks them
-there only when forced. On a GPU a kernel is the default only where measured faster
-(the shipped :mod:`fnnc.core.measured` defaults for the device kind, or the autotune
-table), except flash attention, which wins by construction (:data:`PRIORITY`). ``config.override(backend="pallas")`` prefers them
-wherever they support the input (elsewhere the usual choice applies); forcing one
-command (``backend_per_command``) on an input its kernel declines raises
-:class:`~fnnc.errors.BackendError` with the reason. Support is decided by each
-module's ``supports``: dtypes (float32, bfloat16, float16; 16-bit inputs accumulate in
-float32) and shapes. Sizes need not split into blocks: every block is a power of two
-(Triton's rule), grids and walks are ``cdiv``, and a ragged last block is masked
-(iota masks on loads and stores, ``-inf`` or 0 where nothing was loaded; see
-:mod:`fnnc.ops.pallas._common`), so 1001-class vocabularies and 67-token sequences run
-in the kernels.
+Importing this package registers every backend. They are written for the Pallas Triton
+lowering (GPU; every kernel is checked to lower to Triton IR by
+``tests/ops/pallas/test_triton_lowering.py``) and registered as compiled on GPU only;
+on CPU they run in interpret mode, and :func:`~fnnc.ops.select_backend` picks them there
+only when forced. On a GPU a kernel is the default only where measured faster (the
+shipped :mod:`fnnc.core.measured` defaults for the device kind, or the autotune table),
+except flash attention, which wins by construction (:data:`PRIORITY`).
+``config.override(backend="pallas")`` prefers them wherever they
+support the input (elsewhere the usual choice applies); forcing one command
+(``backend_per_command``) on an input its kernel declines raises
+:class:`~fnnc.errors.BackendError` with the reason. Support is decided by each module's
+``supports``: dtypes (float32, bfloat16, float16; 16-bit inputs accumulate in float32),
+shapes and, for a generated ``fused_elementwise`` body, its primitives (those the
+installed JAX's Triton lowering implements, or fnnc's rules: see
+:mod:`~fnnc.ops.pallas._triton`), so a body Triton cannot lower selects the reference at
+selection time, for ``"gpu"`` on any host, never failing later. Sizes need not split
+into blocks: every block is a power of two (Triton's rule), grids and walks are
+``cdiv``, and a ragged last block is masked (iota masks on loads and stores, ``-inf`` or
+0 where nothing was loaded; see :mod:`fnnc.ops.pallas._common`), so 1001-class
+vocabularies and 67-token sequences run in the kernels.
 
 >>> import jax.numpy as jnp
 >>> from fnnc import config, ops

@@ -37,6 +37,7 @@ from fnnc.ops.pallas._common import (
     steps,
     store,
 )
+from fnnc.ops.pallas._triton import lowerable
 
 Operands = Sequence[tuple[Any, str]]
 """``(array in its 2-D layout, kind)`` pairs."""
@@ -68,7 +69,8 @@ def _lane_mask(ref: Any, bl: int, lanes: int) -> Any:
 def _store(*refs: Any, fn: Callable[..., Any], n_in: int, bl: int, lanes: int) -> None:
     """Stores ``fn`` of the first ``n_in`` refs' tiles into the remaining (output) refs."""
     tiles = (load(r, None, _lane_mask(r, bl, lanes)) for r in refs[:n_in])
-    outs = [o for o in fn(*tiles) if o is not None]
+    # Rules apply to what the kernel runs, after the VJP is taken (exact derivatives).
+    outs = [o for o in lowerable(fn)(*tiles) if o is not None]
     for ref, value in zip(refs[n_in:], outs):
         store(ref, None, value, _lane_mask(ref, bl, lanes))
 

@@ -27,9 +27,12 @@ widen the same way; float32 bodies are unchanged.
 Supported: bodies without views whose nodes are elementwise (the command attribute),
 optionally led by a gemm; float outputs of one non-empty shape of rank >= 1 (any last
 axis: a ragged last lane block is masked, see :mod:`~fnnc.ops.pallas._blockwise`);
-float or bool inputs that are full/row/column/scalar tiles; and
-only primitives the Pallas Triton lowering implements (exact ``gelu`` uses ``erf``,
-which it does not, so such bodies fall back to the reference).
+float or bool inputs that are full/row/column/scalar tiles; and, in the body and its
+VJP, only primitives the installed JAX's Pallas Triton lowering implements or fnnc has a
+rule for (:mod:`~fnnc.ops.pallas._triton`: exact ``gelu``'s ``erf`` runs as XLA's own
+float32 expansion). That is decided in ``supports``, at selection, for the GPU whatever
+the host: a body with any other primitive (``erfc``) selects the reference there, and
+forcing the kernel on it raises :class:`~fnnc.errors.BackendError` naming the primitive.
 """
 
 from __future__ import annotations
@@ -41,14 +44,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 
 from fnnc.core.command import Command, Spec
 from fnnc.ops._rules import show
 from fnnc.ops.fused import fused_elementwise as _command
-from fnnc.ops.pallas import _blockwise
+from fnnc.ops.pallas import _blockwise, _triton
 from fnnc.ops.pallas import gemm as _gemm
 from fnnc.ops.pallas._common import (
     FLOATS,
@@ -65,14 +67,6 @@ LANE_BLOCK = 1024
 
 fused_elementwise_reference = _command.definition.forward
 """The command's reference forward (the ``"xla"`` backend), which the kernel matches."""
-
-_LOWERED = """abs add add_any and broadcast_in_dim ceil clamp convert_element_type cos
-    custom_jvp_call div eq erf_inv exp exp2 expm1 floor ge gt integer_pow iota is_finite
-    jit le log log1p logistic lt max min mul ne neg not or pow reduce_max reduce_min
-    reduce_sum reshape rsqrt select_n sign sin sqrt square squeeze stop_gradient sub tanh
-    xor"""
-TRITON_PRIMITIVES = frozenset(_LOWERED.split())
-"""Primitives Pallas' Triton lowering implements (a subset of its rule table)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,25 +170,14 @@ def _block_fn(body: Any, p: Plan) -> Callable[..., tuple[Any, ...]]:
 
 
 def _plan_primitives(body: Any, p: Plan) -> Plan | str:
-    """``p`` if the block function and its VJP use only Triton-lowerable primitives."""
+    """``p`` if the block function and its VJP lower to Triton (with fnnc's rules)."""
     fn = _block_fn(body, p)
     z = [Spec((1, 1), body.output_specs[0].dtype)] if p.gemm is not None else []
     tiles = z + [Spec((1, 1), body.input_specs[i].dtype) for i, k in enumerate(p.kinds) if k]
     cts = [Spec((1, 1), o.dtype) for o in body.output_specs]
-    names = _names(jax.make_jaxpr(fn)(*tiles).jaxpr)
     vjp = functools.partial(_blockwise.vjp_tiles, fn, len(tiles))
-    names |= _names(jax.make_jaxpr(vjp)(*tiles, *cts).jaxpr)
-    missing = sorted(names - TRITON_PRIMITIVES)
+    missing = sorted({*_triton.missing(fn, *tiles), *_triton.missing(vjp, *tiles, *cts)})
     return f"primitives {missing} have no Pallas Triton lowering" if missing else p
-
-
-def _names(jaxpr: Any) -> set[str]:
-    names = set()
-    for eqn in jaxpr.eqns:
-        names.add(eqn.primitive.name)
-        for sub in jex.core.jaxprs_in_params(eqn.params):
-            names |= _names(sub)
-    return names
 
 
 def supports(cmd: Command, specs: Sequence[Spec]) -> str | None:
@@ -252,7 +235,7 @@ def _epilogue(body: Any, p: Plan, bias_kind: str, save: bool) -> Callable[..., A
         outs = fn(z, *tiles)
         return (*outs, z) if save else outs
 
-    return epilogue
+    return _triton.lowerable(epilogue)
 
 
 def _run_gemm(body, p, kind, save, a, b, bias, *extras):

@@ -140,6 +140,14 @@ def _gemm_gelu(dtype):
     ]
 
 
+def _bias_gelu(dtype):
+    """Exact GELU after a bias: its ``erf`` runs as fnnc's rule (Triton has none)."""
+    b = GraphBuilder()
+    x, bias = b.input((3, 37), dtype), b.input((37,), dtype)
+    y = b.exec(ops.gelu(), b.exec(ops.add(), x, bias))
+    return ops.fused_elementwise(body=b.build([y])), [((3, 37), dtype), ((37,), dtype)]
+
+
 def small_cases(dtype):
     """One small case per kernel: ``{name: (command, [(shape, dtype), ...])}``.
 
@@ -169,4 +177,5 @@ def small_cases(dtype):
         ),
         "fused_chain": _fused(dtype),
         "fused_gemm_epilogue": _gemm_gelu(dtype),
+        "fused_bias_gelu_exact": _bias_gelu(dtype),
     }

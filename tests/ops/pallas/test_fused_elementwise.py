@@ -1,14 +1,18 @@
 """Kernels generated from fused_elementwise bodies, against the reference body."""
 
+import re
+
 import jax
 import jax.extend as jex
 import numpy as np
 import pytest
 
-from fnnc import ops
+from fnnc import config, ops
+from fnnc.core.dispatch import why_not
+from fnnc.errors import BackendError
 from fnnc.graph import GraphBuilder
+from fnnc.ops.pallas import _triton, gemm
 from fnnc.ops.pallas import fused_elementwise as kernel
-from fnnc.ops.pallas import gemm
 from tests.helpers import rand
 from tests.ops.pallas.checks import check_forced_eager, check_kernel, check_unsupported
 
@@ -55,7 +59,20 @@ def _gemm_epilogue():
     return b.build([y]), args, [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("make", [_broadcasts, _select_two_outputs, _gemm_epilogue])
+def _bias_gelu_exact():
+    """Exact GELU: ``erf``, which the Triton lowering lacks, runs as fnnc's rule for it.
+
+    Values up to 5 in magnitude reach past the rule's clamp (erf rounds to ±1 there).
+    """
+    b = GraphBuilder()
+    x, bias = b.input((4, 37)), b.input((37,))
+    y = b.exec(ops.gelu(), b.exec(ops.add(), x, bias))
+    return b.build([y]), [rand((4, 37), lo=-5, hi=5), rand((37,), seed=1)], [0, 1]
+
+
+@pytest.mark.parametrize(
+    "make", [_broadcasts, _select_two_outputs, _gemm_epilogue, _bias_gelu_exact]
+)
 def test_matches_reference(monkeypatch, make):
     monkeypatch.setattr(kernel, "LANE_BLOCK", 16)  # several blocks along rows and lanes
     monkeypatch.setattr(gemm, "BLOCK_M", 16)
@@ -99,7 +116,7 @@ def _body(shape, *cmds, inputs=None):
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
-        (_body((4, 32), ops.ewexp(), ops.gelu()), r"primitives \['erf'\] have no Pallas Triton"),
+        (_body((4, 32), ops.ewexp(), ops.ewerfc()), r"primitives \['erfc'\] have no Pallas Triton"),
         (
             _body((4, 8, 32), ops.add(), ops.relu(), inputs=[(4, 8, 32), (4, 1, 32)]),
             "is not a full, row, column or scalar tile",
@@ -118,12 +135,61 @@ def test_non_elementwise_body_is_declined():
     assert "are not elementwise" in kernel.supports(ops.fused_elementwise(body=body), [x])
 
 
-def test_primitive_list_is_in_the_triton_lowering_table():
-    # Imported, not skipped: this check exists to fail when JAX's table drifts.
+def test_a_chain_triton_cannot_lower_falls_back_to_xla_for_gpu_at_selection():
+    body = _body((4, 32), ops.tanh(), ops.ewerfc())
+    cmd, specs = ops.fused_elementwise(body=body), list(body.input_specs)
+    pallas = ops.backends_of("fused_elementwise")["pallas"]
+    why = "fused_elementwise: primitives ['erfc'] have no Pallas Triton lowering"
+    assert why_not(pallas, cmd, specs, "gpu") == why
+    assert ops.select_backend(cmd, specs, "gpu") == "xla"
+    with (
+        config.override(backend_per_command={"fused_elementwise": "pallas"}),
+        pytest.raises(
+            BackendError, match=re.escape(f"cannot run inputs ['float32[4, 32]'] on gpu: {why}")
+        ),
+    ):
+        ops.select_backend(cmd, specs, "gpu")
+
+
+@pytest.fixture
+def fresh_plans():
+    """Plans are cached per body; a test that changes what lowers starts and ends clean."""
+    kernel.plan.cache_clear()
+    yield
+    kernel.plan.cache_clear()
+
+
+def test_the_decision_reads_the_installed_jax_s_triton_table(monkeypatch, fresh_plans):
+    """A JAX whose Triton lowering lacked ``tanh`` would decline tanh chains (forward or
+    backward): the table is read from JAX, never copied."""
     from jax._src.pallas.triton import lowering
 
-    table = {p.name for p in lowering.triton_lowering_rules}
-    assert not kernel.TRITON_PRIMITIVES - table, sorted(kernel.TRITON_PRIMITIVES - table)
+    table = frozenset(p.name for p in lowering.triton_lowering_rules)
+    assert _triton.lowered() == table
+    body = _body((4, 32), ops.add(), ops.tanh(), inputs=[(4, 32), (32,)])
+    cmd, specs = ops.fused_elementwise(body=body), list(body.input_specs)
+    assert ops.select_backend(cmd, specs, "gpu") == "pallas"
+    kernel.plan.cache_clear()
+    monkeypatch.setattr(_triton, "lowered", lambda: table - {"tanh"})
+    assert "primitives ['tanh'] have no Pallas Triton lowering" in kernel.supports(cmd, specs)
+    assert ops.select_backend(cmd, specs, "gpu") == "xla"
+
+
+def test_erf_rule_is_xla_s_float32_erf():
+    x = np.concatenate([np.linspace(-6, 6, 20001), [0.0, -0.0, np.inf, -np.inf, 1e-30]])
+    x = x.astype(np.float32)
+    got = np.asarray(jax.jit(_triton.RULES["erf"])(x))
+    want = np.asarray(jax.jit(jax.lax.erf)(x))
+    np.testing.assert_allclose(got, want, rtol=4e-7, atol=1e-7)
+    assert np.isnan(jax.jit(_triton.RULES["erf"])(np.float32(np.nan)))
+
+
+def test_one_minus_square_rule_keeps_precision_near_one():
+    x = np.float32(1) - np.float32(2.0**-20) * np.arange(1, 64, dtype=np.float32)
+    x = np.concatenate([x, -x, np.linspace(-3, 3, 101, dtype=np.float32)])
+    got = np.asarray(jax.jit(_triton.RULES["one_minus_square"])(x))
+    want = 1 - x.astype(np.float64) ** 2
+    np.testing.assert_allclose(got, want, rtol=3e-7)
 
 
 def test_integer_bodies_are_declined():

@@ -8,6 +8,7 @@ from fnnc import config, ops
 from fnnc.errors import BackendError
 from fnnc.graph import GraphBuilder, backward, compile, simplify, trace
 from fnnc.ops import autotune
+from fnnc.ops.autotune import median_seconds
 from fnnc.ops.pallas import scaled_dot_product_attention as attention
 from tests.helpers import assert_close, rand, randint
 from tests.ops.pallas.checks import small_cases
@@ -64,10 +65,19 @@ def test_an_autotune_entry_never_makes_cpu_interpret(clean_table):
     assert ops.select_backend(cmd, specs, "gpu") == "xla"
 
 
-def test_autotune_times_only_compiled_backends_here(clean_table):
-    x = jax.numpy.ones((8, 64))
-    assert autotune.autotune(ops.rms_norm(), x, repeats=1) == "xla"
-    assert list(clean_table.values()) == ["xla"]
+def test_autotune_times_only_compiled_backends_here(clean_table, monkeypatch):
+    here = jax.default_backend()
+    timed = []
+
+    def spy(fns, *args, **kwargs):
+        timed.extend(fns)
+        return median_seconds(fns, *args, **kwargs)
+
+    monkeypatch.setattr(autotune, "median_seconds", spy)
+    winner = autotune.autotune(ops.rms_norm(), jax.numpy.ones((8, 64)), repeats=1)
+    # Pallas compiles on GPU only; on CPU it would interpret, so it is never timed there.
+    assert timed == (["xla", "pallas"] if here == "gpu" else ["xla"])
+    assert winner in timed and list(clean_table.values()) == [winner]
 
 
 def test_table_with_pallas_entries_round_trips(clean_table, tmp_path):
@@ -133,11 +143,17 @@ def _transformer_block():
     return simplify(graph), args
 
 
+def _reference(graph):
+    """``graph`` compiled on the reference backends (a GPU would pick kernels by default)."""
+    with config.override(backend="xla"):
+        return compile(graph)
+
+
 def test_forced_pallas_training_graph_matches_reference(monkeypatch):
     monkeypatch.setattr(attention, "BLOCK_Q", 16)
     monkeypatch.setattr(attention, "BLOCK_K", 16)
     graph, args = _transformer_block()
-    reference = compile(graph)
+    reference = _reference(graph)
     with config.override(backend="pallas"):
         program = compile(graph)
     kernels = {label for _, label, b in program.backends if b == "pallas"}
@@ -165,7 +181,7 @@ def test_forced_pallas_traced_graph_matches_reference():
     shapes = [(2, 16, 32), (64, 32), (64,), (32, 64), (32,)]
     args = [rand(s, seed=i, lo=-0.5, hi=0.5) for i, s in enumerate(shapes)]
     graph = simplify(trace(_mlp, *args))
-    reference = compile(graph)
+    reference = _reference(graph)
     with config.override(backend="pallas"):
         program = compile(graph)
     chosen = [(label.split("[")[0], b) for _, label, b in program.backends if b == "pallas"]
@@ -187,7 +203,7 @@ def test_gradient_nodes_of_a_fused_chain_run_the_generated_backward():
     labels = [label for _, label, b in program.backends if b == "pallas"]
     assert "fused_elementwise[add, swish, tanh, ewprod].backward[wants=(0,1)]" in labels
     args = (rand((8, 32)), rand((32,), seed=1))
-    assert_close(program(*args), compile(graph)(*args))
+    assert_close(program(*args), _reference(graph)(*args))
 
 
 @pytest.mark.parametrize("dtype", [jax.numpy.bfloat16, np.float16], ids=["bf16", "f16"])

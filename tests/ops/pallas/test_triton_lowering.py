@@ -8,10 +8,12 @@ which happens inside XLA on a GPU: see ``test_gpu.py``.
 """
 
 import jax
+import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import export
+from jax import export, lax
+from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
 
 from fnnc import ops
 from fnnc.ops.pallas import _common
@@ -22,7 +24,12 @@ TRITON = "__gpu$xla.gpu.triton"
 
 @pytest.fixture(autouse=True)
 def gpu_target(monkeypatch):
+    """Kernels built for a GPU, lowered for an H100 (JAX 0.11 asks for the target's kind
+    when no GPU is attached; an abstract device names it)."""
     monkeypatch.setattr(_common, "platform", lambda: "gpu")
+    h100 = AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132, platform="gpu")
+    with use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=h100)):
+        yield
 
 
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=["f32", "bf16"])
@@ -43,3 +50,33 @@ def test_lowers_to_triton_for_cuda(name, dtype):
     check = [export.DisabledSafetyCheck.custom_call(TRITON)]
     exported = export.export(jax.jit(train), platforms=["cuda"], disabled_checks=check)(*specs)
     assert exported.mlir_module().count(TRITON) >= 2  # a forward and a backward kernel
+
+
+def _dot_precisions(jaxpr):
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            found.append(eqn.params["precision"])
+        for sub in jex.core.jaxprs_in_params(eqn.params):
+            found += _dot_precisions(sub)
+    return found
+
+
+@pytest.mark.parametrize("name", ["gemm_transposed", "attention_causal_gqa", "fused_gemm_epilogue"])
+@pytest.mark.parametrize(
+    ("policy", "want"),
+    [("float32", lax.Precision.HIGHEST), ("tensorfloat32", lax.Precision.HIGH)],
+)
+def test_kernel_products_take_the_ambient_matmul_precision(name, policy, want):
+    """No kernel pins a precision: every product, forward and backward, records the one
+    in force when it is traced (the Triton lowering reads HIGHEST as IEEE float32, HIGH
+    and DEFAULT as TF32), so fnnc's matmul policy reaches inside the kernels."""
+    cmd, shapes = small_cases(np.float32)[name]
+    specs = [jax.ShapeDtypeStruct(s, d) for s, d in shapes]
+    forward = ops.backends_of(cmd.name)["pallas"].forward
+    diff = tuple(i for i, s in enumerate(specs) if jnp.issubdtype(s.dtype, jnp.floating))
+    loss = lambda *xs: sum(jnp.sum(o) for o in jax.tree.leaves(forward(*xs, **cmd.kwargs)))
+    with jax.default_matmul_precision(policy):
+        jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=diff))(*specs).jaxpr
+    found = _dot_precisions(jaxpr)
+    assert found and all(p == (want, want) for p in found), found

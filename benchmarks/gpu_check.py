@@ -1,0 +1,352 @@
+"""The GPU check: versions and device, the GPU tests, the whole suite, the kernel table.
+
+Run it whenever a GPU is at hand, on a bare machine, from the checkout (fnnc runs from
+source through ``PYTHONPATH``; nothing is installed but missing packages)::
+
+    benchmarks/gpu_check.sh                # or: python benchmarks/gpu_check.py
+
+Steps, in one budget (``--budget``, default 470 s, so the whole check ends in under
+8 minutes; a step that would pass the budget is stopped and reported as timed out):
+
+1. ``versions``: Python, jax, jaxlib, the CUDA plugin, flax, optax, grain, numpy, and
+   the device JAX sees (a check whose default platform is not ``gpu`` fails here);
+2. ``gpu tests``: ``pytest -m gpu tests/ops/pallas/test_gpu.py`` (compiled kernels
+   against the reference, with their times);
+3. ``suite``: every other test (the ``-m 'not gpu'`` of ``pyproject.toml``) on the GPU,
+   with pytest-xdist (``--workers``) and ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` so the
+   workers share the GPU's memory;
+4. ``kernels``: ``benchmarks/kernels.py --dtype bfloat16`` (Pallas vs XLA timings at
+   transformer sizes).
+
+Then one table: passed / failed / skipped and seconds per step, the failing tests, and
+the kernel table. The exit status is 0 only if nothing failed.
+
+**Missing packages.** GPU images come with jax and its CUDA plugin, flax and optax, but
+often without grain and what it needs (array-record, portpicker). The check looks for
+every package the suite imports before it runs anything. Missing ones are installed
+from a folder of wheels when ``FNNC_WHEELS`` names one (or ``.whl/`` exists in the
+checkout: git ignores it, so a device runner can carry it), with
+``pip install --no-index --no-deps --target $FNNC_DEPS`` (default
+``/tmp/fnnc-gpu-check/deps``, put on ``PYTHONPATH`` for every step); otherwise the
+check prints the commands that fetch them and runs anyway, so the table shows what
+they break.
+
+``--cpu`` runs the same steps on CPU with a small subset (the script's own check, a few
+seconds of tests; kernels only with ``--kernels``); ``--dry-run`` prints the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# module -> distribution: what the suite imports (fnnc, its tests, grain's own needs)
+REQUIRED = {
+    "jax": "jax",
+    "jaxlib": "jaxlib",
+    "flax": "flax",
+    "optax": "optax",
+    "numpy": "numpy",
+    "ml_dtypes": "ml_dtypes",
+    "flatbuffers": "flatbuffers",
+    "grain": "grain",
+    "array_record": "array-record",
+    "portpicker": "portpicker",
+    "absl": "absl-py",
+    "cloudpickle": "cloudpickle",
+    "etils": "etils",
+    "google.protobuf": "protobuf",
+    "pytest": "pytest",
+    "xdist": "pytest-xdist",
+    "hypothesis": "hypothesis",
+}
+
+GPU_TESTS = ["tests/ops/pallas/test_gpu.py"]
+CPU_SUBSET = ["tests/test_subprocess_env.py", "tests/ops/test_backends.py"]
+
+VERSIONS = r"""
+import importlib.metadata as m, json, platform, re
+def v(name):
+    try:
+        return m.version(name)
+    except m.PackageNotFoundError:
+        return "-"
+names = ["jax", "jaxlib", "flax", "optax", "grain", "numpy"]
+plugins = sorted(d.metadata["Name"] for d in m.distributions()
+                 if re.match(r"jax[-_]cuda\d+[-_](plugin|pjrt)", d.metadata["Name"] or ""))
+import jax
+info = {"python": platform.python_version(), **{n: v(n) for n in names},
+        "cuda plugin": ", ".join(f"{p} {v(p)}" for p in plugins) or "-",
+        "platform": jax.default_backend(),
+        "devices": ", ".join(sorted({d.device_kind for d in jax.devices()}))
+                   + f" x{jax.device_count()}"}
+print("VERSIONS " + json.dumps(info))
+"""
+
+
+@dataclasses.dataclass
+class Step:
+    """One command of the check and what it gave."""
+
+    name: str
+    argv: list[str]
+    limit: float
+    junit: Path | None = None
+    status: str = "not run"
+    passed: int | None = None
+    failed: int | None = None
+    skipped: int | None = None
+    seconds: float = 0.0
+    failures: list[str] = dataclasses.field(default_factory=list)
+    output: str = ""
+
+
+def missing(modules: dict[str, str]) -> list[str]:
+    """Distributions of ``modules`` this interpreter cannot import."""
+    out = []
+    for module, dist in modules.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.append(dist)
+    return out
+
+
+def install(dists: list[str], wheels: Path, target: Path) -> str:
+    """``pip install`` of ``dists`` from the folder ``wheels`` into ``target``."""
+    argv = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps"]
+    argv += ["--find-links", str(wheels), "--target", str(target), *dists]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    return done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def how_to_install(dists: list[str]) -> str:
+    names = " ".join(dists)
+    return (
+        f"missing: {names}\n"
+        f"  online:  {sys.executable} -m pip install {names}\n"
+        "  offline: on a machine online, fetch the wheels\n"
+        f"    pip download --only-binary=:all: --no-deps --python-version "
+        f"{sys.version_info.major}.{sys.version_info.minor} --platform manylinux2014_x86_64 "
+        f"-d .whl {names}\n"
+        "  then rerun here with the folder in FNNC_WHEELS (or as .whl/ in the checkout)"
+    )
+
+
+def junit_counts(path: Path) -> tuple[int, int, int, list[str]]:
+    """(passed, failed, skipped, failing test ids) from a pytest junit XML file."""
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    total = failed = skipped = 0
+    for s in suites:
+        total += int(s.get("tests", 0))
+        failed += int(s.get("failures", 0)) + int(s.get("errors", 0))
+        skipped += int(s.get("skipped", 0))
+    failures = []
+    for case in root.iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            path_part = case.get("classname", "").replace(".", "/")
+            failures.append(f"{path_part}.py::{case.get('name')}")
+    return total - failed - skipped, failed, skipped, failures
+
+
+def summary_counts(text: str) -> tuple[int, int, int]:
+    """(passed, failed, skipped) from pytest's last line, for runs without a report."""
+    count = lambda word: sum(int(n) for n in re.findall(rf"(\d+) {word}", text))
+    return count("passed"), count("failed") + count("error"), count("skipped")
+
+
+def run(step: Step, env: dict[str, str], deadline: float) -> None:
+    """Runs ``step`` (output streamed to this terminal and kept), within the deadline."""
+    limit = min(step.limit, deadline - time.monotonic())
+    if limit < 10:
+        step.status = "no time left"
+        return
+    print(f"\n=== {step.name}: {shlex.join(step.argv)}  (limit {limit:.0f} s)", flush=True)
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        step.argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    timer = _Timer(proc, limit)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        lines.append(line)
+    proc.wait()
+    timer.cancel()
+    step.seconds = time.monotonic() - start
+    step.output = "".join(lines)
+    if timer.fired:
+        step.status = "TIMED OUT"
+    elif proc.returncode == 0:
+        step.status = "ok"
+    elif step.junit is not None and proc.returncode in (1, 5):
+        step.status = "FAILED" if proc.returncode == 1 else "no tests"
+    else:
+        step.status = f"exit {proc.returncode}"
+    if step.junit is not None and step.junit.exists():
+        step.passed, step.failed, step.skipped, step.failures = junit_counts(step.junit)
+    elif step.junit is not None:
+        step.passed, step.failed, step.skipped = summary_counts(step.output[-3000:])
+
+
+class _Timer:
+    """Kills a process group after ``seconds``."""
+
+    def __init__(self, proc: subprocess.Popen, seconds: float):
+        self.fired = False
+        self._timer = threading.Timer(seconds, self._fire, (proc,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self, proc: subprocess.Popen) -> None:
+        self.fired = True
+        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+            os.killpg(proc.pid, 9)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def steps(flags: argparse.Namespace, work: Path) -> list[Step]:
+    py = sys.executable
+    pytest = [py, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE"]
+    if importlib.util.find_spec("pytest_timeout") is not None:
+        pytest += ["--timeout", "300"]  # one hung test must not eat the whole budget
+    # -o addopts= drops the -m 'not gpu' (and -n 2) of pyproject.toml
+    only_gpu = ["-o", "addopts=", "-n", "0", "-m", "gpu", "--junitxml", str(work / "gpu.xml")]
+    gpu = Step("gpu tests", [*pytest, *only_gpu, *GPU_TESTS], 120, work / "gpu.xml")
+    suite_paths = CPU_SUBSET if flags.cpu else []  # none: pyproject's testpaths
+    suite = Step(
+        "suite",
+        [*pytest, "-n", str(flags.workers), "--junitxml", str(work / "suite.xml"), *suite_paths],
+        360,
+        work / "suite.xml",
+    )
+    kernels = Step("kernels", [py, "benchmarks/kernels.py", "--dtype", "bfloat16"], 150)
+    if flags.cpu:
+        kernels.argv[-1] = "float32"
+    out = [Step("versions", [py, "-c", VERSIONS], 90), gpu, suite, kernels]
+    if flags.cpu and not flags.kernels:
+        kernels.status = "skipped (--cpu; --kernels runs it)"
+        kernels.argv = []
+    return out
+
+
+def environment(flags: argparse.Namespace, deps: Path) -> dict[str, str]:
+    paths = [str(ROOT), str(deps), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    unique = list(dict.fromkeys(p for p in paths if p))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(unique)}
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # xdist workers share the GPU
+    if flags.cpu:
+        env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def table(all_steps: list[Step], lacking: list[str], versions: dict[str, str]) -> str:
+    rows = [f"{k:12s} {v}" for k, v in versions.items()]
+    if lacking:
+        rows.append(f"{'missing':12s} {' '.join(lacking)}")
+    rows += ["", f"{'step':10s} {'result':14s} {'passed':>7s} {'failed':>7s} {'skipped':>8s} "
+             f"{'seconds':>8s}"]  # fmt: skip
+    show = lambda n: "-" if n is None else str(n)
+    for s in all_steps:
+        rows.append(
+            f"{s.name:10s} {s.status:14.14s} {show(s.passed):>7s} {show(s.failed):>7s} "
+            f"{show(s.skipped):>8s} {s.seconds:8.1f}"
+        )
+    total = sum(s.seconds for s in all_steps)
+    rows.append(f"{'total':10s} {'':14s} {'':>7s} {'':>7s} {'':>8s} {total:8.1f}")
+    for s in all_steps:
+        if s.failures:
+            rows += ["", f"failed in {s.name} ({len(s.failures)}):"]
+            rows += [f"  {f}" for f in s.failures[:60]]
+    kernels = next(s for s in all_steps if s.name == "kernels")
+    if kernels.output:
+        rows += ["", "kernels:", kernels.output.rstrip()]
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu", action="store_true", help="CPU, a small subset (self-check)")
+    parser.add_argument("--kernels", action="store_true", help="with --cpu: run kernels.py")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument(
+        "--workers", type=int, default=0, help="xdist workers (default 12, 2 on --cpu)"
+    )
+    parser.add_argument("--budget", type=float, default=470.0, help="seconds for all steps")
+    parser.add_argument("--out", default="", help="folder for the reports (default: a tmp one)")
+    flags = parser.parse_args(argv)
+    flags.workers = flags.workers or (2 if flags.cpu else min(12, os.cpu_count() or 2))
+    deadline = time.monotonic() + flags.budget
+    if flags.dry_run:
+        work = Path(flags.out or "<reports>")
+    else:
+        work = Path(flags.out or tempfile.mkdtemp(prefix="fnnc-gpu-check-"))
+        work.mkdir(parents=True, exist_ok=True)
+    deps = Path(os.environ.get("FNNC_DEPS", "/tmp/fnnc-gpu-check/deps"))
+    env = environment(flags, deps)
+    all_steps = steps(flags, work)
+    if flags.dry_run:
+        for key in ("PYTHONPATH", "XLA_PYTHON_CLIENT_PREALLOCATE", "JAX_PLATFORMS"):
+            if key in env:
+                print(f"{key}={env[key]}")
+        for s in all_steps:
+            argv = ["<script>" if "\n" in a else a for a in s.argv]
+            print(f"{s.name}: {shlex.join(argv) if argv else s.status}")
+        return 0
+
+    sys.path[:0] = [str(deps)]
+    lacking = missing(REQUIRED)
+    wheels = os.environ.get("FNNC_WHEELS") or (
+        str(ROOT / ".whl") if (ROOT / ".whl").is_dir() else ""
+    )
+    if lacking and wheels:
+        print(f"installing {' '.join(lacking)} from {wheels} into {deps}", flush=True)
+        print(install(lacking, Path(wheels), deps), flush=True)
+        importlib.invalidate_caches()
+        lacking = missing(REQUIRED)
+    if lacking:
+        print(how_to_install(lacking), flush=True)
+
+    first, *rest = all_steps
+    run(first, env, deadline)
+    found = re.search(r"^VERSIONS (\{.*\})$", first.output, re.M)
+    versions: dict[str, str] = json.loads(found.group(1)) if found else {}
+    wanted = "cpu" if flags.cpu else "gpu"
+    if versions.get("platform") != wanted:  # the suite on the wrong platform says nothing
+        first.status = f"NOT ON {wanted.upper()}"
+        for s in rest:
+            s.status, s.argv = "not run", []
+    for s in rest:
+        if s.argv:
+            run(s, env, deadline)
+    report = table(all_steps, lacking, versions)
+    (work / "summary.txt").write_text(report + "\n")
+    print("\n" + "=" * 78 + "\n" + report + f"\n(reports in {work})")
+    bad = [s for s in all_steps if s.status not in ("ok",) and not s.status.startswith("skipped")]
+    return 1 if bad or lacking else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

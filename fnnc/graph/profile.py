@@ -1,0 +1,335 @@
+"""Per-node profiles: where a compiled program's time goes, by fnnc node and command.
+
+:func:`profile` runs a :class:`~fnnc.graph.Program` under ``jax.profiler`` and maps
+XLA's executed operations back to the graph's nodes. A Program runs each node inside
+``jax.named_scope(<node name or command>)``, so every HLO instruction carries its
+node's name in its ``op_name`` metadata (``jit(program)/fc1/dot_general``); the
+profiler's events name the instruction they ran (their ``hlo_op`` statistic), and the
+optimised HLO (:meth:`Program.compiled_text`) gives each instruction's ``op_name``.
+
+XLA fuses: an event runs one *fusion* of instructions that may come from several
+nodes. Its time goes to the node of the fusion's own ``op_name`` (that of its root
+instruction); the table lists the other nodes fused into it. Nodes sharing a name (a
+layer's unnamed ``relu`` used three times) share one row, with their count. Time in
+instructions of no node (copies XLA adds, parameter handling) is ``(no node)``.
+
+On CPU the events are XLA:CPU's thunks; on a GPU, the kernels of the device plane
+(its ``XLA Ops`` line where the profiler derived one). Times are wall time per run,
+averaged over ``runs`` runs after one warm-up run (compiling is never measured).
+
+>>> import numpy as np
+>>> from fnnc import ops
+>>> from fnnc.graph import GraphBuilder, compile, profile
+>>> b = GraphBuilder()
+>>> x, w = b.input((64, 32), name="x"), b.input((48, 32), name="w")
+>>> y = b.exec(ops.relu(), b.exec(ops.gemm(transpose_b=True), x, w, name="fc"), name="act")
+>>> program = compile(b.build([y]))
+>>> report = profile(program, np.ones((64, 32), np.float32), np.ones((48, 32), np.float32))
+>>> sorted(n.name for n in report.nodes if n.seconds > 0)
+['act', 'fc']
+>>> print(report)  # doctest: +SKIP
+node  command  nodes  us/run      %  fused with
+fc    gemm         1    41.2   88.1
+act   relu         1     5.6   11.9
+...
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import glob
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from fnnc.errors import GraphError
+
+NO_NODE = "(no node)"
+
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=")
+_OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
+_CALLS = re.compile(r"calls=%([\w.\-]+)")
+_MODULE = re.compile(r"^HloModule\s+([\w.\-]+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeTime:
+    """One row of a profile: the nodes of one name and the time their operations took.
+
+    Attributes:
+        name: the node name (the command's name for an unnamed node).
+        command: the command of those nodes (``a+b`` if they differ).
+        nodes: how many graph nodes have this name.
+        seconds: wall time per run of the operations attributed to them.
+        ops: the XLA instructions that ran for them (fusions included).
+        fused_with: other nodes whose instructions XLA fused into those.
+    """
+
+    name: str
+    command: str
+    nodes: int
+    seconds: float
+    ops: tuple[str, ...] = ()
+    fused_with: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """The result of :func:`profile`: rows per node name and time per command.
+
+    Attributes:
+        nodes: a row per node name, the slowest first (nodes that ran no operation
+            of their own, e.g. fused away, last with 0 s).
+        commands: command -> seconds per run, the slowest first.
+        seconds: the time of all the program's operations per run.
+        runs: how many runs were measured.
+        platform: where it ran (``cpu``, ``gpu``).
+    """
+
+    nodes: tuple[NodeTime, ...]
+    commands: dict[str, float]
+    seconds: float
+    runs: int
+    platform: str
+
+    def node(self, name: str) -> NodeTime:
+        """The row of node name ``name``."""
+        for row in self.nodes:
+            if row.name == name:
+                return row
+        known = ", ".join(r.name for r in self.nodes[:10])
+        raise GraphError(f"profile: no node named {name!r}; the rows are {known}, ...")
+
+    def table(self, *, limit: int | None = None) -> str:
+        """The per-node table then the per-command table, as text."""
+        total = self.seconds or 1.0
+        rows = [["node", "command", "nodes", "us/run", "%", "fused with"]]
+        for r in self.nodes[:limit]:
+            rows.append([r.name, r.command, str(r.nodes), f"{r.seconds * 1e6:.1f}",
+                         f"{100 * r.seconds / total:.1f}", _few(r.fused_with)])  # fmt: skip
+        cmds = [["command", "us/run", "%"]]
+        for cmd, s in self.commands.items():
+            cmds.append([cmd, f"{s * 1e6:.1f}", f"{100 * s / total:.1f}"])
+        head = (
+            f"profile: {self.seconds * 1e6:.1f} us per run of the program's operations "
+            f"on {self.platform}, mean of {self.runs} runs"
+        )
+        return "\n".join([head, "", *_columns(rows), "", *_columns(cmds)])
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _few(names: Sequence[str], n: int = 3) -> str:
+    """Up to ``n`` names, then how many more."""
+    more = f", +{len(names) - n} more" if len(names) > n else ""
+    return ", ".join(names[:n]) + more
+
+
+def _columns(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    numeric = {c for c in range(len(rows[0])) if all(_is_number(r[c]) for r in rows[1:])}
+    out = []
+    for r in rows:
+        cells = [
+            v.rjust(w) if c in numeric else v.ljust(w) for c, (v, w) in enumerate(zip(r, widths))
+        ]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class _Hlo:
+    """What the optimised HLO says of each instruction: its ``op_name`` and, for a
+    fusion or call, the ``op_name`` s of the instructions of the computation it runs."""
+
+    module: str
+    op_names: dict[str, str]
+    inner: dict[str, list[str]]
+
+
+def parse_hlo(text: str) -> _Hlo:
+    """Instruction -> ``op_name`` (and the ``op_name`` s inside each fusion) of HLO text."""
+    module, computation = "", ""
+    op_names: dict[str, str] = {}
+    by_computation: dict[str, list[str]] = collections.defaultdict(list)
+    calls: dict[str, str] = {}
+    for line in text.splitlines():
+        head = _MODULE.match(line)
+        if head:
+            module = head.group(1)
+            continue
+        comp = _COMPUTATION.match(line)
+        if comp and "=" not in line.split("{")[0]:
+            computation = comp.group(1)
+            continue
+        inst = _INSTRUCTION.match(line)
+        if not inst:
+            continue
+        found = _OP_NAME.search(line)
+        if found:
+            op_names[inst.group(1)] = found.group(1)
+            by_computation[computation].append(found.group(1))
+        called = _CALLS.search(line)
+        if called:
+            calls[inst.group(1)] = called.group(1)
+    inner = {inst: by_computation.get(comp, []) for inst, comp in calls.items()}
+    for inst, names in inner.items():  # a wrapper XLA made: named by what it runs
+        if inst not in op_names and names:
+            op_names[inst] = collections.Counter(names).most_common(1)[0][0]
+    return _Hlo(module, op_names, inner)
+
+
+def scope_of(op_name: str, scopes: Sequence[str]) -> str | None:
+    """The node scope an ``op_name`` (``jit(program)/fc1/dot_general``) lies in: the
+    longest scope that a path of its components after the outer ``jit(...)`` starts with."""
+    parts = op_name.split("/")
+    if parts and parts[0].startswith("jit("):
+        parts = parts[1:]
+    rest = "/".join(parts)
+    best = None
+    for scope in scopes:
+        if (rest == scope or rest.startswith(scope + "/")) and (
+            best is None or len(scope) > len(best)
+        ):
+            best = scope
+    return best
+
+
+def _op_events(data: Any, module: str) -> Iterator[tuple[str, float]]:
+    """``(instruction, seconds)`` of each executed operation of HLO module ``module``,
+    outermost events only (a loop's body runs inside its loop's event)."""
+    for plane in data.planes:
+        lines = list(plane.lines)
+        derived = [line for line in lines if line.name == "XLA Ops"]
+        for line in derived or lines:
+            end = -1.0
+            for event in sorted(line.events, key=lambda e: e.start_ns):
+                stats = dict(event.stats)
+                op = stats.get("hlo_op")
+                if op is None and derived:
+                    op = event.name
+                if op is None or (stats.get("hlo_module", module) != module):
+                    continue
+                if event.start_ns < end:  # nested in the event before
+                    continue
+                end = event.end_ns
+                yield str(op), event.duration_ns * 1e-9
+
+
+def _trace(run: Callable[[], Any], runs: int, folder: str) -> Any:
+    """``runs`` calls of ``run`` under ``jax.profiler``, traced to ``folder``; the
+    trace read back (``jax.profiler.ProfileData``)."""
+    try:
+        jax.profiler.start_trace(folder)
+    except RuntimeError as e:
+        raise GraphError(
+            f"profile: jax.profiler could not start ({e}); stop the trace already "
+            "running (jax.profiler.stop_trace()) and profile again"
+        ) from None
+    try:
+        for _ in range(runs):
+            jax.block_until_ready(run())
+    finally:
+        jax.profiler.stop_trace()
+    found = sorted(glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True))
+    if not found:
+        raise GraphError(f"profile: jax.profiler wrote no trace under {folder}")
+    return jax.profiler.ProfileData.from_file(max(found, key=os.path.getmtime))
+
+
+def profile_calls(
+    run: Callable[[], Any], program: Any, *, runs: int = 10, log_dir: str | None = None
+) -> Profile:
+    """Profiles ``runs`` calls of ``run``, which runs ``program`` (a
+    :class:`~fnnc.graph.Program`) once per call; see :func:`profile`."""
+    if not isinstance(runs, int) or runs < 1:
+        raise GraphError(f"profile: runs must be a positive int, got {runs!r}")
+    jax.block_until_ready(run())  # compiles anything left to compile: never measured
+    hlo = parse_hlo(program.compiled_text())
+    if log_dir is not None:
+        data = _trace(run, runs, log_dir)
+    else:
+        with tempfile.TemporaryDirectory(prefix="fnnc-profile-") as folder:
+            data = _trace(run, runs, folder)
+    return _attribute(program.graph, hlo, _op_events(data, hlo.module), runs, program.platform)
+
+
+def _attribute(graph: Any, hlo: _Hlo, events: Any, runs: int, platform: str) -> Profile:
+    names = [node.name or node.cmd.name for node in graph.nodes]
+    commands: dict[str, list[str]] = collections.defaultdict(list)
+    for name, node in zip(names, graph.nodes):
+        if node.cmd.name not in commands[name]:
+            commands[name].append(node.cmd.name)
+    scopes = list(commands)
+    seconds: dict[str, float] = collections.defaultdict(float)
+    ops: dict[str, set[str]] = collections.defaultdict(set)
+    fused: dict[str, set[str]] = collections.defaultdict(set)
+    for op, duration in events:
+        scope = scope_of(hlo.op_names.get(op, ""), scopes) or NO_NODE
+        seconds[scope] += duration / runs
+        ops[scope].add(op)
+        for inner in hlo.inner.get(op, []):
+            other = scope_of(inner, scopes)
+            if other is not None and other != scope:
+                fused[scope].add(other)
+    count = collections.Counter(names)
+    rows = [
+        NodeTime(
+            s,
+            "+".join(commands.get(s, ["-"])),
+            count.get(s, 0),
+            seconds.get(s, 0.0),
+            tuple(sorted(ops.get(s, ()))),
+            tuple(sorted(fused.get(s, ()))),
+        )
+        for s in [*scopes, *([NO_NODE] if NO_NODE in seconds else [])]
+    ]
+    rows.sort(key=lambda r: -r.seconds)
+    per_command: dict[str, float] = collections.defaultdict(float)
+    for r in rows:
+        per_command[r.command if r.name != NO_NODE else NO_NODE] += r.seconds
+    ordered = dict(sorted(per_command.items(), key=lambda kv: -kv[1]))
+    return Profile(tuple(rows), ordered, float(sum(seconds.values())), runs, platform)
+
+
+def profile(
+    program: Any, *args: Any, runs: int = 10, log_dir: str | os.PathLike[str] | None = None
+) -> Profile:
+    """Runs ``program(*args)`` ``runs`` times under ``jax.profiler`` (after one warm-up
+    run) and returns the time per node and per command (see the module docstring).
+
+    Args:
+        program: a :class:`~fnnc.graph.Program` (from :func:`fnnc.graph.compile`).
+        args: its inputs. Inputs it donates are copied for each run, so they stay valid.
+        runs: how many runs to average.
+        log_dir: keep the trace there (open it in TensorBoard's or XProf's profile
+            viewer); by default it goes to a temporary folder, removed after.
+
+    Returns:
+        a :class:`Profile`; ``print(profile)`` shows its tables.
+    """
+    donated = set(program.donate)
+
+    def run() -> Any:
+        fresh = [jnp.array(a, copy=True) if i in donated else a for i, a in enumerate(args)]
+        return program(*fresh)
+
+    return profile_calls(
+        run, program, runs=runs, log_dir=None if log_dir is None else os.fspath(log_dir)
+    )

@@ -1,0 +1,93 @@
+"""Reading ``jax.export`` artifacts (what :meth:`fnnc.models.Model.export` writes) for
+``python -m fnnc inspect``: the function's signature, platforms and calling convention.
+
+>>> import os, tempfile
+>>> import jax, jax.numpy as jnp
+>>> from fnnc.io.exported import describe_exported
+>>> (b,) = jax.export.symbolic_shape("b")
+>>> spec = jax.ShapeDtypeStruct((b, 3), jnp.float32)
+>>> exported = jax.export.export(jax.jit(lambda x: 2 * x))(spec)
+>>> path = os.path.join(tempfile.mkdtemp(), "double.jax")
+>>> with open(path, "wb") as f:
+...     _ = f.write(exported.serialize())
+>>> print("\\n".join(describe_exported(path)[1:3]))
+inputs:
+  [0]  float32[b,3]
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import jax
+
+from fnnc.errors import TensorFileError
+
+SQLITE_MAGIC = b"SQLite format 3\0"
+
+
+def looks_exported(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` may be a serialized ``jax.export.Exported`` (a flatbuffer whose
+    root offset points inside the file; SQLite files and empty ones are not)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return False
+    if len(head) < 8 or head == SQLITE_MAGIC:
+        return False
+    (root,) = struct.unpack_from("<I", head)
+    return 8 <= root < size
+
+
+def load_exported(path: str | os.PathLike[str]) -> jax.export.Exported:
+    """The ``jax.export.Exported`` serialized in ``path``.
+
+    Raises:
+        TensorFileError: the file is missing or not a serialized ``jax.export`` module.
+    """
+    try:
+        with open(path, "rb") as f:
+            blob = bytearray(f.read())
+        return jax.export.deserialize(blob)
+    except Exception as e:  # flatbuffers reports damage as any of several errors
+        raise TensorFileError(
+            f"{os.fspath(path)}: not a jax.export artifact ({type(e).__name__}: {e})"
+        ) from None
+
+
+def _aval(aval: object) -> str:
+    shape = ",".join(str(d) for d in getattr(aval, "shape", ()))
+    return f"{getattr(aval, 'dtype', '?')}[{shape}]"
+
+
+def describe_exported(path: str | os.PathLike[str]) -> list[str]:
+    """The lines ``inspect`` prints for an artifact: name, inputs (with parameter ids
+    when they are passed in), outputs, platforms, symbolic dimensions.
+
+    Raises:
+        TensorFileError: the file is not a serialized ``jax.export`` module.
+    """
+    exported = load_exported(path)
+    leaves = jax.tree_util.tree_unflatten(exported.in_tree, exported.in_avals)
+    args, _ = leaves
+    lines = [
+        f"{os.fspath(path)}: jax.export artifact, function {exported.fun_name}, "
+        f"calling convention {exported.calling_convention_version}",
+        "inputs:",
+    ]
+    for k, arg in enumerate(args):
+        if isinstance(arg, dict):
+            lines.append(f"  [{k}]  parameters, a dict of {len(arg)}:")
+            lines += [f"         {name}: {_aval(aval)}" for name, aval in arg.items()]
+        else:
+            lines.append(f"  [{k}]  {_aval(arg)}")
+    lines.append("outputs:")
+    lines += [f"  [{k}]  {_aval(aval)}" for k, aval in enumerate(exported.out_avals)]
+    symbols = sorted({str(d) for a in exported.in_avals for d in a.shape if not isinstance(d, int)})
+    lines.append(f"platforms: {', '.join(exported.platforms)}")
+    lines.append(f"symbolic dimensions: {', '.join(symbols) or 'none'}")
+    lines.append("run: jax.export.deserialize(bytearray(open(path, 'rb').read())).call(*inputs)")
+    return lines

@@ -1,0 +1,287 @@
+"""safetensors files (the Hugging Face exchange format) with :class:`TensorFile`'s interface.
+
+:class:`SafetensorsFile` reads and writes a ``.safetensors`` file through the
+``safetensors`` library with the methods of :class:`fnnc.io.TensorFile` that parameter
+reading and writing use (``names``, ``info``, ``read``, ``write``, ``transaction``), so
+:func:`fnnc.io.read_parameters`, :func:`fnnc.io.write_parameters`,
+:meth:`fnnc.models.Model.write` / ``read`` and :func:`fnnc.io.convert` take either
+format. Bytes are kept exactly (bfloat16 included); NNC's facts that safetensors has
+no field for (each tensor's layout tag and device) are kept in the header's metadata
+under ``"fnnc"`` as JSON, and files without it (written by anything else) read as NHWC
+on the CPU.
+
+A safetensors file is written whole: writes inside one :meth:`transaction` are
+collected and the file is replaced once, atomically, at its end (a write outside one
+rewrites the file).
+
+>>> import os, tempfile
+>>> import numpy as np
+>>> from fnnc.io import SafetensorsFile
+>>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+>>> with SafetensorsFile(path) as f, f.transaction():
+...     f.write("conv", np.ones((2, 3, 3, 4), np.float32), "NCHW")
+...     f.write("step", np.int64(3))
+>>> from safetensors.numpy import load_file
+>>> sorted(load_file(path)), SafetensorsFile(path).info("conv").format
+(['conv', 'step'], 'NCHW')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import safetensors
+import safetensors.numpy
+from safetensors import safe_open
+
+from fnnc.errors import DTypeError, ShapeError, TensorFileError, TensorNotFoundError
+from fnnc.io import format as fmt
+from fnnc.io.format import TensorInfo
+
+METADATA_KEY = "fnnc"
+"""Header metadata key holding ``{"tensors": {name: {"format", "device"}}}`` as JSON."""
+
+
+class SafetensorsFile:
+    """A ``.safetensors`` file read and written as a :class:`fnnc.io.TensorFile` is.
+
+    Args:
+        path: the file; created by the first write (reading a missing file raises).
+        readonly: refuse writes.
+        metadata: extra ``str -> str`` header metadata to write (kept from the file
+            when it exists).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        readonly: bool = False,
+        metadata: dict[str, str] | None = None,
+    ):
+        self.path = os.fspath(path)
+        self.readonly = readonly
+        self._pending: dict[str, tuple[np.ndarray, str, str]] | None = None
+        self._depth = 0
+        self._header: dict[str, str] = {}
+        self._layout: dict[str, dict[str, str]] = {}
+        self._keys: list[str] = []
+        if os.path.exists(self.path):
+            self._load_header()
+        elif readonly:
+            raise TensorFileError(f"{self.path}: no such safetensors file")
+        self._header.update(metadata or {})
+
+    # -- reading -------------------------------------------------------------------------
+    def _open(self) -> Any:
+        try:
+            return safe_open(self.path, framework="numpy")
+        except (safetensors.SafetensorError, OSError, ValueError) as e:
+            raise TensorFileError(
+                f"{self.path}: not a readable safetensors file ({type(e).__name__}: {e})"
+            ) from None
+
+    def _load_header(self) -> None:
+        with self._open() as f:
+            self._keys = sorted(f.keys())
+            header = dict(f.metadata() or {})
+        self._header = {k: v for k, v in header.items() if k != METADATA_KEY}
+        try:
+            layout = json.loads(header.get(METADATA_KEY, "{}")).get("tensors", {})
+        except (ValueError, AttributeError):
+            layout = {}  # another writer's "fnnc" key: the facts are not ours to read
+        self._layout = layout if isinstance(layout, dict) else {}
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The header's metadata other than fnnc's own key."""
+        return dict(self._header)
+
+    def names(self) -> list[str]:
+        """Every tensor name, sorted."""
+        return sorted(set(self._keys) | set(self._pending or {}))
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (name in self._keys or name in (self._pending or {}))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+    def _raw(self, name: str) -> np.ndarray:
+        if self._pending and name in self._pending:
+            return self._pending[name][0]
+        if name not in self._keys:
+            shown = ", ".join(repr(n) for n in self._keys[:8])
+            more = ", ..." if len(self._keys) > 8 else ""
+            raise TensorNotFoundError(
+                f"no tensor {name!r:.80} in {self.path} ({len(self._keys)} tensors: "
+                f"{shown or 'none'}{more})"
+            )
+        with self._open() as f:
+            try:
+                return np.asarray(f.get_tensor(name))
+            except Exception as e:  # the library's errors for dtypes NumPy cannot hold
+                if f.get_slice(name).get_dtype() == "BF16":
+                    return self._bfloat16(name)
+                raise TensorFileError(
+                    f"tensor {name!r} in {self.path}: the safetensors library cannot read it "
+                    f"into NumPy ({type(e).__name__}: {e})"
+                ) from None
+
+    def _bfloat16(self, name: str) -> np.ndarray:
+        """A BF16 tensor from the library's raw bytes, for versions of ``safetensors``
+        whose NumPy reader has no bfloat16 (it came with ml_dtypes support)."""
+        with open(self.path, "rb") as f:
+            for key, view in safetensors.deserialize(f.read()):
+                if key == name:
+                    data = np.frombuffer(bytes(view["data"]), ml_dtypes.bfloat16)
+                    return data.reshape(view["shape"])
+        raise TensorNotFoundError(f"no tensor {name!r:.80} in {self.path}")
+
+    def _facts(self, name: str) -> tuple[str, str]:
+        if self._pending and name in self._pending:
+            return self._pending[name][1:]
+        facts = self._layout.get(name)
+        facts = facts if isinstance(facts, dict) else {}
+        layout = facts.get("format", "NHWC")
+        device = facts.get("device", "CPU")
+        return (layout if layout in fmt.FORMATS else "NHWC"), str(device)
+
+    def info(self, name: str) -> TensorInfo:
+        """The tensor's dtype, shape, layout tag and device (as :meth:`TensorFile.info`)."""
+        arr = self._raw(name)
+        layout, device = self._facts(name)
+        try:
+            type_ = fmt.pack_type(device)
+        except TensorFileError:  # metadata another writer put there: NNC's any CPU
+            type_ = fmt.pack_type("CPU")
+        return TensorInfo(name, arr.dtype, arr.shape, layout, type_, 0, arr.nbytes)
+
+    def infos(self) -> list[TensorInfo]:
+        """:meth:`info` of every tensor, sorted by name."""
+        return [self.info(n) for n in self.names()]
+
+    def read(
+        self, name: str, *, shape: tuple[int, ...] | None = None, dtype: Any = None
+    ) -> np.ndarray:
+        """The tensor ``name`` as a new NumPy array; ``shape`` and ``dtype`` as in
+        :meth:`fnnc.io.TensorFile.read` (fewer elements read the first ones; floating
+        types convert into each other)."""
+        where = f"tensor {name!r} in {self.path}"
+        arr = self._raw(name)
+        if shape is not None:
+            want_shape = fmt.requested_shape(shape, where)
+            wanted = math.prod(want_shape)
+            if wanted > arr.size:
+                raise ShapeError(
+                    f"{where} is {arr.dtype}{list(arr.shape)}; cannot read it as shape "
+                    f"{list(want_shape)} ({wanted} elements, {arr.size} stored)"
+                )
+            arr = arr.reshape(-1)[:wanted].reshape(want_shape)
+        if dtype is not None:
+            want = fmt.requested_dtype(dtype, where)
+            if want != arr.dtype and not {want, arr.dtype} <= fmt.FLOATS:
+                raise DTypeError(
+                    f"{where} is {arr.dtype}; reading it as {want} converts only between "
+                    "floating types; read it and use .astype"
+                )
+            return arr.astype(want)
+        return np.array(arr)
+
+    # -- writing -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[SafetensorsFile]:
+        """Collects the writes inside the block and writes the file once at its end
+        (nothing is written if the block raises)."""
+        if self.readonly:
+            raise TensorFileError(f"cannot change {self.path}: it is open with readonly=True")
+        outer = self._pending is None
+        if outer:
+            self._pending = {}
+        self._depth += 1
+        try:
+            yield self
+            if outer:
+                self._flush()
+        finally:
+            self._depth -= 1
+            if outer:
+                self._pending = None
+
+    def write(
+        self,
+        name: str,
+        array: Any,
+        format: str | int = "NHWC",  # noqa: A002 (NNC's word)
+        *,
+        device: str = "CPU",
+        encoder: Any = None,
+    ) -> None:
+        """Stores ``array`` under ``name`` (any dtype the ``safetensors`` library takes).
+
+        Raises:
+            TensorFileError: an ``encoder`` was given (safetensors stores raw bytes only).
+        """
+        where = f"tensor {name!r} in {self.path}"
+        if encoder is not None:
+            raise TensorFileError(
+                f"{where}: safetensors has no codecs; write NNC's codecs to an NNC tensor "
+                "file (.sqlite) or drop encoder="
+            )
+        layout = fmt.FORMAT_NAMES[fmt.pack_format(format, where)]
+        fmt.pack_type(device, 0, where)  # the same device strings as TensorFile
+        arr = np.asarray(array)
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        with self.transaction():
+            assert self._pending is not None
+            self._pending[name] = (np.ascontiguousarray(arr), layout, str(device).upper())
+
+    def _flush(self) -> None:
+        assert self._pending is not None
+        tensors = {n: self._raw(n) for n in self._keys if n not in self._pending}
+        tensors.update({n: v[0] for n, v in self._pending.items()})
+        layout = {n: dict(zip(("format", "device"), self._facts(n), strict=True)) for n in tensors}
+        header = {**self._header, METADATA_KEY: json.dumps({"version": 1, "tensors": layout})}
+        folder = os.path.dirname(os.path.abspath(self.path))
+        fd, temporary = tempfile.mkstemp(suffix=".safetensors", dir=folder)
+        os.close(fd)
+        try:
+            safetensors.numpy.save_file(tensors, temporary, metadata=header)
+            os.replace(temporary, self.path)  # readers see the old file or the new one
+        except BaseException as e:
+            with contextlib.suppress(OSError):
+                os.remove(temporary)
+            if isinstance(e, (safetensors.SafetensorError, ValueError, TypeError)):
+                raise TensorFileError(f"{self.path}: cannot write ({e})") from None
+            raise
+        self._pending = {}
+        self._load_header()
+
+    def close(self) -> None:
+        """Nothing stays open between calls; kept for :class:`TensorFile`'s interface."""
+
+    def __enter__(self) -> SafetensorsFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SafetensorsFile({self.path!r}{', readonly=True' if self.readonly else ''})"
+
+
+def is_safetensors(path: Any) -> bool:
+    """Whether ``path`` names a safetensors file (by its ``.safetensors`` extension)."""
+    return isinstance(path, (str, os.PathLike)) and os.fspath(path).endswith(".safetensors")

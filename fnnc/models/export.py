@@ -1,0 +1,167 @@
+"""A compiled model as one ``jax.export`` artifact: StableHLO that plain JAX runs.
+
+:func:`export` (``Model.export``) serializes the model's inference (test mode) with
+``jax.export``: a file that JAX loads and runs with no fnnc code, on the platforms it
+was lowered for, at any batch size when the batch is symbolic::
+
+    import jax, numpy as np
+    exported = jax.export.deserialize(bytearray(open("model.jax", "rb").read()))
+    y = exported.call(np.ones((5, 4), np.float32))            # parameters embedded
+    y = exported.call(params, np.ones((5, 4), np.float32))    # parameters passed in
+
+How: the model's forward graph is built for one sample and each node runs its
+command's reference forward (:func:`fnnc.graph.interpret`); ``jax.vmap`` maps it over
+the leading axis of every input, which ``jax.export`` keeps symbolic (``batch``, a
+dimension name). So every input and output must have the batch first and the model
+must treat samples independently in test mode, which export checks against
+:meth:`~fnnc.models.Model.evaluate` on the example batch. ``batch=None`` exports the
+graph as built, for the example shapes only.
+
+With ``parameters="embedded"`` the parameters (internals included) are constants in
+the module; with ``"argument"`` the function's first argument is a dict of them by id
+(as :meth:`~fnnc.models.Model.parameters` gives them), so one artifact runs any
+weights of the architecture. ``python -m fnnc inspect FILE`` prints the signature.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from fnnc.errors import ModelError
+from fnnc.graph import interpret
+
+PARAMETERS = ("embedded", "argument")
+
+
+def _specs(model: Any, inputs: Sequence[Any] | None) -> list[jax.ShapeDtypeStruct]:
+    if inputs is None:
+        specs = model.engine.input_specs
+        if not specs:
+            raise ModelError(f"export: model {model.describe()} is not compiled; compile it first")
+    else:
+        specs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    return [jax.ShapeDtypeStruct(tuple(np.shape(s)), np.dtype(s.dtype)) for s in specs]
+
+
+def export(
+    model: Any,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    batch: str | None = "b",
+    parameters: str = "embedded",
+    inputs: Sequence[Any] | None = None,
+    platforms: Sequence[str] | None = None,
+    check: bool = True,
+) -> jax.export.Exported:
+    """Exports ``model``'s inference as a ``jax.export`` artifact (see the module doc).
+
+    Args:
+        model: a compiled :class:`~fnnc.models.Model`.
+        path: where to write the serialized artifact (``None``: do not write).
+        batch: the name of the symbolic batch dimension, or ``None`` for fixed shapes.
+        parameters: ``"embedded"`` (constants in the module) or ``"argument"`` (a dict
+            by id, the first argument).
+        inputs: example inputs or specs (one per model input); default: the shapes the
+            model was compiled for.
+        platforms: e.g. ``("cpu", "cuda")``; default: JAX's default backend.
+        check: run the artifact on the example inputs (zeros if specs were given) and
+            compare it with ``evaluate`` (``ModelError`` if they differ by more than 1e-5).
+
+    Returns:
+        The ``jax.export.Exported``.
+    """
+    if parameters not in PARAMETERS:
+        raise ModelError(f"export: parameters={parameters!r}; expected one of {PARAMETERS}")
+    specs = _specs(model, inputs)
+    if batch is not None and any(not s.shape for s in specs):
+        raise ModelError(
+            "export: an input is a scalar, so it has no batch axis; pass batch=None to "
+            "export fixed shapes"
+        )
+    one = [jax.ShapeDtypeStruct((1, *s.shape[1:]), s.dtype) for s in specs]
+    graph, ids = model.forward_graph(specs if batch is None else one)
+    values = model.parameters()
+    n_out = len(model.outputs)
+
+    def forward(params: dict[str, Any], *xs: Any) -> Any:
+        weights = [params[i] for i in ids]
+        if batch is None:
+            outs = interpret(graph, *xs, *weights)
+        else:
+            sample = lambda *x: interpret(graph, *(v[None] for v in x), *weights)
+            outs = jax.vmap(lambda *x: _strip(sample(*x), n_out))(*xs)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        return outs[0] if n_out == 1 else tuple(outs)
+
+    if batch is not None:
+        (b,) = jax.export.symbolic_shape(batch)
+        arg_specs = [jax.ShapeDtypeStruct((b, *s.shape[1:]), s.dtype) for s in specs]
+    else:
+        arg_specs = specs
+    param_specs = {i: jax.ShapeDtypeStruct(np.shape(values[i]), values[i].dtype) for i in ids}
+    if parameters == "embedded":
+        held = {i: values[i] for i in ids}
+        fn, args = (lambda *xs: forward(held, *xs)), arg_specs
+    else:
+        fn, args = forward, [param_specs, *arg_specs]
+    fn.__name__ = f"fnnc_{(model.name or 'model')}".replace("-", "_")
+    exported = jax.export.export(jax.jit(fn), platforms=platforms)(*args)
+    if check:
+        _check(model, exported, specs, inputs, values, ids, parameters)
+    if path is not None:
+        _write(path, bytes(exported.serialize(vjp_order=0)))
+    return exported
+
+
+def _strip(outs: Any, n_out: int) -> Any:
+    """One sample's outputs without the batch axis of size 1 they were built with."""
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    return tuple(o[0] for o in outs[:n_out])
+
+
+def _check(
+    model: Any,
+    exported: jax.export.Exported,
+    specs: list[jax.ShapeDtypeStruct],
+    inputs: Any,
+    values: dict[str, Any],
+    ids: list[str],
+    parameters: str,
+) -> None:
+    given = isinstance(inputs, (list, tuple)) and all(hasattr(x, "__array__") for x in inputs)
+    xs = [np.asarray(x) for x in inputs] if given else [np.zeros(s.shape, s.dtype) for s in specs]
+    args = xs if parameters == "embedded" else [{i: values[i] for i in ids}, *xs]
+    got = exported.call(*args)
+    want = model.evaluate(xs)
+    for k, (g, w) in enumerate(zip(_listed(got), _listed(want), strict=True)):
+        if np.shape(g) != np.shape(w) or not np.allclose(g, w, rtol=1e-5, atol=1e-5):
+            raise ModelError(
+                f"export: output {k} of model {model.describe()} differs from evaluate "
+                f"(shapes {np.shape(g)} and {np.shape(w)}): the model mixes samples of a "
+                "batch in test mode, so it cannot be mapped over a symbolic batch; export "
+                "with batch=None for the example shapes"
+            )
+
+
+def _listed(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _write(path: str | os.PathLike[str], data: bytes) -> None:
+    """Writes ``data`` to ``path`` atomically (a reader sees the old file or the new)."""
+    target = os.fspath(path)
+    fd, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(target)) or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(temporary, target)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise

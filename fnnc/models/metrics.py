@@ -1,0 +1,215 @@
+"""Metrics of a model on a labelled set: :meth:`Model.score <fnnc.models.Model.score>`
+and ``Model.train(validation=...)`` measure with the same objects.
+
+NNC's ``evaluate`` is a forward pass (``model.evaluate(x)`` gives outputs, as in
+NNC's ``ccv_cnnp_model_evaluate``), so the Keras habit ``model.evaluate(x, y)`` is
+called :meth:`~fnnc.models.Model.score` here, after scikit-learn's ``score(X, y)``:
+it returns ``{"loss": ..., "accuracy": ...}``, the numbers ``train`` logs as
+``val_loss`` and ``val_accuracy`` when given the same set.
+
+A metric sees the model's test-mode outputs and the targets of the *whole* set (one
+array per output / target, batches concatenated), so a set gives the same number in
+whatever batches it is read. A metric is a :class:`Metric` (:class:`Accuracy`,
+:class:`TopK`, :class:`MeanLoss`), a name (``"accuracy"``, ``"top_5_accuracy"``,
+``"loss"``) or your own callable ``fn(outputs, targets) -> float`` of the first output
+and target.
+
+>>> import numpy as np
+>>> from fnnc.models.metrics import Accuracy, TopK
+>>> logits = np.array([[0.1, 0.7, 0.2], [0.5, 0.3, 0.2]], np.float32)
+>>> Accuracy()(None, [logits], [np.array([1, 2])]), TopK(2)(None, [logits], [np.array([1, 1])])
+(0.5, 1.0)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from fnnc.errors import ModelError
+from fnnc.models import checks
+
+CLASSIFICATION = checks.CLASSIFICATION
+
+
+class Metric:
+    """A number measured on a whole labelled set.
+
+    Subclasses set :attr:`name` (the key in ``score``'s result; ``val_<name>`` in the
+    history of ``train``) and implement :meth:`__call__`.
+    """
+
+    name: str = "metric"
+
+    def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:
+        """The metric of ``outputs`` (each model output over the set) against
+        ``targets`` (each target over the set)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement __call__")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+class TopK(Metric):
+    """The fraction of samples whose label is among the ``k`` largest outputs of output
+    ``output``; labels are integers, or one-hot / soft targets (their argmax).
+
+    Args:
+        k: how many of the largest outputs count.
+        output: which model output (and target) to measure.
+        name: the result's key (default ``accuracy`` for ``k=1``, else
+            ``top_<k>_accuracy``).
+    """
+
+    def __init__(self, k: int, *, output: int = 0, name: str | None = None):
+        if not isinstance(k, int) or k < 1:
+            raise ModelError(f"TopK: k must be a positive int, got {k!r}")
+        self.k, self.output = k, output
+        self.name = name or ("accuracy" if k == 1 else f"top_{k}_accuracy")
+
+    def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:
+        out, labels = np.asarray(outputs[self.output]), np.asarray(targets[self.output])
+        if labels.shape == out.shape and out.ndim >= 1:
+            labels = np.argmax(labels, axis=-1)
+        if self.k > out.shape[-1]:
+            raise ModelError(
+                f"metric {self.name}: k={self.k} but output {self.output} has only "
+                f"{out.shape[-1]} classes; pick k <= {out.shape[-1]}"
+            )
+        flat = out.reshape(-1, out.shape[-1])
+        # a label ties into the top k if fewer than k outputs are strictly larger
+        picked = np.take_along_axis(flat, labels.reshape(-1, 1).astype(np.int64), axis=1)
+        return float(np.mean(np.sum(flat > picked, axis=1) < self.k))
+
+
+class Accuracy(TopK):
+    """Top-1 accuracy: the argmax of output ``output`` against integer labels, or
+    one-hot / soft (mixup) targets of the output's shape, whose argmax is the label."""
+
+    def __init__(self, *, output: int = 0, name: str = "accuracy"):
+        super().__init__(1, output=output, name=name)
+
+    def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:
+        out, labels = np.asarray(outputs[self.output]), np.asarray(targets[self.output])
+        if labels.shape == out.shape and out.ndim >= 1:
+            labels = np.argmax(labels, axis=-1)
+        # argmax, not top-1 by rank: ties go to the first class, as predictions do
+        return float(np.mean(np.argmax(out, axis=-1).reshape(-1) == labels.reshape(-1)))
+
+
+class MeanLoss(Metric):
+    """The compiled loss of the model over the set (the mean over samples); with no
+    loss, the mean of the first output."""
+
+    name = "loss"
+
+    def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:
+        from fnnc.models import losses
+
+        loss = model.engine.loss
+        if loss is None:
+            return float(np.mean(np.asarray(outputs[0])))
+        if isinstance(loss, str):
+            if isinstance(targets[0], np.ndarray):
+                checks.labels(loss, np.shape(outputs[0]), targets[0], "train validation")
+            out = losses._COMMANDS[loss]()(outputs[0], targets[0])
+            return float(np.mean(np.asarray(out[0] if isinstance(out, tuple) else out)))
+        return float(loss(list(outputs), list(targets)))
+
+
+class Function(Metric):
+    """Your own metric: ``fn(outputs, targets) -> float`` of the first output and
+    target over the set, under the key ``name``."""
+
+    def __init__(self, name: str, fn: Callable[[Any, Any], Any]):
+        self.name, self.fn = name, fn
+
+    def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:
+        return float(self.fn(outputs[0], targets[0]))
+
+
+_TOP_K = re.compile(r"top_?(\d+)(_accuracy)?$")
+
+
+def get(metric: str | Metric | Callable[..., Any], where: str = "metrics") -> Metric:
+    """The :class:`Metric` a name, metric or callable stands for."""
+    if isinstance(metric, Metric):
+        return metric
+    if isinstance(metric, str):
+        if metric in ("accuracy", "acc"):
+            return Accuracy()
+        if metric == "loss":
+            return MeanLoss()
+        found = _TOP_K.match(metric)
+        if found:
+            return TopK(int(found.group(1)), name=metric)
+        raise ModelError(
+            f"{where}: unknown metric {metric!r}; names are 'accuracy', 'loss' and "
+            "'top_<k>_accuracy'; pass {'name': fn(outputs, targets)} or a "
+            "fnnc.models.metrics.Metric for your own"
+        )
+    if callable(metric):
+        name = getattr(metric, "__name__", "")
+        if not name or name == "<lambda>":
+            raise ModelError(f"{where}: a callable metric needs a name; pass it as {{'name': fn}}")
+        return Function(name, metric)
+    raise ModelError(
+        f"{where}: a metric is a name, a fnnc.models.metrics.Metric or a callable "
+        f"fn(outputs, targets), got {type(metric).__name__}"
+    )
+
+
+def resolve(model: Any, metrics: Any, where: str = "metrics") -> dict[str, Metric]:
+    """The metrics measured on a set: the mean loss first, then top-1 accuracy for a
+    classification loss (unless ``metrics`` is a list, which says exactly which), then
+    ``metrics`` (names, :class:`Metric` objects, callables, or ``{"name": fn}``)."""
+    found: dict[str, Metric] = {"loss": MeanLoss()}
+    listed = metrics is not None and not isinstance(metrics, Mapping)
+    if model.engine.loss in CLASSIFICATION and not listed:
+        found["accuracy"] = Accuracy()
+    if metrics is None:
+        return found
+    if isinstance(metrics, Mapping):
+        for name, fn in metrics.items():
+            found[name] = fn if isinstance(fn, Metric) else Function(name, fn)
+        return found
+    if isinstance(metrics, (str, Metric)) or not isinstance(metrics, Sequence):
+        metrics = [metrics]
+    for metric in metrics:
+        m = get(metric, where)
+        found[m.name] = m
+    return found
+
+
+def measure(
+    model: Any, outputs: list[np.ndarray], targets: list[np.ndarray], metrics: dict[str, Metric]
+) -> dict[str, float]:
+    """Each metric of ``metrics`` on the gathered ``outputs`` and ``targets``."""
+    return {name: float(m(model, outputs, targets)) for name, m in metrics.items()}
+
+
+def score(
+    model: Any,
+    data: Any,
+    labels: Any = None,
+    *,
+    metrics: Any = None,
+    batch_size: int = 256,
+    inputs: Any = None,
+    targets: Any = None,
+) -> dict[str, float]:
+    """Loss and metrics of ``model`` on a labelled set (see ``Model.score``)."""
+    from fnnc.models.validation import outputs_and_targets, validation_batches
+
+    if labels is not None:
+        data = (data, labels)
+    found = resolve(model, metrics, "score")
+    read = validation_batches(data, batch_size=batch_size, inputs=inputs, targets=targets)
+    try:
+        outs, ts = outputs_and_targets(model, read)
+    except ModelError as e:
+        raise ModelError(str(e).replace("train: the validation data", "score: the data")) from None
+    return measure(model, outs, ts, found)

@@ -1,0 +1,76 @@
+"""A model's parameters in files: :meth:`Model.write <fnnc.models.Model.write>` and
+:meth:`Model.read <fnnc.models.Model.read>` on NNC tensor files and safetensors files.
+
+Rows are named as NNC's ``ccv_cnnp_model_write`` names them in both formats
+(:mod:`fnnc.io.parameters`): ``<id>`` or ``__<name>__[<id>]``, internals ``<id>(0)``.
+A ``.safetensors`` path (or ``format="safetensors"``) is a safetensors file, any other
+path an NNC tensor file. Reading takes a name map (``rename=``) from the file's names
+to those, e.g. from a Hugging Face checkpoint's ``"fc.weight"`` to ``"t-fc-0-0"``.
+
+>>> import os, tempfile
+>>> import numpy as np, optax
+>>> from fnnc.models import Dense, Input, Model
+>>> x = Input()
+>>> model = Model(x, Dense(2, name="fc")(x))
+>>> model.compile(np.zeros((1, 3), np.float32), loss="mse", minimizer=optax.sgd(0.1))
+>>> path = os.path.join(tempfile.mkdtemp(), "fc.safetensors")
+>>> model.write(path)
+>>> from safetensors.numpy import save_file, load_file
+>>> weights = load_file(path)
+>>> save_file({"fc.weight": weights["t-fc-0-0"], "fc.bias": weights["t-fc-0-1"]}, path)
+>>> model.read(path, rename={"fc.weight": "t-fc-0-0", "fc.bias": "t-fc-0-1"})
+[]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+from fnnc.io import read_parameters, write_parameters
+from fnnc.io.convert import Rename, Renamed, open_tensors
+
+
+def write_model(
+    model: Any,
+    target: Any,
+    *,
+    name: str | None = None,
+    format: str | None = None,  # noqa: A002 (the file format)
+    encoder: Any = None,
+) -> None:
+    """Writes ``model``'s parameters and internals in one transaction (see
+    :meth:`fnnc.models.Model.write`)."""
+    values = model.parameters()
+    infos = model.engine.infos
+    params = {k: v for k, v in values.items() if not infos[k].internal}
+    internals = {k: v for k, v in values.items() if infos[k].internal}
+    with contextlib.ExitStack() as stack:
+        if format is not None and isinstance(target, (str, os.PathLike)):
+            target = stack.enter_context(open_tensors(target, format=format))
+        write_parameters(target, params, name=name, internals=internals, encoder=encoder)
+
+
+def read_model(
+    model: Any,
+    source: Any,
+    *,
+    name: str | None = None,
+    strict: bool = True,
+    format: str | None = None,  # noqa: A002 (the file format)
+    rename: Rename | None = None,
+) -> list[str]:
+    """Reads parameters into ``model``; returns the ids that did not match (see
+    :meth:`fnnc.models.Model.read`)."""
+    infos = model.engine.infos
+    expected = {k: (i.shape, i.dtype) for k, i in infos.items() if not i.internal}
+    internals = {k: (i.shape, i.dtype) for k, i in infos.items() if i.internal}
+    with contextlib.ExitStack() as stack:
+        if isinstance(source, (str, os.PathLike)):
+            source = stack.enter_context(open_tensors(source, readonly=True, format=format))
+        if rename is not None:
+            source = Renamed(source, rename)
+        found = read_parameters(source, expected, name=name, internals=internals, strict=strict)
+    model.set_parameters({**found, **found.internals})
+    return [*found.missing, *(m if isinstance(m, str) else str(m) for m in found.mismatched)]

@@ -1,0 +1,129 @@
+"""Rotary-embedding family: rotate_half, cmul, rmsnorm_cmul (NNC's ROTATE_HALF, CMUL and
+RMSNORM_CMUL).
+
+Two layouts of RoPE exist and NNC has a command for each:
+
+* *rotate-half* (GPT-NeoX, Llama in Hugging Face): ``x * cos + rotate(x) * sin`` where
+  ``rotate`` swaps the halves of the last axis. NNC's ``rotate_half`` only swaps them
+  (``[1, 2, 3, 4] -> [3, 4, 1, 2]``, its test ``rotate_half.tests.c``), the minus sign
+  of ``[-x2, x1]`` living in the sine table; the traced JAX idiom ``concatenate([-x2,
+  x1])`` becomes ``rotate_half`` times a constant sign row.
+* *interleaved* (Meta's Llama, complex frequencies): ``cmul`` multiplies pairs
+  ``(re, im)`` along the last axis as complex numbers, with broadcasting.
+
+All three are differentiable. NNC's rotate_half backward is rotate_half of the gradient
+(the swap is its own inverse). NNC's CMUL backward multiplies the gradient by the other
+operand; the derivative of a complex product for a real loss multiplies by its
+*conjugate*, which is what this backward does (equal to ``jax.vjp``). rmsnorm_cmul is
+forward-only in NNC; here its backward is derived from ``jax.vjp`` of the reference.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from fnnc.core.command import NOTHING, Spec, Uses, defcommand
+from fnnc.ops._rules import (
+    broadcast_shape,
+    fail,
+    norm_axes,
+    require_float,
+    require_same_dtype,
+    show,
+    to_shape,
+    unbroadcast,
+)
+
+
+def _rotate_rule(x: Spec) -> Spec:
+    require_float("rotate_half", x)
+    if x.ndim == 0 or x.shape[-1] % 2:
+        fail(f"rotate_half: the last axis must have an even size, got {show(x)}")
+    return Spec(tuple(x.shape), x.dtype)
+
+
+@defcommand(family="rope", shape=_rotate_rule, uses=NOTHING)
+def rotate_half(x):
+    """The two halves of the last axis swapped: ``[x1, x2] -> [x2, x1]``.
+
+    >>> import jax.numpy as jnp
+    >>> from fnnc import ops
+    >>> ops.rotate_half()(jnp.array([1.0, 2.0, 3.0, 4.0])).tolist()
+    [3.0, 4.0, 1.0, 2.0]
+    """
+    half = x.shape[-1] // 2
+    return jnp.concatenate([x[..., half:], x[..., :half]], axis=-1)
+
+
+@rotate_half.backward
+def _rotate_half_backward(grads, inputs, outputs):
+    return (rotate_half.definition.forward(grads[0]),)
+
+
+def _cmul_rule(a: Spec, b: Spec) -> Spec:
+    require_float("cmul", a, b)
+    dtype = require_same_dtype("cmul", a, b)
+    shape = broadcast_shape("cmul", a.shape, b.shape)
+    if not shape or shape[-1] % 2 or a.shape[-1] != shape[-1] or b.shape[-1] != shape[-1]:
+        fail(
+            f"cmul: both inputs need the same even-sized last axis of (re, im) pairs, got "
+            f"{show(a)} and {show(b)}"
+        )
+    return Spec(shape, dtype)
+
+
+def _pairs(x, shape):
+    x = to_shape(x, shape)
+    return x[..., 0::2], x[..., 1::2]
+
+
+def _interleave(re, im):
+    return jnp.stack([re, im], axis=-1).reshape(*re.shape[:-1], re.shape[-1] * 2)
+
+
+def _cmul(a, b, shape, conjugate_b=False):
+    a0, a1 = _pairs(a, shape)
+    b0, b1 = _pairs(b, shape)
+    if conjugate_b:
+        b1 = -b1
+    return _interleave(a0 * b0 - a1 * b1, a0 * b1 + a1 * b0)
+
+
+@defcommand(family="rope", shape=_cmul_rule, uses=Uses(inputs=(0, 1)))
+def cmul(a, b):
+    """Complex product of interleaved pairs ``(re, im)`` along the last axis
+    (broadcasting the other axes): RoPE with complex frequencies."""
+    return _cmul(a, b, broadcast_shape("cmul", a.shape, b.shape))
+
+
+@cmul.backward
+def _cmul_backward(grads, inputs, outputs):
+    (g,), (a, b) = grads, inputs
+    return (
+        unbroadcast(_cmul(g, b, g.shape, conjugate_b=True), a.shape),
+        unbroadcast(_cmul(g, a, g.shape, conjugate_b=True), b.shape),
+    )
+
+
+def _rmsnorm_cmul_rule(x: Spec, freqs: Spec, scale: Spec | None = None, *, axes, epsilon):
+    require_float("rmsnorm_cmul", x, freqs)
+    norm_axes("rmsnorm_cmul", axes, x.ndim)
+    out = _cmul_rule(x, freqs)
+    if out.shape != tuple(x.shape):
+        fail(f"rmsnorm_cmul: freqs {show(freqs)} must broadcast to x {show(x)}")
+    return out
+
+
+@defcommand(family="rope", shape=_rmsnorm_cmul_rule)
+def rmsnorm_cmul(x, freqs, scale=None, *, axes=(-1,), epsilon=1e-6):
+    """RMS normalisation of ``x`` over ``axes`` (times ``scale``, NNC's
+    ``elementwise_affine``) followed by ``cmul`` with ``freqs``: query/key
+    normalisation and interleaved RoPE in one command."""
+    ax = norm_axes("rmsnorm_cmul", axes, x.ndim)
+    wide = jnp.promote_types(x.dtype, jnp.float32)
+    xf = x.astype(wide)
+    y = xf * lax.rsqrt(jnp.mean(xf * xf, axis=ax, keepdims=True) + epsilon)
+    if scale is not None:
+        y = y * to_shape(scale.astype(wide), x.shape)
+    return _cmul(y.astype(x.dtype), freqs, tuple(x.shape))

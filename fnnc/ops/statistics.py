@@ -1,0 +1,116 @@
+"""Statistics and sampling: histogram, gumbel_argmax (NNC's HISTOGRAM and GUMBEL_ARGMAX).
+
+``histogram`` counts every entry of a tensor into bins and returns ``(counts, stats)``:
+``int32`` counts and ``[min, max, sum, sum of squares]`` in the input's dtype (min and
+max skip NaNs, the sums do not). The three NNC layouts (``ccv_nnc_histogram_type_e``):
+
+* ``"even"``: ``bins`` equal bins over ``[min, max)``; counts are ``[below min,
+  bin 1 .. bin bins, at or above max, NaN]`` (``bins + 3`` entries);
+* ``"bins"``: a second input of ``n`` ascending boundaries; counts are ``n + 2``
+  entries: entry ``i`` counts values with exactly ``i`` boundaries ``<=`` them, the
+  last counts NaNs;
+* ``"logarithmic"``: boundaries ``+-min * rate^i`` below ``max`` on both sides of 0
+  (``2 * ceil(log(max / min) / log(rate)) + 2`` counts), ``"bins"`` with those
+  boundaries.
+
+``gumbel_argmax`` samples an index along ``axis`` from the softmax of ``x`` (the
+Gumbel-max trick: argmax of ``x`` plus Gumbel noise), ``int32``, the axis kept as
+size 1 like ``argmax``; its randomness comes from a key input like the ``random``
+family's. Both are forward-only, as in NNC.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fnnc.core.command import NOTHING, Spec, defcommand
+from fnnc.errors import CommandError
+from fnnc.ops._rules import fail, norm_axes, require_choice, require_float, show
+from fnnc.ops.random import _check_key, _key
+
+TYPES = ("even", "logarithmic", "bins")
+
+
+def _log_bounds(low: float, high: float, rate: float) -> np.ndarray:
+    upper = math.ceil(math.log(high / low) / math.log(rate))
+    right = low * rate ** np.arange(upper, dtype=np.float64)
+    return np.concatenate([-right[::-1], right]).astype(np.float32)
+
+
+def _histogram_rule(x: Spec, boundaries: Spec | None = None, *, type, bins, min, max, rate):
+    require_float("histogram", x)
+    require_choice("histogram", "type", type, TYPES)
+    if type == "bins":
+        if boundaries is None or boundaries.ndim != 1:
+            fail("histogram: type='bins' needs a 1-d tensor of ascending boundaries as input 1")
+        n = boundaries.shape[0] + 2
+    elif boundaries is not None:
+        raise CommandError(f"histogram: type={type!r} takes no boundaries input; use type='bins'")
+    elif type == "even":
+        if bins < 1 or not max > min:
+            raise CommandError(
+                f"histogram: even bins need bins >= 1 and max > min, got {bins}, [{min}, {max})"
+            )
+        n = bins + 3
+    else:
+        if not (0 < min < max and rate > 1):
+            raise CommandError(
+                "histogram: logarithmic bins need 0 < min < max and rate > 1, "
+                f"got min={min}, max={max}, rate={rate}"
+            )
+        n = _log_bounds(min, max, rate).shape[0] + 2
+    return Spec((n,), jnp.int32), Spec((4,), x.dtype)
+
+
+def _count_between(x, bounds):
+    nan = jnp.isnan(x)
+    slot = jnp.searchsorted(bounds, jnp.where(nan, bounds[0], x), side="right")
+    slot = jnp.where(nan, bounds.shape[0] + 1, slot)
+    return jnp.zeros((bounds.shape[0] + 2,), jnp.int32).at[slot].add(1)
+
+
+@defcommand(family="statistics", shape=_histogram_rule, uses=NOTHING, differentiable=False)
+def histogram(x, boundaries=None, *, type="even", bins=10, min=0.0, max=1.0, rate=1.1):
+    """Counts of ``x``'s entries per bin and ``[min, max, sum, sum of squares]``.
+
+    >>> import jax.numpy as jnp
+    >>> from fnnc import ops
+    >>> counts, stats = ops.histogram(bins=2, min=0.0, max=2.0)(jnp.array([-1.0, 0.5, 1.5, 3.0]))
+    >>> counts.tolist(), stats.tolist()
+    ([1, 1, 1, 1, 0], [-1.0, 3.0, 4.0, 12.5])
+    """
+    flat = x.reshape(-1)
+    if type == "even":
+        nan = jnp.isnan(flat)
+        scale = bins / (max - min)
+        inside = jnp.clip(((flat - min) * scale).astype(jnp.int32) + 1, 1, bins)
+        slot = jnp.where(flat < min, 0, jnp.where(flat >= max, bins + 1, inside))
+        slot = jnp.where(nan, bins + 2, slot)
+        counts = jnp.zeros((bins + 3,), jnp.int32).at[slot].add(1)
+    else:
+        bounds = boundaries if type == "bins" else jnp.asarray(_log_bounds(min, max, rate))
+        counts = _count_between(flat, bounds.astype(flat.dtype))
+    stats = jnp.stack([jnp.nanmin(flat), jnp.nanmax(flat), jnp.sum(flat), jnp.sum(flat * flat)])
+    return counts, stats.astype(x.dtype)
+
+
+def _gumbel_rule(x: Spec, key: Spec, *, axis) -> Spec:
+    require_float("gumbel_argmax", x)
+    _check_key("gumbel_argmax", key)
+    if x.ndim == 0:
+        fail(f"gumbel_argmax: needs an input of rank >= 1, got {show(x)}")
+    ax = norm_axes("gumbel_argmax", (axis,), x.ndim)[0]
+    return Spec(tuple(1 if d == ax else n for d, n in enumerate(x.shape)), jnp.int32)
+
+
+@defcommand(
+    family="statistics", shape=_gumbel_rule, uses=NOTHING, differentiable=False, random=True
+)
+def gumbel_argmax(x, key, *, axis=-1):
+    """A sample of ``softmax(x)`` along ``axis``: ``argmax(x + Gumbel noise)``, ``int32``."""
+    noise = jax.random.gumbel(_key(key), x.shape, jnp.float32).astype(x.dtype)
+    return jnp.argmax(x + noise, axis=axis, keepdims=True).astype(jnp.int32)

@@ -1,0 +1,91 @@
+"""Per-node profiles: XLA's executed operations mapped back to fnnc nodes and commands.
+
+Oracles: the graph's own nodes (names, commands, how many share a name), the HLO's
+``op_name`` metadata of each attributed instruction, and physics (a 256^3 matmul
+takes longer than a ReLU of 64 numbers)."""
+
+from __future__ import annotations
+
+import re
+import runpy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.errors import GraphError
+from fnnc.graph import GraphBuilder, compile, profile
+from fnnc.graph.profile import NO_NODE, parse_hlo
+from fnnc.models import minimizers
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_profile_times_each_node_of_a_program_and_keeps_donated_inputs():
+    b = GraphBuilder()
+    x, w = b.input((256, 256), name="x"), b.input((256, 256), name="w")
+    big = b.exec(ops.gemm(transpose_b=True), x, w, name="big")
+    small = b.exec(ops.relu(), b.input((64,), name="v"), name="small")
+    program = compile(b.build([big, small]), donate=["x"])
+    args = [np.ones((256, 256), np.float32), np.ones((256, 256), np.float32),
+            -np.ones(64, np.float32)]  # fmt: skip
+    report = profile(program, *args, runs=3)
+    rows = {r.name: r for r in report.nodes}
+    assert set(rows) <= {"big", "small", NO_NODE} and {"big", "small"} <= set(rows)
+    assert (rows["big"].command, rows["small"].command) == ("gemm", "relu")
+    assert rows["big"].seconds > rows["small"].seconds > 0
+    assert report.seconds == pytest.approx(sum(r.seconds for r in report.nodes))
+    assert report.commands["gemm"] == rows["big"].seconds
+    np.testing.assert_array_equal(args[0], 1.0)  # copied for each run, never donated
+    text = str(report).splitlines()
+    assert text[0].startswith("profile: ") and text[0].endswith("mean of 3 runs")
+    assert re.match(r"big +gemm +1 +[\d.]+ +[\d.]+", text[3])
+    with pytest.raises(GraphError, match="runs must be a positive int"):
+        profile(program, *args, runs=0)
+
+
+def test_profile_of_the_digits_cnn_fit_step_names_every_node():
+    digits = runpy.run_path(str(EXAMPLES / "digits.py"), run_name="digits")
+    model = digits["make_model"]()
+    rng = np.random.default_rng(0)
+    x, y = rng.random((8, 8, 8, 1), np.float32), (np.arange(8) % 10).astype(np.int32)
+    model.compile([x], loss="softmax_crossentropy", minimizer=minimizers.adam(1e-3))
+    report = model.profile(x, y, runs=2)
+    graph = model.engine._last_fit.program.graph
+    hlo = parse_hlo(model.engine._last_fit.program.compiled_text())
+    rows = {r.name: r for r in report.nodes}
+    # every node of the step's graph has its row, with its command and count
+    names = [n.name or n.cmd.name for n in graph.nodes]
+    assert set(rows) - {NO_NODE} == set(names)
+    for node in graph.nodes:
+        row = rows[node.name or node.cmd.name]
+        assert node.cmd.name in row.command.split("+")
+        assert row.nodes == names.count(row.name)
+    assert rows["digits-0-commandlayer"].nodes == 3 and rows["digits-0-maxpool"].nodes == 2
+    expected = {
+        "digits-0-conv1-0": "convolution", "digits-0-conv2-0": "convolution",
+        "digits-0-bn1-0": "batch_norm", "digits-0-fc1-0": "gemm", "digits-0-logits-0": "gemm",
+        "loss": "softmax_crossentropy", "optimizer": "optax_update",
+        "digits-0-conv1-0.backward": "gradient", "digits-0-conv2-0.backward": "gradient",
+    }  # fmt: skip
+    for name, command in expected.items():
+        assert rows[name].command == command and rows[name].seconds > 0 and rows[name].ops
+    # each attributed instruction carries its node's scope in XLA's op_name metadata
+    for row in report.nodes:
+        for op in row.ops:
+            if row.name != NO_NODE:
+                assert f"/{row.name}/" in hlo.op_names[op] + "/", (row.name, op)
+    assert sum(report.commands.values()) == pytest.approx(report.seconds)
+    assert report.commands["convolution"] == pytest.approx(
+        rows["digits-0-conv1-0"].seconds + rows["digits-0-conv2-0"].seconds
+    )
+    table = str(report)
+    assert re.search(r"^digits-0-conv1-0 +convolution +1 +[\d.]+ +[\d.]+", table, re.M)
+    assert re.search(r"^digits-0-commandlayer +relu +3 ", table, re.M)
+    assert re.search(r"^convolution +[\d.]+ +[\d.]+$", table, re.M)
+    # the forward pass alone: no backward or optimizer time
+    forward = model.profile(x, runs=2)
+    timed = {r.name for r in forward.nodes if r.seconds > 0}
+    assert "digits-0-conv1-0" in timed and not any(".backward" in n for n in timed)
+    assert "optimizer" not in {r.name for r in forward.nodes}

@@ -1,0 +1,110 @@
+"""Model.export: a jax.export artifact that a fresh process with only jax and numpy (fnnc
+not importable) loads and runs at several batch sizes, matching Model.evaluate."""
+
+import os
+import subprocess
+import sys
+import sysconfig
+
+import numpy as np
+import optax
+import pytest
+
+from fnnc.errors import ModelError
+from fnnc.io.cli import main
+from fnnc.models import BatchNorm, Conv, Dense, Flatten, Input, Model, ReLU
+
+# Runs with python -I -S: no PYTHONPATH, no current directory, no .pth files (fnnc's
+# editable install is one); site-packages comes back by hand for jax and numpy.
+RUNNER = """
+import importlib.abc, importlib.util, sys
+sys.path.append(sys.argv[1])
+if importlib.util.find_spec("fnnc") is not None:  # installed into site-packages itself
+    class Hide(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "fnnc" or name.startswith("fnnc."):
+                raise ModuleNotFoundError(name)
+    sys.meta_path.insert(0, Hide())
+try:
+    import fnnc
+except ImportError:
+    pass
+else:
+    raise SystemExit("fnnc is importable in the runner")
+import jax, numpy as np
+artifact, data, out = sys.argv[2:5]
+exported = jax.export.deserialize(bytearray(open(artifact, "rb").read()))
+arrays = np.load(data)
+params = {k[2:]: arrays[k] for k in arrays.files if k.startswith("p:")}
+results = {}
+for k in sorted(k for k in arrays.files if k.startswith("x")):
+    args = ([params] if params else []) + [arrays[k]]
+    results[k] = np.asarray(exported.call(*args))
+np.savez(out, **results)
+print("modules:", sorted(m for m in sys.modules if m.split(".")[0] == "fnnc"))
+"""
+
+
+@pytest.fixture(scope="module")
+def model():
+    rng = np.random.default_rng(0)
+    x = Input()
+    h = ReLU()(BatchNorm(name="bn")(Conv(4, (3, 3), name="conv")(x)))
+    m = Model(x, Dense(3, name="fc")(Flatten()(h)))
+    xs = rng.standard_normal((4, 6, 6, 2)).astype(np.float32)
+    m.compile(xs, loss="mse", minimizer=optax.adam(0.01))
+    for _ in range(2):  # trained weights and running statistics, not the initial ones
+        m.fit(xs, rng.standard_normal((4, 3)).astype(np.float32))
+    return m
+
+
+def _run_without_fnnc(tmp_path, artifact, inputs, params=None):
+    data, out = tmp_path / "data.npz", tmp_path / "out.npz"
+    arrays = {f"x{k}": x for k, x in enumerate(inputs)}
+    arrays |= {f"p:{k}": np.asarray(v) for k, v in (params or {}).items()}
+    np.savez(data, **arrays)
+    (script := tmp_path / "runner.py").write_text(RUNNER)
+    env = {"PATH": os.environ.get("PATH", ""), "JAX_PLATFORMS": "cpu"}
+    purelib = sysconfig.get_paths()["purelib"]
+    command = [sys.executable, "-I", "-S", str(script), purelib, str(artifact), str(data), str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "modules: []" in done.stdout
+    got = np.load(out)
+    return [got[f"x{k}"] for k in range(len(inputs))]
+
+
+@pytest.mark.parametrize("parameters", ["embedded", "argument"])
+def test_artifact_runs_without_fnnc_at_two_batch_sizes(model, tmp_path, parameters):
+    rng = np.random.default_rng(1)
+    artifact = tmp_path / "model.jax"
+    exported = model.export(artifact, batch="b", parameters=parameters)
+    assert str(exported.in_avals[-1].shape[0]) == "b"
+    inputs = [rng.standard_normal((n, 6, 6, 2)).astype(np.float32) for n in (3, 9)]
+    params = model.parameters() if parameters == "argument" else None
+    for x, got in zip(inputs, _run_without_fnnc(tmp_path, artifact, inputs, params)):
+        want = np.asarray(model.evaluate(x))
+        assert got.shape == want.shape == (x.shape[0], 3)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_inspect_shows_the_signature(model, tmp_path, capsys):
+    artifact = tmp_path / "model.jax"
+    model.export(artifact, parameters="argument")
+    assert main(["inspect", str(artifact)]) == 0
+    out = capsys.readouterr().out
+    assert "jax.export artifact" in out
+    assert "[0]  parameters, a dict of 8:" in out and "t-conv-0-0: float32[4,3,3,2]" in out
+    assert "[1]  float32[b,6,6,2]" in out and "outputs:\n  [0]  float32[b,3]" in out
+    assert "symbolic dimensions: b" in out
+
+
+def test_fixed_shapes_and_bad_arguments(model, tmp_path):
+    exported = model.export(tmp_path / "fixed.jax", batch=None)
+    assert exported.in_avals[0].shape == (4, 6, 6, 2)
+    x = np.ones((4, 6, 6, 2), np.float32)
+    np.testing.assert_allclose(exported.call(x), model.evaluate(x), rtol=0, atol=1e-6)
+    with pytest.raises(ModelError, match="parameters='weights'"):
+        model.export(parameters="weights")
+    (garbage := tmp_path / "garbage.jax").write_bytes(b"\x10\0\0\0" + b"\x01" * 60)
+    assert main(["inspect", str(garbage)]) == 1

@@ -1,0 +1,107 @@
+"""Logging callbacks: TensorBoard event files read back with TensorBoard's own reader,
+CSV rows, the learning rate of an Optax schedule, and the history plot."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import optax
+import pytest
+
+from fnnc.errors import ModelError
+from fnnc.models import CSVLogger, Dense, Input, LearningRate, Model, PlotHistory, TensorBoard
+from fnnc.models.callbacks import Callback
+
+RNG = np.random.default_rng(2)
+X = RNG.standard_normal((24, 4)).astype(np.float32)
+Y = (X[:, 0] + X[:, 1] > 0).astype(np.int32)
+SCHEDULE = optax.linear_schedule(0.2, 0.0, transition_steps=6)
+
+
+def model() -> Model:
+    x = Input()
+    m = Model(x, Dense(2, name="fc")(x))
+    m.compile(X[:8], loss="softmax_crossentropy", minimizer=optax.sgd(SCHEDULE))
+    return m
+
+
+class StepLosses(Callback):
+    def __init__(self):
+        self.losses = []
+
+    def on_step_end(self, loop, step, loss):
+        self.losses.append((step, loss))
+
+
+def test_tensorboard_log_holds_the_history_read_back_by_tensorboard(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    steps = StepLosses()
+    callbacks = [LearningRate(SCHEDULE), TensorBoard(tmp_path / "tb", per_step=True), steps]
+    history = model().train(
+        (X, Y), epochs=3, batch_size=8, validation=(X, Y), callbacks=callbacks, verbose=False
+    )
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    tags = events.Tags()["tensors"]
+    assert sorted(tags) == ["loss", "lr", "step/loss", "val_accuracy", "val_loss"]
+
+    def read(tag):
+        got = events.Tensors(tag)
+        return [e.step for e in got], [float(e.tensor_proto.float_val[0]) for e in got]
+
+    for key in ("loss", "val_loss", "val_accuracy", "lr"):
+        epochs, values = read(key)
+        assert epochs == history["epoch"] == [1, 2, 3]
+        assert values == [float(np.float32(v)) for v in history[key]]  # TensorBoard's float32
+    # the rate of the last update of each epoch (steps 3, 6, 9 use counts 2, 5, 8)
+    assert history["lr"] == pytest.approx([0.2 * 4 / 6, 0.2 * 1 / 6, 0.0])
+    step_numbers, step_values = read("step/loss")
+    assert step_numbers == [s for s, _ in steps.losses] == list(range(1, 10))
+    assert step_values == [float(np.float32(v)) for _, v in steps.losses]
+    np.testing.assert_allclose(
+        np.mean(np.reshape([v for _, v in steps.losses], (3, 3)), 1), history["loss"], rtol=1e-6
+    )
+
+
+def test_csv_rows_read_back_exactly_and_append_after_a_resume(tmp_path):
+    path = tmp_path / "log.csv"
+    m = model()
+    first = m.train((X, Y), epochs=2, batch_size=8, validation=(X, Y),
+                    callbacks=[CSVLogger(path)], verbose=False)  # fmt: skip
+    later = m.train((X, Y), epochs=1, batch_size=8, validation=(X, Y),
+                    callbacks=[CSVLogger(path, append=True)], verbose=False)  # fmt: skip
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["epoch", "loss", "val_loss", "val_accuracy"]
+    assert [int(r["epoch"]) for r in rows] == [1, 2, 3]
+    for key in ("loss", "val_loss", "val_accuracy"):
+        assert [float(r[key]) for r in rows] == first[key] + later[key]
+    with pytest.raises(ModelError, match=r"CSVLogger: .* adds \['lr'\]"):
+        m.train((X, Y), epochs=1, batch_size=8, verbose=False,
+                callbacks=[LearningRate(SCHEDULE), CSVLogger(path, append=True)])  # fmt: skip
+
+
+def test_history_plot_draws_every_metric_to_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+
+    from fnnc.models.plots import plot_history
+
+    path = tmp_path / "history.png"
+    m = model()
+    history = m.train((X, Y), epochs=3, batch_size=8, validation=(X, Y),
+                      callbacks=[PlotHistory(path)], verbose=False)  # fmt: skip
+    image = imread(path)
+    assert image.shape[:2] == (320, 800) and image.std() > 0.05  # two panels drawn
+    fig = plot_history(history)
+    loss, acc = fig.axes
+    assert [line.get_label() for line in loss.lines] == ["loss", "val_loss"]
+    assert [line.get_label() for line in acc.lines] == ["val_accuracy"]
+    for line in [*loss.lines, *acc.lines]:
+        assert list(line.get_xdata()) == [1, 2, 3]
+        assert list(line.get_ydata()) == history[line.get_label()]
+    with pytest.raises(ModelError, match="no metrics to draw"):
+        plot_history({"epoch": []})

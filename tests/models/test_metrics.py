@@ -1,0 +1,107 @@
+"""Model.score and the metric objects train(validation=...) shares, against NumPy."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import numpy as np
+import optax
+import pytest
+
+from fnnc.data import DataFrame
+from fnnc.errors import ModelError
+from fnnc.models import Dense, Input, Model, ReLU
+from fnnc.models.metrics import Accuracy, Metric, TopK
+from fnnc.models.progress import EpochLines
+
+RNG = np.random.default_rng(1)
+X = RNG.standard_normal((40, 4)).astype(np.float32)
+Y = np.argmax(X[:, :3] + 0.5 * X[:, 3:], axis=1).astype(np.int32) % 5
+
+
+def model() -> Model:
+    x = Input()
+    m = Model(x, Dense(5, name="out")(ReLU()(Dense(8, name="h")(x))))
+    m.compile(X[:8], loss="softmax_crossentropy", minimizer=optax.adam(0.05))
+    return m
+
+
+def np_cross_entropy(logits, labels):
+    z = logits - logits.max(-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    return float(-np.mean(logp[np.arange(len(labels)), labels]))
+
+
+def np_top_k(logits, labels, k):
+    top = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+    return float(np.mean((top == labels[:, None]).any(-1)))
+
+
+class MaxProb(Metric):
+    name = "max_prob"
+
+    def __call__(self, model, outputs, targets):
+        z = np.exp(outputs[0] - outputs[0].max(-1, keepdims=True))
+        return float(np.mean(z.max(-1) / z.sum(-1)))
+
+
+def test_score_gives_loss_and_metrics_as_numpy_computes_them_and_as_train_logs():
+    m = model()
+    history = m.train(
+        (X, Y), epochs=2, batch_size=8, validation=(X, Y), verbose=False,
+        metrics=["accuracy", TopK(3), MaxProb(), "top_2_accuracy"],
+    )  # fmt: skip
+    got = m.score(X, Y, metrics=["accuracy", TopK(3), MaxProb(), "top_2_accuracy"], batch_size=7)
+    logits = m.predict(X)
+    assert list(got) == ["loss", "accuracy", "top_3_accuracy", "max_prob", "top_2_accuracy"]
+    np.testing.assert_allclose(got["loss"], np_cross_entropy(logits, Y), rtol=1e-5)
+    assert got["accuracy"] == float(np.mean(np.argmax(logits, -1) == Y))
+    assert got["top_3_accuracy"] == np_top_k(logits, Y, 3)
+    assert got["top_2_accuracy"] == np_top_k(logits, Y, 2)
+    assert 0 < got["max_prob"] <= 1
+    # train measured the same set with the same objects after its last epoch
+    assert {k: history[f"val_{k}"][-1] for k in got} == pytest.approx(got, rel=1e-6)
+    # a dataframe (last column the target) gives the same numbers as the arrays
+    frame = m.score(DataFrame.from_arrays(x=X, y=Y), metrics={"max_prob": MaxProb()})
+    assert frame == pytest.approx({k: got[k] for k in ("loss", "accuracy", "max_prob")})
+
+
+def test_score_defaults_and_bad_metrics():
+    m = model()
+    got = m.score((X, Y))
+    assert list(got) == ["loss", "accuracy"]  # a classification loss adds accuracy
+    own = m.score((X, Y), metrics={"first": lambda out, y: float(out[0, 0])})
+    assert own["first"] == pytest.approx(float(m.predict(X)[0, 0]))
+    one_hot = m.score((X, np.eye(5, dtype=np.float32)[Y]), metrics=[Accuracy()])
+    assert one_hot["accuracy"] == got["accuracy"]
+    with pytest.raises(ModelError, match=r"score: unknown metric 'f1'.*top_<k>_accuracy"):
+        m.score((X, Y), metrics=["f1"])
+    with pytest.raises(ModelError, match=r"k=9 but output 0 has only 5 classes"):
+        m.score((X, Y), metrics=[TopK(9)])
+    with pytest.raises(ModelError, match=r"callable metric needs a name"):
+        m.score((X, Y), metrics=[lambda o, t: 0.0])
+
+
+def test_each_epoch_keeps_its_own_line_in_a_terminal(capsys):
+    m = model()
+    m.train((X, Y), epochs=3, batch_size=8, validation=(X, Y), progress=True)
+    err = capsys.readouterr().err
+    finals = [line.rsplit("\r", 1)[-1] for line in err.split("\n") if line.strip()]
+    for e in (1, 2, 3):
+        mine = [f for f in finals if f.startswith(f"epoch {e}/3")]
+        assert len(mine) == 1 and "5/5" in mine[0] and "val_accuracy" in mine[0], finals
+
+
+def test_the_first_epochs_rate_leaves_the_compiling_step_out():
+    out = io.StringIO()
+    lines = EpochLines(target=1, bars=True, stream=out)
+    lines.begin(0, 4, 0)
+    time.sleep(0.5)  # the first step compiles
+    lines.step()
+    for _ in range(3):
+        lines.step()
+    meter = lines._bar.format_dict
+    assert meter["n"] == 4 and meter["initial"] == 1 and meter["elapsed"] < 0.25
+    lines.end({"loss": 1.0}, 0.6)
+    assert "epoch 1/1" in out.getvalue() and "loss 1.0000" in out.getvalue()

@@ -1,0 +1,98 @@
+"""benchmarks/gpu_check.py, the GPU check, on what a CPU can check quickly: the commands
+it plans (``--dry-run``), the counts it reads back from pytest, and the packages it
+finds missing. Its CPU mode (``benchmarks/gpu_check.sh --cpu``, about 45 s on a busy
+2-core machine) runs the whole script on a small subset; too slow for the suite."""
+
+import subprocess
+import sys
+import textwrap
+
+from benchmarks import gpu_check
+from tests.helpers import ROOT, subprocess_env
+
+
+def _dry_run(*flags):
+    done = subprocess.run(
+        [str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", *flags],
+        env=subprocess_env(PYTHON=sys.executable), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return dict(line.split(": ", 1) if ": " in line else line.split("=", 1)
+                for line in done.stdout.splitlines() if ":" in line or "=" in line)  # fmt: skip
+
+
+def test_dry_run_plans_the_gpu_tests_the_suite_and_the_kernels():
+    plan = _dry_run("--workers", "7")
+    assert plan["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    assert plan["PYTHONPATH"].split(":")[0] == str(ROOT)  # fnnc from this checkout
+    gpu = plan["gpu tests"]
+    assert "-o addopts= -n 0 -m gpu" in gpu and gpu.endswith("tests/ops/pallas/test_gpu.py")
+    suite = plan["suite"]
+    assert " -n 7 " in suite and "-m gpu" not in suite and "addopts" not in suite
+    assert plan["kernels"].endswith("benchmarks/kernels.py --dtype bfloat16")
+
+
+def test_cpu_mode_forces_cpu_and_leaves_the_kernels_out():
+    plan = _dry_run("--cpu")
+    assert plan["JAX_PLATFORMS"] == "cpu"
+    assert plan["suite"].endswith(" ".join(gpu_check.CPU_SUBSET))
+    assert plan["kernels"].startswith("skipped")
+
+
+def test_counts_come_from_pytest_s_own_report(tmp_path):
+    (tmp_path / "test_three.py").write_text(
+        textwrap.dedent(
+            """
+            import pytest
+            def test_ok(): pass
+            def test_bad(): assert 1 == 2
+            @pytest.mark.skip(reason="no")
+            def test_skipped(): pass
+            """
+        )
+    )
+    report = tmp_path / "r.xml"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+         "-p", "no:randomly", f"--junitxml={report}", "test_three.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout
+    passed, failed, skipped, failures = gpu_check.junit_counts(report)
+    assert (passed, failed, skipped) == (1, 1, 1)
+    assert failures == ["test_three.py::test_bad"]
+    assert gpu_check.summary_counts(done.stdout) == (1, 1, 1)
+
+
+def test_missing_packages_are_named_with_the_commands_that_install_them():
+    assert gpu_check.missing({"json": "json", "no_such_module_here": "no-such-dist"}) == [
+        "no-such-dist"
+    ]
+    text = gpu_check.how_to_install(["grain", "portpicker"])
+    assert "pip install grain portpicker" in text and "FNNC_WHEELS" in text
+
+
+def _wheel(folder, name="fnnc_probe_pkg"):
+    """A minimal pure-Python wheel, written by hand (no build backend needed)."""
+    import zipfile
+
+    dist = name.replace("_", "-")
+    info = f"{name}-0.1.dist-info"
+    with zipfile.ZipFile(folder / f"{name}-0.1-py3-none-any.whl", "w") as z:
+        z.writestr(f"{name}/__init__.py", "ANSWER = 42\n")
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+        z.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        z.writestr(f"{info}/RECORD", "")
+    return name, dist
+
+
+def test_missing_packages_install_from_a_folder_of_wheels(tmp_path, monkeypatch):
+    wheels, target = tmp_path / "wheels", tmp_path / "deps"
+    wheels.mkdir()
+    module, dist = _wheel(wheels)
+    assert gpu_check.missing({module: dist}) == [dist]
+    gpu_check.install([dist], wheels, target)
+    monkeypatch.syspath_prepend(str(target))
+    assert gpu_check.missing({module: dist}) == []
