@@ -46,6 +46,7 @@ from fnnc.core.ir import Graph, Symbol
 from fnnc.graph import GraphBuilder, compile, simplify
 from fnnc.graph.compile import Program
 from fnnc.graph.passes.backward import backward as backward_pass
+from fnnc.graph.passes.linear_crossentropy import fuse_linear_crossentropy
 from fnnc.graph.passes.loss_scale import minimize_scaled
 from fnnc.graph.passes.minimize import TrainLayout, minimize
 from fnnc.models import losses
@@ -311,6 +312,7 @@ def fit_program(
     if precision is not None:  # keeps input ids: parameters are still ctx.symbols[p]
         graph = precision(graph)
     graph, ids = passes.run_forward(graph)
+    graph = fuse_linear_crossentropy(graph)  # keeps ids too; before backward, so it pays
     loss_id = graph.outputs[0]
     scaling = getattr(precision, "loss_scale", None)
     wrt = [ids(ctx.symbols[p].id) for p in pids]

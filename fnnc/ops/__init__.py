@@ -26,6 +26,7 @@ from fnnc.core.dispatch import backends_of as backends_of
 from fnnc.core.dispatch import register_backend as register_backend
 from fnnc.core.dispatch import select_backend as select_backend
 from fnnc.core.dispatch import unregister_backend as unregister_backend
+from fnnc.ops import attention_cudnn as attention_cudnn
 from fnnc.ops import autotune as autotune
 from fnnc.ops import conv_cpu as conv_cpu
 from fnnc.ops import pallas as pallas
@@ -89,6 +90,9 @@ from fnnc.ops.gated import rmsnorm_gated as rmsnorm_gated
 from fnnc.ops.gated import segmented_swiglu as segmented_swiglu
 from fnnc.ops.gated import swiglu as swiglu
 from fnnc.ops.gated import swish_mul as swish_mul
+from fnnc.ops.linear_crossentropy import (
+    linear_softmax_crossentropy as linear_softmax_crossentropy,
+)
 from fnnc.ops.loss import binary_crossentropy as binary_crossentropy
 from fnnc.ops.loss import categorical_crossentropy as categorical_crossentropy
 from fnnc.ops.loss import mse as mse

@@ -54,6 +54,11 @@ def cases(z: dict[str, int], dtype: Any) -> list[Case]:
     qkv = [n(z["b"], z["s"], z["h"], hd) for _ in range(3)]
     return [
         (ops.softmax_crossentropy(), [n(rows, z["vocab"]), labels], (0,)),
+        (
+            ops.linear_softmax_crossentropy(),
+            [n(rows, d), n(z["vocab"], d, scale=0.03), labels, n(z["vocab"])],
+            (0, 1, 3),
+        ),
         (ops.layer_norm(), [n(z["b"], z["s"], d), n(d), n(d)], (0, 1, 2)),
         (ops.rms_norm(), [n(z["b"], z["s"], d), n(d)], (0, 1)),
         (ops.scaled_dot_product_attention(is_causal=True), qkv, (0, 1, 2)),

@@ -9,6 +9,18 @@ _AB = rand([3, 4])
 _NEAR = _AB + np.array([[0.05], [2.0], [1.5]], np.float32) * rand([3, 4], seed=1)
 
 CASES = [
+    Case(
+        ops.linear_softmax_crossentropy(row_chunk=4, class_chunk=4),
+        (rand([7, 3]), rand([9, 3], seed=1), randint([7], 9, seed=2), rand([9], seed=3)),
+        "linear_xent-ragged-bias",
+        grad_inputs=(0, 1, 3),
+    ),
+    Case(
+        ops.linear_softmax_crossentropy(trim0=0.02, trim1=0.8, row_chunk=2, class_chunk=3),
+        (rand([2, 3, 4]), rand([5, 4], seed=1), randint([2, 3, 1], 5, seed=2).astype(np.float32)),
+        "linear_xent-lead-trim-float-index",
+        grad_inputs=(0, 1),
+    ),
     Case(ops.softmax_crossentropy(), (rand([3, 5]) * 3, randint([3], 5)), "softmax_xent-int"),
     Case(
         ops.softmax_crossentropy(),

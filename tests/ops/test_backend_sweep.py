@@ -191,11 +191,21 @@ def _accepted_anywhere(name: str, backend) -> bool:
     return False
 
 
+CHECKED_ELSEWHERE = {
+    ("scaled_dot_product_attention", "cudnn"): (
+        "16-bit only, and the sweep runs float32: tests/ops/test_attention_cudnn.py checks "
+        "its adaptor here, tests/ops/pallas/test_gpu.py the compiled cuDNN call"
+    ),
+}
+"""Backends no float32 case can reach, with the tests that check them instead."""
+
+
 def test_every_backend_has_a_case() -> None:
     """Each registered backend accepts at least one case, so none goes unchecked: swept
     here if it runs on this platform (compiled or interpreted), else swept where it runs
-    (the CPU convolution backends on a GPU machine). (Backends of ``gradient`` are the
-    forwards' ``backward``s, checked with them.)"""
+    (the CPU convolution backends on a GPU machine), unless :data:`CHECKED_ELSEWHERE`
+    names its own tests. (Backends of ``gradient`` are the forwards' ``backward``s,
+    checked with them.)"""
     swept = set()
     for case_id, backend in PAIRS:
         swept.add((BY_ID[case_id].cmd.name, backend))
@@ -206,6 +216,7 @@ def test_every_backend_has_a_case() -> None:
         for backend, b in backends_of(name).items()
         if backend != REFERENCE
         and (name, backend) not in swept
+        and (name, backend) not in CHECKED_ELSEWHERE
         and (PLATFORM in b.platforms + b.interpret_platforms or not _accepted_anywhere(name, b))
     ]
     assert not missing, f"backends no case in tests/ops/cases_*.py reaches: {missing}"

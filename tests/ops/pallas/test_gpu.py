@@ -116,3 +116,33 @@ def test_compiled_kernel_matches_reference_and_is_timed(name):
     ratio = t_ref / t_kernel
     print(f"{name}: pallas {t_kernel * 1e3:.3f} ms, xla {t_ref * 1e3:.3f} ms ({ratio:.2f}x)")
     assert np.isfinite(t_kernel)
+
+
+@pytest.mark.parametrize("padding", [False, True])
+def test_cudnn_attention_matches_reference_forward_and_backward(padding):
+    from fnnc.ops import attention_cudnn
+
+    cmd = ops.scaled_dot_product_attention(is_causal=not padding)
+    args = [jnp.asarray(rand((2, 512, 8, 64), seed=i), jnp.bfloat16) for i in range(3)]
+    if padding:  # the second sequence's last 112 keys are padding
+        args.append(
+            jnp.asarray(
+                np.arange(512)[None, None, None, :] < np.array([512, 400])[:, None, None, None]
+            )
+        )
+    why = attention_cudnn.supports(cmd, as_specs(args, "cudnn"))
+    if why is not None:
+        pytest.skip(why)
+    params = dict(scale=None, is_causal=not padding)
+    reference = jax.jit(lambda *a: ops.backends_of(cmd.name)["xla"].forward(*a, **params))
+    cudnn = jax.jit(lambda *a: attention_cudnn.scaled_dot_product_attention(*a, **params))
+    o = reference(*args)
+    assert_close(cudnn(*args), o, rtol=2e-2, atol=2e-2)
+    go = jnp.asarray(rand(o.shape, seed=7), jnp.bfloat16)
+    wants = tuple(range(len(args)))
+    want = jax.jit(lambda *a: cmd.definition.backward((go,), a, (o,), **params))(*args)
+    got = jax.jit(lambda *a: attention_cudnn.backward((go,), a, (o,), wants, **params))(*args)
+    for g, w in zip(got[:3], want[:3]):
+        assert_close(g, w, rtol=1e-1, atol=1e-1)
+    t_cudnn, t_ref = _time(cudnn, *args), _time(reference, *args)
+    print(f"cudnn attention: {t_cudnn * 1e3:.3f} ms, xla {t_ref * 1e3:.3f} ms")

@@ -1,0 +1,25 @@
+"""benchmarks/lm_step.py at its tiny size: fnnc's Model.fit and the Flax NNX + optax step
+start from the same weights and give the same losses step by step."""
+
+import numpy as np
+
+from benchmarks import lm_step
+
+
+def test_tiny_lm_step_losses_of_fnnc_and_nnx_agree_step_by_step():
+    z = lm_step.SIZES["tiny"]
+    fnnc = lm_step.run("fnnc", z, steps=3, precision="float32", timed=False)
+    nnx = lm_step.run("nnx", z, steps=3, precision="float32", timed=False)
+    np.testing.assert_allclose(fnnc.losses, nnx.losses, rtol=1e-5)
+    assert fnnc.losses[0] != fnnc.losses[1]  # the steps train
+    assert abs(fnnc.losses[0] - np.log(z.vocab)) < 0.5  # small initial logits: about log V
+    fnnc.ms, nnx.ms = 2.0, 1.0  # the report's arithmetic on made-up times
+    fnnc.peak_bytes = nnx.peak_bytes = 2**30
+    report = lm_step.table([fnnc, nnx], z, 1e12, "a 1 TFLOP/s peak")
+    flops = lm_step.flops_per_step(z)
+    assert f"{flops / 2e-3 / 1e12:8.3g}" in report.splitlines()[2]
+    assert report.splitlines()[2].split()[5] == "2.00"  # fnnc's time over nnx's
+
+
+def test_the_issue_size_counts_about_nine_tflop():
+    assert abs(lm_step.flops_per_step(lm_step.SIZES["issue"]) / 1e12 - 9.07) < 0.01
