@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fnnc.core.ir import Symbol
@@ -59,23 +59,42 @@ class Model(ScaleMixin, Layer):
             ctx.checkpointed(self, self.gradient_checkpointing) as region,
             ctx.inside(self, prefix=nested),
         ):
-            values: dict[int, Symbol] = {id(io): x for io, x in zip(self.inputs, xs)}
-            built: dict[tuple[int, int], Any] = {}
-            for io in self._order:
-                key = (id(io.layer), id(io.args))
-                if key not in built:
-                    args = [values[id(a)] for a in io.args]
-                    try:
-                        out = io.layer.build(ctx, *args)
-                    except ModelError:
-                        raise
-                    except (ValueError, TypeError) as e:
-                        raise ModelError(f"layer {io.layer.describe()}: {e}") from e
-                    built[key] = out if isinstance(out, tuple) else (out,)
-                values[id(io)] = built[key][io.index]
-            outs = tuple(values[id(o)] for o in self.outputs)
+            outs = self.build_layers(ctx, xs)
             region.extend(outs)
         return outs if len(outs) > 1 else outs[0]
+
+    def build_layers(
+        self,
+        ctx: BuildContext,
+        xs: Sequence[Symbol],
+        on_layer: Callable[[Any, tuple[Any, ...], list[Any], bool], None] | None = None,
+        where: str = "",
+    ) -> tuple[Symbol, ...]:
+        """Builds each layer call once, in order, on ``xs``; returns the outputs.
+
+        ``on_layer(call, outputs, new parameters, built before)`` sees each first build
+        (``summary`` tabulates them); ``where`` prefixes the errors.
+        """
+        values: dict[int, Symbol] = {id(io): x for io, x in zip(self.inputs, xs)}
+        built: dict[tuple[int, int], tuple[Any, ...]] = {}
+        for io in self._order:
+            key = (id(io.layer), id(io.args))
+            if key not in built:
+                before = set(ctx.params) if on_layer is not None else set()
+                made = id(io.layer) in ctx._paths  # built before: its parameters exist
+                args = [values[id(a)] for a in io.args]
+                try:
+                    out = io.layer.build(ctx, *args)
+                except ModelError:
+                    raise
+                except (ValueError, TypeError) as e:
+                    raise ModelError(f"{where}layer {io.layer.describe()}: {e}") from e
+                built[key] = out if isinstance(out, tuple) else (out,)
+                if on_layer is not None:
+                    new = [info for pid, info in ctx.params.items() if pid not in before]
+                    on_layer(io, built[key], new, made)
+            values[id(io)] = built[key][io.index]
+        return tuple(values[id(o)] for o in self.outputs)
 
     # -- Flax ------------------------------------------------------------------
     @staticmethod

@@ -59,28 +59,13 @@ def rows(model: Any, inputs: Sequence[Any] | None = None) -> list[Row]:
             f"{len(xs)} specs; pass one array or spec per input"
         )
     table = [Row(f"input[{i}]", [type_str(x)], []) for i, x in enumerate(xs)]
-    values: dict[int, Any] = {id(io): x for io, x in zip(model.inputs, xs)}
-    built: dict[tuple[int, int], tuple[Any, ...]] = {}
+
+    def row(io: Any, outs: tuple[Any, ...], new: list[Any], made: bool) -> None:
+        table.append(Row(_label(io.layer), [type_str(o) for o in outs], new, made and not new))
+
     # as Model.build does for the outermost model (Engine._build: nested=False)
     with ctx.inside(model, prefix=False):
-        for io in model._order:
-            key = (id(io.layer), id(io.args))
-            if key not in built:
-                before = set(ctx.params)
-                made = id(io.layer) in ctx._paths  # built before: its parameters exist
-                args = [values[id(a)] for a in io.args]
-                try:
-                    out = io.layer.build(ctx, *args)
-                except ModelError:
-                    raise
-                except (ValueError, TypeError) as e:
-                    raise ModelError(f"summary: layer {io.layer.describe()}: {e}") from e
-                built[key] = out if isinstance(out, tuple) else (out,)
-                new = [info for pid, info in ctx.params.items() if pid not in before]
-                shared = made and not new
-                outs = [type_str(o) for o in built[key]]
-                table.append(Row(_label(io.layer), outs, new, shared))
-            values[id(io)] = built[key][io.index]
+        model.build_layers(ctx, xs, on_layer=row, where="summary: ")
     return table
 
 
