@@ -187,6 +187,6 @@ class AddOns:
         ``normalize=(mean, std)``, ``roundup``. Output is float32."""
         try:
             jitter = Jitter(**options)
-        except TypeError as e:
+        except (TypeError, ValueError) as e:
             raise DataError(f"image_random_jitter: {e}; see fnnc.data.jitter.Jitter") from e
         return self.map(jitter, column, output or f"{column}_jitter", random=True, seed=seed)

@@ -165,9 +165,10 @@ def test_sample_lists_are_gathered_per_group():
 def test_map_before_and_after_reduce():  # "map before reduce", "map after reduce"
     df, _ = frame(plus_one=True)
     assert list(df.sample(3, total, inputs="x").iterator("sample")) == [12, 21, 19]
-    df, _ = frame()
+    df, column = frame()
     after = df.sample(3, total, inputs="x").map(lambda s: s + 1, "sample", "derived")
     assert list(after.iterator("derived")) == [10, 19, 18]
+    assert (column.gathers, column.reads) == (3, 0)
     shuffled = after.shuffle().iterator("derived", seed=2)  # "map after reduce shuffled"
     assert sorted(shuffled) == [10, 18, 19]
 
