@@ -34,7 +34,10 @@ continues one sequence, and the same seed replays it. ``workers=`` reads ahead i
 processes and gives the same stream as ``workers=0``; ``df.read_with(workers=2)`` makes
 that the default, for loops that make the iterators themselves (``Model.train``): the
 processes then start once per run (:func:`release_workers` stops them before exit).
-:meth:`~DataFrame.shard` gives each JAX process its share. Errors are
+:meth:`~DataFrame.shard` gives each JAX process its share. NNC's add-ons derive columns
+by name (``df.one_hot("y", 10)``, ``copy_scalar``, ``one_squared``, ``truncate``,
+``image_random_jitter``: :mod:`fnnc.data.addons`), and ``it.prefetch(n)`` reads the
+next ``n`` elements now, as NNC's ``ccv_cnnp_dataframe_iter_prefetch``. Errors are
 :class:`DataError`, naming the column and row.
 """
 

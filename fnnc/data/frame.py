@@ -22,7 +22,9 @@ NNC                                     fnnc.data
 ``ccv_cnnp_dataframe_sample_new``       :meth:`DataFrame.sample`
 ``ccv_cnnp_dataframe_combine_new``      :meth:`DataFrame.batch`
 ``ccv_cnnp_dataframe_iter_new``         :meth:`DataFrame.iterator`
-``ccv_cnnp_dataframe_iter_prefetch``    ``iterator(threads=, prefetch=, workers=)``
+``ccv_cnnp_dataframe_iter_prefetch``    :meth:`DataIterator.prefetch`; reading ahead in
+                                        the background: ``iterator(threads=, workers=)``
+``ccv_cnnp_dataframe_one_hot`` ...      :mod:`fnnc.data.addons` (``df.one_hot(...)``)
 ``ccv_cnnp_dataframe_iter_set_cursor``  :meth:`DataIterator.set_state`
 ======================================  ===============================================
 """
@@ -36,6 +38,7 @@ from typing import Any
 import grain
 
 from fnnc.data import files, plan
+from fnnc.data.addons import AddOns
 from fnnc.data.errors import DataError
 from fnnc.data.iterator import DataIterator
 from fnnc.data.sources import (
@@ -58,7 +61,7 @@ def _seed(seed: Any, what: str) -> int | None:
     return seed
 
 
-class DataFrame:
+class DataFrame(AddOns):
     """Named columns over rows, and the steps that derive, reorder and group them.
 
     Make one with a ``from_*`` constructor (or ``DataFrame(columns)`` from

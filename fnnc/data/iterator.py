@@ -25,6 +25,7 @@ element is a function of its index).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import sys
 from collections.abc import Callable, Hashable, Iterator
@@ -96,6 +97,7 @@ class DataIterator(Iterator[Any]):
         self._position = epoch * self.batches_per_epoch
         self._stop = None if epochs is None else (epoch + epochs) * self.batches_per_epoch
         self._iter: Any = None
+        self._buffer: collections.deque[Any] = collections.deque()
         self._opened_at = -1
         self._key = None
         if pipeline is not None and self._workers:
@@ -146,9 +148,40 @@ class DataIterator(Iterator[Any]):
         if self.batches_per_epoch == 0 or (self._stop is not None and self._position >= self._stop):
             self.close()
             raise StopIteration
-        element = next(self._open())
+        element = self._buffer.popleft() if self._buffer else next(self._open())
         self._position += 1
         return element
+
+    def prefetch(self, n: int = 1) -> int:
+        """Reads the next ``n`` elements now, in the calling thread, into a buffer that
+        the following ``next`` calls take from (NNC's ``ccv_cnnp_dataframe_iter_prefetch``).
+
+        Prefetches add up: three ``prefetch(1)`` hold three elements, and ``next`` reads
+        nothing until they are used. Returns how many elements it read: ``n``, fewer
+        when the iterator's end comes first (0 at the end, where NNC returns -1). The
+        background read-ahead (``threads``, ``prefetch=``, ``workers``) is unchanged;
+        this fills the buffer from it. :meth:`get_state` counts only elements taken
+        with ``next``: buffered ones are read again after a restore.
+
+        >>> import numpy as np
+        >>> from fnnc.data import DataFrame
+        >>> it = DataFrame.from_arrays(x=np.arange(5)).iterator("x")
+        >>> it.prefetch(3), it.prefetch(3), it.prefetch(1), [int(v) for v in it]
+        (3, 2, 0, [0, 1, 2, 3, 4])
+        """
+        n = _count(n, "prefetch n", 0)
+        if self.batches_per_epoch == 0:
+            return 0
+        ahead = self._position + len(self._buffer)
+        if self._stop is not None:
+            n = min(n, max(self._stop - ahead, 0))
+        source = self._open() if n else None
+        for read in range(n):
+            try:
+                self._buffer.append(next(source))  # type: ignore[call-overload]
+            except StopIteration:
+                return read
+        return n
 
     def __iter__(self) -> DataIterator:
         return self
@@ -161,6 +194,7 @@ class DataIterator(Iterator[Any]):
         """Stops Grain's threads and worker processes; the position is kept, and reading
         again restarts them there. Worker processes of an iterator that read to its end
         are kept for the next epoch's iterator instead (:mod:`fnnc.data.workers`)."""
+        self._buffer.clear()  # reopening restarts at the position, before them
         if self._iter is None:
             return
         if self._key is not None and self._position == self._stop:
@@ -179,7 +213,8 @@ class DataIterator(Iterator[Any]):
     def get_state(self) -> dict[str, Any]:
         """Where the iterator is, as a JSON-able dict (store it with the checkpoint)."""
         grain_state = None
-        if self._iter is not None and hasattr(self._iter, "get_state"):
+        # Grain's state is past the buffered elements; the position is the truth then.
+        if self._iter is not None and not self._buffer and hasattr(self._iter, "get_state"):
             grain_state = {
                 "opened_at": self._opened_at,
                 "workers": self._workers,
@@ -200,7 +235,7 @@ class DataIterator(Iterator[Any]):
         it), taken whole now where Grain's reading threads hold a buffer. A training
         loop that reads the next batch while a step runs keeps the position of the
         step's own batch this way."""
-        if (self._threads or self._prefetch) and not self._workers:
+        if (self._threads or self._prefetch) and not self._workers and not self._buffer:
             state = self.get_state()
             return lambda: state
         position = self._position

@@ -89,6 +89,7 @@ class Reader:
         top = len(self.groups)
         self.maps: list[list[Any]] = [[] for _ in steps]
         self.members: list[set[str]] = [set() for _ in steps]  # per level: from members
+        self.combined = [False for _ in steps]  # per level: whether its group is read
         self.gathered: list[str] = []
         want = set(output)
         for k in range(top, 0, -1):
@@ -98,7 +99,8 @@ class Reader:
                 want = set(group.inputs) if group.output in need else set()
             else:
                 want = need & set(group.inputs)
-            if k == 1 and group.stack and group.fn is None:
+            self.combined[k] = bool(want)
+            if k == 1:  # batch and sample read source columns a group at a time
                 raw = set(want) - {o for _, m in _live(steps[0], want)[0] for o in m.outputs}
                 self.gathered = sorted(
                     c for c in raw if type(source[c]).gather is not Column.gather
@@ -130,9 +132,11 @@ class Reader:
         members, values = ids, {}
         if k == 1:
             values = {c: self._read(c, members) for c in self.gathered}
-        if self.members[k]:  # empty: every column gathered, or a sample nobody reads
-            rows = [self._level(k - 1, m, epoch) for m in members]
-            values.update(self._combine(k, rows, members))
+            if not self.groups[0].stack:  # a sample's columns are lists of rows
+                values = {c: list(v) for c, v in values.items()}
+        if self.combined[k]:
+            rows = [self._level(k - 1, m, epoch) for m in members] if self.members[k] else []
+            values = self._combine(k, rows, members, values)
         return self._maps(k, values, ids, epoch)
 
     def _read(self, column: str, ids: Any) -> Any:
@@ -148,14 +152,19 @@ class Reader:
                 f"{type(e).__name__}: {e}"
             ) from e
 
-    def _combine(self, k: int, rows: list[dict[str, Any]], members: Any) -> dict[str, Any]:
+    def _combine(
+        self, k: int, rows: list[dict[str, Any]], members: Any, gathered: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The group's columns from its member rows, plus ``gathered`` (the columns
+        already read for the whole group through ``Column.gather``)."""
         group, wanted = self.groups[k - 1], self.members[k]
         if group.fn is None:
             if group.stack:
-                return {c: stack(c, [r[c] for r in rows], members) for c in wanted}
-            return {c: [r[c] for r in rows] for c in wanted}
+                return {**gathered, **{c: stack(c, [r[c] for r in rows], members) for c in wanted}}
+            return {**gathered, **{c: [r[c] for r in rows] for c in wanted}}
+        lists = [gathered[c] if c in gathered else [r[c] for r in rows] for c in group.inputs]
         try:
-            out = group.fn(*[[r[c] for r in rows] for c in group.inputs])
+            out = group.fn(*lists)
         except DataError:
             raise
         except Exception as e:

@@ -1,0 +1,192 @@
+"""NNC's built-in dataframe add-ons (``ccv_cnnp_dataframe_addons.c``) as derived columns.
+
+Each add-on is a :meth:`~fnnc.data.DataFrame.map` with a ready-made function, under the
+name NNC gives it; they work on a row or, after ``batch``, on a whole batch:
+
+========================================  ==========================================
+NNC                                       fnnc.data
+========================================  ==========================================
+``ccv_cnnp_dataframe_one_hot``            :meth:`AddOns.one_hot`
+``ccv_cnnp_dataframe_copy_scalar``        :meth:`AddOns.copy_scalar`
+``ccv_cnnp_dataframe_one_squared``        :meth:`AddOns.one_squared`
+``ccv_cnnp_dataframe_truncate``           :meth:`AddOns.truncate`
+``ccv_cnnp_dataframe_image_random_jitter``  :meth:`AddOns.image_random_jitter`
+========================================  ==========================================
+
+The functions themselves (:func:`one_hot`, ...) are plain NumPy and usable alone.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fnnc.data.errors import DataError
+from fnnc.data.jitter import Jitter
+
+
+def one_hot(label: Any, depth: int, on: float, off: float, dtype: Any) -> np.ndarray:
+    """``label`` (an integer or an array of them) as vectors of ``depth`` entries, ``on``
+    at the label and ``off`` elsewhere: shape ``label.shape + (depth,)``."""
+    label = np.asarray(label)
+    if not np.issubdtype(label.dtype, np.integer):
+        raise ValueError(f"one_hot expects integer labels, got dtype {label.dtype}")
+    if label.size and (label.min() < 0 or label.max() >= depth):
+        raise ValueError(
+            f"one_hot labels must be in [0, {depth}), got {label.min()}..{label.max()}"
+        )
+    out = np.full((*label.shape, depth), off, dtype=dtype)
+    np.put_along_axis(out, label[..., None], np.asarray(on, dtype), axis=-1)
+    return out
+
+
+def copy_scalar(value: Any, dtype: Any) -> np.ndarray:
+    """A scalar as a tensor of shape ``[1]`` in ``dtype`` (an array of them: ``[..., 1]``)."""
+    value = np.asarray(value)
+    return value.astype(dtype).reshape((*value.shape, 1))
+
+
+def one_squared(lengths: Any, max_length: int, variable_size: bool) -> np.ndarray:
+    """Square masks ``[..., L, L]`` (int32): 1 where row and column are both below the
+    length. ``L`` is ``max_length``, or with ``variable_size`` the largest length."""
+    lengths = np.asarray(lengths)
+    if not np.issubdtype(lengths.dtype, np.integer):
+        raise ValueError(f"one_squared expects integer lengths, got dtype {lengths.dtype}")
+    longest = int(lengths.max()) if lengths.size else 0
+    if lengths.size and (lengths.min() < 0 or longest > max_length):
+        raise ValueError(f"lengths must be in [0, {max_length}], got {lengths.min()}..{longest}")
+    size = longest if variable_size else max_length
+    index = np.arange(size)
+    inside = index < lengths[..., None]
+    return (inside[..., :, None] & inside[..., None, :]).astype(np.int32)
+
+
+def truncate(vector: Any, lengths: Any) -> np.ndarray:
+    """``vector`` cut to the largest of ``lengths`` along the sequence axis: axis 0 for a
+    row (``lengths`` a scalar), axis 1 for a batch (``lengths`` of shape ``[batch]``).
+    Entries past a shorter sequence's own length stay, as NNC leaves them."""
+    vector, lengths = np.asarray(vector), np.asarray(lengths)
+    axis = lengths.ndim
+    if vector.ndim <= axis or (axis and vector.shape[0] != lengths.shape[0]):
+        raise ValueError(
+            f"truncate: lengths of shape {list(lengths.shape)} do not fit a sequence of "
+            f"shape {list(vector.shape)} (one length per row, sequence on the next axis)"
+        )
+    keep = int(lengths.max()) if lengths.size else 0
+    if keep > vector.shape[axis]:
+        raise ValueError(f"truncate: length {keep} exceeds the sequence's {vector.shape[axis]}")
+    return vector[(slice(None),) * axis + (slice(0, keep),)]
+
+
+def _pairs(inputs: str | Sequence[str], outputs: Any, suffix: str) -> tuple[tuple[str, ...], Any]:
+    names = (inputs,) if isinstance(inputs, str) else tuple(inputs)
+    if outputs is None:
+        outputs = tuple(f"{n}_{suffix}" for n in names)
+    elif isinstance(outputs, str):
+        outputs = (outputs,)
+    if len(outputs) != len(names):
+        raise DataError(f"{suffix}: {len(names)} inputs {list(names)} but outputs {outputs!r}")
+    return names, tuple(outputs)
+
+
+class AddOns:
+    """NNC's add-ons as :class:`~fnnc.data.DataFrame` methods; each returns a new
+    dataframe with the derived column(s) (default name: ``<input>_<add-on>``)."""
+
+    __slots__ = ()
+    map: Any  # DataFrame.map
+
+    def one_hot(
+        self,
+        column: str,
+        depth: int,
+        output: str | None = None,
+        *,
+        on: float = 1.0,
+        off: float = 0.0,
+        dtype: Any = np.float32,
+    ) -> Any:
+        """``output``: the integer labels of ``column`` as one-hot vectors of ``depth``
+        (NNC's ``range``) entries, ``on`` at the label (NNC's ``onval``), ``off``
+        elsewhere, in ``dtype``. A label outside ``[0, depth)`` raises :class:`DataError`
+        naming the row.
+
+        >>> import numpy as np
+        >>> from fnnc.data import DataFrame
+        >>> df = DataFrame.from_arrays(y=np.array([2, 0])).one_hot("y", 3)
+        >>> df[0]["y_one_hot"].tolist()
+        [0.0, 0.0, 1.0]
+        """
+        if not isinstance(depth, int) or depth < 1:
+            raise DataError(f"one_hot: depth must be a positive integer, got {depth!r}")
+        fn = functools.partial(one_hot, depth=depth, on=on, off=off, dtype=np.dtype(dtype))
+        return self.map(fn, column, output or f"{column}_one_hot")
+
+    def copy_scalar(
+        self, column: str, output: str | None = None, *, dtype: Any = np.float32
+    ) -> Any:
+        """``output``: each scalar of ``column`` as a ``[1]`` tensor of ``dtype`` (NNC
+        converts ``from_dt`` to ``to_dt``; the source dtype is the column's own)."""
+        return self.map(
+            functools.partial(copy_scalar, dtype=np.dtype(dtype)),
+            column,
+            output or f"{column}_scalar",
+        )
+
+    def one_squared(
+        self,
+        columns: str | Sequence[str],
+        max_length: int,
+        outputs: str | Sequence[str] | None = None,
+        *,
+        variable_size: bool = False,
+    ) -> Any:
+        """For each column of sequence lengths (a batch ``[B]`` of them, or one), an int32
+        mask ``[B, L, L]`` with 1 where row and column index are both below the length:
+        the attention mask of padded sequences. ``L`` is ``max_length``, or with
+        ``variable_size`` the batch's longest length."""
+        if not isinstance(max_length, int) or max_length < 0:
+            raise DataError(f"one_squared: max_length must be an integer >= 0, got {max_length!r}")
+        names, outs = _pairs(columns, outputs, "mask")
+        fn = functools.partial(one_squared, max_length=max_length, variable_size=variable_size)
+        frame = self
+        for name, out in zip(names, outs):
+            frame = frame.map(fn, name, out)
+        return frame
+
+    def truncate(
+        self,
+        vectors: str | Sequence[str],
+        lengths: str | Sequence[str],
+        outputs: str | Sequence[str] | None = None,
+    ) -> Any:
+        """Each of ``vectors`` cut to the largest length in the matching column of
+        ``lengths`` (NNC's ``vec_idxs`` and ``len_idxs``, paired in order): a batch of
+        padded sequences ``[B, L, ...]`` becomes ``[B, max(lengths), ...]``."""
+        names, outs = _pairs(vectors, outputs, "truncated")
+        lens = (lengths,) if isinstance(lengths, str) else tuple(lengths)
+        if len(lens) != len(names):
+            raise DataError(f"truncate: {len(names)} vector columns but {len(lens)} length columns")
+        frame = self
+        for name, length, out in zip(names, lens, outs):
+            frame = frame.map(truncate, (name, length), out)
+        return frame
+
+    def image_random_jitter(
+        self, column: str, output: str | None = None, *, seed: int | None = None, **options: Any
+    ) -> Any:
+        """``output``: NNC's image augmentation of ``column`` (``[H, W, C]`` images,
+        or a batch of them), random per row and epoch and replayed exactly from the
+        iterator's seed (or ``seed``). ``options`` are :class:`~fnnc.data.jitter.Jitter`'s
+        fields, NNC's ``ccv_cnnp_random_jitter_t``: ``resize=(min, max)``,
+        ``size=(rows, cols)``, ``offset=(x, y)``, ``aspect_ratio``, ``center_crop``,
+        ``symmetric``, ``brightness``, ``contrast``, ``saturation``, ``lighting``,
+        ``normalize=(mean, std)``, ``roundup``. Output is float32."""
+        try:
+            jitter = Jitter(**options)
+        except (TypeError, ValueError) as e:
+            raise DataError(f"image_random_jitter: {e}; see fnnc.data.jitter.Jitter") from e
+        return self.map(jitter, column, output or f"{column}_jitter", random=True, seed=seed)

@@ -1,0 +1,190 @@
+"""NNC's image augmentation (``ccv_cnnp_random_jitter_t``) on NumPy ``[H, W, C]`` images.
+
+The steps, in NNC's order (``_ccv_cnnp_random_jitter``), each drawing from the row's
+generator:
+
+1. resize: the shorter side to a size drawn from ``resize=(min, max)``, keeping the
+   aspect ratio, then stretched by ``sqrt`` of a log-uniform factor in
+   ``[1 / (1 + aspect_ratio), 1 + aspect_ratio]`` and rounded to ``roundup``;
+2. crop to ``size=(rows, cols)``: centred (``center_crop``) or at a random place, then
+   moved by up to ``offset=(x, y)`` pixels; outside the image is 0 (after
+   normalization, as NNC);
+3. flip left-right with probability 1/2 (``symmetric``);
+4. brightness, saturation, contrast and lighting, in a random order: brightness scales
+   by a log-uniform factor in ``[1 / (1 + b), 1 + b]``; saturation and contrast blend
+   with the grey image (0.299 R + 0.587 G + 0.114 B) and with the per-channel mean by
+   such a factor; lighting adds ImageNet's PCA colour noise (AlexNet's, NNC's
+   constants) with weights uniform in ``[0, lighting)``, clamped to ``[0, 255]``;
+5. normalize: ``(x - mean) / std`` per channel.
+
+Resizing is bilinear with half-pixel centres (NNC uses area averaging to shrink and
+bicubic to enlarge, so resized pixels differ slightly; geometry and randomness do
+not depend on it). NNC draws from SFMT; here the row's ``np.random.Generator`` does,
+so a seed gives the same images in fnnc every time, not NNC's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+# ImageNet RGB eigenvalues times eigenvectors (AlexNet; NNC copies MXNet's).
+_PCA = np.array(
+    [
+        [55.46 * -0.5675, 4.794 * 0.7192, 1.148 * 0.4009],
+        [55.46 * -0.5808, 4.794 * -0.0045, 1.148 * -0.8140],
+        [55.46 * -0.5836, 4.794 * -0.6948, 1.148 * 0.4203],
+    ],
+    dtype=np.float32,
+)
+_GREY = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+
+
+def logexp(rng: np.random.Generator, jitter: float) -> float:
+    """A factor log-uniform in ``[1 / (1 + jitter), 1 + jitter]`` (NNC's ``random_logexp``)."""
+    limit = math.log1p(jitter)
+    return math.exp(rng.random() * 2 * limit - limit)
+
+
+def resize_bilinear(image: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """``image`` ``[H, W, C]`` resized to ``[rows, cols, C]``, bilinear, half-pixel centres."""
+    for axis, size in ((0, rows), (1, cols)):
+        n = image.shape[axis]
+        if n == size:
+            continue
+        where = np.clip((np.arange(size) + 0.5) * n / size - 0.5, 0, n - 1)
+        low = np.floor(where).astype(np.int64)
+        high = np.minimum(low + 1, n - 1)
+        shape = [1] * image.ndim
+        shape[axis] = size
+        weight = (where - low).astype(np.float32).reshape(shape)
+        image = np.take(image, low, axis) * (1 - weight) + np.take(image, high, axis) * weight
+    return image
+
+
+def _pair(value: Any, what: str) -> tuple[Any, Any] | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return value, value
+    pair = tuple(value)
+    if len(pair) != 2:
+        raise ValueError(f"{what} must be a number or a pair, got {value!r}")
+    return pair  # type: ignore[return-value]
+
+
+@dataclasses.dataclass(frozen=True)
+class Jitter:
+    """NNC's ``ccv_cnnp_random_jitter_t``; called as ``jitter(image, rng=generator)``
+    (a :meth:`~fnnc.data.DataFrame.map` with ``random=True``). All off by default."""
+
+    resize: Any = None
+    size: Any = None
+    offset: Any = (0, 0)
+    aspect_ratio: float = 0.0
+    center_crop: bool = False
+    symmetric: bool = False
+    brightness: float = 0.0
+    contrast: float = 0.0
+    saturation: float = 0.0
+    lighting: float = 0.0
+    normalize: Any = None
+    roundup: int = 0
+
+    def __post_init__(self) -> None:
+        resize, size = _pair(self.resize, "resize"), _pair(self.size, "size")
+        if resize is not None and not 0 < resize[0] <= resize[1]:
+            raise ValueError(f"resize must be (min, max) with 0 < min <= max, got {self.resize!r}")
+        if size is not None and min(size) <= 0:
+            raise ValueError(f"size must be positive (rows, cols), got {self.size!r}")
+        normalize = self.normalize
+        if normalize is not None:
+            mean, std = normalize
+            normalize = (tuple(np.broadcast_to(mean, 3)), tuple(np.broadcast_to(std, 3)))
+        object.__setattr__(self, "resize", resize)
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "offset", _pair(self.offset, "offset"))
+        object.__setattr__(self, "normalize", normalize)
+
+    def __call__(self, image: Any, *, rng: np.random.Generator) -> np.ndarray:
+        image = np.asarray(image, dtype=np.float32)
+        if image.ndim == 4:  # a batch: one draw after another from the batch's generator
+            return np.stack([self(one, rng=rng) for one in image])
+        if image.ndim != 3:
+            raise ValueError(f"expected an image [H, W, C], got shape {list(image.shape)}")
+        height, width = image.shape[:2]
+        rows, cols = height, width
+        if self.resize is not None:
+            low, high = self.resize
+            r = min(max(int(rng.random() * (high - low) + 0.5) + low, low), high)
+            rows, cols = (
+                max(r, int(height * r / width + 0.5)),
+                max(r, int(width * r / height + 0.5)),
+            )
+        if self.aspect_ratio > 0:
+            ratio = math.sqrt(logexp(rng, self.aspect_ratio))
+            rows, cols = int(rows * ratio + 0.5), int(cols / ratio + 0.5)
+        if self.roundup > 0:
+            up = self.roundup
+            rows, cols = (rows + up // 2) // up * up, (cols + up // 2) // up * up
+        crop = self._crop_origin(rows, cols, rng)
+        image = resize_bilinear(image, rows, cols)
+        if self.symmetric and rng.integers(2) == 0:
+            image = image[:, ::-1]
+        image = self._colour(image, rng)
+        if self.normalize is not None:
+            mean, std = (np.asarray(v, np.float32) for v in self.normalize)
+            image = (image - mean) / std
+        if crop is not None:
+            image = _crop(image, crop, self.size)
+        return np.ascontiguousarray(image, dtype=np.float32)
+
+    def _crop_origin(self, rows: int, cols: int, rng: np.random.Generator) -> Any:
+        if self.size is None:
+            return None
+        size_rows, size_cols = self.size
+        ox, oy = self.offset
+        if (rows, cols) == (size_rows, size_cols) and ox == 0 and oy == 0:
+            return None
+        origin = []
+        for extent, want, jitter in ((cols, size_cols, ox), (rows, size_rows, oy)):
+            spare = extent - want
+            at = (spare + 1) // 2 if self.center_crop else int(rng.random() * (spare + 1))
+            at = min(max(at, min(0, spare)), max(0, spare))
+            if jitter:
+                at = int(at + rng.random() * jitter * 2 - jitter)
+            origin.append(at)
+        return origin[1], origin[0]  # (y, x)
+
+    def _colour(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        if not (self.brightness or self.saturation or self.contrast or self.lighting):
+            return image
+        if image.shape[2] != 3:
+            raise ValueError(f"colour jitter needs 3 channels (RGB), got {image.shape[2]}")
+        for step in rng.permutation(4):
+            if step == 0 and self.brightness:
+                image = image * logexp(rng, self.brightness)
+            elif step == 1 and self.saturation:
+                grey = (image @ _GREY)[..., None]
+                image = grey + (image - grey) * logexp(rng, self.saturation)
+            elif step == 2 and self.contrast:
+                mean = image.mean(axis=(0, 1))
+                image = mean + (image - mean) * logexp(rng, self.contrast)
+            elif step == 3 and self.lighting:
+                alpha = rng.random(3).astype(np.float32) * self.lighting
+                image = np.clip(image + _PCA @ alpha, 0, 255)
+        return image
+
+
+def _crop(image: np.ndarray, origin: tuple[int, int], size: tuple[int, int]) -> np.ndarray:
+    """``image[y:y+rows, x:x+cols]``, zero where that leaves the image."""
+    (y, x), (rows, cols) = origin, size
+    out = np.zeros((rows, cols, image.shape[2]), np.float32)
+    top, left = max(y, 0), max(x, 0)
+    bottom, right = min(y + rows, image.shape[0]), min(x + cols, image.shape[1])
+    if bottom > top and right > left:
+        out[top - y : bottom - y, left - x : right - x] = image[top:bottom, left:right]
+    return out
