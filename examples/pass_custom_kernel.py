@@ -12,6 +12,8 @@ Run: python examples/pass_custom_kernel.py
 
 from __future__ import annotations
 
+import argparse
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -77,4 +79,5 @@ def main() -> dict[str, object]:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     main()

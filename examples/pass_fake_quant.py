@@ -16,6 +16,8 @@ Run: python examples/pass_fake_quant.py
 
 from __future__ import annotations
 
+import argparse
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,4 +69,5 @@ def main(steps: int = 30) -> dict[str, float]:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     main()

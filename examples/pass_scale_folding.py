@@ -15,6 +15,8 @@ Run: python examples/pass_scale_folding.py
 
 from __future__ import annotations
 
+import argparse
+
 import jax
 import numpy as np
 
@@ -58,4 +60,5 @@ def main() -> dict[str, float]:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     main()

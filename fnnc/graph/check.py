@@ -72,8 +72,8 @@ def check_pass(
         graph_pass: a pass ``Graph -> Graph``.
         graph: a graph to run it on.
         args: input arrays; default random (normal floats, integers 0 or 1, bools).
-        rtol, atol: tolerance; default ``1e-6``/``1e-7`` in float64, ``1e-4``/``1e-5``
-            in float32.
+        rtol: relative tolerance; default ``1e-6`` in float64, ``1e-4`` in float32.
+        atol: absolute tolerance; default ``1e-7`` in float64, ``1e-5`` in float32.
         grads: also compare gradients.
         seed: seed of the random inputs and output gradients.
 

@@ -85,7 +85,9 @@ class Pat:
             name: capture the output under this name (``Match.node(name)`` is its node).
             attrs: command attributes that must hold (:data:`ATTRIBUTES`).
             ordered: match inputs in the given order even for a commutative command.
-            dtype, shape, where: as for :meth:`var`.
+            dtype: as for :meth:`var`.
+            shape: as for :meth:`var`.
+            where: as for :meth:`var`.
             index: which output of the node the symbol must be (default any).
             each: a pattern every input must match (any number of inputs); instead
                 of listing ``inputs``.

@@ -112,8 +112,8 @@ def trace_function(fn: Callable[..., Any], *example_args: Any) -> Graph:
     if not example_args:
         n = len(inspect.signature(fn).parameters)
         example_args = tuple(jax.ShapeDtypeStruct((4, 4), np.float32) for _ in range(n))
-    with commands_as_nodes():
-        return trace(fn, *example_args)
+    with commands_as_nodes():  # literally what fn computes: no idiom rewriting
+        return trace(fn, *example_args, idioms=False)
 
 
 def pattern_of(fn: Callable[..., Any], *example_args: Any) -> tuple[Pat, tuple[str, ...]]:

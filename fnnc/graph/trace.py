@@ -81,7 +81,7 @@ from fnnc.ops.constant import Literal
 from fnnc.ops.primitive import bind, primitive_command
 
 
-def trace(fn: Callable[..., Any], *example_args: Any) -> Graph:
+def trace(fn: Callable[..., Any], *example_args: Any, idioms: bool = True) -> Graph:
     """The graph of ``fn`` called on arrays shaped like ``example_args``.
 
     Args:
@@ -89,6 +89,10 @@ def trace(fn: Callable[..., Any], *example_args: Any) -> Graph:
         *example_args: pytrees of arrays (or ``jax.ShapeDtypeStruct``); only shapes
             and dtypes are used. Each leaf becomes one graph input, in
             ``jax.tree.leaves`` order.
+        idioms: rewrite multi-step idioms into their commands (RoPE's rotate-half,
+            ``x * sigmoid(x)``, SwiGLU, logsumexp; :mod:`fnnc.graph.trace_idioms`).
+            Pattern functions (:mod:`fnnc.graph.pattern_functions`) turn it off, so a
+            pattern is the graph its function literally computes.
 
     Returns:
         The graph; call ``interpret(graph, *args)`` or ``compile(graph)(*args)`` with
@@ -122,7 +126,8 @@ def trace(fn: Callable[..., Any], *example_args: Any) -> Graph:
     ]
     outs = tracer.run(closed.jaxpr, closed.consts, consts + args)
     outs = [tracer.resolve(o, f"output {i}") for i, o in enumerate(outs)]
-    return rewrite_idioms(tracer.b.build(outs, out_tree=jax.tree.structure(out_shape)))
+    graph = tracer.b.build(outs, out_tree=jax.tree.structure(out_shape))
+    return rewrite_idioms(graph) if idioms else graph
 
 
 # -- arguments -------------------------------------------------------------------------
