@@ -10,15 +10,10 @@ to the fnnc command that does its work, or, for the communication commands, to t
 that does it instead (XLA collectives that sharding inserts), or is listed as not
 applicable with the reason.
 
-Eleven commands are built on another branch (``cmdsb``: MoE, attention and vision
-commands). They are kept apart in :data:`OTHER_BRANCH` and checked once any of them
-is registered, so this file runs before that branch is merged and asserts all of them
-after it.
+The MoE, sparse-attention and vision commands are grouped in :data:`MOE_AND_VISION`.
 """
 
 from __future__ import annotations
-
-import pytest
 
 from fnnc import ops
 
@@ -123,7 +118,7 @@ NNC_TO_FNNC = {
 }
 """NNC command (``CCV_NNC_<name>_FORWARD``) -> the fnnc command that stands for it."""
 
-OTHER_BRANCH = {
+MOE_AND_VISION = {
     "SEGMENTED_GEMM": "segmented_gemm",
     "MOE_ROUTING": "moe_routing",
     "COMM_ALL_TO_ALL": "comm_all_to_all",
@@ -136,7 +131,7 @@ OTHER_BRANCH = {
     "NMS": "nms",
     "HYPER_CONNECTION": "hyper_connection",
 }
-"""Commands built on branch ``cmdsb``; the lead checks them after merging it."""
+"""NNC's mixture-of-experts, sparse-attention and vision commands."""
 
 OTHER_API = {
     "COMM_ALLREDUCE": "fnnc.graph.data_parallel / fnnc.graph.Shardings: XLA inserts the "
@@ -157,20 +152,12 @@ NOT_APPLICABLE = {
 def test_every_nnc_command_has_its_fnnc_command() -> None:
     from fnnc.graph import Shardings, data_parallel  # the communication commands' API
 
-    groups = (NNC_TO_FNNC, OTHER_BRANCH, OTHER_API, NOT_APPLICABLE)
+    groups = (NNC_TO_FNNC, MOE_AND_VISION, OTHER_API, NOT_APPLICABLE)
     names = [name for group in groups for name in group]
     # 71 names of the 2024 header and the 30 registered since (module docstring).
     assert len(names) == len(set(names)) == 71 + 30
     assert callable(data_parallel) and Shardings is not None
     registered = ops.registry()
-    missing = {nnc: fnnc for nnc, fnnc in NNC_TO_FNNC.items() if fnnc not in registered}
+    mapped = {**NNC_TO_FNNC, **MOE_AND_VISION}
+    missing = {nnc: fnnc for nnc, fnnc in mapped.items() if fnnc not in registered}
     assert not missing, f"NNC commands without their fnnc command: {missing}"
-
-
-def test_the_other_branch_commands_once_merged() -> None:
-    registered = ops.registry()
-    present = [fnnc for fnnc in OTHER_BRANCH.values() if fnnc in registered]
-    if not present:
-        pytest.skip("commands of branch cmdsb (MoE, attention, vision) are not merged yet")
-    missing = {nnc: fnnc for nnc, fnnc in OTHER_BRANCH.items() if fnnc not in registered}
-    assert not missing, f"NNC commands of branch cmdsb not registered: {missing}"
