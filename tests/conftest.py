@@ -69,3 +69,22 @@ def clean_table():
     yield autotune.TABLE
     autotune.TABLE.clear()
     autotune.TABLE.update(saved)
+
+
+@pytest.fixture
+def restore_registries():
+    """Code that registers commands and backends and writes the autotune table, as users
+    do (the docs' pages, the pass tutorials): other tests in this process must not see
+    them (tests that walk ``ops.registry()`` would find commands with no case)."""
+    from fnnc.core import command, dispatch
+
+    commands, table = dict(command._REGISTRY), dict(dispatch.TABLE)
+    backends = {name: dict(per) for name, per in dispatch._BACKENDS.items()}
+    yield
+    for name in [n for n in command._REGISTRY if n not in commands]:
+        del command._REGISTRY[name]
+    dispatch._BACKENDS.clear()
+    dispatch._BACKENDS.update(backends)
+    dispatch._bump()
+    dispatch.TABLE.clear()
+    dispatch.TABLE.update(table)

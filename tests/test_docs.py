@@ -64,20 +64,6 @@ def check_output(page: str, n: int, got: str, want: str | None) -> None:
         pytest.fail(f"{page} block {n}: printed output differs\n{diff}")
 
 
-@pytest.fixture
-def restore_registries():
-    """Pages register commands and write the autotune table, as users do; other tests
-    in this process must not see them."""
-    from fnnc.core import command, dispatch
-
-    commands, table = dict(command._REGISTRY), dict(dispatch.TABLE)
-    yield
-    for name in [n for n in command._REGISTRY if n not in commands]:
-        del command._REGISTRY[name]
-    dispatch.TABLE.clear()
-    dispatch.TABLE.update(table)
-
-
 @pytest.mark.parametrize("page", PAGES)
 @pytest.mark.usefixtures("restore_registries")
 def test_page_code_runs_and_prints_what_it_shows(page, tmp_path, monkeypatch):

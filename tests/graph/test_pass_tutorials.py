@@ -5,6 +5,8 @@ from __future__ import annotations
 import runpy
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
@@ -24,6 +26,7 @@ def test_fake_quant_training() -> None:
     assert result["error"] < 1e-4  # the model computes the quantized forward
 
 
+@pytest.mark.usefixtures("restore_registries")  # it registers dense_relu and a backend
 def test_custom_kernel() -> None:
     result = _main("pass_custom_kernel")()
     assert result["nodes"] == ["dense_relu", "gemm"] and result["backend"] == "my_kernel"
