@@ -144,7 +144,7 @@ def _fpzip() -> object:
     except ImportError:
         raise TensorFileError(
             "the fpzip codec (0xf7217) needs LLNL fpzip's Python binding, which fnnc does not "
-            "install: pip install fpzip"
+            "install: pip install fpzip (or fnnc[codecs])"
         ) from None
     return fpzip
 

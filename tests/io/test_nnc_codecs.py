@@ -183,7 +183,6 @@ def test_fpzip_without_its_package_names_the_codec(tmp_path, monkeypatch):
 
 
 def test_fpzip_round_trip_where_the_package_is_installed(tmp_path):
-    pytest.importorskip("fpzip")
     x = np.random.default_rng(0).standard_normal((2, 3, 4, 5, 6)).astype(np.float32)
     with TensorFile(str(tmp_path / "f.sqlite")) as f:
         f.write("x", x, encoder=CODECS["fpzip"])

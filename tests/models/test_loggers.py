@@ -35,7 +35,6 @@ class StepLosses(Callback):
 
 
 def test_tensorboard_log_holds_the_history_read_back_by_tensorboard(tmp_path):
-    pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     steps = StepLosses()
@@ -85,7 +84,6 @@ def test_csv_rows_read_back_exactly_and_append_after_a_resume(tmp_path):
 
 
 def test_history_plot_draws_every_metric_to_a_png(tmp_path):
-    pytest.importorskip("matplotlib")
     from matplotlib.image import imread
 
     from fnnc.models.plots import plot_history
