@@ -95,7 +95,7 @@ class Program:
         hoisted = [
             i
             for i, node in enumerate(graph.nodes)
-            if node.cmd.name == "constant" and node.cmd.param("value").size > HOIST_ELEMENTS
+            if node.cmd.name == "constant" and _hoisted(node.cmd.param("value"))
         ]
         self._consts = tuple(
             jax.device_put(graph.nodes[i].cmd.param("value").numpy()) for i in hoisted
@@ -253,6 +253,12 @@ class Program:
 
     def __repr__(self) -> str:
         return f"<Program of {self.graph!r} on {self.platform}>"
+
+
+def _hoisted(value: Any) -> bool:
+    """Whether a constant is passed to XLA as an argument: large and not a splat (a
+    splat lowers to a broadcast that XLA fuses; an argument it cannot see into)."""
+    return value.size > HOIST_ELEMENTS and value.splat is None
 
 
 def _donate_indices(graph: Graph, donate: Sequence[int | str]) -> tuple[int, ...]:

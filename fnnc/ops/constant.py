@@ -43,6 +43,19 @@ class Literal:
         return np.frombuffer(self.data, self.dtype).reshape(self.shape)
 
     @functools.cached_property
+    def splat(self) -> np.ndarray | None:
+        """The one value every element holds (a 0-d array), or ``None``. A splat lowers
+        to a broadcast of a scalar, which XLA fuses into its consumers, instead of a
+        dense array baked into (or passed to) the program: ``simplify`` folds the
+        gradient of ``reduce_mean`` into a ``[batch, 1]`` constant of ``1/batch``."""
+        flat = self.numpy().reshape(-1)
+        if flat.size == 0:
+            return None
+        first = flat[:1]
+        same = flat.view(np.uint8).reshape(flat.size, -1) == first.view(np.uint8)
+        return flat[0].copy() if bool(np.all(same)) else None
+
+    @functools.cached_property
     def _hash(self) -> int:
         return hash((self.data, self.shape, self.dtype))
 
@@ -72,6 +85,9 @@ def _constant_shape(*, value: Literal) -> Spec:
 )
 def _constant(*, value):
     """A fixed array value (no inputs)."""
+    splat = value.splat
+    if splat is not None and value.size > 1:
+        return jnp.full(value.shape, splat, value.dtype)
     return jnp.asarray(value.numpy())
 
 
