@@ -117,12 +117,10 @@ def test_float16_overflow_skips_the_step_and_the_scale_halves_then_grows():
     p = m.parameters()
     grads = jax.grad(_mse, argnums=(0, 1, 2, 3))(*(p[k] for k in IDS), xs, ys)
     fits = 2.0 ** np.floor(np.log2(65504 / max(float(np.abs(g).max()) for g in grads)))
-    assert m.loss_scale.scale <= 2 * fits, (m.loss_scale, fits)
-    if jax.default_backend() == "cpu":
-        # XLA:CPU rounds every float16 intermediate, so the loss's own products overflow
-        # below that (at 2**16); XLA:GPU may keep a fusion's float16 intermediates in
-        # float32 (xla_allow_excess_precision): the scale ended at 2**18 on an H100.
-        assert m.loss_scale.scale <= 2.0**17
+    # and not far below it: the loss itself is reduced and reported in float32 (the
+    # precision pass no longer rounds it to float16 on its way out), so nothing but
+    # the gradients limits the scale, on CPU as on the H100 (which ended at 2**18).
+    assert fits / 2 <= m.loss_scale.scale <= 2 * fits, (m.loss_scale, fits)
 
 
 def test_float16_gradients_match_float32_and_the_scale_is_checkpointed(tmp_path):

@@ -8,7 +8,10 @@ The policy (NNC's half-precision training, Keras's ``mixed_float16``):
 - every node that reads floating-point tensors computes in the low type (``bfloat16``
   or ``float16``): its float32 inputs are converted down where they are read;
 - nodes in ``keep_float32`` (losses, softmax, reductions, normalisations' statistics:
-  :data:`KEEP_FLOAT32`) compute in float32: low inputs are converted up.
+  :data:`KEEP_FLOAT32`) compute in float32: low inputs are converted up;
+- nodes that only move data (:data:`FOLLOW`: reshape, transpose, slice, ...) keep the
+  type their input has, so a float32 loss is reshaped as float32, not rounded to the
+  low type and converted back (a round trip that cost the reported loss its digits).
 
 The backward of ``datatype_conversion`` converts the gradient back, so
 :func:`~fnnc.graph.passes.backward.backward` of the result gives float32 gradients
@@ -52,6 +55,15 @@ KEEP_FLOAT32 = frozenset(
         "batch_norm", "layer_norm", "group_norm", "rmsnorm", "optax_update",
     }
 )  # fmt: skip
+
+
+FOLLOW = frozenset(
+    {
+        "reshape", "transpose", "format_transform", "slice", "pad", "broadcast_to",
+        "data_transfer", "index_select",
+    }
+)  # fmt: skip
+"""Data movement: computes in its (first) input's type, whatever it is."""
 
 
 def low_dtype(dtype: Any) -> Any:
@@ -100,6 +112,9 @@ def cast_precision(
     for node in graph.nodes:
         float32 = node.cmd.name in keep
         want = np.dtype(np.float32) if float32 else low
+        if node.cmd.name in FOLLOW and node.inputs and node.inputs[0] in now:
+            first = np.dtype(now[node.inputs[0]].dtype)
+            want = first if _floating(first) else want
         ins = [read(s, want) for s in node.inputs]
         outs = b.exec(node.cmd, *ins, name=node.name)
         outs = outs if isinstance(outs, tuple) else (outs,)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -42,3 +43,36 @@ def test_semantics_within_low_precision_tolerance(dtype, tol):
 def test_unknown_dtype_says_what_is_accepted():
     with pytest.raises(GraphError, match="expected one of"):
         cast_precision(_mlp(), "float8")
+
+
+def test_data_movement_keeps_its_input_type_no_round_trip():
+    """A float32 loss reshaped to a scalar stays float32: it is not rounded to the low
+    type and converted back (the loss a bfloat16 model reported had 3 digits)."""
+    b = GraphBuilder()
+    x, w, y = b.input((8, 5), name="x"), b.input((3, 5), name="w"), b.input((8,), np.int32)
+    logits = b.exec(ops.gemm(transpose_b=True), x, w)
+    loss, _ = b.exec(ops.softmax_crossentropy(), logits, y)
+    mean = b.exec(ops.reduce_mean(axes=(0, 1)), loss)
+    scalar = b.exec(ops.reshape(shape=()), mean)
+    low = cast_precision(b.build([scalar, b.exec(ops.transpose(perm=(1, 0)), logits)]), "bfloat16")
+    after = next(n for n in low.nodes if n.cmd.name == "reduce_mean")
+    readers = [n for n in low.nodes if after.outputs[0] in n.inputs]
+    assert [n.cmd.name for n in readers] == ["reshape"]
+    assert low.symbols[readers[0].outputs[0]].dtype == np.float32
+    # a transpose of low logits stays low (converted to float32 once, as an output)
+    tr = next(n for n in low.nodes if n.cmd.name == "transpose")
+    assert low.symbols[tr.outputs[0]].dtype.name == "bfloat16"
+    rng = np.random.default_rng(1)
+    args = (
+        rng.normal(size=(8, 5)).astype(np.float32),
+        rng.normal(size=(3, 5)).astype(np.float32),
+        rng.integers(0, 3, 8).astype(np.int32),
+    )
+    # oracle: NumPy's float32 loss of the bfloat16 product the graph computes
+    bf = ml_dtypes.bfloat16
+    z = args[0].astype(bf).astype(np.float32) @ args[1].astype(bf).astype(np.float32).T
+    z = z.astype(bf).astype(np.float32)
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    want = np.mean(lse - z[np.arange(8), args[2]])
+    got = float(interpret(low, *args)[0])
+    assert abs(got - want) < 1e-5 * abs(want) + 1e-6, (got, want)
