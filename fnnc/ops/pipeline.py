@@ -88,9 +88,11 @@ def body_specs(specs: Sequence[Spec], stages: int, microbatches: int, n_carry: i
     for k in range(n_carry):
         s = specs[k]
         if not s.shape or s.shape[0] % microbatches:
+            rows = f"{s.shape[0]} rows" if s.shape else "no rows (a scalar)"
             raise ShapeError(
-                f"pipeline: carry {k} is {show(s)}; its leading (batch) axis must split into "
-                f"microbatches={microbatches} equal parts: pick microbatches dividing it"
+                f"pipeline: carry {k} is {show(s)}; its leading (batch) axis, {rows}, must "
+                f"split into microbatches={microbatches} equal parts: pick microbatches "
+                "dividing it"
             )
         out[k] = Spec((s.shape[0] // microbatches, *s.shape[1:]), s.dtype)
     lengths = [
