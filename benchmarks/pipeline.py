@@ -3,7 +3,8 @@
 One SGD step (forward, backward, update) of ``--blocks`` residual MLP blocks over a batch
 of ``--batch`` rows, on a ``("stage": S, "data": 4 / S)`` mesh for S = 1, 2, 4, each with
 ``--microbatches`` microbatches, beside the same blocks as one ``scan`` on a 4-way data
-mesh (the baseline, measured in the same run). Each stage count also prints the bubble
+mesh (the baseline, measured in the same run), and one stage with one microbatch (the
+schedule's own cost: its backward recomputes the forward). Each stage count also prints the bubble
 share ``(S - 1) / (M + S - 1)`` of its schedule. Every figure is the median of several
 timed blocks of steps (:func:`benchmarks._timing.median_time`).
 
@@ -44,7 +45,7 @@ def _block(rows: int, width: int):
     return b.build([b.exec(ops.ewsum(), h, b.exec(ops.gemm(transpose_b=True), up, w2))])
 
 
-def step_graph(args: argparse.Namespace, stages: int | None):
+def step_graph(args: argparse.Namespace, stages: int | None, micro: int = 1):
     """An SGD step of the stack: as a scan (``stages=None``) or a pipeline of ``stages``."""
     n, width, batch = args.blocks, args.width, args.batch
     b = GraphBuilder()
@@ -53,15 +54,15 @@ def step_graph(args: argparse.Namespace, stages: int | None):
     if stages is None:
         (h,) = scan(b, _block(batch, width), [x], stacked, name="blocks")
     else:
-        body = _block(batch // args.microbatches, width)
-        (h,) = pipeline(b, body, [x], stacked, stages=stages, microbatches=args.microbatches)
+        body = _block(batch // micro, width)
+        (h,) = pipeline(b, body, [x], stacked, stages=stages, microbatches=micro)
     diff = b.exec(ops.add(q=-1.0), h, y)
     loss = b.exec(ops.reduce_mean(axes=(0, 1)), b.exec(ops.ewprod(), diff, diff))
     return minimize(b.build([loss]), loss, stacked, optax.sgd(1e-3))
 
 
-def step_time(args: argparse.Namespace, stages: int | None) -> float:
-    step, layout = step_graph(args, stages)
+def step_time(args: argparse.Namespace, stages: int | None, micro: int = 1) -> float:
+    step, layout = step_graph(args, stages, micro)
     s = stages or 1
     mesh = jax.make_mesh((s, 4 // s), ("stage", "data"))
     params = (P("stage"),) * 2 if stages else (P(),) * 2
@@ -88,12 +89,12 @@ def main() -> None:
     base = step_time(args, None)
     m = args.microbatches
     print(f"{args.blocks} blocks, width {args.width}, batch {args.batch}, {m} microbatches")
-    print(f"{'scan, data 4':<28} {base * 1e3:8.2f} ms/step  1.00x")
-    for stages in (1, 2, 4):
-        t = step_time(args, stages)
-        bubble = (stages - 1) / (m + stages - 1)
-        name = f"pipeline, stage {stages} x data {4 // stages}"
-        print(f"{name:<28} {t * 1e3:8.2f} ms/step  {t / base:.2f}x  bubble {bubble:.0%}")
+    print(f"{'scan, data 4':<34} {base * 1e3:8.2f} ms/step  1.00x")
+    for stages, micro in ((1, 1), (1, m), (2, m), (4, m)):
+        t = step_time(args, stages, micro)
+        bubble = (stages - 1) / (micro + stages - 1)
+        name = f"pipeline, stage {stages} x data {4 // stages}, {micro} mb"
+        print(f"{name:<34} {t * 1e3:8.2f} ms/step  {t / base:.2f}x  bubble {bubble:.0%}")
 
 
 if __name__ == "__main__":

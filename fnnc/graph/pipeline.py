@@ -102,6 +102,17 @@ def pipeline(
     ...     want = np.tanh(want @ wv[k])
     >>> bool(np.allclose(out, want, atol=1e-5))
     True
+
+    On a mesh, give the stacked parameters the stage axis (here a 1-device mesh; with
+    ``("stage": 2)`` each device would hold ``ws[:2]`` or ``ws[2:]``):
+
+    >>> import jax
+    >>> from jax.sharding import PartitionSpec as P
+    >>> from fnnc.graph import Shardings
+    >>> plan = Shardings(jax.make_mesh((1,), ("stage",)), (P(), P("stage")))
+    >>> sharded = compile(b.build([y]), shardings=plan)
+    >>> bool(np.allclose(sharded(xv.astype(np.float32), wv.astype(np.float32)), want, atol=1e-5))
+    True
     """
     where = f"pipeline {name!r}" if name else "pipeline"
     n_carry, n_stacked = len(carry), len(stacked)
