@@ -23,11 +23,12 @@ statistics, a loss reduced inside a block) see one microbatch at a time and diff
 as in every GPipe implementation. The body is built for one microbatch: its carry
 inputs have ``batch / microbatches`` rows.
 
-The gradient comes from ``jax.vjp`` of the schedule inside the command's backward (each
-body node by its own NNC rule), not from fnnc's passes as in ``scan``: the schedule is
-a ``vmap`` over stages, shifts and sharding constraints, which have no fnnc commands,
-and JAX's transpose of the shift is the reverse collective permute that GPipe's
-backward needs. See :mod:`fnnc.ops.pipeline` for what it recomputes.
+The gradient is made as ``scan``'s is: fnnc's ``backward`` pass (and ``remat`` with
+``checkpoint``) derives a per-block forward, which also returns what the block's
+backward reads, and that backward (:func:`~fnnc.graph.scan.scan_bodies`); the node
+records the saved tensors of every block call (its tape) and its backward runs the
+schedule transposed. So a pipeline and a scan of the same blocks keep the same tensors
+per block and compute the same gradients, NNC's conventions included.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from fnnc.core.command import Spec
 from fnnc.core.ir import Graph, Symbol
 from fnnc.errors import GraphError, ShapeError
 from fnnc.graph.builder import GraphBuilder
+from fnnc.graph.scan import Checkpoint, scan_bodies
 from fnnc.ops.pipeline import body_specs
 
 
@@ -52,7 +54,7 @@ def pipeline(
     stages: int,
     microbatches: int,
     axis: str = "stage",
-    checkpoint: bool = False,
+    checkpoint: Checkpoint = False,
     name: str | None = None,
 ) -> tuple[Symbol, ...]:
     """Adds a ``pipeline`` node: the blocks of ``stacked`` in ``stages`` stages.
@@ -73,8 +75,9 @@ def pipeline(
         stages: how many groups the blocks are cut into.
         microbatches: how many parts the batch is cut into.
         axis: the mesh axis the stages are spread over when compiled on a mesh.
-        checkpoint: keep only each block's input for the backward and recompute the
-            blocks there (``jax.checkpoint`` per block).
+        checkpoint: what each block call keeps for the backward, as for ``scan``
+            (:data:`~fnnc.graph.scan.Checkpoint`): ``True`` keeps its input alone and
+            recomputes the block in the backward.
         name: the node's name.
 
     Returns:
@@ -131,11 +134,6 @@ def pipeline(
     for what, v in (("stages", stages), ("microbatches", microbatches)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise GraphError(f"{where}: {what} must be an int >= 1, got {v!r}")
-    if not isinstance(checkpoint, bool):
-        raise GraphError(
-            f"{where}: checkpoint must be True or False, got {checkpoint!r} (remat policies "
-            "are scan's; a pipeline recomputes whole blocks or nothing)"
-        )
     specs = [Spec(tuple(s.shape), s.dtype) for s in (*carry, *stacked, *consts)]
     try:
         body_specs(specs, stages, microbatches, n_carry, n_stacked)
@@ -151,14 +149,20 @@ def pipeline(
                     f"{want.shape[0]} rows; build the body for one microbatch: "
                     f"{c.shape[0]} rows / microbatches={microbatches} = {rows} rows"
                 )
+    try:
+        forward, grad, wants = scan_bodies(body, n_carry, n_stacked, checkpoint)
+    except GraphError as e:
+        raise GraphError(f"{where}: {str(e).removeprefix('scan: ')}") from None
     cmd = ops.pipeline(
-        body=body,
-        stages=int(stages),
-        microbatches=int(microbatches),
+        forward=forward,
+        backward=grad,
+        stages=stages,
+        microbatches=microbatches,
         n_carry=n_carry,
         n_stacked=n_stacked,
+        wants=wants,
         axis=axis,
-        checkpoint=checkpoint,
     )
     outs = builder.exec(cmd, *carry, *stacked, *consts, name=name or "")
-    return outs if isinstance(outs, tuple) else (outs,)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    return tuple(outs[:n_carry])

@@ -120,7 +120,10 @@ def test_two_carries_and_the_node_listing():
     outs = pipeline(b, body, [x, acc], [ws], stages=2, microbatches=3)
     loss = b.exec(ops.reduce_sum(axes=(0, 1)), b.exec(ops.ewprod(), *outs))
     graph = backward(b.build([loss]), loss, [x, acc, ws])[0]
-    assert str(graph.nodes[0].cmd) == "pipeline[stages=2; microbatches=3; axis=stage; 3 nodes]"
+    assert (
+        str(graph.nodes[0].cmd)
+        == "pipeline[stages=2; microbatches=3; axis=stage; 3 nodes; saves 2]"
+    )
     # remat's cost model: 4 iterations x 4 block calls x (gemm 2*3*6 + tanh 6 + add 6)
     assert node_flops(graph, 0) == 4 * 4 * (36 + 6 + 6)
 
@@ -152,8 +155,20 @@ def test_bad_splits_name_the_node_sizes_and_the_fix():
         pipeline(b, _body(B), [x], stacked, [c], stages=2, microbatches=2, name="blocks")
     with pytest.raises(GraphError, match=r"body takes 6 inputs, the call gives 5"):
         pipeline(b, body, [x], stacked, stages=2, microbatches=2)
-    with pytest.raises(GraphError, match="checkpoint must be True or False"):
-        pipeline(b, body, [x], stacked, [c], stages=2, microbatches=2, checkpoint="dots")
+    with pytest.raises(
+        GraphError, match=r"pipeline 'blocks': remat: unknown policy 'no_such_policy'"
+    ):
+        pipeline(
+            b,
+            body,
+            [x],
+            stacked,
+            [c],
+            stages=2,
+            microbatches=2,
+            checkpoint="no_such_policy",
+            name="blocks",
+        )
 
 
 MESH_SCRIPT = textwrap.dedent(

@@ -41,7 +41,7 @@ def _scan(graph: Graph, node: Node) -> int:
 
 
 def _pipeline(graph: Graph, node: Node) -> int:
-    body, stages, micro = (node.cmd.param(k) for k in ("body", "stages", "microbatches"))
+    body, stages, micro = (node.cmd.param(k) for k in ("forward", "stages", "microbatches"))
     blocks = graph.symbols[node.inputs[node.cmd.param("n_carry")]].shape[0]
     # every stage runs its blocks on one microbatch per iteration, bubbles included
     calls = (micro + stages - 1) * blocks
