@@ -4,13 +4,13 @@ One SGD step (forward, backward, update) of ``--blocks`` residual MLP blocks ove
 of ``--batch`` rows, on a ``("stage": S, "data": 4 / S)`` mesh for S = 1, 2, 4, each with
 ``--microbatches`` microbatches, beside the same blocks as one ``scan`` on a 4-way data
 mesh (the baseline, measured in the same run), and one stage with one microbatch (the
-schedule's own cost: its backward recomputes the forward). Each stage count also prints the bubble
-share ``(S - 1) / (M + S - 1)`` of its schedule. Every figure is the median of several
-timed blocks of steps (:func:`benchmarks._timing.median_time`).
+schedule's own cost beside the scan). Each stage count also prints the bubble share
+``(S - 1) / (M + S - 1)`` of its schedule. Every figure is the median of several timed
+blocks of steps (:func:`benchmarks._timing.median_time`).
 
 Virtual CPU devices share the host's cores, so these numbers show the schedule's
-overheads (the bubble, the recomputed forward, the permutes), not a speed-up: that needs
-devices that run in parallel.
+overheads (the bubble, the loop over small microbatches, the permutes), not a speed-up:
+that needs devices that run in parallel.
 
     python benchmarks/pipeline.py [--blocks 8] [--width 128] [--batch 64] [--microbatches 8]
 """

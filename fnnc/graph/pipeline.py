@@ -28,7 +28,10 @@ The gradient is made as ``scan``'s is: fnnc's ``backward`` pass (and ``remat`` w
 backward reads, and that backward (:func:`~fnnc.graph.scan.scan_bodies`); the node
 records the saved tensors of every block call (its tape) and its backward runs the
 schedule transposed. So a pipeline and a scan of the same blocks keep the same tensors
-per block and compute the same gradients, NNC's conventions included.
+per block and compute the same gradients, NNC's conventions included. (``jax.vjp`` of
+the schedule inside the node's backward, as the ``call`` command differentiates, would
+run the whole forward schedule a second time: a backward sees only the node's inputs
+and outputs, and ``jax.vjp``'s residuals are no fixed list a shape rule could name.)
 """
 
 from __future__ import annotations
