@@ -269,7 +269,7 @@ def _pipeline_backward(grads, inputs, outputs, *, forward, backward, stages, mic
 
     init = (
         tuple(shard(jnp.zeros((stages, *d.shape[1:]), d.dtype)) for d in d_out),
-        tuple(jnp.zeros(p.shape, p.dtype) for p in params),
+        tuple(shard(jnp.zeros(p.shape, p.dtype)) for p in params),
         tuple(jnp.zeros(inputs[w].shape, inputs[w].dtype) for w in at_const),
         tuple(jnp.zeros_like(d) for d in d_out),
     )
