@@ -76,6 +76,7 @@ from fnnc.graph.pattern import Pat as Pat
 from fnnc.graph.pattern_functions import pattern_of as pattern_of
 from fnnc.graph.pattern_functions import replace_pattern as replace_pattern
 from fnnc.graph.pattern_functions import traced_rule as traced_rule
+from fnnc.graph.pipeline import pipeline as pipeline
 from fnnc.graph.profile import Profile as Profile
 from fnnc.graph.profile import profile as profile
 from fnnc.graph.rewrite import Rewriter as Rewriter

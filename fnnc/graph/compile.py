@@ -127,7 +127,8 @@ class Program:
                     bad.append(_any_not_finite(outs))
                 return outs
 
-            with dispatch.matmul_precision_scope(matmul_precision):
+            mesh = shardings.mesh if shardings is not None else None
+            with dispatch.matmul_precision_scope(matmul_precision), dispatch.mesh_scope(mesh):
                 results = tuple(run_nodes(graph, args[:n_in], run_node))
             return (*results, jnp.stack(bad)) if numerics and bad else results
 

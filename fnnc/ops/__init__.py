@@ -110,6 +110,7 @@ from fnnc.ops.norm import group_norm as group_norm
 from fnnc.ops.norm import layer_norm as layer_norm
 from fnnc.ops.norm import rms_norm as rms_norm
 from fnnc.ops.optimizer import optax_update as optax_update
+from fnnc.ops.pipeline import pipeline as pipeline
 from fnnc.ops.pool import avg_pool as avg_pool
 from fnnc.ops.pool import max_pool as max_pool
 from fnnc.ops.pool import sum_pool as sum_pool

@@ -40,11 +40,20 @@ def _scan(graph: Graph, node: Node) -> int:
     return node.cmd.param("length") * sum(node_flops(body, i) for i in range(len(body.nodes)))
 
 
+def _pipeline(graph: Graph, node: Node) -> int:
+    body, stages, micro = (node.cmd.param(k) for k in ("forward", "stages", "microbatches"))
+    blocks = graph.symbols[node.inputs[node.cmd.param("n_carry")]].shape[0]
+    # every stage runs its blocks on one microbatch per iteration, bubbles included
+    calls = (micro + stages - 1) * blocks
+    return calls * sum(node_flops(body, i) for i in range(len(body.nodes)))
+
+
 FLOP_RULES: dict[str, FlopRule] = {
     "gemm": _gemm,
     "convolution": _convolution,
     "convolution_transpose": _convolution_transpose,
     "scan": _scan,
+    "pipeline": _pipeline,
 }
 
 

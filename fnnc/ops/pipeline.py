@@ -1,0 +1,305 @@
+"""``pipeline``: a stack of blocks split into stages, run on microbatches (GPipe).
+
+The ``n`` blocks of a ``scan`` (one body over parameters stacked ``[n, ...]``) are cut
+into ``stages`` contiguous groups of ``n / stages`` blocks, and the batch into
+``microbatches``. The schedule is Praxis's ``LayerwiseShardablePipelined`` and MaxText's
+pipeline, written with array operations so that XLA's SPMD partitioner does the rest:
+
+* a state buffer ``[stages, microbatch rows, ...]`` per carried tensor: slot ``s``
+  holds the activation stage ``s`` works on;
+* ``T = microbatches + stages - 1`` iterations (one ``lax.scan``); in iteration ``i``
+  microbatch ``i`` enters slot 0, every stage applies its group of blocks to its slot
+  at once (``vmap`` over stages of a ``lax.scan`` over the group), the last slot is
+  microbatch ``i - stages + 1`` leaving the pipeline, and the buffer shifts one stage
+  on (``jnp.roll`` along the stage axis);
+* the stage axis of the buffer, of the parameters (reshaped ``[stages, n/stages,
+  ...]``) and of the tape is constrained to the mesh axis ``axis`` when the program is
+  compiled on a mesh that has it (:func:`fnnc.core.dispatch.current_mesh`): each device
+  then holds its stages' parameters and runs only their blocks, and the roll becomes a
+  collective permute between neighbouring devices. Without such a mesh the same code
+  runs on one device.
+
+Microbatch ``m`` is the rows ``m, m + microbatches, m + 2 microbatches, ...`` of the
+batch (strided, not contiguous), so a batch split over a data axis stays split the same
+way inside every microbatch.
+
+The node holds the two sub-graphs of a ``scan`` node (:func:`fnnc.graph.scan.scan_bodies`,
+built by fnnc's ``backward`` pass, ``remat`` for checkpointing), for one microbatch:
+``forward`` (inputs ``(*carry, *slices, *consts)``, outputs ``(*carry', *saved)``) and
+``backward`` (inputs ``(*saved, *slices, *consts, *dcarry')``, outputs the gradients
+of the inputs ``wants`` lists). Node inputs are ``(*carry, *stacked, *consts)``; outputs
+the final carries, then the tape: ``saved[k]`` of every block call, ``[T, stages,
+n/stages, *shape]`` (bubble calls included: ``(stages - 1) / T`` of it is never read).
+
+The backward is the transposed schedule: iterations in reverse, the cotangent buffer
+shifted back one stage (``jnp.roll`` by -1, the reverse permute), every stage running
+``backward`` over its group in reverse from the tape. The cotangents of the bubble
+calls are zero, so they add nothing to the parameters' gradients.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from fnnc.core.command import Command, Spec, Uses, defcommand
+from fnnc.core.dispatch import current_mesh
+from fnnc.errors import CommandError, ShapeError
+from fnnc.ops._rules import show
+from fnnc.ops._subgraph import check_inputs, run_graph
+from fnnc.ops.scan import MAX_OUTPUTS, _check_scan
+
+
+def body_specs(
+    specs: Sequence[Spec], stages: int, microbatches: int, n_carry: int, n_stacked: int
+) -> list[Spec]:
+    """The specs one body call sees: carries cut to a microbatch, stacked to a slice.
+
+    Raises:
+        ShapeError: stacked inputs of different lengths, a length that does not split
+            into ``stages`` groups, or a batch that does not split into ``microbatches``.
+    """
+    out = list(specs)
+    for k in range(n_carry):
+        s = specs[k]
+        if not s.shape or s.shape[0] % microbatches:
+            rows = f"{s.shape[0]} rows" if s.shape else "no rows (a scalar)"
+            raise ShapeError(
+                f"pipeline: carry {k} is {show(s)}; its leading (batch) axis, {rows}, must "
+                f"split into microbatches={microbatches} equal parts: pick microbatches "
+                "dividing it"
+            )
+        out[k] = Spec((s.shape[0] // microbatches, *s.shape[1:]), s.dtype)
+    cut = n_carry + n_stacked
+    lengths = [specs[k].shape[0] if specs[k].shape else 0 for k in range(n_carry, cut)]
+    n = lengths[0] if lengths else 0
+    if any(m != n for m in lengths) or n % stages or n == 0:
+        raise ShapeError(
+            f"pipeline: the stacked inputs hold {lengths} blocks; they must all hold the same "
+            f"number n >= 1 of blocks, with n divisible by stages={stages} (each stage runs "
+            "n / stages of them): pick stages dividing n"
+        )
+    for k in range(n_carry, cut):
+        out[k] = Spec(tuple(specs[k].shape[1:]), specs[k].dtype)
+    return out
+
+
+def _check_counts(stages: Any, microbatches: Any, axis: Any) -> None:
+    for what, v in (("stages", stages), ("microbatches", microbatches)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise CommandError(f"pipeline: {what} must be an int >= 1, got {v!r}")
+    if not isinstance(axis, str):
+        raise CommandError(f"pipeline: axis must be a mesh axis name, got {axis!r}")
+
+
+def _pipeline_shape(*specs: Spec, forward, backward, stages, microbatches, n_carry, n_stacked,
+                    wants, axis):  # fmt: skip
+    _check_counts(stages, microbatches, axis)
+    if n_stacked < 1 or len(specs) != len(forward.inputs):
+        raise CommandError(
+            f"pipeline: the node has {len(specs)} inputs ({n_stacked} stacked), the body "
+            f"takes {len(forward.inputs)}; pass one per body input and stack at least one "
+            "(the blocks' parameters, which the stages split)"
+        )
+    sliced = body_specs(specs, stages, microbatches, n_carry, n_stacked)
+    n = specs[n_carry].shape[0]
+    _check_scan(forward, backward, n, n_carry, n_stacked, wants)
+    check_inputs("pipeline", "forward body", forward, sliced)
+    calls = (microbatches + stages - 1, stages, n // stages)
+    tape = [forward.spec(s) for s in forward.outputs[n_carry:]]
+    return (*specs[:n_carry], *(Spec((*calls, *t.shape), np.dtype(t.dtype)) for t in tape))
+
+
+def _display(cmd: Command) -> str:
+    try:
+        fwd, n = cmd.param("forward"), cmd.param("n_carry")
+        return (
+            f"pipeline[stages={cmd.param('stages')}; microbatches={cmd.param('microbatches')}; "
+            f"axis={cmd.param('axis')}; {len(fwd.nodes)} nodes; saves {len(fwd.outputs) - n}]"
+        )
+    except (AttributeError, TypeError):
+        return "pipeline[?]"
+
+
+def stage_constraint(axis: str, stages: int) -> Callable[..., Any]:
+    """``constrain(x, dim=0)``: places axis ``dim`` of ``x`` (its stage axis) on the mesh
+    axis ``axis``, the other axes free.
+
+    The identity when no mesh is being compiled for or it lacks ``axis``. The mesh's axes
+    are taken as ``Auto`` here: a constraint is a hint to the partitioner, not a type.
+
+    Raises:
+        ShapeError: ``stages`` does not spread evenly over the mesh axis.
+    """
+    mesh = current_mesh()
+    if mesh is None or axis not in mesh.axis_names or mesh.shape[axis] == 1:
+        return lambda x, dim=0: x
+    if stages % mesh.shape[axis]:
+        raise ShapeError(
+            f"pipeline: stages={stages} do not spread evenly over mesh axis {axis!r} of "
+            f"{mesh.shape[axis]} devices; use a multiple of {mesh.shape[axis]} stages"
+        )
+    auto = Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * mesh.devices.ndim)
+
+    def constrain(x: Any, dim: int = 0) -> Any:
+        spec = [PartitionSpec.UNCONSTRAINED] * x.ndim
+        spec[dim] = axis
+        return lax.with_sharding_constraint(x, NamedSharding(auto, PartitionSpec(*spec)))
+
+    return constrain
+
+
+def _split(x: Any, m: int) -> Any:
+    """``[B, ...] -> [m, B / m, ...]``, microbatch ``j`` the rows ``j, j + m, ...``."""
+    return jnp.moveaxis(x.reshape(x.shape[0] // m, m, *x.shape[1:]), 1, 0)
+
+
+def _merge(x: Any) -> Any:
+    return jnp.moveaxis(x, 0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def _at(mask: Any, x: Any) -> Any:
+    """``mask`` (one bool per stage) broadcast against a stage buffer ``x``."""
+    return mask.reshape(-1, *[1] * (x.ndim - 1))
+
+
+@defcommand(
+    family="control",
+    shape=_pipeline_shape,
+    display=_display,
+    uses=Uses(inputs=None, outputs=tuple(range(MAX_OUTPUTS))),
+)
+def pipeline(*inputs, forward, backward, stages, microbatches, n_carry, n_stacked, wants, axis):
+    """``forward`` over stacked blocks as a GPipe schedule of stages (see the module doc).
+
+    Build it with :func:`fnnc.graph.pipeline`. Returns the final carries, then the tape.
+    """
+    m, cut = microbatches, n_carry + n_stacked
+    carry, consts = inputs[:n_carry], tuple(inputs[cut:])
+    shard = stage_constraint(axis, stages)
+    params = tuple(
+        shard(s.reshape(stages, s.shape[0] // stages, *s.shape[1:])) for s in inputs[n_carry:cut]
+    )
+    micro = tuple(_split(c, m) for c in carry)
+    dtypes = [c.dtype for c in carry]
+
+    def block(h: tuple, xs: tuple) -> tuple[tuple, tuple]:
+        outs = run_graph(forward, [*h, *xs, *consts])
+        new = tuple(lax.convert_element_type(o, d) for o, d in zip(outs[:n_carry], dtypes))
+        return new, tuple(outs[n_carry:])
+
+    every_stage = jax.vmap(lambda h, group: lax.scan(block, h, group))
+    first = lax.broadcasted_iota(jnp.int32, (stages,), 0) == 0
+    # The bubble slots start as copies of microbatch 0, so blocks only ever see real rows.
+    state0 = tuple(shard(jnp.broadcast_to(x[0], (stages, *x.shape[1:]))) for x in micro)
+
+    def step(loop: tuple, i: Any) -> tuple[tuple, tuple]:
+        state, out = loop
+        entering = [lax.dynamic_index_in_dim(x, jnp.minimum(i, m - 1), 0, False) for x in micro]
+        state = tuple(jnp.where(_at(first, s), x[None], s) for s, x in zip(state, entering))
+        new, saved = every_stage(state, params)
+        new = tuple(shard(x) for x in new)
+        # Before iteration stages - 1 the last slot holds bubble rows: they land in slot 0
+        # and are overwritten by microbatch 0 when it arrives.
+        slot = jnp.maximum(i - (stages - 1), 0)
+        out = tuple(lax.dynamic_update_index_in_dim(o, x[-1], slot, 0) for o, x in zip(out, new))
+        state = tuple(shard(jnp.roll(x, 1, axis=0)) for x in new)
+        return (state, out), tuple(shard(t) for t in saved)
+
+    out0 = tuple(jnp.zeros_like(x) for x in micro)
+    (_, out), tape = lax.scan(step, (state0, out0), jnp.arange(m + stages - 1))
+    outs = (*(_merge(o) for o in out), *(shard(t, dim=1) for t in tape))
+    return outs[0] if len(outs) == 1 else outs
+
+
+@pipeline.backward
+def _pipeline_backward(grads, inputs, outputs, *, forward, backward, stages, microbatches,
+                       n_carry, n_stacked, wants, axis):  # fmt: skip
+    if any(g is not None for g in grads[n_carry:]):
+        raise CommandError(
+            "pipeline: a tape output has a gradient; the tape is the backward's record of "
+            "the schedule and must only be read by the pipeline's own gradient node"
+        )
+    m, cut = microbatches, n_carry + n_stacked
+    consts, tape = tuple(inputs[cut:]), tuple(outputs[n_carry:])
+    shard = stage_constraint(axis, stages)
+    params = tuple(
+        shard(s.reshape(stages, s.shape[0] // stages, *s.shape[1:])) for s in inputs[n_carry:cut]
+    )
+    at_stacked = [w for w in wants if n_carry <= w < cut]
+    at_const = [w for w in wants if w >= cut]
+    d_out = tuple(
+        _split(jnp.zeros(x.shape, x.dtype) if g is None else g.astype(x.dtype), m)
+        for g, x in zip(grads[:n_carry], inputs)
+    )
+    every_stage = jax.vmap(
+        functools.partial(_stage_backward, backward, consts, n_carry, wants, at_stacked, at_const)
+    )
+    first = lax.broadcasted_iota(jnp.int32, (stages,), 0) == 0
+    last = lax.broadcasted_iota(jnp.int32, (stages,), 0) == stages - 1
+
+    def step(acc: tuple, per: tuple) -> tuple[tuple, None]:
+        d_state, d_params, d_consts, d_micro = acc
+        i, saved = per
+        # transposes, last forward operation first: the roll, the output write (only the
+        # write of iteration j + stages - 1 to slot j survived), the blocks, the injection
+        d_new = [jnp.roll(d, -1, axis=0) for d in d_state]
+        leaving = jnp.maximum(i - (stages - 1), 0)
+        d_new = [
+            shard(d + jnp.where(_at(last, d) & (i >= stages - 1), g[leaving][None], 0))
+            for d, g in zip(d_new, d_out)
+        ]
+        d_in, d_k, d_xs = every_stage(tuple(d_new), saved, params)
+        d_params = tuple(a + x.astype(a.dtype) for a, x in zip(d_params, d_xs))
+        d_consts = tuple(a + x.sum(0).astype(a.dtype) for a, x in zip(d_consts, d_k))
+        entered = jnp.minimum(i, m - 1)
+        d_micro = tuple(
+            lax.dynamic_update_index_in_dim(dm, dm[entered] + d[0], entered, 0)
+            for dm, d in zip(d_micro, d_in)
+        )
+        d_state = tuple(shard(jnp.where(_at(first, d), 0, d)) for d in d_in)
+        return (d_state, d_params, d_consts, d_micro), None
+
+    init = (
+        tuple(shard(jnp.zeros((stages, *d.shape[1:]), d.dtype)) for d in d_out),
+        tuple(shard(jnp.zeros(p.shape, p.dtype)) for p in params),
+        tuple(jnp.zeros(inputs[w].shape, inputs[w].dtype) for w in at_const),
+        tuple(jnp.zeros_like(d) for d in d_out),
+    )
+    iters = jnp.arange(m + stages - 1)
+    (d_state, d_params, d_consts, d_micro), _ = lax.scan(step, init, (iters, tape), reverse=True)
+    # the initial buffer was microbatch 0 broadcast to every slot
+    d_micro = tuple(dm.at[0].add(d.sum(0)) for dm, d in zip(d_micro, d_state))
+    out: list[Any] = [None] * len(inputs)
+    for k, d in enumerate(d_micro):
+        out[k] = _merge(d)
+    for w, d in zip(at_stacked, d_params):
+        out[w] = d.reshape(inputs[w].shape)
+    for w, d in zip(at_const, d_consts):
+        out[w] = d
+    return tuple(out)
+
+
+def _stage_backward(backward, consts, n_carry, wants, at_stacked, at_const, dh, saved, group):
+    """One stage's blocks in reverse: the cotangent of its input, its constants' summed
+    gradients and its blocks' stacked parameter gradients."""
+
+    def block(acc: tuple, per: tuple) -> tuple[tuple, tuple]:
+        dc, dk = acc
+        sv, xs = per
+        got = dict(zip(wants, run_graph(backward, [*sv, *xs, *consts, *dc])))
+        dc = tuple(got[k].astype(c.dtype) for k, c in zip(range(n_carry), dc))
+        dk = tuple(a + got[w].astype(a.dtype) for a, w in zip(dk, at_const))
+        return (dc, dk), tuple(got[w] for w in at_stacked)
+
+    cut = n_carry + len(group)
+    dk0 = tuple(jnp.zeros(consts[w - cut].shape, consts[w - cut].dtype) for w in at_const)
+    (dc, dk), dxs = lax.scan(block, (tuple(dh), dk0), (saved, group), reverse=True)
+    return dc, dk, dxs
