@@ -135,7 +135,10 @@ class ShardedCheckpoints:
     def steps(self) -> list[int]:
         """Retained (completely written) steps, ascending; none for a missing directory."""
         manager = self._open(create=False)
-        return [] if manager is None else sorted(manager.all_steps(read=True))
+        if manager is None:
+            return []
+        manager.reload()  # another process (or run) may have saved since
+        return sorted(manager.all_steps())
 
     @property
     def latest(self) -> int | None:
@@ -180,7 +183,7 @@ class ShardedCheckpoints:
         manifest["optimizer_saved"] = optimizer_state is not None
         _check_json(manifest, step)
         manager = self._open(create=True)
-        if step in manager.all_steps(read=True):
+        if step in self.steps():
             manager.delete(step)
         items = {"state": ocp.args.StandardSave(_keyed(state)), "fnnc": ocp.args.JsonSave(manifest)}
         if optimizer_state is not None:

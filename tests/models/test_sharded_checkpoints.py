@@ -12,6 +12,8 @@ device, and a subprocess on a 4-device FSDP mesh, and compares bitwise.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import shutil
@@ -190,37 +192,31 @@ def _two_processes(out: str, timeout: float = 300) -> None:
     """Runs WORKER as 2 processes of 2 CPU devices; kills both at the timeout or a failure."""
     env = subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=2")
     coordinator = f"localhost:{_free_port()}"
-    logs = [open(os.path.join(out, f"log{r}.txt"), "w+") for r in range(2)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(r), coordinator, out],
-            env=env,
-            stdout=logs[r],
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        for r in range(2)
-    ]
-    deadline = time.monotonic() + timeout
-    try:
-        while any(p.poll() is None for p in procs):
-            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
-                break
-            time.sleep(0.1)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-    text = ""
-    for log in logs:
-        log.seek(0)
-        text += log.read()[-3000:]
-        log.close()
+    with contextlib.ExitStack() as stack:
+        logs = [stack.enter_context(open(f"{out}/log{r}.txt", "w+")) for r in range(2)]
+        command = [sys.executable, "-c", WORKER]
+        procs = [
+            subprocess.Popen(
+                [*command, str(r), coordinator, out], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+            for r, log in enumerate(logs)
+        ]
+        deadline = time.monotonic() + timeout
+        try:
+            while any(p.poll() is None for p in procs):
+                if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
+                    break
+                time.sleep(0.1)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+        text = ""
+        for log in logs:
+            log.seek(0)
+            text += log.read()[-3000:]
     assert [p.returncode for p in procs] == [0, 0], text
-
-
-def _oracle_check(ns: dict, m: Model, oracle: np.lib.npyio.NpzFile) -> None:
-    ns["check_against"](m, oracle)
 
 
 def test_two_processes_save_shards_and_restore_anywhere(tmp_path):
@@ -261,7 +257,7 @@ def test_two_processes_save_shards_and_restore_anywhere(tmp_path):
     one = ns["compiled"]()
     ckpt = ShardedCheckpoints(tmp_path / "ckpt").restore_into(one)
     assert ckpt.step == 4 and one.train_progress.epoch == 1
-    _oracle_check(ns, one, oracle)
+    ns["check_against"](one, oracle)
 
     # (b) 1 process, a 4-device FSDP mesh
     env = subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
@@ -319,11 +315,15 @@ def test_keep_last_and_pytrees(tmp_path):
     assert type(got.optimizer_state[0]) is type(like[0])
 
 
+# A failed Orbax read leaves TensorStore reads in flight whose callbacks find asyncio's
+# loop closed ("Event loop is closed", printed as ignored): Orbax's noise after the
+# CheckpointError, drained inside this test so that it does not land in the next one.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_damaged_and_missing_steps_name_the_step(tmp_path):
-    m, path = _trained(tmp_path)
+    _, path = _trained(tmp_path)
     with pytest.raises(CheckpointError, match=r"no step 3 in .*run; retained steps: \[2, 4\]"):
         ShardedCheckpoints(path).restore_into(_mlp(), 3)
-    with pytest.raises(CheckpointError, match="holds no steps .the directory does not exist"):
+    with pytest.raises(CheckpointError, match=r"holds no steps .the directory does not exist"):
         ShardedCheckpoints(tmp_path / "nowhere").restore()
     for name in os.listdir(path / "4" / "state"):  # the array data of step 4, destroyed
         target = path / "4" / "state" / name
@@ -332,12 +332,17 @@ def test_damaged_and_missing_steps_name_the_step(tmp_path):
     with pytest.raises(CheckpointError, match=r"step 4 in .*run: its 'state' cannot be read.*"
                        r"damaged.*retained: \[2, 4\]"):  # fmt: skip
         ShardedCheckpoints(path).restore_into(_mlp(), 4)
+    time.sleep(0.5)
+    gc.collect()
+    # a save killed before Orbax renamed its temporary directory: not a step
+    shutil.copytree(path / "2", path / "6.orbax-checkpoint-tmp-1764000000000000")
+    assert ShardedCheckpoints(path).steps() == [2, 4]
     (path / "2" / "fnnc" / "metadata").write_text("{not json")
     with pytest.raises(CheckpointError, match=r"step 2 in .*run: its fnnc metadata .*damaged"):
         ShardedCheckpoints(path).restore_into(_mlp(), 2)
     (path / "file").write_text("")
     with pytest.raises(
-        CheckpointError, match="is a file .* open the file with fnnc.io.Checkpoints"
+        CheckpointError, match=r"is a file .* open the file with fnnc.io.Checkpoints"
     ):
         ShardedCheckpoints(path / "file")
 
