@@ -179,6 +179,12 @@ class ShardedCheckpoints:
         else:
             info = {"metadata": metadata}
         manifest = {"format": FORMAT, "version": VERSION, "source": source, **info}
+        if not jax.tree.leaves(state):
+            raise CheckpointError(
+                f"sharded checkpoint: step {step} for {self._path}: the state holds no arrays"
+            )
+        if not jax.tree.leaves(optimizer_state):  # none yet (a model before its first step)
+            optimizer_state = None
         manifest["created"] = time.time()
         manifest["optimizer_saved"] = optimizer_state is not None
         _check_json(manifest, step)

@@ -138,7 +138,7 @@ def _optimizer_targets(where: str, engine: Any, saved: dict[str, Any]) -> tuple[
                     f"the model's minimizer (saved leaves {list(saved[pid])}, the minimizer's "
                     f"{names}); set the minimizer the run was saved with"
                 )
-            sharding = engine.values[pid].sharding
+            sharding = _sharding(engine.values[pid])
             leaves = []
             for leaf, owner in zip(jax.tree.leaves(like), owners(like, members)):
                 whole = owner == SHARED or leaf.shape != engine.infos[pid].shape
@@ -200,4 +200,9 @@ def restore_into(checkpoints: Any, model: Any, step: int | None = None) -> Check
 
 def _target(value: Any, info: Any) -> Any:
     """Where a parameter is restored to: its current layout, its declared shape and dtype."""
-    return jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=value.sharding)
+    return jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=_sharding(value))
+
+
+def _sharding(value: Any) -> Any:
+    """The layout of an engine value (``None``, Orbax's default device, for a host one)."""
+    return getattr(value, "sharding", None)

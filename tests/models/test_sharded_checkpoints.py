@@ -355,6 +355,12 @@ def test_another_model_names_the_parameter_and_both_shapes(tmp_path):
         ShardedCheckpoints(path).restore_into(other)
     for k, v in other.parameters().items():  # nothing restored
         np.testing.assert_array_equal(v, before[k])
+    with ShardedCheckpoints(tmp_path / "fresh") as ckpt:  # before any step: no optimizer state
+        ckpt.save(0, other)
+        again = _mlp(units=3)
+        ckpt.restore_into(again)
+    for k, v in again.parameters().items():
+        np.testing.assert_array_equal(v, before[k])
     with pytest.raises(CheckpointError, match=r"does not fit the model's minimizer .saved "
                        r"leaves \['count', 'mu', 'nu'\]"):  # fmt: skip
         ShardedCheckpoints(path).restore_into(_mlp(minimizer=optax.sgd(0.1, momentum=0.9)))
