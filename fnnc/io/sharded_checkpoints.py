@@ -38,6 +38,7 @@ the interop export: ``Model.write`` (NNC's model file) and :class:`Checkpoints`.
 
 from __future__ import annotations
 
+import json
 import operator
 import os
 import time
@@ -256,6 +257,21 @@ class ShardedCheckpoints:
         self._open(create=True).delete(step)
 
     # -- reading, for fnnc.models ---------------------------------------------------
+    def find_step(self, step: int | None) -> int:
+        """``step`` checked to be retained, or the newest for ``None`` (else CheckpointError)."""
+        steps = self.steps()
+        if step is None:
+            if not steps:
+                why = "" if os.path.isdir(self._path) else " (the directory does not exist)"
+                raise CheckpointError(f"sharded checkpoint: {self._path} holds no steps{why}")
+            return steps[-1]
+        step = _step(step, self._path)
+        if step not in steps:
+            raise CheckpointError(
+                f"sharded checkpoint: no step {step} in {self._path}; retained steps: {steps}"
+            )
+        return step
+
     def read_arrays(self, step: int, item: str, like: Any) -> Any:
         """Item ``item`` (``"state"`` or ``"optimizer"``) of ``step``, each leaf laid
         out as the matching leaf of ``like`` (``None``: as saved, on one device)."""
@@ -289,21 +305,6 @@ class ShardedCheckpoints:
             )
             self._manager = ocp.CheckpointManager(self._path, item_names=ITEMS, options=options)
         return self._manager
-
-    def find_step(self, step: int | None) -> int:
-        """``step`` checked to be retained, or the newest for ``None`` (else CheckpointError)."""
-        steps = self.steps()
-        if step is None:
-            if not steps:
-                why = "" if os.path.isdir(self._path) else " (the directory does not exist)"
-                raise CheckpointError(f"sharded checkpoint: {self._path} holds no steps{why}")
-            return steps[-1]
-        step = _step(step, self._path)
-        if step not in steps:
-            raise CheckpointError(
-                f"sharded checkpoint: no step {step} in {self._path}; retained steps: {steps}"
-            )
-        return step
 
     def _manifest(self, step: int) -> dict[str, Any]:
         where = f"sharded checkpoint: step {step} in {self._path}"
@@ -355,8 +356,6 @@ def _unkeyed(tree: Any) -> Any:
 
 
 def _check_json(manifest: dict[str, Any], step: int) -> None:
-    import json
-
     try:
         json.dumps(manifest, allow_nan=False)
     except (TypeError, ValueError) as e:

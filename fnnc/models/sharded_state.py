@@ -174,9 +174,9 @@ def restore_into(checkpoints: Any, model: Any, step: int | None = None) -> Check
     like = {p: _target(engine.values[p], engine.infos[p]) for p in engine.infos}
     params = checkpoints.read_arrays(step, "state", like)
     opt = checkpoints.read_arrays(step, "optimizer", opt_targets) if opt_targets else {}
-    states = {
-        pid: jax.tree.unflatten(jax.tree.structure(templates[pid]), list(opt[pid].values()))
-        for pid in templates
+    states = {  # opt_targets[pid] lists the names in leaf order (a dict Orbax may sort)
+        pid: jax.tree.unflatten(jax.tree.structure(view), [opt[pid][n] for n in opt_targets[pid]])
+        for pid, view in templates.items()
     }
     for likes in gathered._templates(engine):
         differ = disagreements({p: states[p] for p in likes if p in states})

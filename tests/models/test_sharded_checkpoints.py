@@ -364,3 +364,23 @@ def test_another_model_names_the_parameter_and_both_shapes(tmp_path):
     with pytest.raises(CheckpointError, match=r"does not fit the model's minimizer .saved "
                        r"leaves \['count', 'mu', 'nu'\]"):  # fmt: skip
         ShardedCheckpoints(path).restore_into(_mlp(minimizer=optax.sgd(0.1, momentum=0.9)))
+
+
+def test_optimizer_state_in_leaf_order(tmp_path):
+    """MultiSteps' leaves (mini_step, gradient_step, inner state, acc_grads) are not in
+    name order: each comes back to its own leaf, bitwise (oracle: the gathered state)."""
+    opt = optax.MultiSteps(optax.adam(0.1), 3)
+    m = _mlp(minimizer=opt)
+    for _ in range(2):  # mid-accumulation: acc_grads and mini_step are not zero
+        m.fit(XS[:4], XS[:4, :2])
+    with ShardedCheckpoints(tmp_path / "ms") as ckpt:
+        ckpt.save(2, m)
+        back = _mlp(minimizer=opt)
+        ckpt.restore_into(back)
+    for pid in m.engine.trainable():
+        (want,) = m.engine.optimizer_state(pid).values()
+        (got,) = back.engine.optimizer_state(pid).values()
+        assert jax.tree.structure(got) == jax.tree.structure(want)
+        for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got)):
+            np.testing.assert_array_equal(b, a, err_msg=f"{pid}{jax.tree_util.keystr(path)}")
+    assert int(jax.tree.leaves(want)[0]) == 2  # mini_step: the accumulation continues
