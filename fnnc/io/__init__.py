@@ -15,6 +15,8 @@ named tensor, so NNC reads what fnnc writes and the other way round. On top of i
   ``zip``, ``fpzip``), registered by default: ``TensorFile.write(..., encoder="q8p")``.
 - :class:`Checkpoints`: a journal of training steps (state, optimizer state, metadata)
   in one file; each save is one transaction, so a killed writer loses nothing saved.
+- :class:`ShardedCheckpoints`: the same journal as an Orbax directory, each process
+  writing only its own shards (models split over processes: FSDP, tensor parallel).
 - :func:`save_to` / :func:`load_from`: graphs (:mod:`fnnc.graph`) beside the tensors.
 - ``python -m fnnc inspect FILE [--stats] [--verify]``: what a file holds; with
   ``--verify``, every row checked (exit status 1 on damage).
@@ -59,6 +61,7 @@ from fnnc.io.parameters import parameter_row as parameter_row
 from fnnc.io.parameters import read_parameters as read_parameters
 from fnnc.io.parameters import write_parameters as write_parameters
 from fnnc.io.safetensors_io import SafetensorsFile as SafetensorsFile
+from fnnc.io.sharded_checkpoints import ShardedCheckpoints as ShardedCheckpoints
 from fnnc.io.tensor_file import TensorFile as TensorFile
 
 _nnc_codecs.register_nnc_codecs()

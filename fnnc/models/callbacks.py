@@ -52,10 +52,16 @@ class CheckpointEvery(Callback):
     :class:`fnnc.io.Checkpoints` journal every ``steps`` steps or every epoch.
 
     Args:
-        checkpoints: a path (opened for the run, closed after) or a ``Checkpoints``.
+        checkpoints: a path (opened for the run, closed after), a ``Checkpoints`` or a
+            :class:`fnnc.io.ShardedCheckpoints`.
         steps: save after every ``steps``-th step.
         per_epoch: save after every epoch (its metrics go to the metadata).
         keep_last: retention when opening a path (see ``Checkpoints``).
+        sharded: for a path: ``True`` opens a ``ShardedCheckpoints`` directory (each
+            process writes its own shards through Orbax), ``False`` a ``Checkpoints``
+            file; ``None`` (default) picks the sharded one for a model whose parameters
+            are split over processes (FSDP, tensor parallel) or a path that is a
+            directory already, else the SQLite file.
 
     ``model.train(data, epochs=E, resume=checkpoints)`` continues the run from the
     newest save, exactly as if it had not stopped.
@@ -68,21 +74,28 @@ class CheckpointEvery(Callback):
         steps: int | None = None,
         per_epoch: bool = False,
         keep_last: int | None = None,
+        sharded: bool | None = None,
     ):
         if (steps is None) == (not per_epoch):
             raise ModelError("CheckpointEvery: give steps=N or per_epoch=True (one of them)")
         if steps is not None and (not isinstance(steps, int) or steps < 1):
             raise ModelError(f"CheckpointEvery: steps must be a positive int, got {steps!r}")
         self.target, self.steps, self.per_epoch = checkpoints, steps, per_epoch
-        self.keep_last = keep_last
+        self.keep_last, self.sharded = keep_last, sharded
         self.checkpoints: Any = None
         self._owned = False
 
     def on_train_begin(self, loop: Any) -> None:
-        from fnnc.io import Checkpoints
+        from fnnc.io import Checkpoints, ShardedCheckpoints
+        from fnnc.models.sharded_state import split_parameters
 
         if isinstance(self.target, (str, os.PathLike)):
-            self.checkpoints, self._owned = Checkpoints(self.target, keep_last=self.keep_last), True
+            sharded = self.sharded
+            if sharded is None:
+                split = split_parameters(loop.model.engine)
+                sharded = bool(split) or os.path.isdir(self.target)
+            kind = ShardedCheckpoints if sharded else Checkpoints
+            self.checkpoints, self._owned = kind(self.target, keep_last=self.keep_last), True
         else:
             self.checkpoints = self.target
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from fnnc.errors import CheckpointError
 from fnnc.io import tree
-from fnnc.models import loss_scale, parallel
+from fnnc.models import loss_scale, parallel, sharded_state
 from fnnc.models.batches import Progress, progress
 from fnnc.models.optim import disagreements, views_like
 
@@ -110,6 +110,15 @@ def encode_model(model: Any, row: Any, metadata: Any, step: int) -> tuple[Any, A
             f"{type(metadata).__name__} (the model's progress is added under {TRAIN_KEY!r})"
         )
     engine = model.engine
+    split = sharded_state.split_parameters(engine)
+    if split:
+        raise CheckpointError(
+            f"checkpoint: parameters {split[:4]}{' ...' if len(split) > 4 else ''} of model "
+            f"{model.describe()} are split over {jax.process_count()} processes; Checkpoints "
+            "would gather each to process 0 whole. Save with fnnc.io.ShardedCheckpoints(dir) "
+            "(each process writes its own shards; CheckpointEvery(dir) picks it for such a "
+            "model), or export the parameters with model.write(path)"
+        )
     params = model.parameters()
     encoded = [(k, tree.encode(v, str(k), row)) for k, v in params.items()]
     state_data = {"$dict": [[k, data] for k, (data, _) in encoded]}
@@ -131,6 +140,8 @@ def encode_model(model: Any, row: Any, metadata: Any, step: int) -> tuple[Any, A
 def restore_into(checkpoints: Any, model: Any, step: int | None = None) -> Any:
     """Restores step ``step`` (default the newest) of ``checkpoints`` into ``model``;
     see :meth:`fnnc.io.Checkpoints.restore_into`."""
+    if getattr(checkpoints, "sharded", False):  # fnnc.io.ShardedCheckpoints
+        return sharded_state.restore_into(checkpoints, model, step)
     engine = model.engine
     ckpt = checkpoints.restore(step)
     where = f"step {ckpt.step} of {checkpoints.path}"

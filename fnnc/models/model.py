@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fnnc.core.ir import Symbol
-from fnnc.models import checkpoint_state
+from fnnc.models import checkpoint_state, sharded_state
 from fnnc.models.engine import Engine
 from fnnc.models.layer import BuildContext, Layer, ModelError, ModelIO
 from fnnc.models.scale import ScaleMixin
@@ -351,6 +351,11 @@ class Model(ScaleMixin, Layer):
         """What :meth:`fnnc.io.Checkpoints.save` stores of this model (parameters, optimizer
         state, progress, random key); see :mod:`fnnc.models.checkpoint_state`."""
         return checkpoint_state.encode_model(self, row, metadata, step)
+
+    def sharded_checkpoint_state(self, metadata: Any, step: int) -> tuple[Any, Any, Any]:
+        """What :meth:`fnnc.io.ShardedCheckpoints.save` stores of this model: its arrays
+        as laid out on its mesh (nothing gathered); see :mod:`fnnc.models.sharded_state`."""
+        return sharded_state.encode(self, metadata, step)
 
     def restore_checkpoint(self, checkpoints: Any, step: int | None = None) -> Any:
         """Restores a step of ``checkpoints`` into this model

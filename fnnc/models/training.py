@@ -195,32 +195,34 @@ def _label_check(model: Any) -> Callable[[Any], None]:
 
 
 def _restore(resume: Any, model: Any) -> None:
-    from fnnc.io import Checkpoints
+    from fnnc.io import Checkpoints, ShardedCheckpoints
 
-    if isinstance(resume, (str, os.PathLike)):
-        with Checkpoints(resume) as ckpt:
+    if isinstance(resume, (str, os.PathLike)):  # a directory is a sharded checkpoint
+        kind = ShardedCheckpoints if os.path.isdir(resume) else Checkpoints
+        with kind(resume) as ckpt:
             if ckpt.latest is not None:
                 ckpt.restore_into(model)
-    elif isinstance(resume, Checkpoints):
+    elif isinstance(resume, (Checkpoints, ShardedCheckpoints)):
         if resume.latest is not None:
             resume.restore_into(model)
     else:
         raise ModelError(
-            f"train: resume= takes a checkpoint path or a fnnc.io.Checkpoints, got "
-            f"{type(resume).__name__}"
+            f"train: resume= takes a checkpoint path, a fnnc.io.Checkpoints or a "
+            f"fnnc.io.ShardedCheckpoints, got {type(resume).__name__}"
         )
 
 
 def _nan_error(
     value: float, prog: Any, callbacks: Sequence[Any], resume: Any, note: str = ""
 ) -> NumericsError:
+    saved_by = {cb.checkpoints.path: cb.checkpoints for cb in callbacks if hasattr(cb, "latest")}
     saved = [(cb.latest(), cb.checkpoints.path) for cb in callbacks if hasattr(cb, "latest")]
     saved = [(s, p) for s, p in saved if s is not None]
     if saved:
         step, path = max(saved)
         where = (
             f"The last good checkpoint is step {step} in {path}: restore it with "
-            f"Checkpoints({path!r}).restore_into(model)"
+            f"{type(saved_by[path]).__name__}({path!r}).restore_into(model)"
         )
     else:
         where = "No checkpoint was saved in this run (add callbacks=[CheckpointEvery(...)])"

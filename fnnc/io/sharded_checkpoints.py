@@ -1,0 +1,378 @@
+"""Sharded checkpoints: each process writes only its own shards, through Orbax.
+
+:class:`ShardedCheckpoints` has the surface of :class:`~fnnc.io.Checkpoints` (``save``,
+``restore``, ``restore_into``, ``steps``, ``latest``, ``delete``, ``keep_last`` /
+``keep_every`` retention), but a checkpoint is a directory that Orbax's
+``CheckpointManager`` writes, one sub-directory per step:
+
+- ``<step>/state``: the arrays (a model's parameters by id), saved as the
+  ``jax.Array`` values they are on their mesh: every process writes the shards it
+  holds (a replicated array once), nothing is gathered;
+- ``<step>/optimizer``: the optimizer state, the same way;
+- ``<step>/fnnc``: JSON: the format, the metadata (a model's training progress, random
+  key, loss scale), the parameters' shapes and the layout they were saved on.
+
+Orbax writes a step into a temporary directory and renames it when every process has
+finished, so a run killed mid-save leaves the steps before it intact (the half-written
+one is not listed). Restoring reads each array straight into the layout asked for
+(``like`` leaves of ``jax.ShapeDtypeStruct`` with a ``sharding``; a model's current
+layout in :meth:`ShardedCheckpoints.restore_into`), so a checkpoint written by 2
+processes restores on 1 device, on a 4-device mesh or on 2 processes again, and each
+process reads only the shards it needs. A damaged step raises :class:`CheckpointError`
+naming the directory and the step.
+
+Every process of a multi-process run calls ``save`` and ``restore`` (they are
+collectives); the path must be on a filesystem they share. The SQLite formats stay
+the interop export: ``Model.write`` (NNC's model file) and :class:`Checkpoints`.
+
+>>> import os, tempfile
+>>> import jax.numpy as jnp
+>>> from fnnc.io import ShardedCheckpoints
+>>> path = os.path.join(tempfile.mkdtemp(), "run")
+>>> with ShardedCheckpoints(path, keep_last=2) as ckpt:
+...     for step in (10, 20, 30):
+...         ckpt.save(step, {"w": jnp.full(3, step, jnp.float32)}, metadata={"loss": 1 / step})
+...     print(ckpt.steps(), ckpt.restore().state["w"], ckpt.restore(20).metadata)
+[20, 30] [30. 30. 30.] {'loss': 0.05}
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import os
+import time
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from fnnc.errors import CheckpointError
+from fnnc.io.checkpoints import Checkpoint
+
+FORMAT, VERSION = "fnnc.sharded_checkpoint", 1
+ITEMS = ("state", "optimizer", "fnnc")
+
+
+def escape(key: str) -> str:
+    """A dict key Orbax stores as one name: it joins a leaf's path with ``.`` (so
+    ``{"a": {"b.c": x}}`` and ``{"a.b": {"c": y}}`` would collide) and ``/`` makes
+    directories; both are percent-encoded."""
+    return key.replace("%", "%25").replace(".", "%2E").replace("/", "%2F")
+
+
+def unescape(key: str) -> str:
+    """The inverse of :func:`escape`."""
+    return key.replace("%2F", "/").replace("%2E", ".").replace("%25", "%")
+
+
+class ShardedCheckpoints:
+    """A checkpoint directory of training steps, each process writing its own shards.
+
+    Args:
+        path: the directory (created by the first save; each step is a sub-directory).
+        keep_last: keep only the newest ``keep_last`` steps (``None``: no limit).
+        keep_every: also keep every step divisible by ``keep_every``.
+
+    With neither, every step is kept. ``Model.train(resume=path)`` and
+    ``CheckpointEvery(path)`` take it (a path that is a directory is read as one);
+    ``restore_into(model)`` puts a model's step back onto the model's own layout.
+
+    >>> import os, tempfile
+    >>> import numpy as np, optax
+    >>> from fnnc.io import ShardedCheckpoints
+    >>> from fnnc.models import Dense, Input, Model
+    >>> def mlp():
+    ...     x = Input()
+    ...     model = Model(x, Dense(2, name="fc")(x))
+    ...     model.compile(np.zeros((4, 3), np.float32), loss="mse", minimizer=optax.adam(0.1))
+    ...     return model
+    >>> a, b = mlp(), mlp()
+    >>> loss = a.fit(np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32))
+    >>> with ShardedCheckpoints(os.path.join(tempfile.mkdtemp(), "run")) as ckpt:
+    ...     ckpt.save(1, a)
+    ...     _ = ckpt.restore_into(b)
+    >>> bool((a.parameters()["t-fc-0-0"] == b.parameters()["t-fc-0-0"]).all())
+    True
+    """
+
+    sharded = True  # how fnnc.models tells it from the gathered Checkpoints
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+    ):
+        for what, value in (("keep_last", keep_last), ("keep_every", keep_every)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise CheckpointError(f"{what}={value!r}: expected a positive int or None")
+        self.keep_last, self.keep_every = keep_last, keep_every
+        self._path = os.path.abspath(os.fspath(path))
+        if os.path.isfile(self._path):
+            raise CheckpointError(
+                f"sharded checkpoint: {self._path} is a file (a Checkpoints SQLite journal?); "
+                "ShardedCheckpoints writes a directory: open the file with "
+                "fnnc.io.Checkpoints, or give a new path"
+            )
+        self._manager: Any = None
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    def close(self) -> None:
+        if self._manager is not None:
+            self._manager.close()
+            self._manager = None
+
+    def __enter__(self) -> ShardedCheckpoints:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def steps(self) -> list[int]:
+        """Retained (completely written) steps, ascending; none for a missing directory."""
+        manager = self._open(create=False)
+        if manager is None:
+            return []
+        manager.reload()  # another process (or run) may have saved since
+        return sorted(manager.all_steps())
+
+    @property
+    def latest(self) -> int | None:
+        """The newest (largest) step, or ``None`` when there is none."""
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def save(
+        self,
+        step: int,
+        state: Any,
+        *,
+        optimizer_state: Any = None,
+        metadata: Any = None,
+    ) -> None:
+        """Saves one step (replacing an earlier save of ``step``); every process calls it.
+
+        Args:
+            step: the training step (an int).
+            state: a pytree of arrays (``jax.Array`` values are saved as they are laid
+                out: each process writes its shards), or a compiled cnnp model
+                (anything with ``sharded_checkpoint_state(metadata, step)``, which
+                :class:`fnnc.models.Model` implements): its parameters, optimizer
+                state and training progress, everything :meth:`restore_into` needs.
+            optimizer_state: e.g. an Optax state (not with a model: it saves its own).
+            metadata: anything JSON can hold.
+        """
+        step = _step(step, self._path)
+        source = "pytree"
+        if callable(getattr(state, "sharded_checkpoint_state", None)):
+            if optimizer_state is not None:
+                raise CheckpointError(
+                    "sharded checkpoint: a model's optimizer state is saved with it; drop "
+                    "optimizer_state="
+                )
+            state, optimizer_state, info = state.sharded_checkpoint_state(metadata, step)
+            source = "model"
+        else:
+            info = {"metadata": metadata}
+        manifest = {"format": FORMAT, "version": VERSION, "source": source, **info}
+        if not jax.tree.leaves(state):
+            raise CheckpointError(
+                f"sharded checkpoint: step {step} for {self._path}: the state holds no arrays"
+            )
+        if not jax.tree.leaves(optimizer_state):  # none yet (a model before its first step)
+            optimizer_state = None
+        manifest["created"] = time.time()
+        manifest["optimizer_saved"] = optimizer_state is not None
+        _check_json(manifest, step)
+        manager = self._open(create=True)
+        if step in self.steps():
+            manager.delete(step)
+        items = {"state": ocp.args.StandardSave(_keyed(state)), "fnnc": ocp.args.JsonSave(manifest)}
+        if optimizer_state is not None:
+            items["optimizer"] = ocp.args.StandardSave(_keyed(optimizer_state))
+        try:
+            manager.save(step, args=ocp.args.Composite(**items), force=True)
+        except (ValueError, TypeError) as e:
+            raise CheckpointError(
+                f"sharded checkpoint: step {step} in {self._path} cannot be saved "
+                f"({type(e).__name__}: {str(e)[:300]}); save arrays in dicts, lists and "
+                "tuples"
+            ) from None
+        manager.wait_until_finished()
+
+    def manifest(self, step: int | None = None) -> dict[str, Any]:
+        """The JSON of ``step`` (default: the newest): format, metadata, and for a
+        model its parameters' shapes, optimizer-state paths and saved layout."""
+        step = self.find_step(step)
+        return self._manifest(step)
+
+    def restore(
+        self, step: int | None = None, *, like: Any = None, optimizer_like: Any = None
+    ) -> Checkpoint:
+        """The checkpoint of ``step`` (default: the newest) as a :class:`Checkpoint`.
+
+        Args:
+            step: which retained step; ``None`` for the newest.
+            like: a template of the state (arrays or ``jax.ShapeDtypeStruct`` leaves):
+                its tree structure, and the ``sharding`` of its leaves (each process
+                then reads only its shards). Without it, arrays come back on one device.
+            optimizer_like: the same for the optimizer state.
+
+        Raises:
+            CheckpointError: no checkpoints, an unknown step, or a damaged step.
+        """
+        step = self.find_step(step)
+        manifest = self._manifest(step)
+        state = self.read_arrays(step, "state", like)
+        optimizer = None
+        if manifest.get("optimizer_saved"):
+            optimizer = self.read_arrays(step, "optimizer", optimizer_like)
+        created = manifest.get("created")
+        created = float(created) if isinstance(created, (int, float)) else 0.0
+        return Checkpoint(step, state, optimizer, manifest.get("metadata"), created)
+
+    def restore_into(self, model: Any, step: int | None = None) -> Checkpoint:
+        """Restores a saved model (parameters, optimizer state, random key, training
+        progress) into ``model``, onto its current layout (its mesh may differ from the
+        one the step was saved on); returns the :class:`Checkpoint` (its ``state``:
+        the parameters as ``jax.Array`` values laid out as the model's).
+
+        Raises:
+            CheckpointError: the step is of another model (naming every missing, extra
+                and mis-shaped parameter id), its optimizer state does not fit the
+                model's minimizer, or the step is damaged.
+        """
+        return model.restore_checkpoint(self, step)
+
+    def delete(self, step: int) -> None:
+        """Deletes one step (every process calls it)."""
+        step = _step(step, self._path)
+        if step not in self.steps():
+            raise CheckpointError(f"sharded checkpoint: no step {step} in {self._path}")
+        self._open(create=True).delete(step)
+
+    # -- reading, for fnnc.models ---------------------------------------------------
+    def find_step(self, step: int | None) -> int:
+        """``step`` checked to be retained, or the newest for ``None`` (else CheckpointError)."""
+        steps = self.steps()
+        if step is None:
+            if not steps:
+                why = "" if os.path.isdir(self._path) else " (the directory does not exist)"
+                raise CheckpointError(f"sharded checkpoint: {self._path} holds no steps{why}")
+            return steps[-1]
+        step = _step(step, self._path)
+        if step not in steps:
+            raise CheckpointError(
+                f"sharded checkpoint: no step {step} in {self._path}; retained steps: {steps}"
+            )
+        return step
+
+    def read_arrays(self, step: int, item: str, like: Any) -> Any:
+        """Item ``item`` (``"state"`` or ``"optimizer"``) of ``step``, each leaf laid
+        out as the matching leaf of ``like`` (``None``: as saved, on one device)."""
+        where = f"sharded checkpoint: step {step} in {self._path}"
+        target = None if like is None else _keyed(jax.tree.map(_spec, like))
+        args = ocp.args.StandardRestore(target)
+        try:
+            got = self._open(create=False).restore(step, args=ocp.args.Composite(**{item: args}))
+        except Exception as e:  # Orbax, TensorStore and OS errors alike: the step is damaged
+            raise CheckpointError(
+                f"{where}: its {item!r} cannot be read ({type(e).__name__}: {str(e)[:300]}); "
+                f"the checkpoint is damaged or was not saved with this structure: restore "
+                f"another step (retained: {self.steps()})"
+            ) from None
+        value = _unkeyed(got[item])
+        if like is None:
+            return value
+        return jax.tree.unflatten(jax.tree.structure(like), jax.tree.leaves(value))
+
+    # -- internals ------------------------------------------------------------------
+    def _open(self, *, create: bool) -> Any:
+        """The Orbax manager (``None`` for a directory that does not exist and need not)."""
+        if self._manager is None:
+            if not create and not os.path.isdir(self._path):
+                return None
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=self.keep_last,
+                keep_period=self.keep_every,
+                create=True,
+                enable_async_checkpointing=False,  # save returns once the step is committed
+            )
+            self._manager = ocp.CheckpointManager(self._path, item_names=ITEMS, options=options)
+        return self._manager
+
+    def _manifest(self, step: int) -> dict[str, Any]:
+        where = f"sharded checkpoint: step {step} in {self._path}"
+        try:
+            got = self._open(create=False).restore(
+                step, args=ocp.args.Composite(fnnc=ocp.args.JsonRestore())
+            )
+            manifest = got["fnnc"]
+        except Exception as e:
+            raise CheckpointError(
+                f"{where}: its fnnc metadata cannot be read ({type(e).__name__}: "
+                f"{str(e)[:200]}); the checkpoint is damaged: restore another step"
+            ) from None
+        kind = (
+            (manifest.get("format"), manifest.get("version")) if isinstance(manifest, dict) else ()
+        )
+        if kind != (FORMAT, VERSION):
+            raise CheckpointError(
+                f"{where} has an unknown format (expected a JSON object with format "
+                f"{FORMAT!r}, version {VERSION})"
+            )
+        return manifest
+
+
+def _spec(leaf: Any) -> Any:
+    """A restore target leaf: shape, dtype and (when it has one) sharding."""
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=getattr(leaf, "sharding", None))
+
+
+def _keyed(tree: Any) -> Any:
+    """``tree`` with every dict key escaped (:func:`escape`)."""
+    if isinstance(tree, dict):
+        return {escape(str(k)): _keyed(v) for k, v in tree.items()}
+    if hasattr(tree, "_fields"):  # a NamedTuple (an Optax state)
+        return type(tree)(*(_keyed(v) for v in tree))
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_keyed(v) for v in tree)
+    return tree
+
+
+def _unkeyed(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {unescape(str(k)): _unkeyed(v) for k, v in tree.items()}
+    if hasattr(tree, "_fields"):
+        return type(tree)(*(_unkeyed(v) for v in tree))
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_unkeyed(v) for v in tree)
+    return tree
+
+
+def _check_json(manifest: dict[str, Any], step: int) -> None:
+    try:
+        json.dumps(manifest, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(
+            f"sharded checkpoint: metadata for step {step} is not JSON ({e}); use dicts, "
+            "lists, str, int, finite floats, bool and None"
+        ) from None
+
+
+def _step(step: Any, path: str) -> int:
+    try:
+        step = operator.index(step)
+    except TypeError:
+        raise CheckpointError(
+            f"sharded checkpoint: step {step!r:.40} for {path} is a {type(step).__name__}; "
+            "give an int"
+        ) from None
+    if step < 0:
+        raise CheckpointError(f"sharded checkpoint: step {step} for {path}: give an int >= 0")
+    return step
