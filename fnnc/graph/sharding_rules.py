@@ -232,6 +232,8 @@ def _with_fsdp(shape: tuple[int, ...], spec: PartitionSpec, axis: str, mesh: Mes
     for d, n in enumerate(shape):
         if entries[d] is None and n % mesh.shape[axis] == 0:
             entries[d] = axis
+            while entries[-1] is None:  # P("data"), not P("data", None): one spelling
+                entries.pop()
             return PartitionSpec(*entries)
     return spec
 
@@ -239,9 +241,13 @@ def _with_fsdp(shape: tuple[int, ...], spec: PartitionSpec, axis: str, mesh: Mes
 def state_specs(
     optimizer: optax.GradientTransformation, params: Sequence[Any], specs: Sequence[Any]
 ) -> list[PartitionSpec]:
-    """The layout of each leaf of ``optimizer``'s state over ``params`` (arrays or
-    shape structs): a leaf that is the state of parameter ``i`` (Adam's ``mu[i]``) gets
-    ``specs[i]``, every other leaf (step counts, hyper-parameters) is replicated."""
+    """The layout of each leaf of ``optimizer``'s state over the list ``params`` (arrays,
+    shape structs or graph symbols): a leaf that is the state of parameter ``i`` (Adam's
+    ``mu[i]``) gets ``specs[i]``, every other leaf (step counts, hyper-parameters) is
+    replicated. Optax's ``tree_map_params`` says which leaves those are; for a state it
+    cannot map (a transformation that regroups the list, as the model's partitioned
+    minimizers key it by parameter id), a leaf under a dict key naming a parameter
+    (its ``name``) with that parameter's shape is its state."""
     shapes = [jax.ShapeDtypeStruct(tuple(p.shape), p.dtype) for p in params]
     state = jax.eval_shape(optimizer.init, shapes)
     try:
@@ -251,12 +257,22 @@ def state_specs(
                 transform_non_params=lambda _: -1,
             )
         )  # fmt: skip
-    except (TypeError, ValueError):  # a state Optax cannot map: match leaves by shape
-        by_shape = {}
-        for i, p in reversed(list(enumerate(shapes))):
-            by_shape[p.shape] = i
-        which = [by_shape.get(leaf.shape, -1) for leaf in jax.tree.leaves(state)]
+    except (TypeError, ValueError):
+        which = _by_key(state, params)
     return [specs[i] if i >= 0 else PartitionSpec() for i in which]
+
+
+def _by_key(state: Any, params: Sequence[Any]) -> list[int]:
+    """For each state leaf, the parameter whose name is a dict key on its path (and
+    whose shape it has), or -1."""
+    index = {getattr(p, "name", None): i for i, p in enumerate(params)}
+    out = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+        hits = [index[k] for k in keys if isinstance(k, str) and k in index]
+        i = hits[-1] if hits else -1
+        out.append(i if i >= 0 and tuple(params[i].shape) == tuple(leaf.shape) else -1)
+    return out
 
 
 def tensor_parallel(

@@ -129,7 +129,7 @@ class Parallel:
             return self
         graph = built.ctx.b.build(list(built.outputs))
         pids = [p for p in built.ctx.params if p in infos]
-        names = {p: infos[p].layer for p in pids}
+        names = {p: infos[p].owners[-1].name for p in pids if infos[p].owners[-1].name}
         try:
             specs = parameter_specs(
                 graph, self.mesh, self.rules, parameters=pids, trainable=trainable, names=names

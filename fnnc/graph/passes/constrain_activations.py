@@ -74,8 +74,12 @@ def constrain_activations(
     return dataclasses.replace(graph, symbols=tuple(symbols), nodes=tuple(nodes))
 
 
-def _axis(spec: PartitionSpec | None, dim: int) -> object:
-    return spec[dim] if spec is not None and dim < len(spec) else None
+def _axis(spec: PartitionSpec | None, dim: int, data: str) -> object:
+    """The model axes ``spec`` splits ``dim`` over; the data axis is FSDP's storage
+    split, gathered before use, so it never says how an activation is laid out."""
+    entry = spec[dim] if spec is not None and dim < len(spec) else None
+    axes = tuple(a for a in ((entry,) if isinstance(entry, str) else entry or ()) if a != data)
+    return None if not axes else axes[0] if len(axes) == 1 else axes
 
 
 def _pin(
@@ -86,7 +90,7 @@ def _pin(
     dense = walk.dense(node)
     if dense is not None and rank >= 2:
         spec = specs.get(dense.weight)
-        out_axis, in_axis = _axis(spec, dense.out_dim), _axis(spec, dense.in_dim)
+        out_axis, in_axis = _axis(spec, dense.out_dim, data), _axis(spec, dense.in_dim, data)
         if out_axis is not None:
             return (data, *([None] * (rank - 2)), out_axis)
         if in_axis is not None:
@@ -94,7 +98,7 @@ def _pin(
         return None
     if node.cmd.name == "scaled_dot_product_attention" and rank == 4:
         q = walk.dense_before(node.inputs[0])
-        axis = None if q is None else _axis(specs.get(q.weight), q.out_dim)
+        axis = None if q is None else _axis(specs.get(q.weight), q.out_dim, data)
         heads = walk.graph.symbols[node.outputs[0]].shape[2]
         if isinstance(axis, str) and heads % sizes.get(axis, 1) == 0:
             return (data, None, axis, None)
