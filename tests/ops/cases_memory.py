@@ -27,7 +27,3 @@ CASES += [
         "lssc_decompress-auto",
     ),
 ]
-CASES += [
-    Case(ops.sharding_constraint(spec=("data", "model")), (rand([4, 6]),), "sharding_constraint"),
-    Case(ops.sharding_constraint(spec=(("data", "model"),)), (rand([4]),), "sharding_constraint-1d"),
-]
