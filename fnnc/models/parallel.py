@@ -111,14 +111,16 @@ class Parallel:
                 ) from None
             axis = rules.data
         if axis not in mesh.axis_names:
-            shape = "(n,)" if rules is None else "(n, m)"
-            names = (axis,) if rules is None else (axis, "model")
+            shape, names = ("(n,)", (axis,)) if rules is None else ("(n, m)", (axis, "model"))
             raise ModelError(
                 f"compile: the mesh has no axis {axis!r} (its axes: {list(mesh.axis_names)}); "
                 f"build it with jax.make_mesh({shape}, {names!r})"
             )
         _check_processes(mesh)
-        auto = Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+        # Auto axes: XLA's partitioner chooses what no layout fixes (jax.make_mesh's
+        # Explicit axes would type every intermediate's sharding instead).
+        types = (AxisType.Auto,) * len(mesh.axis_names)
+        auto = Mesh(mesh.devices, mesh.axis_names, axis_types=types)
         return Parallel(auto, "rules" if rules is not None else mode, axis, rules)
 
     def bind(self, built: Any, infos: Any, trainable: Sequence[str]) -> Parallel:
@@ -152,8 +154,8 @@ class Parallel:
     @property
     def key(self) -> tuple[Any, ...]:
         devices = tuple(d.id for d in self.mesh.devices.flat)
-        return (devices, self.mesh.axis_names, self.mesh.axis_sizes, self.mode, self.rules,
-                self.specs)  # fmt: skip
+        mesh = (devices, self.mesh.axis_names, self.mesh.axis_sizes)
+        return (*mesh, self.mode, self.rules, self.specs)
 
     def sharding(self, spec: PartitionSpec) -> NamedSharding:
         return NamedSharding(self.mesh, spec)
@@ -315,8 +317,7 @@ class Parallel:
 def _state_layout(
     optimizer: Any, params: Sequence[Any], specs: Sequence[Any], n_state: int
 ) -> list[PartitionSpec]:
-    """The specs of ``n_state`` optimizer-state inputs: each leaf as its parameter
-    (:func:`~fnnc.graph.state_specs`); replicated if the leaves do not line up."""
+    """Optimizer-state specs (:func:`~fnnc.graph.state_specs`); replicated if unaligned."""
     found = state_specs(optimizer, params, specs)
     return found if len(found) == n_state else [PartitionSpec()] * n_state
 
