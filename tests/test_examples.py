@@ -57,6 +57,21 @@ def test_moe_example_trains_and_reports_expert_load(capsys):
     assert "expert load, layer 1:" in capsys.readouterr().out
 
 
+def test_model_parallel_example_on_a_2x2_mesh_matches_one_device():
+    # its own process: the script sets XLA_FLAGS for 4 devices before importing JAX
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / "model_parallel.py"), "--steps", "3", "--compare"],
+        capture_output=True, text=True, env=subprocess_env(), timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout
+    assert "t-reverser-0-mlp0a-0-0       [128, 32]  P('model',)          [64, 32]" in text
+    assert "device 3: 56000 bytes (52%)" in text and "parameters: 107072 bytes" in text
+    assert "step 3: loss" in text
+    gap = float(text.split("largest loss difference to one device: ")[1].split()[0])
+    assert gap < 1e-5
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.py")))
 def test_every_example_answers_help_without_running(name):
     out = subprocess.run(

@@ -61,6 +61,7 @@ from fnnc.graph.passes import PassReport as PassReport
 from fnnc.graph.passes import TrainLayout as TrainLayout
 from fnnc.graph.passes import backward as backward
 from fnnc.graph.passes import compact as compact
+from fnnc.graph.passes import constrain_activations as constrain_activations
 from fnnc.graph.passes import cse as cse
 from fnnc.graph.passes import dce as dce
 from fnnc.graph.passes import fold as fold
@@ -90,5 +91,11 @@ from fnnc.graph.serialize import save as save
 from fnnc.graph.serialize import to_data as to_data
 from fnnc.graph.sharding import Shardings as Shardings
 from fnnc.graph.sharding import data_parallel as data_parallel
+from fnnc.graph.sharding_roles import Role as Role
+from fnnc.graph.sharding_roles import find_roles as find_roles
+from fnnc.graph.sharding_rules import ShardingRules as ShardingRules
+from fnnc.graph.sharding_rules import parameter_specs as parameter_specs
+from fnnc.graph.sharding_rules import state_specs as state_specs
+from fnnc.graph.sharding_rules import tensor_parallel as tensor_parallel
 from fnnc.graph.trace import trace as trace
 from fnnc.graph.verify import verify as verify

@@ -9,6 +9,7 @@ which keeps compile times of traced models with closed-over weights low.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import AxisType, Mesh
 
 from fnnc import config
 from fnnc.core import dispatch
@@ -142,7 +144,8 @@ class Program:
         arg_specs = list(graph.input_specs) + [
             jax.ShapeDtypeStruct(c.shape, c.dtype) for c in self._consts
         ]
-        self._lowered = self._jitted.lower(*arg_specs)
+        with _mesh_context(shardings):  # sharding_constraint nodes read the mesh
+            self._lowered = self._jitted.lower(*arg_specs)
         self._compiled = self._lowered.compile()
         # XLA:CPU runs the collectives of a multi-device program on a shared thread
         # pool: with tens of steps queued (dispatch is asynchronous), participants of
@@ -290,6 +293,16 @@ def _compile_cached(
     matmul_precision: str,
 ) -> Program:
     return Program(graph, donate, platform, numerics, shardings, matmul_precision)
+
+
+def _mesh_context(plan: Shardings | None) -> Any:
+    """The program's mesh as the context mesh while tracing, its axes ``Auto`` (XLA's
+    partitioner chooses what no input, output or constraint fixes)."""
+    if plan is None:
+        return contextlib.nullcontext()
+    mesh = plan.mesh
+    auto = Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+    return jax.set_mesh(auto)
 
 
 def _any_not_finite(outs: tuple[Any, ...]) -> Any:

@@ -225,8 +225,11 @@ class Engine:
         """Lays every parameter out on the mesh (replicated, or FSDP-split if trainable)."""
         if self.parallel is not None:
             trainable = set(self.trainable())
+            if self.parallel.rules is not None and self.input_specs:  # layouts by role
+                built = self._build(False, self.input_specs)
+                self.parallel = self.parallel.bind(built, self.infos, sorted(trainable))
             for pid, v in self.values.items():
-                spec = self.parallel.param_spec(np.shape(v), pid in trainable)
+                spec = self.parallel.param_spec(np.shape(v), pid in trainable, pid)
                 self.values[pid] = place(v, self.parallel.sharding(spec))
 
     def set_parameters(self, values: dict[str, Any], *, strict: bool = True) -> None:

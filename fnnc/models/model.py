@@ -141,14 +141,17 @@ class Model(ScaleMixin, Layer):
 
     def compile(
         self, inputs: Sequence[Any], *, loss: Any = None, minimizer: Any = None, seed: int = 0,
-        mesh: Any = None, parameter_sharding: str | None = None, precision: str | None = None,
+        mesh: Any = None, parameter_sharding: Any = None, precision: str | None = None,
         loss_scale: Any = None, passes: Any = None,
     ) -> None:  # fmt: skip
         """Fixes input specs (arrays or ShapeDtypeStructs), the loss and the minimizer,
         and initialises parameters. New input shapes later recompile, keeping weights
         and optimizer state. ``mesh`` (a ``jax.sharding.Mesh`` with axis ``"data"``) and
         ``parameter_sharding`` (``"replicated"``/``"fsdp"``) train data-parallel (see
-        :meth:`set_data_parallel`); ``precision`` (``"bfloat16"``/``"float16"``) computes
+        :meth:`set_data_parallel`); on a ``("data", "model")`` mesh, sharding rules
+        (``"megatron"``, ``{layer pattern: PartitionSpec}``, a
+        :class:`fnnc.graph.ShardingRules`) add tensor parallelism
+        (:mod:`fnnc.models.parallel`); ``precision`` (``"bfloat16"``/``"float16"``) computes
         in that type with float32 parameters (:mod:`fnnc.models.precision`); float16
         scales the loss dynamically, ``loss_scale`` (a
         :class:`fnnc.models.loss_scale.LossScale`, ``True``/``False``) says how.

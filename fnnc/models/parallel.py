@@ -8,6 +8,14 @@ a :class:`Parallel`: its ``fit`` and ``evaluate`` programs are compiled with
 argument is placed on its layout before a call (:class:`Placed`), so parameters and
 state live as sharded ``jax.Array`` values between steps. XLA inserts the collectives.
 
+With sharding rules (``parameter_sharding="megatron"``, a dict ``{layer pattern:
+PartitionSpec}`` or a :class:`~fnnc.graph.ShardingRules`) on a 2-D mesh
+``("data", "model")``, the batch is split over ``"data"`` and each parameter as its
+role says (:mod:`fnnc.graph.sharding_rules`: tensor parallelism over ``"model"``):
+:meth:`Parallel.bind` finds the layouts once on the model's forward graph, every
+program lays parameters and their optimizer state out so, and
+:meth:`Parallel.constrain` pins the activations between layers.
+
 With several processes (``jax.distributed.initialize``), each process passes its own
 slice of the global batch; :meth:`Parallel.batch` assembles the global array with
 ``jax.make_array_from_process_local_data``. What leaves the engine
@@ -34,9 +42,10 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from fnnc.errors import CheckpointError, ModelError, ShapeError
+from fnnc.errors import CheckpointError, FnncError, ModelError, ShapeError
+from fnnc.graph import ShardingRules, constrain_activations, parameter_specs, state_specs
 from fnnc.graph.sharding import MODES, Shardings, _fsdp, data_parallel
 
 AXIS = "data"
@@ -72,29 +81,71 @@ def _divisors(n: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Parallel:
-    """How a model's programs are laid out: a ``mesh`` with axis ``axis`` and the
-    ``mode`` of parameters (``"replicated"`` or ``"fsdp"``)."""
+    """How a model's programs are laid out: a ``mesh`` whose axis ``axis`` splits the
+    batch, and the ``mode`` of parameters (``"replicated"``, ``"fsdp"``, or ``"rules"``:
+    ``rules`` lay them out, ``specs`` once :meth:`bind` found them)."""
 
     mesh: Mesh
     mode: str = "replicated"
     axis: str = AXIS
+    rules: ShardingRules | None = None
+    specs: tuple[tuple[str, PartitionSpec], ...] | None = None
 
     @staticmethod
-    def of(mesh: Mesh, mode: str, axis: str = AXIS) -> Parallel:
-        """Checks ``mesh`` and ``mode`` and says what to change."""
+    def of(mesh: Mesh, mode: Any, axis: str = AXIS) -> Parallel:
+        """Checks ``mesh`` and ``mode`` (a mode name or sharding rules, see module doc)
+        and says what to change."""
         if not isinstance(mesh, Mesh):
             raise ModelError(
                 f"compile: mesh= must be a jax.sharding.Mesh, got {type(mesh).__name__}"
             )
+        rules = None
+        if not (isinstance(mode, str) and mode in MODES):
+            try:
+                rules = ShardingRules.of(mode)
+            except FnncError as e:
+                raise ModelError(
+                    f"compile: parameter_sharding={mode!r}; expected one of {MODES}, "
+                    f"'megatron'/'tensor_parallel', a dict {{layer pattern: PartitionSpec}} "
+                    f"or a fnnc.graph.ShardingRules ({e})"
+                ) from None
+            axis = rules.data
         if axis not in mesh.axis_names:
+            shape, names = ("(n,)", (axis,)) if rules is None else ("(n, m)", (axis, "model"))
             raise ModelError(
                 f"compile: the mesh has no axis {axis!r} (its axes: {list(mesh.axis_names)}); "
-                f"build it with jax.make_mesh((n,), ({axis!r},))"
+                f"build it with jax.make_mesh({shape}, {names!r})"
             )
-        if mode not in MODES:
-            raise ModelError(f"compile: parameter_sharding={mode!r}; expected one of {MODES}")
         _check_processes(mesh)
-        return Parallel(mesh, mode, axis)
+        # Auto axes: XLA's partitioner chooses what no layout fixes (jax.make_mesh's
+        # Explicit axes would type every intermediate's sharding instead).
+        types = (AxisType.Auto,) * len(mesh.axis_names)
+        auto = Mesh(mesh.devices, mesh.axis_names, axis_types=types)
+        return Parallel(auto, "rules" if rules is not None else mode, axis, rules)
+
+    def bind(self, built: Any, infos: Any, trainable: Sequence[str]) -> Parallel:
+        """This layout with the parameters' specs found on ``built`` (a
+        :class:`~fnnc.models.programs.ModelGraph`, the model's forward graph);
+        itself without rules."""
+        if self.rules is None:
+            return self
+        graph = built.ctx.b.build(list(built.outputs))
+        pids = [p for p in built.ctx.params if p in infos]
+        names = {p: infos[p].owners[-1].name for p in pids if infos[p].owners[-1].name}
+        try:
+            specs = parameter_specs(
+                graph, self.mesh, self.rules, parameters=pids, trainable=trainable, names=names
+            )
+        except FnncError as e:
+            raise type(e)(f"compile: {e}") from None
+        return dataclasses.replace(self, specs=tuple(specs.items()))
+
+    def constrain(self, graph: Any) -> Any:
+        """``graph`` with its activations pinned (rules only; see module doc)."""
+        if self.rules is None or not self.rules.activations or not self.specs:
+            return graph
+        sizes = dict(self.mesh.shape)
+        return constrain_activations(graph, dict(self.specs), sizes=sizes, data=self.axis)
 
     @property
     def size(self) -> int:
@@ -102,14 +153,19 @@ class Parallel:
 
     @property
     def key(self) -> tuple[Any, ...]:
-        return (tuple(d.id for d in self.mesh.devices.flat), self.mesh.axis_names, self.mode)
+        devices = tuple(d.id for d in self.mesh.devices.flat)
+        mesh = (devices, self.mesh.axis_names, self.mesh.axis_sizes)
+        return (*mesh, self.mode, self.rules, self.specs)
 
     def sharding(self, spec: PartitionSpec) -> NamedSharding:
         return NamedSharding(self.mesh, spec)
 
-    def param_spec(self, shape: Sequence[int], trainable: bool) -> PartitionSpec:
-        """The layout of a parameter (FSDP: trainable ones split on their first axis
-        that divides by the device count, as :func:`~fnnc.graph.data_parallel` does)."""
+    def param_spec(self, shape: Sequence[int], trainable: bool, pid: str = "") -> PartitionSpec:
+        """The layout of parameter ``pid`` (FSDP: trainable ones split on their first
+        axis that divides by the device count, as :func:`~fnnc.graph.data_parallel`
+        does; rules: its spec from :meth:`bind`)."""
+        if self.rules is not None:
+            return dict(self.specs or ()).get(pid, PartitionSpec())
         if self.mode == "fsdp" and trainable:
             return _fsdp(tuple(shape), self.axis, self.size)
         return PartitionSpec()
@@ -123,10 +179,22 @@ class Parallel:
         head = train.n_params + train.n_state
         n = len(graph.inputs) - n_scale
         batch = [*range(head, head + n_inputs), *range(n - n_targets, n)]
-        return data_parallel(
-            graph, self.mesh, batch=batch, axis=self.axis, layout=train,
-            parameter_sharding=self.mode,
-        )  # fmt: skip
+        if self.rules is None:
+            return data_parallel(
+                graph, self.mesh, batch=batch, axis=self.axis, layout=train,
+                parameter_sharding=self.mode,
+            )  # fmt: skip
+        plan = data_parallel(graph, self.mesh, batch=batch, axis=self.axis, layout=train)
+        specs = list(plan.inputs)
+        named = dict(self.specs or ())
+        for i, sid in enumerate(graph.inputs):
+            if i not in batch and graph.symbols[sid].name in named:
+                specs[i] = named[graph.symbols[sid].name]
+        n, m = train.n_params, train.n_state
+        params = [graph.symbols[s] for s in graph.inputs[:n]]
+        specs[n : n + m] = _state_layout(train.optimizer, params, specs[:n], m)
+        outs = (*specs[: n + m], *(plan.outputs or ())[n + m :])
+        return Shardings(self.mesh, tuple(specs), outs)
 
     def forward_plan(self, graph: Any, n_inputs: int, trainable: Sequence[str], params: Any) -> Any:
         """The shardings of a forward program: model inputs split (unless a batch does
@@ -155,6 +223,15 @@ class Parallel:
         parameters; all of trainable parameters): laid out as ``fit`` lays out
         parameters and state, the outputs (parameters', state') as their inputs."""
         specs = [self.param_spec(graph.symbols[s].shape, True) for s in graph.inputs]
+        if self.rules is not None:
+            k = len(specs) - n_params
+            pids = [graph.symbols[s].name for s in graph.inputs[k:]]
+            specs[k:] = [self.param_spec((), True, p) for p in pids]
+            specs[:n_params] = specs[k:]  # each gradient as its parameter
+            (update,) = [node for node in graph.nodes if node.cmd.name == "optax_update"]
+            optimizer = update.cmd.param("optimizer").value
+            params = [graph.symbols[s] for s in graph.inputs[k:]]
+            specs[n_params:k] = _state_layout(optimizer, params, specs[k:], k - n_params)
         outs = (*specs[len(specs) - n_params :], *specs[n_params : len(specs) - n_params])
         return Shardings(self.mesh, tuple(specs), outs)
 
@@ -172,7 +249,8 @@ class Parallel:
             if i < n_inputs:
                 specs.append(self._batch_spec(shape))
             else:
-                specs.append(self.param_spec(shape, params[i - n_inputs] in trainable))
+                pid = params[i - n_inputs]
+                specs.append(self.param_spec(shape, pid in trainable, pid))
         return specs + [PartitionSpec()] * n_keys
 
     # -- moving values ------------------------------------------------------------
@@ -234,6 +312,14 @@ class Parallel:
 
             host = np.asarray(multihost_utils.process_allgather(value, tiled=True))
         return jax.device_put(host, jax.local_devices()[0])
+
+
+def _state_layout(
+    optimizer: Any, params: Sequence[Any], specs: Sequence[Any], n_state: int
+) -> list[PartitionSpec]:
+    """Optimizer-state specs (:func:`~fnnc.graph.state_specs`); replicated if unaligned."""
+    found = state_specs(optimizer, params, specs)
+    return found if len(found) == n_state else [PartitionSpec()] * n_state
 
 
 def _check_processes(mesh: Mesh) -> None:

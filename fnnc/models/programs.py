@@ -213,6 +213,7 @@ def forward_program(
     graph = ctx.b.build([*built.outputs, *ctx.updates.values()])
     graph = precision(graph) if precision is not None else graph
     graph, ids = passes.run_forward(graph)
+    graph = parallel.constrain(graph) if parallel is not None else graph
     feed, order = built.feed(tuple(ctx.params))
     graph = _ordered(graph, [ids(i) for i in order])
     if parallel is None:
@@ -240,6 +241,7 @@ def gradient_program(
     ctx, outs = built.ctx, built.outputs
     dfs = [ctx.b.input(o.shape, o.dtype, name=f"df[{i}]") for i, o in enumerate(outs)]
     graph, ids = passes.run_forward(ctx.b.build(list(outs)))
+    graph = parallel.constrain(graph) if parallel is not None else graph
     params = tuple(p for p in wrt_params if p in ctx.symbols)
     wrt = [ctx.symbols[p] for p in params] + [built.inputs[i] for i in diff_inputs]
     dfs_ids = [ids(d.id) for d in dfs]
@@ -312,6 +314,7 @@ def fit_program(
     if precision is not None:  # keeps input ids: parameters are still ctx.symbols[p]
         graph = precision(graph)
     graph, ids = passes.run_forward(graph)
+    graph = parallel.constrain(graph) if parallel is not None else graph
     graph = fuse_linear_crossentropy(graph)  # keeps ids too; before backward, so it pays
     loss_id = graph.outputs[0]
     scaling = getattr(precision, "loss_scale", None)

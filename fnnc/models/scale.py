@@ -49,7 +49,7 @@ class ScaleMixin:
         return None if self._engine is None else loss_scale.visible(self._engine)
 
     def _scale_options(
-        self, mesh: Any, parameter_sharding: str | None, precision: Any, scaling: Any = None
+        self, mesh: Any, parameter_sharding: Any, precision: Any, scaling: Any = None
     ) -> None:
         """Applies ``compile``'s ``mesh=``, ``parameter_sharding=``, ``precision=`` and
         ``loss_scale=``."""

@@ -21,6 +21,9 @@ nothing changed, so pipelines detect a fixpoint with ``is``.
 from fnnc.graph.passes._subgraphs import map_subgraphs as map_subgraphs
 from fnnc.graph.passes.backward import backward as backward
 from fnnc.graph.passes.compact import compact as compact
+from fnnc.graph.passes.constrain_activations import (
+    constrain_activations as constrain_activations,
+)
 from fnnc.graph.passes.cse import cse as cse
 from fnnc.graph.passes.dce import dce as dce
 from fnnc.graph.passes.fold import fold as fold

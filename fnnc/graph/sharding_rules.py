@@ -1,0 +1,325 @@
+"""Tensor parallelism as sharding rules: a table from parameter roles (and the user's
+patterns on parameter ids and layer names) to named mesh axes, turned into the
+``PartitionSpec`` of each parameter and optimizer-state leaf of a graph.
+
+On a 2-D mesh ``("data", "model")`` (MaxText's logical axes, Megatron-LM's layout):
+
+- the batch is split over ``"data"`` (as :func:`~fnnc.graph.data_parallel` does);
+- parameters follow their :class:`~fnnc.graph.Role` (:func:`~fnnc.graph.find_roles`):
+  an MLP's first dense split by output features over ``"model"``, its second by input
+  features, attention's q/k/v projections by heads and its output projection by input
+  features, embedding tables by vocabulary; everything else replicated;
+- with ``fsdp=True`` each parameter is also split over ``"data"`` along its first
+  other axis that divides (ZeRO-3 on the data axis, tensor parallel on the model axis);
+- optimizer state shaped like a parameter takes that parameter's layout (Optax's own
+  ``tree_map_params`` says which leaves those are).
+
+A user rule ``(pattern, PartitionSpec)`` matches a parameter id (``t-fc-0-0``) or its
+layer's name (``fc``) as a glob (``"mlp*"``) or a compiled regex, and overrides the
+role. XLA's SPMD partitioner inserts the collectives (one all-reduce after each row
+split); :func:`~fnnc.graph.constrain_activations` pins the activations between them.
+
+>>> import jax, numpy as np
+>>> from jax.sharding import PartitionSpec as P
+>>> from fnnc import ops
+>>> from fnnc.graph import GraphBuilder, ShardingRules, parameter_specs
+>>> b = GraphBuilder()
+>>> x = b.input((4, 8), name="x")
+>>> w1, w2 = b.input((16, 8), name="fc1"), b.input((8, 16), name="fc2")
+>>> h = b.exec(ops.relu(), b.exec(ops.gemm(transpose_b=True), x, w1))
+>>> g = b.build([b.exec(ops.gemm(transpose_b=True), h, w2)])
+>>> mesh = jax.make_mesh((1, 1), ("data", "model"))
+>>> parameter_specs(g, mesh, "megatron", parameters=["fc1", "fc2"])
+{'fc1': P('model',), 'fc2': P(None, 'model')}
+>>> rules = ShardingRules.of({"fc2": P()})
+>>> parameter_specs(g, mesh, rules, parameters=["fc1", "fc2"])["fc2"]
+P()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import optax
+from jax.sharding import Mesh, PartitionSpec
+
+from fnnc.core.ir import Graph
+from fnnc.errors import GraphError, ShapeError
+from fnnc.graph.sharding import Shardings, data_parallel
+from fnnc.graph.sharding_roles import find_roles
+
+MEGATRON = (
+    ("column", "model"),
+    ("row", "model"),
+    ("heads", "model"),
+    ("heads_out", "model"),
+    ("vocab", "model"),
+)
+"""The default role table: every role split over the mesh axis ``"model"``."""
+
+NAMES = ("megatron", "tensor_parallel")
+
+Pattern = str | re.Pattern[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingRules:
+    """How parameters are laid out on a mesh (see module doc).
+
+    Attributes:
+        layers: user rules ``(pattern, PartitionSpec)``, first match wins; a pattern is
+            a glob or a compiled regex on the parameter id or its layer name.
+        roles: ``(role, mesh axis or None)`` pairs; a role absent or ``None`` is
+            replicated.
+        data: the mesh axis of the batch (and of FSDP).
+        fsdp: also split parameters over ``data`` (ZeRO-3).
+        activations: pin activations with ``sharding_constraint`` nodes.
+    """
+
+    layers: tuple[tuple[Pattern, PartitionSpec], ...] = ()
+    roles: tuple[tuple[str, str | None], ...] = MEGATRON
+    data: str = "data"
+    fsdp: bool = False
+    activations: bool = True
+
+    @staticmethod
+    def of(value: Any) -> ShardingRules:
+        """Rules from a :class:`ShardingRules`, ``"megatron"`` / ``"tensor_parallel"``
+        (the default table), or a dict ``{pattern: PartitionSpec}`` of user rules on
+        top of the default table."""
+        if isinstance(value, ShardingRules):
+            return value
+        if isinstance(value, str) and value in NAMES:
+            return ShardingRules()
+        if isinstance(value, Mapping):
+            layers = []
+            for pattern, spec in value.items():
+                if not isinstance(pattern, (str, re.Pattern)):
+                    raise GraphError(
+                        f"sharding rules: pattern {pattern!r} must be a glob string or a "
+                        "compiled regex on parameter ids and layer names"
+                    )
+                layers.append((pattern, _spec(spec, pattern)))
+            return ShardingRules(layers=tuple(layers))
+        raise GraphError(
+            f"sharding rules: expected a ShardingRules, one of {NAMES} or a dict "
+            f"{{layer-name pattern: PartitionSpec}}, got {value!r}"
+        )
+
+    def axis_of(self, role: str) -> str | None:
+        """The mesh axis the role ``role`` is split over (``None``: replicated)."""
+        return dict(self.roles).get(role)
+
+    def match(self, pid: str, layer: str | None) -> PartitionSpec | None:
+        """The spec of the first user rule matching ``pid`` or ``layer``, else ``None``."""
+        for pattern, spec in self.layers:
+            for name in (pid, layer):
+                if name is None:
+                    continue
+                hit = (
+                    pattern.search(name)
+                    if isinstance(pattern, re.Pattern)
+                    else fnmatch.fnmatchcase(name, pattern)
+                )
+                if hit:
+                    return spec
+        return None
+
+
+def _spec(spec: Any, where: Any) -> PartitionSpec:
+    if isinstance(spec, PartitionSpec):
+        return spec
+    if isinstance(spec, (tuple, list)):
+        return PartitionSpec(*spec)
+    raise GraphError(
+        f"sharding rules: the rule for {where!r} gives {spec!r}; expected a "
+        "jax.sharding.PartitionSpec such as PartitionSpec(None, 'model')"
+    )
+
+
+def parameter_specs(
+    graph: Graph,
+    mesh: Mesh,
+    rules: Any = "megatron",
+    *,
+    parameters: Sequence[int | str] | None = None,
+    trainable: Sequence[str] | None = None,
+    names: Mapping[str, str] | None = None,
+) -> dict[str, PartitionSpec]:
+    """The layout of each parameter of ``graph`` on ``mesh`` under ``rules``.
+
+    Args:
+        graph: the forward graph whose inputs are the parameters (named by their ids).
+        mesh: the device mesh.
+        rules: anything :meth:`ShardingRules.of` takes.
+        parameters: the parameter inputs (positions or names); default all inputs.
+        trainable: the ids FSDP splits (default: all parameters).
+        names: parameter id -> layer name, for user rules on layer names.
+
+    Returns:
+        Parameter id -> ``PartitionSpec``, in input order.
+
+    Raises:
+        GraphError: a rule names an axis the mesh lacks, or more axes than a tensor has.
+        ShapeError: a split axis does not divide by its mesh axis's size.
+    """
+    rules = ShardingRules.of(rules)
+    positions = range(len(graph.inputs)) if parameters is None else parameters
+    sids = [graph.inputs[_position(graph, p)] for p in positions]
+    roles = find_roles(graph, sids)
+    names = names or {}
+    out = {}
+    for sid in sids:
+        sym = graph.symbols[sid]
+        pid, shape = sym.name, tuple(sym.shape)
+        spec = rules.match(pid, names.get(pid))
+        how = "its rule"
+        if spec is None and sid in roles:
+            role = roles[sid]
+            axis, how = rules.axis_of(role.name), f"its role {role.name!r}"
+            spec = PartitionSpec(*([None] * role.dim), axis) if axis else PartitionSpec()
+        spec = _check(pid, shape, spec or PartitionSpec(), mesh, how)
+        if rules.fsdp and (trainable is None or pid in trainable):
+            spec = _with_fsdp(shape, spec, rules.data, mesh)
+        out[pid] = spec
+    return out
+
+
+def _check(pid: str, shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh, how: str) -> Any:
+    if len(spec) > len(shape):
+        raise GraphError(
+            f"sharding rules: parameter {pid} {list(shape)} gets {spec} by {how}, which "
+            f"names {len(spec)} axes; give at most {len(shape)} entries"
+        )
+    for dim, entry in enumerate(spec):
+        for axis in (entry,) if isinstance(entry, str) else tuple(entry or ()):
+            if axis not in mesh.axis_names:
+                raise GraphError(
+                    f"sharding rules: parameter {pid} {list(shape)} is split over mesh axis "
+                    f"{axis!r} by {how}, but the mesh has axes {list(mesh.axis_names)}; "
+                    f"build the mesh with that axis, e.g. jax.make_mesh((2, 2), "
+                    f"('data', {axis!r})), or add a rule that replicates it: "
+                    f"{{{pid!r}: PartitionSpec()}}"
+                )
+        size = _size(mesh, entry)
+        if shape[dim] % size:
+            raise ShapeError(
+                f"sharding rules: parameter {pid} {list(shape)} is split along axis {dim} "
+                f"({shape[dim]}) over mesh axis {entry!r} of size {size} by {how}, which "
+                f"does not divide; make that size a multiple of {size}, use a smaller "
+                f"{entry!r} axis, or add a rule: {{{pid!r}: PartitionSpec()}}"
+            )
+    return spec
+
+
+def _size(mesh: Mesh, entry: Any) -> int:
+    size = 1
+    for axis in (entry,) if isinstance(entry, str) else tuple(entry or ()):
+        size *= int(mesh.shape[axis])
+    return size
+
+
+def _with_fsdp(shape: tuple[int, ...], spec: PartitionSpec, axis: str, mesh: Mesh) -> Any:
+    """``spec`` with ``axis`` added on the first unsplit dimension that divides by it."""
+    if axis not in mesh.axis_names or mesh.shape[axis] == 1:
+        return spec
+    entries = list(spec) + [None] * (len(shape) - len(spec))
+    for d, n in enumerate(shape):
+        if entries[d] is None and n % mesh.shape[axis] == 0:
+            entries[d] = axis
+            while entries[-1] is None:  # P("data"), not P("data", None): one spelling
+                entries.pop()
+            return PartitionSpec(*entries)
+    return spec
+
+
+def state_specs(
+    optimizer: optax.GradientTransformation, params: Sequence[Any], specs: Sequence[Any]
+) -> list[PartitionSpec]:
+    """The layout of each leaf of ``optimizer``'s state over the list ``params`` (arrays,
+    shape structs or graph symbols): a leaf that is the state of parameter ``i`` (Adam's
+    ``mu[i]``) gets ``specs[i]``, every other leaf (step counts, hyper-parameters) is
+    replicated. Optax's ``tree_map_params`` says which leaves those are; for a state it
+    cannot map (a transformation that regroups the list, as the model's partitioned
+    minimizers key it by parameter id), a leaf under a dict key naming a parameter
+    (its ``name``) with that parameter's shape is its state."""
+    shapes = [jax.ShapeDtypeStruct(tuple(p.shape), p.dtype) for p in params]
+    state = jax.eval_shape(optimizer.init, shapes)
+    try:
+        which = jax.tree.leaves(
+            optax.tree_map_params(
+                optimizer, lambda _, i: i, state, list(range(len(shapes))),
+                transform_non_params=lambda _: -1,
+            )
+        )  # fmt: skip
+    except (TypeError, ValueError):
+        which = _by_key(state, params)
+    return [specs[i] if i >= 0 else PartitionSpec() for i in which]
+
+
+def _by_key(state: Any, params: Sequence[Any]) -> list[int]:
+    """For each state leaf, the parameter whose name is a dict key on its path (and
+    whose shape it has), or -1."""
+    index = {getattr(p, "name", None): i for i, p in enumerate(params)}
+    out = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+        hits = [index[k] for k in keys if isinstance(k, str) and k in index]
+        i = hits[-1] if hits else -1
+        out.append(i if i >= 0 and tuple(params[i].shape) == tuple(leaf.shape) else -1)
+    return out
+
+
+def tensor_parallel(
+    graph: Graph,
+    mesh: Mesh,
+    rules: Any = "megatron",
+    *,
+    batch: Sequence[int | str] | None = None,
+    parameters: Sequence[int | str] = (),
+    layout: Any = None,
+    specs: Mapping[str, PartitionSpec] | None = None,
+    names: Mapping[str, str] | None = None,
+) -> Shardings:
+    """Shardings of ``graph`` on a ``("data", "model")`` mesh under ``rules``: the batch
+    over ``rules.data``, parameters by :func:`parameter_specs` (or ``specs``, found on
+    the forward graph), optimizer state (with a :class:`~fnnc.graph.TrainLayout`
+    ``layout``) as its parameters; new parameters and state keep their layouts.
+
+    Args: as :func:`~fnnc.graph.data_parallel`, plus ``rules``, ``specs`` and ``names``
+    (parameter id -> layer name) as :func:`parameter_specs` takes them.
+    """
+    rules = ShardingRules.of(rules)
+    base = data_parallel(
+        graph, mesh, batch=batch, axis=rules.data, parameters=parameters, layout=layout
+    )
+    n_params = layout.n_params if layout is not None else 0
+    params = sorted({*range(n_params), *(_position(graph, p) for p in parameters)})
+    if specs is None:
+        specs = parameter_specs(graph, mesh, rules, parameters=params, names=names)
+    inputs = list(base.inputs)
+    for i in params:
+        inputs[i] = specs.get(graph.symbols[graph.inputs[i]].name, PartitionSpec())
+    if layout is None:
+        return Shardings(mesh, tuple(inputs), base.outputs)
+    state = state_specs(
+        layout.optimizer, [graph.symbols[s] for s in graph.inputs[:n_params]], inputs[:n_params]
+    )
+    inputs[n_params : n_params + layout.n_state] = state
+    outputs = list(base.outputs or ())
+    outputs[: n_params + layout.n_state] = inputs[: n_params + layout.n_state]
+    return Shardings(mesh, tuple(inputs), tuple(outputs))
+
+
+def _position(graph: Graph, which: int | str) -> int:
+    if isinstance(which, int):
+        return which
+    names = [graph.symbols[s].name for s in graph.inputs]
+    if which not in names:
+        raise GraphError(f"sharding rules: no input named {which!r}; the inputs are {names}")
+    return names.index(which)
