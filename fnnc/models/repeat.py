@@ -169,6 +169,12 @@ class Repeat(Layer):
                 "Repeat does not carry between steps; use a norm without running "
                 "statistics (LayerNorm, RMSNorm, GroupNorm) or unroll the blocks"
             )
+        nested = [pid for pid, info in sub.params.items() if info.blocks]
+        if nested:
+            raise ModelError(
+                f"{where}: the block holds a Repeat itself ({', '.join(nested)}); repeats do "
+                "not nest. Repeat the inner block's layers once, or unroll the inner Repeat"
+            )
         if sub.keys:
             raise ModelError(
                 f"{where}: the block draws random keys (e.g. Dropout), which a Repeat does "

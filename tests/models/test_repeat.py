@@ -16,6 +16,7 @@ from fnnc.models import (
     Activation,
     Add,
     BatchNorm,
+    BuildContext,
     Dense,
     Dropout,
     Input,
@@ -203,3 +204,29 @@ def test_stateful_or_random_blocks_are_refused(layer, what):
 def test_bad_counts_are_refused(n):
     with pytest.raises(ModelError, match="n must be an int >= 1"):
         Repeat(block, n)
+
+
+def scan_saves(layer: Repeat) -> int:
+    """How many tensors one block keeps for the backward (its scan node's forward body
+    returns the next carry, then those), from a training-mode build (no compile)."""
+    ctx = BuildContext(training=True)
+    x = Input()
+    Model(x, layer(x)).build(ctx, ctx.b.input((2, WIDTH), np.float32, name="x"), nested=False)
+    (node,) = [n for n in ctx.b.build([]).nodes if n.cmd.name == "scan"]
+    return len(node.cmd.param("forward").outputs) - 1
+
+
+def test_checkpointing_keeps_only_each_blocks_input():
+    def checkpointed_block():
+        b = block()
+        b.set_gradient_checkpointing()
+        return b
+
+    assert scan_saves(Repeat(block, N)) > 1
+    assert scan_saves(Repeat(block, N, checkpoint=True)) == 1
+    assert scan_saves(Repeat(checkpointed_block, N)) == 1
+
+
+def test_nested_repeats_are_refused():
+    with pytest.raises(ModelError, match="repeats do not nest"):
+        scan_saves(Repeat(lambda: Repeat(block, 2, name="inner"), 2, name="outer"))
