@@ -230,3 +230,15 @@ def test_checkpointing_keeps_only_each_blocks_input():
 def test_nested_repeats_are_refused():
     with pytest.raises(ModelError, match="repeats do not nest"):
         scan_saves(Repeat(lambda: Repeat(block, 2, name="inner"), 2, name="outer"))
+
+
+def test_mixed_precision_runs_the_blocks_in_float32():
+    """``precision="bfloat16"`` computes the dense layers around the stack in bfloat16
+    and the scan (typed sub-graphs) in float32: the loss is the float32 one to bf16's
+    precision."""
+    rep = repeat_model()
+    low = model(Repeat(block, N, name="blocks"))
+    low.compile(X, loss=loss, minimizer=optax.sgd(0.0), precision="bfloat16")
+    low.set_parameters(rep.parameters())
+    want = float(loss([rep.evaluate(X)], [Y]))
+    np.testing.assert_allclose(float(low.fit(X, Y)), want, rtol=3e-2)
