@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 
+from fnnc.io import Checkpoints
 from fnnc.models import (
     Activation,
     Add,
@@ -242,3 +243,19 @@ def test_mixed_precision_runs_the_blocks_in_float32():
     low.set_parameters(rep.parameters())
     want = float(loss([rep.evaluate(X)], [Y]))
     np.testing.assert_allclose(float(low.fit(X, Y)), want, rtol=3e-2)
+
+
+def test_training_checkpoints_resume_across_repeat_and_unrolled(tmp_path):
+    """Checkpoints keep per-block ids (parameters and Adam state): a run saved by either
+    model resumes in the other and takes the step the saving model would have taken."""
+    rep, unr = repeat_model(), unrolled_model()
+    for source, target, path in ((rep, unr, tmp_path / "a"), (unr, rep, tmp_path / "b")):
+        source.fit(X, Y)
+        source.fit(X, Y)
+        with Checkpoints(path) as ckpt:
+            ckpt.save(2, source)
+            assert not any("[" in name for name in ckpt.restore(2).state)
+            ckpt.restore_into(target)
+        a, b = float(source.fit(X, Y)), float(target.fit(X, Y))
+        np.testing.assert_allclose(a, b, rtol=1e-5)
+        close(unstack_parameters(rep.parameters(), rep), unr.parameters())
