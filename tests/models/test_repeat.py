@@ -82,8 +82,8 @@ def pair():
     return rep, unr
 
 
-def test_ids_are_the_unrolled_models_ids():
-    rep, unr = repeat_model(), unrolled_model()
+def test_ids_are_the_unrolled_models_ids(pair):
+    rep, unr = pair
     blocks = stacked_ids(rep)
     assert blocks["t-blocks-0-block-[0:3]-fc-0-0"] == tuple(
         f"t-blocks-0-block-{i}-fc-0-0" for i in range(N)
