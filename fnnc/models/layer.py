@@ -74,6 +74,9 @@ class ParamInfo:
     init: Initializer
     owners: tuple[Layer, ...]
     internal: bool = False
+    blocks: tuple[str, ...] = ()
+    """For a parameter stacked by :class:`fnnc.models.Repeat` (``[n, *shape]``): the ids
+    block ``0..n-1`` of the unrolled model gives each slice; empty otherwise."""
 
     @property
     def layer(self) -> str:
@@ -263,19 +266,38 @@ class BuildContext:
         path = self._paths.setdefault(id(layer), self._label(layer))
         kind = "r" if internal else "t"
         pid = self._pids.setdefault((id(layer), internal, index), f"{kind}-{path}-{index}")
+        info = ParamInfo(pid, shape, np.dtype(dtype), init, (*self._layers, layer), internal)
+        return self.declare(layer, index, info)
+
+    def declare(self, layer: Layer, index: int, info: ParamInfo) -> Symbol:
+        """The graph input of parameter ``info`` (index ``index`` of ``layer``) under the
+        id ``info.id`` as first declared for that index: the same symbol on every build
+        of a shared layer. :meth:`param` names the id; a layer that forms ids itself
+        (:class:`fnnc.models.Repeat`) declares them here."""
+        pid = self._pids.setdefault((id(layer), info.internal, index), info.id)
         if pid in self.params:
             known = self.params[pid]
-            if known.shape != shape:
+            if known.shape != info.shape:
                 raise ModelError(
                     f"layer {layer.describe()}: parameter {pid} was built as {list(known.shape)} "
-                    f"and is now asked for as {list(shape)}; a shared layer must see inputs of "
-                    "one shape"
+                    f"and is now asked for as {list(info.shape)}; a shared layer must see "
+                    "inputs of one shape"
                 )
             return self.symbols[pid]
-        owners = (*self._layers, layer)
-        self.params[pid] = ParamInfo(pid, shape, np.dtype(dtype), init, owners, internal)
-        self.symbols[pid] = self.b.input(shape, dtype, name=pid)
+        self.params[pid] = dataclasses.replace(info, id=pid) if pid != info.id else info
+        self.symbols[pid] = self.b.input(info.shape, info.dtype, name=pid)
         return self.symbols[pid]
+
+    def level(self) -> tuple[list[str], dict[str, int]]:
+        """The id stack now (the labels of the levels pushed) and the name bank new
+        numbers are drawn from (NNC's per-name counters of the current level)."""
+        bank = self._levels[-1][1] if self._levels else self._root
+        return [label for label, _ in self._levels], bank
+
+    @property
+    def owners(self) -> tuple[Layer, ...]:
+        """The layers entered now, outermost first (the owners of a parameter made now)."""
+        return tuple(self._layers)
 
     def update(self, layer: Layer, index: int, value: Symbol) -> None:
         """Records the new value of internal ``index`` of ``layer`` (e.g. running mean)."""

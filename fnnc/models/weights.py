@@ -30,6 +30,7 @@ from typing import Any
 
 from fnnc.io import read_parameters, write_parameters
 from fnnc.io.convert import Rename, Renamed, open_tensors
+from fnnc.models.repeat import stack_parameters, unstack_parameters
 
 
 def write_model(
@@ -44,7 +45,8 @@ def write_model(
     :meth:`fnnc.models.Model.write`)."""
     values = model.parameters()
     infos = model.engine.infos
-    params = {k: v for k, v in values.items() if not infos[k].internal}
+    # a Repeat's stacks are written per block, under the unrolled model's (NNC's) ids
+    params = unstack_parameters({k: v for k, v in values.items() if not infos[k].internal}, model)
     internals = {k: v for k, v in values.items() if infos[k].internal}
     with contextlib.ExitStack() as stack:
         if format is not None and isinstance(target, (str, os.PathLike)):
@@ -64,7 +66,12 @@ def read_model(
     """Reads parameters into ``model``; returns the ids that did not match (see
     :meth:`fnnc.models.Model.read`)."""
     infos = model.engine.infos
-    expected = {k: (i.shape, i.dtype) for k, i in infos.items() if not i.internal}
+    expected = {}
+    for k, i in infos.items():
+        if not i.internal:  # a Repeat's stack is read per block, under NNC's ids
+            expected.update(
+                {b: (i.shape[1:], i.dtype) for b in i.blocks} or {k: (i.shape, i.dtype)}
+            )
     internals = {k: (i.shape, i.dtype) for k, i in infos.items() if i.internal}
     with contextlib.ExitStack() as stack:
         if isinstance(source, (str, os.PathLike)):
@@ -72,5 +79,5 @@ def read_model(
         if rename is not None:
             source = Renamed(source, rename)
         found = read_parameters(source, expected, name=name, internals=internals, strict=strict)
-    model.set_parameters({**found, **found.internals})
+    model.set_parameters({**stack_parameters(found, model, strict=False), **found.internals})
     return [*found.missing, *(m if isinstance(m, str) else str(m) for m in found.mismatched)]

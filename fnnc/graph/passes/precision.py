@@ -7,8 +7,9 @@ The policy (NNC's half-precision training, Keras's ``mixed_float16``):
   types they had, so callers see no change;
 - every node that reads floating-point tensors computes in the low type (``bfloat16``
   or ``float16``): its float32 inputs are converted down where they are read;
-- nodes in ``keep_float32`` (losses, softmax, reductions, normalisations' statistics:
-  :data:`KEEP_FLOAT32`) compute in float32: low inputs are converted up;
+- nodes in ``keep_float32`` (losses, softmax, reductions, normalisations' statistics,
+  ``scan`` loops, whose bodies are typed sub-graphs: :data:`KEEP_FLOAT32`) compute in
+  float32: low inputs are converted up;
 - nodes that only move data (:data:`FOLLOW`: reshape, transpose, slice, ...) keep the
   type their input has, so a float32 loss is reshaped as float32, not rounded to the
   low type and converted back (a round trip that cost the reported loss its digits).
@@ -53,6 +54,8 @@ KEEP_FLOAT32 = frozenset(
         "binary_crossentropy", "sigmoid_binary_crossentropy", "mse", "smooth_l1",
         "reduce_sum", "reduce_mean", "reduce_norm2", "reduce_max", "reduce_min",
         "batch_norm", "layer_norm", "group_norm", "rmsnorm", "optax_update",
+        # a loop's bodies are sub-graphs typed at build: it runs them in float32
+        "scan", "pipeline",
     }
 )  # fmt: skip
 

@@ -1,0 +1,388 @@
+"""Repeat: N identical blocks as one ``scan`` over stacked parameters (scanned layers).
+
+``Repeat(block, n)`` computes what ``n`` fresh copies of ``block`` applied in sequence
+compute, but builds the block's graph once and runs it with
+:func:`fnnc.graph.scan` over its parameters stacked on a leading axis (``[n,
+*shape]``), so the graph, the trace and XLA's compile do not grow with depth (Flax's
+``nnx.scan`` over layers, MaxText's ``scan_layers``). ``checkpoint=True`` (or a
+:func:`~fnnc.graph.remat` policy) recomputes each block in the backward from its input.
+
+**Parameter ids.** The reference is the *unrolled* model: ``Sequential([copy_0, ...,
+copy_{n-1}], name=<the Repeat's name>)`` in the Repeat's place, each copy a fresh block.
+Its ids are NNC's (:class:`~fnnc.models.BuildContext`): a named Repeat is one level
+``<name>-<seq>`` holding the copies; an unnamed one adds no level, so the copies take
+their numbers in the enclosing level, and so do the layers after it. Every parameter
+id of block ``i`` differs from block 0's only in the number of the id's first component
+below the Repeat (``block-0`` -> ``block-i``; unnamed ``3`` -> ``3 + i * k`` when each
+block takes ``k`` numbers of that name). The stacked parameter's id is block 0's id with
+that number written as the Python range of the blocks' numbers:
+
+====================================  =================================================
+stacked id (``[4, 8, 8]``)             per-block ids (``[8, 8]`` each)
+====================================  =================================================
+``t-blocks-0-block-[0:4]-fc-0-0``      ``t-blocks-0-block-0-fc-0-0`` ... ``block-3-...``
+``t-[1:9:2]-0`` (2 dense per block)    ``t-1-0``, ``t-3-0``, ``t-5-0``, ``t-7-0``
+====================================  =================================================
+
+Files keep NNC's per-block ids: :meth:`Model.write <fnnc.models.Model.write>` writes
+each slice under its block's id and :meth:`Model.read <fnnc.models.Model.read>` reads
+them back into the stack, so a file written by a Repeat model reads into the unrolled
+model (and into NNC) and the reverse. Training checkpoints
+(:class:`fnnc.io.Checkpoints`) store parameters and optimizer state under the per-block
+ids too, so a run saved by either model resumes in the other.
+:func:`unstack_parameters` and :func:`stack_parameters` convert dicts of values the same
+way, :func:`unstack_states` and :func:`stack_states` optimizer-state views.
+
+>>> import numpy as np, optax
+>>> from fnnc.models import Dense, Input, Model, Repeat, ReLU, Sequential
+>>> x = Input()
+>>> blocks = Repeat(lambda: Sequential([Dense(8, name="fc"), ReLU()], name="block"), 4,
+...                 name="blocks")
+>>> model = Model(x, blocks(x))
+>>> model.compile(np.zeros((2, 8), np.float32), loss="mse", minimizer=optax.sgd(0.1))
+>>> {k: v.shape for k, v in model.parameters().items()}
+{'t-blocks-0-block-[0:4]-fc-0-0': (4, 8, 8), 't-blocks-0-block-[0:4]-fc-0-1': (4, 8)}
+>>> stacked_ids(model)["t-blocks-0-block-[0:4]-fc-0-1"][-1]
+'t-blocks-0-block-3-fc-0-1'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fnnc.core.ir import Graph, Symbol
+from fnnc.graph import GraphBuilder, scan
+from fnnc.graph.scan import Checkpoint
+from fnnc.models.layer import BuildContext, Initializer, Layer, ModelError, ParamInfo
+
+
+class Repeat(Layer):
+    """``n`` fresh copies of ``block`` applied in sequence, run as one ``scan``.
+
+    Args:
+        block: a layer or model taking as many inputs as it returns outputs, each output
+            of its input's shape and dtype (the carry); or a function of no arguments
+            making one. It is built once, as block 0 of the stack.
+        n: the number of blocks (>= 1).
+        checkpoint: ``False`` keeps what each block's backward reads; ``True`` keeps
+            only each block's input and recomputes the block in the backward; a
+            :func:`~fnnc.graph.remat` policy keeps what it saves. A block model with
+            :meth:`~fnnc.models.Model.set_gradient_checkpointing` counts as ``True``.
+        name: the layer's name (a level in parameter ids, as a named ``Sequential``).
+        is_trainable: as for any layer.
+
+    Blocks with internal state (batch-norm statistics) or random keys (dropout) are
+    refused with a :class:`~fnnc.errors.ModelError`: the loop carries activations only.
+    """
+
+    def __init__(
+        self,
+        block: Layer | Callable[[], Layer],
+        n: int,
+        *,
+        checkpoint: Checkpoint = False,
+        name: str = "",
+        is_trainable: bool | None = None,
+    ):
+        super().__init__(name=name, is_trainable=is_trainable)
+        if not isinstance(block, Layer):
+            block = block() if callable(block) else block
+        if not isinstance(block, Layer):
+            raise ModelError(
+                f"layer {self.describe()}: block must be a fnnc.models Layer or Model, or a "
+                f"function making one; got {type(block).__name__}"
+            )
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+            raise ModelError(f"layer {self.describe()}: n must be an int >= 1, got {n!r}")
+        self.block, self.n, self.checkpoint = block, int(n), checkpoint
+
+    def num_outputs(self, num_inputs: int) -> int:
+        return num_inputs
+
+    def build(self, ctx: BuildContext, *xs: Symbol) -> Any:
+        sub = _BlockContext(ctx)
+        ins = [sub.b.input(x.shape, x.dtype, name=f"carry[{i}]") for i, x in enumerate(xs)]
+        out = self.block.build(sub, *ins)
+        outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        self._check_block(sub, ins, outs)
+        body = sub.b.build(list(outs))
+        order = (*(s.id for s in ins), *(sub.symbols[pid].id for pid in sub.params))
+        body = dataclasses.replace(body, inputs=order)
+        stacked = []
+        blocks = sub.block_ids(self.n)
+        for k, (pid, info) in enumerate(sub.params.items()):
+            ids = blocks[pid]
+            stacked_info = ParamInfo(
+                id=sub.stacked_id(pid, self.n),
+                shape=(self.n, *info.shape),
+                dtype=info.dtype,
+                init=_stacked_init(info.init, self.n),
+                owners=(*ctx.owners, self, *info.owners),
+                blocks=ids,
+            )
+            stacked.append(ctx.declare(self, k, stacked_info))
+        sub.advance(ctx, self.n)
+        checkpoint = self.checkpoint
+        if checkpoint is False and sub.checkpoints:
+            checkpoint = True
+        ys = self.run(
+            ctx.b, body, xs, stacked, length=self.n, checkpoint=checkpoint, name=ctx.layer_id(self)
+        )
+        return ys if len(ys) > 1 else ys[0]
+
+    def run(
+        self,
+        builder: GraphBuilder,
+        body: Graph,
+        carry: Sequence[Symbol],
+        stacked: Sequence[Symbol],
+        *,
+        length: int,
+        checkpoint: Checkpoint,
+        name: str,
+    ) -> tuple[Symbol, ...]:
+        """Adds the loop over the blocks: the one place that schedules them. A pipeline
+        schedule with :func:`fnnc.graph.scan`'s signature replaces it here (override)."""
+        return scan(builder, body, carry, stacked, length=length, checkpoint=checkpoint, name=name)
+
+    def _check_block(
+        self, sub: _BlockContext, ins: Sequence[Symbol], outs: Sequence[Symbol]
+    ) -> None:
+        where = f"layer {self.describe()} (block {self.block.describe()})"
+        if len(outs) != len(ins) or any(
+            tuple(o.shape) != tuple(i.shape) or o.dtype != i.dtype for i, o in zip(ins, outs)
+        ):
+            given = ", ".join(f"{np.dtype(i.dtype).name}{list(i.shape)}" for i in ins)
+            got = ", ".join(f"{np.dtype(o.dtype).name}{list(o.shape)}" for o in outs)
+            raise ModelError(
+                f"{where}: a repeated block must return what it takes (each block's output "
+                f"is the next one's input); it takes {given} and returns {got}. Repeat "
+                "only the shape-preserving part (e.g. transformer blocks, not the embedding)"
+            )
+        internal = [pid for pid, info in sub.params.items() if info.internal]
+        if internal or sub.updates:
+            raise ModelError(
+                f"{where}: the block has internal state ({', '.join(internal)}), which a "
+                "Repeat does not carry between steps; use a norm without running "
+                "statistics (LayerNorm, RMSNorm, GroupNorm) or unroll the blocks"
+            )
+        nested = [pid for pid, info in sub.params.items() if info.blocks]
+        if nested:
+            raise ModelError(
+                f"{where}: the block holds a Repeat itself ({', '.join(nested)}); repeats do "
+                "not nest. Repeat the inner block's layers once, or unroll the inner Repeat"
+            )
+        if sub.keys:
+            raise ModelError(
+                f"{where}: the block draws random keys (e.g. Dropout), which a Repeat does "
+                "not feed per block; move the random layer out of the block or unroll it"
+            )
+
+
+class _BlockContext(BuildContext):
+    """Builds one block as block 0 of a stack, where the outer build ``ctx`` stands.
+
+    Its id stack starts as a copy of ``ctx``'s, so ids come out as the outer build would
+    give block 0. It records, for every parameter, the label its id has at the Repeat's
+    level (the *varying* component), and how many numbers of each name one block takes
+    there, from which the ids of blocks ``1..n-1`` follow (module doc).
+    """
+
+    def __init__(self, ctx: BuildContext):
+        super().__init__(ctx.training)
+        labels, bank = ctx.level()
+        self._depth = len(labels)
+        self._prefix = "-".join(labels)
+        self._base = dict(bank)
+        if labels:
+            self._levels = [(label, {}) for label in labels[:-1]] + [(labels[-1], dict(bank))]
+        else:
+            self._root = dict(bank)
+        self._numbers: dict[str, tuple[str, int]] = {}  # label -> (name, number)
+        self._owner: dict[str, str] = {}  # parameter id -> its label at the Repeat's level
+
+    def _number(self, layer: Layer) -> str:
+        label = super()._number(layer)
+        if len(self._levels) == self._depth:
+            _, bank = self.level()
+            self._numbers[label] = (layer.name, bank[layer.name])
+        return label
+
+    def param(self, layer: Layer, index: int, shape: Sequence[int], init: Initializer,
+              dtype: Any = np.float32, *, internal: bool = False) -> Symbol:  # fmt: skip
+        sym = super().param(layer, index, shape, init, dtype, internal=internal)
+        pid = self._pids[(id(layer), internal, index)]
+        if len(self._levels) > self._depth:
+            self._owner[pid] = self._levels[self._depth][0]
+        else:
+            path = self._paths[id(layer)]
+            self._owner[pid] = path[len(self._prefix) + 1 :] if self._prefix else path
+        return sym
+
+    def _split(self, pid: str) -> tuple[str, str, str, int, int]:
+        """``(head, name, tail, first number, numbers per block)`` of ``pid``."""
+        label = self._owner[pid]
+        name, number = self._numbers[label]
+        kind = pid[:2]
+        head = f"{kind}{self._prefix}-" if self._prefix else kind
+        tail = pid[len(head) + len(label) :]
+        per_block = sum(1 for n, _ in self._numbers.values() if n == name)
+        return head, name, tail, number, per_block
+
+    def block_ids(self, n: int) -> dict[str, tuple[str, ...]]:
+        """Block 0's id -> the ids of blocks ``0..n-1`` in the unrolled model."""
+        out = {}
+        for pid in self.params:
+            head, name, tail, first, step = self._split(pid)
+            labels = [_label(name, first + i * step) for i in range(n)]
+            out[pid] = tuple(f"{head}{label}{tail}" for label in labels)
+        return out
+
+    def stacked_id(self, pid: str, n: int) -> str:
+        """The id of the stack of block 0's parameter ``pid`` (module doc)."""
+        head, name, tail, first, step = self._split(pid)
+        span = f"[{first}:{first + n * step}" + (f":{step}]" if step != 1 else "]")
+        return f"{head}{_label(name, span)}{tail}"
+
+    def advance(self, ctx: BuildContext, n: int) -> None:
+        """Moves ``ctx``'s name bank on as ``n`` builds of the block would have."""
+        _, bank = ctx.level()
+        for name, _ in self._numbers.values():  # one block's draws, n times over
+            bank[name] = bank.get(name, -1) + n
+
+
+def _label(name: str, number: Any) -> str:
+    return f"{name}-{number}" if name else str(number)
+
+
+def _stacked_init(init: Initializer, n: int) -> Initializer:
+    """``init`` run for each of ``n`` blocks from its own key, stacked on axis 0."""
+
+    def stacked(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+        keys = jax.random.split(key, n)
+        return jax.vmap(lambda k: init(k, tuple(shape[1:]), dtype))(keys)
+
+    return stacked
+
+
+# -- stacked <-> per-block parameters ---------------------------------------------------
+def stacked_ids(model: Any) -> dict[str, tuple[str, ...]]:
+    """Stacked parameter id -> the per-block ids of its slices, for every parameter a
+    :class:`Repeat` stacks in the compiled ``model`` (module doc)."""
+    return {pid: info.blocks for pid, info in model.engine.infos.items() if info.blocks}
+
+
+def unstack_parameters(params: Mapping[str, Any], model: Any) -> dict[str, Any]:
+    """``params`` (id -> array, as :meth:`Model.parameters` gives) with every stacked
+    parameter of ``model`` split into its blocks' slices under their per-block ids: the
+    parameters of the unrolled model. Other entries pass through."""
+    blocks = stacked_ids(model)
+    out: dict[str, Any] = {}
+    for pid, value in params.items():
+        if pid not in blocks:
+            out[pid] = value
+            continue
+        for i, bid in enumerate(blocks[pid]):
+            out[bid] = value[i]
+    return out
+
+
+def stack_parameters(
+    params: Mapping[str, Any], model: Any, *, strict: bool = True
+) -> dict[str, Any]:
+    """The reverse of :func:`unstack_parameters`: per-block entries of ``params`` stacked
+    under ``model``'s stacked ids. A stack some of whose blocks ``params`` lacks takes
+    them from ``model``'s current values, or raises (``strict``) naming them. Entries
+    that are no block's pass through."""
+    blocks = stacked_ids(model)
+    owner = {bid: pid for pid, ids in blocks.items() for bid in ids}
+    out = {k: v for k, v in params.items() if k not in owner}
+    current: dict[str, Any] | None = None
+    for pid, ids in blocks.items():
+        present = [bid for bid in ids if bid in params]
+        if not present:
+            continue
+        missing = [bid for bid in ids if bid not in params]
+        if missing and strict:
+            raise ModelError(
+                f"stack_parameters: {pid} stacks {len(ids)} blocks; no values for "
+                f"{', '.join(missing)}. Give every block's parameter, or strict=False to "
+                "keep the model's current values for those"
+            )
+        if missing and current is None:
+            current = model.parameters()
+        slices = [params[bid] if bid in params else current[pid][i] for i, bid in enumerate(ids)]
+        out[pid] = jnp.stack([jnp.asarray(s) for s in slices])
+    return out
+
+
+# -- optimizer state (checkpoints keep per-block ids too) ---------------------------------
+def _own(pid: str) -> Callable[[Any], bool]:
+    """Whether a node of a parameter's state view is its own entry ``{pid: ...}`` (of a
+    dict keyed by parameter ids, e.g. Adam's ``mu``; :func:`fnnc.models.optim.view`)."""
+    return lambda node: isinstance(node, dict) and len(node) == 1 and pid in node
+
+
+def _rekey(view: Any, pid: str, new: str, fn: Callable[[Any], Any]) -> Any:
+    """``view`` with its own entries moved to key ``new`` and ``fn`` applied to their
+    leaves; the partition-wide leaves (``count``) kept."""
+    is_own = _own(pid)
+    leaves, treedef = jax.tree.flatten(view, is_leaf=is_own)
+    moved = [{new: jax.tree.map(fn, x[pid])} if is_own(x) else x for x in leaves]
+    return treedef.unflatten(moved)
+
+
+def unstack_states(states: Mapping[str, Any], model: Any) -> dict[str, Any]:
+    """Optimizer-state views (parameter id -> its view of its partition's Optax state)
+    with each stacked parameter's view split into one view per block, under the
+    per-block ids: the views the unrolled model would have."""
+    blocks = stacked_ids(model)
+    out: dict[str, Any] = {}
+    for pid, view in states.items():
+        if pid not in blocks:
+            out[pid] = view
+            continue
+        for i, bid in enumerate(blocks[pid]):
+            out[bid] = _rekey(view, pid, bid, lambda a, i=i: a[i])
+    return out
+
+
+def stack_states(
+    saved: Mapping[str, Any], likes: Mapping[str, Any], model: Any, rebuild: Callable
+) -> dict[str, Any]:
+    """The reverse of :func:`unstack_states` on saved (decoded) views: each stacked
+    parameter of ``likes`` (id -> template view) none of whose own id is in ``saved``
+    but all of whose blocks are gets its blocks' views, rebuilt with ``rebuild(data,
+    template, what)`` on its template sliced to one block, stacked. The partition-wide
+    leaves are block 0's (restoring checks that a partition's copies agree)."""
+    blocks = stacked_ids(model)
+    out = dict(saved)
+    for pid, like in likes.items():
+        ids = blocks.get(pid, ())
+        if not ids or pid in saved or not all(b in saved for b in ids):
+            continue
+        views = []
+        for bid in ids:
+            block_like = _rekey(
+                like, pid, bid, lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype)
+            )
+            views.append(rebuild(saved[bid], block_like, f"optimizer state of {bid}"))
+        firsts, treedef = jax.tree.flatten(views[0], is_leaf=_own(ids[0]))
+        per_block = [jax.tree.leaves(v, is_leaf=_own(b)) for v, b in zip(views, ids)]
+        stacked = []
+        for k, leaf in enumerate(firsts):
+            if not _own(ids[0])(leaf):
+                stacked.append(leaf)
+                continue
+            entries = [leaves[k][b] for leaves, b in zip(per_block, ids)]
+            stacked.append({pid: jax.tree.map(lambda *xs: np.stack(xs), *entries)})
+        out[pid] = treedef.unflatten(stacked)
+        for bid in ids:
+            del out[bid]
+    return out

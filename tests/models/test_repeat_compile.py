@@ -1,0 +1,56 @@
+"""Issue 28's must-hold: a 48-block ``Repeat`` transformer compiles in at most 1.5x the
+time of a 4-block one (``benchmarks/repeat_compile.py`` reports the unrolled models too).
+
+"Compile" is ``Model.compile`` + the first ``fit`` of a fresh model with fnnc's program
+and scan-body caches cleared (:func:`benchmarks.repeat_compile.compile_seconds`). On a
+shared CI machine single timings swing by 2x, so the test takes the fastest of a few
+interleaved runs of each depth, and also checks the cause deterministically: the graph
+of 48 blocks has exactly as many nodes as the graph of 4.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks.repeat_compile import LIMIT, compile_seconds, main, transformer
+from fnnc.models import BuildContext
+
+X = np.random.default_rng(0).normal(size=(1, 4, 8)).astype(np.float32)
+
+
+def tiny(depth: int):
+    return transformer(depth, repeat=True, width=8, heads=2)
+
+
+def test_graph_does_not_grow_with_depth():
+    """One build of each model (no compile): same nodes and parameter count."""
+    sizes = []
+    for depth in (4, 48):
+        ctx = BuildContext(training=True)
+        tiny(depth).build(ctx, ctx.b.input(X.shape, X.dtype, name="x"), nested=False)
+        sizes.append((len(ctx.b.build([]).nodes), len(ctx.params)))
+    assert sizes[0] == sizes[1]
+
+
+@pytest.mark.slow
+def test_48_blocks_compile_within_limit_of_4():
+    compile_seconds(lambda: tiny(4), X)  # warm-up: JAX's one-time costs (initialisers)
+    times: dict[int, list[float]] = {4: [], 48: []}
+    for _ in range(2):
+        for depth in times:
+            times[depth].append(compile_seconds(lambda d=depth: tiny(d), X))
+    ratio = min(times[48]) / min(times[4])
+    assert ratio <= LIMIT, f"repeat-48 / repeat-4 compile time {ratio:.2f} > {LIMIT}: {times}"
+
+
+def test_check_flag_fails_when_the_ratio_is_over(monkeypatch, capsys):
+    """``--check`` exits 1 above the limit and 0 within it (timings stubbed: the flag's
+    logic, not the machine, is under test here)."""
+    import benchmarks.repeat_compile as bench
+
+    for r48, code in ((2.0, 1), (1.2, 0)):
+        fake = {"repeat-4": 1.0, "repeat-48": r48, "unrolled-4": 1.1}
+        monkeypatch.setattr(bench, "measure", lambda makers, x, runs, f=fake: f)
+        assert main(["--check", "--no-unrolled-48"]) == code
+        assert ("FAIL" in capsys.readouterr().out) == (code == 1)
