@@ -59,6 +59,7 @@ from fnnc.models.model import Model as Model
 from fnnc.models.model import Sequential as Sequential
 from fnnc.models.model_function import ModelFunction as ModelFunction
 from fnnc.models.model_function import model_function as model_function
+from fnnc.models.pipeline import Pipeline as Pipeline
 from fnnc.models.repeat import Repeat as Repeat
 from fnnc.models.repeat import stack_parameters as stack_parameters
 from fnnc.models.repeat import stacked_ids as stacked_ids

@@ -48,6 +48,7 @@ from fnnc.models.memory import MemoryOptions, memory_key
 from fnnc.models.model_passes import ModelPasses
 from fnnc.models.optim import Minimizers, StateStore, is_noop
 from fnnc.models.parallel import Parallel, place
+from fnnc.models.pipeline import stage_specs
 from fnnc.models.programs import (
     ApplyProgram,
     FitProgram,
@@ -228,6 +229,8 @@ class Engine:
             if self.parallel.rules is not None and self.input_specs:  # layouts by role
                 built = self._build(False, self.input_specs)
                 self.parallel = self.parallel.bind(built, self.infos, sorted(trainable))
+            staged = stage_specs(self.parallel, self.infos, trainable)  # pipelined Repeats
+            self.parallel = dataclasses.replace(self.parallel, staged=staged)
             for pid, v in self.values.items():
                 spec = self.parallel.param_spec(np.shape(v), pid in trainable, pid)
                 self.values[pid] = place(v, self.parallel.sharding(spec))

@@ -14,7 +14,9 @@ PartitionSpec}`` or a :class:`~fnnc.graph.ShardingRules`) on a 2-D mesh
 role says (:mod:`fnnc.graph.sharding_rules`: tensor parallelism over ``"model"``):
 :meth:`Parallel.bind` finds the layouts once on the model's forward graph, every
 program lays parameters and their optimizer state out so, and
-:meth:`Parallel.constrain` pins the activations between layers.
+:meth:`Parallel.constrain` pins the activations between layers. The stacked parameters
+of a pipelined :class:`~fnnc.models.Repeat` lie on its stage axis in every mode
+(``staged``, :mod:`fnnc.models.pipeline`).
 
 With several processes (``jax.distributed.initialize``), each process passes its own
 slice of the global batch; :meth:`Parallel.batch` assembles the global array with
@@ -47,6 +49,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from fnnc.errors import CheckpointError, FnncError, ModelError, ShapeError
 from fnnc.graph import ShardingRules, constrain_activations, parameter_specs, state_specs
 from fnnc.graph.sharding import MODES, Shardings, _fsdp, data_parallel
+from fnnc.models.pipeline import PIPELINE, with_data_axis
 
 AXIS = "data"
 
@@ -90,6 +93,7 @@ class Parallel:
     axis: str = AXIS
     rules: ShardingRules | None = None
     specs: tuple[tuple[str, PartitionSpec], ...] | None = None
+    staged: tuple[tuple[str, PartitionSpec], ...] = ()  # pipelined stacks (models.pipeline)
 
     @staticmethod
     def of(mesh: Mesh, mode: Any, axis: str = AXIS) -> Parallel:
@@ -100,12 +104,14 @@ class Parallel:
                 f"compile: mesh= must be a jax.sharding.Mesh, got {type(mesh).__name__}"
             )
         rules = None
+        if mode == PIPELINE:  # stages alone: the batch on a size-1 "data" axis if none
+            mode, mesh = "replicated", with_data_axis(mesh, axis)
         if not (isinstance(mode, str) and mode in MODES):
             try:
                 rules = ShardingRules.of(mode)
             except FnncError as e:
                 raise ModelError(
-                    f"compile: parameter_sharding={mode!r}; expected one of {MODES}, "
+                    f"compile: parameter_sharding={mode!r}; expected one of {(*MODES, PIPELINE)}, "
                     f"'megatron'/'tensor_parallel', a dict {{layer pattern: PartitionSpec}} "
                     f"or a fnnc.graph.ShardingRules ({e})"
                 ) from None
@@ -114,7 +120,8 @@ class Parallel:
             shape, names = ("(n,)", (axis,)) if rules is None else ("(n, m)", (axis, "model"))
             raise ModelError(
                 f"compile: the mesh has no axis {axis!r} (its axes: {list(mesh.axis_names)}); "
-                f"build it with jax.make_mesh({shape}, {names!r})"
+                f"build it with jax.make_mesh({shape}, {names!r}) (for pipeline stages "
+                f"alone: parameter_sharding={PIPELINE!r})"
             )
         _check_processes(mesh)
         # Auto axes: XLA's partitioner chooses what no layout fixes (jax.make_mesh's
@@ -155,7 +162,7 @@ class Parallel:
     def key(self) -> tuple[Any, ...]:
         devices = tuple(d.id for d in self.mesh.devices.flat)
         mesh = (devices, self.mesh.axis_names, self.mesh.axis_sizes)
-        return (*mesh, self.mode, self.rules, self.specs)
+        return (*mesh, self.mode, self.rules, self.specs, self.staged)
 
     def sharding(self, spec: PartitionSpec) -> NamedSharding:
         return NamedSharding(self.mesh, spec)
@@ -163,7 +170,10 @@ class Parallel:
     def param_spec(self, shape: Sequence[int], trainable: bool, pid: str = "") -> PartitionSpec:
         """The layout of parameter ``pid`` (FSDP: trainable ones split on their first
         axis that divides by the device count, as :func:`~fnnc.graph.data_parallel`
-        does; rules: its spec from :meth:`bind`)."""
+        does; rules: its spec from :meth:`bind`; a pipelined stack: its stage layout)."""
+        staged = dict(self.staged).get(pid)
+        if staged is not None:
+            return staged
         if self.rules is not None:
             return dict(self.specs or ()).get(pid, PartitionSpec())
         if self.mode == "fsdp" and trainable:
@@ -179,14 +189,14 @@ class Parallel:
         head = train.n_params + train.n_state
         n = len(graph.inputs) - n_scale
         batch = [*range(head, head + n_inputs), *range(n - n_targets, n)]
-        if self.rules is None:
-            return data_parallel(
-                graph, self.mesh, batch=batch, axis=self.axis, layout=train,
-                parameter_sharding=self.mode,
-            )  # fmt: skip
-        plan = data_parallel(graph, self.mesh, batch=batch, axis=self.axis, layout=train)
+        mode = self.mode if self.rules is None else "replicated"
+        plan = data_parallel(
+            graph, self.mesh, batch=batch, axis=self.axis, layout=train, parameter_sharding=mode
+        )
+        if self.rules is None and not self.staged:
+            return plan
         specs = list(plan.inputs)
-        named = dict(self.specs or ())
+        named = {**dict(self.specs or ()), **dict(self.staged)}
         for i, sid in enumerate(graph.inputs):
             if i not in batch and graph.symbols[sid].name in named:
                 specs[i] = named[graph.symbols[sid].name]
@@ -223,14 +233,13 @@ class Parallel:
         parameters; all of trainable parameters): laid out as ``fit`` lays out
         parameters and state, the outputs (parameters', state') as their inputs."""
         specs = [self.param_spec(graph.symbols[s].shape, True) for s in graph.inputs]
-        if self.rules is not None:
+        if self.rules is not None or self.staged:
             k = len(specs) - n_params
-            pids = [graph.symbols[s].name for s in graph.inputs[k:]]
-            specs[k:] = [self.param_spec((), True, p) for p in pids]
+            params = [graph.symbols[s] for s in graph.inputs[k:]]
+            specs[k:] = [self.param_spec(p.shape, True, p.name) for p in params]
             specs[:n_params] = specs[k:]  # each gradient as its parameter
             (update,) = [node for node in graph.nodes if node.cmd.name == "optax_update"]
             optimizer = update.cmd.param("optimizer").value
-            params = [graph.symbols[s] for s in graph.inputs[k:]]
             specs[n_params:k] = _state_layout(optimizer, params, specs[k:], k - n_params)
         outs = (*specs[len(specs) - n_params :], *specs[n_params : len(specs) - n_params])
         return Shardings(self.mesh, tuple(specs), outs)

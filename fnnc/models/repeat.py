@@ -58,8 +58,10 @@ import numpy as np
 
 from fnnc.core.ir import Graph, Symbol
 from fnnc.graph import GraphBuilder, scan
+from fnnc.graph import pipeline as graph_pipeline
 from fnnc.graph.scan import Checkpoint
 from fnnc.models.layer import BuildContext, Initializer, Layer, ModelError, ParamInfo
+from fnnc.models.pipeline import Pipeline
 
 
 class Repeat(Layer):
@@ -76,6 +78,9 @@ class Repeat(Layer):
             :meth:`~fnnc.models.Model.set_gradient_checkpointing` counts as ``True``.
         name: the layer's name (a level in parameter ids, as a named ``Sequential``).
         is_trainable: as for any layer.
+        pipeline: a :class:`~fnnc.models.Pipeline` ``(stages, microbatches, axis)``
+            runs the blocks as GPipe stages over that mesh axis instead of one scan,
+            the block built for one microbatch (:mod:`fnnc.models.pipeline`).
 
     Blocks with internal state (batch-norm statistics) or random keys (dropout) are
     refused with a :class:`~fnnc.errors.ModelError`: the loop carries activations only.
@@ -89,6 +94,7 @@ class Repeat(Layer):
         checkpoint: Checkpoint = False,
         name: str = "",
         is_trainable: bool | None = None,
+        pipeline: Pipeline | None = None,
     ):
         super().__init__(name=name, is_trainable=is_trainable)
         if not isinstance(block, Layer):
@@ -101,13 +107,24 @@ class Repeat(Layer):
         if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
             raise ModelError(f"layer {self.describe()}: n must be an int >= 1, got {n!r}")
         self.block, self.n, self.checkpoint = block, int(n), checkpoint
+        if pipeline is not None and not isinstance(pipeline, Pipeline):
+            raise ModelError(
+                f"layer {self.describe()}: pipeline must be a fnnc.models.Pipeline(stages, "
+                f"microbatches), got {pipeline!r}"
+            )
+        if pipeline is not None and self.n % pipeline.stages:
+            raise ModelError(
+                f"layer {self.describe()}: {self.n} blocks do not split into "
+                f"stages={pipeline.stages} equal groups; pick stages dividing {self.n}"
+            )
+        self.pipeline = pipeline
 
     def num_outputs(self, num_inputs: int) -> int:
         return num_inputs
 
     def build(self, ctx: BuildContext, *xs: Symbol) -> Any:
         sub = _BlockContext(ctx)
-        ins = [sub.b.input(x.shape, x.dtype, name=f"carry[{i}]") for i, x in enumerate(xs)]
+        ins = [sub.b.input(self._rows(x), x.dtype, name=f"carry[{i}]") for i, x in enumerate(xs)]
         out = self.block.build(sub, *ins)
         outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         self._check_block(sub, ins, outs)
@@ -147,9 +164,24 @@ class Repeat(Layer):
         checkpoint: Checkpoint,
         name: str,
     ) -> tuple[Symbol, ...]:
-        """Adds the loop over the blocks: the one place that schedules them. A pipeline
-        schedule with :func:`fnnc.graph.scan`'s signature replaces it here (override)."""
-        return scan(builder, body, carry, stacked, length=length, checkpoint=checkpoint, name=name)
+        """Adds the loop over the blocks: the one place that schedules them (one
+        :func:`~fnnc.graph.scan`, or with ``pipeline`` :func:`fnnc.graph.pipeline`)."""
+        pipe = self.pipeline
+        if pipe is None:
+            return scan(
+                builder, body, carry, stacked, length=length, checkpoint=checkpoint, name=name
+            )
+        return graph_pipeline(
+            builder, body, carry, stacked, stages=pipe.stages, microbatches=pipe.microbatches,
+            axis=pipe.axis, checkpoint=checkpoint, name=name,
+        )  # fmt: skip
+
+    def _rows(self, x: Symbol) -> tuple[int, ...]:
+        """The shape of one block call's carry ``x``: one microbatch's rows if piped."""
+        if self.pipeline is None:
+            return tuple(x.shape)
+        rows = self.pipeline.rows(f"layer {self.describe()}", tuple(x.shape))
+        return (rows, *x.shape[1:])
 
     def _check_block(
         self, sub: _BlockContext, ins: Sequence[Symbol], outs: Sequence[Symbol]

@@ -1,0 +1,166 @@
+"""Pipeline parallelism for cnnp models: a :class:`~fnnc.models.Repeat` whose blocks run
+as GPipe stages over a mesh axis.
+
+``Repeat(block, n, pipeline=Pipeline(stages, microbatches))`` runs its ``n`` blocks
+with :func:`fnnc.graph.pipeline` instead of :func:`~fnnc.graph.scan`: the blocks are cut
+into ``stages`` groups of ``n / stages``, the batch into ``microbatches`` (microbatch
+``j`` is the rows ``j, j + microbatches, ...``), and the block is built once for one
+microbatch (its carry has ``batch / microbatches`` rows). Parameter ids, files and
+checkpoints are those of the plain ``Repeat`` (stacked ``[n, ...]``).
+
+On one device (no mesh) a pipelined Repeat computes what the plain one computes, for
+blocks that treat every example on its own (MLP, attention and norm-per-example blocks).
+Blocks that couple examples across the batch see one microbatch at a time and differ,
+as in every GPipe (the Repeat refuses batch norm's running statistics anyway).
+
+Compiled on a mesh with the pipeline's ``axis`` (``Model.compile(mesh=...)``), each
+stacked parameter of the Repeat, and the optimizer state shaped like it, is laid out
+``P(axis)`` on its leading (block) axis: each device of that axis holds ``1 / size`` of
+the blocks, runs only their stages and passes activations to its neighbour by a
+collective permute. The rest of the layout is the mesh's usual one:
+
+- ``mesh=jax.make_mesh((2, 2), ("stage", "data"))``: the batch split over ``"data"``,
+  other parameters replicated (``parameter_sharding="fsdp"`` splits them over
+  ``"data"``, and the stacked ones on a further axis; sharding rules add tensor
+  parallelism on a ``"model"`` axis);
+- ``mesh=jax.make_mesh((4,), ("stage",))`` with ``parameter_sharding="pipeline"``:
+  pipeline stages alone, the batch not split (a size-1 ``"data"`` axis is added to the
+  mesh). ``"pipeline"`` on a mesh that has ``"data"`` is ``"replicated"``.
+
+A mesh without the pipeline's axis, or whose axis size does not divide ``stages``, is
+refused with a :class:`~fnnc.errors.ModelError`.
+
+>>> import numpy as np, optax
+>>> from fnnc.models import Dense, Input, Model, Pipeline, Repeat, ReLU, Sequential
+>>> x = Input()
+>>> blocks = Repeat(lambda: Sequential([Dense(8), ReLU()]), 4, name="blocks",
+...                 pipeline=Pipeline(stages=2, microbatches=4))
+>>> model = Model(x, Dense(1, name="out")(blocks(Dense(8, name="in")(x))))
+>>> model.compile(np.zeros((8, 3), np.float32), loss="mse", minimizer=optax.sgd(0.1))
+>>> loss = model.fit(np.ones((8, 3), np.float32), np.zeros((8, 1), np.float32))
+>>> model.parameters()["t-blocks-0-[0:4]-0"].shape
+(4, 8, 8)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+from fnnc.errors import ModelError
+from fnnc.graph.sharding_rules import _with_fsdp
+
+PIPELINE = "pipeline"
+"""The ``parameter_sharding`` value of a mesh of pipeline stages alone (module doc)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+    """How a :class:`~fnnc.models.Repeat` pipelines its blocks (module doc).
+
+    Attributes:
+        stages: how many groups the blocks are cut into (it must divide the Repeat's
+            ``n``; on a mesh, the size of mesh axis ``axis`` must divide it).
+        microbatches: how many parts every batch is cut into (it must divide the batch).
+        axis: the mesh axis the stages are spread over.
+    """
+
+    stages: int
+    microbatches: int
+    axis: str = "stage"
+
+    def __post_init__(self) -> None:
+        for what in ("stages", "microbatches"):
+            v = getattr(self, what)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                raise ModelError(f"Pipeline: {what} must be an int >= 1, got {v!r}")
+        if not isinstance(self.axis, str) or not self.axis:
+            raise ModelError(f"Pipeline: axis must be a mesh axis name, got {self.axis!r}")
+
+    def rows(self, where: str, shape: tuple[int, ...]) -> int:
+        """The rows of one microbatch of a carry of ``shape``.
+
+        Raises:
+            ModelError: the batch (leading axis) does not split into ``microbatches``.
+        """
+        if not shape or shape[0] % self.microbatches:
+            rows = f"{shape[0]} rows" if shape else "no batch axis"
+            raise ModelError(
+                f"{where}: its input {list(shape)} has {rows}, which does not split into "
+                f"microbatches={self.microbatches}; feed batches that are a multiple of "
+                f"{self.microbatches} or pick microbatches dividing the batch"
+            )
+        return shape[0] // self.microbatches
+
+
+def with_data_axis(mesh: Any, axis: str) -> Any:
+    """``mesh`` with a last axis ``axis`` of size 1 if it has none (``"pipeline"``)."""
+    if not isinstance(mesh, Mesh) or axis in mesh.axis_names:
+        return mesh
+    return Mesh(mesh.devices[..., None], (*mesh.axis_names, axis))
+
+
+def pipelined(infos: Mapping[str, Any]) -> dict[str, tuple[Pipeline, str]]:
+    """Stacked parameter id -> (its Repeat's :class:`Pipeline`, the Repeat's
+    description), for every parameter of a pipelined Repeat in ``infos`` (a model's
+    :class:`~fnnc.models.layer.ParamInfo` by id)."""
+    out = {}
+    for pid, info in infos.items():
+        if not info.blocks:
+            continue
+        for owner in info.owners:
+            pipe = getattr(owner, "pipeline", None)
+            if isinstance(pipe, Pipeline):
+                out[pid] = (pipe, owner.describe())
+                break
+    return out
+
+
+def stage_specs(
+    parallel: Any, infos: Mapping[str, Any], trainable: Iterable[str]
+) -> tuple[tuple[str, PartitionSpec], ...]:
+    """The layouts of the stacked parameters of pipelined Repeats on ``parallel``'s mesh
+    (a :class:`~fnnc.models.parallel.Parallel`): the stage axis on the block axis, then
+    a user rule's axes, then FSDP's data axis (``"fsdp"`` mode or ``rules.fsdp``) on the
+    first other axis that divides.
+
+    Raises:
+        ModelError: the mesh lacks a pipeline's axis, or its size does not divide
+            ``stages``.
+    """
+    mesh, rules, trainable = parallel.mesh, parallel.rules, set(trainable)
+    out = []
+    for pid, (pipe, where) in pipelined(infos).items():
+        if pipe.axis not in mesh.axis_names:
+            axes = (*(a for a in mesh.axis_names if a != "data" or mesh.shape[a] > 1),)
+            hint = (pipe.axis, *axes) if axes else (pipe.axis,)
+            raise ModelError(
+                f"compile: layer {where} pipelines its blocks over mesh axis {pipe.axis!r}, "
+                f"but the mesh has axes {list(mesh.axis_names)}; build the mesh with that "
+                f"axis, e.g. jax.make_mesh(({pipe.stages}, ...), {hint!r}), or drop "
+                "pipeline= to run the blocks as one scan on every device"
+            )
+        size = int(mesh.shape[pipe.axis])
+        if pipe.stages % size:
+            raise ModelError(
+                f"compile: layer {where} has stages={pipe.stages}, which do not spread "
+                f"evenly over the {size} devices of mesh axis {pipe.axis!r}; use a "
+                f"multiple of {size} stages or a mesh axis of a size dividing {pipe.stages}"
+            )
+        shape = tuple(infos[pid].shape)
+        given = rules.match(pid, infos[pid].owners[-1].name or None) if rules else None
+        entries = [*(given or ()), *[None] * len(shape)][: len(shape)]
+        if entries[0] is None:
+            entries[0] = pipe.axis
+        spec = PartitionSpec(*entries)
+        fsdp = parallel.mode == "fsdp" or (rules is not None and rules.fsdp)
+        if fsdp and pid in trainable:
+            spec = _with_fsdp(shape, spec, parallel.axis, mesh)
+        while len(spec) and spec[-1] is None:
+            spec = PartitionSpec(*spec[:-1])
+        out.append((pid, spec))
+    return tuple(out)
