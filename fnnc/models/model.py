@@ -151,7 +151,9 @@ class Model(ScaleMixin, Layer):
         :meth:`set_data_parallel`); on a ``("data", "model")`` mesh, sharding rules
         (``"megatron"``, ``{layer pattern: PartitionSpec}``, a
         :class:`fnnc.graph.ShardingRules`) add tensor parallelism
-        (:mod:`fnnc.models.parallel`); ``precision`` (``"bfloat16"``/``"float16"``) computes
+        (:mod:`fnnc.models.parallel`); a pipelined :class:`~fnnc.models.Repeat` lays its
+        blocks on the mesh's stage axis, ``"pipeline"`` on a mesh of stages alone
+        (:mod:`fnnc.models.pipeline`); ``precision`` (``"bfloat16"``/``"float16"``) computes
         in that type with float32 parameters (:mod:`fnnc.models.precision`); float16
         scales the loss dynamically, ``loss_scale`` (a
         :class:`fnnc.models.loss_scale.LossScale`, ``True``/``False``) says how.

@@ -171,11 +171,9 @@ class Parallel:
         """The layout of parameter ``pid`` (FSDP: trainable ones split on their first
         axis that divides by the device count, as :func:`~fnnc.graph.data_parallel`
         does; rules: its spec from :meth:`bind`; a pipelined stack: its stage layout)."""
-        staged = dict(self.staged).get(pid)
-        if staged is not None:
-            return staged
-        if self.rules is not None:
-            return dict(self.specs or ()).get(pid, PartitionSpec())
+        named = {**dict(self.specs or ()), **dict(self.staged)}
+        if self.rules is not None or pid in named:
+            return named.get(pid, PartitionSpec())
         if self.mode == "fsdp" and trainable:
             return _fsdp(tuple(shape), self.axis, self.size)
         return PartitionSpec()

@@ -81,12 +81,33 @@ class Pipeline:
         if not isinstance(self.axis, str) or not self.axis:
             raise ModelError(f"Pipeline: axis must be a mesh axis name, got {self.axis!r}")
 
-    def rows(self, where: str, shape: tuple[int, ...]) -> int:
-        """The rows of one microbatch of a carry of ``shape``.
+    @staticmethod
+    def check(pipeline: Any, where: str, n: int) -> Pipeline | None:
+        """``pipeline`` (``None`` or a :class:`Pipeline`) for the ``n`` blocks of the
+        Repeat ``where``.
 
         Raises:
-            ModelError: the batch (leading axis) does not split into ``microbatches``.
+            ModelError: not a :class:`Pipeline`, or ``stages`` does not divide ``n``.
         """
+        if pipeline is not None and not isinstance(pipeline, Pipeline):
+            raise ModelError(
+                f"{where}: pipeline must be a fnnc.models.Pipeline(stages, microbatches), "
+                f"got {pipeline!r}"
+            )
+        if pipeline is not None and n % pipeline.stages:
+            raise ModelError(
+                f"{where}: {n} blocks do not split into stages={pipeline.stages} equal "
+                f"groups; pick stages dividing {n}"
+            )
+        return pipeline
+
+    def microbatch(self, where: str, shape: Any) -> tuple[int, ...]:
+        """The shape of one microbatch of a carry of ``shape`` (its leading axis the batch).
+
+        Raises:
+            ModelError: the batch does not split into ``microbatches``.
+        """
+        shape = tuple(shape)
         if not shape or shape[0] % self.microbatches:
             rows = f"{shape[0]} rows" if shape else "no batch axis"
             raise ModelError(
@@ -94,7 +115,7 @@ class Pipeline:
                 f"microbatches={self.microbatches}; feed batches that are a multiple of "
                 f"{self.microbatches} or pick microbatches dividing the batch"
             )
-        return shape[0] // self.microbatches
+        return (shape[0] // self.microbatches, *shape[1:])
 
 
 def with_data_axis(mesh: Any, axis: str) -> Any:

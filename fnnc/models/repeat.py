@@ -107,24 +107,18 @@ class Repeat(Layer):
         if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
             raise ModelError(f"layer {self.describe()}: n must be an int >= 1, got {n!r}")
         self.block, self.n, self.checkpoint = block, int(n), checkpoint
-        if pipeline is not None and not isinstance(pipeline, Pipeline):
-            raise ModelError(
-                f"layer {self.describe()}: pipeline must be a fnnc.models.Pipeline(stages, "
-                f"microbatches), got {pipeline!r}"
-            )
-        if pipeline is not None and self.n % pipeline.stages:
-            raise ModelError(
-                f"layer {self.describe()}: {self.n} blocks do not split into "
-                f"stages={pipeline.stages} equal groups; pick stages dividing {self.n}"
-            )
-        self.pipeline = pipeline
+        self.pipeline = Pipeline.check(pipeline, f"layer {self.describe()}", self.n)
 
     def num_outputs(self, num_inputs: int) -> int:
         return num_inputs
 
     def build(self, ctx: BuildContext, *xs: Symbol) -> Any:
         sub = _BlockContext(ctx)
-        ins = [sub.b.input(self._rows(x), x.dtype, name=f"carry[{i}]") for i, x in enumerate(xs)]
+        pipe, where = self.pipeline, f"layer {self.describe()}"
+        shapes = [x.shape if pipe is None else pipe.microbatch(where, x.shape) for x in xs]
+        ins = [
+            sub.b.input(s, x.dtype, name=f"carry[{i}]") for i, (s, x) in enumerate(zip(shapes, xs))
+        ]
         out = self.block.build(sub, *ins)
         outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         self._check_block(sub, ins, outs)
@@ -167,21 +161,12 @@ class Repeat(Layer):
         """Adds the loop over the blocks: the one place that schedules them (one
         :func:`~fnnc.graph.scan`, or with ``pipeline`` :func:`fnnc.graph.pipeline`)."""
         pipe = self.pipeline
-        if pipe is None:
-            return scan(
-                builder, body, carry, stacked, length=length, checkpoint=checkpoint, name=name
-            )
-        return graph_pipeline(
-            builder, body, carry, stacked, stages=pipe.stages, microbatches=pipe.microbatches,
-            axis=pipe.axis, checkpoint=checkpoint, name=name,
-        )  # fmt: skip
-
-    def _rows(self, x: Symbol) -> tuple[int, ...]:
-        """The shape of one block call's carry ``x``: one microbatch's rows if piped."""
-        if self.pipeline is None:
-            return tuple(x.shape)
-        rows = self.pipeline.rows(f"layer {self.describe()}", tuple(x.shape))
-        return (rows, *x.shape[1:])
+        if pipe is not None:
+            return graph_pipeline(
+                builder, body, carry, stacked, stages=pipe.stages, axis=pipe.axis,
+                microbatches=pipe.microbatches, checkpoint=checkpoint, name=name,
+            )  # fmt: skip
+        return scan(builder, body, carry, stacked, length=length, checkpoint=checkpoint, name=name)
 
     def _check_block(
         self, sub: _BlockContext, ins: Sequence[Symbol], outs: Sequence[Symbol]
