@@ -157,18 +157,17 @@ def stage_specs(
     out = []
     for pid, (pipe, where) in pipelined(infos).items():
         if pipe.axis not in mesh.axis_names:
-            axes = (*(a for a in mesh.axis_names if a != "data" or mesh.shape[a] > 1),)
-            hint = (pipe.axis, *axes) if axes else (pipe.axis,)
+            sizes = (pipe.stages, *(int(mesh.shape[a]) for a in mesh.axis_names))
             raise ModelError(
-                f"compile: layer {where} pipelines its blocks over mesh axis {pipe.axis!r}, "
-                f"but the mesh has axes {list(mesh.axis_names)}; build the mesh with that "
-                f"axis, e.g. jax.make_mesh(({pipe.stages}, ...), {hint!r}), or drop "
+                f"layer {where} pipelines its blocks over mesh axis {pipe.axis!r}, but the "
+                f"mesh has axes {list(mesh.axis_names)}; give compile a mesh with that axis, "
+                f"e.g. mesh=jax.make_mesh({sizes}, {(pipe.axis, *mesh.axis_names)}), or drop "
                 "pipeline= to run the blocks as one scan on every device"
             )
         size = int(mesh.shape[pipe.axis])
         if pipe.stages % size:
             raise ModelError(
-                f"compile: layer {where} has stages={pipe.stages}, which do not spread "
+                f"layer {where} has stages={pipe.stages}, which do not spread "
                 f"evenly over the {size} devices of mesh axis {pipe.axis!r}; use a "
                 f"multiple of {size} stages or a mesh axis of a size dividing {pipe.stages}"
             )
