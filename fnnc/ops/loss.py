@@ -75,6 +75,25 @@ def _targets(label, shape, dtype, trim0, trim1):
     return jnp.where(hit, jnp.asarray(trim1, dtype), jnp.asarray(trim0, dtype))
 
 
+def _minus_targets(p, label, trim0, trim1):
+    """``p - targets``. For class indices, a scatter of ``trim0 - trim1`` at each label
+    into ``p - trim0`` (labels outside ``[0, C)`` hit nothing, as in :func:`_targets`):
+    the form JAX's own gradient of a gather has. The one-hot form (an iota compare in
+    every consumer's fusion) made the MLP fit step 8% slower on XLA:CPU than jax.jit."""
+    if _is_target(label, p.shape):
+        return p - label.astype(p.dtype)
+    if jnp.issubdtype(label.dtype, jnp.floating):
+        label = jnp.floor(label + 0.5).astype(jnp.int32)  # NNC: (int)(label + 0.5)
+    c = p.shape[-1]
+    rows = p.reshape(-1, c)
+    lab = jnp.reshape(label, (-1,)).astype(jnp.int32)
+    lab = jnp.where((lab >= 0) & (lab < c), lab, c)  # c: out of bounds, dropped
+    base = rows - jnp.asarray(trim0, p.dtype) if trim0 else rows
+    hit = jnp.asarray(trim0 - trim1, p.dtype)
+    out = base.at[jnp.arange(rows.shape[0]), lab].add(hit, mode="drop")
+    return out.reshape(p.shape)
+
+
 def _class_loss_shape(name: str, outputs: int):
     def rule(x, label, *, trim0, trim1):
         require_float(name, x)
@@ -120,7 +139,7 @@ def softmax_crossentropy(x, label, *, trim0=0.0, trim1=1.0):
 def _softmax_crossentropy_grad(g_loss, g_p, label, p, *, trim0, trim1):
     gx = jnp.zeros(p.shape, p.dtype)
     if g_loss is not None:
-        gx = gx + to_shape(g_loss, p.shape) * (p - _targets(label, p.shape, p.dtype, trim0, trim1))
+        gx = gx + to_shape(g_loss, p.shape) * _minus_targets(p, label, trim0, trim1)
     if g_p is not None:
         gx = gx + p * (g_p - jnp.sum(g_p * p, axis=-1, keepdims=True))
     return gx
