@@ -96,9 +96,11 @@ def compile_seconds(make: Callable[[], Model], x: np.ndarray) -> float:
 
 def measure(makers: dict[str, Callable[[], Model]], x: np.ndarray, runs: int) -> dict[str, float]:
     """Median compile seconds per model, the runs interleaved across models, after one
-    untimed compile of the 4-block models (JAX's one-time costs: initialisers, utilities)."""
+    untimed compile of the 4-block and the Repeat models (JAX's one-time costs:
+    utilities, and the initialisers of each parameter shape, which a Repeat's
+    ``[n, ...]`` stacks have per depth; the unrolled 48 is too slow to warm)."""
     for name, make in makers.items():
-        if name.endswith("-4"):
+        if name.endswith("-4") or name.startswith("repeat"):
             compile_seconds(make, x)
     samples: dict[str, list[float]] = {k: [] for k in makers}
     for _ in range(runs):
