@@ -19,6 +19,13 @@ heads_out  the dense after attention (or its fused weights) input features
 vocab      an ``embedding`` table, ``index_select``'s table vocabulary (rows)
 ========== ================================================ ==================
 
+Blocks run by a ``scan`` or ``pipeline`` node (:class:`~fnnc.models.Repeat`) take
+their parameters stacked ``[n, *shape]``: the roles are found inside the block body,
+where each stacked parameter is one slice input, and the stacked parameter gets its
+slice's role one axis further on (an MLP's first dense ``[n, out, in]``: ``column``
+on axis 1), so a layout splits every block alike and leaves the block axis free (for
+pipeline stages). A loop constant keeps its role's axis.
+
 Per-command finders live in :data:`ROLE_FINDERS` (a rule table; a command without one
 gives no role). Anything without a role is replicated by the Megatron table
 (:mod:`fnnc.graph.sharding_rules`). Roles say nothing about correctness: any layout
@@ -177,9 +184,25 @@ def _table_roles(axis_of: Callable[[Node], int]) -> Callable[[Walk, Node], dict[
     return roles
 
 
+def _stacked_roles(walk: Walk, node: Node) -> dict[int, Role]:
+    """Roles of a loop's parameters, found on its block body: a stacked input ``[n,
+    *slice]`` gets its slice's role shifted past the block axis."""
+    body: Graph = node.cmd.param("forward")
+    n_carry, n_stacked = node.cmd.param("n_carry"), node.cmd.param("n_stacked")
+    inner = find_roles(body, body.inputs[n_carry:])
+    roles: dict[int, Role] = {}
+    for k, (outer, sid) in enumerate(zip(node.inputs[n_carry:], body.inputs[n_carry:])):
+        param, role = walk.param(outer), inner.get(sid)
+        if param is not None and role is not None:
+            roles[param] = Role(role.name, role.dim + (k < n_stacked))
+    return roles
+
+
 RoleFinder = Callable[[Walk, Node], dict[int, Role]]
 ROLE_FINDERS: dict[str, RoleFinder] = {
     "scaled_dot_product_attention": _attention_roles,
+    "scan": _stacked_roles,
+    "pipeline": _stacked_roles,
     "embedding": _table_roles(lambda node: 0),
     "index_select": _table_roles(lambda node: int(node.cmd.param("axis") or 0)),
 }

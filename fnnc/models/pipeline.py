@@ -146,14 +146,16 @@ def stage_specs(
 ) -> tuple[tuple[str, PartitionSpec], ...]:
     """The layouts of the stacked parameters of pipelined Repeats on ``parallel``'s mesh
     (a :class:`~fnnc.models.parallel.Parallel`): the stage axis on the block axis, then
-    a user rule's axes, then FSDP's data axis (``"fsdp"`` mode or ``rules.fsdp``) on the
-    first other axis that divides.
+    a user rule's axes or the role's (tensor parallelism, found by
+    :meth:`~fnnc.models.parallel.Parallel.bind`), then FSDP's data axis (``"fsdp"``
+    mode or ``rules.fsdp``) on the first other axis that divides.
 
     Raises:
         ModelError: the mesh lacks a pipeline's axis, or its size does not divide
             ``stages``.
     """
     mesh, rules, trainable = parallel.mesh, parallel.rules, set(trainable)
+    bound = dict(parallel.specs or ())
     out = []
     for pid, (pipe, where) in pipelined(infos).items():
         if pipe.axis not in mesh.axis_names:
@@ -172,7 +174,9 @@ def stage_specs(
                 f"multiple of {size} stages or a mesh axis of a size dividing {pipe.stages}"
             )
         shape = tuple(infos[pid].shape)
-        given = rules.match(pid, infos[pid].owners[-1].name or None) if rules else None
+        given = bound.get(pid)  # the rule's or the role's (Parallel.bind), if bound
+        if given is None and rules is not None:
+            given = rules.match(pid, infos[pid].owners[-1].name or None)
         entries = [*(given or ()), *[None] * len(shape)][: len(shape)]
         if entries[0] is None:
             entries[0] = pipe.axis

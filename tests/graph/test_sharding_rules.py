@@ -27,11 +27,24 @@ from fnnc.graph import (
     interpret,
     minimize,
     parameter_specs,
+    scan,
     state_specs,
     tensor_parallel,
     to_data,
 )
-from fnnc.models import Add, Dense, Embedding, Input, LayerNorm, Model, MultiHeadAttention, ReLU
+from fnnc.models import (
+    Add,
+    Dense,
+    Embedding,
+    Input,
+    LayerNorm,
+    Model,
+    MultiHeadAttention,
+    Pipeline,
+    ReLU,
+    Repeat,
+    Sequential,
+)
 from fnnc.models.layer import BuildContext
 from fnnc.models.llm_layers import SwiGLU
 
@@ -96,6 +109,64 @@ def test_transformer_roles_attention_heads_embedding_vocabulary():
     assert by_layer[("mlp2", "0")] == P(None, "model") and by_layer[("mlp2", "1")] == P()
     # a lone dense and the norms stay whole
     assert by_layer[("logits", "0")] == P() and by_layer[("ln1", "0")] == P()
+
+
+def test_scan_blocks_take_their_slices_roles_past_the_block_axis():
+    """A loop of MLP blocks: fc1 and its bias stacked ``[n, ...]`` (column on axis 1),
+    fc2 a loop constant shared by every block (row on its own axis 1)."""
+    body = GraphBuilder()
+    h = body.input((4, 8), name="h")
+    w1, b1 = body.input((32, 8), name="w1"), body.input((32,), name="b1")
+    w2 = body.input((8, 32), name="w2")
+    gemm = ops.gemm(transpose_b=True)
+    inner = body.exec(ops.relu(), body.exec(gemm, h, w1, b1))
+    block = body.build([body.exec(ops.ewsum(), h, body.exec(gemm, inner, w2))])
+    b = GraphBuilder()
+    x = b.input((4, 8), name="x")
+    fc1, bias = b.input((3, 32, 8), name="fc1"), b.input((3, 32), name="fc1.bias")
+    fc2 = b.input((8, 32), name="fc2")
+    (out,) = scan(b, block, [x], [fc1, bias], [fc2], name="blocks")
+    graph = b.build([out])
+    assert _roles(graph) == {"fc1": ("column", 1), "fc1.bias": ("column", 1), "fc2": ("row", 1)}
+    specs = parameter_specs(graph, MESH, parameters=[1, 2, 3])
+    assert specs == {"fc1": P(None, "model"), "fc1.bias": P(None, "model"),
+                     "fc2": P(None, "model")}  # fmt: skip
+
+
+def _repeat_graph(blocks):
+    def block():
+        x = Input()
+        h = Add()(x, MultiHeadAttention(4, name="attn")(LayerNorm(name="ln1")(x)))
+        m = Dense(32, name="mlp2")(ReLU()(Dense(64, name="mlp1")(LayerNorm(name="ln2")(h))))
+        return Model(x, Add()(h, m), name="block")
+
+    tok = Input(name="tokens")
+    h = blocks(block)(Embedding(16, 32, name="embed")(tok))
+    model = Model([tok], [Dense(16, name="logits")(h)], name="tiny")
+    ctx = BuildContext(False)
+    out = model.build(ctx, ctx.b.input((4, 6), np.int32, name="tokens"), nested=False)
+    specs = parameter_specs(ctx.b.build([out]), MESH, parameters=list(ctx.params))
+    return specs, {pid: info.blocks for pid, info in ctx.params.items()}
+
+
+@pytest.mark.parametrize("pipeline", [None, Pipeline(stages=2, microbatches=2)])
+def test_repeat_stacks_take_the_unrolled_blocks_layouts_shifted(pipeline):
+    """Every stacked parameter of a Repeat (a scan node; with ``pipeline``, a pipeline
+    node) of attention + MLP blocks is laid out as the unrolled model lays out each of
+    its blocks' copies, one axis further on."""
+    unrolled, _ = _repeat_graph(lambda b: Sequential([b() for _ in range(4)], name="blocks"))
+    stacked, blocks = _repeat_graph(lambda b: Repeat(b, 4, name="blocks", pipeline=pipeline))
+    split = 0
+    for pid, spec in stacked.items():
+        if not blocks[pid]:
+            assert spec == unrolled[pid], pid
+            continue
+        per_block = {unrolled[bid] for bid in blocks[pid]}
+        assert len(per_block) == 1, (pid, per_block)
+        (want,) = per_block
+        assert spec == (P(None, *want) if want else P()), (pid, spec, want)
+        split += bool(want)
+    assert split == 10  # q, k, v and biases, out projection, mlp1 and bias, mlp2
 
 
 def test_swiglu_gate_and_up_by_columns_down_by_rows():
