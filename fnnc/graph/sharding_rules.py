@@ -8,7 +8,9 @@ On a 2-D mesh ``("data", "model")`` (MaxText's logical axes, Megatron-LM's layou
 - parameters follow their :class:`~fnnc.graph.Role` (:func:`~fnnc.graph.find_roles`):
   an MLP's first dense split by output features over ``"model"``, its second by input
   features, attention's q/k/v projections by heads and its output projection by input
-  features, embedding tables by vocabulary; everything else replicated;
+  features, embedding tables by vocabulary; everything else replicated; the stacked
+  ``[n, ...]`` parameters of a ``scan`` or ``pipeline`` node (a ``Repeat``) as their
+  block's, one axis on (``P(None, "model")`` for a stacked first dense);
 - with ``fsdp=True`` each parameter is also split over ``"data"`` along its first
   other axis that divides (ZeRO-3 on the data axis, tensor parallel on the model axis);
 - optimizer state shaped like a parameter takes that parameter's layout (Optax's own
