@@ -107,7 +107,7 @@ def test_loop_blocks_compute_low_and_match_float32(loop, checkpoint):
     want_grads = jax.grad(_oracle_loss, argnums=(0, 1, 2, 3))(*args)
     for g, w in zip(got_grads, want_grads):
         assert g.dtype == np.float32
-        _close(g, w)
+        _close(g, w, tol=5e-2)  # measured <= 2.1e-2: bfloat16 gradients through 4 blocks
     # every matmul of the step, forward and backward loops alike, runs in bfloat16
     dots = re.findall(r"stablehlo\.dot_general[^\n]*-> tensor<([^>]*)>", program.lowered_text())
     assert dots and all(d.endswith("bf16") for d in dots), dots
@@ -121,15 +121,11 @@ def test_float16_loop_matches_float32(loop):
     assert _types(node.cmd.param("forward"), "gemm") == {"float16"}
     args = _args()
     _close(interpret(low, *args)[0], interpret(graph, *args)[0], tol=5e-3)
-
-
-def test_keep_float32_loop_runs_unchanged():
-    """A loop named in keep_float32 keeps its float32 bodies (the former policy)."""
-    graph = _graph("scan", False)
-    low = cast_precision(graph, "bfloat16", keep_float32={"scan"})
-    (node,) = [n for n in low.nodes if n.cmd.name == "scan"]
-    (old,) = [n for n in graph.nodes if n.cmd.name == "scan"]
-    assert node.cmd == old.cmd
+    # a loop named in keep_float32 keeps its float32 bodies (the former policy)
+    kept = cast_precision(graph, "float16", keep_float32={loop})
+    assert [n.cmd for n in kept.nodes if n.cmd.name == loop] == [
+        n.cmd for n in graph.nodes if n.cmd.name == loop
+    ]
 
 
 def test_tape_read_after_backward_is_a_clear_error():
