@@ -165,6 +165,7 @@ def pipeline(
         n_stacked=n_stacked,
         wants=wants,
         axis=axis,
+        checkpoint=checkpoint,
     )
     outs = builder.exec(cmd, *carry, *stacked, *consts, name=name or "")
     outs = outs if isinstance(outs, tuple) else (outs,)

@@ -119,6 +119,7 @@ def scan(
         n_carry=n_carry,
         n_stacked=n_stacked,
         wants=wants,
+        checkpoint=checkpoint,
     )
     outs = builder.exec(cmd, *carry, *stacked, *consts, name=name)
     outs = outs if isinstance(outs, tuple) else (outs,)

@@ -4,8 +4,9 @@ The engine runs :func:`fnnc.graph.passes.precision.cast_precision` on the forwar
 loss graph of its ``fit`` and ``evaluate`` programs, before ``minimize`` adds the
 backward and the optimizer: parameters, optimizer state, gradients and the loss stay
 float32 (``parameters()`` returns float32), matmuls and convolutions run in the low
-type, softmax, losses, reductions and normalisations in float32. With float16 the
-``fit`` program also scales the loss dynamically (:mod:`fnnc.models.loss_scale`).
+type (a ``Repeat``'s blocks too, inside their loop), softmax, losses, reductions and
+normalisations in float32. With float16 the ``fit`` program also scales the loss
+dynamically (:mod:`fnnc.models.loss_scale`).
 
 >>> import numpy as np, optax
 >>> from fnnc.models import Dense, Input, Model

@@ -54,7 +54,7 @@ from fnnc.core.dispatch import current_mesh
 from fnnc.errors import CommandError, ShapeError
 from fnnc.ops._rules import show
 from fnnc.ops._subgraph import check_inputs, run_graph
-from fnnc.ops.scan import MAX_OUTPUTS, _check_scan
+from fnnc.ops.scan import MAX_OUTPUTS, _check_scan, accumulator
 
 
 def body_specs(
@@ -100,7 +100,7 @@ def _check_counts(stages: Any, microbatches: Any, axis: Any) -> None:
 
 
 def _pipeline_shape(*specs: Spec, forward, backward, stages, microbatches, n_carry, n_stacked,
-                    wants, axis):  # fmt: skip
+                    wants, axis, checkpoint=False):  # fmt: skip
     _check_counts(stages, microbatches, axis)
     if n_stacked < 1 or len(specs) != len(forward.inputs):
         raise CommandError(
@@ -176,10 +176,12 @@ def _at(mask: Any, x: Any) -> Any:
     display=_display,
     uses=Uses(inputs=None, outputs=tuple(range(MAX_OUTPUTS))),
 )
-def pipeline(*inputs, forward, backward, stages, microbatches, n_carry, n_stacked, wants, axis):
+def pipeline(*inputs, forward, backward, stages, microbatches, n_carry, n_stacked, wants, axis,
+             checkpoint=False):  # fmt: skip
     """``forward`` over stacked blocks as a GPipe schedule of stages (see the module doc).
 
     Build it with :func:`fnnc.graph.pipeline`. Returns the final carries, then the tape.
+    ``checkpoint`` is the one the bodies were derived with, as for ``scan``.
     """
     m, cut = microbatches, n_carry + n_stacked
     carry, consts = inputs[:n_carry], tuple(inputs[cut:])
@@ -221,7 +223,7 @@ def pipeline(*inputs, forward, backward, stages, microbatches, n_carry, n_stacke
 
 @pipeline.backward
 def _pipeline_backward(grads, inputs, outputs, *, forward, backward, stages, microbatches,
-                       n_carry, n_stacked, wants, axis):  # fmt: skip
+                       n_carry, n_stacked, wants, axis, checkpoint=False):  # fmt: skip
     if any(g is not None for g in grads[n_carry:]):
         raise CommandError(
             "pipeline: a tape output has a gradient; the tape is the backward's record of "
@@ -269,8 +271,9 @@ def _pipeline_backward(grads, inputs, outputs, *, forward, backward, stages, mic
 
     init = (
         tuple(shard(jnp.zeros((stages, *d.shape[1:]), d.dtype)) for d in d_out),
-        tuple(shard(jnp.zeros(p.shape, p.dtype)) for p in params),
-        tuple(jnp.zeros(inputs[w].shape, inputs[w].dtype) for w in at_const),
+        # summed over every microbatch: in float32 at least, rounded once at the end
+        tuple(shard(jnp.zeros(p.shape, accumulator(p.dtype))) for p in params),
+        tuple(jnp.zeros(inputs[w].shape, accumulator(inputs[w].dtype)) for w in at_const),
         tuple(jnp.zeros_like(d) for d in d_out),
     )
     iters = jnp.arange(m + stages - 1)
@@ -281,9 +284,9 @@ def _pipeline_backward(grads, inputs, outputs, *, forward, backward, stages, mic
     for k, d in enumerate(d_micro):
         out[k] = _merge(d)
     for w, d in zip(at_stacked, d_params):
-        out[w] = d.reshape(inputs[w].shape)
+        out[w] = d.reshape(inputs[w].shape).astype(inputs[w].dtype)
     for w, d in zip(at_const, d_consts):
-        out[w] = d
+        out[w] = d.astype(inputs[w].dtype)
     return tuple(out)
 
 
@@ -300,6 +303,8 @@ def _stage_backward(backward, consts, n_carry, wants, at_stacked, at_const, dh, 
         return (dc, dk), tuple(got[w] for w in at_stacked)
 
     cut = n_carry + len(group)
-    dk0 = tuple(jnp.zeros(consts[w - cut].shape, consts[w - cut].dtype) for w in at_const)
+    dk0 = tuple(
+        jnp.zeros(consts[w - cut].shape, accumulator(consts[w - cut].dtype)) for w in at_const
+    )
     (dc, dk), dxs = lax.scan(block, (tuple(dh), dk0), (saved, group), reverse=True)
     return dc, dk, dxs

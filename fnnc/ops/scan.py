@@ -102,7 +102,8 @@ def _check_scan(forward, backward, length, n_carry, n_stacked, wants) -> None:
         )
 
 
-def _scan_shape(*specs: Spec, forward, backward, length, n_carry, n_stacked, wants):
+def _scan_shape(*specs: Spec, forward, backward, length, n_carry, n_stacked, wants,
+                checkpoint=False):  # fmt: skip
     _check_scan(forward, backward, length, n_carry, n_stacked, wants)
     n_in = len(forward.inputs)
     if len(specs) != n_in:
@@ -142,10 +143,12 @@ def _scan_display(cmd: Command) -> str:
     display=_scan_display,
     uses=Uses(inputs=None, outputs=tuple(range(MAX_OUTPUTS))),
 )
-def scan(*inputs, forward, backward, length, n_carry, n_stacked, wants):
+def scan(*inputs, forward, backward, length, n_carry, n_stacked, wants, checkpoint=False):
     """``forward`` applied ``length`` times over stacked inputs (see the module doc).
 
     Build it with :func:`fnnc.graph.scan`. Returns the final carries, then the tape.
+    ``checkpoint`` is the one :func:`fnnc.graph.scan` derived the bodies with; the loop
+    does not read it (passes that retype the body derive them again with it).
     """
     carry0 = tuple(inputs[:n_carry])
     stacked = tuple(inputs[n_carry : n_carry + n_stacked])
@@ -163,7 +166,8 @@ def scan(*inputs, forward, backward, length, n_carry, n_stacked, wants):
 
 
 @scan.backward
-def _scan_backward(grads, inputs, outputs, *, forward, backward, length, n_carry, n_stacked, wants):
+def _scan_backward(grads, inputs, outputs, *, forward, backward, length, n_carry, n_stacked, wants,
+                   checkpoint=False):  # fmt: skip
     if any(g is not None for g in grads[n_carry:]):
         raise CommandError(
             "scan: a tape output has a gradient; the tape is the backward's record of the "
@@ -176,7 +180,7 @@ def _scan_backward(grads, inputs, outputs, *, forward, backward, length, n_carry
     )
     at_stacked = [w for w in wants if n_carry <= w < cut]
     at_const = [w for w in wants if w >= cut]
-    d_const0 = tuple(jnp.zeros(inputs[w].shape, inputs[w].dtype) for w in at_const)
+    d_const0 = tuple(jnp.zeros(inputs[w].shape, accumulator(inputs[w].dtype)) for w in at_const)
 
     def step(acc, per):
         dc, dk = acc
@@ -194,8 +198,14 @@ def _scan_backward(grads, inputs, outputs, *, forward, backward, length, n_carry
     for w, g in zip(at_stacked, dxs):
         out[w] = g
     for w, g in zip(at_const, dk):
-        out[w] = g
+        out[w] = g.astype(inputs[w].dtype)
     return tuple(out)
+
+
+def accumulator(dtype: Any) -> np.dtype:
+    """The type a loop sums gradients over iterations in: at least float32, so that a
+    sum of many bfloat16 / float16 terms (mixed precision) is rounded once, not per term."""
+    return np.dtype(jnp.promote_types(dtype, jnp.float32))
 
 
 def stacked_spec(spec: Spec, length: int) -> Spec:

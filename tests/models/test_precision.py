@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from fnnc.errors import ModelError
-from fnnc.models import Dense, Input, Model, ReLU
+from fnnc.models import Dense, Input, LayerNorm, Model, ReLU, Repeat, Sequential
 
 
 def _model():
@@ -175,3 +175,39 @@ def test_loss_scale_options_are_checked():
     assert m.loss_scale is None and m.engine.precision.dtype == "float16"
     m.compile(xs, loss="mse", loss_scale=True)  # precision kept, default policy
     assert m.loss_scale == (2.0**15, 0)
+
+
+def _repeat_model():
+    def block():
+        return Sequential([LayerNorm(name="ln"), Dense(16, name="fc"), ReLU()], name="block")
+
+    x = Input()
+    h = Repeat(block, 3, name="blocks")(Dense(16, name="inp")(x))
+    return Model(x, Dense(3, name="out")(h))
+
+
+def test_repeat_blocks_train_in_bfloat16_close_to_float32():
+    """A Repeat's blocks compute in bfloat16 inside the loop (its scan body's matmuls),
+    its stacked parameters stay float32, and a few steps track the float32 model."""
+    rng = np.random.default_rng(0)
+    xs, ys = rng.normal(size=(16, 4)).astype(np.float32), rng.integers(0, 3, 16)
+    models = {}
+    for p in ("float32", "bfloat16"):
+        m = _repeat_model()
+        m.compile(xs, loss="softmax_crossentropy", minimizer=optax.sgd(0.1), precision=p)
+        if models:
+            m.set_parameters(models["float32"].parameters())
+        models[p] = m
+    losses = {p: [float(m.fit(xs, ys)) for _ in range(4)] for p, m in models.items()}
+    np.testing.assert_allclose(losses["bfloat16"], losses["float32"], rtol=2e-2)
+    assert losses["bfloat16"][-1] < losses["bfloat16"][0]
+    low, high = models["bfloat16"].parameters(), models["float32"].parameters()
+    stacked = "t-blocks-0-block-[0:3]-fc-0-0"
+    assert low[stacked].shape == (3, 16, 16)
+    for pid, value in low.items():
+        assert value.dtype == np.float32, pid
+        np.testing.assert_allclose(value, high[pid], atol=1e-2, err_msg=pid)
+    (loop,) = [n for n in models["bfloat16"].memory_plan().graph.nodes if n.cmd.name == "scan"]
+    body = loop.cmd.param("forward")
+    gemms = [body.symbols[n.outputs[0]].dtype for n in body.nodes if n.cmd.name == "gemm"]
+    assert gemms and all(d.name == "bfloat16" for d in gemms)

@@ -233,10 +233,10 @@ def test_nested_repeats_are_refused():
         scan_saves(Repeat(lambda: Repeat(block, 2, name="inner"), 2, name="outer"))
 
 
-def test_mixed_precision_runs_the_blocks_in_float32():
-    """``precision="bfloat16"`` computes the dense layers around the stack in bfloat16
-    and the scan (typed sub-graphs) in float32: the loss is the float32 one to bf16's
-    precision."""
+def test_mixed_precision_runs_the_blocks_in_bfloat16():
+    """``precision="bfloat16"`` computes the dense layers around the stack and the
+    blocks inside the scan in bfloat16: the loss is the float32 one to bf16's precision
+    (tests/models/test_precision.py checks the loop's body types and training)."""
     rep = repeat_model()
     low = model(Repeat(block, N, name="blocks"))
     low.compile(X, loss=loss, minimizer=optax.sgd(0.0), precision="bfloat16")

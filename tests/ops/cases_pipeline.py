@@ -28,6 +28,7 @@ def _linear_pipeline(microbatches: int, checkpoint: bool):
         n_stacked=1,
         wants=wants,
         axis="stage",
+        checkpoint=checkpoint,
     )
 
 

@@ -20,7 +20,13 @@ def _linear_scan(checkpoint: bool):
     body = b.build([b.exec(ops.ewsum(), b.exec(ops.add(p=0.9, q=1.0), h, w), c)])
     forward, backward, wants = scan_bodies(body, 1, 1, checkpoint)
     return ops.scan(
-        forward=forward, backward=backward, length=4, n_carry=1, n_stacked=1, wants=wants
+        forward=forward,
+        backward=backward,
+        length=4,
+        n_carry=1,
+        n_stacked=1,
+        wants=wants,
+        checkpoint=checkpoint,
     )
 
 

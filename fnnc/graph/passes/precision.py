@@ -7,9 +7,16 @@ The policy (NNC's half-precision training, Keras's ``mixed_float16``):
   types they had, so callers see no change;
 - every node that reads floating-point tensors computes in the low type (``bfloat16``
   or ``float16``): its float32 inputs are converted down where they are read;
-- nodes in ``keep_float32`` (losses, softmax, reductions, normalisations' statistics,
-  ``scan`` loops, whose bodies are typed sub-graphs: :data:`KEEP_FLOAT32`) compute in
-  float32: low inputs are converted up;
+- nodes in ``keep_float32`` (losses, softmax, reductions, normalisations' statistics:
+  :data:`KEEP_FLOAT32`) compute in float32: low inputs are converted up;
+- loops over blocks (``scan``, ``pipeline``: :data:`SUBGRAPH_RULES`) compute in the
+  low type like any node: their inputs are converted at the loop's entry (a stack of
+  float32 parameters once per step, not a slice per iteration: Flax's and MaxText's
+  float32 ``param_dtype`` with a bfloat16 ``dtype``), the carry (the residual stream)
+  is carried in the low type, and the block body is cast by this same policy (matmuls
+  low, ``keep_float32`` commands float32), its forward and backward bodies derived
+  again from the cast block; gradients the loop sums over iterations (loop-invariant
+  inputs, a pipeline's microbatches) are summed in float32;
 - nodes that only move data (:data:`FOLLOW`: reshape, transpose, slice, ...) keep the
   type their input has, so a float32 loss is reshaped as float32, not rounded to the
   low type and converted back (a round trip that cost the reported loss its digits).
@@ -35,16 +42,19 @@ dtype('float32')
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
 from fnnc import ops
+from fnnc.core.command import Command
 from fnnc.core.ir import Graph, TensorSymbol
 from fnnc.errors import GraphError
 from fnnc.graph.builder import GraphBuilder
+from fnnc.graph.scan import scan_bodies
 
 LOW = {"bfloat16": jnp.bfloat16, "float16": np.float16}
 
@@ -54,8 +64,6 @@ KEEP_FLOAT32 = frozenset(
         "binary_crossentropy", "sigmoid_binary_crossentropy", "mse", "smooth_l1",
         "reduce_sum", "reduce_mean", "reduce_norm2", "reduce_max", "reduce_min",
         "batch_norm", "layer_norm", "group_norm", "rmsnorm", "optax_update",
-        # a loop's bodies are sub-graphs typed at build: it runs them in float32
-        "scan", "pipeline",
     }
 )  # fmt: skip
 
@@ -88,18 +96,38 @@ def cast_precision(
         keep_float32: command names that compute in float32.
 
     Raises:
-        GraphError: an unknown ``dtype`` or a graph with alias symbols.
+        GraphError: an unknown ``dtype``, a graph with alias symbols, or one that reads
+            a loop's tape (a graph that already holds the loop's gradient).
     """
-    low = np.dtype(low_dtype(dtype))
-    keep = frozenset(keep_float32)
+    return _cast(graph, np.dtype(low_dtype(dtype)), frozenset(keep_float32))
+
+
+def _cast(
+    graph: Graph,
+    low: np.dtype,
+    keep: frozenset[str],
+    inputs: Sequence[Any] | None = None,
+    outputs: Sequence[Any] | None = None,
+) -> Graph:
+    """:func:`cast_precision` with the inputs retyped to ``inputs`` and the outputs
+    converted to ``outputs`` (default: the types they have), as a loop body needs."""
     b = GraphBuilder()
     b._symbols = list(graph.symbols)  # inputs keep their ids; new symbols follow
     b._inputs = list(graph.inputs)
-    now: dict[int, TensorSymbol] = {i: graph.symbols[i] for i in graph.inputs}
+    for sid, dt in zip(graph.inputs, inputs or ()):
+        b._symbols[sid] = dataclasses.replace(graph.symbols[sid], dtype=np.dtype(dt))
+    now: dict[int, TensorSymbol] = {i: b._symbols[i] for i in graph.inputs}
     casts: dict[tuple[int, str], TensorSymbol] = {}
+    tapes: dict[int, str] = {}  # loop outputs a retyped loop no longer has -> the loop
 
     def read(sid: int, want: np.dtype) -> TensorSymbol:
         sym = now.get(sid)
+        if sym is None and sid in tapes:
+            raise GraphError(
+                f"cast_precision: {graph.label(sid)} is part of the tape of loop node "
+                f"{tapes[sid]!r}, which only the loop's gradient reads; cast the forward "
+                "graph, then run backward on the result"
+            )
         if sym is None:
             raise GraphError(
                 f"cast_precision: {graph.label(sid)} is read before it is written (an "
@@ -112,6 +140,9 @@ def cast_precision(
             casts[key] = b.exec(ops.datatype_conversion(dtype=want.name), sym)
         return casts[key]
 
+    def cast_body(body: Graph, ins: Sequence[Any], outs: Sequence[Any]) -> Graph:
+        return _cast(body, low, keep, ins, outs)
+
     for node in graph.nodes:
         float32 = node.cmd.name in keep
         want = np.dtype(np.float32) if float32 else low
@@ -119,16 +150,47 @@ def cast_precision(
             first = np.dtype(now[node.inputs[0]].dtype)
             want = first if _floating(first) else want
         ins = [read(s, want) for s in node.inputs]
-        outs = b.exec(node.cmd, *ins, name=node.name)
+        rule = None if float32 else SUBGRAPH_RULES.get(node.cmd.name)
+        cmd, kept = node.cmd, len(node.outputs)
+        if rule is not None:
+            cmd, kept = rule(node.cmd, [np.dtype(s.dtype) for s in ins], cast_body)
+        outs = b.exec(cmd, *ins, name=node.name)
         outs = outs if isinstance(outs, tuple) else (outs,)
-        for old, new in zip(node.outputs, outs):
+        for old, new in zip(node.outputs[:kept], outs):
             now[old] = new
+        tapes.update((old, node.name or node.cmd.name) for old in node.outputs[kept:])
     results = []
-    for sid in graph.outputs:
-        sym = now[sid]
-        original = np.dtype(graph.symbols[sid].dtype)
+    for k, sid in enumerate(graph.outputs):
+        sym = now[sid] if sid in now else read(sid, low)  # read raises: tape or unwritten
+        original = np.dtype(graph.symbols[sid].dtype if outputs is None else outputs[k])
         results.append(read(sid, original) if np.dtype(sym.dtype) != original else sym)
     return b.build(results, out_tree=graph.out_tree)
+
+
+BodyCast = Callable[[Graph, Sequence[Any], Sequence[Any]], Graph]
+"""``cast(body, input dtypes, output dtypes)``: a sub-graph cast by the pass's policy."""
+
+SubgraphRule = Callable[[Command, Sequence[np.dtype], BodyCast], tuple[Command, int]]
+"""``rule(cmd, input dtypes, cast) -> (cmd', kept)``: the command for inputs of those
+types, with its sub-graphs cast; its first ``kept`` outputs stand for the old ones."""
+
+
+def _retype_loop(cmd: Command, dtypes: Sequence[np.dtype], cast: BodyCast) -> tuple[Command, int]:
+    """A ``scan`` / ``pipeline`` for inputs of ``dtypes``: its block body (the forward
+    body's first ``n_carry`` outputs) cast, its bodies derived again from that, as
+    :func:`~fnnc.graph.scan.scan_bodies` derived them at build, so the gradient is
+    still fnnc's ``backward`` of the (now cast) block. The carries come out in the
+    type they go in; the tape, typed by the new body, is new: only the carries map."""
+    n_carry, n_stacked = cmd.param("n_carry"), cmd.param("n_stacked")
+    forward = cmd.param("forward")
+    block = dataclasses.replace(forward, outputs=forward.outputs[:n_carry], out_tree=None)
+    block = cast(block, dtypes, dtypes[:n_carry])
+    fwd, grad, wants = scan_bodies(block, n_carry, n_stacked, cmd.param("checkpoint"))
+    return cmd.replace(forward=fwd, backward=grad, wants=wants), n_carry
+
+
+SUBGRAPH_RULES: dict[str, SubgraphRule] = {"scan": _retype_loop, "pipeline": _retype_loop}
+"""Commands holding sub-graphs typed for their inputs: how to retype them."""
 
 
 def _floating(dtype: Any) -> bool:
