@@ -1,0 +1,121 @@
+"""The parameters and files of a cnnp model: NNC tensor files, safetensors, training
+checkpoints (gathered or sharded) and ``jax.export`` artifacts.
+
+:class:`FilesMixin` holds these methods of :class:`fnnc.models.Model`; each delegates
+to the module that does the work (:mod:`fnnc.models.weights`,
+:mod:`fnnc.models.checkpoint_state`, :mod:`fnnc.models.sharded_state`,
+:mod:`fnnc.models.export`), so ``model.py`` stays the model's structure and training.
+
+>>> import numpy as np, optax
+>>> from fnnc.models import Dense, Input, Model
+>>> x = Input()
+>>> model = Model(x, Dense(2, name="fc")(x))
+>>> model.compile(np.zeros((1, 3), np.float32), loss="mse", minimizer=optax.sgd(0.1))
+>>> sorted(model.parameters())
+['t-fc-0-0', 't-fc-0-1']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fnnc.models import checkpoint_state, sharded_state
+
+
+class FilesMixin:
+    """Parameters in and out of a compiled model (see module doc)."""
+
+    engine: Any
+
+    def parameters(self) -> dict[str, Any]:
+        """Parameter id -> array (internals ``r-...`` included); copies, so they stay
+        valid while the engine reuses (donates) its own buffers in later steps."""
+        return self.engine.parameters()
+
+    def set_parameters(self, values: dict[str, Any], *, strict: bool = True) -> None:
+        """Sets parameters by id (e.g. from another model); ``strict`` rejects unknown ids."""
+        self.engine.set_parameters(values, strict=strict)
+
+    def checkpoint_state(self, row: Any, metadata: Any, step: int) -> tuple[Any, Any, Any, Any]:
+        """What :meth:`fnnc.io.Checkpoints.save` stores of this model (parameters, optimizer
+        state, progress, random key); see :mod:`fnnc.models.checkpoint_state`."""
+        return checkpoint_state.encode_model(self, row, metadata, step)
+
+    def sharded_checkpoint_state(self, metadata: Any, step: int) -> tuple[Any, Any, Any]:
+        """What :meth:`fnnc.io.ShardedCheckpoints.save` stores of this model: its arrays
+        as laid out on its mesh (nothing gathered); see :mod:`fnnc.models.sharded_state`."""
+        return sharded_state.encode(self, metadata, step)
+
+    def restore_checkpoint(self, checkpoints: Any, step: int | None = None) -> Any:
+        """Restores a step of ``checkpoints`` into this model
+        (:meth:`fnnc.io.Checkpoints.restore_into` calls this)."""
+        return checkpoint_state.restore_into(checkpoints, self, step)
+
+    def write(
+        self,
+        target: Any,
+        *,
+        name: str | None = None,
+        format: str | None = None,  # noqa: A002 (the file format)
+        encoder: Any = None,
+    ) -> None:
+        """Writes parameters (``<id>`` or ``__<name>__[<id>]``) and internals
+        (``<id>(0)``) to an NNC tensor file, in one transaction (NNC's
+        ``ccv_cnnp_model_write``), or to a safetensors file under the same names.
+
+        Args:
+            target: a path or an open :class:`fnnc.io.TensorFile` /
+                :class:`fnnc.io.SafetensorsFile`.
+            name: the model name in the row names (``None`` for bare ids).
+            format: ``"nnc"`` or ``"safetensors"``; by default ``.safetensors`` paths
+                are safetensors, others NNC tensor files.
+            encoder: a codec for every row (NNC files only), e.g. ``"q8p"``, ``"ezm7"``
+                (:mod:`fnnc.io.nnc_codecs`); rows a codec declines are stored raw.
+        """
+        from fnnc.models.weights import write_model
+
+        write_model(self, target, name=name, format=format, encoder=encoder)
+
+    def read(
+        self,
+        source: Any,
+        *,
+        name: str | None = None,
+        strict: bool = True,
+        format: str | None = None,  # noqa: A002 (the file format)
+        rename: Any = None,
+    ) -> list[str]:
+        """Reads parameters written by :meth:`write` (or by NNC, or a safetensors file)
+        into this compiled model.
+
+        ``format`` as in :meth:`write`. ``rename`` maps the file's names to this model's
+        row names (a dict, a JSON file of one, or a function; see
+        :mod:`fnnc.models.weights`), e.g. a Hugging Face checkpoint's ``"fc.weight"`` to
+        ``"t-fc-0-0"``. Raises :class:`fnnc.errors.ParameterError` listing every missing
+        or mis-shaped parameter, unless ``strict=False``, which loads what matches and
+        returns the ids that did not.
+        """
+        from fnnc.models.weights import read_model
+
+        return read_model(self, source, name=name, strict=strict, format=format, rename=rename)
+
+    def export(
+        self,
+        path: Any = None,
+        *,
+        batch: str | None = "b",
+        parameters: str = "embedded",
+        inputs: Sequence[Any] | None = None,
+        platforms: Sequence[str] | None = None,
+    ) -> Any:
+        """Writes this compiled model's inference as a ``jax.export`` artifact that plain
+        JAX loads (``jax.export.deserialize``) and runs without fnnc, at any size of the
+        symbolic ``batch`` dimension; ``parameters="embedded"`` or ``"argument"`` (a
+        dict by id, the first argument). Returns the ``jax.export.Exported``; see
+        :mod:`fnnc.models.export`."""
+        from fnnc.models.export import export
+
+        return export(
+            self, path, batch=batch, parameters=parameters, inputs=inputs, platforms=platforms
+        )
