@@ -42,7 +42,8 @@ from fnnc.core import dispatch
 from fnnc.errors import NumericsError
 from fnnc.graph.memory import MemoryPlan
 from fnnc.graph.passes.minimize import TrainLayout
-from fnnc.models import checks, loss_scale, losses, residuals
+from fnnc.models import checks, loss_scale, losses
+from fnnc.models.engine_steps import StepsMixin
 from fnnc.models.layer import BuildContext, ModelError, ParamInfo
 from fnnc.models.memory import MemoryOptions, memory_key
 from fnnc.models.model_passes import ModelPasses
@@ -55,10 +56,7 @@ from fnnc.models.programs import (
     ForwardProgram,
     GradientProgram,
     ModelGraph,
-    apply_program,
     fit_program,
-    forward_program,
-    gradient_program,
 )
 
 Spec = jax.ShapeDtypeStruct
@@ -93,16 +91,6 @@ def _specs(arrays: Sequence[Any]) -> tuple[Spec, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Saved:
-    """What ``evaluate(..., requires_grad=True)`` keeps for ``backward``."""
-
-    specs: tuple[Spec, ...]
-    training: bool
-    inputs: tuple[Any, ...]
-    keys: tuple[Any, ...]
-
-
-@dataclasses.dataclass(frozen=True)
 class _Live:
     """The optimizer state of the running fit program (``key``), as flat ``leaves``,
     until :meth:`Engine._sync_live` writes it back to the store."""
@@ -117,8 +105,9 @@ class _Live:
         return Minimizers.inner(self.layout.state(self.leaves))
 
 
-class Engine:
-    """Compiled state of one model (see module doc)."""
+class Engine(StepsMixin):
+    """Compiled state of one model (see module doc); NNC's step-by-step ``evaluate``,
+    ``backward`` and ``apply_gradients`` are :class:`~fnnc.models.engine_steps.StepsMixin`'s."""
 
     def __init__(self, model: Any, seed: int):
         self.model = model
@@ -132,7 +121,7 @@ class Engine:
         self.store = StateStore()
         self.grads: dict[str, Any] = {}
         self._programs: dict[tuple[Any, ...], AnyProgram] = {}
-        self._saved: _Saved | residuals.Kept | None = None
+        self._saved: Any = None  # engine_steps._Saved or residuals.Kept
         self._live: _Live | None = None
         self._last_fit: FitProgram | None = None
         self.parallel: Parallel | None = None  # a mesh layout (fnnc.models.parallel)
@@ -292,114 +281,6 @@ class Engine:
                     "sizes may change; rank and dtype may not)"
                 )
         return specs
-
-    def evaluate(self, inputs: Sequence[Any], *, is_test: bool, requires_grad: bool) -> Any:
-        """The outputs for ``inputs``; in training mode internals update; with
-        ``requires_grad`` the inputs and keys are kept for :meth:`backward`."""
-        par = self.parallel
-        if par is not None:
-            inputs = par.batch(inputs, f"model {self.model.describe()} evaluate", lenient=True)
-        specs = self._check_inputs(inputs)
-        training = not is_test
-        if requires_grad and par is None:  # one program; keeps residuals for backward
-            key = ("evaluate", specs, training, tuple(self.trainable()), memory_key(self.model))
-            prog = self._compiled(key, lambda: self._residual_forward(training, specs))
-            keys = self._keys(prog.feed.n_keys)
-            outputs, updates, kept = prog.run(inputs, self.values, keys)
-            self._saved = residuals.Kept(prog, key, specs, tuple(inputs), tuple(keys), tuple(kept))
-        else:
-            prog = self._compiled(
-                ("evaluate", specs, training),
-                lambda: forward_program(
-                    self._build(training, specs),
-                    par,
-                    self.trainable(),
-                    self.precision,
-                    self.passes,
-                ),
-            )
-            keys = self._keys(prog.feed.n_keys)
-            outputs, updates = prog(inputs, self.values, keys)
-            if requires_grad:
-                self._saved = _Saved(specs, training, tuple(inputs), tuple(keys))
-        for pid, value in zip(prog.updates, updates):
-            self.values[pid] = value
-        if par is not None and jax.process_count() > 1:
-            outputs = [par.gather(o) for o in outputs]
-        return outputs[0] if prog.n_outputs == 1 else outputs
-
-    def backward(
-        self, ingrads: Sequence[Any] | None, outgrad: bool | Sequence[int] = True
-    ) -> list[Any]:
-        """Gradients w.r.t. the model inputs ``outgrad`` selects (see
-        :func:`fnnc.models.residuals.outgrad_inputs`), seeded with ``ingrads`` (ones for
-        scalar outputs); parameter gradients accumulate. Runs from the residuals the
-        last ``evaluate(..., requires_grad=True)`` kept (:mod:`fnnc.models.residuals`)."""
-        if self._saved is None:
-            raise ModelError(
-                f"model {self.model.describe()}: backward needs a preceding "
-                "evaluate(..., requires_grad=True)"
-            )
-        saved = self._saved
-        wrt_inputs = residuals.outgrad_inputs(outgrad, saved.specs)
-        if isinstance(saved, residuals.Kept):
-            fwd, floats = saved.forward, residuals.outgrad_inputs(True, saved.specs)
-            prog = self._compiled(
-                ("backward", saved.key, tuple(wrt_inputs)),
-                lambda: residuals.backward_program(fwd, [floats.index(i) for i in wrt_inputs]),
-            )
-            seeds = residuals.seeds(ingrads, prog.out_shapes)
-            param_grads, input_grads = prog(saved.feed_args(self.values), saved.residuals, seeds)
-        else:  # on a mesh: a program that runs the forward again
-            prog = self._gradient_program(saved, tuple(wrt_inputs))
-            seeds = residuals.seeds(ingrads, prog.out_shapes)
-            param_grads, input_grads = prog(saved.inputs, self.values, saved.keys, seeds)
-        for pid, g in zip(prog.params, param_grads):
-            self.grads[pid] = g if pid not in self.grads else self.grads[pid] + g
-        if self.parallel is not None and jax.process_count() > 1:
-            input_grads = [self.parallel.gather(g) for g in input_grads]
-        return input_grads
-
-    def _residual_forward(self, training: bool, specs: tuple[Spec, ...]) -> Any:
-        built = self._build(training, specs)
-        memory = MemoryOptions.of(self.model, built.ctx.checkpoints)
-        floats = residuals.outgrad_inputs(True, specs)
-        return residuals.residual_forward(
-            built, self.trainable(), floats, memory, self.precision, self.passes
-        )
-
-    def _gradient_program(self, saved: _Saved, wrt_inputs: tuple[int, ...]) -> Any:
-        specs, training, wrt_params = saved.specs, saved.training, self.trainable()
-
-        def make() -> Any:
-            built = self._build(training, specs)
-            memory = MemoryOptions.of(self.model, built.ctx.checkpoints)
-            return gradient_program(
-                built, wrt_params, wrt_inputs, memory, self.parallel, self.passes
-            )
-
-        key = ("backward", specs, training, tuple(wrt_params), memory_key(self.model), wrt_inputs)
-        return self._compiled(key, make)
-
-    def apply_gradients(self) -> None:
-        """Updates parameters with the accumulated gradients, then clears them."""
-        pids = [p for p in self.trainable() if p in self.grads]
-        if not pids:
-            return
-        self._sync_live()
-        mins = self.minimizers_of(pids)  # keyed by structure; hyper-parameters are inputs
-        specs = tuple(Spec(self.infos[p].shape, self.infos[p].dtype) for p in pids)
-
-        def make() -> Any:
-            return apply_program(mins.transform(), pids, specs, self.parallel, mins.n_hyper)
-
-        prog = self._compiled(("apply", tuple(pids), mins.key, specs), make)
-        grads = [self.grads[p] for p in pids]
-        new_params, new_state = prog(grads, self._state_leaves(mins), self.values)
-        for pid, value in zip(pids, new_params):
-            self.values[pid] = value
-        self._keep(mins, Minimizers.inner(new_state))
-        self.grads.clear()
 
     def minimizers_of(self, pids: Sequence[str]) -> Minimizers:
         """The partitioned minimizer of parameters ``pids``."""
