@@ -54,7 +54,7 @@ from fnnc.core.dispatch import current_mesh
 from fnnc.errors import CommandError, ShapeError
 from fnnc.ops._rules import show
 from fnnc.ops._subgraph import check_inputs, run_graph
-from fnnc.ops.scan import MAX_OUTPUTS, _check_scan, accumulator
+from fnnc.ops.scan import MAX_OUTPUTS, _check_scan, accumulator, reverse_blocks, wanted_inputs
 
 
 def body_specs(
@@ -235,15 +235,12 @@ def _pipeline_backward(grads, inputs, outputs, *, forward, backward, stages, mic
     params = tuple(
         shard(s.reshape(stages, s.shape[0] // stages, *s.shape[1:])) for s in inputs[n_carry:cut]
     )
-    at_stacked = [w for w in wants if n_carry <= w < cut]
-    at_const = [w for w in wants if w >= cut]
+    at_stacked, at_const = wanted_inputs(wants, n_carry, n_stacked)
     d_out = tuple(
         _split(jnp.zeros(x.shape, x.dtype) if g is None else g.astype(x.dtype), m)
         for g, x in zip(grads[:n_carry], inputs)
     )
-    every_stage = jax.vmap(
-        functools.partial(_stage_backward, backward, consts, n_carry, wants, at_stacked, at_const)
-    )
+    every_stage = jax.vmap(functools.partial(_stage_backward, backward, consts, n_carry, wants))
     first = lax.broadcasted_iota(jnp.int32, (stages,), 0) == 0
     last = lax.broadcasted_iota(jnp.int32, (stages,), 0) == stages - 1
 
@@ -272,7 +269,10 @@ def _pipeline_backward(grads, inputs, outputs, *, forward, backward, stages, mic
     init = (
         tuple(shard(jnp.zeros((stages, *d.shape[1:]), d.dtype)) for d in d_out),
         # summed over every microbatch: in float32 at least, rounded once at the end
-        tuple(shard(jnp.zeros(p.shape, accumulator(p.dtype))) for p in params),
+        tuple(
+            shard(jnp.zeros(params[w - n_carry].shape, accumulator(params[w - n_carry].dtype)))
+            for w in at_stacked
+        ),
         tuple(jnp.zeros(inputs[w].shape, accumulator(inputs[w].dtype)) for w in at_const),
         tuple(jnp.zeros_like(d) for d in d_out),
     )
@@ -290,21 +290,6 @@ def _pipeline_backward(grads, inputs, outputs, *, forward, backward, stages, mic
     return tuple(out)
 
 
-def _stage_backward(backward, consts, n_carry, wants, at_stacked, at_const, dh, saved, group):
-    """One stage's blocks in reverse: the cotangent of its input, its constants' summed
-    gradients and its blocks' stacked parameter gradients."""
-
-    def block(acc: tuple, per: tuple) -> tuple[tuple, tuple]:
-        dc, dk = acc
-        sv, xs = per
-        got = dict(zip(wants, run_graph(backward, [*sv, *xs, *consts, *dc])))
-        dc = tuple(got[k].astype(c.dtype) for k, c in zip(range(n_carry), dc))
-        dk = tuple(a + got[w].astype(a.dtype) for a, w in zip(dk, at_const))
-        return (dc, dk), tuple(got[w] for w in at_stacked)
-
-    cut = n_carry + len(group)
-    dk0 = tuple(
-        jnp.zeros(consts[w - cut].shape, accumulator(consts[w - cut].dtype)) for w in at_const
-    )
-    (dc, dk), dxs = lax.scan(block, (tuple(dh), dk0), (saved, group), reverse=True)
-    return dc, dk, dxs
+def _stage_backward(backward, consts, n_carry, wants, dh, saved, group):
+    """One stage's blocks in reverse (:func:`~fnnc.ops.scan.reverse_blocks`)."""
+    return reverse_blocks(backward, wants, n_carry, consts, dh, saved, group)

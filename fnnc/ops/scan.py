@@ -34,6 +34,7 @@ last values, one iteration's worth of bytes).
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -41,6 +42,7 @@ import numpy as np
 from jax import lax
 
 from fnnc.core.command import Command, Spec, Uses, defcommand
+from fnnc.core.ir import Graph
 from fnnc.errors import CommandError, GraphError, ShapeError
 from fnnc.ops._rules import show
 from fnnc.ops._subgraph import check_inputs, require_graph, require_spec, run_graph
@@ -178,20 +180,8 @@ def _scan_backward(grads, inputs, outputs, *, forward, backward, length, n_carry
     d_carry = tuple(
         jnp.zeros(x.shape, x.dtype) if g is None else g for g, x in zip(grads[:n_carry], inputs)
     )
-    at_stacked = [w for w in wants if n_carry <= w < cut]
-    at_const = [w for w in wants if w >= cut]
-    d_const0 = tuple(jnp.zeros(inputs[w].shape, accumulator(inputs[w].dtype)) for w in at_const)
-
-    def step(acc, per):
-        dc, dk = acc
-        saved, xs = per
-        got = dict(zip(wants, run_graph(backward, [*saved, *xs, *consts, *dc])))
-        dc = tuple(got[k].astype(c.dtype) for k, c in zip(range(n_carry), dc))
-        dk = tuple(a + got[w].astype(a.dtype) for a, w in zip(dk, at_const))
-        return (dc, dk), tuple(got[w] for w in at_stacked)
-
-    init = (d_carry, d_const0)
-    (dc, dk), dxs = lax.scan(step, init, (tape, stacked), length=length, reverse=True)
+    at_stacked, at_const = wanted_inputs(wants, n_carry, n_stacked)
+    dc, dk, dxs = reverse_blocks(backward, wants, n_carry, consts, d_carry, tape, stacked, length)
     out: list[Any] = [None] * len(inputs)
     for k, g in enumerate(dc):
         out[k] = g
@@ -200,6 +190,45 @@ def _scan_backward(grads, inputs, outputs, *, forward, backward, length, n_carry
     for w, g in zip(at_const, dk):
         out[w] = g.astype(inputs[w].dtype)
     return tuple(out)
+
+
+def wanted_inputs(wants: Sequence[int], n_carry: int, n_stacked: int) -> tuple[list, list]:
+    """The wanted input positions that are stacked slices and those that are constants."""
+    cut = n_carry + n_stacked
+    return [w for w in wants if n_carry <= w < cut], [w for w in wants if w >= cut]
+
+
+def reverse_blocks(
+    backward: Graph,
+    wants: Sequence[int],
+    n_carry: int,
+    consts: Sequence[Any],
+    d_carry: Sequence[Any],
+    tape: Sequence[Any],
+    stacked: Sequence[Any],
+    length: int | None = None,
+) -> tuple[tuple, tuple, tuple]:
+    """The gradient loop of a run of blocks (``scan``'s, and each ``pipeline`` stage's):
+    the blocks' ``backward`` body in reverse over their ``tape`` and ``stacked`` slices.
+    Returns the carry's cotangents, the wanted constants' gradients summed over the
+    blocks (in :func:`accumulator` types) and the wanted slices' gradients, stacked."""
+    at_stacked, at_const = wanted_inputs(wants, n_carry, len(stacked))
+    cut = n_carry + len(stacked)
+    d_const0 = tuple(
+        jnp.zeros(consts[w - cut].shape, accumulator(consts[w - cut].dtype)) for w in at_const
+    )
+
+    def step(acc: tuple, per: tuple) -> tuple[tuple, tuple]:
+        dc, dk = acc
+        saved, xs = per
+        got = dict(zip(wants, run_graph(backward, [*saved, *xs, *consts, *dc])))
+        dc = tuple(got[k].astype(c.dtype) for k, c in zip(range(n_carry), dc))
+        dk = tuple(a + got[w].astype(a.dtype) for a, w in zip(dk, at_const))
+        return (dc, dk), tuple(got[w] for w in at_stacked)
+
+    init = (tuple(d_carry), d_const0)
+    (dc, dk), dxs = lax.scan(step, init, (tuple(tape), tuple(stacked)), length=length, reverse=True)
+    return dc, dk, dxs
 
 
 def accumulator(dtype: Any) -> np.dtype:
