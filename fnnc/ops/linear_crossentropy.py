@@ -50,6 +50,7 @@ from fnnc.core.command import Spec, Uses, defcommand
 from fnnc.core.dispatch import Backend, register_backend
 from fnnc.errors import CommandError, DTypeError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show
+from fnnc.ops.loss import class_index
 
 NAME = "linear_softmax_crossentropy"
 ROW_CHUNK = 4096
@@ -91,9 +92,7 @@ def _shape(x, w, label, bias=None, *, trim0, trim1, row_chunk, class_chunk):
 
 def _indices(label: Any, rows: int) -> Any:
     """Class indices ``[N]`` int32 (floats rounded to the nearest class, as NNC does)."""
-    if jnp.issubdtype(label.dtype, jnp.floating):
-        label = jnp.floor(label + 0.5)
-    return jnp.reshape(label, (rows,)).astype(jnp.int32)
+    return jnp.reshape(class_index(label), (rows,)).astype(jnp.int32)
 
 
 def _start(i: Any, chunk: int, n: int) -> Any:
