@@ -36,7 +36,6 @@ through an autotune table written on another platform).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import functools
 import inspect
@@ -309,29 +308,6 @@ def matmul_precision_scope(precision: str | None = None) -> contextlib.AbstractC
     name = config.matmul_precision_name(precision or config.get().matmul_precision)
     value = config.MATMUL_PRECISIONS[name]
     return contextlib.nullcontext() if value is None else jax.default_matmul_precision(value)
-
-
-_MESH: contextvars.ContextVar[Any] = contextvars.ContextVar("fnnc_mesh", default=None)
-
-
-@contextlib.contextmanager
-def mesh_scope(mesh: Any) -> Iterator[None]:
-    """The device mesh (a ``jax.sharding.Mesh``, or ``None``) a program is traced for.
-
-    :func:`fnnc.graph.compile` traces under the mesh of its ``shardings``, so a command
-    that places its own intermediates (the ``pipeline`` command's stage axis) can ask
-    :func:`current_mesh` for it while JAX traces; outside a compile there is none.
-    """
-    token = _MESH.set(mesh)
-    try:
-        yield
-    finally:
-        _MESH.reset(token)
-
-
-def current_mesh() -> Any:
-    """The mesh of the innermost :func:`mesh_scope`, or ``None``."""
-    return _MESH.get()
 
 
 def compiled_forward(cmd: Command, backend: str = REFERENCE) -> Callable[..., Any]:

@@ -129,8 +129,7 @@ class Program:
                     bad.append(_any_not_finite(outs))
                 return outs
 
-            mesh = shardings.mesh if shardings is not None else None
-            with dispatch.matmul_precision_scope(matmul_precision), dispatch.mesh_scope(mesh):
+            with dispatch.matmul_precision_scope(matmul_precision):
                 results = tuple(run_nodes(graph, args[:n_in], run_node))
             return (*results, jnp.stack(bad)) if numerics and bad else results
 
@@ -144,7 +143,7 @@ class Program:
         arg_specs = list(graph.input_specs) + [
             jax.ShapeDtypeStruct(c.shape, c.dtype) for c in self._consts
         ]
-        with _mesh_context(shardings):  # sharding_constraint nodes read the mesh
+        with _mesh_context(shardings):  # sharding_constraint and pipeline read the mesh
             self._lowered = self._jitted.lower(*arg_specs)
         self._compiled = self._lowered.compile()
         # XLA:CPU runs the collectives of a multi-device program on a shared thread

@@ -14,10 +14,10 @@ pipeline, written with array operations so that XLA's SPMD partitioner does the 
   on (``jnp.roll`` along the stage axis);
 * the stage axis of the buffer, of the parameters (reshaped ``[stages, n/stages,
   ...]``) and of the tape is constrained to the mesh axis ``axis`` when the program is
-  compiled on a mesh that has it (:func:`fnnc.core.dispatch.current_mesh`): each device
-  then holds its stages' parameters and runs only their blocks, and the roll becomes a
-  collective permute between neighbouring devices. Without such a mesh the same code
-  runs on one device.
+  compiled on a mesh that has it (JAX's context mesh, which :func:`fnnc.graph.compile`
+  sets): each device then holds its stages' parameters and runs only their blocks, and
+  the roll becomes a collective permute between neighbouring devices. Without such a
+  mesh the same code runs on one device.
 
 Microbatch ``m`` is the rows ``m, m + microbatches, m + 2 microbatches, ...`` of the
 batch (strided, not contiguous), so a batch split over a data axis stays split the same
@@ -47,10 +47,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import PartitionSpec
 
 from fnnc.core.command import Command, Spec, Uses, defcommand
-from fnnc.core.dispatch import current_mesh
 from fnnc.errors import CommandError, ShapeError
 from fnnc.ops._rules import show
 from fnnc.ops._subgraph import check_inputs, run_graph
@@ -132,26 +131,25 @@ def stage_constraint(axis: str, stages: int) -> Callable[..., Any]:
     """``constrain(x, dim=0)``: places axis ``dim`` of ``x`` (its stage axis) on the mesh
     axis ``axis``, the other axes free.
 
-    The identity when no mesh is being compiled for or it lacks ``axis``. The mesh's axes
-    are taken as ``Auto`` here: a constraint is a hint to the partitioner, not a type.
+    The identity when no mesh is being compiled for (JAX's context mesh, which
+    :func:`fnnc.graph.compile` sets with ``Auto`` axes) or it lacks ``axis``.
 
     Raises:
         ShapeError: ``stages`` does not spread evenly over the mesh axis.
     """
-    mesh = current_mesh()
-    if mesh is None or axis not in mesh.axis_names or mesh.shape[axis] == 1:
+    mesh = jax.sharding.get_abstract_mesh()  # compile traces under its Auto-typed mesh
+    if mesh.empty or axis not in mesh.axis_names or mesh.shape[axis] == 1:
         return lambda x, dim=0: x
     if stages % mesh.shape[axis]:
         raise ShapeError(
             f"pipeline: stages={stages} do not spread evenly over mesh axis {axis!r} of "
             f"{mesh.shape[axis]} devices; use a multiple of {mesh.shape[axis]} stages"
         )
-    auto = Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * mesh.devices.ndim)
 
     def constrain(x: Any, dim: int = 0) -> Any:
         spec = [PartitionSpec.UNCONSTRAINED] * x.ndim
         spec[dim] = axis
-        return lax.with_sharding_constraint(x, NamedSharding(auto, PartitionSpec(*spec)))
+        return lax.with_sharding_constraint(x, PartitionSpec(*spec))
 
     return constrain
 
