@@ -85,7 +85,8 @@ def _axis(spec: PartitionSpec | None, dim: int, data: str) -> object:
 def _pin(
     walk: Walk, node: Node, specs: Mapping[int, PartitionSpec], sizes: Mapping[str, int], data: str
 ) -> tuple | None:
-    """The constraint of ``node``'s first output, or ``None``."""
+    """The constraint of ``node``'s first output, or ``None``: a dense's by its weight's
+    split, other commands by their rule in :data:`PINS`."""
     rank = len(walk.graph.symbols[node.outputs[0]].shape)
     dense = walk.dense(node)
     if dense is not None and rank >= 2:
@@ -96,10 +97,25 @@ def _pin(
         if in_axis is not None:
             return (data, *([None] * (rank - 1)))
         return None
-    if node.cmd.name == "scaled_dot_product_attention" and rank == 4:
-        q = walk.dense_before(node.inputs[0])
-        axis = None if q is None else _axis(specs.get(q.weight), q.out_dim, data)
-        heads = walk.graph.symbols[node.outputs[0]].shape[2]
-        if isinstance(axis, str) and heads % sizes.get(axis, 1) == 0:
-            return (data, None, axis, None)
+    rule = PINS.get(node.cmd.name)
+    return None if rule is None else rule(walk, node, rank, specs, sizes, data)
+
+
+def _pin_attention(
+    walk: Walk, node: Node, rank: int, specs: Mapping[int, PartitionSpec],
+    sizes: Mapping[str, int], data: str,
+) -> tuple | None:  # fmt: skip
+    """Attention's output ``[B, T, H, D]`` split by heads as its query projection is."""
+    if rank != 4:
+        return None
+    q = walk.dense_before(node.inputs[0])
+    axis = None if q is None else _axis(specs.get(q.weight), q.out_dim, data)
+    heads = walk.graph.symbols[node.outputs[0]].shape[2]
+    if isinstance(axis, str) and heads % sizes.get(axis, 1) == 0:
+        return (data, None, axis, None)
     return None
+
+
+PINS = {"scaled_dot_product_attention": _pin_attention}
+"""Command name -> ``rule(walk, node, rank, specs, sizes, data)``: the layout to pin
+its output to (besides denses, which follow their weight)."""
