@@ -77,6 +77,10 @@ def test_fit_program_compiles_like_jax_jit():
     mine, ref = _ops(ours), _ops(theirs)
     assert program._consts == (), "a constant is passed as an argument, not fused"
     assert _entry_parameters(ours) == len(program.graph.inputs)
+    if jax.default_backend() != "cpu":
+        # The op counts below were checked against timings on XLA:CPU (benchmarks/models.py
+        # --check); a GPU module lowers dots to library calls and fuses differently.
+        return
     # the same matrix products (XLA:CPU may wrap dots in custom fusions: count both)
     dots = ("dot", "convolution")
     assert sum(mine[d] for d in dots) == sum(ref[d] for d in dots), (mine, ref)
