@@ -99,9 +99,15 @@ def leading_sum(t: Any, axes: Sequence[int], dtype: Any = None) -> Any:
     axes = tuple(axes)
     if t.ndim < 3 or axes != tuple(range(t.ndim - 1)):
         return jnp.sum(t, axis=axes, dtype=dtype)
+    # A low-precision float is summed in float32 through both stages and rounded once:
+    # a bfloat16 partial between them cost XLA:CPU 70x (4.6 ms against 0.065 ms for
+    # [4, 256, 1024], a bias gradient of a bfloat16 LM step) and a second rounding.
+    low = dtype is None and t.dtype in (jnp.bfloat16, jnp.float16)
+    acc = jnp.float32 if low else dtype
     rows = jnp.reshape(t, (math.prod(t.shape[:-2]), t.shape[-2] * t.shape[-1]))
-    partial = jnp.sum(rows, axis=0, dtype=dtype)
-    return jnp.sum(jnp.reshape(partial, t.shape[-2:]), axis=0, dtype=dtype)
+    partial = jnp.sum(rows, axis=0, dtype=acc)
+    total = jnp.sum(jnp.reshape(partial, t.shape[-2:]), axis=0, dtype=acc)
+    return total.astype(t.dtype) if low else total
 
 
 def unbroadcast(g: Any, shape: Sequence[int]) -> Any:
