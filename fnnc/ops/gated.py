@@ -123,17 +123,23 @@ def _segmented_rule(a, indices, counts, gate_w, up_w, route_weight, *, clamp) ->
 def segmented_swiglu(a, indices, counts, gate_w, up_w, route_weight, *, clamp=0.0):
     """SwiGLU of row ``r`` with the weights of expert ``indices[s]`` for the segment
     ``s`` holding it (``counts[s]`` consecutive rows each), times ``route_weight[r]``.
-    Rows past ``sum(counts)`` give zeros (NNC rejects such inputs at run time)."""
+    Rows past ``sum(counts)`` give zeros (NNC rejects such inputs at run time).
+
+    Each projection is one grouped product (``jax.lax.ragged_dot`` over the segments'
+    weights, as :func:`~fnnc.ops.segmented_gemm`), never a copy of an expert's
+    ``[n, k]`` weights per row."""
     rows = _count(route_weight.shape)
+    counts = jnp.maximum(counts, 0)
     ends = jnp.cumsum(counts)
-    segment = jnp.searchsorted(ends, jnp.arange(rows, dtype=jnp.int32), side="right")
+    segment = jnp.searchsorted(ends, jnp.arange(rows, dtype=ends.dtype), side="right")
     covered = segment < counts.shape[0]
-    expert = jnp.take(indices, segment, mode="fill", fill_value=0)
-    gate = jnp.einsum(
-        "rk,rnk->rn", to_shape(a, (rows, a.shape[1])), jnp.take(gate_w, expert, axis=0)
-    )
-    up = jnp.einsum("rk,rnk->rn", to_shape(a, (rows, a.shape[1])), jnp.take(up_w, expert, axis=0))
-    up, gate = _clamped(up, gate, clamp)
+    picked = jnp.clip(indices, 0, gate_w.shape[0] - 1)
+    x = to_shape(a, (rows, a.shape[1]))
+
+    def project(w):  # [experts, n, k] -> [rows, n]
+        return lax.ragged_dot(x, jnp.swapaxes(jnp.take(w, picked, axis=0), 1, 2), counts)
+
+    up, gate = _clamped(project(up_w), project(gate_w), clamp)
     y = route_weight.reshape(rows, 1) * up * gate * jax.nn.sigmoid(gate)
     return jnp.where(covered[:, None], y, jnp.zeros((), y.dtype))
 
