@@ -30,7 +30,7 @@ GPU, XLA's estimate of the step (arguments + outputs + temporaries - donated) on
 ``--tiny`` runs a small size on CPU; ``tests/test_lm_step.py`` runs it in the suite and
 checks that fnnc's and NNX's losses agree step by step.
 
-Run: python benchmarks/lm_step.py [--tiny | --size cpu] [--impls fnnc,nnx,...] [--steps N]
+Run: python benchmarks/lm_step.py [--tiny | --size cpu | --size cpu-batch] [--impls fnnc,nnx,...] [--steps N]
 """
 
 from __future__ import annotations
@@ -87,9 +87,12 @@ SIZES = {
     "issue": Size(batch=16, seq=1024, width=1024, heads=16, blocks=4, vocab=32768),
     "tiny": Size(batch=2, seq=16, width=32, heads=4, blocks=2, vocab=64),
     "cpu": Size(batch=4, seq=128, width=256, heads=4, blocks=2, vocab=32768),
+    "cpu-batch": Size(batch=16, seq=64, width=256, heads=4, blocks=2, vocab=1024),
 }
 """``issue``: the issue's step; ``tiny``: the suite's; ``cpu``: the issue's vocabulary on a
-narrow model, where the logits dominate the step's memory, small enough for a CPU."""
+narrow model, where the logits dominate the step's memory, small enough for a CPU;
+``cpu-batch``: many short sequences, where the dense layers' batch axes dominate (a
+gemm that broadcast its weight per batch row ran this step at 2.9x NNX's time)."""
 PEAK_BF16 = {
     "NVIDIA H100 80GB HBM3": 989.4e12,
     "NVIDIA H100 PCIe": 756.0e12,
