@@ -30,7 +30,8 @@ GPU, XLA's estimate of the step (arguments + outputs + temporaries - donated) on
 ``--tiny`` runs a small size on CPU; ``tests/test_lm_step.py`` runs it in the suite and
 checks that fnnc's and NNX's losses agree step by step.
 
-Run: python benchmarks/lm_step.py [--tiny | --size cpu | --size cpu-batch] [--impls fnnc,nnx,...] [--steps N]
+Run: python benchmarks/lm_step.py [--tiny | --size cpu | --size cpu-batch]
+     [--impls fnnc,nnx,...] [--steps N]
 """
 
 from __future__ import annotations
@@ -273,7 +274,9 @@ def load_nnx(model: NNXLM, z: Size, params: dict[str, np.ndarray]) -> None:
     dense(model.logits, "logits")
 
 
-def run_nnx(z: Size, data, params, precision: str, timed: bool) -> Result:
+def nnx_step(z: Size, params, precision: str) -> tuple[Any, Any, Any]:
+    """``(step, state, optimizer state)``: NNX's jitted training step (parameters and
+    state donated) and where it starts."""
     dtype = jnp.bfloat16 if precision == "bfloat16" else jnp.float32
     model = NNXLM(z, dtype, nnx.Rngs(0))
     load_nnx(model, z, params)
@@ -290,7 +293,33 @@ def run_nnx(z: Size, data, params, precision: str, timed: bool) -> Result:
         updates, opt_state = tx.update(grads, opt_state, state)
         return optax.apply_updates(state, updates), opt_state, loss
 
-    box = {"state": state, "opt": tx.init(state)}
+    return step, state, tx.init(state)
+
+
+def xla_costs(z: Size, precision: str) -> dict[str, tuple[float, float]]:
+    """XLA's static cost analysis of the compiled step, ``{impl: (flops, bytes
+    accessed)}`` for ``fnnc`` (``Model.fit``'s program) and ``nnx``: a check of the
+    step's structure that no timing noise moves (``tests/test_lm_step.py``)."""
+    params = initial_params(z)
+    x, y = (jnp.asarray(a) for a in batches(z, 1)[0])
+    model = fnnc_model(z)
+    model.compile(
+        [x], loss="softmax_crossentropy", minimizer=minimizers.adam(LR), precision=precision
+    )
+    model.set_parameters(params)
+    model.fit([x], [y])
+    ours = model.engine._last_fit.program._compiled.cost_analysis()
+    step, state, opt_state = nnx_step(z, params, precision)
+    theirs = step.lower(state, opt_state, x, y).compile().cost_analysis()
+    return {
+        name: (float(c["flops"]), float(c["bytes accessed"]))
+        for name, c in (("fnnc", ours), ("nnx", theirs))
+    }
+
+
+def run_nnx(z: Size, data, params, precision: str, timed: bool) -> Result:
+    step, state, opt_state = nnx_step(z, params, precision)
+    box = {"state": state, "opt": opt_state}
 
     def fit(x: Any, y: Any) -> Any:
         box["state"], box["opt"], loss = step(box["state"], box["opt"], x, y)
