@@ -56,6 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fnnc import ops
 from fnnc.core.ir import Graph, Symbol
 from fnnc.graph import GraphBuilder, scan
 from fnnc.graph import pipeline as graph_pipeline
@@ -82,8 +83,12 @@ class Repeat(Layer):
             runs the blocks as GPipe stages over that mesh axis instead of one scan,
             the block built for one microbatch (:mod:`fnnc.models.pipeline`).
 
-    Blocks with internal state (batch-norm statistics) or random keys (dropout) are
-    refused with a :class:`~fnnc.errors.ModelError`: the loop carries activations only.
+    Random layers (Dropout) draw one key per block: each block's random layer gets row
+    ``i`` of ``random_split(key, n)`` (:func:`fnnc.ops.random_split`), so blocks draw
+    independent masks and a recomputed block (``checkpoint``) draws its mask again.
+    Blocks with internal state (batch-norm statistics) are refused with a
+    :class:`~fnnc.errors.ModelError` (the loop carries activations only), as are random
+    layers in a pipelined Repeat.
     """
 
     def __init__(
@@ -124,7 +129,7 @@ class Repeat(Layer):
         self._check_block(sub, ins, outs)
         body = sub.b.build(list(outs))
         order = (*(s.id for s in ins), *(sub.symbols[pid].id for pid in sub.params))
-        body = dataclasses.replace(body, inputs=order)
+        body = dataclasses.replace(body, inputs=(*order, *(k.id for k in sub.keys)))
         stacked = []
         blocks = sub.block_ids(self.n)
         for k, (pid, info) in enumerate(sub.params.items()):
@@ -139,6 +144,9 @@ class Repeat(Layer):
             )
             stacked.append(ctx.declare(self, k, stacked_info))
         sub.advance(ctx, self.n)
+        # one key per random layer of the block, split into one row per block: block i
+        # draws its own dropout mask, and a recomputed block (checkpoint) the same one
+        stacked += [ctx.b.exec(ops.random_split(n=self.n), ctx.key()) for _ in sub.keys]
         checkpoint = self.checkpoint
         if checkpoint is False and sub.checkpoints:
             checkpoint = True
@@ -195,10 +203,12 @@ class Repeat(Layer):
                 f"{where}: the block holds a Repeat itself ({', '.join(nested)}); repeats do "
                 "not nest. Repeat the inner block's layers once, or unroll the inner Repeat"
             )
-        if sub.keys:
+        if sub.keys and self.pipeline is not None:
             raise ModelError(
-                f"{where}: the block draws random keys (e.g. Dropout), which a Repeat does "
-                "not feed per block; move the random layer out of the block or unroll it"
+                f"{where}: the block draws random keys (e.g. Dropout), which a pipelined "
+                "Repeat does not feed per block and microbatch; move the random layer out "
+                "of the block, drop pipeline= (a plain Repeat feeds one key per block) or "
+                "unroll it"
             )
 
 

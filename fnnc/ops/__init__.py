@@ -120,6 +120,7 @@ from fnnc.ops.quantize import conform_data_format as conform_data_format
 from fnnc.ops.quantize import walsh_hadamard_transform as walsh_hadamard_transform
 from fnnc.ops.random import dropout as dropout
 from fnnc.ops.random import random_normal as random_normal
+from fnnc.ops.random import random_split as random_split
 from fnnc.ops.random import random_uniform as random_uniform
 from fnnc.ops.recurrent import gated_delta as gated_delta
 from fnnc.ops.recurrent import hyper_connection as hyper_connection

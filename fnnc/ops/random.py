@@ -1,5 +1,5 @@
 """Random family: dropout, random_uniform, random_normal (NNC's DROPOUT, RANDOM_UNIFORM,
-RANDOM_NORMAL).
+RANDOM_NORMAL), and random_split (fnnc's: keys for the blocks of a loop).
 
 Randomness comes from an explicit key input so that graphs hold only plain arrays: a
 key is the raw ``uint32[2]`` data of a threefry key,
@@ -114,3 +114,26 @@ def random_normal(key, *, shape, dtype="float32", mean=0.0, std=1.0):
     dtype = np.dtype(dtype)
     z = jax.random.normal(_key(key), shape, dtype)
     return z * jnp.asarray(std, dtype) + jnp.asarray(mean, dtype)
+
+
+def _split_shape(key, *, n):
+    _check_key("random_split", key)
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+        raise CommandError(f"random_split: n={n!r} must be an int >= 1")
+    return Spec((int(n), 2), np.dtype(np.uint32))
+
+
+@defcommand(family="random", shape=_split_shape, uses=NOTHING, differentiable=False)
+def random_split(key, *, n):
+    """``n`` independent keys ``uint32[n, 2]`` from one, as ``jax.random.split``: row
+    ``i`` is ``key_data(split(key, n)[i])``. A loop over blocks
+    (:class:`~fnnc.models.Repeat`) slices one key per block from it, so each block's
+    dropout draws its own mask. Deterministic: the same key gives the same rows.
+
+    >>> import jax
+    >>> from fnnc import ops
+    >>> keys = ops.random_split(n=3)(jax.random.key_data(jax.random.key(0)))
+    >>> keys.shape, str(keys.dtype)
+    ((3, 2), 'uint32')
+    """
+    return jax.random.key_data(jax.random.split(_key(key), n))

@@ -14,4 +14,5 @@ CASES = [
     Case(ops.dropout(p=0.2, entirety=True), (rand([2, 3]), _KEY), "dropout-entirety"),
     Case(ops.random_uniform(shape=(3, 4), low=-1.0, high=2.0), (_KEY,), "random_uniform"),
     Case(ops.random_normal(shape=(2, 3), mean=1.0, std=2.0), (_KEY,), "random_normal"),
+    Case(ops.random_split(n=3), (_KEY,), "random_split"),
 ]
