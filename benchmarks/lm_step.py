@@ -298,16 +298,18 @@ def nnx_step(z: Size, params, precision: str) -> tuple[Any, Any, Any]:
 
 def xla_costs(z: Size, precision: str) -> dict[str, tuple[float, float]]:
     """XLA's static cost analysis of the compiled step, ``{impl: (flops, bytes
-    accessed)}`` for ``fnnc`` (``Model.fit``'s program) and ``nnx``: a check of the
-    step's structure that no timing noise moves (``tests/test_lm_step.py``)."""
+    accessed)}`` for ``fnnc`` (``Model.fit``'s program, XLA backends throughout: a
+    Pallas kernel is an opaque call to the analysis) and ``nnx``: a check of the step's
+    structure that no timing noise moves (``tests/test_lm_step.py``)."""
     params = initial_params(z)
     x, y = (jnp.asarray(a) for a in batches(z, 1)[0])
-    model = fnnc_model(z)
-    model.compile(
-        [x], loss="softmax_crossentropy", minimizer=minimizers.adam(LR), precision=precision
-    )
-    model.set_parameters(params)
-    model.fit([x], [y])
+    with config.override(backend="xla"):
+        model = fnnc_model(z)
+        model.compile(
+            [x], loss="softmax_crossentropy", minimizer=minimizers.adam(LR), precision=precision
+        )
+        model.set_parameters(params)
+        model.fit([x], [y])
     ours = model.engine._last_fit.program._compiled.cost_analysis()
     step, state, opt_state = nnx_step(z, params, precision)
     theirs = step.lower(state, opt_state, x, y).compile().cost_analysis()
