@@ -218,7 +218,7 @@ class Engine(StepsMixin):
             if self.parallel.rules is not None and self.input_specs:  # layouts by role
                 built = self._build(False, self.input_specs)
                 self.parallel = self.parallel.bind(built, self.infos, sorted(trainable))
-            staged = stage_specs(self.parallel, self.infos, trainable)  # pipelined Repeats
+            staged = stage_specs(self.parallel, self.infos, trainable)  # Repeat stacks
             self.parallel = dataclasses.replace(self.parallel, staged=staged)
             for pid, v in self.values.items():
                 spec = self.parallel.param_spec(np.shape(v), pid in trainable, pid)

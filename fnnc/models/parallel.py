@@ -49,7 +49,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from fnnc.errors import CheckpointError, FnncError, ModelError, ShapeError
 from fnnc.graph import ShardingRules, constrain_activations, parameter_specs, state_specs
 from fnnc.graph.sharding import MODES, Shardings, _fsdp, data_parallel
-from fnnc.models.pipeline import PIPELINE, pipelined, with_data_axis
+from fnnc.models.pipeline import PIPELINE, pipelined, scanned, with_data_axis
 
 AXIS = "data"
 
@@ -139,8 +139,10 @@ class Parallel:
         graph = built.ctx.b.build(list(built.outputs))
         pids = [p for p in built.ctx.params if p in infos]
         names = {p: infos[p].owners[-1].name for p in pids if infos[p].owners[-1].name}
-        staged = pipelined(infos)  # their FSDP axis goes after the stage axis (stage_specs)
-        fsdp = [p for p in trainable if p not in staged]
+        # stacks get their FSDP axis from stage_specs: after the stage axis (pipelined),
+        # on a block's own axes, never the block axis (scanned)
+        stacks = {*pipelined(infos), *scanned(infos)}
+        fsdp = [p for p in trainable if p not in stacks]
         try:
             specs = parameter_specs(
                 graph, self.mesh, self.rules, parameters=pids, trainable=fsdp, names=names
