@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import subprocess
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -90,3 +92,17 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     (such tests are about processes, not accelerators), then ``extra``."""
     paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "JAX_PLATFORMS": "cpu", **extra}
+
+
+def run_on_cpu_devices(script: str, devices: int = 4, timeout: int = 600) -> str:
+    """Runs ``script`` (Python source that prints ``OK`` when its checks pass) in a child
+    process with ``devices`` virtual CPU devices; fails with the child's error otherwise.
+    Returns its standard output."""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=subprocess_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}"),
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "OK" in done.stdout, done.stdout[-2000:]
+    return done.stdout

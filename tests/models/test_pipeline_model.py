@@ -5,8 +5,6 @@ each device holding ``1 / stages`` of each stacked parameter and of its momentum
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -16,7 +14,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from fnnc.models import Dense, Input, Model, ModelError, Pipeline, ReLU, Repeat, Sequential
-from tests.helpers import subprocess_env
+from tests.helpers import run_on_cpu_devices
 
 
 def make(pipeline: Pipeline | None = None, n: int = 4) -> Model:
@@ -112,13 +110,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_pipelined_training_on_4_devices_matches_one_device():
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        env=subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=4"),
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert "OK" in done.stdout
+    run_on_cpu_devices(SCRIPT)
 
 
 def test_pipelined_repeat_trains_as_the_plain_repeat_on_one_device():

@@ -10,8 +10,6 @@ expected fraction; evaluate and backward/apply_gradients agree too.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -21,7 +19,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from fnnc.errors import FnncError, GraphError, ModelError
-from tests.helpers import subprocess_env
+from tests.helpers import run_on_cpu_devices
 
 COMMON = textwrap.dedent(
     """
@@ -124,13 +122,7 @@ SCRIPT = COMMON + textwrap.dedent(
 
 
 def test_tensor_parallel_and_2d_training_match_one_device():
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        env=subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=4"),
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert "OK" in done.stdout
+    run_on_cpu_devices(SCRIPT)
 
 
 REPEAT_SCRIPT = textwrap.dedent(
@@ -218,13 +210,7 @@ def test_repeat_stacks_split_by_role_train_as_one_device():
     """A Repeat of attention + MLP blocks on a 2x2 (data x model) mesh, and pipelined on
     a (stage, data, model) mesh: stacked weights laid out ``P(None | "stage", *role)``,
     training equal to one device, Megatron's all-reduces inside the loop."""
-    done = subprocess.run(
-        [sys.executable, "-c", REPEAT_SCRIPT],
-        env=subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=4"),
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert "OK" in done.stdout
+    run_on_cpu_devices(REPEAT_SCRIPT)
 
 
 def _mlp():
