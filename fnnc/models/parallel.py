@@ -49,7 +49,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from fnnc.errors import CheckpointError, FnncError, ModelError, ShapeError
 from fnnc.graph import ShardingRules, constrain_activations, parameter_specs, state_specs
 from fnnc.graph.sharding import MODES, Shardings, _fsdp, data_parallel
-from fnnc.models.pipeline import PIPELINE, pipelined, scanned, with_data_axis
+from fnnc.models.pipeline import PIPELINE, with_data_axis
 
 AXIS = "data"
 
@@ -139,10 +139,9 @@ class Parallel:
         graph = built.ctx.b.build(list(built.outputs))
         pids = [p for p in built.ctx.params if p in infos]
         names = {p: infos[p].owners[-1].name for p in pids if infos[p].owners[-1].name}
-        # stacks get their FSDP axis from stage_specs: after the stage axis (pipelined),
-        # on a block's own axes, never the block axis (scanned)
-        stacks = {*pipelined(infos), *scanned(infos)}
-        fsdp = [p for p in trainable if p not in stacks]
+        # a Repeat's stacks get their FSDP axis from stage_specs: on a block's own axes,
+        # never the block axis
+        fsdp = [p for p in trainable if not (p in infos and infos[p].blocks)]
         try:
             specs = parameter_specs(
                 graph, self.mesh, self.rules, parameters=pids, trainable=fsdp, names=names

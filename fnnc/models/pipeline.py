@@ -150,13 +150,13 @@ def stage_specs(
     :meth:`~fnnc.models.parallel.Parallel.bind`), then FSDP's data axis (``"fsdp"``
     mode or ``rules.fsdp``) on the first other axis that divides. Under FSDP, the
     stacks of scanned (not pipelined) Repeats too: the data axis on a block's own axes,
-    never the block axis (:func:`_scanned_fsdp`).
+    never the block axis (:func:`_stack_spec`).
 
     Raises:
         ModelError: the mesh lacks a pipeline's axis, or its size does not divide
             ``stages``.
     """
-    mesh, rules, trainable = parallel.mesh, parallel.rules, set(trainable)
+    mesh, trainable = parallel.mesh, set(trainable)
     bound = dict(parallel.specs or ())
     out = []
     for pid, (pipe, where) in pipelined(infos).items():
@@ -175,50 +175,46 @@ def stage_specs(
                 f"evenly over the {size} devices of mesh axis {pipe.axis!r}; use a "
                 f"multiple of {size} stages or a mesh axis of a size dividing {pipe.stages}"
             )
-        shape = tuple(infos[pid].shape)
-        given = bound.get(pid)  # the rule's or the role's (Parallel.bind), if bound
-        if given is None and rules is not None:
-            given = rules.match(pid, infos[pid].owners[-1].name or None)
-        entries = [*(given or ()), *[None] * len(shape)][: len(shape)]
-        if entries[0] is None:
-            entries[0] = pipe.axis
-        spec = PartitionSpec(*entries)
-        fsdp = parallel.mode == "fsdp" or (rules is not None and rules.fsdp)
-        if fsdp and pid in trainable:
-            spec = _with_fsdp(shape, spec, parallel.axis, mesh)
-        out.append((pid, _trimmed(spec)))
-    return (*out, *_scanned_fsdp(parallel, infos, trainable, {p for p, _ in out}))
+        out.append((pid, _stack_spec(parallel, infos, pid, bound, trainable, pipe.axis)))
+    if _fsdp_on(parallel):  # scanned stacks: FSDP on a block's own axes, not the block axis
+        for pid in sorted(_scanned(infos) & trainable):
+            out.append((pid, _stack_spec(parallel, infos, pid, bound, trainable, None)))
+    return tuple(out)
 
 
-def scanned(infos: Mapping[str, Any]) -> set[str]:
+def _scanned(infos: Mapping[str, Any]) -> set[str]:
     """Ids of the stacked parameters of Repeats that run as one scan (not pipelined)."""
     staged = pipelined(infos)
     return {pid for pid, info in infos.items() if info.blocks and pid not in staged}
 
 
-def _scanned_fsdp(
-    parallel: Any, infos: Mapping[str, Any], trainable: set[str], done: set[str]
-) -> list[tuple[str, PartitionSpec]]:
-    """FSDP layouts of a scanned Repeat's trainable stacks: the data axis on the first
-    axis of one block that divides (after a rule's or role's axes), never on the block
-    axis. The scan slices one block per iteration; a stack split along that axis made
-    XLA gather the whole stack on every device (a 4-block stack under 4-way FSDP took
-    13x the temporaries of the unrolled model), where a block split along its own axes
-    is gathered one block at a time."""
-    mesh, rules = parallel.mesh, parallel.rules
-    if not (parallel.mode == "fsdp" or (rules is not None and rules.fsdp)):
-        return []
-    bound = dict(parallel.specs or ())
-    out = []
-    for pid in sorted(scanned(infos) & trainable - done):
-        shape = tuple(infos[pid].shape)
-        given = bound.get(pid)
-        if given is None and rules is not None:
-            given = rules.match(pid, infos[pid].owners[-1].name or None)
-        entries = [*(given or ()), *[None] * len(shape)][: len(shape)]
-        block = _with_fsdp(shape[1:], PartitionSpec(*entries[1:]), parallel.axis, mesh)
-        out.append((pid, _trimmed(PartitionSpec(entries[0], *block))))
-    return out
+def _fsdp_on(parallel: Any) -> bool:
+    """Whether ``parallel`` splits trainable parameters over its data axis (ZeRO-3)."""
+    return parallel.mode == "fsdp" or (parallel.rules is not None and parallel.rules.fsdp)
+
+
+def _stack_spec(
+    parallel: Any, infos: Mapping[str, Any], pid: str, bound: Mapping[str, Any],
+    trainable: set[str], stage_axis: str | None,
+) -> PartitionSpec:  # fmt: skip
+    """The layout of stack ``pid`` ``[n, ...]``: a user rule's axes or the role's (bound
+    by :meth:`~fnnc.models.parallel.Parallel.bind`), ``stage_axis`` on the block axis if
+    that is free, then FSDP's data axis on the first axis of one block that divides,
+    never on the block axis. A scan slices one block per iteration; a stack split along
+    that axis made XLA gather the whole stack on every device (a 4-block stack under
+    4-way FSDP took 13x the temporaries of the unrolled model), where a block split
+    along its own axes is gathered one block at a time."""
+    shape = tuple(infos[pid].shape)
+    given = bound.get(pid)
+    if given is None and parallel.rules is not None:
+        given = parallel.rules.match(pid, infos[pid].owners[-1].name or None)
+    entries = [*(given or ()), *[None] * len(shape)][: len(shape)]
+    if entries[0] is None:
+        entries[0] = stage_axis
+    block = PartitionSpec(*entries[1:])
+    if _fsdp_on(parallel) and pid in trainable:
+        block = _with_fsdp(shape[1:], block, parallel.axis, parallel.mesh)
+    return _trimmed(PartitionSpec(entries[0], *block))
 
 
 def _trimmed(spec: PartitionSpec) -> PartitionSpec:
