@@ -18,7 +18,10 @@ KILLS, KEEP = 20, 4
 
 # A fork server: it imports fnnc once, then forks one writer per kill, so twenty kills
 # cost twenty forks instead of twenty interpreter starts (about a second each). The
-# writers use NumPy and SQLite only; nothing JAX starts crosses the fork.
+# writers use NumPy and SQLite only; nothing JAX starts crosses the fork. Each line is
+# one os.write of a few bytes, which a pipe delivers whole: print() is two writes when
+# stdout is unbuffered (PYTHONUNBUFFERED, as some CI machines set), and a kill between
+# them left a step without its newline ("75killed").
 SERVER = textwrap.dedent(
     """
     import os, sys
@@ -33,18 +36,21 @@ SERVER = textwrap.dedent(
     def write(path, keep):
         with Checkpoints(path, keep_last=keep) as ckpt:
             step = (ckpt.latest or 0) + 1
-            print("ready", os.getpid(), flush=True)
+            say(f"ready {os.getpid()}")
             while True:
                 ckpt.save(step, state(step), metadata={"step": step})
-                print(step, flush=True)
+                say(str(step))
                 step += 1
+
+    def say(line):
+        os.write(1, (line + "\\n").encode())
 
     for line in sys.stdin:
         pid = os.fork()
         if pid == 0:
             write(sys.argv[1], int(sys.argv[2]))
         os.waitpid(pid, 0)
-        print("killed", flush=True)
+        say("killed")
     """
 )
 
