@@ -42,7 +42,8 @@ import glob
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -211,25 +212,35 @@ def scope_of(op_name: str, scopes: Sequence[str]) -> str | None:
     return best
 
 
-def _op_events(data: Any, module: str) -> Iterator[tuple[str, float]]:
+def _op_events(data: Any, module: str) -> list[tuple[str, float]]:
     """``(instruction, seconds)`` of each executed operation of HLO module ``module``,
-    outermost events only (a loop's body runs inside its loop's event)."""
-    for plane in data.planes:
-        lines = list(plane.lines)
-        derived = [line for line in lines if line.name == "XLA Ops"]
-        for line in derived or lines:
-            end = -1.0
-            for event in sorted(line.events, key=lambda e: e.start_ns):
-                stats = dict(event.stats)
-                op = stats.get("hlo_op")
-                if op is None and derived:
-                    op = event.name
-                if op is None or (stats.get("hlo_module", module) != module):
-                    continue
-                if event.start_ns < end:  # nested in the event before
-                    continue
-                end = event.end_ns
-                yield str(op), event.duration_ns * 1e-9
+    outermost events only (a loop's body runs inside its loop's event).
+
+    Read with Python's "builtin type has no ``__module__``" deprecation silenced: jaxlib
+    0.11 on Python 3.12 creates its ``event_stats`` type on the first read of an event's
+    stats, and where warnings are errors (``-W error``, a test suite's filters) the
+    warning fails that type's construction, which nanobind answers by aborting the
+    process."""
+    out = []
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "builtin type .* has no __module__", DeprecationWarning)
+        for plane in data.planes:
+            lines = list(plane.lines)
+            derived = [line for line in lines if line.name == "XLA Ops"]
+            for line in derived or lines:
+                end = -1.0
+                for event in sorted(line.events, key=lambda e: e.start_ns):
+                    stats = dict(event.stats)
+                    op = stats.get("hlo_op")
+                    if op is None and derived:
+                        op = event.name
+                    if op is None or (stats.get("hlo_module", module) != module):
+                        continue
+                    if event.start_ns < end:  # nested in the event before
+                        continue
+                    end = event.end_ns
+                    out.append((str(op), event.duration_ns * 1e-9))
+    return out
 
 
 def _trace(run: Callable[[], Any], runs: int, folder: str) -> Any:
