@@ -74,26 +74,33 @@ def scan(
     length: int | None = None,
     checkpoint: Checkpoint = False,
     name: str = "",
+    n_ys: int = 0,
 ) -> tuple[Symbol, ...]:
     """Adds a ``scan`` node running ``body`` once per slice of ``stacked``.
 
     Iteration ``i`` runs ``body(*carry_i, *(s[i] for s in stacked), *consts)`` and its
     outputs are ``carry_{i+1}``: for blocks ``h <- block_i(h)`` with parameters ``W_i``,
     pass the blocks' parameters stacked (``[n, *shape]``) and one block as ``body``.
+    With ``n_ys``, the body's last ``n_ys`` outputs are per-iteration results (each
+    block's new batch-norm statistics, say), returned stacked ``[length, *shape]``; no
+    gradient flows through them.
 
     Args:
         builder: the outer graph's builder.
         body: the block: inputs ``(*carry, *slices, *consts)``; outputs the next carry,
-            each with its carry input's spec. Carried tensors must be floating-point.
+            each with its carry input's spec, then the ``n_ys`` per-iteration results.
+            Carried tensors must be floating-point.
         carry: outer symbols, the initial carried values.
         stacked: outer symbols ``[length, *slice]``, one per body slice input.
         consts: outer symbols fed unchanged to every iteration.
         length: the trip count; default the leading axis of ``stacked``.
         checkpoint: what an iteration keeps for the backward (see :data:`Checkpoint`).
         name: the node's name.
+        n_ys: how many of the body's outputs, after the carries, are per-iteration
+            results.
 
     Returns:
-        The final carried values, one per ``carry``.
+        The final carried values, one per ``carry``, then the stacked ``ys``.
 
     Raises:
         GraphError: the body's inputs or outputs do not match ``carry``/``stacked``/
@@ -111,7 +118,7 @@ def scan(
             f"({n_carry} carry + {n_stacked} stacked + {len(consts)} consts); the body's "
             "inputs are (*carry, *slices, *consts), in that order"
         )
-    forward, grad, wants = scan_bodies(body, n_carry, n_stacked, checkpoint)
+    forward, grad, wants = scan_bodies(body, n_carry, n_stacked, checkpoint, n_ys)
     cmd = ops.scan(
         forward=forward,
         backward=grad,
@@ -120,28 +127,31 @@ def scan(
         n_stacked=n_stacked,
         wants=wants,
         checkpoint=checkpoint,
+        n_ys=n_ys,
     )
     outs = builder.exec(cmd, *carry, *stacked, *consts, name=name)
     outs = outs if isinstance(outs, tuple) else (outs,)
-    return tuple(outs[:n_carry])
+    return tuple(outs[: n_carry + n_ys])
 
 
 @functools.lru_cache(maxsize=256)
 def scan_bodies(
-    body: Graph, n_carry: int, n_stacked: int, checkpoint: Checkpoint = False
+    body: Graph, n_carry: int, n_stacked: int, checkpoint: Checkpoint = False, n_ys: int = 0
 ) -> tuple[Graph, Graph, tuple[int, ...]]:
     """The ``forward`` and ``backward`` sub-graphs of a ``scan`` node, and ``wants``.
 
     See the module doc for the three steps; ``wants`` lists the body inputs that get a
-    gradient (every carry, then the floating-point slices and constants).
+    gradient (every carry, then the floating-point slices and constants). The body's
+    ``n_ys`` outputs after the carries stay forward outputs and get no seed.
     """
-    _check_body(body, n_carry)
+    _check_body(body, n_carry, n_ys)
     b = GraphBuilder.from_graph(body)
+    carried = body.outputs[:n_carry]
     seeds = [
         b.input(body.spec(s).shape, body.spec(s).dtype, name=f"d.{body.symbols[s].name}")
-        for s in body.outputs
+        for s in carried
     ]
-    outs = [body.symbols[s] for s in body.outputs]
+    outs = [body.symbols[s] for s in carried]
     wants = tuple(
         i for i, s in enumerate(body.inputs) if jnp.issubdtype(body.symbols[s].dtype, jnp.inexact)
     )
@@ -178,13 +188,16 @@ def _saved(graph: Graph, n_fwd: int, carries: Sequence[int]) -> tuple[int, ...]:
     return tuple(dict.fromkeys(symbols[s].root for s in read if symbols[s].root in made))
 
 
-def _check_body(body: Graph, n_carry: int) -> None:
+def _check_body(body: Graph, n_carry: int, n_ys: int = 0) -> None:
     if n_carry < 1:
         raise GraphError("scan: carry at least one tensor (the blocks' activation)")
-    if len(body.outputs) != n_carry:
+    if not isinstance(n_ys, int) or n_ys < 0:
+        raise GraphError(f"scan: n_ys must be an int >= 0, got {n_ys!r}")
+    if len(body.outputs) != n_carry + n_ys:
         raise GraphError(
             f"scan: the body returns {len(body.outputs)} tensors for {n_carry} carried "
-            "ones; it must return exactly the next value of each carry, in order"
+            f"ones and {n_ys} per-iteration results (n_ys); it must return the next value "
+            "of each carry, in order, then the per-iteration results"
         )
     for k in range(n_carry):
         sym = body.symbols[body.inputs[k]]

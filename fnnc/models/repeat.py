@@ -86,9 +86,11 @@ class Repeat(Layer):
     Random layers (Dropout) draw one key per block: each block's random layer gets row
     ``i`` of ``random_split(key, n)`` (:func:`fnnc.ops.random_split`), so blocks draw
     independent masks and a recomputed block (``checkpoint``) draws its mask again.
-    Blocks with internal state (batch-norm statistics) are refused with a
-    :class:`~fnnc.errors.ModelError` (the loop carries activations only), as are random
-    layers in a pipelined Repeat.
+    Blocks with internal state (batch-norm running statistics) keep one stack per
+    statistic (``r-`` ids, ``[n, *shape]``, per-block ids in files as parameters): in
+    training each block updates its own slice, which the loop returns as a per-block
+    result (``n_ys`` of :func:`~fnnc.graph.scan`). A pipelined Repeat refuses internal
+    state and random layers with a :class:`~fnnc.errors.ModelError`.
     """
 
     def __init__(
@@ -127,7 +129,9 @@ class Repeat(Layer):
         out = self.block.build(sub, *ins)
         outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         self._check_block(sub, ins, outs)
-        body = sub.b.build(list(outs))
+        # each block's new running statistics leave the loop as per-iteration results
+        updated = [(k, pid) for k, pid in enumerate(sub.params) if pid in sub.updates]
+        body = sub.b.build([*outs, *(sub.updates[pid] for _, pid in updated)])
         order = (*(s.id for s in ins), *(sub.symbols[pid].id for pid in sub.params))
         body = dataclasses.replace(body, inputs=(*order, *(k.id for k in sub.keys)))
         stacked = []
@@ -140,6 +144,7 @@ class Repeat(Layer):
                 dtype=info.dtype,
                 init=_stacked_init(info.init, self.n),
                 owners=(*ctx.owners, self, *info.owners),
+                internal=info.internal,
                 blocks=ids,
             )
             stacked.append(ctx.declare(self, k, stacked_info))
@@ -151,8 +156,12 @@ class Repeat(Layer):
         if checkpoint is False and sub.checkpoints:
             checkpoint = True
         ys = self.run(
-            ctx.b, body, xs, stacked, length=self.n, checkpoint=checkpoint, name=ctx.layer_id(self)
-        )
+            ctx.b, body, xs, stacked, length=self.n, checkpoint=checkpoint,
+            name=ctx.layer_id(self), n_ys=len(updated),
+        )  # fmt: skip
+        ys, news = ys[: len(xs)], ys[len(xs) :]
+        for (k, _), new in zip(updated, news):
+            ctx.update(self, k, new)  # the stack of every block's new statistics
         return ys if len(ys) > 1 else ys[0]
 
     def run(
@@ -165,16 +174,21 @@ class Repeat(Layer):
         length: int,
         checkpoint: Checkpoint,
         name: str,
+        n_ys: int = 0,
     ) -> tuple[Symbol, ...]:
         """Adds the loop over the blocks: the one place that schedules them (one
-        :func:`~fnnc.graph.scan`, or with ``pipeline`` :func:`fnnc.graph.pipeline`)."""
+        :func:`~fnnc.graph.scan`, or with ``pipeline`` :func:`fnnc.graph.pipeline`).
+        Returns the final carries, then the ``n_ys`` per-block results stacked."""
         pipe = self.pipeline
         if pipe is not None:
             return graph_pipeline(
                 builder, body, carry, stacked, stages=pipe.stages, axis=pipe.axis,
                 microbatches=pipe.microbatches, checkpoint=checkpoint, name=name,
             )  # fmt: skip
-        return scan(builder, body, carry, stacked, length=length, checkpoint=checkpoint, name=name)
+        return scan(
+            builder, body, carry, stacked, length=length, checkpoint=checkpoint, name=name,
+            n_ys=n_ys,
+        )  # fmt: skip
 
     def _check_block(
         self, sub: _BlockContext, ins: Sequence[Symbol], outs: Sequence[Symbol]
@@ -191,11 +205,12 @@ class Repeat(Layer):
                 "only the shape-preserving part (e.g. transformer blocks, not the embedding)"
             )
         internal = [pid for pid, info in sub.params.items() if info.internal]
-        if internal or sub.updates:
+        if (internal or sub.updates) and self.pipeline is not None:
             raise ModelError(
                 f"{where}: the block has internal state ({', '.join(internal)}), which a "
-                "Repeat does not carry between steps; use a norm without running "
-                "statistics (LayerNorm, RMSNorm, GroupNorm) or unroll the blocks"
+                "pipelined Repeat does not update per stage and microbatch; use a norm "
+                "without running statistics (LayerNorm, RMSNorm, GroupNorm), drop "
+                "pipeline= (a plain Repeat updates each block's statistics) or unroll it"
             )
         nested = [pid for pid, info in sub.params.items() if info.blocks]
         if nested:

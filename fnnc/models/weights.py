@@ -45,9 +45,10 @@ def write_model(
     :meth:`fnnc.models.Model.write`)."""
     values = model.parameters()
     infos = model.engine.infos
-    # a Repeat's stacks are written per block, under the unrolled model's (NNC's) ids
+    # a Repeat's stacks (statistics too) are written per block, under the unrolled
+    # model's (NNC's) ids
     params = unstack_parameters({k: v for k, v in values.items() if not infos[k].internal}, model)
-    internals = {k: v for k, v in values.items() if infos[k].internal}
+    internals = unstack_parameters({k: v for k, v in values.items() if infos[k].internal}, model)
     with contextlib.ExitStack() as stack:
         if format is not None and isinstance(target, (str, os.PathLike)):
             target = stack.enter_context(open_tensors(target, format=format))
@@ -66,18 +67,21 @@ def read_model(
     """Reads parameters into ``model``; returns the ids that did not match (see
     :meth:`fnnc.models.Model.read`)."""
     infos = model.engine.infos
-    expected = {}
-    for k, i in infos.items():
-        if not i.internal:  # a Repeat's stack is read per block, under NNC's ids
-            expected.update(
-                {b: (i.shape[1:], i.dtype) for b in i.blocks} or {k: (i.shape, i.dtype)}
-            )
-    internals = {k: (i.shape, i.dtype) for k, i in infos.items() if i.internal}
+    expected: dict[str, Any] = {}
+    internals: dict[str, Any] = {}
+    for k, i in infos.items():  # a Repeat's stack is read per block, under NNC's ids
+        wanted = internals if i.internal else expected
+        wanted.update({b: (i.shape[1:], i.dtype) for b in i.blocks} or {k: (i.shape, i.dtype)})
     with contextlib.ExitStack() as stack:
         if isinstance(source, (str, os.PathLike)):
             source = stack.enter_context(open_tensors(source, readonly=True, format=format))
         if rename is not None:
             source = Renamed(source, rename)
         found = read_parameters(source, expected, name=name, internals=internals, strict=strict)
-    model.set_parameters({**stack_parameters(found, model, strict=False), **found.internals})
+    model.set_parameters(
+        {
+            **stack_parameters(found, model, strict=False),
+            **stack_parameters(found.internals, model, strict=False),
+        }
+    )
     return [*found.missing, *(m if isinstance(m, str) else str(m) for m in found.mismatched)]

@@ -13,15 +13,18 @@ from a block body with fnnc's own ``backward`` pass (and ``remat`` for checkpoin
 
 * ``forward``: inputs ``(*carry, *slices, *consts)`` (carry: the carried tensors;
   slices: one slice of each stacked input; consts: loop-invariant inputs), outputs
-  ``(*carry', *saved)``: the next carry, then the tensors its backward reads.
+  ``(*carry', *ys, *saved)``: the next carry, the ``n_ys`` per-iteration results
+  (``ys``: values no gradient flows through, such as each block's new batch-norm
+  running statistics), then the tensors its backward reads.
 * ``backward``: inputs ``(*saved, *slices, *consts, *dcarry')``, outputs the gradients
   of the ``forward`` inputs listed in ``wants`` (every carry first, in order).
 
 Node inputs are ``(*carry, *stacked, *consts)``; ``stacked[k]`` is ``[length, *slice
-shape]``. Node outputs are ``(*final carry, *tape)``; ``tape[k]`` is ``saved[k]`` of
-every iteration, ``[length, *shape]``. Checkpointing the body (``jax.checkpoint``'s
-trade) is a choice of what ``saved`` holds: the carries alone (the backward recomputes
-each iteration from its carry) or every activation the body's backward reads.
+shape]``. Node outputs are ``(*final carry, *ys, *tape)``; ``ys[k]`` and ``tape[k]`` are
+that forward output of every iteration, ``[length, *shape]``. Checkpointing the body
+(``jax.checkpoint``'s trade) is a choice of what ``saved`` holds: the carries alone (the
+backward recomputes each iteration from its carry) or every activation the body's
+backward reads.
 
 The backward (NNC convention) runs ``backward`` once per iteration in a reverse
 ``lax.scan``, reading the tape, the stacked inputs and the constants; gradients of the
@@ -52,7 +55,7 @@ MAX_OUTPUTS = 256
 
 
 @functools.lru_cache(maxsize=512)
-def _check_scan(forward, backward, length, n_carry, n_stacked, wants) -> None:
+def _check_scan(forward, backward, length, n_carry, n_stacked, wants, n_ys=0) -> None:
     """Structural rules of the two sub-graphs (cached: graphs are hashable)."""
     require_graph("scan", "forward", forward)
     require_graph("scan", "backward", backward)
@@ -79,6 +82,11 @@ def _check_scan(forward, backward, length, n_carry, n_stacked, wants) -> None:
             forward.spec(forward.inputs[k]),
             f"the carry input {forward.label(forward.inputs[k])}",
         )
+    if not isinstance(n_ys, int) or not 0 <= n_ys <= len(forward.outputs) - n_carry:
+        raise CommandError(
+            f"scan: n_ys={n_ys!r} does not fit a forward body with {len(forward.outputs)} "
+            f"outputs and {n_carry} carries (need 0 <= n_ys <= outputs - carries)"
+        )
     if tuple(wants[:n_carry]) != tuple(range(n_carry)) or not all(
         isinstance(w, int) and 0 <= w < n_in for w in wants
     ):
@@ -86,7 +94,7 @@ def _check_scan(forward, backward, length, n_carry, n_stacked, wants) -> None:
             f"scan: wants={wants!r} must list every carry first (0..{n_carry - 1}), then "
             f"positions of other forward inputs (< {n_in})"
         )
-    saved = forward.outputs[n_carry:]
+    saved = forward.outputs[n_carry + n_ys :]
     specs = [forward.spec(s) for s in saved] + [forward.spec(s) for s in forward.inputs[n_carry:]]
     specs += [forward.spec(s) for s in forward.inputs[:n_carry]]  # the incoming gradients
     check_inputs("scan", "backward body", backward, specs)
@@ -105,8 +113,8 @@ def _check_scan(forward, backward, length, n_carry, n_stacked, wants) -> None:
 
 
 def _scan_shape(*specs: Spec, forward, backward, length, n_carry, n_stacked, wants,
-                checkpoint=False):  # fmt: skip
-    _check_scan(forward, backward, length, n_carry, n_stacked, wants)
+                checkpoint=False, n_ys=0):  # fmt: skip
+    _check_scan(forward, backward, length, n_carry, n_stacked, wants, n_ys)
     n_in = len(forward.inputs)
     if len(specs) != n_in:
         raise GraphError(
@@ -130,10 +138,11 @@ def _scan_shape(*specs: Spec, forward, backward, length, n_carry, n_stacked, wan
 def _scan_display(cmd: Command) -> str:
     try:
         fwd, n = cmd.param("forward"), cmd.param("n_carry")
-        saved = len(fwd.outputs) - n
+        ys = cmd.param("n_ys")
+        saved = len(fwd.outputs) - n - ys
         return (
             f"scan[length={cmd.param('length')}; {len(fwd.nodes)} nodes; carry {n}; "
-            f"stacked {cmd.param('n_stacked')}; saves {saved}]"
+            f"stacked {cmd.param('n_stacked')}; " + (f"ys {ys}; " if ys else "") + f"saves {saved}]"
         )
     except (AttributeError, TypeError):
         return "scan[?]"
@@ -145,10 +154,12 @@ def _scan_display(cmd: Command) -> str:
     display=_scan_display,
     uses=Uses(inputs=None, outputs=tuple(range(MAX_OUTPUTS))),
 )
-def scan(*inputs, forward, backward, length, n_carry, n_stacked, wants, checkpoint=False):
+def scan(*inputs, forward, backward, length, n_carry, n_stacked, wants, checkpoint=False,
+         n_ys=0):  # fmt: skip
     """``forward`` applied ``length`` times over stacked inputs (see the module doc).
 
-    Build it with :func:`fnnc.graph.scan`. Returns the final carries, then the tape.
+    Build it with :func:`fnnc.graph.scan`. Returns the final carries, the stacked ``ys``
+    (``n_ys`` of them), then the tape.
     ``checkpoint`` is the one :func:`fnnc.graph.scan` derived the bodies with; the loop
     does not read it (passes that retype the body derive them again with it).
     """
@@ -169,14 +180,20 @@ def scan(*inputs, forward, backward, length, n_carry, n_stacked, wants, checkpoi
 
 @scan.backward
 def _scan_backward(grads, inputs, outputs, *, forward, backward, length, n_carry, n_stacked, wants,
-                   checkpoint=False):  # fmt: skip
-    if any(g is not None for g in grads[n_carry:]):
+                   checkpoint=False, n_ys=0):  # fmt: skip
+    if any(g is not None for g in grads[n_carry : n_carry + n_ys]):
+        raise CommandError(
+            "scan: a per-iteration result (ys) has a gradient; ys carry no gradient "
+            "(running statistics and the like): read them where no loss depends on them"
+        )
+    if any(g is not None for g in grads[n_carry + n_ys :]):
         raise CommandError(
             "scan: a tape output has a gradient; the tape is the backward's record of the "
             "loop and must only be read by the scan's own gradient node"
         )
     cut = n_carry + n_stacked
-    tape, stacked, consts = tuple(outputs[n_carry:]), tuple(inputs[n_carry:cut]), inputs[cut:]
+    tape, stacked = tuple(outputs[n_carry + n_ys :]), tuple(inputs[n_carry:cut])
+    consts = inputs[cut:]
     d_carry = tuple(
         jnp.zeros(x.shape, x.dtype) if g is None else g for g, x in zip(grads[:n_carry], inputs)
     )

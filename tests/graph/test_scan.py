@@ -168,3 +168,51 @@ def test_bad_bodies_say_what_to_pass():
     counter = ib.build([ib.exec(ops.add(), k, k)])
     with pytest.raises(GraphError, match="must be floating-point"):
         scan(b, counter, [b.input((), np.int32)], length=3)
+
+
+def _body_with_means():
+    """``h' = tanh(h w)`` and, per iteration, the batch mean of ``h w`` (a ``ys``)."""
+    b = GraphBuilder()
+    h, w = b.input((4, 8), name="h"), b.input((8, 8), name="w")
+    z = b.exec(ops.gemm(), h, w)
+    return b.build([b.exec(ops.tanh(), z), b.exec(ops.reduce_mean(axes=(0,)), z)])
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_per_iteration_results_are_stacked_and_carry_no_gradient(checkpoint):
+    b = GraphBuilder()
+    x, ws = b.input((4, 8), name="x"), b.input((5, 8, 8), name="ws")
+    h, means = scan(b, _body_with_means(), [x], [ws], checkpoint=checkpoint, n_ys=1)
+    assert means.shape == (5, 1, 8)
+    loss = b.exec(ops.reduce_sum(axes=(0, 1)), h)
+    graph = verify(backward(b.build([loss, means]), loss, [ws])[0])
+    rng = np.random.default_rng(2)
+    args = rng.normal(size=(4, 8)).astype(np.float32), rng.normal(scale=0.3, size=(5, 8, 8))
+    args = args[0], args[1].astype(np.float32)
+
+    def f(x, ws):
+        out = []
+        for i in range(5):
+            z = x @ ws[i]
+            out.append(z.mean(0, keepdims=True))
+            x = jnp.tanh(z)
+        return jnp.sum(x, keepdims=True), jnp.stack(out)
+
+    want_loss, want_means = f(*args)
+    want_grad = jax.grad(lambda w: f(args[0], w)[0].sum())(args[1])
+    got = interpret(graph, *args)
+    assert_close(got, (want_loss, want_means, want_grad), rtol=1e-5, atol=1e-6)
+    assert_close(compile(graph)(*args), got, rtol=1e-6, atol=1e-6)
+
+
+def test_per_iteration_results_must_be_left_out_of_the_loss():
+    b = GraphBuilder()
+    x, ws = b.input((4, 8), name="x"), b.input((5, 8, 8), name="ws")
+    _, means = scan(b, _body_with_means(), [x], [ws], n_ys=1)
+    loss = b.exec(ops.reduce_sum(axes=(0, 1, 2)), means)
+    graph = backward(b.build([loss]), loss, [ws])[0]
+    args = np.ones((4, 8), np.float32), np.ones((5, 8, 8), np.float32)
+    with pytest.raises(Exception, match=r"per-iteration result \(ys\) has a gradient"):
+        interpret(graph, *args)
+    with pytest.raises(GraphError, match=r"returns 2 tensors for 1 carried ones and 0 per-it"):
+        scan(b, _body_with_means(), [x], [ws])

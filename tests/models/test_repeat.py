@@ -16,7 +16,6 @@ from fnnc.io import Checkpoints
 from fnnc.models import (
     Activation,
     Add,
-    BatchNorm,
     BuildContext,
     Dense,
     Input,
@@ -186,15 +185,6 @@ def test_a_block_that_changes_shape_is_refused():
     with pytest.raises(ModelError, match=r"Repeat\('wide'\).*takes float32\[2, 3\].*\[2, 5\]"):
         x = Input()
         compiled(Model(x, Repeat(lambda: Dense(5), 2, name="wide")(x)))
-
-
-def test_stateful_blocks_are_refused():
-    """(Random blocks are not: tests/models/test_repeat_dropout.py.)"""
-    with pytest.raises(ModelError, match="internal state"):
-        x = Input()
-        m = Model(x, Repeat(BatchNorm, 2, name="r")(x))
-        m.compile(X, loss=loss, minimizer=optax.sgd(0.1))
-        m.fit(X, X)
 
 
 @pytest.mark.parametrize("n", [0, 2.0, True])

@@ -35,6 +35,7 @@ def test_a_low_float_is_summed_in_float32_and_rounded_once(dtype, shape):
     assert [e.primitive.name for e in eqns].count("reduce_sum") == 2
     assert rounds == [eqns[-1]], "rounded to the low type before the last stage"
 
+
 def test_float32_and_an_explicit_dtype_are_unchanged():
     x = np.random.default_rng(1).normal(size=(3, 4, 5)).astype(np.float32)
     np.testing.assert_allclose(leading_sum(jnp.asarray(x), (0, 1)), x.sum((0, 1)), rtol=1e-6)

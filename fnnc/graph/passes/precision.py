@@ -180,13 +180,16 @@ def _retype_loop(cmd: Command, dtypes: Sequence[np.dtype], cast: BodyCast) -> tu
     body's first ``n_carry`` outputs) cast, its bodies derived again from that, as
     :func:`~fnnc.graph.scan.scan_bodies` derived them at build, so the gradient is
     still fnnc's ``backward`` of the (now cast) block. The carries come out in the
-    type they go in; the tape, typed by the new body, is new: only the carries map."""
+    type they go in, and so do a ``scan``'s per-iteration results (``n_ys``); the tape,
+    typed by the new body, is new: only the carries and results map."""
     n_carry, n_stacked = cmd.param("n_carry"), cmd.param("n_stacked")
-    forward = cmd.param("forward")
-    block = dataclasses.replace(forward, outputs=forward.outputs[:n_carry], out_tree=None)
-    block = cast(block, dtypes, dtypes[:n_carry])
-    fwd, grad, wants = scan_bodies(block, n_carry, n_stacked, cmd.param("checkpoint"))
-    return cmd.replace(forward=fwd, backward=grad, wants=wants), n_carry
+    n_ys = cmd.kwargs.get("n_ys", 0)
+    forward, kept = cmd.param("forward"), n_carry + n_ys
+    block = dataclasses.replace(forward, outputs=forward.outputs[:kept], out_tree=None)
+    outs = [*dtypes[:n_carry], *(forward.spec(s).dtype for s in block.outputs[n_carry:])]
+    block = cast(block, dtypes, outs)
+    fwd, grad, wants = scan_bodies(block, n_carry, n_stacked, cmd.param("checkpoint"), n_ys)
+    return cmd.replace(forward=fwd, backward=grad, wants=wants), kept
 
 
 SUBGRAPH_RULES: dict[str, SubgraphRule] = {"scan": _retype_loop, "pipeline": _retype_loop}
