@@ -59,6 +59,7 @@ def pipeline(
     axis: str = "stage",
     checkpoint: Checkpoint = False,
     name: str | None = None,
+    keys: Sequence[int] = (),
 ) -> tuple[Symbol, ...]:
     """Adds a ``pipeline`` node: the blocks of ``stacked`` in ``stages`` stages.
 
@@ -82,6 +83,9 @@ def pipeline(
             (:data:`~fnnc.graph.scan.Checkpoint`): ``True`` keeps its input alone and
             recomputes the block in the backward.
         name: the node's name.
+        keys: positions in ``stacked`` of per-block random keys (``uint32[n, 2]``,
+            :func:`fnnc.ops.random_split` rows): each block call reads its block's key
+            with the microbatch folded in, so every microbatch draws its own mask.
 
     Returns:
         The final carried values, one per ``carry``.
@@ -166,6 +170,7 @@ def pipeline(
         wants=wants,
         axis=axis,
         checkpoint=checkpoint,
+        keys=tuple(int(k) for k in keys),
     )
     outs = builder.exec(cmd, *carry, *stacked, *consts, name=name or "")
     outs = outs if isinstance(outs, tuple) else (outs,)

@@ -85,12 +85,14 @@ class Repeat(Layer):
 
     Random layers (Dropout) draw one key per block: each block's random layer gets row
     ``i`` of ``random_split(key, n)`` (:func:`fnnc.ops.random_split`), so blocks draw
-    independent masks and a recomputed block (``checkpoint``) draws its mask again.
+    independent masks and a recomputed block (``checkpoint``) draws its mask again. A
+    pipelined Repeat folds the microbatch into that key
+    (:func:`fnnc.ops.random.fold_keys`): each microbatch draws its own mask.
     Blocks with internal state (batch-norm running statistics) keep one stack per
     statistic (``r-`` ids, ``[n, *shape]``, per-block ids in files as parameters): in
     training each block updates its own slice, which the loop returns as a per-block
     result (``n_ys`` of :func:`~fnnc.graph.scan`). A pipelined Repeat refuses internal
-    state and random layers with a :class:`~fnnc.errors.ModelError`.
+    state with a :class:`~fnnc.errors.ModelError`.
     """
 
     def __init__(
@@ -155,9 +157,10 @@ class Repeat(Layer):
         checkpoint = self.checkpoint
         if checkpoint is False and sub.checkpoints:
             checkpoint = True
+        keys = tuple(range(len(stacked) - len(sub.keys), len(stacked)))
         ys = self.run(
             ctx.b, body, xs, stacked, length=self.n, checkpoint=checkpoint,
-            name=ctx.layer_id(self), n_ys=len(updated),
+            name=ctx.layer_id(self), n_ys=len(updated), keys=keys,
         )  # fmt: skip
         ys, news = ys[: len(xs)], ys[len(xs) :]
         for (k, _), new in zip(updated, news):
@@ -175,15 +178,18 @@ class Repeat(Layer):
         checkpoint: Checkpoint,
         name: str,
         n_ys: int = 0,
+        keys: Sequence[int] = (),
     ) -> tuple[Symbol, ...]:
         """Adds the loop over the blocks: the one place that schedules them (one
         :func:`~fnnc.graph.scan`, or with ``pipeline`` :func:`fnnc.graph.pipeline`).
-        Returns the final carries, then the ``n_ys`` per-block results stacked."""
+        Returns the final carries, then the ``n_ys`` per-block results stacked.
+        ``keys``: the positions in ``stacked`` of per-block key rows (a pipeline folds
+        the microbatch into them; a scan feeds them as they are)."""
         pipe = self.pipeline
         if pipe is not None:
             return graph_pipeline(
                 builder, body, carry, stacked, stages=pipe.stages, axis=pipe.axis,
-                microbatches=pipe.microbatches, checkpoint=checkpoint, name=name,
+                microbatches=pipe.microbatches, checkpoint=checkpoint, name=name, keys=keys,
             )  # fmt: skip
         return scan(
             builder, body, carry, stacked, length=length, checkpoint=checkpoint, name=name,
@@ -217,13 +223,6 @@ class Repeat(Layer):
             raise ModelError(
                 f"{where}: the block holds a Repeat itself ({', '.join(nested)}); repeats do "
                 "not nest. Repeat the inner block's layers once, or unroll the inner Repeat"
-            )
-        if sub.keys and self.pipeline is not None:
-            raise ModelError(
-                f"{where}: the block draws random keys (e.g. Dropout), which a pipelined "
-                "Repeat does not feed per block and microbatch; move the random layer out "
-                "of the block, drop pipeline= (a plain Repeat feeds one key per block) or "
-                "unroll it"
             )
 
 

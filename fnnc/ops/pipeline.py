@@ -31,6 +31,12 @@ of the inputs ``wants`` lists). Node inputs are ``(*carry, *stacked, *consts)``;
 the final carries, then the tape: ``saved[k]`` of every block call, ``[T, stages,
 n/stages, *shape]`` (bubble calls included: ``(stages - 1) / T`` of it is never read).
 
+Random keys: the stacked inputs listed in ``keys`` are per-block key data (``uint32[n,
+2]``, e.g. :func:`~fnnc.ops.random_split` rows). The call of block ``j`` on microbatch
+``mb`` reads block ``j``'s key with ``mb`` folded in (:func:`~fnnc.ops.random.fold_keys`),
+so each microbatch draws its own dropout mask, and the backward folds the same index in
+again (a recomputed block draws the same mask).
+
 The backward is the transposed schedule: iterations in reverse, the cotangent buffer
 shifted back one stage (``jnp.roll`` by -1, the reverse permute), every stage running
 ``backward`` over its group in reverse from the tape. The cotangents of the bubble
@@ -53,6 +59,7 @@ from fnnc.core.command import Command, Spec, Uses, defcommand
 from fnnc.errors import CommandError, ShapeError
 from fnnc.ops._rules import show
 from fnnc.ops._subgraph import check_inputs, run_graph
+from fnnc.ops.random import fold_keys
 from fnnc.ops.scan import MAX_OUTPUTS, _check_scan, accumulator, reverse_blocks, wanted_inputs
 
 
@@ -99,7 +106,7 @@ def _check_counts(stages: Any, microbatches: Any, axis: Any) -> None:
 
 
 def _pipeline_shape(*specs: Spec, forward, backward, stages, microbatches, n_carry, n_stacked,
-                    wants, axis, checkpoint=False):  # fmt: skip
+                    wants, axis, checkpoint=False, keys=()):  # fmt: skip
     _check_counts(stages, microbatches, axis)
     if n_stacked < 1 or len(specs) != len(forward.inputs):
         raise CommandError(
@@ -108,12 +115,39 @@ def _pipeline_shape(*specs: Spec, forward, backward, stages, microbatches, n_car
             "(the blocks' parameters, which the stages split)"
         )
     sliced = body_specs(specs, stages, microbatches, n_carry, n_stacked)
+    _check_keys(keys, specs[n_carry : n_carry + n_stacked])
     n = specs[n_carry].shape[0]
     _check_scan(forward, backward, n, n_carry, n_stacked, wants)
     check_inputs("pipeline", "forward body", forward, sliced)
     calls = (microbatches + stages - 1, stages, n // stages)
     tape = [forward.spec(s) for s in forward.outputs[n_carry:]]
     return (*specs[:n_carry], *(Spec((*calls, *t.shape), np.dtype(t.dtype)) for t in tape))
+
+
+def _check_keys(keys: Any, stacked: Sequence[Spec]) -> None:
+    if not isinstance(keys, tuple) or any(
+        not isinstance(k, int) or not 0 <= k < len(stacked) for k in keys
+    ):
+        raise CommandError(
+            f"pipeline: keys={keys!r} must be a tuple of positions among the "
+            f"{len(stacked)} stacked inputs"
+        )
+    for k in keys:
+        spec = stacked[k]
+        if np.dtype(spec.dtype) != np.uint32 or tuple(spec.shape[1:]) != (2,):
+            raise CommandError(
+                f"pipeline: stacked input {k} is listed in keys but is {show(spec)}; a "
+                "per-block key stack is uint32[n, 2] (fnnc.ops.random_split)"
+            )
+
+
+def _fold_microbatches(params: tuple, keys: Sequence[int], i: Any, stages: int, m: int) -> tuple:
+    """``params`` (stage-major) with each key stack's slot ``s`` keyed for the microbatch
+    it holds in iteration ``i``: ``i - s`` (bubble slots any valid index)."""
+    if not keys:
+        return params
+    held = jnp.clip(i - jnp.arange(stages), 0, m - 1)
+    return tuple(jax.vmap(fold_keys)(p, held) if k in keys else p for k, p in enumerate(params))
 
 
 def _display(cmd: Command) -> str:
@@ -175,7 +209,7 @@ def _at(mask: Any, x: Any) -> Any:
     uses=Uses(inputs=None, outputs=tuple(range(MAX_OUTPUTS))),
 )
 def pipeline(*inputs, forward, backward, stages, microbatches, n_carry, n_stacked, wants, axis,
-             checkpoint=False):  # fmt: skip
+             checkpoint=False, keys=()):  # fmt: skip
     """``forward`` over stacked blocks as a GPipe schedule of stages (see the module doc).
 
     Build it with :func:`fnnc.graph.pipeline`. Returns the final carries, then the tape.
@@ -204,7 +238,7 @@ def pipeline(*inputs, forward, backward, stages, microbatches, n_carry, n_stacke
         state, out = loop
         entering = [lax.dynamic_index_in_dim(x, jnp.minimum(i, m - 1), 0, False) for x in micro]
         state = tuple(jnp.where(_at(first, s), x[None], s) for s, x in zip(state, entering))
-        new, saved = every_stage(state, params)
+        new, saved = every_stage(state, _fold_microbatches(params, keys, i, stages, m))
         new = tuple(shard(x) for x in new)
         # Before iteration stages - 1 the last slot holds bubble rows: they land in slot 0
         # and are overwritten by microbatch 0 when it arrives.
@@ -221,7 +255,7 @@ def pipeline(*inputs, forward, backward, stages, microbatches, n_carry, n_stacke
 
 @pipeline.backward
 def _pipeline_backward(grads, inputs, outputs, *, forward, backward, stages, microbatches,
-                       n_carry, n_stacked, wants, axis, checkpoint=False):  # fmt: skip
+                       n_carry, n_stacked, wants, axis, checkpoint=False, keys=()):  # fmt: skip
     if any(g is not None for g in grads[n_carry:]):
         raise CommandError(
             "pipeline: a tape output has a gradient; the tape is the backward's record of "
@@ -253,7 +287,8 @@ def _pipeline_backward(grads, inputs, outputs, *, forward, backward, stages, mic
             shard(d + jnp.where(_at(last, d) & (i >= stages - 1), g[leaving][None], 0))
             for d, g in zip(d_new, d_out)
         ]
-        d_in, d_k, d_xs = every_stage(tuple(d_new), saved, params)
+        keyed = _fold_microbatches(params, keys, i, stages, m)
+        d_in, d_k, d_xs = every_stage(tuple(d_new), saved, keyed)
         d_params = tuple(a + x.astype(a.dtype) for a, x in zip(d_params, d_xs))
         d_consts = tuple(a + x.sum(0).astype(a.dtype) for a, x in zip(d_consts, d_k))
         entered = jnp.minimum(i, m - 1)

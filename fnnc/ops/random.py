@@ -137,3 +137,19 @@ def random_split(key, *, n):
     ((3, 2), 'uint32')
     """
     return jax.random.key_data(jax.random.split(_key(key), n))
+
+
+def fold_keys(keys, data):
+    """Key data ``keys`` (``uint32[..., 2]``) with the integer ``data`` folded into each
+    (``jax.random.fold_in``): a fresh, independent stream per value of ``data``, the same
+    one each time. A pipelined loop (:mod:`fnnc.ops.pipeline`) folds the microbatch into
+    each block's key, so every microbatch draws its own dropout mask.
+
+    >>> import jax
+    >>> keys = jax.random.key_data(jax.random.split(jax.random.key(0), 3))
+    >>> fold_keys(keys, 1).shape
+    (3, 2)
+    """
+    flat = keys.reshape(-1, keys.shape[-1])
+    folded = jax.vmap(lambda k: jax.random.key_data(jax.random.fold_in(_key(k), data)))(flat)
+    return folded.reshape(keys.shape)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fnnc import ops
-from fnnc.errors import GraphError, ShapeError
+from fnnc.errors import CommandError, GraphError, ShapeError
 from fnnc.graph import GraphBuilder, backward, compile, interpret, pipeline, scan, verify
 from fnnc.graph.passes.remat_cost import node_flops
 from tests.helpers import assert_close, subprocess_env
@@ -169,6 +169,10 @@ def test_bad_splits_name_the_node_sizes_and_the_fix():
             checkpoint="no_such_policy",
             name="blocks",
         )
+    with pytest.raises(CommandError, match=r"stacked input 0 is listed in keys but is float32"):
+        pipeline(b, body, [x], stacked, [c], stages=2, microbatches=2, keys=(0,))
+    with pytest.raises(CommandError, match=r"keys=\(7,\) must be a tuple of positions among"):
+        pipeline(b, body, [x], stacked, [c], stages=2, microbatches=2, keys=(7,))
 
 
 MESH_SCRIPT = textwrap.dedent(
