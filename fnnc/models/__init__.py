@@ -61,9 +61,9 @@ from fnnc.models.model_function import ModelFunction as ModelFunction
 from fnnc.models.model_function import model_function as model_function
 from fnnc.models.pipeline import Pipeline as Pipeline
 from fnnc.models.repeat import Repeat as Repeat
-from fnnc.models.repeat import stack_parameters as stack_parameters
-from fnnc.models.repeat import stacked_ids as stacked_ids
-from fnnc.models.repeat import unstack_parameters as unstack_parameters
+from fnnc.models.stacks import stack_parameters as stack_parameters
+from fnnc.models.stacks import stacked_ids as stacked_ids
+from fnnc.models.stacks import unstack_parameters as unstack_parameters
 
 if TYPE_CHECKING:
     from fnnc.models.nnx_module import FnncModule as FnncModule

@@ -4,7 +4,7 @@
 
 - every parameter (internals included) in a row named by its id, as NNC names them:
   ``__ckpt-<step>__[t-fc1-0-0]``; a :class:`~fnnc.models.Repeat`'s stacks per block,
-  under the unrolled model's ids, optimizer state included (:mod:`fnnc.models.repeat`);
+  under the unrolled model's ids, optimizer state included (:mod:`fnnc.models.stacks`);
 - the optimizer state of each trainable parameter in rows named ``<id>/<field>``, the
   field path of the Optax state (``t-fc1-0-0/mu``, ``t-fc1-0-0/count``; positions are
   added, ``t-fc1-0-0/0/mu``, only where the field names alone repeat). The model's
@@ -40,7 +40,7 @@ import numpy as np
 
 from fnnc.errors import CheckpointError
 from fnnc.io import tree
-from fnnc.models import loss_scale, parallel, repeat, sharded_state
+from fnnc.models import loss_scale, parallel, sharded_state, stacks
 from fnnc.models.batches import Progress, progress
 from fnnc.models.optim import disagreements, views_like
 
@@ -120,12 +120,12 @@ def encode_model(model: Any, row: Any, metadata: Any, step: int) -> tuple[Any, A
             "(each process writes its own shards; CheckpointEvery(dir) picks it for such a "
             "model), or export the parameters with model.write(path)"
         )
-    params = repeat.unstack_parameters(model.parameters(), model)  # NNC's per-block ids
+    params = stacks.unstack_parameters(model.parameters(), model)  # NNC's per-block ids
     encoded = [(k, tree.encode(v, str(k), row)) for k, v in params.items()]
     state_data = {"$dict": [[k, data] for k, (data, _) in encoded]}
     rows = [r for _, (_, leaf_rows) in encoded for r in leaf_rows]
     opt_items = []
-    for pid, state in repeat.unstack_states(_current_states(engine), model).items():
+    for pid, state in stacks.unstack_states(_current_states(engine), model).items():
         data, opt_rows = _optimizer_rows(pid, state, row)
         opt_items.append([pid, data])
         rows += opt_rows
@@ -152,7 +152,7 @@ def restore_into(checkpoints: Any, model: Any, step: int | None = None) -> Any:
             f"checkpoint: {where} holds a {type(ckpt.state).__name__}, not a model's "
             "parameters; restore it with Checkpoints.restore()"
         )
-    saved = repeat.stack_parameters(saved, model)  # a Repeat's stacks from per-block rows
+    saved = stacks.stack_parameters(saved, model)  # a Repeat's stacks from per-block rows
     _check_same_model(where, saved, engine.infos, model.describe())
     meta = ckpt.metadata.get(TRAIN_KEY) if isinstance(ckpt.metadata, dict) else None
     key = _saved_key(where, meta)  # checked before anything of the model changes
@@ -176,7 +176,7 @@ def _saved_states(where: str, opt_saved: dict[str, Any], model: Any) -> dict[str
     agree (they were written under every parameter of the partition)."""
     states = {}
     for likes in _templates(model.engine):
-        opt_saved = repeat.stack_states(opt_saved, likes, model, tree.rebuild)
+        opt_saved = stacks.stack_states(opt_saved, likes, model, tree.rebuild)
         part = {}
         for pid, like in likes.items():
             if pid not in opt_saved:

@@ -30,7 +30,7 @@ from typing import Any
 
 from fnnc.io import read_parameters, write_parameters
 from fnnc.io.convert import Rename, Renamed, open_tensors
-from fnnc.models.repeat import stack_parameters, unstack_parameters
+from fnnc.models.stacks import stack_parameters, unstack_parameters
 
 
 def write_model(
