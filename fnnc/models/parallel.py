@@ -39,6 +39,7 @@ let process 0 alone write files).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -157,6 +158,12 @@ class Parallel:
         sizes = dict(self.mesh.shape)
         return constrain_activations(graph, dict(self.specs), sizes=sizes, data=self.axis)
 
+    @functools.cached_property
+    def named(self) -> dict[str, PartitionSpec]:
+        """Parameter id -> spec, of the rules' and the stacks' layouts (built once per
+        layout: ``param_spec`` runs once per parameter)."""
+        return {**dict(self.specs or ()), **dict(self.staged)}
+
     @property
     def size(self) -> int:
         return int(self.mesh.shape[self.axis])
@@ -174,7 +181,7 @@ class Parallel:
         """The layout of parameter ``pid`` (FSDP: trainable ones split on their first
         axis that divides by the device count, as :func:`~fnnc.graph.data_parallel`
         does; rules: its spec from :meth:`bind`; a pipelined stack: its stage layout)."""
-        named = {**dict(self.specs or ()), **dict(self.staged)}
+        named = self.named
         if self.rules is not None or pid in named:
             return named.get(pid, PartitionSpec())
         if self.mode == "fsdp" and trainable:
@@ -197,7 +204,7 @@ class Parallel:
         if self.rules is None and not self.staged:
             return plan
         specs = list(plan.inputs)
-        named = {**dict(self.specs or ()), **dict(self.staged)}
+        named = self.named
         for i, sid in enumerate(graph.inputs):
             if i not in batch and graph.symbols[sid].name in named:
                 specs[i] = named[graph.symbols[sid].name]
