@@ -316,6 +316,32 @@ def split(data: Any, where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
     return inputs, targets
 
 
+def row_multiple(model: Any) -> int:
+    """The number every batch's rows must be a multiple of: the microbatch counts of the
+    model's pipelined Repeats (their least common multiple), else 1."""
+    counts = {
+        owner.pipeline.microbatches
+        for info in model.engine.infos.values()
+        for owner in info.owners
+        if getattr(owner, "pipeline", None) is not None
+    }
+    return math.lcm(*counts) if counts else 1
+
+
+def evaluate_rows(model: Any, inputs: Sequence[Any]) -> list[np.ndarray]:
+    """``model.evaluate(inputs, is_test=True)`` as a list of arrays, for a batch of any
+    number of rows: where a pipelined Repeat needs a multiple of its microbatches
+    (:func:`row_multiple`), the rows are padded with copies of the last one and every
+    per-row output is cut back to the rows given. (Predicting and scoring take per-row
+    outputs already; the padding rows only fill microbatches and are never returned.)"""
+    rows = len(inputs[0]) if inputs else 0
+    pad = -rows % row_multiple(model) if rows else 0
+    if pad:
+        inputs = [np.concatenate([x, np.repeat(x[-1:], pad, axis=0)]) for x in inputs]
+    outs = [np.asarray(o) for o in as_list(model.evaluate(list(inputs), is_test=True))]
+    return [o[:rows] if pad and o.ndim and len(o) == rows + pad else o for o in outs]
+
+
 def in_batches(
     fn: Callable[[list[Any]], Any], inputs: Sequence[Any], batch_size: int
 ) -> list[np.ndarray]:

@@ -113,7 +113,8 @@ class Pipeline:
             raise ModelError(
                 f"{where}: its input {list(shape)} has {rows}, which does not split into "
                 f"microbatches={self.microbatches}; feed batches that are a multiple of "
-                f"{self.microbatches} or pick microbatches dividing the batch"
+                f"{self.microbatches} or pick microbatches dividing the batch "
+                "(Model.predict and score pad a last short batch themselves)"
             )
         return (shape[0] // self.microbatches, *shape[1:])
 

@@ -76,8 +76,7 @@ def outputs_and_targets(model: Any, read: Read) -> tuple[list[np.ndarray], list[
     outs: list[list[np.ndarray]] = []
     targets: list[list[np.ndarray]] = []
     for inputs_b, targets_b in read():
-        out = model.evaluate(inputs_b, is_test=True)
-        outs.append([np.asarray(o) for o in feed.as_list(out)])
+        outs.append(feed.evaluate_rows(model, feed.as_list(inputs_b)))
         targets.append([np.asarray(t) for t in targets_b])
     if not outs:
         raise ModelError("train: the validation data gave no batches; pass a non-empty set")

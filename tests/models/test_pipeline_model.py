@@ -126,6 +126,25 @@ def test_pipelined_repeat_trains_as_the_plain_repeat_on_one_device():
     assert "pipeline[stages=4; microbatches=2" in str(fit.program.graph)
 
 
+def test_predict_score_and_validation_take_batches_of_any_size():
+    """11 rows in batches of 8 for microbatches=4: the last batch (3 rows) is padded to 4
+    and cut back, so every row's output is the plain Repeat's (rows are independent)."""
+    plain, piped = make(), make(Pipeline(2, 4))
+    for m in (plain, piped):
+        m.compile(XS, loss="mse", minimizer=optax.sgd(0.05))
+    piped.set_parameters(plain.parameters())
+    xs = np.random.default_rng(5).normal(size=(11, 3)).astype(np.float32)
+    ys = np.random.default_rng(6).normal(size=(11, 2)).astype(np.float32)
+    want = plain.predict(xs, batch_size=8)
+    np.testing.assert_allclose(piped.predict(xs, batch_size=8), want, rtol=1e-5, atol=1e-6)
+    got = piped.score((xs, ys), batch_size=8)
+    np.testing.assert_allclose(got["loss"], plain.score((xs, ys), batch_size=8)["loss"], 1e-5)
+    history = piped.train((XS, YS), epochs=1, batch_size=8, validation=(xs, ys), verbose=False)
+    assert np.isfinite(history["val_loss"][-1])
+    with pytest.raises(ModelError, match=r"has 6 rows.*predict and score pad"):
+        piped.evaluate(xs[:6])
+
+
 def test_one_device_stage_mesh_lays_stacks_on_the_stage_axis():
     mesh = jax.make_mesh((1,), ("stage",))
     m, _ = trained(Pipeline(2, 4), steps=1, mesh=mesh, sharding="pipeline")
