@@ -28,8 +28,10 @@ built by fnnc's ``backward`` pass, ``remat`` for checkpointing), for one microba
 ``forward`` (inputs ``(*carry, *slices, *consts)``, outputs ``(*carry', *saved)``) and
 ``backward`` (inputs ``(*saved, *slices, *consts, *dcarry')``, outputs the gradients
 of the inputs ``wants`` lists). Node inputs are ``(*carry, *stacked, *consts)``; outputs
-the final carries, then the tape: ``saved[k]`` of every block call, ``[T, stages,
-n/stages, *shape]`` (bubble calls included: ``(stages - 1) / T`` of it is never read).
+the final carries, then the tape: ``saved[k]`` of every real block call, ``[stages,
+microbatches, n/stages, *shape]`` (stage ``s``'s calls on microbatch ``mb``, written in
+iteration ``mb + s``). The bubble calls write nothing, so the tape holds ``microbatches``
+calls per block, not ``T``.
 
 Random keys: the stacked inputs listed in ``keys`` are per-block key data (``uint32[n,
 2]``, e.g. :func:`~fnnc.ops.random_split` rows). The call of block ``j`` on microbatch
@@ -119,7 +121,7 @@ def _pipeline_shape(*specs: Spec, forward, backward, stages, microbatches, n_car
     n = specs[n_carry].shape[0]
     _check_scan(forward, backward, n, n_carry, n_stacked, wants)
     check_inputs("pipeline", "forward body", forward, sliced)
-    calls = (microbatches + stages - 1, stages, n // stages)
+    calls = (stages, microbatches, n // stages)
     tape = [forward.spec(s) for s in forward.outputs[n_carry:]]
     return (*specs[:n_carry], *(Spec((*calls, *t.shape), np.dtype(t.dtype)) for t in tape))
 
@@ -234,8 +236,8 @@ def pipeline(*inputs, forward, backward, stages, microbatches, n_carry, n_stacke
     # The bubble slots start as copies of microbatch 0, so blocks only ever see real rows.
     state0 = tuple(shard(jnp.broadcast_to(x[0], (stages, *x.shape[1:]))) for x in micro)
 
-    def step(loop: tuple, i: Any) -> tuple[tuple, tuple]:
-        state, out = loop
+    def step(loop: tuple, i: Any) -> tuple[tuple, None]:
+        state, out, tape = loop
         entering = [lax.dynamic_index_in_dim(x, jnp.minimum(i, m - 1), 0, False) for x in micro]
         state = tuple(jnp.where(_at(first, s), x[None], s) for s, x in zip(state, entering))
         new, saved = every_stage(state, _fold_microbatches(params, keys, i, stages, m))
@@ -245,12 +247,39 @@ def pipeline(*inputs, forward, backward, stages, microbatches, n_carry, n_stacke
         slot = jnp.maximum(i - (stages - 1), 0)
         out = tuple(lax.dynamic_update_index_in_dim(o, x[-1], slot, 0) for o, x in zip(out, new))
         state = tuple(shard(jnp.roll(x, 1, axis=0)) for x in new)
-        return (state, out), tuple(shard(t) for t in saved)
+        held, real = _held(i, stages, m)
+        tape = tuple(shard(_record(t, x, held, real)) for t, x in zip(tape, saved))
+        return (state, out, tape), None
 
     out0 = tuple(jnp.zeros_like(x) for x in micro)
-    (_, out), tape = lax.scan(step, (state0, out0), jnp.arange(m + stages - 1))
-    outs = (*(_merge(o) for o in out), *(shard(t, dim=1) for t in tape))
+    tape0 = _empty_tape(forward, n_carry, stages, m, params[0].shape[1], shard)
+    (_, out, tape), _ = lax.scan(step, (state0, out0, tape0), jnp.arange(m + stages - 1))
+    outs = (*(_merge(o) for o in out), *tape)
     return outs[0] if len(outs) == 1 else outs
+
+
+def _held(i: Any, stages: int, m: int) -> tuple[Any, Any]:
+    """The microbatch each stage's slot holds in iteration ``i`` (clamped to a valid
+    index) and whether it is a real one (not a bubble)."""
+    held = i - jnp.arange(stages)
+    return jnp.clip(held, 0, m - 1), (held >= 0) & (held < m)
+
+
+def _record(tape: Any, saved: Any, held: Any, real: Any) -> Any:
+    """``tape`` (``[stages, m, ...]``) with each stage's ``saved`` written at the
+    microbatch it holds, where that is a real call (a bubble's leaves the tape as is)."""
+
+    def one(t: Any, x: Any, j: Any, ok: Any) -> Any:
+        old = lax.dynamic_index_in_dim(t, j, 0, False)
+        return lax.dynamic_update_index_in_dim(t, jnp.where(ok, x, old), j, 0)
+
+    return jax.vmap(one)(tape, saved, held, real)
+
+
+def _empty_tape(forward: Any, n_carry: int, stages: int, m: int, group: int, shard: Any) -> tuple:
+    """Zeros ``[stages, m, n/stages, *shape]`` for each tensor a block call saves."""
+    specs = [forward.spec(s) for s in forward.outputs[n_carry:]]
+    return tuple(shard(jnp.zeros((stages, m, group, *t.shape), t.dtype)) for t in specs)
 
 
 @pipeline.backward
@@ -262,7 +291,7 @@ def _pipeline_backward(grads, inputs, outputs, *, forward, backward, stages, mic
             "the schedule and must only be read by the pipeline's own gradient node"
         )
     m, cut = microbatches, n_carry + n_stacked
-    consts, tape = tuple(inputs[cut:]), tuple(outputs[n_carry:])
+    consts, tape = tuple(inputs[cut:]), tuple(outputs[n_carry:])  # [stages, m, n/stages, ...]
     shard = stage_constraint(axis, stages)
     params = tuple(
         shard(s.reshape(stages, s.shape[0] // stages, *s.shape[1:])) for s in inputs[n_carry:cut]
@@ -276,9 +305,12 @@ def _pipeline_backward(grads, inputs, outputs, *, forward, backward, stages, mic
     first = lax.broadcasted_iota(jnp.int32, (stages,), 0) == 0
     last = lax.broadcasted_iota(jnp.int32, (stages,), 0) == stages - 1
 
-    def step(acc: tuple, per: tuple) -> tuple[tuple, None]:
+    def step(acc: tuple, i: Any) -> tuple[tuple, None]:
         d_state, d_params, d_consts, d_micro = acc
-        i, saved = per
+        # a bubble call reads a real call's record: its cotangent is zero, so is its part
+        held, _ = _held(i, stages, m)
+        saved = tuple(jax.vmap(lambda t, j: lax.dynamic_index_in_dim(t, j, 0, False))(t, held)
+                      for t in tape)  # fmt: skip
         # transposes, last forward operation first: the roll, the output write (only the
         # write of iteration j + stages - 1 to slot j survived), the blocks, the injection
         d_new = [jnp.roll(d, -1, axis=0) for d in d_state]
@@ -310,7 +342,7 @@ def _pipeline_backward(grads, inputs, outputs, *, forward, backward, stages, mic
         tuple(jnp.zeros_like(d) for d in d_out),
     )
     iters = jnp.arange(m + stages - 1)
-    (d_state, d_params, d_consts, d_micro), _ = lax.scan(step, init, (iters, tape), reverse=True)
+    (d_state, d_params, d_consts, d_micro), _ = lax.scan(step, init, iters, reverse=True)
     # the initial buffer was microbatch 0 broadcast to every slot
     d_micro = tuple(dm.at[0].add(d.sum(0)) for dm, d in zip(d_micro, d_state))
     out: list[Any] = [None] * len(inputs)

@@ -92,9 +92,19 @@ def test_checkpoint_drops_the_blocks_activations_from_xla_temporaries():
     iteration; with it, only each block's input (then recomputes the block)."""
     n, stages, microbatches = 8, 2, 2
     plain, ckpt = (compile(_piped(n, stages, microbatches, c)).memory() for c in (False, True))
-    iterations, rows = microbatches + stages - 1, B // microbatches
-    relu_bytes = iterations * n * rows * 2 * W * 4  # [rows, 2W] float32 per block call
+    rows = B // microbatches  # the tape holds every block's real calls, no bubble's
+    relu_bytes = microbatches * n * rows * 2 * W * 4  # [rows, 2W] float32 per block call
     assert plain.temp_bytes - ckpt.temp_bytes >= relu_bytes, (plain, ckpt)
+
+
+def test_the_tape_keeps_no_bubble_calls():
+    """The tape holds ``microbatches`` calls of each block: the ``stages - 1`` bubble
+    iterations of each stage record nothing (they were ``(stages - 1) / T`` of it)."""
+    n, stages, microbatches = 4, 4, 2
+    graph = _piped(n, stages, microbatches, False)
+    (node,) = [nd for nd in graph.nodes if nd.cmd.name == "pipeline"]
+    for sid in node.outputs[1:]:
+        assert graph.spec(sid).shape[:3] == (stages, microbatches, n // stages)
 
 
 def test_pipeline_equals_scan_and_interpret_agrees():
