@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -106,3 +108,10 @@ def run_on_cpu_devices(script: str, devices: int = 4, timeout: int = 600) -> str
     assert done.returncode == 0, done.stderr[-4000:]
     assert "OK" in done.stdout, done.stdout[-2000:]
     return done.stdout
+
+
+def fetch_rows(path: Any, query: str, params: Sequence[Any] = ()) -> list[tuple]:
+    """The rows of one SQL query on the file ``path``, on a connection closed at once
+    (Python 3.13 reports a connection left to the garbage collector)."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return conn.execute(query, params).fetchall()

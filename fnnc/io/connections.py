@@ -21,6 +21,7 @@ in WAL mode still reads, since SQLite's read-only WAL readers open the ``-wal`` 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import urllib.parse
@@ -186,6 +187,15 @@ class Handle:
         if self.conn is not None:
             self.conn.close()
         self.conn, self.writing, self.closed = None, False, True
+
+    def __del__(self) -> None:
+        # A file dropped without close() (``TensorFile(path).names()``) closes its
+        # connection here, as a file object does, rather than leaving it to the
+        # garbage collector (which Python 3.13 reports as a ResourceWarning).
+        conn = getattr(self, "conn", None)
+        if conn is not None:
+            with contextlib.suppress(Exception):  # a finaliser must not raise
+                conn.close()
 
     def _adopt(self, conn: sqlite3.Connection, *, writing: bool) -> None:
         try:

@@ -10,12 +10,13 @@ attached as ``__cause__``.
 
 >>> import sqlite3
 >>> from fnnc.io.sqlite_errors import translate
->>> err = sqlite3.connect(":memory:").execute  # no table: SQLite's "no such table"
+>>> conn = sqlite3.connect(":memory:")  # no table: SQLite's "no such table"
 >>> try:
-...     err("SELECT data FROM tensors")
+...     conn.execute("SELECT data FROM tensors")
 ... except sqlite3.Error as e:
 ...     print(translate(e, "w.sqlite", "read"))  # doctest: +ELLIPSIS
 w.sqlite: cannot read: no such table: tensors; the file's tables are not NNC's layout ...
+>>> conn.close()
 """
 
 from __future__ import annotations

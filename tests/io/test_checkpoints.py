@@ -1,5 +1,6 @@
 """Checkpoint journal: steps, restore, retention, optimizer state, metadata."""
 
+import contextlib
 import sqlite3
 from typing import NamedTuple
 
@@ -152,8 +153,8 @@ def test_failed_save_leaves_everything(tmp_path):
         with pytest.raises(CheckpointError, match=r"tuple key"):
             ckpt.save(2, {(1, 2): np.ones(1)})
         assert ckpt.steps() == [1]
-    conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
 def test_unimported_namedtuple_needs_a_template(tmp_path):

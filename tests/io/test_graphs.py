@@ -10,6 +10,7 @@ from fnnc import ops
 from fnnc.errors import GraphFormatError
 from fnnc.graph import GraphBuilder, interpret, to_data
 from fnnc.io import TensorFile, graph_names, load_from, save_to, write_parameters
+from tests.helpers import fetch_rows
 
 
 def mlp():
@@ -32,8 +33,8 @@ def test_graph_and_weights_in_one_file(tmp_path):
     assert back == mlp()
     x = np.ones((2, 3), np.float32)
     np.testing.assert_array_equal(interpret(back, x, w), interpret(mlp(), x, w))
-    stored = sqlite3.connect(path).execute("SELECT data FROM fnnc_graphs WHERE name='forward'")
-    assert json.loads(stored.fetchone()[0]) == json.loads(json.dumps(to_data(mlp())))
+    stored = fetch_rows(path, "SELECT data FROM fnnc_graphs WHERE name='forward'")
+    assert json.loads(stored[0][0]) == json.loads(json.dumps(to_data(mlp())))
 
 
 def test_missing_and_damaged_graphs(tmp_path):

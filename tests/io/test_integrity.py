@@ -11,7 +11,7 @@ import pytest
 from fnnc.errors import TensorFileError
 from fnnc.io import TensorFile
 from fnnc.io.cli import main
-from tests.helpers import NNC_FILES, needs_nnc_files
+from tests.helpers import NNC_FILES, fetch_rows, needs_nnc_files
 
 # /work/shared/nnc-files beside the repository: written by libccv (liuliu/ccv c6ce5b1)
 # ccv_nnc_tensor_io.c's statement, as NNC creates the table
@@ -38,20 +38,16 @@ def test_the_tensors_table_is_nnc_s(written, tmp_path):
     schema = "SELECT sql FROM sqlite_master WHERE name='tensors'"
     columns = "PRAGMA table_info(tensors)"
     for query in (schema, columns):
-        got = sqlite3.connect(path).execute(query).fetchall()
-        assert got == sqlite3.connect(nnc).execute(query).fetchall()
+        assert fetch_rows(path, query) == fetch_rows(nnc, query)
 
 
 def test_the_checksum_is_crc32_of_the_stored_row(written):
     path, arrays = written
-    conn = sqlite3.connect(path)
     for name in arrays:
-        rowid, type_, fmt, datatype, dim, data = conn.execute(
-            "SELECT rowid, type, format, datatype, dim, data FROM tensors WHERE name=?", (name,)
-        ).fetchone()
-        row, algo, digest = conn.execute(
-            "SELECT row, algo, digest FROM fnnc_checksums WHERE name=?", (name,)
-        ).fetchone()
+        query = "SELECT rowid, type, format, datatype, dim, data FROM tensors WHERE name=?"
+        ((rowid, type_, fmt, datatype, dim, data),) = fetch_rows(path, query, (name,))
+        query = "SELECT row, algo, digest FROM fnnc_checksums WHERE name=?"
+        ((row, algo, digest),) = fetch_rows(path, query, (name,))
         head = struct.pack("<3q", type_, fmt, datatype) + dim
         assert (row, algo, digest) == (rowid, "crc32", f"{zlib.crc32(head + data):08x}")
 
@@ -125,5 +121,5 @@ def test_checksums_follow_rows_in_transactions_and_deletes(written):
         f.delete("b")
         f.discard(["a", "nope"])
         f.write("d", np.ones(1, np.float32))
-    names = sqlite3.connect(path).execute("SELECT name FROM fnnc_checksums").fetchall()
+    names = fetch_rows(path, "SELECT name FROM fnnc_checksums")
     assert names == [("d",)]

@@ -11,6 +11,7 @@ import pytest
 
 from fnnc.errors import CheckpointError
 from fnnc.io import Checkpoints
+from tests.helpers import fetch_rows
 
 
 class Pair(NamedTuple):
@@ -23,7 +24,7 @@ def saved(tmp_path):
     path = str(tmp_path / "run.ckpt")
     with Checkpoints(path) as ckpt:
         ckpt.save(4, {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "p": Pair(np.ones(2), 1)})
-    text = sqlite3.connect(path).execute("SELECT manifest FROM fnnc_checkpoints").fetchone()[0]
+    text = fetch_rows(path, "SELECT manifest FROM fnnc_checkpoints")[0][0]
     return path, json.loads(text)
 
 
@@ -117,7 +118,7 @@ def test_damaged_manifests(saved, name):
 def test_damage_under_the_saved_checksum_is_named_as_such(saved, name):
     path, manifest = saved
     query = "SELECT checksum FROM fnnc_checkpoints"
-    checksum = sqlite3.connect(path).execute(query).fetchone()[0]
+    checksum = fetch_rows(path, query)[0][0]
     edit(path, EDITS[name][0](manifest), checksum)
     with Checkpoints(path) as ckpt, pytest.raises(CheckpointError, match=r"checksum") as e:
         ckpt.restore()

@@ -12,6 +12,7 @@ from fnnc.errors import CheckpointError
 from fnnc.io import Checkpoints, TensorFile
 from fnnc.io.cli import main
 from fnnc.models import Dense, Input, Model
+from tests.helpers import fetch_rows
 
 X = np.random.default_rng(0).standard_normal((8, 3)).astype(np.float32)
 Y = np.arange(8, dtype=np.int32) % 2
@@ -81,7 +82,7 @@ def test_the_checksum_is_crc32_of_step_created_and_manifest(tmp_path, trained, c
     with Checkpoints(path) as ckpt:
         ckpt.save(7, trained)
         ckpt.save(9, {"w": np.ones(3)})
-    rows = sqlite3.connect(path).execute("SELECT * FROM fnnc_checkpoints").fetchall()
+    rows = fetch_rows(path, "SELECT * FROM fnnc_checkpoints")
     for step, created, manifest, checksum in rows:
         text = f"{step!r}\n{created!r}\n".encode() + manifest.encode()
         assert checksum == f"crc32:{zlib.crc32(text):08x}"

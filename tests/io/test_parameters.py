@@ -1,7 +1,5 @@
 """Model parameters under NNC's row names (ccv_cnnp_model_io.c)."""
 
-import sqlite3
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +7,7 @@ import pytest
 
 from fnnc.errors import ParameterError
 from fnnc.io import TensorFile, internal_row, parameter_row, read_parameters, write_parameters
+from tests.helpers import fetch_rows
 
 PARAMS = {
     "t-linear-0-0": np.arange(12, dtype=np.float32).reshape(4, 3),
@@ -22,7 +21,7 @@ INTERNALS = {
 
 
 def rows(path):
-    return sorted(r[0] for r in sqlite3.connect(path).execute("SELECT name FROM tensors"))
+    return sorted(r[0] for r in fetch_rows(path, "SELECT name FROM tensors"))
 
 
 def test_row_names_are_nnc_names(tmp_path):

@@ -13,6 +13,7 @@ import fnnc.graph
 from fnnc.errors import CheckpointError, FnncError, GraphFormatError, TensorFileError
 from fnnc.io import Checkpoints, TensorFile, connections, graph_names, load_from, read_parameters
 from fnnc.io.cli import main
+from tests.helpers import fetch_rows
 
 
 def digest(path):
@@ -76,7 +77,7 @@ def test_an_unrelated_database_is_left_as_it_is(tmp_path):
         with pytest.raises(TensorFileError, match=r"other\.db: no tensors table"):
             call()
     assert digest(path) == before and os.listdir(tmp_path) == ["other.db"]
-    tables = sqlite3.connect(path).execute("SELECT name FROM sqlite_master").fetchall()
+    tables = fetch_rows(path, "SELECT name FROM sqlite_master")
     assert tables == [("users",)]
 
 

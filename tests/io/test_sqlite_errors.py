@@ -8,6 +8,7 @@ import pytest
 
 from fnnc.errors import CheckpointError, TensorFileError
 from fnnc.io import Checkpoints, TensorFile
+from tests.helpers import fetch_rows
 
 NNC_CREATE = (
     "CREATE TABLE IF NOT EXISTS tensors (name TEXT, type INTEGER, format INTEGER, "
@@ -31,11 +32,7 @@ def test_a_corrupted_btree_page(tmp_path):
     path = str(tmp_path / "bad.sqlite")
     with TensorFile(path) as f:
         f.write("w", np.ones(4, np.float32))
-    root = (
-        sqlite3.connect(path)
-        .execute("SELECT rootpage FROM sqlite_master WHERE name='tensors'")
-        .fetchone()[0]
-    )
+    root = fetch_rows(path, "SELECT rootpage FROM sqlite_master WHERE name='tensors'")[0][0]
     with open(path, "r+b") as raw:  # garbage over the tensors table's root page header
         raw.seek((root - 1) * 65536)
         raw.write(b"\x07" * 64)

@@ -11,6 +11,7 @@ import pytest
 
 from fnnc.errors import DTypeError, FnncError, ShapeError, TensorFileError, TensorNotFoundError
 from fnnc.io import Codec, TensorFile, register_codec, unregister_codec
+from tests.helpers import fetch_rows
 
 NNC_CODES = {
     np.uint8: 0x1000,
@@ -277,7 +278,7 @@ def test_codecs(tmp_path):
                 register_codec(Codec(0x9ABCDEF0, zlib_codec.encode, zlib_codec.decode))
         finally:
             unregister_codec(0x9ABCDEF0)
-    stored = sqlite3.connect(path).execute("SELECT type FROM tensors WHERE name='z'").fetchone()[0]
+    stored = fetch_rows(path, "SELECT type FROM tensors WHERE name='z'")[0][0]
     assert stored & 0xFFFFFFFFFFFFFFFF == (0x9ABCDEF0 << 32) | 0xFFF01
     with pytest.raises(ValueError, match=r"identifier"):
         Codec(0, zlib_codec.encode, zlib_codec.decode)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import sqlite3
-
 import numpy as np
 import optax
 import pytest
 
 from fnnc.errors import ParameterError
 from fnnc.models import BatchNorm, Dense, Flatten, ReLU, Sequential
-from tests.helpers import rand
+from tests.helpers import fetch_rows, rand
 
 
 def _model(width=4):
@@ -26,7 +24,7 @@ def test_round_trip_and_nnc_row_names(tmp_path):
     a.fit([x], [np.array([0, 1, 0, 1], np.int32)])
     path = tmp_path / "model.sqlite3"
     a.write(path, name="net")
-    rows = sorted(r[0] for r in sqlite3.connect(path).execute("SELECT name FROM tensors"))
+    rows = sorted(r[0] for r in fetch_rows(path, "SELECT name FROM tensors"))
     assert "__net__[t-fc-0-0]" in rows and "__net__[r-bn-0-0(0)]" in rows
     b = _model()
     b.compile([x])

@@ -4,7 +4,6 @@ ids and row format, and what ``Model.write`` and ``Checkpoints`` name."""
 from __future__ import annotations
 
 import pathlib
-import sqlite3
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from fnnc.errors import ParameterError
 from fnnc.io import Checkpoints, TensorFile
 from fnnc.models import BatchNorm, Dense, Model, ReLU, Sequential
-from tests.helpers import NNC_FILES, needs_nnc_files
+from tests.helpers import NNC_FILES, fetch_rows, needs_nnc_files
 
 # The weights, input and output in NNC_FILES/README.md.
 W1 = np.array([[(((o * 4 + i) * 5) % 11 - 5) / 8 for i in range(4)] for o in range(8)], np.float32)
@@ -38,7 +37,7 @@ def _compiled(model: Model) -> Model:
 
 
 def _rows(path: pathlib.Path) -> list[str]:
-    return sorted(r[0] for r in sqlite3.connect(path).execute("SELECT name FROM tensors"))
+    return sorted(r[0] for r in fetch_rows(path, "SELECT name FROM tensors"))
 
 
 def _forward(x: np.ndarray) -> np.ndarray:
