@@ -1,5 +1,6 @@
 """TensorFile against NNC's byte layout, read directly with sqlite3."""
 
+import gc
 import sqlite3
 import struct
 import zlib
@@ -282,3 +283,18 @@ def test_codecs(tmp_path):
     assert stored & 0xFFFFFFFFFFFFFFFF == (0x9ABCDEF0 << 32) | 0xFFF01
     with pytest.raises(ValueError, match=r"identifier"):
         Codec(0, zlib_codec.encode, zlib_codec.decode)
+
+
+def test_a_file_dropped_without_close_closes_its_connection(tmp_path):
+    """``TensorFile(path).names()`` leaves nothing open (Python 3.13 would report a
+    connection left to the garbage collector)."""
+    path = tmp_path / "w.sqlite"
+    with TensorFile(path) as f:
+        f.write("w", np.ones(2, np.float32))
+    f = TensorFile(path, readonly=True)
+    assert f.names() == ["w"]
+    conn = f.connection
+    del f
+    gc.collect()
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        conn.execute("SELECT 1")
