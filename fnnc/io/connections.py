@@ -41,7 +41,13 @@ def _uri(path: str, mode: str) -> str:
 
 
 def _connect(path: str, mode: str) -> sqlite3.Connection:
-    return sqlite3.connect(_uri(path, mode), uri=True, isolation_level=None, timeout=TIMEOUT)
+    # check_same_thread=False: a file made in one thread (a data loader's per-thread
+    # reader) may be closed by the garbage collector in another; each connection is
+    # still used by one thread at a time, and SQLite itself is serialized.
+    return sqlite3.connect(
+        _uri(path, mode), uri=True, isolation_level=None, timeout=TIMEOUT,
+        check_same_thread=False,
+    )  # fmt: skip
 
 
 def missing(path: str) -> TensorFileError:

@@ -3,6 +3,7 @@
 import gc
 import sqlite3
 import struct
+import threading
 import zlib
 
 import jax.numpy as jnp
@@ -295,6 +296,23 @@ def test_a_file_dropped_without_close_closes_its_connection(tmp_path):
     assert f.names() == ["w"]
     conn = f.connection
     del f
+    gc.collect()
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        conn.execute("SELECT 1")
+
+
+def test_a_file_made_in_another_thread_is_closed_when_dropped_here(tmp_path):
+    """A data loader's per-thread reader is collected in whichever thread drops it."""
+    path = tmp_path / "w.sqlite"
+    with TensorFile(path) as f:
+        f.write("w", np.ones(2, np.float32))
+    made = []
+    worker = threading.Thread(target=lambda: made.append(TensorFile(path, readonly=True)))
+    worker.start()
+    worker.join()
+    assert made[0].names() == ["w"]
+    conn = made[0].connection
+    made.clear()
     gc.collect()
     with pytest.raises(sqlite3.ProgrammingError, match="closed"):
         conn.execute("SELECT 1")
