@@ -328,14 +328,15 @@ def row_multiple(model: Any) -> int:
     return math.lcm(*counts) if counts else 1
 
 
-def evaluate_rows(model: Any, inputs: Sequence[Any]) -> list[np.ndarray]:
+def evaluate_rows(model: Any, inputs: Sequence[Any], multiple: int) -> list[np.ndarray]:
     """``model.evaluate(inputs, is_test=True)`` as a list of arrays, for a batch of any
     number of rows: where a pipelined Repeat needs a multiple of its microbatches
-    (:func:`row_multiple`), the rows are padded with copies of the last one and every
-    per-row output is cut back to the rows given. (Predicting and scoring take per-row
-    outputs already; the padding rows only fill microbatches and are never returned.)"""
+    (``multiple``, :func:`row_multiple`, found once per pass over the data), the rows
+    are padded with copies of the last one and every per-row output is cut back to the
+    rows given. (Predicting and scoring take per-row outputs already; the padding rows
+    only fill microbatches and are never returned.)"""
     rows = len(inputs[0]) if inputs else 0
-    pad = -rows % row_multiple(model) if rows else 0
+    pad = -rows % multiple if rows else 0
     if pad:
         inputs = [np.concatenate([x, np.repeat(x[-1:], pad, axis=0)]) for x in inputs]
     outs = [np.asarray(o) for o in as_list(model.evaluate(list(inputs), is_test=True))]

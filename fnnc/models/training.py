@@ -272,5 +272,6 @@ def predict(model: Any, inputs: Any, *, batch_size: int = 256, all_outputs: bool
     """The model's outputs (test mode) over all samples of ``inputs`` in batches: one
     array for a one-output model, else a list (``all_outputs``: always a list)."""
     inputs = [np.asarray(x) for x in feed.as_list(inputs)]
-    outs = feed.in_batches(lambda xs: feed.evaluate_rows(model, xs), inputs, batch_size)
+    multiple = feed.row_multiple(model)
+    outs = feed.in_batches(lambda xs: feed.evaluate_rows(model, xs, multiple), inputs, batch_size)
     return outs if all_outputs or len(outs) != 1 else outs[0]

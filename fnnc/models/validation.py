@@ -75,8 +75,9 @@ def outputs_and_targets(model: Any, read: Read) -> tuple[list[np.ndarray], list[
     each concatenated over batches (one array per output / target)."""
     outs: list[list[np.ndarray]] = []
     targets: list[list[np.ndarray]] = []
+    multiple = feed.row_multiple(model)
     for inputs_b, targets_b in read():
-        outs.append(feed.evaluate_rows(model, feed.as_list(inputs_b)))
+        outs.append(feed.evaluate_rows(model, feed.as_list(inputs_b), multiple))
         targets.append([np.asarray(t) for t in targets_b])
     if not outs:
         raise ModelError("train: the validation data gave no batches; pass a non-empty set")

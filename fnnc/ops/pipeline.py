@@ -143,12 +143,11 @@ def _check_keys(keys: Any, stacked: Sequence[Spec]) -> None:
             )
 
 
-def _fold_microbatches(params: tuple, keys: Sequence[int], i: Any, stages: int, m: int) -> tuple:
-    """``params`` (stage-major) with each key stack's slot ``s`` keyed for the microbatch
-    it holds in iteration ``i``: ``i - s`` (bubble slots any valid index)."""
+def _fold_microbatches(params: tuple, keys: Sequence[int], held: Any) -> tuple:
+    """``params`` (stage-major) with each key stack's stage ``s`` keyed for microbatch
+    ``held[s]``, the one that stage works on (:func:`_held`)."""
     if not keys:
         return params
-    held = jnp.clip(i - jnp.arange(stages), 0, m - 1)
     return tuple(jax.vmap(fold_keys)(p, held) if k in keys else p for k, p in enumerate(params))
 
 
@@ -238,16 +237,16 @@ def pipeline(*inputs, forward, backward, stages, microbatches, n_carry, n_stacke
 
     def step(loop: tuple, i: Any) -> tuple[tuple, None]:
         state, out, tape = loop
+        held, real = _held(i, stages, m)
         entering = [lax.dynamic_index_in_dim(x, jnp.minimum(i, m - 1), 0, False) for x in micro]
         state = tuple(jnp.where(_at(first, s), x[None], s) for s, x in zip(state, entering))
-        new, saved = every_stage(state, _fold_microbatches(params, keys, i, stages, m))
+        new, saved = every_stage(state, _fold_microbatches(params, keys, held))
         new = tuple(shard(x) for x in new)
         # Before iteration stages - 1 the last slot holds bubble rows: they land in slot 0
         # and are overwritten by microbatch 0 when it arrives.
         slot = jnp.maximum(i - (stages - 1), 0)
         out = tuple(lax.dynamic_update_index_in_dim(o, x[-1], slot, 0) for o, x in zip(out, new))
         state = tuple(shard(jnp.roll(x, 1, axis=0)) for x in new)
-        held, real = _held(i, stages, m)
         tape = tuple(shard(_record(t, x, held, real)) for t, x in zip(tape, saved))
         return (state, out, tape), None
 
@@ -319,7 +318,7 @@ def _pipeline_backward(grads, inputs, outputs, *, forward, backward, stages, mic
             shard(d + jnp.where(_at(last, d) & (i >= stages - 1), g[leaving][None], 0))
             for d, g in zip(d_new, d_out)
         ]
-        keyed = _fold_microbatches(params, keys, i, stages, m)
+        keyed = _fold_microbatches(params, keys, held)
         d_in, d_k, d_xs = every_stage(tuple(d_new), saved, keyed)
         d_params = tuple(a + x.astype(a.dtype) for a, x in zip(d_params, d_xs))
         d_consts = tuple(a + x.sum(0).astype(a.dtype) for a, x in zip(d_consts, d_k))
