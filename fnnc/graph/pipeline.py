@@ -60,6 +60,7 @@ def pipeline(
     checkpoint: Checkpoint = False,
     name: str | None = None,
     keys: Sequence[int] = (),
+    n_ys: int = 0,
 ) -> tuple[Symbol, ...]:
     """Adds a ``pipeline`` node: the blocks of ``stacked`` in ``stages`` stages.
 
@@ -67,10 +68,15 @@ def pipeline(
     :func:`~fnnc.graph.scan`; blocks ``k n/stages ... (k+1) n/stages - 1`` form stage
     ``k``, placed on the ``k``-th device group of mesh axis ``axis``.
 
+    With ``n_ys``, the body's last ``n_ys`` outputs are per-call results (each block's
+    new batch-norm running statistics, say): no gradient flows through them, and the
+    node returns each of every block on every microbatch, ``[n, microbatches, *shape]``.
+
     Args:
         builder: the outer graph's builder.
         body: one block, built for one microbatch: inputs ``(*carry, *slices,
-            *consts)``, outputs the next carry, each with its carry input's spec.
+            *consts)``, outputs the next carry, each with its carry input's spec, then
+            the ``n_ys`` per-call results.
         carry: outer symbols, the initial carried values; their leading axis is the
             batch, split into ``microbatches``.
         stacked: outer symbols ``[n, *slice]``, the blocks' parameters (``n``
@@ -86,9 +92,11 @@ def pipeline(
         keys: positions in ``stacked`` of per-block random keys (``uint32[n, 2]``,
             :func:`fnnc.ops.random_split` rows): each block call reads its block's key
             with the microbatch folded in, so every microbatch draws its own mask.
+        n_ys: how many of the body's outputs, after the carries, are per-call results.
 
     Returns:
-        The final carried values, one per ``carry``.
+        The final carried values, one per ``carry``, then the ``n_ys`` results
+        ``[n, microbatches, *shape]``.
 
     Raises:
         GraphError: the body's inputs do not match the call.
@@ -157,7 +165,7 @@ def pipeline(
                     f"{c.shape[0]} rows / microbatches={microbatches} = {rows} rows"
                 )
     try:
-        forward, grad, wants = scan_bodies(body, n_carry, n_stacked, checkpoint)
+        forward, grad, wants = scan_bodies(body, n_carry, n_stacked, checkpoint, n_ys)
     except GraphError as e:
         raise GraphError(f"{where}: {str(e).removeprefix('scan: ')}") from None
     cmd = ops.pipeline(
@@ -171,7 +179,8 @@ def pipeline(
         axis=axis,
         checkpoint=checkpoint,
         keys=tuple(int(k) for k in keys),
+        n_ys=n_ys,
     )
     outs = builder.exec(cmd, *carry, *stacked, *consts, name=name or "")
     outs = outs if isinstance(outs, tuple) else (outs,)
-    return tuple(outs[:n_carry])
+    return tuple(outs[: n_carry + n_ys])

@@ -190,10 +190,13 @@ class Parallel:
 
     # -- plans --------------------------------------------------------------------
     def fit_plan(
-        self, graph: Any, train: Any, n_inputs: int, n_targets: int, n_scale: int = 0
-    ) -> Shardings:
+        self, graph: Any, train: Any, n_inputs: int, n_targets: int, n_scale: int = 0,
+        updates: Sequence[str] = (),
+    ) -> Shardings:  # fmt: skip
         """The shardings of a fit program (inputs ordered as :class:`FitProgram` says;
-        the ``n_scale`` loss-scale inputs last, replicated)."""
+        the ``n_scale`` loss-scale inputs last, replicated). ``updates``: the ids of the
+        internals whose new values follow the loss, each laid out as its parameter (a
+        pipelined Repeat's statistics stay on the stage axis)."""
         head = train.n_params + train.n_state
         n = len(graph.inputs) - n_scale
         batch = [*range(head, head + n_inputs), *range(n - n_targets, n)]
@@ -211,8 +214,10 @@ class Parallel:
         n, m = train.n_params, train.n_state
         params = [graph.symbols[s] for s in graph.inputs[:n]]
         specs[n : n + m] = _state_layout(train.optimizer, params, specs[:n], m)
-        outs = (*specs[: n + m], *(plan.outputs or ())[n + m :])
-        return Shardings(self.mesh, tuple(specs), outs)
+        outs = [*specs[: n + m], *(plan.outputs or ())[n + m :]]
+        for k, pid in enumerate(updates):  # after the loss
+            outs[n + m + 1 + k] = named.get(pid, outs[n + m + 1 + k])
+        return Shardings(self.mesh, tuple(specs), tuple(outs))
 
     def forward_plan(self, graph: Any, n_inputs: int, trainable: Sequence[str], params: Any) -> Any:
         """The shardings of a forward program: model inputs split (unless a batch does

@@ -11,7 +11,9 @@ checkpoints are those of the plain ``Repeat`` (stacked ``[n, ...]``).
 On one device (no mesh) a pipelined Repeat computes what the plain one computes, for
 blocks that treat every example on its own (MLP, attention and norm-per-example blocks).
 Blocks that couple examples across the batch see one microbatch at a time and differ,
-as in every GPipe (the Repeat refuses batch norm's running statistics anyway).
+as in every GPipe: batch norm normalizes each microbatch by its own statistics, and the
+running statistics move by the mean of the microbatches' updates
+(:class:`~fnnc.models.Repeat`).
 
 Compiled on a mesh with the pipeline's ``axis`` (``Model.compile(mesh=...)``), each
 stacked parameter of the Repeat, and the optimizer state shaped like it, is laid out
@@ -159,8 +161,8 @@ def stage_specs(
     """
     mesh, trainable = parallel.mesh, set(trainable)
     bound = dict(parallel.specs or ())
-    out = []
-    for pid, (pipe, where) in pipelined(infos).items():
+    out, staged = [], pipelined(infos)
+    for pid, (pipe, where) in staged.items():
         if pipe.axis not in mesh.axis_names:
             sizes = (pipe.stages, *(int(mesh.shape[a]) for a in mesh.axis_names))
             raise ModelError(
@@ -178,15 +180,10 @@ def stage_specs(
             )
         out.append((pid, _stack_spec(parallel, infos, pid, bound, trainable, pipe.axis)))
     if _fsdp_on(parallel):  # scanned stacks: FSDP on a block's own axes, not the block axis
-        for pid in sorted(_scanned(infos) & trainable):
+        scanned = {pid for pid, info in infos.items() if info.blocks and pid not in staged}
+        for pid in sorted(scanned & trainable):
             out.append((pid, _stack_spec(parallel, infos, pid, bound, trainable, None)))
     return tuple(out)
-
-
-def _scanned(infos: Mapping[str, Any]) -> set[str]:
-    """Ids of the stacked parameters of Repeats that run as one scan (not pipelined)."""
-    staged = pipelined(infos)
-    return {pid for pid, info in infos.items() if info.blocks and pid not in staged}
 
 
 def _fsdp_on(parallel: Any) -> bool:

@@ -338,7 +338,7 @@ def fit_program(
     if parallel is None:
         program = compile(step, donate=donated)
     else:
-        plan = parallel.fit_plan(step, train, len(built.inputs), len(ts), n_scale)
+        plan = parallel.fit_plan(step, train, len(built.inputs), len(ts), n_scale, ctx.updates)
         program = Placed(compile(step, donate=donated, shardings=plan))
     return FitProgram(
         program,

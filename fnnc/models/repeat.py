@@ -96,8 +96,13 @@ class Repeat(Layer):
     Blocks with internal state (batch-norm running statistics) keep one stack per
     statistic (``r-`` ids, ``[n, *shape]``, per-block ids in files as parameters): in
     training each block updates its own slice, which the loop returns as a per-block
-    result (``n_ys`` of :func:`~fnnc.graph.scan`). A pipelined Repeat refuses internal
-    state with a :class:`~fnnc.errors.ModelError`.
+    result (``n_ys`` of :func:`~fnnc.graph.scan`). In a pipelined Repeat each block
+    normalizes every microbatch by that microbatch's statistics (as GPipe does), and its
+    running statistics move once per step, by the mean over microbatches of the update
+    each microbatch makes from the same old value: ``(1 - m) old + m mean_j(s_j)``. The
+    running mean thus follows the whole batch's mean (equal microbatches); the running
+    variance, the mean of the microbatches' variances, which is what the blocks normalized
+    by.
     """
 
     def __init__(
@@ -169,6 +174,9 @@ class Repeat(Layer):
         )  # fmt: skip
         ys, news = ys[: len(xs)], ys[len(xs) :]
         for (k, _), new in zip(updated, news):
+            if self.pipeline is not None:  # [n, microbatches, ...]: each microbatch's update
+                mean = ctx.b.exec(ops.reduce_mean(axes=(1,)), new)
+                new = ctx.b.exec(ops.reshape(shape=(new.shape[0], *new.shape[2:])), mean)
             ctx.update(self, k, new)  # the stack of every block's new statistics
         return ys if len(ys) > 1 else ys[0]
 
@@ -187,7 +195,8 @@ class Repeat(Layer):
     ) -> tuple[Symbol, ...]:
         """Adds the loop over the blocks: the one place that schedules them (one
         :func:`~fnnc.graph.scan`, or with ``pipeline`` :func:`fnnc.graph.pipeline`).
-        Returns the final carries, then the ``n_ys`` per-block results stacked.
+        Returns the final carries, then the ``n_ys`` per-block results stacked
+        (``[n, ...]``; a pipeline's ``[n, microbatches, ...]``).
         ``keys``: the positions in ``stacked`` of per-block key rows (a pipeline folds
         the microbatch into them; a scan feeds them as they are)."""
         pipe = self.pipeline
@@ -195,6 +204,7 @@ class Repeat(Layer):
             return graph_pipeline(
                 builder, body, carry, stacked, stages=pipe.stages, axis=pipe.axis,
                 microbatches=pipe.microbatches, checkpoint=checkpoint, name=name, keys=keys,
+                n_ys=n_ys,
             )  # fmt: skip
         return scan(
             builder, body, carry, stacked, length=length, checkpoint=checkpoint, name=name,
@@ -214,14 +224,6 @@ class Repeat(Layer):
                 f"{where}: a repeated block must return what it takes (each block's output "
                 f"is the next one's input); it takes {given} and returns {got}. Repeat "
                 "only the shape-preserving part (e.g. transformer blocks, not the embedding)"
-            )
-        internal = [pid for pid, info in sub.params.items() if info.internal]
-        if (internal or sub.updates) and self.pipeline is not None:
-            raise ModelError(
-                f"{where}: the block has internal state ({', '.join(internal)}), which a "
-                "pipelined Repeat does not update per stage and microbatch; use a norm "
-                "without running statistics (LayerNorm, RMSNorm, GroupNorm), drop "
-                "pipeline= (a plain Repeat updates each block's statistics) or unroll it"
             )
         nested = [pid for pid, info in sub.params.items() if info.blocks]
         if nested:

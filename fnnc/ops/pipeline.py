@@ -27,11 +27,14 @@ The node holds the two sub-graphs of a ``scan`` node (:func:`fnnc.graph.scan.sca
 built by fnnc's ``backward`` pass, ``remat`` for checkpointing), for one microbatch:
 ``forward`` (inputs ``(*carry, *slices, *consts)``, outputs ``(*carry', *saved)``) and
 ``backward`` (inputs ``(*saved, *slices, *consts, *dcarry')``, outputs the gradients
-of the inputs ``wants`` lists). Node inputs are ``(*carry, *stacked, *consts)``; outputs
-the final carries, then the tape: ``saved[k]`` of every real block call, ``[stages,
-microbatches, n/stages, *shape]`` (stage ``s``'s calls on microbatch ``mb``, written in
-iteration ``mb + s``). The bubble calls write nothing, so the tape holds ``microbatches``
-calls per block, not ``T``.
+of the inputs ``wants`` lists). With ``n_ys``, the forward body's outputs are ``(*carry',
+*ys, *saved)`` as a ``scan``'s: ``ys`` are per-call results no gradient flows through
+(each block's new batch-norm running statistics). Node inputs are ``(*carry, *stacked,
+*consts)``; outputs the final carries, then each ``ys[k]`` of every block on every
+microbatch, ``[n, microbatches, *shape]``, then the tape: ``saved[k]`` of every real block
+call, ``[stages, microbatches, n/stages, *shape]`` (stage ``s``'s calls on microbatch
+``mb``, written in iteration ``mb + s``). The bubble calls write nothing, so the tape
+holds ``microbatches`` calls per block, not ``T``.
 
 Random keys: the stacked inputs listed in ``keys`` are per-block key data (``uint32[n,
 2]``, e.g. :func:`~fnnc.ops.random_split` rows). The call of block ``j`` on microbatch
@@ -108,7 +111,7 @@ def _check_counts(stages: Any, microbatches: Any, axis: Any) -> None:
 
 
 def _pipeline_shape(*specs: Spec, forward, backward, stages, microbatches, n_carry, n_stacked,
-                    wants, axis, checkpoint=False, keys=()):  # fmt: skip
+                    wants, axis, checkpoint=False, keys=(), n_ys=0):  # fmt: skip
     _check_counts(stages, microbatches, axis)
     if n_stacked < 1 or len(specs) != len(forward.inputs):
         raise CommandError(
@@ -119,11 +122,16 @@ def _pipeline_shape(*specs: Spec, forward, backward, stages, microbatches, n_car
     sliced = body_specs(specs, stages, microbatches, n_carry, n_stacked)
     _check_keys(keys, specs[n_carry : n_carry + n_stacked])
     n = specs[n_carry].shape[0]
-    _check_scan(forward, backward, n, n_carry, n_stacked, wants)
+    _check_scan(forward, backward, n, n_carry, n_stacked, wants, n_ys)
     check_inputs("pipeline", "forward body", forward, sliced)
     calls = (stages, microbatches, n // stages)
-    tape = [forward.spec(s) for s in forward.outputs[n_carry:]]
-    return (*specs[:n_carry], *(Spec((*calls, *t.shape), np.dtype(t.dtype)) for t in tape))
+    ys = [forward.spec(s) for s in forward.outputs[n_carry : n_carry + n_ys]]
+    tape = [forward.spec(s) for s in forward.outputs[n_carry + n_ys :]]
+    return (
+        *specs[:n_carry],
+        *(Spec((n, microbatches, *y.shape), np.dtype(y.dtype)) for y in ys),
+        *(Spec((*calls, *t.shape), np.dtype(t.dtype)) for t in tape),
+    )
 
 
 def _check_keys(keys: Any, stacked: Sequence[Spec]) -> None:
@@ -153,10 +161,12 @@ def _fold_microbatches(params: tuple, keys: Sequence[int], held: Any) -> tuple:
 
 def _display(cmd: Command) -> str:
     try:
-        fwd, n = cmd.param("forward"), cmd.param("n_carry")
+        fwd, n, ys = cmd.param("forward"), cmd.param("n_carry"), cmd.kwargs.get("n_ys", 0)
         return (
             f"pipeline[stages={cmd.param('stages')}; microbatches={cmd.param('microbatches')}; "
-            f"axis={cmd.param('axis')}; {len(fwd.nodes)} nodes; saves {len(fwd.outputs) - n}]"
+            f"axis={cmd.param('axis')}; {len(fwd.nodes)} nodes; "
+            + (f"ys {ys}; " if ys else "")
+            + f"saves {len(fwd.outputs) - n - ys}]"
         )
     except (AttributeError, TypeError):
         return "pipeline[?]"
@@ -210,10 +220,11 @@ def _at(mask: Any, x: Any) -> Any:
     uses=Uses(inputs=None, outputs=tuple(range(MAX_OUTPUTS))),
 )
 def pipeline(*inputs, forward, backward, stages, microbatches, n_carry, n_stacked, wants, axis,
-             checkpoint=False, keys=()):  # fmt: skip
+             checkpoint=False, keys=(), n_ys=0):  # fmt: skip
     """``forward`` over stacked blocks as a GPipe schedule of stages (see the module doc).
 
-    Build it with :func:`fnnc.graph.pipeline`. Returns the final carries, then the tape.
+    Build it with :func:`fnnc.graph.pipeline`. Returns the final carries, the ``n_ys``
+    per-call results ``[n, microbatches, ...]``, then the tape.
     ``checkpoint`` is the one the bodies were derived with, as for ``scan``.
     """
     m, cut = microbatches, n_carry + n_stacked
@@ -253,7 +264,12 @@ def pipeline(*inputs, forward, backward, stages, microbatches, n_carry, n_stacke
     out0 = tuple(jnp.zeros_like(x) for x in micro)
     tape0 = _empty_tape(forward, n_carry, stages, m, params[0].shape[1], shard)
     (_, out, tape), _ = lax.scan(step, (state0, out0, tape0), jnp.arange(m + stages - 1))
-    outs = (*(_merge(o) for o in out), *tape)
+    # ys leave as [n, m, ...]: [stages, m, n/stages] -> [stages, n/stages, m] -> [n, m]
+    ys = tuple(
+        jnp.swapaxes(y, 1, 2).reshape(y.shape[0] * y.shape[2], m, *y.shape[3:])
+        for y in tape[:n_ys]
+    )
+    outs = (*(_merge(o) for o in out), *ys, *tape[n_ys:])
     return outs[0] if len(outs) == 1 else outs
 
 
@@ -283,14 +299,21 @@ def _empty_tape(forward: Any, n_carry: int, stages: int, m: int, group: int, sha
 
 @pipeline.backward
 def _pipeline_backward(grads, inputs, outputs, *, forward, backward, stages, microbatches,
-                       n_carry, n_stacked, wants, axis, checkpoint=False, keys=()):  # fmt: skip
-    if any(g is not None for g in grads[n_carry:]):
+                       n_carry, n_stacked, wants, axis, checkpoint=False, keys=(),
+                       n_ys=0):  # fmt: skip
+    if any(g is not None for g in grads[n_carry : n_carry + n_ys]):
+        raise CommandError(
+            "pipeline: a per-call result (ys) has a gradient; ys carry no gradient "
+            "(running statistics and the like): read them where no loss depends on them"
+        )
+    if any(g is not None for g in grads[n_carry + n_ys :]):
         raise CommandError(
             "pipeline: a tape output has a gradient; the tape is the backward's record of "
             "the schedule and must only be read by the pipeline's own gradient node"
         )
     m, cut = microbatches, n_carry + n_stacked
-    consts, tape = tuple(inputs[cut:]), tuple(outputs[n_carry:])  # [stages, m, n/stages, ...]
+    consts = tuple(inputs[cut:])
+    tape = tuple(outputs[n_carry + n_ys :])  # [stages, m, n/stages, ...]
     shard = stage_constraint(axis, stages)
     params = tuple(
         shard(s.reshape(stages, s.shape[0] // stages, *s.shape[1:])) for s in inputs[n_carry:cut]

@@ -150,6 +150,52 @@ def test_two_carries_and_the_node_listing():
     assert_close(grads, want_grads, rtol=1e-5, atol=1e-5)
 
 
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_per_call_results_come_out_per_block_and_microbatch(checkpoint):
+    """``n_ys``: the body's batch mean of ``h w`` is returned for every block on every
+    microbatch (rows ``mb, mb + 3``), ``[n, microbatches, ...]``; no gradient flows
+    through it, and the carry's gradient is the sequential blocks'."""
+    mb = GraphBuilder()
+    h, w = mb.input((2, 3), name="h"), mb.input((3, 3), name="w")
+    z = mb.exec(ops.gemm(), h, w)
+    body = mb.build([mb.exec(ops.tanh(), z), mb.exec(ops.reduce_mean(axes=(0,)), z)])
+    b = GraphBuilder()
+    x, ws = b.input((6, 3), name="x"), b.input((4, 3, 3), name="ws")
+    h, means = pipeline(
+        b, body, [x], [ws], stages=2, microbatches=3, checkpoint=checkpoint, n_ys=1
+    )  # fmt: skip
+    assert means.shape == (4, 3, 1, 3)
+    loss = b.exec(ops.reduce_sum(axes=(0, 1)), h)
+    graph = verify(backward(b.build([loss, means]), loss, [ws])[0])
+    assert "ys 1; " in str(graph.nodes[0].cmd)
+
+    def f(x, ws):
+        out = []
+        for mbatch in range(3):
+            rows, per_block = x[mbatch::3], []
+            for i in range(4):
+                z = rows @ ws[i]
+                per_block.append(z.mean(0, keepdims=True))
+                rows = jnp.tanh(z)
+            out.append(jnp.stack(per_block))
+        h = x
+        for i in range(4):
+            h = jnp.tanh(h @ ws[i])
+        return jnp.sum(h, keepdims=True), jnp.stack(out, axis=1)
+
+    rng = np.random.default_rng(4)
+    args = [rng.normal(size=(6, 3)).astype(np.float32)]
+    args.append(rng.normal(scale=0.5, size=(4, 3, 3)).astype(np.float32))
+    want_loss, want_means = f(*args)
+    want_grad = jax.grad(lambda w: f(args[0], w)[0].sum())(args[1])
+    assert_close(compile(graph)(*args), (want_loss, want_means, want_grad), rtol=1e-5, atol=1e-6)
+    assert_close(interpret(graph, *args), (want_loss, want_means, want_grad), rtol=1e-5, atol=1e-6)
+    bad = b.exec(ops.reduce_sum(axes=(0, 1, 2, 3)), means)
+    wrong = backward(b.build([bad]), bad, [ws])[0]
+    with pytest.raises(Exception, match=r"per-call result \(ys\) has a gradient"):
+        interpret(wrong, *args)
+
 def test_bad_splits_name_the_node_sizes_and_the_fix():
     b = GraphBuilder()
     x, c = b.input((B, W), name="x"), b.input((W,), name="c")

@@ -138,9 +138,30 @@ def test_bfloat16_blocks_keep_float32_statistics():
     close(got, unr.parameters())
 
 
-def test_a_pipelined_repeat_refuses_statistics():
-    with pytest.raises(ModelError, match=r"internal state .*pipelined Repeat.*drop pipeline="):
-        build(Repeat(block, 2, name="blocks", pipeline=Pipeline(stages=2, microbatches=2)))
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_a_pipelined_step_is_the_mean_of_its_microbatches_steps(checkpoint):
+    """GPipe's batch norm: each microbatch (rows ``j, j + 2, ...``) is normalized by its
+    own statistics, so the pipelined model's step is the mean of the plain Repeat's
+    steps on each microbatch from the same start: the loss, the SGD update (the mean
+    loss's gradient is the mean of the microbatches') and the running statistics
+    (the mean of each microbatch's update). Testing mode then matches the plain model."""
+    pipe = Pipeline(stages=2, microbatches=2)
+    piped = build(Repeat(block, 2, name="blocks", pipeline=pipe, checkpoint=checkpoint),
+                  optax.sgd(0.1))  # fmt: skip
+    plain = build(Repeat(block, 2, name="blocks"), optax.sgd(0.1))
+    for _ in range(2):
+        start = {k: np.asarray(v).copy() for k, v in piped.parameters().items()}
+        losses, after = [], []
+        for j in range(2):
+            plain.set_parameters(start)
+            losses.append(float(plain.fit(X[j::2], Y[j::2])))
+            after.append({k: np.asarray(v) for k, v in plain.parameters().items()})
+        np.testing.assert_allclose(float(piped.fit(X, Y)), np.mean(losses), rtol=2e-5)
+        close(piped.parameters(), {k: (after[0][k] + after[1][k]) / 2 for k in start})
+    means = np.asarray(piped.parameters()[MEAN.replace("[0:3]", "[0:2]")])
+    assert not np.allclose(means[0], means[1])  # each block its own statistics
+    plain.set_parameters(piped.parameters())
+    np.testing.assert_allclose(piped.evaluate(X), plain.evaluate(X), rtol=2e-5, atol=2e-5)
 
 
 SHARDED = """
@@ -171,3 +192,38 @@ print("OK")
 def test_fsdp_over_four_devices_equals_one_device():
     """The batch split over 4 devices: each block's statistics are the whole batch's."""
     run_on_cpu_devices(SHARDED)
+
+
+STAGED = """
+import jax, numpy as np, optax
+from tests.models.test_repeat_batchnorm import Input, Model, Dense, Pipeline, Repeat, block, loss
+from tests.models.test_repeat_batchnorm import WIDTH
+rng = np.random.default_rng(4)
+x8, y8 = rng.normal(size=(8, 3)).astype(np.float32), rng.normal(size=(8, 2)).astype(np.float32)
+
+def compiled(**options):
+    x = Input()
+    pipe = Pipeline(stages=2, microbatches=2)
+    h = Repeat(block, 2, name="blocks", pipeline=pipe)(Dense(WIDTH, name="inp")(x))
+    m = Model(x, Dense(2, name="head")(h))
+    m.compile(x8, loss=loss, minimizer=optax.sgd(0.1), **options)
+    return m
+
+ref = compiled()
+got = compiled(mesh=jax.make_mesh((2, 2), ("stage", "data")))
+got.set_parameters(ref.parameters())
+stats = [k for k in got.parameters() if k.startswith("r-")]
+want, losses = ([float(m.fit(x8, y8)) for _ in range(2)] for m in (ref, got))
+assert stats and all(got.engine.values[k].sharding.spec[0] == "stage" for k in stats)
+np.testing.assert_allclose(losses, want, rtol=1e-5)
+for k, v in ref.parameters().items():
+    np.testing.assert_allclose(got.parameters()[k], v, rtol=1e-5, atol=1e-5, err_msg=k)
+print("OK")
+"""
+
+
+def test_pipelined_statistics_on_a_stage_by_data_mesh_equal_one_device():
+    """2 stages x 2 data devices: each microbatch is split over the data axis, and its
+    statistics are still the whole microbatch's; the statistics' stacks lie on the stage
+    axis like the weights."""
+    run_on_cpu_devices(STAGED)
