@@ -266,8 +266,7 @@ def pipeline(*inputs, forward, backward, stages, microbatches, n_carry, n_stacke
     (_, out, tape), _ = lax.scan(step, (state0, out0, tape0), jnp.arange(m + stages - 1))
     # ys leave as [n, m, ...]: [stages, m, n/stages] -> [stages, n/stages, m] -> [n, m]
     ys = tuple(
-        jnp.swapaxes(y, 1, 2).reshape(y.shape[0] * y.shape[2], m, *y.shape[3:])
-        for y in tape[:n_ys]
+        jnp.swapaxes(y, 1, 2).reshape(y.shape[0] * y.shape[2], m, *y.shape[3:]) for y in tape[:n_ys]
     )
     outs = (*(_merge(o) for o in out), *ys, *tape[n_ys:])
     return outs[0] if len(outs) == 1 else outs

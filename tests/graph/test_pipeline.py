@@ -150,7 +150,6 @@ def test_two_carries_and_the_node_listing():
     assert_close(grads, want_grads, rtol=1e-5, atol=1e-5)
 
 
-
 @pytest.mark.parametrize("checkpoint", [False, True])
 def test_per_call_results_come_out_per_block_and_microbatch(checkpoint):
     """``n_ys``: the body's batch mean of ``h w`` is returned for every block on every
@@ -195,6 +194,7 @@ def test_per_call_results_come_out_per_block_and_microbatch(checkpoint):
     wrong = backward(b.build([bad]), bad, [ws])[0]
     with pytest.raises(Exception, match=r"per-call result \(ys\) has a gradient"):
         interpret(wrong, *args)
+
 
 def test_bad_splits_name_the_node_sizes_and_the_fix():
     b = GraphBuilder()

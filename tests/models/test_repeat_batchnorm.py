@@ -19,7 +19,6 @@ from fnnc.models import (
     Dense,
     Input,
     Model,
-    ModelError,
     Pipeline,
     ReLU,
     Repeat,
