@@ -422,15 +422,47 @@ class Model(FilesMixin, ScaleMixin, Layer):
         )  # fmt: skip
 
 
+class _Sequential(Model):
+    """:func:`Sequential`'s model: its inputs, however many a call gives, all go to the
+    first layer (NNC's sequential model), so it is wired again for a new count."""
+
+    def __init__(self, layers: Sequence[Layer], *, name: str, is_trainable: bool | None):
+        self.layers = list(layers)
+        super().__init__(*self._wire(1), name=name, is_trainable=is_trainable)
+
+    def _wire(self, n: int) -> tuple[list[ModelIO], list[ModelIO]]:
+        xs = [ModelIO(None, (), 0) for _ in range(n)]
+        if not self.layers:
+            return xs, xs
+        y = self.layers[0](*xs)
+        for layer in self.layers[1:]:
+            y = layer(y)
+        return xs, [y]
+
+    def build(self, ctx: BuildContext, *xs: Symbol, nested: bool = True) -> Any:
+        if xs and len(xs) != len(self.inputs) and self.layers:
+            self.inputs, self.outputs = self._wire(len(xs))
+            self._order = _topological(self.inputs, self.outputs, self.describe())
+        return super().build(ctx, *xs, nested=nested)
+
+
 def Sequential(
     layers: Sequence[Layer], *, name: str = "", is_trainable: bool | None = None
 ) -> Model:
-    """A model applying ``layers`` one after another."""
-    x = ModelIO(None, (), 0)
-    y = x
-    for layer in layers:
-        y = layer(y)
-    return Model([x], [y], name=name, is_trainable=is_trainable)
+    """A model applying ``layers`` one after another.
+
+    Every input of the model goes to the first layer (a ``Sequential`` that starts with
+    :class:`~fnnc.models.Concat` takes as many inputs as it is given, as NNC's
+    sequential model does); each later layer takes the output of the one before.
+
+    >>> import numpy as np
+    >>> from fnnc.models import Concat, Dense, Sequential
+    >>> model = Sequential([Concat(axis=-1), Dense(1, name="fc")])
+    >>> model.compile([np.ones((2, 1), np.float32), np.ones((2, 2), np.float32)])
+    >>> model.parameters()["t-fc-0-0"].shape
+    (1, 3)
+    """
+    return _Sequential(layers, name=name, is_trainable=is_trainable)
 
 
 def _arrays(value: Any) -> list[Any]:

@@ -103,8 +103,13 @@ FORMATS = ("NCHW", "NHWC", "CHWN")
 def _format_perm(x: Spec, src: str, dst: str) -> tuple[int, ...]:
     require_choice("format_transform", "src", src, FORMATS)
     require_choice("format_transform", "dst", dst, FORMATS)
-    if x.ndim != 4:
-        fail(f"format_transform: expected a rank-4 {src} tensor, got {show(x)}")
+    if x.ndim == 3 and "CHWN" not in (src, dst):  # NNC's 3-d tensors: no batch axis
+        src, dst = src.replace("N", ""), dst.replace("N", "")
+    elif x.ndim != 4:
+        fail(
+            f"format_transform: expected a rank-4 {src} tensor (or rank-3 without the batch "
+            f"axis, for NCHW / NHWC), got {show(x)}"
+        )
     return tuple(src.index(c) for c in dst)
 
 
@@ -114,7 +119,8 @@ def _format_shape(x: Spec, *, src: str, dst: str) -> Spec:
 
 @defcommand(family="data", shape=_format_shape, uses=NOTHING)
 def format_transform(x, *, src="NCHW", dst="NHWC"):
-    """Converts a rank-4 tensor between NNC formats NCHW, NHWC and CHWN (a transpose)."""
+    """Converts a rank-4 tensor between NNC formats NCHW, NHWC and CHWN (a transpose);
+    a rank-3 tensor is one image without the batch axis (CHW / HWC), as in NNC."""
     return jnp.transpose(x, _format_perm(x, src, dst))
 
 

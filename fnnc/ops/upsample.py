@@ -24,12 +24,14 @@ UPSAMPLE_MODES = ("nearest", "bilinear")
 def _upsample_sizes(x: Spec, scale, mode: str) -> tuple[int, int]:
     require_choice("upsample", "mode", mode, UPSAMPLE_MODES)
     sh, sw = (scale, scale) if isinstance(scale, (int, float)) else scale
-    if x.ndim != 4:
+    if x.ndim not in (3, 4):
         fail(
-            f"upsample: expected a rank-4 NHWC input, got {show(x)}; use format_transform for NCHW"
+            f"upsample: expected a rank-4 NHWC input (or rank-3 HWC, one image), got "
+            f"{show(x)}; use format_transform for NCHW"
         )
-    ho, wo = int(x.shape[1] * sh + 0.5), int(x.shape[2] * sw + 0.5)
-    if ho < x.shape[1] or wo < x.shape[2]:
+    h, w = x.shape[-3], x.shape[-2]
+    ho, wo = int(h * sh + 0.5), int(w * sw + 0.5)
+    if ho < h or wo < w:
         fail(f"upsample: scale {scale} would shrink {show(x)}; NNC's upsample only enlarges")
     return ho, wo
 
@@ -65,12 +67,12 @@ def _resample(x: Any, axis: int, n_out: int, bilinear: bool, align: bool) -> Any
 
 def _upsample_shape(x: Spec, *, scale, mode, align_corners) -> Spec:
     ho, wo = _upsample_sizes(x, scale, mode)
-    return Spec((x.shape[0], ho, wo, x.shape[3]), x.dtype)
+    return Spec((*x.shape[:-3], ho, wo, x.shape[-1]), x.dtype)
 
 
 @defcommand(family="data", shape=_upsample_shape, uses=NOTHING)
 def upsample(x, *, scale=(2, 2), mode="nearest", align_corners=False):
-    """Enlarges the H and W axes of an NHWC tensor by ``scale = (sh, sw)``.
+    """Enlarges the H and W axes of an NHWC tensor (or an HWC one) by ``scale = (sh, sw)``.
 
     Follows NNC's UPSAMPLE (lib/nnc/cmd/upsample/ccv_nnc_upsample_cpu_ref.c): output
     size ``int(n * s + 0.5)``; ``"nearest"`` reads ``min(int((i + 0.5) * n / m), n - 1)``;
@@ -81,8 +83,8 @@ def upsample(x, *, scale=(2, 2), mode="nearest", align_corners=False):
     """
     ho, wo = _upsample_sizes(x, scale, mode)
     bilinear = mode == "bilinear"
-    y = _resample(x, 1, ho, bilinear, align_corners)
-    return _resample(y, 2, wo, bilinear, align_corners)
+    y = _resample(x, x.ndim - 3, ho, bilinear, align_corners)
+    return _resample(y, x.ndim - 2, wo, bilinear, align_corners)
 
 
 @upsample.backward

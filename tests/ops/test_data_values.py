@@ -27,6 +27,25 @@ def test_format_transform_is_the_named_transpose(src, dst, perm) -> None:
     assert_close(ops.format_transform(src=dst, dst=src)(y), x)
 
 
+
+def test_rank_3_tensors_are_one_image_without_the_batch_axis() -> None:
+    """NNC's 3-d tensors (CHW / HWC): format_transform and upsample treat them as one
+    image, the same as with a batch axis of 1, forward and backward."""
+    x = rand([3, 4, 2])
+    assert_close(ops.format_transform(src="NHWC", dst="NCHW")(x), np.transpose(x, (2, 0, 1)))
+    assert_close(ops.format_transform(src="NCHW", dst="NHWC")(x), np.transpose(x, (1, 2, 0)))
+    for mode in ("nearest", "bilinear"):
+        up = ops.upsample(scale=(2, 1.5), mode=mode)
+        y = up(x)
+        assert y.shape == (6, 6, 2)
+        assert_close(y, up(x[None])[0])
+        g = rand([6, 6, 2], seed=1)
+        params = dict(scale=(2, 1.5), mode=mode, align_corners=False)
+        (gx,) = ops.upsample.definition.backward((g,), (x,), (y,), **params)
+        (g4,) = ops.upsample.definition.backward((g[None],), (x[None],), (y[None],), **params)
+        assert_close(gx, g4[0])
+
+
 @pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
 def test_pad_matches_numpy(mode) -> None:
     x = rand([3, 4])
@@ -154,6 +173,7 @@ def test_set_and_datatype_conversion() -> None:
             "src must be one of",
         ),
         (ops.format_transform(), (rand([2, 2]),), ShapeError, "rank-4"),
+        (ops.format_transform(dst="CHWN"), (rand([2, 2, 2]),), ShapeError, "NCHW / NHWC"),
         (ops.concat(axis=1), (rand([2, 3]), rand([3, 3])), ShapeError, "does not fit input 0"),
         (ops.concat(), (rand([2]), randint([2], 3)), DTypeError, "share one dtype"),
         (ops.concat(axis=2), (rand([2, 3]),), ShapeError, "out of range"),
@@ -164,7 +184,7 @@ def test_set_and_datatype_conversion() -> None:
         (ops.pad(pads=((1, 1),)), (rand([3, 3]),), ShapeError, "one \\(lo, hi\\) pair per axis"),
         (ops.pad(pads=((3, 0),), mode="reflect"), (rand([3]),), ShapeError, "lo, hi < 3"),
         (ops.pad(pads=((-1, 0),)), (rand([3]),), ShapeError, "use slice to crop"),
-        (ops.upsample(), (rand([2, 2, 2]),), ShapeError, "rank-4 NHWC"),
+        (ops.upsample(), (rand([2, 2]),), ShapeError, "rank-4 NHWC"),
         (ops.upsample(scale=(0.5, 1)), (rand([1, 4, 4, 1]),), ShapeError, "only enlarges"),
         (ops.upsample(mode="cubic"), (rand([1, 2, 2, 1]),), CommandError, "mode must be one of"),
         (ops.masked_fill(), (rand([3]), randint([2, 3], 2)), ShapeError, "must broadcast to x"),

@@ -14,7 +14,10 @@ Guarantees:
   * several contributions to one symbol are summed with one ``ewsum``;
   * a ``wrt`` that ``f`` does not depend on gets zeros (a ``set`` node);
   * a node reading a view (alias) sends its gradient into a zero tensor of the root's
-    shape through the same view, so overlapping views sum correctly into the root;
+    shape through the same view; views that read disjoint parts of the root share one
+    such tensor (NNC's one gradient tensor), views that overlap each other are summed,
+    and a view that reads an element more than once (stride 0, sliding windows) adds
+    its contributions up (``scatter_add``);
     a node writing a view takes its gradient as that view of the root's gradient;
   * the returned graph's outputs are ``graph.outputs`` followed by the gradients.
 
@@ -48,6 +51,7 @@ from fnnc import ops
 from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol
 from fnnc.errors import DTypeError, GraphError, ShapeError
 from fnnc.graph.builder import GraphBuilder
+from fnnc.graph.passes._view_sets import disjoint_groups, distinct, size
 from fnnc.ops.autodiff import gradient_command
 
 
@@ -141,16 +145,28 @@ class _Grads:
         if not parts:
             return None
         spec = self.graph.spec(root)
-        terms = []
-        for view, g in parts:
-            if view is None:
-                terms.append(g)
-                continue
-            whole = self.b.tensor(spec.shape, spec.dtype)
+        terms = [g for view, g in parts if view is None]
+        views = [(view, g) for view, g in parts if view is not None]
+        for group in disjoint_groups(views):
+            terms.append(self._scattered(spec, group))
+        return terms[0] if len(terms) == 1 else self.b.exec(ops.ewsum(), *terms)
+
+    def _scattered(self, spec: Any, group: list[tuple[AliasSymbol, Symbol]]) -> Symbol:
+        """The root-shaped gradient of a group of views (:func:`disjoint_groups`): the
+        gradients of disjoint views written through them into one zero tensor, or, for a
+        view that reads an element more than once, its gradient added up per element."""
+        (view, g), *_ = group
+        if not distinct(view):  # a write through the view would keep one contribution
+            n = int(np.prod(spec.shape, dtype=np.int64))
+            flat = self.b.exec(ops.reshape(shape=(size(view),)), g)
+            where = self.b.constant(view.flat_indices().reshape(-1).astype(np.int32))
+            total = self.b.exec(ops.scatter_add(bincount=n), flat, where)
+            return self.b.exec(ops.reshape(shape=tuple(spec.shape)), total)
+        whole = self.b.tensor(spec.shape, spec.dtype)
+        for view, g in group:
             target = self.b.alias(whole, view.shape, stride=view.stride, base=view.base)
             self.b.exec(ops.data_transfer(), g, outputs=[target])
-            terms.append(whole)
-        return terms[0] if len(terms) == 1 else self.b.exec(ops.ewsum(), *terms)
+        return whole
 
 
 def _seed(b: GraphBuilder, graph: Graph, sid: int, df: Symbol | None) -> Symbol:

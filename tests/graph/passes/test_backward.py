@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fnnc import ops
 from fnnc.errors import DTypeError, GraphError, ShapeError
@@ -243,3 +244,45 @@ def test_errors_name_the_symbols():
         backward(graph, y, [i], df=[x])
     with pytest.raises(GraphError, match="1 f but 2 df"):
         backward(graph, y, [x], df=[x, x])
+
+
+@st.composite
+def _views(draw):
+    """A root of 2 to 12 elements and 1 to 3 views of it, each of rank 1 or 2 with any
+    strides (0 included: broadcasts, sliding windows) that stay inside the root."""
+    n = draw(st.integers(2, 12))
+    views = []
+    for _ in range(draw(st.integers(1, 3))):
+        shape = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=2)))
+        stride = tuple(draw(st.integers(0, 3)) for _ in shape)
+        span = sum((k - 1) * s for k, s in zip(shape, stride))
+        if span >= n:
+            stride, span = (0,) * len(shape), 0
+        views.append((shape, stride, draw(st.integers(0, n - 1 - span))))
+    return n, views
+
+
+@settings(max_examples=80)
+@given(_views())
+def test_gradients_through_views_add_up_per_element(case):
+    """f = sum_k sum(view_k(x) * c_k): df/dx[i] is the sum of c_k over every time a view
+    reads element i (NumPy's ``np.add.at``), whether the views repeat elements, overlap
+    each other or are disjoint."""
+    n, specs = case
+    rng = np.random.default_rng(len(specs) * 100 + n)
+    b = GraphBuilder()
+    x = b.input((n,), name="x")
+    weights, terms, want = [], [], np.zeros(n)
+    for k, (shape, stride, base) in enumerate(specs):
+        c = rng.normal(size=shape).astype(np.float32)
+        view = b.alias(x, shape, stride=stride, base=base, name=f"v{k}")
+        weighted = b.exec(ops.mul(), view, b.input(shape, name=f"c{k}"))
+        total = b.exec(ops.reduce_sum(axes=tuple(range(len(shape)))), weighted)
+        terms.append(b.exec(ops.reshape(shape=()), total))
+        weights.append(c)
+        np.add.at(want, view.flat_indices().reshape(-1), c.reshape(-1))
+    f = terms[0] if len(terms) == 1 else b.exec(ops.ewsum(), *terms)
+    graph, _ = backward(b.build([f]), f, [x])
+    args = (rng.normal(size=n).astype(np.float32), *weights)
+    assert_close(interpret(graph, *args)[1], want, rtol=1e-5, atol=1e-6)
+    assert_close(compile(graph)(*args)[1], want, rtol=1e-5, atol=1e-6)
