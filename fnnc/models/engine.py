@@ -44,6 +44,7 @@ from fnnc.graph.memory import MemoryPlan
 from fnnc.graph.passes.minimize import TrainLayout
 from fnnc.models import checks, loss_scale, losses
 from fnnc.models.engine_steps import StepsMixin
+from fnnc.models.initialize import initialize
 from fnnc.models.layer import BuildContext, ModelError, ParamInfo
 from fnnc.models.memory import MemoryOptions, memory_key
 from fnnc.models.model_passes import ModelPasses
@@ -153,11 +154,11 @@ class Engine(StepsMixin):
         outs = self.model.build(ctx, *xs, nested=False)
         outs = outs if isinstance(outs, tuple) else (outs,)
         checks.parameters(self, ctx.params, specs)  # names the input, not the weight
-        for pid, info in ctx.params.items():
-            self.infos[pid] = info
-            if pid not in self.values:
-                self.key, sub = jax.random.split(self.key)
-                self.values[pid] = info.init(sub, info.shape, info.dtype)
+        new = [pid for pid in ctx.params if pid not in self.values]
+        self.infos.update(ctx.params)
+        if new:  # one program for all of them (fnnc.models.initialize)
+            self.key, values = initialize(self.key, [ctx.params[pid] for pid in new])
+            self.values.update(zip(new, values))
         return ModelGraph(ctx, tuple(xs), outs)
 
     def trainable(self) -> list[str]:

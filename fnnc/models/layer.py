@@ -205,7 +205,7 @@ class BuildContext:
         if call is not None and (call.pushed or type(layer).owns_parameters):
             return self._label(layer)
         levels = [label for label, _ in self._levels]
-        return "-".join([*levels, layer.name or type(layer).__name__.lower()])
+        return "-".join([*levels, layer.name or layer._kind().lower()])
 
     def enter(self, layer: Layer, *, prefix: bool = True) -> None:
         """Builds inside ``layer`` until :meth:`leave`: parameters made meanwhile count it
@@ -364,8 +364,12 @@ class Layer:
     def build(self, ctx: BuildContext, *xs: Symbol) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must implement build()")
 
+    def _kind(self) -> str:
+        """The layer's kind in messages and unnamed node names: its class's name."""
+        return type(self).__name__
+
     def describe(self) -> str:
-        return f"{type(self).__name__}({self.name!r})" if self.name else type(self).__name__
+        return f"{self._kind()}({self.name!r})" if self.name else self._kind()
 
 
 def _scoped(build: Callable[..., Any]) -> Callable[..., Any]:

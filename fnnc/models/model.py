@@ -439,6 +439,9 @@ class _Sequential(Model):
             y = layer(y)
         return xs, [y]
 
+    def _kind(self) -> str:
+        return "Model"  # in messages and node names, as any other model
+
     def build(self, ctx: BuildContext, *xs: Symbol, nested: bool = True) -> Any:
         if xs and len(xs) != len(self.inputs) and self.layers:
             self.inputs, self.outputs = self._wire(len(xs))

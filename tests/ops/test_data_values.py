@@ -27,7 +27,6 @@ def test_format_transform_is_the_named_transpose(src, dst, perm) -> None:
     assert_close(ops.format_transform(src=dst, dst=src)(y), x)
 
 
-
 def test_rank_3_tensors_are_one_image_without_the_batch_axis() -> None:
     """NNC's 3-d tensors (CHW / HWC): format_transform and upsample treat them as one
     image, the same as with a batch axis of 1, forward and backward."""

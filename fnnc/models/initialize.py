@@ -1,0 +1,86 @@
+"""First values of a model's parameters: every initializer of one build in one program.
+
+Run eagerly, an initializer costs an XLA compile per primitive per parameter shape
+(``jax.random.uniform`` is a handful of them): a 12-layer MLP spent 3.7 of its 4.1 s of
+``compile`` there. :func:`initialize` traces all of a build's initializers into one
+``jax.jit`` instead, splitting the key as the eager loop did (``key, sub =
+split(key)`` per parameter, in order), so the values are the same, and compiles it
+at XLA's lowest optimization level, since it runs once.
+
+Two kinds of initializer stay eager, each run on its own as before:
+
+- one that returns a value it holds (a Flax module's weights, a given array): traced,
+  that value would become a constant of the program, compiled into it, so an
+  initializer whose trace holds more than :data:`CONSTANT_BYTES` of constants runs
+  eagerly;
+- one that needs concrete values (NumPy on the key, Python control flow on an array),
+  which cannot be traced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+CONSTANT_BYTES = 1 << 16
+"""Initializers whose trace holds more constant bytes than this run eagerly."""
+
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+"""XLA options of the one-off initialization program: compile fast, run once."""
+
+_UNTRACEABLE = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerBoolConversionError,
+    jax.errors.TracerIntegerConversionError,
+)
+
+
+def initialize(key: Any, infos: Sequence[Any]) -> tuple[Any, list[Any]]:
+    """``(key', values)``: the first value of each parameter of ``infos``
+    (:class:`~fnnc.models.layer.ParamInfo`, in order), each from its own key split off
+    ``key``, and the key left after the splits."""
+    subs, traced = [], []
+    for info in infos:
+        key, sub = jax.random.split(key)
+        subs.append(sub)
+        traced.append(_traceable(info, sub))
+    values: list[Any] = [None] * len(infos)
+    together = [k for k, ok in enumerate(traced) if ok]
+    if together:
+        keys = [subs[k] for k in together]
+        run = jax.jit(lambda keys: [_call(infos[k], s) for k, s in zip(together, keys)])
+        for k, value in zip(together, _compiled(run, keys)(keys)):
+            values[k] = value
+    for k, ok in enumerate(traced):
+        if not ok:
+            values[k] = _call(infos[k], subs[k])
+    return key, values
+
+
+def _compiled(run: Any, keys: list[Any]) -> Any:
+    """``run`` compiled for ``keys`` by XLA's fastest pipeline: it runs once, so its
+    compile is all its cost (24 uniform initializers: 1.3 s against 3.2 s at the default
+    optimization level, and 6.5 s run eagerly)."""
+    lowered = run.lower(keys)
+    try:
+        return lowered.compile(compiler_options=FAST_COMPILE)
+    except Exception:  # a backend without the option compiles as usual
+        return lowered.compile()
+
+
+def _call(info: Any, key: Any) -> Any:
+    return info.init(key, info.shape, info.dtype)
+
+
+def _traceable(info: Any, key: Any) -> bool:
+    """Whether ``info``'s initializer traces, holding few constants (module doc)."""
+    try:
+        closed = jax.make_jaxpr(lambda k: _call(info, k))(key)
+    except _UNTRACEABLE:
+        return False
+    held = sum(np.asarray(c).nbytes for c in closed.consts if hasattr(c, "shape"))
+    return held <= CONSTANT_BYTES
