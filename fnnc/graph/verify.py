@@ -91,7 +91,7 @@ def _verify_one(graph: Graph) -> None:
         if sid in written:
             _fail(graph, f"graph input {graph.label(sid)} is listed twice")
         written[sid] = -1
-    first_read: dict[int, int] = {}
+    first_read: dict[int, tuple[int, int]] = {}  # root -> (node, the symbol it read)
     for index, node in enumerate(graph.nodes):
         for sid in node.inputs:
             if not 0 <= sid < n:
@@ -103,7 +103,7 @@ def _verify_one(graph: Graph) -> None:
                     f"node {index} ({node.cmd.name}) reads {graph.label(sid)} before it is written",
                     index,
                 )
-            first_read.setdefault(root, index)
+            first_read.setdefault(root, (index, sid))
         try:
             specs = output_specs(node.cmd, [symbols[s].spec for s in node.inputs])
         except FnncError as e:
@@ -138,11 +138,17 @@ def _verify_one(graph: Graph) -> None:
 
 def _check_write(graph, index, sym, written, alias_writes, first_read) -> None:
     root = sym.root
-    if root in first_read and first_read[root] < index:
+    if root in first_read and first_read[root][0] < index:
+        reader, read = first_read[root]
+        view = ""
+        if read == root and read != sym.id:
+            view = f" whole, as {graph.label(root)}"
+        elif read != sym.id:
+            view = f" through {graph.label(read)}, a view of the same tensor {graph.label(root)}"
         _fail(
             graph,
-            f"node {index} writes {graph.label(sym.id)} after node {first_read[root]} "
-            "already read it (def-before-use)",
+            f"node {index} writes {graph.label(sym.id)} after node {reader} already read "
+            f"it{view} (def-before-use: write every part of a tensor before any node reads it)",
             index,
         )
     if isinstance(sym, AliasSymbol):
