@@ -268,7 +268,10 @@ def memory_plan(graph: Graph, *, donate: Donate = ()) -> MemoryPlan:
         peak = live_bytes[peak_node]
     else:
         peak_node, peak = None, at[0]
-    producers = graph.producers
+    producers = dict(graph.producers)
+    for index, node in enumerate(graph.nodes):  # a tensor written only through its views
+        for sid in node.outputs:
+            producers.setdefault(symbols[sid].root, index)
     where = -1 if peak_node is None else peak_node
     live = [
         LiveTensor(

@@ -47,6 +47,18 @@ def test_views_share_their_root_and_barriers_pass_bytes_through():
     assert plan.peak_node == 3
 
 
+def test_a_tensor_written_through_its_views_names_its_first_writer():
+    b = GraphBuilder()
+    x = b.input((N // 2,), name="x")
+    t = b.tensor((N,), name="t")
+    b.exec(ops.ewexp(), x, outputs=[b.alias(t, (N // 2,))], name="lo")
+    b.exec(ops.relu(), x, outputs=[b.alias(t, (N // 2,), offset=(N // 2,))], name="hi")
+    plan = memory_plan(b.build([b.exec(ops.tanh(), t)]))
+    (tensor,) = [live for live in plan.live_at_peak if live.name == "t"]
+    assert tensor.producer == 0
+    assert "node 0 (lo)" in str(plan)
+
+
 def _momentum(mu: float = 0.9, lr: float = 0.1):
     """m' = mu m + g; p' = p - lr m' (inputs p, m, g; outputs p', m')."""
     b = GraphBuilder()
