@@ -23,9 +23,15 @@ def ints(name: str, what: str, value: Any, nd: int, *, low: int = 1) -> tuple[in
     """``value`` as ``nd`` ints, each at least ``low``."""
     out = (value,) * nd if _is_int(value) else tuple(value) if isinstance(value, tuple) else None
     if out is None or len(out) != nd or not all(_is_int(v) for v in out):
+        rank = (
+            f" (inputs are [batch, spatial..., channels]: a rank-{nd + 2} input has {nd}; "
+            "give one image without a batch axis a batch axis of 1, x[None])"
+            if isinstance(value, tuple) and len(value) == nd + 1
+            else ""
+        )
         fail(
             f"{name}: {what}={value!r} does not fit {nd} spatial axes; "
-            f"pass one int or a tuple of {nd} ints"
+            f"pass one int or a tuple of {nd} ints{rank}"
         )
     if any(v < low for v in out):
         fail(f"{name}: {what}={value!r} must be >= {low} on every axis")

@@ -64,5 +64,8 @@ def test_pool_errors() -> None:
         ops.avg_pool()(rand([4, 4]))
     with pytest.raises(ShapeError, match=r"window=.*2 spatial axes"):
         ops.max_pool(window=(2, 2, 2))(rand([1, 4, 4, 1]))
+    # NNC's 3-d HWC image: rank 3 is [batch, length, channels] here, and the error says so
+    with pytest.raises(ShapeError, match=r"a rank-3 input has 1; .* batch axis of 1, x\[None\]"):
+        ops.avg_pool(window=(3, 3))(rand([5, 5, 4]))
     with pytest.raises(DTypeError):
         ops.max_pool()(np.ones((1, 4, 4, 1), np.int32))
