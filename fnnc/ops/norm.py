@@ -40,13 +40,26 @@ def _param(p, x, axes):
     return to_shape(jnp.reshape(p, keep), x.shape)
 
 
-def _check_params(name: str, x: Spec, want: tuple[int, ...], where: str, **params) -> None:
+def _kept_params(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, ...]:
+    """x's shape with 1 off ``axes``: NNC's layout of a layer norm's scale and bias."""
+    return tuple(n if d in axes else 1 for d, n in enumerate(shape))
+
+
+def _check_params(
+    name: str, x: Spec, want: tuple[int, ...], where: str, kept: tuple[int, ...] = (), **params
+) -> None:
+    """Each parameter shaped ``want``, or ``kept`` (x's rank, 1 off the normalized axes,
+    as NNC shapes a layer norm's scale) where given."""
     require_float(name, x)
     given = {k: p for k, p in params.items() if p is not None}
     require_same_dtype(name, x, *given.values())
     for label, p in given.items():
-        if tuple(p.shape) != want:
-            fail(f"{name}: {label} {show(p)} must have shape {list(want)} ({where} of x {show(x)})")
+        if tuple(p.shape) != want and not (kept and tuple(p.shape) == kept):
+            also = f" or {list(kept)}" if kept else ""
+            fail(
+                f"{name}: {label} {show(p)} must have shape {list(want)}{also} ({where} of x "
+                f"{show(x)})"
+            )
 
 
 # --- batch_norm ------------------------------------------------------------------------
@@ -164,7 +177,8 @@ def _scaled(g, factor):
 def _layer_norm_shape(x, scale=None, bias=None, *, axes, epsilon):
     ax = norm_axes("layer_norm", axes, x.ndim)
     want = tuple(x.shape[a] for a in ax)
-    _check_params("layer_norm", x, want, f"the sizes at axes {list(ax)}", scale=scale, bias=bias)
+    where, kept = f"the sizes at axes {list(ax)}", _kept_params(x.shape, ax)
+    _check_params("layer_norm", x, want, where, kept, scale=scale, bias=bias)
     s = Spec(_kept(x.shape, ax), x.dtype)
     return Spec(tuple(x.shape), x.dtype), s, s
 
@@ -175,7 +189,8 @@ def layer_norm(x, scale=None, bias=None, *, axes=(-1,), epsilon=1e-5):
 
     Returns ``(y, saved_mean, saved_inv_std)``, the statistics with ``axes`` kept as
     size 1. ``scale`` and ``bias`` are optional and shaped like x at ``axes``
-    (``[C]`` for the default ``axes=(-1,)``).
+    (``[C]`` for the default ``axes=(-1,)``), or as NNC shapes them, with x's rank and 1
+    off ``axes`` (``[1, 1, C]``).
     """
     ax = norm_axes("layer_norm", axes, x.ndim)
     mu = jnp.mean(x, axis=ax, keepdims=True)
@@ -346,9 +361,8 @@ def _group_norm_backward(grads, inputs, outputs, *, groups, axis, epsilon, reduc
 
 def _rms_norm_shape(x, scale=None, *, axes, epsilon):
     ax = norm_axes("rms_norm", axes, x.ndim)
-    _check_params(
-        "rms_norm", x, tuple(x.shape[a] for a in ax), f"the sizes at axes {list(ax)}", scale=scale
-    )
+    want, kept = tuple(x.shape[a] for a in ax), _kept_params(x.shape, ax)
+    _check_params("rms_norm", x, want, f"the sizes at axes {list(ax)}", kept, scale=scale)
     return Spec(tuple(x.shape), x.dtype), Spec(_kept(x.shape, ax), x.dtype)
 
 
@@ -358,7 +372,7 @@ def rms_norm(x, scale=None, *, axes=(-1,), epsilon=1e-6):
     ``inv_std = 1 / sqrt(mean(x^2) + epsilon)``.
 
     Returns ``(y, saved_inv_std)`` (``axes`` kept as size 1); ``scale`` is optional and
-    shaped like x at ``axes``.
+    shaped like x at ``axes`` (or with x's rank and 1 off ``axes``, as NNC's).
     """
     ax = norm_axes("rms_norm", axes, x.ndim)
     inv_std = lax.rsqrt(jnp.mean(jnp.square(x), axis=ax, keepdims=True) + epsilon)

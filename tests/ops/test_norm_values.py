@@ -90,6 +90,25 @@ def test_layer_and_rms_norm_match_numpy() -> None:
     assert_close((y, inv_rms), (x * r * scale, r), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
+def test_nnc_layout_of_the_scale_and_bias(name) -> None:
+    """NNC shapes a layer norm's scale and bias with x's rank and 1 off the normalized
+    axes ([1, 4, 10] for axes (1, 2) of [2, 4, 10]); the values and the parameters'
+    gradients (in that shape) are those of the [4, 10] layout."""
+    x, g = rand([2, 4, 10]), rand([2, 4, 10], seed=3)
+    params = [rand([4, 10], seed=1)] + ([rand([4, 10], seed=2)] if name == "layer_norm" else [])
+    cmd = getattr(ops, name)(axes=(1, 2))
+    flat, nnc = cmd(x, *params), cmd(x, *(p[None] for p in params))
+    assert_close(nnc, flat)
+    grads = [g] + [None] * (len(flat) - 1)
+    backward = getattr(ops, name).definition.backward
+    kw = dict(axes=(1, 2), epsilon=cmd.param("epsilon"))
+    want = backward(grads, (x, *params), flat, **kw)
+    got = backward(grads, (x, *(p[None] for p in params)), nnc, **kw)
+    assert [np.shape(a) for a in got[1:]] == [(1, 4, 10)] * len(params)
+    assert_close([np.reshape(a, np.shape(w)) for a, w in zip(got, want)], want)
+
+
 @pytest.mark.parametrize(
     "cmd, inputs, error, match",
     [
@@ -107,6 +126,7 @@ def test_layer_and_rms_norm_match_numpy() -> None:
         (ops.group_norm(groups=2, axis=0), (X,), ShapeError, "batch axis"),
         (ops.group_norm(groups=2), (X, rand([3])), ShapeError, r"must have shape \[6\]"),
         (ops.rms_norm(axes=(-1,)), (X, rand([6, 1])), ShapeError, r"must have shape \[6\]"),
+        (ops.rms_norm(axes=(-1,)), (X, rand([2, 6])), ShapeError, r"\[6\] or \[1, 1, 1, 6\]"),
     ],
 )
 def test_bad_inputs_raise_clear_errors(cmd, inputs, error, match) -> None:
