@@ -154,6 +154,13 @@ def storable(array: object, where: str) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
+def is_quantized(datatype: int) -> bool:
+    """Whether a datatype column is NNC's palettized ``QX``: ``reserved << 32 | QX |
+    bits << 8 | palette datatype >> 12`` (``ccv_nnc_tensor_write`` of a palettized
+    tensor), so the QX bits are read under a mask."""
+    return (datatype & 0xFF000) == QX
+
+
 def row_info(
     name: Any, type_: Any, format_: Any, datatype: Any, dim: Any, nbytes: Any, *, path: str
 ) -> TensorInfo:
@@ -175,7 +182,7 @@ def row_info(
         raise TensorFileError(
             f"{where}: unknown format {format_:#x} (NNC knows NCHW 1, NHWC 2, CHWN 4)"
         )
-    if datatype not in DATATYPES and datatype != QX:
+    if datatype not in DATATYPES and not is_quantized(datatype):
         known = ", ".join(f"{d}={c:#x}" for c, d in DATATYPES.items())
         raise TensorFileError(f"{where}: unknown datatype {datatype:#x} (known: {known})")
     return TensorInfo(

@@ -34,6 +34,7 @@ from fnnc.io import format as fmt
 from fnnc.io.codecs import Decoder, Encoder, decode_with, encode_with
 from fnnc.io.format import TensorInfo
 from fnnc.io.integrity import IntegrityReport
+from fnnc.io.palettize import float_to_half
 from fnnc.io.sqlite_errors import translating
 
 __all__ = ["Decoder", "Encoder", "TensorFile"]
@@ -356,6 +357,10 @@ class TensorFile:
                 f"{where} is {info.dtype}; reading it as {want} is not a conversion NNC "
                 "makes (only between floating types); read it and use .astype"
             )
+        if want == np.float16 and info.dtype != np.float16:
+            # NNC's ccv_float_to_half_precision truncates (0.0001 -> 0x068D, not 0x068E)
+            # and saturates to 65504 below 65536, where a rounding cast gives inf
+            return float_to_half(arr.astype(np.float32))
         return arr.astype(want)  # always a copy: writable, owns its memory
 
     @_operation("read", named=True)
