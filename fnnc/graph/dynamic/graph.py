@@ -27,7 +27,7 @@ from fnnc.core.ir import Graph
 from fnnc.errors import DTypeError, GraphError
 from fnnc.ops import Command
 
-from . import autodiff, cnnp, lazy, versions
+from . import autodiff, cnnp, effects, lazy, versions
 from .execute import Plans, reader, run, run_reads, where
 from .extract import PROGRAMS, extract
 from .record import Read, Record, Version, View
@@ -352,6 +352,26 @@ class DynamicGraph:
         Nodes that only that value fed are pruned (NNC's ``ccv_nnc_tensor_variable_detach``).
         """
         versions.detach(self, var)
+
+    def has_effect(
+        self, sources: Sequence[Variable], destinations: Sequence[Variable]
+    ) -> list[bool]:
+        """Per variable of ``sources``, whether the recorded computation carries its value
+        into any of ``destinations`` (NNC's
+        ``ccv_nnc_dynamic_graph_has_effect_to_tensor_variables``, as a list for its
+        bitmask). A detached value carries nothing on, and neither does a value read
+        only by commands of constants alone, which are not recorded.
+
+        >>> import numpy as np
+        >>> from fnnc import ops
+        >>> dg = DynamicGraph()
+        >>> x, c = dg.variable(np.float32([2.0])), dg.constant(np.float32([3.0]))
+        >>> y, k = dg.exec(ops.ewlog(), x), dg.exec(ops.mul(), c, c)
+        >>> z = dg.exec(ops.mul(), y, k)
+        >>> dg.has_effect([x, c, y, k], [z])
+        [True, False, True, True]
+        """
+        return effects.has_effect(self, sources, destinations)
 
     # -- gradients and optimizer steps: autodiff.py -----------------------------------
     def backward(

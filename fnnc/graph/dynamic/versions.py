@@ -82,6 +82,13 @@ def _assign(dg: DynamicGraph, target: Variable, slot: Slot, read: Read, where: s
         new = v
     if not slot.trainable and new.grad and new.pins == 0:
         new.detach()
+    elif slot.trainable and not new.grad and target._view is None:
+        # a value made from constants alone (ops.set, ...) written into a trainable
+        # variable: it stays a variable, now a leaf holding that value, as ``set`` makes
+        # it (NNC: the variable keeps taking gradients)
+        if new.value is None:
+            dg.flush()
+        new = dg._leaf(new.value, grad=True, name=slot.name)
     new.name = new.name or slot.name
     repin(dg, slot, new)
 
