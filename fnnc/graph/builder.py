@@ -253,7 +253,8 @@ class GraphBuilder:
 
         Args:
             cmd: a command, e.g. ``ops.gemm(transpose_b=True)``.
-            *inputs: symbols of this builder.
+            *inputs: symbols of this builder; trailing ``None`` are left out (optional
+                inputs not given), an input before a given one cannot be.
             outputs: existing symbols (tensors or aliases) to write instead of new ones.
             name: the node's name (shown in listings and errors).
         """
@@ -263,6 +264,7 @@ class GraphBuilder:
                 f"{type(cmd).__name__}; call the factory to build one"
             )
         where = f"node {name!r} ({cmd.name})" if name else f"node {cmd.name}"
+        inputs = _without_trailing_none(inputs, where)
         held = [self._known(s, f"node {name or cmd.name}") for s in inputs]
         if any(s.id in self._deferred for s in held):
             return self._exec_later(cmd, held, outputs, name, where)
@@ -419,6 +421,23 @@ class GraphBuilder:
 
     def _label(self, sym: Symbol) -> str:
         return f"%{sym.id} ({sym.name})" if sym.name else f"%{sym.id}"
+
+
+def _without_trailing_none(inputs: Sequence[Any], where: str) -> Sequence[Any]:
+    """``inputs`` without trailing ``None`` (optional inputs left out); a ``None``
+    before a given input is an error that says what to pass instead."""
+    n = len(inputs)
+    while n and inputs[n - 1] is None:
+        n -= 1
+    gap = next((k for k in range(n) if inputs[k] is None), None)
+    if gap is not None:
+        raise CommandError(
+            f"{where}: input {gap} is None but input {n - 1} is given; a graph node can leave "
+            "out trailing inputs only (NNC's NO_TENSOR_SYMBOL in between has no graph form). "
+            "Pass the input's neutral value instead, e.g. a zero additive mask "
+            "(builder.constant(np.zeros((1, 1, 1, 1), np.float32))) for attention"
+        )
+    return inputs[:n]
 
 
 def _shape(shape: Any, where: str, auto: bool = True) -> tuple[int, ...]:

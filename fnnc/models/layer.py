@@ -349,6 +349,13 @@ class Layer:
 
     def __call__(self, *inputs: ModelIO) -> Any:
         for i, x in enumerate(inputs):
+            if x is None:
+                raise ModelError(
+                    f"layer {self.describe()}: input {i} is None; a layer's inputs are all "
+                    "given (a model graph has no empty input slot): leave out trailing "
+                    "optional inputs, or feed a neutral value (a Parameter or constant "
+                    "layer holding zeros for an additive mask)"
+                )
             if not isinstance(x, ModelIO):
                 raise ModelError(
                     f"layer {self.describe()}: input {i} is a {type(x).__name__}; call layers on "

@@ -186,7 +186,8 @@ def _minmax(name: str, pick):
     forward.__name__ = name
     forward.__doc__ = (
         f"Elementwise {name} of two tensors (broadcasting); where ``a == b`` both inputs "
-        "get the whole gradient, as in NNC (``ccv_nnc_min_cpu_ref.c``)."
+        "get the whole gradient, as in NNC (``ccv_nnc_min_cpu_ref.c``), and a ``None`` "
+        "output gradient is NNC's null one, all ones."
     )
     factory = defcommand(
         family="elementwise",
@@ -199,6 +200,9 @@ def _minmax(name: str, pick):
     @factory.backward
     def _backward(grads, inputs, outputs):
         (g,), (a, b) = grads, inputs
+        if g is None:  # NNC's null gradient: the derivative of the min (max) itself
+            shape = _out_shape(a, b)
+            g = jnp.ones(shape, jnp.result_type(a.dtype, b.dtype))
         aa, bb = to_shape(a, g.shape), to_shape(b, g.shape)
         picked = pick(aa, bb)
         zero = jnp.zeros_like(g)
