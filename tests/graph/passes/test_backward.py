@@ -262,7 +262,7 @@ def _views(draw):
     return n, views
 
 
-@settings(max_examples=80)
+@settings(max_examples=40)
 @given(_views())
 def test_gradients_through_views_add_up_per_element(case):
     """f = sum_k sum(view_k(x) * c_k): df/dx[i] is the sum of c_k over every time a view
