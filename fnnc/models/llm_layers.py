@@ -45,23 +45,41 @@ class SwiGLU(Layer):
 
     Parameters: 0 ``W_gate [hidden, in]``, 1 ``W_up [hidden, in]``,
     2 ``W_down [out, hidden]`` (``out`` defaults to ``in``).
+
+    ``down=False`` is NNC's ``ccv_cnnp_swiglu(hidden, clamp)``: the gate and up
+    projections alone (two parameters), output width ``hidden``, one ``swiglu``
+    command. ``clamp > 0`` clamps the gate above and the up projection to
+    ``[-clamp, clamp]`` before they multiply (:func:`fnnc.ops.swiglu`).
     """
 
     owns_parameters = True
 
-    def __init__(self, hidden: int, out: int | None = None, **kw: Any):
+    def __init__(
+        self, hidden: int, out: int | None = None, *, clamp: float = 0.0, down: bool = True,
+        **kw: Any,
+    ):  # fmt: skip
         super().__init__(**kw)
-        self.hidden, self.out = hidden, out
+        if not down and out is not None:
+            raise ModelError(
+                f"layer {self.describe()}: out={out} sizes the down projection, which "
+                "down=False leaves out (the output is hidden wide)"
+            )
+        self.hidden, self.out, self.clamp, self.down = hidden, out, float(clamp), down
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         d, h = x.shape[-1], self.hidden
-        out = self.out or d
         name = ctx.layer_id(self)
         init = glorot_uniform([1], [0])
         w_gate = ctx.param(self, 0, (h, d), init, x.dtype)
         w_up = ctx.param(self, 1, (h, d), init, x.dtype)
-        w_down = ctx.param(self, 2, (out, h), init, x.dtype)
-        hidden = _swiglu(ctx, _dense(ctx, x, w_gate, f"{name}/gate"), _dense(ctx, x, w_up, ""), "")
+        if self.clamp or not self.down:
+            hidden = ctx.b.exec(ops.swiglu(clamp=self.clamp), x, w_gate, w_up, name=name)
+        else:  # separate projections: the sharding rules find each dense's role
+            gate, up = _dense(ctx, x, w_gate, f"{name}/gate"), _dense(ctx, x, w_up, "")
+            hidden = _swiglu(ctx, gate, up, "")
+        if not self.down:
+            return hidden
+        w_down = ctx.param(self, 2, (self.out or d, h), init, x.dtype)
         return _dense(ctx, hidden, w_down, name)
 
 

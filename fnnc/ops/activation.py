@@ -10,12 +10,14 @@ forward, as in NNC. softmax and log_softmax normalise along ``axis`` (default la
 from __future__ import annotations
 
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from fnnc.core.command import Spec, Uses, defcommand
+from fnnc.errors import CommandError
 from fnnc.ops._rules import norm_axes, require_float
 
 OUTPUT_ONLY = Uses(inputs=(), outputs=(0,))
@@ -50,16 +52,30 @@ def _relu_backward(grads, inputs, outputs):
     return (jnp.where(y > 0, g, _zero(g)),)
 
 
-@defcommand(family="activation", shape=_float_rule("leaky_relu"), uses=INPUT_ONLY, elementwise=True)
+def _leaky_relu_rule(x: Spec, *, negative_slope) -> Spec:
+    if not isinstance(negative_slope, numbers.Real) or not negative_slope >= 0:
+        raise CommandError(
+            f"leaky_relu: negative_slope must be a number >= 0 (the backward tells the two "
+            f"sides apart by the output's sign), got {negative_slope!r}"
+        )
+    return _float_rule("leaky_relu")(x)
+
+
+@defcommand(family="activation", shape=_leaky_relu_rule, uses=OUTPUT_ONLY, elementwise=True)
 def leaky_relu(x, *, negative_slope=0.01):
-    """``x`` where ``x > 0`` else ``negative_slope * x``."""
+    """``x`` where ``x > 0`` else ``negative_slope * x`` (``negative_slope >= 0``).
+
+    The backward reads the output alone, as NNC's: ``g`` where ``y >= 0`` (so at
+    ``x = 0`` too), else ``negative_slope * g``; with ``negative_slope = 0`` it is
+    relu's, ``0`` where ``y = 0``."""
     return jnp.where(x > 0, x, x * jnp.asarray(negative_slope, x.dtype))
 
 
 @leaky_relu.backward
 def _leaky_relu_backward(grads, inputs, outputs, *, negative_slope):
-    (g,), (x,) = grads, inputs
-    return (jnp.where(x > 0, g, g * jnp.asarray(negative_slope, g.dtype)),)
+    (g,), (y,) = grads, outputs
+    upper = (y >= 0) if negative_slope > 0 else (y > 0)
+    return (jnp.where(upper, g, g * jnp.asarray(negative_slope, g.dtype)),)
 
 
 @defcommand(family="activation", shape=_float_rule("sigmoid"), uses=OUTPUT_ONLY, elementwise=True)

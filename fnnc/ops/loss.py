@@ -203,7 +203,11 @@ def binary_crossentropy(p, label, *, pos_weight=1.0):
 
 def _binary_crossentropy_grad(g, p, label, *, pos_weight):
     g, y = to_shape(g, p.shape), label.astype(p.dtype)
-    gp = g * ((1 - y) / (1 - p) - pos_weight * y / p)
+    # NNC's form: one division by p (1 - p), kept off 0 (1e-12, or the type's smallest
+    # normal number where 1e-12 is none), so a saturated p = 0 or 1 gets a finite (zero
+    # for its own label) gradient instead of 0 / 0
+    floor = max(1e-12, float(jnp.finfo(p.dtype).tiny))
+    gp = g * (((1 - y) * p - pos_weight * y * (1 - p)) / jnp.maximum(p * (1 - p), floor))
     gy = g * (jnp.log1p(-p) - pos_weight * jnp.log(p))
     return gp, gy.astype(label.dtype)
 

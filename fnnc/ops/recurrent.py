@@ -14,7 +14,7 @@ constrained hyper-connections), NNC's GATED_DELTA and HYPER_CONNECTION (liuliu/c
   ``sinkhorn_iterations`` column/row normalisations; with a fourth input
   ``residual [..., n, D]`` the outputs are ``(post, comb, Σᵢ preᵢ residualᵢ)``.
   ``"expand"``: ``(block [..., D], residual [..., n, D], post [..., n],
-  comb [..., n²])`` gives ``out[i] = block post[i] + Σⱼ comb[j, i] residual[j]``.
+  comb [..., n²] or [..., n, n])`` gives ``out[i] = block post[i] + Σⱼ comb[j, i] residual[j]``.
 
 NNC runs both forward only; fnnc differentiates them from ``jax.vjp`` of the
 reference (both are smooth), so a Gated DeltaNet or mHC block trains.
@@ -119,11 +119,15 @@ def _hc_shape(*xs, mode, count, sinkhorn_iterations, epsilon):
         want = {
             "residual": (residual, (*lead, n, block.shape[-1])),
             "post": (post, (*lead, n)),
-            "comb": (comb, (*lead, n * n)),
         }
         for label, (s, shape) in want.items():
             if tuple(s.shape) != shape:
                 fail(f"{name}: {label} {show(s)} should be {list(shape)} for block {show(block)}")
+        if tuple(comb.shape) not in ((*lead, n * n), (*lead, n, n)):  # NNC takes either
+            fail(
+                f"{name}: comb {show(comb)} should be {list((*lead, n * n))} or "
+                f"{list((*lead, n, n))} for block {show(block)}"
+            )
         return Spec(tuple(residual.shape), residual.dtype)
     if mode != "split":
         raise CommandError(f"{name}: mode must be 'split' or 'expand', got {mode!r}")
@@ -175,7 +179,7 @@ def hyper_connection(*xs, mode="split", count=4, sinkhorn_iterations=20, epsilon
     n = count
     if mode == "expand":
         block, residual, post, comb = xs
-        c = jnp.reshape(comb, (*comb.shape[:-1], n, n))
+        c = jnp.reshape(comb, (*block.shape[:-1], n, n))  # [..., n*n] or [..., n, n]
         mixed = jnp.einsum("...ji,...jd->...id", c, residual)
         return block[..., None, :] * post[..., :, None] + mixed
     pre, post, comb = _sinkhorn(*xs[:3], n, sinkhorn_iterations, epsilon)
