@@ -94,11 +94,15 @@ def _expand_heads(x, heads):
     return x if x.shape[2] == heads else jnp.repeat(x, heads // x.shape[2], axis=2)
 
 
-def _probabilities(q, k, mask, scale, is_causal):
-    """Attention probabilities ``[B, H, S, T]``; rows that attend nothing are zero."""
+def _probabilities(q, k, mask, scale, is_causal, dtype=None):
+    """Attention probabilities ``[B, H, S, T]``; rows that attend nothing are zero.
+    ``dtype``: the type the logits and the softmax are computed in (default q's)."""
     (_, s, h, d), t = q.shape, k.shape[1]
     scale = 1 / math.sqrt(d) if scale is None else scale
-    logits = jnp.einsum("bshd,bthd->bhst", q, _expand_heads(k, h)) * jnp.asarray(scale, q.dtype)
+    dtype = q.dtype if dtype is None else dtype
+    logits = jnp.einsum(
+        "bshd,bthd->bhst", q, _expand_heads(k, h), preferred_element_type=dtype
+    ) * jnp.asarray(scale, dtype)
     shape = logits.shape
     keep = None
     if mask is not None and mask.dtype == jnp.bool_:
@@ -138,7 +142,8 @@ def scaled_dot_product_attention(
     >>> y.shape
     (2, 5, 6)
     """
-    p = _probabilities(q, k, mask, scale, is_causal)
+    wide = jnp.promote_types(q.dtype, jnp.float32)  # 16-bit: the softmax in float32
+    p = _probabilities(q, k, mask, scale, is_causal, wide).astype(q.dtype)
     o = jnp.einsum("bhst,bthd->bshd", p, _expand_heads(v, q.shape[2]))
     if weights is None:
         return o
@@ -157,14 +162,20 @@ def _sdpa_grads(go, q, k, v, o, m, *, scale, is_causal):
     """Gradients of q, k, v and the mask (``None`` unless a float mask) from ``go``."""
     h, d = q.shape[2], q.shape[3]
     scale = 1 / math.sqrt(d) if scale is None else scale
-    p = _probabilities(q, k, m, scale, is_causal)
-    gv = jnp.einsum("bhst,bshd->bthd", p, go)
-    dp = jnp.einsum("bshd,bthd->bhst", go, _expand_heads(v, h))
+    # For 16-bit inputs the softmax and dp - delta, which cancels, are taken in float32
+    # (in 16 bits float16's dq missed NNC's 1e-3 by 2x), and ds is rounded once.
+    wide = jnp.promote_types(q.dtype, jnp.float32)
+    p = _probabilities(q, k, m, scale, is_causal, wide)
+    gv = jnp.einsum("bhst,bshd->bthd", p.astype(q.dtype), go)
+    dp = jnp.einsum("bshd,bthd->bhst", go, _expand_heads(v, h), preferred_element_type=wide)
     # sum_t p * dp == sum_d go * o: the softmax backward without the [S, T] product.
-    delta = jnp.transpose(jnp.sum(go * o, axis=-1), (0, 2, 1))[..., None]
-    ds = p * (dp - delta)
-    gq = jnp.einsum("bhst,bthd->bshd", ds, _expand_heads(k, h)) * jnp.asarray(scale, q.dtype)
-    gk = jnp.einsum("bhst,bshd->bthd", ds, q) * jnp.asarray(scale, q.dtype)
+    delta = jnp.sum(go.astype(wide) * o.astype(wide), axis=-1)
+    delta = jnp.transpose(delta, (0, 2, 1))[..., None]
+    ds = (p * (dp - delta)).astype(q.dtype)
+    gq = jnp.einsum("bhst,bthd->bshd", ds, _expand_heads(k, h), preferred_element_type=wide)
+    gk = jnp.einsum("bhst,bshd->bthd", ds, q, preferred_element_type=wide)
+    gq = (gq * jnp.asarray(scale, wide)).astype(q.dtype)  # scaled before the rounding
+    gk = (gk * jnp.asarray(scale, wide)).astype(q.dtype)
     gm = None if m is None or m.dtype == jnp.bool_ else unbroadcast(ds, m.shape)
     return gq, _fold_heads(gk, k.shape[2]), _fold_heads(gv, v.shape[2]), gm
 

@@ -152,26 +152,54 @@ def _gemm_backward(grads, inputs, outputs, *, transpose_a, transpose_b):
     commutative=lambda cmd: cmd.param("p") == cmd.param("q"),  # p*a + q*b
 )
 def add(a, b, *, p=1.0, q=1.0):
-    """``p * a + q * b`` (broadcasting), NNC's ADD with its two scalars."""
+    """``p * a + q * b`` (broadcasting), NNC's ADD with its two scalars; 16-bit floats
+    are scaled and summed in float32 and rounded once, as NNC does."""
     shape = broadcast_shape("add", a.shape, b.shape)
     a, b = to_shape(a, shape), to_shape(b, shape)
     if q == -1.0 and p == 1.0:
         return lax.sub(a, b)
+    if p == 1.0 and q == 1.0:
+        return lax.add(a, b)
+    dtype, wide = a.dtype, _wide(a.dtype)  # 16-bit: in float32, rounded once (NNC's)
+    a, b = a.astype(wide), b.astype(wide)
     if p != 1.0:
         a = lax.mul(a, _scalar(p, a))
     if q != 1.0:
         b = lax.mul(b, _scalar(q, b))
-    return lax.add(a, b)
+    return lax.add(a, b).astype(dtype)
 
 
 def _scalar(value, like):
     return lax.full(like.shape, value, like.dtype)
 
 
+def _wide(dtype):
+    """The type a scalar product is computed in: float32 for 16-bit floats, whose own
+    rounding of the scalar (0.99 is 0.9883 in bfloat16) would move every result."""
+    return jnp.promote_types(dtype, jnp.float32) if jnp.issubdtype(dtype, jnp.floating) else dtype
+
+
+def _times(x, value):
+    """``value * x`` computed as :func:`_wide` says, in ``x``'s type."""
+    if value == 1.0:
+        return x
+    wide = x.astype(_wide(x.dtype))
+    return lax.mul(wide, _scalar(value, wide)).astype(x.dtype)
+
+
+def _nnc_null(g, *inputs):
+    """NNC's null output gradient: ones, shaped like the broadcast of the inputs."""
+    if g is not None:
+        return g
+    shape = jnp.broadcast_shapes(*(x.shape for x in inputs))
+    return jnp.ones(shape, jnp.result_type(*(x.dtype for x in inputs)))
+
+
 @add.backward
 def _add_backward(grads, inputs, outputs, *, p, q):
     (g,), (a, b) = grads, inputs
-    return unbroadcast(g * p, a.shape), unbroadcast(g * q, b.shape)
+    g = _nnc_null(g, a, b)
+    return unbroadcast(_times(g, p), a.shape), unbroadcast(_times(g, q), b.shape)
 
 
 @defcommand(
@@ -184,14 +212,18 @@ def _add_backward(grads, inputs, outputs, *, p, q):
 def mul(a, b, *, p=1.0):
     """``p * a * b`` (broadcasting), NNC's MUL."""
     shape = broadcast_shape("mul", a.shape, b.shape)
-    out = lax.mul(to_shape(a, shape), to_shape(b, shape))
-    return out if p == 1.0 else lax.mul(out, _scalar(p, out))
+    a, b = to_shape(a, shape), to_shape(b, shape)
+    if p == 1.0:
+        return lax.mul(a, b)
+    wide = _wide(a.dtype)
+    return _times(lax.mul(a.astype(wide), b.astype(wide)), p).astype(a.dtype)
 
 
 @mul.backward
 def _mul_backward(grads, inputs, outputs, *, p):
     (g,), (a, b) = grads, inputs
-    gp = g * p if p != 1.0 else g
+    g = _nnc_null(g, a, b)
+    gp = _times(g, p)
     return unbroadcast(gp * to_shape(b, g.shape), a.shape), unbroadcast(
         gp * to_shape(a, g.shape), b.shape
     )
@@ -199,10 +231,11 @@ def _mul_backward(grads, inputs, outputs, *, p):
 
 @defcommand(family="blas", shape=same_shape, uses=NOTHING, elementwise=True)
 def scalar_mul(x, *, a=1.0):
-    """``a * x`` for a Python scalar ``a``, NNC's SCALAR_MUL."""
-    return lax.mul(x, _scalar(a, x))
+    """``a * x`` for a Python scalar ``a``, NNC's SCALAR_MUL (16-bit floats: computed in
+    float32 and rounded once, as NNC does)."""
+    return _times(x, a)
 
 
 @scalar_mul.backward
 def _scalar_mul_backward(grads, inputs, outputs, *, a):
-    return (grads[0] * a,)
+    return (_times(_nnc_null(grads[0], inputs[0]), a),)

@@ -359,7 +359,12 @@ def _masked_fill_shape(x: Spec, mask: Spec, *, eq, fill) -> Spec:
 def masked_fill(x, mask, *, eq=0, fill=0.0):
     """``fill`` where ``mask == eq``, else ``x`` (NNC's MASKED_FILL); mask broadcasts."""
     hit = to_shape(mask, x.shape) == _eq_value(eq, mask.dtype)
-    return jnp.where(hit, jnp.asarray(fill, x.dtype), x)
+    if is_float(x):  # as C converts: -1e8 is -inf in float16, with no overflow warning
+        with np.errstate(over="ignore"):
+            value = jnp.asarray(np.asarray(fill, np.float64).astype(x.dtype))
+    else:
+        value = jnp.asarray(fill, x.dtype)
+    return jnp.where(hit, value, x)
 
 
 @masked_fill.backward

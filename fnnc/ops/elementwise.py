@@ -7,6 +7,7 @@ backwards sum gradients back to each input's shape.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -138,22 +139,31 @@ ewabs = _unary(
 
 @defcommand(family="elementwise", shape=same_shape, uses=Uses(inputs=(0,)), elementwise=True)
 def clamp(x, *, min=None, max=None):
-    """Clamps x to [min, max]; either bound may be None (NNC's CLAMP)."""
-    if min is not None:
-        x = lax.max(x, jnp.full(x.shape, min, x.dtype))
-    if max is not None:
-        x = lax.min(x, jnp.full(x.shape, max, x.dtype))
+    """Clamps x to [min, max]; either bound may be None, or NaN as NNC spells "no
+    bound" (NNC's CLAMP). The gradient passes strictly inside the bounds, as NNC's
+    (``ccv_nnc_ew_cpu_ref.c``): zero where x is at or beyond one (relu6's 0 at 0)."""
+    lo, hi = _bound(min), _bound(max)
+    if lo is not None:
+        x = lax.max(x, jnp.full(x.shape, lo, x.dtype))
+    if hi is not None:
+        x = lax.min(x, jnp.full(x.shape, hi, x.dtype))
     return x
+
+
+def _bound(value):
+    """A clamp bound, ``None`` for none (``None`` or NaN)."""
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
 
 
 @clamp.backward
 def _clamp_backward(grads, inputs, outputs, *, min=None, max=None):
     (g,), (x,) = grads, inputs
+    lo, hi = _bound(min), _bound(max)
     keep = jnp.ones(x.shape, bool)
-    if min is not None:
-        keep = keep & (x >= min)
-    if max is not None:
-        keep = keep & (x <= max)
+    if lo is not None:
+        keep = keep & (x > lo)
+    if hi is not None:
+        keep = keep & (x < hi)
     return (jnp.where(keep, g, jnp.zeros_like(g)),)
 
 

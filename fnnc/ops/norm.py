@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from fnnc.core.command import Spec, Uses, defcommand
@@ -69,9 +70,21 @@ def _batch_norm_shape(x, scale, bias, mean, var, *, axes, epsilon, momentum, is_
     ax = norm_axes("batch_norm", axes, x.ndim)
     stat = tuple(n for d, n in enumerate(x.shape) if d not in ax)
     where = f"x's shape without the reduced axes {list(ax)}"
-    _check_params("batch_norm", x, stat, where, scale=scale, bias=bias, mean=mean, var=var)
-    s = Spec(stat, x.dtype)
+    like = Spec(tuple(x.shape), _stat_dtype(x.dtype, scale.dtype))
+    _check_params("batch_norm", like, stat, where, scale=scale, bias=bias, mean=mean, var=var)
+    s = Spec(stat, like.dtype)
     return Spec(tuple(x.shape), x.dtype), s, s, s, s
+
+
+def _stat_dtype(x_dtype, param_dtype) -> np.dtype:
+    """The statistics' type: x's, or float32 beside a 16-bit x (NNC's and cuDNN's mixed
+    layout: half activations, float parameters and statistics)."""
+    x_dtype, param_dtype = np.dtype(x_dtype), np.dtype(param_dtype)
+    if param_dtype == np.float32 and x_dtype.kind == "f" and x_dtype.itemsize == 2:
+        return param_dtype
+    if str(x_dtype) == "bfloat16" and param_dtype == np.float32:
+        return param_dtype
+    return x_dtype
 
 
 @defcommand(
@@ -87,7 +100,9 @@ def batch_norm(
 
     Returns ``(y, new_mean, new_var, saved_mean, saved_inv_std)``. ``scale``, ``bias``
     and the running ``mean`` / ``var`` have x's shape without ``axes`` (``[C]``), as do
-    the last four outputs. Follows NNC (lib/nnc/cmd/norm/ccv_nnc_batch_norm_cpu_ref.c):
+    the last four outputs; they share x's type, or are float32 beside a 16-bit x (NNC's
+    and cuDNN's mixed layout, computed in float32, y in x's type). Follows NNC
+    (lib/nnc/cmd/norm/ccv_nnc_batch_norm_cpu_ref.c):
     in training, ``saved_mean`` / ``saved_inv_std`` come from the batch with the *biased*
     variance, and ``new_mean = momentum * mean + (1 - momentum) * saved_mean``,
     ``new_var = momentum * var + (1 - momentum) * batch_var`` (momentum weights the old
@@ -98,6 +113,7 @@ def batch_norm(
     """
     ax = norm_axes("batch_norm", axes, x.ndim)
     keep = _kept(x.shape, ax)
+    out_dtype, x = x.dtype, x.astype(_stat_dtype(x.dtype, scale.dtype))  # mixed: in float32
 
     def full(t):
         return to_shape(jnp.reshape(t, keep), x.shape)
@@ -109,7 +125,7 @@ def batch_norm(
         mu = leading_sum(x, ax) / n
         batch_var = leading_sum(jnp.square(x - full(mu)), ax) / n
     inv_std = lax.rsqrt(batch_var + epsilon)
-    y = (x - full(mu)) * full(inv_std * scale) + full(bias)
+    y = ((x - full(mu)) * full(inv_std * scale) + full(bias)).astype(out_dtype)
     if is_test:
         return y, mean, var, mean, inv_std
     new_mean = momentum * mean + (1 - momentum) * mu
@@ -132,6 +148,9 @@ def _batch_norm_backward(grads, inputs, outputs, *, axes, epsilon, momentum, is_
     gy, g_new_mean, g_new_var, g_mean, g_inv = grads
     x, scale, *_ = inputs
     *_, mu, inv_std = outputs
+    x_dtype = x.dtype  # mixed (16-bit x, float32 statistics): computed in float32
+    x = x.astype(inv_std.dtype)
+    gy = None if gy is None else gy.astype(inv_std.dtype)
     ax = norm_axes("batch_norm", axes, x.ndim)
     keep = _kept(x.shape, ax)
     n = math.prod(x.shape[a] for a in ax)
@@ -153,7 +172,7 @@ def _batch_norm_backward(grads, inputs, outputs, *, axes, epsilon, momentum, is_
         None if is_test else _scaled(g_new_var, 1 - momentum),
     )
     if is_test:
-        gx = gy * full(inv_std * scale)
+        gx = (gy * full(inv_std * scale)).astype(x_dtype)
         g_run_mean = _sum_or_none(-sum_gy * inv_std * scale, g_new_mean, g_stat_mean)
         g_run_var = _sum_or_none(sum_gy_xhat * scale * d_inv / inv_std, g_new_var, g_stat_var)
         return gx, g_scale, g_bias, g_run_mean, g_run_var
@@ -163,7 +182,8 @@ def _batch_norm_backward(grads, inputs, outputs, *, axes, epsilon, momentum, is_
     if g_stat_var is not None:
         gx = gx + full(2 * g_stat_var / (n * inv_std)) * xhat
     return (
-        gx, g_scale, g_bias, _scaled(g_new_mean, momentum), _scaled(g_new_var, momentum)
+        gx.astype(x_dtype), g_scale, g_bias, _scaled(g_new_mean, momentum),
+        _scaled(g_new_var, momentum),
     )  # fmt: skip
 
 

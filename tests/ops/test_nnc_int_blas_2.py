@@ -13,6 +13,8 @@ where the C test leaves a forward tensor out (``TENSOR_LIST(g, 0, b)``) the port
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -115,7 +117,7 @@ def test_clamp_forward_and_backward(case, dtype_name) -> None:
     lo, hi = CLAMPS[case]
     dtype, _ = DTYPES[dtype_name]
     x = _uniform(1000, 7, 10, -1).astype(dtype)
-    x = jnp.asarray(x[(x != 0) & (x != 6)])  # ties at a bound: the xfail test below
+    x = jnp.asarray(x[(x != 0) & (x != 6)])  # ties at a bound: the bound test below
     g = jnp.asarray(_uniform(x.shape, 8), dtype)
     cmd = ops.clamp(min=lo, max=hi)
     y = cmd(x)
@@ -126,11 +128,6 @@ def test_clamp_forward_and_backward(case, dtype_name) -> None:
     np.testing.assert_array_equal(_wide(dx), np.where(inside, _wide(g), 0))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="clamp's backward passes the gradient where x equals a bound; NNC's "
-    "(ccv_nnc_ew_cpu_ref.c, GPU ref alike) zeroes it where the output is <= min or >= max",
-)
 def test_clamp_backward_at_the_bounds_is_zero() -> None:
     """NNC's "clamp backward" rule at a tie: ``h = (b >= max || b <= min) ? 0 : g``, so an
     input exactly at a bound (a ReLU6 input of 0 or 6) gets no gradient."""
@@ -140,11 +137,6 @@ def test_clamp_backward_at_the_bounds_is_zero() -> None:
     np.testing.assert_array_equal(dx, [0, 0, 1, 0, 0])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="clamp takes a NaN bound (NNC's spelling of 'no bound') and returns NaN "
-    "everywhere instead of treating it as None or rejecting it",
-)
 def test_clamp_with_a_nan_bound_is_unbounded_or_rejected() -> None:
     """NNC's "clamp forward with only max" spells the missing bound ``NAN``. fnnc spells
     it ``None``; a NaN bound must not turn every output into NaN silently."""
@@ -172,12 +164,6 @@ SCALARS = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="add / mul / scalar_mul round their Python-float scalars to the tensor's "
-    "16-bit dtype before multiplying (blas.py _scalar); NNC keeps them float and rounds "
-    "once: add(p=1, q=-0.99)(x, x) in bfloat16 is off by up to 51%",
-)
 @pytest.mark.parametrize("half", ["float16", "bfloat16"])
 @pytest.mark.parametrize("op", sorted(SCALARS))
 def test_blas_scalars_keep_float_precision_in_half_precision(op, half) -> None:
@@ -248,6 +234,7 @@ def test_attention_forward_in_half_precision(trial, dtype_name) -> None:
     assert_close(o, want, rtol=0, atol=3e-3 if dtype == f16 else 1e-6)
 
 
+@functools.cache  # the float16 dk / dv and dq tests share one computation
 def _attention_gradients(trial, dtype):
     batch, r, c, hq, hk, d, causal = trial
     q, k, v, go = (
@@ -281,21 +268,9 @@ def test_attention_key_and_value_gradients_in_half_precision(trial) -> None:
     assert_close(dv, wv, rtol=0, atol=6e-3)
 
 
-_HALF_DQ_REASON = (
-    "float16 attention computes its softmax and backward intermediates (dp, "
-    "delta = sum(go * o)) in float16 (attention.py _probabilities / _sdpa_grads): dq "
-    "misses NNC's 1e-3 by up to 1.9e-3 on values of ~0.05; float32 math gives 1.4e-4"
-)
-
-
 @pytest.mark.parametrize(
     "trial",
-    [
-        pytest.param(t, marks=pytest.mark.xfail(strict=True, reason=_HALF_DQ_REASON))
-        if t in (ATTENTION[0], ATTENTION[4])
-        else t
-        for t in ATTENTION
-    ],
+    ATTENTION,
     ids=lambda t: "-".join(map(str, t)),
 )
 def test_attention_query_gradient_in_half_precision(trial) -> None:

@@ -6,13 +6,14 @@ cross-entropy and ewsum in ``test_nnc_int_cudnn_3.py``.
 
 Each C test runs a command on cuDNN and on NNC's CPU reference and compares the two;
 here fnnc's command runs on the CPU and is compared with an independent oracle: NumPy
-loops in float64 for values, and ``jax.vjp`` of a float64 ``jnp`` oracle (under
-``jax.enable_x64``) for gradients, which come from each command's backward in NNC's
-convention. Shapes are the C test's, smaller where its tensors are large (batch 64 of
-224x224 images becomes batch 2 of 12x12, 96 filters become 8), keeping what decides
-the geometry: a 7x7 kernel, stride 2, and the padding NNC's ``ccv_nnc_hint_auto``
-derives from the input and output sizes (see :func:`hint_auto`), uneven with the extra
-cell in front. Values are uniform in [0, 1) like NNC's ``dsfmt_genrand_open_close``.
+loops in float64 over kernel cells (a strided slice per cell for the convolution, the
+adjoint scatter for its input gradient and the transposed convolution). Gradients come
+from each command's backward in NNC's convention. Shapes are the C test's, smaller where
+its tensors are large (batch 64 of 224x224 images becomes batch 2 of 12x12, 96 filters
+become 8), keeping what decides the geometry: a 7x7 kernel, stride 2, and the padding
+NNC's ``ccv_nnc_hint_auto`` derives from the input and output sizes (see
+:func:`hint_auto`), uneven with the extra cell in front. Values are uniform in [0, 1)
+like NNC's ``dsfmt_genrand_open_close``.
 
 NNC's NCHW tensors go through ``format_transform`` (fnnc's spatial commands are NHWC),
 and its half-precision runs are float16 commands checked at float16 tolerance against
@@ -133,7 +134,7 @@ def _nchw(t):
 
 @pytest.mark.parametrize("layout, dtype", [("NHWC", f32), ("NCHW", f32), ("NHWC", f16)])
 def test_convolution_forward(layout, dtype) -> None:
-    """ "cudnn forward convolution", "... in nchw format" and "... in half precision"."""
+    """NNC's "cudnn forward convolution", "... in nchw format" and "... in half precision"."""
     x, w, bias = conv_inputs()
     cmd = ops.convolution(strides=STRIDE, padding=(PAD, PAD))
     want = conv_oracle(x.astype(f64), w.astype(f64), (STRIDE,) * 2, (PAD, PAD), (1, 1)) + bias
@@ -149,7 +150,7 @@ def test_convolution_forward(layout, dtype) -> None:
 
 
 def test_convolution_forward_with_palettized_weights() -> None:
-    """ "cudnn forward convolution in half precision with palettize weights": the NCHW
+    """NNC's "cudnn forward convolution in half precision with palettize weights": the NCHW
     float16 weight palettized with 6-bit indices in blocks of 1280, decoded, then used."""
     x, w, bias = conv_inputs()
     w16 = _nchw(w).astype(f16)  # NNC palettizes the [out, in, kh, kw] weight
@@ -164,7 +165,7 @@ def test_convolution_forward_with_palettized_weights() -> None:
 
 @pytest.mark.parametrize("layout, dtype", [("NHWC", f32), ("NCHW", f32), ("NHWC", f16)])
 def test_convolution_backward(layout, dtype) -> None:
-    """ "cudnn backward convolution", "... in nchw format" and "... in half precision": the
+    """NNC's "cudnn backward convolution", "... in nchw format" and "... in half precision": the
     gradients of input, weight and bias."""
     x, w, bias = conv_inputs()
     g = uniform((2, OUT, OUT, C_OUT), 7)
@@ -217,7 +218,7 @@ def test_dilated_geometry_is_nnc_s() -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_convolution_dilation_2_3_forward_and_backward(backend, monkeypatch) -> None:
-    """ "cudnn forward convolution with dilation 2, 3" and "cudnn backward convolution with
+    """NNC's "cudnn forward convolution with dilation 2, 3" and "cudnn backward convolution with
     dilation 2, 3", through the command's dispatch and each CPU backend forced (one chunk
     per sample, so ``chunked`` really splits the batch)."""
     monkeypatch.setattr(conv_cpu.forms, "CHUNK", 1)
@@ -244,7 +245,7 @@ def test_convolution_dilation_2_3_forward_and_backward(backend, monkeypatch) -> 
 
 @pytest.mark.parametrize("layout, dtype", [("NHWC", f32), ("NCHW", f32), ("NHWC", f16)])
 def test_convolution_transpose_forward(layout, dtype) -> None:
-    """ "cudnn forward convolution transpose", "... in nchw format" and "... in half
+    """NNC's "cudnn forward convolution transpose", "... in nchw format" and "... in half
     precision": weight [8, 7, 7, 3] takes [2, 6, 6, 8] to [2, 12, 12, 3], with the hint NNC
     derives from the output and input sizes (stride 2, padding (3, 2))."""
     stride, pad = hint_auto(SIZE, OUT, K)
@@ -270,7 +271,7 @@ def test_convolution_transpose_forward(layout, dtype) -> None:
 
 
 def test_format_transform_in_double_precision() -> None:
-    """ "compare format transform with cudnn in double precision": NHWC [11, 10, 9, 8] to
+    """NNC's "compare format transform with cudnn in double precision": NHWC [11, 10, 9, 8] to
     NCHW [11, 8, 10, 9], exact."""
     a = np.random.default_rng(0).uniform(0, 1, (11, 10, 9, 8))
     with jax.enable_x64(True):
@@ -280,7 +281,7 @@ def test_format_transform_in_double_precision() -> None:
 
 
 def test_set_in_double_precision_and_integer() -> None:
-    """ "compare set with cudnn in double precision" and "... in integer": 10 everywhere."""
+    """NNC's "compare set with cudnn in double precision" and "... in integer": 10 everywhere."""
     with jax.enable_x64(True):
         d = ops.set(shape=(11, 10, 9, 8), dtype="float64", value=10)()
         assert d.dtype == f64
@@ -298,7 +299,7 @@ G = np.array([[6, 7], [7, 8], [8, 9], [9, 10]], f32)  # the C tests' c, used as 
 
 
 def test_add_backward_broadcast() -> None:
-    """ "broadcasting semantics for add backward": ADD(0.5, 0.2) of [4, 1] and [2]; each
+    """NNC's "broadcasting semantics for add backward": ADD(0.5, 0.2) of [4, 1] and [2]; each
     gradient is p (or q) times the output gradient summed over the broadcast axis."""
     cmd = ops.add(p=0.5, q=0.2)
     da, db = cmd.definition.backward((G,), (COL, PAIR), (cmd(COL, PAIR),), **cmd.kwargs)
@@ -307,7 +308,7 @@ def test_add_backward_broadcast() -> None:
 
 
 def test_mul_backward_broadcast() -> None:
-    """ "broadcasting semantics for mul backward": MUL(0.5) of [4, 1] and [2]."""
+    """NNC's "broadcasting semantics for mul backward": MUL(0.5) of [4, 1] and [2]."""
     cmd = ops.mul(p=0.5)
     da, db = cmd.definition.backward((G,), (COL, PAIR), (cmd(COL, PAIR),), **cmd.kwargs)
     assert_close(da, 0.5 * (G * PAIR).sum(1, keepdims=True))
@@ -324,25 +325,22 @@ def test_mul_backward_broadcast() -> None:
     ids=["col-row", "for-b", "for-a"],
 )
 def test_mul_backward_without_output_gradient(a, b) -> None:
-    """ "broadcasting semantics for mul backward (no input grad)", "... for b" and "... for
+    """NNC's "broadcasting semantics for mul backward (no input grad)", "... for b" and "... for
     a": NNC's missing output gradient stands for ones, which fnnc passes explicitly."""
     cmd = ops.mul(p=0.5)
     ones = np.ones(np.broadcast_shapes(a.shape, b.shape), f32)
     da, db = cmd.definition.backward((ones,), (a, b), (cmd(a, b),), **cmd.kwargs)
-    full = np.broadcast_to
-    axes_a = tuple(range(ones.ndim - a.ndim)) + tuple(
-        i + ones.ndim - a.ndim for i, n in enumerate(a.shape) if n == 1
-    )
-    axes_b = tuple(range(ones.ndim - b.ndim)) + tuple(
-        i + ones.ndim - b.ndim for i, n in enumerate(b.shape) if n == 1
-    )
-    want_a = (0.5 * full(b, ones.shape)).sum(axes_a).reshape(a.shape)
-    want_b = (0.5 * full(a, ones.shape)).sum(axes_b).reshape(b.shape)
-    assert_close(da, want_a)
-    assert_close(db, want_b)
+    assert_close(da, _sum_to(0.5 * np.broadcast_to(b, ones.shape), a.shape))
+    assert_close(db, _sum_to(0.5 * np.broadcast_to(a, ones.shape), b.shape))
+
+
+def _sum_to(v, shape):
+    """``v`` summed over the axes broadcasting added or stretched to reach it from ``shape``."""
+    v = v.sum(tuple(range(v.ndim - len(shape))))
+    return v.sum(tuple(i for i, n in enumerate(shape) if n == 1), keepdims=True)
 
 
 def test_scalar_mul() -> None:
-    """ "scalar mul [[1, 2, 3], [4, 5, 6]] * 0.3"."""
+    """NNC's "scalar mul [[1, 2, 3], [4, 5, 6]] * 0.3"."""
     x = np.array([[1, 2, 3], [4, 5, 6]], f32)
     assert_close(ops.scalar_mul(a=0.3)(x), x.astype(f64) * 0.3, rtol=1e-6, atol=1e-6)

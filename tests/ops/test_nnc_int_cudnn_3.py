@@ -12,6 +12,7 @@ float16 tolerances.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
@@ -30,11 +31,15 @@ def uniform(shape, seed: int, lo: float = 0.0, hi: float = 1.0) -> np.ndarray:
     return np.random.default_rng(seed).uniform(lo, hi, shape).astype(f32)
 
 
+@functools.cache
+def _jitted_backward(cmd):
+    return jax.jit(lambda *t: cmd.definition.backward(*t, **cmd.kwargs))
+
+
 def run_backward(cmd, grads, inputs, outputs):
     """``cmd``'s backward in NNC's convention, compiled as one program (as a graph runs
     it; op by op, the unrolled pooling backward alone takes seconds)."""
-    run = jax.jit(lambda *t: cmd.definition.backward(*t, **cmd.kwargs))
-    return run(tuple(grads), tuple(inputs), tuple(outputs))
+    return _jitted_backward(cmd)(tuple(grads), tuple(inputs), tuple(outputs))
 
 
 # -- pooling: 5x5 windows, stride 2, padding 1 on [7, 7, 10] -------------------------------
@@ -75,7 +80,7 @@ def _pool_grad_oracle(x, g, kind, window=5, stride=2, pad=1):
 @pytest.mark.parametrize("dtype", [f32, f16])
 @pytest.mark.parametrize("kind", ["avg", "max"])
 def test_pool_5x5_stride_2_padding_1(kind, dtype) -> None:
-    """ "compare average pooling with cudnn", "compare max pooling with cudnn", their
+    """NNC's "compare average pooling with cudnn", "compare max pooling with cudnn", their
     "gradient" cases and all four "in half precision"; the HWC [7, 7, 10] image gets a
     batch axis of 1."""
     cmd = (ops.avg_pool if kind == "avg" else ops.max_pool)(window=5, strides=2, padding=1)
@@ -98,7 +103,7 @@ def test_pool_5x5_stride_2_padding_1(kind, dtype) -> None:
 
 @pytest.mark.parametrize("dtype", [f32, f16])
 def test_max_pool_2x2_nchw(dtype) -> None:
-    """ "compare max pooling 2x2 with cudnn" (and "... in half precision"): a CHW [10, 6, 6]
+    """NNC's "compare max pooling 2x2 with cudnn" (and "... in half precision"): a CHW [10, 6, 6]
     image, 2x2 windows, stride 2, no padding, through HWC and back."""
     x = uniform((10, 6, 6), 1).astype(dtype)
     hwc = ops.format_transform(src="NCHW", dst="NHWC")(x)
@@ -120,7 +125,7 @@ ACTIVATIONS = {
 @pytest.mark.parametrize("dtype", [f32, f16])
 @pytest.mark.parametrize("name", sorted(ACTIVATIONS))
 def test_activation_forward_and_gradient(name, dtype) -> None:
-    """ "compare relu with cudnn" ([7, 7, 10] in [-1, 1)), "compare relu gradient with
+    """NNC's "compare relu with cudnn" ([7, 7, 10] in [-1, 1)), "compare relu gradient with
     cudnn" (NCHW [10, 10, 7, 7]), "compare sigmoid / tanh with cudnn" ([20, 10]) and
     "... gradient ..." ([10, 100]), each also "in half precision"."""
     fwd, deriv = ACTIVATIONS[name]
@@ -140,7 +145,7 @@ def test_activation_forward_and_gradient(name, dtype) -> None:
 
 @pytest.mark.parametrize("dtype", [f32, f16])
 def test_softmax_forward_and_gradient(dtype) -> None:
-    """ "compare softmax with cudnn" ([20, 10]) and "compare softmax gradient with cudnn"
+    """NNC's "compare softmax with cudnn" ([20, 10]) and "compare softmax gradient with cudnn"
     ([10, 100], dy one-hot on the diagonal), each also "in half precision"."""
     cmd = ops.softmax()
     tol = 1e-6 if dtype == f32 else 1e-3
@@ -166,7 +171,7 @@ def _key(seed: int):
 
 @pytest.mark.parametrize("dtype", [f32, f16])
 def test_dropout_forward_and_gradient(dtype) -> None:
-    """ "compare dropout with cudnn" and "compare dropout gradient with cudnn" (and both "in
+    """NNC's "compare dropout with cudnn" and "compare dropout gradient with cudnn" (and both "in
     half precision"): with p = 0.4, 40% +- 5% of 1000 entries are zero, the others are
     x / 0.6, and the gradient i + 1 flows as (i + 1) / 0.6 where kept."""
     x = ((np.arange(1000) + 1) * 0.01).astype(dtype)
@@ -183,7 +188,7 @@ def test_dropout_forward_and_gradient(dtype) -> None:
 
 
 def test_dropout_entire_matrix() -> None:
-    """ "dropout entire matrix with 20% chance" and "dropout gradient entire matrix with 20%
+    """NNC's "dropout entire matrix with 20% chance" and "dropout gradient entire matrix with 20%
     chance": DROPOUT(0.2, entirety) keeps [20, 50] whole (x / 0.8, gradient g / 0.8) or
     zeroes it whole; over 16 keys both happen."""
     x = ((np.arange(1000) + 1) * 0.01).astype(f32).reshape(20, 50)
@@ -205,7 +210,7 @@ def test_dropout_entire_matrix() -> None:
 
 @pytest.mark.parametrize("dtype", [f32, f16])
 def test_add_with_scalars_and_broadcast(dtype) -> None:
-    """ "compare add with cudnn" and "compare add gradient with cudnn" (and "in half
+    """NNC's "compare add with cudnn" and "compare add gradient with cudnn" (and "in half
     precision"): ADD(0.5, 0.2) of [10, 5, 5, 3] and [10, 5, 1, 3]."""
     a, b = uniform((10, 5, 5, 3), 0).astype(dtype), uniform((10, 5, 1, 3), 1).astype(dtype)
     g = uniform((10, 5, 5, 3), 2).astype(dtype)
@@ -224,10 +229,11 @@ LABELS = ((np.arange(10) + 1) * 9).astype(f32)  # the C tests' float class indic
 @pytest.mark.parametrize("dtype", [f32, f16])
 @pytest.mark.parametrize("trims", [(0.0, 1.0), (0.1, 0.9)], ids=["plain", "label-smoothing"])
 def test_softmax_crossentropy_forward_and_backward(trims, dtype) -> None:
-    """ "compare softmax cross entropy forward / backward", "... with label smoothing"
+    """NNC's "compare softmax cross entropy forward / backward", "... with label smoothing"
     (trim0 0.1, trim1 0.9) and "... in half precision": scores [10, 100] in [0, 1), float
-    labels, output gradient i / 10. The loss is fnnc's ``logsumexp(x) - sum(t * x)``,
-    the gradient NNC's ``g * (softmax - t)``."""
+    labels, output gradient i / 10. The loss is fnnc's ``logsumexp(x) - sum(t * x)``
+    (NNC's kernels store ``sum(t * (max - x))``, without ``logsumexp(x) - max``), the
+    gradient NNC's ``g * (softmax - t)``."""
     x = uniform((10, 100), 0).astype(dtype)
     trim0, trim1 = trims
     t = np.full((10, 100), trim0)
@@ -252,7 +258,7 @@ def test_softmax_crossentropy_forward_and_backward(trims, dtype) -> None:
     "dtype, values", [(f32, (1, 0.5, 0.25)), (f16, (1, 0.5, 0.25)), (np.int32, (2, 5, 8))]
 )
 def test_ewsum(dtype, values) -> None:
-    """ "compare ewsum with cudnn", "... in half precision" and "... in int32": three [100]
+    """NNC's "compare ewsum with cudnn", "... in half precision" and "... in int32": three [100]
     tensors of constants summed exactly."""
     got = ops.ewsum()(*(np.full((100,), v, dtype) for v in values))
     assert got.dtype == dtype
