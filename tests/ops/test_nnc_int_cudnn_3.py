@@ -12,7 +12,6 @@ float16 tolerances.
 
 from __future__ import annotations
 
-import functools
 import itertools
 
 import jax
@@ -21,26 +20,7 @@ import pytest
 
 from fnnc import ops
 from tests.helpers import assert_close
-
-f16, f32, f64 = np.float16, np.float32, np.float64
-HALF = 2e-3
-"""NNC's float16 tolerance for values of order one (1e-3 to 5e-3 in the C tests)."""
-
-
-def uniform(shape, seed: int, lo: float = 0.0, hi: float = 1.0) -> np.ndarray:
-    return np.random.default_rng(seed).uniform(lo, hi, shape).astype(f32)
-
-
-@functools.cache
-def _jitted_backward(cmd):
-    return jax.jit(lambda *t: cmd.definition.backward(*t, **cmd.kwargs))
-
-
-def run_backward(cmd, grads, inputs, outputs):
-    """``cmd``'s backward in NNC's convention, compiled as one program (as a graph runs
-    it; op by op, the unrolled pooling backward alone takes seconds)."""
-    return _jitted_backward(cmd)(tuple(grads), tuple(inputs), tuple(outputs))
-
+from tests.ops.test_nnc_int_cudnn_2 import HALF, f16, f32, f64, run_backward, uniform
 
 # -- pooling: 5x5 windows, stride 2, padding 1 on [7, 7, 10] -------------------------------
 
