@@ -10,7 +10,9 @@ Models: an MLP of 12 Dense layers of distinct widths; a CNN (four convolutions a
 two Dense layers, the digits demo's shape of model, wider); a 6-block MLP of one width
 (repeated shapes, where eager compiles are reused). Before each timing JAX's caches are
 cleared (``jax.clear_caches``), so no run reuses another's compiles; the runs of the
-two ways interleave. Reported: the median of ``--runs`` timings and their ratio.
+two ways interleave. Reported: the median of ``--runs`` timings and their ratio. (A
+model built again with the same shapes reuses its program, as eager initializers reuse
+their compiles: both then take a few milliseconds.)
 
 Run: python benchmarks/model_compile.py [--runs 5]
 """
@@ -28,6 +30,7 @@ import numpy as np
 
 import fnnc.models.engine as engine
 from fnnc.models import Conv, Dense, Flatten, MaxPool, ReLU, Sequential
+from fnnc.models.initialize import _PROGRAMS as init_programs
 from fnnc.models.initialize import initialize
 
 
@@ -73,6 +76,7 @@ def _timed(make: Callable[[], tuple[Any, np.ndarray]], init: Any) -> tuple[float
     engine.initialize = init
     try:
         jax.clear_caches()
+        init_programs.clear()  # fnnc's own cache of initialization programs too
         model, x = make()
         start = time.perf_counter()
         model.compile(x)

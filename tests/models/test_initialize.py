@@ -60,3 +60,23 @@ def test_models_of_the_same_layers_get_the_same_parameters():
     same.compile(np.ones((2, 5), np.float32))
     for k, v in model.parameters().items():
         np.testing.assert_array_equal(np.asarray(same.parameters()[k]), np.asarray(v))
+
+
+def test_a_model_built_again_reuses_its_initialization_program():
+    """The program is kept by what it computes, not by the closures that describe it:
+    a fresh model of the same shapes compiles nothing new (its values still come from
+    its own keys)."""
+    from fnnc.models import initialize as module
+
+    def fresh():
+        model = Sequential([Dense(5, name="a"), Dense(2, name="b")])
+        model.compile(np.ones((3, 4), np.float32))
+        return model
+
+    first = fresh()
+    kept = dict(module._PROGRAMS)
+    second = fresh()
+    assert module._PROGRAMS.keys() == kept.keys()
+    assert all(module._PROGRAMS[k] is v for k, v in kept.items())
+    for k, v in first.parameters().items():  # the same seed: the same values
+        np.testing.assert_array_equal(np.asarray(second.parameters()[k]), np.asarray(v))
