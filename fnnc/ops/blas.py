@@ -17,6 +17,7 @@ from fnnc.ops._rules import (
     broadcast,
     broadcast_shape,
     fail,
+    null_gradient,
     require_same_dtype,
     same_shape,
     show,
@@ -160,13 +161,8 @@ def add(a, b, *, p=1.0, q=1.0):
         return lax.sub(a, b)
     if p == 1.0 and q == 1.0:
         return lax.add(a, b)
-    dtype, wide = a.dtype, _wide(a.dtype)  # 16-bit: in float32, rounded once (NNC's)
-    a, b = a.astype(wide), b.astype(wide)
-    if p != 1.0:
-        a = lax.mul(a, _scalar(p, a))
-    if q != 1.0:
-        b = lax.mul(b, _scalar(q, b))
-    return lax.add(a, b).astype(dtype)
+    wide = _wide(a.dtype)  # 16-bit: in float32, rounded once (NNC's)
+    return lax.add(_times(a.astype(wide), p), _times(b.astype(wide), q)).astype(a.dtype)
 
 
 def _scalar(value, like):
@@ -187,18 +183,10 @@ def _times(x, value):
     return lax.mul(wide, _scalar(value, wide)).astype(x.dtype)
 
 
-def _nnc_null(g, *inputs):
-    """NNC's null output gradient: ones, shaped like the broadcast of the inputs."""
-    if g is not None:
-        return g
-    shape = jnp.broadcast_shapes(*(x.shape for x in inputs))
-    return jnp.ones(shape, jnp.result_type(*(x.dtype for x in inputs)))
-
-
 @add.backward
 def _add_backward(grads, inputs, outputs, *, p, q):
     (g,), (a, b) = grads, inputs
-    g = _nnc_null(g, a, b)
+    g = null_gradient(g, a, b)
     return unbroadcast(_times(g, p), a.shape), unbroadcast(_times(g, q), b.shape)
 
 
@@ -222,7 +210,7 @@ def mul(a, b, *, p=1.0):
 @mul.backward
 def _mul_backward(grads, inputs, outputs, *, p):
     (g,), (a, b) = grads, inputs
-    g = _nnc_null(g, a, b)
+    g = null_gradient(g, a, b)
     gp = _times(g, p)
     return unbroadcast(gp * to_shape(b, g.shape), a.shape), unbroadcast(
         gp * to_shape(a, g.shape), b.shape
@@ -238,4 +226,4 @@ def scalar_mul(x, *, a=1.0):
 
 @scalar_mul.backward
 def _scalar_mul_backward(grads, inputs, outputs, *, a):
-    return (_times(_nnc_null(grads[0], inputs[0]), a),)
+    return (_times(null_gradient(grads[0], inputs[0]), a),)

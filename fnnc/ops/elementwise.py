@@ -19,6 +19,7 @@ from fnnc.errors import DTypeError
 from fnnc.ops._rules import (
     broadcast,
     broadcast_shape,
+    null_gradient,
     require_same_dtype,
     same_shape,
     show,
@@ -210,9 +211,7 @@ def _minmax(name: str, pick):
     @factory.backward
     def _backward(grads, inputs, outputs):
         (g,), (a, b) = grads, inputs
-        if g is None:  # NNC's null gradient: the derivative of the min (max) itself
-            shape = _out_shape(a, b)
-            g = jnp.ones(shape, jnp.result_type(a.dtype, b.dtype))
+        g = null_gradient(g, a, b)  # NNC's null gradient: the min (max)'s own derivative
         aa, bb = to_shape(a, g.shape), to_shape(b, g.shape)
         picked = pick(aa, bb)
         zero = jnp.zeros_like(g)

@@ -79,12 +79,8 @@ def _batch_norm_shape(x, scale, bias, mean, var, *, axes, epsilon, momentum, is_
 def _stat_dtype(x_dtype, param_dtype) -> np.dtype:
     """The statistics' type: x's, or float32 beside a 16-bit x (NNC's and cuDNN's mixed
     layout: half activations, float parameters and statistics)."""
-    x_dtype, param_dtype = np.dtype(x_dtype), np.dtype(param_dtype)
-    if param_dtype == np.float32 and x_dtype.kind == "f" and x_dtype.itemsize == 2:
-        return param_dtype
-    if str(x_dtype) == "bfloat16" and param_dtype == np.float32:
-        return param_dtype
-    return x_dtype
+    half = jnp.issubdtype(x_dtype, jnp.floating) and np.dtype(x_dtype).itemsize == 2
+    return np.dtype(param_dtype if half and param_dtype == np.float32 else x_dtype)
 
 
 @defcommand(

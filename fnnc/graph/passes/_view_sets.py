@@ -56,19 +56,19 @@ Part = tuple[AliasSymbol, Any]
 """A view and the gradient that reached it."""
 
 
-def disjoint_groups(parts: Sequence[Part]) -> list[list[Part]]:
-    """``parts`` (view, gradient) in groups whose views are each :func:`distinct` and
-    pairwise :func:`disjoint`, in order; a view that repeats an element is a group of
-    its own."""
-    groups: list[list[Part]] = []
+def disjoint_groups(parts: Sequence[Part]) -> list[tuple[bool, list[Part]]]:
+    """``parts`` (view, gradient) in groups, in order, each with whether its view repeats
+    an element: such a view is a group of its own; the others group with views that are
+    pairwise :func:`disjoint` from them."""
+    groups: list[tuple[bool, list[Part]]] = []
     for view, g in parts:
-        if distinct(view):
-            for group in groups:
-                if distinct(group[0][0]) and all(disjoint(view, v) for v, _ in group):
-                    group.append((view, g))
-                    break
-            else:
-                groups.append([(view, g)])
+        if not distinct(view):
+            groups.append((True, [(view, g)]))
+            continue
+        for repeats, group in groups:
+            if not repeats and all(disjoint(view, v) for v, _ in group):
+                group.append((view, g))
+                break
         else:
-            groups.append([(view, g)])
+            groups.append((False, [(view, g)]))
     return groups

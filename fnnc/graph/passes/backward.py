@@ -51,7 +51,7 @@ from fnnc import ops
 from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol
 from fnnc.errors import DTypeError, GraphError, ShapeError
 from fnnc.graph.builder import GraphBuilder
-from fnnc.graph.passes._view_sets import disjoint_groups, distinct, size
+from fnnc.graph.passes._view_sets import disjoint_groups, size
 from fnnc.ops.autodiff import gradient_command
 
 
@@ -147,16 +147,18 @@ class _Grads:
         spec = self.graph.spec(root)
         terms = [g for view, g in parts if view is None]
         views = [(view, g) for view, g in parts if view is not None]
-        for group in disjoint_groups(views):
-            terms.append(self._scattered(spec, group))
+        for repeats, group in disjoint_groups(views):
+            terms.append(self._scattered(spec, group, repeats))
         return terms[0] if len(terms) == 1 else self.b.exec(ops.ewsum(), *terms)
 
-    def _scattered(self, spec: Any, group: list[tuple[AliasSymbol, Symbol]]) -> Symbol:
+    def _scattered(
+        self, spec: Any, group: list[tuple[AliasSymbol, Symbol]], repeats: bool
+    ) -> Symbol:
         """The root-shaped gradient of a group of views (:func:`disjoint_groups`): the
         gradients of disjoint views written through them into one zero tensor, or, for a
         view that reads an element more than once, its gradient added up per element."""
         (view, g), *_ = group
-        if not distinct(view):  # a write through the view would keep one contribution
+        if repeats:  # a write through the view would keep one contribution
             n = int(np.prod(spec.shape, dtype=np.int64))
             flat = self.b.exec(ops.reshape(shape=(size(view),)), g)
             where = self.b.constant(view.flat_indices().reshape(-1).astype(np.int32))
