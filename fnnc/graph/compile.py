@@ -62,6 +62,10 @@ class MemoryReport:
 class Program:
     """A compiled graph. Call it like a function of the graph's inputs.
 
+    Called on arrays it runs its ahead-of-time compiled executable. Called under a JAX
+    transformation (``jax.jit``, ``jax.grad``, ``jax.vmap``, or inside a custom
+    command's forward) it traces the same function into the caller's computation.
+
     Attributes:
         graph: the graph it was compiled from.
         backends: per node, ``(index, label, backend name)``.
@@ -174,6 +178,8 @@ class Program:
             except (TypeError, ValueError):
                 pass  # wrong types or a pytree: check below and say what is wrong
         leaves = flatten_inputs(self.graph, args, "Program")
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+            return self._traced(leaves)
         try:
             values = self._compiled(*leaves, *self._consts)
         except (TypeError, ValueError) as e:
@@ -181,6 +187,18 @@ class Program:
                 f"Program: inputs were rejected by the compiled program: {e}"
             ) from e
         return self._outputs(leaves, values)
+
+    def _traced(self, leaves: Sequence[Any]) -> Any:
+        """Called under a JAX transformation (``jax.jit``, ``grad``, ``vmap``, or a
+        custom command whose forward runs a graph): the executable compiled for
+        concrete arrays cannot take tracers, so the same jitted function is traced
+        into the caller's computation instead. The numerics flags and host checks
+        need concrete values, so they are left to the outer program."""
+        with _mesh_context(self.shardings):
+            values = self._jitted(*leaves, *self._consts)
+        if self.numerics and len(values) > len(self.graph.outputs):
+            values = values[:-1]
+        return unflatten_outputs(self.graph, values)
 
     def _outputs(self, args: Sequence[Any], values: tuple[Any, ...]) -> Any:
         if self._host_checks:

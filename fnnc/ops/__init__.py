@@ -138,6 +138,7 @@ from fnnc.ops.rope import rmsnorm_cmul as rmsnorm_cmul
 from fnnc.ops.rope import rotate_half as rotate_half
 from fnnc.ops.scan import scan as scan
 from fnnc.ops.sharding import sharding_constraint as sharding_constraint
+from fnnc.ops.sorting import argsort as argsort
 from fnnc.ops.sorting import partition as partition
 from fnnc.ops.sorting import scatter_add as scatter_add
 from fnnc.ops.sorting import sort as sort

@@ -1,16 +1,17 @@
-"""Sorting and counting family: sort, partition, unique_consecutive, scatter_add (NNC's
-SORT, PARTITION, UNIQUE_CONSECUTIVE and SCATTER_ADD).
+"""Sorting and counting family: sort, argsort, partition, unique_consecutive, scatter_add
+(NNC's SORT, ARGSORT, PARTITION, UNIQUE_CONSECUTIVE and SCATTER_ADD).
 
 sort and partition return ``(values, indices)`` with ``int32`` indices, as NNC does
 (``CMD_SORT_FORWARD(along_axis, descending)``, ``CMD_PARTITION_FORWARD(kth, along_axis,
-descending)``); sort's indices are what argsort returns. Ties keep the order of the
+descending)``); argsort returns only sort's indices (``CMD_ARGSORT_FORWARD(along_axis,
+descending)``). Ties keep the order of the
 input (a stable sort), so ``partition(descending=True)`` is ``jax.lax.top_k``.
 
 Gradients: NNC's sort and partition are forward-only; here their *values* are
 differentiable because they are a gather of the input (each value's gradient goes back
 to where it came from, as ``jax.vjp`` of ``jnp.sort`` does), which lets traced
 ``top_k`` routing train. scatter_add has NNC's backward (a gather of the gradient by
-the indices). unique_consecutive is forward-only, as in NNC: its outputs are counts
+the indices). argsort and unique_consecutive are forward-only, as in NNC: its outputs are counts
 and padded values of a data-dependent run-length code.
 """
 
@@ -52,6 +53,24 @@ def sort(x, *, axis=-1, descending=False):
     ax = _axis("sort", x, axis)
     idx = _order(x, ax, descending)
     return jnp.take_along_axis(x, idx, axis=ax), idx
+
+
+def _argsort_rule(x: Spec, *, axis, descending) -> Spec:
+    _axis("argsort", x, axis)
+    return Spec(tuple(x.shape), jnp.int32)
+
+
+@defcommand(family="sorting", shape=_argsort_rule, uses=NOTHING, differentiable=False)
+def argsort(x, *, axis=-1, descending=False):
+    """The ``int32`` indices that sort ``x`` along ``axis`` (NNC's ARGSORT); ties keep
+    the input's order. Forward-only: indices carry no gradient.
+
+    >>> import jax.numpy as jnp
+    >>> from fnnc import ops
+    >>> ops.argsort(axis=0, descending=True)(jnp.array([1.0, 3.0, 2.0])).tolist()
+    [1, 2, 0]
+    """
+    return _order(x, _axis("argsort", x, axis), descending)
 
 
 def _scatter_back(g, idx, shape, axis: int):

@@ -12,6 +12,8 @@ CASES = [
     Case(ops.sort(), (X,), "sort"),
     Case(ops.sort(axis=0, descending=True), (X,), "sort-axis0-descending"),
     Case(ops.sort(axis=-1), (randint([2, 6], 4, seed=3),), "sort-int-ties"),
+    Case(ops.argsort(axis=0, descending=True), (X,), "argsort-axis0-descending"),
+    Case(ops.argsort(), (randint([2, 6], 4, seed=3),), "argsort-int-ties"),
     Case(ops.partition(kth=2), (X,), "partition-smallest"),
     Case(ops.partition(kth=3, axis=0, descending=True), (rand([4, 2], seed=4),), "partition-top"),
     Case(

@@ -1,4 +1,4 @@
-"""NNC's ``sort.tests.c``, ``partition.tests.c``, ``unique_consecutive.tests.c`` and
+"""NNC's ``sort.tests.c``, ``argsort.tests.c``, ``partition.tests.c``, ``unique_consecutive.tests.c`` and
 ``scatter_add.tests.c`` (liuliu/ccv ``test/unit/nnc/``), translated: same inputs, same
 expected tensors."""
 
@@ -42,6 +42,24 @@ def test_sort(case, dtype):
     assert got_values.dtype == dtype and got_indices.dtype == np.int32
     np.testing.assert_array_equal(got_values, np.array(values, dtype))
     np.testing.assert_array_equal(got_indices, np.array(indices, np.int32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32], ids=["float", "int"])
+@pytest.mark.parametrize("case", range(len(SORT_CASES)))
+def test_argsort(case, dtype):
+    # argsort.tests.c: the same inputs as sort.tests.c, only the indices come out
+    a, axis, descending, _, indices = SORT_CASES[case]
+    got = ops.argsort(axis=axis, descending=descending)(np.array(a, dtype))
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, np.array(indices, np.int32))
+
+
+def test_argsort_is_forward_only_and_rejects_a_scalar():
+    from fnnc.errors import ShapeError
+
+    assert not ops.argsort().definition.attributes.differentiable
+    with pytest.raises(ShapeError, match="argsort: needs an input of rank >= 1"):
+        ops.argsort()(np.float32(1.0))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int32], ids=["float", "int"])
