@@ -216,9 +216,29 @@ def _pairing(old: Graph, new: Graph) -> dict[int, int]:
             # an input stands for an input only where both come from the same kind of
             # node: a rewritten region's inputs stand for nothing in the original
             queue.extend(
-                (x, y) for x, y in zip(p.inputs, q.inputs) if _kind(new, x) == _kind(old, y)
+                (x, y) for x, y in zip(p.inputs, q.inputs) if _stands_for(new, x, old, y)
             )
     return pairs
+
+
+def _stands_for(new: Graph, x: int, old: Graph, y: int) -> bool:
+    """Whether input ``x`` of a paired node stands for ``y``: both come from the same
+    kind of node, or from a one-for-one swap (one node for one node, same arity, same
+    output spec, inputs from the same kinds), as ``relu`` replaced by ``ewabs``; the
+    swapped node then gets the blame, not its reader."""
+    if _kind(new, x) == _kind(old, y):
+        return True
+    i, j = new.producers.get(x), old.producers.get(y)
+    if i is None or j is None:
+        return False
+    p, q = new.nodes[i], old.nodes[j]
+    return (
+        len(p.inputs) == len(q.inputs)
+        and len(p.outputs) == len(q.outputs)
+        and p.outputs.index(x) == q.outputs.index(y)
+        and new.spec(x) == old.spec(y)
+        and all(_kind(new, a) == _kind(old, b) for a, b in zip(p.inputs, q.inputs))
+    )
 
 
 def _kind(graph: Graph, sid: int) -> str | None:

@@ -106,14 +106,18 @@ def commands_as_nodes() -> Iterator[None]:
             TRACE_RULES.pop(_command_p.name, None)
 
 
-def trace_function(fn: Callable[..., Any], *example_args: Any) -> Graph:
+def trace_function(fn: Callable[..., Any], *example_args: Any, idioms: bool = False) -> Graph:
     """:func:`~fnnc.graph.trace` with fnnc commands kept as single nodes; the default
-    examples are one float32 ``[4, 4]`` array per positional parameter."""
+    examples are one float32 ``[4, 4]`` array per positional parameter.
+
+    ``idioms=False`` (patterns) keeps literally what ``fn`` computes; a replacement is
+    traced with ``idioms=True``, so ``jax.nn.silu`` becomes one ``swish`` node instead
+    of ``x * sigmoid(x)`` again, which would match its own pattern forever."""
     if not example_args:
         n = len(inspect.signature(fn).parameters)
         example_args = tuple(jax.ShapeDtypeStruct((4, 4), np.float32) for _ in range(n))
-    with commands_as_nodes():  # literally what fn computes: no idiom rewriting
-        return trace(fn, *example_args, idioms=False)
+    with commands_as_nodes():
+        return trace(fn, *example_args, idioms=idioms)
 
 
 def pattern_of(fn: Callable[..., Any], *example_args: Any) -> tuple[Pat, tuple[str, ...]]:
@@ -196,7 +200,7 @@ def traced_rule(
         key = tuple((a.shape, np.dtype(a.dtype)) for a in args)
         if key not in traced:
             specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
-            traced[key] = trace_function(replacement, *specs)
+            traced[key] = trace_function(replacement, *specs, idioms=True)
         return inline_match(m, traced[key], args)
 
     label = name or f"{_name(pattern)} -> {_name(replacement)}"
@@ -232,7 +236,7 @@ def call_function(exec_: Callable[..., Any], fn: Callable[..., Any], args: Seque
 
 @functools.lru_cache(maxsize=256)
 def _traced(fn: Callable[..., Any], specs: tuple[Any, ...]) -> Graph:
-    return trace_function(fn, *specs)
+    return trace_function(fn, *specs, idioms=True)
 
 
 def replace_pattern(

@@ -52,7 +52,18 @@ def optax_update(*inputs, optimizer, state_tree, state_specs, n_params):
     grads = list(inputs[:n_params])
     state = jax.tree.unflatten(state_tree.value, list(inputs[n_params : n_params + n_state]))
     params = list(inputs[n_params + n_state :])
-    updates, new_state = optimizer.value.update(grads, state, params)
+    try:
+        updates, new_state = optimizer.value.update(grads, state, params)
+    except TypeError as e:
+        if "keyword-only argument" not in str(e):
+            raise
+        raise CommandError(
+            f"optax_update: this Optax transformation's update needs extra arguments "
+            f"({e}); a training step calls update(grads, state, params) only, so "
+            "line-search optimizers such as optax.lbfgs (value=, grad=, value_fn=) do "
+            "not fit it: use a transformation that needs no extra arguments, e.g. "
+            "optax.adam(1e-3)"
+        ) from None
     new_params = optax.apply_updates(params, updates)
     new_params = [p.astype(old.dtype) for p, old in zip(new_params, params)]
     return tuple(new_params) + tuple(jax.tree.leaves(new_state))
