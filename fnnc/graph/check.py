@@ -215,9 +215,7 @@ def _pairing(old: Graph, new: Graph) -> dict[int, int]:
         if same and p.outputs.index(n) == q.outputs.index(o):
             # an input stands for an input only where both come from the same kind of
             # node: a rewritten region's inputs stand for nothing in the original
-            queue.extend(
-                (x, y) for x, y in zip(p.inputs, q.inputs) if _stands_for(new, x, old, y)
-            )
+            queue.extend((x, y) for x, y in zip(p.inputs, q.inputs) if _stands_for(new, x, old, y))
     return pairs
 
 
