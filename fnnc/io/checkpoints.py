@@ -137,7 +137,6 @@ class Checkpoints:
         self,
         step: int,
         state: Any,
-        *,
         optimizer_state: Any = None,
         metadata: Any = None,
     ) -> None:

@@ -246,7 +246,12 @@ class SafetensorsFile:
             arr = arr.astype(arr.dtype.newbyteorder("<"))
         with self.transaction():
             assert self._pending is not None
-            self._pending[name] = (np.ascontiguousarray(arr), layout, str(device).upper())
+            # ascontiguousarray makes a rank-0 array [1]; keep the shape (a scalar stays [])
+            self._pending[name] = (
+                np.ascontiguousarray(arr).reshape(arr.shape),
+                layout,
+                str(device).upper(),
+            )
 
     def _flush(self) -> None:
         assert self._pending is not None

@@ -151,7 +151,6 @@ class ShardedCheckpoints:
         self,
         step: int,
         state: Any,
-        *,
         optimizer_state: Any = None,
         metadata: Any = None,
     ) -> None:

@@ -180,7 +180,7 @@ class GroupNorm(Layer):
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         c = (x.shape[-1],)
         args = [x, ctx.param(self, 0, c, ones, x.dtype), ctx.param(self, 1, c, zeros, x.dtype)]
-        cmd = ops.group_norm(groups=self.groups, epsilon=self.epsilon)
+        cmd = ops.group_norm(groups=self.groups, epsilon=self.epsilon, reduce_axes=None)
         return ctx.b.exec(cmd, *args, name=ctx.layer_id(self))[0]
 
 

@@ -55,8 +55,8 @@ class FilesMixin:
     def write(
         self,
         target: Any,
-        *,
         name: str | None = None,
+        *,
         format: str | None = None,  # noqa: A002 (the file format)
         encoder: Any = None,
     ) -> None:
@@ -80,8 +80,8 @@ class FilesMixin:
     def read(
         self,
         source: Any,
-        *,
         name: str | None = None,
+        *,
         strict: bool = True,
         format: str | None = None,  # noqa: A002 (the file format)
         rename: Any = None,

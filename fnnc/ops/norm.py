@@ -313,16 +313,17 @@ def _group_norm_shape(x, scale=None, bias=None, *, groups, axis, epsilon, reduce
 
 
 @defcommand(family="norm", shape=_group_norm_shape, uses=Uses(inputs=(0, 1), outputs=(1, 2)))
-def group_norm(x, scale=None, bias=None, *, groups, axis=-1, epsilon=1e-5, reduce_axes=None):
+def group_norm(x, scale=None, bias=None, *, groups, axis=-1, epsilon=1e-5, reduce_axes=()):
     """Group normalisation (NNC's GROUP_NORM): the channels on ``axis`` fall into
     ``groups`` equal groups; each group is normalised over its own channels plus the
     axes ``reduce_axes``; every other axis keeps statistics of its own.
 
-    ``reduce_axes=None`` (the default) reduces every axis but the batch axis 0: the
-    usual group norm, ``[N, H, W, C]`` normalised per sample and group. NNC's
-    ``CMD_GROUP_NORM_FORWARD(group_axis, groups, epsilon, elementwise_affine, ...)``
-    lists its reduce axes explicitly; with none listed it normalises each position over
-    the group's channels alone, which is ``reduce_axes=()`` here.
+    As NNC's ``CMD_GROUP_NORM_FORWARD(group_axis, groups, epsilon, elementwise_affine,
+    ...)``, which lists its reduce axes after the others, none are reduced by default
+    (``reduce_axes=()``): each position is normalised over the group's channels alone.
+    ``reduce_axes=None`` reduces every axis but the batch axis 0: the usual group norm
+    of a CNN, ``[N, H, W, C]`` normalised per sample and group (what the ``GroupNorm``
+    layer uses).
 
     Returns ``(y, saved_mean, saved_inv_std)``; the statistics are shaped like x with
     ``groups`` on ``axis`` and 1 on ``reduce_axes`` (NNC's layout, e.g. ``[N, 1, 1, G]``

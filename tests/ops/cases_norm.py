@@ -31,7 +31,11 @@ CASES = [
         "layer_norm-axes-scale",
     ),
     Case(ops.group_norm(groups=2), (X4,), "group_norm"),
-    Case(ops.group_norm(groups=2), (X4, rand([C], seed=1), rand([C], seed=2)), "group_norm-affine"),
+    Case(
+        ops.group_norm(groups=2, reduce_axes=None),
+        (X4, rand([C], seed=1), rand([C], seed=2)),
+        "group_norm-affine",
+    ),
     Case(
         ops.group_norm(groups=1, axis=1), (rand([2, 3, 4]), rand([3], seed=1)), "group_norm-axis1"
     ),

@@ -125,14 +125,17 @@ def test_group_norm_reduce_axes_and_default() -> None:
     y, mean, _ = ops.group_norm(groups=3, reduce_axes=(2,))(x, scale, bias)
     assert mean.shape == (2, 3, 1, 3)
     assert_close(y, _nnc_group_norm(x, 3, 3, (2,), 1e-5) * scale + bias, rtol=1e-4, atol=1e-4)
-    default = ops.group_norm(groups=3)(x)[0]  # every axis but the batch
-    assert_close(default, _nnc_group_norm(x, 3, 3, (1, 2), 1e-5), rtol=1e-4, atol=1e-4)
-    assert_close(default, ops.group_norm(groups=3, reduce_axes=(1, 2))(x)[0])
+    default, default_mean, _ = ops.group_norm(groups=3)(x)  # NNC: no reduce axes listed
+    assert default_mean.shape == (2, 3, 4, 3)
+    assert_close(default, _nnc_group_norm(x, 3, 3, (), 1e-5), rtol=1e-4, atol=1e-4)
+    usual = ops.group_norm(groups=3, reduce_axes=None)(x)[0]  # every axis but the batch
+    assert_close(usual, _nnc_group_norm(x, 3, 3, (1, 2), 1e-5), rtol=1e-4, atol=1e-4)
+    assert_close(usual, ops.group_norm(groups=3, reduce_axes=(1, 2))(x)[0])
 
 
 def test_group_norm_bias_only_eager_and_backward() -> None:
     x, bias = rand([2, 4, 3]), rand([4], seed=1)
-    cmd = ops.group_norm(groups=2, axis=1)
+    cmd = ops.group_norm(groups=2, axis=1, reduce_axes=None)
     y, *_ = cmd(x, None, bias)
     assert_close(y, _nnc_group_norm(x, 2, 1, (2,), 1e-5) + bias[:, None], atol=1e-5)
     g = rand([2, 4, 3], seed=2)

@@ -1,6 +1,6 @@
-"""NNC's ``sort.tests.c``, ``argsort.tests.c``, ``partition.tests.c``, ``unique_consecutive.tests.c`` and
-``scatter_add.tests.c`` (liuliu/ccv ``test/unit/nnc/``), translated: same inputs, same
-expected tensors."""
+"""NNC's ``sort.tests.c``, ``argsort.tests.c``, ``partition.tests.c``,
+``unique_consecutive.tests.c`` and ``scatter_add.tests.c`` (liuliu/ccv
+``test/unit/nnc/``), translated: same inputs, same expected tensors."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ def test_batch_norm_nchw_axes() -> None:
 @pytest.mark.parametrize("groups", [1, 2, 3])
 def test_group_norm_matches_numpy(groups) -> None:
     scale, bias = rand([6], seed=1), rand([6], seed=2)
-    y, mean, inv_std = ops.group_norm(groups=groups)(X, scale, bias)
+    y, mean, inv_std = ops.group_norm(groups=groups, reduce_axes=None)(X, scale, bias)
     g = X.reshape(2, 3, 4, groups, 6 // groups)
     m = g.mean(axis=(1, 2, 4), keepdims=True)
     v = g.var(axis=(1, 2, 4), keepdims=True)
@@ -69,7 +69,7 @@ def test_group_norm_matches_numpy(groups) -> None:
 
 def test_group_norm_nchw() -> None:
     x = rand([2, 4, 3, 3])
-    y, mean, _ = ops.group_norm(groups=2, axis=1)(x)
+    y, mean, _ = ops.group_norm(groups=2, axis=1, reduce_axes=None)(x)
     g = x.reshape(2, 2, 2, 3, 3)
     want = (g - g.mean(axis=(2, 3, 4), keepdims=True)) / np.sqrt(
         g.var(axis=(2, 3, 4), keepdims=True) + 1e-5
@@ -123,7 +123,7 @@ def test_nnc_layout_of_the_scale_and_bias(name) -> None:
         (ops.layer_norm(), (randint([2, 3], 4),), DTypeError, "floating-point"),
         (ops.layer_norm(), (X, rand([6]).astype(np.float16)), DTypeError, "share one dtype"),
         (ops.group_norm(groups=4), (X,), CommandError, "must divide the 6 channels"),
-        (ops.group_norm(groups=2, axis=0), (X,), ShapeError, "batch axis"),
+        (ops.group_norm(groups=2, axis=0, reduce_axes=None), (X,), ShapeError, "batch axis"),
         (ops.group_norm(groups=2), (X, rand([3])), ShapeError, r"must have shape \[6\]"),
         (ops.rms_norm(axes=(-1,)), (X, rand([6, 1])), ShapeError, r"must have shape \[6\]"),
         (ops.rms_norm(axes=(-1,)), (X, rand([2, 6])), ShapeError, r"\[6\] or \[1, 1, 1, 6\]"),
