@@ -20,7 +20,11 @@ def fail(msg: str) -> NoReturn:
 
 
 def show(spec: Spec) -> str:
-    return f"{np.dtype(spec.dtype).name}{list(spec.shape)}"
+    try:
+        name = np.dtype(spec.dtype).name
+    except TypeError:  # not a NumPy type: a typed PRNG key (key<fry>)
+        name = str(spec.dtype)
+    return f"{name}{list(spec.shape)}"
 
 
 def same_shape(x: Spec, *rest: Any, **params: Any) -> Spec:

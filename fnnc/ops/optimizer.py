@@ -78,6 +78,20 @@ def optax_update_command(optimizer: Any, param_specs: list[Spec]) -> Command:
         )
     state = jax.eval_shape(optimizer.init, [Spec(s.shape, s.dtype) for s in param_specs])
     leaves, tree = jax.tree.flatten(state)
+    keys = [
+        jax.tree_util.keystr(path)
+        for path, x in jax.tree_util.tree_flatten_with_path(state)[0]
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+    ]
+    if keys:
+        # a typed key leaf would need its bits carried through every program, store
+        # and checkpoint and rewrapped around update: not built yet, so say so
+        raise CommandError(
+            f"minimize: this Optax transformation keeps a PRNG key in its state (at "
+            f"{', '.join(keys)}; e.g. optax.noisy_sgd, optax.add_noise), which fnnc's "
+            "compiled training steps do not carry yet; add the noise in the loss or use "
+            "a transformation whose state holds arrays only"
+        )
     return make_command(
         "optax_update",
         {

@@ -22,7 +22,8 @@ _IMPL = "threefry2x32"
 
 
 def _check_key(name: str, key) -> None:
-    if np.dtype(key.dtype) != np.uint32:
+    typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    if typed or np.dtype(key.dtype) != np.uint32:
         raise DTypeError(
             f"{name}: key {show(key)} must be uint32[2] key data; "
             "pass jax.random.key_data(jax.random.key(seed))"

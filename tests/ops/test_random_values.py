@@ -78,3 +78,12 @@ def test_random_errors() -> None:
         ops.random_uniform(shape=(2,), dtype="int32")(KEY)
     with pytest.raises(CommandError, match="shape"):
         ops.random_normal()(KEY)
+
+
+def test_a_typed_prng_key_is_a_clear_dtype_error() -> None:
+    """A ``jax.random.key`` (typed key) where key data is taken names the fix."""
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(DTypeError, match=r"key<fry>\[\] must be uint32\[2\] key data"):
+        ops.gumbel_argmax()(x, jax.random.key(0))
+    with pytest.raises(DTypeError, match=r"jax\.random\.key_data"):
+        ops.dropout(p=0.5)(x, jax.random.key(0))
