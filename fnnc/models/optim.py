@@ -13,7 +13,7 @@ partition sees that partition's norm). Per-element rules (SGD, Adam, NNC's
 :mod:`~fnnc.models.minimizers`) give on a dict what they give per parameter, so NNC's
 per-parameter semantics hold. :class:`Minimizers` is that transformation for a
 program, with the numbers of each partition's minimizer as program inputs
-(:mod:`fnnc.models.minimizer_key`), so a new learning rate compiles nothing.
+(:mod:`fnnc.graph.dynamic.minimizer_key`), so a new learning rate compiles nothing.
 
 State views: the state of a partition, seen from one parameter (:func:`view`), is that
 state with every dict keyed by parameter ids (Adam's ``mu``) cut down to the
@@ -50,7 +50,7 @@ import numpy as np
 import optax
 
 from fnnc.errors import ModelError
-from fnnc.models.minimizer_key import Hyper, split
+from fnnc.graph.dynamic.minimizer_key import Hyper, split
 
 SHARED = ""
 """The owner of a leaf that belongs to a partition as a whole (:func:`owners`)."""

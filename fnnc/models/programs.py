@@ -23,7 +23,7 @@ fit           trainable parameters, optimizer state, model        parameters', s
 (``input[0]``, ``t-linear-0-0``, ``key[0]``, ``opt_state[0]``, ``hyper[0]``) for printing
 only. The optimizer state of ``fit`` and ``apply`` ends with the minimizers'
 hyper-parameters (``hyper[i]``, passed through unchanged), so a new learning rate is a
-new input value, not a new program (:mod:`fnnc.models.minimizer_key`). ``evaluate`` with
+new input value, not a new program (:mod:`fnnc.graph.dynamic.minimizer_key`). ``evaluate`` with
 ``requires_grad`` and ``backward`` without a mesh are the records of
 :mod:`fnnc.models.residuals`.
 
@@ -270,7 +270,7 @@ def apply_program(
 ) -> ApplyProgram:
     """The program of ``apply_gradients``: ``transform`` (per parameter) on ``pids``;
     ``parallel`` lays it out on a mesh as ``fit`` lays out parameters and state; the
-    last ``n_hyper`` state leaves are hyper-parameters (:mod:`fnnc.models.minimizer_key`)."""
+    last ``n_hyper`` state leaves are hyper-parameters (:mod:`fnnc.graph.dynamic.minimizer_key`)."""
     b = GraphBuilder()
     cmd = optax_update_command(transform, list(specs))
     grads = [b.input(s.shape, s.dtype, name=f"grad[{p}]") for p, s in zip(pids, specs)]
@@ -305,7 +305,7 @@ def fit_program(
 ) -> FitProgram:
     """The fused training step: ``loss`` against targets, minimized over ``pids``;
     ``parallel`` (:class:`fnnc.models.parallel.Parallel`) lays it out on a mesh; the
-    last ``n_hyper`` state leaves are hyper-parameters (:mod:`fnnc.models.minimizer_key`)."""
+    last ``n_hyper`` state leaves are hyper-parameters (:mod:`fnnc.graph.dynamic.minimizer_key`)."""
     ctx = built.ctx
     b = ctx.b
     ts = [b.input(s.shape, s.dtype, name=f"target[{i}]") for i, s in enumerate(target_specs)]

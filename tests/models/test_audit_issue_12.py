@@ -439,12 +439,6 @@ def test_a_fresh_adam_per_model_step_keeps_state_and_one_program():
         np.testing.assert_allclose(np.asarray(model.parameters()[k]), p[k], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 12: pass hyper-parameters such as the learning rate as inputs so changing "
-    "them recompiles nothing / DynamicGraph.minimize compiles a new program per optax.adam(lr) "
-    "value (only inject_hyperparams rates are inputs)",
-)
 def test_a_new_learning_rate_recompiles_nothing_in_the_dynamic_graph():
     """dg.minimize with optax.adam(0.1) then optax.adam(0.2): state kept, no new program."""
     dg = DynamicGraph()

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 
 from fnnc.models import Dense, Input, Model, minimizers
-from fnnc.models.minimizer_key import split
+from fnnc.graph.dynamic.minimizer_key import split
 from fnnc.models.optim import Minimizers
 from tests.helpers import assert_close, rand
 

@@ -176,13 +176,14 @@ def _run_gradients(
             optim.check(optimizer, what)
             opt_key = optim.keys(optimizer, optim.specs_of(params))[0]
         key = (what, ex.key, f_ids, w_ids, bool(seeds), acc, opt_key)
+        step, hyper = optim.stepper(optimizer) if optimizer is not None else (None, [])
         (graph, roots), fresh = PROGRAMS.get(
-            key, lambda: _gradient_graph(ex.graph, f_ids, w_ids, bool(seeds), acc, optimizer)
+            key, lambda: _gradient_graph(ex.graph, f_ids, w_ids, bool(seeds), acc, step)
         )
         args: list[Any] = [ex.versions[r] for r in roots] + seeds
         args += [dg.value_of(g) for g in old if g is not None]
         if optimizer is not None:
-            args += optim.state(dg, optimizer, slots, params, what)
+            args += [*optim.state(dg, optimizer, slots, params, what), *hyper]
         if create_graph:
             return higher.record(dg, graph, args), slots
         if dg.lazy:
@@ -251,7 +252,9 @@ def _store(
     dg: DynamicGraph, optimizer: Any, ws: list[Variable], slots: list[Slot], out: Any
 ) -> None:
     out = list(out) if isinstance(out, tuple) else [out]
-    optim.store(dg, optimizer, slots, out[: len(ws)], out[len(ws) :])
+    n_hyper = len(optim.stepper(optimizer)[1])  # passed through, never kept
+    state = out[len(ws) : len(out) - n_hyper]
+    optim.store(dg, optimizer, slots, out[: len(ws)], state)
     for w, value in zip(ws, out[: len(ws)]):
         dg.set(w, value)
         dg.grads.pop((dg._slot(w, "update"), None), None)
@@ -275,12 +278,13 @@ def apply_gradients(dg: DynamicGraph, optimizer: Any, variables: Any) -> None:
     params = [dg.value_of(w) for w in ws]
     state = optim.state(dg, optimizer, slots, params, "apply_gradients")
     specs = optim.specs_of(params)
+    step, hyper = optim.stepper(optimizer)
     program, fresh = PROGRAMS.get(
         ("apply", optim.keys(optimizer, specs)[0], specs),
-        lambda: _update_program(optimizer, specs),
+        lambda: _update_program(step, specs),
     )
     dg.num_compiled += fresh
-    _store(dg, optimizer, ws, slots, program(*params, *grads, *state))
+    _store(dg, optimizer, ws, slots, program(*params, *grads, *state, *hyper))
 
 
 def minimize(dg: DynamicGraph, optimizer: Any, f: Any, variables: Any) -> None:

@@ -10,13 +10,17 @@ step. Instead:
   specs), the key a cnnp model's engine uses per parameter. A fresh ``optax.adam()``
   finds the moments the previous one left; switching to a transformation of another
   structure sets them aside (switching back finds them again);
-* **programs** are cached by :func:`behaviour` of the transformation's ``update``: its
-  code and what its closure holds (numbers by value), recursively. Two transformations
-  made by the same factory with the same settings behave alike and share one program.
+* **programs** are cached by the transformation's structure with its hyper-parameters
+  taken out (:func:`fnnc.graph.dynamic.minimizer_key.split`, built on
+  :func:`behaviour`: code and what the closures hold, recursively). Two
+  transformations made by the same factory share one program; ``optax.adam(1e-3)``
+  and ``optax.adam(1e-4)`` too, since the rate is a program input (:func:`stepper`).
 
-Hyper-parameters as inputs: with ``optax.inject_hyperparams(optax.adam)(learning_rate=
-lr)`` the rate is a leaf of the state, not of ``update``'s closure, so a new ``lr``
-recompiles nothing; when another object of that kind steps a kept state, its
+Hyper-parameters as inputs: a plain transformation's rates ride as float32 leaves after
+its state (:func:`stepper`), which the programs pass through and :func:`store` never
+keeps, so each step uses the numbers of the object stepping now. With
+``optax.inject_hyperparams(optax.adam)(learning_rate=lr)`` the rate is already a leaf
+of the state; when another object of that kind steps a kept state, its
 hyper-parameters replace the state's (:func:`state`), so the new rate takes effect.
 """
 
@@ -28,6 +32,7 @@ from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -99,8 +104,10 @@ def keys(optimizer: Any, specs: tuple[Any, ...]) -> tuple[Hashable, str]:
         return got[1], got[2]
     if len(_KEYS) > 256:
         _KEYS.clear()
+    from fnnc.graph.dynamic.minimizer_key import split  # it builds on behaviour()
+
     params = [jax.ShapeDtypeStruct(s, d) for s, d in specs]
-    made = (behaviour(optimizer.update), state_structure(optimizer, params))  # type: ignore[arg-type]
+    made = (split(optimizer).key, state_structure(optimizer, params))  # type: ignore[arg-type]
     _KEYS[(id(optimizer), specs)] = (optimizer, *made)
     return made
 
@@ -146,3 +153,33 @@ def store(
 
 def _injected(path: Sequence[Any]) -> bool:
     return any(getattr(k, "name", None) == "hyperparams" for k in path)
+
+
+def stepper(optimizer: Any) -> tuple[optax.GradientTransformation, list[Any]]:
+    """``(transformation, hyper-parameter leaves)``: ``optimizer`` as a program runs it.
+
+    Its floats that are hyper-parameters (:func:`~fnnc.graph.dynamic.minimizer_key.split`:
+    learning rates, ``eps``, schedule values) come out of its closures and ride as
+    float32 leaves after its state: the transformation's state is ``(optimizer's state,
+    hyper-parameters)``, its update rebuilds the optimizer from the hyper-parameters it
+    is given and passes them on. A program built for one object therefore steps any
+    object of the same structure (the program key) with that object's numbers. Without
+    such floats it is ``optimizer`` itself and no leaves.
+    """
+    from fnnc.graph.dynamic.minimizer_key import split
+
+    h = split(optimizer)
+    if not h.values:
+        return optimizer, []
+
+    def init(params: Any) -> Any:
+        return h.template.init(params), tuple(jnp.float32(v) for v in h.values)
+
+    def update(grads: Any, state: Any, params: Any = None) -> Any:
+        inner, hyper = state
+        updates, new = h.rebuild(hyper).update(grads, inner, params)
+        # a traced float32 rate is not weakly typed: keep the state's and grads' types
+        new = jax.tree.map(lambda a, b: a.astype(b.dtype), new, inner)
+        return jax.tree.map(lambda u, g: u.astype(g.dtype), updates, grads), (new, hyper)
+
+    return optax.GradientTransformation(init, update), [jnp.float32(v) for v in h.values]
