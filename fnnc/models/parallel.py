@@ -328,7 +328,9 @@ class Parallel:
         if not isinstance(value, jax.Array):
             return jax.numpy.array(value, copy=True)
         if value.is_fully_addressable or value.is_fully_replicated:
-            host = np.asarray(value)
+            # a copy: np.asarray of a replicated CPU array, then device_put, can both be
+            # zero-copy, and the caller's array would pin a buffer the next step donates
+            host = np.array(value, copy=True)
         else:
             from jax.experimental import multihost_utils
 
