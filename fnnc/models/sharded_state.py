@@ -13,6 +13,13 @@ names alone repeat); the JSON keeps those names in order, so restoring rebuilds 
 view on the model's minimizer template, and a minimizer of another structure is
 named in a :class:`CheckpointError` instead of restoring into the wrong leaves.
 
+A :class:`~fnnc.models.Repeat`'s stacks are saved as the SQLite checkpoint saves them,
+under the unrolled model's per-block ids (:mod:`fnnc.models.stacks`), parameters and
+optimizer-state views both: a run resumes across a Repeat model and the unrolled one,
+either way. A block's slice is read whole onto the stack's devices and the stack is
+laid out again; a step saved by an earlier version with the stacked ids restores as
+it was saved.
+
 Restoring reads every array straight into the layout the model has now: a parameter
 where its current value lives (its ``sharding``), an optimizer-state leaf of the
 parameter's shape as the parameter, every other leaf (``count``) replicated on the
@@ -31,7 +38,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from fnnc.errors import CheckpointError
 from fnnc.io.checkpoints import Checkpoint
 from fnnc.models import checkpoint_state as gathered  # it imports this module back
-from fnnc.models import loss_scale, parallel
+from fnnc.models import loss_scale, parallel, stacks
 from fnnc.models.batches import progress
 from fnnc.models.optim import SHARED, disagreements, owners
 
@@ -70,14 +77,17 @@ def encode(model: Any, metadata: Any, step: int) -> tuple[Any, Any, dict[str, An
         )
     engine = model.engine
     engine._sync_live()  # the running fit's optimizer state, back in the store
-    params = dict(engine.values)
-    optimizer, names = {}, {}
+    params = stacks.unstack_parameters(dict(engine.values), model)  # NNC's per-block ids
+    views = {}
     for likes in gathered._templates(engine):
         for pid, like in likes.items():
             view = engine.store.find(pid, like)
             if view is not None:
-                names[pid] = leaf_names(pid, view)
-                optimizer[pid] = dict(zip(names[pid], jax.tree.leaves(view)))
+                views[pid] = view
+    optimizer, names = {}, {}
+    for pid, view in stacks.unstack_states(views, model).items():
+        names[pid] = leaf_names(pid, view)
+        optimizer[pid] = dict(zip(names[pid], jax.tree.leaves(view)))
     train = progress(model).to_json()
     train["rng"] = np.asarray(jax.random.key_data(engine.key)).tolist()
     train["saved_step"] = step
@@ -122,22 +132,34 @@ def _saved_specs(where: str, manifest: dict[str, Any]) -> dict[str, Any]:
         ) from None
 
 
-def _optimizer_targets(where: str, engine: Any, saved: dict[str, Any]) -> tuple[Any, Any]:
+def _optimizer_targets(
+    where: str, engine: Any, saved: dict[str, Any], blocks: dict[str, tuple[str, ...]]
+) -> tuple[Any, Any]:
     """``(targets, templates)``: per parameter with a saved optimizer state, its leaves
-    as ``jax.ShapeDtypeStruct`` laid out for this model, and its view's template."""
+    as ``jax.ShapeDtypeStruct`` laid out for this model, and its view's template. A
+    stacked parameter saved per block (``blocks``: stacked id -> block ids) gets one
+    entry per block, each leaf whole on the stack's devices."""
     targets, templates = {}, {}
     for likes in gathered._templates(engine):
         members = frozenset(likes)
         for pid, like in likes.items():
+            ids = blocks.get(pid, ())
+            if pid not in saved and ids and all(b in saved for b in ids):
+                place = _replicated(_sharding(engine.values[pid]))
+                for bid in ids:
+                    block_like = stacks.rekey(
+                        like, pid, bid, lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
+                    )
+                    names = _saved_names(where, saved, bid, block_like)
+                    targets[bid] = {
+                        n: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=place)
+                        for n, x in zip(names, jax.tree.leaves(block_like))
+                    }
+                    templates[bid] = block_like
+                continue
             if pid not in saved:
                 continue
-            names = leaf_names(pid, like)
-            if list(saved[pid]) != names:
-                raise CheckpointError(
-                    f"sharded checkpoint: {where}: the optimizer state of {pid} does not fit "
-                    f"the model's minimizer (saved leaves {list(saved[pid])}, the minimizer's "
-                    f"{names}); set the minimizer the run was saved with"
-                )
+            names = _saved_names(where, saved, pid, like)
             sharding = _sharding(engine.values[pid])
             leaves = []
             for leaf, owner in zip(jax.tree.leaves(like), owners(like, members)):
@@ -147,6 +169,47 @@ def _optimizer_targets(where: str, engine: Any, saved: dict[str, Any]) -> tuple[
             targets[pid] = dict(zip(names, leaves))
             templates[pid] = like
     return targets, templates
+
+
+def _saved_names(where: str, saved: dict[str, Any], pid: str, like: Any) -> list[str]:
+    """The leaf names of ``pid``'s view ``like``, checked against those saved."""
+    names = leaf_names(pid, like)
+    if list(saved[pid]) != names:
+        raise CheckpointError(
+            f"sharded checkpoint: {where}: the optimizer state of {pid} does not fit "
+            f"the model's minimizer (saved leaves {list(saved[pid])}, the minimizer's "
+            f"{names}); set the minimizer the run was saved with"
+        )
+    return names
+
+
+def _saved_blocks(saved: dict[str, Any], model: Any) -> dict[str, tuple[str, ...]]:
+    """The model's stacked ids saved per block: stacked id -> its block ids."""
+    return {
+        pid: ids
+        for pid, ids in stacks.stacked_ids(model).items()
+        if pid not in saved and all(b in saved for b in ids)
+    }
+
+
+def _stacked_specs(specs: dict[str, Any], blocks: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+    """``specs`` with each stack's per-block entries as one ``[n, ...]`` entry."""
+    out = {p: v for p, v in specs.items() if not any(p in ids for ids in blocks.values())}
+    for pid, ids in blocks.items():
+        first = specs[ids[0]]
+        out[pid] = jax.ShapeDtypeStruct((len(ids), *first.shape), first.dtype)
+    return out
+
+
+def _stack_views(views: dict[str, Any], blocks: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+    """Per-block optimizer-state views stacked into their stack's view: own entries
+    stacked, partition-wide leaves (``count``) block 0's (checked to agree later)."""
+    out = {p: v for p, v in views.items() if not any(p in ids for ids in blocks.values())}
+    for pid, ids in blocks.items():
+        if not all(b in views for b in ids):
+            continue
+        out[pid] = stacks.stack_views([views[b] for b in ids], ids, pid)
+    return out
 
 
 def restore_into(checkpoints: Any, model: Any, step: int | None = None) -> Checkpoint:
@@ -161,7 +224,9 @@ def restore_into(checkpoints: Any, model: Any, step: int | None = None) -> Check
             f"sharded checkpoint: {where} holds a pytree, not a model; restore it with "
             "ShardedCheckpoints.restore(like=...)"
         )
-    gathered._check_same_model(where, _saved_specs(where, manifest), engine.infos, model.describe())
+    specs = _saved_specs(where, manifest)
+    blocks = _saved_blocks(specs, model)  # a Repeat's stacks saved per block
+    gathered._check_same_model(where, _stacked_specs(specs, blocks), engine.infos, model.describe())
     meta = manifest.get("metadata")
     train = meta.get(gathered.TRAIN_KEY) if isinstance(meta, dict) else None
     key = gathered._saved_key(where, train)  # checked before anything of the model changes
@@ -170,14 +235,22 @@ def restore_into(checkpoints: Any, model: Any, step: int | None = None) -> Check
     saved_leaves = manifest.get("optimizer_leaves")
     if not isinstance(saved_leaves, dict):
         raise CheckpointError(f"sharded checkpoint: {where}: its optimizer list is damaged")
-    opt_targets, templates = _optimizer_targets(where, engine, saved_leaves)
-    like = {p: _target(engine.values[p], engine.infos[p]) for p in engine.infos}
+    opt_targets, templates = _optimizer_targets(where, engine, saved_leaves, blocks)
+    like = {p: _target(engine.values[p], engine.infos[p]) for p in engine.infos if p not in blocks}
+    for pid, ids in blocks.items():  # each block's slice whole on the stack's devices
+        place = _replicated(_sharding(engine.values[pid]))
+        info = engine.infos[pid]
+        like.update(
+            {b: jax.ShapeDtypeStruct(info.shape[1:], info.dtype, sharding=place) for b in ids}
+        )
     params = checkpoints.read_arrays(step, "state", like)
+    params = stacks.stack_parameters(params, model)
     opt = checkpoints.read_arrays(step, "optimizer", opt_targets) if opt_targets else {}
     states = {  # opt_targets[pid] lists the names in leaf order (a dict Orbax may sort)
         pid: jax.tree.unflatten(jax.tree.structure(view), [opt[pid][n] for n in opt_targets[pid]])
         for pid, view in templates.items()
     }
+    states = _stack_views(states, blocks)
     for likes in gathered._templates(engine):
         differ = disagreements({p: states[p] for p in likes if p in states})
         if differ:

@@ -76,7 +76,7 @@ def _own(pid: str) -> Callable[[Any], bool]:
     return lambda node: isinstance(node, dict) and len(node) == 1 and pid in node
 
 
-def _rekey(view: Any, pid: str, new: str, fn: Callable[[Any], Any]) -> Any:
+def rekey(view: Any, pid: str, new: str, fn: Callable[[Any], Any]) -> Any:
     """``view`` with its own entries moved to key ``new`` and ``fn`` applied to their
     leaves; the partition-wide leaves (``count``) kept."""
     is_own = _own(pid)
@@ -96,7 +96,7 @@ def unstack_states(states: Mapping[str, Any], model: Any) -> dict[str, Any]:
             out[pid] = view
             continue
         for i, bid in enumerate(blocks[pid]):
-            out[bid] = _rekey(view, pid, bid, lambda a, i=i: a[i])
+            out[bid] = rekey(view, pid, bid, lambda a, i=i: a[i])
     return out
 
 
@@ -116,20 +116,27 @@ def stack_states(
             continue
         views = []
         for bid in ids:
-            block_like = _rekey(
-                like, pid, bid, lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype)
-            )
+            block_like = rekey(like, pid, bid, lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype))
             views.append(rebuild(saved[bid], block_like, f"optimizer state of {bid}"))
-        firsts, treedef = jax.tree.flatten(views[0], is_leaf=_own(ids[0]))
-        per_block = [jax.tree.leaves(v, is_leaf=_own(b)) for v, b in zip(views, ids)]
-        stacked = []
-        for k, leaf in enumerate(firsts):
-            if not _own(ids[0])(leaf):
-                stacked.append(leaf)
-                continue
-            entries = [leaves[k][b] for leaves, b in zip(per_block, ids)]
-            stacked.append({pid: jax.tree.map(lambda *xs: np.stack(xs), *entries)})
-        out[pid] = treedef.unflatten(stacked)
+        out[pid] = stack_views(views, ids, pid, np.stack)
         for bid in ids:
             del out[bid]
     return out
+
+
+def stack_views(
+    views: list[Any], ids: tuple[str, ...], pid: str, stack: Callable[..., Any] = jnp.stack
+) -> Any:
+    """One stacked view under ``pid`` from the per-block ``views`` (of block ids
+    ``ids``): each own entry's leaves stacked with ``stack``, the partition-wide leaves
+    (``count``) block 0's."""
+    firsts, treedef = jax.tree.flatten(views[0], is_leaf=_own(ids[0]))
+    per_block = [jax.tree.leaves(v, is_leaf=_own(b)) for v, b in zip(views, ids)]
+    stacked = []
+    for k, leaf in enumerate(firsts):
+        if not _own(ids[0])(leaf):
+            stacked.append(leaf)
+            continue
+        entries = [leaves[k][b] for leaves, b in zip(per_block, ids)]
+        stacked.append({pid: jax.tree.map(lambda *xs: stack(xs), *entries)})
+    return treedef.unflatten(stacked)
