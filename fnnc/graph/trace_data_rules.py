@@ -148,3 +148,35 @@ def _iota(ctx, eqn, args):
     ramp = np.arange(shape[dim], dtype=np.dtype(p["dtype"]))
     ramp = ramp.reshape([-1 if d == dim else 1 for d in range(len(shape))])
     return [ctx.constant(np.broadcast_to(ramp, shape).copy(), _out(eqn))]
+
+
+def _rev(ctx, eqn, args):
+    """``rev`` (``jnp.flip``; JAX's descending sort and argsort): of a constant, the
+    reversed constant; otherwise an ``index_select`` of the reversed positions along
+    each reversed axis (exact for every dtype, and differentiable as the flip is)."""
+    (x,) = args
+    dims = tuple(int(d) % max(len(x.shape), 1) for d in eqn.params["dimensions"])
+    value = ctx.value(x)
+    if value is not None:
+        return [ctx.constant(np.flip(value, dims).copy(), _out(eqn))]
+    dims = tuple(d for d in dims if x.shape[d] > 1)  # a length-1 axis reads the same
+    if dims and not ctx.has("index_select"):
+        return None
+    for d in dims:
+        back = ctx.constant(np.arange(x.shape[d] - 1, -1, -1, dtype=np.int32))
+        x = ctx.exec("index_select", x, back, axis=d)
+    return [x]
+
+
+def _stack(ctx, eqn, args):
+    """``stack`` (its own primitive since JAX 0.10; ``jnp.stack``): each operand
+    reshaped with a size-1 ``axis``, then concatenated along it."""
+    out = _out(eqn)
+    axis = int(eqn.params["axis"]) % len(out.shape)
+    if not args or any(tuple(a.shape) != tuple(args[0].shape) for a in args):
+        return None
+    if not ctx.has("reshape", "concat"):
+        return None
+    shape = (*args[0].shape[:axis], 1, *args[0].shape[axis:])
+    parts = [ctx.reshape(a, shape) for a in args]
+    return [parts[0] if len(parts) == 1 else ctx.exec("concat", *parts, axis=axis)]

@@ -11,7 +11,12 @@ primitives is rewritten here, after the replay, on the graph:
   ``swish_mul(u, a)``;
 * logsumexp as ``jax.nn.logsumexp`` / ``jax.scipy.special.logsumexp`` emit it (the
   maximum over ``axes``, made finite, held by ``stop_gradient``, subtracted, ``exp``,
-  ``sum``, ``log``, added back): ``reduce_logsumexp(x, axes)`` (and a reshape).
+  ``sum``, ``log``, added back): ``reduce_logsumexp(x, axes)`` (and a reshape
+  unless ``keepdims=True``);
+* JAX's descending sorts, reversals (``rev``, traced as ``index_select``) of an
+  ascending stable sort: ``jnp.argsort(x, descending=True)`` as
+  ``argsort(descending=True)``, and ``jnp.sort`` of integers as
+  ``sort(descending=True)``.
 
 Each rule is a function ``rule(rw, index) -> list[Node] | None`` of the node that ends
 the pattern (:data:`IDIOMS`, keyed by its command); the nodes it returns replace that
@@ -158,6 +163,8 @@ def _logsumexp(rw: Rewriter, index: int) -> list[Node] | None:
         if match is not None:
             x, axes = match
             kept = tuple(1 if d in axes else n for d, n in enumerate(rw.shape(x)))
+            if kept == rw.shape(out):  # keepdims=True
+                return [command_node("reduce_logsumexp", (x,), (out,), node.name, axes=axes)]
             y = rw.tensor(kept, rw.dtype(x))
             return [
                 command_node("reduce_logsumexp", (x,), (y,), node.name, axes=axes),
@@ -210,6 +217,7 @@ def _finite_max_of(rw: Rewriter, f: int, x: int, axes: tuple[int, ...]) -> bool:
         return False
     if not np.all(np.isposinf(bound)):
         return False
+    m = _through_reshape(rw, m)  # keepdims: the maximum reshaped to the kept shape
     top = rw.node(m, "max")
     if top is not None:
         low = [i for i in top.inputs if (v := rw.value(i)) is not None and np.all(np.isneginf(v))]
@@ -224,12 +232,77 @@ def _finite_max_of(rw: Rewriter, f: int, x: int, axes: tuple[int, ...]) -> bool:
     )
 
 
+def _reversed_along(rw: Rewriter, node: Node) -> tuple[int, int] | None:
+    """``(x, axis)`` when ``node`` is ``index_select(x, [n-1, ..., 0], axis)``: ``x``
+    reversed along ``axis`` (how the trace spells JAX's ``rev``)."""
+    if node.cmd.name != "index_select" or len(node.inputs) != 2:
+        return None
+    x, idx = node.inputs
+    shape = rw.shape(x)
+    if not shape:
+        return None
+    axis = int(node.cmd.param("axis")) % len(shape)
+    back = rw.value(idx)
+    n = shape[axis]
+    if back is None or back.shape != (n,) or not np.issubdtype(back.dtype, np.integer):
+        return None
+    return (x, axis) if np.array_equal(back, np.arange(n - 1, -1, -1)) else None
+
+
+def _sorted_by(rw: Rewriter, sid: int, output: int, axis: int) -> Node | None:
+    """The ascending ``sort`` along ``axis`` whose output ``output`` is ``sid``."""
+    node = rw.node(sid, "sort")
+    if node is None or node.outputs[output] != sid or node.cmd.param("descending"):
+        return None
+    rank = len(rw.shape(node.inputs[0]))
+    return node if int(node.cmd.param("axis")) % rank == axis else None
+
+
+def _descending_sort(rw: Rewriter, index: int) -> list[Node] | None:
+    """JAX's descending sorts, ``rev`` of an ascending stable sort along its axis.
+
+    * ``jnp.argsort(x, descending=True)``: ``rev(n - 1 - sort(rev(x)).indices)``, the
+      indices of a stable descending sort (ties in input order): one
+      ``argsort(descending=True)``, which computes exactly that (including NaNs).
+    * ``jnp.sort(x, descending=True)`` of integers: ``rev(sort(x).values)``, equal
+      entries being indistinguishable: ``sort(descending=True)``'s values. Floats stay
+      ``sort`` then a reversal: ``-0.0`` and ``0.0`` (and NaNs) tie, and so do equal
+      values for the gradient, which reaches the entry JAX's reversal picked.
+    """
+    node = rw.graph.nodes[index]
+    rev = _reversed_along(rw, node)
+    if rev is None:
+        return None
+    sid, axis = rev
+    (out,) = node.outputs
+    n = rw.shape(sid)[axis]
+    flipped = rw.node(sid, "add")
+    if flipped is not None and (flipped.cmd.param("p"), flipped.cmd.param("q")) == (1.0, -1.0):
+        last, perm = flipped.inputs
+        value = rw.value(last)
+        order = _sorted_by(rw, perm, 1, axis)
+        inner = order and rw.node(order.inputs[0], "index_select")
+        source = inner and _reversed_along(rw, inner)
+        last_is = value is not None and value.size == 1 and int(value.reshape(())) == n - 1
+        if last_is and source is not None and source[1] == axis:
+            x = source[0]
+            return [command_node("argsort", (x,), (out,), node.name, axis=axis, descending=True)]
+    order = _sorted_by(rw, sid, 0, axis)
+    if order is None or not np.issubdtype(rw.dtype(sid), np.integer):
+        return None
+    unused = rw.tensor(rw.shape(sid), np.int32)
+    return [
+        command_node("sort", order.inputs, (out, unused), node.name, axis=axis, descending=True)
+    ]
+
+
 Idiom = Callable[[Rewriter, int], "list[Node] | None"]
 
 IDIOMS: dict[str, tuple[Idiom, ...]] = {
     "concat": (_rotate_half,),
     "mul": (_swish,),
     "add": (_logsumexp,),
+    "index_select": (_descending_sort,),
 }
 """Per command, the idioms that end at a node of that command."""
 

@@ -43,17 +43,29 @@ def _is_iota(value: np.ndarray | None, shape: tuple[int, ...], axis: int) -> boo
 def _sort(ctx, eqn, args):
     """``sort`` of one operand (``jnp.sort``), or of an operand and an ``int32`` iota
     along the sorted axis with one key (``jnp.argsort``: stable), as ``sort``: the
-    command's indices are that iota permuted."""
+    command's indices are that iota permuted. A reversed iota (``jnp.argsort(x,
+    descending=True)``, which JAX spells ``rev(sort(rev(x), rev(iota)))``) permutes to
+    ``n - 1 - indices``; :mod:`fnnc.graph.trace_idioms` then makes the whole spelling
+    one ``argsort(descending=True)``."""
     p = eqn.params
     axis = int(p["dimension"])
     if p["num_keys"] != 1 or not _kind(args[0].dtype, "number") or not ctx.has("sort"):
         return None
+    backwards = False
     if len(args) == 2:
-        if not (p["is_stable"] and _is_iota(ctx.value(args[1]), tuple(args[0].shape), axis)):
+        shape = tuple(args[0].shape)
+        payload = ctx.value(args[1])
+        backwards = payload is not None and _is_iota(np.flip(payload, axis), shape, axis)
+        if not (p["is_stable"] and (backwards or _is_iota(payload, shape, axis))):
+            return None
+        if backwards and not ctx.has("add"):
             return None
     elif len(args) != 1:
         return None
     values, indices = ctx.exec("sort", args[0], axis=axis, descending=False)
+    if backwards:
+        last = ctx.constant(np.array(args[0].shape[axis] - 1, np.int32))
+        indices = ctx.exec("add", last, indices, q=-1.0)
     return [values] if len(args) == 1 else [values, indices]
 
 
@@ -72,14 +84,21 @@ def _top_k(ctx, eqn, args):
 
 
 def _scatter_add(ctx, eqn, args):
-    """``x.at[i].add(u)`` with rows of ``x`` picked by ``int32`` indices ``i[n, 1]`` and
-    out-of-range indices dropped (``mode=FILL_OR_DROP``, JAX's default for ``.at``):
-    ``add(x, scatter_add(u, i))``."""
+    """``x.at[i].add(u)`` with rows of ``x`` picked by ``int32`` indices ``i[n, 1]``:
+    ``add(x, scatter_add(u, i))``, for floats and integers (``.at[e].add(1)`` counting
+    tokens per expert). Out-of-range indices are dropped (``mode=FILL_OR_DROP``, JAX's
+    default for ``.at``), as ``scatter_add`` drops them; ``PROMISE_IN_BOUNDS`` gets the
+    same, which is JAX's result for every index the promise allows; ``CLIP`` clamps the
+    indices into ``[0, rows)`` first (``clamp``), as JAX does."""
     x, idx, upd = args
     p = eqn.params
     dn = p["dimension_numbers"]
     rank = len(x.shape)
-    if "FILL_OR_DROP" not in str(p["mode"]) or p.get("update_consts"):
+    mode = str(p["mode"])
+    clip = "CLIP" in mode
+    if not (clip or "FILL_OR_DROP" in mode or "PROMISE_IN_BOUNDS" in mode):
+        return None
+    if p.get("update_consts"):
         return None
     if (
         tuple(dn.inserted_window_dims) != (0,)
@@ -92,12 +111,18 @@ def _scatter_add(ctx, eqn, args):
     n = idx.shape[0] if len(idx.shape) == 2 else -1
     if np.dtype(idx.dtype) != np.int32 or tuple(idx.shape) != (n, 1):
         return None
-    if tuple(upd.shape) != (n, *x.shape[1:]) or not _kind(x.dtype, "float"):
+    if tuple(upd.shape) != (n, *x.shape[1:]) or not _kind(x.dtype, "number"):
         return None
-    if not ctx.has("scatter_add", "add", "reshape"):
+    if np.dtype(upd.dtype) != np.dtype(x.dtype) or x.shape[0] < 1:
         return None
-    rows = ctx.exec("scatter_add", upd, ctx.reshape(idx, (n,)), bincount=int(x.shape[0]))
-    return [ctx.exec("add", x, rows)]
+    if not ctx.has("scatter_add", "add", "reshape", *(("clamp",) if clip else ())):
+        return None
+    rows = int(x.shape[0])
+    where = ctx.reshape(idx, (n,))
+    if clip:
+        where = ctx.exec("clamp", where, min=0, max=rows - 1)
+    added = ctx.exec("scatter_add", upd, where, bincount=rows)
+    return [ctx.exec("add", x, added)]
 
 
 LLM_RULES: dict[str, Rule] = {

@@ -38,8 +38,10 @@ from fnnc.graph.trace_data_rules import (
     _iota,
     _pad,
     _reshape,
+    _rev,
     _slice,
     _squeeze,
+    _stack,
     _transpose,
 )
 from fnnc.graph.trace_llm_rules import LLM_RULES
@@ -337,6 +339,8 @@ TRACE_RULES: dict[str, Rule] = {
     "broadcast_in_dim": _broadcast_in_dim,
     "convert_element_type": _convert,
     "concatenate": _concatenate,
+    "stack": _stack,
+    "rev": _rev,
     "slice": _slice,
     "pad": _pad,
     "gather": _gather,

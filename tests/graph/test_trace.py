@@ -298,6 +298,8 @@ RULE_CASES = {
     "pow": (lambda x, y: x**y, POS, Y),
     "split": (lambda x: jnp.split(x, [1, 3], axis=1)[1] * 2, X),
     "sort": (lambda x: (jnp.sort(x, axis=0), jnp.argsort(x, axis=1)), X),
+    "rev": (lambda x: lax.rev(x, (0, 1)) * 2.0, X),
+    "stack": (lambda x: jnp.stack([x, x * 2.0], axis=1), X),
     "top_k": (lambda x: lax.top_k(x, 3), X),
     "scatter-add": (lambda x, y: jnp.asarray(x).at[jnp.array([2, 0, 2])].add(y * 2), X, Y),
 }
