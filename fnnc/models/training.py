@@ -87,7 +87,7 @@ def train(
         prog.next_epoch()
     prog.batch_size = source.batch_size
     target = epochs if resume is not None else prog.epoch + epochs
-    measure = _metrics(model, metrics, validation, (inputs, targets))
+    measure = _metrics(model, metrics, validation, (inputs, targets), data)
     history: dict[str, list[float]] = {"epoch": [], "loss": []}
     loop = TrainLoop(model, prog, history, len(source), target)
     lines = None
@@ -246,24 +246,31 @@ def loss_value(model: Any, outputs: list[Any], targets: list[Any]) -> float:
     return metrics_.MeanLoss()(model, outputs, targets)
 
 
-def _metrics(model: Any, metrics: Any, validation: Any, columns: Any) -> Callable[[], dict]:
+def _metrics(
+    model: Any, metrics: Any, validation: Any, columns: Any, data: Any
+) -> Callable[[], dict]:
     """A function giving the epoch's validation metrics (``val_loss``, ``val_accuracy``
     for a classification loss or when asked, and each other metric ``val_<name>``) over
     ``validation`` (arrays, a dataframe with ``columns = (inputs, targets)`` names, or a
-    Grain dataset: :mod:`fnnc.models.validation`), measured as ``Model.score`` does."""
+    Grain dataset: :mod:`fnnc.models.validation`), measured as ``Model.score`` does.
+    Without ``validation``, the ``metrics`` asked for are measured on the training
+    ``data`` instead, as ``accuracy`` / ``<name>``."""
     found = metrics_.resolve(model, metrics, "train")
+    prefix = "val_"
     if validation is None:
-        if metrics:
-            raise ModelError(
-                "train: metrics are measured on validation data; pass validation=(x, y)"
-            )
-        return dict
+        if not metrics:
+            return dict
+        # no validation set: the metrics asked for are measured on the training data,
+        # in test mode at the end of each epoch (one more pass over it), under their
+        # own names; "loss" stays the epoch's running mean of the training steps
+        validation, prefix = data, ""
+        found.pop("loss")
     read = validation_batches(validation, inputs=columns[0], targets=columns[1])
 
     def measure() -> dict[str, float]:
         outs, val_targets = outputs_and_targets(model, read)
         values = metrics_.measure(model, outs, val_targets, found)
-        return {f"val_{name}": value for name, value in values.items()}
+        return {f"{prefix}{name}": value for name, value in values.items()}
 
     return measure
 
