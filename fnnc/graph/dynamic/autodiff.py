@@ -20,6 +20,7 @@ graph and runs the program compiled for the first step.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -182,16 +183,58 @@ def _run_gradients(
         )
         args: list[Any] = [ex.versions[r] for r in roots] + seeds
         args += [dg.value_of(g) for g in old if g is not None]
+        n_state = 0
         if optimizer is not None:
-            args += [*optim.state(dg, optimizer, slots, params, what), *hyper]
+            state = optim.state(dg, optimizer, slots, params, what)
+            n_state = len(state)
+            args += [*state, *hyper]
         if create_graph:
             return higher.record(dg, graph, args), slots
         if dg.lazy:
             out = lazy.run_with(dg, graph, args)
         else:
             dg.num_compiled += fresh
-            out = compile(graph)(*(a.value if isinstance(a, Version) else a for a in args))
+            values = [a.value if isinstance(a, Version) else a for a in args]
+            _check_live(values, what)
+            donate: tuple[int, ...] = ()
+            if optimizer is not None:  # the step's parameters and state: updated in place
+                owned = [a if isinstance(a, Version) else None for a in args[: len(roots)]]
+                state = range(len(args) - len(hyper) - n_state, len(args) - len(hyper))
+                donate = _donated(owned, {v.id for v, view in w_reads if view is None}, values)
+                donate += _donated([None] * len(values), set(), values, state)
+            out = compile(graph, donate=donate)(*values)
     return list(out) if isinstance(out, tuple) else [out], slots
+
+
+def _check_live(values: Sequence[Any], what: str) -> None:
+    """A value a step updated in place (donated) read again: a clear error."""
+    for x in values:
+        if isinstance(x, jax.Array) and x.is_deleted():
+            raise GraphError(
+                f"{what}: a value this computation reads was updated in place by an "
+                "earlier minimize/apply_gradients (its buffer now holds the new "
+                "parameters, as NNC's in-place update does); compute it again from the "
+                "variables' current values"
+            )
+
+
+def _donated(
+    versions: Sequence[Any], params: set[int], values: Sequence[Any], extra: Sequence[int] = ()
+) -> tuple[int, ...]:
+    """Positions of a step's inputs it may reuse for its outputs: each parameter's
+    current version (``params``: their ids) that only its variable holds, and the
+    ``extra`` positions (optimizer state, which only the graph keeps); never a buffer
+    passed twice."""
+    uses: dict[int, int] = {}
+    for x in values:
+        uses[id(x)] = uses.get(id(x), 0) + 1
+    picked = [
+        i
+        for i, v in enumerate(versions)
+        if v is not None and v.id in params and v.pins == 1 and uses[id(values[i])] == 1
+    ]
+    picked += [i for i in extra if uses[id(values[i])] == 1]
+    return tuple(picked)
 
 
 def backward(
@@ -238,14 +281,14 @@ def _params(dg: DynamicGraph, variables: Any, what: str) -> tuple[list[Variable]
     return ws, [dg._slot(w, what) for w in ws]
 
 
-def _update_program(optimizer: Any, specs: tuple[Any, ...]) -> Any:
+def _update_program(optimizer: Any, specs: tuple[Any, ...], donate: tuple[int, ...]) -> Any:
     b = GraphBuilder()
     params = [b.input(shape, dtype) for shape, dtype in specs]
     grads = [b.input(shape, dtype) for shape, dtype in specs]
     cmd = optax_update_command(optimizer, [p.spec for p in params])
     state = [b.input(shape, dtype) for shape, dtype in cmd.param("state_specs")]
     outs = b.exec(cmd, *grads, *state, *params, name="optimizer")
-    return compile(b.build(list(outs) if isinstance(outs, tuple) else [outs]))
+    return compile(b.build(list(outs) if isinstance(outs, tuple) else [outs]), donate=donate)
 
 
 def _store(
@@ -279,12 +322,18 @@ def apply_gradients(dg: DynamicGraph, optimizer: Any, variables: Any) -> None:
     state = optim.state(dg, optimizer, slots, params, "apply_gradients")
     specs = optim.specs_of(params)
     step, hyper = optim.stepper(optimizer)
+    values = [*params, *grads, *state, *hyper]
+    # the parameters (each only its variable holds) and the state are updated in place
+    held = [w._slot.version if w._view is None else None for w in ws]
+    at = 2 * len(ws)
+    donate = _donated(held, {v.id for v in held if v is not None}, values)
+    donate += _donated([None] * len(values), set(), values, range(at, at + len(state)))
     program, fresh = PROGRAMS.get(
-        ("apply", optim.keys(optimizer, specs)[0], specs),
-        lambda: _update_program(step, specs),
+        ("apply", optim.keys(optimizer, specs)[0], specs, donate),
+        lambda: _update_program(step, specs, donate),
     )
     dg.num_compiled += fresh
-    _store(dg, optimizer, ws, slots, program(*params, *grads, *state, *hyper))
+    _store(dg, optimizer, ws, slots, program(*values))
 
 
 def minimize(dg: DynamicGraph, optimizer: Any, f: Any, variables: Any) -> None:
