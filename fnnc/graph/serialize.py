@@ -34,7 +34,15 @@ import jax
 import jax.export
 import numpy as np
 
-from fnnc.core.command import Command, Spec, lookup
+from fnnc.core.command import (
+    Command,
+    OpDef,
+    Spec,
+    expected_kind,
+    lookup,
+    output_specs,
+    param_fits,
+)
 from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol
 from fnnc.errors import CheckpointError, FnncError, GraphFormatError
 from fnnc.graph.verify import verify
@@ -197,40 +205,32 @@ def _dec_command(data: dict[str, Any], where: str) -> Command:
         given[k] = _dec(v, f"{where} param {k}")
     params = []
     for key, default in opdef.param_defaults.items():
-        if key not in given:
-            if default is inspect.Parameter.empty:
-                raise GraphFormatError(
-                    f"load: {where}: {name} needs parameter {key!r}, which the file lacks"
-                )
-            given[key] = default
-        _check_type(name, key, given[key], default, where)
-        params.append((key, given[key]))
+        if key in given:
+            _check_type(opdef, key, given[key], where)
+        elif default is inspect.Parameter.empty:
+            raise GraphFormatError(
+                f"load: {where}: {name} needs parameter {key!r}, which the file lacks"
+            )
+        params.append((key, given.get(key, default)))
     return Command(name, tuple(params))
 
 
-_ACCEPTS: dict[type, tuple[type, ...]] = {
-    bool: (bool,),
-    int: (int, float, tuple, str),  # one int, one per axis, or "SAME"/"VALID" (padding)
-    float: (int, float),
-    str: (str, tuple),  # padding takes "SAME" or explicit pairs
-    tuple: (tuple, int),
-}
-"""Per kind of default, the kinds a loaded parameter may have (``True`` is not an int)."""
-
-
-def _check_type(name: str, key: str, value: Any, default: Any, where: str) -> None:
-    """A loaded parameter has a kind its default admits (a bool for a bool, ...)."""
-    if default is inspect.Parameter.empty or default is None or value is None:
+def _check_type(opdef: OpDef, key: str, value: Any, where: str) -> None:
+    """A loaded parameter is of a kind the command takes (:func:`param_fits`: a bool for
+    a bool, an int for an int, ...); a parameter the command requires is never null."""
+    required = opdef.param_defaults[key] is inspect.Parameter.empty
+    if required and value is None:
+        expected = f"a value ({opdef.name}{inspect.signature(opdef.forward)} requires one)"
+    elif not param_fits(opdef, key, value):
+        default = json.dumps([key, _enc(opdef.param_defaults[key], key)])
+        expected = f"{expected_kind(opdef, key)}, e.g. {default}"
+    else:
         return
-    accepts = _ACCEPTS.get(type(default))
-    if accepts is None:
-        return
-    if type(value) not in accepts and not (str in accepts and isinstance(value, np.dtype)):
-        # a dtype parameter whose default is a name ("float32") holds a np.dtype
-        raise GraphFormatError(
-            f"load: {where}: {name} parameter {key!r} is {value!r:.60} "
-            f"({type(value).__name__}); expected a {type(default).__name__}"
-        )
+    raise GraphFormatError(
+        f"load: {where}: {opdef.name} parameter {key!r} is {value!r:.60} "
+        f"({type(value).__name__}); expected {expected}. Fix the value in the file or "
+        "save the graph again"
+    )
 
 
 def _dims(shape: Any, where: str) -> tuple[int, ...]:
@@ -345,7 +345,30 @@ def from_data(data: Any) -> Graph:
         raise
     except (KeyError, TypeError, ValueError) as e:
         raise GraphFormatError(f"load: malformed graph data ({type(e).__name__}: {e})") from e
-    return verify(graph)
+    try:
+        return verify(graph)
+    except FnncError:
+        raise
+    except Exception as e:  # a shape rule choking on a hand-edited parameter
+        raise GraphFormatError(_rule_failure(graph, e)) from None
+
+
+def _rule_failure(graph: Graph, error: Exception) -> str:
+    """The message for a raw ``error`` out of ``verify``: the first node whose shape
+    rule raises one (earlier nodes passed verify, so their inputs are in range)."""
+    for i, node in enumerate(graph.nodes):
+        try:
+            output_specs(node.cmd, [graph.symbols[s].spec for s in node.inputs])
+        except FnncError:
+            break  # verify would have named it; the raw error came from elsewhere
+        except Exception as e:
+            return (
+                f"load: node {i} ({node.name or node.cmd.name}): {node.cmd.name} cannot "
+                f"take the file's parameters {node.cmd.kwargs!r:.200} ({type(e).__name__}: "
+                f"{e}); fix them to fit {node.cmd.name}"
+                f"{inspect.signature(node.cmd.definition.forward)} or save the graph again"
+            )
+    return f"load: the graph does not verify ({type(error).__name__}: {error})"
 
 
 def _enc_tree(graph: Graph) -> Any:

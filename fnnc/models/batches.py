@@ -286,6 +286,7 @@ def batches(
     """The :class:`Batches` for what ``train`` was given."""
     from fnnc.data import DataFrame
 
+    batch_size = check_batch_size(batch_size, "train")
     if isinstance(data, DataFrame):
         return FrameBatches(data, batch_size, seed, inputs, targets)
     import grain
@@ -298,6 +299,17 @@ def batches(
             "grain.MapDataset before to_iter_dataset(), or a fnnc.data.DataFrame"
         )
     return ArrayBatches(data, batch_size, seed)
+
+
+def check_batch_size(batch_size: Any, where: str) -> int:
+    """``batch_size`` as an int of at least 1; a :class:`ModelError` saying so otherwise."""
+    is_int = isinstance(batch_size, (int, np.integer)) and not isinstance(batch_size, bool)
+    if is_int and batch_size >= 1:
+        return int(batch_size)
+    raise ModelError(
+        f"{where}: batch_size={batch_size!r} ({type(batch_size).__name__}); expected an int "
+        "of at least 1, the samples per step; pass e.g. batch_size=32"
+    )
 
 
 def split(data: Any, where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -349,8 +361,14 @@ def in_batches(
     """``fn`` over ``inputs`` in batches, its outputs (one or a list) concatenated.
     Zero samples still run ``fn`` once, on the empty batch, so the outputs have
     ``fn``'s shapes (``(0, *output_shape)``) and dtypes."""
-    if batch_size < 1:
-        raise ModelError(f"predict: batch_size must be positive, got {batch_size}")
+    batch_size = check_batch_size(batch_size, "predict")
+    for i, x in enumerate(inputs):
+        if np.ndim(x) == 0:
+            raise ModelError(
+                f"predict: input {i} is one value of {np.asarray(x).dtype} ({x!r:.40}); "
+                "expected an array with the samples first ([N, ...]); pass x[None] for "
+                "one sample"
+            )
     n, chunks = len(inputs[0]), []
     for start in range(0, n, batch_size) or [0]:
         out = fn([x[start : start + batch_size] for x in inputs])

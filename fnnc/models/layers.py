@@ -216,9 +216,21 @@ class _Pool(Layer):
     command: Any = None
 
     def __init__(
-        self, window: Sequence[int] = (2, 2), *, strides: Any = None, padding: Any = 0, **kw: Any
+        self,
+        window: int | Sequence[int] = (2, 2),
+        *,
+        strides: Any = None,
+        padding: Any = 0,
+        **kw: Any,
     ):
         super().__init__(**kw)
+        if isinstance(window, (int, np.integer)):
+            window = (int(window),) * 2  # MaxPool(2): a 2x2 window, as Conv(16, 3) is 3x3
+        elif not isinstance(window, Sequence):
+            raise ModelError(
+                f"layer {self.describe()}: window is {window!r:.40} ({type(window).__name__}); "
+                "expected an int (a square window) or one int per spatial axis, e.g. (2, 2)"
+            )
         self.window, self.strides, self.padding = tuple(window), strides, padding
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:

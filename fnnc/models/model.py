@@ -11,10 +11,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from fnnc.core.ir import Symbol
+from fnnc.models import checks
+from fnnc.models.batches import check_batch_size
 from fnnc.models.engine import Engine
 from fnnc.models.layer import BuildContext, Layer, ModelError, ModelIO
 from fnnc.models.model_files import FilesMixin
@@ -38,8 +44,8 @@ class Model(FilesMixin, ScaleMixin, Layer):
         is_trainable: bool | None = None,
     ):
         super().__init__(name=name, is_trainable=is_trainable)
-        self.inputs = [inputs] if isinstance(inputs, ModelIO) else list(inputs)
-        self.outputs = [outputs] if isinstance(outputs, ModelIO) else list(outputs)
+        self.inputs = _ios(inputs, "inputs", self.describe())
+        self.outputs = _ios(outputs, "outputs", self.describe())
         self._order = _topological(self.inputs, self.outputs, self.describe())
         self._engine: Engine | None = None
         self.gradient_checkpointing = False
@@ -160,10 +166,11 @@ class Model(FilesMixin, ScaleMixin, Layer):
         ``passes``: graph passes on the forward graph before ``backward`` (a list), or
         ``{"forward": [...], "training": [...]}`` to also rewrite the training graph
         after it (:mod:`fnnc.models.model_passes`)."""
+        arrays = _numeric(self, _arrays(inputs))  # before anything is built or kept
         if self._engine is None:
             self._engine = Engine(self, seed)
         self._scale_options(mesh, parameter_sharding, precision, loss_scale)
-        self._engine.compile(_arrays(inputs), loss=loss, minimizer=minimizer, passes=passes)
+        self._engine.compile(arrays, loss=loss, minimizer=minimizer, passes=passes)
         self._engine.place_parameters()
 
     def fit(self, inputs: Sequence[Any] | Any, targets: Sequence[Any] | Any = ()) -> Any:
@@ -257,6 +264,7 @@ class Model(FilesMixin, ScaleMixin, Layer):
         """
         from fnnc.models.training import predict
 
+        self.engine._check_inputs(_arrays(inputs))  # evaluate's check, before batching
         return predict(self, inputs, batch_size=batch_size)
 
     def autotune(
@@ -414,6 +422,7 @@ class Model(FilesMixin, ScaleMixin, Layer):
         """
         from fnnc.models.training import train
 
+        batch_size = check_batch_size(batch_size, "train")  # before resume restores anything
         return train(
             self, data, epochs=epochs, batch_size=batch_size, validation=validation,
             metrics=metrics, callbacks=callbacks, resume=resume, seed=seed,
@@ -427,7 +436,7 @@ class _Sequential(Model):
     first layer (NNC's sequential model), so it is wired again for a new count."""
 
     def __init__(self, layers: Sequence[Layer], *, name: str, is_trainable: bool | None):
-        self.layers = list(layers)
+        self.layers = _layers(layers, f"Sequential({name!r})" if name else "Sequential")
         super().__init__(*self._wire(1), name=name, is_trainable=is_trainable)
 
     def _wire(self, n: int) -> tuple[list[ModelIO], list[ModelIO]]:
@@ -450,9 +459,9 @@ class _Sequential(Model):
 
 
 def Sequential(
-    layers: Sequence[Layer], *, name: str = "", is_trainable: bool | None = None
+    layers: Sequence[Layer] | Layer, *, name: str = "", is_trainable: bool | None = None
 ) -> Model:
-    """A model applying ``layers`` one after another.
+    """A model applying ``layers`` (a list, or one layer) one after another.
 
     Every input of the model goes to the first layer (a ``Sequential`` that starts with
     :class:`~fnnc.models.Concat` takes as many inputs as it is given, as NNC's
@@ -471,6 +480,55 @@ def Sequential(
 def _arrays(value: Any) -> list[Any]:
     """A list of arrays from one array or a list/tuple of them."""
     return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _ios(value: Any, what: str, where: str) -> list[ModelIO]:
+    """A model's ``inputs`` or ``outputs`` (one ModelIO or a list) as a list of ModelIOs."""
+    single = isinstance(value, (ModelIO, str, bytes)) or not isinstance(value, Iterable)
+    items = [value] if single else list(value)
+    for i, io in enumerate(items):
+        if not isinstance(io, ModelIO):
+            raise ModelError(
+                f"model {where}: {what if single else f'{what}[{i}]'} is {io!r:.40} "
+                f"({type(io).__name__}); expected an Input() or a layer's output "
+                "(or a list of them): x = Input(); Model(x, Dense(3)(x))"
+            )
+    return items
+
+
+def _layers(value: Any, where: str) -> list[Layer]:
+    """:func:`Sequential`'s layers (one layer or a list) as a list of layers."""
+    single = isinstance(value, (Layer, str, bytes)) or not isinstance(value, Iterable)
+    items = [value] if single else list(value)
+    for i, layer in enumerate(items):
+        if not isinstance(layer, Layer):
+            raise ModelError(
+                f"{where}: {'the layer' if single else f'layer {i}'} is {layer!r:.40} "
+                f"({type(layer).__name__}); expected a layer such as Dense(3) "
+                "or ReLU(), or a list of them: Sequential([Dense(8), ReLU(), Dense(1)])"
+            )
+    return items
+
+
+_NUMERIC = (jnp.number, jnp.bool_, jax.dtypes.extended)  # extended: random keys
+
+
+def _numeric(model: Model, values: list[Any]) -> list[Any]:
+    """``values`` if each is a numeric array or spec; else a ModelError naming the input."""
+    for i, value in enumerate(values):
+        try:
+            dtype = value.dtype if hasattr(value, "shape") else np.asarray(value).dtype
+            ok = any(jax.dtypes.issubdtype(dtype, kind) for kind in _NUMERIC)
+        except (AttributeError, TypeError, ValueError):  # a ragged list, an odd object
+            dtype, ok = type(value).__name__, False
+        if not ok:
+            raise ModelError(
+                f"model {model.describe()}: compile: {checks.input_label(model, i)} is "
+                f"{value!r:.40} ({dtype}); expected a numeric array or a "
+                "jax.ShapeDtypeStruct (samples first) per model input; pass "
+                "np.asarray(x, np.float32)"
+            )
+    return values
 
 
 def _topological(inputs: list[ModelIO], outputs: list[ModelIO], where: str) -> list[ModelIO]:

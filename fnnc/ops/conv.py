@@ -51,6 +51,11 @@ def _check(name: str, x: Any, w: Any, bias: Any, groups: int, channels_in: str) 
     require_same_dtype(name, *specs)
     if w.ndim - 2 not in _DIMS:
         fail(f"{name}: weight {show(w)} must be [out, k..., in/groups] with 1 to 3 spatial axes")
+    if any(k < 1 for k in w.shape[1:-1]):
+        fail(
+            f"{name}: weight {show(w)} has a kernel of {list(w.shape[1:-1])}; every kernel "
+            "size must be at least 1 (a 0-size window sees nothing); make the kernel 1 or more"
+        )
     if x.ndim != w.ndim:
         fail(
             f"{name}: x {show(x)} must be [batch, spatial..., channels] with {w.ndim - 2} "

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from fnnc import ops
+from fnnc.core import command as command_module
 from fnnc.core.command import Spec
 from fnnc.graph import DynamicGraph, GraphBuilder, compile, interpret
 from fnnc.graph.passes.backward import backward
@@ -27,42 +28,48 @@ def _loglog_in_a_dynamic_graph(x):
     return dg.exec(ops.ewlog(), z)
 
 
-@ops.defcommand(family="custom", shape=lambda x: Spec(x.shape, x.dtype), name="test_nnc_loglog")
-def _loglog(x):
-    """log(log(x)), computed by a dynamic graph (custom.tests.c's forward)."""
-    return _loglog_in_a_dynamic_graph(x).value
+@pytest.fixture(scope="module")
+def loglog():
+    """NNC's custom command, registered for this module only (the registry is global)."""
+
+    @ops.defcommand(family="custom", shape=lambda x: Spec(x.shape, x.dtype), name="test_nnc_loglog")
+    def _loglog(x):
+        """log(log(x)), computed by a dynamic graph (custom.tests.c's forward)."""
+        return _loglog_in_a_dynamic_graph(x).value
+
+    @_loglog.backward
+    def _loglog_backward(grads, inputs, outputs):
+        (g,), (x,) = grads, inputs
+        dg = DynamicGraph()
+        xv = dg.variable(x)
+        z = dg.exec(ops.ewlog(), xv)
+        y = dg.exec(ops.ewlog(), z)
+        (dx,) = dg.backward(y, [xv], df=[dg.constant(g)])
+        return (dx.value,)
+
+    yield _loglog
+    command_module._REGISTRY.pop("test_nnc_loglog")
 
 
-@_loglog.backward
-def _loglog_backward(grads, inputs, outputs):
-    (g,), (x,) = grads, inputs
-    dg = DynamicGraph()
-    xv = dg.variable(x)
-    z = dg.exec(ops.ewlog(), xv)
-    y = dg.exec(ops.ewlog(), z)
-    (dx,) = dg.backward(y, [xv], df=[dg.constant(g)])
-    return (dx.value,)
-
-
-def _custom_graph():
+def _custom_graph(loglog):
     b = GraphBuilder()
     x = b.input((1,), np.float32, "x")
-    y = b.exec(_loglog(), x, name="custom")
+    y = b.exec(loglog(), x, name="custom")
     return b.build(outputs=[y])
 
 
 X = np.float32([10.0])
 
 
-def test_custom_forward_operation_with_dynamic_graph() -> None:
-    graph = _custom_graph()
+def test_custom_forward_operation_with_dynamic_graph(loglog) -> None:
+    graph = _custom_graph(loglog)
     want = np.log(np.log(10.0))
     for run in (compile(graph), lambda a: interpret(graph, a)):
         np.testing.assert_allclose(np.asarray(run(X)), [want], atol=1e-5)
 
 
-def test_custom_backward_operation_with_dynamic_graph() -> None:
-    graph = _custom_graph()
+def test_custom_backward_operation_with_dynamic_graph(loglog) -> None:
+    graph = _custom_graph(loglog)
     grad_graph, (dx,) = backward(graph, graph.outputs[0], [graph.inputs[0]])
     assert dx.id in grad_graph.outputs
     want = 1.0 / (np.log(10.0) * 10.0)

@@ -209,7 +209,7 @@ def _run_gradients(
 def _check_live(values: Sequence[Any], what: str) -> None:
     """A value a step updated in place (donated) read again: a clear error."""
     for x in values:
-        if isinstance(x, jax.Array) and x.is_deleted():
+        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_deleted():
             raise GraphError(
                 f"{what}: a value this computation reads was updated in place by an "
                 "earlier minimize/apply_gradients (its buffer now holds the new "

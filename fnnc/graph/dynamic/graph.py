@@ -95,11 +95,13 @@ class DynamicGraph:
     # -- variables -------------------------------------------------------------
     def variable(self, value: Any, name: str = "") -> Variable:
         """A trainable variable holding ``value`` (gradients can flow to it)."""
-        return self._handle(self._leaf(value, grad=True, name=name), name, trainable=True)
+        leaf = self._leaf(value, grad=True, name=name, where="variable")
+        return self._handle(leaf, name, trainable=True)
 
     def constant(self, value: Any, name: str = "") -> Variable:
         """A constant: a value that never gets a gradient."""
-        return self._handle(self._leaf(value, grad=False, name=name), name, trainable=False)
+        leaf = self._leaf(value, grad=False, name=name, where="constant")
+        return self._handle(leaf, name, trainable=False)
 
     def scalar(self, value: Any, dtype: Any) -> Variable:
         """A constant scalar of ``dtype`` (operators use it for Python numbers)."""
@@ -128,10 +130,20 @@ class DynamicGraph:
         slot = self._slot(of, "view")
         return Variable(self, slot, view, name)
 
-    def _leaf(self, value: Any, grad: bool, name: str = "") -> Version:
+    def _leaf(self, value: Any, grad: bool, name: str = "", where: str = "") -> Version:
+        """A new version holding ``value``; ``where`` (``"variable"``, ``"exec relu:
+        input 0"``) names it in the :class:`DTypeError` for a value that is no array."""
         if isinstance(value, Variable):
             value = self.value_of(value)
-        arr = value if isinstance(value, jax.Array) else jax.device_put(np.asarray(value))
+        try:
+            arr = value if isinstance(value, jax.Array) else jax.device_put(np.asarray(value))
+        except (TypeError, ValueError) as e:
+            label = f"{where} {name!r}" if name else where or "value"
+            raise DTypeError(
+                f"{label}: got {value!r:.40} ({type(value).__name__}), which is not an "
+                f"array of numbers ({e}); pass a number, a NumPy or JAX array, or a list "
+                "of numbers, e.g. np.asarray(x, np.float32)"
+            ) from None
         v = self._record.version(tuple(arr.shape), np.dtype(arr.dtype), arr, grad)
         v.name = name
         return v
@@ -235,10 +247,7 @@ class DynamicGraph:
                     self.freed_error(x, where)
                 raise GraphError(f"{where}: input {i} {x.label} belongs to another DynamicGraph")
             return slot.version, x._view
-        try:
-            return self._leaf(x, grad=False), None
-        except (TypeError, ValueError) as e:
-            raise DTypeError(f"{where}: input {i} is a {type(x).__name__}: {e}") from None
+        return self._leaf(x, grad=False, where=f"{where}: input {i}"), None
 
     def _slot(self, x: Any, where: str) -> Slot:
         if not isinstance(x, Variable):
