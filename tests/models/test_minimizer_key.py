@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fnnc.models import Dense, Input, Model, minimizers
 from fnnc.graph.dynamic.minimizer_key import split
+from fnnc.models import Dense, Input, Model, minimizers
 from fnnc.models.optim import Minimizers
 from tests.helpers import assert_close, rand
 
