@@ -281,16 +281,21 @@ class Model(FilesMixin, ScaleMixin, Layer):
         return autotune(self.engine, _arrays(inputs), targets, repeats=repeats, retune=retune)
 
     def backward(
-        self, ingrads: Sequence[Any] | None = None, *, outgrad: bool | Sequence[int] = True
+        self,
+        ingrads: Sequence[Any] | None = None,
+        outgrads: bool | Sequence[int] = True,
+        *,
+        outgrad: bool | Sequence[int] | None = None,
     ) -> list[Any]:
         """Backpropagates ``ingrads`` (the output gradients; ones for scalar outputs)
         from the residuals the last ``evaluate(..., requires_grad=True)`` kept, without
         running the forward again. Parameter gradients accumulate for
-        :meth:`apply_gradients`. Returns the gradients of the model inputs ``outgrad``
-        selects (NNC's ``outgrads``): every floating-point input (``True``), none
-        (``False``: parameter gradients only, and the program computes no more), or
-        the listed input positions. See :mod:`fnnc.models.residuals`."""
-        return self.engine.backward(ingrads, outgrad)
+        :meth:`apply_gradients`. Returns the gradients of the model inputs ``outgrads``
+        selects (NNC's ``ccv_cnnp_model_backward(..., outgrads)``): every floating-point
+        input (``True``), none (``False``: parameter gradients only, and the program
+        computes no more), or the listed input positions. ``outgrad=`` is the same
+        argument under its earlier name. See :mod:`fnnc.models.residuals`."""
+        return self.engine.backward(ingrads, outgrads if outgrad is None else outgrad)
 
     def apply_gradients(self) -> None:
         """Applies the accumulated parameter gradients with the minimizers, then clears them."""

@@ -310,7 +310,7 @@ class Kept:
 
 
 def outgrad_inputs(outgrad: bool | Sequence[int], specs: Sequence[Any]) -> list[int]:
-    """The model inputs whose gradients ``backward(..., outgrad=)`` returns: every
+    """The model inputs whose gradients ``backward(..., outgrads=)`` returns: every
     floating-point one (``True``), none (``False``), or those listed."""
     floats = [i for i, s in enumerate(specs) if jax.numpy.issubdtype(s.dtype, np.inexact)]
     if isinstance(outgrad, bool):
@@ -319,7 +319,7 @@ def outgrad_inputs(outgrad: bool | Sequence[int], specs: Sequence[Any]) -> list[
     bad = [i for i in chosen if i not in floats]
     if bad:
         raise ModelError(
-            f"backward: outgrad={list(outgrad)} names inputs {bad}, which have no gradient; "
+            f"backward: outgrads={list(outgrad)} names inputs {bad}, which have no gradient; "
             f"the model's floating-point inputs are {floats} (pass True for all of them)"
         )
     return chosen

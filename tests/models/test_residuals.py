@@ -84,7 +84,7 @@ def test_outgrad_naming_an_input_without_gradient_says_which_have_one():
     xs, ns = rand([3, 4]), np.zeros((3,), np.int32)
     model.compile([xs, ns], minimizer=optax.sgd(0.1))
     model.evaluate([xs, ns], requires_grad=True)
-    with pytest.raises(ModelError, match=r"outgrad=\[1\] names inputs \[1\].*inputs are \[0\]"):
+    with pytest.raises(ModelError, match=r"outgrads=\[1\] names inputs \[1\].*inputs are \[0\]"):
         model.backward([np.ones((3, 2), np.float32)], outgrad=[1])
 
 
