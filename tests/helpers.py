@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
 import sqlite3
@@ -108,6 +109,38 @@ def run_on_cpu_devices(script: str, devices: int = 4, timeout: int = 600) -> str
     assert done.returncode == 0, done.stderr[-4000:]
     assert "OK" in done.stdout, done.stdout[-2000:]
     return done.stdout
+
+
+class BackgroundDevices:
+    """A script of named checks run in a child process with ``devices`` virtual CPU
+    devices, started at once so it runs beside the tests that read its results; the
+    script prints ``RESULTS {name: "ok" | traceback}`` as JSON."""
+
+    def __init__(self, script: str, devices: int = 4) -> None:
+        flags = f"--xla_force_host_platform_device_count={devices}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", script],
+            env=subprocess_env(XLA_FLAGS=flags),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._results: dict[str, str] | None = None
+
+    def results(self) -> dict[str, str]:
+        """The checks' results, waiting for the script on first use."""
+        if self._results is None:
+            out, err = self.proc.communicate(timeout=600)
+            line = [ln for ln in out.splitlines() if ln.startswith("RESULTS ")]
+            assert line, f"device script failed (exit {self.proc.returncode}):\n{err[-4000:]}"
+            self._results = json.loads(line[-1][len("RESULTS ") :])
+        return self._results
+
+    def close(self) -> None:
+        """Stops the script if it still runs."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
 
 
 def fetch_rows(path: Any, query: str, params: Sequence[Any] = ()) -> list[tuple]:

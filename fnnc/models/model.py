@@ -487,32 +487,36 @@ def _arrays(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _ios(value: Any, what: str, where: str) -> list[ModelIO]:
-    """A model's ``inputs`` or ``outputs`` (one ModelIO or a list) as a list of ModelIOs."""
-    single = isinstance(value, (ModelIO, str, bytes)) or not isinstance(value, Iterable)
+def _listed(value: Any, kind: type, where: str, what: str, expected: str) -> list[Any]:
+    """``value``, one ``kind`` or an iterable of them, as a list; anything else in it
+    is a :class:`ModelError` naming ``what`` it is (``what[i]`` in a list) and
+    ``expected``."""
+    single = isinstance(value, (kind, str, bytes)) or not isinstance(value, Iterable)
     items = [value] if single else list(value)
-    for i, io in enumerate(items):
-        if not isinstance(io, ModelIO):
+    for i, item in enumerate(items):
+        if not isinstance(item, kind):
             raise ModelError(
-                f"model {where}: {what if single else f'{what}[{i}]'} is {io!r:.40} "
-                f"({type(io).__name__}); expected an Input() or a layer's output "
-                "(or a list of them): x = Input(); Model(x, Dense(3)(x))"
+                f"{where}: {what if single else f'{what}[{i}]'} is {item!r:.40} "
+                f"({type(item).__name__}); expected {expected}"
             )
     return items
+
+
+def _ios(value: Any, what: str, where: str) -> list[ModelIO]:
+    """A model's ``inputs`` or ``outputs`` (one ModelIO or a list) as a list of ModelIOs."""
+    expected = (
+        "an Input() or a layer's output (or a list of them): x = Input(); Model(x, Dense(3)(x))"
+    )
+    return _listed(value, ModelIO, f"model {where}", what, expected)
 
 
 def _layers(value: Any, where: str) -> list[Layer]:
     """:func:`Sequential`'s layers (one layer or a list) as a list of layers."""
-    single = isinstance(value, (Layer, str, bytes)) or not isinstance(value, Iterable)
-    items = [value] if single else list(value)
-    for i, layer in enumerate(items):
-        if not isinstance(layer, Layer):
-            raise ModelError(
-                f"{where}: {'the layer' if single else f'layer {i}'} is {layer!r:.40} "
-                f"({type(layer).__name__}); expected a layer such as Dense(3) "
-                "or ReLU(), or a list of them: Sequential([Dense(8), ReLU(), Dense(1)])"
-            )
-    return items
+    expected = (
+        "a layer such as Dense(3) or ReLU(), or a list of them: "
+        "Sequential([Dense(8), ReLU(), Dense(1)])"
+    )
+    return _listed(value, Layer, where, "layers", expected)
 
 
 _NUMERIC = (jnp.number, jnp.bool_, jax.dtypes.extended)  # extended: random keys

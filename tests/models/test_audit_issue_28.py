@@ -30,10 +30,7 @@ Promises checked:
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -69,7 +66,7 @@ from fnnc.models import (
     stacked_ids,
     unstack_parameters,
 )
-from tests.helpers import subprocess_env
+from tests.helpers import BackgroundDevices
 
 RNG = np.random.default_rng(28)
 X = RNG.normal(size=(4, 8)).astype(np.float32)
@@ -355,38 +352,10 @@ DEVICE_SCRIPT = textwrap.dedent(
 )
 
 
-class _Devices:
-    """The device script, started once; its results read on first use."""
-
-    def __init__(self) -> None:
-        env = subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", DEVICE_SCRIPT],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self._results: dict[str, str] | None = None
-
-    def results(self) -> dict[str, str]:
-        if self._results is None:
-            out, err = self.proc.communicate(timeout=600)
-            line = [ln for ln in out.splitlines() if ln.startswith("RESULTS ")]
-            assert line, f"device script failed (exit {self.proc.returncode}):\n{err[-4000:]}"
-            self._results = json.loads(line[-1][len("RESULTS ") :])
-        return self._results
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.communicate()
-
-
 @pytest.fixture(scope="module", autouse=True)
 def devices():
     """Starts the 4-device script before the first test, so it runs beside the others."""
-    d = _Devices()
+    d = BackgroundDevices(DEVICE_SCRIPT)
     yield d
     d.close()
 
