@@ -21,7 +21,6 @@ in WAL mode still reads, since SQLite's read-only WAL readers open the ``-wal`` 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
 import urllib.parse
@@ -200,8 +199,12 @@ class Handle:
         # garbage collector (which Python 3.13 reports as a ResourceWarning).
         conn = getattr(self, "conn", None)
         if conn is not None:
-            with contextlib.suppress(Exception):  # a finaliser must not raise
+            # a finaliser must not raise; try/except, not contextlib.suppress: at
+            # interpreter exit module globals such as contextlib may already be gone
+            try:  # noqa: SIM105
                 conn.close()
+            except Exception:
+                pass
 
     def _adopt(self, conn: sqlite3.Connection, *, writing: bool) -> None:
         try:
