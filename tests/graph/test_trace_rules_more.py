@@ -70,8 +70,7 @@ MORE_RULE_CASES = {
 def test_rev_and_stack_rules_map_and_preserve_values(name):
     f, *args = MORE_RULE_CASES[name]
     prims = {e.primitive.name for e in jax.make_jaxpr(f)(*args).jaxpr.eqns}
-    if name not in prims:
-        pytest.skip(f"this JAX spells {name} another way")
+    assert name in prims  # jax 0.10 and 0.11 both have the primitive the rule maps
     commands_only(f, *args)
     grad_matches(f, *args)
 

@@ -19,8 +19,9 @@ graph and runs the program compiled for the first step.
 
 from __future__ import annotations
 
+import collections
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -198,10 +199,14 @@ def _run_gradients(
             _check_live(values, what)
             donate: tuple[int, ...] = ()
             if optimizer is not None:  # the step's parameters and state: updated in place
-                owned = [a if isinstance(a, Version) else None for a in args[: len(roots)]]
+                wrt = {v.id for v, view in w_reads if view is None}
+                owned = {
+                    i: a
+                    for i, a in enumerate(args[: len(roots)])
+                    if isinstance(a, Version) and a.id in wrt
+                }
                 state = range(len(args) - len(hyper) - n_state, len(args) - len(hyper))
-                donate = _donated(owned, {v.id for v, view in w_reads if view is None}, values)
-                donate += _donated([None] * len(values), set(), values, state)
+                donate = _donated(values, owned, state)
             out = compile(graph, donate=donate)(*values)
     return list(out) if isinstance(out, tuple) else [out], slots
 
@@ -219,20 +224,14 @@ def _check_live(values: Sequence[Any], what: str) -> None:
 
 
 def _donated(
-    versions: Sequence[Any], params: set[int], values: Sequence[Any], extra: Sequence[int] = ()
+    values: Sequence[Any], owned: dict[int, Version], extra: Iterable[int]
 ) -> tuple[int, ...]:
     """Positions of a step's inputs it may reuse for its outputs: each parameter's
-    current version (``params``: their ids) that only its variable holds, and the
+    version in ``owned`` (position -> version) that only its variable holds, and the
     ``extra`` positions (optimizer state, which only the graph keeps); never a buffer
     passed twice."""
-    uses: dict[int, int] = {}
-    for x in values:
-        uses[id(x)] = uses.get(id(x), 0) + 1
-    picked = [
-        i
-        for i, v in enumerate(versions)
-        if v is not None and v.id in params and v.pins == 1 and uses[id(values[i])] == 1
-    ]
+    uses = collections.Counter(id(x) for x in values)
+    picked = [i for i, v in owned.items() if v.pins == 1 and uses[id(values[i])] == 1]
     picked += [i for i in extra if uses[id(values[i])] == 1]
     return tuple(picked)
 
@@ -292,11 +291,15 @@ def _update_program(optimizer: Any, specs: tuple[Any, ...], donate: tuple[int, .
 
 
 def _store(
-    dg: DynamicGraph, optimizer: Any, ws: list[Variable], slots: list[Slot], out: Any
+    dg: DynamicGraph,
+    optimizer: Any,
+    ws: list[Variable],
+    slots: list[Slot],
+    out: Any,
+    n_hyper: int,
 ) -> None:
     out = list(out) if isinstance(out, tuple) else [out]
-    n_hyper = len(optim.stepper(optimizer)[1])  # passed through, never kept
-    state = out[len(ws) : len(out) - n_hyper]
+    state = out[len(ws) : len(out) - n_hyper]  # the hyper-parameters: passed through
     optim.store(dg, optimizer, slots, out[: len(ws)], state)
     for w, value in zip(ws, out[: len(ws)]):
         dg.set(w, value)
@@ -324,20 +327,18 @@ def apply_gradients(dg: DynamicGraph, optimizer: Any, variables: Any) -> None:
     step, hyper = optim.stepper(optimizer)
     values = [*params, *grads, *state, *hyper]
     # the parameters (each only its variable holds) and the state are updated in place
-    held = [w._slot.version if w._view is None else None for w in ws]
-    at = 2 * len(ws)
-    donate = _donated(held, {v.id for v in held if v is not None}, values)
-    donate += _donated([None] * len(values), set(), values, range(at, at + len(state)))
+    owned = {i: w._slot.version for i, w in enumerate(ws) if w._view is None}
+    donate = _donated(values, owned, range(2 * len(ws), 2 * len(ws) + len(state)))
     program, fresh = PROGRAMS.get(
         ("apply", optim.keys(optimizer, specs)[0], specs, donate),
         lambda: _update_program(step, specs, donate),
     )
     dg.num_compiled += fresh
-    _store(dg, optimizer, ws, slots, program(*values))
+    _store(dg, optimizer, ws, slots, program(*values), len(hyper))
 
 
 def minimize(dg: DynamicGraph, optimizer: Any, f: Any, variables: Any) -> None:
     """:meth:`DynamicGraph.minimize`: the gradient program with the update appended."""
     ws, slots = _params(dg, variables, "minimize")
     out, _ = _run_gradients(dg, _listed(f), ws, None, "minimize", optimizer)
-    _store(dg, optimizer, ws, slots, tuple(out))
+    _store(dg, optimizer, ws, slots, tuple(out), len(optim.stepper(optimizer)[1]))
