@@ -36,6 +36,12 @@ class CommandError(FnncError, ValueError):
     """A command was given bad hyper-parameters or the wrong number of inputs."""
 
 
+class RuleError(CommandError, TypeError):
+    """A command's shape rule could not take its hyper-parameters (a right kind holding
+    wrong contents, e.g. ``reduce_sum(axes=("a",))``): raised instead of the rule's raw
+    ``TypeError``/``IndexError``, naming the command, its parameters and the inputs."""
+
+
 class GraphError(FnncError, ValueError):
     """A graph breaks a structural rule (SSA, def-before-use, unknown symbol)."""
 

@@ -42,7 +42,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from fnnc.errors import CommandError, UnknownCommandError
+from fnnc.errors import CommandError, FnncError, RuleError, UnknownCommandError
 
 Spec = jax.ShapeDtypeStruct
 Array = jax.Array
@@ -391,8 +391,25 @@ def output_specs(cmd: Command, specs: Sequence[Spec]) -> tuple[Spec, ...]:
     """Runs the shape rule of ``cmd``; always returns a tuple."""
     opdef = cmd.definition
     opdef.check_arity(len(specs))
-    out = opdef.shape(*specs, **cmd.kwargs)
+    try:
+        out = opdef.shape(*specs, **cmd.kwargs)
+    except FnncError:
+        raise
+    except (TypeError, ValueError, IndexError, KeyError, AttributeError, ZeroDivisionError) as e:
+        # the rule choked on its parameters: a user's mistake, so a named error, not a trace
+        shown = ", ".join(_spec_text(s) for s in specs) or "none"
+        raise RuleError(
+            f"{cmd}: the shape rule of {cmd.name} cannot take the parameters "
+            f"{cmd.kwargs!r:.200} with inputs {shown} ({type(e).__name__}: {e}); "
+            f"give parameters that fit {cmd.name}{inspect.signature(opdef.forward)}"
+        ) from e
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _spec_text(spec: Any) -> str:
+    shape = getattr(spec, "shape", None)
+    dtype = getattr(spec, "dtype", None)
+    return f"{dtype}{list(shape)}" if shape is not None else repr(spec)
 
 
 class _Factory:

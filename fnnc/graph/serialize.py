@@ -44,7 +44,7 @@ from fnnc.core.command import (
     param_fits,
 )
 from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol
-from fnnc.errors import CheckpointError, FnncError, GraphFormatError
+from fnnc.errors import CheckpointError, FnncError, GraphFormatError, RuleError
 from fnnc.graph.verify import verify
 from fnnc.io import documents, tree
 from fnnc.ops import Literal
@@ -347,28 +347,41 @@ def from_data(data: Any) -> Graph:
         raise GraphFormatError(f"load: malformed graph data ({type(e).__name__}: {e})") from e
     try:
         return verify(graph)
-    except FnncError:
+    except GraphFormatError:
         raise
+    except FnncError:
+        failure = _rule_failure(graph)
+        if failure is None:
+            raise
+        raise GraphFormatError(failure) from None
     except Exception as e:  # a shape rule choking on a hand-edited parameter
-        raise GraphFormatError(_rule_failure(graph, e)) from None
+        raise GraphFormatError(
+            _rule_failure(graph) or f"load: the graph does not verify ({type(e).__name__}: {e})"
+        ) from None
 
 
-def _rule_failure(graph: Graph, error: Exception) -> str:
-    """The message for a raw ``error`` out of ``verify``: the first node whose shape
-    rule raises one (earlier nodes passed verify, so their inputs are in range)."""
+def _rule_failure(graph: Graph) -> str | None:
+    """The message for a file whose parameters a shape rule cannot take: the first
+    node whose rule raises :class:`RuleError` or a raw error, else ``None`` (verify's
+    own error, a real shape mismatch, stands)."""
     for i, node in enumerate(graph.nodes):
         try:
             output_specs(node.cmd, [graph.symbols[s].spec for s in node.inputs])
+        except RuleError as e:
+            cause = e.__cause__ or e
         except FnncError:
-            break  # verify would have named it; the raw error came from elsewhere
+            return None
         except Exception as e:
-            return (
-                f"load: node {i} ({node.name or node.cmd.name}): {node.cmd.name} cannot "
-                f"take the file's parameters {node.cmd.kwargs!r:.200} ({type(e).__name__}: "
-                f"{e}); fix them to fit {node.cmd.name}"
-                f"{inspect.signature(node.cmd.definition.forward)} or save the graph again"
-            )
-    return f"load: the graph does not verify ({type(error).__name__}: {error})"
+            cause = e
+        else:
+            continue
+        return (
+            f"load: node {i} ({node.name or node.cmd.name}): {node.cmd.name} cannot "
+            f"take the file's parameters {node.cmd.kwargs!r:.200} ({type(cause).__name__}: "
+            f"{cause}); fix them to fit {node.cmd.name}"
+            f"{inspect.signature(node.cmd.definition.forward)} or save the graph again"
+        )
+    return None
 
 
 def _enc_tree(graph: Graph) -> Any:
