@@ -162,7 +162,9 @@ class ShardedCheckpoints:
                 out: each process writes its shards), or a compiled cnnp model
                 (anything with ``sharded_checkpoint_state(metadata, step)``, which
                 :class:`fnnc.models.Model` implements): its parameters, optimizer
-                state and training progress, everything :meth:`restore_into` needs.
+                state and training progress, everything :meth:`restore_into` needs;
+                or any object with ``parameters() -> dict[str, array]``, saved as
+                that dict (restored as one, keyed by parameter id).
             optimizer_state: e.g. an Optax state (not with a model: it saves its own).
             metadata: anything JSON can hold.
         """
@@ -177,6 +179,8 @@ class ShardedCheckpoints:
             state, optimizer_state, info = state.sharded_checkpoint_state(metadata, step)
             source = "model"
         else:
+            if callable(getattr(state, "parameters", None)):  # as Checkpoints: by parameter id
+                state, source = dict(state.parameters()), "parameters"
             info = {"metadata": metadata}
         manifest = {"format": FORMAT, "version": VERSION, "source": source, **info}
         if not jax.tree.leaves(state):

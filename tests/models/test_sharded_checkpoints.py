@@ -315,6 +315,24 @@ def test_keep_last_and_pytrees(tmp_path):
     assert type(got.optimizer_state[0]) is type(like[0])
 
 
+def test_object_with_parameters_saves_by_parameter_id(tmp_path):
+    """An object with only ``parameters()`` is saved as that dict, as Checkpoints does."""
+
+    class Weights:
+        def parameters(self):
+            return {
+                "t-fc-0-0": np.arange(6, dtype=np.float32).reshape(2, 3),
+                "t-fc-0-1": np.ones(3),
+            }
+
+    with ShardedCheckpoints(tmp_path / "p") as ckpt:
+        ckpt.save(3, Weights())
+        got = ckpt.restore()
+        assert ckpt.manifest()["source"] == "parameters"
+    assert sorted(got.state) == ["t-fc-0-0", "t-fc-0-1"]
+    np.testing.assert_array_equal(got.state["t-fc-0-0"], Weights().parameters()["t-fc-0-0"])
+
+
 # A failed Orbax read leaves TensorStore reads in flight whose callbacks find asyncio's
 # loop closed ("Event loop is closed", printed as ignored): Orbax's noise after the
 # CheckpointError, drained inside this test so that it does not land in the next one.
