@@ -34,16 +34,9 @@ import jax
 import jax.export
 import numpy as np
 
-from fnnc.core.command import (
-    Command,
-    OpDef,
-    Spec,
-    expected_kind,
-    lookup,
-    output_specs,
-    param_fits,
-)
+from fnnc.core.command import Command, OpDef, Spec, lookup, output_specs
 from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol
+from fnnc.core.params import expected_kind, param_fits
 from fnnc.errors import CheckpointError, FnncError, GraphFormatError, RuleError
 from fnnc.graph.verify import verify
 from fnnc.io import documents, tree
