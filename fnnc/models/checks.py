@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fnnc.errors import ModelError
@@ -252,3 +253,24 @@ def batch_note(inputs: Sequence[Any], targets_: Sequence[Any]) -> str:
             if found is not None:
                 notes.append(f"{kind} {i} of this batch holds {found}")
     return " The data is the cause: " + "; ".join(notes) + "." if notes else ""
+
+
+_NUMERIC = (jnp.number, jnp.bool_, jax.dtypes.extended)  # extended: random keys
+
+
+def numeric_inputs(model: Any, values: list[Any]) -> list[Any]:
+    """``values`` if each is a numeric array or spec; else a ModelError naming the input."""
+    for i, value in enumerate(values):
+        try:
+            dtype = value.dtype if hasattr(value, "shape") else np.asarray(value).dtype
+            ok = any(jax.dtypes.issubdtype(dtype, kind) for kind in _NUMERIC)
+        except (AttributeError, TypeError, ValueError):  # a ragged list, an odd object
+            dtype, ok = type(value).__name__, False
+        if not ok:
+            raise ModelError(
+                f"model {model.describe()}: compile: {input_label(model, i)} is "
+                f"{value!r:.40} ({dtype}); expected a numeric array or a "
+                "jax.ShapeDtypeStruct (samples first) per model input; pass "
+                "np.asarray(x, np.float32)"
+            )
+    return values

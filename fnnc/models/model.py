@@ -11,12 +11,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
-
-import jax
-import jax.numpy as jnp
-import numpy as np
 
 from fnnc.core.ir import Symbol
 from fnnc.models import checks
@@ -25,6 +21,7 @@ from fnnc.models.engine import Engine
 from fnnc.models.layer import BuildContext, Layer, ModelError, ModelIO
 from fnnc.models.model_files import FilesMixin
 from fnnc.models.scale import ScaleMixin
+from fnnc.models.wiring import ios, layers_of, topological
 
 
 class Model(FilesMixin, ScaleMixin, Layer):
@@ -44,9 +41,9 @@ class Model(FilesMixin, ScaleMixin, Layer):
         is_trainable: bool | None = None,
     ):
         super().__init__(name=name, is_trainable=is_trainable)
-        self.inputs = _ios(inputs, "inputs", self.describe())
-        self.outputs = _ios(outputs, "outputs", self.describe())
-        self._order = _topological(self.inputs, self.outputs, self.describe())
+        self.inputs = ios(inputs, "inputs", self.describe())
+        self.outputs = ios(outputs, "outputs", self.describe())
+        self._order = topological(self.inputs, self.outputs, self.describe())
         self._engine: Engine | None = None
         self.gradient_checkpointing = False
         self.memory_compression = False
@@ -166,7 +163,7 @@ class Model(FilesMixin, ScaleMixin, Layer):
         ``passes``: graph passes on the forward graph before ``backward`` (a list), or
         ``{"forward": [...], "training": [...]}`` to also rewrite the training graph
         after it (:mod:`fnnc.models.model_passes`)."""
-        arrays = _numeric(self, _arrays(inputs))  # before anything is built or kept
+        arrays = checks.numeric_inputs(self, _arrays(inputs))  # before anything is built or kept
         if self._engine is None:
             self._engine = Engine(self, seed)
         self._scale_options(mesh, parameter_sharding, precision, loss_scale)
@@ -441,7 +438,7 @@ class _Sequential(Model):
     first layer (NNC's sequential model), so it is wired again for a new count."""
 
     def __init__(self, layers: Sequence[Layer], *, name: str, is_trainable: bool | None):
-        self.layers = _layers(layers, f"Sequential({name!r})" if name else "Sequential")
+        self.layers = layers_of(layers, f"Sequential({name!r})" if name else "Sequential")
         super().__init__(*self._wire(1), name=name, is_trainable=is_trainable)
 
     def _wire(self, n: int) -> tuple[list[ModelIO], list[ModelIO]]:
@@ -459,7 +456,7 @@ class _Sequential(Model):
     def build(self, ctx: BuildContext, *xs: Symbol, nested: bool = True) -> Any:
         if xs and len(xs) != len(self.inputs) and self.layers:
             self.inputs, self.outputs = self._wire(len(xs))
-            self._order = _topological(self.inputs, self.outputs, self.describe())
+            self._order = topological(self.inputs, self.outputs, self.describe())
         return super().build(ctx, *xs, nested=nested)
 
 
@@ -485,80 +482,3 @@ def Sequential(
 def _arrays(value: Any) -> list[Any]:
     """A list of arrays from one array or a list/tuple of them."""
     return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def _listed(value: Any, kind: type, where: str, what: str, expected: str) -> list[Any]:
-    """``value``, one ``kind`` or an iterable of them, as a list; anything else in it
-    is a :class:`ModelError` naming ``what`` it is (``what[i]`` in a list) and
-    ``expected``."""
-    single = isinstance(value, (kind, str, bytes)) or not isinstance(value, Iterable)
-    items = [value] if single else list(value)
-    for i, item in enumerate(items):
-        if not isinstance(item, kind):
-            raise ModelError(
-                f"{where}: {what if single else f'{what}[{i}]'} is {item!r:.40} "
-                f"({type(item).__name__}); expected {expected}"
-            )
-    return items
-
-
-def _ios(value: Any, what: str, where: str) -> list[ModelIO]:
-    """A model's ``inputs`` or ``outputs`` (one ModelIO or a list) as a list of ModelIOs."""
-    expected = (
-        "an Input() or a layer's output (or a list of them): x = Input(); Model(x, Dense(3)(x))"
-    )
-    return _listed(value, ModelIO, f"model {where}", what, expected)
-
-
-def _layers(value: Any, where: str) -> list[Layer]:
-    """:func:`Sequential`'s layers (one layer or a list) as a list of layers."""
-    expected = (
-        "a layer such as Dense(3) or ReLU(), or a list of them: "
-        "Sequential([Dense(8), ReLU(), Dense(1)])"
-    )
-    return _listed(value, Layer, where, "layers", expected)
-
-
-_NUMERIC = (jnp.number, jnp.bool_, jax.dtypes.extended)  # extended: random keys
-
-
-def _numeric(model: Model, values: list[Any]) -> list[Any]:
-    """``values`` if each is a numeric array or spec; else a ModelError naming the input."""
-    for i, value in enumerate(values):
-        try:
-            dtype = value.dtype if hasattr(value, "shape") else np.asarray(value).dtype
-            ok = any(jax.dtypes.issubdtype(dtype, kind) for kind in _NUMERIC)
-        except (AttributeError, TypeError, ValueError):  # a ragged list, an odd object
-            dtype, ok = type(value).__name__, False
-        if not ok:
-            raise ModelError(
-                f"model {model.describe()}: compile: {checks.input_label(model, i)} is "
-                f"{value!r:.40} ({dtype}); expected a numeric array or a "
-                "jax.ShapeDtypeStruct (samples first) per model input; pass "
-                "np.asarray(x, np.float32)"
-            )
-    return values
-
-
-def _topological(inputs: list[ModelIO], outputs: list[ModelIO], where: str) -> list[ModelIO]:
-    """Every non-input ModelIO reachable from ``outputs``, dependencies first."""
-    known = {id(i) for i in inputs}
-    order: list[ModelIO] = []
-    seen: set[int] = set()
-    stack: list[tuple[ModelIO, bool]] = [(o, False) for o in reversed(outputs)]
-    while stack:
-        io, expanded = stack.pop()
-        if id(io) in known or (id(io) in seen and not expanded):
-            continue
-        if io.layer is None:
-            raise ModelError(
-                f"model {where}: an output depends on an Input() that is not among "
-                "the model's inputs"
-            )
-        if expanded:
-            order.append(io)
-            continue
-        seen.add(id(io))
-        stack.append((io, True))
-        stack.extend((a, False) for a in reversed(io.args) if id(a) not in seen)
-    return order
