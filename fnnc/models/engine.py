@@ -59,6 +59,7 @@ from fnnc.models.programs import (
     ModelGraph,
     fit_program,
 )
+from fnnc.ops.optimizer import keys_as_bits
 
 Spec = jax.ShapeDtypeStruct
 AnyProgram = ForwardProgram | GradientProgram | ApplyProgram | FitProgram
@@ -189,6 +190,7 @@ class Engine(StepsMixin):
                 f"fnnc.models.minimizers.sgd(0.1)) or optax.MultiSteps, got "
                 f"{type(minimizer).__name__}"
             )
+        minimizer = keys_as_bits(minimizer)  # a PRNG key in the state rides as its bits
         self._sync_live()
         if params is None:
             self.default_minimizer = minimizer

@@ -83,14 +83,13 @@ def optax_update_command(optimizer: Any, param_specs: list[Spec]) -> Command:
         for path, x in jax.tree_util.tree_flatten_with_path(state)[0]
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
     ]
-    if keys:
-        # a typed key leaf would need its bits carried through every program, store
-        # and checkpoint and rewrapped around update: not built yet, so say so
+    if keys:  # the callers pass keys_as_bits(optimizer); one whose init the probe
+        # could not run keeps its typed key here, which no program, store or file carries
         raise CommandError(
             f"minimize: this Optax transformation keeps a PRNG key in its state (at "
-            f"{', '.join(keys)}; e.g. optax.noisy_sgd, optax.add_noise), which fnnc's "
-            "compiled training steps do not carry yet; add the noise in the loss or use "
-            "a transformation whose state holds arrays only"
+            f"{', '.join(keys)}), and fnnc could not probe its init to keep the key's "
+            "bits instead; pass fnnc.ops.optimizer.keys_as_bits(transformation), or add "
+            "the noise in the loss"
         )
     return make_command(
         "optax_update",
@@ -101,6 +100,86 @@ def optax_update_command(optimizer: Any, param_specs: list[Spec]) -> Command:
             "n_params": len(param_specs),
         },
     )
+
+
+def _is_key(x: Any) -> bool:
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _has_keys(transform: Any) -> bool:
+    """Whether ``transform``'s state holds a typed PRNG key, probed on a list and on a
+    dict of one parameter (a transformation that takes neither is not wrapped)."""
+    spec = jax.ShapeDtypeStruct((2,), np.float32)
+    for probe in ([spec], {"p": spec}):
+        try:
+            state = jax.eval_shape(transform.init, probe)
+        except Exception:  # an init that needs more than the probe: judged later
+            continue
+        return any(_is_key(x) for x in jax.tree.leaves(state))
+    return False
+
+
+def keys_as_bits(transform: Any) -> Any:
+    """``transform`` with every typed PRNG key in its state kept as its key data.
+
+    ``optax.noisy_sgd`` and ``optax.add_noise`` keep a ``jax.random.key`` in their
+    state. fnnc's programs, stores and checkpoints carry arrays of numbers, so the
+    returned transformation keeps the key's bits (``jax.random.key_data``, uint32)
+    in its state and wraps them back (``wrap_key_data`` with the key's own
+    implementation) around the inner update: the noise is the same, step by step, as
+    the plain Optax loop's. A transformation whose state holds no key comes back as
+    it is.
+
+    >>> import optax, numpy as np
+    >>> tx = keys_as_bits(optax.noisy_sgd(0.1, key=0))
+    >>> state = tx.init([np.zeros(3, np.float32)])
+    >>> [str(x.dtype) for x in jax.tree.leaves(state)]
+    ['int32', 'uint32']
+    """
+    if not isinstance(transform, optax.GradientTransformation):
+        return transform
+    held = _WRAPPED.get(id(transform))
+    if held is not None and held[0] is transform:
+        return held[1]
+    wrapped = _wrap(transform) if _has_keys(transform) else transform
+    if len(_WRAPPED) >= 256:
+        _WRAPPED.clear()
+    _WRAPPED[id(transform)] = (transform, wrapped)  # one wrapper per object: programs
+    return wrapped  # and states keyed by the object see the same one at every step
+
+
+_WRAPPED: dict[int, tuple[Any, Any]] = {}
+
+
+def _wrap(transform: optax.GradientTransformation) -> optax.GradientTransformation:
+
+    def impls(params: Any) -> list[Any]:  # per state leaf: the key's implementation
+        found: list[Any] = []
+
+        def probe(p: Any) -> int:
+            leaves = jax.tree.leaves(transform.init(p))
+            found.extend(jax.random.key_impl(x) if _is_key(x) else None for x in leaves)
+            return 0
+
+        jax.eval_shape(probe, params)
+        return found
+
+    def init(params: Any) -> Any:
+        return jax.tree.map(
+            lambda x: jax.random.key_data(x) if _is_key(x) else x, transform.init(params)
+        )
+
+    def update(updates: Any, state: Any, params: Any = None, **extra: Any) -> Any:
+        leaves, tree = jax.tree.flatten(state)
+        kinds = impls(updates)
+        keyed = [
+            x if i is None else jax.random.wrap_key_data(x, impl=i) for x, i in zip(leaves, kinds)
+        ]
+        new, inner = transform.update(updates, tree.unflatten(keyed), params, **extra)
+        return new, jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, inner)
+
+    return optax.GradientTransformation(init, update)
 
 
 def state_structure(transform: Any, param: Any) -> str:

@@ -7,7 +7,7 @@ Promises checked, each against an independent oracle (plain Optax on the paramet
   dict: the issue's own example (global-norm clip + SGD on a classifier), the must-hold
   ``chain(clip_by_global_norm, adamw(schedule))`` through ``Model.train`` and across a
   resume, tree-wide transformations (callable masks and labels, ``masked``,
-  ``apply_if_finite``, ``noisy_sgd``), one ``set_minimizer`` object = one partition;
+  ``apply_if_finite``, ``noisy_sgd`` with its PRNG key), one ``set_minimizer`` object = one partition;
 - items 2-3: ``Model.from_flax`` of NNX modules holding ``nnx.Rngs`` (Dropout and a direct
   ``rngs.noise()`` stream) and ``nnx.BatchNorm``: keys are not parameters, the model writes,
   reads and checkpoints; running statistics follow Flax's momentum update, untouched by
@@ -162,23 +162,33 @@ def test_tree_wide_optax_transformations_equal_optax_on_the_dict(name):
     [
         pytest.param(lambda: optax.noisy_sgd(0.1, eta=0.01, key=jax.random.key(3)), id="key"),
         pytest.param(lambda: optax.noisy_sgd(0.1, eta=0.01, key=3), id="int key made a key"),
+        pytest.param(
+            lambda: optax.chain(optax.add_noise(0.05, 0.55, key=7), optax.adam(0.1)), id="chain"
+        ),
     ],
 )
-def test_noisy_sgd_whose_state_holds_a_prng_key_is_refused_clearly(make):
-    """optax.noisy_sgd keeps a typed PRNG key in its state, which compiled steps do not
-    carry yet (a known limit): a clear error naming the key, not a raw TypeError."""
+def test_noisy_sgd_whose_state_holds_a_prng_key_equals_optax(make):
+    """optax.noisy_sgd keeps a typed PRNG key in its state: the model carries its bits,
+    so four fits add the same noise as plain Optax on the dict."""
     model = _classifier(make())
-    with pytest.raises(FnncError, match=r"PRNG key in its state \(at .*rng_key"):
+    p0 = _params(model)
+    for _ in range(4):
         model.fit(X, LABELS)
+    assert_close(model.parameters(), _optax_steps(make(), p0, 4), rtol=1e-5, atol=1e-6)
 
 
-def test_dynamic_graph_apply_gradients_refuses_noisy_sgd_clearly():
-    """The same limit through DynamicGraph.apply_gradients: a clear error."""
+def test_dynamic_graph_apply_gradients_with_noisy_sgd_equals_optax():
+    """The same through DynamicGraph.apply_gradients, state carried across steps."""
     dg = DynamicGraph()
     a = dg.variable(np.array([3.0, 4.0], F32), name="a")
-    dg.backward((a * a).sum(), [a])
-    with pytest.raises(FnncError, match="PRNG key in its state"):
-        dg.apply_gradients(optax.noisy_sgd(0.1, eta=0.0, key=0), [a])
+    tx = optax.noisy_sgd(0.1, eta=0.5, key=0)
+    want, state = jnp.array([3.0, 4.0]), tx.init([jnp.array([3.0, 4.0])])
+    for _ in range(3):
+        dg.backward((a * a).sum(), [a])
+        dg.apply_gradients(tx, [a])
+        updates, state = tx.update([2 * want], state, [want])
+        want = optax.apply_updates([want], updates)[0]
+    assert_close(a.numpy(), want, rtol=1e-6, atol=1e-6)
 
 
 def test_one_minimizer_object_set_on_two_id_lists_is_one_partition():

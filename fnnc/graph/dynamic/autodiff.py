@@ -32,7 +32,7 @@ from fnnc.errors import GraphError, ShapeError
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.compile import compile
 from fnnc.graph.passes.backward import backward as backward_pass
-from fnnc.ops.optimizer import optax_update_command
+from fnnc.ops.optimizer import keys_as_bits, optax_update_command
 
 from . import higher, lazy, optim
 from .extract import PROGRAMS, extract
@@ -311,6 +311,7 @@ def apply_gradients(dg: DynamicGraph, optimizer: Any, variables: Any) -> None:
     specs), on the variables' values, gradients and optimizer state."""
     if dg.lazy:
         dg.flush()
+    optimizer = keys_as_bits(optimizer)  # a PRNG key in the state rides as its bits
     ws, slots = _params(dg, variables, "apply_gradients")
     grads = []
     for w in ws:
@@ -339,6 +340,7 @@ def apply_gradients(dg: DynamicGraph, optimizer: Any, variables: Any) -> None:
 
 def minimize(dg: DynamicGraph, optimizer: Any, f: Any, variables: Any) -> None:
     """:meth:`DynamicGraph.minimize`: the gradient program with the update appended."""
+    optimizer = keys_as_bits(optimizer)
     ws, slots = _params(dg, variables, "minimize")
     out, _ = _run_gradients(dg, _listed(f), ws, None, "minimize", optimizer)
     _store(dg, optimizer, ws, slots, tuple(out), len(optim.stepper(optimizer)[1]))

@@ -57,7 +57,7 @@ from fnnc.errors import GraphError
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.passes.backward import backward
 from fnnc.graph.passes.minimize import TrainLayout, loss_and_params
-from fnnc.ops.optimizer import optax_update_command
+from fnnc.ops.optimizer import keys_as_bits, optax_update_command
 
 
 class ScaleState(NamedTuple):
@@ -160,6 +160,7 @@ def minimize_scaled(
         ``scaling.init()`` gives the first scale state.
     """
     loss_id, param_ids = loss_and_params(graph, loss, params, "minimize_scaled")
+    optimizer = keys_as_bits(optimizer)  # a PRNG key in the state rides as its bits
     b = GraphBuilder.from_graph(graph)
     param_syms = [graph.symbols[p] for p in param_ids]
     cmd = optax_update_command(scaling.transform(optimizer), [s.spec for s in param_syms])

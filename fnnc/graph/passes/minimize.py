@@ -31,7 +31,7 @@ from fnnc.core.ir import Graph
 from fnnc.errors import GraphError
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.passes.backward import _ids, backward
-from fnnc.ops.optimizer import optax_update_command
+from fnnc.ops.optimizer import keys_as_bits, optax_update_command
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +108,7 @@ def minimize(
     (1.0, 4.0)
     """
     loss_id, param_ids = loss_and_params(graph, loss, params, "minimize")
+    optimizer = keys_as_bits(optimizer)  # a PRNG key in the state rides as its bits
     grad_graph, grads = backward(graph, loss_id, param_ids)
     b = GraphBuilder.from_graph(grad_graph)
     param_syms = [grad_graph.symbols[p] for p in param_ids]
