@@ -17,8 +17,10 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
+import types
 from typing import Any
 
 import jax
@@ -81,3 +83,15 @@ def load(path: str | os.PathLike[str]) -> None:
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
         raise GraphFormatError(f"{path}: not an fnnc autotune table (expected a JSON object)")
     TABLE.update(data)
+
+
+class _CallableModule(types.ModuleType):
+    """``fnnc.ops.autotune(cmd, *arrays)`` is :func:`autotune` (the name the issues and
+    NNC's ``ccv_nnc_cmd_autotune`` use for the tuner itself), while the module keeps
+    ``TABLE``, ``save``, ``load`` and ``key`` as attributes."""
+
+    def __call__(self, cmd: Command, *arrays: Any, **options: Any) -> str:
+        return autotune(cmd, *arrays, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule
