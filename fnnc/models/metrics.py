@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from fnnc.errors import ModelError
+from fnnc.errors import DataError, ModelError
 from fnnc.models import checks
 
 CLASSIFICATION = checks.CLASSIFICATION
@@ -207,9 +207,19 @@ def score(
     if labels is not None:
         data = (data, labels)
     found = resolve(model, metrics, "score")
-    read = validation_batches(data, batch_size=batch_size, inputs=inputs, targets=targets)
-    try:
+    try:  # the checks are shared with train(validation=): say score, not train
+        read = validation_batches(data, batch_size=batch_size, inputs=inputs, targets=targets)
         outs, ts = outputs_and_targets(model, read)
-    except ModelError as e:
-        raise ModelError(str(e).replace("train: the validation data", "score: the data")) from None
-    return measure(model, outs, ts, found)
+        return measure(model, outs, ts, found)
+    except (ModelError, DataError) as e:
+        raise type(e)(_said_of_score(str(e))) from None
+
+
+def _said_of_score(text: str) -> str:
+    """A data error of :func:`score`'s set worded for ``score`` (its checks are the
+    validation data's, whose messages begin ``train validation:``/``validation:``)."""
+    text = text.replace("train: the validation data", "score: the data")
+    for prefix in ("train validation: ", "validation: "):
+        if text.startswith(prefix):
+            return "score: " + text.removeprefix(prefix)
+    return text
