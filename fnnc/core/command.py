@@ -289,6 +289,10 @@ def _show(value: Any) -> str:
     return str(value)
 
 
+_AXES = frozenset({"axes", "reduce_axes"})
+"""Parameters that list axes: one int given alone is the one-axis tuple."""
+
+
 def make_command(name: str, kwargs: dict[str, Any]) -> Command:
     """Builds a :class:`Command`, filling defaults and rejecting unknown parameters and
     values of a kind the parameter never takes (see :func:`param_fits`)."""
@@ -313,6 +317,8 @@ def make_command(name: str, kwargs: dict[str, Any]) -> Command:
     params = []
     for key, default in opdef.param_defaults.items():
         value = kwargs.get(key, default)
+        if key in _AXES and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            value = (int(value),)  # reduce_sum(axes=1) is reduce_sum(axes=(1,)), as in NumPy
         if value is inspect.Parameter.empty:
             raise CommandError(f"{name}: hyper-parameter {key!r} is required")
         params.append((key, _freeze(value)))

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from fnnc import config
 from fnnc.core import measured
@@ -372,6 +373,18 @@ def _left_out(cmd: Command, arrays: Sequence[Any]) -> tuple[Any, ...]:
     return arrays
 
 
+_PLAIN = np.dtype(np.float32)
+
+
+def _key_bits(a: Any) -> Any:
+    """``a``'s key data if it is a typed PRNG key (``jax.random.key``), else ``a``: the
+    random commands take NNC's raw key bits, as ``interpret`` and programs feed them."""
+    dtype = getattr(a, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(a)
+    return a
+
+
 def run_eager(cmd: Command, arrays: Sequence[Any]) -> Any:
     """Runs ``cmd`` on concrete arrays: checked by the shape rule, then compiled once.
 
@@ -381,6 +394,8 @@ def run_eager(cmd: Command, arrays: Sequence[Any]) -> Any:
     reference backend: other backends take their inputs by position.
     """
     arrays = _left_out(cmd, arrays)
+    if any(not isinstance(getattr(a, "dtype", _PLAIN), np.dtype) for a in arrays):
+        arrays = tuple(map(_key_bits, arrays))  # a typed PRNG key: its uint32 data
     specs = as_specs(arrays, str(cmd))
     outs = output_specs(cmd, specs)
     gap = any(s is None for s in specs)
