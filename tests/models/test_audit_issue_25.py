@@ -7,7 +7,8 @@ Promises checked, each against an independent oracle (plain Optax on the paramet
   dict: the issue's own example (global-norm clip + SGD on a classifier), the must-hold
   ``chain(clip_by_global_norm, adamw(schedule))`` through ``Model.train`` and across a
   resume, tree-wide transformations (callable masks and labels, ``masked``,
-  ``apply_if_finite``, ``noisy_sgd`` with its PRNG key), one ``set_minimizer`` object = one partition;
+  ``apply_if_finite``, ``noisy_sgd`` with its PRNG key), one ``set_minimizer`` object =
+  one partition;
 - items 2-3: ``Model.from_flax`` of NNX modules holding ``nnx.Rngs`` (Dropout and a direct
   ``rngs.noise()`` stream) and ``nnx.BatchNorm``: keys are not parameters, the model writes,
   reads and checkpoints; running statistics follow Flax's momentum update, untouched by
