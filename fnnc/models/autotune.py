@@ -31,10 +31,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax.numpy as jnp
+import numpy as np
+
 from fnnc.core.ir import Graph
 from fnnc.graph.autotune import autotune_graph
 from fnnc.graph.compile import Program
 from fnnc.models.engine import Engine
+from fnnc.models.layer import ModelError
 
 
 class _Captured(BaseException):
@@ -67,6 +71,23 @@ def _program_call(engine: Engine, run: Callable[[], Any]) -> tuple[Graph, list[A
         Program.__call__ = call  # type: ignore[method-assign]
         engine.key = key
     raise RuntimeError("autotune: the engine ran no program")  # pragma: no cover
+
+
+def stand_in(engine: Engine) -> list[Any]:
+    """A batch of the shapes ``engine`` was compiled for: standard-normal floats (seed
+    0), zero integers and booleans; a :class:`ModelError` before ``compile``."""
+    if not engine.input_specs:
+        raise ModelError(
+            f"model {engine.model.describe()}: autotune() without inputs tunes the shapes "
+            "the model was compiled for; call compile(inputs, ...) first or pass a batch"
+        )
+    rng = np.random.default_rng(0)
+    return [
+        rng.standard_normal(s.shape).astype(s.dtype)
+        if jnp.issubdtype(s.dtype, jnp.floating)
+        else np.zeros(s.shape, s.dtype)
+        for s in engine.input_specs
+    ]
 
 
 def autotune(

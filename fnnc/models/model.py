@@ -265,17 +265,21 @@ class Model(FilesMixin, ScaleMixin, Layer):
         return predict(self, inputs, batch_size=batch_size)
 
     def autotune(
-        self, inputs: Sequence[Any] | Any, targets: Sequence[Any] | Any | None = None,
+        self, inputs: Sequence[Any] | Any | None = None,
+        targets: Sequence[Any] | Any | None = None,
         *, repeats: int = 5, retune: bool = False,
     ) -> dict[str, dict[int, str]]:  # fmt: skip
         """Times every node's eligible backends of the ``evaluate`` (and, given
         ``targets``, ``fit``) programs on this batch into the autotune table, as NNC's
         ``ccv_nnc_graph_autotune``; later programs compile with the winners. Changes
-        nothing the model holds; see :mod:`fnnc.models.autotune`."""
-        from fnnc.models.autotune import autotune
+        nothing the model holds; see :mod:`fnnc.models.autotune`. Without ``inputs``,
+        a batch of the shapes the model was compiled for is made up (standard-normal
+        floats, zero integers) and ``evaluate`` is tuned."""
+        from fnnc.models.autotune import autotune, stand_in
 
         targets = None if targets is None else _arrays(targets)
-        return autotune(self.engine, _arrays(inputs), targets, repeats=repeats, retune=retune)
+        arrays = stand_in(self.engine) if inputs is None else _arrays(inputs)
+        return autotune(self.engine, arrays, targets, repeats=repeats, retune=retune)
 
     def backward(
         self,
