@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from fnnc.core import dispatch
 from fnnc.core.command import Spec
 from fnnc.core.evaluate import as_tuple, run_nodes
 from fnnc.core.ir import Graph, Node
@@ -19,19 +20,29 @@ from fnnc.errors import CommandError, DTypeError, GraphError, ShapeError
 from fnnc.ops._rules import show
 
 
-def run_graph(graph: Graph, args: Sequence[Any]) -> list[Any]:
-    """``graph``'s outputs on ``args``, each node by its command's reference forward.
+def run_graph(graph: Graph, args: Sequence[Any], *, backends: bool = True) -> list[Any]:
+    """``graph``'s outputs on ``args``, each node on the backend the dispatch rule picks
+    for it (:func:`fnnc.core.dispatch.select_backend`: forced, tuned, measured, then by
+    priority), as a node of a compiled graph gets; ``backends=False`` runs every node's
+    reference forward (a fused elementwise chain: one XLA fusion by design).
 
     Nodes that are themselves control commands run through this again, so sub-graphs
-    nest to any depth. The plain reference forwards are called (no jit per node): a
-    sub-graph always runs inside its command's own compiled forward, so per-node jits
-    would only add tracing work.
+    nest to any depth. The plain forwards are called (no jit per node): a sub-graph
+    always runs inside its command's own compiled forward, which is cached per dispatch
+    state, so a backend registered later is picked up there too.
     """
 
-    def run_node(index: int, node: Any, inputs: list[Any]) -> tuple[Any, ...]:
+    def reference(index: int, node: Any, inputs: list[Any]) -> tuple[Any, ...]:
         return as_tuple(node.cmd.definition.forward(*inputs, **node.cmd.kwargs))
 
-    return run_nodes(graph, args, run_node)
+    def chosen(index: int, node: Any, inputs: list[Any]) -> tuple[Any, ...]:
+        specs = [Spec(tuple(x.shape), x.dtype) for x in inputs]
+        backend = dispatch.select_backend(node.cmd, specs)
+        if backend == dispatch.REFERENCE:
+            return reference(index, node, inputs)
+        return as_tuple(dispatch.forward_of(node.cmd, backend)(*inputs))
+
+    return run_nodes(graph, args, chosen if backends else reference)
 
 
 def run_graph_nnc(graph: Graph, args: Sequence[Any]) -> list[Any]:
