@@ -176,9 +176,12 @@ def _run_gradients(
         if optimizer is not None:
             params = [_value(dg, r) for r in w_reads]
             optim.check(optimizer, what)
-            opt_key = optim.keys(optimizer, optim.specs_of(params))[0]
+            specs = optim.specs_of(params)
+            opt_key = optim.keys(optimizer, specs)[0]
         key = (what, ex.key, f_ids, w_ids, bool(seeds), acc, opt_key)
-        step, hyper = optim.stepper(optimizer) if optimizer is not None else (None, [])
+        step, hyper = (
+            (None, []) if optimizer is None else optim.stepper(optimizer, optim.specs_of(params))
+        )
         (graph, roots), fresh = PROGRAMS.get(
             key, lambda: _gradient_graph(ex.graph, f_ids, w_ids, bool(seeds), acc, step)
         )
@@ -325,7 +328,7 @@ def apply_gradients(dg: DynamicGraph, optimizer: Any, variables: Any) -> None:
     params = [dg.value_of(w) for w in ws]
     state = optim.state(dg, optimizer, slots, params, "apply_gradients")
     specs = optim.specs_of(params)
-    step, hyper = optim.stepper(optimizer)
+    step, hyper = optim.stepper(optimizer, specs)
     values = [*params, *grads, *state, *hyper]
     # the parameters (each only its variable holds) and the state are updated in place
     owned = {i: w._slot.version for i, w in enumerate(ws) if w._view is None}
@@ -343,4 +346,4 @@ def minimize(dg: DynamicGraph, optimizer: Any, f: Any, variables: Any) -> None:
     optimizer = keys_as_bits(optimizer)
     ws, slots = _params(dg, variables, "minimize")
     out, _ = _run_gradients(dg, _listed(f), ws, None, "minimize", optimizer)
-    _store(dg, optimizer, ws, slots, tuple(out), len(optim.stepper(optimizer)[1]))
+    _store(dg, optimizer, ws, slots, tuple(out), optim.n_hyper(optimizer))

@@ -27,10 +27,11 @@ from fnnc.core.ir import Graph
 from fnnc.errors import DTypeError, GraphError
 from fnnc.ops import Command
 
-from . import autodiff, cnnp, effects, lazy, versions
+from . import autodiff, cnnp, effects, lazy, optim, versions
 from .execute import Plans, reader, run, run_reads, where
 from .extract import PROGRAMS, extract
 from .record import Read, Record, Version, View
+from .state_views import StateStore
 from .variable import Slot, Variable, alias_view
 
 Pass = Callable[[Graph], Graph]
@@ -52,8 +53,11 @@ class DynamicGraph:
     Attributes:
         grads: accumulated gradient variables by (slot, view) of what they belong to;
             read them with :meth:`grad`.
-        opt_states: Optax state leaves by (state structure, slots of the variable set):
+        opt_store: Optax state views per variable (``"#<slot id>"``) and structure:
+            each variable's moments follow it into any set or order of variables, and
             a fresh optimizer of the same structure finds them (see :mod:`.optim`).
+        opt_states: the same for a transformation that takes its parameters only as
+            a list (``optax.masked`` with a list mask): by (structure, variable list).
         num_compiled: programs this graph compiled (gradients, updates, lazy flushes);
             it stops growing once a training loop repeats the same structure.
 
@@ -89,6 +93,7 @@ class DynamicGraph:
         self.grads: dict[tuple[Slot, View | None], Variable] = {}
         self.opt_states: dict[tuple[Any, tuple[Slot, ...]], list[Any]] = {}
         self._opt_owner: dict[tuple[Any, tuple[Slot, ...]], Any] = {}  # see optim.state
+        self.opt_store = StateStore()  # per variable ("#<slot id>"), see optim.state
         self._models: dict[int, Any] = {}  # cnnp models evaluated here (cnnp.py)
         self.num_compiled = 0
 
@@ -294,10 +299,7 @@ class DynamicGraph:
         if self._dead:
             dead, self._dead = set(self._dead), []
             self.grads = {k: g for k, g in self.grads.items() if k[0] not in dead}
-            self.opt_states = {
-                k: s for k, s in self.opt_states.items() if not dead.intersection(k[1])
-            }
-            self._opt_owner = {k: o for k, o in self._opt_owner.items() if k in self.opt_states}
+            optim.forget(self, dead)
         self._record.prune()
 
     @contextlib.contextmanager
@@ -422,8 +424,9 @@ class DynamicGraph:
         """One step of any Optax ``optimizer`` on ``variables`` from their accumulated
         gradients.
 
-        The optimizer state is kept per (optimizer, variable set) and carried across
-        steps; the gradients are consumed (reset) by the step.
+        The optimizer state is kept per variable and state structure and carried
+        across steps, into any set or order of variables (Adam's moments follow each
+        variable; see :mod:`.optim`); the gradients are consumed (reset) by the step.
         """
         autodiff.apply_gradients(self, optimizer, variables)
         cnnp.sync(self)

@@ -5,11 +5,14 @@ A training loop may build its Optax transformation afresh at every step
 keying by the object would start Adam from zero every step and compile a program per
 step. Instead:
 
-* **state** is kept per (state structure, variable set), the structure being
-  :func:`fnnc.models.optim.structure` of the whole parameter list (state tree and leaf
-  specs), the key a cnnp model's engine uses per parameter. A fresh ``optax.adam()``
-  finds the moments the previous one left; switching to a transformation of another
-  structure sets them aside (switching back finds them again);
+* **state** is kept per variable and state structure (:func:`state`): the
+  transformation runs on a dict of the parameters, its state is cut into what each
+  variable sees (:mod:`.state_views`, as a cnnp model keeps it per parameter id), and a
+  step over any set or order of variables assembles its state from those views. A fresh
+  ``optax.adam()`` finds the moments the previous one left; switching to a
+  transformation of another structure sets them aside (switching back finds them
+  again). A transformation that takes its parameters only as a list (``optax.masked``
+  with a list mask) keeps one state per ordered variable list;
 * **programs** are cached by the transformation's structure with its hyper-parameters
   taken out (:func:`fnnc.graph.dynamic.minimizer_key.split`, built on
   :func:`behaviour`: code and what the closures hold, recursively). Two
@@ -37,6 +40,7 @@ import numpy as np
 import optax
 
 from fnnc.errors import GraphError
+from fnnc.graph.dynamic.state_views import rekey
 from fnnc.ops.optimizer import state_structure
 
 if TYPE_CHECKING:
@@ -117,14 +121,56 @@ def specs_of(params: Sequence[Any]) -> tuple[Any, ...]:
     return tuple((tuple(p.shape), np.dtype(p.dtype)) for p in params)
 
 
+def per_variable(optimizer: Any, specs: tuple[Any, ...]) -> bool:
+    """Whether ``optimizer``'s state over parameters of ``specs`` is kept per variable:
+    it takes the parameters as a dict (keyed by position in its programs, by variable
+    in the store). One that needs them as a list (``optax.masked`` with a list mask)
+    keeps one state per ordered variable list instead. Cached per program key."""
+    key = (keys(optimizer, specs)[0], specs)
+    got = _PER_VARIABLE.get(key)
+    if got is None:
+        params = dict(zip(_positions(len(specs)), (jax.ShapeDtypeStruct(*s) for s in specs)))
+        try:
+            jax.eval_shape(lambda p: optimizer.update(p, optimizer.init(p), p), params)
+            got = len(specs) > 0
+        except Exception:  # a list-shaped mask, extra update arguments: judged elsewhere
+            got = False
+        if len(_PER_VARIABLE) > 256:
+            _PER_VARIABLE.clear()
+        _PER_VARIABLE[key] = got
+    return got
+
+
+_PER_VARIABLE: dict[tuple[Hashable, tuple[Any, ...]], bool] = {}
+
+
+def _positions(n: int) -> tuple[str, ...]:
+    return tuple(str(i) for i in range(n))
+
+
+def _names(slots: Sequence[Slot]) -> list[str]:
+    return [f"#{s.id}" for s in slots]
+
+
 def state(
     dg: DynamicGraph, optimizer: Any, slots: Sequence[Slot], params: list[Any], what: str
 ) -> list[Any]:
-    """The state leaves of ``optimizer`` for the variables of ``slots``: the kept ones
-    of its structure, else a fresh ``init``. An injected hyper-parameter (a
-    ``hyperparams`` leaf) follows the object stepping now."""
+    """The state leaves of ``optimizer`` for the variables of ``slots``, in the order its
+    programs take them.
+
+    Per variable (:func:`per_variable`): assembled from each variable's kept view of a
+    state of this structure (Adam's moments follow the variable into any set or order;
+    a shared step count comes from the first variable holding one), the rest from a
+    fresh ``init``; injected hyper-parameters always from the object stepping now.
+    Otherwise: the kept state of this structure and variable list, else a fresh one.
+    """
     check(optimizer, what)
-    _, struct = keys(optimizer, specs_of(params))
+    specs = specs_of(params)
+    if per_variable(optimizer, specs) and len(set(slots)) == len(slots):
+        names = _names(slots)
+        tree = dg.opt_store.assemble(optimizer, dict(zip(names, params)))
+        return jax.tree.leaves(rekey(tree, dict(zip(names, _positions(len(names))))))
+    _, struct = keys(optimizer, specs)
     key = (struct, tuple(slots))
     leaves = dg.opt_states.get(key)
     if leaves is None:
@@ -146,17 +192,36 @@ def state(
 def store(
     dg: DynamicGraph, optimizer: Any, slots: Sequence[Slot], params: list[Any], leaves: list[Any]
 ) -> None:
-    """Keeps ``leaves``, the state after a step, under ``optimizer``'s structure."""
-    _, struct = keys(optimizer, specs_of(params))
+    """Keeps ``leaves``, the state after a step (see :func:`state`)."""
+    specs = specs_of(params)
+    if per_variable(optimizer, specs) and len(set(slots)) == len(slots):
+        names = _names(slots)
+        positions = _positions(len(names))
+        shapes = jax.eval_shape(optimizer.init, dict(zip(positions, params)))
+        tree = jax.tree.structure(shapes).unflatten(leaves)
+        dg.opt_store.keep(rekey(tree, dict(zip(positions, names))), names)
+        return
+    _, struct = keys(optimizer, specs)
     dg.opt_states[(struct, tuple(slots))] = leaves
+
+
+def forget(dg: DynamicGraph, dead: set[Slot]) -> None:
+    """Drops the optimizer state of variables that are gone."""
+    dg.opt_states = {k: s for k, s in dg.opt_states.items() if not dead.intersection(k[1])}
+    dg._opt_owner = {k: o for k, o in dg._opt_owner.items() if k in dg.opt_states}
+    dg.opt_store.reset(_names(list(dead)))
 
 
 def _injected(path: Sequence[Any]) -> bool:
     return any(getattr(k, "name", None) == "hyperparams" for k in path)
 
 
-def stepper(optimizer: Any) -> tuple[optax.GradientTransformation, list[Any]]:
-    """``(transformation, hyper-parameter leaves)``: ``optimizer`` as a program runs it.
+def stepper(
+    optimizer: Any, specs: tuple[Any, ...]
+) -> tuple[optax.GradientTransformation, list[Any]]:
+    """``(transformation, hyper-parameter leaves)``: ``optimizer`` as a program over
+    parameters of ``specs`` runs it (on a dict of positions when its state is kept per
+    variable, :func:`per_variable`; the program still takes and gives lists).
 
     Its floats that are hyper-parameters (:func:`~fnnc.graph.dynamic.minimizer_key.split`:
     learning rates, ``eps``, schedule values) come out of its closures and ride as
@@ -169,8 +234,22 @@ def stepper(optimizer: Any) -> tuple[optax.GradientTransformation, list[Any]]:
     from fnnc.graph.dynamic.minimizer_key import split
 
     h = split(optimizer)
-    if not h.values:
-        return optimizer, []
+    hyper = [jnp.float32(v) for v in h.values]
+    step = _with_hyper(h) if h.values else optimizer
+    if per_variable(optimizer, specs):
+        step = _on_positions(step, len(specs))
+    return step, hyper
+
+
+def n_hyper(optimizer: Any) -> int:
+    """How many hyper-parameter leaves :func:`stepper` adds after the state."""
+    from fnnc.graph.dynamic.minimizer_key import split
+
+    return len(split(optimizer).values)
+
+
+def _with_hyper(h: Any) -> optax.GradientTransformation:
+    """The transformation of :func:`stepper` whose state carries ``h``'s numbers."""
 
     def init(params: Any) -> Any:
         return h.template.init(params), tuple(jnp.float32(v) for v in h.values)
@@ -182,4 +261,22 @@ def stepper(optimizer: Any) -> tuple[optax.GradientTransformation, list[Any]]:
         new = jax.tree.map(lambda a, b: a.astype(b.dtype), new, inner)
         return jax.tree.map(lambda u, g: u.astype(g.dtype), updates, grads), (new, hyper)
 
-    return optax.GradientTransformation(init, update), [jnp.float32(v) for v in h.values]
+    return optax.GradientTransformation(init, update)
+
+
+def _on_positions(tx: optax.GradientTransformation, n: int) -> optax.GradientTransformation:
+    """``tx`` over a list of ``n`` parameters, run on the dict ``{"0": p0, ...}`` (its
+    state is then a dict state, cut per variable by :mod:`.state_views`)."""
+    names = _positions(n)
+
+    def named(values: Any) -> Any:
+        return None if values is None else dict(zip(names, values))
+
+    def init(params: Any) -> Any:
+        return tx.init(named(params))
+
+    def update(grads: Any, state: Any, params: Any = None) -> Any:
+        updates, new = tx.update(named(grads), state, named(params))
+        return [updates[k] for k in names], new
+
+    return optax.GradientTransformation(init, update)

@@ -76,7 +76,7 @@ def test_fresh_optimizer_compiles_once_and_injected_rate_recompiles_nothing() ->
     for _ in range(3):
         dg.minimize(optax.adam(0.1), (w * w).sum(), [w])
     assert dg.num_compiled == compiled
-    assert len(dg.opt_states) == 1
+    assert len(dg.opt_store.all_states(f"#{w._slot.id}")) == 1  # one state, carried on
     # an injected learning rate is an input: changing it compiles nothing new
     adam = optax.inject_hyperparams(optax.adam)
     before = w.numpy()
@@ -98,8 +98,9 @@ def test_other_structure_sets_state_aside() -> None:
     w = dg.variable(np.float32([1.0, -2.0]), name="w")
     dg.minimize(optax.adam(0.1), (w * w).sum(), [w])
     dg.minimize(optax.sgd(0.1), (w * w).sum(), [w])
-    assert len(dg.opt_states) == 2  # adam's moments kept, sgd's (empty) state apart
-    (adam_state,) = [s for s in dg.opt_states.values() if s]
+    views = dg.opt_store.all_states(f"#{w._slot.id}")
+    assert len(views) == 2  # adam's moments kept, sgd's (empty) state apart
+    (adam_state,) = [jax.tree.leaves(v) for v in views.values() if jax.tree.leaves(v)]
     assert int(adam_state[0]) == 1  # adam's count: one adam step so far
 
 
@@ -227,3 +228,22 @@ def test_evaluate_cnnp_model_without_parameters() -> None:
     (dv,) = dg.backward(dg.evaluate(model, [v]).sum(), [v])
     np.testing.assert_array_equal(dv.numpy(), np.float32([[1, 0, 1], [0, 1, 0]]))
     assert dg.parameters(model) == {}
+
+
+def test_a_transformation_taking_a_list_keeps_its_state_per_variable_list() -> None:
+    """``optax.masked`` with a list mask takes the parameters as the list it is given:
+    its state is kept per ordered variable list, and it equals Optax on that list."""
+    dg = DynamicGraph()
+    a = dg.variable(np.float32([1.0, -2.0]), name="a")
+    b = dg.variable(np.float32([3.0]), name="b")
+    make = lambda: optax.masked(optax.adam(0.1), [True, False])  # noqa: E731
+    want = [jnp.float32([1.0, -2.0]), jnp.float32([3.0])]
+    tx = make()
+    state = tx.init(want)
+    for _ in range(3):
+        dg.minimize(make(), (a * a).sum() + (b * b).sum(), [a, b])
+        updates, state = tx.update([2 * w for w in want], state, want)
+        want = optax.apply_updates(want, updates)
+    np.testing.assert_allclose(a.numpy(), want[0], rtol=1e-6)
+    np.testing.assert_allclose(b.numpy(), want[1], rtol=1e-6)
+    assert len(dg.opt_states) == 1 and not dg.opt_store.all_states(f"#{a._slot.id}")
