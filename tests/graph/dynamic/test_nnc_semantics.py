@@ -236,7 +236,7 @@ def test_a_transformation_taking_a_list_keeps_its_state_per_variable_list() -> N
     dg = DynamicGraph()
     a = dg.variable(np.float32([1.0, -2.0]), name="a")
     b = dg.variable(np.float32([3.0]), name="b")
-    make = lambda: optax.masked(optax.adam(0.1), [True, False])  # noqa: E731
+    make = lambda: optax.masked(optax.adam(0.1), [True, False])
     want = [jnp.float32([1.0, -2.0]), jnp.float32([3.0])]
     tx = make()
     state = tx.init(want)
