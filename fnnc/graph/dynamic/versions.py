@@ -66,6 +66,11 @@ def _assign(dg: DynamicGraph, target: Variable, slot: Slot, read: Read, where: s
     shape, dtype = target.shape, old.dtype
     v, view = read
     got = view.shape if view is not None else v.shape
+    if got != shape and v.dtype == dtype and _squeezed(got) == _squeezed(shape):
+        # NumPy's y[0] = z for z of shape [1]: the same values with size-1 axes
+        # dropped or added are written as the target's shape
+        (v,) = run_reads(dg, ops.reshape(shape=tuple(shape)), [read], "")
+        read, view, got = (v, None), None, tuple(shape)
     if got != shape or v.dtype != dtype:
         error = ShapeError if got != shape else DTypeError
         raise error(
@@ -91,6 +96,10 @@ def _assign(dg: DynamicGraph, target: Variable, slot: Slot, read: Read, where: s
         new = dg._leaf(new.value, grad=True, name=slot.name)
     new.name = new.name or slot.name
     repin(dg, slot, new)
+
+
+def _squeezed(shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
 
 
 def set_value(dg: DynamicGraph, var: Variable, value: Any) -> None:

@@ -743,3 +743,21 @@ def test_shape_mismatch_names_the_variables_and_command(how: str) -> None:
     assert ("gemm" in msg) if how == "operator" else ("ewsum" in msg and "mysum" in msg)
     assert dg.num_nodes == 0  # nothing recorded by the failed command
     assert isinstance(e.value, FnncError)
+
+
+@LAZY
+def test_int_index_writes_of_one_element_values_as_numpy_does(lazy: bool) -> None:
+    """``y[0] = z * 10`` and ``y[1] = z * 2`` with ``z`` of shape [1] (NumPy writes a
+    size-1 value into one element): f = x * y is [200, 40], df/dz = 12 x = 120."""
+    dg = DynamicGraph(lazy=lazy)
+    x = dg.variable(F32([10.0]), name="x")
+    y = dg.variable(np.zeros(2, np.float32), name="y")
+    z = dg.variable(F32([2.0]), name="z")
+    y[0] = z * 10
+    y[1] = z * 2
+    f = x * y
+    np.testing.assert_allclose(f.numpy(), [200.0, 40.0], rtol=1e-6)
+    (dz,) = dg.backward(f.sum(), [z])
+    np.testing.assert_allclose(dz.numpy(), [120.0], rtol=1e-6)
+    with pytest.raises(ShapeError, match="writes float32\\[2\\]"):
+        y[0] = dg.variable(np.zeros(2, np.float32))
