@@ -195,14 +195,19 @@ def registry() -> dict[str, OpDef]:
     return dict(_REGISTRY)
 
 
-def _freeze(value: Any) -> Hashable:
+_NAN = float("nan")
+
+
+def freeze(value: Any) -> Hashable:
     """Makes a hyper-parameter hashable: lists become tuples, dtypes become np.dtype."""
     if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
+        return tuple(freeze(v) for v in value)
     if isinstance(value, np.ndarray):
         raise CommandError("array hyper-parameters are not allowed; use fnnc.ops.constant")
     if isinstance(value, np.dtype):
         return value
+    if isinstance(value, float) and value != value:
+        return _NAN  # one NaN object: NaN != NaN, but equal tuples compare items by identity
     if isinstance(value, type) and issubclass(value, np.generic):
         return np.dtype(value)
     if hasattr(value, "dtype") and not hasattr(value, "shape"):  # jnp.float32 and kin
@@ -321,7 +326,7 @@ def make_command(name: str, kwargs: dict[str, Any]) -> Command:
             value = (int(value),)  # reduce_sum(axes=1) is reduce_sum(axes=(1,)), as in NumPy
         if value is inspect.Parameter.empty:
             raise CommandError(f"{name}: hyper-parameter {key!r} is required")
-        params.append((key, _freeze(value)))
+        params.append((key, freeze(value)))
     return Command(name, tuple(params))
 
 

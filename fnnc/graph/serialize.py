@@ -34,7 +34,7 @@ import jax
 import jax.export
 import numpy as np
 
-from fnnc.core.command import Command, OpDef, Spec, lookup, output_specs
+from fnnc.core.command import Command, OpDef, Spec, freeze, lookup, output_specs
 from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol
 from fnnc.core.params import expected_kind, param_fits
 from fnnc.errors import CheckpointError, FnncError, GraphFormatError, RuleError
@@ -204,7 +204,7 @@ def _dec_command(data: dict[str, Any], where: str) -> Command:
             raise GraphFormatError(
                 f"load: {where}: {name} needs parameter {key!r}, which the file lacks"
             )
-        params.append((key, given.get(key, default)))
+        params.append((key, freeze(given[key]) if key in given else default))
     return Command(name, tuple(params))
 
 

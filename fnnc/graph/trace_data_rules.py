@@ -56,6 +56,9 @@ def _convert(ctx, eqn, args):
         return None
     if dtype == np.dtype(x.dtype):
         return [x]
+    known = ctx.value(x)
+    if known is not None and known.size == 1:  # a literal converted: a literal (jnp.pad's 0)
+        return [ctx.constant(np.asarray(jax.lax.convert_element_type(known, dtype)), _out(eqn))]
     if not ctx.has("datatype_conversion"):
         return None
     return [ctx.exec("datatype_conversion", x, dtype=dtype)]

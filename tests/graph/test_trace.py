@@ -327,3 +327,15 @@ def test_rule_maps_and_preserves_values(name: str) -> None:
     assert name in _primitive_names(jax.make_jaxpr(f)(*args).jaxpr)
     graph = check(f, *args)
     assert name not in generic_prims(graph), f"{name} was not mapped:\n{graph}"
+
+
+@pytest.mark.parametrize("width", [1, ((1, 2), (0, 3))])
+def test_jnp_pad_is_the_pad_command(width):
+    """``jnp.pad`` (its fill a converted int literal) traces to one ``pad`` node, not a
+    generic primitive, and computes what JAX computes."""
+    f = lambda x: jnp.pad(x, width) * 2.0
+    x = rand([2, 3])
+    graph = trace(f, x)
+    names = [n.cmd.name for n in graph.nodes]
+    assert "pad" in names and "primitive" not in names, str(graph)
+    assert_close(interpret(graph, x), f(x))
