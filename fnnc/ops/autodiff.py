@@ -67,7 +67,19 @@ def _run(rule, *inputs, of, in_specs, out_specs, grad_mask, wants):
     grads = tuple(next(values) if m else None for m in grad_mask)
     ins = tuple(next(values) if uses.input_used(i) else s for i, s in enumerate(ins_spec))
     outs = tuple(next(values) if i in uses.outputs else s for i, s in enumerate(outs_spec))
-    result = rule(grads, ins, outs, tuple(wants), **of.kwargs)
+    try:
+        result = rule(grads, ins, outs, tuple(wants), **of.kwargs)
+    except TypeError as e:
+        if "ShapeDtypeStruct" not in str(e):
+            raise
+        kept = [f"input {i}" for i in range(len(ins)) if uses.input_used(i)]
+        kept += [f"output {i}" for i in sorted(uses.outputs)]
+        raise CommandError(
+            f"{of}: its backward computed with a tensor it is given only as a spec "
+            f"(shape and dtype), since the command keeps {kept or 'nothing'} for its "
+            f"backward ({type(e).__name__}: {e}); read only .shape/.dtype of the others, "
+            "or name the tensor in defcommand(uses=Uses(inputs=..., outputs=...))"
+        ) from e
     picked = []
     for i in wants:
         g, spec = result[i], ins_spec[i]

@@ -64,3 +64,33 @@ def test_loaded_file_with_wrong_contents_is_a_format_error(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(errors.GraphFormatError, match=r"node 0 \(r\).*reduce_sum"):
         load(path)
+
+
+def test_backward_reading_a_tensor_it_does_not_keep_names_the_fix(restore_registries):
+    """A command whose backward computes with an input outside its ``uses`` (given only
+    as a spec) fails with a CommandError naming the command and what it keeps, not
+    JAX's ShapeDtypeStruct TypeError."""
+    from fnnc.core.command import Uses, defcommand
+    from fnnc.graph import GraphBuilder, backward, compile
+
+    def shape(x, y):
+        return x
+
+    @defcommand(family="test", shape=shape, uses=Uses(inputs=(1,)), name="audit_keeps_y")
+    def keeps_y(x, y):
+        return x * y
+
+    @keeps_y.backward
+    def _(grads, ins, outs):
+        (g,) = grads
+        x, y = ins
+        return g * y, g * x  # x is not kept: it is a spec here
+
+    b = GraphBuilder()
+    x, y = b.input((3,), name="x"), b.input((3,), name="y")
+    out = b.exec(keeps_y(), x, y)
+    loss = b.exec(ops.reduce_sum(axes=(0,)), out)
+    graph, _ = backward(b.build([loss]), loss, [x, y])
+    ones = np.ones(3, np.float32)
+    with pytest.raises(errors.CommandError, match=r"audit_keeps_y.*keeps \['input 1'\]"):
+        compile(graph)(ones, ones)
