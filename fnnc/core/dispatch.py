@@ -36,6 +36,7 @@ through an autotune table written on another platform).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import inspect
@@ -48,6 +49,7 @@ import numpy as np
 from fnnc import config
 from fnnc.core import measured
 from fnnc.core.command import Command, Spec, lookup, output_specs
+from fnnc.core.ir import Graph
 from fnnc.errors import BackendError, CommandError, DTypeError
 
 REFERENCE = "xla"
@@ -311,19 +313,65 @@ def matmul_precision_scope(precision: str | None = None) -> contextlib.AbstractC
     return contextlib.nullcontext() if value is None else jax.default_matmul_precision(value)
 
 
+_REFERENCE_ONLY = contextvars.ContextVar("fnnc_reference_only", default=False)
+
+
+@contextlib.contextmanager
+def reference_only() -> Iterator[None]:
+    """Inside, the nodes of sub-graphs (loop and branch bodies, ``call``) run their
+    reference forwards instead of the backends :func:`select_backend` would pick: what
+    :func:`fnnc.graph.interpret`, the oracle, runs under."""
+    token = _REFERENCE_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _REFERENCE_ONLY.reset(token)
+
+
+def references_only() -> bool:
+    """Whether :func:`reference_only` is in force."""
+    return _REFERENCE_ONLY.get()
+
+
 def compiled_forward(cmd: Command, backend: str = REFERENCE) -> Callable[..., Any]:
     """A jitted forward of ``cmd`` on one backend, traced under the matmul precision in
-    force, cached per command value, state and precision."""
-    return _compiled(cmd, backend, _generation, config.get().matmul_precision)
+    force, cached per command value, state and precision. A command holding sub-graphs
+    also keys on the configuration in force and :func:`reference_only` (its nodes'
+    backends are chosen when it is traced)."""
+    nested = _holds_graph(cmd)
+    return _compiled(
+        cmd,
+        backend,
+        _generation,
+        config.get().matmul_precision,
+        _REFERENCE_ONLY.get() if nested else False,
+        config.get().serial if nested else 0,
+    )
 
 
 @functools.lru_cache(maxsize=4096)
-def _compiled(cmd: Command, backend: str, generation: int, precision: str) -> Callable[..., Any]:
+def _holds_graph(cmd: Command) -> bool:
+    def holds(value: Any) -> bool:
+        if isinstance(value, tuple):
+            return any(holds(v) for v in value)
+        return isinstance(value, Graph)
+
+    return any(holds(v) for _, v in cmd.params)
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(
+    cmd: Command, backend: str, generation: int, precision: str, references: bool, serial: int
+) -> Callable[..., Any]:
     forward = forward_of(cmd, backend)
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        with matmul_precision_scope(precision):
-            return forward(*args, **kwargs)
+        token = _REFERENCE_ONLY.set(references)  # as keyed, whenever jit traces
+        try:
+            with matmul_precision_scope(precision):
+                return forward(*args, **kwargs)
+        finally:
+            _REFERENCE_ONLY.reset(token)
 
     return jax.jit(run)
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fnnc import config
-from fnnc.core.dispatch import REFERENCE, compiled_forward
+from fnnc.core.dispatch import REFERENCE, compiled_forward, reference_only
 from fnnc.core.evaluate import as_tuple, run_nodes
 from fnnc.core.ir import Graph, Node
 from fnnc.core.text import format_graph
@@ -70,7 +70,8 @@ def interpret(graph: Graph, *args: Any, on_node: OnNode | None = None) -> Any:
 
     def run_node(index: int, node: Node, inputs: list[Any]) -> tuple[Any, ...]:
         try:
-            outs = as_tuple(compiled_forward(node.cmd, REFERENCE)(*inputs))
+            with reference_only():  # sub-graphs' nodes too: the oracle runs references
+                outs = as_tuple(compiled_forward(node.cmd, REFERENCE)(*inputs))
             if while_tape.checks_on_host(node.cmd):
                 # Its overflow check raises from a host callback; an asynchronous
                 # runtime (GPU) reports that only when the outputs are waited for.

@@ -23,8 +23,9 @@ from fnnc.ops._rules import show
 def run_graph(graph: Graph, args: Sequence[Any], *, backends: bool = True) -> list[Any]:
     """``graph``'s outputs on ``args``, each node on the backend the dispatch rule picks
     for it (:func:`fnnc.core.dispatch.select_backend`: forced, tuned, measured, then by
-    priority), as a node of a compiled graph gets; ``backends=False`` runs every node's
-    reference forward (a fused elementwise chain: one XLA fusion by design).
+    priority), as a node of a compiled graph gets; ``backends=False`` (a fused
+    elementwise chain: one XLA fusion by design) or :func:`fnnc.core.dispatch.reference_only`
+    (the oracle, :func:`fnnc.graph.interpret`) runs every node's reference forward.
 
     Nodes that are themselves control commands run through this again, so sub-graphs
     nest to any depth. The plain forwards are called (no jit per node): a sub-graph
@@ -42,7 +43,8 @@ def run_graph(graph: Graph, args: Sequence[Any], *, backends: bool = True) -> li
             return reference(index, node, inputs)
         return as_tuple(dispatch.forward_of(node.cmd, backend)(*inputs))
 
-    return run_nodes(graph, args, chosen if backends else reference)
+    pick = backends and not dispatch.references_only()  # interpret: references only
+    return run_nodes(graph, args, chosen if pick else reference)
 
 
 def run_graph_nnc(graph: Graph, args: Sequence[Any]) -> list[Any]:

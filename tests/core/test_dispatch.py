@@ -137,3 +137,38 @@ def test_gradient_nodes_choose_the_forward_backends_backward():
     finally:
         ops.unregister_backend("relu", "fake")
     assert "fake" not in ops.backends_of("gradient")
+
+
+def _called() -> tuple:
+    """A graph whose one node is ``call`` of the relu graph."""
+    b = GraphBuilder()
+    x = b.input((2, 2), name="x")
+    return b.build([b.exec(ops.call(graph=_graph()), x)])
+
+
+def test_sub_graph_nodes_choose_backends_but_the_oracle_runs_references(fake):
+    """A registered backend reaches the nodes inside a ``call`` in compile and eager
+    calls, while ``interpret`` (the oracle) keeps every nested node on its reference."""
+    from fnnc.graph import interpret
+
+    graph = _called()
+    cmd = graph.nodes[0].cmd
+    assert_close(compile(graph)(X), np.abs(X), 0, 0)
+    assert_close(interpret(graph, X), RELU, 0, 0)
+    assert_close(cmd(X), np.abs(X), 0, 0)  # eager: not the oracle's cached trace
+    assert_close(interpret(graph, X), RELU, 0, 0)
+
+
+def test_sub_graph_nodes_follow_a_configuration_override():
+    """``config.override`` forcing a backend reaches a sub-graph's nodes in an eager call,
+    and the call outside the block is not served the trace made inside it."""
+    cmd = _called().nodes[0].cmd
+    backend = ops.Backend("fake", _fake_relu, ("cpu", "gpu", "tpu"), priority=0)
+    ops.register_backend("relu", backend)
+    try:
+        assert_close(cmd(X), RELU, 0, 0)  # priority 0: xla stays the choice
+        with config.override(backend_per_command={"relu": "fake"}):
+            assert_close(cmd(X), np.abs(X), 0, 0)
+        assert_close(cmd(X), RELU, 0, 0)
+    finally:
+        ops.unregister_backend("relu", "fake")
