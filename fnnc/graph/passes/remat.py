@@ -302,8 +302,8 @@ def _within_budget(graph: Graph, start: int, budget: int, donate: Donate = ()) -
 
     best: tuple[int, int, Graph, list[int]] | None = None
     lowest = attempt([])
-    for k in range(2, len(order) + 2):
-        saved = set(order[len(order) - 1 :: -k])  # every k-th, counted from the loss end
+    spacings = [set(order[len(order) - 1 :: -k]) for k in range(2, len(order) + 2)]
+    for saved in [*spacings, set()]:  # every k-th saved, counted from the loss end; none
         trial = attempt([c for c in order if c not in saved])
         lowest = min(lowest, trial, key=lambda t: (t[0], t[1]))
         if trial[0] <= budget and (best is None or trial[1] < best[1]):

@@ -121,3 +121,12 @@ def test_barrier_keeps_xla_from_merging_the_recomputation():
     text = compile(r).compiled_text()
     assert "opt-barrier" in text or "optimization_barrier" in text
     assert candidates(g)
+
+
+@pytest.mark.parametrize(("blocks", "batch"), [(2, 8), (5, 8), (4, 1)])
+def test_the_peak_of_recomputing_everything_is_a_budget_the_search_meets(blocks, batch):
+    """What ``policy="nothing_saveable"`` reaches is reachable by ``budget_bytes=``,
+    also where the parameters, not the activations, make most of the peak (batch 1)."""
+    g, _ = _mlp_chain(blocks, batch=batch)
+    everything = memory_plan(remat(g, policy="nothing_saveable")).peak_bytes
+    assert memory_plan(remat(g, budget_bytes=everything)).peak_bytes <= everything
