@@ -20,7 +20,7 @@ from fnnc.core.ir import AliasSymbol
 from fnnc.graph import Graph, GraphBuilder, compile, interpret
 from tests.graph.strategies import BOUND, OPS, graphs
 
-SETTINGS = settings(max_examples=100)
+SETTINGS = settings(max_examples=60)
 
 
 def _gemm(a, b, bias=None, *, transpose_a, transpose_b):

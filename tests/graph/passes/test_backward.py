@@ -32,7 +32,7 @@ def _scalar_of_outputs(graph, weights):
     return b.build([f]), f
 
 
-@settings(max_examples=60)
+@settings(max_examples=40)
 @given(graphs(max_nodes=6))
 def test_random_graphs_match_jax_grad(case):
     graph, arrays = case

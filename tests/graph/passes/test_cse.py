@@ -12,7 +12,7 @@ from fnnc.graph.passes import cse
 from tests.graph.strategies import graphs
 from tests.helpers import assert_pass_keeps_semantics, rand
 
-SETTINGS = settings(max_examples=100)
+SETTINGS = settings(max_examples=60)
 
 
 def _nnc_square():

@@ -13,7 +13,7 @@ from fnnc.ops.primitive import primitive_command
 from tests.graph.strategies import graphs
 from tests.helpers import assert_pass_keeps_semantics, rand
 
-SETTINGS = settings(max_examples=100)
+SETTINGS = settings(max_examples=60)
 
 
 def test_golden_dead_chain_goes() -> None:

@@ -132,14 +132,14 @@ def test_backward_pair_with_another_reader_stays_unfused() -> None:
 # -- the property tests draw these shapes ------------------------------------------------
 
 
-@settings(max_examples=60)
+@settings(max_examples=40)
 @given(graphs(max_nodes=8, constant_exprs=True, identities=True, alias_writes=False))
 def test_fold_fixpoint_on_random_graphs_with_folded_views(case) -> None:
     graph, arrays = case
     assert_pass_keeps_semantics(fold, graph, arrays)
 
 
-@settings(max_examples=60)
+@settings(max_examples=40)
 @given(graphs(max_nodes=8, activations=True, aliases=False, alias_writes=False))
 def test_fuse_fixpoint_on_random_graphs_with_shared_producers(case) -> None:
     graph, arrays = case

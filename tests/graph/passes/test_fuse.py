@@ -12,7 +12,7 @@ from fnnc.graph.passes import fuse
 from tests.graph.strategies import graphs
 from tests.helpers import assert_close, assert_pass_keeps_semantics, rand
 
-SETTINGS = settings(max_examples=100)
+SETTINGS = settings(max_examples=60)
 
 LOGITS = np.array([[10, -1, -5], [12, 4, 24]], np.float32)
 LABELS = np.array([2, 1], np.int32)

@@ -16,7 +16,7 @@ from fnnc.graph.passes import cse, dce, fold, fuse, run_passes
 from tests.graph.strategies import graphs
 from tests.helpers import assert_close, assert_pass_keeps_semantics, rand
 
-SETTINGS = settings(max_examples=100)
+SETTINGS = settings(max_examples=60)
 EVERYTHING = graphs(
     max_nodes=8, activations=True, duplicates=True, constant_exprs=True, identities=True
 )
@@ -119,7 +119,7 @@ def test_debug_prints_each_stage(capsys) -> None:
 def test_strategies_give_every_pass_work() -> None:
     changed: collections.Counter[str] = collections.Counter()
 
-    @settings(SETTINGS, max_examples=60)
+    @settings(SETTINGS, max_examples=40)
     @given(EVERYTHING)
     def collect(case) -> None:
         graph, _ = case

@@ -27,7 +27,7 @@ def _with_backward(graph):
     return backward(fgraph, f, wrt)[0]
 
 
-@settings(max_examples=40)
+@settings(max_examples=30)
 @given(graphs(max_nodes=6), st.integers(0, 2**16))
 def test_random_graphs_keep_values_and_gradients(case, seed):
     graph, arrays = case
