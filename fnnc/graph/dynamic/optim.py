@@ -166,20 +166,24 @@ def state(
     """
     check(optimizer, what)
     specs = specs_of(params)
-    if per_variable(optimizer, specs) and len(set(slots)) == len(slots):
+    named = per_variable(optimizer, specs)
+    if named and len(set(slots)) == len(slots):
         names = _names(slots)
         tree = dg.opt_store.assemble(optimizer, dict(zip(names, params)))
         return jax.tree.leaves(rekey(tree, dict(zip(names, _positions(len(names))))))
     _, struct = keys(optimizer, specs)
     key = (struct, tuple(slots))
     leaves = dg.opt_states.get(key)
+    # the programs run a per-variable transformation on a dict of positions (stepper):
+    # so does its init here, where a variable listed twice keeps the state per list
+    given = dict(zip(_positions(len(params)), params)) if named else list(params)
     if leaves is None:
-        leaves = dg.opt_states[key] = jax.tree.leaves(optimizer.init(list(params)))
+        leaves = dg.opt_states[key] = jax.tree.leaves(optimizer.init(given))
         dg._opt_owner[key] = optimizer
         return leaves
     if dg._opt_owner.get(key) is not optimizer:
         dg._opt_owner[key] = optimizer
-        fresh = jax.tree_util.tree_flatten_with_path(optimizer.init(list(params)))[0]
+        fresh = jax.tree_util.tree_flatten_with_path(optimizer.init(given))[0]
         injected = [i for i, (path, _) in enumerate(fresh) if _injected(path)]
         if injected:
             leaves = list(leaves)

@@ -247,3 +247,22 @@ def test_a_transformation_taking_a_list_keeps_its_state_per_variable_list() -> N
     np.testing.assert_allclose(a.numpy(), want[0], rtol=1e-6)
     np.testing.assert_allclose(b.numpy(), want[1], rtol=1e-6)
     assert len(dg.opt_states) == 1 and not dg.opt_store.all_states(f"#{a._slot.id}")
+
+
+def test_a_variable_listed_twice_steps_with_a_state_of_the_programs_layout() -> None:
+    """``minimize(adam, f, [a] * 10 + [b] * 2)``: the state (kept per list, as variables
+    appear twice) has the layout of the program's dict of twelve positions ("10" sorts
+    before "2"), so every update reads moments of its own shape; the last write wins."""
+    dg = DynamicGraph()
+    a = dg.variable(np.float32([1.0, -2.0]), name="a")
+    b = dg.variable(np.float32([0.5, 1.0, -1.5]), name="b")
+    for _ in range(2):
+        dg.minimize(optax.adam(0.1), (a * a).sum() + (b * b).sum(), [a] * 10 + [b] * 2)
+    tx = optax.adam(0.1)
+    for var, start in ((a, [1.0, -2.0]), (b, [0.5, 1.0, -1.5])):
+        want = jnp.float32(start)
+        state = tx.init(want)
+        for _ in range(2):
+            updates, state = tx.update(2 * want, state, want)
+            want = optax.apply_updates(want, updates)
+        np.testing.assert_allclose(var.numpy(), want, rtol=1e-6)
