@@ -56,6 +56,9 @@ class DynamicGraph:
         opt_store: Optax state views per variable (``"#<slot id>"``) and structure:
             each variable's moments follow it into any set or order of variables, and
             a fresh optimizer of the same structure finds them (see :mod:`.optim`).
+            A step keeps its whole state as is (``opt_hot``); it is cut into views
+            only when another list or order needs them. Read them with
+            :meth:`optimizer_states`.
         opt_states: the same for a transformation that takes its parameters only as
             a list (``optax.masked`` with a list mask): by (structure, variable list).
         num_compiled: programs this graph compiled (gradients, updates, lazy flushes);
@@ -94,6 +97,8 @@ class DynamicGraph:
         self.opt_states: dict[tuple[Any, tuple[Slot, ...]], list[Any]] = {}
         self._opt_owner: dict[tuple[Any, tuple[Slot, ...]], Any] = {}  # see optim.state
         self.opt_store = StateStore()  # per variable ("#<slot id>"), see optim.state
+        self.opt_hot: dict[Any, Any] = {}  # whole states as the last step left them
+        self.opt_latest: dict[tuple[Slot, Any], Any] = {}  # where each one's newest is
         self._models: dict[int, Any] = {}  # cnnp models evaluated here (cnnp.py)
         self.num_compiled = 0
 
@@ -430,6 +435,20 @@ class DynamicGraph:
         """
         autodiff.apply_gradients(self, optimizer, variables)
         cnnp.sync(self)
+
+    def optimizer_states(self, variable: Variable) -> dict[str, Any]:
+        """The optimizer states kept for ``variable``, each as the variable sees it
+        (Adam's ``mu`` cut to its entry, the step count whole), keyed by the state's
+        structure: one per kind of transformation that stepped it.
+
+        >>> import numpy as np, optax
+        >>> dg = DynamicGraph()
+        >>> w = dg.variable(np.float32([1.0, 2.0]), name="w")
+        >>> dg.minimize(optax.adam(0.1), (w * w).sum(), [w])
+        >>> [int(s[0].count) for s in dg.optimizer_states(w).values()]
+        [1]
+        """
+        return optim.states_of(self, self._slot(variable, "optimizer_states"))
 
     def minimize(self, optimizer: Any, f: Any, variables: Any) -> None:
         """``backward(f, variables)`` and ``apply_gradients`` as one compiled program."""

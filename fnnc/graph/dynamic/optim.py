@@ -40,14 +40,14 @@ import numpy as np
 import optax
 
 from fnnc.errors import GraphError
-from fnnc.graph.dynamic.state_views import rekey
+from fnnc.graph.dynamic.state_views import rekey, view
 from fnnc.ops.optimizer import state_structure
 
 if TYPE_CHECKING:
     from .graph import DynamicGraph
     from .variable import Slot
 
-_KEYS: dict[tuple[int, Any], tuple[Any, Hashable, str]] = {}
+_KEYS: dict[tuple[int, Any], tuple[Any, Hashable, str, tuple[int, int]]] = {}
 
 
 def check(optimizer: Any, what: str) -> None:
@@ -112,8 +112,26 @@ def keys(optimizer: Any, specs: tuple[Any, ...]) -> tuple[Hashable, str]:
 
     params = [jax.ShapeDtypeStruct(s, d) for s, d in specs]
     made = (split(optimizer).key, state_structure(optimizer, params))  # type: ignore[arg-type]
-    _KEYS[(id(optimizer), specs)] = (optimizer, *made)
+    tokens = (
+        _TOKENS.setdefault(made[0], len(_TOKENS)),
+        _SPEC_TOKENS.setdefault((made[0], specs), len(_SPEC_TOKENS)),
+    )
+    _KEYS[(id(optimizer), specs)] = (optimizer, *made, tokens)
     return made
+
+
+def token(optimizer: Any, specs: tuple[Any, ...], *, with_specs: bool = True) -> int:
+    """A small int for ``(program key, specs)`` (or the program key alone): the program
+    key is a deep tuple whose hash a training step should not pay several times over."""
+    got = _KEYS.get((id(optimizer), specs))
+    if got is None or got[0] is not optimizer:
+        keys(optimizer, specs)
+        got = _KEYS[(id(optimizer), specs)]
+    return got[3][1 if with_specs else 0]
+
+
+_TOKENS: dict[Hashable, int] = {}
+_SPEC_TOKENS: dict[tuple[Hashable, tuple[Any, ...]], int] = {}
 
 
 def specs_of(params: Sequence[Any]) -> tuple[Any, ...]:
@@ -126,7 +144,7 @@ def per_variable(optimizer: Any, specs: tuple[Any, ...]) -> bool:
     it takes the parameters as a dict (keyed by position in its programs, by variable
     in the store). One that needs them as a list (``optax.masked`` with a list mask)
     keeps one state per ordered variable list instead. Cached per program key."""
-    key = (keys(optimizer, specs)[0], specs)
+    key = token(optimizer, specs)
     got = _PER_VARIABLE.get(key)
     if got is None:
         params = dict(zip(_positions(len(specs)), (jax.ShapeDtypeStruct(*s) for s in specs)))
@@ -141,7 +159,7 @@ def per_variable(optimizer: Any, specs: tuple[Any, ...]) -> bool:
     return got
 
 
-_PER_VARIABLE: dict[tuple[Hashable, tuple[Any, ...]], bool] = {}
+_PER_VARIABLE: dict[int, bool] = {}
 
 
 def _positions(n: int) -> tuple[str, ...]:
@@ -168,6 +186,16 @@ def state(
     specs = specs_of(params)
     named = per_variable(optimizer, specs)
     if named and len(set(slots)) == len(slots):
+        prog = token(optimizer, specs, with_specs=False)  # one kind of state, any variables
+        hk = (prog, tuple(slots))
+        hot = dg.opt_hot.get(hk)
+        if (
+            hot is not None
+            and (hot[2] is optimizer or not _state_tree(optimizer, specs)[1])
+            and all(dg.opt_latest.get((s, prog)) == hk for s in slots)
+        ):  # the same list stepped last (its injected rates, if any, by this object)
+            return hot[0]
+        flush(dg, prog, slots)
         names = _names(slots)
         tree = dg.opt_store.assemble(optimizer, dict(zip(names, params)))
         return jax.tree.leaves(rekey(tree, dict(zip(names, _positions(len(names))))))
@@ -199,18 +227,82 @@ def store(
     """Keeps ``leaves``, the state after a step (see :func:`state`)."""
     specs = specs_of(params)
     if per_variable(optimizer, specs) and len(set(slots)) == len(slots):
-        names = _names(slots)
-        positions = _positions(len(names))
-        shapes = jax.eval_shape(optimizer.init, dict(zip(positions, params)))
-        tree = jax.tree.structure(shapes).unflatten(leaves)
-        dg.opt_store.keep(rekey(tree, dict(zip(positions, names))), names)
+        # kept whole, as the program gave it; cut into per-variable views only when
+        # another list or order needs them (flush): a training loop pays nothing
+        prog = token(optimizer, specs, with_specs=False)
+        entry = (list(leaves), _state_tree(optimizer, specs)[0], optimizer)
+        hk = (prog, tuple(slots))
+        dg.opt_hot[hk] = entry
+        moved = False
+        for slot in slots:
+            moved |= dg.opt_latest.get((slot, prog)) != hk
+            dg.opt_latest[(slot, prog)] = hk
+        if moved:  # some variable's newest state left another whole state
+            _prune(dg)
         return
     _, struct = keys(optimizer, specs)
     dg.opt_states[(struct, tuple(slots))] = leaves
 
 
+def _state_tree(optimizer: Any, specs: tuple[Any, ...]) -> tuple[Any, bool]:
+    """The tree of ``optimizer``'s state over a dict of positions of ``specs``, and
+    whether it holds injected hyper-parameters; cached per program key (one structure
+    of transformation, one tree)."""
+    key = token(optimizer, specs)
+    got = _TREES.get(key)
+    if got is None:
+        params = dict(zip(_positions(len(specs)), (jax.ShapeDtypeStruct(*s) for s in specs)))
+        shapes = jax.eval_shape(optimizer.init, params)
+        paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(shapes)[0]]
+        got = (jax.tree.structure(shapes), any(_injected(p) for p in paths))
+        if len(_TREES) > 256:
+            _TREES.clear()
+        _TREES[key] = got
+    return got
+
+
+_TREES: dict[int, tuple[Any, bool]] = {}
+
+
+def flush(dg: DynamicGraph, prog: int | None = None, slots: Sequence[Slot] = ()) -> None:
+    """Cuts the whole states kept by :func:`store` into per-variable views in
+    ``dg.opt_store``: those holding the newest state of a variable of ``slots`` for
+    structure ``prog`` (every one with ``prog=None``)."""
+    wanted = {
+        hk
+        for (slot, p), hk in dg.opt_latest.items()
+        if prog is None or (p == prog and slot in slots)
+    }
+    for hk in wanted:
+        leaves, tree, _ = dg.opt_hot[hk]
+        names = _names(hk[1])
+        full = rekey(tree.unflatten(leaves), dict(zip(_positions(len(names)), names)))
+        members = frozenset(names)
+        for slot, name in zip(hk[1], names):
+            if dg.opt_latest.get((slot, hk[0])) == hk:
+                dg.opt_store.put(name, view(full, name, members))
+                del dg.opt_latest[(slot, hk[0])]
+    _prune(dg)
+
+
+def states_of(dg: DynamicGraph, slot: Slot) -> dict[str, Any]:
+    """Every optimizer state kept for the variable of ``slot``, as it sees it (its
+    view), by state structure."""
+    flush(dg)
+    return dg.opt_store.all_states(_names([slot])[0])
+
+
+def _prune(dg: DynamicGraph) -> None:
+    """Drops whole states that hold no variable's newest state."""
+    live = set(dg.opt_latest.values())
+    for hk in [k for k in dg.opt_hot if k not in live]:
+        del dg.opt_hot[hk]
+
+
 def forget(dg: DynamicGraph, dead: set[Slot]) -> None:
     """Drops the optimizer state of variables that are gone."""
+    dg.opt_latest = {k: v for k, v in dg.opt_latest.items() if k[0] not in dead}
+    _prune(dg)
     dg.opt_states = {k: s for k, s in dg.opt_states.items() if not dead.intersection(k[1])}
     dg._opt_owner = {k: o for k, o in dg._opt_owner.items() if k in dg.opt_states}
     dg.opt_store.reset(_names(list(dead)))

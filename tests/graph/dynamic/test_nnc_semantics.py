@@ -76,7 +76,7 @@ def test_fresh_optimizer_compiles_once_and_injected_rate_recompiles_nothing() ->
     for _ in range(3):
         dg.minimize(optax.adam(0.1), (w * w).sum(), [w])
     assert dg.num_compiled == compiled
-    assert len(dg.opt_store.all_states(f"#{w._slot.id}")) == 1  # one state, carried on
+    assert len(dg.optimizer_states(w)) == 1  # one state, carried on
     # an injected learning rate is an input: changing it compiles nothing new
     adam = optax.inject_hyperparams(optax.adam)
     before = w.numpy()
@@ -98,7 +98,7 @@ def test_other_structure_sets_state_aside() -> None:
     w = dg.variable(np.float32([1.0, -2.0]), name="w")
     dg.minimize(optax.adam(0.1), (w * w).sum(), [w])
     dg.minimize(optax.sgd(0.1), (w * w).sum(), [w])
-    views = dg.opt_store.all_states(f"#{w._slot.id}")
+    views = dg.optimizer_states(w)
     assert len(views) == 2  # adam's moments kept, sgd's (empty) state apart
     (adam_state,) = [jax.tree.leaves(v) for v in views.values() if jax.tree.leaves(v)]
     assert int(adam_state[0]) == 1  # adam's count: one adam step so far
@@ -246,7 +246,7 @@ def test_a_transformation_taking_a_list_keeps_its_state_per_variable_list() -> N
         want = optax.apply_updates(want, updates)
     np.testing.assert_allclose(a.numpy(), want[0], rtol=1e-6)
     np.testing.assert_allclose(b.numpy(), want[1], rtol=1e-6)
-    assert len(dg.opt_states) == 1 and not dg.opt_store.all_states(f"#{a._slot.id}")
+    assert len(dg.opt_states) == 1 and not dg.optimizer_states(a)
 
 
 def test_a_variable_listed_twice_steps_with_a_state_of_the_programs_layout() -> None:
