@@ -37,7 +37,8 @@ there), which flatters fnnc: pin the process (``taskset -c 0 ...``) with
 thread count (see :mod:`fnnc.ops.conv_cpu`), so single-core ratios are not the
 two-core ones.
 
-torch is an optional benchmark dependency: ``pip install -e ".[benchmarks]"`` (or ``pip install torch``, the CPU wheel).
+torch is an optional benchmark dependency: ``pip install -e ".[benchmarks]"`` (or
+``pip install torch``, the CPU wheel).
 
 Run: python benchmarks/cpu_vs_torch.py [--quick] [--threads 2] [--no-ops] [--only NAME]
 [--rounds N]
