@@ -351,9 +351,11 @@ def compiled_forward(cmd: Command, backend: str = REFERENCE) -> Callable[..., An
 
 @functools.lru_cache(maxsize=4096)
 def _holds_graph(cmd: Command) -> bool:
-    def holds(value: Any) -> bool:
+    def holds(value: Any) -> bool:  # a Graph, in a tuple, or in a command (a gradient's)
         if isinstance(value, tuple):
             return any(holds(v) for v in value)
+        if isinstance(value, Command):
+            return any(holds(v) for _, v in value.params)
         return isinstance(value, Graph)
 
     return any(holds(v) for _, v in cmd.params)

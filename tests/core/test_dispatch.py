@@ -172,3 +172,31 @@ def test_sub_graph_nodes_follow_a_configuration_override():
         assert_close(cmd(X), RELU, 0, 0)
     finally:
         ops.unregister_backend("relu", "fake")
+
+
+def test_scan_bodies_choose_backends_forward_and_backward():
+    """A ``scan`` (what ``Repeat`` lowers to) runs its body's nodes on the chosen backend,
+    forward and gradient (the backend's own ``backward``), as unrolled nodes do; the
+    oracle keeps the references."""
+    from fnnc.graph import backward, interpret, scan
+
+    b = GraphBuilder()
+    h = b.input((2, 2), name="h")
+    body = b.build([b.exec(ops.relu(), h)])
+    b = GraphBuilder()
+    x = b.input((2, 2), name="x")
+    (y,) = scan(b, body, [x], length=3, name="blocks")
+    loss = b.exec(ops.reduce_sum(axes=(0, 1)), y)
+    graph, _ = backward(b.build([loss]), loss, [x])
+    twice = lambda grads, ins, outs, wants: (2.0 * grads[0],)  # noqa: E731
+    backend = ops.Backend("fake", _fake_relu, ("cpu", "gpu", "tpu"), priority=5, backward=twice)
+    ops.register_backend("relu", backend)
+    try:
+        value, grad = compile(graph)(X)
+        assert float(np.ravel(value)[0]) == pytest.approx(np.abs(X).sum())  # |.| thrice: |.|
+        assert_close(grad, np.full_like(X, 8.0), 0, 0)  # the fake backward, 2 per block
+        value, grad = interpret(graph, X)
+        assert float(np.ravel(value)[0]) == pytest.approx(RELU.sum())
+        assert_close(grad, (X > 0).astype(np.float32), 0, 0)
+    finally:
+        ops.unregister_backend("relu", "fake")
