@@ -188,7 +188,7 @@ def test_scan_bodies_choose_backends_forward_and_backward():
     (y,) = scan(b, body, [x], length=3, name="blocks")
     loss = b.exec(ops.reduce_sum(axes=(0, 1)), y)
     graph, _ = backward(b.build([loss]), loss, [x])
-    twice = lambda grads, ins, outs, wants: (2.0 * grads[0],)  # noqa: E731
+    twice = lambda grads, ins, outs, wants: (2.0 * grads[0],)
     backend = ops.Backend("fake", _fake_relu, ("cpu", "gpu", "tpu"), priority=5, backward=twice)
     ops.register_backend("relu", backend)
     try:
