@@ -340,7 +340,7 @@ def output_specs(cmd: Command, specs: Sequence[Spec]) -> tuple[Spec, ...]:
         raise
     except (TypeError, ValueError, IndexError, KeyError, AttributeError, ZeroDivisionError) as e:
         # the rule choked on its parameters: a user's mistake, so a named error, not a trace
-        shown = ", ".join(_spec_text(s) for s in specs) or "none"
+        shown = ", ".join(spec_text(s) for s in specs) or "none"
         raise RuleError(
             f"{cmd}: the shape rule of {cmd.name} cannot take the parameters "
             f"{cmd.kwargs!r:.200} with inputs {shown} ({type(e).__name__}: {e}); "
@@ -349,7 +349,8 @@ def output_specs(cmd: Command, specs: Sequence[Spec]) -> tuple[Spec, ...]:
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-def _spec_text(spec: Any) -> str:
+def spec_text(spec: Any) -> str:
+    """``float32[2, 3]``: a spec (or an array) as messages show it."""
     shape = getattr(spec, "shape", None)
     dtype = getattr(spec, "dtype", None)
     return f"{dtype}{list(shape)}" if shape is not None else repr(spec)

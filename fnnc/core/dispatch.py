@@ -48,8 +48,9 @@ import numpy as np
 
 from fnnc import config
 from fnnc.core import measured
-from fnnc.core.command import Command, Spec, lookup, output_specs
+from fnnc.core.command import Command, Spec, lookup, output_specs, spec_text
 from fnnc.core.ir import Graph
+from fnnc.core.keys import key_bits
 from fnnc.errors import BackendError, CommandError, DTypeError
 
 REFERENCE = "xla"
@@ -243,7 +244,7 @@ def select_backend(cmd: Command, specs: Sequence[Spec], platform: str | None = N
         if reason is not None:
             raise BackendError(
                 f"{cmd}: forced backend {forced!r} cannot run inputs "
-                f"{[_spec_str(s) for s in specs]} on {platform}: {reason}"
+                f"{[spec_text(s) for s in specs]} on {platform}: {reason}"
             )
         return forced
     preferred = available.get(cfg.backend)
@@ -338,14 +339,15 @@ def compiled_forward(cmd: Command, backend: str = REFERENCE) -> Callable[..., An
     force, cached per command value, state and precision. A command holding sub-graphs
     also keys on the configuration in force and :func:`reference_only` (its nodes'
     backends are chosen when it is traced)."""
+    cfg = config.get()
     nested = _holds_graph(cmd)
     return _compiled(
         cmd,
         backend,
         _generation,
-        config.get().matmul_precision,
+        cfg.matmul_precision,
         _REFERENCE_ONLY.get() if nested else False,
-        config.get().serial if nested else 0,
+        cfg.serial if nested else 0,
     )
 
 
@@ -376,10 +378,6 @@ def _compiled(
             _REFERENCE_ONLY.reset(token)
 
     return jax.jit(run)
-
-
-def _spec_str(s: Spec) -> str:
-    return f"{s.dtype.name}{list(s.shape)}"
 
 
 def as_specs(arrays: Sequence[Any], where: str) -> tuple[Spec | None, ...]:
@@ -426,15 +424,6 @@ def _left_out(cmd: Command, arrays: Sequence[Any]) -> tuple[Any, ...]:
 _PLAIN = np.dtype(np.float32)
 
 
-def _key_bits(a: Any) -> Any:
-    """``a``'s key data if it is a typed PRNG key (``jax.random.key``), else ``a``: the
-    random commands take NNC's raw key bits, as ``interpret`` and programs feed them."""
-    dtype = getattr(a, "dtype", None)
-    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
-        return jax.random.key_data(a)
-    return a
-
-
 def run_eager(cmd: Command, arrays: Sequence[Any]) -> Any:
     """Runs ``cmd`` on concrete arrays: checked by the shape rule, then compiled once.
 
@@ -445,7 +434,7 @@ def run_eager(cmd: Command, arrays: Sequence[Any]) -> Any:
     """
     arrays = _left_out(cmd, arrays)
     if any(not isinstance(getattr(a, "dtype", _PLAIN), np.dtype) for a in arrays):
-        arrays = tuple(map(_key_bits, arrays))  # a typed PRNG key: its uint32 data
+        arrays = tuple(map(key_bits, arrays))  # a typed PRNG key: its uint32 data
     specs = as_specs(arrays, str(cmd))
     outs = output_specs(cmd, specs)
     gap = any(s is None for s in specs)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fnnc.core.ir import Graph
+from fnnc.core.keys import key_bits
 from fnnc.errors import DTypeError, GraphInputError, ShapeError
 
 
@@ -20,12 +21,7 @@ def flatten_inputs(graph: Graph, args: Sequence[Any], where: str) -> list[Any]:
     the arguments are pytrees whose leaves are the graph inputs in order.
     """
     # a PRNG key feeds the input holding its key data (how trace takes keys)
-    leaves = [
-        jax.random.key_data(v)
-        if jax.dtypes.issubdtype(getattr(v, "dtype", None), jax.dtypes.prng_key)
-        else v
-        for v in jax.tree.leaves(list(args))
-    ]
+    leaves = [key_bits(v) for v in jax.tree.leaves(list(args))]
     if len(leaves) != len(graph.inputs):
         if len(args) == len(graph.inputs) and all(map(_nested_numbers, args)):
             leaves = list(args)  # nested lists of numbers, one array each

@@ -72,6 +72,7 @@ import numpy as np
 
 from fnnc.core.command import make_command, output_specs
 from fnnc.core.ir import Graph, Symbol, TensorSymbol
+from fnnc.core.keys import is_key
 from fnnc.errors import FnncError, TraceError
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.trace_idioms import rewrite_idioms
@@ -214,7 +215,7 @@ def _key_data_arguments(
     ``skip_first``: ``call`` takes a module's state first (not an argument).
     """
     leaves, tree = jax.tree.flatten(tuple(args))
-    impls = {i: _key_impl(v) for i, v in enumerate(leaves) if _is_key(v)}
+    impls = {i: _key_impl(v) for i, v in enumerate(leaves) if is_key(v)}
     if not impls:
         return call, tuple(args)
     data = [
@@ -238,10 +239,6 @@ def _key_impl(key: Any) -> Any:
     impl: list[Any] = []
     jax.eval_shape(lambda k: impl.append(jax.random.key_impl(k)), key)  # abstract too
     return impl[0]
-
-
-def _is_key(value: Any) -> bool:
-    return jax.dtypes.issubdtype(getattr(value, "dtype", None), jax.dtypes.prng_key)
 
 
 def _is_array(aval: Any) -> bool:

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fnnc.core.ir import Graph, Symbol
+from fnnc.core.keys import is_key
 from fnnc.graph import trace
 from fnnc.graph.inline import inline
 from fnnc.models.layer import BuildContext, Layer, ModelError
@@ -153,7 +154,7 @@ class _NnxFunction(_Function):
         self._state_keys = [path for path, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
         self._rngs = jax.tree.leaves(rngs)
         self._rngs_tree = jax.tree.structure(rngs)
-        self._key_slots = [i for i, v in enumerate(self._rngs) if _is_key(v)]
+        self._key_slots = [i for i, v in enumerate(self._rngs) if is_key(v)]
         self.n_keys = len(self._key_slots)
 
     def __call__(
@@ -242,7 +243,7 @@ def _flat(tree: Any, prefix: str = "") -> tuple[list[tuple[str, np.ndarray]], An
     """``(Flax path, NumPy value)`` of each leaf of a state tree, and its structure."""
     leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
     for path, value in leaves:
-        if _is_key(value):
+        if is_key(value):
             raise ModelError(
                 f"from_flax: variable {prefix + _path(path)} holds PRNG keys but is not an "
                 "nnx.RngKey; keep keys in nnx.Rngs (each training step then draws fresh "
@@ -274,10 +275,6 @@ def _mode(module: Any, training: bool) -> Any:
     view = nnx.view(module, **flags, raise_if_not_found=False)  # new nodes: module unchanged
     view.set_attributes(**flags, raise_if_not_found=False)
     return nnx.graphdef(view)
-
-
-def _is_key(value: Any) -> bool:
-    return jax.dtypes.issubdtype(getattr(value, "dtype", None), jax.dtypes.prng_key)
 
 
 def _key_like(data: Any, like: Any) -> Any:

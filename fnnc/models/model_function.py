@@ -36,6 +36,7 @@ import jax
 import numpy as np
 
 from fnnc.core.ir import Graph
+from fnnc.core.keys import key_bits
 from fnnc.errors import ModelError
 from fnnc.models.programs import _ordered
 from fnnc.ops._subgraph import run_graph_nnc
@@ -101,7 +102,7 @@ class ModelFunction:
             params[p] if p in self.trainable else jax.lax.stop_gradient(params[p])
             for p in self.params
         ]
-        keys = [_key_data(k) for k in keys]
+        keys = [key_bits(k) for k in keys]
         results = run_graph_nnc(self.graph, [*inputs, *values, *keys])
         outs = list(results[: self.n_outputs])
         return outs, dict(zip(self.updates, results[self.n_outputs :]))
@@ -152,10 +153,3 @@ class FunctionCache:
         if key not in self._built:
             self._built[key] = model_function(self.model, inputs, training=training)
         return self._built[key]
-
-
-def _key_data(key: Any) -> Any:
-    """Key data (what the graph's key inputs hold) of a typed key or raw key data."""
-    if jax.dtypes.issubdtype(getattr(key, "dtype", None), jax.dtypes.prng_key):
-        return jax.random.key_data(key)
-    return key

@@ -19,6 +19,7 @@ import numpy as np
 import optax
 
 from fnnc.core.command import Command, Spec, defcommand, make_command
+from fnnc.core.keys import is_key, key_bits
 from fnnc.errors import CommandError
 from fnnc.ops.primitive import Opaque
 
@@ -81,7 +82,7 @@ def optax_update_command(optimizer: Any, param_specs: list[Spec]) -> Command:
     keys = [
         jax.tree_util.keystr(path)
         for path, x in jax.tree_util.tree_flatten_with_path(state)[0]
-        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+        if is_key(x)
     ]
     if keys:  # the callers pass keys_as_bits(optimizer); one whose init the probe
         # could not run keeps its typed key here, which no program, store or file carries
@@ -102,11 +103,6 @@ def optax_update_command(optimizer: Any, param_specs: list[Spec]) -> Command:
     )
 
 
-def _is_key(x: Any) -> bool:
-    dtype = getattr(x, "dtype", None)
-    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
-
-
 def _has_keys(transform: Any) -> bool:
     """Whether ``transform``'s state holds a typed PRNG key, probed on a list and on a
     dict of one parameter (a transformation that takes neither is not wrapped)."""
@@ -116,7 +112,7 @@ def _has_keys(transform: Any) -> bool:
             state = jax.eval_shape(transform.init, probe)
         except Exception:  # an init that needs more than the probe: judged later
             continue
-        return any(_is_key(x) for x in jax.tree.leaves(state))
+        return any(is_key(x) for x in jax.tree.leaves(state))
     return False
 
 
@@ -159,16 +155,14 @@ def _wrap(transform: optax.GradientTransformation) -> optax.GradientTransformati
 
         def probe(p: Any) -> int:
             leaves = jax.tree.leaves(transform.init(p))
-            found.extend(jax.random.key_impl(x) if _is_key(x) else None for x in leaves)
+            found.extend(jax.random.key_impl(x) if is_key(x) else None for x in leaves)
             return 0
 
         jax.eval_shape(probe, params)
         return found
 
     def init(params: Any) -> Any:
-        return jax.tree.map(
-            lambda x: jax.random.key_data(x) if _is_key(x) else x, transform.init(params)
-        )
+        return jax.tree.map(key_bits, transform.init(params))
 
     def update(updates: Any, state: Any, params: Any = None, **extra: Any) -> Any:
         leaves, tree = jax.tree.flatten(state)
@@ -177,7 +171,7 @@ def _wrap(transform: optax.GradientTransformation) -> optax.GradientTransformati
             x if i is None else jax.random.wrap_key_data(x, impl=i) for x, i in zip(leaves, kinds)
         ]
         new, inner = transform.update(updates, tree.unflatten(keyed), params, **extra)
-        return new, jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, inner)
+        return new, jax.tree.map(key_bits, inner)
 
     return optax.GradientTransformation(init, update)
 

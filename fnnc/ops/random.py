@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fnnc.core.command import NOTHING, Spec, Uses, defcommand
+from fnnc.core.keys import is_key
 from fnnc.errors import CommandError, DTypeError
 from fnnc.ops._rules import fail, require_float, show
 
@@ -22,7 +23,7 @@ _IMPL = "threefry2x32"
 
 
 def _check_key(name: str, key) -> None:
-    typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    typed = is_key(key)
     if typed or np.dtype(key.dtype) != np.uint32:
         raise DTypeError(
             f"{name}: key {show(key)} must be uint32[2] key data; "

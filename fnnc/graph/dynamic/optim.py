@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fnnc.core.keys import key_bits
 from fnnc.errors import GraphError
 from fnnc.graph.dynamic.state_views import rekey, view
 from fnnc.ops.optimizer import state_structure
@@ -87,8 +88,8 @@ def behaviour(value: Any, depth: int = 0) -> Hashable:
         return ("dict", tuple((k, behaviour(v, depth + 1)) for k, v in value.items()))
     if isinstance(value, (list, tuple)):
         return (type(value).__name__, tuple(behaviour(v, depth + 1) for v in value))
-    if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
-        value = jax.random.key_data(value)  # a typed PRNG key: by its bits
+    if isinstance(value, jax.Array):
+        value = key_bits(value)  # a typed PRNG key: by its bits
     if isinstance(value, (np.ndarray, np.generic, jax.Array)) and np.size(value) <= 64:
         arr = np.asarray(value)
         return ("array", arr.shape, arr.dtype.str, arr.tobytes())
