@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from fnnc.errors import DataError, ModelError
+from fnnc.errors import ModelError
 from fnnc.models import checks
 
 CLASSIFICATION = checks.CLASSIFICATION
@@ -185,9 +185,19 @@ def resolve(model: Any, metrics: Any, where: str = "metrics") -> dict[str, Metri
 
 
 def measure(
-    model: Any, outputs: list[np.ndarray], targets: list[np.ndarray], metrics: dict[str, Metric]
+    model: Any,
+    outputs: list[np.ndarray],
+    targets: list[np.ndarray],
+    metrics: dict[str, Metric],
+    where: str = "train validation",
 ) -> dict[str, float]:
-    """Each metric of ``metrics`` on the gathered ``outputs`` and ``targets``."""
+    """Each metric of ``metrics`` on the gathered ``outputs`` and ``targets``; ``where``
+    begins the error of targets the loss cannot take."""
+    loss = model.engine.loss
+    labelled = outputs and targets and isinstance(targets[0], np.ndarray)
+    scored = any(isinstance(m, MeanLoss) for m in metrics.values())
+    if isinstance(loss, str) and labelled and scored:
+        checks.labels(loss, np.shape(outputs[0]), targets[0], where)
     return {name: float(m(model, outputs, targets)) for name, m in metrics.items()}
 
 
@@ -207,19 +217,8 @@ def score(
     if labels is not None:
         data = (data, labels)
     found = resolve(model, metrics, "score")
-    try:  # the checks are shared with train(validation=): say score, not train
-        read = validation_batches(data, batch_size=batch_size, inputs=inputs, targets=targets)
-        outs, ts = outputs_and_targets(model, read)
-        return measure(model, outs, ts, found)
-    except (ModelError, DataError) as e:
-        raise type(e)(_said_of_score(str(e))) from None
-
-
-def _said_of_score(text: str) -> str:
-    """A data error of :func:`score`'s set worded for ``score`` (its checks are the
-    validation data's, whose messages begin ``train validation:``/``validation:``)."""
-    text = text.replace("train: the validation data", "score: the data")
-    for prefix in ("train validation: ", "validation: "):
-        if text.startswith(prefix):
-            return "score: " + text.removeprefix(prefix)
-    return text
+    read = validation_batches(
+        data, batch_size=batch_size, inputs=inputs, targets=targets, where="score"
+    )
+    outs, ts = outputs_and_targets(model, read, "score")
+    return measure(model, outs, ts, found, "score")

@@ -35,11 +35,17 @@ Read = Callable[[], Iterator[feed.Batch]]
 
 
 def validation_batches(
-    validation: Any, *, batch_size: int = 256, inputs: Any = None, targets: Any = None
+    validation: Any,
+    *,
+    batch_size: int = 256,
+    inputs: Any = None,
+    targets: Any = None,
+    where: str = "train validation",
 ) -> Read:
     """A function giving, each time it is called, the ``(inputs, targets)`` batches of
     ``validation`` (see the module docstring); ``inputs``/``targets`` name a
-    dataframe's columns."""
+    dataframe's columns; ``where`` begins its data errors (``Model.score`` passes
+    ``"score"``)."""
     import grain
 
     from fnnc.data import DataFrame
@@ -52,14 +58,14 @@ def validation_batches(
         try:
             source = feed.FrameBatches(frame, batch_size, 0, inputs, targets)
         except ModelError as e:
-            raise ModelError(_where(e)) from None
-        return lambda: _renamed(source.epoch(0, 0, None))
+            raise ModelError(_where(e, where)) from None
+        return lambda: _renamed(source.epoch(0, 0, None), where)
     if isinstance(validation, grain.MapDataset):
         grain_source = feed.GrainBatches(validation)
-        return lambda: _renamed(grain_source.epoch(0, 0, None))
+        return lambda: _renamed(grain_source.epoch(0, 0, None), where)
     if isinstance(validation, grain.IterDataset):
-        return lambda: (_pair(e, k) for k, e in enumerate(validation))
-    xs, ts = feed.split(validation, "train validation")
+        return lambda: (_pair(e, k, where) for k, e in enumerate(validation))
+    xs, ts = feed.split(validation, where)
     n = len(xs[0])
 
     def arrays() -> Iterator[feed.Batch]:
@@ -70,9 +76,12 @@ def validation_batches(
     return arrays
 
 
-def outputs_and_targets(model: Any, read: Read) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def outputs_and_targets(
+    model: Any, read: Read, where: str = "train validation"
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The model's test-mode outputs over every batch of ``read()``, and the targets,
-    each concatenated over batches (one array per output / target)."""
+    each concatenated over batches (one array per output / target); ``where`` begins
+    the error of a set with no batches."""
     outs: list[list[np.ndarray]] = []
     targets: list[list[np.ndarray]] = []
     multiple = feed.row_multiple(model)
@@ -80,32 +89,32 @@ def outputs_and_targets(model: Any, read: Read) -> tuple[list[np.ndarray], list[
         outs.append(feed.evaluate_rows(model, feed.as_list(inputs_b), multiple))
         targets.append([np.asarray(t) for t in targets_b])
     if not outs:
-        raise ModelError("train: the validation data gave no batches; pass a non-empty set")
+        raise ModelError(f"{where}: the data gave no batches; pass a non-empty set")
     return [np.concatenate(p) for p in zip(*outs)], [np.concatenate(p) for p in zip(*targets)]
 
 
-def _renamed(batches: Iterator[feed.Batch]) -> Iterator[feed.Batch]:
-    """``batches``, with a data error saying it came from the validation data."""
+def _renamed(batches: Iterator[feed.Batch], where: str) -> Iterator[feed.Batch]:
+    """``batches``, with a data error saying it came from this set (``where``), not
+    from the training data."""
     try:
         yield from batches
     except DataError as e:
-        raise DataError(_where(e)) from e
+        raise DataError(_where(e, where)) from e
     except ModelError as e:
-        raise ModelError(_where(e)) from e
+        raise ModelError(_where(e, where)) from e
 
 
-def _where(error: Exception) -> str:
-    """``error``'s message said of the validation data (not of the training data)."""
-    text = str(error)
-    return f"validation: {text.removeprefix('train: ')}"
+def _where(error: Exception, where: str) -> str:
+    """``error``'s message (worded for the training data) said of ``where``'s set."""
+    return f"{where}: {str(error).removeprefix('train: ')}"
 
 
-def _pair(element: Any, k: int) -> feed.Batch:
+def _pair(element: Any, k: int, where: str) -> feed.Batch:
     try:
         inputs, targets = element
     except (TypeError, ValueError):
         raise ModelError(
-            f"validation: element {k} of the Grain dataset is a {type(element).__name__}; "
+            f"{where}: element {k} of the Grain dataset is a {type(element).__name__}; "
             "expected (inputs, targets) batches (map the dataset to that pair)"
         ) from None
     return feed.as_list(inputs), feed.as_list(targets)

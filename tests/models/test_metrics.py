@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from fnnc.data import DataFrame
-from fnnc.errors import ModelError
+from fnnc.errors import DataError, ModelError
 from fnnc.models import Dense, Input, Model, ReLU
 from fnnc.models.metrics import Accuracy, Metric, TopK
 from fnnc.models.progress import EpochLines
@@ -105,3 +105,21 @@ def test_the_first_epochs_rate_leaves_the_compiling_step_out():
     assert meter["n"] == 4 and meter["initial"] == 1 and meter["elapsed"] < 0.25
     lines.end({"loss": 1.0}, 0.6)
     assert "epoch 1/1" in out.getvalue() and "loss 1.0000" in out.getvalue()
+
+
+def test_score_data_errors_say_score_for_every_form_of_data():
+    """score's own set is named "score" in its errors (not train's validation data):
+    labels out of range, a set with no rows, mismatched arrays, a dataframe without
+    the named columns."""
+    m = model()
+    bad = Y.copy()
+    bad[3] = 7
+    with pytest.raises(ModelError, match=r"^score: target 0 holds the label 7"):
+        m.score(X, bad)
+    with pytest.raises(ModelError, match=r"^score: .*no batches"):
+        m.score(X[:0], Y[:0])
+    with pytest.raises(ModelError, match=r"^score: "):
+        m.score(X, Y[:-1])
+    frame = DataFrame.from_arrays(x=X, y=Y)
+    with pytest.raises(DataError, match=r"^score: .*no column 'nope'"):
+        m.score(frame, inputs=["nope"], targets=["y"])
