@@ -30,6 +30,7 @@ argument) are copied before they are donated.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -130,6 +131,24 @@ class Engine(StepsMixin):
         self.precision: Any = None  # mixed precision (fnnc.models.precision)
         self.loss_scale_state: Any = None  # float16 loss scaling (fnnc.models.loss_scale)
         self.passes = ModelPasses()  # the user's passes (fnnc.models.model_passes)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Engine:
+        """``copy.deepcopy`` of a model (NNC's ``ccv_cnnp_model_copy``): its own values,
+        optimizer state and settings, and an empty program cache. Compiled programs
+        (XLA executables) are not copied but compiled again when first used, and the
+        residuals an ``evaluate(requires_grad=True)`` kept for ``backward`` are left
+        behind; the mesh layout is shared (it holds devices, which are not copied)."""
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            if name == "_programs":
+                value = {}
+            elif name in ("_last_fit", "_saved"):
+                value = None
+            elif name != "parallel":
+                value = copy.deepcopy(value, memo)
+            new.__dict__[name] = value
+        return new
 
     # -- set-up -------------------------------------------------------------------
     def compile(

@@ -229,3 +229,26 @@ def test_set_minimizer_on_a_subset_freezes_exactly_those_parameters():
     assert "t-hidden-0-0" not in step.program.graph.symbols[step.program.graph.inputs[0]].name
     with pytest.raises(ModelError, match=r"unknown parameter ids \['t-nope'\]"):
         model.set_minimizer(optax.sgd(0.1), params=["t-nope"])
+
+
+def test_a_deep_copy_of_a_trained_model_trains_on_as_the_original_and_apart_from_it():
+    """``copy.deepcopy`` after ``fit`` (NNC's ``ccv_cnnp_model_copy``): the copy holds the
+    parameters and Adam's moments, so its next steps equal the original's; stepping the
+    copy leaves the original alone; the compiled programs are rebuilt, not shared."""
+    import copy
+
+    model = _mlp()
+    x, y = _data()
+    model.compile([x], loss="softmax_crossentropy", minimizer=optax.adam(0.05))
+    for _ in range(3):
+        model.fit([x], [y])
+    model.evaluate([x], requires_grad=True)  # residuals kept for a backward
+    copied = copy.deepcopy(model)
+    before = {k: np.asarray(v) for k, v in model.parameters().items()}
+    copied_losses = [float(copied.fit([x], [y])) for _ in range(2)]
+    assert all(np.array_equal(np.asarray(v), before[k]) for k, v in model.parameters().items())
+    losses = [float(model.fit([x], [y])) for _ in range(2)]
+    assert copied_losses == losses
+    for k, v in model.parameters().items():
+        np.testing.assert_array_equal(np.asarray(copied.parameters()[k]), np.asarray(v))
+    assert copied.engine._programs is not model.engine._programs
