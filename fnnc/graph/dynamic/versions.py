@@ -91,8 +91,12 @@ def _assign(dg: DynamicGraph, target: Variable, slot: Slot, read: Read, where: s
         # a value made from constants alone (ops.set, ...) written into a trainable
         # variable: it stays a variable, now a leaf holding that value, as ``set`` makes
         # it (NNC: the variable keeps taking gradients)
-        if new.value is None:
-            dg.flush()
+        if new.value is None:  # pinned while flushed: unpinned pending work is dead
+            new.pins += 1
+            try:
+                dg.flush()
+            finally:
+                new.pins -= 1
         new = dg._leaf(new.value, grad=True, name=slot.name)
     new.name = new.name or slot.name
     repin(dg, slot, new)
