@@ -103,6 +103,8 @@ FORMATS = ("NCHW", "NHWC", "CHWN")
 def _format_perm(x: Spec, src: str, dst: str) -> tuple[int, ...]:
     require_choice("format_transform", "src", src, FORMATS)
     require_choice("format_transform", "dst", dst, FORMATS)
+    if src == dst:  # NNC copies the data as it is, at any rank
+        return tuple(range(x.ndim))
     if x.ndim == 3 and "CHWN" not in (src, dst):  # NNC's 3-d tensors: no batch axis
         src, dst = src.replace("N", ""), dst.replace("N", "")
     elif x.ndim != 4:
@@ -120,7 +122,8 @@ def _format_shape(x: Spec, *, src: str, dst: str) -> Spec:
 @defcommand(family="data", shape=_format_shape, uses=NOTHING)
 def format_transform(x, *, src="NCHW", dst="NHWC"):
     """Converts a rank-4 tensor between NNC formats NCHW, NHWC and CHWN (a transpose);
-    a rank-3 tensor is one image without the batch axis (CHW / HWC), as in NNC."""
+    a rank-3 tensor is one image without the batch axis (CHW / HWC), as in NNC. With
+    ``src == dst`` it copies a tensor of any rank, as NNC does."""
     return jnp.transpose(x, _format_perm(x, src, dst))
 
 
