@@ -35,6 +35,7 @@ from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol, TensorSymbol, contigu
 from fnnc.errors import CommandError, DTypeError, FnncError, GraphError, ShapeError
 from fnnc.ops import Command
 from fnnc.ops.constant import constant as constant_cmd
+from fnnc.ops.data import reshape as reshape_cmd
 
 from . import _deferred
 
@@ -287,9 +288,31 @@ class GraphBuilder:
         else:
             outs = tuple(self._known(s, where) for s in _listed(outputs, where, "outputs="))
             outs = self._fill_auto(where, outs, specs)
-            self._check_outputs(where, outs, specs)
+        given, outs, reshapes = outs, *self._reshaped_outputs(outs, specs)
+        self._check_outputs(where, outs, specs)
         self._nodes.append(Node(cmd, tuple(s.id for s in ins), tuple(s.id for s in outs), name))
-        return outs[0] if len(outs) == 1 else outs
+        self._nodes.extend(reshapes)
+        return given[0] if len(given) == 1 else given
+
+    def _reshaped_outputs(
+        self, outs: tuple[Symbol, ...], specs: tuple[Any, ...]
+    ) -> tuple[tuple[Symbol, ...], list[Node]]:
+        """NNC writes a command's result into an output of the same elements: a given
+        output whose shape differs from the result's only by size-1 axes (a reduction's
+        ``[1, 3]`` into a ``[3]`` tensor) gets the result through a ``reshape`` node, as
+        the dynamic graph's ``exec(..., outputs=)`` does. ``(what the command writes,
+        the reshape nodes)``."""
+        written, reshapes = list(outs), []
+        for i, (sym, spec) in enumerate(zip(outs, specs)):
+            same = sym.shape is not None and np.dtype(sym.dtype) == np.dtype(spec.dtype)
+            if not same or tuple(sym.shape) == tuple(spec.shape):
+                continue
+            if _squeezed(sym.shape) != _squeezed(spec.shape):
+                continue  # a real mismatch: _check_outputs says so
+            written[i] = self.tensor(tuple(spec.shape), spec.dtype)
+            reshape = reshape_cmd(shape=tuple(sym.shape))
+            reshapes.append(Node(reshape, (written[i].id,), (sym.id,), ""))
+        return tuple(written), reshapes
 
     def build(self, outputs: Sequence[Symbol], *, out_tree: Any = None) -> Graph:
         """The graph so far, returning ``outputs``; verified when checks are on."""
@@ -421,6 +444,10 @@ class GraphBuilder:
 
     def _label(self, sym: Symbol) -> str:
         return f"%{sym.id} ({sym.name})" if sym.name else f"%{sym.id}"
+
+
+def _squeezed(shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
 
 
 def _without_trailing_none(inputs: Sequence[Any], where: str) -> Sequence[Any]:

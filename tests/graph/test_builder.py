@@ -276,3 +276,28 @@ def test_equal_builds_give_equal_hashable_graphs() -> None:
     assert g1 == g2 and hash(g1) == hash(g2) and g1 is not g2
     assert g1 != g3
     assert len({g1, g2, g3}) == 2
+
+
+def test_an_output_of_the_same_elements_takes_the_result_through_a_reshape():
+    """NNC writes a reduction's [1, 3] result into a [3] output tensor: the builder adds
+    a reshape node (as the dynamic graph's exec does); values and gradients are NumPy's
+    sum over axis 0; a shape of other elements is still a ShapeError naming the node."""
+    import jax
+
+    from fnnc.graph import backward
+
+    b = GraphBuilder()
+    x = b.input((2, 3), name="x")
+    y = b.tensor((3,), name="y")
+    assert b.exec(ops.reduce_sum(axes=(0,)), x, outputs=[y], name="sum") is y
+    z = b.exec(ops.ewprod(), y, y, name="square")
+    s = b.exec(ops.reduce_sum(axes=(0,)), z, name="total")
+    g = b.build([z, s])
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    want = a.sum(0) ** 2
+    assert_close(interpret(g, a)[0], want)
+    assert_close(compile(g)(a)[0], want)
+    gg, (dx,) = backward(g, s, [x])
+    assert_close(interpret(gg, a)[2], jax.grad(lambda v: (v.sum(0) ** 2).sum())(a))
+    with pytest.raises(ShapeError, match=r"node 'bad' .*output %\d+ \(w\) is float32\[2\]"):
+        b.exec(ops.reduce_sum(axes=(0,)), x, outputs=[b.tensor((2,), name="w")], name="bad")
