@@ -197,6 +197,11 @@ def run(
             v.readers += 1
         for out in outs:
             out.node = node
+        if grad:  # a gradient node: what it reads and writes has a symbol (num_tensors)
+            for v, _ in reads:
+                v.linked = True
+            for out in outs:
+                out.linked = True
     if memo is not None:
         memo[key] = outs
         entry = (memo, key)

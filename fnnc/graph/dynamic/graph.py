@@ -325,9 +325,18 @@ class DynamicGraph:
 
     @property
     def num_tensors(self) -> int:
-        """Tensor symbols of the recorded graph (versions held or recorded), after pruning."""
+        """Tensor symbols of the recorded graph as NNC counts them
+        (``ccv_nnc_dynamic_graph_bookkeeping_count(graph, CCV_NNC_SYMBOL_TENSOR)``), after
+        pruning: the versions recorded nodes read or write, and the values live variables
+        hold that a recorded node once read or wrote and that were not detached since. A
+        variable not yet used, a gradient ``backward`` gave and a detached value that no
+        node uses any more have no symbol."""
         self.collect()
-        return len(self._record.versions)
+        return sum(
+            1
+            for v in self._record.versions.values()
+            if v.node is not None or v.readers or (v.pins and v.linked and not v.cut)
+        )
 
     def graph(self) -> Graph:
         """The recorded graph: leaves as inputs, held versions as outputs, with names."""

@@ -80,8 +80,8 @@ class Version:
     """One SSA version: shape, dtype, value (``None`` until computed), producer."""
 
     __slots__ = (
-        "cut", "dtype", "grad", "id", "memo", "name", "node", "pins", "readers", "shape",
-        "sid", "source", "value", "views",
+        "cut", "dtype", "grad", "id", "linked", "memo", "name", "node", "pins", "readers",
+        "shape", "sid", "source", "value", "views",
     )  # fmt: skip
 
     def __init__(
@@ -98,6 +98,7 @@ class Version:
         self.node: Node | None = None  # the producer while it is recorded
         self.pins = 0  # live storage slots holding this version
         self.readers = 0  # recorded nodes reading it
+        self.linked = False  # once read or written by a recorded gradient node (a symbol)
         self.memo: tuple[dict, Any] | None = None  # the memo entry that returns it
         self.name = ""
         self.views: dict[View, Any] | None = None  # computed view values
