@@ -319,9 +319,12 @@ class DynamicGraph:
     # -- introspection -------------------------------------------------------------
     @property
     def num_nodes(self) -> int:
-        """Recorded nodes, after pruning."""
+        """Recorded nodes, after pruning, as NNC counts exec symbols
+        (``ccv_nnc_dynamic_graph_bookkeeping_count(graph, CCV_NNC_SYMBOL_GRAPH_EXEC)``):
+        one per ``exec`` of yours that is kept; the nodes that carry a write through an
+        alias into its variable are part of that exec, not counted apart."""
         self.collect()
-        return len(self._record.nodes)
+        return sum(1 for node in self._record.nodes.values() if not node.internal)
 
     @property
     def num_tensors(self) -> int:

@@ -128,7 +128,7 @@ class Node:
     to change it again); nothing mutates it.
     """
 
-    __slots__ = ("cmd", "id", "inputs", "name", "outputs", "pending")
+    __slots__ = ("cmd", "id", "inputs", "internal", "name", "outputs", "pending")
 
     def __init__(
         self,
@@ -145,6 +145,7 @@ class Node:
         self.outputs = outputs
         self.name = name
         self.pending = pending
+        self.internal = False  # a write through an alias: not one of the user's execs
 
 
 class Record:

@@ -69,7 +69,7 @@ def _assign(dg: DynamicGraph, target: Variable, slot: Slot, read: Read, where: s
     if got != shape and v.dtype == dtype and _squeezed(got) == _squeezed(shape):
         # NumPy's y[0] = z for z of shape [1]: the same values with size-1 axes
         # dropped or added are written as the target's shape
-        (v,) = run_reads(dg, ops.reshape(shape=tuple(shape)), [read], "")
+        (v,) = _internal(run_reads(dg, ops.reshape(shape=tuple(shape)), [read], ""))
         read, view, got = (v, None), None, tuple(shape)
     if got != shape or v.dtype != dtype:
         error = ShapeError if got != shape else DTypeError
@@ -80,9 +80,9 @@ def _assign(dg: DynamicGraph, target: Variable, slot: Slot, read: Read, where: s
     if target._view is not None:
         w = target._view
         cmd = write_view(shape=w.shape, base=w.base, stride=w.stride)
-        (new,) = run_reads(dg, cmd, [(old, None), read], "")
+        (new,) = _internal(run_reads(dg, cmd, [(old, None), read], ""))
     elif view is not None:
-        (new,) = run_reads(dg, _COPY, [read], "")
+        (new,) = _internal(run_reads(dg, _COPY, [read], ""))
     else:
         new = v
     if not slot.trainable and new.grad and new.pins == 0:
@@ -100,6 +100,16 @@ def _assign(dg: DynamicGraph, target: Variable, slot: Slot, read: Read, where: s
         new = dg._leaf(new.value, grad=True, name=slot.name)
     new.name = new.name or slot.name
     repin(dg, slot, new)
+
+
+def _internal(outs: tuple[Version, ...]) -> tuple[Version, ...]:
+    """``outs``, whose producer (a write through an alias, a copy of a view, a reshape
+    to the target's shape) is marked as the dynamic graph's own node: NNC records such
+    a write as part of the user's exec, so :attr:`DynamicGraph.num_nodes` leaves it out."""
+    for out in outs:
+        if out.node is not None:
+            out.node.internal = True
+    return outs
 
 
 def _squeezed(shape: Sequence[int]) -> tuple[int, ...]:
