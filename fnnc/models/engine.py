@@ -247,7 +247,9 @@ class Engine(StepsMixin):
                 self.values[pid] = place(v, self.parallel.sharding(spec))
 
     def set_parameters(self, values: dict[str, Any], *, strict: bool = True) -> None:
-        """Sets parameters by id, checking shapes; ``strict`` rejects unknown ids."""
+        """Sets parameters by id, checking shapes; ``strict`` rejects unknown ids. A value
+        whose shape differs from the parameter's only by size-1 axes (a ``[1]`` value for
+        a ``[1, 1]`` weight, which NNC's ``set_parameter`` copies) is reshaped to it."""
         unknown = [k for k in values if k not in self.infos]
         if unknown and strict:
             raise ModelError(
@@ -258,7 +260,10 @@ class Engine(StepsMixin):
             if pid not in self.infos:
                 continue
             info = self.infos[pid]
-            if tuple(np.shape(value)) != info.shape:
+            given = tuple(np.shape(value))
+            if given != info.shape and _squeezed(given) == _squeezed(info.shape):
+                value = np.reshape(value, info.shape)
+            elif given != info.shape:
                 raise ModelError(
                     f"set_parameters: {pid} (layer {info.layer}) is "
                     f"{list(info.shape)}, the value given is {list(np.shape(value))}"
@@ -403,3 +408,7 @@ class Engine(StepsMixin):
         of its partition as ``pid`` sees it (:func:`fnnc.models.optim.view`)."""
         self._sync_live()
         return self._host(self.store.all_states(pid))
+
+
+def _squeezed(shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)

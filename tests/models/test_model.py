@@ -252,3 +252,22 @@ def test_a_deep_copy_of_a_trained_model_trains_on_as_the_original_and_apart_from
     for k, v in model.parameters().items():
         np.testing.assert_array_equal(np.asarray(copied.parameters()[k]), np.asarray(v))
     assert copied.engine._programs is not model.engine._programs
+
+
+def test_set_parameters_takes_a_value_that_differs_by_size_1_axes_only():
+    """NNC's set_parameter copies a [1] value into a [1, 1] weight: a value whose shape
+    differs only by size-1 axes is reshaped (the model then computes with it); the same
+    elements in another arrangement ([8, 3] for [3, 8]) are still refused."""
+    x = Input()
+    model = Model([x], [Dense(1, name="one", no_bias=True)(x)])
+    model.compile([np.ones((2, 1), np.float32)])
+    (pid,) = model.parameters()
+    model.set_parameters({pid: np.float32([2.5])})
+    assert np.asarray(model.parameters()[pid]).shape == (1, 1)
+    np.testing.assert_allclose(
+        np.asarray(model.evaluate([np.float32([[2.0], [4.0]])])), [[5.0], [10.0]]
+    )
+    wide = _mlp()
+    wide.compile([_data()[0]], loss="softmax_crossentropy", minimizer=optax.sgd(0.1))
+    with pytest.raises(ModelError, match=r"is \[3, 8\], the value given is \[8, 3\]"):
+        wide.set_parameters({"t-out-0-0": np.zeros((8, 3))})
