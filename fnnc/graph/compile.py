@@ -205,9 +205,8 @@ class Program:
             jax.block_until_ready(values)
         if self._in_flight is not None:
             self._in_flight.append(values)
-            if len(self._in_flight) > IN_FLIGHT:  # outputs a later call took are gone
-                oldest = jax.tree.leaves(self._in_flight.popleft())
-                jax.block_until_ready([v for v in oldest if not v.is_deleted()])
+            if len(self._in_flight) > IN_FLIGHT:
+                _wait(jax.tree.leaves(self._in_flight.popleft()))
         if self.numerics and len(values) > len(self.graph.outputs):
             flags = np.asarray(values[-1])
             values = values[:-1]
@@ -274,6 +273,19 @@ class Program:
 
     def __repr__(self) -> str:
         return f"<Program of {self.graph!r} on {self.platform}>"
+
+
+def _wait(values: Sequence[Any]) -> None:
+    """Waits for the outputs of a queued call, skipping those a later call took: a
+    donated output is deleted, or (jax 0.11) refuses the wait while the later call that
+    took it is still queued, which is checked here, not before, to leave no race."""
+    for v in values:
+        try:
+            if not v.is_deleted():
+                v.block_until_ready()
+        except jax.errors.JaxRuntimeError as e:
+            if "deleted or donated" not in str(e):
+                raise
 
 
 def _hoisted(value: Any) -> bool:
