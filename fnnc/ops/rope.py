@@ -61,7 +61,7 @@ def _rotate_half_backward(grads, inputs, outputs):
     return (rotate_half.definition.forward(grads[0]),)
 
 
-def _cmul_rule(a: Spec, b: Spec) -> Spec:
+def _cmul_rule(a: Spec, b: Spec, *, conjugate: bool = False) -> Spec:
     require_float("cmul", a, b)
     dtype = require_same_dtype("cmul", a, b)
     shape = broadcast_shape("cmul", a.shape, b.shape)
@@ -91,15 +91,21 @@ def _cmul(a, b, shape, conjugate_b=False):
 
 
 @defcommand(family="rope", shape=_cmul_rule, uses=Uses(inputs=(0, 1)))
-def cmul(a, b):
+def cmul(a, b, *, conjugate=False):
     """Complex product of interleaved pairs ``(re, im)`` along the last axis
-    (broadcasting the other axes): RoPE with complex frequencies."""
-    return _cmul(a, b, broadcast_shape("cmul", a.shape, b.shape))
+    (broadcasting the other axes): RoPE with complex frequencies. ``conjugate=True``
+    multiplies by ``b``'s conjugate, ``a * conj(b)`` (NNC's ``cmul.conjugate``)."""
+    return _cmul(a, b, broadcast_shape("cmul", a.shape, b.shape), conjugate_b=conjugate)
 
 
 @cmul.backward
-def _cmul_backward(grads, inputs, outputs):
+def _cmul_backward(grads, inputs, outputs, *, conjugate=False):
     (g,), (a, b) = grads, inputs
+    if conjugate:  # z = a conj(b): dA = g b, dB = a conj(g)
+        return (
+            unbroadcast(_cmul(g, b, g.shape), a.shape),
+            unbroadcast(_cmul(a, g, g.shape, conjugate_b=True), b.shape),
+        )
     return (
         unbroadcast(_cmul(g, b, g.shape, conjugate_b=True), a.shape),
         unbroadcast(_cmul(g, a, g.shape, conjugate_b=True), b.shape),

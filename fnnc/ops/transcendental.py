@@ -67,9 +67,16 @@ def _ewpow_backward(grads, inputs, outputs):
     return unbroadcast(g * da, a.shape), unbroadcast(g * db, b.shape)
 
 
+def _floor_problem(floor: float) -> str | None:
+    if math.isfinite(floor) and floor > 0:
+        return None
+    return f"signed_sqrt: floor must be finite and positive, got {floor}"
+
+
 def _check_floor(floor: float) -> None:
-    if not (math.isfinite(floor) and floor > 0):
-        raise CommandError(f"signed_sqrt: floor must be finite and positive, got {floor}")
+    problem = _floor_problem(floor)
+    if problem is not None:
+        raise CommandError(problem)
 
 
 def _signed_sqrt_rule(x: Spec, *, floor) -> Spec:
@@ -78,7 +85,13 @@ def _signed_sqrt_rule(x: Spec, *, floor) -> Spec:
     return Spec(tuple(x.shape), x.dtype)
 
 
-@defcommand(family="elementwise", shape=_signed_sqrt_rule, uses=Uses(inputs=(0,)), elementwise=True)
+@defcommand(
+    family="elementwise",
+    shape=_signed_sqrt_rule,
+    uses=Uses(inputs=(0,)),
+    elementwise=True,
+    backward_check=lambda cmd: _floor_problem(cmd.param("floor")),
+)
 def signed_sqrt(x, *, floor=1e-6):
     """``sign(x) * sqrt(max(|x|, floor))``; NaN counts as below the floor (its sign kept)."""
     m = jnp.abs(x)
@@ -88,6 +101,7 @@ def signed_sqrt(x, *, floor=1e-6):
 
 @signed_sqrt.backward
 def _signed_sqrt_backward(grads, inputs, outputs, *, floor):
+    _check_floor(floor)  # as NNC's backward kernel refuses it (empty inputs too)
     (g,), (x,) = grads, inputs
     m = jnp.abs(x)
     safe = jnp.where(m >= floor, m, jnp.ones((), x.dtype))
