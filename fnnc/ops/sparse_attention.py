@@ -41,6 +41,7 @@ from jax import lax
 from fnnc.core.command import Spec, defcommand
 from fnnc.errors import DTypeError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show
+from fnnc.ops.attention import scaled_dot_product_attention
 
 
 def _arg_partition_shape(
@@ -200,12 +201,18 @@ def sparse_indexed_attention(
 
 
 def _sol_shape(
-    q, k, v, *, scale, tau, block_size, approximation_start, approximation_end,
-    query_block_size, local_block_radius
+    q, k, v, is_dense_attention=None, *, scale, tau, block_size, approximation_start,
+    approximation_end, query_block_size, local_block_radius
 ):  # fmt: skip
     name = "sol_attention"
     require_float(name, q, k, v)
     require_same_dtype(name, q, k, v)
+    flag = is_dense_attention
+    if flag is not None and (np.dtype(flag.dtype) != np.int32 or math.prod(flag.shape) != 1):
+        fail(
+            f"{name}: is_dense_attention must be one int32 (non-zero: dense attention), "
+            f"got {show(flag)}"
+        )
     if q.ndim != 4 or tuple(k.shape) != tuple(q.shape) or tuple(v.shape) != tuple(q.shape):
         fail(
             f"{name}: q, k, v must share one [N, T, H, D] shape; got {show(q)}, {show(k)}, "
@@ -241,6 +248,7 @@ def sol_attention(
     q,
     k,
     v,
+    is_dense_attention=None,
     *,
     scale=1.0,
     tau=0.5,
@@ -252,12 +260,31 @@ def sol_attention(
 ):
     """Block-routed approximate attention over ``[N, T, H, D]`` (see the module docstring).
 
+    ``is_dense_attention`` (optional, one int32): where it is non-zero the command is
+    dense scaled dot-product attention at ``scale`` instead (NNC's fourth input), chosen
+    at run time.
+
     >>> import jax.numpy as jnp
     >>> from fnnc import ops
     >>> x = jnp.ones((1, 4, 1, 2))
     >>> ops.sol_attention(block_size=2)(x, x, x).shape
     (1, 4, 1, 2)
     """
+    routed = _sol(
+        q, k, v, scale, tau, block_size, approximation_start, approximation_end,
+        query_block_size, local_block_radius,
+    )  # fmt: skip
+    if is_dense_attention is None:
+        return routed
+    dense = scaled_dot_product_attention.definition.forward(q, k, v, scale=scale)
+    return jnp.where(jnp.reshape(is_dense_attention, ()) != 0, dense, routed)
+
+
+def _sol(
+    q, k, v, scale, tau, block_size, approximation_start, approximation_end,
+    query_block_size, local_block_radius,
+):  # fmt: skip
+    """The routed attention of :func:`sol_attention`."""
     t = q.shape[1]
     b = block_size
     qb = query_block_size or b

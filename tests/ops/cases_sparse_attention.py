@@ -56,4 +56,14 @@ CASES = [
         (rand([2, 7, 1, 2]), rand([2, 7, 1, 2], seed=1), rand([2, 7, 1, 2], seed=2)),
         "sol_attention-query-blocks",
     ),
+    Case(
+        ops.sol_attention(block_size=3, approximation_end=7),
+        (
+            rand([1, 7, 1, 2]),
+            rand([1, 7, 1, 2], seed=1),
+            rand([1, 7, 1, 2], seed=2),
+            np.array([1], i32),
+        ),
+        "sol_attention-dense-selected",
+    ),
 ]
