@@ -408,8 +408,9 @@ def _left_out(cmd: Command, arrays: Sequence[Any]) -> tuple[Any, ...]:
     if not any(a is None for a in arrays):
         return tuple(arrays)
     opdef = lookup(cmd.name)
+    optional = range(opdef.num_required, opdef.num_required + opdef.num_optional)
     for i, a in enumerate(arrays):
-        if a is None and (opdef.variadic or i < opdef.num_required):
+        if a is None and i not in optional:
             raise CommandError(
                 f"{cmd}: input {i} is None, but it is required "
                 f"(signature {opdef.name}{inspect.signature(opdef.forward)}); only optional "

@@ -58,21 +58,25 @@ def _layout(n: int, *, num_layers, bidirectional, proj_size, dropout, is_test):
     return units, per, per == base + 1, keyed
 
 
-def _lstm_shape(x, h0, c0, *rest, **params):
+def _lstm_shape(x, h0=None, c0=None, *rest, **params):
     name = "lstm"
     units, per, has_bias, keyed = _layout(3 + len(rest), **params)
     weights = rest[: units * per]
-    require_float(name, x, h0, c0, *weights)
-    require_same_dtype(name, x, h0, c0, *weights)
+    given = [s for s in (h0, c0) if s is not None]
+    require_float(name, x, *given, *weights)
+    require_same_dtype(name, x, *given, *weights)
     if keyed:
         _check_key(name, rest[-1])
     if x.ndim != 3:
         fail(f"{name}: x {show(x)} must be [batch, time, features]")
     b, t, i = x.shape
-    hidden = c0.shape[-1]
+    hidden = c0.shape[-1] if c0 is not None else weights[1].shape[0] // 4
     p = params["proj_size"] or hidden
     d = 2 if params["bidirectional"] else 1
-    lead = (units, b) if units > 1 or h0.ndim == 3 else (b,)
+    stacked = units > 1 or any(s.ndim == 3 for s in given)
+    lead = (units, b) if stacked else (b,)
+    h0 = Spec((*lead, p), x.dtype) if h0 is None else h0  # absent: zeros
+    c0 = Spec((*lead, hidden), x.dtype) if c0 is None else c0
     if tuple(h0.shape) != (*lead, p) or tuple(c0.shape) != (*lead, hidden):
         fail(
             f"{name}: h0 {show(h0)} and c0 {show(c0)} should be {list((*lead, p))} and "
@@ -116,9 +120,18 @@ def _direction(x, h0, c0, w_ih, w_hh, bias, w_hr, reverse):
 
 @defcommand(family="rnn", shape=_lstm_shape, min_inputs=5)
 def lstm(
-    x, h0, c0, *rest, num_layers=1, bidirectional=False, proj_size=0, dropout=0.0, is_test=False
+    x,
+    h0=None,
+    c0=None,
+    *rest,
+    num_layers=1,
+    bidirectional=False,
+    proj_size=0,
+    dropout=0.0,
+    is_test=False,
 ):
     """NNC's LSTM over ``x [B, T, I]``: ``(y [B, T, D*P], h_T, c_T)`` (see the module doc).
+    ``h0``/``c0`` given as ``None`` start from zeros (NNC's absent hx, cx).
 
     Per step, ``i, f, g, o = split(x_t w_ihᵀ + h w_hhᵀ + bias)``;
     ``c = σ(f) c + σ(i) tanh(g)`` and ``h = σ(o) tanh(c)`` (times ``w_hrᵀ`` with a
@@ -145,6 +158,10 @@ def lstm(
     )
     _, per, has_bias, keyed = _layout(3 + len(rest), **params)
     d = 2 if bidirectional else 1
+    if h0 is None or c0 is None:  # absent initial states are zeros
+        _, h_spec, c_spec = _lstm_shape(x, h0, c0, *rest, **params)
+        h0 = jnp.zeros(h_spec.shape, x.dtype) if h0 is None else h0
+        c0 = jnp.zeros(c_spec.shape, x.dtype) if c0 is None else c0
     stacked = h0.ndim == 3
     hs = h0 if stacked else h0[None]
     cs = c0 if stacked else c0[None]

@@ -408,14 +408,6 @@ def test_lstm_backward_without_dhy_dcy_dhx_dcx() -> None:
     assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "NNC LSTM forward without hx, cx, hy, cy: hx and cx may be absent (zero initial "
-        "states) / fnnc's ops.lstm requires h0 and c0 (CommandError 'input 1 is None, but "
-        "it is required')"
-    ),
-)
 def test_lstm_forward_and_backward_without_hx_cx() -> None:
     """NNC: LSTM forward without hx, cx, hy, cy, and LSTM backward without hx, cx, hy, cy,
     dhy, dcy, dhx, dcx. Without initial states the LSTM starts from zeros: the forward
