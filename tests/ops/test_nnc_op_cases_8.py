@@ -25,6 +25,7 @@ from fnnc import ops
 from fnnc.graph import GraphBuilder, backward, compile
 from fnnc.models import CommandLayer, Input, Model
 from tests.helpers import assert_close
+from tests.ops.test_nnc_gated_delta import _reference, _value
 
 f32 = np.float32
 
@@ -174,32 +175,6 @@ def test_cpu_sol_dense_selection_input_equals_dense_attention() -> None:
 # -- gated_delta.tests.c -----------------------------------------------------------------------
 
 
-def _value(n: int, multiplier: int, modulus: int, scale: float) -> np.ndarray:
-    """NNC's ``_gated_delta_value``."""
-    i = np.arange(n)
-    return ((((i * multiplier) % modulus) - modulus // 2) * scale).astype(f32)
-
-
-def _gated_delta_reference(q, k, v, log_decay, beta, state):
-    """NNC's ``_gated_delta_reference`` (float64): per value row, decay, read the memory
-    ``row . k``, write ``(v - memory) beta k``, output ``row . q``."""
-    b_, t_, hk, _ = q.shape
-    hv, dv = v.shape[2], v.shape[3]
-    y = np.zeros(v.shape)
-    out = state.astype(np.float64).copy()
-    for b in range(b_):
-        for h in range(hv):
-            g = h // (hv // hk)
-            for d in range(dv):
-                row = out[b, h, d]
-                for t in range(t_):
-                    row *= np.exp(log_decay[b, t, h])
-                    memory = row @ k[b, t, g]
-                    row += (v[b, t, h, d] - memory) * beta[b, t, h] * k[b, t, g]
-                    y[b, t, h, d] = row @ q[b, t, g]
-    return y, out
-
-
 def _grouped_heads_inputs():
     """ "gated delta forward with grouped heads": B 2, T 4, Hk 2, Dk 5, Hv 4, Dv 3."""
     bb, t, hk, dk, hv, dv = 2, 4, 2, 5, 4, 3
@@ -222,7 +197,7 @@ def test_gated_delta_forward_in_place_state() -> None:
     syms = [b.input(x.shape, name=n) for x, n in zip(inputs, ("q", "k", "v", "g", "beta", "s"))]
     y, s = b.exec(ops.gated_delta(), *syms, name="gated_delta")
     program = compile(b.build([y, s]), donate=["s"])
-    want_y, want_s = _gated_delta_reference(*inputs)
+    want_y, want_s = _reference(*inputs)
     state = jnp.asarray(inputs[5])
     got_y, got_s = program(*inputs[:5], state)
     assert_close((got_y, got_s), (want_y, want_s), rtol=0, atol=1e-6)
@@ -240,7 +215,7 @@ def test_cnnp_gated_delta_forward() -> None:
     log_decay = (-0.03 * ((i % 4) + 1)).astype(f32).reshape(bb, t, hv)
     beta = (0.12 + 0.06 * (i % 3)).astype(f32).reshape(bb, t, hv)
     state = _value(bb * hv * dv * dk, 13, 29, 0.01).reshape(bb, hv, dv, dk)
-    want = _gated_delta_reference(q, k, v, log_decay, beta, state)
+    want = _reference(q, k, v, log_decay, beta, state)
     for cmd, gate in (
         (ops.gated_delta(), log_decay),
         (ops.gated_delta(log_decay_input=False), np.exp(log_decay).astype(f32)),
