@@ -10,9 +10,32 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import jax
+
+from fnnc.core.command import Spec
 from fnnc.ops._rules import fail
 
 Pads = tuple[tuple[int, int], ...]
+
+
+def one_sample(x: Any, batched_rank: int) -> bool:
+    """NNC's tensors without a batch axis: ``x`` one rank below ``batched_rank`` (a
+    convolution's weight rank, a pool's spatial axes + 2) is one sample."""
+    return x is not None and len(x.shape) == batched_rank - 1
+
+
+def add_batch(x: Any) -> Any:
+    """``x`` (an array or a spec) with a leading batch axis of 1."""
+    if isinstance(x, (Spec, jax.ShapeDtypeStruct)):
+        return Spec((1, *x.shape), x.dtype)
+    return x[None]
+
+
+def drop_batch(x: Any) -> Any:
+    """``x`` (an array or a spec) without its leading batch axis of 1."""
+    if isinstance(x, (Spec, jax.ShapeDtypeStruct)):
+        return Spec(tuple(x.shape[1:]), x.dtype)
+    return x[0]
 
 
 def _is_int(v: Any) -> bool:

@@ -3,7 +3,9 @@ CONVOLUTION_TRANSPOSE).
 
 Layouts follow NNC: ``x`` is channels-last ``[batch, spatial..., channels]`` (NHWC for
 2-D), the weight is ``[out, k..., in/groups]`` (``[out, kh, kw, in/groups]``) and the
-number of spatial axes (1, 2 or 3) is the weight's rank minus 2. Spatial
+number of spatial axes (1, 2 or 3) is the weight's rank minus 2. As in NNC, ``x`` one
+rank below the weight is one sample without the batch axis (HWC for 2-D), and so is
+the result. Spatial
 hyper-parameters take one int for every axis or one entry per axis; ``padding`` also
 takes ``"SAME"`` / ``"VALID"``.
 
@@ -59,7 +61,8 @@ def _check(name: str, x: Any, w: Any, bias: Any, groups: int, channels_in: str) 
     if x.ndim != w.ndim:
         fail(
             f"{name}: x {show(x)} must be [batch, spatial..., channels] with {w.ndim - 2} "
-            f"spatial axes to match weight {show(w)}; add a batch axis of 1 for one sample"
+            f"spatial axes to match weight {show(w)}, or [spatial..., channels] for one "
+            "sample"
         )
     if not isinstance(groups, int) or groups < 1 or w.shape[0] % groups:
         fail(f"{name}: groups={groups!r} must be a positive int dividing weight {show(w)} dim 0")
@@ -150,9 +153,12 @@ def _grads(g, x, w, *, transpose, strides, pads, dilation, groups, output_paddin
 
 
 def _conv_shape(x, w, bias=None, *, strides, padding, dilation, groups):
+    one = _spatial.one_sample(x, w.ndim)
+    x = _spatial.add_batch(x) if one else x
     o, _ = _check("convolution", x, w, bias, groups, "in")
     *_, sizes = _conv_geometry("convolution", x, w, strides, padding, dilation)
-    return Spec((x.shape[0], *sizes, o), x.dtype)
+    out = Spec((x.shape[0], *sizes, o), x.dtype)
+    return _spatial.drop_batch(out) if one else out
 
 
 @defcommand(family="convolution", shape=_conv_shape, uses=Uses(inputs=(0, 1)))
@@ -168,14 +174,19 @@ def convolution(x, w, bias=None, *, strides=1, padding=0, dilation=1, groups=1):
     >>> ops.convolution(padding="SAME")(jnp.ones((1, 5, 5, 3)), jnp.ones((8, 3, 3, 3))).shape
     (1, 5, 5, 8)
     """
+    one = _spatial.one_sample(x, w.ndim)
+    x = x[None] if one else x
     s, pads, d, _ = _conv_geometry("convolution", x, w, strides, padding, dilation)
     y = _conv(x, w, s, pads, d, groups)
-    return y if bias is None else y + to_shape(bias, y.shape)
+    y = y if bias is None else y + to_shape(bias, y.shape)
+    return y[0] if one else y
 
 
 @convolution.backward
 def _convolution_backward(grads, inputs, outputs, *, strides, padding, dilation, groups):
     (g,), (x, w, *bias) = grads, inputs
+    one = _spatial.one_sample(x, w.ndim)
+    x, g = (x[None], g[None]) if one else (x, g)
     s, pads, d, sizes = _conv_geometry("convolution", x, w, strides, padding, dilation)
     keff = _spatial.dilated(w.shape[1:-1], d)
     # The output_padding that makes the transpose give back exactly x's sizes.
@@ -184,15 +195,19 @@ def _convolution_backward(grads, inputs, outputs, *, strides, padding, dilation,
         for n, m, si, ke, (lo, hi) in zip(x.shape[1:-1], sizes, s, keff, pads)
     )
     geometry = dict(strides=s, pads=pads, dilation=d, groups=groups, output_padding=r)
-    return _grads(g, x, w, transpose=False, bias=bool(bias), **geometry)
+    out = _grads(g, x, w, transpose=False, bias=bool(bias), **geometry)
+    return (out[0][0], *out[1:]) if one else out
 
 
 def _conv_t_shape(x, w, bias=None, *, strides, padding, dilation, groups, output_padding):
+    one = _spatial.one_sample(x, w.ndim)
+    x = _spatial.add_batch(x) if one else x
     _, c = _check("convolution_transpose", x, w, bias, groups, "out")
     geometry = _transpose_geometry(
         "convolution_transpose", x, w, strides, padding, dilation, output_padding
     )
-    return Spec((x.shape[0], *geometry[3], c), x.dtype)
+    out = Spec((x.shape[0], *geometry[3], c), x.dtype)
+    return _spatial.drop_batch(out) if one else out
 
 
 @defcommand(family="convolution", shape=_conv_t_shape, uses=Uses(inputs=(0, 1)))
@@ -214,11 +229,14 @@ def convolution_transpose(
     ...     jnp.ones((1, 4, 4, 8)), jnp.ones((8, 3, 3, 3))).shape
     (1, 8, 8, 3)
     """
+    one = _spatial.one_sample(x, w.ndim)
+    x = x[None] if one else x
     s, pads, d, _, r = _transpose_geometry(
         "convolution_transpose", x, w, strides, padding, dilation, output_padding
     )
     y = _conv_t(x, w, s, pads, d, groups, r)
-    return y if bias is None else y + to_shape(bias, y.shape)
+    y = y if bias is None else y + to_shape(bias, y.shape)
+    return y[0] if one else y
 
 
 @convolution_transpose.backward
@@ -226,8 +244,11 @@ def _convolution_transpose_backward(
     grads, inputs, outputs, *, strides, padding, dilation, groups, output_padding
 ):
     (g,), (x, w, *bias) = grads, inputs
+    one = _spatial.one_sample(x, w.ndim)
+    x, g = (x[None], g[None]) if one else (x, g)
     s, pads, d, _, r = _transpose_geometry(
         "convolution_transpose", x, w, strides, padding, dilation, output_padding
     )
     geometry = dict(strides=s, pads=pads, dilation=d, groups=groups, output_padding=r)
-    return _grads(g, x, w, transpose=True, bias=bool(bias), **geometry)
+    out = _grads(g, x, w, transpose=True, bias=bool(bias), **geometry)
+    return (out[0][0], *out[1:]) if one else out

@@ -149,6 +149,8 @@ def _geometry(x: Any, w: Any, params: dict[str, Any]) -> tuple:
 
 
 def _dtype_reason(specs: Sequence[Any]) -> str | None:
+    if specs[0].ndim != specs[1].ndim:
+        return "one sample without a batch axis: the reference adds it"
     dtype = np.dtype(specs[0].dtype)
     if dtype not in DTYPES:
         return (
@@ -163,6 +165,8 @@ def supports_mixed(cmd: Any, specs: Sequence[Any]) -> str | None:
     at least :data:`MIN_ROWS` output positions over the batch."""
     if specs[1].ndim != 4:
         return f"{specs[1].ndim - 2}-D convolution: the rules were measured on 2-D ones"
+    if specs[0].ndim != 4:
+        return "one sample without a batch axis: the reference adds it"
     if cmd.param("groups") != 1:
         return "grouped convolution: the rules were measured on ungrouped ones"
     x, w = specs[0], specs[1]

@@ -1,13 +1,16 @@
 """Pool family: max_pool and avg_pool (NNC's MAX_POOL and AVERAGE_POOL), and sum_pool.
 
-Inputs are channels-last ``[batch, spatial..., channels]`` (NHWC for 2-D); the number
-of spatial axes is the rank minus 2. ``window``, ``strides`` (default: the window)
-and ``padding`` take one int for every axis or one entry per axis; ``padding`` also
-takes ``"SAME"`` / ``"VALID"``. Padded cells never win a max and are not counted in
-an average: NNC's ``lib/nnc/cmd/pool/ccv_nnc_avg_pool_cpu_ref.c`` divides each sum by
-the number of cells of the window inside the input (``m[0] * m[1]``). ``sum_pool`` (not
-an NNC command) is the window sum that Flax's ``avg_pool`` divides by the window size,
-so traced Flax models map to commands with the very same values.
+Inputs are channels-last ``[batch, spatial..., channels]`` (NHWC for 2-D); the number of
+spatial axes is the rank minus 2, or the length of a ``window``/``strides`` tuple: an
+input one rank below that many spatial axes + 2 is one sample without the batch axis
+(HWC for a 2-D window, as NNC's 3-d tensors), and so is the result. ``window``,
+``strides`` (default: the window) and ``padding`` take one int for every axis or one
+entry per axis; ``padding`` also takes ``"SAME"`` / ``"VALID"``. Padded cells never win
+a max and are not counted in an average: NNC's
+``lib/nnc/cmd/pool/ccv_nnc_avg_pool_cpu_ref.c`` divides each sum by the number of cells
+of the window inside the input (``m[0] * m[1]``). ``sum_pool`` (not an NNC command) is
+the window sum that Flax's ``avg_pool`` divides by the window size, so traced Flax
+models map to commands with the very same values.
 
 On CPU, ``max_pool`` runs as elementwise passes over one strided view per window cell:
 the forward is their maximum, the backward replays XLA's ``select_and_scatter`` (the
@@ -28,6 +31,7 @@ import numpy as np
 from jax import lax
 
 from fnnc.core.command import NOTHING, Spec, Uses, defcommand
+from fnnc.errors import ShapeError
 from fnnc.ops import _spatial
 from fnnc.ops._rules import fail, require_float, show
 
@@ -49,12 +53,41 @@ def _geometry(name: str, x, window, strides, padding):
     return k, s, pads, _spatial.out_sizes(name, show(x), x.shape[1:-1], pads, k, s)
 
 
+def _one_sample(x, window, strides) -> bool:
+    """Whether ``x`` is one sample without the batch axis: a ``window`` (or
+    ``strides``) tuple names the spatial axes and ``x`` has one more axis than those."""
+    given = window if isinstance(window, tuple) else strides
+    return isinstance(given, tuple) and _spatial.one_sample(x, len(given) + 2)
+
+
 def _pool_shape(name: str):
     def rule(x, *, window, strides, padding):
-        *_, sizes = _geometry(name, x, window, strides, padding)
-        return Spec((x.shape[0], *sizes, x.shape[-1]), x.dtype)
+        if not _one_sample(x, window, strides):
+            *_, sizes = _geometry(name, x, window, strides, padding)
+            return Spec((x.shape[0], *sizes, x.shape[-1]), x.dtype)
+        lifted = _spatial.add_batch(x)
+        try:
+            *_, sizes = _geometry(name, lifted, window, strides, padding)
+        except ShapeError as e:
+            raise ShapeError(
+                f"{e} (one sample without a batch axis: x {show(x)} is taken as "
+                f"{show(lifted)}; pass a batched x, or an int window for 1-D pools)"
+            ) from None
+        return Spec((*sizes, x.shape[-1]), x.dtype)
 
     return rule
+
+
+def _per_sample(forward):
+    """``forward`` of a pool that also takes one sample without the batch axis."""
+
+    @functools.wraps(forward)
+    def run(x, *, window=(2, 2), strides=None, padding=0):
+        if _one_sample(x, window, strides):
+            return forward(x[None], window=window, strides=strides, padding=padding)[0]
+        return forward(x, window=window, strides=strides, padding=padding)
+
+    return run
 
 
 def _reduce(x, init, op, k, s, pads):
@@ -65,6 +98,7 @@ def _reduce(x, init, op, k, s, pads):
 
 
 @defcommand(family="pool", shape=_pool_shape("max_pool"), uses=Uses(inputs=(0,)))
+@_per_sample
 def max_pool(x, *, window=(2, 2), strides=None, padding=0):
     """Maximum over each window; padded cells never win.
 
@@ -146,6 +180,9 @@ def _interleave(picked, shape, k, pads, out):
 @max_pool.backward
 def _max_pool_backward(grads, inputs, outputs, *, window, strides, padding):
     (g,), (x,) = grads, inputs
+    if _one_sample(x, window, strides):
+        lifted = (None if g is None else g[None],), (x[None],), outputs
+        return (_max_pool_backward(*lifted, window=window, strides=strides, padding=padding)[0][0],)
     k, s, pads, out = _geometry("max_pool", x, window, strides, padding)
     if g is None:
         return (jnp.zeros(x.shape, x.dtype),)
@@ -166,6 +203,7 @@ def _window_counts(sizes, pads, k, s, out) -> np.ndarray:
 
 
 @defcommand(family="pool", shape=_pool_shape("avg_pool"), uses=NOTHING)
+@_per_sample
 def avg_pool(x, *, window=(2, 2), strides=None, padding=0):
     """Mean over each window, counting only cells inside the input (NNC's AVERAGE_POOL).
 
@@ -199,6 +237,7 @@ avg_pool.backward(_transposed(avg_pool))
 
 
 @defcommand(family="pool", shape=_pool_shape("sum_pool"), uses=NOTHING)
+@_per_sample
 def sum_pool(x, *, window=(2, 2), strides=None, padding=0):
     """Sum over each window; padded cells add zero (JAX's ``reduce_window`` with ``add``,
     which Flax's ``avg_pool`` divides by the window size).

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from fnnc import ops
+from fnnc.core.command import output_specs
 from fnnc.errors import DTypeError, ShapeError
 from tests.helpers import assert_close, rand
 
@@ -140,8 +141,8 @@ def test_convolution_errors_say_what_to_do() -> None:
         ops.convolution(groups=3)(rand([1, 5, 5, 6]), rand([8, 3, 3, 2]))
     with pytest.raises(ShapeError, match=r"strides=.*1 spatial axes"):
         ops.convolution(strides=(1, 1))(rand([1, 8, 3]), rand([4, 3, 3]))
-    with pytest.raises(ShapeError, match="add a batch axis"):
-        ops.convolution()(rand([8, 8, 3]), rand([4, 3, 3, 3]))
+    with pytest.raises(ShapeError, match=r"or \[spatial\.\.\., channels\] for one sample"):
+        ops.convolution()(rand([8, 3]), rand([4, 3, 3, 3]))
     with pytest.raises(ShapeError, match="does not fit spatial size 2"):
         ops.convolution()(rand([1, 2, 2, 3]), rand([4, 3, 3, 3]))
     with pytest.raises(ShapeError, match=r"bias float32\[3\] must be \[4\]"):
@@ -154,3 +155,25 @@ def test_convolution_errors_say_what_to_do() -> None:
         )
     with pytest.raises(ShapeError, match="expects 4 input channels"):
         ops.convolution_transpose()(rand([1, 3, 3, 3]), rand([4, 3, 3, 3]))
+
+
+@pytest.mark.parametrize("transpose", [False, True], ids=["convolution", "transpose"])
+def test_one_sample_without_a_batch_axis_is_the_batch_of_one(transpose: bool) -> None:
+    """NNC's 3-d tensors: x [H, W, C] (one rank below the weight) is one image; the
+    result, its shape rule and the gradients of x, w and bias are those of x[None]
+    with the batch axis dropped (jax.vjp of lax's convolution as the oracle)."""
+    make = ops.convolution_transpose if transpose else ops.convolution
+    cmd = make(strides=2, padding=((1, 1), (0, 1)))
+    x, w, b = rand([7, 6, 4]), rand([4, 3, 2, 3] if transpose else [5, 3, 2, 4], seed=1), None
+    b = rand([3 if transpose else 5], seed=2)
+    y = cmd(x, w, b)
+    batched = cmd(x[None], w, b)
+    assert y.shape == batched.shape[1:] == output_specs(cmd, [x, w, b])[0].shape
+    assert_close(y, batched[0], rtol=0, atol=0)
+    g = rand(y.shape, seed=3)
+    got = cmd.definition.backward((g,), (x, w, b), (y,), **cmd.kwargs)
+    _, pullback = jax.vjp(
+        lambda x_, w_, b_: cmd.definition.forward(x_[None], w_, b_, **cmd.kwargs)[0], x, w, b
+    )
+    for a_, w_ in zip(got, pullback(jnp.asarray(g))):
+        assert_close(a_, w_, rtol=1e-5, atol=1e-5)

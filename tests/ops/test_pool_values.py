@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import itertools
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fnnc import ops
+from fnnc.core.command import output_specs
 from fnnc.errors import DTypeError, ShapeError
 from tests.helpers import assert_close, rand
 
@@ -62,10 +65,28 @@ def test_pool_errors() -> None:
         ops.max_pool(window=2, padding=2)(rand([1, 4, 4, 1]))
     with pytest.raises(ShapeError, match="at least one spatial axis"):
         ops.avg_pool()(rand([4, 4]))
-    with pytest.raises(ShapeError, match=r"window=.*2 spatial axes"):
+    with pytest.raises(ShapeError, match=r"window=.*4 spatial axes"):
+        ops.max_pool(window=(2, 2, 2))(rand([1, 4, 4, 4, 4, 1]))
+    with pytest.raises(
+        ShapeError, match=r"one sample without a batch axis: x float32\[1, 4, 4, 1\]"
+    ):
         ops.max_pool(window=(2, 2, 2))(rand([1, 4, 4, 1]))
-    # NNC's 3-d HWC image: rank 3 is [batch, length, channels] here, and the error says so
-    with pytest.raises(ShapeError, match=r"a rank-3 input has 1; .* batch axis of 1, x\[None\]"):
-        ops.avg_pool(window=(3, 3))(rand([5, 5, 4]))
     with pytest.raises(DTypeError):
         ops.max_pool()(np.ones((1, 4, 4, 1), np.int32))
+
+
+@pytest.mark.parametrize("name", ["max_pool", "avg_pool", "sum_pool"])
+def test_one_sample_without_a_batch_axis_is_the_batch_of_one(name: str) -> None:
+    """NNC's 3-d tensors: with a 2-D window, x [H, W, C] is one image; values, shape
+    rule and gradient are those of x[None] with the batch axis dropped (jax.vjp of the
+    batched forward as the oracle). An int window keeps rank 3 a batch of 1-D rows."""
+    cmd = getattr(ops, name)(window=(3, 3), strides=(2, 2), padding=1)
+    x = rand([7, 6, 4])
+    y = cmd(x)
+    assert y.shape == output_specs(cmd, [x])[0].shape == (4, 3, 4)
+    assert_close(y, cmd(x[None])[0], rtol=0, atol=0)
+    g = rand(y.shape, seed=1)
+    (got,) = cmd.definition.backward((g,), (x,), (y,), **cmd.kwargs)
+    _, pullback = jax.vjp(lambda v: cmd.definition.forward(v[None], **cmd.kwargs)[0], x)
+    assert_close(got, pullback(jnp.asarray(g))[0], rtol=1e-6, atol=1e-6)
+    assert getattr(ops, name)(window=2)(rand([2, 8, 3])).shape == (2, 4, 3)
