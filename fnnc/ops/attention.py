@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -142,14 +143,19 @@ def scaled_dot_product_attention(
     >>> y.shape
     (2, 5, 6)
     """
-    wide = jnp.promote_types(q.dtype, jnp.float32)  # 16-bit: the softmax in float32
-    p = _probabilities(q, k, mask, scale, is_causal, wide).astype(q.dtype)
-    o = jnp.einsum("bhst,bthd->bshd", p, _expand_heads(v, q.shape[2]))
+    o = _heads(q, k, v, mask, scale, is_causal)
     if weights is None:
         return o
     b, s, h, dv = o.shape
     y = jnp.einsum("bsf,ef->bse", jnp.reshape(o, (b, s, h * dv)), weights)
     return (y if bias is None else y + to_shape(bias, y.shape)), o
+
+
+def _heads(q, k, v, mask, scale, is_causal):
+    """The attention of every head, ``[B, S, H, Dv]`` (before any head-joining gemm)."""
+    wide = jnp.promote_types(q.dtype, jnp.float32)  # 16-bit: the softmax in float32
+    p = _probabilities(q, k, mask, scale, is_causal, wide).astype(q.dtype)
+    return jnp.einsum("bhst,bthd->bshd", p, _expand_heads(v, q.shape[2]))
 
 
 def _fold_heads(g, heads):
@@ -183,11 +189,14 @@ def _sdpa_grads(go, q, k, v, o, m, *, scale, is_causal):
 @scaled_dot_product_attention.backward
 def _sdpa_backward(grads, inputs, outputs, *, scale, is_causal):
     q, k, v, mask, weights = (*inputs, None, None)[:5]
+    o = outputs[-1]
+    if o is None or isinstance(o, (Spec, jax.ShapeDtypeStruct)):  # not given: recomputed
+        o = _heads(q, k, v, mask, scale, is_causal)
     if weights is None:
-        (go,), (o,) = grads, outputs
+        (go,) = grads
         extra: tuple = ()
     else:
-        (gy, go), (_, o) = grads, outputs
+        gy, go = grads
         b, s, h, dv = o.shape
         joined = jnp.reshape(o, (b, s, h * dv))
         gw = gb = None
