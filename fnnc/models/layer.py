@@ -363,7 +363,16 @@ class Layer:
                 )
         n = self.num_outputs(len(inputs))
         outs = tuple(ModelIO(self, tuple(inputs), i) for i in range(n))
+        self._applied = outs[0]  # what parameter() follows
         return outs[0] if n == 1 else outs
+
+    def parameter(self, index: int = 0) -> ModelIO:
+        """Parameter ``index`` of this layer as a value other layers take (NNC's
+        ``ccv_cnnp_model_parameters`` as a model input; a Dense's 0 is its weight, 1 its
+        bias). Apply the layer first; see :mod:`fnnc.models.parameter_of`."""
+        from fnnc.models.parameter_of import parameter_of
+
+        return parameter_of(self, index)
 
     def num_outputs(self, num_inputs: int) -> int:
         return 1

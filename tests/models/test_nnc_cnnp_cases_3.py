@@ -172,3 +172,56 @@ def test_zero_output_gradients_give_zero_input_gradients():
     da, df = model.backward()
     r = 2 * xv + 2 - 10
     assert_close([da, df], [_f(2 * xv * r), _f(-2 * r)], rtol=1e-5)
+
+
+def test_a_dense_weight_as_the_input_for_more_computation():
+    """NNC's "use linear model's parameter as the input for more computation", as NNC
+    writes it: ``(x w + b) w`` where the second w is ``linear.parameter(0)``, the dense's
+    own weight (ccv_cnnp_model_parameters as an input); the step's gradient adds both
+    uses (jax.grad of the closed form), no parameter is added, and training on
+    1 -> 3, 2 -> 4 converges as NNC's test requires (w = 1, b = 2 is a solution)."""
+    import jax
+
+    x, t = Input(), Input()
+    linear = Dense(1, name="linear")
+    out = CommandLayer(ops.gemm())(linear(x), linear.parameter(0))
+    diff = CommandLayer(ops.add(q=-1.0))(out, t)
+    model = Model([x, t], [CommandLayer(ops.mul())(diff, diff)])
+    pairs = [[_f(1.0).reshape(1, 1), _f(3.0).reshape(1, 1)]]
+    pairs.append([_f(2.0).reshape(1, 1), _f(4.0).reshape(1, 1)])
+    model.compile(pairs[0], minimizer=minimizers.sgd(0.05))
+    assert sorted(model.parameters()) == ["t-linear-0-0", "t-linear-0-1"]
+    model.set_parameters({"t-linear-0-0": _f(1.4).reshape(1, 1), "t-linear-0-1": _f(0.0)})
+    model.evaluate(pairs[0], requires_grad=True)
+    model.backward(None, outgrad=False)
+    got = model.engine.grads  # what apply_gradients will apply
+    loss = lambda w, b: ((1.0 * w + b) * w - 3.0) ** 2
+    dw, db = jax.grad(loss, argnums=(0, 1))(1.4, 0.0)
+    assert_close(np.ravel(got["t-linear-0-0"]), np.float32([dw]), rtol=1e-5)
+    assert_close(np.ravel(got["t-linear-0-1"]), np.float32([db]), rtol=1e-5)
+    for i in range(1000):
+        if i == 100:
+            model.set_minimizer(minimizers.sgd(0.01))
+        _step(model, pairs[i % 2])
+    assert abs(float(np.ravel(model.evaluate(pairs[0]))[0])) < 1e-2
+
+
+def test_a_parameter_reference_says_what_is_wrong():
+    """A layer not applied yet, a negative index and an index the layer does not have
+    are ModelErrors naming the layer."""
+    import pytest
+
+    from fnnc.errors import ModelError
+
+    dense = Dense(2, name="d")
+    with pytest.raises(
+        ModelError, match=r"Dense\('d'\)\.parameter\(0\): the layer was not applied"
+    ):
+        dense.parameter(0)
+    x = Input()
+    y = dense(x)
+    with pytest.raises(ModelError, match="index=-1"):
+        dense.parameter(-1)
+    model = Model([x], [CommandLayer(ops.add())(y, dense.parameter(5))])
+    with pytest.raises(ModelError, match=r"Dense\('d'\) has no parameter 5 \(it has \[0, 1\]\)"):
+        model.compile([np.ones((1, 3), np.float32)])
