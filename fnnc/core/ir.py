@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -29,6 +30,12 @@ import numpy as np
 from fnnc.core.command import Command
 
 Spec = jax.ShapeDtypeStruct
+
+
+def unit_axes_apart(a: Sequence[int], b: Sequence[int]) -> bool:
+    """Whether shapes ``a`` and ``b`` differ, but only by axes of size 1: the same elements
+    in the same order, which NNC writes from one tensor into the other."""
+    return tuple(a) != tuple(b) and [n for n in a if n != 1] == [n for n in b if n != 1]
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -31,7 +31,15 @@ import numpy as np
 
 from fnnc import config
 from fnnc.core.command import output_specs
-from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol, TensorSymbol, contiguous_strides
+from fnnc.core.ir import (
+    AliasSymbol,
+    Graph,
+    Node,
+    Symbol,
+    TensorSymbol,
+    contiguous_strides,
+    unit_axes_apart,
+)
 from fnnc.errors import CommandError, DTypeError, FnncError, GraphError, ShapeError
 from fnnc.ops import Command
 from fnnc.ops.constant import constant as constant_cmd
@@ -307,7 +315,7 @@ class GraphBuilder:
             same = sym.shape is not None and np.dtype(sym.dtype) == np.dtype(spec.dtype)
             if not same or tuple(sym.shape) == tuple(spec.shape):
                 continue
-            if _squeezed(sym.shape) != _squeezed(spec.shape):
+            if not unit_axes_apart(sym.shape, spec.shape):
                 continue  # a real mismatch: _check_outputs says so
             written[i] = self.tensor(tuple(spec.shape), spec.dtype)
             reshape = reshape_cmd(shape=tuple(sym.shape))
@@ -444,10 +452,6 @@ class GraphBuilder:
 
     def _label(self, sym: Symbol) -> str:
         return f"%{sym.id} ({sym.name})" if sym.name else f"%{sym.id}"
-
-
-def _squeezed(shape: Sequence[int]) -> tuple[int, ...]:
-    return tuple(d for d in shape if d != 1)
 
 
 def _without_trailing_none(inputs: Sequence[Any], where: str) -> Sequence[Any]:

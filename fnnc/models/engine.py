@@ -40,6 +40,7 @@ import numpy as np
 import optax
 
 from fnnc.core import dispatch
+from fnnc.core.ir import unit_axes_apart
 from fnnc.errors import NumericsError
 from fnnc.graph.memory import MemoryPlan
 from fnnc.graph.passes.minimize import TrainLayout
@@ -261,7 +262,7 @@ class Engine(StepsMixin):
                 continue
             info = self.infos[pid]
             given = tuple(np.shape(value))
-            if given != info.shape and _squeezed(given) == _squeezed(info.shape):
+            if unit_axes_apart(given, info.shape):
                 value = np.reshape(value, info.shape)
             elif given != info.shape:
                 raise ModelError(
@@ -408,7 +409,3 @@ class Engine(StepsMixin):
         of its partition as ``pid`` sees it (:func:`fnnc.models.optim.view`)."""
         self._sync_live()
         return self._host(self.store.all_states(pid))
-
-
-def _squeezed(shape: Sequence[int]) -> tuple[int, ...]:
-    return tuple(d for d in shape if d != 1)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fnnc import ops
+from fnnc.core.ir import unit_axes_apart
 from fnnc.errors import DTypeError, GraphError, ShapeError
 from fnnc.ops import Command
 from fnnc.ops.call import write_view
@@ -66,7 +67,7 @@ def _assign(dg: DynamicGraph, target: Variable, slot: Slot, read: Read, where: s
     shape, dtype = target.shape, old.dtype
     v, view = read
     got = view.shape if view is not None else v.shape
-    if got != shape and v.dtype == dtype and _squeezed(got) == _squeezed(shape):
+    if v.dtype == dtype and unit_axes_apart(got, shape):
         # NumPy's y[0] = z for z of shape [1]: the same values with size-1 axes
         # dropped or added are written as the target's shape
         (v,) = _internal(run_reads(dg, ops.reshape(shape=tuple(shape)), [read], ""))
@@ -91,13 +92,15 @@ def _assign(dg: DynamicGraph, target: Variable, slot: Slot, read: Read, where: s
         # a value made from constants alone (ops.set, ...) written into a trainable
         # variable: it stays a variable, now a leaf holding that value, as ``set`` makes
         # it (NNC: the variable keeps taking gradients)
-        if new.value is None:  # pinned while flushed: unpinned pending work is dead
+        value = new.value
+        if value is None:  # pinned while flushed: unpinned pending work is dead
             new.pins += 1
             try:
                 dg.flush()
+                value = new.value
             finally:
-                new.pins -= 1
-        new = dg._leaf(new.value, grad=True, name=slot.name)
+                dg._record.unpin(new)
+        new = dg._leaf(value, grad=True, name=slot.name)
     new.name = new.name or slot.name
     repin(dg, slot, new)
 
@@ -110,10 +113,6 @@ def _internal(outs: tuple[Version, ...]) -> tuple[Version, ...]:
         if out.node is not None:
             out.node.internal = True
     return outs
-
-
-def _squeezed(shape: Sequence[int]) -> tuple[int, ...]:
-    return tuple(d for d in shape if d != 1)
 
 
 def set_value(dg: DynamicGraph, var: Variable, value: Any) -> None:
