@@ -30,6 +30,7 @@ import pytest
 from fnnc import ops
 from fnnc.graph import GraphBuilder, backward, compile, interpret
 from tests.helpers import assert_close
+from tests.ops.test_nnc_int_cudnn_2 import vjp64
 
 f16, f32, f64 = np.float16, np.float32, np.float64
 Spec = jax.ShapeDtypeStruct
@@ -38,23 +39,6 @@ Spec = jax.ShapeDtypeStruct
 def open_close(shape, seed: int, scale: float = 1.0) -> np.ndarray:
     """NNC's ``dsfmt_genrand_open_close``: uniform in (0, 1], times ``scale``."""
     return ((1 - np.random.default_rng(seed).random(shape)) * scale).astype(f32)
-
-
-@functools.cache
-def _value_and_grads(f):
-    def run(g, *args):
-        y, pull = jax.vjp(f, *args)
-        return y, pull(g)
-
-    return jax.jit(run)
-
-
-def vjp64(f, args, g):
-    """``(value, gradients)`` of ``f`` (written with ``jnp``) at ``args`` for the output
-    gradient ``g``, in float64."""
-    with jax.enable_x64(True):
-        y, grads = _value_and_grads(f)(*(jnp.asarray(a, f64) for a in (g, *args)))
-        return np.asarray(y), [np.asarray(t) for t in grads]
 
 
 def _nchw(t):
