@@ -78,20 +78,16 @@ def _repeated_lm() -> Model:
 @contextlib.contextmanager
 def _on_h100():
     """fnnc chooses and builds kernels as on an H100 (JAX 0.11 lowers Pallas for a GPU
-    it does not have when an abstract device names its kind). Afterwards every cache of
-    a choice moves on, so no later test reuses a trace made for the GPU."""
+    it does not have when an abstract device names its kind). Nothing here is cached:
+    the choices are made by ``select_backend`` (no cache), the kernels are traced into
+    one fresh ``jax.jit`` that is exported, never run, so later tests see nothing of it
+    (clearing JAX's caches instead cost every later test in the worker its compiles)."""
     h100 = AbstractDevice(device_kind=H100, num_cores=132, platform="gpu")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(jax, "default_backend", lambda: "gpu")
         patch.setattr(measured, "device_kind", lambda p: H100 if p == "gpu" else None)
-        dispatch.use_measured_defaults(None)
-        try:
-            with use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=h100)):
-                yield
-        finally:
-            patch.undo()
-            dispatch.use_measured_defaults(None)
-            jax.clear_caches()
+        with use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=h100)):
+            yield
 
 
 def _lowered_for_cuda(graph) -> tuple[collections.Counter, str]:
