@@ -270,14 +270,21 @@ def sol_attention(
     >>> ops.sol_attention(block_size=2)(x, x, x).shape
     (1, 4, 1, 2)
     """
-    routed = _sol(
-        q, k, v, scale, tau, block_size, approximation_start, approximation_end,
-        query_block_size, local_block_radius,
-    )  # fmt: skip
+
+    def routed(q, k, v):
+        return _sol(
+            q, k, v, scale, tau, block_size, approximation_start, approximation_end,
+            query_block_size, local_block_radius,
+        )  # fmt: skip
+
     if is_dense_attention is None:
-        return routed
-    dense = scaled_dot_product_attention.definition.forward(q, k, v, scale=scale)
-    return jnp.where(jnp.reshape(is_dense_attention, ()) != 0, dense, routed)
+        return routed(q, k, v)
+
+    def dense(q, k, v):
+        return scaled_dot_product_attention.definition.forward(q, k, v, scale=scale)
+
+    # one of the two runs, chosen on the device (the flag is an input, not a parameter)
+    return lax.cond(jnp.reshape(is_dense_attention, ()) != 0, dense, routed, q, k, v)
 
 
 def _sol(
