@@ -106,6 +106,9 @@ class MeanLoss(Metric):
 
     name = "loss"
 
+    def __init__(self, where: str = "train validation"):
+        self.where = where  # begins the error of targets the loss cannot take
+
     def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:
         from fnnc.models import losses
 
@@ -114,7 +117,7 @@ class MeanLoss(Metric):
             return float(np.mean(np.asarray(outputs[0])))
         if isinstance(loss, str):
             if isinstance(targets[0], np.ndarray):
-                checks.labels(loss, np.shape(outputs[0]), targets[0], "train validation")
+                checks.labels(loss, np.shape(outputs[0]), targets[0], self.where)
             out = losses._COMMANDS[loss]()(outputs[0], targets[0])
             return float(np.mean(np.asarray(out[0] if isinstance(out, tuple) else out)))
         return float(loss(list(outputs), list(targets)))
@@ -185,19 +188,9 @@ def resolve(model: Any, metrics: Any, where: str = "metrics") -> dict[str, Metri
 
 
 def measure(
-    model: Any,
-    outputs: list[np.ndarray],
-    targets: list[np.ndarray],
-    metrics: dict[str, Metric],
-    where: str = "train validation",
+    model: Any, outputs: list[np.ndarray], targets: list[np.ndarray], metrics: dict[str, Metric]
 ) -> dict[str, float]:
-    """Each metric of ``metrics`` on the gathered ``outputs`` and ``targets``; ``where``
-    begins the error of targets the loss cannot take."""
-    loss = model.engine.loss
-    labelled = outputs and targets and isinstance(targets[0], np.ndarray)
-    scored = any(isinstance(m, MeanLoss) for m in metrics.values())
-    if isinstance(loss, str) and labelled and scored:
-        checks.labels(loss, np.shape(outputs[0]), targets[0], where)
+    """Each metric of ``metrics`` on the gathered ``outputs`` and ``targets``."""
     return {name: float(m(model, outputs, targets)) for name, m in metrics.items()}
 
 
@@ -217,8 +210,10 @@ def score(
     if labels is not None:
         data = (data, labels)
     found = resolve(model, metrics, "score")
+    if isinstance(found.get("loss"), MeanLoss):
+        found["loss"] = MeanLoss("score")  # its label errors say score, not train
     read = validation_batches(
         data, batch_size=batch_size, inputs=inputs, targets=targets, where="score"
     )
     outs, ts = outputs_and_targets(model, read, "score")
-    return measure(model, outs, ts, found, "score")
+    return measure(model, outs, ts, found)
