@@ -55,7 +55,10 @@ def conform_data_format(x, *, datatype="fp8_e4m3", preserved_tail=0):
     amax = jnp.maximum(jnp.max(jnp.abs(blocks), axis=-1, keepdims=True), 1e-4)
     scale = jnp.exp2(jnp.ceil(jnp.log2(amax / E4M3_MAX)))
     normal = jnp.clip(blocks / scale, -E4M3_MAX, E4M3_MAX)
-    rounded = normal.astype(jnp.float8_e4m3fn).astype(jnp.float32) * scale
+    # The barrier keeps the rounding: XLA:GPU drops a float32 -> fp8 -> float32 round trip
+    # as excess precision (xla_allow_excess_precision), which left values unquantised.
+    e4m3 = lax.optimization_barrier(normal.astype(jnp.float8_e4m3fn))
+    rounded = e4m3.astype(jnp.float32) * scale
     head_part = rounded.reshape(*x.shape[:-1], prefix).astype(x.dtype)
     conformed = jnp.concatenate([head_part, x[..., prefix:]], axis=-1)
     # Straight-through: the value is the conformed one, the derivative the identity's.
