@@ -25,6 +25,7 @@ weights of the architecture. ``python -m fnnc inspect FILE`` prints the signatur
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from fnnc import config
 from fnnc.errors import ModelError
 from fnnc.graph import interpret
 
@@ -69,9 +71,12 @@ def export(
             by id, the first argument).
         inputs: example inputs or specs (one per model input); default: the shapes the
             model was compiled for.
-        platforms: e.g. ``("cpu", "cuda")``; default: JAX's default backend.
+        platforms: e.g. ``("cpu", "cuda")``; default: JAX's default backend. For any
+            platform but this process's own, every node takes its XLA reference (a
+            kernel chosen here need not lower there).
         check: run the artifact on the example inputs (zeros if specs were given) and
-            compare it with ``evaluate`` (``ModelError`` if they differ by more than 1e-5).
+            compare it with ``evaluate`` (``ModelError`` if they differ by more than 1e-5);
+            skipped when ``platforms`` leaves out this process's platform.
 
     Returns:
         The ``jax.export.Exported``.
@@ -111,12 +116,27 @@ def export(
     else:
         fn, args = forward, [param_specs, *arg_specs]
     fn.__name__ = f"fnnc_{(model.name or 'model')}".replace("-", "_")
-    exported = jax.export.export(jax.jit(fn), platforms=platforms)(*args)
-    if check:
+    here = _runs_here(platforms)
+    # Backends are chosen for the platform tracing them: a kernel chosen on a GPU would
+    # not lower for a CPU, so an artifact for other platforms takes the XLA references.
+    with contextlib.nullcontext() if here == "only" else config.override(backend="xla"):
+        exported = jax.export.export(jax.jit(fn), platforms=platforms)(*args)
+    if check and here != "no":  # an artifact that cannot run here is not checked here
         _check(model, exported, specs, inputs, values, ids, parameters)
     if path is not None:
         _write(path, bytes(exported.serialize(vjp_order=0)))
     return exported
+
+
+def _runs_here(platforms: Sequence[str] | None) -> str:
+    """``"only"``: the artifact is for this process's platform alone; ``"also"``: for it
+    and others; ``"no"``: for others only."""
+    if platforms is None:
+        return "only"
+    here = jax.default_backend()
+    names = {"gpu": {"gpu", "cuda", "rocm"}}.get(here, {here})
+    hits = [p.lower() in names for p in platforms]
+    return "only" if all(hits) else "also" if any(hits) else "no"
 
 
 def _strip(outs: Any, n_out: int) -> Any:

@@ -44,7 +44,14 @@ from fnnc.errors import ModelError, ParameterError, TensorFileError
 from fnnc.io import SafetensorsFile, TensorFile, convert, registered_codecs
 from fnnc.io.cli import main
 from fnnc.models import BatchNorm, Concat, Dense, Input, LayerNorm, Model, ReLU, Sequential
-from tests.helpers import NNC_FILES, fetch_rows, needs_nnc_files, subprocess_env
+from tests.helpers import (
+    ACROSS_PLATFORMS_ATOL,
+    NNC_FILES,
+    cpu_and_here,
+    fetch_rows,
+    needs_nnc_files,
+    subprocess_env,
+)
 
 NNC_TENSORS = NNC_FILES / "tensors.sqlite3"
 IDS = {"q4p": 0x8A1E4B, "q5p": 0x8A1E5B, "q6p": 0x8A1E6B, "q7p": 0x8A1E7B, "q8p": 0x8A1E8B}
@@ -490,7 +497,7 @@ def _inputs(n: int, seed: int = 10) -> list[np.ndarray]:
 def test_exported_artifact_runs_without_fnnc_at_several_batch_sizes(two_way, tmp_path):
     """A process where fnnc cannot be imported runs one artifact at batch 1, 3 and 9."""
     artifact = tmp_path / "model.jax"
-    two_way.export(artifact, batch="b")
+    two_way.export(artifact, batch="b", platforms=cpu_and_here())
     arrays = {}
     for n in (1, 3, 9):
         arrays[f"a{n}"], arrays[f"b{n}"] = _inputs(n)
@@ -506,8 +513,8 @@ def test_exported_artifact_runs_without_fnnc_at_several_batch_sizes(two_way, tmp
     got = np.load(tmp_path / "out.npz")
     for n in (1, 3, 9):
         want_y, want_z = two_way.evaluate(_inputs(n))
-        np.testing.assert_allclose(got[f"y{n}"], np.asarray(want_y), rtol=0, atol=1e-6)
-        np.testing.assert_allclose(got[f"z{n}"], np.asarray(want_z), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(got[f"y{n}"], want_y, rtol=0, atol=ACROSS_PLATFORMS_ATOL)
+        np.testing.assert_allclose(got[f"z{n}"], want_z, rtol=0, atol=ACROSS_PLATFORMS_ATOL)
 
 
 def test_exported_with_parameters_passed_in_runs_other_weights(two_way, tmp_path):

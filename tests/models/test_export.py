@@ -6,13 +6,16 @@ import subprocess
 import sys
 import sysconfig
 
+import jax
 import numpy as np
 import optax
 import pytest
 
+from fnnc import ops
 from fnnc.errors import ModelError
 from fnnc.io.cli import main
 from fnnc.models import BatchNorm, Conv, Dense, Flatten, Input, Model, ReLU
+from tests.helpers import ACROSS_PLATFORMS_ATOL, cpu_and_here
 
 # Runs with python -I -S: no PYTHONPATH, no current directory, no .pth files (fnnc's
 # editable install is one); site-packages comes back by hand for jax and numpy.
@@ -78,14 +81,14 @@ def _run_without_fnnc(tmp_path, artifact, inputs, params=None):
 def test_artifact_runs_without_fnnc_at_two_batch_sizes(model, tmp_path, parameters):
     rng = np.random.default_rng(1)
     artifact = tmp_path / "model.jax"
-    exported = model.export(artifact, batch="b", parameters=parameters)
+    exported = model.export(artifact, batch="b", parameters=parameters, platforms=cpu_and_here())
     assert str(exported.in_avals[-1].shape[0]) == "b"
     inputs = [rng.standard_normal((n, 6, 6, 2)).astype(np.float32) for n in (3, 9)]
     params = model.parameters() if parameters == "argument" else None
     for x, got in zip(inputs, _run_without_fnnc(tmp_path, artifact, inputs, params)):
         want = np.asarray(model.evaluate(x))
         assert got.shape == want.shape == (x.shape[0], 3)
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(got, want, rtol=0, atol=ACROSS_PLATFORMS_ATOL)
 
 
 def test_inspect_shows_the_signature(model, tmp_path, capsys):
@@ -108,3 +111,22 @@ def test_fixed_shapes_and_bad_arguments(model, tmp_path):
         model.export(parameters="weights")
     (garbage := tmp_path / "garbage.jax").write_bytes(b"\x10\0\0\0" + b"\x01" * 60)
     assert main(["inspect", str(garbage)]) == 1
+
+
+def test_an_artifact_for_other_platforms_lowers_the_references(model, tmp_path):
+    """Backends are chosen for this process's platform, so an artifact for another one
+    takes every node's XLA reference (a CPU-only backend here, which would break the
+    lowering, is never traced), and is not run here, where it cannot run."""
+
+    def refuses(x):
+        raise AssertionError("a backend of this platform was traced for another")
+
+    ops.register_backend("relu", ops.Backend("cpu_only_relu", refuses, ("cpu",), priority=50))
+    try:
+        exported = model.export(None, platforms=("cuda",))
+        assert exported.platforms == ("cuda",)
+        if jax.default_backend() == "cpu":  # here the backend is chosen, and traced
+            with pytest.raises(AssertionError, match="was traced"):
+                model.export(None)
+    finally:
+        ops.unregister_backend("relu", "cpu_only_relu")
