@@ -22,8 +22,8 @@ Then one table: passed / failed / skipped and seconds per step, the failing test
 the kernel table. The exit status is 0 only if nothing failed.
 
 **Missing packages.** GPU images come with jax and its CUDA plugin, flax and optax, but
-often without grain and what it needs (array-record, portpicker). The check looks for
-every package the suite imports before it runs anything. Missing ones are installed
+often without grain and what it needs (array-record, portpicker) or fpzip. The check
+looks for every package the suite imports before it runs anything. Missing ones are installed
 from a folder of wheels when ``FNNC_WHEELS`` names one (or ``.whl/`` exists in the
 checkout: git ignores it, so a device runner can carry it), with
 ``pip install --no-index --no-deps --target $FNNC_DEPS`` (default
@@ -74,6 +74,7 @@ REQUIRED = {
     "pytest": "pytest",
     "xdist": "pytest-xdist",
     "hypothesis": "hypothesis",
+    "fpzip": "fpzip",  # NNC's fpzip codec (the test extra; tests/io use it)
 }
 
 GPU_TESTS = ["tests/ops/pallas/test_gpu.py"]
@@ -229,7 +230,7 @@ class _Timer:
 
 def steps(flags: argparse.Namespace, work: Path) -> list[Step]:
     py = sys.executable
-    pytest = [py, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE"]
+    pytest = [py, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:benchmark", "-q", "-rfE"]
     if importlib.util.find_spec("pytest_timeout") is not None:
         pytest += ["--timeout", "300"]  # one hung test must not eat the whole budget
     # -o addopts= drops the -m 'not gpu' (and -n 2) of pyproject.toml

@@ -48,6 +48,46 @@ def matmul_rtol(precision: str, platform: str) -> float:
     return MATMUL_RTOL["float32"] if platform == "cpu" else MATMUL_RTOL[precision]
 
 
+def exact_on_cpu(rtol: float, atol: float) -> tuple[float, float]:
+    """``(rtol, atol)`` for comparing two XLA programs that compute one float function:
+    ``(0, 0)`` on CPU, where they agree bit for bit; the given tolerance elsewhere, since
+    on a GPU XLA fuses each program its own way (float32 FMAs, reductions in another
+    order) and its autotuner picks a gemm or convolution algorithm per compilation."""
+    return (0.0, 0.0) if jax.default_backend() == "cpu" else (rtol, atol)
+
+
+def cpu_and_here() -> tuple[str, ...] | None:
+    """``platforms=`` for a ``jax.export`` artifact that a CPU subprocess runs: ``None``
+    (this platform's) on CPU, else the CPU's and this one's (``cuda`` on a GPU)."""
+    here = jax.default_backend()
+    return None if here == "cpu" else ("cpu", "cuda" if here == "gpu" else here)
+
+
+ACROSS_PLATFORMS_ATOL = 1e-6 if jax.default_backend() == "cpu" else 1e-5
+"""Absolute tolerance between an artifact run on CPU and fnnc run here, on unit-scale
+float32 values: XLA:GPU's FMAs and reduction orders round differently from XLA:CPU's."""
+
+
+def nnc_unequal(a: Any, b: Any) -> int:
+    """How many entries NNC's REQUIRE_TENSOR_EQ (``ccv_nnc_tensor_eq``) rejects: more than
+    128 ULPs apart (sign-magnitude floats read as integers) and more than FLT_EPSILON."""
+    a, b = np.ascontiguousarray(a, np.float32), np.ascontiguousarray(b, np.float32)
+    ia, ib = (v.view(np.int32).astype(np.int64) for v in (a, b))
+    ia, ib = (np.where(i < 0, 0x80000000 - i, i) for i in (ia, ib))
+    return int(np.sum((np.abs(ia - ib) > 128) & (np.abs(a - b) > np.finfo(np.float32).eps)))
+
+
+def assert_tensor_eq(got: Any, want: Any, atol_elsewhere: float = 1e-5) -> None:
+    """NNC's REQUIRE_TENSOR_EQ on CPU. NNC sets it for its CPU kernels; a GPU reduces in
+    another order, which moves results near zero (a normalisation's, after the mean's
+    subtraction) by more than 128 ULPs of themselves, so there the test is
+    ``atol_elsewhere`` absolute on these unit-scale values."""
+    if jax.default_backend() == "cpu":
+        assert nnc_unequal(got, want) == 0
+    else:
+        assert_close(got, want, 0.0, atol_elsewhere)
+
+
 def rand(
     shape: Sequence[int], dtype: Any = np.float32, seed: int = 0, lo: float = -1.0, hi: float = 1.0
 ) -> np.ndarray:

@@ -22,8 +22,9 @@ nothing.
 >>> x = Input()
 >>> model = Model(x, Dense(2, name="fc")(x))
 >>> model.compile(np.zeros((4, 3), np.float32), loss="mse", minimizer=optax.sgd(0.1))
->>> model.autotune(np.ones((4, 3), np.float32))  # a dense layer: nothing to choose on CPU
-{'evaluate': {}}
+>>> tuned = model.autotune(np.ones((4, 3), np.float32))  # {program: {node: backend}}
+>>> list(tuned)  # (on CPU a dense layer has no second backend: {'evaluate': {}})
+['evaluate']
 """
 
 from __future__ import annotations

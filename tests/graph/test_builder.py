@@ -297,7 +297,7 @@ def test_an_output_of_the_same_elements_takes_the_result_through_a_reshape():
     want = a.sum(0) ** 2
     assert_close(interpret(g, a)[0], want)
     assert_close(compile(g)(a)[0], want)
-    gg, (dx,) = backward(g, s, [x])
+    gg, (_dx,) = backward(g, s, [x])
     assert_close(interpret(gg, a)[2], jax.grad(lambda v: (v.sum(0) ** 2).sum())(a))
     with pytest.raises(ShapeError, match=r"node 'bad' .*output %\d+ \(w\) is float32\[2\]"):
         b.exec(ops.reduce_sum(axes=(0,)), x, outputs=[b.tensor((2,), name="w")], name="bad")

@@ -69,8 +69,11 @@ def test_profile_of_the_digits_cnn_fit_step_names_every_node():
         "loss": "softmax_crossentropy", "optimizer": "optax_update",
         "digits-0-conv1-0.backward": "gradient", "digits-0-conv2-0.backward": "gradient",
     }  # fmt: skip
+    fused = {f for r in report.nodes if r.seconds > 0 for f in r.fused_with}
     for name, command in expected.items():
-        assert rows[name].command == command and rows[name].seconds > 0 and rows[name].ops
+        assert rows[name].command == command
+        # its own time, or (on a GPU, say) all of it inside a fusion another node roots
+        assert (rows[name].seconds > 0 and rows[name].ops) or name in fused, rows[name]
     # each attributed instruction carries its node's scope in XLA's op_name metadata
     for row in report.nodes:
         for op in row.ops:

@@ -99,7 +99,9 @@ def test_checkpointed_scan_cuts_xla_temporaries_and_keeps_the_gradients():
             np.testing.assert_allclose(got, oracle, rtol=1e-5, atol=1e-5 * scale)
     # XLA's own figure: the checkpointed loop keeps one activation per block
     temp = {k: p.memory().temp_bytes for k, p in [("u", unrolled), ("s", plain), ("c", ckpt)]}
-    assert temp["c"] < 0.4 * temp["s"] and temp["c"] < 0.3 * temp["u"], temp
+    # (XLA:GPU's unrolled program reuses more of its buffers than XLA:CPU's: 0.49 there)
+    against_unrolled = 0.3 if jax.default_backend() == "cpu" else 0.6
+    assert temp["c"] < 0.4 * temp["s"] and temp["c"] < against_unrolled * temp["u"], temp
     # fnnc's view agrees: the checkpointed loop's tape is the carry alone ([N, B, W]),
     # the plain one's also every block's relu output ([N, B, 4W])
     kept = {k: saved_activation_bytes(p.graph) for k, p in [("s", plain), ("c", ckpt)]}

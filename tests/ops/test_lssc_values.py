@@ -160,7 +160,11 @@ def test_decompress_matches_c_loops(name: str) -> None:
     want = _unplanes(lssc_backward(_planes(words), h, w), n, c)
     got = np.asarray(ops.lssc_decompress(size=(h, w))(words))
     assert got.dtype == np.float16
-    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    if jax.default_backend() == "cpu":  # bit for bit
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    else:  # XLA:GPU's float32 division and FMAs may round a middle level one ulp apart
+        ulps = np.abs(got.view(np.uint16).astype(np.int32) - want.view(np.uint16))
+        assert ulps.max() <= 1, ulps.max()
 
 
 def test_float32_round_trip_error_is_within_a_sixth_of_the_block_range() -> None:

@@ -10,17 +10,9 @@ import pytest
 
 from fnnc import ops
 from fnnc.graph import GraphBuilder, backward, compile
+from tests.helpers import assert_tensor_eq
 
 AXES = (0, 1, 2)
-
-
-def nnc_unequal(a, b) -> int:
-    """How many entries ``ccv_nnc_tensor_eq`` would reject: more than 128 ULPs apart
-    (sign-magnitude floats read as integers) and more than FLT_EPSILON apart."""
-    a, b = np.ascontiguousarray(a, np.float32), np.ascontiguousarray(b, np.float32)
-    ia, ib = (v.view(np.int32).astype(np.int64) for v in (a, b))
-    ia, ib = (np.where(i < 0, 0x80000000 - i, i) for i in (ia, ib))
-    return int(np.sum((np.abs(ia - ib) > 128) & (np.abs(a - b) > np.finfo(np.float32).eps)))
 
 
 def open_close(shape, seed):
@@ -69,7 +61,7 @@ def test_batch_norm_from_fine_grained_commands_equals_the_command(seed):
     bn_b, _, bn_y = batch_norm_graph(shape)
     want = np.asarray(compile(bn_b.build([bn_y]))(x))
     got = np.asarray(compile(fine_b.build([fine_y]))(x))
-    assert nnc_unequal(got, want) == 0
+    assert_tensor_eq(got, want)
     # eagerly, one command at a time
     n = np.float32(1 / 128)
     mean = ops.scalar_mul(a=float(n))(ops.reduce_sum(axes=AXES)(x))
@@ -79,8 +71,8 @@ def test_batch_norm_from_fine_grained_commands_equals_the_command(seed):
     eager = ops.mul()(whitening, ops.ewdiv()(np.ones(std.shape, np.float32), std))
     stats = [np.full(10, v, np.float32) for v in (1, 0, 0, 0)]
     command = ops.batch_norm(epsilon=0.0, momentum=0.9, axes=AXES)(x, *stats)
-    assert nnc_unequal(eager, command[0]) == 0
-    assert nnc_unequal(eager, want) == 0
+    assert_tensor_eq(eager, command[0])
+    assert_tensor_eq(eager, want)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -97,4 +89,4 @@ def test_batch_norm_gradient_from_fine_grained_commands_equals_the_command(seed)
         program = compile(graph)
         outputs = program(x, dy)
         grads.append(np.asarray(outputs[graph.outputs.index(dx.id)]))
-    assert nnc_unequal(*grads) == 0
+    assert_tensor_eq(*grads)

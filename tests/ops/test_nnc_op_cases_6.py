@@ -24,22 +24,13 @@ import pytest
 
 from fnnc import ops
 from fnnc.graph import GraphBuilder, backward, compile, interpret
-from tests.helpers import assert_close
+from tests.helpers import assert_close, assert_tensor_eq
 
 f32, i32 = np.float32, np.int32
 
 
 def _open_close(shape, seed: int) -> np.ndarray:
     return (1 - np.random.default_rng(seed).random(shape)).astype(f32)
-
-
-def _nnc_unequal(a, b) -> int:
-    """How many entries NNC's REQUIRE_TENSOR_EQ (``ccv_nnc_tensor_eq``) rejects: more than
-    128 ULPs apart and more than FLT_EPSILON apart."""
-    a, b = np.ascontiguousarray(a, f32), np.ascontiguousarray(b, f32)
-    ia, ib = (v.view(np.int32).astype(np.int64) for v in (a, b))
-    ia, ib = (np.where(i < 0, 0x80000000 - i, i) for i in (ia, ib))
-    return int(np.sum((np.abs(ia - ib) > 128) & (np.abs(a - b) > np.finfo(f32).eps)))
 
 
 def _key(seed: int) -> np.ndarray:
@@ -227,7 +218,7 @@ def test_normalisation_in_a_graph_vs_fine_grained_graph(case) -> None:
     y, stats, dx, dparams = outs[0], outs[1 : 1 + n_stats], outs[1 + n_stats], outs[2 + n_stats :]
     assert [s.shape for s in stats] == [stat_shape] * n_stats
     assert_close(y, y_ref.reshape(shape), rtol=0, atol=1e-5)
-    assert _nnc_unequal(y, y_ref.reshape(shape)) == 0  # NNC's REQUIRE_TENSOR_EQ on y
+    assert_tensor_eq(y, y_ref.reshape(shape))  # NNC's REQUIRE_TENSOR_EQ on y
     assert_close(dx, dx_ref.reshape(shape), rtol=0, atol=1e-5)
     assert [p.shape for p in dparams] == [param_shape] * n_params
     want = _affine_grads(dy.reshape(shape), y_ref.reshape(shape))[:n_params]

@@ -599,7 +599,7 @@ def test_1000_step_eager_mlp_loop_keeps_counts_flat() -> None:
     opt = optax.adam(1e-2)
     xs = rng.normal(size=(16, 4)).astype(F32)
     ys = (xs.sum(1, keepdims=True) > 0).astype(F32)
-    counts, losses = set(), []
+    counts, losses, live = set(), [], []
     gc.collect()
     for step in range(1000):
         h = dg.exec(ops.relu(), dg.constant(xs) @ w0 + b0)
@@ -609,16 +609,12 @@ def test_1000_step_eager_mlp_loop_keeps_counts_flat() -> None:
         if step in (0, 999):
             losses.append(float(loss.numpy().reshape(())))
         if step >= 2:
-            counts.add(
-                (
-                    dg.num_nodes,
-                    dg.num_tensors,
-                    dg.num_compiled,
-                    DynamicGraph.programs(),
-                    len(jax.live_arrays()),
-                )
-            )
+            counts.add((dg.num_nodes, dg.num_tensors, dg.num_compiled, DynamicGraph.programs()))
+            live.append(len(jax.live_arrays()))
     assert len(counts) == 1, counts
+    # a leak grows by a buffer or more a step; a GPU frees some buffers asynchronously,
+    # so the count may be one higher at one step than at another
+    assert max(live) <= min(live) + 1, (min(live), max(live))
     assert losses[1] < 0.5 * losses[0]
 
 
