@@ -15,8 +15,10 @@ Steps, in one budget (``--budget``, default 470 s, so the whole check ends in un
 3. ``suite``: every other test (the ``-m 'not gpu'`` of ``pyproject.toml``) on the GPU,
    with pytest-xdist (``--workers``) and ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` so the
    workers share the GPU's memory;
-4. ``kernels``: ``benchmarks/kernels.py --dtype bfloat16`` (Pallas vs XLA timings at
-   transformer sizes).
+4. ``kernels``: ``benchmarks/kernels.py --quick --dtype bfloat16`` (Pallas vs XLA
+   timings at transformer sizes);
+5. with ``--lm`` (budget 710 s): ``benchmarks/lm_step.py`` at issue 24's size, fnnc's
+   default step against its variants, Flax NNX and PyTorch (eager, ``torch.compile``).
 
 Then one table: passed / failed / skipped and seconds per step, the failing tests, and
 the kernel table. The exit status is 0 only if nothing failed.
@@ -78,6 +80,10 @@ REQUIRED = {
 }
 
 GPU_TESTS = ["tests/ops/pallas/test_gpu.py"]
+LM_IMPLS = "fnnc,fnnc-unfused,fnnc-xla,nnx,torch,torch-compile"
+LM_SECONDS = 240.0
+"""``--lm``: the implementations ``benchmarks/lm_step.py`` times at the issue's size, in
+about 150 s on an H200 (each in its own process, compiles included)."""
 CPU_SUBSET = ["tests/test_subprocess_env.py", "tests/ops/test_backends.py"]
 
 VERSIONS = r"""
@@ -243,13 +249,17 @@ def steps(flags: argparse.Namespace, work: Path) -> list[Step]:
         360,
         work / "suite.xml",
     )
-    kernels = Step("kernels", [py, "benchmarks/kernels.py", "--dtype", "bfloat16"], 150)
+    kernels = Step("kernels", [py, "benchmarks/kernels.py", "--quick", "--dtype", "bfloat16"], 90)
     if flags.cpu:
         kernels.argv[-1] = "float32"
     out = [Step("versions", [py, "-c", VERSIONS], 90), gpu, suite, kernels]
     if flags.cpu and not flags.kernels:
         kernels.status = "skipped (--cpu; --kernels runs it)"
         kernels.argv = []
+    if flags.lm:  # issue 24's measurement: fnnc's default step against torch.compile
+        size = ["--tiny"] if flags.cpu else []
+        lm = [py, "benchmarks/lm_step.py", *size, "--impls", LM_IMPLS]
+        out.append(Step("lm step", lm, LM_SECONDS))
     return out
 
 
@@ -281,9 +291,10 @@ def table(all_steps: list[Step], lacking: list[str], versions: dict[str, str]) -
         if s.failures:
             rows += ["", f"failed in {s.name} ({len(s.failures)}):"]
             rows += [f"  {f}" for f in s.failures[:60]]
-    kernels = next(s for s in all_steps if s.name == "kernels")
-    if kernels.output:
-        rows += ["", "kernels:", kernels.output.rstrip()]
+    for name in ("kernels", "lm step"):
+        step = next((s for s in all_steps if s.name == name), None)
+        if step is not None and step.output:
+            rows += ["", f"{name}:", step.output.rstrip()]
     return "\n".join(rows)
 
 
@@ -293,12 +304,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", action="store_true", help="with --cpu: run kernels.py")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     parser.add_argument(
-        "--workers", type=int, default=0, help="xdist workers (default 12, 2 on --cpu)"
+        "--workers", type=int, default=0, help="xdist workers (default: cores - 1, <= 16)"
     )
-    parser.add_argument("--budget", type=float, default=470.0, help="seconds for all steps")
+    parser.add_argument("--lm", action="store_true", help="also time the LM step (lm_step.py)")
+    parser.add_argument(
+        "--budget", type=float, default=0.0, help="seconds for all steps (470; 710 with --lm)"
+    )
     parser.add_argument("--out", default="", help="folder for the reports (default: a tmp one)")
     flags = parser.parse_args(argv)
-    flags.workers = flags.workers or (2 if flags.cpu else min(12, os.cpu_count() or 2))
+    # one worker a core but one: 15 ran the suite in 340 s on a 16-core H200 machine
+    cores = os.cpu_count() or 3
+    flags.workers = flags.workers or (2 if flags.cpu else max(2, min(16, cores - 1)))
+    flags.budget = flags.budget or (470.0 + (LM_SECONDS if flags.lm else 0.0))
     deadline = time.monotonic() + flags.budget
     if flags.dry_run:
         work = Path(flags.out or "<reports>")

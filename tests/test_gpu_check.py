@@ -29,7 +29,15 @@ def test_dry_run_plans_the_gpu_tests_the_suite_and_the_kernels():
     assert "-o addopts= -n 0 -m gpu" in gpu and gpu.endswith("tests/ops/pallas/test_gpu.py")
     suite = plan["suite"]
     assert " -n 7 " in suite and "-m gpu" not in suite and "addopts" not in suite
-    assert plan["kernels"].endswith("benchmarks/kernels.py --dtype bfloat16")
+    assert plan["kernels"].endswith("benchmarks/kernels.py --quick --dtype bfloat16")
+    assert "lm step" not in plan
+
+
+def test_lm_flag_adds_the_lm_step_against_torch_compile():
+    lm = _dry_run("--lm")["lm step"]
+    assert "benchmarks/lm_step.py --impls " in lm and "--tiny" not in lm
+    assert {"fnnc", "fnnc-xla", "torch-compile"} <= set(lm.split()[-1].split(","))
+    assert "--tiny" in _dry_run("--lm", "--cpu")["lm step"]
 
 
 def test_cpu_mode_forces_cpu_and_leaves_the_kernels_out():
