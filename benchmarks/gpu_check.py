@@ -17,8 +17,14 @@ Steps, in one budget (``--budget``, default 470 s, so the whole check ends in un
    workers share the GPU's memory;
 4. ``kernels``: ``benchmarks/kernels.py --quick --dtype bfloat16`` (Pallas vs XLA
    timings at transformer sizes);
-5. with ``--lm`` (budget 710 s): ``benchmarks/lm_step.py`` at issue 24's size, fnnc's
-   default step against its variants, Flax NNX and PyTorch (eager, ``torch.compile``).
+5. with ``--lm`` (+240 s of budget): ``benchmarks/lm_step.py`` at issue 24's size,
+   fnnc's default step against its variants, Flax NNX and PyTorch (eager,
+   ``torch.compile``);
+6. with ``--measure`` (+120 s): ``python -m fnnc.ops.measure_defaults --sizes large``
+   into the reports folder (``measured_defaults.json``, to merge into the package's).
+
+``--perf-only`` skips steps 2 and 3: ``--perf-only --lm --measure`` is a GPU session's
+speed check in about 5 minutes, beside a plain check for the suite.
 
 Then one table: passed / failed / skipped and seconds per step, the failing tests, and
 the kernel table. The exit status is 0 only if nothing failed.
@@ -81,6 +87,8 @@ REQUIRED = {
 
 GPU_TESTS = ["tests/ops/pallas/test_gpu.py"]
 LM_IMPLS = "fnnc,fnnc-unfused,fnnc-xla,nnx,torch,torch-compile"
+MEASURE_SECONDS = 120.0
+"""``--measure``: ``python -m fnnc.ops.measure_defaults --sizes large`` (40 s on an H200)."""
 LM_SECONDS = 240.0
 """``--lm``: the implementations ``benchmarks/lm_step.py`` times at the issue's size, in
 about 150 s on an H200 (each in its own process, compiles included)."""
@@ -256,10 +264,18 @@ def steps(flags: argparse.Namespace, work: Path) -> list[Step]:
     if flags.cpu and not flags.kernels:
         kernels.status = "skipped (--cpu; --kernels runs it)"
         kernels.argv = []
+    if flags.perf_only:
+        for step in (gpu, suite):
+            step.status, step.argv = "skipped (--perf-only)", []
     if flags.lm:  # issue 24's measurement: fnnc's default step against torch.compile
         size = ["--tiny"] if flags.cpu else []
         lm = [py, "benchmarks/lm_step.py", *size, "--impls", LM_IMPLS]
         out.append(Step("lm step", lm, LM_SECONDS))
+    if flags.measure:  # this device's measured defaults, to merge into the package's
+        table = str(work / "measured_defaults.json")
+        sizes = "small" if flags.cpu else "large"
+        measure = [py, "-m", "fnnc.ops.measure_defaults", "--sizes", sizes, "--repeats", "5"]
+        out.append(Step("measure", [*measure, "--out", table], MEASURE_SECONDS))
     return out
 
 
@@ -308,14 +324,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--lm", action="store_true", help="also time the LM step (lm_step.py)")
     parser.add_argument(
-        "--budget", type=float, default=0.0, help="seconds for all steps (470; 710 with --lm)"
+        "--measure", action="store_true", help="also measure backend defaults (to the reports)"
+    )
+    parser.add_argument("--perf-only", action="store_true", help="skip the GPU tests and the suite")
+    parser.add_argument(
+        "--budget", type=float, default=0.0, help="seconds for all steps (default: 470 + extras)"
     )
     parser.add_argument("--out", default="", help="folder for the reports (default: a tmp one)")
     flags = parser.parse_args(argv)
     # one worker a core but one: 15 ran the suite in 340 s on a 16-core H200 machine
     cores = os.cpu_count() or 3
     flags.workers = flags.workers or (2 if flags.cpu else max(2, min(16, cores - 1)))
-    flags.budget = flags.budget or (470.0 + (LM_SECONDS if flags.lm else 0.0))
+    extra = (LM_SECONDS if flags.lm else 0.0) + (MEASURE_SECONDS if flags.measure else 0.0)
+    flags.budget = flags.budget or ((110.0 if flags.perf_only else 470.0) + extra)
     deadline = time.monotonic() + flags.budget
     if flags.dry_run:
         work = Path(flags.out or "<reports>")

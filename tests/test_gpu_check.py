@@ -40,6 +40,14 @@ def test_lm_flag_adds_the_lm_step_against_torch_compile():
     assert "--tiny" in _dry_run("--lm", "--cpu")["lm step"]
 
 
+def test_perf_only_skips_the_tests_and_measure_writes_to_the_reports():
+    plan = _dry_run("--perf-only", "--measure")
+    assert plan["gpu tests"].startswith("skipped") and plan["suite"].startswith("skipped")
+    measure = plan["measure"]
+    assert "-m fnnc.ops.measure_defaults --sizes large" in measure
+    assert measure.endswith("<reports>/measured_defaults.json'")
+
+
 def test_cpu_mode_forces_cpu_and_leaves_the_kernels_out():
     plan = _dry_run("--cpu")
     assert plan["JAX_PLATFORMS"] == "cpu"

@@ -30,6 +30,11 @@ statistics and accumulators are float32 for 16-bit inputs too.
 Supported: float32/bfloat16/float16; head sizes ``D``, ``Dv`` powers of two in
 [16, 256]; any non-empty ``S`` and ``T``; no fused output projection (``weights``,
 ``bias``: NNC's unify head). Anything else falls back to the reference.
+
+Triton settings (:class:`Blocks`): the ``"pallas"`` backend runs 64 x 64 blocks in two
+stages; ``"pallas_bq128"`` runs the same kernels with :data:`WIDE` (128-query blocks,
+three stages), for 16-bit tiles that fit shared memory. It has no priority: it becomes
+a default only where ``python -m fnnc.ops.measure_defaults`` timed it faster.
 """
 
 from __future__ import annotations
@@ -65,13 +70,53 @@ BLOCK_Q = 64
 BLOCK_K = 64
 """Largest query / key block (the actual block is S / T padded to a power of two, >= 16)."""
 
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """Triton settings of the three kernels: largest query and key blocks (``None``:
+    :data:`BLOCK_Q` / :data:`BLOCK_K`), warps (``None``: 4 for ``D <= 64``, else 8) and
+    software-pipelining stages."""
+
+    q: int | None = None
+    k: int | None = None
+    warps: int | None = None
+    stages: int = 2
+    shared_bytes: int | None = None
+    """Where set, inputs whose pipelined tiles would pass it are declined: the dK/dV
+    kernel keeps a key block and ``stages`` query blocks of Q and dO in shared memory,
+    ``(stages * q + k) * (D + Dv) * itemsize`` bytes (a Hopper SM has 227 KiB)."""
+
+    def overflow(self, q: Spec, v: Spec) -> str | None:
+        """Why these inputs' tiles do not fit :attr:`shared_bytes`; ``None`` if they do."""
+        if self.shared_bytes is None:
+            return None
+        bq, bk = self.q or BLOCK_Q, self.k or BLOCK_K
+        size = (self.stages * bq + bk) * (q.shape[3] + v.shape[3]) * q.dtype.itemsize
+        if size <= self.shared_bytes:
+            return None
+        return (
+            f"{NAME}: {bq}-query blocks in {self.stages} stages need {size // 1024} KiB of "
+            f"shared memory at D={q.shape[3]}, Dv={v.shape[3]}, {q.dtype}; "
+            f"{self.shared_bytes // 1024} KiB are allowed"
+        )
+
+
+WIDE = Blocks(q=128, k=64, warps=4, stages=3, shared_bytes=160 * 1024)
+"""The ``"pallas_bq128"`` backend's settings: the query block and pipelining depth of
+Triton's flash-attention tutorial for Hopper at ``D = 64``. Never a default by
+priority: it is one more candidate that ``python -m fnnc.ops.measure_defaults`` (or
+``Model.autotune``) times against the 64 x 64 kernel and XLA."""
+
 scaled_dot_product_attention_reference = _command.definition.forward
 """The command's reference forward (the ``"xla"`` backend), which the kernel matches."""
 
 
-def supports(cmd: Command, specs: Sequence[Spec]) -> str | None:
+def supports(cmd: Command, specs: Sequence[Spec], blocks: Blocks = Blocks()) -> str | None:
     """``None`` when the kernels run these inputs, else the reason (see module doc)."""
     q, k, v, *rest = specs
+    too_big = blocks.overflow(q, v)
+    if too_big is not None:
+        return too_big
     if any(s is not None for s in rest[1:]):
         return f"{NAME}: the fused output projection (weights, bias) runs in the reference only"
     why = float_reason(NAME, q, k, v)
@@ -97,18 +142,26 @@ class _Config:
     bk: int
     s: int  # query length
     t: int  # key length
+    warps: int
+    stages: int
 
 
-def _config(q: Any, k: Any, mask: Any, scale: Any, causal: bool) -> _Config:
+def _config(
+    q: Any, k: Any, mask: Any, scale: Any, causal: bool, blocks: Blocks = Blocks()
+) -> _Config:
     (_, s, h, d), t = q.shape, k.shape[1]
     kind, varies = "", (False,) * 4
     if mask is not None:
         kind = "bool" if mask.dtype == jnp.bool_ else "float"
         varies = tuple(n != 1 for n in (1,) * (4 - mask.ndim) + tuple(mask.shape))
-    bq, bk = lane_block(s, BLOCK_Q, MIN_TILE), lane_block(t, BLOCK_K, MIN_TILE)
+    bq = lane_block(s, blocks.q or BLOCK_Q, MIN_TILE)
+    bk = lane_block(t, blocks.k or BLOCK_K, MIN_TILE)
     scale = 1 / math.sqrt(d) if scale is None else scale
     group = h // k.shape[2]
-    return _Config(float(scale), bool(causal), t - s, kind, varies, group, bq, bk, s, t)
+    warps = blocks.warps or (4 if d <= 64 else 8)
+    return _Config(
+        float(scale), bool(causal), t - s, kind, varies, group, bq, bk, s, t, warps, blocks.stages
+    )
 
 
 def _logits(cfg: _Config, q: Any, k: Any, row0: Any, col0: Any, m: Any) -> Any:
@@ -231,7 +284,8 @@ def _forward(cfg: _Config, q, k, v, mask, *, stats_only=False):
         out_specs=[lse_spec] if stats_only else [out_spec, lse_spec],
         out_shape=[lse] if stats_only else [out, lse],
         name="fnnc_flash_attention_stats" if stats_only else "fnnc_flash_attention",
-        warps=4 if d <= 64 else 8,
+        warps=cfg.warps,
+        stages=cfg.stages,
     )(*(x for x in (q, k, v, mask) if x is not None))
     return results[0] if stats_only else tuple(results)
 
@@ -345,7 +399,8 @@ def _grads(cfg: _Config, q, k, v, mask, o, lse, go, want_dmask: bool):
         out_specs=[rows_spec(d)] + [o[0] for o in dmask_out],
         out_shape=[Spec(q.shape, q.dtype)] + [o[1] for o in dmask_out],
         name="fnnc_flash_attention_dq",
-        warps=4 if d <= 64 else 8,
+        warps=cfg.warps,
+        stages=cfg.stages,
     )(q, k, v, *mask_in, go, lse, delta)
     group_spec = lambda n: pl.BlockSpec((None, s, g, n), lambda bi, gi, j: (bi, 0, gi, 0))
     key_spec = lambda n: pl.BlockSpec((None, cfg.bk, None, n), lambda bi, gi, j: (bi, j, gi, 0))
@@ -371,7 +426,8 @@ def _grads(cfg: _Config, q, k, v, mask, o, lse, go, want_dmask: bool):
         out_specs=[key_spec(d), key_spec(dv)],
         out_shape=[Spec(k.shape, k.dtype), Spec(v.shape, v.dtype)],
         name="fnnc_flash_attention_dkv",
-        warps=4 if d <= 64 else 8,
+        warps=cfg.warps,
+        stages=cfg.stages,
     )(q, k, v, *mask_in, go, lse, delta)
     return dq, dk, dv_, (dmask[0] if dmask else None)
 
@@ -409,17 +465,21 @@ def _mask4(mask: Any) -> Any:
     return mask.astype(jnp.int8) if mask.dtype == jnp.bool_ else mask
 
 
-def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, is_causal=False):
+def scaled_dot_product_attention(
+    q, k, v, mask=None, *, scale=None, is_causal=False, blocks: Blocks = Blocks()
+):
     """The kernel backend: same signature and results as the reference."""
-    cfg = _config(q, k, mask, scale, is_causal)
+    cfg = _config(q, k, mask, scale, is_causal, blocks)
     return _attention(cfg, q, k, v, _mask4(mask))
 
 
-def backward(grads, inputs, outputs, wants, *, scale, is_causal) -> tuple[Any, ...]:
+def backward(
+    grads, inputs, outputs, wants, *, scale, is_causal, blocks: Blocks = Blocks()
+) -> tuple[Any, ...]:
     """The command's backward (NNC convention) as kernels; recovers ``lse`` first."""
     (go,), (q, k, v, *mask), (o,) = grads, inputs, outputs
     m = mask[0] if mask else None
-    cfg = _config(q, k, m, scale, is_causal)
+    cfg = _config(q, k, m, scale, is_causal, blocks)
     m4 = _mask4(m)
     lse = _forward(cfg, q, k, v, m4, stats_only=True)
     want = cfg.mask == "float" and 3 in wants

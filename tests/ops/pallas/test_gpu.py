@@ -75,6 +75,12 @@ CASES = {
         lambda: [rand((512, 256)), rand((1024, 256)), rand((1024,))],
         2e-2,
     ),
+    "attention bq128": (  # the 128-query-block variant (bfloat16 tiles only)
+        ops.scaled_dot_product_attention(is_causal=True),
+        lambda: [jnp.asarray(rand((2, 512, 8, 64), seed=i), jnp.bfloat16) for i in range(3)],
+        3e-2,
+        "pallas_bq128",
+    ),
 }
 
 
@@ -89,12 +95,13 @@ def _time(fn, *args, repeats=20):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_compiled_kernel_matches_reference_and_is_timed(name):
-    cmd, make, tol = CASES[name]
+    cmd, make, tol, *backend = CASES[name]
+    backend = backend[0] if backend else "pallas"
     args = [jnp.asarray(a) for a in make()]
     # the kernel runs these inputs here; whether it is the default is for measurement
     # (fnnc.core.measured) to say
-    assert why_not(ops.backends_of(cmd.name)["pallas"], cmd, as_specs(args, name), "gpu") is None
-    kernel = jax.jit(lambda *a: ops.backends_of(cmd.name)["pallas"].forward(*a, **cmd.kwargs))
+    assert why_not(ops.backends_of(cmd.name)[backend], cmd, as_specs(args, name), "gpu") is None
+    kernel = jax.jit(lambda *a: ops.backends_of(cmd.name)[backend].forward(*a, **cmd.kwargs))
     reference = jax.jit(lambda *a: ops.backends_of(cmd.name)["xla"].forward(*a, **cmd.kwargs))
     assert_close(kernel(*args), reference(*args), rtol=tol, atol=tol)
     diff = [i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating)]
@@ -114,7 +121,7 @@ def test_compiled_kernel_matches_reference_and_is_timed(name):
     )
     t_kernel, t_ref = _time(kernel, *args), _time(reference, *args)
     ratio = t_ref / t_kernel
-    print(f"{name}: pallas {t_kernel * 1e3:.3f} ms, xla {t_ref * 1e3:.3f} ms ({ratio:.2f}x)")
+    print(f"{name}: {backend} {t_kernel * 1e3:.3f} ms, xla {t_ref * 1e3:.3f} ms ({ratio:.2f}x)")
     assert np.isfinite(t_kernel)
 
 

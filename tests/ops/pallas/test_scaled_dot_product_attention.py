@@ -4,11 +4,16 @@ Blocks are shrunk to 16 so that the small shapes here still walk several query a
 key blocks (online softmax rescaling, causal early exits, fully masked rows).
 """
 
+import functools
+import types
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fnnc import ops
+from fnnc.ops.pallas import WIDE_ATTENTION
 from fnnc.ops.pallas import scaled_dot_product_attention as kernel
 from tests.helpers import rand
 from tests.ops.pallas.checks import check_forced_eager, check_kernel, check_unsupported
@@ -78,3 +83,42 @@ def test_unaligned_falls_back_or_explains(dims, reason):
 def test_wrong_dtype_is_declined():
     spec = jax.ShapeDtypeStruct((1, 16, 2, 16), np.float64)
     assert "float64" in kernel.supports(ops.scaled_dot_product_attention(), [spec] * 3)
+
+
+def _variant(blocks):
+    """The kernel module's entry points with other Triton blocks, as check_kernel reads them."""
+    return types.SimpleNamespace(
+        scaled_dot_product_attention=functools.partial(
+            kernel.scaled_dot_product_attention, blocks=blocks
+        ),
+        scaled_dot_product_attention_reference=kernel.scaled_dot_product_attention_reference,
+        supports=functools.partial(kernel.supports, blocks=blocks),
+        backward=functools.partial(kernel.backward, blocks=blocks),
+    )
+
+
+@pytest.mark.parametrize("name", ["ragged_gqa", "ragged_float_mask_gqa"])
+def test_query_blocks_wider_than_key_blocks_match_reference(name):
+    """The ``pallas_bq128`` layout (query blocks twice the key blocks, more pipelining
+    stages) scaled down to 32 x 16, so these shapes walk several blocks of each."""
+    dims, causal, mask_kind, scale = CASES[name]
+    args = list(_qkv(*dims))
+    if mask_kind == "float":
+        args.append(rand((1, dims[3], dims[1], dims[2]), seed=8))
+    cmd = ops.scaled_dot_product_attention(scale=scale, is_causal=causal)
+    narrow = kernel.Blocks(q=32, k=16, warps=4, stages=3, shared_bytes=kernel.WIDE.shared_bytes)
+    check_kernel(_variant(narrow), cmd, args, diff=[0, 1, 2] + ([3] if mask_kind else []))
+
+
+def test_the_bq128_backend_in_bfloat16_matches_reference_and_is_never_a_default():
+    """At its own 128 x 64 blocks (S = 150: two ragged query blocks, three key blocks), in
+    bfloat16; it runs only where measurement (or the autotune table) chose it."""
+    q, k, v = (x.astype(jnp.bfloat16) for x in _qkv(1, 150, 150, 2, 1, 16, 16))
+    cmd = ops.scaled_dot_product_attention(is_causal=True)
+    check_kernel(_variant(kernel.WIDE), cmd, [q, k, v], diff=[0, 1, 2], rtol=2e-2, atol=2e-2)
+    specs = [jax.ShapeDtypeStruct((2, 2048, 16, 64), jnp.bfloat16)] * 3
+    assert ops.backends_of(cmd.name)[WIDE_ATTENTION].priority == 0
+    assert ops.select_backend(cmd, specs, "gpu") in ("pallas", "cudnn")  # by priority
+    wide = [jax.ShapeDtypeStruct((2, 2048, 16, 128), jnp.float32)] * 3
+    why = ops.backends_of(cmd.name)[WIDE_ATTENTION].supports(cmd, wide)
+    assert "KiB of shared memory" in why

@@ -52,6 +52,24 @@ def test_lowers_to_triton_for_cuda(name, dtype):
     assert exported.mlir_module().count(TRITON) >= 2  # a forward and a backward kernel
 
 
+def test_the_bq128_attention_backend_lowers_for_cuda():
+    """Its 128 x 64 blocks, 3 stages, forward and both backward kernels, in bfloat16."""
+    cmd = ops.scaled_dot_product_attention(is_causal=True)
+    specs = [jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)] * 3
+    backend = ops.backends_of(cmd.name)["pallas_bq128"]
+    assert backend.supports(cmd, specs) is None
+
+    def loss(q, k, v):
+        out = backend.forward(q, k, v, **cmd.kwargs)
+        return jnp.sum(jnp.square(out.astype(jnp.float32)))
+
+    check = [export.DisabledSafetyCheck.custom_call(TRITON)]
+    train = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    exported = export.export(train, platforms=["cuda"], disabled_checks=check)(*specs)
+    text = exported.mlir_module()
+    assert text.count(TRITON) >= 3 and "num_stages = 3" in text.replace('"', " ")
+
+
 def _dot_precisions(jaxpr):
     found = []
     for eqn in jaxpr.eqns:
