@@ -75,6 +75,10 @@ class Backend:
         backward: optional ``backward(grads, inputs, outputs, wants, **params)`` in
             NNC's convention, returning one gradient per forward input (``None`` for
             those not in ``wants``). Gradient nodes of this command can then run it.
+        wins: optional ``wins(cmd, input_specs) -> bool``: where ``priority`` holds
+            (``None``: everywhere). A kernel that wins by construction on some inputs
+            only (flash attention: where its products run on tensor cores) says so
+            here; elsewhere it is the default only where measured faster.
     """
 
     name: str
@@ -84,6 +88,7 @@ class Backend:
     priority: int = 1
     interpret_platforms: tuple[str, ...] = ("cpu",)
     backward: Callable[..., Any] | None = None
+    wins: Callable[[Command, Sequence[Spec]], bool] | None = None
 
 
 _BACKENDS: dict[str, dict[str, Backend]] = {}
@@ -261,22 +266,27 @@ def select_backend(cmd: Command, specs: Sequence[Spec], platform: str | None = N
             return chosen.name
     best, best_priority = REFERENCE, 0
     for name, backend in available.items():
-        priority = _priority(cmd, name, backend)
+        priority = _priority(cmd, specs, name, backend)
         eligible = platform in backend.platforms and priority > best_priority
         if eligible and backend.supports(cmd, specs) is None:
             best, best_priority = name, priority
     return best
 
 
-def _priority(cmd: Command, name: str, backend: Backend) -> int:
-    """A backend's priority; for a gradient node, that of the differentiated command's
-    backend of the same name (gradient backends are shared by every command)."""
+def _priority(cmd: Command, specs: Sequence[Spec], name: str, backend: Backend) -> int:
+    """A backend's priority on these inputs (0 where its ``wins`` says no); for a
+    gradient node, that of the differentiated command's backend of the same name on the
+    forward's inputs (gradient backends are shared by every command)."""
     node = lookup(cmd.name).backward_node
-    if node is None:
-        return backend.priority
-    of, _ = node.forward_of(cmd)
-    like = _BACKENDS.get(of.name, {}).get(name)
-    return like.priority if like is not None else 0
+    if node is not None:
+        cmd, specs = node.forward_of(cmd)
+        like = _BACKENDS.get(cmd.name, {}).get(name)
+        if like is None:
+            return 0
+        backend = like
+    if backend.wins is not None and not backend.wins(cmd, specs):
+        return 0
+    return backend.priority
 
 
 def _measured(cmd: Command, specs: Sequence[Spec], platform: str) -> str | None:

@@ -52,8 +52,11 @@ def test_on_an_unmeasured_gpu_only_flash_attention_is_a_kernel_default(monkeypat
         ops.softmax_crossentropy(), [*x, jax.ShapeDtypeStruct((64,), jnp.int32)], "gpu"
     )
     assert ce == "xla"
-    qkv = _specs((2, 64, 4, 16), (2, 64, 4, 16), (2, 64, 4, 16))
+    qkv = _specs((2, 64, 4, 16), (2, 64, 4, 16), (2, 64, 4, 16), dtype=jnp.bfloat16)
     assert ops.select_backend(ops.scaled_dot_product_attention(), qkv, "gpu") == "pallas"
+    # in float32 at full precision its products run without tensor cores: unmeasured, XLA
+    f32 = _specs((2, 64, 4, 16), (2, 64, 4, 16), (2, 64, 4, 16))
+    assert ops.select_backend(ops.scaled_dot_product_attention(), f32, "gpu") == "xla"
 
 
 def test_the_shipped_h100_measurements_choose_per_shape_class(monkeypatch):

@@ -574,7 +574,7 @@ def test_fnnc_backend_environment_variable_forces_globally():
 def test_global_xla_setting_keeps_even_flash_attention_off_the_gpu_kernel():
     """``backend="xla"`` (what ``FNNC_BACKEND=xla`` sets) beats flash attention's
     by-construction default on a GPU."""
-    qkv = [spec((1, 16, 2, 16), F32)] * 3
+    qkv = [spec((1, 16, 2, 16), jnp.bfloat16)] * 3
     cmd = ops.scaled_dot_product_attention(is_causal=True)
     assert ops.select_backend(cmd, qkv, "gpu") == "pallas"
     with config.override(backend="xla"):

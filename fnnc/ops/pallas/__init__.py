@@ -72,9 +72,11 @@ PLATFORMS = ("gpu",)
 INTERPRET_PLATFORMS = ("cpu",)
 PRIORITY = {"scaled_dot_product_attention": 10}
 """Priorities without measurement: only flash attention wins by construction (it never
-materialises the scores). Every other kernel is the default only where the measured
-defaults (:mod:`fnnc.core.measured`) or the autotune table say it is faster: on an H100
-XLA ran gemm + bias 2x faster than the Pallas gemm, which had been chosen by priority."""
+materialises the scores), and only where its products run on tensor cores (its
+``wins``: 16-bit inputs, or float32 below full float32 precision). Every other kernel is
+the default only where the measured defaults (:mod:`fnnc.core.measured`) or the
+autotune table say it is faster: on an H100 XLA ran gemm + bias 2x faster than the
+Pallas gemm, which had been chosen by priority."""
 
 MODULES = (
     fused_elementwise,
@@ -99,6 +101,7 @@ def _register() -> None:
             PRIORITY.get(command, 0),
             INTERPRET_PLATFORMS,
             backward=module.backward,
+            wins=getattr(module, "wins", None),
         )
         register_backend(command, backend)
     attention = scaled_dot_product_attention

@@ -1,6 +1,7 @@
 """How the Pallas backends are chosen, reported, autotuned, and used end to end."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -39,8 +40,16 @@ def test_chosen_on_gpu_by_measurement_or_construction_never_on_cpu(clean_table):
     assert ops.select_backend(cmd, specs, "tpu") == "xla"  # not verified on TPU yet
     assert ops.select_backend(cmd, specs, "cpu") == "xla"
     assert ops.select_backend(cmd, [spec((8, 64), np.float64)], "gpu") == "xla"  # fallback
-    qkv = [spec((2, 16, 2, 16), F32)] * 3  # flash attention wins by construction
-    assert ops.select_backend(ops.scaled_dot_product_attention(), qkv, "gpu") == "pallas"
+    sdpa = ops.scaled_dot_product_attention()
+    qkv = [spec((2, 16, 2, 16), jnp.bfloat16)] * 3  # flash attention wins by construction
+    assert ops.select_backend(sdpa, qkv, "gpu") == "pallas"
+    # ... where its products run on tensor cores: not float32 at full float32 precision
+    f32 = [spec((2, 16, 2, 16), F32)] * 3
+    assert ops.select_backend(sdpa, f32, "gpu") == "xla"
+    with config.override(matmul_precision="tensorfloat32"):
+        assert ops.select_backend(sdpa, f32, "gpu") == "pallas"
+    clean_table[autotune.key(sdpa, f32, "gpu")] = "pallas"  # or measured faster
+    assert ops.select_backend(sdpa, f32, "gpu") == "pallas"
 
 
 def test_compile_on_cpu_never_picks_an_interpret_mode_kernel():
@@ -238,11 +247,16 @@ def test_gradient_backend_supports_only_kernel_backwards(clean_table):
     assert ops.select_backend(ln, [x, x, stat, stat], "gpu") == "xla"  # layer_norm: unmeasured
     clean_table[autotune.key(ln, [x, x, stat, stat], "gpu")] = "pallas"
     assert ops.select_backend(ln, [x, x, stat, stat], "gpu") == "pallas"
-    q = spec((2, 16, 2, 16), F32)
+    q = spec((2, 16, 2, 16), jnp.bfloat16)
     sdpa = gradient_command(
         ops.scaled_dot_product_attention(), (q, q, q), (q,), (True, True, True), (0, 1, 2)
     )
     assert ops.select_backend(sdpa, [q, q, q, q, q], "gpu") == "pallas"  # the forward's priority
+    q = spec((2, 16, 2, 16), F32)  # ... and the forward's inputs decide where it holds
+    sdpa = gradient_command(
+        ops.scaled_dot_product_attention(), (q, q, q), (q,), (True, True, True), (0, 1, 2)
+    )
+    assert ops.select_backend(sdpa, [q, q, q, q, q], "gpu") == "xla"
     assert ops.select_backend(relu, [x, x], "gpu") == "xla"
     with (
         config.override(backend_per_command={"gradient": "pallas"}),
