@@ -20,8 +20,8 @@ Steps, in one budget (``--budget``, default 470 s, so the whole check ends in un
 5. with ``--lm`` (+240 s of budget): ``benchmarks/lm_step.py`` at issue 24's size,
    fnnc's default step against its variants, Flax NNX and PyTorch (eager,
    ``torch.compile``);
-6. with ``--measure`` (+120 s): ``python -m fnnc.ops.measure_defaults --sizes large``
-   into the reports folder (``measured_defaults.json``, to merge into the package's).
+6. with ``--measure`` (+150 s): ``python -m fnnc.ops.measure_defaults`` (small and
+   large sizes) into the reports folder (``measured_defaults.json``, to merge into the package's).
 
 ``--perf-only`` skips steps 2 and 3: ``--perf-only --lm --measure`` is a GPU session's
 speed check in about 5 minutes, beside a plain check for the suite.
@@ -87,8 +87,9 @@ REQUIRED = {
 
 GPU_TESTS = ["tests/ops/pallas/test_gpu.py"]
 LM_IMPLS = "fnnc,fnnc-unfused,fnnc-xla,nnx,torch,torch-compile"
-MEASURE_SECONDS = 120.0
-"""``--measure``: ``python -m fnnc.ops.measure_defaults --sizes large`` (40 s on an H200)."""
+MEASURE_SECONDS = 150.0
+"""``--measure``: ``python -m fnnc.ops.measure_defaults`` (its large sizes alone took 40 s
+on an H200)."""
 LM_SECONDS = 240.0
 """``--lm``: the implementations ``benchmarks/lm_step.py`` times at the issue's size, in
 about 150 s on an H200 (each in its own process, compiles included)."""
@@ -273,7 +274,7 @@ def steps(flags: argparse.Namespace, work: Path) -> list[Step]:
         out.append(Step("lm step", lm, LM_SECONDS))
     if flags.measure:  # this device's measured defaults, to merge into the package's
         table = str(work / "measured_defaults.json")
-        sizes = "small" if flags.cpu else "large"
+        sizes = "small" if flags.cpu else "small,large"
         measure = [py, "-m", "fnnc.ops.measure_defaults", "--sizes", sizes, "--repeats", "5"]
         out.append(Step("measure", [*measure, "--out", table], MEASURE_SECONDS))
     return out
