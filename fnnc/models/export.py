@@ -119,7 +119,8 @@ def export(
     here = _runs_here(platforms)
     # Backends are chosen for the platform tracing them: a kernel chosen on a GPU would
     # not lower for a CPU, so an artifact for other platforms takes the XLA references.
-    with contextlib.nullcontext() if here == "only" else config.override(backend="xla"):
+    references = config.override(backend="xla", backend_per_command={})
+    with contextlib.nullcontext() if here == "only" else references:
         exported = jax.export.export(jax.jit(fn), platforms=platforms)(*args)
     if check and here != "no":  # an artifact that cannot run here is not checked here
         _check(model, exported, specs, inputs, values, ids, parameters)
