@@ -162,6 +162,7 @@ def how_to_install(dists: list[str]) -> str:
         f"    pip download --only-binary=:all: --no-deps --python-version "
         f"{sys.version_info.major}.{sys.version_info.minor} --platform manylinux2014_x86_64 "
         f"-d .whl {names}\n"
+        "  (benchmarks/gpu_wheels.sh does this for the suite's usual four)\n"
         "  then rerun here with the folder in FNNC_WHEELS (or as .whl/ in the checkout)"
     )
 
