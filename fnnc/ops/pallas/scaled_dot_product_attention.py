@@ -18,8 +18,12 @@ Semantics are the command's exactly (see :mod:`fnnc.ops.attention`): layout
   mask the dQ kernel also writes the logits' gradient, which is the mask's gradient
   before it is summed back to the mask's broadcast shape.
 
-The graph's ``gradient`` node gets ``O`` but not ``lse``; its kernel backward first
-runs the forward kernel in statistics-only mode (no ``V`` work) to recover ``lse``.
+The graph's ``gradient`` node gets ``O`` but not ``lse``. Its kernel backward runs the
+dQ kernel in online mode: the softmax statistics accumulate as in the forward, dQ is
+rescaled as the running max grows and divided by the row sum at the end, and the
+kernel writes ``lse`` for the dK/dV kernel, so no product is spent on recovering it.
+Only where the float mask's gradient is wanted (written tile by tile, so it needs
+``lse`` first) does the forward kernel run in statistics-only mode beforehand.
 
 Ragged lengths (67 queries, 45 keys): the grids are ``cdiv(S, bq)`` / ``cdiv(T, bk)``
 and the walks ``cdiv`` too, with power-of-two blocks of at least 16. A query row or
@@ -53,14 +57,20 @@ from jax.experimental import pallas as pl
 from fnnc import config
 from fnnc.core.command import Command, Spec
 from fnnc.ops.attention import scaled_dot_product_attention as _command
+from fnnc.ops.pallas._attention_grads import kernel_grads
+from fnnc.ops.pallas._attention_tiles import (
+    Config,
+    key_blocks,
+    mask_tile,
+    pick,
+    tile_logits,
+    tile_rows,
+)
 from fnnc.ops.pallas._common import (
     MIN_TILE,
-    both,
     float_reason,
     lane_block,
     launch,
-    load,
-    ref_at,
     span,
     steps,
     store,
@@ -142,25 +152,9 @@ def supports(cmd: Command, specs: Sequence[Spec], blocks: Blocks = Blocks()) -> 
     return None
 
 
-@dataclasses.dataclass(frozen=True)
-class _Config:
-    scale: float
-    causal: bool
-    offset: int  # T - S: causal alignment
-    mask: str  # "", "bool" or "float"
-    varies: tuple[bool, bool, bool, bool]  # which of the mask's [B, H, S, T] axes are not 1
-    group: int  # query heads per key/value head
-    bq: int
-    bk: int
-    s: int  # query length
-    t: int  # key length
-    warps: int
-    stages: int
-
-
 def _config(
     q: Any, k: Any, mask: Any, scale: Any, causal: bool, blocks: Blocks = Blocks()
-) -> _Config:
+) -> Config:
     (_, s, h, d), t = q.shape, k.shape[1]
     kind, varies = "", (False,) * 4
     if mask is not None:
@@ -171,80 +165,30 @@ def _config(
     scale = 1 / math.sqrt(d) if scale is None else scale
     group = h // k.shape[2]
     warps = blocks.warps or (4 if d <= 64 else 8)
-    return _Config(
+    return Config(
         float(scale), bool(causal), t - s, kind, varies, group, bq, bk, s, t, warps, blocks.stages
     )
 
 
-def _logits(cfg: _Config, q: Any, k: Any, row0: Any, col0: Any, m: Any) -> Any:
-    """Masked, scaled ``q kᵀ`` of one tile in float32 (dropped keys are ``-inf``)."""
-    s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    s = s * cfg.scale
-    keep = None
-    if cfg.mask == "float":
-        s = s + m.astype(jnp.float32)
-    elif cfg.mask == "bool":
-        keep = jnp.broadcast_to(m != 0, s.shape)
-    if cfg.causal:
-        rows = row0 + lax.broadcasted_iota(jnp.int32, s.shape, 0)
-        cols = col0 + lax.broadcasted_iota(jnp.int32, s.shape, 1)
-        visible = cols <= rows + cfg.offset
-        keep = visible if keep is None else keep & visible
-    inside = both(span(row0, cfg.bq, cfg.s, s.shape, 0), span(col0, cfg.bk, cfg.t, s.shape, 1))
-    keep = both(keep, inside)  # ragged blocks: rows / keys past S / T see nothing
-    return s if keep is None else jnp.where(keep, s, -jnp.inf)
-
-
-def _rows(ref: Any, idx: Any, row0: Any, n: int, size: int) -> Any:
-    """``ref[idx]``, a tile whose axis 0 is rows ``row0...`` of ``n`` (0 past ``n``)."""
-    view = ref_at(ref, idx)
-    return load(view, None, span(row0, size, n, view.shape, 0))
-
-
-def _mask_tile(cfg: _Config, ref: Any, rows: Any, cols: Any, rc0: Any, head: Any = None) -> Any:
-    """The mask tile for (rows, cols) of a 2-D ``[S|1, T|1]`` block (3-D with heads).
-
-    ``rc0`` are the tile's first query row and key column; past ``S`` / ``T`` it reads 0.
-    """
-    if ref is None:
-        return None
-    _, _, vs, vt = cfg.varies
-    index = (rows if vs else slice(None), cols if vt else slice(None))
-    if head is not None:
-        index = (head if cfg.varies[1] else 0, *index)
-    shape = (cfg.bq if vs else 1, cfg.bk if vt else 1)
-    in_s = span(rc0[0], cfg.bq, cfg.s, shape, 0) if vs else None
-    in_t = span(rc0[1], cfg.bk, cfg.t, shape, 1) if vt else None
-    return load(ref, index, both(in_s, in_t))
-
-
-def _key_blocks(cfg: _Config, i: Any, t: int) -> Any:
-    """Key blocks query block ``i`` needs: all, or up to its last visible key (causal)."""
-    if not cfg.causal:
-        return steps(t, cfg.bk)
-    last = (i + 1) * cfg.bq + cfg.offset  # one past the last visible key
-    return jnp.clip(lax.div(jnp.maximum(last, 0) + cfg.bk - 1, cfg.bk), 0, steps(t, cfg.bk))
-
-
-def _forward_kernel(q_ref, k_ref, v_ref, *refs, cfg: _Config, stats_only: bool):
+def _forward_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, stats_only: bool):
     mask_ref = refs[0] if cfg.mask else None
     *o_ref, lse_ref = refs[1:] if cfg.mask else refs
     i, bq, bk, t = pl.program_id(2), cfg.bq, cfg.bk, k_ref.shape[0]
-    q = _rows(q_ref, None, i * bq, cfg.s, bq)
+    q = tile_rows(q_ref, None, i * bq, cfg.s, bq)
 
     def body(j, carry):
         acc, m, total = carry
         cols = pl.ds(j * bk, bk)
-        tile = _mask_tile(cfg, mask_ref, slice(None), cols, (i * bq, j * bk))
-        k = _rows(k_ref, (cols, slice(None)), j * bk, t, bk)
-        s = _logits(cfg, q, k, i * bq, j * bk, tile)
+        tile = mask_tile(cfg, mask_ref, slice(None), cols, (i * bq, j * bk))
+        k = tile_rows(k_ref, (cols, slice(None)), j * bk, t, bk)
+        s = tile_logits(cfg, q, k, i * bq, j * bk, tile)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
         p = jnp.exp(s - m_safe[:, None])
         alpha = jnp.exp(m - m_safe)
         total = alpha * total + jnp.sum(p, axis=1)
         if not stats_only:
-            v = _rows(v_ref, (cols, slice(None)), j * bk, t, bk)
+            v = tile_rows(v_ref, (cols, slice(None)), j * bk, t, bk)
             pv = lax.dot_general(
                 p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
             )
@@ -257,7 +201,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, cfg: _Config, stats_only: bool):
         jnp.full((bq,), -jnp.inf, jnp.float32),
         jnp.zeros((bq,), jnp.float32),
     )
-    acc, m, total = lax.fori_loop(0, _key_blocks(cfg, i, t), body, init)
+    acc, m, total = lax.fori_loop(0, key_blocks(cfg, i, t), body, init)
     empty = total == 0
     lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, total)))
     store(lse_ref, None, lse, span(i * bq, bq, cfg.s, (bq,), 0))
@@ -266,11 +210,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, cfg: _Config, stats_only: bool):
         store(o_ref[0], None, o, span(i * bq, bq, cfg.s, o.shape, 0))
 
 
-def _pick(pid: Any, varies: bool) -> Any:
-    return pid if varies else 0
-
-
-def _forward(cfg: _Config, q, k, v, mask, *, stats_only=False):
+def _forward(cfg: Config, q, k, v, mask, *, stats_only=False):
     b, s, h, d = q.shape
     t, dv = k.shape[1], v.shape[3]
     g, (vb, vh, vs, vt) = cfg.group, cfg.varies
@@ -283,7 +223,7 @@ def _forward(cfg: _Config, q, k, v, mask, *, stats_only=False):
         specs.append(
             pl.BlockSpec(
                 (None, None, cfg.bq if vs else 1, t if vt else 1),
-                lambda bi, hi, i: (_pick(bi, vb), _pick(hi, vh), _pick(i, vs), 0),
+                lambda bi, hi, i: (pick(bi, vb), pick(hi, vh), pick(i, vs), 0),
             )
         )
     lse_spec = pl.BlockSpec((None, None, cfg.bq), lambda bi, hi, i: (bi, hi, i))
@@ -302,155 +242,13 @@ def _forward(cfg: _Config, q, k, v, mask, *, stats_only=False):
     return results[0] if stats_only else tuple(results)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, *refs, cfg: _Config, want_dmask: bool):
-    mask_ref = refs[0] if cfg.mask else None
-    go_ref, lse_ref, delta_ref, dq_ref, *dmask_ref = refs[1:] if cfg.mask else refs
-    i, bq, bk, t = pl.program_id(2), cfg.bq, cfg.bk, k_ref.shape[0]
-    row0 = i * bq
-    q, go = _rows(q_ref, None, row0, cfg.s, bq), _rows(go_ref, None, row0, cfg.s, bq)
-    lse = _rows(lse_ref, None, row0, cfg.s, bq)
-    lse = jnp.where(lse == -jnp.inf, 0.0, lse)[:, None]  # rows that see nothing: p = 0
-    delta = _rows(delta_ref, None, row0, cfg.s, bq)[:, None]
-
-    def body(j, dq):
-        cols = pl.ds(j * bk, bk)
-        k = _rows(k_ref, (cols, slice(None)), j * bk, t, bk)
-        v = _rows(v_ref, (cols, slice(None)), j * bk, t, bk)
-        tile = _mask_tile(cfg, mask_ref, slice(None), cols, (row0, j * bk))
-        p = jnp.exp(_logits(cfg, q, k, row0, j * bk, tile) - lse)
-        dp = lax.dot_general(go, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        ds = p * (dp - delta)
-        if want_dmask:
-            inside = both(span(row0, bq, cfg.s, ds.shape, 0), span(j * bk, bk, t, ds.shape, 1))
-            store(dmask_ref[0], (slice(None), cols), ds, inside)
-        return dq + lax.dot_general(
-            ds.astype(k.dtype), k, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
-        )
-
-    # The mask's gradient needs every tile written, so no causal early exit then.
-    walk = steps(t, bk) if want_dmask else _key_blocks(cfg, i, t)
-    dq = lax.fori_loop(0, walk, body, jnp.zeros(q.shape, jnp.float32))
-    store(dq_ref, None, dq * cfg.scale, span(row0, bq, cfg.s, dq.shape, 0))
-
-
-def _dkv_kernel(q_ref, k_ref, v_ref, *refs, cfg: _Config):
-    mask_ref = refs[0] if cfg.mask else None
-    go_ref, lse_ref, delta_ref, dk_ref, dv_ref = refs[1:] if cfg.mask else refs
-    j, bq, bk, s = pl.program_id(2), cfg.bq, cfg.bk, q_ref.shape[0]
-    k, v = _rows(k_ref, None, j * bk, cfg.t, bk), _rows(v_ref, None, j * bk, cfg.t, bk)
-    first = 0
-    if cfg.causal:  # the first query row that sees key j * bk is j * bk - offset
-        first = jnp.minimum(lax.div(jnp.maximum(j * bk - cfg.offset, 0), bq), steps(s, bq))
-    dk = jnp.zeros(k.shape, jnp.float32)
-    dv = jnp.zeros(v.shape, jnp.float32)
-    for head in range(cfg.group):  # the query heads that share this key/value head
-
-        def body(i, carry, head=head):
-            dk, dv = carry
-            rows, row0 = pl.ds(i * bq, bq), i * bq
-            q = _rows(q_ref, (rows, head, slice(None)), row0, s, bq)
-            go = _rows(go_ref, (rows, head, slice(None)), row0, s, bq)
-            lse = _rows(lse_ref, (head, rows), row0, s, bq)
-            lse = jnp.where(lse == -jnp.inf, 0.0, lse)[:, None]
-            delta = _rows(delta_ref, (head, rows), row0, s, bq)[:, None]
-            tile = _mask_tile(cfg, mask_ref, rows, slice(None), (row0, j * bk), head)
-            p = jnp.exp(_logits(cfg, q, k, i * bq, j * bk, tile) - lse)
-            dv = dv + lax.dot_general(
-                p.astype(go.dtype), go, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-            )
-            dp = lax.dot_general(
-                go, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-            )
-            ds = p * (dp - delta)
-            dk = dk + lax.dot_general(
-                ds.astype(q.dtype), q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-            )
-            return dk, dv
-
-        dk, dv = lax.fori_loop(first, steps(s, bq), body, (dk, dv))
-    store(dk_ref, None, dk * cfg.scale, span(j * bk, bk, cfg.t, dk.shape, 0))
-    store(dv_ref, None, dv, span(j * bk, bk, cfg.t, dv.shape, 0))
-
-
-def _grads(cfg: _Config, q, k, v, mask, o, lse, go, want_dmask: bool):
-    """``(dq, dk, dv, d logits or None)``; ``d logits`` is ``[B, H, S, T]``."""
-    b, s, h, d = q.shape
-    t, hk, dv = k.shape[1], k.shape[2], v.shape[3]
-    g, (vb, vh, vs, vt) = cfg.group, cfg.varies
-    go = go.astype(q.dtype)
-    delta = jnp.sum(go.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)
-    delta = jnp.transpose(delta, (0, 2, 1))  # [B, H, S], like lse
-    rows_spec = lambda n: pl.BlockSpec((None, cfg.bq, None, n), lambda bi, hi, i: (bi, i, hi, 0))
-    keys_spec = lambda n: pl.BlockSpec((None, t, None, n), lambda bi, hi, i: (bi, 0, hi // g, 0))
-    stat_spec = pl.BlockSpec((None, None, cfg.bq), lambda bi, hi, i: (bi, hi, i))
-    mask_in = [] if mask is None else [mask]
-    mask_q = [
-        pl.BlockSpec(
-            (None, None, cfg.bq if vs else 1, t if vt else 1),
-            lambda bi, hi, i: (_pick(bi, vb), _pick(hi, vh), _pick(i, vs), 0),
-        )
-    ][: len(mask_in)]
-    dmask_out = [
-        (
-            pl.BlockSpec((None, None, cfg.bq, t), lambda bi, hi, i: (bi, hi, i, 0)),
-            Spec((b, h, s, t), mask.dtype if mask is not None else q.dtype),
-        )
-    ][: int(want_dmask)]
-    dq, *dmask = launch(
-        functools.partial(_dq_kernel, cfg=cfg, want_dmask=want_dmask),
-        grid=(b, h, steps(s, cfg.bq)),
-        in_specs=[
-            rows_spec(d),
-            keys_spec(d),
-            keys_spec(dv),
-            *mask_q,
-            rows_spec(dv),
-            stat_spec,
-            stat_spec,
-        ],
-        out_specs=[rows_spec(d)] + [o[0] for o in dmask_out],
-        out_shape=[Spec(q.shape, q.dtype)] + [o[1] for o in dmask_out],
-        name="fnnc_flash_attention_dq",
-        warps=cfg.warps,
-        stages=cfg.stages,
-    )(q, k, v, *mask_in, go, lse, delta)
-    group_spec = lambda n: pl.BlockSpec((None, s, g, n), lambda bi, gi, j: (bi, 0, gi, 0))
-    key_spec = lambda n: pl.BlockSpec((None, cfg.bk, None, n), lambda bi, gi, j: (bi, j, gi, 0))
-    stats_spec = pl.BlockSpec((None, g, s), lambda bi, gi, j: (bi, gi, 0))
-    mask_k = [
-        pl.BlockSpec(
-            (None, g if vh else 1, s if vs else 1, cfg.bk if vt else 1),
-            lambda bi, gi, j: (_pick(bi, vb), _pick(gi, vh), 0, _pick(j, vt)),
-        )
-    ][: len(mask_in)]
-    dk, dv_ = launch(
-        functools.partial(_dkv_kernel, cfg=cfg),
-        grid=(b, hk, steps(t, cfg.bk)),
-        in_specs=[
-            group_spec(d),
-            key_spec(d),
-            key_spec(dv),
-            *mask_k,
-            group_spec(dv),
-            stats_spec,
-            stats_spec,
-        ],
-        out_specs=[key_spec(d), key_spec(dv)],
-        out_shape=[Spec(k.shape, k.dtype), Spec(v.shape, v.dtype)],
-        name="fnnc_flash_attention_dkv",
-        warps=cfg.warps,
-        stages=cfg.stages,
-    )(q, k, v, *mask_in, go, lse, delta)
-    return dq, dk, dv_, (dmask[0] if dmask else None)
-
-
 def _unbroadcast(g: Any, shape: Sequence[int]) -> Any:
     axes = tuple(a for a, n in enumerate(shape) if n == 1 and g.shape[a] != 1)
     return jnp.sum(g, axis=axes, keepdims=True) if axes else g
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention(cfg: _Config, q, k, v, mask):
+def _attention(cfg: Config, q, k, v, mask):
     return _forward(cfg, q, k, v, mask)[0]
 
 
@@ -462,7 +260,7 @@ def _attention_fwd(cfg, q, k, v, mask):
 def _attention_bwd(cfg, residuals, go):
     q, k, v, mask, o, lse = residuals
     want = cfg.mask == "float"
-    dq, dk, dv, dlogits = _grads(cfg, q, k, v, mask, o, lse, go, want)
+    dq, dk, dv, dlogits = kernel_grads(cfg, q, k, v, mask, o, lse, go, want)
     return dq, dk, dv, (_unbroadcast(dlogits, mask.shape) if want else None)
 
 
@@ -488,14 +286,16 @@ def scaled_dot_product_attention(
 def backward(
     grads, inputs, outputs, wants, *, scale, is_causal, blocks: Blocks = Blocks()
 ) -> tuple[Any, ...]:
-    """The command's backward (NNC convention) as kernels; recovers ``lse`` first."""
+    """The command's backward (NNC convention) as kernels; the dQ kernel finds ``lse``."""
     (go,), (q, k, v, *mask), (o,) = grads, inputs, outputs
     m = mask[0] if mask else None
     cfg = _config(q, k, m, scale, is_causal, blocks)
     m4 = _mask4(m)
-    lse = _forward(cfg, q, k, v, m4, stats_only=True)
     want = cfg.mask == "float" and 3 in wants
-    dq, dk, dv, dlogits = _grads(cfg, q, k, v, m4, o, lse, go, want)
+    # the mask's gradient is written tile by tile, so it needs lse first: a statistics-
+    # only forward pass; otherwise the dQ kernel finds lse online, at no extra product
+    lse = _forward(cfg, q, k, v, m4, stats_only=True) if want else None
+    dq, dk, dv, dlogits = kernel_grads(cfg, q, k, v, m4, o, lse, go, want)
     if m is None:
         return dq, dk, dv
     return dq, dk, dv, (jnp.reshape(_unbroadcast(dlogits, m4.shape), m.shape) if want else None)

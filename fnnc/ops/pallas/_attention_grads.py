@@ -1,0 +1,224 @@
+"""Flash attention's backward kernels: ``delta = sum(dO * O)`` per row (XLA), a dQ kernel
+over the key blocks of each query block (given ``lse``, or finding it online), and a
+dK/dV kernel over the query blocks of each key block. See
+:mod:`fnnc.ops.pallas.scaled_dot_product_attention`."""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from fnnc.core.command import Spec
+from fnnc.ops.pallas._attention_tiles import (
+    Config,
+    key_blocks,
+    mask_tile,
+    pick,
+    tile_logits,
+    tile_rows,
+)
+from fnnc.ops.pallas._common import both, launch, span, steps, store
+
+
+def _dq_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, want_dmask: bool):
+    mask_ref = refs[0] if cfg.mask else None
+    go_ref, lse_ref, delta_ref, dq_ref, *dmask_ref = refs[1:] if cfg.mask else refs
+    i, bq, bk, t = pl.program_id(2), cfg.bq, cfg.bk, k_ref.shape[0]
+    row0 = i * bq
+    q, go = tile_rows(q_ref, None, row0, cfg.s, bq), tile_rows(go_ref, None, row0, cfg.s, bq)
+    lse = tile_rows(lse_ref, None, row0, cfg.s, bq)
+    lse = jnp.where(lse == -jnp.inf, 0.0, lse)[:, None]  # rows that see nothing: p = 0
+    delta = tile_rows(delta_ref, None, row0, cfg.s, bq)[:, None]
+
+    def body(j, dq):
+        cols = pl.ds(j * bk, bk)
+        k = tile_rows(k_ref, (cols, slice(None)), j * bk, t, bk)
+        v = tile_rows(v_ref, (cols, slice(None)), j * bk, t, bk)
+        tile = mask_tile(cfg, mask_ref, slice(None), cols, (row0, j * bk))
+        p = jnp.exp(tile_logits(cfg, q, k, row0, j * bk, tile) - lse)
+        dp = lax.dot_general(go, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        ds = p * (dp - delta)
+        if want_dmask:
+            inside = both(span(row0, bq, cfg.s, ds.shape, 0), span(j * bk, bk, t, ds.shape, 1))
+            store(dmask_ref[0], (slice(None), cols), ds, inside)
+        return dq + lax.dot_general(
+            ds.astype(k.dtype), k, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    # The mask's gradient needs every tile written, so no causal early exit then.
+    walk = steps(t, bk) if want_dmask else key_blocks(cfg, i, t)
+    dq = lax.fori_loop(0, walk, body, jnp.zeros(q.shape, jnp.float32))
+    store(dq_ref, None, dq * cfg.scale, span(row0, bq, cfg.s, dq.shape, 0))
+
+
+def _dq_online_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
+    """dQ without ``lse``: the softmax statistics accumulate online, as in the forward.
+    ``dS = exp(S - m) (dP - delta)`` is summed into dQ unnormalised, rescaled whenever
+    the running max ``m`` grows, and divided by the row sum at the end; the row's
+    ``lse`` is written for the dK/dV kernel. This replaces the statistics-only forward
+    pass a graph's backward would otherwise run first (it is given ``O``, not ``lse``)."""
+    mask_ref = refs[0] if cfg.mask else None
+    go_ref, delta_ref, dq_ref, lse_ref = refs[1:] if cfg.mask else refs
+    i, bq, bk, t = pl.program_id(2), cfg.bq, cfg.bk, k_ref.shape[0]
+    row0 = i * bq
+    q, go = tile_rows(q_ref, None, row0, cfg.s, bq), tile_rows(go_ref, None, row0, cfg.s, bq)
+    delta = tile_rows(delta_ref, None, row0, cfg.s, bq)[:, None]
+
+    def body(j, carry):
+        dq, m, total = carry
+        cols = pl.ds(j * bk, bk)
+        k = tile_rows(k_ref, (cols, slice(None)), j * bk, t, bk)
+        v = tile_rows(v_ref, (cols, slice(None)), j * bk, t, bk)
+        tile = mask_tile(cfg, mask_ref, slice(None), cols, (row0, j * bk))
+        logits = tile_logits(cfg, q, k, row0, j * bk, tile)
+        m_new = jnp.maximum(m, jnp.max(logits, axis=1))
+        m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+        p = jnp.exp(logits - m_safe[:, None])
+        alpha = jnp.exp(m - m_safe)
+        dp = lax.dot_general(go, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        ds = p * (dp - delta)
+        dq = dq * alpha[:, None] + lax.dot_general(
+            ds.astype(k.dtype), k, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
+        return dq, m_new, alpha * total + jnp.sum(p, axis=1)
+
+    init = (
+        jnp.zeros(q.shape, jnp.float32),
+        jnp.full((bq,), -jnp.inf, jnp.float32),
+        jnp.zeros((bq,), jnp.float32),
+    )
+    dq, m, total = lax.fori_loop(0, key_blocks(cfg, i, t), body, init)
+    empty = total == 0  # a row that sees no key: dq = 0, lse = -inf
+    dq = dq / jnp.where(empty, 1.0, total)[:, None]
+    store(dq_ref, None, dq * cfg.scale, span(row0, bq, cfg.s, dq.shape, 0))
+    lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, total)))
+    store(lse_ref, None, lse, span(row0, bq, cfg.s, (bq,), 0))
+
+
+def _dkv_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
+    mask_ref = refs[0] if cfg.mask else None
+    go_ref, lse_ref, delta_ref, dk_ref, dv_ref = refs[1:] if cfg.mask else refs
+    j, bq, bk, s = pl.program_id(2), cfg.bq, cfg.bk, q_ref.shape[0]
+    k, v = tile_rows(k_ref, None, j * bk, cfg.t, bk), tile_rows(v_ref, None, j * bk, cfg.t, bk)
+    first = 0
+    if cfg.causal:  # the first query row that sees key j * bk is j * bk - offset
+        first = jnp.minimum(lax.div(jnp.maximum(j * bk - cfg.offset, 0), bq), steps(s, bq))
+    dk = jnp.zeros(k.shape, jnp.float32)
+    dv = jnp.zeros(v.shape, jnp.float32)
+    for head in range(cfg.group):  # the query heads that share this key/value head
+
+        def body(i, carry, head=head):
+            dk, dv = carry
+            rows, row0 = pl.ds(i * bq, bq), i * bq
+            q = tile_rows(q_ref, (rows, head, slice(None)), row0, s, bq)
+            go = tile_rows(go_ref, (rows, head, slice(None)), row0, s, bq)
+            lse = tile_rows(lse_ref, (head, rows), row0, s, bq)
+            lse = jnp.where(lse == -jnp.inf, 0.0, lse)[:, None]
+            delta = tile_rows(delta_ref, (head, rows), row0, s, bq)[:, None]
+            tile = mask_tile(cfg, mask_ref, rows, slice(None), (row0, j * bk), head)
+            p = jnp.exp(tile_logits(cfg, q, k, i * bq, j * bk, tile) - lse)
+            dv = dv + lax.dot_general(
+                p.astype(go.dtype), go, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+            )
+            dp = lax.dot_general(
+                go, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+            )
+            ds = p * (dp - delta)
+            dk = dk + lax.dot_general(
+                ds.astype(q.dtype), q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+            )
+            return dk, dv
+
+        dk, dv = lax.fori_loop(first, steps(s, bq), body, (dk, dv))
+    store(dk_ref, None, dk * cfg.scale, span(j * bk, bk, cfg.t, dk.shape, 0))
+    store(dv_ref, None, dv, span(j * bk, bk, cfg.t, dv.shape, 0))
+
+
+def kernel_grads(cfg: Config, q, k, v, mask, o, lse, go, want_dmask: bool):
+    """``(dq, dk, dv, d logits or None)``; ``d logits`` is ``[B, H, S, T]``. With
+    ``lse=None`` the dQ kernel finds the statistics itself (not with ``want_dmask``)."""
+    b, s, h, d = q.shape
+    t, hk, dv = k.shape[1], k.shape[2], v.shape[3]
+    g, (vb, vh, vs, vt) = cfg.group, cfg.varies
+    go = go.astype(q.dtype)
+    delta = jnp.sum(go.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)
+    delta = jnp.transpose(delta, (0, 2, 1))  # [B, H, S], like lse
+    rows_spec = lambda n: pl.BlockSpec((None, cfg.bq, None, n), lambda bi, hi, i: (bi, i, hi, 0))
+    keys_spec = lambda n: pl.BlockSpec((None, t, None, n), lambda bi, hi, i: (bi, 0, hi // g, 0))
+    stat_spec = pl.BlockSpec((None, None, cfg.bq), lambda bi, hi, i: (bi, hi, i))
+    mask_in = [] if mask is None else [mask]
+    mask_q = [
+        pl.BlockSpec(
+            (None, None, cfg.bq if vs else 1, t if vt else 1),
+            lambda bi, hi, i: (pick(bi, vb), pick(hi, vh), pick(i, vs), 0),
+        )
+    ][: len(mask_in)]
+    dmask_out = [
+        (
+            pl.BlockSpec((None, None, cfg.bq, t), lambda bi, hi, i: (bi, hi, i, 0)),
+            Spec((b, h, s, t), mask.dtype if mask is not None else q.dtype),
+        )
+    ][: int(want_dmask)]
+    if lse is None:
+        assert not want_dmask, "the mask's gradient needs lse before its first tile"
+        dq, lse = launch(
+            functools.partial(_dq_online_kernel, cfg=cfg),
+            grid=(b, h, steps(s, cfg.bq)),
+            in_specs=[rows_spec(d), keys_spec(d), keys_spec(dv), *mask_q, rows_spec(dv), stat_spec],
+            out_specs=[rows_spec(d), stat_spec],
+            out_shape=[Spec(q.shape, q.dtype), Spec((b, h, s), jnp.float32)],
+            name="fnnc_flash_attention_dq_online",
+            warps=cfg.warps,
+            stages=cfg.stages,
+        )(q, k, v, *mask_in, go, delta)
+        dmask = []
+    else:
+        dq, *dmask = launch(
+            functools.partial(_dq_kernel, cfg=cfg, want_dmask=want_dmask),
+            grid=(b, h, steps(s, cfg.bq)),
+            in_specs=[
+                rows_spec(d),
+                keys_spec(d),
+                keys_spec(dv),
+                *mask_q,
+                rows_spec(dv),
+                stat_spec,
+                stat_spec,
+            ],
+            out_specs=[rows_spec(d)] + [o[0] for o in dmask_out],
+            out_shape=[Spec(q.shape, q.dtype)] + [o[1] for o in dmask_out],
+            name="fnnc_flash_attention_dq",
+            warps=cfg.warps,
+            stages=cfg.stages,
+        )(q, k, v, *mask_in, go, lse, delta)
+    group_spec = lambda n: pl.BlockSpec((None, s, g, n), lambda bi, gi, j: (bi, 0, gi, 0))
+    key_spec = lambda n: pl.BlockSpec((None, cfg.bk, None, n), lambda bi, gi, j: (bi, j, gi, 0))
+    stats_spec = pl.BlockSpec((None, g, s), lambda bi, gi, j: (bi, gi, 0))
+    mask_k = [
+        pl.BlockSpec(
+            (None, g if vh else 1, s if vs else 1, cfg.bk if vt else 1),
+            lambda bi, gi, j: (pick(bi, vb), pick(gi, vh), 0, pick(j, vt)),
+        )
+    ][: len(mask_in)]
+    dk, dv_ = launch(
+        functools.partial(_dkv_kernel, cfg=cfg),
+        grid=(b, hk, steps(t, cfg.bk)),
+        in_specs=[
+            group_spec(d),
+            key_spec(d),
+            key_spec(dv),
+            *mask_k,
+            group_spec(dv),
+            stats_spec,
+            stats_spec,
+        ],
+        out_specs=[key_spec(d), key_spec(dv)],
+        out_shape=[Spec(k.shape, k.dtype), Spec(v.shape, v.dtype)],
+        name="fnnc_flash_attention_dkv",
+        warps=cfg.warps,
+        stages=cfg.stages,
+    )(q, k, v, *mask_in, go, lse, delta)
+    return dq, dk, dv_, (dmask[0] if dmask else None)

@@ -1,0 +1,84 @@
+"""Flash attention's tiles, shared by its forward and backward kernels: the settings a
+program is built for (:class:`Config`), the masked scaled logits of one tile, rows
+loaded with a ragged end, mask tiles, and the key blocks a causal query block needs.
+See :mod:`fnnc.ops.pallas.scaled_dot_product_attention`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+from jax import lax
+
+from fnnc.ops.pallas._common import both, load, ref_at, span, steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    scale: float
+    causal: bool
+    offset: int  # T - S: causal alignment
+    mask: str  # "", "bool" or "float"
+    varies: tuple[bool, bool, bool, bool]  # which of the mask's [B, H, S, T] axes are not 1
+    group: int  # query heads per key/value head
+    bq: int
+    bk: int
+    s: int  # query length
+    t: int  # key length
+    warps: int
+    stages: int
+
+
+def tile_logits(cfg: Config, q: Any, k: Any, row0: Any, col0: Any, m: Any) -> Any:
+    """Masked, scaled ``q kᵀ`` of one tile in float32 (dropped keys are ``-inf``)."""
+    s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    s = s * cfg.scale
+    keep = None
+    if cfg.mask == "float":
+        s = s + m.astype(jnp.float32)
+    elif cfg.mask == "bool":
+        keep = jnp.broadcast_to(m != 0, s.shape)
+    if cfg.causal:
+        rows = row0 + lax.broadcasted_iota(jnp.int32, s.shape, 0)
+        cols = col0 + lax.broadcasted_iota(jnp.int32, s.shape, 1)
+        visible = cols <= rows + cfg.offset
+        keep = visible if keep is None else keep & visible
+    inside = both(span(row0, cfg.bq, cfg.s, s.shape, 0), span(col0, cfg.bk, cfg.t, s.shape, 1))
+    keep = both(keep, inside)  # ragged blocks: rows / keys past S / T see nothing
+    return s if keep is None else jnp.where(keep, s, -jnp.inf)
+
+
+def tile_rows(ref: Any, idx: Any, row0: Any, n: int, size: int) -> Any:
+    """``ref[idx]``, a tile whose axis 0 is rows ``row0...`` of ``n`` (0 past ``n``)."""
+    view = ref_at(ref, idx)
+    return load(view, None, span(row0, size, n, view.shape, 0))
+
+
+def mask_tile(cfg: Config, ref: Any, rows: Any, cols: Any, rc0: Any, head: Any = None) -> Any:
+    """The mask tile for (rows, cols) of a 2-D ``[S|1, T|1]`` block (3-D with heads).
+
+    ``rc0`` are the tile's first query row and key column; past ``S`` / ``T`` it reads 0.
+    """
+    if ref is None:
+        return None
+    _, _, vs, vt = cfg.varies
+    index = (rows if vs else slice(None), cols if vt else slice(None))
+    if head is not None:
+        index = (head if cfg.varies[1] else 0, *index)
+    shape = (cfg.bq if vs else 1, cfg.bk if vt else 1)
+    in_s = span(rc0[0], cfg.bq, cfg.s, shape, 0) if vs else None
+    in_t = span(rc0[1], cfg.bk, cfg.t, shape, 1) if vt else None
+    return load(ref, index, both(in_s, in_t))
+
+
+def key_blocks(cfg: Config, i: Any, t: int) -> Any:
+    """Key blocks query block ``i`` needs: all, or up to its last visible key (causal)."""
+    if not cfg.causal:
+        return steps(t, cfg.bk)
+    last = (i + 1) * cfg.bq + cfg.offset  # one past the last visible key
+    return jnp.clip(lax.div(jnp.maximum(last, 0) + cfg.bk - 1, cfg.bk), 0, steps(t, cfg.bk))
+
+
+def pick(pid: Any, varies: bool) -> Any:
+    return pid if varies else 0
