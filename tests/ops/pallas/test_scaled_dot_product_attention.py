@@ -5,6 +5,7 @@ key blocks (online softmax rescaling, causal early exits, fully masked rows).
 """
 
 import functools
+import re
 import types
 
 import jax
@@ -122,3 +123,27 @@ def test_the_bq128_backend_in_bfloat16_matches_reference_and_is_never_a_default(
     wide = [jax.ShapeDtypeStruct((2, 2048, 16, 128), jnp.float32)] * 3
     why = ops.backends_of(cmd.name)[WIDE_ATTENTION].supports(cmd, wide)
     assert "KiB of shared memory" in why
+
+
+def test_the_graph_backward_finds_lse_in_its_dq_kernel():
+    """A gradient node has O but not lse: the dQ kernel accumulates the statistics online
+    (no statistics-only forward pass), except where the float mask's gradient, written
+    tile by tile, is wanted; the values are checked against the reference above."""
+    q, k, v = _qkv(1, 40, 40, 2, 2, 16, 16)
+    o = kernel.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def launched(inputs, wants):
+        run = lambda *xs: kernel.backward((o,), xs, (o,), wants, scale=None, is_causal=True)
+        text = str(jax.make_jaxpr(run)(*inputs))
+        return sorted(set(re.findall(r"name=(fnnc_flash_attention\w*)", text)))
+
+    assert launched((q, k, v), (0, 1, 2)) == [
+        "fnnc_flash_attention_dkv",
+        "fnnc_flash_attention_dq_online",
+    ]
+    mask = rand((1, 2, 40, 40), seed=8)
+    assert launched((q, k, v, mask), (0, 1, 2, 3)) == [
+        "fnnc_flash_attention_dkv",
+        "fnnc_flash_attention_dq",
+        "fnnc_flash_attention_stats",
+    ]
