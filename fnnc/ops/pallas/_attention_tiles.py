@@ -16,6 +16,9 @@ from fnnc.ops.pallas._common import both, load, ref_at, span, steps
 
 @dataclasses.dataclass(frozen=True)
 class Config:
+    """What one attention program is built for: its hyper-parameters, mask layout, head
+    grouping, blocks, lengths and Triton settings (hashable: a ``custom_vjp`` static)."""
+
     scale: float
     causal: bool
     offset: int  # T - S: causal alignment
