@@ -162,38 +162,29 @@ def kernel_grads(cfg: Config, q, k, v, mask, o, lse, go, want_dmask: bool):
             Spec((b, h, s, t), mask.dtype if mask is not None else q.dtype),
         )
     ][: int(want_dmask)]
-    if lse is None:
-        assert not want_dmask, "the mask's gradient needs lse before its first tile"
-        dq, lse = launch(
-            functools.partial(_dq_online_kernel, cfg=cfg),
-            grid=(b, h, steps(s, cfg.bq)),
-            in_specs=[rows_spec(d), keys_spec(d), keys_spec(dv), *mask_q, rows_spec(dv), stat_spec],
-            out_specs=[rows_spec(d), stat_spec],
-            out_shape=[Spec(q.shape, q.dtype), Spec((b, h, s), jnp.float32)],
-            name="fnnc_flash_attention_dq_online",
-            warps=cfg.warps,
-            stages=cfg.stages,
-        )(q, k, v, *mask_in, go, delta)
-        dmask = []
+    # Given lse, dQ reads it (and may write the mask's gradient); without it, the online
+    # kernel finds it and writes it out for the dK/dV kernel.
+    online = lse is None
+    assert not (online and want_dmask), "the mask's gradient needs lse before its first tile"
+    if online:
+        kernel, stats_in = functools.partial(_dq_online_kernel, cfg=cfg), [delta]
+        extra_out = [(stat_spec, Spec((b, h, s), jnp.float32))]
     else:
-        dq, *dmask = launch(
-            functools.partial(_dq_kernel, cfg=cfg, want_dmask=want_dmask),
-            grid=(b, h, steps(s, cfg.bq)),
-            in_specs=[
-                rows_spec(d),
-                keys_spec(d),
-                keys_spec(dv),
-                *mask_q,
-                rows_spec(dv),
-                stat_spec,
-                stat_spec,
-            ],
-            out_specs=[rows_spec(d)] + [o[0] for o in dmask_out],
-            out_shape=[Spec(q.shape, q.dtype)] + [o[1] for o in dmask_out],
-            name="fnnc_flash_attention_dq",
-            warps=cfg.warps,
-            stages=cfg.stages,
-        )(q, k, v, *mask_in, go, lse, delta)
+        kernel = functools.partial(_dq_kernel, cfg=cfg, want_dmask=want_dmask)
+        stats_in = [lse, delta]
+        extra_out = dmask_out
+    dq, *extra = launch(
+        kernel,
+        grid=(b, h, steps(s, cfg.bq)),
+        in_specs=[rows_spec(d), keys_spec(d), keys_spec(dv), *mask_q, rows_spec(dv)]
+        + [stat_spec] * len(stats_in),
+        out_specs=[rows_spec(d)] + [o[0] for o in extra_out],
+        out_shape=[Spec(q.shape, q.dtype)] + [o[1] for o in extra_out],
+        name="fnnc_flash_attention_dq_online" if online else "fnnc_flash_attention_dq",
+        warps=cfg.warps,
+        stages=cfg.stages,
+    )(q, k, v, *mask_in, go, *stats_in)
+    lse, dmask = (extra[0], []) if online else (lse, extra)
     group_spec = lambda n: pl.BlockSpec((None, s, g, n), lambda bi, gi, j: (bi, 0, gi, 0))
     key_spec = lambda n: pl.BlockSpec((None, cfg.bk, None, n), lambda bi, gi, j: (bi, j, gi, 0))
     stats_spec = pl.BlockSpec((None, g, s), lambda bi, gi, j: (bi, gi, 0))
