@@ -112,3 +112,14 @@ def test_missing_packages_install_from_a_folder_of_wheels(tmp_path, monkeypatch)
     gpu_check.install([dist], wheels, target)
     monkeypatch.syspath_prepend(str(target))
     assert gpu_check.missing({module: dist}) == []
+
+
+def test_a_missing_docs_tool_deselects_its_test_and_the_summary_says_so(monkeypatch):
+    """A GPU image lacks mkdocs: the suite leaves out the site build (a test of the docs
+    tooling, not of the platform) by name, and the table lists it; nothing is skipped."""
+    monkeypatch.setattr(gpu_check, "DOCS_TOOLS", {"no_such_module_here": ("x", "tests/t.py::t")})
+    left_out = gpu_check.docs_tests_left_out()
+    assert left_out == ["tests/t.py::t"]
+    text = gpu_check.table([], [], {}, left_out)
+    assert "deselected   tests/t.py::t (its package is not installed)" in text
+    assert gpu_check.SITE_BUILD.split("::")[1] in (ROOT / "tests" / "test_docs.py").read_text()
