@@ -17,9 +17,9 @@ Steps, in one budget (``--budget``, default 470 s, so the whole check ends in un
    workers share the GPU's memory;
 4. ``kernels``: ``benchmarks/kernels.py --quick --dtype bfloat16`` (Pallas vs XLA
    timings at transformer sizes);
-5. with ``--lm`` (+240 s of budget): ``benchmarks/lm_step.py`` at issue 24's size,
+5. with ``--lm`` (+270 s of budget): ``benchmarks/lm_step.py`` at issue 24's size,
    fnnc's default step against its variants, Flax NNX and PyTorch (eager,
-   ``torch.compile``);
+   ``torch.compile``), with ``--profile 3``: each one's device time by kind of kernel;
 6. with ``--measure`` (+150 s): ``python -m fnnc.ops.measure_defaults`` (small and
    large sizes) into the reports folder (``measured_defaults.json``, to merge into the package's).
 
@@ -96,9 +96,10 @@ LM_IMPLS = "fnnc,fnnc-unfused,fnnc-xla,nnx,torch,torch-compile"
 MEASURE_SECONDS = 150.0
 """``--measure``: ``python -m fnnc.ops.measure_defaults`` (its large sizes alone took 40 s
 on an H200)."""
-LM_SECONDS = 240.0
+LM_SECONDS = 270.0
 """``--lm``: the implementations ``benchmarks/lm_step.py`` times at the issue's size, in
-about 150 s on an H200 (each in its own process, compiles included)."""
+about 150 s on an H200 (each in its own process, compiles included), and profiles 3
+steps of each: where the device time goes, by kind of kernel (``benchmarks/_profile.py``)."""
 CPU_SUBSET = ["tests/test_subprocess_env.py", "tests/ops/test_backends.py"]
 
 VERSIONS = r"""
@@ -282,7 +283,7 @@ def steps(flags: argparse.Namespace, work: Path) -> list[Step]:
             step.status, step.argv = "skipped (--perf-only)", []
     if flags.lm:  # issue 24's measurement: fnnc's default step against torch.compile
         size = ["--tiny"] if flags.cpu else []
-        lm = [py, "benchmarks/lm_step.py", *size, "--impls", LM_IMPLS]
+        lm = [py, "benchmarks/lm_step.py", *size, "--impls", LM_IMPLS, "--profile", "3"]
         out.append(Step("lm step", lm, LM_SECONDS))
     if flags.measure:  # this device's measured defaults, to merge into the package's
         table = str(work / "measured_defaults.json")

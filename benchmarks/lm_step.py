@@ -27,11 +27,14 @@ the H100's measured matmul peak the issue reports). Peak memory is
 ``memory_stats()["peak_bytes_in_use"]`` (JAX) or ``max_memory_allocated`` (torch) on a
 GPU, XLA's estimate of the step (arguments + outputs + temporaries - donated) on CPU.
 
+``--profile N`` also profiles N steps of each and reports where the device time goes, by
+kind of kernel, side by side (:mod:`benchmarks._profile`).
+
 ``--tiny`` runs a small size on CPU; ``tests/test_lm_step.py`` runs it in the suite and
 checks that fnnc's and NNX's losses agree step by step.
 
 Run: python benchmarks/lm_step.py [--tiny | --size cpu | --size cpu-batch]
-     [--impls fnnc,nnx,...] [--steps N]
+     [--impls fnnc,nnx,...] [--steps N] [--profile N]
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from benchmarks import _profile
 from benchmarks._timing import median_time
 from fnnc import config
 from fnnc.graph.passes import linear_crossentropy
@@ -167,6 +171,20 @@ class Result:
     losses: list[float] = dataclasses.field(default_factory=list)
     device: str = ""
     note: str = ""
+    kernels: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Milliseconds per step of each kernel, where ``--profile`` asked (:mod:`_profile`)."""
+    profile_error: str = ""
+
+
+def _profiled(result: Result, profile: int, kernels: Callable[[], dict[str, float]]) -> Result:
+    """``result`` with the kernels of ``profile`` more steps, if asked: a profiler that
+    fails (no CUPTI on the machine, say) costs the breakdown, never the timings."""
+    if profile:
+        try:
+            result.kernels = kernels()
+        except Exception as e:  # reported in the table instead
+            result.profile_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return result
 
 
 @contextlib.contextmanager
@@ -184,7 +202,9 @@ def _jax_peak(estimate: Callable[[], int]) -> tuple[int, str]:
     return estimate(), "xla est."
 
 
-def run_fnnc(z: Size, data, params, variant: str, precision: str, timed: bool) -> Result:
+def run_fnnc(
+    z: Size, data, params, variant: str, precision: str, timed: bool, profile: int = 0
+) -> Result:
     """``Model.fit`` losses on ``data`` then, if ``timed``, ms per step."""
     forced = config.override(backend="xla") if variant == "fnnc-xla" else contextlib.nullcontext()
     unfused = linear_crossentropy.MIN_LOGITS
@@ -207,7 +227,10 @@ def run_fnnc(z: Size, data, params, variant: str, precision: str, timed: bool) -
             return m.argument_bytes + m.output_bytes + m.temp_bytes - m.alias_bytes
 
         peak, kind = _jax_peak(estimate) if timed else (None, "")
-    return Result(variant, ms, peak, kind, losses)
+        result = Result(variant, ms, peak, kind, losses)
+        return _profiled(
+            result, profile, lambda: _profile.jax_kernels(lambda: model.fit([x], [y]), profile)
+        )
 
 
 # -- Flax NNX + optax ------------------------------------------------------------------
@@ -319,7 +342,7 @@ def xla_costs(z: Size, precision: str) -> dict[str, tuple[float, float]]:
     }
 
 
-def run_nnx(z: Size, data, params, precision: str, timed: bool) -> Result:
+def run_nnx(z: Size, data, params, precision: str, timed: bool, profile: int = 0) -> Result:
     step, state, opt_state = nnx_step(z, params, precision)
     box = {"state": state, "opt": opt_state}
 
@@ -341,13 +364,16 @@ def run_nnx(z: Size, data, params, precision: str, timed: bool) -> Result:
         )
 
     peak, kind = _jax_peak(estimate) if timed else (None, "")
-    return Result("nnx", ms, peak, kind, losses)
+    result = Result("nnx", ms, peak, kind, losses)
+    return _profiled(result, profile, lambda: _profile.jax_kernels(lambda: fit(x, y), profile))
 
 
 # -- PyTorch (optional) ----------------------------------------------------------------
 
 
-def run_torch(z: Size, data, params, compiled: bool, precision: str, timed: bool) -> Result:
+def run_torch(
+    z: Size, data, params, compiled: bool, precision: str, timed: bool, profile: int = 0
+) -> Result:
     """Autocast bfloat16, SDPA, fused Adam; the model under ``torch.compile`` if asked."""
     import torch
     import torch.nn.functional as F
@@ -437,22 +463,29 @@ def run_torch(z: Size, data, params, compiled: bool, precision: str, timed: bool
     peak = int(torch.cuda.max_memory_allocated()) if dev == "cuda" else None
     name = "torch-compile" if compiled else "torch"
     kind = torch.cuda.get_device_name() if dev == "cuda" else ""
-    return Result(name, ms, peak, "device" if peak else "", losses, device=kind)
+    x, y = tensors[0]
+    result = Result(name, ms, peak, "device" if peak else "", losses, device=kind)
+    return _profiled(
+        result, profile, lambda: _profile.torch_kernels(lambda: fit(x, y), profile, sync)
+    )
 
 
 # -- one implementation, all of them, the table -----------------------------------------
 
 
-def run(impl: str, z: Size, steps: int, precision: str, timed: bool = True) -> Result:
-    """Losses of ``steps`` steps on fresh batches, then ms/step on one batch."""
+def run(
+    impl: str, z: Size, steps: int, precision: str, timed: bool = True, profile: int = 0
+) -> Result:
+    """Losses of ``steps`` steps on fresh batches, then ms/step on one batch, then, if
+    ``profile``, the kernels of that many more steps."""
     data, params = batches(z, steps), initial_params(z)
     gc.collect()  # the model that made the weights holds no device memory from here on
     if impl.startswith("fnnc"):
-        result = run_fnnc(z, data, params, impl, precision, timed)
+        result = run_fnnc(z, data, params, impl, precision, timed, profile)
     elif impl == "nnx":
-        result = run_nnx(z, data, params, precision, timed)
+        result = run_nnx(z, data, params, precision, timed, profile)
     else:
-        result = run_torch(z, data, params, impl == "torch-compile", precision, timed)
+        result = run_torch(z, data, params, impl == "torch-compile", precision, timed, profile)
     result.device = result.device or jax.devices()[0].device_kind
     return result
 
@@ -514,16 +547,21 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
     parser.add_argument("--steps", type=int, default=3, help="steps whose losses are compared")
     parser.add_argument("--precision", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--peak-tflops", type=float, help="bf16 peak for MFU (default: table)")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="N",
+        help="also profile N steps and report kernel time by kind (benchmarks/_profile.py)",
+    )  # fmt: skip
     parser.add_argument("--in-process", action="store_true", help="no process per implementation")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     z = SIZES["tiny" if opts.tiny else opts.size]
     impls = available(opts.impls.split(","))
     if opts.one:
-        print(json.dumps(dataclasses.asdict(run(impls[0], z, opts.steps, opts.precision))))
+        result = run(impls[0], z, opts.steps, opts.precision, profile=opts.profile)
+        print(json.dumps(dataclasses.asdict(result)))
         return []
     if opts.in_process:
-        results = [run(i, z, opts.steps, opts.precision) for i in impls]
+        results = [run(i, z, opts.steps, opts.precision, profile=opts.profile) for i in impls]
     else:
         forwarded = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--in-process"]
         results = [_in_subprocess(i, _without_impls(forwarded)) for i in impls]
@@ -539,6 +577,12 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
         )
     )
     print(table(results, z, peak, note))
+    if opts.profile:
+        print()
+        print(_profile.breakdown([(r.impl, r.ms, r.kernels) for r in results]))
+        for r in results:
+            if r.profile_error:
+                print(f"{r.impl}: no profile: {r.profile_error}")
     return results
 
 

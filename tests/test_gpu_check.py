@@ -36,7 +36,9 @@ def test_dry_run_plans_the_gpu_tests_the_suite_and_the_kernels():
 def test_lm_flag_adds_the_lm_step_against_torch_compile():
     lm = _dry_run("--lm")["lm step"]
     assert "benchmarks/lm_step.py --impls " in lm and "--tiny" not in lm
-    assert {"fnnc", "fnnc-xla", "torch-compile"} <= set(lm.split()[-1].split(","))
+    impls = lm.split("--impls ")[1].split()[0]
+    assert {"fnnc", "fnnc-xla", "torch-compile"} <= set(impls.split(","))
+    assert lm.endswith("--profile 3")  # where the device time goes, beside the times
     assert "--tiny" in _dry_run("--lm", "--cpu")["lm step"]
 
 

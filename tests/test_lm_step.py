@@ -56,3 +56,14 @@ def test_fnncs_step_moves_no_more_bytes_than_nnxs(precision):
     (flops, moved), (nnx_flops, nnx_moved) = costs["fnnc"], costs["nnx"]
     assert flops <= 1.10 * nnx_flops, costs
     assert moved <= 1.15 * nnx_moved, costs
+
+
+def test_a_profiler_that_fails_costs_the_breakdown_not_the_timing():
+    def no_cupti():
+        raise RuntimeError("CUPTI could not be loaded\nmore")
+
+    result = lm_step._profiled(lm_step.Result("fnnc", ms=3.0), 3, no_cupti)
+    assert result.ms == 3.0 and result.kernels == {}
+    assert result.profile_error == "RuntimeError: CUPTI could not be loaded"
+    unasked = lm_step._profiled(lm_step.Result("fnnc", ms=3.0), 0, no_cupti)
+    assert unasked.profile_error == "" and unasked.kernels == {}

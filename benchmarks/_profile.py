@@ -1,0 +1,154 @@
+"""Where a training step's device time goes: kernel times from a profile, by kind.
+
+``benchmarks/lm_step.py --profile N`` profiles N steps of each implementation (JAX's
+profiler for fnnc and NNX, ``torch.profiler`` for PyTorch) and reports milliseconds per
+step by kind of kernel (:data:`KINDS`), side by side, then each implementation's largest
+kernels. A ratio of step times says *that* one step is slower; this says *where*: it is
+what a GPU session needs to act on a gap it cannot otherwise see from a CPU machine.
+
+Kernel time is summed over streams, so kernels that overlap count twice, and the gap
+between a step's time and its kernel time is launch overhead and idle device time.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import re
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+KINDS: tuple[tuple[str, str], ...] = (
+    ("optimizer", r"adam|multi_tensor"),
+    ("attention", r"attention|flash|fmha|sdpa|mha|cudnn"),
+    ("cross-entropy", r"crossentropy|cross_entropy|nll|log_softmax|softmax"),
+    ("gemm", r"gemm|gemv|cutlass|xmma|cublas|nvjet|matmul|\bdot|sm\d\d_|ampere_|hopper"),
+    ("norm", r"norm|welford"),
+    ("copy/layout", r"copy|transpose|memcpy|memset|concatenate|dynamic.update|gather|scatter"),
+    ("other fusions", r""),
+)
+"""(kind, regular expression on the lowercased kernel name), first match wins: rough by
+design (XLA names its fusions after their root), which is why the largest kernels are
+listed by name beside it."""
+
+KEPT = 200
+"""Kernels kept by name per implementation; the rest are summed under ``(rest)``."""
+
+_CPU_NOISE = ("end:", "ThunkExecutor", "ThreadpoolListener")
+
+
+def kind_of(name: str) -> str:
+    """The :data:`KINDS` entry a kernel name falls under."""
+    low = name.lower()
+    return next(kind for kind, pattern in KINDS if re.search(pattern, low))
+
+
+def _kept(totals: Mapping[str, float], steps: int) -> dict[str, float]:
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
+    out = {name[:160]: ms / steps for name, ms in ranked[:KEPT]}
+    rest = sum(ms for _, ms in ranked[KEPT:])
+    if rest:
+        out["(rest)"] = rest / steps
+    return out
+
+
+def xspace_kernel_ms(path: str) -> dict[str, float]:
+    """Total milliseconds per kernel name in one JAX profile (``*.xplane.pb``): the
+    device planes' stream lines on a GPU (their ``XLA Ops`` line where a profile has no
+    streams), the thunks on XLA:CPU's threads on a CPU (rough there: a thunk that waits
+    for its parallel parts counts its wait too)."""
+    import jax
+
+    data = jax.profiler.ProfileData.from_file(path)
+    totals: collections.Counter[str] = collections.Counter()
+    device = [p for p in data.planes if p.name.startswith("/device:")]
+    if device:
+        for plane in device:
+            lines = [ln for ln in plane.lines if ln.name.startswith("Stream")]
+            lines = lines or [ln for ln in plane.lines if ln.name == "XLA Ops"]
+            for line in lines:
+                for e in line.events:
+                    totals[e.name] += e.duration_ns / 1e6
+        return dict(totals)
+    for plane in data.planes:
+        for line in plane.lines:
+            if not line.name.startswith("tf_XLA"):
+                continue
+            for e in line.events:
+                if not e.name.startswith(_CPU_NOISE):
+                    totals[e.name] += e.duration_ns / 1e6
+    return dict(totals)
+
+
+def jax_kernels(step: Callable[[], Any], steps: int) -> dict[str, float]:
+    """Milliseconds per step of each kernel over ``steps`` calls of ``step`` (already
+    compiled and warm), from JAX's profiler."""
+    import jax
+
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder):
+            for _ in range(steps):
+                out = step()
+            jax.block_until_ready(out)
+        paths = glob.glob(f"{folder}/**/*.xplane.pb", recursive=True)
+        if not paths:
+            raise RuntimeError(f"jax.profiler.trace wrote no *.xplane.pb under {folder}")
+        return _kept(xspace_kernel_ms(paths[0]), steps)
+
+
+def torch_kernels(
+    step: Callable[[], Any], steps: int, sync: Callable[[], None]
+) -> dict[str, float]:
+    """Milliseconds per step of each CUDA kernel (CPU ops on a CPU) over ``steps`` calls
+    of ``step``, from ``torch.profiler``'s self device time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    sync()
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        sync()
+    totals: dict[str, float] = {}
+    for e in prof.key_averages():
+        if cuda:
+            us = getattr(e, "self_device_time_total", None)
+            us = e.self_cuda_time_total if us is None else us
+        else:
+            us = e.self_cpu_time_total
+        if us > 0:
+            totals[e.key] = totals.get(e.key, 0.0) + us / 1e3
+    return _kept(totals, steps)
+
+
+def by_kind(kernels: Mapping[str, float]) -> dict[str, float]:
+    """Milliseconds per step of each kind in :data:`KINDS` (all of them, zeros too)."""
+    out = {kind: 0.0 for kind, _ in KINDS}
+    for name, ms in kernels.items():
+        out[kind_of(name)] += ms
+    return out
+
+
+def breakdown(rows: Sequence[tuple[str, float | None, Mapping[str, float]]], top: int = 8) -> str:
+    """The report: (implementation, ms/step, kernel ms per step) rows, as a table of kinds
+    by implementation, then each implementation's ``top`` kernels."""
+    rows = [r for r in rows if r[2]]
+    if not rows:
+        return ""
+    kinds = {impl: by_kind(k) for impl, _, k in rows}
+    head = f"{'ms/step by kernel kind':24s}" + "".join(f"{impl:>15s}" for impl, _, _ in rows)
+    lines = [head]
+    for kind, _ in KINDS:
+        lines.append(f"{kind:24s}" + "".join(f"{kinds[i][kind]:15.3f}" for i, _, _ in rows))
+    total = {impl: sum(k.values()) for impl, _, k in rows}
+    lines.append(f"{'kernels, total':24s}" + "".join(f"{total[i]:15.3f}" for i, _, _ in rows))
+    gaps = [f"{ms - total[i]:15.3f}" if ms else f"{'-':>15s}" for i, ms, _ in rows]
+    lines.append(f"{'step - kernels':24s}" + "".join(gaps))
+    for impl, _, k in rows:
+        lines += ["", f"{impl}: largest kernels, ms/step"]
+        for name, ms in sorted(k.items(), key=lambda kv: -kv[1])[:top]:
+            lines.append(f"  {ms:8.3f}  {kind_of(name):14s} {name[:90]}")
+    return "\n".join(lines)
