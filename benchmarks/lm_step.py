@@ -11,6 +11,9 @@ weights (fnnc's) and batches go to every implementation:
 - ``fnnc-tuned``: the default after ``Model.autotune`` on the batch;
 - ``fnnc-unfused``: the default without the fused linear + cross-entropy head
   (:mod:`fnnc.graph.passes.linear_crossentropy`), which ``fnnc`` uses at this size;
+- ``fnnc-blockwise``: the default with the fused head's blockwise command, which
+  recomputes the logits in its backward, instead of the one that makes its gradient in
+  the forward (:mod:`fnnc.graph.passes.linear_crossentropy_mean`);
 - ``nnx``: Flax NNX modules (``dtype=bfloat16``, float32 LayerNorm and loss) and
   ``optax.adam`` in one ``jax.jit`` step with donated parameters and state;
 - ``torch``, ``torch-compile``: autocast bfloat16, ``F.scaled_dot_product_attention``,
@@ -63,7 +66,7 @@ from flax import nnx
 from benchmarks import _profile
 from benchmarks._timing import median_time
 from fnnc import config
-from fnnc.graph.passes import linear_crossentropy
+from fnnc.graph.passes import linear_crossentropy, linear_crossentropy_mean
 from fnnc.models import (
     Add,
     Dense,
@@ -107,7 +110,16 @@ PEAK_BF16 = {
 }
 """Dense bfloat16 tensor-core peaks from NVIDIA's spec sheets, by ``device_kind``."""
 
-IMPLS = ("fnnc", "fnnc-xla", "fnnc-tuned", "fnnc-unfused", "nnx", "torch", "torch-compile")
+IMPLS = (
+    "fnnc",
+    "fnnc-xla",
+    "fnnc-tuned",
+    "fnnc-unfused",
+    "fnnc-blockwise",
+    "nnx",
+    "torch",
+    "torch-compile",
+)
 LR, EPS = 1e-4, 1e-8
 MODEL = "lm"
 
@@ -188,11 +200,12 @@ def _profiled(result: Result, profile: int, kernels: Callable[[], dict[str, floa
 
 
 @contextlib.contextmanager
-def _restored(min_logits: int):
+def _restored(min_logits: int, mean_in_fit: bool):
     try:
         yield
     finally:
         linear_crossentropy.MIN_LOGITS = min_logits
+        linear_crossentropy_mean.IN_FIT = mean_in_fit
 
 
 def _jax_peak(estimate: Callable[[], int]) -> tuple[int, str]:
@@ -207,10 +220,12 @@ def run_fnnc(
 ) -> Result:
     """``Model.fit`` losses on ``data`` then, if ``timed``, ms per step."""
     forced = config.override(backend="xla") if variant == "fnnc-xla" else contextlib.nullcontext()
-    unfused = linear_crossentropy.MIN_LOGITS
+    restored = _restored(linear_crossentropy.MIN_LOGITS, linear_crossentropy_mean.IN_FIT)
     if variant == "fnnc-unfused":
         linear_crossentropy.MIN_LOGITS = 2**62
-    with forced, _restored(unfused):  # choices are cached per configuration: stay inside
+    if variant == "fnnc-blockwise":
+        linear_crossentropy_mean.IN_FIT = False
+    with forced, restored:  # choices are cached per configuration: stay inside
         model = fnnc_model(z)
         x, y = (jnp.asarray(a) for a in data[0])
         model.compile(

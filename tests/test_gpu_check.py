@@ -37,7 +37,7 @@ def test_lm_flag_adds_the_lm_step_against_torch_compile():
     lm = _dry_run("--lm")["lm step"]
     assert "benchmarks/lm_step.py --impls " in lm and "--tiny" not in lm
     impls = lm.split("--impls ")[1].split()[0]
-    assert {"fnnc", "fnnc-xla", "torch-compile"} <= set(impls.split(","))
+    assert {"fnnc", "fnnc-blockwise", "nnx", "torch-compile"} <= set(impls.split(","))
     assert lm.endswith("--profile 3")  # where the device time goes, beside the times
     assert "--tiny" in _dry_run("--lm", "--cpu")["lm step"]
 

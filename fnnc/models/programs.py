@@ -45,6 +45,7 @@ import jax
 from fnnc.core.ir import Graph, Symbol
 from fnnc.graph import GraphBuilder, compile, simplify
 from fnnc.graph.compile import Program
+from fnnc.graph.passes import linear_crossentropy_mean
 from fnnc.graph.passes.backward import backward as backward_pass
 from fnnc.graph.passes.linear_crossentropy import fuse_linear_crossentropy
 from fnnc.graph.passes.loss_scale import minimize_scaled
@@ -316,6 +317,8 @@ def fit_program(
     graph, ids = passes.run_forward(graph)
     graph = parallel.constrain(graph) if parallel is not None else graph
     graph = fuse_linear_crossentropy(graph)  # keeps ids too; before backward, so it pays
+    if linear_crossentropy_mean.IN_FIT:  # a training step: its gradient made in the forward
+        graph = linear_crossentropy_mean.fuse_linear_crossentropy_mean(graph)
     loss_id = graph.outputs[0]
     scaling = getattr(precision, "loss_scale", None)
     wrt = [ids(ctx.symbols[p].id) for p in pids]

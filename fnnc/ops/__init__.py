@@ -93,6 +93,9 @@ from fnnc.ops.gated import swish_mul as swish_mul
 from fnnc.ops.linear_crossentropy import (
     linear_softmax_crossentropy as linear_softmax_crossentropy,
 )
+from fnnc.ops.linear_crossentropy_mean import (
+    linear_softmax_crossentropy_mean as linear_softmax_crossentropy_mean,
+)
 from fnnc.ops.loss import binary_crossentropy as binary_crossentropy
 from fnnc.ops.loss import categorical_crossentropy as categorical_crossentropy
 from fnnc.ops.loss import mse as mse

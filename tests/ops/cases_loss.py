@@ -21,6 +21,16 @@ CASES = [
         "linear_xent-lead-trim-float-index",
         grad_inputs=(0, 1),
     ),
+    Case(
+        ops.linear_softmax_crossentropy_mean(row_chunk=3),
+        (rand([7, 3]), rand([9, 3], seed=1), randint([7], 9, seed=2), rand([9], seed=3)),
+        "linear_xent_mean-ragged-bias",
+        grad_inputs=(0, 1, 3),
+        # its gradient outputs are residuals, constants to differentiation: finite
+        # differences through them would see a second derivative the command does not
+        # give. tests/ops/test_linear_crossentropy_mean.py checks it against jax.grad.
+        numeric=False,
+    ),
     Case(ops.softmax_crossentropy(), (rand([3, 5]) * 3, randint([3], 5)), "softmax_xent-int"),
     Case(
         ops.softmax_crossentropy(),

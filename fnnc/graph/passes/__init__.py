@@ -12,7 +12,9 @@ nothing changed, so pipelines detect a fixpoint with ``is``.
 * :func:`map_subgraphs` applies a pass inside the sub-graphs commands hold.
 * :func:`fuse_linear_crossentropy` turns a dense layer feeding the softmax
   cross-entropy loss into one blockwise ``linear_softmax_crossentropy`` node (before
-  ``backward``; ``Model.fit`` runs it on its step).
+  ``backward``; ``Model.fit`` runs it on its step); :func:`fuse_linear_crossentropy_mean`
+  then makes one whose mean is the loss compute its gradient in the forward (training
+  graphs: it saves the backward's recomputed logits).
 * :func:`backward` appends gradient nodes (NNC's symbolic reverse mode);
   :func:`minimize` adds an Optax update so a training step is one graph;
   :func:`minimize_scaled` is the same with float16 dynamic loss scaling.
@@ -30,6 +32,9 @@ from fnnc.graph.passes.fold import fold as fold
 from fnnc.graph.passes.fuse import fuse as fuse
 from fnnc.graph.passes.linear_crossentropy import (
     fuse_linear_crossentropy as fuse_linear_crossentropy,
+)
+from fnnc.graph.passes.linear_crossentropy_mean import (
+    fuse_linear_crossentropy_mean as fuse_linear_crossentropy_mean,
 )
 from fnnc.graph.passes.loss_scale import minimize_scaled as minimize_scaled
 from fnnc.graph.passes.memory_compression import memory_compression as memory_compression
