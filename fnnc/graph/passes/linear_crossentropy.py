@@ -64,6 +64,19 @@ def _dense_head(graph: Graph, index: int, viewed: set[int]) -> tuple[int, ...] |
     return tuple(chain)
 
 
+def spliced(
+    graph: Graph, symbols: list[TensorSymbol], replaced: dict[int, list[Node]], drop: set[int]
+) -> Graph:
+    """``graph`` with ``symbols``, node ``i`` replaced by ``replaced[i]`` and the nodes in
+    ``drop`` left out (the same object where nothing was replaced)."""
+    if not replaced:
+        return graph
+    nodes = [
+        new for i, n in enumerate(graph.nodes) if i not in drop for new in replaced.get(i, [n])
+    ]
+    return dataclasses.replace(graph, symbols=tuple(symbols), nodes=tuple(nodes))
+
+
 def fuse_linear_crossentropy(
     graph: Graph,
     *,
@@ -139,9 +152,4 @@ def fuse_linear_crossentropy(
             nodes.append(Node(convert, (wide.id,), (loss,), node.name))
         replaced[index] = nodes
         drop.update(chain)
-    if not replaced:
-        return graph
-    nodes = [
-        new for i, n in enumerate(graph.nodes) if i not in drop for new in replaced.get(i, [n])
-    ]
-    return dataclasses.replace(graph, symbols=tuple(symbols), nodes=tuple(nodes))
+    return spliced(graph, symbols, replaced, drop)

@@ -11,7 +11,7 @@ import numpy as np
 
 from fnnc import ops
 from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol
-from fnnc.graph.passes.linear_crossentropy import _private
+from fnnc.graph.passes.linear_crossentropy import _private, spliced
 from fnnc.ops.linear_crossentropy import result_dtype
 
 BLOCK_LOGITS = 2**26
@@ -115,9 +115,4 @@ def fuse_linear_crossentropy_mean(graph: Graph, *, block_logits: int = BLOCK_LOG
             new.append(Node(ops.datatype_conversion(dtype=want.name), (wide.id,), (mean,), ""))
         replaced[index] = new
         drop.update(chain)
-    if not replaced:
-        return graph
-    nodes = [
-        new for i, n in enumerate(graph.nodes) if i not in drop for new in replaced.get(i, [n])
-    ]
-    return dataclasses.replace(graph, symbols=tuple(symbols), nodes=tuple(nodes))
+    return spliced(graph, symbols, replaced, drop)
