@@ -23,7 +23,10 @@ KINDS: tuple[tuple[str, str], ...] = (
     ("optimizer", r"adam|multi_tensor"),
     ("attention", r"attention|flash|fmha|sdpa|mha|cudnn"),
     ("cross-entropy", r"crossentropy|cross_entropy|nll|log_softmax|softmax"),
-    ("gemm", r"gemm|gemv|cutlass|xmma|cublas|nvjet|matmul|\bdot|sm\d\d_|ampere_|hopper"),
+    (
+        "gemm",
+        r"gemm|gemv|cutlass|xmma|cublas|nvjet|matmul|\bdot|::(add)?b?mm\b|sm\d\d_|ampere_|hopper",
+    ),
     ("norm", r"norm|welford"),
     ("copy/layout", r"copy|transpose|memcpy|memset|concatenate|dynamic.update|gather|scatter"),
     ("other fusions", r""),

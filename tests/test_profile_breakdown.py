@@ -13,6 +13,8 @@ from benchmarks import _profile
     [
         ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm"),
         ("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_TNN", "gemm"),
+        ("aten::addmm", "gemm"),  # torch's CPU ops, by name
+        ("aten::mm", "gemm"),
         ("fnnc_flash_attention_dkv", "attention"),
         ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>", "attention"),
         ("fnnc_softmax_crossentropy_backward", "cross-entropy"),
