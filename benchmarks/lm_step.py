@@ -185,18 +185,56 @@ class Result:
     note: str = ""
     kernels: dict[str, float] = dataclasses.field(default_factory=dict)
     """Milliseconds per step of each kernel, where ``--profile`` asked (:mod:`_profile`)."""
+    commands: dict[str, float] = dataclasses.field(default_factory=dict)
+    """fnnc's: milliseconds per step of each command's nodes (``Model.profile``), where
+    ``--profile`` asked; a gradient node's under its forward command + ``backward``."""
     profile_error: str = ""
 
 
-def _profiled(result: Result, profile: int, kernels: Callable[[], dict[str, float]]) -> Result:
-    """``result`` with the kernels of ``profile`` more steps, if asked: a profiler that
-    fails (no CUPTI on the machine, say) costs the breakdown, never the timings."""
+def _profiled(
+    result: Result,
+    profile: int,
+    kernels: Callable[[], dict[str, float]],
+    commands: Callable[[], dict[str, float]] | None = None,
+) -> Result:
+    """``result`` with the kernels (and commands) of ``profile`` more steps, if asked: a
+    profiler that fails (no CUPTI on the machine, say) costs the breakdown, never the
+    timings."""
     if profile:
         try:
             result.kernels = kernels()
+            result.commands = commands() if commands is not None else {}
         except Exception as e:  # reported in the table instead
             result.profile_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
     return result
+
+
+def by_command(report: Any) -> dict[str, float]:
+    """Milliseconds per step per command from a :class:`fnnc.graph.profile.Profile`;
+    a gradient node ``<name>.backward`` counts under ``<its forward command> backward``
+    (the profile's own per-command table lumps every backward under ``gradient``)."""
+    forward = {r.name: r.command for r in report.nodes}
+    out: dict[str, float] = {}
+    for r in report.nodes:
+        command = "(no node)" if r.command == "-" else r.command  # XLA's copies, say
+        if command == "gradient" and r.name.endswith(".backward"):
+            command = f"{forward.get(r.name.removesuffix('.backward'), '?')} backward"
+        out[command] = out.get(command, 0.0) + 1e3 * r.seconds
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def commands_table(results: Sequence[Result], top: int = 16) -> str:
+    """fnnc's implementations side by side: ms/step of their largest commands."""
+    rows = [r for r in results if r.commands]
+    if not rows:
+        return ""
+    names = list(dict.fromkeys(c for r in rows for c in list(r.commands)[:top]))
+    head = f"{'fnnc ms/step by command':40s}" + "".join(f"{r.impl:>15s}" for r in rows)
+    lines = [head]
+    for c in names:
+        lines.append(f"{c[:40]:40s}" + "".join(f"{r.commands.get(c, 0.0):15.3f}" for r in rows))
+    total = "".join(f"{sum(r.commands.values()):15.3f}" for r in rows)
+    return "\n".join([*lines, f"{'all commands':40s}" + total])
 
 
 @contextlib.contextmanager
@@ -244,7 +282,10 @@ def run_fnnc(
         peak, kind = _jax_peak(estimate) if timed else (None, "")
         result = Result(variant, ms, peak, kind, losses)
         return _profiled(
-            result, profile, lambda: _profile.jax_kernels(lambda: model.fit([x], [y]), profile)
+            result,
+            profile,
+            lambda: _profile.jax_kernels(lambda: model.fit([x], [y]), profile),
+            lambda: by_command(model.profile([x], [y], runs=profile)),
         )
 
 
@@ -595,6 +636,8 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
     if opts.profile:
         print()
         print(_profile.breakdown([(r.impl, r.ms, r.kernels) for r in results]))
+        print()
+        print(commands_table(results))
         for r in results:
             if r.profile_error:
                 print(f"{r.impl}: no profile: {r.profile_error}")

@@ -67,3 +67,32 @@ def test_a_profiler_that_fails_costs_the_breakdown_not_the_timing():
     assert result.profile_error == "RuntimeError: CUPTI could not be loaded"
     unasked = lm_step._profiled(lm_step.Result("fnnc", ms=3.0), 0, no_cupti)
     assert unasked.profile_error == "" and unasked.kernels == {}
+
+
+def test_fnncs_backward_nodes_count_under_their_forward_command():
+    from fnnc.graph.profile import NodeTime, Profile
+
+    rows = (
+        NodeTime("attn0", "scaled_dot_product_attention", 1, 2e-3),
+        NodeTime("attn0.backward", "gradient", 1, 5e-3),
+        NodeTime("fc.backward", "gradient", 1, 1e-3),
+        NodeTime("fc", "gemm", 1, 1e-3),
+        NodeTime("fc2", "gemm", 1, 0.5e-3),
+        NodeTime("(no node)", "-", 0, 0.25e-3),
+    )
+    report = Profile(rows, {}, 9.75e-3, 3, "cpu")
+    commands = lm_step.by_command(report)
+    assert commands == pytest.approx(
+        {
+            "scaled_dot_product_attention backward": 5.0,
+            "scaled_dot_product_attention": 2.0,
+            "gemm": 1.5,
+            "gemm backward": 1.0,
+            "(no node)": 0.25,
+        }
+    )
+    assert next(iter(commands)) == "scaled_dot_product_attention backward"  # the largest first
+    result = lm_step.Result("fnnc", ms=10.0, commands=commands)
+    table = lm_step.commands_table([result, lm_step.Result("nnx", ms=9.0)]).splitlines()
+    assert table[0].split() == ["fnnc", "ms/step", "by", "command", "fnnc"]  # nnx has none
+    assert table[-1].split() == ["all", "commands", "9.750"]
