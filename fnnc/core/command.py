@@ -2,8 +2,9 @@
 
 A *command* (:class:`Command`) is a name plus hyper-parameters; it holds no arrays,
 so graphs that contain commands stay hashable. Everything fnnc knows about a command
-lives in one :class:`OpDef`, created by the :func:`defcommand` decorator next to the
-command's reference forward:
+lives in one :class:`OpDef` (:mod:`fnnc.core.opdef`, whose names this module
+re-exports), created by the :func:`defcommand` decorator next to the command's
+reference forward:
 
     @defcommand(family="activation", shape=same_shape, uses=Uses(outputs=(0,)))
     def relu(x):
@@ -42,157 +43,52 @@ from typing import Any
 import jax
 import numpy as np
 
+from fnnc.core.opdef import (
+    _REGISTRY,
+    ALL_INPUTS,
+    NOTHING,
+    Attributes,
+    BackwardNode,
+    OpDef,
+    Spec,
+    Uses,
+    is_float,
+    lookup,
+    registry,
+    vjp_backward,
+)
 from fnnc.core.params import FITS, expected_kind, param_fits
-from fnnc.errors import CommandError, FnncError, RuleError, UnknownCommandError
+from fnnc.errors import CommandError, FnncError, RuleError
 
-Spec = jax.ShapeDtypeStruct
+__all__ = [  # the definitions' names, re-exported: commands are imported from here
+    "ALL_INPUTS",
+    "CALL_HOOK",
+    "NOTHING",
+    "Attributes",
+    "BackwardNode",
+    "Command",
+    "OpDef",
+    "Spec",
+    "Uses",
+    "defcommand",
+    "freeze",
+    "is_float",
+    "lookup",
+    "make_command",
+    "output_specs",
+    "registry",
+    "spec_text",
+    "vjp_backward",
+]
+
 Array = jax.Array
 
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Uses:
-    """Which forward tensors a backward reads (NNC's ``backward_uses`` bitmask).
-
-    Attributes:
-        inputs: indices of forward inputs the backward reads; ``None`` means all.
-        outputs: indices of forward outputs the backward reads.
-    """
-
-    inputs: tuple[int, ...] | None = None
-    outputs: tuple[int, ...] = ()
-
-    def input_used(self, i: int) -> bool:
-        return self.inputs is None or i in self.inputs
-
-
-ALL_INPUTS = Uses()
-NOTHING = Uses(inputs=())
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Attributes:
-    """Facts about a command that passes and kernels read (never name lists in a pass).
-
-    Attributes:
-        random: results depend on a random key; never merged by CSE.
-        has_effects: never removed by DCE even if its outputs are unused.
-        differentiable: has a backward at all.
-        elementwise: one output whose every element depends only on the same element
-            of the (broadcast) inputs, with no effects: a member of fused chains.
-        commutative: the inputs may be given in any order (``True``), or a predicate
-            ``commutative(cmd) -> bool`` for commands symmetric only for some
-            hyper-parameters (``add``: when ``p == q``).
-        idempotent: ``f(x, x) == x`` for a two-input command (``min``, ``max``).
-        batch_statistics: computes statistics over the batch by reductions (training
-            ``batch_norm``: a predicate on the command value); a program with such
-            nodes gets another XLA:CPU library set (:mod:`fnnc.graph.cpu_libraries`).
-    """
-
-    random: bool = False
-    has_effects: bool = False
-    differentiable: bool = True
-    elementwise: bool = False
-    commutative: bool | Callable[[Command], bool] = False
-    idempotent: bool = False
-    batch_statistics: bool | Callable[[Command], bool] = False
-
-    def is_commutative(self, cmd: Command) -> bool:
-        """Whether ``cmd``'s inputs may be reordered."""
-        return _holds(self.commutative, cmd)
-
-    def has_batch_statistics(self, cmd: Command) -> bool:
-        """Whether ``cmd`` reduces over the batch for statistics."""
-        return _holds(self.batch_statistics, cmd)
-
-
-def _holds(attribute: bool | Callable[[Command], bool], cmd: Command) -> bool:
-    return attribute(cmd) if callable(attribute) else bool(attribute)
-
-
-@dataclasses.dataclass(frozen=True)
-class BackwardNode:
-    """How a command that differentiates another (``gradient``) relates to it.
-
-    Dispatch uses it so that backward nodes choose backends by the forward's backends:
-    a forward backend that carries a ``backward`` serves the gradient nodes too.
-
-    Attributes:
-        forward_of: ``forward_of(cmd) -> (forward command, its input specs)``.
-        run: ``run(rule, *inputs, **params)``: the node's outputs, computing the
-            gradients with ``rule(grads, inputs, outputs, wants, **forward_params)``.
-    """
-
-    forward_of: Callable[[Command], tuple[Command, tuple[Spec, ...]]]
-    run: Callable[..., Any]
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class OpDef:
-    """Everything about one command: shape rule, reference forward, backward, attributes."""
-
-    name: str
-    family: str
-    forward: Callable[..., Any]
-    shape: Callable[..., Spec | tuple[Spec, ...]]
-    backward_uses: Uses
-    attributes: Attributes
-    param_defaults: dict[str, Any]
-    num_required: int
-    num_optional: int
-    variadic: bool
-    doc: str
-    min_inputs: int = 0
-    display: Callable[[Command], str] | None = None
-    backward_check: Callable[[Command], str | None] | None = None
-    backward_fn: Callable[..., Any] | None = None
-    backward_node: BackwardNode | None = None
-
-    def check_arity(self, n: int, where: str = "") -> None:
-        """Raises :class:`CommandError` unless ``n`` inputs fit this command."""
-        lo = self.min_inputs
-        hi = self.num_required + self.num_optional
-        if n < lo or (not self.variadic and n > hi):
-            want = f"at least {lo}" if self.variadic else (f"{lo}" if lo == hi else f"{lo} to {hi}")
-            raise CommandError(
-                f"{where or self.name}: expected {want} input(s), got {n}. "
-                f"Signature: {self.name}{inspect.signature(self.forward)}"
-            )
-
-    def backward(
-        self, grads: Sequence[Any], inputs: Sequence[Any], outputs: Sequence[Any], **params: Any
-    ) -> tuple[Any, ...]:
-        """Gradients of the inputs from gradients of the outputs (NNC convention)."""
-        if self.backward_fn is not None:
-            return tuple(self.backward_fn(tuple(grads), tuple(inputs), tuple(outputs), **params))
-        return vjp_backward(self.forward, grads, inputs, **params)
-
-
-_REGISTRY: dict[str, OpDef] = {}
 
 CALL_HOOK: contextvars.ContextVar[Callable[[Command, tuple[Any, ...]], Any] | None] = (
     contextvars.ContextVar("fnnc_command_call_hook", default=None)
 )
 """While set (by :func:`fnnc.graph.pattern_functions.commands_as_nodes`), calling a
 command goes through it first; ``NotImplemented`` falls back to running it."""
-
-
-def lookup(name: str) -> OpDef:
-    """Returns the :class:`OpDef` registered under ``name``."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        import difflib
-
-        close = difflib.get_close_matches(name, _REGISTRY, n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise UnknownCommandError(
-            f"unknown command {name!r}.{hint} Known commands are listed by fnnc.ops.registry()."
-        ) from None
-
-
-def registry() -> dict[str, OpDef]:
-    """All registered commands by name (a copy, in registration order)."""
-    return dict(_REGISTRY)
 
 
 _NAN = float("nan")
@@ -472,38 +368,3 @@ def defcommand(
         return _Factory(_REGISTRY[cmd_name])
 
     return decorate
-
-
-def is_float(x: Any) -> bool:
-    return x is not None and jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)
-
-
-def vjp_backward(
-    forward: Callable[..., Any], grads: Sequence[Any], inputs: Sequence[Any], **params: Any
-) -> tuple[Any, ...]:
-    """The derived backward: ``jax.vjp`` of the reference over the float inputs."""
-    diff = [i for i, x in enumerate(inputs) if is_float(x)]
-
-    def f(*xs: Any) -> Any:
-        args = list(inputs)
-        for i, x in zip(diff, xs):
-            args[i] = x
-        return forward(*args, **params)
-
-    out, pullback = jax.vjp(f, *[inputs[i] for i in diff])
-    outs = out if isinstance(out, tuple) else (out,)
-    cts = tuple(_cotangent(g, o) for g, o in zip(grads, outs))
-    got = pullback(cts if isinstance(out, tuple) else cts[0])
-    result: list[Any] = [None] * len(inputs)
-    for i, g in zip(diff, got):
-        result[i] = g
-    return tuple(result)
-
-
-def _cotangent(g: Any, out: Any) -> Any:
-    """The cotangent jax.vjp wants for one output: zeros for a missing gradient."""
-    if not is_float(out):
-        return np.zeros(out.shape, jax.dtypes.float0)
-    if g is None:
-        return jax.numpy.zeros_like(out)
-    return g.astype(out.dtype)
