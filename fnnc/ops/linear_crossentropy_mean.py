@@ -23,6 +23,8 @@ step are 2 GiB), which gives the block's losses, its softmax and ``(softmax - t)
 rounded to the gemm's dtype as the unfused pair's backward rounds it; two products turn
 that into the block's rows of ``gx`` and its share of ``gw`` (float32 accumulation). The
 ragged last block starts at ``N - row_chunk`` and zeroes the rows an earlier block had.
+float16 inputs multiply those in float32: ``(softmax - t) / N`` is below float16's range
+at a language model's sizes (the unfused pair's backward is lifted by its loss scale).
 
 The backward (NNC's convention) scales ``gx``, ``gw`` and ``gb`` by the mean's
 cotangent: no product at all. The gradient outputs are residuals, constants to
@@ -105,6 +107,10 @@ def _forward(x, w, label, bias, trim0, trim1, row_chunk):
         return jnp.full(keep, jnp.nan, acc), jnp.reshape(gx, x.shape), gw, gb
     x2, labels, cr = jnp.reshape(x, (n, d)), _indices(label, n), min(row_chunk, n)
     cols = lax.iota(jnp.int32, v)[None, :]
+    # (softmax - t) / N is that small: float16 would flush it to zero where the unfused
+    # pair's backward, scaled by a loss scale, keeps it. bfloat16 has float32's range.
+    grad_dtype = acc if x.dtype == jnp.float16 else x.dtype
+    wg = w.astype(grad_dtype)
     mm = lambda a, b, c: lax.dot_general(a, b, (c, ((), ())), preferred_element_type=acc)
 
     def body(i, carry):
@@ -125,9 +131,10 @@ def _forward(x, w, label, bias, trim0, trim1, row_chunk):
         t = jnp.where(hit, acc.type(trim1), acc.type(trim0))
         dz = (jnp.exp(z - lse[:, None]) - t) * acc.type(1.0 / n)
         # The gemm's backward reads the logits' gradient in the gemm's dtype.
-        dz = jnp.where(fresh[:, None], dz, 0.0).astype(x.dtype)
-        grown = lax.dynamic_slice_in_dim(gx, r0, cr, 0) + mm(dz, w, ((1,), (0,)))
+        dz = jnp.where(fresh[:, None], dz, 0.0).astype(grad_dtype)
+        grown = lax.dynamic_slice_in_dim(gx, r0, cr, 0) + mm(dz, wg, ((1,), (0,)))
         gx = lax.dynamic_update_slice_in_dim(gx, grown, r0, 0)
+        xr = xr.astype(grad_dtype)
         # The bias's gradient as a product too: XLA:CPU's column sum of a [rows, V] block
         # took as long as the three products together.
         ones = jnp.ones((cr,), dz.dtype)

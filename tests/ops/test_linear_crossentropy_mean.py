@@ -141,3 +141,16 @@ def test_bad_inputs_say_what_to_pass():
         CMD(row_chunk=0)(x, w, label)
     with pytest.raises(ShapeError, match=r"weights .* \[V, D\]"):
         CMD()(x, w[:, :3], label)
+
+
+def test_float16_gradients_do_not_underflow():
+    """(softmax - t) / N is about 1e-7 here, below float16's normal range: the command
+    multiplies it in float32, so the gradients keep float32's accuracy."""
+    x, w, b, label = _data(lead=(4096,), d=8, v=2048, seed=3)
+    x16, w16, b16 = (a.astype(jnp.float16) for a in (x, w, b))
+    _, gx, gw, gb = jax.jit(lambda *a: CMD(row_chunk=1024)(*a))(x16, w16, label, b16)
+    up = lambda a: a.astype(jnp.float32)
+    _, want = jax.value_and_grad(_plain_mean, argnums=(0, 1, 2))(up(x16), up(w16), up(b16), label)
+    for got, ref in zip((gx, gw, gb), want):
+        scale = float(jnp.max(jnp.abs(ref)))
+        assert float(jnp.max(jnp.abs(got - ref))) < 2e-3 * scale

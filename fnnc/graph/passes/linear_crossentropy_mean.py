@@ -65,6 +65,9 @@ def fuse_linear_crossentropy_mean(graph: Graph, *, block_logits: int = BLOCK_LOG
     :func:`~fnnc.graph.passes.fuse_linear_crossentropy` and before ``backward`` /
     ``minimize`` (``Model.fit`` does).
 
+    float16 heads are left alone: the command would multiply their gradient in float32
+    (``(softmax - t) / N`` underflows float16), which costs what it saves.
+
     Guarantees: the same graph object when nothing matched; otherwise the same inputs,
     outputs and values (the mean is taken in float32, as the fused command keeps its
     losses), and every kept symbol keeps its id. The ``reduce_mean``'s output symbol is
@@ -94,6 +97,8 @@ def fuse_linear_crossentropy_mean(graph: Graph, *, block_logits: int = BLOCK_LOG
             continue
         x, w, label, *bias = node.inputs
         xs, ws = graph.spec(x), graph.spec(w)
+        if np.dtype(xs.dtype) == np.float16:
+            continue  # its float32 gradient products would cost what the saved one does
         rows = int(np.prod(xs.shape[:-1], dtype=np.int64))
         cmd = ops.linear_softmax_crossentropy_mean(
             trim0=node.cmd.param("trim0"),

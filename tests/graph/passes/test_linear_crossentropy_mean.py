@@ -124,3 +124,9 @@ def test_random_heads_keep_their_loss_and_gradients(rows, width, classes, bias, 
     assert "linear_softmax_crossentropy_mean" in [n.cmd.name for n in new.nodes]
     n_wrt = len(args)
     assert_close(_grads(new, arrays, n_wrt), _grads(graph, arrays, n_wrt), rtol=1e-5, atol=1e-6)
+
+
+def test_float16_heads_keep_the_blockwise_command():
+    low = FUSE(cast_precision(_head(), "float16"))
+    assert "linear_softmax_crossentropy" in [n.cmd.name for n in low.nodes]
+    assert MEAN(low) is low
