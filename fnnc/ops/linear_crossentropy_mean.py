@@ -107,8 +107,8 @@ def _forward(x, w, label, bias, trim0, trim1, row_chunk):
         return jnp.full(keep, jnp.nan, acc), jnp.reshape(gx, x.shape), gw, gb
     x2, labels, cr = jnp.reshape(x, (n, d)), _indices(label, n), min(row_chunk, n)
     cols = lax.iota(jnp.int32, v)[None, :]
-    # (softmax - t) / N is that small: float16 would flush it to zero where the unfused
-    # pair's backward, scaled by a loss scale, keeps it. bfloat16 has float32's range.
+    # (softmax - t) / N is tiny: float16 flushes it toward zero where the unfused pair's
+    # backward, lifted by a loss scale, keeps it. bfloat16 has float32's range.
     grad_dtype = acc if x.dtype == jnp.float16 else x.dtype
     wg = w.astype(grad_dtype)
     mm = lambda a, b, c: lax.dot_general(a, b, (c, ((), ())), preferred_element_type=acc)
@@ -177,7 +177,7 @@ def _backward(grads, inputs, outputs, **_params):
     bias = rest[0] if rest else None
     _, gx, gw, gb = outputs
     if g_mean is None:
-        dx, dw, db = jnp.zeros(x.shape, x.dtype), jnp.zeros(w.shape, w.dtype), None
+        dx, dw = jnp.zeros(x.shape, x.dtype), jnp.zeros(w.shape, w.dtype)
         db = None if bias is None else jnp.zeros(bias.shape, bias.dtype)
     else:
         g = jnp.sum(g_mean).astype(gx.dtype)
