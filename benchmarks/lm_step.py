@@ -31,7 +31,8 @@ the H100's measured matmul peak the issue reports). Peak memory is
 GPU, XLA's estimate of the step (arguments + outputs + temporaries - donated) on CPU.
 
 ``--profile N`` also profiles N steps of each and reports where the device time goes, by
-kind of kernel, side by side (:mod:`benchmarks._profile`).
+kind of kernel, side by side (:mod:`benchmarks._profile`), and fnnc's by command
+(``Model.profile``, each backward under its forward command).
 
 ``--tiny`` runs a small size on CPU; ``tests/test_lm_step.py`` runs it in the suite and
 checks that fnnc's and NNX's losses agree step by step.
