@@ -18,6 +18,11 @@ BLOCK_LOGITS = 2**26
 """Logits per row block (256 MiB in float32): the rows of a block are this over the
 vocabulary, so a block's ``[rows, V]`` product stays large enough to fill a GPU."""
 
+MIN_BLOCKS = 4
+"""Fewest row blocks (where there are that many rows): however small the head, the
+full logits never exist at once, a quarter of them in float32 at most (half the bytes
+of the unfused pair's bfloat16 logits, which its backward keeps besides)."""
+
 IN_FIT = True
 """Whether ``Model.fit`` runs this pass on its training step (read at each compile).
 Off, the step keeps the blockwise command, whose backward recomputes the logits: for
@@ -80,12 +85,12 @@ def fuse_linear_crossentropy_mean(graph: Graph, *, block_logits: int = BLOCK_LOG
         %6:f32[1,1] = reduce_mean[axes=(0, 1)](%4)
         ...
         %6:f32[1,1], %7:f32[4,8], %8:f32[50,8], %9:f32[50] =
-            linear_softmax_crossentropy_mean[row_chunk=4](%0, %1, %2)
+            linear_softmax_crossentropy_mean[row_chunk=1](%0, %1, %2)
 
     Args:
         graph: the graph.
-        block_logits: logits per row block; a block has ``block_logits // V`` rows
-            (at least one, at most all).
+        block_logits: logits per row block; a block has ``block_logits // V`` rows,
+            at least one and at most a :data:`MIN_BLOCKS` th of them.
     """
     viewed = {s.root for s in graph.symbols if isinstance(s, AliasSymbol)}
     symbols, replaced, drop = list(graph.symbols), {}, set()
@@ -103,7 +108,7 @@ def fuse_linear_crossentropy_mean(graph: Graph, *, block_logits: int = BLOCK_LOG
         cmd = ops.linear_softmax_crossentropy_mean(
             trim0=node.cmd.param("trim0"),
             trim1=node.cmd.param("trim1"),
-            row_chunk=max(1, min(rows, block_logits // max(ws.shape[0], 1))),
+            row_chunk=max(1, min(-(-rows // MIN_BLOCKS), block_logits // max(ws.shape[0], 1))),
         )
         acc = result_dtype(xs.dtype)
         mean = graph.nodes[chain[-1]].outputs[0]

@@ -41,7 +41,7 @@ def test_golden_listing():
         "  tensor %3:f32[4,1]\n"
         "  tensor %4:f32[4,1]\n"
         "  %5:f32[1,1], %6:f32[4,8], %7:f32[50,8], %8:f32[50] = "
-        "linear_softmax_crossentropy_mean[row_chunk=4](%0, %1, %2)\n"
+        "linear_softmax_crossentropy_mean[row_chunk=1](%0, %1, %2)\n"
         "  return %5\n"
         "}"
     )
@@ -130,3 +130,19 @@ def test_float16_heads_keep_the_blockwise_command():
     low = FUSE(cast_precision(_head(), "float16"))
     assert "linear_softmax_crossentropy" in [n.cmd.name for n in low.nodes]
     assert MEAN(low) is low
+
+
+@pytest.mark.parametrize(
+    "rows, classes, block_logits, want",
+    [(4096, 32768, 2**26, 1024), (16384, 32768, 2**26, 2048), (7, 50, 2**26, 2), (3, 5, 1, 1)],
+)
+def test_row_blocks_fill_block_logits_but_never_hold_all_the_logits(
+    rows, classes, block_logits, want
+):
+    b = GraphBuilder()
+    x, w = b.input((rows, 8), name="x"), b.input((classes, 8), name="w")
+    label = b.input((rows,), np.int32, name="label")
+    loss, _ = b.exec(ops.linear_softmax_crossentropy(), x, w, label)
+    graph = b.build([b.exec(ops.reduce_mean(axes=(0, 1)), loss)])
+    new = fuse_linear_crossentropy_mean(graph, block_logits=block_logits)
+    assert new.nodes[0].cmd.param("row_chunk") == want
