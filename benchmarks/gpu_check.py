@@ -19,7 +19,8 @@ Steps, in one budget (``--budget``, default 470 s, so the whole check ends in un
    timings at transformer sizes);
 5. with ``--lm`` (+270 s of budget): ``benchmarks/lm_step.py`` at issue 24's size,
    fnnc's default step against its variants, Flax NNX and PyTorch (eager,
-   ``torch.compile``), with ``--profile 3``: each one's device time by kind of kernel;
+   ``torch.compile``), with ``--profile 3``: each one's device time by kind of kernel,
+   and fnnc's by command;
 6. with ``--measure`` (+150 s): ``python -m fnnc.ops.measure_defaults`` (small and
    large sizes) into the reports folder (``measured_defaults.json``, to merge into the package's).
 
