@@ -13,11 +13,12 @@ between a step's time and its kernel time is launch overhead and idle device tim
 from __future__ import annotations
 
 import collections
-import glob
 import re
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from fnnc.graph.profile import trace_runs
 
 KINDS: tuple[tuple[str, str], ...] = (
     ("optimizer", r"adam|multi_tensor"),
@@ -56,14 +57,11 @@ def _kept(totals: Mapping[str, float], steps: int) -> dict[str, float]:
     return out
 
 
-def xspace_kernel_ms(path: str) -> dict[str, float]:
-    """Total milliseconds per kernel name in one JAX profile (``*.xplane.pb``): the
-    device planes' stream lines on a GPU (their ``XLA Ops`` line where a profile has no
-    streams), the thunks on XLA:CPU's threads on a CPU (rough there: a thunk that waits
-    for its parallel parts counts its wait too)."""
-    import jax
-
-    data = jax.profiler.ProfileData.from_file(path)
+def kernel_ms(data: Any) -> dict[str, float]:
+    """Total milliseconds per kernel name in one JAX profile (``jax.profiler.ProfileData``):
+    the device planes' stream lines on a GPU (their ``XLA Ops`` line where a profile has
+    no streams), the thunks on XLA:CPU's threads on a CPU (rough there: a thunk that
+    waits for its parallel parts counts its wait too)."""
     totals: collections.Counter[str] = collections.Counter()
     device = [p for p in data.planes if p.name.startswith("/device:")]
     if device:
@@ -86,18 +84,9 @@ def xspace_kernel_ms(path: str) -> dict[str, float]:
 
 def jax_kernels(step: Callable[[], Any], steps: int) -> dict[str, float]:
     """Milliseconds per step of each kernel over ``steps`` calls of ``step`` (already
-    compiled and warm), from JAX's profiler."""
-    import jax
-
+    compiled and warm), traced by :func:`fnnc.graph.profile.trace_runs`."""
     with tempfile.TemporaryDirectory() as folder:
-        with jax.profiler.trace(folder):
-            for _ in range(steps):
-                out = step()
-            jax.block_until_ready(out)
-        paths = glob.glob(f"{folder}/**/*.xplane.pb", recursive=True)
-        if not paths:
-            raise RuntimeError(f"jax.profiler.trace wrote no *.xplane.pb under {folder}")
-        return _kept(xspace_kernel_ms(paths[0]), steps)
+        return _kept(kernel_ms(trace_runs(step, steps, folder)), steps)
 
 
 def torch_kernels(

@@ -243,7 +243,7 @@ def _op_events(data: Any, module: str) -> list[tuple[str, float]]:
     return out
 
 
-def _trace(run: Callable[[], Any], runs: int, folder: str) -> Any:
+def trace_runs(run: Callable[[], Any], runs: int, folder: str) -> Any:
     """``runs`` calls of ``run`` under ``jax.profiler``, traced to ``folder``; the
     trace read back (``jax.profiler.ProfileData``)."""
     try:
@@ -274,10 +274,10 @@ def profile_calls(
     jax.block_until_ready(run())  # compiles anything left to compile: never measured
     hlo = parse_hlo(program.compiled_text())
     if log_dir is not None:
-        data = _trace(run, runs, log_dir)
+        data = trace_runs(run, runs, log_dir)
     else:
         with tempfile.TemporaryDirectory(prefix="fnnc-profile-") as folder:
-            data = _trace(run, runs, folder)
+            data = trace_runs(run, runs, folder)
     return _attribute(program.graph, hlo, _op_events(data, hlo.module), runs, program.platform)
 
 
