@@ -23,6 +23,22 @@ from fnnc.ops.pallas._attention_tiles import (
 from fnnc.ops.pallas._common import both, launch, span, steps, store
 
 
+def _key_tile(cfg: Config, q, k_ref, v_ref, mask_ref, row0, j, t):
+    """Key block ``j`` as query rows ``row0...`` see it: its columns, keys, values and
+    masked logits."""
+    cols, col0 = pl.ds(j * cfg.bk, cfg.bk), j * cfg.bk
+    k = tile_rows(k_ref, (cols, slice(None)), col0, t, cfg.bk)
+    v = tile_rows(v_ref, (cols, slice(None)), col0, t, cfg.bk)
+    tile = mask_tile(cfg, mask_ref, slice(None), cols, (row0, col0))
+    return cols, k, v, tile_logits(cfg, q, k, row0, col0, tile)
+
+
+def _dlogits(p, go, v, delta):
+    """``dS = P (dP - delta)`` of one tile, ``dP = dO Vᵀ``."""
+    dp = lax.dot_general(go, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    return p * (dp - delta)
+
+
 def _dq_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, want_dmask: bool):
     mask_ref = refs[0] if cfg.mask else None
     go_ref, lse_ref, delta_ref, dq_ref, *dmask_ref = refs[1:] if cfg.mask else refs
@@ -34,13 +50,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, want_dmask: bool):
     delta = tile_rows(delta_ref, None, row0, cfg.s, bq)[:, None]
 
     def body(j, dq):
-        cols = pl.ds(j * bk, bk)
-        k = tile_rows(k_ref, (cols, slice(None)), j * bk, t, bk)
-        v = tile_rows(v_ref, (cols, slice(None)), j * bk, t, bk)
-        tile = mask_tile(cfg, mask_ref, slice(None), cols, (row0, j * bk))
-        p = jnp.exp(tile_logits(cfg, q, k, row0, j * bk, tile) - lse)
-        dp = lax.dot_general(go, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        ds = p * (dp - delta)
+        cols, k, v, logits = _key_tile(cfg, q, k_ref, v_ref, mask_ref, row0, j, t)
+        ds = _dlogits(jnp.exp(logits - lse), go, v, delta)
         if want_dmask:
             inside = both(span(row0, bq, cfg.s, ds.shape, 0), span(j * bk, bk, t, ds.shape, 1))
             store(dmask_ref[0], (slice(None), cols), ds, inside)
@@ -62,24 +73,19 @@ def _dq_online_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
     pass a graph's backward would otherwise run first (it is given ``O``, not ``lse``)."""
     mask_ref = refs[0] if cfg.mask else None
     go_ref, delta_ref, dq_ref, lse_ref = refs[1:] if cfg.mask else refs
-    i, bq, bk, t = pl.program_id(2), cfg.bq, cfg.bk, k_ref.shape[0]
+    i, bq, t = pl.program_id(2), cfg.bq, k_ref.shape[0]
     row0 = i * bq
     q, go = tile_rows(q_ref, None, row0, cfg.s, bq), tile_rows(go_ref, None, row0, cfg.s, bq)
     delta = tile_rows(delta_ref, None, row0, cfg.s, bq)[:, None]
 
     def body(j, carry):
         dq, m, total = carry
-        cols = pl.ds(j * bk, bk)
-        k = tile_rows(k_ref, (cols, slice(None)), j * bk, t, bk)
-        v = tile_rows(v_ref, (cols, slice(None)), j * bk, t, bk)
-        tile = mask_tile(cfg, mask_ref, slice(None), cols, (row0, j * bk))
-        logits = tile_logits(cfg, q, k, row0, j * bk, tile)
+        _, k, v, logits = _key_tile(cfg, q, k_ref, v_ref, mask_ref, row0, j, t)
         m_new = jnp.maximum(m, jnp.max(logits, axis=1))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
         p = jnp.exp(logits - m_safe[:, None])
         alpha = jnp.exp(m - m_safe)
-        dp = lax.dot_general(go, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        ds = p * (dp - delta)
+        ds = _dlogits(p, go, v, delta)
         dq = dq * alpha[:, None] + lax.dot_general(
             ds.astype(k.dtype), k, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -123,10 +129,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
             dv = dv + lax.dot_general(
                 p.astype(go.dtype), go, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
             )
-            dp = lax.dot_general(
-                go, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-            )
-            ds = p * (dp - delta)
+            ds = _dlogits(p, go, v, delta)
             dk = dk + lax.dot_general(
                 ds.astype(q.dtype), q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
             )
