@@ -26,7 +26,7 @@ def test_dry_run_plans_the_gpu_tests_the_suite_and_the_kernels():
     assert plan["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
     assert plan["PYTHONPATH"].split(":")[0] == str(ROOT)  # fnnc from this checkout
     gpu = plan["gpu tests"]
-    assert "-o addopts= -n 0 -m gpu" in gpu and gpu.endswith("tests/ops/pallas/test_gpu.py")
+    assert "-o addopts= -n 4 -m gpu" in gpu and gpu.endswith("tests/ops/pallas/test_gpu.py")
     suite = plan["suite"]
     assert " -n 7 " in suite and "-m gpu" not in suite and "addopts" not in suite
     assert plan["kernels"].endswith("benchmarks/kernels.py --quick --dtype bfloat16")
@@ -80,6 +80,28 @@ def test_counts_come_from_pytest_s_own_report(tmp_path):
     assert (passed, failed, skipped) == (1, 1, 1)
     assert failures == ["test_three.py::test_bad"]
     assert gpu_check.summary_counts(done.stdout) == (1, 1, 1)
+
+
+def test_a_suite_stopped_at_its_limit_still_reports_what_ran(tmp_path):
+    """The H100 run of 2026-11-27 lost the counts of 300 s of suite to a SIGKILL: the
+    limit now interrupts pytest first, which writes its report of the tests that ran."""
+    (tmp_path / "test_slow.py").write_text(
+        textwrap.dedent(
+            """
+            import time
+            def test_a_fast_one(): pass
+            def test_z_hangs(): time.sleep(120)
+            """
+        )
+    )
+    report = tmp_path / "r.xml"
+    slow = str(tmp_path / "test_slow.py")
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+            "-p", "no:randomly", f"--junitxml={report}", slow]  # fmt: skip
+    step = gpu_check.Step("suite", argv, 12.0, report)
+    gpu_check.run(step, subprocess_env(), gpu_check.time.monotonic() + 600)
+    assert step.status == "TIMED OUT" and step.seconds < 12.0 + 5
+    assert (step.passed, step.failed) == (1, 0), step.output[-2000:]
 
 
 def test_missing_packages_are_named_with_the_commands_that_install_them():
