@@ -8,7 +8,8 @@ weights (fnnc's) and batches go to every implementation:
 
 - ``fnnc``: ``Model.fit`` with ``precision="bfloat16"``, default backends;
 - ``fnnc-xla``: the same under ``config.override(backend="xla")`` (``FNNC_BACKEND=xla``);
-- ``fnnc-tuned``: the default after ``Model.autotune`` on the batch;
+- ``fnnc-tuned``: the default after ``Model.autotune`` on the batch (the table's choices
+  are printed under the table);
 - ``fnnc-unfused``: the default without the fused linear + cross-entropy head
   (:mod:`fnnc.graph.passes.linear_crossentropy`), which ``fnnc`` uses at this size;
 - ``fnnc-blockwise``: the default with the fused head's blockwise command, which
@@ -44,6 +45,7 @@ Run: python benchmarks/lm_step.py [--tiny | --size cpu | --size cpu-batch]
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -53,7 +55,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -66,7 +68,7 @@ from flax import nnx
 
 from benchmarks import _profile
 from benchmarks._timing import median_time
-from fnnc import config
+from fnnc import config, ops
 from fnnc.graph.passes import linear_crossentropy, linear_crossentropy_mean
 from fnnc.models import (
     Add,
@@ -282,12 +284,22 @@ def run_fnnc(
 
         peak, kind = _jax_peak(estimate) if timed else (None, "")
         result = Result(variant, ms, peak, kind, losses)
+        if variant == "fnnc-tuned":
+            result.note = "tuned: " + tuned_choices(ops.autotune.TABLE)
         return _profiled(
             result,
             profile,
             lambda: _profile.jax_kernels(lambda: model.fit([x], [y]), profile),
             lambda: by_command(model.profile([x], [y], runs=profile)),
         )
+
+
+def tuned_choices(table: Mapping[str, str]) -> str:
+    """The autotune table's entries (what later compiles read: ``Model.autotune`` tunes
+    the fit and evaluate programs, keyed by command, parameters and shapes), counted by
+    command and backend: ``gemm:xla x24, scaled_dot_product_attention:cudnn x2``."""
+    counts = collections.Counter(f"{k.split('|', 1)[0]}:{v}" for k, v in table.items())
+    return ", ".join(f"{k} x{n}" for k, n in sorted(counts.items())) or "nothing to choose"
 
 
 # -- Flax NNX + optax ------------------------------------------------------------------
@@ -642,6 +654,9 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
         )
     )
     print(table(results, z, peak, note))
+    for r in results:
+        if r.ms is not None and r.note:
+            print(f"{r.impl}: {r.note}")
     if opts.profile:
         print()
         print(_profile.breakdown([(r.impl, r.ms, r.kernels) for r in results]))

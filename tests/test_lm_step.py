@@ -96,3 +96,13 @@ def test_fnncs_backward_nodes_count_under_their_forward_command():
     table = lm_step.commands_table([result, lm_step.Result("nnx", ms=9.0)]).splitlines()
     assert table[0].split() == ["fnnc", "ms/step", "by", "command", "fnnc"]  # nnx has none
     assert table[-1].split() == ["all", "commands", "9.750"]
+
+
+def test_tuned_choices_count_the_autotune_tables_entries_by_command_and_backend():
+    table = {
+        "gemm|{}|bfloat16[4, 3]|gpu": "xla",
+        "gemm|{}|bfloat16[4, 5]|gpu": "xla",
+        "scaled_dot_product_attention|{'is_causal': True}|bfloat16[2]|gpu": "cudnn",
+    }
+    assert lm_step.tuned_choices(table) == "gemm:xla x2, scaled_dot_product_attention:cudnn x1"
+    assert lm_step.tuned_choices({}) == "nothing to choose"
