@@ -14,23 +14,26 @@ from jax.experimental import pallas as pl
 from fnnc.core.command import Spec
 from fnnc.ops.pallas._attention_tiles import (
     Config,
+    first_full_query_block,
+    full_key_blocks,
     key_blocks,
     mask_tile,
     pick,
     tile_logits,
     tile_rows,
+    walk,
 )
 from fnnc.ops.pallas._common import both, launch, span, steps, store
 
 
-def _key_tile(cfg: Config, q, k_ref, v_ref, mask_ref, row0, j, t):
+def _key_tile(cfg: Config, q, k_ref, v_ref, mask_ref, row0, j, t, causal):
     """Key block ``j`` as query rows ``row0...`` see it: its columns, keys, values and
-    masked logits."""
+    masked logits (``causal``: with the causal mask, see ``walk``)."""
     cols, col0 = pl.ds(j * cfg.bk, cfg.bk), j * cfg.bk
     k = tile_rows(k_ref, (cols, slice(None)), col0, t, cfg.bk)
     v = tile_rows(v_ref, (cols, slice(None)), col0, t, cfg.bk)
     tile = mask_tile(cfg, mask_ref, slice(None), cols, (row0, col0))
-    return cols, k, v, tile_logits(cfg, q, k, row0, col0, tile)
+    return cols, k, v, tile_logits(cfg, q, k, row0, col0, tile, causal)
 
 
 def _dlogits(p, go, v, delta):
@@ -49,8 +52,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, want_dmask: bool):
     lse = jnp.where(lse == -jnp.inf, 0.0, lse)[:, None]  # rows that see nothing: p = 0
     delta = tile_rows(delta_ref, None, row0, cfg.s, bq)[:, None]
 
-    def body(j, dq):
-        cols, k, v, logits = _key_tile(cfg, q, k_ref, v_ref, mask_ref, row0, j, t)
+    def body(j, dq, causal):
+        cols, k, v, logits = _key_tile(cfg, q, k_ref, v_ref, mask_ref, row0, j, t, causal)
         ds = _dlogits(jnp.exp(logits - lse), go, v, delta)
         if want_dmask:
             inside = both(span(row0, bq, cfg.s, ds.shape, 0), span(j * bk, bk, t, ds.shape, 1))
@@ -60,8 +63,9 @@ def _dq_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, want_dmask: bool):
         )
 
     # The mask's gradient needs every tile written, so no causal early exit then.
-    walk = steps(t, bk) if want_dmask else key_blocks(cfg, i, t)
-    dq = lax.fori_loop(0, walk, body, jnp.zeros(q.shape, jnp.float32))
+    end = steps(t, bk) if want_dmask else key_blocks(cfg, i, t)
+    split = full_key_blocks(cfg, i, t) if cfg.causal else None
+    dq = walk(cfg, body, 0, end, jnp.zeros(q.shape, jnp.float32), split)
     store(dq_ref, None, dq * cfg.scale, span(row0, bq, cfg.s, dq.shape, 0))
 
 
@@ -78,9 +82,9 @@ def _dq_online_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
     q, go = tile_rows(q_ref, None, row0, cfg.s, bq), tile_rows(go_ref, None, row0, cfg.s, bq)
     delta = tile_rows(delta_ref, None, row0, cfg.s, bq)[:, None]
 
-    def body(j, carry):
+    def body(j, carry, causal):
         dq, m, total = carry
-        _, k, v, logits = _key_tile(cfg, q, k_ref, v_ref, mask_ref, row0, j, t)
+        _, k, v, logits = _key_tile(cfg, q, k_ref, v_ref, mask_ref, row0, j, t, causal)
         m_new = jnp.maximum(m, jnp.max(logits, axis=1))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
         p = jnp.exp(logits - m_safe[:, None])
@@ -96,7 +100,8 @@ def _dq_online_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
         jnp.full((bq,), -jnp.inf, jnp.float32),
         jnp.zeros((bq,), jnp.float32),
     )
-    dq, m, total = lax.fori_loop(0, key_blocks(cfg, i, t), body, init)
+    split = full_key_blocks(cfg, i, t) if cfg.causal else None
+    dq, m, total = walk(cfg, body, 0, key_blocks(cfg, i, t), init, split)
     empty = total == 0  # a row that sees no key: dq = 0, lse = -inf
     dq = dq / jnp.where(empty, 1.0, total)[:, None]
     store(dq_ref, None, dq * cfg.scale, span(row0, bq, cfg.s, dq.shape, 0))
@@ -116,7 +121,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
     dv = jnp.zeros(v.shape, jnp.float32)
     for head in range(cfg.group):  # the query heads that share this key/value head
 
-        def body(i, carry, head=head):
+        def body(i, carry, causal, head=head):
             dk, dv = carry
             rows, row0 = pl.ds(i * bq, bq), i * bq
             q = tile_rows(q_ref, (rows, head, slice(None)), row0, s, bq)
@@ -125,7 +130,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
             lse = jnp.where(lse == -jnp.inf, 0.0, lse)[:, None]
             delta = tile_rows(delta_ref, (head, rows), row0, s, bq)[:, None]
             tile = mask_tile(cfg, mask_ref, rows, slice(None), (row0, j * bk), head)
-            p = jnp.exp(tile_logits(cfg, q, k, i * bq, j * bk, tile) - lse)
+            p = jnp.exp(tile_logits(cfg, q, k, i * bq, j * bk, tile, causal) - lse)
             dv = dv + lax.dot_general(
                 p.astype(go.dtype), go, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
             )
@@ -135,7 +140,9 @@ def _dkv_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
             )
             return dk, dv
 
-        dk, dv = lax.fori_loop(first, steps(s, bq), body, (dk, dv))
+        # the query blocks the diagonal crosses come first, then those under it
+        split = first_full_query_block(cfg, j, s) if cfg.causal else None
+        dk, dv = walk(cfg, body, first, steps(s, bq), (dk, dv), split, masked_first=True)
     store(dk_ref, None, dk * cfg.scale, span(j * bk, bk, cfg.t, dk.shape, 0))
     store(dv_ref, None, dv, span(j * bk, bk, cfg.t, dv.shape, 0))
 

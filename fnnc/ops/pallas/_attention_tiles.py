@@ -6,6 +6,7 @@ See :mod:`fnnc.ops.pallas.scaled_dot_product_attention`."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax.numpy as jnp
@@ -33,8 +34,12 @@ class Config:
     stages: int
 
 
-def tile_logits(cfg: Config, q: Any, k: Any, row0: Any, col0: Any, m: Any) -> Any:
-    """Masked, scaled ``q kᵀ`` of one tile in float32 (dropped keys are ``-inf``)."""
+def tile_logits(
+    cfg: Config, q: Any, k: Any, row0: Any, col0: Any, m: Any, causal: bool | None = None
+) -> Any:
+    """Masked, scaled ``q kᵀ`` of one tile in float32 (dropped keys are ``-inf``).
+    ``causal=False`` skips the causal mask of a causal program: for a tile that lies
+    wholly on or under the diagonal (see :func:`walk`)."""
     s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     s = s * cfg.scale
     keep = None
@@ -42,7 +47,7 @@ def tile_logits(cfg: Config, q: Any, k: Any, row0: Any, col0: Any, m: Any) -> An
         s = s + m.astype(jnp.float32)
     elif cfg.mask == "bool":
         keep = jnp.broadcast_to(m != 0, s.shape)
-    if cfg.causal:
+    if cfg.causal if causal is None else causal:
         rows = row0 + lax.broadcasted_iota(jnp.int32, s.shape, 0)
         cols = col0 + lax.broadcasted_iota(jnp.int32, s.shape, 1)
         visible = cols <= rows + cfg.offset
@@ -81,6 +86,38 @@ def key_blocks(cfg: Config, i: Any, t: int) -> Any:
         return steps(t, cfg.bk)
     last = (i + 1) * cfg.bq + cfg.offset  # one past the last visible key
     return jnp.clip(lax.div(jnp.maximum(last, 0) + cfg.bk - 1, cfg.bk), 0, steps(t, cfg.bk))
+
+
+def full_key_blocks(cfg: Config, i: Any, t: int) -> Any:
+    """Causal: how many key blocks query block ``i`` sees whole (its first row, the one
+    that sees least, sees their last key): ``j + 1 <= (i bq + offset + 1) / bk``."""
+    n = lax.div(jnp.maximum(i * cfg.bq + cfg.offset + 1, 0), cfg.bk)
+    return jnp.minimum(n, steps(t, cfg.bk))
+
+
+def first_full_query_block(cfg: Config, j: Any, s: int) -> Any:
+    """Causal: the first query block that sees key block ``j`` whole (and so do all
+    after it): ``i bq + offset >= (j + 1) bk - 1``."""
+    need = jnp.maximum((j + 1) * cfg.bk - 1 - cfg.offset, 0)
+    return jnp.minimum(lax.div(need + cfg.bq - 1, cfg.bq), steps(s, cfg.bq))
+
+
+def walk(
+    cfg: Config, body: Any, lo: Any, hi: Any, init: Any, split: Any = None, masked_first=False
+) -> Any:
+    """``fori_loop`` of ``body(index, carry, causal=...)`` over ``[lo, hi)``.
+
+    A causal program's walk is split at ``split``: the tiles on one side (after it, or
+    before it with ``masked_first``) lie wholly under the diagonal, so their logits
+    skip the causal mask, which is built only for the tiles the diagonal crosses, as
+    the Triton flash-attention tutorial's two stages do (``S / bq`` of the ``S / bq
+    (S / bq + 1) / 2`` tiles of a square causal program)."""
+    if not cfg.causal or split is None:
+        return lax.fori_loop(lo, hi, functools.partial(body, causal=cfg.causal), init)
+    split = jnp.clip(split, lo, hi)
+    first, second = masked_first, not masked_first
+    carry = lax.fori_loop(lo, split, functools.partial(body, causal=first), init)
+    return lax.fori_loop(split, hi, functools.partial(body, causal=second), carry)
 
 
 def pick(pid: Any, varies: bool) -> Any:

@@ -10,7 +10,8 @@ Semantics are the command's exactly (see :mod:`fnnc.ops.attention`): layout
   of ``bk`` stream past; an online softmax keeps the running max ``m`` and sum ``l``
   (masked logits are ``-inf``; a row whose max is still ``-inf`` contributes nothing).
   It also writes the row logsumexp ``lse`` (``-inf`` for a row that sees no key), the
-  residual of the backward. Causal programs stop at their last visible key block.
+  residual of the backward. Causal programs stop at their last visible key block, and
+  build the causal mask only for the tiles the diagonal crosses (:func:`walk`).
 - backward: ``delta = sum(dO * O)`` per row (XLA, a cheap reduction); a dK/dV kernel
   with grid ``(B, Hk, T / bk)`` walks the query blocks of the ``H / Hk`` heads that
   share its key/value head (causal programs start at their first visible query block),
@@ -60,11 +61,13 @@ from fnnc.ops.attention import scaled_dot_product_attention as _command
 from fnnc.ops.pallas._attention_grads import kernel_grads
 from fnnc.ops.pallas._attention_tiles import (
     Config,
+    full_key_blocks,
     key_blocks,
     mask_tile,
     pick,
     tile_logits,
     tile_rows,
+    walk,
 )
 from fnnc.ops.pallas._common import (
     MIN_TILE,
@@ -176,12 +179,12 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, stats_only: bool):
     i, bq, bk, t = pl.program_id(2), cfg.bq, cfg.bk, k_ref.shape[0]
     q = tile_rows(q_ref, None, i * bq, cfg.s, bq)
 
-    def body(j, carry):
+    def body(j, carry, causal):
         acc, m, total = carry
         cols = pl.ds(j * bk, bk)
         tile = mask_tile(cfg, mask_ref, slice(None), cols, (i * bq, j * bk))
         k = tile_rows(k_ref, (cols, slice(None)), j * bk, t, bk)
-        s = tile_logits(cfg, q, k, i * bq, j * bk, tile)
+        s = tile_logits(cfg, q, k, i * bq, j * bk, tile, causal)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
         p = jnp.exp(s - m_safe[:, None])
@@ -201,7 +204,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, stats_only: bool):
         jnp.full((bq,), -jnp.inf, jnp.float32),
         jnp.zeros((bq,), jnp.float32),
     )
-    acc, m, total = lax.fori_loop(0, key_blocks(cfg, i, t), body, init)
+    split = full_key_blocks(cfg, i, t) if cfg.causal else None
+    acc, m, total = walk(cfg, body, 0, key_blocks(cfg, i, t), init, split)
     empty = total == 0
     lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, total)))
     store(lse_ref, None, lse, span(i * bq, bq, cfg.s, (bq,), 0))

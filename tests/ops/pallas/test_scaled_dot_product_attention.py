@@ -111,6 +111,54 @@ def test_query_blocks_wider_than_key_blocks_match_reference(name):
     check_kernel(_variant(narrow), cmd, args, diff=[0, 1, 2] + ([3] if mask_kind else []))
 
 
+@pytest.mark.parametrize(
+    ("name", "bq", "bk"),
+    [
+        ("causal_gqa_longer_keys", 32, 16),
+        ("causal_gqa_longer_keys", 16, 32),
+        ("causal_shorter_keys", 16, 32),
+        ("ragged_float_mask_gqa", 32, 16),
+    ],
+)
+def test_causal_walks_split_at_the_diagonal_for_any_blocks(name, bq, bk):
+    """Tiles under the diagonal skip the causal mask: with query blocks wider or narrower
+    than key blocks, keys longer or shorter than queries, the split still lands on
+    the diagonal (forward, dQ with and without lse, dK/dV)."""
+    dims, causal, mask_kind, scale = CASES[name]
+    args = list(_qkv(*dims))
+    if mask_kind == "float":
+        args.append(rand((1, dims[3], dims[1], dims[2]), seed=8))
+    cmd = ops.scaled_dot_product_attention(scale=scale, is_causal=causal)
+    blocks = kernel.Blocks(q=bq, k=bk)
+    check_kernel(_variant(blocks), cmd, args, diff=[0, 1, 2] + ([3] if mask_kind else []))
+
+
+def test_the_split_points_are_where_tiles_become_wholly_visible():
+    """Against brute force over small lengths and blocks: key blocks before
+    ``full_key_blocks`` are wholly visible to their query block, the rest it walks
+    are not; query blocks from ``first_full_query_block`` on see their key block whole."""
+    from fnnc.ops.pallas._attention_tiles import (
+        Config,
+        first_full_query_block,
+        full_key_blocks,
+        key_blocks,
+    )
+
+    for s, t, bq, bk in [(48, 16, 16, 16), (32, 48, 16, 32), (37, 21, 32, 16), (64, 64, 16, 16)]:
+        cfg = Config(1.0, True, t - s, "", (False,) * 4, 1, bq, bk, s, t, 4, 2)
+        rows, cols = np.arange(s)[:, None], np.arange(t)[None, :]
+        visible = cols <= rows + (t - s)
+        whole = lambda i, j: visible[i * bq : (i + 1) * bq, j * bk : (j + 1) * bk].all()
+        for i in range(-(-s // bq)):
+            n, end = int(full_key_blocks(cfg, i, t)), int(key_blocks(cfg, i, t))
+            assert all(whole(i, j) for j in range(n)), (s, t, bq, bk, i)
+            assert not any(whole(i, j) for j in range(n, end)), (s, t, bq, bk, i)
+        for j in range(-(-t // bk)):
+            first = int(first_full_query_block(cfg, j, s))
+            assert all(whole(i, j) for i in range(first, -(-s // bq))), (s, t, bq, bk, j)
+            assert first == 0 or not whole(first - 1, j), (s, t, bq, bk, j)
+
+
 def test_the_bq128_backend_in_bfloat16_matches_reference_and_is_never_a_default():
     """At its own 128 x 64 blocks (S = 150: two ragged query blocks, three key blocks), in
     bfloat16; it runs only where measurement (or the autotune table) chose it."""
