@@ -13,9 +13,17 @@ instruction); the table lists the other nodes fused into it. Nodes sharing a nam
 layer's unnamed ``relu`` used three times) share one row, with their count. Time in
 instructions of no node (copies XLA adds, parameter handling) is ``(no node)``.
 
-On CPU the events are XLA:CPU's thunks; on a GPU, the kernels of the device plane
-(its ``XLA Ops`` line where the profiler derived one). Times are wall time per run,
-averaged over ``runs`` runs after one warm-up run (compiling is never measured).
+On CPU the events are XLA:CPU's thunks. On a GPU they are the kernels (and copies) on
+the device plane's ``Stream #`` lines, never the host's launches: XLA:GPU annotates each
+with the instruction that launched it (``hlo_op``; the innermost of ``a::b``), its module
+(``hlo_module``, checked against the HLO's), and that instruction's ``op_name`` as the
+module's common ``prefix`` and a ``name`` below it. An ``hlo_op`` that is no instruction
+of the optimised HLO falls back to that ``op_name``; an event with neither, to the
+instruction its kernel name was made from (``fusion.2`` -> ``fusion_2``). A trace XProf
+processed, or a TPU's, has an ``XLA Ops`` line: that is read instead. The module
+:mod:`fnnc.graph._trace_events` says where each of these comes from. Times are wall
+time per run, averaged over ``runs`` runs after one warm-up run (compiling is never
+measured); on several devices, their times add up.
 
 >>> import numpy as np
 >>> from fnnc import ops
@@ -42,7 +50,6 @@ import glob
 import os
 import re
 import tempfile
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,6 +57,7 @@ import jax
 import jax.numpy as jnp
 
 from fnnc.errors import GraphError
+from fnnc.graph._trace_events import OpTime, op_events
 
 NO_NODE = "(no node)"
 
@@ -212,37 +220,6 @@ def scope_of(op_name: str, scopes: Sequence[str]) -> str | None:
     return best
 
 
-def _op_events(data: Any, module: str) -> list[tuple[str, float]]:
-    """``(instruction, seconds)`` of each executed operation of HLO module ``module``,
-    outermost events only (a loop's body runs inside its loop's event).
-
-    Read with Python's "builtin type has no ``__module__``" deprecation silenced: jaxlib
-    0.11 on Python 3.12 creates its ``event_stats`` type on the first read of an event's
-    stats, and where warnings are errors (``-W error``, a test suite's filters) the
-    warning fails that type's construction, which nanobind answers by aborting the
-    process."""
-    out = []
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "builtin type .* has no __module__", DeprecationWarning)
-        for plane in data.planes:
-            lines = list(plane.lines)
-            derived = [line for line in lines if line.name == "XLA Ops"]
-            for line in derived or lines:
-                end = -1.0
-                for event in sorted(line.events, key=lambda e: e.start_ns):
-                    stats = dict(event.stats)
-                    op = stats.get("hlo_op")
-                    if op is None and derived:
-                        op = event.name
-                    if op is None or (stats.get("hlo_module", module) != module):
-                        continue
-                    if event.start_ns < end:  # nested in the event before
-                        continue
-                    end = event.end_ns
-                    out.append((str(op), event.duration_ns * 1e-9))
-    return out
-
-
 def trace_runs(run: Callable[[], Any], runs: int, folder: str) -> Any:
     """``runs`` calls of ``run`` under ``jax.profiler``, traced to ``folder``; the
     trace read back (``jax.profiler.ProfileData``)."""
@@ -278,10 +255,13 @@ def profile_calls(
     else:
         with tempfile.TemporaryDirectory(prefix="fnnc-profile-") as folder:
             data = trace_runs(run, runs, folder)
-    return _attribute(program.graph, hlo, _op_events(data, hlo.module), runs, program.platform)
+    events = op_events(data, hlo.module, hlo.op_names)
+    return _attribute(program.graph, hlo, events, runs, program.platform)
 
 
-def _attribute(graph: Any, hlo: _Hlo, events: Any, runs: int, platform: str) -> Profile:
+def _attribute(
+    graph: Any, hlo: _Hlo, events: Sequence[OpTime], runs: int, platform: str
+) -> Profile:
     names = [node.name or node.cmd.name for node in graph.nodes]
     commands: dict[str, list[str]] = collections.defaultdict(list)
     for name, node in zip(names, graph.nodes):
@@ -291,8 +271,8 @@ def _attribute(graph: Any, hlo: _Hlo, events: Any, runs: int, platform: str) -> 
     seconds: dict[str, float] = collections.defaultdict(float)
     ops: dict[str, set[str]] = collections.defaultdict(set)
     fused: dict[str, set[str]] = collections.defaultdict(set)
-    for op, duration in events:
-        scope = scope_of(hlo.op_names.get(op, ""), scopes) or NO_NODE
+    for op, duration, own_op_name in events:
+        scope = scope_of(hlo.op_names.get(op) or own_op_name, scopes) or NO_NODE
         seconds[scope] += duration / runs
         ops[scope].add(op)
         for inner in hlo.inner.get(op, []):
