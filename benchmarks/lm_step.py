@@ -192,6 +192,9 @@ class Result:
     """fnnc's: milliseconds per step of each command's nodes (``Model.profile``), where
     ``--profile`` asked; a gradient node's under its forward command + ``backward``."""
     profile_error: str = ""
+    unplaced: list[str] = dataclasses.field(default_factory=list)
+    """fnnc's: operations of the profile's ``(no node)`` row, where it holds over a
+    quarter of the time (what the next GPU run should show if attribution fails)."""
 
 
 def _profiled(
@@ -212,13 +215,17 @@ def _profiled(
     return result
 
 
-def by_command(report: Any) -> dict[str, float]:
+def by_command(report: Any, result: Result | None = None) -> dict[str, float]:
     """Milliseconds per step per command from a :class:`fnnc.graph.profile.Profile`;
     a gradient node ``<name>.backward`` counts under ``<its forward command> backward``
-    (the profile's own per-command table lumps every backward under ``gradient``)."""
+    (the profile's own per-command table lumps every backward under ``gradient``).
+    Where ``(no node)`` holds over a quarter of the time, its first operations go to
+    ``result.unplaced``."""
     forward = {r.name: r.command for r in report.nodes}
     out: dict[str, float] = {}
     for r in report.nodes:
+        if result is not None and r.command == "-" and r.seconds > report.seconds / 4:
+            result.unplaced = list(r.ops[:12])
         command = "(no node)" if r.command == "-" else r.command  # XLA's copies, say
         if command == "gradient" and r.name.endswith(".backward"):
             command = f"{forward.get(r.name.removesuffix('.backward'), '?')} backward"
@@ -290,7 +297,7 @@ def run_fnnc(
             result,
             profile,
             lambda: _profile.jax_kernels(lambda: model.fit([x], [y]), profile),
-            lambda: by_command(model.profile([x], [y], runs=profile)),
+            lambda: by_command(model.profile([x], [y], runs=profile), result),
         )
 
 
@@ -662,6 +669,9 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
         print(_profile.breakdown([(r.impl, r.ms, r.kernels) for r in results]))
         print()
         print(commands_table(results))
+        for r in results:
+            if r.unplaced:
+                print(f"{r.impl}: (no node) holds operations {', '.join(r.unplaced)}")
         for r in results:
             if r.profile_error:
                 print(f"{r.impl}: no profile: {r.profile_error}")

@@ -92,6 +92,15 @@ def test_fnncs_backward_nodes_count_under_their_forward_command():
         }
     )
     assert next(iter(commands)) == "scaled_dot_product_attention backward"  # the largest first
+    placed = lm_step.Result("fnnc")
+    lm_step.by_command(report, placed)
+    assert placed.unplaced == []  # (no node) holds 3% here
+    lost = Profile(
+        (NodeTime("(no node)", "-", 0, 9e-3, ("fusion.1", "gemm.2")),), {}, 9e-3, 3, "gpu"
+    )
+    unplaced = lm_step.Result("fnnc")
+    assert lm_step.by_command(lost, unplaced) == pytest.approx({"(no node)": 9.0})
+    assert unplaced.unplaced == ["fusion.1", "gemm.2"]
     result = lm_step.Result("fnnc", ms=10.0, commands=commands)
     table = lm_step.commands_table([result, lm_step.Result("nnx", ms=9.0)]).splitlines()
     assert table[0].split() == ["fnnc", "ms/step", "by", "command", "fnnc"]  # nnx has none
