@@ -55,14 +55,20 @@ SIZES = {
 Case = tuple[Command, list[Any], tuple[int, ...]]
 
 
-def cases(z: dict[str, int], dtype: Any) -> list[Case]:
-    """(command, inputs, differentiated input positions) for each kernel-backed command."""
+def cases(z: dict[str, int], dtype: Any, *, specs_only: bool = False) -> list[Case]:
+    """(command, inputs, differentiated input positions) for each kernel-backed command;
+    with ``specs_only``, the inputs are ``jax.ShapeDtypeStruct`` s (no data made: the
+    large size's are gigabytes of random numbers)."""
     from fnnc import ops
 
     rng = np.random.default_rng(0)
     n = lambda *shape, scale=1.0: jnp.asarray(rng.standard_normal(shape) * scale, dtype)
     rows, d, hd = z["b"] * z["s"], z["d"], z["d"] // z["h"]
-    labels = jnp.asarray(rng.integers(0, z["vocab"], rows), jnp.int32)
+    if specs_only:
+        n = lambda *shape, scale=1.0: jax.ShapeDtypeStruct(shape, dtype)
+        labels = jax.ShapeDtypeStruct((rows,), jnp.int32)
+    else:
+        labels = jnp.asarray(rng.integers(0, z["vocab"], rows), jnp.int32)
     qkv = [n(z["b"], z["s"], z["h"], hd) for _ in range(3)]
     return [
         (ops.softmax_crossentropy(), [n(rows, z["vocab"]), labels], (0,)),
