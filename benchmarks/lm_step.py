@@ -648,7 +648,7 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
         results = [run(i, z, opts.steps, opts.precision, profile=opts.profile) for i in impls]
     else:
         forwarded = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--in-process"]
-        results = [_in_subprocess(i, _without_impls(forwarded)) for i in impls]
+        results = _each_in_subprocess(impls, _without_impls(forwarded))
     kind = next((r.device for r in results if r.device), jax.devices()[0].device_kind)
     peak = opts.peak_tflops * 1e12 if opts.peak_tflops else PEAK_BF16.get(kind)
     note = (
@@ -675,6 +675,23 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
         for r in results:
             if r.profile_error:
                 print(f"{r.impl}: no profile: {r.profile_error}")
+    return results
+
+
+def _each_in_subprocess(impls: Sequence[str], argv: Sequence[str]) -> list[Result]:
+    """Each implementation in its own process, a line as each ends; an interrupt (the
+    GPU check's limit sends SIGINT) stops the walk, and the table shows what finished."""
+    results = []
+    for impl in impls:
+        start = time.perf_counter()
+        try:
+            r = _in_subprocess(impl, argv)
+        except KeyboardInterrupt:
+            print(f"interrupted during {impl}: the table has what finished", flush=True)
+            break
+        done = f"{r.ms:.2f} ms/step" if r.ms is not None else (r.note or "no time")
+        print(f"{impl}: {done} ({time.perf_counter() - start:.0f} s)", flush=True)
+        results.append(r)
     return results
 
 

@@ -115,3 +115,18 @@ def test_tuned_choices_count_the_autotune_tables_entries_by_command_and_backend(
     }
     assert lm_step.tuned_choices(table) == "gemm:xla x2, scaled_dot_product_attention:cudnn x1"
     assert lm_step.tuned_choices({}) == "nothing to choose"
+
+
+def test_an_interrupt_keeps_the_implementations_that_finished(monkeypatch, capsys):
+    """The GPU check stops a step at its limit with SIGINT: what finished still counts."""
+
+    def fake(impl, argv):
+        if impl == "nnx":
+            raise KeyboardInterrupt
+        return lm_step.Result(impl, ms=2.0)
+
+    monkeypatch.setattr(lm_step, "_in_subprocess", fake)
+    results = lm_step._each_in_subprocess(["fnnc", "fnnc-blockwise", "nnx", "torch"], [])
+    assert [r.impl for r in results] == ["fnnc", "fnnc-blockwise"]
+    out = capsys.readouterr().out
+    assert "fnnc: 2.00 ms/step" in out and "interrupted during nnx" in out
