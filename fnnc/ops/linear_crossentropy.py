@@ -19,16 +19,16 @@ float targets are not taken: they are ``[N, V]`` themselves (use the pair of com
 
 How: rows are walked in blocks of ``row_chunk`` and, inside each, the classes in blocks
 of ``class_chunk``; a block's logits are one ``[row_chunk, D] x [D, class_chunk]``
-product (float32 accumulation, rounded to the inputs' dtype as the gemm's result would
-be), folded into an online logsumexp (running max and rescaled sum) and the picked
-label logit. Ragged sizes need no padding: the last block starts at ``n - chunk`` and
-masks the rows or classes an earlier block already covered. The hand-written backward
-(NNC's convention) recomputes each block's logits from ``x`` and ``w``, forms
-``g_loss (softmax - t) + g_lse softmax`` there, and accumulates ``dx``, ``dw`` and
-``db`` in float32, so it holds one block at a time too. The price is one more
-``[N, D] x [D, V]`` product in the backward (four instead of three). The reference
-forward is a ``jax.custom_vjp`` with that backward, so ``jax.grad`` of the command
-(eager code, traced functions) is blockwise as well.
+product in the inputs' dtype with the bias added in that dtype, as the ``gemm`` command
+computes a dense layer (float32 accumulation, rounded once), folded into an online
+logsumexp (running max and rescaled sum) and the picked label logit. Ragged sizes need
+no padding: the last block starts at ``n - chunk`` and masks the rows or classes an
+earlier block already covered. The hand-written backward (NNC's convention) recomputes
+each block's logits from ``x`` and ``w``, forms ``g_loss (softmax - t) + g_lse softmax``
+there, and accumulates ``dx``, ``dw`` and ``db`` in float32, so it holds one block at a
+time too. The price is one more ``[N, D] x [D, V]`` product in the backward (four
+instead of three). The reference forward is a ``jax.custom_vjp`` with that backward, so
+``jax.grad`` of the command (eager code, traced functions) is blockwise as well.
 
 Backends: the reference (``"xla"``) is the blockwise computation; ``"dense"``
 materialises the logits (one product and XLA's fused softmax), which pays where they
@@ -107,13 +107,23 @@ def _fresh(start: Any, i: Any, chunk: int) -> Any:
 
 
 def _block_logits(xr: Any, w: Any, bias: Any, c0: Any, cv: int) -> Any:
-    """Float32 logits of one block, rounded to the inputs' dtype first (the gemm's)."""
+    """Float32 logits of one block, computed as the ``gemm`` command computes a dense
+    layer: the product in the inputs' dtype (accumulated in float32 by the backend,
+    rounded once), plus the bias in that dtype, then widened for the softmax.
+
+    The product is *emitted* in the inputs' dtype, not computed in float32 and rounded
+    after: a 16-bit block ``[2048, 32768]`` is then 128 MiB where float32 is 256 MiB,
+    and the softmax's reductions and the gradient read it three times (on an H100, the
+    LM step's largest reduction, ``input_convert_reduce_fusion``, which these reads
+    likely are, took 1.1 ms a step; unmeasured since). Rounding after a
+    float32 product also let XLA:GPU skip the rounding (its excess precision), so the
+    loss's value differed between platforms; an emitted 16-bit product rounds on all."""
     acc = result_dtype(xr.dtype)
     wj = lax.dynamic_slice_in_dim(w, c0, cv, 0)
-    z = lax.dot_general(xr, wj, (((1,), (1,)), ((), ())), preferred_element_type=acc)
+    z = lax.dot_general(xr, wj, (((1,), (1,)), ((), ())))
     if bias is not None:
-        z = z + lax.dynamic_slice_in_dim(bias, c0, cv, 0).astype(acc)[None, :]
-    return z.astype(xr.dtype).astype(acc)
+        z = z + lax.dynamic_slice_in_dim(bias, c0, cv, 0)[None, :]
+    return z.astype(acc)
 
 
 def _row_losses(xr, lr, w, bias, trims, cv):
@@ -288,10 +298,10 @@ def _dense(x, w, label, bias=None, *, trim0, trim1, row_chunk, class_chunk):
     """The ``"dense"`` backend: all ``[N, V]`` logits at once (XLA fuses the softmax
     statistics into the product's consumers); faster where the logits are small."""
     acc = result_dtype(x.dtype)
-    z = lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=acc)
+    z = lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))  # as _block_logits
     if bias is not None:
-        z = z + jnp.reshape(bias.astype(acc), (1,) * (z.ndim - 1) + (-1,))
-    z = z.astype(x.dtype).astype(acc)
+        z = z + jnp.reshape(bias, (1,) * (z.ndim - 1) + (-1,))
+    z = z.astype(acc)
     lse = jax.nn.logsumexp(z, axis=-1, keepdims=True)
     index = jnp.reshape(
         _indices(label, int(np.prod(x.shape[:-1], dtype=np.int64))), (*x.shape[:-1], 1)
