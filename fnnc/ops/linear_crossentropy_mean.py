@@ -18,13 +18,15 @@ command computes those while each block's logits exist::
     # gx, gw, gb == d mean / d (x, w, bias), float32
 
 Rows are walked in blocks of ``row_chunk``; a block's logits cover the whole vocabulary
-(``[row_chunk, V]`` in float32: 256 MiB at 2048 x 32768, where the full logits of that
-step are 2 GiB), which gives the block's losses, its softmax and ``(softmax - t) / N``,
-rounded to the gemm's dtype as the unfused pair's backward rounds it; two products turn
-that into the block's rows of ``gx`` and its share of ``gw`` (float32 accumulation). The
-ragged last block starts at ``N - row_chunk`` and zeroes the rows an earlier block had.
-float16 inputs multiply those in float32: ``(softmax - t) / N`` is below float16's range
-at a language model's sizes (the unfused pair's backward is lifted by its loss scale).
+(``[row_chunk, V]``, emitted in the inputs' dtype as the gemm command emits them and
+widened to float32 for the softmax: 256 MiB at 2048 x 32768 in float32, where the full
+logits of that step are 2 GiB), which gives the block's losses, its softmax and
+``(softmax - t) / N``, rounded to the gemm's dtype as the unfused pair's backward rounds
+it; two products turn that into the block's rows of ``gx`` and its share of ``gw``
+(float32 accumulation). The ragged last block starts at ``N - row_chunk`` and zeroes the
+rows an earlier block had. float16 inputs multiply those in float32: ``(softmax - t) /
+N`` is below float16's range at a language model's sizes (the unfused pair's backward is
+lifted by its loss scale).
 
 The backward (NNC's convention) scales ``gx``, ``gw`` and ``gb`` by the mean's
 cotangent: no product at all. The gradient outputs are residuals, constants to
