@@ -19,9 +19,9 @@ with the counts of the tests that ran before it was stopped):
 4. ``kernels``: ``benchmarks/kernels.py --quick --dtype bfloat16`` (Pallas vs XLA
    timings at transformer sizes);
 5. with ``--lm`` (+270 s of budget): ``benchmarks/lm_step.py`` at issue 24's size,
-   fnnc's default step against its variants, Flax NNX and PyTorch (eager,
-   ``torch.compile``), with ``--profile 3``: each one's device time by kind of kernel,
-   and fnnc's by command;
+   fnnc's default step against ``torch.compile``, its other loss head, Flax NNX and
+   the step after ``Model.autotune`` (:data:`LM_IMPLS`), with ``--profile 3``: each
+   one's device time by kind of kernel, and fnnc's by command;
 6. with ``--measure`` (+150 s): ``python -m fnnc.ops.measure_defaults`` (small and
    large sizes) into the reports folder (``measured_defaults.json``, to merge into the package's).
 

@@ -115,9 +115,9 @@ def _block_logits(xr: Any, w: Any, bias: Any, c0: Any, cv: int) -> Any:
     after: a 16-bit block ``[2048, 32768]`` is then 128 MiB where float32 is 256 MiB,
     and the softmax's reductions and the gradient read it three times (on an H100, the
     LM step's largest reduction, ``input_convert_reduce_fusion``, which these reads
-    likely are, took 1.1 ms a step; unmeasured since). Rounding after a
-    float32 product also let XLA:GPU skip the rounding (its excess precision), so the
-    loss's value differed between platforms; an emitted 16-bit product rounds on all."""
+    likely are, took 1.1 ms a step; unmeasured since). Rounding after a float32 product
+    also let XLA:GPU skip the rounding (its excess precision), so the loss's value
+    differed between platforms; an emitted 16-bit product rounds on all."""
     acc = result_dtype(xr.dtype)
     wj = lax.dynamic_slice_in_dim(w, c0, cv, 0)
     z = lax.dot_general(xr, wj, (((1,), (1,)), ((), ())))
