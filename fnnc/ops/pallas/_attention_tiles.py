@@ -107,9 +107,9 @@ def walk(
 ) -> Any:
     """``fori_loop`` of ``body(index, carry, causal=...)`` over ``[lo, hi)``.
 
-    A causal program's walk is split at ``split``: the tiles on one side (after it, or
-    before it with ``masked_first``) lie wholly under the diagonal, so their logits
-    skip the causal mask, which is built only for the tiles the diagonal crosses, as
+    A causal program's walk is split at ``split``: the tiles before it (after it, with
+    ``masked_first``) lie wholly on or under the diagonal, so their logits skip the
+    causal mask, which is built only for the tiles the diagonal crosses, as
     the Triton flash-attention tutorial's two stages do (``S / bq`` of the ``S / bq
     (S / bq + 1) / 2`` tiles of a square causal program)."""
     if not cfg.causal or split is None:
