@@ -144,3 +144,36 @@ def breakdown(rows: Sequence[tuple[str, float | None, Mapping[str, float]]], top
         for name, ms in sorted(k.items(), key=lambda kv: -kv[1])[:top]:
             lines.append(f"  {ms:8.3f}  {kind_of(name):14s} {name[:90]}")
     return "\n".join(lines)
+
+
+def trace_sample(folder: str, hlo_text: str = "", events: int = 4) -> str:
+    """What a trace under ``folder`` holds, for a GPU run where ``Model.profile``
+    placed little of the step: each plane's lines, the first ``events`` events of each
+    device stream line (or of the first line elsewhere) with their stats, and the HLO's
+    module line and first instructions. The next session reads attribution off this."""
+    import glob
+    import os
+    import warnings
+
+    import jax
+
+    found = sorted(glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True))
+    if not found:
+        return f"no trace under {folder}"
+    data = jax.profiler.ProfileData.from_file(found[-1])
+    out = []
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "builtin type .* has no __module__", DeprecationWarning)
+        for plane in data.planes:
+            lines = list(plane.lines)
+            out.append(f"plane {plane.name}: lines {[ln.name for ln in lines][:12]}")
+            shown = [ln for ln in lines if ln.name.startswith("Stream")] or lines[:1]
+            for line in shown[:2]:
+                for e in list(line.events)[:events]:
+                    stats = {str(k): str(v)[:80] for k, v in dict(e.stats).items()}
+                    out.append(f"  {line.name[:40]} | {e.name[:60]} | {stats}")
+    if hlo_text:
+        head = hlo_text.splitlines()
+        instructions = [ln.strip()[:100] for ln in head if ln.strip().startswith(("%", "ROOT"))]
+        out += [f"hlo: {head[0][:160]}", *(f"  {i}" for i in instructions[:4])]
+    return "\n".join(out)

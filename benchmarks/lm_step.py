@@ -54,6 +54,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -195,6 +196,9 @@ class Result:
     unplaced: list[str] = dataclasses.field(default_factory=list)
     """fnnc's: operations of the profile's ``(no node)`` row, where it holds over a
     quarter of the time (what the next GPU run should show if attribution fails)."""
+    trace: str = ""
+    """fnnc's: a sample of the profile's trace (:func:`_profile.trace_sample`), where
+    its nodes hold under half of the kernels' time."""
 
 
 def _profiled(
@@ -297,8 +301,21 @@ def run_fnnc(
             result,
             profile,
             lambda: _profile.jax_kernels(lambda: model.fit([x], [y]), profile),
-            lambda: by_command(model.profile([x], [y], runs=profile), result),
+            lambda: fnnc_commands(model, x, y, profile, result),
         )
+
+
+def fnnc_commands(model: Any, x: Any, y: Any, runs: int, result: Result) -> dict[str, float]:
+    """:func:`by_command` of ``Model.profile``; where the nodes hold under half of the
+    kernels' time (``result.kernels``, measured first), ``result.trace`` gets a sample
+    of the trace, so that a GPU run shows why attribution failed."""
+    with tempfile.TemporaryDirectory(prefix="lm-step-profile-") as folder:
+        commands = by_command(model.profile([x], [y], runs=runs, log_dir=folder), result)
+        placed = sum(ms for c, ms in commands.items() if c != "(no node)")
+        if placed < sum(result.kernels.values()) / 2:
+            hlo = model.engine._last_fit.program.compiled_text()
+            result.trace = _profile.trace_sample(folder, hlo)
+    return commands
 
 
 def tuned_choices(table: Mapping[str, str]) -> str:
@@ -672,6 +689,9 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
         for r in results:
             if r.unplaced:
                 print(f"{r.impl}: (no node) holds operations {', '.join(r.unplaced)}")
+            if r.trace:
+                print(f"{r.impl}: its nodes hold under half the kernel time; the trace:")
+                print(r.trace)
         for r in results:
             if r.profile_error:
                 print(f"{r.impl}: no profile: {r.profile_error}")

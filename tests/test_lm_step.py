@@ -130,3 +130,25 @@ def test_an_interrupt_keeps_the_implementations_that_finished(monkeypatch, capsy
     assert [r.impl for r in results] == ["fnnc", "fnnc-blockwise"]
     out = capsys.readouterr().out
     assert "fnnc: 2.00 ms/step" in out and "interrupted during nnx" in out
+
+
+def test_a_profile_that_places_little_keeps_a_sample_of_its_trace():
+    """On the H100, Model.profile put the whole step under (no node): the next run must
+    show why, so the LM step keeps a sample of the trace where nodes hold under half."""
+    from types import SimpleNamespace
+
+    from fnnc.graph.profile import NodeTime, Profile
+
+    lost = Profile((NodeTime("(no node)", "-", 0, 9e-3, ("fusion.1",)),), {}, 9e-3, 3, "gpu")
+    program = SimpleNamespace(compiled_text=lambda: "HloModule jit_program\n")
+    model = SimpleNamespace(
+        profile=lambda *a, **k: lost,
+        engine=SimpleNamespace(_last_fit=SimpleNamespace(program=program)),
+    )
+    result = lm_step.Result("fnnc", ms=10.0, kernels={"fusion_1": 9.5})
+    assert lm_step.fnnc_commands(model, None, None, 3, result) == pytest.approx({"(no node)": 9.0})
+    assert result.unplaced == ["fusion.1"] and result.trace.startswith("no trace under")
+    placed = lm_step.Result("fnnc", ms=10.0, kernels={"fusion_1": 9.5})
+    ok = Profile((NodeTime("fc", "gemm", 1, 9e-3, ("fusion.1",)),), {}, 9e-3, 3, "gpu")
+    lm_step.fnnc_commands(SimpleNamespace(profile=lambda *a, **k: ok), None, None, 3, placed)
+    assert placed.trace == "" and placed.unplaced == []

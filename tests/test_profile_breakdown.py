@@ -64,3 +64,18 @@ def test_kernels_past_the_kept_count_are_summed_not_dropped():
     kept = _profile._kept(totals, steps=2)
     assert len(kept) == _profile.KEPT + 1 and kept["(rest)"] == 2.5
     assert sum(kept.values()) == pytest.approx(sum(totals.values()) / 2)
+
+
+def test_a_trace_sample_names_planes_lines_events_and_the_hlo(tmp_path):
+    from fnnc.graph.profile import trace_runs
+
+    step = jax.jit(lambda x: jnp.tanh(x @ x.T).sum())
+    x = jnp.ones((64, 64))
+    step(x).block_until_ready()
+    trace_runs(lambda: step(x), 2, str(tmp_path))
+    hlo = step.lower(x).compile().as_text()
+    sample = _profile.trace_sample(str(tmp_path), hlo)
+    assert "plane /host:CPU: lines [" in sample
+    assert " | " in sample  # an event with its stats
+    assert "hlo: HloModule jit_" in sample
+    assert _profile.trace_sample(str(tmp_path / "none")).startswith("no trace under")
