@@ -18,7 +18,8 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from fnnc.graph.profile import trace_runs
+from fnnc.errors import GraphError
+from fnnc.graph.profile import read_trace, stats_readable, trace_runs
 
 KINDS: tuple[tuple[str, str], ...] = (
     ("optimizer", r"adam|multi_tensor"),
@@ -151,19 +152,12 @@ def trace_sample(folder: str, hlo_text: str = "", events: int = 4) -> str:
     placed little of the step: each plane's lines, the first ``events`` events of each
     device stream line (or of the first line elsewhere) with their stats, and the HLO's
     module line and first instructions. The next session reads attribution off this."""
-    import glob
-    import os
-    import warnings
-
-    import jax
-
-    found = sorted(glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True))
-    if not found:
+    try:
+        data = read_trace(folder)
+    except GraphError:
         return f"no trace under {folder}"
-    data = jax.profiler.ProfileData.from_file(found[-1])
     out = []
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "builtin type .* has no __module__", DeprecationWarning)
+    with stats_readable():
         for plane in data.planes:
             lines = list(plane.lines)
             out.append(f"plane {plane.name}: lines {[ln.name for ln in lines][:12]}")

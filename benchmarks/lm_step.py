@@ -71,6 +71,7 @@ from benchmarks import _profile
 from benchmarks._timing import median_time
 from fnnc import config, ops
 from fnnc.graph.passes import linear_crossentropy, linear_crossentropy_mean
+from fnnc.graph.profile import NO_NODE
 from fnnc.models import (
     Add,
     Dense,
@@ -228,9 +229,10 @@ def by_command(report: Any, result: Result | None = None) -> dict[str, float]:
     forward = {r.name: r.command for r in report.nodes}
     out: dict[str, float] = {}
     for r in report.nodes:
-        if result is not None and r.command == "-" and r.seconds > report.seconds / 4:
+        unplaced = r.name == NO_NODE  # XLA's copies, say; or a trace read wrongly
+        if unplaced and result is not None and r.seconds > report.seconds / 4:
             result.unplaced = list(r.ops[:12])
-        command = "(no node)" if r.command == "-" else r.command  # XLA's copies, say
+        command = NO_NODE if unplaced else r.command
         if command == "gradient" and r.name.endswith(".backward"):
             command = f"{forward.get(r.name.removesuffix('.backward'), '?')} backward"
         out[command] = out.get(command, 0.0) + 1e3 * r.seconds
@@ -311,7 +313,7 @@ def fnnc_commands(model: Any, x: Any, y: Any, runs: int, result: Result) -> dict
     of the trace, so that a GPU run shows why attribution failed."""
     with tempfile.TemporaryDirectory(prefix="lm-step-profile-") as folder:
         commands = by_command(model.profile([x], [y], runs=runs, log_dir=folder), result)
-        placed = sum(ms for c, ms in commands.items() if c != "(no node)")
+        placed = sum(ms for c, ms in commands.items() if c != NO_NODE)
         if placed < sum(result.kernels.values()) / 2:
             hlo = model.engine._last_fit.program.compiled_text()
             result.trace = _profile.trace_sample(folder, hlo)

@@ -39,9 +39,10 @@ names), ``xla/backends/gpu/runtime/annotation.cc`` (the annotations),
 
 from __future__ import annotations
 
+import contextlib
 import re
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 XLA_OPS = "XLA Ops"
@@ -71,19 +72,24 @@ def kernel_name(instruction: str) -> str:
     return name + "_" if name in ("_", "$") else name
 
 
+@contextlib.contextmanager
+def stats_readable() -> Iterator[None]:
+    """Where events' ``stats`` may be read: with Python's "builtin type has no
+    ``__module__``" deprecation silenced. jaxlib 0.11 on Python 3.12 creates its
+    ``event_stats`` type on the first read of an event's stats, and where warnings are
+    errors (``-W error``, a test suite's filters) the warning fails that type's
+    construction, which nanobind answers by aborting the process."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "builtin type .* has no __module__", DeprecationWarning)
+        yield
+
+
 def op_events(data: Any, module: str, op_names: Mapping[str, str]) -> list[OpTime]:
     """The operations of HLO module ``module`` that ran in trace ``data``, outermost
     events only; ``op_names`` (instruction -> ``op_name``) says which names are
-    instructions. The device planes' operations where there are any, else the host's.
-
-    Read with Python's "builtin type has no ``__module__``" deprecation silenced: jaxlib
-    0.11 on Python 3.12 creates its ``event_stats`` type on the first read of an event's
-    stats, and where warnings are errors (``-W error``, a test suite's filters) the
-    warning fails that type's construction, which nanobind answers by aborting the
-    process."""
+    instructions. The device planes' operations where there are any, else the host's."""
     kernels = _kernel_names(op_names)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "builtin type .* has no __module__", DeprecationWarning)
+    with stats_readable():
         planes = list(data.planes)
         device = [p for p in planes if p.name.startswith("/device:")]
         host = [p for p in planes if not p.name.startswith("/device:")]

@@ -58,6 +58,7 @@ import jax.numpy as jnp
 
 from fnnc.errors import GraphError
 from fnnc.graph._trace_events import OpTime, op_events
+from fnnc.graph._trace_events import stats_readable as stats_readable  # for trace readers
 
 NO_NODE = "(no node)"
 
@@ -235,6 +236,12 @@ def trace_runs(run: Callable[[], Any], runs: int, folder: str) -> Any:
             jax.block_until_ready(run())
     finally:
         jax.profiler.stop_trace()
+    return read_trace(folder)
+
+
+def read_trace(folder: str) -> Any:
+    """The newest trace ``jax.profiler`` wrote under ``folder`` (a
+    ``jax.profiler.ProfileData``); a :class:`~fnnc.errors.GraphError` where there is none."""
     found = sorted(glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True))
     if not found:
         raise GraphError(f"profile: jax.profiler wrote no trace under {folder}")
