@@ -13,6 +13,7 @@ from jax.experimental import pallas as pl
 
 from fnnc.core.command import Spec
 from fnnc.ops.pallas._attention_tiles import (
+    LOG2E,
     Config,
     first_full_query_block,
     full_key_blocks,
@@ -49,12 +50,13 @@ def _dq_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, want_dmask: bool):
     row0 = i * bq
     q, go = tile_rows(q_ref, None, row0, cfg.s, bq), tile_rows(go_ref, None, row0, cfg.s, bq)
     lse = tile_rows(lse_ref, None, row0, cfg.s, bq)
-    lse = jnp.where(lse == -jnp.inf, 0.0, lse)[:, None]  # rows that see nothing: p = 0
+    # base 2, as the logits (see tile_logits); rows that see nothing: p = 0
+    lse = jnp.where(lse == -jnp.inf, 0.0, lse * LOG2E)[:, None]
     delta = tile_rows(delta_ref, None, row0, cfg.s, bq)[:, None]
 
     def body(j, dq, causal):
         cols, k, v, logits = _key_tile(cfg, q, k_ref, v_ref, mask_ref, row0, j, t, causal)
-        ds = _dlogits(jnp.exp(logits - lse), go, v, delta)
+        ds = _dlogits(jnp.exp2(logits - lse), go, v, delta)
         if want_dmask:
             inside = both(span(row0, bq, cfg.s, ds.shape, 0), span(j * bk, bk, t, ds.shape, 1))
             store(dmask_ref[0], (slice(None), cols), ds, inside)
@@ -87,8 +89,8 @@ def _dq_online_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
         _, k, v, logits = _key_tile(cfg, q, k_ref, v_ref, mask_ref, row0, j, t, causal)
         m_new = jnp.maximum(m, jnp.max(logits, axis=1))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-        p = jnp.exp(logits - m_safe[:, None])
-        alpha = jnp.exp(m - m_safe)
+        p = jnp.exp2(logits - m_safe[:, None])  # base 2, as the forward's
+        alpha = jnp.exp2(m - m_safe)
         ds = _dlogits(p, go, v, delta)
         dq = dq * alpha[:, None] + lax.dot_general(
             ds.astype(k.dtype), k, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
@@ -105,7 +107,7 @@ def _dq_online_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
     empty = total == 0  # a row that sees no key: dq = 0, lse = -inf
     dq = dq / jnp.where(empty, 1.0, total)[:, None]
     store(dq_ref, None, dq * cfg.scale, span(row0, bq, cfg.s, dq.shape, 0))
-    lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, total)))
+    lse = jnp.where(empty, -jnp.inf, (m + jnp.log2(jnp.where(empty, 1.0, total))) / LOG2E)
     store(lse_ref, None, lse, span(row0, bq, cfg.s, (bq,), 0))
 
 
@@ -127,10 +129,10 @@ def _dkv_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
             q = tile_rows(q_ref, (rows, head, slice(None)), row0, s, bq)
             go = tile_rows(go_ref, (rows, head, slice(None)), row0, s, bq)
             lse = tile_rows(lse_ref, (head, rows), row0, s, bq)
-            lse = jnp.where(lse == -jnp.inf, 0.0, lse)[:, None]
+            lse = jnp.where(lse == -jnp.inf, 0.0, lse * LOG2E)[:, None]  # base 2
             delta = tile_rows(delta_ref, (head, rows), row0, s, bq)[:, None]
             tile = mask_tile(cfg, mask_ref, rows, slice(None), (row0, j * bk), head)
-            p = jnp.exp(tile_logits(cfg, q, k, i * bq, j * bk, tile, causal) - lse)
+            p = jnp.exp2(tile_logits(cfg, q, k, i * bq, j * bk, tile, causal) - lse)
             dv = dv + lax.dot_general(
                 p.astype(go.dtype), go, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
             )

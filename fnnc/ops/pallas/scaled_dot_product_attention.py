@@ -60,6 +60,7 @@ from fnnc.core.command import Command, Spec
 from fnnc.ops.attention import scaled_dot_product_attention as _command
 from fnnc.ops.pallas._attention_grads import kernel_grads
 from fnnc.ops.pallas._attention_tiles import (
+    LOG2E,
     Config,
     full_key_blocks,
     key_blocks,
@@ -187,8 +188,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, stats_only: bool):
         s = tile_logits(cfg, q, k, i * bq, j * bk, tile, causal)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-        p = jnp.exp(s - m_safe[:, None])
-        alpha = jnp.exp(m - m_safe)
+        p = jnp.exp2(s - m_safe[:, None])  # base 2: see tile_logits
+        alpha = jnp.exp2(m - m_safe)
         total = alpha * total + jnp.sum(p, axis=1)
         if not stats_only:
             v = tile_rows(v_ref, (cols, slice(None)), j * bk, t, bk)
@@ -207,7 +208,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, stats_only: bool):
     split = full_key_blocks(cfg, i, t) if cfg.causal else None
     acc, m, total = walk(cfg, body, 0, key_blocks(cfg, i, t), init, split)
     empty = total == 0
-    lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, total)))
+    lse = jnp.where(empty, -jnp.inf, (m + jnp.log2(jnp.where(empty, 1.0, total))) / LOG2E)
     store(lse_ref, None, lse, span(i * bq, bq, cfg.s, (bq,), 0))
     if not stats_only:
         o = acc / jnp.where(empty, 1.0, total)[:, None]

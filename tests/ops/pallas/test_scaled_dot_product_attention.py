@@ -9,6 +9,7 @@ import re
 import types
 
 import jax
+import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -195,3 +196,31 @@ def test_the_graph_backward_finds_lse_in_its_dq_kernel():
         "fnnc_flash_attention_dq",
         "fnnc_flash_attention_stats",
     ]
+
+
+def _kernel_primitives(jaxpr, inside=False):
+    """Names of the primitives inside every ``pallas_call`` kernel of ``jaxpr``."""
+    found = set()
+    for eqn in jaxpr.eqns:
+        if inside:
+            found.add(eqn.primitive.name)
+        for sub in jex.core.jaxprs_in_params(eqn.params):
+            found |= _kernel_primitives(sub, inside or eqn.primitive.name == "pallas_call")
+    return found
+
+
+@pytest.mark.parametrize("mask", [None, "float"])
+def test_every_kernel_exponentiates_in_base_2(mask):
+    """Each tile's softmax is ``exp2`` of base-2 logits (``__nv_exp2f``, the hardware's
+    ``ex2``), never float32 ``exp`` (``__nv_expf``), in the forward and in all three
+    backward kernels; the values are checked against the reference above."""
+    q, k, v = _qkv(1, 40, 40, 2, 2, 16, 16)
+    args = (q, k, v) if mask is None else (q, k, v, rand((1, 2, 40, 40), seed=8))
+    loss = lambda *xs: jnp.sum(kernel.scaled_dot_product_attention(*xs, is_causal=True))
+    o = kernel.scaled_dot_product_attention(*args, is_causal=True)
+    backward = lambda *xs: kernel.backward(
+        (o,), xs, (o,), tuple(range(len(xs))), scale=None, is_causal=True
+    )
+    for fn in (jax.grad(loss, argnums=tuple(range(len(args)))), backward):
+        found = _kernel_primitives(jax.make_jaxpr(fn)(*args).jaxpr)
+        assert "exp2" in found and "exp" not in found, sorted(found)
