@@ -19,8 +19,9 @@ command computes those while each block's logits exist::
 
 Rows are walked in blocks of ``row_chunk``; a block's logits cover the whole vocabulary
 (``[row_chunk, V]``, emitted in the inputs' dtype as the gemm command emits them and
-widened to float32 for the softmax: 256 MiB at 2048 x 32768 in float32, where the full
-logits of that step are 2 GiB), which gives the block's losses, its softmax and
+widened to float32 for the softmax; the fusing pass picks 256 MiB of them in the
+inputs' dtype, 4096 x 32768 in bfloat16 where the full logits of that step are 1 GiB),
+which gives the block's losses, its softmax and
 ``(softmax - t) / N``, rounded to the gemm's dtype as the unfused pair's backward rounds
 it; two products turn that into the block's rows of ``gx`` and its share of ``gw``
 (float32 accumulation). The ragged last block starts at ``N - row_chunk`` and zeroes the

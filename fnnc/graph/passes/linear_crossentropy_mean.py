@@ -14,9 +14,19 @@ from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol
 from fnnc.graph.passes.linear_crossentropy import _private, spliced
 from fnnc.ops.linear_crossentropy import result_dtype
 
-BLOCK_LOGITS = 2**26
-"""Logits per row block (256 MiB in float32): the rows of a block are this over the
-vocabulary, so a block's ``[rows, V]`` product stays large enough to fill a GPU."""
+BLOCK_BYTES = 2**28
+"""Bytes of one row block's logits, in the dtype the product emits them (the head's
+inputs'): 256 MiB, so a block is ``[2048, 32768]`` in float32 and ``[4096, 32768]`` in
+bfloat16. The rows of a block are this over the vocabulary, so its ``[rows, V]``
+product stays large enough to fill a GPU.
+
+By bytes, not by logits: every block adds its ``[V, D]`` share of the weight's
+gradient into a float32 accumulator (128 MiB at the LM of issue 24), so fewer blocks
+are less traffic, and a 16-bit block of twice the rows holds what a float32 one did.
+"""
+
+BLOCK_LOGITS = BLOCK_BYTES // 4
+"""A float32 block's logits (``2**26``): the default of sessions before 16-bit blocks."""
 
 MIN_BLOCKS = 4
 """Fewest row blocks (where there are that many rows): however small the head, the
@@ -58,7 +68,7 @@ def _mean_chain(graph: Graph, index: int, viewed: set[int]) -> tuple[int, ...] |
     return tuple(chain)
 
 
-def fuse_linear_crossentropy_mean(graph: Graph, *, block_logits: int = BLOCK_LOGITS) -> Graph:
+def fuse_linear_crossentropy_mean(graph: Graph, *, block_logits: int | None = None) -> Graph:
     """Rewrites ``reduce_mean(linear_softmax_crossentropy(x, w, label, bias)[0])`` (all
     axes, through at most one ``datatype_conversion``), whose logsumexp nobody reads,
     into ``linear_softmax_crossentropy_mean(x, w, label, bias)``.
@@ -90,7 +100,8 @@ def fuse_linear_crossentropy_mean(graph: Graph, *, block_logits: int = BLOCK_LOG
     Args:
         graph: the graph.
         block_logits: logits per row block; a block has ``block_logits // V`` rows,
-            at least one and at most a :data:`MIN_BLOCKS` th of them.
+            at least one and at most a :data:`MIN_BLOCKS` th of them. ``None``: as many
+            as :data:`BLOCK_BYTES` holds in the head's dtype.
     """
     viewed = {s.root for s in graph.symbols if isinstance(s, AliasSymbol)}
     symbols, replaced, drop = list(graph.symbols), {}, set()
@@ -105,10 +116,13 @@ def fuse_linear_crossentropy_mean(graph: Graph, *, block_logits: int = BLOCK_LOG
         if np.dtype(xs.dtype) == np.float16:
             continue  # its float32 gradient products would cost what the saved one does
         rows = int(np.prod(xs.shape[:-1], dtype=np.int64))
+        block = block_logits
+        if block is None:
+            block = BLOCK_BYTES // np.dtype(xs.dtype).itemsize
         cmd = ops.linear_softmax_crossentropy_mean(
             trim0=node.cmd.param("trim0"),
             trim1=node.cmd.param("trim1"),
-            row_chunk=max(1, min(-(-rows // MIN_BLOCKS), block_logits // max(ws.shape[0], 1))),
+            row_chunk=max(1, min(-(-rows // MIN_BLOCKS), block // max(ws.shape[0], 1))),
         )
         acc = result_dtype(xs.dtype)
         mean = graph.nodes[chain[-1]].outputs[0]

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from fnnc import ops
 from fnnc.graph import GraphBuilder, backward, interpret
 from fnnc.graph.passes import fuse_linear_crossentropy, fuse_linear_crossentropy_mean
+from fnnc.graph.passes.linear_crossentropy_mean import BLOCK_BYTES
 from fnnc.graph.passes.precision import cast_precision
 from tests.graph.passes.test_linear_crossentropy import _arrays, _head
 from tests.helpers import assert_close, assert_pass_keeps_semantics
@@ -146,3 +147,19 @@ def test_row_blocks_fill_block_logits_but_never_hold_all_the_logits(
     graph = b.build([b.exec(ops.reduce_mean(axes=(0, 1)), loss)])
     new = fuse_linear_crossentropy_mean(graph, block_logits=block_logits)
     assert new.nodes[0].cmd.param("row_chunk") == want
+
+
+@pytest.mark.parametrize("dtype, want", [(np.float32, 2048), (jnp.bfloat16, 4096)])
+def test_by_default_a_block_holds_256_mib_of_logits_in_the_heads_dtype(dtype, want):
+    """Issue 24's head (16 x 1024 rows, 32768 classes): 2048-row blocks in float32, and
+    4096 in bfloat16, whose logits are half the bytes (four blocks, not eight)."""
+    b = GraphBuilder()
+    x = b.input((16384, 8), dtype, name="x")
+    w = b.input((32768, 8), dtype, name="w")
+    label = b.input((16384,), np.int32, name="label")
+    loss, _ = b.exec(ops.linear_softmax_crossentropy(), x, w, label)
+    graph = b.build([b.exec(ops.reduce_mean(axes=(0, 1)), loss)])
+    new = fuse_linear_crossentropy_mean(graph)
+    cmd = next(n.cmd for n in new.nodes if n.cmd.name == "linear_softmax_crossentropy_mean")
+    assert cmd.param("row_chunk") == want
+    assert want * 32768 * np.dtype(dtype).itemsize == BLOCK_BYTES
