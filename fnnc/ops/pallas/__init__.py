@@ -105,23 +105,28 @@ def _register() -> None:
         )
         register_backend(command, backend)
     attention = scaled_dot_product_attention
-    wide = attention.WIDE
-    register_backend(
-        attention.NAME,
-        Backend(
-            WIDE_ATTENTION,
-            functools.partial(attention.scaled_dot_product_attention, blocks=wide),
-            PLATFORMS,
-            functools.partial(attention.supports, blocks=wide),
-            0,
-            INTERPRET_PLATFORMS,
-            backward=functools.partial(attention.backward, blocks=wide),
-        ),
-    )
+    for name, blocks in ((WIDE_ATTENTION, attention.WIDE), (SPLIT_ATTENTION, attention.SPLIT)):
+        register_backend(
+            attention.NAME,
+            Backend(
+                name,
+                functools.partial(attention.scaled_dot_product_attention, blocks=blocks),
+                PLATFORMS,
+                functools.partial(attention.supports, blocks=blocks),
+                0,
+                INTERPRET_PLATFORMS,
+                backward=functools.partial(attention.backward, blocks=blocks),
+            ),
+        )
 
 
 WIDE_ATTENTION = "pallas_bq128"
 """Flash attention with 128-query blocks (:data:`scaled_dot_product_attention.WIDE`):
 chosen only where measured faster (priority 0)."""
+
+SPLIT_ATTENTION = "pallas_split"
+"""Flash attention with :data:`scaled_dot_product_attention.SPLIT`'s blocks (WIDE's
+forward; backward kernels that keep 128 rows and stream 32): chosen only where
+measured faster (priority 0)."""
 
 _register()

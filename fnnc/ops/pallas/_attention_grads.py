@@ -6,6 +6,7 @@ dK/dV kernel over the query blocks of each key block. See
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax.numpy as jnp
 from jax import lax
@@ -149,9 +150,14 @@ def _dkv_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
     store(dv_ref, None, dv, span(j * bk, bk, cfg.t, dv.shape, 0))
 
 
-def kernel_grads(cfg: Config, q, k, v, mask, o, lse, go, want_dmask: bool):
+def kernel_grads(
+    dq_cfg: Config, dkv_cfg: Config, q, k, v, mask, o, lse, go, want_dmask: bool
+) -> tuple[Any, Any, Any, Any]:
     """``(dq, dk, dv, d logits or None)``; ``d logits`` is ``[B, H, S, T]``. With
-    ``lse=None`` the dQ kernel finds the statistics itself (not with ``want_dmask``)."""
+    ``lse=None`` the dQ kernel finds the statistics itself (not with ``want_dmask``).
+    The dQ and dK/dV kernels run with their own configs (blocks and stages); the
+    statistics they pass on are whole arrays, so the blocks need not agree."""
+    cfg = dq_cfg
     b, s, h, d = q.shape
     t, hk, dv = k.shape[1], k.shape[2], v.shape[3]
     g, (vb, vh, vs, vt) = cfg.group, cfg.varies
@@ -197,6 +203,7 @@ def kernel_grads(cfg: Config, q, k, v, mask, o, lse, go, want_dmask: bool):
         stages=cfg.stages,
     )(q, k, v, *mask_in, go, *stats_in)
     lse, dmask = (extra[0], []) if online else (lse, extra)
+    cfg = dkv_cfg
     group_spec = lambda n: pl.BlockSpec((None, s, g, n), lambda bi, gi, j: (bi, 0, gi, 0))
     key_spec = lambda n: pl.BlockSpec((None, cfg.bk, None, n), lambda bi, gi, j: (bi, j, gi, 0))
     stats_spec = pl.BlockSpec((None, g, s), lambda bi, gi, j: (bi, gi, 0))

@@ -38,8 +38,11 @@ Supported: float32/bfloat16/float16; head sizes ``D``, ``Dv`` powers of two in
 
 Triton settings (:class:`Blocks`): the ``"pallas"`` backend runs 64 x 64 blocks in two
 stages; ``"pallas_bq128"`` runs the same kernels with :data:`WIDE` (128-query blocks,
-three stages), for 16-bit tiles that fit shared memory. It has no priority: it becomes
-a default only where ``python -m fnnc.ops.measure_defaults`` timed it faster.
+three stages), for 16-bit tiles that fit shared memory; ``"pallas_split"`` runs that
+forward with backward kernels blocked apart (:data:`SPLIT`). Neither has a priority:
+each becomes a default only where ``python -m fnnc.ops.measure_defaults`` timed it
+faster. The backward kernels pass ``lse`` and ``delta`` as whole arrays, so each kernel
+may have its own blocks.
 """
 
 from __future__ import annotations
@@ -90,30 +93,50 @@ BLOCK_K = 64
 class Blocks:
     """Triton settings of the three kernels: largest query and key blocks (``None``:
     :data:`BLOCK_Q` / :data:`BLOCK_K`), warps (``None``: 4 for ``D <= 64``, else 8) and
-    software-pipelining stages."""
+    software-pipelining stages; the backward kernels may have blocks and stages of
+    their own (``None``: the forward's)."""
 
     q: int | None = None
     k: int | None = None
     warps: int | None = None
     stages: int = 2
     shared_bytes: int | None = None
-    """Where set, inputs whose pipelined tiles would pass it are declined: the dK/dV
-    kernel keeps a key block and ``stages`` query blocks of Q and dO in shared memory,
-    ``(stages * q + k) * (D + Dv) * itemsize`` bytes (a Hopper SM has 227 KiB)."""
+    """Where set, inputs whose pipelined tiles would pass it are declined: each kernel
+    keeps its stationary block and ``stages`` streamed blocks of two operands (K and V,
+    or Q and dO) in shared memory, ``(stationary + stages * streamed) * (D + Dv) *
+    itemsize`` bytes (a Hopper SM has 227 KiB)."""
+    dq: tuple[int, int] | None = None
+    """The dQ kernel's largest query and key blocks (it keeps a query block, streams keys)."""
+    dkv: tuple[int, int] | None = None
+    """The dK/dV kernel's largest query and key blocks (it keeps a key block, streams
+    queries)."""
+    backward_stages: int | None = None
+
+    def kernels(self) -> dict[str, tuple[int, int, int]]:
+        """Each kernel's ``(query block, key block, stages)`` caps."""
+        fwd = (self.q or BLOCK_Q, self.k or BLOCK_K)
+        back = self.stages if self.backward_stages is None else self.backward_stages
+        return {
+            "forward": (*fwd, self.stages),
+            "dQ": (*(self.dq or fwd), back),
+            "dK/dV": (*(self.dkv or fwd), back),
+        }
 
     def overflow(self, q: Spec, v: Spec) -> str | None:
         """Why these inputs' tiles do not fit :attr:`shared_bytes`; ``None`` if they do."""
         if self.shared_bytes is None:
             return None
-        bq, bk = self.q or BLOCK_Q, self.k or BLOCK_K
-        size = (self.stages * bq + bk) * (q.shape[3] + v.shape[3]) * q.dtype.itemsize
-        if size <= self.shared_bytes:
-            return None
-        return (
-            f"{NAME}: {bq}-query blocks in {self.stages} stages need {size // 1024} KiB of "
-            f"shared memory at D={q.shape[3]}, Dv={v.shape[3]}, {q.dtype}; "
-            f"{self.shared_bytes // 1024} KiB are allowed"
-        )
+        width = (q.shape[3] + v.shape[3]) * q.dtype.itemsize
+        for kernel, (bq, bk, stages) in self.kernels().items():
+            kept, streamed = (bk, bq) if kernel == "dK/dV" else (bq, bk)
+            size = (kept + stages * streamed) * width
+            if size > self.shared_bytes:
+                return (
+                    f"{NAME}: the {kernel} kernel's {bq} x {bk} blocks in {stages} stages "
+                    f"need {size // 1024} KiB of shared memory at D={q.shape[3]}, "
+                    f"Dv={v.shape[3]}, {q.dtype}; {self.shared_bytes // 1024} KiB are allowed"
+                )
+        return None
 
 
 WIDE = Blocks(q=128, k=64, warps=4, stages=3, shared_bytes=160 * 1024)
@@ -121,6 +144,16 @@ WIDE = Blocks(q=128, k=64, warps=4, stages=3, shared_bytes=160 * 1024)
 Triton's flash-attention tutorial for Hopper at ``D = 64``. Never a default by
 priority: it is one more candidate that ``python -m fnnc.ops.measure_defaults`` (or
 ``Model.autotune``) times against the 64 x 64 kernel and XLA."""
+
+SPLIT = Blocks(
+    q=128, k=64, warps=4, stages=3, shared_bytes=160 * 1024,
+    dq=(128, 32), dkv=(32, 128), backward_stages=4,
+)  # fmt: skip
+"""The ``"pallas_split"`` backend's settings: :data:`WIDE`'s forward, and backward
+kernels whose stationary block is wide and streamed block narrow (dQ keeps 128 queries
+and streams 32 keys, dK/dV keeps 128 keys and streams 32 queries), as the backward of
+Triton's flash-attention tutorial blocks them. Also a candidate only: chosen where timed
+faster."""
 
 scaled_dot_product_attention_reference = _command.definition.forward
 """The command's reference forward (the ``"xla"`` backend), which the kernel matches."""
@@ -172,6 +205,22 @@ def _config(
     return Config(
         float(scale), bool(causal), t - s, kind, varies, group, bq, bk, s, t, warps, blocks.stages
     )
+
+
+def _backward_configs(cfg: Config, blocks: Blocks) -> tuple[Config, Config]:
+    """The dQ and dK/dV kernels' configs: the forward's, with their own blocks and stages."""
+    out = []
+    for kernel in ("dQ", "dK/dV"):
+        bq, bk, stages = blocks.kernels()[kernel]
+        out.append(
+            dataclasses.replace(
+                cfg,
+                bq=lane_block(cfg.s, bq, MIN_TILE),
+                bk=lane_block(cfg.t, bk, MIN_TILE),
+                stages=stages,
+            )
+        )
+    return out[0], out[1]
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, stats_only: bool):
@@ -253,19 +302,20 @@ def _unbroadcast(g: Any, shape: Sequence[int]) -> Any:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention(cfg: Config, q, k, v, mask):
-    return _forward(cfg, q, k, v, mask)[0]
+def _attention(cfgs: tuple[Config, Config, Config], q, k, v, mask):
+    """Attention with the forward, dQ and dK/dV kernels' configs ``cfgs``."""
+    return _forward(cfgs[0], q, k, v, mask)[0]
 
 
-def _attention_fwd(cfg, q, k, v, mask):
-    o, lse = _forward(cfg, q, k, v, mask)
+def _attention_fwd(cfgs, q, k, v, mask):
+    o, lse = _forward(cfgs[0], q, k, v, mask)
     return o, (q, k, v, mask, o, lse)
 
 
-def _attention_bwd(cfg, residuals, go):
+def _attention_bwd(cfgs, residuals, go):
     q, k, v, mask, o, lse = residuals
-    want = cfg.mask == "float"
-    dq, dk, dv, dlogits = kernel_grads(cfg, q, k, v, mask, o, lse, go, want)
+    want = cfgs[0].mask == "float"
+    dq, dk, dv, dlogits = kernel_grads(*cfgs[1:], q, k, v, mask, o, lse, go, want)
     return dq, dk, dv, (_unbroadcast(dlogits, mask.shape) if want else None)
 
 
@@ -285,7 +335,7 @@ def scaled_dot_product_attention(
 ):
     """The kernel backend: same signature and results as the reference."""
     cfg = _config(q, k, mask, scale, is_causal, blocks)
-    return _attention(cfg, q, k, v, _mask4(mask))
+    return _attention((cfg, *_backward_configs(cfg, blocks)), q, k, v, _mask4(mask))
 
 
 def backward(
@@ -300,7 +350,9 @@ def backward(
     # the mask's gradient is written tile by tile, so it needs lse first: a statistics-
     # only forward pass; otherwise the dQ kernel finds lse online, at no extra product
     lse = _forward(cfg, q, k, v, m4, stats_only=True) if want else None
-    dq, dk, dv, dlogits = kernel_grads(cfg, q, k, v, m4, o, lse, go, want)
+    dq, dk, dv, dlogits = kernel_grads(
+        *_backward_configs(cfg, blocks), q, k, v, m4, o, lse, go, want
+    )
     if m is None:
         return dq, dk, dv
     return dq, dk, dv, (jnp.reshape(_unbroadcast(dlogits, m4.shape), m.shape) if want else None)

@@ -81,6 +81,12 @@ CASES = {
         3e-2,
         "pallas_bq128",
     ),
+    "attention split": (  # WIDE's forward, backward kernels blocked 128 x 32 / 32 x 128
+        ops.scaled_dot_product_attention(is_causal=True),
+        lambda: [jnp.asarray(rand((2, 512, 8, 64), seed=i), jnp.bfloat16) for i in range(3)],
+        3e-2,
+        "pallas_split",
+    ),
 }
 
 

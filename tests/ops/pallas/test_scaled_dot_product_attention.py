@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fnnc import ops
-from fnnc.ops.pallas import WIDE_ATTENTION
+from fnnc.ops.pallas import SPLIT_ATTENTION, WIDE_ATTENTION
 from fnnc.ops.pallas import scaled_dot_product_attention as kernel
 from tests.helpers import rand
 from tests.ops.pallas.checks import check_forced_eager, check_kernel, check_unsupported
@@ -132,6 +132,56 @@ def test_causal_walks_split_at_the_diagonal_for_any_blocks(name, bq, bk):
     cmd = ops.scaled_dot_product_attention(scale=scale, is_causal=causal)
     blocks = kernel.Blocks(q=bq, k=bk)
     check_kernel(_variant(blocks), cmd, args, diff=[0, 1, 2] + ([3] if mask_kind else []))
+
+
+SPLIT_SMALL = {
+    # the pallas_split layout scaled down: dQ keeps 32 queries and streams 16 keys,
+    # dK/dV keeps 32 keys and streams 16 queries, the forward runs 32 x 16
+    "split": dict(q=32, k=16, stages=3, dq=(32, 16), dkv=(16, 32), backward_stages=4),
+    # and the other way round: backward blocks narrower than the forward's
+    "inverse": dict(q=16, k=32, stages=2, dq=(16, 32), dkv=(32, 16), backward_stages=3),
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "layout"),
+    [
+        ("ragged_gqa", "split"),
+        ("causal_gqa_longer_keys", "split"),
+        ("causal_shorter_keys", "split"),
+        ("ragged_float_mask_gqa", "split"),
+        ("causal_gqa_longer_keys", "inverse"),
+        ("ragged_float_mask_gqa", "inverse"),
+    ],
+)
+def test_backward_kernels_with_blocks_of_their_own_match_reference(name, layout):
+    """The dQ and dK/dV kernels blocked differently from the forward and from each other
+    (the ``pallas_split`` layout): ``lse`` and ``delta`` pass between them whole, so the
+    forward, both vjps and the graph backward (dQ finding ``lse`` online, or given it
+    where the float mask's gradient is wanted) still match the reference."""
+    dims, causal, mask_kind, scale = CASES[name]
+    args = list(_qkv(*dims))
+    if mask_kind == "float":
+        args.append(rand((1, dims[3], dims[1], dims[2]), seed=8))
+    cmd = ops.scaled_dot_product_attention(scale=scale, is_causal=causal)
+    blocks = kernel.Blocks(**SPLIT_SMALL[layout])
+    check_kernel(_variant(blocks), cmd, args, diff=[0, 1, 2] + ([3] if mask_kind else []))
+
+
+def test_the_split_backend_is_a_candidate_only_and_declines_tiles_over_shared_memory():
+    """``pallas_split`` runs the LM's bfloat16 shapes, has no priority, and names the
+    kernel whose tiles would pass its shared-memory budget."""
+    cmd = ops.scaled_dot_product_attention(is_causal=True)
+    split = ops.backends_of(cmd.name)[SPLIT_ATTENTION]
+    assert split.priority == 0
+    lm = [jax.ShapeDtypeStruct((16, 1024, 16, 64), jnp.bfloat16)] * 3
+    assert split.supports(cmd, lm) is None
+    assert ops.select_backend(cmd, lm, "gpu") in ("pallas", "cudnn")  # by priority
+    wide = [jax.ShapeDtypeStruct((2, 2048, 16, 128), jnp.float32)] * 3
+    why = split.supports(cmd, wide)
+    assert "kernel's" in why and "KiB of shared memory" in why
+    caps = kernel.SPLIT.kernels()
+    assert caps == {"forward": (128, 64, 3), "dQ": (128, 32, 4), "dK/dV": (32, 128, 4)}
 
 
 def test_the_split_points_are_where_tiles_become_wholly_visible():

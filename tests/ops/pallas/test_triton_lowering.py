@@ -7,6 +7,8 @@ own compilation of that IR to a GPU binary (register and shared-memory budgets),
 which happens inside XLA on a GPU: see ``test_gpu.py``.
 """
 
+import re
+
 import jax
 import jax.extend as jex
 import jax.numpy as jnp
@@ -52,11 +54,14 @@ def test_lowers_to_triton_for_cuda(name, dtype):
     assert exported.mlir_module().count(TRITON) >= 2  # a forward and a backward kernel
 
 
-def test_the_bq128_attention_backend_lowers_for_cuda():
-    """Its 128 x 64 blocks, 3 stages, forward and both backward kernels, in bfloat16."""
+@pytest.mark.parametrize(("name", "stages"), [("pallas_bq128", {3}), ("pallas_split", {3, 4})])
+def test_the_candidate_attention_backends_lower_for_cuda(name, stages):
+    """Their forward and both backward kernels, in bfloat16: ``pallas_bq128``'s 128 x 64
+    blocks in 3 stages; ``pallas_split``'s forward in 3 stages and its backward kernels
+    (128 x 32, 32 x 128 blocks) in 4."""
     cmd = ops.scaled_dot_product_attention(is_causal=True)
     specs = [jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)] * 3
-    backend = ops.backends_of(cmd.name)["pallas_bq128"]
+    backend = ops.backends_of(cmd.name)[name]
     assert backend.supports(cmd, specs) is None
 
     def loss(q, k, v):
@@ -66,8 +71,9 @@ def test_the_bq128_attention_backend_lowers_for_cuda():
     check = [export.DisabledSafetyCheck.custom_call(TRITON)]
     train = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
     exported = export.export(train, platforms=["cuda"], disabled_checks=check)(*specs)
-    text = exported.mlir_module()
-    assert text.count(TRITON) >= 3 and "num_stages = 3" in text.replace('"', " ")
+    text = exported.mlir_module().replace('"', " ")
+    assert text.count(TRITON) >= 3
+    assert {int(n) for n in re.findall(r"num_stages = (\d+)", text)} == stages
 
 
 def _dot_precisions(jaxpr):
