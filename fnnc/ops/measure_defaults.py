@@ -10,6 +10,11 @@ neighbours in a step). The entries are merged into the package's
 ``measured_defaults.json`` under ``jax.devices()[0].device_kind``::
 
     python -m fnnc.ops.measure_defaults [--out PATH] [--repeats N] [--sizes small,large]
+        [--commands scaled_dot_product_attention,...] [--dtypes bfloat16,...]
+
+``--commands`` and ``--dtypes`` measure a part (a GPU session's minutes are few: the
+attention candidates alone at the large size): the other entries of the device stay,
+and its ``sources`` line gains the new run's.
 
 Interpret-mode backends (Pallas on CPU) are never timed.
 """
@@ -148,13 +153,17 @@ def measure(
     repeats: int = 10,
     make_cases: Callable[[dict[str, int], Any], list[Case]] = cases,
     log: Callable[[str], None] = print,
+    commands: Sequence[str] | None = None,
 ) -> dict[str, dict[str, str]]:
-    """Times every compiled backend of each case; returns ``{command: {class: winner}}``."""
+    """Times every compiled backend of each case (of ``commands`` only, where given);
+    returns ``{command: {class: winner}}``."""
     platform = platform or jax.default_backend()
     entries: dict[str, dict[str, str]] = {}
     for size in sizes:
         for dtype in dtypes:
             for cmd, args, diff in make_cases(SIZES[size], dtype):
+                if commands is not None and cmd.name not in commands:
+                    continue
                 ratios = _ratios(cmd, args, diff, platform, repeats)
                 if not ratios:
                     continue
@@ -172,17 +181,43 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", default=str(measured.PATH), help="defaults file to update")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--sizes", default="small,large", help=f"some of {list(SIZES)}")
+    parser.add_argument("--commands", default=None, help="only these commands (commas)")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="some of float32,bfloat16")
     opts = parser.parse_args(argv)
+    commands = _names(opts.commands, "--commands", _case_commands())
+    dtypes = [jnp.dtype(d) for d in _names(opts.dtypes, "--dtypes", ("float32", "bfloat16"))]
+    sizes = _names(opts.sizes, "--sizes", tuple(SIZES))
     platform = jax.default_backend()
     kind = measured.device_kind(platform) or platform
-    entries = measure(platform, opts.sizes.split(","), repeats=opts.repeats)
+    entries = measure(platform, sizes, dtypes, repeats=opts.repeats, commands=commands)
     if not entries:
         print(f"no backend other than the reference compiles on {platform}: nothing to record")
         return
     stamp = datetime.date.today().isoformat()
     source = f"python -m fnnc.ops.measure_defaults on {kind}, jax {jax.__version__}, {stamp}"
+    if commands is not None or len(dtypes) < 2:
+        parts = ", ".join([*(commands or ["all commands"]), *(d.name for d in dtypes), *sizes])
+        earlier = measured.read(opts.out).get("sources", {}).get(kind)
+        source = f"{earlier + ' | ' if earlier else ''}{source} ({parts} only)"
     measured.write(kind, entries, source, opts.out)
     print(f"wrote {sum(map(len, entries.values()))} entries for {kind!r} to {opts.out}")
+
+
+def _case_commands() -> tuple[str, ...]:
+    """The commands :func:`cases` measures."""
+    return tuple(cmd.name for cmd, _, _ in cases(SIZES["small"], jnp.float32, specs_only=True))
+
+
+def _names(text: str | None, flag: str, known: Sequence[str]) -> list[str] | None:
+    """The comma-separated names of ``flag`` (``None`` where it was not given), each one
+    of ``known``; a clear error (SystemExit) for another."""
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise SystemExit(f"measure_defaults: {flag} {text!r}: expected some of {list(known)}")
+    return names
 
 
 if __name__ == "__main__":

@@ -155,3 +155,49 @@ def test_a_damaged_defaults_file_is_a_clear_error(tmp_path):
     with pytest.raises(GraphFormatError, match="not JSON"):
         measured.read(path)
     assert measured.read(tmp_path / "missing.json")["devices"] == {}
+
+
+def test_measure_defaults_can_measure_some_commands_and_keeps_the_rest(monkeypatch, tmp_path):
+    """``--commands``/``--dtypes`` measure a part: the device's other entries stay and
+    its source line gains the new run's; an unknown name is a clear error."""
+    seen = {}
+
+    def fake_measure(platform, sizes, dtypes, repeats, commands):
+        seen.update(sizes=sizes, dtypes=[d.name for d in dtypes], commands=commands)
+        return {"scaled_dot_product_attention": {"bfloat16:large": "pallas_split"}}
+
+    monkeypatch.setattr(measure_defaults, "measure", fake_measure)
+    path = tmp_path / "defaults.json"
+    kind = measured.device_kind("cpu")
+    measured.write(kind, {"gemm": {"bfloat16:large": "xla"}}, "the first run", path)
+    only = ["--sizes", "large", "--dtypes", "bfloat16"]
+    measure_defaults.main(["--out", str(path), *only, "--commands", "scaled_dot_product_attention"])
+    assert seen == {
+        "sizes": ["large"],
+        "dtypes": ["bfloat16"],
+        "commands": ["scaled_dot_product_attention"],
+    }
+    data = json.loads(path.read_text())
+    assert data["devices"][kind] == {
+        "gemm": {"bfloat16:large": "xla"},
+        "scaled_dot_product_attention": {"bfloat16:large": "pallas_split"},
+    }
+    source = data["sources"][kind]
+    assert source.startswith("the first run | python -m fnnc.ops.measure_defaults")
+    assert source.endswith("(scaled_dot_product_attention, bfloat16, large only)")
+    with pytest.raises(SystemExit, match=r"--commands 'attention': expected some of \["):
+        measure_defaults.main(["--out", str(path), "--commands", "attention"])
+
+
+def test_measure_skips_the_commands_not_asked_for(rival, monkeypatch):
+    def one_case(z, dtype):
+        return [(ops.ewabs(), [jnp.asarray(np.linspace(-1, 1, 16, dtype=np.float32))], (0,))]
+
+    monkeypatch.setattr(
+        measure_defaults.autotune, "median_seconds", lambda fns, repeats: {k: 1.0 for k in fns}
+    )
+    run = dict(platform="cpu", sizes=["small"], dtypes=[jnp.float32], make_cases=one_case)
+    assert measure_defaults.measure(**run, log=lambda s: None, commands=["gemm"]) == {}
+    assert measure_defaults.measure(**run, log=lambda s: None, commands=["ewabs"]) == {
+        "ewabs": {"float32:small": "xla"}
+    }
