@@ -38,6 +38,11 @@ kind of kernel, side by side (:mod:`benchmarks._profile`), and fnnc's by command
 ``--tiny`` runs a small size on CPU; ``tests/test_lm_step.py`` runs it in the suite and
 checks that fnnc's and NNX's losses agree step by step.
 
+Where the code lives: this file is the command line (each implementation's process, the
+table); ``benchmarks/_lm_common.py`` holds the sizes, fnnc's model and initial weights,
+the batches and :class:`Result`; ``_lm_fnnc.py``, ``_lm_nnx.py`` and ``_lm_torch.py``
+each implementation.
+
 Run: python benchmarks/lm_step.py [--tiny | --size cpu | --size cpu-batch]
      [--impls fnnc,nnx,...] [--steps N] [--profile N]
 """
@@ -45,67 +50,61 @@ Run: python benchmarks/lm_step.py [--tiny | --size cpu | --size cpu-batch]
 from __future__ import annotations
 
 import argparse
-import collections
-import contextlib
 import dataclasses
-import functools
 import gc
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from flax import nnx
 
 from benchmarks import _profile
-from benchmarks._timing import median_time
-from fnnc import config, ops
-from fnnc.graph.passes import linear_crossentropy, linear_crossentropy_mean
-from fnnc.graph.profile import NO_NODE
-from fnnc.models import (
-    Add,
-    Dense,
-    Embedding,
-    Input,
-    LayerNorm,
-    Model,
-    MultiHeadAttention,
-    Parameter,
-    ReLU,
-    minimizers,
+from benchmarks._lm_common import (
+    SIZES,
+    Result,
+    Size,
+    _profiled,
+    batches,
+    flops_per_step,
+    fnnc_model,
+    initial_params,
 )
+from benchmarks._lm_fnnc import (
+    by_command,
+    commands_table,
+    fnnc_commands,
+    run_fnnc,
+    tuned_choices,
+)
+from benchmarks._lm_nnx import run_nnx, xla_costs
+from benchmarks._lm_torch import run_torch
 
+__all__ = [  # the command line's names and, re-exported, those read as ``lm_step.<name>``
+    "IMPLS",
+    "PEAK_BF16",
+    "SIZES",
+    "Result",
+    "Size",
+    "_profiled",
+    "available",
+    "batches",
+    "by_command",
+    "commands_table",
+    "flops_per_step",
+    "fnnc_commands",
+    "fnnc_model",
+    "main",
+    "run",
+    "table",
+    "tuned_choices",
+    "xla_costs",
+]
 
-@dataclasses.dataclass(frozen=True)
-class Size:
-    batch: int
-    seq: int
-    width: int
-    heads: int
-    blocks: int
-    vocab: int
-
-
-SIZES = {
-    "issue": Size(batch=16, seq=1024, width=1024, heads=16, blocks=4, vocab=32768),
-    "tiny": Size(batch=2, seq=16, width=32, heads=4, blocks=2, vocab=64),
-    "cpu": Size(batch=4, seq=128, width=256, heads=4, blocks=2, vocab=32768),
-    "cpu-batch": Size(batch=16, seq=64, width=256, heads=4, blocks=2, vocab=1024),
-}
-"""``issue``: the issue's step; ``tiny``: the suite's; ``cpu``: the issue's vocabulary on a
-narrow model, where the logits dominate the step's memory, small enough for a CPU;
-``cpu-batch``: many short sequences, where the dense layers' batch axes dominate (a
-gemm that broadcast its weight per batch row ran this step at 2.9x NNX's time)."""
 PEAK_BF16 = {
     "NVIDIA H100 80GB HBM3": 989.4e12,
     "NVIDIA H100 PCIe": 756.0e12,
@@ -125,452 +124,6 @@ IMPLS = (
     "torch",
     "torch-compile",
 )
-LR, EPS = 1e-4, 1e-8
-MODEL = "lm"
-
-
-def flops_per_step(z: Size) -> float:
-    """Forward + backward FLOPs of one step (see the module doc)."""
-    d = z.width
-    matmul = z.blocks * 12 * d * d + z.vocab * d
-    tokens = z.batch * z.seq
-    return 6.0 * matmul * tokens + 12.0 * z.batch * z.seq * z.seq * d * z.blocks
-
-
-def batches(z: Size, n: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``n`` (tokens, next tokens) batches of random text."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        text = rng.integers(0, z.vocab, (z.batch, z.seq + 1)).astype(np.int32)
-        out.append((text[:, :-1], text[:, 1:]))
-    return out
-
-
-# -- fnnc ------------------------------------------------------------------------------
-
-
-def fnnc_model(z: Size) -> Model:
-    tokens = Input(name="tokens")
-    h = Add()(
-        Embedding(z.vocab, z.width, name="embed")(tokens),
-        Parameter((z.seq, z.width), init=0.0, name="positions")(),
-    )
-    for i in range(z.blocks):
-        a = MultiHeadAttention(z.heads, is_causal=True, name=f"attn{i}")
-        h = Add()(h, a(LayerNorm(name=f"ln{i}a")(h)))
-        up = Dense(4 * z.width, name=f"mlp{i}a")(LayerNorm(name=f"ln{i}b")(h))
-        h = Add()(h, Dense(z.width, name=f"mlp{i}b")(ReLU()(up)))
-    logits = Dense(z.vocab, name="logits")(LayerNorm(name="ln_out")(h))
-    return Model([tokens], [logits], name=MODEL)
-
-
-def pid(layer: str, i: int) -> str:
-    """fnnc's id of parameter ``i`` of layer ``layer`` in :func:`fnnc_model`."""
-    return f"t-{MODEL}-0-{layer}-0-{i}"
-
-
-@functools.cache
-def initial_params(z: Size) -> dict[str, np.ndarray]:
-    """fnnc's initial weights, which every implementation starts from (read-only)."""
-    model = fnnc_model(z)
-    x, _ = batches(z, 1)[0]
-    model.compile([x], loss="softmax_crossentropy", minimizer=minimizers.adam(LR))
-    return {k: np.asarray(v) for k, v in model.parameters().items()}
-
-
-@dataclasses.dataclass
-class Result:
-    impl: str
-    ms: float | None = None
-    peak_bytes: int | None = None
-    peak_kind: str = ""
-    losses: list[float] = dataclasses.field(default_factory=list)
-    device: str = ""
-    note: str = ""
-    kernels: dict[str, float] = dataclasses.field(default_factory=dict)
-    """Milliseconds per step of each kernel, where ``--profile`` asked (:mod:`_profile`)."""
-    commands: dict[str, float] = dataclasses.field(default_factory=dict)
-    """fnnc's: milliseconds per step of each command's nodes (``Model.profile``), where
-    ``--profile`` asked; a gradient node's under its forward command + ``backward``."""
-    profile_error: str = ""
-    unplaced: list[str] = dataclasses.field(default_factory=list)
-    """fnnc's: operations of the profile's ``(no node)`` row, where it holds over a
-    quarter of the time (what the next GPU run should show if attribution fails)."""
-    trace: str = ""
-    """fnnc's: a sample of the profile's trace (:func:`_profile.trace_sample`), where
-    its nodes hold under half of the kernels' time."""
-
-
-def _profiled(
-    result: Result,
-    profile: int,
-    kernels: Callable[[], dict[str, float]],
-    commands: Callable[[], dict[str, float]] | None = None,
-) -> Result:
-    """``result`` with the kernels (and commands) of ``profile`` more steps, if asked: a
-    profiler that fails (no CUPTI on the machine, say) costs the breakdown, never the
-    timings."""
-    if profile:
-        try:
-            result.kernels = kernels()
-            result.commands = commands() if commands is not None else {}
-        except Exception as e:  # reported in the table instead
-            result.profile_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-    return result
-
-
-def by_command(report: Any, result: Result | None = None) -> dict[str, float]:
-    """Milliseconds per step per command from a :class:`fnnc.graph.profile.Profile`;
-    a gradient node ``<name>.backward`` counts under ``<its forward command> backward``
-    (the profile's own per-command table lumps every backward under ``gradient``).
-    Where ``(no node)`` holds over a quarter of the time, its first operations go to
-    ``result.unplaced``."""
-    forward = {r.name: r.command for r in report.nodes}
-    out: dict[str, float] = {}
-    for r in report.nodes:
-        unplaced = r.name == NO_NODE  # XLA's copies, say; or a trace read wrongly
-        if unplaced and result is not None and r.seconds > report.seconds / 4:
-            result.unplaced = list(r.ops[:12])
-        command = NO_NODE if unplaced else r.command
-        if command == "gradient" and r.name.endswith(".backward"):
-            command = f"{forward.get(r.name.removesuffix('.backward'), '?')} backward"
-        out[command] = out.get(command, 0.0) + 1e3 * r.seconds
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
-
-
-def commands_table(results: Sequence[Result], top: int = 16) -> str:
-    """fnnc's implementations side by side: ms/step of their largest commands."""
-    rows = [r for r in results if r.commands]
-    if not rows:
-        return ""
-    names = list(dict.fromkeys(c for r in rows for c in list(r.commands)[:top]))
-    head = f"{'fnnc ms/step by command':40s}" + "".join(f"{r.impl:>15s}" for r in rows)
-    lines = [head]
-    for c in names:
-        lines.append(f"{c[:40]:40s}" + "".join(f"{r.commands.get(c, 0.0):15.3f}" for r in rows))
-    total = "".join(f"{sum(r.commands.values()):15.3f}" for r in rows)
-    return "\n".join([*lines, f"{'all commands':40s}" + total])
-
-
-@contextlib.contextmanager
-def _restored(min_logits: int, mean_in_fit: bool):
-    try:
-        yield
-    finally:
-        linear_crossentropy.MIN_LOGITS = min_logits
-        linear_crossentropy_mean.IN_FIT = mean_in_fit
-
-
-def _jax_peak(estimate: Callable[[], int]) -> tuple[int, str]:
-    stats = jax.devices()[0].memory_stats() or {}
-    if "peak_bytes_in_use" in stats:
-        return int(stats["peak_bytes_in_use"]), "device"
-    return estimate(), "xla est."
-
-
-def run_fnnc(
-    z: Size, data, params, variant: str, precision: str, timed: bool, profile: int = 0
-) -> Result:
-    """``Model.fit`` losses on ``data`` then, if ``timed``, ms per step."""
-    forced = config.override(backend="xla") if variant == "fnnc-xla" else contextlib.nullcontext()
-    restored = _restored(linear_crossentropy.MIN_LOGITS, linear_crossentropy_mean.IN_FIT)
-    if variant == "fnnc-unfused":
-        linear_crossentropy.MIN_LOGITS = 2**62
-    if variant == "fnnc-blockwise":
-        linear_crossentropy_mean.IN_FIT = False
-    with forced, restored:  # choices are cached per configuration: stay inside
-        model = fnnc_model(z)
-        x, y = (jnp.asarray(a) for a in data[0])
-        model.compile(
-            [x], loss="softmax_crossentropy", minimizer=minimizers.adam(LR), precision=precision
-        )
-        model.set_parameters(params)
-        if variant == "fnnc-tuned":
-            model.autotune([x], [y])
-        losses = [float(model.fit([jnp.asarray(a)], [jnp.asarray(b)])) for a, b in data]
-        ms = 1e3 * median_time(lambda: model.fit([x], [y]), repeats=5, inner=5) if timed else None
-
-        def estimate() -> int:
-            m = model.engine._last_fit.program.memory()
-            return m.argument_bytes + m.output_bytes + m.temp_bytes - m.alias_bytes
-
-        peak, kind = _jax_peak(estimate) if timed else (None, "")
-        result = Result(variant, ms, peak, kind, losses)
-        if variant == "fnnc-tuned":
-            result.note = "tuned: " + tuned_choices(ops.autotune.TABLE)
-        return _profiled(
-            result,
-            profile,
-            lambda: _profile.jax_kernels(lambda: model.fit([x], [y]), profile),
-            lambda: fnnc_commands(model, x, y, profile, result),
-        )
-
-
-def fnnc_commands(model: Any, x: Any, y: Any, runs: int, result: Result) -> dict[str, float]:
-    """:func:`by_command` of ``Model.profile``; where the nodes hold under half of the
-    kernels' time (``result.kernels``, measured first), ``result.trace`` gets a sample
-    of the trace, so that a GPU run shows why attribution failed."""
-    with tempfile.TemporaryDirectory(prefix="lm-step-profile-") as folder:
-        commands = by_command(model.profile([x], [y], runs=runs, log_dir=folder), result)
-        placed = sum(ms for c, ms in commands.items() if c != NO_NODE)
-        if placed < sum(result.kernels.values()) / 2:
-            hlo = model.engine._last_fit.program.compiled_text()
-            result.trace = _profile.trace_sample(folder, hlo)
-    return commands
-
-
-def tuned_choices(table: Mapping[str, str]) -> str:
-    """The autotune table's entries (what later compiles read: ``Model.autotune`` tunes
-    the fit and evaluate programs, keyed by command, parameters and shapes), counted by
-    command and backend: ``gemm:xla x24, scaled_dot_product_attention:cudnn x2``."""
-    counts = collections.Counter(f"{k.split('|', 1)[0]}:{v}" for k, v in table.items())
-    return ", ".join(f"{k} x{n}" for k, n in sorted(counts.items())) or "nothing to choose"
-
-
-# -- Flax NNX + optax ------------------------------------------------------------------
-
-
-class NNXBlock(nnx.Module):
-    def __init__(self, z: Size, dtype: Any, rngs: nnx.Rngs):
-        d, f32 = z.width, jnp.float32
-        self.heads = z.heads
-        self.ln1 = nnx.LayerNorm(d, epsilon=1e-5, dtype=f32, rngs=rngs)
-        self.q, self.k, self.v, self.o = (nnx.Linear(d, d, dtype=dtype, rngs=rngs) for _ in "qkvo")
-        self.ln2 = nnx.LayerNorm(d, epsilon=1e-5, dtype=f32, rngs=rngs)
-        self.up = nnx.Linear(d, 4 * d, dtype=dtype, rngs=rngs)
-        self.down = nnx.Linear(4 * d, d, dtype=dtype, rngs=rngs)
-
-    def __call__(self, h: Any) -> Any:
-        b, s, d = h.shape
-        a = self.ln1(h)
-        q, k, v = (
-            jnp.reshape(p(a), (b, s, self.heads, d // self.heads)) for p in (self.q, self.k, self.v)
-        )
-        o = jax.nn.dot_product_attention(q, k, v, is_causal=True)
-        h = h + self.o(jnp.reshape(o, (b, s, d)))
-        return h + self.down(jax.nn.relu(self.up(self.ln2(h))))
-
-
-class NNXLM(nnx.Module):
-    def __init__(self, z: Size, dtype: Any, rngs: nnx.Rngs):
-        self.dtype = dtype
-        self.embed = nnx.Embed(z.vocab, z.width, dtype=dtype, rngs=rngs)
-        self.positions = nnx.Param(jnp.zeros((z.seq, z.width)))
-        self.blocks = nnx.List([NNXBlock(z, dtype, rngs) for _ in range(z.blocks)])
-        self.ln_out = nnx.LayerNorm(z.width, epsilon=1e-5, dtype=jnp.float32, rngs=rngs)
-        self.logits = nnx.Linear(z.width, z.vocab, dtype=dtype, rngs=rngs)
-
-    def __call__(self, tokens: Any) -> Any:
-        h = self.embed(tokens) + self.positions[...].astype(self.dtype)[None]
-        for block in self.blocks:
-            h = block(h)
-        return self.logits(self.ln_out(h))
-
-
-def load_nnx(model: NNXLM, z: Size, params: dict[str, np.ndarray]) -> None:
-    """fnnc's weights into the NNX model (Linear kernels are fnnc's weights transposed)."""
-
-    def dense(layer: nnx.Linear, name: str, w: int = 0, b: int = 1) -> None:
-        layer.kernel.value = jnp.asarray(params[pid(name, w)].T)
-        layer.bias.value = jnp.asarray(params[pid(name, b)])
-
-    def norm(layer: nnx.LayerNorm, name: str) -> None:
-        layer.scale.value = jnp.asarray(params[pid(name, 0)])
-        layer.bias.value = jnp.asarray(params[pid(name, 1)])
-
-    model.embed.embedding.value = jnp.asarray(params[pid("embed", 0)])
-    model.positions.value = jnp.asarray(params[pid("positions", 0)])
-    for i, block in enumerate(model.blocks):
-        norm(block.ln1, f"ln{i}a")
-        norm(block.ln2, f"ln{i}b")
-        for j, proj in enumerate((block.q, block.k, block.v, block.o)):
-            dense(proj, f"attn{i}", j, 4 + j)
-        dense(block.up, f"mlp{i}a")
-        dense(block.down, f"mlp{i}b")
-    norm(model.ln_out, "ln_out")
-    dense(model.logits, "logits")
-
-
-def nnx_step(z: Size, params, precision: str) -> tuple[Any, Any, Any]:
-    """``(step, state, optimizer state)``: NNX's jitted training step (parameters and
-    state donated) and where it starts."""
-    dtype = jnp.bfloat16 if precision == "bfloat16" else jnp.float32
-    model = NNXLM(z, dtype, nnx.Rngs(0))
-    load_nnx(model, z, params)
-    graphdef, state = nnx.split(model, nnx.Param)
-    tx = optax.adam(LR, eps=EPS)
-
-    @functools.partial(jax.jit, donate_argnums=(0, 1))
-    def step(state, opt_state, x, y):
-        def loss_fn(state):
-            logits = nnx.merge(graphdef, state)(x).astype(jnp.float32)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
-        loss, grads = jax.value_and_grad(loss_fn)(state)
-        updates, opt_state = tx.update(grads, opt_state, state)
-        return optax.apply_updates(state, updates), opt_state, loss
-
-    return step, state, tx.init(state)
-
-
-def xla_costs(z: Size, precision: str) -> dict[str, tuple[float, float]]:
-    """XLA's static cost analysis of the compiled step, ``{impl: (flops, bytes
-    accessed)}`` for ``fnnc`` (``Model.fit``'s program, XLA backends throughout: a
-    Pallas kernel is an opaque call to the analysis) and ``nnx``: a check of the step's
-    structure that no timing noise moves (``tests/test_lm_step.py``)."""
-    params = initial_params(z)
-    x, y = (jnp.asarray(a) for a in batches(z, 1)[0])
-    with config.override(backend="xla"):
-        model = fnnc_model(z)
-        model.compile(
-            [x], loss="softmax_crossentropy", minimizer=minimizers.adam(LR), precision=precision
-        )
-        model.set_parameters(params)
-        model.fit([x], [y])
-    ours = model.engine._last_fit.program._compiled.cost_analysis()
-    step, state, opt_state = nnx_step(z, params, precision)
-    theirs = step.lower(state, opt_state, x, y).compile().cost_analysis()
-    return {
-        name: (float(c["flops"]), float(c["bytes accessed"]))
-        for name, c in (("fnnc", ours), ("nnx", theirs))
-    }
-
-
-def run_nnx(z: Size, data, params, precision: str, timed: bool, profile: int = 0) -> Result:
-    step, state, opt_state = nnx_step(z, params, precision)
-    box = {"state": state, "opt": opt_state}
-
-    def fit(x: Any, y: Any) -> Any:
-        box["state"], box["opt"], loss = step(box["state"], box["opt"], x, y)
-        return loss
-
-    losses = [float(fit(jnp.asarray(a), jnp.asarray(b))) for a, b in data]
-    x, y = (jnp.asarray(a) for a in data[0])
-    ms = 1e3 * median_time(lambda: fit(x, y), repeats=5, inner=5) if timed else None
-
-    def estimate() -> int:
-        m = step.lower(box["state"], box["opt"], x, y).compile().memory_analysis()
-        return (
-            m.argument_size_in_bytes
-            + m.output_size_in_bytes
-            + m.temp_size_in_bytes
-            - (m.alias_size_in_bytes)
-        )
-
-    peak, kind = _jax_peak(estimate) if timed else (None, "")
-    result = Result("nnx", ms, peak, kind, losses)
-    return _profiled(result, profile, lambda: _profile.jax_kernels(lambda: fit(x, y), profile))
-
-
-# -- PyTorch (optional) ----------------------------------------------------------------
-
-
-def run_torch(
-    z: Size, data, params, compiled: bool, precision: str, timed: bool, profile: int = 0
-) -> Result:
-    """Autocast bfloat16, SDPA, fused Adam; the model under ``torch.compile`` if asked."""
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            d = z.width
-            self.ln1, self.ln2 = nn.LayerNorm(d, eps=1e-5), nn.LayerNorm(d, eps=1e-5)
-            self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in "qkvo")
-            self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-        def forward(self, h):
-            b, s, d = h.shape
-            a = self.ln1(h)
-            q, k, v = (
-                p(a).view(b, s, z.heads, -1).transpose(1, 2) for p in (self.q, self.k, self.v)
-            )
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            h = h + self.o(o.transpose(1, 2).reshape(b, s, d))
-            return h + self.down(torch.relu(self.up(self.ln2(h))))
-
-    class LM(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Embedding(z.vocab, z.width)
-            self.positions = nn.Parameter(torch.zeros(z.seq, z.width))
-            self.blocks = nn.ModuleList(Block() for _ in range(z.blocks))
-            self.ln_out, self.logits = nn.LayerNorm(z.width, eps=1e-5), nn.Linear(z.width, z.vocab)
-
-        def forward(self, tokens):
-            h = self.embed(tokens) + self.positions
-            for block in self.blocks:
-                h = block(h)
-            return self.logits(self.ln_out(h))
-
-    model = LM()
-    with torch.no_grad():  # fnnc's weights; torch's Linear has fnnc's [out, in] layout
-        t = lambda name, i: torch.from_numpy(np.array(params[pid(name, i)]))
-        pairs = [(model.embed.weight, ("embed", 0)), (model.positions, ("positions", 0))]
-        for i, blk in enumerate(model.blocks):
-            for j, p in enumerate((blk.q, blk.k, blk.v, blk.o)):
-                pairs += [(p.weight, (f"attn{i}", j)), (p.bias, (f"attn{i}", 4 + j))]
-            for p, name in ((blk.ln1, f"ln{i}a"), (blk.ln2, f"ln{i}b"), (blk.up, f"mlp{i}a"),
-                            (blk.down, f"mlp{i}b")):  # fmt: skip
-                pairs += [(p.weight, (name, 0)), (p.bias, (name, 1))]
-        for p, name in ((model.ln_out, "ln_out"), (model.logits, "logits")):
-            pairs += [(p.weight, (name, 0)), (p.bias, (name, 1))]
-        for param, key in pairs:
-            param.copy_(t(*key))
-    model = model.to(dev)
-    opt = torch.optim.Adam(model.parameters(), lr=LR, eps=EPS, fused=dev == "cuda")
-    low = precision == "bfloat16"
-
-    def loss_of(x, y):
-        with torch.autocast(dev, dtype=torch.bfloat16, enabled=low):
-            logits = model(x)
-        return F.cross_entropy(logits.float().reshape(-1, z.vocab), y.reshape(-1))
-
-    # the loss under torch.compile too, as a torch user compiles a step: Inductor then
-    # fuses the float32 upcast into the cross-entropy. (Until 2026-11-27 only the model
-    # was compiled, and the eager float32 cross-entropy cost torch 5.6 ms of copies and
-    # softmax kernels a step on an H100: a weaker baseline than torch.compile is.)
-    loss_fn = torch.compile(loss_of) if compiled else loss_of
-
-    def fit(x, y):
-        loss = loss_fn(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss
-
-    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-    tensors = [
-        (torch.from_numpy(a).long().to(dev), torch.from_numpy(b).long().to(dev)) for a, b in data
-    ]
-    if dev == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    losses = [float(fit(x, y)) for x, y in tensors]
-    ms = None
-    if timed:
-        x, y = tensors[0]
-        samples = []
-        for _ in range(5):
-            sync()
-            start = time.perf_counter()
-            for _ in range(5):
-                fit(x, y)
-            sync()
-            samples.append((time.perf_counter() - start) / 5)
-        ms = 1e3 * float(np.median(samples))
-    peak = int(torch.cuda.max_memory_allocated()) if dev == "cuda" else None
-    name = "torch-compile" if compiled else "torch"
-    kind = torch.cuda.get_device_name() if dev == "cuda" else ""
-    x, y = tensors[0]
-    result = Result(name, ms, peak, "device" if peak else "", losses, device=kind)
-    return _profiled(
-        result, profile, lambda: _profile.torch_kernels(lambda: fit(x, y), profile, sync)
-    )
 
 
 # -- one implementation, all of them, the table -----------------------------------------
