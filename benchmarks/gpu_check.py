@@ -16,7 +16,7 @@ with the counts of the tests that ran before it was stopped):
 3. ``suite``: every other test (the ``-m 'not gpu'`` of ``pyproject.toml``) on the GPU,
    with pytest-xdist (``--workers``) and ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` so the
    workers share the GPU's memory;
-4. ``kernels``: ``benchmarks/kernels.py --quick --dtype bfloat16`` (Pallas vs XLA
+4. ``kernels``: ``benchmarks/kernels.py --quick --dtype bfloat16`` (each kernel backend vs XLA
    timings at transformer sizes);
 5. with ``--lm`` (+270 s of budget): ``benchmarks/lm_step.py`` at issue 24's size,
    fnnc's default step against ``torch.compile``, its other loss head, Flax NNX and
@@ -298,7 +298,9 @@ def steps(flags: argparse.Namespace, work: Path) -> list[Step]:
         SUITE_SECONDS,
         work / "suite.xml",
     )
-    kernels = Step("kernels", [py, "benchmarks/kernels.py", "--quick", "--dtype", "bfloat16"], 90)
+    # 120 s: it times every backend that runs a case, three flash-attention layouts and
+    # cuDNN among them
+    kernels = Step("kernels", [py, "benchmarks/kernels.py", "--quick", "--dtype", "bfloat16"], 120)
     if flags.cpu:
         kernels.argv[-1] = "float32"
     out = [Step("versions", [py, "-c", VERSIONS], 90), gpu, suite, kernels]

@@ -2,8 +2,10 @@
 
 On a GPU (or TPU) each kernel is compiled and timed against the reference in the same
 run, at transformer sizes (vocabulary 32k, width 1024, sequence 2k, 16 heads, batch
-2); the table prints medians and the reference / kernel ratio (> 1: the kernel is
-faster) with the largest absolute difference of the results.
+2); every backend that runs the inputs is timed (attention: the 64 x 64 kernel, its
+``pallas_bq128`` and ``pallas_split`` layouts, cuDNN where offered), and the table
+prints medians and the reference / backend ratio (> 1: the backend is faster), the
+largest absolute difference of the results, and which backend is the default there.
 
 Anywhere else (CPU) Pallas only interprets, which says nothing about speed: the
 benchmark then checks correctness only, at small sizes, and prints the largest
@@ -101,10 +103,24 @@ def cases(z: dict[str, int], dtype: Any) -> list[tuple[str, Any, list[Any], tupl
     ]
 
 
-def _functions(cmd: Any, args: list[Any], diff: tuple[int, ...]) -> dict[str, Callable[[], Any]]:
-    """Jitted forward and forward+backward of both backends, closed over ``args``."""
+def rivals(cmd: Any, args: list[Any], name: str, compiled: bool) -> list[str]:
+    """The backends other than XLA that run ``args`` here: compiled ones on a GPU (for
+    attention, every candidate layout and cuDNN), interpreted ones elsewhere."""
+    platform, specs = jax.default_backend(), as_specs(args, name)
+    out = []
+    for backend, b in ops.backends_of(cmd.name).items():
+        where = b.platforms if compiled else b.interpret_platforms
+        if backend != "xla" and platform in where and b.supports(cmd, specs) is None:
+            out.append(backend)
+    return out
+
+
+def _functions(
+    cmd: Any, args: list[Any], diff: tuple[int, ...], backends: list[str]
+) -> dict[str, Callable[[], Any]]:
+    """Jitted forward and forward+backward of each backend, closed over ``args``."""
     out: dict[str, Callable[[], Any]] = {}
-    for backend in ("xla", "pallas"):
+    for backend in backends:
         fwd = ops.backends_of(cmd.name)[backend].forward
 
         def run(*xs: Any, fwd=fwd) -> Any:
@@ -134,17 +150,23 @@ def _max_error(got: Any, want: Any) -> str:
 
 
 def _check(
-    name: str, cmd: Any, args: list[Any], diff: tuple[int, ...]
-) -> dict[str, Callable[[], Any]] | None:
-    why = ops.backends_of(cmd.name)["pallas"].supports(cmd, as_specs(args, name))
-    if why is not None:
+    name: str, cmd: Any, args: list[Any], diff: tuple[int, ...], compiled: bool
+) -> tuple[list[str], dict[str, Callable[[], Any]]] | None:
+    """Each rival's largest error against XLA, forward and gradients; ``None`` where
+    none runs these inputs (the Pallas kernel's reason printed)."""
+    found = rivals(cmd, args, name, compiled)
+    if not found:
+        why = ops.backends_of(cmd.name)["pallas"].supports(cmd, as_specs(args, name))
         print(f"{name:22s} declined: {why}")
         return None
-    fns = _functions(cmd, args, diff)
-    fwd_err = _max_error(fns["pallas fwd"](), fns["xla fwd"]())
-    bwd_err = _max_error(fns["pallas fwd+bwd"](), fns["xla fwd+bwd"]())
-    print(f"{name:22s} max |err| forward {fwd_err}  gradients {bwd_err}")
-    return fns
+    fns = _functions(cmd, args, diff, ["xla", *found])
+    default = ops.select_backend(cmd, as_specs(args, name), jax.default_backend())
+    print(f"{name:22s} default here: {default}")
+    for r in found:
+        fwd_err = _max_error(fns[f"{r} fwd"](), fns["xla fwd"]())
+        bwd_err = _max_error(fns[f"{r} fwd+bwd"](), fns["xla fwd+bwd"]())
+        print(f"    {r:14s} max |err| forward {fwd_err}  gradients {bwd_err}")
+    return found, fns
 
 
 def main() -> None:
@@ -159,20 +181,25 @@ def main() -> None:
         print(f"mode: INTERPRET on {platform} (Pallas runs interpreted here): correctness only,")
         print(f"      small sizes {SMALL}, {dtype.name}; no timings are meaningful in this mode")
         for name, cmd, args, diff in cases(SMALL, dtype):
-            _check(name, cmd, args, diff)
+            _check(name, cmd, args, diff, compiled)
         return
     device = jax.devices()[0].device_kind
     print(f"mode: COMPILED on {platform} ({device}), sizes {LARGE}, {dtype.name}")
-    print("times are medians in ms; ratio = xla / pallas (> 1: the kernel is faster)")
+    print("times are medians in ms; (ratio) = xla / backend (> 1: the backend is faster)")
     rounds, inner = (3, 5) if flags.quick else (7, 20)
     for name, cmd, args, diff in cases(LARGE, dtype):
-        fns = _check(name, cmd, args, diff)
-        if fns is None:
+        checked = _check(name, cmd, args, diff, compiled)
+        if checked is None:
             continue
+        found, fns = checked
         t = interleaved(fns, rounds=rounds, inner=inner)
         for what in ("fwd", "fwd+bwd"):
-            x, p = t[f"xla {what}"] * 1e3, t[f"pallas {what}"] * 1e3
-            print(f"    {what:8s} xla {x:8.3f}  pallas {p:8.3f}  ratio {x / p:5.2f}")
+            x = t[f"xla {what}"] * 1e3
+            shown = "".join(
+                f"  {r} {t[f'{r} {what}'] * 1e3:8.3f} ({x / (t[f'{r} {what}'] * 1e3):5.2f})"
+                for r in found
+            )
+            print(f"    {what:8s} xla {x:8.3f}{shown}")
 
 
 if __name__ == "__main__":
