@@ -111,6 +111,7 @@ class Blocks:
     """The dK/dV kernel's largest query and key blocks (it keeps a key block, streams
     queries)."""
     backward_stages: int | None = None
+    """The backward kernels' pipelining stages (``None``: :attr:`stages`)."""
 
     def kernels(self) -> dict[str, tuple[int, int, int]]:
         """Each kernel's ``(query block, key block, stages)`` caps."""
