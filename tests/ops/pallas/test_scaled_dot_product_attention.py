@@ -168,6 +168,14 @@ def test_backward_kernels_with_blocks_of_their_own_match_reference(name, layout)
     check_kernel(_variant(blocks), cmd, args, diff=[0, 1, 2] + ([3] if mask_kind else []))
 
 
+def test_the_split_backend_in_bfloat16_at_its_own_blocks_matches_reference():
+    """``SPLIT`` itself (forward 128 x 64, dQ 128 x 32, dK/dV 32 x 128) in bfloat16, at
+    S = 150: ragged blocks in every kernel, grouped heads, causal."""
+    q, k, v = (x.astype(jnp.bfloat16) for x in _qkv(1, 150, 150, 2, 1, 16, 16))
+    cmd = ops.scaled_dot_product_attention(is_causal=True)
+    check_kernel(_variant(kernel.SPLIT), cmd, [q, k, v], diff=[0, 1, 2], rtol=2e-2, atol=2e-2)
+
+
 def test_the_split_backend_is_a_candidate_only_and_declines_tiles_over_shared_memory():
     """``pallas_split`` runs the LM's bfloat16 shapes, has no priority, and names the
     kernel whose tiles would pass its shared-memory budget."""
