@@ -63,11 +63,28 @@ def _restored(min_logits: int, mean_in_fit: bool):
         linear_crossentropy_mean.IN_FIT = mean_in_fit
 
 
+ATTENTION = {"fnnc-bq128": "pallas_bq128", "fnnc-split": "pallas_split", "fnnc-cudnn": "cudnn"}
+"""Variants that force one attention backend (its gradient nodes too) in the default
+step: what the step would take if measurement made that layout the device's default,
+timed in the same run as the default itself."""
+
+
+def _forced(variant: str) -> Any:
+    """The configuration a variant runs under."""
+    if variant == "fnnc-xla":
+        return config.override(backend="xla")
+    if variant in ATTENTION:
+        return config.override(
+            backend_per_command={"scaled_dot_product_attention": ATTENTION[variant]}
+        )
+    return contextlib.nullcontext()
+
+
 def run_fnnc(
     z: Size, data, params, variant: str, precision: str, timed: bool, profile: int = 0
 ) -> Result:
     """``Model.fit`` losses on ``data`` then, if ``timed``, ms per step."""
-    forced = config.override(backend="xla") if variant == "fnnc-xla" else contextlib.nullcontext()
+    forced = _forced(variant)
     restored = _restored(linear_crossentropy.MIN_LOGITS, linear_crossentropy_mean.IN_FIT)
     if variant == "fnnc-unfused":
         linear_crossentropy.MIN_LOGITS = 2**62

@@ -18,8 +18,9 @@ with the counts of the tests that ran before it was stopped):
    workers share the GPU's memory;
 4. ``kernels``: ``benchmarks/kernels.py --quick --dtype bfloat16`` (each kernel backend vs XLA
    timings at transformer sizes);
-5. with ``--lm`` (+270 s of budget): ``benchmarks/lm_step.py`` at issue 24's size,
-   fnnc's default step against ``torch.compile``, its other loss head, Flax NNX and
+5. with ``--lm`` (+330 s of budget): ``benchmarks/lm_step.py`` at issue 24's size,
+   fnnc's default step against ``torch.compile``, the default with the other attention
+   layouts forced, its other loss head, Flax NNX and
    the step after ``Model.autotune`` (:data:`LM_IMPLS`), with ``--profile 3``: each
    one's device time by kind of kernel, and fnnc's by command;
 6. with ``--measure`` (+150 s): ``python -m fnnc.ops.measure_defaults`` (small and
@@ -95,17 +96,18 @@ A GPU image lacks mkdocs and its plugins (a dozen wheels); there the suite desel
 site build, and the summary names what it left out."""
 
 GPU_TESTS = ["tests/ops/pallas/test_gpu.py"]
-LM_IMPLS = "fnnc,torch-compile,fnnc-blockwise,nnx,fnnc-tuned"
+LM_IMPLS = "fnnc,torch-compile,fnnc-split,fnnc-bq128,fnnc-blockwise,nnx,fnnc-tuned"
 """What ``--lm`` times, the must-haves first (a step stopped at its limit keeps those
-that finished): the default and the target, then the other loss head, the JAX baseline
-and the default after ``Model.autotune`` (its choices printed: whether cuDNN attention
-or another backend beats the defaults at the LM's shapes). (``fnnc-xla``
+that finished): the default and the target, the default with each other flash-attention
+layout forced (what shipping it as the default would give), then the other loss head,
+the JAX baseline and the default after ``Model.autotune`` (its choices printed: whether
+cuDNN attention or another backend beats the defaults at the LM's shapes). (``fnnc-xla``
 and torch eager, 33.6 and 27.7 ms on the H200 of 2026-11-27, and ``fnnc-unfused`` are
 left to ``lm_step.py`` itself: a GPU session's minutes are few.)"""
 MEASURE_SECONDS = 150.0
 """``--measure``: ``python -m fnnc.ops.measure_defaults`` (its large sizes alone took 40 s
 on an H200)."""
-LM_SECONDS = 270.0
+LM_SECONDS = 330.0
 """``--lm``: the implementations ``benchmarks/lm_step.py`` times at the issue's size, in
 about 150 s on an H200 (each in its own process, compiles included), and profiles 3
 steps of each: where the device time goes, by kind of kernel (``benchmarks/_profile.py``)."""

@@ -15,6 +15,10 @@ weights (fnnc's) and batches go to every implementation:
 - ``fnnc-blockwise``: the default with the fused head's blockwise command, which
   recomputes the logits in its backward, instead of the one that makes its gradient in
   the forward (:mod:`fnnc.graph.passes.linear_crossentropy_mean`);
+- ``fnnc-bq128``, ``fnnc-split``, ``fnnc-cudnn``: the default with one attention
+  backend forced (forward and gradient nodes): what the step would take if measurement
+  made that layout the device's default. By default on a GPU only (elsewhere the
+  kernels interpret, or cuDNN is absent); ``--impls`` asks for them anywhere;
 - ``nnx``: Flax NNX modules (``dtype=bfloat16``, float32 LayerNorm and loss) and
   ``optax.adam`` in one ``jax.jit`` step with donated parameters and state;
 - ``torch``, ``torch-compile``: autocast bfloat16, ``F.scaled_dot_product_attention``,
@@ -75,6 +79,7 @@ from benchmarks._lm_common import (
     initial_params,
 )
 from benchmarks._lm_fnnc import (
+    ATTENTION,
     by_command,
     commands_table,
     fnnc_commands,
@@ -85,6 +90,7 @@ from benchmarks._lm_nnx import run_nnx, xla_costs
 from benchmarks._lm_torch import run_torch
 
 __all__ = [  # the command line's names and, re-exported, those read as ``lm_step.<name>``
+    "ATTENTION",
     "IMPLS",
     "PEAK_BF16",
     "SIZES",
@@ -95,6 +101,7 @@ __all__ = [  # the command line's names and, re-exported, those read as ``lm_ste
     "batches",
     "by_command",
     "commands_table",
+    "default_impls",
     "flops_per_step",
     "fnnc_commands",
     "fnnc_model",
@@ -120,6 +127,9 @@ IMPLS = (
     "fnnc-tuned",
     "fnnc-unfused",
     "fnnc-blockwise",
+    "fnnc-bq128",
+    "fnnc-split",
+    "fnnc-cudnn",
     "nnx",
     "torch",
     "torch-compile",
@@ -186,6 +196,14 @@ def table(results: Sequence[Result], z: Size, peak_flops: float | None, peak_not
     return "\n".join(lines)
 
 
+def default_impls() -> list[str]:
+    """Every implementation on a GPU; elsewhere none that forces an attention kernel
+    (Pallas interprets off a GPU, slowly; cuDNN is not there)."""
+    if jax.default_backend() == "gpu":
+        return list(IMPLS)
+    return [i for i in IMPLS if i not in ATTENTION]
+
+
 def available(impls: Sequence[str]) -> list[str]:
     """``impls`` without the torch ones where torch is not installed."""
     try:
@@ -199,7 +217,9 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help=f"size {SIZES['tiny']} (CPU)")
     parser.add_argument("--size", choices=list(SIZES), default="issue")
-    parser.add_argument("--impls", default=",".join(IMPLS), help=f"some of {IMPLS}")
+    parser.add_argument(
+        "--impls", default=None, help=f"some of {IMPLS} (default: all that run fast here)"
+    )
     parser.add_argument("--steps", type=int, default=3, help="steps whose losses are compared")
     parser.add_argument("--precision", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--peak-tflops", type=float, help="bf16 peak for MFU (default: table)")
@@ -211,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     z = SIZES["tiny" if opts.tiny else opts.size]
-    impls = available(opts.impls.split(","))
+    impls = available(opts.impls.split(",") if opts.impls else default_impls())
     if opts.one:
         result = run(impls[0], z, opts.steps, opts.precision, profile=opts.profile)
         print(json.dumps(dataclasses.asdict(result)))

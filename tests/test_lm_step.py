@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks import lm_step
+from fnnc.errors import BackendError
 from tests.helpers import subprocess_env
 
 
@@ -34,6 +35,7 @@ def test_the_issue_size_counts_about_nine_tflop():
 COSTS = """
 import json, sys
 from benchmarks import lm_step
+from fnnc.errors import BackendError
 from tests.helpers import subprocess_env
 z = lm_step.Size(batch=8, seq=8, width=32, heads=4, blocks=2, vocab=64)
 print(json.dumps(lm_step.xla_costs(z, sys.argv[1])))
@@ -152,3 +154,18 @@ def test_a_profile_that_places_little_keeps_a_sample_of_its_trace():
     ok = Profile((NodeTime("fc", "gemm", 1, 9e-3, ("fusion.1",)),), {}, 9e-3, 3, "gpu")
     lm_step.fnnc_commands(SimpleNamespace(profile=lambda *a, **k: ok), None, None, 3, placed)
     assert placed.trace == "" and placed.unplaced == []
+
+
+def test_the_forced_attention_variants_train_as_the_default_does():
+    """``fnnc-split`` forces the ``pallas_split`` flash attention (interpreted here) in
+    the forward and gradient nodes of the default step: the same losses as ``fnnc``,
+    whose attention is XLA's on CPU. Off a GPU the variants are left out by default."""
+    z = lm_step.Size(batch=1, seq=32, width=32, heads=2, blocks=1, vocab=64)  # D = 16
+    fnnc = lm_step.run("fnnc", z, steps=2, precision="float32", timed=False)
+    split = lm_step.run("fnnc-split", z, steps=2, precision="float32", timed=False)
+    np.testing.assert_allclose(split.losses, fnnc.losses, rtol=1e-5)
+    assert fnnc.losses[0] != fnnc.losses[1]
+    with pytest.raises(BackendError, match="forced backend 'cudnn' cannot run"):
+        lm_step.run("fnnc-cudnn", z, steps=1, precision="float32", timed=False)  # it is forced
+    assert not set(lm_step.ATTENTION) & set(lm_step.default_impls())
+    assert set(lm_step.ATTENTION) <= set(lm_step.IMPLS)
