@@ -151,7 +151,6 @@ SPLIT_SMALL = {
         ("causal_shorter_keys", "split"),
         ("ragged_float_mask_gqa", "split"),
         ("causal_gqa_longer_keys", "inverse"),
-        ("ragged_float_mask_gqa", "inverse"),
     ],
 )
 def test_backward_kernels_with_blocks_of_their_own_match_reference(name, layout):
