@@ -168,7 +168,8 @@ def test_measure_defaults_can_measure_some_commands_and_keeps_the_rest(monkeypat
 
     monkeypatch.setattr(measure_defaults, "measure", fake_measure)
     path = tmp_path / "defaults.json"
-    kind = measured.device_kind("cpu")
+    platform = jax.default_backend()  # main records under this machine's device kind
+    kind = measured.device_kind(platform) or platform
     measured.write(kind, {"gemm": {"bfloat16:large": "xla"}}, "the first run", path)
     only = ["--sizes", "large", "--dtypes", "bfloat16"]
     measure_defaults.main(["--out", str(path), *only, "--commands", "scaled_dot_product_attention"])
