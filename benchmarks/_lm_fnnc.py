@@ -1,6 +1,7 @@
 """fnnc's implementations of ``benchmarks/lm_step.py``: ``Model.fit`` and its variants
-(``fnnc-xla``, ``fnnc-tuned``, ``fnnc-unfused``, ``fnnc-blockwise``), and the report of
-where their time goes by command (``Model.profile``)."""
+(``fnnc-xla``, ``fnnc-tuned``, ``fnnc-unfused``, ``fnnc-blockwise``, and the forced
+attention layouts of :data:`ATTENTION`), and the report of where their time goes by
+command (``Model.profile``)."""
 
 from __future__ import annotations
 
