@@ -20,6 +20,12 @@ The policy (NNC's half-precision training, Keras's ``mixed_float16``):
 - nodes that only move data (:data:`FOLLOW`: reshape, transpose, slice, ...) keep the
   type their input has, so a float32 loss is reshaped as float32, not rounded to the
   low type and converted back (a round trip that cost the reported loss its digits).
+  Gathers are among them: an ``embedding`` reads its float32 table and its rows are
+  converted where a computing node reads them, so its gradient is scattered into the
+  table's float32 (a token seen thousands of times a batch sums its rows' gradients
+  in float32, not bfloat16, whose 8 bits stop growing at 256 ulps), and the step
+  never converts the whole table (32768 x 1024 in issue 24's LM) to read a batch of
+  its rows, as ``torch.autocast`` leaves embeddings in float32.
 
 The backward of ``datatype_conversion`` converts the gradient back, so
 :func:`~fnnc.graph.passes.backward.backward` of the result gives float32 gradients
@@ -71,7 +77,7 @@ KEEP_FLOAT32 = frozenset(
 FOLLOW = frozenset(
     {
         "reshape", "transpose", "format_transform", "slice", "pad", "broadcast_to",
-        "data_transfer", "index_select",
+        "data_transfer", "index_select", "embedding",
     }
 )  # fmt: skip
 """Data movement: computes in its (first) input's type, whatever it is."""

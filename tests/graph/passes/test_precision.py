@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
 
 from fnnc import ops
 from fnnc.errors import GraphError
-from fnnc.graph import GraphBuilder, interpret
+from fnnc.graph import GraphBuilder, backward, compile, interpret
 from fnnc.graph.passes.precision import cast_precision
 
 
@@ -76,3 +78,29 @@ def test_data_movement_keeps_its_input_type_no_round_trip():
     want = np.mean(lse - z[np.arange(8), args[2]])
     got = float(interpret(low, *args)[0])
     assert abs(got - want) < 1e-5 * abs(want) + 1e-6, (got, want)
+
+
+def test_an_embedding_gathers_from_its_float32_table_and_sums_its_gradient_in_float32():
+    """4096 lookups of one row, each with a bfloat16 gradient of 0.1: the table's
+    gradient is their float32 sum, 4096 * bfloat16(0.1), where a bfloat16 scatter
+    stops growing near 32 (0.1 is under half an ulp of it). No node converts the table."""
+    b = GraphBuilder()
+    table, idx = b.input((50, 8), name="table"), b.input((4096,), np.int32, name="idx")
+    w = b.input((8, 8), name="w")
+    rows = b.exec(ops.embedding(), table, idx)
+    y = b.exec(ops.gemm(), rows, w)
+    loss = b.exec(ops.reduce_sum(axes=(0, 1)), y)
+    low = cast_precision(b.build([loss]), "bfloat16")
+    emb = next(n for n in low.nodes if n.cmd.name == "embedding")
+    assert emb.inputs[0] == low.inputs[0] and low.spec(emb.outputs[0]).dtype == np.float32
+    converted = [n.inputs[0] for n in low.nodes if n.cmd.name == "datatype_conversion"]
+    assert low.inputs[0] not in converted
+    step, (d_table,) = backward(low, low.outputs[0], [low.symbols[low.inputs[0]]])
+    grads = compile(dataclasses.replace(step, outputs=(d_table.id,), out_tree=None))
+    w_value = np.zeros((8, 8), np.float32)
+    w_value[:, 0] = 0.1  # d loss / d row = w's row sums: 0.1, rounded to bfloat16
+    got = grads(np.ones((50, 8), np.float32), np.zeros(4096, np.int32), w_value)
+    want = 4096 * float(np.float32(ml_dtypes.bfloat16(0.1)))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(np.asarray(got)[0], want, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(got)[1:], 0.0)
