@@ -29,6 +29,7 @@ from fnnc.ops._rules import (
     require_same_dtype,
     same_shape,
     show,
+    summing_dtype,
     to_shape,
     unbroadcast,
 )
@@ -280,7 +281,8 @@ def _index_select_backward(grads, inputs, outputs, *, axis):
         return None, None
     ax = axis % x.ndim
     rest = tuple(n for d, n in enumerate(x.shape) if d != ax)
-    g = jnp.moveaxis(g, ax, 0)
+    dtype = g.dtype
+    g = jnp.moveaxis(g, ax, 0).astype(summing_dtype(dtype))  # 16-bit: summed in float32
     acc = jnp.zeros((x.shape[ax], *rest), g.dtype)
     if not jnp.issubdtype(idx.dtype, jnp.floating):
         acc = acc.at[idx].add(g)
@@ -288,7 +290,7 @@ def _index_select_backward(grads, inputs, outputs, *, axis):
         j0, j1, w = _interpolation(idx, x.shape[ax])
         w = jnp.reshape(w.astype(g.dtype), (-1,) + (1,) * len(rest))
         acc = acc.at[j0].add(g * (1 - w)).at[j1].add(g * w)
-    return jnp.moveaxis(acc, 0, ax), None
+    return jnp.moveaxis(acc, 0, ax).astype(dtype), None
 
 
 # --- pad, upsample ---------------------------------------------------------------------

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from fnnc.core.command import Spec, Uses, defcommand
 from fnnc.errors import DTypeError
-from fnnc.ops._rules import fail, require_float, show
+from fnnc.ops._rules import fail, require_float, show, summing_dtype
 
 
 def _embedding_shape(table, idx):
@@ -46,6 +46,9 @@ def embedding(table, idx):
 
 @embedding.backward
 def _embedding_backward(grads, inputs, outputs):
-    # Scatter-add into a zero table; only the indices are read, never the table.
+    # Scatter-add into a zero table; only the indices are read, never the table. Rows
+    # that share an index are summed in float32 for a 16-bit table, rounded once.
     (g,), (table, idx) = grads, inputs
-    return jnp.zeros(table.shape, g.dtype).at[_clamp(idx, table.shape[0])].add(g), None
+    acc = summing_dtype(g.dtype)
+    table_grad = jnp.zeros(table.shape, acc).at[_clamp(idx, table.shape[0])].add(g.astype(acc))
+    return table_grad.astype(g.dtype), None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import ml_dtypes
 import numpy as np
 import pytest
@@ -104,3 +105,33 @@ def test_an_embedding_gathers_from_its_float32_table_and_sums_its_gradient_in_fl
     assert got.dtype == np.float32
     np.testing.assert_allclose(np.asarray(got)[0], want, rtol=1e-6)
     np.testing.assert_array_equal(np.asarray(got)[1:], 0.0)
+
+
+@pytest.mark.parametrize("command", ["embedding", "index_select"])
+def test_a_16_bit_table_sums_its_rows_gradients_in_float32_and_rounds_once(command):
+    """A bfloat16 table (a model kept in bfloat16): the backward of the gather sums the
+    4096 gradients of one row in float32 and rounds once, to bfloat16(409.6) = 410."""
+    bf = ml_dtypes.bfloat16
+    cmd = ops.embedding() if command == "embedding" else ops.index_select(axis=0)
+    b = GraphBuilder()
+    table, idx = b.input((50, 8), bf, name="table"), b.input((4096,), np.int32, name="idx")
+    w = b.input((8, 8), bf, name="w")
+    y = b.exec(ops.gemm(), b.exec(cmd, table, idx), w)
+    loss = b.exec(ops.reduce_sum(axes=(0, 1)), y)
+    step, (d_table,) = backward(b.build([loss]), loss, [table])
+    grads = compile(dataclasses.replace(step, outputs=(d_table.id,), out_tree=None))
+    w_value = np.zeros((8, 8), bf)
+    w_value[:, 0] = 0.1
+    got = np.asarray(grads(np.ones((50, 8), bf), np.zeros(4096, np.int32), w_value))
+    assert got.dtype == bf
+    want = bf(4096 * float(np.float32(bf(0.1))))
+    np.testing.assert_array_equal(got[0].astype(np.float32), float(want))
+    np.testing.assert_array_equal(got[1:].astype(np.float32), 0.0)
+    # the backward itself scatters in float32, whatever a backend would make of a
+    # bfloat16 scatter (a GPU's atomic adds round each one)
+    t16, i32 = jax.ShapeDtypeStruct((50, 8), bf), jax.ShapeDtypeStruct((4096,), np.int32)
+    rows = jax.ShapeDtypeStruct((4096, 8), bf)
+    pull = lambda g, t, i: cmd.definition.backward((g,), (t, i), (None,), **cmd.kwargs)
+    jaxpr = jax.make_jaxpr(pull)(rows, t16, i32).jaxpr
+    scatters = [e for e in jaxpr.eqns if e.primitive.name.startswith("scatter")]
+    assert scatters and all(e.outvars[0].aval.dtype == np.float32 for e in scatters)
