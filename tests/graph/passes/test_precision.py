@@ -135,3 +135,20 @@ def test_a_16_bit_table_sums_its_rows_gradients_in_float32_and_rounds_once(comma
     jaxpr = jax.make_jaxpr(pull)(rows, t16, i32).jaxpr
     scatters = [e for e in jaxpr.eqns if e.primitive.name.startswith("scatter")]
     assert scatters and all(e.outvars[0].aval.dtype == np.float32 for e in scatters)
+
+
+def test_every_float32_command_is_a_registered_command():
+    """A misspelt name keeps nothing in float32: ``"rmsnorm"`` had let ``rms_norm``
+    compute its statistics in bfloat16."""
+    from fnnc.core.command import lookup
+    from fnnc.graph.passes.precision import KEEP_FLOAT32
+
+    for name in sorted(KEEP_FLOAT32):
+        lookup(name)  # raises for an unknown command
+    b = GraphBuilder()
+    x, scale = b.input((4, 16), name="x"), b.input((16,), name="scale")
+    y, _ = b.exec(ops.rms_norm(), x, scale)
+    w = b.input((8, 16), name="w")
+    low = cast_precision(b.build([b.exec(ops.gemm(transpose_b=True), y, w)]), "bfloat16")
+    norm = next(n for n in low.nodes if n.cmd.name == "rms_norm")
+    assert all(low.spec(s).dtype == np.float32 for s in (*norm.inputs, *norm.outputs))
