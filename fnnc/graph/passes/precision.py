@@ -69,6 +69,7 @@ KEEP_FLOAT32 = frozenset(
         "softmax", "log_softmax", "softmax_crossentropy", "categorical_crossentropy",
         "binary_crossentropy", "sigmoid_binary_crossentropy", "mse", "smooth_l1",
         "reduce_sum", "reduce_mean", "reduce_norm2", "reduce_max", "reduce_min",
+        "reduce_logsumexp",
         "batch_norm", "layer_norm", "group_norm", "rms_norm", "rmsnorm_gated",
         "optax_update",
     }
