@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -132,9 +133,21 @@ def fnnc_commands(model: Any, x: Any, y: Any, runs: int, result: Result) -> dict
     return commands
 
 
+_OF = re.compile(r"\('of', Command\(name='([^']+)'")
+"""A gradient command's key names the command it differentiates in its ``of`` parameter."""
+
+
+def _tuned_command(key: str) -> str:
+    """The command of an autotune table key (:func:`fnnc.core.dispatch.table_key`); a
+    gradient node's as ``<its forward command> backward``."""
+    name = key.split("|", 1)[0]
+    of = _OF.search(key) if name == "gradient" else None
+    return f"{of.group(1)} backward" if of else name
+
+
 def tuned_choices(table: Mapping[str, str]) -> str:
     """The autotune table's entries (what later compiles read: ``Model.autotune`` tunes
     the fit and evaluate programs, keyed by command, parameters and shapes), counted by
-    command and backend: ``gemm:xla x24, scaled_dot_product_attention:cudnn x2``."""
-    counts = collections.Counter(f"{k.split('|', 1)[0]}:{v}" for k, v in table.items())
+    command and backend: ``gemm:xla x24, scaled_dot_product_attention backward:pallas x1``."""
+    counts = collections.Counter(f"{_tuned_command(k)}:{v}" for k, v in table.items())
     return ", ".join(f"{k} x{n}" for k, n in sorted(counts.items())) or "nothing to choose"

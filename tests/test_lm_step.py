@@ -118,6 +118,25 @@ def test_tuned_choices_count_the_autotune_tables_entries_by_command_and_backend(
     }
     assert lm_step.tuned_choices(table) == "gemm:xla x2, scaled_dot_product_attention:cudnn x1"
     assert lm_step.tuned_choices({}) == "nothing to choose"
+    # a gradient node's key, as dispatch makes it: counted under its forward command
+    from fnnc import ops
+    from fnnc.core.dispatch import table_key
+    from fnnc.graph import GraphBuilder, backward
+
+    b = GraphBuilder()
+    q = b.input((1, 16, 2, 16), name="q")
+    y = b.exec(ops.scaled_dot_product_attention(is_causal=True), q, q, q)
+    loss = b.exec(ops.reduce_sum(axes=(0, 1, 2, 3)), y)
+    step, _ = backward(b.build([loss]), loss, [q])
+    keys = [
+        table_key(n.cmd, [step.spec(s) for s in n.inputs], "gpu")
+        for n in step.nodes
+        if n.cmd.name == "gradient"
+    ]
+    got = lm_step.tuned_choices(dict.fromkeys(keys, "pallas_split"))
+    assert got == (
+        "reduce_sum backward:pallas_split x1, scaled_dot_product_attention backward:pallas_split x1"
+    )
 
 
 def test_an_interrupt_keeps_the_implementations_that_finished(monkeypatch, capsys):
