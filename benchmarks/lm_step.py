@@ -144,6 +144,8 @@ def run(
 ) -> Result:
     """Losses of ``steps`` steps on fresh batches, then ms/step on one batch, then, if
     ``profile``, the kernels of that many more steps."""
+    if impl not in IMPLS:
+        raise ValueError(f"lm_step: no implementation {impl!r}; expected one of {IMPLS}")
     data, params = batches(z, steps), initial_params(z)
     gc.collect()  # the model that made the weights holds no device memory from here on
     if impl.startswith("fnnc"):
@@ -231,7 +233,11 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     z = SIZES["tiny" if opts.tiny else opts.size]
-    impls = available(opts.impls.split(",") if opts.impls else default_impls())
+    asked = [i.strip() for i in opts.impls.split(",")] if opts.impls else default_impls()
+    unknown = [i for i in asked if i not in IMPLS]
+    if unknown:  # a misspelt fnnc variant would otherwise time the default under its name
+        parser.error(f"--impls: unknown {', '.join(unknown)}; expected some of {', '.join(IMPLS)}")
+    impls = available(asked)
     if opts.one:
         result = run(impls[0], z, opts.steps, opts.precision, profile=opts.profile)
         print(json.dumps(dataclasses.asdict(result)))

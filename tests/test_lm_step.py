@@ -190,3 +190,12 @@ def test_the_forced_attention_variants_train_as_the_default_does():
     assert set(lm_step.ATTENTION) <= set(lm_step.IMPLS)
     on_gpu = jax.default_backend() == "gpu"
     assert bool(set(lm_step.ATTENTION) & set(lm_step.default_impls())) == on_gpu
+
+
+def test_an_unknown_implementation_is_an_error_not_the_default_under_its_name(capsys):
+    """A misspelt fnnc variant would run the default step and report it by that name."""
+    with pytest.raises(SystemExit):
+        lm_step.main(["--tiny", "--impls", "fnnc,fnnc-splt"])
+    assert "unknown fnnc-splt; expected some of fnnc, " in capsys.readouterr().err
+    with pytest.raises(ValueError, match="no implementation 'fnnc-splt'"):
+        lm_step.run("fnnc-splt", lm_step.SIZES["tiny"], steps=1, precision="float32")
