@@ -147,3 +147,9 @@ def test_a_missing_docs_tool_deselects_its_test_and_the_summary_says_so(monkeypa
     text = gpu_check.table([], [], {}, left_out)
     assert "deselected   tests/t.py::t (its package is not installed)" in text
     assert gpu_check.SITE_BUILD.split("::")[1] in (ROOT / "tests" / "test_docs.py").read_text()
+
+
+def test_the_lm_step_it_plans_names_implementations_lm_step_has():
+    from benchmarks import lm_step
+
+    assert set(gpu_check.LM_IMPLS.split(",")) <= set(lm_step.IMPLS)
