@@ -89,6 +89,15 @@ def to_shape(x: Any, shape: Sequence[int]) -> Any:
     return lax.broadcast_in_dim(x, shape, dims)
 
 
+def summing_dtype(dtype: Any) -> Any:
+    """Where many values that share a destination are summed (bias gradients and batch
+    statistics in :func:`leading_sum`, the backward of a gather: embedding,
+    index_select): float32 for 16-bit floats, rounded once after. A bfloat16 sum of
+    4096 gradients of 0.1 stops at 32, where adding 0.1 no longer changes it; float32
+    gives 410."""
+    return jnp.float32 if jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) else dtype
+
+
 def leading_sum(t: Any, axes: Sequence[int], dtype: Any = None) -> Any:
     """``jnp.sum(t, axis=axes, dtype=dtype)``; when ``axes`` are all but the last axis
     (NHWC batch statistics, bias gradients), summed in two stages: over the rows of
@@ -106,20 +115,12 @@ def leading_sum(t: Any, axes: Sequence[int], dtype: Any = None) -> Any:
     # A low-precision float is summed in float32 through both stages and rounded once:
     # a bfloat16 partial between them cost XLA:CPU 70x (4.6 ms against 0.065 ms for
     # [4, 256, 1024], a bias gradient of a bfloat16 LM step) and a second rounding.
-    low = dtype is None and t.dtype in (jnp.bfloat16, jnp.float16)
-    acc = jnp.float32 if low else dtype
+    low = dtype is None and summing_dtype(t.dtype) != t.dtype
+    acc = summing_dtype(t.dtype) if low else dtype
     rows = jnp.reshape(t, (math.prod(t.shape[:-2]), t.shape[-2] * t.shape[-1]))
     partial = jnp.sum(rows, axis=0, dtype=acc)
     total = jnp.sum(jnp.reshape(partial, t.shape[-2:]), axis=0, dtype=acc)
     return total.astype(t.dtype) if low else total
-
-
-def summing_dtype(dtype: Any) -> Any:
-    """Where gradients of rows that share a destination are summed (the backward of a
-    gather: embedding, index_select): float32 for 16-bit floats, rounded once after,
-    as :func:`leading_sum` sums them. A bfloat16 sum of 4096 gradients of 0.1 stops
-    at 32, where adding 0.1 no longer changes it; float32 gives 410."""
-    return jnp.float32 if jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) else dtype
 
 
 def null_gradient(g: Any, *inputs: Any) -> Any:
