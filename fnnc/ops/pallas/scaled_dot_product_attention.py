@@ -210,18 +210,13 @@ def _config(
 
 def _backward_configs(cfg: Config, blocks: Blocks) -> tuple[Config, Config]:
     """The dQ and dK/dV kernels' configs: the forward's, with their own blocks and stages."""
-    out = []
-    for kernel in ("dQ", "dK/dV"):
-        bq, bk, stages = blocks.kernels()[kernel]
-        out.append(
-            dataclasses.replace(
-                cfg,
-                bq=lane_block(cfg.s, bq, MIN_TILE),
-                bk=lane_block(cfg.t, bk, MIN_TILE),
-                stages=stages,
-            )
-        )
-    return out[0], out[1]
+    caps = blocks.kernels()
+
+    def of(bq: int, bk: int, stages: int) -> Config:
+        bq, bk = lane_block(cfg.s, bq, MIN_TILE), lane_block(cfg.t, bk, MIN_TILE)
+        return dataclasses.replace(cfg, bq=bq, bk=bk, stages=stages)
+
+    return of(*caps["dQ"]), of(*caps["dK/dV"])
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, stats_only: bool):
