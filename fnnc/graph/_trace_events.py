@@ -24,7 +24,13 @@ its string. What holds XLA's operations depends on the backend:
   by thunk (``xla_enable_command_buffers_during_profiling`` is off by default), so their
   kernels keep their own annotations. The plane ``/host:CUPTI`` has the launches
   (``cuLaunchKernel``) with the same stats, and ``/host:CPU`` a TraceMe per thunk: neither
-  is device time, so neither is read when a device plane has operations. A raw trace has
+  is device time, so neither is read when a device plane has operations. Where command
+  buffers do run as CUDA graphs while profiled (jaxlib 0.11.2 on an H100, 2026-11-27:
+  the kernels carry ``cuda_graph_id``), every kernel of a graph carries the graph's
+  annotation (``hlo_op`` ``command_buffer_1``, no instruction): a kernel XLA emitted is
+  then known by its name, and one no name says (cuBLAS, cuDNN, a Pallas kernel) by its
+  place between two known ones, against the custom calls the schedule runs between
+  their instructions (:func:`_fill_gaps`). A raw trace has
   no ``XLA Ops`` line: XProf derives one (events named ``<program id>/<instruction>``, no
   ``hlo_module``) when it shows a trace.
 - **TPU**, or a trace XProf has processed: the device plane's ``XLA Ops`` line.
@@ -42,7 +48,7 @@ from __future__ import annotations
 import contextlib
 import re
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 XLA_OPS = "XLA Ops"
@@ -84,17 +90,62 @@ def stats_readable() -> Iterator[None]:
         yield
 
 
-def op_events(data: Any, module: str, op_names: Mapping[str, str]) -> list[OpTime]:
+Schedule = Mapping[str, Sequence[tuple[str, bool]]]
+"""computation -> its instructions in schedule order, each with whether it is a custom
+call (``fnnc.graph.profile.parse_hlo``'s ``schedule``)."""
+
+
+def op_events(
+    data: Any, module: str, op_names: Mapping[str, str], schedule: Schedule | None = None
+) -> list[OpTime]:
     """The operations of HLO module ``module`` that ran in trace ``data``, outermost
     events only; ``op_names`` (instruction -> ``op_name``) says which names are
-    instructions. The device planes' operations where there are any, else the host's."""
+    instructions, ``schedule`` where each runs (it places the kernels of a CUDA graph
+    that no name places). The device planes' operations where there are any, else the
+    host's."""
     kernels = _kernel_names(op_names)
+    places = _places(schedule or {})
     with stats_readable():
         planes = list(data.planes)
         device = [p for p in planes if p.name.startswith("/device:")]
         host = [p for p in planes if not p.name.startswith("/device:")]
-        out = _read(device, module, op_names, kernels)
-        return out or _read(host, module, op_names, {})
+        out = _read(device, module, op_names, kernels, places)
+        return out or _read(host, module, op_names, {}, places)
+
+
+class _Place(NamedTuple):
+    computation: Sequence[tuple[str, bool]]
+    index: int
+
+
+def _places(schedule: Schedule) -> dict[str, _Place]:
+    return {
+        inst: _Place(insts, i) for insts in schedule.values() for i, (inst, _) in enumerate(insts)
+    }
+
+
+def _fill_gaps(ops: list[list[Any]], places: Mapping[str, _Place]) -> None:
+    """Places, in ``ops`` (``[op, seconds, op_name, placed]`` in time order on one
+    stream), each run of unplaced kernels between two placed ones of one computation:
+    on the custom calls scheduled between those two instructions, where there is one
+    (the whole run goes to it) or as many as the run has kernels (in order)."""
+    i = 0
+    while i < len(ops):
+        if ops[i][3]:
+            i += 1
+            continue
+        j = i
+        while j < len(ops) and not ops[j][3]:
+            j += 1
+        if i > 0 and j < len(ops):
+            before, after = places.get(ops[i - 1][0]), places.get(ops[j][0])
+            if before and after and before.computation is after.computation:
+                between = before.computation[before.index + 1 : after.index]
+                calls = [inst for inst, custom in between if custom]
+                if len(calls) == 1 or len(calls) == j - i:
+                    for k in range(i, j):
+                        ops[k][0], ops[k][2] = calls[0 if len(calls) == 1 else k - i], ""
+        i = j
 
 
 def _kernel_names(op_names: Mapping[str, str]) -> dict[str, str]:
@@ -106,7 +157,11 @@ def _kernel_names(op_names: Mapping[str, str]) -> dict[str, str]:
 
 
 def _read(
-    planes: Iterable[Any], module: str, op_names: Mapping[str, str], kernels: Mapping[str, str]
+    planes: Iterable[Any],
+    module: str,
+    op_names: Mapping[str, str],
+    kernels: Mapping[str, str],
+    places: Mapping[str, _Place],
 ) -> list[OpTime]:
     """The operations on ``planes``: their ``XLA Ops`` lines where a plane has them, else
     their ``Stream`` lines (a GPU's), else all their lines (a host's)."""
@@ -116,13 +171,16 @@ def _read(
         derived = [ln for ln in lines if ln.name == XLA_OPS or ln.name.startswith(XLA_OPS + " -")]
         streams = [ln for ln in lines if ln.name.startswith("Stream")]
         for line in derived or streams or lines:
-            out += _line(line, module, op_names, kernels, bool(derived))
+            ops = _line(line, module, op_names, kernels, bool(derived))
+            _fill_gaps(ops, places)
+            out += [OpTime(op, seconds, own) for op, seconds, own, _ in ops]
     return out
 
 
 def _line(
     line: Any, module: str, op_names: Mapping[str, str], kernels: Mapping[str, str], derived: bool
-) -> list[OpTime]:
+) -> list[list[Any]]:
+    """``[op, seconds, op_name, placed]`` of each outermost operation on ``line``."""
     out, end = [], -1.0
     for event in sorted(line.events, key=lambda e: e.start_ns):
         stats = dict(event.stats)
@@ -134,7 +192,8 @@ def _line(
         if event.start_ns < end:  # nested in the event before (a loop's body)
             continue
         end = event.end_ns
-        out.append(OpTime(found[0], event.duration_ns * 1e-9, found[1]))
+        placed = found[0] in op_names or bool(found[1])
+        out.append([found[0], event.duration_ns * 1e-9, found[1], placed])
     return out
 
 

@@ -171,6 +171,10 @@ class _Hlo:
     module: str
     op_names: dict[str, str]
     inner: dict[str, list[str]]
+    schedule: dict[str, list[tuple[str, bool]]] = dataclasses.field(default_factory=dict)
+    """computation -> its instructions in order (a scheduled module's order is the order
+    they run in), each with whether it is a custom call (a kernel no name says: cuBLAS,
+    cuDNN, a Pallas kernel); see :func:`fnnc.graph._trace_events.op_events`."""
 
 
 def parse_hlo(text: str) -> _Hlo:
@@ -179,6 +183,7 @@ def parse_hlo(text: str) -> _Hlo:
     op_names: dict[str, str] = {}
     by_computation: dict[str, list[str]] = collections.defaultdict(list)
     calls: dict[str, str] = {}
+    schedule: dict[str, list[tuple[str, bool]]] = collections.defaultdict(list)
     for line in text.splitlines():
         head = _MODULE.match(line)
         if head:
@@ -191,6 +196,7 @@ def parse_hlo(text: str) -> _Hlo:
         inst = _INSTRUCTION.match(line)
         if not inst:
             continue
+        schedule[computation].append((inst.group(1), " custom-call(" in line))
         found = _OP_NAME.search(line)
         if found:
             op_names[inst.group(1)] = found.group(1)
@@ -202,7 +208,7 @@ def parse_hlo(text: str) -> _Hlo:
     for inst, names in inner.items():  # a wrapper XLA made: named by what it runs
         if inst not in op_names and names:
             op_names[inst] = collections.Counter(names).most_common(1)[0][0]
-    return _Hlo(module, op_names, inner)
+    return _Hlo(module, op_names, inner, dict(schedule))
 
 
 def scope_of(op_name: str, scopes: Sequence[str]) -> str | None:
@@ -262,7 +268,7 @@ def profile_calls(
     else:
         with tempfile.TemporaryDirectory(prefix="fnnc-profile-") as folder:
             data = trace_runs(run, runs, folder)
-    events = op_events(data, hlo.module, hlo.op_names)
+    events = op_events(data, hlo.module, hlo.op_names, hlo.schedule)
     return _attribute(program.graph, hlo, events, runs, program.platform)
 
 

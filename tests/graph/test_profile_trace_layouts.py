@@ -247,3 +247,80 @@ def test_module_names_and_kernel_names_as_xla_and_xprof_write_them():
     assert not same_module("jit_other(12)", "jit_program")
     assert kernel_name("loop_add_fusion.2") == "loop_add_fusion_2"
     assert kernel_name("custom-call.1") == "custom_call_1" and kernel_name("7.a") == "_7_a"
+
+
+# XLA:GPU's HLO for the same graph with a transpose before the gemm and two Pallas
+# kernels after relu: every kernel of it ran in one CUDA graph
+GRAPH_HLO = GPU_HLO.replace(
+    "  %custom-call.1 = ",
+    '  %input_transpose_fusion = f32[32,48]{1,0} fusion(f32[48,32]{1,0} %w.1), kind=kInput, calls=%fused_tanh, metadata={op_name="jit(program)/fc/transpose"}\n'
+    "  %custom-call.1 = ",
+).replace(
+    "  %fusion.2 = ",
+    '  %custom-call.2 = f32[64,48]{1,0} custom-call(f32[64,48]{1,0} %loop_maximum_fusion), custom_call_target="__gpu$xla.gpu.triton", metadata={op_name="jit(program)/flip/pallas_call"}\n'
+    '  %custom-call.3 = f32[64,48]{1,0} custom-call(f32[64,48]{1,0} %custom-call.2), custom_call_target="__gpu$xla.gpu.triton", metadata={op_name="jit(program)/act/pallas_call"}\n'
+    "  %fusion.2 = ",
+)
+
+
+def in_graph(start: float, name: str, duration: float) -> Event:
+    """A kernel as CUPTI records it inside a CUDA graph XLA made of a command buffer: the
+    graph's annotation (``hlo_op`` ``command_buffer_1``, no ``name``), its graph ids."""
+    stats = [("cuda_graph_id", 37), ("cuda_graph_node_id", int(start)),
+             *annotated("command_buffer_1")]  # fmt: skip
+    return kernel(name, start, duration, stats)
+
+
+def test_kernels_of_a_cuda_graph_are_placed_by_name_or_between_the_named_ones(monkeypatch):
+    """The fusions by their kernel names; cuBLAS's kernel, the only custom call between
+    the transpose and relu, to the gemm (its split-K reduction with it); the two Pallas
+    kernels between relu and tanh to those two custom calls in order; a kernel after the
+    last named one stays ``(no node)`` under the graph's annotation."""
+    line = Line("Stream #14(Compute,Memset)", [
+        in_graph(0, "input_transpose_fusion", 1_000),
+        in_graph(2_000, CUBLAS, 20_000),
+        in_graph(23_000, "splitk_reduce_kernel", 1_000),
+        in_graph(25_000, "loop_maximum_fusion", 2_000),
+        in_graph(30_000, "fnnc_flash_attention", 4_000),
+        in_graph(35_000, "fnnc_flash_attention_dq", 8_000),
+        in_graph(44_000, "fusion_2", 3_000),
+        in_graph(50_000, "memcpy32_post", 500),
+    ])  # fmt: skip
+    data = Data([Plane("/device:GPU:0", [line])])
+    hlo = parse_hlo(GRAPH_HLO)
+    events = op_events(data, hlo.module, hlo.op_names, hlo.schedule)
+    assert [e.op for e in events] == [
+        "input_transpose_fusion", "custom-call.1", "custom-call.1", "loop_maximum_fusion",
+        "custom-call.2", "custom-call.3", "fusion.2", "command_buffer_1",
+    ]  # fmt: skip
+    program = types.SimpleNamespace(graph=graph(), compiled_text=lambda: GRAPH_HLO, platform="gpu")
+    monkeypatch.setattr(profile_module, "trace_runs", lambda run, n, folder: data)
+    rows = {r.name: r for r in profile_calls(lambda: None, program, runs=1).nodes}
+    assert rows["fc"].seconds == pytest.approx(22e-6)
+    assert rows["act"].seconds == pytest.approx(10e-6)  # relu and the second Pallas kernel
+    assert rows["flip"].seconds == pytest.approx(7e-6)
+    assert rows[NO_NODE].seconds == pytest.approx(0.5e-6)
+
+
+def test_a_gap_the_schedule_does_not_explain_stays_unplaced():
+    """Two unnamed kernels between relu and tanh where three custom calls run there, or
+    between instructions of two computations (a loop's body and its caller): no guess."""
+    hlo = parse_hlo(GRAPH_HLO.replace(
+        "  %fusion.2 = ",
+        '  %custom-call.4 = f32[64,48]{1,0} custom-call(f32[64,48]{1,0} %custom-call.3), custom_call_target="__cublas$gemm", metadata={op_name="jit(program)/flip/dot"}\n'
+        "  %fusion.2 = ",
+    ))  # fmt: skip
+    line = Line("Stream #14(Compute)", [
+        in_graph(0, "loop_maximum_fusion", 2_000),
+        in_graph(3_000, "a_kernel", 1_000),
+        in_graph(5_000, "b_kernel", 1_000),
+        in_graph(7_000, "fusion_2", 1_000),
+        in_graph(9_000, "c_kernel", 1_000),
+        in_graph(11_000, "maximum_1", 1_000),  # the relu inside %fused_maximum
+    ])  # fmt: skip
+    events = op_events(Data([Plane("/device:GPU:0", [line])]), hlo.module, hlo.op_names,
+                       hlo.schedule)  # fmt: skip
+    assert [e.op for e in events] == [
+        "loop_maximum_fusion", "command_buffer_1", "command_buffer_1", "fusion.2",
+        "command_buffer_1", "maximum.1",
+    ]  # fmt: skip
