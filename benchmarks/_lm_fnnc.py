@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import glob
+import gzip
+import os
 import re
+import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -83,9 +87,17 @@ def _forced(variant: str) -> Any:
 
 
 def run_fnnc(
-    z: Size, data, params, variant: str, precision: str, timed: bool, profile: int = 0
+    z: Size,
+    data,
+    params,
+    variant: str,
+    precision: str,
+    timed: bool,
+    profile: int = 0,
+    keep: str | None = None,
 ) -> Result:
-    """``Model.fit`` losses on ``data`` then, if ``timed``, ms per step."""
+    """``Model.fit`` losses on ``data`` then, if ``timed``, ms per step; with ``profile``
+    and ``keep``, the profile's trace and HLO are kept there (:func:`keep_trace`)."""
     forced = _forced(variant)
     restored = _restored(linear_crossentropy.MIN_LOGITS, linear_crossentropy_mean.IN_FIT)
     if variant == "fnnc-unfused":
@@ -116,21 +128,42 @@ def run_fnnc(
             result,
             profile,
             lambda: _profile.jax_kernels(lambda: model.fit([x], [y]), profile),
-            lambda: fnnc_commands(model, x, y, profile, result),
+            lambda: fnnc_commands(model, x, y, profile, result, keep),
         )
 
 
-def fnnc_commands(model: Any, x: Any, y: Any, runs: int, result: Result) -> dict[str, float]:
+def fnnc_commands(
+    model: Any, x: Any, y: Any, runs: int, result: Result, keep: str | None = None
+) -> dict[str, float]:
     """:func:`by_command` of ``Model.profile``; where the nodes hold under half of the
     kernels' time (``result.kernels``, measured first), ``result.trace`` gets a sample
     of the trace, so that a GPU run shows why attribution failed."""
     with tempfile.TemporaryDirectory(prefix="lm-step-profile-") as folder:
         commands = by_command(model.profile([x], [y], runs=runs, log_dir=folder), result)
         placed = sum(ms for c, ms in commands.items() if c != NO_NODE)
+        hlo = lambda: model.engine._last_fit.program.compiled_text()
         if placed < sum(result.kernels.values()) / 2:
-            hlo = model.engine._last_fit.program.compiled_text()
-            result.trace = _profile.trace_sample(folder, hlo)
+            result.trace = _profile.trace_sample(folder, hlo())
+        if keep:
+            keep_trace(folder, hlo(), keep, result.impl, runs)
     return commands
+
+
+def keep_trace(folder: str, hlo: str, keep: str, name: str, runs: int) -> None:
+    """``<keep>/<name>.xplane.pb.gz`` (the newest trace under ``folder``, of ``runs``
+    runs) and ``<keep>/<name>.hlo.txt.gz`` (the optimised HLO it ran, after a line
+    ``# runs=N``): what
+    ``benchmarks/trace_report.py`` reads on any machine, so that a GPU session's profile
+    can be studied after the GPU is gone."""
+    found = sorted(glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True))
+    if not found:
+        return
+    os.makedirs(keep, exist_ok=True)
+    trace = os.path.join(keep, f"{name}.xplane.pb.gz")
+    with open(max(found, key=os.path.getmtime), "rb") as src, gzip.open(trace, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    with gzip.open(os.path.join(keep, f"{name}.hlo.txt.gz"), "wt") as dst:
+        dst.write(f"# runs={runs}\n{hlo}")
 
 
 _OF = re.compile(r"\('of', Command\(name='([^']+)'")

@@ -22,7 +22,8 @@ with the counts of the tests that ran before it was stopped):
    fnnc's default step against ``torch.compile``, the default with the other attention
    layouts forced, its other loss head, Flax NNX and
    the step after ``Model.autotune`` (:data:`LM_IMPLS`), with ``--profile 3``: each
-   one's device time by kind of kernel, and fnnc's by command;
+   one's device time by kind of kernel, and fnnc's by command; the default step's
+   trace and HLO kept in ``trace/`` of the reports folder (``benchmarks/trace_report.py``);
 6. with ``--measure`` (+150 s): ``python -m fnnc.ops.measure_defaults`` (small and
    large sizes) into the reports folder (``measured_defaults.json``, to merge into the package's).
 
@@ -315,6 +316,7 @@ def steps(flags: argparse.Namespace, work: Path) -> list[Step]:
     if flags.lm:  # issue 24's measurement: fnnc's default step against torch.compile
         size = ["--tiny"] if flags.cpu else []
         lm = [py, "benchmarks/lm_step.py", *size, "--impls", LM_IMPLS, "--profile", "3"]
+        lm += ["--keep-trace", str(work / "trace")]  # benchmarks/trace_report.py reads it
         out.append(Step("lm step", lm, LM_SECONDS))
     if flags.measure:  # this device's measured defaults, to merge into the package's
         table = str(work / "measured_defaults.json")

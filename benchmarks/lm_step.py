@@ -37,7 +37,9 @@ GPU, XLA's estimate of the step (arguments + outputs + temporaries - donated) on
 
 ``--profile N`` also profiles N steps of each and reports where the device time goes, by
 kind of kernel, side by side (:mod:`benchmarks._profile`), and fnnc's by command
-(``Model.profile``, each backward under its forward command).
+(``Model.profile``, each backward under its forward command). ``--keep-trace DIR`` keeps
+the default fnnc step's profile (trace and HLO, gzipped) in DIR:
+``benchmarks/trace_report.py`` reads it on any machine, kernel by kernel.
 
 ``--tiny`` runs a small size on CPU; ``tests/test_lm_step.py`` runs it in the suite and
 checks that fnnc's and NNX's losses agree step by step.
@@ -48,7 +50,7 @@ the batches and :class:`Result`; ``_lm_fnnc.py``, ``_lm_nnx.py`` and ``_lm_torch
 each implementation.
 
 Run: python benchmarks/lm_step.py [--tiny | --size cpu | --size cpu-batch]
-     [--impls fnnc,nnx,...] [--steps N] [--profile N]
+     [--impls fnnc,nnx,...] [--steps N] [--profile N [--keep-trace DIR]]
 """
 
 from __future__ import annotations
@@ -140,16 +142,23 @@ IMPLS = (
 
 
 def run(
-    impl: str, z: Size, steps: int, precision: str, timed: bool = True, profile: int = 0
+    impl: str,
+    z: Size,
+    steps: int,
+    precision: str,
+    timed: bool = True,
+    profile: int = 0,
+    keep: str | None = None,
 ) -> Result:
     """Losses of ``steps`` steps on fresh batches, then ms/step on one batch, then, if
-    ``profile``, the kernels of that many more steps."""
+    ``profile``, the kernels of that many more steps (fnnc's trace kept in ``keep``)."""
     if impl not in IMPLS:
         raise ValueError(f"lm_step: no implementation {impl!r}; expected one of {IMPLS}")
     data, params = batches(z, steps), initial_params(z)
     gc.collect()  # the model that made the weights holds no device memory from here on
     if impl.startswith("fnnc"):
-        result = run_fnnc(z, data, params, impl, precision, timed, profile)
+        keep = keep if impl == "fnnc" else None  # the default's: 2 files, not 2 a variant
+        result = run_fnnc(z, data, params, impl, precision, timed, profile, keep)
     elif impl == "nnx":
         result = run_nnx(z, data, params, precision, timed, profile)
     else:
@@ -229,6 +238,11 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
         "--profile", type=int, default=0, metavar="N",
         help="also profile N steps and report kernel time by kind (benchmarks/_profile.py)",
     )  # fmt: skip
+    parser.add_argument(
+        "--keep-trace", metavar="DIR",
+        help="with --profile: keep the fnnc step's profile (trace, HLO) in DIR "
+        "(benchmarks/trace_report.py reads them)",
+    )  # fmt: skip
     parser.add_argument("--in-process", action="store_true", help="no process per implementation")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
@@ -239,11 +253,16 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
         parser.error(f"--impls: unknown {', '.join(unknown)}; expected some of {', '.join(IMPLS)}")
     impls = available(asked)
     if opts.one:
-        result = run(impls[0], z, opts.steps, opts.precision, profile=opts.profile)
+        result = run(
+            impls[0], z, opts.steps, opts.precision, profile=opts.profile, keep=opts.keep_trace
+        )
         print(json.dumps(dataclasses.asdict(result)))
         return []
     if opts.in_process:
-        results = [run(i, z, opts.steps, opts.precision, profile=opts.profile) for i in impls]
+        results = [
+            run(i, z, opts.steps, opts.precision, profile=opts.profile, keep=opts.keep_trace)
+            for i in impls
+        ]
     else:
         forwarded = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--in-process"]
         results = _each_in_subprocess(impls, _without_impls(forwarded))

@@ -38,7 +38,8 @@ def test_lm_flag_adds_the_lm_step_against_torch_compile():
     assert "benchmarks/lm_step.py --impls " in lm and "--tiny" not in lm
     impls = lm.split("--impls ")[1].split()[0]
     assert {"fnnc", "fnnc-blockwise", "nnx", "torch-compile"} <= set(impls.split(","))
-    assert lm.endswith("--profile 3")  # where the device time goes, beside the times
+    assert "--profile 3 " in lm  # where the device time goes, beside the times
+    assert lm.endswith("--keep-trace '<reports>/trace'")  # benchmarks/trace_report.py reads it
     assert "--tiny" in _dry_run("--lm", "--cpu")["lm step"]
 
 

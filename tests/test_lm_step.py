@@ -199,3 +199,19 @@ def test_an_unknown_implementation_is_an_error_not_the_default_under_its_name(ca
     assert "unknown fnnc-splt; expected some of fnnc, " in capsys.readouterr().err
     with pytest.raises(ValueError, match="no implementation 'fnnc-splt'"):
         lm_step.run("fnnc-splt", lm_step.SIZES["tiny"], steps=1, precision="float32")
+
+
+def test_keep_trace_keeps_the_default_steps_profile_for_trace_report(tmp_path):
+    """What a GPU session brings back for later study: the fnnc step's trace and HLO,
+    read by benchmarks/trace_report.py into the same total Model.profile measured."""
+    from benchmarks import trace_report
+
+    z, keep = lm_step.SIZES["tiny"], str(tmp_path / "kept")
+    result = lm_step.run("fnnc", z, steps=1, precision="float32", timed=False, profile=1, keep=keep)
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == [
+        "fnnc.hlo.txt.gz", "fnnc.xplane.pb.gz",
+    ]  # fmt: skip
+    text = trace_report.main([keep, "fnnc", "--top", "5"])
+    total = float(text.splitlines()[0].split(", ")[-1].split()[0])
+    assert total == pytest.approx(sum(result.commands.values()), rel=1e-2, abs=2e-3)
+    assert "unplaced (no instruction of the HLO): 0.000" in text

@@ -65,6 +65,8 @@ class OpTime(NamedTuple):
     op: str
     seconds: float
     op_name: str = ""
+    kernel: str = ""
+    """The event's own name (a GPU kernel's, a CPU thunk's)."""
 
 
 def kernel_name(instruction: str) -> str:
@@ -125,7 +127,7 @@ def _places(schedule: Schedule) -> dict[str, _Place]:
 
 
 def _fill_gaps(ops: list[list[Any]], places: Mapping[str, _Place]) -> None:
-    """Places, in ``ops`` (``[op, seconds, op_name, placed]`` in time order on one
+    """Places, in ``ops`` (``[op, seconds, op_name, placed, ...]`` in time order on one
     stream), each run of unplaced kernels between two placed ones of one computation:
     on the custom calls scheduled between those two instructions, where there is one
     (the whole run goes to it) or as many as the run has kernels (in order)."""
@@ -173,14 +175,14 @@ def _read(
         for line in derived or streams or lines:
             ops = _line(line, module, op_names, kernels, bool(derived))
             _fill_gaps(ops, places)
-            out += [OpTime(op, seconds, own) for op, seconds, own, _ in ops]
+            out += [OpTime(op, seconds, own, kernel) for op, seconds, own, _, kernel in ops]
     return out
 
 
 def _line(
     line: Any, module: str, op_names: Mapping[str, str], kernels: Mapping[str, str], derived: bool
 ) -> list[list[Any]]:
-    """``[op, seconds, op_name, placed]`` of each outermost operation on ``line``."""
+    """``[op, seconds, op_name, placed, kernel]`` of each outermost operation on ``line``."""
     out, end = [], -1.0
     for event in sorted(line.events, key=lambda e: e.start_ns):
         stats = dict(event.stats)
@@ -193,7 +195,7 @@ def _line(
             continue
         end = event.end_ns
         placed = found[0] in op_names or bool(found[1])
-        out.append([found[0], event.duration_ns * 1e-9, found[1], placed])
+        out.append([found[0], event.duration_ns * 1e-9, found[1], placed, event.name])
     return out
 
 

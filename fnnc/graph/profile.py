@@ -284,7 +284,7 @@ def _attribute(
     seconds: dict[str, float] = collections.defaultdict(float)
     ops: dict[str, set[str]] = collections.defaultdict(set)
     fused: dict[str, set[str]] = collections.defaultdict(set)
-    for op, duration, own_op_name in events:
+    for op, duration, own_op_name, _ in events:
         scope = scope_of(hlo.op_names.get(op) or own_op_name, scopes) or NO_NODE
         seconds[scope] += duration / runs
         ops[scope].add(op)
