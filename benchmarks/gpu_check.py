@@ -23,7 +23,8 @@ with the counts of the tests that ran before it was stopped):
    layouts forced, its other loss head, Flax NNX and
    the step after ``Model.autotune`` (:data:`LM_IMPLS`), with ``--profile 3``: each
    one's device time by kind of kernel, and fnnc's by command; the default step's
-   trace and HLO kept in ``trace/`` of the reports folder (``benchmarks/trace_report.py``);
+   trace and HLO kept in ``trace/`` of the reports folder (``benchmarks/trace_report.py``)
+   with every implementation's result (``results.json``);
 6. with ``--measure`` (+150 s): ``python -m fnnc.ops.measure_defaults`` (small and
    large sizes) into the reports folder (``measured_defaults.json``, to merge into the package's).
 

@@ -38,8 +38,9 @@ GPU, XLA's estimate of the step (arguments + outputs + temporaries - donated) on
 ``--profile N`` also profiles N steps of each and reports where the device time goes, by
 kind of kernel, side by side (:mod:`benchmarks._profile`), and fnnc's by command
 (``Model.profile``, each backward under its forward command). ``--keep-trace DIR`` keeps
-the default fnnc step's profile (trace and HLO, gzipped) in DIR:
-``benchmarks/trace_report.py`` reads it on any machine, kernel by kernel.
+the default fnnc step's profile (trace and HLO, gzipped) in DIR, which
+``benchmarks/trace_report.py`` reads on any machine, kernel by kernel, and every
+implementation's result in ``DIR/results.json`` (its 200 largest kernels among them).
 
 ``--tiny`` runs a small size on CPU; ``tests/test_lm_step.py`` runs it in the suite and
 checks that fnnc's and NNX's losses agree step by step.
@@ -278,6 +279,10 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
         )
     )
     print(table(results, z, peak, note))
+    if opts.keep_trace:  # every implementation's kernels (200 largest each), for later
+        os.makedirs(opts.keep_trace, exist_ok=True)
+        with open(os.path.join(opts.keep_trace, "results.json"), "w") as f:
+            json.dump([dataclasses.asdict(r) for r in results], f, indent=1)
     for r in results:
         if r.ms is not None and r.note:
             print(f"{r.impl}: {r.note}")

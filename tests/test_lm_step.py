@@ -201,6 +201,14 @@ def test_an_unknown_implementation_is_an_error_not_the_default_under_its_name(ca
         lm_step.run("fnnc-splt", lm_step.SIZES["tiny"], steps=1, precision="float32")
 
 
+def test_keep_trace_keeps_every_result_as_json(tmp_path, monkeypatch):
+    made = [lm_step.Result("fnnc", ms=2.0, kernels={"fusion_1": 1.5}), lm_step.Result("nnx")]
+    monkeypatch.setattr(lm_step, "_each_in_subprocess", lambda impls, argv: made)
+    lm_step.main(["--tiny", "--impls", "fnnc,nnx", "--keep-trace", str(tmp_path)])
+    kept = json.loads((tmp_path / "results.json").read_text())
+    assert [lm_step.Result(**r) for r in kept] == made
+
+
 def test_keep_trace_keeps_the_default_steps_profile_for_trace_report(tmp_path):
     """What a GPU session brings back for later study: the fnnc step's trace and HLO,
     read by benchmarks/trace_report.py into the same total Model.profile measured."""
