@@ -194,7 +194,9 @@ def _line(
         if event.start_ns < end:  # nested in the event before (a loop's body)
             continue
         end = event.end_ns
-        placed = found[0] in op_names or bool(found[1])
+        # in a CUDA graph, a kernel its name does not place is placed between others
+        graph = "cuda_graph_id" in stats and event.name not in kernels
+        placed = not graph and (found[0] in op_names or bool(found[1]))
         out.append([found[0], event.duration_ns * 1e-9, found[1], placed, event.name])
     return out
 
@@ -225,6 +227,8 @@ def _resolve(
     names = [_instruction(c) for c in candidates]
     if not names:  # no operation, unless a kernel without annotation XLA named
         return (kernels[name], "") if name in kernels and _is_kernel(stats) else None
+    if "cuda_graph_id" in stats and name in kernels:  # hlo_op names its graph, not it
+        return kernels[name], ""
     for inst in names:
         if inst in op_names:
             return inst, ""

@@ -302,6 +302,21 @@ def test_kernels_of_a_cuda_graph_are_placed_by_name_or_between_the_named_ones(mo
     assert rows[NO_NODE].seconds == pytest.approx(0.5e-6)
 
 
+def test_a_graph_annotated_with_an_instruction_still_places_kernels_by_name():
+    """Where the graph's ``hlo_op`` is an instruction (a command buffer XLA made in the
+    HLO, whose ``op_name`` is its most common inner one), its kernels still go by name
+    and by place, not all to it."""
+    hlo = parse_hlo(GRAPH_HLO)
+    line = Line("Stream #14(Compute)", [
+        kernel(n, t, 1_000, [("cuda_graph_id", 3), *annotated("fusion.2")])
+        for n, t in (("input_transpose_fusion", 0), (CUBLAS, 2_000), ("loop_maximum_fusion", 4_000))
+    ])  # fmt: skip
+    events = op_events(Data([Plane("/device:GPU:0", [line])]), hlo.module, hlo.op_names,
+                       hlo.schedule)  # fmt: skip
+    assert [e.op for e in events] == ["input_transpose_fusion", "custom-call.1",
+                                      "loop_maximum_fusion"]  # fmt: skip
+
+
 def test_a_gap_the_schedule_does_not_explain_stays_unplaced():
     """Two unnamed kernels between relu and tanh where three custom calls run there, or
     between instructions of two computations (a loop's body and its caller): no guess."""
