@@ -5,8 +5,8 @@ source through ``PYTHONPATH``; nothing is installed but missing packages)::
 
     benchmarks/gpu_check.sh                # or: python benchmarks/gpu_check.py
 
-Steps, in one budget (``--budget``, default 540 s, so the whole check ends in under
-10 minutes; a step that would pass the budget is stopped and reported as timed out,
+Steps, in one budget (``--budget``, default 470 s, so the whole check ends in under
+8 minutes; a step that would pass the budget is stopped and reported as timed out,
 with the counts of the tests that ran before it was stopped):
 
 1. ``versions``: Python, jax, jaxlib, the CUDA plugin, flax, optax, grain, numpy, and
@@ -113,13 +113,22 @@ LM_SECONDS = 330.0
 """``--lm``: the implementations ``benchmarks/lm_step.py`` times at the issue's size, in
 about 150 s on an H200 (each in its own process, compiles included), and profiles 3
 steps of each: where the device time goes, by kind of kernel (``benchmarks/_profile.py``)."""
-SUITE_SECONDS = 470.0
+SUITE_SECONDS = 400.0
 """The suite's limit: 15 workers ran 4,858 of its tests (1 failed) in 391 s on an H100
-(2026-11-27, second run) and were stopped there; the whole suite needs about 420 s.
-Workers steal work (``--dist worksteal``) so that no worker idles while another holds
-a queue of slow tests. A suite stopped at its limit still reports what ran (see
-:class:`_Timer`)."""
+(2026-11-27, second run) and were stopped there, under the autotuner; the whole suite
+needed about 420 s then. Without it (:data:`TEST_XLA_FLAGS`) and with workers stealing
+work (``--dist worksteal``: no worker idles while another holds a queue of slow tests),
+it should fit (unmeasured). A suite stopped at its limit still reports what ran (see
+:class:`_Timer`); ``--budget`` gives it more."""
 CPU_SUBSET = ["tests/test_subprocess_env.py", "tests/ops/test_backends.py"]
+TEST_XLA_FLAGS = "--xla_gpu_autotune_level=0"
+"""XLA flags of the two test steps (never of the timed ones): they check results, not
+speed, and XLA:GPU's autotuner compiles and times candidate kernels for every new dot
+it meets, where level 0 takes its heuristic choice. The suite is compiles: its 972
+registry cases took 450 s of worker time on the H100, 102 s on 2 CPU cores. The flags
+are tried on a small program first and dropped (the summary says so) if XLA rejects
+them, since an unknown XLA flag aborts every process."""
+PROBE = "import jax, jax.numpy as jnp; print(jax.jit(lambda x: x @ x)(jnp.ones((64, 64))).sum())"
 
 VERSIONS = r"""
 import importlib.metadata as m, json, platform, re
@@ -156,6 +165,8 @@ class Step:
     seconds: float = 0.0
     failures: list[str] = dataclasses.field(default_factory=list)
     output: str = ""
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Variables set for this step alone (:data:`TEST_XLA_FLAGS`)."""
 
 
 def missing(modules: dict[str, str]) -> list[str]:
@@ -230,7 +241,8 @@ def run(step: Step, env: dict[str, str], deadline: float) -> None:
     print(f"\n=== {step.name}: {shlex.join(step.argv)}  (limit {limit:.0f} s)", flush=True)
     start = time.monotonic()
     proc = subprocess.Popen(
-        step.argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        step.argv, cwd=ROOT, env={**env, **step.env}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
     )  # fmt: skip
     lines: list[str] = []
@@ -330,6 +342,22 @@ def steps(flags: argparse.Namespace, work: Path) -> list[Step]:
     return out
 
 
+def test_flags(all_steps: list[Step], env: dict[str, str]) -> str:
+    """Gives the test steps :data:`TEST_XLA_FLAGS` where XLA takes them; what was done."""
+    flags = " ".join(filter(None, [env.get("XLA_FLAGS", ""), TEST_XLA_FLAGS]))
+    probe = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=ROOT, env={**env, "XLA_FLAGS": flags},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    if probe.returncode:
+        last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"- ({TEST_XLA_FLAGS} rejected: {last[:120]})"
+    for s in all_steps:
+        if s.name in ("gpu tests", "suite"):
+            s.env["XLA_FLAGS"] = flags
+    return flags
+
+
 def environment(flags: argparse.Namespace, deps: Path) -> dict[str, str]:
     paths = [str(ROOT), str(deps), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     unique = list(dict.fromkeys(p for p in paths if p))
@@ -382,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--perf-only", action="store_true", help="skip the GPU tests and the suite")
     parser.add_argument(
-        "--budget", type=float, default=0.0, help="seconds for all steps (default: 540 + extras)"
+        "--budget", type=float, default=0.0, help="seconds for all steps (default: 470 + extras)"
     )
     parser.add_argument("--out", default="", help="folder for the reports (default: a tmp one)")
     flags = parser.parse_args(argv)
@@ -391,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     cores = os.cpu_count() or 3
     flags.workers = flags.workers or (2 if flags.cpu else max(2, min(16, cores - 1)))
     extra = (LM_SECONDS if flags.lm else 0.0) + (MEASURE_SECONDS if flags.measure else 0.0)
-    flags.budget = flags.budget or ((110.0 if flags.perf_only else 540.0) + extra)
+    flags.budget = flags.budget or ((110.0 if flags.perf_only else 470.0) + extra)
     deadline = time.monotonic() + flags.budget
     if flags.dry_run:
         work = Path(flags.out or "<reports>")
@@ -405,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("PYTHONPATH", "XLA_PYTHON_CLIENT_PREALLOCATE", "JAX_PLATFORMS"):
             if key in env:
                 print(f"{key}={env[key]}")
+        if not flags.cpu:
+            print(f"test XLA_FLAGS={TEST_XLA_FLAGS} (where XLA takes them)")
         for s in all_steps:
             argv = ["<script>" if "\n" in a else a for a in s.argv]
             print(f"{s.name}: {shlex.join(argv) if argv else s.status}")
@@ -436,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
         first.status = f"NOT ON {wanted.upper()}"
         for s in rest:
             s.status, s.argv = "not run", []
+    elif not flags.cpu and not flags.perf_only:
+        versions["test XLA_FLAGS"] = test_flags(all_steps, env)
     for s in rest:
         if s.argv:
             run(s, env, deadline)

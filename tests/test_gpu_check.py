@@ -154,3 +154,20 @@ def test_the_lm_step_it_plans_names_implementations_lm_step_has():
     from benchmarks import lm_step
 
     assert set(gpu_check.LM_IMPLS.split(",")) <= set(lm_step.IMPLS)
+
+
+def test_the_test_steps_skip_the_autotuner_where_xla_takes_the_flag(monkeypatch):
+    """The flags go to the two test steps only, after a probe; a flag XLA rejects (it
+    would abort every process) is dropped and the summary says so."""
+    from benchmarks import gpu_check
+
+    assert _dry_run()["test XLA_FLAGS"].startswith(gpu_check.TEST_XLA_FLAGS)
+    steps = [gpu_check.Step(n, ["x"], 1) for n in ("versions", "gpu tests", "suite", "kernels")]
+    env = {**subprocess_env(), "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    done = gpu_check.test_flags(steps, env)
+    assert done == f"--xla_force_host_platform_device_count=2 {gpu_check.TEST_XLA_FLAGS}"
+    assert [s.env.get("XLA_FLAGS") for s in steps] == [None, done, done, None]
+    fresh = [gpu_check.Step("suite", ["x"], 1)]
+    monkeypatch.setattr(gpu_check, "TEST_XLA_FLAGS", "--xla_no_such_flag_here=1")
+    rejected = gpu_check.test_flags(fresh, subprocess_env())
+    assert rejected.startswith("- (--xla_no_such_flag_here=1 rejected") and fresh[0].env == {}
