@@ -20,14 +20,15 @@ its string. What holds XLA's operations depends on the backend:
   ``program_id``, ``name`` (the instruction's ``op_name`` less the module's common prefix
   ``P``, which is the ``prefix`` stat) and ``tf_op``, which is the name of the *outermost*
   annotation (``XlaModule:``, or a ``jax.profiler.TraceAnnotation`` around the call), not
-  an ``op_name``. While a profiler runs, XLA runs its command buffers (CUDA graphs) thunk
-  by thunk (``xla_enable_command_buffers_during_profiling`` is off by default), so their
-  kernels keep their own annotations. The plane ``/host:CUPTI`` has the launches
-  (``cuLaunchKernel``) with the same stats, and ``/host:CPU`` a TraceMe per thunk: neither
+  an ``op_name``. XLA's source runs command buffers (CUDA graphs) thunk by thunk while a
+  profiler runs (``xla_enable_command_buffers_during_profiling`` is off by default), so
+  that their kernels keep their own annotations; but see below. The plane
+  ``/host:CUPTI`` has the launches (``cuLaunchKernel``) with the same stats, and
+  ``/host:CPU`` a TraceMe per thunk: neither
   is device time, so neither is read when a device plane has operations. Where command
-  buffers do run as CUDA graphs while profiled (jaxlib 0.11.2 on an H100, 2026-11-27:
-  the kernels carry ``cuda_graph_id``), every kernel of a graph carries the graph's
-  annotation (``hlo_op`` ``command_buffer_1``, no instruction): a kernel XLA emitted is
+  buffers did run as CUDA graphs while profiled (jaxlib 0.11.2 on an H100, 2026-11-27:
+  the kernels carry ``cuda_graph_id``), every kernel of a graph carried the graph's
+  annotation (``hlo_op`` ``command_buffer_1``), not its own: a kernel XLA emitted is
   then known by its name, and one no name says (cuBLAS, cuDNN, a Pallas kernel) by its
   place between two known ones, against the custom calls the schedule runs between
   their instructions (:func:`_fill_gaps`). A raw trace has
