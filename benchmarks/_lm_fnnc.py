@@ -69,7 +69,12 @@ def _restored(min_logits: int, mean_in_fit: bool):
         linear_crossentropy_mean.IN_FIT = mean_in_fit
 
 
-ATTENTION = {"fnnc-bq128": "pallas_bq128", "fnnc-split": "pallas_split", "fnnc-cudnn": "cudnn"}
+ATTENTION = {
+    "fnnc-bq128": "pallas_bq128",
+    "fnnc-split": "pallas_split",
+    "fnnc-fused": "pallas_fused",
+    "fnnc-cudnn": "cudnn",
+}
 """Variants that force one attention backend (its gradient nodes too) in the default
 step: what the step would take if measurement made that layout the device's default,
 timed in the same run as the default itself."""

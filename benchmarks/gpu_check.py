@@ -100,11 +100,12 @@ A GPU image lacks mkdocs and its plugins (a dozen wheels); there the suite desel
 site build, and the summary names what it left out."""
 
 GPU_TESTS = ["tests/ops/pallas/test_gpu.py"]
-LM_IMPLS = "fnnc,torch-compile,fnnc-cudnn,fnnc-blockwise,nnx,fnnc-tuned"
+LM_IMPLS = "fnnc,torch-compile,fnnc-fused,fnnc-cudnn,fnnc-blockwise,nnx,fnnc-tuned"
 """What ``--lm`` times, the must-haves first (a step stopped at its limit keeps those
-that finished): the default and the target; the default with cuDNN's attention forced
-(torch's 2.0 ms of attention on the H100 against fnnc's 2.7 is cuDNN's; fnnc's cuDNN
-backward recomputes cuDNN's forward, which XLA may merge with the forward's own call);
+that finished): the default and the target; the default with the fused flash-attention
+backward forced, then cuDNN's attention (torch's 2.0 ms of attention on the H100
+against fnnc's 2.7 is cuDNN's, whose backward is one kernel; fnnc's cuDNN backward
+recomputes cuDNN's forward, which XLA may merge with the forward's own call);
 then the other loss head, the JAX baseline and the default after ``Model.autotune``
 (its choices printed). The forced Pallas layouts (``fnnc-split``, ``fnnc-bq128``:
 22.79 and 22.49 ms against the default's 22.46 on the H100 of 2026-11-27), ``fnnc-xla``
@@ -213,9 +214,9 @@ def steps(flags: argparse.Namespace, work: Path) -> list[Step]:
         SUITE_SECONDS,
         work / "suite.xml",
     )
-    # 120 s: it times every backend that runs a case, three flash-attention layouts and
+    # 150 s: it times every backend that runs a case, four flash-attention layouts and
     # cuDNN among them
-    kernels = Step("kernels", [py, "benchmarks/kernels.py", "--quick", "--dtype", "bfloat16"], 120)
+    kernels = Step("kernels", [py, "benchmarks/kernels.py", "--quick", "--dtype", "bfloat16"], 150)
     if flags.cpu:
         kernels.argv[-1] = "float32"
     out = [Step("versions", [py, "-c", VERSIONS], 90), gpu, suite, kernels]

@@ -3,9 +3,10 @@
 On a GPU (or TPU) each kernel is compiled and timed against the reference in the same
 run, at transformer sizes (vocabulary 32k, width 1024, sequence 2k, 16 heads, batch
 2); every backend that runs the inputs is timed (attention: the 64 x 64 kernel, its
-``pallas_bq128`` and ``pallas_split`` layouts, cuDNN where offered), and the table
-prints medians and the reference / backend ratio (> 1: the backend is faster), the
-largest absolute difference of the results, and which backend is the default there.
+``pallas_bq128``, ``pallas_split`` and ``pallas_fused`` layouts, cuDNN where offered),
+and the table prints medians and the reference / backend ratio (> 1: the backend is
+faster), the largest absolute difference of the results, and which backend is the
+default there.
 
 Anywhere else (CPU) Pallas only interprets, which says nothing about speed: the
 benchmark then checks correctness only, at small sizes, and prints the largest

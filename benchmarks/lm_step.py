@@ -15,7 +15,7 @@ weights (fnnc's) and batches go to every implementation:
 - ``fnnc-blockwise``: the default with the fused head's blockwise command, which
   recomputes the logits in its backward, instead of the one that makes its gradient in
   the forward (:mod:`fnnc.graph.passes.linear_crossentropy_mean`);
-- ``fnnc-bq128``, ``fnnc-split``, ``fnnc-cudnn``: the default with one attention
+- ``fnnc-bq128``, ``fnnc-split``, ``fnnc-fused``, ``fnnc-cudnn``: the default with one attention
   backend forced (forward and gradient nodes): what the step would take if measurement
   made that layout the device's default. By default on a GPU only (elsewhere the
   kernels interpret, or cuDNN is absent); ``--impls`` asks for them anywhere;
@@ -132,6 +132,7 @@ IMPLS = (
     "fnnc-blockwise",
     "fnnc-bq128",
     "fnnc-split",
+    "fnnc-fused",
     "fnnc-cudnn",
     "nnx",
     "torch",

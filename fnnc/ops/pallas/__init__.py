@@ -105,7 +105,12 @@ def _register() -> None:
         )
         register_backend(command, backend)
     attention = scaled_dot_product_attention
-    for name, blocks in ((WIDE_ATTENTION, attention.WIDE), (SPLIT_ATTENTION, attention.SPLIT)):
+    variants = (
+        (WIDE_ATTENTION, attention.WIDE),
+        (SPLIT_ATTENTION, attention.SPLIT),
+        (FUSED_ATTENTION, attention.FUSED),
+    )
+    for name, blocks in variants:
         register_backend(
             attention.NAME,
             Backend(
@@ -128,5 +133,10 @@ SPLIT_ATTENTION = "pallas_split"
 """Flash attention with :data:`scaled_dot_product_attention.SPLIT`'s blocks (WIDE's
 forward; backward kernels that keep 128 rows and stream 32): chosen only where
 measured faster (priority 0)."""
+
+FUSED_ATTENTION = "pallas_fused"
+"""Flash attention with FlashAttention-2's one-kernel backward
+(:data:`scaled_dot_product_attention.FUSED`; dQ summed with atomic adds, so not
+bit-for-bit repeatable): chosen only where measured faster (priority 0)."""
 
 _register()

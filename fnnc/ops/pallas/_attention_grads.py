@@ -150,6 +150,28 @@ def _dkv_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
     store(dv_ref, None, dv, span(j * bk, bk, cfg.t, dv.shape, 0))
 
 
+def delta_of(go: Any, o: Any) -> Any:
+    """``delta = sum(dO * O)`` per row, ``[B, H, S]`` like ``lse`` (float32)."""
+    delta = jnp.sum(go.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)
+    return jnp.transpose(delta, (0, 2, 1))
+
+
+def key_walk_specs(cfg: Config, s: int, mask: Any) -> tuple[Any, Any, Any, list[Any]]:
+    """The block specs of a kernel with grid ``(B, Hk, T / bk)`` that walks the queries
+    of a key block's heads: ``(group_spec(n), key_spec(n), stats_spec, mask specs)``."""
+    g, (vb, vh, vs, vt) = cfg.group, cfg.varies
+    group_spec = lambda n: pl.BlockSpec((None, s, g, n), lambda bi, gi, j: (bi, 0, gi, 0))
+    key_spec = lambda n: pl.BlockSpec((None, cfg.bk, None, n), lambda bi, gi, j: (bi, j, gi, 0))
+    stats_spec = pl.BlockSpec((None, g, s), lambda bi, gi, j: (bi, gi, 0))
+    mask_k = [
+        pl.BlockSpec(
+            (None, g if vh else 1, s if vs else 1, cfg.bk if vt else 1),
+            lambda bi, gi, j: (pick(bi, vb), pick(gi, vh), 0, pick(j, vt)),
+        )
+    ][: 0 if mask is None else 1]
+    return group_spec, key_spec, stats_spec, mask_k
+
+
 def kernel_grads(
     dq_cfg: Config, dkv_cfg: Config, q, k, v, mask, o, lse, go, want_dmask: bool
 ) -> tuple[Any, Any, Any, Any]:
@@ -162,8 +184,7 @@ def kernel_grads(
     t, hk, dv = k.shape[1], k.shape[2], v.shape[3]
     g, (vb, vh, vs, vt) = cfg.group, cfg.varies
     go = go.astype(q.dtype)
-    delta = jnp.sum(go.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)
-    delta = jnp.transpose(delta, (0, 2, 1))  # [B, H, S], like lse
+    delta = delta_of(go, o)
     rows_spec = lambda n: pl.BlockSpec((None, cfg.bq, None, n), lambda bi, hi, i: (bi, i, hi, 0))
     keys_spec = lambda n: pl.BlockSpec((None, t, None, n), lambda bi, hi, i: (bi, 0, hi // g, 0))
     stat_spec = pl.BlockSpec((None, None, cfg.bq), lambda bi, hi, i: (bi, hi, i))
@@ -204,15 +225,7 @@ def kernel_grads(
     )(q, k, v, *mask_in, go, *stats_in)
     lse, dmask = (extra[0], []) if online else (lse, extra)
     cfg = dkv_cfg
-    group_spec = lambda n: pl.BlockSpec((None, s, g, n), lambda bi, gi, j: (bi, 0, gi, 0))
-    key_spec = lambda n: pl.BlockSpec((None, cfg.bk, None, n), lambda bi, gi, j: (bi, j, gi, 0))
-    stats_spec = pl.BlockSpec((None, g, s), lambda bi, gi, j: (bi, gi, 0))
-    mask_k = [
-        pl.BlockSpec(
-            (None, g if vh else 1, s if vs else 1, cfg.bk if vt else 1),
-            lambda bi, gi, j: (pick(bi, vb), pick(gi, vh), 0, pick(j, vt)),
-        )
-    ][: len(mask_in)]
+    group_spec, key_spec, stats_spec, mask_k = key_walk_specs(cfg, s, mask)
     dk, dv_ = launch(
         functools.partial(_dkv_kernel, cfg=cfg),
         grid=(b, hk, steps(t, cfg.bk)),

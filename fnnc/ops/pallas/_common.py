@@ -140,8 +140,10 @@ def launch(
     name: str,
     warps: int = 4,
     stages: int = 2,
+    aliases: dict[int, int] | None = None,
 ) -> Callable[..., Any]:
-    """``pl.pallas_call`` in interpret mode off-accelerator, with Triton settings on GPU."""
+    """``pl.pallas_call`` in interpret mode off-accelerator, with Triton settings on GPU;
+    ``aliases`` maps an input's index to the output that reuses (and starts from) it."""
     params = None
     if platform() == "gpu":
         params = plgpu.CompilerParams(num_warps=warps, num_stages=stages)
@@ -154,6 +156,7 @@ def launch(
         compiler_params=params,
         interpret=interpret(),
         name=name,
+        input_output_aliases=aliases or {},
     )
 
 

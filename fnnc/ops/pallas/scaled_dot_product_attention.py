@@ -39,10 +39,13 @@ Supported: float32/bfloat16/float16; head sizes ``D``, ``Dv`` powers of two in
 Triton settings (:class:`Blocks`): the ``"pallas"`` backend runs 64 x 64 blocks in two
 stages; ``"pallas_bq128"`` runs the same kernels with :data:`WIDE` (128-query blocks,
 three stages), for 16-bit tiles that fit shared memory; ``"pallas_split"`` runs that
-forward with backward kernels blocked apart (:data:`SPLIT`). Neither has a priority:
-each becomes a default only where ``python -m fnnc.ops.measure_defaults`` timed it
-faster. The backward kernels pass ``lse`` and ``delta`` as whole arrays, so each kernel
-may have its own blocks.
+forward with backward kernels blocked apart (:data:`SPLIT`); ``"pallas_fused"`` runs
+FlashAttention-2's one-kernel backward (:data:`FUSED`,
+:mod:`fnnc.ops.pallas._attention_fused`: five products a tile pair where the split
+kernels run seven, dQ summed with float32 atomic adds, so not bit-for-bit repeatable).
+None has a priority: each becomes a default only where
+``python -m fnnc.ops.measure_defaults`` timed it faster. The backward kernels pass
+``lse`` and ``delta`` as whole arrays, so each kernel may have its own blocks.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from jax.experimental import pallas as pl
 from fnnc import config
 from fnnc.core.command import Command, Spec
 from fnnc.ops.attention import scaled_dot_product_attention as _command
+from fnnc.ops.pallas._attention_fused import fused_grads
 from fnnc.ops.pallas._attention_grads import kernel_grads
 from fnnc.ops.pallas._attention_tiles import (
     LOG2E,
@@ -112,6 +116,10 @@ class Blocks:
     queries)."""
     backward_stages: int | None = None
     """The backward kernels' pipelining stages (``None``: :attr:`stages`)."""
+    fused: bool = False
+    """One backward kernel (:mod:`fnnc.ops.pallas._attention_fused`: the dK/dV walk adds
+    dQ in with atomics) at the dK/dV kernel's blocks, where the mask's gradient is not
+    wanted."""
 
     def kernels(self) -> dict[str, tuple[int, int, int]]:
         """Each kernel's ``(query block, key block, stages)`` caps."""
@@ -154,6 +162,12 @@ SPLIT = Blocks(
 kernels whose stationary block is wide and streamed block narrow (dQ keeps 128 queries
 and streams 32 keys, dK/dV keeps 128 keys and streams 32 queries), as the backward of
 Triton's flash-attention tutorial blocks them. Also a candidate only: chosen where timed
+faster."""
+
+FUSED = Blocks(fused=True)
+"""The ``"pallas_fused"`` backend's settings: the default blocks, and FlashAttention-2's
+one-kernel backward (five products a tile pair, not seven; dQ summed with float32
+atomic adds, so not bit-for-bit repeatable). A candidate only, chosen where timed
 faster."""
 
 scaled_dot_product_attention_reference = _command.definition.forward
@@ -298,8 +312,9 @@ def _unbroadcast(g: Any, shape: Sequence[int]) -> Any:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention(cfgs: tuple[Config, Config, Config], q, k, v, mask):
-    """Attention with the forward, dQ and dK/dV kernels' configs ``cfgs``."""
+def _attention(cfgs: tuple[Config, Config, Config, bool], q, k, v, mask):
+    """Attention with the forward, dQ and dK/dV kernels' configs ``cfgs`` (and whether
+    the backward is the fused kernel)."""
     return _forward(cfgs[0], q, k, v, mask)[0]
 
 
@@ -311,7 +326,9 @@ def _attention_fwd(cfgs, q, k, v, mask):
 def _attention_bwd(cfgs, residuals, go):
     q, k, v, mask, o, lse = residuals
     want = cfgs[0].mask == "float"
-    dq, dk, dv, dlogits = kernel_grads(*cfgs[1:], q, k, v, mask, o, lse, go, want)
+    if cfgs[3] and not want:
+        return (*fused_grads(cfgs[2], q, k, v, mask, o, lse, go), None)
+    dq, dk, dv, dlogits = kernel_grads(*cfgs[1:3], q, k, v, mask, o, lse, go, want)
     return dq, dk, dv, (_unbroadcast(dlogits, mask.shape) if want else None)
 
 
@@ -331,7 +348,8 @@ def scaled_dot_product_attention(
 ):
     """The kernel backend: same signature and results as the reference."""
     cfg = _config(q, k, mask, scale, is_causal, blocks)
-    return _attention((cfg, *_backward_configs(cfg, blocks)), q, k, v, _mask4(mask))
+    cfgs = (cfg, *_backward_configs(cfg, blocks), blocks.fused)
+    return _attention(cfgs, q, k, v, _mask4(mask))
 
 
 def backward(
@@ -345,7 +363,10 @@ def backward(
     want = cfg.mask == "float" and 3 in wants
     # the mask's gradient is written tile by tile, so it needs lse first: a statistics-
     # only forward pass; otherwise the dQ kernel finds lse online, at no extra product
-    lse = _forward(cfg, q, k, v, m4, stats_only=True) if want else None
+    lse = _forward(cfg, q, k, v, m4, stats_only=True) if want or blocks.fused else None
+    if blocks.fused and not want:  # it needs lse before its first tile
+        dq, dk, dv = fused_grads(_backward_configs(cfg, blocks)[1], q, k, v, m4, o, lse, go)
+        return (dq, dk, dv) if m is None else (dq, dk, dv, None)
     dq, dk, dv, dlogits = kernel_grads(
         *_backward_configs(cfg, blocks), q, k, v, m4, o, lse, go, want
     )

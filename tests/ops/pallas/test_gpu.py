@@ -87,6 +87,21 @@ CASES = {
         3e-2,
         "pallas_split",
     ),
+    "attention fused": (  # one backward kernel, dQ added with float32 atomics
+        ops.scaled_dot_product_attention(is_causal=True),
+        lambda: [jnp.asarray(rand((2, 512, 8, 64), seed=i), jnp.bfloat16) for i in range(3)],
+        3e-2,
+        "pallas_fused",
+    ),
+    "attention fused ragged gqa": (  # masked atomic adds on the last query block
+        ops.scaled_dot_product_attention(is_causal=True),
+        lambda: [
+            jnp.asarray(rand(shape, seed=i), jnp.bfloat16)
+            for i, shape in enumerate([(2, 500, 8, 64), (2, 500, 2, 64), (2, 500, 2, 64)])
+        ],
+        3e-2,
+        "pallas_fused",
+    ),
 }
 
 

@@ -47,8 +47,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_matches_reference(name):
+def case(name):
+    """``(cmd, args, diff)`` of a :data:`CASES` entry, masks made."""
     dims, causal, mask_kind, scale = CASES[name]
     b, s, t, h = dims[:4]
     args = list(_qkv(*dims))
@@ -62,7 +62,12 @@ def test_matches_reference(name):
     elif mask_kind == "keys":
         args.append(rng.uniform(size=(t,)) > 0.5)
     cmd = ops.scaled_dot_product_attention(scale=scale, is_causal=causal)
-    diff = [0, 1, 2] + ([3] if mask_kind == "float" else [])
+    return cmd, args, [0, 1, 2] + ([3] if mask_kind == "float" else [])
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_reference(name):
+    cmd, args, diff = case(name)
     check_kernel(kernel, cmd, args, diff=diff)
 
 
