@@ -15,10 +15,13 @@ the order the programs finish, so it is not bit-for-bit repeatable from run to r
 (the split backward is; XLA's own scatter-adds on a GPU are not either). So it is a
 candidate only (``"pallas_fused"``, priority 0): measurement makes it a default or not.
 
-It needs ``lse`` before its first tile: given by the forward under ``jax.grad``; in a
-graph's backward (which has ``O``, not ``lse``) a statistics-only forward pass finds it
-first, one product per tile. A float mask whose gradient is wanted runs the split
-kernels, which write the logits' gradient tile by tile.
+It needs ``lse`` before its first tile: given by the forward under ``jax.grad``. A
+graph's backward has ``O``, not ``lse``: it calls the forward kernel again, the call
+the forward node made, with the same operands and settings, so that XLA's common
+subexpression elimination can merge the two in one program and ``lse`` costs nothing
+(where it does not, the call costs a forward: two products a tile; a kept profile
+shows which, by the forward kernels it counts). A float mask whose gradient is wanted
+runs the split kernels, which write the logits' gradient tile by tile.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The fused flash-attention backward (``pallas_fused``) against the reference, in
 interpret mode: forward, ``jax.vjp`` (given the forward's ``lse``) and the graph's
-backward (a statistics-only pass finds ``lse`` first), on ragged, causal, grouped and
+backward (the forward kernel's call again gives ``lse``), on ragged, causal, grouped and
 masked shapes. Interpreted, programs run one after another and dQ's atomic adds are a
 masked read-modify-write; the compiled atomics are checked in ``test_gpu.py``."""
 
@@ -62,10 +62,11 @@ def _launched(fn, *args):
     return sorted(set(re.findall(r"name=(fnnc_flash_attention\w*)", text)))
 
 
-def test_one_backward_kernel_given_lse_and_a_statistics_pass_before_it_in_a_graph():
+def test_one_backward_kernel_given_lse_and_the_forward_kernels_call_in_a_graph():
     """``jax.grad`` has the forward's ``lse``: one backward kernel. A graph's gradient node
-    has ``O``: a statistics-only pass first. A float mask whose gradient is wanted runs
-    the split kernels. Every kernel exponentiates in base 2."""
+    has ``O``: it calls the forward kernel again, as the forward node did (XLA merges the
+    two calls in one program). A float mask whose gradient is wanted runs the split
+    kernels. Every kernel exponentiates in base 2."""
     q, k, v = _qkv(1, 40, 40, 2, 2, 16, 16)
     attend = lambda *xs: FUSED.scaled_dot_product_attention(*xs, is_causal=True)
     grad = jax.grad(lambda *xs: jnp.sum(attend(*xs)), argnums=(0, 1, 2))
@@ -79,8 +80,8 @@ def test_one_backward_kernel_given_lse_and_a_statistics_pass_before_it_in_a_grap
         return FUSED.backward((o,), xs, (o,), tuple(range(len(xs))), scale=None, is_causal=True)
 
     assert _launched(graph_backward, q, k, v) == [
+        "fnnc_flash_attention",
         "fnnc_flash_attention_fused_backward",
-        "fnnc_flash_attention_stats",
     ]
     found = _kernel_primitives(jax.make_jaxpr(graph_backward)(q, k, v).jaxpr)
     assert "exp2" in found and "exp" not in found, sorted(found)

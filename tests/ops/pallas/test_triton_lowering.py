@@ -113,3 +113,27 @@ def test_kernel_products_take_the_ambient_matmul_precision(name, policy, want):
         jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=diff))(*specs).jaxpr
     found = _dot_precisions(jaxpr)
     assert found and all(p == (want, want) for p in found), found
+
+
+def test_the_fused_graph_backward_calls_the_forward_kernel_as_the_forward_did():
+    """``pallas_fused``'s graph backward gets ``lse`` from the forward kernel's call, the
+    one the forward node made: same operands, same kernel and settings, only the source
+    location differs, so XLA's common subexpression elimination can merge the two."""
+    from fnnc.ops.pallas import scaled_dot_product_attention as kernel
+
+    def step(q, k, v, go):
+        o = kernel.scaled_dot_product_attention(q, k, v, is_causal=True, blocks=kernel.FUSED)
+        back = kernel.backward(
+            (go,), (q, k, v), (o,), (0, 1, 2), scale=None, is_causal=True, blocks=kernel.FUSED
+        )
+        return o, back
+
+    specs = [jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)] * 4
+    check = [export.DisabledSafetyCheck.custom_call(TRITON)]
+    text = export.export(jax.jit(step), platforms=["cuda"], disabled_checks=check)(*specs)
+    calls = [
+        re.sub(r" loc\(#loc\d+\)$", "", line.split("=", 1)[1])
+        for line in text.mlir_module().splitlines()
+        if f"custom_call @{TRITON}(%arg0, %arg1, %arg2)" in line
+    ]
+    assert len(calls) == 2 and calls[0] == calls[1]
