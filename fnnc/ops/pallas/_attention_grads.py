@@ -11,6 +11,7 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 from fnnc.core.command import Spec
 from fnnc.ops.pallas._attention_tiles import (
@@ -25,7 +26,7 @@ from fnnc.ops.pallas._attention_tiles import (
     tile_rows,
     walk,
 )
-from fnnc.ops.pallas._common import both, launch, span, steps, store
+from fnnc.ops.pallas._common import both, interpret, launch, load, span, steps, store
 
 
 def _key_tile(cfg: Config, q, k_ref, v_ref, mask_ref, row0, j, t, causal):
@@ -112,9 +113,24 @@ def _dq_online_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
     store(lse_ref, None, lse, span(row0, bq, cfg.s, (bq,), 0))
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
+def add_into(ref: Any, idx: tuple[Any, ...], value: Any, mask: Any) -> None:
+    """``ref[idx] += value`` where ``mask`` holds: an atomic add on a GPU, where programs
+    run at once (indexed in one step: the Triton lowering takes one indexer, not a
+    view's). Interpreted, programs run one after another, so a masked read, add and
+    write is the same sum (and Pallas interprets no masked atomic add)."""
+    if interpret():
+        store(ref, idx, load(ref, idx, mask) + value, mask)
+    else:
+        plgpu.atomic_add(ref, idx, value, mask=mask)
+
+
+def dkv_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, fused: bool = False):
+    """dK and dV of one key block over the query blocks of its heads; ``fused``: dQ too,
+    each tile's share added into a float32 dQ (:mod:`fnnc.ops.pallas._attention_fused`;
+    refs ``go, lse, delta, dq given, dk, dv, dq``)."""
     mask_ref = refs[0] if cfg.mask else None
-    go_ref, lse_ref, delta_ref, dk_ref, dv_ref = refs[1:] if cfg.mask else refs
+    go_ref, lse_ref, delta_ref, *outs = refs[1:] if cfg.mask else refs
+    dk_ref, dv_ref, dq_ref = outs[1:] if fused else (*outs, None)
     j, bq, bk, s = pl.program_id(2), cfg.bq, cfg.bk, q_ref.shape[0]
     k, v = tile_rows(k_ref, None, j * bk, cfg.t, bk), tile_rows(v_ref, None, j * bk, cfg.t, bk)
     first = 0
@@ -137,10 +153,15 @@ def _dkv_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
             dv = dv + lax.dot_general(
                 p.astype(go.dtype), go, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
             )
-            ds = _dlogits(p, go, v, delta)
+            ds = _dlogits(p, go, v, delta).astype(q.dtype)
             dk = dk + lax.dot_general(
-                ds.astype(q.dtype), q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+                ds, q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
             )
+            if fused:
+                dq = lax.dot_general(
+                    ds, k, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+                )
+                add_into(dq_ref, (rows, head, slice(None)), dq, span(row0, bq, s, dq.shape, 0))
             return dk, dv
 
         # the query blocks the diagonal crosses come first, then those under it
@@ -156,9 +177,12 @@ def delta_of(go: Any, o: Any) -> Any:
     return jnp.transpose(delta, (0, 2, 1))
 
 
-def key_walk_specs(cfg: Config, s: int, mask: Any) -> tuple[Any, Any, Any, list[Any]]:
-    """The block specs of a kernel with grid ``(B, Hk, T / bk)`` that walks the queries
-    of a key block's heads: ``(group_spec(n), key_spec(n), stats_spec, mask specs)``."""
+def key_walk_specs(
+    cfg: Config, s: int, d: int, dv: int, mask: Any
+) -> tuple[list[Any], list[Any], Any]:
+    """A kernel with grid ``(B, Hk, T / bk)`` that walks the queries of a key block's
+    heads: the specs of ``q, k, v, [mask,] dO, lse, delta`` and of ``dK, dV``, and
+    ``group_spec(n)``, a ``[S, H / Hk, n]`` block of the heads' rows."""
     g, (vb, vh, vs, vt) = cfg.group, cfg.varies
     group_spec = lambda n: pl.BlockSpec((None, s, g, n), lambda bi, gi, j: (bi, 0, gi, 0))
     key_spec = lambda n: pl.BlockSpec((None, cfg.bk, None, n), lambda bi, gi, j: (bi, j, gi, 0))
@@ -169,7 +193,8 @@ def key_walk_specs(cfg: Config, s: int, mask: Any) -> tuple[Any, Any, Any, list[
             lambda bi, gi, j: (pick(bi, vb), pick(gi, vh), 0, pick(j, vt)),
         )
     ][: 0 if mask is None else 1]
-    return group_spec, key_spec, stats_spec, mask_k
+    ins = [group_spec(d), key_spec(d), key_spec(dv), *mask_k, group_spec(dv), stats_spec]
+    return [*ins, stats_spec], [key_spec(d), key_spec(dv)], group_spec
 
 
 def kernel_grads(
@@ -225,20 +250,12 @@ def kernel_grads(
     )(q, k, v, *mask_in, go, *stats_in)
     lse, dmask = (extra[0], []) if online else (lse, extra)
     cfg = dkv_cfg
-    group_spec, key_spec, stats_spec, mask_k = key_walk_specs(cfg, s, mask)
+    in_specs, out_specs, _ = key_walk_specs(cfg, s, d, dv, mask)
     dk, dv_ = launch(
-        functools.partial(_dkv_kernel, cfg=cfg),
+        functools.partial(dkv_kernel, cfg=cfg),
         grid=(b, hk, steps(t, cfg.bk)),
-        in_specs=[
-            group_spec(d),
-            key_spec(d),
-            key_spec(dv),
-            *mask_k,
-            group_spec(dv),
-            stats_spec,
-            stats_spec,
-        ],
-        out_specs=[key_spec(d), key_spec(dv)],
+        in_specs=in_specs,
+        out_specs=out_specs,
         out_shape=[Spec(k.shape, k.dtype), Spec(v.shape, v.dtype)],
         name="fnnc_flash_attention_dkv",
         warps=cfg.warps,

@@ -180,15 +180,22 @@ def test_the_split_backend_in_bfloat16_at_its_own_blocks_matches_reference():
     check_kernel(_variant(kernel.SPLIT), cmd, [q, k, v], diff=[0, 1, 2], rtol=2e-2, atol=2e-2)
 
 
+def candidate_only(name):
+    """Backend ``name`` runs the LM's bfloat16 attention but has no priority: selection
+    (by priority) picks another, only measurement or the autotune table choose it."""
+    cmd = ops.scaled_dot_product_attention(is_causal=True)
+    backend = ops.backends_of(cmd.name)[name]
+    assert backend.priority == 0
+    lm = [jax.ShapeDtypeStruct((16, 1024, 16, 64), jnp.bfloat16)] * 3
+    assert backend.supports(cmd, lm) is None
+    assert ops.select_backend(cmd, lm, "gpu") in ("pallas", "cudnn")  # by priority
+    return cmd, backend
+
+
 def test_the_split_backend_is_a_candidate_only_and_declines_tiles_over_shared_memory():
     """``pallas_split`` runs the LM's bfloat16 shapes, has no priority, and names the
     kernel whose tiles would pass its shared-memory budget."""
-    cmd = ops.scaled_dot_product_attention(is_causal=True)
-    split = ops.backends_of(cmd.name)[SPLIT_ATTENTION]
-    assert split.priority == 0
-    lm = [jax.ShapeDtypeStruct((16, 1024, 16, 64), jnp.bfloat16)] * 3
-    assert split.supports(cmd, lm) is None
-    assert ops.select_backend(cmd, lm, "gpu") in ("pallas", "cudnn")  # by priority
+    cmd, split = candidate_only(SPLIT_ATTENTION)
     wide = [jax.ShapeDtypeStruct((2, 2048, 16, 128), jnp.float32)] * 3
     why = split.supports(cmd, wide)
     assert "kernel's" in why and "KiB of shared memory" in why
