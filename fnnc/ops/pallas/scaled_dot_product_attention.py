@@ -361,8 +361,6 @@ def backward(
     cfg = _config(q, k, m, scale, is_causal, blocks)
     m4 = _mask4(m)
     want = cfg.mask == "float" and 3 in wants
-    # the mask's gradient is written tile by tile, so it needs lse first: a statistics-
-    # only forward pass; otherwise the dQ kernel finds lse online, at no extra product
     if blocks.fused and not want:
         # It needs lse before its first tile: from the forward kernel's own call, the one
         # the forward node ran, with the same operands and settings, which XLA's common
@@ -370,6 +368,8 @@ def backward(
         lse = _forward(cfg, q, k, v, m4)[1]
         dq, dk, dv = fused_grads(_backward_configs(cfg, blocks)[1], q, k, v, m4, o, lse, go)
         return (dq, dk, dv) if m is None else (dq, dk, dv, None)
+    # the mask's gradient is written tile by tile, so it needs lse first: a statistics-
+    # only forward pass; otherwise the dQ kernel finds lse online, at no extra product
     lse = _forward(cfg, q, k, v, m4, stats_only=True) if want else None
     dq, dk, dv, dlogits = kernel_grads(
         *_backward_configs(cfg, blocks), q, k, v, m4, o, lse, go, want
