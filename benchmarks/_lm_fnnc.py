@@ -157,9 +157,8 @@ def fnnc_commands(
 def keep_trace(folder: str, hlo: str, keep: str, name: str, runs: int) -> None:
     """``<keep>/<name>.xplane.pb.gz`` (the newest trace under ``folder``, of ``runs``
     runs) and ``<keep>/<name>.hlo.txt.gz`` (the optimised HLO it ran, after a line
-    ``# runs=N``): what
-    ``benchmarks/trace_report.py`` reads on any machine, so that a GPU session's profile
-    can be studied after the GPU is gone."""
+    ``# runs=N``): what ``benchmarks/trace_report.py`` reads on any machine, so that a
+    GPU session's profile can be studied after the GPU is gone."""
     found = sorted(glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True))
     if not found:
         return

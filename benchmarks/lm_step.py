@@ -15,8 +15,8 @@ weights (fnnc's) and batches go to every implementation:
 - ``fnnc-blockwise``: the default with the fused head's blockwise command, which
   recomputes the logits in its backward, instead of the one that makes its gradient in
   the forward (:mod:`fnnc.graph.passes.linear_crossentropy_mean`);
-- ``fnnc-bq128``, ``fnnc-split``, ``fnnc-fused``, ``fnnc-cudnn``: the default with one attention
-  backend forced (forward and gradient nodes): what the step would take if measurement
+- ``fnnc-bq128``, ``fnnc-split``, ``fnnc-fused``, ``fnnc-cudnn``: the default with one
+  attention backend forced (forward and gradient nodes): what the step would take if measurement
   made that layout the device's default. By default on a GPU only (elsewhere the
   kernels interpret, or cuDNN is absent); ``--impls`` asks for them anywhere;
 - ``nnx``: Flax NNX modules (``dtype=bfloat16``, float32 LayerNorm and loss) and
