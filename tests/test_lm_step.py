@@ -177,13 +177,15 @@ def test_a_profile_that_places_little_keeps_a_sample_of_its_trace():
 
 
 def test_the_forced_attention_variants_train_as_the_default_does():
-    """``fnnc-split`` forces the ``pallas_split`` flash attention (interpreted on CPU) in
-    the forward and gradient nodes of the default step: the same losses as ``fnnc``,
-    whose float32 attention is XLA's. Off a GPU the variants are left out by default."""
+    """``fnnc-split`` and ``fnnc-fused`` force the ``pallas_split`` and ``pallas_fused``
+    flash attention (interpreted on CPU) in the forward and gradient nodes of the
+    default step: the same losses as ``fnnc``, whose float32 attention is XLA's. Off a
+    GPU the variants are left out by default."""
     z = lm_step.Size(batch=1, seq=32, width=32, heads=2, blocks=1, vocab=64)  # D = 16
-    fnnc = lm_step.run("fnnc", z, steps=2, precision="float32", timed=False)
-    split = lm_step.run("fnnc-split", z, steps=2, precision="float32", timed=False)
-    np.testing.assert_allclose(split.losses, fnnc.losses, rtol=1e-5)
+    fnnc = lm_step.run("fnnc", z, steps=3, precision="float32", timed=False)
+    for variant in ("fnnc-split", "fnnc-fused"):
+        forced = lm_step.run(variant, z, steps=3, precision="float32", timed=False)
+        np.testing.assert_allclose(forced.losses, fnnc.losses, rtol=1e-5, err_msg=variant)
     assert fnnc.losses[0] != fnnc.losses[1]
     with pytest.raises(BackendError, match="forced backend 'cudnn' cannot run"):
         lm_step.run("fnnc-cudnn", z, steps=1, precision="float32", timed=False)  # it is forced
