@@ -195,10 +195,7 @@ def _line(
         if event.start_ns < end:  # nested in the event before (a loop's body)
             continue
         end = event.end_ns
-        # in a CUDA graph, a kernel its name does not place is placed between others
-        graph = "cuda_graph_id" in stats and event.name not in kernels
-        placed = not graph and (found[0] in op_names or bool(found[1]))
-        out.append([found[0], event.duration_ns * 1e-9, found[1], placed, event.name])
+        out.append([found[0], event.duration_ns * 1e-9, found[1], found[2], event.name])
     return out
 
 
@@ -217,26 +214,30 @@ def _resolve(
     op_names: Mapping[str, str],
     kernels: Mapping[str, str],
     derived: bool,
-) -> tuple[str, str] | None:
-    """``(instruction, "")`` for an event that names an instruction of the HLO, ``(label,
-    the event's own op_name)`` for one of the program that names none, ``None`` for an
-    event that is no operation (python frames, a host transfer's copy)."""
+) -> tuple[str, str, bool] | None:
+    """``(instruction, "", True)`` for an event that names an instruction of the HLO,
+    ``(label, the event's own op_name, True)`` for one of the program that names none,
+    ``(label, "", False)`` for one nothing places (a kernel of a CUDA graph that its name
+    does not place is placed between others: :func:`_fill_gaps`), ``None`` for an event
+    that is no operation (python frames, a host transfer's copy)."""
     hlo_op = stats.get("hlo_op")
     candidates = [] if hlo_op is None else list(reversed(str(hlo_op).split("::")))
     if derived:
         candidates.append(name)
     names = [_instruction(c) for c in candidates]
     if not names:  # no operation, unless a kernel without annotation XLA named
-        return (kernels[name], "") if name in kernels and _is_kernel(stats) else None
-    if "cuda_graph_id" in stats and name in kernels:  # hlo_op names its graph, not it
-        return kernels[name], ""
+        return (kernels[name], "", True) if name in kernels and _is_kernel(stats) else None
+    if name in kernels and "cuda_graph_id" in stats:  # hlo_op names its graph, not it
+        return kernels[name], "", True
+    if "cuda_graph_id" in stats:
+        return names[0], "", False
     for inst in names:
         if inst in op_names:
-            return inst, ""
+            return inst, "", True
     own = _event_op_name(stats)
     if own:  # no instruction of the HLO, but the kernel says where it comes from
-        return names[0], own
-    return (kernels[name], "") if name in kernels else (names[0], "")
+        return names[0], own, True
+    return (kernels[name], "", True) if name in kernels else (names[0], "", False)
 
 
 def _is_kernel(stats: Mapping[Any, Any]) -> bool:
