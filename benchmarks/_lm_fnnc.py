@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import glob
 import gzip
 import os
 import re
@@ -23,7 +22,7 @@ from benchmarks._lm_common import LR, Result, Size, _jax_peak, _profiled, fnnc_m
 from benchmarks._timing import median_time
 from fnnc import config, ops
 from fnnc.graph.passes import linear_crossentropy, linear_crossentropy_mean
-from fnnc.graph.profile import NO_NODE
+from fnnc.graph.profile import NO_NODE, trace_file
 from fnnc.models import minimizers
 
 
@@ -146,11 +145,12 @@ def fnnc_commands(
     with tempfile.TemporaryDirectory(prefix="lm-step-profile-") as folder:
         commands = by_command(model.profile([x], [y], runs=runs, log_dir=folder), result)
         placed = sum(ms for c, ms in commands.items() if c != NO_NODE)
-        hlo = lambda: model.engine._last_fit.program.compiled_text()
-        if placed < sum(result.kernels.values()) / 2:
-            result.trace = _profile.trace_sample(folder, hlo())
+        lost = placed < sum(result.kernels.values()) / 2
+        hlo = model.engine._last_fit.program.compiled_text() if lost or keep else ""
+        if lost:
+            result.trace = _profile.trace_sample(folder, hlo)
         if keep:
-            keep_trace(folder, hlo(), keep, result.impl, runs)
+            keep_trace(folder, hlo, keep, result.impl, runs)
     return commands
 
 
@@ -159,12 +159,10 @@ def keep_trace(folder: str, hlo: str, keep: str, name: str, runs: int) -> None:
     runs) and ``<keep>/<name>.hlo.txt.gz`` (the optimised HLO it ran, after a line
     ``# runs=N``): what ``benchmarks/trace_report.py`` reads on any machine, so that a
     GPU session's profile can be studied after the GPU is gone."""
-    found = sorted(glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True))
-    if not found:
-        return
+    source = trace_file(folder)
     os.makedirs(keep, exist_ok=True)
     trace = os.path.join(keep, f"{name}.xplane.pb.gz")
-    with open(max(found, key=os.path.getmtime), "rb") as src, gzip.open(trace, "wb") as dst:
+    with open(source, "rb") as src, gzip.open(trace, "wb") as dst:
         shutil.copyfileobj(src, dst)
     with gzip.open(os.path.join(keep, f"{name}.hlo.txt.gz"), "wt") as dst:
         dst.write(f"# runs={runs}\n{hlo}")

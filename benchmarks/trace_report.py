@@ -20,6 +20,7 @@ import collections
 import gzip
 import os
 import re
+import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -39,11 +40,10 @@ def load(folder: str, name: str) -> tuple[str, object, int]:
     with gzip.open(os.path.join(folder, f"{name}.hlo.txt.gz"), "rt") as f:
         hlo = f.read()
     found = _RUNS.match(hlo)
+    kept = os.path.join(folder, f"{name}.xplane.pb.gz")
     with tempfile.TemporaryDirectory() as tmp:
-        with gzip.open(os.path.join(folder, f"{name}.xplane.pb.gz"), "rb") as f:
-            data = f.read()
-        with open(os.path.join(tmp, "kept.xplane.pb"), "wb") as f:
-            f.write(data)
+        with gzip.open(kept, "rb") as src, open(os.path.join(tmp, "kept.xplane.pb"), "wb") as dst:
+            shutil.copyfileobj(src, dst)
         trace = read_trace(tmp)
     return hlo, trace, int(found.group(1)) if found else 1
 

@@ -245,13 +245,19 @@ def trace_runs(run: Callable[[], Any], runs: int, folder: str) -> Any:
     return read_trace(folder)
 
 
+def trace_file(folder: str) -> str:
+    """The path of the newest trace (``.xplane.pb``) ``jax.profiler`` wrote under
+    ``folder``; a :class:`~fnnc.errors.GraphError` where there is none."""
+    found = glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True)
+    if not found:
+        raise GraphError(f"profile: jax.profiler wrote no trace under {folder}")
+    return max(found, key=os.path.getmtime)
+
+
 def read_trace(folder: str) -> Any:
     """The newest trace ``jax.profiler`` wrote under ``folder`` (a
     ``jax.profiler.ProfileData``); a :class:`~fnnc.errors.GraphError` where there is none."""
-    found = sorted(glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True))
-    if not found:
-        raise GraphError(f"profile: jax.profiler wrote no trace under {folder}")
-    return jax.profiler.ProfileData.from_file(max(found, key=os.path.getmtime))
+    return jax.profiler.ProfileData.from_file(trace_file(folder))
 
 
 def profile_calls(
