@@ -240,7 +240,8 @@ def steps(flags: argparse.Namespace, work: Path) -> list[Step]:
 
 
 def test_flags(all_steps: list[Step], env: dict[str, str]) -> str:
-    """Gives the test steps :data:`TEST_XLA_FLAGS` where XLA takes them; what was done."""
+    """Gives the test steps (those with a junit report: pytest's) :data:`TEST_XLA_FLAGS`
+    where XLA takes them; what was done."""
     flags = " ".join(filter(None, [env.get("XLA_FLAGS", ""), TEST_XLA_FLAGS]))
     probe = subprocess.run(
         [sys.executable, "-c", PROBE], cwd=ROOT, env={**env, "XLA_FLAGS": flags},
@@ -250,7 +251,7 @@ def test_flags(all_steps: list[Step], env: dict[str, str]) -> str:
         last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
         return f"- ({TEST_XLA_FLAGS} rejected: {last[:120]})"
     for s in all_steps:
-        if s.name in ("gpu tests", "suite"):
+        if s.junit is not None:
             s.env["XLA_FLAGS"] = flags
     return flags
 

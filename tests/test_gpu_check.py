@@ -6,6 +6,7 @@ finds missing. Its CPU mode (``benchmarks/gpu_check.sh --cpu``, about 45 s on a 
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from benchmarks import gpu_check
 from tests.helpers import ROOT, subprocess_env
@@ -162,12 +163,16 @@ def test_the_test_steps_skip_the_autotuner_where_xla_takes_the_flag(monkeypatch)
     from benchmarks import gpu_check
 
     assert _dry_run()["test XLA_FLAGS"].startswith(gpu_check.TEST_XLA_FLAGS)
-    steps = [gpu_check.Step(n, ["x"], 1) for n in ("versions", "gpu tests", "suite", "kernels")]
+    tests = {"gpu tests": Path("gpu.xml"), "suite": Path("suite.xml")}  # pytest's steps
+    steps = [
+        gpu_check.Step(n, ["x"], 1, tests.get(n))
+        for n in ("versions", "gpu tests", "suite", "kernels")
+    ]
     env = {**subprocess_env(), "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     done = gpu_check.test_flags(steps, env)
     assert done == f"--xla_force_host_platform_device_count=2 {gpu_check.TEST_XLA_FLAGS}"
     assert [s.env.get("XLA_FLAGS") for s in steps] == [None, done, done, None]
-    fresh = [gpu_check.Step("suite", ["x"], 1)]
+    fresh = [gpu_check.Step("suite", ["x"], 1, Path("suite.xml"))]
     monkeypatch.setattr(gpu_check, "TEST_XLA_FLAGS", "--xla_no_such_flag_here=1")
     rejected = gpu_check.test_flags(fresh, subprocess_env())
     assert rejected.startswith("- (--xla_no_such_flag_here=1 rejected") and fresh[0].env == {}
