@@ -12,8 +12,8 @@ parameter's layout, the parameter bytes each device holds, and the loss per step
 Run: python examples/model_parallel.py [--steps N] [--compare]
 
 JAX fixes the device count when it starts, so this script sets
-``XLA_FLAGS=--xla_force_host_platform_device_count=4`` before importing it (unless
-``XLA_FLAGS`` is already set).
+``--xla_force_host_platform_device_count=4`` in ``XLA_FLAGS`` before importing it (added
+to flags already set, unless they name a device count of their own).
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    flags = [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=4"]
+    os.environ["XLA_FLAGS"] = " ".join(filter(None, flags))
 
 VOCAB, LENGTH, WIDTH, HEADS = 16, 8, 32, 4
 
@@ -112,7 +114,7 @@ def main(steps: int = 10, batch_size: int = 16, compare: bool = False) -> dict:
     if jax.device_count() < 4:
         raise SystemExit(
             f"model_parallel: {jax.device_count()} device(s); run with "
-            "XLA_FLAGS=--xla_force_host_platform_device_count=4 (or unset XLA_FLAGS)"
+            "--xla_force_host_platform_device_count=4 in XLA_FLAGS (or none there)"
         )
     mesh = jax.make_mesh((2, 2), ("data", "model"))
     data = batches(steps, batch_size)
