@@ -38,9 +38,12 @@ GPU, XLA's estimate of the step (arguments + outputs + temporaries - donated) on
 ``--profile N`` also profiles N steps of each and reports where the device time goes, by
 kind of kernel, side by side (:mod:`benchmarks._profile`), and fnnc's by command
 (``Model.profile``, each backward under its forward command). ``--keep-trace DIR`` keeps
-the default fnnc step's profile (trace and HLO, gzipped) in DIR, which
-``benchmarks/trace_report.py`` reads on any machine, kernel by kernel, and every
-implementation's result in ``DIR/results.json`` (its 200 largest kernels among them).
+each fnnc step's profile (``<impl>.xplane.pb.gz`` and ``<impl>.hlo.txt.gz``, about a
+megabyte a variant at the issue's size) in DIR, which ``benchmarks/trace_report.py``
+reads on any machine, kernel by kernel: a variant's, too, since whether it beat the
+default, and why (does ``fnnc-fused``'s graph backward run the forward kernel once or
+twice a layer?), is what a GPU run is for. Every implementation's result goes in
+``DIR/results.json`` (its 200 largest kernels among them).
 
 ``--tiny`` runs a small size on CPU; ``tests/test_lm_step.py`` runs it in the suite and
 checks that fnnc's and NNX's losses agree step by step.
@@ -153,13 +156,12 @@ def run(
     keep: str | None = None,
 ) -> Result:
     """Losses of ``steps`` steps on fresh batches, then ms/step on one batch, then, if
-    ``profile``, the kernels of that many more steps (fnnc's trace kept in ``keep``)."""
+    ``profile``, the kernels of that many more steps (an fnnc step's trace kept in ``keep``)."""
     if impl not in IMPLS:
         raise ValueError(f"lm_step: no implementation {impl!r}; expected one of {IMPLS}")
     data, params = batches(z, steps), initial_params(z)
     gc.collect()  # the model that made the weights holds no device memory from here on
     if impl.startswith("fnnc"):
-        keep = keep if impl == "fnnc" else None  # the default's: 2 files, not 2 a variant
         result = run_fnnc(z, data, params, impl, precision, timed, profile, keep)
     elif impl == "nnx":
         result = run_nnx(z, data, params, precision, timed, profile)
@@ -242,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
     )  # fmt: skip
     parser.add_argument(
         "--keep-trace", metavar="DIR",
-        help="with --profile: keep the fnnc step's profile (trace, HLO) in DIR "
+        help="with --profile: keep each fnnc step's profile (trace, HLO) in DIR "
         "(benchmarks/trace_report.py reads them)",
     )  # fmt: skip
     parser.add_argument("--in-process", action="store_true", help="no process per implementation")

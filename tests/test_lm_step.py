@@ -211,17 +211,20 @@ def test_keep_trace_keeps_every_result_as_json(tmp_path, monkeypatch):
     assert [lm_step.Result(**r) for r in kept] == made
 
 
-def test_keep_trace_keeps_the_default_steps_profile_for_trace_report(tmp_path):
-    """What a GPU session brings back for later study: the fnnc step's trace and HLO,
+def test_keep_trace_keeps_each_fnnc_steps_profile_for_trace_report(tmp_path):
+    """What a GPU session brings back for later study: an fnnc step's trace and HLO, a
+    variant's as well as the default's (here fnnc-xla, the default's program on a CPU),
     read by benchmarks/trace_report.py into the same total Model.profile measured."""
     from benchmarks import trace_report
 
     z, keep = lm_step.SIZES["tiny"], str(tmp_path / "kept")
-    result = lm_step.run("fnnc", z, steps=1, precision="float32", timed=False, profile=1, keep=keep)
+    result = lm_step.run(
+        "fnnc-xla", z, steps=1, precision="float32", timed=False, profile=1, keep=keep
+    )
     assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == [
-        "fnnc.hlo.txt.gz", "fnnc.xplane.pb.gz",
+        "fnnc-xla.hlo.txt.gz", "fnnc-xla.xplane.pb.gz",
     ]  # fmt: skip
-    text = trace_report.main([keep, "fnnc", "--top", "5"])
+    text = trace_report.main([keep, "fnnc-xla", "--top", "5"])
     total = float(text.splitlines()[0].split(", ")[-1].split()[0])
     assert total == pytest.approx(sum(result.commands.values()), rel=1e-2, abs=2e-3)
     assert "unplaced (no instruction of the HLO): 0.000" in text
