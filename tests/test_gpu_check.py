@@ -151,6 +151,17 @@ def test_a_missing_docs_tool_deselects_its_test_and_the_summary_says_so(monkeypa
     assert gpu_check.SITE_BUILD.split("::")[1] in (ROOT / "tests" / "test_docs.py").read_text()
 
 
+def test_a_budget_above_the_default_goes_to_the_suite():
+    """The suite is the step that ran out of time on the H100; the others keep theirs."""
+    from benchmarks import gpu_check
+
+    default = _dry_run()["limits"]
+    assert f"suite {gpu_check.SUITE_SECONDS:.0f} s" in default
+    more = _dry_run("--budget", "560")["limits"]
+    assert f"suite {gpu_check.SUITE_SECONDS + 90:.0f} s" in more
+    assert more.replace("suite 490", "suite 400") == default
+
+
 def test_the_lm_step_it_plans_names_implementations_lm_step_has():
     from benchmarks import lm_step
 
