@@ -1,5 +1,8 @@
 """Strict JAX settings for every test: no silent rank promotion."""
 
+import os
+import pathlib
+
 import jax
 import pytest
 from hypothesis import HealthCheck, settings
@@ -48,7 +51,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks the tests of the QUICK files ``quick``, except slow and GPU ones."""
+    """Marks the tests of the QUICK files ``quick``, except slow and GPU ones. Where
+    ``FNNC_TESTS_FIRST`` names a file (``benchmarks/gpu_check.py`` does), moves the tests
+    whose node ids start with one of its lines (``#`` comments and blank lines aside) to
+    the front, in their own order otherwise: under ``--dist load`` xdist deals the front
+    of the list out first."""
     root = config.rootpath
     for item in items:
         try:
@@ -57,6 +64,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if path.startswith(QUICK) and not any(item.get_closest_marker(m) for m in ("slow", "gpu")):
             item.add_marker(pytest.mark.quick)
+    first = os.environ.get("FNNC_TESTS_FIRST")
+    if first:
+        lines = pathlib.Path(first).read_text().splitlines()
+        prefixes = tuple(ln.strip() for ln in lines if ln.strip() and not ln.startswith("#"))
+        items.sort(key=lambda item: not item.nodeid.startswith(prefixes))  # a stable sort
 
 
 @pytest.fixture

@@ -162,6 +162,28 @@ def test_a_budget_above_the_default_goes_to_the_suite():
     assert more.replace("suite 490", "suite 400") == default
 
 
+def test_the_suite_runs_first_the_tests_no_gpu_run_has_reached(tmp_path):
+    """gpu_first.txt's tests go to the front of the suite's list, dealt out first."""
+    from benchmarks import gpu_check
+
+    plan = _dry_run()
+    assert plan["FNNC_TESTS_FIRST"] == f"{gpu_check.FIRST} (suite)"
+    assert "--dist load" in plan["suite"]
+    first = tmp_path / "first.txt"
+    first.write_text("# a comment\ntests/test_subprocess_env.py::\n\n")
+    env = subprocess_env(FNNC_TESTS_FIRST=str(first))
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0",
+         "tests/ops/test_backends.py", "tests/test_subprocess_env.py"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    ids = [ln for ln in listed.stdout.splitlines() if "::" in ln]
+    moved = [i for i in ids if i.startswith("tests/test_subprocess_env.py::")]
+    assert moved and ids[: len(moved)] == moved and len(ids) > len(moved)
+    ids = [ln.strip() for ln in gpu_check.FIRST.read_text().splitlines()]
+    assert all(i.startswith("tests/") for i in ids if i and not i.startswith("#"))
+
+
 def test_the_lm_step_it_plans_names_implementations_lm_step_has():
     from benchmarks import lm_step
 
