@@ -168,6 +168,7 @@ class Program:
             error = while_tape.host_error(e)
             if error is None:
                 raise
+            while_tape.forget_failed_tokens()  # reported here: not again at exit
             where = " or ".join(self._host_checks)
             raise CommandError(f"Program: {where}: {error}") from None
 

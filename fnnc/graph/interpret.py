@@ -79,6 +79,8 @@ def interpret(graph: Graph, *args: Any, on_node: OnNode | None = None) -> Any:
         except FnncError:
             raise
         except Exception as e:
+            if while_tape.checks_on_host(node.cmd):
+                while_tape.forget_failed_tokens()  # reported here: not again at exit
             raise GraphError(
                 f"interpret: node {index} ({node.name or node.cmd.name}) failed: {e}\n"
                 f"{format_graph(graph, mark=index, window=3)}"

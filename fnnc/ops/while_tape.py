@@ -257,3 +257,30 @@ def host_error(error: Exception) -> CommandError | None:
     if start < 0 or "but its tape holds" not in text:
         return None
     return CommandError(text[start + len("CommandError: ") :].strip().splitlines()[0])
+
+
+def forget_failed_tokens() -> int:
+    """Drops the runtime tokens that still carry a failed host callback; how many.
+
+    On a GPU, JAX keeps each device's last runtime token of a program with host
+    callbacks, to wait for at ``jax.effects_barrier()`` and at exit. Once the overflow
+    check has raised and the error is reported, that token still holds it: a later
+    ``jax.effects_barrier()`` raised it again, and every process printed it at exit
+    ("Exception ignored in atexit callback", seen in the H100 suite). On CPU the error
+    comes from the call itself and no token is kept. A token's error is only ever
+    re-raised, never acted on, so dropping the failed ones loses nothing; healthy ones
+    stay. JAX keeps them in ``jax._src.dispatch.runtime_tokens`` (no public API); where
+    that is absent this does nothing."""
+    from jax._src import dispatch as jax_dispatch
+
+    held = getattr(getattr(jax_dispatch, "runtime_tokens", None), "output_runtime_tokens", None)
+    if not isinstance(held, dict):
+        return 0
+    dropped = 0
+    for device, token in list(held.items()):
+        try:
+            token.block_until_ready()
+        except Exception:  # the error this check raised, or one like it: reported already
+            del held[device]
+            dropped += 1
+    return dropped

@@ -185,6 +185,40 @@ def test_an_overflow_reported_only_when_waited_for_still_names_the_node(taped, m
         interpret(graph, X0, W, _threshold(TAPE + 3))
 
 
+class _Token:
+    """A runtime token as JAX keeps one per device after a program with host callbacks
+    on a GPU: waiting on it raises the callback's error, if any. XLA:CPU keeps none."""
+
+    def __init__(self, error=None):
+        self.error = error
+
+    def block_until_ready(self):
+        if self.error is not None:
+            raise self.error
+
+
+def test_a_reported_overflow_leaves_no_failed_token_behind(taped):
+    """On the H100 the overflow error, reported once, stayed in JAX's runtime token:
+    jax.effects_barrier() raised it again and every process printed it at exit."""
+    from jax._src import dispatch as jax_dispatch
+
+    graph, program = taped
+    for run, caught in ((lambda t: program(X0, W, t), CommandError), (
+        lambda t: interpret(graph, X0, W, t), GraphError
+    )):  # fmt: skip
+        held = jax_dispatch.runtime_tokens.output_runtime_tokens  # a barrier renews it
+        failed = jax.errors.JaxRuntimeError("INTERNAL: CpuCallback error: CommandError: x")
+        held.update({"failed": _Token(failed), "healthy": _Token()})
+        try:
+            with pytest.raises(caught, match="tape holds"):
+                run(_threshold(TAPE + 3))
+            assert "failed" not in held and "healthy" in held
+            jax.effects_barrier()  # nothing stale left to raise
+        finally:
+            held.pop("failed", None)
+            held.pop("healthy", None)
+
+
 def test_overflow_poisons_gradients_and_the_backward_follows_the_trips():
     """taped_while directly: NaN gradients past the cap with on_overflow="nan"; within
     it, under vmap, each element replays its own trip count."""
