@@ -17,6 +17,11 @@ The policy (NNC's half-precision training, Keras's ``mixed_float16``):
   low, ``keep_float32`` commands float32), its forward and backward bodies derived
   again from the cast block; gradients the loop sums over iterations (loop-invariant
   inputs, a pipeline's microbatches) are summed in float32;
+- a float32 input (a parameter) is converted down once per node that reads it, not
+  once for all: the backward of each conversion brings its reader's gradient to
+  float32, so a weight shared by several layers sums their gradients in float32 (one
+  shared conversion summed 300 readers' gradients of 1.0 in bfloat16, to 257), as
+  Flax's casts in each call do; XLA merges the identical forward conversions;
 - nodes that only move data (:data:`FOLLOW`: reshape, transpose, slice, ...) keep the
   type their input has, so a float32 loss is reshaped as float32, not rounded to the
   low type and converted back (a round trip that cost the reported loss its digits).
@@ -128,6 +133,7 @@ def _cast(
         b._symbols[sid] = dataclasses.replace(graph.symbols[sid], dtype=np.dtype(dt))
     now: dict[int, TensorSymbol] = {i: b._symbols[i] for i in graph.inputs}
     casts: dict[tuple[int, str], TensorSymbol] = {}
+    graph_inputs = frozenset(graph.inputs)
     tapes: dict[int, str] = {}  # loop outputs a retyped loop no longer has -> the loop
 
     def read(sid: int, want: np.dtype) -> TensorSymbol:
@@ -145,9 +151,12 @@ def _cast(
             )
         if not _floating(sym.dtype) or np.dtype(sym.dtype) == want:
             return sym
+        convert = ops.datatype_conversion(dtype=want.name)
+        if sid in graph_inputs and want.itemsize < np.dtype(sym.dtype).itemsize:
+            return b.exec(convert, sym)  # an input narrowed: one conversion a reader
         key = (sid, want.name)
         if key not in casts:
-            casts[key] = b.exec(ops.datatype_conversion(dtype=want.name), sym)
+            casts[key] = b.exec(convert, sym)
         return casts[key]
 
     def cast_body(body: Graph, ins: Sequence[Any], outs: Sequence[Any]) -> Graph:

@@ -107,6 +107,30 @@ def test_an_embedding_gathers_from_its_float32_table_and_sums_its_gradient_in_fl
     np.testing.assert_array_equal(np.asarray(got)[1:], 0.0)
 
 
+def test_a_weight_shared_by_many_layers_sums_their_gradients_in_float32():
+    """One float32 weight read by 300 gemms (a layer reused 300 times, as NNC's cnnp
+    models reuse one): each reader converts it to bfloat16 itself, so each use's
+    gradient (exactly 1.0 per entry here) is converted to float32 before the 300 are
+    summed, to 300. One shared conversion summed them in bfloat16, whose sum stops at
+    256 (257 is not a bfloat16). XLA merges the identical forward conversions."""
+    uses = 300
+    b = GraphBuilder()
+    x, w = b.input((1, 4), name="x"), b.input((3, 4), name="w")
+    total = None
+    for _ in range(uses):
+        y = b.exec(ops.gemm(transpose_b=True), x, w)
+        total = y if total is None else b.exec(ops.add(), total, y)
+    loss = b.exec(ops.reduce_sum(axes=(0, 1)), total)
+    low = cast_precision(b.build([loss]), "bfloat16")
+    readers = [n for n in low.nodes if n.cmd.name == "datatype_conversion"]
+    assert sum(n.inputs[0] == low.inputs[1] for n in readers) == uses
+    step, (dw,) = backward(low, low.outputs[0], [low.symbols[low.inputs[1]]])
+    grads = compile(dataclasses.replace(step, outputs=(dw.id,), out_tree=None))
+    got = np.asarray(grads(np.ones((1, 4), np.float32), np.ones((3, 4), np.float32)))
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, np.full((3, 4), float(uses), np.float32))
+
+
 @pytest.mark.parametrize("command", ["embedding", "index_select"])
 def test_a_16_bit_table_sums_its_rows_gradients_in_float32_and_rounds_once(command):
     """A bfloat16 table (a model kept in bfloat16): the backward of the gather sums the
