@@ -215,8 +215,6 @@ def steps(flags: argparse.Namespace, work: Path) -> list[Step]:
     only_gpu = ["-o", "addopts=", "-n", workers, "-m", "gpu", "--junitxml", str(work / "gpu.xml")]
     gpu = Step("gpu tests", [*pytest, *only_gpu, *GPU_TESTS], 120, work / "gpu.xml")
     suite_paths = CPU_SUBSET if flags.cpu else []  # none: pyproject's testpaths
-    # the tests no GPU run has reached go first; xdist's load scheduling deals the front
-    # of the list out first (worksteal would give them all to the first worker or two)
     report = ["--junitxml", str(work / "suite.xml")]
     suite = Step(
         "suite",

@@ -82,7 +82,6 @@ def _mse(w1, b1, w2, b2, xs, ys):
 
 
 def test_float16_overflow_skips_the_step_and_the_scale_halves_then_grows():
-
     from fnnc.models.loss_scale import LossScale
 
     xs, ys = _data()
