@@ -131,8 +131,9 @@ may fit (unmeasured). A suite stopped at its limit still reports what ran (see
 the difference (``--budget 560``: a limit of 490 s)."""
 FIRST = ROOT / "benchmarks" / "gpu_first.txt"
 """Test ids the suite runs first (``FNNC_TESTS_FIRST``, ``tests/conftest.py``): those no GPU
-run has reached, 381 of them after the run of 2026-11-27, its suite stopped at its limit
-before the same tests as the one before it."""
+run has reached, 381 of them after the run of 2026-11-27 (its suite stopped at its limit
+before the same tests as the one before it) and the tests written since. After a run,
+``python benchmarks/gpu_first.py <reports>/suite.xml`` drops what it reached."""
 CPU_SUBSET = ["tests/test_subprocess_env.py", "tests/ops/test_backends.py"]
 TEST_XLA_FLAGS = "--xla_gpu_autotune_level=0"
 """XLA flags of the two test steps (never of the timed ones): they check results, not

@@ -184,6 +184,39 @@ def test_the_suite_runs_first_the_tests_no_gpu_run_has_reached(tmp_path):
     assert all(i.startswith("tests/") for i in ids if i and not i.startswith("#"))
 
 
+def test_gpu_first_keeps_what_no_report_reached(tmp_path):
+    """benchmarks/gpu_first.py: the collected ids less the junit report's, passed or
+    failed alike, a test class's cases named with their class."""
+    from benchmarks import gpu_first
+
+    report = tmp_path / "suite.xml"
+    report.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.test_subprocess_env" '
+        'name="test_a_child_finds_this_checkout_and_the_parents_pythonpath" time="1"/>'
+        '<testcase classname="tests.ops.test_backends" name="test_x" time="1">'
+        "<failure message='m'/></testcase>"
+        "</testsuite></testsuites>"
+    )
+    out = tmp_path / "first.txt"
+    left = gpu_first.main(
+        [str(report), "--out", str(out), "--only", "tests/test_subprocess_env.py"]
+    )
+    everything = gpu_first.collected(["tests/test_subprocess_env.py"])
+    reached = (
+        "tests/test_subprocess_env.py::test_a_child_finds_this_checkout_and_the_parents_pythonpath"
+    )
+    assert reached in everything and reached not in left
+    assert left == [i for i in everything if i != reached]
+    assert out.read_text().splitlines()[3:] == left
+    assert gpu_first.node_id("tests.ops.test_backends", "t[a.b]") == (
+        "tests/ops/test_backends.py::t[a.b]"
+    )
+    assert gpu_first.node_id("tests.ops.test_backends.TestSome", "t") == (
+        "tests/ops/test_backends.py::TestSome::t"
+    )
+
+
 def test_the_lm_step_it_plans_names_implementations_lm_step_has():
     from benchmarks import lm_step
 
