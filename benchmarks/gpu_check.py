@@ -68,6 +68,7 @@ if __package__ in (None, ""):  # run as a script: the checkout's packages come f
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._check_steps import Step, junit_counts, run, summary_counts
+from benchmarks.gpu_first import FIRST  # the tests no GPU run has reached: run first
 
 __all__ = ["Step", "junit_counts", "main", "run", "summary_counts"]
 
@@ -123,17 +124,12 @@ steps of each: where the device time goes, by kind of kernel (``benchmarks/_prof
 SUITE_SECONDS = 400.0
 """The suite's limit. On an H100 (2026-11-27, second run) 15 workers ran 4,858 of its
 tests (1 failed) in 391 s under XLA's autotuner and were stopped there. The 381 tests
-they did not reach (:data:`FIRST`) took 516 of the suite's 2,393 s of worker time on 2
-CPU cores: about 1,400 s of GPU workers' time at the ratio of those that ran, so the
-whole suite needed about 440 s then. Without the autotuner (:data:`TEST_XLA_FLAGS`) it
-may fit (unmeasured). A suite stopped at its limit still reports what ran (see
-``benchmarks._check_steps._Timer``); a ``--budget`` above the default gives the suite
-the difference (``--budget 560``: a limit of 490 s)."""
-FIRST = ROOT / "benchmarks" / "gpu_first.txt"
-"""Test ids the suite runs first (``FNNC_TESTS_FIRST``, ``tests/conftest.py``): those no GPU
-run has reached, 381 of them after the run of 2026-11-27 (its suite stopped at its limit
-before the same tests as the one before it) and the tests written since. After a run,
-``python benchmarks/gpu_first.py <reports>/suite.xml`` drops what it reached."""
+they did not reach (``benchmarks/gpu_first.txt``) took 516 of the suite's 2,393 s of
+worker time on 2 CPU cores: about 1,400 s of GPU workers' time at the ratio of those
+that ran, so the whole suite needed about 440 s then. Without the autotuner
+(:data:`TEST_XLA_FLAGS`) it may fit (unmeasured). A suite stopped at its limit still
+reports what ran (see ``benchmarks._check_steps._Timer``); a ``--budget`` above the
+default gives the suite the difference (``--budget 560``: a limit of 490 s)."""
 CPU_SUBSET = ["tests/test_subprocess_env.py", "tests/ops/test_backends.py"]
 TEST_XLA_FLAGS = "--xla_gpu_autotune_level=0"
 """XLA flags of the two test steps (never of the timed ones): they check results, not
@@ -223,9 +219,10 @@ def steps(flags: argparse.Namespace, work: Path) -> list[Step]:
         getattr(flags, "suite_seconds", SUITE_SECONDS),
         work / "suite.xml",
     )
-    if FIRST.is_file():  # the tests no GPU run has reached go first (load deals them out
-        suite.env["FNNC_TESTS_FIRST"] = str(FIRST)  # first; worksteal would give them all
-        # to the first worker or two, its queues being contiguous slices of the list)
+    # --dist load deals the front of the list out first; worksteal's queues are
+    # contiguous slices of it, so the first worker or two would get them all
+    if FIRST.is_file():
+        suite.env["FNNC_TESTS_FIRST"] = str(FIRST)
     # 150 s: it times every backend that runs a case, four flash-attention layouts and
     # cuDNN among them
     kernels = Step("kernels", [py, "benchmarks/kernels.py", "--quick", "--dtype", "bfloat16"], 150)

@@ -38,12 +38,12 @@ GPU, XLA's estimate of the step (arguments + outputs + temporaries - donated) on
 ``--profile N`` also profiles N steps of each and reports where the device time goes, by
 kind of kernel, side by side (:mod:`benchmarks._profile`), and fnnc's by command
 (``Model.profile``, each backward under its forward command). ``--keep-trace DIR`` keeps
-each fnnc step's profile (``<impl>.xplane.pb.gz`` and ``<impl>.hlo.txt.gz``, about a
-megabyte a variant at the issue's size) in DIR, which ``benchmarks/trace_report.py``
-reads on any machine, kernel by kernel: a variant's, too, since whether it beat the
-default, and why (does ``fnnc-fused``'s graph backward run the forward kernel once or
-twice a layer?), is what a GPU run is for. Every implementation's result goes in
-``DIR/results.json`` (its 200 largest kernels among them).
+each fnnc step's profile (``<impl>.xplane.pb.gz`` and ``<impl>.hlo.txt.gz``) in DIR,
+which ``benchmarks/trace_report.py`` reads on any machine, kernel by kernel: a
+variant's, too, since whether it beat the default, and why (does ``fnnc-fused``'s graph
+backward run the forward kernel once or twice a layer?), is what a GPU run is for.
+Every implementation's result goes in ``DIR/results.json`` (its 200 largest kernels
+among them).
 
 ``--tiny`` runs a small size on CPU; ``tests/test_lm_step.py`` runs it in the suite and
 checks that fnnc's and NNX's losses agree step by step.

@@ -164,10 +164,10 @@ def test_a_budget_above_the_default_goes_to_the_suite():
 
 def test_the_suite_runs_first_the_tests_no_gpu_run_has_reached(tmp_path):
     """gpu_first.txt's tests go to the front of the suite's list, dealt out first."""
-    from benchmarks import gpu_check
+    from benchmarks import gpu_first
 
     plan = _dry_run()
-    assert plan["FNNC_TESTS_FIRST"] == f"{gpu_check.FIRST} (suite)"
+    assert plan["FNNC_TESTS_FIRST"] == f"{gpu_first.FIRST} (suite)"
     assert "--dist load" in plan["suite"]
     first = tmp_path / "first.txt"
     first.write_text("# a comment\ntests/test_subprocess_env.py::\n\n")
@@ -180,7 +180,7 @@ def test_the_suite_runs_first_the_tests_no_gpu_run_has_reached(tmp_path):
     ids = [ln for ln in listed.stdout.splitlines() if "::" in ln]
     moved = [i for i in ids if i.startswith("tests/test_subprocess_env.py::")]
     assert moved and ids[: len(moved)] == moved and len(ids) > len(moved)
-    ids = [ln.strip() for ln in gpu_check.FIRST.read_text().splitlines()]
+    ids = [ln.strip() for ln in gpu_first.FIRST.read_text().splitlines()]
     assert all(i.startswith("tests/") for i in ids if i and not i.startswith("#"))
 
 
