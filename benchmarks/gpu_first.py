@@ -32,6 +32,13 @@ HEADER = """\
 """
 
 
+def read(path: Path) -> tuple[str, ...]:
+    """The test ids (node id prefixes) a list holds: its lines, less ``#`` comments and
+    blank ones. ``tests/conftest.py`` moves the tests they start to the front."""
+    lines = (line.strip() for line in Path(path).read_text().splitlines())
+    return tuple(line for line in lines if line and not line.startswith("#"))
+
+
 def node_id(classname: str, name: str) -> str:
     """A junit test case's pytest node id: ``tests.ops.test_x`` + ``t[a]`` is
     ``tests/ops/test_x.py::t[a]``; a test class's cases keep the class

@@ -66,8 +66,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.quick)
     first = os.environ.get("FNNC_TESTS_FIRST")
     if first:
-        lines = pathlib.Path(first).read_text().splitlines()
-        prefixes = tuple(ln.strip() for ln in lines if ln.strip() and not ln.startswith("#"))
+        from benchmarks.gpu_first import read
+
+        prefixes = read(pathlib.Path(first))
         items.sort(key=lambda item: not item.nodeid.startswith(prefixes))  # a stable sort
 
 

@@ -180,8 +180,8 @@ def test_the_suite_runs_first_the_tests_no_gpu_run_has_reached(tmp_path):
     ids = [ln for ln in listed.stdout.splitlines() if "::" in ln]
     moved = [i for i in ids if i.startswith("tests/test_subprocess_env.py::")]
     assert moved and ids[: len(moved)] == moved and len(ids) > len(moved)
-    ids = [ln.strip() for ln in gpu_first.FIRST.read_text().splitlines()]
-    assert all(i.startswith("tests/") for i in ids if i and not i.startswith("#"))
+    ids = gpu_first.read(gpu_first.FIRST)
+    assert ids and all(i.startswith("tests/") for i in ids)
 
 
 def test_gpu_first_keeps_what_no_report_reached(tmp_path):
@@ -208,7 +208,7 @@ def test_gpu_first_keeps_what_no_report_reached(tmp_path):
     )
     assert reached in everything and reached not in left
     assert left == [i for i in everything if i != reached]
-    assert out.read_text().splitlines()[3:] == left
+    assert list(gpu_first.read(out)) == left
     assert gpu_first.node_id("tests.ops.test_backends", "t[a.b]") == (
         "tests/ops/test_backends.py::t[a.b]"
     )
