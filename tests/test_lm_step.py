@@ -227,4 +227,11 @@ def test_keep_trace_keeps_each_fnnc_steps_profile_for_trace_report(tmp_path):
     text = trace_report.main([keep, "fnnc-xla", "--top", "5"])
     total = float(text.splitlines()[0].split(", ")[-1].split()[0])
     assert total == pytest.approx(sum(result.commands.values()), rel=1e-2, abs=2e-3)
-    assert "unplaced (no instruction of the HLO): 0.000" in text
+    if jax.default_backend() == "cpu":  # XLA:CPU's thunks each name their instruction
+        assert "unplaced (no instruction of the HLO): 0.000" in text
+    else:
+        # a kernel of a CUDA graph that neither its name nor its place explains stays
+        # unplaced by design (fnnc/graph/_trace_events.py); a profile whose unplaced
+        # share is over a quarter is one lm_step reports as misattributed (by_command)
+        unplaced = float(text.split("unplaced (no instruction of the HLO): ")[1].split()[0])
+        assert unplaced <= total / 4, text

@@ -15,7 +15,7 @@ from fnnc.errors import GraphError, ShapeError
 from fnnc.graph import GraphBuilder, backward, compile, interpret, memory_plan, scan, verify
 from fnnc.graph.passes.remat_cost import node_flops
 from fnnc.models.memory import saved_activation_bytes
-from tests.helpers import assert_close
+from tests.helpers import assert_close, exact_on_cpu
 
 B, W, N = 32, 16, 16  # batch, width, blocks: a 16-block residual MLP, inner width 4W
 
@@ -204,7 +204,9 @@ def test_per_iteration_results_are_stacked_and_carry_no_gradient(checkpoint):
     want_grad = jax.grad(lambda w: f(args[0], w)[0].sum())(args[1])
     got = interpret(graph, *args)
     assert_close(got, (want_loss, want_means, want_grad), rtol=1e-5, atol=1e-6)
-    assert_close(compile(graph)(*args), got, rtol=1e-6, atol=1e-6)
+    # one loop program against node-by-node programs: on a GPU their gemms and fusions
+    # round differently, so there they agree as the oracle does
+    assert_close(compile(graph)(*args), got, *exact_on_cpu(1e-5, 1e-6))
 
 
 def test_per_iteration_results_must_be_left_out_of_the_loss():

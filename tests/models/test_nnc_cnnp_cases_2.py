@@ -27,7 +27,7 @@ from fnnc.models import (
     Sequential,
     minimizers,
 )
-from tests.helpers import assert_close, rand
+from tests.helpers import assert_close, exact_on_cpu, rand
 from tests.models.test_nnc_cnnp_cases import _cifar
 
 
@@ -374,4 +374,6 @@ def test_two_models_share_parameters():
     for model in (plain, lora):
         model.compile([x])
     lora.set_parameters({"t-tiny-0-up-0-0": np.zeros((10, 2)), **plain.parameters()})
-    np.testing.assert_array_equal(lora.evaluate([x]), plain.evaluate([x]))
+    # two different programs (tiny0 and tiny1 above are one program under two names): on
+    # a GPU, XLA may merge the LoRA model's two dots of x into one and sum in another order
+    assert_close(lora.evaluate([x]), plain.evaluate([x]), *exact_on_cpu(1e-5, 1e-6))
