@@ -15,6 +15,7 @@ that failed was reached, and its failure is in that run's summary.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -61,11 +62,15 @@ def reached(reports: Iterable[Path]) -> set[str]:
 
 
 def collected(paths: Sequence[str] = ()) -> list[str]:
-    """The suite's node ids (of ``paths`` only, where given), as the GPU check's suite
-    step collects them."""
+    """The suite's node ids (of ``paths`` only, where given), collected on the CPU
+    platform whatever the machine has: collecting needs no accelerator (``tests/helpers.py``
+    asks JAX for its backend at import, which would start CUDA on a GPU machine). Ids that
+    only a CPU collects (the CPU-only convolution backends of ``test_backend_sweep.py``)
+    stay listed and match nothing on a GPU."""
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", *paths],
         cwd=ROOT, capture_output=True, text=True, check=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
     )  # fmt: skip
     return [line.strip() for line in done.stdout.splitlines() if "::" in line]
 
