@@ -3,6 +3,7 @@ what was imported first."""
 
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -99,3 +100,20 @@ def test_registry_is_the_same_whatever_is_imported_first(first):
     assert {"call", "write_view", "gradient", "while_loop", "fused_elementwise"} <= set(
         out.split(",")
     )
+
+
+# NumPy's issubdtype counts bfloat16 (an ml_dtypes void-kind scalar) as neither floating
+# nor inexact: checks so written silently treated bfloat16 tensors as integers (no
+# dynamic-graph gradients, per-class bfloat16 targets fused as class indices)
+NUMPY_FLOAT_KIND = re.compile(r"issubdtype\([^)]*(?<![\w.])np\.(floating|inexact)")
+
+
+def test_float_kinds_are_asked_of_fnnc_core_dtypes_not_numpy():
+    found = [
+        f"{path.relative_to(ROOT.parent)}:{n}: {line.strip()}"
+        for path in sorted(ROOT.rglob("*.py"))
+        if path != ROOT / "core" / "dtypes.py"  # which says why
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if NUMPY_FLOAT_KIND.search(line)
+    ]
+    assert not found, "use fnnc.core.dtypes.is_floating / is_inexact:\n" + "\n".join(found)

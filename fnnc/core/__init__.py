@@ -12,6 +12,7 @@ fused chains) and a graph holds commands.
   ``interpret``, ``compile`` and sub-graph commands share.
 - :mod:`~fnnc.core.dispatch`: backends, the autotune table and the selection rule.
 - :mod:`~fnnc.core.text`: the SSA printer.
+- :mod:`~fnnc.core.dtypes`: float kinds as JAX counts them (bfloat16 is floating).
 
 This package imports no other fnnc package but :mod:`fnnc.errors` and
 :mod:`fnnc.config`. Users normally reach these names through :mod:`fnnc.ops` and

@@ -25,6 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from fnnc.core.dtypes import is_floating, is_inexact
 from fnnc.core.ir import Graph, Node
 from fnnc.core.text import format_graph
 from fnnc.errors import FnncError, GraphError
@@ -121,7 +122,7 @@ def _specs(specs: Sequence[Any]) -> list[str]:
 
 def _draw(rng: np.random.Generator, spec: Any) -> np.ndarray:
     dtype = np.dtype(spec.dtype)
-    if np.issubdtype(dtype, np.floating):
+    if is_floating(dtype):
         return rng.standard_normal(spec.shape).astype(dtype)
     if dtype == np.bool_:
         return rng.random(spec.shape) < 0.5
@@ -247,7 +248,7 @@ def _kind(graph: Graph, sid: int) -> str | None:
 def _close(x: np.ndarray, y: np.ndarray, tol: tuple[float, float]) -> bool:
     if x.shape != y.shape:
         return False
-    if not np.issubdtype(x.dtype, np.inexact):
+    if not is_inexact(x.dtype):
         return bool(np.array_equal(x, y))
     return bool(np.allclose(x, y, rtol=tol[0], atol=tol[1], equal_nan=True))
 
@@ -262,8 +263,8 @@ def _error(x: np.ndarray, y: np.ndarray) -> float:
 def _with_gradients(graph: Graph) -> Graph | None:
     """``graph`` returning the gradients of its float outputs (seeded by new inputs)
     with respect to its float inputs; ``None`` when it cannot be differentiated."""
-    floats = [s for s in graph.inputs if np.issubdtype(graph.symbols[s].dtype, np.floating)]
-    fs = [s for s in graph.outputs if np.issubdtype(graph.symbols[s].dtype, np.floating)]
+    floats = [s for s in graph.inputs if is_floating(graph.symbols[s].dtype)]
+    fs = [s for s in graph.outputs if is_floating(graph.symbols[s].dtype)]
     if not floats or not fs:
         return None
     b = GraphBuilder.from_graph(graph)

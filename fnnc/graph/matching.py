@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from fnnc.core.dtypes import is_floating
 from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol
 from fnnc.errors import GraphError
 from fnnc.graph.pattern import Pat
@@ -158,11 +159,15 @@ def _bind(name: str | None, sid: int, bound: dict[str, Any]) -> Iterator[dict[st
         yield {**bound, name: sid}
 
 
+def _is_integer(dtype: Any) -> bool:
+    return bool(np.issubdtype(dtype, np.integer))
+
+
 def _fits(pat: Pat, sym: Symbol) -> bool:
     if pat.dtype is not None:
         if isinstance(pat.dtype, str):
-            kind = np.floating if pat.dtype == "floating" else np.integer
-            if not np.issubdtype(sym.dtype, kind):
+            kind = is_floating if pat.dtype == "floating" else _is_integer
+            if not kind(sym.dtype):
                 return False
         elif isinstance(pat.dtype, tuple):
             if np.dtype(sym.dtype) not in pat.dtype:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from fnnc.core.command import make_command
+from fnnc.core.dtypes import is_floating
 from fnnc.core.ir import Graph, Node, TensorSymbol
 from fnnc.graph.passes.dce import dce
 from fnnc.ops.constant import constant as constant_cmd
@@ -97,7 +98,7 @@ def _rotate_half(rw: Rewriter, index: int) -> list[Node] | None:
     (x,) = lo.inputs
     half = shape[-1] // 2
     whole = rw.shape(x)
-    if whole != shape or not np.issubdtype(rw.dtype(x), np.floating):
+    if whole != shape or not is_floating(rw.dtype(x)):
         return None
     lead = (0,) * (len(shape) - 1)
     if not (_slice_is(lo, (*lead, 0), (*whole[:-1], half)) and _slice_is(hi, (*lead, half), whole)):

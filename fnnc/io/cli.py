@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from fnnc.core.dtypes import is_inexact
 from fnnc.errors import FnncError
 from fnnc.io.convert import convert
 from fnnc.io.exported import describe_exported, looks_exported
@@ -120,7 +121,7 @@ def _row(f: Any, name: str, stats: bool) -> list[str]:
 def _stats(arr: np.ndarray) -> list[str]:
     values = arr.reshape(-1)
     nan = 0
-    if np.issubdtype(values.dtype, np.inexact) or values.dtype.kind == "V":
+    if is_inexact(values.dtype) or values.dtype.kind == "V":
         values = values.astype(np.float64)
         mask = np.isnan(values)
         nan = int(mask.sum())

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fnnc.core.dtypes import is_floating, is_inexact
 from fnnc.errors import ModelError
 
 CLASSIFICATION = ("softmax_crossentropy", "categorical_crossentropy")
@@ -141,8 +142,8 @@ def labels(
     ``scores`` (the first output's shape): a class index outside ``[0, C)`` or not a
     whole number, or a binary target outside ``[0, 1]``. Positions are by sample."""
     target = np.asarray(target)
-    floating = target.dtype.kind == "f"
-    if target.dtype.kind not in "iuf" or target.size == 0 or not scores:
+    floating = is_floating(target.dtype)
+    if not (floating or target.dtype.kind in "iu") or target.size == 0 or not scores:
         return  # the loss's shape rule names dtypes it cannot take
     if loss in BINARY:
         if target.min() < 0 or target.max() > 1:  # NaN compares false: a NaN passes
@@ -230,7 +231,7 @@ def train_data(model: Any, inputs: Sequence[Any], targets_: Sequence[Any], batch
 def nonfinite(a: Any) -> str | None:
     """``"3 NaN and 0 infinite values (the first at sample 17, at [17, 2]: nan)"`` for
     a NumPy float array that has any, else ``None``."""
-    if not isinstance(a, np.ndarray) or a.dtype.kind not in "fc" or a.size == 0:
+    if not isinstance(a, np.ndarray) or not is_inexact(a.dtype) or a.size == 0:
         return None
     finite = np.isfinite(a)
     if finite.all():

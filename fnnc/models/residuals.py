@@ -53,6 +53,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from fnnc.core.dtypes import is_inexact
 from fnnc.core.ir import Graph
 from fnnc.graph import compile, simplify
 from fnnc.graph.compile import Program
@@ -312,7 +313,7 @@ class Kept:
 def outgrad_inputs(outgrad: bool | Sequence[int], specs: Sequence[Any]) -> list[int]:
     """The model inputs whose gradients ``backward(..., outgrads=)`` returns: every
     floating-point one (``True``), none (``False``), or those listed."""
-    floats = [i for i, s in enumerate(specs) if jax.numpy.issubdtype(s.dtype, np.inexact)]
+    floats = [i for i, s in enumerate(specs) if is_inexact(s.dtype)]
     if isinstance(outgrad, bool):
         return floats if outgrad else []
     chosen = [int(i) for i in outgrad]

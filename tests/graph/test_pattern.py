@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -50,6 +51,9 @@ def test_attributes_params_dtypes_shapes_and_predicates() -> None:
     assert match(Pat.op("ewexp", Pat.var(shape=(2, None))), g, e.id) is not None
     assert match(Pat.op("ewexp", Pat.var(shape=(3, None))), g, e.id) is None
     assert match(Pat.op("ewexp", Pat.var(dtype="floating")), g, e.id) is not None
+    b16 = GraphBuilder()
+    h = b16.exec(ops.ewexp(), b16.input((2,), jnp.bfloat16, name="h"))
+    assert match(Pat.op("ewexp", Pat.var(dtype="floating")), b16.build([h]), h.id) is not None
     assert match(Pat.op("ewexp", Pat.input(dtype=np.int32)), g, e.id) is None
     big = Pat.op("ewexp", Pat.var(where=lambda s: s.name == "x"))
     assert match(big, g, e.id) is not None

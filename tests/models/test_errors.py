@@ -2,13 +2,14 @@
 
 import re
 
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
 from fnnc import config, ops
 from fnnc.errors import ModelError, NumericsError
-from fnnc.models import BuildContext, CommandLayer, Conv, Dense, Input, Model
+from fnnc.models import BuildContext, CommandLayer, Conv, Dense, Input, Model, checks
 
 RNG = np.random.default_rng(0)
 XS = RNG.standard_normal((16, 4)).astype(np.float32)
@@ -113,6 +114,25 @@ def test_nan_in_train_data_warns_and_the_nan_loss_names_the_batch() -> None:
     ):
         model.train((xs, YS), batch_size=8, verbose=False)
     assert "The data is the cause: input 0 of this batch holds 1 NaN" in str(e.value)
+
+
+def test_bfloat16_data_and_labels_are_checked_as_float32_ones_are() -> None:
+    """NumPy counts bfloat16 as no float kind: its NaNs went unreported and its labels
+    unchecked."""
+    xs = XS.astype(jnp.bfloat16)
+    xs[11, 2] = np.nan
+    assert checks.nonfinite(xs).startswith("1 NaN and 0 infinite value(s) (the first at sample 11")
+    scores = (16, 3)
+    checks.labels("softmax_crossentropy", scores, np.eye(3, dtype=jnp.bfloat16)[YS], "train")
+    with pytest.raises(ModelError, match=r"^train: target 0 holds the label 3 at sample 13"):
+        checks.labels(
+            "softmax_crossentropy",
+            scores,
+            (YS + (np.arange(16) == 13) * 2).astype(jnp.bfloat16),
+            "train",
+        )
+    with pytest.raises(ModelError, match=r"a class index is a whole number"):
+        checks.labels("softmax_crossentropy", scores, (YS + 0.5).astype(jnp.bfloat16), "train")
 
 
 def test_numerics_check_in_fit_names_the_layer_node() -> None:

@@ -35,6 +35,7 @@ from fnnc import config
 from fnnc.core.command import output_specs
 from fnnc.core.dispatch import compiled_forward, select_backend
 from fnnc.core.dispatch import state as dispatch_state
+from fnnc.core.dtypes import is_inexact
 from fnnc.core.evaluate import read_view
 from fnnc.core.ir import AliasSymbol
 from fnnc.errors import FnncError, GraphError
@@ -90,7 +91,7 @@ class Plan:
         self.fn = fn
         self.outs = tuple(
             (tuple(o.shape), np.dtype(o.dtype), spec_id(tuple(o.shape), np.dtype(o.dtype)),
-             np.issubdtype(o.dtype, np.inexact))
+             is_inexact(o.dtype))
             for o in outs
         )  # fmt: skip
         self.pending = (None,) * len(self.outs)

@@ -12,9 +12,8 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-import numpy as np
-
 from fnnc import ops
+from fnnc.core.dtypes import is_floating
 from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.matching import GraphSource, Match, match
@@ -150,7 +149,7 @@ def _softmax_crossentropy(graph: Graph, index: int, m: Match) -> Fusion | None:
     softmax = graph.nodes[producer]
     axis, rank = softmax.cmd.param("axis"), len(p.shape)
     trim0, trim1 = node.cmd.param("trim0"), node.cmd.param("trim1")
-    targets = np.issubdtype(label.dtype, np.floating) and label.shape == p.shape
+    targets = is_floating(label.dtype) and label.shape == p.shape
     if axis % rank != rank - 1 or targets:
         return None
     if not math.isclose(trim1 + (p.shape[-1] - 1) * trim0, 1.0, rel_tol=1e-6):

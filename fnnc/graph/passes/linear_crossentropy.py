@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from fnnc import ops
+from fnnc.core.dtypes import is_floating
 from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol
 from fnnc.graph.passes._subgraphs import is_pure
 from fnnc.ops.linear_crossentropy import CLASS_CHUNK, ROW_CHUNK, result_dtype
@@ -38,7 +39,7 @@ def _dense_head(graph: Graph, index: int, viewed: set[int]) -> tuple[int, ...] |
     if node.outputs[1] in graph.outputs or node.outputs[1] in viewed:
         return None
     lab, spec = graph.spec(label), graph.spec(logits)
-    if np.issubdtype(lab.dtype, np.floating) and lab.shape == spec.shape:
+    if is_floating(lab.dtype) and lab.shape == spec.shape:
         return None  # per-class targets are [N, V] themselves
     chain, sid, reader = [], logits, index
     while True:

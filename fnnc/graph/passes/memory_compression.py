@@ -36,6 +36,7 @@ import dataclasses
 
 import numpy as np
 
+from fnnc.core.dtypes import is_floating
 from fnnc.core.ir import Graph, Node, TensorSymbol
 from fnnc.graph.passes.remat import backward_start
 from fnnc.ops import lssc_compress, lssc_decompress
@@ -72,7 +73,7 @@ def compressible(graph: Graph) -> list[int]:
             or not readers
             or any(r.cmd.name != "gradient" for r in readers)
             or len(sym.shape) not in (3, 4)
-            or not np.issubdtype(np.dtype(sym.dtype), np.floating)
+            or not is_floating(sym.dtype)
         ):
             continue
         found.append(sid)

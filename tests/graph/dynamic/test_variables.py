@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from fnnc import ops
@@ -46,6 +48,28 @@ def test_gradients_through_operators() -> None:
     (dx,) = dg.backward(f, [x])
     np.testing.assert_allclose(dx.numpy(), [0.0, 1.0, 2.0], rtol=1e-6)
     assert x.grad is dx
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_16_bit_variables_get_gradients_and_minimizer_steps(dtype) -> None:
+    """bfloat16 results were once marked non-differentiable (NumPy's issubdtype does not
+    count it as inexact): backward raised, or gave a mixed model's bfloat16 parameter a
+    zero gradient and SGD left it where it was, silently."""
+    dg = DynamicGraph()
+    x = dg.variable(jnp.arange(1, 4, dtype=dtype))
+    y = (x * x).sum()
+    assert y.requires_grad
+    np.testing.assert_array_equal(np.asarray(dg.backward(y, [x])[0], F32), [2, 4, 6])
+    dg = DynamicGraph()
+    v, w = dg.variable(np.ones(3, F32)), dg.variable(jnp.ones(3, dtype))
+    wide = dg.exec(ops.datatype_conversion(dtype="float32"), w * w)
+    loss = (v * wide).sum() + (v * v).sum()
+    gv, gw = dg.backward(loss, [v, w])
+    np.testing.assert_array_equal(np.asarray(gv), [3, 3, 3])  # d/dv: w*w + 2v
+    np.testing.assert_array_equal(np.asarray(gw, F32), [2, 2, 2])  # d/dw: 2 v w
+    dg.zero_grad()  # backward accumulated into w's gradient
+    dg.minimize(optax.sgd(0.1), loss, [w])
+    np.testing.assert_array_equal(np.asarray(w, F32), np.asarray(jnp.full(3, 0.8, dtype), F32))
 
 
 def test_alias_of_alias_sees_new_values() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -49,11 +50,11 @@ def test_softmax_crossentropy_keeps_trims_that_sum_to_one() -> None:
 
 @pytest.mark.parametrize(
     "why",
-    ["softmax is an output", "softmax read twice", "targets", "trims", "axis"],
+    ["softmax is an output", "softmax read twice", "targets", "bf16 targets", "trims", "axis"],
 )
 def test_softmax_crossentropy_needs_a_private_softmax_and_index_labels(why) -> None:
-    if why == "targets":
-        b, p, loss = _softmax_xent(np.float32, (2, 3))
+    if why.endswith("targets"):
+        b, p, loss = _softmax_xent(jnp.bfloat16 if why[:4] == "bf16" else np.float32, (2, 3))
     elif why == "trims":
         b, p, loss = _softmax_xent(trim0=0.1, trim1=0.9)
     elif why == "axis":

@@ -93,13 +93,14 @@ def test_leaves_what_it_cannot_fuse_alone():
     assert FUSE(wanted) is wanted
     graph = _head()
     assert fuse_linear_crossentropy(graph, min_logits=2 * 5 * 50 + 1) is graph  # too small
-    b = GraphBuilder()
-    x, w = b.input((4, 8), name="x"), b.input((6, 8), name="w")
-    targets = b.input((4, 6), name="targets")  # per-class targets are [N, V] themselves
-    logits = b.exec(ops.gemm(transpose_b=True), x, w)
-    loss, _ = b.exec(ops.softmax_crossentropy(), logits, targets)
-    per_class = b.build([loss])
-    assert FUSE(per_class) is per_class
+    for dtype in (np.float32, jnp.bfloat16):  # per-class targets are [N, V] themselves
+        b = GraphBuilder()
+        x, w = b.input((4, 8), name="x"), b.input((6, 8), name="w")
+        targets = b.input((4, 6), dtype, name="targets")
+        logits = b.exec(ops.gemm(transpose_b=True), x, w)
+        loss, _ = b.exec(ops.softmax_crossentropy(), logits, targets)
+        per_class = b.build([loss])
+        assert FUSE(per_class) is per_class
     b = GraphBuilder()
     x, w = b.input((4, 8), name="x"), b.input((6, 8), name="w")
     label = b.input((4,), np.int32, name="label")

@@ -1,0 +1,30 @@
+"""Dtype kinds as JAX counts them: bfloat16 is a floating type.
+
+NumPy does not think so: ml_dtypes registers ``bfloat16`` (and the float8 types) as
+void-kind scalars, so ``np.issubdtype(jnp.bfloat16, np.floating)`` is ``False`` while
+``float16`` is ``True``. A check written with NumPy's ``issubdtype`` silently treats
+bfloat16 tensors as non-float (no gradient, labels read as class indices, patterns that
+do not match), which is how such checks went wrong before; fnnc asks here instead
+(``tests/test_architecture.py`` keeps NumPy's form out of the package).
+
+>>> import jax.numpy as jnp
+>>> from fnnc.core.dtypes import is_floating
+>>> is_floating(jnp.bfloat16), is_floating("float16"), is_floating(jnp.int32)
+(True, True, False)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+
+
+def is_floating(dtype: Any) -> bool:
+    """Whether ``dtype`` is a real floating type, bfloat16 and the float8 types included."""
+    return bool(jnp.issubdtype(dtype, jnp.floating))
+
+
+def is_inexact(dtype: Any) -> bool:
+    """Whether ``dtype`` is floating or complex (bfloat16 included)."""
+    return bool(jnp.issubdtype(dtype, jnp.inexact))
