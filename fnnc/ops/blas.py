@@ -6,13 +6,16 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from fnnc.core.command import NOTHING, Spec, Uses, defcommand
+from fnnc.errors import DTypeError
 from fnnc.ops._rules import (
     broadcast,
     broadcast_shape,
@@ -145,9 +148,34 @@ def _gemm_backward(grads, inputs, outputs, *, transpose_a, transpose_b):
     return result + tuple(unbroadcast(g, c.shape) for c in bias)
 
 
+def _whole_scalars(name: str, base: Any) -> Any:
+    """Shape rule ``base`` that also refuses a fractional scalar (``p``, ``q``, ``a``) on
+    an integer or bool input: computed in the input's type it would be truncated first
+    (``scalar_mul(a=0.5)`` of ``[1, 2, 3]`` gave zeros), and NNC's commands take floats."""
+
+    def rule(*specs: Spec, **params: Any) -> Spec:
+        out = base(*specs, **params)
+        if not jnp.issubdtype(out.dtype, jnp.inexact):
+            bad = {k: v for k, v in params.items() if k in "pqa" and not _whole(v)}
+            if bad:
+                given = ", ".join(f"{k}={v!r}" for k, v in bad.items())
+                raise DTypeError(
+                    f"{name}: {given} on {show(specs[0])} would be truncated to "
+                    f"{np.dtype(out.dtype).name}; give whole-number scalars, or convert the "
+                    "inputs to a float type first (datatype_conversion)"
+                )
+        return out
+
+    return rule
+
+
+def _whole(value: Any) -> bool:
+    return math.isfinite(value) and float(value).is_integer()
+
+
 @defcommand(
     family="blas",
-    shape=broadcast("add"),
+    shape=_whole_scalars("add", broadcast("add")),
     uses=NOTHING,
     elementwise=True,
     commutative=lambda cmd: cmd.param("p") == cmd.param("q"),  # p*a + q*b
@@ -192,7 +220,7 @@ def _add_backward(grads, inputs, outputs, *, p, q):
 
 @defcommand(
     family="blas",
-    shape=broadcast("mul"),
+    shape=_whole_scalars("mul", broadcast("mul")),
     uses=Uses(inputs=(0, 1)),
     elementwise=True,
     commutative=True,
@@ -217,7 +245,9 @@ def _mul_backward(grads, inputs, outputs, *, p):
     )
 
 
-@defcommand(family="blas", shape=same_shape, uses=NOTHING, elementwise=True)
+@defcommand(
+    family="blas", shape=_whole_scalars("scalar_mul", same_shape), uses=NOTHING, elementwise=True
+)
 def scalar_mul(x, *, a=1.0):
     """``a * x`` for a Python scalar ``a``, NNC's SCALAR_MUL (16-bit floats: computed in
     float32 and rounded once, as NNC does)."""
