@@ -447,6 +447,11 @@ def run_eager(cmd: Command, arrays: Sequence[Any]) -> Any:
     if any(not isinstance(getattr(a, "dtype", _PLAIN), np.dtype) for a in arrays):
         arrays = tuple(map(key_bits, arrays))  # a typed PRNG key: its uint32 data
     specs = as_specs(arrays, str(cmd))
+    # a list or a Python number, which as_specs took as the array it makes: so is it run
+    arrays = tuple(
+        a if a is None or (hasattr(a, "shape") and hasattr(a, "dtype")) else jax.numpy.asarray(a)
+        for a in arrays
+    )
     outs = output_specs(cmd, specs)
     gap = any(s is None for s in specs)
     backend = REFERENCE if gap else select_backend(cmd, specs)

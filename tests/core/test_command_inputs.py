@@ -1,6 +1,7 @@
 """What a command takes besides the canonical form: one int for an ``axes`` parameter
 (NumPy's ``axis=1``), and a typed PRNG key (``jax.random.key``) where a random command
-takes NNC's raw key bits, in eager calls as in graphs."""
+takes NNC's raw key bits, in eager calls as in graphs; nested lists in eager calls, as
+NumPy takes them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from fnnc import ops
+from fnnc.errors import DTypeError
 
 X = np.arange(6, dtype=np.float32).reshape(2, 3)
 
@@ -49,3 +51,14 @@ def test_typed_key_equals_its_key_data_in_eager_random_commands():
         raw = jax.tree.leaves(cmd(*args, bits))
         for a, b in zip(typed, raw, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def test_eager_calls_take_nested_lists_as_arrays():
+    """A list is the array NumPy makes of it (it reached the compiled forward as a list:
+    JAX's tracer conversion error, or ``'list' object has no attribute 'ndim'``)."""
+    np.testing.assert_array_equal(np.asarray(ops.relu()([1.0, -2.0])), [1.0, 0.0])
+    w = np.ones((3, 2), np.float32)
+    got = ops.gemm(transpose_b=True)([[1.0, 2.0]], w)
+    np.testing.assert_array_equal(np.asarray(got), [[3.0, 3.0, 3.0]])
+    with pytest.raises(DTypeError, match="input 0 is a object, expected an array"):
+        ops.relu()(object())
