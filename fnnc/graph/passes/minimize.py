@@ -71,7 +71,12 @@ def loss_and_params(
     input (the step returns their new values)."""
     (loss_id,) = _ids(graph, loss, "loss")
     param_ids = _ids(graph, params, "params")
-    for pid in param_ids:
+    for i, pid in enumerate(param_ids):
+        if pid in param_ids[:i]:
+            raise GraphError(
+                f"{who}: parameter {graph.label(pid)} is listed twice (positions "
+                f"{param_ids.index(pid)} and {i}); list each parameter once"
+            )
         if pid not in graph.inputs:
             raise GraphError(
                 f"{who}: parameter {graph.label(pid)} is not a graph input; parameters "

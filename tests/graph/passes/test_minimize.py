@@ -97,3 +97,7 @@ def test_bad_input():
         minimize(graph, loss, [inner], optax.sgd(0.1))
     with pytest.raises(CommandError, match=r"optax\.GradientTransformation"):
         minimize(graph, loss, [w], "sgd")
+    # a parameter listed twice made a step whose inputs repeat it (verify refuses such a
+    # graph), and compile ran it with the first value silently ignored
+    with pytest.raises(GraphError, match=r"%\d+ \(w\) is listed twice \(positions 0 and 1\)"):
+        minimize(graph, loss, [w, w], optax.sgd(0.1))
