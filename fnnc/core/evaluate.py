@@ -17,6 +17,7 @@ import numpy as np
 from jax import lax
 
 from fnnc.core.ir import AliasSymbol, Graph, Node, contiguous_strides
+from fnnc.errors import GraphError
 
 NodeRunner = Callable[[int, Node, list[Any]], Sequence[Any]]
 
@@ -73,7 +74,7 @@ def run_nodes(graph: Graph, args: Sequence[Any], run_node: NodeRunner) -> list[A
     env: dict[int, Any] = dict(zip(graph.inputs, args))
     symbols = graph.symbols
 
-    def read(sid: int) -> Any:
+    def read(sid: int, index: int = -1) -> Any:
         sym = symbols[sid]
         if isinstance(sym, AliasSymbol):
             root = env.get(sym.root)
@@ -81,11 +82,17 @@ def run_nodes(graph: Graph, args: Sequence[Any], run_node: NodeRunner) -> list[A
                 root = env[sym.root] = jnp.zeros(symbols[sym.root].shape, sym.dtype)
             return read_view(root, sym)
         if sid not in env:
-            env[sid] = jnp.zeros(sym.shape, sym.dtype)
+            if not any(isinstance(s, AliasSymbol) and s.root == sid for s in symbols):
+                raise GraphError(
+                    f"{_reader(graph, index)} read {graph.label(sid)}, which is no graph "
+                    "input and which no node writes (a pass that drops an input or a node "
+                    "leaves such reads: verify(graph) after a pass finds them)"
+                )
+            env[sid] = jnp.zeros(sym.shape, sym.dtype)  # a root written only through views
         return env[sid]
 
     for index, node in enumerate(graph.nodes):
-        outs = run_node(index, node, [read(s) for s in node.inputs])
+        outs = run_node(index, node, [read(s, index) for s in node.inputs])
         for sid, value in zip(node.outputs, outs):
             sym = symbols[sid]
             if isinstance(sym, AliasSymbol):
@@ -100,3 +107,10 @@ def run_nodes(graph: Graph, args: Sequence[Any], run_node: NodeRunner) -> list[A
 
 def as_tuple(out: Any) -> tuple[Any, ...]:
     return out if isinstance(out, tuple) else (out,)
+
+
+def _reader(graph: Graph, index: int) -> str:
+    if index < 0:
+        return "the graph's outputs"
+    node = graph.nodes[index]
+    return f"node {index} ({node.name or node.cmd.name})"

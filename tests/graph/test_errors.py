@@ -296,3 +296,24 @@ def test_compile_donate_unknown_name() -> None:
         "donate index 2 is not a graph input position",
     )
     _raises(GraphInputError, ValueError, lambda: compile(graph, donate=[-1]), "donate index -1")
+
+
+def test_a_read_nothing_writes_is_an_error_not_zeros() -> None:
+    """A hand-made graph (``dataclasses.replace`` in a pass) that dropped an input: compile
+    and interpret read zeros for it, silently; now they name the node and the tensor. A
+    root written only through views still starts as zeros (NNC leaves it unset)."""
+    import dataclasses
+
+    b = GraphBuilder()
+    x, w = b.input((2, 3), name="x"), b.input((4, 3), name="w")
+    graph = b.build([b.exec(ops.gemm(transpose_b=True), x, w, name="fc")])
+    dropped = dataclasses.replace(graph, inputs=(x.id,))
+    xs = np.ones((2, 3), np.float32)
+    for run in (lambda: interpret(dropped, xs), lambda: compile(dropped)(xs)):
+        _raises(GraphError, None, run, r"node 0 (fc) read %1 (w)", "verify(graph)")
+    b = GraphBuilder()
+    x = b.input((2,), name="x")
+    root = b.tensor((4,), name="root")
+    b.exec(ops.relu(), x, outputs=[b.alias(root, (2,), offset=(1,))])
+    got = interpret(b.build([root]), np.array([-1.0, 2.0], np.float32))
+    np.testing.assert_array_equal(np.asarray(got), [0.0, 0.0, 2.0, 0.0])
