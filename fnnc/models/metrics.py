@@ -175,13 +175,13 @@ def resolve(model: Any, metrics: Any, where: str = "metrics") -> dict[str, Metri
         found["accuracy"] = Accuracy()
     if metrics is None:
         return found
-    if isinstance(metrics, Mapping):
-        for name, fn in metrics.items():
-            found[name] = fn if isinstance(fn, Metric) else Function(name, fn)
-        return found
-    if isinstance(metrics, (str, Metric)) or not isinstance(metrics, Sequence):
+    if isinstance(metrics, (str, Metric, Mapping)) or not isinstance(metrics, Sequence):
         metrics = [metrics]
-    for metric in metrics:
+    for metric in metrics:  # a list may mix names, Metrics, callables and {"name": fn}
+        if isinstance(metric, Mapping):
+            for name, fn in metric.items():
+                found[name] = fn if isinstance(fn, Metric) else Function(name, fn)
+            continue
         m = get(metric, where)
         found[m.name] = m
     return found

@@ -331,10 +331,13 @@ class Model(FilesMixin, ScaleMixin, Layer):
         their wide outputs (lossless; :func:`fnnc.graph.passes.memory_reduction`)."""
         self.memory_reduction = bool(enabled)
 
-    def memory_plan(self, inputs: Sequence[Any] | None = None, targets: Sequence[Any] = ()) -> Any:
+    def memory_plan(self, inputs: Any = None, targets: Any = ()) -> Any:
         """:func:`fnnc.graph.memory_plan` of the compiled training step: the last one
-        :meth:`fit` ran, or the one for ``inputs``/``targets`` (arrays or specs)."""
-        return self.engine.memory_plan(inputs, targets)
+        :meth:`fit` ran, or the one for ``inputs``/``targets`` (arrays or specs: one, or
+        a list, as :meth:`fit` takes them)."""
+        return self.engine.memory_plan(
+            None if inputs is None else _arrays(inputs), _arrays(targets)
+        )
 
     def forward_graph(
         self, inputs: Sequence[Any], *, is_test: bool = True

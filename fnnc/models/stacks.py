@@ -22,6 +22,11 @@ from fnnc.models.layer import ModelError
 def stacked_ids(model: Any) -> dict[str, tuple[str, ...]]:
     """Stacked parameter id -> the per-block ids of its slices, for every parameter a
     :class:`Repeat` stacks in the compiled ``model`` (module doc)."""
+    if not hasattr(model, "engine"):
+        raise ModelError(
+            f"expected a Model (the parameters first, then the model: "
+            f"stack_parameters(params, model)), got a {type(model).__name__}"
+        )
     return {pid: info.blocks for pid, info in model.engine.infos.items() if info.blocks}
 
 

@@ -75,6 +75,8 @@ def test_score_defaults_and_bad_metrics():
     assert own["first"] == pytest.approx(float(m.predict(X)[0, 0]))
     one_hot = m.score((X, np.eye(5, dtype=np.float32)[Y]), metrics=[Accuracy()])
     assert one_hot["accuracy"] == got["accuracy"]
+    mixed = m.score((X, Y), metrics=["accuracy", {"first": lambda out, y: float(out[0, 0])}])
+    assert mixed == {**got, "first": own["first"]}  # a list may hold {"name": fn} too
     with pytest.raises(ModelError, match=r"score: unknown metric 'f1'.*top_<k>_accuracy"):
         m.score((X, Y), metrics=["f1"])
     with pytest.raises(ModelError, match=r"k=9 but output 0 has only 5 classes"):

@@ -88,6 +88,8 @@ def test_ids_are_the_unrolled_models_ids(pair):
     )
     assert rep.parameters()["t-blocks-0-block-[0:3]-fc-0-0"].shape == (N, WIDTH, WIDTH)
     assert sorted(unstack_parameters(rep.parameters(), rep)) == sorted(unr.parameters())
+    with pytest.raises(ModelError, match=r"the parameters first, then the model"):
+        stack_parameters(rep, rep.parameters())  # the arguments swapped
 
 
 def test_unnamed_blocks_number_in_the_enclosing_level():
