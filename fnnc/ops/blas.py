@@ -182,7 +182,8 @@ def _whole(value: Any) -> bool:
 )
 def add(a, b, *, p=1.0, q=1.0):
     """``p * a + q * b`` (broadcasting), NNC's ADD with its two scalars; 16-bit floats
-    are scaled and summed in float32 and rounded once, as NNC does."""
+    are scaled and summed in float32 and rounded once, as NNC does. On integer inputs
+    the scalars are whole numbers (a fractional one raises :class:`DTypeError`)."""
     shape = broadcast_shape("add", a.shape, b.shape)
     a, b = to_shape(a, shape), to_shape(b, shape)
     if q == -1.0 and p == 1.0:
@@ -226,7 +227,8 @@ def _add_backward(grads, inputs, outputs, *, p, q):
     commutative=True,
 )
 def mul(a, b, *, p=1.0):
-    """``p * a * b`` (broadcasting), NNC's MUL."""
+    """``p * a * b`` (broadcasting), NNC's MUL (on integer inputs ``p`` is a whole
+    number: a fractional one raises :class:`DTypeError`)."""
     shape = broadcast_shape("mul", a.shape, b.shape)
     a, b = to_shape(a, shape), to_shape(b, shape)
     if p == 1.0:
@@ -250,7 +252,8 @@ def _mul_backward(grads, inputs, outputs, *, p):
 )
 def scalar_mul(x, *, a=1.0):
     """``a * x`` for a Python scalar ``a``, NNC's SCALAR_MUL (16-bit floats: computed in
-    float32 and rounded once, as NNC does)."""
+    float32 and rounded once, as NNC does; integer inputs take a whole-number ``a``, a
+    fractional one raises :class:`DTypeError`)."""
     return _times(x, a)
 
 
