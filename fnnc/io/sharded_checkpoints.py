@@ -49,6 +49,7 @@ import orbax.checkpoint as ocp
 
 from fnnc.errors import CheckpointError
 from fnnc.io.checkpoints import Checkpoint
+from fnnc.io.structure import skeleton, template
 
 FORMAT, VERSION = "fnnc.sharded_checkpoint", 1
 ITEMS = ("state", "optimizer", "fnnc")
@@ -183,17 +184,20 @@ class ShardedCheckpoints:
                 state, source = dict(state.parameters()), "parameters"
             info = {"metadata": metadata}
         manifest = {"format": FORMAT, "version": VERSION, "source": source, **info}
+        where = f"sharded checkpoint: step {step} for {self._path}"
+        _check_savable(state, "state", where)
+        _check_savable(optimizer_state, "optimizer state", where)
         if not jax.tree.leaves(state):
-            raise CheckpointError(
-                f"sharded checkpoint: step {step} for {self._path}: the state holds no arrays"
-            )
+            raise CheckpointError(f"{where}: the state holds no arrays")
         if not jax.tree.leaves(optimizer_state):  # none yet (a model before its first step)
             optimizer_state = None
         manifest["created"] = time.time()
         manifest["optimizer_saved"] = optimizer_state is not None
+        # Orbax gives tuples back as lists and int keys as str: restore rebuilds them
+        manifest["structure"] = {"state": skeleton(state), "optimizer": skeleton(optimizer_state)}
         _check_json(manifest, step)
         manager = self._open(create=True)
-        if step in self.steps():
+        if step in self.steps():  # only once the new save is known to be one Orbax takes
             manager.delete(step)
         items = {"state": ocp.args.StandardSave(_keyed(state)), "fnnc": ocp.args.JsonSave(manifest)}
         if optimizer_state is not None:
@@ -223,7 +227,9 @@ class ShardedCheckpoints:
             step: which retained step; ``None`` for the newest.
             like: a template of the state (arrays or ``jax.ShapeDtypeStruct`` leaves):
                 its tree structure, and the ``sharding`` of its leaves (each process
-                then reads only its shards). Without it, arrays come back on one device.
+                then reads only its shards). Without it, the saved structure comes back
+                (tuples, NamedTuples such as Optax states, int keys: the step's manifest
+                keeps it) with its arrays on one device.
             optimizer_like: the same for the optimizer state.
 
         Raises:
@@ -231,9 +237,15 @@ class ShardedCheckpoints:
         """
         step = self.find_step(step)
         manifest = self._manifest(step)
+        saved = manifest.get("structure") or {}
+        where = f"sharded checkpoint: step {step} in {self._path}"
+        if like is None and saved.get("state") is not None:
+            like = template(saved["state"], where)
         state = self.read_arrays(step, "state", like)
         optimizer = None
         if manifest.get("optimizer_saved"):
+            if optimizer_like is None and saved.get("optimizer") is not None:
+                optimizer_like = template(saved["optimizer"], where)
             optimizer = self.read_arrays(step, "optimizer", optimizer_like)
         created = manifest.get("created")
         created = float(created) if isinstance(created, (int, float)) else 0.0
@@ -332,8 +344,31 @@ class ShardedCheckpoints:
         return manifest
 
 
+def _check_savable(tree: Any, what: str, where: str) -> None:
+    """A :class:`CheckpointError` naming the leaf, before anything on disk changes (a
+    re-save replaces its step), for what Orbax cannot store but :class:`Checkpoints`
+    can: a dict whose keys mix types, a zero-size array."""
+    try:
+        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(
+            f"{where}: its {what} is no pytree JAX can flatten ({str(e)[:200]}); the keys "
+            "of one dict must be all strings or all ints"
+        ) from None
+    for path, leaf in leaves:
+        if getattr(leaf, "size", None) == 0:
+            raise CheckpointError(
+                f"{where}: {what} leaf {jax.tree_util.keystr(path)} is a zero-size array "
+                f"{tuple(leaf.shape)}, which Orbax cannot store: leave it out, or save with "
+                "Checkpoints (one SQLite file), which stores it"
+            )
+
+
 def _spec(leaf: Any) -> Any:
-    """A restore target leaf: shape, dtype and (when it has one) sharding."""
+    """A restore target leaf: shape, dtype and (when it has one) sharding; a Python
+    number stays itself (Orbax restores it as the number it saved)."""
+    if isinstance(leaf, (bool, int, float)):
+        return leaf
     return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=getattr(leaf, "sharding", None))
 
 

@@ -149,7 +149,7 @@ def decode(
             if len(fields) != len(values):
                 raise bad(f"{len(fields)} fields but {len(values)} values", x)
             decoded = [dec(v, depth + 1) for v in values]
-            cls = _namedtuple(name, fields, loose, where)
+            cls = namedtuple_named(name, fields, loose, where)
             return tuple(decoded) if cls is None else cls(*decoded)
         raise bad(f"unknown entry with keys {sorted(map(str, x))[:8]}", x)
 
@@ -194,7 +194,7 @@ def _leaf(
     ):
         raise bad("shape must be a list of non-negative ints", x)
     shape = tuple(shape)
-    dtype = _dtype(x.get("dtype"), bad)
+    dtype = dtype_named(x.get("dtype"), bad)
     kind, row = x.get("kind"), x["$array"]
     if kind not in _KINDS:
         raise bad(f"kind must be one of {list(_KINDS)}", x)
@@ -239,7 +239,8 @@ def rebuild(decoded: Any, like: Any, what: str) -> Any:
     return jax.tree.unflatten(treedef, leaves)
 
 
-def _dtype(name: Any, bad: Callable[[str, Any], Exception]) -> np.dtype:
+def dtype_named(name: Any, bad: Callable[[str, Any], Exception]) -> np.dtype:
+    """The dtype a saved name names (ml_dtypes' included); ``bad(why, name)`` otherwise."""
     if not isinstance(name, str) or len(name) > 32:
         raise bad("dtype must be a dtype name", name)
     if isinstance(vars(ml_dtypes).get(name), type):
@@ -253,7 +254,7 @@ def _dtype(name: Any, bad: Callable[[str, Any], Exception]) -> np.dtype:
     return dtype
 
 
-def _namedtuple(qualified: str, fields: list[str], loose: bool, where: str) -> type | None:
+def namedtuple_named(qualified: str, fields: list[str], loose: bool, where: str) -> type | None:
     """The class ``module:QualName`` names, if it is already defined.
 
     The lookup reads module and class ``__dict__``s only (``vars``), never ``getattr``:

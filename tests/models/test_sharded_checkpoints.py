@@ -315,6 +315,42 @@ def test_keep_last_and_pytrees(tmp_path):
     assert type(got.optimizer_state[0]) is type(like[0])
 
 
+def test_restore_without_a_template_keeps_the_saved_structure(tmp_path):
+    """Orbax alone gives tuples back as lists, NamedTuples (Optax states) as dicts and int
+    keys as str: the optimizer state could not go back into Optax. Python numbers saved
+    as leaves restore with or without like=, as Checkpoints does."""
+    params = {"a": jax.numpy.ones((2, 2))}
+    adam = optax.adam(1e-3)
+    tree = {"w": jax.numpy.ones(2), "lr": 0.5, "pair": (jax.numpy.zeros(1), 7), "i": {3: [True]}}
+    with ShardedCheckpoints(tmp_path / "s") as ckpt:
+        ckpt.save(1, tree, adam.init(params))
+        for got in (ckpt.restore(1), ckpt.restore(1, like=tree)):
+            assert jax.tree.structure(got.state) == jax.tree.structure(tree)
+            assert (
+                got.state["lr"] == 0.5
+                and got.state["pair"][1] == 7
+                and got.state["i"] == {3: [True]}
+            )
+            np.testing.assert_array_equal(got.state["w"], tree["w"])
+        got = ckpt.restore(1)
+    assert jax.tree.structure(got.optimizer_state) == jax.tree.structure(adam.init(params))
+    adam.update(params, got.optimizer_state, params)  # an Optax state again
+
+
+def test_a_failed_resave_keeps_the_step_and_names_the_leaf(tmp_path):
+    """A save of a step already saved replaced it only after deleting it: a save Orbax
+    then refused (a zero-size array) lost the step. What Orbax refuses is now refused
+    first, naming the leaf."""
+    with ShardedCheckpoints(tmp_path / "s") as ckpt:
+        ckpt.save(5, {"w": jax.numpy.ones(3)})
+        with pytest.raises(CheckpointError, match=r"leaf \['empty'\] is a zero-size array"):
+            ckpt.save(5, {"w": jax.numpy.ones(3), "empty": jax.numpy.zeros((0, 2))})
+        with pytest.raises(CheckpointError, match=r"all strings or all ints"):
+            ckpt.save(5, {"w": jax.numpy.ones(3), 0: jax.numpy.ones(1)})
+        assert ckpt.steps() == [5]
+        np.testing.assert_array_equal(ckpt.restore(5).state["w"], np.ones(3))
+
+
 def test_object_with_parameters_saves_by_parameter_id(tmp_path):
     """An object with only ``parameters()`` is saved as that dict, as Checkpoints does."""
 
