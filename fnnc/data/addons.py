@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from fnnc.data.errors import DataError
+from fnnc.data.errors import DataError, integer
 from fnnc.data.jitter import Jitter
 
 
@@ -120,8 +120,7 @@ class AddOns:
         >>> df[0]["y_one_hot"].tolist()
         [0.0, 0.0, 1.0]
         """
-        if not isinstance(depth, int) or depth < 1:
-            raise DataError(f"one_hot: depth must be a positive integer, got {depth!r}")
+        depth = integer(depth, "one_hot", 1, "depth")
         fn = functools.partial(one_hot, depth=depth, on=on, off=off, dtype=np.dtype(dtype))
         return self.map(fn, column, output or f"{column}_one_hot")
 
@@ -148,8 +147,7 @@ class AddOns:
         mask ``[B, L, L]`` with 1 where row and column index are both below the length:
         the attention mask of padded sequences. ``L`` is ``max_length``, or with
         ``variable_size`` the batch's longest length."""
-        if not isinstance(max_length, int) or max_length < 0:
-            raise DataError(f"one_squared: max_length must be an integer >= 0, got {max_length!r}")
+        max_length = integer(max_length, "one_squared", 0, "max_length")
         names, outs = _pairs(columns, outputs, "mask")
         fn = functools.partial(one_squared, max_length=max_length, variable_size=variable_size)
         frame = self

@@ -3,6 +3,7 @@ pipeline that cannot produce what was asked (re-exported by :mod:`fnnc.data`).""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,6 +22,20 @@ def unknown_columns(what: str, names: Iterable[str], columns: Iterable[str]) -> 
         f"{what}: no column{plural} {', '.join(repr(m) for m in missing)} "
         f"(the dataframe has {len(known)} column{'' if len(known) == 1 else 's'}: {shown})"
     )
+
+
+def integer(value: Any, what: str, low: int, name: str) -> int:
+    """``value`` as a Python int: an ``int`` or a NumPy integer (``operator.index``),
+    never a bool, at least ``low``; else the error naming ``what`` and ``name``."""
+    if not isinstance(value, (bool, np.bool_)):
+        try:
+            number = operator.index(value)
+        except TypeError:
+            number = None
+        if number is not None and number >= low:
+            return number
+    need = "a positive integer" if low == 1 else f"an integer >= {low}"
+    raise DataError(f"{what}: {name} must be {need}, got {value!r}")
 
 
 def flat_rows(ids: Any) -> list[int]:

@@ -31,6 +31,7 @@ NNC                                     fnnc.data
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -39,7 +40,7 @@ import grain
 
 from fnnc.data import files, plan
 from fnnc.data.addons import AddOns
-from fnnc.data.errors import DataError
+from fnnc.data.errors import DataError, integer
 from fnnc.data.iterator import DataIterator
 from fnnc.data.sources import (
     Column,
@@ -56,9 +57,7 @@ from fnnc.data.stages import names as column_names
 def _seed(seed: Any, what: str) -> int | None:
     if seed is None:
         return None
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise DataError(f"{what}: seed must be a non-negative integer or None, got {seed!r}")
-    return seed
+    return integer(seed, what, 0, "seed (or None)")
 
 
 class DataFrame(AddOns):
@@ -201,9 +200,13 @@ class DataFrame(AddOns):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         """Row ``index`` of epoch 0 with seed 0, as a dict (for looking, not for training)."""
-        if not isinstance(index, int) or not -self._rows <= index < self._rows:
+        try:
+            row = operator.index(index) if not isinstance(index, bool) else None
+        except TypeError:
+            row = None
+        if row is None or not -self._rows <= row < self._rows:
             raise IndexError(f"row {index!r} of a dataframe with {self._rows} rows")
-        return self.to_grain()[index % self._rows]
+        return self.to_grain()[row % self._rows]
 
     def _then(self, stage: Stage) -> DataFrame:
         out = object.__new__(DataFrame)
@@ -266,8 +269,8 @@ class DataFrame(AddOns):
             options = grain.sharding.ShardByJaxProcess(drop_remainder=drop_remainder)
             index, count = options.shard_index, options.shard_count
         assert count is not None
-        if not isinstance(count, int) or count < 1:
-            raise DataError(f"shard: count must be a positive integer, got {count!r}")
+        count = integer(count, "shard", 1, "count")
+        index = integer(index, "shard", 0, "index")
         return self._then(Shard(index, count, bool(drop_remainder)))
 
     def batch(
@@ -323,8 +326,8 @@ class DataFrame(AddOns):
         """
         given = {"workers": workers, "threads": threads, "prefetch": prefetch}
         for name, value in given.items():
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise DataError(f"read_with: {name} must be an integer >= 0, got {value!r}")
+            if value is not None:
+                given[name] = integer(value, "read_with", 0, name)
         out = object.__new__(DataFrame)
         for slot in DataFrame.__slots__:
             setattr(out, slot, getattr(self, slot))

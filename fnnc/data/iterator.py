@@ -34,7 +34,7 @@ from typing import Any
 import grain
 
 from fnnc.data import workers as parking
-from fnnc.data.errors import DataError
+from fnnc.data.errors import DataError, integer
 
 _FORMAT = "fnnc.data.DataIterator/1"
 _FILE_THREADS = 4
@@ -44,9 +44,7 @@ contend for the GIL (measured: 2 threads read digits batches about half as fast)
 
 
 def _count(value: Any, what: str, low: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise DataError(f"iterator: {what} must be an integer >= {low}, got {value!r}")
-    return value
+    return integer(value, "iterator", low, what)
 
 
 class DataIterator(Iterator[Any]):

@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fnnc.data.errors import DataError, unknown_columns
+from fnnc.data.errors import DataError, integer, unknown_columns
 
 
 def names(value: str | Sequence[str], what: str) -> tuple[str, ...]:
@@ -133,8 +133,8 @@ class Group:
     output: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.size, int) or self.size < 1:
-            raise DataError(f"batch/sample size must be a positive integer, got {self.size!r}")
+        size = integer(self.size, "batch/sample", 1, "size")
+        object.__setattr__(self, "size", size)  # a NumPy integer becomes a Python int
 
     def columns(self, before: tuple[str, ...]) -> tuple[str, ...]:
         check_known(self.describe(), self.inputs, before)

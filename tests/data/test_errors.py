@@ -82,3 +82,22 @@ def test_bad_descriptions_fail_when_described():
         frame().shard(1)
     with pytest.raises(DataError, match="twice"):
         frame().map(lambda x: x, ("x", "x"), "z")
+
+
+def test_numpy_integers_are_integers_and_bools_are_not():
+    """Sizes from NumPy (np.prod, a config array) were refused as "not a positive
+    integer", and df[np.int64(2)] as a row out of range; True was a batch of 1."""
+    n = np.int64(2)
+    df = frame()
+    np.testing.assert_array_equal(next(iter(df.batch(n)))["x"], [0, 1])
+    assert [len(list(df.shard(i, n))) for i in (np.int32(0), 1)] == [6, 6]
+    assert df[n]["x"] == df[2]["x"] == 2
+    assert df.one_hot("x", np.int64(12))[3]["x_one_hot"].tolist() == np.eye(12)[3].tolist()
+    list(df.shuffle(np.uint8(3)).read_with(threads=np.int64(1)))
+    for bad in (lambda: df.batch(True), lambda: df.batch(np.float64(2.0)), lambda: df.batch(0)):
+        with pytest.raises(DataError, match="size must be a positive integer"):
+            bad()
+    with pytest.raises(DataError, match=r"shard: index must be an integer >= 0, got -1"):
+        df.shard(-1, 2)
+    with pytest.raises(IndexError, match="row True of a dataframe with 12 rows"):
+        df[True]
