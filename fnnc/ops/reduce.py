@@ -28,13 +28,24 @@ def _count(shape, axes) -> int:
     return n
 
 
-def _reduce_rule(name: str, need_float: bool = False):
+def _reduce_rule(name: str, need_float: bool = False, nonempty: bool = False):
     def rule(x: Spec, *, axes) -> Spec:
         if need_float:
             require_float(name, x)
-        return Spec(_kept(x.shape, norm_axes(name, axes, x.ndim)), x.dtype)
+        axes = norm_axes(name, axes, x.ndim)
+        if nonempty:
+            _nonempty(name, x, axes)
+        return Spec(_kept(x.shape, axes), x.dtype)
 
     return rule
+
+
+def _nonempty(name: str, x: Spec, axes: tuple[int, ...]) -> None:
+    """A maximum, minimum or arg-extremum of no values is undefined (JAX raises a bare
+    ValueError while tracing): a ShapeError naming the empty axis instead."""
+    empty = [a for a in axes if x.shape[a] == 0]
+    if empty:
+        fail(f"{name}: axis {empty[0]} of {show(x)} is empty; it has no value to pick")
 
 
 @defcommand(family="reduce", shape=_reduce_rule("reduce_sum"), uses=NOTHING)
@@ -75,7 +86,8 @@ def _extremum(name: str, pick, doc: str):
 
     forward.__name__ = name
     forward.__doc__ = doc
-    factory = defcommand(family="reduce", shape=_reduce_rule(name), uses=EXTREMUM_USES)(forward)
+    rule = _reduce_rule(name, nonempty=True)
+    factory = defcommand(family="reduce", shape=rule, uses=EXTREMUM_USES)(forward)
 
     @factory.backward
     def _backward(grads, inputs, outputs, *, axes):
@@ -131,7 +143,9 @@ def _arg_rule(name: str):
     def rule(x: Spec, *, axis) -> Spec:
         if x.ndim == 0:
             fail(f"{name}: needs an input of rank >= 1, got {show(x)}")
-        return Spec(_kept(x.shape, norm_axes(name, (axis,), x.ndim)), jnp.int32)
+        axes = norm_axes(name, (axis,), x.ndim)
+        _nonempty(name, x, axes)
+        return Spec(_kept(x.shape, axes), jnp.int32)
 
     return rule
 
