@@ -173,3 +173,34 @@ def test_nan_hyper_parameter_graphs_are_equal_after_a_round_trip(tmp_path):
     assert graph == build() and hash(graph) == hash(build())
     save(graph, tmp_path / "g.json")
     assert load(tmp_path / "g.json") == graph
+
+
+def test_negative_zero_hyper_parameters_are_not_positive_zero(tmp_path):
+    """``0.0 == -0.0`` in Python, yet ``scalar_mul(a=-0.0)`` gives -0.0 (``1 / x``:
+    -inf): the two commands shared compiled programs and CSE merged their nodes, so
+    whichever ran first answered for both. They differ now, and stay so through a file
+    and a pickle."""
+    import pickle
+
+    import numpy as np
+
+    from fnnc.graph import compile, interpret
+    from fnnc.graph.passes import cse
+
+    neg, pos = ops.scalar_mul(a=-0.0), ops.scalar_mul(a=0.0)
+    assert neg != pos and hash(neg) != hash(pos) and neg == ops.scalar_mul(a=-0.0)
+    assert pickle.loads(pickle.dumps(neg)) == neg
+    ones = np.ones(2, np.float32)
+    np.testing.assert_array_equal(np.signbit(np.asarray(neg(ones))), [True, True])
+    np.testing.assert_array_equal(np.signbit(np.asarray(pos(ones))), [False, False])
+    b = GraphBuilder()
+    x = b.input((2,), name="x")
+    outs = [b.exec(ops.ewdiv(), x, b.exec(c, x)) for c in (neg, pos)]
+    graph = b.build(outs)
+    want = [np.full(2, -np.inf), np.full(2, np.inf)]
+    for run in (interpret, compile(graph), compile(cse(graph))):
+        got = run(graph, ones) if run is interpret else run(ones)
+        np.testing.assert_array_equal(np.asarray(got[0]), want[0])
+        np.testing.assert_array_equal(np.asarray(got[1]), want[1])
+    save(graph, tmp_path / "g.json")
+    assert load(tmp_path / "g.json") == graph
