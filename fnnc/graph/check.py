@@ -85,6 +85,11 @@ def check_pass(
         PassCheckError: they differ; the message names the first differing node.
         GraphError: the pass produced an invalid graph (naming the pass).
     """
+    if isinstance(graph_pass, Graph) or not isinstance(graph, Graph):
+        raise GraphError(
+            f"check_pass(graph_pass, graph): expected a pass then a Graph, got a "
+            f"{type(graph_pass).__name__} then a {type(graph).__name__}"
+        )
     name = getattr(graph_pass, "__name__", repr(graph_pass))
     new = run_passes(graph, (graph_pass,), verify_each=True, print_each=False)
     if new.input_specs != graph.input_specs or new.output_specs != graph.output_specs:

@@ -80,6 +80,8 @@ def test_a_broken_graph_is_blamed_by_name() -> None:
 
     with pytest.raises(PassCheckError, match="changed the graph's signature"):
         check_pass(drops_output, _layer())
+    with pytest.raises(GraphError, match=r"expected a pass then a Graph, got a Graph then a"):
+        check_pass(_layer(), drops_output)  # the arguments swapped
 
 
 def test_float32_when_a_command_has_no_float64() -> None:
