@@ -283,7 +283,7 @@ class Model(FilesMixin, ScaleMixin, Layer):
 
     def backward(
         self,
-        ingrads: Sequence[Any] | None = None,
+        ingrads: Any = None,
         outgrads: bool | Sequence[int] = True,
         *,
         outgrad: bool | Sequence[int] | None = None,
@@ -296,6 +296,7 @@ class Model(FilesMixin, ScaleMixin, Layer):
         input (``True``), none (``False``: parameter gradients only, and the program
         computes no more), or the listed input positions. ``outgrad=`` is the same
         argument under its earlier name. See :mod:`fnnc.models.residuals`."""
+        ingrads = None if ingrads is None else _arrays(ingrads)  # one array, as fit takes
         return self.engine.backward(ingrads, outgrads if outgrad is None else outgrad)
 
     def apply_gradients(self) -> None:
