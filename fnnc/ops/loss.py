@@ -152,7 +152,9 @@ def _softmax_crossentropy_grad(g_loss, g_p, label, p, *, trim0, trim1):
 
 @softmax_crossentropy.backward
 def _softmax_crossentropy_backward(grads, inputs, outputs, *, trim0, trim1):
-    (g_loss, g_p), (_, label), (_, p) = grads, inputs, outputs
+    (g_loss, g_p), (x, label), (_, p) = grads, inputs, outputs
+    if g_loss is None and g_p is None:  # NNC's null gradient (a graph gives at least one)
+        g_loss = _loss_gradient(None, x)
     return _softmax_crossentropy_grad(g_loss, g_p, label, p, trim0=trim0, trim1=trim1), None
 
 
@@ -173,7 +175,14 @@ def _categorical_crossentropy_grad(g, p, label, *, trim0, trim1):
 
 @categorical_crossentropy.backward
 def _categorical_crossentropy_backward(grads, inputs, outputs, *, trim0, trim1):
-    return _categorical_crossentropy_grad(grads[0], *inputs, trim0=trim0, trim1=trim1)
+    g = _loss_gradient(grads[0], inputs[0])
+    return _categorical_crossentropy_grad(g, *inputs, trim0=trim0, trim1=trim1)
+
+
+def _loss_gradient(g, x):
+    """``g``, or for NNC's null output gradient (``None``) ones shaped like the loss
+    ``[..., 1]``: a loss command's own derivative, as NNC's backwards read it."""
+    return jnp.ones((*x.shape[:-1], 1), x.dtype) if g is None else g
 
 
 def _binary_shape(name: str, outputs: int):
@@ -214,7 +223,8 @@ def _binary_crossentropy_grad(g, p, label, *, pos_weight):
 
 @binary_crossentropy.backward
 def _binary_crossentropy_backward(grads, inputs, outputs, *, pos_weight):
-    return _binary_crossentropy_grad(grads[0], *inputs, pos_weight=pos_weight)
+    g = _loss_gradient(grads[0], inputs[0])
+    return _binary_crossentropy_grad(g, *inputs, pos_weight=pos_weight)
 
 
 @defcommand(
@@ -245,7 +255,9 @@ def _sigmoid_binary_crossentropy_grad(g_loss, g_s, label, s, *, pos_weight):
 
 @sigmoid_binary_crossentropy.backward
 def _sigmoid_binary_crossentropy_backward(grads, inputs, outputs, *, pos_weight):
-    (g_loss, g_s), (_, label), (_, s) = grads, inputs, outputs
+    (g_loss, g_s), (x, label), (_, s) = grads, inputs, outputs
+    if g_loss is None and g_s is None:  # NNC's null gradient (a graph gives at least one)
+        g_loss = _loss_gradient(None, x)
     return _sigmoid_binary_crossentropy_grad(g_loss, g_s, label, s, pos_weight=pos_weight), None
 
 
