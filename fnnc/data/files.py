@@ -191,9 +191,15 @@ def read_csv(
     path: str | os.PathLike[str], *, delimiter: str, quote: str, header: bool
 ) -> dict[str, Column]:
     """The columns of a CSV file, each a :class:`SequenceColumn` of strings (``None``
-    where a line has fewer fields), named by the header or ``"0"``, ``"1"``, ..."""
-    with open(path, newline="", encoding="utf-8") as f:
-        lines = list(csv.reader(f, delimiter=delimiter, quotechar=quote, doublequote=True))
+    where a line has fewer fields; a blank line is one empty field, ``""`` in the first
+    column), named by the header or ``"0"``, ``"1"``, ... Fields may be of any length."""
+    limit = csv.field_size_limit(2**31 - 1)  # Python's default refuses fields over 128 KiB
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            lines = list(csv.reader(f, delimiter=delimiter, quotechar=quote, doublequote=True))
+    finally:
+        csv.field_size_limit(limit)
+    lines = [line or [""] for line in lines]  # a blank line: one empty field, as NNC reads it
     names: list[str] = []
     if header and lines:
         names = lines.pop(0)

@@ -1,5 +1,7 @@
 """DataFrame as a description: columns, rows, map, batch, sample, constructors."""
 
+import csv
+
 import numpy as np
 import pytest
 
@@ -139,6 +141,18 @@ def test_from_csv(tmp_path):
     tsv.write_text("1\t2\n3\t4\n")
     df = DataFrame.from_csv(tsv, delimiter="\t", header=False).map(int, "1", "b")
     assert [r for r in df.iterator("b")] == [2, 4]
+
+
+def test_from_csv_reads_long_fields_and_blank_lines_as_nnc_does(tmp_path):
+    """A field over Python's 128 KiB csv limit raised csv.Error; a blank line is one
+    empty field, as NNC's reader gives it ("" in column 0, NULL in the others)."""
+    path = tmp_path / "t.csv"
+    long = "x" * 200_000
+    path.write_text(f"a,b\n{long},1\n\nshort,2\n")
+    limit = csv.field_size_limit()
+    rows = [tuple(r) for r in DataFrame.from_csv(path, header=False).iterator(("0", "1"))]
+    assert rows == [("a", "b"), (long, "1"), ("", None), ("short", "2")]
+    assert csv.field_size_limit() == limit  # Python's process-wide limit is put back
 
 
 def test_columns_must_have_equal_rows():
