@@ -156,7 +156,7 @@ def _whole_scalars(name: str, base: Any) -> Any:
     def rule(*specs: Spec, **params: Any) -> Spec:
         out = base(*specs, **params)
         if not jnp.issubdtype(out.dtype, jnp.inexact):
-            bad = {k: v for k, v in params.items() if k in "pqa" and not _whole(v)}
+            bad = {k: v for k, v in params.items() if k in ("p", "q", "a") and not _whole(v)}
             if bad:
                 given = ", ".join(f"{k}={v!r}" for k, v in bad.items())
                 raise DTypeError(
