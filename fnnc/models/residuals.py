@@ -47,6 +47,7 @@ compute them (:func:`backward_program`).
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -316,7 +317,14 @@ def outgrad_inputs(outgrad: bool | Sequence[int], specs: Sequence[Any]) -> list[
     floats = [i for i, s in enumerate(specs) if is_inexact(s.dtype)]
     if isinstance(outgrad, bool):
         return floats if outgrad else []
-    chosen = [int(i) for i in outgrad]
+    try:
+        chosen = [operator.index(i) for i in outgrad]
+    except TypeError:
+        raise ModelError(
+            f"backward: outgrads picks the inputs whose gradients come back (True, False or "
+            f"a list of input positions), got a {type(outgrad).__name__}; the output "
+            "gradients go first, as ingrads"
+        ) from None
     bad = [i for i in chosen if i not in floats]
     if bad:
         raise ModelError(

@@ -60,6 +60,8 @@ def test_backward_runs_from_residuals_and_matches_vjp_with_and_without_outgrad()
     assert_close(model.engine.grads, jax.tree.map(lambda a: 2 * a, gp), rtol=1e-6, atol=1e-6)
     (only_z,) = model.backward(g, outgrad=[1])  # one array: the list of one, as fit takes it
     assert_close(only_z, gz, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ModelError, match="the output gradients go first, as ingrads"):
+        model.backward(outgrads=g)  # the output gradient passed as outgrads
 
     progs = {k[0]: [] for k in model.engine._programs}
     for k, p in model.engine._programs.items():
