@@ -37,6 +37,7 @@ import numpy as np
 from fnnc import config
 from fnnc.errors import ModelError
 from fnnc.graph import interpret
+from fnnc.models.pipeline import Pipeline
 
 PARAMETERS = ("embedded", "argument")
 
@@ -90,7 +91,8 @@ def export(
             "export fixed shapes"
         )
     one = [jax.ShapeDtypeStruct((1, *s.shape[1:]), s.dtype) for s in specs]
-    graph, ids = model.forward_graph(specs if batch is None else one)
+    with contextlib.nullcontext() if batch is None else _unpipelined(model):
+        graph, ids = model.forward_graph(specs if batch is None else one)
     values = model.parameters()
     n_out = len(model.outputs)
 
@@ -186,3 +188,31 @@ def _write(path: str | os.PathLike[str], data: bytes) -> None:
         if os.path.exists(temporary):
             os.remove(temporary)
         raise
+
+
+@contextlib.contextmanager
+def _unpipelined(model: Any) -> Any:
+    """``model``'s pipelined Repeats built as plain ones, for the one-sample graph that
+    ``jax.vmap`` maps over the symbolic batch: one row does not split into microbatches,
+    and a test-mode forward mixes no rows, so each sample's result is the same (their
+    stacked parameters are the same too). The pipelines and the parameter records are
+    put back after."""
+    engine = model.engine
+    repeats = {
+        id(owner): owner
+        for info in engine.infos.values()
+        if info.blocks
+        for owner in info.owners
+        if isinstance(getattr(owner, "pipeline", None), Pipeline)
+    }
+    saved = [(layer, layer.pipeline) for layer in repeats.values()]
+    infos = dict(engine.infos)
+    try:
+        for layer, _ in saved:
+            layer.pipeline = None
+        yield
+    finally:
+        for layer, pipeline in saved:
+            layer.pipeline = pipeline
+        engine.infos.clear()
+        engine.infos.update(infos)

@@ -145,6 +145,24 @@ def test_predict_score_and_validation_take_batches_of_any_size():
         piped.evaluate(xs[:6])
 
 
+def test_export_takes_any_batch_and_leaves_the_pipeline_in_place():
+    """The exported one-sample graph (vmapped over a symbolic batch) cannot split its row
+    into microbatches: it builds the pipelined Repeat as the plain one, which computes
+    the same rows; the model trains pipelined after."""
+    plain, piped = make(), make(Pipeline(2, 4))
+    for m in (plain, piped):
+        m.compile(XS, loss="mse", minimizer=optax.sgd(0.05))
+    piped.set_parameters(plain.parameters())
+    exported = piped.export()
+    xs = np.random.default_rng(7).normal(size=(5, 3)).astype(np.float32)
+    for rows in (xs, xs[:1], XS):
+        want = plain.evaluate(rows)
+        np.testing.assert_allclose(exported.call(rows), want, rtol=1e-5, atol=1e-6)
+    piped.fit(XS, YS)
+    fit = next(p for key, p in piped.engine._programs.items() if key[0] == "fit")
+    assert "pipeline[stages=2; microbatches=4" in str(fit.program.graph)
+
+
 def test_one_device_stage_mesh_lays_stacks_on_the_stage_axis():
     mesh = jax.make_mesh((1,), ("stage",))
     m, _ = trained(Pipeline(2, 4), steps=1, mesh=mesh, sharding="pipeline")
