@@ -25,8 +25,9 @@ any other (``nnx.BatchStat``)   internal ``r-<layer>-<j>``: no gradient, no opti
 
 A Linen module's ``"params"`` collection gives the parameters and every other
 collection (``"batch_stats"``) internals, applied ``mutable`` so that training-mode
-steps keep what the module writes; training-mode steps pass a fresh ``"dropout"`` key
-in ``rngs`` (Linen modules choose their mode themselves, by their attributes).
+steps keep what the module writes. Every call passes a fresh ``"dropout"`` key in
+``rngs``, test mode's too: Linen modules choose their mode themselves, by their
+attributes, and one built to drop (``nn.Dropout(deterministic=False)``) draws in both.
 
 ``<i>`` and ``<j>`` count the parameters and the internals in the order of the
 module's flattened state; :func:`parameter_paths` maps each id back to its Flax path
@@ -194,7 +195,10 @@ class _LinenFunction(_Function):
             "params": jax.tree.unflatten(self._params_tree, params),
             **jax.tree.unflatten(self._state_tree, state),
         }
-        rngs = {"dropout": jax.random.wrap_key_data(keys[0])} if training else None
+        # a key in both modes: Linen modules pick their mode themselves, and one built to
+        # drop (nn.Dropout(deterministic=False)) draws in test mode too; the build feeds
+        # a real key only where the traced call reads it
+        rngs = {"dropout": jax.random.wrap_key_data(keys[0])}
         if not self._collections:
             return self._module.apply(variables, x, rngs=rngs), []
         # mutable even in test mode: a module that writes its statistics in every mode

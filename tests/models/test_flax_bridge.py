@@ -215,6 +215,30 @@ def test_linen_batch_stats_are_internals_updated_by_training_steps() -> None:
         np.testing.assert_allclose(got[pid], want[path], atol=1e-5, err_msg=path)
 
 
+def test_a_linen_module_built_to_drop_compiles_and_drops_in_both_modes() -> None:
+    """Linen modules pick their mode themselves: nn.Dropout(deterministic=False) draws a
+    "dropout" key in fnnc's test-mode build too, which had no key (Flax's
+    InvalidRngError out of compile). Each entry is 0 or the dense output over 1 - rate."""
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dropout(0.5, deterministic=False)(nn.Dense(64)(x))
+
+    x = _rand(np.random.default_rng(4), 4, 3)
+    net = Net()
+    variables = net.init(jax.random.key(0), x)
+    model = Model.from_flax(net, variables)
+    model.compile(x, loss=_mse, minimizer=optax.sgd(0.1))
+    dense = nn.Dense(64).apply({"params": variables["params"]["Dense_0"]}, x)
+    for _ in range(2):
+        y = np.asarray(model.evaluate(x))
+        kept = y != 0
+        assert 0.2 < kept.mean() < 0.8
+        np.testing.assert_allclose(y[kept], 2 * np.asarray(dense)[kept], rtol=1e-5)
+    assert np.isfinite(model.fit(x, np.zeros((4, 64), np.float32)))
+
+
 # -- parameter paths -----------------------------------------------------------------------
 
 
