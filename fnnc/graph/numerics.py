@@ -96,10 +96,23 @@ def numerics_error(
     for sid, value in zip(node.inputs, inputs):
         lines.append(f"  input  {graph.label(sid)}: {tensor_stats(value)}")
     lines.append(format_graph(graph, mark=index, window=3))
-    lines.append(
-        "Look at the inputs above: a log or division of zero, an overflow in float16, or "
-        "NaN already in the data are the usual causes."
+    stale = list(
+        dict.fromkeys(  # a node reading one input twice names it once
+            graph.label(sid)
+            for sid, value in zip(node.inputs, inputs)
+            if sid in graph.inputs and is_float(value) and not tensor_stats(value).finite
+        )
     )
+    if stale:
+        lines.append(
+            f"Input {', '.join(stale)} already held a NaN or an infinity: it came from outside "
+            "the graph (the data, or a parameter set by hand), not from this node."
+        )
+    else:
+        lines.append(
+            "Look at the inputs above: a log or division of zero, an overflow in float16, "
+            "or NaN already in the data are the usual causes."
+        )
     return NumericsError("\n".join(lines))
 
 

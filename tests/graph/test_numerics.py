@@ -36,6 +36,11 @@ def test_numerics_names_the_first_bad_node(mode):
     text = str(err.value)
     assert "input  %1 (zero): f32[3] min=0 max=0" in text
     assert "inf=3" in text
+    assert "already held" not in text  # node 'log' made it from finite inputs
+    bad = np.array([1.0, np.inf, 3.0], np.float32)  # the data is the cause: it says so
+    with config.override(numerics=True), pytest.raises(NumericsError) as err:
+        (interpret(graph, bad) if mode == "interpret" else compile(graph)(bad))
+    assert "Input %0 (x) already held a NaN or an infinity" in str(err.value)
 
 
 def test_numerics_off_by_default_and_finite_runs_pass():
