@@ -214,5 +214,4 @@ def _unpipelined(model: Any) -> Any:
     finally:
         for layer, pipeline in saved:
             layer.pipeline = pipeline
-        engine.infos.clear()
-        engine.infos.update(infos)
+        engine.infos.update(infos)  # the records of the pipelined build where there were
