@@ -33,13 +33,21 @@ from fnnc.io.format import CODES
 Rows = list[tuple[str, np.ndarray]]
 
 
-def encode(tree: Any, label: str, row_name: Callable[[str], str]) -> tuple[Any, Rows]:
-    """``tree`` as JSON-able data, and the ``(row name, array)`` pairs to store."""
+def encode(
+    tree: Any,
+    label: str,
+    row_name: Callable[[str], str],
+    array: Callable[[Any, str], Any] | None = None,
+) -> tuple[Any, Rows]:
+    """``tree`` as JSON-able data, and the ``(row name, array)`` pairs to store.
+
+    ``array(x, path)``, where given, writes each array leaf's entry instead (and no row):
+    :mod:`fnnc.io.structure` keeps a tree's structure without its data so."""
     rows: Rows = []
 
     def enc(x: Any, path: str) -> Any:
         if isinstance(x, (np.ndarray, np.generic, jax.Array)):
-            return _array(x, path)
+            return _array(x, path) if array is None else array(x, path)
         if x is None or isinstance(x, (bool, int, str)):
             return x
         if isinstance(x, float):
@@ -149,7 +157,7 @@ def decode(
             if len(fields) != len(values):
                 raise bad(f"{len(fields)} fields but {len(values)} values", x)
             decoded = [dec(v, depth + 1) for v in values]
-            cls = namedtuple_named(name, fields, loose, where)
+            cls = _namedtuple(name, fields, loose, where)
             return tuple(decoded) if cls is None else cls(*decoded)
         raise bad(f"unknown entry with keys {sorted(map(str, x))[:8]}", x)
 
@@ -194,7 +202,7 @@ def _leaf(
     ):
         raise bad("shape must be a list of non-negative ints", x)
     shape = tuple(shape)
-    dtype = dtype_named(x.get("dtype"), bad)
+    dtype = _dtype(x.get("dtype"), bad)
     kind, row = x.get("kind"), x["$array"]
     if kind not in _KINDS:
         raise bad(f"kind must be one of {list(_KINDS)}", x)
@@ -239,8 +247,7 @@ def rebuild(decoded: Any, like: Any, what: str) -> Any:
     return jax.tree.unflatten(treedef, leaves)
 
 
-def dtype_named(name: Any, bad: Callable[[str, Any], Exception]) -> np.dtype:
-    """The dtype a saved name names (ml_dtypes' included); ``bad(why, name)`` otherwise."""
+def _dtype(name: Any, bad: Callable[[str, Any], Exception]) -> np.dtype:
     if not isinstance(name, str) or len(name) > 32:
         raise bad("dtype must be a dtype name", name)
     if isinstance(vars(ml_dtypes).get(name), type):
@@ -254,7 +261,7 @@ def dtype_named(name: Any, bad: Callable[[str, Any], Exception]) -> np.dtype:
     return dtype
 
 
-def namedtuple_named(qualified: str, fields: list[str], loose: bool, where: str) -> type | None:
+def _namedtuple(qualified: str, fields: list[str], loose: bool, where: str) -> type | None:
     """The class ``module:QualName`` names, if it is already defined.
 
     The lookup reads module and class ``__dict__``s only (``vars``), never ``getattr``:
