@@ -390,25 +390,28 @@ def _compiled(
     return jax.jit(run)
 
 
-def as_specs(arrays: Sequence[Any], where: str) -> tuple[Spec | None, ...]:
-    """The specs of ``arrays``; a :class:`DTypeError` naming ``where`` for non-arrays.
-
-    ``None`` (an optional input left out) stays ``None``.
-    """
-    specs: list[Spec | None] = []
-    for i, a in enumerate(arrays):
-        if a is None:
-            specs.append(None)
-            continue
-        if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+def as_arrays(values: Sequence[Any], where: str) -> tuple[Any, ...]:
+    """``values`` with lists and Python numbers made the arrays NumPy makes of them; a
+    :class:`DTypeError` naming ``where`` for what makes none. ``None`` (an optional
+    input left out) stays ``None``."""
+    out = []
+    for i, a in enumerate(values):
+        if a is not None and not (hasattr(a, "shape") and hasattr(a, "dtype")):
             try:
                 a = jax.numpy.asarray(a)
             except TypeError:
                 raise DTypeError(
                     f"{where}: input {i} is a {type(a).__name__}, expected an array"
                 ) from None
-        specs.append(Spec(tuple(a.shape), a.dtype))
-    return tuple(specs)
+        out.append(a)
+    return tuple(out)
+
+
+def as_specs(arrays: Sequence[Any], where: str) -> tuple[Spec | None, ...]:
+    """The specs of ``arrays`` (:func:`as_arrays` of them); ``None`` stays ``None``."""
+    return tuple(
+        None if a is None else Spec(tuple(a.shape), a.dtype) for a in as_arrays(arrays, where)
+    )
 
 
 def _left_out(cmd: Command, arrays: Sequence[Any]) -> tuple[Any, ...]:
@@ -446,12 +449,8 @@ def run_eager(cmd: Command, arrays: Sequence[Any]) -> Any:
     arrays = _left_out(cmd, arrays)
     if any(not isinstance(getattr(a, "dtype", _PLAIN), np.dtype) for a in arrays):
         arrays = tuple(map(key_bits, arrays))  # a typed PRNG key: its uint32 data
+    arrays = as_arrays(arrays, str(cmd))  # a list runs as the array NumPy makes of it
     specs = as_specs(arrays, str(cmd))
-    # a list or a Python number, which as_specs took as the array it makes: so is it run
-    arrays = tuple(
-        a if a is None or (hasattr(a, "shape") and hasattr(a, "dtype")) else jax.numpy.asarray(a)
-        for a in arrays
-    )
     outs = output_specs(cmd, specs)
     gap = any(s is None for s in specs)
     backend = REFERENCE if gap else select_backend(cmd, specs)
