@@ -24,16 +24,23 @@ def unknown_columns(what: str, names: Iterable[str], columns: Iterable[str]) -> 
     )
 
 
-def integer(value: Any, what: str, low: int, name: str) -> int:
+def as_int(value: Any) -> int | None:
     """``value`` as a Python int: an ``int`` or a NumPy integer (``operator.index``),
-    never a bool, at least ``low``; else the error naming ``what`` and ``name``."""
-    if not isinstance(value, (bool, np.bool_)):
-        try:
-            number = operator.index(value)
-        except TypeError:
-            number = None
-        if number is not None and number >= low:
-            return number
+    never a bool; ``None`` for anything else."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def integer(value: Any, what: str, low: int, name: str) -> int:
+    """:func:`as_int` of ``value``, at least ``low``; else the error naming ``what`` and
+    ``name``."""
+    number = as_int(value)
+    if number is not None and number >= low:
+        return number
     need = "a positive integer" if low == 1 else f"an integer >= {low}"
     raise DataError(f"{what}: {name} must be {need}, got {value!r}")
 

@@ -31,7 +31,6 @@ NNC                                     fnnc.data
 
 from __future__ import annotations
 
-import operator
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -40,7 +39,7 @@ import grain
 
 from fnnc.data import files, plan
 from fnnc.data.addons import AddOns
-from fnnc.data.errors import DataError, integer
+from fnnc.data.errors import DataError, as_int, integer
 from fnnc.data.iterator import DataIterator
 from fnnc.data.sources import (
     Column,
@@ -200,10 +199,7 @@ class DataFrame(AddOns):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         """Row ``index`` of epoch 0 with seed 0, as a dict (for looking, not for training)."""
-        try:
-            row = operator.index(index) if not isinstance(index, bool) else None
-        except TypeError:
-            row = None
+        row = as_int(index)
         if row is None or not -self._rows <= row < self._rows:
             raise IndexError(f"row {index!r} of a dataframe with {self._rows} rows")
         return self.to_grain()[row % self._rows]
