@@ -28,7 +28,7 @@ from fnnc.errors import CommandError, GraphError, GraphInputError, NumericsError
 from fnnc.graph import cpu_libraries
 from fnnc.graph._io import flatten_inputs, unflatten_outputs
 from fnnc.graph.memory import MemoryPlan, memory_plan
-from fnnc.graph.numerics import numerics_error
+from fnnc.graph.numerics import Blame, numerics_error
 from fnnc.graph.sharding import Shardings
 from fnnc.ops import while_tape
 
@@ -122,15 +122,17 @@ class Program:
 
         def program(*args: Any) -> tuple[Any, ...]:
             consts = args[n_in:]
-            bad: list[Any] = []
+            bad: list[Any] = []  # one flag per node, in node order
+            blame = Blame(graph, jnp) if numerics else None
 
             def run_node(index: int, node: Node, inputs: list[Any]) -> tuple[Any, ...]:
                 if index in slot:
-                    return (consts[slot[index]],)
-                with jax.named_scope(scopes[index]):  # profiles and HLO show node names
-                    outs = as_tuple(forwards[index](*inputs))
-                if numerics:
-                    bad.append(_any_not_finite(outs))
+                    outs: tuple[Any, ...] = (consts[slot[index]],)
+                else:
+                    with jax.named_scope(scopes[index]):  # profiles and HLO show node names
+                        outs = as_tuple(forwards[index](*inputs))
+                if blame is not None:
+                    bad.append(blame(node, outs))
                 return outs
 
             with dispatch.matmul_precision_scope(matmul_precision):
@@ -333,15 +335,6 @@ def _mesh_context(plan: Shardings | None) -> Any:
     mesh = plan.mesh
     auto = Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
     return jax.set_mesh(auto)
-
-
-def _any_not_finite(outs: tuple[Any, ...]) -> Any:
-    flags = [
-        jnp.logical_not(jnp.all(jnp.isfinite(o)))
-        for o in outs
-        if jnp.issubdtype(o.dtype, jnp.inexact)
-    ]
-    return jnp.any(jnp.stack(flags)) if flags else jnp.array(False)
 
 
 def compile(  # noqa: A001 - the name NNC users look for

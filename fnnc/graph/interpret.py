@@ -16,7 +16,7 @@ from fnnc.core.ir import Graph, Node
 from fnnc.core.text import format_graph
 from fnnc.errors import FnncError, GraphError
 from fnnc.graph._io import flatten_inputs, unflatten_outputs
-from fnnc.graph.numerics import check_node
+from fnnc.graph.numerics import Blame, check_node
 from fnnc.ops import while_tape
 
 OnNode = Callable[[int, Node, tuple[Any, ...], tuple[Any, ...]], Sequence[Any] | None]
@@ -66,7 +66,7 @@ def interpret(graph: Graph, *args: Any, on_node: OnNode | None = None) -> Any:
     0 relu f32[2] min=1 max=1 mean=1 std=0 nan=0 inf=0
     """
     values = flatten_inputs(graph, args, "interpret")
-    numerics = config.get().numerics
+    blame = Blame(graph) if config.get().numerics else None
 
     def run_node(index: int, node: Node, inputs: list[Any]) -> tuple[Any, ...]:
         try:
@@ -94,8 +94,8 @@ def interpret(graph: Graph, *args: Any, on_node: OnNode | None = None) -> Any:
                     f"declared {np.dtype(sym.dtype).name}{list(sym.shape)}: the command's shape "
                     f"rule disagrees with its forward\n{format_graph(graph, mark=index, window=3)}"
                 )
-        if numerics:
-            check_node(graph, index, inputs, outs, "interpret")
+        if blame is not None:
+            check_node(graph, index, inputs, outs, "interpret", blame)
         if on_node is not None:
             replaced = on_node(index, node, tuple(inputs), outs)
             if replaced is not None:

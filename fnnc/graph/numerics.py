@@ -5,7 +5,10 @@ counts); use it from an :func:`~fnnc.graph.interpret` ``on_node`` hook to step t
 graph. With ``config.override(numerics=True)`` (or ``FNNC_CHECKS=numerics``), compiled
 programs, ``interpret``, the dynamic graph (each ``exec`` as it runs: :func:`checked`)
 and ``Model.fit`` raise :class:`~fnnc.errors.NumericsError` naming the first node whose
-output holds a NaN or an infinity, with its inputs' statistics.
+output holds a NaN or an infinity, with its inputs' statistics. In a graph, the
+non-finite values the graph writes itself (a ``-inf`` mask constant) and what flows on
+from them are deliberate and not reported (:class:`Blame`); the dynamic graph cannot
+tell a mask variable from data, so there every NaN or infinity is.
 
 Cost: off, nothing (the check is compiled in, or a command's forward wrapped, only when
 it is on). On, a compiled program computes one finiteness flag per node and reads them
@@ -26,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from fnnc.core.ir import Graph
+from fnnc.core.ir import AliasSymbol, Graph, Node
 from fnnc.core.text import format_graph
 from fnnc.errors import NumericsError
 
@@ -116,13 +119,78 @@ def numerics_error(
     return NumericsError("\n".join(lines))
 
 
+def nonfinite_kinds(values: Sequence[Any], xp: Any = np) -> Any:
+    """Which non-finite kinds the float arrays in ``values`` hold: a ``bool[3]`` of
+    (NaN, +inf, -inf), in NumPy (``xp=np``) or traced (``xp=jax.numpy``)."""
+    found = xp.zeros(3, bool)
+    for value in values:
+        if not is_float(value):
+            continue
+        parts = (value.real, value.imag) if np.dtype(value.dtype).kind == "c" else (value,)
+        for v in parts:
+            inf = xp.isinf(v)
+            found = found | xp.stack(
+                [xp.isnan(v).any(), (inf & (v > 0)).any(), (inf & (v < 0)).any()]
+            )
+    return found
+
+
+class Blame:
+    """Decides, node by node in graph order, whether a node is to blame for a NaN or an
+    infinity: whether an output holds a non-finite kind (NaN, +inf, -inf) that is not
+    *allowed* there.
+
+    Allowed are the kinds of values the graph writes itself: a node without inputs (a
+    ``constant``, such as the ``-inf`` of an attention mask, or what ``jnp.nan_to_num``
+    and ``jnp.isinf`` trace to), and whatever flows on from those. A graph input (the
+    data, a parameter) allows nothing, so a NaN in the data is reported at the first
+    node whose output carries it on, and a node that cleans it (``where(isnan(x), 0, x)``)
+    is not blamed. The same class runs on host values (``xp=np``: ``interpret``) and
+    inside a compiled program (``xp=jax.numpy``: one flag per node).
+    """
+
+    def __init__(self, graph: Graph, xp: Any = np):
+        self.graph, self.xp = graph, xp
+        self.allowed: dict[int, Any] = {}  # root symbol id -> bool[3]
+
+    def _root(self, sid: int) -> int:
+        sym = self.graph.symbol(sid)
+        return sym.root if isinstance(sym, AliasSymbol) else sid
+
+    def __call__(self, node: Node, outputs: Sequence[Any]) -> Any:
+        """Whether ``node``, which made ``outputs``, is to blame (a bool, or a traced
+        ``bool[]``); it records what its outputs allow for the nodes after it."""
+        xp = self.xp
+        kinds = nonfinite_kinds(outputs, xp)
+        if not node.inputs:
+            allowed = kinds
+        else:
+            allowed = xp.zeros(3, bool)
+            for sid in node.inputs:
+                got = self.allowed.get(self._root(sid))
+                if got is not None:
+                    allowed = allowed | got
+        for sid in node.outputs:
+            root = self._root(sid)
+            earlier = self.allowed.get(root) if root != sid else None  # a view's root
+            self.allowed[root] = allowed if earlier is None else earlier | allowed
+        return (kinds & ~allowed).any()
+
+
 def check_node(
-    graph: Graph, index: int, inputs: Sequence[Any], outputs: Sequence[Any], where: str
+    graph: Graph,
+    index: int,
+    inputs: Sequence[Any],
+    outputs: Sequence[Any],
+    where: str,
+    blame: Blame | None = None,
 ) -> None:
-    """Raises :class:`NumericsError` if a float output of node ``index`` is not finite."""
-    for value in outputs:
-        if is_float(value) and not bool(np.isfinite(np.asarray(value)).all()):
-            raise numerics_error(graph, index, inputs, outputs, where)
+    """Raises :class:`NumericsError` if node ``index`` is to blame (see :class:`Blame`,
+    which keeps what earlier nodes allow; without one, any NaN or infinity in the
+    outputs is) for a NaN or an infinity in its outputs."""
+    blame = blame if blame is not None else Blame(graph)
+    if bool(blame(graph.nodes[index], outputs)):
+        raise numerics_error(graph, index, inputs, outputs, where)
 
 
 class NotFinite(NumericsError):
