@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from fnnc import ops
+from fnnc.core.dtypes import is_floating
 from fnnc.core.ir import Symbol
 from fnnc.models.layer import BuildContext, Layer, ModelError, glorot_uniform, zeros
 
@@ -98,6 +99,13 @@ class RotaryEmbedding(Layer):
             raise ModelError(
                 f"layer {self.describe()}: expected [B, T, H, D] with an even D, got "
                 f"{list(x.shape)}; reshape the heads apart first"
+            )
+        if not is_floating(x.dtype):  # its cos/sin tables would round to 0 and 1
+            raise ModelError(
+                f"layer {self.describe()}: expected a floating-point input, got "
+                f"{np.dtype(x.dtype).name}{list(x.shape)}; rotate q and k after their "
+                "projections (or convert it first: "
+                "CommandLayer(ops.datatype_conversion(dtype=...)))"
             )
         b, t, h, d = x.shape
         half = d // 2

@@ -117,7 +117,8 @@ def _probabilities(q, k, mask, scale, is_causal, dtype=None):
         keep = causal if keep is None else keep & causal
     if keep is not None:
         logits = jnp.where(keep, logits, -jnp.inf)
-    m = lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    # initial: with no keys at all (T = 0) every row attends nothing, and gets zeros
+    m = lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True, initial=-jnp.inf))
     e = jnp.exp(logits - jnp.where(jnp.isfinite(m), m, 0))
     total = jnp.sum(e, axis=-1, keepdims=True)
     return e / jnp.where(total == 0, 1, total)

@@ -224,7 +224,9 @@ def _affine_grads(gy, xhat, x, ax, params):
     """Gradients of the optional scale (``sum gy * xhat``) and bias (``sum gy``)."""
     other = tuple(d for d in range(x.ndim) if d not in ax)
     sums = (jnp.sum(gy * xhat, axis=other), jnp.sum(gy, axis=other))
-    return tuple(jnp.reshape(s, p.shape) for s, p in zip(sums, params))
+    # A left-out parameter (``None``, as an eager call may pass a bias without a scale)
+    # has no gradient.
+    return tuple(None if p is None else jnp.reshape(s, p.shape) for s, p in zip(sums, params))
 
 
 @layer_norm.backward
@@ -236,7 +238,7 @@ def _layer_norm_backward(grads, inputs, outputs, *, axes, epsilon):
     n = math.prod(x.shape[a] for a in ax)
     gy = jnp.zeros(x.shape, x.dtype) if gy is None else gy
     xhat = (x - mu) * inv_std
-    gxh = gy * _param(params[0], x, ax) if params else gy
+    gxh = gy if not params or params[0] is None else gy * _param(params[0], x, ax)
     gx = inv_std * (
         gxh
         - jnp.mean(gxh, axis=ax, keepdims=True)
@@ -408,7 +410,7 @@ def _rms_norm_backward(grads, inputs, outputs, *, axes, epsilon):
     n = math.prod(x.shape[a] for a in ax)
     gy = jnp.zeros(x.shape, x.dtype) if gy is None else gy
     xhat = x * inv_std
-    gxh = gy * _param(params[0], x, ax) if params else gy
+    gxh = gy if not params or params[0] is None else gy * _param(params[0], x, ax)
     gx = inv_std * (gxh - xhat * jnp.mean(gxh * xhat, axis=ax, keepdims=True))
     if g_inv is not None:
         gx = gx - (g_inv * inv_std * inv_std / n) * xhat

@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fnnc.core.command import NOTHING, Spec, defcommand
+from fnnc.core.dtypes import is_inexact
+from fnnc.errors import DTypeError
 from fnnc.ops._rules import fail, require_choice, show, to_shape
 
 UPSAMPLE_MODES = ("nearest", "bilinear")
@@ -28,6 +30,12 @@ def _upsample_sizes(x: Spec, scale, mode: str) -> tuple[int, int]:
         fail(
             f"upsample: expected a rank-4 NHWC input (or rank-3 HWC, one image), got "
             f"{show(x)}; use format_transform for NCHW"
+        )
+    if mode == "bilinear" and not is_inexact(x.dtype):
+        raise DTypeError(
+            f"upsample: bilinear mode blends pixels and needs a floating-point input, got "
+            f"{show(x)} (its weights would round to 0 or 1); convert it with "
+            "fnnc.ops.datatype_conversion first, or use mode='nearest' (label maps)"
         )
     h, w = x.shape[-3], x.shape[-2]
     ho, wo = int(h * sh + 0.5), int(w * sw + 0.5)

@@ -59,6 +59,14 @@ def test_rotary_embedding_rejects_odd_heads():
         _model(RotaryEmbedding(), rand((1, 2, 1, 3)))
 
 
+def test_rotary_embedding_refuses_integer_input():
+    """Its cos/sin tables in int32 would be 1s and 0s: every position past the first
+    came out zero without a word."""
+    x = np.arange(12, dtype=np.int32).reshape(1, 3, 1, 4)
+    with pytest.raises(ModelError, match=r"RotaryEmbedding.*floating-point input, got int32"):
+        _model(RotaryEmbedding(), x)
+
+
 def moe_oracle(x, p, k, scale=1.0):
     """A dense MoE: every token through its top-k experts, by plain JAX gathers."""
     router, route, wg, wu, wd = (p[i] for i in range(5))
