@@ -7,15 +7,18 @@ generator:
    aspect ratio, then stretched by ``sqrt`` of a log-uniform factor in
    ``[1 / (1 + aspect_ratio), 1 + aspect_ratio]`` and rounded to ``roundup``;
 2. crop to ``size=(rows, cols)``: centred (``center_crop``) or at a random place, then
-   moved by up to ``offset=(x, y)`` pixels; outside the image is 0 (after
-   normalization, as NNC);
+   moved by up to ``offset=(x, y)`` pixels. When the crop fits inside the resized
+   image, NNC cuts the matching part of the input (its place scaled to the input and
+   kept inside it) and resizes only that to ``size``, so the steps below see the crop;
 3. flip left-right with probability 1/2 (``symmetric``);
 4. brightness, saturation, contrast and lighting, in a random order: brightness scales
    by a log-uniform factor in ``[1 / (1 + b), 1 + b]``; saturation and contrast blend
    with the grey image (0.299 R + 0.587 G + 0.114 B) and with the per-channel mean by
    such a factor; lighting adds ImageNet's PCA colour noise (AlexNet's, NNC's
    constants) with weights uniform in ``[0, lighting)``, clamped to ``[0, 255]``;
-5. normalize: ``(x - mean) / std`` per channel.
+5. normalize: ``(x - mean) / std`` per channel;
+6. a crop larger than the resized image is cut only now, after normalization, so the
+   part outside the image is 0 (NNC's order).
 
 Resizing is bilinear with half-pixel centres (NNC uses area averaging to shrink and
 bicubic to enlarge, so resized pixels differ slightly; geometry and randomness do
@@ -131,6 +134,9 @@ class Jitter:
             up = self.roundup
             rows, cols = (rows + up // 2) // up * up, (cols + up // 2) // up * up
         crop = self._crop_origin(rows, cols, rng)
+        if crop is not None and rows >= self.size[0] and cols >= self.size[1]:
+            image = _slice_input(image, crop, (rows, cols), self.size)
+            (rows, cols), crop = self.size, None
         image = resize_bilinear(image, rows, cols)
         if self.symmetric and rng.integers(2) == 0:
             image = image[:, ::-1]
@@ -152,7 +158,8 @@ class Jitter:
         origin = []
         for extent, want, jitter in ((cols, size_cols, ox), (rows, size_rows, oy)):
             spare = extent - want
-            at = (spare + 1) // 2 if self.center_crop else int(rng.random() * (spare + 1))
+            # int() truncates toward 0, as C's / and (int) do for a negative spare
+            at = int((spare + 1) / 2) if self.center_crop else int(rng.random() * (spare + 1))
             at = min(max(at, min(0, spare)), max(0, spare))
             if jitter:
                 at = int(at + rng.random() * jitter * 2 - jitter)
@@ -177,6 +184,21 @@ class Jitter:
                 alpha = rng.random(3).astype(np.float32) * self.lighting
                 image = np.clip(image + _PCA @ alpha, 0, 255)
         return image
+
+
+def _slice_input(
+    image: np.ndarray, origin: tuple[int, int], resized: tuple[int, int], size: tuple[int, int]
+) -> np.ndarray:
+    """The part of the input that the crop ``origin`` + ``size`` of the image resized to
+    ``resized`` shows, rounded to input pixels and kept inside the input (NNC's slice
+    before its resample, ``_ccv_cnnp_random_jitter``)."""
+    cut = []
+    for at, extent, want, n in zip(origin, resized, size, image.shape[:2]):
+        scale = n / extent
+        length = min(max(int(want * scale + 0.5), 1), n)
+        start = min(max(int(at * scale + 0.5), 0), n - length)
+        cut.append(slice(start, start + length))
+    return image[cut[0], cut[1]]
 
 
 def _crop(image: np.ndarray, origin: tuple[int, int], size: tuple[int, int]) -> np.ndarray:

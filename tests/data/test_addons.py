@@ -167,3 +167,53 @@ def test_jitter_errors():
         list(df)
     with pytest.raises(DataError, match="resize"):
         DataFrame.from_arrays(im=IMAGES).image_random_jitter("im", resize=(4, 2))
+
+
+def nnc_logexp(u, jitter):  # _ccv_cnnp_random_logexp for a uniform draw u
+    limit = np.log(1 + jitter)
+    return np.exp(u * 2 * limit - limit)
+
+
+def test_jitter_colour_steps_see_the_crop():  # NNC slices first when the crop fits
+    from fnnc.data.jitter import Jitter
+
+    image = IMAGE.copy()
+    image[:, :2] = 255.0  # bright columns outside the centre crop
+    got = Jitter(size=(2, 4), center_crop=True, contrast=0.5)(image, rng=np.random.default_rng(3))
+    rng = np.random.default_rng(3)
+    rng.permutation(4)  # the colour steps' order, then the contrast factor
+    factor = nnc_logexp(rng.random(), 0.5)
+    crop = image[2:4, 2:6]  # spare (4, 4): the centre crop starts at (2, 2)
+    mean = crop.mean(axis=(0, 1))
+    np.testing.assert_allclose(got, mean + (crop - mean) * factor, rtol=1e-5, atol=1e-3)
+
+
+def test_jitter_flip_mirrors_the_centre_crop():  # NNC crops, then flips
+    from fnnc.data.jitter import Jitter
+
+    ramp = np.broadcast_to(np.arange(7, dtype=np.float32)[None, :, None], (4, 7, 3))
+    jitter = Jitter(size=(4, 4), center_crop=True, symmetric=True)
+    outs = {tuple(jitter(ramp, rng=np.random.default_rng(s))[0, :, 0]) for s in range(16)}
+    assert outs == {(2, 3, 4, 5), (5, 4, 3, 2)}  # spare 3: x = (3 + 1) / 2 = 2
+
+
+def test_jitter_offset_of_a_fitting_crop_stays_inside():  # NNC clamps the input slice
+    out = jittered(size=(6, 8), offset=(3, 2))
+    np.testing.assert_array_equal(out, np.broadcast_to(IMAGE, out.shape))
+
+
+def test_jitter_crop_larger_than_the_image_pads_after_normalize():
+    out = jittered(size=(8, 8), center_crop=True, normalize=((10, 20, 30), (1, 1, 1)))
+    expected = np.zeros((8, 8, 3), np.float32)
+    expected[:6] = IMAGE - [10, 20, 30]  # spare rows -2: C's (-2 + 1) / 2 = 0
+    np.testing.assert_allclose(out[0], expected, rtol=1e-6)
+
+
+def test_jitter_fitting_crop_slices_the_input_then_resizes():
+    ramp = np.broadcast_to(np.arange(6, dtype=np.float32)[:, None, None], (6, 6, 3))
+    df = DataFrame.from_arrays(im=ramp[None]).image_random_jitter(
+        "im", resize=(4, 4), size=(2, 2), center_crop=True
+    )
+    # NNC: resized 4 x 4, crop at 1, scale 6 / 4: input rows int(1.5 + 0.5) = 2 and
+    # int(2 * 1.5 + 0.5) = 3 of them, [2, 3, 4], resized 3 -> 2 at centres 0.25, 1.75
+    np.testing.assert_allclose(df[0]["im_jitter"][:, 0, 0], [2.25, 3.75], rtol=1e-6)
