@@ -16,7 +16,8 @@ generator:
    with the grey image (0.299 R + 0.587 G + 0.114 B) and with the per-channel mean by
    such a factor; lighting adds ImageNet's PCA colour noise (AlexNet's, NNC's
    constants) with weights uniform in ``[0, lighting)``, clamped to ``[0, 255]``;
-5. normalize: ``(x - mean) / std`` per channel;
+5. normalize: ``(x - mean) / std`` per channel (a ``std`` of 0 leaves that channel
+   unscaled, as NNC stores ``1 / std``, or 1 for 0);
 6. a crop larger than the resized image is cut only now, after normalization, so the
    part outside the image is 0 (NNC's order).
 
@@ -143,7 +144,8 @@ class Jitter:
         image = self._colour(image, rng)
         if self.normalize is not None:
             mean, std = (np.asarray(v, np.float32) for v in self.normalize)
-            image = (image - mean) / std
+            inv_std = np.divide(1, std, out=np.ones_like(std), where=std != 0)  # NNC's
+            image = (image - mean) * inv_std
         if crop is not None:
             image = _crop(image, crop, self.size)
         return np.ascontiguousarray(image, dtype=np.float32)

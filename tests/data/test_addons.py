@@ -217,3 +217,8 @@ def test_jitter_fitting_crop_slices_the_input_then_resizes():
     # NNC: resized 4 x 4, crop at 1, scale 6 / 4: input rows int(1.5 + 0.5) = 2 and
     # int(2 * 1.5 + 0.5) = 3 of them, [2, 3, 4], resized 3 -> 2 at centres 0.25, 1.75
     np.testing.assert_allclose(df[0]["im_jitter"][:, 0, 0], [2.25, 3.75], rtol=1e-6)
+
+
+def test_jitter_normalize_std_zero_leaves_the_channel_unscaled():  # NNC: std ? 1 / std : 1
+    out = jittered(normalize=((1, 2, 3), (1, 0, 2)))
+    np.testing.assert_allclose(out[0], (IMAGE - [1, 2, 3]) * [1, 1, 0.5], rtol=1e-6)
