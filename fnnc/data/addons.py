@@ -49,36 +49,69 @@ def copy_scalar(value: Any, dtype: Any) -> np.ndarray:
     return value.astype(dtype).reshape((*value.shape, 1))
 
 
+def _lengths(lengths: Any, what: str) -> np.ndarray:
+    lengths = np.asarray(lengths)
+    if not np.issubdtype(lengths.dtype, np.integer):
+        raise ValueError(f"{what} expects integer lengths, got dtype {lengths.dtype}")
+    return lengths
+
+
+def _longest(lengths: np.ndarray) -> int:
+    return int(lengths.max()) if lengths.size else 0
+
+
+def _mask(lengths: np.ndarray, size: int) -> np.ndarray:
+    inside = np.arange(size) < lengths[..., None]
+    return (inside[..., :, None] & inside[..., None, :]).astype(np.int32)
+
+
 def one_squared(lengths: Any, max_length: int, variable_size: bool) -> np.ndarray:
     """Square masks ``[..., L, L]`` (int32): 1 where row and column are both below the
     length. ``L`` is ``max_length``, or with ``variable_size`` the largest length."""
-    lengths = np.asarray(lengths)
-    if not np.issubdtype(lengths.dtype, np.integer):
-        raise ValueError(f"one_squared expects integer lengths, got dtype {lengths.dtype}")
-    longest = int(lengths.max()) if lengths.size else 0
-    if lengths.size and (lengths.min() < 0 or longest > max_length):
-        raise ValueError(f"lengths must be in [0, {max_length}], got {lengths.min()}..{longest}")
-    size = longest if variable_size else max_length
-    index = np.arange(size)
-    inside = index < lengths[..., None]
-    return (inside[..., :, None] & inside[..., None, :]).astype(np.int32)
+    return one_squared_columns(lengths, max_length=max_length, variable_size=variable_size)
+
+
+def one_squared_columns(
+    *columns: Any, max_length: int, variable_size: bool
+) -> np.ndarray | tuple[np.ndarray, ...]:
+    """:func:`one_squared` of each column of lengths, all of one size ``L`` (NNC's
+    ``_ccv_cnnp_one_squared``): ``max_length``, or with ``variable_size`` the largest
+    length of all the columns. One column gives its mask, several a tuple."""
+    lengths = [_lengths(c, "one_squared") for c in columns]
+    longest = max(_longest(n) for n in lengths)
+    low = min((int(n.min()) for n in lengths if n.size), default=0)
+    if low < 0 or longest > max_length:
+        raise ValueError(f"lengths must be in [0, {max_length}], got {low}..{longest}")
+    masks = tuple(_mask(n, longest if variable_size else max_length) for n in lengths)
+    return masks[0] if len(masks) == 1 else masks
 
 
 def truncate(vector: Any, lengths: Any) -> np.ndarray:
     """``vector`` cut to the largest of ``lengths`` along the sequence axis: axis 0 for a
     row (``lengths`` a scalar), axis 1 for a batch (``lengths`` of shape ``[batch]``).
     Entries past a shorter sequence's own length stay, as NNC leaves them."""
-    vector, lengths = np.asarray(vector), np.asarray(lengths)
-    axis = lengths.ndim
-    if vector.ndim <= axis or (axis and vector.shape[0] != lengths.shape[0]):
-        raise ValueError(
-            f"truncate: lengths of shape {list(lengths.shape)} do not fit a sequence of "
-            f"shape {list(vector.shape)} (one length per row, sequence on the next axis)"
-        )
-    keep = int(lengths.max()) if lengths.size else 0
-    if keep > vector.shape[axis]:
-        raise ValueError(f"truncate: length {keep} exceeds the sequence's {vector.shape[axis]}")
-    return vector[(slice(None),) * axis + (slice(0, keep),)]
+    return truncate_columns(vector, lengths)  # type: ignore[return-value]
+
+
+def truncate_columns(*columns: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+    """The vectors ``columns[:n]``, each paired with the lengths ``columns[n:]``, all
+    cut to the largest length of all the length columns (NNC's ``_ccv_cnnp_truncate``),
+    as :func:`truncate` cuts one. One pair gives its vector, several a tuple."""
+    half = len(columns) // 2
+    pairs = [(np.asarray(v), np.asarray(n)) for v, n in zip(columns[:half], columns[half:])]
+    keep = max(_longest(n) for _, n in pairs)
+    cut = []
+    for vector, lengths in pairs:
+        axis = lengths.ndim
+        if vector.ndim <= axis or (axis and vector.shape[0] != lengths.shape[0]):
+            raise ValueError(
+                f"truncate: lengths of shape {list(lengths.shape)} do not fit a sequence of "
+                f"shape {list(vector.shape)} (one length per row, sequence on the next axis)"
+            )
+        if keep > vector.shape[axis]:
+            raise ValueError(f"truncate: length {keep} exceeds the sequence's {vector.shape[axis]}")
+        cut.append(vector[(slice(None),) * axis + (slice(0, keep),)])
+    return cut[0] if len(cut) == 1 else tuple(cut)
 
 
 def _pairs(inputs: str | Sequence[str], outputs: Any, suffix: str) -> tuple[tuple[str, ...], Any]:
@@ -90,6 +123,19 @@ def _pairs(inputs: str | Sequence[str], outputs: Any, suffix: str) -> tuple[tupl
     if len(outputs) != len(names):
         raise DataError(f"{suffix}: {len(names)} inputs {list(names)} but outputs {outputs!r}")
     return names, tuple(outputs)
+
+
+def _spread(fn: Any, where: tuple[int, ...], *values: Any) -> Any:
+    return fn(*(values[i] for i in where))
+
+
+def _map_columns(frame: Any, fn: Any, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> Any:
+    """``frame.map(fn, inputs, outputs)`` where ``inputs`` may name a column twice (NNC's
+    column lists may: two vectors sharing one length column)."""
+    unique = tuple(dict.fromkeys(inputs))
+    if unique != inputs:
+        fn = functools.partial(_spread, fn, tuple(unique.index(c) for c in inputs))
+    return frame.map(fn, unique, outputs)
 
 
 class AddOns:
@@ -146,14 +192,14 @@ class AddOns:
         """For each column of sequence lengths (a batch ``[B]`` of them, or one), an int32
         mask ``[B, L, L]`` with 1 where row and column index are both below the length:
         the attention mask of padded sequences. ``L`` is ``max_length``, or with
-        ``variable_size`` the batch's longest length."""
+        ``variable_size`` the longest length in the batch of any of ``columns``: one
+        call's masks all have one size, as NNC's."""
         max_length = integer(max_length, "one_squared", 0, "max_length")
         names, outs = _pairs(columns, outputs, "mask")
-        fn = functools.partial(one_squared, max_length=max_length, variable_size=variable_size)
-        frame = self
-        for name, out in zip(names, outs):
-            frame = frame.map(fn, name, out)
-        return frame
+        fn = functools.partial(
+            one_squared_columns, max_length=max_length, variable_size=bool(variable_size)
+        )
+        return _map_columns(self, fn, names, outs)
 
     def truncate(
         self,
@@ -161,17 +207,15 @@ class AddOns:
         lengths: str | Sequence[str],
         outputs: str | Sequence[str] | None = None,
     ) -> Any:
-        """Each of ``vectors`` cut to the largest length in the matching column of
-        ``lengths`` (NNC's ``vec_idxs`` and ``len_idxs``, paired in order): a batch of
-        padded sequences ``[B, L, ...]`` becomes ``[B, max(lengths), ...]``."""
+        """Each of ``vectors`` cut to the largest length in any column of ``lengths``
+        (NNC's ``vec_idxs`` and ``len_idxs``, paired in order; one call's outputs all
+        have one length, as NNC's): a batch of padded sequences ``[B, L, ...]`` becomes
+        ``[B, max(lengths), ...]``."""
         names, outs = _pairs(vectors, outputs, "truncated")
         lens = (lengths,) if isinstance(lengths, str) else tuple(lengths)
         if len(lens) != len(names):
             raise DataError(f"truncate: {len(names)} vector columns but {len(lens)} length columns")
-        frame = self
-        for name, length, out in zip(names, lens, outs):
-            frame = frame.map(truncate, (name, length), out)
-        return frame
+        return _map_columns(self, truncate_columns, names + lens, outs)
 
     def image_random_jitter(
         self, column: str, output: str | None = None, *, seed: int | None = None, **options: Any

@@ -75,6 +75,30 @@ def test_truncate_rows_then_batch():
     np.testing.assert_array_equal(df[0]["t"], seq[:, :3])
 
 
+def two_columns():
+    a = np.arange(12, dtype=np.float32).reshape(1, 2, 6)  # one row: a batch of 2 sequences
+    lengths = dict(la=np.array([[1, 2]], np.int32), lb=np.array([[4, 3]], np.int32))
+    return DataFrame.from_arrays(a=a, b=a + 100, **lengths), a[0]
+
+
+def test_truncate_columns_share_one_length():  # NNC: one max_len over all len_idxs
+    df, a = two_columns()
+    row = df.truncate(["a", "b"], ["la", "lb"])[0]
+    np.testing.assert_array_equal(row["a_truncated"], a[:, :4])
+    np.testing.assert_array_equal(row["b_truncated"], a[:, :4] + 100)
+    row = df.truncate(["a", "b"], ["la", "la"], ["x", "y"])[0]  # one length column twice
+    np.testing.assert_array_equal(row["y"], a[:, :2] + 100)
+
+
+def test_one_squared_variable_size_columns_share_one_size():
+    df, _ = two_columns()
+    row = df.one_squared(["la", "lb"], 6, variable_size=True)[0]
+    i = np.arange(4)  # the longest length of both columns
+    for name, lengths in (("la_mask", [1, 2]), ("lb_mask", [4, 3])):
+        n = np.array(lengths)[:, None, None]
+        np.testing.assert_array_equal(row[name], (i[:, None] < n) & (i[None, :] < n))
+
+
 IMAGE = np.random.default_rng(0).uniform(0, 255, (6, 8, 3)).astype(np.float32)
 IMAGES = np.stack([IMAGE] * 16)
 
