@@ -125,17 +125,24 @@ def _pairs(inputs: str | Sequence[str], outputs: Any, suffix: str) -> tuple[tupl
     return names, tuple(outputs)
 
 
-def _spread(fn: Any, where: tuple[int, ...], *values: Any) -> Any:
+def _spread(*values: Any, fn: Any, where: list[int]) -> Any:
     return fn(*(values[i] for i in where))
 
 
-def _map_columns(frame: Any, fn: Any, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> Any:
-    """``frame.map(fn, inputs, outputs)`` where ``inputs`` may name a column twice (NNC's
-    column lists may: two vectors sharing one length column)."""
+def _map_columns(
+    frame: Any, name: str, fn: Any, inputs: str | tuple[str, ...], outputs: Any, **kwargs: Any
+) -> Any:
+    """``frame.map(fn, inputs, outputs)``, with ``kwargs`` bound and the map named
+    ``name`` in errors (the add-on's name, not ``partial``); ``inputs`` may name a
+    column twice (NNC's column lists may: two vectors sharing one length column)."""
+    inputs = (inputs,) if isinstance(inputs, str) else inputs
     unique = tuple(dict.fromkeys(inputs))
     if unique != inputs:
-        fn = functools.partial(_spread, fn, tuple(unique.index(c) for c in inputs))
-    return frame.map(fn, unique, outputs)
+        kwargs = {"fn": functools.partial(fn, **kwargs), "where": [unique.index(c) for c in inputs]}
+        fn = _spread
+    bound = functools.partial(fn, **kwargs)
+    bound.__qualname__ = name  # type: ignore[attr-defined]  # what function_name shows
+    return frame.map(bound, unique, outputs)
 
 
 class AddOns:
@@ -167,19 +174,18 @@ class AddOns:
         [0.0, 0.0, 1.0]
         """
         depth = integer(depth, "one_hot", 1, "depth")
-        fn = functools.partial(one_hot, depth=depth, on=on, off=off, dtype=np.dtype(dtype))
-        return self.map(fn, column, output or f"{column}_one_hot")
+        options = dict(depth=depth, on=on, off=off, dtype=np.dtype(dtype))
+        return _map_columns(
+            self, "one_hot", one_hot, column, output or f"{column}_one_hot", **options
+        )
 
     def copy_scalar(
         self, column: str, output: str | None = None, *, dtype: Any = np.float32
     ) -> Any:
         """``output``: each scalar of ``column`` as a ``[1]`` tensor of ``dtype`` (NNC
         converts ``from_dt`` to ``to_dt``; the source dtype is the column's own)."""
-        return self.map(
-            functools.partial(copy_scalar, dtype=np.dtype(dtype)),
-            column,
-            output or f"{column}_scalar",
-        )
+        output = output or f"{column}_scalar"
+        return _map_columns(self, "copy_scalar", copy_scalar, column, output, dtype=np.dtype(dtype))
 
     def one_squared(
         self,
@@ -196,10 +202,8 @@ class AddOns:
         call's masks all have one size, as NNC's."""
         max_length = integer(max_length, "one_squared", 0, "max_length")
         names, outs = _pairs(columns, outputs, "mask")
-        fn = functools.partial(
-            one_squared_columns, max_length=max_length, variable_size=bool(variable_size)
-        )
-        return _map_columns(self, fn, names, outs)
+        options = dict(max_length=max_length, variable_size=bool(variable_size))
+        return _map_columns(self, "one_squared", one_squared_columns, names, outs, **options)
 
     def truncate(
         self,
@@ -215,7 +219,7 @@ class AddOns:
         lens = (lengths,) if isinstance(lengths, str) else tuple(lengths)
         if len(lens) != len(names):
             raise DataError(f"truncate: {len(names)} vector columns but {len(lens)} length columns")
-        return _map_columns(self, truncate_columns, names + lens, outs)
+        return _map_columns(self, "truncate", truncate_columns, names + lens, outs)
 
     def image_random_jitter(
         self, column: str, output: str | None = None, *, seed: int | None = None, **options: Any

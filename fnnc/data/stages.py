@@ -16,6 +16,7 @@ reported when the step is added, not when the first batch is read.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -40,8 +41,11 @@ def check_known(what: str, wanted: Sequence[str], columns: Sequence[str]) -> Non
 
 
 def function_name(fn: Any) -> str:
-    """A short name for ``fn`` in messages (``Aug.__call__``, ``<lambda>``)."""
+    """A short name for ``fn`` in messages (``Aug.__call__``, ``<lambda>``; a
+    ``functools.partial`` by the function it wraps)."""
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if name is None and isinstance(fn, functools.partial):
+        return function_name(fn.func)
     if name is None:
         return type(fn).__name__
     return name.rsplit("<locals>.", 1)[-1]

@@ -191,7 +191,8 @@ class FrameBatches(Batches):
     ):
         from fnnc.data.stages import Group, Shuffle
 
-        if not any(isinstance(s, Group) for s in frame._stages):
+        own = [s for s in frame._stages if isinstance(s, Group)]
+        if not own:
             if not any(isinstance(s, Shuffle) for s in frame._stages):
                 frame = frame.shuffle()
             frame = frame.batch(batch_size, drop_remainder=True)
@@ -209,7 +210,15 @@ class FrameBatches(Batches):
             )
         self.frame, self.seed, self.it = frame, seed, None
         if len(frame) == 0:
-            raise ModelError(f"train: the dataframe gives no batches of {batch_size}: {frame!r}")
+            made = (
+                f"its own {own[-1].describe()}, so train's batch_size does not apply"
+                if own
+                else f"batch_size={batch_size}, drop_remainder=True"
+            )
+            raise ModelError(
+                f"train: the dataframe gives no batches ({made}): {frame!r}; give it more "
+                "rows or batch it smaller"
+            )
 
     def __len__(self) -> int:
         return len(self.frame)

@@ -1,5 +1,7 @@
 """Errors name what went wrong where: the column, the row, the shapes, the columns known."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -101,3 +103,30 @@ def test_numpy_integers_are_integers_and_bools_are_not():
         df.shard(-1, 2)
     with pytest.raises(IndexError, match="row True of a dataframe with 12 rows"):
         df[True]
+
+
+@pytest.mark.parametrize(
+    "add, name",
+    [
+        (lambda df: df.one_hot("label", 3), "one_hot"),
+        (lambda df: df.copy_scalar("label"), "copy_scalar"),
+        (lambda df: df.one_squared("label", 4), "one_squared"),
+        (lambda df: df.truncate("x", "label"), "truncate"),
+    ],
+)
+def test_an_add_on_names_itself(add, name):
+    with pytest.raises(DataError, match=rf"^map {name}: no column 'label'"):
+        add(frame())
+
+
+def test_an_add_on_failing_on_a_row_names_itself_and_a_partial_its_function():
+    with pytest.raises(DataError, match=r"^map one_hot -> column 'x_one_hot' failed on row 3"):
+        list(frame(4).one_hot("x", 3))
+    with pytest.raises(DataError, match=r"^map truncate -> column 'a', 'b' failed on row 3"):
+        list(
+            frame(4)
+            .map(lambda x: np.zeros(2), "x", "v")
+            .truncate(["v", "v"], ["x", "x"], ["a", "b"])
+        )
+    with pytest.raises(DataError, match=r"^map fails_on_seven -> column 's'"):
+        list(frame().map(functools.partial(fails_on_seven), "x", "s"))

@@ -166,6 +166,15 @@ def test_a_frame_whose_shapes_change_inside_a_batch_surfaces_the_data_error():
         mlp().train(frame, epochs=1, batch_size=4, verbose=False)
 
 
+def test_a_frame_batched_too_large_names_its_own_batch_not_batch_size():
+    frame = DataFrame.from_arrays(x=X[:4], y=Y[:4])
+    with pytest.raises(ModelError, match=r"no batches \(its own batch\(8,drop\)") as e:
+        mlp().train(frame.batch(8, drop_remainder=True), verbose=False)
+    assert "32" not in str(e.value)  # train's default batch_size, unused
+    with pytest.raises(ModelError, match=r"no batches \(batch_size=32,"):
+        mlp().train(frame, verbose=False)
+
+
 def test_a_failing_map_is_raised_after_the_step_before_it_ran_its_callbacks(tmp_path):
     def fail_on_row_20(x, row):
         if row == 20:
