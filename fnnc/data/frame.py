@@ -80,7 +80,7 @@ class DataFrame(AddOns):
     __slots__ = ("_columns", "_read", "_rows", "_source", "_source_rows", "_stages")
 
     def __init__(self, columns: Mapping[str, Column | Any]):
-        source = {name: as_column(value) for name, value in columns.items()}
+        source = {name: as_column(value, name) for name, value in columns.items()}
         column_names(tuple(source), "DataFrame")
         lengths = {name: len(column) for name, column in source.items()}
         if len(set(lengths.values())) > 1:

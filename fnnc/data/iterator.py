@@ -34,7 +34,7 @@ from typing import Any
 import grain
 
 from fnnc.data import workers as parking
-from fnnc.data.errors import DataError, integer
+from fnnc.data.errors import DataError, as_int, integer
 
 _FORMAT = "fnnc.data.DataIterator/1"
 _FILE_THREADS = 4
@@ -45,6 +45,26 @@ contend for the GIL (measured: 2 threads read digits batches about half as fast)
 
 def _count(value: Any, what: str, low: int) -> int:
     return integer(value, "iterator", low, what)
+
+
+def _check_state(state: Any) -> None:
+    """A :class:`DataError` saying what is wrong with ``state`` unless it has
+    :meth:`DataIterator.get_state`'s keys with integer seed, position and stop."""
+    if not isinstance(state, dict) or state.get("format") != _FORMAT:
+        raise DataError(f"set_state: not a DataIterator state (no format {_FORMAT!r})")
+    keys = ("signature", "seed", "position", "stop")
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise DataError(
+            f"set_state: the state lacks {missing}; pass the dict get_state() returned "
+            f"whole (keys {['format', *keys, 'grain']})"
+        )
+    for key, none_ok in (("seed", False), ("position", False), ("stop", True)):
+        value = state[key]
+        number = as_int(value)
+        if not (value is None and none_ok) and (number is None or number < 0):
+            need = "an integer >= 0" + (" or None" if none_ok else "")
+            raise DataError(f"set_state: {key!r} must be {need}, got {value!r}")
 
 
 class DataIterator(Iterator[Any]):
@@ -248,8 +268,7 @@ class DataIterator(Iterator[Any]):
         dataframe): the next elements are the ones that iterator would have given next.
         The state's seed and end of iteration replace this iterator's; its worker, thread
         and prefetch settings stay."""
-        if not isinstance(state, dict) or state.get("format") != _FORMAT:
-            raise DataError(f"set_state: not a DataIterator state (no format {_FORMAT!r})")
+        _check_state(state)
         if state["signature"] != self._signature:
             raise DataError(
                 "set_state: the state is from a different dataframe:\n"
@@ -258,13 +277,13 @@ class DataIterator(Iterator[Any]):
         self.close()
         if state["seed"] != self._seed:
             self._seed, self._epoch_data = state["seed"], self._build(state["seed"])
-        self._position, self._stop = int(state["position"]), state["stop"]
+        self._position, self._stop = as_int(state["position"]), as_int(state["stop"])
         saved = state.get("grain")
         threaded = (self._threads or self._prefetch) and not self._workers
         if saved and saved["workers"] == self._workers and saved["opened_at"] >= 0 and threaded:
             self._position = saved["opened_at"]
             self._open(reuse=False).set_state(saved["state"])  # type: ignore[attr-defined]
-            self._position = int(state["position"])
+            self._position = as_int(state["position"])
 
 
 class _Indexed(Iterator[Any]):

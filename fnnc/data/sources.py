@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from fnnc.data.errors import DataError
+
 
 class Column:
     """One column's rows: ``len(column)`` rows, ``read(i)`` for row ``i``.
@@ -54,15 +56,19 @@ class Column:
 class ArrayColumn(Column):
     """Rows along the first axis of a NumPy array (``np.memmap`` included), never copied.
 
-    >>> import numpy as np
-    >>> c = ArrayColumn(np.arange(6).reshape(3, 2))
-    >>> len(c), c.read(1), c.gather(np.array([2, 0])).tolist()
-    (3, array([2, 3]), [[4, 5], [0, 1]])
+        >>> import numpy as np
+
+    from fnnc.data.errors import DataError
+        >>> c = ArrayColumn(np.arange(6).reshape(3, 2))
+        >>> len(c), c.read(1), c.gather(np.array([2, 0])).tolist()
+        (3, array([2, 3]), [[4, 5], [0, 1]])
     """
 
     def __init__(self, array: np.ndarray):
         if array.ndim == 0:
-            raise ValueError("a 0-d array has no rows; give an array of shape [rows, ...]")
+            raise DataError(
+                f"a 0-d array ({array!r}) has no rows; give an array of shape [rows, ...]"
+            )
         self.array = array
 
     def __len__(self) -> int:
@@ -124,9 +130,9 @@ class FunctionColumn(Column):
 
     def __init__(self, fn: Callable[[int], Any], rows: int):
         if not callable(fn):
-            raise TypeError(f"expected a function of the row index, got {type(fn).__name__}")
+            raise DataError(f"expected a function of the row index, got {type(fn).__name__}")
         if int(rows) < 0:
-            raise ValueError(f"rows must be >= 0, got {rows}")
+            raise DataError(f"rows must be >= 0, got {rows}")
         self.fn, self.rows = fn, int(rows)
 
     def __len__(self) -> int:
@@ -190,12 +196,22 @@ class FieldColumn(Column):
         return f"field {self.name!r} of {self.rows.base.describe()}"
 
 
-def as_column(value: Any) -> Column:
+def as_column(value: Any, name: str | None = None) -> Column:
     """The column for ``value``: a :class:`Column` as is; NumPy arrays (``np.memmap``
     included) as :class:`ArrayColumn` without copying; JAX arrays copied to host once;
     other sequences (lists, tuples, array-likes with ``len`` and ``[i]``) as
-    :class:`SequenceColumn`.
+    :class:`SequenceColumn`. Anything else raises :class:`DataError` (naming the
+    column ``name`` when given).
     """
+    try:
+        return _as_column(value)
+    except DataError as e:
+        if name is None:
+            raise
+        raise DataError(f"column {name!r}: {e}") from None
+
+
+def _as_column(value: Any) -> Column:
     if isinstance(value, Column):
         return value
     if isinstance(value, np.ndarray):
@@ -203,10 +219,10 @@ def as_column(value: Any) -> Column:
     if type(value).__module__.startswith(("jax", "jaxlib")):
         return ArrayColumn(np.asarray(value))
     if isinstance(value, (str, bytes)):
-        raise TypeError("a string is not a column; wrap it in a list to make one row of it")
+        raise DataError("a string is not a column; wrap it in a list to make one row of it")
     if hasattr(value, "__len__") and hasattr(value, "__getitem__"):
         return SequenceColumn(value)
-    raise TypeError(
+    raise DataError(
         f"cannot make a column of {type(value).__name__}: give a NumPy array, np.memmap, "
         "list, or anything with len() and [i]"
     )

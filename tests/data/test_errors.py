@@ -130,3 +130,16 @@ def test_an_add_on_failing_on_a_row_names_itself_and_a_partial_its_function():
         )
     with pytest.raises(DataError, match=r"^map fails_on_seven -> column 's'"):
         list(frame().map(functools.partial(fails_on_seven), "x", "s"))
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        (3, "cannot make a column of int"),
+        ("abc", "a string is not a column"),
+        (np.array(3), "a 0-d array"),
+    ],
+)
+def test_from_arrays_of_something_not_a_column_names_the_column(value, says):
+    with pytest.raises(DataError, match=rf"^column 'x': {says}"):
+        DataFrame.from_arrays(x=value, y=np.arange(2))

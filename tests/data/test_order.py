@@ -133,3 +133,18 @@ def test_iterator_options_are_checked():
         frame().iterator(workers=-1)
     with pytest.raises(DataError, match="seed"):
         frame().shuffle(seed=-1)
+
+
+def test_a_trimmed_or_edited_state_is_refused_saying_what_is_wrong():
+    it = frame(20).batch(4).iterator()
+    it.take(1)
+    state = it.get_state()
+    trimmed = {k: v for k, v in state.items() if k != "signature"}
+    with pytest.raises(DataError, match=r"lacks \['signature'\]; pass the dict get_state"):
+        frame(20).batch(4).iterator().set_state(trimmed)
+    for key, value in (("position", "one"), ("position", -1), ("stop", 2.5), ("seed", None)):
+        with pytest.raises(DataError, match=rf"'{key}' must be an integer >= 0"):
+            frame(20).batch(4).iterator().set_state({**state, key: value})
+    resumed = frame(20).batch(4).iterator("x")
+    resumed.set_state({**state, "position": np.int64(1)})  # NumPy integers are integers
+    assert xs(resumed) == xs(frame(20).batch(4).iterator("x"))[1:]
