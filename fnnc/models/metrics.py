@@ -10,9 +10,9 @@ it returns ``{"loss": ..., "accuracy": ...}``, the numbers ``train`` logs as
 A metric sees the model's test-mode outputs and the targets of the *whole* set (one
 array per output / target, batches concatenated), so a set gives the same number in
 whatever batches it is read. A metric is a :class:`Metric` (:class:`Accuracy`,
-:class:`TopK`, :class:`MeanLoss`), a name (``"accuracy"``, ``"top_5_accuracy"``,
-``"loss"``) or your own callable ``fn(outputs, targets) -> float`` of the first output
-and target.
+:class:`BinaryAccuracy`, :class:`TopK`, :class:`MeanLoss`), a name (``"accuracy"``,
+``"top_5_accuracy"``, ``"loss"``) or your own callable ``fn(outputs, targets) -> float``
+of the first output and target.
 
 >>> import numpy as np
 >>> from fnnc.models.metrics import Accuracy, TopK
@@ -79,21 +79,80 @@ class TopK(Metric):
                 f"metric {self.name}: k={self.k} but output {self.output} has only "
                 f"{out.shape[-1]} classes; pick k <= {out.shape[-1]}"
             )
+        if out.shape[-1] == 1:
+            raise ModelError(
+                f"metric {self.name}: output {self.output} has one unit, a binary output; "
+                "ranks mean nothing there: measure it with 'accuracy' (BinaryAccuracy)"
+            )
         flat = out.reshape(-1, out.shape[-1])
-        # a label ties into the top k if fewer than k outputs are strictly larger
+        # a label ties into the top k if fewer than k outputs are strictly larger; a NaN
+        # output ranks above everything (as argmax takes it), and a NaN label is a miss
         picked = np.take_along_axis(flat, labels.reshape(-1, 1).astype(np.int64), axis=1)
-        return float(np.mean(np.sum(flat > picked, axis=1) < self.k))
+        larger = np.sum((flat > picked) | np.isnan(flat), axis=1)
+        return float(np.mean((larger < self.k) & ~np.isnan(picked[:, 0])))
+
+
+class BinaryAccuracy(Metric):
+    """The fraction of samples whose one-unit output ``output`` falls on the side of
+    ``threshold`` its target does (targets above 0.5 are positive): what ``"accuracy"``
+    measures for a model with one output unit.
+
+    Args:
+        threshold: the output value that separates the classes; ``None`` takes it from
+            the model's loss: 0 for ``sigmoid_binary_crossentropy`` (logits), 0.5 for
+            ``binary_crossentropy`` (probabilities).
+        output: which model output (and target) to measure.
+        name: the result's key.
+
+    >>> import numpy as np
+    >>> BinaryAccuracy(0.0)(None, [np.array([[2.0], [-1.0], [0.5]])], [np.array([1, 1, 0])])
+    0.3333333333333333
+    """
+
+    def __init__(self, threshold: float | None = None, *, output: int = 0, name: str = "accuracy"):
+        self.threshold, self.output, self.name = threshold, output, name
+
+    def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:
+        out, labels = np.asarray(outputs[self.output]), np.asarray(targets[self.output])
+        threshold = self.threshold
+        if threshold is None:
+            loss = getattr(getattr(model, "engine", None), "loss", None)
+            if loss not in BINARY_THRESHOLDS:
+                raise ModelError(
+                    f"metric {self.name}: output {self.output} has one unit (binary), and "
+                    f"the loss {loss!r} does not say whether it is a logit or a "
+                    "probability; pass fnnc.models.metrics.BinaryAccuracy(threshold=0.0 "
+                    "for logits, 0.5 for probabilities)"
+                )
+            threshold = BINARY_THRESHOLDS[loss]
+        if labels.size != out.size:
+            raise ModelError(
+                f"metric {self.name}: output {self.output} is {list(out.shape)} but its "
+                f"targets are {list(labels.shape)}; a binary output takes one 0/1 target "
+                "per sample"
+            )
+        said = out.reshape(-1) > threshold
+        return float(np.mean(said == (labels.reshape(-1) > 0.5)))
+
+
+# what a one-unit output is, by the loss it trains with: a logit or a probability
+BINARY_THRESHOLDS = {"sigmoid_binary_crossentropy": 0.0, "binary_crossentropy": 0.5}
 
 
 class Accuracy(TopK):
     """Top-1 accuracy: the argmax of output ``output`` against integer labels, or
-    one-hot / soft (mixup) targets of the output's shape, whose argmax is the label."""
+    one-hot / soft (mixup) targets of the output's shape, whose argmax is the label. An
+    output of one unit is binary: it is measured as :class:`BinaryAccuracy` with the
+    threshold its loss implies."""
 
     def __init__(self, *, output: int = 0, name: str = "accuracy"):
         super().__init__(1, output=output, name=name)
 
     def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:
         out, labels = np.asarray(outputs[self.output]), np.asarray(targets[self.output])
+        if out.ndim >= 1 and out.shape[-1] == 1:  # one unit: argmax would always be 0
+            binary = BinaryAccuracy(output=self.output, name=self.name)
+            return binary(model, outputs, targets)
         if labels.shape == out.shape and out.ndim >= 1:
             labels = np.argmax(labels, axis=-1)
         # argmax, not top-1 by rank: ties go to the first class, as predictions do

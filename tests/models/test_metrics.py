@@ -12,7 +12,7 @@ import pytest
 from fnnc.data import DataFrame
 from fnnc.errors import DataError, ModelError
 from fnnc.models import Dense, Input, Model, ReLU
-from fnnc.models.metrics import Accuracy, Metric, TopK
+from fnnc.models.metrics import Accuracy, BinaryAccuracy, Metric, TopK
 from fnnc.models.progress import EpochLines
 
 RNG = np.random.default_rng(1)
@@ -125,3 +125,47 @@ def test_score_data_errors_say_score_for_every_form_of_data():
     frame = DataFrame.from_arrays(x=X, y=Y)
     with pytest.raises(DataError, match=r"^score: .*no column 'nope'"):
         m.score(frame, inputs=["nope"], targets=["y"])
+
+
+@pytest.mark.parametrize("loss", ["sigmoid_binary_crossentropy", "binary_crossentropy"])
+def test_accuracy_of_one_unit_is_binary_accuracy(loss):
+    """argmax over one unit is always 0: 'accuracy' used to report 1.0 for any model."""
+    y = (X[:, :1] > 0).astype(np.float32)
+    x = Input()
+    out = Dense(1, name="fc")(x)
+    if loss == "binary_crossentropy":  # probabilities: threshold 0.5
+        from fnnc.models import Activation
+
+        out = Activation("sigmoid")(out)
+    m = Model(x, out)
+    m.compile(X[:8], loss=loss, minimizer=optax.sgd(0.0))
+    w = m.parameters()["t-fc-0-0"]
+    m.set_parameters({"t-fc-0-0": -np.abs(np.asarray(w))})  # wrong on purpose, mostly
+    pred = np.asarray(m.predict(X)).reshape(-1)
+    threshold = 0.0 if loss == "sigmoid_binary_crossentropy" else 0.5
+    want = float(np.mean((pred > threshold) == (y[:, 0] > 0.5)))
+    assert want < 0.9
+    assert m.score(X, y, metrics=["accuracy"])["accuracy"] == pytest.approx(want)
+    hist = m.train(
+        (X, y), epochs=1, batch_size=8, validation=(X, y), metrics=["accuracy"], verbose=False
+    )
+    assert hist["val_accuracy"][-1] == pytest.approx(want)
+
+
+def test_binary_accuracy_threshold_and_clear_refusals():
+    out, y = np.array([[2.0], [-1.0], [0.5], [0.2]]), np.array([1, 1, 0, 0])
+    assert BinaryAccuracy(0.0)(None, [out], [y]) == 0.25
+    assert BinaryAccuracy(0.4)(None, [out], [y]) == 0.5
+    with pytest.raises(ModelError, match="does not say whether it is a logit"):
+        Accuracy()(None, [out], [y])  # no model, no loss: the threshold is unknown
+    with pytest.raises(ModelError, match="one unit, a binary output"):
+        TopK(1)(None, [out], [y])
+
+
+def test_top_k_counts_nan_outputs_as_misses():
+    """NaN compares false with everything: a diverged model scored a perfect top-k."""
+    nan = np.full((4, 3), np.nan, np.float32)
+    assert TopK(2)(None, [nan], [np.array([0, 1, 2, 0])]) == 0.0
+    part = np.array([[np.nan, 1.0, 0.0], [0.0, 1.0, 2.0]], np.float32)
+    # row 0: the NaN ranks first (as argmax takes it), so label 1 is second: a top-2 hit
+    assert TopK(2)(None, [part], [np.array([1, 0])]) == 0.5
