@@ -146,7 +146,8 @@ def minimize_scaled(
 
     Args:
         graph: the forward graph computing ``loss`` (a float scalar); its other
-            outputs are kept after the loss.
+            outputs (every output but ``loss``, in their order; ``loss`` need not be
+            an output at all) are kept after the loss.
         loss: a scalar symbol (or id) of ``graph``.
         params: graph inputs to train.
         optimizer: any ``optax.GradientTransformation``.
@@ -174,7 +175,8 @@ def minimize_scaled(
     if np.dtype(value.dtype) != np.float32:
         value = b.exec(ops.datatype_conversion(dtype="float32"), value)
     scaled = b.exec(ops.ewprod(), value, state_in[m], name="scaled_loss")
-    others = [graph.symbols[i] for i in graph.outputs[1:]]
+    # the loss may sit anywhere among the outputs, or not be one
+    others = [graph.symbols[i] for i in graph.outputs if i != loss_id]
     grad_graph, grads = backward(b.build([scaled, *others]), scaled, param_ids)
     b = GraphBuilder.from_graph(grad_graph)
     outs = b.exec(cmd, *grads, *state_in, *param_syms, name="optimizer")

@@ -57,3 +57,24 @@ def test_finite_step_equals_minimize_and_an_overflow_is_skipped():
 def test_bad_policies_say_what_is_expected():
     with pytest.raises(GraphError, match=r"initial=0 \(a positive finite number\); factor=1"):
         LossScale(initial=0, factor=1)
+
+
+@pytest.mark.parametrize("order", ["loss_first", "loss_last", "loss_not_an_output"])
+def test_other_outputs_are_every_output_but_the_loss_in_order(order):
+    b = GraphBuilder()
+    w, x = b.input((3,), name="w"), b.input((3,), name="x")
+    h = b.exec(ops.ewprod(), w, x, name="h")
+    g = b.exec(ops.ewsum(), h, x, name="g")
+    loss = b.exec(ops.reduce_sum(axes=(0,)), b.exec(ops.ewprod(), h, h), name="loss")
+    outs = {"loss_first": [loss, h, g], "loss_last": [h, g, loss], "loss_not_an_output": [h, g]}
+    step, layout = minimize_scaled(b.build(outs[order]), loss, [w], optax.sgd(0.5))
+    wv, xv = np.array([1.0, 2.0, -1.0], np.float32), np.array([0.5, -1.0, 2.0], np.float32)
+    got = interpret(step, wv, *layout.init([wv]), xv, np.float32(8.0), np.int32(0))
+    n = 1 + layout.n_state
+    assert len(got) == n + 1 + 2 + 2  # params', state', loss, h, g, scale, good_steps
+    hv = wv * xv  # NumPy: h = w * x, loss = sum(h^2), d loss / d w = 2 h x
+    np.testing.assert_allclose(np.asarray(got[0]), wv - 0.5 * 2 * hv * xv, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(got[n]), [np.sum(hv * hv)], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(got[n + 1]), hv, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(got[n + 2]), hv + xv, rtol=1e-6)
+    assert [float(v) for v in got[n + 3 :]] == [8.0, 1]
