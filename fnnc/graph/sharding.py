@@ -10,7 +10,8 @@ mesh (a ``PartitionSpec``); :func:`fnnc.graph.compile` hands it to ``jax.jit``
   ``parameter_sharding="fsdp"`` split along their first axis that divides by the axis
   size (ZeRO-3 / FSDP: each device holds a slice, XLA gathers it where used);
 - with a training graph's :class:`~fnnc.graph.TrainLayout`, the new parameters and
-  state keep their inputs' layouts and the loss is replicated.
+  state keep their inputs' layouts and the loss is replicated (as is the loss-scale
+  state of a ``minimize_scaled`` step).
 
 NNC's ``ccv_cnnp_model_set_data_parallel`` is this with one mesh axis over the local
 devices. Nothing here writes an all-reduce: the gradient sum over the batch shards is
@@ -90,7 +91,8 @@ def data_parallel(
         parameter_sharding: ``"replicated"`` or ``"fsdp"``.
         layout: the :class:`~fnnc.graph.TrainLayout` of a training graph: its first
             ``n_params`` inputs are parameters, the next ``n_state`` optimizer state,
-            and its outputs (new parameters, new state, loss) get matching layouts.
+            the last ``n_scale_state`` loss-scale state (replicated), and its outputs
+            (new parameters, new state, loss, new scale state) get matching layouts.
 
     Raises:
         GraphError: an axis the mesh lacks, an unknown mode or input.
@@ -108,10 +110,12 @@ def data_parallel(
     size = mesh.shape[axis]
     n_params = layout.n_params if layout is not None else 0
     n_state = layout.n_state if layout is not None else 0
+    n_scale = layout.n_scale_state if layout is not None else 0
     params = set(range(n_params)) | {_position(graph, p) for p in parameters}
     state = set(range(n_params, n_params + n_state))
+    scale = set(range(len(graph.inputs) - n_scale, len(graph.inputs)))
     if batch is None:
-        batch_set = set(range(len(graph.inputs))) - params - state
+        batch_set = set(range(len(graph.inputs))) - params - state - scale
     else:
         batch_set = {_position(graph, b) for b in batch}
     fsdp = parameter_sharding == "fsdp"
@@ -129,7 +133,7 @@ def data_parallel(
         outputs = tuple(
             specs[k] if k < n_params + n_state else PartitionSpec()
             for k in range(len(graph.outputs))
-        )
+        )  # the loss, other outputs and scale state (scalars) are replicated
     return Shardings(mesh, tuple(specs), outputs)
 
 

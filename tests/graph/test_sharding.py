@@ -84,14 +84,59 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_data_parallel_and_fsdp_match_one_device():
+SCALED = textwrap.dedent(
+    """
+    import jax, numpy as np, optax
+    from fnnc import ops
+    from fnnc.graph import GraphBuilder, compile, data_parallel, interpret
+    from fnnc.graph.passes.loss_scale import LossScale, minimize_scaled
+
+    assert jax.device_count() == 4, jax.devices()
+    b = GraphBuilder()
+    x, w, y = b.input((8, 3), name="x"), b.input((2, 3), name="w"), b.input((8, 2), name="y")
+    diff = b.exec(ops.add(q=-1.0), b.exec(ops.gemm(transpose_b=True), x, w), y)
+    loss = b.exec(ops.reduce_sum(axes=(0, 1)), b.exec(ops.mul(), diff, diff))
+    step, layout = minimize_scaled(b.build([loss]), loss, [w], optax.adam(1e-2),
+                                   scaling=LossScale(growth_interval=1))
+    rng = np.random.default_rng(0)
+    wv = rng.normal(size=(2, 3)).astype(np.float32)
+    args = [wv, *layout.init([wv]), rng.normal(size=(8, 3)).astype(np.float32),
+            rng.normal(size=(8, 2)).astype(np.float32), *LossScale().init()]
+    want = interpret(step, *args)
+    mesh = jax.make_mesh((4,), ("data",))
+    for mode in ("replicated", "fsdp"):
+        plan = data_parallel(step, mesh, layout=layout, parameter_sharding=mode)
+        names = [step.symbols[i].name for i in step.inputs]
+        split = [n for n, s in zip(names, plan.inputs) if s == jax.P("data")]
+        assert split == ["x", "y"], (names, plan.inputs)
+        assert plan.inputs[-2:] == plan.outputs[-2:] == (jax.P(), jax.P()), plan
+        got = compile(step, shardings=plan)(*args)
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        assert float(got[-2]) == 2.0**16  # one finite step at growth_interval=1: doubled
+    print("OK")
+    """
+)
+
+
+def _on_four_cpu_devices(script: str) -> None:
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
     env["JAX_PLATFORMS"] = "cpu"
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "OK" in done.stdout
+
+
+def test_data_parallel_and_fsdp_match_one_device():
+    _on_four_cpu_devices(SCRIPT)
+
+
+def test_a_scaled_step_splits_only_its_batch_and_matches_one_device():
+    # the default batch leaves minimize_scaled's loss_scale and good_steps replicated
+    _on_four_cpu_devices(SCALED)
 
 
 def _graph():

@@ -157,8 +157,9 @@ def minimize_scaled(
         ``(step_graph, layout)``. The step maps (params, state, the graph's other
         inputs, ``loss_scale``, ``good_steps``) to (params', state', loss, the graph's
         other outputs, ``loss_scale'``, ``good_steps'``); ``layout`` describes the
-        optimizer's own state (the scale state is not in it) and
-        ``scaling.init()`` gives the first scale state.
+        optimizer's own state in ``n_state`` (the scale state is not in it; it is
+        ``n_scale_state == 2``, so :func:`~fnnc.graph.data_parallel` treats it as
+        state, not batch) and ``scaling.init()`` gives the first scale state.
     """
     loss_id, param_ids = loss_and_params(graph, loss, params, "minimize_scaled")
     optimizer = keys_as_bits(optimizer)  # a PRNG key in the state rides as its bits
@@ -187,4 +188,4 @@ def minimize_scaled(
     order = (*param_ids, *(s.id for s in state_in[:m]), *rest, *(s.id for s in state_in[m:]))
     step = dataclasses.replace(step, inputs=order)
     inner = jax.tree.structure(jax.eval_shape(optimizer.init, [s.spec for s in param_syms]))
-    return step, TrainLayout(n, m, inner, optimizer)
+    return step, TrainLayout(n, m, inner, optimizer, n_scale_state=2)

@@ -43,12 +43,16 @@ class TrainLayout:
         n_state: number of optimizer-state leaves (next inputs, next outputs).
         state_tree: the Optax state's tree structure.
         optimizer: the Optax transformation.
+        n_scale_state: number of loss-scale state tensors (the last inputs, the last
+            outputs): 2 (``loss_scale``, ``good_steps``) for a
+            :func:`~fnnc.graph.passes.loss_scale.minimize_scaled` step, else 0.
     """
 
     n_params: int
     n_state: int
     state_tree: Any
     optimizer: Any
+    n_scale_state: int = 0
 
     def init(self, params: Sequence[Any]) -> list[Any]:
         """The initial optimizer-state leaves for parameter values ``params``."""
