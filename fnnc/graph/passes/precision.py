@@ -17,6 +17,11 @@ The policy (NNC's half-precision training, Keras's ``mixed_float16``):
   low, ``keep_float32`` commands float32), its forward and backward bodies derived
   again from the cast block; gradients the loop sums over iterations (loop-invariant
   inputs, a pipeline's microbatches) are summed in float32;
+- other nodes holding sub-graphs (``while_loop``, ``case_of``, chains ``fuse`` has
+  fused: no rule in :data:`SUBGRAPH_RULES` retypes their bodies) compute in the types
+  they were built for, float32 in a float32 graph: their low inputs are converted up
+  at the node, and their outputs are converted where a low node reads them, as for
+  ``keep_float32`` (cast before ``fuse`` to compute fused chains low);
 - a float32 input (a parameter) is converted down once per node that reads it, not
   once for all: the backward of each conversion brings its reader's gradient to
   float32, so a weight shared by several layers sums their gradients in float32 (one
@@ -65,6 +70,7 @@ from fnnc.core.command import Command
 from fnnc.core.ir import Graph, TensorSymbol
 from fnnc.errors import GraphError
 from fnnc.graph.builder import GraphBuilder
+from fnnc.graph.passes._subgraphs import holds_subgraphs
 from fnnc.graph.scan import scan_bodies
 
 LOW = {"bfloat16": jnp.bfloat16, "float16": np.float16}
@@ -168,8 +174,12 @@ def _cast(
         if node.cmd.name in FOLLOW and node.inputs and node.inputs[0] in now:
             first = np.dtype(now[node.inputs[0]].dtype)
             want = first if _floating(first) else want
-        ins = [read(s, want) for s in node.inputs]
         rule = None if float32 else SUBGRAPH_RULES.get(node.cmd.name)
+        if rule is None and holds_subgraphs(node.cmd):
+            # bodies typed for the inputs as built, and no rule to retype them
+            ins = [read(s, np.dtype(graph.symbols[s].dtype)) for s in node.inputs]
+        else:
+            ins = [read(s, want) for s in node.inputs]
         cmd, kept = node.cmd, len(node.outputs)
         if rule is not None:
             cmd, kept = rule(node.cmd, [np.dtype(s.dtype) for s in ins], cast_body)

@@ -11,7 +11,7 @@ import pytest
 
 from fnnc import ops
 from fnnc.errors import GraphError
-from fnnc.graph import GraphBuilder, backward, compile, interpret
+from fnnc.graph import GraphBuilder, backward, case_of, compile, interpret, while_loop
 from fnnc.graph.passes.precision import cast_precision
 
 
@@ -176,3 +176,63 @@ def test_every_float32_command_is_a_registered_command():
     low = cast_precision(b.build([b.exec(ops.gemm(transpose_b=True), y, w)]), "bfloat16")
     norm = next(n for n in low.nodes if n.cmd.name == "rms_norm")
     assert all(low.spec(s).dtype == np.float32 for s in (*norm.inputs, *norm.outputs))
+
+
+def _control_flow(kind):
+    """gemm -> (3 trips of z <- tanh(z * a) | a case_of choosing tanh(z) or z * z) -> sum:
+    the gemm computes low, the control-flow node in the float32 its bodies were built for."""
+    b = GraphBuilder()
+    x, w, a = b.input((2, 3), name="x"), b.input((4, 3), name="w"), b.input((2, 4), name="a")
+    h = b.exec(ops.gemm(transpose_b=True), x, w)
+    if kind == "while_loop":
+        bb = GraphBuilder()
+        z0, a0 = bb.input((2, 4), name="z0"), bb.input((2, 4), name="a")
+        z1 = bb.exec(ops.tanh(), bb.exec(ops.ewprod(), z0, a0))
+        cb = GraphBuilder()
+        count = cb.input((), np.int32, name="count")
+        cond = cb.build([cb.exec(ops.compare(op="lt"), count, cb.constant(np.int32(3)))])
+        (z,) = while_loop(b, bb.build([z1]), cond, [h, a], carry_overs={z1: z0})
+    else:
+        s = GraphBuilder()
+        zs, _ = s.input((2, 4), name="z"), s.input((2, 4), name="a")
+        total = s.exec(ops.reshape(shape=()), s.exec(ops.reduce_sum(axes=(0, 1)), zs))
+        test = s.exec(ops.compare(op="lt"), total, s.constant(np.float32(0)))
+        k = s.exec(ops.select(), test, s.constant(np.int32(0)), s.constant(np.int32(1)))
+        branches = []
+        for fn in (lambda g, z: g.exec(ops.tanh(), z), lambda g, z: g.exec(ops.ewprod(), z, z)):
+            g = GraphBuilder()
+            z, _ = g.input((2, 4), name="z"), g.input((2, 4), name="a")
+            branches.append(g.build([fn(g, z)]))
+        (z,) = case_of(b, s.build([k]), branches, [h, a], bypass=[h])
+    return b.build([b.exec(ops.reduce_sum(axes=(0, 1)), z), z])
+
+
+def _control_flow_numpy(kind, x, w, a):
+    z = x @ w.T
+    if kind == "while_loop":
+        for _ in range(3):
+            z = np.tanh(z * a)
+    else:
+        z = np.tanh(z) if z.sum() < 0 else z * z
+    return [np.sum(z, keepdims=True), z]
+
+
+@pytest.mark.parametrize("kind", ["while_loop", "case_of"])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_control_flow_nodes_compute_in_float32_within_low_tolerance(kind, sign):
+    rng = np.random.default_rng(1)
+    x, w, a = (rng.normal(size=s).astype(np.float32) for s in ((2, 3), (4, 3), (2, 4)))
+    w = np.abs(w) * sign
+    x = np.abs(x)  # the gemm's sign picks the case_of branch
+    graph = _control_flow(kind)
+    low = cast_precision(graph, "bfloat16")
+    node = next(n for n in low.nodes if n.cmd.name == kind)
+    assert [low.symbols[s].dtype.name for s in node.inputs] == ["float32", "float32"]
+    gemm = next(n for n in low.nodes if n.cmd.name == "gemm")
+    assert low.symbols[gemm.outputs[0]].dtype.name == "bfloat16"
+    want = _control_flow_numpy(kind, x.astype(np.float64), w.astype(np.float64), a)
+    np.testing.assert_allclose(np.asarray(interpret(graph, x, w, a)[1]), want[1], rtol=1e-5)
+    for got in (interpret(low, x, w, a), compile(low)(x, w, a)):
+        for g, v in zip(got, want):
+            assert g.dtype == np.float32
+            np.testing.assert_allclose(np.asarray(g), v, rtol=3e-2, atol=3e-2)
