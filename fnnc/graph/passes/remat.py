@@ -24,7 +24,12 @@ Before / after (``policy="nothing_saveable"``; ``%2`` is no longer kept for ``%6
                                            %6 = tanh.backward(%8, %9)
 
 Not recomputed, whatever the policy: nodes of random or effectful commands, nodes that
-write views, and nodes whose outputs are graph outputs.
+write views, nodes whose outputs are graph outputs, nodes without inputs (constants:
+nothing to save, and a copy would only add a node), and recomputations (nodes named
+``@remat``, or reading the ``remat.barrier`` or another recomputation). So ``remat`` is
+idempotent, also after ``simplify``: where ``fold`` turns the loss's seed gradient into
+a constant, the first backward node comes after the recomputed segment, which still is
+not recomputed again.
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ from fnnc.errors import GraphError
 from fnnc.graph.memory import PASS_THROUGH, Donate, memory_plan
 from fnnc.graph.passes.remat_cost import node_flops
 from fnnc.ops import optimization_barrier
+
+BARRIER = "remat.barrier"
+SUFFIX = "@remat"
+"""The names of the barrier before a recomputed segment and the suffix of its nodes."""
 
 Policy = Callable[[Graph, int], bool]
 """``policy(graph, index) -> True`` when forward node ``index``'s outputs are saved."""
@@ -125,17 +134,26 @@ def recomputable(graph: Graph, start: int | None = None) -> list[int]:
     """Forward nodes that may be recomputed in the backward.
 
     Not: nodes of random or effectful commands, nodes that write views, nodes whose
-    outputs are graph outputs (they stay live to the end anyway).
+    outputs are graph outputs (they stay live to the end anyway), nodes without inputs
+    (constants), and nodes that already are recomputations.
     """
     start = backward_start(graph) if start is None else start
     if start is None:
         return []
     symbols = graph.symbols
     outputs = {symbols[s].root for s in graph.outputs}
+    copies: set[int] = set()  # roots made by a barrier of remat or a recomputation
     found = []
     for index in range(start):
         node = graph.nodes[index]
         attrs = node.cmd.definition.attributes
+        copy = node.name == BARRIER or node.name.endswith(SUFFIX)
+        if copy or any(symbols[s].root in copies for s in node.inputs):
+            # a recomputation (after fold, ahead of the first backward node): not again
+            copies.update(symbols[s].root for s in node.outputs)
+            continue
+        if not node.inputs:
+            continue  # a constant: nothing to save
         if attrs.random or attrs.has_effects or node.cmd.name in PASS_THROUGH:
             continue
         if any(symbols[s].is_alias or symbols[s].root in outputs for s in node.outputs):
@@ -235,7 +253,7 @@ class _Rewriter:
         if leaves:
             ins = (*leaves, *late[:1])
             outs = tuple(self._new_tensor(self.symbols[s]) for s in ins)
-            self.nodes.append(Node(optimization_barrier(), ins, outs, "remat.barrier"))
+            self.nodes.append(Node(optimization_barrier(), ins, outs, BARRIER))
             fenced = dict(zip(leaves, outs))
         for index in order:
             node = graph.nodes[index]
@@ -245,7 +263,7 @@ class _Rewriter:
                 new = self._new_tensor(self.symbols[s])
                 self.copy[self.symbols[s].root] = new
                 outs.append(new)
-            name = f"{node.name or node.cmd.name}@remat"
+            name = f"{node.name or node.cmd.name}{SUFFIX}"
             self.nodes.append(Node(node.cmd, inputs, tuple(outs), name))
 
     def _is_late(self, sid: int) -> bool:
@@ -284,8 +302,10 @@ def _within_budget(graph: Graph, start: int, budget: int, donate: Donate = ()) -
     Candidates are the forward nodes the backward reads, each with the forward-only
     nodes that feed it alone (its segment). First a sweep saves every ``k``-th
     candidate and recomputes the others (``k = 1`` saves everything; for a chain of
-    ``n`` blocks ``k ~ sqrt(n)`` is the classic checkpoint spacing) and keeps the spacing
-    that fits with the fewest FLOPs recomputed; then each recomputed candidate, most
+    ``n`` blocks ``k ~ sqrt(n)`` is the classic checkpoint spacing), counted from the
+    candidate nearest the loss or from the one before it (a block's output saved, its
+    inner activation recomputed, or the other way round), and keeps the spacing that
+    fits with the fewest FLOPs recomputed; then each recomputed candidate, most
     expensive first, is saved again if the budget still holds.
     """
     full = memory_plan(graph, donate=donate).peak_bytes
@@ -302,8 +322,12 @@ def _within_budget(graph: Graph, start: int, budget: int, donate: Donate = ()) -
 
     best: tuple[int, int, Graph, list[int]] | None = None
     lowest = attempt([])
-    spacings = [set(order[len(order) - 1 :: -k]) for k in range(2, len(order) + 2)]
-    for saved in [*spacings, set()]:  # every k-th saved, counted from the loss end; none
+    spacings = {  # every k-th saved, counted from the loss end or the one before it
+        frozenset(order[len(order) - first :: -k]): None
+        for k in range(2, len(order) + 2)
+        for first in (1, 2)
+    }
+    for saved in [*spacings, frozenset()]:  # and none saved
         trial = attempt([c for c in order if c not in saved])
         lowest = min(lowest, trial, key=lambda t: (t[0], t[1]))
         if trial[0] <= budget and (best is None or trial[1] < best[1]):

@@ -10,7 +10,16 @@ from hypothesis import strategies as st
 
 from fnnc import ops
 from fnnc.errors import GraphError
-from fnnc.graph import GraphBuilder, compile, interpret, memory_plan, remat, verify
+from fnnc.graph import (
+    GraphBuilder,
+    compile,
+    interpret,
+    memory_plan,
+    remat,
+    run_passes,
+    simplify,
+    verify,
+)
 from fnnc.graph.passes.backward import backward
 from fnnc.graph.passes.remat import candidates
 from fnnc.graph.passes.remat_cost import recomputed_flops
@@ -130,3 +139,36 @@ def test_the_peak_of_recomputing_everything_is_a_budget_the_search_meets(blocks,
     g, _ = _mlp_chain(blocks, batch=batch)
     everything = memory_plan(remat(g, policy="nothing_saveable")).peak_bytes
     assert memory_plan(remat(g, budget_bytes=everything)).peak_bytes <= everything
+
+
+@settings(max_examples=20, deadline=None)
+@given(graphs(max_nodes=6), st.sampled_from(["nothing_saveable", "dots_saveable"]))
+def test_remat_is_idempotent_also_after_simplify(case, policy):
+    graph, arrays = case
+    g = _with_backward(graph)
+    r = remat(g, policy=policy)
+    assert remat(r, policy=policy) is r
+    s = simplify(r)  # fold may make the seed gradient a constant, ahead of the segment
+    again = remat(s, policy=policy)
+    assert again is s, (str(s), str(again))
+    assert_close(interpret(again, *arrays), interpret(g, *arrays), rtol=1e-5, atol=1e-5)
+
+
+def test_the_seed_constant_and_a_recomputed_segment_are_not_recomputed_again():
+    b = GraphBuilder()
+    x, w = b.input((4, 3), name="x"), b.input((5, 3), name="w")
+    h = b.exec(ops.tanh(), b.exec(ops.gemm(transpose_b=True), x, w))
+    loss = b.exec(ops.reduce_sum(axes=(0, 1)), b.exec(ops.ewprod(), h, h))
+    g, _ = backward(b.build([loss]), loss, [w])
+    r = remat(g, policy="nothing_saveable")
+    names = [n.name for n in r.nodes if n.name.endswith("@remat")]
+    assert names == ["gemm@remat", "tanh@remat"]  # not the seed's set[value=1]
+    s = run_passes(r, [lambda G: remat(G, policy="nothing_saveable"), simplify], max_rounds=4)
+    assert [n.name for n in s.nodes if "@remat" in n.name] == names
+    rng = np.random.default_rng(0)
+    xv, wv = rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=(5, 3))
+    t = np.tanh(xv @ wv.T.astype(np.float32))  # NumPy: d sum(t^2) / dw = (2t(1-t^2))^T x
+    want = [np.sum(t * t), (2 * t * (1 - t * t)).T @ xv]
+    for got in (interpret(s, xv, wv.astype(np.float32)), compile(s)(xv, wv.astype(np.float32))):
+        for a, v in zip(got, want):
+            np.testing.assert_allclose(np.asarray(a).reshape(v.shape), v, rtol=1e-5, atol=1e-5)
