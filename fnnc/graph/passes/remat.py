@@ -303,9 +303,9 @@ def _within_budget(graph: Graph, start: int, budget: int, donate: Donate = ()) -
     nodes that feed it alone (its segment). First a sweep saves every ``k``-th
     candidate and recomputes the others (``k = 1`` saves everything; for a chain of
     ``n`` blocks ``k ~ sqrt(n)`` is the classic checkpoint spacing), counted from the
-    candidate nearest the loss or from the one before it (a block's output saved, its
-    inner activation recomputed, or the other way round), and keeps the spacing that
-    fits with the fewest FLOPs recomputed; then each recomputed candidate, most
+    candidate before the one nearest the loss, or from that one (a block's output
+    saved, its inner activation recomputed, or the other way round), and keeps the
+    first spacing that fits with the fewest FLOPs recomputed; then each recomputed candidate, most
     expensive first, is saved again if the budget still holds.
     """
     full = memory_plan(graph, donate=donate).peak_bytes
@@ -322,10 +322,10 @@ def _within_budget(graph: Graph, start: int, budget: int, donate: Donate = ()) -
 
     best: tuple[int, int, Graph, list[int]] | None = None
     lowest = attempt([])
-    spacings = {  # every k-th saved, counted from the loss end or the one before it
+    spacings = {  # every k-th saved, counted from the one before the loss end, or the end
         frozenset(order[len(order) - first :: -k]): None
         for k in range(2, len(order) + 2)
-        for first in (1, 2)
+        for first in (2, 1)
     }
     for saved in [*spacings, frozenset()]:  # and none saved
         trial = attempt([c for c in order if c not in saved])
