@@ -63,7 +63,8 @@ def _optimization_barrier_backward(grads, inputs, outputs):
 # the same planes are [..., H, W, C] -> [..., ceil(H/4), 4*ceil(W/4), C] (NNC:
 # [..., C, H, W] -> [..., C, ceil(H/4), 4*ceil(W/4)]). NNC types the compressed tensor
 # 16F; fnnc types it uint16 (a bag of words, never read as halves). Inputs of any float
-# type are rounded to half first (NNC's commands take half only).
+# type are rounded to half first (NNC's commands take half only), so values beyond
+# float16's range (|x| > 65504) become infinities, and their blocks decompress to them.
 
 _F16, _F32, _U16 = np.float16, np.float32, np.uint16
 
@@ -153,7 +154,13 @@ def lssc_compress(x):
     bottom = amin * seven / six - amax / six
     span = amax - amin
     scale = jnp.where(span > _F32(1e-6), three / span, _F32(3 / 1e-6))
-    index = ((a - bottom[..., None]) * scale[..., None]).astype(jnp.int32)
+    index = (a - bottom[..., None]) * scale[..., None]
+    # A block beyond float16's range (an element over 65504 rounds to an infinity) gives
+    # inf * 0 = NaN for every index, which C's (int) leaves undefined; its infinities
+    # take the level that holds them, so the block decompresses to an infinity (which
+    # the numerics check names) instead of to its finite minimum everywhere.
+    index = jnp.where(jnp.isnan(index), jnp.where(a == amax[..., None], 3, 0), index)
+    index = index.astype(jnp.int32)
     shifts = _lanes((2 * (np.arange(16) % 8)).astype(np.uint32), index.ndim)
     index = jnp.clip(index, 0, 3).astype(jnp.uint32) << shifts
     low, high = index[..., :8].sum(-1), index[..., 8:].sum(-1)

@@ -20,6 +20,13 @@ float16. Forward readers keep the exact values, so the forward and the loss are
 unchanged; gradients are approximate (each value is rounded to one of four levels of
 its 4x4 block, error up to 1/6 of the block's range).
 
+The levels are float16, as in NNC (whose commands take half only): a float32
+activation beyond float16's range (``|x| > 65504``) decompresses to an infinity, and
+the gradients that read it become infinities or NaN. The pass cannot see values; turn
+on the numerics check (``FNNC_CHECKS=numerics``) and it raises naming the
+``<name>.unlssc`` decompression. Activations that large need a normalisation before
+the convolution, or no compression.
+
 Before / after::
 
     %3 = convolution(%0, %1)               %3 = convolution(%0, %1)
