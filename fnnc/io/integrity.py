@@ -6,10 +6,22 @@ live beside it::
     fnnc_checksums (name TEXT PRIMARY KEY, row INTEGER, algo TEXT, digest TEXT)
 
 ``row`` is the SQLite rowid of the ``tensors`` row the digest was computed for, written
-in the same transaction as that row. A writer that knows nothing of this table (NNC's
-``REPLACE INTO tensors``) gives the row a new rowid, so its checksum is recognisably
-*stale* and the row reads as unchecked, not as damaged; ``VACUUM`` may renumber rowids
-too (same effect). Rows without a checksum (files NNC wrote) read as before.
+in the same transaction as that row. The file also carries three triggers
+(:data:`TRIGGERS`) that drop a name's checksum whenever any SQLite writer inserts,
+replaces, updates or deletes that row: NNC's ``REPLACE INTO tensors``, s4nnc's
+``DELETE FROM tensors`` followed by a write (which reuses the rowid), a script's
+``UPDATE``. Triggers live in the file, so every SQLite writer runs them, NNC's
+included; a row another writer changed therefore reads as *unchecked*, never as
+damaged, while damage that bypasses SQLite (flipped bits on disk) is still caught.
+NNC reads only the ``tensors`` table and ignores the rest.
+
+Files written before fnnc kept these triggers still read (reads never write); fnnc adds
+the triggers the next time it writes to the file. In such a file a row another writer
+replaced reads as unchecked through its changed rowid (``VACUUM`` may renumber rowids:
+same effect); one it deleted and wrote again can reuse the rowid and read as a mismatch,
+and the error then says so. To remove fnnc's bookkeeping from a file, drop the triggers
+with the table (``DROP TRIGGER fnnc_checksums_on_insert`` and so on): SQLite refuses
+writes to ``tensors`` whose triggers name a missing table.
 
 The digest (``crc32``, the fastest stdlib hash here and made for detecting damaged
 bytes: any burst of up to 32 flipped bits is caught) covers ``type``, ``format``,
@@ -28,10 +40,11 @@ adds the column and checks the new step.
 >>> path = os.path.join(tempfile.mkdtemp(), "w.sqlite")
 >>> with TensorFile(path) as f:
 ...     f.write("w", np.arange(4, dtype=np.float32))
->>> conn = sqlite3.connect(path)  # change the bytes of the row behind fnnc's back
->>> ones = np.ones(4, np.float32).tobytes()
->>> _ = conn.execute("UPDATE tensors SET data=? WHERE name='w'", (ones,))
->>> conn.commit(); conn.close()
+>>> with open(path, "rb") as file:  # damage: bytes change behind SQLite's back
+...     raw = file.read()
+>>> stored, ones = np.arange(4, dtype=np.float32).tobytes(), np.ones(4, np.float32).tobytes()
+>>> with open(path, "wb") as file:
+...     _ = file.write(raw.replace(stored, ones))
 >>> report = TensorFile(path, readonly=True).verify()
 >>> report.ok, [name for name, _ in report.damaged]
 (False, ['w'])
@@ -58,6 +71,17 @@ CREATE = (
     "(name TEXT PRIMARY KEY, row INTEGER, algo TEXT, digest TEXT)"
 )
 ALGO = "crc32"
+
+_EVENTS = (("INSERT", "NEW.name"), ("UPDATE", "OLD.name OR name=NEW.name"), ("DELETE", "OLD.name"))
+TRIGGER_NAMES = tuple(f"{TABLE}_on_{event.lower()}" for event, _ in _EVENTS)
+TRIGGERS = tuple(
+    f"CREATE TRIGGER IF NOT EXISTS {trigger} AFTER {event} ON tensors "
+    f"BEGIN DELETE FROM {TABLE} WHERE name={names}; END"
+    for trigger, (event, names) in zip(TRIGGER_NAMES, _EVENTS, strict=True)
+)
+"""Keep checksums current under any SQLite writer: a row inserted (``REPLACE``
+included), updated or deleted loses its checksum; fnnc's own write records the new one
+after its insert, in the same transaction."""
 
 CHECKED, UNCHECKED, STALE = "checked", "unchecked", "stale"
 """What :func:`check` found: the digest matched; no checksum; one for an older row."""
@@ -161,9 +185,22 @@ def check(
         raise TensorFileError(
             f"{where}: checksum mismatch ({algo} {stored!r:.70} stored with the row, "
             f"{computed} computed now): its bytes changed after fnnc wrote them (disk "
-            "damage or an edit); restore the file from a copy, or rewrite the tensor"
+            f"damage){_untracked(conn)}; restore the file from a copy, or rewrite the tensor"
         )
     return CHECKED
+
+
+def _untracked(conn: sqlite3.Connection) -> str:
+    """What else a mismatch may mean in a file without :data:`TRIGGERS` (written by an
+    older fnnc): another writer deleted the row and wrote it again under the same rowid."""
+    query = "SELECT count(*) FROM sqlite_master WHERE type='trigger' AND name IN (?, ?, ?)"
+    if conn.execute(query, TRIGGER_NAMES).fetchone()[0] == len(TRIGGERS):
+        return ""
+    return (
+        ", or another writer (NNC, sqlite3) deleted the row and wrote it again: this file "
+        "predates the triggers that keep fnnc's checksums current (fnnc adds them on its "
+        "next write)"
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -91,7 +91,9 @@ class TensorFile:
         self.readonly = readonly
         self._depth = 0
         self._op: str | None = None
-        self._handle = connections.Handle(self.path, setup=(_CREATE, integrity.CREATE))
+        self._handle = connections.Handle(
+            self.path, setup=(_CREATE, integrity.CREATE, *integrity.TRIGGERS)
+        )
         if readonly or os.path.exists(self.path):
             self._handle.reader()  # a missing, non-SQLite or damaged file fails here
             if readonly and not self.has_table("tensors"):
