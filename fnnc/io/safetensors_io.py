@@ -231,7 +231,9 @@ class SafetensorsFile:
         """Stores ``array`` under ``name`` (any dtype the ``safetensors`` library takes).
 
         Raises:
-            TensorFileError: an ``encoder`` was given (safetensors stores raw bytes only).
+            TensorFileError: an ``encoder`` was given (safetensors stores raw bytes only),
+                or the file cannot be written (a missing folder, a full disk); the file
+                is then unchanged.
         """
         where = f"tensor {name!r} in {self.path}"
         if encoder is not None:
@@ -253,6 +255,14 @@ class SafetensorsFile:
                 str(device).upper(),
             )
 
+    def _unwritable(self, folder: str, error: OSError) -> TensorFileError:
+        """The error for a write the file system refused (the file is unchanged)."""
+        if not os.path.isdir(folder):
+            why = f"the folder {folder} does not exist; create it first"
+        else:
+            why = f"{error.strerror or error}; check that {folder} is writable and has room"
+        return TensorFileError(f"{self.path}: cannot write: {why} (nothing was written)")
+
     def _flush(self) -> None:
         assert self._pending is not None
         tensors = {n: self._raw(n) for n in self._keys if n not in self._pending}
@@ -260,7 +270,10 @@ class SafetensorsFile:
         layout = {n: dict(zip(("format", "device"), self._facts(n), strict=True)) for n in tensors}
         header = {**self._header, METADATA_KEY: json.dumps({"version": 1, "tensors": layout})}
         folder = os.path.dirname(os.path.abspath(self.path))
-        fd, temporary = tempfile.mkstemp(suffix=".safetensors", dir=folder)
+        try:
+            fd, temporary = tempfile.mkstemp(suffix=".safetensors", dir=folder)
+        except OSError as e:
+            raise self._unwritable(folder, e) from None
         os.close(fd)
         try:
             safetensors.numpy.save_file(tensors, temporary, metadata=header)
@@ -270,6 +283,8 @@ class SafetensorsFile:
                 os.remove(temporary)
             if isinstance(e, (safetensors.SafetensorError, ValueError, TypeError)):
                 raise TensorFileError(f"{self.path}: cannot write ({e})") from None
+            if isinstance(e, OSError):
+                raise self._unwritable(folder, e) from None
             raise
         self._pending = {}
         self._load_header()

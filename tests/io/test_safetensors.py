@@ -159,6 +159,20 @@ def test_command_line_convert_and_inspect(tmp_path, capsys):
     assert "python -m fnnc convert: error:" in capsys.readouterr().err
 
 
+def test_writing_into_a_missing_folder_names_the_path(tmp_path, capsys):
+    target = tmp_path / "missing" / "w.safetensors"
+    with pytest.raises(TensorFileError) as e:
+        SafetensorsFile(target).write("w", np.ones(2, np.float32))
+    message = str(e.value)
+    assert message.startswith(f"{target}: cannot write: the folder {target.parent} does not")
+    assert "tmp" not in message.replace(str(tmp_path), "")  # no temporary file's name
+    save_file({"w": np.ones(2, np.float32)}, str(tmp_path / "a.safetensors"))
+    assert main(["convert", str(tmp_path / "a.safetensors"), str(target)]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {target}: cannot write" in err and "Traceback" not in err
+    assert not target.parent.exists()
+
+
 def test_bfloat16_reads_where_the_librarys_numpy_reader_has_none(tmp_path, monkeypatch):
     """Older safetensors versions cannot put BF16 into NumPy: fnnc reads their bytes."""
     import safetensors
