@@ -22,13 +22,15 @@ module stores bytes and never imports that layer. :mod:`fnnc.graph` registers it
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from fnnc.errors import GraphFormatError
+from fnnc.errors import GraphFormatError, TensorFileError
 from fnnc.io.parameters import Source, opened
+from fnnc.io.tensor_file import TensorFile
 
 _CREATE = "CREATE TABLE IF NOT EXISTS fnnc_graphs (name TEXT, data TEXT, PRIMARY KEY (name))"
 
@@ -69,17 +71,36 @@ def _format_of(obj: Any) -> Format:
     )
 
 
+@contextlib.contextmanager
+def _opened(source: Source, what: str, *, readonly: bool = False) -> Iterator[TensorFile]:
+    """``source`` opened as an NNC SQLite tensor file, the only kind that holds graphs."""
+    with opened(source, readonly=readonly) as f:
+        if not isinstance(f, TensorFile):
+            raise TensorFileError(
+                f"{what}: {getattr(f, 'path', f)} is opened as a {type(f).__name__}; graphs "
+                "are stored only in NNC SQLite tensor files (.sqlite or any other "
+                "extension but .safetensors): give such a file, or save the graph alone "
+                "as JSON (fnnc.graph.save(graph, 'g.json'))"
+            )
+        yield f
+
+
 def save_to(target: Source, obj: Any, name: str) -> None:
-    """Stores ``obj`` (e.g. a graph) under ``name`` (replacing one of that name), atomically."""
+    """Stores ``obj`` (e.g. a graph) under ``name`` (replacing one of that name), atomically.
+
+    Raises:
+        TensorFileError: ``target`` is not an NNC SQLite tensor file (e.g. ``.safetensors``).
+    """
     text = json.dumps(_format_of(obj).to_data(obj), separators=(",", ":"))
-    with opened(target) as f, f.operation(f"save graph {name!r}"), f.transaction():
+    what = f"save graph {name!r}"
+    with _opened(target, what) as f, f.operation(what), f.transaction():
         f.connection.execute(_CREATE)
         f.connection.execute("REPLACE INTO fnnc_graphs (name, data) VALUES (?, ?)", (name, text))
 
 
 def graph_names(source: Source) -> list[str]:
     """The names of the documents (graphs) in the file, sorted (empty if it has none)."""
-    with opened(source, readonly=True) as f, f.operation("list graphs"):
+    with _opened(source, "list graphs", readonly=True) as f, f.operation("list graphs"):
         if not f.has_table("fnnc_graphs"):
             return []
         query = "SELECT name FROM fnnc_graphs ORDER BY name"
@@ -88,7 +109,8 @@ def graph_names(source: Source) -> list[str]:
 
 def load_from(source: Source, name: str) -> Any:
     """The object stored under ``name``; :class:`GraphFormatError` if absent or damaged."""
-    with opened(source, readonly=True) as f, f.operation(f"load graph {name!r}"):
+    what = f"load graph {name!r}"
+    with _opened(source, what, readonly=True) as f, f.operation(what):
         row = None
         if f.has_table("fnnc_graphs"):
             query = "SELECT data FROM fnnc_graphs WHERE name=?"

@@ -7,9 +7,16 @@ import numpy as np
 import pytest
 
 from fnnc import ops
-from fnnc.errors import GraphFormatError
+from fnnc.errors import GraphFormatError, TensorFileError
 from fnnc.graph import GraphBuilder, interpret, to_data
-from fnnc.io import TensorFile, graph_names, load_from, save_to, write_parameters
+from fnnc.io import (
+    SafetensorsFile,
+    TensorFile,
+    graph_names,
+    load_from,
+    save_to,
+    write_parameters,
+)
 from tests.helpers import fetch_rows
 
 
@@ -72,3 +79,23 @@ def test_fnnc_graph_save_and_load_route_to_the_tensor_file(tmp_path):
         assert f.names() == ["w"]  # the tensors are untouched
         save(g, f)
         assert load(f) == g
+
+
+def test_graphs_in_a_safetensors_file_are_a_clear_error(tmp_path):
+    path = tmp_path / "w.safetensors"
+    SafetensorsFile(path).write("w", np.ones(2, np.float32))
+    before = path.read_bytes()
+    calls = {
+        "save graph 'fwd'": lambda: save_to(path, mlp(), "fwd"),
+        "list graphs": lambda: graph_names(path),
+        "load graph 'fwd'": lambda: load_from(path, "fwd"),
+    }
+    for what, call in calls.items():
+        with pytest.raises(TensorFileError) as e:
+            call()
+        assert str(e.value).startswith(f"{what}: {path} is opened as a SafetensorsFile")
+        assert "only in NNC SQLite tensor files" in str(e.value)
+    assert path.read_bytes() == before
+    with pytest.raises(TensorFileError, match="only in NNC SQLite"):
+        save_to(tmp_path / "new.safetensors", mlp(), "fwd")
+    assert not (tmp_path / "new.safetensors").exists()
