@@ -39,7 +39,8 @@ from typing import Any
 import numpy as np
 
 from fnnc.core.dtypes import is_inexact
-from fnnc.errors import FnncError
+from fnnc.errors import FnncError, TensorFileError
+from fnnc.io import format as fmt
 from fnnc.io.convert import convert
 from fnnc.io.exported import describe_exported, looks_exported
 from fnnc.io.safetensors_io import SafetensorsFile, is_safetensors
@@ -80,7 +81,7 @@ def _table(f: Any, stats: bool, *, extras: bool) -> tuple[list[str], int]:
     header = ["name", "dtype", "shape", "format", "bytes"]
     header += ["min", "max", "mean", "nan"] if stats else []
     table, total, unreadable = [header], 0, 0
-    for name in sorted(f.names(), key=natural_key):
+    for name in sorted(f.names(), key=_sort_key):
         cells = _row(f, name, stats)
         unreadable += cells[1] == "?"
         table.append([str(cell) for cell in cells])
@@ -101,11 +102,20 @@ def natural_key(name: str) -> list[Any]:
     return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in _DIGITS.split(name)]
 
 
-def _row(f: Any, name: str, stats: bool) -> list[str]:
+def _sort_key(name: Any) -> list[Any]:
+    """:func:`natural_key`, with rows whose name is not TEXT (NULL, a BLOB) last."""
+    return natural_key(name) if isinstance(name, str) else [(2, 0, fmt.label(name))]
+
+
+def _row(f: Any, name: Any, stats: bool) -> list[str]:
     try:
+        why = fmt.untitled(name, f.path)
+        if why is not None:
+            raise TensorFileError(why)
         info = f.info(name)
     except FnncError as e:
-        return [name, "?", "?", "?", "?"] + (["?"] * 4 if stats else []) + [f"({e})"]
+        unknown = ["?"] * (8 if stats else 4)
+        return [fmt.label(name), *unknown, f"({e})"]
     dtype = info.dtype.name if info.dtype is not None else "qx"
     if info.encoder:
         dtype += f" (encoder {info.encoder:#x})"

@@ -161,6 +161,28 @@ def is_quantized(datatype: int) -> bool:
     return (datatype & 0xFF000) == QX
 
 
+_SQL_TYPES = {type(None): "NULL", bytes: "a BLOB", int: "an INTEGER", float: "a REAL"}
+
+
+def label(name: Any) -> str:
+    """How a listing shows a row's name: the name itself, or ``<NULL>`` / the ``repr`` of
+    a name that is not TEXT."""
+    return name if isinstance(name, str) else "<NULL>" if name is None else repr(name)
+
+
+def untitled(name: Any, path: str) -> str | None:
+    """Why the row named ``name`` cannot be read (its name is not TEXT: a foreign writer
+    or damage left NULL, a BLOB, a number), or ``None`` for a TEXT name."""
+    if isinstance(name, str):
+        return None
+    kind = _SQL_TYPES.get(type(name), type(name).__name__)
+    return (
+        f"a row in {path} has {kind} name ({label(name):.80}), not TEXT: NNC and fnnc read "
+        "rows by their TEXT name, so no reader can ask for it; give it a name or delete it "
+        "with sqlite3 (e.g. DELETE FROM tensors WHERE typeof(name) != 'text')"
+    )
+
+
 def row_info(
     name: Any, type_: Any, format_: Any, datatype: Any, dim: Any, nbytes: Any, *, path: str
 ) -> TensorInfo:

@@ -60,6 +60,7 @@ import zlib
 from typing import TYPE_CHECKING, Any
 
 from fnnc.errors import CheckpointError, FnncError, TensorFileError
+from fnnc.io import format as fmt
 from fnnc.io.sqlite_errors import ERRORS
 
 if TYPE_CHECKING:
@@ -261,6 +262,9 @@ def verify(file: TensorFile) -> IntegrityReport:
     except FnncError as e:
         return IntegrityReport(file.path, (), (), (*damaged, ("<tensors>", str(e))))
     for name in names:
+        if (why := fmt.untitled(name, file.path)) is not None:
+            damaged.append((fmt.label(name), why))
+            continue
         try:
             if file.info(name).dtype is None:  # NNC's palettized QX: its own format
                 status[UNCHECKED].append(str(name))

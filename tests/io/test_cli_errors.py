@@ -1,6 +1,8 @@
 """python -m fnnc inspect, in-process: one line and status 1 for a bad file, never a traceback."""
 
+import contextlib
 import sqlite3
+import struct
 
 import numpy as np
 import pytest
@@ -79,3 +81,27 @@ def test_a_good_file_verifies(tmp_path, capsys):
     assert err == "" and out.splitlines()[-1].endswith(
         "1 rows: 1 match their checksum, 0 have none, 0 damaged"
     )
+
+
+@pytest.mark.parametrize(
+    ("bad", "shown", "kind"), [(None, "<NULL>", "NULL"), (b"n", "b'n'", "a BLOB")]
+)
+def test_a_row_whose_name_is_not_text_is_listed_as_unreadable(tmp_path, capsys, bad, shown, kind):
+    path = str(tmp_path / "f.sqlite")
+    with TensorFile(path) as f:
+        f.write("w", np.ones(2, np.float32))
+    with contextlib.closing(sqlite3.connect(path)) as conn:  # a foreign writer's row
+        row = (bad, 0xFFF01, 2, 0x4000, struct.pack("<12i", 2, *[0] * 11), bytes(8))
+        conn.execute("INSERT INTO tensors VALUES (?, ?, ?, ?, ?, ?)", row)
+        conn.commit()
+    status = main(["inspect", "--stats", "--verify", path])
+    out, err = capsys.readouterr()
+    assert status == 1 and "Traceback" not in out + err
+    assert err.count("\n") == 1 and f"{path}: 1 rows cannot be read" in err
+    listing = out.splitlines()
+    assert listing[2].startswith("w ") and listing[3].startswith(f"{shown}  ?")
+    assert f"has {kind} name ({shown}), not TEXT" in listing[3]
+    with TensorFile(path, readonly=True) as f:
+        report = f.verify()
+    assert report.checked == ("w",) and [n for n, _ in report.damaged] == [shown]
+    assert report.damaged[0][1].startswith(f"a row in {path} has {kind} name")
