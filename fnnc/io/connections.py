@@ -21,6 +21,7 @@ in WAL mode still reads, since SQLite's read-only WAL readers open the ``-wal`` 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import urllib.parse
@@ -137,8 +138,9 @@ def check_columns(conn: sqlite3.Connection, path: str) -> None:
 
 class Handle:
     """The connection of one file: read-only (:func:`open_reader`) from first use until
-    the first write, then read-write (:func:`open_writer`, running ``setup``, e.g.
-    ``CREATE TABLE IF NOT EXISTS``). Closed for good by :meth:`close`."""
+    the first write, then read-write (:func:`open_writer`; each outermost transaction
+    runs ``setup``, e.g. ``CREATE TABLE IF NOT EXISTS``, through :meth:`create_tables`).
+    Closed for good by :meth:`close`."""
 
     def __init__(self, path: str, *, setup: tuple[str, ...] = ()):
         self.path, self.setup = path, setup
@@ -167,17 +169,25 @@ class Handle:
             if self.conn is not None:
                 self.conn.close()
                 self.conn = None
-            conn = open_writer(self.path)
-            try:
-                with translating(self.path, "create tables"):
-                    for statement in self.setup:
-                        conn.execute(statement)
-            except BaseException:
-                conn.close()
-                raise
-            self._adopt(conn, writing=True)
+            self._adopt(open_writer(self.path), writing=True)
         assert self.conn is not None
         return self.conn
+
+    def create_tables(self) -> None:
+        """Runs ``setup`` (``CREATE ... IF NOT EXISTS``) on the writer, inside the
+        caller's transaction, so a batch that fails leaves no new tables either."""
+        for statement in self.setup:
+            self.writer().execute(statement)
+
+    def remove_file(self) -> None:
+        """Closes the connection and deletes the file (one this handle created, whose
+        first transaction failed); the next write creates it anew."""
+        if self.conn is not None:
+            self.conn.close()
+        self.conn, self.writing, self.tables = None, False, set()
+        for leftover in (self.path, self.path + "-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(leftover)
 
     def has_table(self, table: str) -> bool:
         """Whether the file has a table called ``table``."""

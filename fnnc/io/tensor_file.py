@@ -138,9 +138,12 @@ class TensorFile:
 
         An exception inside the block rolls the batch back and propagates. Nested
         blocks are savepoints: an inner failure undoes only the inner writes. The file
-        is created here if it does not exist.
+        is created here if it does not exist, and fnnc's tables are made inside the
+        batch: a failed first batch leaves an existing file exactly as it was and removes
+        a file it created, so a failed write leaves nothing behind.
         """
         depth = self._depth
+        created = not depth and not self._handle.exists()
         begin, commit, rollback = "BEGIN IMMEDIATE", ["COMMIT"], ["ROLLBACK"]
         if depth:
             sp = f"fnnc_{depth}"
@@ -149,6 +152,8 @@ class TensorFile:
         with self.operation("write"):
             conn = self._writer()
             conn.execute(begin)
+            if not depth:
+                self._handle.create_tables()
         self._depth = depth + 1
         try:
             yield self
@@ -160,6 +165,8 @@ class TensorFile:
                 with contextlib.suppress(sqlite3.Error):  # the first error is the one to see
                     for statement in rollback:
                         conn.execute(statement)
+            if created:
+                self._handle.remove_file()
             raise
         finally:
             self._depth = depth

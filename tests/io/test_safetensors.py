@@ -1,7 +1,12 @@
 """safetensors both ways: bit-exact round trips through NNC tensor files, files the
 ``safetensors`` library writes and reads, name maps into a model, the command line."""
 
+import contextlib
+import hashlib
 import json
+import os
+import sqlite3
+import struct
 
 import ml_dtypes
 import numpy as np
@@ -132,7 +137,7 @@ def test_bad_input_is_a_clear_error(tmp_path):
     )
     with pytest.raises(DTypeError, match=r"tensor 'a'.*NNC has no datatype for int16"):
         convert(tmp_path / "i.safetensors", tmp_path / "i.sqlite")
-    assert TensorFile(tmp_path / "i.sqlite").names() == []  # one transaction: none written
+    assert not (tmp_path / "i.sqlite").exists()  # one transaction: nothing written
     with pytest.raises(TensorFileError, match="both map to 'x'"):
         convert(tmp_path / "i.safetensors", tmp_path / "j.safetensors", rename=lambda n: "x")
     with pytest.raises(TensorFileError, match="safetensors has no codecs"):
@@ -171,6 +176,34 @@ def test_writing_into_a_missing_folder_names_the_path(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"error: {target}: cannot write" in err and "Traceback" not in err
     assert not target.parent.exists()
+
+
+def test_a_failed_convert_leaves_no_new_file_and_an_old_one_unchanged(tmp_path, capsys):
+    source = tmp_path / "a.sqlite"
+    with TensorFile(source) as f:
+        f.write("x", np.arange(4, dtype=np.float32))
+        f.write("y", np.arange(3, dtype=np.int32))
+    new = tmp_path / "new.sqlite"
+    assert main(["convert", str(source), str(new), "--encoder", "nope"]) == 1
+    assert "no codec named 'nope'" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["a.sqlite"]
+    with pytest.raises(TensorFileError, match="no codec named 'nope'"):
+        write_parameters(new, {"w": np.ones(2, np.float32)}, encoder="nope")
+    assert sorted(os.listdir(tmp_path)) == ["a.sqlite"]
+    old = tmp_path / "nnc.sqlite"  # as NNC writes it: no fnnc tables
+    with contextlib.closing(sqlite3.connect(old)) as conn:
+        conn.execute(
+            "CREATE TABLE tensors (name TEXT, type INTEGER, format INTEGER, datatype INTEGER, "
+            "dim BLOB, data BLOB, PRIMARY KEY (name))"
+        )
+        dim = struct.pack("<12i", 2, *[0] * 11)
+        conn.execute("INSERT INTO tensors VALUES ('x', 1, 2, 16384, ?, ?)", (dim, bytes(8)))
+        conn.commit()
+    before = hashlib.sha256(old.read_bytes()).hexdigest()
+    with pytest.raises(TensorFileError, match="no codec named 'nope'"):
+        convert(source, old, encoder="nope")
+    assert hashlib.sha256(old.read_bytes()).hexdigest() == before
+    assert sorted(os.listdir(tmp_path)) == ["a.sqlite", "nnc.sqlite"]
 
 
 def test_bfloat16_reads_where_the_librarys_numpy_reader_has_none(tmp_path, monkeypatch):
