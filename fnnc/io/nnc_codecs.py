@@ -20,6 +20,13 @@ rows; like NNC's encoders, each declines (the row is stored raw) for other dtype
 when its output would be larger than the raw bytes plus 4. Palettization and ``ezm7``
 are lossy: what reads back is what NNC would read back.
 
+The palettized codecs also decline a row holding a NaN or an infinity. NNC's
+``ccv_nnc_palettize`` clusters such blocks as they are (its k-means sums the sorted
+values, so after one NaN about half the block reads back as NaN, and an infinity
+makes one entry infinite); the format has no per-block escape, so fnnc stores the
+whole row raw, which NNC reads as any raw row. :func:`fnnc.io.palettize.palettize`
+itself stays bit for bit NNC's, non-finite values included.
+
 >>> import os, tempfile
 >>> import numpy as np
 >>> from fnnc.io import TensorFile
@@ -62,6 +69,8 @@ def _palettize_codec(bits: int) -> Codec:
         block = BLOCK_SIZES[bits]
         if pal.encoded_size(dtype, values.size, bits, block) + 4 > len(data) + 4:
             return None  # NNC's encoders have len(data) + 4 bytes of room
+        if not np.isfinite(values.astype(np.float64)).all():
+            return None  # NNC's k-means spreads one NaN over about half its block
         return struct.pack("<I", block) + pal.palettize(values, bits, block)
 
     def decode(data: bytes, dtype: np.dtype, shape: tuple[int, ...]) -> bytes:

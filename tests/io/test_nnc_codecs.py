@@ -188,3 +188,17 @@ def test_fpzip_round_trip_where_the_package_is_installed(tmp_path):
         f.write("x", x, encoder=CODECS["fpzip"])
         assert f.info("x").encoder == 0xF7217
         assert f.read("x").tobytes() == x.tobytes()  # precision 32: lossless
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_palettized_codecs_store_a_row_with_non_finite_values_raw(tmp_path, dtype, bad):
+    x = np.linspace(-1, 1, 512).astype(dtype)
+    x[100] = bad
+    nnc = depalettize(palettize(x, 4, 512), dtype, x.size, 4, 512)  # what NNC's codec keeps
+    assert (~np.isfinite(nnc)).sum() >= 1 and not np.array_equal(nnc, x, equal_nan=True)
+    with TensorFile(str(tmp_path / "n.sqlite")) as f:
+        f.write("x", x, encoder="q4p")
+        f.write("clean", np.linspace(-1, 1, 512).astype(dtype), encoder="q4p")
+        assert f.info("x").encoder == 0 and f.info("clean").encoder == 0x8A1E4B
+        assert f.read("x").tobytes() == x.tobytes()
