@@ -7,8 +7,9 @@ format, stored bytes), the graphs and checkpoint steps fnnc keeps beside them, a
 adds a check of every row (SQLite's ``integrity_check``, each row's format and length,
 its checksum where fnnc wrote one) and exits with status 1 if anything is damaged.
 
-``inspect`` also lists a ``.safetensors`` file's tensors (with ``--stats``), and shows
-the signature of a ``jax.export`` artifact (:meth:`fnnc.models.Model.export`).
+``inspect`` also lists a safetensors file's tensors (with ``--stats``; recognised by
+its contents, whatever its extension), and shows the signature of a ``jax.export``
+artifact (:meth:`fnnc.models.Model.export`).
 ``convert`` copies every tensor (:func:`fnnc.io.convert`): ``--map`` is a JSON object
 ``{"old name": "new name" or null}``, ``--encoder`` an NNC codec for the target's rows.
 
@@ -43,7 +44,7 @@ from fnnc.errors import FnncError, TensorFileError
 from fnnc.io import format as fmt
 from fnnc.io.convert import convert
 from fnnc.io.exported import describe_exported, looks_exported
-from fnnc.io.safetensors_io import SafetensorsFile, is_safetensors
+from fnnc.io.safetensors_io import SafetensorsFile, is_safetensors, looks_safetensors
 from fnnc.io.tensor_file import TensorFile
 
 _DIGITS = re.compile(r"(\d+)")
@@ -68,7 +69,7 @@ def inspect_lines(path: str | os.PathLike[str], *, stats: bool = False) -> list[
 
 def _inspect(path: str | os.PathLike[str], stats: bool) -> tuple[list[str], int]:
     """The report's lines and how many rows could not be read."""
-    if is_safetensors(path):
+    if is_safetensors(path) or looks_safetensors(path):
         return _table(SafetensorsFile(path, readonly=True), stats, extras=False)
     if looks_exported(path):
         return describe_exported(path), 0

@@ -98,7 +98,8 @@ class Renamed:
     """The tensors of ``source`` under the names ``rename`` gives them, read-only.
 
     Raises:
-        TensorFileError: two tensors map to one name.
+        TensorFileError: two tensors map to one name, or a name maps to something that
+            is neither a str nor ``None``.
     """
 
     def __init__(self, source: Any, rename: Rename):
@@ -109,6 +110,11 @@ class Renamed:
             new = mapping(old)
             if new is None:
                 continue
+            if not isinstance(new, str):
+                raise TensorFileError(
+                    f"{self.path}: the name map gives {new!r:.80} ({type(new).__name__}) for "
+                    f"tensor {old!r}; expected a str (the new name) or None (leave it out)"
+                )
             if new in self._old:
                 raise TensorFileError(
                     f"{self.path}: tensors {self._old[new]!r} and {old!r} both map to {new!r}"

@@ -206,6 +206,25 @@ def test_a_failed_convert_leaves_no_new_file_and_an_old_one_unchanged(tmp_path, 
     assert sorted(os.listdir(tmp_path)) == ["a.sqlite", "nnc.sqlite"]
 
 
+def test_inspect_recognises_safetensors_by_content(tmp_path, capsys):
+    x = np.array([1.0, -2.0, np.nan], np.float32)
+    for name in ("w.bin", "w"):
+        save_file({"a": x}, str(tmp_path / name))
+        assert main(["inspect", "--stats", str(tmp_path / name)]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out[0] == f"{tmp_path / name}: 1 tensors, 12 B of data"
+        assert out[2].split() == ["a", "float32", "[3]", "NHWC", "12", "-2", "1", "-0.5", "1"]
+
+
+def test_a_name_map_giving_a_non_str_names_the_tensor(tmp_path):
+    save_file({"a": np.ones(2, np.float32)}, str(tmp_path / "a.safetensors"))
+    for rename in (lambda name: 5, {"a": 5}):
+        with pytest.raises(TensorFileError) as e:
+            convert(tmp_path / "a.safetensors", tmp_path / "b.safetensors", rename=rename)
+        assert "gives 5 (int) for tensor 'a'; expected a str" in str(e.value)
+        assert "both map" not in str(e.value)
+
+
 def test_bfloat16_reads_where_the_librarys_numpy_reader_has_none(tmp_path, monkeypatch):
     """Older safetensors versions cannot put BF16 into NumPy: fnnc reads their bytes."""
     import safetensors
