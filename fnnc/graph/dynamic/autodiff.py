@@ -209,7 +209,7 @@ def _run_gradients(
                     if isinstance(a, Version) and a.id in wrt
                 }
                 state = range(len(args) - len(hyper) - n_state, len(args) - len(hyper))
-                donate = _donated(values, owned, state)
+                donate = _donated(dg, values, owned, state)
             out = compile(graph, donate=donate)(*values)
     return list(out) if isinstance(out, tuple) else [out], slots
 
@@ -227,16 +227,40 @@ def _check_live(values: Sequence[Any], what: str) -> None:
 
 
 def _donated(
-    values: Sequence[Any], owned: dict[int, Version], extra: Iterable[int]
+    dg: DynamicGraph, values: Sequence[Any], owned: dict[int, Version], extra: Iterable[int]
 ) -> tuple[int, ...]:
     """Positions of a step's inputs it may reuse for its outputs: each parameter's
     version in ``owned`` (position -> version) that only its variable holds, and the
     ``extra`` positions (optimizer state, which only the graph keeps); never a buffer
-    passed twice."""
+    passed twice, nor one another version of the record holds too (``dg.constant(w)``,
+    ``dg.variable(w)``, ``dg.set(w2, w)`` and a detached copy share ``w``'s array).
+
+    A picked parameter's version is spent: its memo entry goes, so the same command
+    on the same inputs computes again instead of returning the donated array.
+    """
     uses = collections.Counter(id(x) for x in values)
     picked = [i for i, v in owned.items() if v.pins == 1 and uses[id(values[i])] == 1]
+    if picked:
+        held = _holders(dg, {id(values[i]) for i in picked})
+        picked = [i for i in picked if held[id(values[i])] == 1]
+        for i in picked:
+            owned[i].unmemo()
     picked += [i for i in extra if uses[id(values[i])] == 1]
     return tuple(picked)
+
+
+def _holders(dg: DynamicGraph, arrays: set[int]) -> collections.Counter[int]:
+    """How many versions of ``dg``'s record hold each array of ``arrays`` (by ``id``), as
+    their value or a view's: one pass over the record per step, never per command."""
+    held: collections.Counter[int] = collections.Counter()
+    for v in dg._record.versions.values():
+        if id(v.value) in arrays:
+            held[id(v.value)] += 1
+        if v.views:
+            for x in v.views.values():
+                if id(x) in arrays:
+                    held[id(x)] += 1
+    return held
 
 
 def backward(
@@ -332,7 +356,7 @@ def apply_gradients(dg: DynamicGraph, optimizer: Any, variables: Any) -> None:
     values = [*params, *grads, *state, *hyper]
     # the parameters (each only its variable holds) and the state are updated in place
     owned = {i: w._slot.version for i, w in enumerate(ws) if w._view is None}
-    donate = _donated(values, owned, range(2 * len(ws), 2 * len(ws) + len(state)))
+    donate = _donated(dg, values, owned, range(2 * len(ws), 2 * len(ws) + len(state)))
     program, fresh = PROGRAMS.get(
         ("apply", optim.keys(optimizer, specs)[0], specs, donate),
         lambda: _update_program(step, specs, donate),

@@ -104,7 +104,10 @@ class DynamicGraph:
 
     # -- variables -------------------------------------------------------------
     def variable(self, value: Any, name: str = "") -> Variable:
-        """A trainable variable holding ``value`` (gradients can flow to it)."""
+        """A trainable variable holding ``value`` (gradients can flow to it).
+
+        A JAX array is held as is: the first step that updates the variable spends its
+        buffer, unless another variable of this graph shares it (``dg.variable(w)``)."""
         leaf = self._leaf(value, grad=True, name=name, where="variable")
         return self._handle(leaf, name, trainable=True)
 

@@ -113,6 +113,13 @@ class Version:
         self.cut = True
         self.source = False
 
+    def unmemo(self) -> None:
+        """Drops the memo entry that returns this version (its value is gone or spent)."""
+        if self.memo is not None:
+            table, key = self.memo
+            table.pop(key, None)
+            self.memo = None
+
     def __repr__(self) -> str:
         return f"<version {self.id} {self.dtype.name}{list(self.shape)}>"
 
@@ -233,10 +240,7 @@ class Record:
 
     def _forget(self, v: Version) -> None:
         self.versions.pop(v.id, None)
-        if v.memo is not None:
-            table, key = v.memo
-            table.pop(key, None)
-            v.memo = None
+        v.unmemo()
         v.value = v.views = None
 
     def keep(self, *, pending: bool) -> list[bool]:

@@ -1,4 +1,5 @@
-"""A long eager training loop keeps the recorded graph, memory and compiled programs flat."""
+"""A long eager training loop keeps the recorded graph, memory and compiled programs flat;
+a step updates in place only the arrays no other variable holds."""
 
 from __future__ import annotations
 
@@ -108,3 +109,62 @@ def test_free_variables_each_step_leaves_nothing_recorded() -> None:
         dg.free(loss)
         assert dg.num_nodes == 0
         dg.zero_grad()
+
+
+W0 = np.float32([1.0, 2.0, 3.0])
+STEPPED = W0 - 0.1 * 2 * W0  # one SGD step of sum(w * w), lr 0.1
+
+
+def _step(dg: DynamicGraph, w, fused: bool):
+    loss = (w * w).sum()
+    if fused:
+        dg.minimize(optax.sgd(0.1), loss, [w])
+    else:
+        dg.backward(loss, [w])
+        dg.apply_gradients(optax.sgd(0.1), [w])
+    return loss
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("make", ["constant", "variable", "set"])
+def test_step_never_donates_an_array_another_variable_holds(make: str, fused: bool) -> None:
+    # both variables share one array; the step must not update it in place
+    dg = DynamicGraph()
+    if make == "constant":  # a frozen snapshot of the parameter
+        w = dg.variable(W0, name="w")
+        other = dg.constant(w, name="snapshot")
+    elif make == "variable":  # a parameter made from a parameter
+        other = dg.variable(W0, name="other")
+        w = dg.variable(other, name="w")
+    else:
+        other = dg.variable(W0, name="other")
+        w = dg.variable(np.zeros(3, np.float32), name="w")
+        dg.set(w, other)
+    _step(dg, w, fused)
+    np.testing.assert_allclose(other.numpy(), W0)
+    np.testing.assert_allclose(w.numpy(), STEPPED, rtol=1e-6)
+    _step(dg, w, fused)  # w's array is its own now: updated in place again
+    np.testing.assert_allclose(w.numpy(), STEPPED - 0.1 * 2 * STEPPED, rtol=1e-6)
+    np.testing.assert_allclose(other.numpy(), W0)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_memoised_result_is_computed_again_after_its_array_was_donated(fused: bool) -> None:
+    dg = DynamicGraph()
+    w = dg.variable(W0, name="w")
+    w2 = dg.variable(np.zeros(3, np.float32), name="w2")
+    dg.write(w2, w * 2.0)  # w2 holds the memoised version of w * 2.0
+    loss = _step(dg, w2, fused)  # kept, as a loop keeps its loss: so is what it read
+    np.testing.assert_allclose((w * 2.0).numpy(), 2 * W0)
+    np.testing.assert_allclose(w2.numpy(), 2 * W0 - 0.1 * 4 * W0, rtol=1e-6)
+    np.testing.assert_allclose(loss.numpy(), [np.sum((2 * W0) ** 2)])
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_step_still_updates_a_parameter_it_alone_holds_in_place(fused: bool) -> None:
+    dg = DynamicGraph()
+    w = dg.variable(W0, name="w")
+    before = w.value
+    _step(dg, w, fused)
+    assert before.is_deleted()  # its buffer holds the new values: memory stays flat
+    np.testing.assert_allclose(w.numpy(), STEPPED, rtol=1e-6)
