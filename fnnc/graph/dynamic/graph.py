@@ -188,7 +188,8 @@ class DynamicGraph:
             *inputs: variables (or arrays, taken as constants).
             outputs: variables to write instead of new ones; writing a variable makes
                 a new version of it, and writing an alias makes a new version of the
-                whole variable it views.
+                whole variable it views. A constant written stays one: it takes the
+                value, no gradient flows through it.
             name: the node's name in listings and errors.
 
         Returns:
@@ -365,7 +366,8 @@ class DynamicGraph:
 
         ``target`` keeps its shape; a number or array broadcasts to it. Writing an alias
         makes a new version of the variable it views (``y[0] = z`` is
-        ``dg.write(y[0], z)``).
+        ``dg.write(y[0], z)``). A constant ``target`` takes ``value``'s value only: no
+        gradient flows through it, however it is written (``value`` keeps its own).
         """
         versions.write(self, target, value)
 

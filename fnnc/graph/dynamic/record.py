@@ -313,16 +313,20 @@ class Record:
 
 
 def between(nodes: Sequence[Node], wrt: Iterable[Version], f: Iterable[Version]) -> list[Node]:
-    """The recorded nodes on a gradient path from ``wrt`` to ``f``, in order."""
+    """The recorded nodes on a gradient path from ``wrt`` to ``f``, in order.
+
+    A node none of whose outputs can carry a gradient (run under ``no_grad``, or a
+    constant's copy: lazy mode records them too, to run them later) is on no path:
+    what it wrote is a leaf of the gradient graph."""
     reach = {v.id for v in wrt}
     forward = []
     for node in nodes:
         for v, _ in node.inputs:
             if v.id in reach and not v.cut:
-                forward.append(node)
-                for o in node.outputs:
-                    if o.grad:
-                        reach.add(o.id)
+                carried = [o.id for o in node.outputs if o.grad]
+                if carried:
+                    forward.append(node)
+                    reach.update(carried)
                 break
     need = {v.id for v in f}
     picked = []

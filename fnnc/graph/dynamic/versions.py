@@ -86,8 +86,8 @@ def _assign(dg: DynamicGraph, target: Variable, slot: Slot, read: Read, where: s
         (new,) = _internal(run_reads(dg, _COPY, [read], ""))
     else:
         new = v
-    if not slot.trainable and new.grad and new.pins == 0:
-        new.detach()
+    if not slot.trainable and new.grad:
+        new = _constant(dg, new)
     elif slot.trainable and not new.grad and target._view is None:
         # a value made from constants alone (ops.set, ...) written into a trainable
         # variable: it stays a variable, now a leaf holding that value, as ``set`` makes
@@ -103,6 +103,20 @@ def _assign(dg: DynamicGraph, target: Variable, slot: Slot, read: Read, where: s
         new = dg._leaf(value, grad=True, name=slot.name)
     new.name = new.name or slot.name
     repin(dg, slot, new)
+
+
+def _constant(dg: DynamicGraph, v: Version) -> Version:
+    """``v``'s value as a constant, for a constant's slot: however it is written
+    (``dg.write``, ``c[:] = z``, ``exec(outputs=[c])``), a constant stays one and no
+    gradient flows through it (NNC asserts a recorded exec never writes a constant).
+    ``v`` itself is cut when nothing else sees it; a version a variable holds or a
+    recorded node reads keeps its gradient, and the constant gets a copy."""
+    if v.pins == 0 and v.readers == 0:
+        v.detach()
+        return v
+    with dg.no_grad():
+        (copy,) = _internal(run_reads(dg, _COPY, [(v, None)], ""))
+    return copy
 
 
 def _internal(outs: tuple[Version, ...]) -> tuple[Version, ...]:

@@ -154,3 +154,15 @@ def test_dynamic_graph_is_a_plain_class() -> None:
         fn = getattr(fn, "__wrapped__", fn)  # no_grad's contextmanager
         if callable(fn):
             assert fn.__qualname__ == f"DynamicGraph.{name}", name
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_no_grad_result_is_a_constant_of_the_gradient(lazy: bool) -> None:
+    # lazy mode records the no_grad command to run it later; no gradient flows through
+    # it: d/dx sum(c * x) = c, as jax.grad with c = stop_gradient(2 x)
+    dg = DynamicGraph(lazy=lazy)
+    x = dg.variable(F32([1.0, 2.0, 3.0]), name="x")
+    with dg.no_grad():
+        c = x * 2.0
+    (dx,) = dg.backward((c * x).sum(), [x])
+    np.testing.assert_allclose(dx.numpy(), [2.0, 4.0, 6.0])

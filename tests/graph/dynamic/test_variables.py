@@ -139,3 +139,45 @@ def test_exec_returns_tuples_for_multi_output_commands() -> None:
     loss, p = dg.exec(ops.softmax_crossentropy(), logits, np.array([0, 2], np.int32))
     assert loss.shape == (2, 1) and p.shape == (2, 3)
     np.testing.assert_allclose(p.numpy().sum(-1), 1.0, rtol=1e-6)
+
+
+def _write(dg: DynamicGraph, how: str, c, x) -> None:
+    if how == "write":
+        dg.write(c, x * 2.0)
+    elif how == "write held":  # the value is a live variable: it keeps its gradient
+        z = x * 2.0
+        dg.write(c, z)
+        (dz,) = dg.backward((z * x).sum(), [x])
+        np.testing.assert_allclose(dz.numpy(), 4 * X3)
+        dg.zero_grad()
+    elif how == "exec outputs":
+        dg.exec(ops.scalar_mul(a=2.0), x, outputs=[c])
+    elif how == "exec outputs, memoised and recorded":  # the recorded loss keeps its path
+        loss = (x * 2.0).sum()
+        dg.exec(ops.scalar_mul(a=2.0), x, outputs=[c])
+        (dl,) = dg.backward(loss, [x])
+        np.testing.assert_allclose(dl.numpy(), [2.0, 2.0, 2.0])
+        dg.zero_grad()
+    elif how == "setitem":
+        c[:] = x * 2.0
+    else:
+        c[0:3] = x * 2.0
+
+
+X3 = F32([1.0, 2.0, 3.0])
+HOWS = ["write", "write held", "exec outputs", "exec outputs, memoised and recorded"]
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("how", [*HOWS, "setitem", "setitem alias"])
+def test_a_constant_written_from_a_variable_stays_constant(how: str, lazy: bool) -> None:
+    # however a value computed from x is written into a constant, d/dx sum(c * x) = c:
+    # the constant holds the value only (NNC asserts an exec never writes a constant)
+    dg = DynamicGraph(lazy=lazy)
+    x = dg.variable(X3, name="x")
+    c = dg.constant(np.ones(3, F32), name="c")
+    _write(dg, how, c, x)
+    assert not c.requires_grad
+    (dx,) = dg.backward((c * x).sum(), [x])
+    np.testing.assert_allclose(c.numpy(), 2 * X3)
+    np.testing.assert_allclose(dx.numpy(), 2 * X3)  # jax.grad of sum(stop_gradient(2x) x)
