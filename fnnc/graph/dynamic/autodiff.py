@@ -34,7 +34,7 @@ from fnnc.graph.compile import compile
 from fnnc.graph.passes.backward import backward as backward_pass
 from fnnc.ops.optimizer import keys_as_bits, optax_update_command
 
-from . import higher, lazy, optim
+from . import higher, lazy, optim, stale
 from .extract import PROGRAMS, extract
 from .record import Read, Version, between
 from .simplified import simplify_trim
@@ -161,6 +161,7 @@ def _run_gradients(
     w_reads = _check_wrt(dg, ws, what)
     seeds = _seeds(dg, df, fs, f_reads)
     slots = [dg._slot(w, what) for w in ws]
+    stale.check(dg, fs, f_reads, ws, slots, what)
     old = [dg.grads.get((s, w._view)) for s, w in zip(slots, ws)]
     if create_graph:
         old = [None] * len(ws)

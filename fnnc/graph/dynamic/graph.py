@@ -427,6 +427,10 @@ class DynamicGraph:
             The gradient variables, one per ``wrt``; :meth:`grad` returns them too. A
             gradient that already holds a value is added to (NNC's rule); reset it with
             :meth:`zero_grad` or :meth:`set`.
+
+        Raises:
+            GraphError: ``f`` was computed from an earlier value of a ``wrt`` variable
+                (before a step, ``set`` or write replaced it): compute ``f`` again.
         """
         return autodiff.backward(self, f, wrt, df, into, create_graph)
 

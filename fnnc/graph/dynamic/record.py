@@ -54,6 +54,8 @@ import numpy as np
 
 from fnnc.ops import Command
 
+from .stale import carry
+
 
 class View(NamedTuple):
     """Where a view sits in its root's flat, row-major buffer (as an alias symbol)."""
@@ -173,6 +175,7 @@ class Record:
         self.limit = 64  # prune when nodes or garbage pass it
         self._busy = 0
         self._deferred: list[Version] = []
+        self.old: dict[int, list[Any]] = {}  # slots by earlier version (see .stale)
 
     def version(self, shape: tuple[int, ...], dtype: np.dtype, value: Any, grad: bool) -> Version:
         """A new leaf version (no producer) holding ``value``."""
@@ -287,7 +290,8 @@ class Record:
         with self.hold():
             nodes = self.node_list()
             kept = [node for node, k in zip(nodes, self.keep(pending=True)) if k]
-            self.drop([node for node in nodes if node.id not in {n.id for n in kept}])
+            ids = {n.id for n in kept}
+            self.drop([node for node in nodes if node.id not in ids])
             versions: dict[int, Version] = {v.id: v for v in self.pinned()}
             for v in self.versions.values():
                 v.readers = 0
@@ -296,6 +300,7 @@ class Record:
                     versions[v.id] = v
                     v.readers += 1
                 versions.update((o.id, o) for o in node.outputs)
+            self.old = carry(self.old, nodes, ids, versions)
             for v in list(self.versions.values()):
                 if v.id not in versions:
                     self._forget(v)

@@ -20,6 +20,7 @@ from fnnc.errors import DTypeError, GraphError, ShapeError
 from fnnc.ops import Command
 from fnnc.ops.call import write_view
 
+from . import stale
 from .execute import run_reads, where
 from .record import Read, Version
 from .variable import Variable
@@ -150,6 +151,7 @@ def repin(dg: DynamicGraph, slot: Slot, version: Version) -> None:
     slot.version = version
     version.pins += 1
     dg._record.unpin(old)
+    stale.supersede(dg._record, slot, old)
 
 
 def free(dg: DynamicGraph, var: Variable) -> None:
