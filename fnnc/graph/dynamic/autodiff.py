@@ -71,7 +71,12 @@ def _check_wrt(dg: DynamicGraph, ws: list[Variable], what: str) -> list[Read]:
     return reads
 
 
-def _seeds(dg: DynamicGraph, df: Any, fs: list[Variable], f_reads: list[Read]) -> list[Any]:
+def _seeds(
+    dg: DynamicGraph, df: Any, fs: list[Variable], f_reads: list[Read], recorded: bool = False
+) -> list[Any]:
+    """The seed gradients' values, one per ``f`` (none for ``df=None``). With
+    ``recorded`` (``create_graph``) a seed that is a variable comes as its read, so
+    the recorded gradient depends on it and a second backward reaches it."""
     if df is None:
         for f, (v, view) in zip(fs, f_reads):
             shape = view.shape if view is not None else v.shape
@@ -85,12 +90,18 @@ def _seeds(dg: DynamicGraph, df: Any, fs: list[Variable], f_reads: list[Read]) -
     if len(dfs) != len(fs):
         raise GraphError(f"backward: {len(fs)} f but {len(dfs)} df; pass one seed per f")
     out = []
-    for f, (v, view), d in zip(fs, f_reads, dfs):
-        d = dg.value_of(d) if hasattr(d, "_slot") else jax.numpy.asarray(d, v.dtype)
+    for i, (f, (v, view), d) in enumerate(zip(fs, f_reads, dfs)):
+        seed: Any = None
+        if recorded and hasattr(d, "_slot"):
+            seed = dg._read(d, "backward: df", i)
+            shape = seed[1].shape if seed[1] is not None else seed[0].shape
+        else:
+            d = dg.value_of(d) if hasattr(d, "_slot") else jax.numpy.asarray(d, v.dtype)
+            seed, shape = d, d.shape
         want = view.shape if view is not None else v.shape
-        if tuple(d.shape) != want:
-            raise ShapeError(f"backward: df for f {f.label} is {list(d.shape)}, f is {list(want)}")
-        out.append(d)
+        if tuple(shape) != want:
+            raise ShapeError(f"backward: df for f {f.label} is {list(shape)}, f is {list(want)}")
+        out.append(seed)
     return out
 
 
@@ -159,7 +170,7 @@ def _run_gradients(
     """
     f_reads = _check_f(dg, fs)
     w_reads = _check_wrt(dg, ws, what)
-    seeds = _seeds(dg, df, fs, f_reads)
+    seeds = _seeds(dg, df, fs, f_reads, recorded=create_graph)
     slots = [dg._slot(w, what) for w in ws]
     stale.check(dg, fs, f_reads, ws, slots, what)
     old = [dg.grads.get((s, w._view)) for s, w in zip(slots, ws)]

@@ -416,7 +416,9 @@ class DynamicGraph:
             f: a variable (or several: their gradients add up); one element each unless
                 ``df`` is given.
             wrt: the variables to differentiate with respect to (aliases too).
-            df: seed gradients, one per ``f``, shaped like it.
+            df: seed gradients, one per ``f``, shaped like it. With ``create_graph``
+                a seed that is a trainable variable is differentiated too (the
+                gradient is linear in it), as with ``jax.vjp``'s cotangent.
             into: per ``wrt``, a variable to accumulate into instead of the one
                 :meth:`grad` holds (NNC passes them explicitly); it becomes that gradient.
             create_graph: record the gradient computation and return its results as

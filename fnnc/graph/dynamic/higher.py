@@ -23,7 +23,7 @@ from fnnc.core.ir import Graph
 from fnnc.ops.call import call
 
 from .execute import run_reads
-from .record import Version
+from .record import Read, Version
 from .variable import Slot, Variable
 
 if TYPE_CHECKING:
@@ -31,10 +31,19 @@ if TYPE_CHECKING:
 
 
 def record(dg: DynamicGraph, graph: Graph, args: Sequence[Any]) -> list[Version]:
-    """Records ``graph`` on ``args`` (versions, or arrays taken as constants) as one
-    ``call`` node; returns its output versions."""
-    reads = [(a, None) if isinstance(a, Version) else (dg._leaf(a, grad=False), None) for a in args]
+    """Records ``graph`` on ``args`` (versions, reads of a variable such as a ``df``
+    seed, or arrays taken as constants) as one ``call`` node; returns its output
+    versions."""
+    reads = [_read(dg, a) for a in args]
     return list(run_reads(dg, call(graph=graph), reads, "backward(create_graph)"))
+
+
+def _read(dg: DynamicGraph, a: Any) -> Read:
+    if isinstance(a, Version):
+        return a, None
+    if isinstance(a, tuple):  # already a read (version, view)
+        return a
+    return dg._leaf(a, grad=False), None
 
 
 def variables(outs: Sequence[Version], ws: Sequence[Variable], dg: DynamicGraph) -> list[Variable]:

@@ -159,6 +159,26 @@ def test_mixed_partial_of_two_variables() -> None:
         dg.backward(f.sum(), [x], create_graph=True, into=[dx])
 
 
+@pytest.mark.parametrize("lazy", [False, True])
+def test_create_graph_seed_variable_is_differentiated(lazy: bool) -> None:
+    # df=v with create_graph: the gradient exp(x) * v depends on v, so d/dv of its sum
+    # is exp(x) (jax.vjp's cotangent is differentiable); v was once taken as a constant
+    x0, v0 = np.float32([0.5, 1.0, 2.0]), np.float32([1.0, 2.0, 3.0, 4.0])
+    dg = DynamicGraph(lazy=lazy)
+    x = dg.variable(x0, name="x")
+    v = dg.variable(v0, name="v")
+    (g,) = dg.backward(dg.exec(ops.ewexp(), x), [x], df=v[1:], create_graph=True)
+    gv, gx = dg.backward((g * g).sum(), [v, x])
+
+    def second(xs, vs):
+        return jnp.sum(jax.vjp(jnp.exp, xs)[1](vs[1:])[0] ** 2)
+
+    want_x, want_v = jax.grad(second, argnums=(0, 1))(x0, v0)
+    np.testing.assert_allclose(g.numpy(), np.exp(x0) * v0[1:], rtol=1e-6)
+    np.testing.assert_allclose(gv.numpy(), want_v, rtol=1e-5)
+    np.testing.assert_allclose(gx.numpy(), want_x, rtol=1e-5)
+
+
 def _model():
     from fnnc.models import Dense, Input, Model, ReLU
 
