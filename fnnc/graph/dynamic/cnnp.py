@@ -14,7 +14,12 @@ The parameters are variables of the dynamic graph, made once per model from
 :meth:`Model.parameters` (:func:`parameters`; trainable ones as ``dg.variable``, the
 rest as constants). ``dg.minimize`` / ``dg.apply_gradients`` on them update the
 variables; :func:`sync` then writes the new values back into the model, so
-``model.parameters()`` (and ``model.evaluate``) see the training.
+``model.parameters()`` (and ``model.evaluate``) see the training. The other way, a
+change the model makes itself (``set_parameters``, ``fit``, a checkpoint restored) is
+seen at the next ``dg.evaluate`` / ``dg.parameters``: the variables of the parameters
+whose arrays the model replaced take their new values (:meth:`_Bound.refresh`; one
+identity check per parameter, nothing copied when none changed). NNC holds one copy
+of the parameters; the two copies here behave as that one.
 """
 
 from __future__ import annotations
@@ -34,20 +39,56 @@ if TYPE_CHECKING:
 
 
 class _Bound:
-    """A model's parameter variables in one dynamic graph, and the versions last synced."""
+    """A model's parameter variables in one dynamic graph, the versions last synced
+    into the model (``synced``), and the model's own arrays last synced from it
+    (``seen``)."""
 
-    __slots__ = ("model", "synced", "trainable", "variables")
+    __slots__ = ("model", "seen", "synced", "trainable", "variables")
 
     def __init__(self, dg: DynamicGraph, model: Any) -> None:
         self.model = model
+        engine = model.engine
         values = model.parameters()
-        infos = model.engine.infos
+        infos = engine.infos
         self.trainable = [p for p in values if infos[p].trainable]
         self.variables: dict[str, Variable] = {
             pid: (dg.variable if pid in self.trainable else dg.constant)(value, name=pid)
             for pid, value in values.items()
         }
         self.synced = {pid: v._slot.version for pid, v in self.variables.items()}
+        self.seen = dict(engine.values)  # the model's arrays (held: an id could be reused)
+
+    def refresh(self, dg: DynamicGraph) -> None:
+        """Gives the variables of the parameters the model replaced since the last
+        sync (``set_parameters``, ``fit``, a restore: each makes new arrays) their new
+        values; the model's change wins over a variable's unsynced one."""
+        values = self.model.engine.values
+        seen = self.seen
+        changed = [pid for pid, v in values.items() if seen.get(pid) is not v]
+        if not changed:
+            return
+        fresh = self.model.parameters()  # copies: the model donates its own buffers
+        for pid in changed:
+            var = self.variables.get(pid)
+            if var is not None and var._slot is not None:
+                dg.set(var, fresh[pid])
+                self.synced[pid] = var._slot.version
+        self.seen = dict(values)
+
+    def push(self, dg: DynamicGraph) -> None:
+        """Writes the variables that changed since the last sync into the model."""
+        changed = {}
+        for pid, var in self.variables.items():
+            slot = var._slot
+            if slot is not None and slot.version is not self.synced[pid]:
+                changed[pid] = dg.value_of(var)
+                self.synced[pid] = slot.version
+        if changed:
+            values = self.model.engine.values
+            before = dict(values)
+            self.model.set_parameters(changed)
+            # what set_parameters replaced (a mesh re-places them all) is our change
+            self.seen.update((p, v) for p, v in values.items() if v is not before.get(p))
 
 
 def is_model(model: Any) -> bool:
@@ -61,6 +102,8 @@ def _bound(dg: DynamicGraph, model: Any) -> _Bound:
     bound = dg._models.get(id(model))
     if bound is None or bound.model is not model:
         bound = dg._models[id(model)] = _Bound(dg, model)
+    else:
+        bound.refresh(dg)
     return bound
 
 
@@ -123,11 +166,4 @@ def graph_of(model: Any) -> Graph:
 def sync(dg: DynamicGraph) -> None:
     """Writes parameter variables that changed since the last sync into their models."""
     for bound in dg._models.values():
-        changed = {}
-        for pid, var in bound.variables.items():
-            slot = var._slot
-            if slot is not None and slot.version is not bound.synced[pid]:
-                changed[pid] = dg.value_of(var)
-                bound.synced[pid] = slot.version
-        if changed:
-            bound.model.set_parameters(changed)
+        bound.push(dg)

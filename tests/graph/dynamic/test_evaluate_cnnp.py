@@ -92,3 +92,27 @@ def test_a_compiled_model_keeps_its_compile() -> None:
     after = linear.parameters()
     assert all(np.array_equal(before[p], after[p]) for p in before)
     linear.fit(np.ones((4, 3), F32), np.zeros((4, 1), F32))  # loss and minimizer kept
+
+
+def test_evaluate_sees_the_models_own_parameter_changes() -> None:
+    """set_parameters / fit after the first evaluate: the dynamic graph uses the new
+    values, and its next step does not write the stale ones back over fit's."""
+    linear = _dense_1()
+    linear.compile([np.zeros((4, 3), F32)], loss="mse", minimizer=optax.sgd(0.1))
+    xs = np.arange(12, dtype=F32).reshape(4, 3) / 10
+    dg = DynamicGraph()
+    dg.evaluate(linear, [xs])
+    new = {p: np.full_like(v, 0.5) for p, v in linear.parameters().items()}
+    linear.set_parameters(new)
+    pids = list(new)
+    np.testing.assert_allclose(
+        dg.evaluate(linear, [xs]).numpy(), _closed_form(new, pids, xs), rtol=1e-6
+    )
+    assert all(np.array_equal(v.numpy(), new[p]) for p, v in dg.parameters(linear).items())
+    linear.fit(xs, np.full((4, 1), 5.0, F32))
+    fitted = linear.parameters()
+    assert not np.array_equal(fitted[pids[0]], new[pids[0]])
+    out = dg.evaluate(linear, [xs])
+    np.testing.assert_allclose(out.numpy(), _closed_form(fitted, pids, xs), rtol=1e-6)
+    dg.minimize(optax.sgd(0.0), (out * out).sum(), list(dg.parameters(linear).values()))
+    assert all(np.array_equal(v, fitted[p]) for p, v in linear.parameters().items())
