@@ -20,11 +20,12 @@ from fnnc.models.batches import check_batch_size
 from fnnc.models.engine import Engine
 from fnnc.models.layer import BuildContext, Layer, ModelError, ModelIO
 from fnnc.models.model_files import FilesMixin
+from fnnc.models.model_graphs import GraphsMixin
 from fnnc.models.scale import ScaleMixin
 from fnnc.models.wiring import ios, layers_of, topological
 
 
-class Model(FilesMixin, ScaleMixin, Layer):
+class Model(FilesMixin, ScaleMixin, GraphsMixin, Layer):
     """A model from inputs to outputs through layers called on them.
 
     A layer object called twice shares its parameters. A model is itself a layer, so
@@ -339,27 +340,6 @@ class Model(FilesMixin, ScaleMixin, Layer):
         return self.engine.memory_plan(
             None if inputs is None else _arrays(inputs), _arrays(targets)
         )
-
-    def forward_graph(
-        self, inputs: Sequence[Any], *, is_test: bool = True
-    ) -> tuple[Any, list[str]]:
-        """The forward :class:`~fnnc.core.ir.Graph` for inputs like ``inputs`` (arrays or
-        specs), with the parameters as extra inputs: ``(graph, parameter ids)``; the
-        graph's inputs are the model inputs then those parameters, its outputs the
-        model outputs (how :meth:`fnnc.graph.DynamicGraph.evaluate` runs a model)."""
-        from fnnc.models.programs import _ordered
-
-        engine = self.engine
-        built = engine._build(not is_test, engine._check_inputs(_arrays(inputs)))
-        ctx = built.ctx
-        if ctx.keys or ctx.updates:
-            raise ModelError(
-                f"model {self.describe()}: forward_graph needs a deterministic forward "
-                "without internal updates (no dropout keys, no batch-norm statistics); "
-                "pass is_test=True"
-            )
-        feed, order = built.feed(tuple(ctx.params))
-        return _ordered(ctx.b.build(list(built.outputs)), order), list(feed.params)
 
     def train(
         self,

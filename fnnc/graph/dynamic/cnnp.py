@@ -20,6 +20,13 @@ seen at the next ``dg.evaluate`` / ``dg.parameters``: the variables of the param
 whose arrays the model replaced take their new values (:meth:`_Bound.refresh`; one
 identity check per parameter, nothing copied when none changed). NNC holds one copy
 of the parameters; the two copies here behave as that one.
+
+``evaluate(model, inputs, is_test=False)`` records the training-mode forward
+(:meth:`Model.training_graph <fnnc.models.Model.training_graph>`): Dropout draws its
+keys from the model's stream, BatchNorm uses the batch's statistics and its new
+running statistics go into their variables (constants), and on into the model at
+once (in lazy mode at the next ``minimize`` / ``apply_gradients``), as ``fit`` keeps
+them.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ from fnnc.core.ir import Graph
 from fnnc.errors import GraphError, ModelError
 from fnnc.ops.call import call
 
+from .versions import repin
+
 if TYPE_CHECKING:
     from .graph import DynamicGraph
     from .variable import Variable
@@ -40,10 +49,10 @@ if TYPE_CHECKING:
 
 class _Bound:
     """A model's parameter variables in one dynamic graph, the versions last synced
-    into the model (``synced``), and the model's own arrays last synced from it
-    (``seen``)."""
+    into the model (``synced``), the model's own arrays last synced from it (``seen``),
+    and its forward graphs by (input specs, is_test)."""
 
-    __slots__ = ("model", "seen", "synced", "trainable", "variables")
+    __slots__ = ("graphs", "model", "seen", "synced", "trainable", "variables")
 
     def __init__(self, dg: DynamicGraph, model: Any) -> None:
         self.model = model
@@ -57,6 +66,7 @@ class _Bound:
         }
         self.synced = {pid: v._slot.version for pid, v in self.variables.items()}
         self.seen = dict(engine.values)  # the model's arrays (held: an id could be reused)
+        self.graphs: dict[tuple[Any, ...], Any] = {}
 
     def refresh(self, dg: DynamicGraph) -> None:
         """Gives the variables of the parameters the model replaced since the last
@@ -89,6 +99,18 @@ class _Bound:
             self.model.set_parameters(changed)
             # what set_parameters replaced (a mesh re-places them all) is our change
             self.seen.update((p, v) for p, v in values.items() if v is not before.get(p))
+
+    def forward(self, specs: list[jax.ShapeDtypeStruct], is_test: bool) -> Any:
+        """The model's forward for ``specs``: ``(graph, parameter ids)`` in test mode,
+        else its ``TrainingGraph``; built once per specs and mode."""
+        key = (*((s.shape, s.dtype) for s in specs), is_test)
+        got = self.graphs.get(key)
+        if got is None:
+            model = self.model
+            got = self.graphs[key] = (
+                model.forward_graph(specs, is_test=True) if is_test else model.training_graph(specs)
+            )
+        return got
 
 
 def is_model(model: Any) -> bool:
@@ -127,10 +149,18 @@ def parameters(dg: DynamicGraph, model: Any) -> dict[str, Variable]:
     return {pid: bound.variables[pid] for pid in bound.trainable}
 
 
-def evaluate(dg: DynamicGraph, model: Any, inputs: Sequence[Any], name: str) -> Any:
+def evaluate(
+    dg: DynamicGraph, model: Any, inputs: Sequence[Any], name: str, is_test: bool = True
+) -> Any:
     """Records ``model`` (a cnnp model, a graph, a program) on ``inputs`` as one
-    ``call`` node; its output variable(s) (a pytree for a traced graph)."""
+    ``call`` node; its output variable(s) (a pytree for a traced graph). A cnnp model
+    runs in test mode unless ``is_test`` is False (see the module doc)."""
     if not is_model(model):
+        if not is_test:
+            raise GraphError(
+                f"evaluate: is_test=False selects a cnnp Model's training mode; a "
+                f"{type(model).__name__} has one mode (drop is_test)"
+            )
         graph = graph_of(model)
         outs = dg.exec(call(graph=graph), *inputs, name=name)
         if graph.out_tree is not None:
@@ -140,7 +170,21 @@ def evaluate(dg: DynamicGraph, model: Any, inputs: Sequence[Any], name: str) -> 
     specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in inputs]
     compile_for(model, specs)
     bound = _bound(dg, model)
-    graph, pids = model.forward_graph(specs, is_test=True)
+    if is_test:
+        graph, pids = bound.forward(specs, True)
+        return dg.exec(
+            call(graph=graph), *_args(bound, model, inputs, pids), name=name or model.describe()
+        )
+    fwd = bound.forward(specs, False)
+    args = [*_args(bound, model, inputs, fwd.params), *model.random_keys(fwd.n_keys)]
+    outs = dg.exec(call(graph=fwd.graph), *args, name=name or model.describe())
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    n = len(outs) - len(fwd.updates)
+    _keep_updates(dg, bound, fwd.updates, outs[n:])
+    return outs[0] if n == 1 else outs[:n]
+
+
+def _args(bound: _Bound, model: Any, inputs: Sequence[Any], pids: Sequence[str]) -> list[Any]:
     missing = [p for p in pids if p not in bound.variables]
     if missing:
         raise GraphError(
@@ -148,8 +192,21 @@ def evaluate(dg: DynamicGraph, model: Any, inputs: Sequence[Any], name: str) -> 
             "graph did not see when it first evaluated the model; evaluate a model in a "
             "dynamic graph only after model.compile(...) with these input shapes"
         )
-    args = [*inputs, *(bound.variables[p] for p in pids)]
-    return dg.exec(call(graph=graph), *args, name=name or model.describe())
+    return [*inputs, *(bound.variables[p] for p in pids)]
+
+
+def _keep_updates(
+    dg: DynamicGraph, bound: _Bound, pids: Sequence[str], values: Sequence[Variable]
+) -> None:
+    """The internals' new values (batch norm's running statistics) become their
+    variables' values, as constants, and go into the model (eagerly: at once)."""
+    if not pids:
+        return
+    for pid, value in zip(pids, values):
+        dg.detach(value)  # statistics carry no gradient
+        repin(dg, bound.variables[pid]._slot, value._slot.version)
+    if not dg.lazy:
+        bound.push(dg)
 
 
 def graph_of(model: Any) -> Graph:

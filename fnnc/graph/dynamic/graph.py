@@ -237,16 +237,26 @@ class DynamicGraph:
             return Variable(self, Slot(outs[0], "", True), None, "")
         return tuple(Variable(self, Slot(v, "", True), None, "") for v in outs)
 
-    def evaluate(self, model: Any, inputs: Sequence[Any], name: str = "") -> Any:
+    def evaluate(
+        self, model: Any, inputs: Sequence[Any], name: str = "", *, is_test: bool = True
+    ) -> Any:
         """Runs a whole graph as one recorded node; gradients flow through it.
 
         ``model``: a :class:`~fnnc.graph.Graph` (e.g. :func:`fnnc.graph.trace`'s), a
         :class:`~fnnc.graph.Program`, or a cnnp :class:`~fnnc.models.Model` whose
         parameters are this graph's variables (:meth:`parameters`), so ``minimize``
         trains it (:mod:`.cnnp`); a model never compiled is compiled for ``inputs``
-        first, as NNC does.
+        first, as NNC does. Changes the model makes itself (``set_parameters``,
+        ``fit``) are seen here.
+
+        A model runs in **test mode by default** (``is_test=True``): Dropout passes
+        everything, BatchNorm normalises with its running statistics. **To train a
+        model through the dynamic graph pass** ``is_test=False``, as NNC's callers of
+        ``ccv_nnc_dynamic_graph_evaluate`` do: Dropout drops (keys from the model's
+        stream), BatchNorm uses the batch's statistics and updates its running
+        statistics in the model, as ``Model.fit`` does.
         """
-        return cnnp.evaluate(self, model, inputs, name)
+        return cnnp.evaluate(self, model, inputs, name, is_test)
 
     def parameters(self, model: Any) -> dict[str, Variable]:
         """A cnnp model's trainable parameters as variables of this graph, by id."""

@@ -4,6 +4,8 @@ model without parameters."""
 
 from __future__ import annotations
 
+import copy
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,9 +13,9 @@ import optax
 import pytest
 
 from fnnc import ops
-from fnnc.errors import ModelError
+from fnnc.errors import GraphError, ModelError
 from fnnc.graph import DynamicGraph
-from fnnc.models import Dense, Input, Model, Mul
+from fnnc.models import BatchNorm, Dense, Dropout, Input, Model, Mul
 
 F32 = np.float32
 
@@ -116,3 +118,80 @@ def test_evaluate_sees_the_models_own_parameter_changes() -> None:
     np.testing.assert_allclose(out.numpy(), _closed_form(fitted, pids, xs), rtol=1e-6)
     dg.minimize(optax.sgd(0.0), (out * out).sum(), list(dg.parameters(linear).values()))
     assert all(np.array_equal(v, fitted[p]) for p, v in linear.parameters().items())
+
+
+def _batch_norm_model() -> Model:
+    x = Input()
+    return Model([x], [BatchNorm(name="bn")(Dense(4, name="d")(x))])
+
+
+def test_evaluate_is_test_false_trains_batch_norm_as_fit_does() -> None:
+    rng = np.random.default_rng(0)
+    xs = (rng.standard_normal((8, 3)) * 5 + 10).astype(F32)
+    ts = rng.standard_normal((8, 4)).astype(F32)
+    model = _batch_norm_model()
+    model.compile([xs], loss="mse", minimizer=optax.sgd(0.1))
+    initial = model.parameters()
+    reference = copy.deepcopy(model)
+    dg = DynamicGraph()
+    test_mode = dg.evaluate(model, [dg.constant(xs)]).numpy()
+    assert np.abs(test_mode.mean(0)).min() > 1.0  # running statistics: not normalised
+    for step in range(2):
+        out = dg.evaluate(model, [dg.constant(xs)], is_test=False)
+        if step == 0:  # batch statistics (gamma 1, beta 0): zero mean, unit variance
+            np.testing.assert_allclose(out.numpy().mean(0), 0.0, atol=1e-5)
+            np.testing.assert_allclose(out.numpy().var(0), 1.0, rtol=1e-3)
+        d = out - dg.constant(ts)
+        loss = (d * d).sum() * (1.0 / d.shape[0] / d.shape[1])  # "mse": the mean
+        dg.minimize(optax.sgd(0.1), loss, list(dg.parameters(model).values()))
+        reference.fit(xs, ts)
+    got, want = model.parameters(), reference.parameters()
+    assert [p for p in got if p.startswith("r-")]  # the running statistics are compared
+    for pid in got:
+        assert not np.array_equal(got[pid], initial[pid]), pid
+        np.testing.assert_allclose(got[pid], want[pid], rtol=1e-5, atol=1e-6, err_msg=pid)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_evaluate_is_test_false_updates_running_statistics(lazy: bool) -> None:
+    xs = (np.random.default_rng(1).standard_normal((8, 3)) + 3).astype(F32)
+    model = _batch_norm_model()
+    model.compile([xs])
+    reference = copy.deepcopy(model)
+    dg = DynamicGraph(lazy=lazy)
+    out = dg.evaluate(model, [dg.constant(xs)], is_test=False)
+    want = np.asarray(reference.evaluate(xs, is_test=False))
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+    if lazy:  # the statistics reach the model at the next step
+        dg.minimize(optax.sgd(0.0), out.sum(), list(dg.parameters(model).values()))
+    got, ref = model.parameters(), reference.parameters()
+    for pid in got:
+        np.testing.assert_allclose(got[pid], ref[pid], rtol=1e-6, err_msg=pid)
+    # running mean = momentum * 0 + (1 - momentum) * the batch mean of the dense output
+    dense = xs @ np.asarray(ref["t-d-0-0"]).T + np.asarray(ref["t-d-0-1"])[None]
+    means = [
+        v for p, v in got.items() if p.startswith("r-") and np.allclose(v, 0.1 * dense.mean(0))
+    ]
+    assert means, {p: v for p, v in got.items() if p.startswith("r-")}
+
+
+def test_evaluate_is_test_false_drops_as_the_model_does() -> None:
+    xs = np.ones((16, 8), F32)
+    x = Input()
+    model = Model([x], [Dropout(0.5)(x)])
+    model.compile([xs])
+    reference = copy.deepcopy(model)  # the same key stream
+    dg = DynamicGraph()
+    assert np.array_equal(dg.evaluate(model, [dg.constant(xs)]).numpy(), xs)
+    out = dg.evaluate(model, [dg.constant(xs)], is_test=False).numpy()
+    np.testing.assert_array_equal(out, np.asarray(reference.evaluate(xs, is_test=False)))
+    assert 0 < int((out == 0).sum()) < xs.size
+    np.testing.assert_allclose(np.unique(out), [0.0, 2.0])  # kept ones scaled by 1 / 0.5
+
+
+def test_evaluate_is_test_false_needs_a_model() -> None:
+    from fnnc.graph import trace
+
+    graph = trace(lambda a: a * 2.0, jax.ShapeDtypeStruct((2,), F32))
+    with pytest.raises(GraphError, match="is_test=False"):
+        DynamicGraph().evaluate(graph, [np.ones(2, F32)], is_test=False)
