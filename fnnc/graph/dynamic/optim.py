@@ -12,7 +12,9 @@ step. Instead:
   ``optax.adam()`` finds the moments the previous one left; switching to a
   transformation of another structure sets them aside (switching back finds them
   again). A transformation that takes its parameters only as a list (``optax.masked``
-  with a list mask) keeps one state per ordered variable list;
+  with a list mask) keeps one state per ordered variable list. A mask (or labels) is
+  matched against that list, so it is a list in the variables' order or a callable;
+  a dict keyed by variable name is a :class:`GraphError`;
 * **programs** are cached by the transformation's structure with its hyper-parameters
   taken out (:func:`fnnc.graph.dynamic.minimizer_key.split`, built on
   :func:`behaviour`: code and what the closures hold, recursively). Two
@@ -112,13 +114,32 @@ def keys(optimizer: Any, specs: tuple[Any, ...]) -> tuple[Hashable, str]:
     from fnnc.graph.dynamic.minimizer_key import split  # it builds on behaviour()
 
     params = [jax.ShapeDtypeStruct(s, d) for s, d in specs]
-    made = (split(optimizer).key, state_structure(optimizer, params))  # type: ignore[arg-type]
+    made = (split(optimizer).key, _structure(optimizer, params))
     tokens = (
         _TOKENS.setdefault(made[0], len(_TOKENS)),
         _SPEC_TOKENS.setdefault((made[0], specs), len(_SPEC_TOKENS)),
     )
     _KEYS[(id(optimizer), specs)] = (optimizer, *made, tokens)
     return made
+
+
+def _structure(optimizer: Any, params: list[Any]) -> str:
+    """:func:`state_structure` over the list of parameters; a per-parameter pytree in
+    the transformation (a mask, labels) shaped otherwise gets a :class:`GraphError`."""
+    try:
+        return state_structure(optimizer, params)
+    except (ValueError, TypeError) as e:
+        specs = ", ".join(f"{p.dtype.name}{list(p.shape)}" for p in params)
+        raise GraphError(
+            f"minimize/apply_gradients: the optimizer cannot init on the {len(params)} "
+            f"variables it is given ({specs}): {str(e).splitlines()[0]}. The dynamic "
+            "graph hands the optimizer its variables as a list, in the order passed to "
+            "minimize/apply_gradients, so a mask or other per-parameter pytree (optax."
+            "masked, adamw(mask=...), multi_transform's labels) must be a list in that "
+            "order, e.g. mask=[True, False], or a callable that maps over the parameters, "
+            "e.g. mask=lambda ps: jax.tree.map(lambda p: p.ndim > 1, ps); a dict keyed "
+            "by variable name does not match"
+        ) from e
 
 
 def token(optimizer: Any, specs: tuple[Any, ...], *, with_specs: bool = True) -> int:

@@ -286,3 +286,32 @@ def test_a_variable_listed_twice_steps_with_a_state_of_the_programs_layout() -> 
             updates, state = tx.update(2 * want, state, want)
             want = optax.apply_updates(want, updates)
         np.testing.assert_allclose(var.numpy(), want, rtol=1e-6)
+
+
+def test_a_dict_mask_gets_a_clear_error_and_a_list_or_callable_mask_steps() -> None:
+    """The variables reach the optimizer as a list: ``mask={"w": ...}`` cannot match
+    (a GraphError that says so, not a raw pytree error); a list in the variables' order
+    or a callable steps as Optax does on that list."""
+    w0, b0 = np.float32([[1.0, -2.0], [0.5, 3.0]]), np.float32([0.5, -1.0])
+
+    def run(mask):
+        dg = DynamicGraph()
+        w, b = dg.variable(w0, name="w"), dg.variable(b0, name="b")
+        for _ in range(2):
+            dg.minimize(
+                optax.adamw(0.1, weight_decay=0.5, mask=mask), (w * w).sum() + b.sum(), [w, b]
+            )
+        return w.numpy(), b.numpy()
+
+    with pytest.raises(GraphError, match="as a list, in the order") as info:
+        run({"w": True, "b": False})
+    assert "float32[2, 2], float32[2]" in str(info.value)
+    tx = optax.adamw(0.1, weight_decay=0.5, mask=[True, False])
+    want = [jnp.asarray(w0), jnp.asarray(b0)]
+    state = tx.init(want)
+    for _ in range(2):
+        updates, state = tx.update([2 * want[0], jnp.ones_like(want[1])], state, want)
+        want = optax.apply_updates(want, updates)
+    for got in (run([True, False]), run(lambda ps: jax.tree.map(lambda p: p.ndim > 1, ps))):
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
