@@ -15,9 +15,10 @@ from fnnc.core.ir import AliasSymbol, Symbol, TensorSymbol, contiguous_strides
 from fnnc.errors import CommandError, DTypeError, GraphError
 
 
-def _without_trailing_none(inputs: Sequence[Any], where: str) -> Sequence[Any]:
+def without_trailing_none(inputs: Sequence[Any], where: str) -> Sequence[Any]:
     """``inputs`` without trailing ``None`` (optional inputs left out); a ``None``
-    before a given input is an error that says what to pass instead."""
+    before a given input is an error that says what to pass instead. The builder's
+    ``exec`` and the dynamic graph's share it."""
     n = len(inputs)
     while n and inputs[n - 1] is None:
         n -= 1
@@ -27,7 +28,7 @@ def _without_trailing_none(inputs: Sequence[Any], where: str) -> Sequence[Any]:
             f"{where}: input {gap} is None but input {n - 1} is given; a graph node can leave "
             "out trailing inputs only (NNC's NO_TENSOR_SYMBOL in between has no graph form). "
             "Pass the input's neutral value instead, e.g. a zero additive mask "
-            "(builder.constant(np.zeros((1, 1, 1, 1), np.float32))) for attention"
+            "(a constant np.zeros((1, 1, 1, 1), np.float32)) for attention"
         )
     return inputs[:n]
 

@@ -25,6 +25,7 @@ import numpy as np
 from fnnc.core.dispatch import state as dispatch_state
 from fnnc.core.ir import Graph
 from fnnc.errors import DTypeError, GraphError
+from fnnc.graph._builder_args import without_trailing_none
 from fnnc.ops import Command
 
 from . import autodiff, cnnp, effects, lazy, optim, versions
@@ -185,7 +186,9 @@ class DynamicGraph:
 
         Args:
             cmd: a command, e.g. ``ops.gemm(transpose_b=True)``.
-            *inputs: variables (or arrays, taken as constants).
+            *inputs: variables (or arrays, taken as constants); trailing ``None``
+                leave optional inputs out (as :meth:`GraphBuilder.exec`; a ``None``
+                before a given input is an error).
             outputs: variables to write instead of new ones; writing a variable makes
                 a new version of it, and writing an alias makes a new version of the
                 whole variable it views. A constant written stays one: it takes the
@@ -226,6 +229,7 @@ class DynamicGraph:
         else:
             if plan is None:  # the general path: arrays, views, a first use, a mistake
                 at = where(cmd, name)
+                inputs = without_trailing_none(inputs, at)  # optional inputs left out
                 reads = [self._read(x, at, i) for i, x in enumerate(inputs)]
                 job: Any = functools.partial(run_reads, self, cmd, reads, name)
             else:

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from fnnc import ops
-from fnnc.errors import FnncError, GraphError, ShapeError
+from fnnc.errors import CommandError, FnncError, GraphError, ShapeError
 from fnnc.graph import DynamicGraph
 
 F32 = np.float32
@@ -128,3 +128,17 @@ def test_after_a_step_fresh_losses_and_unrelated_variables_differentiate(lazy) -
     np.testing.assert_allclose(dw.numpy(), 2 * want, rtol=1e-6)  # d/dw sum(w^2)
     (db,) = dg.backward(loss, [b])  # b never fed loss: zero, as jax.grad gives
     np.testing.assert_allclose(db.numpy(), [0.0])
+
+
+def test_a_none_input_before_a_given_one_says_what_to_pass() -> None:
+    """As GraphBuilder.exec: a node leaves out trailing inputs only; a None in between
+    gets the builder's message (not a DTypeError about None), trailing ones are dropped."""
+    x0 = np.float32([[1.0, 2.0, 4.0, 9.0], [0.0, -1.0, 1.0, 0.5]])
+    dg = DynamicGraph()
+    x = dg.variable(x0, name="x")
+    with pytest.raises(CommandError, match=r"input 1 is None but input 2 is given.*neutral"):
+        dg.exec(ops.layer_norm(), x, None, dg.variable(np.ones(4, F32)))
+    y = dg.exec(ops.layer_norm(), x, None, None)[0]
+    centred = x0 - x0.mean(-1, keepdims=True)
+    want = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-6)
