@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from fnnc import ops
+from fnnc.core.dtypes import is_inexact
 from fnnc.core.ir import Graph
-from fnnc.errors import GraphError, ShapeError
+from fnnc.errors import DTypeError, GraphError, ShapeError
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.compile import compile
 from fnnc.graph.passes.backward import backward as backward_pass
@@ -51,6 +52,13 @@ def _listed(x: Any) -> list[Any]:
 def _check_f(dg: DynamicGraph, fs: list[Variable]) -> list[Read]:
     reads = [dg._read(f, "backward", i) for i, f in enumerate(fs)]
     for f, (v, _) in zip(fs, reads):
+        if not v.grad and not is_inexact(v.dtype):
+            raise DTypeError(
+                f"backward: f {f.label} is {v.dtype.name}, which has no gradient: integer "
+                "(and boolean) values are not differentiable, dg.variable(...) of integers "
+                "and what is computed from them included; differentiate a floating-point "
+                "f with respect to floating-point variables"
+            )
         if not v.grad:
             raise GraphError(
                 f"backward: f {f.label} is a constant: it depends on no trainable variable "

@@ -105,7 +105,8 @@ class DynamicGraph:
 
     # -- variables -------------------------------------------------------------
     def variable(self, value: Any, name: str = "") -> Variable:
-        """A trainable variable holding ``value`` (gradients can flow to it).
+        """A trainable variable holding ``value`` (gradients can flow to it; an integer
+        one gets none, as integers are not differentiable, and ``backward`` says so).
 
         A JAX array is held as is: the first step that updates the variable spends its
         buffer, unless another variable of this graph shares it (``dg.variable(w)``)."""

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from fnnc import ops
-from fnnc.errors import CommandError, FnncError, GraphError, ShapeError
+from fnnc.errors import CommandError, DTypeError, FnncError, GraphError, ShapeError
 from fnnc.graph import DynamicGraph
 
 F32 = np.float32
@@ -142,3 +142,14 @@ def test_a_none_input_before_a_given_one_says_what_to_pass() -> None:
     centred = x0 - x0.mean(-1, keepdims=True)
     want = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_backward_of_an_integer_says_integers_have_no_gradient() -> None:
+    dg = DynamicGraph()
+    i = dg.variable(np.int32([1, 2, 3]), name="i")
+    with pytest.raises(DTypeError, match=r"is int32, which has no gradient") as info:
+        dg.backward((i * i).sum(), [i])
+    assert "dg.constant" not in str(info.value)  # it is a variable, not a constant
+    with pytest.raises(DTypeError, match=r"wrt .* is int32"):  # a float f: the wrt says
+        x = dg.variable(F32([1.0, 2.0, 3.0]), name="x")
+        dg.backward((x * dg.exec(ops.datatype_conversion(dtype="float32"), i)).sum(), [i])
