@@ -195,6 +195,9 @@ def _run_gradients(
         opt_key = None
         if optimizer is not None:
             params = [_value(dg, r) for r in w_reads]
+            if any(p is None for p in params):  # lazy: a parameter written since, pending
+                lazy.flush(dg)  # the optimizer's specs and state read its value
+                params = [_value(dg, r) for r in w_reads]
             optim.check(optimizer, what)
             specs = optim.specs_of(params)
             opt_key = optim.keys(optimizer, specs)[0]
