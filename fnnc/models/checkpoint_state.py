@@ -85,9 +85,9 @@ def _templates(engine: Any) -> list[dict[str, Any]]:
     view of the partition's state (``jax.ShapeDtypeStruct`` leaves)."""
     mins = engine.minimizers_of(engine.trainable())
     out = []
-    for group, ids in zip(mins.groups, mins.parts):
+    for template, ids in zip(mins.templates(), mins.parts):
         specs = {p: jax.ShapeDtypeStruct(engine.infos[p].shape, engine.infos[p].dtype) for p in ids}
-        out.append(views_like(group.template, specs))
+        out.append(views_like(template, specs))
     return out
 
 

@@ -312,14 +312,15 @@ class Engine(StepsMixin):
 
     def minimizers_of(self, pids: Sequence[str]) -> Minimizers:
         """The partitioned minimizer of parameters ``pids``."""
-        return Minimizers.of(pids, [self.minimizer_of(p) for p in pids])
+        blocks = {p: self.infos[p].blocks for p in pids if self.infos[p].blocks}
+        return Minimizers.of(pids, [self.minimizer_of(p) for p in pids], blocks, self.infos)
 
     def _state_leaves(self, mins: Minimizers) -> list[Any]:
         """The optimizer-state leaves of a program for ``mins``: each partition's state
         assembled from the store, then the hyper-parameters."""
         states = tuple(
-            self.store.assemble(g.template, {p: self.values[p] for p in ids})
-            for g, ids in zip(mins.groups, mins.parts)
+            self.store.assemble(t, {p: self.values[p] for p in ids})
+            for t, ids in zip(mins.templates(), mins.parts)
         )
         leaves = _owned(jax.tree.leaves(states), [self.values[p] for p in mins.pids])
         return [*leaves, *mins.hyper_leaves()]

@@ -59,6 +59,7 @@ from fnnc.graph.dynamic.state_views import (  # noqa: F401 (the engine's names f
     view,
     views_like,
 )
+from fnnc.models.stacks import Blocks, acts_elementwise, cached_per_block, per_block
 
 
 def partitioned(
@@ -120,17 +121,29 @@ class Minimizers:
         groups: one :class:`Hyper` per partition, in order of first appearance.
         parts: the parameter ids of each partition, in the program's order.
         pids: every parameter id, in the program's order.
+        blocks: per partition, its stacked parameters (:class:`~fnnc.models.Repeat`)
+            with their per-block ids: its transformation sees each as its blocks
+            (:func:`~fnnc.models.stacks.per_block`), unless it acts elementwise
+            (then none: a stack updated whole is updated as its blocks).
     """
 
     key: Hashable
     groups: tuple[Hyper, ...]
     parts: tuple[tuple[str, ...], ...]
     pids: tuple[str, ...]
+    blocks: tuple[Blocks, ...] = ()
 
     @staticmethod
-    def of(pids: Sequence[str], transforms: Sequence[optax.GradientTransformation]) -> Minimizers:
+    def of(
+        pids: Sequence[str],
+        transforms: Sequence[optax.GradientTransformation],
+        blocks: Mapping[str, tuple[str, ...]] | None = None,
+        specs: Mapping[str, Any] | None = None,
+    ) -> Minimizers:
         """The :class:`Minimizers` of parameters ``pids`` with minimizers ``transforms``
-        (one per parameter; the same object for every parameter of a partition)."""
+        (one per parameter; the same object for every parameter of a partition), given
+        the per-block ids of the stacked ones (``blocks``) and every parameter's shape
+        and dtype (``specs``, needed with ``blocks``)."""
         groups: list[Hyper] = []
         parts: list[list[str]] = []
         where: dict[int, int] = {}
@@ -141,8 +154,16 @@ class Minimizers:
                 parts.append([])
             parts[at].append(pid)
         index = tuple(where[id(t)] for t in transforms)
-        key = (tuple(g.key for g in groups), index)
-        return Minimizers(key, tuple(groups), tuple(map(tuple, parts)), tuple(pids))
+        views = tuple(
+            _views(g.template, part, blocks or {}, specs or {}) for g, part in zip(groups, parts)
+        )
+        key = (tuple(g.key for g in groups), index, views)
+        return Minimizers(key, tuple(groups), tuple(map(tuple, parts)), tuple(pids), views)
+
+    def templates(self) -> tuple[optax.GradientTransformation, ...]:
+        """Each partition's minimizer as set, seeing stacked parameters as their blocks:
+        what inits the partition's state (the same object each time, for caches)."""
+        return tuple(cached_per_block(g.template, b) for g, b in zip(self.groups, self.blocks))
 
     @property
     def n_hyper(self) -> int:
@@ -159,18 +180,18 @@ class Minimizers:
         hyper-parameters)``; ``update`` rebuilds each partition's minimizer from the
         hyper-parameters in its state, applies it to its partition's dict and passes
         the hyper-parameters on."""
-        groups, parts, pids = self.groups, self.parts, self.pids
+        groups, parts, pids, blocks = self.groups, self.parts, self.pids, self.blocks
         sizes = [len(g.values) for g in groups]
 
         def init(params: Sequence[Any]) -> tuple[Any, tuple[Any, ...]]:
-            inner = partitioned([g.template for g in groups], parts).init(dict(zip(pids, params)))
+            inner = partitioned(self.templates(), parts).init(dict(zip(pids, params)))
             return inner, tuple(self.hyper_leaves())
 
         def update(grads: Sequence[Any], state: Any, params: Any = None) -> Any:
             inner, hyper = state
             built, at = [], 0
-            for g, n in zip(groups, sizes):
-                built.append(g.rebuild(hyper[at : at + n]) if n else g.template)
+            for g, n, b in zip(groups, sizes, blocks):
+                built.append(per_block(g.rebuild(hyper[at : at + n]) if n else g.template, b))
                 at += n
             tree = None if params is None else dict(zip(pids, params))
             updates, new = partitioned(built, parts).update(dict(zip(pids, grads)), inner, tree)
@@ -184,6 +205,21 @@ class Minimizers:
     def inner(state: Any) -> Any:
         """The partition states of a :meth:`transform` state."""
         return state[0]
+
+
+def _views(
+    template: optax.GradientTransformation,
+    part: Sequence[str],
+    blocks: Mapping[str, tuple[str, ...]],
+    specs: Mapping[str, Any],
+) -> Blocks:
+    """The stacked parameters of partition ``part`` that its minimizer must see as
+    their blocks: all of them, unless it acts elementwise."""
+    stacked = tuple((p, blocks[p]) for p in part if p in blocks)
+    if not stacked:
+        return ()
+    shapes = tuple((p, tuple(specs[p].shape), str(jnp.dtype(specs[p].dtype))) for p in part)
+    return () if acts_elementwise(template, shapes) else stacked
 
 
 @functools.lru_cache(maxsize=1024)

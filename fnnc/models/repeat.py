@@ -34,6 +34,16 @@ ids too, so a run saved by either model resumes in the other.
 way, :func:`unstack_states` and :func:`stack_states` optimizer-state views
 (:mod:`fnnc.models.stacks`).
 
+**Training.** The minimizer updates a stack as the unrolled model's ``n`` parameters: a
+rule with a norm or statistic per tensor (LAMB's trust ratio, Adafactor's factored
+moments, ``clip_by_block_rms``) takes it per block, while one over all parameters
+(``clip_by_global_norm``) still sees every block
+(:func:`~fnnc.models.stacks.per_block`). Elementwise rules (SGD, Adam, RMSProp) update
+the stack whole, which is the same bit for bit and skips the slicing. Masks and labels
+given as dicts (``optax.masked``) key a non-elementwise rule's blocks by their per-block
+ids; masks computed from shapes (``x.ndim > 1``) see one block with such rules, and the
+whole stack with elementwise ones.
+
 >>> import numpy as np, optax
 >>> from fnnc.models import Dense, Input, Model, Repeat, ReLU, Sequential
 >>> x = Input()

@@ -8,12 +8,14 @@ convert dicts of parameter values and of optimizer-state views between the two.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from fnnc.models.layer import ModelError
 
@@ -145,3 +147,125 @@ def stack_views(
         entries = [leaves[k][b] for leaves, b in zip(per_block, ids)]
         stacked.append({pid: jax.tree.map(lambda *xs: stack(xs), *entries)})
     return treedef.unflatten(stacked)
+
+
+# -- the minimizer sees the blocks ---------------------------------------------------------
+Blocks = tuple[tuple[str, tuple[str, ...]], ...]
+"""Stacked parameter id -> its per-block ids, as pairs (hashable: it keys caches)."""
+
+
+def per_block(transform: optax.GradientTransformation, blocks: Blocks) -> Any:
+    """``transform`` over a dict of parameters in which each stacked parameter of
+    ``blocks`` is seen as its blocks: the transformation gets (and keeps state for) one
+    entry per block, under the per-block ids, as it does in the unrolled model; its
+    updates and state come back stacked (``[n, ...]`` under the stacked id).
+
+    So a rule with a norm per tensor (LAMB's trust ratio, Adafactor's factored moments,
+    ``clip_by_block_rms``) takes it per block, and one over all parameters
+    (``clip_by_global_norm``) still sees every block. A state entry of a stacked
+    parameter is its blocks' entries stacked, so views and checkpoints split it per
+    block (:func:`unstack_states`). Masks and labels given as dicts key the blocks by
+    their per-block ids (the unrolled model's), and callables see one block's shape.
+
+    >>> import jax.numpy as jnp
+    >>> from fnnc.models.minimizers import lamb
+    >>> w = {"s": jnp.array([[3.0, 4.0], [0.0, 1.0]])}  # two blocks, norms 5 and 1
+    >>> tx = per_block(lamb(1.0, epsilon=0.0), (("s", ("s0", "s1")),))
+    >>> u, _ = tx.update({"s": jnp.ones((2, 2))}, tx.init(w), w)
+    >>> u["s"]  # each block's trust ratio by its own norm: 5 / sqrt(2), 1 / sqrt(2)
+    Array([[-3.535534  , -3.535534  ],
+           [-0.70710677, -0.70710677]], dtype=float32)
+    """
+    if not blocks:
+        return transform
+    of = dict(blocks)
+    owner = {b: pid for pid, ids in blocks for b in ids}
+
+    def split(tree: dict[str, Any]) -> dict[str, Any]:
+        out = {}
+        for k, v in tree.items():
+            if k not in of:
+                out[k] = v
+                continue
+            for i, b in enumerate(of[k]):
+                out[b] = jax.tree.map(lambda a, i=i: a[i], v)
+        return out
+
+    def join(tree: dict[str, Any]) -> dict[str, Any]:
+        out = {}
+        for k, v in tree.items():
+            if k not in owner:
+                out[k] = v
+            elif k == of[owner[k]][0]:
+                parts = [tree[b] for b in of[owner[k]]]
+                out[owner[k]] = jax.tree.map(lambda *xs: jnp.stack(xs), *parts)
+        return out
+
+    def in_state(tree: Any, keys: Mapping[str, Any], fn: Callable[[Any], Any]) -> Any:
+        """``fn`` on every dict of ``tree`` keyed by parameter ids (some of ``keys``)."""
+
+        def keyed(node: Any) -> bool:
+            return isinstance(node, dict) and any(isinstance(k, str) and k in keys for k in node)
+
+        return jax.tree.map(lambda n: fn(n) if keyed(n) else n, tree, is_leaf=keyed)
+
+    def init(params: Any) -> Any:
+        return in_state(transform.init(split(params)), owner, join)
+
+    def update(updates: Any, state: Any, params: Any = None) -> Any:
+        inner = in_state(state, of, split)
+        params = None if params is None else split(params)
+        new_updates, new_state = transform.update(split(updates), inner, params)
+        return join(new_updates), in_state(new_state, owner, join)
+
+    return optax.GradientTransformation(init, update)
+
+
+cached_per_block = functools.lru_cache(maxsize=256)(per_block)
+""":func:`per_block`, the same object for the same arguments (state caches key on it)."""
+
+
+# primitives computing each element from the same element of their operands (or scalars)
+_ELEMENTWISE_NAMES = """abs add and clamp convert_element_type copy cos div eq exp exp2 expm1
+floor ceil ge gt integer_pow is_finite le log log1p logistic lt max min mul ne neg not or pow
+rem round rsqrt select_n sign sin sqrt square sub tanh xor"""
+_ELEMENTWISE = frozenset(_ELEMENTWISE_NAMES.split())
+_NESTED_NAMES = "jit pjit closed_call core_call custom_jvp_call custom_vjp_call cond"
+_NESTED = frozenset(_NESTED_NAMES.split())
+
+
+def _elementwise(jaxpr: Any) -> bool:
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "broadcast_in_dim" and not eqn.invars[0].aval.shape:
+            continue  # a scalar (a step size) spread over a tensor
+        if name in _NESTED:
+            subs = [
+                getattr(s, "jaxpr", s)
+                for v in eqn.params.values()
+                for s in (v if isinstance(v, (tuple, list)) else (v,))
+                if hasattr(s, "eqns") or hasattr(getattr(s, "jaxpr", None), "eqns")
+            ]
+            if name == "cond" and eqn.invars[0].aval.shape:
+                return False
+            if all(_elementwise(s) for s in subs):
+                continue
+        if name not in _ELEMENTWISE:
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=1024)
+def acts_elementwise(transform: optax.GradientTransformation, specs: tuple[Any, ...]) -> bool:
+    """Whether ``transform``'s update of parameters ``specs`` (``(id, shape, dtype)``
+    triples) computes every element from the same element of its inputs and scalars
+    (SGD, Adam, RMSProp; not LAMB, Adafactor, clipping), read from its jaxpr: then a
+    stack updated as one tensor gets what its blocks would, bit for bit, and
+    :func:`per_block` (which slices and restacks) is not needed."""
+    params = {p: jax.ShapeDtypeStruct(shape, dtype) for p, shape, dtype in specs}
+    try:
+        state = jax.eval_shape(transform.init, params)
+        jaxpr = jax.make_jaxpr(transform.update)(params, state, params)
+    except Exception:  # a transformation this probe cannot trace: take the general path
+        return False
+    return _elementwise(jaxpr.jaxpr)

@@ -25,10 +25,12 @@ from fnnc.models import (
     ReLU,
     Repeat,
     Sequential,
+    minimizers,
     stack_parameters,
     stacked_ids,
     unstack_parameters,
 )
+from fnnc.models.stacks import acts_elementwise
 
 N, WIDTH = 3, 4
 RNG = np.random.default_rng(0)
@@ -149,6 +151,46 @@ def test_fit_steps_equal_unrolled(pair):
         a, b = rep.fit(X, Y), unr.fit(X, Y)
         np.testing.assert_allclose(float(a), float(b), rtol=1e-5)
     close(unstack_parameters(rep.parameters(), rep), unr.parameters())
+
+
+PER_TENSOR = {
+    "lamb": lambda: minimizers.lamb(0.05),
+    "optax.lamb": lambda: optax.lamb(0.05),
+    "adafactor": lambda: optax.adafactor(0.05, min_dim_size_to_factor=2),
+    "adam+global clip": lambda: optax.chain(optax.clip_by_global_norm(1e-2), optax.adam(0.05)),
+}
+
+
+@pytest.mark.parametrize("name", PER_TENSOR)
+def test_per_tensor_rules_update_each_block_as_the_unrolled_model(name, tmp_path):
+    """A stacked parameter is updated as its n blocks are in the unrolled model: LAMB's
+    trust ratio and Adafactor's factored moments per block, not over the stack, while a
+    global-norm clip still sees every block of every parameter (a tight clip, so it
+    acts). The optimizer state then checkpoints into the unrolled model per block."""
+    rep = compiled(model(Repeat(block, N, name="blocks")), PER_TENSOR[name]())
+    unr = compiled(
+        model(Sequential([block() for _ in range(N)], name="blocks")), PER_TENSOR[name]()
+    )
+    unr.set_parameters(unstack_parameters(rep.parameters(), rep))
+    for _ in range(3):
+        np.testing.assert_allclose(float(rep.fit(X, Y)), float(unr.fit(X, Y)), rtol=1e-5)
+    close(unstack_parameters(rep.parameters(), rep), unr.parameters())
+    with Checkpoints(tmp_path / "ckpt") as ckpt:
+        ckpt.save(3, rep)
+        ckpt.restore_into(unr)
+    np.testing.assert_allclose(float(rep.fit(X, Y)), float(unr.fit(X, Y)), rtol=1e-5)
+    close(unstack_parameters(rep.parameters(), rep), unr.parameters())
+
+
+def test_only_rules_that_are_not_elementwise_see_stacks_as_blocks():
+    """Elementwise rules update a stack whole (bit-identical to per block, no slicing);
+    a rule reading more than one element at a time gets the blocks."""
+    specs = (("w", (3, 4, 4), "float32"), ("b", (4,), "float32"))
+    whole = [optax.sgd(0.1), optax.adam(0.1), minimizers.adam(0.1), minimizers.rmsprop(0.1)]
+    whole.append(optax.MultiSteps(optax.adam(0.1), 2).gradient_transformation())
+    assert all(acts_elementwise(t, specs) for t in whole)
+    assert not any(acts_elementwise(t(), specs) for t in PER_TENSOR.values())
+    assert not acts_elementwise(optax.clip_by_block_rms(1.0), specs)
 
 
 def test_checkpointed_blocks_give_the_same_numbers():
