@@ -91,7 +91,7 @@ def _templates(engine: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _current_states(engine: Any) -> dict[str, Any]:
+def current_states(engine: Any) -> dict[str, Any]:
     """Trainable parameter id -> its view of its partition's Optax state."""
     engine._sync_live()
     out = {}
@@ -125,7 +125,7 @@ def encode_model(model: Any, row: Any, metadata: Any, step: int) -> tuple[Any, A
     state_data = {"$dict": [[k, data] for k, (data, _) in encoded]}
     rows = [r for _, (_, leaf_rows) in encoded for r in leaf_rows]
     opt_items = []
-    for pid, state in stacks.unstack_states(_current_states(engine), model).items():
+    for pid, state in stacks.unstack_states(current_states(engine), model).items():
         data, opt_rows = _optimizer_rows(pid, state, row)
         opt_items.append([pid, data])
         rows += opt_rows

@@ -42,8 +42,12 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import jax
+import numpy as np
+
 from fnnc.errors import ModelError
 from fnnc.models.callbacks import Callback
+from fnnc.models.checkpoint_state import current_states
 
 
 def _need(module: str, extra: str, who: str) -> Any:
@@ -140,12 +144,19 @@ class CSVLogger(Callback):
 
 
 class LearningRate(Callback):
-    """Adds ``lr``, the learning rate the epoch's last step used, to the epoch metrics.
+    """Adds ``lr``, the learning rate of the epoch's last update, to the epoch metrics.
+
+    The schedule is evaluated where the minimizer last evaluated it: at the update
+    count of its state minus one (the last integer ``count`` in the optimizer state of
+    the model's first trainable parameter; Optax's schedules read that count). So with
+    :func:`~fnnc.models.minimizers.with_gradient_accumulation` or ``optax.MultiSteps``,
+    which update every ``k`` steps, it is the rate of the last real update, not of the
+    step count. A minimizer keeping no count falls back to the training step: the
+    update of step ``s``, from 1, at ``schedule(s - 1)``.
 
     Args:
-        schedule: the Optax schedule given to the minimizer (a function of the step
-            count; the update of step ``s``, from 1, uses ``schedule(s - 1)``), or a
-            fixed rate.
+        schedule: the Optax schedule given to the minimizer (a function of the update
+            count), or a fixed rate.
         name: the metric's name.
     """
 
@@ -164,7 +175,25 @@ class LearningRate(Callback):
         return float(self.schedule)
 
     def on_epoch_end(self, loop: Any, epoch: int, logs: dict[str, float]) -> None:
-        logs[self.name] = self.rate(loop.progress.step)
+        count = _update_count(loop.model) if callable(self.schedule) else None
+        logs[self.name] = self.rate(loop.progress.step if count is None else count)
+
+
+def _update_count(model: Any) -> int | None:
+    """How many updates the minimizer of ``model``'s first trainable parameter has
+    made: the last integer scalar ``count`` of its optimizer state (the innermost
+    transformation's, under accumulation), or None when it keeps none."""
+    engine = model.engine
+    pids = engine.trainable()
+    state = current_states(engine).get(pids[0]) if pids else None
+    counts = [
+        leaf
+        for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]
+        if jax.tree_util.keystr(path).endswith(".count")
+        and np.ndim(leaf) == 0
+        and np.issubdtype(np.asarray(leaf).dtype, np.integer)
+    ]
+    return int(counts[-1]) if counts else None
 
 
 class PlotHistory(Callback):

@@ -10,7 +10,16 @@ import optax
 import pytest
 
 from fnnc.errors import ModelError
-from fnnc.models import CSVLogger, Dense, Input, LearningRate, Model, PlotHistory, TensorBoard
+from fnnc.models import (
+    CSVLogger,
+    Dense,
+    Input,
+    LearningRate,
+    Model,
+    PlotHistory,
+    TensorBoard,
+    minimizers,
+)
 from fnnc.models.callbacks import Callback
 
 RNG = np.random.default_rng(2)
@@ -103,3 +112,23 @@ def test_history_plot_draws_every_metric_to_a_png(tmp_path):
         assert list(line.get_ydata()) == history[line.get_label()]
     with pytest.raises(ModelError, match="no metrics to draw"):
         plot_history({"epoch": []})
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_learning_rate_is_the_rate_of_the_last_update_under_accumulation(k):
+    """With gradient accumulation the schedule advances once per k steps: after 6 steps
+    the last update was update 6 // k, made at SCHEDULE(6 // k - 1), as optax.MultiSteps'
+    inner step count says; a fixed rate is logged as given."""
+    x = Input()
+    m = Model(x, Dense(2, name="fc")(x))
+    accumulated = minimizers.with_gradient_accumulation(minimizers.sgd(SCHEDULE), k)
+    m.compile(X[:8], loss="softmax_crossentropy", minimizer=accumulated)
+    h = m.train((X, Y), epochs=2, batch_size=8, callbacks=[LearningRate(SCHEDULE)], verbose=False)
+    assert m.train_progress.step == 6
+    assert h["lr"] == [float(SCHEDULE(3 // k - 1)), float(SCHEDULE(6 // k - 1))]
+    multi = optax.MultiSteps(optax.sgd(SCHEDULE), k)
+    m.compile(X[:8], loss="softmax_crossentropy", minimizer=multi.gradient_transformation())
+    h = m.train((X, Y), epochs=1, batch_size=8, callbacks=[LearningRate(SCHEDULE)], verbose=False)
+    assert h["lr"] == [float(SCHEDULE(3 // k - 1))]
+    h = m.train((X, Y), epochs=1, batch_size=8, callbacks=[LearningRate(0.5)], verbose=False)
+    assert h["lr"] == [0.5]
