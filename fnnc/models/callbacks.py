@@ -26,13 +26,34 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from fnnc.errors import ModelError
 
+CALLBACKS_KEY = "fnnc.callbacks"
+"""The key of the callbacks' progress in a checkpoint's metadata (:class:`CheckpointEvery`)."""
+
 
 class Callback:
-    """Base class: every hook does nothing."""
+    """Base class: every hook does nothing.
+
+    A callback whose progress matters to the run (:class:`EarlyStopping`'s best value
+    and wait) returns it from :meth:`state` and takes it back in :meth:`load_state`:
+    :class:`CheckpointEvery` saves it with the model and ``train(resume=...)`` gives
+    it back to the callback of the same class and position among those of its class.
+    Callbacks with ``saves_the_run = True`` run their hooks after the others, so what
+    they save includes the others' work for that step or epoch.
+    """
+
+    saves_the_run = False
+
+    def state(self) -> dict[str, Any] | None:
+        """The callback's progress, JSON data kept in checkpoints; None for none."""
+        return None
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Takes back progress :meth:`state` gave, from a resumed checkpoint."""
 
     def on_train_begin(self, loop: Any) -> None:
         """Before the first step of a ``train`` call."""
@@ -64,8 +85,12 @@ class CheckpointEvery(Callback):
             directory already, else the SQLite file.
 
     ``model.train(data, epochs=E, resume=checkpoints)`` continues the run from the
-    newest save, exactly as if it had not stopped.
+    newest save, exactly as if it had not stopped: the other callbacks' progress
+    (:meth:`Callback.state`, e.g. :class:`EarlyStopping`'s) is saved too, under
+    ``"fnnc.callbacks"`` in the metadata, and given back to the resumed run's callbacks.
     """
+
+    saves_the_run = True
 
     def __init__(
         self,
@@ -102,12 +127,19 @@ class CheckpointEvery(Callback):
     def on_step_end(self, loop: Any, step: int, loss: float) -> None:
         if self.steps is not None and step % self.steps == 0:
             finite = {"loss": loss} if math.isfinite(loss) else {}  # JSON holds no NaN
-            self.checkpoints.save(step, loop.model, metadata=finite)
+            self.save(loop, step, finite)
 
     def on_epoch_end(self, loop: Any, epoch: int, logs: dict[str, float]) -> None:
         if self.per_epoch:
             finite = {k: v for k, v in logs.items() if math.isfinite(v)}
-            self.checkpoints.save(loop.progress.step, loop.model, metadata=finite)
+            self.save(loop, loop.progress.step, finite)
+
+    def save(self, loop: Any, step: int, metadata: dict[str, Any]) -> None:
+        """Saves the model at ``step`` with ``metadata`` and the callbacks' progress."""
+        states = callback_states(getattr(loop, "callbacks", ()))
+        if states:
+            metadata = {**metadata, CALLBACKS_KEY: states}
+        self.checkpoints.save(step, loop.model, metadata=metadata)
 
     def on_train_end(self, loop: Any) -> None:
         if self._owned and self.checkpoints is not None:
@@ -119,8 +151,40 @@ class CheckpointEvery(Callback):
         return None if self.checkpoints is None else self.checkpoints.latest
 
 
+def _keys(callbacks: Sequence[Callback]) -> list[str]:
+    """``<class name>/<position among callbacks of that class>`` per callback."""
+    seen: dict[str, int] = {}
+    keys = []
+    for cb in callbacks:
+        name = type(cb).__name__
+        keys.append(f"{name}/{seen.get(name, 0)}")
+        seen[name] = seen.get(name, 0) + 1
+    return keys
+
+
+def callback_states(callbacks: Sequence[Callback]) -> dict[str, Any]:
+    """The progress of each of ``callbacks`` that has some, keyed as :func:`_keys`."""
+    states = {k: getattr(cb, "state", lambda: None)() for k, cb in zip(_keys(callbacks), callbacks)}
+    return {k: v for k, v in states.items() if v is not None}
+
+
+def load_callback_states(callbacks: Sequence[Callback], metadata: Any) -> None:
+    """Gives each of ``callbacks`` its progress saved in a checkpoint's ``metadata``."""
+    saved = metadata.get(CALLBACKS_KEY, {}) if isinstance(metadata, dict) else {}
+    for key, cb in zip(_keys(callbacks), callbacks):
+        if key in saved and hasattr(cb, "load_state"):
+            cb.load_state(saved[key])
+
+
 class EarlyStopping(Callback):
     """Stops training when ``monitor`` has not improved for ``patience`` epochs.
+
+    Its progress (the best value, the epochs waited) belongs to the run, not to one
+    ``train`` call: consecutive ``train`` calls given the same EarlyStopping continue
+    counting (``train(epochs=1)`` in a loop stops as one ``train(epochs=E)`` would), a
+    run resumed from a :class:`CheckpointEvery` checkpoint takes it back from there, and
+    :meth:`reset` starts it afresh. Once it has stopped a run, a further ``train`` call
+    stops after its first epoch unless that epoch improves on the best.
 
     Args:
         monitor: a key of the epoch metrics (``val_loss`` needs ``validation=``).
@@ -142,8 +206,19 @@ class EarlyStopping(Callback):
         self.wait = 0
         self.stopped_epoch: int | None = None
 
-    def on_train_begin(self, loop: Any) -> None:
+    def reset(self) -> None:
+        """Forgets the best value and the wait: the next epoch starts a new count."""
         self.best, self.wait, self.stopped_epoch = None, 0, None
+
+    def state(self) -> dict[str, Any]:
+        finite = self.best is not None and math.isfinite(self.best)  # JSON holds no NaN
+        return {"best": self.best if finite else None, "wait": self.wait}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.best, self.wait = state["best"], int(state["wait"])
+
+    def on_train_begin(self, loop: Any) -> None:
+        self.stopped_epoch = None
 
     def on_epoch_end(self, loop: Any, epoch: int, logs: dict[str, float]) -> None:
         if self.monitor not in logs:

@@ -37,7 +37,7 @@ from fnnc.errors import ModelError, NumericsError
 from fnnc.models import batches as feed
 from fnnc.models import checks
 from fnnc.models import metrics as metrics_
-from fnnc.models.callbacks import Callback
+from fnnc.models.callbacks import Callback, load_callback_states
 from fnnc.models.progress import EpochLines
 from fnnc.models.validation import outputs_and_targets, validation_batches
 
@@ -52,6 +52,7 @@ class TrainLoop:
     batches_per_epoch: int
     target_epoch: int
     stop: bool = False
+    callbacks: tuple[Callback, ...] = ()
 
 
 def train(
@@ -73,8 +74,10 @@ def train(
 ) -> dict[str, list[float]]:
     """Trains a compiled model; returns the metrics of each epoch run (see ``Model.train``)."""
     prog = feed.progress(model)
+    # callbacks that save the run see the others' work of the same step or epoch
+    callbacks = sorted(callbacks, key=lambda cb: getattr(cb, "saves_the_run", False))
     if resume is not None:
-        _restore(resume, model)
+        load_callback_states(callbacks, _restore(resume, model))
     if seed is not None:
         prog.seed = seed
     source = feed.batches(
@@ -89,7 +92,7 @@ def train(
     target = epochs if resume is not None else prog.epoch + epochs
     measure = _metrics(model, metrics, validation, (inputs, targets), data)
     history: dict[str, list[float]] = {"epoch": [], "loss": []}
-    loop = TrainLoop(model, prog, history, len(source), target)
+    loop = TrainLoop(model, prog, history, len(source), target, callbacks=tuple(callbacks))
     lines = None
     if verbose:
         lines = EpochLines(target, bars=sys.stderr.isatty() if progress is None else progress)
@@ -194,17 +197,19 @@ def _label_check(model: Any) -> Callable[[Any], None]:
     return check
 
 
-def _restore(resume: Any, model: Any) -> None:
+def _restore(resume: Any, model: Any) -> Any:
+    """Restores the newest checkpoint of ``resume`` into ``model``; returns its metadata
+    (None when there is none yet)."""
     from fnnc.io import Checkpoints, ShardedCheckpoints
 
     if isinstance(resume, (str, os.PathLike)):  # a directory is a sharded checkpoint
         kind = ShardedCheckpoints if os.path.isdir(resume) else Checkpoints
         with kind(resume) as ckpt:
             if ckpt.latest is not None:
-                ckpt.restore_into(model)
+                return ckpt.restore_into(model).metadata
     elif isinstance(resume, (Checkpoints, ShardedCheckpoints)):
         if resume.latest is not None:
-            resume.restore_into(model)
+            return resume.restore_into(model).metadata
     else:
         raise ModelError(
             f"train: resume= takes a checkpoint path, a fnnc.io.Checkpoints or a "

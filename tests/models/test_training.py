@@ -285,3 +285,39 @@ def test_a_nan_loss_trained_on_still_saves_its_progress(tmp_path):
     with Checkpoints(path) as ckpt:
         saved = ckpt.restore().metadata["fnnc.train"]
     assert saved["loss_sum"] is None and saved["loss_count"] == 6
+
+
+def test_early_stopping_progress_survives_resume_and_consecutive_train_calls(tmp_path):
+    """EarlyStopping on the training loss in max mode (a falling loss never improves)
+    with patience 2 stops an uninterrupted run after 4 epochs (the oracle). A run saved
+    after epoch 2 (CheckpointEvery listed first: it saves after EarlyStopping's epoch)
+    and resumed by a fresh model with a fresh EarlyStopping stops at the same epoch with
+    the same weights; so do four train(epochs=1) calls given one EarlyStopping."""
+
+    def stop():
+        return EarlyStopping("loss", patience=2, mode="max")
+
+    whole, early = mlp(), stop()
+    whole.train((X, Y), epochs=10, batch_size=8, callbacks=[early], verbose=False)
+    assert whole.train_progress.epoch == 4 and early.stopped_epoch == 3
+
+    path = str(tmp_path / "run.ckpt")
+    first = mlp()
+    first.train((X, Y), epochs=2, batch_size=8, verbose=False,
+                callbacks=[CheckpointEvery(path, per_epoch=True), stop()])  # fmt: skip
+    with Checkpoints(path) as ckpt:
+        assert ckpt.restore().metadata["fnnc.callbacks"]["EarlyStopping/0"]["wait"] == 1
+    resumed, later = mlp(), stop()
+    history = resumed.train((X, Y), epochs=10, batch_size=8, resume=path, callbacks=[later],
+                            verbose=False)  # fmt: skip
+    assert history["epoch"] == [3, 4] and later.stopped_epoch == 3
+    assert same(whole, resumed)
+
+    calls, one = mlp(), stop()
+    for _ in range(10):
+        calls.train((X, Y), epochs=1, batch_size=8, callbacks=[one], verbose=False)
+        if one.stopped_epoch is not None:
+            break
+    assert calls.train_progress.epoch == 4 and same(whole, calls)
+    one.reset()
+    assert (one.best, one.wait) == (None, 0)
