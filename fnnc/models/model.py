@@ -81,11 +81,13 @@ class Model(FilesMixin, ScaleMixin, GraphsMixin, Layer):
         """
         values: dict[int, Symbol] = {id(io): x for io, x in zip(self.inputs, xs)}
         built: dict[tuple[int, int], tuple[Any, ...]] = {}
+        owners: set[int] = set()  # layers (nested models too) whose first call here made parameters
         for io in self._order:
             key = (id(io.layer), id(io.args))
             if key not in built:
                 before = set(ctx.params) if on_layer is not None else set()
-                made = id(io.layer) in ctx._paths  # built before: its parameters exist
+                # built before: its parameters exist (a nested model has no path of its own)
+                made = id(io.layer) in ctx._paths or id(io.layer) in owners
                 args = [values[id(a)] for a in io.args]
                 try:
                     out = io.layer.build(ctx, *args)
@@ -96,6 +98,8 @@ class Model(FilesMixin, ScaleMixin, GraphsMixin, Layer):
                 built[key] = out if isinstance(out, tuple) else (out,)
                 if on_layer is not None:
                     new = [info for pid, info in ctx.params.items() if pid not in before]
+                    if new:
+                        owners.add(id(io.layer))
                     on_layer(io, built[key], new, made)
             values[id(io)] = built[key][io.index]
         return tuple(values[id(o)] for o in self.outputs)

@@ -125,3 +125,17 @@ def test_summary_marks_a_shared_layer_and_needs_input_shapes():
     assert rows[3][:3] == ["Model('inner')", "f32[2,3]", "t-inner-0-d-0-0"]
     assert rows[5] == ["Dense('d')", "f32[2,3]", "(shared)"]
     assert rows[-1][:2] == ["total:", "12"]
+
+
+def test_summary_marks_a_reused_nested_model_as_shared():
+    """A nested model called twice owns its parameters once: its second row says
+    "(shared)" as a reused Dense's does, and the total counts them once."""
+    x = Input()
+    inner = Model(x, ReLU()(Dense(4, name="d")(x)), name="inner")
+    a, b = Input(), Input()
+    outer = Model([a, b], [Dense(2, name="o")(inner(a)), Dense(2, name="p")(inner(b))])
+    spec = np.zeros((2, 4), np.float32)
+    rows = cells(outer.summary([spec, spec], print_fn=None))
+    inner_rows = [r for r in rows if r[0] == "Model('inner')"]
+    assert inner_rows[0][2] == "t-inner-0-d-0-0" and inner_rows[1][2:] == ["(shared)"]
+    assert rows[-1][:2] == ["total:", str(4 * 4 + 4 + 2 * (2 * 4 + 2))]
