@@ -43,8 +43,9 @@ from fnnc.core.dtypes import is_inexact
 from fnnc.errors import FnncError, TensorFileError
 from fnnc.io import format as fmt
 from fnnc.io.convert import convert
-from fnnc.io.exported import describe_exported, looks_exported
-from fnnc.io.safetensors_io import SafetensorsFile, is_safetensors, looks_safetensors
+from fnnc.io.exported import describe_exported
+from fnnc.io.safetensors_io import SafetensorsFile, is_safetensors
+from fnnc.io.sniff import looks_exported, looks_safetensors
 from fnnc.io.tensor_file import TensorFile
 
 _DIGITS = re.compile(r"(\d+)")

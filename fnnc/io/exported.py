@@ -18,28 +18,10 @@ inputs:
 from __future__ import annotations
 
 import os
-import struct
 
 import jax
 
 from fnnc.errors import TensorFileError
-
-SQLITE_MAGIC = b"SQLite format 3\0"
-
-
-def looks_exported(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` may be a serialized ``jax.export.Exported`` (a flatbuffer whose
-    root offset points inside the file; SQLite files and empty ones are not)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(16)
-            size = os.fstat(f.fileno()).st_size
-    except OSError:
-        return False
-    if len(head) < 8 or head == SQLITE_MAGIC:
-        return False
-    (root,) = struct.unpack_from("<I", head)
-    return 8 <= root < size
 
 
 def load_exported(path: str | os.PathLike[str]) -> jax.export.Exported:

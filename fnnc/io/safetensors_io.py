@@ -32,7 +32,6 @@ import contextlib
 import json
 import math
 import os
-import struct
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -306,18 +305,3 @@ class SafetensorsFile:
 def is_safetensors(path: Any) -> bool:
     """Whether ``path`` names a safetensors file (by its ``.safetensors`` extension)."""
     return isinstance(path, (str, os.PathLike)) and os.fspath(path).endswith(".safetensors")
-
-
-def looks_safetensors(path: str | os.PathLike[str]) -> bool:
-    """Whether the file at ``path`` starts as a safetensors file does, whatever its
-    name: a little-endian uint64 header length that fits the file, then ``{``."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(9)
-            size = os.fstat(f.fileno()).st_size
-    except OSError:
-        return False
-    if len(head) < 9 or head[8:9] != b"{":
-        return False
-    (length,) = struct.unpack_from("<Q", head)
-    return 2 <= length <= size - 8
