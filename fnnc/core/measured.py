@@ -25,13 +25,13 @@ import json
 import math
 import os
 import pathlib
-import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 
 from fnnc.core.command import Spec
+from fnnc.core.files import atomic_write
 from fnnc.errors import GraphFormatError
 
 PATH = pathlib.Path(__file__).with_name("measured_defaults.json")
@@ -71,6 +71,11 @@ def read(path: str | os.PathLike[str] = PATH) -> dict[str, Any]:
         return {"format": FORMAT, "devices": {}, "sources": {}}
     except json.JSONDecodeError as e:
         raise GraphFormatError(f"measured defaults {path}: not JSON ({e})") from None
+    except OSError as e:  # unreadable: say which file and what to do, not a raw error
+        raise GraphFormatError(
+            f"measured defaults {path}: cannot be read ({e}); make it readable "
+            "(chmod a+r), or regenerate it with `python -m fnnc.ops.measure_defaults`"
+        ) from None
     if data.get("format") != FORMAT or not isinstance(data.get("devices"), dict):
         raise GraphFormatError(
             f"measured defaults {path}: expected format {FORMAT} with a 'devices' mapping, "
@@ -118,9 +123,4 @@ def write(
     for command, classes in entries.items():
         per.setdefault(command, {}).update(classes)
     data.setdefault("sources", {})[kind] = source
-    path = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data, indent=1, sort_keys=True) + "\n")

@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import hashlib
 import inspect
 import json
 import math
 import os
-import tempfile
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -35,6 +33,7 @@ import jax.export
 import numpy as np
 
 from fnnc.core.command import Command, OpDef, Spec, freeze, lookup, output_specs
+from fnnc.core.files import atomic_write
 from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol
 from fnnc.core.params import expected_kind, param_fits
 from fnnc.errors import CheckpointError, FnncError, GraphFormatError, RuleError
@@ -436,18 +435,7 @@ def save(graph: Graph, path: Any, *, name: str | None = None) -> None:
         documents.save_to(path, graph, name or "graph")
         return
     text = json.dumps(to_data(graph), separators=(",", ":"))
-    directory = os.path.dirname(os.fspath(path)) or "."
-    f = tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp")  # noqa: SIM115
-    try:
-        with f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(f.name, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(f.name)  # a full disk must not leave the temp file behind
-        raise
+    atomic_write(path, text)  # a full disk leaves the old file and no temporary one
 
 
 def load(path: Any, *, name: str | None = None) -> Graph:

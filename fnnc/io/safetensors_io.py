@@ -32,7 +32,6 @@ import contextlib
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,6 +41,7 @@ import safetensors
 import safetensors.numpy
 from safetensors import safe_open
 
+from fnnc.core.files import atomic_write
 from fnnc.errors import DTypeError, ShapeError, TensorFileError, TensorNotFoundError
 from fnnc.io import format as fmt
 from fnnc.io.format import TensorInfo
@@ -270,22 +270,16 @@ class SafetensorsFile:
         layout = {n: dict(zip(("format", "device"), self._facts(n), strict=True)) for n in tensors}
         header = {**self._header, METADATA_KEY: json.dumps({"version": 1, "tensors": layout})}
         folder = os.path.dirname(os.path.abspath(self.path))
-        try:
-            fd, temporary = tempfile.mkstemp(suffix=".safetensors", dir=folder)
+
+        def write(temporary: str) -> None:
+            safetensors.numpy.save_file(tensors, temporary, metadata=header)
+
+        try:  # readers see the old file or the new one
+            atomic_write(self.path, write, suffix=".safetensors")
+        except (safetensors.SafetensorError, ValueError, TypeError) as e:
+            raise TensorFileError(f"{self.path}: cannot write ({e})") from None
         except OSError as e:
             raise self._unwritable(folder, e) from None
-        os.close(fd)
-        try:
-            safetensors.numpy.save_file(tensors, temporary, metadata=header)
-            os.replace(temporary, self.path)  # readers see the old file or the new one
-        except BaseException as e:
-            with contextlib.suppress(OSError):
-                os.remove(temporary)
-            if isinstance(e, (safetensors.SafetensorError, ValueError, TypeError)):
-                raise TensorFileError(f"{self.path}: cannot write ({e})") from None
-            if isinstance(e, OSError):
-                raise self._unwritable(folder, e) from None
-            raise
         self._pending = {}
         self._load_header()
 

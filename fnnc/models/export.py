@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +34,7 @@ import jax
 import numpy as np
 
 from fnnc import config
+from fnnc.core.files import atomic_write
 from fnnc.errors import ModelError
 from fnnc.graph import interpret
 from fnnc.models.pipeline import Pipeline
@@ -178,16 +178,7 @@ def _listed(value: Any) -> list[Any]:
 
 def _write(path: str | os.PathLike[str], data: bytes) -> None:
     """Writes ``data`` to ``path`` atomically (a reader sees the old file or the new)."""
-    target = os.fspath(path)
-    fd, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(target)) or ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(temporary, target)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise
+    atomic_write(path, data)
 
 
 @contextlib.contextmanager

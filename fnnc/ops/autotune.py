@@ -18,7 +18,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 import types
 from typing import Any
@@ -28,6 +27,7 @@ import jax
 from fnnc.core.command import Command
 from fnnc.core.dispatch import TABLE, as_specs, backends_of, compiled_forward, why_not
 from fnnc.core.dispatch import table_key as key
+from fnnc.core.files import atomic_write
 from fnnc.errors import GraphFormatError
 
 __all__ = ["TABLE", "autotune", "key", "load", "median_seconds", "save"]
@@ -70,10 +70,7 @@ def autotune(cmd: Command, *arrays: Any, repeats: int = 5, platform: str | None 
 
 def save(path: str | os.PathLike[str]) -> None:
     """Writes :data:`TABLE` as JSON, atomically (temp file + rename)."""
-    directory = os.path.dirname(os.fspath(path)) or "."
-    with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:
-        json.dump(dict(TABLE), f, indent=1, sort_keys=True)
-    os.replace(f.name, path)
+    atomic_write(path, json.dumps(dict(TABLE), indent=1, sort_keys=True))
 
 
 def load(path: str | os.PathLike[str]) -> None:

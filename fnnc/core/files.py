@@ -1,0 +1,93 @@
+"""Atomic file writes: a reader sees the old file or the new one, never part of one.
+
+Every file fnnc writes whole (graphs as JSON, exported programs, safetensors files,
+tuning tables) goes through :func:`atomic_write`: the content is written to a temporary
+file in the same folder, flushed to disk, given the permissions the file had (a new one
+gets what ``open`` would give it: ``0o666`` less the umask), and renamed over the
+target. A crash or a full disk leaves the old file and no temporary one.
+
+(SQLite tensor files and checkpoints are made atomic by their transactions and by
+Orbax; this is for the files written in one piece.)
+
+>>> import os, pathlib, stat, tempfile
+>>> path = pathlib.Path(tempfile.mkdtemp(), "table.json")
+>>> atomic_write(path, b"{}")
+>>> os.chmod(path, 0o644)
+>>> atomic_write(path, lambda tmp: pathlib.Path(tmp).write_text('{"a": 1}'))
+>>> path.read_text(), oct(stat.S_IMODE(os.stat(path).st_mode))
+('{"a": 1}', '0o644')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+
+def atomic_write(
+    path: str | os.PathLike[str],
+    content: bytes | str | Callable[[str], Any],
+    *,
+    suffix: str = ".tmp",
+) -> None:
+    """Replaces the file at ``path`` with ``content`` atomically.
+
+    ``content`` is bytes, text (UTF-8), or a function ``write(temporary_path)`` that
+    writes the file itself (a library that writes to a path). Raises what the file
+    system or ``write`` raises (``OSError`` for a missing folder or a full disk), with
+    nothing left behind.
+    """
+    target = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(target))
+    mode = _mode_for(target)
+    fd, temporary = tempfile.mkstemp(
+        dir=folder, prefix=f".{os.path.basename(target)}.", suffix=suffix
+    )
+    try:
+        if callable(content):
+            os.close(fd)
+            fd = -1
+            content(temporary)
+            fd = os.open(temporary, os.O_RDONLY)
+        else:
+            data = content.encode() if isinstance(content, str) else content
+            view = memoryview(data)
+            while view:  # os.write may write less than asked
+                view = view[os.write(fd, view) :]
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise
+
+
+def _mode_for(target: str) -> int:
+    """The permission bits the new file gets: the old file's, or ``0o666`` less the
+    umask for a new one (``mkstemp`` alone gives ``0o600``, which locks every other
+    user out of a shared file)."""
+    try:
+        return stat.S_IMODE(os.stat(target).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where the system allows."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as f:  # Linux
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)  # elsewhere: set and put back
+    os.umask(mask)
+    return mask

@@ -1,0 +1,86 @@
+"""fnnc.core.files.atomic_write, which every file fnnc writes in one piece goes through:
+the old file or the new, never part of one; nothing left behind on failure; and the
+permissions a file had (mkstemp's 0600 locked other users out of a regenerated,
+shared table)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import numpy as np
+import pytest
+
+from fnnc.core import measured
+from fnnc.core.files import atomic_write
+from fnnc.errors import GraphFormatError
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_bytes_text_and_a_writer_function(tmp_path):
+    path = tmp_path / "f"
+    atomic_write(path, b"\x00\x01")
+    assert path.read_bytes() == b"\x00\x01"
+    atomic_write(path, "héllo")
+    assert path.read_text(encoding="utf-8") == "héllo"
+
+    def save(tmp):  # a library that writes to a path
+        with open(tmp, "wb") as f:
+            np.save(f, np.arange(3))
+
+    atomic_write(path, save)
+    assert np.load(path).tolist() == [0, 1, 2]
+    assert sorted(os.listdir(tmp_path)) == ["f"]
+
+
+def test_a_new_file_gets_the_umask_mode_and_an_old_one_keeps_its_own(tmp_path):
+    old = os.umask(0o027)
+    try:
+        atomic_write(tmp_path / "new", b"x")
+    finally:
+        os.umask(old)
+    assert _mode(tmp_path / "new") == 0o640
+    os.chmod(tmp_path / "new", 0o604)
+    atomic_write(tmp_path / "new", b"y")
+    assert _mode(tmp_path / "new") == 0o604
+
+
+def test_a_failing_writer_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = tmp_path / "keep"
+    path.write_text("old")
+
+    def fails(tmp):
+        with open(tmp, "w") as f:
+            f.write("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        atomic_write(path, fails)
+    assert path.read_text() == "old"
+    assert os.listdir(tmp_path) == ["keep"]
+    with pytest.raises(OSError):
+        atomic_write(tmp_path / "missing" / "f", b"x")
+
+
+def test_a_regenerated_defaults_table_stays_readable_and_an_unreadable_one_says_so(tmp_path):
+    path = tmp_path / "measured_defaults.json"
+    measured.write("Some GPU", {"gemm": {"*": "xla"}}, "a test", path)
+    os.chmod(path, 0o644)
+    measured.write("Some GPU", {"layer_norm": {"*": "pallas"}}, "a test", path)
+    assert _mode(path) == 0o644
+    assert json.loads(path.read_text())["devices"]["Some GPU"] == {
+        "gemm": {"*": "xla"},
+        "layer_norm": {"*": "pallas"},
+    }
+    if os.geteuid() == 0:
+        pytest.skip("root reads any file: the unreadable case cannot be made")
+    os.chmod(path, 0o000)
+    try:
+        with pytest.raises(GraphFormatError, match=r"cannot be read.*chmod a\+r"):
+            measured.read(path)
+    finally:
+        os.chmod(path, 0o644)
