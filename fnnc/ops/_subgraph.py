@@ -54,7 +54,10 @@ def run_graph_nnc(graph: Graph, args: Sequence[Any]) -> list[Any]:
     NNC's convention (reading only its ``backward_uses``), so differentiating a whole
     sub-graph gives what fnnc's ``backward`` pass gives node by node, NNC's conventions
     included (ties of ``min``/``max``, loss gradients), while views and writes through
-    aliases are differentiated by JAX exactly.
+    aliases are differentiated by JAX exactly. As in that pass, a rule gets ``None`` for
+    an output no result depends on (a ``scan``'s tape and ``ys``, which must get no
+    gradient), and a node none of whose outputs any result depends on is not
+    differentiated at all.
     """
 
     def run_node(index: int, node: Node, inputs: list[Any]) -> tuple[Any, ...]:
@@ -80,22 +83,32 @@ def _nnc_differentiable(cmd: Any) -> Any:
         return forward(*xs)
 
     def fwd(*xs: Any) -> tuple[tuple[Any, ...], Any]:
+        xs = tuple(x.value for x in xs)
         outs = forward(*xs)
         return outs, (xs, outs)
 
     def bwd(res: Any, cts: tuple[Any, ...]) -> tuple[Any, ...]:
         xs, outs = res
+        if all(_is_zero(g) for g in cts):
+            # What the backward pass does for a node no gradient reaches: nothing. The
+            # rule is not called with all-None gradients: that is NNC's null gradient
+            # (ones) to min/max, the losses and others.
+            return tuple(_cotangent_of(None, x) for x in xs)
         check = opdef.backward_check(cmd) if opdef.backward_check else None
         if check is not None:
             raise CommandError(f"{cmd} has no backward here: {check}")
         uses = opdef.backward_uses
         ins = tuple(x if uses.input_used(i) else _spec(x) for i, x in enumerate(xs))
         kept = tuple(o if i in uses.outputs else _spec(o) for i, o in enumerate(outs))
+        # As the backward pass: None for an output no gradient reaches (a scan's tape
+        # and ys among them), the gradient for the others.
         grads = tuple(None if _is_zero(g) else g for g in cts)
         got = opdef.backward(grads, ins, kept, **params)
         return tuple(_cotangent_of(g, x) for g, x in zip(got, xs))
 
-    run.defvjp(fwd, bwd)
+    # symbolic_zeros: JAX says which outputs no result depends on (SymbolicZero) instead
+    # of handing zeros for them, which a scan's tape must not get.
+    run.defvjp(fwd, bwd, symbolic_zeros=True)
     return run
 
 
@@ -104,7 +117,10 @@ def _spec(x: Any) -> Spec:
 
 
 def _is_zero(g: Any) -> bool:
-    return g is None or (hasattr(g, "dtype") and g.dtype == jax.dtypes.float0)
+    """Whether cotangent ``g`` is JAX's symbolic zero (no result depends on the output)."""
+    if g is None or isinstance(g, jax.custom_derivatives.SymbolicZero):
+        return True
+    return hasattr(g, "dtype") and g.dtype == jax.dtypes.float0
 
 
 def _cotangent_of(g: Any, x: Any) -> Any:

@@ -8,12 +8,24 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from fnnc import ops
 from fnnc.errors import GraphError, ShapeError
-from fnnc.graph import GraphBuilder, backward, compile, interpret, memory_plan, scan, verify
+from fnnc.graph import (
+    DynamicGraph,
+    GraphBuilder,
+    backward,
+    compile,
+    interpret,
+    memory_plan,
+    scan,
+    verify,
+    while_loop,
+)
 from fnnc.graph.passes.remat_cost import node_flops
+from fnnc.models import BatchNorm, Dense, Input, Model, ReLU, Repeat, Sequential, model_function
 from fnnc.models.memory import saved_activation_bytes
 from tests.helpers import assert_close, exact_on_cpu
 
@@ -220,3 +232,84 @@ def test_per_iteration_results_must_be_left_out_of_the_loss():
         interpret(graph, *args)
     with pytest.raises(GraphError, match=r"returns 2 tensors for 1 carried ones and 0 per-it"):
         scan(b, _body_with_means(), [x], [ws])
+
+
+# --- differentiated through jax.vjp (run_graph_nnc): the tape's cotangent ------------
+# JAX hands a custom_vjp zeros for outputs nothing reads; a scan node must see those as
+# "no gradient" (its tape and ys), as the backward pass gives it, not as a gradient.
+
+
+def _scan_in_while(**bound):
+    """Three trips of a while loop whose body scans ``_tanh_body`` over ``ws``."""
+    wb = GraphBuilder()
+    h0, ws, c = wb.input((3, 4), name="h0"), wb.input((2, 3, 4), name="ws"), wb.input((4,))
+    (h1,) = scan(wb, _tanh_body(), [h0], [ws], [c])
+    cb = GraphBuilder()
+    n = cb.input((), np.int32, name="count")
+    cond = cb.build([cb.exec(ops.compare(op="lt"), n, cb.constant(np.int32(3)))])
+    b = GraphBuilder()
+    x, ws, c = b.input((3, 4), name="x"), b.input((2, 3, 4), name="ws"), b.input((4,))
+    (o,) = while_loop(b, wb.build([h1]), cond, [x, ws, c], carry_overs={h1: h0}, **bound)
+    loss = b.exec(ops.reduce_sum(axes=(0, 1)), o)
+    g = b.build([loss])
+    return backward(g, loss, list(g.inputs))[0]
+
+
+def _tanh_loops(x, ws, c, trips=1):
+    for _ in range(trips):
+        for w in ws:
+            x = jnp.tanh(x * w + c[None])
+    return jnp.sum(x)
+
+
+def _tanh_args(n=2):
+    rng = np.random.default_rng(3)
+    shapes = [(3, 4), (n, 3, 4), (4,)]
+    return [rng.normal(scale=0.5, size=s).astype(np.float32) for s in shapes]
+
+
+@pytest.mark.parametrize("bound", [{"tape": 4}, {"max_iterations": 5}])
+def test_scan_in_a_taped_while_body_differentiates_as_jax_grad(bound):
+    args = _tanh_args()
+    want = jax.grad(functools.partial(_tanh_loops, trips=3), argnums=(0, 1, 2))(*args)
+    got = interpret(_scan_in_while(**bound), *args)
+    assert_close(got[1:], want, rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_graph_differentiates_an_evaluated_scan_graph():
+    b = GraphBuilder()
+    x, ws, c = b.input((3, 4), name="x"), b.input((5, 3, 4), name="ws"), b.input((4,))
+    (h,) = scan(b, _tanh_body(), [x], [ws], [c])
+    graph = b.build([b.exec(ops.reshape(shape=()), b.exec(ops.reduce_sum(axes=(0, 1)), h))])
+    args = _tanh_args(5)
+    dg = DynamicGraph()
+    vs = [dg.variable(a) for a in args]
+    y = dg.evaluate(graph, vs)
+    got = dg.backward(y, vs)
+    want = jax.grad(_tanh_loops, argnums=(0, 1, 2))(*args)
+    assert_close([g.numpy() for g in got], want, rtol=1e-5, atol=1e-5)
+
+
+def test_jax_grad_of_a_model_function_with_a_repeat_and_its_running_statistics():
+    x = Input()
+    block = lambda: Sequential([Dense(4, name="fc"), BatchNorm(), ReLU()], name="block")
+    model = Model(x, Repeat(block, 3, name="blocks")(x))
+    X = np.random.default_rng(4).normal(size=(5, 4)).astype(np.float32)
+    model.compile(X, loss="mse", minimizer=optax.sgd(0.1))
+    # training mode: the loop's ys (the new running statistics) are outputs no loss reads
+    fn = model_function(model, [jax.ShapeDtypeStruct(X.shape, X.dtype)], training=True)
+    params = fn.initial_parameters(model)
+    got = jax.grad(lambda p: fn([X], p)[0][0].sum())(params)
+    at = "t-blocks-0-block-[0:3]-"
+    ids = [at + "fc-0-0", at + "fc-0-1", at + "0-0", at + "0-1"]  # weight, bias, scale, shift
+
+    def plain(w, bias, scale, shift):
+        h = X
+        for i in range(3):
+            z = h @ w[i].T + bias[i][None]
+            norm = (z - z.mean(0, keepdims=True)) / jnp.sqrt(z.var(0, keepdims=True) + 1e-5)
+            h = jax.nn.relu(norm * scale[i][None] + shift[i][None])
+        return h.sum()
+
+    want = jax.grad(plain, argnums=(0, 1, 2, 3))(*(params[k] for k in ids))
+    assert_close([got[k] for k in ids], want, rtol=1e-4, atol=1e-4)
