@@ -135,12 +135,23 @@ class OpDef:
             )
 
     def backward(
-        self, grads: Sequence[Any], inputs: Sequence[Any], outputs: Sequence[Any], **params: Any
+        self,
+        grads: Sequence[Any],
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        wants: Sequence[int] | None = None,
+        /,
+        **params: Any,
     ) -> tuple[Any, ...]:
-        """Gradients of the inputs from gradients of the outputs (NNC convention)."""
+        """Gradients of the inputs from gradients of the outputs (NNC convention).
+
+        ``wants`` (positional: commands may have a hyper-parameter of that name) lists
+        the inputs whose gradients are asked for; the derived backward differentiates
+        only those, a hand-written one may compute the others too.
+        """
         if self.backward_fn is not None:
             return tuple(self.backward_fn(tuple(grads), tuple(inputs), tuple(outputs), **params))
-        return vjp_backward(self.forward, grads, inputs, **params)
+        return vjp_backward(self.forward, grads, inputs, wants, **params)
 
 
 _REGISTRY: dict[str, OpDef] = {}
@@ -170,10 +181,19 @@ def is_float(x: Any) -> bool:
 
 
 def vjp_backward(
-    forward: Callable[..., Any], grads: Sequence[Any], inputs: Sequence[Any], **params: Any
+    forward: Callable[..., Any],
+    grads: Sequence[Any],
+    inputs: Sequence[Any],
+    wants: Sequence[int] | None = None,
+    /,
+    **params: Any,
 ) -> tuple[Any, ...]:
-    """The derived backward: ``jax.vjp`` of the reference over the float inputs."""
-    diff = [i for i, x in enumerate(inputs) if is_float(x)]
+    """The derived backward: ``jax.vjp`` of the reference over the float inputs listed
+    in ``wants`` (all of them when ``None``); the others are closed over, so an input
+    whose derivative JAX lacks (``scatter_mul``'s updates) is never differentiated
+    unless asked for, and no work is spent on gradients nobody reads. Inputs not
+    differentiated get ``None``."""
+    diff = [i for i, x in enumerate(inputs) if is_float(x) and (wants is None or i in wants)]
 
     def f(*xs: Any) -> Any:
         args = list(inputs)

@@ -102,8 +102,8 @@ def gradient(*inputs, of, in_specs, out_specs, grad_mask, wants):
     :mod:`fnnc.core.dispatch`).
     """
 
-    def rule(grads, ins, outs, _wanted, /, **params):
-        return of.definition.backward(grads, ins, outs, **params)
+    def rule(grads, ins, outs, wanted, /, **params):
+        return of.definition.backward(grads, ins, outs, wanted, **params)
 
     return _run(
         rule,
