@@ -12,6 +12,10 @@ replays the jaxpr into a :class:`~fnnc.graph.GraphBuilder`:
   known primitives to fnnc commands; any other primitive becomes one generic
   ``primitive`` node (:mod:`fnnc.ops.primitive`), so tracing never fails on a valid
   JAX program;
+* a mapped command keeps the primitive's derivative: ``max`` / ``min`` (``jnp.maximum``,
+  ``jnp.minimum``, ``jnp.clip``) become ``max[ties=split]`` / ``min[ties=split]``,
+  which split a tie's gradient half and half as ``jax.grad`` does (NNC's own rule,
+  the commands' default, gives it whole to both operands);
 * patterns of several commands that are one NNC command (RoPE's rotate-half, SiLU,
   SwiGLU, logsumexp) are then rewritten into it (:mod:`fnnc.graph.trace_idioms`);
 * the outputs are flattened and ``graph.out_tree`` keeps their structure, so

@@ -298,8 +298,8 @@ TRACE_RULES: dict[str, Rule] = {
     "sub": _simple("add", "real", q=-1.0),
     "mul": _simple("mul", "number"),
     "div": _simple("ewdiv", "inexact"),
-    "max": _simple("max"),
-    "min": _simple("min"),
+    "max": _simple("max", ties="split"),  # JAX's tie rule: trace keeps jax.grad
+    "min": _simple("min", ties="split"),
     "neg": _simple("scalar_mul", "real", a=-1.0),
     "exp": _simple("ewexp", "float"),
     "log": _simple("ewlog", "float"),

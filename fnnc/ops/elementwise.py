@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fnnc.core.command import NOTHING, Spec, Uses, defcommand
-from fnnc.errors import DTypeError
+from fnnc.errors import CommandError, DTypeError
 from fnnc.ops._rules import (
     broadcast,
     broadcast_shape,
@@ -187,38 +187,67 @@ def _tie_to_both(pick):
     return picked
 
 
+TIES = ("both", "split")
+"""The tie rules of ``min``/``max``: ``"both"`` (NNC's, the default) gives the whole
+gradient to both operands where ``a == b``; ``"split"`` gives each half, as ``jax.grad``
+of ``jnp.maximum`` / ``jnp.minimum`` / ``jnp.clip`` does (what :func:`fnnc.graph.trace`
+asks for, since a traced function keeps JAX's derivatives)."""
+
+
+def _check_ties(name: str, ties: Any) -> None:
+    if ties not in TIES:
+        raise CommandError(
+            f"{name}: ties={ties!r}; expected 'both' (NNC: a tie's whole gradient to both "
+            "operands) or 'split' (JAX: half to each)"
+        )
+
+
 def _minmax(name: str, pick):
     tied = _tie_to_both(pick)
+    shape_of = broadcast(name)
 
-    def forward(a, b):
+    def shape(*specs: Spec, ties: str = "both") -> Spec:
+        _check_ties(name, ties)
+        return shape_of(*specs)
+
+    def forward(a, b, *, ties="both"):
+        _check_ties(name, ties)
         shape = _out_shape(a, b)
-        return tied(to_shape(a, shape), to_shape(b, shape))
+        # "split" is lax's own min/max, whose derivative is JAX's: jax.vjp of the
+        # forward (fused chains, their kernels) follows the tie rule either way.
+        picked = pick if ties == "split" else tied
+        return picked(to_shape(a, shape), to_shape(b, shape))
 
     forward.__name__ = name
     forward.__doc__ = (
         f"Elementwise {name} of two tensors (broadcasting); where ``a == b`` both inputs "
-        "get the whole gradient, as in NNC (``ccv_nnc_min_cpu_ref.c``), and a ``None`` "
-        "output gradient is NNC's null one, all ones."
+        "get the whole gradient, as in NNC (``ccv_nnc_min_cpu_ref.c``), unless "
+        "``ties='split'``: half each, as ``jax.grad`` (:data:`TIES`). A ``None`` output "
+        "gradient is NNC's null one, all ones."
     )
     factory = defcommand(
         family="elementwise",
-        shape=broadcast(name),
+        shape=shape,
         elementwise=True,
         commutative=True,
         idempotent=True,
     )(forward)
 
     @factory.backward
-    def _backward(grads, inputs, outputs):
+    def _backward(grads, inputs, outputs, *, ties="both"):
         (g,), (a, b) = grads, inputs
         g = null_gradient(g, a, b)  # NNC's null gradient: the min (max)'s own derivative
         aa, bb = to_shape(a, g.shape), to_shape(b, g.shape)
         picked = pick(aa, bb)
+        at_a, at_b = picked == aa, picked == bb
         zero = jnp.zeros_like(g)
-        # A tie is picked from both sides, so both get g (not half each, as jax.vjp).
+        if ties == "split":  # JAX's rule: half of g to each side of a tie
+            g_a = g_b = jnp.where(at_a & at_b, g * jnp.asarray(0.5, g.dtype), g)
+        else:  # NNC's: a tie is picked from both sides, so both get g
+            g_a = g_b = g
         return (
-            unbroadcast(jnp.where(picked == aa, g, zero), a.shape),
-            unbroadcast(jnp.where(picked == bb, g, zero), b.shape),
+            unbroadcast(jnp.where(at_a, g_a, zero), a.shape),
+            unbroadcast(jnp.where(at_b, g_b, zero), b.shape),
         )
 
     return factory

@@ -13,7 +13,19 @@ import numpy as np
 import pytest
 from jax import lax
 
-from fnnc.graph import GraphBuilder, backward, compile, interpret, trace
+from fnnc import ops
+from fnnc.graph import (
+    DynamicGraph,
+    GraphBuilder,
+    backward,
+    compile,
+    cse,
+    interpret,
+    load,
+    save,
+    simplify,
+    trace,
+)
 
 RNG = np.random.default_rng(31)
 
@@ -203,3 +215,58 @@ def test_interleaved_rope_differentiates():
     assert "primitive" not in names(graph), str(graph)
     np.testing.assert_allclose(interpret(graph, x), rope(x), 1e-6, 1e-6)
     grad_matches(rope, x)
+
+
+# -- max / min / clip: trace keeps JAX's tie rule (half of a tie's gradient to each side) --
+TIE_X = np.array([-1.0, 0.0, 0.5, 1.0, 2.0], np.float32)
+TIE_CASES = {
+    "maximum(x, x)": lambda x: jnp.maximum(x, x) * 3.0,
+    "maximum(x, -x)": lambda x: jnp.maximum(x, -x),
+    "minimum(x, 0.5)": lambda x: jnp.minimum(x, 0.5) * x,
+    "clip(x, 0, 1)": lambda x: jnp.clip(x, 0.0, 1.0),
+}
+
+
+def _grad_of(graph, x):
+    """fnnc's gradient of sum(graph(x) * w) by the backward pass, and the forward graph."""
+    b = GraphBuilder.from_graph(graph)
+    (out,) = [graph.symbols[i] for i in graph.outputs]
+    w = b.constant(np.arange(1.0, 6.0, dtype=np.float32))
+    loss = b.exec(ops.reduce_sum(axes=(0,)), b.exec(ops.ewprod(), out, w))
+    return backward(b.build([loss]), loss, [graph.symbols[graph.inputs[0]]])[0]
+
+
+@pytest.mark.parametrize("name", sorted(TIE_CASES))
+def test_traced_max_min_and_clip_split_ties_as_jax_grad(name, tmp_path):
+    f = TIE_CASES[name]
+    want = jax.grad(lambda x: jnp.sum(f(x) * jnp.arange(1.0, 6.0)))(TIE_X)
+    graph = trace(f, TIE_X)
+    picks = [n.cmd for n in graph.nodes if n.cmd.name in ("max", "min")]
+    assert picks and all(c.param("ties") == "split" for c in picks), str(graph)
+    save(graph, tmp_path / "g.json")
+    fused = simplify(graph, passes=("cse", "fold", "fuse", "dce"))
+    for form in (graph, load(tmp_path / "g.json"), fused):
+        g = _grad_of(form, TIE_X)
+        np.testing.assert_allclose(interpret(g, TIE_X)[-1], want, err_msg=str(form))
+        np.testing.assert_allclose(compile(g)(TIE_X)[-1], want, err_msg=str(form))
+    # through jax.vjp of the graph as one call node (each command's own backward rule)
+    dg = DynamicGraph()
+    x = dg.variable(TIE_X)
+    y = dg.evaluate(graph, [x])
+    loss = dg.exec(
+        ops.reduce_sum(axes=(0,)),
+        dg.exec(ops.ewprod(), y, dg.constant(np.arange(1.0, 6.0, dtype=np.float32))),
+    )
+    (gx,) = dg.backward(loss, [x])
+    np.testing.assert_allclose(gx.numpy(), want)
+
+
+def test_untraced_max_keeps_nncs_tie_rule_and_cse_keeps_the_two_apart():
+    b = GraphBuilder()
+    x = b.input((3,), name="x")
+    nnc, split = b.exec(ops.max(), x, x), b.exec(ops.max(ties="split"), x, x)
+    graph = b.build([b.exec(ops.ewsum(), nnc, split)])
+    assert len(cse(graph).nodes) == 3
+    loss = b.exec(ops.reduce_sum(axes=(0,)), graph.symbols[graph.outputs[0]])
+    g = backward(b.build([loss]), loss, [x])[0]
+    np.testing.assert_allclose(interpret(g, np.ones(3, np.float32))[-1], [3.0, 3.0, 3.0])  # 2 + 1

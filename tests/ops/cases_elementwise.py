@@ -1,6 +1,10 @@
+import numpy as np
+
 from fnnc import ops
 from tests.helpers import rand
 from tests.ops.cases import Case
+
+TIED = np.array([[0.0, 1.0, 2.0], [2.0, 1.0, 0.0]], np.float32)
 
 CASES = [
     Case(ops.ewsum(), (rand([2, 3]), rand([2, 3], seed=1), rand([1, 3], seed=2)), "ewsum-bcast"),
@@ -19,6 +23,10 @@ CASES = [
     Case(ops.clamp(min=0.0), (rand([3, 3], seed=4),), "clamp-min"),
     Case(ops.min(), (rand([2, 3]), rand([2, 3], seed=1)), "min"),
     Case(ops.max(), (rand([2, 3]), rand([1, 3], seed=1)), "max-bcast"),
+    Case(ops.max(ties="split"), (rand([2, 3]), rand([1, 3], seed=1)), "max-split-bcast"),
+    # ties, so no finite differences: the backward against jax.vjp of the reference
+    Case(ops.min(ties="split"), (TIED, TIED[::-1].copy()), "min-split-ties", numeric=False),
+    Case(ops.max(), (TIED, TIED[::-1].copy()), "max-ties", numeric=False),
     Case(ops.stop_gradient(), (rand([2, 3]),), "stop_gradient"),
     Case(ops.select(), (rand([2, 3], seed=5) > 0, rand([2, 3]), rand([2, 3], seed=1)), "select"),
 ]

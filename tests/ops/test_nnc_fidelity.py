@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 from fnnc import ops
 from fnnc.core.dispatch import Backend, register_backend, unregister_backend
@@ -30,6 +31,25 @@ def test_min_max_backward_ties_feed_both_inputs(name) -> None:
     ha, hb = cmd.definition.backward((g,), (a, b), (cmd(a, b),))
     np.testing.assert_array_equal(ha, np.where(i < 3, -1, 0))
     np.testing.assert_array_equal(hb, np.full(a.shape, -1))
+
+
+@pytest.mark.parametrize("name", ["min", "max"])
+def test_min_max_split_ties_give_half_to_each_input_as_jax(name) -> None:
+    """The same tensors with ``ties="split"`` (what trace asks for): half of g to each
+    side of the three ties, as jax.vjp of lax.min / lax.max; the rest as NNC."""
+    i = np.arange(12, dtype=np.float32).reshape(2, 2, 3)
+    a, b = i, np.where(i < 3, i, i - 1 if name == "min" else i + 1)
+    cmd = getattr(ops, name)(ties="split")
+    g = np.full(a.shape, -1, np.float32)
+    ha, hb = cmd.definition.backward((g,), (a, b), (cmd(a, b),), None, **cmd.kwargs)
+    np.testing.assert_array_equal(ha, np.where(i < 3, -0.5, 0))
+    np.testing.assert_array_equal(hb, np.where(i < 3, -0.5, -1))
+    pick = lax.min if name == "min" else lax.max
+    want = jax.vjp(pick, a, b)[1](g)
+    assert_close((ha, hb), want)
+    assert_close(jax.vjp(cmd, a, b)[1](g), want)  # the forward's own derivative agrees
+    with pytest.raises(CommandError, match=r"expected 'both'.*or 'split'"):
+        getattr(ops, name)(ties="half")(a, b)
 
 
 def test_min_backward_ties_broadcast() -> None:
