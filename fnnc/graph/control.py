@@ -13,10 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+import numpy as np
+
 from fnnc import ops
 from fnnc.core.ir import Graph, Symbol
 from fnnc.errors import CommandError, GraphError
 from fnnc.graph.builder import GraphBuilder
+from fnnc.ops._subgraph import require_graph
 
 Breakpoint = Literal["before", "after"] | int
 
@@ -48,8 +51,8 @@ def while_loop(
             output.
         inputs: outer symbols, one per body input (initial values; the inputs no
             carry-over updates stay fixed).
-        carry_overs: body output -> body input ("y -> x"), as a mapping or pairs. The
-            outputs returned follow this order.
+        carry_overs: body output -> body input ("y -> x"), as a mapping ``{y: x}`` or
+            ``(y, x)`` pairs. The outputs returned follow this order.
         breakpoint: where the condition is evaluated: ``"before"`` the body (``count <
             N`` runs it N times), ``"after"`` it (N + 1 times), or an int k: after the
             first k body nodes (NNC's breakpoint node).
@@ -61,7 +64,9 @@ def while_loop(
             tape, the carries of up to ``tape`` trips kept for the backward, which
             walks them in reverse (cost follows the trips taken). More trips than
             ``tape`` in a differentiated call is an error naming the size to use.
-            Exclusive with ``max_iterations``; see :mod:`fnnc.ops.while_tape`.
+            Reverse mode only: forward mode (``jax.jvp``, ``jax.hessian``) needs
+            ``max_iterations``. Exclusive with ``max_iterations``; see
+            :mod:`fnnc.ops.while_tape`.
         name: the node's name.
 
     Returns:
@@ -87,7 +92,9 @@ def while_loop(
     >>> round(float(interpret(graph, np.float32([0.92]), np.float32([3.2]))[0]), 6)
     2.109061
     """
-    pairs = carry_overs.items() if isinstance(carry_overs, Mapping) else carry_overs
+    require_graph("while_loop", "body", body)
+    require_graph("while_loop", "cond", cond)
+    pairs = _carry_pairs(carry_overs)
     carry = tuple(
         (
             _position(body, y, "outputs", "carry-over source"),
@@ -102,8 +109,8 @@ def while_loop(
         carry_overs=carry,
         cond_inputs=refs,
         breakpoint=_early_outputs(body, breakpoint),
-        max_iterations=None if max_iterations is None else int(max_iterations),
-        tape=None if tape is None else int(tape),
+        max_iterations=_plain_int(max_iterations),
+        tape=_plain_int(tape),
     )
     return _as_tuple(builder.exec(cmd, *inputs, name=name))
 
@@ -180,6 +187,30 @@ def _label(sym: Any) -> str:
     if hasattr(sym, "id"):
         return f"%{sym.id} ({sym.name})" if getattr(sym, "name", "") else f"%{sym.id}"
     return repr(sym)
+
+
+def _carry_pairs(carry_overs: Any) -> list[tuple[Any, Any]]:
+    """``carry_overs`` as ``(body output, body input)`` pairs, else a GraphError."""
+    if isinstance(carry_overs, Mapping):
+        return list(carry_overs.items())
+    pairs = list(carry_overs) if isinstance(carry_overs, (list, tuple)) else None
+    bad = next((p for p in pairs or () if not (isinstance(p, (list, tuple)) and len(p) == 2)), None)
+    if pairs is None or bad is not None:
+        got = _label(bad) if pairs is not None else repr(carry_overs)
+        raise GraphError(
+            f"while_loop: carry_overs must map each body output to the body input it "
+            f"updates, {{y: x}}, or be (y, x) pairs, e.g. [(y, x)]; got {got:.80} among "
+            f"them; pair each output with its input"
+        )
+    return pairs
+
+
+def _plain_int(value: Any) -> Any:
+    """A NumPy integer as int (hashable, serialisable); anything else as given, for the
+    command's own check to accept or reject (5.5 is no trip count)."""
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
 
 
 def _of_body(body: Graph, sym: Any, what: str) -> int:

@@ -58,6 +58,7 @@ taped loop are not available (use ``max_iterations`` for those).
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -257,6 +258,34 @@ def host_error(error: Exception) -> CommandError | None:
     if start < 0 or "but its tape holds" not in text:
         return None
     return CommandError(text[start + len("CommandError: ") :].strip().splitlines()[0])
+
+
+def forward_mode_error(cmd: Any, error: Exception) -> CommandError | None:
+    """What to tell a caller whose forward-mode derivative (``jax.jvp``, ``jax.jacfwd``,
+    ``jax.hessian``) met taped ``while_loop`` ``cmd``: JAX's "can't apply forward-mode
+    autodiff (jvp) to a custom_vjp function" names neither the loop nor the way out."""
+    if cmd.name != "while_loop" or cmd.param("tape") is None:
+        return None
+    if "forward-mode autodiff (jvp) to a custom_vjp" not in str(error):
+        return None
+    return CommandError(
+        f"{cmd}: a loop with a tape has reverse-mode gradients only (jax.grad, fnnc's "
+        "backward pass); forward mode (jax.jvp, jax.jacfwd) and second order "
+        "(jax.hessian) need the loop built with max_iterations=N (a static bound on its "
+        "trips) instead of tape"
+    )
+
+
+class _QuietOverflow(logging.Filter):
+    """Drops JAX's ``ERROR:jax._src.callback`` log of the overflow check's own error:
+    fnnc raises it to the caller (``interpret``, a ``Program``), with the node named."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(error, CommandError) and "but its tape holds" in str(error))
+
+
+logging.getLogger("jax._src.callback").addFilter(_QuietOverflow())
 
 
 def forget_failed_tokens() -> int:
