@@ -438,6 +438,23 @@ def _left_out(cmd: Command, arrays: Sequence[Any]) -> tuple[Any, ...]:
 _PLAIN = np.dtype(np.float32)
 
 
+def checked_inputs(
+    cmd: Command, arrays: Sequence[Any]
+) -> tuple[tuple[Any, ...], tuple[Spec | None, ...], tuple[Spec, ...]]:
+    """``(arrays, their specs, the output specs)`` of a call of ``cmd`` on ``arrays``,
+    checked as an eager call checks them: trailing ``None`` s dropped (a ``None`` in a
+    required place is a :class:`CommandError`), typed PRNG keys as their ``uint32``
+    data, lists and numbers as arrays, and the shape rule run (a
+    :class:`~fnnc.errors.ShapeError`, :class:`DTypeError` or :class:`CommandError` for
+    inputs the command does not take)."""
+    arrays = _left_out(cmd, arrays)
+    if any(not isinstance(getattr(a, "dtype", _PLAIN), np.dtype) for a in arrays):
+        arrays = tuple(map(key_bits, arrays))  # a typed PRNG key: its uint32 data
+    arrays = as_arrays(arrays, str(cmd))  # a list runs as the array NumPy makes of it
+    specs = as_specs(arrays, str(cmd))
+    return arrays, specs, output_specs(cmd, specs)
+
+
 def run_eager(cmd: Command, arrays: Sequence[Any]) -> Any:
     """Runs ``cmd`` on concrete arrays: checked by the shape rule, then compiled once.
 
@@ -446,12 +463,7 @@ def run_eager(cmd: Command, arrays: Sequence[Any]) -> Any:
     ``mask=None``. Such a call, with an input left out before a given one, runs the
     reference backend: other backends take their inputs by position.
     """
-    arrays = _left_out(cmd, arrays)
-    if any(not isinstance(getattr(a, "dtype", _PLAIN), np.dtype) for a in arrays):
-        arrays = tuple(map(key_bits, arrays))  # a typed PRNG key: its uint32 data
-    arrays = as_arrays(arrays, str(cmd))  # a list runs as the array NumPy makes of it
-    specs = as_specs(arrays, str(cmd))
-    outs = output_specs(cmd, specs)
+    arrays, specs, outs = checked_inputs(cmd, arrays)
     gap = any(s is None for s in specs)
     backend = REFERENCE if gap else select_backend(cmd, specs)
     result = compiled_forward(cmd, backend)(*arrays)

@@ -25,12 +25,20 @@ from typing import Any
 import jax
 
 from fnnc.core.command import Command
-from fnnc.core.dispatch import TABLE, as_specs, backends_of, compiled_forward, why_not
+from fnnc.core.dispatch import (
+    REFERENCE,
+    TABLE,
+    as_specs,
+    backends_of,
+    checked_inputs,
+    compiled_forward,
+    why_not,
+)
 from fnnc.core.dispatch import table_key as key
 from fnnc.core.files import atomic_write
-from fnnc.errors import GraphFormatError
+from fnnc.errors import BackendError, GraphFormatError
 
-__all__ = ["TABLE", "autotune", "key", "load", "median_seconds", "save"]
+__all__ = ["PLATFORMS", "TABLE", "as_specs", "autotune", "key", "load", "median_seconds", "save"]
 
 
 def median_seconds(fns: dict[str, Any], *args: Any, repeats: int = 5) -> dict[str, float]:
@@ -47,25 +55,60 @@ def median_seconds(fns: dict[str, Any], *args: Any, repeats: int = 5) -> dict[st
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
+PLATFORMS = ("cpu", "gpu", "tpu")
+"""The platform names backends declare and table keys hold (JAX's ``cuda`` and ``rocm``
+are ``gpu``)."""
+
+
 def autotune(cmd: Command, *arrays: Any, repeats: int = 5, platform: str | None = None) -> str:
     """Times every backend that compiles here and supports ``arrays``; records the winner.
 
-    Interpret-mode backends are not timed: they are never a speed choice.
+    ``arrays`` are checked as an eager call ``cmd(*arrays)`` checks them (lists are made
+    arrays, an optional input may be ``None``, the shape rule must accept them). Interpret-
+    mode backends are not timed: they are never a speed choice. A call that leaves out an
+    optional input before a given one times the reference only (the one backend such a
+    call runs, as eagerly).
+
+    Args:
+        cmd: the command, hyper-parameters bound.
+        *arrays: its inputs.
+        repeats: timed calls per backend, at least 1 (the median counts).
+        platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``: where the winner applies; default
+            JAX's default backend.
 
     Returns:
         The winning backend's name (also stored in :data:`TABLE`).
+
+    Raises:
+        BackendError: ``repeats`` below 1, or a platform name fnnc does not know.
     """
-    platform = platform or jax.default_backend()
-    specs = as_specs(arrays, str(cmd))
+    platform = _platform(platform, "autotune")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise BackendError(f"autotune: repeats must be an int >= 1, got {repeats!r}")
+    arrays, specs, _ = checked_inputs(cmd, arrays)
+    gap = any(s is None for s in specs)
     fns = {
         name: compiled_forward(cmd, name)
         for name, backend in backends_of(cmd.name).items()
-        if platform in backend.platforms and not why_not(backend, cmd, specs, platform)
+        if platform in backend.platforms
+        and not why_not(backend, cmd, specs, platform)
+        and not (gap and name != REFERENCE)
     }
     times = median_seconds(fns, *arrays, repeats=repeats)
     winner = min(times, key=times.__getitem__)
     TABLE[key(cmd, specs, platform)] = winner
     return winner
+
+
+def _platform(platform: str | None, where: str) -> str:
+    """``platform`` (default JAX's default backend), checked to be one of :data:`PLATFORMS`."""
+    platform = platform or jax.default_backend()
+    if platform not in PLATFORMS:
+        raise BackendError(
+            f"{where}: unknown platform {platform!r}; expected one of {list(PLATFORMS)} "
+            "(NVIDIA and AMD GPUs are both 'gpu')"
+        )
+    return platform
 
 
 def save(path: str | os.PathLike[str]) -> None:
@@ -74,12 +117,27 @@ def save(path: str | os.PathLike[str]) -> None:
 
 
 def load(path: str | os.PathLike[str]) -> None:
-    """Merges a table written by :func:`save` into :data:`TABLE`."""
+    """Merges a table written by :func:`save` into :data:`TABLE`.
+
+    Raises:
+        GraphFormatError: the file is not JSON, or not an fnnc autotune table.
+    """
+    TABLE.update(_read(path))
+
+
+def _read(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The table in the file at ``path``, checked."""
     with open(path) as f:
-        data = json.load(f)
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise GraphFormatError(
+                f"{path}: not an fnnc autotune table (not JSON: {e}); write one with "
+                "fnnc.ops.autotune.save"
+            ) from None
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
         raise GraphFormatError(f"{path}: not an fnnc autotune table (expected a JSON object)")
-    TABLE.update(data)
+    return data
 
 
 class _CallableModule(types.ModuleType):

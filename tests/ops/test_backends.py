@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fnnc import config, ops
-from fnnc.errors import BackendError
+from fnnc.errors import BackendError, FnncError, GraphFormatError
 from fnnc.graph import GraphBuilder, compile
 from fnnc.ops import Backend
 from tests.helpers import assert_close
@@ -155,3 +155,54 @@ def test_autotune_graph_keeps_per_node_winners_only_if_the_graph_runs_faster(che
     finally:
         ops.unregister_backend("ewabs", "slow")
         ops.autotune.TABLE.clear()
+
+
+def _error_of(fn):
+    with pytest.raises(Exception) as info:
+        fn()
+    return info.value
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        (jnp.ones((1, 4, 4, 2)), jnp.ones((3, 3, 3, 5))),  # wrong channel count
+        (jnp.ones((1, 4, 4, 2)), jnp.ones((3, 3, 3, 2), jnp.int32)),  # int weight
+        (jnp.ones((1, 4, 4, 2)),),  # the weight left out
+        (None, jnp.ones((3, 3, 3, 2))),  # a required input given as None
+    ],
+)
+def test_autotune_checks_its_inputs_as_an_eager_call_does(inputs):
+    conv = ops.convolution(padding="SAME")
+    eager = _error_of(lambda: conv(*inputs))  # the oracle: what the eager call raises
+    tuned = _error_of(lambda: ops.autotune.autotune(conv, *inputs, repeats=1))
+    assert type(tuned) is type(eager) and str(tuned) == str(eager)
+    assert isinstance(tuned, FnncError)
+    assert len(ops.autotune.TABLE) == 0
+
+
+def test_autotune_takes_lists_as_an_eager_call_does():
+    a, b = [[1.0, 2.0]], [[1.0], [2.0]]
+    assert ops.gemm()(a, b).tolist() == [[5.0]]
+    try:
+        assert ops.autotune.autotune(ops.gemm(), a, b, repeats=1) == "xla"
+        specs = [spec(1, 2), spec(2, 1)]  # what np.asarray makes of the lists
+        assert ops.autotune.TABLE[ops.autotune.key(ops.gemm(), specs, HERE)] == "xla"
+    finally:
+        ops.autotune.TABLE.clear()
+
+
+def test_autotune_rejects_no_repeats_and_unknown_platforms_by_name():
+    x = jnp.ones((2, 2))
+    with pytest.raises(BackendError, match=r"repeats must be an int >= 1, got 0"):
+        ops.autotune.autotune(ops.relu(), x, repeats=0)
+    with pytest.raises(BackendError, match=r"unknown platform 'cuda'.*\['cpu', 'gpu', 'tpu'\]"):
+        ops.autotune.autotune(ops.relu(), x, repeats=1, platform="cuda")
+    assert len(ops.autotune.TABLE) == 0
+
+
+def test_loading_a_file_that_is_not_json_says_which_and_what(tmp_path):
+    path = tmp_path / "table.json"
+    path.write_text("{not json")
+    with pytest.raises(GraphFormatError, match=r"table.json: not an fnnc autotune table"):
+        ops.autotune.load(path)
