@@ -88,7 +88,8 @@ def autotune_graph(
         graph: the graph (a training step from ``minimize``, a forward, ...).
         *args: one array per graph input, as for :func:`~fnnc.graph.interpret`.
         repeats: timed runs per backend (the median counts).
-        platform: where the winners apply; default JAX's default backend.
+        platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``: where the graph is timed (on its
+            first device) and the winners apply; default JAX's default backend.
         retune: time again the nodes whose (command, specs, platform) the table holds
             already (by default their recorded winner stands, unmeasured).
         check: time the whole compiled graph with the per-node winners against the
@@ -102,9 +103,26 @@ def autotune_graph(
         ``{node index: winning backend}`` for the nodes that had more than one eligible
         backend (nodes sharing a command and input specs are timed once). The winners
         are also in :data:`fnnc.ops.autotune.TABLE`.
+
+    Raises:
+        BackendError: ``repeats`` below 1, an unknown platform, or one with no device
+            here (tune on such a machine and load its table instead).
     """
-    platform = platform or jax.default_backend()
-    values = flatten_inputs(graph, args, "autotune_graph")
+    platform, device = _autotune.timing_target(platform, repeats, "autotune_graph")
+    values = jax.device_put(flatten_inputs(graph, args, "autotune_graph"), device)
+    with jax.default_device(device):  # every program below compiles and runs there
+        return _autotune_graph(graph, values, repeats, platform, retune, check, libraries)
+
+
+def _autotune_graph(
+    graph: Graph,
+    values: list[Any],
+    repeats: int,
+    platform: str,
+    retune: bool,
+    check: bool,
+    libraries: bool,
+) -> dict[int, str]:
     keys: dict[int, str] = {}
     pending: dict[str, int] = {}  # key -> the first node that needs it timed
     for index, node in enumerate(graph.nodes):
@@ -184,7 +202,7 @@ def _keep_if_faster(
     programs = {}
     for name, choice in (("tuned", tuned), ("default", defaults)):
         table.update(choice)
-        program = compile_graph(graph)
+        program = compile_graph(graph, platform=platform)
         jax.block_until_ready(program(*values))  # traced and compiled under this choice
         programs[name] = program
     times = _autotune.median_seconds(programs, *values, repeats=max(repeats, 3))

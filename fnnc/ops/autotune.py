@@ -38,7 +38,17 @@ from fnnc.core.dispatch import table_key as key
 from fnnc.core.files import atomic_write
 from fnnc.errors import BackendError, GraphFormatError
 
-__all__ = ["PLATFORMS", "TABLE", "as_specs", "autotune", "key", "load", "median_seconds", "save"]
+__all__ = [
+    "PLATFORMS",
+    "TABLE",
+    "as_specs",
+    "autotune",
+    "key",
+    "load",
+    "median_seconds",
+    "save",
+    "timing_target",
+]
 
 
 def median_seconds(fns: dict[str, Any], *args: Any, repeats: int = 5) -> dict[str, float]:
@@ -73,18 +83,17 @@ def autotune(cmd: Command, *arrays: Any, repeats: int = 5, platform: str | None 
         cmd: the command, hyper-parameters bound.
         *arrays: its inputs.
         repeats: timed calls per backend, at least 1 (the median counts).
-        platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``: where the winner applies; default
-            JAX's default backend.
+        platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``: where the backends are timed (on
+            its first device) and the winner applies; default JAX's default backend.
 
     Returns:
         The winning backend's name (also stored in :data:`TABLE`).
 
     Raises:
-        BackendError: ``repeats`` below 1, or a platform name fnnc does not know.
+        BackendError: ``repeats`` below 1, a platform name fnnc does not know, or one
+            with no device here.
     """
-    platform = _platform(platform, "autotune")
-    if not isinstance(repeats, int) or repeats < 1:
-        raise BackendError(f"autotune: repeats must be an int >= 1, got {repeats!r}")
+    platform, device = timing_target(platform, repeats, "autotune")
     arrays, specs, _ = checked_inputs(cmd, arrays)
     gap = any(s is None for s in specs)
     fns = {
@@ -94,21 +103,39 @@ def autotune(cmd: Command, *arrays: Any, repeats: int = 5, platform: str | None 
         and not why_not(backend, cmd, specs, platform)
         and not (gap and name != REFERENCE)
     }
-    times = median_seconds(fns, *arrays, repeats=repeats)
+    times = median_seconds(fns, *jax.device_put(arrays, device), repeats=repeats)
     winner = min(times, key=times.__getitem__)
     TABLE[key(cmd, specs, platform)] = winner
     return winner
 
 
-def _platform(platform: str | None, where: str) -> str:
-    """``platform`` (default JAX's default backend), checked to be one of :data:`PLATFORMS`."""
+def timing_target(platform: str | None, repeats: int, where: str) -> tuple[str, Any]:
+    """``(platform, its first device)``: ``platform`` (default JAX's default backend)
+    checked to be one of :data:`PLATFORMS` and present here, for timing there, and
+    ``repeats`` checked to be at least 1.
+
+    Raises:
+        BackendError: ``repeats`` below 1, an unknown platform name, or one with no
+            device in this process (timing elsewhere would record another platform's
+            winner under its name).
+    """
+    if not isinstance(repeats, int) or repeats < 1:
+        raise BackendError(f"{where}: repeats must be an int >= 1, got {repeats!r}")
     platform = platform or jax.default_backend()
     if platform not in PLATFORMS:
         raise BackendError(
             f"{where}: unknown platform {platform!r}; expected one of {list(PLATFORMS)} "
             "(NVIDIA and AMD GPUs are both 'gpu')"
         )
-    return platform
+    try:
+        return platform, jax.devices(platform)[0]
+    except RuntimeError:
+        present = sorted({d.platform for d in jax.devices()})
+        raise BackendError(
+            f"{where}: platform {platform!r} has no device in this process (present: "
+            f"{present}); winners are timed where they apply, so tune on a {platform} "
+            "machine and load its table here with fnnc.ops.autotune.load"
+        ) from None
 
 
 def save(path: str | os.PathLike[str]) -> None:

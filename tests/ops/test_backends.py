@@ -206,3 +206,34 @@ def test_loading_a_file_that_is_not_json_says_which_and_what(tmp_path):
     path.write_text("{not json")
     with pytest.raises(GraphFormatError, match=r"table.json: not an fnnc autotune table"):
         ops.autotune.load(path)
+
+
+def test_autotune_for_a_platform_with_no_device_here_is_an_error_not_a_wrong_winner():
+    """Timing on this machine's device would record, say, Pallas in interpret mode on a
+    CPU as the GPU winner."""
+    from fnnc.graph.autotune import autotune_graph
+
+    assert not any(d.platform == ELSEWHERE for d in jax.devices())
+    x = jnp.ones((4, 32))
+    with pytest.raises(BackendError, match=rf"autotune: platform '{ELSEWHERE}' has no device"):
+        ops.autotune.autotune(ops.layer_norm(), x, repeats=1, platform=ELSEWHERE)
+    b = GraphBuilder()
+    graph = b.build(list(b.exec(ops.rms_norm(), b.input((4, 32)))))
+    with pytest.raises(BackendError, match=rf"autotune_graph: platform '{ELSEWHERE}' has no"):
+        autotune_graph(graph, np.ones((4, 32), np.float32), repeats=1, platform=ELSEWHERE)
+    with pytest.raises(BackendError, match=r"autotune_graph: repeats must be an int >= 1"):
+        autotune_graph(graph, np.ones((4, 32), np.float32), repeats=0)
+    assert len(ops.autotune.TABLE) == 0
+
+
+def test_autotune_times_on_the_first_device_of_the_platform(fake_backend, monkeypatch):
+    seen = []
+    timer = ops.autotune.median_seconds
+
+    def spy(fns, *args, repeats):
+        seen.extend(d for a in args for d in a.devices())
+        return timer(fns, *args, repeats=repeats)
+
+    monkeypatch.setattr(ops.autotune, "median_seconds", spy)
+    ops.autotune.autotune(ops.ewabs(), np.ones((2, 2), np.float32), repeats=1, platform=HERE)
+    assert seen == [jax.devices(HERE)[0]]
