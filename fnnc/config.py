@@ -4,7 +4,9 @@
 ``numerics`` also turns on the numerics check (:attr:`Config.numerics`).
 ``FNNC_DEBUG`` (default ``0``): print graphs between passes when ``>= 1``.
 ``FNNC_BACKEND`` (default empty): force one backend name for every command that
-supports it, e.g. ``pallas``; ``xla`` forces the reference everywhere.
+supports it, e.g. ``pallas``; ``xla`` forces the reference everywhere. A name no
+command registers (a typo) is a :class:`~fnnc.errors.ConfigError` when a backend is
+next chosen, as is an unknown command name in ``backend_per_command``.
 ``FNNC_CPU_LIBRARIES`` (default empty): force one XLA:CPU library set for every compiled
 program (:mod:`fnnc.graph.cpu_libraries`), e.g. ``eigen``.
 ``FNNC_MATMUL_PRECISION`` (default ``float32``): how float32 dots and convolutions run
@@ -31,9 +33,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import itertools
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 
 from fnnc.errors import ConfigError
 
@@ -70,6 +73,57 @@ def matmul_precision_name(value: str, where: str = "matmul_precision") -> str:
             f"{list(MATMUL_PRECISIONS)} (fnnc's default is 'float32')"
         )
     return {"highest": "float32", "high": "tensorfloat32"}.get(name, name)
+
+
+def close_matches(name: str, known: Collection[str]) -> str:
+    """`` Did you mean 'a', 'b'?`` for the names in ``known`` close to ``name``, or ``""``."""
+    close = difflib.get_close_matches(name, list(known), n=3)
+    return f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+
+
+def check_forcing(cfg: Config, commands: Collection[str], backends: Collection[str]) -> None:
+    """Checks the names ``cfg`` forces against what is registered: every key of
+    :attr:`Config.backend_per_command` must be a command in ``commands``, and
+    :attr:`Config.backend` a backend name in ``backends`` (some command's). A value of
+    ``backend_per_command`` is checked against its own command's backends when that
+    command chooses (a :class:`~fnnc.errors.BackendError` there).
+
+    The registries fill as modules import, so backend choice calls this (once per
+    setting and registry state), not :func:`override`.
+
+    Raises:
+        ConfigError: a name nothing registers, with the close matches.
+    """
+    for command in cfg.backend_per_command:
+        if command not in commands:
+            raise ConfigError(
+                f"backend_per_command: unknown command {command!r}."
+                f"{close_matches(command, commands)} Known commands are listed by "
+                "fnnc.ops.registry()."
+            )
+    if cfg.backend and cfg.backend not in backends:
+        raise ConfigError(
+            f"backend (FNNC_BACKEND or config.override(backend=...)): no command has a "
+            f"backend {cfg.backend!r}.{close_matches(cfg.backend, backends)} Known backends: "
+            f"{sorted(backends)}."
+        )
+
+
+def _checked_types(changes: dict[str, object]) -> dict[str, object]:
+    """``changes`` with the backend settings checked to be of the right kinds."""
+    if "backend" in changes and not isinstance(changes["backend"], str):
+        raise ConfigError(f"backend: expected a backend name (str), got {changes['backend']!r}")
+    if "backend_per_command" in changes:
+        per = changes["backend_per_command"]
+        if not isinstance(per, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in per.items()
+        ):
+            raise ConfigError(
+                f"backend_per_command: expected a mapping of command name to backend name, "
+                f"e.g. {{'convolution': 'im2col'}}, got {per!r:.200}"
+            )
+        changes["backend_per_command"] = dict(per)
+    return changes
 
 
 _serials = itertools.count()
@@ -137,9 +191,15 @@ def override(**changes: object) -> Iterator[Config]:
     Args:
         **changes: fields of :class:`Config` to change, e.g. ``checks=False`` or
             ``backend_per_command={"layer_norm": "pallas"}``.
+
+    Raises:
+        ConfigError: a setting of the wrong kind (``backend_per_command`` not a mapping
+            of names). Forced command and backend names are checked when a backend is
+            next chosen (:func:`check_forcing`).
     """
     global _current
     previous = _current
+    changes = _checked_types(changes)
     if "matmul_precision" in changes:
         changes["matmul_precision"] = matmul_precision_name(str(changes["matmul_precision"]))
     _current = dataclasses.replace(previous, **changes)  # type: ignore[arg-type]

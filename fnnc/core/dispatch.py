@@ -51,6 +51,7 @@ from fnnc.core import measured
 from fnnc.core.command import Command, Spec, lookup, output_specs, spec_text
 from fnnc.core.ir import Graph
 from fnnc.core.keys import key_bits
+from fnnc.core.opdef import registry
 from fnnc.errors import BackendError, CommandError, DTypeError
 
 REFERENCE = "xla"
@@ -233,17 +234,31 @@ def _forced(cmd: Command, cfg: config.Config) -> str:
     return forced
 
 
+_checked = (-1, -1)  # the (generation, config serial) whose forced names were checked
+
+
+def _check_forcing(cfg: config.Config) -> None:
+    """:func:`fnnc.config.check_forcing` against the registries as they are now."""
+    global _checked
+    names = {REFERENCE, *(name for per in _BACKENDS.values() for name in per)}
+    config.check_forcing(cfg, registry(), names)
+    _checked = (_generation, cfg.serial)
+
+
 def select_backend(cmd: Command, specs: Sequence[Spec], platform: str | None = None) -> str:
     """The backend name a node running ``cmd`` on ``specs`` gets (see module doc)."""
     platform = platform or jax.default_backend()
     available = _backends_of(cmd.name, _generation)
     cfg = config.get()
+    if (cfg.backend or cfg.backend_per_command) and _checked != (_generation, cfg.serial):
+        _check_forcing(cfg)
     forced = _forced(cmd, cfg)
     if forced:
         if forced not in available:
             raise BackendError(
                 f"{cmd}: backend {forced!r} was forced but this command has only "
-                f"{list(available)}; remove the override or pick one of those"
+                f"{list(available)}.{config.close_matches(forced, available)} Remove the "
+                "override or pick one of those."
             )
         reason = why_not(available[forced], cmd, specs, platform)
         if reason is not None:

@@ -10,6 +10,7 @@ import pytest
 
 from fnnc import config, ops
 from fnnc.core import dispatch
+from fnnc.errors import BackendError, ConfigError
 from fnnc.graph import DynamicGraph, GraphBuilder, compile
 from fnnc.models import Dense, Input, Model, ReLU
 from tests.helpers import assert_close
@@ -200,3 +201,69 @@ def test_scan_bodies_choose_backends_forward_and_backward():
         assert_close(grad, (X > 0).astype(np.float32), 0, 0)
     finally:
         ops.unregister_backend("relu", "fake")
+
+
+CONV = ops.convolution(padding="SAME")
+CONV_SPECS = [
+    jax.ShapeDtypeStruct((1, 4, 4, 2), np.float32),
+    jax.ShapeDtypeStruct((3, 3, 3, 2), np.float32),
+]
+
+
+def _backend_names():
+    return {n for c in ops.registry() for n in ops.backends_of(c)}
+
+
+def test_a_misspelt_forced_command_or_backend_is_an_error_naming_close_matches(monkeypatch):
+    import difflib
+
+    commands, backends = list(ops.registry()), _backend_names()
+    with config.override(backend_per_command={"convolutoin": "im2col"}):
+        close = difflib.get_close_matches("convolutoin", commands)[0]
+        assert close == "convolution"  # the oracle's suggestion
+        with pytest.raises(ConfigError, match=rf"unknown command 'convolutoin'.*'{close}'"):
+            ops.select_backend(CONV, CONV_SPECS, "cpu")
+    assert difflib.get_close_matches("im2colx", backends)[0] == "im2col"
+    with (
+        config.override(backend="im2colx"),
+        pytest.raises(ConfigError, match=r"backend 'im2colx'\. Did you mean 'im2col'"),
+    ):
+        ops.relu()(jnp.ones(2))
+    monkeypatch.setenv("FNNC_BACKEND", "im2colx")
+    monkeypatch.setattr(config, "_current", config._from_env())
+    with pytest.raises(ConfigError, match=r"FNNC_BACKEND.*'im2colx'\. Did you mean 'im2col'"):
+        ops.relu()(jnp.ones(2))
+    monkeypatch.undo()
+    with (
+        config.override(backend_per_command={"convolution": "im2colx"}),
+        pytest.raises(BackendError, match=r"'im2colx'.*Did you mean 'im2col'"),
+    ):
+        ops.select_backend(CONV, CONV_SPECS, "cpu")
+
+
+def test_backend_per_command_must_be_a_mapping_of_names():
+    for wrong in ("im2col", ["convolution"], {"convolution": 3}):
+        with (
+            pytest.raises(ConfigError, match=r"backend_per_command: expected a mapping"),
+            config.override(backend_per_command=wrong),
+        ):
+            pass
+    with (
+        pytest.raises(ConfigError, match=r"backend: expected a backend name"),
+        config.override(backend=None),
+    ):
+        pass
+
+
+def test_forced_names_are_checked_once_per_setting(monkeypatch):
+    calls = []
+    check = config.check_forcing
+    monkeypatch.setattr(config, "check_forcing", lambda *a: calls.append(1) or check(*a))
+    with config.override(backend_per_command={"convolution": "im2col"}):
+        for _ in range(3):
+            assert ops.select_backend(CONV, CONV_SPECS, "cpu") == "im2col"
+        assert len(calls) == 1
+    with config.override(backend="xla"):
+        ops.select_backend(CONV, CONV_SPECS, "cpu")
+        ops.select_backend(ops.relu(), CONV_SPECS[:1], "cpu")
+    assert len(calls) == 2

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fnnc import config, ops
-from fnnc.errors import BackendError, FnncError
+from fnnc.errors import BackendError, ConfigError, FnncError
 from fnnc.graph import Graph, GraphBuilder, MemoryReport, Program, compile, interpret
 from fnnc.graph.compile import HOIST_ELEMENTS
 from tests.helpers import assert_close
@@ -153,6 +153,11 @@ def test_forced_unknown_backend_is_a_backend_error() -> None:
         assert "scalar_mul" in msg and "'nope'" in msg and "['xla']" in msg
         with pytest.raises(BackendError, match="scalar_mul"):
             ops.scalar_mul(a=3.0)(np.ones(4, np.float32))
-    with config.override(backend_per_command={"no_such_command_here": "nope"}):
+    with config.override(backend_per_command={"relu": "nope"}):
         program = compile(graph)  # an override for a command the graph lacks is unused
+    with (
+        config.override(backend_per_command={"no_such_command_here": "nope"}),
+        pytest.raises(ConfigError, match="unknown command 'no_such_command_here'"),
+    ):
+        compile(graph)  # a command nothing registers is a typo, not unused
     assert_close(program(np.ones(4, np.float32)), np.full(4, 3.0), rtol=0, atol=0)
