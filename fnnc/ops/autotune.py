@@ -139,8 +139,31 @@ def timing_target(platform: str | None, repeats: int, where: str) -> tuple[str, 
 
 
 def save(path: str | os.PathLike[str]) -> None:
-    """Writes :data:`TABLE` as JSON, atomically (temp file + rename)."""
-    atomic_write(path, json.dumps(dict(TABLE), indent=1, sort_keys=True))
+    """Merges :data:`TABLE` into the table file at ``path`` (made if missing) as JSON,
+    atomically (temp file + rename).
+
+    Entries already in the file stay unless this process's table holds the same key
+    (then its winner replaces the file's), so processes tuning different shapes can save
+    to one file in turn, as :func:`load` merges. To drop stale entries, delete the file
+    first. Two saves at the same moment are not locked against each other: the later
+    rename wins.
+
+    Raises:
+        GraphFormatError: the file at ``path`` is not an fnnc autotune table (it is left
+            as it is).
+    """
+    atomic_write(path, json.dumps(_merged(path), indent=1, sort_keys=True))
+
+
+def _merged(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The table in the file at ``path`` (none if missing) updated with :data:`TABLE`."""
+    try:
+        on_disk = _read(path)
+    except FileNotFoundError:
+        on_disk = {}
+    except GraphFormatError as e:
+        raise GraphFormatError(f"save: {e}; save to another path or remove it") from None
+    return {**on_disk, **TABLE}
 
 
 def load(path: str | os.PathLike[str]) -> None:

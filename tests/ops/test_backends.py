@@ -1,5 +1,7 @@
 """Backend choice: reference by default, priority on compiled platforms, forcing, autotune."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -237,3 +239,22 @@ def test_autotune_times_on_the_first_device_of_the_platform(fake_backend, monkey
     monkeypatch.setattr(ops.autotune, "median_seconds", spy)
     ops.autotune.autotune(ops.ewabs(), np.ones((2, 2), np.float32), repeats=1, platform=HERE)
     assert seen == [jax.devices(HERE)[0]]
+
+
+def test_save_merges_into_the_file_as_load_merges_into_the_table(tmp_path):
+    """Two processes tuning different shapes save to one file in turn: both stay."""
+    path = tmp_path / "table.json"
+    first, second, shared = "relu|()|float32[1]|cpu", "relu|()|float32[2]|cpu", "k|()||cpu"
+    path.write_text(json.dumps({first: "xla", shared: "old"}))  # an earlier process's save
+    ops.autotune.TABLE.update({second: "xla", shared: "new"})
+    try:
+        ops.autotune.save(path)
+        assert json.loads(path.read_text()) == {first: "xla", second: "xla", shared: "new"}
+        path.write_text("[1, 2]")
+        with pytest.raises(GraphFormatError, match=r"save: .*table.json: not an fnnc"):
+            ops.autotune.save(path)
+        assert path.read_text() == "[1, 2]" and [p.name for p in tmp_path.iterdir()] == [
+            "table.json"
+        ]
+    finally:
+        ops.autotune.TABLE.clear()
