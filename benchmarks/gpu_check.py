@@ -27,8 +27,9 @@ before it was stopped):
    one's device time by kind of kernel, and fnnc's by command; the default step's
    trace and HLO kept in ``trace/`` of the reports folder (``benchmarks/trace_report.py``)
    with every implementation's result (``results.json``);
-6. with ``--measure`` (+150 s): ``python -m fnnc.ops.measure_defaults`` (small and
-   large sizes) into the reports folder (``measured_defaults.json``, to merge into the package's).
+6. with ``--measure`` (+150 s): ``python -m fnnc.ops.measure_defaults`` (small,
+   medium and large sizes) into the reports folder (``measured_defaults.json``, to
+   merge into the package's).
 
 ``--perf-only`` skips steps 2 and 3: ``--perf-only --lm --measure`` is a GPU session's
 speed check in about 5 minutes, beside a plain check for the suite.
@@ -242,7 +243,7 @@ def steps(flags: argparse.Namespace, work: Path) -> list[Step]:
         out.append(Step("lm step", lm, LM_SECONDS))
     if flags.measure:  # this device's measured defaults, to merge into the package's
         table = str(work / "measured_defaults.json")
-        sizes = "small" if flags.cpu else "small,large"
+        sizes = "small" if flags.cpu else "small,medium,large"
         measure = [py, "-m", "fnnc.ops.measure_defaults", "--sizes", sizes, "--repeats", "5"]
         out.append(Step("measure", [*measure, "--out", table], MEASURE_SECONDS))
     return out

@@ -48,7 +48,7 @@ def test_perf_only_skips_the_tests_and_measure_writes_to_the_reports():
     plan = _dry_run("--perf-only", "--measure")
     assert plan["gpu tests"].startswith("skipped") and plan["suite"].startswith("skipped")
     measure = plan["measure"]
-    assert "-m fnnc.ops.measure_defaults --sizes small,large" in measure
+    assert "-m fnnc.ops.measure_defaults --sizes small,medium,large" in measure
     assert measure.endswith("<reports>/measured_defaults.json'")
 
 

@@ -9,7 +9,7 @@ both by :data:`MARGIN` (by :data:`FUSED_MARGIN` for a command XLA fuses with its
 neighbours in a step). The entries are merged into the package's
 ``measured_defaults.json`` under ``jax.devices()[0].device_kind``::
 
-    python -m fnnc.ops.measure_defaults [--out PATH] [--repeats N] [--sizes small,large]
+    python -m fnnc.ops.measure_defaults [--out PATH] [--repeats N] [--sizes small,medium,large]
         [--commands scaled_dot_product_attention,...] [--dtypes bfloat16,...]
 
 ``--commands`` and ``--dtypes`` measure a part (a GPU session's minutes are few: the
@@ -52,10 +52,13 @@ FUSED_BY_XLA = frozenset({"layer_norm", "rms_norm", "softmax_crossentropy"})
 """Commands whose XLA reference fuses with its neighbours in a step."""
 
 SIZES = {
-    "small": dict(b=2, s=128, d=256, h=4, vocab=1024, ff=1024),
+    "small": dict(b=2, s=64, d=128, h=2, vocab=256, ff=256),
+    "medium": dict(b=2, s=128, d=256, h=4, vocab=1024, ff=1024),
     "large": dict(b=2, s=2048, d=1024, h=16, vocab=32000, ff=4096),
 }
-"""Representative sizes per class (``large``: those of ``benchmarks/kernels.py``)."""
+"""Representative sizes per shape class of :func:`fnnc.core.measured.shape_class`, named
+after it: every case of a size lands in that class (``large``: the sizes of
+``benchmarks/kernels.py``)."""
 
 Case = tuple[Command, list[Any], tuple[int, ...]]
 
@@ -148,7 +151,7 @@ def margin(command: str) -> float:
 
 def measure(
     platform: str | None = None,
-    sizes: Sequence[str] = ("small", "large"),
+    sizes: Sequence[str] = tuple(SIZES),
     dtypes: Sequence[Any] = (jnp.float32, jnp.bfloat16),
     repeats: int = 10,
     make_cases: Callable[[dict[str, int], Any], list[Case]] = cases,
@@ -180,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(measured.PATH), help="defaults file to update")
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--sizes", default="small,large", help=f"some of {list(SIZES)}")
+    parser.add_argument("--sizes", default=",".join(SIZES), help=f"some of {list(SIZES)}")
     parser.add_argument("--commands", default=None, help="only these commands (commas)")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="some of float32,bfloat16")
     opts = parser.parse_args(argv)

@@ -5,6 +5,7 @@ construction (flash attention); the regenerate command records winners by timing
 from __future__ import annotations
 
 import json
+import math
 
 import jax
 import jax.numpy as jnp
@@ -202,3 +203,28 @@ def test_measure_skips_the_commands_not_asked_for(rival, monkeypatch):
     assert measure_defaults.measure(**run, log=lambda s: None, commands=["ewabs"]) == {
         "ewabs": {"float32:small": "xla"}
     }
+
+
+@pytest.mark.parametrize("size", list(measure_defaults.SIZES))
+def test_each_size_records_the_shape_class_it_is_named_after(size, monkeypatch):
+    """``--sizes small`` records ``small`` entries (its cases once all fell in medium)."""
+    bounds = {"small": (0, 2**16), "medium": (2**16, 2**22), "large": (2**22, math.inf)}
+    low, high = bounds[size]  # measured.SIZES, restated
+    for cmd, args, _ in measure_defaults.cases(
+        measure_defaults.SIZES[size], jnp.float32, specs_only=True
+    ):
+        largest = max(math.prod(a.shape) for a in args)
+        assert low <= largest < high, (cmd.name, largest)
+    monkeypatch.setattr(
+        measure_defaults.autotune, "median_seconds", lambda fns, repeats: {k: 1.0 for k in fns}
+    )
+    entries = measure_defaults.measure(
+        "gpu",  # where every case has kernels to time (nothing runs: the timer is faked)
+        sizes=[size],
+        dtypes=[jnp.float32, jnp.bfloat16],
+        make_cases=lambda z, dtype: measure_defaults.cases(z, dtype, specs_only=True),
+        log=lambda s: None,
+    )
+    assert sorted(entries) == sorted(measure_defaults._case_commands())
+    for classes in entries.values():
+        assert sorted(classes) == [f"bfloat16:{size}", f"float32:{size}"]
