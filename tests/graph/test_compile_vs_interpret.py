@@ -45,8 +45,8 @@ NUMPY: dict[str, Callable[..., np.ndarray]] = {
     "ewsqrt": np.sqrt,
     "ewabs": np.abs,
     "clamp": _clamp,
-    "min": np.minimum,
-    "max": np.maximum,
+    "min": lambda a, b, *, ties: np.minimum(a, b),  # ties: only the gradient's rule
+    "max": lambda a, b, *, ties: np.maximum(a, b),
     "select": np.where,
     "gemm": _gemm,
     "add": lambda a, b, *, p, q: p * a + q * b,
