@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from fnnc.core.dtypes import is_inexact
 from fnnc.core.ir import AliasSymbol, Graph, Node
 from fnnc.core.text import format_graph
 from fnnc.errors import NumericsError
@@ -81,8 +82,8 @@ def tensor_stats(x: Any) -> Stats:
 
 
 def is_float(x: Any) -> bool:
-    kind = np.dtype(x.dtype)
-    return kind.kind in "fc" or kind.name == "bfloat16"
+    """Whether array ``x`` is floating or complex (bfloat16 included)."""
+    return is_inexact(x.dtype)
 
 
 def numerics_error(
@@ -183,12 +184,10 @@ def check_node(
     inputs: Sequence[Any],
     outputs: Sequence[Any],
     where: str,
-    blame: Blame | None = None,
+    blame: Blame,
 ) -> None:
     """Raises :class:`NumericsError` if node ``index`` is to blame (see :class:`Blame`,
-    which keeps what earlier nodes allow; without one, any NaN or infinity in the
-    outputs is) for a NaN or an infinity in its outputs."""
-    blame = blame if blame is not None else Blame(graph)
+    which keeps what earlier nodes allow) for a NaN or an infinity in its outputs."""
     if bool(blame(graph.nodes[index], outputs)):
         raise numerics_error(graph, index, inputs, outputs, where)
 
