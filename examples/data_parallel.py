@@ -101,11 +101,18 @@ def worker(args: argparse.Namespace) -> None:
         jax.distributed.shutdown()
 
 
+def cpu_environment(devices: int) -> dict[str, str]:
+    """This environment on ``devices`` CPU devices, the other XLA flags set here kept."""
+    count = "--xla_force_host_platform_device_count"
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(count)]
+    flags.append(f"{count}={devices}")
+    return dict(os.environ, XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu")
+
+
 def launch(args: argparse.Namespace, argv: list[str]) -> int:
     """Starts ``args.processes`` local workers; kills them all at the timeout or a failure."""
     coordinator = f"localhost:{free_port()}"
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)  # one CPU device per process
+    env = cpu_environment(1)  # one CPU device per process
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, *argv, "--worker", str(r), "--coordinator", coordinator],
@@ -153,9 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         return launch(args, argv)
     n = args.devices or 1
     flag = f"--xla_force_host_platform_device_count={n}"
-    if flag not in os.environ.get("XLA_FLAGS", ""):
-        env = dict(os.environ, XLA_FLAGS=flag, JAX_PLATFORMS="cpu")
-        return subprocess.run([sys.executable, __file__, *argv], env=env).returncode
+    if flag not in os.environ.get("XLA_FLAGS", "").split():
+        return subprocess.run([sys.executable, __file__, *argv], env=cpu_environment(n)).returncode
     train(args)
     return 0
 
