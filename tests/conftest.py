@@ -7,6 +7,12 @@ import jax
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests import compile_flags
+
+# Cheap XLA compiles on CPU (the suite's cost), before JAX starts its backend: see
+# tests/compile_flags.py; FNNC_TESTS_XLA_DEFAULTS=1 keeps XLA's defaults.
+compile_flags.apply()
+
 # One hypothesis profile for every property test: reproducible in CI (derandomized, no
 # example database), no deadline (JAX compiles), no health checks that flag slow draws.
 # A test's own @settings only says how many examples it wants.

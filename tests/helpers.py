@@ -16,6 +16,8 @@ import jax
 import numpy as np
 import pytest
 
+from tests import compile_flags
+
 
 def assert_close(
     got: Any, want: Any, rtol: float = 1e-5, atol: float = 1e-5, what: str = ""
@@ -132,8 +134,11 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     """The environment of a child Python process a test starts: this checkout first on
     ``PYTHONPATH`` with the parent's entries kept (packages installed with
     ``pip install --target`` live there, e.g. grain on the GPU machines), JAX on CPU
-    (such tests are about processes, not accelerators), then ``extra``."""
+    (such tests are about processes, not accelerators), then ``extra``. An ``XLA_FLAGS``
+    there keeps the suite's compile flags (:mod:`tests.compile_flags`) before its own."""
     paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    if "XLA_FLAGS" in extra:
+        extra["XLA_FLAGS"] = compile_flags.merged(extra["XLA_FLAGS"])
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "JAX_PLATFORMS": "cpu", **extra}
 
 

@@ -16,6 +16,7 @@ import pytest
 from fnnc import ops
 from fnnc.errors import GraphError
 from fnnc.graph import GraphBuilder, data_parallel
+from tests.compile_flags import merged
 
 SCRIPT = textwrap.dedent(
     """
@@ -121,7 +122,7 @@ SCALED = textwrap.dedent(
 
 
 def _on_four_cpu_devices(script: str) -> None:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env = dict(os.environ, XLA_FLAGS=merged("--xla_force_host_platform_device_count=4"))
     env["JAX_PLATFORMS"] = "cpu"
     done = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300

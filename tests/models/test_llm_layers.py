@@ -17,6 +17,7 @@ import pytest
 
 from fnnc.errors import ModelError
 from fnnc.models import Input, Model, MoE, RotaryEmbedding, SwiGLU, model_function
+from tests.compile_flags import merged
 from tests.helpers import assert_close, rand
 
 
@@ -156,7 +157,9 @@ SCRIPT = textwrap.dedent(
 
 def test_moe_with_experts_sharded_on_4_devices_equals_one_device():
     env = dict(
-        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu"
+        os.environ,
+        XLA_FLAGS=merged("--xla_force_host_platform_device_count=4"),
+        JAX_PLATFORMS="cpu",
     )
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")

@@ -21,6 +21,7 @@ import pytest
 from fnnc.errors import ModelError, ShapeError
 from fnnc.io import Checkpoints
 from fnnc.models import BatchNorm, Dense, Input, Model, ReLU
+from tests.compile_flags import merged
 
 COMMON = textwrap.dedent(
     """
@@ -145,7 +146,7 @@ def test_one_two_four_devices_match_one_device_and_checkpoints_cross(tmp_path):
     with open(tmp_path / "one.ckpt.json", "w") as f:
         json.dump({k: np.asarray(v).tolist() for k, v in one.parameters().items()}, f)
 
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env = dict(os.environ, XLA_FLAGS=merged("--xla_force_host_platform_device_count=4"))
     env["JAX_PLATFORMS"] = "cpu"
     four = str(tmp_path / "four.ckpt")
     done = subprocess.run(

@@ -5,6 +5,7 @@ ULPs or FLT_EPSILON absolute), eagerly and as compiled graphs."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -89,4 +90,14 @@ def test_batch_norm_gradient_from_fine_grained_commands_equals_the_command(seed)
         program = compile(graph)
         outputs = program(x, dy)
         grads.append(np.asarray(outputs[graph.outputs.index(dx.id)]))
-    assert_tensor_eq(*grads)
+    # dx = (dy - mean(dy) - x_hat * mean(dy * x_hat)) / std subtracts unit-scale terms: an
+    # entry near zero carries their rounding, whose size XLA's order of the sums sets (seed
+    # 2: -0.0241730 against -0.0241726, 103 ULPs apart under XLA's defaults and 238 under
+    # the suite's flags, tests/compile_flags.py). There NNC's 128 ULPs of the entry itself
+    # become 8 ULPs of the largest entry, the scale of what cancelled (on a GPU,
+    # assert_tensor_eq's 1e-5 absolute).
+    cancelled = 8 * float(np.spacing(np.abs(grads[1]).max()))
+    cancelled = cancelled if jax.default_backend() == "cpu" else 1e-5
+    near_zero = np.abs(grads[1]) < 0.05 * np.abs(grads[1]).max()
+    assert_tensor_eq(grads[0][~near_zero], grads[1][~near_zero])
+    np.testing.assert_allclose(grads[0][near_zero], grads[1][near_zero], rtol=0, atol=cancelled)
