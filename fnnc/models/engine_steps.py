@@ -94,8 +94,8 @@ class StepsMixin:
         self, ingrads: Sequence[Any] | None, outgrad: bool | Sequence[int] = True
     ) -> list[Any]:
         """Gradients w.r.t. the model inputs ``outgrad`` selects (see
-        :func:`fnnc.models.residuals.outgrad_inputs`), seeded with ``ingrads`` (ones for
-        scalar outputs); parameter gradients accumulate. Runs from the residuals the
+        :func:`fnnc.models.residuals.outgrad_inputs`), seeded with ``ingrads`` (ones shaped
+        as the outputs, as NNC's); parameter gradients accumulate. Runs from the residuals the
         last ``evaluate(..., requires_grad=True)`` kept (:mod:`fnnc.models.residuals`)."""
         if self._saved is None:
             raise ModelError(

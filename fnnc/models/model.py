@@ -293,9 +293,9 @@ class Model(FilesMixin, ScaleMixin, GraphsMixin, Layer):
         *,
         outgrad: bool | Sequence[int] | None = None,
     ) -> list[Any]:
-        """Backpropagates ``ingrads`` (the output gradients; ones for scalar outputs)
-        from the residuals the last ``evaluate(..., requires_grad=True)`` kept, without
-        running the forward again. Parameter gradients accumulate for
+        """Backpropagates ``ingrads`` (the output gradients; by default, as NNC's, ones
+        shaped as the outputs) from the residuals the last ``evaluate(...,
+        requires_grad=True)`` kept, without running the forward again. Parameter gradients accumulate for
         :meth:`apply_gradients`. Returns the gradients of the model inputs ``outgrads``
         selects (NNC's ``ccv_cnnp_model_backward(..., outgrads)``): every floating-point
         input (``True``), none (``False``: parameter gradients only, and the program

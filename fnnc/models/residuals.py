@@ -277,13 +277,11 @@ def backward_program(forward: ResidualForward, wrt_inputs: Sequence[int]) -> Res
 
 
 def seeds(ingrads: Sequence[Any] | None, out_shapes: Sequence[tuple[int, ...]]) -> list[Any]:
-    """The output gradients of a ``backward`` call: ``ingrads``, or ones for a model
-    whose outputs are all scalars; checks their number."""
+    """The output gradients of a ``backward`` call: ``ingrads``, or, as NNC's
+    ``ccv_cnnp_model_backward`` without them, ones shaped as each output (the gradients
+    of the sum of every output's entries; under data parallelism each copy's output
+    gradient is 1, whatever the number of copies); checks their number."""
     if ingrads is None:
-        if any(int(np.prod(s)) != 1 for s in out_shapes):
-            raise ModelError(
-                "backward: the outputs are not scalars; pass ingrads (the gradients of the outputs)"
-            )
         return [jax.numpy.ones(s, np.float32) for s in out_shapes]
     if len(ingrads) != len(out_shapes):
         raise ModelError(
