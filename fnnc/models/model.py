@@ -295,12 +295,13 @@ class Model(FilesMixin, ScaleMixin, GraphsMixin, Layer):
     ) -> list[Any]:
         """Backpropagates ``ingrads`` (the output gradients; by default, as NNC's, ones
         shaped as the outputs) from the residuals the last ``evaluate(...,
-        requires_grad=True)`` kept, without running the forward again. Parameter gradients accumulate for
-        :meth:`apply_gradients`. Returns the gradients of the model inputs ``outgrads``
-        selects (NNC's ``ccv_cnnp_model_backward(..., outgrads)``): every floating-point
-        input (``True``), none (``False``: parameter gradients only, and the program
-        computes no more), or the listed input positions. ``outgrad=`` is the same
-        argument under its earlier name. See :mod:`fnnc.models.residuals`."""
+        requires_grad=True)`` kept, without running the forward again. Parameter
+        gradients accumulate for :meth:`apply_gradients`. Returns the gradients of the
+        model inputs ``outgrads`` selects (NNC's ``ccv_cnnp_model_backward(...,
+        outgrads)``): every floating-point input (``True``), none (``False``: parameter
+        gradients only, and the program computes no more), or the listed input
+        positions. ``outgrad=`` is the same argument under its earlier name. See
+        :mod:`fnnc.models.residuals`."""
         ingrads = None if ingrads is None else _arrays(ingrads)  # one array, as fit takes
         return self.engine.backward(ingrads, outgrads if outgrad is None else outgrad)
 
