@@ -186,10 +186,24 @@ class Program:
         try:
             values = self._compiled(*leaves, *self._consts)
         except (TypeError, ValueError) as e:
-            raise GraphInputError(
-                f"Program: inputs were rejected by the compiled program: {e}"
-            ) from e
+            if not self._on_one_other_device(leaves):
+                raise GraphInputError(
+                    f"Program: inputs were rejected by the compiled program: {e}"
+                ) from e
+            # a one-device program given arrays that all live on another device (NNC's
+            # per-device copies): it runs there, as jax.jit does, compiled once for it
+            values = self._jitted(*leaves, *self._consts)
         return self._outputs(leaves, values)
+
+    def _on_one_other_device(self, leaves: Sequence[Any]) -> bool:
+        if self.shardings is not None:
+            return False
+        placed = {
+            frozenset(leaf.devices())
+            for leaf in leaves
+            if isinstance(leaf, jax.Array) and getattr(leaf, "committed", True)
+        }
+        return len(placed) == 1 and len(next(iter(placed))) == 1
 
     def _traced(self, leaves: Sequence[Any]) -> Any:
         """Called under a JAX transformation (``jax.jit``, ``grad``, ``vmap``, or a
