@@ -9,6 +9,8 @@ explicitly with itself as first argument:
   of one command; ``exec`` keeps its fast path here and calls :func:`.execute.run`;
 * :mod:`.versions`: writes, ``set``, ``free``, ``detach`` and ``exec(outputs=...)``;
 * :mod:`.autodiff`: ``backward``, ``apply_gradients`` and ``minimize``;
+* :mod:`.parallel`: NNC's ``parallel`` copies of ``exec``, ``apply_gradients`` and
+  ``minimize``;
 * :mod:`.lazy`: ``flush``, lazy mode's sync point.
 """
 
@@ -29,6 +31,7 @@ from fnnc.graph._builder_args import without_trailing_none
 from fnnc.ops import Command
 
 from . import autodiff, cnnp, effects, lazy, optim, versions
+from . import parallel as dp
 from .execute import Plans, reader, run, run_reads, where
 from .extract import PROGRAMS, extract
 from .record import Read, Record, Version, View
@@ -182,6 +185,7 @@ class DynamicGraph:
         *inputs: Any,
         outputs: Sequence[Variable] | None = None,
         name: str = "",
+        parallel: int = 1,
     ) -> Any:
         """Runs ``cmd`` on ``inputs`` now and records it; returns the output variable(s).
 
@@ -195,10 +199,15 @@ class DynamicGraph:
                 whole variable it views. A constant written stays one: it takes the
                 value, no gradient flows through it.
             name: the node's name in listings and errors.
+            parallel: NNC's copies (:mod:`.parallel`): ``inputs`` and ``outputs`` hold
+                that many copies one after another; the command runs on each.
 
         Returns:
-            One variable, or a tuple for a command with several outputs.
+            One variable, or a tuple for a command with several outputs (with
+            ``parallel``, every copy's outputs in order).
         """
+        if isinstance(parallel, bool) or parallel != 1:
+            return dp.exec_copies(self, cmd, inputs, outputs, name, parallel)
         record = self._record
         if record.garbage > record.limit or len(record.nodes) > record.limit:
             self.collect()
@@ -449,6 +458,14 @@ class DynamicGraph:
             GraphError: ``f`` was computed from an earlier value of a ``wrt`` variable
                 (before a step, ``set`` or write replaced it): compute ``f`` again.
         """
+        if not create_graph and len(jax.local_devices()) > 1:  # copies across devices
+            listed = autodiff._listed
+            split = dp.backward_by_device(
+                self, listed(f), listed(wrt), None if df is None else listed(df),
+                None if into is None else listed(into),
+            )  # fmt: skip
+            if split is not None:
+                return split
         return autodiff.backward(self, f, wrt, df, into, create_graph)
 
     def grad(self, var: Variable) -> Variable | None:
@@ -463,14 +480,21 @@ class DynamicGraph:
         for var in variables:
             self.grads.pop((self._slot(var, "zero_grad"), var._view), None)
 
-    def apply_gradients(self, optimizer: Any, variables: Any) -> None:
+    def apply_gradients(self, optimizer: Any, variables: Any, *, parallel: int = 1) -> None:
         """One step of any Optax ``optimizer`` on ``variables`` from their accumulated
         gradients.
 
         The optimizer state is kept per variable and state structure and carried
         across steps, into any set or order of variables (Adam's moments follow each
         variable; see :mod:`.optim`); the gradients are consumed (reset) by the step.
+        With ``parallel=n`` (NNC's copies, :mod:`.parallel`) each variable's gradient is
+        first summed over the ``n`` copies in ``variables``.
         """
+        if isinstance(parallel, bool) or parallel != 1:
+            dp.apply_copies(
+                self, optimizer, autodiff._listed(variables), parallel, "apply_gradients"
+            )
+            return
         autodiff.apply_gradients(self, optimizer, variables)
         cnnp.sync(self)
 
@@ -488,8 +512,13 @@ class DynamicGraph:
         """
         return optim.states_of(self, self._slot(variable, "optimizer_states"))
 
-    def minimize(self, optimizer: Any, f: Any, variables: Any) -> None:
-        """``backward(f, variables)`` and ``apply_gradients`` as one compiled program."""
+    def minimize(self, optimizer: Any, f: Any, variables: Any, *, parallel: int = 1) -> None:
+        """``backward(f, variables)`` and ``apply_gradients`` as one compiled program;
+        with ``parallel=n`` (NNC's copies, :mod:`.parallel`), each copy's ``f`` with
+        respect to its own variables, the gradients summed over the copies."""
+        if isinstance(parallel, bool) or parallel != 1:
+            dp.minimize_copies(self, optimizer, f, variables, parallel)
+            return
         autodiff.minimize(self, optimizer, f, variables)
         cnnp.sync(self)
 
