@@ -318,7 +318,7 @@ def defcommand(
     differentiable: bool = True,
     elementwise: bool = False,
     commutative: bool | Callable[[Command], bool] = False,
-    idempotent: bool = False,
+    idempotent: bool | Callable[[Command], bool] = False,
     batch_statistics: bool | Callable[[Command], bool] = False,
     min_inputs: int | None = None,
     display: Callable[[Command], str] | None = None,

@@ -58,7 +58,11 @@ class Attributes:
         commutative: the inputs may be given in any order (``True``), or a predicate
             ``commutative(cmd) -> bool`` for commands symmetric only for some
             hyper-parameters (``add``: when ``p == q``).
-        idempotent: ``f(x, x) == x`` for a two-input command (``min``, ``max``).
+        idempotent: ``f(x, x) == x`` for a two-input command, in value and in gradient
+            (``True``), or a predicate ``idempotent(cmd) -> bool`` for commands where it
+            holds only for some hyper-parameters (``min``, ``max``: only with
+            ``ties="split"``; NNC's rule gives both operands of a tie the whole gradient,
+            so ``max(x, x)`` passes ``2 * g`` back to ``x``).
         batch_statistics: computes statistics over the batch by reductions (training
             ``batch_norm``: a predicate on the command value); a program with such
             nodes gets another XLA:CPU library set (:mod:`fnnc.graph.cpu_libraries`).
@@ -69,12 +73,16 @@ class Attributes:
     differentiable: bool = True
     elementwise: bool = False
     commutative: bool | Callable[[Command], bool] = False
-    idempotent: bool = False
+    idempotent: bool | Callable[[Command], bool] = False
     batch_statistics: bool | Callable[[Command], bool] = False
 
     def is_commutative(self, cmd: Command) -> bool:
         """Whether ``cmd``'s inputs may be reordered."""
         return _holds(self.commutative, cmd)
+
+    def is_idempotent(self, cmd: Command) -> bool:
+        """Whether ``cmd(x, x)`` may be replaced by ``x`` (values and gradients)."""
+        return _holds(self.idempotent, cmd)
 
     def has_batch_statistics(self, cmd: Command) -> bool:
         """Whether ``cmd`` reduces over the batch for statistics."""

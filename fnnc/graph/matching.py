@@ -232,6 +232,8 @@ def _has(cmd: Command, attribute: str) -> bool:
     attrs = cmd.definition.attributes
     if attribute == "commutative":
         return attrs.is_commutative(cmd)
+    if attribute == "idempotent":
+        return attrs.is_idempotent(cmd)
     return bool(getattr(attrs, attribute))
 
 

@@ -230,7 +230,9 @@ def _minmax(name: str, pick):
         shape=shape,
         elementwise=True,
         commutative=True,
-        idempotent=True,
+        # f(x, x) = x also in gradient only under JAX's rule (half of g to each side);
+        # NNC's gives each side all of g, so x gets 2 * g and fold must keep the node.
+        idempotent=lambda cmd: cmd.param("ties") == "split",
     )(forward)
 
     @factory.backward

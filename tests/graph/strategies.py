@@ -403,7 +403,8 @@ class _Drawer:
         shape, b = x.shape, self.bound[x.root]
         kind = self.draw(st.sampled_from(IDENTITY_KINDS))
         if kind in ("min", "max"):
-            return self.exec(ops.min() if kind == "min" else ops.max(), x, x, bound=b)
+            ties = self.draw(st.sampled_from(["split", "both"]))  # only "split" folds
+            return self.exec(getattr(ops, kind)(ties=ties), x, x, bound=b)
         if kind == "scalar_mul":
             return self.exec(ops.scalar_mul(a=1.0), x, bound=b)
         if kind in ("mul", "ewprod", "ewdiv"):

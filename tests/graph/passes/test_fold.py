@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
 
 from fnnc import ops
-from fnnc.graph import GraphBuilder
+from fnnc.graph import GraphBuilder, backward, check_pass, interpret
 from fnnc.graph.passes import fold
 from tests.graph.strategies import graphs
 from tests.helpers import assert_pass_keeps_semantics, rand
@@ -70,7 +72,8 @@ IDENTITIES = [
     ("convert", lambda b, x: b.exec(ops.datatype_conversion(dtype=np.float32), x)),
     ("broadcast_to", lambda b, x: b.exec(ops.broadcast_to(shape=(3,)), x)),
     ("clamp", lambda b, x: b.exec(ops.clamp(), x)),
-    ("min x x", lambda b, x: b.exec(ops.min(), x, x)),
+    ("min x x", lambda b, x: b.exec(ops.min(ties="split"), x, x)),
+    ("max x x", lambda b, x: b.exec(ops.max(ties="split"), x, x)),
     ("slice all", lambda b, x: b.exec(ops.slice(start=(0,), limit=(3,)), x)),
     ("pad none", lambda b, x: b.exec(ops.pad(pads=((0, 0),)), x)),
     ("concat one", lambda b, x: b.exec(ops.concat(), x)),
@@ -88,6 +91,35 @@ def test_identity_goes_and_outputs_follow(make) -> None:
     new = assert_pass_keeps_semantics(fold, graph, [rand((3,))])
     assert [n.cmd.name for n in new.nodes if n.cmd.name != "constant"] == ["relu"]
     assert new.nodes[-1].inputs == (0,) and new.outputs[1] == 0
+
+
+MINMAX = [(f, t) for f in ("min", "max") for t in ("both", "split")]
+
+
+@pytest.mark.parametrize(("name", "ties"), MINMAX, ids=[f"{f}-{t}" for f, t in MINMAX])
+def test_f_x_x_keeps_the_gradient_of_the_tie_rule(name, ties) -> None:
+    """``f(x, x) = x`` holds in gradient only under ``ties="split"``: NNC's rule gives both
+    operands of a tie the whole gradient, so d/dx sum(max(x, x)^2) is 4x, not 2x, and
+    fold must keep that node. Backward then fold equals fold then backward."""
+    b = GraphBuilder()
+    x = b.input((3,), name="x")
+    m = b.exec(getattr(ops, name)(ties=ties), x, x)
+    loss = b.exec(ops.reduce_sum(axes=(0,)), b.exec(ops.ewprod(), m, m))
+    graph = b.build([loss])
+    xv = np.array([1.0, -2.0, 3.0], np.float32)
+    if ties == "split":  # JAX's tie rule is jax.grad's own
+        pick = jnp.minimum if name == "min" else jnp.maximum
+        want = jax.grad(lambda v: jnp.sum(pick(v, v) ** 2))(xv)
+    else:  # NNC's: 2 * f(x, x) * (1 + 1), each operand taking all of the gradient
+        want = 4 * xv
+    grad_first, _ = backward(graph, loss, [x])
+    folded = fold(graph)
+    assert (folded is graph) == (ties == "both")
+    fold_first, _ = backward(folded, folded.outputs[0], [folded.inputs[0]])
+    np.testing.assert_allclose(interpret(grad_first, xv)[1], want, rtol=1e-6)
+    np.testing.assert_allclose(interpret(fold(grad_first), xv)[1], want, rtol=1e-6)
+    np.testing.assert_allclose(interpret(fold_first, xv)[1], want, rtol=1e-6)
+    check_pass(fold, graph)
 
 
 def test_identities_keep_output_specs() -> None:
