@@ -27,7 +27,9 @@ graph(%0:f32[2,3] x, %1:f32[4,3] w) {
 New symbols take the next free ids (``%4``); ids name symbols, the node order is the
 execution order. ``replace_all_uses(old, new)`` rewires every read of ``old`` that comes
 after ``new`` is written (so the node computing ``new`` from ``old`` keeps reading ``old``), the
-graph outputs and the views of ``old`` (re-rooted onto ``new``).
+graph outputs and the views of ``old``: a view used only after ``new`` is written is
+re-rooted onto ``new``; one also read before keeps ``old`` for those reads, and the later
+readers read a fresh view of ``new``.
 """
 
 from __future__ import annotations
@@ -270,17 +272,56 @@ class Rewriter:
                 node if inputs == node.inputs else dataclasses.replace(node, inputs=inputs)
             )
         end = len(order)
-        for i, sym in enumerate(symbols):
+        outputs = [resolve(s, end) for s in self.graph.outputs]
+        for sym in list(symbols):
             if isinstance(sym, AliasSymbol) and sym.root in self._same:
-                root = resolve(sym.root, end)
-                if not symbols[root].is_alias:
-                    symbols[i] = dataclasses.replace(sym, root=root)
-        return symbols, nodes, tuple(resolve(s, end) for s in self.graph.outputs)
+                _move_view(sym, lambda pos, r=sym.root: resolve(r, pos), symbols, nodes, outputs)
+        return symbols, nodes, tuple(outputs)
 
     def _new(self, spec: Any) -> TensorSymbol:
         sym = TensorSymbol(len(self._symbols), tuple(spec.shape), np.dtype(spec.dtype))
         self._symbols.append(sym)
         return sym
+
+
+def _move_view(
+    view: AliasSymbol,
+    root_at: Callable[[int], int],
+    symbols: list[Symbol],
+    nodes: list[Node],
+    outputs: list[int],
+) -> None:
+    """Re-roots ``view`` (of a replaced symbol) for its uses: ``root_at(pos)`` is the root
+    a use at node ``pos`` sees (``len(nodes)``: the graph outputs). When every use (read,
+    write, graph output) sees one new root, the view moves onto it; otherwise it stays
+    on the old root and the uses that see a new one use a fresh view of it (a view read
+    before ``new`` is written must keep reading ``old``)."""
+    end = len(nodes)
+    uses = [p for p, n in enumerate(nodes) if view.id in n.inputs or view.id in n.outputs]
+    uses += [end] * (view.id in outputs or not uses)
+    roots = {p: root_at(p) for p in uses}
+    targets = {r: None for r in roots.values() if not symbols[r].is_alias}
+    if len(targets) == 1 and len(set(roots.values())) == 1:
+        symbols[view.id] = dataclasses.replace(view, root=next(iter(targets)))
+        return
+    fresh: dict[int, int] = {}
+    for r in targets:
+        if r != view.root:
+            fresh[r] = len(symbols)
+            symbols.append(dataclasses.replace(view, id=len(symbols), root=r))
+    for p, r in roots.items():
+        if r not in fresh:
+            continue
+        if p == end:
+            outputs[:] = [fresh[r] if s == view.id else s for s in outputs]
+            continue
+        swap = {view.id: fresh[r]}
+        n = nodes[p]
+        nodes[p] = dataclasses.replace(
+            n,
+            inputs=tuple(swap.get(s, s) for s in n.inputs),
+            outputs=tuple(swap.get(s, s) for s in n.outputs),
+        )
 
 
 def _label(sym: Symbol) -> str:

@@ -8,6 +8,7 @@ import pytest
 from fnnc import config, ops
 from fnnc.errors import GraphError, ShapeError
 from fnnc.graph import GraphBuilder, Rewriter, interpret
+from fnnc.graph import compile as fcompile
 from tests.helpers import rand
 
 
@@ -92,3 +93,29 @@ def test_replacing_a_viewed_result_re_roots_the_views() -> None:
     assert [n.cmd.name for n in new.nodes] == ["ewexp"]
     xv = rand((2, 3))
     np.testing.assert_allclose(interpret(new, xv), np.exp(xv[1:2]), rtol=1e-6)
+
+
+def test_a_view_read_before_the_replacement_keeps_the_old_root() -> None:
+    """``v`` (a view of ``a``) is read before ``new = 2 * a`` is written and after it:
+    the early read keeps ``a``, the later reads and the graph output read ``2 * a``."""
+    b = GraphBuilder()
+    x = b.input((4,), name="x")
+    a = b.exec(ops.relu(), x, name="a")
+    v = b.alias(a, (2,), name="v")
+    early = b.exec(ops.tanh(), v, name="early")
+    late = b.exec(ops.scalar_mul(a=3.0), a, name="late")
+    after = b.exec(ops.ewexp(), v, name="after")
+    graph = b.build([early, late, after, v])
+    r = Rewriter(graph)
+    relu, tanh = r.find("relu")[0], r.find("tanh")[0]
+    with r.inserting_after(tanh):
+        new = r.exec(ops.scalar_mul(a=2.0), r.symbol(relu.outputs[0]))
+    r.replace_all_uses(relu.outputs[0], new)
+    edited = r.finish(check=True)
+    xv = np.array([-1.0, 2.0, 3.0, -4.0], np.float32)
+    relu_x = np.maximum(xv, 0)  # by hand
+    want = [np.tanh(relu_x[:2]), 6 * relu_x, np.exp(2 * relu_x[:2]), 2 * relu_x[:2]]
+    for got, w in zip(interpret(edited, xv), want):
+        np.testing.assert_allclose(got, w, rtol=1e-6)
+    for got, w in zip(fcompile(edited)(xv), want):
+        np.testing.assert_allclose(got, w, rtol=1e-6)
