@@ -255,6 +255,7 @@ class _Walk:
             if n >= start and n not in rename and not self.symbols[n].is_alias:
                 rename[n] = o
             else:
+                n = rename.get(n, n)  # a fresh symbol given for two outputs: the first's id
                 self.same[o] = n
                 for a in self.views.pop(o, ()):
                     self.symbols[a] = dataclasses.replace(self.symbols[a], root=n)

@@ -9,7 +9,16 @@ from hypothesis import given, settings
 
 from fnnc import ops
 from fnnc.errors import GraphError
-from fnnc.graph import GraphBuilder, Pat, Rule, graph_rewrite, interpret, rewrite_pass, run_passes
+from fnnc.graph import (
+    GraphBuilder,
+    Pat,
+    Rule,
+    graph_rewrite,
+    interpret,
+    rewrite_pass,
+    run_passes,
+    verify,
+)
 from tests.graph.strategies import graphs
 from tests.helpers import assert_pass_keeps_semantics
 
@@ -160,3 +169,27 @@ def test_random_graphs_give_the_rules_work() -> None:
 
     collect()
     assert sum(fired) >= 20, f"{sum(fired)} of {len(fired)}"
+
+
+@pytest.mark.parametrize("read_later", [False, True])
+def test_one_fresh_symbol_for_two_outputs_of_the_root(read_later) -> None:
+    """A replacement may give the same new symbol for two outputs of the matched node
+    (here both statistics of a layer_norm become mean(x)): every reader and graph output
+    of either reads it."""
+    b = GraphBuilder()
+    x = b.input((2, 4), name="x")
+    y, mean, inv = b.exec(ops.layer_norm(axes=(1,)), x, name="ln")
+    graph = b.build([b.exec(ops.ewsum(), mean, inv)] if read_later else [y, mean, inv])
+
+    def replace(m):
+        z = m.exec(ops.reduce_mean(axes=(1,)), m["x"])
+        return m.exec(ops.relu(), m["x"]), z, z
+
+    new = graph_rewrite(graph, [Rule(Pat.op("layer_norm", Pat.var("x")), replace)])
+    verify(new)
+    xv = np.arange(-3, 5, dtype=np.float32).reshape(2, 4)
+    m = xv.mean(axis=1, keepdims=True)  # by hand
+    want = [2 * m] if read_later else [np.maximum(xv, 0), m, m]
+    got = interpret(new, xv)
+    for g, w in zip(got if isinstance(got, tuple) else [got], want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
