@@ -25,9 +25,13 @@ graph(%0:f32[3] a) {
 The pattern's arguments are its captures: a name used twice (``x`` above) must be the
 same symbol. Traced constants match constants of the same value (scalars match any
 shape), commands and hyper-parameters match exactly, and inputs of commutative commands
-match in any order. Pattern functions are traced on ``example_args`` (default: one
-float32 ``[4, 4]`` array per parameter); hyper-parameters that depend on shapes (a
-reshape's target) then come from those examples.
+match in any order. A match whose result the replacement cannot give is skipped: in
+``x * 2.0`` matched by ``mul(x[1, 3], constant[2, 3])`` the constant broadcasts ``x``,
+and the replacement, traced on ``x``, returns ``[1, 3]`` where the node writes ``[2, 3]``.
+A replacement that returns other shapes or dtypes than the pattern itself is an error.
+Pattern functions are traced on ``example_args`` (default: one float32 ``[4, 4]`` array
+per parameter); hyper-parameters that depend on shapes (a reshape's target) then come
+from those examples.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from fnnc.core.command import CALL_HOOK, Command, output_specs
 from fnnc.core.dispatch import REFERENCE, compiled_forward
 from fnnc.core.evaluate import as_tuple
 from fnnc.core.ir import Graph, Symbol
-from fnnc.errors import GraphError
+from fnnc.errors import FnncError, GraphError
 from fnnc.graph.matching import Match
 from fnnc.graph.pattern import Pat
 from fnnc.graph.rules import Rule, graph_rewrite
@@ -194,18 +198,57 @@ def traced_rule(
     """
     pat, names = pattern_of(pattern, *example_args)
     traced: dict[tuple[Any, ...], Graph] = {}
+    label = name or f"{_name(pattern)} -> {_name(replacement)}"
 
     def replace(m: Match) -> Any:
         args = [m[n] for n in names]
-        key = tuple((a.shape, np.dtype(a.dtype)) for a in args)
+        key = _specs(args)
         if key not in traced:
-            specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
-            traced[key] = trace_function(replacement, *specs, idioms=True)
-        return inline_match(m, traced[key], args)
+            traced[key] = trace_function(replacement, *_structs(args), idioms=True)
+        got = _specs(traced[key].output_specs)
+        if got == _specs(m.source.symbol(o) for o in m.root.outputs):
+            return inline_match(m, traced[key], args)
+        want = _pattern_specs(pattern, key)
+        if want is not None and want != got:
+            shown = ", ".join(f"{n}: {_show(s)}" for n, s in zip(names, key))
+            raise GraphError(
+                f"rule {label}: for arguments {shown} the replacement returns "
+                f"{', '.join(map(_show, got))}, the pattern "
+                f"{', '.join(map(_show, want))}; a replacement must return arrays of "
+                "the pattern's shapes and dtypes"
+            )
+        # the pattern's own result would not fit either: a scalar constant of the pattern
+        # matched a constant that broadcasts the arguments, so this match is skipped
+        return None
 
-    label = name or f"{_name(pattern)} -> {_name(replacement)}"
     replace.__name__ = label
     return Rule(pat, replace, name=label)
+
+
+_SpecKey = tuple[tuple[tuple[int, ...], np.dtype], ...]
+
+
+def _specs(symbols: Any) -> _SpecKey:
+    return tuple((tuple(s.shape), np.dtype(s.dtype)) for s in symbols)
+
+
+def _structs(symbols: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:
+    return [jax.ShapeDtypeStruct(s.shape, s.dtype) for s in symbols]
+
+
+def _show(spec: tuple[tuple[int, ...], np.dtype]) -> str:
+    return f"{spec[1].name}{list(spec[0])}"
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern_specs(pattern: Callable[..., Any], key: _SpecKey) -> _SpecKey | None:
+    """What ``pattern`` returns for arguments of these specs; ``None`` when it does not
+    trace on them (shape-dependent hyper-parameters taken from its examples)."""
+    structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in key]
+    try:
+        return _specs(trace_function(pattern, *structs).output_specs)
+    except (FnncError, TypeError, ValueError):
+        return None
 
 
 def inline_match(m: Match, graph: Graph, args: Sequence[Symbol]) -> Any:

@@ -9,7 +9,7 @@ import pytest
 
 from fnnc import ops
 from fnnc.errors import GraphError
-from fnnc.graph import interpret, pattern_of, replace_pattern, trace, traced_rule
+from fnnc.graph import GraphBuilder, interpret, pattern_of, replace_pattern, trace, traced_rule
 
 
 def pattern(x):
@@ -59,3 +59,29 @@ def test_pattern_errors() -> None:
         pattern_of(lambda x: (jnp.exp(x), jnp.sin(x)))
     pat, names = pattern_of(pattern)
     assert names == ("x",) and pat.cmds == frozenset({"mul"})
+
+
+def test_a_match_whose_constant_broadcasts_is_skipped() -> None:
+    """``x * 2.0`` matches ``mul(x[1, 3], 2.0[2, 3])`` (scalar pattern constants match any
+    shape) but ``x + x`` is ``[1, 3]``: that match is skipped, the fitting one replaced."""
+    b = GraphBuilder()
+    x = b.input((1, 3), name="x")
+    wide = b.exec(ops.mul(), x, b.constant(np.full((2, 3), 2.0, np.float32)))
+    same = b.exec(ops.mul(), x, b.constant(np.float32(2.0)))
+    graph = b.build([wide, same])
+    new = replace_pattern(graph, lambda v: v * 2.0, lambda v: v + v)
+    assert [n.cmd.name for n in new.nodes if n.cmd.name != "constant"] == ["mul", "add"]
+    xv = np.array([[1.0, -2.0, 3.0]], np.float32)
+    got_wide, got_same = interpret(new, xv)
+    np.testing.assert_array_equal(got_wide, np.broadcast_to(2 * xv, (2, 3)))  # by hand
+    np.testing.assert_array_equal(got_same, 2 * xv)
+    b = GraphBuilder()
+    x = b.input((1, 3), name="x")
+    only_wide = b.build([b.exec(ops.mul(), x, b.constant(np.full((2, 3), 2.0, np.float32)))])
+    assert replace_pattern(only_wide, lambda v: v * 2.0, lambda v: v + v) is only_wide
+
+
+def test_a_replacement_of_other_shapes_than_the_pattern_is_an_error() -> None:
+    graph = trace(lambda v: jnp.exp(v) * 2.0, jnp.ones((2, 3)))
+    with pytest.raises(GraphError, match=r"v: float32\[2, 3\] the replacement returns "):
+        replace_pattern(graph, lambda v: v * 2.0, lambda v: jnp.sum(v, axis=0) * 2.0)
