@@ -1,7 +1,9 @@
 """verify: the structural rules every graph obeys, checked with messages that point.
 
-Rules: symbol ids equal positions; graph inputs are plain tensors, each once; every
-node's command exists and its shape rule reproduces the output specs; SSA (a tensor
+Rules: symbols are symbol records with ids equal to their positions, tuple shapes and
+NumPy dtypes; node commands are :class:`~fnnc.core.command.Command` values; graph
+inputs are plain tensors, each once; every node's command exists and its shape rule
+reproduces the output specs; SSA (a tensor
 is written once: as an input, by one node, or piecewise by disjoint alias writes);
 def-before-use (a tensor, or any view of it, is read only after every write to it);
 graph outputs are defined.
@@ -9,16 +11,21 @@ graph outputs are defined.
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import numpy as np
 
-from fnnc.core.command import output_specs
+from fnnc.core.command import Command, output_specs
 from fnnc.core.ir import AliasSymbol, Graph, TensorSymbol
 from fnnc.core.text import format_graph
 from fnnc.errors import FnncError, GraphError
 
 
-def _fail(graph: Graph, msg: str, node: int | None = None) -> None:
-    listing = format_graph(graph, mark=node, window=3 if node is not None else None)
+def _fail(graph: Graph, msg: str, node: int | None = None) -> NoReturn:
+    try:
+        listing = format_graph(graph, mark=node, window=3 if node is not None else None)
+    except Exception:  # the very fault being reported may make the graph unprintable
+        listing = "(no listing: the graph cannot be printed as it is)"
     raise GraphError(f"verify: {msg}\n{listing}")
 
 
@@ -65,8 +72,7 @@ def _verify_one(graph: Graph) -> None:
     symbols = graph.symbols
     n = len(symbols)
     for i, sym in enumerate(symbols):
-        if sym.id != i:
-            _fail(graph, f"symbol at position {i} has id {sym.id}")
+        _check_symbol(graph, i, sym)
         if isinstance(sym, AliasSymbol):
             root = symbols[sym.root] if 0 <= sym.root < n else None
             if not isinstance(root, TensorSymbol):
@@ -93,6 +99,13 @@ def _verify_one(graph: Graph) -> None:
         written[sid] = -1
     first_read: dict[int, tuple[int, int]] = {}  # root -> (node, the symbol it read)
     for index, node in enumerate(graph.nodes):
+        if not isinstance(node.cmd, Command):
+            _fail(
+                graph,
+                f"node {index}{f' ({node.name})' if node.name else ''} has cmd {node.cmd!r} "
+                f"of type {type(node.cmd).__name__}; expected a Command (e.g. ops.relu())",
+                index,
+            )
         for sid in node.inputs:
             if not 0 <= sid < n:
                 _fail(graph, f"node {index} reads %{sid}, which is not in the graph", index)
@@ -134,6 +147,36 @@ def _verify_one(graph: Graph) -> None:
             _fail(graph, f"graph output {label} is never written")
     for root, views in alias_writes.items():
         _check_disjoint(graph, root, views)
+
+
+def _check_symbol(graph: Graph, i: int, sym: object) -> None:
+    """Symbol ``i`` is a symbol record with id ``i``, a tuple shape and a dtype."""
+    if not isinstance(sym, (TensorSymbol, AliasSymbol)):
+        _fail(graph, f"symbol at position {i} is {sym!r}; expected a TensorSymbol or AliasSymbol")
+    if sym.id != i:
+        _fail(
+            graph,
+            f"symbol at position {i} has id {sym.id}; ids equal positions (rebuild the "
+            "symbol with dataclasses.replace(sym, id=position), or build with GraphBuilder)",
+        )
+    shape = sym.shape
+    if not isinstance(shape, tuple) or not all(
+        isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        _fail(
+            graph,
+            f"symbol {graph.label(i)} has shape {shape!r} ({type(shape).__name__}); expected a "
+            f"tuple of non-negative ints, e.g. shape=tuple({shape!r})",
+            _user_of(graph, i),
+        )
+    try:
+        np.dtype(sym.dtype)
+    except TypeError:
+        _fail(
+            graph,
+            f"symbol {graph.label(i)} has dtype {sym.dtype!r}; expected a NumPy dtype",
+            _user_of(graph, i),
+        )
 
 
 def _check_write(graph, index, sym, written, alias_writes, first_read) -> None:

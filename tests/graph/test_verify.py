@@ -282,3 +282,24 @@ def test_verify_checks_sub_graphs_held_by_commands() -> None:
     with pytest.raises(GraphError, match=r"in a sub-graph held by node \d+ \(fused_elementwise\)"):
         verify(bad)
     assert verify(fused) is fused
+
+
+def test_a_symbol_id_past_the_end_is_reported_without_a_listing() -> None:
+    """The listing reads symbols by id; when an id points past the end the message still
+    comes, without the listing, instead of an IndexError from the printer."""
+    graph = _replace_symbol(_chain(), 3, id=7)
+    with pytest.raises(GraphError, match=r"symbol at position 3 has id 7; ids equal") as info:
+        verify(graph)
+    assert "no listing" in str(info.value)
+
+
+def test_hand_built_records_of_the_wrong_types() -> None:
+    graph = _chain()
+    msg = _expect(
+        _replace_symbol(graph, 2, shape=[4]),
+        "symbol %2 (e) has shape [4] (list); expected a tuple of non-negative ints",
+        marked="ewexp",
+    )
+    assert "declares" not in msg  # not "declares float32[4], its shape rule gives float32[4]"
+    with pytest.raises(GraphError, match=r"node 1 \(a\) has cmd 'ewabs' of type str; expected a"):
+        verify(_replace_node(graph, 1, cmd="ewabs"))
