@@ -140,7 +140,7 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--devices", type=int, default=0, help="virtual devices, one process")
     parser.add_argument("--processes", type=int, default=0, help="local processes")
     parser.add_argument("--epochs", type=int, default=3)

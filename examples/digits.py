@@ -68,7 +68,7 @@ def main(epochs: int = 12, batch_size: int = 32, progress: bool | None = None) -
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args()

@@ -131,7 +131,7 @@ def main(steps: int = 10, batch_size: int = 16, compare: bool = False) -> dict:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--compare", action="store_true", help="also train on one device")

@@ -78,6 +78,6 @@ def main(steps: int = 400, batch_size: int = 64, seed: int = 0) -> dict[str, obj
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--steps", type=int, default=400)
     main(parser.parse_args().steps)

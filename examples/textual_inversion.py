@@ -67,7 +67,7 @@ def main(pretrain_steps: int = 300, inversion_steps: int = 150, seed: int = 0) -
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--pretrain-steps", type=int, default=300)
     parser.add_argument("--inversion-steps", type=int, default=150)
     parser.add_argument("--seed", type=int, default=0)

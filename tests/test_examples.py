@@ -1,5 +1,6 @@
 """Examples run end to end (smoke mode) and print what they promise."""
 
+import ast
 import runpy
 import subprocess
 import sys
@@ -82,3 +83,6 @@ def test_every_example_answers_help_without_running(name):
     )  # fmt: skip
     assert out.returncode == 0 and out.stdout.startswith(f"usage: {name}"), out.stderr
     assert "==" not in out.stdout and "accuracy" not in out.stdout  # nothing ran
+    # the description is the docstring's whole first paragraph, not a line cut mid-sentence
+    doc = ast.get_docstring(ast.parse((EXAMPLES / name).read_text()))
+    assert " ".join(doc.split("\n\n")[0].split()) in " ".join(out.stdout.split())
