@@ -138,18 +138,36 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a count that must be at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def natural_int(text: str) -> int:
+    """An argparse type: a count that may be 0 (its default meaning) but not negative."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("--devices", type=int, default=0, help="virtual devices, one process")
-    parser.add_argument("--processes", type=int, default=0, help="local processes")
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=0, help="steps per epoch (0: all)")
-    parser.add_argument("--batch", type=int, default=32, help="global batch size")
+    parser.add_argument(
+        "--devices", type=natural_int, default=0, help="virtual devices, one process"
+    )
+    parser.add_argument("--processes", type=natural_int, default=0, help="local processes")
+    parser.add_argument("--epochs", type=positive_int, default=3)
+    parser.add_argument("--steps", type=natural_int, default=0, help="steps per epoch (0: all)")
+    parser.add_argument("--batch", type=positive_int, default=32, help="global batch size")
     parser.add_argument("--fsdp", action="store_true", help="shard parameters and state")
     parser.add_argument("--sgd", action="store_true", help="SGD with momentum, not Adam")
     parser.add_argument("--save", default="", help="write the parameters (.npz), process 0")
-    parser.add_argument("--timeout", type=int, default=300, help="seconds for a run")
+    parser.add_argument("--timeout", type=positive_int, default=300, help="seconds for a run")
     parser.add_argument("--worker", type=int, default=-1, help=argparse.SUPPRESS)
     parser.add_argument("--coordinator", default="", help="host:port of process 0")
     args = parser.parse_args(argv)

@@ -67,9 +67,17 @@ def main(epochs: int = 12, batch_size: int = 32, progress: bool | None = None) -
     return {"accuracy": test_accuracy, "seconds": seconds, "loss": history["loss"][-1]}
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a count that must be at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--epochs", type=positive_int, default=12)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args()
     main(args.epochs, progress=False if args.quiet else None)

@@ -130,10 +130,18 @@ def main(steps: int = 10, batch_size: int = 16, compare: bool = False) -> dict:
     return result
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a count that must be at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=positive_int, default=10)
+    parser.add_argument("--batch", type=positive_int, default=16)
     parser.add_argument("--compare", action="store_true", help="also train on one device")
     args = parser.parse_args()
     main(args.steps, args.batch, args.compare)

@@ -77,7 +77,15 @@ def main(steps: int = 400, batch_size: int = 64, seed: int = 0) -> dict[str, obj
     return {"first_loss": first, "loss": loss, "accuracy": accuracy, "load": shares}
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a count that must be at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--steps", type=positive_int, default=400)
     main(parser.parse_args().steps)

@@ -66,10 +66,18 @@ def main(pretrain_steps: int = 300, inversion_steps: int = 150, seed: int = 0) -
     return {"pretrained": pretrained, "hit": hit, "unchanged": float(unchanged)}
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a count that must be at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("--pretrain-steps", type=int, default=300)
-    parser.add_argument("--inversion-steps", type=int, default=150)
+    parser.add_argument("--pretrain-steps", type=positive_int, default=300)
+    parser.add_argument("--inversion-steps", type=positive_int, default=150)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     main(args.pretrain_steps, args.inversion_steps, args.seed)

@@ -57,6 +57,7 @@ def main(steps: int = 600, batch_size: int = 64, seed: int = 0) -> dict[str, flo
     x, y = batch(rng, batch_size)
     model.compile([x], loss="softmax_crossentropy", minimizer=minimizers.adam(2e-3))
     first = float(model.fit([x], [y]))
+    loss = first
     for step in range(steps):
         x, y = batch(rng, batch_size)
         loss = float(model.fit([x], [y]))
@@ -69,7 +70,15 @@ def main(steps: int = 600, batch_size: int = 64, seed: int = 0) -> dict[str, flo
     return {"first_loss": first, "loss": loss, "accuracy": token_accuracy}
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a count that must be at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=positive_int, default=600)
     main(parser.parse_args().steps)

@@ -86,3 +86,37 @@ def test_every_example_answers_help_without_running(name):
     # the description is the docstring's whole first paragraph, not a line cut mid-sentence
     doc = ast.get_docstring(ast.parse((EXAMPLES / name).read_text()))
     assert " ".join(doc.split("\n\n")[0].split()) in " ".join(out.stdout.split())
+
+
+@pytest.mark.parametrize(
+    "name, argv, message",
+    [
+        (
+            "transformer.py",
+            ["--steps", "0"],
+            "argument --steps: expected a positive integer, got 0",
+        ),
+        ("moe.py", ["--steps", "-3"], "argument --steps: expected a positive integer, got -3"),
+        ("model_parallel.py", ["--steps", "0"], "argument --steps: expected a positive integer"),
+        ("model_parallel.py", ["--batch", "0"], "argument --batch: expected a positive integer"),
+        ("digits.py", ["--epochs", "0"], "argument --epochs: expected a positive integer"),
+        ("textual_inversion.py", ["--inversion-steps", "0"], "expected a positive integer"),
+        ("data_parallel.py", ["--batch", "0"], "argument --batch: expected a positive integer"),
+        ("data_parallel.py", ["--steps", "-1"], "argument --steps: expected an integer >= 0"),
+    ],
+)
+def test_examples_refuse_counts_that_would_train_nothing(name, argv, message):
+    # argparse rejects them before any training (transformer.py --steps 0 used to raise
+    # UnboundLocalError after compiling, model_parallel.py --steps 0 an IndexError)
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *argv], capture_output=True, text=True,
+        env=subprocess_env(), timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2 and message in out.stderr, out.stderr[-2000:]
+    assert out.stdout == ""
+
+
+def test_transformer_without_extra_steps_reports_its_first_loss():
+    ns = runpy.run_path(str(EXAMPLES / "transformer.py"), run_name="transformer")
+    result = ns["main"](steps=0, batch_size=2)
+    assert result["loss"] == result["first_loss"]  # main() called directly may train 0 steps
