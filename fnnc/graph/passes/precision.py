@@ -25,7 +25,7 @@ The policy (NNC's half-precision training, Keras's ``mixed_float16``):
 - a float32 input (a parameter) is converted down once per node that reads it, not
   once for all: the backward of each conversion brings its reader's gradient to
   float32, so a weight shared by several layers sums their gradients in float32 (one
-  shared conversion summed 300 readers' gradients of 1.0 in bfloat16, to 257), as
+  shared conversion summed 300 readers' gradients of 1.0 in bfloat16, to 256), as
   Flax's casts in each call do; XLA merges the identical forward conversions;
 - nodes that only move data (:data:`FOLLOW`: reshape, transpose, slice, ...) keep the
   type their input has, so a float32 loss is reshaped as float32, not rounded to the

@@ -131,6 +131,30 @@ def test_a_weight_shared_by_many_layers_sums_their_gradients_in_float32():
     np.testing.assert_array_equal(got, np.full((3, 4), float(uses), np.float32))
 
 
+def test_one_shared_conversion_sums_the_gradients_in_bfloat16_to_256():
+    """What the per-reader conversion avoids, and the number the mixed-precision guide
+    and cast_precision's docstring quote: one bfloat16 conversion of the weight shared by
+    300 gemms sums their gradients of 1.0 in bfloat16, op by op, to 256 (the oracle: the
+    same sum in ml_dtypes; 257 is not a bfloat16, and adding 1.0 to 256 rounds back)."""
+    uses = 300
+    b = GraphBuilder()
+    x, w = b.input((1, 4), ml_dtypes.bfloat16, name="x"), b.input((3, 4), name="w")
+    shared = b.exec(ops.datatype_conversion(dtype="bfloat16"), w)
+    total = None
+    for _ in range(uses):
+        y = b.exec(ops.gemm(transpose_b=True), x, shared)
+        total = y if total is None else b.exec(ops.add(), total, y)
+    graph = b.build([b.exec(ops.reduce_sum(axes=(0, 1)), total)])
+    step, (dw,) = backward(graph, graph.outputs[0], [graph.symbols[graph.inputs[1]]])
+    step = dataclasses.replace(step, outputs=(dw.id,), out_tree=None)
+    got = interpret(step, np.ones((1, 4), ml_dtypes.bfloat16), np.ones((3, 4), np.float32))
+    want = ml_dtypes.bfloat16(0)
+    for _ in range(uses):
+        want = want + ml_dtypes.bfloat16(1.0)
+    assert float(want) == 256.0
+    np.testing.assert_array_equal(np.asarray(got), np.full((3, 4), float(want), np.float32))
+
+
 @pytest.mark.parametrize("command", ["embedding", "index_select"])
 def test_a_16_bit_table_sums_its_rows_gradients_in_float32_and_rounds_once(command):
     """A bfloat16 table (a model kept in bfloat16): the backward of the gather sums the
