@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import grain
+import jax
 import numpy as np
 import optax
 import pytest
 
 from fnnc.data import DataFrame
 from fnnc.errors import CheckpointError, DataError, ModelError, NumericsError
-from fnnc.io import Checkpoints
+from fnnc.io import Checkpoints, TensorFile
 from fnnc.models import (
     CheckpointEvery,
     Conv,
@@ -21,6 +22,7 @@ from fnnc.models import (
     Model,
     ReLU,
     Sequential,
+    minimizers,
 )
 from fnnc.models.training import accuracy
 
@@ -321,3 +323,33 @@ def test_early_stopping_progress_survives_resume_and_consecutive_train_calls(tmp
     assert calls.train_progress.epoch == 4 and same(whole, calls)
     one.reset()
     assert (one.best, one.wait) == (None, 0)
+
+
+@pytest.mark.parametrize(
+    "opt",
+    [
+        optax.adam(optax.linear_schedule(1e-2, 1e-3, 4)),  # the README's chain: 0/mu, 1/count
+        optax.adam(1e-2),
+        minimizers.adam(1e-2),  # NNC's names: momentum, velocity
+    ],
+    ids=["adam-schedule", "adam", "minimizers-adam"],
+)
+def test_checkpoint_optimizer_rows_are_id_then_the_path_in_the_optimizer_state(tmp_path, opt):
+    """The rows the README and the checkpoints guide describe: ``<id>/<path>``, the path
+    as optax's own state tree spells it (jax.tree_util keys joined by ``/``): its field
+    names, with the positions in chains kept only where the names alone repeat (the
+    schedule's chain has two ``count``s)."""
+    x = Input()
+    model = Model(x, Dense(3, name="fc")(x))
+    model.compile(X[:8], loss="softmax_crossentropy", minimizer=opt)
+    save = CheckpointEvery(str(tmp_path / "run.ckpt"), per_epoch=True)
+    model.train((X[:16], Y[:16]), epochs=1, batch_size=8, callbacks=[save], verbose=False)
+    with TensorFile(str(tmp_path / "run.ckpt")) as f:
+        rows = {n for n in f.names() if n.startswith("__ckpt-2__[t-fc-0-0/")}
+    leaves = jax.tree_util.tree_flatten_with_path(opt.init(np.zeros((3, 4), np.float32)))[0]
+    names = [[str(k.name) for k in path if hasattr(k, "name")] for path, _ in leaves]
+    paths = ["/".join(n) for n in names]
+    if len(set(paths)) != len(paths):
+        paths = ["/".join(str(getattr(k, "name", getattr(k, "idx", k))) for k in path)
+                 for path, _ in leaves]  # fmt: skip
+    assert rows == {f"__ckpt-2__[t-fc-0-0/{p}]" for p in paths}, sorted(rows)
