@@ -16,7 +16,6 @@ import numpy as np
 from sklearn.datasets import load_digits
 
 from fnnc.models import BatchNorm, Conv, Dense, Flatten, MaxPool, ReLU, Sequential, minimizers
-from fnnc.models.train import accuracy
 
 
 def load(seed: int = 0) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
@@ -60,7 +59,7 @@ def main(epochs: int = 12, batch_size: int = 32, progress: bool | None = None) -
     history = model.train(
         train_data, epochs=epochs, batch_size=batch_size, validation=test_data, progress=progress
     )
-    test_accuracy = accuracy(model, test_data)
+    test_accuracy = model.score(test_data, metrics=["accuracy"])["accuracy"]
     seconds = time.perf_counter() - start
     print(f"epochs {epochs}: final training loss {history['loss'][-1]:.4f}")
     print(f"test accuracy: {test_accuracy:.4f} ({len(test_data[1])} images) in {seconds:.1f} s")

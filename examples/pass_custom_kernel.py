@@ -20,7 +20,6 @@ import numpy as np
 from jax import lax
 
 from fnnc import ops
-from fnnc.core.command import defcommand, make_command
 from fnnc.graph import GraphBuilder, Pat, Rule, compile, graph_rewrite, interpret
 
 
@@ -32,7 +31,7 @@ def _define() -> None:
     if "dense_relu" in ops.registry():  # the tutorial may run twice in one process
         return
 
-    @defcommand(family="blas", shape=_shape)
+    @ops.defcommand(family="blas", shape=_shape)
     def dense_relu(x, w, b):
         """``relu(x @ w.T + b)``."""
         return jnp.maximum(x @ w.T + b[None, :], 0)
@@ -49,9 +48,7 @@ ops.register_backend("dense_relu", ops.Backend("my_kernel", kernel, ("cpu", "gpu
 dense = Pat.op("gemm", Pat.var("x"), Pat.var("w"), Pat.var("b"), transpose_b=True, name="fc")
 to_kernel = Rule(
     Pat.op("relu", dense),
-    lambda m: m.exec(
-        make_command("dense_relu", {}), m["x"], m["w"], m["b"], name=m.node("fc").name
-    ),
+    lambda m: m.exec(ops.Command("dense_relu"), m["x"], m["w"], m["b"], name=m.node("fc").name),
     name="dense_relu",
 )
 

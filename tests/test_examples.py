@@ -120,3 +120,17 @@ def test_transformer_without_extra_steps_reports_its_first_loss():
     ns = runpy.run_path(str(EXAMPLES / "transformer.py"), run_name="transformer")
     result = ns["main"](steps=0, batch_size=2)
     assert result["loss"] == result["first_loss"]  # main() called directly may train 0 steps
+
+
+PUBLIC = {"fnnc", "fnnc.ops", "fnnc.graph", "fnnc.models", "fnnc.io", "fnnc.data", "fnnc.errors"}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.py")))
+def test_examples_import_fnnc_only_through_its_public_packages(name):
+    """What users copy from must not reach into private modules (digits.py used
+    fnnc.models.train.accuracy, pass_custom_kernel.py fnnc.core.command.make_command)."""
+    tree = ast.parse((EXAMPLES / name).read_text())
+    modules = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+    modules += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    private = [m for m in modules if m.split(".")[0] == "fnnc" and m not in PUBLIC]
+    assert not private, f"{name} imports {private}; use {sorted(PUBLIC)}"

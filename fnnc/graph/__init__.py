@@ -60,6 +60,7 @@ from fnnc.graph.numerics import tensor_stats as tensor_stats
 from fnnc.graph.passes import PassReport as PassReport
 from fnnc.graph.passes import TrainLayout as TrainLayout
 from fnnc.graph.passes import backward as backward
+from fnnc.graph.passes import cast_precision as cast_precision
 from fnnc.graph.passes import compact as compact
 from fnnc.graph.passes import constrain_activations as constrain_activations
 from fnnc.graph.passes import cse as cse

@@ -18,6 +18,8 @@ nothing changed, so pipelines detect a fixpoint with ``is``.
 * :func:`backward` appends gradient nodes (NNC's symbolic reverse mode);
   :func:`minimize` adds an Optax update so a training step is one graph;
   :func:`minimize_scaled` is the same with float16 dynamic loss scaling.
+* :func:`cast_precision` computes a graph in bfloat16 or float16 (mixed precision),
+  parameters and outputs kept in their types.
 """
 
 from fnnc.graph.passes._subgraphs import map_subgraphs as map_subgraphs
@@ -45,4 +47,5 @@ from fnnc.graph.passes.pipeline import PassReport as PassReport
 from fnnc.graph.passes.pipeline import graph_diff as graph_diff
 from fnnc.graph.passes.pipeline import run_passes as run_passes
 from fnnc.graph.passes.pipeline import simplify as simplify
+from fnnc.graph.passes.precision import cast_precision as cast_precision
 from fnnc.graph.passes.remat import remat as remat

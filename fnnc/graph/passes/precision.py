@@ -44,8 +44,7 @@ the inputs still name the same inputs.
 
 >>> import numpy as np
 >>> from fnnc import ops
->>> from fnnc.graph import GraphBuilder, interpret
->>> from fnnc.graph.passes.precision import cast_precision
+>>> from fnnc.graph import GraphBuilder, cast_precision, interpret
 >>> b = GraphBuilder()
 >>> x, w = b.input((2, 3), name="x"), b.input((4, 3), name="w")
 >>> y = b.exec(ops.softmax(), b.exec(ops.gemm(transpose_b=True), x, w))
@@ -109,7 +108,7 @@ def low_dtype(dtype: Any) -> Any:
 def cast_precision(
     graph: Graph, dtype: Any, *, keep_float32: Iterable[str] = KEEP_FLOAT32
 ) -> Graph:
-    """``graph`` computing in ``dtype`` by the module's policy.
+    """``graph`` computing in ``dtype`` by the policy of :mod:`fnnc.graph.passes.precision`.
 
     Args:
         graph: any graph (without alias symbols).

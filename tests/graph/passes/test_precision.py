@@ -11,8 +11,15 @@ import pytest
 
 from fnnc import ops
 from fnnc.errors import GraphError
-from fnnc.graph import GraphBuilder, backward, case_of, compile, interpret, while_loop
-from fnnc.graph.passes.precision import cast_precision
+from fnnc.graph import (
+    GraphBuilder,
+    backward,
+    case_of,
+    cast_precision,
+    compile,
+    interpret,
+    while_loop,
+)
 
 
 def _mlp():
