@@ -134,3 +134,10 @@ def test_examples_import_fnnc_only_through_its_public_packages(name):
     modules += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     private = [m for m in modules if m.split(".")[0] == "fnnc" and m not in PUBLIC]
     assert not private, f"{name} imports {private}; use {sorted(PUBLIC)}"
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
+def test_every_example_is_listed_where_users_look_for_them(page):
+    text = (EXAMPLES.parent / page).read_text()
+    missing = sorted(p.name for p in EXAMPLES.glob("*.py") if f"{p.name}`" not in text)
+    assert not missing, f"{page} does not list {missing}"
