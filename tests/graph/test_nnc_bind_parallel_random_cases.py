@@ -83,8 +83,9 @@ def test_two_products_with_some_tensors_bound():
 
 
 def test_result_read_through_a_view():
-    """NNC's "compile a graph with tensor binded to alias" and "... with tensor alias and
-    bind to the alias later" (one case in fnnc: arguments are given at call time)."""
+    """NNC's "compile a graph with tensor binded to alias" and "compile a graph with
+    tensor alias and bind to the alias later" (one case in fnnc: arguments are given at
+    call time): the result of log(2.34) read through an alias of it."""
     b = GraphBuilder()
     out = b.exec(ops.ewlog(), b.input((1,), name="a"), name="log")
     graph = b.build([b.alias(out, (1,), name="alias")])

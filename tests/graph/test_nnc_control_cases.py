@@ -91,9 +91,9 @@ def conv_inputs(builder):
     [(1.0, 1.11, 0.34, 1e-6), (0.32, 2.8, 1.0, 1e-5), (0.47, 5.5, 1.0, 1e-2)],
 )
 def test_concrete_loops_multiply_five_times(start, y, scale, tol):
-    """NNC's "graph for a while loop to compute 0.34 * 1.11 ^ 5", "... by reuse tensor
-    allocations for 0.32 * 2.8 ^ 5" and "while graph add and re-add reuse tensor
-    allocations for 0.47 * 5.5 ^ 5": z <- z * y five times (then times 0.34). The
+    """NNC's "graph for a while loop to compute 0.34 * 1.11 ^ 5", "graph for a while loop
+    by reuse tensor allocations for 0.32 * 2.8 ^ 5" and "while graph add and re-add reuse
+    tensor allocations for 0.47 * 5.5 ^ 5": z <- z * y five times (then times 0.34). The
     multiview pointer checks have no fnnc meaning (XLA owns the buffers)."""
     bb = GraphBuilder()
     z0, yb = bb.input((1,), name="z0"), bb.input((1,), name="y")

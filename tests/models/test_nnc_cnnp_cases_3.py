@@ -2,13 +2,15 @@
 test_nnc_cnnp_cases_2.py and test_nnc_cases.py leave out or port loosely: the embedding
 model, NNC's move into a view of another tensor (``write_view`` here, since fnnc's
 graphs are pure: the written tensor is a new value), and ``ccv_cnnp_model_copy``
-(``copy.deepcopy`` here). Each test names the C case it ports."""
+(``copy.deepcopy`` here), and a dense shared by two inputs trained with a hand-made L2
+loss. Each test names the C case it ports."""
 
 from __future__ import annotations
 
 import copy
 
 import numpy as np
+import pytest
 
 from fnnc import ops
 from fnnc.models import (
@@ -18,6 +20,7 @@ from fnnc.models import (
     Embedding,
     Input,
     Model,
+    Mul,
     Parameter,
     Sequential,
     minimizers,
@@ -225,3 +228,53 @@ def test_a_parameter_reference_says_what_is_wrong():
     model = Model([x], [CommandLayer(ops.add())(y, dense.parameter(5))])
     with pytest.raises(ModelError, match=r"Dense\('d'\) has no parameter 5 \(it has \[0, 1\]\)"):
         model.compile([np.ones((1, 3), np.float32)])
+
+
+@pytest.fixture(scope="module")
+def shared_l2():
+    """NNC's model for both "train model with share weights and L2 loss" cases: one dense
+    (with bias) applied to two inputs, ``(dense(a0) - b0) ** 2 + (dense(a1) - b1) ** 2``
+    written by hand (``CMD_ADD_FORWARD(1, -1)`` then ``CMD_EWPROD_FORWARD``), the output
+    itself the loss (``CMD_NOOP``), trained on a = (1, 3), b = (2, 3) as NNC trains it:
+    10 fits of SGD(0.1, decay 0.1), 100 of SGD(0.01, decay 0.01), 1000 of SGD(0.001,
+    decay 0.001). It fits w a + bias = b: w = 0.5, bias = 1.5."""
+    a0, a1, f0, f1 = Input(), Input(), Input(), Input()
+    dense = Dense(1)
+    d0 = CommandLayer(ops.add(p=1.0, q=-1.0))(dense(a0), f0)
+    d1 = CommandLayer(ops.add(p=1.0, q=-1.0))(dense(a1), f1)
+    final = Model([a0, a1, f0, f1], [Add()(Mul()(d0, d0), Mul()(d1, d1))])
+    data = [_f(1).reshape(1, 1), _f(3).reshape(1, 1), _f(2).reshape(1, 1), _f(3).reshape(1, 1)]
+    final.compile(data, minimizer=minimizers.sgd(0.1, decay=0.1))
+    for rate, fits in ((0.1, 10), (0.01, 100), (0.001, 1000)):
+        if rate != 0.1:
+            final.set_minimizer(minimizers.sgd(rate, decay=rate))
+        for _ in range(fits):
+            final.fit(data)
+    return final
+
+
+def _one(*values: float) -> list[np.ndarray]:
+    return [_f(v).reshape(1, 1) for v in values]
+
+
+def test_train_a_shared_dense_with_a_hand_made_l2_loss(shared_l2):
+    """NNC's "train model with share weights and L2 loss": after training, a = (2, 2),
+    b = (2, 3) give 0.5 (diffs of 0.5 and -0.5, squared and summed), within 2e-2."""
+    o = shared_l2.evaluate(_one(2, 2, 2, 3))
+    assert abs(float(np.asarray(o).ravel()[0]) - 0.5) < 2e-2
+
+
+def test_train_a_shared_dense_with_a_hand_made_l2_loss_and_check_its_gradients(shared_l2):
+    """NNC's "train model with share weights and L2 loss and check out gradients": w and
+    bias read back through the model (all zeros give 2 bias^2, a = 1 and b = 0 give
+    2 (w + bias)^2), then the input gradients of a = (2, 2), b = (2, 3) for an output
+    gradient of 1 are NNC's closed forms: da_i = 2 w (w a_i + bias - b_i), db_i =
+    -2 (w a_i + bias - b_i), within 1e-5."""
+    bias = np.sqrt(float(np.asarray(shared_l2.evaluate(_one(0, 0, 0, 0))).ravel()[0]) * 0.5)
+    w = np.sqrt(float(np.asarray(shared_l2.evaluate(_one(1, 1, 0, 0))).ravel()[0]) * 0.5) - bias
+    shared_l2.evaluate(_one(2, 2, 2, 3), is_test=False, requires_grad=True)
+    da0, da1, db0, db1 = shared_l2.backward([np.ones((1, 1), np.float32)])
+    want = [2 * w * (w * 2 + bias - 2), 2 * w * (w * 2 + bias - 3)]
+    want += [-2 * (w * 2 + bias - 2), -2 * (w * 2 + bias - 3)]
+    got = [float(np.asarray(g).ravel()[0]) for g in (da0, da1, db0, db1)]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)

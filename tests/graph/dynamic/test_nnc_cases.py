@@ -200,13 +200,16 @@ def test_exp_half_log_detach_keeps_exp() -> None:
 
 
 def test_long_chain_of_frees_keeps_values() -> None:
+    """NNC's "long dynamic graph with unused variables freed": x = 32, y = 0.5; ten steps
+    z = x y (the first seven) or z = x x (y freed before the eighth), each x freed once
+    used but the last; x ends as 32 * 0.5^7 squared three times."""
     dg = DynamicGraph()
     x = dg.variable(F32([32.0]))
     y = dg.variable(F32([0.5]))
     for i in range(10):
-        z = dg.exec(ops.ewprod(), x, y) if i < 7 else dg.exec(ops.ewprod(), x, x)
         if i == 7:
-            dg.free(y)
+            dg.free(y)  # no longer needed
+        z = dg.exec(ops.ewprod(), x, y) if i < 7 else dg.exec(ops.ewprod(), x, x)
         if i < 9:
             dg.free(x)
         x = z
