@@ -34,7 +34,7 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 
 # ``pytest -m quick``: a subset that runs in under 3 minutes on 2 cores (the whole suite
-# takes about 20), with a file or more from every package. Paths from the repository root.
+# takes about 12), with a file or more from every package. Paths from the repository root.
 QUICK = (
     "tests/test_architecture.py",
     "tests/core/",
