@@ -29,6 +29,7 @@ from fnnc.models.layer import (
     glorot_uniform,
     normal_init,
     ones,
+    positive_int,
     zeros,
 )
 from fnnc.ops import Command
@@ -59,7 +60,7 @@ class Dense(Layer):
 
     def __init__(self, count: int, *, no_bias: bool = False, **kw: Any):
         super().__init__(**kw)
-        self.count, self.no_bias = count, no_bias
+        self.count, self.no_bias = positive_int(self, "count", count), no_bias
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         w = ctx.param(self, 0, (self.count, x.shape[-1]), glorot_uniform([1], [0]), x.dtype)
@@ -85,11 +86,12 @@ class Conv(Layer):
         **kw: Any,
     ):
         super().__init__(**kw)
-        square = isinstance(kernel_size, int)  # Conv(16, 3): a 3x3 kernel
-        self.filters = filters
-        self.kernel_size = (kernel_size,) * 2 if square else tuple(kernel_size)
+        square = not isinstance(kernel_size, Sequence)  # Conv(16, 3): a 3x3 kernel
+        self.filters = positive_int(self, "filters", filters)
+        kernel = (kernel_size,) * 2 if square else tuple(kernel_size)
+        self.kernel_size = tuple(positive_int(self, "kernel_size", k) for k in kernel)
         self.strides, self.padding, self.dilation = strides, padding, dilation
-        self.groups, self.no_bias = groups, no_bias
+        self.groups, self.no_bias = positive_int(self, "groups", groups), no_bias
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         cin = x.shape[-1]
@@ -175,7 +177,7 @@ class GroupNorm(Layer):
 
     def __init__(self, groups: int, *, epsilon: float = 1e-5, **kw: Any):
         super().__init__(**kw)
-        self.groups, self.epsilon = groups, epsilon
+        self.groups, self.epsilon = positive_int(self, "groups", groups), epsilon
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         c = (x.shape[-1],)
@@ -276,7 +278,8 @@ class Embedding(Layer):
 
     def __init__(self, vocab: int, dim: int, **kw: Any):
         super().__init__(**kw)
-        self.vocab, self.dim = vocab, dim
+        self.vocab = positive_int(self, "vocab", vocab)
+        self.dim = positive_int(self, "dim", dim)
 
     def build(self, ctx: BuildContext, idx: Symbol) -> Symbol:
         table = ctx.param(self, 0, (self.vocab, self.dim), normal_init(0.02))
@@ -290,7 +293,7 @@ class LSTM(Layer):
 
     def __init__(self, hidden: int, **kw: Any):
         super().__init__(**kw)
-        self.hidden = hidden
+        self.hidden = positive_int(self, "hidden", hidden)
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         h, n = self.hidden, x.shape[0]
@@ -310,7 +313,8 @@ class MultiHeadAttention(Layer):
 
     def __init__(self, num_heads: int, *, is_causal: bool = False, **kw: Any):
         super().__init__(**kw)
-        self.num_heads, self.is_causal = num_heads, is_causal
+        self.num_heads = positive_int(self, "num_heads", num_heads)
+        self.is_causal = is_causal
 
     def build(self, ctx: BuildContext, q: Symbol, kv: Symbol | None = None) -> Symbol:
         kv = q if kv is None else kv

@@ -30,7 +30,14 @@ import numpy as np
 from fnnc import ops
 from fnnc.core.dtypes import is_floating
 from fnnc.core.ir import Symbol
-from fnnc.models.layer import BuildContext, Layer, ModelError, glorot_uniform, zeros
+from fnnc.models.layer import (
+    BuildContext,
+    Layer,
+    ModelError,
+    glorot_uniform,
+    positive_int,
+    zeros,
+)
 
 
 def _dense(ctx: BuildContext, x: Symbol, w: Symbol, name: str) -> Symbol:
@@ -60,6 +67,8 @@ class SwiGLU(Layer):
         **kw: Any,
     ):  # fmt: skip
         super().__init__(**kw)
+        hidden = positive_int(self, "hidden", hidden)
+        out = None if out is None else positive_int(self, "out", out)
         if not down and out is not None:
             raise ModelError(
                 f"layer {self.describe()}: out={out} sizes the down projection, which "
@@ -154,6 +163,8 @@ class MoE(Layer):
         **kw: Any,
     ):
         super().__init__(**kw)
+        experts = positive_int(self, "experts", experts)
+        hidden, k = positive_int(self, "hidden", hidden), positive_int(self, "k", k)
         if not 1 <= k <= experts:
             raise ModelError(f"MoE: k={k} must be in 1..{experts} (the number of experts)")
         self.experts, self.hidden, self.k = experts, hidden, k

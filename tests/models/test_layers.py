@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fnnc.errors import ModelError
 from fnnc.models import (
     LSTM,
     Activation,
@@ -25,6 +26,7 @@ from fnnc.models import (
     Model,
     Mul,
     MultiHeadAttention,
+    Parameter,
     Reshape,
     RMSNorm,
 )
@@ -150,3 +152,34 @@ def test_add_mul_concat():
     assert_close(_run(Add(), a, b)[0], a + b)
     assert_close(_run(Mul(), a, b)[0], a * b)
     assert_close(_run(Concat(axis=-1), a, b)[0], np.concatenate([a, b], -1))
+
+
+@pytest.mark.parametrize(
+    "make, arg",
+    [
+        (lambda v: Dense(v, name="d"), "count"),
+        (lambda v: Conv(v, 3, name="d"), "filters"),
+        (lambda v: Conv(4, v, name="d"), "kernel_size"),
+        (lambda v: Conv(4, 3, groups=v, name="d"), "groups"),
+        (lambda v: GroupNorm(v, name="d"), "groups"),
+        (lambda v: Embedding(v, 4, name="d"), "vocab"),
+        (lambda v: LSTM(v, name="d"), "hidden"),
+        (lambda v: MultiHeadAttention(v, name="d"), "num_heads"),
+    ],
+)
+@pytest.mark.parametrize("bad", [2.5, "3", 0, -1, True])
+def test_layer_sizes_must_be_positive_ints(make, arg, bad):
+    with pytest.raises(ModelError, match=rf"layer \w+\('d'\): {arg} is .*expected a positive int"):
+        make(bad)
+
+
+def test_numpy_int_sizes_build_as_ints():
+    x = rand([3, 4])
+    y, p = _run(Dense(np.int64(5), name="d"), x)  # a NumPy integer is a whole size
+    assert p["t-d-0-0"].shape == (5, 4)
+    assert_close(y, x @ np.asarray(p["t-d-0-0"]).T + np.asarray(p["t-d-0-1"]), rtol=1e-5)
+
+
+def test_parameter_shape_of_floats_is_refused():
+    with pytest.raises(ModelError, match=r"Parameter\('p'\): parameter 0 has the shape \[2.5\]"):
+        Model(Input(), Parameter((2.5,), name="p")()).compile([rand([2, 3])])
