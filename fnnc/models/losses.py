@@ -6,6 +6,8 @@ per-sample ``[N, 1]`` losses).
 * ``"softmax_crossentropy"``: logits and integer labels (or one-hot / probabilities);
 * ``"sigmoid_binary_crossentropy"``, ``"categorical_crossentropy"``,
   ``"binary_crossentropy"``, ``"mse"``, ``"smooth_l1"``: NNC's commands of those names;
+  a named loss takes exactly one target (more is a :class:`~fnnc.errors.ModelError`,
+  not silently ignored), ``loss=None`` none;
 * any callable ``fn(outputs, targets) -> scalar`` written with JAX: traced into a graph
   and inlined.
 """
@@ -51,6 +53,7 @@ def build_loss(
     ``loss=None`` (NNC's ``CMD_NOOP`` loss): the model's first output is the loss
     (averaged to a scalar if it has several elements).
     """
+    _check_target_count(loss, targets)
     if loss is None:
         out = outputs[0]
         axes = tuple(range(len(out.shape)))
@@ -78,3 +81,18 @@ def build_loss(
         raise ModelError("compile: the loss function must return one scalar")
     (value,) = inline(b, graph, [*outputs, *targets], prefix="loss")
     return value if value.shape == () else b.exec(ops.reshape(shape=()), value)
+
+
+def _check_target_count(loss: Any, targets: Sequence[Symbol]) -> None:
+    """Refuses targets a loss would ignore: a named loss compares the first output with one
+    target, ``loss=None`` takes none (a function takes them all)."""
+    if callable(loss) or (loss is not None and not targets):
+        return
+    takes = 0 if loss is None else 1
+    if len(targets) > takes:
+        what = "no targets" if loss is None else "1 target (against the model's first output)"
+        raise ModelError(
+            f"loss={loss!r} takes {what}, but {len(targets)} target(s) were given; pass "
+            f"{takes}, or compile with a loss function (outputs, targets) -> scalar, which "
+            "gets every target"
+        )

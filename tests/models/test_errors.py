@@ -164,3 +164,21 @@ def test_conv_and_model_without_lists(clf) -> None:
     params = clf.parameters()  # clf is Model(x, y) without lists: y = x W^T + b
     w, b = np.asarray(params["t-clf-0-fc-0-0"]), np.asarray(params["t-clf-0-fc-0-1"])
     np.testing.assert_allclose(np.asarray(clf.evaluate(XS[:8])), XS[:8] @ w.T + b, rtol=1e-5)
+
+
+def test_targets_a_named_loss_would_ignore_are_refused(clf) -> None:
+    with pytest.raises(
+        ModelError, match=r"loss='softmax_crossentropy' takes 1 target .* 3 target\(s\)"
+    ):
+        clf.fit(XS[:8], [YS[:8], YS[:8] + 1, np.ones((8, 7), np.float32)])
+    with pytest.raises(ModelError, match=r"takes 1 target .* but 2 target\(s\) were given"):
+        clf.train((XS, [YS, YS]), batch_size=8, verbose=False)
+    x = Input()
+    noop = Model(x, Dense(1, name="fc")(x))
+    noop.compile(XS[:8], loss=None, minimizer=optax.sgd(0.1))
+    with pytest.raises(
+        ModelError, match=r"loss=None takes no targets, but 1 target\(s\) were given"
+    ):
+        noop.fit(XS[:8], YS[:8])
+    expected = _xent(np.asarray(clf.evaluate(XS[:8])), YS[:8])  # one target still fits
+    np.testing.assert_allclose(float(clf.fit(XS[:8], [YS[:8]])), expected, rtol=1e-5)
