@@ -35,6 +35,28 @@ from fnnc.models.layer import (
 from fnnc.ops import Command
 
 
+def _tuple(axes: Any) -> tuple[Any, ...]:
+    """``axes`` as a tuple, one int standing for itself (``axes=-1`` is ``axes=(-1,)``)."""
+    return (axes,) if isinstance(axes, (int, np.integer)) else tuple(axes)
+
+
+def _axes(layer: Layer, axes: Any, x: Symbol) -> tuple[int, ...]:
+    """``axes`` of ``layer`` checked against the rank of its input ``x``: distinct ints in
+    ``[-rank, rank)``; else a :class:`ModelError` naming the layer and the input's shape."""
+    rank = len(x.shape)
+    ok = all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in axes)
+    if (
+        not ok
+        or not all(-rank <= a < rank for a in axes)
+        or len({a % rank for a in axes}) < len(axes)
+    ):
+        raise ModelError(
+            f"layer {layer.describe()}: axes={axes} do not fit its input of shape "
+            f"{list(x.shape)}; expected distinct axes in [{-rank}, {rank}), e.g. axes=(-1,)"
+        )
+    return tuple(int(a) for a in axes)
+
+
 class Parameter(Layer):
     """A free-standing trainable tensor (NNC's shared tensor), called with no inputs.
 
@@ -156,10 +178,10 @@ class LayerNorm(Layer):
         **kw: Any,
     ):
         super().__init__(**kw)
-        self.axes, self.epsilon, self.affine = tuple(axes), epsilon, elementwise_affine
+        self.axes, self.epsilon, self.affine = _tuple(axes), epsilon, elementwise_affine
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
-        shape = tuple(x.shape[a] for a in self.axes)
+        shape = tuple(x.shape[a] for a in _axes(self, self.axes, x))
         args = [x]
         if self.affine:
             args += [
@@ -193,10 +215,11 @@ class RMSNorm(Layer):
 
     def __init__(self, *, axes: Sequence[int] = (-1,), epsilon: float = 1e-6, **kw: Any):
         super().__init__(**kw)
-        self.axes, self.epsilon = tuple(axes), epsilon
+        self.axes, self.epsilon = _tuple(axes), epsilon
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
-        scale = ctx.param(self, 0, tuple(x.shape[a] for a in self.axes), ones, x.dtype)
+        shape = tuple(x.shape[a] for a in _axes(self, self.axes, x))
+        scale = ctx.param(self, 0, shape, ones, x.dtype)
         cmd = ops.rms_norm(axes=self.axes, epsilon=self.epsilon)
         return ctx.b.exec(cmd, x, scale, name=ctx.layer_id(self))[0]
 

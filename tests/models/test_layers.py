@@ -183,3 +183,18 @@ def test_numpy_int_sizes_build_as_ints():
 def test_parameter_shape_of_floats_is_refused():
     with pytest.raises(ModelError, match=r"Parameter\('p'\): parameter 0 has the shape \[2.5\]"):
         Model(Input(), Parameter((2.5,), name="p")()).compile([rand([2, 3])])
+
+
+@pytest.mark.parametrize("norm", [LayerNorm, RMSNorm])
+@pytest.mark.parametrize("axes", [(3,), (-3,), (1, -1), (1.0,)])
+def test_norm_axes_outside_the_input_rank_name_the_layer(norm, axes):
+    with pytest.raises(ModelError, match=rf"layer {norm.__name__}\('n'\): axes=.* shape \[2, 3\]"):
+        _run(norm(axes=axes, name="n"), rand([2, 3]))
+
+
+def test_norm_axes_may_be_one_int_or_negative():
+    x = rand([2, 4, 6])
+    y, p = _run(LayerNorm(axes=-2, name="ln"), x)  # the same as axes=(1,)
+    assert p["t-ln-0-0"].shape == (4,)
+    mu, var = x.mean(1, keepdims=True), x.var(1, keepdims=True)
+    assert_close(y, (x - mu) / np.sqrt(var + 1e-5), rtol=1e-4, atol=1e-5)
