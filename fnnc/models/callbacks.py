@@ -151,6 +151,38 @@ class CheckpointEvery(Callback):
         return None if self.checkpoints is None else self.checkpoints.latest
 
 
+_HOOKS = ("on_train_begin", "on_step_end", "on_epoch_end", "on_train_end")
+
+
+def _is_callback(cb: Any) -> bool:
+    """A :class:`Callback` instance, or an object with all four hooks (duck-typed)."""
+    if isinstance(cb, Callback):
+        return True
+    return not isinstance(cb, type) and all(callable(getattr(cb, h, None)) for h in _HOOKS)
+
+
+def check_callbacks(callbacks: Any, where: str = "train") -> list[Any]:
+    """``callbacks`` as a list: one callback stands for ``[it]``; anything that is not a
+    callback instance is a :class:`ModelError` naming its position and what to pass."""
+    if _is_callback(callbacks):
+        return [callbacks]
+    if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Sequence):
+        items: list[Any] = [callbacks]
+        label = "callbacks"
+    else:
+        items, label = list(callbacks), ""
+    for i, cb in enumerate(items):
+        if _is_callback(cb):
+            continue
+        got = f"the class {cb.__name__}" if isinstance(cb, type) else type(cb).__name__
+        fix = f" (instantiate it: {cb.__name__}(...))" if isinstance(cb, type) else ""
+        raise ModelError(
+            f"{where}: {label or f'callbacks[{i}]'} is {got}{fix}; expected a "
+            "fnnc.models.Callback instance (e.g. EarlyStopping(patience=2)) or a list of them"
+        )
+    return items
+
+
 def _keys(callbacks: Sequence[Callback]) -> list[str]:
     """``<class name>/<position among callbacks of that class>`` per callback."""
     seen: dict[str, int] = {}

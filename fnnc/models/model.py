@@ -354,7 +354,7 @@ class Model(FilesMixin, ScaleMixin, GraphsMixin, Layer):
         batch_size: int = 32,
         validation: Any = None,
         metrics: Any = None,
-        callbacks: Sequence[Any] = (),
+        callbacks: Sequence[Any] | Any = (),
         resume: Any = None,
         seed: int | None = None,
         stop_on_nan: bool = True,
@@ -379,8 +379,9 @@ class Model(FilesMixin, ScaleMixin, GraphsMixin, Layer):
                 ``(inputs, targets)`` batches (:mod:`fnnc.models.validation`).
             metrics: ``{"name": fn(outputs, targets)}`` or ``["accuracy"]``; accuracy
                 takes integer labels, one-hot or soft (mixup) targets.
-            callbacks: :class:`fnnc.models.callbacks.Callback` objects, e.g.
-                ``CheckpointEvery(path, per_epoch=True)``, ``EarlyStopping(patience=2)``.
+            callbacks: :class:`fnnc.models.callbacks.Callback` objects (a list, or one
+                alone), e.g. ``CheckpointEvery(path, per_epoch=True)``,
+                ``EarlyStopping(patience=2)``; anything else is a ``ModelError``.
             resume: a checkpoint path or ``Checkpoints``: its newest step (if any) is
                 restored first (:meth:`fnnc.io.Checkpoints.restore_into`) and the run
                 continues exactly where it stopped, mid-epoch included. Given another

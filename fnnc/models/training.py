@@ -37,7 +37,7 @@ from fnnc.errors import ModelError, NumericsError
 from fnnc.models import batches as feed
 from fnnc.models import checks
 from fnnc.models import metrics as metrics_
-from fnnc.models.callbacks import Callback, load_callback_states
+from fnnc.models.callbacks import Callback, check_callbacks, load_callback_states
 from fnnc.models.progress import EpochLines
 from fnnc.models.validation import outputs_and_targets, validation_batches
 
@@ -63,7 +63,7 @@ def train(
     batch_size: int = 32,
     validation: Any = None,
     metrics: Mapping[str, Callable[..., Any]] | Sequence[str] | None = None,
-    callbacks: Sequence[Callback] = (),
+    callbacks: Sequence[Callback] | Callback = (),
     resume: Any = None,
     seed: int | None = None,
     stop_on_nan: bool = True,
@@ -75,7 +75,9 @@ def train(
     """Trains a compiled model; returns the metrics of each epoch run (see ``Model.train``)."""
     prog = feed.progress(model)
     # callbacks that save the run see the others' work of the same step or epoch
-    callbacks = sorted(callbacks, key=lambda cb: getattr(cb, "saves_the_run", False))
+    callbacks = sorted(
+        check_callbacks(callbacks), key=lambda cb: getattr(cb, "saves_the_run", False)
+    )
     if resume is not None:
         load_callback_states(callbacks, _restore(resume, model))
     if seed is not None:

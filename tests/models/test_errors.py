@@ -9,7 +9,16 @@ import pytest
 
 from fnnc import config, ops
 from fnnc.errors import ModelError, NumericsError
-from fnnc.models import BuildContext, CommandLayer, Conv, Dense, Input, Model, checks
+from fnnc.models import (
+    BuildContext,
+    CommandLayer,
+    Conv,
+    Dense,
+    EarlyStopping,
+    Input,
+    Model,
+    checks,
+)
 
 RNG = np.random.default_rng(0)
 XS = RNG.standard_normal((16, 4)).astype(np.float32)
@@ -182,3 +191,33 @@ def test_targets_a_named_loss_would_ignore_are_refused(clf) -> None:
         noop.fit(XS[:8], YS[:8])
     expected = _xent(np.asarray(clf.evaluate(XS[:8])), YS[:8])  # one target still fits
     np.testing.assert_allclose(float(clf.fit(XS[:8], [YS[:8]])), expected, rtol=1e-5)
+
+
+def _stopper() -> Model:
+    x = Input(name="x")
+    model = Model(x, Dense(3, name="fc")(x))
+    model.compile(XS[:8], loss="softmax_crossentropy", minimizer=optax.sgd(1e3))
+    return model
+
+
+def test_one_callback_alone_is_a_list_of_it_and_others_are_named() -> None:
+    alone = _stopper().train(
+        (XS, YS), epochs=6, batch_size=8, verbose=False,
+        callbacks=EarlyStopping(monitor="loss", patience=0),
+    )  # fmt: skip
+    listed = _stopper().train(
+        (XS, YS), epochs=6, batch_size=8, verbose=False,
+        callbacks=[EarlyStopping(monitor="loss", patience=0)],
+    )  # fmt: skip
+    assert alone == listed and alone["epoch"] == [1, 2]  # the loss rose in epoch 2: stop
+    model = _stopper()
+    expect = r"^train: callbacks\[1\] is str; expected a fnnc.models.Callback instance"
+    with pytest.raises(ModelError, match=expect):
+        model.train((XS, YS), callbacks=[EarlyStopping(), "early"], verbose=False)
+    with pytest.raises(
+        ModelError, match=r"callbacks\[0\] is the class EarlyStopping .*EarlyStopping\("
+    ):
+        model.train((XS, YS), callbacks=[EarlyStopping], verbose=False)
+    with pytest.raises(ModelError, match=r"^train: callbacks is str;"):
+        model.train((XS, YS), callbacks="early", verbose=False)
+    assert model.train_progress.step == 0  # refused before a step
