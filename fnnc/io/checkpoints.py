@@ -143,7 +143,7 @@ class Checkpoints:
         """Saves one generation atomically (replacing an earlier save of ``step``).
 
         Args:
-            step: the training step (an int).
+            step: the training step (an int >= 0).
             state: a pytree of arrays (dict/list/tuple/NamedTuple/None containers), an
                 object with ``parameters() -> dict[str, array]``, or a compiled cnnp
                 model: then everything to resume training is saved, see
@@ -156,6 +156,11 @@ class Checkpoints:
         first), and only process 0 writes the file.
         """
         step = _step(step, self.path)
+        if step < 0:  # as sharded checkpoints: a step counts training steps, from 0
+            raise CheckpointError(
+                f"checkpoint: step {step} for {self.path}: a saved step is the training step, "
+                "an int >= 0 (e.g. model.train_progress.step)"
+            )
         prefix = f"__ckpt-{step}__["
         source = "pytree"
         row = lambda label: f"{prefix}{label}]"

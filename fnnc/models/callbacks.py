@@ -29,6 +29,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from fnnc.errors import ModelError
 
 CALLBACKS_KEY = "fnnc.callbacks"
@@ -231,9 +233,19 @@ class EarlyStopping(Callback):
     ):  # fmt: skip
         if mode not in ("min", "max", "auto"):
             raise ModelError(f"EarlyStopping: mode must be 'min', 'max' or 'auto', got {mode!r}")
+        if (
+            not isinstance(patience, (int, np.integer))
+            or isinstance(patience, bool)
+            or patience < 0
+        ):
+            raise ModelError(
+                f"EarlyStopping: patience={patience!r} ({type(patience).__name__}); expected an "
+                "int >= 0, the epochs without improvement to allow, e.g. patience=2"
+            )
         if mode == "auto":
             mode = "max" if "acc" in monitor else "min"
-        self.monitor, self.patience, self.min_delta, self.mode = monitor, patience, min_delta, mode
+        self.monitor, self.min_delta, self.mode = monitor, min_delta, mode
+        self.patience = int(patience)
         self.best: float | None = None
         self.wait = 0
         self.stopped_epoch: int | None = None

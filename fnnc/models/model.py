@@ -370,8 +370,8 @@ class Model(FilesMixin, ScaleMixin, GraphsMixin, Layer):
                 :class:`fnnc.data.DataFrame` (batched with ``batch_size`` unless it has
                 a ``batch``; columns ``inputs``/``targets``, by default the last column
                 is the target), or a ``grain.MapDataset`` of ``(inputs, targets)`` batches.
-            epochs: epochs to run; with ``resume``, the epoch to run up to (Keras's
-                ``initial_epoch`` convention: the run ends at epoch ``epochs``).
+            epochs: epochs to run, an int >= 0; with ``resume``, the epoch to run up to
+                (Keras's ``initial_epoch`` convention: the run ends at epoch ``epochs``).
             batch_size: samples per step (arrays and unbatched dataframes).
             validation: measured after every epoch: ``val_loss``, ``val_accuracy``
                 (classification losses) and ``val_<name>`` per metric. Arrays, a
@@ -396,6 +396,10 @@ class Model(FilesMixin, ScaleMixin, GraphsMixin, Layer):
                 batch's non-finite values if it had any). In-memory data is checked once
                 before the first step: NaN or infinity warns (``RuntimeWarning``), class
                 labels out of range raise (:mod:`fnnc.models.checks`).
+            inputs: with a dataframe (``data`` or ``validation``), the column(s) fed
+                to the model's inputs; with arrays alone there are no columns to name,
+                and giving it is a ``ModelError``.
+            targets: the dataframe column(s) of the targets, as ``inputs``.
             progress: a tqdm bar per epoch that stays on screen with the epoch's
                 metrics (default: when stderr is a terminal; else one log line per
                 epoch on stderr; :mod:`fnnc.models.progress`). ``verbose=False``: neither.

@@ -73,6 +73,7 @@ def train(
     verbose: bool = True,
 ) -> dict[str, list[float]]:
     """Trains a compiled model; returns the metrics of each epoch run (see ``Model.train``)."""
+    _check_args(epochs, data, validation, inputs, targets)
     prog = feed.progress(model)
     # callbacks that save the run see the others' work of the same step or epoch
     callbacks = sorted(
@@ -251,6 +252,29 @@ def accuracy(outputs: Any, targets: Any) -> float:
 def loss_value(model: Any, outputs: list[Any], targets: list[Any]) -> float:
     """The compiled loss of ``outputs`` against ``targets`` (a batch mean), run eagerly."""
     return metrics_.MeanLoss()(model, outputs, targets)
+
+
+def _check_args(epochs: Any, data: Any, validation: Any, inputs: Any, targets: Any) -> None:
+    """Refuses what ``train`` would silently ignore: epochs below 0 (no epoch ran) and
+    ``inputs=``/``targets=`` column names when no dataframe has columns to name."""
+    if not isinstance(epochs, (int, np.integer)) or isinstance(epochs, bool) or epochs < 0:
+        raise ModelError(
+            f"train: epochs={epochs!r} ({type(epochs).__name__}); expected an int >= 0, the "
+            "epochs to run (with resume=, the epoch to run up to), e.g. epochs=10"
+        )
+    from fnnc.data import DataFrame
+
+    if (inputs is not None or targets is not None) and not any(
+        isinstance(d, DataFrame) for d in (data, validation)
+    ):
+        named = (
+            "inputs=" if targets is None else "targets=" if inputs is None else "inputs=/targets="
+        )
+        raise ModelError(
+            f"train: {named} name the columns of a fnnc.data.DataFrame, but the data is "
+            f"{type(data).__name__}, which has no columns; pass the arrays themselves as "
+            "data=(inputs, targets) and drop " + named
+        )
 
 
 def _metrics(

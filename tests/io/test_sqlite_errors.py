@@ -146,6 +146,9 @@ def test_a_damaged_manifest_table_and_step_range(tmp_path):
                 ckpt.restore(step)
         with pytest.raises(CheckpointError, match=r"outside SQLite's int64 range"):
             ckpt.save(2**64, {"w": np.ones(1)})
+        with pytest.raises(CheckpointError, match=r"step -1 for .*c\.ckpt: .* an int >= 0"):
+            ckpt.save(-1, {"w": np.ones(1)})
+        assert ckpt.steps() == [1]  # nothing written
     sql(path, ("ALTER TABLE fnnc_checkpoints DROP COLUMN created",))
     with pytest.raises(
         TensorFileError,

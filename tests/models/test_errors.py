@@ -221,3 +221,28 @@ def test_one_callback_alone_is_a_list_of_it_and_others_are_named() -> None:
     with pytest.raises(ModelError, match=r"^train: callbacks is str;"):
         model.train((XS, YS), callbacks="early", verbose=False)
     assert model.train_progress.step == 0  # refused before a step
+
+
+def test_train_refuses_what_it_would_ignore() -> None:
+    from fnnc.data import DataFrame
+
+    model = _stopper()
+    before = np.asarray(model.parameters()["t-fc-0-0"])
+    for epochs in (-1, 1.5, True):
+        with pytest.raises(ModelError, match=rf"^train: epochs={epochs!r} .* an int >= 0"):
+            model.train((XS, YS), epochs=epochs, verbose=False)
+    with pytest.raises(ModelError, match=r"^train: inputs= name the columns of a .*DataFrame"):
+        model.train((XS, YS), inputs="a", verbose=False)
+    with pytest.raises(ModelError, match=r"^train: targets= .* drop targets="):
+        model.train((XS, YS), targets="b", verbose=False)
+    np.testing.assert_array_equal(model.parameters()["t-fc-0-0"], before)  # no step ran
+    for patience in (-1, 1.5, "2"):
+        with pytest.raises(ModelError, match=r"EarlyStopping: patience=.* an int >= 0"):
+            EarlyStopping(patience=patience)
+    # inputs= naming a validation dataframe's columns is used, as the arrays are
+    frame = DataFrame.from_arrays(a=XS, b=YS)
+    by_frame = _stopper().train(
+        (XS, YS), validation=frame, inputs="a", targets="b", batch_size=8, verbose=False
+    )
+    by_arrays = _stopper().train((XS, YS), validation=(XS, YS), batch_size=8, verbose=False)
+    np.testing.assert_allclose(by_frame["val_loss"], by_arrays["val_loss"], rtol=1e-6)
