@@ -275,3 +275,15 @@ def numeric_inputs(model: Any, values: list[Any]) -> list[Any]:
                 "np.asarray(x, np.float32)"
             )
     return values
+
+
+def minimizer_ids(params: Any) -> list[str] | None:
+    """``params`` of ``set_minimizer`` as a list of ids: one id alone stands for ``[it]``."""
+    if params is None or isinstance(params, str):
+        return params if params is None else [params]
+    if not isinstance(params, Sequence) or not all(isinstance(p, str) for p in params):
+        raise ModelError(
+            f"set_minimizer: params={params!r:.60} ({type(params).__name__}); expected a "
+            "parameter id or a list of ids, e.g. params=['t-fc-0-0'] (see model.parameters())"
+        )
+    return list(params)

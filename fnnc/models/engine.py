@@ -196,7 +196,7 @@ class Engine(StepsMixin):
         return opt if opt is not None else optax.set_to_zero()
 
     def set_minimizer(
-        self, minimizer: Any, *, reset: bool = False, params: Sequence[str] | None = None
+        self, minimizer: Any, *, reset: bool = False, params: Sequence[str] | str | None = None
     ) -> None:
         """Sets the minimizer of all (or ``params``) parameters; see ``Model.set_minimizer``.
 
@@ -211,6 +211,7 @@ class Engine(StepsMixin):
                 f"{type(minimizer).__name__}"
             )
         minimizer = keys_as_bits(minimizer)  # a PRNG key in the state rides as its bits
+        params = checks.minimizer_ids(params)
         self._sync_live()
         if params is None:
             self.default_minimizer = minimizer

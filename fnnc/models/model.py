@@ -310,14 +310,15 @@ class Model(FilesMixin, ScaleMixin, GraphsMixin, Layer):
         self.engine.apply_gradients()
 
     def set_minimizer(
-        self, minimizer: Any, *, reset: bool = False, params: Sequence[str] | None = None
+        self, minimizer: Any, *, reset: bool = False, params: Sequence[str] | str | None = None
     ) -> None:
         """Sets the minimizer of all (or some) parameters; state carries over unless ``reset``.
 
         The minimizer (an Optax transformation or ``optax.MultiSteps``) updates the dict
         of trainable parameters ``{id: array}`` as a whole; ``params`` makes those ids a
         partition that ``minimizer`` updates as a whole, as ``optax.multi_transform``
-        does (the ids set with one object are one partition); see :mod:`fnnc.models.optim`."""
+        does (the ids set with one object are one partition; one id alone is a list of
+        it); see :mod:`fnnc.models.optim`."""
         self.engine.set_minimizer(minimizer, reset=reset, params=params)
 
     # -- memory (NNC's ccv_cnnp_model_set_memory_* / _gradient_checkpointing) --------

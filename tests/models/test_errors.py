@@ -246,3 +246,23 @@ def test_train_refuses_what_it_would_ignore() -> None:
     )
     by_arrays = _stopper().train((XS, YS), validation=(XS, YS), batch_size=8, verbose=False)
     np.testing.assert_allclose(by_frame["val_loss"], by_arrays["val_loss"], rtol=1e-6)
+
+
+def test_one_parameter_id_alone_is_not_a_sequence_of_characters() -> None:
+    import jax
+
+    model = _stopper()
+    model.set_minimizer(optax.sgd(0.0))
+    model.set_minimizer(optax.sgd(0.1), params="t-fc-0-0")  # the weight alone learns
+    p = {k: np.asarray(v) for k, v in model.parameters().items()}
+
+    def xent(w, b):
+        return -jnp.mean(jax.nn.log_softmax(XS[:8] @ w.T + b[None])[np.arange(8), YS[:8]])
+
+    grad = jax.grad(xent)(p["t-fc-0-0"], p["t-fc-0-1"])
+    model.fit(XS[:8], YS[:8])
+    after = model.parameters()
+    np.testing.assert_allclose(after["t-fc-0-0"], p["t-fc-0-0"] - 0.1 * grad, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(after["t-fc-0-1"], p["t-fc-0-1"])
+    with pytest.raises(ModelError, match=r"^set_minimizer: params=3 \(int\); expected a parameter"):
+        model.set_minimizer(optax.sgd(0.1), params=3)
