@@ -287,3 +287,23 @@ def minimizer_ids(params: Any) -> list[str] | None:
             "parameter id or a list of ids, e.g. params=['t-fc-0-0'] (see model.parameters())"
         )
     return list(params)
+
+
+def parameter_value(pid: str, info: Any, value: Any) -> Any:
+    """``value`` for parameter ``pid`` if it is numbers (an array, a scalar, nested lists);
+    a :class:`ModelError` naming the id and what was given otherwise."""
+    given, dtype = value, getattr(value, "dtype", None)
+    if dtype is None:
+        try:
+            value = np.asarray(value)
+        except (TypeError, ValueError):  # ragged lists
+            dtype = np.dtype(object)
+        else:
+            dtype = value.dtype
+    if np.dtype(dtype).kind in "OUSMm":  # objects, strings, dates: not numbers
+        raise ModelError(
+            f"set_parameters: {pid} (layer {info.layer}) is {info.dtype}{list(info.shape)}; "
+            f"the value given is {given!r:.40} ({type(given).__name__} of {np.dtype(dtype)}), "
+            "not numbers; give an array of that shape"
+        )
+    return value

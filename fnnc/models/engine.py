@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -252,6 +252,12 @@ class Engine(StepsMixin):
         """Sets parameters by id, checking shapes; ``strict`` rejects unknown ids. A value
         whose shape differs from the parameter's only by size-1 axes (a ``[1]`` value for
         a ``[1, 1]`` weight, which NNC's ``set_parameter`` copies) is reshaped to it."""
+        if not isinstance(values, Mapping):
+            raise ModelError(
+                f"set_parameters: expected a dict {{parameter id: array}}, e.g. "
+                f"{{'t-fc-0-0': w}}, got {type(values).__name__} (see model.parameters() "
+                "for the ids)"
+            )
         unknown = [k for k in values if k not in self.infos]
         if unknown and strict:
             raise ModelError(
@@ -262,6 +268,7 @@ class Engine(StepsMixin):
             if pid not in self.infos:
                 continue
             info = self.infos[pid]
+            value = checks.parameter_value(pid, info, value)
             given = tuple(np.shape(value))
             if unit_axes_apart(given, info.shape):
                 value = np.reshape(value, info.shape)

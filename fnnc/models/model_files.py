@@ -34,7 +34,9 @@ class FilesMixin:
         return self.engine.parameters()
 
     def set_parameters(self, values: dict[str, Any], *, strict: bool = True) -> None:
-        """Sets parameters by id (e.g. from another model); ``strict`` rejects unknown ids."""
+        """Sets parameters by id (e.g. from another model); ``strict`` rejects unknown ids.
+        ``values`` is a dict ``{id: array}``; a value that is not numbers (a string, a
+        ragged list) or of another shape is a ``ModelError`` naming the id."""
         self.engine.set_parameters(values, strict=strict)
 
     def checkpoint_state(self, row: Any, metadata: Any, step: int) -> tuple[Any, Any, Any, Any]:

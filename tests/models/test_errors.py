@@ -266,3 +266,17 @@ def test_one_parameter_id_alone_is_not_a_sequence_of_characters() -> None:
     np.testing.assert_array_equal(after["t-fc-0-1"], p["t-fc-0-1"])
     with pytest.raises(ModelError, match=r"^set_minimizer: params=3 \(int\); expected a parameter"):
         model.set_minimizer(optax.sgd(0.1), params=3)
+
+
+def test_set_parameters_names_the_id_and_what_was_given() -> None:
+    model = _stopper()
+    with pytest.raises(ModelError, match=r"^set_parameters: expected a dict .* got list"):
+        model.set_parameters([np.ones((3, 4), np.float32)])
+    with pytest.raises(ModelError, match=r"t-fc-0-0 \(layer Dense\('fc'\)\) is float32\[3, 4\]; "
+                       r"the value given is 'abc' \(str of <U3\), not numbers"):  # fmt: skip
+        model.set_parameters({"t-fc-0-0": "abc"})
+    with pytest.raises(ModelError, match=r"t-fc-0-0 .* \(list of object\), not numbers"):
+        model.set_parameters({"t-fc-0-0": [[1.0, 2.0], [3.0]]})
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)
+    model.set_parameters({"t-fc-0-0": w.tolist()})  # nested lists of numbers are arrays
+    np.testing.assert_array_equal(model.parameters()["t-fc-0-0"], w)
