@@ -3,6 +3,9 @@
 Every loss gives one value per sample, keeping the reduced axis as size 1 (NNC's
 convention). The cross-entropies reduce the last (class) axis: ``[..., C] -> [..., 1]``;
 ``mse`` and ``smooth_l1`` reduce every axis but the batch axis: ``[N, ...] -> [N, 1]``.
+Sums over an empty axis are 0; what has no value there is refused by the shape rule
+(a ``ShapeError``): ``mse``'s mean over samples of no values, and a softmax over no
+classes.
 
 Class labels (softmax and categorical cross-entropy) are either class indices shaped
 ``[...]`` or ``[..., 1]`` (integers, or floats rounded to the nearest class as NNC
@@ -99,11 +102,13 @@ def _minus_targets(p, label, trim0, trim1):
     return out.reshape(p.shape)
 
 
-def _class_loss_shape(name: str, outputs: int):
+def _class_loss_shape(name: str, outputs: int, *, softmax: bool = False):
     def rule(x, label, *, trim0, trim1):
         require_float(name, x)
         if x.ndim < 1:
             fail(f"{name}: scores {show(x)} need a class axis")
+        if softmax and x.shape[-1] == 0:  # a softmax over no classes is undefined
+            fail(f"{name}: scores {show(x)} have no classes; a softmax needs at least one")
         _label_kind(name, x, label)
         loss = Spec((*x.shape[:-1], 1), x.dtype)
         return (loss, Spec(x.shape, x.dtype)) if outputs == 2 else loss
@@ -113,7 +118,7 @@ def _class_loss_shape(name: str, outputs: int):
 
 @defcommand(
     family="loss",
-    shape=_class_loss_shape("softmax_crossentropy", 2),
+    shape=_class_loss_shape("softmax_crossentropy", 2, softmax=True),
     uses=Uses(inputs=(1,), outputs=(1,)),
 )
 def softmax_crossentropy(x, label, *, trim0=0.0, trim1=1.0):
@@ -289,7 +294,17 @@ def _check_reduce(*, reduce):
         raise CommandError(f"mse: reduce={reduce!r}; use 'mean' or 'sum'")
 
 
-@defcommand(family="loss", shape=_pair_shape("mse", _check_reduce), uses=Uses(inputs=(0, 1)))
+def _mse_shape(a, b, *, reduce):
+    out = _pair_shape("mse", _check_reduce)(a, b, reduce=reduce)
+    if reduce == "mean" and math.prod(a.shape[1:]) == 0:  # 0 / 0: NaN, and so its gradient
+        fail(
+            f"mse: inputs {show(a)} have no values per sample to take the mean of; give "
+            "samples at least one value, or reduce='sum' (0 for an empty sample)"
+        )
+    return out
+
+
+@defcommand(family="loss", shape=_mse_shape, uses=Uses(inputs=(0, 1)))
 def mse(a, b, *, reduce="mean"):
     """Squared error per sample, ``[N, ...] -> [N, 1]``: ``"mean"`` or ``"sum"`` of ``(a-b)**2``."""
     d = a - b

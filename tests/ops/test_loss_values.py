@@ -136,3 +136,23 @@ def test_softmax_crossentropy_takes_dimension_0_as_the_batch() -> None:
     assert_close(ops.softmax_crossentropy()(x, label[:, None])[0], loss)
     with pytest.raises(ShapeError, match=r"or \[N\] for scores \[N, 1, \.\.\., 1, C\]"):
         ops.softmax_crossentropy()(rand([16, 2, 8]), label)
+
+
+def test_empty_sample_losses_are_sums_of_nothing_or_refused() -> None:
+    from fnnc.graph import GraphBuilder, backward, compile
+
+    z = np.zeros((2, 0), np.float32)
+    for loss in (ops.mse(reduce="sum"), ops.smooth_l1(), ops.binary_crossentropy()):
+        np.testing.assert_array_equal(np.asarray(loss(z, z)), np.zeros((2, 1)))  # np.sum([]) == 0
+    with pytest.raises(ShapeError, match=r"mse: inputs float32\[2, 0\] have no values per sample"):
+        ops.mse()(z, z)  # np.mean([]) is NaN: refused, not NaN
+    with pytest.raises(ShapeError, match=r"softmax_crossentropy: scores .* have no classes"):
+        ops.softmax_crossentropy()(z, np.zeros(2, np.int32))
+    b = GraphBuilder()
+    x, t = b.input((2, 0), name="x"), b.input((2, 0), name="t")
+    with pytest.raises(ShapeError, match=r"^node 'loss' \(mse\): mse: inputs float32\[2, 0\]"):
+        b.exec(ops.mse(), x, t, name="loss")
+    s = b.exec(ops.reduce_sum(axes=(0,)), b.exec(ops.mse(reduce="sum"), x, t), name="s")
+    g, _ = backward(b.build([s]), s, [x])
+    grads = compile(g)(z, z)  # the sum's gradient over no values: empty, no ZeroDivisionError
+    assert [np.shape(v) for v in jax.tree.leaves(grads)][-1] == (2, 0)
