@@ -9,7 +9,13 @@ per-sample ``[N, 1]`` losses).
   a named loss takes exactly one target (more is a :class:`~fnnc.errors.ModelError`,
   not silently ignored), ``loss=None`` none;
 * any callable ``fn(outputs, targets) -> scalar`` written with JAX: traced into a graph
-  and inlined.
+  and inlined. It is called with two **lists** of arrays, the model's outputs and the
+  targets given to ``fit``/``train`` (even for one of each: ``outputs[0]``,
+  ``targets[0]``), and returns one scalar, e.g.
+  ``lambda outputs, targets: jnp.mean((outputs[0] - targets[0]) ** 2)``. (A metric
+  function gets the first output and target as arrays.) An error the function raises
+  while it is traced is a :class:`~fnnc.errors.ModelError` that says so, the original
+  error as its ``__cause__``.
 """
 
 from __future__ import annotations
@@ -74,7 +80,17 @@ def build_loss(
     n = len(outputs)
 
     def flat(*args: Any) -> Any:
-        return loss(list(args[:n]), list(args[n:]))
+        outs, targs = list(args[:n]), list(args[n:])
+        try:
+            return loss(outs, targs)
+        except Exception as e:
+            raise ModelError(
+                f"the loss function {getattr(loss, '__name__', type(loss).__name__)} raised "
+                f"{type(e).__name__}: {e}\n  It is called as fn(outputs, targets) with two "
+                f"lists of arrays, outputs {_shapes(outs)} and targets {_shapes(targs)} "
+                "(even one of each is a list), and returns one scalar, e.g. "
+                "lambda outputs, targets: jnp.mean((outputs[0] - targets[0]) ** 2)"
+            ) from e
 
     graph = trace(flat, *specs)
     if len(graph.outputs) != 1 or int(np.prod(graph.spec(graph.outputs[0]).shape)) != 1:
@@ -96,3 +112,7 @@ def _check_target_count(loss: Any, targets: Sequence[Symbol]) -> None:
             f"{takes}, or compile with a loss function (outputs, targets) -> scalar, which "
             "gets every target"
         )
+
+
+def _shapes(values: Sequence[Any]) -> str:
+    return "[" + ", ".join(f"{np.dtype(v.dtype).name}{list(v.shape)}" for v in values) + "]"

@@ -280,3 +280,24 @@ def test_set_parameters_names_the_id_and_what_was_given() -> None:
     w = np.arange(12, dtype=np.float32).reshape(3, 4)
     model.set_parameters({"t-fc-0-0": w.tolist()})  # nested lists of numbers are arrays
     np.testing.assert_array_equal(model.parameters()["t-fc-0-0"], w)
+
+
+def test_loss_function_errors_state_the_calling_convention() -> None:
+    ys = RNG.standard_normal((8, 3)).astype(np.float32)
+    for loss, cause in (
+        (lambda o, t: jnp.mean((o - t) ** 2), TypeError),  # lists, not arrays
+        (lambda o: o[0].sum(), TypeError),  # one argument
+    ):
+        x = Input()
+        model = Model(x, Dense(3, name="fc")(x))
+        model.compile(XS[:8], loss=loss, minimizer=optax.sgd(0.1))
+        with pytest.raises(ModelError, match=r"^the loss function <lambda> raised TypeError") as e:
+            model.fit(XS[:8], ys)
+        assert isinstance(e.value.__cause__, cause)
+        text = str(e.value)
+        assert "fn(outputs, targets) with two lists of arrays, outputs [float32[8, 3]]" in text
+    x = Input()  # the convention kept: lists, the mean squared error by NumPy
+    model = Model(x, Dense(3, name="fc")(x))
+    model.compile(XS[:8], loss=lambda o, t: jnp.mean((o[0] - t[0]) ** 2), minimizer=optax.sgd(0))
+    want = np.mean((np.asarray(model.evaluate(XS[:8])) - ys) ** 2)
+    np.testing.assert_allclose(float(model.fit(XS[:8], ys)), want, rtol=1e-5)
