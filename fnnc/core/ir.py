@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from fnnc.core.command import Command
+from fnnc.errors import GraphError
 
 Spec = jax.ShapeDtypeStruct
 
@@ -193,6 +194,32 @@ class Graph:
     @property
     def output_specs(self) -> tuple[Spec, ...]:
         return tuple(self.spec(i) for i in self.outputs)
+
+
+def require_graph(value: Any, where: str) -> Graph:
+    """``value`` itself when it is a :class:`Graph`, else a :class:`GraphError` that says
+    what came and how to get a graph (the check at the graph layer's entry points)."""
+    if isinstance(value, Graph):
+        return value
+    try:
+        inner = getattr(value, "graph", None)
+    except Exception:  # a property that cannot answer (an uncompiled model): no hint
+        inner = None
+    if isinstance(inner, Graph):
+        hint = f"pass its .graph ({type(value).__name__}.graph is one)"
+    elif callable(value):
+        hint = "trace the function into one first: fnnc.graph.trace(fn, *example_args)"
+    else:
+        hint = "build one with fnnc.graph.GraphBuilder or fnnc.graph.trace(fn, *example_args)"
+    raise GraphError(
+        f"{where}: expected a fnnc.graph.Graph, got {type(value).__name__} {_short(value)}; {hint}"
+    )
+
+
+def _short(value: Any) -> str:
+    name = getattr(value, "__name__", None)
+    text = repr(name if isinstance(name, str) else value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def num_elements(shape: tuple[int, ...]) -> int:

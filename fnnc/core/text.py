@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol
+from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol, require_graph
 
 _SHORT = {
     "float32": "f32",
@@ -110,6 +110,7 @@ def to_dot(graph: Graph) -> str:
     >>> print(to_dot(b.build([b.exec(ops.relu(), x)])).splitlines()[0])
     digraph fnnc {
     """
+    require_graph(graph, "to_dot")
     lines = ["digraph fnnc {", "  rankdir=TB;", '  node [fontname="monospace"];']
     for sym in graph.symbols:
         label = (sym.name + "\\n" if sym.name else "") + sym_str(sym)

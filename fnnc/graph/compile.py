@@ -23,11 +23,11 @@ from jax.sharding import AxisType, Mesh
 from fnnc import config
 from fnnc.core import dispatch
 from fnnc.core.evaluate import as_tuple, run_nodes
-from fnnc.core.ir import Graph, Node
+from fnnc.core.ir import Graph, Node, require_graph
 from fnnc.errors import CommandError, GraphError, GraphInputError, NumericsError
 from fnnc.graph import cpu_libraries
 from fnnc.graph._io import flatten_inputs, unflatten_outputs
-from fnnc.graph.memory import MemoryPlan, memory_plan
+from fnnc.graph.memory import Donate, MemoryPlan, donated_positions, memory_plan
 from fnnc.graph.numerics import Blame, numerics_error
 from fnnc.graph.sharding import Shardings
 from fnnc.ops import while_tape
@@ -311,23 +311,6 @@ def _hoisted(value: Any) -> bool:
     return value.size > HOIST_ELEMENTS and value.splat is None
 
 
-def _donate_indices(graph: Graph, donate: Sequence[int | str]) -> tuple[int, ...]:
-    out = []
-    names = {graph.symbol(s).name: i for i, s in enumerate(graph.inputs)}
-    for d in donate:
-        if isinstance(d, str):
-            if d not in names:
-                raise GraphInputError(
-                    f"compile: donate names input {d!r}, but the graph inputs are {list(names)}"
-                )
-            out.append(names[d])
-        elif not 0 <= d < len(graph.inputs):
-            raise GraphInputError(f"compile: donate index {d} is not a graph input position")
-        else:
-            out.append(int(d))
-    return tuple(sorted(set(out)))
-
-
 @functools.lru_cache(maxsize=256)
 def _compile_cached(
     graph: Graph,
@@ -354,11 +337,11 @@ def _mesh_context(plan: Shardings | None) -> Any:
 def compile(  # noqa: A001 - the name NNC users look for
     graph: Graph,
     *,
-    donate: Sequence[int | str] = (),
+    donate: Donate = (),
     platform: str | None = None,
     shardings: Shardings | None = None,
     matmul_precision: str | None = None,
-    passes: Sequence[Callable[[Graph], Graph]] = (),
+    passes: Sequence[str | Callable[[Graph], Graph]] = (),
 ) -> Program:
     """Lowers ``graph`` to one jitted XLA computation.
 
@@ -379,8 +362,9 @@ def compile(  # noqa: A001 - the name NNC users look for
 
     Args:
         graph: the graph to compile.
-        donate: graph inputs (positions or names) whose buffers the program may reuse
-            for its outputs (NNC's in-place execution); callers must not use them after.
+        donate: graph inputs (positions or names, one or a list) whose buffers the
+            program may reuse for its outputs (NNC's in-place execution); callers must
+            not use them after.
         platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default: JAX's default backend.
         shardings: layouts of the inputs (and outputs) on a device mesh, e.g. from
             :func:`~fnnc.graph.data_parallel`; XLA inserts the collectives.
@@ -388,8 +372,9 @@ def compile(  # noqa: A001 - the name NNC users look for
             precision), ``"tensorfloat32"`` (TF32 on GPUs), ``"bfloat16"`` or
             ``"default"`` (JAX's setting); default: ``config.get().matmul_precision``,
             which is ``"float32"`` unless ``FNNC_MATMUL_PRECISION`` says otherwise.
-        passes: passes ``Graph -> Graph`` to run on ``graph`` first, in order; they
-            must keep its inputs and outputs (their number and specs).
+        passes: passes ``Graph -> Graph`` (or names of the built-in ones, ``"cse"``,
+            ``"dce"``, ``"fold"``, ``"fuse"``) to run on ``graph`` first, in order;
+            they must keep its inputs and outputs (their number and specs).
 
     >>> import numpy as np
     >>> from fnnc import ops
@@ -400,10 +385,11 @@ def compile(  # noqa: A001 - the name NNC users look for
     >>> program(np.array([1.0, 2.0], np.float32))
     Array([3., 6.], dtype=float32)
     """
+    require_graph(graph, "compile")
     if passes:
         graph = _after_passes(graph, passes)
     numerics = config.get().numerics
-    donated = _donate_indices(graph, donate)
+    donated = donated_positions(graph, donate, "compile")
     return _compile_cached(
         graph,
         () if numerics else donated,  # the numerics report re-runs the inputs
@@ -415,10 +401,11 @@ def compile(  # noqa: A001 - the name NNC users look for
     )
 
 
-def _after_passes(graph: Graph, passes: Sequence[Callable[[Graph], Graph]]) -> Graph:
-    from fnnc.graph.passes.pipeline import run_passes
+def _after_passes(graph: Graph, passes: Any) -> Graph:
+    from fnnc.graph.passes.pipeline import resolve_passes, run_passes
 
-    new = run_passes(graph, tuple(passes))
+    passes = resolve_passes(passes, "compile")
+    new = run_passes(graph, passes)
     if new.input_specs != graph.input_specs or new.output_specs != graph.output_specs:
         raise GraphError(
             f"compile: passes {[getattr(p, '__name__', p) for p in passes]} changed the "

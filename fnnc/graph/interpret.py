@@ -12,7 +12,7 @@ import numpy as np
 from fnnc import config
 from fnnc.core.dispatch import REFERENCE, compiled_forward, reference_only
 from fnnc.core.evaluate import as_tuple, run_nodes
-from fnnc.core.ir import Graph, Node
+from fnnc.core.ir import Graph, Node, require_graph
 from fnnc.core.text import format_graph
 from fnnc.errors import FnncError, GraphError
 from fnnc.graph._io import flatten_inputs, unflatten_outputs
@@ -65,7 +65,7 @@ def interpret(graph: Graph, *args: Any, on_node: OnNode | None = None) -> Any:
     >>> _ = interpret(graph, np.ones(2, np.float32), on_node=show)
     0 relu f32[2] min=1 max=1 mean=1 std=0 nan=0 inf=0
     """
-    values = flatten_inputs(graph, args, "interpret")
+    values = flatten_inputs(require_graph(graph, "interpret"), args, "interpret")
     blame = Blame(graph) if config.get().numerics else None
 
     def run_node(index: int, node: Node, inputs: list[Any]) -> tuple[Any, ...]:

@@ -41,12 +41,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
-from fnnc.core.ir import Graph
+from fnnc.core.ir import Graph, require_graph
 from fnnc.core.text import type_str
 from fnnc.errors import GraphInputError
 
@@ -130,28 +130,41 @@ def tensor_bytes(shape: tuple[int, ...], dtype: object) -> int:
 PASS_THROUGH = frozenset({"optimization_barrier"})
 """Commands whose output ``i`` is input ``i``'s buffer (XLA aliases them)."""
 
-Donate = Sequence[int | str]
-"""Graph inputs whose buffers the program may reuse: positions or names."""
+Donate = int | str | Sequence[int | str]
+"""Graph inputs whose buffers the program may reuse: positions or names (one, or a list)."""
 
 
-def donated_positions(graph: Graph, donate: Donate) -> tuple[int, ...]:
-    """``donate`` as sorted input positions (names are the inputs' symbol names)."""
+def donated_positions(graph: Graph, donate: Donate, where: str = "memory_plan") -> tuple[int, ...]:
+    """``donate`` as sorted input positions (names are the inputs' symbol names; a lone
+    position or name is one input)."""
     names = {graph.symbols[s].name: i for i, s in enumerate(graph.inputs)}
+    if isinstance(donate, (str, int, np.integer)):
+        donate = (donate,)
+    elif not isinstance(donate, Iterable):
+        raise GraphInputError(
+            f"{where}: donate is {type(donate).__name__} {donate!r}; give graph input "
+            "positions or names: one (donate=0, donate='x') or a list (donate=[0, 'w'])"
+        )
     out = set()
     for d in donate:
         if isinstance(d, str):
             if d not in names:
                 raise GraphInputError(
-                    f"memory_plan: donate names input {d!r}, but the graph inputs are "
+                    f"{where}: donate names input {d!r}, but the graph inputs are "
                     f"{list(names)}; pass input names or positions"
                 )
             out.add(names[d])
-        elif isinstance(d, (int, np.integer)) and 0 <= d < len(graph.inputs):
+        elif (
+            isinstance(d, (int, np.integer))
+            and not isinstance(d, bool)
+            and (0 <= d < len(graph.inputs))
+        ):
             out.add(int(d))
         else:
             raise GraphInputError(
-                f"memory_plan: donate entry {d!r} is not a graph input position "
-                f"(the graph has {len(graph.inputs)} inputs)"
+                f"{where}: donate index {d!r} is not a graph input position "
+                f"(the graph has {len(graph.inputs)} inputs: positions 0 to "
+                f"{len(graph.inputs) - 1}, or their names {list(names)})"
             )
     return tuple(sorted(out))
 
@@ -186,8 +199,9 @@ def storage(graph: Graph, donate: Donate = ()) -> dict[int, int]:
             for i, o in zip(node.inputs, node.outputs):
                 src = symbols[i].root
                 owner[symbols[o].root] = owner.get(src, src)
-    if donate:
-        owner.update(_in_place(graph, donate, owner))
+    donated = donated_positions(graph, donate)  # ``donate=0`` is input 0, not nothing
+    if donated:
+        owner.update(_in_place(graph, donated, owner))
     return owner
 
 
@@ -243,14 +257,15 @@ def memory_plan(graph: Graph, *, donate: Donate = ()) -> MemoryPlan:
 
     Args:
         graph: any verified graph (a forward, or one with its backward and updates).
-        donate: graph inputs (positions or names) the program donates, as given to
+        donate: graph inputs (positions or names, one or a list) the program donates, as given to
             :func:`~fnnc.graph.compile` (:attr:`Program.donate` of a compiled one):
             outputs written after such an input's last read reuse its bytes.
 
     Returns:
         A :class:`MemoryPlan`; ``print(plan)`` shows the peak and what is live there.
     """
-    symbols = graph.symbols
+    symbols = require_graph(graph, "memory_plan").symbols
+    donate = donated_positions(graph, donate)
     intervals = liveness(graph, donate)
     size = {r: tensor_bytes(symbols[r].shape, symbols[r].dtype) for r in intervals}
     n = len(graph.nodes)

@@ -16,7 +16,7 @@ from typing import NoReturn
 import numpy as np
 
 from fnnc.core.command import Command, output_specs
-from fnnc.core.ir import AliasSymbol, Graph, TensorSymbol
+from fnnc.core.ir import AliasSymbol, Graph, TensorSymbol, require_graph
 from fnnc.core.text import format_graph
 from fnnc.errors import FnncError, GraphError
 
@@ -46,7 +46,7 @@ def verify(graph: Graph) -> Graph:
     """
     from fnnc.graph.passes._subgraphs import holds_subgraphs, subgraphs
 
-    _verify_one(graph)
+    _verify_one(require_graph(graph, "verify"))
     seen, stack = {id(graph)}, [graph]
     while stack:
         outer = stack.pop()

@@ -28,11 +28,12 @@ program cache by identity, so compiling again with other passes builds new progr
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fnnc.core.ir import Graph
-from fnnc.graph.passes.pipeline import run_passes
+from fnnc.errors import GraphError
+from fnnc.graph.passes.pipeline import resolve_passes, run_passes
 from fnnc.models.layer import ModelError
 
 Pass = Callable[[Graph], Graph]
@@ -88,13 +89,10 @@ NO_PASSES = ModelPasses()
 
 
 def _passes(items: Any, stage: str) -> tuple[Pass, ...]:
-    if callable(items):
-        items = (items,)
-    if not isinstance(items, Sequence) or not all(callable(p) for p in items):
-        raise ModelError(
-            f"compile(passes=): the {stage} passes must be functions Graph -> Graph, got {items!r}"
-        )
-    return tuple(items)
+    try:  # the graph layer's rule: functions, or names of the built-in passes
+        return resolve_passes(items, f"compile(passes=): the {stage} passes")
+    except GraphError as e:
+        raise ModelError(str(e)) from None
 
 
 def _run(graph: Graph, passes: tuple[Pass, ...], stage: str) -> Graph:

@@ -317,3 +317,42 @@ def test_a_read_nothing_writes_is_an_error_not_zeros() -> None:
     b.exec(ops.relu(), x, outputs=[b.alias(root, (2,), offset=(1,))])
     got = interpret(b.build([root]), np.array([-1.0, 2.0], np.float32))
     np.testing.assert_array_equal(np.asarray(got), [0.0, 0.0, 2.0, 0.0])
+
+
+def test_graph_entry_points_refuse_what_is_not_a_graph() -> None:
+    """A function, a name or a number where a graph goes is a GraphError naming the entry
+    point and what came (it was an AttributeError from inside)."""
+    from fnnc.graph import memory_plan, run_passes, simplify, to_dot, verify
+
+    x = np.ones((2, 3), np.float32)
+    cases = {
+        "compile": (lambda: compile(lambda a: a), "got function '<lambda>'", "trace("),
+        "interpret": (lambda: interpret("g", x), "got str 'g'", "GraphBuilder"),
+        "verify": (lambda: verify(3), "got int 3", "GraphBuilder"),
+        "memory_plan": (lambda: memory_plan("g"), "got str 'g'", "GraphBuilder"),
+        "to_dot": (lambda: to_dot(3), "got int 3", "GraphBuilder"),
+        "run_passes": (lambda: run_passes(None, ()), "got NoneType None", "GraphBuilder"),
+        "simplify": (lambda: simplify([1]), "got list [1]", "GraphBuilder"),
+    }
+    for where, (run, *fragments) in cases.items():
+        _raises(GraphError, ValueError, run, f"{where}: expected a fnnc.graph.Graph", *fragments)
+    program = compile(_graph())
+    _raises(GraphError, ValueError, lambda: verify(program), "pass its .graph")
+
+
+def test_compile_donates_one_position_or_name() -> None:
+    """``donate=0`` and ``donate="x"`` are ``donate=[0]`` (they raised "not iterable");
+    a bool or a non-position is refused, saying what donate takes."""
+    from fnnc.graph import memory_plan
+
+    graph = _graph()
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    w = np.array([1.0, -2.0, 0.5], np.float32)
+    for donate in (0, "x", np.int64(0)):
+        program = compile(graph, donate=donate)
+        assert program.donate == (0,)
+        np.testing.assert_array_equal(np.asarray(program(x.copy(), w)), x * w)
+        assert memory_plan(graph, donate=donate) == memory_plan(graph, donate=[0])
+    for bad in (True, [0.5], 2.5):
+        _raises(GraphInputError, ValueError, lambda: compile(graph, donate=bad), "compile: donate")
+    _raises(GraphInputError, ValueError, lambda: memory_plan(graph, donate=1.5), "memory_plan")

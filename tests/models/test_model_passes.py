@@ -90,3 +90,27 @@ def test_a_pass_that_changes_the_outputs_is_refused() -> None:
         model.fit(x, y)
     with pytest.raises(ModelError, match="unknown stage"):
         model.compile(x, passes={"backward": [drops_an_output]})
+
+
+def test_passes_by_name_as_compile_takes_them() -> None:
+    """Model.compile(passes=["cse"]) runs the built-in pass, as fnnc.graph.compile does;
+    a pass that is neither a name nor a function is a ModelError naming the stage."""
+    from fnnc.graph.passes import cse, dce
+    from fnnc.models.model_passes import ModelPasses
+
+    assert ModelPasses.of(["cse"]).forward == (cse,)
+    assert (
+        ModelPasses.of({"training": "dce"}).training == ModelPasses.of({"training": [dce]}).training
+    )
+    x, _ = _data()
+    start = _mlp(CommandLayer(ops.relu()))
+    start.compile(x, loss="mse", minimizer=optax.sgd(0.1))
+    named = _train(_mlp(CommandLayer(ops.relu())), start.parameters(), 2, passes=["cse"])
+    plain = _train(_mlp(CommandLayer(ops.relu())), start.parameters(), 2)
+    for pid in plain:
+        np.testing.assert_allclose(named[pid], plain[pid], rtol=1e-6, atol=1e-7)
+    model = _mlp(CommandLayer(ops.relu()))
+    with pytest.raises(ModelError, match=r"the forward passes: unknown pass 'csee'"):
+        model.compile(x, passes=["csee"])
+    with pytest.raises(ModelError, match=r"the training passes: passes are functions"):
+        model.compile(x, passes={"training": [3]})

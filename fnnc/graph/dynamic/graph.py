@@ -28,6 +28,7 @@ from fnnc.core.dispatch import state as dispatch_state
 from fnnc.core.ir import Graph
 from fnnc.errors import DTypeError, GraphError
 from fnnc.graph._builder_args import without_trailing_none
+from fnnc.graph.passes.pipeline import resolve_passes
 from fnnc.ops import Command
 
 from . import autodiff, cnnp, effects, lazy, optim, versions
@@ -51,8 +52,9 @@ class DynamicGraph:
         lazy: record commands and run them only at a sync point (reading a value,
             ``backward``, ``apply_gradients``) as one compiled program.
         memo: reuse the result of a pure command already run on the same versions.
-        passes: passes ``Graph -> Graph`` run on each lazy flush's graph before it is
-            simplified and compiled (cached per structure and passes, as flushes are).
+        passes: passes ``Graph -> Graph`` (or names of the built-in ones, e.g.
+            ``"cse"``) run on each lazy flush's graph before it is simplified and
+            compiled (cached per structure and passes, as flushes are).
 
     Attributes:
         grads: accumulated gradient variables by (slot, view) of what they belong to;
@@ -80,7 +82,7 @@ class DynamicGraph:
     """
 
     def __init__(
-        self, *, lazy: bool = False, memo: bool = True, passes: Sequence[Pass] = ()
+        self, *, lazy: bool = False, memo: bool = True, passes: Sequence[str | Pass] = ()
     ) -> None:
         if passes and not lazy:
             raise GraphError(
@@ -89,7 +91,7 @@ class DynamicGraph:
                 "DynamicGraph(lazy=True, passes=[...])"
             )
         self.lazy = lazy
-        self.passes = tuple(passes)
+        self.passes = resolve_passes(passes, "DynamicGraph")
         self.memo = memo
         self._record = Record()
         self._grad_enabled = True

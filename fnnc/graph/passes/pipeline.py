@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from fnnc import config
-from fnnc.core.ir import Graph
+from fnnc.core.ir import Graph, require_graph
 from fnnc.errors import FnncError, GraphError
 from fnnc.graph.passes.cse import cse
 from fnnc.graph.passes.dce import dce
@@ -26,6 +26,35 @@ SIMPLIFY_ROUNDS = 4
 
 def _name(p: Pass) -> str:
     return getattr(p, "__name__", repr(p))
+
+
+def resolve_passes(passes: str | Pass | Sequence[str | Pass], where: str) -> tuple[Pass, ...]:
+    """``passes`` as a tuple of functions: names are looked up in :data:`PASSES`, and a
+    lone function is a list of one; anything else is a :class:`GraphError` that
+    says what ``where`` takes."""
+    if callable(passes):
+        passes = (passes,)
+    what = (
+        "functions Graph -> Graph or the names of the built-in ones "
+        f"{sorted(PASSES)}, one or a list"
+    )
+    if not isinstance(passes, Sequence):
+        raise GraphError(f"{where}: passes are {what}; got {type(passes).__name__} {passes!r}")
+    resolved = []
+    for p in passes:
+        if isinstance(p, str):
+            if p not in PASSES:
+                close = difflib.get_close_matches(p, PASSES, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise GraphError(
+                    f"{where}: unknown pass {p!r}{hint}; known passes are {sorted(PASSES)}, "
+                    "or pass a function Graph -> Graph"
+                )
+            p = PASSES[p]
+        elif not callable(p):
+            raise GraphError(f"{where}: passes are {what}; got {type(p).__name__} {p!r}")
+        resolved.append(p)
+    return tuple(resolved)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +88,7 @@ def graph_diff(before: Graph, after: Graph, name: str = "pass") -> str:
 
 def run_passes(
     graph: Graph,
-    passes: Sequence[Pass],
+    passes: str | Pass | Sequence[str | Pass],
     *,
     verify_each: bool | None = None,
     print_each: bool | None = None,
@@ -71,7 +100,7 @@ def run_passes(
     Args:
         graph: the graph.
         passes: functions ``Graph -> Graph`` that return their argument itself when
-            they change nothing.
+            they change nothing, or names of :data:`PASSES` (one, or a list).
         verify_each: verify each changed graph, naming the pass that broke it; default
             ``fnnc.config.get().checks``.
         print_each: print each pass's time, node counts and the diff of the listing
@@ -108,6 +137,8 @@ def run_passes(
       return %1
     }
     """
+    require_graph(graph, "run_passes")
+    passes = resolve_passes(passes, "run_passes")
     cfg = config.get()
     checks = cfg.checks if verify_each is None else verify_each
     show = cfg.debug >= 1 if print_each is None else print_each
@@ -144,14 +175,15 @@ def run_passes(
 def simplify(
     graph: Graph,
     *,
-    passes: Sequence[str | Pass] = ("cse", "fold", "fuse", "dce"),
+    passes: str | Pass | Sequence[str | Pass] = ("cse", "fold", "fuse", "dce"),
     max_rounds: int = SIMPLIFY_ROUNDS,
 ) -> Graph:
     """Runs the simplifying passes until a fixpoint (at most ``max_rounds`` rounds).
 
     Args:
         graph: the graph.
-        passes: pass names (:data:`PASSES`) or functions, in order.
+        passes: pass names (:data:`PASSES`) or functions, in order (a lone name or
+            function is one pass).
         max_rounds: most rounds; each round runs every pass once.
 
     NNC's example, ``(x + y) * (x + y)`` built with two ``add`` nodes, becomes one
@@ -169,16 +201,5 @@ def simplify(
     >>> float(interpret(g, np.float32(10), np.float32(8)))
     324.0
     """
-    resolved = []
-    for p in passes:
-        if isinstance(p, str):
-            if p not in PASSES:
-                close = difflib.get_close_matches(p, PASSES, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise GraphError(
-                    f"simplify: unknown pass {p!r}{hint}; known passes are {sorted(PASSES)}, "
-                    "or pass a function Graph -> Graph"
-                )
-            p = PASSES[p]
-        resolved.append(p)
-    return run_passes(graph, tuple(resolved), max_rounds=max_rounds)
+    require_graph(graph, "simplify")
+    return run_passes(graph, resolve_passes(passes, "simplify"), max_rounds=max_rounds)

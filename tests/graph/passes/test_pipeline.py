@@ -136,3 +136,29 @@ def test_random_graphs(case) -> None:
     graph, arrays = case
     new = assert_pass_keeps_semantics(simplify, graph, arrays)
     assert len(new.nodes) <= len(graph.nodes)
+
+
+def test_passes_by_name_wherever_passes_are_taken() -> None:
+    """compile(passes=["cse"]) raised "'str' object is not callable"; names now resolve as
+    in simplify, in compile, run_passes and the lazy dynamic graph, to the same graph the
+    function gives. What is neither a name nor a function is a GraphError saying so."""
+    from fnnc.graph import DynamicGraph
+
+    graph = _nnc_square()
+    by_function = run_passes(graph, (cse, dce))
+    assert [str(n.cmd) for n in by_function.nodes] == ["add", "mul"]
+    assert run_passes(graph, ("cse", "dce")) == by_function
+    assert compile(graph, passes=["cse", "dce"]).graph == by_function
+    xs = [np.float32(10), np.float32(8)]
+    assert float(compile(graph, passes=["cse", "dce"])(*xs)) == (10 + 8) ** 2
+    assert DynamicGraph(lazy=True, passes=["cse"]).passes == (cse,)
+    for where, run in {
+        "compile": lambda p: compile(graph, passes=p),
+        "run_passes": lambda p: run_passes(graph, p),
+        "simplify": lambda p: simplify(graph, passes=p),
+    }.items():
+        with pytest.raises(GraphError, match=rf"{where}: unknown pass 'csee'.*did you mean"):
+            run(["csee"])
+        with pytest.raises(GraphError, match=rf"{where}: passes are functions .* got int 3"):
+            run([3])
+
