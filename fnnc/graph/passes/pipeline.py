@@ -30,9 +30,9 @@ def _name(p: Pass) -> str:
 
 def resolve_passes(passes: str | Pass | Sequence[str | Pass], where: str) -> tuple[Pass, ...]:
     """``passes`` as a tuple of functions: names are looked up in :data:`PASSES`, and a
-    lone function is a list of one; anything else is a :class:`GraphError` that
+    lone name or function is a list of one; anything else is a :class:`GraphError` that
     says what ``where`` takes."""
-    if callable(passes):
+    if isinstance(passes, str) or callable(passes):
         passes = (passes,)
     what = (
         "functions Graph -> Graph or the names of the built-in ones "

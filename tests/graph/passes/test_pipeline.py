@@ -162,3 +162,11 @@ def test_passes_by_name_wherever_passes_are_taken() -> None:
         with pytest.raises(GraphError, match=rf"{where}: passes are functions .* got int 3"):
             run([3])
 
+
+def test_a_lone_pass_name_is_one_pass() -> None:
+    """simplify(g, passes="cse") read the string as the passes 'c', 's', 'e'."""
+    graph = _nnc_square()
+    assert simplify(graph, passes="cse") == simplify(graph, passes=("cse",))
+    assert run_passes(graph, "dce") == run_passes(graph, (dce,))
+    assert compile(graph, passes="cse").graph == run_passes(graph, (cse,))
+    assert [str(n.cmd) for n in simplify(graph, passes="cse").nodes] == ["add", "mul"]
