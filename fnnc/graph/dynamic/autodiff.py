@@ -39,6 +39,7 @@ from . import higher, lazy, optim, stale
 from .extract import PROGRAMS, extract
 from .record import Read, Version, between
 from .simplified import simplify_trim
+from .variable import require_variables
 
 if TYPE_CHECKING:
     from .graph import DynamicGraph
@@ -50,6 +51,7 @@ def _listed(x: Any) -> list[Any]:
 
 
 def _check_f(dg: DynamicGraph, fs: list[Variable]) -> list[Read]:
+    require_variables(fs, "backward", "f")
     reads = [dg._read(f, "backward", i) for i, f in enumerate(fs)]
     for f, (v, _) in zip(fs, reads):
         if not v.grad and not is_inexact(v.dtype):
@@ -68,8 +70,14 @@ def _check_f(dg: DynamicGraph, fs: list[Variable]) -> list[Read]:
 
 
 def _check_wrt(dg: DynamicGraph, ws: list[Variable], what: str) -> list[Read]:
+    require_variables(ws, what, "wrt")
     reads = [dg._read(w, what, i) for i, w in enumerate(ws)]
-    for w in ws:
+    for w, (v, _) in zip(ws, reads):
+        if not is_inexact(v.dtype):  # named here: the graph pass knows only symbol ids
+            raise DTypeError(
+                f"{what}: wrt {w.label} is {v.dtype.name}, which has no gradient; "
+                "differentiate with respect to floating-point variables"
+            )
         if not w.requires_grad:
             raise GraphError(
                 f"{what}: wrt {w.label} is a constant (made with dg.constant, computed from "
@@ -323,6 +331,7 @@ def backward(
 
 def _params(dg: DynamicGraph, variables: Any, what: str) -> tuple[list[Variable], list[Slot]]:
     ws = _listed(variables)
+    require_variables(ws, what, "variable")
     for w in ws:
         if w.is_alias:
             raise GraphError(f"{what}: {w.label} is an alias; update the variable it views instead")

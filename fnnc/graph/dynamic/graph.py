@@ -393,12 +393,15 @@ class DynamicGraph:
         ``target`` keeps its shape; a number or array broadcasts to it. Writing an alias
         makes a new version of the variable it views (``y[0] = z`` is
         ``dg.write(y[0], z)``). A constant ``target`` takes ``value``'s value only: no
-        gradient flows through it, however it is written (``value`` keeps its own).
+        gradient flows through it, however it is written (``value`` keeps its own). An
+        array that does not broadcast to ``target``'s shape is a :class:`ShapeError`.
         """
         versions.write(self, target, value)
 
     def set(self, var: Variable, value: Any) -> None:
-        """Gives ``var`` a new value (a leaf version; NNC's ``ccv_nnc_tensor_variable_set``)."""
+        """Gives ``var`` a new value (a leaf version; NNC's ``ccv_nnc_tensor_variable_set``)
+        of its shape and dtype: another shape is a :class:`ShapeError`, another dtype a
+        :class:`DTypeError` (convert with ``.astype`` first)."""
         versions.set_value(self, var, value)
 
     def free(self, var: Variable) -> None:

@@ -26,7 +26,8 @@ import numpy as np
 
 from fnnc import ops
 from fnnc.core.ir import contiguous_strides
-from fnnc.errors import ShapeError
+from fnnc.errors import GraphError, ShapeError
+from fnnc.graph._io import describe
 
 from . import operands
 from .record import Version, View
@@ -356,3 +357,18 @@ def alias_view(
             f"{list(stride)} reaches element {last}, but the variable has {size} elements"
         )
     return view
+
+
+def require_variables(xs: Sequence[Any], what: str, role: str) -> None:
+    """Each of ``xs`` is a :class:`Variable`, else a :class:`GraphError` naming ``role``
+    (an array given where ``backward`` takes a variable was an AttributeError)."""
+    for i, x in enumerate(xs):
+        if not isinstance(x, Variable):
+            at = f" {i}" if len(xs) > 1 else ""
+            got = describe(x)
+            if hasattr(x, "shape") and hasattr(x, "dtype"):
+                got = f"an array {got}"
+            raise GraphError(
+                f"{what}: {role}{at} is {got}, not a Variable; pass the variables of this "
+                "DynamicGraph (what dg.variable(...) or dg.exec(...) returned)"
+            )

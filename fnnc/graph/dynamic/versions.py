@@ -58,7 +58,15 @@ def write(dg: DynamicGraph, target: Variable, value: Any) -> None:
     if isinstance(value, Variable):
         read = dg._read(value, "write", 0)
     else:
-        arr = np.broadcast_to(np.asarray(value, slot.version.dtype), target.shape)
+        arr = np.asarray(value, slot.version.dtype)
+        try:
+            arr = np.broadcast_to(arr, target.shape)
+        except ValueError:
+            raise ShapeError(
+                f"write into {target.label}: the value is {list(arr.shape)}, which does not "
+                f"broadcast to the variable's shape {list(target.shape)}; write a number or "
+                f"an array of shape {list(target.shape)} (or one that broadcasts to it)"
+            ) from None
         read = (dg._leaf(np.array(arr), grad=False), None)
     _assign(dg, target, slot, read, f"write into {target.label}")
 
@@ -137,11 +145,15 @@ def set_value(dg: DynamicGraph, var: Variable, value: Any) -> None:
     if var.is_alias:
         return write(dg, var, value)
     leaf = dg._leaf(value, grad=slot.trainable, name=slot.name)
-    if leaf.spec != slot.version.spec:
-        raise ShapeError(
-            f"set: variable {var.label} is {slot.version.dtype.name}"
-            f"{list(slot.version.shape)}, the value is {leaf.dtype.name}{list(leaf.shape)}"
+    old = slot.version
+    if leaf.spec != old.spec:
+        said = (
+            f"set: variable {var.label} is {old.dtype.name}{list(old.shape)}, the value is "
+            f"{leaf.dtype.name}{list(leaf.shape)}"
         )
+        if tuple(leaf.shape) != tuple(old.shape):
+            raise ShapeError(said)
+        raise DTypeError(f"{said}; convert it first, e.g. .astype(np.{old.dtype.name})")
     repin(dg, slot, leaf)
 
 

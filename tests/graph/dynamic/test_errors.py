@@ -154,3 +154,33 @@ def test_backward_of_an_integer_says_integers_have_no_gradient() -> None:
     with pytest.raises(DTypeError, match=r"wrt .* is int32"):  # a float f: the wrt says
         x = dg.variable(F32([1.0, 2.0, 3.0]), name="x")
         dg.backward((x * dg.exec(ops.datatype_conversion(dtype="float32"), i)).sum(), [i])
+
+
+def test_misuse_of_backward_write_and_set_names_the_variable() -> None:
+    """An array where backward takes a variable was an AttributeError; a value that does
+    not broadcast in write was NumPy's ValueError; set with another dtype was a
+    ShapeError; an integer wrt was named by its symbol id (%0), not its name."""
+    dg = DynamicGraph()
+    x = dg.variable(np.ones((2, 3), F32), name="x")
+    f = dg.exec(ops.reduce_sum(axes=(0, 1)), x)
+    iv = dg.variable(np.ones(3, np.int32), name="iv")
+    fi = dg.exec(ops.reduce_sum(axes=(0,)), dg.exec(ops.datatype_conversion(dtype="float32"), iv))
+    with pytest.raises(GraphError, match=r"backward: f is an array float64\[3\], not a Var"):
+        dg.backward(np.ones(3), [x])
+    with pytest.raises(GraphError, match=r"backward: wrt 1 is an array float64\[3\], not a Var"):
+        dg.backward(f, [x, np.ones(3)])
+    with pytest.raises(GraphError, match=r"apply_gradients: variable is a list"):
+        dg.apply_gradients(optax.sgd(0.1), [[1.0]])
+    with pytest.raises(DTypeError, match=r"backward: wrt 'iv' is int32, which has no gradient"):
+        dg.backward(fi, [iv])
+    with pytest.raises(ShapeError, match=r"write into 'x': the value is \[7\].*shape \[2, 3\]"):
+        dg.write(x, np.ones((7,), F32))
+    with pytest.raises(DTypeError, match=r"set: variable 'x' is float32\[2, 3\].*int32\[2, 3\]"):
+        dg.set(x, np.ones((2, 3), np.int32))
+    with pytest.raises(ShapeError, match=r"set: variable 'x' is float32\[2, 3\].*\[3\]"):
+        dg.set(x, np.ones(3, F32))
+    # the same calls done right: d(sum x)/dx is ones, and a broadcast write fills x
+    (g,) = dg.backward(f, [x])
+    np.testing.assert_array_equal(g.numpy(), np.ones((2, 3), F32))
+    dg.write(x, np.arange(3, dtype=F32))
+    np.testing.assert_array_equal(x.numpy(), np.broadcast_to(np.arange(3, dtype=F32), (2, 3)))
