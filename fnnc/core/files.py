@@ -39,14 +39,27 @@ def atomic_write(
     ``content`` is bytes, text (UTF-8), or a function ``write(temporary_path)`` that
     writes the file itself (a library that writes to a path). Raises what the file
     system or ``write`` raises (``OSError`` for a missing folder or a full disk), with
-    nothing left behind.
+    nothing left behind; a file-system error names ``path``, not the temporary file
+    (a missing folder raises :class:`FileNotFoundError` saying so).
     """
     target = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(target))
     mode = _mode_for(target)
-    fd, temporary = tempfile.mkstemp(
-        dir=folder, prefix=f".{os.path.basename(target)}.", suffix=suffix
-    )
+    try:
+        fd, temporary = tempfile.mkstemp(
+            dir=folder, prefix=f".{os.path.basename(target)}.", suffix=suffix
+        )
+    except OSError as e:
+        raise _naming(e, target, folder) from None
+    try:
+        _write(fd, temporary, target, content, mode)
+    except OSError as e:
+        raise _naming(e, target, folder, temporary) from None
+
+
+def _write(
+    fd: int, temporary: str, target: str, content: bytes | str | Callable[[str], Any], mode: int
+) -> None:
     try:
         if callable(content):
             os.close(fd)
@@ -70,6 +83,30 @@ def atomic_write(
         with contextlib.suppress(OSError):
             os.remove(temporary)
         raise
+
+
+def _naming(error: OSError, target: str, folder: str, temporary: str = "") -> OSError:
+    """``error`` naming ``target`` instead of the temporary file (same class, errno and
+    reason, so ``except FileNotFoundError`` still catches it and ``e.strerror`` still
+    says why); ``error`` itself when it is about another file or carries no errno."""
+    name = error.filename
+    ours = name is None or name in (temporary, folder) or _is_temporary(name, target, folder)
+    if error.errno is None or not ours:
+        return error
+    why = error.strerror or str(error)
+    if not os.path.isdir(folder):
+        why = f"{why} (its folder {folder} does not exist; create it first)"
+    return type(error)(error.errno, why, target)
+
+
+def _is_temporary(name: Any, target: str, folder: str) -> bool:
+    """Whether ``name`` is one of the temporary names :func:`atomic_write` tries."""
+    if not isinstance(name, str):
+        return False
+    prefix = f".{os.path.basename(target)}."
+    return os.path.dirname(os.path.abspath(name)) == folder and os.path.basename(name).startswith(
+        prefix
+    )
 
 
 def _mode_for(target: str) -> int:

@@ -116,7 +116,16 @@ class CSVLogger(Callback):
         self._keys: list[str] | None = None
 
     def on_train_begin(self, loop: Any) -> None:
-        self._file = open(self.path, "a" if self.append else "w", newline="")  # noqa: SIM115
+        try:
+            self._file = open(self.path, "a" if self.append else "w", newline="")  # noqa: SIM115
+        except OSError as e:
+            folder = os.path.dirname(os.path.abspath(self.path))
+            why = (
+                f"the folder {folder} does not exist; create it first"
+                if not os.path.isdir(folder)
+                else f"{e.strerror or e}; check that it is a writable file path"
+            )
+            raise ModelError(f"CSVLogger: cannot open {self.path} to write the log: {why}") from e
         self._keys = None
         if self.append and self._file.tell() > 0:
             with open(self.path, newline="") as f:

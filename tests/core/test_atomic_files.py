@@ -79,3 +79,32 @@ def test_a_regenerated_defaults_table_stays_readable_and_an_unreadable_one_says_
     # a folder where the table should be: unreadable as a file for every user, root too
     with pytest.raises(GraphFormatError, match=r"cannot be read.*chmod a\+r"):
         measured.read(tmp_path)
+
+
+def test_a_missing_folder_names_the_file_the_user_gave(tmp_path):
+    """The error named the temporary file (/x/.g.json.rr5w7n5w.tmp); it names the target
+    and its missing folder, and stays a FileNotFoundError (what callers catch). A
+    failure after the temporary exists names the target too, keeping its errno."""
+    from fnnc.graph import GraphBuilder, save
+
+    b = GraphBuilder()
+    graph = b.build([b.input((2,), name="x")])
+    target = tmp_path / "missing" / "g.json"
+    for write in (lambda: atomic_write(target, b"x"), lambda: save(graph, str(target))):
+        with pytest.raises(FileNotFoundError) as info:
+            write()
+        assert info.value.filename == str(target)
+        assert f"its folder {tmp_path / 'missing'} does not exist; create it first" in str(
+            info.value
+        )
+        assert ".tmp" not in str(info.value)
+    assert os.listdir(tmp_path) == []
+
+    def full(temporary):
+        raise OSError(28, "No space left on device", temporary)
+
+    with pytest.raises(OSError) as info:
+        atomic_write(tmp_path / "t.json", full)
+    assert (info.value.errno, info.value.filename) == (28, str(tmp_path / "t.json"))
+    assert str(info.value) == f"[Errno 28] No space left on device: '{tmp_path / 't.json'}'"
+    assert os.listdir(tmp_path) == []

@@ -132,3 +132,17 @@ def test_learning_rate_is_the_rate_of_the_last_update_under_accumulation(k):
     assert h["lr"] == [float(SCHEDULE(3 // k - 1))]
     h = m.train((X, Y), epochs=1, batch_size=8, callbacks=[LearningRate(0.5)], verbose=False)
     assert h["lr"] == [0.5]
+
+
+def test_csv_logger_into_a_missing_folder_names_the_path(tmp_path):
+    """The FileNotFoundError of open() at train begin is a ModelError naming the file and
+    its missing folder; made, the same logger writes the header and one row per epoch."""
+    path = tmp_path / "logs" / "log.csv"
+    m = model()
+    with pytest.raises(ModelError, match=r"CSVLogger: cannot open .*log\.csv.* does not exist"):
+        m.train((X, Y), epochs=1, batch_size=8, callbacks=[CSVLogger(path)], verbose=False)
+    (tmp_path / "logs").mkdir()
+    history = m.train((X, Y), epochs=1, batch_size=8, callbacks=[CSVLogger(path)], verbose=False)
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["epoch", "loss"] and float(rows[1][1]) == history["loss"][0]
