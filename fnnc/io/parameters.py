@@ -100,8 +100,11 @@ def write_parameters(
         encoder: passed to :meth:`TensorFile.write`.
 
     In a multi-process run only process 0 writes (:mod:`fnnc.io.processes`); the
-    others return without touching the file.
+    others return without touching the file. ``params`` or ``internals`` that is not a
+    mapping is a :class:`~fnnc.errors.ParameterError` (also a ``TypeError``).
     """
+    _mapping(params, "write_parameters", "params", "parameter id -> array")
+    _mapping(internals, "write_parameters", "internals", "internal id -> array")
     if not writes_files():
         return
     rows = [(parameter_row(k, name=name), v) for k, v in params.items()]
@@ -188,8 +191,12 @@ def read_parameters(
     32F); a scalar expected as ``()`` matches NNC's ``[1]``.
 
     Raises:
-        ParameterError: (strict) listing every missing and every mismatched parameter.
+        ParameterError: (strict) listing every missing and every mismatched parameter;
+            also (and as a ``TypeError``) for ``expected`` or ``internals`` that is not a
+            mapping, or a spec that is not ``(shape, dtype)`` or an array-like.
     """
+    _mapping(expected, "read_parameters", "expected", "parameter id -> (shape, dtype)")
+    _mapping(internals, "read_parameters", "internals", "internal id -> (shape, dtype)")
     with opened(source, readonly=True) as f:
         if expected is None:
             expected, found = _discover(f, name, device)
@@ -266,6 +273,22 @@ def _discover(f: TensorFile, name: str | None, device: int):
     return params, internals
 
 
+class _ParameterTypeError(ParameterError, TypeError):
+    """An argument of the wrong kind: a :class:`ParameterError` that ``except TypeError``
+    (what the spec check raised before) still catches."""
+
+
+def _mapping(value: Any, where: str, what: str, holds: str) -> None:
+    """``value`` is ``None`` or a mapping, else a :class:`ParameterError` saying so."""
+    if value is not None and not isinstance(value, Mapping):
+        got = f"a {type(value).__name__}" + (
+            f" of {len(value)} item(s)" if isinstance(value, (list, tuple)) else ""
+        )
+        raise _ParameterTypeError(
+            f"{where}: {what} is {got}; give a dict {holds}, e.g. model.parameters()"
+        )
+
+
 def _spec(key: str, spec: Any) -> tuple[tuple[int, ...] | None, np.dtype | None]:
     if spec is None:
         return None, None
@@ -273,9 +296,9 @@ def _spec(key: str, spec: Any) -> tuple[tuple[int, ...] | None, np.dtype | None]
         return tuple(spec.shape), np.dtype(spec.dtype)
     if isinstance(spec, (tuple, list)) and len(spec) == 2 and isinstance(spec[0], (tuple, list)):
         return tuple(int(d) for d in spec[0]), None if spec[1] is None else np.dtype(spec[1])
-    raise TypeError(
-        f"expected[{key!r}] is {spec!r}; give (shape, dtype), e.g. ((4, 3), np.float32), "
-        "or an array / jax.ShapeDtypeStruct"
+    raise _ParameterTypeError(
+        f"read_parameters: expected[{key!r}] is {spec!r}; give (shape, dtype), e.g. "
+        "((4, 3), np.float32), or an array / jax.ShapeDtypeStruct"
     )
 
 

@@ -63,6 +63,11 @@ def _operation(verb: str, *, named: bool = False) -> Callable[[_F], _F]:
     return wrap
 
 
+class _PathTypeError(TensorFileError, TypeError):
+    """A path that is no path: a :class:`TensorFileError` that ``except TypeError`` (what
+    ``os.fspath`` raised before) still catches."""
+
+
 class TensorFile:
     """An NNC tensor file: named arrays in SQLite, readable by NNC and by fnnc.
 
@@ -87,7 +92,13 @@ class TensorFile:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False):
-        self.path = os.fspath(path)
+        try:
+            self.path = os.fspath(path)
+        except TypeError:
+            raise _PathTypeError(
+                f"TensorFile: the path is {type(path).__name__} {path!r:.40}; give the "
+                "file's path as a str or os.PathLike, e.g. TensorFile('weights.sqlite')"
+            ) from None
         self.readonly = readonly
         self._depth = 0
         self._op: str | None = None

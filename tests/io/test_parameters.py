@@ -101,3 +101,34 @@ def test_one_transaction(tmp_path):
             write_parameters(f, {"d": np.ones(1, np.float32)})
             raise RuntimeError
         assert f.names() == ["a"]
+
+
+def test_arguments_of_the_wrong_kind_are_fnnc_errors(tmp_path):
+    """A list where a dict of parameters goes was an AttributeError, a bad spec and a path
+    of None were builtin TypeErrors: now ParameterError / TensorFileError saying what is
+    expected (still TypeErrors, as callers caught before). Nothing is written."""
+    from fnnc.errors import TensorFileError
+
+    path = str(tmp_path / "w.sqlite")
+    with pytest.raises(ParameterError, match=r"write_parameters: params is a list of 1 item"):
+        write_parameters(path, [np.ones(2)])
+    with pytest.raises(ParameterError, match=r"write_parameters: internals is a tuple"):
+        write_parameters(path, PARAMS, internals=(np.ones(2),))
+    assert not (tmp_path / "w.sqlite").exists()
+    write_parameters(path, PARAMS)
+    with pytest.raises(ParameterError, match=r"expected\['t-linear-0-0'\] is \(4, 3\); give"):
+        read_parameters(path, {"t-linear-0-0": (4, 3)})
+    with pytest.raises(ParameterError, match=r"read_parameters: expected is a list"):
+        read_parameters(path, ["t-linear-0-0"])
+    with pytest.raises(TensorFileError, match=r"TensorFile: the path is NoneType None"):
+        TensorFile(None)
+    for call in (
+        lambda: write_parameters(path, [np.ones(2)]),
+        lambda: read_parameters(path, {"t-linear-0-0": (4, 3)}),
+        lambda: TensorFile(None),
+    ):
+        with pytest.raises(TypeError):
+            call()
+    # the same reads done right give what was written
+    got = read_parameters(path, {"t-linear-0-0": ((4, 3), np.float32)})
+    np.testing.assert_array_equal(got["t-linear-0-0"], PARAMS["t-linear-0-0"])
