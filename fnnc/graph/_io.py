@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fnnc.core.dtypes import is_inexact
 from fnnc.core.ir import Graph
 from fnnc.core.keys import key_bits
 from fnnc.errors import DTypeError, GraphInputError, ShapeError
@@ -17,22 +18,23 @@ from fnnc.errors import DTypeError, GraphInputError, ShapeError
 def flatten_inputs(graph: Graph, args: Sequence[Any], where: str) -> list[Any]:
     """The leaves of ``args``, checked against ``graph.inputs`` (count, shape, dtype).
 
-    An argument per graph input may be a nested list of numbers (one array); otherwise
-    the arguments are pytrees whose leaves are the graph inputs in order.
+    With one argument per graph input, each may be a nested list of numbers (one array,
+    beside arrays in the other positions); otherwise the arguments are pytrees whose
+    leaves are the graph inputs in order. Python numbers and lists of them take their
+    input's dtype (floats into an integer input are refused).
     """
-    # a PRNG key feeds the input holding its key data (how trace takes keys)
-    leaves = [key_bits(v) for v in jax.tree.leaves(list(args))]
+    if len(args) == len(graph.inputs) and all(map(_one_array, args)):
+        leaves = [key_bits(v) for v in args]  # positional: lists stay one array each
+    else:  # a PRNG key feeds the input holding its key data (how trace takes keys)
+        leaves = [key_bits(v) for v in jax.tree.leaves(list(args))]
     if len(leaves) != len(graph.inputs):
-        if len(args) == len(graph.inputs) and all(map(_nested_numbers, args)):
-            leaves = list(args)  # nested lists of numbers, one array each
-        else:
-            names = ", ".join(graph.label(i) for i in graph.inputs)
-            given = ", ".join(describe(a) for a in args) or "nothing"
-            raise GraphInputError(
-                f"{where}: the graph takes {len(graph.inputs)} array(s) ({names}), "
-                f"got {len(leaves)} from {len(args)} argument(s) ({given}); pass one array "
-                "per graph input, in order"
-            )
+        names = ", ".join(graph.label(i) for i in graph.inputs)
+        given = ", ".join(describe(a) for a in args) or "nothing"
+        raise GraphInputError(
+            f"{where}: the graph takes {len(graph.inputs)} array(s) ({names}), "
+            f"got {len(leaves)} from {len(args)} argument(s) ({given}); pass one array "
+            "per graph input, in order"
+        )
     out = []
     for sid, leaf in zip(graph.inputs, leaves):
         sym = graph.symbol(sid)
@@ -46,6 +48,8 @@ def flatten_inputs(graph: Graph, args: Sequence[Any], where: str) -> list[Any]:
         got = f"{np.dtype(arr.dtype).name}{list(arr.shape)}"
         if tuple(arr.shape) != sym.shape:
             raise ShapeError(f"{where}: input {graph.label(sid)} expects {want}, got {got}")
+        if _python_numbers(leaf):
+            arr = _as_input_dtype(arr, np.dtype(sym.dtype), f"{where}: input {graph.label(sid)}")
         if jax.dtypes.canonicalize_dtype(arr.dtype) != np.dtype(sym.dtype):
             raise DTypeError(
                 f"{where}: input {graph.label(sid)} expects {want}, got {got}; "
@@ -79,6 +83,43 @@ def _numeric(value: Any) -> np.ndarray | None:
     except (TypeError, ValueError):
         return None
     return arr if arr.dtype.kind in "biufc" or arr.dtype.name == "bfloat16" else None
+
+
+def _one_array(value: Any) -> bool:
+    """An argument that is one array: a leaf (an array, a number, a key) or a nested
+    list of numbers."""
+    return _python_numbers(value) or (
+        len(jax.tree.leaves(value)) == 1 and not isinstance(value, (list, tuple, dict))
+    )
+
+
+def _python_numbers(value: Any) -> bool:
+    """A Python number or a (nested) list or tuple of them: values without a dtype of
+    their own, which take their input's."""
+    if isinstance(value, (bool, int, float, complex)):
+        return True
+    if not isinstance(value, (list, tuple)):
+        return False
+    leaves = jax.tree.leaves(value)
+    return all(isinstance(v, (bool, int, float, complex)) for v in leaves) and (
+        _numeric(value) is not None
+    )
+
+
+def _as_input_dtype(arr: np.ndarray, dtype: np.dtype, where: str) -> np.ndarray:
+    """Python numbers ``arr`` as the input's ``dtype``: reals into a floating input (as
+    ``np.asarray(x, dtype)`` rounds them), integers (and bools) into an integer one."""
+    kind, want = arr.dtype.kind, f"{dtype.name}{list(arr.shape)}"
+    if (kind == "c" and dtype.kind != "c") or (kind == "f" and not is_inexact(dtype)):
+        what = "complex numbers" if kind == "c" else "floats"
+        raise DTypeError(
+            f"{where} expects {want}, got Python {what}; pass "
+            f"{'booleans' if dtype.kind == 'b' else 'integers'} or a NumPy array of {dtype.name}"
+        )
+    out = arr.astype(dtype)
+    if kind in "iu" and not is_inexact(dtype) and not np.array_equal(out, arr):
+        raise DTypeError(f"{where} expects {want}; a Python integer given does not fit in it")
+    return out
 
 
 def _nested_numbers(value: Any) -> bool:

@@ -39,7 +39,10 @@ def interpret(graph: Graph, *args: Any, on_node: OnNode | None = None) -> Any:
 
     Args:
         graph: the graph.
-        *args: one array per graph input (or pytrees whose leaves are those arrays).
+        *args: one array per graph input (or pytrees whose leaves are those arrays);
+            with one argument per input, any of them may be a nested list of numbers,
+            converted to its input's dtype (floats into an integer input are refused).
+            :class:`~fnnc.graph.Program` takes the same.
         on_node: called after each node with ``(index, node, inputs, outputs)``; it may
             inspect them (:func:`~fnnc.graph.tensor_stats`) or return replacement outputs
             (same shapes and dtypes) to inject values: the base of a step-through debugger.

@@ -98,3 +98,38 @@ def test_backward_takes_symbols_and_integer_ids() -> None:
         _, gx, gw = interpret(grads_graph, xv, wv)
         np.testing.assert_allclose(gx, oracle[0])
         np.testing.assert_allclose(gw, oracle[1])
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_a_nested_list_beside_an_array_is_one_input(runners, where: str) -> None:
+    """With one argument per input, a list stands for one array wherever it is (mixed
+    with arrays it was flattened: "got 4 array(s)"); a one-element list is shape [1]."""
+    rows = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+    x = np.asarray(rows, np.float32)
+    for args in ((rows, Y), (x, Y.tolist()), (rows, [1, 2, 3])):
+        np.testing.assert_array_equal(np.asarray(runners[where](*args)), x * Y)
+
+
+@pytest.mark.parametrize("where", ["Program", "interpret"])
+def test_python_numbers_take_their_inputs_dtype(where: str) -> None:
+    """A list for a bfloat16 input was refused with "convert with .astype(bfloat16)",
+    which a list does not have: Python numbers are converted to the input's dtype (as
+    NumPy's asarray(x, dtype) rounds them); floats into an integer input are refused."""
+    import ml_dtypes
+
+    b = GraphBuilder()
+    h, i = b.input((3,), ml_dtypes.bfloat16, name="h"), b.input((1, 3), np.int32, name="i")
+    graph = b.build([b.exec(ops.relu(), h), b.exec(ops.reshape(shape=(3,)), i)])
+    run = compile(graph) if where == "Program" else (lambda *xs: interpret(graph, *xs))
+    values = [1.01, -2.0, 3.3]
+    got_h, got_i = run(values, [[7, 8, 2**31 - 1]])
+    want = np.maximum(np.asarray(values, ml_dtypes.bfloat16), 0)
+    assert got_h.dtype == ml_dtypes.bfloat16 and got_i.dtype == np.int32
+    np.testing.assert_array_equal(np.asarray(got_h), want)
+    np.testing.assert_array_equal(np.asarray(got_i), [7, 8, 2**31 - 1])
+    with pytest.raises(
+        DTypeError, match=r"input %1 \(i\) expects int32\[1, 3\], got Python floats"
+    ):
+        run(values, [[7.5, 8, 9]])
+    with pytest.raises(DTypeError, match=r"input %1 \(i\) expects int32\[1, 3\]; a Python int"):
+        run(values, [[2**31, 8, 9]])
