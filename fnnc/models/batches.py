@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from fnnc.errors import DataError, ModelError
+from fnnc.models import processes
 
 Batch = tuple[list[Any], list[Any]]
 
@@ -338,38 +339,49 @@ def split(data: Any, where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
 
 
 def row_multiple(model: Any) -> int:
-    """The number every batch's rows must be a multiple of: the microbatch counts of the
-    model's pipelined Repeats (their least common multiple), else 1."""
+    """The number every batch's rows (this process's) must be a multiple of: the
+    microbatch counts of the model's pipelined Repeats (their least common multiple),
+    and with several processes the rows each gives to the data axis (a global batch of
+    ``rows * processes`` rows must divide over it), else 1."""
     counts = {
         owner.pipeline.microbatches
         for info in model.engine.infos.values()
         for owner in info.owners
         if getattr(owner, "pipeline", None) is not None
     }
+    procs = processes.spanned(model)
+    if procs > 1:
+        size = model.engine.parallel.size
+        counts.add(size // math.gcd(size, procs))
     return math.lcm(*counts) if counts else 1
 
 
 def evaluate_rows(model: Any, inputs: Sequence[Any], multiple: int) -> list[np.ndarray]:
     """``model.evaluate(inputs, is_test=True)`` as a list of arrays, for a batch of any
-    number of rows: where a pipelined Repeat needs a multiple of its microbatches
-    (``multiple``, :func:`row_multiple`, found once per pass over the data), the rows
-    are padded with copies of the last one and every per-row output is cut back to the
-    rows given. (Predicting and scoring take per-row outputs already; the padding rows
-    only fill microbatches and are never returned.)"""
+    number of rows: where the rows must be a multiple of ``multiple``
+    (:func:`row_multiple`, found once per pass over the data: a pipelined Repeat's
+    microbatches, the devices of each process), the rows are padded with copies of the
+    last one and every per-row output is cut back to the rows given. With several
+    processes the outputs are every process's rows, in process order
+    (:mod:`fnnc.models.processes`). (Predicting and scoring take per-row outputs
+    already; the padding rows only fill microbatches and are never returned.)"""
     rows = len(inputs[0]) if inputs else 0
     pad = -rows % multiple if rows else 0
     if pad:
         inputs = [np.concatenate([x, np.repeat(x[-1:], pad, axis=0)]) for x in inputs]
     outs = [np.asarray(o) for o in as_list(model.evaluate(list(inputs), is_test=True))]
-    return [o[:rows] if pad and o.ndim and len(o) == rows + pad else o for o in outs]
+    procs = processes.spanned(model)
+    return [processes.per_process(o, rows + pad, rows, procs) for o in outs]
 
 
 def in_batches(
-    fn: Callable[[list[Any]], Any], inputs: Sequence[Any], batch_size: int
+    fn: Callable[[list[Any]], Any], inputs: Sequence[Any], batch_size: int, procs: int = 1
 ) -> list[np.ndarray]:
     """``fn`` over ``inputs`` in batches, its outputs (one or a list) concatenated.
     Zero samples still run ``fn`` once, on the empty batch, so the outputs have
-    ``fn``'s shapes (``(0, *output_shape)``) and dtypes."""
+    ``fn``'s shapes (``(0, *output_shape)``) and dtypes. ``procs``: the processes whose
+    rows ``fn`` gathers (each giving as many per batch); the outputs are then all of
+    process 0's rows, then process 1's... (:func:`processes.in_process_order`)."""
     batch_size = check_batch_size(batch_size, "predict")
     for i, x in enumerate(inputs):
         if np.ndim(x) == 0:
@@ -378,8 +390,9 @@ def in_batches(
                 "expected an array with the samples first ([N, ...]); pass x[None] for "
                 "one sample"
             )
-    n, chunks = len(inputs[0]), []
+    n, chunks, rows = len(inputs[0]), [], []
     for start in range(0, n, batch_size) or [0]:
-        out = fn([x[start : start + batch_size] for x in inputs])
-        chunks.append([np.asarray(o) for o in as_list(out)])
-    return [np.concatenate(parts) for parts in zip(*chunks)]
+        batch = [x[start : start + batch_size] for x in inputs]
+        chunks.append([np.asarray(o) for o in as_list(fn(batch))])
+        rows.append(len(batch[0]))
+    return [processes.in_process_order(parts, rows, procs) for parts in zip(*chunks)]

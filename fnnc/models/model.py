@@ -189,7 +189,9 @@ class Model(FilesMixin, ScaleMixin, GraphsMixin, Layer):
         self, inputs: Sequence[Any] | Any, *, is_test: bool = True, requires_grad: bool = False
     ) -> Any:
         """The model's outputs for one batch (one array or a list of arrays);
-        ``requires_grad`` keeps what :meth:`backward` needs."""
+        ``requires_grad`` keeps what :meth:`backward` needs. Data parallel over several
+        processes, each passes its own rows (as many as the others) and gets the
+        outputs of every process's rows, process 0's first (:mod:`fnnc.models.processes`)."""
         return self.engine.evaluate(_arrays(inputs), is_test=is_test, requires_grad=requires_grad)
 
     def score(
@@ -203,7 +205,8 @@ class Model(FilesMixin, ScaleMixin, GraphsMixin, Layer):
         ``data`` is what ``validation=`` takes (``(x, y)``, a dataframe with columns
         ``inputs``/``targets``, a Grain dataset), or ``x`` with ``labels``; ``metrics``
         adds names, :class:`fnnc.models.metrics.Metric` objects or ``{"name": fn}``
-        (:mod:`fnnc.models.metrics`).
+        (:mod:`fnnc.models.metrics`). Data parallel over several processes, each passes
+        its share of the set and every process gets the numbers of the whole set.
 
         >>> import numpy as np, optax
         >>> from fnnc.models import Dense, Input, Model
@@ -259,7 +262,11 @@ class Model(FilesMixin, ScaleMixin, GraphsMixin, Layer):
     def predict(self, inputs: Sequence[Any] | Any, *, batch_size: int = 256) -> Any:
         """The outputs (test mode) over every sample of ``inputs`` (one array or a
         list), evaluated ``batch_size`` samples at a time, as NumPy: one array for a
-        one-output model, else a list.
+        one-output model, else a list. Data parallel over several processes, each
+        passes its own rows (as many as the others) and gets every process's outputs
+        in process order, as :meth:`evaluate` gives them: all of process 0's rows, then
+        process 1's...; a last batch whose rows do not divide over a process's devices
+        is padded and cut back.
 
         >>> import numpy as np, optax
         >>> from fnnc.models import Dense, Input, Model

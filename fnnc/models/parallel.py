@@ -50,6 +50,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from fnnc.errors import CheckpointError, FnncError, ModelError, ShapeError
 from fnnc.graph import ShardingRules, constrain_activations, parameter_specs, state_specs
 from fnnc.graph.sharding import MODES, Shardings, _fsdp, data_parallel
+from fnnc.models import processes
 from fnnc.models.pipeline import PIPELINE, with_data_axis
 
 AXIS = "data"
@@ -95,6 +96,8 @@ class Parallel:
     rules: ShardingRules | None = None
     specs: tuple[tuple[str, PartitionSpec], ...] | None = None
     staged: tuple[tuple[str, PartitionSpec], ...] = ()  # pipelined stacks (models.pipeline)
+    # local row counts every process was seen to agree on (Parallel.batch)
+    _seen_rows: set = dataclasses.field(default_factory=set, compare=False, repr=False)
 
     @staticmethod
     def of(mesh: Mesh, mode: Any, axis: str = AXIS) -> Parallel:
@@ -280,8 +283,12 @@ class Parallel:
         self, arrays: Sequence[Any], where: str, names: str = "input", lenient: bool = False
     ) -> list[Any]:
         """Global batch arrays from this process's ``arrays`` (split over the mesh);
-        ``lenient`` (``evaluate`` in one process) replicates a batch that does not divide."""
+        ``lenient`` (``evaluate``) replicates a batch that does not divide in one process,
+        and with several checks the processes' rows at every call (``fit``: the first
+        time this process sees its row counts, so that a step waits on no collective)."""
         procs = jax.process_count()
+        if procs > 1:
+            self._check_rows(arrays, where, names, every_call=lenient)
         out = []
         for i, a in enumerate(arrays):
             if isinstance(a, jax.Array) and not a.is_fully_addressable:
@@ -302,6 +309,29 @@ class Parallel:
                     jax.make_array_from_process_local_data(sharding, a, (rows, *a.shape[1:]))
                 )
         return out
+
+    def _check_rows(self, arrays: Sequence[Any], where: str, names: str, every_call: bool) -> None:
+        """The global batch is each process's rows times the process count: checks
+        (one all-gather; unless ``every_call``, only the first time this process sees
+        these row counts) that every process passes as many rows, where a mismatch
+        would abort or hang a collective. (Once per row counts leaves a gap: a process
+        that saw its counts before does not check while another's are new, as when only
+        one process's data has a short last batch; ``train`` checks that every process
+        has as many batches, and evenly split data, ``DataFrame.shard()``, has the
+        same batch sizes on every process.)"""
+        rows = tuple(
+            0 if isinstance(a, jax.Array) and not a.is_fully_addressable else int(np.shape(a)[0])
+            for a in arrays
+            if np.ndim(a)
+        )
+        if rows in self._seen_rows and not every_call:
+            return
+        processes.agree(
+            rows, where, f"the rows of each {names}",
+            "every process must pass as many rows (its slice of the global batch; "
+            "DataFrame.shard() gives equal shares)",
+        )  # fmt: skip
+        self._seen_rows.add(rows)
 
     def _indivisible(self, where: str, what: str, a: np.ndarray, rows: int) -> str:
         """The error for a batch of ``rows`` rows (``a``: this process's) that does

@@ -35,7 +35,7 @@ import numpy as np
 
 from fnnc.errors import ModelError, NumericsError
 from fnnc.models import batches as feed
-from fnnc.models import checks
+from fnnc.models import checks, processes
 from fnnc.models import metrics as metrics_
 from fnnc.models.callbacks import Callback, check_callbacks, load_callback_states
 from fnnc.models.progress import EpochLines
@@ -86,6 +86,12 @@ def train(
     source = feed.batches(
         data, batch_size=batch_size, seed=prog.seed, inputs=inputs, targets=targets
     )
+    if processes.spanned(model) > 1:  # a process with fewer batches would hang the others
+        processes.agree(
+            [len(source)], "train", "the number of batches per epoch",
+            "give every process as many batches of as many rows: DataFrame.shard() "
+            "(drop_remainder=True) splits a dataframe so, or pass equal shards of the arrays",
+        )  # fmt: skip
     if isinstance(source, feed.ArrayBatches):  # once per call, on the host
         checks.train_data(model, source.inputs, source.targets, batch_size)
     source.resume(prog)  # an epoch stopped in batches of another size
@@ -310,6 +316,15 @@ def predict(model: Any, inputs: Any, *, batch_size: int = 256, all_outputs: bool
     """The model's outputs (test mode) over all samples of ``inputs`` in batches: one
     array for a one-output model, else a list (``all_outputs``: always a list)."""
     inputs = [np.asarray(x) for x in feed.as_list(inputs)]
+    procs = processes.spanned(model)
+    if procs > 1:  # every process must run as many batches of as many rows
+        processes.agree(
+            [len(inputs[0]) if inputs and np.ndim(inputs[0]) else 0], "predict",
+            "the number of rows to predict",
+            "every process must pass as many rows (its share of the set: "
+            "DataFrame.shard() or equal slices of the arrays)",
+        )  # fmt: skip
     multiple = feed.row_multiple(model)
-    outs = feed.in_batches(lambda xs: feed.evaluate_rows(model, xs, multiple), inputs, batch_size)
+    run = lambda xs: feed.evaluate_rows(model, xs, multiple)
+    outs = feed.in_batches(run, inputs, batch_size, procs)
     return outs if all_outputs or len(outs) != 1 else outs[0]

@@ -30,6 +30,7 @@ import numpy as np
 
 from fnnc.errors import DataError, ModelError
 from fnnc.models import batches as feed
+from fnnc.models import processes
 
 Read = Callable[[], Iterator[feed.Batch]]
 
@@ -81,16 +82,41 @@ def outputs_and_targets(
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The model's test-mode outputs over every batch of ``read()``, and the targets,
     each concatenated over batches (one array per output / target); ``where`` begins
-    the error of a set with no batches."""
+    the error of a set with no batches. With several processes (a data-parallel
+    model), each reads its own share of the set and gets the outputs and targets of
+    every process's rows (:mod:`fnnc.models.processes`): the metrics are those of the
+    whole set, the same on every process; every process must give as many batches of
+    as many rows."""
     outs: list[list[np.ndarray]] = []
     targets: list[list[np.ndarray]] = []
     multiple = feed.row_multiple(model)
-    for inputs_b, targets_b in read():
+    procs = processes.spanned(model)
+    batches = iter(read())
+    while True:
+        batch = next(batches, None)
+        if procs > 1:  # before any collective: a process out of batches would hang them
+            _agree(batch, len(outs), where)
+        if batch is None:
+            break
+        inputs_b, targets_b = batch
         outs.append(feed.evaluate_rows(model, feed.as_list(inputs_b), multiple))
-        targets.append([np.asarray(t) for t in targets_b])
+        ts = [np.asarray(t) for t in targets_b]
+        targets.append([processes.gathered_rows(t) for t in ts] if procs > 1 else ts)
     if not outs:
         raise ModelError(f"{where}: the data gave no batches; pass a non-empty set")
     return [np.concatenate(p) for p in zip(*outs)], [np.concatenate(p) for p in zip(*targets)]
+
+
+def _agree(batch: feed.Batch | None, k: int, where: str) -> None:
+    """Checks that every process has a batch ``k`` (``None``: this one's set ended)
+    of as many rows as this one's."""
+    rows = -1 if batch is None else len(feed.as_list(batch[0])[0])
+    processes.agree(
+        [rows], where, f"the rows of batch {k} of the set",
+        "every process must give as many batches of as many rows (its share of the set: "
+        "DataFrame.shard() or equal slices of the arrays)",
+        show=lambda n: "none (its set ended)" if n < 0 else f"{n} rows",
+    )  # fmt: skip
 
 
 def _renamed(batches: Iterator[feed.Batch], where: str) -> Iterator[feed.Batch]:

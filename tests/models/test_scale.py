@@ -208,10 +208,19 @@ def _devices(*per_process: int) -> list[_Device]:
     return [_Device(10 * p + i, p) for p, n in enumerate(per_process) for i in range(n)]
 
 
-def _two_processes(monkeypatch, devices):
+def _two_processes(monkeypatch, devices, other_rows=None):
+    """Makes this process process 0 of 2; the other passes as many rows as this one,
+    or ``other_rows`` (what the row-count all-gather of fnnc.models.processes sees)."""
+    from jax.experimental import multihost_utils
+
+    def allgather(x, tiled=False):
+        other = np.asarray(x) if other_rows is None else np.full_like(x, other_rows)
+        return np.stack([np.asarray(x), other])
+
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(jax, "devices", lambda: devices)
     monkeypatch.setattr(jax, "local_device_count", lambda: 2)
+    monkeypatch.setattr(multihost_utils, "process_allgather", allgather)
 
 
 def test_process_count_mismatches_name_what_to_change(monkeypatch):
@@ -240,6 +249,21 @@ def test_process_count_mismatches_name_what_to_change(monkeypatch):
                        r"of 2 processes, 2 devices each\); give each process a batch that is "
                        r"a multiple of 2 \(a global batch that is a multiple of 4\)"):  # fmt: skip
         par.batch([np.zeros((3, 5), np.float32)], "fit")
+
+
+def test_processes_passing_different_rows_name_each_count(monkeypatch):
+    """The global batch is the local rows times the processes: a process passing other
+    rows must get an error on every process (a real 2-process run in
+    test_scale_processes.py), not a collective that aborts or hangs."""
+    from jax.sharding import Mesh
+
+    from fnnc.models.parallel import Parallel
+
+    _two_processes(monkeypatch, _devices(2, 2), other_rows=4)
+    par = Parallel(Mesh(np.array(_devices(2, 2)), ("data",)))
+    want = r"^fit: the processes disagree on the rows of each input \(process 0: 2; process 1: 4\)"
+    with pytest.raises(ShapeError, match=want):
+        par.batch([np.zeros((2, 5), np.float32)], "fit")
 
 
 def test_checkpoint_data_position_needs_the_same_process_count(tmp_path, monkeypatch):

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import socket
+import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.helpers import subprocess_env
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "data_parallel.py"
 
@@ -47,3 +53,92 @@ def test_two_processes_match_one_device(tmp_path, capfd, fsdp):
     for key in ref.files:
         assert two[key].dtype == np.float32
         np.testing.assert_allclose(two[key], ref[key], rtol=1e-5, atol=1e-5, err_msg=key)
+
+
+# -- predict, score and validation over processes: one run of 2 workers ----------------
+WORKER = textwrap.dedent(
+    """
+    import sys
+    import jax, numpy as np, optax
+    rank, coordinator = int(sys.argv[1]), sys.argv[2]
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=2,
+                               process_id=rank, initialization_timeout=60)
+    from fnnc.errors import ShapeError
+    from fnnc.models import Dense, Input, Model
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((16, 5)).astype(np.float32)
+    Y = rng.integers(0, 3, 16).astype(np.int32)
+    W = rng.standard_normal((3, 5)).astype(np.float32)
+    B = rng.standard_normal(3).astype(np.float32)
+
+    def oracle(w, b):  # NumPy over the union of both processes' rows, in process order
+        z = X @ w.T + b
+        z = z - z.max(-1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        return X @ w.T + b, -logp[np.arange(16), Y].mean(), (z.argmax(-1) == Y).mean()
+
+    x = Input()
+    m = Model(x, Dense(3, name="fc")(x))
+    m.set_data_parallel(0)  # 2 processes x 2 devices
+    m.compile(X[:4], loss="softmax_crossentropy", minimizer=optax.sgd(0.1))
+    m.set_parameters({"t-fc-0-0": W, "t-fc-0-1": B})
+    mine = slice(8 * rank, 8 * rank + 8)
+    logits, loss, acc = oracle(W, B)
+    # batches of 3 local rows (padded to 4: 2 devices each), the last of 2
+    np.testing.assert_allclose(m.predict(X[mine], batch_size=3), logits, rtol=1e-5, atol=1e-5)
+    got = m.score(X[mine], Y[mine], batch_size=3)
+    np.testing.assert_allclose([got["loss"], got["accuracy"]], [loss, acc], rtol=1e-5)
+    h = m.train((X[mine], Y[mine]), batch_size=4, validation=(X[mine], Y[mine]), verbose=False)
+    p = m.parameters()
+    _, loss, acc = oracle(np.asarray(p["t-fc-0-0"]), np.asarray(p["t-fc-0-1"]))
+    np.testing.assert_allclose([h["val_loss"][0], h["val_accuracy"][0]], [loss, acc], rtol=1e-5)
+    # a process with other rows: the same fnnc error on both, no hang
+    n = 8 if rank == 0 else 6
+    disagree = [
+        (lambda: m.evaluate(X[: 4 if rank == 0 else 2]),
+         "the rows of each input (process 0: 4; process 1: 2)"),
+        (lambda: m.train((X[:n], Y[:n]), batch_size=2, verbose=False),
+         "the number of batches per epoch (process 0: 4; process 1: 3)"),
+        (lambda: m.predict(X[:n], batch_size=4),
+         "the number of rows to predict (process 0: 8; process 1: 6)"),
+        (lambda: m.score(X[:n], Y[:n], batch_size=4),
+         "the rows of batch 1 of the set (process 0: 4 rows; process 1: 2 rows)"),
+    ]
+    for call, want in disagree:
+        try:
+            call()
+            raise AssertionError(f"no error: {want}")
+        except ShapeError as e:
+            assert "the processes disagree on " + want in str(e), e
+    print("OK", flush=True)
+    """
+)
+
+
+def test_two_processes_predict_score_and_validate_the_union_of_their_rows():
+    """Each process passes its 8 rows: predict gives all 16 in process order, score and
+    train(validation=) the NumPy loss and accuracy of all 16 on both; a process passing
+    other rows or batches gets the same ShapeError as the other, within the timeout."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        coordinator = f"localhost:{s.getsockname()[1]}"
+    env = subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WORKER, str(r), coordinator], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(2)
+    ]  # fmt: skip
+    deadline, outs = time.monotonic() + 180, []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    text = "\n".join(o[-3000:] for o in outs)
+    assert [p.returncode for p in procs] == [0, 0], text
+    assert all(o.rstrip().endswith("OK") for o in outs), text
