@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from fnnc.errors import ModelError, NumericsError
+from fnnc.errors import ModelError, NumericsError, ShapeError
 from fnnc.models import batches as feed
 from fnnc.models import checks, processes
 from fnnc.models import metrics as metrics_
@@ -128,10 +128,14 @@ def train(
                 if ahead.error is not None:
                     raise ahead.error
                 inputs_b, targets_b = ahead.batch
+                where = f"train: epoch {epoch}, batch {prog.batch}"
+                short = _short_batch(model, source, inputs_b)
+                if short:
+                    raise ShapeError(f"{where}: {short}")
                 try:
                     loss = model.fit(inputs_b, targets_b)  # dispatched: runs in XLA's threads
-                except ModelError as e:
-                    raise ModelError(f"train: epoch {epoch}, batch {prog.batch}: {e}") from None
+                except (ModelError, ShapeError) as e:
+                    raise type(e)(f"{where}: {e}") from None
                 position = source.snapshot()  # of this batch, before reading the next
                 ahead = _read_ahead(batches, check)  # while the step runs
                 value = float(loss)
@@ -193,6 +197,26 @@ def _read_ahead(batches: Any, check: Callable[[Any], None] | None) -> _Ahead | N
         return None
     except Exception as e:  # a DataError naming the batch, a bad label, a failing map
         return _Ahead(error=e)
+
+
+def _short_batch(model: Any, source: Any, inputs: Any) -> str:
+    """The error for a batch of a source that batches itself (``source.batch_size`` is
+    None: a batched dataframe, a Grain dataset) whose rows do not divide over the
+    data-parallel devices, most likely its short last batch ("" where they divide)."""
+    par = model.engine.parallel
+    if par is None or source.batch_size is not None or not inputs or not np.ndim(inputs[0]):
+        return ""
+    procs = processes.spanned(model)
+    rows = len(inputs[0]) * procs
+    if rows % par.size == 0:
+        return ""
+    each = f" ({len(inputs[0])} in each of {procs} processes)" if procs > 1 else ""
+    return (
+        f"the data, which batches itself, gave a batch of {rows} rows{each}, which does "
+        f"not divide over the {par.size} devices of mesh axis {par.axis!r}; if it is the "
+        "short last batch, drop it with batch(..., drop_remainder=True) (DataFrame.batch "
+        f"or Grain's MapDataset.batch), else batch the data in multiples of {par.size} rows"
+    )
 
 
 def _label_check(model: Any) -> Callable[[Any], None]:

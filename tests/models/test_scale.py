@@ -132,6 +132,20 @@ SCRIPT = COMMON + textwrap.dedent(
         raise AssertionError("no error")
     except Exception as e:
         assert "input 0 has a batch of 6 rows" in str(e) and "multiple of 4" in str(e), e
+    # a dataframe batched by itself: 4, 4, then a short last batch of 2 rows
+    from fnnc.data import DataFrame
+    from fnnc.errors import ShapeError
+    s = make(); s.set_data_parallel(4)
+    s.compile(XS[:4], loss="mse", minimizer=optax.sgd(0.1))
+    try:
+        s.train(DataFrame.from_arrays(x=XS[:10], y=YS[:10]).batch(4), verbose=False)
+        raise AssertionError("no error")
+    except ShapeError as e:
+        assert str(e).startswith("train: epoch 0, batch 2: ") and "of 2 rows" in str(e), e
+        assert "batch(..., drop_remainder=True)" in str(e) and "multiple of 4" not in str(e), e
+    assert s.train_progress.step == 2
+    s.train(DataFrame.from_arrays(x=XS[:10], y=YS[:10]).batch(4, drop_remainder=True),
+            verbose=False)
     print("OK")
     """
 )
