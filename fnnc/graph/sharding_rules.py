@@ -120,17 +120,44 @@ class ShardingRules:
     def match(self, pid: str, layer: str | None) -> PartitionSpec | None:
         """The spec of the first user rule matching ``pid`` or ``layer``, else ``None``."""
         for pattern, spec in self.layers:
-            for name in (pid, layer):
-                if name is None:
-                    continue
-                hit = (
-                    pattern.search(name)
-                    if isinstance(pattern, re.Pattern)
-                    else fnmatch.fnmatchcase(name, pattern)
-                )
-                if hit:
-                    return spec
+            if _hits(pattern, pid, layer):
+                return spec
         return None
+
+
+def _hits(pattern: Pattern, *names: str | None) -> bool:
+    """Whether ``pattern`` (a glob or a compiled regex) matches one of ``names``."""
+    for name in names:
+        if name is None:
+            continue
+        if (
+            pattern.search(name)
+            if isinstance(pattern, re.Pattern)
+            else fnmatch.fnmatchcase(name, pattern)
+        ):
+            return True
+    return False
+
+
+def _unmatched(rules: ShardingRules, pids: Sequence[str], names: Mapping[str, str]) -> None:
+    """A user rule that matches no parameter is a typo (it would leave the parameters it
+    meant replicated, silently): raises naming the parameters and layers there are."""
+    missing = [p for p, _ in rules.layers if not any(_hits(p, i, names.get(i)) for i in pids)]
+    if not missing:
+        return
+    layers = sorted({names[i] for i in pids if names.get(i)})
+    shown = ", ".join(repr(getattr(p, "pattern", p)) for p in missing)
+    raise GraphError(
+        f"sharding rules: the rule(s) {shown} match no parameter; a rule matches a "
+        f"parameter id or its layer's name (a glob, or a compiled regex searched); the "
+        f"layers are {_some(layers)} and the parameter ids {_some(list(pids))}: fix the "
+        "pattern or drop the rule"
+    )
+
+
+def _some(items: list[str], n: int = 12) -> str:
+    more = f" and {len(items) - n} more" if len(items) > n else ""
+    return f"[{', '.join(items[:n])}]{more}" if items else "[] (none)"
 
 
 def _spec(spec: Any, where: Any) -> PartitionSpec:
@@ -167,7 +194,8 @@ def parameter_specs(
         Parameter id -> ``PartitionSpec``, in input order.
 
     Raises:
-        GraphError: a rule names an axis the mesh lacks, or more axes than a tensor has.
+        GraphError: a rule names an axis the mesh lacks, or more axes than a tensor has,
+            or a user rule matches no parameter (a typo would leave them replicated).
         ShapeError: a split axis does not divide by its mesh axis's size.
     """
     rules = ShardingRules.of(rules)
@@ -175,6 +203,7 @@ def parameter_specs(
     sids = [graph.inputs[_position(graph, p)] for p in positions]
     roles = find_roles(graph, sids)
     names = names or {}
+    _unmatched(rules, [graph.symbols[sid].name for sid in sids], names)
     out = {}
     for sid in sids:
         sym = graph.symbols[sid]

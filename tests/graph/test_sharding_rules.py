@@ -203,6 +203,18 @@ def test_user_rules_by_layer_name_and_id_override_the_table():
     assert parameter_specs(graph, MESH, off, parameters=pids, names=names)[embed] == P()
 
 
+def test_a_user_rule_matching_no_parameter_names_the_layers_and_ids():
+    """A typo ("mlpp1" for "mlp1") would leave the parameters it meant replicated, the
+    table's layout silently taken instead: every user rule must match a parameter."""
+    graph, pids, names = _transformer_graph()
+    typo = ShardingRules.of({"embed": P(None, "model"), "mlpp1": P(None, "model")})
+    want = r"the rule\(s\) 'mlpp1' match no parameter; .*the layers are \[.*embed.*mlp1.*\]"
+    with pytest.raises(GraphError, match=want + r" and the parameter ids \[t-"):
+        parameter_specs(graph, MESH, typo, parameters=pids, names=names)
+    with pytest.raises(GraphError, match=r"'fc3\$' match no parameter"):
+        parameter_specs(_mlp(), MESH, {re.compile("fc3$"): P()}, parameters=[1, 2, 3, 4])
+
+
 def test_fsdp_splits_the_other_axis_over_data():
     specs = parameter_specs(_mlp(), MESH, ShardingRules(fsdp=True), parameters=[1, 2, 3, 4])
     assert specs == {"fc1": P("model", "data"), "fc1.bias": P("model"), "fc2": P("data", "model"),
