@@ -60,7 +60,7 @@ def mesh_of(n: int) -> Mesh:
     """A one-axis mesh ``"data"`` over the first ``n`` devices (``0``: all of them)."""
     devices = jax.devices()
     procs = jax.process_count()
-    if not isinstance(n, (int, np.integer)) or n < 0 or n > len(devices):
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or not 0 <= n <= len(devices):
         raise ModelError(
             f"set_data_parallel({n!r}): this run has {len(devices)} devices "
             f"({procs} processes); pass 0 for all or 1..{len(devices)} (on "
@@ -100,9 +100,9 @@ class Parallel:
     _seen_rows: set = dataclasses.field(default_factory=set, compare=False, repr=False)
 
     @staticmethod
-    def of(mesh: Mesh, mode: Any, axis: str = AXIS) -> Parallel:
+    def of(mesh: Mesh, mode: Any, axis: str = AXIS, where: str = "compile") -> Parallel:
         """Checks ``mesh`` and ``mode`` (a mode name or sharding rules, see module doc)
-        and says what to change."""
+        and says what to change; ``where`` begins the errors of ``mode``."""
         if not isinstance(mesh, Mesh):
             raise ModelError(
                 f"compile: mesh= must be a jax.sharding.Mesh, got {type(mesh).__name__}"
@@ -115,7 +115,7 @@ class Parallel:
                 rules = ShardingRules.of(mode)
             except FnncError as e:
                 raise ModelError(
-                    f"compile: parameter_sharding={mode!r}; expected one of {(*MODES, PIPELINE)}, "
+                    f"{where}: parameter_sharding={mode!r}; expected one of {(*MODES, PIPELINE)}, "
                     f"'megatron'/'tensor_parallel', a dict {{layer pattern: PartitionSpec}} "
                     f"or a fnnc.graph.ShardingRules ({e})"
                 ) from None

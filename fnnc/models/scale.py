@@ -32,7 +32,8 @@ class ScaleMixin:
         >>> model.engine.parallel.size
         1
         """
-        self._set_layout(Parallel.of(mesh_of(n), parameter_sharding))
+        where = f"set_data_parallel({n!r})"
+        self._set_layout(Parallel.of(mesh_of(n), parameter_sharding, where=where))
 
     def _set_layout(self, parallel: Parallel | None) -> None:
         self._pending_parallel = parallel

@@ -199,6 +199,12 @@ def test_bad_layouts_name_what_to_change():
         _model().set_data_parallel(1, parameter_sharding="zero")
     with pytest.raises(ModelError, match=r"must be a jax\.sharding\.Mesh"):
         _model().compile(xs, loss="mse", minimizer=optax.sgd(0.1), mesh="data")
+    # the method called, not compile; a bool is no device count (True is not 1 device)
+    with pytest.raises(ModelError, match=r"^set_data_parallel\(1\): parameter_sharding='fsdp2'"):
+        _model().set_data_parallel(1, parameter_sharding="fsdp2")
+    for flag in (True, False):
+        with pytest.raises(ModelError, match=rf"^set_data_parallel\({flag}\): this run has 1 dev"):
+            _model().set_data_parallel(flag)
 
 
 def test_one_device_mesh_trains_and_scalar_batch_errors():
