@@ -88,9 +88,9 @@ def _numeric(value: Any) -> np.ndarray | None:
 def _one_array(value: Any) -> bool:
     """An argument that is one array: a leaf (an array, a number, a key) or a nested
     list of numbers."""
-    return _python_numbers(value) or (
-        len(jax.tree.leaves(value)) == 1 and not isinstance(value, (list, tuple, dict))
-    )
+    # a leaf itself: a pytree holding one array (a flax State of one parameter) is a
+    # pytree, flattened with the others
+    return _python_numbers(value) or jax.tree_util.treedef_is_leaf(jax.tree.structure(value))
 
 
 def _python_numbers(value: Any) -> bool:
