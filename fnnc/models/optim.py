@@ -27,7 +27,11 @@ keeps views per parameter id and view structure (tree and leaf shapes), so:
   new batch size; set Adam; evaluate with input gradients; set a no-op; repeat" keeps
   Adam's moments;
 * repartitioning keeps each parameter's own leaves; a partition's shared leaves come
-  from its first parameter (in model order) that holds a view of that structure, so
+  from the view of that structure kept most recently (the first in model order among
+  views kept by one step), so a layer frozen for some steps (``is_trainable=False``, a
+  no-op minimizer) and trained again takes the step count of the parameters that went
+  on training: no parameter's count (Adam's bias correction) goes backwards, and the
+  returning layer's moments are those it had when frozen.
   ``set_minimizer(opt, params=..., reset=True)`` restarts those parameters' own leaves
   and, in a partition of their own, its step count too;
 * hyper-parameters injected with ``optax.inject_hyperparams`` follow the

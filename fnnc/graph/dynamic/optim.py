@@ -200,8 +200,9 @@ def state(
 
     Per variable (:func:`per_variable`): assembled from each variable's kept view of a
     state of this structure (Adam's moments follow the variable into any set or order;
-    a shared step count comes from the first variable holding one), the rest from a
-    fresh ``init``; injected hyper-parameters always from the object stepping now.
+    a shared step count comes from the view kept most recently, so no count goes
+    backwards), the rest from a fresh ``init``; injected hyper-parameters always from
+    the object stepping now.
     Otherwise: the kept state of this structure and variable list, else a fresh one.
     """
     check(optimizer, what)
@@ -302,7 +303,7 @@ def flush(dg: DynamicGraph, prog: int | None = None, slots: Sequence[Slot] = ())
         members = frozenset(names)
         for slot, name in zip(hk[1], names):
             if dg.opt_latest.get((slot, hk[0])) == hk:
-                dg.opt_store.put(name, view(full, name, members))
+                dg.opt_store.put(name, view(full, name, members), members)
                 del dg.opt_latest[(slot, hk[0])]
     _prune(dg)
 

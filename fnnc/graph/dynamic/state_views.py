@@ -107,6 +107,10 @@ class StateStore:
 
     def __init__(self) -> None:
         self._views: dict[str, dict[str, Any]] = {}
+        # per id and structure: (when it was kept, the ids kept with it in one call, which
+        # share its shared leaves' arrays; None when unknown)
+        self._kept: dict[str, dict[str, tuple[int, frozenset[str] | None]]] = {}
+        self._clock = 0
         self._shapes: dict[Any, tuple[Any, Any]] = {}  # (id, specs) -> (transform, shapes)
 
     def _shapes_of(self, transform: Any, values: Mapping[str, Any]) -> Any:
@@ -124,33 +128,55 @@ class StateStore:
         """The kept view of ``pid`` with the structure of ``like``, or None."""
         return self._views.get(pid, {}).get(structure(like))
 
-    def put(self, pid: str, value: Any) -> None:
-        """Keeps ``value``, a view of ``pid``, under its structure."""
-        self._views.setdefault(pid, {})[structure(value)] = value
+    def put(self, pid: str, value: Any, members: Collection[str] | None = None) -> None:
+        """Keeps ``value``, a view of ``pid``, under its structure, as the newest view.
+
+        ``members``: the ids whose views, put with this one, hold the same arrays for the
+        shared leaves (None: unknown, so :meth:`assemble` copies them)."""
+        self._clock += 1
+        self._put(pid, value, None if members is None else frozenset(members))
+
+    def _put(self, pid: str, value: Any, members: frozenset[str] | None) -> None:
+        key = structure(value)
+        self._views.setdefault(pid, {})[key] = value
+        self._kept.setdefault(pid, {})[key] = (self._clock, members)
 
     def keep(self, state: Any, pids: Sequence[str]) -> None:
         """Keeps the views of a partition's ``state`` for each of its ``pids``."""
         members = frozenset(pids)
+        self._clock += 1
         for pid in pids:
-            self.put(pid, view(state, pid, members))
+            self._put(pid, view(state, pid, members), members)
 
     def assemble(self, transform: Any, values: Mapping[str, Any]) -> Any:
         """``transform``'s state over ``values`` (id -> parameter) from the kept views:
-        each parameter's own leaves from its view, the shared ones from the first
-        parameter holding a view, injected hyper-parameters and the rest from
-        ``transform.init`` (run only when some leaf needs it)."""
+        each parameter's own leaves from its view; the shared ones (a step count) from
+        the view kept most recently (the first in ``values`` order among those kept
+        together), so a parameter that sat out some steps takes the partition's newest
+        count and no count goes backwards; injected hyper-parameters and the rest from
+        ``transform.init`` (run only when some leaf needs it).
+
+        A program may donate the state it is given, so a shared leaf that a view outside
+        ``values`` holds too is given as a copy: every other view stays readable."""
         shapes = self._shapes_of(transform, values)
         pids = frozenset(values)
-        found = {p: self.find(p, view(shapes, p, pids)) for p in values}
+        keys = {p: structure(view(shapes, p, pids)) for p in values}
+        found = {p: self._views.get(p, {}).get(k) for p, k in keys.items()}
         kept = {p: _by_path(v) for p, v in found.items() if v is not None}
-        donor = next(iter(kept), None)
+        when = {p: self._kept[p][keys[p]] for p in kept}  # (clock, members)
+        donor = max(kept, key=lambda p: when[p][0], default=None)
+        holders = None if donor is None else when[donor][1]
+        copy = holders is None or not holders <= pids
         flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
         leaves: list[Any] = []
         for (path, _), owner in zip(flat, owners(shapes, pids)):
             name = jax.tree_util.keystr(path)
             source = kept.get(owner if owner != SHARED else donor)
             fresh = source is None or (owner == SHARED and _injected(name))
-            leaves.append(None if fresh else source[name])
+            leaf = None if fresh else source[name]
+            if leaf is not None and owner == SHARED and copy:
+                leaf = jax.numpy.array(leaf, copy=True)
+            leaves.append(leaf)
         if any(leaf is None for leaf in leaves):
             init = jax.tree.leaves(transform.init(dict(values)))
             leaves = [new if leaf is None else leaf for leaf, new in zip(leaves, init)]
@@ -159,6 +185,7 @@ class StateStore:
     def reset(self, pids: Sequence[str] | None = None) -> None:
         for pid in list(self._views) if pids is None else pids:
             self._views.pop(pid, None)
+            self._kept.pop(pid, None)
 
     def all_states(self, pid: str) -> dict[str, Any]:
         """Every kept view of ``pid`` by structure (for checkpoints and tests)."""
