@@ -6,7 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
+from fnnc.graph import DynamicGraph
 from fnnc.graph.dynamic.minimizer_key import split
 from fnnc.models import Dense, Input, Model, minimizers
 from fnnc.models.optim import Minimizers
@@ -112,3 +114,69 @@ def test_a_schedule_that_rewrites_its_closure_trains_as_plain_optax():
             u, state[k] = opt.update(grads[k], state[k], p[k])
             p[k] = optax.apply_updates(p[k], u)
     assert_close(model.parameters(), p, rtol=1e-6, atol=1e-7)
+
+
+LOW_PRECISION = [
+    ("clip+sgd", lambda: optax.chain(optax.clip_by_global_norm(0.5), optax.sgd(0.1))),
+    ("adam", lambda: optax.adam(1e-2)),
+    ("sgd-momentum", lambda: optax.sgd(0.1, momentum=0.9)),
+    ("adamw", lambda: optax.adamw(1e-2, weight_decay=0.1)),
+]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("make", [m for _, m in LOW_PRECISION], ids=[n for n, _ in LOW_PRECISION])
+def test_hyper_parameter_inputs_act_as_python_floats_on_half_parameters(make, dtype):
+    """The rate, eps, max_norm fed as program inputs mix with float16/bfloat16 data as
+    the Python floats they replace do: the update is Optax's own (clip_by_global_norm's
+    ``jnp.where(norm < max_norm, ...)`` raised a dtype error with float32 inputs)."""
+    params = [jnp.asarray(rand([3]), dtype), jnp.asarray(rand([2, 2], seed=1), dtype)]
+    grads = [jnp.asarray(4 * rand([3], seed=2), dtype), jnp.asarray(rand([2, 2], seed=3), dtype)]
+    tx = make()
+    mins = Minimizers.of(["a", "b"], [tx] * 2)
+    tree = lambda xs: dict(zip("ab", xs))
+    state, want_state = mins.transform().init(params), tx.init(tree(params))
+    step, oracle = jax.jit(mins.transform().update), jax.jit(tx.update)
+    ulp = float(jnp.finfo(dtype).eps)
+    for _ in range(3):
+        updates, state = step(grads, state, params)
+        want, want_state = oracle(tree(grads), want_state, tree(params))
+        assert [u.dtype for u in updates] == [dtype, dtype]
+        for got, w in zip(updates, [want["a"], want["b"]]):  # XLA may fuse away a rounding
+            np.testing.assert_allclose(
+                np.asarray(got, np.float32), np.asarray(w, np.float32), rtol=ulp
+            )
+        params = [p + u for p, u in zip(params, updates)]
+    assert_close(jax.tree.leaves(state[0]), jax.tree.leaves(want_state), rtol=ulp, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, jnp.bfloat16], ids=["f16", "bf16"])
+def test_clip_by_global_norm_fits_a_half_precision_model(dtype):
+    x = Input(dtype=dtype)
+    model = Model(x, Dense(2, name="d")(x))
+    xs, ts = (5 * rand([4, 3])).astype(dtype), np.zeros((4, 2), dtype)
+    model.compile(
+        xs, loss="mse", minimizer=optax.chain(optax.clip_by_global_norm(0.5), optax.sgd(0.1))
+    )
+    before = model.parameters()
+    model.fit(xs, ts)
+    after = model.parameters()
+    assert all(v.dtype == dtype for v in after.values())
+    # the gradient's norm is far above 0.5: the step is 0.1 * 0.5 long (closed form)
+    moved = np.sqrt(
+        sum(
+            np.sum((np.asarray(after[k], np.float64) - np.asarray(before[k], np.float64)) ** 2)
+            for k in after
+        )
+    )
+    np.testing.assert_allclose(moved, 0.05, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["f16", "bf16"])
+def test_dynamic_graph_clips_half_precision_variables(dtype):
+    dg = DynamicGraph()
+    w = dg.variable(jnp.asarray([3.0, 4.0], dtype), name="w")
+    dg.minimize(optax.chain(optax.clip_by_global_norm(0.5), optax.sgd(0.1)), (w * w).sum(), [w])
+    # the gradient (6, 8) has norm 10: clipped to (0.3, 0.4), then a step of 0.1 of it
+    assert w.numpy().dtype == dtype
+    np.testing.assert_allclose(np.asarray(w.numpy(), np.float32), [2.97, 3.96], rtol=4e-3)

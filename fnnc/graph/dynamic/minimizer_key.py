@@ -30,9 +30,12 @@ carries them: the program passes them through unchanged. The partition states ke
 :class:`fnnc.models.optim.StateStore` never hold them, so checkpoints and
 ``optimizer_state`` are the plain Optax states.
 
-Numerics: a traced float32 rate is not weakly typed as a Python float is, so for a
-bfloat16 or float16 parameter the update is computed in float32; the new state is
-cast back to its dtypes and the update to the parameter's dtype.
+Numerics: inside the update the inputs are weakly typed float32 scalars, as the Python
+floats they replace are (:func:`weak`), so a bfloat16 or float16 parameter's update is
+computed in its own dtype, as Optax alone computes it, and code that mixes a
+hyper-parameter with the data (``optax.clip_by_global_norm``'s
+``jnp.where(norm < max_norm, g, g * (max_norm / norm))``) sees the dtypes it was written
+for.
 """
 
 from __future__ import annotations
@@ -54,6 +57,11 @@ from jax.extend.core import Literal
 from fnnc.errors import ModelError
 from fnnc.graph.dynamic.optim import behaviour
 
+try:  # JAX has no public way to make a traced value weakly typed
+    from jax._src.lax.lax import _convert_element_type
+except ImportError:  # pragma: no cover - a JAX that moved it: strong float32 inputs
+    _convert_element_type = None
+
 _DEPTH = 12  # as deep as behaviour() looks
 _CACHE: dict[int, tuple[Any, Hyper]] = {}
 _MASKS: dict[Hashable, list[tuple[bool, ...]]] = {}  # structure -> masks probed
@@ -71,6 +79,20 @@ class _Hole:
 
     def __hash__(self) -> int:
         return hash(("hyper", self.index))
+
+
+def weak(value: Any) -> Any:
+    """``value`` (a float32 scalar, traced or not) weakly typed, as a Python float is:
+    with a float16 array it gives float16, where a plain float32 scalar promotes the
+    array to float32 (``lax.select`` then refuses the mix).
+
+    >>> import jax.numpy as jnp
+    >>> (weak(jnp.float32(0.5)) * jnp.ones(2, jnp.float16)).dtype
+    dtype('float16')
+    """
+    if _convert_element_type is None:
+        return value
+    return _convert_element_type(value, weak_type=True)
 
 
 def _is_float(value: Any) -> bool:
@@ -203,8 +225,9 @@ class Hyper:
     mask: tuple[bool, ...]
 
     def rebuild(self, values: Sequence[Any]) -> optax.GradientTransformation:
-        """The template with ``values`` (e.g. traced scalars) as its hyper-parameters."""
-        return _substitute(self.template, self.mask, values)
+        """The template with ``values`` (e.g. traced float32 scalars) as its
+        hyper-parameters, weakly typed as the floats they replace (:func:`weak`)."""
+        return _substitute(self.template, self.mask, [weak(v) for v in values])
 
 
 def split(transform: optax.GradientTransformation) -> Hyper:
@@ -291,7 +314,7 @@ def _tunable(transform: Any, floats: Sequence[Any]) -> list[bool]:
 
     def trace(mask: list[bool]) -> Any:
         def run(hs: Any, g: Any, s: Any, p: Any) -> Any:
-            return _substitute(transform, mask, hs).update(g, s, p)
+            return _substitute(transform, mask, [weak(h) for h in hs]).update(g, s, p)
 
         hs = [jax.ShapeDtypeStruct((), jnp.float32)] * sum(mask)
         try:

@@ -376,7 +376,8 @@ def _with_hyper(h: Any) -> optax.GradientTransformation:
     def update(grads: Any, state: Any, params: Any = None) -> Any:
         inner, hyper = state
         updates, new = h.rebuild(hyper).update(grads, inner, params)
-        # a traced float32 rate is not weakly typed: keep the state's and grads' types
+        # the rebuilt rates are weakly typed (minimizer_key.weak); the casts only guard
+        # a transformation that promotes on its own: keep the state's and grads' types
         new = jax.tree.map(lambda a, b: a.astype(b.dtype), new, inner)
         return jax.tree.map(lambda u, g: u.astype(g.dtype), updates, grads), (new, hyper)
 
