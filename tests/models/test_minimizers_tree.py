@@ -189,3 +189,18 @@ def test_a_mask_that_is_not_a_tree_of_the_parameter_dict_names_the_ids():
     model = _mlp(optax.masked(optax.sgd(0.1), {"w": True, "b": False}))
     with pytest.raises(ModelError, match=r"(?s)\['t-h-0-0', .*keyed by these ids"):
         model.fit(XS, TS)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_k_accumulated_batches_with_scale_one_over_k_are_one_step_on_the_k_times_batch(k):
+    """fit's loss is the batch mean: scale=1/k averages the k means (as documented in
+    fnnc.models.minimizers' with_gradient_accumulation; 1/(batch_size*k) would divide
+    the rate by the batch size too)."""
+    xs, ts = rand([4 * k, 3], seed=2), rand([4 * k, 2], seed=3)
+    model = _mlp(minimizers.with_gradient_accumulation(minimizers.sgd(0.1, scale=1 / k), k))
+    p0 = _params(model)
+    for i in range(k):  # k batches of 4
+        model.fit(xs[4 * i : 4 * (i + 1)], ts[4 * i : 4 * (i + 1)])
+    tx = optax.sgd(0.1)  # one plain Optax step on the batch of 4 * k
+    updates, _ = tx.update(_grad(p0, xs, ts), tx.init(p0), p0)
+    assert_close(model.parameters(), optax.apply_updates(p0, updates), rtol=1e-5, atol=1e-6)

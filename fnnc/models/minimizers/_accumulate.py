@@ -4,8 +4,17 @@ In cnnp (``lib/nnc/ccv_cnnp_model.c``), each ``ccv_cnnp_model_backward`` after t
 first adds its gradients to the previous ones with ``CMD_EWSUM_FORWARD`` (a plain sum,
 no averaging), and ``ccv_cnnp_model_apply_gradients`` runs the minimizer once on that
 sum and resets the count. :func:`with_gradient_accumulation` is that protocol as an
-Optax wrapper; divide by the number of calls through the minimizer's ``scale``
-(e.g. ``scale=1 / (batch_size * k)``) to average.
+Optax wrapper. It sums; to average, divide through the minimizer's ``scale`` by what
+the sum counts:
+
+* a cnnp model's ``fit`` (and ``train``): its loss is already the batch mean, so
+  ``scale=1 / k`` makes ``k`` accumulated batches one step on the ``k`` times larger
+  batch (``sgd(rate, scale=1 / k)``; ``1 / (batch_size * k)`` would divide the rate
+  by the batch size too);
+* gradients summed per sample: NNC's own cnnp, whose loss is per sample (``[N, 1]``)
+  and whose backward seeds each sample with one, as :meth:`Model.backward
+  <fnnc.models.Model.backward>` of per-sample outputs without ``ingrads`` and a
+  dynamic graph's ``backward`` of a summed loss do: ``scale=1 / (batch_size * k)``.
 """
 
 from __future__ import annotations

@@ -44,11 +44,13 @@ def sgd(
 ) -> optax.GradientTransformation:
     """NNC's SGD (``CMD_SGD_FORWARD``) as an Optax transformation.
 
-    ``scale`` multiplies the gradient before anything else (cnnp passes
-    ``1 / batch_size`` there); ``decay`` is L2 weight decay added to the scaled
-    gradient inside the momentum. Unlike PyTorch, dampening applies from the first
-    step, and with ``nesterov=True`` the decay term enters only through the momentum
-    (``b = a - rate * (scale * g + momentum * m')``).
+    ``scale`` multiplies the gradient before anything else (NNC's cnnp passes
+    ``1 / batch_size`` there, as it sums per-sample losses; a model's ``fit`` already
+    takes the batch mean: keep ``1``, or ``1 / k`` under
+    :func:`~fnnc.models.minimizers.with_gradient_accumulation`); ``decay`` is L2 weight
+    decay added to the scaled gradient inside the momentum. Unlike PyTorch, dampening
+    applies from the first step, and with ``nesterov=True`` the decay term enters only
+    through the momentum (``b = a - rate * (scale * g + momentum * m')``).
 
     With ``dampening=0``, ``decay=0`` and ``scale=1`` this is ``optax.sgd(rate,
     momentum=momentum or None, nesterov=nesterov)``.
