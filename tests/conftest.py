@@ -33,8 +33,8 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
-# ``pytest -m quick``: a subset that runs in under 3 minutes on 2 cores (the whole suite
-# takes about 12), with a file or more from every package. Paths from the repository root.
+# ``pytest -m quick``: a subset that runs in about a minute on 2 cores (the whole suite
+# takes about 11), with a file or more from every package. Paths from the repository root.
 QUICK = (
     "tests/test_architecture.py",
     "tests/core/",
