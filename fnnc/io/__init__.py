@@ -18,6 +18,7 @@ named tensor, so NNC reads what fnnc writes and the other way round. On top of i
 - :class:`ShardedCheckpoints`: the same journal as an Orbax directory, each process
   writing only its own shards (models split over processes: FSDP, tensor parallel).
 - :func:`save_to` / :func:`load_from`: graphs (:mod:`fnnc.graph`) beside the tensors.
+- :func:`format_tensor`: an array as NNC's debug string (``ccv_nnc_tensor_format_new``).
 - ``python -m fnnc inspect FILE [--stats] [--verify]``: what a file holds; with
   ``--verify``, every row checked (exit status 1 on damage).
 
@@ -63,5 +64,6 @@ from fnnc.io.parameters import write_parameters as write_parameters
 from fnnc.io.safetensors_io import SafetensorsFile as SafetensorsFile
 from fnnc.io.sharded_checkpoints import ShardedCheckpoints as ShardedCheckpoints
 from fnnc.io.tensor_file import TensorFile as TensorFile
+from fnnc.io.tensor_string import format_tensor as format_tensor
 
 _nnc_codecs.register_nnc_codecs()

@@ -7,8 +7,8 @@ NumPy, and NNC's float-to-half table rule re-derived bit by bit below.
 
 Not ported: "tensor swap", "resize tensor" and "tensor mapped from file" (C buffer
 ownership, realloc and mmap of a raw file: fnnc arrays are immutable JAX/NumPy values;
-``np.memmap`` is the counterpart of the last); the four "format ... tensor into string"
-cases (NNC's debug printer; fnnc prints arrays with NumPy and has no formatter).
+``np.memmap`` is the counterpart of the last). The four "format ... tensor into string"
+cases (NNC's debug printer) are in test_nnc_tensor_format.py, on ``fnnc.io.format_tensor``.
 """
 
 from __future__ import annotations
