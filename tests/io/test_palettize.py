@@ -1,13 +1,19 @@
 """NNC's palettization (ccv_nnc_palettize.c) and the pieces it is made of, against NNC's
 own unit-test vectors and independent oracles (a brute-force k-means DP, hand-packed
-blobs written with the C code's bit formulas, the IEEE bit layout of float16)."""
+blobs written with the C code's bit formulas, the IEEE bit layout of float16). Every
+case of test/unit/nnc/palettize.tests.c ("... on CPU losslessly") and of
+test/int/nnc/palettize.tests.c ("... on GPU losslessly") runs under its C name."""
 
+import functools
 import struct
+from unittest import mock
 
+import jax
 import ml_dtypes
 import numpy as np
 import pytest
 
+from fnnc.io import palettize as palettize_module
 from fnnc.io.palettize import (
     ccv_qsort,
     depalettize,
@@ -42,9 +48,31 @@ def _nnc_values(bits, count, dtype):
     return values.astype(dtype)
 
 
-def _check_nnc_case(bits, block, index_bytes, blocks, dtype, count):
+_KMEANS = {}
+
+
+def _kmeans_once(values, k):
+    """``kmeans1d``, computed once per distinct block: NNC's test vectors repeat their
+    palette, so most blocks of a case, and the same blocks in another dtype or count,
+    are the same values (the k-means itself is checked against brute force below)."""
+    key = (values.tobytes(), k)
+    if key not in _KMEANS:
+        _KMEANS[key] = kmeans1d(values, k)
+    clusters, centroids = _KMEANS[key]
+    return clusters.copy(), centroids.copy()
+
+
+@functools.cache
+def _nnc_blob(bits, block, dtype, count):
+    """NNC's test values and their palettized bytes, made once per case and shared by
+    the CPU and the "on GPU" cases."""
     values = _nnc_values(bits, count, dtype)
-    blob = palettize(values, bits, block)
+    with mock.patch.object(palettize_module, "kmeans1d", _kmeans_once):
+        return values, palettize(values, bits, block)
+
+
+def _check_nnc_case(bits, block, index_bytes, blocks, dtype, count):
+    values, blob = _nnc_blob(bits, block, dtype, count)
     if bits == 8:  # "fast path" cases write 2840 index bytes
         index_bytes = count
     assert len(blob) == index_bytes + blocks * (1 << bits) * np.dtype(dtype).itemsize
@@ -64,6 +92,77 @@ def test_nnc_unit_test_vectors_round_trip_losslessly_with_nnc_sizes(case, dtype,
 @pytest.mark.parametrize("case", NNC_SLOW, ids=lambda c: f"q{c[0]}")
 def test_nnc_unit_test_vectors_7_and_8_bits(case):
     _check_nnc_case(*case, np.float16, 2839)
+
+
+# -- the C cases by name: test/unit/nnc/palettize.tests.c ("... on CPU losslessly") and
+# test/int/nnc/palettize.tests.c ("... on GPU losslessly"); ", fast path" is 2840 values
+
+C_TYPES = {"double": np.float64, "float": np.float32, "half-precision": np.float16}
+C_CASES = {case[0]: case for case in NNC_CASES + NNC_SLOW}
+
+
+def _c_cases(bits_list, sides, marks=()):
+    """One pytest case per C test, with the C test's name as its id."""
+    return [
+        pytest.param(
+            bits,
+            name,
+            count,
+            id=f"quantize {name} to {bits}-bit and dequantize on {side} losslessly"
+            + (", fast path" if count == 2840 else ""),
+            marks=marks,
+        )
+        for side in sides
+        for bits in bits_list
+        for name in C_TYPES
+        for count in (2839, 2840)
+    ]
+
+
+@pytest.mark.parametrize("bits, name, count", _c_cases([7, 8], ["CPU"]))
+def test_quantize_to_7_and_8_bits_and_dequantize_on_cpu_losslessly(bits, name, count):
+    """NNC's "quantize double to 7-bit and dequantize on CPU losslessly", "quantize float
+    to 7-bit and dequantize on CPU losslessly", "quantize half-precision to 7-bit and
+    dequantize on CPU losslessly", the same "to 8-bit", and each one's ", fast path"
+    (2840 values): the sizes NNC returns (e.g. 2485 + 6 * 128 * 8 for double at 7 bits,
+    2840 + 3 * 256 * 2 for half-precision at 8 bits, fast path) and a lossless round trip."""
+    _check_nnc_case(*C_CASES[bits], C_TYPES[name], count)
+
+
+def _through_device(blob: bytes) -> bytes:
+    """The C tests' transfer: the bytes in a float32 tensor of ``(size + 3) / 4`` elements
+    (``CPU_TENSOR_NCHW(32F, ...)``), copied to the device and read from there."""
+    words = np.zeros((len(blob) + 3) // 4, np.float32)
+    words.view(np.uint8)[: len(blob)] = np.frombuffer(blob, np.uint8)
+    on_device = jax.device_put(words)
+    assert on_device.dtype == np.float32 and on_device.shape == words.shape
+    return np.asarray(on_device).tobytes()
+
+
+@pytest.mark.parametrize(
+    "bits, name, count",
+    _c_cases([4, 5, 6], ["GPU"]) + _c_cases([7, 8], ["GPU"]),
+)
+def test_quantize_and_dequantize_on_gpu_losslessly(bits, name, count):
+    """test/int/nnc/palettize.tests.c: "quantize double to 4-bit and dequantize on GPU
+    losslessly", "quantize float to 4-bit and dequantize on GPU losslessly", "quantize
+    half-precision to 4-bit and dequantize on GPU losslessly", the same to 5-, 6-, 7- and
+    8-bit, and each one's ", fast path" (2840 values). NNC palettizes on the CPU into a
+    float32 tensor's storage, transfers it to the GPU, depalettizes from device memory
+    and transfers the values back; fnnc's depalettize reads host bytes, so the blob goes
+    to the device as NNC's float32 words and back (bit for bit, padding included), is
+    decoded, and the values make the same round trip: equal to NNC's inputs, with the
+    size NNC returns."""
+    _, block, index_bytes, blocks = C_CASES[bits]
+    dtype = np.dtype(C_TYPES[name])
+    values, blob = _nnc_blob(bits, block, dtype.type, count)
+    index_bytes = count if bits == 8 else index_bytes
+    assert len(blob) == index_bytes + blocks * (1 << bits) * dtype.itemsize
+    padded = _through_device(blob)
+    assert len(padded) == 4 * ((len(blob) + 3) // 4) and padded[: len(blob)] == blob
+    decoded = depalettize(padded, dtype, count, bits, block)
+    back = np.asarray(jax.device_put(decoded.view(np.uint8))).view(dtype)
+    assert back.dtype == dtype and back.tobytes() == values.tobytes()  # "should be lossless"
 
 
 def _pack_like_c(indices, bits):
