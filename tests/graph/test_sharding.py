@@ -6,9 +6,6 @@ Each check runs in a subprocess: the device count is fixed when JAX starts
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -16,7 +13,7 @@ import pytest
 from fnnc import ops
 from fnnc.errors import GraphError
 from fnnc.graph import GraphBuilder, data_parallel
-from tests.compile_flags import merged
+from tests.helpers import run_on_cpu_devices
 
 SCRIPT = textwrap.dedent(
     """
@@ -122,13 +119,7 @@ SCALED = textwrap.dedent(
 
 
 def _on_four_cpu_devices(script: str) -> None:
-    env = dict(os.environ, XLA_FLAGS=merged("--xla_force_host_platform_device_count=4"))
-    env["JAX_PLATFORMS"] = "cpu"
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "OK" in done.stdout
+    run_on_cpu_devices(script, devices=4, timeout=300)
 
 
 def test_data_parallel_and_fsdp_match_one_device():

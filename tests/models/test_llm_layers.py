@@ -5,7 +5,6 @@ oracle; on 4 virtual CPU devices with the experts sharded it equals one device."
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -17,8 +16,7 @@ import pytest
 
 from fnnc.errors import ModelError
 from fnnc.models import Input, Model, MoE, RotaryEmbedding, SwiGLU, model_function
-from tests.compile_flags import merged
-from tests.helpers import assert_close, rand
+from tests.helpers import assert_close, rand, subprocess_env
 
 
 def _model(layer, x):
@@ -156,13 +154,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_moe_with_experts_sharded_on_4_devices_equals_one_device():
-    env = dict(
-        os.environ,
-        XLA_FLAGS=merged("--xla_force_host_platform_device_count=4"),
-        JAX_PLATFORMS="cpu",
-    )
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env = subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600
     )

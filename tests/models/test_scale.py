@@ -8,7 +8,6 @@ between it (4 devices) and this process (1 device) both ways.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -21,7 +20,7 @@ import pytest
 from fnnc.errors import ModelError, ShapeError
 from fnnc.io import Checkpoints
 from fnnc.models import BatchNorm, Dense, Input, Model, ReLU
-from tests.compile_flags import merged
+from tests.helpers import subprocess_env
 
 COMMON = textwrap.dedent(
     """
@@ -160,8 +159,7 @@ def test_one_two_four_devices_match_one_device_and_checkpoints_cross(tmp_path):
     with open(tmp_path / "one.ckpt.json", "w") as f:
         json.dump({k: np.asarray(v).tolist() for k, v in one.parameters().items()}, f)
 
-    env = dict(os.environ, XLA_FLAGS=merged("--xla_force_host_platform_device_count=4"))
-    env["JAX_PLATFORMS"] = "cpu"
+    env = subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
     four = str(tmp_path / "four.ckpt")
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, four, str(tmp_path / "one.ckpt")],
