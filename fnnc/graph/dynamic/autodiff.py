@@ -106,24 +106,16 @@ def _seeds(
     if len(dfs) != len(fs):
         raise GraphError(f"backward: {len(fs)} f but {len(dfs)} df; pass one seed per f")
     out = []
-    for i, (f, (v, view), d) in enumerate(zip(fs, f_reads, dfs)):
-        seed: Any = None
+    for i, (f, (v, _), d) in enumerate(zip(fs, f_reads, dfs)):
         if recorded and hasattr(d, "_slot"):
-            seed = dg._read(d, "backward: df", i)
-            shape = seed[1].shape if seed[1] is not None else seed[0].shape
+            seed, shape = dg._read(d, "backward: df", i), d.shape
         else:
             d = dg.value_of(d) if hasattr(d, "_slot") else jax.numpy.asarray(d, v.dtype)
             seed, shape = d, d.shape
-        want = view.shape if view is not None else v.shape
-        if tuple(shape) != want:
-            raise ShapeError(f"backward: df for f {f.label} is {list(shape)}, f is {list(want)}")
+        if tuple(shape) != tuple(f.shape):
+            raise ShapeError(f"backward: df for f {f.label} is {list(shape)}, f is {list(f.shape)}")
         out.append(seed)
     return out
-
-
-def _value(dg: DynamicGraph, read: Read) -> Any:
-    v, view = read
-    return v.value if view is None else dg._view_value(v, view)
 
 
 def _gradient_graph(
@@ -202,10 +194,7 @@ def _run_gradients(
         params: list[Any] = []
         opt_key = None
         if optimizer is not None:
-            params = [_value(dg, r) for r in w_reads]
-            if any(p is None for p in params):  # lazy: a parameter written since, pending
-                lazy.flush(dg)  # the optimizer's specs and state read its value
-                params = [_value(dg, r) for r in w_reads]
+            params = [dg.value_of(w) for w in ws]  # lazy: runs what is pending
             optim.check(optimizer, what)
             specs = optim.specs_of(params)
             opt_key = optim.keys(optimizer, specs)[0]

@@ -40,7 +40,7 @@ from fnnc.core.ir import Graph
 from fnnc.errors import GraphError, ModelError
 from fnnc.ops.call import call
 
-from .versions import repin
+from .versions import detach, repin
 
 if TYPE_CHECKING:
     from .graph import DynamicGraph
@@ -203,7 +203,9 @@ def _keep_updates(
     if not pids:
         return
     for pid, value in zip(pids, values):
-        dg.detach(value)  # statistics carry no gradient
+        # statistics carry no gradient (what only they fed is pruned at the record's
+        # limit, not once per statistic and step as dg.detach's collect would)
+        detach(dg, value, collect=False)
         repin(dg, bound.variables[pid]._slot, value._slot.version)
     if not dg.lazy:
         bound.push(dg)

@@ -463,10 +463,10 @@ class DynamicGraph:
             GraphError: ``f`` was computed from an earlier value of a ``wrt`` variable
                 (before a step, ``set`` or write replaced it): compute ``f`` again.
         """
-        if not create_graph and len(jax.local_devices()) > 1:  # copies across devices
-            listed = autodiff._listed
+        fs, listed = autodiff._listed(f), autodiff._listed
+        if len(fs) > 1 and not create_graph and len(jax.local_devices()) > 1:  # copies
             split = dp.backward_by_device(
-                self, listed(f), listed(wrt), None if df is None else listed(df),
+                self, fs, listed(wrt), None if df is None else listed(df),
                 None if into is None else listed(into),
             )  # fmt: skip
             if split is not None:

@@ -40,6 +40,7 @@ import jax
 
 from fnnc.errors import GraphError
 
+from .autodiff import _listed
 from .variable import Variable
 
 if TYPE_CHECKING:
@@ -83,9 +84,11 @@ def exec_copies(
     return tuple(results)
 
 
-def _devices(dg: DynamicGraph, var: Variable) -> frozenset[Any]:
-    value = dg.value_of(var)
-    return frozenset(value.devices()) if isinstance(value, jax.Array) else frozenset()
+def _devices(dg: DynamicGraph, var: Variable) -> frozenset[Any] | None:
+    """The devices ``var``'s value lives on; ``None`` while it is pending (lazy mode:
+    its forward runs inside the gradient program, on one device)."""
+    v = dg._slot(var, "backward").version
+    return frozenset(v.value.devices()) if isinstance(v.value, jax.Array) else None
 
 
 def backward_by_device(
@@ -95,7 +98,7 @@ def backward_by_device(
     device (a program runs on one), each ``f`` with respect to the ``wrt`` on its
     device. ``None`` where every ``f`` is on one device (the caller runs one program)."""
     where = [_devices(dg, f) for f in fs]
-    if len(set(where)) <= 1:
+    if None in where or len(set(where)) <= 1:
         return None
     dfs = [None] * len(fs) if df is None else list(df)
     targets = [None] * len(ws) if into is None else list(into)
@@ -147,8 +150,7 @@ def minimize_copies(
     dg: DynamicGraph, optimizer: Any, f: Any, variables: Any, parallel: int
 ) -> None:
     """``minimize(..., parallel=n)``: each copy's gradients, summed, then one step each."""
-    fs = list(f) if isinstance(f, (list, tuple)) else [f]
-    ws = list(variables) if isinstance(variables, (list, tuple)) else [variables]
+    fs, ws = _listed(f), _listed(variables)
     f_copies = copies(fs, parallel, "minimize", "f")
     w_copies = copies(ws, parallel, "minimize", "variables")
     for f_i, w_i in zip(f_copies, w_copies):

@@ -180,9 +180,10 @@ def free(dg: DynamicGraph, var: Variable) -> None:
     dg.collect()
 
 
-def detach(dg: DynamicGraph, var: Variable) -> None:
+def detach(dg: DynamicGraph, var: Variable, collect: bool = True) -> None:
     """:meth:`DynamicGraph.detach`: cuts ``var``'s version (or a copy of it, when
-    memoisation shares it) and makes its slot a constant one."""
+    memoisation shares it) and makes its slot a constant one; then prunes the record
+    (``collect``)."""
     slot = dg._slot(var, "detach")
     v = slot.version
     if v.pins > 1:  # shared by memoisation: detach a copy
@@ -190,4 +191,5 @@ def detach(dg: DynamicGraph, var: Variable) -> None:
     else:
         v.detach()
     slot.trainable = False
-    dg.collect()
+    if collect:
+        dg.collect()
