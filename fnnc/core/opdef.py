@@ -76,6 +76,11 @@ class Attributes:
     idempotent: bool | Callable[[Command], bool] = False
     batch_statistics: bool | Callable[[Command], bool] = False
 
+    def holds(self, name: str, cmd: Command) -> bool:
+        """Whether attribute ``name`` holds for ``cmd`` (a flag, or a predicate of the
+        command's parameters such as ``commutative``)."""
+        return _holds(getattr(self, name), cmd)
+
     def is_commutative(self, cmd: Command) -> bool:
         """Whether ``cmd``'s inputs may be reordered."""
         return _holds(self.commutative, cmd)

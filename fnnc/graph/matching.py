@@ -229,12 +229,7 @@ def may_match(pat: Pat, name: str) -> bool:
 def _has(cmd: Command, attribute: str) -> bool:
     if attribute in _DEEP:
         return _deep()[attribute](cmd)
-    attrs = cmd.definition.attributes
-    if attribute == "commutative":
-        return attrs.is_commutative(cmd)
-    if attribute == "idempotent":
-        return attrs.is_idempotent(cmd)
-    return bool(getattr(attrs, attribute))
+    return cmd.definition.attributes.holds(attribute, cmd)
 
 
 def _inputs(pat: Pat, node: Node, src: Source, bound: dict[str, Any]) -> Iterator[dict[str, Any]]:
