@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-import numpy as np
-
 from fnnc import ops
 from fnnc.core.ir import Graph, Symbol
 from fnnc.errors import CommandError, GraphError
@@ -109,8 +107,8 @@ def while_loop(
         carry_overs=carry,
         cond_inputs=refs,
         breakpoint=_early_outputs(body, breakpoint),
-        max_iterations=_plain_int(max_iterations),
-        tape=_plain_int(tape),
+        max_iterations=max_iterations,
+        tape=tape,
     )
     return _as_tuple(builder.exec(cmd, *inputs, name=name))
 
@@ -203,14 +201,6 @@ def _carry_pairs(carry_overs: Any) -> list[tuple[Any, Any]]:
             f"them; pair each output with its input"
         )
     return pairs
-
-
-def _plain_int(value: Any) -> Any:
-    """A NumPy integer as int (hashable, serialisable); anything else as given, for the
-    command's own check to accept or reject (5.5 is no trip count)."""
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
 
 
 def _of_body(body: Graph, sym: Any, what: str) -> int:

@@ -83,19 +83,14 @@ def interpret(graph: Graph, *args: Any, on_node: OnNode | None = None) -> Any:
             raise
         except Exception as e:
             error = while_tape.forward_mode_error(node.cmd, e)
+            if error is None and while_tape.checks_on_host(node.cmd):
+                while_tape.forget_failed_tokens()  # reported here: not again at exit
+                error = while_tape.host_error(e)  # the tape's own message, not XLA's trace
             if error is not None:
                 raise GraphError(
                     f"interpret: node {index} ({node.name or node.cmd.name}): {error}\n"
                     f"{format_graph(graph, mark=index, window=3)}"
                 ) from None
-            if while_tape.checks_on_host(node.cmd):
-                while_tape.forget_failed_tokens()  # reported here: not again at exit
-                error = while_tape.host_error(e)
-                if error is not None:  # the tape's own message, without XLA's traceback
-                    raise GraphError(
-                        f"interpret: node {index} ({node.name or node.cmd.name}): {error}\n"
-                        f"{format_graph(graph, mark=index, window=3)}"
-                    ) from None
             raise GraphError(
                 f"interpret: node {index} ({node.name or node.cmd.name}) failed: {e}\n"
                 f"{format_graph(graph, mark=index, window=3)}"

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from fnnc.core.dtypes import is_inexact
+from fnnc.core.command import is_float
 from fnnc.core.ir import AliasSymbol, Graph, Node
 from fnnc.core.text import format_graph
 from fnnc.errors import NumericsError
@@ -79,11 +79,6 @@ def tensor_stats(x: Any) -> Stats:
         lo, hi = float(finite.min()), float(finite.max())
         mean, std = float(finite.mean()), float(finite.std())
     return Stats(tuple(arr.shape), dtype, lo, hi, mean, std, nan, inf)
-
-
-def is_float(x: Any) -> bool:
-    """Whether array ``x`` is floating or complex (bfloat16 included)."""
-    return is_inexact(x.dtype)
 
 
 def numerics_error(
