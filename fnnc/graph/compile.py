@@ -179,7 +179,9 @@ class Program:
             try:
                 return self._outputs(args, self._compiled(*args, *self._consts))
             except (TypeError, ValueError):
-                pass  # wrong types or a pytree: check below and say what is wrong
+                if self._on_one_other_device(args):  # see below: no second attempt
+                    return self._outputs(args, self._jitted(*args, *self._consts))
+                # wrong types or a pytree: check below and say what is wrong
         leaves = flatten_inputs(self.graph, args, "Program")
         if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
             return self._traced(leaves)
