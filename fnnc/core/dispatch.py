@@ -55,6 +55,9 @@ from fnnc.core.opdef import registry
 from fnnc.errors import BackendError, CommandError, DTypeError
 
 REFERENCE = "xla"
+PLATFORMS = ("cpu", "gpu", "tpu")
+"""The platform names backends declare and table keys hold (JAX's ``cuda`` and ``rocm``
+are ``gpu``); the reference backend runs on each."""
 
 
 def _always(cmd: Command, specs: Sequence[Spec]) -> str | None:
@@ -188,7 +191,7 @@ def backends_of(command: str) -> dict[str, Backend]:
 @functools.lru_cache(maxsize=1024)
 def _backends_of(command: str, generation: int) -> dict[str, Backend]:
     opdef = lookup(command)
-    ref = Backend(REFERENCE, opdef.forward, ("cpu", "gpu", "tpu"), priority=0)
+    ref = Backend(REFERENCE, opdef.forward, PLATFORMS, priority=0)
     if opdef.backward_node is None:
         return {REFERENCE: ref, **_BACKENDS.get(command, {})}
     out = {REFERENCE: ref}

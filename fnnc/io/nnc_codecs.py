@@ -69,7 +69,7 @@ def _palettize_codec(bits: int) -> Codec:
         block = BLOCK_SIZES[bits]
         if pal.encoded_size(dtype, values.size, bits, block) + 4 > len(data) + 4:
             return None  # NNC's encoders have len(data) + 4 bytes of room
-        if not np.isfinite(values.astype(np.float64)).all():
+        if not np.isfinite(values).all():
             return None  # NNC's k-means spreads one NaN over about half its block
         return struct.pack("<I", block) + pal.palettize(values, bits, block)
 

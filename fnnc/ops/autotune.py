@@ -26,6 +26,7 @@ import jax
 
 from fnnc.core.command import Command
 from fnnc.core.dispatch import (
+    PLATFORMS,
     REFERENCE,
     TABLE,
     as_specs,
@@ -63,11 +64,6 @@ def median_seconds(fns: dict[str, Any], *args: Any, repeats: int = 5) -> dict[st
             jax.block_until_ready(fn(*args))
             samples[name].append(time.perf_counter() - start)
     return {name: statistics.median(s) for name, s in samples.items()}
-
-
-PLATFORMS = ("cpu", "gpu", "tpu")
-"""The platform names backends declare and table keys hold (JAX's ``cuda`` and ``rocm``
-are ``gpu``)."""
 
 
 def autotune(cmd: Command, *arrays: Any, repeats: int = 5, platform: str | None = None) -> str:

@@ -294,8 +294,11 @@ def _check_reduce(*, reduce):
         raise CommandError(f"mse: reduce={reduce!r}; use 'mean' or 'sum'")
 
 
+_MSE_PAIR = _pair_shape("mse", _check_reduce)
+
+
 def _mse_shape(a, b, *, reduce):
-    out = _pair_shape("mse", _check_reduce)(a, b, reduce=reduce)
+    out = _MSE_PAIR(a, b, reduce=reduce)
     if reduce == "mean" and math.prod(a.shape[1:]) == 0:  # 0 / 0: NaN, and so its gradient
         fail(
             f"mse: inputs {show(a)} have no values per sample to take the mean of; give "
