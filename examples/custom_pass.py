@@ -88,6 +88,6 @@ def main() -> dict[str, float]:
 if __name__ == "__main__":
     import argparse
 
-    argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split())).parse_args()
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     np.set_printoptions(precision=4)
     main()

@@ -75,7 +75,7 @@ def positive_int(text: str) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=positive_int, default=12)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args()

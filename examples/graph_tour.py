@@ -64,6 +64,6 @@ def traced() -> None:
 
 
 if __name__ == "__main__":
-    argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split())).parse_args()
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     by_hand()
     traced()

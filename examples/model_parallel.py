@@ -139,7 +139,7 @@ def positive_int(text: str) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=positive_int, default=10)
     parser.add_argument("--batch", type=positive_int, default=16)
     parser.add_argument("--compare", action="store_true", help="also train on one device")

@@ -76,5 +76,5 @@ def main() -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split())).parse_args()
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     main()

@@ -69,5 +69,5 @@ def main(steps: int = 30) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split())).parse_args()
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     main()

@@ -75,7 +75,7 @@ def positive_int(text: str) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pretrain-steps", type=positive_int, default=300)
     parser.add_argument("--inversion-steps", type=positive_int, default=150)
     parser.add_argument("--seed", type=int, default=0)

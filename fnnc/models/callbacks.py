@@ -163,7 +163,7 @@ def _is_callback(cb: Any) -> bool:
     return not isinstance(cb, type) and all(callable(getattr(cb, h, None)) for h in _HOOKS)
 
 
-def check_callbacks(callbacks: Any, where: str = "train") -> list[Any]:
+def check_callbacks(callbacks: Any) -> list[Any]:
     """``callbacks`` as a list: one callback stands for ``[it]``; anything that is not a
     callback instance is a :class:`ModelError` naming its position and what to pass."""
     if _is_callback(callbacks):
@@ -179,7 +179,7 @@ def check_callbacks(callbacks: Any, where: str = "train") -> list[Any]:
         got = f"the class {cb.__name__}" if isinstance(cb, type) else type(cb).__name__
         fix = f" (instantiate it: {cb.__name__}(...))" if isinstance(cb, type) else ""
         raise ModelError(
-            f"{where}: {label or f'callbacks[{i}]'} is {got}{fix}; expected a "
+            f"train: {label or f'callbacks[{i}]'} is {got}{fix}; expected a "
             "fnnc.models.Callback instance (e.g. EarlyStopping(patience=2)) or a list of them"
         )
     return items

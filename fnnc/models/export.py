@@ -127,7 +127,7 @@ def export(
     if check and here != "no":  # an artifact that cannot run here is not checked here
         _check(model, exported, specs, inputs, values, ids, parameters)
     if path is not None:
-        _write(path, bytes(exported.serialize(vjp_order=0)))
+        atomic_write(path, bytes(exported.serialize(vjp_order=0)))
     return exported
 
 
@@ -174,11 +174,6 @@ def _check(
 
 def _listed(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def _write(path: str | os.PathLike[str], data: bytes) -> None:
-    """Writes ``data`` to ``path`` atomically (a reader sees the old file or the new)."""
-    atomic_write(path, data)
 
 
 @contextlib.contextmanager

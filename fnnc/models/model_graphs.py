@@ -75,10 +75,11 @@ class GraphsMixin:
     ) -> tuple[Any, Any, Graph]:
         """``(build, its feed, graph)``: the model outputs (then the internals' new
         values ``with_updates``), inputs in the feed's order."""
+        from fnnc.models.batches import as_list
         from fnnc.models.programs import _ordered
 
         engine = self.engine
-        arrays = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        arrays = as_list(inputs)
         built = engine._build(training, engine._check_inputs(arrays))
         ctx = built.ctx
         outputs = [*built.outputs, *(ctx.updates.values() if with_updates else ())]

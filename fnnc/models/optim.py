@@ -222,7 +222,7 @@ def _views(
     stacked = tuple((p, blocks[p]) for p in part if p in blocks)
     if not stacked:
         return ()
-    shapes = tuple((p, tuple(specs[p].shape), str(jnp.dtype(specs[p].dtype))) for p in part)
+    shapes = tuple((p, specs[p].shape, specs[p].dtype) for p in part)  # hashable already
     return () if acts_elementwise(template, shapes) else stacked
 
 
