@@ -232,25 +232,29 @@ rem round rsqrt select_n sign sin sqrt square sub tanh xor"""
 _ELEMENTWISE = frozenset(_ELEMENTWISE_NAMES.split())
 _NESTED_NAMES = "jit pjit closed_call core_call custom_jvp_call custom_vjp_call cond"
 _NESTED = frozenset(_NESTED_NAMES.split())
+# primitives elementwise only when their first operand is a scalar: a step size spread over
+# a tensor (broadcast_in_dim), the predicate of a cond choosing for the whole tensor
+_SCALAR_FIRST = frozenset({"broadcast_in_dim", "cond"})
+
+
+def _subjaxprs(eqn: Any) -> list[Any]:
+    return [
+        getattr(s, "jaxpr", s)
+        for v in eqn.params.values()
+        for s in (v if isinstance(v, (tuple, list)) else (v,))
+        if hasattr(s, "eqns") or hasattr(getattr(s, "jaxpr", None), "eqns")
+    ]
 
 
 def _elementwise(jaxpr: Any) -> bool:
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
-        if name == "broadcast_in_dim" and not eqn.invars[0].aval.shape:
-            continue  # a scalar (a step size) spread over a tensor
+        if name in _SCALAR_FIRST and eqn.invars[0].aval.shape:
+            return False
         if name in _NESTED:
-            subs = [
-                getattr(s, "jaxpr", s)
-                for v in eqn.params.values()
-                for s in (v if isinstance(v, (tuple, list)) else (v,))
-                if hasattr(s, "eqns") or hasattr(getattr(s, "jaxpr", None), "eqns")
-            ]
-            if name == "cond" and eqn.invars[0].aval.shape:
+            if not all(_elementwise(s) for s in _subjaxprs(eqn)):
                 return False
-            if all(_elementwise(s) for s in subs):
-                continue
-        if name not in _ELEMENTWISE:
+        elif name not in _ELEMENTWISE and name not in _SCALAR_FIRST:
             return False
     return True
 
