@@ -29,9 +29,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from fnnc.errors import ModelError
+from fnnc.models.layer import is_int
 
 CALLBACKS_KEY = "fnnc.callbacks"
 """The key of the callbacks' progress in a checkpoint's metadata (:class:`CheckpointEvery`)."""
@@ -233,11 +232,7 @@ class EarlyStopping(Callback):
     ):  # fmt: skip
         if mode not in ("min", "max", "auto"):
             raise ModelError(f"EarlyStopping: mode must be 'min', 'max' or 'auto', got {mode!r}")
-        if (
-            not isinstance(patience, (int, np.integer))
-            or isinstance(patience, bool)
-            or patience < 0
-        ):
+        if not is_int(patience) or patience < 0:
             raise ModelError(
                 f"EarlyStopping: patience={patience!r} ({type(patience).__name__}); expected an "
                 "int >= 0, the epochs without improvement to allow, e.g. patience=2"

@@ -34,7 +34,8 @@ Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
 from fnnc.errors import ModelError  # noqa: E402  (re-exported here for layer authors)
 
 
-def _is_int(n: Any) -> bool:
+def is_int(n: Any) -> bool:
+    """Whether ``n`` is a whole number given as one: a Python or NumPy integer, not a bool."""
     return isinstance(n, (int, np.integer)) and not isinstance(n, (bool, np.bool_))
 
 
@@ -43,7 +44,7 @@ def positive_int(layer: Layer, arg: str, value: Any) -> int:
     not a bool); else a :class:`ModelError` naming ``layer`` and its argument ``arg``.
     Layer constructors check their sizes (units, filters, heads) with it, so
     ``Dense(2.5)`` is refused instead of building 2 units."""
-    if not _is_int(value) or value < 1:
+    if not is_int(value) or value < 1:
         raise ModelError(
             f"layer {layer.describe()}: {arg} is {value!r:.40} ({type(value).__name__}); "
             "expected a positive int, e.g. 16"
@@ -279,7 +280,7 @@ class BuildContext:
     ) -> Symbol:
         """The symbol of parameter (or internal) ``index`` of ``layer``: a graph input
         named by its NNC id, the same symbol on every build of a shared layer."""
-        if not all(_is_int(n) and n >= 0 for n in shape):
+        if not all(is_int(n) and n >= 0 for n in shape):
             raise ModelError(
                 f"layer {layer.describe()}: parameter {index} has the shape {list(shape)}; "
                 "expected whole sizes >= 0 (a layer size is an int, not a float or str)"

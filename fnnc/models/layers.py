@@ -27,6 +27,7 @@ from fnnc.models.layer import (
     ModelError,
     constant_init,
     glorot_uniform,
+    is_int,
     normal_init,
     ones,
     positive_int,
@@ -44,7 +45,7 @@ def _axes(layer: Layer, axes: Any, x: Symbol) -> tuple[int, ...]:
     """``axes`` of ``layer`` checked against the rank of its input ``x``: distinct ints in
     ``[-rank, rank)``; else a :class:`ModelError` naming the layer and the input's shape."""
     rank = len(x.shape)
-    ok = all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in axes)
+    ok = all(is_int(a) for a in axes)
     if (
         not ok
         or not all(-rank <= a < rank for a in axes)

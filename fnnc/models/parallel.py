@@ -51,6 +51,7 @@ from fnnc.errors import CheckpointError, FnncError, ModelError, ShapeError
 from fnnc.graph import ShardingRules, constrain_activations, parameter_specs, state_specs
 from fnnc.graph.sharding import MODES, Shardings, _fsdp, data_parallel
 from fnnc.models import processes
+from fnnc.models.layer import is_int
 from fnnc.models.pipeline import PIPELINE, with_data_axis
 
 AXIS = "data"
@@ -60,7 +61,7 @@ def mesh_of(n: int) -> Mesh:
     """A one-axis mesh ``"data"`` over the first ``n`` devices (``0``: all of them)."""
     devices = jax.devices()
     procs = jax.process_count()
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or not 0 <= n <= len(devices):
+    if not is_int(n) or not 0 <= n <= len(devices):
         raise ModelError(
             f"set_data_parallel({n!r}): this run has {len(devices)} devices "
             f"({procs} processes); pass 0 for all or 1..{len(devices)} (on "

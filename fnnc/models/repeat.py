@@ -71,7 +71,7 @@ from fnnc.core.ir import Graph, Symbol
 from fnnc.graph import GraphBuilder, scan
 from fnnc.graph import pipeline as graph_pipeline
 from fnnc.graph.scan import Checkpoint
-from fnnc.models.layer import BuildContext, Initializer, Layer, ModelError, ParamInfo
+from fnnc.models.layer import BuildContext, Initializer, Layer, ModelError, ParamInfo, is_int
 from fnnc.models.pipeline import Pipeline
 from fnnc.models.stacks import stack_parameters as stack_parameters
 from fnnc.models.stacks import stack_states as stack_states
@@ -133,7 +133,7 @@ class Repeat(Layer):
                 f"layer {self.describe()}: block must be a fnnc.models Layer or Model, or a "
                 f"function making one; got {type(block).__name__}"
             )
-        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+        if not is_int(n) or n < 1:
             raise ModelError(f"layer {self.describe()}: n must be an int >= 1, got {n!r}")
         self.block, self.n, self.checkpoint = block, int(n), checkpoint
         self.pipeline = Pipeline.check(pipeline, f"layer {self.describe()}", self.n)

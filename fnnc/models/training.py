@@ -38,6 +38,7 @@ from fnnc.models import batches as feed
 from fnnc.models import checks, processes
 from fnnc.models import metrics as metrics_
 from fnnc.models.callbacks import Callback, check_callbacks, load_callback_states
+from fnnc.models.layer import is_int
 from fnnc.models.progress import EpochLines
 from fnnc.models.validation import outputs_and_targets, validation_batches
 
@@ -287,7 +288,7 @@ def loss_value(model: Any, outputs: list[Any], targets: list[Any]) -> float:
 def _check_args(epochs: Any, data: Any, validation: Any, inputs: Any, targets: Any) -> None:
     """Refuses what ``train`` would silently ignore: epochs below 0 (no epoch ran) and
     ``inputs=``/``targets=`` column names when no dataframe has columns to name."""
-    if not isinstance(epochs, (int, np.integer)) or isinstance(epochs, bool) or epochs < 0:
+    if not is_int(epochs) or epochs < 0:
         raise ModelError(
             f"train: epochs={epochs!r} ({type(epochs).__name__}); expected an int >= 0, the "
             "epochs to run (with resume=, the epoch to run up to), e.g. epochs=10"
