@@ -33,6 +33,7 @@ of this model (every missing, extra and mis-shaped parameter is listed).
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import Any
 
 import jax
@@ -91,12 +92,15 @@ def _templates(engine: Any) -> list[dict[str, Any]]:
     return out
 
 
-def current_states(engine: Any) -> dict[str, Any]:
-    """Trainable parameter id -> its view of its partition's Optax state."""
+def current_states(engine: Any, pids: Collection[str] | None = None) -> dict[str, Any]:
+    """Trainable parameter id -> its view of its partition's Optax state (of ``pids``
+    only, when given: each is copied to the host)."""
     engine._sync_live()
     out = {}
     for likes in _templates(engine):
         for pid, like in likes.items():
+            if pids is not None and pid not in pids:
+                continue
             state = engine.store.find(pid, like)
             if state is not None:
                 out[pid] = engine._host(state)

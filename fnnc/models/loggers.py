@@ -194,7 +194,7 @@ def _update_count(model: Any) -> int | None:
     transformation's, under accumulation), or None when it keeps none."""
     engine = model.engine
     pids = engine.trainable()
-    state = current_states(engine).get(pids[0]) if pids else None
+    state = current_states(engine, pids[:1]).get(pids[0]) if pids else None
     counts = [
         leaf
         for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]
