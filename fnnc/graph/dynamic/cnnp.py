@@ -77,11 +77,10 @@ class _Bound:
         changed = [pid for pid, v in values.items() if seen.get(pid) is not v]
         if not changed:
             return
-        fresh = self.model.parameters()  # copies: the model donates its own buffers
         for pid in changed:
             var = self.variables.get(pid)
-            if var is not None and var._slot is not None:
-                dg.set(var, fresh[pid])
+            if var is not None and var._slot is not None:  # a copy: the model donates its own
+                dg.set(var, self.model.engine._host(values[pid]))
                 self.synced[pid] = var._slot.version
         self.seen = dict(values)
 
