@@ -95,6 +95,12 @@ def weak(value: Any) -> Any:
     return _convert_element_type(value, weak_type=True)
 
 
+def _rebuilt(template: Any, mask: Sequence[bool], values: Sequence[Any]) -> Any:
+    """``template`` with ``values`` in the places ``mask`` marks, weakly typed as the
+    floats they replace (:func:`weak`)."""
+    return _substitute(template, mask, [weak(v) for v in values])
+
+
 def _is_float(value: Any) -> bool:
     if isinstance(value, bool):
         return False
@@ -227,7 +233,7 @@ class Hyper:
     def rebuild(self, values: Sequence[Any]) -> optax.GradientTransformation:
         """The template with ``values`` (e.g. traced float32 scalars) as its
         hyper-parameters, weakly typed as the floats they replace (:func:`weak`)."""
-        return _substitute(self.template, self.mask, [weak(v) for v in values])
+        return _rebuilt(self.template, self.mask, values)
 
 
 def split(transform: optax.GradientTransformation) -> Hyper:
@@ -314,7 +320,7 @@ def _tunable(transform: Any, floats: Sequence[Any]) -> list[bool]:
 
     def trace(mask: list[bool]) -> Any:
         def run(hs: Any, g: Any, s: Any, p: Any) -> Any:
-            return _substitute(transform, mask, [weak(h) for h in hs]).update(g, s, p)
+            return _rebuilt(transform, mask, hs).update(g, s, p)
 
         hs = [jax.ShapeDtypeStruct((), jnp.float32)] * sum(mask)
         try:

@@ -13,7 +13,7 @@ variable's moments follow it into another set or order of variables.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -102,14 +102,20 @@ def rekey(tree: Any, names: Mapping[str, str]) -> Any:
     return treedef.unflatten([rekey(c, names) for c in children])
 
 
+class _Kept(NamedTuple):
+    """A kept view, when it was kept (a clock), and the ids kept with it in one call,
+    whose views share its shared leaves' arrays (None: unknown)."""
+
+    value: Any
+    clock: int
+    members: frozenset[str] | None
+
+
 class StateStore:
     """Optimizer state views per parameter id and view structure (see module doc)."""
 
     def __init__(self) -> None:
-        self._views: dict[str, dict[str, Any]] = {}
-        # per id and structure: (when it was kept, the ids kept with it in one call, which
-        # share its shared leaves' arrays; None when unknown)
-        self._kept: dict[str, dict[str, tuple[int, frozenset[str] | None]]] = {}
+        self._views: dict[str, dict[str, _Kept]] = {}  # per id and structure
         self._clock = 0
         self._shapes: dict[Any, tuple[Any, Any]] = {}  # (id, specs) -> (transform, shapes)
 
@@ -126,7 +132,8 @@ class StateStore:
 
     def find(self, pid: str, like: Any) -> Any:
         """The kept view of ``pid`` with the structure of ``like``, or None."""
-        return self._views.get(pid, {}).get(structure(like))
+        kept = self._views.get(pid, {}).get(structure(like))
+        return None if kept is None else kept.value
 
     def put(self, pid: str, value: Any, members: Collection[str] | None = None) -> None:
         """Keeps ``value``, a view of ``pid``, under its structure, as the newest view.
@@ -137,9 +144,7 @@ class StateStore:
         self._put(pid, value, None if members is None else frozenset(members))
 
     def _put(self, pid: str, value: Any, members: frozenset[str] | None) -> None:
-        key = structure(value)
-        self._views.setdefault(pid, {})[key] = value
-        self._kept.setdefault(pid, {})[key] = (self._clock, members)
+        self._views.setdefault(pid, {})[structure(value)] = _Kept(value, self._clock, members)
 
     def keep(self, state: Any, pids: Sequence[str]) -> None:
         """Keeps the views of a partition's ``state`` for each of its ``pids``."""
@@ -160,12 +165,11 @@ class StateStore:
         ``values`` holds too is given as a copy: every other view stays readable."""
         shapes = self._shapes_of(transform, values)
         pids = frozenset(values)
-        keys = {p: structure(view(shapes, p, pids)) for p in values}
-        found = {p: self._views.get(p, {}).get(k) for p, k in keys.items()}
-        kept = {p: _by_path(v) for p, v in found.items() if v is not None}
-        when = {p: self._kept[p][keys[p]] for p in kept}  # (clock, members)
-        donor = max(kept, key=lambda p: when[p][0], default=None)
-        holders = None if donor is None else when[donor][1]
+        found = {p: self._views.get(p, {}).get(structure(view(shapes, p, pids))) for p in values}
+        found = {p: k for p, k in found.items() if k is not None}
+        kept = {p: _by_path(k.value) for p, k in found.items()}
+        donor = max(found, key=lambda p: found[p].clock, default=None)
+        holders = None if donor is None else found[donor].members
         copy = holders is None or not holders <= pids
         flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
         leaves: list[Any] = []
@@ -185,11 +189,10 @@ class StateStore:
     def reset(self, pids: Sequence[str] | None = None) -> None:
         for pid in list(self._views) if pids is None else pids:
             self._views.pop(pid, None)
-            self._kept.pop(pid, None)
 
     def all_states(self, pid: str) -> dict[str, Any]:
         """Every kept view of ``pid`` by structure (for checkpoints and tests)."""
-        return dict(self._views.get(pid, {}))
+        return {key: kept.value for key, kept in self._views.get(pid, {}).items()}
 
 
 def disagreements(views: Mapping[str, Any]) -> list[str]:
