@@ -239,11 +239,14 @@ def _spans(graph: Graph, owner: dict[int, int]) -> dict[int, tuple[int, int]]:
     return {root: (first[root], last[root]) for root in first}
 
 
-def liveness(graph: Graph, donate: Donate = ()) -> dict[int, tuple[int, int]]:
+def liveness(
+    graph: Graph, donate: Donate = (), owner: dict[int, int] | None = None
+) -> dict[int, tuple[int, int]]:
     """Per storage root id, the ``(first, last)`` node indices of its liveness
-    (``-1``: from the start; ``len(graph.nodes)``: to the end)."""
+    (``-1``: from the start; ``len(graph.nodes)``: to the end); ``owner``:
+    :func:`storage` of ``graph`` and ``donate`` where the caller has it."""
     symbols = graph.symbols
-    owner = storage(graph, donate)
+    owner = storage(graph, donate) if owner is None else owner
     end = len(graph.nodes)
     spans = _spans(graph, owner)
     for sid in (*graph.inputs, *graph.outputs):  # the caller's buffers, and the results
@@ -266,7 +269,8 @@ def memory_plan(graph: Graph, *, donate: Donate = ()) -> MemoryPlan:
     """
     symbols = require_graph(graph, "memory_plan").symbols
     donate = donated_positions(graph, donate)
-    intervals = liveness(graph, donate)
+    owner = storage(graph, donate)
+    intervals = liveness(graph, donate, owner)
     size = {r: tensor_bytes(symbols[r].shape, symbols[r].dtype) for r in intervals}
     n = len(graph.nodes)
     delta = [0] * (n + 3)  # a difference array over positions -1..n, shifted by one
@@ -301,7 +305,6 @@ def memory_plan(graph: Graph, *, donate: Donate = ()) -> MemoryPlan:
         if lo <= where <= hi
     ]
     live.sort(key=lambda t: -t.bytes)
-    owner = storage(graph, donate)
     shared = tuple(
         (graph.inputs[i], graph.outputs[j])
         for i, j in donation_pairs(graph, donate)
