@@ -198,8 +198,8 @@ class Program:
         return self._outputs(leaves, values)
 
     def _on_one_other_device(self, leaves: Sequence[Any]) -> bool:
-        if self.shardings is not None:
-            return False
+        if self.shardings is not None or any(isinstance(a, jax.core.Tracer) for a in leaves):
+            return False  # a tracer (under jit, grad, vmap) has no devices: _traced takes it
         placed = {
             frozenset(leaf.devices())
             for leaf in leaves
