@@ -9,6 +9,7 @@ checked against entries of ccv's tables.
 
 from __future__ import annotations
 
+import base64
 import functools
 
 import jax
@@ -227,3 +228,42 @@ def test_every_rounding_to_half_survives_excess_precision_rewrites(cmd, x) -> No
     roundings = _half_roundings(jax.make_jaxpr(forward)(x).jaxpr)
     assert ["optimization_barrier"] in roundings, roundings
     assert not any("convert_element_type" in r for r in roundings), roundings
+
+
+# -- compression.tests.c "LSSC for natural image" ------------------------------------------
+# An 8 x 16 RGB crop (rows 368..375, columns 64..79, on 4 x 4 block boundaries) of ccv's
+# samples/nature.png, and the same crop of NNC's data/nature.lssc.bin, both as base64 of
+# the HWC uint8 bytes. LSSC is per 4 x 4 block and plane, so a crop's blocks are the full
+# image's; this crop has the most varied blocks (322 of its 384 values change).
+NATURE_CROP = (
+    "m+TTquzgvf3tuPLkwPXryvzzwfTtwO7hyOvNvtOskpVqfHRNXlU2OjIbTEwyTlA6sP7xrvfuqvbstfr1wf39yPr7"
+    "wvDwvevpuvLpw/jo0Pfazd66r6Z9gGlHSDIdKSISgNTfn/T5qfj1s/ryt/vsuvrquvfnuvTmuPDnt+/msujauebS"
+    "xuDDtrygd2lPNzEbLICYY8PZgN7ok+jtsfn2w//7yPz4yfz1wPXruvTot/TstO/preDZsdXHq7qdZW9NBTJFG1t2"
+    "K3+bQZ+7bcjjg9vzkOP1n+79mOjvk+Lmo+/ttPn2su7msN7Tu9vErsWpAgwWAA0aBR8uDTNGG1ZoJGh7LHGBNHeK"
+    "SIWaebbLhsrXl9rgtfLrxffuyOvn1+7kDh4eDhkVERQNFBEKHB0YJCUnJyovLDQ/YHOBf5+ugK6+kMTRqtzjwu7x"
+    "1/r84vbtARgQBiEaABoRBCAUEC8dGz4qOGNQcJ6RhLGqiLSzh7K4jbrAl8rOoNLRtuTawd7M"
+)
+NATURE_LSSC_CROP = (
+    "jNTYvf7Yvf75vf7Ywfjqyv/zwfHqwevh0Pi3tMy3mKCCfHRNXWFUKSISXWESXWFUvf75vf75vf75vf75wf/9yvj9"
+    "wfHzuevqtPjs0Pjs0Pjs0My3xqCWkWFUXSISKSISjNTYjP75vf75vf75ufjqufjqufjqufHqtPjstPjstPjstPjs"
+    "xuDZxqCWXWFUKSISLICYXNTYjNTYjNT5sfjzwf/9yv/zyv/ztPjstPjstPjstPjsxuDZxuDZkaCWXWFUAD1FFW6A"
+    "K26AQZ+7b6j9b+79n+79n+79kPn2kMz2tPn2tPn2sOjgsNbgsNbEsMWpAAwKAAwKAAxFFT1FEGJkEGJkP2JkP2Jk"
+    "SHOobJ/PkMzPkMzPsPrgyfrgyejg4ujgFQwKFQwKFQwKFQwKEB0YEB0YEB0YPx1kbHOBkJ+okJ/PkMzPsNbgyej8"
+    "4vr84vrgAAwKAAwKAAwKAAwKEB0YEB0YP2Jkb6iwkJ+okJ+okJ+okMzPl8XEl9bEsOjgydbE"
+)
+
+
+def _crop(text: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), np.uint8).reshape(8, 16, 3)
+
+
+def test_lssc_for_natural_image() -> None:
+    """NNC's "LSSC for natural image" (test/unit/nnc/compression.tests.c) on a crop of its
+    image, 8 x 16 instead of 600 x 800 (the result does not depend on the size): the RGB
+    values as float32, in float16, LSSC forward then backward, back to float32 and to 8-bit
+    with ccv_shift's truncation, equal NNC's stored result byte for byte."""
+    image = _crop(NATURE_CROP).astype(np.float32)[None]  # NNC's planes are fnnc's channels
+    words = ops.lssc_compress()(image.astype(np.float16))
+    back = ops.lssc_decompress(size=(8, 16))(words)
+    restored = np.clip(np.asarray(back).astype(np.float32).astype(np.int32), 0, 255)
+    np.testing.assert_array_equal(restored[0].astype(np.uint8), _crop(NATURE_LSSC_CROP))

@@ -77,6 +77,32 @@ def test_copies_that_start_equal_train_as_one_variable_on_the_summed_loss():
         np.testing.assert_allclose(c.numpy(), ref, rtol=1e-5, atol=1e-6)
 
 
+def _scalar_mul_on_two_copies(place):
+    """NNC's CMD_SCALAR_MUL_FORWARD(0.4) on x0 = 10 and x1 = 9 with parallel 2; NNC's
+    stream wait is reading the values (JAX's dispatch is asynchronous)."""
+    dg = DynamicGraph()
+    x0, x1 = dg.variable(place(np.float32([10.0]))), dg.variable(place(np.float32([9.0])))
+    y0, y1 = dg.exec(ops.scalar_mul(a=0.4), x0, x1, parallel=2)
+    np.testing.assert_allclose([y0.numpy()[0], y1.numpy()[0]], [10 * 0.4, 9 * 0.4], 1e-5)
+    np.testing.assert_array_equal([x0.numpy()[0], x1.numpy()[0]], [10, 9])  # not written
+    return dg, x0, x1, y0, y1
+
+
+def test_parallel_exec_with_a_stream_focus_on_uma_tensors():
+    """NNC's "parallel exec with a stream, focus on uma tensors" (dynamic.graph.tests.c):
+    two [1] copies of host tensors through one command."""
+    _scalar_mul_on_two_copies(np.asarray)
+
+
+def test_parallel_exec_with_a_stream_focus_on_potential_memory_issues():
+    """NNC's "parallel exec with a stream, focus on potential memory issues": the same on
+    tensors placed on a named CPU device (NNC's CPU_NUMA_TENSOR_NHWC(000, ...)); the
+    results stay on that device."""
+    cpu0 = jax.devices("cpu")[0]
+    dg, *_, y0, y1 = _scalar_mul_on_two_copies(lambda v: jax.device_put(v, cpu0))
+    assert dg.value_of(y0).devices() == {cpu0} and dg.value_of(y1).devices() == {cpu0}
+
+
 def test_copies_that_do_not_divide_are_refused_with_the_counts():
     dg = DynamicGraph()
     x0, x1, y0, y1 = _copies(dg)
