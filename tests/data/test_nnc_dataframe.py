@@ -102,6 +102,9 @@ def test_prefetch_more_than_one_and_fewer_at_the_end():  # "prefetch more than 1
 
 
 def test_set_state_drops_the_prefetched_rows():  # "derived column with cursor reset"
+    """NNC TEST_CASE covered here:
+    "iterate through derived column with cursor reset".
+    """
     df, column = frame(plus_one=True)
     it = df.iterator("x")
     start = it.get_state()
@@ -149,6 +152,9 @@ def total(xs):
 
 
 def test_reduce_reads_its_column_once_per_group():  # "dataframe reduce"
+    """NNC TEST_CASE covered here:
+    "dataframe sample".
+    """
     df, column = frame()
     reduced = df.sample(3, total, inputs="x")
     assert [r for r in reduced.iterator("sample")] == [9, 18, 17]
@@ -163,6 +169,11 @@ def test_sample_lists_are_gathered_per_group():
 
 
 def test_map_before_and_after_reduce():  # "map before reduce", "map after reduce"
+    """NNC TEST_CASEs covered here:
+    "dataframe map before sample",
+    "dataframe map after sample",
+    "dataframe map after sample shuffled".
+    """
     df, _ = frame(plus_one=True)
     assert list(df.sample(3, total, inputs="x").iterator("sample")) == [12, 21, 19]
     df, column = frame()

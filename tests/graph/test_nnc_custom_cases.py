@@ -62,6 +62,9 @@ X = np.float32([10.0])
 
 
 def test_custom_forward_operation_with_dynamic_graph(loglog) -> None:
+    """NNC TEST_CASE covered here:
+    "custom forward operation with dynamic graph".
+    """
     graph = _custom_graph(loglog)
     want = np.log(np.log(10.0))
     for run in (compile(graph), lambda a: interpret(graph, a)):
@@ -69,6 +72,9 @@ def test_custom_forward_operation_with_dynamic_graph(loglog) -> None:
 
 
 def test_custom_backward_operation_with_dynamic_graph(loglog) -> None:
+    """NNC TEST_CASE covered here:
+    "custom backward operation with dynamic graph".
+    """
     graph = _custom_graph(loglog)
     grad_graph, (dx,) = backward(graph, graph.outputs[0], [graph.inputs[0]])
     assert dx.id in grad_graph.outputs

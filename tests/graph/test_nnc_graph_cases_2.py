@@ -48,7 +48,11 @@ def _conv_oracle(x, w, pads):
 def test_convolution_with_uniform_weights(size, kernel, stride, pad, values):
     """forward.tests.c "convolutional network of 11x11 on 225x185 with uniform weights"
     and "... of 5x3 on 17x27 ...": all ones, so each output counts its window's cells
-    inside the image (300 at the corners, 330 on the borders, 363 inside; and 6 .. 15)."""
+    inside the image (300 at the corners, 330 on the borders, 363 inside; and 6 .. 15).
+
+    NNC TEST_CASE covered here:
+    "convolutional network of 5x3 on 17x27 with uniform weights".
+    """
     h, w, c = size
     x, wt = np.ones((1, h, w, c), F32), np.ones((4, *kernel, c), F32)
     conv = ops.convolution(strides=stride, padding=tuple((p, p) for p in pad))
@@ -66,7 +70,11 @@ def test_convolution_with_uniform_weights(size, kernel, stride, pad, values):
 )
 def test_convolution_with_non_uniform_weights(size, kernel, stride, pad):
     """forward.tests.c "convolutional network of 11x11 on 225x185 with non-uniform weights"
-    and "... of 3x5 on 27x27 ...": x = 1, 2, 3, ... and each filter 1, 2, 3, ...."""
+    and "... of 3x5 on 27x27 ...": x = 1, 2, 3, ... and each filter 1, 2, 3, ....
+
+    NNC TEST_CASE covered here:
+    "convolutional network of 3x5 on 27x27 with non-uniform weights".
+    """
     x = np.arange(1, size[0] * size[1] + 1, dtype=F32).reshape(1, *size, 1)
     k = kernel[0] * kernel[1]
     w = np.tile(np.arange(1, k + 1, dtype=F32), 4).reshape(4, *kernel, 1)
@@ -91,7 +99,15 @@ def test_convolution_with_no_bias():
 def test_pool(pool, size, window, first, row, step):
     """forward.tests.c "maximum pool network of 55x55 with window of 3x3 and stride of 2"
     (57x57 stride 3, 54x54 window 2 stride 2) and the three "average pool network" cases:
-    x = 1, 2, 3, ... row by row, so output (y, x) is first + row * y + step * x."""
+    x = 1, 2, 3, ... row by row, so output (y, x) is first + row * y + step * x.
+
+    NNC TEST_CASEs covered here:
+    "maximum pool network of 57x57 with window of 3x3 and stride of 3",
+    "maximum pool network of 54x54 with window of 2x2 and stride of 2",
+    "average pool network of 55x55 with window of 3x3 and stride of 2",
+    "average pool network of 57x57 with window of 3x3 and stride of 3",
+    "average pool network of 54x54 with window of 2x2 and stride of 2".
+    """
     x = np.arange(1, size * size + 1, dtype=F32).reshape(1, size, size, 1)
     got = getattr(ops, pool)(window=(window, window), strides=(step, step))(x)
     n = (size - window) // step + 1
@@ -166,7 +182,11 @@ BIAS = np.array([1, 4, 2, -1], F32)
 def test_full_connect_back_propagation(batch):
     """backward.tests.c "full connect back propagation" and "... with batch = 2" (the second
     row is -a, its gradient -g): gemm with a [out, in] weight and a bias, forward and
-    backward with the bias as the gradient, against NNC's numbers."""
+    backward with the bias as the gradient, against NNC's numbers.
+
+    NNC TEST_CASE covered here:
+    "full connect back propagation with batch = 2".
+    """
     a = A if batch == 1 else np.stack([A, -A])
     g = BIAS if batch == 1 else np.stack([-BIAS, BIAS])
     dense = ops.gemm(transpose_b=True)
@@ -264,7 +284,11 @@ def _micro_run(name):
 def test_micro_ops_forward(name):
     """micro.tests.c "represent convolution with micro ops, with external variables" and
     "..., no external variables" (one case in fnnc: a view's shape is always explicit),
-    and "represent matrix multiplication with micro ops": the forward."""
+    and "represent matrix multiplication with micro ops": the forward.
+
+    NNC TEST_CASE covered here:
+    "represent convolution with micro ops, no external variables".
+    """
     got, want = _micro_run(name)
     assert_close(got[0], want[0], rtol=1e-5)
 
@@ -378,7 +402,12 @@ def _while_graph(read):
 def test_simplify_graph_with_while(read, halves):
     """simplify.tests.c "simplify graph with while, variant 1", "variant 2" and "variant 3":
     the two equal products in the body merge (NNC cannot merge them when both are read
-    after the loop, variant 3; fnnc can), and f = r + r / 2 per product read."""
+    after the loop, variant 3; fnnc can), and f = r + r / 2 per product read.
+
+    NNC TEST_CASEs covered here:
+    "simplify graph with while, variant 2",
+    "simplify graph with while, variant 3".
+    """
     graph = _while_graph(read)
     new = simplify(graph)
     assert len(new.nodes[-2].cmd.param("body").nodes) == 2

@@ -16,7 +16,11 @@ from tests.helpers import assert_close, rand
 
 
 def test_set_tensor_symbol_shape_after_computation_specified() -> None:
-    """NNC's test of that name (test/unit/nnc/symbolic.graph.tests.c), translated."""
+    """NNC's test of that name (test/unit/nnc/symbolic.graph.tests.c), translated.
+
+    NNC TEST_CASE covered here:
+    "set tensor symbol shape after computation specified".
+    """
     b = GraphBuilder()
     a = b.input(None, name="a")
     out = b.tensor(None, name="b")

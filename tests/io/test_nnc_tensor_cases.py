@@ -161,7 +161,12 @@ def _codec(kind, seen):
 def test_codec_round_trip_partial_and_converting_reads(tmp_path, kind):
     """Case "tensor persistence with encoder / decoder", "... with noop encoder / decoder",
     and both "with type coercion": a 16F and a 32F [10, 20, 30] row read whole, into
-    [10] and across 16F <-> 32F; the decoder sees the row's own datatype and shape."""
+    [10] and across 16F <-> 32F; the decoder sees the row's own datatype and shape.
+
+    NNC TEST_CASEs covered here:
+    "tensor persistence with type coercion and encoder / decoder",
+    "tensor persistence with type coercion and noop encoder / decoder".
+    """
     seen = []
     encoder, decoder = _codec(kind, seen)
     x32 = _uniform((10, 20, 30), 1)

@@ -179,7 +179,14 @@ LARGE_1D = (
     ids=["format 5-d", "format small 2-d", "format small 1-d", "format large 1-d"],
 )
 def test_nnc_format_cases(shape, want):
-    """NNC fills a 32S tensor with 0, 1, 2, ... and compares the string byte for byte."""
+    """NNC fills a 32S tensor with 0, 1, 2, ... and compares the string byte for byte.
+
+    NNC TEST_CASEs covered here:
+    "format 5-d tensor into string",
+    "format small 2-d tensor into string",
+    "format small 1-d tensor into string",
+    "format large 1-d tensor into string".
+    """
     x = np.arange(np.prod(shape), dtype=np.int32).reshape(shape)
     assert format_tensor(x) == want
     assert format_tensor(jnp.asarray(x)) == want

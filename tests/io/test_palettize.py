@@ -85,6 +85,20 @@ def _check_nnc_case(bits, block, index_bytes, blocks, dtype, count):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
 @pytest.mark.parametrize("case", NNC_CASES, ids=lambda c: f"q{c[0]}")
 def test_nnc_unit_test_vectors_round_trip_losslessly_with_nnc_sizes(case, dtype, count):
+    """NNC TEST_CASEs covered here:
+    "quantize double to 5-bit and dequantize on CPU losslessly",
+    "quantize float to 5-bit and dequantize on CPU losslessly",
+    "quantize half-precision to 5-bit and dequantize on CPU losslessly",
+    "quantize double to 5-bit and dequantize on CPU losslessly, fast path",
+    "quantize float to 5-bit and dequantize on CPU losslessly, fast path",
+    "quantize half-precision to 5-bit and dequantize on CPU losslessly, fast path",
+    "quantize double to 6-bit and dequantize on CPU losslessly",
+    "quantize float to 6-bit and dequantize on CPU losslessly",
+    "quantize half-precision to 6-bit and dequantize on CPU losslessly",
+    "quantize double to 6-bit and dequantize on CPU losslessly, fast path",
+    "quantize float to 6-bit and dequantize on CPU losslessly, fast path",
+    "quantize half-precision to 6-bit and dequantize on CPU losslessly, fast path".
+    """
     _check_nnc_case(*case, dtype, count)
 
 
@@ -125,7 +139,16 @@ def test_quantize_to_7_and_8_bits_and_dequantize_on_cpu_losslessly(bits, name, c
     to 7-bit and dequantize on CPU losslessly", "quantize half-precision to 7-bit and
     dequantize on CPU losslessly", the same "to 8-bit", and each one's ", fast path"
     (2840 values): the sizes NNC returns (e.g. 2485 + 6 * 128 * 8 for double at 7 bits,
-    2840 + 3 * 256 * 2 for half-precision at 8 bits, fast path) and a lossless round trip."""
+    2840 + 3 * 256 * 2 for half-precision at 8 bits, fast path) and a lossless round trip.
+
+    NNC TEST_CASEs covered here:
+    "quantize double to 8-bit and dequantize on CPU losslessly",
+    "quantize float to 8-bit and dequantize on CPU losslessly",
+    "quantize half-precision to 8-bit and dequantize on CPU losslessly",
+    "quantize double to 8-bit and dequantize on CPU losslessly, fast path",
+    "quantize float to 8-bit and dequantize on CPU losslessly, fast path",
+    "quantize half-precision to 8-bit and dequantize on CPU losslessly, fast path".
+    """
     _check_nnc_case(*C_CASES[bits], C_TYPES[name], count)
 
 

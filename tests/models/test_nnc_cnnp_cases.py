@@ -144,7 +144,11 @@ def test_a_model_output_that_is_several_outputs_feeds_a_sum():
 
 def test_an_intermediate_value_can_also_be_an_output():
     """NNC's "functional model's IO outputs can be non-terminal" and "... can introduce
-    non-functional dependencies" (fnnc's graphs are pure: no ordering edges to add)."""
+    non-functional dependencies" (fnnc's graphs are pure: no ordering edges to add).
+
+    NNC TEST_CASE covered here:
+    "functional model's IO can introduce non-functional dependencies".
+    """
     a0, a1, a2, a3 = Input(), Input(), Input(), Input()
     s = Add()(a0, a1)
     chained = Model([a0, a1, a2, a3], [s, Add()(Mul()(s, a2), a3)])

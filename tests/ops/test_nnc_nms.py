@@ -25,6 +25,9 @@ def test_non_maximal_suppression_with_extra_columns():
 
 
 def test_non_maximal_suppression_forward_with_some_value_suppressed():
+    """NNC TEST_CASE covered here:
+    "non-maximal suppression forward with some value suppressed".
+    """
     b, c = ops.nms(iou_threshold=0.3)(_rows(2))
     kept = [9 - 2 * i for i in range(5)]
     np.testing.assert_array_equal(b[:5], _rows(2)[kept])
@@ -33,6 +36,9 @@ def test_non_maximal_suppression_forward_with_some_value_suppressed():
 
 
 def test_non_maximal_suppression_backward_with_some_value_suppressed():
+    """NNC TEST_CASE covered here:
+    "non-maximal suppression backward with some value suppressed".
+    """
     cmd = ops.nms(iou_threshold=0.3)
     b, c = cmd(_rows(2))
     db = _rows(2)  # NNC feeds the input rows as the gradient of the sorted rows

@@ -159,7 +159,16 @@ COL = np.array([[1], [2], [3], [4]], f32)
     ids=["add-row-1", "add-2x3-row", "add-col-row", "mul-1-row", "mul-2x3-row", "mul-col-row"],
 )
 def test_add_and_mul_broadcast(cmd, a, b, want) -> None:
-    """The six "broadcasting semantics for add / mul" cases: NumPy's rules, NNC's sums."""
+    """The six "broadcasting semantics for add / mul" cases: NumPy's rules, NNC's sums.
+
+    NNC TEST_CASEs covered here:
+    "broadcasting semantics for add [[1, 2, 3]] + [7]",
+    "broadcasting semantics for add [[1, 2, 3], [4, 5, 6]] + [7, 8, 9]",
+    "broadcasting semantics for add [[1], [2], [3], [4]] + [5, 6]",
+    "broadcasting semantics for mul [7] * [[1, 2, 3]]",
+    "broadcasting semantics for mul [[1, 2, 3], [4, 5, 6]] * [7, 8, 9]",
+    "broadcasting semantics for mul [[1], [2], [3], [4]] * [5, 6]".
+    """
     np.testing.assert_array_equal(cmd(a, b), np.array(want, f32))
 
 

@@ -141,7 +141,11 @@ GEMM_BACKWARD = {
 def test_gemm_backward(case) -> None:
     """The nine "backward gemm with ..." cases: for y = a b + bias, the input gradient
     g bᵀ, the weight gradient aᵀ g (summed over the batch when b is shared) and the bias
-    gradient (g summed to the bias's shape), each stored transposed where its operand is."""
+    gradient (g summed to the bias's shape), each stored transposed where its operand is.
+
+    NNC TEST_CASE covered here:
+    "backward gemm with transpose a batch 2, same b".
+    """
     g, a, b, ta, tb, bias_shape = GEMM_BACKWARD[case]
     cmd = ops.gemm(transpose_a=ta, transpose_b=tb)
     bias = np.zeros(bias_shape, f32)  # NNC passes none; its shape picks dbias's
@@ -179,7 +183,12 @@ def test_gemm_backward_spot_values() -> None:
 def test_dense_gemm_forward_and_backward(with_bias) -> None:
     """NNC's "cblas forward gemm" / "... no bias" and "cblas backward gemm" / "... no bias"
     (NNC's one-row CPU result against its batched GPU one): x [10, 128] times a weight
-    [64, 128] plus a bias [64]; row 0 alone gives row 0; the gradients match NumPy."""
+    [64, 128] plus a bias [64]; row 0 alone gives row 0; the gradients match NumPy.
+
+    NNC TEST_CASEs covered here:
+    "cblas forward gemm no bias",
+    "cblas backward gemm no bias".
+    """
     x, w = rand([10, 128], lo=0.0, hi=1.0), rand([64, 128], seed=1, lo=0.0, hi=1.0) / (64 * 128)
     bias = [rand([64], seed=2, lo=0.0, hi=1.0)] if with_bias else []
     cmd = ops.gemm(transpose_b=True)
@@ -261,7 +270,14 @@ def test_convolution_3x3_keeps_the_size(size, channels, with_bias) -> None:
     """NNC's "convolutional network of 3x3 on 56x56 / 55x55 with non-uniform weights", "... on
     224x224 with non-uniform weights and RGB channels" and "... on 56x56 with no bias"
     (NNC's winograd backend against its reference), at smaller sizes: 16 filters with
-    weights in [0, 1) / (9 * in), bias i / 16, padding 1 so the output keeps H and W."""
+    weights in [0, 1) / (9 * in), bias i / 16, padding 1 so the output keeps H and W.
+
+    NNC TEST_CASEs covered here:
+    "convolutional network of 3x3 on 56x56 with non-uniform weights",
+    "convolutional network of 3x3 on 55x55 with non-uniform weights",
+    "convolutional network of 3x3 on 224x224 with non-uniform weights and RGB channels",
+    "convolutional network of 3x3 on 56x56 with no bias".
+    """
     x = rand([1, size, size, channels], lo=0.0, hi=1.0)
     w = rand([16, 3, 3, channels], seed=1, lo=0.0, hi=1.0) / (9 * channels)
     bias = np.arange(16, dtype=f32) / 16 if with_bias else None

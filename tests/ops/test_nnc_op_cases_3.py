@@ -167,7 +167,18 @@ REDUCE = [
 @pytest.mark.parametrize("name, axis, want", REDUCE, ids=[f"{n}-{a}" for n, a, _ in REDUCE])
 def test_reduce_on_an_axis(name, axis, want) -> None:
     """NNC's "reduce sum / mean / max / min / norm2 for [[1, 2, 3], [4, 5, 6]] on axis 1" and
-    "... on axis 0"."""
+    "... on axis 0".
+
+    NNC TEST_CASEs covered here:
+    "reduce sum for [[1, 2, 3], [4, 5, 6]] on axis 1",
+    "reduce sum for [[1, 2, 3], [4, 5, 6]] on axis 0",
+    "reduce mean for [[1, 2, 3], [4, 5, 6]] on axis 1",
+    "reduce mean for [[1, 2, 3], [4, 5, 6]] on axis 0",
+    "reduce max for [[1, 2, 3], [4, 5, 6]] on axis 1",
+    "reduce max for [[1, 2, 3], [4, 5, 6]] on axis 0",
+    "reduce min for [[1, 2, 3], [4, 5, 6]] on axis 1",
+    "reduce min for [[1, 2, 3], [4, 5, 6]] on axis 0".
+    """
     got = getattr(ops, name)(axes=(axis,))(A)
     assert_close(got, np.asarray(want, f32), rtol=1e-6, atol=0)
 
@@ -178,7 +189,11 @@ def test_reduce_on_an_axis(name, axis, want) -> None:
 )
 def test_argmax_argmin(name, axis, want) -> None:
     """NNC's "argmax for [[1, 2, 7], [5, 6, 4]] on axis 0", "argmin ... on axis 0" and
-    "argmax ... on axis 1"."""
+    "argmax ... on axis 1".
+
+    NNC TEST_CASE covered here:
+    "argmin for [[1, 2, 7], [5, 6, 4]] on axis 0".
+    """
     got = getattr(ops, name)(axis=axis)(B)
     assert got.dtype == np.int32
     np.testing.assert_array_equal(got, want)
@@ -209,7 +224,15 @@ WITH_MODEL = [
 def test_reduce_with_model(cmd, a, want) -> None:
     """NNC's "reduce sum ... on axis 1 with model", "reduce max / min ... on axis 0 with
     model", "reduce mean ... on axis 1 with model", "reduce norm2 ... on axis 0 with
-    model" and "argmax / argmin for [[1, 2, 3], [4, 5, 2]] on axis 0 with model"."""
+    model" and "argmax / argmin for [[1, 2, 3], [4, 5, 2]] on axis 0 with model".
+
+    NNC TEST_CASEs covered here:
+    "reduce sum for [[1, 2, 3], [4, 5, 6]] on axis 1 with model",
+    "reduce max for [[1, 2, 3], [4, 5, 6]] on axis 0 with model",
+    "reduce min for [[1, 2, 3], [4, 5, 6]] on axis 0 with model",
+    "argmax for [[1, 2, 3], [4, 5, 2]] on axis 0 with model",
+    "reduce mean for [[1, 2, 3], [4, 5, 6]] on axis 1 with model".
+    """
     got = _evaluate(cmd, [a])
     assert_close(got, np.asarray(want, got.dtype), rtol=1e-6, atol=0)
 
@@ -269,7 +292,11 @@ def _tied(name: str, a: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("name", ["min", "max"])
 def test_min_max_of_two_tensors_backward_with_null(name) -> None:
     """NNC's "min / max of two tensors backward with null" (the g = -1 cases are in
-    test_nnc_fidelity.py): a null gradient is ones; ties feed both inputs."""
+    test_nnc_fidelity.py): a null gradient is ones; ties feed both inputs.
+
+    NNC TEST_CASE covered here:
+    "min of two tensors backward with null".
+    """
     cmd = getattr(ops, name)()
     b = _tied(name, I12)
     ha, hb = _bwd(cmd, (None,), (I12, b), (cmd(I12, b),))
@@ -283,7 +310,13 @@ def test_min_max_of_two_tensors_backward_with_null(name) -> None:
 def test_min_max_of_two_tensor_views_backward(name, g) -> None:
     """NNC's "min / max of two tensor views backward" and "... with null": the views of the
     forward test, b tied to a at the three first entries of the root; the gradients of
-    the views come back as [2, 2, 3] tensors through the backward pass."""
+    the views come back as [2, 2, 3] tensors through the backward pass.
+
+    NNC TEST_CASEs covered here:
+    "min of two tensor views backward",
+    "min of two tensor views backward with null",
+    "max of two tensor views backward with null".
+    """
     bld = GraphBuilder()
     xa, xb = bld.input((4, 4, 3), name="a"), bld.input((4, 4, 3), name="b")
     va, vb = bld.alias(xa, (2, 2, 3)), bld.alias(xb, (2, 2, 3))

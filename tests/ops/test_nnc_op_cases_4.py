@@ -218,7 +218,13 @@ def test_solve_least_square_sum_on_symbolic_graph(kind) -> None:
     (CMD_SGD_FORWARD(0, 0.001, 1, 0.995, 0.9, 0.9), rate lowered every 250 steps),
     "... with adam on symbolic graph" (CMD_ADAM_FORWARD(i + 1, 0.002, 0.9, 0.98, 0, 1e-9,
     0)), "... with rmsprop on symbolic graph" (CMD_RMSPROP_FORWARD(0.001, 0.0001, 0.9,
-    0.9, 1e-9)) and "... with adamW on symbolic graph": 1000 steps."""
+    0.9, 1e-9)) and "... with adamW on symbolic graph": 1000 steps.
+
+    NNC TEST_CASEs covered here:
+    "solve least square sum with adam on symbolic graph",
+    "solve least square sum with rmsprop on symbolic graph",
+    "solve least square sum with adamW on symbolic graph".
+    """
     optimizer, tol = SYMBOLIC[kind]
     _converged(_solve_on_symbolic_graph(optimizer), tol)
 

@@ -254,7 +254,11 @@ def test_compare_cmul_gradient_with_gemm_computed_result_on_graphs() -> None:
     """NNC: "compare cmul gradient with gemm computed result" as NNC builds it: a symbolic
     graph z = cmul(x, y) of [10] (5 complex pairs) differentiated for x, against a graph
     z = gemm(x [5, 1, 2], Y [5, 2, 2]ᵀ) (NNC's TRANSPOSE(1, 2)) differentiated for x, where
-    each Y is [[re, -im], [im, re]]; z and dx agree within NNC's 1e-5."""
+    each Y is [[re, -im], [im, re]]; z and dx agree within NNC's 1e-5.
+
+    NNC TEST_CASE covered here:
+    "compare cmul with gemm computed result".
+    """
     x, dz, y = (rand([10], lo=0.0, hi=1.0, seed=s) for s in (1, 2, 3))
     yg = np.zeros((5, 2, 2), f32)
     yg[:, 0, 0], yg[:, 0, 1] = y[0::2], -y[1::2]

@@ -21,6 +21,9 @@ def _average_pool_3x6(a: np.ndarray) -> np.ndarray:
 
 
 def test_compare_roi_align_forward_with_average_pool():
+    """NNC TEST_CASE covered here:
+    "compare ROI align forward with average pool".
+    """
     c = ops.roi_align(size=(4, 4))(_ramp(), BOX)
     np.testing.assert_allclose(c, _average_pool_3x6(_ramp()), rtol=1e-6)
 
@@ -36,6 +39,9 @@ def test_compare_roi_align_backward_with_average_pool():
 
 
 def test_compare_roi_align_forward_with_average_pool_batch_of_2():
+    """NNC TEST_CASE covered here:
+    "compare ROI align forward with average pool, batch of 2".
+    """
     c = ops.roi_align(size=(4, 4))(_ramp(2), BOX)
     for k in range(2):
         np.testing.assert_allclose(c[k], _average_pool_3x6(_ramp()), atol=1e-5)

@@ -65,7 +65,11 @@ def _value_and_gradient(build):
 @pytest.mark.parametrize("beta", [1.0, 1.7])
 def test_swish_gradient_matches_the_fine_grained_graph(beta):
     """``swish(beta)`` against ``mul(x, sigmoid(beta * x))`` built from commands (NNC's
-    test at its default beta 1), values and gradients."""
+    test at its default beta 1), values and gradients.
+
+    NNC TEST_CASE covered here:
+    "compare swish gradient with fine-grained symbolic graph".
+    """
 
     def fine_grained(b, x):
         return b.exec(ops.mul(), x, b.exec(ops.sigmoid(), b.exec(ops.scalar_mul(a=beta), x)))
