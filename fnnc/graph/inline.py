@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from fnnc.core.ir import AliasSymbol, Graph, Symbol
-from fnnc.errors import GraphInputError
+from fnnc.errors import GraphInputError, ShapeError
 from fnnc.graph.builder import GraphBuilder
 
 
@@ -57,9 +59,10 @@ def inline(
         sym = graph.symbols[sid]
         if isinstance(sym, AliasSymbol):
             root = outer(sym.root)
-            new: Any = builder.alias(
-                root, sym.shape, stride=sym.stride, base=sym.base, name=sym.name
-            )
+            base, stride = sym.base, sym.stride
+            if isinstance(root, AliasSymbol):  # the input was fed a view: view the view
+                base, stride = _within(root, sym, graph.label(sid))
+            new: Any = builder.alias(root, sym.shape, stride=stride, base=base, name=sym.name)
         else:
             new = builder.tensor(sym.shape, sym.dtype, name=sym.name)
         mapping[sid] = new
@@ -74,3 +77,26 @@ def inline(
             name=name,
         )
     return [outer(s) for s in graph.outputs]
+
+
+def _within(arg: AliasSymbol, view: AliasSymbol, label: str) -> tuple[int, tuple[int, ...]]:
+    """``view`` (placed in the flat buffer of the inner input that ``arg`` feeds) placed
+    in the buffer of ``arg``'s root instead: its base and strides there. The inner input
+    is contiguous, so its element ``k`` is ``arg``'s element ``k`` in row-major order."""
+    at = arg.flat_indices().reshape(-1)[view.flat_indices()]
+    if not at.size:
+        return arg.base, view.stride
+    base = int(at.flat[0])
+    stride = tuple(
+        int(at[(0,) * d + (1,) + (0,) * (at.ndim - d - 1)]) - base if n > 1 else s
+        for d, (n, s) in enumerate(zip(at.shape, view.stride))
+    )
+    placed = AliasSymbol(-1, arg.root, view.shape, view.dtype, base, stride)
+    if not np.array_equal(placed.flat_indices(), at):
+        raise ShapeError(
+            f"inline: the graph views its input as {label} {list(view.shape)} (base "
+            f"{view.base}, stride {list(view.stride)}), and the symbol given for that input is "
+            f"itself a strided view {list(arg.shape)} (stride {list(arg.stride)}); the two do "
+            "not make one strided view: pass a contiguous tensor (copy the view first)"
+        )
+    return base, stride
