@@ -108,7 +108,10 @@ def check_pass(
         else:
             pair, dtype = (graph, new), "float32"
         wide_tol = dtype == "float64"
-        tol = (rtol or (1e-6 if wide_tol else 1e-4), atol or (1e-7 if wide_tol else 1e-5))
+        tol = (
+            (1e-6 if wide_tol else 1e-4) if rtol is None else rtol,
+            (1e-7 if wide_tol else 1e-5) if atol is None else atol,
+        )
         error = _compare(name, *pair, values, tol, "", shown=(graph, new))
         checked = False
         if grads:
@@ -139,15 +142,20 @@ def _widen(value: Any) -> Any:
     return value.astype(np.float64) if value.dtype == np.float32 else value
 
 
-def _values(graph: Graph, args: Sequence[Any]) -> dict[int, np.ndarray]:
-    """Every symbol's value (node outputs and inputs) in one interpreted run."""
+def _values(graph: Graph, args: Sequence[Any]) -> tuple[dict[int, np.ndarray], list[np.ndarray]]:
+    """Every symbol's value (node outputs and inputs) in one interpreted run, and the
+    graph's outputs (views of a tensor among them, which no node output names)."""
     seen: dict[int, np.ndarray] = {s: np.asarray(a) for s, a in zip(graph.inputs, args)}
 
     def record(index: int, node: Node, inputs: tuple, outputs: tuple) -> None:
         seen.update((s, np.asarray(v)) for s, v in zip(node.outputs, outputs))
 
-    interpret(graph, *args, on_node=record)
-    return seen
+    outs = interpret(graph, *args, on_node=record)
+    if graph.out_tree is not None:
+        outs = jax.tree.leaves(outs)
+    elif len(graph.outputs) == 1:
+        outs = [outs]
+    return seen, [np.asarray(v) for v in outs]
 
 
 def _compare(
@@ -162,10 +170,9 @@ def _compare(
     """The largest difference of the outputs; raises naming the first bad node.
     ``shown``: the graphs to name symbols in (``old``/``new`` may be float64 replays
     of them, node for node)."""
-    a, b = _values(old, args), _values(new, args)
-    outs = [(n, o) for n, o in zip(new.outputs, old.outputs) if n in b and o in a]
-    errors = [_error(b[n], a[o]) for n, o in outs]
-    bad = [not _close(b[n], a[o], tol) for n, o in outs]
+    (a, old_outs), (b, new_outs) = _values(old, args), _values(new, args)
+    errors = [_error(n, o) for n, o in zip(new_outs, old_outs)]
+    bad = [not _close(n, o, tol) for n, o in zip(new_outs, old_outs)]
     if not any(bad):
         return max(errors, default=0.0)
     pairs = _pairing(old, new)

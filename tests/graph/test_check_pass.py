@@ -12,7 +12,7 @@ import pytest
 
 from fnnc import ops
 from fnnc.errors import GraphError
-from fnnc.graph import PassCheckError, Pat, Rule, check_pass, rewrite_pass, trace
+from fnnc.graph import GraphBuilder, PassCheckError, Pat, Rule, check_pass, rewrite_pass, trace
 
 
 def _layer():
@@ -90,3 +90,48 @@ def test_float32_when_a_command_has_no_float64() -> None:
     args = [np.ones((2, 4), np.float32), np.full((4, 3), 0.25, np.float32)]
     check = check_pass(_fold_scale(1.0, "fold_scale"), graph, args=args)
     assert check.dtype == "float32"
+
+
+def _swap(old: str, new):
+    """A pass that swaps every ``old`` command for ``new`` (a wrong rewrite)."""
+
+    def swap(graph):
+        nodes = tuple(
+            dataclasses.replace(n, cmd=new) if n.cmd.name == old else n for n in graph.nodes
+        )
+        return dataclasses.replace(graph, nodes=nodes)
+
+    swap.__name__ = f"{old}_to_{new.name}"
+    return swap
+
+
+def test_outputs_that_are_views_are_compared():
+    """A graph output that is a view of a node's result is checked too, with no
+    gradients to catch it (grads=False, and an integer graph)."""
+    b = GraphBuilder()
+    x = b.input((8,), name="x")
+    e = b.exec(ops.ewexp(), x, name="e")
+    g = b.build([b.alias(e, (4,), offset=(4,), name="v")])
+    with pytest.raises(PassCheckError, match=r"ewexp_to_ewabs changed output 0"):
+        check_pass(_swap("ewexp", ops.ewabs()), g, grads=False)
+    b = GraphBuilder()
+    x = b.input((8,), np.int32, name="x")
+    t = b.exec(ops.add(), x, x, name="twice")
+    g = b.build([b.alias(t, (4,), name="head")])
+    with pytest.raises(PassCheckError, match=r"add_to_mul changed output 0"):
+        check_pass(_swap("add", ops.mul()), g, args=[np.arange(8, dtype=np.int32)])
+
+
+def test_zero_tolerances_mean_an_exact_check():
+    """rtol=0, atol=0 are tolerances, not "use the defaults": a change of 5e-8 fails."""
+    b = GraphBuilder()
+    x = b.input((4,), name="x")
+    g = b.build([b.exec(ops.scalar_mul(a=2.0), x, name="s")])
+
+    def nudge(graph):
+        nodes = tuple(dataclasses.replace(n, cmd=n.cmd.replace(a=2.0000001)) for n in graph.nodes)
+        return dataclasses.replace(graph, nodes=nodes)
+
+    assert check_pass(nudge, g).max_error > 0  # within the default tolerances
+    with pytest.raises(PassCheckError, match=r"rtol 0, atol 0"):
+        check_pass(nudge, g, rtol=0.0, atol=0.0)
