@@ -99,8 +99,14 @@ class AliasSymbol:
             idx = idx + np.arange(n, dtype=np.int64).reshape(shape) * s
         return idx
 
+    def first_index(self) -> int:
+        """The lowest root-buffer element the view reaches (below ``base`` where a
+        stride is negative)."""
+        return self.base + sum((n - 1) * s for n, s in zip(self.shape, self.stride) if n > 0 > s)
+
     def last_index(self) -> int:
-        return self.base + sum((n - 1) * s for n, s in zip(self.shape, self.stride) if n > 0)
+        """The highest root-buffer element the view reaches."""
+        return self.base + sum((n - 1) * s for n, s in zip(self.shape, self.stride) if n > 0 < s)
 
 
 Symbol = TensorSymbol | AliasSymbol

@@ -246,11 +246,12 @@ class GraphBuilder:
         base = start if base is None else int(base)
         sym = AliasSymbol(len(self._symbols), root.id, shape, root.dtype, base, stride, name)
         size = int(np.prod(root.shape, dtype=np.int64))
-        if base < 0 or (0 not in shape and sym.last_index() >= size):
+        if base < 0 or (0 not in shape and (sym.first_index() < 0 or sym.last_index() >= size)):
+            reach = sym.last_index() if sym.first_index() >= 0 else sym.first_index()
             raise ShapeError(
                 f"alias {name or ''} of {self._label(of)}: view {list(shape)} at base {base} with "
-                f"stride {list(stride)} reaches element {sym.last_index()}, but the root "
-                f"{self._label(root)} has {size} elements"
+                f"stride {list(stride)} reaches element {reach}, but the root "
+                f"{self._label(root)} has {size} elements (0 to {size - 1})"
             )
         self._symbols.append(sym)
         return sym

@@ -81,12 +81,16 @@ def _verify_one(graph: Graph) -> None:
                     f"alias {graph.label(i)} views %{sym.root}, which is not a tensor symbol",
                     _user_of(graph, i),
                 )
-            elif sym.base < 0 or (0 not in sym.shape and sym.last_index() >= np.prod(root.shape)):
+            elif sym.base < 0 or (
+                0 not in sym.shape
+                and (sym.first_index() < 0 or sym.last_index() >= np.prod(root.shape))
+            ):
                 _fail(
                     graph,
                     f"alias {graph.label(i)} reaches outside its root "
                     f"{graph.label(sym.root)}: base {sym.base}, stride {list(sym.stride)}, "
-                    f"last element {sym.last_index()} of {int(np.prod(root.shape))}",
+                    f"elements {sym.first_index()} to {sym.last_index()} of "
+                    f"{int(np.prod(root.shape))}",
                     _user_of(graph, i),
                 )
     written: dict[int, int] = {}  # root id -> index of last node writing it (-1 = input)

@@ -41,7 +41,8 @@ def _write_view_shape(root: Spec, value: Spec, *, shape, base, stride) -> Spec:
         )
     size = int(np.prod(root.shape, dtype=np.int64))
     view = _alias(shape, base, stride, root.dtype)
-    if len(stride) != len(shape) or base < 0 or (0 not in shape and view.last_index() >= size):
+    reach = 0 not in shape and (view.first_index() < 0 or view.last_index() >= size)
+    if len(stride) != len(shape) or base < 0 or reach:
         raise ShapeError(
             f"write_view: view {list(shape)} at base {base} with stride {list(stride)} does "
             f"not fit in {show(root)}"

@@ -301,3 +301,31 @@ def test_an_output_of_the_same_elements_takes_the_result_through_a_reshape():
     assert_close(interpret(gg, a)[2], jax.grad(lambda v: (v.sum(0) ** 2).sum())(a))
     with pytest.raises(ShapeError, match=r"node 'bad' .*output %\d+ \(w\) is float32\[2\]"):
         b.exec(ops.reduce_sum(axes=(0,)), x, outputs=[b.tensor((2,), name="w")], name="bad")
+
+
+def test_a_view_with_a_negative_stride_reads_backwards_and_must_stay_in_its_root() -> None:
+    """base 3, stride -1 is x[::-1] (NumPy); base 0, stride -1 reaches element -3, which
+    is outside the root, as an error (not wrapped around to the end)."""
+    b = GraphBuilder()
+    x = b.input((4,), name="x")
+    t = b.exec(ops.scalar_mul(a=1.0), x, name="copy")
+    rev = b.alias(t, (4,), stride=(-1,), base=3, name="rev")
+    assert (rev.first_index(), rev.last_index()) == (0, 3)
+    g = verify(b.build([b.exec(ops.relu(), rev, name="r")]))
+    xs = np.array([1.0, -2.0, 3.0, 4.0], np.float32)
+    for got in _run_both(g, xs):
+        np.testing.assert_array_equal(np.asarray(got[0]), np.maximum(xs[::-1], 0))
+    with pytest.raises(ShapeError, match=r"reaches element -3, but the root .* has 4 elements"):
+        b.alias(t, (4,), stride=(-1,), name="below")
+
+
+def test_views_with_negative_strides_are_not_taken_as_disjoint() -> None:
+    """{3, 2} (base 3, stride -1) and {2} share element 2: the pass helper must not call
+    them disjoint from their bases alone."""
+    from fnnc.graph.passes._view_sets import disjoint
+
+    down = AliasSymbol(5, 1, (2,), np.dtype(np.float32), 3, (-1,))
+    two = AliasSymbol(6, 1, (1,), np.dtype(np.float32), 2, (1,))
+    one = AliasSymbol(7, 1, (1,), np.dtype(np.float32), 1, (1,))
+    assert not disjoint(down, two) and not disjoint(two, down)
+    assert disjoint(down, one) and disjoint(one, down)

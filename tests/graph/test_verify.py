@@ -208,7 +208,7 @@ def test_alias_outside_its_root() -> None:
     _expect(
         bad,
         "alias %1 (tail) reaches outside its root %0 (x)",
-        "last element 4 of 4",
+        "elements 3 to 4 of 4",
         marked="ewexp(%1)  # y",
     )
     bad = _replace_symbol(graph, tail.id, base=-1)

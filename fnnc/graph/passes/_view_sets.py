@@ -45,7 +45,7 @@ def distinct(view: AliasSymbol) -> bool:
 
 def disjoint(a: AliasSymbol, b: AliasSymbol) -> bool:
     """Whether views ``a`` and ``b`` of one root read no element in common."""
-    if a.last_index() < b.base or b.last_index() < a.base:
+    if a.last_index() < b.first_index() or b.last_index() < a.first_index():
         return True
     if size(a) + size(b) > EXACT_LIMIT:
         return False
