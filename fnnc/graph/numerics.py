@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from fnnc.core.command import is_float
+from fnnc.core.dtypes import is_inexact
 from fnnc.core.ir import AliasSymbol, Graph, Node
 from fnnc.core.text import format_graph
 from fnnc.errors import NumericsError
@@ -63,16 +64,21 @@ class Stats:
 
 
 def tensor_stats(x: Any) -> Stats:
-    """Statistics of ``x`` (any array): min/max/mean/std of its finite elements."""
+    """Statistics of ``x`` (any array): min/max/mean/std of its finite elements (of
+    their magnitudes ``|z|`` for complex values, counted as NaN where either part is
+    NaN, else as infinite where either part is)."""
     arr = np.asarray(x)
     dtype = arr.dtype.name
-    if arr.dtype.kind not in "fc" and arr.dtype.name != "bfloat16":
-        values = arr.astype(np.float64)
-        nan = inf = 0
+    if not is_inexact(arr.dtype):
+        values, bad_nan, bad_inf = arr.astype(np.float64), None, None
     else:
-        values = arr.astype(np.float64)
-        nan, inf = int(np.isnan(values).sum()), int(np.isinf(values).sum())
-    finite = values[np.isfinite(values)]
+        wide = arr.astype(np.complex128 if arr.dtype.kind == "c" else np.float64)
+        bad_nan = np.isnan(wide.real) | np.isnan(wide.imag)
+        bad_inf = ~bad_nan & (np.isinf(wide.real) | np.isinf(wide.imag))
+        values = np.abs(wide) if arr.dtype.kind == "c" else wide
+    nan = 0 if bad_nan is None else int(bad_nan.sum())
+    inf = 0 if bad_inf is None else int(bad_inf.sum())
+    finite = values[np.isfinite(values)] if bad_nan is None else values[~(bad_nan | bad_inf)]
     if finite.size == 0:
         lo = hi = mean = std = float("nan")
     else:

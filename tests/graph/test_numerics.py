@@ -77,5 +77,19 @@ def test_tensor_stats():
     assert tensor_stats(np.arange(4, dtype=np.int32)).max == 3.0
 
 
+def test_tensor_stats_counts_nan_in_every_float_type_and_complex_parts():
+    """float8_e4m3fn (NumPy kind 'V') holds NaN too; a complex value is NaN where a
+    part is NaN, else infinite where a part is, and the statistics are of |z|."""
+    import ml_dtypes
+
+    for dtype in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.bfloat16):
+        s = tensor_stats(np.array([1.0, np.nan, 2.0], dtype))
+        assert (s.nan, s.inf, s.finite, s.min, s.max) == (1, 0, False, 1.0, 2.0), dtype
+    z = np.array([complex(np.nan, np.inf), complex(1, np.inf), 3 + 4j, 0 + 1j], np.complex64)
+    s = tensor_stats(z)
+    assert (s.nan, s.inf) == (1, 1)
+    np.testing.assert_allclose([s.min, s.max, s.mean], [1.0, 5.0, 3.0])
+
+
 def test_compiled_hlo_carries_node_names():
     assert "times0" in compile(_nan_maker()).compiled_text()
