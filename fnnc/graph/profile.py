@@ -44,6 +44,7 @@ act   relu         1     5.6   11.9
 
 from __future__ import annotations
 
+import codecs
 import collections
 import dataclasses
 import glob
@@ -199,8 +200,9 @@ def parse_hlo(text: str) -> _Hlo:
         schedule[computation].append((inst.group(1), " custom-call(" in line))
         found = _OP_NAME.search(line)
         if found:
-            op_names[inst.group(1)] = found.group(1)
-            by_computation[computation].append(found.group(1))
+            name = _unescape(found.group(1))
+            op_names[inst.group(1)] = name
+            by_computation[computation].append(name)
         called = _CALLS.search(line)
         if called:
             calls[inst.group(1)] = called.group(1)
@@ -209,6 +211,14 @@ def parse_hlo(text: str) -> _Hlo:
         if inst not in op_names and names:
             op_names[inst] = collections.Counter(names).most_common(1)[0][0]
     return _Hlo(module, op_names, inner, dict(schedule))
+
+
+def _unescape(text: str) -> str:
+    """An ``op_name`` as written in HLO text (C-escaped: ``r\\303\\251sum\\303\\251``
+    for ``résumé``, ``\\"`` and ``\\\\``) back to the node name it holds."""
+    if "\\" not in text:
+        return text
+    return codecs.escape_decode(text.encode("utf-8"))[0].decode("utf-8", "replace")
 
 
 def scope_of(op_name: str, scopes: Sequence[str]) -> str | None:

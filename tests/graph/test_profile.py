@@ -93,3 +93,20 @@ def test_profile_of_the_digits_cnn_fit_step_names_every_node():
     timed = {r.name for r in forward.nodes if r.seconds > 0}
     assert "digits-0-conv1-0" in timed and not any(".backward" in n for n in timed)
     assert "optimizer" not in {r.name for r in forward.nodes}
+
+
+def test_node_names_that_hlo_text_escapes_keep_their_time():
+    """HLO text C-escapes op names (résumé is r\\303\\251sum\\303\\251); each node
+    still gets its own operations' time, none goes to the no-node row."""
+    b = GraphBuilder()
+    x = b.input((64, 64), name="x")
+    names = ["résumé", 'say "hi"', "back\\slash"]
+    h = x
+    for name in names:
+        h = b.exec(ops.gemm(), h, x, name=name)
+    report = profile(compile(b.build([h])), np.ones((64, 64), np.float32), runs=2)
+    rows = {r.name: r for r in report.nodes}
+    assert set(names) <= set(rows)
+    assert all(rows[n].seconds > 0 and rows[n].command == "gemm" for n in names)
+    line = '  %d = f32[2] dot(), metadata={op_name="jit(p)/r\\303\\251sum\\303\\251 \\"q\\""}'
+    assert parse_hlo(line).op_names == {"d": 'jit(p)/résumé "q"'}
