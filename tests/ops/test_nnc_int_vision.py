@@ -73,8 +73,9 @@ def _roi_align_backward(g_nhwc, batch):
 @pytest.mark.parametrize("batch", [0, 2], ids=["one image", "batch of 2"])
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_roi_align_forward(layout, batch):
-    """NNC: "roi align forward with NCHW", "... with NHWC", "... with NCHW, batch of 2"
-    and "... with NHWC, batch of 2": CMD_ROI_ALIGN_FORWARD(4, 4) of (0, 1] draws
+    """NNC: "roi align forward with NCHW", "roi align forward with NHWC", "roi align forward
+    with NCHW, batch of 2", "roi align forward with NHWC, batch of 2":
+    CMD_ROI_ALIGN_FORWARD(4, 4) of (0, 1] draws
     [(2,) 32, 32, C] with the one box (0, 0, 1, 1) shared by the batch equals the CPU
     kernel (loop for loop, per image) and the 8x8 block means; the NCHW run, through
     format_transform, gives the NHWC result transposed."""
@@ -94,8 +95,9 @@ def test_roi_align_forward(layout, batch):
 @pytest.mark.parametrize("batch", [0, 2], ids=["one image", "batch of 2"])
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_roi_align_backward(layout, batch):
-    """NNC: "roi align backward with NCHW", "... with NHWC", "... with NCHW, batch of 2"
-    and "... with NHWC, batch of 2": CMD_ROI_ALIGN_BACKWARD(4, 4) from
+    """NNC: "roi align backward with NCHW", "roi align backward with NHWC", "roi align backward
+    with NCHW, batch of 2", "roi align backward with NHWC, batch of 2":
+    CMD_ROI_ALIGN_BACKWARD(4, 4) from
     ``TENSOR_LIST(g, 0, b)`` (no forward input, only its shape) of a (0, 1] gradient
     [(2,) 4, 4, C] gives every image of the batch its own bins' gradient spread over
     8x8 pixels, and is the adjoint of the CPU kernel's forward:
