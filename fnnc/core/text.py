@@ -113,13 +113,13 @@ def to_dot(graph: Graph) -> str:
     require_graph(graph, "to_dot")
     lines = ["digraph fnnc {", "  rankdir=TB;", '  node [fontname="monospace"];']
     for sym in graph.symbols:
-        label = (sym.name + "\\n" if sym.name else "") + sym_str(sym)
-        lines.append(f'  t{sym.id} [shape=ellipse, label="{_esc(label)}"];')
+        label = "\\n".join(_esc(part) for part in (sym.name, sym_str(sym)) if part)
+        lines.append(f'  t{sym.id} [shape=ellipse, label="{label}"];')
         if isinstance(sym, AliasSymbol):
             lines.append(f"  t{sym.root} -> t{sym.id} [style=dashed, arrowhead=none];")
     for i, node in enumerate(graph.nodes):
-        label = f"{node.cmd}" + (f"\\n{node.name}" if node.name else "")
-        lines.append(f'  n{i} [shape=box, label="{_esc(label)}"];')
+        label = "\\n".join(_esc(part) for part in (str(node.cmd), node.name) if part)
+        lines.append(f'  n{i} [shape=box, label="{label}"];')
         for s in node.inputs:
             lines.append(f"  t{s} -> n{i};")
         for s in node.outputs:
@@ -129,4 +129,6 @@ def to_dot(graph: Graph) -> str:
 
 
 def _esc(text: str) -> str:
-    return text.replace('"', '\\"')
+    """``text`` inside a quoted DOT label: a backslash doubled (one ending a name would
+    escape the closing quote), quotes escaped, line breaks as ``\\n``."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -116,6 +116,25 @@ def test_to_dot_names_every_node_and_symbol() -> None:
     assert dot.count("[shape=ellipse") == len(graph.symbols)
 
 
+def test_to_dot_quotes_names_with_backslashes_quotes_and_line_breaks() -> None:
+    """Each label is one well-formed DOT string (a name ending in a backslash must not
+    escape its closing quote) that reads back as the name."""
+    import re
+
+    names = ["layer\\", 'say "hi"', "two\nlines"]
+    b = GraphBuilder()
+    h = b.input((2,), name="x")
+    for name in names:
+        h = b.exec(ops.relu(), h, name=name)
+    dot = to_dot(b.build([h]))
+    quoted = re.compile(r'^  n\d+ \[shape=box, label="((?:[^"\\]|\\.)*)"\];$', re.M)
+    labels = [m.group(1) for m in quoted.finditer(dot)]
+    assert len(labels) == len(names)
+    unescape = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+    read = [re.sub(r"\\.", lambda m: unescape[m.group(0)], text) for text in labels]
+    assert read == [f"relu\n{name}" for name in names]
+
+
 # -- aliases read ---------------------------------------------------------------------------
 
 
