@@ -1,7 +1,10 @@
 """Configuration, read once from the environment, overridable in a ``with`` block.
 
 ``FNNC_CHECKS`` (default ``1``): verify graphs after building and after each pass;
-``numerics`` also turns on the numerics check (:attr:`Config.numerics`).
+``numerics`` also turns on the numerics check (:attr:`Config.numerics`), as
+``config.override(checks="numerics")`` does; ``0`` turns checks off. Any other value
+is a :class:`~fnnc.errors.ConfigError`, as is a value of the wrong kind given to
+:func:`override`.
 ``FNNC_DEBUG`` (default ``0``): print graphs between passes when ``>= 1``.
 ``FNNC_BACKEND`` (default empty): force one backend name for every command that
 supports it, e.g. ``pallas``; ``xla`` forces the reference everywhere. A name no
@@ -109,21 +112,90 @@ def check_forcing(cfg: Config, commands: Collection[str], backends: Collection[s
         )
 
 
-def _checked_types(changes: dict[str, object]) -> dict[str, object]:
-    """``changes`` with the backend settings checked to be of the right kinds."""
-    if "backend" in changes and not isinstance(changes["backend"], str):
-        raise ConfigError(f"backend: expected a backend name (str), got {changes['backend']!r}")
-    if "backend_per_command" in changes:
-        per = changes["backend_per_command"]
-        if not isinstance(per, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in per.items()
-        ):
+_FIELD_KINDS: Mapping[str, tuple[type, str]] = {
+    "checks": (bool, "True, False or 'numerics' (checks and the numerics check)"),
+    "numerics": (bool, "True or False"),
+    "debug": (int, "an int level (0: off, >= 1: print graphs between passes)"),
+    "backend": (str, "a backend name (str), '' for the default choice"),
+    "backend_per_command": (
+        Mapping,
+        "a mapping of command name to backend name, e.g. {'convolution': 'im2col'}",
+    ),
+    "cpu_libraries": (str, "a library set name (str), '' for the default choice"),
+    "matmul_precision": (str, f"one of {list(MATMUL_PRECISIONS)}"),
+}
+"""Each setting :func:`override` takes, with its kind and the values it accepts."""
+
+
+def _is_kind(value: object, kind: type) -> bool:
+    """Whether ``value`` is of ``kind``; a bool is no int here, and a mapping's keys and
+    values must be names."""
+    if kind is Mapping:
+        return isinstance(value, Mapping) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        )
+    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+
+
+def _validated(changes: dict[str, object], where: str = "config.override") -> dict[str, object]:
+    """``changes`` checked against :data:`_FIELD_KINDS` and normalised: the one place a
+    setting's type is checked, for :func:`override` and the environment alike.
+
+    ``checks="numerics"`` (the spelling of ``FNNC_CHECKS=numerics``) becomes
+    ``checks=True, numerics=True``; matmul precision aliases become fnnc's names.
+
+    Raises:
+        ConfigError: an unknown setting (with the close matches) or a value of the wrong
+            kind, naming the setting, the value and what it accepts.
+    """
+    changes = dict(changes)
+    for name, value in list(changes.items()):
+        if name not in _FIELD_KINDS:
             raise ConfigError(
-                f"backend_per_command: expected a mapping of command name to backend name, "
-                f"e.g. {{'convolution': 'im2col'}}, got {per!r:.200}"
+                f"{where}: unknown setting {name!r}.{close_matches(name, _FIELD_KINDS)} "
+                f"Settings: {list(_FIELD_KINDS)}."
             )
-        changes["backend_per_command"] = dict(per)
+        kind, accepted = _FIELD_KINDS[name]
+        if name == "checks" and isinstance(value, str) and value == "numerics":
+            if changes.get("numerics", True) is not True:
+                raise ConfigError(
+                    f"{where}: checks='numerics' turns the numerics check on, but "
+                    f"numerics={changes['numerics']!r} was also given; pass one of them"
+                )
+            changes["checks"], changes["numerics"] = True, True
+            continue
+        if not _is_kind(value, kind):
+            raise ConfigError(f"{where}: {name}: expected {accepted}, got {value!r:.200}")
+        if name == "backend_per_command":
+            changes[name] = dict(value)  # type: ignore[call-overload]
+        elif name == "matmul_precision":
+            changes[name] = matmul_precision_name(str(value), f"{where}: matmul_precision")
     return changes
+
+
+def _checks_from_env(raw: str) -> dict[str, object]:
+    """The ``checks``/``numerics`` settings ``FNNC_CHECKS`` spells: comma-separated
+    tokens among ``1``/``true``/``on``, ``0``/``false``/``off`` and ``numerics``."""
+    on, off = ("1", "true", "on", "yes"), ("0", "false", "off", "no", "")
+    tokens = [t.strip().lower() for t in raw.split(",")] if raw.strip() else [""]
+    unknown = [t for t in tokens if t not in on + off + ("numerics",)]
+    if unknown:
+        raise ConfigError(
+            f"FNNC_CHECKS={raw!r}: unknown value {unknown[0]!r}; expected comma-separated "
+            f"values among {list(on) + [o for o in off if o]} and 'numerics' "
+            "(e.g. FNNC_CHECKS=0 or FNNC_CHECKS=numerics)"
+        )
+    numerics = "numerics" in tokens
+    return {"checks": not any(t in off for t in tokens), "numerics": numerics}
+
+
+def _debug_from_env(raw: str) -> int:
+    try:
+        return int(raw or 0)
+    except ValueError:
+        raise ConfigError(
+            f"FNNC_DEBUG={raw!r}: expected an int level (0: off, >= 1: print graphs)"
+        ) from None
 
 
 _serials = itertools.count()
@@ -164,16 +236,15 @@ class Config:
 
 
 def _from_env() -> Config:
-    return Config(
-        checks=os.environ.get("FNNC_CHECKS", "1") not in ("0", "false", "False", ""),
-        numerics="numerics" in os.environ.get("FNNC_CHECKS", "").split(","),
-        debug=int(os.environ.get("FNNC_DEBUG", "0") or 0),
-        backend=os.environ.get("FNNC_BACKEND", ""),
-        cpu_libraries=os.environ.get("FNNC_CPU_LIBRARIES", ""),
-        matmul_precision=matmul_precision_name(
-            os.environ.get("FNNC_MATMUL_PRECISION", "") or "float32", "FNNC_MATMUL_PRECISION"
-        ),
+    env = os.environ.get
+    settings = _checks_from_env(env("FNNC_CHECKS", "1"))
+    settings["debug"] = _debug_from_env(env("FNNC_DEBUG", "0"))
+    settings["backend"] = env("FNNC_BACKEND", "")
+    settings["cpu_libraries"] = env("FNNC_CPU_LIBRARIES", "")
+    settings["matmul_precision"] = matmul_precision_name(
+        env("FNNC_MATMUL_PRECISION", "") or "float32", "FNNC_MATMUL_PRECISION"
     )
+    return Config(**_validated(settings, "environment (FNNC_*)"))  # type: ignore[arg-type]
 
 
 _current: Config = _from_env()
@@ -190,18 +261,19 @@ def override(**changes: object) -> Iterator[Config]:
 
     Args:
         **changes: fields of :class:`Config` to change, e.g. ``checks=False`` or
-            ``backend_per_command={"layer_norm": "pallas"}``.
+            ``backend_per_command={"layer_norm": "pallas"}``. ``checks="numerics"``
+            (``FNNC_CHECKS=numerics``'s spelling) means ``checks=True, numerics=True``.
 
     Raises:
-        ConfigError: a setting of the wrong kind (``backend_per_command`` not a mapping
-            of names). Forced command and backend names are checked when a backend is
-            next chosen (:func:`check_forcing`).
+        ConfigError: an unknown setting, or a value of the wrong kind (a bool setting
+            given anything but ``True``/``False``, ``backend_per_command`` not a mapping
+            of names), naming the setting, the value and what it accepts. Forced
+            command and backend names are checked when a backend is next chosen
+            (:func:`check_forcing`).
     """
     global _current
     previous = _current
-    changes = _checked_types(changes)
-    if "matmul_precision" in changes:
-        changes["matmul_precision"] = matmul_precision_name(str(changes["matmul_precision"]))
+    changes = _validated(changes)
     _current = dataclasses.replace(previous, **changes)  # type: ignore[arg-type]
     if not changes.keys() & COMPILED_SETTINGS:
         object.__setattr__(_current, "serial", previous.serial)
