@@ -26,7 +26,6 @@ from fnnc.models.layer import Input as Input
 from fnnc.models.layer import Layer as Layer
 from fnnc.models.layer import ModelError as ModelError
 from fnnc.models.layer import ModelIO as ModelIO
-from fnnc.models.layers import LSTM as LSTM
 from fnnc.models.layers import Activation as Activation
 from fnnc.models.layers import Add as Add
 from fnnc.models.layers import AvgPool as AvgPool
@@ -61,6 +60,7 @@ from fnnc.models.model_function import ModelFunction as ModelFunction
 from fnnc.models.model_function import model_function as model_function
 from fnnc.models.pipeline import Pipeline as Pipeline
 from fnnc.models.repeat import Repeat as Repeat
+from fnnc.models.rnn_layers import LSTM as LSTM
 from fnnc.models.stacks import stack_parameters as stack_parameters
 from fnnc.models.stacks import stacked_ids as stacked_ids
 from fnnc.models.stacks import unstack_parameters as unstack_parameters

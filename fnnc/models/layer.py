@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -360,9 +361,36 @@ class Layer:
 
     owns_parameters: bool = False
 
-    def __init__(self, *, name: str = "", is_trainable: bool | None = None):
+    def __init__(self, *, name: str = "", is_trainable: bool | None = None, **unknown: Any):
         self.name = name
         self.is_trainable = is_trainable
+        if unknown:
+            given = ", ".join(f"{k}={v!r:.40}" for k, v in unknown.items())
+            hint = (
+                " An activation is a layer of its own, placed after this one: ReLU(), "
+                "Activation('gelu')."
+                if "activation" in unknown
+                else ""
+            )
+            raise ModelError(
+                f"layer {self.describe()}: unknown keyword argument(s) {given}; "
+                f"{type(self).__name__} takes {', '.join(self.keyword_arguments())}.{hint}"
+            )
+
+    @classmethod
+    def keyword_arguments(cls) -> list[str]:
+        """The keyword arguments this layer's constructor accepts, its own then its bases'
+        (``name``, ``is_trainable``), for messages."""
+        names: list[str] = []
+        for klass in cls.__mro__:
+            init = klass.__dict__.get("__init__")
+            if init is None or klass is object:
+                continue
+            for p in inspect.signature(init).parameters.values():
+                named = p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                if named and p.name != "self" and p.name not in names:
+                    names.append(p.name)
+        return names
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -310,25 +310,6 @@ class Embedding(Layer):
         return ctx.b.exec(ops.embedding(), table, idx, name=ctx.layer_id(self))
 
 
-class LSTM(Layer):
-    """One LSTM layer over ``[N, T, I]``, returning ``[N, T, hidden]`` (gates i, f, g, o)."""
-
-    owns_parameters = True
-
-    def __init__(self, hidden: int, **kw: Any):
-        super().__init__(**kw)
-        self.hidden = positive_int(self, "hidden", hidden)
-
-    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
-        h, n = self.hidden, x.shape[0]
-        w_ih = ctx.param(self, 0, (4 * h, x.shape[-1]), glorot_uniform([1], [0]), x.dtype)
-        w_hh = ctx.param(self, 1, (4 * h, h), glorot_uniform([1], [0]), x.dtype)
-        bias = ctx.param(self, 2, (4 * h,), zeros, x.dtype)
-        zero = ctx.b.exec(ops.set(shape=(n, h), dtype=np.dtype(x.dtype), value=0.0))
-        y, _, _ = ctx.b.exec(ops.lstm(), x, zero, zero, w_ih, w_hh, bias, name=ctx.layer_id(self))
-        return y
-
-
 class MultiHeadAttention(Layer):
     """Self- or cross-attention over ``[N, S, D]``: q/k/v/out projections (parameters 0-3
     weights, 4-7 biases) around one ``scaled_dot_product_attention``."""

@@ -40,8 +40,9 @@ class Model(FilesMixin, ScaleMixin, GraphsMixin, Layer):
         *,
         name: str = "",
         is_trainable: bool | None = None,
+        **unknown: Any,
     ):
-        super().__init__(name=name, is_trainable=is_trainable)
+        super().__init__(name=name, is_trainable=is_trainable, **unknown)
         self.inputs = ios(inputs, "inputs", self.describe())
         self.outputs = ios(outputs, "outputs", self.describe())
         self._order = topological(self.inputs, self.outputs, self.describe())

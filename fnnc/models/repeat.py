@@ -124,8 +124,9 @@ class Repeat(Layer):
         name: str = "",
         is_trainable: bool | None = None,
         pipeline: Pipeline | None = None,
+        **unknown: Any,
     ):
-        super().__init__(name=name, is_trainable=is_trainable)
+        super().__init__(name=name, is_trainable=is_trainable, **unknown)
         if not isinstance(block, Layer):
             block = block() if callable(block) else block
         if not isinstance(block, Layer):

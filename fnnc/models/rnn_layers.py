@@ -1,0 +1,131 @@
+"""Recurrent cnnp layers: :class:`LSTM`, NNC's ``ccv_cnnp_lstm`` as one ``lstm`` command.
+
+>>> import numpy as np
+>>> from fnnc.models import LSTM, Sequential
+>>> model = Sequential([LSTM(4, num_layers=2, bidirectional=True, name="rnn")])
+>>> model.compile([np.zeros((2, 5, 3), np.float32)])
+>>> model.evaluate([np.ones((2, 5, 3), np.float32)]).shape
+(2, 5, 8)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fnnc import ops
+from fnnc.core.ir import Symbol
+from fnnc.models.layer import (
+    BuildContext,
+    Layer,
+    ModelError,
+    glorot_uniform,
+    is_int,
+    positive_int,
+    zeros,
+)
+
+
+class LSTM(Layer):
+    """An LSTM over ``[N, T, I]`` returning ``[N, T, D * P]``: the last layer's outputs,
+    both directions concatenated when ``bidirectional`` (``D = 2``), ``P = proj_size or
+    hidden``. Gates i, f, g, o (cuDNN's order, as NNC's); states start at zeros.
+
+    The options are NNC's ``ccv_cnnp_lstm`` ones, passed to one :func:`fnnc.ops.lstm`:
+
+    Args:
+        hidden: the hidden size ``H``.
+        num_layers: stacked layers; layer ``l > 0`` reads the ``D * P`` outputs of the
+            one below.
+        bidirectional: also run each layer backward in time.
+        proj_size: ``P > 0`` projects each output through ``w_hr [P, H]`` (LSTMP).
+        dropout: drop the outputs of every layer but the last with this probability
+            while training (the identity when testing).
+        bias: whether the gates have a bias.
+
+    Parameters come one layer and direction after another (layer 0 forward, layer 0
+    backward, layer 1 ...), each as ``w_ih [4H, In]``, ``w_hh [4H, P]``, ``bias [4H]``
+    (with ``bias``), ``w_hr [P, H]`` (with ``proj_size``): parameter ``k`` of unit
+    ``u`` is index ``u * per_unit + k``, the order :func:`fnnc.ops.lstm` takes them in
+    (a one-layer LSTM's ``t-<name>-0-0/1/2`` are ``w_ih``, ``w_hh``, ``bias``).
+    """
+
+    owns_parameters = True
+
+    def __init__(
+        self,
+        hidden: int,
+        *,
+        num_layers: int = 1,
+        bidirectional: bool = False,
+        proj_size: int = 0,
+        dropout: float = 0.0,
+        bias: bool = True,
+        **kw: Any,
+    ):
+        super().__init__(**kw)
+        self.hidden = positive_int(self, "hidden", hidden)
+        self.num_layers = positive_int(self, "num_layers", num_layers)
+        if not is_int(proj_size) or proj_size < 0:
+            raise ModelError(
+                f"layer {self.describe()}: proj_size is {proj_size!r:.40}; expected an int "
+                ">= 0 (0: no projection)"
+            )
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float, np.floating)):
+            raise ModelError(
+                f"layer {self.describe()}: dropout is {dropout!r:.40}; expected a probability "
+                "in [0, 1), e.g. 0.1"
+            )
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ModelError(
+                f"layer {self.describe()}: dropout={dropout!r} is outside [0, 1); expected the "
+                "probability of dropping a unit, e.g. 0.1"
+            )
+        for flag, value in (("bidirectional", bidirectional), ("bias", bias)):
+            if not isinstance(value, (bool, np.bool_)):
+                raise ModelError(
+                    f"layer {self.describe()}: {flag} is {value!r:.40}; expected True or False"
+                )
+        self.bidirectional, self.bias = bool(bidirectional), bool(bias)
+        self.proj_size, self.dropout = int(proj_size), float(dropout)
+
+    def weight_shapes(self, features: int) -> list[tuple[int, ...]]:
+        """The shapes of the parameters in index order, for ``features`` input features."""
+        h, d = self.hidden, 2 if self.bidirectional else 1
+        p = self.proj_size or h
+        shapes: list[tuple[int, ...]] = []
+        for unit in range(self.num_layers * d):
+            n_in = features if unit < d else d * p
+            shapes += [(4 * h, n_in), (4 * h, p)]
+            shapes += [(4 * h,)] if self.bias else []
+            shapes += [(p, h)] if self.proj_size else []
+        return shapes
+
+    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
+        if len(x.shape) != 3:
+            raise ModelError(
+                f"layer {self.describe()}: input of shape {list(x.shape)}; expected "
+                "[batch, time, features]"
+            )
+        weights = []
+        for index, shape in enumerate(self.weight_shapes(x.shape[-1])):
+            init = zeros if len(shape) == 1 else glorot_uniform([1], [0])
+            weights.append(ctx.param(self, index, shape, init, x.dtype))
+        units = self.num_layers * (2 if self.bidirectional else 1)
+        lead = (units, x.shape[0]) if units > 1 else (x.shape[0],)
+        h0, c0 = (
+            ctx.b.exec(ops.set(shape=(*lead, size), dtype=np.dtype(x.dtype), value=0.0))
+            for size in (self.proj_size or self.hidden, self.hidden)
+        )
+        keyed = ctx.training and self.dropout > 0
+        cmd = ops.lstm(
+            num_layers=self.num_layers,
+            bidirectional=self.bidirectional,
+            proj_size=self.proj_size,
+            dropout=self.dropout,
+            is_test=not ctx.training,
+        )
+        key = [ctx.key()] if keyed else []
+        y, _, _ = ctx.b.exec(cmd, x, h0, c0, *weights, *key, name=ctx.layer_id(self))
+        return y
