@@ -28,9 +28,29 @@ class FilesMixin:
 
     engine: Any
 
-    def parameters(self) -> dict[str, Any]:
-        """Parameter id -> array (internals ``r-...`` included); copies, so they stay
-        valid while the engine reuses (donates) its own buffers in later steps."""
+    def parameters(self, gather: bool = True) -> dict[str, Any]:
+        """Parameter id -> array (internals ``r-...`` included).
+
+        Args:
+            gather: ``True`` (default): copies, each a full array on one device, so they
+                stay valid while the engine reuses (donates) its own buffers in later
+                steps. ``False``: the engine's live arrays themselves, laid out as they
+                are (sharded over the mesh of ``set_data_parallel`` or
+                ``compile(mesh=...)``, so ``.sharding`` tells where each part lives), with
+                nothing copied or gathered. Use them read-only and before the next
+                training step: that step donates their buffers (reading one afterwards
+                is JAX's "Array has been deleted" error). To change parameters, use
+                :meth:`set_parameters`.
+
+        >>> import numpy as np
+        >>> from fnnc.models import Dense, Sequential
+        >>> model = Sequential([Dense(2, name="fc")])
+        >>> model.compile(np.zeros((1, 3), np.float32))
+        >>> model.parameters(gather=False)["t-fc-0-0"].sharding.is_fully_replicated
+        True
+        """
+        if not gather:
+            return dict(self.engine.values)
         return self.engine.parameters()
 
     def set_parameters(self, values: dict[str, Any], *, strict: bool = True) -> None:

@@ -23,7 +23,8 @@ slice of the global batch; :meth:`Parallel.batch` assembles the global array wit
 ``jax.make_array_from_process_local_data``. What leaves the engine
 (``parameters()``, optimizer state, ``evaluate`` outputs) is gathered to full arrays:
 with FSDP over processes that is a collective, so every process must call it (then
-let process 0 alone write files).
+let process 0 alone write files). ``parameters(gather=False)`` is the exception: the
+live arrays as laid out, nothing gathered.
 
 >>> import jax, numpy as np, optax
 >>> from fnnc.models import Dense, Input, Model

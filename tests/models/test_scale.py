@@ -20,7 +20,7 @@ import pytest
 from fnnc.errors import ModelError, ShapeError
 from fnnc.io import Checkpoints
 from fnnc.models import BatchNorm, Dense, Input, Model, ReLU
-from tests.helpers import subprocess_env
+from tests.helpers import run_on_cpu_devices, subprocess_env
 
 COMMON = textwrap.dedent(
     """
@@ -306,3 +306,49 @@ def _model_compiled():
     m = _model()
     m.compile(np.zeros((6, 3), np.float32), loss="mse", minimizer=optax.sgd(0.1))
     return m
+
+
+LIVE = textwrap.dedent(
+    """
+    import jax, numpy as np, optax
+    from fnnc.models import Dense, Sequential
+    assert jax.device_count() == 4, jax.devices()
+    x = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    y = np.zeros((8, 8), np.float32)
+
+    def trained(mode=None):
+        m = Sequential([Dense(8, name="fc")])
+        if mode:
+            m.set_data_parallel(4, parameter_sharding=mode)
+        m.compile(x, loss="mse", minimizer=optax.sgd(0.1))
+        m.fit(x, y)
+        return m
+
+    want = trained().parameters()  # one device: the oracle for the values
+    for mode in ("fsdp", "replicated"):
+        m = trained(mode)
+        live, gathered = m.parameters(gather=False), m.parameters()
+        assert sorted(live) == sorted(gathered) == sorted(want)
+        w = live["t-fc-0-0"]
+        assert len(w.sharding.device_set) == 4, w.sharding
+        shards = {tuple(s.data.shape) for s in w.addressable_shards}
+        if mode == "fsdp":  # [8, 4] split along its first axis: a quarter per device
+            assert w.sharding.spec[0] == "data" and shards == {(2, 4)}, (w.sharding, shards)
+        else:
+            assert w.sharding.is_fully_replicated and shards == {(8, 4)}, (w.sharding, shards)
+        g = gathered["t-fc-0-0"]
+        assert len(g.sharding.device_set) == 1, g.sharding  # the default gathers
+        for k in want:
+            np.testing.assert_allclose(np.asarray(live[k]), np.asarray(want[k]), rtol=1e-5,
+                                       atol=1e-6, err_msg=k)
+            np.testing.assert_array_equal(np.asarray(live[k]), np.asarray(gathered[k]))
+    print("OK")
+    """
+)
+
+
+def test_parameters_gather_false_gives_the_live_sharded_arrays():
+    """``parameters(gather=False)`` hands back the engine's arrays as laid out on four
+    devices (FSDP: a quarter of the weight per device; replicated: all of it on each),
+    holding the values one device trains; the default gathers to one device."""
+    run_on_cpu_devices(LIVE)
