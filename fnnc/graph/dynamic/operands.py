@@ -12,7 +12,8 @@ variable) keeps its dtype, and the command then says the dtypes differ.
 ``ewsqrt``, ``x**-0.5`` ``ewrsqrt``, and any other exponent ``exp(p * log x)``, which,
 like NumPy's real power, is defined for ``x > 0`` (``x = 0`` gives 0, a NaN gradient).
 
-``mean`` is ``reduce_mean`` (then ``reshape`` to drop the axes, as NumPy does) and
+``mean``, ``sum``, ``max`` and ``min`` are ``reduce_mean``, ``reduce_sum``, ... over
+``axis`` (then ``reshape`` to drop the axes, as NumPy does, unless ``keepdims``) and
 ``.T`` is ``transpose`` with the axes reversed.
 """
 
@@ -125,17 +126,37 @@ def rpower(x: Variable, base: Any) -> Variable:
     return dg.exec(ops.ewexp(), dg.exec(ops.ewprod(), x, log_base))
 
 
-def mean(x: Variable, axis: int | Sequence[int] | None, keepdims: bool) -> Variable:
-    """``x.mean(axis, keepdims)`` as NumPy computes it (see :meth:`Variable.mean`)."""
-    axes = _axes(x, axis)
-    out = x._dg.exec(ops.reduce_mean(axes=axes), x)
+REDUCTIONS: dict[str, Any] = {
+    "mean": ops.reduce_mean,
+    "sum": ops.reduce_sum,
+    "max": ops.reduce_max,
+    "min": ops.reduce_min,
+}
+"""The reductions variables have as methods, by name: each records its command."""
+
+
+def reduce(x: Variable, kind: str, axis: int | Sequence[int] | None, keepdims: bool) -> Variable:
+    """``x.<kind>(axis, keepdims)`` (``kind`` in :data:`REDUCTIONS`) as NumPy computes
+    it: the ``reduce_<kind>`` command, then a ``reshape`` dropping the reduced axes
+    unless ``keepdims`` (the command keeps them as size 1, as NNC's does)."""
+    if not isinstance(keepdims, (bool, np.bool_)):
+        raise ShapeError(
+            f"variable {x.label}: {kind}(keepdims={keepdims!r:.40}); expected True or False"
+        )
+    axes = _axes(x, axis, kind)
+    out = x._dg.exec(REDUCTIONS[kind](axes=axes), x)
     if keepdims:
         return out
     shape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
     return x._dg.exec(ops.reshape(shape=shape), out)
 
 
-def _axes(x: Variable, axis: int | Sequence[int] | None) -> tuple[int, ...]:
+def mean(x: Variable, axis: int | Sequence[int] | None, keepdims: bool) -> Variable:
+    """``x.mean(axis, keepdims)`` as NumPy computes it (see :meth:`Variable.mean`)."""
+    return reduce(x, "mean", axis, keepdims)
+
+
+def _axes(x: Variable, axis: int | Sequence[int] | None, kind: str = "mean") -> tuple[int, ...]:
     if axis is None:
         return tuple(range(x.ndim))
     given = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
@@ -143,12 +164,12 @@ def _axes(x: Variable, axis: int | Sequence[int] | None) -> tuple[int, ...]:
     for a in given:
         if not isinstance(a, (int, np.integer)) or not -x.ndim <= a < x.ndim:
             raise ShapeError(
-                f"variable {x.label}: mean over axis {a!r} of a {x.ndim}-d variable "
+                f"variable {x.label}: {kind} over axis {a!r} of a {x.ndim}-d variable "
                 f"{list(x.shape)}; give axes in [{-x.ndim}, {x.ndim})"
             )
         axes.append(int(a) % x.ndim)
     if len(set(axes)) != len(axes):
-        raise ShapeError(f"variable {x.label}: mean over repeated axes {list(given)}")
+        raise ShapeError(f"variable {x.label}: {kind} over repeated axes {list(given)}")
     return tuple(sorted(axes))
 
 

@@ -243,9 +243,27 @@ class Variable:
         """
         return operands.mean(self, axis, keepdims)
 
-    def sum(self) -> Variable:
-        """The sum of every element (``reduce_sum`` over all axes, kept as size 1)."""
-        return self._dg.exec(ops.reduce_sum(axes=tuple(range(self.ndim))), self)
+    def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = True) -> Variable:
+        """The sum over ``axis`` (all by default), as ``np.sum`` (``reduce_sum``).
+
+        Args:
+            axis: an axis or axes (negative counts from the end); ``None``: every axis.
+            keepdims: keep the reduced axes as size 1, NNC's ``reduce_sum`` shape. The
+                default is ``True`` (``x.sum()`` has always kept one element per axis,
+                so a loss stays ``[1, ...]``); ``False`` drops them as ``np.sum`` and
+                :meth:`mean` do.
+        """
+        return operands.reduce(self, "sum", axis, keepdims)
+
+    def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Variable:
+        """The largest element over ``axis`` (all by default), as ``np.max``
+        (``reduce_max``); arguments as :meth:`mean`'s."""
+        return operands.reduce(self, "max", axis, keepdims)
+
+    def min(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Variable:
+        """The smallest element over ``axis`` (all by default), as ``np.min``
+        (``reduce_min``); arguments as :meth:`mean`'s."""
+        return operands.reduce(self, "min", axis, keepdims)
 
     def __del__(self) -> None:
         slot = self._slot

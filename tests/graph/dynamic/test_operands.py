@@ -54,6 +54,14 @@ EXPRESSIONS = {
     "mean(axis=-1, keepdims)": lambda x: x.mean(axis=-1, keepdims=True),
     "mean(axis=(0, 1))": lambda x: x.mean(axis=(0, 1)),
     "mixed": lambda x: ((x - B) ** 2).mean(axis=1) * np.array([2.0, 3.0]),
+    "sum(axis=0, keepdims=False)": lambda x: x.sum(axis=0, keepdims=False),
+    "sum(axis=(0, 1), keepdims=False)": lambda x: x.sum(axis=(0, 1), keepdims=False),
+    "sum(axis=-1)": (lambda x: x.sum(axis=-1), lambda x: x.sum(axis=-1, keepdims=True)),
+    "sum()": (lambda x: x.sum(), lambda x: x.sum(keepdims=True)),  # NNC's [1, 1]
+    "max(axis=1)": lambda x: x.max(axis=1),
+    "max(axis=0, keepdims)": lambda x: x.max(axis=0, keepdims=True),
+    "min()": lambda x: x.min(),
+    "min(axis=-1)": lambda x: x.min(axis=-1),
 }
 
 
@@ -128,3 +136,13 @@ def test_mean_over_a_missing_axis_names_the_variable():
     x = dg.variable(A, name="x")
     with pytest.raises(ShapeError, match=r"variable 'x': mean over axis 2 of a 2-d"):
         x.mean(axis=2)
+
+
+@pytest.mark.parametrize("kind", ["sum", "max", "min"])
+def test_reductions_over_a_missing_axis_name_the_variable(kind):
+    dg = DynamicGraph()
+    x = dg.variable(A, name="x")
+    with pytest.raises(ShapeError, match=rf"variable 'x': {kind} over axis 2 of a 2-d"):
+        getattr(x, kind)(axis=2)
+    with pytest.raises(ShapeError, match=rf"variable 'x': {kind}\(keepdims='no'\)"):
+        getattr(x, kind)(axis=0, keepdims="no")
