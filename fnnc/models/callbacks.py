@@ -43,10 +43,18 @@ class Callback:
     and wait) returns it from :meth:`state` and takes it back in :meth:`load_state`:
     :class:`CheckpointEvery` saves it with the model and ``train(resume=...)`` gives
     it back to the callback of the same class and position among those of its class.
-    Callbacks with ``saves_the_run = True`` run their hooks after the others, so what
-    they save includes the others' work for that step or epoch.
+    Each hook runs over the callbacks in one order, whatever order ``train`` got them
+    in (:func:`in_hook_order`): those with ``adds_metrics = True`` first (they write
+    into the epoch's ``logs``: :class:`~fnnc.models.LearningRate`), then the others
+    (:class:`EarlyStopping` can so monitor an added metric), then those with
+    ``logs_metrics = True`` (they record ``logs``: ``CSVLogger``, ``TensorBoard``,
+    ``PlotHistory``, so every metric of the epoch reaches them), and those with
+    ``saves_the_run = True`` last, so what they save includes the others' work for that
+    step or epoch. Callbacks of one stage keep the order they were given in.
     """
 
+    adds_metrics = False
+    logs_metrics = False
     saves_the_run = False
 
     def state(self) -> dict[str, Any] | None:
@@ -182,6 +190,22 @@ def check_callbacks(callbacks: Any) -> list[Any]:
             "fnnc.models.Callback instance (e.g. EarlyStopping(patience=2)) or a list of them"
         )
     return items
+
+
+def hook_stage(callback: Any) -> int:
+    """Where ``callback`` runs among the others (see :class:`Callback`): 0 adds metrics,
+    1 the rest, 2 logs metrics, 3 saves the run. A callback that is no
+    :class:`Callback` subclass (any object with the hooks) may set the same flags."""
+    if getattr(callback, "saves_the_run", False):
+        return 3
+    if getattr(callback, "logs_metrics", False):
+        return 2
+    return 0 if getattr(callback, "adds_metrics", False) else 1
+
+
+def in_hook_order(callbacks: Sequence[Any]) -> list[Any]:
+    """``callbacks`` in the order their hooks run: by :func:`hook_stage`, stably."""
+    return sorted(callbacks, key=hook_stage)
 
 
 def _keys(callbacks: Sequence[Callback]) -> list[str]:

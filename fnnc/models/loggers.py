@@ -75,6 +75,8 @@ class TensorBoard(Callback):
     number; values are stored as float32, TensorBoard's scalar type.
     """
 
+    logs_metrics = True
+
     def __init__(self, log_dir: str | os.PathLike[str], *, per_step: bool = False):
         self.log_dir, self.per_step = os.fspath(log_dir), per_step
         self.writer: Any = None
@@ -108,6 +110,8 @@ class CSVLogger(Callback):
         append: add to an existing file (a resumed run) instead of starting anew; the
             header is written only to an empty file.
     """
+
+    logs_metrics = True
 
     def __init__(self, path: str | os.PathLike[str], *, append: bool = False):
         self.path, self.append = os.fspath(path), append
@@ -169,6 +173,8 @@ class LearningRate(Callback):
         name: the metric's name.
     """
 
+    adds_metrics = True
+
     def __init__(self, schedule: Callable[[int], Any] | float, *, name: str = "lr"):
         if not callable(schedule) and not isinstance(schedule, (int, float)):
             raise ModelError(
@@ -212,6 +218,8 @@ class PlotHistory(Callback):
     Args:
         path: the PNG file, rewritten each epoch.
     """
+
+    logs_metrics = True
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = os.fspath(path)

@@ -37,7 +37,12 @@ from fnnc.errors import ModelError, NumericsError, ShapeError
 from fnnc.models import batches as feed
 from fnnc.models import checks, processes
 from fnnc.models import metrics as metrics_
-from fnnc.models.callbacks import Callback, check_callbacks, load_callback_states
+from fnnc.models.callbacks import (
+    Callback,
+    check_callbacks,
+    in_hook_order,
+    load_callback_states,
+)
 from fnnc.models.layer import is_int
 from fnnc.models.progress import EpochLines
 from fnnc.models.validation import outputs_and_targets, validation_batches
@@ -76,10 +81,8 @@ def train(
     """Trains a compiled model; returns the metrics of each epoch run (see ``Model.train``)."""
     _check_args(epochs, data, validation, inputs, targets)
     prog = feed.progress(model)
-    # callbacks that save the run see the others' work of the same step or epoch
-    callbacks = sorted(
-        check_callbacks(callbacks), key=lambda cb: getattr(cb, "saves_the_run", False)
-    )
+    # metrics are added before others read them and loggers record them; savers run last
+    callbacks = in_hook_order(check_callbacks(callbacks))
     if resume is not None:
         load_callback_states(callbacks, _restore(resume, model))
     if seed is not None:

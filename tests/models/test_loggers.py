@@ -13,6 +13,7 @@ from fnnc.errors import ModelError
 from fnnc.models import (
     CSVLogger,
     Dense,
+    EarlyStopping,
     Input,
     LearningRate,
     Model,
@@ -146,3 +147,48 @@ def test_csv_logger_into_a_missing_folder_names_the_path(tmp_path):
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     assert rows[0] == ["epoch", "loss"] and float(rows[1][1]) == history["loss"][0]
+
+
+class AddsSteps:
+    """A callback that is no Callback subclass, adding a metric (the flag says so)."""
+
+    adds_metrics = True
+
+    def on_train_begin(self, loop):
+        pass
+
+    def on_step_end(self, loop, step, loss):
+        pass
+
+    def on_epoch_end(self, loop, epoch, logs):
+        logs["steps"] = float(loop.progress.step)
+
+    def on_train_end(self, loop):
+        pass
+
+
+@pytest.mark.parametrize("adders_first", [True, False])
+def test_loggers_see_added_metrics_whatever_the_callbacks_order(tmp_path, adders_first):
+    """LearningRate (and any callback flagged adds_metrics) runs before the loggers and
+    EarlyStopping, given first or last: the CSV, the plot's history and TensorBoard all
+    hold lr, each epoch's SCHEDULE(3 * epoch - 1) (3 steps an epoch, closed form)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    csv_path, plot = tmp_path / "log.csv", PlotHistory(tmp_path / "h.png")
+    stop = EarlyStopping(monitor="lr", patience=5)
+    adders = [LearningRate(SCHEDULE), AddsSteps()]
+    others = [CSVLogger(csv_path), TensorBoard(tmp_path / "tb"), plot, stop]
+    callbacks = adders + others if adders_first else others + adders
+    history = model().train((X, Y), epochs=2, batch_size=8, callbacks=callbacks, verbose=False)
+    want_lr = [0.2 * (1 - 2 / 6), 0.2 * (1 - 5 / 6)]  # linear 0.2 -> 0 over 6 updates
+    assert history["lr"] == pytest.approx(want_lr) and history["steps"] == [3.0, 6.0]
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["epoch", "loss", "lr", "steps"]
+    assert [float(r["lr"]) for r in rows] == history["lr"]
+    assert [float(r["steps"]) for r in rows] == [3.0, 6.0]
+    assert plot.history["lr"] == history["lr"] and plot.history["steps"] == [3.0, 6.0]
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert sorted(events.Tags()["tensors"]) == ["loss", "lr", "steps"]
+    assert stop.best == pytest.approx(want_lr[1])  # EarlyStopping saw lr too
