@@ -29,7 +29,8 @@ execution order. ``replace_all_uses(old, new)`` rewires every read of ``old`` th
 after ``new`` is written (so the node computing ``new`` from ``old`` keeps reading ``old``), the
 graph outputs and the views of ``old``: a view used only after ``new`` is written is
 re-rooted onto ``new``; one also read before keeps ``old`` for those reads, and the later
-readers read a fresh view of ``new``.
+readers read a fresh view of ``new``. ``replace_all_uses_with`` is the same edit under
+torch.fx's name.
 """
 
 from __future__ import annotations
@@ -179,6 +180,11 @@ class Rewriter:
             )
         if a.id != b.id:
             self._same[a.id] = b.id
+
+    def replace_all_uses_with(self, old: int | Symbol, new: int | Symbol) -> None:
+        """:meth:`replace_all_uses` under torch.fx's name (``Node.replace_all_uses_with``):
+        every later read of ``old`` reads ``new``."""
+        self.replace_all_uses(old, new)
 
     def replace_node(
         self,

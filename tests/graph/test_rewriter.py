@@ -42,6 +42,22 @@ def test_insert_after_and_replace_all_uses() -> None:
     np.testing.assert_allclose(relu, np.maximum(hv, 0), rtol=1e-6)
 
 
+def test_replace_all_uses_with_is_torch_fx_s_name_for_replace_all_uses() -> None:
+    graph, _, _, h = _mlp()
+    graphs = []
+    for method in ("replace_all_uses", "replace_all_uses_with"):
+        r = Rewriter(graph)
+        (gemm,) = r.find("gemm")
+        with r.inserting_after(gemm):
+            clipped = r.exec(ops.clamp(min=-1.0, max=1.0), h)
+        getattr(r, method)(h, clipped)
+        graphs.append(r.finish())
+    assert str(graphs[0]) == str(graphs[1])
+    xv, wv = rand((2, 3)), rand((4, 3), seed=1) * 3
+    _, out = interpret(graphs[1], xv, wv)
+    np.testing.assert_allclose(out, np.clip(xv @ wv.T, -1, 1), rtol=1e-6)  # by hand
+
+
 def test_insert_before_replace_node_and_call() -> None:
     graph, x, w, _ = _mlp()
     r = Rewriter(graph)
