@@ -4,7 +4,10 @@ Every file fnnc writes whole (graphs as JSON, exported programs, safetensors fil
 tuning tables) goes through :func:`atomic_write`: the content is written to a temporary
 file in the same folder, flushed to disk, given the permissions the file had (a new one
 gets what ``open`` would give it: ``0o666`` less the umask), and renamed over the
-target. A crash or a full disk leaves the old file and no temporary one.
+target. A crash or a full disk leaves the old file and no temporary one. A symbolic
+link stays a link: the file it points to is the one replaced (as ``open(path, "w")``
+would write it), the temporary file made beside that file so the rename stays on one
+file system.
 
 (SQLite tensor files and checkpoints are made atomic by their transactions and by
 Orbax; this is for the files written in one piece.)
@@ -21,6 +24,7 @@ Orbax; this is for the files written in one piece.)
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -40,9 +44,17 @@ def atomic_write(
     writes the file itself (a library that writes to a path). Raises what the file
     system or ``write`` raises (``OSError`` for a missing folder or a full disk), with
     nothing left behind; a file-system error names ``path``, not the temporary file
-    (a missing folder raises :class:`FileNotFoundError` saying so).
+    (a missing folder raises :class:`FileNotFoundError` saying so, a folder at ``path``
+    :class:`IsADirectoryError`). Through a symbolic link, the file it points to is
+    replaced and the link kept.
     """
     target = os.fspath(path)
+    if os.path.islink(target):  # replace what the link points to, not the link
+        target = os.path.realpath(target)
+    if os.path.isdir(target):
+        raise IsADirectoryError(
+            errno.EISDIR, "is a folder; give the path of a file (in that folder)", target
+        )
     folder = os.path.dirname(os.path.abspath(target))
     mode = _mode_for(target)
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import stat
 
 import numpy as np
@@ -108,3 +109,50 @@ def test_a_missing_folder_names_the_file_the_user_gave(tmp_path):
     assert (info.value.errno, info.value.filename) == (28, str(tmp_path / "t.json"))
     assert str(info.value) == f"[Errno 28] No space left on device: '{tmp_path / 't.json'}'"
     assert os.listdir(tmp_path) == []
+
+
+def _writers():
+    """Every kind of atomic writer, each ``write(path, n)``: bytes, a writer function, a
+    graph (save), a safetensors file (a writer function given by the io layer)."""
+    from fnnc.graph import GraphBuilder, save
+    from fnnc.io.safetensors_io import SafetensorsFile
+
+    def graph(path, n):
+        b = GraphBuilder()
+        save(b.build([b.input((n,), name="x")]), str(path))
+
+    def tensors(path, n):
+        with SafetensorsFile(path) as f:
+            f.write("w", np.arange(n, dtype=np.float32))
+
+    return {
+        "bytes": lambda p, n: atomic_write(p, b"x" * n),
+        "function": lambda p, n: atomic_write(p, lambda t: pathlib.Path(t).write_text("x" * n)),
+        "graph": graph,
+        "safetensors": tensors,
+    }
+
+
+@pytest.mark.parametrize("kind", list(_writers()))
+def test_a_symlink_stays_a_link_and_its_target_is_replaced(tmp_path, kind):
+    """Saving through a link replaced the link with a regular file and left the file it
+    pointed to (the one its other readers see) unchanged; ``open(link, "w")``, the oracle,
+    writes the target and keeps the link."""
+    write = _writers()[kind]
+    (real_dir := tmp_path / "real").mkdir()
+    real, link, oracle = real_dir / "v1", tmp_path / "current", tmp_path / "oracle"
+    write(real, 2)
+    os.chmod(real, 0o640)
+    os.symlink(os.path.relpath(real, tmp_path), link)  # relative, as `ln -s` often makes
+    write(link, 5)
+    write(oracle, 5)
+    assert os.path.islink(link) and os.readlink(link) == os.path.relpath(real, tmp_path)
+    assert real.read_bytes() == oracle.read_bytes()
+    assert _mode(real) == 0o640
+    assert sorted(os.listdir(real_dir)) == ["v1"]  # no temporary left beside the target
+
+
+def test_a_folder_at_the_path_is_refused_naming_it(tmp_path):
+    with pytest.raises(IsADirectoryError, match="is a folder; give the path of a file") as info:
+        atomic_write(tmp_path, b"x")
+    assert info.value.filename == str(tmp_path)
