@@ -9,7 +9,9 @@ was lowered for, at any batch size when the batch is symbolic::
     y = exported.call(np.ones((5, 4), np.float32))            # parameters embedded
     y = exported.call(params, np.ones((5, 4), np.float32))    # parameters passed in
 
-How: the model's forward graph is built for one sample and each node runs its
+How: the model's forward graph is built for one sample as
+:meth:`~fnnc.models.Model.evaluate` runs it (``compile``'s ``precision`` cast and
+``passes`` included) and each node runs its
 command's reference forward (:func:`fnnc.graph.interpret`); ``jax.vmap`` maps it over
 the leading axis of every input, which ``jax.export`` keeps symbolic (``batch``, a
 dimension name). So every input and output must have the batch first and the model
@@ -67,7 +69,8 @@ def export(
     Args:
         model: a compiled :class:`~fnnc.models.Model`.
         path: where to write the serialized artifact (``None``: do not write).
-        batch: the name of the symbolic batch dimension, or ``None`` for fixed shapes.
+        batch: the name of the symbolic batch dimension (an identifier), or ``None``
+            for fixed shapes.
         parameters: ``"embedded"`` (constants in the module) or ``"argument"`` (a dict
             by id, the first argument).
         inputs: example inputs or specs (one per model input); default: the shapes the
@@ -75,24 +78,29 @@ def export(
         platforms: e.g. ``("cpu", "cuda")``; default: JAX's default backend. For any
             platform but this process's own, every node takes its XLA reference (a
             kernel chosen here need not lower there).
-        check: run the artifact on the example inputs (zeros if specs were given) and
-            compare it with ``evaluate`` (``ModelError`` if they differ by more than 1e-5);
-            skipped when ``platforms`` leaves out this process's platform.
+        check: run the artifact on the example inputs (random ones drawn for the specs
+            when only specs or nothing were given) and compare it with ``evaluate``
+            (``ModelError`` if they differ by more than 1e-5, or by what a
+            ``precision=`` model's compute type rounds to); skipped when ``platforms``
+            leaves out this process's platform.
 
     Returns:
         The ``jax.export.Exported``.
     """
     if parameters not in PARAMETERS:
         raise ModelError(f"export: parameters={parameters!r}; expected one of {PARAMETERS}")
+    if batch is not None and not (isinstance(batch, str) and batch.isidentifier()):
+        raise ModelError(
+            f"export: batch={batch!r}; expected the name of the symbolic batch dimension "
+            "(an identifier such as 'b' or 'batch'), or None to export the example shapes"
+        )
     specs = _specs(model, inputs)
     if batch is not None and any(not s.shape for s in specs):
         raise ModelError(
             "export: an input is a scalar, so it has no batch axis; pass batch=None to "
             "export fixed shapes"
         )
-    one = [jax.ShapeDtypeStruct((1, *s.shape[1:]), s.dtype) for s in specs]
-    with contextlib.nullcontext() if batch is None else _unpipelined(model):
-        graph, ids = model.forward_graph(specs if batch is None else one)
+    graph, ids = _graph(model, specs, batch)
     values = model.parameters()
     n_out = len(model.outputs)
 
@@ -125,10 +133,25 @@ def export(
     with contextlib.nullcontext() if here == "only" else references:
         exported = jax.export.export(jax.jit(fn), platforms=platforms)(*args)
     if check and here != "no":  # an artifact that cannot run here is not checked here
-        _check(model, exported, specs, inputs, values, ids, parameters)
+        _check(model, exported, specs, inputs, values, ids, parameters, batch)
     if path is not None:
         atomic_write(path, bytes(exported.serialize(vjp_order=0)))
     return exported
+
+
+def _graph(model: Any, specs: list[Any], batch: str | None) -> tuple[Any, list[str]]:
+    """The graph :meth:`~fnnc.models.Model.evaluate` runs (precision cast and compile
+    passes included), for ``specs``, or for one sample of them when ``batch`` is named."""
+    if batch is None:
+        return model.forward_graph(specs, as_evaluated=True)
+    one = [jax.ShapeDtypeStruct((1, *s.shape[1:]), s.dtype) for s in specs]
+    try:
+        with _unpipelined(model):
+            return model.forward_graph(one, as_evaluated=True)
+    except ModelError:
+        # the same mistake said of the shapes the user gave, not of the one-sample ones
+        model.forward_graph(specs, as_evaluated=True)
+        raise
 
 
 def _runs_here(platforms: Sequence[str] | None) -> str:
@@ -156,20 +179,79 @@ def _check(
     values: dict[str, Any],
     ids: list[str],
     parameters: str,
+    batch: str | None,
 ) -> None:
     given = isinstance(inputs, (list, tuple)) and all(hasattr(x, "__array__") for x in inputs)
-    xs = [np.asarray(x) for x in inputs] if given else [np.zeros(s.shape, s.dtype) for s in specs]
+    xs = [np.asarray(x) for x in inputs] if given else _random_inputs(specs)
     args = xs if parameters == "embedded" else [{i: values[i] for i in ids}, *xs]
-    got = exported.call(*args)
-    want = model.evaluate(xs)
-    for k, (g, w) in enumerate(zip(_listed(got), _listed(want), strict=True)):
-        if np.shape(g) != np.shape(w) or not np.allclose(g, w, rtol=1e-5, atol=1e-5):
+    got = _listed(exported.call(*args))
+    want = _listed(model.evaluate(xs))
+    tol = _tolerance(model)
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        if np.shape(g) == np.shape(w) and _close(g, w, tol):
+            continue
+        where = (
+            f"export: output {k} of model {model.describe()} differs from evaluate on the "
+            f"{'given' if given else 'random'} example inputs (shapes {np.shape(g)} and "
+            f"{np.shape(w)}, {_gap(g, w)})"
+        )
+        if batch is not None and _mixes_samples(model, specs, xs, values, ids, k, w, tol):
             raise ModelError(
-                f"export: output {k} of model {model.describe()} differs from evaluate "
-                f"(shapes {np.shape(g)} and {np.shape(w)}): the model mixes samples of a "
-                "batch in test mode, so it cannot be mapped over a symbolic batch; export "
-                "with batch=None for the example shapes"
+                f"{where}: the model mixes samples of a batch in test mode (its graph for "
+                "the whole batch gives evaluate's result, mapped over one sample at a time "
+                "it does not), so it cannot be mapped over a symbolic batch; export with "
+                "batch=None for the example shapes"
             )
+        raise ModelError(
+            f"{where}: the exported graph runs each node's reference forward, evaluate "
+            "the compiled program; a difference past the tolerance is an fnnc bug to "
+            "report (export with check=False to write the artifact anyway)"
+        )
+
+
+def _random_inputs(specs: list[jax.ShapeDtypeStruct]) -> list[np.ndarray]:
+    """Example inputs for ``specs``: normal floats, integers 0 or 1 (valid indices for
+    any table), random booleans; not zeros, which hide most differences."""
+    rng = np.random.default_rng(0)
+    xs = []
+    for s in specs:
+        dtype = np.dtype(s.dtype)
+        if jax.numpy.issubdtype(dtype, jax.numpy.floating):
+            xs.append(rng.standard_normal(s.shape).astype(dtype))
+        elif dtype == np.bool_:
+            xs.append(rng.integers(0, 2, s.shape).astype(bool))
+        else:
+            xs.append(rng.integers(0, 2, s.shape).astype(dtype))
+    return xs
+
+
+def _tolerance(model: Any) -> float:
+    """1e-5, or what the compute type of a ``precision=`` model rounds to (the artifact
+    and evaluate may round a low-precision sum differently)."""
+    precision = model.engine.precision
+    return 1e-5 if precision is None else 8 * float(jax.numpy.finfo(precision.dtype).eps)
+
+
+def _close(got: Any, want: Any, tol: float) -> bool:
+    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return bool(np.allclose(g, w, rtol=tol, atol=tol, equal_nan=True))
+
+
+def _gap(got: Any, want: Any) -> str:
+    if np.shape(got) != np.shape(want):
+        return "different shapes"
+    gap = np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64))
+    return f"largest difference {np.nanmax(gap):.3g}" if gap.size else "empty"
+
+
+def _mixes_samples(
+    model: Any, specs: Any, xs: Any, values: Any, ids: Any, k: int, want: Any, tol: float
+) -> bool:
+    """Whether the graph for the whole batch gives evaluate's output ``k`` (so the
+    difference comes from running one sample at a time)."""
+    graph, full_ids = model.forward_graph(specs, as_evaluated=True)
+    outs = _listed(interpret(graph, *xs, *[values[i] for i in full_ids]))
+    return np.shape(outs[k]) == np.shape(want) and _close(outs[k], want, tol)
 
 
 def _listed(value: Any) -> list[Any]:

@@ -130,14 +130,18 @@ class FilesMixin:
         parameters: str = "embedded",
         inputs: Sequence[Any] | None = None,
         platforms: Sequence[str] | None = None,
+        check: bool = True,
     ) -> Any:
         """Writes this compiled model's inference as a ``jax.export`` artifact that plain
         JAX loads (``jax.export.deserialize``) and runs without fnnc, at any size of the
         symbolic ``batch`` dimension; ``parameters="embedded"`` or ``"argument"`` (a
-        dict by id, the first argument). Returns the ``jax.export.Exported``; see
-        :mod:`fnnc.models.export`."""
+        dict by id, the first argument). The graph is the one :meth:`evaluate` runs
+        (``compile``'s ``precision`` and ``passes`` included); ``check`` compares the
+        artifact with :meth:`evaluate` on ``inputs`` (random ones for specs). Returns
+        the ``jax.export.Exported``; see :func:`fnnc.models.export.export`."""
         from fnnc.models.export import export
 
         return export(
-            self, path, batch=batch, parameters=parameters, inputs=inputs, platforms=platforms
-        )
+            self, path, batch=batch, parameters=parameters, inputs=inputs,
+            platforms=platforms, check=check,
+        )  # fmt: skip

@@ -41,15 +41,20 @@ class GraphsMixin:
     describe: Any  # Layer's
 
     def forward_graph(
-        self, inputs: Sequence[Any], *, is_test: bool = True
+        self, inputs: Sequence[Any], *, is_test: bool = True, as_evaluated: bool = False
     ) -> tuple[Graph, list[str]]:
         """The forward :class:`~fnnc.core.ir.Graph` for inputs like ``inputs`` (arrays or
         specs), with the parameters as extra inputs: ``(graph, parameter ids)``; the
         graph's inputs are the model inputs then those parameters, its outputs the
         model outputs (how :meth:`fnnc.graph.DynamicGraph.evaluate` and model export
-        run a model). For the training-mode forward of a model with dropout or batch
-        norm use :meth:`training_graph`."""
-        built, feed, graph = self._graph(inputs, not is_test, with_updates=False)
+        run a model). ``as_evaluated``: the graph as :meth:`~fnnc.models.Model.evaluate`
+        runs it, after ``compile``'s ``precision`` cast and forward ``passes`` (model
+        export takes this one); else the graph the layers built. For the
+        training-mode forward of a model with dropout or batch norm use
+        :meth:`training_graph`."""
+        built, feed, graph = self._graph(
+            inputs, not is_test, with_updates=False, as_evaluated=as_evaluated
+        )
         if built.ctx.keys or built.ctx.updates:
             raise ModelError(
                 f"model {self.describe()}: forward_graph needs a deterministic forward "
@@ -71,10 +76,12 @@ class GraphsMixin:
         return self.engine._keys(n)
 
     def _graph(
-        self, inputs: Sequence[Any], training: bool, *, with_updates: bool
-    ) -> tuple[Any, Any, Graph]:
+        self, inputs: Sequence[Any], training: bool, *, with_updates: bool,
+        as_evaluated: bool = False,
+    ) -> tuple[Any, Any, Graph]:  # fmt: skip
         """``(build, its feed, graph)``: the model outputs (then the internals' new
-        values ``with_updates``), inputs in the feed's order."""
+        values ``with_updates``), inputs in the feed's order; ``as_evaluated``: after the
+        engine's precision cast and forward passes, as ``forward_program`` runs them."""
         from fnnc.models.batches import as_list
         from fnnc.models.programs import _ordered
 
@@ -84,4 +91,9 @@ class GraphsMixin:
         ctx = built.ctx
         outputs = [*built.outputs, *(ctx.updates.values() if with_updates else ())]
         feed, order = built.feed(tuple(ctx.params))
-        return built, feed, _ordered(ctx.b.build(outputs), order)
+        graph = ctx.b.build(outputs)
+        if as_evaluated:
+            graph = engine.precision(graph) if engine.precision is not None else graph
+            graph, ids = engine.passes.run_forward(graph)
+            order = [ids(i) for i in order]
+        return built, feed, _ordered(graph, order)

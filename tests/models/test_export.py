@@ -130,3 +130,91 @@ def test_an_artifact_for_other_platforms_lowers_the_references(model, tmp_path):
                 model.export(None)
     finally:
         ops.unregister_backend("relu", "cpu_only_relu")
+
+
+def _relu_model(**compile_options):
+    rng = np.random.default_rng(0)
+    x = Input()
+    m = Model(x, Dense(3, name="o")(ReLU()(Dense(8, name="h")(x))))
+    xs = rng.standard_normal((8, 5)).astype(np.float32)
+    m.compile(xs, loss="mse", minimizer=optax.sgd(0.1), **compile_options)
+    return m, xs
+
+
+def _leaky_pass():
+    from fnnc.graph import Pat, Rule, rewrite_pass
+
+    rule = Rule(
+        Pat.op("relu", Pat.var("x")),
+        lambda m: m.exec(ops.leaky_relu(negative_slope=0.5), m["x"]),
+    )
+    return rewrite_pass(rule)
+
+
+def _numpy_forward(m, x, slope):
+    p = {k: np.asarray(v, np.float64) for k, v in m.parameters().items()}
+    h = x @ p["t-h-0-0"].T + p["t-h-0-1"]
+    h = np.where(h > 0, h, slope * h)
+    return h @ p["t-o-0-0"].T + p["t-o-0-1"]
+
+
+@pytest.mark.parametrize("batch", ["b", None])
+def test_export_runs_the_compile_passes_as_evaluate_does(batch):
+    m, xs = _relu_model(passes=[_leaky_pass()])
+    want = _numpy_forward(m, xs, 0.5)  # relu rewritten to leaky_relu(0.5)
+    assert np.abs(want - _numpy_forward(m, xs, 0.0)).max() > 1e-2  # the pass matters here
+    exported = m.export(batch=batch, inputs=[xs])
+    np.testing.assert_allclose(exported.call(xs), want, rtol=1e-5, atol=1e-5)
+
+
+def test_export_of_a_bfloat16_model_computes_in_bfloat16():
+    import jax.numpy as jnp
+
+    m, xs = _relu_model(precision="bfloat16")
+    for kw in ({}, {"inputs": [xs]}, {"batch": None}):
+        exported = m.export(**kw)  # the check against evaluate passes
+    exported = m.export(inputs=[xs])
+    p = {k: jnp.asarray(v, jnp.bfloat16) for k, v in m.parameters().items()}
+    h = jax.nn.relu(jnp.asarray(xs, jnp.bfloat16) @ p["t-h-0-0"].T + p["t-h-0-1"][None])
+    want = np.asarray(h @ p["t-o-0-0"].T + p["t-o-0-1"][None], np.float32)
+    got = np.asarray(exported.call(xs), np.float32)
+    np.testing.assert_allclose(got, want, rtol=2**-7, atol=2**-7)
+    assert np.abs(got - _numpy_forward(m, xs, 0.0)).max() > 1e-4  # not float32 math
+
+
+def test_the_check_runs_on_random_inputs_and_says_why_it_failed(monkeypatch):
+    """A graph without the compile passes agrees with evaluate on zeros (relu and
+    leaky_relu agree at 0 and the biases start at 0), so only random inputs catch it; the
+    model mixes no samples, so the error must not say it does."""
+    m, _ = _relu_model(passes=[_leaky_pass()])
+    built = type(m).forward_graph
+    monkeypatch.setattr(m, "forward_graph", lambda s, **kw: built(m, s))  # the passes left out
+    with pytest.raises(ModelError, match="random example inputs") as info:
+        m.export()
+    assert "mixes samples" not in str(info.value)
+
+
+def test_only_a_model_that_mixes_samples_is_said_to():
+    from fnnc.models import CommandLayer
+
+    x = Input()
+    m = Model(x, CommandLayer(ops.softmax(axis=0))(Dense(3, name="o")(x)))
+    xs = np.random.default_rng(0).standard_normal((4, 5)).astype(np.float32)
+    m.compile(xs, loss="mse", minimizer=optax.sgd(0.1))
+    with pytest.raises(ModelError, match="mixes samples of a batch"):
+        m.export(inputs=[xs])
+    exported = m.export(batch=None, inputs=[xs])
+    np.testing.assert_allclose(exported.call(xs).sum(axis=0), np.ones(3), rtol=1e-5)
+
+
+def test_export_argument_errors_name_what_was_given(tmp_path):
+    m, _ = _relu_model()
+    for bad in ("5", "b c", 3):
+        with pytest.raises(ModelError, match=f"batch={bad!r}; expected the name"):
+            m.export(batch=bad)
+    with pytest.raises(ModelError, match=r"input 0 is float32\[4, 7\], compiled for"):
+        m.export(inputs=[jax.ShapeDtypeStruct((4, 7), np.float32)])
+    with pytest.raises(ModelError, match=r"input 0 is int32\[4, 5\], compiled for"):
+        m.export(inputs=[np.ones((4, 5), np.int32)])
+    with pytest.raises(IsADirectoryError, match="a folder"):
+        m.export(tmp_path)
