@@ -418,7 +418,9 @@ def save(graph: Graph, path: Any, *, name: str | None = None) -> None:
 
     With ``name=`` (or a :class:`fnnc.io.TensorFile` as ``path``), the graph is stored
     under that name in an NNC SQLite tensor file instead, beside its tensors (e.g. a
-    model's parameters), in one transaction.
+    model's parameters), in one transaction. Without ``name=``, an existing SQLite file
+    at ``path`` is refused (:class:`GraphFormatError`), not replaced with JSON: its
+    tensors would be lost.
 
     >>> import os, tempfile
     >>> from fnnc import ops
@@ -434,8 +436,24 @@ def save(graph: Graph, path: Any, *, name: str | None = None) -> None:
     if name is not None or not isinstance(path, (str, os.PathLike)):
         documents.save_to(path, graph, name or "graph")
         return
+    if _is_sqlite(path):
+        raise GraphFormatError(
+            f"save: {os.fspath(path)} is an NNC SQLite tensor file; saving JSON over it "
+            "would lose its tensors. Pass name= to store the graph in it beside them "
+            "(save(graph, path, name='graph'); load(path, name='graph') reads it back), "
+            "or give another path (delete the file first to replace it)"
+        )
     text = json.dumps(to_data(graph), separators=(",", ":"))
     atomic_write(path, text)  # a full disk leaves the old file and no temporary one
+
+
+def _is_sqlite(path: Any) -> bool:
+    """Whether ``path`` holds an SQLite database (an NNC tensor file), by its header."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == b"SQLite format 3\0"
+    except OSError:  # missing or unreadable: nothing of value to lose here
+        return False
 
 
 def load(path: Any, *, name: str | None = None) -> Graph:

@@ -204,3 +204,26 @@ def test_negative_zero_hyper_parameters_are_not_positive_zero(tmp_path):
         np.testing.assert_array_equal(np.asarray(got[1]), want[1])
     save(graph, tmp_path / "g.json")
     assert load(tmp_path / "g.json") == graph
+
+
+def test_save_refuses_to_write_json_over_a_tensor_file(tmp_path):
+    """save(graph, "x.sqlite3") without name= replaced an NNC tensor file (its weights)
+    with JSON; it refuses, saying to pass name=, and the tensors stay readable."""
+    import numpy as np
+
+    from fnnc.io import TensorFile
+
+    path = tmp_path / "model.sqlite3"
+    weights = np.arange(9, dtype=np.float32).reshape(3, 3)
+    with TensorFile(path) as f:
+        f.write("weights", weights)
+    before = path.read_bytes()
+    g = _graph()
+    with pytest.raises(GraphFormatError, match=r"SQLite tensor file.*Pass name=") as info:
+        save(g, str(path))
+    assert str(path) in str(info.value)
+    assert path.read_bytes() == before
+    save(g, str(path), name="graph")  # what the error says to do works
+    assert load(str(path), name="graph") == g
+    with TensorFile(path) as f:
+        np.testing.assert_array_equal(f.read("weights"), weights)
