@@ -98,3 +98,18 @@ class DataError(FnncError, ValueError):
     >>> issubclass(DataError, ValueError)
     True
     """
+
+
+def located(error: FnncError, where: str) -> FnncError:
+    """``error`` with `` (where)`` after its message, as the same kind of error (so
+    ``except UnknownCommandError`` still catches it): how a loader names the file an
+    error came from.
+
+    >>> located(GraphError("verify: output %9 is never written"), "file g.json")
+    GraphError('verify: output %9 is never written (file g.json)')
+    """
+    message = f"{error} ({where})"
+    try:
+        return type(error)(message)
+    except TypeError:  # a subclass with its own constructor: the base kind, still an FnncError
+        return GraphFormatError(message)

@@ -36,7 +36,7 @@ from fnnc.core.command import Command, OpDef, Spec, freeze, lookup, output_specs
 from fnnc.core.files import atomic_write
 from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol
 from fnnc.core.params import expected_kind, param_fits
-from fnnc.errors import CheckpointError, FnncError, GraphFormatError, RuleError
+from fnnc.errors import CheckpointError, FnncError, GraphFormatError, RuleError, located
 from fnnc.graph.verify import verify
 from fnnc.io import documents, tree
 from fnnc.ops import Literal
@@ -333,6 +333,7 @@ def from_data(data: Any) -> Graph:
             tuple(map(int, data["outputs"])),
             _dec_tree(data.get("out_tree"), len(data["outputs"])),
         )
+        _check_ids(graph)
     except FnncError:
         raise
     except (KeyError, TypeError, ValueError) as e:
@@ -350,6 +351,24 @@ def from_data(data: Any) -> Graph:
         raise GraphFormatError(
             _rule_failure(graph) or f"load: the graph does not verify ({type(e).__name__}: {e})"
         ) from None
+
+
+def _check_ids(graph: Graph) -> None:
+    """Every symbol id the file names is one of its symbols (shape rules and verify
+    would index past them, or, for a negative id, count from the end)."""
+    n = len(graph.symbols)
+    named = [(f"symbol %{s.id}: root", [s.root]) for s in graph.symbols if s.is_alias]
+    for i, node in enumerate(graph.nodes):
+        where = f"node {i} ({node.name or node.cmd.name})"
+        named += [(f"{where}: input", node.inputs), (f"{where}: output", node.outputs)]
+    named += [("graph input", graph.inputs), ("graph output", graph.outputs)]
+    for where, ids in named:
+        bad = [k for k in ids if not 0 <= k < n]
+        if bad:
+            raise GraphFormatError(
+                f"load: {where} {bad[0]} is not a symbol id: the file has {n} symbols "
+                f"(%0..%{n - 1}); fix the id in the file or save the graph again"
+            )
 
 
 def _rule_failure(graph: Graph) -> str | None:
@@ -478,8 +497,8 @@ def load(path: Any, *, name: str | None = None) -> Graph:
         ) from None
     try:
         return from_data(data)
-    except GraphFormatError as e:
-        raise GraphFormatError(f"{e} (file {os.fspath(path)})") from None
+    except FnncError as e:  # unknown commands and verify's errors too, each of its kind
+        raise located(e, f"file {os.fspath(path)}") from None
 
 
 documents.register_format(documents.Format(FORMAT, Graph, to_data, from_data))

@@ -28,7 +28,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from fnnc.errors import GraphFormatError, TensorFileError
+from fnnc.errors import FnncError, GraphFormatError, TensorFileError, located
 from fnnc.io.parameters import Source, opened
 from fnnc.io.tensor_file import TensorFile
 
@@ -135,8 +135,8 @@ def load_from(source: Source, name: str) -> Any:
             )
         try:
             return fmt.from_data(data)
-        except GraphFormatError as e:
-            raise GraphFormatError(f"{e} (graph {name!r} in {f.path})") from None
+        except FnncError as e:  # unknown commands and verify's errors too, each of its kind
+            raise located(e, f"graph {name!r} in {f.path}") from None
         except RecursionError:
             raise GraphFormatError(
                 f"load_from: graph {name!r} in {f.path} is nested too deeply to be a graph"

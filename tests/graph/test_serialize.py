@@ -1,12 +1,14 @@
 """save/load round trips (constants, aliases, output trees) and rejection of non-graphs."""
 
+import contextlib
 import json
+import sqlite3
 
 import jax
 import pytest
 
 from fnnc import ops
-from fnnc.errors import GraphFormatError, UnknownCommandError
+from fnnc.errors import GraphError, GraphFormatError, UnknownCommandError
 from fnnc.graph import GraphBuilder, from_data, interpret, load, save, to_data
 from tests.helpers import assert_close, rand
 
@@ -227,3 +229,54 @@ def test_save_refuses_to_write_json_over_a_tensor_file(tmp_path):
     assert load(str(path), name="graph") == g
     with TensorFile(path) as f:
         np.testing.assert_array_equal(f.read("weights"), weights)
+
+
+def _file_with(tmp_path, edit):
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(_edited(edit)))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("edit", "kind", "message"),
+    [
+        (lambda d: d["nodes"][0]["cmd"].update(name="gemm9"), UnknownCommandError, "'gemm9'"),
+        (lambda d: d["symbols"][2].update(shape=[2, 5]), GraphError, r"declares %2 \(fc\)"),
+        (lambda d: d["symbols"][2].update(dtype="int32"), GraphError, r"%2 \(fc\)"),
+    ],
+)
+def test_every_load_error_names_the_file_and_keeps_its_kind(tmp_path, edit, kind, message):
+    """Only GraphFormatError named the file; an unknown command (a file from a newer
+    fnnc) or a verify failure did not. Each names it now and stays its own kind."""
+    path = _file_with(tmp_path, edit)
+    with pytest.raises(kind, match=message) as info:
+        load(path)
+    assert type(info.value) is kind and f"(file {path})" in str(info.value)
+    tensors = tmp_path / "t.sqlite3"  # the same graph in a tensor file
+    save(_graph(), tensors, name="g")
+    with contextlib.closing(sqlite3.connect(tensors)) as db, db:
+        db.execute("UPDATE fnnc_graphs SET data=? WHERE name='g'", (path.read_text(),))
+    with pytest.raises(kind, match=message) as info:
+        load(tensors, name="g")
+    assert type(info.value) is kind and "(graph 'g' in " in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("edit", "where", "bad"),
+    [
+        (lambda d: d["nodes"][0].update(inputs=[0, 7]), "node 0 (fc): input", 7),
+        (lambda d: d["nodes"][0].update(inputs=[-1, 1]), "node 0 (fc): input", -1),
+        (lambda d: d["nodes"][0].update(outputs=[3]), "node 0 (fc): output", 3),
+        (lambda d: d.update(outputs=[9]), "graph output", 9),
+        (lambda d: d.update(inputs=[0, 5]), "graph input", 5),
+    ],
+)
+def test_an_out_of_range_symbol_id_is_reported_as_such(tmp_path, edit, where, bad):
+    """A node input past the symbols was reported as 'gemm cannot take the file's
+    parameters {}' (the shape rule's IndexError), and -1 silently meant the last symbol."""
+    path = _file_with(tmp_path, edit)
+    with pytest.raises(GraphFormatError) as info:
+        load(path)
+    message = str(info.value)
+    assert f"load: {where} {bad} is not a symbol id: the file has 3 symbols (%0..%2)" in message
+    assert "parameters" not in message and f"(file {path})" in message
