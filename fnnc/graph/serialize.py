@@ -11,8 +11,10 @@ Generic ``primitive`` nodes (JAX primitives carried by ``trace``) are saved thro
 ``{"$stablehlo": base64, "sha256": ...}`` (StableHLO bytes, versioned by JAX, with its
 first-order VJP), so any traced graph saves, loads and runs with the same outputs. A
 gradient node of a primitive is saved as ``gradient[of=exported]``, its module keeping
-one more VJP order per gradient level, so every graph ``backward`` makes saves too. The
-checksum is verified before the bytes are parsed; a file never names Python code.
+one more VJP order per gradient level, so every graph ``backward`` makes saves too. A
+module loaded from a file holds only the orders its file had: ``backward`` of a graph
+that needs more raises :class:`~fnnc.errors.CommandError` saying so. The checksum is
+verified before the bytes are parsed; a file never names Python code.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ import numpy as np
 from jax import lax
 
 from fnnc.core.command import Command, Spec, defcommand, make_command
+from fnnc.ops.autodiff import order_checks
 
 _SHOWN = (bool, int, float, str, type(None), np.dtype)
 
@@ -174,7 +175,26 @@ def primitive_command(
     )
 
 
-@defcommand(family="generic", shape=_shape, min_inputs=0)
+def _vjp_orders(cmd: Command, order: int) -> str | None:
+    """Why an ``exported`` node's module cannot be differentiated ``order`` times: a
+    module loaded from a file holds only the VJP orders saved with it."""
+    module, held = cmd.param("module").value, 0
+    while held < order and module.has_vjp():
+        module, held = module.vjp(), held + 1
+    if held >= order:
+        return None
+    return (
+        f"its StableHLO module holds {held} VJP order(s) and this gradient needs {order}. "
+        "A module loaded from a file keeps only the orders its file had, one per gradient "
+        "level of the graph that was saved; to differentiate further, take the backward "
+        "of the graph as traced (fnnc.graph.trace, before any save/load) and save the "
+        "result, or differentiate before saving"
+    )
+
+
+@defcommand(
+    family="generic", shape=_shape, min_inputs=0, backward_check=lambda c: _vjp_orders(c, 1)
+)
 def exported(*inputs, module, out_specs):
     """A serialized computation (``jax.export.Exported``, StableHLO) as one node.
 
@@ -185,6 +205,9 @@ def exported(*inputs, module, out_specs):
     """
     outs = module.value.call(*inputs)
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+order_checks["exported"] = _vjp_orders
 
 
 def export_command(cmd: Command, in_specs: Sequence[Spec]) -> Command:
