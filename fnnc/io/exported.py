@@ -40,6 +40,20 @@ def load_exported(path: str | os.PathLike[str]) -> jax.export.Exported:
         ) from None
 
 
+def _argument(label: str, arg: object) -> list[str]:
+    """The lines of one argument: an array, a flat dict of them (the parameters of an
+    artifact that takes them), or any other pytree, one line per array at its path."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(arg)
+    if len(leaves) == 1 and not leaves[0][0]:
+        return [f"  {label}  {_aval(arg)}"]
+    if isinstance(arg, dict) and all(len(path) == 1 for path, _ in leaves):
+        head = f"  {label}  parameters, a dict of {len(arg)}:"
+        return [head, *(f"         {name}: {_aval(aval)}" for name, aval in arg.items())]
+    head = f"  {label}  a {type(arg).__name__} of {len(leaves)} array(s):"
+    rows = [f"         {jax.tree_util.keystr(path)}: {_aval(aval)}" for path, aval in leaves]
+    return [head, *rows]
+
+
 def _aval(aval: object) -> str:
     shape = ",".join(str(d) for d in getattr(aval, "shape", ()))
     return f"{getattr(aval, 'dtype', '?')}[{shape}]"
@@ -47,29 +61,28 @@ def _aval(aval: object) -> str:
 
 def describe_exported(path: str | os.PathLike[str]) -> list[str]:
     """The lines ``inspect`` prints for an artifact: name, inputs (with parameter ids
-    when they are passed in), outputs, platforms, symbolic dimensions.
+    when they are passed in; the path of each array in a nested argument; keyword
+    arguments as ``name=``), outputs, platforms, symbolic dimensions.
 
     Raises:
         TensorFileError: the file is not a serialized ``jax.export`` module.
     """
     exported = load_exported(path)
-    leaves = jax.tree_util.tree_unflatten(exported.in_tree, exported.in_avals)
-    args, _ = leaves
+    args, kwargs = jax.tree_util.tree_unflatten(exported.in_tree, exported.in_avals)
     lines = [
         f"{os.fspath(path)}: jax.export artifact, function {exported.fun_name}, "
         f"calling convention {exported.calling_convention_version}",
         "inputs:",
     ]
     for k, arg in enumerate(args):
-        if isinstance(arg, dict):
-            lines.append(f"  [{k}]  parameters, a dict of {len(arg)}:")
-            lines += [f"         {name}: {_aval(aval)}" for name, aval in arg.items()]
-        else:
-            lines.append(f"  [{k}]  {_aval(arg)}")
+        lines += _argument(f"[{k}]", arg)
+    for name, arg in kwargs.items():
+        lines += _argument(f"{name}=", arg)
     lines.append("outputs:")
     lines += [f"  [{k}]  {_aval(aval)}" for k, aval in enumerate(exported.out_avals)]
     symbols = sorted({str(d) for a in exported.in_avals for d in a.shape if not isinstance(d, int)})
     lines.append(f"platforms: {', '.join(exported.platforms)}")
     lines.append(f"symbolic dimensions: {', '.join(symbols) or 'none'}")
-    lines.append("run: jax.export.deserialize(bytearray(open(path, 'rb').read())).call(*inputs)")
+    call = "*inputs, **keyword_inputs" if kwargs else "*inputs"
+    lines.append(f"run: jax.export.deserialize(bytearray(open(path, 'rb').read())).call({call})")
     return lines

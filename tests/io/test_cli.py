@@ -121,3 +121,32 @@ def test_a_reader_that_stops_early_ends_inspect_quietly(tmp_path):
     assert first[0].decode().endswith("1500 tensors, 5.9 KiB of data\n")
     assert "Traceback" not in err and "BrokenPipeError" not in err and err == "", err
     assert status == 141
+
+
+def test_inspect_shows_nested_pytree_arguments_and_keywords(tmp_path, capsys):
+    """Nested arguments printed as '?[]' and keyword arguments were left out. The oracle
+    is jax's own flattening of the signature: one line per array, at its key path."""
+    import jax
+    import jax.numpy as jnp
+
+    from fnnc.io.cli import main
+
+    f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+    params = {"dense": {"w": f32(3, 2), "b": f32(2)}}
+    xs = (f32(4, 3), jax.ShapeDtypeStruct((4,), jnp.int32))
+
+    def fn(p, xs, scale=1.0):
+        return (xs[0] @ p["dense"]["w"] + p["dense"]["b"][None]) * scale
+
+    exported = jax.export.export(jax.jit(fn))(params, xs, scale=f32())
+    (path := tmp_path / "nested.jax").write_bytes(exported.serialize())
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    for arg in (params, xs):
+        for key, spec in jax.tree_util.tree_flatten_with_path(arg)[0]:
+            shape = ",".join(map(str, spec.shape))
+            assert f"{jax.tree_util.keystr(key)}: {spec.dtype}[{shape}]" in out
+    assert "[0]  a dict of 2 array(s):" in out and "[1]  a tuple of 2 array(s):" in out
+    assert "['dense']['w']: float32[3,2]" in out and "[1]: int32[4]" in out
+    assert "scale=  float32[]" in out and ".call(*inputs, **keyword_inputs)" in out
+    assert "?[" not in out
