@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import inspect
-import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -58,7 +57,7 @@ from fnnc.core.opdef import (
     registry,
     vjp_backward,
 )
-from fnnc.core.params import FITS, expected_kind, param_fits
+from fnnc.core.params import FITS, expected_kind, freeze, param_fits
 from fnnc.errors import CommandError, FnncError, RuleError
 
 __all__ = [  # the definitions' names, re-exported: commands are imported from here
@@ -90,58 +89,6 @@ CALL_HOOK: contextvars.ContextVar[Callable[[Command, tuple[Any, ...]], Any] | No
 )
 """While set (by :func:`fnnc.graph.pattern_functions.commands_as_nodes`), calling a
 command goes through it first; ``NotImplemented`` falls back to running it."""
-
-
-_NAN = float("nan")
-
-
-class _NegativeZero(float):
-    """``-0.0`` as a hyper-parameter. Python holds ``0.0 == -0.0`` (one hash), yet
-    ``scalar_mul(a=-0.0)`` gives ``-0.0`` where ``a=0.0`` gives ``0.0`` and ``1 / x``
-    tells them apart: as equal commands they shared compiled programs, kernels and CSE
-    nodes, so whichever ran first answered for both. This value is equal only to a
-    negative zero (JAX takes it as the float it is)."""
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, float) and other == 0.0 and math.copysign(1.0, other) < 0
-
-    def __ne__(self, other: object) -> bool:
-        return not self.__eq__(other)
-
-    def __hash__(self) -> int:
-        return hash((float, "-0.0"))
-
-    def __repr__(self) -> str:
-        return "-0.0"
-
-    def __reduce__(self) -> tuple[Any, tuple[float]]:
-        return (freeze, (-0.0,))
-
-
-_NEGATIVE_ZERO = _NegativeZero(-0.0)
-
-
-def freeze(value: Any) -> Hashable:
-    """Makes a hyper-parameter hashable: lists become tuples, dtypes become np.dtype."""
-    if isinstance(value, (list, tuple)):
-        return tuple(freeze(v) for v in value)
-    if isinstance(value, np.ndarray):
-        raise CommandError("array hyper-parameters are not allowed; use fnnc.ops.constant")
-    if isinstance(value, np.dtype):
-        return value
-    if isinstance(value, float) and value != value:
-        return _NAN  # one NaN object: NaN != NaN, but equal tuples compare items by identity
-    if isinstance(value, float) and value == 0.0 and math.copysign(1.0, value) < 0:
-        return _NEGATIVE_ZERO
-    if isinstance(value, type) and issubclass(value, np.generic):
-        return np.dtype(value)
-    if hasattr(value, "dtype") and not hasattr(value, "shape"):  # jnp.float32 and kin
-        return np.dtype(value.dtype)
-    try:
-        hash(value)
-    except TypeError:
-        raise CommandError(f"hyper-parameter {value!r} is not hashable") from None
-    return value
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """Which kinds of value a command's hyper-parameters take: judged by each parameter's
 default (an int for an int, a number for a float, ...), so that ``concat(axis="x")``
 is refused where the command is made, with the kind it expects, instead of failing
-in its shape rule. :func:`make_command` and the graph-file loader ask here.
+in its shape rule. :func:`make_command` and the graph-file loader ask here. It also
+holds :func:`freeze`, which makes a hyper-parameter hashable.
 
 >>> from fnnc.core.command import lookup
 >>> param_fits(lookup("concat"), "axis", "x"), expected_kind(lookup("concat"), "axis")
@@ -10,11 +11,14 @@ in its shape rule. :func:`make_command` and the graph-file loader ask here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
+
+from fnnc.errors import CommandError
 
 if TYPE_CHECKING:
     from fnnc.core.command import OpDef
@@ -86,3 +90,55 @@ def expected_kind(opdef: OpDef, key: str) -> str:
     """What :func:`param_fits` accepts for ``key``, in words (``"an int"``)."""
     accepted = _accepted(opdef, key)
     return "any value" if accepted is None else accepted[1]
+
+
+_NAN = float("nan")
+
+
+class _NegativeZero(float):
+    """``-0.0`` as a hyper-parameter. Python holds ``0.0 == -0.0`` (one hash), yet
+    ``scalar_mul(a=-0.0)`` gives ``-0.0`` where ``a=0.0`` gives ``0.0`` and ``1 / x``
+    tells them apart: as equal commands they shared compiled programs, kernels and CSE
+    nodes, so whichever ran first answered for both. This value is equal only to a
+    negative zero (JAX takes it as the float it is)."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, float) and other == 0.0 and math.copysign(1.0, other) < 0
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def __hash__(self) -> int:
+        return hash((float, "-0.0"))
+
+    def __repr__(self) -> str:
+        return "-0.0"
+
+    def __reduce__(self) -> tuple[Any, tuple[float]]:
+        return (freeze, (-0.0,))
+
+
+_NEGATIVE_ZERO = _NegativeZero(-0.0)
+
+
+def freeze(value: Any) -> Hashable:
+    """Makes a hyper-parameter hashable: lists become tuples, dtypes become np.dtype."""
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    if isinstance(value, np.ndarray):
+        raise CommandError("array hyper-parameters are not allowed; use fnnc.ops.constant")
+    if isinstance(value, np.dtype):
+        return value
+    if isinstance(value, float) and value != value:
+        return _NAN  # one NaN object: NaN != NaN, but equal tuples compare items by identity
+    if isinstance(value, float) and value == 0.0 and math.copysign(1.0, value) < 0:
+        return _NEGATIVE_ZERO
+    if isinstance(value, type) and issubclass(value, np.generic):
+        return np.dtype(value)
+    if hasattr(value, "dtype") and not hasattr(value, "shape"):  # jnp.float32 and kin
+        return np.dtype(value.dtype)
+    try:
+        hash(value)
+    except TypeError:
+        raise CommandError(f"hyper-parameter {value!r} is not hashable") from None
+    return value
