@@ -45,6 +45,7 @@ ALL_INPUTS = Uses()
 NOTHING = Uses(inputs=())
 
 
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Attributes:
     """Facts about a command that passes and kernels read (never name lists in a pass).
@@ -162,9 +163,48 @@ class OpDef:
         the inputs whose gradients are asked for; the derived backward differentiates
         only those, a hand-written one may compute the others too.
         """
-        if self.backward_fn is not None:
-            return tuple(self.backward_fn(tuple(grads), tuple(inputs), tuple(outputs), **params))
-        return vjp_backward(self.forward, grads, inputs, wants, **params)
+        if self.backward_fn is None:
+            return vjp_backward(self.forward, grads, inputs, wants, **params)
+        args = (tuple(grads), tuple(inputs), tuple(outputs))
+        try:
+            result = self.backward_fn(*args, **params)
+        except TypeError as e:
+            try:
+                inspect.signature(self.backward_fn).bind(*args, **params)
+            except TypeError:
+                called = "".join(f", {k}=..." for k in params)
+                shown = "".join(f", {k}={v!r}" for k, v in self.param_defaults.items())
+                want = f", *{shown}) or with **params" if shown else ")"
+                raise CommandError(
+                    f"{self.name}: its backward {_name(self.backward_fn)} cannot be called "
+                    f"as backward(grads, inputs, outputs{called}) ({e}); the hyper-parameters "
+                    f"come as keywords: write def backward(grads, inputs, outputs{want}"
+                ) from e
+            raise
+        return self._gradients(result, len(args[1]))
+
+    def _gradients(self, result: Any, n: int) -> tuple[Any, ...]:
+        """``result`` of the hand-written backward as a tuple of ``n`` gradients, else a
+        :class:`CommandError`: a bare array would be split along its first axis, and a
+        tuple of the wrong length would pair gradients with the wrong inputs."""
+        if isinstance(result, (tuple, list)) and len(result) == n:
+            return tuple(result)
+        if isinstance(result, (tuple, list)):
+            got = f"{len(result)} value(s)"
+        elif hasattr(result, "shape") and hasattr(result, "dtype"):
+            got = f"a bare array {result.dtype}{list(result.shape)}, not a tuple"
+        else:
+            got = f"{result!r:.60} ({type(result).__name__})"
+        nones = ", ".join(["g"] + ["None"] * (n - 1)) + ("," if n == 1 else "")
+        raise CommandError(
+            f"{self.name}: its backward {_name(self.backward_fn)} returned {got}; expected "
+            f"a tuple with exactly one gradient per input ({n}), None for an input without "
+            f"one, e.g. return ({nones})"
+        )
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
 
 
 _REGISTRY: dict[str, OpDef] = {}
