@@ -210,15 +210,24 @@ def output_specs(cmd: Command, specs: Sequence[Spec]) -> tuple[Spec, ...]:
         out = opdef.shape(*specs, **cmd.kwargs)
     except FnncError:
         raise
-    except (TypeError, ValueError, IndexError, KeyError, AttributeError, ZeroDivisionError) as e:
-        # the rule choked on its parameters: a user's mistake, so a named error, not a trace
+    except Exception as e:
+        # the rule choked on its parameters (a user's mistake) or is itself broken (a
+        # user's rule): a named error either way, not a trace from inside the rule
         shown = ", ".join(spec_text(s) for s in specs) or "none"
         raise RuleError(
             f"{cmd}: the shape rule of {cmd.name} cannot take the parameters "
             f"{cmd.kwargs!r:.200} with inputs {shown} ({type(e).__name__}: {e}); "
-            f"give parameters that fit {cmd.name}{inspect.signature(opdef.forward)}"
+            f"give parameters that fit {cmd.name}{inspect.signature(opdef.forward)}, or "
+            "fix the rule if it is yours"
         ) from e
-    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    if not all(hasattr(o, "shape") and hasattr(o, "dtype") for o in outs):
+        raise RuleError(
+            f"{cmd}: the shape rule of {cmd.name} returned {out!r:.120}; a rule returns "
+            "the output's jax.ShapeDtypeStruct(shape, dtype), or a tuple of them for "
+            "several outputs (did it forget a return?)"
+        )
+    return outs
 
 
 def spec_text(spec: Any) -> str:
