@@ -401,11 +401,33 @@ def _compiled(
         token = _REFERENCE_ONLY.set(references)  # as keyed, whenever jit traces
         try:
             with matmul_precision_scope(precision):
-                return forward(*args, **kwargs)
+                result = forward(*args, **kwargs)
         finally:
             _REFERENCE_ONLY.reset(token)
+        _check_result(cmd, backend, args, result)  # while tracing: free at run time
+        return result
 
     return jax.jit(run)
+
+
+def _check_result(cmd: Command, backend: str, args: Sequence[Any], result: Any) -> None:
+    """A :class:`CommandError` unless ``result`` is as many arrays, of the shapes and
+    dtypes, as ``cmd``'s shape rule gives for ``args``."""
+    specs = [None if a is None else Spec(tuple(a.shape), a.dtype) for a in args]
+    want = output_specs(cmd, specs)
+    outs = result if isinstance(result, tuple) else (result,)
+    if len(outs) == len(want) and all(
+        tuple(o.shape) == tuple(w.shape) and np.dtype(o.dtype) == np.dtype(w.dtype)
+        for o, w in zip(outs, want)
+    ):
+        return
+    part = "backward" if lookup(cmd.name).backward_node is not None else "forward"
+    raise CommandError(
+        f"{cmd}: its {part} ({backend!r} backend) returned {len(outs)} value(s) "
+        f"({', '.join(spec_text(o) for o in outs) or 'nothing'}), but its shape rule gives "
+        f"{len(want)} ({', '.join(spec_text(w) for w in want)}) for inputs "
+        f"{[spec_text(s) for s in specs]}; make the {part} return what the rule says"
+    )
 
 
 def as_arrays(values: Sequence[Any], where: str) -> tuple[Any, ...]:

@@ -17,6 +17,7 @@ import numpy as np
 from jax import lax
 
 from fnnc.core.ir import AliasSymbol, Graph, Node, contiguous_strides
+from fnnc.core.text import format_graph
 from fnnc.errors import GraphError
 
 NodeRunner = Callable[[int, Node, list[Any]], Sequence[Any]]
@@ -93,6 +94,7 @@ def run_nodes(graph: Graph, args: Sequence[Any], run_node: NodeRunner) -> list[A
 
     for index, node in enumerate(graph.nodes):
         outs = run_node(index, node, [read(s, index) for s in node.inputs])
+        check_results(graph, index, outs)
         for sid, value in zip(node.outputs, outs):
             sym = symbols[sid]
             if isinstance(sym, AliasSymbol):
@@ -103,6 +105,32 @@ def run_nodes(graph: Graph, args: Sequence[Any], run_node: NodeRunner) -> list[A
             else:
                 env[sid] = value
     return [read(s) for s in graph.outputs]
+
+
+def check_results(graph: Graph, index: int, outs: Sequence[Any], where: str = "") -> None:
+    """Raises :class:`GraphError` unless node ``index``'s results ``outs`` are as many,
+    and of the shapes and dtypes, as its output symbols declare (what its command's
+    shape rule gave). Under ``jit`` it runs while tracing, so a compiled program pays
+    nothing for it at run time."""
+    node = graph.nodes[index]
+    if len(outs) == len(node.outputs) and all(
+        tuple(v.shape) == graph.symbols[s].shape
+        and np.dtype(v.dtype) == np.dtype(graph.symbols[s].dtype)
+        for s, v in zip(node.outputs, outs)
+    ):
+        return
+    got = ", ".join(f"{np.dtype(v.dtype).name}{list(v.shape)}" for v in outs) or "nothing"
+    want = ", ".join(
+        f"{graph.label(s)}: {np.dtype(graph.symbols[s].dtype).name}{list(graph.symbols[s].shape)}"
+        for s in node.outputs
+    )
+    part = "backward" if node.cmd.definition.backward_node is not None else "forward"
+    raise GraphError(
+        f"{where + ': ' if where else ''}node {index} ({node.name or node.cmd.name}): "
+        f"{node.cmd} produced {len(outs)} value(s) ({got}), declared {len(node.outputs)} "
+        f"({want}): the command's shape rule disagrees with its {part}; make the {part} "
+        f"return what the rule says\n{format_graph(graph, mark=index, window=3)}"
+    )
 
 
 def as_tuple(out: Any) -> tuple[Any, ...]:

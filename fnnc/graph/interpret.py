@@ -11,7 +11,7 @@ import numpy as np
 
 from fnnc import config
 from fnnc.core.dispatch import REFERENCE, compiled_forward, reference_only
-from fnnc.core.evaluate import as_tuple, run_nodes
+from fnnc.core.evaluate import as_tuple, check_results, run_nodes
 from fnnc.core.ir import Graph, Node, require_graph
 from fnnc.core.text import format_graph
 from fnnc.errors import FnncError, GraphError
@@ -95,15 +95,7 @@ def interpret(graph: Graph, *args: Any, on_node: OnNode | None = None) -> Any:
                 f"interpret: node {index} ({node.name or node.cmd.name}) failed: {e}\n"
                 f"{format_graph(graph, mark=index, window=3)}"
             ) from e
-        for sid, value in zip(node.outputs, outs):
-            sym = graph.symbol(sid)
-            if tuple(value.shape) != sym.shape or np.dtype(value.dtype) != np.dtype(sym.dtype):
-                raise GraphError(
-                    f"interpret: node {index} ({node.cmd}) produced "
-                    f"{np.dtype(value.dtype).name}{list(value.shape)} for {graph.label(sid)}, "
-                    f"declared {np.dtype(sym.dtype).name}{list(sym.shape)}: the command's shape "
-                    f"rule disagrees with its forward\n{format_graph(graph, mark=index, window=3)}"
-                )
+        check_results(graph, index, outs, "interpret")  # before on_node sees them
         if blame is not None:
             check_node(graph, index, inputs, outs, "interpret", blame)
         if on_node is not None:
