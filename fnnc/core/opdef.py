@@ -45,6 +45,34 @@ ALL_INPUTS = Uses()
 NOTHING = Uses(inputs=())
 
 
+class SpecOnly:
+    """A forward tensor a backward gets without its values (not named in ``uses=``):
+    its ``shape``, ``dtype``, ``size`` and ``ndim`` only. Reading its values raises
+    :class:`CommandError` with ``error``, which says what to add to ``uses=``; a plain
+    ``jax.ShapeDtypeStruct`` would be taken by JAX as a constant and fail only when the
+    program is lowered, naming no command."""
+
+    __slots__ = ("dtype", "error", "shape")
+
+    def __init__(self, shape: Sequence[int], dtype: Any, error: str = "") -> None:
+        self.shape, self.dtype, self.error = tuple(shape), np.dtype(dtype), error
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __jax_array__(self) -> Any:
+        raise CommandError(self.error or f"{self!r} has no values")
+
+    __array__ = __jax_array__
+
+    def __repr__(self) -> str:
+        return f"SpecOnly({self.dtype.name}{list(self.shape)})"
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Attributes:
