@@ -4,8 +4,12 @@ The fusion pass (:func:`fnnc.graph.passes.fuse`) turns a chain such as a bias ``
 followed by ``gelu`` into one node whose hyper-parameter ``body`` is the chain as a
 sub-graph. The reference forward runs the body's commands (their reference forwards)
 inside one function, so XLA sees the whole chain at once; a Pallas backend can
-generate one kernel from the body. The backward is derived (``jax.vjp`` of the
-forward), so it sees through the whole chain too.
+generate one kernel from the body. The backward runs the members' own backwards
+(hand-written ones with their hyper-parameters, derived ones otherwise) in reverse
+order, recomputing the members' forwards it needs (elementwise, so cheap), inside one
+function: fusing before the ``backward`` pass gives exactly the gradients of the
+unfused graph (``relu``'s 0 at 0, a straight-through estimator's identity), and XLA
+still sees the whole chain.
 
 Listings print the body's commands in order: ``fused_elementwise[add, gelu]``.
 """
@@ -16,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from fnnc.core.command import Command, Spec, defcommand
+from fnnc.core.command import Command, Spec, defcommand, vjp_backward
 from fnnc.errors import ShapeError
 from fnnc.ops._rules import show
-from fnnc.ops._subgraph import run_graph
+from fnnc.ops._subgraph import run_graph, run_graph_nnc
 
 
 def _body_shape(*specs: Spec, body: Any) -> Spec | tuple[Spec, ...]:
@@ -60,3 +64,19 @@ def fused_elementwise(*inputs, body):
     """
     outs = run_graph(body, inputs, backends=False)
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+@fused_elementwise.backward
+def _fused_elementwise_backward(grads, inputs, outputs, *, body):
+    """``jax.vjp`` of the body run with each member's backward as its derivative
+    (:func:`~fnnc.ops._subgraph.run_graph_nnc`); outputs without a gradient are left out,
+    so the members that only they need get none, as in the unfused graph."""
+    keep = [k for k, g in enumerate(grads) if g is not None]
+    if not keep:
+        return (None,) * len(inputs)
+
+    def forward(*xs):
+        outs = run_graph_nnc(body, xs)
+        return tuple(outs[k] for k in keep)
+
+    return vjp_backward(forward, [grads[k] for k in keep], inputs)
