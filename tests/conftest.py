@@ -104,8 +104,11 @@ def restore_registries():
     dispatch.TABLE.clear()
     dispatch._bump()
     yield
-    for name in [n for n in command._REGISTRY if n not in commands]:
-        del command._REGISTRY[name]
+    changed = [n for n, d in command._REGISTRY.items() if commands.get(n) is not d]
+    command._REGISTRY.clear()  # new commands go, replaced ones come back
+    command._REGISTRY.update(commands)
+    for name in changed:
+        command._forget(name)
     dispatch._BACKENDS.clear()
     dispatch._BACKENDS.update(backends)
     dispatch._bump()

@@ -257,10 +257,23 @@ class _Factory:
     def backward(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Decorator: registers ``fn`` as the hand-written backward of this command."""
         _REGISTRY[self._opdef.name] = dataclasses.replace(self.definition, backward_fn=fn)
+        _forget(self._opdef.name)
         return fn
 
     def __repr__(self) -> str:
         return f"<fnnc command factory {self._opdef.name}>"
+
+
+def _forget(name: str) -> None:
+    """Drops what caches hold of the old definition of command ``name``: the kinds its
+    parameters were judged to take, and (by moving the dispatch generation) compiled
+    forwards, backends and compiled programs, so nothing runs the stale definition."""
+    for key in [k for k in FITS if k[0] == name]:
+        del FITS[key]
+    # dispatch imports this module; the edge back stays inside the core package.
+    from fnnc.core import dispatch
+
+    dispatch._bump()
 
 
 def defcommand(
@@ -280,6 +293,7 @@ def defcommand(
     display: Callable[[Command], str] | None = None,
     backward_check: Callable[[Command], str | None] | None = None,
     backward_node: BackwardNode | None = None,
+    replace: bool = False,
 ) -> Callable[[Callable[..., Any]], _Factory]:
     """Registers a command whose reference forward is the decorated function.
 
@@ -306,6 +320,10 @@ def defcommand(
             not later when the gradient graph runs.
         backward_node: set only on a command that runs another command's backward
             (``gradient``); see :class:`BackwardNode`.
+        replace: replace a command already registered under this name (a notebook cell
+            defining it run again; a built-in command too) instead of raising
+            :class:`~fnnc.errors.CommandError`. Existing command values and graphs that
+            name it run the new definition; its registered backends stay.
     """
 
     def decorate(forward: Callable[..., Any]) -> _Factory:
@@ -323,8 +341,16 @@ def defcommand(
             else:
                 optional += 1
         cmd_name = name or forward.__name__
-        if cmd_name in _REGISTRY:
-            raise CommandError(f"command {cmd_name!r} is registered twice")
+        old = _REGISTRY.get(cmd_name)
+        if old is not None and not replace:
+            where = f"{old.forward.__module__}.{old.forward.__qualname__}"
+            builtin = old.forward.__module__.startswith("fnnc.")
+            what = "this built-in command everywhere" if builtin else "it (a cell run again)"
+            raise CommandError(
+                f"command {cmd_name!r} is registered twice (first by {where}); pass "
+                f"defcommand(..., replace=True) to replace {what}, or give the new one "
+                "another name= (fnnc.ops.registry() lists the names in use)"
+            )
         _REGISTRY[cmd_name] = OpDef(
             name=cmd_name,
             family=family,
@@ -350,6 +376,8 @@ def defcommand(
             backward_check=backward_check,
             backward_node=backward_node,
         )
+        if old is not None:
+            _forget(cmd_name)
         return _Factory(_REGISTRY[cmd_name])
 
     return decorate

@@ -61,15 +61,15 @@ def run_graph_nnc(graph: Graph, args: Sequence[Any]) -> list[Any]:
     """
 
     def run_node(index: int, node: Node, inputs: list[Any]) -> tuple[Any, ...]:
-        return _nnc_differentiable(node.cmd)(*inputs)
+        return _nnc_differentiable(node.cmd, node.cmd.definition)(*inputs)
 
     return run_nodes(graph, args, run_node)
 
 
 @functools.lru_cache(maxsize=1024)
-def _nnc_differentiable(cmd: Any) -> Any:
-    """``cmd``'s reference forward with its backward rule as the custom VJP."""
-    opdef = cmd.definition
+def _nnc_differentiable(cmd: Any, opdef: Any) -> Any:
+    """``cmd``'s reference forward with its backward rule as the custom VJP (keyed on
+    the definition too: a command replaced or given a backward gets a new one)."""
     params = cmd.kwargs
 
     def forward(*xs: Any) -> tuple[Any, ...]:
