@@ -43,9 +43,17 @@ Operands = Sequence[tuple[Any, str]]
 """``(array in its 2-D layout, kind)`` pairs."""
 
 
-def vjp_tiles(fn: Callable[..., Any], n: int, *tiles_and_cts: Any) -> list[Any]:
-    """Gradients of ``fn``'s ``n`` float tiles (``None`` for others) for output gradients."""
+Pull = Callable[[list[Any], Sequence[Any]], list[Any]]
+"""``pull(tiles, cts)``: the tiles' gradients for output gradients ``cts`` (``None`` for
+non-float tiles), when they are not ``jax.vjp`` of the block function."""
+
+
+def vjp_tiles(fn: Callable[..., Any], n: int, *tiles_and_cts: Any, pull: Pull | None = None):
+    """Gradients of ``fn``'s ``n`` float tiles (``None`` for others) for output gradients:
+    ``jax.vjp`` of ``fn``, or ``pull`` when given."""
     tiles, cts = list(tiles_and_cts[:n]), tiles_and_cts[n:]
+    if pull is not None:
+        return pull(tiles, cts)
     diff = [i for i, t in enumerate(tiles) if jnp.issubdtype(t.dtype, jnp.floating)]
 
     def of_floats(*xs: Any) -> tuple[Any, ...]:
@@ -75,7 +83,9 @@ def _store(*refs: Any, fn: Callable[..., Any], n_in: int, bl: int, lanes: int) -
         store(ref, None, value, _lane_mask(ref, bl, lanes))
 
 
-def _masked_vjp(fn: Callable[..., Any], kinds: Sequence[str], bl: int, lanes: int) -> Any:
+def _masked_vjp(
+    fn: Callable[..., Any], kinds: Sequence[str], bl: int, lanes: int, pull: Pull | None
+) -> Any:
     """``vjp_tiles`` of ``fn`` whose column/scalar gradients leave out lanes past ``L``."""
     n = len(kinds)
 
@@ -84,13 +94,13 @@ def _masked_vjp(fn: Callable[..., Any], kinds: Sequence[str], bl: int, lanes: in
         wide = cts[0].shape
         keep = span(pl.program_id(1) * bl, bl, lanes, wide, 1)
         if keep is None:
-            return vjp_tiles(fn, n, *tiles, *cts)
+            return vjp_tiles(fn, n, *tiles, *cts, pull=pull)
         narrow = [
             k in (COL, SCALAR) and jnp.issubdtype(t.dtype, jnp.floating)
             for t, k in zip(tiles, kinds)
         ]
         tiles = [jnp.broadcast_to(t, wide) if w else t for t, w in zip(tiles, narrow)]
-        grads = vjp_tiles(fn, n, *tiles, *cts)
+        grads = vjp_tiles(fn, n, *tiles, *cts, pull=pull)
         for i, (g, k) in enumerate(zip(grads, kinds)):
             if narrow[i]:
                 g = jnp.sum(jnp.where(keep, g, 0.0), axis=1, keepdims=True)
@@ -136,13 +146,15 @@ def vjp_call(
     shape: tuple[int, int],
     blocks: tuple[int, int],
     cts: Sequence[Any],
+    pull: Pull | None = None,
 ) -> list[Any]:
-    """Gradients of the operands through ``fn`` (``None`` for non-float operands)."""
+    """Gradients of the operands through ``fn`` (``None`` for non-float operands), by
+    ``jax.vjp`` of ``fn`` or by ``pull`` (see :data:`Pull`)."""
     (rows, lanes), (br, bl) = shape, blocks
     n = len(operands)
     diff = [(x, k) for x, k in operands if jnp.issubdtype(x.dtype, jnp.floating)]
     parts = [_partial(k, shape, blocks) for _, k in diff]
-    grad_fn = _masked_vjp(fn, [k for _, k in operands], bl, lanes)
+    grad_fn = _masked_vjp(fn, [k for _, k in operands], bl, lanes, pull)
     partials = launch(
         lambda *refs: _store(*refs, fn=grad_fn, n_in=n + len(cts), bl=bl, lanes=lanes),
         grid=(rows // br, steps(lanes, bl)),

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fnnc.core.command import Command, Spec
-from fnnc.ops._rules import show
+from fnnc.ops._rules import show, unbroadcast
 from fnnc.ops.fused import fused_elementwise as _command
 from fnnc.ops.pallas import _blockwise, _triton
 from fnnc.ops.pallas import gemm as _gemm
@@ -169,13 +169,61 @@ def _block_fn(body: Any, p: Plan) -> Callable[..., tuple[Any, ...]]:
     return fn
 
 
+def _block_pull(body: Any, p: Plan) -> _blockwise.Pull:
+    """The tiles' gradients through the body with each member's own backward, as the
+    reference's backward takes them (relu's 0 at 0, a user's straight-through rule): the
+    forward recomputed, then the members' backwards in reverse order, traced straight
+    into the kernel (``jax.vjp`` of the block function would differentiate the members'
+    JAX code instead, and Triton has no lowering for a ``custom_vjp``)."""
+    kinded = [i for i, k in enumerate(p.kinds) if k]
+    head = [body.nodes[0].outputs[0]] if p.gemm is not None else []
+    sids = head + [body.inputs[i] for i in kinded]
+    bools = [False] * len(head) + [body.input_specs[i].dtype == jnp.bool_ for i in kinded]
+
+    def pull(tiles: list[Any], cts: Sequence[Any]) -> list[Any]:
+        env = {
+            sid: (t != 0) if b else (t.astype(jnp.float32) if t.dtype in FLOATS else t)
+            for sid, t, b in zip(sids, tiles, bools)
+        }
+        nodes = body.nodes[len(head) :]
+        for node in nodes:
+            ins = (env[s] for s in node.inputs)
+            env[node.outputs[0]] = node.cmd.definition.forward(*ins, **node.cmd.kwargs)
+        grads: dict[int, Any] = {}
+
+        def add(sid: int, g: Any) -> None:
+            g = unbroadcast(g.astype(jnp.float32), env[sid].shape)
+            grads[sid] = g if sid not in grads else grads[sid] + g
+
+        for sid, c in zip(body.outputs, cts):
+            add(sid, c)
+        for node in reversed(nodes):
+            g = grads.get(node.outputs[0])
+            if g is None:
+                continue
+            ins = tuple(env[s] for s in node.inputs)
+            outs = (env[node.outputs[0]],)
+            back = node.cmd.definition.backward((g,), ins, outs, **node.cmd.kwargs)
+            for sid, gi in zip(node.inputs, back):
+                if gi is not None and jnp.issubdtype(env[sid].dtype, jnp.floating):
+                    add(sid, gi)
+        return [
+            (grads[s] if s in grads else jnp.zeros(t.shape, jnp.float32)).astype(t.dtype)
+            if jnp.issubdtype(t.dtype, jnp.floating)
+            else None
+            for s, t in zip(sids, tiles)
+        ]
+
+    return pull
+
+
 def _plan_primitives(body: Any, p: Plan) -> Plan | str:
-    """``p`` if the block function and its VJP lower to Triton (with fnnc's rules)."""
-    fn = _block_fn(body, p)
+    """``p`` if the block function and its backward lower to Triton (with fnnc's rules)."""
+    fn, pull = _block_fn(body, p), _block_pull(body, p)
     z = [Spec((1, 1), body.output_specs[0].dtype)] if p.gemm is not None else []
     tiles = z + [Spec((1, 1), body.input_specs[i].dtype) for i, k in enumerate(p.kinds) if k]
     cts = [Spec((1, 1), o.dtype) for o in body.output_specs]
-    vjp = functools.partial(_blockwise.vjp_tiles, fn, len(tiles))
+    vjp = lambda *tc: pull(list(tc[: len(tiles)]), tc[len(tiles) :])
     missing = sorted({*_triton.missing(fn, *tiles), *_triton.missing(vjp, *tiles, *cts)})
     return f"primitives {missing} have no Pallas Triton lowering" if missing else p
 
@@ -206,7 +254,8 @@ def _chain_fwd(body, p, *operands):
 
 def _chain_bwd(body, p, operands, cts):
     fn, ops = _block_fn(body, p), list(zip(operands, _kinded(p)))
-    return tuple(_blockwise.vjp_call(fn, ops, (p.rows, p.lanes), p.blocks, cts))
+    pull = _block_pull(body, p)
+    return tuple(_blockwise.vjp_call(fn, ops, (p.rows, p.lanes), p.blocks, cts, pull))
 
 
 _chain.defvjp(_chain_fwd, _chain_bwd)
@@ -249,7 +298,8 @@ def _run_gemm(body, p, kind, save, a, b, bias, *extras):
 def _gemm_grads(body, p, kind, a, b, bias, extras, z, cts):
     fn = _block_fn(body, p)
     ops = [(z, FULL), *zip(extras, _kinded(p))]
-    gz, *g_extras = _blockwise.vjp_call(fn, ops, (p.rows, p.lanes), p.blocks, cts)
+    pull = _block_pull(body, p)
+    gz, *g_extras = _blockwise.vjp_call(fn, ops, (p.rows, p.lanes), p.blocks, cts, pull)
     da, db = _gemm.matmul_grads(gz, a, b, p.gemm.param("transpose_a"), p.gemm.param("transpose_b"))
     dbias = None if bias is None else reduce_partials(gz, kind, bias.shape, bias.dtype)
     return (da, db, dbias, *g_extras)
@@ -315,7 +365,8 @@ def backward(grads, inputs, outputs, wants, *, body) -> tuple[Any, ...]:
     head: dict[int, Any] = {}
     if p.gemm is None:
         ops = list(zip(extras, _kinded(p)))
-        g_extras = _blockwise.vjp_call(_block_fn(body, p), ops, (p.rows, p.lanes), p.blocks, cts)
+        fn, pull = _block_fn(body, p), _block_pull(body, p)
+        g_extras = _blockwise.vjp_call(fn, ops, (p.rows, p.lanes), p.blocks, cts, pull)
     else:
         a, b, bias, kind = _gemm_parts(body, p, inputs)
         z = _pre_activation(p, kind, a, b, bias)

@@ -198,3 +198,20 @@ def test_integer_bodies_are_declined():
     x, y = b.input((4, 32), np.int32), b.input((4, 32), np.int32)
     body = b.build([b.exec(ops.max(), b.exec(ops.min(), x, y), y)])
     assert "are not float tensors" in kernel.supports(ops.fused_elementwise(body=body), [x, y])
+
+
+def test_the_kernel_backward_keeps_each_member_s_own_backward():
+    """relu then exp at x = 0: NNC's relu passes no gradient at 0 (JAX's VJP of
+    jnp.maximum gives 0.5), in the kernel's backward and its jax.vjp as in the
+    reference's backward; the closed form is exp(relu(x)) where x > 0, else 0."""
+    body = _body((2, 37), ops.relu(), ops.ewexp())
+    cmd = ops.fused_elementwise(body=body)
+    x = np.zeros((2, 37), np.float32)
+    x[0, ::2] = np.linspace(-1, 1, 19)
+    g = np.ones((2, 37), np.float32)
+    want = np.where(x > 0, np.exp(np.maximum(x, 0)), 0).astype(np.float32)
+    (ref,) = cmd.definition.backward((g,), (x,), (None,), **cmd.kwargs)
+    (got,) = jax.jit(lambda g, x: kernel.backward((g,), (x,), (None,), (0,), body=body))(g, x)
+    _, pull = jax.vjp(lambda x: kernel.fused_elementwise(x, body=body), x)
+    for grad in (ref, got, pull(g)[0]):
+        np.testing.assert_allclose(np.asarray(grad), want, rtol=1e-6)
