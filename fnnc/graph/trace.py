@@ -27,7 +27,8 @@ Nested calls, and why:
   values, and inlining lets passes see (and fuse, differentiate, rematerialise) the
   commands inside, which is where Flax and ``jax.nn`` put most of their work.
 * ``custom_jvp_call`` / ``custom_vjp_call`` stay **one generic node** unless the
-  wrapped function is one fnnc knows (``jax.nn.relu`` -> ``relu``): binding the
+  wrapped function is one fnnc knows (``jax.nn.relu`` -> ``relu``; JAX's own, defined
+  in the ``jax`` package, never a user's function of the same name): binding the
   original primitive keeps JAX's custom derivative, which inlining would lose.
 * ``cond``, ``while`` and ``scan`` stay **one generic node** holding the original
   jaxprs: fnnc's ``While`` / ``CaseOf`` sub-graphs follow NNC's semantics, not JAX's,

@@ -16,8 +16,10 @@ only for signed types, where ``a + (-1) * b`` wraps like ``a - b``).
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
+import jax
 import numpy as np
 
 from fnnc.graph._trace_base import (
@@ -278,18 +280,40 @@ def _custom_softplus(ctx, eqn, args):
 
 
 CUSTOM_JVP_RULES: dict[str, Rule] = {"relu": _custom_relu, "logaddexp": _custom_softplus}
-"""Rules for ``custom_jvp_call`` by the name of the function JAX differentiates
-specially; each maps it only to a command whose backward is that custom derivative."""
+"""Rules for ``custom_jvp_call`` by the name of the JAX function (``jax.nn.relu``,
+``jnp.logaddexp``) differentiated specially; each maps it only to a command whose
+backward is that custom derivative. A function of the same name defined outside the
+``jax`` package stays a generic node (its own derivative)."""
 
 
 def _custom_jvp(ctx, eqn, args):
     """A custom derivative that :data:`CUSTOM_JVP_RULES` knows; others stay generic,
-    which keeps their derivative."""
-    name = getattr(eqn.params["call_jaxpr"].jaxpr.debug_info, "func_name", "")
-    rule = CUSTOM_JVP_RULES.get(name)
-    if rule is None or eqn.params.get("num_consts", 0):
+    which keeps their derivative.
+
+    The name alone says nothing: a user's ``@jax.custom_jvp def relu`` (a
+    straight-through ReLU, say) has its own derivative, so a rule fires only for JAX's
+    own function, defined inside the ``jax`` package."""
+    debug = eqn.params["call_jaxpr"].jaxpr.debug_info
+    rule = CUSTOM_JVP_RULES.get(getattr(debug, "func_name", ""))
+    if rule is None or eqn.params.get("num_consts", 0) or not _defined_in_jax(debug):
         return None
     return rule(ctx, eqn, args)
+
+
+_JAX_DIR = os.path.realpath(os.path.dirname(jax.__file__))
+
+
+def _defined_in_jax(debug: Any) -> bool:
+    """Whether ``debug.func_src_info`` (``"relu at /.../jax/_src/nn/functions.py:71"``)
+    places the function inside the ``jax`` package; ``False`` when unknown."""
+    src = getattr(debug, "func_src_info", None)
+    if not isinstance(src, str) or " at " not in src:
+        return False
+    path = src.split(" at ", 1)[1].rsplit(":", 1)[0]
+    try:
+        return os.path.commonpath([os.path.realpath(path), _JAX_DIR]) == _JAX_DIR
+    except ValueError:  # different drives, relative vs absolute
+        return False
 
 
 TRACE_RULES: dict[str, Rule] = {

@@ -125,3 +125,40 @@ def test_generic_backward_differentiates_only_the_wanted_inputs(update) -> None:
     assert str(node.cmd.param("prim")) == "scatter-mul"
     with_grad, _ = backward(graph, graph.outputs[0], [graph.inputs[0]])
     assert_close(interpret(with_grad, X, i, c)[1], jax.grad(f)(X, i, c))
+
+
+@jax.custom_jvp
+def relu(x):  # a user's straight-through ReLU: JAX's name, forward max(x, 0), slope 1
+    return jnp.maximum(x, 0.0)
+
+
+relu.defjvp(lambda p, t: (relu(p[0]), t[0]))
+
+
+@jax.custom_jvp
+def logaddexp(a, b):  # a user's function named like jnp.logaddexp: a hard max
+    return jnp.maximum(a, b)
+
+
+logaddexp.defjvp(lambda p, t: (logaddexp(*p), jnp.where(p[0] > p[1], t[0], t[1])))
+
+
+@pytest.mark.parametrize("fn", [relu, lambda x: logaddexp(x, 0.0)], ids=["relu", "logaddexp"])
+def test_user_custom_jvp_named_like_jax_keeps_its_own_derivative(fn) -> None:
+    # only JAX's own relu / logaddexp map to relu / softplus; the name alone must not
+    x = np.array([-2.0, -0.5, 0.5, 2.0], np.float32)
+    w = np.arange(1.0, 5.0, dtype=np.float32)
+
+    def f(x):
+        return jnp.sum(fn(x) * w)
+
+    graph = trace(f, x)
+    assert not {"relu", "softplus"} & {n.cmd.name for n in graph.nodes}
+    assert_close(interpret(graph, x), f(x))
+    with_grad, _ = backward(graph, graph.outputs[0], [graph.inputs[0]])
+    assert_close(interpret(with_grad, x)[1], jax.grad(f)(x))
+
+
+def test_jax_relu_and_softplus_still_map_to_commands() -> None:
+    graph = trace(lambda x: jax.nn.relu(x) + jax.nn.softplus(x), rand((4,)))
+    assert {"relu", "softplus"} <= {n.cmd.name for n in graph.nodes}
