@@ -11,7 +11,8 @@ Every one has a hand-written backward in NNC's convention:
   is positive on both sides and 0 where ``|x| < floor`` (NNC's
   ``signed_sqrt.tests.c``);
 * ``reduce_logsumexp`` keeps reduced axes as size 1 like every NNC reduction; its
-  gradient is the softmax ``exp(x - y)``;
+  gradient is the softmax ``exp(x - top) / sum(exp(x - top))`` with the finite maximum
+  ``top`` shifted out, as ``jax.grad`` of ``jax.nn.logsumexp`` (exact for large logits);
 * ``fill_if_less_than(a, selector, threshold, value)`` is ``value`` where
   ``selector < threshold`` else ``a`` (broadcasting selector and threshold); the
   gradient reaches ``a`` where it was kept.
@@ -114,21 +115,31 @@ def _logsumexp_rule(x: Spec, *, axes) -> Spec:
     return Spec(tuple(1 if d in ax else n for d, n in enumerate(x.shape)), x.dtype)
 
 
-@defcommand(family="reduce", shape=_logsumexp_rule, uses=Uses(inputs=(0,), outputs=(0,)))
-def reduce_logsumexp(x, *, axes):
-    """``log(sum(exp(x)))`` over ``axes`` (kept as size 1), computed stably (the maximum
-    taken out first, as ``jax.nn.logsumexp`` does)."""
+def _shifted_exp(x, axes):
+    """``exp(x - top)`` and its sum over ``axes`` (kept), ``top`` the maximum where it is
+    finite (else 0): the stable pieces of logsumexp, as ``jax.nn.logsumexp`` takes them."""
     ax = norm_axes("reduce_logsumexp", axes, x.ndim)
     top = lax.stop_gradient(jnp.max(x, axis=ax, keepdims=True))
     top = jnp.where(jnp.isfinite(top), top, jnp.zeros((), x.dtype))
-    total = jnp.sum(jnp.exp(x - top), axis=ax, keepdims=True)
+    e = jnp.exp(x - top)
+    return e, jnp.sum(e, axis=ax, keepdims=True), top
+
+
+@defcommand(family="reduce", shape=_logsumexp_rule, uses=Uses(inputs=(0,)))
+def reduce_logsumexp(x, *, axes):
+    """``log(sum(exp(x)))`` over ``axes`` (kept as size 1), computed stably (the maximum
+    taken out first, as ``jax.nn.logsumexp`` does)."""
+    _, total, top = _shifted_exp(x, axes)
     return jnp.log(total) + top
 
 
 @reduce_logsumexp.backward
 def _reduce_logsumexp_backward(grads, inputs, outputs, *, axes):
-    (g,), (x,), (y,) = grads, inputs, outputs
-    return (to_shape(g, x.shape) * jnp.exp(x - to_shape(y, x.shape)),)
+    # The softmax with the maximum shifted out, as jax.grad computes it: exp(x - y) with
+    # the rounded output y = top + log(sum) is off by y's rounding (2% at logits ~1e6).
+    (g,), (x,) = grads, inputs
+    e, total, _ = _shifted_exp(x, axes)
+    return (to_shape(g / total, x.shape) * e,)
 
 
 def _fill_rule(a: Spec, selector: Spec, threshold: Spec, *, value) -> Spec:
