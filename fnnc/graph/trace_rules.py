@@ -194,15 +194,19 @@ def _is_finite(ctx, eqn, args):
 
 
 def _reduce(cmd: str) -> Rule:
-    """A reduction that drops axes: the keep-dims command, then a reshape."""
+    """A reduction that drops axes: the keep-dims command, then a reshape. Declined
+    where the command refuses the input (``reduce_max`` over an empty axis, which JAX
+    fills with its identity, ``-inf``): the generic node keeps JAX's value."""
 
     def rule(ctx, eqn, args):
         (x,) = args
         if not (_kind(x.dtype, "number") and _plain(eqn.params, "out_sharding")):
             return None
-        if not ctx.has(cmd, "reshape"):
+        axes = tuple(int(a) for a in eqn.params["axes"])
+        kept = Spec(tuple(1 if d in axes else n for d, n in enumerate(x.shape)), x.dtype)
+        if not (ctx.has("reshape") and ctx.fits(cmd, [x], kept, axes=axes)):
             return None
-        y = ctx.exec(cmd, x, axes=tuple(int(a) for a in eqn.params["axes"]))
+        y = ctx.exec(cmd, x, axes=axes)
         return [ctx.reshape(y, _out(eqn).shape)]
 
     rule.__name__ = f"rule_{cmd}"

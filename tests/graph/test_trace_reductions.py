@@ -1,4 +1,5 @@
-"""Traced reductions against JAX: logsumexp's gradient for large logits."""
+"""Traced reductions against JAX: logsumexp's gradient for large logits, reductions
+over empty axes."""
 
 from __future__ import annotations
 
@@ -50,3 +51,35 @@ def test_reduce_logsumexp_backward_is_the_vjp_of_the_reference() -> None:
     g = jnp.asarray([[2.0], [-1.0]], jnp.float32)
     (got,) = cmd.definition.backward((g,), (x,), (y,), axes=(1,))
     assert_close(got, pullback(g)[0], rtol=1e-6, atol=1e-7)
+
+
+EMPTY = np.zeros((2, 0), np.float32)
+EMPTY_CASES = {
+    "max_initial": (lambda a: jnp.max(a, axis=1, initial=-jnp.inf), np.full(2, -np.inf)),
+    "min_initial": (lambda a: jnp.min(a, axis=1, initial=jnp.inf), np.full(2, np.inf)),
+    "max_initial_finite": (lambda a: jnp.max(a, axis=(0, 1), initial=3.0), np.float32(3.0)),
+    "logsumexp": (lambda a: jax.nn.logsumexp(a, axis=1), np.full(2, -np.inf)),
+    "reduce_max": (lambda a: jax.lax.reduce_max(a, (1,)), np.full(2, -np.inf)),
+    "sum": (lambda a: jnp.sum(a, axis=1), np.zeros(2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY_CASES))
+def test_reduction_over_an_empty_axis_traces_to_jax_value(name) -> None:
+    # NumPy's identities: max/min over nothing is their initial (-inf for lax.reduce_max),
+    # a sum 0, log(sum(exp())) of nothing -inf; the max/min commands refuse an empty axis
+    f, want = EMPTY_CASES[name]
+    graph = trace(f, EMPTY)
+    assert_close(interpret(graph, EMPTY), jnp.asarray(want, jnp.float32))
+    assert_close(interpret(graph, EMPTY), f(EMPTY))
+
+
+def test_max_over_an_empty_axis_differentiates() -> None:
+    def f(a):
+        return jnp.sum(jnp.max(a, axis=1, initial=0.0))
+
+    graph = trace(f, EMPTY)
+    with_grad, _ = backward(graph, graph.outputs[0], [graph.inputs[0]])
+    value, grad = interpret(with_grad, EMPTY)
+    assert_close(value, f(EMPTY))
+    assert grad.shape == (2, 0)
