@@ -134,6 +134,10 @@ class Graph:
         outputs: ids of the graph outputs.
         out_tree: optional pytree structure of the outputs (set by ``trace``);
             ``None`` means one output is returned bare and several as a tuple.
+        in_paths: optional key path (``jax.tree_util.keystr``) of each input within
+            the argument tuple, e.g. ``"[0]['scale']"`` (set by ``trace``): callers
+            passing pytrees must pass this structure. ``None``: any structure whose
+            leaves are the inputs in order.
     """
 
     symbols: tuple[Symbol, ...]
@@ -141,6 +145,7 @@ class Graph:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     out_tree: Any = None
+    in_paths: tuple[str, ...] | None = None
 
     def symbol(self, sid: int) -> Symbol:
         return self.symbols[sid]
@@ -169,7 +174,9 @@ class Graph:
 
     @functools.cached_property
     def _hash(self) -> int:
-        return hash((self.symbols, self.nodes, self.inputs, self.outputs, self.out_tree))
+        return hash(
+            (self.symbols, self.nodes, self.inputs, self.outputs, self.out_tree, self.in_paths)
+        )
 
     def __hash__(self) -> int:
         return self._hash
@@ -180,8 +187,15 @@ class Graph:
         return (
             isinstance(other, Graph)
             and hash(self) == hash(other)
-            and (self.symbols, self.nodes, self.inputs, self.outputs, self.out_tree)
-            == (other.symbols, other.nodes, other.inputs, other.outputs, other.out_tree)
+            and (self.symbols, self.nodes, self.inputs, self.outputs, self.out_tree, self.in_paths)
+            == (
+                other.symbols,
+                other.nodes,
+                other.inputs,
+                other.outputs,
+                other.out_tree,
+                other.in_paths,
+            )
         )
 
     def __str__(self) -> str:

@@ -15,18 +15,25 @@ from fnnc.core.keys import key_bits
 from fnnc.errors import DTypeError, GraphInputError, ShapeError
 
 
-def flatten_inputs(graph: Graph, args: Sequence[Any], where: str) -> list[Any]:
+def flatten_inputs(
+    graph: Graph, args: Sequence[Any], where: str, accepted: set[Any] | None = None
+) -> list[Any]:
     """The leaves of ``args``, checked against ``graph.inputs`` (count, shape, dtype).
 
     With one argument per graph input, each may be a nested list of numbers (one array,
     beside arrays in the other positions); otherwise the arguments are pytrees whose
-    leaves are the graph inputs in order. Python numbers and lists of them take their
-    input's dtype (floats into an integer input are refused).
+    leaves are the graph inputs in order, and their key paths must be the traced ones
+    (``graph.in_paths``) where the graph has them. Python numbers and lists of them take
+    their input's dtype (floats into an integer input are refused). ``accepted``: the
+    argument structures already checked (a :class:`Program` keeps it, so a repeated call
+    costs one treedef lookup); those that pass are added.
     """
     if len(args) == len(graph.inputs) and all(map(_one_array, args)):
         leaves = [key_bits(v) for v in args]  # positional: lists stay one array each
+        treedef = None
     else:  # a PRNG key feeds the input holding its key data (how trace takes keys)
-        leaves = [key_bits(v) for v in jax.tree.leaves(list(args))]
+        flat, treedef = jax.tree.flatten(tuple(args))
+        leaves = [key_bits(v) for v in flat]
     if len(leaves) != len(graph.inputs):
         names = ", ".join(graph.label(i) for i in graph.inputs)
         given = ", ".join(describe(a) for a in args) or "nothing"
@@ -35,6 +42,10 @@ def flatten_inputs(graph: Graph, args: Sequence[Any], where: str) -> list[Any]:
             f"got {len(leaves)} from {len(args)} argument(s) ({given}); pass one array "
             "per graph input, in order"
         )
+    if treedef is not None and (accepted is None or treedef not in accepted):
+        _check_paths(graph, args, where)
+        if accepted is not None and len(accepted) < 64:
+            accepted.add(treedef)
     out = []
     for sid, leaf in zip(graph.inputs, leaves):
         sym = graph.symbol(sid)
@@ -57,6 +68,31 @@ def flatten_inputs(graph: Graph, args: Sequence[Any], where: str) -> list[Any]:
             )
         out.append(arr if isinstance(arr, jax.Array) else jnp.asarray(arr))
     return out
+
+
+def _check_paths(graph: Graph, args: Sequence[Any], where: str) -> None:
+    """Raises :class:`GraphInputError` where the key paths of pytree ``args`` are not
+    ``graph.in_paths``: leaves are fed in order, so a renamed dict key would feed one
+    input another's array."""
+    want = graph.in_paths
+    if want is None or len(want) != len(graph.inputs):  # not traced, or inputs changed
+        return
+    flat = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
+    got = tuple(jax.tree_util.keystr(path) for path, _ in flat)
+    if got == want:
+        return
+    k = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
+    raise GraphInputError(
+        f"{where}: the arguments are not structured as the traced ones: leaf {k} is at "
+        f"{got[k]}, but the graph's input {graph.label(graph.inputs[k])} is at {want[k]} "
+        f"(traced leaves: {_listing(want)}; given: {_listing(got)}); pass the arguments "
+        "with the traced structure (the same dict keys, fields and nesting)"
+    )
+
+
+def _listing(paths: Sequence[str], most: int = 8) -> str:
+    more = f", ... ({len(paths) - most} more)" if len(paths) > most else ""
+    return ", ".join(paths[:most]) + more
 
 
 def describe(value: Any) -> str:

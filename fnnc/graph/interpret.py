@@ -39,7 +39,9 @@ def interpret(graph: Graph, *args: Any, on_node: OnNode | None = None) -> Any:
 
     Args:
         graph: the graph.
-        *args: one array per graph input (or pytrees whose leaves are those arrays);
+        *args: one array per graph input (or pytrees whose leaves are those arrays,
+            with the traced key paths, ``graph.in_paths``, where ``trace`` made the
+            graph: a renamed dict key is a :class:`~fnnc.errors.GraphInputError`);
             with one argument per input, any of them may be a nested list of numbers,
             converted to its input's dtype (floats into an integer input are refused).
             :class:`~fnnc.graph.Program` takes the same.

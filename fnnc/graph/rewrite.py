@@ -246,7 +246,7 @@ class Rewriter:
         order.extend(self._before.get(len(self.graph.nodes), ()))
         symbols, nodes, outputs = self._rewired(order)
         g = self.graph
-        new = Graph(tuple(symbols), tuple(nodes), g.inputs, outputs, g.out_tree)
+        new = Graph(tuple(symbols), tuple(nodes), g.inputs, outputs, g.out_tree, g.in_paths)
         if config.get().checks if check is None else check:
             try:
                 verify(new)

@@ -293,7 +293,8 @@ class _Walk:
     def result(self) -> Graph:
         g = self.graph
         outputs = tuple(self._resolve(s) for s in g.outputs)
-        return Graph(tuple(self.symbols), tuple(self.nodes), g.inputs, outputs, g.out_tree)
+        nodes = tuple(self.nodes)
+        return Graph(tuple(self.symbols), nodes, g.inputs, outputs, g.out_tree, g.in_paths)
 
 
 def _id(x: Any, where: str) -> int:

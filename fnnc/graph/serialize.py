@@ -277,7 +277,7 @@ def _graph_data(graph: Graph, order: int) -> dict[str, Any]:
         }
         for i, n in enumerate(graph.nodes)
     ]
-    return {
+    data = {
         "format": FORMAT,
         "version": VERSION,
         "symbols": symbols,
@@ -286,6 +286,9 @@ def _graph_data(graph: Graph, order: int) -> dict[str, Any]:
         "outputs": list(graph.outputs),
         "out_tree": _enc_tree(graph),
     }
+    if graph.in_paths is not None:  # traced graphs: the arguments' key paths
+        data["in_paths"] = list(graph.in_paths)
+    return data
 
 
 def from_data(data: Any) -> Graph:
@@ -334,6 +337,7 @@ def from_data(data: Any) -> Graph:
             tuple(map(int, data["inputs"])),
             tuple(map(int, data["outputs"])),
             _dec_tree(data.get("out_tree"), len(data["outputs"])),
+            _dec_paths(data.get("in_paths"), len(data["inputs"])),
         )
         _check_ids(graph)
     except FnncError:
@@ -412,6 +416,15 @@ def _enc_tree(graph: Graph) -> Any:
         return None
     assert not rows  # the leaves are ints, stored inline
     return data
+
+
+def _dec_paths(data: Any, n: int) -> tuple[str, ...] | None:
+    """The inputs' key paths (absent in files from before they were saved: ``None``)."""
+    if data is None:
+        return None
+    if not (isinstance(data, list) and len(data) == n and all(isinstance(p, str) for p in data)):
+        raise ValueError(f"in_paths must be a list of {n} strings, one per input")
+    return tuple(data)
 
 
 def _dec_tree(data: Any, n: int) -> Any:

@@ -19,7 +19,9 @@ replays the jaxpr into a :class:`~fnnc.graph.GraphBuilder`:
 * patterns of several commands that are one NNC command (RoPE's rotate-half, SiLU,
   SwiGLU, logsumexp) are then rewritten into it (:mod:`fnnc.graph.trace_idioms`);
 * the outputs are flattened and ``graph.out_tree`` keeps their structure, so
-  ``interpret`` and ``compile`` return what ``fn`` returns.
+  ``interpret`` and ``compile`` return what ``fn`` returns; ``graph.in_paths`` keeps
+  the arguments' key paths, so pytree arguments of another structure (a renamed dict
+  key) raise :class:`~fnnc.errors.GraphInputError` instead of feeding the wrong input.
 
 Nested calls, and why:
 
@@ -111,6 +113,8 @@ def trace(fn: Callable[..., Any], *example_args: Any, idioms: bool = True) -> Gr
     if not callable(fn):
         raise TraceError(f"trace: expected a function or module, got {type(fn).__name__}")
     names = _input_names(fn, example_args)
+    flat = jax.tree_util.tree_flatten_with_path(example_args)[0]
+    paths = tuple(jax.tree_util.keystr(path) for path, _ in flat)
     call, state = _split_module(fn)
     frozen = jax.tree_util.tree_flatten_with_path(state)[0] if state is not None else []
     call, example_args = _key_data_arguments(call, example_args, len(frozen) > 0)
@@ -133,6 +137,7 @@ def trace(fn: Callable[..., Any], *example_args: Any, idioms: bool = True) -> Gr
     outs = tracer.run(closed.jaxpr, closed.consts, consts + args)
     outs = [tracer.resolve(o, f"output {i}") for i, o in enumerate(outs)]
     graph = tracer.b.build(outs, out_tree=jax.tree.structure(out_shape))
+    graph = dataclasses.replace(graph, in_paths=paths)
     return rewrite_idioms(graph) if idioms else graph
 
 

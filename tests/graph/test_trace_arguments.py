@@ -1,0 +1,76 @@
+"""How a traced graph takes its arguments: the traced pytree structure is checked, and
+arguments that must be static get a hint."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.errors import GraphInputError
+from fnnc.graph import GraphBuilder, _io, compile, interpret, load, save, trace
+
+SCALE, SHIFT, X = np.full(3, 2.0, np.float32), np.full(3, 1.0, np.float32), np.arange(3.0)
+X = X.astype(np.float32)
+WANT = (X - SHIFT) * SCALE  # NumPy
+
+
+def norm(p, x):
+    return (x - p["shift"]) * p["scale"]
+
+
+def _graph():
+    return trace(norm, {"scale": SCALE, "shift": SHIFT}, X)
+
+
+def _run(how, graph, *args):
+    return interpret(graph, *args) if how == "interpret" else compile(graph)(*args)
+
+
+@pytest.mark.parametrize("how", ["interpret", "compile"])
+def test_renamed_dict_key_is_refused_not_fed_to_another_input(how) -> None:
+    # 'bias' sorts before 'scale': fed by leaf order, shift would get the scale's array
+    graph = _graph()
+    with pytest.raises(GraphInputError) as e:
+        _run(how, graph, {"scale": SCALE, "bias": SHIFT}, X)
+    message = str(e.value)
+    assert "[0]['bias']" in message and "[0]['scale']" in message and "p.scale" in message
+
+
+@pytest.mark.parametrize("how", ["interpret", "compile"])
+def test_traced_structure_and_flat_arrays_are_taken(how) -> None:
+    graph = _graph()
+    np.testing.assert_allclose(_run(how, graph, {"scale": SCALE, "shift": SHIFT}, X), WANT)
+    np.testing.assert_allclose(_run(how, graph, SCALE, SHIFT, X), WANT)  # one per input
+
+
+def test_the_structure_survives_save_and_load(tmp_path) -> None:
+    graph = _graph()
+    save(graph, tmp_path / "g.json")
+    loaded = load(tmp_path / "g.json")
+    assert loaded.in_paths == ("[0]['scale']", "[0]['shift']", "[1]") == graph.in_paths
+    with pytest.raises(GraphInputError, match="bias"):
+        compile(loaded)({"scale": SCALE, "bias": SHIFT}, X)
+
+
+def test_built_graphs_take_any_structure_in_leaf_order() -> None:
+    b = GraphBuilder()
+    p, q = b.input((3,), np.float32, name="p"), b.input((3,), np.float32, name="q")
+    graph = b.build([b.exec(ops.add(), p, b.exec(ops.scalar_mul(a=2.0), q))])
+    assert graph.in_paths is None
+    got = compile(graph)({"b": SHIFT, "a": SCALE})  # leaves in key order: a, b
+    np.testing.assert_allclose(got, SCALE + 2 * SHIFT)
+
+
+def test_a_program_checks_each_structure_once(monkeypatch) -> None:
+    calls = []
+    check = _io._check_paths
+    monkeypatch.setattr(_io, "_check_paths", lambda *a: calls.append(1) or check(*a))
+    p, x = {"scale": np.ones(5, np.float32), "shift": np.zeros(5, np.float32)}, np.ones(5)
+    program = compile(trace(norm, p, x.astype(np.float32)))  # not cached by another test
+    for _ in range(3):
+        np.testing.assert_allclose(program(p, jnp.ones(5)), np.ones(5))
+    assert len(calls) == 1  # later calls: one treedef lookup
+    with pytest.raises(GraphInputError):
+        program({"scale": p["scale"], "bias": p["shift"]}, jnp.ones(5))
