@@ -68,8 +68,6 @@ Array([3., 3., 3., 3.], dtype=float32)
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -79,8 +77,15 @@ import numpy as np
 
 from fnnc.core.command import make_command, output_specs
 from fnnc.core.ir import Graph, Symbol, TensorSymbol
-from fnnc.core.keys import is_key
 from fnnc.errors import FnncError, TraceError
+from fnnc.graph._trace_args import (
+    _input_names,
+    _key_data_arguments,
+    _needs_static,
+    _path_name,
+    _split_module,
+    _static_hint,
+)
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.trace_idioms import rewrite_idioms
 from fnnc.graph.trace_rules import PASS_THROUGH, TRACE_RULES
@@ -107,8 +112,9 @@ def trace(fn: Callable[..., Any], *example_args: Any, idioms: bool = True) -> Gr
         arguments shaped like ``example_args``.
 
     Raises:
-        TraceError: an argument leaf is not an array (bind it with
-            ``functools.partial`` or close over it instead).
+        TraceError: an argument leaf is not an array, or ``fn`` needs an argument as a
+            Python value (a shape, ``jit``'s ``static_argnums``, a Python ``if``): every
+            leaf is traced, so bind such arguments with ``functools.partial``.
     """
     if not callable(fn):
         raise TraceError(f"trace: expected a function or module, got {type(fn).__name__}")
@@ -119,7 +125,12 @@ def trace(fn: Callable[..., Any], *example_args: Any, idioms: bool = True) -> Gr
     frozen = jax.tree_util.tree_flatten_with_path(state)[0] if state is not None else []
     call, example_args = _key_data_arguments(call, example_args, len(frozen) > 0)
     traced_args = example_args if state is None else (state, *example_args)
-    closed, out_shape = jax.make_jaxpr(call, return_shape=True)(*traced_args)
+    try:
+        closed, out_shape = jax.make_jaxpr(call, return_shape=True)(*traced_args)
+    except (TypeError, ValueError) as e:
+        if not _needs_static(e):
+            raise
+        raise TraceError(_static_hint(e, names, example_args)) from e
     tracer = _Tracer()
     args: list[Any] = []
     invars = closed.jaxpr.invars
@@ -139,116 +150,6 @@ def trace(fn: Callable[..., Any], *example_args: Any, idioms: bool = True) -> Gr
     graph = tracer.b.build(outs, out_tree=jax.tree.structure(out_shape))
     graph = dataclasses.replace(graph, in_paths=paths)
     return rewrite_idioms(graph) if idioms else graph
-
-
-# -- arguments -------------------------------------------------------------------------
-
-
-def _input_names(fn: Callable[..., Any], args: Sequence[Any]) -> list[str]:
-    """One name per leaf of ``args``; raises :class:`TraceError` for non-array leaves."""
-    bases = _arg_names(fn, len(args))
-    names: list[str] = []
-    for base, arg in zip(bases, args):
-        for path, leaf in jax.tree_util.tree_flatten_with_path(arg)[0]:
-            name = _path_name(base, path)
-            if not (isinstance(leaf, jax.ShapeDtypeStruct) or jex.core.valid_jaxtype(leaf)):
-                raise TraceError(
-                    f"trace: argument {name} is a {type(leaf).__name__} ({_short(leaf)}), which "
-                    f"cannot be a graph input: inputs are arrays. Bind it before tracing, e.g. "
-                    f"trace(functools.partial(fn, {base}=...), ...), or close over it"
-                )
-            names.append(name if name not in names else f"{name}#{len(names)}")
-    return names
-
-
-def _arg_names(fn: Callable[..., Any], n: int) -> list[str]:
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        params = []
-    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    star = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), None)
-    names = []
-    for i in range(n):
-        if i < len(positional):
-            names.append(positional[i])
-        else:
-            names.append(f"{star}[{i - len(positional)}]" if star else f"arg{i}")
-    return names
-
-
-def _path_name(base: str, path: Sequence[Any]) -> str:
-    parts = [base]
-    for key in path:
-        if isinstance(key, jax.tree_util.DictKey):
-            k = key.key
-            parts.append(f".{k}" if isinstance(k, str) and k.isidentifier() else f"[{k!r}]")
-        elif isinstance(key, jax.tree_util.GetAttrKey):
-            parts.append(f".{key.name}")
-        elif isinstance(key, jax.tree_util.SequenceKey):
-            parts.append(f"[{key.idx}]")
-        elif isinstance(key, jax.tree_util.FlattenedIndexKey):
-            parts.append(f"[{key.key}]")
-        else:
-            parts.append(str(key))
-    name = "".join(parts).lstrip(".")
-    return name.removesuffix(".value") if "." in name else name
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _split_module(fn: Callable[..., Any]) -> tuple[Callable[..., Any], Any]:
-    """For an NNX module: a pure call taking its state first, and the state."""
-    nnx = sys.modules.get("flax.nnx")
-    if nnx is None or not nnx.graph.is_graph_node(fn):
-        return fn, None
-    graphdef, state = nnx.split(fn)
-
-    def call(state: Any, *args: Any) -> Any:
-        return nnx.merge(graphdef, state)(*args)
-
-    return call, state
-
-
-def _key_data_arguments(
-    call: Callable[..., Any], args: Sequence[Any], skip_first: bool
-) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """``call`` taking key data where ``args`` hold PRNG keys, and those arguments.
-
-    A key (an ``nnx.Rngs`` stream's ``RngKey``, a ``jax.random.key``) cannot be a graph
-    tensor, but its key data can: the graph input holds the data (uint32, e.g. ``[2]``
-    for threefry) and the traced function re-wraps it, so each call of the graph draws
-    from the key it is given (``interpret``/``compile`` take the key itself too).
-    ``skip_first``: ``call`` takes a module's state first (not an argument).
-    """
-    leaves, tree = jax.tree.flatten(tuple(args))
-    impls = {i: _key_impl(v) for i, v in enumerate(leaves) if is_key(v)}
-    if not impls:
-        return call, tuple(args)
-    data = [
-        jax.eval_shape(jax.random.key_data, v) if i in impls else v for i, v in enumerate(leaves)
-    ]
-
-    def keyed(*given: Any) -> Any:
-        head, rest = (given[:1], given[1:]) if skip_first else ((), given)
-        flat = jax.tree.leaves(tuple(rest))
-        wrapped = [
-            jax.random.wrap_key_data(v, impl=impls[i]) if i in impls else v
-            for i, v in enumerate(flat)
-        ]
-        return call(*head, *jax.tree.unflatten(tree, wrapped))
-
-    return keyed, tuple(jax.tree.unflatten(tree, data))
-
-
-def _key_impl(key: Any) -> Any:
-    """The PRNG implementation of a key array or of a ``ShapeDtypeStruct`` of keys."""
-    impl: list[Any] = []
-    jax.eval_shape(lambda k: impl.append(jax.random.key_impl(k)), key)  # abstract too
-    return impl[0]
 
 
 def _is_array(aval: Any) -> bool:

@@ -3,12 +3,15 @@ arguments that must be static get a hint."""
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fnnc import ops
-from fnnc.errors import GraphInputError
+from fnnc.errors import GraphInputError, TraceError
 from fnnc.graph import GraphBuilder, _io, compile, interpret, load, save, trace
 
 SCALE, SHIFT, X = np.full(3, 2.0, np.float32), np.full(3, 1.0, np.float32), np.arange(3.0)
@@ -74,3 +77,30 @@ def test_a_program_checks_each_structure_once(monkeypatch) -> None:
     assert len(calls) == 1  # later calls: one treedef lookup
     with pytest.raises(GraphInputError):
         program({"scale": p["scale"], "bias": p["shift"]}, jnp.ones(5))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _tile(x, n):
+    return jnp.tile(x, n)
+
+
+STATIC = {
+    "jit_static_argnums": lambda x, n: _tile(x, n),
+    "python_if": lambda x, n: x * n if n > 1 else x,
+    "shape": lambda x, n: jnp.zeros(n) + x.sum(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STATIC))
+def test_an_argument_that_must_be_static_gets_the_partial_hint(name) -> None:
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(TraceError, match=r"functools\.partial\(fn, n=") as e:
+        trace(STATIC[name], x, 2)
+    assert "Python numbers here: n" in str(e.value) and "JAX said" in str(e.value)
+    graph = trace(functools.partial(STATIC[name], n=2), x)  # what the hint says works
+    np.testing.assert_allclose(interpret(graph, x), STATIC[name](x, 2))
+
+
+def test_other_errors_of_the_function_pass_through() -> None:
+    with pytest.raises(TypeError, match="unsupported operand"):
+        trace(lambda x: x + "a", np.ones(2, np.float32))
