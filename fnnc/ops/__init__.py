@@ -90,6 +90,7 @@ from fnnc.ops.gated import rmsnorm_gated as rmsnorm_gated
 from fnnc.ops.gated import segmented_swiglu as segmented_swiglu
 from fnnc.ops.gated import swiglu as swiglu
 from fnnc.ops.gated import swish_mul as swish_mul
+from fnnc.ops.group_norm import group_norm as group_norm
 from fnnc.ops.linear_crossentropy import (
     linear_softmax_crossentropy as linear_softmax_crossentropy,
 )
@@ -109,7 +110,6 @@ from fnnc.ops.moe import comm_all_to_all as comm_all_to_all
 from fnnc.ops.moe import moe_routing as moe_routing
 from fnnc.ops.moe import segmented_gemm as segmented_gemm
 from fnnc.ops.norm import batch_norm as batch_norm
-from fnnc.ops.norm import group_norm as group_norm
 from fnnc.ops.norm import layer_norm as layer_norm
 from fnnc.ops.norm import rms_norm as rms_norm
 from fnnc.ops.optimizer import optax_update as optax_update

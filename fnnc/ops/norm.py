@@ -1,12 +1,14 @@
-"""Normalisation family: batch_norm, layer_norm, group_norm, rms_norm (NNC's
-BATCH_NORM, LAYER_NORM, GROUP_NORM, RMSNORM).
+"""Normalisation family: batch_norm, layer_norm, rms_norm (NNC's BATCH_NORM,
+LAYER_NORM, RMSNORM); group_norm (GROUP_NORM) is in :mod:`fnnc.ops.group_norm`.
 
 Each normalises ``x`` with statistics over some axes and returns the statistics it used
 as extra outputs (``saved_mean``, ``saved_inv_std``), as NNC does, so a backward needs
 no recomputation: the hand-written backwards of the hot ops layer_norm and rms_norm
 read ``x``, ``scale`` and those saved outputs only. Variances are biased (divide by
 the count) and ``epsilon`` goes inside the square root:
-``inv_std = 1 / sqrt(var + epsilon)``.
+``inv_std = 1 / sqrt(var + epsilon)``. Statistics and sums are computed in float32 at
+least (:func:`_wide`) and the outputs and gradients cast back, so a 16-bit x whose
+deviations square past its range (``|x - mean| >= 256`` in float16) still normalises.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import numpy as np
 from jax import lax
 
 from fnnc.core.command import Spec, Uses, defcommand
-from fnnc.errors import CommandError
 from fnnc.ops._rules import (
     fail,
     leading_sum,
@@ -27,12 +28,28 @@ from fnnc.ops._rules import (
     require_same_dtype,
     show,
     to_shape,
-    unbroadcast,
 )
 
 
 def _kept(shape, axes) -> tuple[int, ...]:
     return tuple(1 if d in axes else n for d, n in enumerate(shape))
+
+
+def _wide(dtype) -> np.dtype:
+    """The type a norm computes in: float32 at least. In float16 a deviation of 256
+    squares to inf (``inv_std`` 0, y silently 0) and ``inv_std**2`` of a constant row
+    (``1 / epsilon``) overflows the backward."""
+    return np.dtype(jnp.promote_types(dtype, jnp.float32))
+
+
+def _widen(*ts):
+    """Each tensor in :func:`_wide` of its type (``None`` stays ``None``)."""
+    return tuple(None if t is None else t.astype(_wide(t.dtype)) for t in ts)
+
+
+def _like(values, originals) -> tuple:
+    """Each value cast back to the type of its original (``None`` stays ``None``)."""
+    return tuple(None if v is None else v.astype(o.dtype) for v, o in zip(values, originals))
 
 
 def _param(p, x, axes):
@@ -97,7 +114,7 @@ def batch_norm(
     Returns ``(y, new_mean, new_var, saved_mean, saved_inv_std)``. ``scale``, ``bias``
     and the running ``mean`` / ``var`` have x's shape without ``axes`` (``[C]``), as do
     the last four outputs; they share x's type, or are float32 beside a 16-bit x (NNC's
-    and cuDNN's mixed layout, computed in float32, y in x's type). Follows NNC
+    and cuDNN's mixed layout). All is computed in float32 at least, y in x's type. Follows NNC
     (lib/nnc/cmd/norm/ccv_nnc_batch_norm_cpu_ref.c):
     in training, ``saved_mean`` / ``saved_inv_std`` come from the batch with the *biased*
     variance, and ``new_mean = momentum * mean + (1 - momentum) * saved_mean``,
@@ -109,7 +126,8 @@ def batch_norm(
     """
     ax = norm_axes("batch_norm", axes, x.ndim)
     keep = _kept(x.shape, ax)
-    out_dtype, x = x.dtype, x.astype(_stat_dtype(x.dtype, scale.dtype))  # mixed: in float32
+    out_dtype, stat = x.dtype, _stat_dtype(x.dtype, scale.dtype)
+    x, scale, bias, mean, var = _widen(x, scale, bias, mean, var)
 
     def full(t):
         return to_shape(jnp.reshape(t, keep), x.shape)
@@ -123,10 +141,10 @@ def batch_norm(
     inv_std = lax.rsqrt(batch_var + epsilon)
     y = ((x - full(mu)) * full(inv_std * scale) + full(bias)).astype(out_dtype)
     if is_test:
-        return y, mean, var, mean, inv_std
+        return y, *(t.astype(stat) for t in (mean, var, mean, inv_std))
     new_mean = momentum * mean + (1 - momentum) * mu
     new_var = momentum * var + (1 - momentum) * batch_var
-    return y, new_mean, new_var, mu, inv_std
+    return y, *(t.astype(stat) for t in (new_mean, new_var, mu, inv_std))
 
 
 def _sum_or_none(*terms):
@@ -141,12 +159,10 @@ def _batch_norm_backward(grads, inputs, outputs, *, axes, epsilon, momentum, is_
     ``saved_inv_std`` are all it reads (two reductions and one elementwise pass over
     ``x`` in training, where differentiating the reference would recompute the
     centred input and its square)."""
-    gy, g_new_mean, g_new_var, g_mean, g_inv = grads
-    x, scale, *_ = inputs
-    *_, mu, inv_std = outputs
-    x_dtype = x.dtype  # mixed (16-bit x, float32 statistics): computed in float32
-    x = x.astype(inv_std.dtype)
-    gy = None if gy is None else gy.astype(inv_std.dtype)
+    x_dtype, stat = inputs[0].dtype, outputs[-1].dtype
+    gy, g_new_mean, g_new_var, g_mean, g_inv = _widen(*grads)
+    x, scale = _widen(*inputs[:2])
+    mu, inv_std = _widen(*outputs[-2:])
     ax = norm_axes("batch_norm", axes, x.ndim)
     keep = _kept(x.shape, ax)
     n = math.prod(x.shape[a] for a in ax)
@@ -168,23 +184,26 @@ def _batch_norm_backward(grads, inputs, outputs, *, axes, epsilon, momentum, is_
         None if is_test else _scaled(g_new_var, 1 - momentum),
     )
     if is_test:
-        gx = (gy * full(inv_std * scale)).astype(x_dtype)
+        gx = gy * full(inv_std * scale)
         g_run_mean = _sum_or_none(-sum_gy * inv_std * scale, g_new_mean, g_stat_mean)
         g_run_var = _sum_or_none(sum_gy_xhat * scale * d_inv / inv_std, g_new_var, g_stat_var)
-        return gx, g_scale, g_bias, g_run_mean, g_run_var
+        return _narrow(x_dtype, stat, gx, g_scale, g_bias, g_run_mean, g_run_var)
     gx = full(inv_std * scale) * (gy - full(sum_gy / n) - xhat * full(sum_gy_xhat / n))
     if g_stat_mean is not None:
         gx = gx + full(g_stat_mean / n)
     if g_stat_var is not None:
         gx = gx + full(2 * g_stat_var / (n * inv_std)) * xhat
-    return (
-        gx.astype(x_dtype), g_scale, g_bias, _scaled(g_new_mean, momentum),
-        _scaled(g_new_var, momentum),
-    )  # fmt: skip
+    g_mean, g_var = _scaled(g_new_mean, momentum), _scaled(g_new_var, momentum)
+    return _narrow(x_dtype, stat, gx, g_scale, g_bias, g_mean, g_var)
 
 
 def _scaled(g, factor):
     return None if g is None else g * factor
+
+
+def _narrow(x_dtype, stat, gx, *stat_grads) -> tuple:
+    """batch_norm's gradients back in their inputs' types (x's; the statistics')."""
+    return gx.astype(x_dtype), *(None if g is None else g.astype(stat) for g in stat_grads)
 
 
 # --- layer_norm ------------------------------------------------------------------------
@@ -206,9 +225,11 @@ def layer_norm(x, scale=None, bias=None, *, axes=(-1,), epsilon=1e-5):
     Returns ``(y, saved_mean, saved_inv_std)``, the statistics with ``axes`` kept as
     size 1. ``scale`` and ``bias`` are optional and shaped like x at ``axes``
     (``[C]`` for the default ``axes=(-1,)``), or as NNC shapes them, with x's rank and 1
-    off ``axes`` (``[1, 1, C]``).
+    off ``axes`` (``[1, 1, C]``). A 16-bit x is normalised in float32 (as the Pallas
+    kernel does); the outputs have x's type.
     """
     ax = norm_axes("layer_norm", axes, x.ndim)
+    orig, (x, scale, bias) = x, _widen(x, scale, bias)
     mu = jnp.mean(x, axis=ax, keepdims=True)
     xc = x - mu
     inv_std = lax.rsqrt(jnp.mean(jnp.square(xc), axis=ax, keepdims=True) + epsilon)
@@ -217,7 +238,7 @@ def layer_norm(x, scale=None, bias=None, *, axes=(-1,), epsilon=1e-5):
         y = y * _param(scale, x, ax)
     if bias is not None:
         y = y + _param(bias, x, ax)
-    return y, mu, inv_std
+    return _like((y, mu, inv_std), (orig,) * 3)
 
 
 def _affine_grads(gy, xhat, x, ax, params):
@@ -231,9 +252,9 @@ def _affine_grads(gy, xhat, x, ax, params):
 
 @layer_norm.backward
 def _layer_norm_backward(grads, inputs, outputs, *, axes, epsilon):
-    gy, g_mean, g_inv = grads
-    x, *params = inputs
-    _, mu, inv_std = outputs
+    originals = inputs
+    (gy, g_mean, g_inv), (x, *params) = _widen(*grads), (*_widen(*inputs[:2]), *inputs[2:])
+    mu, inv_std = _widen(*outputs[1:])  # y is not kept (a spec)
     ax = norm_axes("layer_norm", axes, x.ndim)
     n = math.prod(x.shape[a] for a in ax)
     gy = jnp.zeros(x.shape, x.dtype) if gy is None else gy
@@ -248,131 +269,7 @@ def _layer_norm_backward(grads, inputs, outputs, *, axes, epsilon):
         gx = gx + g_mean / n
     if g_inv is not None:
         gx = gx - (g_inv * inv_std * inv_std / n) * xhat
-    return (gx, *_affine_grads(gy, xhat, x, ax, params))
-
-
-# --- group_norm ------------------------------------------------------------------------
-
-
-def _group_layout(x, groups: int, axis: int, reduce_axes):
-    """``(channel axis, x split as [..., groups, C // groups, ...], the split's reduced
-    axes, statistics shape)`` for NNC's GROUP_NORM (see :func:`group_norm`)."""
-    (ax,) = norm_axes("group_norm", (axis,), x.ndim)
-    c = x.shape[ax]
-    if groups < 1 or c % groups:
-        raise CommandError(f"group_norm: groups={groups} must divide the {c} channels of {show(x)}")
-    if reduce_axes is None:
-        if ax == 0:
-            fail(
-                f"group_norm: axis 0 of {show(x)} is the batch axis; put channels on another "
-                "axis, or name the axes to normalise over with reduce_axes"
-            )
-        red = tuple(d for d in range(1, x.ndim) if d != ax)
-    else:
-        red = norm_axes("group_norm", reduce_axes, x.ndim)
-        if ax in red:
-            fail(
-                f"group_norm: reduce_axes {list(reduce_axes)} include the group axis {ax} of "
-                f"{show(x)}; the group's own channels are always reduced, list only other axes"
-            )
-    split = (*x.shape[:ax], groups, c // groups, *x.shape[ax + 1 :])
-    reduced = (ax + 1, *(d if d < ax else d + 1 for d in red))
-    stat = tuple(groups if d == ax else 1 if d in red else n for d, n in enumerate(x.shape))
-    return ax, split, tuple(sorted(reduced)), stat
-
-
-def _check_affine(x, ax: int, **params) -> None:
-    """scale / bias: ``[C]`` (per channel on ``ax``) or NNC's x-ranked form that
-    broadcasts to x (``[1, ..., C]``, or per position)."""
-    given = {k: p for k, p in params.items() if p is not None}
-    require_float("group_norm", x)
-    require_same_dtype("group_norm", x, *given.values())
-    for label, p in given.items():
-        nnc_form = p.ndim == x.ndim and all(m in (1, n) for m, n in zip(p.shape, x.shape))
-        if tuple(p.shape) != (x.shape[ax],) and not nnc_form:
-            fail(
-                f"group_norm: {label} {show(p)} must have shape [{x.shape[ax]}] (the channels "
-                f"on axis {ax} of x {show(x)}), or x's rank and broadcast to x (NNC's form)"
-            )
-
-
-def _affine(p, x, ax: int):
-    return to_shape(p, x.shape) if p.ndim == x.ndim else _param(p, x, (ax,))
-
-
-def _affine_grad(v, p, ax: int):
-    """The gradient of a scale / bias ``p`` from its per-element contribution ``v``."""
-    if p.ndim == v.ndim:
-        return unbroadcast(v, p.shape)
-    return jnp.sum(v, axis=tuple(d for d in range(v.ndim) if d != ax))
-
-
-def _group_norm_shape(x, scale=None, bias=None, *, groups, axis, epsilon, reduce_axes):
-    ax, _, _, stat = _group_layout(x, groups, axis, reduce_axes)
-    _check_affine(x, ax, scale=scale, bias=bias)
-    s = Spec(stat, x.dtype)
-    return Spec(tuple(x.shape), x.dtype), s, s
-
-
-@defcommand(family="norm", shape=_group_norm_shape, uses=Uses(inputs=(0, 1), outputs=(1, 2)))
-def group_norm(x, scale=None, bias=None, *, groups, axis=-1, epsilon=1e-5, reduce_axes=()):
-    """Group normalisation (NNC's GROUP_NORM): the channels on ``axis`` fall into
-    ``groups`` equal groups; each group is normalised over its own channels plus the
-    axes ``reduce_axes``; every other axis keeps statistics of its own.
-
-    As NNC's ``CMD_GROUP_NORM_FORWARD(group_axis, groups, epsilon, elementwise_affine,
-    ...)``, which lists its reduce axes after the others, none are reduced by default
-    (``reduce_axes=()``): each position is normalised over the group's channels alone.
-    ``reduce_axes=None`` reduces every axis but the batch axis 0: the usual group norm
-    of a CNN, ``[N, H, W, C]`` normalised per sample and group (what the ``GroupNorm``
-    layer uses).
-
-    Returns ``(y, saved_mean, saved_inv_std)``; the statistics are shaped like x with
-    ``groups`` on ``axis`` and 1 on ``reduce_axes`` (NNC's layout, e.g. ``[N, 1, 1, G]``
-    for NHWC). ``scale`` and ``bias`` are optional (NNC's ``elementwise_affine=0`` is
-    ``group_norm(x)``): ``[C]``, or NNC's form with x's rank broadcasting to x.
-    """
-    ax, split, reduced, stat = _group_layout(x, groups, axis, reduce_axes)
-    xs = jnp.reshape(x, split)
-    mu = jnp.mean(xs, axis=reduced, keepdims=True)
-    xc = xs - mu
-    inv_std = lax.rsqrt(jnp.mean(jnp.square(xc), axis=reduced, keepdims=True) + epsilon)
-    y = jnp.reshape(xc * inv_std, x.shape)
-    if scale is not None:
-        y = y * _affine(scale, x, ax)
-    if bias is not None:
-        y = y + _affine(bias, x, ax)
-    return y, jnp.reshape(mu, stat), jnp.reshape(inv_std, stat)
-
-
-@group_norm.backward
-def _group_norm_backward(grads, inputs, outputs, *, groups, axis, epsilon, reduce_axes):
-    gy, g_mean, g_inv = grads
-    x, *params = inputs
-    _, mu, inv_std = outputs
-    ax, split, reduced, _ = _group_layout(x, groups, axis, reduce_axes)
-    keep = tuple(1 if d in reduced else n for d, n in enumerate(split))
-    mu, inv_std = jnp.reshape(mu, keep), jnp.reshape(inv_std, keep)
-    n = math.prod(split[d] for d in reduced)
-    gy = jnp.zeros(x.shape, x.dtype) if gy is None else gy
-    xhat = (jnp.reshape(x, split) - mu) * inv_std
-    scale = params[0] if params else None
-    gxh = jnp.reshape(gy if scale is None else gy * _affine(scale, x, ax), split)
-    gx = inv_std * (
-        gxh
-        - jnp.mean(gxh, axis=reduced, keepdims=True)
-        - xhat * jnp.mean(gxh * xhat, axis=reduced, keepdims=True)
-    )
-    if g_mean is not None:
-        gx = gx + jnp.reshape(g_mean, keep) / n
-    if g_inv is not None:
-        gx = gx - (jnp.reshape(g_inv, keep) * inv_std * inv_std / n) * xhat
-    xhat = jnp.reshape(xhat, x.shape)
-    contributions = (gy * xhat, gy)
-    return (
-        jnp.reshape(gx, x.shape),
-        *(None if p is None else _affine_grad(v, p, ax) for v, p in zip(contributions, params)),
-    )
+    return _like((gx, *_affine_grads(gy, xhat, x, ax, params)), originals)
 
 
 # --- rms_norm --------------------------------------------------------------------------
@@ -391,21 +288,23 @@ def rms_norm(x, scale=None, *, axes=(-1,), epsilon=1e-6):
     ``inv_std = 1 / sqrt(mean(x^2) + epsilon)``.
 
     Returns ``(y, saved_inv_std)`` (``axes`` kept as size 1); ``scale`` is optional and
-    shaped like x at ``axes`` (or with x's rank and 1 off ``axes``, as NNC's).
+    shaped like x at ``axes`` (or with x's rank and 1 off ``axes``, as NNC's). A 16-bit x
+    is normalised in float32 (as the Pallas kernel does); the outputs have x's type.
     """
     ax = norm_axes("rms_norm", axes, x.ndim)
+    orig, (x, scale) = x, _widen(x, scale)
     inv_std = lax.rsqrt(jnp.mean(jnp.square(x), axis=ax, keepdims=True) + epsilon)
     y = x * inv_std
     if scale is not None:
         y = y * _param(scale, x, ax)
-    return y, inv_std
+    return _like((y, inv_std), (orig, orig))
 
 
 @rms_norm.backward
 def _rms_norm_backward(grads, inputs, outputs, *, axes, epsilon):
-    gy, g_inv = grads
-    x, *params = inputs
-    _, inv_std = outputs
+    originals = inputs
+    (gy, g_inv), (x, *params) = _widen(*grads), (*_widen(*inputs[:2]), *inputs[2:])
+    (inv_std,) = _widen(outputs[1])
     ax = norm_axes("rms_norm", axes, x.ndim)
     n = math.prod(x.shape[a] for a in ax)
     gy = jnp.zeros(x.shape, x.dtype) if gy is None else gy
@@ -414,4 +313,4 @@ def _rms_norm_backward(grads, inputs, outputs, *, axes, epsilon):
     gx = inv_std * (gxh - xhat * jnp.mean(gxh * xhat, axis=ax, keepdims=True))
     if g_inv is not None:
         gx = gx - (g_inv * inv_std * inv_std / n) * xhat
-    return (gx, *_affine_grads(gy, xhat, x, ax, params))
+    return _like((gx, *_affine_grads(gy, xhat, x, ax, params)), originals)

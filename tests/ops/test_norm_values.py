@@ -143,3 +143,80 @@ def test_backward_without_statistics_gradients(cmd) -> None:
     want = pull((g, *(np.zeros(o.shape, o.dtype) for o in outs[1:])))
     got = cmd.definition.backward((g,) + (None,) * (len(outs) - 1), (x, scale), outs, **cmd.kwargs)
     assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+# --- float16: statistics in float32 ----------------------------------------------------
+
+
+def _np_stats(x, axis, rms=False):
+    """float64 NumPy oracle: (x - mean) * inv_std over ``axis`` (mean 0 for RMS)."""
+    x = x.astype(np.float64)
+    mu = 0.0 if rms else x.mean(axis, keepdims=True)
+    return mu, 1 / np.sqrt(((x - mu) ** 2).mean(axis, keepdims=True) + (1e-6 if rms else 1e-5))
+
+
+def _jnp_norm(name, x, scale, *rest):
+    """An independent float32 jax.numpy oracle of the command's outputs."""
+    jnp = jax.numpy
+    xs = jnp.reshape(x, (x.shape[0], 2, -1)) if name == "group_norm" else x
+    mu = 0.0 if name == "rms_norm" else jnp.mean(xs, -1, keepdims=True)
+    eps = 1e-6 if name == "rms_norm" else 1e-5
+    inv = jax.lax.rsqrt(jnp.mean(jnp.square(xs - mu), -1, keepdims=True) + eps)
+    y = jnp.reshape((xs - mu) * inv, x.shape) * scale[None] + (rest[0][None] if rest else 0)
+    if name == "group_norm":
+        mu, inv = mu[..., 0], inv[..., 0]
+    return (y, inv) if name == "rms_norm" else (y, mu, inv)
+
+
+NORMS16 = {
+    "layer_norm": ops.layer_norm(),
+    "rms_norm": ops.rms_norm(),
+    "group_norm": ops.group_norm(groups=2),
+}
+BIG16 = rand([2, 130], seed=7, lo=-300, hi=300).astype(np.float16)
+CONST16 = np.full([3, 130], 3.0, np.float16)
+
+
+@pytest.mark.parametrize("x", [BIG16, CONST16], ids=["large", "constant-rows"])
+@pytest.mark.parametrize("name", list(NORMS16))
+def test_float16_norms_compute_statistics_in_float32(name, x) -> None:
+    """|x - mean| >= 256 squares past float16's range: y was silently 0, as inv_std."""
+    cmd = NORMS16[name]
+    params = [np.ones([130], np.float16), np.zeros([130], np.float16)]
+    outs = cmd(x, *params[: 1 if name == "rms_norm" else 2])
+    assert [o.dtype for o in outs] == [np.float16] * len(outs)
+    rows = x.reshape(x.shape[0], 2, 65) if name == "group_norm" else x
+    mu, inv = _np_stats(rows, -1, rms=name == "rms_norm")
+    assert_close(outs[0], ((rows - mu) * inv).reshape(x.shape), rtol=2e-3, atol=2e-3)
+    assert_close(outs[-1], inv.reshape(outs[-1].shape), rtol=2e-3)
+
+
+@pytest.mark.parametrize("x", [BIG16, CONST16], ids=["large", "constant-rows"])
+@pytest.mark.parametrize("name", list(NORMS16))
+def test_float16_norm_backward_matches_float32_grad(name, x) -> None:
+    """With every output's gradient given (saved_inv_std's too: inv_std**2 = 1e5 of a
+    constant row overflowed float16 into NaN), as jax.vjp of a float32 oracle."""
+    cmd = NORMS16[name]
+    params = [rand([130], seed=s, lo=0.5, hi=1.5).astype(np.float16) for s in (1, 2)]
+    params = params[:1] if name == "rms_norm" else params
+    outs = cmd(x, *params)
+    grads = [rand(o.shape, seed=9 + i).astype(np.float16) for i, o in enumerate(outs)]
+    got = cmd.definition.backward(grads, (x, *params), outs, **cmd.kwargs)
+    wide = [a.astype(np.float32) for a in (x, *params)]
+    _, pull = jax.vjp(lambda *a: _jnp_norm(name, *a), *wide)
+    want = pull(tuple(g.astype(np.float32) for g in grads))
+    assert [g.dtype for g in got] == [np.float16] * len(got)
+    assert not any(np.isnan(np.asarray(g, np.float32)).any() for g in got)
+    for g, w in zip(got, want):
+        scale = float(np.abs(w).max()) or 1.0
+        assert_close(g, np.asarray(w).astype(np.float16), rtol=1e-2, atol=2e-3 * scale)
+
+
+def test_float16_batch_norm_with_float16_parameters_computes_in_float32() -> None:
+    x = rand([4, 2, 3], seed=3, lo=-300, hi=300).astype(np.float16)
+    stats = [np.full([3], v, np.float16) for v in (1.0, 0.0, 0.0, 1.0)]
+    y, *_, inv = ops.batch_norm(axes=(0, 1))(x, *stats)
+    mu, want_inv = _np_stats(x, (0, 1))
+    assert y.dtype == inv.dtype == np.float16
+    assert_close(y, (x - mu) * want_inv, rtol=2e-3, atol=2e-3)
+    assert_close(inv, want_inv.reshape(3), rtol=2e-3)
