@@ -127,7 +127,9 @@ def softmax_crossentropy(x, label, *, trim0=0.0, trim1=1.0):
     ``loss = logsumexp(x) - sum(t * x)`` for targets ``t``; it equals
     ``sum(t * -log softmax(x))`` whenever the targets sum to 1 (one-hot labels, or
     ``trim0 = eps / C, trim1 = 1 - eps + eps / C``), and its gradient is always NNC's
-    ``softmax - t``. The backward reads only the softmax and the label.
+    ``softmax - t``. The backward reads only the softmax and the label. A 16-bit x is
+    computed in float32 (as the Pallas kernel does; the sum of the exponentials passes
+    float16's 65504 past 65504 uniform classes) and both outputs cast back to x's type.
 
     >>> import jax.numpy as jnp
     >>> from fnnc import ops
@@ -135,6 +137,7 @@ def softmax_crossentropy(x, label, *, trim0=0.0, trim1=1.0):
     >>> loss
     Array([[15.000017]], dtype=float32)
     """
+    out, x = x.dtype, x.astype(jnp.promote_types(x.dtype, jnp.float32))
     m = lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
     z = x - m
     e = jnp.exp(z)
@@ -143,7 +146,7 @@ def softmax_crossentropy(x, label, *, trim0=0.0, trim1=1.0):
     t_sum = jnp.sum(t, axis=-1, keepdims=True)
     # -sum(t * z) is exactly max - x[label] for a one-hot t, so log(s) is added last.
     loss = -jnp.sum(t * z, axis=-1, keepdims=True) + m * (1 - t_sum) + jnp.log(s)
-    return loss, e / s
+    return loss.astype(out), (e / s).astype(out)
 
 
 def _softmax_crossentropy_grad(g_loss, g_p, label, p, *, trim0, trim1):

@@ -156,3 +156,21 @@ def test_empty_sample_losses_are_sums_of_nothing_or_refused() -> None:
     g, _ = backward(b.build([s]), s, [x])
     grads = compile(g)(z, z)  # the sum's gradient over no values: empty, no ZeroDivisionError
     assert [np.shape(v) for v in jax.tree.leaves(grads)][-1] == (2, 0)
+
+
+def test_float16_softmax_crossentropy_past_65504_classes() -> None:
+    """Uniform float16 logits over V > 65504 classes: the sum of the exponentials is V,
+    past float16's range, so it is taken in float32 (the loss was inf, the softmax 0).
+    Closed forms: loss log V, softmax 1 / V, gradient 1 / V - one_hot."""
+    v = 70_000
+    cmd = ops.softmax_crossentropy()
+    x, label = np.zeros([2, v], np.float16), np.array([5, v - 1], np.int32)
+    loss, p = cmd(x, label)
+    assert loss.dtype == p.dtype == np.float16
+    assert_close(loss, np.full([2, 1], np.log(v)), rtol=1e-3)
+    assert_close(p, np.full([2, v], 1 / v), rtol=2e-2)  # 1 / V is subnormal in float16
+    ones = np.ones([2, 1], np.float16)
+    gx, _ = cmd.definition.backward((ones, None), (x, label), (loss, p), **cmd.kwargs)
+    want = np.full([2, v], 1 / v)
+    want[[0, 1], label] -= 1
+    assert_close(gx, want, rtol=2e-2, atol=1e-6)
