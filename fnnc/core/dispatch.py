@@ -52,12 +52,11 @@ from fnnc.core.command import Command, Spec, lookup, output_specs, spec_text
 from fnnc.core.ir import Graph
 from fnnc.core.keys import key_bits
 from fnnc.core.opdef import registry
+from fnnc.core.platforms import PLATFORMS as PLATFORMS
+from fnnc.core.platforms import platform_name
 from fnnc.errors import BackendError, CommandError, DTypeError
 
 REFERENCE = "xla"
-PLATFORMS = ("cpu", "gpu", "tpu")
-"""The platform names backends declare and table keys hold (JAX's ``cuda`` and ``rocm``
-are ``gpu``); the reference backend runs on each."""
 
 
 def _always(cmd: Command, specs: Sequence[Spec]) -> str | None:
@@ -249,8 +248,11 @@ def _check_forcing(cfg: config.Config) -> None:
 
 
 def select_backend(cmd: Command, specs: Sequence[Spec], platform: str | None = None) -> str:
-    """The backend name a node running ``cmd`` on ``specs`` gets (see module doc)."""
-    platform = platform or jax.default_backend()
+    """The backend name a node running ``cmd`` on ``specs`` gets (see module doc) on
+    ``platform`` (``"cpu"``, ``"gpu"`` or ``"tpu"``, any case; JAX's ``"cuda"`` and
+    ``"rocm"`` are ``"gpu"``; default: JAX's default backend). An unknown platform name
+    is a :class:`~fnnc.errors.ConfigError`."""
+    platform = platform_name(platform, "select_backend")
     available = _backends_of(cmd.name, _generation)
     cfg = config.get()
     if (cfg.backend or cfg.backend_per_command) and _checked != (_generation, cfg.serial):

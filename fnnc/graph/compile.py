@@ -24,6 +24,7 @@ from fnnc import config
 from fnnc.core import dispatch
 from fnnc.core.evaluate import as_tuple, run_nodes
 from fnnc.core.ir import Graph, Node, require_graph
+from fnnc.core.platforms import platform_name
 from fnnc.errors import CommandError, GraphError, GraphInputError, NumericsError
 from fnnc.graph import cpu_libraries
 from fnnc.graph._io import flatten_inputs, unflatten_outputs
@@ -368,7 +369,9 @@ def compile(  # noqa: A001 - the name NNC users look for
         donate: graph inputs (positions or names, one or a list) whose buffers the
             program may reuse for its outputs (NNC's in-place execution); callers must
             not use them after.
-        platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default: JAX's default backend.
+        platform: ``"cpu"``, ``"gpu"`` or ``"tpu"`` (any case; JAX's ``"cuda"`` and
+            ``"rocm"`` are ``"gpu"``; another name is a :class:`~fnnc.errors.ConfigError`);
+            default: JAX's default backend.
         shardings: layouts of the inputs (and outputs) on a device mesh, e.g. from
             :func:`~fnnc.graph.data_parallel`; XLA inserts the collectives.
         matmul_precision: how float32 dots and convolutions run: ``"float32"`` (full
@@ -396,7 +399,7 @@ def compile(  # noqa: A001 - the name NNC users look for
     return _compile_cached(
         graph,
         () if numerics else donated,  # the numerics report re-runs the inputs
-        platform or jax.default_backend(),
+        platform_name(platform, "compile"),
         dispatch.state(),
         numerics,
         shardings,

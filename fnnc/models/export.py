@@ -37,6 +37,7 @@ import numpy as np
 
 from fnnc import config
 from fnnc.core.files import atomic_write
+from fnnc.core.platforms import platform_name
 from fnnc.errors import ModelError
 from fnnc.graph import interpret
 from fnnc.models.pipeline import Pipeline
@@ -159,9 +160,8 @@ def _runs_here(platforms: Sequence[str] | None) -> str:
     and others; ``"no"``: for others only."""
     if platforms is None:
         return "only"
-    here = jax.default_backend()
-    names = {"gpu": {"gpu", "cuda", "rocm"}}.get(here, {here})
-    hits = [p.lower() in names for p in platforms]
+    here = platform_name(None, "export")
+    hits = [platform_name(p, "export") == here for p in platforms]
     return "only" if all(hits) else "also" if any(hits) else "no"
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fnnc import config, ops
-from fnnc.errors import BackendError, FnncError, GraphFormatError
+from fnnc.errors import BackendError, ConfigError, FnncError, GraphFormatError
 from fnnc.graph import GraphBuilder, compile
 from fnnc.ops import Backend
 from tests.helpers import assert_close
@@ -258,3 +258,24 @@ def test_save_merges_into_the_file_as_load_merges_into_the_table(tmp_path):
         ]
     finally:
         ops.autotune.TABLE.clear()
+
+
+@pytest.mark.parametrize("name", ["CUDA", "rocm", "Gpu"])
+def test_platform_names_are_normalised_as_jax_spells_them(interpret_only_backend, name):
+    """JAX's cuda / rocm and capitals are fnnc's gpu: they took the reference for every
+    node, where "gpu" takes the kernels."""
+    b = GraphBuilder()
+    graph = b.build([b.exec(ops.ewabs(), b.input((2, 2)), name="abs")])
+    assert ops.select_backend(ops.ewabs(), [spec(2, 2)], name) == "kernel"
+    assert compile(graph, platform=name).backends == compile(graph, platform="gpu").backends
+    assert compile(graph, platform=name).backends == ((0, "abs", "kernel"),)
+
+
+def test_an_unknown_platform_name_is_an_error_that_lists_the_names():
+    b = GraphBuilder()
+    graph = b.build([b.exec(ops.ewabs(), b.input((2, 2)))])
+    want = r"unknown platform 'gpus'; expected one of \['cpu', 'gpu', 'tpu'\].*'gpu'\?"
+    with pytest.raises(ConfigError, match="compile: " + want):
+        compile(graph, platform="gpus")
+    with pytest.raises(ConfigError, match="select_backend: " + want):
+        ops.select_backend(ops.ewabs(), [spec(2, 2)], "gpus")
