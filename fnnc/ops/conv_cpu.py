@@ -184,10 +184,13 @@ def supports_any(cmd: Any, specs: Sequence[Any]) -> str | None:
 
 
 def supports_chunked(cmd: Any, specs: Sequence[Any]) -> str | None:
-    """As :func:`supports_any`, and a batch larger than one chunk (else the reference)."""
-    if specs[0].shape[0] <= forms.CHUNK:
+    """As :func:`supports_any`, and a batch larger than one chunk (else the reference).
+    The batch is read only once x is known to have one: an unbatched sample's axis 0 is
+    spatial."""
+    reason = _dtype_reason(specs)
+    if reason is None and specs[0].shape[0] <= forms.CHUNK:
         return f"batch {specs[0].shape[0]} <= {forms.CHUNK}: one chunk is the reference itself"
-    return _dtype_reason(specs)
+    return reason
 
 
 def _run_forward(name: str, x, w, bias, params) -> Any:

@@ -100,6 +100,15 @@ def test_default_choice_on_cpu(monkeypatch):
     assert "one chunk" in conv_cpu.supports_chunked(same, small)
 
 
+def test_chunked_on_one_sample_says_it_has_no_batch_axis():
+    """Axis 0 of an unbatched [H, W, C] sample is spatial: "batch 5 <= 8" misread it."""
+    x, w = spec((5, 5, 2), jnp.float32), spec((3, 3, 3, 2), jnp.float32)
+    want = "one sample without a batch axis: the reference adds it"
+    assert conv_cpu.supports_chunked(ops.convolution(), (x, w)) == want
+    big = spec((40, 5, 2), jnp.float32)  # axis 0 past one chunk: still no batch
+    assert conv_cpu.supports_chunked(ops.convolution(), (big, w)) == want
+
+
 def test_registered_for_convolution_only_on_cpu():
     backends = ops.backends_of("convolution")
     for name in BACKENDS:
