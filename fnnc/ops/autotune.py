@@ -37,7 +37,8 @@ from fnnc.core.dispatch import (
 )
 from fnnc.core.dispatch import table_key as key
 from fnnc.core.files import atomic_write
-from fnnc.errors import BackendError, GraphFormatError
+from fnnc.core.platforms import platform_name
+from fnnc.errors import BackendError, ConfigError, GraphFormatError
 
 __all__ = [
     "PLATFORMS",
@@ -107,7 +108,8 @@ def autotune(cmd: Command, *arrays: Any, repeats: int = 5, platform: str | None 
 
 def timing_target(platform: str | None, repeats: int, where: str) -> tuple[str, Any]:
     """``(platform, its first device)``: ``platform`` (default JAX's default backend)
-    checked to be one of :data:`PLATFORMS` and present here, for timing there, and
+    in fnnc's spelling (:func:`~fnnc.core.platforms.platform_name`: ``"cuda"`` is
+    ``"gpu"``), checked to be present here, for timing there, and
     ``repeats`` checked to be at least 1.
 
     Raises:
@@ -117,12 +119,10 @@ def timing_target(platform: str | None, repeats: int, where: str) -> tuple[str, 
     """
     if not isinstance(repeats, int) or repeats < 1:
         raise BackendError(f"{where}: repeats must be an int >= 1, got {repeats!r}")
-    platform = platform or jax.default_backend()
-    if platform not in PLATFORMS:
-        raise BackendError(
-            f"{where}: unknown platform {platform!r}; expected one of {list(PLATFORMS)} "
-            "(NVIDIA and AMD GPUs are both 'gpu')"
-        )
+    try:  # the names compile and select_backend take: 'cuda' and 'rocm' are 'gpu'
+        platform = platform_name(platform, where)
+    except ConfigError as e:
+        raise BackendError(str(e)) from None
     try:
         return platform, jax.devices(platform)[0]
     except RuntimeError:
