@@ -154,9 +154,12 @@ def _rmsnorm_gated_rule(x: Spec, gate: Spec, scale: Spec | None = None, *, axes,
 
 @defcommand(family="gated", shape=_rmsnorm_gated_rule)
 def rmsnorm_gated(x, gate, scale=None, *, axes=(-1,), epsilon=1e-6):
-    """``x / sqrt(mean(x^2) + epsilon) * scale * swish(gate)``, the mean over ``axes``."""
+    """``x / sqrt(mean(x^2) + epsilon) * scale * swish(gate)``, the mean over ``axes``;
+    computed in float32 at least (a 16-bit square overflows past 256), cast back."""
     ax = norm_axes("rmsnorm_gated", axes, x.ndim)
+    dtype, wide = x.dtype, jnp.promote_types(x.dtype, jnp.float32)
+    x, gate = x.astype(wide), gate.astype(wide)
     y = x * lax.rsqrt(jnp.mean(x * x, axis=ax, keepdims=True) + epsilon)
     if scale is not None:
-        y = y * to_shape(scale, x.shape)
-    return y * gate * jax.nn.sigmoid(gate)
+        y = y * to_shape(scale.astype(wide), x.shape)
+    return (y * gate * jax.nn.sigmoid(gate)).astype(dtype)

@@ -312,10 +312,12 @@ def _mse_shape(a, b, *, reduce):
 
 @defcommand(family="loss", shape=_mse_shape, uses=Uses(inputs=(0, 1)))
 def mse(a, b, *, reduce="mean"):
-    """Squared error per sample, ``[N, ...] -> [N, 1]``: ``"mean"`` or ``"sum"`` of ``(a-b)**2``."""
-    d = a - b
+    """Squared error per sample, ``[N, ...] -> [N, 1]``: ``"mean"`` or ``"sum"`` of ``(a-b)**2``,
+    summed in float32 at least (a 16-bit sum of squares overflows where its mean fits)."""
+    wide = jnp.promote_types(a.dtype, jnp.float32)
+    d = a.astype(wide) - b.astype(wide)
     loss = _per_sample(d * d)
-    return loss / math.prod(a.shape[1:]) if reduce == "mean" else loss
+    return (loss / math.prod(a.shape[1:]) if reduce == "mean" else loss).astype(a.dtype)
 
 
 def _mse_grad(g, a, b, *, reduce):

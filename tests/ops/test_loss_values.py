@@ -174,3 +174,13 @@ def test_float16_softmax_crossentropy_past_65504_classes() -> None:
     want = np.full([2, v], 1 / v)
     want[[0, 1], label] -= 1
     assert_close(gx, want, rtol=2e-2, atol=1e-6)
+
+
+def test_float16_mse_mean_fits_where_the_sum_of_squares_does_not() -> None:
+    """1000 squared errors of 20: the sum 400000 is past float16's 65504, the mean 400
+    is not (it was inf); the "sum" is then inf, as float16 holds it."""
+    a, b = np.full([2, 1000], 20, np.float16), np.zeros([2, 1000], np.float16)
+    mean = ops.mse(reduce="mean")(a, b)
+    assert mean.dtype == np.float16
+    assert_close(mean, np.full([2, 1], 400.0))
+    assert np.isinf(np.asarray(ops.mse(reduce="sum")(a, b))).all()

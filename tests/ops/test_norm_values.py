@@ -220,3 +220,15 @@ def test_float16_batch_norm_with_float16_parameters_computes_in_float32() -> Non
     assert y.dtype == inv.dtype == np.float16
     assert_close(y, (x - mu) * want_inv, rtol=2e-3, atol=2e-3)
     assert_close(inv, want_inv.reshape(3), rtol=2e-3)
+
+
+def test_float16_rmsnorm_gated_computes_in_float32() -> None:
+    """x = [300, -300, 100, 0] in float16: x * x overflows past 256, so the statistics
+    are taken in float32 (the result was all zeros); oracle in float64."""
+    x = np.array([[300, -300, 100, 0]], np.float16)
+    gate = np.array([[1.0, -2.0, 0.5, 3.0]], np.float16)
+    got = ops.rmsnorm_gated()(x, gate)
+    x64, g64 = x.astype(np.float64), gate.astype(np.float64)
+    want = x64 / np.sqrt(np.mean(x64 * x64, -1, keepdims=True) + 1e-6) * g64 / (1 + np.exp(-g64))
+    assert got.dtype == np.float16
+    assert_close(got, want, rtol=2e-3, atol=1e-3)
