@@ -58,6 +58,32 @@ def _axes(layer: Layer, axes: Any, x: Symbol) -> tuple[int, ...]:
     return tuple(int(a) for a in axes)
 
 
+def _per_axis(layer: Layer, arg: str, value: Any, x: Symbol) -> tuple[int, ...]:
+    """``value`` (an int, or one int per spatial axis) for the spatial axes of ``x``.
+
+    Inside a model every input has a batch axis: a rank-``r`` input is ``[batch,
+    spatial..., channels]`` with ``r - 2`` spatial axes, and an int stands for each of
+    them (``Conv(16, 3)`` on NHWC is 3x3, on ``[N, W, C]`` a width-3 kernel). A tuple of
+    another length, or an input without a spatial axis, is a :class:`ModelError` naming
+    the layer and the input's shape (the ops' "one sample without a batch axis" reading
+    would mix the samples of a batch)."""
+    shape, nd = list(x.shape), len(x.shape) - 2
+    if nd < 1:
+        raise ModelError(
+            f"layer {layer.describe()}: its input of shape {shape} has no spatial axis; "
+            "expected [batch, spatial..., channels] (rank 3 or more), e.g. [N, W, C] or "
+            "[N, H, W, C]: reshape the input first (Reshape((W, 1)) adds a channel axis)"
+        )
+    sizes = (value,) * nd if is_int(value) else tuple(value)
+    if len(sizes) != nd:
+        raise ModelError(
+            f"layer {layer.describe()}: {arg}={value!r} does not fit its input of shape "
+            f"{shape}: inside a model inputs are [batch, spatial..., channels], so this one "
+            f"has {nd} spatial axes; pass one int or {nd} ints, e.g. {arg}={(sizes[0],) * nd}"
+        )
+    return tuple(int(k) for k in sizes)
+
+
 class Parameter(Layer):
     """A free-standing trainable tensor (NNC's shared tensor), called with no inputs.
 
@@ -92,7 +118,13 @@ class Dense(Layer):
 
 
 class Conv(Layer):
-    """NHWC convolution, weight ``[filters, kh, kw, in/groups]``."""
+    """Channels-last convolution, weight ``[filters, k..., in/groups]`` (NHWC: ``[filters,
+    kh, kw, in/groups]``).
+
+    ``kernel_size`` is one int for every spatial axis of the input the layer is called
+    on (inputs are ``[batch, spatial..., channels]``: ``Conv(16, 3)`` is 3x3 on NHWC, a
+    width-3 kernel on ``[N, W, C]``) or one int per spatial axis.
+    """
 
     owns_parameters = True
 
@@ -109,10 +141,13 @@ class Conv(Layer):
         **kw: Any,
     ):
         super().__init__(**kw)
-        square = not isinstance(kernel_size, Sequence)  # Conv(16, 3): a 3x3 kernel
         self.filters = positive_int(self, "filters", filters)
-        kernel = (kernel_size,) * 2 if square else tuple(kernel_size)
-        self.kernel_size = tuple(positive_int(self, "kernel_size", k) for k in kernel)
+        # an int is one size per spatial axis of the input, known at build (_per_axis)
+        self.kernel_size: int | tuple[int, ...] = (
+            tuple(positive_int(self, "kernel_size", k) for k in kernel_size)
+            if isinstance(kernel_size, Sequence)
+            else positive_int(self, "kernel_size", kernel_size)
+        )
         self.strides, self.padding, self.dilation = strides, padding, dilation
         self.groups, self.no_bias = positive_int(self, "groups", groups), no_bias
 
@@ -123,8 +158,9 @@ class Conv(Layer):
                 f"layer {self.describe()}: {cin} input channels do not split into "
                 f"{self.groups} groups"
             )
-        nk = len(self.kernel_size)
-        shape = (self.filters, *self.kernel_size, cin // self.groups)
+        kernel = _per_axis(self, "kernel_size", self.kernel_size, x)
+        nk = len(kernel)
+        shape = (self.filters, *kernel, cin // self.groups)
         w = ctx.param(self, 0, shape, glorot_uniform(range(1, nk + 2), [0]), x.dtype)
         args = (
             [x, w] if self.no_bias else [x, w, ctx.param(self, 1, (self.filters,), zeros, x.dtype)]
@@ -239,39 +275,49 @@ class Dropout(Layer):
 
 
 class _Pool(Layer):
+    """A pool over the spatial axes of ``[batch, spatial..., channels]``: ``window`` is
+    one int for every spatial axis of the input (``MaxPool(2)`` is 2x2 on NHWC, width 2
+    on ``[N, W, C]``, as ``Conv(16, 3)`` is 3x3) or one int per spatial axis."""
+
     command: Any = None
 
     def __init__(
         self,
-        window: int | Sequence[int] = (2, 2),
+        window: int | Sequence[int] = 2,
         *,
         strides: Any = None,
         padding: Any = 0,
         **kw: Any,
     ):
         super().__init__(**kw)
-        if isinstance(window, (int, np.integer)):
-            window = (int(window),) * 2  # MaxPool(2): a 2x2 window, as Conv(16, 3) is 3x3
-        elif not isinstance(window, Sequence):
+        if is_int(window):
+            window = int(window)  # one size per spatial axis of the input (_per_axis)
+        elif isinstance(window, Sequence):
+            window = tuple(window)
+        else:
             raise ModelError(
                 f"layer {self.describe()}: window is {window!r:.40} ({type(window).__name__}); "
-                "expected an int (a square window) or one int per spatial axis, e.g. (2, 2)"
+                "expected an int (the same size on every spatial axis) or one int per "
+                "spatial axis, e.g. (2, 2)"
             )
-        self.window, self.strides, self.padding = tuple(window), strides, padding
+        self.window, self.strides, self.padding = window, strides, padding
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
-        cmd = type(self).command(window=self.window, strides=self.strides, padding=self.padding)
+        window = _per_axis(self, "window", self.window, x)
+        cmd = type(self).command(window=window, strides=self.strides, padding=self.padding)
         return ctx.b.exec(cmd, x, name=ctx.layer_id(self))
 
 
 class MaxPool(_Pool):
-    """Max pooling, NHWC."""
+    """Max pooling over the spatial axes of ``[batch, spatial..., channels]``; an int
+    ``window`` is that size on every spatial axis (``MaxPool(2)`` is 2x2 on NHWC)."""
 
     command = ops.max_pool
 
 
 class AvgPool(_Pool):
-    """Average pooling, NHWC (padded cells not counted, as NNC)."""
+    """Average pooling over the spatial axes of ``[batch, spatial..., channels]`` (padded
+    cells not counted, as NNC); an int ``window`` is that size on every spatial axis."""
 
     command = ops.avg_pool
 

@@ -198,3 +198,41 @@ def test_norm_axes_may_be_one_int_or_negative():
     assert p["t-ln-0-0"].shape == (4,)
     mu, var = x.mean(1, keepdims=True), x.var(1, keepdims=True)
     assert_close(y, (x - mu) / np.sqrt(var + 1e-5), rtol=1e-4, atol=1e-5)
+
+
+def test_int_window_and_kernel_cover_the_spatial_axes_of_a_batched_sequence():
+    """In a model every input has a batch axis: on [N, W, C] an int window or kernel is
+    1-D, per sample (the op's "one sample" reading took N as a spatial axis)."""
+    x = rand([4, 6, 1])
+    y, _ = _run(MaxPool(2), x)
+    assert_close(y, x.reshape(4, 3, 2, 1).max(2))
+    y, _ = _run(AvgPool(2), x)
+    assert_close(y, x.reshape(4, 3, 2, 1).mean(2), rtol=1e-6)
+    y, p = _run(Conv(2, 3, name="c"), x)
+    w, b = np.asarray(p["t-c-0-0"]), np.asarray(p["t-c-0-1"])
+    assert w.shape == (2, 3, 1)  # [filters, k, in]
+    xp = np.pad(x, ((0, 0), (1, 1), (0, 0)))  # SAME for a width-3 kernel
+    want = sum(np.einsum("ntc,oc->nto", xp[:, k : k + 6], w[:, k]) for k in range(3)) + b
+    assert_close(y, want, rtol=1e-5, atol=1e-5)
+
+
+def test_int_kernel_keeps_nnc_layout_in_2d_and_grows_with_the_input_rank():
+    _, p = _run(Conv(4, 3, name="c"), rand([1, 5, 5, 2]))
+    assert sorted(p) == ["t-c-0-0", "t-c-0-1"] and p["t-c-0-0"].shape == (4, 3, 3, 2)
+    _, p = _run(Conv(4, 2, name="c"), rand([1, 3, 3, 3, 2]))
+    assert p["t-c-0-0"].shape == (4, 2, 2, 2, 2)
+
+
+@pytest.mark.parametrize(
+    "layer, shape",
+    [
+        (MaxPool((2, 2, 2), name="p"), [2, 6, 6, 4]),
+        (AvgPool((2, 2), name="p"), [2, 6, 4]),
+        (Conv(2, (3, 3), name="p"), [2, 6, 4]),
+        (Conv(2, 3, name="p"), [2, 6]),
+    ],
+)
+def test_a_kernel_that_does_not_fit_the_spatial_axes_names_the_layer(layer, shape):
+    kind = type(layer).__name__
+    with pytest.raises(ModelError, match=rf"layer {kind}\('p'\): .*shape \[{shape[0]}, "):
+        _run(layer, rand(shape))
