@@ -280,7 +280,9 @@ class BuildContext:
         internal: bool = False,
     ) -> Symbol:
         """The symbol of parameter (or internal) ``index`` of ``layer``: a graph input
-        named by its NNC id, the same symbol on every build of a shared layer."""
+        named by its NNC id, the same symbol on every build of a shared layer, except
+        that an internal an earlier call :meth:`update` d is that new value (see
+        :meth:`declare`)."""
         if not all(is_int(n) and n >= 0 for n in shape):
             raise ModelError(
                 f"layer {layer.describe()}: parameter {index} has the shape {list(shape)}; "
@@ -297,7 +299,12 @@ class BuildContext:
         """The graph input of parameter ``info`` (index ``index`` of ``layer``) under the
         id ``info.id`` as first declared for that index: the same symbol on every build
         of a shared layer. :meth:`param` names the id; a layer that forms ids itself
-        (:class:`fnnc.models.Repeat`) declares them here."""
+        (:class:`fnnc.models.Repeat`) declares them here.
+
+        An internal already given a new value by :meth:`update` in this build is that
+        value: a layer with state (a batch norm) called twice chains its updates, the
+        second call reading the statistics the first one updated, as NNC's in-place
+        update and Flax NNX's shared module do (else only the last update survived)."""
         pid = self._pids.setdefault((id(layer), info.internal, index), info.id)
         if pid in self.params:
             known = self.params[pid]
@@ -307,7 +314,7 @@ class BuildContext:
                     f"and is now asked for as {list(info.shape)}; a shared layer must see "
                     "inputs of one shape"
                 )
-            return self.symbols[pid]
+            return self.updates.get(pid, self.symbols[pid])
         self.params[pid] = dataclasses.replace(info, id=pid) if pid != info.id else info
         self.symbols[pid] = self.b.input(info.shape, info.dtype, name=pid)
         return self.symbols[pid]

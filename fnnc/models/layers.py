@@ -172,7 +172,12 @@ class Conv(Layer):
 
 
 class BatchNorm(Layer):
-    """Batch normalisation over all axes but the last (NHWC); running stats are internals."""
+    """Batch normalisation over all axes but the last (NHWC); running stats are internals.
+
+    Called twice in one model, the second call updates the statistics the first one
+    updated (NNC's in-place update, a shared Flax NNX ``BatchNorm``): after one step,
+    ``0.9 * (0.9 * m + 0.1 * mu1) + 0.1 * mu2``.
+    """
 
     owns_parameters = True
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from fnnc.errors import ModelError
@@ -13,6 +14,7 @@ from fnnc.models import (
     Activation,
     Add,
     AvgPool,
+    BatchNorm,
     Concat,
     Conv,
     Dense,
@@ -236,3 +238,19 @@ def test_a_kernel_that_does_not_fit_the_spatial_axes_names_the_layer(layer, shap
     kind = type(layer).__name__
     with pytest.raises(ModelError, match=rf"layer {kind}\('p'\): .*shape \[{shape[0]}, "):
         _run(layer, rand(shape))
+
+
+def test_a_batch_norm_called_twice_chains_its_running_statistics():
+    """The second call reads the statistics the first one updated (NNC updates them in
+    place; a shared flax.nnx.BatchNorm too): closed form 0.9 (0.9 m + 0.1 mu1) + 0.1 mu2
+    with m = 0, and the same for the biased variances from v = 1."""
+    x = rand([8, 3]) + 2
+    bn, i = BatchNorm(name="bn"), Input()
+    y = Add()(bn(i), bn(Mul()(i, i)))  # the second call normalises x * x
+    model = Model(i, y)
+    model.compile(x, loss="mse", minimizer=optax.sgd(0.0))
+    model.fit(x, np.zeros_like(x))
+    p = model.parameters()
+    (mu1, v1), (mu2, v2) = (x.mean(0), x.var(0)), ((x * x).mean(0), (x * x).var(0))
+    assert_close(p["r-bn-0-0"], 0.9 * (0.9 * 0 + 0.1 * mu1) + 0.1 * mu2, rtol=1e-5)
+    assert_close(p["r-bn-0-1"], 0.9 * (0.9 * 1 + 0.1 * v1) + 0.1 * v2, rtol=1e-5)
