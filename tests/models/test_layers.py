@@ -254,3 +254,9 @@ def test_a_batch_norm_called_twice_chains_its_running_statistics():
     (mu1, v1), (mu2, v2) = (x.mean(0), x.var(0)), ((x * x).mean(0), (x * x).var(0))
     assert_close(p["r-bn-0-0"], 0.9 * (0.9 * 0 + 0.1 * mu1) + 0.1 * mu2, rtol=1e-5)
     assert_close(p["r-bn-0-1"], 0.9 * (0.9 * 1 + 0.1 * v1) + 0.1 * v2, rtol=1e-5)
+
+
+def test_dense_on_integers_names_the_layer_and_what_to_do():
+    want = r"layer Dense\('d'\): expected a floating-point input, got int32\[2, 3\]; .*Embedding"
+    with pytest.raises(ModelError, match=want):
+        _run(Dense(2, name="d"), np.zeros((2, 3), np.int32))
