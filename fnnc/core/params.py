@@ -122,9 +122,16 @@ _NEGATIVE_ZERO = _NegativeZero(-0.0)
 
 
 def freeze(value: Any) -> Hashable:
-    """Makes a hyper-parameter hashable: lists become tuples, dtypes become np.dtype."""
+    """Makes a hyper-parameter hashable: lists become tuples, dtypes become np.dtype, and
+    NumPy integer and bool scalars (``np.int64(2)`` from ``np.arange`` or ``shape // 2``)
+    the Python ``int`` / ``bool`` they equal, so every rule that takes an int takes them
+    and listings print ``strides=2``."""
     if isinstance(value, (list, tuple)):
         return tuple(freeze(v) for v in value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
     if isinstance(value, np.ndarray):
         raise CommandError("array hyper-parameters are not allowed; use fnnc.ops.constant")
     if isinstance(value, np.dtype):

@@ -177,3 +177,16 @@ def test_one_sample_without_a_batch_axis_is_the_batch_of_one(transpose: bool) ->
     )
     for a_, w_ in zip(got, pullback(jnp.asarray(g))):
         assert_close(a_, w_, rtol=1e-5, atol=1e-5)
+
+
+def test_numpy_ints_are_ints_in_spatial_arguments():
+    """np.int64(2) (from np.arange, shape // 2) is accepted wherever 2 is, the same numbers."""
+    x, w, b = rand([1, 5, 5, 4]), rand([4, 3, 3, 2]), rand([4])
+    i = np.int64
+    got = ops.convolution(strides=i(2), padding=(i(1), (i(0), i(1))), dilation=i(1), groups=i(2))
+    y = np.asarray(got(x, w, b))
+    want = _conv2d_loop(x, w, b, (2, 2), ((1, 1), (0, 1)), (1, 1), 2)
+    assert_close(y, want, rtol=1e-5, atol=1e-5)
+    p = np.asarray(ops.max_pool(window=i(2), strides=(i(1), i(2)), padding=i(0))(x))
+    assert_close(p, ops.max_pool(window=2, strides=(1, 2), padding=0)(x))
+    assert str(got) == "convolution[strides=2, padding=(1,(0,1)), groups=2]"
