@@ -418,18 +418,27 @@ class CommandLayer(Layer):
 
     Args:
         cmd: the command, e.g. ``ops.softmax(axis=-1)``.
-        outputs: how many outputs the command has (a tuple is returned when > 1).
+        outputs: how many outputs the command has (a tuple is returned when > 1); a
+            command that gives another count on its inputs is a :class:`ModelError`
+            naming the layer, at build.
     """
 
     def __init__(self, cmd: Command, *, outputs: int = 1, **kw: Any):
         super().__init__(**kw)
-        self.cmd, self.outputs = cmd, outputs
+        self.cmd, self.outputs = cmd, positive_int(self, "outputs", outputs)
 
     def num_outputs(self, num_inputs: int) -> int:
         return self.outputs
 
     def build(self, ctx: BuildContext, *xs: Symbol) -> Any:
-        return ctx.b.exec(self.cmd, *xs, name=ctx.layer_id(self))
+        out = ctx.b.exec(self.cmd, *xs, name=ctx.layer_id(self))
+        n = len(out) if isinstance(out, tuple) else 1
+        if n != self.outputs:  # the model wires self.outputs values: one would be missing
+            raise ModelError(
+                f"layer {self.describe()}: outputs={self.outputs}, but {self.cmd.name} gives "
+                f"{n} output(s) on {len(xs)} input(s); pass CommandLayer(..., outputs={n})"
+            )
+        return out
 
 
 def Activation(kind: str, **kw: Any) -> CommandLayer:

@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 
+from fnnc import ops
 from fnnc.errors import ModelError
 from fnnc.models import (
     LSTM,
@@ -15,6 +16,7 @@ from fnnc.models import (
     Add,
     AvgPool,
     BatchNorm,
+    CommandLayer,
     Concat,
     Conv,
     Dense,
@@ -260,3 +262,16 @@ def test_dense_on_integers_names_the_layer_and_what_to_do():
     want = r"layer Dense\('d'\): expected a floating-point input, got int32\[2, 3\]; .*Embedding"
     with pytest.raises(ModelError, match=want):
         _run(Dense(2, name="d"), np.zeros((2, 3), np.int32))
+
+
+def test_command_layer_outputs_must_match_the_command():
+    x, i = rand([3, 4]), Input()
+    with pytest.raises(ModelError, match=r"CommandLayer\('r'\): outputs=2, but relu gives 1 "):
+        Model(i, list(CommandLayer(ops.relu(), outputs=2, name="r")(i))).compile(x)
+    with pytest.raises(ModelError, match=r"outputs=1, but layer_norm gives 3 output\(s\) on 1 "):
+        _run(CommandLayer(ops.layer_norm(axes=(-1,)), name="n"), x)
+    y, mean, _ = CommandLayer(ops.layer_norm(axes=(-1,)), outputs=3, name="n")(i)
+    model = Model(i, [y, mean])
+    model.compile(x)
+    got = model.evaluate(x)
+    assert_close(got[1].reshape(3), x.mean(-1), rtol=1e-5)
