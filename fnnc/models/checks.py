@@ -277,6 +277,25 @@ def numeric_inputs(model: Any, values: list[Any]) -> list[Any]:
     return values
 
 
+def declared_input(model: Any, index: int, io: Any, x: Any, where: str = "") -> None:
+    """Input ``index`` of ``model`` (its ``Input(shape=, dtype=)`` declaration ``io``) against
+    the symbol ``x`` a build gives it; a ModelError naming the input when they differ."""
+    shape_ok = io.shape is None or (
+        len(io.shape) == len(x.shape)
+        and all(d is None or d == n for d, n in zip(io.shape, x.shape))
+    )
+    dtype = None if io.dtype is None else jax.dtypes.canonicalize_dtype(io.dtype)
+    if shape_ok and (dtype is None or dtype == np.dtype(x.dtype)):
+        return
+    shape = "any shape" if io.shape is None else f"shape {list(io.shape)}"
+    raise ModelError(
+        f"{where}model {model.describe()}: {input_label(model, index)} is declared "
+        f"Input({shape}, dtype {'any' if dtype is None else dtype.name}) and is given "
+        f"{_ty(x)}; pass inputs that fit (None in a shape is any size), or change the "
+        "Input declaration"
+    )
+
+
 def minimizer_ids(params: Any) -> list[str] | None:
     """``params`` of ``set_minimizer`` as a list of ids: one id alone stands for ``[it]``."""
     if params is None or isinstance(params, str):

@@ -56,26 +56,28 @@ def positive_int(layer: Layer, arg: str, value: Any) -> int:
 @dataclasses.dataclass(frozen=True, eq=False)
 class ModelIO:
     """A symbolic value in a functional model: input ``index`` of a model, or output
-    ``index`` of ``layer`` applied to ``args``."""
+    ``index`` of ``layer`` applied to ``args``; an input's declared ``shape`` and
+    ``dtype`` (``None``: any)."""
 
     layer: Layer | None
     args: tuple[ModelIO, ...]
     index: int = 0
     name: str = ""
     shape: tuple[int | None, ...] | None = None
-    dtype: Any = np.float32
+    dtype: Any = None
 
 
-def Input(
-    shape: Sequence[int | None] | None = None, dtype: Any = np.float32, name: str = ""
-) -> ModelIO:
-    """A model input. ``shape`` is optional (compile takes the real input specs).
+def Input(shape: Sequence[int | None] | None = None, dtype: Any = None, name: str = "") -> ModelIO:
+    """A model input. ``shape`` and ``dtype`` are optional: compile takes the real input
+    specs, and each build checks them against what is declared (``None`` in ``shape``:
+    any size on that axis), a :class:`ModelError` naming the input otherwise.
 
     >>> from fnnc.models import Input, Dense, Model
-    >>> x = Input()
+    >>> x = Input((None, 4), "float32", name="features")
     >>> model = Model([x], [Dense(3, name="linear")(x)])
     """
-    return ModelIO(None, (), 0, name, None if shape is None else tuple(shape), np.dtype(dtype))
+    declared = None if dtype is None else np.dtype(dtype)
+    return ModelIO(None, (), 0, name, None if shape is None else tuple(shape), declared)
 
 
 @dataclasses.dataclass

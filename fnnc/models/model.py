@@ -80,6 +80,8 @@ class Model(FilesMixin, ScaleMixin, GraphsMixin, Layer):
         ``on_layer(call, outputs, new parameters, built before)`` sees each first build
         (``summary`` tabulates them); ``where`` prefixes the errors.
         """
+        for i, (io, x) in enumerate(zip(self.inputs, xs)):
+            checks.declared_input(self, i, io, x, where)
         values: dict[int, Symbol] = {id(io): x for io, x in zip(self.inputs, xs)}
         built: dict[tuple[int, int], tuple[Any, ...]] = {}
         owners: set[int] = set()  # layers (nested models too) whose first call here made parameters

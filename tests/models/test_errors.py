@@ -15,6 +15,7 @@ from fnnc.models import (
     Conv,
     Dense,
     EarlyStopping,
+    Embedding,
     Input,
     Model,
     checks,
@@ -301,3 +302,24 @@ def test_loss_function_errors_state_the_calling_convention() -> None:
     model.compile(XS[:8], loss=lambda o, t: jnp.mean((o[0] - t[0]) ** 2), minimizer=optax.sgd(0))
     want = np.mean((np.asarray(model.evaluate(XS[:8])) - ys) ** 2)
     np.testing.assert_allclose(float(model.fit(XS[:8], ys)), want, rtol=1e-5)
+
+
+def test_input_declarations_are_checked_on_every_build():
+    x = Input((None, 4), np.int32, name="feat")
+    model = Model(x, Embedding(5, 2, name="e")(x), name="m")
+    want = (
+        r"model Model\('m'\): input 0 \(feat\) is declared Input\(shape \[None, 4\], dtype int32\)"
+    )
+    with pytest.raises(ModelError, match=want + r" and is given float32\[2, 3, 5\]"):
+        model.compile(np.zeros((2, 3, 5), np.float32))
+    with pytest.raises(ModelError, match=want + r" and is given int32\[2, 5\]"):
+        model.compile(np.zeros((2, 5), np.int32))
+    for n in (2, 5):  # None: any batch size; a new size recompiles and checks again
+        ids = np.arange(4 * n, dtype=np.int32).reshape(n, 4) % 5
+        model.compile(ids)
+        table = np.asarray(model.parameters()["t-m-0-e-0-0"])
+        np.testing.assert_array_equal(np.asarray(model.evaluate(ids)), table[ids])
+    with pytest.raises(ModelError, match=r"input 0 is declared Input\(shape \[3\], dtype any\)"):
+        inner = Input((3,))
+        outer = Input()
+        Model(outer, Model(inner, Dense(2)(inner), name="inner")(outer)).compile(XS)
