@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,18 +16,14 @@ from fnnc.core.keys import key_bits
 from fnnc.errors import DTypeError, GraphInputError, ShapeError
 
 
-def flatten_inputs(
-    graph: Graph, args: Sequence[Any], where: str, accepted: set[Any] | None = None
-) -> list[Any]:
+def flatten_inputs(graph: Graph, args: Sequence[Any], where: str) -> list[Any]:
     """The leaves of ``args``, checked against ``graph.inputs`` (count, shape, dtype).
 
     With one argument per graph input, each may be a nested list of numbers (one array,
     beside arrays in the other positions); otherwise the arguments are pytrees whose
     leaves are the graph inputs in order, and their key paths must be the traced ones
     (``graph.in_paths``) where the graph has them. Python numbers and lists of them take
-    their input's dtype (floats into an integer input are refused). ``accepted``: the
-    argument structures already checked (a :class:`Program` keeps it, so a repeated call
-    costs one treedef lookup); those that pass are added.
+    their input's dtype (floats into an integer input are refused).
     """
     if len(args) == len(graph.inputs) and all(map(_one_array, args)):
         leaves = [key_bits(v) for v in args]  # positional: lists stay one array each
@@ -42,10 +39,8 @@ def flatten_inputs(
             f"got {len(leaves)} from {len(args)} argument(s) ({given}); pass one array "
             "per graph input, in order"
         )
-    if treedef is not None and (accepted is None or treedef not in accepted):
-        _check_paths(graph, args, where)
-        if accepted is not None and len(accepted) < 64:
-            accepted.add(treedef)
+    if treedef is not None:
+        _check_paths(graph, treedef, where)
     out = []
     for sid, leaf in zip(graph.inputs, leaves):
         sym = graph.symbol(sid)
@@ -70,15 +65,27 @@ def flatten_inputs(
     return out
 
 
-def _check_paths(graph: Graph, args: Sequence[Any], where: str) -> None:
-    """Raises :class:`GraphInputError` where the key paths of pytree ``args`` are not
-    ``graph.in_paths``: leaves are fed in order, so a renamed dict key would feed one
-    input another's array."""
+@functools.lru_cache(maxsize=256)
+def leaf_paths(treedef: Any) -> tuple[str, ...]:
+    """The key path (``jax.tree_util.keystr``) of each leaf of ``treedef``, in order.
+
+    Paths depend only on the structure, so they are cached by treedef: a repeated call
+    with arguments of one structure costs one lookup. ``trace`` writes
+    ``graph.in_paths`` with this, and :func:`flatten_inputs` checks against it.
+    """
+    skeleton = jax.tree.unflatten(treedef, range(treedef.num_leaves))
+    flat = jax.tree_util.tree_flatten_with_path(skeleton)[0]
+    return tuple(jax.tree_util.keystr(path) for path, _ in flat)
+
+
+def _check_paths(graph: Graph, treedef: Any, where: str) -> None:
+    """Raises :class:`GraphInputError` where the key paths of the arguments (of structure
+    ``treedef``) are not ``graph.in_paths``: leaves are fed in order, so a renamed dict
+    key would feed one input another's array."""
     want = graph.in_paths
     if want is None or len(want) != len(graph.inputs):  # not traced, or inputs changed
         return
-    flat = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
-    got = tuple(jax.tree_util.keystr(path) for path, _ in flat)
+    got = leaf_paths(treedef)
     if got == want:
         return
     k = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)

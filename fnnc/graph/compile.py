@@ -114,7 +114,6 @@ class Program:
         # Taped loops' backwards check their tape on the host: wait for such a
         # program's outputs, so an overflow is a CommandError here, not an XLA
         # runtime error wherever the caller first reads a value.
-        self._accepted: set[Any] = set()  # argument treedefs whose key paths were checked
         self._host_checks = [
             f"node {i} ({node.name or node.cmd.name})"
             for i, node in enumerate(graph.nodes)
@@ -184,7 +183,7 @@ class Program:
                 if self._on_one_other_device(args):  # see below: no second attempt
                     return self._outputs(args, self._jitted(*args, *self._consts))
                 # wrong types or a pytree: check below and say what is wrong
-        leaves = flatten_inputs(self.graph, args, "Program", self._accepted)
+        leaves = flatten_inputs(self.graph, args, "Program")
         if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
             return self._traced(leaves)
         try:

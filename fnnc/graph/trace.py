@@ -78,6 +78,7 @@ import numpy as np
 from fnnc.core.command import make_command, output_specs
 from fnnc.core.ir import Graph, Symbol, TensorSymbol
 from fnnc.errors import FnncError, TraceError
+from fnnc.graph._io import leaf_paths
 from fnnc.graph._trace_args import (
     _input_names,
     _key_data_arguments,
@@ -119,8 +120,7 @@ def trace(fn: Callable[..., Any], *example_args: Any, idioms: bool = True) -> Gr
     if not callable(fn):
         raise TraceError(f"trace: expected a function or module, got {type(fn).__name__}")
     names = _input_names(fn, example_args)
-    flat = jax.tree_util.tree_flatten_with_path(example_args)[0]
-    paths = tuple(jax.tree_util.keystr(path) for path, _ in flat)
+    paths = leaf_paths(jax.tree.structure(tuple(example_args)))
     call, state = _split_module(fn)
     frozen = jax.tree_util.tree_flatten_with_path(state)[0] if state is not None else []
     call, example_args = _key_data_arguments(call, example_args, len(frozen) > 0)
