@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 
 from fnnc.core.command import is_float
-from fnnc.core.dtypes import is_inexact
 from fnnc.core.ir import AliasSymbol, Graph, Node
 from fnnc.core.text import format_graph
 from fnnc.errors import NumericsError
@@ -68,23 +67,19 @@ def tensor_stats(x: Any) -> Stats:
     their magnitudes ``|z|`` for complex values, counted as NaN where either part is
     NaN, else as infinite where either part is)."""
     arr = np.asarray(x)
-    dtype = arr.dtype.name
-    if not is_inexact(arr.dtype):
-        values, bad_nan, bad_inf = arr.astype(np.float64), None, None
-    else:
-        wide = arr.astype(np.complex128 if arr.dtype.kind == "c" else np.float64)
-        bad_nan = np.isnan(wide.real) | np.isnan(wide.imag)
-        bad_inf = ~bad_nan & (np.isinf(wide.real) | np.isinf(wide.imag))
-        values = np.abs(wide) if arr.dtype.kind == "c" else wide
-    nan = 0 if bad_nan is None else int(bad_nan.sum())
-    inf = 0 if bad_inf is None else int(bad_inf.sum())
-    finite = values[np.isfinite(values)] if bad_nan is None else values[~(bad_nan | bad_inf)]
+    complex_ = arr.dtype.kind == "c"
+    wide = arr.astype(np.complex128 if complex_ else np.float64)
+    nan = np.isnan(wide)  # complex: either part
+    inf = np.isinf(wide) & ~nan
+    finite = (np.abs(wide) if complex_ else wide)[~(nan | inf)]
     if finite.size == 0:
         lo = hi = mean = std = float("nan")
     else:
         lo, hi = float(finite.min()), float(finite.max())
         mean, std = float(finite.mean()), float(finite.std())
-    return Stats(tuple(arr.shape), dtype, lo, hi, mean, std, nan, inf)
+    return Stats(
+        tuple(arr.shape), arr.dtype.name, lo, hi, mean, std, int(nan.sum()), int(inf.sum())
+    )
 
 
 def numerics_error(
