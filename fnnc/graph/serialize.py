@@ -41,6 +41,7 @@ from fnnc.core.params import expected_kind, param_fits
 from fnnc.errors import CheckpointError, FnncError, GraphFormatError, RuleError, located
 from fnnc.graph.verify import verify
 from fnnc.io import documents, tree
+from fnnc.io.sniff import looks_sqlite
 from fnnc.ops import Literal
 from fnnc.ops.primitive import Opaque, export_command
 
@@ -470,7 +471,7 @@ def save(graph: Graph, path: Any, *, name: str | None = None) -> None:
     if name is not None or not isinstance(path, (str, os.PathLike)):
         documents.save_to(path, graph, name or "graph")
         return
-    if _is_sqlite(path):
+    if looks_sqlite(path):
         raise GraphFormatError(
             f"save: {os.fspath(path)} is an NNC SQLite tensor file; saving JSON over it "
             "would lose its tensors. Pass name= to store the graph in it beside them "
@@ -479,15 +480,6 @@ def save(graph: Graph, path: Any, *, name: str | None = None) -> None:
         )
     text = json.dumps(to_data(graph), separators=(",", ":"))
     atomic_write(path, text)  # a full disk leaves the old file and no temporary one
-
-
-def _is_sqlite(path: Any) -> bool:
-    """Whether ``path`` holds an SQLite database (an NNC tensor file), by its header."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(16) == b"SQLite format 3\0"
-    except OSError:  # missing or unreadable: nothing of value to lose here
-        return False
 
 
 def load(path: Any, *, name: str | None = None) -> Graph:

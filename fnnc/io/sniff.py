@@ -5,8 +5,8 @@ opens a file by what it is, whatever its name.
 >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
 >>> with open(path, "wb") as f:
 ...     _ = f.write(b"SQLite format 3\\0" + bytes(84))
->>> looks_safetensors(path), looks_exported(path)
-(False, False)
+>>> looks_sqlite(path), looks_safetensors(path), looks_exported(path)
+(True, False, False)
 """
 
 from __future__ import annotations
@@ -24,6 +24,13 @@ def _head(path: str | os.PathLike[str], n: int) -> tuple[bytes, int] | None:
             return f.read(n), os.fstat(f.fileno()).st_size
     except OSError:
         return None
+
+
+def looks_sqlite(path: str | os.PathLike[str]) -> bool:
+    """Whether the file at ``path`` holds an SQLite database (an NNC tensor file), by its
+    header; False when it is missing or unreadable."""
+    found = _head(path, len(SQLITE_MAGIC))
+    return found is not None and found[0] == SQLITE_MAGIC
 
 
 def looks_safetensors(path: str | os.PathLike[str]) -> bool:
