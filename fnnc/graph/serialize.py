@@ -381,10 +381,13 @@ def _check_ids(graph: Graph) -> None:
 def _rule_failure(graph: Graph) -> str | None:
     """The message for a file whose parameters a shape rule cannot take: the first
     node whose rule raises :class:`RuleError` or a raw error, else ``None`` (verify's
-    own error, a real shape mismatch, stands)."""
+    own error, a real shape mismatch or an id that is not a symbol's, stands)."""
     for i, node in enumerate(graph.nodes):
+        if not all(0 <= s < len(graph.symbols) for s in node.inputs):
+            return None  # not the parameters' fault: no rule to blame
+        specs = [graph.symbols[s].spec for s in node.inputs]
         try:
-            output_specs(node.cmd, [graph.symbols[s].spec for s in node.inputs])
+            output_specs(node.cmd, specs)
         except RuleError as e:
             cause = e.__cause__ or e
         except FnncError:

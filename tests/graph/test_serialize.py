@@ -3,6 +3,7 @@
 import contextlib
 import json
 import sqlite3
+import sys
 
 import jax
 import pytest
@@ -280,3 +281,14 @@ def test_an_out_of_range_symbol_id_is_reported_as_such(tmp_path, edit, where, ba
     message = str(info.value)
     assert f"load: {where} {bad} is not a symbol id: the file has 3 symbols (%0..%2)" in message
     assert "parameters" not in message and f"(file {path})" in message
+
+
+def test_an_id_past_the_symbols_is_not_blamed_on_the_parameters(tmp_path, monkeypatch):
+    """_rule_failure indexed the symbols inside its try, so an id that escaped _check_ids
+    became 'gemm cannot take the file's parameters {} (IndexError)'; verify's error, which
+    names the id, now stands."""
+    monkeypatch.setattr(sys.modules["fnnc.graph.serialize"], "_check_ids", lambda graph: None)
+    path = _file_with(tmp_path, lambda d: d["nodes"][0].update(inputs=[0, 7]))
+    with pytest.raises(GraphError, match="%7") as info:
+        load(path)
+    assert "parameters" not in str(info.value)
