@@ -58,6 +58,9 @@ NodeRef = int | Node
 class Rewriter:
     """Edits against ``graph``; :meth:`finish` returns the edited graph.
 
+    ``replace_all_uses_with`` is :meth:`replace_all_uses` under torch.fx's name
+    (``Node.replace_all_uses_with``): every later read of ``old`` reads ``new``.
+
     Args:
         graph: the graph to edit (never changed itself).
         name: how errors name the edit (e.g. the pass doing it).
@@ -181,10 +184,7 @@ class Rewriter:
         if a.id != b.id:
             self._same[a.id] = b.id
 
-    def replace_all_uses_with(self, old: int | Symbol, new: int | Symbol) -> None:
-        """:meth:`replace_all_uses` under torch.fx's name (``Node.replace_all_uses_with``):
-        every later read of ``old`` reads ``new``."""
-        self.replace_all_uses(old, new)
+    replace_all_uses_with = replace_all_uses  # torch.fx's name (see the class docstring)
 
     def replace_node(
         self,

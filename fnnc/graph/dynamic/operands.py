@@ -151,12 +151,7 @@ def reduce(x: Variable, kind: str, axis: int | Sequence[int] | None, keepdims: b
     return x._dg.exec(ops.reshape(shape=shape), out)
 
 
-def mean(x: Variable, axis: int | Sequence[int] | None, keepdims: bool) -> Variable:
-    """``x.mean(axis, keepdims)`` as NumPy computes it (see :meth:`Variable.mean`)."""
-    return reduce(x, "mean", axis, keepdims)
-
-
-def _axes(x: Variable, axis: int | Sequence[int] | None, kind: str = "mean") -> tuple[int, ...]:
+def _axes(x: Variable, axis: int | Sequence[int] | None, kind: str) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(x.ndim))
     given = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)

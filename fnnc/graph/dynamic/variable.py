@@ -241,7 +241,7 @@ class Variable:
             axis: an axis or axes (negative counts from the end); ``None``: every axis.
             keepdims: keep the reduced axes as size 1 (NNC's ``reduce_mean`` shape).
         """
-        return operands.mean(self, axis, keepdims)
+        return operands.reduce(self, "mean", axis, keepdims)
 
     def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = True) -> Variable:
         """The sum over ``axis`` (all by default), as ``np.sum`` (``reduce_sum``).
