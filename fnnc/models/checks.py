@@ -296,6 +296,19 @@ def declared_input(model: Any, index: int, io: Any, x: Any, where: str = "") -> 
     )
 
 
+def output_count(layer: Any, num_inputs: int, given: int, where: str = "") -> None:
+    """What ``layer.build`` returned (``given`` outputs) against ``layer.num_outputs``: the
+    model wires that many values from each call, so a missing one (or an extra one taken
+    silently) is a ModelError naming the layer."""
+    expected = layer.num_outputs(num_inputs)
+    if given != expected:
+        raise ModelError(
+            f"{where}layer {layer.describe()}: build returned {given} output(s), but "
+            f"num_outputs({num_inputs}) says {expected}; make build return a tuple of "
+            f"{expected} symbol(s) (one symbol alone for 1), or change num_outputs"
+        )
+
+
 def minimizer_ids(params: Any) -> list[str] | None:
     """``params`` of ``set_minimizer`` as a list of ids: one id alone stands for ``[it]``."""
     if params is None or isinstance(params, str):

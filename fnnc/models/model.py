@@ -99,6 +99,7 @@ class Model(FilesMixin, ScaleMixin, GraphsMixin, Layer):
                 except (ValueError, TypeError) as e:
                     raise ModelError(f"{where}layer {io.layer.describe()}: {e}") from e
                 built[key] = out if isinstance(out, tuple) else (out,)
+                checks.output_count(io.layer, len(args), len(built[key]), where)
                 if on_layer is not None:
                     new = [info for pid, info in ctx.params.items() if pid not in before]
                     if new:

@@ -25,6 +25,7 @@ from fnnc.models import (
     Flatten,
     GroupNorm,
     Input,
+    Layer,
     LayerNorm,
     MaxPool,
     Model,
@@ -275,3 +276,19 @@ def test_command_layer_outputs_must_match_the_command():
     model.compile(x)
     got = model.evaluate(x)
     assert_close(got[1].reshape(3), x.mean(-1), rtol=1e-5)
+
+
+class _SaysTwoGivesOne(Layer):
+    def num_outputs(self, num_inputs):
+        return 2
+
+    def build(self, ctx, x):
+        return ctx.b.exec(ops.relu(), x)
+
+
+def test_a_layer_whose_build_gives_another_count_than_num_outputs_names_it():
+    i = Input()
+    a, b = _SaysTwoGivesOne(name="two")(i)
+    want = r"_SaysTwoGivesOne\('two'\): build returned 1 output\(s\), but num_outputs\(1\) says 2"
+    with pytest.raises(ModelError, match=want):
+        Model([i], [a, b]).compile(rand([2, 3]))
