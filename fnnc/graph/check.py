@@ -99,7 +99,7 @@ def check_pass(
             f"{_specs(graph.output_specs)} -> {_specs(new.output_specs)}"
         )
     rng = np.random.default_rng(seed)
-    values = list(args) if args is not None else [_draw(rng, s) for s in graph.input_specs]
+    values = list(args) if args is not None else [draw(rng, s) for s in graph.input_specs]
     with jax.enable_x64(True):
         wide = (_float64(graph), _float64(new))
         if args is None and wide[0] is not None and wide[1] is not None:
@@ -117,7 +117,7 @@ def check_pass(
         if grads:
             seeded = _with_gradients(pair[0]), _with_gradients(pair[1])
             if seeded[0] is not None and seeded[1] is not None:
-                extra = [_draw(rng, s) for s in seeded[0].input_specs[len(values) :]]
+                extra = [draw(rng, s) for s in seeded[0].input_specs[len(values) :]]
                 extra = [_widen(v) if wide_tol else v for v in extra]
                 error = max(error, _compare(name, *seeded, values + extra, tol, "gradients: "))
                 checked = True
@@ -128,7 +128,10 @@ def _specs(specs: Sequence[Any]) -> list[str]:
     return [f"{np.dtype(s.dtype).name}{list(s.shape)}" for s in specs]
 
 
-def _draw(rng: np.random.Generator, spec: Any) -> np.ndarray:
+def draw(rng: np.random.Generator, spec: Any) -> np.ndarray:
+    """A random value of ``spec`` (anything with ``shape`` and ``dtype``): standard-normal
+    floats, integers 0 or 1 (valid indices into any table of two rows or more), random
+    booleans; not zeros, which hide most differences."""
     dtype = np.dtype(spec.dtype)
     if is_floating(dtype):
         return rng.standard_normal(spec.shape).astype(dtype)
@@ -171,8 +174,8 @@ def _compare(
     ``shown``: the graphs to name symbols in (``old``/``new`` may be float64 replays
     of them, node for node)."""
     (a, old_outs), (b, new_outs) = _values(old, args), _values(new, args)
-    errors = [_error(n, o) for n, o in zip(new_outs, old_outs)]
-    bad = [not _close(n, o, tol) for n, o in zip(new_outs, old_outs)]
+    errors = [max_error(n, o) for n, o in zip(new_outs, old_outs)]
+    bad = [not close(n, o, tol) for n, o in zip(new_outs, old_outs)]
     if not any(bad):
         return max(errors, default=0.0)
     pairs = _pairing(old, new)
@@ -181,7 +184,7 @@ def _compare(
             o = pairs.get(sid)
             if o is None or o not in a or new.symbols[sid].shape != old.symbols[o].shape:
                 continue
-            if not _close(b[sid], a[o], tol):
+            if not close(b[sid], a[o], tol):
                 show_old, show_new = shown or (old, new)
                 writer = old.producers.get(o)
                 was = (
@@ -194,7 +197,7 @@ def _compare(
                     f"({node.name or node.cmd.name}) computes "
                     f"{show_new.label(_same(new, sid, show_new))}, which stands for the original "
                     f"{show_old.label(_same(old, o, show_old))}{was}; max |difference| "
-                    f"{_error(b[sid], a[o]):.3g} (rtol {tol[0]:g}, atol {tol[1]:g}); the paired "
+                    f"{max_error(b[sid], a[o]):.3g} (rtol {tol[0]:g}, atol {tol[1]:g}); the paired "
                     f"results before it agree\n{format_graph(show_new, mark=index, window=3)}"
                 )
     k = bad.index(True)
@@ -257,19 +260,29 @@ def _kind(graph: Graph, sid: int) -> str | None:
     return graph.nodes[index].cmd.name if index is not None else None
 
 
-def _close(x: np.ndarray, y: np.ndarray, tol: tuple[float, float]) -> bool:
+def close(x: Any, y: Any, tol: tuple[float, float]) -> bool:
+    """Whether arrays ``x`` and ``y`` agree: the same shape, and then equal (integers,
+    booleans) or within ``tol = (rtol, atol)`` in float64 (NaNs where both have them)."""
+    x, y = np.asarray(x), np.asarray(y)
     if x.shape != y.shape:
         return False
     if not is_inexact(x.dtype):
         return bool(np.array_equal(x, y))
-    return bool(np.allclose(x, y, rtol=tol[0], atol=tol[1], equal_nan=True))
+    return bool(np.allclose(_wide64(x), _wide64(y), rtol=tol[0], atol=tol[1], equal_nan=True))
 
 
-def _error(x: np.ndarray, y: np.ndarray) -> float:
+def max_error(x: Any, y: Any) -> float:
+    """The largest ``|x - y|`` over elements (NaNs skipped; 0 when empty), in float64;
+    infinity when the shapes differ."""
+    x, y = np.asarray(x), np.asarray(y)
     if x.shape != y.shape or x.size == 0:
         return 0.0 if x.shape == y.shape else float("inf")
-    diff = np.abs(x.astype(np.float64) - y.astype(np.float64))
+    diff = np.abs(_wide64(x) - _wide64(y))
     return float(np.nanmax(diff)) if not np.all(np.isnan(diff)) else 0.0
+
+
+def _wide64(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.complex128 if np.iscomplexobj(x) else np.float64)
 
 
 def _with_gradients(graph: Graph) -> Graph | None:
@@ -332,4 +345,4 @@ def _is_f32(value: Any) -> bool:
     return isinstance(value, np.dtype) and value == np.float32
 
 
-__all__ = ["GraphError", "PassCheck", "PassCheckError", "check_pass"]
+__all__ = ["GraphError", "PassCheck", "PassCheckError", "check_pass", "close", "draw", "max_error"]

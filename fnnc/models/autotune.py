@@ -32,11 +32,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
 from fnnc.core.ir import Graph
 from fnnc.graph.autotune import autotune_graph
+from fnnc.graph.check import draw
 from fnnc.graph.compile import Program
 from fnnc.models.engine import Engine
 from fnnc.models.layer import ModelError
@@ -75,20 +75,16 @@ def _program_call(engine: Engine, run: Callable[[], Any]) -> tuple[Graph, list[A
 
 
 def stand_in(engine: Engine) -> list[Any]:
-    """A batch of the shapes ``engine`` was compiled for: standard-normal floats (seed
-    0), zero integers and booleans; a :class:`ModelError` before ``compile``."""
+    """A batch of the shapes ``engine`` was compiled for, drawn as
+    :func:`fnnc.graph.check.draw` does (seed 0); a :class:`ModelError` before
+    ``compile``."""
     if not engine.input_specs:
         raise ModelError(
             f"model {engine.model.describe()}: autotune() without inputs tunes the shapes "
             "the model was compiled for; call compile(inputs, ...) first or pass a batch"
         )
     rng = np.random.default_rng(0)
-    return [
-        rng.standard_normal(s.shape).astype(s.dtype)
-        if jnp.issubdtype(s.dtype, jnp.floating)
-        else np.zeros(s.shape, s.dtype)
-        for s in engine.input_specs
-    ]
+    return [draw(rng, s) for s in engine.input_specs]
 
 
 def autotune(

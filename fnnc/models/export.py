@@ -40,6 +40,7 @@ from fnnc.core.files import atomic_write
 from fnnc.core.platforms import platform_name
 from fnnc.errors import ModelError
 from fnnc.graph import interpret
+from fnnc.graph.check import close, draw, max_error
 from fnnc.models.pipeline import Pipeline
 
 PARAMETERS = ("embedded", "argument")
@@ -182,18 +183,19 @@ def _check(
     batch: str | None,
 ) -> None:
     given = isinstance(inputs, (list, tuple)) and all(hasattr(x, "__array__") for x in inputs)
-    xs = [np.asarray(x) for x in inputs] if given else _random_inputs(specs)
+    rng = np.random.default_rng(0)
+    xs = [np.asarray(x) for x in inputs] if given else [draw(rng, s) for s in specs]
     args = xs if parameters == "embedded" else [{i: values[i] for i in ids}, *xs]
     got = _listed(exported.call(*args))
     want = _listed(model.evaluate(xs))
     tol = _tolerance(model)
     for k, (g, w) in enumerate(zip(got, want, strict=True)):
-        if np.shape(g) == np.shape(w) and _close(g, w, tol):
+        if close(g, w, (tol, tol)):
             continue
         where = (
             f"export: output {k} of model {model.describe()} differs from evaluate on the "
             f"{'given' if given else 'random'} example inputs (shapes {np.shape(g)} and "
-            f"{np.shape(w)}, {_gap(g, w)})"
+            f"{np.shape(w)}, largest difference {max_error(g, w):.3g})"
         )
         if batch is not None and _mixes_samples(model, specs, xs, values, ids, k, w, tol):
             raise ModelError(
@@ -209,39 +211,11 @@ def _check(
         )
 
 
-def _random_inputs(specs: list[jax.ShapeDtypeStruct]) -> list[np.ndarray]:
-    """Example inputs for ``specs``: normal floats, integers 0 or 1 (valid indices for
-    any table), random booleans; not zeros, which hide most differences."""
-    rng = np.random.default_rng(0)
-    xs = []
-    for s in specs:
-        dtype = np.dtype(s.dtype)
-        if jax.numpy.issubdtype(dtype, jax.numpy.floating):
-            xs.append(rng.standard_normal(s.shape).astype(dtype))
-        elif dtype == np.bool_:
-            xs.append(rng.integers(0, 2, s.shape).astype(bool))
-        else:
-            xs.append(rng.integers(0, 2, s.shape).astype(dtype))
-    return xs
-
-
 def _tolerance(model: Any) -> float:
     """1e-5, or what the compute type of a ``precision=`` model rounds to (the artifact
     and evaluate may round a low-precision sum differently)."""
     precision = model.engine.precision
     return 1e-5 if precision is None else 8 * float(jax.numpy.finfo(precision.dtype).eps)
-
-
-def _close(got: Any, want: Any, tol: float) -> bool:
-    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return bool(np.allclose(g, w, rtol=tol, atol=tol, equal_nan=True))
-
-
-def _gap(got: Any, want: Any) -> str:
-    if np.shape(got) != np.shape(want):
-        return "different shapes"
-    gap = np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64))
-    return f"largest difference {np.nanmax(gap):.3g}" if gap.size else "empty"
 
 
 def _mixes_samples(
@@ -251,7 +225,7 @@ def _mixes_samples(
     difference comes from running one sample at a time)."""
     graph, full_ids = model.forward_graph(specs, as_evaluated=True)
     outs = _listed(interpret(graph, *xs, *[values[i] for i in full_ids]))
-    return np.shape(outs[k]) == np.shape(want) and _close(outs[k], want, tol)
+    return close(outs[k], want, (tol, tol))
 
 
 def _listed(value: Any) -> list[Any]:
