@@ -83,17 +83,15 @@ class GraphsMixin:
         values ``with_updates``), inputs in the feed's order; ``as_evaluated``: after the
         engine's precision cast and forward passes, as ``forward_program`` runs them."""
         from fnnc.models.batches import as_list
-        from fnnc.models.programs import _ordered
+        from fnnc.models.programs import _ordered, evaluated_graph
 
         engine = self.engine
         arrays = as_list(inputs)
         built = engine._build(training, engine._check_inputs(arrays))
         ctx = built.ctx
         outputs = [*built.outputs, *(ctx.updates.values() if with_updates else ())]
-        feed, order = built.feed(tuple(ctx.params))
-        graph = ctx.b.build(outputs)
         if as_evaluated:
-            graph = engine.precision(graph) if engine.precision is not None else graph
-            graph, ids = engine.passes.run_forward(graph)
-            order = [ids(i) for i in order]
-        return built, feed, _ordered(graph, order)
+            graph, feed = evaluated_graph(built, outputs, engine.precision, engine.passes)
+            return built, feed, graph
+        feed, order = built.feed(tuple(ctx.params))
+        return built, feed, _ordered(ctx.b.build(outputs), order)

@@ -211,18 +211,34 @@ def forward_program(
     (:class:`fnnc.models.precision.Precision`) casts its compute type, ``passes``
     (:mod:`fnnc.models.model_passes`) rewrite it."""
     ctx = built.ctx
-    graph = ctx.b.build([*built.outputs, *ctx.updates.values()])
-    graph = precision(graph) if precision is not None else graph
-    graph, ids = passes.run_forward(graph)
-    graph = parallel.constrain(graph) if parallel is not None else graph
-    feed, order = built.feed(tuple(ctx.params))
-    graph = _ordered(graph, [ids(i) for i in order])
+    outputs = [*built.outputs, *ctx.updates.values()]
+    graph, feed = evaluated_graph(built, outputs, precision, passes, parallel)
     if parallel is None:
         program = compile(graph)
     else:
         plan = parallel.forward_plan(graph, len(built.inputs), trainable, feed.params)
         program = Placed(compile(graph, shardings=plan))
     return ForwardProgram(program, feed, len(built.outputs), tuple(ctx.updates))
+
+
+def evaluated_graph(
+    built: ModelGraph,
+    outputs: Sequence[Any],
+    precision: Any = None,
+    passes: ModelPasses = NO_PASSES,
+    parallel: Any = None,
+) -> tuple[Graph, ModelFeed]:
+    """The graph of ``outputs`` (symbols of ``built``) as ``evaluate`` runs it, and its
+    feed: the ``precision`` cast, the forward ``passes``, ``parallel``'s mesh
+    constraints, then the inputs in the feed's order. :func:`forward_program` compiles
+    it and model export (``forward_graph(as_evaluated=True)``) interprets it, so the two
+    cannot drift apart."""
+    graph = built.ctx.b.build(list(outputs))
+    graph = precision(graph) if precision is not None else graph
+    graph, ids = passes.run_forward(graph)
+    graph = parallel.constrain(graph) if parallel is not None else graph
+    feed, order = built.feed(tuple(built.ctx.params))
+    return _ordered(graph, [ids(i) for i in order]), feed
 
 
 Transform = Callable[[Graph], Graph]
