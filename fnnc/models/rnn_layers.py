@@ -25,6 +25,7 @@ from fnnc.models.layer import (
     positive_int,
     zeros,
 )
+from fnnc.ops.rnn import lstm_state_shapes, lstm_weight_shapes
 
 
 class LSTM(Layer):
@@ -92,15 +93,15 @@ class LSTM(Layer):
 
     def weight_shapes(self, features: int) -> list[tuple[int, ...]]:
         """The shapes of the parameters in index order, for ``features`` input features."""
-        h, d = self.hidden, 2 if self.bidirectional else 1
-        p = self.proj_size or h
-        shapes: list[tuple[int, ...]] = []
-        for unit in range(self.num_layers * d):
-            n_in = features if unit < d else d * p
-            shapes += [(4 * h, n_in), (4 * h, p)]
-            shapes += [(4 * h,)] if self.bias else []
-            shapes += [(p, h)] if self.proj_size else []
-        return shapes
+        units = lstm_weight_shapes(
+            features,
+            self.hidden,
+            num_layers=self.num_layers,
+            bidirectional=self.bidirectional,
+            proj_size=self.proj_size,
+            bias=self.bias,
+        )
+        return [shape for unit in units for shape in unit.values()]
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         if len(x.shape) != 3:
@@ -113,10 +114,9 @@ class LSTM(Layer):
             init = zeros if len(shape) == 1 else glorot_uniform([1], [0])
             weights.append(ctx.param(self, index, shape, init, x.dtype))
         units = self.num_layers * (2 if self.bidirectional else 1)
-        lead = (units, x.shape[0]) if units > 1 else (x.shape[0],)
         h0, c0 = (
-            ctx.b.exec(ops.set(shape=(*lead, size), dtype=np.dtype(x.dtype), value=0.0))
-            for size in (self.proj_size or self.hidden, self.hidden)
+            ctx.b.exec(ops.set(shape=shape, dtype=np.dtype(x.dtype), value=0.0))
+            for shape in lstm_state_shapes(x.shape[0], self.hidden, units, self.proj_size)
         )
         keyed = ctx.training and self.dropout > 0
         cmd = ops.lstm(

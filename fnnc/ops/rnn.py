@@ -58,6 +58,37 @@ def _layout(n: int, *, num_layers, bidirectional, proj_size, dropout, is_test):
     return units, per, per == base + 1, keyed
 
 
+def lstm_weight_shapes(
+    features: int,
+    hidden: int,
+    *,
+    num_layers: int = 1,
+    bidirectional: bool = False,
+    proj_size: int = 0,
+    bias: bool = True,
+) -> list[dict[str, tuple[int, ...]]]:
+    """Per unit (layer 0 forward, layer 0 backward, layer 1 ...), its weights' shapes by
+    name in the order :func:`lstm` takes them: ``w_ih``, ``w_hh``, ``bias`` (with
+    ``bias``), ``w_hr`` (with ``proj_size``), for ``features`` input features."""
+    d, p = (2 if bidirectional else 1), proj_size or hidden
+    units = []
+    for u in range(num_layers * d):
+        shapes = {"w_ih": (4 * hidden, features if u < d else d * p), "w_hh": (4 * hidden, p)}
+        shapes.update({"bias": (4 * hidden,)} if bias else {})
+        shapes.update({"w_hr": (p, hidden)} if proj_size else {})
+        units.append(shapes)
+    return units
+
+
+def lstm_state_shapes(
+    batch: int, hidden: int, units: int, proj_size: int = 0, *, stacked: bool = False
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes of ``h0`` and ``c0``: ``[units, B, P]`` and ``[units, B, H]``, or
+    ``[B, P]`` and ``[B, H]`` for one unit (a layer and direction) unless ``stacked``."""
+    lead = (units, batch) if units > 1 or stacked else (batch,)
+    return (*lead, proj_size or hidden), (*lead, hidden)
+
+
 def _lstm_shape(x, h0=None, c0=None, *rest, **params):
     name = "lstm"
     units, per, has_bias, keyed = _layout(3 + len(rest), **params)
@@ -73,22 +104,19 @@ def _lstm_shape(x, h0=None, c0=None, *rest, **params):
     hidden = c0.shape[-1] if c0 is not None else weights[1].shape[0] // 4
     p = params["proj_size"] or hidden
     d = 2 if params["bidirectional"] else 1
-    stacked = units > 1 or any(s.ndim == 3 for s in given)
-    lead = (units, b) if stacked else (b,)
-    h0 = Spec((*lead, p), x.dtype) if h0 is None else h0  # absent: zeros
-    c0 = Spec((*lead, hidden), x.dtype) if c0 is None else c0
-    if tuple(h0.shape) != (*lead, p) or tuple(c0.shape) != (*lead, hidden):
+    stacked = any(s.ndim == 3 for s in given)
+    h_shape, c_shape = lstm_state_shapes(b, hidden, units, params["proj_size"], stacked=stacked)
+    h0 = Spec(h_shape, x.dtype) if h0 is None else h0  # absent: zeros
+    c0 = Spec(c_shape, x.dtype) if c0 is None else c0
+    if tuple(h0.shape) != h_shape or tuple(c0.shape) != c_shape:
         fail(
-            f"{name}: h0 {show(h0)} and c0 {show(c0)} should be {list((*lead, p))} and "
-            f"{list((*lead, hidden))} ([L*D, B, P] and [L*D, B, H]; [B, P], [B, H] for one "
+            f"{name}: h0 {show(h0)} and c0 {show(c0)} should be {list(h_shape)} and "
+            f"{list(c_shape)} ([L*D, B, P] and [L*D, B, H]; [B, P], [B, H] for one "
             "layer and direction)"
         )
-    for u in range(units):
-        n_in = i if u < d else d * p
-        want = [("w_ih", (4 * hidden, n_in)), ("w_hh", (4 * hidden, p))]
-        want += [("bias", (4 * hidden,))] if has_bias else []
-        want += [("w_hr", (p, hidden))] if params["proj_size"] else []
-        for (label, shape), spec in zip(want, weights[u * per : (u + 1) * per]):
+    layout = {k: params[k] for k in ("num_layers", "bidirectional", "proj_size")}
+    for u, want in enumerate(lstm_weight_shapes(i, hidden, bias=has_bias, **layout)):
+        for (label, shape), spec in zip(want.items(), weights[u * per : (u + 1) * per]):
             if tuple(spec.shape) != shape:
                 fail(
                     f"{name}: {label} {show(spec)} should be {list(shape)} (layer {u // d}"
