@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fnnc.core.dtypes import is_floating
 from fnnc.core.ir import Symbol
 from fnnc.graph import GraphBuilder
 
@@ -284,7 +285,10 @@ class BuildContext:
         """The symbol of parameter (or internal) ``index`` of ``layer``: a graph input
         named by its NNC id, the same symbol on every build of a shared layer, except
         that an internal an earlier call :meth:`update` d is that new value (see
-        :meth:`declare`)."""
+        :meth:`declare`). An ``init`` that draws at random (:func:`glorot_uniform`,
+        :func:`normal_init`) needs a floating-point ``dtype``: else a ModelError naming
+        the layer (layers give their weights the input's type, so an integer input is
+        the usual cause)."""
         if not all(is_int(n) and n >= 0 for n in shape):
             raise ModelError(
                 f"layer {layer.describe()}: parameter {index} has the shape {list(shape)}; "
@@ -294,6 +298,14 @@ class BuildContext:
         path = self._paths.setdefault(id(layer), self._label(layer))
         kind = "r" if internal else "t"
         pid = self._pids.setdefault((id(layer), internal, index), f"{kind}-{path}-{index}")
+        if getattr(init, "draws", False) and not is_floating(dtype):
+            raise ModelError(
+                f"layer {layer.describe()}: parameter {pid} {list(shape)} is drawn at random, "
+                f"so it needs a floating-point dtype, got {np.dtype(dtype).name}; layers give "
+                "their weights their input's type: pass a floating-point input (look integer "
+                "ids up with an Embedding, or convert the input first: "
+                "CommandLayer(ops.datatype_conversion(dtype=np.float32)))"
+            )
         info = ParamInfo(pid, shape, np.dtype(dtype), init, (*self._layers, layer), internal)
         return self.declare(layer, index, info)
 
@@ -474,7 +486,7 @@ def glorot_uniform(fan_in_axes: Sequence[int], fan_out_axes: Sequence[int]) -> I
         limit = float(np.sqrt(6.0 / max(1, fan_in + fan_out)))
         return jax.random.uniform(key, shape, dtype, -limit, limit)
 
-    return init
+    return _drawn(init)
 
 
 def constant_init(value: float) -> Initializer:
@@ -492,4 +504,11 @@ def normal_init(std: float) -> Initializer:
     def init(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
         return std * jax.random.normal(key, shape, dtype)
 
+    return _drawn(init)
+
+
+def _drawn(init: Initializer) -> Initializer:
+    """``init`` marked as drawing at random: :meth:`BuildContext.param` requires a
+    floating-point dtype of its parameters (an integer one cannot be drawn)."""
+    init.draws = True  # type: ignore[attr-defined]
     return init

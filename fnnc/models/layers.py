@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from fnnc import ops
-from fnnc.core.dtypes import is_floating
 from fnnc.core.ir import Symbol
 from fnnc.models.layer import (
     BuildContext,
@@ -113,13 +112,6 @@ class Dense(Layer):
         self.count, self.no_bias = positive_int(self, "count", count), no_bias
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
-        if not is_floating(x.dtype):  # its weights take x's type: random ints do not exist
-            raise ModelError(
-                f"layer {self.describe()}: expected a floating-point input, got "
-                f"{np.dtype(x.dtype).name}{list(x.shape)}; look integer ids up with an "
-                "Embedding, or convert the input first: "
-                "CommandLayer(ops.datatype_conversion(dtype=np.float32))"
-            )
         w = ctx.param(self, 0, (self.count, x.shape[-1]), glorot_uniform([1], [0]), x.dtype)
         args = [x, w] if self.no_bias else [x, w, ctx.param(self, 1, (self.count,), zeros, x.dtype)]
         return ctx.b.exec(ops.gemm(transpose_b=True), *args, name=ctx.layer_id(self))

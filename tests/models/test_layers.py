@@ -260,9 +260,15 @@ def test_a_batch_norm_called_twice_chains_its_running_statistics():
 
 
 def test_dense_on_integers_names_the_layer_and_what_to_do():
-    want = r"layer Dense\('d'\): expected a floating-point input, got int32\[2, 3\]; .*Embedding"
-    with pytest.raises(ModelError, match=want):
+    want = r"layer Dense\('d'\): parameter t-d-0-0 \[2, 3\] .* floating-point .*, got int32; "
+    with pytest.raises(ModelError, match=want + r".*input.*Embedding"):
         _run(Dense(2, name="d"), np.zeros((2, 3), np.int32))
+
+
+def test_attention_on_integers_names_the_layer_before_any_command_fails():
+    want = r"MultiHeadAttention\('a'\): parameter t-a-0-0 \[8, 8\] .* floating-point "
+    with pytest.raises(ModelError, match=want + r".*got int32; .*input.*Embedding"):
+        _run(MultiHeadAttention(2, name="a"), np.zeros((2, 4, 8), np.int32))
 
 
 def test_command_layer_outputs_must_match_the_command():
