@@ -58,6 +58,21 @@ def _axes(layer: Layer, axes: Any, x: Symbol) -> tuple[int, ...]:
     return tuple(int(a) for a in axes)
 
 
+def _sizes(layer: Layer, arg: str, value: Any) -> int | tuple[int, ...]:
+    """``value`` of a constructor as one positive int (that size on every spatial axis of
+    the input, matched at build by :func:`_per_axis`) or one positive int per spatial
+    axis; else a :class:`ModelError` naming the layer (as :func:`positive_int`)."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return tuple(positive_int(layer, f"{arg}[{i}]", k) for i, k in enumerate(value))
+    if not is_int(value):
+        raise ModelError(
+            f"layer {layer.describe()}: {arg} is {value!r:.40} ({type(value).__name__}); "
+            "expected a positive int (the same size on every spatial axis) or one per "
+            f"spatial axis, e.g. {arg}=(2, 2)"
+        )
+    return positive_int(layer, arg, value)
+
+
 def _per_axis(layer: Layer, arg: str, value: Any, x: Symbol) -> tuple[int, ...]:
     """``value`` (an int, or one int per spatial axis) for the spatial axes of ``x``.
 
@@ -142,12 +157,7 @@ class Conv(Layer):
     ):
         super().__init__(**kw)
         self.filters = positive_int(self, "filters", filters)
-        # an int is one size per spatial axis of the input, known at build (_per_axis)
-        self.kernel_size: int | tuple[int, ...] = (
-            tuple(positive_int(self, "kernel_size", k) for k in kernel_size)
-            if isinstance(kernel_size, Sequence)
-            else positive_int(self, "kernel_size", kernel_size)
-        )
+        self.kernel_size = _sizes(self, "kernel_size", kernel_size)
         self.strides, self.padding, self.dilation = strides, padding, dilation
         self.groups, self.no_bias = positive_int(self, "groups", groups), no_bias
 
@@ -295,17 +305,8 @@ class _Pool(Layer):
         **kw: Any,
     ):
         super().__init__(**kw)
-        if is_int(window):
-            window = int(window)  # one size per spatial axis of the input (_per_axis)
-        elif isinstance(window, Sequence):
-            window = tuple(window)
-        else:
-            raise ModelError(
-                f"layer {self.describe()}: window is {window!r:.40} ({type(window).__name__}); "
-                "expected an int (the same size on every spatial axis) or one int per "
-                "spatial axis, e.g. (2, 2)"
-            )
-        self.window, self.strides, self.padding = window, strides, padding
+        self.window = _sizes(self, "window", window)
+        self.strides, self.padding = strides, padding
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         window = _per_axis(self, "window", self.window, x)

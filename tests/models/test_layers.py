@@ -178,6 +178,14 @@ def test_layer_sizes_must_be_positive_ints(make, arg, bad):
         make(bad)
 
 
+@pytest.mark.parametrize("make", [MaxPool, AvgPool, lambda v, name: Conv(4, v, name=name)])
+def test_per_axis_sizes_must_be_positive_ints(make):
+    with pytest.raises(ModelError, match=r"\('p'\): \w+\[0\] is 0 .*expected a positive int"):
+        make((0, -1), name="p")
+    with pytest.raises(ModelError, match=r"\('p'\): \w+ is 2.5 .*one per spatial axis"):
+        make(2.5, name="p")
+
+
 def test_numpy_int_sizes_build_as_ints():
     x = rand([3, 4])
     y, p = _run(Dense(np.int64(5), name="d"), x)  # a NumPy integer is a whole size
