@@ -1,7 +1,8 @@
 """The cnnp layers: each emits fnnc commands with NNC's parameter layouts.
 
-Dense weights are ``[out, in]`` (``y = x Wᵀ + b``), convolution weights
-``[out, kh, kw, in/groups]``, data NHWC; weight is parameter 0, bias parameter 1.
+Dense weights are ``[out, in]`` (``y = x Wᵀ + b``), data NHWC; weight is parameter 0,
+bias parameter 1. The layers over spatial axes (convolution, pooling) are in
+:mod:`fnnc.models.spatial_layers`.
 
 >>> import numpy as np
 >>> from fnnc.models import Input, Dense, Model
@@ -58,47 +59,6 @@ def _axes(layer: Layer, axes: Any, x: Symbol) -> tuple[int, ...]:
     return tuple(int(a) for a in axes)
 
 
-def _sizes(layer: Layer, arg: str, value: Any) -> int | tuple[int, ...]:
-    """``value`` of a constructor as one positive int (that size on every spatial axis of
-    the input, matched at build by :func:`_per_axis`) or one positive int per spatial
-    axis; else a :class:`ModelError` naming the layer (as :func:`positive_int`)."""
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        return tuple(positive_int(layer, f"{arg}[{i}]", k) for i, k in enumerate(value))
-    if not is_int(value):
-        raise ModelError(
-            f"layer {layer.describe()}: {arg} is {value!r:.40} ({type(value).__name__}); "
-            "expected a positive int (the same size on every spatial axis) or one per "
-            f"spatial axis, e.g. {arg}=(2, 2)"
-        )
-    return positive_int(layer, arg, value)
-
-
-def _per_axis(layer: Layer, arg: str, value: Any, x: Symbol) -> tuple[int, ...]:
-    """``value`` (an int, or one int per spatial axis) for the spatial axes of ``x``.
-
-    Inside a model every input has a batch axis: a rank-``r`` input is ``[batch,
-    spatial..., channels]`` with ``r - 2`` spatial axes, and an int stands for each of
-    them (``Conv(16, 3)`` on NHWC is 3x3, on ``[N, W, C]`` a width-3 kernel). A tuple of
-    another length, or an input without a spatial axis, is a :class:`ModelError` naming
-    the layer and the input's shape (the ops' "one sample without a batch axis" reading
-    would mix the samples of a batch)."""
-    shape, nd = list(x.shape), len(x.shape) - 2
-    if nd < 1:
-        raise ModelError(
-            f"layer {layer.describe()}: its input of shape {shape} has no spatial axis; "
-            "expected [batch, spatial..., channels] (rank 3 or more), e.g. [N, W, C] or "
-            "[N, H, W, C]: reshape the input first (Reshape((W, 1)) adds a channel axis)"
-        )
-    sizes = (value,) * nd if is_int(value) else tuple(value)
-    if len(sizes) != nd:
-        raise ModelError(
-            f"layer {layer.describe()}: {arg}={value!r} does not fit its input of shape "
-            f"{shape}: inside a model inputs are [batch, spatial..., channels], so this one "
-            f"has {nd} spatial axes; pass one int or {nd} ints, e.g. {arg}={(sizes[0],) * nd}"
-        )
-    return tuple(int(k) for k in sizes)
-
-
 class Parameter(Layer):
     """A free-standing trainable tensor (NNC's shared tensor), called with no inputs.
 
@@ -130,55 +90,6 @@ class Dense(Layer):
         w = ctx.param(self, 0, (self.count, x.shape[-1]), glorot_uniform([1], [0]), x.dtype)
         args = [x, w] if self.no_bias else [x, w, ctx.param(self, 1, (self.count,), zeros, x.dtype)]
         return ctx.b.exec(ops.gemm(transpose_b=True), *args, name=ctx.layer_id(self))
-
-
-class Conv(Layer):
-    """Channels-last convolution, weight ``[filters, k..., in/groups]`` (NHWC: ``[filters,
-    kh, kw, in/groups]``).
-
-    ``kernel_size`` is one int for every spatial axis of the input the layer is called
-    on (inputs are ``[batch, spatial..., channels]``: ``Conv(16, 3)`` is 3x3 on NHWC, a
-    width-3 kernel on ``[N, W, C]``) or one int per spatial axis.
-    """
-
-    owns_parameters = True
-
-    def __init__(
-        self,
-        filters: int,
-        kernel_size: int | Sequence[int],
-        *,
-        strides: Any = 1,
-        padding: Any = "SAME",
-        dilation: Any = 1,
-        groups: int = 1,
-        no_bias: bool = False,
-        **kw: Any,
-    ):
-        super().__init__(**kw)
-        self.filters = positive_int(self, "filters", filters)
-        self.kernel_size = _sizes(self, "kernel_size", kernel_size)
-        self.strides, self.padding, self.dilation = strides, padding, dilation
-        self.groups, self.no_bias = positive_int(self, "groups", groups), no_bias
-
-    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
-        cin = x.shape[-1]
-        if cin % self.groups:
-            raise ModelError(
-                f"layer {self.describe()}: {cin} input channels do not split into "
-                f"{self.groups} groups"
-            )
-        kernel = _per_axis(self, "kernel_size", self.kernel_size, x)
-        nk = len(kernel)
-        shape = (self.filters, *kernel, cin // self.groups)
-        w = ctx.param(self, 0, shape, glorot_uniform(range(1, nk + 2), [0]), x.dtype)
-        args = (
-            [x, w] if self.no_bias else [x, w, ctx.param(self, 1, (self.filters,), zeros, x.dtype)]
-        )
-        cmd = ops.convolution(
-            strides=self.strides, padding=self.padding, dilation=self.dilation, groups=self.groups
-        )
-        return ctx.b.exec(cmd, *args, name=ctx.layer_id(self))
 
 
 class BatchNorm(Layer):
@@ -287,45 +198,6 @@ class Dropout(Layer):
         if not ctx.training or self.p == 0:
             return x
         return ctx.b.exec(ops.dropout(p=self.p), x, ctx.key(), name=ctx.layer_id(self))[0]
-
-
-class _Pool(Layer):
-    """A pool over the spatial axes of ``[batch, spatial..., channels]``: ``window`` is
-    one int for every spatial axis of the input (``MaxPool(2)`` is 2x2 on NHWC, width 2
-    on ``[N, W, C]``, as ``Conv(16, 3)`` is 3x3) or one int per spatial axis."""
-
-    command: Any = None
-
-    def __init__(
-        self,
-        window: int | Sequence[int] = 2,
-        *,
-        strides: Any = None,
-        padding: Any = 0,
-        **kw: Any,
-    ):
-        super().__init__(**kw)
-        self.window = _sizes(self, "window", window)
-        self.strides, self.padding = strides, padding
-
-    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
-        window = _per_axis(self, "window", self.window, x)
-        cmd = type(self).command(window=window, strides=self.strides, padding=self.padding)
-        return ctx.b.exec(cmd, x, name=ctx.layer_id(self))
-
-
-class MaxPool(_Pool):
-    """Max pooling over the spatial axes of ``[batch, spatial..., channels]``; an int
-    ``window`` is that size on every spatial axis (``MaxPool(2)`` is 2x2 on NHWC)."""
-
-    command = ops.max_pool
-
-
-class AvgPool(_Pool):
-    """Average pooling over the spatial axes of ``[batch, spatial..., channels]`` (padded
-    cells not counted, as NNC); an int ``window`` is that size on every spatial axis."""
-
-    command = ops.avg_pool
 
 
 class Flatten(Layer):
