@@ -40,6 +40,7 @@ import contextvars
 import dataclasses
 import functools
 import inspect
+import operator
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any
 
@@ -49,6 +50,7 @@ import numpy as np
 from fnnc import config
 from fnnc.core import measured
 from fnnc.core.command import Command, Spec, lookup, output_specs, spec_text
+from fnnc.core.evaluate import disagreement, part_of, results_agree
 from fnnc.core.ir import Graph
 from fnnc.core.keys import key_bits
 from fnnc.core.opdef import registry
@@ -424,19 +426,13 @@ def _check_result(cmd: Command, backend: str, args: Sequence[Any], result: Any) 
     # With x64 on, fnnc replays float32 programs in float64 (finite differences, pass
     # checks), where rules that pin an output dtype (primitive, optax_update) say float32
     # and the forward computes float64: there only the kind of dtype is compared.
-    exact = not jax.config.jax_enable_x64
-    same = lambda a, b: a == b if exact else a.kind == b.kind
-    if len(outs) == len(want) and all(
-        tuple(o.shape) == tuple(w.shape) and same(np.dtype(o.dtype), np.dtype(w.dtype))
-        for o, w in zip(outs, want)
-    ):
+    same = operator.eq if not jax.config.jax_enable_x64 else lambda a, b: a.kind == b.kind
+    if results_agree(outs, want, same):
         return
-    part = "backward" if lookup(cmd.name).backward_node is not None else "forward"
+    judge = f"for inputs {[spec_text(s) for s in specs]} the rule gives"
     raise CommandError(
-        f"{cmd}: its {part} ({backend!r} backend) returned {len(outs)} value(s) "
-        f"({', '.join(spec_text(o) for o in outs) or 'nothing'}), but its shape rule gives "
-        f"{len(want)} ({', '.join(spec_text(w) for w in want)}) for inputs "
-        f"{[spec_text(s) for s in specs]}; make the {part} return what the rule says"
+        f"{cmd}: its {part_of(cmd)} ({backend!r} backend) returned "
+        f"{disagreement(cmd, outs, [spec_text(w) for w in want], judge)}"
     )
 
 

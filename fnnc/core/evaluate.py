@@ -9,6 +9,7 @@ stay zero (NNC leaves them uninitialised; fnnc makes them defined).
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,11 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from fnnc.core.command import Command, spec_text
 from fnnc.core.ir import AliasSymbol, Graph, Node, contiguous_strides
 from fnnc.core.text import format_graph
 from fnnc.errors import GraphError
 
 NodeRunner = Callable[[int, Node, list[Any]], Sequence[Any]]
+AfterNode = Callable[[int, Node, list[Any], tuple[Any, ...]], Sequence[Any]]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -67,10 +70,20 @@ def write_view(root: Any, sym: AliasSymbol, value: Any) -> Any:
     return jnp.reshape(flat, root.shape)
 
 
-def run_nodes(graph: Graph, args: Sequence[Any], run_node: NodeRunner) -> list[Any]:
+def run_nodes(
+    graph: Graph,
+    args: Sequence[Any],
+    run_node: NodeRunner,
+    *,
+    where: str = "",
+    after: AfterNode | None = None,
+) -> list[Any]:
     """Evaluates ``graph`` on input values ``args``; returns the output values.
 
-    ``run_node(index, node, input_values)`` computes one node's outputs.
+    ``run_node(index, node, input_values)`` computes one node's outputs, which are then
+    checked against the node's output symbols (:func:`check_results`; ``where`` starts
+    its message). ``after(index, node, input_values, outputs)``, if given, sees the
+    checked outputs and returns those to keep (interpret's numerics check and hook).
     """
     env: dict[int, Any] = dict(zip(graph.inputs, args))
     symbols = graph.symbols
@@ -95,7 +108,9 @@ def run_nodes(graph: Graph, args: Sequence[Any], run_node: NodeRunner) -> list[A
     for index, node in enumerate(graph.nodes):
         ins = [read(s, index) for s in node.inputs]
         outs = run_node(index, node, ins)
-        check_results(graph, index, outs, inputs=ins)
+        check_results(graph, index, outs, where, inputs=ins)
+        if after is not None:
+            outs = after(index, node, ins, tuple(outs))
         for sid, value in zip(node.outputs, outs):
             sym = symbols[sid]
             if isinstance(sym, AliasSymbol):
@@ -122,27 +137,55 @@ def check_results(
     when those are the dtypes declared: a float32 graph replayed on float64 values (a
     finite-difference check, a sub-graph body fed wider values) computes in float64."""
     node = graph.nodes[index]
-    as_declared = inputs is None or all(
+    declared = [graph.symbols[s] for s in node.outputs]
+    if results_agree(outs, declared) or (
+        inputs is not None
+        and results_agree(outs, declared, same_dtype=lambda a, b: True)
+        and not _as_declared(graph, node, inputs)
+    ):
+        return
+    want = [f"{graph.label(s)}: {spec_text(graph.symbols[s])}" for s in node.outputs]
+    raise GraphError(
+        f"{where + ': ' if where else ''}node {index} ({node.name or node.cmd.name}): "
+        f"{node.cmd} produced {disagreement(node.cmd, outs, want, 'declared')}"
+        f"\n{format_graph(graph, mark=index, window=3)}"
+    )
+
+
+def _as_declared(graph: Graph, node: Node, inputs: Sequence[Any]) -> bool:
+    return all(
         v is None or np.dtype(v.dtype) == np.dtype(graph.symbols[s].dtype)
         for s, v in zip(node.inputs, inputs)
     )
-    if len(outs) == len(node.outputs) and all(
-        tuple(v.shape) == graph.symbols[s].shape
-        and (not as_declared or np.dtype(v.dtype) == np.dtype(graph.symbols[s].dtype))
-        for s, v in zip(node.outputs, outs)
-    ):
-        return
-    got = ", ".join(f"{np.dtype(v.dtype).name}{list(v.shape)}" for v in outs) or "nothing"
-    want = ", ".join(
-        f"{graph.label(s)}: {np.dtype(graph.symbols[s].dtype).name}{list(graph.symbols[s].shape)}"
-        for s in node.outputs
+
+
+def results_agree(
+    outs: Sequence[Any],
+    want: Sequence[Any],
+    same_dtype: Callable[[np.dtype, np.dtype], bool] = operator.eq,
+) -> bool:
+    """Whether ``outs`` are as many arrays as the specs ``want``, each of its spec's
+    shape and (as ``same_dtype`` judges) dtype."""
+    return len(outs) == len(want) and all(
+        tuple(o.shape) == tuple(w.shape) and same_dtype(np.dtype(o.dtype), np.dtype(w.dtype))
+        for o, w in zip(outs, want)
     )
-    part = "backward" if node.cmd.definition.backward_node is not None else "forward"
-    raise GraphError(
-        f"{where + ': ' if where else ''}node {index} ({node.name or node.cmd.name}): "
-        f"{node.cmd} produced {len(outs)} value(s) ({got}), declared {len(node.outputs)} "
-        f"({want}): the command's shape rule disagrees with its {part}; make the {part} "
-        f"return what the rule says\n{format_graph(graph, mark=index, window=3)}"
+
+
+def part_of(cmd: Command) -> str:
+    """``"backward"`` for a command that differentiates another, else ``"forward"``."""
+    return "backward" if cmd.definition.backward_node is not None else "forward"
+
+
+def disagreement(cmd: Command, outs: Sequence[Any], want: Sequence[str], judge: str) -> str:
+    """``N value(s) (what came), <judge> M (what ``want`` says): ...; what to do``: how
+    :func:`check_results` and eager calls report results their shape rule did not give."""
+    part = part_of(cmd)
+    got = ", ".join(spec_text(o) for o in outs) or "nothing"
+    return (
+        f"{len(outs)} value(s) ({got}), {judge} {len(want)} ({', '.join(want)}): the "
+        f"command's shape rule disagrees with its {part}; make the {part} return what the "
+        "rule says"
     )
 
 

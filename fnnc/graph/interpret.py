@@ -11,7 +11,7 @@ import numpy as np
 
 from fnnc import config
 from fnnc.core.dispatch import REFERENCE, compiled_forward, reference_only
-from fnnc.core.evaluate import as_tuple, check_results, run_nodes
+from fnnc.core.evaluate import as_tuple, run_nodes
 from fnnc.core.ir import Graph, Node, require_graph
 from fnnc.core.text import format_graph
 from fnnc.errors import FnncError, GraphError
@@ -97,7 +97,9 @@ def interpret(graph: Graph, *args: Any, on_node: OnNode | None = None) -> Any:
                 f"interpret: node {index} ({node.name or node.cmd.name}) failed: {e}\n"
                 f"{format_graph(graph, mark=index, window=3)}"
             ) from e
-        check_results(graph, index, outs, "interpret")  # before on_node sees them
+        return outs
+
+    def after(index: int, node: Node, inputs: list[Any], outs: tuple[Any, ...]) -> tuple:
         if blame is not None:
             check_node(graph, index, inputs, outs, "interpret", blame)
         if on_node is not None:
@@ -106,7 +108,8 @@ def interpret(graph: Graph, *args: Any, on_node: OnNode | None = None) -> Any:
                 outs = _replacements(graph, index, node, replaced)
         return outs
 
-    return unflatten_outputs(graph, run_nodes(graph, values, run_node))
+    results = run_nodes(graph, values, run_node, where="interpret", after=after)
+    return unflatten_outputs(graph, results)
 
 
 def _replacements(graph: Graph, index: int, node: Node, replaced: Sequence[Any]) -> tuple:
