@@ -3,9 +3,10 @@
 :mod:`~fnnc.ops.pallas.fused_elementwise` generates its kernels with these: the
 function is the fused body traced over one tile of every operand (full, row, column or
 scalar tiles, see :func:`~fnnc.ops.pallas._common.operand_kind`), and the backward
-kernel traces ``jax.vjp`` of that same function. A broadcast operand's gradient is
-summed within a tile by the VJP itself (its broadcast is in the traced body); each
-program writes that partial sum to its own slot, and XLA adds the slots up.
+kernel traces a :data:`Pull` of the same tiles (the body's members' own backwards). A
+broadcast operand's gradient is summed within a tile by the pull (its broadcast is in
+the traced body); each program writes that partial sum to its own slot, and XLA adds
+the slots up.
 
 Rows split evenly (the row block divides them); lanes are walked in ``cdiv(L, bl)``
 power-of-two blocks and a ragged last block is masked: tiles read 0 past ``L``,
@@ -19,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
@@ -45,26 +45,7 @@ Operands = Sequence[tuple[Any, str]]
 
 Pull = Callable[[list[Any], Sequence[Any]], list[Any]]
 """``pull(tiles, cts)``: the tiles' gradients for output gradients ``cts`` (``None`` for
-non-float tiles), when they are not ``jax.vjp`` of the block function."""
-
-
-def vjp_tiles(fn: Callable[..., Any], n: int, *tiles_and_cts: Any, pull: Pull | None = None):
-    """Gradients of ``fn``'s ``n`` float tiles (``None`` for others) for output gradients:
-    ``jax.vjp`` of ``fn``, or ``pull`` when given."""
-    tiles, cts = list(tiles_and_cts[:n]), tiles_and_cts[n:]
-    if pull is not None:
-        return pull(tiles, cts)
-    diff = [i for i, t in enumerate(tiles) if jnp.issubdtype(t.dtype, jnp.floating)]
-
-    def of_floats(*xs: Any) -> tuple[Any, ...]:
-        args = list(tiles)
-        for i, x in zip(diff, xs):
-            args[i] = x
-        return fn(*args)
-
-    outs, pull = jax.vjp(of_floats, *(tiles[i] for i in diff))
-    got = iter(pull(tuple(c.astype(o.dtype) for c, o in zip(cts, outs))))
-    return [next(got) if i in diff else None for i in range(n)]
+non-float tiles)."""
 
 
 def _lane_mask(ref: Any, bl: int, lanes: int) -> Any:
@@ -83,10 +64,8 @@ def _store(*refs: Any, fn: Callable[..., Any], n_in: int, bl: int, lanes: int) -
         store(ref, None, value, _lane_mask(ref, bl, lanes))
 
 
-def _masked_vjp(
-    fn: Callable[..., Any], kinds: Sequence[str], bl: int, lanes: int, pull: Pull | None
-) -> Any:
-    """``vjp_tiles`` of ``fn`` whose column/scalar gradients leave out lanes past ``L``."""
+def _masked_vjp(pull: Pull, kinds: Sequence[str], bl: int, lanes: int) -> Any:
+    """``pull`` whose column/scalar gradients leave out lanes past ``L``."""
     n = len(kinds)
 
     def grad_fn(*tiles_and_cts: Any) -> list[Any]:
@@ -94,13 +73,13 @@ def _masked_vjp(
         wide = cts[0].shape
         keep = span(pl.program_id(1) * bl, bl, lanes, wide, 1)
         if keep is None:
-            return vjp_tiles(fn, n, *tiles, *cts, pull=pull)
+            return pull(tiles, cts)
         narrow = [
             k in (COL, SCALAR) and jnp.issubdtype(t.dtype, jnp.floating)
             for t, k in zip(tiles, kinds)
         ]
         tiles = [jnp.broadcast_to(t, wide) if w else t for t, w in zip(tiles, narrow)]
-        grads = vjp_tiles(fn, n, *tiles, *cts, pull=pull)
+        grads = pull(tiles, cts)
         for i, (g, k) in enumerate(zip(grads, kinds)):
             if narrow[i]:
                 g = jnp.sum(jnp.where(keep, g, 0.0), axis=1, keepdims=True)
@@ -141,20 +120,19 @@ def _partial(kind: str, shape: tuple[int, int], blocks: tuple[int, int]) -> tupl
 
 
 def vjp_call(
-    fn: Callable[..., Any],
+    pull: Pull,
     operands: Operands,
     shape: tuple[int, int],
     blocks: tuple[int, int],
     cts: Sequence[Any],
-    pull: Pull | None = None,
 ) -> list[Any]:
-    """Gradients of the operands through ``fn`` (``None`` for non-float operands), by
-    ``jax.vjp`` of ``fn`` or by ``pull`` (see :data:`Pull`)."""
+    """Gradients of the operands (``None`` for non-float operands) for output gradients
+    ``cts``, ``pull`` run on each program's tiles (see :data:`Pull`)."""
     (rows, lanes), (br, bl) = shape, blocks
     n = len(operands)
     diff = [(x, k) for x, k in operands if jnp.issubdtype(x.dtype, jnp.floating)]
     parts = [_partial(k, shape, blocks) for _, k in diff]
-    grad_fn = _masked_vjp(fn, [k for _, k in operands], bl, lanes, pull)
+    grad_fn = _masked_vjp(pull, [k for _, k in operands], bl, lanes)
     partials = launch(
         lambda *refs: _store(*refs, fn=grad_fn, n_in=n + len(cts), bl=bl, lanes=lanes),
         grid=(rows // br, steps(lanes, bl)),

@@ -3,8 +3,9 @@
 Nothing here is written per pattern. The kernel body *traces the body graph's
 reference forwards* over one block: each program loads its tiles of the inputs, runs
 every body node's forward on them in order, and stores the outputs. The backward
-kernel traces ``jax.vjp`` of that same block function, so every chain the fusion pass
-produces gets a forward and a backward kernel.
+kernel recomputes that forward on its tiles and runs the members' own backwards in
+reverse order, so every chain the fusion pass produces gets a forward and a backward
+kernel.
 
 Layout: the output ``[..., L]`` is viewed as ``[R, L]`` rows and blocked
 ``(br, bl)``; each input is a full, row (a bias), column or scalar tile of it (see
@@ -153,20 +154,29 @@ def _evaluate(body: Any, env: dict[int, Any], start: int) -> tuple[Any, ...]:
     return tuple(env[s] for s in body.outputs)
 
 
+def _tile_env(body: Any, p: Plan) -> tuple[list[int], Callable[..., dict[int, Any]]]:
+    """The symbols the tiles hold (the leading gemm's result first, then the kinded
+    inputs) and ``env(tiles)``: their values by symbol, floats in float32 and bool inputs
+    as booleans, as the block functions run the body."""
+    kinded = [i for i, k in enumerate(p.kinds) if k]
+    head = [body.nodes[0].outputs[0]] if p.gemm is not None else []
+    sids = head + [body.inputs[i] for i in kinded]
+    bools = [False] * len(head) + [body.input_specs[i].dtype == jnp.bool_ for i in kinded]
+
+    def env(tiles: Sequence[Any]) -> dict[int, Any]:
+        return {
+            sid: (t != 0) if b else (t.astype(jnp.float32) if t.dtype in FLOATS else t)
+            for sid, t, b in zip(sids, tiles, bools)
+        }
+
+    return sids, env
+
+
 def _block_fn(body: Any, p: Plan) -> Callable[..., tuple[Any, ...]]:
     """The body on tiles: ``fn(*tiles)`` over the kinded inputs (after ``z`` for a gemm)."""
-    kinded = [i for i, k in enumerate(p.kinds) if k]
-    bools = [body.input_specs[i].dtype == jnp.bool_ for i in kinded]
-
-    def fn(*tiles: Any) -> tuple[Any, ...]:
-        head = 1 if p.gemm is not None else 0
-        tiles = [t.astype(jnp.float32) if t.dtype in FLOATS else t for t in tiles]
-        env = {body.inputs[i]: (t != 0 if b else t) for i, t, b in zip(kinded, tiles[head:], bools)}
-        if p.gemm is not None:
-            env[body.nodes[0].outputs[0]] = tiles[0]
-        return _evaluate(body, env, head)
-
-    return fn
+    _, env = _tile_env(body, p)
+    head = 1 if p.gemm is not None else 0
+    return lambda *tiles: _evaluate(body, env(tiles), head)
 
 
 def _block_pull(body: Any, p: Plan) -> _blockwise.Pull:
@@ -175,20 +185,12 @@ def _block_pull(body: Any, p: Plan) -> _blockwise.Pull:
     forward recomputed, then the members' backwards in reverse order, traced straight
     into the kernel (``jax.vjp`` of the block function would differentiate the members'
     JAX code instead, and Triton has no lowering for a ``custom_vjp``)."""
-    kinded = [i for i, k in enumerate(p.kinds) if k]
-    head = [body.nodes[0].outputs[0]] if p.gemm is not None else []
-    sids = head + [body.inputs[i] for i in kinded]
-    bools = [False] * len(head) + [body.input_specs[i].dtype == jnp.bool_ for i in kinded]
+    sids, tile_env = _tile_env(body, p)
+    head = 1 if p.gemm is not None else 0
 
     def pull(tiles: list[Any], cts: Sequence[Any]) -> list[Any]:
-        env = {
-            sid: (t != 0) if b else (t.astype(jnp.float32) if t.dtype in FLOATS else t)
-            for sid, t, b in zip(sids, tiles, bools)
-        }
-        nodes = body.nodes[len(head) :]
-        for node in nodes:
-            ins = (env[s] for s in node.inputs)
-            env[node.outputs[0]] = node.cmd.definition.forward(*ins, **node.cmd.kwargs)
+        env = tile_env(tiles)
+        _evaluate(body, env, head)
         grads: dict[int, Any] = {}
 
         def add(sid: int, g: Any) -> None:
@@ -197,7 +199,7 @@ def _block_pull(body: Any, p: Plan) -> _blockwise.Pull:
 
         for sid, c in zip(body.outputs, cts):
             add(sid, c)
-        for node in reversed(nodes):
+        for node in reversed(body.nodes[head:]):
             g = grads.get(node.outputs[0])
             if g is None:
                 continue
@@ -253,9 +255,8 @@ def _chain_fwd(body, p, *operands):
 
 
 def _chain_bwd(body, p, operands, cts):
-    fn, ops = _block_fn(body, p), list(zip(operands, _kinded(p)))
-    pull = _block_pull(body, p)
-    return tuple(_blockwise.vjp_call(fn, ops, (p.rows, p.lanes), p.blocks, cts, pull))
+    ops = list(zip(operands, _kinded(p)))
+    return tuple(_blockwise.vjp_call(_block_pull(body, p), ops, (p.rows, p.lanes), p.blocks, cts))
 
 
 _chain.defvjp(_chain_fwd, _chain_bwd)
@@ -296,10 +297,9 @@ def _run_gemm(body, p, kind, save, a, b, bias, *extras):
 
 
 def _gemm_grads(body, p, kind, a, b, bias, extras, z, cts):
-    fn = _block_fn(body, p)
     ops = [(z, FULL), *zip(extras, _kinded(p))]
     pull = _block_pull(body, p)
-    gz, *g_extras = _blockwise.vjp_call(fn, ops, (p.rows, p.lanes), p.blocks, cts, pull)
+    gz, *g_extras = _blockwise.vjp_call(pull, ops, (p.rows, p.lanes), p.blocks, cts)
     da, db = _gemm.matmul_grads(gz, a, b, p.gemm.param("transpose_a"), p.gemm.param("transpose_b"))
     dbias = None if bias is None else reduce_partials(gz, kind, bias.shape, bias.dtype)
     return (da, db, dbias, *g_extras)
@@ -365,8 +365,8 @@ def backward(grads, inputs, outputs, wants, *, body) -> tuple[Any, ...]:
     head: dict[int, Any] = {}
     if p.gemm is None:
         ops = list(zip(extras, _kinded(p)))
-        fn, pull = _block_fn(body, p), _block_pull(body, p)
-        g_extras = _blockwise.vjp_call(fn, ops, (p.rows, p.lanes), p.blocks, cts, pull)
+        pull = _block_pull(body, p)
+        g_extras = _blockwise.vjp_call(pull, ops, (p.rows, p.lanes), p.blocks, cts)
     else:
         a, b, bias, kind = _gemm_parts(body, p, inputs)
         z = _pre_activation(p, kind, a, b, bias)
