@@ -211,6 +211,48 @@ class OpDef:
             raise
         return self._gradients(result, len(args[1]))
 
+    def run_backward(
+        self,
+        cmd: Command,
+        rule: Callable[..., Any],
+        grads: Sequence[Any],
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        wants: Sequence[int] | None = None,
+    ) -> tuple[Any, ...]:
+        """``rule(grads, inputs, outputs, wants, **cmd.kwargs)`` (NNC's convention, e.g.
+        :meth:`backward`) on the forward tensors of a ``cmd`` node as a graph keeps them:
+        those ``backward_uses`` names as given (their values), the others as
+        :class:`SpecOnly` (given as values or specs), so a rule that reads the values of
+        one is a :class:`CommandError` naming ``cmd`` and what to add to ``uses=``."""
+        uses = self.backward_uses
+        kept = [f"input {i}" for i in range(len(inputs)) if uses.input_used(i)]
+        kept += [f"output {i}" for i in sorted(uses.outputs)]
+        ins = tuple(
+            x if uses.input_used(i) else _spec_only(cmd, uses, "input", i, x, kept)
+            for i, x in enumerate(inputs)
+        )
+        outs = tuple(
+            o if i in uses.outputs else _spec_only(cmd, uses, "output", i, o, kept)
+            for i, o in enumerate(outputs)
+        )
+        try:
+            return rule(tuple(grads), ins, outs, wants, **cmd.kwargs)
+        except (TypeError, ValueError) as e:
+            said = str(e)
+            if isinstance(e, CommandError) or not ("SpecOnly" in said or "__jax_array__" in said):
+                raise
+            bare = [f"input {i}" for i in range(len(ins)) if not uses.input_used(i)]
+            bare += [f"output {i}" for i in range(len(outs)) if i not in uses.outputs]
+            raise CommandError(
+                f"{cmd}: its backward used the values of a tensor it gets only as a spec "
+                f"(shape and dtype): defcommand(uses=...) is {uses}, so {', '.join(bare)} "
+                f"arrive without values ({type(e).__name__}: {said[:100]}). Name the "
+                "tensors it reads in defcommand(..., uses=Uses(inputs=..., outputs=...)) "
+                f"(all of them: uses=Uses(outputs={tuple(range(len(outs)))})), or read only "
+                ".shape/.dtype of those"
+            ) from e
+
     def _gradients(self, result: Any, n: int) -> tuple[Any, ...]:
         """``result`` of the hand-written backward as a tuple of ``n`` gradients, else a
         :class:`CommandError`: a bare array would be split along its first axis, and a
@@ -229,6 +271,24 @@ class OpDef:
             f"a tuple with exactly one gradient per input ({n}), None for an input without "
             f"one, e.g. return ({nones})"
         )
+
+
+def _spec_only(cmd: Command, uses: Uses, kind: str, i: int, x: Any, kept: list[str]) -> SpecOnly:
+    """Forward tensor ``kind`` ``i`` (a value or a spec) as the backward gets it when
+    ``uses=`` omits it."""
+    if kind == "input":
+        more = Uses(tuple(sorted({*(uses.inputs or ()), i})), uses.outputs)
+    else:
+        more = Uses(uses.inputs, tuple(sorted({*uses.outputs, i})))
+    shown = f"inputs={more.inputs}, " if more.inputs is not None else ""
+    return SpecOnly(
+        x.shape,
+        x.dtype,
+        f"{cmd}: its backward reads the values of {kind} {i}, but the command keeps "
+        f"{kept or 'nothing'} for its backward ({uses}), so the backward gets only the "
+        f"shape and dtype of {kind} {i}. Add it: defcommand(..., uses=Uses({shown}outputs="
+        f"{more.outputs})), or read only .shape/.dtype of {kind} {i}",
+    )
 
 
 def _name(fn: Any) -> str:

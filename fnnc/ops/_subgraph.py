@@ -97,23 +97,16 @@ def _nnc_differentiable(cmd: Any, opdef: Any) -> Any:
         check = opdef.backward_check(cmd) if opdef.backward_check else None
         if check is not None:
             raise CommandError(f"{cmd} has no backward here: {check}")
-        uses = opdef.backward_uses
-        ins = tuple(x if uses.input_used(i) else _spec(x) for i, x in enumerate(xs))
-        kept = tuple(o if i in uses.outputs else _spec(o) for i, o in enumerate(outs))
         # As the backward pass: None for an output no gradient reaches (a scan's tape
         # and ys among them), the gradient for the others.
         grads = tuple(None if _is_zero(g) else g for g in cts)
-        got = opdef.backward(grads, ins, kept, **params)
+        got = opdef.run_backward(cmd, opdef.backward, grads, xs, outs)
         return tuple(_cotangent_of(g, x) for g, x in zip(got, xs))
 
     # symbolic_zeros: JAX says which outputs no result depends on (SymbolicZero) instead
     # of handing zeros for them, which a scan's tape must not get.
     run.defvjp(fwd, bwd, symbolic_zeros=True)
     return run
-
-
-def _spec(x: Any) -> Spec:
-    return Spec(tuple(x.shape), x.dtype)
 
 
 def _is_zero(g: Any) -> bool:

@@ -24,8 +24,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from fnnc.core.command import BackwardNode, Command, Spec, Uses, defcommand, make_command
-from fnnc.core.opdef import SpecOnly
+from fnnc.core.command import BackwardNode, Command, Spec, defcommand, make_command
 from fnnc.errors import CommandError
 
 
@@ -86,55 +85,14 @@ def _run(rule, *inputs, of, in_specs, out_specs, grad_mask, wants):
     ins_spec, outs_spec = _specs(in_specs), _specs(out_specs)
     values = iter(inputs)
     grads = tuple(next(values) if m else None for m in grad_mask)
-    kept = [f"input {i}" for i in range(len(ins_spec)) if uses.input_used(i)]
-    kept += [f"output {i}" for i in sorted(uses.outputs)]
-    ins = tuple(
-        next(values) if uses.input_used(i) else _spec_only(of, "input", i, s, kept)
-        for i, s in enumerate(ins_spec)
-    )
-    outs = tuple(
-        next(values) if i in uses.outputs else _spec_only(of, "output", i, s, kept)
-        for i, s in enumerate(outs_spec)
-    )
-    try:
-        result = rule(grads, ins, outs, tuple(wants), **of.kwargs)
-    except (TypeError, ValueError) as e:
-        said = str(e)
-        if isinstance(e, CommandError) or not ("SpecOnly" in said or "__jax_array__" in said):
-            raise
-        bare = [f"input {i}" for i in range(len(ins)) if not uses.input_used(i)]
-        bare += [f"output {i}" for i in range(len(outs)) if i not in uses.outputs]
-        every = tuple(range(len(outs)))
-        raise CommandError(
-            f"{of}: its backward used the values of a tensor it gets only as a spec "
-            f"(shape and dtype): defcommand(uses=...) is {uses}, so {', '.join(bare)} "
-            f"arrive without values ({type(e).__name__}: {said[:100]}). Name the tensors "
-            "it reads in defcommand(..., uses=Uses(inputs=..., outputs=...)) (all of them: "
-            f"uses=Uses(outputs={every})), or read only .shape/.dtype of those"
-        ) from e
+    ins = tuple(next(values) if uses.input_used(i) else s for i, s in enumerate(ins_spec))
+    outs = tuple(next(values) if i in uses.outputs else s for i, s in enumerate(outs_spec))
+    result = of.definition.run_backward(of, rule, grads, ins, outs, tuple(wants))
     picked = []
     for i in wants:
         g, spec = result[i], ins_spec[i]
         picked.append(jnp.zeros(spec.shape, spec.dtype) if g is None else g.astype(spec.dtype))
     return picked[0] if len(picked) == 1 else tuple(picked)
-
-
-def _spec_only(of: Command, kind: str, i: int, spec: Spec, kept: list[str]) -> SpecOnly:
-    """Forward tensor ``kind`` ``i`` as the backward gets it when ``uses=`` omits it."""
-    uses = of.definition.backward_uses
-    if kind == "input":
-        more = Uses(tuple(sorted({*(uses.inputs or ()), i})), uses.outputs)
-    else:
-        more = Uses(uses.inputs, tuple(sorted({*uses.outputs, i})))
-    shown = f"inputs={more.inputs}, " if more.inputs is not None else ""
-    return SpecOnly(
-        spec.shape,
-        spec.dtype,
-        f"{of}: its backward reads the values of {kind} {i}, but the command keeps "
-        f"{kept or 'nothing'} for its backward ({uses}), so the backward gets only the "
-        f"shape and dtype of {kind} {i}. Add it: defcommand(..., uses=Uses({shown}outputs="
-        f"{more.outputs})), or read only .shape/.dtype of {kind} {i}",
-    )
 
 
 @defcommand(

@@ -138,6 +138,20 @@ def test_backward_reading_what_uses_omits_names_the_fix(restore_registries, rule
         _gradients(_sum_of(cmd()), X)
 
 
+@pytest.mark.parametrize("holder", ["call", "fused_elementwise"])
+def test_backward_reading_what_uses_omits_inside_a_sub_graph_names_the_fix(
+    restore_registries, holder
+):
+    """Differentiated inside a sub-graph (call) or a fused body, the omitted input came
+    as a plain ShapeDtypeStruct: JAX's raw TypeError, naming no command."""
+    cmd = _command("test_sub_uses_lie", lambda g, i, o: (g[0] * i[0],), uses=ops.Uses(inputs=()))
+    b = GraphBuilder()
+    body = b.build([b.exec(cmd(), b.input((3,), np.float32, "x"))])
+    holding = getattr(ops, holder)(**{"graph" if holder == "call" else "body": body})
+    with pytest.raises(CommandError, match=r"test_sub_uses_lie: its backward .*uses=Uses\("):
+        _gradients(_sum_of(holding), X)
+
+
 def test_replace_runs_the_new_definition(restore_registries):
     """A notebook cell run again: 'registered twice' says what to do; replace=True
     replaces, and eager calls (cached compiled forwards) run the new forward."""
