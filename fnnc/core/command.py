@@ -54,6 +54,7 @@ from fnnc.core.opdef import (
     Uses,
     is_float,
     lookup,
+    ordered_check,
     registry,
     vjp_backward,
 )
@@ -291,7 +292,7 @@ def defcommand(
     batch_statistics: bool | Callable[[Command], bool] = False,
     min_inputs: int | None = None,
     display: Callable[[Command], str] | None = None,
-    backward_check: Callable[[Command], str | None] | None = None,
+    backward_check: Callable[..., str | None] | None = None,
     backward_node: BackwardNode | None = None,
     replace: bool = False,
 ) -> Callable[[Callable[..., Any]], _Factory]:
@@ -314,10 +315,12 @@ def defcommand(
             at least one for a variadic command (``ewsum`` of nothing is undefined).
         display: how listings print a command value, when the default
             ``name[param=value, ...]`` would be unreadable.
-        backward_check: ``check(cmd) -> None | reason``: why this command value has no
-            backward (e.g. a loop without a trip bound). The ``backward`` pass asks it
-            when it builds the gradient node, so the error comes while differentiating,
-            not later when the gradient graph runs.
+        backward_check: ``check(cmd, order=1) -> None | reason``: why this command
+            value has no backward (e.g. a loop without a trip bound), or none of that
+            ``order`` (a gradient's gradient is order 2); ``check(cmd)`` is asked the
+            same at every order. The ``backward`` pass asks it when it builds the
+            gradient node, so the error comes while differentiating, not later when the
+            gradient graph runs.
         backward_node: set only on a command that runs another command's backward
             (``gradient``); see :class:`BackwardNode`.
         replace: replace a command already registered under this name (a notebook cell
@@ -373,7 +376,7 @@ def defcommand(
             doc=inspect.getdoc(forward) or "",
             min_inputs=max(required, int(variadic)) if min_inputs is None else min_inputs,
             display=display,
-            backward_check=backward_check,
+            backward_check=ordered_check(backward_check),
             backward_node=backward_node,
         )
         if old is not None:

@@ -161,7 +161,7 @@ class OpDef:
     doc: str
     min_inputs: int = 0
     display: Callable[[Command], str] | None = None
-    backward_check: Callable[[Command], str | None] | None = None
+    backward_check: Callable[[Command, int], str | None] | None = None
     backward_fn: Callable[..., Any] | None = None
     backward_node: BackwardNode | None = None
 
@@ -289,6 +289,22 @@ def _spec_only(cmd: Command, uses: Uses, kind: str, i: int, x: Any, kept: list[s
         f"shape and dtype of {kind} {i}. Add it: defcommand(..., uses=Uses({shown}outputs="
         f"{more.outputs})), or read only .shape/.dtype of {kind} {i}",
     )
+
+
+def ordered_check(
+    check: Callable[..., str | None] | None,
+) -> Callable[[Command, int], str | None] | None:
+    """``check`` as :attr:`OpDef.backward_check` calls it, ``check(cmd, order)``; a check
+    that takes only the command value is asked the same at every order."""
+    if check is None:
+        return None
+    try:
+        inspect.signature(check).bind(None, 1)
+    except TypeError:
+        return lambda cmd, order=1: check(cmd)
+    except ValueError:  # no signature to inspect (a builtin): called as written
+        pass
+    return check
 
 
 def _name(fn: Any) -> str:

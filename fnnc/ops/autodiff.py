@@ -18,7 +18,6 @@ Listings print ``relu.backward[wants=(0,)](%7, %3)``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
@@ -50,21 +49,14 @@ def _gradient_shape(*specs: Spec, of, in_specs, out_specs, grad_mask, wants) -> 
     return tuple(ins[i] for i in wants)
 
 
-Check = Callable[[Command, int], str | None]
-
-# Why a command cannot be differentiated ``order`` times (``None``: it can), by command
-# name: a check for the forward command under ``order - 1`` gradient nodes. A command
-# without one has every order (its backward rule is JAX code, differentiable again).
-order_checks: dict[str, Check] = {}
-
-
-def _gradient_check(cmd: Command) -> str | None:
-    """Why ``gradient[of=...]`` cannot be differentiated: the innermost forward command
-    lacks one more order (a module loaded from a file keeps only the orders it had)."""
-    order, inner = 2, cmd.param("of")
+def _gradient_check(cmd: Command, order: int = 1) -> str | None:
+    """Why ``gradient[of=...]`` cannot be differentiated (``order`` more times): the
+    innermost forward command's ``backward_check`` at the order that needs (a module
+    loaded from a file keeps only the orders it had)."""
+    order, inner = order + 1, cmd.param("of")
     while (node := inner.definition.backward_node) is not None:
         order, inner = order + 1, node.forward_of(inner)[0]
-    check = order_checks.get(inner.name)
+    check = inner.definition.backward_check
     reason = check(inner, order) if check is not None else None
     return None if reason is None else f"it runs the backward of {inner.name}, and {reason}"
 

@@ -35,7 +35,6 @@ import numpy as np
 from jax import lax
 
 from fnnc.core.command import Command, Spec, defcommand, make_command
-from fnnc.ops.autodiff import order_checks
 
 _SHOWN = (bool, int, float, str, type(None), np.dtype)
 
@@ -175,7 +174,7 @@ def primitive_command(
     )
 
 
-def _vjp_orders(cmd: Command, order: int) -> str | None:
+def _vjp_orders(cmd: Command, order: int = 1) -> str | None:
     """Why an ``exported`` node's module cannot be differentiated ``order`` times: a
     module loaded from a file holds only the VJP orders saved with it."""
     module, held = cmd.param("module").value, 0
@@ -192,9 +191,7 @@ def _vjp_orders(cmd: Command, order: int) -> str | None:
     )
 
 
-@defcommand(
-    family="generic", shape=_shape, min_inputs=0, backward_check=lambda c: _vjp_orders(c, 1)
-)
+@defcommand(family="generic", shape=_shape, min_inputs=0, backward_check=_vjp_orders)
 def exported(*inputs, module, out_specs):
     """A serialized computation (``jax.export.Exported``, StableHLO) as one node.
 
@@ -205,9 +202,6 @@ def exported(*inputs, module, out_specs):
     """
     outs = module.value.call(*inputs)
     return outs[0] if len(outs) == 1 else tuple(outs)
-
-
-order_checks["exported"] = _vjp_orders
 
 
 def export_command(cmd: Command, in_specs: Sequence[Spec]) -> Command:

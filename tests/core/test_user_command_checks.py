@@ -152,6 +152,27 @@ def test_backward_reading_what_uses_omits_inside_a_sub_graph_names_the_fix(
         _gradients(_sum_of(holding), X)
 
 
+def test_backward_check_is_asked_the_order(restore_registries):
+    """check(cmd, order) refuses a gradient's gradient (order 2) by the same hook that
+    refuses the first; a check taking only the command still works (asked every order)."""
+    orders = lambda cmd, order=1: "first order only" if order > 1 else None
+    cmd = ops.defcommand(family="custom", shape=same, name="test_orders", backward_check=orders)(
+        jnp.sin
+    )
+    graph = _sum_of(cmd())
+    grads, (dx,) = backward(graph, graph.outputs[0], list(graph.inputs))
+    np.testing.assert_allclose(compile(grads)(X)[1], np.cos(X), rtol=1e-6)
+    b = GraphBuilder.from_graph(grads)
+    total = b.exec(ops.reduce_sum(axes=(0,)), dx)
+    with pytest.raises(CommandError, match=r"backward of test_orders, and first order only"):
+        backward(b.build([total]), total, [grads.symbols[grads.inputs[0]]])
+    plain = ops.defcommand(
+        family="custom", shape=same, name="test_plain_check", backward_check=lambda c: "no"
+    )(jnp.sin)
+    with pytest.raises(CommandError, match=r"test_plain_check has no backward here: no"):
+        _gradients(_sum_of(plain()), X)
+
+
 def test_replace_runs_the_new_definition(restore_registries):
     """A notebook cell run again: 'registered twice' says what to do; replace=True
     replaces, and eager calls (cached compiled forwards) run the new forward."""
