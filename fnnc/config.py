@@ -39,7 +39,8 @@ import dataclasses
 import difflib
 import itertools
 import os
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import Any, NamedTuple
 
 from fnnc.errors import ConfigError
 
@@ -112,17 +113,36 @@ def check_forcing(cfg: Config, commands: Collection[str], backends: Collection[s
         )
 
 
-_FIELD_KINDS: Mapping[str, tuple[type, str]] = {
-    "checks": (bool, "True, False or 'numerics' (checks and the numerics check)"),
-    "numerics": (bool, "True or False"),
-    "debug": (int, "an int level (0: off, >= 1: print graphs between passes)"),
-    "backend": (str, "a backend name (str), '' for the default choice"),
-    "backend_per_command": (
+class _Field(NamedTuple):
+    """A setting :func:`override` takes: its kind, the values it accepts (for messages),
+    how a value of that kind is normalised (``normalise(value, label)``, ``label``
+    naming the setting in errors) and the environment variable that sets it."""
+
+    kind: type
+    accepted: str
+    env: str = ""
+    normalise: Callable[[Any, str], Any] | None = None
+
+
+_FIELD_KINDS: Mapping[str, _Field] = {
+    "checks": _Field(bool, "True, False or 'numerics' (checks and the numerics check)"),
+    "numerics": _Field(bool, "True or False"),
+    "debug": _Field(int, "an int level (0: off, >= 1: print graphs between passes)"),
+    "backend": _Field(str, "a backend name (str), '' for the default choice", "FNNC_BACKEND"),
+    "backend_per_command": _Field(
         Mapping,
         "a mapping of command name to backend name, e.g. {'convolution': 'im2col'}",
+        normalise=lambda value, label: dict(value),
     ),
-    "cpu_libraries": (str, "a library set name (str), '' for the default choice"),
-    "matmul_precision": (str, f"one of {list(MATMUL_PRECISIONS)}"),
+    "cpu_libraries": _Field(
+        str, "a library set name (str), '' for the default choice", "FNNC_CPU_LIBRARIES"
+    ),
+    "matmul_precision": _Field(
+        str,
+        f"one of {list(MATMUL_PRECISIONS)}",
+        "FNNC_MATMUL_PRECISION",
+        matmul_precision_name,
+    ),
 }
 """Each setting :func:`override` takes, with its kind and the values it accepts."""
 
@@ -137,9 +157,12 @@ def _is_kind(value: object, kind: type) -> bool:
     return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
 
 
-def _validated(changes: dict[str, object], where: str = "config.override") -> dict[str, object]:
+def _validated(
+    changes: dict[str, object], where: str = "config.override", env: bool = False
+) -> dict[str, object]:
     """``changes`` checked against :data:`_FIELD_KINDS` and normalised: the one place a
-    setting's type is checked, for :func:`override` and the environment alike.
+    setting's type is checked, for :func:`override` and the environment (``env``:
+    errors name the variable) alike.
 
     ``checks="numerics"`` (the spelling of ``FNNC_CHECKS=numerics``) becomes
     ``checks=True, numerics=True``; matmul precision aliases become fnnc's names.
@@ -155,7 +178,7 @@ def _validated(changes: dict[str, object], where: str = "config.override") -> di
                 f"{where}: unknown setting {name!r}.{close_matches(name, _FIELD_KINDS)} "
                 f"Settings: {list(_FIELD_KINDS)}."
             )
-        kind, accepted = _FIELD_KINDS[name]
+        field = _FIELD_KINDS[name]
         if name == "checks" and isinstance(value, str) and value == "numerics":
             if changes.get("numerics", True) is not True:
                 raise ConfigError(
@@ -164,12 +187,11 @@ def _validated(changes: dict[str, object], where: str = "config.override") -> di
                 )
             changes["checks"], changes["numerics"] = True, True
             continue
-        if not _is_kind(value, kind):
-            raise ConfigError(f"{where}: {name}: expected {accepted}, got {value!r:.200}")
-        if name == "backend_per_command":
-            changes[name] = dict(value)  # type: ignore[call-overload]
-        elif name == "matmul_precision":
-            changes[name] = matmul_precision_name(str(value), f"{where}: matmul_precision")
+        label = field.env if env and field.env else f"{where}: {name}"
+        if not _is_kind(value, field.kind):
+            raise ConfigError(f"{label}: expected {field.accepted}, got {value!r:.200}")
+        if field.normalise is not None:
+            changes[name] = field.normalise(value, label)
     return changes
 
 
@@ -241,10 +263,8 @@ def _from_env() -> Config:
     settings["debug"] = _debug_from_env(env("FNNC_DEBUG", "0"))
     settings["backend"] = env("FNNC_BACKEND", "")
     settings["cpu_libraries"] = env("FNNC_CPU_LIBRARIES", "")
-    settings["matmul_precision"] = matmul_precision_name(
-        env("FNNC_MATMUL_PRECISION", "") or "float32", "FNNC_MATMUL_PRECISION"
-    )
-    return Config(**_validated(settings, "environment (FNNC_*)"))  # type: ignore[arg-type]
+    settings["matmul_precision"] = env("FNNC_MATMUL_PRECISION", "") or "float32"
+    return Config(**_validated(settings, "environment (FNNC_*)", env=True))  # type: ignore[arg-type]
 
 
 _current: Config = _from_env()
