@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 
 def is_floating(dtype: Any) -> bool:
@@ -28,3 +29,14 @@ def is_floating(dtype: Any) -> bool:
 def is_inexact(dtype: Any) -> bool:
     """Whether ``dtype`` is floating or complex (bfloat16 included)."""
     return bool(jnp.issubdtype(dtype, jnp.inexact))
+
+
+def at_least_float32(dtype: Any) -> np.dtype:
+    """The type to compute in for values of ``dtype``: float32 for 16-bit floats (and
+    integers), ``dtype`` itself for float32, float64 and complex types. Sums, squares
+    and statistics of 16-bit values are taken in it and rounded once.
+
+    >>> at_least_float32(jnp.bfloat16), at_least_float32("float64")
+    (dtype('float32'), dtype('float64'))
+    """
+    return np.dtype(jnp.promote_types(dtype, jnp.float32))

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fnnc.core.command import Spec, Uses, defcommand
+from fnnc.core.dtypes import at_least_float32
 from fnnc.errors import DTypeError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show, to_shape, unbroadcast
 
@@ -154,7 +155,7 @@ def scaled_dot_product_attention(
 
 def _heads(q, k, v, mask, scale, is_causal):
     """The attention of every head, ``[B, S, H, Dv]`` (before any head-joining gemm)."""
-    wide = jnp.promote_types(q.dtype, jnp.float32)  # 16-bit: the softmax in float32
+    wide = at_least_float32(q.dtype)  # 16-bit: the softmax in float32
     p = _probabilities(q, k, mask, scale, is_causal, wide).astype(q.dtype)
     return jnp.einsum("bhst,bthd->bshd", p, _expand_heads(v, q.shape[2]))
 
@@ -171,7 +172,7 @@ def _sdpa_grads(go, q, k, v, o, m, *, scale, is_causal):
     scale = 1 / math.sqrt(d) if scale is None else scale
     # For 16-bit inputs the softmax and dp - delta, which cancels, are taken in float32
     # (in 16 bits float16's dq missed NNC's 1e-3 by 2x), and ds is rounded once.
-    wide = jnp.promote_types(q.dtype, jnp.float32)
+    wide = at_least_float32(q.dtype)
     p = _probabilities(q, k, m, scale, is_causal, wide)
     gv = jnp.einsum("bhst,bshd->bthd", p.astype(q.dtype), go)
     dp = jnp.einsum("bshd,bthd->bhst", go, _expand_heads(v, h), preferred_element_type=wide)

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fnnc.core.command import Spec, defcommand
+from fnnc.core.dtypes import at_least_float32
 from fnnc.errors import DTypeError
 from fnnc.ops._rules import fail, norm_axes, require_float, require_same_dtype, show, to_shape
 
@@ -157,7 +158,7 @@ def rmsnorm_gated(x, gate, scale=None, *, axes=(-1,), epsilon=1e-6):
     """``x / sqrt(mean(x^2) + epsilon) * scale * swish(gate)``, the mean over ``axes``;
     computed in float32 at least (a 16-bit square overflows past 256), cast back."""
     ax = norm_axes("rmsnorm_gated", axes, x.ndim)
-    dtype, wide = x.dtype, jnp.promote_types(x.dtype, jnp.float32)
+    dtype, wide = x.dtype, at_least_float32(x.dtype)
     x, gate = x.astype(wide), gate.astype(wide)
     y = x * lax.rsqrt(jnp.mean(x * x, axis=ax, keepdims=True) + epsilon)
     if scale is not None:

@@ -48,6 +48,7 @@ from jax import lax
 
 from fnnc.core.command import Spec, Uses, defcommand
 from fnnc.core.dispatch import Backend, register_backend
+from fnnc.core.dtypes import at_least_float32
 from fnnc.errors import CommandError, DTypeError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show
 from fnnc.ops.loss import class_index
@@ -59,9 +60,8 @@ CLASS_CHUNK = 8192
 issue's full ``[16384, 32768]`` logits, and each block's product still fills a GPU."""
 
 
-def result_dtype(dtype: Any) -> np.dtype:
-    """The loss's dtype for inputs of ``dtype``: float32 at least, as losses are kept."""
-    return np.dtype(jnp.promote_types(dtype, jnp.float32))
+result_dtype = at_least_float32
+"""The loss's dtype for inputs of ``dtype``: float32 at least, as losses are kept."""
 
 
 def _shape(x, w, label, bias=None, *, trim0, trim1, row_chunk, class_chunk):

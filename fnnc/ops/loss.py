@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fnnc.core.command import Spec, Uses, defcommand
+from fnnc.core.dtypes import at_least_float32
 from fnnc.errors import CommandError, DTypeError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show, to_shape
 
@@ -137,7 +138,7 @@ def softmax_crossentropy(x, label, *, trim0=0.0, trim1=1.0):
     >>> loss
     Array([[15.000017]], dtype=float32)
     """
-    out, x = x.dtype, x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    out, x = x.dtype, x.astype(at_least_float32(x.dtype))
     m = lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
     z = x - m
     e = jnp.exp(z)
@@ -314,7 +315,7 @@ def _mse_shape(a, b, *, reduce):
 def mse(a, b, *, reduce="mean"):
     """Squared error per sample, ``[N, ...] -> [N, 1]``: ``"mean"`` or ``"sum"`` of ``(a-b)**2``,
     summed in float32 at least (a 16-bit sum of squares overflows where its mean fits)."""
-    wide = jnp.promote_types(a.dtype, jnp.float32)
+    wide = at_least_float32(a.dtype)
     d = a.astype(wide) - b.astype(wide)
     loss = _per_sample(d * d)
     return (loss / math.prod(a.shape[1:]) if reduce == "mean" else loss).astype(a.dtype)

@@ -7,8 +7,9 @@ no recomputation: the hand-written backwards of the hot ops layer_norm and rms_n
 read ``x``, ``scale`` and those saved outputs only. Variances are biased (divide by
 the count) and ``epsilon`` goes inside the square root:
 ``inv_std = 1 / sqrt(var + epsilon)``. Statistics and sums are computed in float32 at
-least (:func:`_wide`) and the outputs and gradients cast back, so a 16-bit x whose
-deviations square past its range (``|x - mean| >= 256`` in float16) still normalises.
+least (:func:`~fnnc.core.dtypes.at_least_float32`) and the outputs and gradients cast
+back, so a 16-bit x whose deviations square past its range (``|x - mean| >= 256`` in
+float16) still normalises.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from jax import lax
 
 from fnnc.core.command import Spec, Uses, defcommand
+from fnnc.core.dtypes import at_least_float32
 from fnnc.ops._rules import (
     fail,
     leading_sum,
@@ -35,16 +37,11 @@ def _kept(shape, axes) -> tuple[int, ...]:
     return tuple(1 if d in axes else n for d, n in enumerate(shape))
 
 
-def _wide(dtype) -> np.dtype:
-    """The type a norm computes in: float32 at least. In float16 a deviation of 256
-    squares to inf (``inv_std`` 0, y silently 0) and ``inv_std**2`` of a constant row
-    (``1 / epsilon``) overflows the backward."""
-    return np.dtype(jnp.promote_types(dtype, jnp.float32))
-
-
 def _widen(*ts):
-    """Each tensor in :func:`_wide` of its type (``None`` stays ``None``)."""
-    return tuple(None if t is None else t.astype(_wide(t.dtype)) for t in ts)
+    """Each tensor in float32 at least (``None`` stays ``None``). In float16 a deviation
+    of 256 squares to inf (``inv_std`` 0, y silently 0) and ``inv_std**2`` of a constant
+    row (``1 / epsilon``) overflows the backward."""
+    return tuple(None if t is None else t.astype(at_least_float32(t.dtype)) for t in ts)
 
 
 def _like(values, originals) -> tuple:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fnnc.core.command import NOTHING, Spec, Uses, defcommand, is_float
+from fnnc.core.dtypes import at_least_float32
 from fnnc.ops._rules import fail, leading_sum, norm_axes, require_float, show, to_shape
 
 EXTREMUM_USES = Uses(inputs=(0,), outputs=(0,))
@@ -68,7 +69,7 @@ def reduce_mean(x, *, axes):
     ``jnp.mean`` does. Over all axes but the last it sums in batch_norm's order and
     divides as it does (:func:`fnnc.ops._rules.leading_sum`): equal batch means."""
     ax = norm_axes("reduce_mean", axes, x.ndim)
-    wide = jnp.promote_types(x.dtype, jnp.float32)
+    wide = at_least_float32(x.dtype)
     total = leading_sum(x, ax, dtype=wide)
     return jnp.reshape(total / _count(x.shape, ax), _kept(x.shape, ax)).astype(x.dtype)
 

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fnnc.core.command import NOTHING, Spec, Uses, defcommand
+from fnnc.core.dtypes import at_least_float32
 from fnnc.ops._rules import (
     broadcast_shape,
     fail,
@@ -131,7 +132,7 @@ def rmsnorm_cmul(x, freqs, scale=None, *, axes=(-1,), epsilon=1e-6):
     ``elementwise_affine``) followed by ``cmul`` with ``freqs``: query/key
     normalisation and interleaved RoPE in one command."""
     ax = norm_axes("rmsnorm_cmul", axes, x.ndim)
-    wide = jnp.promote_types(x.dtype, jnp.float32)
+    wide = at_least_float32(x.dtype)
     xf = x.astype(wide)
     y = xf * lax.rsqrt(jnp.mean(xf * xf, axis=ax, keepdims=True) + epsilon)
     if scale is not None:

@@ -45,6 +45,7 @@ import numpy as np
 from jax import lax
 
 from fnnc.core.command import Command, Spec, Uses, defcommand
+from fnnc.core.dtypes import at_least_float32
 from fnnc.core.ir import Graph
 from fnnc.errors import CommandError, GraphError, ShapeError
 from fnnc.ops._rules import show
@@ -248,10 +249,9 @@ def reverse_blocks(
     return dc, dk, dxs
 
 
-def accumulator(dtype: Any) -> np.dtype:
-    """The type a loop sums gradients over iterations in: at least float32, so that a
-    sum of many bfloat16 / float16 terms (mixed precision) is rounded once, not per term."""
-    return np.dtype(jnp.promote_types(dtype, jnp.float32))
+accumulator = at_least_float32
+"""The type a loop sums gradients over iterations in: at least float32, so that a sum of
+many bfloat16 / float16 terms (mixed precision) is rounded once, not per term."""
 
 
 def stacked_spec(spec: Spec, length: int) -> Spec:
