@@ -108,6 +108,13 @@ class AliasSymbol:
         """The highest root-buffer element the view reaches."""
         return self.base + sum((n - 1) * s for n, s in zip(self.shape, self.stride) if n > 0 < s)
 
+    def outside(self, size: int) -> bool:
+        """Whether the view reaches outside a root of ``size`` elements: a negative
+        ``base``, or (for a view holding any element) one below 0 or past ``size - 1``."""
+        if self.base < 0:
+            return True
+        return 0 not in self.shape and (self.first_index() < 0 or self.last_index() >= size)
+
 
 Symbol = TensorSymbol | AliasSymbol
 

@@ -246,7 +246,7 @@ class GraphBuilder:
         base = start if base is None else int(base)
         sym = AliasSymbol(len(self._symbols), root.id, shape, root.dtype, base, stride, name)
         size = int(np.prod(root.shape, dtype=np.int64))
-        if base < 0 or (0 not in shape and (sym.first_index() < 0 or sym.last_index() >= size)):
+        if sym.outside(size):
             reach = sym.last_index() if sym.first_index() >= 0 else sym.first_index()
             raise ShapeError(
                 f"alias {name or ''} of {self._label(of)}: view {list(shape)} at base {base} with "

@@ -81,10 +81,7 @@ def _verify_one(graph: Graph) -> None:
                     f"alias {graph.label(i)} views %{sym.root}, which is not a tensor symbol",
                     _user_of(graph, i),
                 )
-            elif sym.base < 0 or (
-                0 not in sym.shape
-                and (sym.first_index() < 0 or sym.last_index() >= np.prod(root.shape))
-            ):
+            elif sym.outside(int(np.prod(root.shape, dtype=np.int64))):
                 _fail(
                     graph,
                     f"alias {graph.label(i)} reaches outside its root "

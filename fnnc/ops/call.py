@@ -41,8 +41,7 @@ def _write_view_shape(root: Spec, value: Spec, *, shape, base, stride) -> Spec:
         )
     size = int(np.prod(root.shape, dtype=np.int64))
     view = _alias(shape, base, stride, root.dtype)
-    reach = 0 not in shape and (view.first_index() < 0 or view.last_index() >= size)
-    if len(stride) != len(shape) or base < 0 or reach:
+    if len(stride) != len(shape) or view.outside(size):
         raise ShapeError(
             f"write_view: view {list(shape)} at base {base} with stride {list(stride)} does "
             f"not fit in {show(root)}"
