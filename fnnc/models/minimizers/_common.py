@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fnnc.core.dtypes import at_least_float32
 from fnnc.errors import CommandError
 
 Rate = float | Callable[[jax.Array], Any]
@@ -78,9 +79,8 @@ def rate_at(rate: Rate, count: jax.Array) -> jax.Array:
     return jnp.asarray(value, jnp.float32)
 
 
-def compute_dtype(dtype: Any) -> Any:
-    """The dtype NNC computes an update in: float32, or float64 for float64 parameters."""
-    return jnp.promote_types(dtype, jnp.float32)
+compute_dtype = at_least_float32
+"""The dtype NNC computes an update in: float32, or float64 for float64 parameters."""
 
 
 def bias_correction(beta: float, count: jax.Array) -> jax.Array:
