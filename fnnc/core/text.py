@@ -132,3 +132,14 @@ def _esc(text: str) -> str:
     """``text`` inside a quoted DOT label: a backslash doubled (one ending a name would
     escape the closing quote), quotes escaped, line breaks as ``\\n``."""
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def first_few(items: list[str] | tuple[str, ...], most: int) -> str:
+    """``items`` joined with commas, the first ``most`` of them and how many more, for
+    error messages that list names.
+
+    >>> first_few(["a", "b", "c"], 2)
+    'a, b, ... (1 more)'
+    """
+    more = f", ... ({len(items) - most} more)" if len(items) > most else ""
+    return ", ".join(items[:most]) + more

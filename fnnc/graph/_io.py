@@ -13,6 +13,7 @@ import numpy as np
 from fnnc.core.dtypes import is_inexact
 from fnnc.core.ir import Graph
 from fnnc.core.keys import key_bits
+from fnnc.core.text import first_few
 from fnnc.errors import DTypeError, GraphInputError, ShapeError
 
 
@@ -97,9 +98,8 @@ def _check_paths(graph: Graph, treedef: Any, where: str) -> None:
     )
 
 
-def _listing(paths: Sequence[str], most: int = 8) -> str:
-    more = f", ... ({len(paths) - most} more)" if len(paths) > most else ""
-    return ", ".join(paths[:most]) + more
+def _listing(paths: Sequence[str]) -> str:
+    return first_few(list(paths), 8)
 
 
 def describe(value: Any) -> str:

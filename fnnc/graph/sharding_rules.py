@@ -51,6 +51,7 @@ import optax
 from jax.sharding import Mesh, PartitionSpec
 
 from fnnc.core.ir import Graph
+from fnnc.core.text import first_few
 from fnnc.errors import GraphError, ShapeError
 from fnnc.graph.sharding import Shardings, data_parallel
 from fnnc.graph.sharding_roles import find_roles
@@ -156,8 +157,7 @@ def _unmatched(rules: ShardingRules, pids: Sequence[str], names: Mapping[str, st
 
 
 def _some(items: list[str], n: int = 12) -> str:
-    more = f" and {len(items) - n} more" if len(items) > n else ""
-    return f"[{', '.join(items[:n])}]{more}" if items else "[] (none)"
+    return f"[{first_few(items, n)}]" if items else "[] (none)"
 
 
 def _spec(spec: Any, where: Any) -> PartitionSpec:
