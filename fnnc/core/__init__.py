@@ -10,7 +10,9 @@ fused chains) and a graph holds commands.
   :class:`AliasSymbol`, :class:`Node`).
 - :mod:`~fnnc.core.evaluate`: :func:`run_nodes`, the one node-by-node semantics that
   ``interpret``, ``compile`` and sub-graph commands share.
-- :mod:`~fnnc.core.dispatch`: backends, the autotune table and the selection rule.
+- :mod:`~fnnc.core.dispatch`: backends, the autotune table and the selection rule
+  (from :mod:`~fnnc.core.backends`, :mod:`~fnnc.core.selection` and
+  :mod:`~fnnc.core.compiled`), and eager calls.
 - :mod:`~fnnc.core.platforms`: platform names (``cuda`` is ``gpu``), checked.
 - :mod:`~fnnc.core.text`: the SSA printer.
 - :mod:`~fnnc.core.dtypes`: float kinds as JAX counts them (bfloat16 is floating).

@@ -1,0 +1,189 @@
+"""The backends of each command, the autotune table, and the state token they move.
+
+Every command has the ``"xla"`` backend (:data:`REFERENCE`): its reference forward, which
+XLA compiles on any platform. Faster backends (Pallas kernels, CPU variants) are
+registered with :func:`register_backend` and declare where they run and what they
+support. A backend may carry its own ``backward`` (NNC's convention plus the wanted input
+positions); a graph's ``gradient[of=cmd]`` node then has a backend of the same name,
+synthesized here, so backward nodes choose by the same rules as forwards and no second
+list of kernels exists.
+
+Each registration and each write to the autotune table (:data:`TABLE`) moves
+:func:`state`, which every cache of a backend choice keys on. The rule that chooses among
+these backends is :mod:`fnnc.core.selection`; :mod:`fnnc.core.dispatch` re-exports every
+name here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from typing import Any
+
+from fnnc import config
+from fnnc.core.command import Command, Spec, lookup
+from fnnc.core.platforms import PLATFORMS
+from fnnc.errors import BackendError
+
+REFERENCE = "xla"
+
+
+def _always(cmd: Command, specs: Sequence[Spec]) -> str | None:
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """One way to run a command.
+
+    Attributes:
+        name: e.g. ``"pallas"``.
+        forward: same signature as the reference forward.
+        platforms: platforms where it runs compiled (``"cpu"``, ``"gpu"``, ``"tpu"``).
+        supports: ``supports(cmd, input_specs) -> None`` if supported, else the reason.
+        priority: among eligible compiled backends, the highest wins without autotune.
+        interpret_platforms: platforms where it runs only in interpret mode (slow;
+            chosen there only when forced).
+        backward: optional ``backward(grads, inputs, outputs, wants, **params)`` in
+            NNC's convention, returning one gradient per forward input (``None`` for
+            those not in ``wants``). Gradient nodes of this command can then run it.
+        wins: optional ``wins(cmd, input_specs) -> bool``: where ``priority`` holds
+            (``None``: everywhere). A kernel that wins by construction on some inputs
+            only (flash attention: where its products run on tensor cores) says so
+            here; elsewhere it is the default only where measured faster.
+    """
+
+    name: str
+    forward: Callable[..., Any]
+    platforms: tuple[str, ...]
+    supports: Callable[[Command, Sequence[Spec]], str | None] = _always
+    priority: int = 1
+    interpret_platforms: tuple[str, ...] = ("cpu",)
+    backward: Callable[..., Any] | None = None
+    wins: Callable[[Command, Sequence[Spec]], bool] | None = None
+
+
+_BACKENDS: dict[str, dict[str, Backend]] = {}
+_generation = 0
+
+
+def _bump() -> None:
+    global _generation
+    _generation += 1
+
+
+def state() -> tuple[int, int]:
+    """A hashable token of everything backend choice depends on.
+
+    It changes when a backend is registered or removed, when the autotune table is
+    written, and inside a :func:`fnnc.config.override` block; caches of compiled code
+    key on it.
+    """
+    return _generation, config.get().serial
+
+
+class AutotuneTable(MutableMapping[str, str]):
+    """The autotune table: ``key(cmd, specs, platform) -> backend name``.
+
+    A dict whose every write moves :func:`state`, so cached programs see new winners.
+    """
+
+    def __init__(self) -> None:
+        self._data: dict[str, str] = {}
+
+    def __getitem__(self, key: str) -> str:
+        return self._data[key]
+
+    def __setitem__(self, key: str, value: str) -> None:
+        if self._data.get(key) != value:
+            self._data[key] = value
+            _bump()
+
+    def __delitem__(self, key: str) -> None:
+        del self._data[key]
+        _bump()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"AutotuneTable({self._data!r})"
+
+
+TABLE = AutotuneTable()
+
+
+def table_key(cmd: Command, specs: Sequence[Spec], platform: str) -> str:
+    """The autotune table key of one (command, input specs, platform)."""
+    shapes = ";".join("none" if s is None else f"{s.dtype.name}{list(s.shape)}" for s in specs)
+    return f"{cmd.name}|{cmd.params!r}|{shapes}|{platform}"
+
+
+def register_backend(command: str, backend: Backend) -> None:
+    """Adds ``backend`` to the backends of the command named ``command``.
+
+    Example:
+        >>> import jax
+        >>> import jax.numpy as jnp
+        >>> from fnnc import ops
+        >>> fast = ops.Backend("mine", lambda x: jnp.maximum(x, 0), ("cpu",), priority=5)
+        >>> ops.register_backend("relu", fast)
+        >>> ops.select_backend(ops.relu(), [jax.ShapeDtypeStruct((2,), jnp.float32)], "cpu")
+        'mine'
+        >>> ops.unregister_backend("relu", "mine")
+    """
+    lookup(command)
+    if backend.name == REFERENCE:
+        raise BackendError(f"{command}: {REFERENCE!r} is the reference backend's name")
+    _BACKENDS.setdefault(command, {})[backend.name] = backend
+    _bump()
+
+
+def unregister_backend(command: str, name: str) -> None:
+    """Removes a backend added by :func:`register_backend` (the reference stays)."""
+    if _BACKENDS.get(command, {}).pop(name, None) is not None:
+        _bump()
+
+
+def backends_of(command: str) -> dict[str, Backend]:
+    """All backends of a command by name, the reference first.
+
+    For a command that differentiates another (``gradient``), one backend per name under
+    which some command registered a ``backward``.
+    """
+    return _backends_of(command, _generation)
+
+
+@functools.lru_cache(maxsize=1024)
+def _backends_of(command: str, generation: int) -> dict[str, Backend]:
+    opdef = lookup(command)
+    ref = Backend(REFERENCE, opdef.forward, PLATFORMS, priority=0)
+    if opdef.backward_node is None:
+        return {REFERENCE: ref, **_BACKENDS.get(command, {})}
+    out = {REFERENCE: ref}
+    for per_name in _BACKENDS.values():
+        for name, b in per_name.items():
+            if b.backward is not None and name not in out:
+                out[name] = _gradient_backend(opdef.backward_node, name, b)
+    return out
+
+
+def _gradient_backend(node: Any, name: str, like: Backend) -> Backend:
+    """The backend ``name`` of a gradient command: the forward's backend's ``backward``."""
+
+    def supports(cmd: Command, specs: Sequence[Spec]) -> str | None:
+        of, of_specs = node.forward_of(cmd)
+        b = _BACKENDS.get(of.name, {}).get(name)
+        if b is None or b.backward is None:
+            return f"{of.name} has no {name!r} backward (only the reference differentiates it)"
+        return b.supports(of, of_specs)
+
+    def forward(*inputs: Any, of: Command, **params: Any) -> Any:
+        rule = _BACKENDS[of.name][name].backward
+        return node.run(rule, *inputs, of=of, **params)
+
+    return Backend(name, forward, like.platforms, supports, like.priority, like.interpret_platforms)

@@ -1,0 +1,145 @@
+"""The selection rule: which backend runs one node (NNC's ``CPU_REF`` / ``GPU_CUDNN`` ...).
+
+Eager calls, ``compile`` and the dynamic graph all choose through :func:`select_backend`,
+among the backends :mod:`fnnc.core.backends` registers. The choice, for one node, goes:
+
+1. a backend forced for this command (``config.backend_per_command``; for a gradient
+   node also the one forced for the command it differentiates): used if it supports the
+   input, else :class:`~fnnc.errors.BackendError` says why;
+2. the backend forced for every command (``config.backend`` / ``FNNC_BACKEND``) where
+   the command has it and it supports the input; elsewhere the choice goes on below;
+3. the autotune table's winner for (command, shapes, dtypes, platform), if it compiles
+   on this platform and supports the input;
+4. the measured default for (device kind, command, shape class) shipped with the package
+   (:mod:`fnnc.core.measured`), if it compiles here and supports the input;
+5. the highest-priority backend that compiles on this platform and supports the input;
+   a backend registers a priority above 0 only where it wins by construction (flash
+   attention), so a priority alone never makes an unmeasured kernel the default;
+6. the reference.
+
+A backend that only *interprets* on a platform (Pallas on CPU) is never chosen there
+unless forced, so CPU programs never pay for interpret mode by accident (not even
+through an autotune table written on another platform).
+
+:mod:`fnnc.core.dispatch` re-exports every name here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fnnc import config
+from fnnc.core import backends, measured
+from fnnc.core.backends import _BACKENDS, REFERENCE, TABLE, Backend, _backends_of, _bump, table_key
+from fnnc.core.command import Command, Spec, lookup, spec_text
+from fnnc.core.opdef import registry
+from fnnc.core.platforms import platform_name
+from fnnc.errors import BackendError
+
+
+def why_not(backend: Backend, cmd: Command, specs: Sequence[Spec], platform: str) -> str | None:
+    """Why ``backend`` cannot run ``cmd`` on these inputs here; ``None`` if it can."""
+    if platform not in backend.platforms + backend.interpret_platforms:
+        return f"backend {backend.name!r} does not run on {platform}"
+    return backend.supports(cmd, specs)
+
+
+def _forced(cmd: Command, cfg: config.Config) -> str:
+    forced = cfg.backend_per_command.get(cmd.name, "")
+    node = lookup(cmd.name).backward_node
+    if not forced and node is not None:
+        of, _ = node.forward_of(cmd)
+        by_forward = cfg.backend_per_command.get(of.name, "")
+        if by_forward in _backends_of(cmd.name, backends._generation):
+            forced = by_forward
+    return forced
+
+
+_checked = (-1, -1)  # the (generation, config serial) whose forced names were checked
+
+
+def _check_forcing(cfg: config.Config) -> None:
+    """:func:`fnnc.config.check_forcing` against the registries as they are now."""
+    global _checked
+    names = {REFERENCE, *(name for per in _BACKENDS.values() for name in per)}
+    config.check_forcing(cfg, registry(), names)
+    _checked = (backends._generation, cfg.serial)
+
+
+def select_backend(cmd: Command, specs: Sequence[Spec], platform: str | None = None) -> str:
+    """The backend name a node running ``cmd`` on ``specs`` gets (see module doc) on
+    ``platform`` (``"cpu"``, ``"gpu"`` or ``"tpu"``, any case; JAX's ``"cuda"`` and
+    ``"rocm"`` are ``"gpu"``; default: JAX's default backend). An unknown platform name
+    is a :class:`~fnnc.errors.ConfigError`."""
+    platform = platform_name(platform, "select_backend")
+    available = _backends_of(cmd.name, backends._generation)
+    cfg = config.get()
+    if (cfg.backend or cfg.backend_per_command) and _checked != (backends._generation, cfg.serial):
+        _check_forcing(cfg)
+    forced = _forced(cmd, cfg)
+    if forced:
+        if forced not in available:
+            raise BackendError(
+                f"{cmd}: backend {forced!r} was forced but this command has only "
+                f"{list(available)}.{config.close_matches(forced, available)} Remove the "
+                "override or pick one of those."
+            )
+        reason = why_not(available[forced], cmd, specs, platform)
+        if reason is not None:
+            raise BackendError(
+                f"{cmd}: forced backend {forced!r} cannot run inputs "
+                f"{[spec_text(s) for s in specs]} on {platform}: {reason}"
+            )
+        return forced
+    preferred = available.get(cfg.backend)
+    if preferred is not None and why_not(preferred, cmd, specs, platform) is None:
+        return cfg.backend
+    tuned = TABLE.get(table_key(cmd, specs, platform)) if len(TABLE) else None
+    for name in (tuned, _measured(cmd, specs, platform)):
+        chosen = available.get(name) if name else None
+        if (
+            chosen is not None
+            and platform in chosen.platforms
+            and chosen.supports(cmd, specs) is None
+        ):
+            return chosen.name
+    best, best_priority = REFERENCE, 0
+    for name, backend in available.items():
+        priority = _priority(cmd, specs, name, backend)
+        eligible = platform in backend.platforms and priority > best_priority
+        if eligible and backend.supports(cmd, specs) is None:
+            best, best_priority = name, priority
+    return best
+
+
+def _priority(cmd: Command, specs: Sequence[Spec], name: str, backend: Backend) -> int:
+    """A backend's priority on these inputs (0 where its ``wins`` says no); for a
+    gradient node, that of the differentiated command's backend of the same name on the
+    forward's inputs (gradient backends are shared by every command)."""
+    node = lookup(cmd.name).backward_node
+    if node is not None:
+        cmd, specs = node.forward_of(cmd)
+        like = _BACKENDS.get(cmd.name, {}).get(name)
+        if like is None:
+            return 0
+        backend = like
+    if backend.wins is not None and not backend.wins(cmd, specs):
+        return 0
+    return backend.priority
+
+
+def _measured(cmd: Command, specs: Sequence[Spec], platform: str) -> str | None:
+    """The shipped measured default; a gradient node looks up the command it differentiates."""
+    node = lookup(cmd.name).backward_node
+    if node is not None:
+        cmd, specs = node.forward_of(cmd)
+    return measured.lookup(cmd.name, specs, platform)
+
+
+def use_measured_defaults(devices: Any = None) -> None:
+    """Replaces the measured defaults in force (``{device kind: {command: {shape class:
+    backend}}}``; ``None``: the file shipped with fnnc) and moves :func:`state`, so
+    cached programs choose again."""
+    measured.use(devices)
+    _bump()
