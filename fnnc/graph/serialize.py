@@ -15,35 +15,41 @@ one more VJP order per gradient level, so every graph ``backward`` makes saves t
 module loaded from a file holds only the orders its file had: ``backward`` of a graph
 that needs more raises :class:`~fnnc.errors.CommandError` saying so. The checksum is
 verified before the bytes are parsed; a file never names Python code.
+
+This module holds the value and graph codecs and the files; two helper modules hold
+what they call: :mod:`fnnc.graph._serialize_exported` (the ``jax.export`` modules of
+primitive nodes: which command a node is saved as, the module's bytes and their
+checksum) and :mod:`fnnc.graph._serialize_checks` (what a loaded file's data is
+checked against: shapes, dtypes, symbol ids, and the shape rule to blame).
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import inspect
 import json
 import math
 import os
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.export
 import numpy as np
 
-from fnnc.core.command import Command, OpDef, Spec, freeze, lookup, output_specs
+from fnnc.core.command import Command, OpDef, freeze, lookup
 from fnnc.core.files import atomic_write
 from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol
 from fnnc.core.params import expected_kind, param_fits
-from fnnc.errors import CheckpointError, FnncError, GraphFormatError, RuleError, located
+from fnnc.errors import CheckpointError, FnncError, GraphFormatError, located
+from fnnc.graph._serialize_checks import _check_ids, _dims, _dtype, _rule_failure
+from fnnc.graph._serialize_exported import _file_command, _module, _stablehlo
 from fnnc.graph.verify import verify
 from fnnc.io import documents, tree
 from fnnc.io.sniff import looks_sqlite
 from fnnc.ops import Literal
-from fnnc.ops.primitive import Opaque, export_command
+from fnnc.ops.primitive import Opaque
 
 FORMAT, VERSION = "fnnc.graph", 1
 
@@ -112,78 +118,11 @@ def _dec(value: Any, where: str) -> Any:
     raise GraphFormatError(f"load: {where}: unknown tagged value with keys {sorted(value)}")
 
 
-def _stablehlo(module: jax.export.Exported, order: int, where: str) -> bytes:
-    """The module's bytes with ``order`` orders of its VJP, or the ``order - 1`` it needs.
-
-    A module at the top of a graph keeps one order, so the loaded node is differentiable
-    once more; inside ``k`` gradient nodes it keeps ``k + 1``, since running those nodes
-    takes ``k``. The extra order is dropped where it cannot be had: a module that was
-    itself loaded holds only the orders its file had (what the graph holding it could
-    run anyway), and some primitives' higher VJPs do not export.
-    """
-    errors = []
-    for held in range(order, max(order - 2, -1), -1):
-        try:
-            return bytes(module.serialize(vjp_order=held))
-        except Exception as e:  # "does not have vjps of high-enough order", or export fails
-            errors.append(f"{held}: {type(e).__name__}: {e}")
-    raise GraphFormatError(
-        f"save: {where}: the StableHLO module cannot be saved with the {order - 1} VJP "
-        f"order(s) the gradient nodes around it run ({'; '.join(errors)}); graphs holding "
-        "it can be compiled but not saved"
-    )
-
-
-def _module(value: dict[str, Any], where: str) -> Opaque:
-    """A ``jax.export`` module from its file form, its checksum verified first."""
-    try:
-        blob = base64.b64decode(value["$stablehlo"], validate=True)
-    except (TypeError, ValueError, binascii.Error) as e:
-        raise GraphFormatError(f"load: {where}: StableHLO module is not base64 ({e})") from None
-    if hashlib.sha256(blob).hexdigest() != value.get("sha256"):
-        raise GraphFormatError(
-            f"load: {where}: the StableHLO module does not match its sha256 (the file was "
-            "damaged or edited); save the graph again"
-        )
-    try:
-        module = jax.export.deserialize(bytearray(blob))
-    except Exception as e:  # a damaged module: any parse failure is the file's fault
-        raise GraphFormatError(
-            f"load: {where}: the StableHLO module cannot be read ({type(e).__name__}: {e})"
-        ) from None
-    return Opaque(module, "<exported>")
-
-
 def _enc_command(cmd: Command, where: str, order: int = 1) -> dict[str, Any]:
     if cmd.definition.backward_node is not None:
         order += 1  # the command it differentiates runs its VJP: one order more to keep
     params = [[k, _enc(v, f"{where} param {k}", order)] for k, v in cmd.params]
     return {"name": cmd.name, "params": params}
-
-
-def _file_command(cmd: Command, in_specs: Sequence[Spec], where: str) -> Command:
-    """The command a node is saved as: generic primitives become ``exported``.
-
-    So does the forward command of a gradient node (any command with a
-    ``backward_node``, to any depth): ``gradient[of=primitive[sin]]`` is saved as
-    ``gradient[of=exported]``, whose derived backward runs the VJP stored with the module.
-    """
-    if cmd.name in ("primitive", "effectful_primitive"):
-        try:
-            return export_command(cmd, in_specs)
-        except Exception as e:  # jax.export declines (a host callback, say)
-            raise GraphFormatError(
-                f"save: {where} ({cmd}) cannot be exported as StableHLO "
-                f"({type(e).__name__}: {e}); graphs holding it can be compiled but not saved"
-            ) from None
-    backward_node = cmd.definition.backward_node
-    if backward_node is None:
-        return cmd
-    of, of_specs = backward_node.forward_of(cmd)
-    saved = _file_command(of, of_specs, where)
-    if saved is of:
-        return cmd
-    return Command(cmd.name, tuple((k, saved if v is of else v) for k, v in cmd.params))
 
 
 def _dec_command(data: dict[str, Any], where: str) -> Command:
@@ -226,26 +165,6 @@ def _check_type(opdef: OpDef, key: str, value: Any, where: str) -> None:
         f"({type(value).__name__}); expected {expected}. Fix the value in the file or "
         "save the graph again"
     )
-
-
-def _dims(shape: Any, where: str) -> tuple[int, ...]:
-    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
-        raise GraphFormatError(
-            f"load: {where}: shape {shape!r:.80} must be a list of non-negative ints"
-        )
-    return tuple(shape)
-
-
-def _dtype(name: Any, where: str) -> np.dtype:
-    try:
-        dtype = jax.numpy.dtype(name) if isinstance(name, str) else None
-    except TypeError:
-        dtype = None
-    if dtype is None or (dtype.kind not in "biufc" and dtype.name != "bfloat16"):
-        raise GraphFormatError(
-            f"load: {where}: dtype {name!r:.40} is not a tensor dtype (float32, int32, ...)"
-        )
-    return dtype
 
 
 # -- graphs ------------------------------------------------------------------
@@ -358,51 +277,6 @@ def from_data(data: Any) -> Graph:
         raise GraphFormatError(
             _rule_failure(graph) or f"load: the graph does not verify ({type(e).__name__}: {e})"
         ) from None
-
-
-def _check_ids(graph: Graph) -> None:
-    """Every symbol id the file names is one of its symbols (shape rules and verify
-    would index past them, or, for a negative id, count from the end)."""
-    n = len(graph.symbols)
-    named = [(f"symbol %{s.id}: root", [s.root]) for s in graph.symbols if s.is_alias]
-    for i, node in enumerate(graph.nodes):
-        where = f"node {i} ({node.name or node.cmd.name})"
-        named += [(f"{where}: input", node.inputs), (f"{where}: output", node.outputs)]
-    named += [("graph input", graph.inputs), ("graph output", graph.outputs)]
-    for where, ids in named:
-        bad = [k for k in ids if not 0 <= k < n]
-        if bad:
-            raise GraphFormatError(
-                f"load: {where} {bad[0]} is not a symbol id: the file has {n} symbols "
-                f"(%0..%{n - 1}); fix the id in the file or save the graph again"
-            )
-
-
-def _rule_failure(graph: Graph) -> str | None:
-    """The message for a file whose parameters a shape rule cannot take: the first
-    node whose rule raises :class:`RuleError` or a raw error, else ``None`` (verify's
-    own error, a real shape mismatch or an id that is not a symbol's, stands)."""
-    for i, node in enumerate(graph.nodes):
-        if not all(0 <= s < len(graph.symbols) for s in node.inputs):
-            return None  # not the parameters' fault: no rule to blame
-        specs = [graph.symbols[s].spec for s in node.inputs]
-        try:
-            output_specs(node.cmd, specs)
-        except RuleError as e:
-            cause = e.__cause__ or e
-        except FnncError:
-            return None
-        except Exception as e:
-            cause = e
-        else:
-            continue
-        return (
-            f"load: node {i} ({node.name or node.cmd.name}): {node.cmd.name} cannot "
-            f"take the file's parameters {node.cmd.kwargs!r:.200} ({type(cause).__name__}: "
-            f"{cause}); fix them to fit {node.cmd.name}"
-            f"{inspect.signature(node.cmd.definition.forward)} or save the graph again"
-        )
-    return None
 
 
 def _enc_tree(graph: Graph) -> Any:

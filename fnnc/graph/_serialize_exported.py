@@ -1,0 +1,91 @@
+"""How graph files hold what plain JSON cannot: ``jax.export`` modules.
+
+A generic ``primitive`` node (a JAX primitive carried by ``trace``) is saved as an
+``exported`` node (:func:`_file_command`, also inside gradient nodes), whose module
+:mod:`fnnc.graph.serialize` stores as ``{"$stablehlo": base64, "sha256": ...}``:
+:func:`_stablehlo` gives the bytes with as many VJP orders as the gradient nodes around
+it run, and :func:`_module` reads them back, the checksum verified before the bytes are
+parsed. Moved out of :mod:`fnnc.graph.serialize`, which calls them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.export
+
+from fnnc.core.command import Command, Spec
+from fnnc.errors import GraphFormatError
+from fnnc.ops.primitive import Opaque, export_command
+
+
+def _stablehlo(module: jax.export.Exported, order: int, where: str) -> bytes:
+    """The module's bytes with ``order`` orders of its VJP, or the ``order - 1`` it needs.
+
+    A module at the top of a graph keeps one order, so the loaded node is differentiable
+    once more; inside ``k`` gradient nodes it keeps ``k + 1``, since running those nodes
+    takes ``k``. The extra order is dropped where it cannot be had: a module that was
+    itself loaded holds only the orders its file had (what the graph holding it could
+    run anyway), and some primitives' higher VJPs do not export.
+    """
+    errors = []
+    for held in range(order, max(order - 2, -1), -1):
+        try:
+            return bytes(module.serialize(vjp_order=held))
+        except Exception as e:  # "does not have vjps of high-enough order", or export fails
+            errors.append(f"{held}: {type(e).__name__}: {e}")
+    raise GraphFormatError(
+        f"save: {where}: the StableHLO module cannot be saved with the {order - 1} VJP "
+        f"order(s) the gradient nodes around it run ({'; '.join(errors)}); graphs holding "
+        "it can be compiled but not saved"
+    )
+
+
+def _module(value: dict[str, Any], where: str) -> Opaque:
+    """A ``jax.export`` module from its file form, its checksum verified first."""
+    try:
+        blob = base64.b64decode(value["$stablehlo"], validate=True)
+    except (TypeError, ValueError, binascii.Error) as e:
+        raise GraphFormatError(f"load: {where}: StableHLO module is not base64 ({e})") from None
+    if hashlib.sha256(blob).hexdigest() != value.get("sha256"):
+        raise GraphFormatError(
+            f"load: {where}: the StableHLO module does not match its sha256 (the file was "
+            "damaged or edited); save the graph again"
+        )
+    try:
+        module = jax.export.deserialize(bytearray(blob))
+    except Exception as e:  # a damaged module: any parse failure is the file's fault
+        raise GraphFormatError(
+            f"load: {where}: the StableHLO module cannot be read ({type(e).__name__}: {e})"
+        ) from None
+    return Opaque(module, "<exported>")
+
+
+def _file_command(cmd: Command, in_specs: Sequence[Spec], where: str) -> Command:
+    """The command a node is saved as: generic primitives become ``exported``.
+
+    So does the forward command of a gradient node (any command with a
+    ``backward_node``, to any depth): ``gradient[of=primitive[sin]]`` is saved as
+    ``gradient[of=exported]``, whose derived backward runs the VJP stored with the module.
+    """
+    if cmd.name in ("primitive", "effectful_primitive"):
+        try:
+            return export_command(cmd, in_specs)
+        except Exception as e:  # jax.export declines (a host callback, say)
+            raise GraphFormatError(
+                f"save: {where} ({cmd}) cannot be exported as StableHLO "
+                f"({type(e).__name__}: {e}); graphs holding it can be compiled but not saved"
+            ) from None
+    backward_node = cmd.definition.backward_node
+    if backward_node is None:
+        return cmd
+    of, of_specs = backward_node.forward_of(cmd)
+    saved = _file_command(of, of_specs, where)
+    if saved is of:
+        return cmd
+    return Command(cmd.name, tuple((k, saved if v is of else v) for k, v in cmd.params))
