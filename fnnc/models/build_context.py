@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from fnnc.core.dtypes import is_floating
-from fnnc.core.ir import Symbol
+from fnnc.core.ir import Node, Symbol
 from fnnc.errors import ModelError
 from fnnc.graph import GraphBuilder
 
@@ -209,6 +209,11 @@ class BuildContext:
             self.leave()
 
     # -- gradient checkpointing -----------------------------------------------------
+    def nodes(self) -> tuple[Node, ...]:
+        """The nodes built so far, in order (their output ids are what a
+        :class:`Checkpoint` counts)."""
+        return tuple(self.b._nodes)
+
     @contextlib.contextmanager
     def checkpointed(self, layer: Layer, enabled: bool) -> Iterator[list[Symbol]]:
         """Records ``layer`` as a :class:`Checkpoint` if ``enabled`` and not already inside

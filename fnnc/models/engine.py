@@ -380,7 +380,7 @@ class Engine(StepsMixin):
 
         def make() -> FitProgram:
             built = self._build(True, specs)
-            memory = MemoryOptions.of(self.model, built.ctx.checkpoints)
+            memory = MemoryOptions.of(self.model, built.ctx)
             transform = mins.transform()
             return fit_program(
                 built, self.loss, target_specs, pids, transform, memory, self.parallel,

@@ -124,7 +124,7 @@ class StepsMixin:
 
     def _residual_forward(self, training: bool, specs: tuple[Spec, ...]) -> Any:
         built = self._build(training, specs)
-        memory = MemoryOptions.of(self.model, built.ctx.checkpoints)
+        memory = MemoryOptions.of(self.model, built.ctx)
         floats = residuals.outgrad_inputs(True, specs)
         return residuals.residual_forward(
             built, self.trainable(), floats, memory, self.precision, self.passes
@@ -135,7 +135,7 @@ class StepsMixin:
 
         def make() -> Any:
             built = self._build(training, specs)
-            memory = MemoryOptions.of(self.model, built.ctx.checkpoints)
+            memory = MemoryOptions.of(self.model, built.ctx)
             return gradient_program(
                 built, wrt_params, wrt_inputs, memory, self.parallel, self.passes
             )

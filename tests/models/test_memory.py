@@ -7,6 +7,7 @@ import optax
 import pytest
 
 from fnnc import ops
+from fnnc.graph import GraphBuilder
 from fnnc.models import Add, AvgPool, Conv, Dense, Flatten, Input, Model, ReLU, Sequential
 from fnnc.models.layers import CommandLayer
 from fnnc.models.memory import saved_activation_bytes
@@ -72,6 +73,39 @@ def test_checkpointing_lowers_the_plan_peak_and_recompiles_when_toggled():
     assert model.memory_plan(x, y).peak_bytes == ckpt  # one array each, as fit takes them
     model.fit([x], [y])
     assert model.memory_plan().peak_bytes == ckpt
+
+
+def _renumber(graph):
+    """A forward pass that gives every symbol a new id (inputs first, then each node's
+    outputs): the checkpointed regions must be found again by their nodes."""
+    b = GraphBuilder()
+    env = {s: b.input(graph.symbols[s].shape, graph.symbols[s].dtype) for s in graph.inputs}
+    for node in graph.nodes:
+        outs = b.exec(node.cmd, *(env[s] for s in node.inputs), name=node.name)
+        env.update(zip(node.outputs, outs if isinstance(outs, tuple) else (outs,)))
+    return b.build([env[s] for s in graph.outputs])
+
+
+@pytest.mark.parametrize(
+    "how", [{"precision": "bfloat16"}, {"passes": [_renumber]}], ids=["bfloat16", "renumbered"]
+)
+def test_checkpointing_survives_passes_that_renumber_symbols(how):
+    x, y = rand([256, 8]), (np.arange(256) % 3).astype(np.int32)
+    runs = []
+    for blocks in (False, True):
+        model, subs = _residual_mlp(blocks=4, width=64)
+        for sub in subs:
+            sub.set_gradient_checkpointing(blocks)
+        model.compile([x], loss="softmax_crossentropy", minimizer=optax.sgd(1.0), **how)
+        plan = model.memory_plan([x], [y])
+        remats = sum(n.name.endswith("@remat") for n in plan.graph.nodes)
+        runs.append((plan.peak_bytes, remats, _step(model, x, y)))
+    (plain, none, (l0, g0)), (ckpt, remats, (l1, g1)) = runs
+    assert none == 0 and remats > 0
+    assert ckpt < 0.85 * plain, (ckpt, plain)
+    assert l1 == pytest.approx(l0, rel=1e-6)  # recomputing changes no number
+    for k in g0:
+        np.testing.assert_allclose(g1[k], g0[k], rtol=1e-6, atol=1e-7 * np.abs(g0[k]).max())
 
 
 def test_backward_program_honours_checkpointing():
