@@ -9,7 +9,12 @@ one of two places, as the user says:
   the model had been written that way. Every program runs them (``fit``,
   ``evaluate``, ``backward``).
 * ``"training"``: on the graph with its backward and optimizer update, *after* it is
-  simplified, just before it is compiled (``fit``; ``backward``'s gradient graph).
+  simplified, just before it is compiled (``fit``; ``backward``'s gradient graph). A
+  training pass that takes a ``donate`` keyword (:func:`fnnc.graph.remat` does) gets
+  the graph inputs the program donates, unless it has one bound already: ``fit``'s
+  parameters and optimizer state, updated in place. So
+  ``functools.partial(remat, budget_bytes=...)`` meets its budget on the plan
+  :meth:`fnnc.models.Model.memory_plan` reports.
 
 >>> import optax
 >>> from fnnc.models.model_passes import ModelPasses
@@ -28,6 +33,8 @@ program cache by identity, so compiling again with other passes builds new progr
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -80,9 +87,12 @@ class ModelPasses:
         ids.update(zip(graph.inputs, new.inputs))
         return new, ids.__getitem__
 
-    def run_training(self, graph: Graph) -> Graph:
-        """``graph`` (forward, backward, update) after the training passes."""
-        return _run(graph, self.training, "training") if self.training else graph
+    def run_training(self, graph: Graph, donate: tuple[int, ...] = ()) -> Graph:
+        """``graph`` (forward, backward, update) after the training passes; those taking
+        a ``donate`` keyword get ``donate``, the inputs the compiled step donates."""
+        if not self.training:
+            return graph
+        return _run(graph, tuple(_donating(p, donate) for p in self.training), "training")
 
 
 NO_PASSES = ModelPasses()
@@ -93,6 +103,22 @@ def _passes(items: Any, stage: str) -> tuple[Pass, ...]:
         return resolve_passes(items, f"compile(passes=): the {stage} passes")
     except GraphError as e:
         raise ModelError(str(e)) from None
+
+
+def _donating(p: Pass, donate: tuple[int, ...]) -> Pass:
+    """``p`` with ``donate=donate`` bound if it takes that keyword and has none bound."""
+    if isinstance(p, functools.partial) and "donate" in p.keywords:
+        return p
+    try:
+        params = inspect.signature(p).parameters
+    except (TypeError, ValueError):  # a callable without a signature: called as it is
+        return p
+    takes = params.get("donate")
+    if takes is None or takes.kind in (takes.POSITIONAL_ONLY, takes.VAR_POSITIONAL):
+        return p
+    bound = functools.partial(p, donate=donate)
+    functools.update_wrapper(bound, p)  # type: ignore[arg-type]  # its name in messages
+    return bound
 
 
 def _run(graph: Graph, passes: tuple[Pass, ...], stage: str) -> Graph:

@@ -352,8 +352,8 @@ def fit_program(
     step = _ordered(step, [*head, *(ids(i) for i in order), *(ids(t.id) for t in ts), *tail])
     if memory is not None:
         step = memory(step)
-    donated = range(train.n_params + train.n_state)  # parameters and state, updated in place
-    step = passes.run_training(simplify(step))
+    donated = tuple(range(train.n_params + train.n_state))  # parameters and state, in place
+    step = passes.run_training(simplify(step), donated)
     if parallel is None:
         program = compile(step, donate=donated)
     else:

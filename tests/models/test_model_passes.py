@@ -114,3 +114,43 @@ def test_passes_by_name_as_compile_takes_them() -> None:
         model.compile(x, passes=["csee"])
     with pytest.raises(ModelError, match=r"the training passes: passes are functions"):
         model.compile(x, passes={"training": [3]})
+
+
+def test_remat_budget_as_a_training_pass_counts_the_steps_donation() -> None:
+    """remat(budget_bytes=) in passes={"training": ...} gets fit's donated inputs, so it
+    plans the step Model.memory_plan() reports (parameters and Adam's state updated in
+    place), not one holding old and new copies at once."""
+    import functools
+
+    from fnnc.errors import GraphError
+    from fnnc.graph import memory_plan, remat
+    from fnnc.models import ReLU
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 16)).astype(np.float32), (np.arange(8) % 3).astype(np.int32)
+
+    def model(**compile_kw):
+        h = inp = Input()
+        for i in range(3):
+            h = ReLU()(Dense(64, name=f"d{i}")(h))
+        m = Model(inp, Dense(3, name="out")(h))
+        m.compile(x, loss="softmax_crossentropy", minimizer=optax.adam(0.01), **compile_kw)
+        return m
+
+    plain = model()
+    plan = plain.memory_plan([x], [y])
+    undonated = memory_plan(plan.graph).peak_bytes
+    assert plan.peak_bytes < undonated  # donation matters for this step
+    budget = plan.peak_bytes  # met without recomputing, once donation is counted
+    budgeted = model(passes={"training": [functools.partial(remat, budget_bytes=budget)]})
+    start = plain.parameters()
+    budgeted.set_parameters(start)
+    for m in (plain, budgeted):
+        for _ in range(2):
+            m.fit(x, y)
+    assert budgeted.memory_plan().peak_bytes <= budget
+    for pid, value in plain.parameters().items():
+        np.testing.assert_allclose(budgeted.parameters()[pid], value, rtol=1e-6, atol=1e-7)
+    too_small = model(passes={"training": [functools.partial(remat, budget_bytes=1000)]})
+    with pytest.raises(GraphError, match=f"without remat {plan.peak_bytes:,}"):
+        too_small.fit(x, y)
