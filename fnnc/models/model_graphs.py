@@ -63,11 +63,13 @@ class GraphsMixin:
             )
         return graph, list(feed.params)
 
-    def training_graph(self, inputs: Sequence[Any]) -> TrainingGraph:
-        """The training-mode forward for inputs like ``inputs`` (arrays or specs), as
-        ``fit`` runs it: dropout active (keys as inputs), batch norm on the batch's
-        statistics (new running statistics as outputs); see :class:`TrainingGraph`."""
-        built, feed, graph = self._graph(inputs, True, with_updates=True)
+    def training_graph(self, inputs: Sequence[Any], *, as_evaluated: bool = False) -> TrainingGraph:
+        """The training-mode forward for inputs like ``inputs`` (arrays or specs):
+        dropout active (keys as inputs), batch norm on the batch's statistics (new
+        running statistics as outputs); see :class:`TrainingGraph`. ``as_evaluated``:
+        after ``compile``'s ``precision`` cast and forward ``passes``, as ``fit`` runs
+        it; else the graph the layers built."""
+        built, feed, graph = self._graph(inputs, True, with_updates=True, as_evaluated=as_evaluated)
         return TrainingGraph(graph, tuple(feed.params), feed.n_keys, tuple(built.ctx.updates))
 
     def random_keys(self, n: int) -> list[Any]:

@@ -101,13 +101,16 @@ class _Bound:
 
     def forward(self, specs: list[jax.ShapeDtypeStruct], is_test: bool) -> Any:
         """The model's forward for ``specs``: ``(graph, parameter ids)`` in test mode,
-        else its ``TrainingGraph``; built once per specs and mode."""
+        else its ``TrainingGraph``; built once per specs and mode, as ``Model.evaluate``
+        and ``fit`` run it (after ``compile``'s ``precision`` cast and forward passes)."""
         key = (*((s.shape, s.dtype) for s in specs), is_test)
         got = self.graphs.get(key)
         if got is None:
             model = self.model
             got = self.graphs[key] = (
-                model.forward_graph(specs, is_test=True) if is_test else model.training_graph(specs)
+                model.forward_graph(specs, is_test=True, as_evaluated=True)
+                if is_test
+                else model.training_graph(specs, as_evaluated=True)
             )
         return got
 

@@ -195,3 +195,32 @@ def test_evaluate_is_test_false_needs_a_model() -> None:
     graph = trace(lambda a: a * 2.0, jax.ShapeDtypeStruct((2,), F32))
     with pytest.raises(GraphError, match="is_test=False"):
         DynamicGraph().evaluate(graph, [np.ones(2, F32)], is_test=False)
+
+
+def test_a_compiled_model_runs_with_its_precision_and_forward_passes() -> None:
+    """A model compiled with precision="bfloat16" and a forward pass (relu made a leaky
+    relu) computes in the dynamic graph what Model.evaluate computes, in test and in
+    training mode (no dropout or batch norm: the two modes agree), not the float32
+    layers' graph."""
+    import dataclasses
+
+    def leaky(graph):
+        swap = lambda n: dataclasses.replace(n, cmd=ops.leaky_relu(negative_slope=0.5))
+        nodes = tuple(swap(n) if n.cmd.name == "relu" else n for n in graph.nodes)
+        return dataclasses.replace(graph, nodes=nodes)
+
+    from fnnc.models import ReLU
+
+    x = Input()
+    model = Model(x, Dense(1, name="out")(ReLU()(Dense(8, name="hidden")(x))))
+    xs = np.random.default_rng(0).standard_normal((4, 3)).astype(F32)
+    model.compile(xs, loss="mse", minimizer=optax.sgd(0.1), precision="bfloat16", passes=[leaky])
+    want = np.asarray(model.evaluate(xs))
+    dg = DynamicGraph()
+    for is_test in (True, False):
+        got = dg.evaluate(model, [dg.constant(xs)], is_test=is_test).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    values = {p: np.asarray(v, np.float32) for p, v in model.parameters().items()}
+    h = xs @ values["t-hidden-0-0"].T + values["t-hidden-0-1"]
+    f32 = np.maximum(h, 0) @ values["t-out-0-0"].T + values["t-out-0-1"]
+    assert np.abs(want - f32).max() > 1e-3  # the bfloat16 leaky model is another function
