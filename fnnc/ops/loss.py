@@ -129,8 +129,8 @@ def softmax_crossentropy(x, label, *, trim0=0.0, trim1=1.0):
     ``sum(t * -log softmax(x))`` whenever the targets sum to 1 (one-hot labels, or
     ``trim0 = eps / C, trim1 = 1 - eps + eps / C``), and its gradient is always NNC's
     ``softmax - t``. The backward reads only the softmax and the label. A 16-bit x is
-    computed in float32 (as the Pallas kernel does; the sum of the exponentials passes
-    float16's 65504 past 65504 uniform classes) and both outputs cast back to x's type.
+    computed in float32 (as the Pallas kernel does: over more than 65504 classes the sum
+    of the exponentials passes float16's largest value) and both outputs cast back.
 
     >>> import jax.numpy as jnp
     >>> from fnnc import ops
