@@ -227,6 +227,14 @@ def _check(pid: str, shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh, ho
             f"sharding rules: parameter {pid} {list(shape)} gets {spec} by {how}, which "
             f"names {len(spec)} axes; give at most {len(shape)} entries"
         )
+    used = _axes(spec)
+    twice = sorted({a for a in used if used.count(a) > 1})
+    if twice:
+        raise GraphError(
+            f"sharding rules: parameter {pid} {list(shape)} gets {spec} by {how}, which "
+            f"splits over mesh axis {twice[0]!r} twice; an axis can split one dimension "
+            f"only: give each mesh axis once, e.g. {{{pid!r}: PartitionSpec({twice[0]!r})}}"
+        )
     for dim, entry in enumerate(spec):
         for axis in (entry,) if isinstance(entry, str) else tuple(entry or ()):
             if axis not in mesh.axis_names:
@@ -248,6 +256,11 @@ def _check(pid: str, shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh, ho
     return spec
 
 
+def _axes(spec: PartitionSpec) -> list[str]:
+    """The mesh axes ``spec`` names, in order, with repeats."""
+    return [a for e in spec for a in ((e,) if isinstance(e, str) else tuple(e or ()))]
+
+
 def _size(mesh: Mesh, entry: Any) -> int:
     size = 1
     for axis in (entry,) if isinstance(entry, str) else tuple(entry or ()):
@@ -256,8 +269,9 @@ def _size(mesh: Mesh, entry: Any) -> int:
 
 
 def _with_fsdp(shape: tuple[int, ...], spec: PartitionSpec, axis: str, mesh: Mesh) -> Any:
-    """``spec`` with ``axis`` added on the first unsplit dimension that divides by it."""
-    if axis not in mesh.axis_names or mesh.shape[axis] == 1:
+    """``spec`` with ``axis`` added on the first unsplit dimension that divides by it
+    (unchanged where a rule already split the parameter over ``axis``)."""
+    if axis not in mesh.axis_names or mesh.shape[axis] == 1 or axis in _axes(spec):
         return spec
     entries = list(spec) + [None] * (len(shape) - len(spec))
     for d, n in enumerate(shape):
@@ -335,7 +349,9 @@ def tensor_parallel(
         specs = parameter_specs(graph, mesh, rules, parameters=params, names=names)
     inputs = list(base.inputs)
     for i in params:
-        inputs[i] = specs.get(graph.symbols[graph.inputs[i]].name, PartitionSpec())
+        sym = graph.symbols[graph.inputs[i]]
+        spec = specs.get(sym.name, PartitionSpec())
+        inputs[i] = _check(sym.name, sym.shape, spec, mesh, "specs=")
     if layout is None:
         return Shardings(mesh, tuple(inputs), base.outputs)
     state = state_specs(

@@ -290,3 +290,22 @@ def test_errors_name_the_parameter_the_axis_and_the_fix():
         ShardingRules.of("zero")
     with pytest.raises(GraphError, match=r"gives 'model'; expected a\s+jax\.sharding"):
         ShardingRules.of({"fc1": "model"})
+
+
+def test_fsdp_leaves_a_parameter_a_rule_already_split_over_data():
+    """A rule that splits fc2 over "data" keeps its layout under fsdp=True (adding
+    "data" again would split one mesh axis twice, which JAX refuses)."""
+    rules = ShardingRules(layers=(("fc2", P("data")),), fsdp=True)
+    specs = parameter_specs(_mlp(), MESH, rules, parameters=[1, 3])
+    assert specs == {"fc1": P("model", "data"), "fc2": P("data")}
+
+
+def test_a_mesh_axis_used_twice_or_missing_from_specs_is_named():
+    graph = _mlp()
+    with pytest.raises(GraphError, match=r"fc1 \[32, 8\] gets .* splits over mesh axis "
+                       r"'model' twice.*'fc1': PartitionSpec\('model'\)"):  # fmt: skip
+        parameter_specs(graph, MESH, {"fc1": P("model", "model")}, parameters=[1])
+    mesh = jax.make_mesh((1, 1), ("data", "model"))
+    with pytest.raises(GraphError, match=r"fc1 \[32, 8\] is split over mesh axis 'nope' by "
+                       r"specs=, but the mesh has axes \['data', 'model'\]"):  # fmt: skip
+        tensor_parallel(graph, mesh, parameters=["fc1"], specs={"fc1": P("nope")})
