@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from fnnc.errors import ModelError
 from fnnc.models import loss_scale
 from fnnc.models.loss_scale import ScaleState
-from fnnc.models.parallel import Parallel, mesh_of
+from fnnc.models.parallel import MODES, PIPELINE, Parallel, mesh_of
 
 
 class ScaleMixin:
@@ -65,6 +66,14 @@ class ScaleMixin:
         if mesh is not None:
             self._pending_parallel = Parallel.of(mesh, parameter_sharding or "replicated")
         elif parameter_sharding is not None:
+            rules = not (isinstance(parameter_sharding, str) and parameter_sharding in MODES)
+            if rules and self._pending_parallel is None and parameter_sharding != PIPELINE:
+                raise ModelError(
+                    f"compile: parameter_sharding={parameter_sharding!r:.80} gives sharding "
+                    "rules, which split parameters over a mesh's 'model' axis, but no mesh= "
+                    "was given (nor an earlier one); pass compile(mesh=jax.make_mesh((2, 2), "
+                    "('data', 'model')), parameter_sharding=...)"
+                )
             current = self._pending_parallel or Parallel.of(mesh_of(0), "replicated")
             self._pending_parallel = Parallel.of(current.mesh, parameter_sharding)
         if self._engine is not None:

@@ -323,3 +323,14 @@ def test_input_declarations_are_checked_on_every_build():
         inner = Input((3,))
         outer = Input()
         Model(outer, Model(inner, Dense(2)(inner), name="inner")(outer)).compile(XS)
+
+
+def test_sharding_rules_without_a_mesh_say_to_pass_one():
+    """Megatron rules split over a 'model' axis: with no mesh= the error says so, not
+    that the default one-axis data mesh lacks the axis."""
+    x = Input()
+    model = Model(x, Dense(2, name="d")(x))
+    with pytest.raises(ModelError, match=r"parameter_sharding='megatron' gives sharding rules.*"
+                       r"no mesh= was given.*jax\.make_mesh"):  # fmt: skip
+        model.compile(np.ones((2, 3), np.float32), loss="mse", minimizer=optax.sgd(0.1),
+                      parameter_sharding="megatron")  # fmt: skip
