@@ -9,8 +9,9 @@ inline, as ``tree`` keeps them).
 
 >>> import jax.numpy as jnp
 >>> data = skeleton({"w": jnp.ones(2), "pair": (0.5, 7)})
->>> template(data, "here")
-{'w': ShapeDtypeStruct(shape=(2,), dtype=float32), 'pair': (0.5, 7)}
+>>> like = template(data, "here")
+>>> like["w"].shape, like["w"].dtype, like["pair"], len(like["w"].sharding.device_set)
+((2,), dtype('float32'), (0.5, 7), 1)
 """
 
 from __future__ import annotations
@@ -45,12 +46,15 @@ def skeleton(value: Any) -> Any:
 
 
 def template(data: Any, where: str) -> Any:
-    """The tree :func:`skeleton` described, with ``jax.ShapeDtypeStruct`` leaves (a
-    NamedTuple whose class is not imported comes back as a plain tuple)."""
+    """The tree :func:`skeleton` described, with ``jax.ShapeDtypeStruct`` leaves placed
+    on this process's first device (a NamedTuple whose class is not imported comes back
+    as a plain tuple): a template without a sharding would make Orbax restore onto the
+    mesh the arrays were saved from, which another machine or device count lacks."""
+    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
     def read(row: str, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         if row != _SPEC:
             raise CheckpointError(f"{where}: malformed structure entry: row {row!r}")
-        return jax.ShapeDtypeStruct(shape, dtype)
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=one)
 
     return tree.decode(data, read, loose=True, where=where)

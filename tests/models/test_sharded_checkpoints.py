@@ -258,6 +258,14 @@ def test_two_processes_save_shards_and_restore_anywhere(tmp_path):
     ckpt = ShardedCheckpoints(tmp_path / "ckpt").restore_into(one)
     assert ckpt.step == 4 and one.train_progress.epoch == 1
     ns["check_against"](one, oracle)
+    # without a template: the saved structure, on this process's one device (the
+    # 4-device mesh it was saved from is not here)
+    plain = ShardedCheckpoints(tmp_path / "ckpt").restore()
+    got, want = jax.tree.leaves(plain.state), jax.tree.leaves(ckpt.state)
+    assert got and all(len(x.sharding.device_set) == 1 for x in got)
+    assert jax.tree.structure(plain.state) == jax.tree.structure(ckpt.state)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
     # (b) 1 process, a 4-device FSDP mesh
     env = subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
