@@ -71,15 +71,19 @@ class GraphBuilder:
         # nodes that read them (pending: their shape rules run at build)
         self._deferred: set[int] = set()
         self._pending: list[int] = []
+        # from_graph: the source's inputs and their key paths, kept while inputs are
+        self._source_paths: tuple[tuple[int, ...], tuple[str, ...] | None] = ((), None)
 
     @classmethod
     def from_graph(cls, graph: Graph) -> GraphBuilder:
         """A builder holding ``graph``'s symbols, nodes and inputs, to extend (passes).
 
         Symbols of ``graph`` are symbols of the new builder, so a pass can pass them
-        straight to :meth:`exec`.
+        straight to :meth:`exec`. While its inputs stay ``graph``'s, :meth:`build` keeps
+        ``graph.in_paths`` (the argument structure checks of traced graphs).
         """
         builder = cls()
+        builder._source_paths = (tuple(graph.inputs), graph.in_paths)
         builder._symbols = list(graph.symbols)
         builder._nodes = list(graph.nodes)
         builder._inputs = list(graph.inputs)
@@ -330,8 +334,23 @@ class GraphBuilder:
             reshapes.append(Node(reshape, (written[i].id,), (sym.id,), ""))
         return tuple(written), reshapes
 
-    def build(self, outputs: Sequence[Symbol], *, out_tree: Any = None) -> Graph:
-        """The graph so far, returning ``outputs``; verified when checks are on."""
+    def build(
+        self,
+        outputs: Sequence[Symbol],
+        *,
+        out_tree: Any = None,
+        in_paths: Sequence[str] | None = None,
+    ) -> Graph:
+        """The graph so far, returning ``outputs``; verified when checks are on.
+
+        ``out_tree`` and ``in_paths`` are the structure of the outputs and the key path of
+        each input (see :class:`~fnnc.core.ir.Graph`); a pass that rebuilds a traced graph
+        with the same inputs passes the source graph's, so its callers keep them. A
+        builder made by :meth:`from_graph` whose inputs are still the source's keeps the
+        source's paths without being told.
+        """
+        if in_paths is None and self._source_paths[0] == tuple(self._inputs):
+            in_paths = self._source_paths[1]
         outs = tuple(self._known(s, "build").id for s in _listed(outputs, "build", "outputs"))
         symbols = self._symbols
         if self._pending:
@@ -341,7 +360,10 @@ class GraphBuilder:
         for sid in self._auto:
             if symbols[sid].shape is None:
                 raise GraphError(f"build: {self._auto_problem(symbols[sid])}")
-        graph = Graph(tuple(symbols), tuple(self._nodes), tuple(self._inputs), outs, out_tree)
+        paths = None if in_paths is None else tuple(in_paths)
+        graph = Graph(
+            tuple(symbols), tuple(self._nodes), tuple(self._inputs), outs, out_tree, paths
+        )
         if config.get().checks:
             from fnnc.graph.verify import verify
 

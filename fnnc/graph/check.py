@@ -332,7 +332,8 @@ def _float64(graph: Graph) -> Graph | None:
                 )
             outs = b.exec(cmd, *(env[s] for s in node.inputs), name=node.name)
             env.update(zip(node.outputs, outs if isinstance(outs, tuple) else (outs,)))
-        return b.build([env[s] for s in graph.outputs], out_tree=graph.out_tree)
+        outs = [env[s] for s in graph.outputs]
+        return b.build(outs, out_tree=graph.out_tree, in_paths=graph.in_paths)
     except (FnncError, TypeError, ValueError):
         return None
 

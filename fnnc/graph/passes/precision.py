@@ -192,7 +192,7 @@ def _cast(
         sym = now[sid] if sid in now else read(sid, low)  # read raises: tape or unwritten
         original = np.dtype(graph.symbols[sid].dtype if outputs is None else outputs[k])
         results.append(read(sid, original) if np.dtype(sym.dtype) != original else sym)
-    return b.build(results, out_tree=graph.out_tree)
+    return b.build(results, out_tree=graph.out_tree, in_paths=graph.in_paths)
 
 
 BodyCast = Callable[[Graph, Sequence[Any], Sequence[Any]], Graph]
