@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -30,6 +31,11 @@ def show(spec: Spec) -> str:
 def same_shape(x: Spec, *rest: Any, **params: Any) -> Spec:
     """Shape rule of commands whose output is shaped and typed like input 0."""
     return Spec(tuple(x.shape), x.dtype)
+
+
+def jax_dtype(dtype: Any) -> np.dtype:
+    """A dtype hyper-parameter as the dtype JAX will really use (x64 off: f64 -> f32)."""
+    return jax.dtypes.canonicalize_dtype(jnp.dtype(dtype))
 
 
 def require_float(name: str, *specs: Spec) -> None:

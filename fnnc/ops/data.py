@@ -24,6 +24,7 @@ from fnnc.errors import DTypeError
 from fnnc.ops._rules import (
     broadcast_shape,
     fail,
+    jax_dtype,
     norm_axes,
     require_choice,
     require_same_dtype,
@@ -33,11 +34,6 @@ from fnnc.ops._rules import (
     to_shape,
     unbroadcast,
 )
-
-
-def _dtype(dtype: Any) -> np.dtype:
-    """A dtype hyper-parameter as the dtype JAX will really use (x64 off: f64 -> f32)."""
-    return jax.dtypes.canonicalize_dtype(jnp.dtype(dtype))
 
 
 def _transpose_back(g: Any, perm: tuple[int, ...]) -> Any:
@@ -136,10 +132,10 @@ def _format_transform_backward(grads, inputs, outputs, *, src, dst):
 # --- datatype_conversion, concat, slice, index_select ---------------------------------
 
 
-@defcommand(family="data", shape=lambda x, *, dtype: Spec(x.shape, _dtype(dtype)), uses=NOTHING)
+@defcommand(family="data", shape=lambda x, *, dtype: Spec(x.shape, jax_dtype(dtype)), uses=NOTHING)
 def datatype_conversion(x, *, dtype):
     """Converts ``x`` to ``dtype`` (float64 becomes float32 unless x64 is on)."""
-    return lax.convert_element_type(x, _dtype(dtype))
+    return lax.convert_element_type(x, jax_dtype(dtype))
 
 
 @datatype_conversion.backward
@@ -340,13 +336,13 @@ def _pad_backward(grads, inputs, outputs, *, pads, mode, value):
 def _set_shape(*, shape, dtype, value) -> Spec:
     if any(int(n) < 0 for n in shape):
         fail(f"set: shape {list(shape)} has a negative size")
-    return Spec(tuple(int(n) for n in shape), _dtype(dtype))
+    return Spec(tuple(int(n) for n in shape), jax_dtype(dtype))
 
 
 @defcommand(family="data", shape=_set_shape, uses=NOTHING, differentiable=False)
 def set(*, shape, dtype="float32", value=0.0):
     """A tensor of ``shape`` filled with ``value`` (no inputs), NNC's SET."""
-    return jnp.full(tuple(shape), value, _dtype(dtype))
+    return jnp.full(tuple(shape), value, jax_dtype(dtype))
 
 
 def _eq_value(eq: Any, dtype: Any) -> Any:

@@ -17,7 +17,7 @@ import numpy as np
 from fnnc.core.command import NOTHING, Spec, Uses, defcommand
 from fnnc.core.keys import is_key
 from fnnc.errors import CommandError, DTypeError
-from fnnc.ops._rules import fail, require_float, show
+from fnnc.ops._rules import fail, jax_dtype, require_float, show
 
 _IMPL = "threefry2x32"
 
@@ -79,7 +79,7 @@ def _sample_shape(name: str):
         _check_key(name, key)
         if not isinstance(shape, tuple) or not all(isinstance(n, int) and n >= 0 for n in shape):
             raise CommandError(f"{name}: shape={shape!r} must be a tuple of ints >= 0")
-        spec = Spec(shape, np.dtype(dtype))
+        spec = Spec(shape, jax_dtype(dtype))  # x64 off: float64 samples are float32
         require_float(name, spec)
         return spec
 
@@ -101,7 +101,7 @@ def random_uniform(key, *, shape, dtype="float32", low=0.0, high=1.0):
     >>> ops.random_uniform(shape=(2, 3))(jax.random.key_data(jax.random.key(0))).shape
     (2, 3)
     """
-    return jax.random.uniform(_key(key), shape, np.dtype(dtype), low, high)
+    return jax.random.uniform(_key(key), shape, jax_dtype(dtype), low, high)
 
 
 @defcommand(
@@ -113,7 +113,7 @@ def random_uniform(key, *, shape, dtype="float32", low=0.0, high=1.0):
 )
 def random_normal(key, *, shape, dtype="float32", mean=0.0, std=1.0):
     """Normal samples ``mean + std * N(0, 1)`` of the given ``shape`` and float ``dtype``."""
-    dtype = np.dtype(dtype)
+    dtype = jax_dtype(dtype)
     z = jax.random.normal(_key(key), shape, dtype)
     return z * jnp.asarray(std, dtype) + jnp.asarray(mean, dtype)
 

@@ -87,3 +87,14 @@ def test_a_typed_prng_key_of_another_kind_is_a_clear_dtype_error() -> None:
     key = jax.random.key(0, impl="rbg")
     with pytest.raises(ShapeError, match=r"uint32\[4\] must be uint32\[2\] key data"):
         ops.gumbel_argmax()(x, key)
+
+
+@pytest.mark.parametrize("name", ["random_uniform", "random_normal"])
+def test_float64_samples_are_the_float32_jax_gives_with_x64_off(name) -> None:
+    # the rule said float64 while JAX sampled float32: "the command's shape rule
+    # disagrees with its forward" (a message for command authors) on valid input
+    cmd = getattr(ops, name)(shape=(3,), dtype="float64")
+    got = cmd(KEY)
+    assert got.dtype == np.float32 and got.shape == (3,)
+    want = getattr(ops, name)(shape=(3,), dtype="float32")(KEY)  # what x64-off JAX draws
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
