@@ -259,6 +259,16 @@ def batch_note(inputs: Sequence[Any], targets_: Sequence[Any]) -> str:
 _NUMERIC = (jnp.number, jnp.bool_, jax.dtypes.extended)  # extended: random keys
 
 
+def seed(model: Any, value: Any) -> int:
+    """``compile``'s ``seed`` as an int, or a :class:`ModelError` naming the model."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    raise ModelError(
+        f"{model.name or 'model'}.compile: seed must be an int (it seeds the parameters' "
+        f"initialisation and dropout), got {type(value).__name__} {value!r}"
+    )
+
+
 def numeric_inputs(model: Any, values: list[Any]) -> list[Any]:
     """``values`` if each is a numeric array or spec; else a ModelError naming the input."""
     for i, value in enumerate(values):

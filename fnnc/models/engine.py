@@ -115,6 +115,7 @@ class Engine(StepsMixin):
 
     def __init__(self, model: Any, seed: int):
         self.model = model
+        self.seed = seed
         self.key = jax.random.key(seed)
         self.values: dict[str, Any] = {}
         self.infos: dict[str, ParamInfo] = {}

@@ -18,6 +18,7 @@ options, ``memory_plan``); each delegates to the model's
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,7 +46,8 @@ class TrainingMixin:
         return self._engine
 
     def compile(
-        self, inputs: Sequence[Any], *, loss: Any = None, minimizer: Any = None, seed: int = 0,
+        self, inputs: Sequence[Any], *, loss: Any = None, minimizer: Any = None,
+        seed: int | None = None,
         mesh: Any = None, parameter_sharding: Any = None, precision: str | None = None,
         loss_scale: Any = None, passes: Any = None,
     ) -> None:  # fmt: skip
@@ -69,10 +71,21 @@ class TrainingMixin:
         :class:`fnnc.models.loss_scale.LossScale`, ``True``/``False``) says how.
         ``passes``: graph passes on the forward graph before ``backward`` (a list), or
         ``{"forward": [...], "training": [...]}`` to also rewrite the training graph
-        after it (:mod:`fnnc.models.model_passes`)."""
+        after it (:mod:`fnnc.models.model_passes`). ``seed`` (an int, default 0) seeds
+        the parameters' initialisation and the dropout key; it counts at the first
+        compile only (later compiles keep the weights, and warn if given another seed)."""
         arrays = checks.numeric_inputs(self, _arrays(inputs))  # before anything is built or kept
+        given = None if seed is None else checks.seed(self, seed)
         if self._engine is None:
-            self._engine = Engine(self, seed)
+            self._engine = Engine(self, 0 if given is None else given)
+        elif given is not None and given != self._engine.seed:
+            warnings.warn(
+                f"{self.name or 'model'}.compile: seed={given} is ignored, the model was "
+                f"compiled with seed={self._engine.seed} and keeps its weights and dropout "
+                "key; build a new model to start from another seed",
+                UserWarning,
+                stacklevel=2,
+            )
         self._scale_options(mesh, parameter_sharding, precision, loss_scale)
         self._engine.compile(arrays, loss=loss, minimizer=minimizer, passes=passes)
         self._engine.place_parameters()
