@@ -103,6 +103,14 @@ def _transpose_geometry(name: str, x: Any, w: Any, strides, padding, dilation, o
         if any(r):
             fail(f"{name}: padding='SAME' gives size x * stride; output_padding must be 0")
         sizes = tuple(n * si for n, si in zip(x.shape[1:-1], s))
+        # SAME pads nothing when the kernel is smaller than the stride, so the scatter
+        # ends at (n - 1) * s + k; the cells up to n * s, which that convolution never
+        # reads, are output padding (zero), as in _convolution_backward.
+        lohi = _spatial.explicit(pad, sizes, k, s)
+        r = tuple(
+            size - ((n - 1) * si + ki - lo - hi)
+            for size, n, si, ki, (lo, hi) in zip(sizes, x.shape[1:-1], s, k, lohi)
+        )
     else:
         lohi = _spatial.explicit(pad, (0,) * nd, k, s)
         sizes = tuple(
@@ -218,7 +226,9 @@ def convolution_transpose(
 
     For ``w`` of shape ``[O, k..., C/groups]``, maps ``x [batch, spatial..., O]`` to
     ``[batch, spatial'..., C]`` with ``spatial' = (spatial - 1) * strides + dilated k
-    - pad_low - pad_high + output_padding`` (``spatial * strides`` for ``"SAME"``);
+    - pad_low - pad_high + output_padding`` (``spatial * strides`` for ``"SAME"``, also
+    when the dilated kernel is smaller than the stride: the cells no window of the
+    convolution reads are zero);
     ``output_padding`` (< strides) picks among the input sizes a strided convolution
     maps to the same output size. ``padding`` is that of the convolution being
     transposed (it crops the result).

@@ -190,3 +190,54 @@ def test_numpy_ints_are_ints_in_spatial_arguments():
     p = np.asarray(ops.max_pool(window=i(2), strides=(i(1), i(2)), padding=i(0))(x))
     assert_close(p, ops.max_pool(window=2, strides=(1, 2), padding=0)(x))
     assert str(got) == "convolution[strides=2, padding=(1,(0,1)), groups=2]"
+
+
+def _conv2d_t_loop(x, w, stride, dil, groups, size):
+    """NHWC transposed convolution as a float64 scatter: every x cell adds ``x * w`` into
+    the window it came from; SAME crops TensorFlow's pads and pads up to ``size`` with 0."""
+    n, h, wd, o = x.shape
+    _, kh, kw, cg = w.shape
+    keff = [(k - 1) * d + 1 for k, d in zip((kh, kw), dil)]
+    full = [(m - 1) * s + k for m, s, k in zip((h, wd), stride, keff)]
+    pads = [max((m - 1) * s + k - m * s, 0) for m, s, k in zip((h, wd), stride, keff)]
+    lows = [p // 2 for p in pads]
+    y = np.zeros((n, *(max(f, lo + z) for f, lo, z in zip(full, lows, size)), cg * groups))
+    for bi, i, j, oc in itertools.product(range(n), range(h), range(wd), range(o)):
+        g = oc // (o // groups)
+        for di, dj in itertools.product(range(kh), range(kw)):
+            r, c = i * stride[0] + di * dil[0], j * stride[1] + dj * dil[1]
+            y[bi, r, c, g * cg : (g + 1) * cg] += x[bi, i, j, oc] * w[oc, di, dj].astype(np.float64)
+    return y[:, lows[0] : lows[0] + size[0], lows[1] : lows[1] + size[1]]
+
+
+@pytest.mark.parametrize(
+    "x_shape, w_shape, kw",
+    [
+        ([2, 3, 3, 4], [4, 1, 1, 3], dict(strides=2)),  # the 1x1 stride-2 projection
+        ([1, 3, 2, 4], [4, 2, 1, 2], dict(strides=(3, 2))),
+        ([1, 2, 3, 2], [2, 2, 2, 3], dict(strides=(4, 1), dilation=(2, 1))),  # 3 < 4, 2 > 1
+        ([1, 2, 3, 4], [4, 1, 2, 3], dict(strides=(2, 3), groups=2)),
+    ],
+)
+def test_convolution_transpose_same_with_kernel_smaller_than_stride(x_shape, w_shape, kw) -> None:
+    """SAME gives x * stride even when the dilated kernel is smaller than the stride (no
+    pads then): the cells past the last window are 0, forward (NumPy scatter oracle) and
+    backward (the convolution loop, the adjoint, and jax.vjp of the forward)."""
+    cmd = ops.convolution_transpose(padding="SAME", **kw)
+    x, w = rand(x_shape), rand(w_shape, seed=1)
+    s = (kw["strides"],) * 2 if isinstance(kw["strides"], int) else kw["strides"]
+    dil, groups = kw.get("dilation", (1, 1)), kw.get("groups", 1)
+    size = (x_shape[1] * s[0], x_shape[2] * s[1])
+    y = cmd(x, w)
+    assert (
+        y.shape == output_specs(cmd, [x, w])[0].shape == (x_shape[0], *size, w_shape[-1] * groups)
+    )
+    assert_close(y, _conv2d_t_loop(x, w, s, dil, groups, size), rtol=1e-5, atol=1e-5)
+    g = rand(y.shape, seed=2)
+    gx, gw = cmd.definition.backward((g,), (x, w), (y,), **cmd.kwargs)
+    keff = [(k - 1) * d + 1 for k, d in zip(w_shape[1:3], dil)]
+    total = [max(k - si, 0) for k, si in zip(keff, s)]
+    pads = tuple((t // 2, t - t // 2) for t in total)
+    assert_close(gx, _conv2d_loop(g, w, None, s, pads, dil, groups), rtol=1e-5, atol=1e-5)
+    _, pullback = jax.vjp(lambda x_, w_: cmd.definition.forward(x_, w_, **cmd.kwargs), x, w)
+    assert_close((gx, gw), pullback(jnp.asarray(g)), rtol=1e-5, atol=1e-5)
