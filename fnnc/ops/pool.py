@@ -10,7 +10,10 @@ a max and are not counted in an average: NNC's
 ``lib/nnc/cmd/pool/ccv_nnc_avg_pool_cpu_ref.c`` divides each sum by the number of cells
 of the window inside the input (``m[0] * m[1]``). ``sum_pool`` (not an NNC command) is
 the window sum that Flax's ``avg_pool`` divides by the window size, so traced Flax
-models map to commands with the very same values.
+models map to commands with the very same values in float32. ``avg_pool`` and
+``sum_pool`` add 16-bit windows in float32 and round once, as ``jnp.mean`` does (a
+``reduce_window`` in bfloat16 drifts by a few percent over a 16x16 window, and one in
+float16 overflows), so there they are closer to the exact sums than JAX's.
 
 On CPU, ``max_pool`` runs as elementwise passes over one strided view per window cell:
 the forward is their maximum, the backward replays XLA's ``select_and_scatter`` (the
@@ -31,6 +34,7 @@ import numpy as np
 from jax import lax
 
 from fnnc.core.command import NOTHING, Spec, Uses, defcommand
+from fnnc.core.dtypes import at_least_float32
 from fnnc.errors import ShapeError
 from fnnc.ops import _spatial
 from fnnc.ops._rules import fail, require_float, show
@@ -202,10 +206,19 @@ def _window_counts(sizes, pads, k, s, out) -> np.ndarray:
     return counts.reshape((1, *out, 1))
 
 
+def _window_sums(x, k, s, pads):
+    """Window sums in :func:`~fnnc.core.dtypes.at_least_float32`: a 16-bit running sum
+    drifts (bfloat16 keeps 8 bits: a 16x16 mean can be off by 4%) and float16 overflows
+    (32x32 cells of 100 give inf), so 16-bit windows add in float32, rounded once by
+    the caller. The backward, the transpose of this map, also runs in float32."""
+    return _reduce(x.astype(at_least_float32(x.dtype)), 0, lax.add, k, s, pads)
+
+
 @defcommand(family="pool", shape=_pool_shape("avg_pool"), uses=NOTHING)
 @_per_sample
 def avg_pool(x, *, window=(2, 2), strides=None, padding=0):
-    """Mean over each window, counting only cells inside the input (NNC's AVERAGE_POOL).
+    """Mean over each window, counting only cells inside the input (NNC's AVERAGE_POOL);
+    16-bit floats are summed and divided in float32 and rounded once, as ``jnp.mean``.
 
     >>> import jax.numpy as jnp
     >>> from fnnc import ops
@@ -215,8 +228,9 @@ def avg_pool(x, *, window=(2, 2), strides=None, padding=0):
            [1., 1., 1.]], dtype=float32)
     """
     k, s, pads, out = _geometry("avg_pool", x, window, strides, padding)
-    sums = _reduce(x, 0, lax.add, k, s, pads)
-    return sums / jnp.asarray(_window_counts(x.shape[1:-1], pads, k, s, out), x.dtype)
+    sums = _window_sums(x, k, s, pads)
+    counts = jnp.asarray(_window_counts(x.shape[1:-1], pads, k, s, out), sums.dtype)
+    return (sums / counts).astype(x.dtype)
 
 
 def _transposed(factory):
@@ -240,7 +254,8 @@ avg_pool.backward(_transposed(avg_pool))
 @_per_sample
 def sum_pool(x, *, window=(2, 2), strides=None, padding=0):
     """Sum over each window; padded cells add zero (JAX's ``reduce_window`` with ``add``,
-    which Flax's ``avg_pool`` divides by the window size).
+    which Flax's ``avg_pool`` divides by the window size). 16-bit floats are summed in
+    float32 and rounded once.
 
     >>> import jax.numpy as jnp
     >>> from fnnc import ops
@@ -249,7 +264,7 @@ def sum_pool(x, *, window=(2, 2), strides=None, padding=0):
            [42., 50.]], dtype=float32)
     """
     k, s, pads, _ = _geometry("sum_pool", x, window, strides, padding)
-    return _reduce(x, 0, lax.add, k, s, pads)
+    return _window_sums(x, k, s, pads).astype(x.dtype)
 
 
 sum_pool.backward(_transposed(sum_pool))

@@ -90,3 +90,52 @@ def test_one_sample_without_a_batch_axis_is_the_batch_of_one(name: str) -> None:
     _, pullback = jax.vjp(lambda v: cmd.definition.forward(v[None], **cmd.kwargs)[0], x)
     assert_close(got, pullback(jnp.asarray(g))[0], rtol=1e-6, atol=1e-6)
     assert getattr(ops, name)(window=2)(rand([2, 8, 3])).shape == (2, 4, 3)
+
+
+def _pool_scatter(g, shape, k, s, pads, mean):
+    """The transpose of ``_pool_loop``'s mean / sum: each window's ``g`` (over its count
+    for a mean) added to every cell of it inside the input, in float64."""
+    _, h, w, _ = shape
+    gx = np.zeros(shape)
+    for i, j in itertools.product(range(g.shape[1]), range(g.shape[2])):
+        r0, c0 = i * s[0] - pads[0][0], j * s[1] - pads[1][0]
+        rows, cols = slice(max(r0, 0), min(r0 + k[0], h)), slice(max(c0, 0), min(c0 + k[1], w))
+        count = (rows.stop - rows.start) * (cols.stop - cols.start) if mean else 1
+        gx[:, rows, cols] += np.asarray(g, np.float64)[:, i, j, None, None] / count
+    return gx
+
+
+# Half the spacing of 1 (round to nearest): one output rounding; a 2% margin for float32.
+_ROUNDING = {jnp.bfloat16: 2.0**-8 * 1.02, np.float16: 2.0**-11 * 1.02}
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, np.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("name", ["avg_pool", "sum_pool"])
+@pytest.mark.parametrize(
+    "shape, k, s, pads",
+    [
+        ([2, 16, 16, 3], (16, 16), (16, 16), ((0, 0), (0, 0))),  # global pooling
+        ([1, 9, 8, 2], (5, 5), (1, 1), ((2, 2), (2, 2))),  # overlapping, uneven counts
+    ],
+)
+def test_16_bit_pools_sum_in_float32_and_round_once(name, dtype, shape, k, s, pads) -> None:
+    """16-bit windows add in float32, forward and backward: each value is the float64
+    NumPy oracle rounded once (positive values, so no cancellation inflates the error)."""
+    cmd = getattr(ops, name)(window=k, strides=s, padding=pads)
+    x = rand(shape, dtype, lo=0.5, hi=1.5)
+    reduce = np.mean if name == "avg_pool" else np.sum
+    y = cmd(x)
+    assert y.dtype == dtype
+    want = _pool_loop(np.asarray(x, np.float64), k, s, pads, reduce)
+    np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=_ROUNDING[dtype], atol=0)
+    g = rand(y.shape, dtype, seed=1, lo=0.5, hi=1.5)
+    (gx,) = cmd.definition.backward((jnp.asarray(g),), (x,), (y,), **cmd.kwargs)
+    assert gx.dtype == dtype
+    want = _pool_scatter(g, shape, k, s, pads, mean=name == "avg_pool")
+    np.testing.assert_allclose(np.asarray(gx, np.float64), want, rtol=_ROUNDING[dtype], atol=0)
+
+
+def test_float16_avg_pool_of_a_large_window_does_not_overflow() -> None:
+    # 32 * 32 * 100 is past float16's 65504; the mean is 100.
+    y = ops.avg_pool(window=32)(np.full((1, 32, 32, 1), 100, np.float16))
+    assert y.dtype == np.float16 and float(y[0, 0, 0, 0]) == 100.0
