@@ -117,12 +117,11 @@ class DataIterator(Iterator[Any]):
         self._iter: Any = None
         self._buffer: collections.deque[Any] = collections.deque()
         self._opened_at = -1
-        self._key = None
+        self._pipeline = None
         if pipeline is not None and self._workers:
-            key = (pipeline, seed, self._workers, self._threads, self._prefetch)
             try:
-                hash(key)
-                self._key = key
+                hash(pipeline)
+                self._pipeline = pipeline
             except TypeError:  # a map with an unhashable function: never parked
                 pass
 
@@ -136,6 +135,14 @@ class DataIterator(Iterator[Any]):
     def step(self) -> int:
         """The next element's index within its epoch."""
         return self._position % max(self.batches_per_epoch, 1)
+
+    @property
+    def _key(self) -> Hashable | None:
+        """What a parked stream of this iterator is kept under: the pipeline, the seed
+        as of now (``set_state`` may change it) and the reading options."""
+        if self._pipeline is None:
+            return None
+        return (self._pipeline, self._seed, self._workers, self._threads, self._prefetch)
 
     # -- reading -------------------------------------------------------------------
     def _open(self, reuse: bool = True) -> Iterator[Any]:
@@ -267,7 +274,8 @@ class DataIterator(Iterator[Any]):
         """Continues from ``state`` (from :meth:`get_state` of an iterator of the same
         dataframe): the next elements are the ones that iterator would have given next.
         The state's seed and end of iteration replace this iterator's; its worker, thread
-        and prefetch settings stay."""
+        and prefetch settings stay. Worker processes kept from an earlier epoch are taken
+        over, and this iterator's kept for the next, under the state's seed."""
         _check_state(state)
         if state["signature"] != self._signature:
             raise DataError(

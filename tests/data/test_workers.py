@@ -1,6 +1,6 @@
 """Worker processes (Grain's mp_prefetch): the same stream, and positions that carry over.
 
-One test on purpose: each worker process imports JAX and Grain, seconds on a small
+Few tests on purpose: each worker process imports JAX and Grain, seconds on a small
 machine.
 """
 
@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 
-from fnnc.data import DataFrame
+from fnnc.data import DataFrame, release_workers
 
 
 def square(v):
@@ -37,3 +37,32 @@ def test_two_workers_give_the_stream_of_none_and_states_carry_over(tmp_path):
     without = df.iterator(epochs=2)  # no workers: restarted at the saved position
     without.set_state(state)
     assert plain(without) == reference[20:]
+
+
+def test_set_state_to_another_seed_never_takes_or_parks_the_other_seeds_workers():
+    df = DataFrame.from_arrays(x=np.arange(8)).shuffle().batch(4)
+    n = len(df)
+
+    def plain(it):
+        return [b.tolist() for b in it]
+
+    ref = {s: plain(df.iterator("x", seed=s, epochs=2, workers=0)) for s in (0, 5)}
+    assert ref[0][n:] != ref[5][n:]
+    at_epoch_1 = df.iterator("x", seed=5, epochs=2)
+    at_epoch_1.take(n)
+    state5 = at_epoch_1.get_state()
+    try:
+        # seed 0 parks its workers at epoch 1; a seed-0 iterator moved to seed 5 by
+        # set_state must read seed 5, not take them
+        assert plain(df.iterator("x", seed=0, workers=2)) == ref[0][:n]
+        moved = df.iterator("x", seed=0, workers=2)
+        moved.set_state(state5)
+        assert plain(moved) == ref[5][n:]
+        # the other way: moved to seed 5, it parks under seed 5, and a genuine seed-0
+        # iterator at epoch 1 reads seed 0
+        moved = df.iterator("x", seed=0, workers=2)
+        moved.set_state(df.iterator("x", seed=5).get_state())
+        assert plain(moved) == ref[5][:n]
+        assert plain(df.iterator("x", seed=0, epoch=1, workers=2)) == ref[0][n:]
+    finally:
+        release_workers()
