@@ -17,7 +17,8 @@ generator:
    such a factor; lighting adds ImageNet's PCA colour noise (AlexNet's, NNC's
    constants) with weights uniform in ``[0, lighting)``, clamped to ``[0, 255]``;
 5. normalize: ``(x - mean) / std`` per channel (a ``std`` of 0 leaves that channel
-   unscaled, as NNC stores ``1 / std``, or 1 for 0);
+   unscaled, as NNC stores ``1 / std``, or 1 for 0); ``mean`` and ``std`` are each one
+   number for every channel or one per channel (NNC's take 3, for RGB only);
 6. a crop larger than the resized image is cut only now, after normalization, so the
    part outside the image is 0 (NNC's order).
 
@@ -80,6 +81,26 @@ def _pair(value: Any, what: str) -> tuple[Any, Any] | None:
     return pair  # type: ignore[return-value]
 
 
+def _mean_std(normalize: Any) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``normalize=(mean, std)`` as two tuples of floats, each one number (for every
+    channel) or one per channel; a ValueError saying what is wrong otherwise."""
+    try:
+        mean, std = (np.asarray(v, np.float64) for v in normalize)
+    except (TypeError, ValueError):
+        mean = std = None
+    if mean is None or std is None or mean.ndim > 1 or std.ndim > 1 or not mean.size * std.size:
+        raise ValueError(
+            "normalize must be (mean, std), each a number or one number per channel, "
+            f"got {normalize!r}"
+        )
+    if min(mean.size, std.size) > 1 and mean.size != std.size:
+        raise ValueError(
+            f"normalize: mean has {mean.size} values and std {std.size}; give one number "
+            "or one per channel for each"
+        )
+    return tuple(mean.reshape(-1).tolist()), tuple(std.reshape(-1).tolist())
+
+
 @dataclasses.dataclass(frozen=True)
 class Jitter:
     """NNC's ``ccv_cnnp_random_jitter_t``; called as ``jitter(image, rng=generator)``
@@ -106,8 +127,7 @@ class Jitter:
             raise ValueError(f"size must be positive (rows, cols), got {self.size!r}")
         normalize = self.normalize
         if normalize is not None:
-            mean, std = normalize
-            normalize = (tuple(np.broadcast_to(mean, 3)), tuple(np.broadcast_to(std, 3)))
+            normalize = _mean_std(normalize)
         object.__setattr__(self, "resize", resize)
         object.__setattr__(self, "size", size)
         object.__setattr__(self, "offset", _pair(self.offset, "offset"))
@@ -144,6 +164,13 @@ class Jitter:
         image = self._colour(image, rng)
         if self.normalize is not None:
             mean, std = (np.asarray(v, np.float32) for v in self.normalize)
+            channels = image.shape[2]
+            if max(mean.size, std.size) not in (1, channels):
+                raise ValueError(
+                    f"normalize gives {max(mean.size, std.size)} values per mean or std, but "
+                    f"the image has {channels} channel{'s' if channels != 1 else ''}; give "
+                    f"mean and std as one number each or {channels} each"
+                )
             inv_std = np.divide(1, std, out=np.ones_like(std), where=std != 0)  # NNC's
             image = (image - mean) * inv_std
         if crop is not None:

@@ -175,6 +175,29 @@ def test_jitter_saturation_keeps_grey_and_normalize():
     np.testing.assert_allclose(out[0], (IMAGE - [10, 20, 30]) / [2, 4, 8], rtol=1e-6)
 
 
+def test_jitter_normalize_keeps_one_and_two_channels():
+    images = np.random.default_rng(1).uniform(0, 255, (2, 4, 5, 2)).astype(np.float32)
+    cases = (
+        (images[..., :1], (8.0, 2.0)),
+        (images[..., :1], ((8.0,), (2.0,))),
+        (images, ((10.0, 20.0), (2.0, 4.0))),
+        (images, (10.0, (2.0, 4.0))),
+    )
+    for im, (mean, std) in cases:
+        df = DataFrame.from_arrays(im=im).image_random_jitter("im", normalize=(mean, std))
+        out = np.stack(list(df.iterator("im_jitter")))
+        expected = (im - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+        assert out.shape == im.shape
+        np.testing.assert_allclose(out, expected, rtol=1e-6)
+    df = DataFrame.from_arrays(im=images).image_random_jitter("im", normalize=((1, 2, 3), 1))
+    with pytest.raises(DataError, match=r"3 values per mean or std.*2 channels"):
+        list(df)
+    with pytest.raises(DataError, match="mean has 2 values and std 3"):
+        DataFrame.from_arrays(im=images).image_random_jitter("im", normalize=((1, 2), (1, 2, 3)))
+    with pytest.raises(DataError, match=r"normalize must be \(mean, std\)"):
+        DataFrame.from_arrays(im=images).image_random_jitter("im", normalize=(1, 2, 3))
+
+
 def test_jitter_resize_of_a_ramp_is_a_ramp():
     ramp = np.broadcast_to(np.arange(8, dtype=np.float32)[None, :, None], (6, 8, 1))
     df = DataFrame.from_arrays(im=np.stack([ramp])).image_random_jitter("im", resize=(3, 3))
