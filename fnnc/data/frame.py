@@ -257,8 +257,8 @@ class DataFrame(AddOns):
         then split) and before :meth:`batch`. ``drop_remainder`` (default) first leaves out
         the last ``rows % count`` rows so every process reads as many batches as the
         others; a process with one batch fewer would leave the rest waiting in a
-        collective. Shards are disjoint; without ``drop_remainder`` they cover every row.
-        """
+        collective. Shards are disjoint; without ``drop_remainder`` they cover every row;
+        a shard left without rows (fewer rows than shards) is a :class:`DataError`."""
         if (index is None) != (count is None):
             raise DataError("shard: give both index and count, or neither (JAX's process)")
         if index is None:
@@ -275,8 +275,8 @@ class DataFrame(AddOns):
         """Every ``batch_size`` rows become one whose columns are the rows' values stacked
         along a new first axis (NNC's ``ccv_cnnp_dataframe_combine_new``). The last batch
         is shorter unless ``drop_remainder`` (a fixed shape keeps ``jit`` from compiling
-        twice). ``columns`` keeps only those. Rows of different shapes raise
-        :class:`DataError` naming the column, the rows and the shapes."""
+        twice; a :class:`DataError` if it leaves no batch). ``columns`` keeps only those.
+        Rows of different shapes raise :class:`DataError` naming column, rows and shapes."""
         inputs = self._columns if columns is None else column_names(columns, "batch columns")
         return self._then(Group(batch_size, bool(drop_remainder), inputs, stack=True))
 

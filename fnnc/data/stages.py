@@ -2,8 +2,9 @@
 
 A :class:`~fnnc.data.DataFrame` is its source columns plus a tuple of these immutable
 records, in the order they were asked for. Each record knows the columns and row count
-it leaves behind, so a mistake (an unknown column, a batch larger than the data) is
-reported when the step is added, not when the first batch is read.
+it leaves behind, so a mistake (an unknown column, a batch larger than the data, a
+shard left without rows) is reported when the step is added, not when the first batch
+is read.
 
 - :class:`Map`: derive columns from columns, row by row (NNC's
   ``ccv_cnnp_dataframe_map``).
@@ -112,7 +113,16 @@ class Shard:
         return before - before % self.count if self.drop_remainder else before
 
     def rows(self, before: int) -> int:
-        return len(range(self.index, self.usable(before), self.count))
+        after = len(range(self.index, self.usable(before), self.count))
+        if before and not after:
+            dropped = f" (drop_remainder leaves out the last {before % self.count})"
+            raise DataError(
+                f"{self.describe()}: the dataframe has {before} row{'s' if before != 1 else ''}, "
+                f"none for shard {self.index} of {self.count}"
+                f"{dropped if self.drop_remainder else ''}; "
+                f"every shard needs rows: give at least {self.count} rows or shard fewer ways"
+            )
+        return after
 
     def describe(self) -> str:
         return f"shard({self.index}/{self.count}{',drop' if self.drop_remainder else ''})"
@@ -145,9 +155,18 @@ class Group:
         return (self.output,) if self.fn is not None else self.inputs  # type: ignore[return-value]
 
     def rows(self, before: int) -> int:
-        if self.drop_remainder:
-            return before // self.size
-        return math.ceil(before / self.size)
+        if not self.drop_remainder:
+            return math.ceil(before / self.size)
+        if 0 < before < self.size:
+            kind = "batch" if self.stack else "sample"
+            raise DataError(
+                f"{self.describe()}: the dataframe has {before} row{'s' if before != 1 else ''}, "
+                f"fewer than one {kind} of {self.size}, and drop_remainder leaves out a part "
+                f"{kind}, so no {kind} is left; give at "
+                f"least {self.size} rows, a {kind} size of at most {before}, or "
+                "drop_remainder=False"
+            )
+        return before // self.size
 
     def describe(self) -> str:
         kind = "batch" if self.stack else "sample"

@@ -193,10 +193,12 @@ class FrameBatches(Batches):
         from fnnc.data.stages import Group, Shuffle
 
         own = [s for s in frame._stages if isinstance(s, Group)]
+        batched = bool(own)
         if not own:
             if not any(isinstance(s, Shuffle) for s in frame._stages):
                 frame = frame.shuffle()
-            frame = frame.batch(batch_size, drop_remainder=True)
+            if len(frame) >= batch_size:  # else no batch: train's error below, not batch's
+                frame, batched = frame.batch(batch_size, drop_remainder=True), True
             self.batch_size = batch_size
         columns = frame.columns
         if inputs is None:
@@ -210,7 +212,7 @@ class FrameBatches(Batches):
                 "and targets with train(df, inputs=[...], targets=[...])"
             )
         self.frame, self.seed, self.it = frame, seed, None
-        if len(frame) == 0:
+        if len(frame) == 0 or not batched:
             made = (
                 f"its own {own[-1].describe()}, so train's batch_size does not apply"
                 if own

@@ -86,6 +86,27 @@ def test_bad_descriptions_fail_when_described():
         frame().map(lambda x: x, ("x", "x"), "z")
 
 
+def test_a_batch_or_shard_that_leaves_no_rows_fails_when_described():
+    """batch(k > rows, drop_remainder=True), or more shards than rows, gave a silently
+    empty epoch (the stages' promise: a batch larger than the data is reported)."""
+    with pytest.raises(DataError, match=r"^batch\(13,drop\): the dataframe has 12 rows, "):
+        frame().batch(13, drop_remainder=True)
+    with pytest.raises(DataError, match=r"^sample\(13,drop\): .*give at least 13 rows"):
+        frame().sample(13, drop_remainder=True)
+    with pytest.raises(DataError, match=r"^shard\(0/13,drop\): .*12 rows, none for shard 0"):
+        frame().shard(0, 13)
+    with pytest.raises(DataError, match=r"^shard\(12/13\): .*at least 13 rows"):
+        frame().shard(12, 13, drop_remainder=False)
+    with pytest.raises(DataError, match=r"^batch\(2,drop\): the dataframe has 1 row,"):
+        frame().shard(0, 12).batch(2, drop_remainder=True)
+    x = np.arange(12)  # what leaves rows reads as NumPy's slices; no rows stay no rows
+    assert [b.tolist() for b in frame().batch(12, drop_remainder=True).iterator("x")] == [
+        x.tolist()
+    ]
+    assert list(frame().shard(11, 13, drop_remainder=False).iterator("x")) == x[11::13].tolist()
+    assert len(frame(0).batch(4, drop_remainder=True).shard(1, 2)) == 0
+
+
 def test_numpy_integers_are_integers_and_bools_are_not():
     """Sizes from NumPy (np.prod, a config array) were refused as "not a positive
     integer", and df[np.int64(2)] as a row out of range; True was a batch of 1."""

@@ -170,8 +170,11 @@ def test_a_frame_whose_shapes_change_inside_a_batch_surfaces_the_data_error():
 
 def test_a_frame_batched_too_large_names_its_own_batch_not_batch_size():
     frame = DataFrame.from_arrays(x=X[:4], y=Y[:4])
+    with pytest.raises(DataError, match=r"batch\(8,drop\): the dataframe has 4 rows"):
+        frame.batch(8, drop_remainder=True)  # reported when described, before train
+    empty = DataFrame.from_arrays(x=X[:0], y=Y[:0]).batch(8, drop_remainder=True)
     with pytest.raises(ModelError, match=r"no batches \(its own batch\(8,drop\)") as e:
-        mlp().train(frame.batch(8, drop_remainder=True), verbose=False)
+        mlp().train(empty, verbose=False)
     assert "32" not in str(e.value)  # train's default batch_size, unused
     with pytest.raises(ModelError, match=r"no batches \(batch_size=32,"):
         mlp().train(frame, verbose=False)
