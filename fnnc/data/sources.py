@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from fnnc.data.errors import DataError
+from fnnc.data.errors import DataError, integer
 
 
 class Column:
@@ -58,7 +58,7 @@ class ArrayColumn(Column):
 
         >>> import numpy as np
 
-    from fnnc.data.errors import DataError
+    from fnnc.data.errors import DataError, integer
         >>> c = ArrayColumn(np.arange(6).reshape(3, 2))
         >>> len(c), c.read(1), c.gather(np.array([2, 0])).tolist()
         (3, array([2, 3]), [[4, 5], [0, 1]])
@@ -131,9 +131,7 @@ class FunctionColumn(Column):
     def __init__(self, fn: Callable[[int], Any], rows: int):
         if not callable(fn):
             raise DataError(f"expected a function of the row index, got {type(fn).__name__}")
-        if int(rows) < 0:
-            raise DataError(f"rows must be >= 0, got {rows}")
-        self.fn, self.rows = fn, int(rows)
+        self.fn, self.rows = fn, integer(rows, "from_function", 0, "rows")
 
     def __len__(self) -> int:
         return self.rows

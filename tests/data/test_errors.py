@@ -107,6 +107,15 @@ def test_a_batch_or_shard_that_leaves_no_rows_fails_when_described():
     assert len(frame(0).batch(4, drop_remainder=True).shard(1, 2)) == 0
 
 
+def test_from_function_rows_must_be_a_whole_count():
+    """rows=2.5 gave 2 rows and rows="3" 3, silently."""
+    squares = DataFrame.from_function(lambda i: i * i, np.int64(4), "v").iterator("v")
+    assert [int(v) for v in squares] == [k * k for k in range(4)]
+    for bad in (2.5, "3", True, -1):
+        with pytest.raises(DataError, match=r"^from_function: rows must be an integer >= 0"):
+            DataFrame.from_function(lambda i: i, bad)
+
+
 def test_numpy_integers_are_integers_and_bools_are_not():
     """Sizes from NumPy (np.prod, a config array) were refused as "not a positive
     integer", and df[np.int64(2)] as a row out of range; True was a batch of 1."""
