@@ -56,12 +56,10 @@ class Column:
 class ArrayColumn(Column):
     """Rows along the first axis of a NumPy array (``np.memmap`` included), never copied.
 
-        >>> import numpy as np
-
-    from fnnc.data.errors import DataError, integer
-        >>> c = ArrayColumn(np.arange(6).reshape(3, 2))
-        >>> len(c), c.read(1), c.gather(np.array([2, 0])).tolist()
-        (3, array([2, 3]), [[4, 5], [0, 1]])
+    >>> import numpy as np
+    >>> c = ArrayColumn(np.arange(6).reshape(3, 2))
+    >>> len(c), c.read(1), c.gather(np.array([2, 0])).tolist()
+    (3, array([2, 3]), [[4, 5], [0, 1]])
     """
 
     def __init__(self, array: np.ndarray):
