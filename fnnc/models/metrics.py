@@ -161,7 +161,12 @@ class Accuracy(TopK):
 
 class MeanLoss(Metric):
     """The compiled loss of the model over the set (the mean over samples); with no
-    loss, the mean of the first output."""
+    loss, the mean of the first output.
+
+    It is computed on the model's outputs, so a probability loss behind a sigmoid or
+    softmax is not fused with it as in ``fit``: a saturated correct output (a sigmoid
+    of 1.0, a softmax 0 off the label) costs 0 as in ``fit``, but a label whose
+    probability rounded to 0 costs ``inf`` where ``fit``'s fused loss stays finite."""
 
     name = "loss"
 

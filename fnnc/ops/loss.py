@@ -171,14 +171,41 @@ def _softmax_crossentropy_backward(grads, inputs, outputs, *, trim0, trim1):
     family="loss", shape=_class_loss_shape("categorical_crossentropy", 1), uses=Uses(inputs=(0, 1))
 )
 def categorical_crossentropy(p, label, *, trim0=0.0, trim1=1.0):
-    """Cross-entropy of probabilities ``p`` to the label: ``-sum(t * log p)`` as ``[..., 1]``."""
+    """Cross-entropy of probabilities ``p`` to the label: ``-sum(t * log p)`` as ``[..., 1]``.
+
+    A class whose target is 0 adds 0, whatever its probability (``0 * log 0 = 0``, as
+    ``xlogy``): for index labels the loss is NNC's ``-log p[label]`` even where another
+    class has probability 0, and so is its gradient, ``-1 / p[label]`` at the label and
+    0 elsewhere. A probability of 0 at the label is an infinite loss, as in NNC.
+
+    >>> import jax.numpy as jnp
+    >>> from fnnc import ops
+    >>> ops.categorical_crossentropy()(jnp.array([[0.0, 0.5, 0.5]]), jnp.array([1]))
+    Array([[0.6931472]], dtype=float32)
+    """
     t = _targets(label, p.shape, p.dtype, trim0, trim1)
-    return -jnp.sum(t * jnp.log(p), axis=-1, keepdims=True)
+    return -jnp.sum(_xlogy(t, p), axis=-1, keepdims=True)
+
+
+def _xlogy(t, p):
+    """``t * log(p)``, and 0 where ``t == 0`` (no NaN from ``0 * log 0``); the ``p`` under
+    the log is kept off 0 there, so JAX's own derivative of this is finite too."""
+    none = t == 0
+    return jnp.where(none, 0, t * jnp.log(jnp.where(none, 1, p)))
+
+
+def _xlog1py(t, p):
+    """``t * log1p(p)``, and 0 where ``t == 0`` (as :func:`_xlogy`, for ``log(1 - p)``
+    with the precision of ``log1p`` where ``p`` is tiny)."""
+    none = t == 0
+    return jnp.where(none, 0, t * jnp.log1p(jnp.where(none, 0, p)))
 
 
 def _categorical_crossentropy_grad(g, p, label, *, trim0, trim1):
     g = to_shape(g, p.shape)
-    gp = -g * _targets(label, p.shape, p.dtype, trim0, trim1) / p
+    t = _targets(label, p.shape, p.dtype, trim0, trim1)
+    none = t == 0  # no weight: a zero gradient, not 0 / 0 where p is 0 too
+    gp = jnp.where(none, 0, -g * t / jnp.where(none, 1, p))
     return gp, (-g * jnp.log(p) if _is_target(label, p.shape) else None)
 
 
@@ -212,10 +239,17 @@ def _binary_shape(name: str, outputs: int):
 def binary_crossentropy(p, label, *, pos_weight=1.0):
     """Binary cross-entropy of probabilities ``p`` summed over the last axis, ``[..., 1]``.
 
-    ``sum((y - 1) * log(1 - p) - pos_weight * y * log(p))`` as in NNC.
+    ``sum((y - 1) * log(1 - p) - pos_weight * y * log(p))`` as in NNC, each product 0
+    where its factor ``y - 1`` or ``y`` is (``0 * log 0 = 0``): a saturated correct
+    probability (``p == y``, 0 or 1) costs 0, not NaN, and its gradient is 0.
+
+    >>> import jax.numpy as jnp
+    >>> from fnnc import ops
+    >>> ops.binary_crossentropy()(jnp.array([[1.0, 0.0]]), jnp.array([[1.0, 0.0]]))
+    Array([[0.]], dtype=float32)
     """
     y = label.astype(p.dtype)
-    terms = (y - 1) * jnp.log1p(-p) - pos_weight * y * jnp.log(p)
+    terms = -_xlog1py(1 - y, -p) - pos_weight * _xlogy(y, p)
     return jnp.sum(terms, axis=-1, keepdims=True)
 
 

@@ -169,3 +169,34 @@ def test_top_k_counts_nan_outputs_as_misses():
     part = np.array([[np.nan, 1.0, 0.0], [0.0, 1.0, 2.0]], np.float32)
     # row 0: the NaN ranks first (as argmax takes it), so label 1 is second: a top-2 hit
     assert TopK(2)(None, [part], [np.array([1, 0])]) == 0.5
+
+
+def test_saturated_probabilities_score_as_fit_trains_them():
+    """fit fuses sigmoid + binary_crossentropy and softmax + categorical_crossentropy
+    (finite); score and val_loss compute the loss on the probabilities, where a
+    saturated correct output (sigmoid 1.0, a softmax 0 off the label) was 0 * log 0,
+    NaN. Both now agree with -log of the true probability (NumPy, float64)."""
+    from fnnc.models import Activation
+
+    xb = np.array([[3.0], [-3.0], [2.0], [-2.0]], np.float32)
+    yb = (xb > 0).astype(np.float32)
+    x = Input()
+    m = Model(x, Activation("sigmoid")(Dense(1, name="fc")(x)))
+    m.compile(xb, loss="binary_crossentropy", minimizer=optax.sgd(0.0))
+    m.set_parameters({"t-fc-0-0": np.full((1, 1), 10, np.float32), "t-fc-0-1": np.zeros(1)})
+    assert m.predict(xb)[0, 0] == 1.0  # sigmoid(30) rounds to 1 in float32
+    z = 10 * xb.astype(np.float64)
+    want = float(np.mean(np.logaddexp(0, np.where(yb > 0, -z, z))))  # ~5e-10
+    hist = m.train((xb, yb), epochs=1, batch_size=4, validation=(xb, yb), verbose=False)
+    for got in (float(m.fit(xb, yb)), m.score(xb, yb)["loss"], *hist["loss"], *hist["val_loss"]):
+        assert abs(got - want) < 1e-8
+    xc, yc = np.array([[1.0], [-1.0]], np.float32), np.array([0, 1], np.int32)
+    x = Input()
+    c = Model(x, Activation("softmax")(Dense(2, name="fc")(x)))
+    c.compile(xc, loss="categorical_crossentropy", minimizer=optax.sgd(0.0))
+    c.set_parameters({"t-fc-0-0": np.array([[60.0], [-60.0]], np.float32), "t-fc-0-1": np.zeros(2)})
+    assert (c.predict(xc) == 0).sum() == 2  # exp(-120) underflows: one 0 per row, off the label
+    want = float(np.mean(np.logaddexp(0, -120.0)))  # -log softmax at the label, ~1e-52
+    hist = c.train((xc, yc), epochs=1, batch_size=2, validation=(xc, yc), verbose=False)
+    for got in (float(c.fit(xc, yc)), c.score(xc, yc)["loss"], *hist["loss"], *hist["val_loss"]):
+        assert abs(got - want) < 1e-8

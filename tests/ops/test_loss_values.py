@@ -184,3 +184,61 @@ def test_float16_mse_mean_fits_where_the_sum_of_squares_does_not() -> None:
     assert mean.dtype == np.float16
     assert_close(mean, np.full([2, 1], 400.0))
     assert np.isinf(np.asarray(ops.mse(reduce="sum")(a, b))).all()
+
+
+def test_categorical_crossentropy_of_a_zero_probability_off_the_label() -> None:
+    """A class of probability 0 that the label gives no weight adds 0 (it was 0 * log 0,
+    NaN, and so was its gradient). NNC's closed form: loss -log p[label], gradient
+    -1 / p[label] at the label, 0 elsewhere."""
+    p = np.array([[0.0, 0.3, 0.7], [0.2, 0.8, 0.0], [0.0, 1.0, 0.0]], np.float32)
+    label = np.array([2, 1, 1], np.int32)
+    rows = np.arange(3)
+    want = -np.log(p[rows, label].astype(np.float64))
+    want_grad = np.zeros((3, 3))
+    want_grad[rows, label] = -1 / p[rows, label].astype(np.float64)
+    cmd = ops.categorical_crossentropy()
+    for form in (
+        label,
+        label[:, None],
+        label.astype(np.float32),
+        np.eye(3, dtype=np.float32)[label],
+    ):
+        assert_close(cmd(p, form)[:, 0], want, atol=1e-6)
+        assert_close(jax.grad(lambda q, f=form: jnp.sum(cmd(q, f)))(p), want_grad, atol=1e-6)
+        ones = (np.ones((3, 1), np.float32),)
+        g, _ = cmd.definition.backward(ones, (p, form), (None,), **cmd.kwargs)
+        assert_close(g, want_grad, atol=1e-6)  # the command's own backward, as NNC's
+    # soft targets: xlogy's convention, 0 where the target is 0
+    t = np.array([[0.0, 0.5, 0.5], [0.5, 0.5, 0.0], [0.0, 1.0, 0.0]], np.float32)
+    logs = np.log(np.where(t == 0, 1, p).astype(np.float64))
+    assert_close(cmd(p, t)[:, 0], -(t * logs).sum(-1), atol=1e-6)
+    grad = jax.grad(lambda q: jnp.sum(cmd(q, t)))(p)
+    assert_close(grad, np.where(t == 0, 0, -t / np.where(t == 0, 1, p)), atol=1e-6)
+    # smoothing weighs every class: a zero probability anywhere is an infinite loss
+    assert np.isinf(np.asarray(ops.categorical_crossentropy(trim0=0.1, trim1=0.8)(p, label))).all()
+
+
+@pytest.mark.parametrize("pos_weight", [1.0, 2.5])
+def test_binary_crossentropy_of_a_saturated_correct_probability_is_zero(pos_weight) -> None:
+    """p == y, 0 or 1 (a sigmoid that rounded to 1.0): loss 0 and a finite gradient (it
+    was 0 * log 0, NaN); other entries as the closed form in NumPy."""
+    p = np.array([[1.0, 0.0, 0.3], [0.0, 1.0, 0.9]], np.float32)
+    y = np.array([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]], np.float32)
+    q = p.astype(np.float64)
+    terms = np.where(y == 1, 0, (y - 1) * np.log1p(-np.where(y == 1, 0, q)))
+    terms -= pos_weight * np.where(y == 0, 0, y * np.log(np.where(y == 0, 1, q)))
+    cmd = ops.binary_crossentropy(pos_weight=pos_weight)
+    assert_close(cmd(p, y), terms.sum(-1, keepdims=True), rtol=1e-6)
+    # the command's backward is NNC's (p - y) / max(p (1 - p), 1e-12): 0 at p == y
+    safe = np.where(p == y, 0.5, q)
+    want = np.where(p == y, 0, ((1 - y) * q - pos_weight * y * (1 - q)) / (safe * (1 - safe)))
+    ones = np.ones((2, 1), np.float32)
+    gp, _ = cmd.definition.backward((ones,), (p, y), (None,), **cmd.kwargs)
+    assert_close(gp, want, rtol=1e-5)
+    # JAX's derivative of the forward: the one-sided derivative, each term 0 where its
+    # target weight is, so -pos_weight at p == y == 1 and 1 at p == y == 0; finite
+    one_sided = np.where(y == 1, 0, (1 - y) / np.where(y == 1, 0.5, 1 - q))
+    one_sided -= pos_weight * np.where(y == 0, 0, y / np.where(y == 0, 0.5, q))
+    assert_close(jax.grad(lambda v: jnp.sum(cmd(v, y)))(p), one_sided, rtol=1e-5)
+    tiny = np.array([[2.0611537e-09]], np.float32)  # log1p keeps -log(1 - p) ~ p
+    assert_close(cmd(tiny, np.zeros_like(tiny)), tiny, rtol=1e-6)
