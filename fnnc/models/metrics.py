@@ -27,6 +27,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from fnnc.errors import ModelError
@@ -182,9 +183,18 @@ class MeanLoss(Metric):
         if isinstance(loss, str):
             if isinstance(targets[0], np.ndarray):
                 checks.labels(loss, np.shape(outputs[0]), targets[0], self.where)
-            out = losses._COMMANDS[loss]()(outputs[0], targets[0])
+            out = losses._COMMANDS[loss]()(outputs[0], _as_fit_takes(targets[0]))
             return float(np.mean(np.asarray(out[0] if isinstance(out, tuple) else out)))
-        return float(loss(list(outputs), list(targets)))
+        return float(loss(list(outputs), [_as_fit_takes(t) for t in targets]))
+
+
+def _as_fit_takes(target: Any) -> Any:
+    """``target`` in the dtype ``fit`` compiles it as: JAX's canonical one (float64
+    NumPy targets are float32 unless ``jax_enable_x64`` is on), so a set ``fit``
+    trains on also scores, rather than failing a loss's same-dtype rule."""
+    if not isinstance(target, np.ndarray):
+        return target
+    return target.astype(jax.dtypes.canonicalize_dtype(target.dtype), copy=False)
 
 
 class Function(Metric):

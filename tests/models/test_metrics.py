@@ -200,3 +200,23 @@ def test_saturated_probabilities_score_as_fit_trains_them():
     hist = c.train((xc, yc), epochs=1, batch_size=2, validation=(xc, yc), verbose=False)
     for got in (float(c.fit(xc, yc)), c.score(xc, yc)["loss"], *hist["loss"], *hist["val_loss"]):
         assert abs(got - want) < 1e-8
+
+
+@pytest.mark.parametrize("loss", ["mse", "smooth_l1"])
+def test_float64_targets_that_fit_takes_also_score(loss):
+    """NumPy's default float64 targets: fit compiles them as float32, score and
+    train(validation=) passed them raw to the loss (a DTypeError: one dtype)."""
+    y = RNG.standard_normal((40, 2))  # float64
+    x = Input()
+    m = Model(x, Dense(2, name="o")(x))
+    m.compile(X[:8], loss=loss, minimizer=optax.sgd(0.0))
+    float(m.fit(X[:8], y[:8]))
+    d = m.predict(X).astype(np.float64) - y.astype(np.float32)
+    if loss == "mse":
+        want = float(np.mean(d**2))
+    else:  # NNC's smooth L1 on the sample's L1 distance, beta 1
+        l1, sq = np.abs(d).sum(-1), (d**2).sum(-1)
+        want = float(np.mean(np.where(l1 < 1, 0.5 * sq, l1 - 0.5)))
+    assert m.score(X, y, batch_size=16)["loss"] == pytest.approx(want, rel=1e-5)
+    hist = m.train((X, y), epochs=1, batch_size=8, validation=(X, y), verbose=False)
+    assert hist["val_loss"][-1] == pytest.approx(want, rel=1e-5)
