@@ -94,9 +94,10 @@ class TopK(Metric):
 
 
 class BinaryAccuracy(Metric):
-    """The fraction of samples whose one-unit output ``output`` falls on the side of
-    ``threshold`` its target does (targets above 0.5 are positive): what ``"accuracy"``
-    measures for a model with one output unit.
+    """The fraction of entries of output ``output`` that fall on the side of
+    ``threshold`` their targets do (targets above 0.5 are positive): what
+    ``"accuracy"`` measures for a model with one output unit, or with a binary loss
+    (for multi-label ``[N, C]`` targets, the mean over all ``N * C`` entries).
 
     Args:
         threshold: the output value that separates the classes; ``None`` takes it from
@@ -130,7 +131,7 @@ class BinaryAccuracy(Metric):
             raise ModelError(
                 f"metric {self.name}: output {self.output} is {list(out.shape)} but its "
                 f"targets are {list(labels.shape)}; a binary output takes one 0/1 target "
-                "per sample"
+                "per entry"
             )
         said = out.reshape(-1) > threshold
         return float(np.mean(said == (labels.reshape(-1) > 0.5)))
@@ -142,16 +143,22 @@ BINARY_THRESHOLDS = {"sigmoid_binary_crossentropy": 0.0, "binary_crossentropy": 
 
 class Accuracy(TopK):
     """Top-1 accuracy: the argmax of output ``output`` against integer labels, or
-    one-hot / soft (mixup) targets of the output's shape, whose argmax is the label. An
-    output of one unit is binary: it is measured as :class:`BinaryAccuracy` with the
-    threshold its loss implies."""
+    one-hot / soft (mixup) targets of the output's shape, whose argmax is the label.
+
+    An output of one unit, or any output of a model trained with a binary loss
+    (``sigmoid_binary_crossentropy``, ``binary_crossentropy``: independent yes / no
+    units, e.g. multi-label ``[N, C]`` targets), is binary: it is measured as
+    :class:`BinaryAccuracy`, entry by entry, with the threshold its loss implies (as
+    Keras's ``binary_accuracy``), not by argmax."""
 
     def __init__(self, *, output: int = 0, name: str = "accuracy"):
         super().__init__(1, output=output, name=name)
 
     def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:
         out, labels = np.asarray(outputs[self.output]), np.asarray(targets[self.output])
-        if out.ndim >= 1 and out.shape[-1] == 1:  # one unit: argmax would always be 0
+        loss = getattr(getattr(model, "engine", None), "loss", None)
+        # one unit (argmax would always be 0) or independent units (argmax picks one)
+        if (out.ndim >= 1 and out.shape[-1] == 1) or loss in BINARY_THRESHOLDS:
             binary = BinaryAccuracy(output=self.output, name=self.name)
             return binary(model, outputs, targets)
         if labels.shape == out.shape and out.ndim >= 1:

@@ -206,7 +206,7 @@ def test_saturated_probabilities_score_as_fit_trains_them():
 def test_float64_targets_that_fit_takes_also_score(loss):
     """NumPy's default float64 targets: fit compiles them as float32, score and
     train(validation=) passed them raw to the loss (a DTypeError: one dtype)."""
-    y = RNG.standard_normal((40, 2))  # float64
+    y = np.random.default_rng(2).standard_normal((40, 2))  # float64
     x = Input()
     m = Model(x, Dense(2, name="o")(x))
     m.compile(X[:8], loss=loss, minimizer=optax.sgd(0.0))
@@ -220,3 +220,28 @@ def test_float64_targets_that_fit_takes_also_score(loss):
     assert m.score(X, y, batch_size=16)["loss"] == pytest.approx(want, rel=1e-5)
     hist = m.train((X, y), epochs=1, batch_size=8, validation=(X, y), verbose=False)
     assert hist["val_loss"][-1] == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.parametrize("loss", ["sigmoid_binary_crossentropy", "binary_crossentropy"])
+def test_accuracy_of_multi_label_targets_is_entry_by_entry(loss):
+    """A binary loss over [N, C] multi-label targets: independent units, so "accuracy"
+    is the fraction of the N * C entries on the right side of the threshold (Keras's
+    binary_accuracy), not argmax(outputs) == argmax(targets) as before."""
+    from fnnc.models import Activation
+
+    y = (X @ np.random.default_rng(3).standard_normal((4, 3)) > 0).astype(np.float32)
+    x = Input()
+    out = Dense(3, name="fc")(x)
+    if loss == "binary_crossentropy":
+        out = Activation("sigmoid")(out)
+    m = Model(x, out)
+    m.compile(X[:8], loss=loss, minimizer=optax.sgd(0.0))
+    pred = np.asarray(m.predict(X))
+    threshold = 0.0 if loss == "sigmoid_binary_crossentropy" else 0.5
+    want = float(np.mean((pred > threshold) == (y > 0.5)))
+    assert want != float(np.mean(pred.argmax(1) == y.argmax(1)))
+    assert m.score(X, y, metrics=["accuracy"])["accuracy"] == pytest.approx(want)
+    hist = m.train(
+        (X, y), epochs=1, batch_size=8, validation=(X, y), metrics=["accuracy"], verbose=False
+    )
+    assert hist["val_accuracy"][-1] == pytest.approx(want)
