@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from fnnc.core.dtypes import is_floating
 from fnnc.errors import ModelError
 from fnnc.models import checks
 
@@ -56,7 +57,9 @@ class Metric:
 
 class TopK(Metric):
     """The fraction of samples whose label is among the ``k`` largest outputs of output
-    ``output``; labels are integers, or one-hot / soft targets (their argmax).
+    ``output``; labels are integers, or one-hot / soft targets (their argmax). A label
+    outside ``[0, C)`` for ``C`` output classes is a :class:`~fnnc.errors.ModelError`
+    (``-1`` is not the last class); a NaN label is a miss.
 
     Args:
         k: how many of the largest outputs count.
@@ -86,11 +89,33 @@ class TopK(Metric):
                 "ranks mean nothing there: measure it with 'accuracy' (BinaryAccuracy)"
             )
         flat = out.reshape(-1, out.shape[-1])
+        index, known = _class_indices(self, labels, out.shape[-1])
         # a label ties into the top k if fewer than k outputs are strictly larger; a NaN
         # output ranks above everything (as argmax takes it), and a NaN label is a miss
-        picked = np.take_along_axis(flat, labels.reshape(-1, 1).astype(np.int64), axis=1)
+        picked = np.take_along_axis(flat, index[:, None], axis=1)
         larger = np.sum((flat > picked) | np.isnan(flat), axis=1)
-        return float(np.mean((larger < self.k) & ~np.isnan(picked[:, 0])))
+        return float(np.mean((larger < self.k) & ~np.isnan(picked[:, 0]) & known))
+
+
+def _class_indices(metric: TopK, labels: np.ndarray, classes: int) -> tuple[Any, Any]:
+    """The flat class indices of ``labels`` (int64; a NaN label's is 0) and where they are
+    known (not NaN). A label outside ``[0, classes)`` is a :class:`ModelError`: NumPy
+    would raise an IndexError for it, or take ``-1`` as the last class."""
+    labels = np.atleast_1d(labels)
+    flat = labels.reshape(-1)
+    known = ~np.isnan(flat) if is_floating(flat.dtype) else np.ones(flat.size, bool)
+    bad = np.flatnonzero(known & ((flat < 0) | (flat >= classes)))
+    if bad.size:
+        at = [int(i) for i in np.unravel_index(int(bad[0]), labels.shape)]
+        place = f"sample {at[0]}" + (f", at {at}" if flat.size > labels.shape[0] else "")
+        raise ModelError(
+            f"metric {metric.name}: target {metric.output} holds the label "
+            f"{flat[bad[0]].item():.7g} at {place}, but output {metric.output} has {classes} "
+            f"classes: labels are class indices in [0, {classes}) (-1 is no class, not the "
+            "last one). Labels counted from 1 need y - 1; or give the last layer as many "
+            "units as there are classes"
+        )
+    return np.where(known, flat, 0).astype(np.int64), known
 
 
 class BinaryAccuracy(Metric):
@@ -163,8 +188,9 @@ class Accuracy(TopK):
             return binary(model, outputs, targets)
         if labels.shape == out.shape and out.ndim >= 1:
             labels = np.argmax(labels, axis=-1)
+        index, known = _class_indices(self, labels, out.shape[-1])
         # argmax, not top-1 by rank: ties go to the first class, as predictions do
-        return float(np.mean(np.argmax(out, axis=-1).reshape(-1) == labels.reshape(-1)))
+        return float(np.mean((np.argmax(out, axis=-1).reshape(-1) == index) & known))
 
 
 class MeanLoss(Metric):

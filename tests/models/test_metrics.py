@@ -245,3 +245,30 @@ def test_accuracy_of_multi_label_targets_is_entry_by_entry(loss):
         (X, y), epochs=1, batch_size=8, validation=(X, y), metrics=["accuracy"], verbose=False
     )
     assert hist["val_accuracy"][-1] == pytest.approx(want)
+
+
+def test_class_labels_outside_the_outputs_are_refused_and_nan_labels_miss():
+    """A label outside [0, C): TopK raised NumPy's IndexError (7) or took -1 as the last
+    class (a hit), Accuracy counted either as a silent miss. A NaN label is a miss."""
+    out = np.array([[0.1, 0.2, 0.7], [0.6, 0.3, 0.1], [0.2, 0.5, 0.3]], np.float32)
+    for metric in (TopK(2), Accuracy()):
+        for bad, at in ((7, 0), (-1, 2)):
+            labels = np.array([2, 0, 1])
+            labels[at] = bad
+            with pytest.raises(
+                ModelError,
+                match=rf"^metric {metric.name}: target 0 holds the "
+                rf"label {bad} at sample {at}, but output 0 has 3 classes",
+            ):
+                metric(None, [out], [labels])
+    nan = np.array([np.nan, 0.0, 2.0])
+    for k, metric in ((1, Accuracy()), (1, TopK(1)), (2, TopK(2))):
+        want = np_top_k(out[1:], np.array([0, 2]), k) * 2 / 3  # row 0 a miss
+        assert metric(None, [out], [nan]) == pytest.approx(want)
+    x = Input()
+    m = Model(x, Dense(3, name="o")(x))  # a loss of its own: no label check before the metric
+    m.compile(X[:8], loss=lambda o, t: (o[0] ** 2).mean() + 0 * t[0].sum(), minimizer=optax.sgd(0))
+    labels = np.arange(40) % 3
+    labels[5] = 3
+    with pytest.raises(ModelError, match=r"^metric top_2_accuracy: .* label 3 at sample 5"):
+        m.score(X, labels, metrics=["top_2_accuracy"])
