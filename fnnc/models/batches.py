@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from fnnc.errors import DataError, ModelError
-from fnnc.models import processes
+from fnnc.models import checks, processes
 
 Batch = tuple[list[Any], list[Any]]
 
@@ -330,8 +330,11 @@ def split(data: Any, where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
         inputs, targets = data
     except (TypeError, ValueError):
         raise ModelError(f"{where}: expected (inputs, targets), e.g. (x_train, y_train)") from None
-    inputs = [np.asarray(a) for a in as_list(inputs)]
-    targets = [np.asarray(a) for a in as_list(targets)]
+    inputs, targets = as_list(inputs), as_list(targets)
+    checks.listed_numbers(inputs, where, "inputs")
+    checks.listed_numbers(targets, where, "targets")
+    inputs = [np.asarray(a) for a in inputs]
+    targets = [np.asarray(a) for a in targets]
     sizes = {len(a) for a in (*inputs, *targets)}
     if len(sizes) != 1:
         raise ModelError(

@@ -101,6 +101,8 @@ def targets(
     class labels in range for a classification loss (NumPy targets only; ``force``: also
     while :func:`trust_labels` holds, as ``train`` does for the batch it reads ahead)."""
     loss = engine.loss
+    if loss is None or isinstance(loss, str):  # a loss function may take scalar targets
+        listed_numbers(values, where, "targets")
     if not isinstance(loss, str):
         return
     if not values:
@@ -115,6 +117,22 @@ def targets(
         and (force or engine not in _TRUSTED)
     ):
         labels(loss, scores_shape(engine, specs), values[0], where)
+
+
+def listed_numbers(values: Sequence[Any], where: str, what: str) -> None:
+    """Refuses a list of plain numbers where a list of arrays is read (``what``:
+    ``"inputs"`` or ``"targets"``): such a list holds one array per input or target,
+    so ``[0, 1, 2]`` would be three targets of one number each, not three labels."""
+    if len(values) < 2 or any(np.ndim(v) != 0 for v in values):
+        return
+    shown = ", ".join(_show(np.asarray(v)) for v in values[:3]) + (
+        ", ..." if len(values) > 3 else ""
+    )
+    raise ModelError(
+        f"{where}: {what} is a list of {len(values)} numbers [{shown}], but a list holds one "
+        f"array per {what[:-1]} ({len(values)} {what} of one number each here); pass the "
+        f"numbers as one array with a row per sample: np.asarray(the_list)"
+    )
 
 
 def trust_labels(engine: Any, trusted: bool) -> None:

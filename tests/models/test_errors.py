@@ -194,6 +194,26 @@ def test_targets_a_named_loss_would_ignore_are_refused(clf) -> None:
     np.testing.assert_allclose(float(clf.fit(XS[:8], [YS[:8]])), expected, rtol=1e-5)
 
 
+def test_a_plain_list_of_labels_says_to_make_it_one_array(clf) -> None:
+    """fit(x, [0, 1, 2, ...]) was "8 target(s) were given" (a list is a list of
+    targets), train and score a raw TypeError; a loss function may still take scalars."""
+    labels = [int(v) for v in YS[:8]]
+    said = r"targets is a list of 8 numbers \[0, 1, 2, \.\.\.\], but a list holds one array"
+    with pytest.raises(ModelError, match=rf"^fit: {said}.*np\.asarray\(the_list\)"):
+        clf.fit(XS[:8], labels)
+    with pytest.raises(ModelError, match=rf"^train: {said}"):
+        clf.train((XS[:8], labels), batch_size=4, verbose=False)
+    with pytest.raises(ModelError, match=rf"^score: {said}"):
+        clf.score(XS[:8], labels)
+    expected = _xent(np.asarray(clf.evaluate(XS[:8])), YS[:8])
+    np.testing.assert_allclose(float(clf.fit(XS[:8], np.asarray(labels))), expected, rtol=1e-5)
+    x = Input()
+    own = Model(x, Dense(3, name="fc")(x))
+    own.compile(XS[:8], loss=lambda o, t: jnp.mean(o[0]) * t[0] + t[1], minimizer=optax.sgd(0))
+    mean = float(np.mean(np.asarray(own.evaluate(XS[:8]))))
+    np.testing.assert_allclose(float(own.fit(XS[:8], [2.0, 1.0])), 2 * mean + 1, rtol=1e-5)
+
+
 def _stopper() -> Model:
     x = Input(name="x")
     model = Model(x, Dense(3, name="fc")(x))
