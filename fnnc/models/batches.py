@@ -39,9 +39,11 @@ class Progress:
         batch_size: the samples per batch of ``batch``, where ``train`` batches the
             data (arrays, unbatched dataframes); ``None`` where the source does (Grain,
             batched dataframes) or in a checkpoint saved before it was recorded.
-        loss_sum, loss_count: the sum (in order, float64) and number of the training
-            losses of ``epoch`` so far, so that an epoch resumed from a checkpoint
-            reports the mean over all its batches, as the uninterrupted run does.
+        loss_sum, loss_count, loss_rows: the sum (in order, float64) of the training
+            losses of ``epoch`` so far, each times its batch's rows, their number and
+            the rows, so that the epoch's loss is the mean over its rows (a short last
+            batch weighs its rows, as Keras's), and an epoch resumed from a checkpoint
+            reports it over all its batches, as the uninterrupted run does.
     """
 
     epoch: int = 0
@@ -52,12 +54,13 @@ class Progress:
     batch_size: int | None = None
     loss_sum: float = 0.0
     loss_count: int = 0
+    loss_rows: int = 0
 
     def to_json(self) -> dict[str, Any]:
         data = self.data() if callable(self.data) else self.data
         return {"epoch": self.epoch, "batch": self.batch, "step": self.step, "seed": self.seed,
                 "data": data, "batch_size": self.batch_size, "loss_sum": _finite(self.loss_sum),
-                "loss_count": self.loss_count}  # fmt: skip
+                "loss_count": self.loss_count, "loss_rows": self.loss_rows}  # fmt: skip
 
     def load(self, saved: dict[str, Any]) -> None:
         self.epoch, self.batch = int(saved["epoch"]), int(saved["batch"])
@@ -68,6 +71,7 @@ class Progress:
         total = saved.get("loss_sum", 0.0)  # None: not finite (checkpoint JSON has no NaN)
         self.loss_sum = math.nan if total is None else float(total)
         self.loss_count = int(saved.get("loss_count", 0))
+        self.loss_rows = int(saved.get("loss_rows", 0))  # 0: older, unweighted losses
 
     def position(self) -> Any:
         """:attr:`data` as JSON (calling it where it is a function)."""
@@ -75,14 +79,21 @@ class Progress:
 
     def next_epoch(self) -> None:
         self.epoch, self.batch, self.data = self.epoch + 1, 0, None
-        self.loss_sum, self.loss_count = 0.0, 0
+        self.loss_sum, self.loss_count, self.loss_rows = 0.0, 0, 0
 
-    def add_loss(self, value: float) -> None:
-        """Counts one step's training loss into the epoch's running mean."""
-        self.loss_sum, self.loss_count = self.loss_sum + value, self.loss_count + 1
+    def add_loss(self, value: float, rows: int = 1) -> None:
+        """Counts one step's training loss (a mean over its ``rows``) into the epoch's
+        mean over rows; losses loaded without rows weigh as this step's."""
+        if self.loss_count and not self.loss_rows:
+            self.loss_sum, self.loss_rows = self.loss_sum * rows, self.loss_count * rows
+        self.loss_sum += value * rows
+        self.loss_count, self.loss_rows = self.loss_count + 1, self.loss_rows + rows
 
     def mean_loss(self) -> float:
-        """The mean training loss of the epoch so far (NaN before its first step)."""
+        """The training loss of the epoch so far, the mean over its rows (NaN before
+        its first step)."""
+        if self.loss_rows:
+            return self.loss_sum / self.loss_rows
         return self.loss_sum / self.loss_count if self.loss_count else math.nan
 
 

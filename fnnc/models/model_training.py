@@ -324,7 +324,10 @@ class TrainingMixin:
 
         Returns:
             ``{"epoch": [...], "loss": [mean training loss], "val_loss": [...], ...}``,
-            one entry per epoch run by this call.
+            one entry per epoch run by this call. ``loss`` is the mean of the epoch's
+            step losses weighted by their batches' rows (Keras's), so a short last batch
+            counts for its rows: for a loss that is a mean over rows, the mean over the
+            epoch's rows, as the weights changed under them.
 
         >>> import numpy as np, optax
         >>> from fnnc.models import Dense, Input, Model

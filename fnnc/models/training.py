@@ -147,7 +147,9 @@ def train(
                 if stop_on_nan and not math.isfinite(value):
                     note = checks.batch_note(inputs_b, targets_b)
                     raise _nan_error(value, prog, callbacks, resume, note)
-                prog.add_loss(value)  # kept in checkpoints: a resumed epoch's mean is whole
+                # kept in checkpoints (a resumed epoch's mean is whole); weighed by the
+                # batch's rows on the host, from its shape: no device sync
+                prog.add_loss(value, _rows(inputs_b))
                 if lines is not None:
                     lines.step()
                 for cb in callbacks:
@@ -281,6 +283,12 @@ def accuracy(outputs: Any, targets: Any) -> float:
     """Top-1 accuracy of ``outputs`` (logits) against integer labels, or one-hot or soft
     targets (mixup) of the outputs' shape, whose argmax is the label."""
     return metrics_.Accuracy()(None, [outputs], [targets])
+
+
+def _rows(inputs: list[Any]) -> int:
+    """The rows (samples) of a batch: its first input's leading size (1 for a scalar)."""
+    shape = np.shape(inputs[0]) if inputs else ()
+    return int(shape[0]) if shape else 1
 
 
 def loss_value(model: Any, outputs: list[Any], targets: list[Any]) -> float:

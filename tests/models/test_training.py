@@ -356,3 +356,36 @@ def test_checkpoint_optimizer_rows_are_id_then_the_path_in_the_optimizer_state(t
         paths = ["/".join(str(getattr(k, "name", getattr(k, "idx", k))) for k in path)
                  for path, _ in leaves]  # fmt: skip
     assert rows == {f"__ckpt-2__[t-fc-0-0/{p}]" for p in paths}, sorted(rows)
+
+
+def test_epoch_loss_is_the_mean_over_rows_with_a_short_last_batch():
+    """23 rows in batches of 10, 10, 3 (a batched dataframe; train's own batches of
+    arrays drop the short one): with the weights kept (learning rate 0) the epoch's loss
+    is the loss of the whole set, in NumPy (Keras weighs each step by its rows); the
+    mean of the step losses (as before) weighed the short batch's 3 rows as 10."""
+    x, y = X[:23], Y[:23]
+    inp = Input()
+    model = Model(inp, Dense(3, name="o")(inp))
+    model.compile(x[:4], loss="softmax_crossentropy", minimizer=optax.sgd(0.0))
+    p = {k: np.asarray(v, np.float64) for k, v in model.parameters().items()}
+    z = x @ p["t-o-0-0"].T + p["t-o-0-1"]
+    z -= z.max(-1, keepdims=True)
+    per_row = np.log(np.exp(z).sum(-1)) - z[np.arange(23), y]
+    want = float(per_row.mean())
+    assert abs(np.mean([per_row[i : i + 10].mean() for i in (0, 10, 20)]) - want) > 1e-3
+    history = model.train(DataFrame.from_arrays(x=x, y=y).batch(10), epochs=1, verbose=False)
+    assert history["loss"] == [pytest.approx(want, rel=1e-5)]
+
+
+def test_epoch_loss_of_a_checkpoint_without_rows_weighs_its_steps_as_the_next():
+    """A checkpoint saved before rows were counted holds the plain sum of its steps'
+    losses: they weigh as the next step's rows (full batches, mid-epoch)."""
+    from fnnc.models.batches import Progress
+
+    prog = Progress()
+    prog.load({"epoch": 0, "batch": 2, "step": 2, "seed": 0, "data": None,
+               "loss_sum": 3.0, "loss_count": 2})  # fmt: skip
+    prog.add_loss(1.0, 8)
+    prog.add_loss(0.5, 2)
+    assert prog.mean_loss() == pytest.approx((3.0 * 8 + 1.0 * 8 + 0.5 * 2) / 26)
+    assert prog.to_json()["loss_rows"] == 26
