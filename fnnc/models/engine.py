@@ -47,6 +47,7 @@ from fnnc.graph.passes.minimize import TrainLayout
 from fnnc.models import checks, loss_scale, losses
 from fnnc.models.engine_steps import StepsMixin
 from fnnc.models.initialize import initialize
+from fnnc.models.interrupts import deferred_interrupt
 from fnnc.models.layer import BuildContext, ModelError, ParamInfo
 from fnnc.models.memory import MemoryOptions, memory_key
 from fnnc.models.model_passes import ModelPasses
@@ -356,20 +357,23 @@ class Engine(StepsMixin):
         if live is None or live.key != key:
             self._sync_live()
             live = _Live(key, mins, prog.train, self._state_leaves(mins))
-        keys = self._keys(prog.feed.n_keys)
-        scale = loss_scale.current(self, prog.n_scale)
-        try:
-            new_params, new_state, loss, updates, scale = prog(
-                live.leaves, inputs, targets, self.values, keys, scale
-            )
-        except NumericsError as e:  # config numerics: name the model too
-            raise NumericsError(f"model {self.model.describe()} fit: {e}") from None
-        loss_scale.keep(self, scale)
-        for pid, value in zip(prog.params, new_params):
-            self.values[pid] = value
-        self._live = _Live(key, live.mins, live.layout, new_state)
-        for pid, value in zip(prog.updates, updates):
-            self.values[pid] = value
+        # the call deletes the donated parameters and state: a Ctrl-C waits until the
+        # new ones are stored, the random key with them (fnnc.models.interrupts)
+        with deferred_interrupt():
+            keys = self._keys(prog.feed.n_keys)
+            scale = loss_scale.current(self, prog.n_scale)
+            try:
+                new_params, new_state, loss, updates, scale = prog(
+                    live.leaves, inputs, targets, self.values, keys, scale
+                )
+            except NumericsError as e:  # config numerics: name the model too
+                raise NumericsError(f"model {self.model.describe()} fit: {e}") from None
+            loss_scale.keep(self, scale)
+            for pid, value in zip(prog.params, new_params):
+                self.values[pid] = value
+            self._live = _Live(key, live.mins, live.layout, new_state)
+            for pid, value in zip(prog.updates, updates):
+                self.values[pid] = value
         return loss
 
     def _fit_program(

@@ -25,6 +25,7 @@ from typing import Any
 import jax
 
 from fnnc.models import residuals
+from fnnc.models.interrupts import deferred_interrupt
 from fnnc.models.layer import ModelError
 from fnnc.models.memory import MemoryOptions, memory_key
 from fnnc.models.optim import Minimizers
@@ -157,8 +158,9 @@ class StepsMixin:
 
         prog = self._compiled(("apply", tuple(pids), mins.key, specs), make)
         grads = [self.grads[p] for p in pids]
-        new_params, new_state = prog(grads, self._state_leaves(mins), self.values)
-        for pid, value in zip(pids, new_params):
-            self.values[pid] = value
-        self._keep(mins, Minimizers.inner(new_state))
-        self.grads.clear()
+        with deferred_interrupt():  # the call deletes the donated parameters and state
+            new_params, new_state = prog(grads, self._state_leaves(mins), self.values)
+            for pid, value in zip(pids, new_params):
+                self.values[pid] = value
+            self._keep(mins, Minimizers.inner(new_state))
+            self.grads.clear()
