@@ -43,6 +43,7 @@ from fnnc.models.callbacks import (
     in_hook_order,
     load_callback_states,
 )
+from fnnc.models.interrupts import deferred_interrupt
 from fnnc.models.layer import is_int
 from fnnc.models.progress import EpochLines
 from fnnc.models.validation import outputs_and_targets, validation_batches
@@ -136,14 +137,18 @@ def train(
                 short = _short_batch(model, source, inputs_b)
                 if short:
                     raise ShapeError(f"{where}: {short}")
-                try:
-                    loss = model.fit(inputs_b, targets_b)  # dispatched: runs in XLA's threads
-                except (ModelError, ShapeError) as e:
-                    raise type(e)(f"{where}: {e}") from None
-                position = source.snapshot()  # of this batch, before reading the next
+                # the step counts once fit has applied it: a Ctrl-C in fit waits until
+                # it is counted, one in the read-ahead or the wait for the loss finds
+                # it counted, so the model and its progress agree (resume goes on exactly)
+                with deferred_interrupt():
+                    try:
+                        loss = model.fit(inputs_b, targets_b)  # dispatched: runs in XLA
+                    except (ModelError, ShapeError) as e:
+                        raise type(e)(f"{where}: {e}") from None
+                    position = source.snapshot()  # of this batch, before reading the next
+                    prog.step, prog.batch, prog.data = prog.step + 1, prog.batch + 1, position
                 ahead = _read_ahead(batches, check)  # while the step runs
                 value = float(loss)
-                prog.step, prog.batch, prog.data = prog.step + 1, prog.batch + 1, position
                 if stop_on_nan and not math.isfinite(value):
                     note = checks.batch_note(inputs_b, targets_b)
                     raise _nan_error(value, prog, callbacks, resume, note)

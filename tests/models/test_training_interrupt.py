@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 
+import grain
 import jax
 import numpy as np
 import optax
@@ -100,4 +101,44 @@ def test_ctrl_c_as_apply_gradients_returns_keeps_the_update(ctrl_c_after_donatin
     with pytest.raises(KeyboardInterrupt):
         step(m)
     step(oracle)
+    _assert_same(m, oracle)
+
+
+def test_ctrl_c_in_train_step_counts_it_and_continues_exactly(ctrl_c_after_donating_call):
+    oracle = _model(dropout=0.3)
+    oracle.train((XS, YS), epochs=2, batch_size=8, verbose=False)
+    m = _model(dropout=0.3)
+    ctrl_c_after_donating_call(3)
+    with pytest.raises(KeyboardInterrupt):
+        m.train((XS, YS), epochs=2, batch_size=8, verbose=False)
+    assert m.train_progress.step == 3 == _adam_count(m)
+    m.train((XS, YS), epochs=2 - m.train_progress.epoch, batch_size=8, verbose=False)
+    _assert_same(m, oracle)
+    assert m.train_progress.step == oracle.train_progress.step == 10
+
+
+def test_ctrl_c_in_read_ahead_counts_the_applied_step():
+    """A KeyboardInterrupt in the data pipeline, read while step 3 runs: step 3 was
+    applied, so progress says 3 and continuing gives the uninterrupted run."""
+    calls = {"n": 0, "at": None}
+
+    def read(i):
+        calls["n"] += 1
+        if calls["n"] == calls["at"]:
+            raise KeyboardInterrupt("Ctrl-C in the data pipeline")
+        j = np.arange(i * 8, i * 8 + 8)
+        return XS[j], YS[j]
+
+    data = grain.MapDataset.range(5).map(read)
+    oracle = _model()
+    oracle.train(data, epochs=2, verbose=False)
+    m = _model()
+    calls["n"], calls["at"] = 0, 4  # reading batch 3, ahead, while step 3 runs
+    with pytest.raises(KeyboardInterrupt):
+        m.train(data, epochs=2, verbose=False)
+    calls["at"] = None
+    assert (m.train_progress.step, m.train_progress.batch) == (3, 3)
+    assert _adam_count(m) == 3
+    m.train(data, epochs=2 - m.train_progress.epoch, verbose=False)
+    assert _adam_count(m) == _adam_count(oracle) == 10
     _assert_same(m, oracle)
