@@ -236,11 +236,15 @@ class Checkpoints:
         """Restores a saved model (parameters, optimizer state, random key, training
         progress) into ``model``, compiled the same way; returns the :class:`Checkpoint`.
         ``model.train(data, epochs=E)`` then continues the run where it was saved.
+        Parameters saved in another float dtype than the model's (a float32 run restored
+        into a model built on float16 inputs) are converted to the model's, and the
+        float leaves of the optimizer state (Adam's moments) with them.
 
         Raises:
             CheckpointError: the checkpoint is of another model (listing the missing,
                 extra and mis-shaped parameter ids), or its optimizer state does not
-                fit the model's minimizer.
+                fit the model's minimizer (another structure, or a leaf of another kind
+                of dtype: a float where it keeps an integer).
 
         >>> import os, tempfile
         >>> import numpy as np, optax

@@ -186,7 +186,8 @@ def _saved_states(where: str, opt_saved: dict[str, Any], model: Any) -> dict[str
             if pid not in opt_saved:
                 continue
             try:
-                part[pid] = tree.rebuild(opt_saved[pid], like, f"optimizer state of {pid}")
+                state = tree.rebuild(opt_saved[pid], like, f"optimizer state of {pid}")
+                part[pid] = _in_dtypes_of(where, pid, state, like)
             except CheckpointError as e:
                 raise CheckpointError(
                     f"checkpoint: {where}: the optimizer state of {pid} does not fit the "
@@ -205,6 +206,35 @@ def _saved_states(where: str, opt_saved: dict[str, Any], model: Any) -> dict[str
             )
         states.update(part)
     return states
+
+
+def _in_dtypes_of(where: str, pid: str, state: Any, like: Any) -> Any:
+    """``state`` with each leaf in the dtype of its template ``like``. The model keeps
+    a state under its leaves' dtypes, so one left in the saved dtypes would never be
+    found (a fresh state would silently replace it): a checkpoint of float32 parameters
+    restored into a model with float16 ones (set_parameters converts those) has its
+    float moments converted likewise, and integer counters converted between widths;
+    any other change of kind is refused."""
+
+    def convert(path: Any, leaf: Any, want: Any) -> Any:
+        leaf = np.asarray(leaf)
+        if leaf.dtype == want.dtype:
+            return leaf
+        issub = jax.numpy.issubdtype  # knows ml_dtypes' bfloat16 is floating
+        if any(issub(leaf.dtype, k) and issub(want.dtype, k) for k in _KINDS):
+            return leaf.astype(want.dtype)
+        raise CheckpointError(
+            f"checkpoint: {where}: the optimizer state of {pid} holds "
+            f"{jax.tree_util.keystr(path)} as {leaf.dtype}, the model's minimizer keeps it "
+            f"as {want.dtype}; restore into a model whose parameters have the saved dtypes, "
+            "or only the parameters: model.set_parameters(Checkpoints(path).restore(step)"
+            ".state)"
+        )
+
+    return jax.tree_util.tree_map_with_path(convert, state, like)
+
+
+_KINDS = (np.floating, np.integer)
 
 
 def _saved_key(where: str, train: Any) -> Any:
