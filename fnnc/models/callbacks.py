@@ -29,7 +29,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from fnnc.errors import ModelError
+import jax
+import jax.numpy as jnp
+
+from fnnc.errors import ModelError, NumericsError
 from fnnc.models.layer import is_int
 
 CALLBACKS_KEY = "fnnc.callbacks"
@@ -97,6 +100,14 @@ class CheckpointEvery(Callback):
     newest save, exactly as if it had not stopped: the other callbacks' progress
     (:meth:`Callback.state`, e.g. :class:`EarlyStopping`'s) is saved too, under
     ``"fnnc.callbacks"`` in the metadata, and given back to the resumed run's callbacks.
+
+    Before each save it checks that the parameters are finite (one reduction per
+    parameter, on its devices): a NaN or infinite gradient with a finite loss (a
+    ``jnp.where`` whose untaken branch is NaN) leaves them NaN while the loss the step
+    reported was fine. Then training stops with a :class:`~fnnc.errors.NumericsError`
+    naming the step and the last checkpoint saved with finite parameters, and nothing
+    is saved; with ``train(..., stop_on_nan=False)`` the step is saved, but never named
+    as a good one.
     """
 
     saves_the_run = True
@@ -118,6 +129,7 @@ class CheckpointEvery(Callback):
         self.keep_last, self.sharded = keep_last, sharded
         self.checkpoints: Any = None
         self._owned = False
+        self._good: int | None = None
 
     def on_train_begin(self, loop: Any) -> None:
         from fnnc.io import Checkpoints, ShardedCheckpoints
@@ -132,6 +144,7 @@ class CheckpointEvery(Callback):
             self.checkpoints, self._owned = kind(self.target, keep_last=self.keep_last), True
         else:
             self.checkpoints = self.target
+        self._good = self.checkpoints.latest  # a step of an earlier run: trusted
 
     def on_step_end(self, loop: Any, step: int, loss: float) -> None:
         if self.steps is not None and step % self.steps == 0:
@@ -144,11 +157,26 @@ class CheckpointEvery(Callback):
             self.save(loop, loop.progress.step, finite)
 
     def save(self, loop: Any, step: int, metadata: dict[str, Any]) -> None:
-        """Saves the model at ``step`` with ``metadata`` and the callbacks' progress."""
-        states = callback_states(getattr(loop, "callbacks", ()))
+        """Saves the model at ``step`` with ``metadata`` and the callbacks' progress,
+        unless its parameters are not finite and ``loop.stop_on_nan`` (see the class)."""
+        callbacks = getattr(loop, "callbacks", ())
+        bad = nonfinite_parameters(loop.model)
+        if bad and getattr(loop, "stop_on_nan", True):
+            more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
+            raise NumericsError(
+                f"train: the parameters after step {step} are not finite ({', '.join(bad[:4])}"
+                f"{more}) though the loss of step {step} was finite: most likely a gradient "
+                "was NaN or infinite (e.g. a jnp.where whose untaken branch is NaN, a sqrt or "
+                f"log at 0), so training stopped without saving step {step}. "
+                f"{last_good_note(callbacks or [self])}; then fix the loss or lower the "
+                "learning rate (stop_on_nan=False trains on regardless)"
+            )
+        states = callback_states(callbacks)
         if states:
             metadata = {**metadata, CALLBACKS_KEY: states}
         self.checkpoints.save(step, loop.model, metadata=metadata)
+        if not bad:
+            self._good = step
 
     def on_train_end(self, loop: Any) -> None:
         if self._owned and self.checkpoints is not None:
@@ -158,6 +186,40 @@ class CheckpointEvery(Callback):
     def latest(self) -> int | None:
         """The newest saved step, or ``None``."""
         return None if self.checkpoints is None else self.checkpoints.latest
+
+    def last_good(self) -> int | None:
+        """The newest step saved with finite parameters (the newest step of the
+        checkpoints before this run counts as one), or ``None``."""
+        return self._good
+
+
+_all_finite = jax.jit(lambda a: jnp.isfinite(a).all())
+
+
+def nonfinite_parameters(model: Any) -> list[str]:
+    """Ids of ``model``'s float parameters (internals included) holding a NaN or an
+    infinity: one reduction on each parameter's devices, read back together."""
+    values = model.engine.values
+    floats = [p for p, v in values.items() if jnp.issubdtype(v.dtype, jnp.inexact)]
+    finite = jax.device_get([_all_finite(values[p]) for p in floats])
+    return [p for p, ok in zip(floats, finite) if not ok]
+
+
+def last_good_note(callbacks: Sequence[Any]) -> str:
+    """The sentence naming the newest checkpoint that ``callbacks``' savers wrote with
+    finite parameters (how to restore it), or saying there is none."""
+    savers = [cb for cb in callbacks if hasattr(cb, "last_good") and cb.checkpoints is not None]
+    saved = [(cb.last_good(), cb.checkpoints) for cb in savers]
+    saved = [(step, ckpt) for step, ckpt in saved if step is not None]
+    if saved:
+        step, ckpt = max(saved, key=lambda s: s[0])
+        return (
+            f"The last good checkpoint is step {step} in {ckpt.path}: restore it with "
+            f"{type(ckpt).__name__}({ckpt.path!r}).restore_into(model, {step})"
+        )
+    if savers:
+        return "No checkpoint with finite parameters was saved in this run"
+    return "No checkpoint was saved in this run (add callbacks=[CheckpointEvery(...)])"
 
 
 _HOOKS = ("on_train_begin", "on_step_end", "on_epoch_end", "on_train_end")

@@ -41,6 +41,7 @@ from fnnc.models.callbacks import (
     Callback,
     check_callbacks,
     in_hook_order,
+    last_good_note,
     load_callback_states,
 )
 from fnnc.models.interrupts import deferred_interrupt
@@ -60,6 +61,7 @@ class TrainLoop:
     target_epoch: int
     stop: bool = False
     callbacks: tuple[Callback, ...] = ()
+    stop_on_nan: bool = True
 
 
 def train(
@@ -106,7 +108,10 @@ def train(
     target = epochs if resume is not None else prog.epoch + epochs
     measure = _metrics(model, metrics, validation, (inputs, targets), data)
     history: dict[str, list[float]] = {"epoch": [], "loss": []}
-    loop = TrainLoop(model, prog, history, len(source), target, callbacks=tuple(callbacks))
+    loop = TrainLoop(
+        model, prog, history, len(source), target, callbacks=tuple(callbacks),
+        stop_on_nan=stop_on_nan,
+    )  # fmt: skip
     lines = None
     if verbose:
         lines = EpochLines(target, bars=sys.stderr.isatty() if progress is None else progress)
@@ -264,17 +269,7 @@ def _restore(resume: Any, model: Any) -> Any:
 def _nan_error(
     value: float, prog: Any, callbacks: Sequence[Any], resume: Any, note: str = ""
 ) -> NumericsError:
-    saved_by = {cb.checkpoints.path: cb.checkpoints for cb in callbacks if hasattr(cb, "latest")}
-    saved = [(cb.latest(), cb.checkpoints.path) for cb in callbacks if hasattr(cb, "latest")]
-    saved = [(s, p) for s, p in saved if s is not None]
-    if saved:
-        step, path = max(saved)
-        where = (
-            f"The last good checkpoint is step {step} in {path}: restore it with "
-            f"{type(saved_by[path]).__name__}({path!r}).restore_into(model)"
-        )
-    else:
-        where = "No checkpoint was saved in this run (add callbacks=[CheckpointEvery(...)])"
+    where = last_good_note(callbacks)
     return NumericsError(
         f"train: the loss is {value} at step {prog.step} (epoch {prog.epoch}, batch "
         f"{prog.batch}); the weights it updated are not finite, so training stopped.{note} "

@@ -313,7 +313,9 @@ def test_early_stopping_on_a_validation_metric_in_max_mode():
 
 
 def test_nan_loss_stops_by_default_naming_the_step_and_last_checkpoint(tmp_path):
-    """A NaN loss raises NumericsError naming the step and the last good checkpoint."""
+    """Weights gone NaN stop training with a NumericsError naming the step and the last
+    good checkpoint: CheckpointEvery finds them at step 2's save (the loss of step 3
+    would be NaN) and names step 1, the last saved with finite weights."""
     path = str(tmp_path / "run.ckpt")
     model = mlp()
 
@@ -326,8 +328,10 @@ def test_nan_loss_stops_by_default_naming_the_step_and_last_checkpoint(tmp_path)
         def on_epoch_end(self, loop, epoch, logs): ...
         def on_train_end(self, loop): ...
 
-    with pytest.raises(NumericsError, match=r"step 3.*step 2 in"):
+    with pytest.raises(NumericsError, match=r"after step 2 are not finite.*step 1 in"):
         quiet(model, (X, Y), epochs=1, callbacks=[CheckpointEvery(path, steps=1), Poison()])
+    with Checkpoints(path) as ckpt:
+        assert ckpt.steps() == [1]  # step 2, not finite, was not saved
 
 
 def test_an_infinite_loss_also_stops_with_the_step():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grain
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -274,6 +275,47 @@ def test_predict_on_zero_samples_has_the_shapes_and_dtypes_of_evaluate():
         assert got.shape == np.shape(want) == (0, got.shape[1])
         assert got.dtype == np.asarray(want).dtype
     assert [o.shape for o in outs] == [(0, 3), (0, 1)]
+
+
+def _nan_gradient_run(tmp_path, **train):
+    """Steps 1-2 train normally; from step 3 the loss stays finite but its gradient is
+    NaN (jnp.where's untaken branch: sqrt of a negative). ``(saver of every step, run)``."""
+
+    def loss(outs, tgts):
+        o, c = outs[0], tgts[0][:, None]  # c: -1e9 (sqrt taken, fine) or 1e6 (the trap)
+        return jnp.mean(jnp.where(o > c, jnp.sqrt(o - c), o**2))
+
+    cut = np.where(np.arange(5) < 2, -1e9, 1e6).astype(np.float32)
+    data = grain.MapDataset.range(5).map(lambda i: (X[i * 8 : i * 8 + 8], np.full(8, cut[i])))
+    x = Input()
+    model = Model(x, Dense(2, name="fc")(x))
+    model.compile(X[:8], loss=loss, minimizer=optax.sgd(1e-2))
+    saver = CheckpointEvery(str(tmp_path / "run.ckpt"), steps=1)
+    return saver, lambda: model.train(data, callbacks=[saver], verbose=False, **train)
+
+
+def _saved_finite(path):
+    with Checkpoints(path) as ckpt:
+        return {s: all(np.isfinite(v).all() for v in ckpt.restore(s).state.values())
+                for s in ckpt.steps()}  # fmt: skip
+
+
+def test_weights_made_nan_by_a_finite_loss_are_not_saved_nor_called_good(tmp_path):
+    saver, run = _nan_gradient_run(tmp_path)
+    with pytest.raises(
+        NumericsError,
+        match=r"after step 3 are not finite \(t-fc-0-0, t-fc-0-1"
+        r"\).*last good checkpoint is step 2 in .*restore_into\(model, 2\)",
+    ):
+        run()
+    assert _saved_finite(saver.target) == {1: True, 2: True}  # step 3 not saved
+
+
+def test_trained_on_regardless_the_nan_weights_are_saved_but_not_good(tmp_path):
+    saver, run = _nan_gradient_run(tmp_path, stop_on_nan=False)
+    run()
+    assert _saved_finite(saver.target) == {1: True, 2: True, 3: False, 4: False, 5: False}
+    assert saver.last_good() == 2  # what a NumericsError would name
 
 
 def test_a_nan_loss_trained_on_still_saves_its_progress(tmp_path):
