@@ -120,6 +120,7 @@ class BuildContext:
         self.updates: dict[str, Symbol] = {}
         self.keys: list[Symbol] = []
         self._pids: dict[tuple[int, bool, int], str] = {}  # (layer, internal, index) -> id
+        self._owners: dict[str, tuple[tuple[int, bool, int], Layer]] = {}  # id -> who made it
         self._paths: dict[int, str] = {}  # layer -> its id path at its first parameter
         self._root: dict[str, int] = {}  # NNC's name bank of the outermost level
         self._levels: list[tuple[str, dict[str, int]]] = []  # (label, bank) per level
@@ -279,8 +280,16 @@ class BuildContext:
         An internal already given a new value by :meth:`update` in this build is that
         value: a layer with state (a batch norm) called twice chains its updates, the
         second call reading the statistics the first one updated, as NNC's in-place
-        update and Flax NNX's shared module do (else only the last update survived)."""
-        pid = self._pids.setdefault((id(layer), info.internal, index), info.id)
+        update and Flax NNX's shared module do (else only the last update survived).
+
+        Sharing is by layer object: another layer whose id comes out the same (an
+        unnamed layer in a Sequential named ``block`` and a layer named ``block-1``)
+        is a ModelError naming both, never a silent tie of their weights."""
+        key = (id(layer), info.internal, index)
+        pid = self._pids.setdefault(key, info.id)
+        owner = self._owners.setdefault(pid, (key, layer))
+        if owner[0] != key:
+            self._collision(pid, owner[1], layer)
         if pid in self.params:
             known = self.params[pid]
             if known.shape != info.shape:
@@ -293,6 +302,19 @@ class BuildContext:
         self.params[pid] = dataclasses.replace(info, id=pid) if pid != info.id else info
         self.symbols[pid] = self.b.input(info.shape, info.dtype, name=pid)
         return self.symbols[pid]
+
+    def _collision(self, pid: str, first: Layer, second: Layer) -> None:
+        known = self.params.get(pid)
+        chain = known.owners if known is not None else (first,)
+        where = " in ".join(o.describe() for o in reversed(chain[-3:]))
+        raise ModelError(
+            f"layer {second.describe()}: its parameter id {pid} is already the id of a "
+            f"parameter of another layer, {where}; two layers with one id would silently "
+            "share weights. Rename one of them (or the Sequential/Model holding it) so the "
+            "ids differ (an unnamed layer's id is its parent's name and a number, which a "
+            "layer named '<parent>-<number>' repeats); to share weights on purpose, call "
+            "one layer object twice or pass layer.parameter(i)"
+        )
 
     def level(self) -> tuple[list[str], dict[str, int]]:
         """The id stack now (the labels of the levels pushed) and the name bank new

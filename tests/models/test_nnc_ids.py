@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 import optax
+import pytest
 
+from fnnc import ops
+from fnnc.errors import ModelError
 from fnnc.models import (
     Activation,
     BatchNorm,
     BuildContext,
+    CommandLayer,
     Dense,
     Dropout,
     Input,
@@ -146,3 +150,45 @@ def test_dropout_model_compiles_and_fits():
     assert sorted(model.parameters()) == ["t-0-0", "t-0-1", "t-1-0", "t-1-1"]
     assert not np.allclose(model.parameters()["t-1-0"], before)
     assert model.evaluate([x]).shape == (16, 10)
+
+
+def _colliding(width: int) -> Model:
+    """Two Sequentials named "block" (unnamed Dense: ids t-block-0-0-*, t-block-1-0-*)
+    and a distinct Dense named "block-1", whose ids are t-block-1-0-* as well."""
+    x = Input()
+    h = Sequential([Dense(4), ReLU()], name="block")(x)
+    h = Sequential([Dense(4), ReLU()], name="block")(h)
+    return Model(x, Dense(width, name="block-1")(h))
+
+
+def test_two_layers_with_one_id_raise_instead_of_sharing_weights():
+    # Three distinct Dense layers must never end up with two weight sets between them.
+    for width in (4, 3):  # same shape (was a silent tie) and another (was "a shared layer")
+        with pytest.raises(ModelError) as err:
+            ids(_colliding(width))
+        message = str(err.value)
+        assert "t-block-1-0-0" in message and "Dense('block-1')" in message, message
+        assert "Model('block')" in message and "Rename" in message, message
+    x = Input()
+    h = Sequential([Dense(4), ReLU()], name="block")(x)
+    h = Sequential([Dense(4), ReLU()], name="block")(h)
+    renamed = Model(x, Dense(4, name="head")(h))
+    assert len(ids(renamed)) == 6  # three layers, three weight sets
+
+
+def test_sharing_by_layer_object_and_parameter_of_still_tie():
+    x = Input()
+    shared = Dense(4, name="d")
+    model = Model(x, shared(shared(x)))
+    data = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    model.compile(data, loss=None)
+    w, b = (np.asarray(model.parameters()[k]) for k in ("t-d-0-0", "t-d-0-1"))
+    assert sorted(model.parameters()) == ["t-d-0-0", "t-d-0-1"]
+    once = data @ w.T + b[None]
+    np.testing.assert_allclose(model.evaluate(data), once @ w.T + b[None], rtol=1e-5, atol=1e-5)
+    x = Input()
+    emb = Dense(4, name="emb")
+    y = CommandLayer(ops.gemm(transpose_b=True))(emb(x), emb.parameter(0))
+    tied = Model(x, y)
+    tied.compile(X, loss=None)
+    assert sorted(tied.parameters()) == ["t-emb-0-0", "t-emb-0-1"]
