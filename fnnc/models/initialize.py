@@ -26,6 +26,8 @@ import jax
 import jax.extend.core
 import numpy as np
 
+from fnnc.errors import ModelError
+
 CONSTANT_BYTES = 1 << 16
 """Initializers whose trace holds more constant bytes than this run eagerly."""
 
@@ -102,12 +104,23 @@ def _compiled(run: Any, keys: list[Any]) -> Any:
 
 
 def _call(info: Any, key: Any) -> Any:
-    return info.init(key, info.shape, info.dtype)
+    try:
+        return info.init(key, info.shape, info.dtype)
+    except _UNTRACEABLE:
+        raise
+    except Exception as e:  # the user's function: say which parameter it was making
+        raise ModelError(
+            f"parameter {info.id} {list(info.shape)} of layer {info.layer}: its init "
+            f"{getattr(info.init, '__name__', type(info.init).__name__)} raised "
+            f"{type(e).__name__}: {e}; an initializer is called as init(key, shape, dtype) "
+            "and returns an array of that shape"
+        ) from e
 
 
 def _trace(info: Any, key: Any) -> Any:
     """``info``'s initializer traced (a ``ClosedJaxpr``), or ``None`` where it must run
-    eagerly: it does not trace, or holds many constant bytes (module doc)."""
+    eagerly: it does not trace, or holds many constant bytes (module doc). An error
+    raised inside it is a ModelError naming the parameter's id and layer."""
     try:
         closed = jax.make_jaxpr(lambda k: _call(info, k))(key)
     except _UNTRACEABLE:

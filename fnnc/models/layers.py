@@ -15,6 +15,7 @@ bias parameter 1. The layers over spatial axes (convolution, pooling) are in
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,8 +63,15 @@ def _axes(layer: Layer, axes: Any, x: Symbol) -> tuple[int, ...]:
 class Parameter(Layer):
     """A free-standing trainable tensor (NNC's shared tensor), called with no inputs.
 
+    ``init`` is its first value: a real number (Python or NumPy: every element), an
+    array (NumPy, JAX, or nested lists) of the parameter's shape or broadcasting to it,
+    or an initializer ``init(key, shape, dtype) -> array`` (an error raised inside one
+    names the parameter's id). The value is cast to float32.
+
+    >>> import numpy as np
     >>> from fnnc.models import Parameter
     >>> w = Parameter((1,), init=1.0, name="w")()
+    >>> b = Parameter((3,), init=np.array([1.0, 2.0, 3.0]), name="b")()
     """
 
     owns_parameters = True
@@ -71,7 +79,33 @@ class Parameter(Layer):
     def __init__(self, shape: Sequence[int], *, init: float | Any = 0.0, **kw: Any):
         super().__init__(**kw)
         self.shape = tuple(shape)
-        self.init = constant_init(init) if isinstance(init, (int, float)) else init
+        self.init = init if callable(init) else constant_init(self._value(init))
+
+    def _value(self, init: Any) -> Any:
+        """``init`` given as a value, checked: a real number or an array of reals whose
+        shape broadcasts to the parameter's; else a ModelError naming the layer."""
+        if isinstance(init, numbers.Real):
+            return init
+        value = np.asarray(init) if isinstance(init, (list, tuple, np.ndarray)) else init
+        kind = np.dtype(getattr(value, "dtype", object)).kind
+        if not hasattr(value, "shape") or kind not in "biuf":
+            raise ModelError(
+                f"layer {self.describe()}: init={init!r:.80} ({type(init).__name__}) is neither "
+                "a value nor an initializer; pass a number (init=0.5), an array of the "
+                f"parameter's shape {list(self.shape)}, or a function init(key, shape, dtype) "
+                "-> array, e.g. lambda key, shape, dtype: jax.random.normal(key, shape, dtype)"
+            )
+        try:
+            fits = np.broadcast_shapes(np.shape(value), self.shape) == self.shape
+        except (ValueError, TypeError):
+            fits = False
+        if not fits:
+            raise ModelError(
+                f"layer {self.describe()}: init is an array of shape {list(np.shape(value))}, "
+                f"which does not broadcast to the parameter's shape {list(self.shape)}; "
+                "pass an array of that shape or a number"
+            )
+        return value
 
     def build(self, ctx: BuildContext) -> Symbol:
         return ctx.param(self, 0, self.shape, self.init)

@@ -198,6 +198,46 @@ def test_parameter_shape_of_floats_is_refused():
         Model(Input(), Parameter((2.5,), name="p")()).compile([rand([2, 3])])
 
 
+def _times_parameter(init):
+    x = Input()
+    model = Model(x, Mul()(x, Parameter((3,), init=init, name="w")()))
+    data = rand([2, 3])
+    model.compile(data, loss=None)
+    return data, np.asarray(model.parameters()["t-w-0-0"]), np.asarray(model.evaluate(data))
+
+
+@pytest.mark.parametrize(
+    "init, want",
+    [
+        (np.float32(0.5), [0.5, 0.5, 0.5]),
+        (np.int64(2), [2.0, 2.0, 2.0]),
+        (np.array(0.25, np.float32), [0.25, 0.25, 0.25]),
+        (np.array([1.0, 2.0, 3.0]), [1.0, 2.0, 3.0]),
+        (jnp.array([1.0, -2.0, 3.0]), [1.0, -2.0, 3.0]),
+        ([4, 5, 6], [4.0, 5.0, 6.0]),
+    ],
+)
+def test_parameter_init_takes_numpy_and_jax_values(init, want):
+    data, value, y = _times_parameter(init)
+    assert value.dtype == np.float32 and value.tolist() == want
+    assert_close(y, data * np.float32(want)[None], rtol=1e-6)
+
+
+def test_parameter_init_that_is_not_a_value_or_function_names_the_layer():
+    with pytest.raises(ModelError, match=r"Parameter\('w'\): init='ones' \(str\) is neither"):
+        Parameter((3,), init="ones", name="w")
+    with pytest.raises(ModelError, match=r"Parameter\('w'\): init is an array of shape \[2\]"):
+        Parameter((3,), init=np.ones(2), name="w")
+
+
+def test_an_error_inside_an_init_function_names_the_parameter():
+    def bad(shape):
+        return np.ones(shape)
+
+    with pytest.raises(ModelError, match=r"t-w-0-0 \[3\] of layer Parameter\('w'\): its init bad "):
+        _times_parameter(bad)
+
+
 @pytest.mark.parametrize("norm", [LayerNorm, RMSNorm])
 @pytest.mark.parametrize("axes", [(3,), (-3,), (1, -1), (1.0,)])
 def test_norm_axes_outside_the_input_rank_name_the_layer(norm, axes):
