@@ -296,7 +296,14 @@ def _spec(value: np.ndarray) -> jax.ShapeDtypeStruct:
 
 
 def _fixed(value: np.ndarray) -> Callable[..., Any]:
-    return lambda key, shape, dtype: jnp.asarray(value, dtype)
+    """The initializer giving ``value`` (the module's own): marked ``given``, so that a
+    :class:`~fnnc.models.Repeat` takes each block's from that block's module."""
+
+    def init(key: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+        return jnp.asarray(value, dtype)
+
+    init.given = True  # type: ignore[attr-defined]
+    return init
 
 
 def _read_inputs(graph: Graph) -> set[int]:

@@ -86,7 +86,13 @@ class Repeat(Layer):
     Args:
         block: a layer or model taking as many inputs as it returns outputs, each output
             of its input's shape and dtype (the carry); or a function of no arguments
-            making one. It is built once, as block 0 of the stack.
+            making one. It is built once, as block 0 of the stack. A block holding the
+            values it starts from (a :meth:`~fnnc.models.Model.from_flax` module's
+            weights) must be given as a function: it is called once per block (the
+            other ``n - 1`` times at the first build), and block ``i`` starts from the
+            values of the ``i``-th block it made, as the unrolled model
+            ``Sequential([make() for _ in range(n)])`` does; a block given as a layer
+            would start every block equal, and is a ModelError.
         n: the number of blocks (>= 1).
         checkpoint: ``False`` keeps what each block's backward reads; ``True`` keeps
             only each block's input and recomputes the block in the backward; a
@@ -127,8 +133,11 @@ class Repeat(Layer):
         **unknown: Any,
     ):
         super().__init__(name=name, is_trainable=is_trainable, **unknown)
-        if not isinstance(block, Layer):
-            block = block() if callable(block) else block
+        self._factory: Callable[[], Layer] | None = None
+        self._others: list[Layer] | None = None  # blocks 1..n-1 where needed (_given_inits)
+        self._given: dict[Any, list[list[Initializer]]] = {}
+        if not isinstance(block, Layer) and callable(block):
+            self._factory, block = block, block()
         if not isinstance(block, Layer):
             raise ModelError(
                 f"layer {self.describe()}: block must be a fnnc.models Layer or Model, or a "
@@ -159,13 +168,14 @@ class Repeat(Layer):
         body = dataclasses.replace(body, inputs=(*order, *(k.id for k in sub.keys)))
         stacked = []
         blocks = sub.block_ids(self.n)
+        given = self._given_inits(ctx, sub, ins)
         for k, (pid, info) in enumerate(sub.params.items()):
             ids = blocks[pid]
             stacked_info = ParamInfo(
                 id=sub.stacked_id(pid, self.n),
                 shape=(self.n, *info.shape),
                 dtype=info.dtype,
-                init=_stacked_init(info.init, self.n),
+                init=_stacked_init(info.init, self.n) if k not in given else given[k],
                 owners=(*ctx.owners, self, *info.owners),
                 internal=info.internal,
                 blocks=ids,
@@ -221,6 +231,47 @@ class Repeat(Layer):
             builder, body, carry, stacked, length=length, checkpoint=checkpoint, name=name,
             n_ys=n_ys,
         )  # fmt: skip
+
+    def _given_inits(
+        self, ctx: BuildContext, sub: _BlockContext, ins: Sequence[Symbol]
+    ) -> dict[int, Initializer]:
+        """The stacked initializers of block 0's parameters whose first value is given
+        rather than drawn (a ``from_flax`` module's weights), by their index: each
+        block's slice from that block's own module, as in the unrolled model. The
+        factory makes blocks ``1..n-1`` the first time one is needed; they are built
+        (once per input shape) only to read their parameters' values."""
+        given = [k for k, info in enumerate(sub.params.values()) if getattr(info.init, "given", 0)]
+        if not given or self.n == 1:
+            return {}
+        where = f"layer {self.describe()} (block {self.block.describe()})"
+        ids = ", ".join(list(sub.params)[k] for k in given[:2]) + (", ..." if given[2:] else "")
+        if self._factory is None:
+            raise ModelError(
+                f"{where}: the block's parameters {ids} start from values it holds (a "
+                f"from_flax module's weights), so {self.n} copies of it would all start "
+                "equal; pass a function making the block, called once per block: "
+                "Repeat(lambda: Model.from_flax(make_module()), n)"
+            )
+        if self._others is None:
+            self._others = [self._factory() for _ in range(self.n - 1)]
+            if not all(isinstance(b, Layer) for b in self._others):
+                raise ModelError(f"{where}: the function making the block returned a non-Layer")
+        specs = tuple((tuple(x.shape), np.dtype(x.dtype).str) for x in ins)
+        if specs not in self._given:
+            layout = [(i.shape, i.dtype, i.internal) for i in sub.params.values()]
+            inits = [[info.init for info in sub.params.values()]]
+            for i, block in enumerate(self._others, 1):
+                other = _BlockContext(ctx)
+                block.build(other, *(other.b.input(x.shape, x.dtype) for x in ins))
+                if [(p.shape, p.dtype, p.internal) for p in other.params.values()] != layout:
+                    raise ModelError(
+                        f"{where}: the function making the block made block {i} with other "
+                        "parameters (shapes, dtypes) than block 0; it must make equal blocks"
+                    )
+                inits.append([info.init for info in other.params.values()])
+            self._given[specs] = inits
+        inits = self._given[specs]
+        return {k: _per_block_init([block[k] for block in inits]) for k in given}
 
     def _check_block(
         self, sub: _BlockContext, ins: Sequence[Symbol], outs: Sequence[Symbol]
@@ -318,6 +369,16 @@ class _BlockContext(BuildContext):
 
 def _label(name: str, number: Any) -> str:
     return f"{name}-{number}" if name else str(number)
+
+
+def _per_block_init(inits: Sequence[Initializer]) -> Initializer:
+    """Block ``i``'s initializer ``inits[i]`` run from its own key, stacked on axis 0."""
+
+    def stacked(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+        keys = jax.random.split(key, len(inits))
+        return jax.numpy.stack([init(k, tuple(shape[1:]), dtype) for init, k in zip(inits, keys)])
+
+    return stacked
 
 
 def _stacked_init(init: Initializer, n: int) -> Initializer:

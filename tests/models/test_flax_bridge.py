@@ -309,3 +309,54 @@ class KeyHolder(nnx.Module):
 def test_a_key_outside_nnx_rngs_is_refused_by_path() -> None:
     with pytest.raises(ModelError, match=r"variable seed holds PRNG keys .*nnx\.Rngs"):
         Model.from_flax(KeyHolder())
+
+
+# -- Repeat over a from_flax block ----------------------------------------------------------
+
+
+class LinearNorm(nnx.Module):
+    def __init__(self, seed: int):
+        self.fc = nnx.Linear(4, 4, rngs=nnx.Rngs(seed))
+        self.bn = nnx.BatchNorm(4, rngs=nnx.Rngs(seed))
+        self.bn.mean.set_value(jnp.full((4,), 0.1 * seed))  # distinct statistics per block
+
+    def __call__(self, x):
+        return nnx.relu(self.bn(self.fc(x)))
+
+
+def test_repeat_of_from_flax_blocks_starts_each_block_from_its_own_module() -> None:
+    from fnnc.models import Input, Repeat
+
+    modules: list[LinearNorm] = []
+
+    def make():
+        modules.append(LinearNorm(len(modules)))
+        return Model.from_flax(modules[-1], name="blk")
+
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(F32)
+    i = Input()
+    model = Model(i, Repeat(make, 3, name="blocks")(i))
+    model.compile(x, loss=None)
+    assert len(modules) == 3  # the function is called once per block
+    stacks, paths = model.parameters(), model.parameter_paths()
+    assert sorted(paths.values()) == ["bn.bias", "bn.mean", "bn.scale", "bn.var", "fc.bias",
+                                      "fc.kernel"]  # fmt: skip
+    for b, module in enumerate(modules):  # block b holds module b's values
+        flax = _flax_values(module)
+        for pid, path in paths.items():
+            np.testing.assert_array_equal(stacks[pid][b], flax[path], err_msg=f"{pid}[{b}]")
+    y = x
+    for module in modules:  # Flax itself running the blocks in sequence
+        module.eval()
+        y = module(y)
+    np.testing.assert_allclose(model.evaluate(x), y, atol=1e-5)
+
+
+def test_repeat_of_one_from_flax_layer_is_refused() -> None:
+    from fnnc.models import Input, Repeat
+
+    i = Input()
+    block = Model.from_flax(nnx.Linear(4, 4, rngs=nnx.Rngs(0)), name="lin")
+    model = Model(i, Repeat(block, 2, name="blocks")(i))
+    with pytest.raises(ModelError, match=r"Repeat\('blocks'\).*start equal.*once per block"):
+        model.compile(np.ones((2, 4), F32), loss=None)
