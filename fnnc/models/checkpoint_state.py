@@ -273,7 +273,8 @@ def _check_same_model(where: str, saved: dict[str, Any], infos: Any, name: str) 
     if shapes:
         lines.append("  shape mismatches: " + "; ".join(shapes))
     lines.append(
-        "Restore into the model that saved it, or copy what matches with "
+        "Restore into the model that saved it, or copy the parameters that fit (it "
+        "returns the ids it skipped; the optimizer state is not copied) with "
         "model.set_parameters(Checkpoints(path).restore().state, strict=False)."
     )
     raise CheckpointError("\n".join(lines))

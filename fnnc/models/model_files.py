@@ -17,10 +17,14 @@ to the module that does the work (:mod:`fnnc.models.weights`,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fnnc.models import checkpoint_state, sharded_state
+import numpy as np
+
+from fnnc.core.ir import unit_axes_apart
+from fnnc.models import checkpoint_state, checks, sharded_state, stacks
+from fnnc.models.layer import ModelError
 
 
 class FilesMixin:
@@ -53,11 +57,54 @@ class FilesMixin:
             return dict(self.engine.values)
         return self.engine.parameters()
 
-    def set_parameters(self, values: dict[str, Any], *, strict: bool = True) -> None:
-        """Sets parameters by id (e.g. from another model); ``strict`` rejects unknown ids.
-        ``values`` is a dict ``{id: array}``; a value that is not numbers (a string, a
-        ragged list) or of another shape is a ``ModelError`` naming the id."""
-        self.engine.set_parameters(values, strict=strict)
+    def set_parameters(self, values: dict[str, Any], *, strict: bool = True) -> list[str]:
+        """Sets parameters by id (e.g. from another model, or a checkpoint's
+        ``Checkpoints(path).restore().state``) and returns the ids of ``values`` it
+        did not set.
+
+        ``values`` is a dict ``{id: array}``. A :class:`~fnnc.models.Repeat`'s stack
+        takes its stacked id or the per-block ids files and checkpoints hold
+        (``t-blocks-0-b-1-fc-0-0``); blocks not given keep their values. ``strict``
+        (default): an id the model lacks or a value of another shape is a
+        ``ModelError`` naming the id, and nothing is set. ``strict=False`` sets what fits
+        and skips the rest, returning the ids skipped (as :meth:`read`). A value that is
+        not numbers (a string, a ragged list) is a ``ModelError`` either way.
+        """
+        if not isinstance(values, Mapping):
+            self.engine.set_parameters(values)  # raises, saying what to pass
+        infos = self.engine.infos
+        block = {b: (pid, i) for pid, info in infos.items() for i, b in enumerate(info.blocks)}
+        skipped = [k for k in values if k not in infos and k not in block]
+        if skipped and strict:
+            raise ModelError(
+                f"set_parameters: unknown parameter ids {skipped}; the model has "
+                f"{sorted(infos)} (or their per-block ids, for a Repeat's stacks); pass "
+                "strict=False to skip unknown ids"
+            )
+        kept = {}
+        for key, value in values.items():
+            if key in skipped:
+                continue
+            pid = block[key][0] if key in block else key
+            info = infos[pid]
+            value = checks.parameter_value(key, info, value)
+            shape = info.shape[1:] if key in block else info.shape
+            given = tuple(np.shape(value))
+            if unit_axes_apart(given, shape):
+                value = np.reshape(value, shape)
+            elif given != tuple(shape):
+                if not strict:
+                    skipped.append(key)
+                    continue
+                which = f"block {block[key][1]} of {pid}, " if key in block else ""
+                raise ModelError(
+                    f"set_parameters: {key} ({which}layer {info.layer}) is {list(shape)}, "
+                    f"the value given is {list(given)}; pass strict=False to set only the "
+                    "values that fit"
+                )
+            kept[key] = value
+        self.engine.set_parameters(stacks.stack_parameters(kept, self, strict=False))
+        return skipped
 
     def checkpoint_state(self, row: Any, metadata: Any, step: int) -> tuple[Any, Any, Any, Any]:
         """What :meth:`fnnc.io.Checkpoints.save` stores of this model (parameters, optimizer

@@ -18,6 +18,7 @@ layer sizes its parameters when applied), so apply the layer first.
 >>> model = Model([x], [y])
 >>> model.compile([np.ones((2, 1), np.float32)])
 >>> model.set_parameters({"t-linear-0-0": np.float32([[2.0]]), "t-linear-0-1": np.float32([1.0])})
+[]
 >>> np.asarray(model.evaluate([np.float32([[1.0], [2.0]])])).ravel().tolist()
 [6.0, 10.0]
 """
