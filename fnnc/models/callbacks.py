@@ -48,7 +48,9 @@ class Callback:
     it back to the callback of the same class and position among those of its class.
     Each hook runs over the callbacks in one order, whatever order ``train`` got them
     in (:func:`in_hook_order`): those with ``adds_metrics = True`` first (they write
-    into the epoch's ``logs``: :class:`~fnnc.models.LearningRate`), then the others
+    into the epoch's ``logs``: :class:`~fnnc.models.LearningRate`; a value may be a
+    Python, NumPy or JAX scalar, which ``train`` turns into a float before the next
+    callback, the history and the loggers see it), then the others
     (:class:`EarlyStopping` can so monitor an added metric), then those with
     ``logs_metrics = True`` (they record ``logs``: ``CSVLogger``, ``TensorBoard``,
     ``PlotHistory``, so every metric of the epoch reaches them), and those with

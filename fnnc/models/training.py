@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from fnnc.errors import ModelError, NumericsError, ShapeError
@@ -179,6 +180,9 @@ def train(
                 lines.end(logs, time.perf_counter() - started)
             for cb in callbacks:
                 cb.on_epoch_end(loop, epoch, logs)
+                # a NumPy or JAX scalar a callback added becomes a float before the next
+                # callback sees it: CSVLogger writes numbers, checkpoint metadata is JSON
+                _as_floats(logs, cb, epoch)
             for key, value in logs.items():  # added by a callback (LearningRate's "lr")
                 if len(history.setdefault(key, [])) < len(history["epoch"]):
                     history[key].append(value)
@@ -189,6 +193,26 @@ def train(
         for cb in callbacks:
             cb.on_train_end(loop)
     return history
+
+
+def _as_floats(logs: dict[str, Any], callback: Any, epoch: int) -> None:
+    """Turns each value of ``logs`` that is not a Python float (a NumPy or JAX scalar
+    ``callback`` wrote) into one, in place; anything but a real scalar is an error."""
+    for key, value in logs.items():
+        if type(value) is float:
+            continue
+        scalar = isinstance(value, (int, float, np.generic, np.ndarray, jax.Array))
+        array = np.asarray(value) if scalar else None
+        if array is None or array.ndim != 0 or array.dtype.kind not in "biuf":
+            what = f"{type(value).__name__}" + (
+                f" of shape {array.shape} and dtype {array.dtype}" if array is not None else ""
+            )
+            raise ModelError(
+                f"train: after {type(callback).__name__}.on_epoch_end of epoch {epoch + 1}, "
+                f"the metric {key!r} is no number but {what}; expected one real number "
+                f"(a Python, NumPy or JAX scalar); write e.g. logs[{key!r}] = float(value)"
+            )
+        logs[key] = float(array)
 
 
 @dataclasses.dataclass

@@ -192,3 +192,58 @@ def test_loggers_see_added_metrics_whatever_the_callbacks_order(tmp_path, adders
     events.Reload()
     assert sorted(events.Tags()["tensors"]) == ["loss", "lr", "steps"]
     assert stop.best == pytest.approx(want_lr[1])  # EarlyStopping saw lr too
+
+
+class NormAndMax(Callback):
+    """Adds two metrics as they come out of NumPy and JAX: np.float32 and a 0-d Array."""
+
+    adds_metrics = True
+
+    def on_epoch_end(self, loop, epoch, logs):
+        import jax.numpy as jnp
+
+        w = loop.model.parameters()["t-fc-0-0"]
+        logs["wnorm"] = np.linalg.norm(np.asarray(w))
+        logs["wmax"] = jnp.max(w)
+
+
+def test_numpy_and_jax_metric_values_reach_history_csv_and_checkpoints_as_floats(tmp_path):
+    """The history, the CSV and the per-epoch checkpoint metadata all hold Python floats,
+    equal to NumPy's norm and max of the weights after each epoch (the oracle)."""
+    from fnnc.io import Checkpoints
+    from fnnc.models import CheckpointEvery
+
+    csv_path, ckpt_path = tmp_path / "log.csv", tmp_path / "run.ckpt"
+    seen = []
+
+    class Weights(Callback):
+        def on_epoch_end(self, loop, epoch, logs):
+            seen.append(np.asarray(loop.model.parameters()["t-fc-0-0"]))
+            assert type(logs["wnorm"]) is float and type(logs["wmax"]) is float
+
+    callbacks = [Weights(), CSVLogger(csv_path), CheckpointEvery(ckpt_path, per_epoch=True),
+                 NormAndMax(), EarlyStopping("wmax", patience=5)]  # fmt: skip
+    history = model().train((X, Y), epochs=2, batch_size=8, callbacks=callbacks, verbose=False)
+    want_norm = [float(np.linalg.norm(w)) for w in seen]
+    want_max = [float(np.max(w)) for w in seen]
+    assert history["wnorm"] == want_norm and history["wmax"] == want_max
+    assert all(type(v) is float for k in ("wnorm", "wmax") for v in history[k])
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [float(r["wnorm"]) for r in rows] == want_norm
+    assert [float(r["wmax"]) for r in rows] == want_max
+    with Checkpoints(ckpt_path) as ckpt:
+        meta = ckpt.restore(ckpt.latest).metadata
+    assert meta["wnorm"] == want_norm[-1] and meta["wmax"] == want_max[-1]
+
+
+def test_a_metric_that_is_no_scalar_names_the_callback_and_the_metric():
+    class Vector(Callback):
+        adds_metrics = True
+
+        def on_epoch_end(self, loop, epoch, logs):
+            logs["w"] = np.zeros(3, np.float32)
+
+    with pytest.raises(ModelError, match=r"after Vector.on_epoch_end of epoch 1, the metric 'w' "
+                       r"is no number but ndarray of shape \(3,\)"):  # fmt: skip
+        model().train((X, Y), epochs=1, batch_size=8, callbacks=[Vector()], verbose=False)
