@@ -50,7 +50,8 @@ class Callback:
     in (:func:`in_hook_order`): those with ``adds_metrics = True`` first (they write
     into the epoch's ``logs``: :class:`~fnnc.models.LearningRate`; a value may be a
     Python, NumPy or JAX scalar, which ``train`` turns into a float before the next
-    callback, the history and the loggers see it), then the others
+    callback, the history and the loggers see it; ``train``'s epoch line is shown after
+    them, so it holds what they add), then the others
     (:class:`EarlyStopping` can so monitor an added metric), then those with
     ``logs_metrics = True`` (they record ``logs``: ``CSVLogger``, ``TensorBoard``,
     ``PlotHistory``, so every metric of the epoch reaches them), and those with

@@ -3,7 +3,9 @@
 In a terminal each epoch gets its own tqdm bar (``epoch 2/5``) that stays on screen
 when the epoch ends, with the epoch's metrics and time on it, as Keras prints its
 epochs; the history of the run reads top to bottom. Elsewhere (a log file, a notebook
-cell capturing stderr) each epoch prints one plain line when it ends.
+cell capturing stderr) each epoch prints one plain line when it ends. The metrics
+include those callbacks add (``LearningRate``'s ``lr``): ``train`` shows the line after
+the callbacks with ``adds_metrics = True`` and before the others.
 
 The rate and ETA leave compiling out: the first step of a ``train`` call compiles the
 training program (seconds, where a step takes milliseconds), so the bar of the first

@@ -41,6 +41,7 @@ from fnnc.models import metrics as metrics_
 from fnnc.models.callbacks import (
     Callback,
     check_callbacks,
+    hook_stage,
     in_hook_order,
     last_good_note,
     load_callback_states,
@@ -87,6 +88,7 @@ def train(
     prog = feed.progress(model)
     # metrics are added before others read them and loggers record them; savers run last
     callbacks = in_hook_order(check_callbacks(callbacks))
+    adders = sum(hook_stage(cb) == 0 for cb in callbacks)  # the first, in hook order
     if resume is not None:
         load_callback_states(callbacks, _restore(resume, model))
     if seed is not None:
@@ -176,13 +178,12 @@ def train(
             history["epoch"].append(epoch + 1)
             for key, value in logs.items():
                 history.setdefault(key, []).append(value)
+            for cb in callbacks[:adders]:  # first, so the line shows what they add ("lr")
+                _epoch_end(cb, loop, epoch, logs)
             if lines is not None:
                 lines.end(logs, time.perf_counter() - started)
-            for cb in callbacks:
-                cb.on_epoch_end(loop, epoch, logs)
-                # a NumPy or JAX scalar a callback added becomes a float before the next
-                # callback sees it: CSVLogger writes numbers, checkpoint metadata is JSON
-                _as_floats(logs, cb, epoch)
+            for cb in callbacks[adders:]:
+                _epoch_end(cb, loop, epoch, logs)
             for key, value in logs.items():  # added by a callback (LearningRate's "lr")
                 if len(history.setdefault(key, [])) < len(history["epoch"]):
                     history[key].append(value)
@@ -193,6 +194,14 @@ def train(
         for cb in callbacks:
             cb.on_train_end(loop)
     return history
+
+
+def _epoch_end(callback: Any, loop: TrainLoop, epoch: int, logs: dict[str, Any]) -> None:
+    """Runs ``callback``'s epoch end; a NumPy or JAX scalar it added to ``logs`` becomes
+    a float before the next callback sees it (CSVLogger writes numbers, checkpoint
+    metadata is JSON)."""
+    callback.on_epoch_end(loop, epoch, logs)
+    _as_floats(logs, callback, epoch)
 
 
 def _as_floats(logs: dict[str, Any], callback: Any, epoch: int) -> None:

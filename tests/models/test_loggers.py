@@ -247,3 +247,18 @@ def test_a_metric_that_is_no_scalar_names_the_callback_and_the_metric():
     with pytest.raises(ModelError, match=r"after Vector.on_epoch_end of epoch 1, the metric 'w' "
                        r"is no number but ndarray of shape \(3,\)"):  # fmt: skip
         model().train((X, Y), epochs=1, batch_size=8, callbacks=[Vector()], verbose=False)
+
+
+@pytest.mark.parametrize("adders_first", [True, False])
+def test_the_epoch_line_shows_the_metrics_callbacks_add(capsys, adders_first):
+    """The plain epoch line (progress=False) holds lr and steps, each epoch's
+    SCHEDULE(3 * epoch - 1) and 3 * epoch, formatted as format_logs does."""
+    adders = [LearningRate(SCHEDULE), AddsSteps()]
+    callbacks = [*adders, StepLosses()] if adders_first else [StepLosses(), *adders]
+    history = model().train((X, Y), epochs=2, batch_size=8, callbacks=callbacks, progress=False)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2
+    for epoch, line in enumerate(lines):
+        lr, loss = 0.2 * (1 - (3 * epoch + 2) / 6), history["loss"][epoch]
+        want = f"epoch {epoch + 1}/2: loss {loss:.4f}, lr {lr:.4f}, steps {3.0 * (epoch + 1):.4f}"
+        assert line.startswith(want + " ("), line
