@@ -213,7 +213,9 @@ def _update_count(model: Any) -> int | None:
 
 class PlotHistory(Callback):
     """Draws the metrics of every epoch so far to a PNG file after each epoch
-    (:func:`fnnc.models.plots.plot_history`), across ``train`` calls.
+    (:func:`fnnc.models.plots.plot_history`), across ``train`` calls. A metric missing
+    from some epochs (``val_loss`` of a call without ``validation=``) is NaN there: a
+    gap in its line.
 
     Args:
         path: the PNG file, rewritten each epoch.
@@ -232,8 +234,11 @@ class PlotHistory(Callback):
         from fnnc.models.plots import plot_history
 
         self.history["epoch"].append(epoch + 1)
+        epochs = len(self.history["epoch"])
         for key, value in logs.items():
             values = self.history.setdefault(key, [])
-            values.extend([math.nan] * (len(self.history["epoch"]) - 1 - len(values)))
+            values.extend([math.nan] * (epochs - 1 - len(values)))  # new since epoch 1
             values.append(value)
+        for values in self.history.values():  # gone this epoch (a call without validation=)
+            values.extend([math.nan] * (epochs - len(values)))
         plot_history(self.history, self.path)

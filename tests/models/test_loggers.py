@@ -262,3 +262,22 @@ def test_the_epoch_line_shows_the_metrics_callbacks_add(capsys, adders_first):
         lr, loss = 0.2 * (1 - (3 * epoch + 2) / 6), history["loss"][epoch]
         want = f"epoch {epoch + 1}/2: loss {loss:.4f}, lr {lr:.4f}, steps {3.0 * (epoch + 1):.4f}"
         assert line.startswith(want + " ("), line
+
+
+def test_plot_history_pads_a_metric_missing_from_later_calls_with_nan(tmp_path):
+    """A call with validation= then one without: the plot's history has val_loss for
+    epoch 1 and NaN for epoch 2 (and lr, added only by the second, NaN then a value),
+    each as the two calls' histories say."""
+    path = tmp_path / "h.png"
+    plot = PlotHistory(path)
+    m = model()
+    first = m.train((X, Y), epochs=1, batch_size=8, validation=(X, Y), callbacks=[plot],
+                    verbose=False)  # fmt: skip
+    second = m.train((X, Y), epochs=1, batch_size=8, verbose=False,
+                     callbacks=[plot, LearningRate(SCHEDULE)])  # fmt: skip
+    h = plot.history
+    assert h["epoch"] == [1, 2] and h["loss"] == first["loss"] + second["loss"]
+    assert h["val_loss"][0] == first["val_loss"][0] and np.isnan(h["val_loss"][1])
+    assert h["val_accuracy"][0] == first["val_accuracy"][0] and np.isnan(h["val_accuracy"][1])
+    assert np.isnan(h["lr"][0]) and h["lr"][1] == second["lr"][0]
+    assert path.stat().st_size > 0
