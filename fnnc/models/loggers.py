@@ -108,7 +108,10 @@ class CSVLogger(Callback):
     Args:
         path: the CSV file.
         append: add to an existing file (a resumed run) instead of starting anew; the
-            header is written only to an empty file.
+            header is written only to an empty file. Rows of epochs past the model's
+            progress (``model.train_progress.epoch``: written after the checkpoint the
+            run resumed from) are dropped first, as the run writes them again, so no
+            epoch is logged twice.
     """
 
     logs_metrics = True
@@ -132,8 +135,9 @@ class CSVLogger(Callback):
             raise ModelError(f"CSVLogger: cannot open {self.path} to write the log: {why}") from e
         self._keys = None
         if self.append and self._file.tell() > 0:
-            with open(self.path, newline="") as f:
-                header = next(csv.reader(f), None)
+            self._file.close()
+            header = _keep_epochs_up_to(self.path, loop.progress.epoch)
+            self._file = open(self.path, "a", newline="")  # noqa: SIM115
             self._keys = header[1:] if header else None
 
     def on_epoch_end(self, loop: Any, epoch: int, logs: dict[str, float]) -> None:
@@ -154,6 +158,20 @@ class CSVLogger(Callback):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _keep_epochs_up_to(path: str, epoch: int) -> list[str] | None:
+    """Drops the rows of the CSV log ``path`` for epochs past ``epoch`` (written after
+    the checkpoint a run resumed from: the resumed run writes them again); returns the
+    header."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    header, body = (rows[0], rows[1:]) if rows else (None, [])
+    kept = [r for r in body if not (r and r[0].isdigit() and int(r[0]) > epoch)]
+    if len(kept) < len(body):
+        with open(path, "w", newline="") as f:
+            csv.writer(f).writerows([header, *kept])
+    return header
 
 
 class LearningRate(Callback):

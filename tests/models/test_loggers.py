@@ -281,3 +281,38 @@ def test_plot_history_pads_a_metric_missing_from_later_calls_with_nan(tmp_path):
     assert h["val_accuracy"][0] == first["val_accuracy"][0] and np.isnan(h["val_accuracy"][1])
     assert np.isnan(h["lr"][0]) and h["lr"][1] == second["lr"][0]
     assert path.stat().st_size > 0
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashAt(Callback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, loop, step, loss):
+        if step == self.step:
+            raise Crash(f"simulated crash at step {step}")
+
+
+def test_csv_append_on_a_resume_drops_the_epochs_past_the_checkpoint(tmp_path):
+    """A run crashing at step 8 (3 steps an epoch, epoch 2 logged) saved last at step 5,
+    inside epoch 2; resumed with append=True, the log holds epochs 1-4 once each, with
+    the losses of an uninterrupted run (the oracle)."""
+    from fnnc.models import CheckpointEvery
+
+    path, ckpt = tmp_path / "log.csv", tmp_path / "run.ckpt"
+    callbacks = [CSVLogger(path), CheckpointEvery(ckpt, steps=5), CrashAt(8)]
+    with pytest.raises(Crash):
+        model().train((X, Y), epochs=4, batch_size=8, callbacks=callbacks, verbose=False)
+    with open(path, newline="") as f:
+        assert [r[0] for r in csv.reader(f)] == ["epoch", "1", "2"]
+    resumed = model().train((X, Y), epochs=4, batch_size=8, resume=ckpt, verbose=False,
+                            callbacks=[CSVLogger(path, append=True)])  # fmt: skip
+    assert resumed["epoch"] == [2, 3, 4]
+    whole = model().train((X, Y), epochs=4, batch_size=8, verbose=False)
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["epoch"]) for r in rows] == [1, 2, 3, 4]
+    assert [float(r["loss"]) for r in rows] == whole["loss"]
