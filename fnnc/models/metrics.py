@@ -275,7 +275,8 @@ def get(metric: str | Metric | Callable[..., Any], where: str = "metrics") -> Me
 def resolve(model: Any, metrics: Any, where: str = "metrics") -> dict[str, Metric]:
     """The metrics measured on a set: the mean loss first, then top-1 accuracy for a
     classification loss (unless ``metrics`` is a list, which says exactly which), then
-    ``metrics`` (names, :class:`Metric` objects, callables, or ``{"name": fn}``)."""
+    ``metrics`` (names, :class:`Metric` objects, callables, or ``{"name": fn}``; none
+    named ``loss``, but a :class:`MeanLoss`, or ``epoch``: a :class:`ModelError`)."""
     found: dict[str, Metric] = {"loss": MeanLoss()}
     listed = metrics is not None and not isinstance(metrics, Mapping)
     if model.engine.loss in CLASSIFICATION and not listed:
@@ -287,11 +288,26 @@ def resolve(model: Any, metrics: Any, where: str = "metrics") -> dict[str, Metri
     for metric in metrics:  # a list may mix names, Metrics, callables and {"name": fn}
         if isinstance(metric, Mapping):
             for name, fn in metric.items():
-                found[name] = fn if isinstance(fn, Metric) else Function(name, fn)
+                _add(found, name, fn if isinstance(fn, Metric) else Function(name, fn), where)
             continue
         m = get(metric, where)
-        found[m.name] = m
+        _add(found, m.name, m, where)
     return found
+
+
+def _add(found: dict[str, Metric], name: str, metric: Metric, where: str) -> None:
+    """Adds ``metric`` under ``name``, refusing the names the model's own numbers use:
+    ``loss`` (the model's loss, ``val_loss`` in train, which EarlyStopping and the
+    checkpoints read) for anything but :class:`MeanLoss`, and ``epoch`` (train's
+    history numbers the epochs under it)."""
+    if (name == "loss" and not isinstance(metric, MeanLoss)) or name == "epoch":
+        whose = "the model's loss (val_loss in train)" if name == "loss" else "the epoch number"
+        raise ModelError(
+            f"{where}: a metric named {name!r} ({metric!r}) would replace {whose}; the "
+            f"names 'loss' and 'epoch' are the model's own: name yours otherwise, e.g. "
+            f"{{'my_{name}': fn}}"
+        )
+    found[name] = metric
 
 
 def measure(

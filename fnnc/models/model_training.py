@@ -296,7 +296,8 @@ class TrainingMixin:
                 dataframe (its columns chosen as for ``data``) or a Grain dataset of
                 ``(inputs, targets)`` batches (:mod:`fnnc.models.validation`).
             metrics: ``{"name": fn(outputs, targets)}`` or ``["accuracy"]``; accuracy
-                takes integer labels, one-hot or soft (mixup) targets.
+                takes integer labels, one-hot or soft (mixup) targets. ``loss`` and
+                ``epoch`` are the model's own names, refused for your metrics.
             callbacks: :class:`fnnc.models.callbacks.Callback` objects (a list, or one
                 alone), e.g. ``CheckpointEvery(path, per_epoch=True)``,
                 ``EarlyStopping(patience=2)``; anything else is a ``ModelError``.

@@ -12,7 +12,7 @@ import pytest
 from fnnc.data import DataFrame
 from fnnc.errors import DataError, ModelError
 from fnnc.models import Dense, Input, Model, ReLU
-from fnnc.models.metrics import Accuracy, BinaryAccuracy, Metric, TopK
+from fnnc.models.metrics import Accuracy, BinaryAccuracy, MeanLoss, Metric, TopK
 from fnnc.models.progress import EpochLines
 
 RNG = np.random.default_rng(1)
@@ -272,3 +272,31 @@ def test_class_labels_outside_the_outputs_are_refused_and_nan_labels_miss():
     labels[5] = 3
     with pytest.raises(ModelError, match=r"^metric top_2_accuracy: .* label 3 at sample 5"):
         m.score(X, labels, metrics=["top_2_accuracy"])
+
+
+class L1(Metric):
+    name = "loss"
+
+    def __call__(self, model, outputs, targets):
+        return float(np.mean(np.abs(outputs[0])))
+
+
+@pytest.mark.parametrize(
+    "metrics, name",
+    [({"loss": lambda out, y: float(np.mean(np.abs(out)))}, "loss"), ([L1()], "loss"),
+     ({"epoch": lambda out, y: 7.0}, "epoch")],
+)  # fmt: skip
+def test_a_metric_named_as_the_models_own_numbers_is_refused(metrics, name):
+    """A metric called 'loss' replaced the model's loss in score and val_loss (what
+    EarlyStopping and checkpoints read); 'epoch' corrupted train's epoch numbers. Both
+    are refused, naming the metric; the MeanLoss itself ('loss') is the model's loss,
+    cross-entropy as NumPy computes it."""
+    m = model()
+    with pytest.raises(ModelError, match=rf"score: a metric named '{name}' .* name yours"):
+        m.score(X, Y, metrics=metrics)
+    with pytest.raises(ModelError, match=rf"train: a metric named '{name}'"):
+        m.train((X, Y), epochs=1, batch_size=8, validation=(X, Y), metrics=metrics,
+                verbose=False)  # fmt: skip
+    assert m.train_progress.step == 0  # refused before any step
+    got = m.score(X, Y, metrics=["loss", MeanLoss()])
+    np.testing.assert_allclose(got["loss"], np_cross_entropy(m.predict(X), Y), rtol=1e-5)
