@@ -270,13 +270,22 @@ def read_trace(folder: str) -> Any:
     return jax.profiler.ProfileData.from_file(trace_file(folder))
 
 
+def check_runs(runs: Any) -> None:
+    """Refuses a ``runs`` that is no positive int (a :class:`~fnnc.errors.GraphError`),
+    before anything runs: a model's profile trains."""
+    if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
+        raise GraphError(
+            f"profile: runs must be a positive int, the runs to time and average (e.g. "
+            f"runs=10), got {runs!r}"
+        )
+
+
 def profile_calls(
     run: Callable[[], Any], program: Any, *, runs: int = 10, log_dir: str | None = None
 ) -> Profile:
     """Profiles ``runs`` calls of ``run``, which runs ``program`` (a
     :class:`~fnnc.graph.Program`) once per call; see :func:`profile`."""
-    if not isinstance(runs, int) or runs < 1:
-        raise GraphError(f"profile: runs must be a positive int, got {runs!r}")
+    check_runs(runs)
     jax.block_until_ready(run())  # compiles anything left to compile: never measured
     hlo = parse_hlo(program.compiled_text())
     if log_dir is not None:

@@ -2,9 +2,10 @@
 training step or forward pass.
 
 The fit step is profiled as ``fit`` runs it (the same compiled program, donation
-included), so it *trains*: the model takes ``runs + 1`` steps on the batch. Profile a
-copy, or restore a checkpoint after, when the weights matter. The forward pass
-(no targets) changes nothing.
+included), so it *trains*: the model takes ``runs + 2`` steps on the batch (one that
+compiles the step, one warm-up, then the ``runs`` timed ones). Profile a copy, or
+restore a checkpoint after, when the weights matter. The forward pass (no targets)
+changes nothing. A ``runs`` below 1 is refused before any step.
 
 >>> import numpy as np, optax
 >>> from fnnc.models import Dense, Input, Model, ReLU
@@ -22,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fnnc.graph.profile import Profile, profile_calls
+from fnnc.graph.profile import Profile, check_runs, profile_calls
 
 
 def profile_model(
@@ -35,6 +36,7 @@ def profile_model(
 ) -> Profile:
     """The profile of ``model.fit(inputs, targets)`` or, without ``targets``, of
     ``model.evaluate(inputs)`` (test mode); see :mod:`fnnc.models.profiling`."""
+    check_runs(runs)  # before the step that compiles fit, which trains
     engine = model.engine
     if targets is None:
         specs = engine._check_inputs(inputs)

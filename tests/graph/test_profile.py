@@ -110,3 +110,34 @@ def test_node_names_that_hlo_text_escapes_keep_their_time():
     assert all(rows[n].seconds > 0 and rows[n].command == "gemm" for n in names)
     line = '  %d = f32[2] dot(), metadata={op_name="jit(p)/r\\303\\251sum\\303\\251 \\"q\\""}'
     assert parse_hlo(line).op_names == {"d": 'jit(p)/résumé "q"'}
+
+
+def test_a_model_profile_trains_runs_plus_two_steps_and_refuses_runs_0_before_any():
+    """model.profile(x, y, runs=3) takes 5 steps (compile, warm-up, 3 timed): the
+    parameters equal those of a twin model fit 5 times on the batch, and Adam's update
+    count is 5; runs=0 is refused with the weights and the count untouched."""
+    import optax
+
+    from fnnc.models import Dense, Input, Model
+    from fnnc.models.loggers import _update_count
+
+    def make():
+        x = Input()
+        m = Model(x, Dense(2, name="fc")(x))
+        m.compile(xs, loss="softmax_crossentropy", minimizer=optax.adam(1e-2))
+        return m
+
+    xs = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    ys = np.array([0, 1, 1, 0], np.int32)
+    m, twin = make(), make()
+    before = {k: np.asarray(v) for k, v in m.parameters().items()}
+    with pytest.raises(GraphError, match=r"runs must be a positive int.*got 0"):
+        m.profile(xs, ys, runs=0)
+    assert _update_count(m) in (None, 0)  # no optimizer state yet, or no update in it
+    assert all(np.array_equal(v, m.parameters()[k]) for k, v in before.items())
+    m.profile(xs, ys, runs=3)
+    for _ in range(5):
+        twin.fit(xs, ys)
+    assert _update_count(m) == 5
+    for key, value in twin.parameters().items():
+        np.testing.assert_array_equal(m.parameters()[key], value)
