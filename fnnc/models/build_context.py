@@ -177,14 +177,15 @@ class BuildContext:
     def layer_id(self, layer: Layer) -> str:
         """The id path of ``layer`` (``fc1-0``, ``mlp-0-1``): what its parameter ids
         start with; used for graph node names too. A parameter-free unnamed layer gets a
-        label (its kind) that numbers nothing."""
+        label (its kind, a command layer its command's name: ``relu``) that numbers
+        nothing."""
         if id(layer) in self._paths:
             return self._paths[id(layer)]
         call = self._current(layer)
         if call is not None and (call.pushed or type(layer).owns_parameters):
             return self._label(layer)
         levels = [label for label, _ in self._levels]
-        return "-".join([*levels, layer.name or layer._kind().lower()])
+        return "-".join([*levels, layer.name or layer._node_label()])
 
     def enter(self, layer: Layer, *, prefix: bool = True) -> None:
         """Builds inside ``layer`` until :meth:`leave`: parameters made meanwhile count it

@@ -174,6 +174,11 @@ class Layer:
         """The layer's kind in messages and unnamed node names: its class's name."""
         return type(self).__name__
 
+    def _node_label(self) -> str:
+        """The name of the nodes of an unnamed layer with no parameters: its kind in
+        lower case (``flatten``). It numbers nothing, so parameter ids never hold it."""
+        return self._kind().lower()
+
     def describe(self) -> str:
         return f"{self._kind()}({self.name!r})" if self.name else self._kind()
 

@@ -329,6 +329,10 @@ class CommandLayer(Layer):
     def num_outputs(self, num_inputs: int) -> int:
         return self.outputs
 
+    def _node_label(self) -> str:
+        # its command's name (as summary labels it), so a profile times ReLU and Add apart
+        return self.cmd.name
+
     def build(self, ctx: BuildContext, *xs: Symbol) -> Any:
         out = ctx.b.exec(self.cmd, *xs, name=ctx.layer_id(self))
         n = len(out) if isinstance(out, tuple) else 1

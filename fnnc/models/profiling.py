@@ -7,6 +7,10 @@ compiles the step, one warm-up, then the ``runs`` timed ones). Profile a copy, o
 restore a checkpoint after, when the weights matter. The forward pass (no targets)
 changes nothing. A ``runs`` below 1 is refused before any step.
 
+Nodes are named as parameter ids are (``hidden-0``); an unnamed layer without
+parameters by its kind, a command layer (``ReLU()``, ``Add()``) by its command
+(``relu``, ``ewsum``), as ``summary`` labels it.
+
 >>> import numpy as np, optax
 >>> from fnnc.models import Dense, Input, Model, ReLU
 >>> x = Input()
@@ -14,7 +18,7 @@ changes nothing. A ``runs`` below 1 is refused before any step.
 >>> model.compile(np.zeros((32, 8), np.float32), loss="softmax_crossentropy",
 ...               minimizer=optax.sgd(0.1))
 >>> report = model.profile(np.ones((32, 8), np.float32), np.zeros(32, np.int32), runs=2)
->>> {"hidden-0", "out-0", "optimizer"} <= {r.name for r in report.nodes}
+>>> {"hidden-0", "relu", "out-0", "optimizer"} <= {r.name for r in report.nodes}
 True
 """
 

@@ -63,7 +63,7 @@ def test_profile_of_the_digits_cnn_fit_step_names_every_node():
         row = rows[node.name or node.cmd.name]
         assert node.cmd.name in row.command.split("+")
         assert row.nodes == names.count(row.name)
-    assert rows["digits-0-commandlayer"].nodes == 3 and rows["digits-0-maxpool"].nodes == 2
+    assert rows["digits-0-relu"].nodes == 3 and rows["digits-0-maxpool"].nodes == 2
     expected = {
         "digits-0-conv1-0": "convolution", "digits-0-conv2-0": "convolution",
         "digits-0-bn1-0": "batch_norm", "digits-0-fc1-0": "gemm", "digits-0-logits-0": "gemm",
@@ -86,7 +86,7 @@ def test_profile_of_the_digits_cnn_fit_step_names_every_node():
     )
     table = str(report)
     assert re.search(r"^digits-0-conv1-0 +convolution +1 +[\d.]+ +[\d.]+", table, re.M)
-    assert re.search(r"^digits-0-commandlayer +relu +3 ", table, re.M)
+    assert re.search(r"^digits-0-relu +relu +3 ", table, re.M)
     assert re.search(r"^convolution +[\d.]+ +[\d.]+$", table, re.M)
     # the forward pass alone: no backward or optimizer time
     forward = model.profile(x, runs=2)
@@ -141,3 +141,30 @@ def test_a_model_profile_trains_runs_plus_two_steps_and_refuses_runs_0_before_an
     assert _update_count(m) == 5
     for key, value in twin.parameters().items():
         np.testing.assert_array_equal(m.parameters()[key], value)
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_unnamed_command_layers_are_profiled_by_their_command(named):
+    """ReLU, sigmoid, Add and Mul, unnamed, each get their own row named by the command
+    (as summary labels them), not one 'commandlayer' row of all four; the parameter ids
+    stay NNC's, where layers without parameters take no number."""
+    import optax
+
+    from fnnc.models import Activation, Add, Dense, Flatten, Input, Model, Mul, ReLU
+
+    dense = [Dense(6, name="h1" if named else ""), Dense(6, name="h2" if named else ""),
+             Dense(2, name="out" if named else "")]  # fmt: skip
+    x = Input()
+    h = Flatten()(x)
+    a, b = ReLU()(dense[0](h)), Activation("sigmoid")(dense[1](h))
+    model = Model(x, dense[2](Mul()(Add()(a, b), a)))
+    xs = np.random.default_rng(0).standard_normal((4, 2, 3)).astype(np.float32)
+    model.compile(xs, loss="softmax_crossentropy", minimizer=optax.sgd(0.1))
+    levels = ["h1-0", "h2-0", "out-0"] if named else ["0", "1", "2"]
+    assert sorted(model.parameters()) == sorted(f"t-{lv}-{i}" for lv in levels for i in (0, 1))
+    rows = {r.name: r for r in model.profile(xs, runs=2).nodes}
+    for command in ("relu", "sigmoid", "ewsum", "ewprod"):
+        assert rows[command].command == command and rows[command].nodes == 1
+    assert "commandlayer" not in rows and rows["flatten"].command == "reshape"
+    table = model.summary(print_fn=lambda text: None)
+    assert all(re.search(rf"^{c} ", table, re.M) for c in ("relu", "sigmoid", "ewsum", "ewprod"))
