@@ -19,7 +19,11 @@ is dropped with that probability (scaled by ``1 / (1 - p)``), drawn from a trail
 
 Each direction of each layer runs as one ``lax.scan`` over time; the backward is
 derived from ``jax.vjp`` of it (a reverse scan), as NNC's cuDNN LSTM differentiates
-inputs, states and weights.
+inputs, states and weights. In bfloat16 or float16 (16-bit inputs, or a model's
+``precision=``) the matmuls read 16-bit operands and accumulate in float32, while the
+cell state, the hidden carry and the gates' nonlinearities stay float32 (as cuDNN's
+half-precision RNNs and Flax's float32 carry do); ``y``, ``h_T`` and ``c_T`` come back
+in ``x``'s type, and the weights' gradients are summed over time in float32.
 """
 
 from __future__ import annotations
@@ -127,23 +131,35 @@ def _lstm_shape(x, h0=None, c0=None, *rest, **params):
 
 
 def _direction(x, h0, c0, w_ih, w_hh, bias, w_hr, reverse):
-    """One layer, one direction over ``x [B, T, In]``: ``(ys [B, T, P], h_T, c_T)``."""
-    xw = jnp.einsum("bti,gi->tbg", x, w_ih)
+    """One layer, one direction over ``x [B, T, In]``: ``(ys [B, T, P], h_T, c_T)``.
+
+    With 16-bit ``x`` the matmuls read 16-bit operands and accumulate in float32, and
+    the carry (``h``, ``c``) and the gates' nonlinearities stay float32 (cuDNN's half
+    RNNs, Flax's float32 carry): a bfloat16 ``c`` rounded at every step drifts 12x
+    further from the exact recurrence over 200 steps. Outputs come back in ``x.dtype``.
+    The loop-invariant weights enter the scan in float32 and are converted down inside
+    it, so their gradients, summed over every step by the reverse scan, sum in float32.
+    """
+    low, acc = x.dtype, jnp.promote_types(x.dtype, jnp.float32)
+    mm = lambda a, w: jnp.matmul(a.astype(low), w.astype(low).T, preferred_element_type=acc)
+    xw = jnp.einsum("bti,gi->tbg", x, w_ih, preferred_element_type=acc)
     if bias is not None:
-        xw = xw + to_shape(bias, xw.shape)
+        xw = xw + to_shape(bias.astype(acc), xw.shape)
+    w_hh = w_hh.astype(acc)
+    w_hr = None if w_hr is None else w_hr.astype(acc)
 
     def step(carry, xw_t):
         h, c = carry
-        gates = xw_t + h @ w_hh.T
+        gates = xw_t + mm(h, w_hh)
         i, f, g, o = jnp.split(gates, 4, axis=-1)
         c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
         h = jax.nn.sigmoid(o) * jnp.tanh(c)
         if w_hr is not None:
-            h = h @ w_hr.T
-        return (h, c), h
+            h = mm(h, w_hr)
+        return (h, c), h.astype(low)
 
-    (h, c), ys = lax.scan(step, (h0, c0), xw, reverse=reverse)
-    return jnp.swapaxes(ys, 0, 1), h, c
+    (h, c), ys = lax.scan(step, (h0.astype(acc), c0.astype(acc)), xw, reverse=reverse)
+    return jnp.swapaxes(ys, 0, 1), h.astype(low), c.astype(low)
 
 
 @defcommand(family="rnn", shape=_lstm_shape, min_inputs=5)
