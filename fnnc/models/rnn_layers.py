@@ -40,14 +40,16 @@ class LSTM(Layer):
         num_layers: stacked layers; layer ``l > 0`` reads the ``D * P`` outputs of the
             one below.
         bidirectional: also run each layer backward in time.
-        proj_size: ``P > 0`` projects each output through ``w_hr [P, H]`` (LSTMP).
+        proj_size: ``0 < P < H`` projects each output through ``w_hr [P, H]`` (LSTMP);
+            ``P == H`` is no projection (no ``w_hr``: NNC's and cuDNN's reading), and
+            ``P > H`` a :class:`ModelError`.
         dropout: drop the outputs of every layer but the last with this probability
             while training (the identity when testing).
         bias: whether the gates have a bias.
 
     Parameters come one layer and direction after another (layer 0 forward, layer 0
     backward, layer 1 ...), each as ``w_ih [4H, In]``, ``w_hh [4H, P]``, ``bias [4H]``
-    (with ``bias``), ``w_hr [P, H]`` (with ``proj_size``): parameter ``k`` of unit
+    (with ``bias``), ``w_hr [P, H]`` (with ``proj_size < hidden``): parameter ``k`` of unit
     ``u`` is index ``u * per_unit + k``, the order :func:`fnnc.ops.lstm` takes them in
     (a one-layer LSTM's ``t-<name>-0-0/1/2`` are ``w_ih``, ``w_hh``, ``bias``).
     """
@@ -72,6 +74,12 @@ class LSTM(Layer):
             raise ModelError(
                 f"layer {self.describe()}: proj_size is {proj_size!r:.40}; expected an int "
                 ">= 0 (0: no projection)"
+            )
+        if proj_size > self.hidden:
+            raise ModelError(
+                f"layer {self.describe()}: proj_size={proj_size} is larger than hidden="
+                f"{self.hidden}; a projection narrows each output to proj_size features: "
+                f"use a proj_size below {self.hidden}, or 0 for none"
             )
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float, np.floating)):
             raise ModelError(

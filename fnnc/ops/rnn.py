@@ -6,7 +6,10 @@ forget, cell (g), output (cuDNN's order, which NNC's LSTM follows) and given one
 layer and direction after another (layer 0 forward, layer 0 backward, layer 1 ...),
 each as ``w_ih [4H, In]``, ``w_hh [4H, P]``, optionally ``bias [4H]``, and with
 ``proj_size = P > 0`` the projection ``w_hr [P, H]`` (LSTMP: ``h = w_hr (σ(o)
-tanh(c))``); without a projection ``P = H``. Layer 0 reads ``In = I`` features, later
+tanh(c))``); without a projection ``P = H``. ``proj_size`` must not exceed the hidden
+size ``H`` (cuDNN's rule, a ``CommandError``), and ``proj_size == H`` is no projection
+(NNC's and cuDNN's reading: no ``w_hr``, the weight count of NNC's ``weight_dim``), as
+is ``proj_size = 0``. Layer 0 reads ``In = I`` features, later
 layers the ``D * P`` of the one below (``D = 2`` when bidirectional). Whether biases
 are present follows from the number of weights.
 
@@ -39,14 +42,36 @@ from fnnc.ops._rules import fail, require_float, require_same_dtype, show, to_sh
 from fnnc.ops.random import _check_key, _key
 
 
-def _layout(n: int, *, num_layers, bidirectional, proj_size, dropout, is_test):
-    """``(units, per-unit weight count, has bias, has key)`` from the input count."""
+def projection(proj_size: int, hidden: int) -> int:
+    """The projection size in use: ``proj_size``, or 0 (none) when it equals ``hidden``
+    (NNC and cuDNN: ``projSize == hiddenSize`` is no projection).
+
+    Raises:
+        CommandError: ``proj_size`` negative or larger than ``hidden``.
+    """
+    if proj_size < 0:
+        raise CommandError(f"lstm: proj_size must be >= 0, got {proj_size}")
+    if proj_size > hidden:
+        raise CommandError(
+            f"lstm: proj_size={proj_size} is larger than the hidden size {hidden}; a "
+            f"projection narrows h: use a proj_size below {hidden}, or 0 for none"
+        )
+    return 0 if proj_size == hidden else proj_size
+
+
+def _hidden(c0, rest) -> int:
+    """The hidden size ``H``: ``c0``'s last axis, else ``w_hh [4H, P]``'s first over 4."""
+    return c0.shape[-1] if c0 is not None else rest[1].shape[0] // 4
+
+
+def _layout(n: int, *, hidden, num_layers, bidirectional, proj_size, dropout, is_test):
+    """``(units, per-unit weight count, has bias, has key, projection in use)`` from the
+    input count."""
     if num_layers < 1:
         raise CommandError(f"lstm: num_layers must be at least 1, got {num_layers}")
     if not 0.0 <= dropout < 1.0:
         raise CommandError(f"lstm: dropout={dropout!r} must be in [0, 1)")
-    if proj_size < 0:
-        raise CommandError(f"lstm: proj_size must be >= 0, got {proj_size}")
+    proj_size = projection(proj_size, hidden)
     keyed = dropout > 0 and not is_test
     units = num_layers * (2 if bidirectional else 1)
     weights = n - 3 - keyed
@@ -59,7 +84,7 @@ def _layout(n: int, *, num_layers, bidirectional, proj_size, dropout, is_test):
             f"weights){', then the dropout key' if keyed else ''}"
         )
     per = weights // units
-    return units, per, per == base + 1, keyed
+    return units, per, per == base + 1, keyed, proj_size
 
 
 def lstm_weight_shapes(
@@ -73,7 +98,9 @@ def lstm_weight_shapes(
 ) -> list[dict[str, tuple[int, ...]]]:
     """Per unit (layer 0 forward, layer 0 backward, layer 1 ...), its weights' shapes by
     name in the order :func:`lstm` takes them: ``w_ih``, ``w_hh``, ``bias`` (with
-    ``bias``), ``w_hr`` (with ``proj_size``), for ``features`` input features."""
+    ``bias``), ``w_hr`` (with ``proj_size``, unless it equals ``hidden``: no projection),
+    for ``features`` input features."""
+    proj_size = projection(proj_size, hidden)
     d, p = (2 if bidirectional else 1), proj_size or hidden
     units = []
     for u in range(num_layers * d):
@@ -95,7 +122,8 @@ def lstm_state_shapes(
 
 def _lstm_shape(x, h0=None, c0=None, *rest, **params):
     name = "lstm"
-    units, per, has_bias, keyed = _layout(3 + len(rest), **params)
+    hidden = _hidden(c0, rest)
+    units, per, has_bias, keyed, proj = _layout(3 + len(rest), hidden=hidden, **params)
     weights = rest[: units * per]
     given = [s for s in (h0, c0) if s is not None]
     require_float(name, x, *given, *weights)
@@ -105,11 +133,10 @@ def _lstm_shape(x, h0=None, c0=None, *rest, **params):
     if x.ndim != 3:
         fail(f"{name}: x {show(x)} must be [batch, time, features]")
     b, t, i = x.shape
-    hidden = c0.shape[-1] if c0 is not None else weights[1].shape[0] // 4
-    p = params["proj_size"] or hidden
+    p = proj or hidden
     d = 2 if params["bidirectional"] else 1
     stacked = any(s.ndim == 3 for s in given)
-    h_shape, c_shape = lstm_state_shapes(b, hidden, units, params["proj_size"], stacked=stacked)
+    h_shape, c_shape = lstm_state_shapes(b, hidden, units, proj, stacked=stacked)
     h0 = Spec(h_shape, x.dtype) if h0 is None else h0  # absent: zeros
     c0 = Spec(c_shape, x.dtype) if c0 is None else c0
     if tuple(h0.shape) != h_shape or tuple(c0.shape) != c_shape:
@@ -118,14 +145,15 @@ def _lstm_shape(x, h0=None, c0=None, *rest, **params):
             f"{list(c_shape)} ([L*D, B, P] and [L*D, B, H]; [B, P], [B, H] for one "
             "layer and direction)"
         )
-    layout = {k: params[k] for k in ("num_layers", "bidirectional", "proj_size")}
-    for u, want in enumerate(lstm_weight_shapes(i, hidden, bias=has_bias, **layout)):
+    layout = {k: params[k] for k in ("num_layers", "bidirectional")}
+    want_shapes = lstm_weight_shapes(i, hidden, bias=has_bias, proj_size=proj, **layout)
+    for u, want in enumerate(want_shapes):
         for (label, shape), spec in zip(want.items(), weights[u * per : (u + 1) * per]):
             if tuple(spec.shape) != shape:
                 fail(
                     f"{name}: {label} {show(spec)} should be {list(shape)} (layer {u // d}"
                     f"{', reverse' if u % d else ''}; x {show(x)}, hidden {hidden}, proj "
-                    f"{params['proj_size']}; gates i, f, g, o)"
+                    f"{proj}; gates i, f, g, o)"
                 )
     return Spec((b, t, d * p), x.dtype), Spec(tuple(h0.shape), x.dtype), Spec(c0.shape, x.dtype)
 
@@ -179,7 +207,7 @@ def lstm(
 
     Per step, ``i, f, g, o = split(x_t w_ihᵀ + h w_hhᵀ + bias)``;
     ``c = σ(f) c + σ(i) tanh(g)`` and ``h = σ(o) tanh(c)`` (times ``w_hrᵀ`` with a
-    projection); ``y`` stacks every ``h``.
+    projection, unless ``proj_size`` equals the hidden size); ``y`` stacks every ``h``.
 
     >>> import jax.numpy as jnp
     >>> from fnnc import ops
@@ -200,7 +228,7 @@ def lstm(
         dropout=dropout,
         is_test=is_test,
     )
-    _, per, has_bias, keyed = _layout(3 + len(rest), **params)
+    _, per, has_bias, keyed, proj = _layout(3 + len(rest), hidden=_hidden(c0, rest), **params)
     d = 2 if bidirectional else 1
     if h0 is None or c0 is None:  # absent initial states are zeros
         _, h_spec, c_spec = _lstm_shape(x, h0, c0, *rest, **params)
@@ -217,7 +245,7 @@ def lstm(
             w = list(rest[u * per : (u + 1) * per])
             w_ih, w_hh = w[0], w[1]
             bias = w[2] if has_bias else None
-            w_hr = w[-1] if proj_size else None
+            w_hr = w[-1] if proj else None
             ys, h, c = _direction(layer_in, hs[u], cs[u], w_ih, w_hh, bias, w_hr, direction == 1)
             outs.append(ys)
             h_out.append(h)

@@ -111,3 +111,33 @@ def test_lstm_dropout_only_while_training():
 def test_an_unknown_keyword_names_the_layer_and_what_it_takes(make, kind, takes):
     with pytest.raises(ModelError, match=rf"layer {kind}: unknown keyword .*{kind} takes {takes}"):
         make()
+
+
+def _nnc_weight_dim(bidirectional, num_layers, input_size, hidden_size, proj_size, bias):
+    """NNC's ``weight_dim`` (test/int/nnc/lstm.tests.c): rows of ``hidden_size`` in its
+    packed cuDNN weights; ``proj_size == hidden_size`` counts no projection."""
+    d, layers, n_in, p = 2 if bidirectional else 1, num_layers, input_size, proj_size
+    b = 8 if bias else 0
+    if hidden_size == proj_size:
+        h = hidden_size
+        return (layers * b + (layers - 1) * (h * 4 * d + h * 4) + n_in * 4 + h * 4) * d
+    return (layers * b + (layers - 1) * (p * 4 * d + p * 4) + (p * 4 + n_in * 4) + layers * p) * d
+
+
+@pytest.mark.parametrize("proj", [2, 4])
+def test_proj_size_equal_to_hidden_is_no_projection_as_in_nnc(proj):
+    """NNC (cuDNN) reads proj_size == hidden as no projection: its weight count has no
+    w_hr then. fnnc's count equals NNC's less one of cuDNN's two biases per unit."""
+    x, hidden, layers = rand([2, 5, 3]), 4, 2
+    y, w = _built(LSTM(hidden, num_layers=layers, bidirectional=True, proj_size=proj,
+                       name="rnn"), x)  # fmt: skip
+    nnc = _nnc_weight_dim(True, layers, 3, hidden, proj, True) * hidden
+    assert sum(a.size for a in w) == nnc - layers * 2 * 4 * hidden
+    assert y.shape == (2, 5, 2 * proj)
+    assert_close(y, _numpy_lstm(x, w, layers, 2, 0 if proj == hidden else proj, True),
+                 rtol=1e-4, atol=1e-5)  # fmt: skip
+
+
+def test_proj_size_above_hidden_is_an_error():
+    with pytest.raises(ModelError, match=r"LSTM\('r'\): proj_size=8 is larger than hidden=4"):
+        LSTM(4, proj_size=8, name="r")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fnnc import ops
-from fnnc.errors import ShapeError
+from fnnc.errors import CommandError, ShapeError
 from tests.helpers import assert_close, rand
 
 
@@ -103,3 +103,16 @@ def test_lstm_option_errors_say_what_fits():
         w = _weights(2, 1, 3, 4, 0, 1)
         w[3] = rand([16, 3])
         ops.lstm(num_layers=2)(x, h0, c0, *w)
+
+
+def test_lstm_proj_size_equal_to_hidden_is_no_projection():
+    """NNC and cuDNN read proj_size == hidden as no projection (no w_hr); above hidden
+    is an error naming both sizes (cuDNN's CUDNN_STATUS_BAD_PARAM, PyTorch's ValueError)."""
+    x, h0, c0 = rand([2, 3, 3]), rand([2, 4], seed=1), rand([2, 4], seed=2)
+    w = _weights(1, 1, 3, 4, 0, 1)
+    want = _direction(x.astype(np.float64), h0, c0, *w, None, False)
+    assert_close(ops.lstm(proj_size=4)(x, h0, c0, *w), want, atol=1e-5)
+    assert [tuple(s.shape) for s in ops.lstm(proj_size=4).shape(x, h0, c0, *w)] == [
+        (2, 3, 4), (2, 4), (2, 4)]  # fmt: skip
+    with pytest.raises(CommandError, match="proj_size=5 is larger than the hidden size 4"):
+        ops.lstm(proj_size=5)(x, rand([2, 5]), c0, *w, rand([5, 4]))
