@@ -46,6 +46,14 @@ class LSTM(Layer):
         dropout: drop the outputs of every layer but the last with this probability
             while training (the identity when testing).
         bias: whether the gates have a bias.
+        masked: the layer takes a second input, ``lengths`` (int32 ``[N]``, NNC's
+            variable sequence lengths): steps ``t >= lengths[n]`` of sample ``n`` are
+            padding, which leaves the state unchanged and outputs zeros, and the
+            backward direction starts at each sample's last real step
+            (:func:`fnnc.ops.lstm`'s ``masked``).
+
+    Not supported: NNC's ``batch_first=0`` (time-major ``[T, N, I]``): inputs are always
+    batch-first; transpose a time-major sequence first.
 
     Parameters come one layer and direction after another (layer 0 forward, layer 0
     backward, layer 1 ...), each as ``w_ih [4H, In]``, ``w_hh [4H, P]``, ``bias [4H]``
@@ -65,6 +73,7 @@ class LSTM(Layer):
         proj_size: int = 0,
         dropout: float = 0.0,
         bias: bool = True,
+        masked: bool = False,
         **kw: Any,
     ):
         super().__init__(**kw)
@@ -91,12 +100,12 @@ class LSTM(Layer):
                 f"layer {self.describe()}: dropout={dropout!r} is outside [0, 1); expected the "
                 "probability of dropping a unit, e.g. 0.1"
             )
-        for flag, value in (("bidirectional", bidirectional), ("bias", bias)):
+        for flag, value in (("bidirectional", bidirectional), ("bias", bias), ("masked", masked)):
             if not isinstance(value, (bool, np.bool_)):
                 raise ModelError(
                     f"layer {self.describe()}: {flag} is {value!r:.40}; expected True or False"
                 )
-        self.bidirectional, self.bias = bool(bidirectional), bool(bias)
+        self.bidirectional, self.bias, self.masked = bool(bidirectional), bool(bias), bool(masked)
         self.proj_size, self.dropout = int(proj_size), float(dropout)
 
     def weight_shapes(self, features: int) -> list[tuple[int, ...]]:
@@ -111,12 +120,13 @@ class LSTM(Layer):
         )
         return [shape for unit in units for shape in unit.values()]
 
-    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
+    def build(self, ctx: BuildContext, x: Symbol, *lengths: Symbol) -> Symbol:
         if len(x.shape) != 3:
             raise ModelError(
                 f"layer {self.describe()}: input of shape {list(x.shape)}; expected "
                 "[batch, time, features]"
             )
+        self._check_lengths(x, lengths)
         weights = []
         for index, shape in enumerate(self.weight_shapes(x.shape[-1])):
             init = zeros if len(shape) == 1 else glorot_uniform([1], [0])
@@ -133,7 +143,29 @@ class LSTM(Layer):
             proj_size=self.proj_size,
             dropout=self.dropout,
             is_test=not ctx.training,
+            masked=self.masked,
         )
         key = [ctx.key()] if keyed else []
-        y, _, _ = ctx.b.exec(cmd, x, h0, c0, *weights, *key, name=ctx.layer_id(self))
+        y, _, _ = ctx.b.exec(cmd, x, h0, c0, *weights, *lengths, *key, name=ctx.layer_id(self))
         return y
+
+    def _check_lengths(self, x: Symbol, lengths: tuple[Symbol, ...]) -> None:
+        if len(lengths) != int(self.masked):
+            raise ModelError(
+                f"layer {self.describe()}: {1 + len(lengths)} input(s) with masked="
+                f"{self.masked}; expected x [batch, time, features]"
+                + (
+                    " and lengths int32 [batch]"
+                    if self.masked
+                    else " only (masked=True takes per-sample lengths as a second input)"
+                )
+            )
+        if lengths and (
+            not np.issubdtype(np.dtype(lengths[0].dtype), np.integer)
+            or tuple(lengths[0].shape) != (x.shape[0],)
+        ):
+            raise ModelError(
+                f"layer {self.describe()}: lengths of shape {list(lengths[0].shape)} and "
+                f"dtype {np.dtype(lengths[0].dtype).name}; expected int32 [{x.shape[0]}], "
+                "each sample's number of real (unpadded) steps"
+            )

@@ -1,7 +1,8 @@
-"""RNN family: lstm, NNC's LSTM with its ``num_layers``, ``bidirectional``, ``proj_size``
-and ``dropout`` options (``CMD_LSTM_FORWARD`` in liuliu/ccv ``lib/nnc/cmd/rnn``).
+"""RNN family: lstm, NNC's LSTM with its ``num_layers``, ``bidirectional``, ``proj_size``,
+``dropout`` and ``masked`` options (``CMD_LSTM_FORWARD`` in liuliu/ccv ``lib/nnc/cmd/rnn``).
 
-Data is batch-first, ``x [B, T, I]``. Weights are packed per gate in the order input,
+Data is batch-first, ``x [B, T, I]`` (NNC's ``batch_first=1``; its time-major default
+is not supported: transpose the sequence first). Weights are packed per gate in the order input,
 forget, cell (g), output (cuDNN's order, which NNC's LSTM follows) and given one
 layer and direction after another (layer 0 forward, layer 0 backward, layer 1 ...),
 each as ``w_ih [4H, In]``, ``w_hh [4H, P]``, optionally ``bias [4H]``, and with
@@ -19,6 +20,13 @@ directions concatenated) and the final states, shaped like the initial ones. Wit
 ``dropout > 0`` and ``is_test=False`` (training), every layer's output but the last
 is dropped with that probability (scaled by ``1 / (1 - p)``), drawn from a trailing
 ``key`` input (``uint32[2]``, as ``ops.dropout`` takes), so equal keys give equal masks.
+
+With ``masked=True`` (NNC's variable sequence lengths), an integer ``lengths [B]``
+input follows the weights (before the key): sample ``b``'s steps ``t >= lengths[b]``
+are padding. They leave the carry unchanged and output zeros, so ``h_T``/``c_T`` are
+the states at each sample's last real step, and the reverse direction starts at that
+step from ``h0``/``c0``; padded inputs get zero gradients. Lengths are read as clamped
+to ``[0, T]`` (a length 0 sample keeps its initial states and outputs zeros).
 
 Each direction of each layer runs as one ``lax.scan`` over time; the backward is
 derived from ``jax.vjp`` of it (a reverse scan), as NNC's cuDNN LSTM differentiates
@@ -64,7 +72,7 @@ def _hidden(c0, rest) -> int:
     return c0.shape[-1] if c0 is not None else rest[1].shape[0] // 4
 
 
-def _layout(n: int, *, hidden, num_layers, bidirectional, proj_size, dropout, is_test):
+def _layout(n: int, *, hidden, num_layers, bidirectional, proj_size, dropout, is_test, masked):
     """``(units, per-unit weight count, has bias, has key, projection in use)`` from the
     input count."""
     if num_layers < 1:
@@ -74,14 +82,15 @@ def _layout(n: int, *, hidden, num_layers, bidirectional, proj_size, dropout, is
     proj_size = projection(proj_size, hidden)
     keyed = dropout > 0 and not is_test
     units = num_layers * (2 if bidirectional else 1)
-    weights = n - 3 - keyed
+    weights = n - 3 - keyed - bool(masked)
     base = 2 + (1 if proj_size else 0)
     if weights not in (units * base, units * (base + 1)):
         fail(
             f"lstm: {n} inputs do not fit {num_layers} layer(s) x {units // num_layers} "
             f"direction(s): expected x, h0, c0, then per layer and direction w_ih, w_hh, "
             f"[bias]{', w_hr' if proj_size else ''} ({units * base} or {units * (base + 1)} "
-            f"weights){', then the dropout key' if keyed else ''}"
+            f"weights){', then lengths' if masked else ''}"
+            f"{', then the dropout key' if keyed else ''}"
         )
     per = weights // units
     return units, per, per == base + 1, keyed, proj_size
@@ -133,6 +142,13 @@ def _lstm_shape(x, h0=None, c0=None, *rest, **params):
     if x.ndim != 3:
         fail(f"{name}: x {show(x)} must be [batch, time, features]")
     b, t, i = x.shape
+    if params["masked"]:
+        lengths = rest[units * per]
+        if not np.issubdtype(np.dtype(lengths.dtype), np.integer) or lengths.shape != (b,):
+            fail(
+                f"{name}: lengths {show(lengths)} should be int32[{b}] (masked=True: each "
+                f"sample's sequence length, after the weights; x {show(x)})"
+            )
     p = proj or hidden
     d = 2 if params["bidirectional"] else 1
     stacked = any(s.ndim == 3 for s in given)
@@ -158,8 +174,9 @@ def _lstm_shape(x, h0=None, c0=None, *rest, **params):
     return Spec((b, t, d * p), x.dtype), Spec(tuple(h0.shape), x.dtype), Spec(c0.shape, x.dtype)
 
 
-def _direction(x, h0, c0, w_ih, w_hh, bias, w_hr, reverse):
-    """One layer, one direction over ``x [B, T, In]``: ``(ys [B, T, P], h_T, c_T)``.
+def _direction(x, h0, c0, w_ih, w_hh, bias, w_hr, reverse, valid=None):
+    """One layer, one direction over ``x [B, T, In]``: ``(ys [B, T, P], h_T, c_T)``;
+    ``valid [T, B, 1]`` (masked) marks real steps: the others keep the carry, output 0.
 
     With 16-bit ``x`` the matmuls read 16-bit operands and accumulate in float32, and
     the carry (``h``, ``c``) and the gates' nonlinearities stay float32 (cuDNN's half
@@ -176,17 +193,21 @@ def _direction(x, h0, c0, w_ih, w_hh, bias, w_hr, reverse):
     w_hh = w_hh.astype(acc)
     w_hr = None if w_hr is None else w_hr.astype(acc)
 
-    def step(carry, xw_t):
-        h, c = carry
-        gates = xw_t + mm(h, w_hh)
+    def step(carry, inputs):
+        (h_in, c_in), (xw_t, valid_t) = carry, inputs
+        gates = xw_t + mm(h_in, w_hh)
         i, f, g, o = jnp.split(gates, 4, axis=-1)
-        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        c = jax.nn.sigmoid(f) * c_in + jax.nn.sigmoid(i) * jnp.tanh(g)
         h = jax.nn.sigmoid(o) * jnp.tanh(c)
         if w_hr is not None:
             h = mm(h, w_hr)
-        return (h, c), h.astype(low)
+        if valid_t is None:
+            return (h, c), h.astype(low)
+        y = jnp.where(valid_t, h, jnp.zeros_like(h))
+        return (jnp.where(valid_t, h, h_in), jnp.where(valid_t, c, c_in)), y.astype(low)
 
-    (h, c), ys = lax.scan(step, (h0.astype(acc), c0.astype(acc)), xw, reverse=reverse)
+    carry = (h0.astype(acc), c0.astype(acc))
+    (h, c), ys = lax.scan(step, carry, (xw, valid), reverse=reverse)
     return jnp.swapaxes(ys, 0, 1), h.astype(low), c.astype(low)
 
 
@@ -201,6 +222,7 @@ def lstm(
     proj_size=0,
     dropout=0.0,
     is_test=False,
+    masked=False,
 ):
     """NNC's LSTM over ``x [B, T, I]``: ``(y [B, T, D*P], h_T, c_T)`` (see the module doc).
     ``h0``/``c0`` given as ``None`` start from zeros (NNC's absent hx, cx).
@@ -208,6 +230,8 @@ def lstm(
     Per step, ``i, f, g, o = split(x_t w_ihᵀ + h w_hhᵀ + bias)``;
     ``c = σ(f) c + σ(i) tanh(g)`` and ``h = σ(o) tanh(c)`` (times ``w_hrᵀ`` with a
     projection, unless ``proj_size`` equals the hidden size); ``y`` stacks every ``h``.
+    With ``masked``, an int ``lengths [B]`` after the weights marks each sample's real
+    steps; padded ones keep the state and output zeros.
 
     >>> import jax.numpy as jnp
     >>> from fnnc import ops
@@ -227,8 +251,9 @@ def lstm(
         proj_size=proj_size,
         dropout=dropout,
         is_test=is_test,
+        masked=masked,
     )
-    _, per, has_bias, keyed, proj = _layout(3 + len(rest), hidden=_hidden(c0, rest), **params)
+    units, per, has_bias, keyed, proj = _layout(3 + len(rest), hidden=_hidden(c0, rest), **params)
     d = 2 if bidirectional else 1
     if h0 is None or c0 is None:  # absent initial states are zeros
         _, h_spec, c_spec = _lstm_shape(x, h0, c0, *rest, **params)
@@ -237,6 +262,10 @@ def lstm(
     stacked = h0.ndim == 3
     hs = h0 if stacked else h0[None]
     cs = c0 if stacked else c0[None]
+    valid = None
+    if masked:  # [T, B, 1]: step t of sample b is real
+        steps = jnp.arange(x.shape[1], dtype=jnp.int32)[:, None]
+        valid = (steps < rest[units * per].astype(jnp.int32)[None, :])[:, :, None]
     layer_in, h_out, c_out = x, [], []
     for layer in range(num_layers):
         outs = []
@@ -246,7 +275,8 @@ def lstm(
             w_ih, w_hh = w[0], w[1]
             bias = w[2] if has_bias else None
             w_hr = w[-1] if proj else None
-            ys, h, c = _direction(layer_in, hs[u], cs[u], w_ih, w_hh, bias, w_hr, direction == 1)
+            args = (layer_in, hs[u], cs[u], w_ih, w_hh, bias, w_hr, direction == 1, valid)
+            ys, h, c = _direction(*args)
             outs.append(ys)
             h_out.append(h)
             c_out.append(c)

@@ -6,6 +6,7 @@ unknown keyword of any layer is a ModelError naming the layer and what it takes.
 from __future__ import annotations
 
 import numpy as np
+import optax
 import pytest
 
 from fnnc import ops
@@ -141,3 +142,36 @@ def test_proj_size_equal_to_hidden_is_no_projection_as_in_nnc(proj):
 def test_proj_size_above_hidden_is_an_error():
     with pytest.raises(ModelError, match=r"LSTM\('r'\): proj_size=8 is larger than hidden=4"):
         LSTM(4, proj_size=8, name="r")
+
+
+def test_masked_lstm_layer_takes_lengths_and_ignores_padding():
+    """LSTM(masked=True) feeds its second input to ops.lstm's lengths: its output is the
+    op's given the layer's parameters, and one SGD step is the same whatever the padded
+    steps hold (they reach neither the loss nor the gradients)."""
+    x, lengths = rand([3, 5, 3]), np.array([5, 2, 0], np.int32)
+    x_in, n_in = Input(), Input()
+    model = Model([x_in, n_in], LSTM(4, bidirectional=True, masked=True, name="rnn")(x_in, n_in))
+    model.compile([x, lengths], loss="mse", minimizer=optax.sgd(0.5))
+    params = model.parameters()
+    w = [np.asarray(params[f"t-rnn-0-{k}"]) for k in range(len(params))]
+    cmd = ops.lstm(bidirectional=True, masked=True)
+    want, _, _ = cmd(x, np.zeros((2, 3, 4), np.float32), np.zeros((2, 3, 4), np.float32), *w,
+                     lengths)  # fmt: skip
+    assert_close(model.evaluate([x, lengths]), want, rtol=1e-6, atol=1e-6)
+    target = rand([3, 5, 8], seed=5)
+    model.fit([x, lengths], [target])
+    stepped = {k: np.asarray(v) for k, v in model.parameters().items()}
+    padded = x.copy()
+    padded[1, 2:], padded[2] = 9.0, -9.0
+    model.set_parameters({f"t-rnn-0-{k}": v for k, v in enumerate(w)})
+    model.fit([padded, lengths], [target])
+    assert_close(model.parameters(), stepped, rtol=1e-6, atol=1e-7)
+
+
+def test_masked_lstm_layer_errors():
+    x, x_in, n_in = rand([2, 5, 3]), Input(), Input()
+    with pytest.raises(ModelError, match=r"LSTM\('r'\): 1 input\(s\) with masked=True"):
+        Model([x_in], LSTM(4, masked=True, name="r")(x_in)).compile([x])
+    with pytest.raises(ModelError, match=r"lengths of shape \[2\] and dtype float32"):
+        model = Model([x_in, n_in], LSTM(4, masked=True, name="r")(x_in, n_in))
+        model.compile([x, np.zeros(2, np.float32)])
