@@ -24,8 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIRST = ROOT / "benchmarks" / "gpu_first.txt"
-"""The list: 381 tests after the H100 run of 2026-11-27 (its suite stopped at its limit
-before the same tests as the run before it), and the tests written since."""
+"""The list: 221 tests after the H100 runs of 2026-11-27 and the H200 run of 2026-11-28
+(each suite stopped at its limit), and the tests written since."""
 HEADER = """\
 # Tests the GPU check's suite runs first (FNNC_TESTS_FIRST, tests/conftest.py): those no
 # GPU run has reached yet, so that a suite stopped at its limit still reports on them.

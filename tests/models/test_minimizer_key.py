@@ -137,7 +137,10 @@ def test_hyper_parameter_inputs_act_as_python_floats_on_half_parameters(make, dt
     tree = lambda xs: dict(zip("ab", xs))
     state, want_state = mins.transform().init(params), tx.init(tree(params))
     step, oracle = jax.jit(mins.transform().update), jax.jit(tx.update)
-    ulp = float(jnp.finfo(dtype).eps)
+    # one rounding on CPU; XLA:GPU fuses each program its own way (the H200 run of
+    # 2026-11-28: adamw f16 off by 1.7 ulp), so each of the update's few half-precision
+    # operations may round once more or less there
+    ulp = float(jnp.finfo(dtype).eps) * (1 if jax.default_backend() == "cpu" else 4)
     for _ in range(3):
         updates, state = step(grads, state, params)
         want, want_state = oracle(tree(grads), want_state, tree(params))
