@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -108,6 +109,22 @@ class _Live:
     def states(self) -> Any:
         """The Optax states of the partitions, in ``mins.parts`` order."""
         return Minimizers.inner(self.layout.state(self.leaves))
+
+
+_MULTI_STEPS: weakref.WeakKeyDictionary[Any, optax.GradientTransformation] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _gradient_transformation(multi: optax.MultiSteps) -> optax.GradientTransformation:
+    """One ``GradientTransformation`` per ``MultiSteps`` object: its method makes a new
+    one at every call, and partitions are the parameters set with one object, so two
+    ``set_minimizer(ms, params=...)`` calls would split one partition in two (a
+    ``clip_by_global_norm`` inside then clipping each part by its own norm)."""
+    held = _MULTI_STEPS.get(multi)
+    if held is None:
+        held = _MULTI_STEPS[multi] = multi.gradient_transformation()
+    return held
 
 
 class Engine(StepsMixin):
@@ -205,7 +222,7 @@ class Engine(StepsMixin):
         ``params`` makes those parameters one partition of the model's transformation
         (every parameter set with one object is one partition), updated as a whole."""
         if isinstance(minimizer, optax.MultiSteps):
-            minimizer = minimizer.gradient_transformation()
+            minimizer = _gradient_transformation(minimizer)
         if not isinstance(minimizer, optax.GradientTransformation):
             raise ModelError(
                 f"set_minimizer: expected an optax.GradientTransformation (e.g. "

@@ -192,13 +192,17 @@ def test_dynamic_graph_apply_gradients_with_noisy_sgd_equals_optax():
     assert_close(a.numpy(), want, rtol=1e-6, atol=1e-6)
 
 
-def test_one_minimizer_object_set_on_two_id_lists_is_one_partition():
-    """set_minimizer(head, params=[w]) then (head, params=[b]): the clip sees both."""
+@pytest.mark.parametrize("multi_steps", [False, True])
+def test_one_minimizer_object_set_on_two_id_lists_is_one_partition(multi_steps):
+    """set_minimizer(head, params=[w]) then (head, params=[b]): the clip sees both. Also
+    for one optax.MultiSteps object (every_k=1: the chain's own steps), whose
+    gradient_transformation() is a new object at each call and so split the partition."""
     body = optax.sgd(0.05)
     head = optax.chain(optax.clip_by_global_norm(0.01), optax.sgd(0.5))
     model = _classifier(body)
-    model.set_minimizer(head, params=["t-out-0-0"])
-    model.set_minimizer(head, params=["t-out-0-1"])
+    given = optax.MultiSteps(head, every_k_schedule=1) if multi_steps else head
+    model.set_minimizer(given, params=["t-out-0-0"])
+    model.set_minimizer(given, params=["t-out-0-1"])
     p0 = _params(model)
     for _ in range(3):
         model.fit(X, LABELS)
