@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from fnnc.core.command import NOTHING, Spec, Uses, defcommand
@@ -138,12 +139,23 @@ ewabs = _unary(
 )
 
 
-@defcommand(family="elementwise", shape=same_shape, uses=Uses(inputs=(0,)), elementwise=True)
+def _clamp_shape(x: Spec, *, min=None, max=None) -> Spec:
+    _bounds(x.dtype, min, max)
+    return same_shape(x)
+
+
+@defcommand(family="elementwise", shape=_clamp_shape, uses=Uses(inputs=(0,)), elementwise=True)
 def clamp(x, *, min=None, max=None):
     """Clamps x to [min, max]; either bound may be None, or NaN as NNC spells "no
     bound" (NNC's CLAMP). The gradient passes strictly inside the bounds, as NNC's
-    (``ccv_nnc_ew_cpu_ref.c``): zero where x is at or beyond one (relu6's 0 at 0)."""
-    lo, hi = _bound(min), _bound(max)
+    (``ccv_nnc_ew_cpu_ref.c``): zero where x is at or beyond one (relu6's 0 at 0).
+
+    On an integer x the result is the exact integer clamp, as ``np.clip`` in a wide
+    type: a fractional bound rounds inward (``min=0.5`` is 1, ``max=5.5`` is 5), and a
+    bound beyond the dtype's range (``max=255`` on int8) is no bound. A bound that would
+    put every element outside the dtype (``min=300`` on int8) is a :class:`DTypeError`.
+    """
+    lo, hi = _bounds(x.dtype, min, max)
     if lo is not None:
         x = lax.max(x, jnp.full(x.shape, lo, x.dtype))
     if hi is not None:
@@ -156,10 +168,33 @@ def _bound(value):
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
 
 
+def _bounds(dtype, min, max):
+    """clamp's bounds as values of ``dtype``, ``None`` for none. Integers: rounded
+    inward, and dropped beyond the dtype's range, where the cast would wrap them."""
+    lo, hi = _bound(min), _bound(max)
+    if not jnp.issubdtype(dtype, jnp.integer):
+        return lo, hi
+    info = jnp.iinfo(dtype)
+    least, most = int(info.min), int(info.max)
+    for what, bound, outside in (
+        ("min", lo, lo is not None and lo > most),
+        ("max", hi, hi is not None and hi < least),
+    ):
+        if outside:
+            raise DTypeError(
+                f"clamp: {what}={bound!r} lies outside {np.dtype(dtype).name}'s range "
+                f"[{least}, {most}], so no element could hold the result; give a bound in "
+                "range, or convert x to a wider type first (datatype_conversion)"
+            )
+    lo = None if lo is None or lo <= least else math.ceil(lo)
+    hi = None if hi is None or hi >= most else math.floor(hi)
+    return lo, hi
+
+
 @clamp.backward
 def _clamp_backward(grads, inputs, outputs, *, min=None, max=None):
     (g,), (x,) = grads, inputs
-    lo, hi = _bound(min), _bound(max)
+    lo, hi = _bounds(x.dtype, min, max)
     keep = jnp.ones(x.shape, bool)
     if lo is not None:
         keep = keep & (x > lo)

@@ -1,0 +1,91 @@
+"""Integer and bool tensors in elementwise, data and reduce commands: values as NumPy
+computes them in a wide type, or a DTypeError naming the command where the dtype cannot
+hold the answer (a clamp bound of 255 on int8 wrapped to -1 and clamped every element
+to -1; fill values were truncated or wrapped; sqrt of an int32 was a raw JAX error)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.errors import DTypeError
+from fnnc.graph import GraphBuilder, compile, interpret, simplify
+
+
+def _integer_clamp(x, lo, hi):
+    """Brute force: the value of x's dtype within [lo, hi] closest to each element."""
+    info = np.iinfo(x.dtype)
+    values = np.arange(int(info.min), int(info.max) + 1, dtype=np.int64)
+    lo = -np.inf if lo is None or np.isnan(lo) else lo
+    hi = np.inf if hi is None or np.isnan(hi) else hi
+    values = values[(values >= lo) & (values <= hi)]
+    nearest = np.abs(values[None, :] - x.astype(np.int64)[:, None]).argmin(axis=1)
+    return values[nearest].astype(x.dtype)
+
+
+def _clamp_every_way(x, lo, hi):
+    """clamp eagerly, interpreted, compiled, and fused with a following ewsum."""
+    cmd = ops.clamp(min=lo, max=hi)
+    zeros = np.zeros_like(x)
+    b = GraphBuilder()
+    xi, zi = b.input(x.shape, x.dtype, name="x"), b.input(x.shape, x.dtype, name="zero")
+    g = b.build([b.exec(ops.ewsum(), b.exec(cmd, xi, name="clamp"), zi)])
+    fused = simplify(g)
+    assert [n.cmd.name for n in fused.nodes] == ["fused_elementwise"]
+    return {
+        "eager": cmd(x),
+        "interpret": interpret(g, x, zeros),
+        "compile": compile(g)(x, zeros),
+        "fused": compile(fused)(x, zeros),
+    }
+
+
+I8 = np.array([-128, -3, 0, 2, 100, 127], np.int8)
+U8 = np.array([0, 2, 200, 255], np.uint8)
+
+
+@pytest.mark.parametrize(
+    "x, lo, hi",
+    [
+        (I8, 0, 255),  # max beyond int8: no upper bound (it wrapped to -1)
+        (I8, -1000, 50),
+        (I8, 0.5, 5.5),  # fractional: rounded inward, 1 and 5
+        (I8, -2.5, float("nan")),  # NaN: no bound, as NNC spells it
+        (I8, float("-inf"), -127.5),
+        (U8, -1, 300),  # both beyond uint8: no bounds (they wrapped to 255 and 44)
+        (U8, 1.5, 199.9),
+        (U8, None, 254.99),
+    ],
+)
+def test_integer_clamp_is_the_exact_clamp(x, lo, hi):
+    want = _integer_clamp(x, lo, hi)
+    for way, got in _clamp_every_way(x, lo, hi).items():
+        got = np.asarray(got)
+        assert got.dtype == x.dtype, way
+        np.testing.assert_array_equal(got, want, err_msg=way)
+
+
+@pytest.mark.parametrize("lo, hi", [(0, 2**40), (-(2**40), 3), (-7.5, 2.0**31), (None, 2**31 - 1)])
+def test_int32_clamp_matches_numpy_in_int64(lo, hi):
+    x = np.array([-(2**31), -8, -2, 0, 5, 2**31 - 1], np.int32)
+    want = np.clip(x.astype(np.float64), lo, hi)
+    want = np.where(want == lo, np.ceil(want), np.floor(want)).astype(np.int64).astype(np.int32)
+    for way, got in _clamp_every_way(x, lo, hi).items():
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=way)
+
+
+@pytest.mark.parametrize("bounds", [{"min": 300}, {"max": -129}, {"min": float("inf")}])
+def test_integer_clamp_outside_the_dtype_is_refused(bounds):
+    (what, value), x = next(iter(bounds.items())), I8
+    with pytest.raises(DTypeError, match=rf"clamp: {what}={value!r} lies outside int8's range"):
+        ops.clamp(**bounds)(x)
+    b = GraphBuilder()
+    with pytest.raises(DTypeError, match="datatype_conversion"):
+        b.exec(ops.clamp(**bounds), b.input(x.shape, x.dtype, name="x"))
+
+
+def test_float_clamp_keeps_its_bounds():
+    x = np.array([-3.0, 0.25, 0.75, 9.0, np.nan], np.float32)
+    got = np.asarray(ops.clamp(min=0.5, max=300.0)(x))
+    np.testing.assert_array_equal(got, np.clip(x, 0.5, 300.0))
