@@ -44,6 +44,40 @@ def require_float(name: str, *specs: Spec) -> None:
             raise DTypeError(f"{name}: expected a floating-point input, got {show(s)}")
 
 
+def whole_number(value: Any) -> bool:
+    """Whether ``value`` is a finite whole number (``2``, ``2.0``; not ``2.5`` or NaN)."""
+    if isinstance(value, (bool, int, np.bool_, np.integer)):
+        return True
+    return math.isfinite(value) and float(value).is_integer()
+
+
+def require_storable(name: str, what: str, value: Any, dtype: Any) -> None:
+    """Raises :class:`DTypeError` unless the scalar ``value`` (a fill value, an operand) is
+    exactly a value of an integer or bool ``dtype``: whole, finite and in range. Stored
+    as it is it would be truncated (2.7 -> 2), turn NaN into the smallest integer, or
+    wrap (300 -> 44 in int8). Other dtypes take any value."""
+    if jnp.issubdtype(dtype, jnp.bool_):
+        lo, hi = 0, 1
+    elif jnp.issubdtype(dtype, jnp.integer):
+        lo, hi = int(jnp.iinfo(dtype).min), int(jnp.iinfo(dtype).max)
+    else:
+        return
+    dtype = np.dtype(dtype)
+    if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+        problem = f"is not finite; an {dtype.name} tensor holds no NaN or infinity"
+    elif not whole_number(value):
+        problem = f"would be truncated in an {dtype.name} tensor"
+    elif not lo <= value <= hi:
+        problem = f"is outside {dtype.name}'s range [{lo}, {hi}]"
+    else:
+        return
+    given = f"{what}={value!r}" if what else repr(value)
+    raise DTypeError(
+        f"{name}: {given} {problem}; give a whole number in [{lo}, {hi}], or work in a "
+        "float type (datatype_conversion)"
+    )
+
+
 def require_same_dtype(name: str, *specs: Spec) -> np.dtype:
     dtypes = {np.dtype(s.dtype) for s in specs}
     if len(dtypes) > 1:

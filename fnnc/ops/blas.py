@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +25,7 @@ from fnnc.ops._rules import (
     show,
     to_shape,
     unbroadcast,
+    whole_number,
 )
 
 _A = {False: "mk", True: "km"}  # a's matrix axes, by transpose_a
@@ -156,7 +156,7 @@ def _whole_scalars(name: str, base: Any) -> Any:
     def rule(*specs: Spec, **params: Any) -> Spec:
         out = base(*specs, **params)
         if not jnp.issubdtype(out.dtype, jnp.inexact):
-            bad = {k: v for k, v in params.items() if k in ("p", "q", "a") and not _whole(v)}
+            bad = {k: v for k, v in params.items() if k in ("p", "q", "a") and not whole_number(v)}
             if bad:
                 given = ", ".join(f"{k}={v!r}" for k, v in bad.items())
                 raise DTypeError(
@@ -167,10 +167,6 @@ def _whole_scalars(name: str, base: Any) -> Any:
         return out
 
     return rule
-
-
-def _whole(value: Any) -> bool:
-    return math.isfinite(value) and float(value).is_integer()
 
 
 @defcommand(

@@ -28,6 +28,7 @@ from fnnc.ops._rules import (
     norm_axes,
     require_choice,
     require_same_dtype,
+    require_storable,
     same_shape,
     show,
     summing_dtype,
@@ -305,6 +306,8 @@ def _pad_shape(x: Spec, *, pads, mode, value) -> Spec:
         if mode == "reflect" and (lo or hi) and max(lo, hi) >= n:
             fail(f"pad: reflect padding of axis {d} of {show(x)} needs lo, hi < {n}, got {lo, hi}")
         out.append(lo + n + hi)
+    if mode == "constant":
+        require_storable("pad", "value", value, x.dtype)
     return Spec(tuple(out), x.dtype)
 
 
@@ -336,12 +339,15 @@ def _pad_backward(grads, inputs, outputs, *, pads, mode, value):
 def _set_shape(*, shape, dtype, value) -> Spec:
     if any(int(n) < 0 for n in shape):
         fail(f"set: shape {list(shape)} has a negative size")
+    require_storable("set", "value", value, jax_dtype(dtype))
     return Spec(tuple(int(n) for n in shape), jax_dtype(dtype))
 
 
 @defcommand(family="data", shape=_set_shape, uses=NOTHING, differentiable=False)
 def set(*, shape, dtype="float32", value=0.0):
-    """A tensor of ``shape`` filled with ``value`` (no inputs), NNC's SET."""
+    """A tensor of ``shape`` filled with ``value`` (no inputs), NNC's SET. For an
+    integer or bool ``dtype`` the value must be one it holds (whole, finite, in range;
+    so must ``pad``'s ``value`` and ``masked_fill``'s ``fill``): else a DTypeError."""
     return jnp.full(tuple(shape), value, jax_dtype(dtype))
 
 
@@ -353,6 +359,7 @@ def _eq_value(eq: Any, dtype: Any) -> Any:
 def _masked_fill_shape(x: Spec, mask: Spec, *, eq, fill) -> Spec:
     if broadcast_shape("masked_fill", x.shape, mask.shape) != tuple(x.shape):
         fail(f"masked_fill: mask {show(mask)} must broadcast to x {show(x)} without enlarging it")
+    require_storable("masked_fill", "fill", fill, x.dtype)
     return Spec(tuple(x.shape), x.dtype)
 
 

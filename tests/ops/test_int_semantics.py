@@ -89,3 +89,67 @@ def test_float_clamp_keeps_its_bounds():
     x = np.array([-3.0, 0.25, 0.75, 9.0, np.nan], np.float32)
     got = np.asarray(ops.clamp(min=0.5, max=300.0)(x))
     np.testing.assert_array_equal(got, np.clip(x, 0.5, 300.0))
+
+
+# --- fill values: set, pad, masked_fill ----------------------------------------------
+
+X32 = np.array([1, 2, 3], np.int32)
+MASK = np.array([1, 0, 1], np.int32)
+
+
+def _fill(name, value, dtype):
+    """The command ``name`` writing ``value`` into a tensor of ``dtype``."""
+    x = X32.astype(dtype)
+    if name == "set":
+        return lambda: ops.set(shape=(3,), value=value, dtype=dtype)()
+    if name == "pad":
+        return lambda: ops.pad(pads=((1, 1),), value=value)(x)
+    return lambda: ops.masked_fill(eq=1, fill=value)(x, MASK)
+
+
+def _numpy_fill(name, value, dtype):
+    x = X32.astype(dtype)
+    if name == "set":
+        return np.full((3,), value, dtype)
+    if name == "pad":
+        return np.pad(x, ((1, 1),), constant_values=np.asarray(value, dtype))
+    return np.where(MASK == 1, np.asarray(value, dtype), x)
+
+
+FILLS = ("set", "pad", "masked_fill")
+
+
+@pytest.mark.parametrize("name", FILLS)
+@pytest.mark.parametrize(
+    "value, dtype",
+    [(7, np.int32), (-2.0, np.int32), (127, np.int8), (255.0, np.uint8), (1, np.bool_)],
+)
+def test_whole_fill_values_in_range_fill_as_numpy(name, value, dtype):
+    got = np.asarray(_fill(name, value, dtype)())
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, _numpy_fill(name, value, dtype))
+
+
+@pytest.mark.parametrize("name", FILLS)
+@pytest.mark.parametrize(
+    "value, dtype, problem",
+    [
+        (2.7, np.int32, "would be truncated in an int32 tensor"),
+        (float("nan"), np.int32, "is not finite"),
+        (float("-inf"), np.int8, "is not finite"),
+        (300, np.int8, r"is outside int8's range \[-128, 127\]"),
+        (-1, np.uint8, r"is outside uint8's range \[0, 255\]"),
+        (2, np.bool_, r"is outside bool's range \[0, 1\]"),
+    ],
+)
+def test_fill_values_an_integer_tensor_cannot_hold_are_refused(name, value, dtype, problem):
+    what = "fill" if name == "masked_fill" else "value"
+    with pytest.raises(DTypeError, match=rf"{name}: {what}={value!r} {problem}"):
+        _fill(name, value, dtype)()
+
+
+def test_float_fill_values_are_unchecked():
+    x = np.array([1.0, 2.0], np.float16)
+    got = np.asarray(ops.masked_fill(eq=1, fill=-1e8)(x, np.array([1, 0], np.int32)))
+    np.testing.assert_array_equal(got, [-np.inf, 2.0])
+    np.testing.assert_array_equal(np.asarray(ops.pad(pads=((1, 0),), value=0.5)(x)), [0.5, 1, 2])
