@@ -5,7 +5,10 @@ An operand of ``+ - * / @ **`` is a variable, a Python or NumPy number, or an ar
 Numbers and arrays become constants of the variable's dtype where NumPy would promote
 to it (``float32 + float64 array`` is float32, as JAX computes with 64-bit types off;
 ``float32 + int array`` is float32); an array of another kind (floats beside an integer
-variable) keeps its dtype, and the command then says the dtypes differ.
+variable) keeps its dtype, and the command then says the dtypes differ. A number beside
+an integer or bool variable must be a value of its type (whole, finite, in range), as
+for ``*``'s ``scalar_mul``: ``v + 2.0`` adds 2, ``v + 0.5`` is a :class:`DTypeError`
+rather than ``v + 0`` with the fraction dropped (convert ``v`` to a float type first).
 
 ``**`` is recorded with existing commands, so gradients flow: an integer power is
 ``ewprod`` by repeated squaring (``1 / x**n`` for a negative one), ``x**0.5`` is
@@ -29,6 +32,7 @@ import numpy as np
 
 from fnnc import ops
 from fnnc.errors import DTypeError, ShapeError
+from fnnc.ops._rules import require_storable
 
 if TYPE_CHECKING:
     from .variable import Variable
@@ -53,7 +57,9 @@ def operand(var: Variable, other: Any, op: str) -> Variable:
         return other
     dg = var._dg
     if is_number(other):
-        return dg.scalar(other.item() if isinstance(other, np.generic) else other, var.dtype)
+        value = other.item() if isinstance(other, np.generic) else other
+        require_storable(f"{op} with variable {var.label}", "", value, var.dtype)
+        return dg.scalar(value, var.dtype)
     arr = _array(other)
     if arr is None:
         raise DTypeError(
