@@ -86,7 +86,14 @@ def _ewprod_backward(grads, inputs, outputs):
     family="elementwise", shape=broadcast("ewdiv"), uses=Uses(inputs=(0, 1)), elementwise=True
 )
 def ewdiv(a, b):
-    """a / b (broadcasting). NNC's nil numerator is ``ewdiv(ones, b)``."""
+    """a / b (broadcasting). NNC's nil numerator is ``ewdiv(ones, b)``.
+
+    On integer tensors it is C's (and XLA's) integer division, not NumPy's ``/``: the
+    quotient truncated toward zero (``-7 / 2`` is -3; NumPy's ``//`` floors to -4), and
+    no error where it is undefined: ``x / 0`` is -1 in a signed type, the largest value
+    (all bits set) in an unsigned one, and the smallest signed value divided by -1 is
+    itself. Convert to a float type first (datatype_conversion) for a true quotient.
+    """
     shape = _out_shape(a, b)
     return lax.div(to_shape(a, shape), to_shape(b, shape))
 

@@ -5,12 +5,14 @@ to -1; fill values were truncated or wrapped; sqrt of an int32 was a raw JAX err
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 from fnnc import ops
 from fnnc.errors import DTypeError
-from fnnc.graph import GraphBuilder, compile, interpret, simplify
+from fnnc.graph import GraphBuilder, compile, interpret, simplify, trace
 
 
 def _integer_clamp(x, lo, hi):
@@ -153,3 +155,28 @@ def test_float_fill_values_are_unchecked():
     got = np.asarray(ops.masked_fill(eq=1, fill=-1e8)(x, np.array([1, 0], np.int32)))
     np.testing.assert_array_equal(got, [-np.inf, 2.0])
     np.testing.assert_array_equal(np.asarray(ops.pad(pads=((1, 0),), value=0.5)(x)), [0.5, 1, 2])
+
+
+# --- ewdiv of integers: C's division, as documented ----------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.uint8])
+def test_integer_ewdiv_truncates_toward_zero_and_gives_xlas_values_for_x_over_0(dtype):
+    a = np.array([7, 100, 1, 5, 0, 9], dtype)
+    b = np.array([2, 3, 3, 0, 0, 1], dtype)
+    if np.issubdtype(dtype, np.signedinteger):
+        a, b = a * np.array([1, -1, 1, -1, 1, 1], dtype), b * np.array([1, 1, -1, 1, 1, -1], dtype)
+    wide_a, wide_b = a.astype(np.float64), b.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = np.trunc(wide_a / wide_b)
+    by_zero = -1 if np.issubdtype(dtype, np.signedinteger) else np.iinfo(dtype).max
+    want = np.where(b == 0, by_zero, want).astype(dtype)
+    got = np.asarray(ops.ewdiv()(a, b))
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_traced_integer_division_keeps_jaxs_value():
+    a, b = jnp.array([7, -7, 9], jnp.int32), jnp.array([2, 2, -4], jnp.int32)
+    graph = trace(lax.div, a, b)
+    np.testing.assert_array_equal(np.asarray(compile(graph)(a, b)), [3, -3, -2])

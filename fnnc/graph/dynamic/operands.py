@@ -9,9 +9,11 @@ variable) keeps its dtype, and the command then says the dtypes differ. A number
 an integer or bool variable must be a value of its type (whole, finite, in range), as
 for ``*``'s ``scalar_mul``: ``v + 2.0`` adds 2, ``v + 0.5`` is a :class:`DTypeError`
 rather than ``v + 0`` with the fraction dropped (convert ``v`` to a float type first).
+``/`` of integer variables is a :class:`DTypeError` too (NumPy's would give floats).
 
 ``**`` is recorded with existing commands, so gradients flow: an integer power is
-``ewprod`` by repeated squaring (``1 / x**n`` for a negative one), ``x**0.5`` is
+``ewprod`` by repeated squaring (``1 / x**n`` for a negative one, floats only, as
+``/``), ``x**0.5`` is
 ``ewsqrt``, ``x**-0.5`` ``ewrsqrt``, and any other exponent ``exp(p * log x)``, which,
 like NumPy's real power, is defined for ``x > 0`` (``x = 0`` gives 0, a NaN gradient).
 
@@ -93,6 +95,20 @@ def _cast(arr: Any, dtype: np.dtype) -> Any:
     return arr
 
 
+def refuse_integer_division(x: Variable, op: str) -> None:
+    """Raises :class:`DTypeError` for ``/`` (or a negative integer power, ``1 / x**n``)
+    of an integer or bool variable: ``ewdiv`` of integers truncates toward zero (C's
+    rule), where NumPy's ``/`` gives floats. ``x / 2`` raises from ``scalar_mul`` alike."""
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return
+    name = np.dtype(x.dtype).name
+    raise DTypeError(
+        f"{op} with variable {x.label} {name}{list(x.shape)}: the quotient would be "
+        f"truncated to {name} (ewdiv divides integers as C does); convert the inputs to a "
+        "float type first (datatype_conversion)"
+    )
+
+
 def power(x: Variable, p: Any) -> Variable:
     """``x ** p`` with existing commands (see the module doc)."""
     dg = x._dg
@@ -120,6 +136,7 @@ def power(x: Variable, p: Any) -> Variable:
     positive = factors[0] if len(factors) == 1 else dg.exec(ops.ewprod(), *factors)
     if n > 0:
         return positive
+    refuse_integer_division(x, f"** {n}")
     return dg.exec(ops.ewdiv(), dg.scalar(1, x.dtype), positive)
 
 

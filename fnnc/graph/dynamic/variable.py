@@ -209,9 +209,11 @@ class Variable:
     def __truediv__(self, other: Any) -> Variable:
         if operands.is_number(other) and not isinstance(other, (bool, np.bool_)):
             return self._dg.exec(ops.scalar_mul(a=1.0 / float(other)), self)
+        operands.refuse_integer_division(self, "/")
         return self._binary(_DIV, other, "/")
 
     def __rtruediv__(self, other: Any) -> Variable:
+        operands.refuse_integer_division(self, "/")
         return self._binary(_DIV, other, "/", swap=True)
 
     def __matmul__(self, other: Any) -> Variable:

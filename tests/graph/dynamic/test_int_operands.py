@@ -59,3 +59,32 @@ def test_numbers_outside_the_variable_type_are_refused():
 def test_float_variables_take_fractions():
     x = X.astype(np.float32)
     np.testing.assert_allclose(np.asarray(2.5 + _var(x) - 0.7), 2.5 + x - 0.7, rtol=1e-6)
+
+
+W = np.full(4, 2, np.int32)
+
+
+@pytest.mark.parametrize(
+    "expr, shown",
+    [
+        (lambda v, w: v / w, r"/ with variable .* int32\[4\]: the quotient would be truncated"),
+        (lambda v, w: 3 / w, r"/ with variable .* int32\[4\]: the quotient would be truncated"),
+        (lambda v, w: X / w, r"/ with variable .*: the quotient would be truncated"),
+        (lambda v, w: v**-1, r"\*\* -1 with variable .*: the quotient would be truncated"),
+        (lambda v, w: v**-3, r"\*\* -3 with variable .*: the quotient would be truncated"),
+        (lambda v, w: v / 2, r"scalar_mul: a=0.5 on int32\[4\] would be truncated"),
+    ],
+)
+def test_true_division_of_integer_variables_is_refused(expr, shown):
+    dg = DynamicGraph()
+    with pytest.raises(DTypeError, match=shown) as info:
+        expr(dg.constant(X), dg.constant(W))
+    assert "convert the inputs to a float type first (datatype_conversion)" in str(info.value)
+
+
+def test_float_division_and_integer_powers_still_compute():
+    x, w = X.astype(np.float32) + 10, W.astype(np.float32)
+    dg = DynamicGraph()
+    np.testing.assert_allclose(np.asarray(dg.constant(x) / dg.constant(w)), x / w, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(dg.constant(x) ** -2), x**-2.0, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(_var() ** 3), X.astype(np.int64) ** 3)
