@@ -41,7 +41,20 @@ def jax_dtype(dtype: Any) -> np.dtype:
 def require_float(name: str, *specs: Spec) -> None:
     for s in specs:
         if not jnp.issubdtype(s.dtype, jnp.inexact):
-            raise DTypeError(f"{name}: expected a floating-point input, got {show(s)}")
+            raise DTypeError(
+                f"{name}: expected a floating-point input, got {show(s)}; convert it to a "
+                "float type first (datatype_conversion)"
+            )
+
+
+def require_number(name: str, *specs: Spec) -> None:
+    """Raises :class:`DTypeError` for a bool input of arithmetic (XLA has no bool add)."""
+    for s in specs:
+        if np.dtype(s.dtype) == np.bool_:
+            raise DTypeError(
+                f"{name}: expected numbers, got {show(s)}; convert it to an integer or float "
+                "type first (datatype_conversion), or use logical ops for masks"
+            )
 
 
 def whole_number(value: Any) -> bool:
@@ -102,11 +115,14 @@ def broadcast_shape(name: str, *shapes: Sequence[int]) -> tuple[int, ...]:
         fail(f"{name}: shapes {', '.join(str(list(s)) for s in shapes)} do not broadcast")
 
 
-def broadcast(name: str) -> Any:
-    """Shape rule for n-ary elementwise commands (one dtype, NumPy broadcasting)."""
+def broadcast(name: str, numbers: bool = False) -> Any:
+    """Shape rule for n-ary elementwise commands (one dtype, NumPy broadcasting);
+    ``numbers``: arithmetic, which bool inputs are refused (:func:`require_number`)."""
 
     def rule(*specs: Spec, **params: Any) -> Spec:
         dtype = require_same_dtype(name, *specs)
+        if numbers:
+            require_number(name, specs[0])
         return Spec(broadcast_shape(name, *(s.shape for s in specs)), dtype)
 
     return rule

@@ -20,6 +20,7 @@ from fnnc.ops._rules import (
     broadcast_shape,
     fail,
     null_gradient,
+    require_number,
     require_same_dtype,
     same_shape,
     show,
@@ -164,6 +165,7 @@ def _whole_scalars(name: str, base: Any) -> Any:
                     f"{np.dtype(out.dtype).name}; give whole-number scalars, or convert the "
                     "inputs to a float type first (datatype_conversion)"
                 )
+        require_number(name, specs[0])
         return out
 
     return rule

@@ -21,6 +21,7 @@ from fnnc.ops._rules import (
     broadcast,
     broadcast_shape,
     null_gradient,
+    require_float,
     require_same_dtype,
     same_shape,
     show,
@@ -43,7 +44,11 @@ def _fold(op, inputs):
 
 
 @defcommand(
-    family="elementwise", shape=broadcast("ewsum"), uses=NOTHING, elementwise=True, commutative=True
+    family="elementwise",
+    shape=broadcast("ewsum", numbers=True),
+    uses=NOTHING,
+    elementwise=True,
+    commutative=True,
 )
 def ewsum(*inputs):
     """Sum of any number of tensors (broadcasting)."""
@@ -58,7 +63,7 @@ def _ewsum_backward(grads, inputs, outputs):
 
 @defcommand(
     family="elementwise",
-    shape=broadcast("ewprod"),
+    shape=broadcast("ewprod", numbers=True),
     uses=Uses(inputs=None),
     elementwise=True,
     commutative=True,
@@ -83,7 +88,10 @@ def _ewprod_backward(grads, inputs, outputs):
 
 
 @defcommand(
-    family="elementwise", shape=broadcast("ewdiv"), uses=Uses(inputs=(0, 1)), elementwise=True
+    family="elementwise",
+    shape=broadcast("ewdiv", numbers=True),
+    uses=Uses(inputs=(0, 1)),
+    elementwise=True,
 )
 def ewdiv(a, b):
     """a / b (broadcasting). NNC's nil numerator is ``ewdiv(ones, b)``.
@@ -106,17 +114,23 @@ def _ewdiv_backward(grads, inputs, outputs):
     return unbroadcast(ga, a.shape), unbroadcast(-ga * to_shape(a, g.shape) / bb, b.shape)
 
 
-def _unary(name: str, fn, grad_from, uses: Uses):
-    """Defines a unary elementwise command with backward ``g * grad_from(x, y)``."""
+def _unary(name: str, fn, grad_from, uses: Uses, float_only: bool = True):
+    """Defines a unary elementwise command with backward ``g * grad_from(x, y)``; a
+    ``float_only`` one refuses integer and bool inputs in its shape rule (a
+    :class:`DTypeError` naming it, where JAX's error named only its primitive)."""
+
+    def shape(x: Spec) -> Spec:
+        if float_only:
+            require_float(name, x)
+        return same_shape(x)
 
     def forward(x):
         return fn(x)
 
     forward.__name__ = name
-    forward.__doc__ = f"Elementwise {name[2:] if name.startswith('ew') else name}(x)."
-    factory = defcommand(family="elementwise", shape=same_shape, uses=uses, elementwise=True)(
-        forward
-    )
+    what = name[2:] if name.startswith("ew") else name
+    forward.__doc__ = f"Elementwise {what}(x)" + (", for floating-point x." if float_only else ".")
+    factory = defcommand(family="elementwise", shape=shape, uses=uses, elementwise=True)(forward)
 
     @factory.backward
     def _backward(grads, inputs, outputs):
@@ -142,7 +156,11 @@ ewerfc = _unary(
 )
 # The subgradient at 0 is +1, as JAX's (so traced programs differentiate identically).
 ewabs = _unary(
-    "ewabs", lax.abs, lambda x, y: jnp.where(x >= 0, 1, -1).astype(x.dtype), Uses(inputs=(0,))
+    "ewabs",
+    lax.abs,
+    lambda x, y: jnp.where(x >= 0, 1, -1).astype(x.dtype),
+    Uses(inputs=(0,)),
+    float_only=False,
 )
 
 

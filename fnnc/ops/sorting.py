@@ -131,8 +131,9 @@ def _unique_rule(x: Spec, *, bincount) -> tuple[Spec, Spec]:
 def unique_consecutive(x, *, bincount):
     """Run-length code of a 1-d tensor: each run's value and length, in order, in
     outputs of ``bincount`` entries (NNC's UNIQUE_CONSECUTIVE). Unused slots hold -1
-    (values) and 0 (counts); runs past ``bincount`` are dropped."""
-    starts = jnp.concatenate([jnp.ones((1,), bool), x[1:] != x[:-1]])
+    (values) and 0 (counts), so an empty x gives only unused slots; runs past
+    ``bincount`` are dropped."""
+    starts = jnp.concatenate([jnp.ones((min(1, x.shape[0]),), bool), x[1:] != x[:-1]])
     run = jnp.cumsum(starts.astype(jnp.int32)) - 1
     values = jnp.full((bincount,), -1, x.dtype).at[run].set(x, mode="drop")
     counts = jnp.zeros((bincount,), jnp.int32).at[run].add(1, mode="drop")

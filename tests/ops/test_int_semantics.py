@@ -180,3 +180,51 @@ def test_traced_integer_division_keeps_jaxs_value():
     a, b = jnp.array([7, -7, 9], jnp.int32), jnp.array([2, 2, -4], jnp.int32)
     graph = trace(lax.div, a, b)
     np.testing.assert_array_equal(np.asarray(compile(graph)(a, b)), [3, -3, -2])
+
+
+# --- float-only and number-only commands; unique_consecutive of nothing ---------------
+
+FLOAT_ONLY = (
+    "ewexp",
+    "ewlog",
+    "ewsqrt",
+    "ewrsqrt",
+    "ewexpm1",
+    "ewlog1p",
+    "ewerf",
+    "ewerfc",
+    "ewsin",
+    "ewcos",
+)
+
+
+@pytest.mark.parametrize("name", FLOAT_ONLY)
+@pytest.mark.parametrize("x", [np.array([4, 2], np.int32), np.array([True, False])])
+def test_float_only_unary_commands_refuse_integers_and_bools_by_name(name, x):
+    cmd = getattr(ops, name)()
+    with pytest.raises(DTypeError, match=rf"{name}: expected a floating-point input"):
+        cmd(x)
+    b = GraphBuilder()
+    with pytest.raises(DTypeError, match="datatype_conversion"):
+        b.exec(cmd, b.input(x.shape, x.dtype, name="x"))
+
+
+def test_ewabs_still_takes_integers():
+    x = np.array([-3, 0, 4], np.int32)
+    np.testing.assert_array_equal(np.asarray(ops.ewabs()(x)), np.abs(x))
+
+
+@pytest.mark.parametrize(
+    "cmd, n", [(ops.ewsum(), 2), (ops.ewprod(), 2), (ops.ewdiv(), 2), (ops.scalar_mul(a=-1.0), 1)]
+)
+def test_arithmetic_on_bools_is_refused_by_name(cmd, n):
+    m = np.array([True, False])
+    with pytest.raises(DTypeError, match=rf"{cmd.name}: expected numbers, got bool\[2\]"):
+        cmd(*[m] * n)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+def test_unique_consecutive_of_an_empty_tensor_has_only_unused_slots(dtype):
+    values, counts = ops.unique_consecutive(bincount=3)(np.zeros((0,), dtype))
+    np.testing.assert_array_equal(np.asarray(values), np.full(3, -1, dtype))
+    np.testing.assert_array_equal(np.asarray(counts), np.zeros(3, np.int32))
