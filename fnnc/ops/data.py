@@ -254,7 +254,9 @@ def _interpolation(idx: Any, n: int) -> tuple[Any, Any, Any]:
 @defcommand(family="data", shape=_index_select_shape, uses=Uses(inputs=(1,)))
 def index_select(x, idx, *, axis=0):
     """Picks the entries ``idx`` of ``x`` along ``axis`` (negative indices count from
-    the end; out-of-range ones read NaN for floats). NNC's INDEX_SELECT is ``axis=0``.
+    the end). Out-of-range ones read ``jnp.take``'s fill: NaN for floats, the smallest
+    value of a signed integer type, the largest of an unsigned one, True for bool.
+    NNC's INDEX_SELECT is ``axis=0``.
 
     Float ``idx`` are positions between entries, interpolated linearly as in NNC
     (``ccv_nnc_index_select_cpu_ref.c``): position ``i`` reads

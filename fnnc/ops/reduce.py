@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from fnnc.core.command import NOTHING, Spec, Uses, defcommand, is_float
 from fnnc.core.dtypes import at_least_float32
+from fnnc.errors import DTypeError
 from fnnc.ops._rules import fail, leading_sum, norm_axes, require_float, show, to_shape
 
 EXTREMUM_USES = Uses(inputs=(0,), outputs=(0,))
@@ -29,10 +30,15 @@ def _count(shape, axes) -> int:
     return n
 
 
-def _reduce_rule(name: str, need_float: bool = False, nonempty: bool = False):
+def _reduce_rule(name: str, need_float: bool = False, nonempty: bool = False, count=False):
     def rule(x: Spec, *, axes) -> Spec:
         if need_float:
             require_float(name, x)
+        if count and x.dtype == jnp.bool_:
+            raise DTypeError(
+                f"{name}: {show(x)} would sum in bool (a logical or); to count the True "
+                "entries convert x to an integer type first (datatype_conversion to int32)"
+            )
         axes = norm_axes(name, axes, x.ndim)
         if nonempty:
             _nonempty(name, x, axes)
@@ -49,9 +55,10 @@ def _nonempty(name: str, x: Spec, axes: tuple[int, ...]) -> None:
         fail(f"{name}: axis {empty[0]} of {show(x)} is empty; it has no value to pick")
 
 
-@defcommand(family="reduce", shape=_reduce_rule("reduce_sum"), uses=NOTHING)
+@defcommand(family="reduce", shape=_reduce_rule("reduce_sum", count=True), uses=NOTHING)
 def reduce_sum(x, *, axes):
-    """Sum over ``axes`` (kept as size 1), in ``x``'s dtype. Over all axes but the
+    """Sum over ``axes`` (kept as size 1), in ``x``'s dtype (not bool: convert a mask
+    to an integer type to count it, as ``jnp.sum`` does). Over all axes but the
     last it sums in batch_norm's order (:func:`fnnc.ops._rules.leading_sum`)."""
     ax = norm_axes("reduce_sum", axes, x.ndim)
     return jnp.reshape(leading_sum(x, ax, dtype=x.dtype), _kept(x.shape, ax))

@@ -228,3 +228,35 @@ def test_unique_consecutive_of_an_empty_tensor_has_only_unused_slots(dtype):
     values, counts = ops.unique_consecutive(bincount=3)(np.zeros((0,), dtype))
     np.testing.assert_array_equal(np.asarray(values), np.full(3, -1, dtype))
     np.testing.assert_array_equal(np.asarray(counts), np.zeros(3, np.int32))
+
+
+# --- reduce_sum of bool; index_select out of range --------------------------------------
+
+MASK2 = np.array([[True, True, False], [False, True, False]])
+
+
+def test_reduce_sum_of_a_bool_mask_is_refused_with_what_to_do():
+    with pytest.raises(DTypeError, match=r"reduce_sum: bool\[2, 3\] .*datatype_conversion"):
+        ops.reduce_sum(axes=(1,))(MASK2)
+    counted = ops.reduce_sum(axes=(1,))(ops.datatype_conversion(dtype="int32")(MASK2))
+    np.testing.assert_array_equal(np.asarray(counted), MASK2.sum(axis=1, keepdims=True))
+
+
+def test_traced_jnp_sum_of_a_mask_still_counts():
+    graph = trace(lambda m: jnp.sum(m, axis=1), MASK2)
+    np.testing.assert_array_equal(np.asarray(compile(graph)(MASK2)), MASK2.sum(axis=1))
+
+
+@pytest.mark.parametrize(
+    "x, fill",
+    [
+        (np.arange(4, dtype=np.float32), np.nan),
+        (np.arange(4, dtype=np.int32), np.iinfo(np.int32).min),
+        (np.arange(4, dtype=np.uint8), 255),
+        (np.zeros(4, bool), True),
+    ],
+)
+def test_index_select_out_of_range_reads_the_documented_fill(x, fill):
+    got = np.asarray(ops.index_select()(x, np.array([1, 4, -1, 9], np.int32)))
+    want = np.array([x[1], fill, x[-1], fill], x.dtype)
+    np.testing.assert_array_equal(got, want)
