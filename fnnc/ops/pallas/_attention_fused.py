@@ -22,6 +22,9 @@ subexpression elimination can merge the two in one program and ``lse`` costs not
 (where it does not, the call costs a forward: two products a tile; a kept profile
 shows which, by the forward kernels it counts). A float mask whose gradient is wanted
 runs the split kernels, which write the logits' gradient tile by tile.
+
+Its tiles need more shared memory than either split kernel's (:func:`shared_bytes`):
+float32 at ``D = Dv = 128`` does not fit a Hopper SM, so ``supports`` declines it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,26 @@ from fnnc.core.command import Spec
 from fnnc.ops.pallas._attention_grads import delta_of, dkv_kernel, key_walk_specs
 from fnnc.ops.pallas._attention_tiles import Config
 from fnnc.ops.pallas._common import launch, steps
+
+SHARED_BYTES = 227 * 1024
+"""Shared memory a Triton program may use on a Hopper SM (H100, H200): 232448 bytes,
+XLA's "available" when a kernel asks for more."""
+
+
+def shared_bytes(bq: int, bk: int, stages: int, d: int, dv: int, itemsize: int) -> int:
+    """Shared memory the fused kernel needs at query / key blocks ``bq`` x ``bk`` (as it
+    runs them: the lengths padded to a power of two, capped), ``stages`` pipelining
+    stages, head sizes ``d``, ``dv`` and inputs of ``itemsize`` bytes: the K and V tiles
+    it keeps, ``stages`` tiles each of the Q and dO it streams (and of the float32 rows
+    of ``lse`` and ``delta``), the float32 ``[bq, D]`` dQ tile it adds out, and one
+    ``[bq, bk]`` tile of P / dS as a product's operand in the inputs' dtype.
+
+    Calibrated on an H200 (2026-11-28), where float32 at 64 x 64 blocks, 2 stages,
+    ``D = Dv = 128`` asked for 246784 bytes, this sum exactly; 16-bit inputs at
+    ``D = 128`` (137 KiB here) and float32 at ``D = 64`` (129 KiB) ran."""
+    kept = bk * (d + dv) * itemsize
+    streamed = stages * (bq * (d + dv) * itemsize + 2 * bq * 4)
+    return kept + streamed + bq * d * 4 + bq * bk * itemsize
 
 
 def fused_grads(cfg: Config, q, k, v, mask, o, lse, go) -> tuple[Any, Any, Any]:

@@ -64,7 +64,9 @@ from jax.experimental import pallas as pl
 from fnnc import config
 from fnnc.core.command import Command, Spec
 from fnnc.ops.attention import scaled_dot_product_attention as _command
+from fnnc.ops.pallas._attention_fused import SHARED_BYTES as FUSED_SHARED_BYTES
 from fnnc.ops.pallas._attention_fused import fused_grads
+from fnnc.ops.pallas._attention_fused import shared_bytes as fused_shared_bytes
 from fnnc.ops.pallas._attention_grads import kernel_grads
 from fnnc.ops.pallas._attention_tiles import (
     LOG2E,
@@ -108,7 +110,8 @@ class Blocks:
     """Where set, inputs whose pipelined tiles would pass it are declined: each kernel
     keeps its stationary block and ``stages`` streamed blocks of two operands (K and V,
     or Q and dO) in shared memory, ``(stationary + stages * streamed) * (D + Dv) *
-    itemsize`` bytes (a Hopper SM has 227 KiB)."""
+    itemsize`` bytes (a Hopper SM has 227 KiB); the fused backward's tiles are counted
+    in full (:func:`fnnc.ops.pallas._attention_fused.shared_bytes`)."""
     dq: tuple[int, int] | None = None
     """The dQ kernel's largest query and key blocks (it keeps a query block, streams keys)."""
     dkv: tuple[int, int] | None = None
@@ -131,14 +134,18 @@ class Blocks:
             "dK/dV": (*(self.dkv or fwd), back),
         }
 
-    def overflow(self, q: Spec, v: Spec) -> str | None:
+    def overflow(self, q: Spec, k: Spec, v: Spec) -> str | None:
         """Why these inputs' tiles do not fit :attr:`shared_bytes`; ``None`` if they do."""
         if self.shared_bytes is None:
             return None
-        width = (q.shape[3] + v.shape[3]) * q.dtype.itemsize
+        d, dv, itemsize = q.shape[3], v.shape[3], q.dtype.itemsize
         for kernel, (bq, bk, stages) in self.kernels().items():
             kept, streamed = (bk, bq) if kernel == "dK/dV" else (bq, bk)
-            size = (kept + stages * streamed) * width
+            size = (kept + stages * streamed) * (d + dv) * itemsize
+            if self.fused and kernel == "dK/dV":  # the fused backward runs at its blocks
+                kernel = "fused backward"
+                bq, bk = lane_block(q.shape[1], bq, MIN_TILE), lane_block(k.shape[1], bk, MIN_TILE)
+                size = fused_shared_bytes(bq, bk, stages, d, dv, itemsize)
             if size > self.shared_bytes:
                 return (
                     f"{NAME}: the {kernel} kernel's {bq} x {bk} blocks in {stages} stages "
@@ -164,11 +171,12 @@ and streams 32 keys, dK/dV keeps 128 keys and streams 32 queries), as the backwa
 Triton's flash-attention tutorial blocks them. Also a candidate only: chosen where timed
 faster."""
 
-FUSED = Blocks(fused=True)
+FUSED = Blocks(fused=True, shared_bytes=FUSED_SHARED_BYTES)
 """The ``"pallas_fused"`` backend's settings: the default blocks, and FlashAttention-2's
 one-kernel backward (five products a tile pair, not seven; dQ summed with float32
 atomic adds, so not bit-for-bit repeatable). A candidate only, chosen where timed
-faster."""
+faster. Its backward keeps more tiles than the split kernels, all counted, so it
+declines what passes a Hopper SM's 227 KiB (float32 at ``D = Dv = 128``)."""
 
 scaled_dot_product_attention_reference = _command.definition.forward
 """The command's reference forward (the ``"xla"`` backend), which the kernel matches."""
@@ -188,7 +196,7 @@ def wins(cmd: Command, specs: Sequence[Spec]) -> bool:
 def supports(cmd: Command, specs: Sequence[Spec], blocks: Blocks = Blocks()) -> str | None:
     """``None`` when the kernels run these inputs, else the reason (see module doc)."""
     q, k, v, *rest = specs
-    too_big = blocks.overflow(q, v)
+    too_big = blocks.overflow(q, k, v)
     if too_big is not None:
         return too_big
     if any(s is not None for s in rest[1:]):

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from fnnc import ops
+from fnnc import config, ops
+from fnnc.errors import BackendError
 from fnnc.ops.pallas import FUSED_ATTENTION
 from fnnc.ops.pallas import scaled_dot_product_attention as kernel
 from tests.helpers import rand
@@ -97,3 +98,59 @@ def test_one_backward_kernel_given_lse_and_the_forward_kernels_call_in_a_graph()
 def test_it_is_a_candidate_only():
     """Never a default by priority (its dQ is not bit-for-bit repeatable on a GPU)."""
     candidate_only(FUSED_ATTENTION)
+
+
+# The H200 sweep of 2026-11-28, (B, S, T, H, Hk, D = Dv, causal), each in bfloat16,
+# float16 and float32: "pallas_fused" ran every one but float32 at D = 128, whose
+# backward XLA refused: "Shared memory size limit exceeded: requested 246784,
+# available: 232448".
+H200_SWEEP = [
+    (2, 1, 77, 4, 1, 64, True),
+    (1, 77, 45, 4, 2, 64, True),
+    (1, 46, 78, 2, 2, 128, True),
+    (2, 64, 64, 8, 2, 64, True),
+    (1, 130, 130, 2, 1, 32, False),
+    (1, 200, 96, 2, 2, 64, False),
+    (1, 96, 96, 4, 4, 64, True),
+    (1, 300, 300, 2, 1, 64, True),
+]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+@pytest.mark.parametrize("dims", H200_SWEEP, ids=lambda d: "x".join(map(str, d[:6])))
+def test_forced_on_a_gpu_it_declines_exactly_the_tiles_that_overflow_shared_memory(
+    monkeypatch, dims, dtype
+):
+    """At its own 64 x 64 blocks: the float32 D = 128 case is a BackendError naming the
+    fused kernel's shared memory (XLA's 246784 bytes, 241 KiB, over the 227 KiB a Hopper
+    SM has), not XLA's compile error; every case that ran on the H200 is accepted."""
+    monkeypatch.setattr(kernel, "BLOCK_Q", 64)
+    monkeypatch.setattr(kernel, "BLOCK_K", 64)
+    b, s, t, h, hk, d, causal = dims
+    cmd = ops.scaled_dot_product_attention(is_causal=causal)
+    specs = [
+        jax.ShapeDtypeStruct((b, s, h, d), dtype),
+        jax.ShapeDtypeStruct((b, t, hk, d), dtype),
+        jax.ShapeDtypeStruct((b, t, hk, d), dtype),
+        jax.ShapeDtypeStruct((1, 1, s, t), jnp.bool_),
+    ]
+    forced = {"scaled_dot_product_attention": FUSED_ATTENTION}
+    with config.override(backend_per_command=forced):
+        if dtype == jnp.float32 and d == 128:
+            with pytest.raises(BackendError) as caught:
+                ops.select_backend(cmd, specs, "gpu")
+            why = str(caught.value)
+            assert "fused backward kernel's 64 x 64 blocks in 2 stages" in why, why
+            assert f"need {246784 // 1024} KiB of shared memory" in why, why
+            assert f"{232448 // 1024} KiB are allowed" in why, why
+        else:
+            assert ops.select_backend(cmd, specs, "gpu") == FUSED_ATTENTION
+
+
+def test_the_shared_memory_estimate_is_xlas_request_on_the_h200():
+    """The fused kernel's tiles at 64 x 64 blocks, 2 stages, float32, D = Dv = 128 sum to
+    the bytes XLA asked for, and its limit is XLA's "available"."""
+    from fnnc.ops.pallas._attention_fused import SHARED_BYTES, shared_bytes
+
+    assert shared_bytes(64, 64, 2, 128, 128, 4) == 246784
+    assert SHARED_BYTES == 232448
