@@ -98,7 +98,7 @@ def _cast(arr: Any, dtype: np.dtype) -> Any:
 def refuse_integer_division(x: Variable, op: str) -> None:
     """Raises :class:`DTypeError` for ``/`` (or a negative integer power, ``1 / x**n``)
     of an integer or bool variable: ``ewdiv`` of integers truncates toward zero (C's
-    rule), where NumPy's ``/`` gives floats. ``x / 2`` raises from ``scalar_mul`` alike."""
+    rule), where NumPy's ``/`` gives floats; ``x / 1`` alike, for one rule per ``/``."""
     if jnp.issubdtype(x.dtype, jnp.inexact):
         return
     name = np.dtype(x.dtype).name
@@ -123,6 +123,8 @@ def power(x: Variable, p: Any) -> Variable:
     if p != int(p) or not math.isfinite(p):
         return dg.exec(ops.ewexp(), dg.exec(ops.scalar_mul(a=p), dg.exec(ops.ewlog(), x)))
     n = int(p)
+    if n < 0:  # before any node is recorded
+        refuse_integer_division(x, f"** {n}")
     if n == 0:
         # d(x**0)/dx is 0 everywhere; 0 * x + 1 would be NaN where x is infinite
         return dg.constant(np.ones(x.shape, x.dtype))
@@ -136,7 +138,6 @@ def power(x: Variable, p: Any) -> Variable:
     positive = factors[0] if len(factors) == 1 else dg.exec(ops.ewprod(), *factors)
     if n > 0:
         return positive
-    refuse_integer_division(x, f"** {n}")
     return dg.exec(ops.ewdiv(), dg.scalar(1, x.dtype), positive)
 
 

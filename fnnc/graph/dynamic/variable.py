@@ -207,9 +207,9 @@ class Variable:
         return self.__mul__(other)
 
     def __truediv__(self, other: Any) -> Variable:
+        operands.refuse_integer_division(self, "/")  # v / 1 too, not just v / 2
         if operands.is_number(other) and not isinstance(other, (bool, np.bool_)):
             return self._dg.exec(ops.scalar_mul(a=1.0 / float(other)), self)
-        operands.refuse_integer_division(self, "/")
         return self._binary(_DIV, other, "/")
 
     def __rtruediv__(self, other: Any) -> Variable:
