@@ -107,10 +107,8 @@ def _transpose_geometry(name: str, x: Any, w: Any, strides, padding, dilation, o
         # ends at (n - 1) * s + k; the cells up to n * s, which that convolution never
         # reads, are output padding (zero), as in _convolution_backward.
         lohi = _spatial.explicit(pad, sizes, k, s)
-        r = tuple(
-            size - ((n - 1) * si + ki - lo - hi)
-            for size, n, si, ki, (lo, hi) in zip(sizes, x.shape[1:-1], s, k, lohi)
-        )
+        r = _output_padding(sizes, x.shape[1:-1], s, k, lohi)
+        return s, lohi, d, sizes, r
     else:
         lohi = _spatial.explicit(pad, (0,) * nd, k, s)
         sizes = tuple(
@@ -122,6 +120,15 @@ def _transpose_geometry(name: str, x: Any, w: Any, strides, padding, dilation, o
                 f"{name}: padding={padding!r} leaves no output for x {show(x)} and weight {show(w)}"
             )
     return s, _spatial.explicit(pad, sizes, k, s), d, sizes, r
+
+
+def _output_padding(sizes, in_sizes, s, k, pads) -> tuple[int, ...]:
+    """The output_padding with which a transpose of ``in_sizes`` (strides ``s``, dilated
+    kernel ``k``, explicit ``pads``) gives exactly ``sizes``."""
+    return tuple(
+        n - ((m - 1) * si + ki - lo - hi)
+        for n, m, si, ki, (lo, hi) in zip(sizes, in_sizes, s, k, pads)
+    )
 
 
 def _conv(x, w, strides, pads, dilation, groups):
@@ -197,11 +204,7 @@ def _convolution_backward(grads, inputs, outputs, *, strides, padding, dilation,
     x, g = (x[None], g[None]) if one else (x, g)
     s, pads, d, sizes = _conv_geometry("convolution", x, w, strides, padding, dilation)
     keff = _spatial.dilated(w.shape[1:-1], d)
-    # The output_padding that makes the transpose give back exactly x's sizes.
-    r = tuple(
-        n - ((m - 1) * si + ke - lo - hi)
-        for n, m, si, ke, (lo, hi) in zip(x.shape[1:-1], sizes, s, keff, pads)
-    )
+    r = _output_padding(x.shape[1:-1], sizes, s, keff, pads)  # gives back x's sizes
     geometry = dict(strides=s, pads=pads, dilation=d, groups=groups, output_padding=r)
     out = _grads(g, x, w, transpose=False, bias=bool(bias), **geometry)
     return (out[0][0], *out[1:]) if one else out
