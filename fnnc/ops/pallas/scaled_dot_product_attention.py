@@ -140,12 +140,13 @@ class Blocks:
             return None
         d, dv, itemsize = q.shape[3], v.shape[3], q.dtype.itemsize
         for kernel, (bq, bk, stages) in self.kernels().items():
-            kept, streamed = (bk, bq) if kernel == "dK/dV" else (bq, bk)
-            size = (kept + stages * streamed) * (d + dv) * itemsize
             if self.fused and kernel == "dK/dV":  # the fused backward runs at its blocks
                 kernel = "fused backward"
-                bq, bk = lane_block(q.shape[1], bq, MIN_TILE), lane_block(k.shape[1], bk, MIN_TILE)
+                bq, bk = _lanes(q.shape[1], k.shape[1], bq, bk)
                 size = fused_shared_bytes(bq, bk, stages, d, dv, itemsize)
+            else:
+                kept, streamed = (bk, bq) if kernel == "dK/dV" else (bq, bk)
+                size = (kept + stages * streamed) * (d + dv) * itemsize
             if size > self.shared_bytes:
                 return (
                     f"{NAME}: the {kernel} kernel's {bq} x {bk} blocks in {stages} stages "
@@ -212,6 +213,12 @@ def supports(cmd: Command, specs: Sequence[Spec], blocks: Blocks = Blocks()) -> 
     return None
 
 
+def _lanes(s: int, t: int, bq: int, bk: int) -> tuple[int, int]:
+    """The query and key blocks the kernels run for lengths ``s``, ``t`` under the caps
+    ``bq``, ``bk``: each length padded to a power of two, within ``[MIN_TILE, cap]``."""
+    return lane_block(s, bq, MIN_TILE), lane_block(t, bk, MIN_TILE)
+
+
 def _config(
     q: Any, k: Any, mask: Any, scale: Any, causal: bool, blocks: Blocks = Blocks()
 ) -> Config:
@@ -220,8 +227,7 @@ def _config(
     if mask is not None:
         kind = "bool" if mask.dtype == jnp.bool_ else "float"
         varies = tuple(n != 1 for n in (1,) * (4 - mask.ndim) + tuple(mask.shape))
-    bq = lane_block(s, blocks.q or BLOCK_Q, MIN_TILE)
-    bk = lane_block(t, blocks.k or BLOCK_K, MIN_TILE)
+    bq, bk = _lanes(s, t, blocks.q or BLOCK_Q, blocks.k or BLOCK_K)
     scale = 1 / math.sqrt(d) if scale is None else scale
     group = h // k.shape[2]
     warps = blocks.warps or (4 if d <= 64 else 8)
@@ -235,7 +241,7 @@ def _backward_configs(cfg: Config, blocks: Blocks) -> tuple[Config, Config]:
     caps = blocks.kernels()
 
     def of(bq: int, bk: int, stages: int) -> Config:
-        bq, bk = lane_block(cfg.s, bq, MIN_TILE), lane_block(cfg.t, bk, MIN_TILE)
+        bq, bk = _lanes(cfg.s, cfg.t, bq, bk)
         return dataclasses.replace(cfg, bq=bq, bk=bk, stages=stages)
 
     return of(*caps["dQ"]), of(*caps["dK/dV"])
