@@ -56,5 +56,5 @@ def test_floats_take_any_scalar():
 def test_dynamic_graph_division_of_an_integer_variable_says_so():
     v = DynamicGraph().variable(X)
     np.testing.assert_array_equal(np.asarray(v * 2), 2 * X)
-    with pytest.raises(DTypeError, match=r"scalar_mul: a=0.5 on int32\[9\]"):
+    with pytest.raises(DTypeError, match=r"/ with variable .* int32\[9\]: the quotient would"):
         v / 2
