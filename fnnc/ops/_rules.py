@@ -64,18 +64,26 @@ def whole_number(value: Any) -> bool:
     return math.isfinite(value) and float(value).is_integer()
 
 
+def int_range(dtype: Any) -> tuple[int, int] | None:
+    """The values an integer or bool ``dtype`` holds, ``(least, most)``; ``None`` for
+    other dtypes."""
+    if jnp.issubdtype(dtype, jnp.bool_):
+        return 0, 1
+    if jnp.issubdtype(dtype, jnp.integer):
+        info = jnp.iinfo(dtype)
+        return int(info.min), int(info.max)
+    return None
+
+
 def require_storable(name: str, what: str, value: Any, dtype: Any) -> None:
     """Raises :class:`DTypeError` unless the scalar ``value`` (a fill value, an operand) is
     exactly a value of an integer or bool ``dtype``: whole, finite and in range. Stored
     as it is it would be truncated (2.7 -> 2), turn NaN into the smallest integer, or
     wrap (300 -> 44 in int8). Other dtypes take any value."""
-    if jnp.issubdtype(dtype, jnp.bool_):
-        lo, hi = 0, 1
-    elif jnp.issubdtype(dtype, jnp.integer):
-        lo, hi = int(jnp.iinfo(dtype).min), int(jnp.iinfo(dtype).max)
-    else:
+    held = int_range(dtype)
+    if held is None:
         return
-    dtype = np.dtype(dtype)
+    (lo, hi), dtype = held, np.dtype(dtype)
     if isinstance(value, (float, np.floating)) and not math.isfinite(value):
         problem = f"is not finite; an {dtype.name} tensor holds no NaN or infinity"
     elif not whole_number(value):

@@ -20,6 +20,7 @@ from fnnc.errors import CommandError, DTypeError
 from fnnc.ops._rules import (
     broadcast,
     broadcast_shape,
+    int_range,
     null_gradient,
     require_float,
     require_same_dtype,
@@ -199,8 +200,7 @@ def _bounds(dtype, min, max):
     lo, hi = _bound(min), _bound(max)
     if not jnp.issubdtype(dtype, jnp.integer):
         return lo, hi
-    info = jnp.iinfo(dtype)
-    least, most = int(info.min), int(info.max)
+    least, most = int_range(dtype)
     for what, bound, outside in (
         ("min", lo, lo is not None and lo > most),
         ("max", hi, hi is not None and hi < least),
