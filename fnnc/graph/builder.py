@@ -71,8 +71,7 @@ class GraphBuilder:
         # nodes that read them (pending: their shape rules run at build)
         self._deferred: set[int] = set()
         self._pending: list[int] = []
-        # from_graph: the source's inputs and their key paths, kept while inputs are
-        self._source_paths: tuple[tuple[int, ...], tuple[str, ...] | None] = ((), None)
+        self._source: Graph | None = None  # from_graph's: its in_paths, while inputs are
 
     @classmethod
     def from_graph(cls, graph: Graph) -> GraphBuilder:
@@ -83,7 +82,7 @@ class GraphBuilder:
         ``graph.in_paths`` (the argument structure checks of traced graphs).
         """
         builder = cls()
-        builder._source_paths = (tuple(graph.inputs), graph.in_paths)
+        builder._source = graph
         builder._symbols = list(graph.symbols)
         builder._nodes = list(graph.nodes)
         builder._inputs = list(graph.inputs)
@@ -349,8 +348,9 @@ class GraphBuilder:
         builder made by :meth:`from_graph` whose inputs are still the source's keeps the
         source's paths without being told.
         """
-        if in_paths is None and self._source_paths[0] == tuple(self._inputs):
-            in_paths = self._source_paths[1]
+        source = self._source
+        if in_paths is None and source is not None and source.inputs == tuple(self._inputs):
+            in_paths = source.in_paths
         outs = tuple(self._known(s, "build").id for s in _listed(outputs, "build", "outputs"))
         symbols = self._symbols
         if self._pending:
