@@ -267,22 +267,27 @@ class Engine(StepsMixin):
                 spec = self.parallel.param_spec(np.shape(v), pid in trainable, pid)
                 self.values[pid] = place(v, self.parallel.sharding(spec))
 
-    def set_parameters(self, values: dict[str, Any], *, strict: bool = True) -> None:
-        """Sets parameters by id, checking shapes; ``strict`` rejects unknown ids. A value
-        whose shape differs from the parameter's only by size-1 axes (a ``[1]`` value for
-        a ``[1, 1]`` weight, which NNC's ``set_parameter`` copies) is reshaped to it."""
+    def set_parameters(self, values: dict[str, Any], *, strict: bool = True) -> list[str]:
+        """Sets parameters by id and returns the ids of ``values`` it skipped. A value whose
+        shape differs from the parameter's only by size-1 axes (a ``[1]`` value for a
+        ``[1, 1]`` weight, which NNC's ``set_parameter`` copies) is reshaped to it.
+        ``strict``: an unknown id or a value of another shape is a ``ModelError`` and
+        nothing is set; ``strict=False`` skips those. A value that is not numbers is a
+        ``ModelError`` either way."""
         if not isinstance(values, Mapping):
             raise ModelError(
                 f"set_parameters: expected a dict {{parameter id: array}}, e.g. "
                 f"{{'t-fc-0-0': w}}, got {type(values).__name__} (see model.parameters() "
                 "for the ids)"
             )
-        unknown = [k for k in values if k not in self.infos]
-        if unknown and strict:
+        skipped = [k for k in values if k not in self.infos]
+        if skipped and strict:
             raise ModelError(
-                f"set_parameters: unknown parameter ids {unknown}; the model has "
-                f"{sorted(self.infos)} (pass strict=False to skip unknown ids)"
+                f"set_parameters: unknown parameter ids {skipped}; the model has "
+                f"{sorted(self.infos)} (or their per-block ids, for a Repeat's stacks); pass "
+                "strict=False to skip unknown ids"
             )
+        kept = {}
         for pid, value in values.items():
             if pid not in self.infos:
                 continue
@@ -292,12 +297,19 @@ class Engine(StepsMixin):
             if unit_axes_apart(given, info.shape):
                 value = np.reshape(value, info.shape)
             elif given != info.shape:
+                if not strict:
+                    skipped.append(pid)
+                    continue
                 raise ModelError(
-                    f"set_parameters: {pid} (layer {info.layer}) is "
-                    f"{list(info.shape)}, the value given is {list(np.shape(value))}"
+                    f"set_parameters: {pid} (layer {info.layer}) is {list(info.shape)}, the "
+                    f"value given is {list(given)}; pass strict=False to set only the values "
+                    "that fit"
                 )
-            self.values[pid] = jax.numpy.array(value, info.dtype, copy=True)
+            kept[pid] = value
+        for pid, value in kept.items():  # only once every value passed: nothing set on error
+            self.values[pid] = jax.numpy.array(value, self.infos[pid].dtype, copy=True)
         self.place_parameters()
+        return skipped
 
     # -- programs -------------------------------------------------------------------
     def _compiled(self, key: tuple[Any, ...], make: Any) -> Any:

@@ -72,39 +72,33 @@ class FilesMixin:
         """
         if not isinstance(values, Mapping):
             self.engine.set_parameters(values)  # raises, saying what to pass
-        infos = self.engine.infos
-        block = {b: (pid, i) for pid, info in infos.items() for i, b in enumerate(info.blocks)}
-        skipped = [k for k in values if k not in infos and k not in block]
-        if skipped and strict:
-            raise ModelError(
-                f"set_parameters: unknown parameter ids {skipped}; the model has "
-                f"{sorted(infos)} (or their per-block ids, for a Repeat's stacks); pass "
-                "strict=False to skip unknown ids"
-            )
-        kept = {}
-        for key, value in values.items():
-            if key in skipped:
+        block = {
+            b: (pid, i) for pid, ids in stacks.stacked_ids(self).items() for i, b in enumerate(ids)
+        }
+        kept, skipped = {}, []
+        for key, value in values.items():  # per-block values: the engine checks the rest
+            if key not in block:
+                kept[key] = value
                 continue
-            pid = block[key][0] if key in block else key
-            info = infos[pid]
+            pid, i = block[key]
+            info = self.engine.infos[pid]
             value = checks.parameter_value(key, info, value)
-            shape = info.shape[1:] if key in block else info.shape
-            given = tuple(np.shape(value))
+            given, shape = tuple(np.shape(value)), info.shape[1:]
             if unit_axes_apart(given, shape):
                 value = np.reshape(value, shape)
             elif given != tuple(shape):
                 if not strict:
                     skipped.append(key)
                     continue
-                which = f"block {block[key][1]} of {pid}, " if key in block else ""
                 raise ModelError(
-                    f"set_parameters: {key} ({which}layer {info.layer}) is {list(shape)}, "
-                    f"the value given is {list(given)}; pass strict=False to set only the "
-                    "values that fit"
+                    f"set_parameters: {key} (block {i} of {pid}, layer {info.layer}) is "
+                    f"{list(shape)}, the value given is {list(given)}; pass strict=False to "
+                    "set only the values that fit"
                 )
             kept[key] = value
-        self.engine.set_parameters(stacks.stack_parameters(kept, self, strict=False))
-        return skipped
+        stacked = stacks.stack_parameters(kept, self, strict=False)
+        skipped += self.engine.set_parameters(stacked, strict=strict)
+        return [k for k in values if k in skipped]  # in the order given
 
     def checkpoint_state(self, row: Any, metadata: Any, step: int) -> tuple[Any, Any, Any, Any]:
         """What :meth:`fnnc.io.Checkpoints.save` stores of this model (parameters, optimizer
