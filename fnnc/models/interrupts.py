@@ -31,6 +31,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+_holding = False  # a block on the main thread holds SIGINT now: blocks inside it do nothing
+
 
 @contextlib.contextmanager
 def deferred_interrupt() -> Iterator[None]:
@@ -39,10 +41,12 @@ def deferred_interrupt() -> Iterator[None]:
 
     Only on the main thread (the only one Python delivers signals to) and only when
     the SIGINT handler is a Python function; otherwise (``SIG_IGN``, ``SIG_DFL``, a
-    handler set outside Python) the block runs as it is. Blocks nest: an inner one
-    hands a held signal to the outer one's handler, which holds it in turn.
+    handler set outside Python) the block runs as it is. Blocks nest: one inside a
+    holding block does nothing (no handler swapped per training step twice), and the
+    outer one delivers the signal once it is done.
     """
-    if threading.current_thread() is not threading.main_thread():
+    global _holding
+    if _holding or threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.getsignal(signal.SIGINT)
@@ -51,9 +55,11 @@ def deferred_interrupt() -> Iterator[None]:
         return
     held: list[tuple[int, Any]] = []
     signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
+    _holding = True
     try:
         yield
     finally:
+        _holding = False
         signal.signal(signal.SIGINT, previous)
         if held:
             previous(*held[0])

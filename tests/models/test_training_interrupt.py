@@ -19,6 +19,7 @@ import pytest
 from fnnc.graph.compile import Program
 from fnnc.models import Dense, Dropout, Input, Model, ReLU
 from fnnc.models.checkpoint_state import current_states
+from fnnc.models.interrupts import deferred_interrupt
 
 rng = np.random.default_rng(0)
 XS = rng.standard_normal((40, 5)).astype(np.float32)
@@ -142,3 +143,23 @@ def test_ctrl_c_in_read_ahead_counts_the_applied_step():
     m.train(data, epochs=2 - m.train_progress.epoch, verbose=False)
     assert _adam_count(m) == _adam_count(oracle) == 10
     _assert_same(m, oracle)
+
+
+def test_nested_blocks_swap_the_handler_once_and_deliver_one_interrupt(monkeypatch):
+    """train's block around fit holds the signal; Engine.fit's block inside it does
+    nothing, and the Ctrl-C surfaces once, after the outer block."""
+    swaps = []
+    real = signal.signal
+    monkeypatch.setattr(signal, "signal", lambda *a: swaps.append(a[0]) or real(*a))
+    done = []
+    with pytest.raises(KeyboardInterrupt), deferred_interrupt():
+        with deferred_interrupt():
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+            done.append("inner")
+        done.append("outer")
+    assert done == ["inner", "outer"]
+    assert len(swaps) == 2  # installed and restored once, by the outer block
+    with deferred_interrupt():  # the flag is down again: a new block holds anew
+        done.append("again")
+    assert len(swaps) == 4
