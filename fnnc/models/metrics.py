@@ -106,11 +106,10 @@ def _class_indices(metric: TopK, labels: np.ndarray, classes: int) -> tuple[Any,
     known = ~np.isnan(flat) if is_floating(flat.dtype) else np.ones(flat.size, bool)
     bad = np.flatnonzero(known & ((flat < 0) | (flat >= classes)))
     if bad.size:
-        at = [int(i) for i in np.unravel_index(int(bad[0]), labels.shape)]
-        place = f"sample {at[0]}" + (f", at {at}" if flat.size > labels.shape[0] else "")
+        place = checks._position(labels.shape, int(bad[0]), "sample")
         raise ModelError(
             f"metric {metric.name}: target {metric.output} holds the label "
-            f"{flat[bad[0]].item():.7g} at {place}, but output {metric.output} has {classes} "
+            f"{checks._show(flat[bad[0]])} at {place}, but output {metric.output} has {classes} "
             f"classes: labels are class indices in [0, {classes}) (-1 is no class, not the "
             "last one). Labels counted from 1 need y - 1; or give the last layer as many "
             "units as there are classes"
