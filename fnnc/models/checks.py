@@ -45,6 +45,7 @@ import numpy as np
 
 from fnnc.core.dtypes import is_floating, is_inexact
 from fnnc.errors import ModelError
+from fnnc.models.build_context import is_int
 
 CLASSIFICATION = ("softmax_crossentropy", "categorical_crossentropy")
 BINARY = ("binary_crossentropy", "sigmoid_binary_crossentropy")
@@ -279,7 +280,7 @@ _NUMERIC = (jnp.number, jnp.bool_, jax.dtypes.extended)  # extended: random keys
 
 def seed(model: Any, value: Any) -> int:
     """``compile``'s ``seed`` as an int, or a :class:`ModelError` naming the model."""
-    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+    if is_int(value):
         return int(value)
     raise ModelError(
         f"{model.name or 'model'}.compile: seed must be an int (it seeds the parameters' "
