@@ -120,7 +120,7 @@ class BuildContext:
         self.updates: dict[str, Symbol] = {}
         self.keys: list[Symbol] = []
         self._pids: dict[tuple[int, bool, int], str] = {}  # (layer, internal, index) -> id
-        self._owners: dict[str, tuple[tuple[int, bool, int], Layer]] = {}  # id -> who made it
+        self._owners: dict[str, tuple[int, bool, int]] = {}  # id -> the _pids key that made it
         self._paths: dict[int, str] = {}  # layer -> its id path at its first parameter
         self._root: dict[str, int] = {}  # NNC's name bank of the outermost level
         self._levels: list[tuple[str, dict[str, int]]] = []  # (label, bank) per level
@@ -288,9 +288,8 @@ class BuildContext:
         is a ModelError naming both, never a silent tie of their weights."""
         key = (id(layer), info.internal, index)
         pid = self._pids.setdefault(key, info.id)
-        owner = self._owners.setdefault(pid, (key, layer))
-        if owner[0] != key:
-            self._collision(pid, owner[1], layer)
+        if self._owners.setdefault(pid, key) != key:
+            self._collision(pid, layer)
         if pid in self.params:
             known = self.params[pid]
             if known.shape != info.shape:
@@ -304,9 +303,8 @@ class BuildContext:
         self.symbols[pid] = self.b.input(info.shape, info.dtype, name=pid)
         return self.symbols[pid]
 
-    def _collision(self, pid: str, first: Layer, second: Layer) -> None:
-        known = self.params.get(pid)
-        chain = known.owners if known is not None else (first,)
+    def _collision(self, pid: str, second: Layer) -> None:
+        chain = self.params[pid].owners  # declared with the id: the first layer and its parents
         where = " in ".join(o.describe() for o in reversed(chain[-3:]))
         raise ModelError(
             f"layer {second.describe()}: its parameter id {pid} is already the id of a "
