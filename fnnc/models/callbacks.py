@@ -32,6 +32,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from fnnc.core.dtypes import is_inexact
 from fnnc.errors import ModelError, NumericsError
 from fnnc.models.layer import is_int
 
@@ -203,7 +204,7 @@ def nonfinite_parameters(model: Any) -> list[str]:
     """Ids of ``model``'s float parameters (internals included) holding a NaN or an
     infinity: one reduction on each parameter's devices, read back together."""
     values = model.engine.values
-    floats = [p for p, v in values.items() if jnp.issubdtype(v.dtype, jnp.inexact)]
+    floats = [p for p, v in values.items() if is_inexact(v.dtype)]
     finite = jax.device_get([_all_finite(values[p]) for p in floats])
     return [p for p, ok in zip(floats, finite) if not ok]
 
