@@ -123,7 +123,11 @@ class CSVLogger(Callback):
         self._keys: list[str] | None = None
 
     def on_train_begin(self, loop: Any) -> None:
+        self._keys = None
         try:
+            if self.append and os.path.isfile(self.path) and os.path.getsize(self.path) > 0:
+                header = _keep_epochs_up_to(self.path, loop.progress.epoch)
+                self._keys = header[1:] if header else None
             self._file = open(self.path, "a" if self.append else "w", newline="")  # noqa: SIM115
         except OSError as e:
             folder = os.path.dirname(os.path.abspath(self.path))
@@ -133,12 +137,6 @@ class CSVLogger(Callback):
                 else f"{e.strerror or e}; check that it is a writable file path"
             )
             raise ModelError(f"CSVLogger: cannot open {self.path} to write the log: {why}") from e
-        self._keys = None
-        if self.append and self._file.tell() > 0:
-            self._file.close()
-            header = _keep_epochs_up_to(self.path, loop.progress.epoch)
-            self._file = open(self.path, "a", newline="")  # noqa: SIM115
-            self._keys = header[1:] if header else None
 
     def on_epoch_end(self, loop: Any, epoch: int, logs: dict[str, float]) -> None:
         if self._keys is None:
