@@ -251,10 +251,11 @@ class PlotHistory(Callback):
 
         self.history["epoch"].append(epoch + 1)
         epochs = len(self.history["epoch"])
-        for key, value in logs.items():
-            values = self.history.setdefault(key, [])
-            values.extend([math.nan] * (epochs - 1 - len(values)))  # new since epoch 1
-            values.append(value)
-        for values in self.history.values():  # gone this epoch (a call without validation=)
-            values.extend([math.nan] * (epochs - len(values)))
+        # NaN before a metric's first epoch and where one is gone (no validation=); keys in
+        # first-seen order (a set's would reorder the plot's lines from run to run)
+        for key in dict.fromkeys([*self.history, *logs]):
+            if key != "epoch":
+                values = self.history.setdefault(key, [])
+                values.extend([math.nan] * (epochs - 1 - len(values)))
+                values.append(logs.get(key, math.nan))
         plot_history(self.history, self.path)
