@@ -6,7 +6,8 @@ are caught here and named in the user's terms:
 * inputs whose sizes do not fit the parameters the model was compiled with name the
   input (``input 0 (x) is float32[64, 21], compiled for float32[64, 20]``), not a
   weight id;
-* a named loss without targets says so;
+* a named loss without targets says so; a training step on a batch of 0 rows is
+  refused (its loss is NaN and it would update the weights and running statistics);
 * class labels out of range (7 or -1 with 3 classes), or not whole numbers (1.7), for
   ``softmax_crossentropy`` / ``categorical_crossentropy``, and binary targets outside
   ``[0, 1]``, name the value, its position and the number of classes;
@@ -134,6 +135,31 @@ def listed_numbers(values: Sequence[Any], where: str, what: str) -> None:
         f"array per {what[:-1]} ({len(values)} {what} of one number each here); pass the "
         f"numbers as one array with a row per sample: np.asarray(the_list)"
     )
+
+
+def nonempty_batch(engine: Any, inputs: Sequence[Any], targets_: Sequence[Any], where: str) -> None:
+    """Refuses a batch with 0 rows (an input or target whose first axis is 0) for a step
+    that updates state (``fit``, a training-mode ``evaluate``), before anything runs: its
+    loss would be NaN (a mean over no samples) and the step would still update the
+    weights, the optimizer state and BatchNorm's running statistics (with NaN)."""
+    for kind, arrays in (("input", inputs), ("target", targets_)):
+        for i, a in enumerate(arrays):
+            shape = tuple(np.shape(a))
+            if not shape or shape[0] != 0:
+                continue
+            what = input_label(engine.model, i) if kind == "input" else f"target {i}"
+            raise ModelError(
+                f"model {engine.model.describe()} {where}: the batch is empty: {what} is "
+                f"{_dtype_name(a)}{list(shape)}, 0 rows. A training step on no samples "
+                "has a NaN loss and NaN batch statistics and would write them into the "
+                "weights, optimizer state and running statistics; skip empty batches "
+                "(a slice past the end of the data is one). evaluate(..., is_test=True) "
+                "takes 0 rows"
+            )
+
+
+def _dtype_name(a: Any) -> str:
+    return np.dtype(a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype).name
 
 
 def trust_labels(engine: Any, trusted: bool) -> None:

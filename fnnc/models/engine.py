@@ -375,6 +375,7 @@ class Engine(StepsMixin):
                 f"model {self.model.describe()}: fit needs a minimizer; call "
                 "compile(inputs, loss=..., minimizer=...) first"
             )
+        checks.nonempty_batch(self, inputs, targets, "fit")  # before any state changes
         if self.parallel is not None:
             where = f"model {self.model.describe()} fit"
             inputs = self.parallel.batch(inputs, where)

@@ -24,7 +24,7 @@ from typing import Any
 
 import jax
 
-from fnnc.models import residuals
+from fnnc.models import checks, residuals
 from fnnc.models.interrupts import deferred_interrupt
 from fnnc.models.layer import ModelError
 from fnnc.models.memory import MemoryOptions, memory_key
@@ -59,6 +59,8 @@ class StepsMixin:
     def evaluate(self, inputs: Sequence[Any], *, is_test: bool, requires_grad: bool) -> Any:
         """The outputs for ``inputs``; in training mode internals update; with
         ``requires_grad`` the inputs and keys are kept for :meth:`backward`."""
+        if not is_test:  # a training-mode step on 0 rows would make running stats NaN
+            checks.nonempty_batch(self, inputs, (), "evaluate(..., is_test=False)")
         par = self.parallel
         if par is not None:
             inputs = par.batch(inputs, f"model {self.model.describe()} evaluate", lenient=True)

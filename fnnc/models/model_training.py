@@ -92,14 +92,17 @@ class TrainingMixin:
 
     def fit(self, inputs: Sequence[Any] | Any, targets: Sequence[Any] | Any = ()) -> Any:
         """One fused training step (forward, loss, backward, update); returns the loss.
-        ``inputs`` and ``targets``: one array each, or lists of arrays."""
+        ``inputs`` and ``targets``: one array each, or lists of arrays. A batch of 0 rows
+        is a :class:`~fnnc.errors.ModelError` and changes nothing (its loss would be NaN)."""
         return self.engine.fit(_arrays(inputs), _arrays(targets))
 
     def evaluate(
         self, inputs: Sequence[Any] | Any, *, is_test: bool = True, requires_grad: bool = False
     ) -> Any:
         """The model's outputs for one batch (one array or a list of arrays);
-        ``requires_grad`` keeps what :meth:`backward` needs. Data parallel over several
+        ``requires_grad`` keeps what :meth:`backward` needs. 0 rows give 0 rows of
+        outputs in test mode; in training mode (``is_test=False``, which updates running
+        statistics) they are a :class:`~fnnc.errors.ModelError`. Data parallel over several
         processes, each passes its own rows (as many as the others) and gets the
         outputs of every process's rows, process 0's first (:mod:`fnnc.models.processes`)."""
         return self.engine.evaluate(_arrays(inputs), is_test=is_test, requires_grad=requires_grad)
