@@ -154,6 +154,27 @@ def natural_int(text: str) -> int:
     return value
 
 
+def check_batches(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuses (``parser.error``) global batches that the processes cannot split evenly
+    or that the training images cannot fill: each step must feed ``--batch`` images."""
+    from digits import load
+
+    n = len(load()[0][0])
+    if args.processes and args.batch % args.processes:
+        parser.error(
+            f"--batch {args.batch} does not split over {args.processes} processes (each "
+            f"feeds batch / processes images per step); give a multiple of {args.processes}"
+        )
+    if args.batch > n:
+        parser.error(f"--batch {args.batch} is larger than the {n} training images")
+    if args.steps * args.batch > n:
+        parser.error(
+            f"--steps {args.steps} x --batch {args.batch} = {args.steps * args.batch} images "
+            f"per epoch, more than the {n} training images; give --steps <= "
+            f"{n // args.batch} (or 0: all of them)"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -171,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", type=int, default=-1, help=argparse.SUPPRESS)
     parser.add_argument("--coordinator", default="", help="host:port of process 0")
     args = parser.parse_args(argv)
+    check_batches(parser, args)
     if args.worker >= 0:
         worker(args)
         return 0

@@ -103,6 +103,12 @@ def test_every_example_answers_help_without_running(name):
         ("textual_inversion.py", ["--inversion-steps", "0"], "expected a positive integer"),
         ("data_parallel.py", ["--batch", "0"], "argument --batch: expected a positive integer"),
         ("data_parallel.py", ["--steps", "-1"], "argument --steps: expected an integer >= 0"),
+        # each step would feed 30 of 32 images, silently (32 // 3 per process)
+        ("data_parallel.py", ["--processes", "3"], "--batch 32 does not split over 3 processes"),
+        # digits has int(0.8 * 1797) = 1437 training images: 44 full batches of 32; the
+        # steps past them trained on empty batches (NaN loss), --batch 2000 divided by 0
+        ("data_parallel.py", ["--steps", "45"], "= 1440 images per epoch, more than the 1437"),
+        ("data_parallel.py", ["--batch", "2000"], "--batch 2000 is larger than the 1437"),
     ],
 )
 def test_examples_refuse_counts_that_would_train_nothing(name, argv, message):
