@@ -228,6 +228,30 @@ def available(impls: Sequence[str]) -> list[str]:
     return list(impls)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a count of at least 1 (``--steps 0`` has no loss to compare)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def natural_int(text: str) -> int:
+    """An argparse type: a count that may be 0 (off) but not negative."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number above 0 (a peak to divide by)."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help=f"size {SIZES['tiny']} (CPU)")
@@ -235,11 +259,15 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
     parser.add_argument(
         "--impls", default=None, help=f"some of {IMPLS} (default: all that run fast here)"
     )
-    parser.add_argument("--steps", type=int, default=3, help="steps whose losses are compared")
-    parser.add_argument("--precision", default="bfloat16", choices=("bfloat16", "float32"))
-    parser.add_argument("--peak-tflops", type=float, help="bf16 peak for MFU (default: table)")
     parser.add_argument(
-        "--profile", type=int, default=0, metavar="N",
+        "--steps", type=positive_int, default=3, help="steps whose losses are compared"
+    )
+    parser.add_argument("--precision", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument(
+        "--peak-tflops", type=positive_float, help="bf16 peak for MFU (default: table)"
+    )
+    parser.add_argument(
+        "--profile", type=natural_int, default=0, metavar="N",
         help="also profile N steps and report kernel time by kind (benchmarks/_profile.py)",
     )  # fmt: skip
     parser.add_argument(

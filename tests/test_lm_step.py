@@ -203,6 +203,26 @@ def test_an_unknown_implementation_is_an_error_not_the_default_under_its_name(ca
         lm_step.run("fnnc-splt", lm_step.SIZES["tiny"], steps=1, precision="float32")
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--steps", "0"], "argument --steps: expected a positive integer, got 0"),
+        (["--steps", "-2"], "argument --steps: expected a positive integer, got -2"),
+        (["--profile", "-1"], "argument --profile: expected an integer >= 0, got -1"),
+        (["--peak-tflops", "0"], "argument --peak-tflops: expected a number above 0, got 0"),
+    ],
+)
+def test_counts_that_would_measure_nothing_are_refused_before_any_run(
+    argv, message, capsys, monkeypatch
+):
+    ran = []
+    monkeypatch.setattr(lm_step, "_each_in_subprocess", lambda *a: ran.append(a) or [])
+    with pytest.raises(SystemExit) as stop:
+        lm_step.main(["--tiny", "--impls", "fnnc", *argv])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+    assert ran == []
+
+
 def test_keep_trace_keeps_every_result_as_json(tmp_path, monkeypatch):
     made = [lm_step.Result("fnnc", ms=2.0, kernels={"fusion_1": 1.5}), lm_step.Result("nnx")]
     monkeypatch.setattr(lm_step, "_each_in_subprocess", lambda impls, argv: made)
