@@ -183,9 +183,15 @@ def main() -> None:
     base = rates["numpy shuffled"]
     print(f"digits {x.shape} float32, batch {BATCH}, {rounds} rounds x {epochs} epochs (medians)")
     for name, rate in rates.items():
-        print(
-            f"  {name:24s} {rate:12,.0f} samples/s   {base / rate:6.2f}x slower than numpy shuffled"
-        )
+        print(f"  {name:24s} {rate:12,.0f} samples/s   {versus(base / rate)} numpy shuffled")
+
+
+def versus(time_ratio: float) -> str:
+    """``"3.90x slower than"`` for a time ratio to the baseline at or above 1, else
+    ``"12.50x faster than"`` (the inverted ratio): a ratio below 1 is not "slower"."""
+    if time_ratio >= 1:
+        return f"{time_ratio:6.2f}x slower than"
+    return f"{1 / time_ratio:6.2f}x faster than"
 
 
 if __name__ == "__main__":

@@ -28,6 +28,15 @@ import numpy as np
 from fnnc.io import read_parameters, write_parameters
 
 
+def size(megabytes: float) -> str:
+    """``"100 MB"``, ``"1.60 MB"`` or ``"16.0 KB"``: a small test is not ``"0 MB"``."""
+    if megabytes >= 10:
+        return f"{megabytes:.0f} MB"
+    if megabytes >= 1:
+        return f"{megabytes:.2f} MB"
+    return f"{megabytes * 1e3:.1f} KB"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
@@ -94,7 +103,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
     medians = {k: statistics.median(v) for k, v in samples.items()}
-    print(f"{args.arrays} float32 arrays, {megabytes:.0f} MB, median of {rounds} rounds")
+    print(f"{args.arrays} float32 arrays, {size(megabytes)}, median of {rounds} rounds")
     for name, seconds in medians.items():
         print(f"  {name:32s} {seconds * 1e3:8.1f} ms  {megabytes / seconds:8.0f} MB/s")
     w = medians["write fnnc (SQLite, fsync)"]

@@ -30,6 +30,7 @@ Run: python benchmarks/memory.py [--quick]
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -115,6 +116,14 @@ def row(name: str, model: Model) -> dict[str, float]:
     }
 
 
+def mb(value: float, width: int) -> str:
+    """``value`` MB in ``width`` digits, or ``-`` in its place when it was not measured
+    (NaN: remat budgets are planned, not compiled, so XLA gives no temp figure)."""
+    if math.isnan(value):
+        return f"{'-':>{width + 2}}"
+    return f"{value:>{width}.2f}MB"
+
+
 def show(rows: list[dict], times: dict[str, float] | None = None) -> None:
     print(
         f"{'variant':<34} {'plan peak':>10} {'kept':>8} {'XLA temp':>9} {'recomp':>8} {'step':>9}"
@@ -122,7 +131,7 @@ def show(rows: list[dict], times: dict[str, float] | None = None) -> None:
     for r in rows:
         t = f"{times[r['name']] * 1e3:7.1f}ms" if times and r["name"] in times else ""
         print(
-            f"{r['name']:<34} {r['peak']:>8.2f}MB {r['kept']:>6.2f}MB {r['xla_temp']:>7.2f}MB "
+            f"{r['name']:<34} {r['peak']:>8.2f}MB {r['kept']:>6.2f}MB {mb(r['xla_temp'], 7)} "
             f"{r['recomputed']:>6.3f}GF {t:>9}"
         )
 
