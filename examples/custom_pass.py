@@ -8,9 +8,10 @@ replacement can be ordinary functions, traced (the torch.fx way):
     ->  tanh GELU  ``ops.gelu(approximate=True)(x)``  (one fnnc ``gelu`` node)
 
 ``traced_rule`` traces the first function into a pattern over fnnc's commands (it is
-four nodes: ``mul(0.5, x)``, ``scalar_mul[-1]``, ``mul(.., 1/sqrt 2)``, ``ewerfc``,
-``mul``), and the second, traced on each match's shapes, replaces it. The matched
-nodes left without readers are dropped.
+five nodes: ``mul(0.5, x)``, ``scalar_mul[-1]``, ``mul(.., 1/sqrt 2)``, ``ewerfc``,
+``mul``, and the two constants they read), and the second, traced on each match's
+shapes, replaces it. The matched nodes left without readers are dropped: the MLP's two
+GELUs go from 7 nodes each to one ``gelu``, 29 nodes to 17.
 
 Then :func:`fnnc.graph.check_pass` runs the graph before and after the pass on random
 inputs (float64) and reports the largest difference: the approximation's, here.
