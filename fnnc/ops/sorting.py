@@ -22,7 +22,7 @@ from jax import lax
 
 from fnnc.core.command import NOTHING, Spec, Uses, defcommand
 from fnnc.errors import CommandError, DTypeError
-from fnnc.ops._rules import fail, norm_axes, show
+from fnnc.ops._rules import fail, norm_axes, show, summing_dtype
 
 
 def _axis(name: str, x: Spec, axis: int) -> int:
@@ -157,10 +157,15 @@ def _scatter_add_rule(x: Spec, indices: Spec, *, bincount) -> Spec:
 def scatter_add(x, indices, *, bincount=0):
     """Row ``i`` of ``x`` added into row ``indices[i]`` of a zero tensor of
     ``bincount`` rows (``indices``' length when 0, NNC's default); rows whose index is
-    out of range (negative included) are dropped. The inverse of ``index_select``."""
+    out of range (negative included) are dropped. The inverse of ``index_select``.
+    16-bit rows are added in float32 and the sums rounded once
+    (:func:`~fnnc.ops._rules.summing_dtype`): in bfloat16, 4096 rows of 0.1 into one
+    bin stopped at 32."""
     rows = bincount if bincount > 0 else indices.shape[0]
     where = _in_range(indices, rows)
-    return jnp.zeros((rows, *x.shape[1:]), x.dtype).at[where].add(x, mode="drop")
+    acc = summing_dtype(x.dtype)
+    total = jnp.zeros((rows, *x.shape[1:]), acc).at[where].add(x.astype(acc), mode="drop")
+    return total.astype(x.dtype)
 
 
 def _in_range(indices, rows: int):
