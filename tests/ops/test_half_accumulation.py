@@ -41,3 +41,53 @@ def test_scatter_add_sums_16_bit_rows_in_float32(dtype) -> None:
     want = np.zeros((3, 2))
     np.add.at(want, np.arange(n) % 3, _f64(x))
     _close(y, want, dtype)
+
+
+def _backward(name: str, grads, inputs, **params):
+    """The command's backward as the graph's autodiff runs it (its OpDef's backward)."""
+    cmd = getattr(ops, name)(**params)
+    outs = cmd(*inputs)
+    outs = list(outs) if isinstance(outs, tuple) else [outs]
+    return ops.lookup(name).backward(list(grads), list(inputs), outs, **cmd.kwargs)
+
+
+def _bilinear_image_grad(g: np.ndarray, grid: np.ndarray, h: int, w: int) -> np.ndarray:
+    """float64 image gradient of grid_sample (align_corners=False): each output's
+    gradient shared among its four taps by their bilinear weights, zeros outside."""
+    n, ho, wo, c = g.shape
+    ix, iy = ((grid[..., 0] + 1) * w - 1) / 2, ((grid[..., 1] + 1) * h - 1) / 2
+    x0, y0 = np.floor(ix).astype(int), np.floor(iy).astype(int)
+    fx, fy = ix - x0, iy - y0
+    batch = np.broadcast_to(np.arange(n)[:, None, None], (n, ho, wo))
+    out = np.zeros((n, h, w, c))
+    for dy, dx, wt in ((0, 0, (1 - fy) * (1 - fx)), (0, 1, (1 - fy) * fx),
+                       (1, 0, fy * (1 - fx)), (1, 1, fy * fx)):  # fmt: skip
+        yy, xx = y0 + dy, x0 + dx
+        inside = (yy >= 0) & (yy < h) & (xx >= 0) & (xx < w)
+        np.add.at(out, (batch[inside], yy[inside], xx[inside]), (g * wt[..., None])[inside])
+    return out
+
+
+@HALF
+def test_grid_sample_image_gradient_sums_in_float32(dtype) -> None:
+    """4096 samples of a 3x3 image: every pixel's gradient is thousands of shares."""
+    a = jnp.asarray(rand((1, 3, 3, 2), dtype))
+    grid = jnp.asarray(rand((1, 64, 64, 2), dtype, seed=1, lo=-0.6, hi=0.6))
+    g = jnp.asarray(rand((1, 64, 64, 2), dtype, seed=2, lo=0.5, hi=1.5))
+    ga, _ = _backward("grid_sample", [g], [a, grid])
+    assert ga.dtype == dtype
+    _close(ga, _bilinear_image_grad(_f64(g), _f64(grid), 3, 3), dtype)
+
+
+@HALF
+def test_roi_align_image_gradient_sums_in_float32(dtype) -> None:
+    """1024 whole-image boxes read one 4x4 image in 2x2 bins of 2x2 pixels (samples at
+    pixel centres, so average pooling): pixel (y, x) gets the sum over boxes of
+    g[box, y // 2, x // 2] / 4."""
+    a = jnp.asarray(rand((1, 4, 4, 2), dtype))
+    boxes = jnp.asarray(np.tile([[0.0, 0.0, 1.0, 1.0]], (1024, 1)), dtype)
+    g = jnp.asarray(rand((1024, 2, 2, 2), dtype, seed=2, lo=0.5, hi=1.5))
+    ga, gb = _backward("roi_align", [g], [a, boxes], size=(2, 2))
+    assert ga.dtype == dtype and gb is None
+    want = np.repeat(np.repeat(_f64(g).sum(0), 2, axis=0), 2, axis=1)[None] / 4
+    _close(ga, want, dtype)
