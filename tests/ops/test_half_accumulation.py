@@ -91,3 +91,17 @@ def test_roi_align_image_gradient_sums_in_float32(dtype) -> None:
     assert ga.dtype == dtype and gb is None
     want = np.repeat(np.repeat(_f64(g).sum(0), 2, axis=0), 2, axis=1)[None] / 4
     _close(ga, want, dtype)
+
+
+@HALF
+def test_segmented_gemm_bias_gradient_sums_each_segment_in_float32(dtype) -> None:
+    """Two experts' segments of 3000 and 1096 rows: each bias row's gradient is its
+    segment's float64 sum of g, rounded once (rows past the counts add nothing)."""
+    a = jnp.asarray(rand((4200, 4), dtype))
+    idx, cnt = jnp.asarray([1, 0], jnp.int32), jnp.asarray([3000, 1096], jnp.int32)
+    w, bias = jnp.asarray(rand((2, 3, 4), dtype, seed=1)), jnp.asarray(rand((2, 3), dtype, seed=2))
+    g = jnp.asarray(rand((4200, 3), dtype, seed=3, lo=0.5, hi=1.5))
+    grads = _backward("segmented_gemm", [g], [a, idx, cnt, w, bias], transpose_b=True)
+    assert grads[4].dtype == dtype
+    g64 = _f64(g)
+    _close(grads[4], np.stack([g64[3000:4096].sum(0), g64[:3000].sum(0)]), dtype)
