@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fnnc.core.command import Spec, Uses, defcommand
+from fnnc.core.dtypes import at_least_float32
 from fnnc.errors import CommandError
 from fnnc.ops._rules import norm_axes, require_float
 
@@ -179,23 +180,33 @@ def _mish_backward(grads, inputs, outputs):
 
 @defcommand(family="activation", shape=_float_rule("softmax"), uses=OUTPUT_ONLY)
 def softmax(x, *, axis=-1):
-    """``exp(x) / sum(exp(x))`` along ``axis`` (computed stably)."""
-    return jax.nn.softmax(x, axis=axis)
+    """``exp(x) / sum(exp(x))`` along ``axis`` (computed stably). A 16-bit x is computed
+    in float32 and the output rounded once: over more than 65504 classes float16's sum
+    of exponentials overflowed and every probability came out 0."""
+    return jax.nn.softmax(_widen(x), axis=axis).astype(x.dtype)
 
 
 @softmax.backward
 def _softmax_backward(grads, inputs, outputs, *, axis):
     (g,), (y,) = grads, outputs
-    return (y * (g - jnp.sum(g * y, axis=axis, keepdims=True)),)
+    gw, yw = _widen(g), _widen(y)
+    return ((yw * (gw - jnp.sum(gw * yw, axis=axis, keepdims=True))).astype(y.dtype),)
 
 
 @defcommand(family="activation", shape=_float_rule("log_softmax"), uses=OUTPUT_ONLY)
 def log_softmax(x, *, axis=-1):
-    """``x - logsumexp(x)`` along ``axis``."""
-    return jax.nn.log_softmax(x, axis=axis)
+    """``x - logsumexp(x)`` along ``axis``; a 16-bit x in float32, rounded once (as
+    softmax)."""
+    return jax.nn.log_softmax(_widen(x), axis=axis).astype(x.dtype)
 
 
 @log_softmax.backward
 def _log_softmax_backward(grads, inputs, outputs, *, axis):
     (g,), (y,) = grads, outputs
-    return (g - jnp.exp(y) * jnp.sum(g, axis=axis, keepdims=True),)
+    gw, yw = _widen(g), _widen(y)
+    return ((gw - jnp.exp(yw) * jnp.sum(gw, axis=axis, keepdims=True)).astype(y.dtype),)
+
+
+def _widen(t):
+    """``t`` in float32 at least: sums over a vocabulary pass float16's range."""
+    return t.astype(at_least_float32(t.dtype))

@@ -13,6 +13,7 @@ Every one has a hand-written backward in NNC's convention:
 * ``reduce_logsumexp`` keeps reduced axes as size 1 like every NNC reduction; its
   gradient is the softmax ``exp(x - top) / sum(exp(x - top))`` with the finite maximum
   ``top`` shifted out, as ``jax.grad`` of ``jax.nn.logsumexp`` (exact for large logits);
+  a 16-bit x is computed in float32 (float16 sums of over 65504 terms overflow);
 * ``fill_if_less_than(a, selector, threshold, value)`` is ``value`` where
   ``selector < threshold`` else ``a`` (broadcasting selector and threshold); the
   gradient reaches ``a`` where it was kept.
@@ -26,6 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fnnc.core.command import Spec, Uses, defcommand
+from fnnc.core.dtypes import at_least_float32
 from fnnc.errors import CommandError
 from fnnc.ops._rules import (
     broadcast,
@@ -119,6 +121,7 @@ def _shifted_exp(x, axes):
     """``exp(x - top)`` and its sum over ``axes`` (kept), ``top`` the maximum where it is
     finite (else 0): the stable pieces of logsumexp, as ``jax.nn.logsumexp`` takes them."""
     ax = norm_axes("reduce_logsumexp", axes, x.ndim)
+    x = x.astype(at_least_float32(x.dtype))  # float16's sum overflows past 65504 terms
     top = lax.stop_gradient(jnp.max(x, axis=ax, keepdims=True))
     top = jnp.where(jnp.isfinite(top), top, jnp.zeros((), x.dtype))
     e = jnp.exp(x - top)
@@ -128,9 +131,9 @@ def _shifted_exp(x, axes):
 @defcommand(family="reduce", shape=_logsumexp_rule, uses=Uses(inputs=(0,)))
 def reduce_logsumexp(x, *, axes):
     """``log(sum(exp(x)))`` over ``axes`` (kept as size 1), computed stably (the maximum
-    taken out first, as ``jax.nn.logsumexp`` does)."""
+    taken out first, as ``jax.nn.logsumexp`` does); a 16-bit x in float32, rounded once."""
     _, total, top = _shifted_exp(x, axes)
-    return jnp.log(total) + top
+    return (jnp.log(total) + top).astype(x.dtype)
 
 
 @reduce_logsumexp.backward
@@ -139,7 +142,7 @@ def _reduce_logsumexp_backward(grads, inputs, outputs, *, axes):
     # the rounded output y = top + log(sum) is off by y's rounding (2% at logits ~1e6).
     (g,), (x,) = grads, inputs
     e, total, _ = _shifted_exp(x, axes)
-    return (to_shape(g / total, x.shape) * e,)
+    return ((to_shape(g.astype(total.dtype) / total, x.shape) * e).astype(x.dtype),)
 
 
 def _fill_rule(a: Spec, selector: Spec, threshold: Spec, *, value) -> Spec:

@@ -26,7 +26,9 @@ def _close(got, want, dtype, scale=None) -> None:
     """Within a few roundings of ``dtype``, relative to each value (or to ``scale``)."""
     got, want = _f64(got), np.asarray(want, np.float64)
     assert np.all(np.isfinite(got)), got
-    tol = _ROUNDINGS[dtype] * (np.abs(want) if scale is None else scale)
+    # Below the smallest normal number the spacing stops shrinking (float16 subnormals).
+    tiny = float(jnp.finfo(dtype).tiny)
+    tol = _ROUNDINGS[dtype] * np.maximum(np.abs(want) if scale is None else scale, tiny)
     np.testing.assert_array_less(np.abs(got - want), tol + 1e-30)
 
 
@@ -105,3 +107,42 @@ def test_segmented_gemm_bias_gradient_sums_each_segment_in_float32(dtype) -> Non
     assert grads[4].dtype == dtype
     g64 = _f64(g)
     _close(grads[4], np.stack([g64[3000:4096].sum(0), g64[:3000].sum(0)]), dtype)
+
+
+def _softmax64(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _logsumexp64(x: np.ndarray) -> np.ndarray:
+    top = x.max(-1, keepdims=True)
+    return np.log(np.exp(x - top).sum(-1, keepdims=True)) + top
+
+
+VOCAB = 131072  # sum(exp(x - max)) of x in [-0.25, 0.25] about 103000: past float16
+
+
+@HALF
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "reduce_logsumexp"])
+def test_softmax_family_over_a_vocabulary_past_float16s_range(name, dtype) -> None:
+    """Forward and backward over 131072 classes: float16 had summed the exponentials in
+    float16 (inf), giving softmax 0, log_softmax -inf and logsumexp inf."""
+    x = jnp.asarray(rand((2, VOCAB), dtype, lo=-0.25, hi=0.25))
+    x64 = _f64(x)
+    params = {"axes": (1,)} if name == "reduce_logsumexp" else {}
+    y = getattr(ops, name)(**params)(x)
+    g = jnp.asarray(rand(y.shape, dtype, seed=1, lo=0.5, hi=1.5))
+    (gx,) = _backward(name, [g], [x], **params)
+    assert y.dtype == gx.dtype == dtype
+    g64, y64 = _f64(g), _f64(y)
+    if name == "softmax":
+        _close(y, _softmax64(x64), dtype)
+        want = y64 * (g64 - (g64 * y64).sum(-1, keepdims=True))
+        _close(gx, want, dtype, scale=np.abs(want).max())
+    elif name == "log_softmax":
+        _close(y, x64 - _logsumexp64(x64), dtype)
+        want = g64 - np.exp(y64) * g64.sum(-1, keepdims=True)
+        _close(gx, want, dtype, scale=np.abs(want).max())
+    else:
+        _close(y, _logsumexp64(x64), dtype)
+        _close(gx, g64 * _softmax64(x64), dtype)
