@@ -14,7 +14,15 @@ import jax.numpy as jnp
 from fnnc.core.command import NOTHING, Spec, Uses, defcommand, is_float
 from fnnc.core.dtypes import at_least_float32
 from fnnc.errors import DTypeError
-from fnnc.ops._rules import fail, leading_sum, norm_axes, require_float, show, to_shape
+from fnnc.ops._rules import (
+    fail,
+    leading_sum,
+    norm_axes,
+    require_float,
+    show,
+    summing_dtype,
+    to_shape,
+)
 
 EXTREMUM_USES = Uses(inputs=(0,), outputs=(0,))
 
@@ -58,10 +66,13 @@ def _nonempty(name: str, x: Spec, axes: tuple[int, ...]) -> None:
 @defcommand(family="reduce", shape=_reduce_rule("reduce_sum", count=True), uses=NOTHING)
 def reduce_sum(x, *, axes):
     """Sum over ``axes`` (kept as size 1), in ``x``'s dtype (not bool: convert a mask
-    to an integer type to count it, as ``jnp.sum`` does). Over all axes but the
-    last it sums in batch_norm's order (:func:`fnnc.ops._rules.leading_sum`)."""
+    to an integer type to count it, as ``jnp.sum`` does); 16-bit floats are summed in
+    float32 and rounded once (:func:`fnnc.ops._rules.summing_dtype`), as ``jnp.sum``
+    does. Over all axes but the last it sums in batch_norm's order
+    (:func:`fnnc.ops._rules.leading_sum`)."""
     ax = norm_axes("reduce_sum", axes, x.ndim)
-    return jnp.reshape(leading_sum(x, ax, dtype=x.dtype), _kept(x.shape, ax))
+    total = leading_sum(x, ax, dtype=summing_dtype(x.dtype)).astype(x.dtype)
+    return jnp.reshape(total, _kept(x.shape, ax))
 
 
 @reduce_sum.backward

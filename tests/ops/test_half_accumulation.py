@@ -146,3 +146,16 @@ def test_softmax_family_over_a_vocabulary_past_float16s_range(name, dtype) -> No
     else:
         _close(y, _logsumexp64(x64), dtype)
         _close(gx, g64 * _softmax64(x64), dtype)
+
+
+@HALF
+@pytest.mark.parametrize(
+    "shape, axes", [((65536,), (0,)), ((2, 65536), (1,)), ((64, 64, 3), (0, 1))], ids=str
+)
+def test_reduce_sum_sums_16_bit_values_in_float32(dtype, shape, axes) -> None:
+    """1-D, last-axis and leading-axes (leading_sum's two stages) sums of positive
+    16-bit values: the float64 sum rounded once, as jnp.sum gives."""
+    x = jnp.asarray(rand(shape, dtype, lo=0.05, hi=0.15))
+    y = ops.reduce_sum(axes=axes)(x)
+    assert y.dtype == dtype
+    _close(y, _f64(x).sum(axis=axes, keepdims=True), dtype)
