@@ -134,15 +134,19 @@ reduce_min = _extremum(
     family="reduce", shape=_reduce_rule("reduce_norm2", need_float=True), uses=EXTREMUM_USES
 )
 def reduce_norm2(x, *, axes):
-    """Euclidean norm ``sqrt(sum(x^2))`` over ``axes`` (kept as size 1)."""
+    """Euclidean norm ``sqrt(sum(x^2))`` over ``axes`` (kept as size 1). A 16-bit x is
+    squared and summed in float32 and the norm rounded once: float16 squares of 256 and
+    more overflow (a norm of 600 came out inf)."""
     ax = norm_axes("reduce_norm2", axes, x.ndim)
-    return jnp.sqrt(jnp.sum(x * x, axis=ax, keepdims=True))
+    w = x.astype(at_least_float32(x.dtype))
+    return jnp.sqrt(jnp.sum(w * w, axis=ax, keepdims=True)).astype(x.dtype)
 
 
 @reduce_norm2.backward
 def _reduce_norm2_backward(grads, inputs, outputs, *, axes):
     (g,), (x,), (y,) = grads, inputs, outputs
-    return (x * to_shape(g / y, x.shape),)
+    wide = at_least_float32(x.dtype)
+    return ((x.astype(wide) * to_shape(g.astype(wide) / y.astype(wide), x.shape)).astype(x.dtype),)
 
 
 def _isnan_rule(x: Spec, *, axes) -> Spec:

@@ -159,3 +159,18 @@ def test_reduce_sum_sums_16_bit_values_in_float32(dtype, shape, axes) -> None:
     y = ops.reduce_sum(axes=axes)(x)
     assert y.dtype == dtype
     _close(y, _f64(x).sum(axis=axes, keepdims=True), dtype)
+
+
+@HALF
+def test_reduce_norm2_squares_16_bit_values_in_float32(dtype) -> None:
+    """Entries of 200 to 400 square past float16's 65504 (the norm, about 2400, does
+    not): forward and backward against float64 NumPy."""
+    x = jnp.asarray(rand((3, 64), dtype, lo=200.0, hi=400.0))
+    y = ops.reduce_norm2(axes=(1,))(x)
+    assert y.dtype == dtype
+    x64 = _f64(x)
+    _close(y, np.sqrt((x64 * x64).sum(1, keepdims=True)), dtype)
+    g = jnp.asarray(rand((3, 1), dtype, seed=1, lo=0.5, hi=1.5))
+    (gx,) = _backward("reduce_norm2", [g], [x], axes=(1,))
+    assert gx.dtype == dtype
+    _close(gx, x64 * _f64(g) / np.sqrt((x64 * x64).sum(1, keepdims=True)), dtype)
