@@ -1,6 +1,7 @@
 """group_norm (NNC's GROUP_NORM), of the normalisation family in :mod:`fnnc.ops.norm`
 and computed as the others are there: in float32 at least, outputs and gradients cast
-back to their inputs' types.
+back to their inputs' types; a 16-bit x's backward recomputes the statistics in float32
+rather than read the rounded saved ones.
 """
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
-from jax import lax
 
 from fnnc.core.command import Spec, Uses, defcommand
 from fnnc.errors import CommandError
@@ -21,7 +21,7 @@ from fnnc.ops._rules import (
     to_shape,
     unbroadcast,
 )
-from fnnc.ops.norm import _like, _param, _widen
+from fnnc.ops.norm import _like, _mean_inv_std, _param, _rounded, _widen
 
 
 def _group_layout(x, groups: int, axis: int, reduce_axes):
@@ -106,10 +106,8 @@ def group_norm(x, scale=None, bias=None, *, groups, axis=-1, epsilon=1e-5, reduc
     ax, split, reduced, stat = _group_layout(x, groups, axis, reduce_axes)
     orig, (x, scale, bias) = x, _widen(x, scale, bias)
     xs = jnp.reshape(x, split)
-    mu = jnp.mean(xs, axis=reduced, keepdims=True)
-    xc = xs - mu
-    inv_std = lax.rsqrt(jnp.mean(jnp.square(xc), axis=reduced, keepdims=True) + epsilon)
-    y = jnp.reshape(xc * inv_std, x.shape)
+    mu, inv_std = _mean_inv_std(xs, reduced, epsilon)
+    y = jnp.reshape((xs - mu) * inv_std, x.shape)
     if scale is not None:
         y = y * _affine(scale, x, ax)
     if bias is not None:
@@ -125,6 +123,8 @@ def _group_norm_backward(grads, inputs, outputs, *, groups, axis, epsilon, reduc
     ax, split, reduced, _ = _group_layout(x, groups, axis, reduce_axes)
     keep = tuple(1 if d in reduced else n for d, n in enumerate(split))
     mu, inv_std = jnp.reshape(mu, keep), jnp.reshape(inv_std, keep)
+    if _rounded(originals[0].dtype):  # the saved statistics were rounded to x's type
+        mu, inv_std = _mean_inv_std(jnp.reshape(x, split), reduced, epsilon)
     n = math.prod(split[d] for d in reduced)
     gy = jnp.zeros(x.shape, x.dtype) if gy is None else gy
     xhat = (jnp.reshape(x, split) - mu) * inv_std

@@ -9,7 +9,10 @@ the count) and ``epsilon`` goes inside the square root:
 ``inv_std = 1 / sqrt(var + epsilon)``. Statistics and sums are computed in float32 at
 least (:func:`~fnnc.core.dtypes.at_least_float32`) and the outputs and gradients cast
 back, so a 16-bit x whose deviations square past its range (``|x - mean| >= 256`` in
-float16) still normalises.
+float16) still normalises. The saved statistics keep their documented type (x's, as
+NNC's and the Pallas kernels'); where that is 16-bit the backwards recompute them in
+float32 from x rather than read the rounded ones, whose rounding (a mean of 100 in
+bfloat16) would have shifted every ``x - mean`` of the gradient.
 """
 
 from __future__ import annotations
@@ -42,6 +45,20 @@ def _widen(*ts):
     of 256 squares to inf (``inv_std`` 0, y silently 0) and ``inv_std**2`` of a constant
     row (``1 / epsilon``) overflows the backward."""
     return tuple(None if t is None else t.astype(at_least_float32(t.dtype)) for t in ts)
+
+
+def _rounded(dtype) -> bool:
+    """Whether statistics saved in ``dtype`` were rounded (a 16-bit type)."""
+    return at_least_float32(dtype) != dtype
+
+
+def _mean_inv_std(x, axes, epsilon):
+    """The mean and ``1 / sqrt(biased variance + epsilon)`` of ``x`` over ``axes``
+    (kept), in x's type: what the forwards compute and what a backward recomputes when
+    the saved statistics were rounded to 16 bits (a mean of 100 rounded to bfloat16
+    shifts every centred value by up to 0.25, a quarter of a unit deviation)."""
+    mu = jnp.mean(x, axis=axes, keepdims=True)
+    return mu, lax.rsqrt(jnp.mean(jnp.square(x - mu), axis=axes, keepdims=True) + epsilon)
 
 
 def _like(values, originals) -> tuple:
@@ -163,6 +180,14 @@ def _batch_norm_backward(grads, inputs, outputs, *, axes, epsilon, momentum, is_
     ax = norm_axes("batch_norm", axes, x.ndim)
     keep = _kept(x.shape, ax)
     n = math.prod(x.shape[a] for a in ax)
+    if _rounded(stat):  # 16-bit saved statistics: recomputed unrounded, as the forward's
+        if is_test:
+            mu, var = _widen(*inputs[3:5])
+            inv_std = lax.rsqrt(var + epsilon)
+        else:
+            mu = leading_sum(x, ax) / n
+            diff = x - to_shape(jnp.reshape(mu, keep), x.shape)
+            inv_std = lax.rsqrt(leading_sum(jnp.square(diff), ax) / n + epsilon)
 
     def full(t):
         return to_shape(jnp.reshape(t, keep), x.shape)
@@ -227,10 +252,8 @@ def layer_norm(x, scale=None, bias=None, *, axes=(-1,), epsilon=1e-5):
     """
     ax = norm_axes("layer_norm", axes, x.ndim)
     orig, (x, scale, bias) = x, _widen(x, scale, bias)
-    mu = jnp.mean(x, axis=ax, keepdims=True)
-    xc = x - mu
-    inv_std = lax.rsqrt(jnp.mean(jnp.square(xc), axis=ax, keepdims=True) + epsilon)
-    y = xc * inv_std
+    mu, inv_std = _mean_inv_std(x, ax, epsilon)
+    y = (x - mu) * inv_std
     if scale is not None:
         y = y * _param(scale, x, ax)
     if bias is not None:
@@ -254,6 +277,8 @@ def _layer_norm_backward(grads, inputs, outputs, *, axes, epsilon):
     mu, inv_std = _widen(*outputs[1:])  # y is not kept (a spec)
     ax = norm_axes("layer_norm", axes, x.ndim)
     n = math.prod(x.shape[a] for a in ax)
+    if _rounded(originals[0].dtype):  # the saved statistics were rounded to x's type
+        mu, inv_std = _mean_inv_std(x, ax, epsilon)
     gy = jnp.zeros(x.shape, x.dtype) if gy is None else gy
     xhat = (x - mu) * inv_std
     gxh = gy if not params or params[0] is None else gy * _param(params[0], x, ax)

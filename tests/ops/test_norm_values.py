@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -232,3 +233,59 @@ def test_float16_rmsnorm_gated_computes_in_float32() -> None:
     want = x64 / np.sqrt(np.mean(x64 * x64, -1, keepdims=True) + 1e-6) * g64 / (1 + np.exp(-g64))
     assert got.dtype == np.float16
     assert_close(got, want, rtol=2e-3, atol=1e-3)
+
+
+def _np_norm_grads(x, gy, scale, split, reduced, channel):
+    """float64 gradients of ``y = xhat * scale`` (x viewed as ``split``, normalised over
+    ``reduced``; the scale per entry of ``channel`` axes of x): ``(dx, d_scale)``."""
+    shape = x.shape
+    xs, gs = x.reshape(split), (gy * scale).reshape(split)
+    mu = xs.mean(reduced, keepdims=True)
+    inv = 1 / np.sqrt(((xs - mu) ** 2).mean(reduced, keepdims=True) + 1e-5)
+    xhat = (xs - mu) * inv
+    m = lambda t: t.mean(reduced, keepdims=True)
+    dx = (inv * (gs - m(gs) - xhat * m(gs * xhat))).reshape(shape)
+    others = tuple(d for d in range(len(shape)) if d not in channel)
+    return dx, (gy * xhat.reshape(shape)).sum(others)
+
+
+_HALF_NORMS = {
+    # name: (command, x shape, x viewed as, reduced axes of the view, channel axes)
+    "layer_norm": (ops.layer_norm(axes=(-1,)), (4, 256), (4, 256), (1,), (1,)),
+    "group_norm": (
+        ops.group_norm(groups=2, reduce_axes=None),
+        (2, 16, 8),
+        (2, 16, 2, 4),
+        (1, 3),
+        (2,),
+    ),
+    "batch_norm": (ops.batch_norm(axes=(0,)), (256, 4), (256, 4), (0,), (1,)),
+}
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, np.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("name", sorted(_HALF_NORMS))
+def test_16_bit_norm_backward_does_not_read_rounded_statistics(name, dtype) -> None:
+    """x of mean 100 and std 1 in a 16-bit type (parameters too, so batch_norm's
+    statistics are 16-bit): the saved mean rounds by up to 0.25, and a backward that
+    read it had scale gradients several percent off (bfloat16 layer_norm: 4.7%). dx and
+    d_scale against float64 NumPy, within 3 roundings of their largest value."""
+    cmd, shape, split, reduced, channel = _HALF_NORMS[name]
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(100 + rng.standard_normal(shape), dtype)
+    c = shape[channel[0]]
+    scale = jnp.asarray(rng.uniform(0.5, 1.0, c), dtype)
+    params = [scale, jnp.asarray(rng.standard_normal(c), dtype)]
+    if name == "batch_norm":
+        params += [jnp.zeros(c, dtype), jnp.ones(c, dtype)]
+    gy = jnp.asarray(rng.standard_normal(shape), dtype)
+    outs = list(cmd(x, *params))
+    grads = [gy] + [None] * (len(outs) - 1)
+    gx, g_scale = ops.lookup(name).backward(grads, [x, *params], outs, **cmd.kwargs)[:2]
+    f64 = lambda a: np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+    want_dx, want_scale = _np_norm_grads(f64(x), f64(gy), f64(scale), split, reduced, channel)
+    rounding = 3 * float(jnp.finfo(dtype).eps) / 2
+    for got, want in ((gx, want_dx), (g_scale, want_scale)):
+        assert got.dtype == dtype
+        err = np.abs(f64(got) - want).max() / np.abs(want).max()
+        assert err < rounding, (name, err, rounding)
