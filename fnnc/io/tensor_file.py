@@ -147,7 +147,9 @@ class TensorFile:
     def transaction(self) -> Iterator[TensorFile]:
         """Makes the writes inside the block one atomic batch: all of them or none.
 
-        An exception inside the block rolls the batch back and propagates. Nested
+        An exception inside the block, or while the batch starts (making fnnc's tables
+        on a full disk), rolls the batch back, releases the file's write lock and
+        propagates; the TensorFile stays usable, so a retry can succeed. Nested
         blocks are savepoints: an inner failure undoes only the inner writes. The file
         is created here if it does not exist, and fnnc's tables are made inside the
         batch: a failed first batch leaves an existing file exactly as it was and removes
@@ -163,8 +165,14 @@ class TensorFile:
         with self.operation("write"):
             conn = self._writer()
             conn.execute(begin)
-            if not depth:
-                self._handle.create_tables()
+            try:
+                if not depth:
+                    self._handle.create_tables()
+            except BaseException:
+                # e.g. a full disk, or a `tensors` view: undone here, as a failure in the
+                # block is, so the write lock is released and a retry starts afresh
+                self._undo(conn, rollback, created)
+                raise
         self._depth = depth + 1
         try:
             yield self
@@ -172,15 +180,19 @@ class TensorFile:
                 for statement in commit:
                     conn.execute(statement)
         except BaseException:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):  # the first error is the one to see
-                    for statement in rollback:
-                        conn.execute(statement)
-            if created:
-                self._handle.remove_file()
+            self._undo(conn, rollback, created)
             raise
         finally:
             self._depth = depth
+
+    def _undo(self, conn: sqlite3.Connection, rollback: list[str], created: bool) -> None:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):  # the first error is the one to see
+                for statement in rollback:
+                    conn.execute(statement)
+        self._handle.tables = set()  # tables made in the batch are gone again
+        if created:
+            self._handle.remove_file()
 
     def close(self) -> None:
         """Closes the file (an open transaction is rolled back)."""

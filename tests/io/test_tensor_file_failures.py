@@ -1,0 +1,124 @@
+"""TensorFile when a write cannot start, on files other tools made, and under contention:
+a failed write keeps nothing, releases the file and leaves the TensorFile usable."""
+
+import sqlite3
+import struct
+
+import numpy as np
+import pytest
+
+from fnnc.errors import TensorFileError
+from fnnc.io import TensorFile, connections
+
+# NNC's own schema (ccv_nnc_tensor_write), without fnnc's checksum table
+NNC_SCHEMA = (
+    "CREATE TABLE tensors (name TEXT, type INTEGER, format INTEGER, datatype INTEGER, "
+    "dim BLOB, data BLOB, PRIMARY KEY (name))"
+)
+F32 = 0x4000
+
+
+def nnc_row(name, values):
+    dim = struct.pack("<12i", len(values), *[0] * 11)
+    return (name, 0xFFF01, 2, F32, dim, np.float32(values).tobytes())
+
+
+def make_db(path, *statements, rows=()):
+    conn = sqlite3.connect(path)
+    for statement in statements:
+        conn.execute(statement)
+    for row in rows:
+        conn.execute("INSERT INTO tensors VALUES (?, ?, ?, ?, ?, ?)", row)
+    conn.commit()
+    conn.close()
+
+
+def lock_is_free(path):
+    """Whether another connection can take the write lock at once."""
+    other = sqlite3.connect(path, timeout=0)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("ROLLBACK")
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        other.close()
+
+
+def limit_pages(monkeypatch, extra):
+    """Writers see a disk with room for ``extra`` more pages (SQLite's max_page_count)."""
+    opened = connections.open_writer
+
+    def full(path):
+        conn = opened(path)
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count={max(pages + extra, 1)}")
+        return conn
+
+    monkeypatch.setattr(connections, "open_writer", full)
+
+
+def free_space(f):
+    f.connection.execute("PRAGMA max_page_count=1073741823")
+
+
+def test_a_full_disk_while_creating_tables_rolls_back_and_a_retry_works(tmp_path, monkeypatch):
+    """The disk fills while fnnc makes its tables (before the batch body runs): the batch
+    is rolled back, the lock released, and the same TensorFile writes once space is freed
+    (it said "cannot start a transaction within a transaction" forever)."""
+    path = str(tmp_path / "nnc.sqlite")
+    make_db(path, NNC_SCHEMA, rows=[nnc_row("old", [1, 2])])
+    monkeypatch.setattr(connections, "TIMEOUT", 0.1)
+    limit_pages(monkeypatch, 0)  # fnnc's checksum table needs a page: none is left
+    f = TensorFile(path)
+    want = np.arange(6, dtype=np.float32)
+    for _ in range(2):  # the same error each time, not a stuck transaction
+        with pytest.raises(TensorFileError, match=r"nnc\.sqlite: cannot write.*disk is full"):
+            f.write("w", want)
+        assert not f.connection.in_transaction and lock_is_free(path)
+    assert f.names() == ["old"] and not f.has_table("fnnc_checksums")
+    free_space(f)
+    f.write("w", want)
+    np.testing.assert_array_equal(f.read("w"), want)
+    f.close()
+    with TensorFile(path, readonly=True) as g:
+        assert g.names() == ["old", "w"] and g.verify().ok
+        np.testing.assert_array_equal(g.read("old"), np.float32([1, 2]))
+
+
+def test_a_tensors_view_fails_the_write_and_releases_the_file(tmp_path):
+    """A `tensors` VIEW: fnnc cannot put its checksum triggers on it. The write fails, and
+    the file is not left locked by a transaction that never ends."""
+    path = str(tmp_path / "v.db")
+    make_db(
+        path,
+        "CREATE TABLE t (name TEXT, type INTEGER, format INTEGER, datatype INTEGER, "
+        "dim BLOB, data BLOB)",
+        "CREATE VIEW tensors AS SELECT * FROM t",
+        "CREATE TABLE unrelated (x)",
+    )
+    with TensorFile(path) as f:
+        for _ in range(2):
+            with pytest.raises(TensorFileError, match=r"v\.db: cannot write tensor 'w'.*view"):
+                f.write("w", np.ones(2, np.float32))
+            assert not f.connection.in_transaction and lock_is_free(path)
+        other = sqlite3.connect(path, timeout=0)
+        other.execute("INSERT INTO unrelated VALUES (1)")
+        other.commit()
+        other.close()
+        assert f.names() == []
+
+
+def test_tables_made_by_a_failed_batch_are_not_taken_to_exist_after_it(tmp_path):
+    """fnnc's checksum table, made by a batch that fails, is gone after the rollback:
+    reads must not look for it."""
+    path = str(tmp_path / "nnc.sqlite")
+    make_db(path, NNC_SCHEMA, rows=[nnc_row("old", [1, 2])])
+    with TensorFile(path) as f:
+        with pytest.raises(RuntimeError), f.transaction():
+            f.write("w", np.ones(2, np.float32))
+            assert f.read("w").tolist() == [1, 1] and f.has_table("fnnc_checksums")
+            raise RuntimeError
+        assert not f.has_table("fnnc_checksums")
+        assert f.names() == ["old"] and f.read("old").tolist() == [1, 2]
