@@ -124,16 +124,61 @@ def open_writer(path: str) -> sqlite3.Connection:
 
 
 def check_columns(conn: sqlite3.Connection, path: str) -> None:
-    """A ``tensors`` table, where there is one, has NNC's columns."""
+    """A ``tensors`` table, where there is one, has NNC's columns and NNC's key: ``name``
+    is unique (``PRIMARY KEY (name)``, so a write replaces a row) and rows have rowids
+    (fnnc's checksums name them; ``WITHOUT ROWID`` tables have none)."""
     with translating(path, "open"):
         columns = [r[1] for r in conn.execute("PRAGMA table_info(tensors)")]
-    lacking = [c for c in NNC_COLUMNS if c not in columns]
-    if columns and lacking:
+        if not columns:
+            return
+        lacking = [c for c in NNC_COLUMNS if c not in columns]
+        kind, sql = conn.execute(
+            "SELECT type, sql FROM sqlite_master WHERE name='tensors' AND type IN ('table', 'view')"
+        ).fetchone()
+        keyed = kind != "table" or _name_is_unique(conn)
+        rowids = kind != "table" or not _without_rowid(conn, sql)
+    if lacking:
         raise TensorFileError(
             f"{path}: its tensors table has columns ({', '.join(map(str, columns))}), not "
             f"NNC's ({', '.join(NNC_COLUMNS)}); lacking {', '.join(lacking)}. It was not "
             "written by NNC or fnnc: give an NNC tensor file"
         )
+    for ok, what in (
+        (keyed, "name is not its PRIMARY KEY (nor UNIQUE): a write would add a second row "
+         "of a name and reads would return the old one"),
+        (rowids, "it is a WITHOUT ROWID table: fnnc's checksums name rows by rowid"),
+    ):  # fmt: skip
+        if not ok:
+            raise TensorFileError(
+                f"{path}: its tensors table is not NNC's: {what}. NNC and fnnc make it with "
+                f"{_NNC_TABLE}. It was not written by NNC or fnnc: copy its rows into a "
+                "file with that table (INSERT INTO ... SELECT), or give an NNC tensor file"
+            )
+
+
+_NNC_TABLE = "CREATE TABLE tensors (name TEXT, ..., data BLOB, PRIMARY KEY (name))"
+
+
+def _name_is_unique(conn: sqlite3.Connection) -> bool:
+    """Whether ``tensors.name`` alone is the primary key or has a unique index."""
+    keys = [r[1] for r in conn.execute("PRAGMA table_info(tensors)") if r[5]]
+    if keys == ["name"]:
+        return True
+    for _, index, unique, _, partial in conn.execute("PRAGMA index_list(tensors)"):
+        columns = [r[0] for r in conn.execute("SELECT name FROM pragma_index_info(?)", (index,))]
+        if unique and not partial and columns == ["name"]:
+            return True
+    return False
+
+
+def _without_rowid(conn: sqlite3.Connection, sql: str | None) -> bool:
+    try:  # SQLite 3.37+ says so in table_list
+        row = conn.execute(
+            "SELECT wr FROM pragma_table_list WHERE schema='main' AND name='tensors'"
+        ).fetchone()
+        return bool(row and row[0])
+    except sqlite3.OperationalError:
+        return sql is not None and "WITHOUTROWID" in "".join(sql.upper().split())
 
 
 class Handle:

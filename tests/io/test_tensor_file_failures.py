@@ -1,6 +1,7 @@
 """TensorFile when a write cannot start, on files other tools made, and under contention:
 a failed write keeps nothing, releases the file and leaves the TensorFile usable."""
 
+import pathlib
 import sqlite3
 import struct
 
@@ -122,3 +123,50 @@ def test_tables_made_by_a_failed_batch_are_not_taken_to_exist_after_it(tmp_path)
             raise RuntimeError
         assert not f.has_table("fnnc_checksums")
         assert f.names() == ["old"] and f.read("old").tolist() == [1, 2]
+
+
+COLUMNS = "name TEXT, type INTEGER, format INTEGER, datatype INTEGER, dim BLOB, data BLOB"
+
+
+@pytest.mark.parametrize(
+    "schema, what",
+    [
+        (f"CREATE TABLE tensors ({COLUMNS})", "name is not its PRIMARY KEY"),
+        (f"CREATE TABLE tensors ({COLUMNS}, PRIMARY KEY (name, type))", "name is not its"),
+        (
+            f"CREATE TABLE tensors ({COLUMNS}, PRIMARY KEY (name)) WITHOUT ROWID",
+            "it is a WITHOUT ROWID",
+        ),
+    ],
+    ids=["no key", "name and type", "without rowid"],
+)
+def test_a_tensors_table_without_nncs_key_is_refused(tmp_path, schema, what):
+    """Without a unique name, REPLACE INTO added a second 'w' and read() returned the old
+    one; without rowids fnnc cannot keep checksums. Both are refused, the file untouched."""
+    path = str(tmp_path / "t.db")
+    make_db(path, schema, rows=[nnc_row("w", [1, 2])])
+    before = pathlib.Path(path).read_bytes()
+    for readonly in (False, True):
+        with pytest.raises(
+            TensorFileError, match=rf"t\.db: its tensors table is not NNC's: {what}"
+        ):
+            TensorFile(path, readonly=readonly)
+    with pytest.raises(TensorFileError, match=r"PRIMARY KEY \(name\)\)\. It was not written"):
+        TensorFile(path).write("w", np.float32([5, 6]))
+    assert pathlib.Path(path).read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        f"CREATE TABLE tensors ({COLUMNS.replace('name TEXT', 'name TEXT PRIMARY KEY')})",
+        f"CREATE TABLE tensors ({COLUMNS}, UNIQUE (name))",
+    ],
+    ids=["column primary key", "unique"],
+)
+def test_a_unique_name_is_nncs_key(tmp_path, schema):
+    path = str(tmp_path / "t.db")
+    make_db(path, schema, rows=[nnc_row("w", [1, 2])])
+    with TensorFile(path) as f:
+        f.write("w", np.float32([5, 6]))
+        assert f.names() == ["w"] and f.read("w").tolist() == [5, 6] and f.verify().ok
