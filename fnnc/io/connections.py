@@ -21,7 +21,6 @@ in WAL mode still reads, since SQLite's read-only WAL readers open the ``-wal`` 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
 import urllib.parse
@@ -181,6 +180,23 @@ def _without_rowid(conn: sqlite3.Connection, sql: str | None) -> bool:
         return sql is not None and "WITHOUTROWID" in "".join(sql.upper().split())
 
 
+def no_tensors_table(conn: sqlite3.Connection, path: str) -> TensorFileError:
+    """The error for a file without a ``tensors`` table. A file with no tables at all is
+    what a first write that failed or was killed leaves of a new file: it says so."""
+    with translating(path, "list tables"):
+        empty = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+    if empty:
+        return TensorFileError(
+            f"{path}: no tensors table: the file is empty (no tables at all): no tensors "
+            "were written to it yet, or its first write failed or was interrupted; write "
+            "the tensors (again), or check the path"
+        )
+    return TensorFileError(
+        f"{path}: no tensors table (not an NNC tensor file; NNC creates it on its first "
+        "ccv_nnc_tensor_write)"
+    )
+
+
 class Handle:
     """The connection of one file: read-only (:func:`open_reader`) from first use until
     the first write, then read-write (:func:`open_writer`; each outermost transaction
@@ -223,16 +239,6 @@ class Handle:
         caller's transaction, so a batch that fails leaves no new tables either."""
         for statement in self.setup:
             self.writer().execute(statement)
-
-    def remove_file(self) -> None:
-        """Closes the connection and deletes the file (one this handle created, whose
-        first transaction failed); the next write creates it anew."""
-        if self.conn is not None:
-            self.conn.close()
-        self.conn, self.writing, self.tables = None, False, set()
-        for leftover in (self.path, self.path + "-journal"):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(leftover)
 
     def has_table(self, table: str) -> bool:
         """Whether the file has a table called ``table``."""

@@ -159,7 +159,7 @@ def convert(
         source: an NNC tensor file or a ``.safetensors`` file.
         target: the file to write (created; tensors of the same name are replaced).
             If the conversion fails, an existing target is left exactly as it was and
-            a new one is not left behind.
+            a new one empty (see :meth:`TensorFile.transaction`).
         rename: a name map (see :data:`Rename`); tensors it maps to ``None`` stay out.
         encoder: a codec for the target's rows (NNC tensor files only), e.g. ``"q8p"``.
         source_format: ``"nnc"`` or ``"safetensors"`` where the extension does not say.

@@ -73,7 +73,8 @@ class TensorFile:
 
     Args:
         path: the file. It is created (with NNC's ``tensors`` table) by the first
-            write, never by opening or reading: reading a missing file is an error.
+            write, never by opening or reading: reading a missing file is an error, and
+            so is reading a file left empty by a first write that failed.
         readonly: refuse writes; the file must exist and hold a ``tensors`` table.
 
     >>> import os, tempfile
@@ -108,11 +109,9 @@ class TensorFile:
         if readonly or os.path.exists(self.path):
             self._handle.reader()  # a missing, non-SQLite or damaged file fails here
             if readonly and not self.has_table("tensors"):
+                error = connections.no_tensors_table(self._handle.reader(), self.path)
                 self.close()
-                raise TensorFileError(
-                    f"{self.path}: no tensors table (not an NNC tensor file; "
-                    "NNC creates it on its first ccv_nnc_tensor_write)"
-                )
+                raise error
 
     # -- plumbing ------------------------------------------------------------
     @property
@@ -152,11 +151,12 @@ class TensorFile:
         propagates; the TensorFile stays usable, so a retry can succeed. Nested
         blocks are savepoints: an inner failure undoes only the inner writes. The file
         is created here if it does not exist, and fnnc's tables are made inside the
-        batch: a failed first batch leaves an existing file exactly as it was and removes
-        a file it created, so a failed write leaves nothing behind.
+        batch: a failed first batch leaves an existing file exactly as it was, and a
+        file it created empty (0 bytes, no tables; it reads as "empty: no tensors
+        written yet"). That file is not removed: another process may have opened it
+        by then and be writing to it.
         """
         depth = self._depth
-        created = not depth and not self._handle.exists()
         begin, commit, rollback = "BEGIN IMMEDIATE", ["COMMIT"], ["ROLLBACK"]
         if depth:
             sp = f"fnnc_{depth}"
@@ -171,7 +171,7 @@ class TensorFile:
             except BaseException:
                 # e.g. a full disk, or a `tensors` view: undone here, as a failure in the
                 # block is, so the write lock is released and a retry starts afresh
-                self._undo(conn, rollback, created)
+                self._undo(conn, rollback)
                 raise
         self._depth = depth + 1
         try:
@@ -180,19 +180,17 @@ class TensorFile:
                 for statement in commit:
                     conn.execute(statement)
         except BaseException:
-            self._undo(conn, rollback, created)
+            self._undo(conn, rollback)
             raise
         finally:
             self._depth = depth
 
-    def _undo(self, conn: sqlite3.Connection, rollback: list[str], created: bool) -> None:
+    def _undo(self, conn: sqlite3.Connection, rollback: list[str]) -> None:
         if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):  # the first error is the one to see
                 for statement in rollback:
                     conn.execute(statement)
         self._handle.tables = set()  # tables made in the batch are gone again
-        if created:
-            self._handle.remove_file()
 
     def close(self) -> None:
         """Closes the file (an open transaction is rolled back)."""
@@ -209,11 +207,8 @@ class TensorFile:
 
     def _tensors(self) -> sqlite3.Connection:
         conn = self._handle.reader()
-        if not self._handle.writing and not self.has_table("tensors"):
-            raise TensorFileError(
-                f"{self.path}: no tensors table (not an NNC tensor file; NNC creates it on "
-                "its first ccv_nnc_tensor_write)"
-            )
+        if not self._depth and not self.has_table("tensors"):  # a batch makes it
+            raise connections.no_tensors_table(conn, self.path)
         return conn
 
     # -- listing ---------------------------------------------------------------

@@ -126,6 +126,14 @@ def test_parameters_functions_take_safetensors_paths(tmp_path):
     assert sorted(load_file(str(path))) == ["__n__[r-a-0-0(0)]", "__n__[t-a-0-0]"]
 
 
+def assert_left_empty(path):
+    """A new file whose one transaction failed: created, but nothing written (it is not
+    removed, as another process may have opened it meanwhile)."""
+    assert path.stat().st_size == 0 and not os.path.exists(f"{path}-journal")
+    with pytest.raises(TensorFileError, match=r"the file is empty .*no tensors were written"):
+        TensorFile(path, readonly=True)
+
+
 def test_bad_input_is_a_clear_error(tmp_path):
     (garbage := tmp_path / "g.safetensors").write_bytes(b"\xff" * 20)
     with pytest.raises(TensorFileError, match="not a readable safetensors file"):
@@ -137,7 +145,7 @@ def test_bad_input_is_a_clear_error(tmp_path):
     )
     with pytest.raises(DTypeError, match=r"tensor 'a'.*NNC has no datatype for int16"):
         convert(tmp_path / "i.safetensors", tmp_path / "i.sqlite")
-    assert not (tmp_path / "i.sqlite").exists()  # one transaction: nothing written
+    assert_left_empty(tmp_path / "i.sqlite")  # one transaction: nothing written
     with pytest.raises(TensorFileError, match="both map to 'x'"):
         convert(tmp_path / "i.safetensors", tmp_path / "j.safetensors", rename=lambda n: "x")
     with pytest.raises(TensorFileError, match="safetensors has no codecs"):
@@ -178,7 +186,7 @@ def test_writing_into_a_missing_folder_names_the_path(tmp_path, capsys):
     assert not target.parent.exists()
 
 
-def test_a_failed_convert_leaves_no_new_file_and_an_old_one_unchanged(tmp_path, capsys):
+def test_a_failed_convert_leaves_a_new_file_empty_and_an_old_one_unchanged(tmp_path, capsys):
     source = tmp_path / "a.sqlite"
     with TensorFile(source) as f:
         f.write("x", np.arange(4, dtype=np.float32))
@@ -186,10 +194,12 @@ def test_a_failed_convert_leaves_no_new_file_and_an_old_one_unchanged(tmp_path, 
     new = tmp_path / "new.sqlite"
     assert main(["convert", str(source), str(new), "--encoder", "nope"]) == 1
     assert "no codec named 'nope'" in capsys.readouterr().err
-    assert sorted(os.listdir(tmp_path)) == ["a.sqlite"]
+    assert sorted(os.listdir(tmp_path)) == ["a.sqlite", "new.sqlite"]
+    assert_left_empty(new)
     with pytest.raises(TensorFileError, match="no codec named 'nope'"):
         write_parameters(new, {"w": np.ones(2, np.float32)}, encoder="nope")
-    assert sorted(os.listdir(tmp_path)) == ["a.sqlite"]
+    assert sorted(os.listdir(tmp_path)) == ["a.sqlite", "new.sqlite"]
+    assert_left_empty(new)
     old = tmp_path / "nnc.sqlite"  # as NNC writes it: no fnnc tables
     with contextlib.closing(sqlite3.connect(old)) as conn:
         conn.execute(
@@ -203,7 +213,7 @@ def test_a_failed_convert_leaves_no_new_file_and_an_old_one_unchanged(tmp_path, 
     with pytest.raises(TensorFileError, match="no codec named 'nope'"):
         convert(source, old, encoder="nope")
     assert hashlib.sha256(old.read_bytes()).hexdigest() == before
-    assert sorted(os.listdir(tmp_path)) == ["a.sqlite", "nnc.sqlite"]
+    assert sorted(os.listdir(tmp_path)) == ["a.sqlite", "new.sqlite", "nnc.sqlite"]
 
 
 def test_inspect_recognises_safetensors_by_content(tmp_path, capsys):

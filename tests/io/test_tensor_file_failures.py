@@ -1,9 +1,14 @@
 """TensorFile when a write cannot start, on files other tools made, and under contention:
 a failed write keeps nothing, releases the file and leaves the TensorFile usable."""
 
+import os
 import pathlib
+import shutil
 import sqlite3
 import struct
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -108,7 +113,6 @@ def test_a_tensors_view_fails_the_write_and_releases_the_file(tmp_path):
         other.execute("INSERT INTO unrelated VALUES (1)")
         other.commit()
         other.close()
-        assert f.names() == []
 
 
 def test_tables_made_by_a_failed_batch_are_not_taken_to_exist_after_it(tmp_path):
@@ -170,3 +174,98 @@ def test_a_unique_name_is_nncs_key(tmp_path, schema):
     with TensorFile(path) as f:
         f.write("w", np.float32([5, 6]))
         assert f.names() == ["w"] and f.read("w").tolist() == [5, 6] and f.verify().ok
+
+
+EMPTY = r"no tensors table: the file is empty \(no tables at all\): no tensors were written"
+
+
+def assert_left_empty(path):
+    """Nothing of a failed first batch is in the file: 0 bytes, no journal, and reading it
+    says so (not "not an NNC tensor file")."""
+    with pytest.raises(TensorFileError, match=EMPTY):
+        TensorFile(path, readonly=True)
+    with pytest.raises(TensorFileError, match=EMPTY):
+        TensorFile(path).read("w")
+    assert os.path.getsize(path) == 0 and not os.path.exists(f"{path}-journal")
+
+
+def test_a_full_disk_on_a_new_file_leaves_it_empty_and_a_retry_works(tmp_path, monkeypatch):
+    path = str(tmp_path / "new.sqlite")
+    limit_pages(monkeypatch, 1)  # room for page 1 only: the tables do not fit
+    f = TensorFile(path)
+    with pytest.raises(TensorFileError, match=r"new\.sqlite: cannot write.*disk is full"):
+        f.write("w", np.ones(2, np.float32))
+    assert not f.connection.in_transaction and lock_is_free(path)
+    assert_left_empty(path)
+    with pytest.raises(TensorFileError, match=EMPTY):
+        f.names()
+    free_space(f)
+    f.write("w", np.float32([3, 4]))
+    f.close()
+    with TensorFile(path, readonly=True) as g:
+        assert g.names() == ["w"] and g.read("w").tolist() == [3, 4] and g.verify().ok
+
+
+# Another process (NNC, say: plain SQLite) opens and reads the new file while fnnc's first
+# batch holds it, then writes its own tensor once told to.
+OTHER = textwrap.dedent(
+    """
+    import sqlite3, sys
+    conn = sqlite3.connect(sys.argv[1], timeout=10)
+    conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    print("opened", flush=True)
+    sys.stdin.readline()
+    try:
+        conn.execute(sys.argv[2])
+        conn.execute("INSERT INTO tensors VALUES (?, ?, ?, ?, ?, ?)", eval(sys.argv[3]))
+        conn.commit()
+        print("wrote", flush=True)
+    except sqlite3.Error as e:
+        print("failed:", e, flush=True)
+    """
+)
+
+
+def test_a_failed_first_batch_keeps_the_file_another_process_opened(tmp_path):
+    """fnnc's first batch fails after another process opened the new file: the file stays
+    (it was unlinked, and the other process's write failed with "disk I/O error")."""
+    path = str(tmp_path / "shared.sqlite")
+    row = nnc_row("a", [0, 1, 2])
+    f = TensorFile(path)
+    with pytest.raises(RuntimeError, match="the batch fails"), f.transaction():
+        f.write("b", np.ones(2, np.float32))
+        other = subprocess.Popen(
+            [sys.executable, "-c", OTHER, path, NNC_SCHEMA, repr(row)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert other.stdout.readline().strip() == "opened"
+        raise RuntimeError("the batch fails")
+    assert_left_empty(path)
+    out, _ = other.communicate("go\n", timeout=30)
+    assert out.strip() == "wrote"
+    with TensorFile(path, readonly=True) as g:  # what the other process wrote, no more
+        assert g.names() == ["a"] and g.read("a").tolist() == [0, 1, 2]
+    f.write("b", np.ones(2, np.float32))  # the TensorFile that failed still writes
+    assert f.names() == ["a", "b"]
+    f.close()
+
+
+def test_a_first_write_killed_midway_reads_as_an_empty_file(tmp_path):
+    """The files a SIGKILL during the first write of a new file leaves (the file and its
+    hot journal): the reader rolls the journal back and says the file is empty."""
+    path = str(tmp_path / "new.sqlite")
+    crashed = str(tmp_path / "crashed.sqlite")
+    f = TensorFile(path)
+    with pytest.raises(RuntimeError), f.transaction():
+        f.connection.execute("PRAGMA cache_size=1")  # spill the pages to the file
+        f.write("w", np.ones(50_000, np.float32))
+        shutil.copyfile(path, crashed)
+        shutil.copyfile(path + "-journal", crashed + "-journal")
+        raise RuntimeError("the copy is taken")
+    f.close()
+    assert os.path.getsize(crashed) > 0
+    assert_left_empty(crashed)
+    other = str(tmp_path / "other.db")  # a file with other tables keeps its message
+    make_db(other, "CREATE TABLE users (id INTEGER)")
+    with pytest.raises(TensorFileError, match=r"other\.db: no tensors table \(not an NNC"):
+        TensorFile(other, readonly=True)
