@@ -63,9 +63,17 @@ _ADVICE: tuple[tuple[str, str], ...] = (
     ),
     (
         "SQLITE_BUSY",
-        "another process holds the file locked (a long write); retry when it has finished",
+        "another connection holds the file locked: a long write in another process, or an "
+        "open transaction of another TensorFile, Checkpoints or Model on this file in "
+        "this process (a call given the path opens its own connection, which waits for "
+        "the first); in this process, pass the open TensorFile instead of the path; "
+        "otherwise retry when the other write has finished",
     ),
-    ("SQLITE_LOCKED", "another connection in this process holds the file locked; retry"),
+    (
+        "SQLITE_LOCKED",
+        "another connection in this process holds the file locked; pass the open "
+        "TensorFile instead of the path, or retry",
+    ),
     (
         "SQLITE_CANTOPEN",
         "SQLite cannot open it; check that the path is a file and its folder exists",

@@ -156,3 +156,27 @@ def test_a_damaged_manifest_table_and_step_range(tmp_path):
         r"such column: created; the file's tables are not NNC's layout",
     ):
         Checkpoints(path).restore(1)
+
+
+def test_a_file_locked_by_this_process_says_to_pass_the_open_tensor_file(tmp_path, monkeypatch):
+    """Two TensorFiles on one path in one process: the second waits for the first one's
+    open transaction, then said "another process holds the file locked". The message now
+    names this process too and what to do; the first batch still commits."""
+    from fnnc.io import connections, write_parameters
+
+    monkeypatch.setattr(connections, "TIMEOUT", 0.05)
+    path = str(tmp_path / "s.sqlite")
+    with TensorFile(path) as f:
+        f.write("x", np.ones(2, np.float32))
+        with f.transaction():
+            f.write("a", np.ones(2, np.float32))
+            with pytest.raises(TensorFileError) as e:
+                write_parameters(path, {"w": np.ones(2, np.float32)})  # by path: a new file
+            write_parameters(f, {"w": np.zeros(2, np.float32)})  # the open one: joins the batch
+    message = str(e.value)
+    assert message.startswith(f"{path}: cannot write") and "database is locked" in message
+    assert "another connection holds the file locked" in message
+    assert "in this process, pass the open TensorFile instead of the path" in message
+    with TensorFile(path, readonly=True) as g:
+        (row,) = set(g.names()) - {"a", "x"}  # write_parameters' row of "w"
+        assert g.read("a").tolist() == [1, 1] and g.read(row).tolist() == [0, 0]
