@@ -144,7 +144,8 @@ class MoE(Layer):
     which chooses but gets no gradient) picks ``k`` per token and sorts the token rows
     by expert; the experts' ``W_gate``, ``W_up [E, hidden, D]`` and
     ``W_down [E, D, hidden]`` (parameters 2-4) run as three ``segmented_gemm``; the
-    rows, scaled by their routing weights, add back into their tokens.
+    rows, scaled by their routing weights, add back into their tokens (a
+    ``scatter_add`` by token index: memory and work linear in the tokens).
 
     With ``return_load=True`` the layer has a second output: the rows each expert
     received, ``[E]`` float32 (its load).
@@ -195,12 +196,9 @@ class MoE(Layer):
         pairs = tokens * self.k
         weights = b.exec(ops.reshape(shape=(pairs, 1)), weights)
         y = b.exec(ops.mul(), y, b.exec(ops.datatype_conversion(dtype=x.dtype), weights))
-        # The combine is a one-hot [tokens, pairs] GEMM: every row adds into its token.
-        ids = b.constant(np.arange(tokens, dtype=np.int32).reshape(tokens, 1))
-        owner = b.exec(ops.reshape(shape=(1, pairs)), owner)
-        onehot = b.exec(ops.compare(op="eq"), ids, owner)
-        onehot = b.exec(ops.datatype_conversion(dtype=x.dtype), onehot)
-        out = b.exec(ops.gemm(), onehot, y, name=f"{name}/combine")
+        # Every row adds into its token: a scatter-add by token index, O(pairs * D) (a
+        # one-hot [tokens, pairs] GEMM was quadratic in tokens: 2 GB of temporaries at 16k).
+        out = b.exec(ops.scatter_add(bincount=tokens), y, owner, name=f"{name}/combine")
         out = b.exec(ops.reshape(shape=(*lead, d)), out)
         if not self.return_load:
             return out
