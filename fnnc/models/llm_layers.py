@@ -147,6 +147,12 @@ class MoE(Layer):
     rows, scaled by their routing weights, add back into their tokens (a
     ``scatter_add`` by token index: memory and work linear in the tokens).
 
+    Each row's routing weight is its expert's probability ``p = sqrt(softplus(logit))``
+    divided by the sum over the token's ``k`` choices, times ``weight_scale`` (NNC's
+    formula, ``normalize=True``). With ``k=1`` that weight is always ``weight_scale``,
+    so **the router gets no gradient and never trains**; pass ``normalize=False`` to
+    weight each row by ``p`` itself (Switch Transformer's top-1 gate), which trains it.
+
     With ``return_load=True`` the layer has a second output: the rows each expert
     received, ``[E]`` float32 (its load).
     """
@@ -161,6 +167,7 @@ class MoE(Layer):
         k: int = 2,
         weight_scale: float = 1.0,
         return_load: bool = False,
+        normalize: bool = True,
         **kw: Any,
     ):
         super().__init__(**kw)
@@ -170,6 +177,7 @@ class MoE(Layer):
             raise ModelError(f"MoE: k={k} must be in 1..{experts} (the number of experts)")
         self.experts, self.hidden, self.k = experts, hidden, k
         self.weight_scale, self.return_load = weight_scale, return_load
+        self.normalize = bool(normalize)
 
     def num_outputs(self, num_inputs: int) -> int:
         return 2 if self.return_load else 1
@@ -187,7 +195,9 @@ class MoE(Layer):
         w_down = ctx.param(self, 4, (e, d, h), init, x.dtype)
         flat = b.exec(ops.reshape(shape=(tokens, d)), x)
         logits = _dense(ctx, flat, router, f"{name}/router")
-        routing = ops.moe_routing(kth=self.k, weight_scale=self.weight_scale)
+        routing = ops.moe_routing(
+            kth=self.k, weight_scale=self.weight_scale, normalize=self.normalize
+        )
         rows, weights, owner, which, counts = b.exec(routing, logits, route, flat, name=name)
         grouped = ops.segmented_gemm(transpose_b=True)
         gate = b.exec(grouped, rows, which, counts, w_gate, name=f"{name}/gate")

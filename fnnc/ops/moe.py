@@ -20,7 +20,9 @@ Layouts follow NNC's ``lib/nnc/cmd/blas/ccv_nnc_segmented_gemm_cpu_ref.c`` and
   probabilities are ``sqrt(softplus(logits))``; without ``preselected`` the top
   ``kth`` of ``probability + route`` (``route [E]``, a bias, ties to the lower
   expert) are chosen, with it ``route [T, kth]`` int32 names them. Their weights are
-  ``p / max(sum p, 2^-14) * weight_scale``. The ``T * kth`` (token, slot) pairs are
+  ``p / max(sum p, 2^-14) * weight_scale`` (NNC's; ``normalize=False``:
+  ``p * weight_scale``, the chosen probabilities themselves, as Switch Transformer's
+  top-1 gate). The ``T * kth`` (token, slot) pairs are
   sorted by expert, then token, then slot (a single token keeps slot order), giving
   ``(gathered [T*kth, D], route_weights [T*kth] f32, token_indices [T*kth] i32,
   expert_indices [G] i32, expert_counts [G] i32)`` with ``G = min(T*kth, E)``; groups
@@ -30,7 +32,10 @@ NNC has no backward for segmented_gemm on CPU nor for moe_routing; fnnc derives 
 from ``jax.vjp`` of the reference, so a MoE layer trains: the gradient reaches the
 expert weights (rows of a repeated expert add up), the gathered activations (scattered
 back to their tokens) and, through the routing weights, the router's logits (the
-expert choice itself is piecewise constant and has none).
+expert choice itself is piecewise constant and has none). With NNC's renormalised
+weights and ``kth=1`` every weight is ``p / p * weight_scale``, a constant: the logits
+get no gradient and a top-1 router never trains; ``normalize=False`` keeps ``p`` in the
+weight so they do.
 """
 
 from __future__ import annotations
@@ -115,7 +120,7 @@ def segmented_gemm(a, indices, counts, w, bias=None, *, transpose_b=False):
 
 
 def _moe_routing_shape(
-    logits, route, activation, *, kth, weight_scale, preselected, compact_single_token
+    logits, route, activation, *, kth, weight_scale, preselected, compact_single_token, normalize
 ):
     name = "moe_routing"
     require_float(name, logits, activation)
@@ -164,8 +169,15 @@ def moe_routing(
     weight_scale=1.0,
     preselected=False,
     compact_single_token=False,
+    normalize=True,
 ):
     """Top-k expert choice and token permutation for a MoE layer (see the module docstring).
+
+    ``normalize=True`` (NNC's formula) divides the chosen probabilities by their sum, so
+    with ``kth=1`` every weight is ``weight_scale`` and the logits get **no gradient**
+    (a top-1 router never trains). ``normalize=False`` weights each row by its
+    probability ``p = sqrt(softplus(logit))`` itself (times ``weight_scale``), as
+    Switch Transformer's top-1 gate, so the logits get a gradient at any ``kth``.
 
     >>> import jax.numpy as jnp
     >>> from fnnc import ops
@@ -182,8 +194,9 @@ def moe_routing(
     else:
         chosen = _select(lax.stop_gradient(prob + route.astype(jnp.float32)[None, :]), kth)
     p = jnp.take_along_axis(prob, jnp.clip(chosen, 0, e - 1), axis=1)  # [T, kth]
-    total = jnp.maximum(jnp.sum(p, axis=1, keepdims=True), 6.103515625e-5)
-    weights = (p / total * weight_scale).reshape(-1)
+    if normalize:
+        p = p / jnp.maximum(jnp.sum(p, axis=1, keepdims=True), 6.103515625e-5)
+    weights = (p * weight_scale).reshape(-1)
     experts = chosen.reshape(-1)
     tokens = jnp.repeat(jnp.arange(t, dtype=jnp.int32), kth)
     if t == 1:

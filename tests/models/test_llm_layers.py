@@ -12,6 +12,7 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from fnnc.errors import ModelError
@@ -66,14 +67,16 @@ def test_rotary_embedding_refuses_integer_input():
         _model(RotaryEmbedding(), x)
 
 
-def moe_oracle(x, p, k, scale=1.0):
+def moe_oracle(x, p, k, scale=1.0, normalize=True):
     """A dense MoE: every token through its top-k experts, by plain JAX gathers."""
     router, route, wg, wu, wd = (p[i] for i in range(5))
     logits = x @ router.T
     prob = jnp.sqrt(jax.nn.softplus(logits.astype(jnp.float32)))  # fnnc routes in float32
     chosen = jax.lax.top_k(jax.lax.stop_gradient(prob + route[None]), k)[1]  # [T, k]
     sel = jnp.take_along_axis(prob, chosen, axis=1)
-    w = sel / jnp.maximum(sel.sum(1, keepdims=True), 6.103515625e-5) * scale
+    if normalize:
+        sel = sel / jnp.maximum(sel.sum(1, keepdims=True), 6.103515625e-5)
+    w = sel * scale
     gate = jnp.einsum("td,tkhd->tkh", x, wg[chosen])
     up = jnp.einsum("td,tkhd->tkh", x, wu[chosen])
     y = jnp.einsum("tkh,tkdh->tkd", jax.nn.silu(gate) * up, wd[chosen])
@@ -98,6 +101,31 @@ def test_moe_matches_dense_oracle_and_its_gradient():
     for i, w in zip(ids, gw):
         assert_close(g[i], w, 1e-4, 1e-5, what=i)
     assert not np.asarray(g[ids[1]]).any()  # the routing bias chooses, and has no gradient
+
+
+def test_moe_top1_router_trains_without_normalize():
+    """NNC's renormalised top-1 weight is p / p = 1: the router's gradient was exactly
+    zero and 5 SGD steps left it where it was. normalize=False weights by p."""
+    x, target = rand((6, 5)), rand((6, 5), seed=1)
+    ids = [f"t-m-0-moe-0-{i}" for i in range(5)]
+    moved = {}
+    for normalize in (True, False):
+        inp = Input()
+        m = Model(inp, MoE(4, 8, k=1, normalize=normalize, name="moe")(inp), name="m")
+        m.compile(x, loss="mse", minimizer=optax.sgd(0.1))
+        params = {i: jnp.asarray(v) for i, v in m.parameters().items()}
+        fn = model_function(m, [jax.ShapeDtypeStruct(x.shape, np.float32)])
+        g = jax.grad(lambda p: jnp.sum((fn([x], p)[0][0] - target) ** 2))(params)
+        gw = jax.grad(lambda q: jnp.sum((moe_oracle(x, q, 1, normalize=normalize) - target) ** 2))(
+            [params[i] for i in ids]
+        )
+        for i, w in zip(ids, gw):
+            assert_close(g[i], w, 1e-4, 1e-6, what=f"normalize={normalize} {i}")
+        for _ in range(5):
+            m.fit(x, target)
+        moved[normalize] = np.abs(np.asarray(m.parameters()[ids[0]]) - params[ids[0]]).max()
+    assert moved[True] == 0  # the documented cost of NNC's formula at k=1
+    assert moved[False] > 1e-3, moved
 
 
 def test_moe_reports_expert_load():

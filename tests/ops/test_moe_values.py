@@ -2,6 +2,8 @@
 references (``ccv_nnc_segmented_gemm_cpu_ref.c``, ``ccv_nnc_moe_routing_cpu_ref.c``,
 ``ccv_nnc_comm_cpu_ref.c``), loop for loop."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -43,7 +45,7 @@ def test_segmented_gemm_rejects_bad_inputs():
         ops.segmented_gemm().shape(a, np.zeros(2, np.int32), np.zeros(2, np.float32), w)
 
 
-def _routing_reference(logits, route, activation, kth, weight_scale, preselected):
+def _routing_reference(logits, route, activation, kth, weight_scale, preselected, normalize=True):
     """``_ccv_nnc_moe_routing_forw`` for T > 1."""
     t, e = logits.shape
     pairs = []
@@ -61,7 +63,7 @@ def _routing_reference(logits, route, activation, kth, weight_scale, preselected
                         selected[slot + 1 :] = selected[slot:-1]
                         selected[slot] = expert
                         break
-        total = max(sum(prob[s] for s in selected), 6.103515625e-5)
+        total = max(sum(prob[s] for s in selected), 6.103515625e-5) if normalize else 1.0
         for slot, s in enumerate(selected):
             pairs.append((s, token, slot, prob[s] / total * weight_scale))
     pairs.sort(key=lambda p: p[:3])
@@ -94,6 +96,39 @@ def test_moe_routing_matches_nnc_reference(preselected):
     np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
     for g, w in zip(got[2:], want[2:]):
         np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("kth", [1, 3])
+def test_moe_routing_without_normalize_weights_by_the_probability_and_has_a_gradient(kth):
+    """NNC's renormalised top-1 weight is p / p: constant, so a top-1 router never
+    trained. normalize=False keeps p (Switch Transformer's gate)."""
+    rng = np.random.default_rng(5)
+    logits = rng.normal(size=(5, 4)).astype(np.float32) * 2
+    route = rng.normal(size=(4,)).astype(np.float32)
+    act = rng.normal(size=(5, 3)).astype(np.float32)
+    routing = ops.moe_routing(kth=kth, weight_scale=1.5, normalize=False)
+    got = routing(logits, route, act)
+    want = _routing_reference(logits, route, act, kth, 1.5, False, normalize=False)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+    for g, w in zip(got[2:], want[2:]):
+        np.testing.assert_array_equal(g, w)
+    # d(sum c * w)/d logits: w = 1.5 * sqrt(softplus(l)) at each chosen (token, expert)
+    c = rng.normal(size=got[1].shape).astype(np.float32)
+    grad = jax.grad(lambda z: jnp.sum(routing(z, route, act)[1] * c))(logits)
+    want_grad = np.zeros_like(logits)
+    sig = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    soft = np.log1p(np.exp(logits.astype(np.float64)))
+    experts = np.repeat(np.asarray(got[3]), np.asarray(got[4]))  # each row's expert
+    for ci, token, expert in zip(c, np.asarray(got[2]), experts):
+        want_grad[token, expert] += (
+            ci * 1.5 * sig[token, expert] / (2 * np.sqrt(soft[token, expert]))
+        )
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-6)
+    if kth == 1:
+        normalised = ops.moe_routing(kth=1, weight_scale=1.5)
+        g1 = jax.grad(lambda z: jnp.sum(normalised(z, route, act)[1] * c))(logits)
+        # NNC's formula: the documented zero gradient (d(p/p) is zero up to rounding)
+        np.testing.assert_allclose(g1, 0, atol=1e-6)
 
 
 def test_moe_routing_ties_go_to_the_lower_expert_and_unused_groups_are_minus_one():
