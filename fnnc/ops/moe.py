@@ -26,7 +26,10 @@ Layouts follow NNC's ``lib/nnc/cmd/blas/ccv_nnc_segmented_gemm_cpu_ref.c`` and
   sorted by expert, then token, then slot (a single token keeps slot order), giving
   ``(gathered [T*kth, D], route_weights [T*kth] f32, token_indices [T*kth] i32,
   expert_indices [G] i32, expert_counts [G] i32)`` with ``G = min(T*kth, E)``; groups
-  past the last used expert are ``-1`` and ``0``.
+  past the last used expert are ``-1`` and ``0``. A preselected expert id outside
+  ``[0, E)`` (``-1`` included) drops its pair: it has no probability in the sum, weight
+  0, is counted in no group and is sorted after every valid pair (its row, past
+  ``sum(expert_counts)``, is zero out of ``segmented_gemm``).
 
 NNC has no backward for segmented_gemm on CPU nor for moe_routing; fnnc derives both
 from ``jax.vjp`` of the reference, so a MoE layer trains: the gradient reaches the
@@ -179,6 +182,9 @@ def moe_routing(
     probability ``p = sqrt(softplus(logit))`` itself (times ``weight_scale``), as
     Switch Transformer's top-1 gate, so the logits get a gradient at any ``kth``.
 
+    A ``preselected`` expert id outside ``[0, E)`` drops that (token, slot) pair: weight
+    0, left out of its token's sum and of every group, its row sorted last.
+
     >>> import jax.numpy as jnp
     >>> from fnnc import ops
     >>> logits = jnp.array([[3.0, 0.0, 1.0], [0.0, 2.0, 1.0]])
@@ -193,22 +199,29 @@ def moe_routing(
         chosen = route
     else:
         chosen = _select(lax.stop_gradient(prob + route.astype(jnp.float32)[None, :]), kth)
+    valid = (chosen >= 0) & (chosen < e)  # only preselected ids can be out of range
     p = jnp.take_along_axis(prob, jnp.clip(chosen, 0, e - 1), axis=1)  # [T, kth]
+    p = jnp.where(valid, p, 0.0)
     if normalize:
         p = p / jnp.maximum(jnp.sum(p, axis=1, keepdims=True), 6.103515625e-5)
     weights = (p * weight_scale).reshape(-1)
-    experts = chosen.reshape(-1)
+    # A dropped pair's expert is E: sorted after every valid one, and out of range of
+    # the per-expert count (a -1 would wrap to the last expert there).
+    experts = jnp.where(valid, chosen, e).reshape(-1)
     tokens = jnp.repeat(jnp.arange(t, dtype=jnp.int32), kth)
     if t == 1:
         gathered = activation if compact_single_token else jnp.repeat(activation, kth, axis=0)
-        ones = jnp.ones((kth,), jnp.int32)
-        return gathered, weights, tokens, experts, ones
+        # Slot order, with dropped pairs moved last (the rows are all the one token's).
+        order = jnp.argsort(experts == e, stable=True)
+        kept = valid.reshape(-1)[order]
+        ones = kept.astype(jnp.int32)
+        return gathered, weights[order], tokens, jnp.where(kept, experts[order], -1), ones
     # Pairs are made in (token, slot) order, so a stable sort by expert alone gives
     # NNC's (expert, token, slot) order.
     order = jnp.argsort(experts, stable=True)
     tokens = tokens[order]
     gathered = jnp.take(activation, tokens, axis=0)
-    per_expert = jnp.zeros((e,), jnp.int32).at[experts].add(1)
+    per_expert = jnp.zeros((e,), jnp.int32).at[experts].add(1, mode="drop")
     used = per_expert > 0
     first = jnp.argsort(~used, stable=True).astype(jnp.int32)  # used experts first, ascending
     groups = min(t * kth, e)

@@ -63,14 +63,22 @@ def _routing_reference(logits, route, activation, kth, weight_scale, preselected
                         selected[slot + 1 :] = selected[slot:-1]
                         selected[slot] = expert
                         break
-        total = max(sum(prob[s] for s in selected), 6.103515625e-5) if normalize else 1.0
-        for slot, s in enumerate(selected):
-            pairs.append((s, token, slot, prob[s] / total * weight_scale))
+        # fnnc's rule for a preselected id outside [0, E): the pair is dropped (weight
+        # 0, out of the sum and the groups, sorted last as expert E)
+        ok = [0 <= s < e for s in selected]
+        valid = sum(prob[s] for s, v in zip(selected, ok) if v)
+        total = max(valid, 6.103515625e-5) if normalize else 1.0
+        for slot, (s, v) in enumerate(zip(selected, ok)):
+            pairs.append(
+                (s, token, slot, prob[s] / total * weight_scale) if v else (e, token, slot, 0)
+            )
     pairs.sort(key=lambda p: p[:3])
     groups = min(t * kth, e)
     experts, counts = [-1] * groups, [0] * groups
     g = -1
     for p in pairs:
+        if p[0] == e:
+            continue
         if g < 0 or experts[g] != p[0]:
             g += 1
             experts[g] = p[0]
@@ -129,6 +137,45 @@ def test_moe_routing_without_normalize_weights_by_the_probability_and_has_a_grad
         g1 = jax.grad(lambda z: jnp.sum(normalised(z, route, act)[1] * c))(logits)
         # NNC's formula: the documented zero gradient (d(p/p) is zero up to rounding)
         np.testing.assert_allclose(g1, 0, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [-1, 4, 7])
+def test_moe_routing_drops_preselected_experts_out_of_range(bad):
+    """An id outside [0, E) was read three ways: its weight from the clipped expert, its
+    count at the wrapped index (-1 counted for expert E - 1) and its row sorted first,
+    so the segments handed OTHER tokens' rows to the wrong experts."""
+    rng = np.random.default_rng(11)
+    logits = rng.normal(size=(3, 4)).astype(np.float32)
+    act = rng.normal(size=(3, 5)).astype(np.float32)
+    route = np.array([[0, bad], [1, 2], [bad, bad]], np.int32)  # token 2: no valid expert
+    got = ops.moe_routing(kth=2, weight_scale=1.5, preselected=True)(logits, route, act)
+    want = _routing_reference(logits, route, act, 2, 1.5, True)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+    for g, w in zip(got[2:], want[2:]):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(got[3], [0, 1, 2, -1])
+    np.testing.assert_array_equal(got[4], [1, 1, 1, 0])
+    # Through the experts and back: each token gets only its valid experts' rows.
+    w = rng.normal(size=(4, 5, 2)).astype(np.float32)
+    y = ops.segmented_gemm()(got[0], got[3], got[4], w) * np.asarray(got[1])[:, None]
+    out = np.zeros((3, 2), np.float32)
+    np.add.at(out, np.asarray(got[2]), np.asarray(y))
+    prob = np.sqrt(np.log1p(np.exp(logits.astype(np.float64))))
+    oracle = np.zeros((3, 2))
+    for token, chosen in enumerate(route):
+        ok = [c for c in chosen if 0 <= c < 4]
+        for c in ok:
+            oracle[token] += 1.5 * prob[token, c] / prob[token, ok].sum() * (act[token] @ w[c])
+    np.testing.assert_allclose(out, oracle, rtol=1e-5, atol=1e-5)
+    # A single token: valid pairs keep slot order, the dropped one goes last, count 0.
+    one = ops.moe_routing(kth=3, preselected=True)(
+        logits[:1], np.array([[2, bad, 0]], np.int32), act[:1]
+    )
+    np.testing.assert_array_equal(one[3], [2, 0, -1])
+    np.testing.assert_array_equal(one[4], [1, 1, 0])
+    p = prob[0, [2, 0]]
+    np.testing.assert_allclose(one[1], [*(p / p.sum()), 0], rtol=1e-6)
 
 
 def test_moe_routing_ties_go_to_the_lower_expert_and_unused_groups_are_minus_one():
