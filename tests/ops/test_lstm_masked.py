@@ -11,33 +11,18 @@ import pytest
 from fnnc import ops
 from fnnc.errors import ShapeError
 from tests.helpers import assert_close, rand
+from tests.ops.test_nnc_op_cases_8 import _jnp_lstm
 
 B, T, I, H = 3, 5, 3, 4  # noqa: E741 (NNC's names: batch, time, input, hidden)
 LENGTHS = np.array([5, 2, 0], np.int32)
 
 
 def _unpadded(x, h0, c0, w, *, layers, dirs, proj):
-    """One sample: x [1, t, I] with no padding; PyTorch's (cuDNN's) equations."""
-    per = 3 + bool(proj)
-    inp, hs, cs = x, [], []
-    for layer in range(layers):
-        outs = []
-        for r in range(dirs):
-            u = layer * dirs + r
-            w_ih, w_hh, bias = w[u * per : u * per + 3]
-            h, c = h0[u], c0[u]
-            ys = [None] * x.shape[1]
-            for t in range(x.shape[1]) if r == 0 else range(x.shape[1] - 1, -1, -1):
-                i, f, g, o = jnp.split(inp[:, t] @ w_ih.T + h @ w_hh.T + bias[None], 4, -1)
-                c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-                h = jax.nn.sigmoid(o) * jnp.tanh(c)
-                h = h @ w[u * per + 3].T if proj else h
-                ys[t] = h
-            outs.append(jnp.stack(ys, 1) if ys else jnp.zeros((1, 0, (proj or H))))
-            hs.append(h)
-            cs.append(c)
-        inp = jnp.concatenate(outs, axis=-1)
-    return inp, jnp.stack(hs), jnp.stack(cs)
+    """One sample: x [1, t, I] with no padding (the jnp LSTM of the NNC cases); with no
+    step the states stay the initial ones."""
+    if x.shape[1] == 0:
+        return jnp.zeros((1, 0, dirs * (proj or H))), h0, c0
+    return _jnp_lstm(x, h0, c0, w, layers=layers, dirs=dirs, proj=proj)
 
 
 def _oracle(x, h0, c0, *w, layers, dirs, proj):
