@@ -109,6 +109,24 @@ def _nnc_differentiable(cmd: Any, opdef: Any) -> Any:
     return run
 
 
+def higher_order_check(graph: Graph, order: int) -> str | None:
+    """Why ``graph``'s nodes, run by a command whose ``order``-th gradient is asked for,
+    have no gradient of that order (the first node's ``backward_check`` that refuses).
+
+    The first order is checked node by node as each node's backward runs (above, and
+    only for nodes a gradient reaches), so this answers ``None`` for it. From the second
+    on, JAX differentiates the first-order backward of every node as plain code, where
+    no node's check runs: a taped ``while_loop`` would fail with JAX's bare message."""
+    if order <= 1:
+        return None
+    for node in graph.nodes:
+        check = node.cmd.definition.backward_check
+        reason = check(node.cmd, order) if check is not None else None
+        if reason is not None:
+            return f"its node {node.name or node.cmd.name} ({node.cmd}): {reason}"
+    return None
+
+
 def _is_zero(g: Any) -> bool:
     """Whether cotangent ``g`` is JAX's symbolic zero (no result depends on the output)."""
     if g is None or isinstance(g, jax.custom_derivatives.SymbolicZero):

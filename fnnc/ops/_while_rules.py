@@ -181,7 +181,20 @@ NO_REVERSE_MODE = (
 )
 
 
-def while_backward_check(cmd: Command) -> str | None:
-    if cmd.param("max_iterations") is not None or cmd.param("tape") is not None:
+TAPE_FIRST_ORDER = (
+    "a loop with a tape has first-order gradients only (its backward replays the tape in "
+    "a lax.while_loop, which has no reverse mode), and this is gradient order {order}; "
+    "build the loop with max_iterations=N, an upper bound on its trips (a scan of N "
+    "steps), to differentiate it more than once"
+)
+
+
+def while_backward_check(cmd: Command, order: int = 1) -> str | None:
+    """Why ``cmd`` has no gradient of order ``order`` (1: its backward, 2: the backward
+    of that, ...): a loop needs ``max_iterations`` or ``tape``, and a tape gives only
+    the first order."""
+    if cmd.param("max_iterations") is not None:
         return None
+    if cmd.param("tape") is not None:
+        return None if order <= 1 else TAPE_FIRST_ORDER.format(order=order)
     return NO_REVERSE_MODE

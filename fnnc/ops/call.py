@@ -25,7 +25,13 @@ from fnnc.core.evaluate import write_view as write
 from fnnc.core.ir import AliasSymbol
 from fnnc.errors import DTypeError, ShapeError
 from fnnc.ops._rules import show
-from fnnc.ops._subgraph import check_inputs, require_graph, run_graph, run_graph_nnc
+from fnnc.ops._subgraph import (
+    check_inputs,
+    higher_order_check,
+    require_graph,
+    run_graph,
+    run_graph_nnc,
+)
 
 
 def _alias(shape: tuple[int, ...], base: int, stride: tuple[int, ...], dtype: Any) -> Any:
@@ -75,7 +81,17 @@ def _call_display(cmd: Command) -> str:
     )
 
 
-@defcommand(family="control", shape=_call_shape, display=_call_display, min_inputs=0)
+def _call_backward_check(cmd: Command, order: int = 1) -> str | None:
+    return higher_order_check(cmd.param("graph"), order)
+
+
+@defcommand(
+    family="control",
+    shape=_call_shape,
+    display=_call_display,
+    min_inputs=0,
+    backward_check=_call_backward_check,
+)
 def call(*inputs, graph):
     """Runs the sub-graph ``graph`` on the inputs; its outputs are the node's."""
     outs = run_graph(graph, inputs)

@@ -109,3 +109,47 @@ def test_second_order_through_a_taped_loop_says_to_bound_it():
     bounded, _ = _loop(max_iterations=4)
     got = jax.hessian(lambda z: interpret(bounded, z, X, np.int32(3)))(Z)
     np.testing.assert_allclose(got, jax.hessian(plain)(Z), rtol=1e-5)
+
+
+def _backward_twice(graph, loss):
+    """The graph of d/dz sum(d loss/dz): the second order of fnnc's backward pass."""
+    g1, (dz,) = backward(graph, loss, [graph.inputs[0]])
+    b2 = GraphBuilder.from_graph(g1)
+    s = b2.exec(ops.reshape(shape=()), b2.exec(ops.reduce_sum(axes=(0,)), dz))
+    return b2, s
+
+
+def _plain_hvp(z):
+    """d/dz sum(d/dz sum((z x^3)^2)) = 2 x^6 elementwise (the oracle)."""
+    return 2 * X.astype(np.float64) ** 6 * np.ones_like(z)
+
+
+def test_backward_twice_through_a_taped_loop_is_refused_at_backward():
+    b2, s = _backward_twice(*_loop(tape=4))
+    with pytest.raises(
+        CommandError, match=r"loop with a tape has first-order gradients only.*max_iterations=N"
+    ):
+        backward(b2.build([s]), s, [b2.build([s]).inputs[0]])
+    b2, s = _backward_twice(*_loop(max_iterations=4))
+    g2 = b2.build([s])
+    g2, (ddz,) = backward(g2, s, [g2.inputs[0]])
+    got = interpret(GraphBuilder.from_graph(g2).build([ddz]), Z, X, np.int32(3))
+    np.testing.assert_allclose(got, _plain_hvp(Z), rtol=1e-5)
+
+
+@pytest.mark.parametrize(("bound", "ok"), [({"tape": 4}, False), ({"max_iterations": 4}, True)])
+def test_dynamic_backward_twice_through_a_taped_loop_says_to_bound_it(bound, ok):
+    from fnnc.graph import DynamicGraph
+
+    graph, _ = _loop(**bound)
+    dg = DynamicGraph()
+    z = dg.variable(Z, name="z")
+    loss = dg.evaluate(graph, [z, dg.constant(X), dg.constant(np.int32(3))])
+    (g,) = dg.backward(loss, [z], create_graph=True)
+    np.testing.assert_allclose(g.numpy(), 2 * Z * X**6, rtol=1e-5)
+    if not ok:
+        with pytest.raises(CommandError, match=r"node .*tape=4.*first-order gradients only"):
+            dg.backward(g.sum(keepdims=False), [z])
+        return
+    (h,) = dg.backward(g.sum(keepdims=False), [z])
+    np.testing.assert_allclose(h.numpy(), _plain_hvp(Z), rtol=1e-5)
