@@ -25,7 +25,7 @@ from fnnc.core.backends import REFERENCE, _backends_of
 from fnnc.core.command import Command, Spec, output_specs, spec_text
 from fnnc.core.evaluate import disagreement, part_of, results_agree
 from fnnc.core.ir import Graph
-from fnnc.errors import CommandError, FnncError
+from fnnc.errors import BackendError, CommandError, FnncError
 
 
 def forward_of(cmd: Command, backend: str = REFERENCE) -> Callable[..., Any]:
@@ -136,4 +136,39 @@ def _check_result(cmd: Command, backend: str, args: Sequence[Any], result: Any) 
     raise CommandError(
         f"{cmd}: its {part_of(cmd)} ({backend!r} backend) returned "
         f"{disagreement(cmd, outs, [spec_text(w) for w in want], judge)}"
+    )
+
+
+_NO_FORWARD_MODE = "forward-mode autodiff (jvp) to a custom_vjp"
+
+
+def is_forward_mode_error(error: BaseException) -> bool:
+    """Whether ``error`` is JAX's refusal of ``jax.jvp`` through a ``jax.custom_vjp``."""
+    return isinstance(error, TypeError) and _NO_FORWARD_MODE in str(error)
+
+
+def forward_mode_error(
+    error: BaseException, runs: Sequence[tuple[str, str, str]]
+) -> BackendError | None:
+    """What to tell a caller whose ``jax.jvp`` (``jax.jacfwd``, ``jax.linearize``) met
+    a kernel backend, or ``None`` when ``error`` is not that or no kernel ran.
+
+    ``runs`` are ``(where, command name, backend)`` of what the call ran. A kernel
+    backend (Pallas, cuDNN) is a ``jax.custom_vjp`` whose backward is a kernel: JAX
+    differentiates it in reverse mode, any number of times, but has no forward mode for
+    it, and says so naming neither the command nor the way out.
+    """
+    if not is_forward_mode_error(error):
+        return None
+    kernels = [(where, name, b) for where, name, b in runs if b != REFERENCE]
+    if not kernels:
+        return None
+    shown = "; ".join(f"{where} runs the {b!r} backend" for where, _, b in kernels)
+    names = ", ".join(dict.fromkeys(f'"{name}": "xla"' for _, name, _ in kernels))
+    return BackendError(
+        f"{shown}: a kernel backend has reverse-mode derivatives only (jax.grad, grad of "
+        "grad, jax.hessian, Hessian-vector products jax.jvp(jax.grad(f))); forward mode "
+        "(jax.jvp, jax.jacfwd, jax.linearize) of it needs the reference: run it on the "
+        f'"xla" backend, config.override(backend_per_command={{{names}}}) or '
+        'FNNC_BACKEND=xla (docs/guides/commands.md, "Derivatives of eager calls")'
     )

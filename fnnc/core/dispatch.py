@@ -43,6 +43,7 @@ from fnnc.core.backends import unregister_backend as unregister_backend
 from fnnc.core.command import Command, Spec, lookup, output_specs
 from fnnc.core.compiled import _compiled as _compiled
 from fnnc.core.compiled import compiled_forward as compiled_forward
+from fnnc.core.compiled import forward_mode_error as forward_mode_error
 from fnnc.core.compiled import forward_of as forward_of
 from fnnc.core.compiled import matmul_precision_scope as matmul_precision_scope
 from fnnc.core.compiled import reference_only as reference_only
@@ -131,7 +132,13 @@ def run_eager(cmd: Command, arrays: Sequence[Any]) -> Any:
     arrays, specs, outs = checked_inputs(cmd, arrays)
     gap = any(s is None for s in specs)
     backend = REFERENCE if gap else select_backend(cmd, specs)
-    result = compiled_forward(cmd, backend)(*arrays)
+    try:
+        result = compiled_forward(cmd, backend)(*arrays)
+    except TypeError as e:  # jax.jvp of a kernel (a custom_vjp): say which, and the way out
+        error = forward_mode_error(e, [(str(cmd), cmd.name, backend)])
+        if error is None:
+            raise
+        raise error from None
     if len(outs) == 1 and isinstance(result, tuple):
         return result[0]
     return result

@@ -214,8 +214,18 @@ class Program:
         concrete arrays cannot take tracers, so the same jitted function is traced
         into the caller's computation instead. The numerics flags and host checks
         need concrete values, so they are left to the outer program."""
-        with _mesh_context(self.shardings):
-            values = self._jitted(*leaves, *self._consts)
+        try:
+            with _mesh_context(self.shardings):
+                values = self._jitted(*leaves, *self._consts)
+        except TypeError as e:  # jax.jvp of a node on a kernel backend (a custom_vjp)
+            runs = [
+                (f"node {i} ({where})", self.graph.nodes[i].cmd.name, b)
+                for i, where, b in self.backends
+            ]
+            error = dispatch.forward_mode_error(e, runs)
+            if error is None:
+                raise
+            raise error from None
         if self.numerics and len(values) > len(self.graph.outputs):
             values = values[:-1]
         return unflatten_outputs(self.graph, values)

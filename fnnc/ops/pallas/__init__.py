@@ -6,7 +6,11 @@ forward it matches), a ``jax.custom_vjp`` whose backward is a kernel too, a
 ``supports(cmd, specs)`` predicate (``None`` or the reason) and ``backward`` in NNC's
 convention. The backward is registered with the forward (``Backend.backward``), so a
 graph's ``gradient[of=cmd]`` nodes run it under the same ``"pallas"`` name (see
-:mod:`fnnc.core.dispatch`).
+:mod:`fnnc.core.dispatch`). Each ``custom_vjp`` is wired by
+:func:`fnnc.ops.pallas._derivatives.defvjp`, so ``jax.grad`` of ``jax.grad`` and
+Hessian-vector products of an eager call or a ``Program`` differentiate the kernels'
+derivatives by the reference's; forward mode (``jax.jvp``) of a kernel is a
+:class:`~fnnc.errors.BackendError` saying to run the command on ``"xla"``.
 
 ========================================  ===============================================
 module                                    kernel

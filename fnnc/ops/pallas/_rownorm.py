@@ -28,7 +28,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from fnnc.core.command import Spec
+from fnnc.ops import norm as _norm_commands
 from fnnc.ops._rules import norm_axes
+from fnnc.ops.pallas import _derivatives
 from fnnc.ops.pallas._common import (
     float_reason,
     lane_block,
@@ -242,7 +244,13 @@ def _normalize_bwd(norm, residuals, cts):
     return backward(norm, x, params, stats, tuple(cts))
 
 
-normalize.defvjp(_normalize_fwd, _normalize_bwd)
+def _normalize_reference(norm: Norm, x: Any, *params: Any) -> tuple[Any, ...]:
+    """The command's reference forward on the kernels' ``[R, N]`` rows."""
+    command = _norm_commands.layer_norm if norm.centered else _norm_commands.rms_norm
+    return tuple(command.definition.forward(x, *params, axes=(-1,), epsilon=norm.epsilon))
+
+
+_derivatives.defvjp(normalize, _normalize_fwd, _normalize_bwd, _normalize_reference)
 
 
 def support_reason(norm_name: str, specs: Sequence[Spec], axes: Sequence[int]) -> str | None:

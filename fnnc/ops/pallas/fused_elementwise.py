@@ -51,7 +51,7 @@ import numpy as np
 from fnnc.core.command import Command, Spec
 from fnnc.ops._rules import show, unbroadcast
 from fnnc.ops.fused import fused_elementwise as _command
-from fnnc.ops.pallas import _blockwise, _triton
+from fnnc.ops.pallas import _blockwise, _derivatives, _triton
 from fnnc.ops.pallas import gemm as _gemm
 from fnnc.ops.pallas._common import (
     FLOATS,
@@ -259,7 +259,20 @@ def _chain_bwd(body, p, operands, cts):
     return tuple(_blockwise.vjp_call(_block_pull(body, p), ops, (p.rows, p.lanes), p.blocks, cts))
 
 
-_chain.defvjp(_chain_fwd, _chain_bwd)
+def _reference(body: Any, p: Plan, operands: Sequence[Any]) -> tuple[Any, ...]:
+    """The command's reference on the kernel operands (the gemm's ``a``, ``b``, bias,
+    then the kinded inputs) back in the body's input shapes; outputs as ``[R, L]``."""
+    ins: list[Any] = [None] * len(body.inputs)
+    given = iter(operands)
+    for i in (*p.gemm_inputs, *(i for i, k in enumerate(p.kinds) if k)):
+        spec, x = body.input_specs[i], next(given)
+        ins[i] = jnp.reshape(x, spec.shape).astype(spec.dtype)
+    outs = _command.definition.forward(*ins, body=body)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    return tuple(jnp.reshape(o, (p.rows, p.lanes)) for o in outs)
+
+
+_derivatives.defvjp(_chain, _chain_fwd, _chain_bwd, lambda body, p, *ops: _reference(body, p, ops))
 
 
 # --- a leading gemm with the rest of the body as its epilogue ------------------------
@@ -320,7 +333,11 @@ def _gemm_chain_bwd(body, p, kind, residuals, cts):
     return _gemm_grads(body, p, kind, a, b, bias, extras, z, cts)
 
 
-_gemm_chain.defvjp(_gemm_chain_fwd, _gemm_chain_bwd)
+def _gemm_chain_reference(body, p, kind, a, b, bias, *extras):
+    return _reference(body, p, [x for x in (a, b, bias) if x is not None] + list(extras))
+
+
+_derivatives.defvjp(_gemm_chain, _gemm_chain_fwd, _gemm_chain_bwd, _gemm_chain_reference)
 
 
 # --- the backend ---------------------------------------------------------------------

@@ -38,6 +38,7 @@ from jax.experimental import pallas as pl
 
 from fnnc.core.command import Command, Spec
 from fnnc.ops.blas import gemm as _command
+from fnnc.ops.pallas import _derivatives
 from fnnc.ops.pallas._common import (
     COL,
     FULL,
@@ -219,7 +220,13 @@ def _gemm_bwd(ta, tb, bias_kind, residuals, g):
     return da, db, dbias
 
 
-_gemm.defvjp(_gemm_fwd, _gemm_bwd)
+def _gemm_reference(ta, tb, bias_kind, a, b, bias):
+    """The reference product on the kernel's operands (a 2-D bias broadcasts)."""
+    z = _command.definition.forward(a, b, transpose_a=ta, transpose_b=tb)
+    return z if bias is None else z + bias.astype(z.dtype)
+
+
+_derivatives.defvjp(_gemm, _gemm_fwd, _gemm_bwd, _gemm_reference)
 
 
 def _flat(a: Any, b: Any, bias: Any, ta: bool, tb: bool) -> tuple[Any, Any, str, tuple[int, ...]]:

@@ -64,6 +64,7 @@ from jax.experimental import pallas as pl
 from fnnc import config
 from fnnc.core.command import Command, Spec
 from fnnc.ops.attention import scaled_dot_product_attention as _command
+from fnnc.ops.pallas import _derivatives
 from fnnc.ops.pallas._attention_fused import SHARED_BYTES as FUSED_SHARED_BYTES
 from fnnc.ops.pallas._attention_fused import fused_grads
 from fnnc.ops.pallas._attention_fused import shared_bytes as fused_shared_bytes
@@ -346,7 +347,15 @@ def _attention_bwd(cfgs, residuals, go):
     return dq, dk, dv, (_unbroadcast(dlogits, mask.shape) if want else None)
 
 
-_attention.defvjp(_attention_fwd, _attention_bwd)
+def _attention_reference(cfgs, q, k, v, mask):
+    """The reference attention on the kernels' operands (a bool mask came as int8)."""
+    if mask is not None and cfgs[0].mask == "bool":
+        mask = mask.astype(jnp.bool_)
+    cfg = cfgs[0]
+    return _command.definition.forward(q, k, v, mask, scale=cfg.scale, is_causal=cfg.causal)
+
+
+_derivatives.defvjp(_attention, _attention_fwd, _attention_bwd, _attention_reference)
 
 
 def _mask4(mask: Any) -> Any:

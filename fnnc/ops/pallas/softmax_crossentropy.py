@@ -33,6 +33,7 @@ from jax.experimental import pallas as pl
 
 from fnnc.core.command import Command, Spec
 from fnnc.ops.loss import softmax_crossentropy as _command
+from fnnc.ops.pallas import _derivatives
 from fnnc.ops.pallas._common import (
     float_reason,
     lane_block,
@@ -221,7 +222,13 @@ def _fused_bwd(dense, trims, residuals, cts):
     return _grad(g_loss, g_p, t, p, dense, trims), None
 
 
-_fused.defvjp(_fused_fwd, _fused_bwd)
+def _fused_reference(x, t, dense, trims):
+    """The reference on the kernel's operands (class indices came as ``[R, 1]``)."""
+    label = t if dense else t[:, 0]
+    return tuple(_command.definition.forward(x, label, trim0=trims[0], trim1=trims[1]))
+
+
+_derivatives.defvjp(_fused, _fused_fwd, _fused_bwd, _fused_reference)
 
 
 def softmax_crossentropy(x: Any, label: Any, *, trim0: float = 0.0, trim1: float = 1.0) -> Any:
