@@ -11,6 +11,14 @@ by node; :func:`fnnc.ops._subgraph.run_graph_nnc`), so ``jax.grad`` of a loss of
 outputs equals what ``model.backward`` computes, and a step under ``jax.jit`` runs the
 forward once and keeps what each rule needs.
 
+Reverse mode only: ``jax.grad``, ``jax.vjp``, ``jax.jacrev``, ``jax.grad`` of
+``jax.grad`` and ``jax.hessian`` (forward over reverse) work, but JAX has no forward
+mode for a ``custom_vjp``, so ``jax.jvp``, ``jax.jacfwd`` and ``jax.linearize`` of the
+function itself are a :class:`~fnnc.errors.ModelError` (JAX's own ``TypeError`` when
+the call is inside a ``jax.jit`` that forward mode is applied to). For a forward-mode
+derivative, trace the model's graph instead (:func:`fnnc.graph.compile` of
+``model_function(...).graph`` on the ``"xla"`` backend).
+
 >>> import jax, numpy as np, optax
 >>> from fnnc.models import Dense, Input, Model, model_function
 >>> x = Input()
@@ -35,6 +43,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from fnnc.core.compiled import is_forward_mode_error
 from fnnc.core.ir import Graph
 from fnnc.core.keys import key_bits
 from fnnc.errors import ModelError
@@ -103,7 +112,19 @@ class ModelFunction:
             for p in self.params
         ]
         keys = [key_bits(k) for k in keys]
-        results = run_graph_nnc(self.graph, [*inputs, *values, *keys])
+        try:
+            results = run_graph_nnc(self.graph, [*inputs, *values, *keys])
+        except TypeError as e:
+            if not is_forward_mode_error(e):
+                raise
+            raise ModelError(
+                "model function: it has reverse-mode derivatives only (jax.grad, jax.vjp, "
+                "jax.jacrev, grad of grad, jax.hessian): every node runs as a "
+                "jax.custom_vjp with the command's NNC backward, and JAX has no forward "
+                "mode (jax.jvp, jax.jacfwd, jax.linearize) for those. For forward mode, "
+                "compile fn.graph with fnnc.graph.compile and differentiate that Program "
+                "on the 'xla' backend"
+            ) from None
         outs = list(results[: self.n_outputs])
         return outs, dict(zip(self.updates, results[self.n_outputs :]))
 
