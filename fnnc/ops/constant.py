@@ -29,9 +29,12 @@ class Literal:
 
     @staticmethod
     def of(value: Any, dtype: Any = None) -> Literal:
-        """A literal from anything ``np.asarray`` takes (a JAX array too)."""
+        """A literal from anything ``np.asarray`` takes (a JAX array too), its bytes in
+        the machine's order (a big-endian array is converted: the bytes are what a graph
+        file stores under the dtype's name, and what XLA reads)."""
         arr = np.asarray(value, dtype=dtype)
-        arr = arr.astype(jax.dtypes.canonicalize_dtype(arr.dtype), copy=False)
+        native = jax.dtypes.canonicalize_dtype(arr.dtype).newbyteorder("=")
+        arr = arr.astype(native, copy=False)
         return Literal(np.ascontiguousarray(arr).tobytes(), tuple(arr.shape), arr.dtype)
 
     @property
