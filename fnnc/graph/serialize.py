@@ -363,10 +363,17 @@ def load(path: Any, *, name: str | None = None) -> Graph:
     """Reads a graph written by :func:`save`; :class:`GraphFormatError` if it is not one.
 
     With ``name=`` (or a :class:`fnnc.io.TensorFile`), reads the graph of that name from
-    an NNC SQLite tensor file.
+    an NNC SQLite tensor file; without it, such a file is a :class:`GraphFormatError`
+    naming the graphs it holds.
     """
     if name is not None or not isinstance(path, (str, os.PathLike)):
         return documents.load_from(path, name or "graph")
+    if looks_sqlite(path):
+        raise GraphFormatError(
+            f"load: {os.fspath(path)} is an NNC SQLite tensor file, not a JSON graph file; "
+            f"graphs stored in it are read by name: load(path, name=...) "
+            f"(graphs in it: {_stored_names(path)})"
+        )
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -383,6 +390,14 @@ def load(path: Any, *, name: str | None = None) -> Graph:
         return from_data(data)
     except FnncError as e:  # unknown commands and verify's errors too, each of its kind
         raise located(e, f"file {os.fspath(path)}") from None
+
+
+def _stored_names(path: Any) -> str:
+    """The graphs an SQLite file holds, for a message ("none", or why they are unknown)."""
+    try:
+        return ", ".join(map(repr, documents.graph_names(path))) or "none"
+    except FnncError as e:
+        return f"unknown: {e}"
 
 
 documents.register_format(documents.Format(FORMAT, Graph, to_data, from_data))

@@ -1,9 +1,12 @@
 """Audit 8 of graph files: what a save/load round trip must keep, checked against NumPy."""
 
 import numpy as np
+import pytest
 
 from fnnc import ops
+from fnnc.errors import GraphFormatError
 from fnnc.graph import GraphBuilder, interpret, load, save
+from fnnc.io import TensorFile
 
 
 def test_a_big_endian_constant_keeps_its_values_through_a_file(tmp_path):
@@ -23,3 +26,20 @@ def test_a_big_endian_constant_keeps_its_values_through_a_file(tmp_path):
         total, constant = interpret(graph, xs)
         np.testing.assert_array_equal(np.asarray(constant), value.astype(np.float32))
         np.testing.assert_array_equal(np.asarray(total), xs + value.astype(np.float32))
+
+
+def test_loading_a_tensor_file_without_name_says_to_pass_it(tmp_path):
+    """``load(model.sqlite)`` read the SQLite bytes as JSON: "not JSON: 'utf-8' codec
+    can't decode byte 0xf8", with no word of ``name=`` or of the graphs stored there."""
+    b = GraphBuilder()
+    x = b.input((3,), name="x")
+    g = b.build([b.exec(ops.relu(), x)])
+    path = tmp_path / "model.sqlite"
+    with TensorFile(path) as f:
+        f.write("w", np.ones(2, np.float32))
+    with pytest.raises(GraphFormatError, match=r"NNC SQLite tensor file.*graphs in it: none"):
+        load(path)
+    save(g, path, name="forward")
+    with pytest.raises(GraphFormatError, match=r"name=.*graphs in it: 'forward'"):
+        load(path)
+    assert load(path, name="forward") == g
