@@ -5,10 +5,11 @@
 reading and writing use (``names``, ``info``, ``read``, ``write``, ``transaction``), so
 :func:`fnnc.io.read_parameters`, :func:`fnnc.io.write_parameters`,
 :meth:`fnnc.models.Model.write` / ``read`` and :func:`fnnc.io.convert` take either
-format. Bytes are kept exactly (bfloat16 included); NNC's facts that safetensors has
-no field for (each tensor's layout tag and device) are kept in the header's metadata
-under ``"fnnc"`` as JSON, and files without it (written by anything else) read as NHWC
-on the CPU.
+format. Bytes are kept exactly (bfloat16 and the float8 kinds included: what the
+library's NumPy reader lacks is read from the file's bytes through ``ml_dtypes``); NNC's
+facts that safetensors has no field for (each tensor's layout tag and device) are kept
+in the header's metadata under ``"fnnc"`` as JSON, and files without it (written by
+anything else) read as NHWC on the CPU.
 
 A safetensors file is written whole: writes inside one :meth:`transaction` are
 collected and the file is replaced once, atomically, at its end (a write outside one
@@ -32,6 +33,7 @@ import contextlib
 import json
 import math
 import os
+import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,6 +47,16 @@ from fnnc.core.files import atomic_write
 from fnnc.errors import DTypeError, ShapeError, TensorFileError, TensorNotFoundError
 from fnnc.io import format as fmt
 from fnnc.io.format import TensorInfo
+
+ML_DTYPES = {
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E4M3FNUZ": np.dtype(ml_dtypes.float8_e4m3fnuz),
+    "F8_E5M2FNUZ": np.dtype(ml_dtypes.float8_e5m2fnuz),
+    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
+}
+"""safetensors dtype codes read through ml_dtypes (what the library writes for each)."""
 
 METADATA_KEY = "fnnc"
 """Header metadata key holding ``{"tensors": {name: {"format", "device"}}}`` as JSON."""
@@ -132,22 +144,30 @@ class SafetensorsFile:
             try:
                 return np.asarray(f.get_tensor(name))
             except Exception as e:  # the library's errors for dtypes NumPy cannot hold
-                if f.get_slice(name).get_dtype() == "BF16":
-                    return self._bfloat16(name)
+                code = f.get_slice(name).get_dtype()
+                if code in ML_DTYPES:
+                    return self._stored(name, ML_DTYPES[code])
                 raise TensorFileError(
-                    f"tensor {name!r} in {self.path}: the safetensors library cannot read it "
-                    f"into NumPy ({type(e).__name__}: {e})"
+                    f"tensor {name!r} in {self.path}: the safetensors library cannot read its "
+                    f"{code} data into NumPy ({type(e).__name__}: {e})"
                 ) from None
 
-    def _bfloat16(self, name: str) -> np.ndarray:
-        """A BF16 tensor from the library's raw bytes, for versions of ``safetensors``
-        whose NumPy reader has no bfloat16 (it came with ml_dtypes support)."""
-        with open(self.path, "rb") as f:
-            for key, view in safetensors.deserialize(f.read()):
-                if key == name:
-                    data = np.frombuffer(bytes(view["data"]), ml_dtypes.bfloat16)
-                    return data.reshape(view["shape"])
-        raise TensorNotFoundError(f"no tensor {name!r:.80} in {self.path}")
+    def _stored(self, name: str, dtype: np.dtype) -> np.ndarray:
+        """A tensor read from its bytes in the file, for dtypes that the library's NumPy
+        reader lacks (bfloat16 before its ml_dtypes support, the float8 kinds)."""
+        try:
+            with open(self.path, "rb") as f:
+                (length,) = struct.unpack("<Q", f.read(8))
+                entry = json.loads(f.read(length))[name]
+                start, end = entry["data_offsets"]
+                f.seek(8 + length + start)
+                data = f.read(end - start)
+            return np.frombuffer(data, dtype).reshape(entry["shape"]).copy()
+        except (OSError, ValueError, KeyError, TypeError, struct.error) as e:
+            raise TensorFileError(
+                f"tensor {name!r} in {self.path}: cannot read its {dtype.name} bytes "
+                f"({type(e).__name__}: {e})"
+            ) from None
 
     def _facts(self, name: str) -> tuple[str, str]:
         if self._pending and name in self._pending:
