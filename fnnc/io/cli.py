@@ -5,7 +5,9 @@
 format, stored bytes), the graphs and checkpoint steps fnnc keeps beside them, and with
 ``--stats`` each tensor's min, max, mean (NaNs left out) and NaN count. ``--verify``
 adds a check of every row (SQLite's ``integrity_check``, each row's format and length,
-its checksum where fnnc wrote one) and exits with status 1 if anything is damaged.
+its checksum where fnnc wrote one; of a safetensors file, that each tensor reads; of a
+``jax.export`` artifact, that its module reads) and exits with status 1 if anything is
+damaged.
 
 ``inspect`` also lists a safetensors file's tensors (with ``--stats``; recognised by
 its contents, whatever its extension), and shows the signature of a ``jax.export``
@@ -43,7 +45,7 @@ from fnnc.core.dtypes import is_inexact
 from fnnc.errors import FnncError, TensorFileError
 from fnnc.io import format as fmt
 from fnnc.io.convert import convert
-from fnnc.io.exported import describe_exported
+from fnnc.io.exported import describe_exported, load_exported
 from fnnc.io.safetensors_io import SafetensorsFile, is_safetensors
 from fnnc.io.sniff import looks_exported, looks_safetensors
 from fnnc.io.tensor_file import TensorFile
@@ -177,14 +179,36 @@ def _extras(f: TensorFile) -> list[str]:
 
 
 def verify_lines(path: str | os.PathLike[str]) -> tuple[list[str], bool]:
-    """The report of ``inspect --verify`` and whether the file is undamaged.
+    """The report of ``inspect --verify`` and whether the file is undamaged: an NNC
+    SQLite file's rows checked (:meth:`TensorFile.verify`); a safetensors file's tensors
+    or a ``jax.export`` artifact's module read, as those formats keep no checksums.
 
     Raises:
         TensorFileError: the file is missing, not SQLite, or has no ``tensors`` table.
     """
+    if is_safetensors(path) or looks_safetensors(path):  # as inspect opens it
+        return _verify_safetensors(path)
+    if looks_exported(path):
+        load_exported(path)  # a damaged module raises TensorFileError
+        return [f"{path}: jax.export artifact: its module reads (it keeps no checksum)"], True
     with TensorFile(path, readonly=True) as f:
         report = f.verify()
     return report.lines(), report.ok
+
+
+def _verify_safetensors(path: str | os.PathLike[str]) -> tuple[list[str], bool]:
+    """Every tensor of a safetensors file read (the format keeps no checksums)."""
+    damaged = []
+    with SafetensorsFile(path, readonly=True) as f:
+        names = f.names()
+        for name in names:
+            try:
+                f.read(name)
+            except FnncError as e:
+                damaged.append(f"  damaged: {name}: {e}")
+    head = f"{os.fspath(path)}: {len(names)} tensors: {len(names) - len(damaged)} read, "
+    head += f"{len(damaged)} damaged (safetensors keeps no checksums)"
+    return [head, *damaged], not damaged
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,6 +4,7 @@ library's own bytes."""
 import json
 import struct
 
+import jax
 import ml_dtypes
 import numpy as np
 import pytest
@@ -51,3 +52,25 @@ def test_float8_to_an_nnc_file_is_a_dtype_error_naming_the_tensor(tmp_path):
     save_file({"w": np.ones(2, ml_dtypes.float8_e4m3fn)}, str(path))
     with pytest.raises(DTypeError, match=r"tensor 'w'.*float8_e4m3fn"):
         convert(path, tmp_path / "out.sqlite")
+
+
+def test_verify_checks_a_safetensors_file_and_an_exported_artifact(tmp_path, capsys):
+    """``inspect --verify`` opened every file as SQLite: a sound safetensors file or
+    jax.export artifact got 'not an SQLite database' and exit status 1."""
+    good = tmp_path / "w.bin"  # recognised by its contents, as inspect does
+    save_file({"a": np.arange(6, dtype=np.float32).reshape(2, 3)}, str(good))
+    assert main(["inspect", "--verify", str(good)]) == 0
+    out, err = capsys.readouterr()
+    assert "1 tensors: 1 read, 0 damaged" in out and not err
+    blob = bytearray(good.read_bytes())
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(bytes(blob[:-4]))  # the data ends before its header says
+    assert main(["inspect", "--verify", str(bad)]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+
+    exported = jax.export.export(jax.jit(lambda x: 2 * x))(jax.ShapeDtypeStruct((3,), np.float32))
+    artifact = tmp_path / "double.jax"
+    artifact.write_bytes(exported.serialize())
+    assert main(["inspect", "--verify", str(artifact)]) == 0
+    out, err = capsys.readouterr()
+    assert "its module reads" in out and not err
