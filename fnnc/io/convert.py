@@ -39,6 +39,7 @@ import numpy as np
 from fnnc.errors import TensorFileError, TensorNotFoundError
 from fnnc.io.format import TensorInfo
 from fnnc.io.safetensors_io import SafetensorsFile, is_safetensors
+from fnnc.io.sniff import looks_safetensors
 from fnnc.io.tensor_file import TensorFile
 
 Rename = Mapping[str, str] | Callable[[str], str | None] | str | os.PathLike[str]
@@ -59,11 +60,18 @@ def open_tensors(
         raise TensorFileError(
             f"{os.fspath(path)}: format {kind!r}; expected 'nnc' or 'safetensors'"
         )
-    return (
-        SafetensorsFile(path, readonly=readonly)
-        if kind == "safetensors"
-        else TensorFile(path, readonly=readonly)
-    )
+    if kind == "safetensors":
+        return SafetensorsFile(path, readonly=readonly)
+    try:
+        return TensorFile(path, readonly=readonly)
+    except TensorFileError as e:
+        if format is None and looks_safetensors(path):  # say what it is and what to pass
+            raise TensorFileError(
+                f"{e}. It holds a safetensors file, which is read by its extension "
+                "(.safetensors) or with format='safetensors' (python -m fnnc convert: "
+                "--from or --to safetensors)"
+            ) from None
+        raise
 
 
 def name_map(rename: Rename | None) -> Callable[[str], str | None]:

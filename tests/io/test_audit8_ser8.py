@@ -8,10 +8,10 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
+from safetensors.numpy import load_file, save_file
 
 from fnnc.errors import DTypeError
-from fnnc.io import SafetensorsFile, convert
+from fnnc.io import SafetensorsFile, TensorFile, convert
 from fnnc.io.cli import main
 
 FLOAT8 = ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"]
@@ -74,3 +74,19 @@ def test_verify_checks_a_safetensors_file_and_an_exported_artifact(tmp_path, cap
     assert main(["inspect", "--verify", str(artifact)]) == 0
     out, err = capsys.readouterr()
     assert "its module reads" in out and not err
+
+
+def test_a_safetensors_file_of_another_name_is_named_as_such(tmp_path, capsys):
+    """inspect recognised ``w.bin`` as safetensors by its contents; convert (which goes
+    by the extension) said only 'not an SQLite database ... check the path'."""
+    source = tmp_path / "w.bin"
+    tensors = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([7], np.int64)}
+    save_file(tensors, str(source))
+    target = str(tmp_path / "w.sqlite")
+    assert main(["convert", str(source), target]) == 1
+    assert "holds a safetensors file" in capsys.readouterr().err
+    assert main(["convert", "--from", "safetensors", str(source), target]) == 0
+    with TensorFile(target, readonly=True) as f:
+        for name, value in load_file(str(source)).items():
+            got = f.read(name)
+            assert got.dtype == value.dtype and np.array_equal(got, value)
