@@ -23,6 +23,9 @@ from fnnc.core.command import Command, Spec
 from fnnc.errors import GraphFormatError
 from fnnc.ops.primitive import Opaque, export_command
 
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+"""JAX's platforms a saved ``jax.export`` module is lowered for (where they all lower)."""
+
 
 def _stablehlo(module: jax.export.Exported, order: int, where: str) -> bytes:
     """The module's bytes with ``order`` orders of its VJP, or the ``order - 1`` it needs.
@@ -66,6 +69,13 @@ def _module(value: dict[str, Any], where: str) -> Opaque:
     return Opaque(module, "<exported>")
 
 
+def _platforms() -> tuple[str, ...]:
+    """The platforms a saved module is lowered for: a file written on one machine runs
+    on another (saved on a CPU, run on a GPU), as a module lowered for only the saving
+    platform would not ("exported for platforms ('cpu',) but it is used on ('cuda',)")."""
+    return tuple(dict.fromkeys([jax.export.default_export_platform(), *PLATFORMS]))
+
+
 def _file_command(cmd: Command, in_specs: Sequence[Spec], where: str) -> Command:
     """The command a node is saved as: generic primitives become ``exported``.
 
@@ -74,6 +84,10 @@ def _file_command(cmd: Command, in_specs: Sequence[Spec], where: str) -> Command
     ``gradient[of=exported]``, whose derived backward runs the VJP stored with the module.
     """
     if cmd.name in ("primitive", "effectful_primitive"):
+        try:
+            return export_command(cmd, in_specs, _platforms())
+        except Exception:  # a lowering some platform lacks: this platform's alone
+            pass
         try:
             return export_command(cmd, in_specs)
         except Exception as e:  # jax.export declines (a host callback, say)

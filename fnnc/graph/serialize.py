@@ -9,7 +9,9 @@ JSON lacks are tagged: ``{"$tuple": [...]}``, ``{"$dtype": "float32"}``,
 Generic ``primitive`` nodes (JAX primitives carried by ``trace``) are saved through
 ``jax.export``: the node becomes an ``exported`` node whose module is stored as
 ``{"$stablehlo": base64, "sha256": ...}`` (StableHLO bytes, versioned by JAX, with its
-first-order VJP), so any traced graph saves, loads and runs with the same outputs. A
+first-order VJP, lowered for CPU, CUDA, ROCm and TPU where the primitive lowers on each,
+so a file saved on one machine runs on another), so any traced graph saves, loads and
+runs with the same outputs. A
 gradient node of a primitive is saved as ``gradient[of=exported]``, its module keeping
 one more VJP order per gradient level, so every graph ``backward`` makes saves too. A
 module loaded from a file holds only the orders its file had: ``backward`` of a graph

@@ -204,11 +204,16 @@ def exported(*inputs, module, out_specs):
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-def export_command(cmd: Command, in_specs: Sequence[Spec]) -> Command:
-    """The ``exported`` twin of a generic ``primitive`` command on inputs ``in_specs``.
+def export_command(
+    cmd: Command, in_specs: Sequence[Spec], platforms: Sequence[str] | None = None
+) -> Command:
+    """The ``exported`` twin of a generic ``primitive`` command on inputs ``in_specs``,
+    its module lowered for ``platforms`` (JAX's names, e.g. ``("cpu", "cuda")``; default:
+    JAX's default backend).
 
     Raises whatever ``jax.export`` raises for a primitive it cannot serialize (host
-    callbacks, for instance); callers turn that into their own error.
+    callbacks, or a lowering one of the platforms lacks); callers turn that into their
+    own error.
     """
     prim, params = cmd.param("prim").value, cmd.param("params").value
 
@@ -216,7 +221,7 @@ def export_command(cmd: Command, in_specs: Sequence[Spec]) -> Command:
         return bind(prim, params, xs)
 
     specs = [Spec(tuple(s.shape), s.dtype) for s in in_specs]
-    module = jax.export.export(jax.jit(f))(*specs)
+    module = jax.export.export(jax.jit(f), platforms=platforms)(*specs)
     return make_command(
         "exported", {"module": Opaque(module, f"<{prim}>"), "out_specs": cmd.param("out_specs")}
     )

@@ -1,11 +1,15 @@
 """Audit 8 of graph files: what a save/load round trip must keep, checked against NumPy."""
 
+import base64
+import json
+
+import jax
 import numpy as np
 import pytest
 
 from fnnc import ops
 from fnnc.errors import GraphFormatError
-from fnnc.graph import GraphBuilder, interpret, load, save
+from fnnc.graph import GraphBuilder, backward, interpret, load, save, trace
 from fnnc.io import TensorFile
 
 
@@ -43,3 +47,47 @@ def test_loading_a_tensor_file_without_name_says_to_pass_it(tmp_path):
     with pytest.raises(GraphFormatError, match=r"name=.*graphs in it: 'forward'"):
         load(path)
     assert load(path, name="forward") == g
+
+
+def _modules(path):
+    """Every jax.export module a graph file holds, deserialized."""
+    found = []
+
+    def walk(value):
+        if isinstance(value, dict):
+            if "$stablehlo" in value:
+                found.append(
+                    jax.export.deserialize(bytearray(base64.b64decode(value["$stablehlo"])))
+                )
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    walk(json.loads(path.read_text()))
+    return found
+
+
+def test_a_saved_module_runs_on_every_platform_not_only_the_saving_one(tmp_path):
+    """A generic primitive was exported for the saving machine's platform alone: a graph
+    traced and saved on a CPU loaded on a GPU and failed there when run ("exported for
+    platforms ('cpu',) but it is used on ('cuda',)")."""
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) / 4
+    graph = trace(lambda v: jax.lax.cumsum(v, axis=1) * 2, x)
+    assert any(n.cmd.name == "primitive" for n in graph.nodes)
+    b = GraphBuilder.from_graph(graph)
+    total = b.exec(ops.reduce_sum(axes=(0, 1)), graph.symbols[graph.outputs[0]])
+    grads, _ = backward(b.build([total]), total, [graph.symbols[graph.inputs[0]]])
+    for g, name in ((graph, "forward.json"), (grads, "backward.json")):
+        save(g, tmp_path / name)
+        modules = _modules(tmp_path / name)
+        assert modules
+        for module in modules:
+            assert {"cpu", "cuda", "rocm", "tpu"} <= set(module.platforms)
+            assert {"cpu", "cuda", "tpu"} <= set(module.vjp().platforms)
+    want = np.cumsum(x, axis=1) * 2
+    np.testing.assert_allclose(np.asarray(interpret(load(tmp_path / "forward.json"), x)), want)
+    # d/dx_j sum_i cumsum(x)_i * 2 = 2 * (number of later-or-equal positions in the row)
+    grad = interpret(load(tmp_path / "backward.json"), x)[-1]
+    np.testing.assert_allclose(np.asarray(grad), np.tile([6.0, 4.0, 2.0], (2, 1)))
