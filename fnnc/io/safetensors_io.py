@@ -58,6 +58,16 @@ ML_DTYPES = {
 }
 """safetensors dtype codes read through ml_dtypes (what the library writes for each)."""
 
+_NUMPY_DTYPES = {
+    code: np.dtype(name)
+    for code, name in [
+        ("F64", "float64"), ("F32", "float32"), ("F16", "float16"), ("I64", "int64"),
+        ("U64", "uint64"), ("I32", "int32"), ("U32", "uint32"), ("I16", "int16"),
+        ("U16", "uint16"), ("I8", "int8"), ("U8", "uint8"), ("BOOL", "bool"),
+        ("C64", "complex64"),
+    ]
+}  # fmt: skip
+
 METADATA_KEY = "fnnc"
 """Header metadata key holding ``{"tensors": {name: {"format", "device"}}}`` as JSON."""
 
@@ -179,14 +189,28 @@ class SafetensorsFile:
         return (layout if layout in fmt.FORMATS else "NHWC"), str(device)
 
     def info(self, name: str) -> TensorInfo:
-        """The tensor's dtype, shape, layout tag and device (as :meth:`TensorFile.info`)."""
-        arr = self._raw(name)
+        """The tensor's dtype, shape, layout tag and device (as :meth:`TensorFile.info`),
+        from the file's header (its data is not read)."""
+        dtype, shape = self._declared(name)
         layout, device = self._facts(name)
         try:
             type_ = fmt.pack_type(device)
         except TensorFileError:  # metadata another writer put there: NNC's any CPU
             type_ = fmt.pack_type("CPU")
-        return TensorInfo(name, arr.dtype, arr.shape, layout, type_, 0, arr.nbytes)
+        return TensorInfo(name, dtype, shape, layout, type_, 0, math.prod(shape) * dtype.itemsize)
+
+    def _declared(self, name: str) -> tuple[np.dtype, tuple[int, ...]]:
+        """The tensor's dtype and shape as the header declares them (read from the
+        tensor itself where it is pending or of a dtype code NumPy has no name for)."""
+        if name in self._keys and not (self._pending and name in self._pending):
+            with self._open() as f:
+                view = f.get_slice(name)
+                code, shape = view.get_dtype(), tuple(int(n) for n in view.get_shape())
+            dtype = ML_DTYPES.get(code) or _NUMPY_DTYPES.get(code)
+            if dtype is not None:
+                return dtype, shape
+        arr = self._raw(name)
+        return arr.dtype, arr.shape
 
     def infos(self) -> list[TensorInfo]:
         """:meth:`info` of every tensor, sorted by name."""

@@ -90,3 +90,29 @@ def test_a_safetensors_file_of_another_name_is_named_as_such(tmp_path, capsys):
         for name, value in load_file(str(source)).items():
             got = f.read(name)
             assert got.dtype == value.dtype and np.array_equal(got, value)
+
+
+def test_info_comes_from_the_header_without_reading_the_data(tmp_path, monkeypatch):
+    """info() read each whole tensor for its dtype and shape, so listing a checkpoint
+    (inspect without --stats) read every byte of it."""
+    tensors = {
+        "f32": np.ones((2, 3), np.float32),
+        "i8": np.arange(4, dtype=np.int8),
+        "bool": np.array([True]),
+        "bf16": np.ones(3, ml_dtypes.bfloat16),
+        "f8": np.ones((1, 2), ml_dtypes.float8_e5m2),
+        "scalar": np.array(1.5, np.float64),
+        "empty": np.zeros((0, 4), np.float16),
+    }
+    path = tmp_path / "w.safetensors"
+    save_file(tensors, str(path))
+    f = SafetensorsFile(path, readonly=True)
+
+    def no_data(name):
+        raise AssertionError(f"read the data of {name}")
+
+    monkeypatch.setattr(f, "_raw", no_data)
+    for name, value in tensors.items():
+        info = f.info(name)
+        _, shape, raw = _library_bytes(path, name)
+        assert (info.dtype, list(info.shape), info.nbytes) == (value.dtype, shape, len(raw))
