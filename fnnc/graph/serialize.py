@@ -49,7 +49,7 @@ from fnnc.graph._serialize_checks import _check_ids, _dims, _dtype, _rule_failur
 from fnnc.graph._serialize_exported import _file_command, _module, _stablehlo
 from fnnc.graph.verify import verify
 from fnnc.io import documents, tree
-from fnnc.io.sniff import looks_sqlite
+from fnnc.io.sniff import looks_safetensors, looks_sqlite
 from fnnc.ops import Literal
 from fnnc.ops.primitive import Opaque
 
@@ -332,9 +332,9 @@ def save(graph: Graph, path: Any, *, name: str | None = None) -> None:
 
     With ``name=`` (or a :class:`fnnc.io.TensorFile` as ``path``), the graph is stored
     under that name in an NNC SQLite tensor file instead, beside its tensors (e.g. a
-    model's parameters), in one transaction. Without ``name=``, an existing SQLite file
-    at ``path`` is refused (:class:`GraphFormatError`), not replaced with JSON: its
-    tensors would be lost.
+    model's parameters), in one transaction. Without ``name=``, an existing SQLite or
+    safetensors file at ``path`` is refused (:class:`GraphFormatError`), not replaced
+    with JSON: its tensors would be lost.
 
     >>> import os, tempfile
     >>> from fnnc import ops
@@ -356,6 +356,13 @@ def save(graph: Graph, path: Any, *, name: str | None = None) -> None:
             "would lose its tensors. Pass name= to store the graph in it beside them "
             "(save(graph, path, name='graph'); load(path, name='graph') reads it back), "
             "or give another path (delete the file first to replace it)"
+        )
+    if looks_safetensors(path):
+        raise GraphFormatError(
+            f"save: {os.fspath(path)} is a safetensors file; saving JSON over it would lose "
+            "its tensors, and safetensors files hold no graphs. Give another path (a .json "
+            "file, or an NNC SQLite tensor file with name=), or delete the file first to "
+            "replace it"
         )
     text = json.dumps(to_data(graph), separators=(",", ":"))
     atomic_write(path, text)  # a full disk leaves the old file and no temporary one

@@ -6,6 +6,7 @@ import json
 import jax
 import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
 
 from fnnc import ops
 from fnnc.errors import GraphFormatError
@@ -91,3 +92,22 @@ def test_a_saved_module_runs_on_every_platform_not_only_the_saving_one(tmp_path)
     # d/dx_j sum_i cumsum(x)_i * 2 = 2 * (number of later-or-equal positions in the row)
     grad = interpret(load(tmp_path / "backward.json"), x)[-1]
     np.testing.assert_allclose(np.asarray(grad), np.tile([6.0, 4.0, 2.0], (2, 1)))
+
+
+def test_save_refuses_to_write_json_over_a_safetensors_file(tmp_path):
+    """An NNC SQLite file was protected from save() without name=, a safetensors file
+    was not: its weights were silently replaced with the graph's JSON."""
+    b = GraphBuilder()
+    x = b.input((3,), name="x")
+    g = b.build([b.exec(ops.relu(), x)])
+    path = tmp_path / "weights.safetensors"
+    tensors = {"w": np.arange(3, dtype=np.float32)}
+    save_file(tensors, str(path))
+    before = path.read_bytes()
+    with pytest.raises(GraphFormatError, match=r"is a safetensors file.*lose its tensors"):
+        save(g, path)
+    assert path.read_bytes() == before
+    np.testing.assert_array_equal(load_file(str(path))["w"], tensors["w"])
+    save(g, tmp_path / "g.json")  # a JSON graph file is still replaced, as before
+    save(g, tmp_path / "g.json")
+    assert load(tmp_path / "g.json") == g
