@@ -113,8 +113,11 @@ def _dec(value: Any, where: str) -> Any:
         return Literal(data, shape, dtype)
     if "$command" in value:
         return _dec_command(value["$command"], where)
-    if "$graph" in value:
-        return from_data(value["$graph"])
+    if "$graph" in value:  # its errors count its own nodes: say whose sub-graph it is
+        try:
+            return from_data(value["$graph"])
+        except FnncError as e:
+            raise located(e, f"in the sub-graph of {where}") from None
     if "$stablehlo" in value:
         return _module(value, where)
     raise GraphFormatError(f"load: {where}: unknown tagged value with keys {sorted(value)}")

@@ -9,8 +9,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from fnnc import ops
-from fnnc.errors import GraphFormatError
-from fnnc.graph import GraphBuilder, backward, interpret, load, save, trace
+from fnnc.errors import GraphFormatError, UnknownCommandError
+from fnnc.graph import GraphBuilder, backward, interpret, load, save, scan, trace
 from fnnc.io import TensorFile
 
 
@@ -111,3 +111,29 @@ def test_save_refuses_to_write_json_over_a_safetensors_file(tmp_path):
     save(g, tmp_path / "g.json")  # a JSON graph file is still replaced, as before
     save(g, tmp_path / "g.json")
     assert load(tmp_path / "g.json") == g
+
+
+def test_an_error_in_a_sub_graph_names_the_node_holding_it(tmp_path):
+    """A sub-graph's error counted the sub-graph's own nodes: 'node 0: gemm has no
+    parameter' in a file whose node 0 is a relu, the gemm being in node 1's scan body."""
+    b = GraphBuilder()
+    h, w = b.input((2, 3), name="h"), b.input((3, 3), name="w")
+    body = b.build([b.exec(ops.tanh(), b.exec(ops.gemm(), h, w))])
+    outer = GraphBuilder()
+    x, ws = outer.input((2, 3), name="x"), outer.input((4, 3, 3), name="ws")
+    (y,) = scan(outer, body, [outer.exec(ops.relu(), x)], [ws], name="blocks")
+    g = outer.build([y])
+    path = tmp_path / "g.json"
+    save(g, path)
+    assert [n.cmd.name for n in g.nodes] == ["relu", "scan"]
+    text = path.read_text()
+    path.write_text(
+        text.replace('"name":"gemm","params":[', '"name":"gemm","params":[["bogus",1],')
+    )
+    with pytest.raises(GraphFormatError, match=r"no parameter 'bogus'.*sub-graph of node 1 "):
+        load(path)
+    path.write_text(text.replace('"name":"tanh"', '"name":"tanhh"'))
+    with pytest.raises(UnknownCommandError, match=r"'tanhh'.*sub-graph of node 1 "):
+        load(path)
+    path.write_text(text)
+    assert load(path) == g
