@@ -10,8 +10,9 @@ its checksum where fnnc wrote one; of a safetensors file, that each tensor reads
 damaged.
 
 ``inspect`` also lists a safetensors file's tensors (with ``--stats``; recognised by
-its contents, whatever its extension), and shows the signature of a ``jax.export``
-artifact (:meth:`fnnc.models.Model.export`).
+its contents, whatever its extension), shows the signature of a ``jax.export``
+artifact (:meth:`fnnc.models.Model.export`) and the nodes of a JSON graph file
+(``fnnc.graph.save(graph, "g.json")``).
 ``convert`` copies every tensor (:func:`fnnc.io.convert`): ``--map`` is a JSON object
 ``{"old name": "new name" or null}``, ``--encoder`` an NNC codec for the target's rows.
 
@@ -45,9 +46,10 @@ from fnnc.core.dtypes import is_inexact
 from fnnc.errors import FnncError, TensorFileError
 from fnnc.io import format as fmt
 from fnnc.io.convert import convert
+from fnnc.io.documents import describe_document
 from fnnc.io.exported import describe_exported, load_exported
 from fnnc.io.safetensors_io import SafetensorsFile, is_safetensors
-from fnnc.io.sniff import looks_exported, looks_safetensors
+from fnnc.io.sniff import looks_exported, looks_json, looks_safetensors
 from fnnc.io.tensor_file import TensorFile
 
 _DIGITS = re.compile(r"(\d+)")
@@ -76,6 +78,8 @@ def _inspect(path: str | os.PathLike[str], stats: bool) -> tuple[list[str], int]
         return _table(SafetensorsFile(path, readonly=True), stats, extras=False)
     if looks_exported(path):
         return describe_exported(path), 0
+    if looks_json(path):
+        return describe_document(path), 0
     with TensorFile(path, readonly=True) as f, f.operation("inspect"):
         return _table(f, stats, extras=True)
 
@@ -191,6 +195,8 @@ def verify_lines(path: str | os.PathLike[str]) -> tuple[list[str], bool]:
     if looks_exported(path):
         load_exported(path)  # a damaged module raises TensorFileError
         return [f"{path}: jax.export artifact: its module reads (it keeps no checksum)"], True
+    if looks_json(path):  # a damaged one raises GraphFormatError
+        return [describe_document(path)[0] + ": it reads (it keeps no checksum)"], True
     with TensorFile(path, readonly=True) as f:
         report = f.verify()
     return report.lines(), report.ok

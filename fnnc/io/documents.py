@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -141,3 +142,40 @@ def load_from(source: Source, name: str) -> Any:
             raise GraphFormatError(
                 f"load_from: graph {name!r} in {f.path} is nested too deeply to be a graph"
             ) from None
+
+
+def describe_document(path: str | os.PathLike[str]) -> list[str]:
+    """What ``python -m fnnc inspect`` prints of a JSON document file (a graph saved with
+    ``fnnc.graph.save(graph, "g.json")``): its format, version and, decoded by its
+    registered format, its listing (a graph's nodes).
+
+    Raises:
+        TensorFileError: the file cannot be read.
+        GraphFormatError: it is not JSON, has no ``"format"``, is of a format no module
+            registered, or does not decode (what is damaged, as ``load`` says).
+    """
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read())
+    except OSError as e:
+        raise TensorFileError(f"{path}: cannot read ({e.strerror or e}); check the path") from None
+    except (ValueError, RecursionError) as e:
+        raise GraphFormatError(f"{path}: starts as JSON but is not ({e})") from None
+    kind = data.get("format") if isinstance(data, dict) else None
+    if not isinstance(kind, str):
+        raise GraphFormatError(
+            f'{path}: a JSON file without a "format" field; fnnc reads JSON graph files '
+            '({"format": "fnnc.graph", ...}, written by fnnc.graph.save)'
+        )
+    head = f"{path}: JSON document, format {kind!r}, version {data.get('version')!r}"
+    fmt = _FORMATS.get(kind)
+    if fmt is None:
+        known = sorted(_FORMATS) or ["none (import fnnc.graph)"]
+        raise GraphFormatError(f"{head}: not a format this fnnc reads (known: {', '.join(known)})")
+    try:
+        obj = fmt.from_data(data)
+    except FnncError as e:
+        raise located(e, str(path)) from None
+    except RecursionError:
+        raise GraphFormatError(f"{head}: nested too deeply to be a document") from None
+    return [head, *str(obj).splitlines()]

@@ -5,8 +5,8 @@ opens a file by what it is, whatever its name.
 >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
 >>> with open(path, "wb") as f:
 ...     _ = f.write(b"SQLite format 3\\0" + bytes(84))
->>> looks_sqlite(path), looks_safetensors(path), looks_exported(path)
-(True, False, False)
+>>> looks_sqlite(path), looks_safetensors(path), looks_exported(path), looks_json(path)
+(True, False, False, False)
 """
 
 from __future__ import annotations
@@ -51,3 +51,10 @@ def looks_exported(path: str | os.PathLike[str]) -> bool:
         return False
     (root,) = struct.unpack_from("<I", found[0])
     return 8 <= root < found[1]
+
+
+def looks_json(path: str | os.PathLike[str]) -> bool:
+    """Whether the file at ``path`` starts (after white space) with ``{``: a JSON
+    document such as a graph file (``fnnc.graph.save(graph, "g.json")``)."""
+    found = _head(path, 64)
+    return found is not None and found[0].lstrip()[:1] == b"{"

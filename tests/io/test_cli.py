@@ -150,3 +150,31 @@ def test_inspect_shows_nested_pytree_arguments_and_keywords(tmp_path, capsys):
     assert "['dense']['w']: float32[3,2]" in out and "[1]: int32[4]" in out
     assert "scale=  float32[]" in out and ".call(*inputs, **keyword_inputs)" in out
     assert "?[" not in out
+
+
+def test_inspect_lists_a_json_graph_file_and_verifies_it(tmp_path):
+    from fnnc import ops
+    from fnnc.graph import GraphBuilder, load, save
+
+    b = GraphBuilder()
+    x = b.input((3,), name="x")
+    path = tmp_path / "g.json"
+    save(b.build([b.exec(ops.relu(), x, name="act")]), path)
+    done = run("inspect", str(path), "--verify")
+    assert done.returncode == 0, done.stderr
+    listing = str(load(path)).splitlines()  # the oracle: the graph as load reads it
+    lines = done.stdout.splitlines()
+    assert "format 'fnnc.graph', version 1" in lines[0]
+    assert lines[1 : 1 + len(listing)] == listing
+    assert "it reads" in lines[-1]
+    (tmp_path / "bad.json").write_text(path.read_text().replace('"relu"', '"no_such_command"'))
+    (tmp_path / "other.json").write_text('{"a": 1}')
+    (tmp_path / "cut.json").write_text(path.read_text()[:40])
+    for name, said in [
+        ("bad.json", "no_such_command"),
+        ("other.json", 'without a "format"'),
+        ("cut.json", "starts as JSON but is not"),
+    ]:
+        done = run("inspect", str(tmp_path / name))
+        assert done.returncode == 1 and "Traceback" not in done.stderr
+        assert said in done.stderr and name in done.stderr
