@@ -181,8 +181,20 @@ class Rewriter:
                 f"{self.name}: replace_all_uses({_label(a)}, {_label(b)}): {_spec(a)} cannot "
                 f"be replaced by {_spec(b)}; the shapes and dtypes must be equal"
             )
-        if a.id != b.id:
-            self._same[a.id] = b.id
+        if a.id == b.id:
+            return
+        chain, sid = [a.id, b.id], b.id
+        while sid in self._same:  # b's own replacements: they must not lead back to a
+            sid = self._same[sid]
+            chain.append(sid)
+            if sid == a.id:
+                raise GraphError(
+                    f"{self.name}: replace_all_uses({_label(a)}, {_label(b)}) closes a cycle "
+                    f"of replacements ({' -> '.join(f'%{s}' for s in chain)}); an earlier "
+                    f"edit already replaces {_label(b)} by way of {_label(a)}, so no symbol "
+                    "would be read; replace each symbol once, by its final value"
+                )
+        self._same[a.id] = b.id
 
     replace_all_uses_with = replace_all_uses  # torch.fx's name (see the class docstring)
 
