@@ -66,7 +66,8 @@ class Rule:
     Attributes:
         pattern: an op pattern (:meth:`Pat.op`); its root is the node replaced.
         replace: ``replace(m)`` returns the symbol (tuple: one per root output) the
-            root's outputs become, built with ``m.exec``, or ``None`` for no change.
+            root's outputs become, built with ``m.exec``, or ``None`` for no change
+            (as is the root's own outputs).
         where: an extra condition on the match.
         name: shown in errors and debug listings; default the replacement's name.
     """
@@ -210,6 +211,14 @@ class _Walk:
             finally:
                 pending, self._pending = self._pending, None
             outs = _as_ids(result)
+            if outs is not None and outs == node.outputs:
+                outs = None  # the root's own outputs: the node is left as it is
+            elif outs is not None and set(outs) & set(node.outputs):
+                raise GraphError(
+                    f"rule {rule.label}: the replacement of node {node.cmd.name} returns "
+                    "some of that node's own outputs, which go with it; return new symbols "
+                    "(m.exec(...)) or captured ones, or None to leave the node alone"
+                )
             if outs is None or not self._fits(rule, node, outs):
                 del self.symbols[start:]
                 continue

@@ -7,7 +7,7 @@ import pytest
 
 from fnnc import ops
 from fnnc.errors import GraphError
-from fnnc.graph import GraphBuilder, Rewriter, interpret
+from fnnc.graph import GraphBuilder, Pat, Rewriter, Rule, graph_rewrite, interpret
 
 
 def _relu_exp():
@@ -45,3 +45,32 @@ def test_rewriter_chain_of_replacements_still_resolves() -> None:
     xv = np.float32([-1.0, 0.5, 2.0])
     want = np.exp(6.0 * np.maximum(xv.astype(np.float64), 0.0))
     np.testing.assert_allclose(interpret(rw.finish(), xv), want, rtol=1e-6)
+
+
+def test_a_rule_returning_the_root_s_own_output_leaves_the_node() -> None:
+    # A replacement returning the matched node's output (m["y"], y the root) looped
+    # forever (the output was mapped to itself); it now means "no change", like None.
+    graph, *_ = _relu_exp()
+    keep = Rule(Pat.op("relu", Pat.var("x"), name="y"), lambda m: m["y"])
+    assert graph_rewrite(graph, [keep]) is graph
+    # with another rule after it, that one still applies
+    leaky = Rule(
+        Pat.op("relu", Pat.var("x")), lambda m: m.exec(ops.leaky_relu(negative_slope=0.5), m["x"])
+    )
+    new = graph_rewrite(graph, [keep, leaky])
+    xv = np.float32([-1.0, 0.5, 2.0])
+    x64 = xv.astype(np.float64)
+    np.testing.assert_allclose(interpret(new, xv), np.exp(np.where(x64 < 0, 0.5 * x64, x64)))
+
+
+def test_a_rule_returning_another_output_of_the_root_is_refused() -> None:
+    b = GraphBuilder()
+    x = b.input((2, 3), name="x")
+    values, _ = b.exec(ops.sort(), x)
+    graph = b.build([b.exec(ops.relu(), values)])
+    own_values = Rule(
+        Pat.op("sort", Pat.var("x")),
+        lambda m: (m.source.symbol(m.root.outputs[0]), m.exec(ops.argmax(axis=1), m["x"])),
+    )
+    with pytest.raises(GraphError, match="returns some of that node's own outputs"):
+        graph_rewrite(graph, [own_values])
