@@ -5,9 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fnnc import ops
+from fnnc import config, ops
 from fnnc.errors import GraphError
-from fnnc.graph import GraphBuilder, Pat, Rewriter, Rule, graph_rewrite, interpret
+from fnnc.graph import (
+    GraphBuilder,
+    Pat,
+    Rewriter,
+    Rule,
+    graph_rewrite,
+    interpret,
+    run_passes,
+    simplify,
+)
 
 
 def _relu_exp():
@@ -74,3 +83,18 @@ def test_a_rule_returning_another_output_of_the_root_is_refused() -> None:
     )
     with pytest.raises(GraphError, match="returns some of that node's own outputs"):
         graph_rewrite(graph, [own_values])
+
+
+@pytest.mark.parametrize("checks", [True, False])
+def test_run_passes_refuses_a_pass_that_returns_no_graph(checks: bool) -> None:
+    # With checks off (FNNC_CHECKS=0) a pass that forgot its return made run_passes
+    # return None, and the next pass or compile failed on it far from the cause.
+    graph, *_ = _relu_exp()
+
+    def forgot(g):
+        g.nodes
+
+    with pytest.raises(GraphError, match=r"pass forgot \(round 1\) returned NoneType None, not"):
+        run_passes(graph, (forgot,), verify_each=checks)
+    with config.override(checks=checks), pytest.raises(GraphError, match="not a Graph"):
+        simplify(graph, passes=("cse", forgot))

@@ -147,6 +147,12 @@ def run_passes(
         for p in passes:
             began = time.perf_counter()
             new = p(graph)
+            if not isinstance(new, Graph):  # checked with checks off too: it costs nothing
+                raise GraphError(
+                    f"pass {_name(p)} (round {round_}) returned {type(new).__name__} "
+                    f"{new!r:.60}, not a Graph; a pass returns the new graph, or the graph "
+                    "it was given when it changes nothing"
+                )
             if show or report is not None:
                 done = PassReport(
                     _name(p), round_, time.perf_counter() - began, len(graph.nodes),
