@@ -189,7 +189,7 @@ def _command_fits(pat: Pat, cmd: Command) -> bool:
         have = dict(cmd.params).get(key, _MISSING)
         if have is _MISSING:
             return False
-        if callable(want) and not isinstance(want, type):
+        if callable(want) and not isinstance(want, (type, Command)):  # a Command is a value
             if not want(have):
                 return False
         elif have != want:

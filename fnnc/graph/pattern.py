@@ -92,7 +92,8 @@ class Pat:
             each: a pattern every input must match (any number of inputs); instead
                 of listing ``inputs``.
             **params: hyper-parameters that must be equal, or predicates
-                ``value -> bool`` (``perm=lambda p: p == (1, 0)``).
+                ``value -> bool`` (``perm=lambda p: p == (1, 0)``); a command value
+                (``of=ops.relu()``, what a ``gradient`` node holds) must be equal.
         """
         for a in attrs:
             if a not in ATTRIBUTES:

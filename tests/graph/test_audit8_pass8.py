@@ -12,11 +12,13 @@ from fnnc.graph import (
     Pat,
     Rewriter,
     Rule,
+    backward,
     graph_rewrite,
     interpret,
     run_passes,
     simplify,
 )
+from fnnc.graph.matching import match
 
 
 def _relu_exp():
@@ -98,3 +100,33 @@ def test_run_passes_refuses_a_pass_that_returns_no_graph(checks: bool) -> None:
         run_passes(graph, (forgot,), verify_each=checks)
     with config.override(checks=checks), pytest.raises(GraphError, match="not a Graph"):
         simplify(graph, passes=("cse", forgot))
+
+
+def test_a_pattern_matches_a_command_valued_hyper_parameter_by_equality() -> None:
+    # Pat.op("gradient", ..., of=ops.relu()) called the relu command on the node's
+    # `of` value as if it were a predicate (DTypeError: input 0 is a Command).
+    b = GraphBuilder()
+    x = b.input((3,), name="x")
+    t = b.exec(ops.tanh(), b.exec(ops.relu(), x))
+    s = b.exec(ops.reduce_sum(axes=(0,)), t)
+    graph, _ = backward(b.build([s]), s, [x])
+    found = {
+        of.name: [
+            n.cmd.param("of").name
+            for n in graph.nodes
+            if match(Pat.op("gradient", ..., of=of), graph, n.outputs[0]) is not None
+        ]
+        for of in (ops.relu(), ops.tanh(), ops.sigmoid())
+    }
+    assert found == {"relu": ["relu"], "tanh": ["tanh"], "sigmoid": []}
+    # a rule on it: swap relu's gradient for a straight-through one (the tanh gradient
+    # passes unchanged), checked against the closed form
+    ste = Rule(
+        Pat.op("gradient", Pat.var("g"), ..., of=ops.relu()),
+        lambda m: m.exec(ops.scalar_mul(a=1.0), m["g"]),
+    )
+    new = graph_rewrite(graph, [ste])
+    xv = np.float32([-1.0, 0.5, 2.0])
+    _, dx = interpret(new, xv)
+    want = 1.0 - np.tanh(np.maximum(xv.astype(np.float64), 0.0)) ** 2
+    np.testing.assert_allclose(dx, want, rtol=1e-6)
