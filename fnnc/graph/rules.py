@@ -46,6 +46,7 @@ from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol, TensorSymbol
 from fnnc.core.text import format_graph
 from fnnc.errors import CommandError, FnncError, GraphError
 from fnnc.graph.matching import Match, constant_value, matches, may_match
+from fnnc.graph.passes._loops import map_loop_blocks
 from fnnc.graph.passes._subgraphs import map_subgraphs
 from fnnc.graph.passes.compact import compact
 from fnnc.graph.passes.dce import dce as dce_pass
@@ -95,6 +96,7 @@ def graph_rewrite(
     *,
     dce: bool = True,
     subgraphs: bool = True,
+    loops: bool = True,
 ) -> Graph:
     """Applies ``rules`` until none matches (see the module doc for the order).
 
@@ -104,6 +106,12 @@ def graph_rewrite(
         dce: drop nodes left without readers (the matched nodes the replacement no
             longer needs); otherwise only replaced nodes go.
         subgraphs: rewrite inside sub-graphs held by commands too.
+        loops: with ``subgraphs``, where the rules change the block of a ``scan`` or
+            ``pipeline`` node, derive its backward body again from the new block (as
+            at build), so its gradient is the rewritten block's; ``False`` rewrites
+            the forward and backward bodies on their own, which is right only for
+            rules that keep values (``fold``'s). A graph that already holds such a
+            loop's gradient is refused where the rewrite changes the loop's tape.
 
     Returns:
         ``graph`` itself when no rule fired; else the rewritten graph, compacted.
@@ -113,7 +121,14 @@ def graph_rewrite(
             or a rule keeps matching its own replacement.
     """
     if subgraphs:
-        graph = map_subgraphs(graph, lambda sub: graph_rewrite(sub, rules, dce=dce, subgraphs=True))
+
+        def inner(sub: Graph) -> Graph:
+            return graph_rewrite(sub, rules, dce=dce, subgraphs=True, loops=loops)
+
+        if loops:
+            blocks = map_loop_blocks(graph, inner, f"graph_rewrite({_labels(rules)})")
+            graph = graph if blocks is graph else compact(blocks)
+        graph = map_subgraphs(graph, inner)
     walk = _Walk(graph, tuple(rules))
     for node in graph.nodes:
         walk.visit(node, 0)
@@ -304,6 +319,11 @@ class _Walk:
         outputs = tuple(self._resolve(s) for s in g.outputs)
         nodes = tuple(self.nodes)
         return Graph(tuple(self.symbols), nodes, g.inputs, outputs, g.out_tree, g.in_paths)
+
+
+def _labels(rules: Sequence[Rule]) -> str:
+    names = [r.label for r in rules]
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 def _id(x: Any, where: str) -> int:

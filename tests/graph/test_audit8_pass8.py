@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -16,6 +18,7 @@ from fnnc.graph import (
     graph_rewrite,
     interpret,
     run_passes,
+    scan,
     simplify,
 )
 from fnnc.graph.matching import match
@@ -130,3 +133,79 @@ def test_a_pattern_matches_a_command_valued_hyper_parameter_by_equality() -> Non
     _, dx = interpret(new, xv)
     want = 1.0 - np.tanh(np.maximum(xv.astype(np.float64), 0.0)) ** 2
     np.testing.assert_allclose(dx, want, rtol=1e-6)
+
+
+def _scanned_relu():
+    bb = GraphBuilder()
+    h, w = bb.input((3,), name="h"), bb.input((3,), name="w")
+    body = bb.build([bb.exec(ops.relu(), bb.exec(ops.ewprod(), h, w))])
+    b = GraphBuilder()
+    h0, stack = b.input((3,), name="h0"), b.input((2, 3), name="W")
+    (hf,) = scan(b, body, [h0], [stack])
+    loss = b.exec(ops.reduce_sum(axes=(0,)), hf)
+    return b.build([loss]), loss, h0, stack
+
+
+def _backward_of(graph):
+    """The gradient of the graph's one output with respect to all its inputs."""
+    return backward(graph, graph.outputs[0], list(graph.inputs))[0]
+
+
+def _leaky_scan_reference(h0, stack, slope):
+    def f(h, ws):
+        for w in ws:
+            z = h * w
+            h = jnp.where(z >= 0, z, slope * z)
+        return jnp.sum(h)
+
+    return f(h0, stack), jax.grad(f, argnums=(0, 1))(h0, stack)
+
+
+LEAKY = Rule(
+    Pat.op("relu", Pat.var("x")), lambda m: m.exec(ops.leaky_relu(negative_slope=0.5), m["x"])
+)
+SILU = Rule(
+    Pat.op("relu", Pat.var("x")),
+    lambda m: m.exec(ops.ewprod(), m["x"], m.exec(ops.sigmoid(), m["x"])),
+)
+
+
+@pytest.mark.parametrize("after_backward", [False, True])
+def test_a_rule_rewriting_a_scan_block_gives_the_new_block_s_gradient(after_backward) -> None:
+    # graph_rewrite rewrote a scan's forward and backward bodies on their own: the forward
+    # ran leaky_relu and the backward kept gradient[of=relu], so dh0 and dW were 0 where
+    # jax.grad of the leaky loop gives -0.25, 0.25, ... (a silently wrong gradient).
+    graph, loss, h0, stack = _scanned_relu()
+    if after_backward:  # the tape keeps its specs: the gradient node takes the new loop
+        grad_graph = graph_rewrite(backward(graph, loss, [h0, stack])[0], [LEAKY])
+    else:
+        grad_graph = _backward_of(graph_rewrite(graph, [LEAKY]))
+    h0v = np.float32([1.0, -2.0, 0.5])
+    wv = np.float32([[1.0, 0.5, -1.0], [-0.5, 2.0, 1.0]])
+    value, dh0, dw = interpret(grad_graph, h0v, wv)
+    want, (want_dh0, want_dw) = _leaky_scan_reference(
+        h0v.astype(np.float64), wv.astype(np.float64), 0.5
+    )
+    np.testing.assert_allclose(value, [want], rtol=1e-6)
+    np.testing.assert_allclose(dh0, want_dh0, rtol=1e-6)
+    np.testing.assert_allclose(dw, want_dw, rtol=1e-6)
+
+
+def test_a_rule_changing_a_scan_s_tape_after_backward_is_refused() -> None:
+    graph, loss, h0, stack = _scanned_relu()
+    x64 = np.float64
+    h0v, wv = np.float32([1.0, -2.0, 0.5]), np.float32([[1.0, 0.5, -1.0], [-0.5, 2.0, 1.0]])
+    # before backward: silu's backward saves other tensors than relu's; fine
+    _, dh0, dw = interpret(_backward_of(graph_rewrite(graph, [SILU])), h0v, wv)
+
+    def f(h, ws):
+        for w in ws:
+            h = jax.nn.silu(h * w)
+        return jnp.sum(h)
+
+    want = jax.grad(f, argnums=(0, 1))(h0v.astype(x64), wv.astype(x64))
+    np.testing.assert_allclose(dh0, want[0], rtol=1e-5)
+    np.testing.assert_allclose(dw, want[1], rtol=1e-5)
+    # after backward the graph keeps relu's tape for the loop's gradient: refused
+    with pytest.raises(GraphError, match="run it on the forward graph, before backward"):
+        graph_rewrite(backward(graph, loss, [h0, stack])[0], [SILU])

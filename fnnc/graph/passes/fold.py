@@ -169,7 +169,8 @@ def fold(graph: Graph, *, max_elements: int = MAX_ELEMENTS) -> Graph:
         graph: the graph.
         max_elements: largest folded output, in elements.
     """
-    return graph_rewrite(graph, fold_rules(max_elements), dce=False)
+    # identities keep values: the bodies of a loop are folded on their own
+    return graph_rewrite(graph, fold_rules(max_elements), dce=False, loops=False)
 
 
 def _same_spec(a: Any, b: Any) -> bool:
