@@ -30,7 +30,9 @@ def map_subgraphs(graph: Graph, fn: GraphPass, *, skip: Container[str] = ()) -> 
     Args:
         graph: the graph whose nodes' commands are searched.
         fn: a pass, ``Graph -> Graph``; it must keep a sub-graph's input and output
-            specs (every simplifying pass does).
+            specs (every simplifying pass does), and its values where a ``scan`` or
+            ``pipeline`` holds a backward body derived from its block (a rewrite that
+            changes values derives it again: :func:`~fnnc.graph.graph_rewrite`).
         skip: names of commands whose sub-graphs are left alone.
 
     Returns:
