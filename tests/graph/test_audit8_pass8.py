@@ -15,6 +15,7 @@ from fnnc.graph import (
     Rewriter,
     Rule,
     backward,
+    cast_precision,
     graph_rewrite,
     interpret,
     run_passes,
@@ -209,3 +210,22 @@ def test_a_rule_changing_a_scan_s_tape_after_backward_is_refused() -> None:
     # after backward the graph keeps relu's tape for the loop's gradient: refused
     with pytest.raises(GraphError, match="run it on the forward graph, before backward"):
         graph_rewrite(backward(graph, loss, [h0, stack])[0], [SILU])
+
+
+@pytest.mark.parametrize("low", ["bfloat16", "float16"])
+def test_cast_precision_keeps_a_graph_s_own_conversions_exact(low) -> None:
+    # cast_precision read a datatype_conversion's input in the low type first: an
+    # explicit float16 -> float32 upcast of data came out bfloat16-exact (1000.5 ->
+    # 1000, a sum off by 0.5), and float32 -> float16 was rounded to bfloat16 first.
+    b = GraphBuilder()
+    x, y = b.input((4,), np.float16, name="x"), b.input((4,), np.float32, name="y")
+    up = b.exec(ops.datatype_conversion(dtype="float32"), x)
+    total = b.exec(ops.reduce_sum(axes=(0,)), up)
+    down = b.exec(ops.datatype_conversion(dtype="float16"), y)
+    graph = cast_precision(b.build([total, up, down]), low)
+    values = np.float32([1.001, 2.003, 3.005, 1000.5])
+    xv = values.astype(np.float16)
+    got_total, got_up, got_down = interpret(graph, xv, values)
+    np.testing.assert_array_equal(got_up, xv.astype(np.float64))
+    np.testing.assert_allclose(got_total, [xv.astype(np.float64).sum()], rtol=1e-7)
+    np.testing.assert_array_equal(got_down, values.astype(np.float16))

@@ -91,10 +91,12 @@ KEEP_FLOAT32 = frozenset(
 FOLLOW = frozenset(
     {
         "reshape", "transpose", "format_transform", "slice", "pad", "broadcast_to",
-        "data_transfer", "index_select", "embedding",
+        "data_transfer", "index_select", "embedding", "datatype_conversion",
     }
 )  # fmt: skip
-"""Data movement: computes in its (first) input's type, whatever it is."""
+"""Data movement: computes in its (first) input's type, whatever it is. A graph's own
+``datatype_conversion`` reads its input as it is: rounding it to the low type first made
+an explicit upcast of float16 data, or a conversion to float16, bfloat16-exact."""
 
 
 def low_dtype(dtype: Any) -> Any:
