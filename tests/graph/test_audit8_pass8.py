@@ -23,6 +23,7 @@ from fnnc.graph import (
     simplify,
 )
 from fnnc.graph.matching import match
+from fnnc.graph.pipeline import pipeline
 
 
 def _relu_exp():
@@ -155,7 +156,7 @@ def _backward_of(graph):
 def _leaky_scan_reference(h0, stack, slope):
     def f(h, ws):
         for w in ws:
-            z = h * w
+            z = h * jnp.broadcast_to(w, h.shape)
             h = jnp.where(z >= 0, z, slope * z)
         return jnp.sum(h)
 
@@ -229,3 +230,23 @@ def test_cast_precision_keeps_a_graph_s_own_conversions_exact(low) -> None:
     np.testing.assert_array_equal(got_up, xv.astype(np.float64))
     np.testing.assert_allclose(got_total, [xv.astype(np.float64).sum()], rtol=1e-7)
     np.testing.assert_array_equal(got_down, values.astype(np.float16))
+
+
+def test_a_rule_rewriting_a_pipeline_block_gives_the_new_block_s_gradient() -> None:
+    bb = GraphBuilder()
+    h, w = bb.input((2, 3), name="h"), bb.input((3,), name="w")
+    body = bb.build([bb.exec(ops.relu(), bb.exec(ops.ewprod(), h, w))])
+    b = GraphBuilder()
+    h0, stack = b.input((4, 3), name="h0"), b.input((2, 3), name="W")
+    (hf,) = pipeline(b, body, [h0], [stack], stages=2, microbatches=2)
+    graph = b.build([b.exec(ops.reduce_sum(axes=(0, 1)), hf)])
+    rng = np.random.default_rng(0)
+    h0v, wv = rng.standard_normal((4, 3)), rng.standard_normal((2, 3))
+    _, dh0, dw = interpret(
+        _backward_of(graph_rewrite(graph, [LEAKY])), h0v.astype(np.float32), wv.astype(np.float32)
+    )
+    _, (want_dh0, want_dw) = _leaky_scan_reference(
+        h0v.astype(np.float32).astype(np.float64), wv.astype(np.float32).astype(np.float64), 0.5
+    )
+    np.testing.assert_allclose(dh0, want_dh0, rtol=1e-6)
+    np.testing.assert_allclose(dw, want_dw, rtol=1e-6, atol=1e-7)
