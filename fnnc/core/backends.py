@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from fnnc import config
 from fnnc.core.command import Command, Spec, lookup
+from fnnc.core.ir import Graph
 from fnnc.core.platforms import PLATFORMS
 from fnnc.errors import BackendError
 
@@ -118,9 +122,62 @@ TABLE = AutotuneTable()
 
 
 def table_key(cmd: Command, specs: Sequence[Spec], platform: str) -> str:
-    """The autotune table key of one (command, input specs, platform)."""
+    """The autotune table key of one (command, input specs, platform).
+
+    Hyper-parameters are written as their ``repr``, except those whose ``repr`` says
+    too little or differs between processes (:func:`stable_param`): a sub-graph
+    (``fused_elementwise``'s ``body``, a loop's) is a digest of its whole wiring, a
+    function its module and qualified name. So two chains fused on the same shapes get
+    keys of their own, and a saved table applies to the same graph built again.
+    """
     shapes = ";".join("none" if s is None else f"{s.dtype.name}{list(s.shape)}" for s in specs)
-    return f"{cmd.name}|{cmd.params!r}|{shapes}|{platform}"
+    return f"{cmd.name}|{stable_param(cmd.params)!r}|{shapes}|{platform}"
+
+
+class _Text:
+    """A value whose ``repr`` is the given text (a stand-in inside a key's ``repr``)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def stable_param(value: Any) -> Any:
+    """``value`` (a hyper-parameter, or a tuple of them) with every part whose ``repr``
+    is lossy or holds a memory address replaced by one that is neither: a
+    :class:`~fnnc.core.ir.Graph` (``<Graph: 1 inputs, 2 nodes, 1 outputs>`` for every
+    such graph) by ``graph:<digest of its symbols, nodes and wiring>``, a command by
+    its name and stable parameters, a function by ``module.qualname``. Other values
+    are kept, so their ``repr`` (and keys saved before) stay as they were."""
+    if isinstance(value, tuple):
+        return tuple(stable_param(v) for v in value)
+    if isinstance(value, Command):
+        return _Text(f"Command(name={value.name!r}, params={stable_param(value.params)!r})")
+    if isinstance(value, Graph):
+        return _Text(f"graph:{_graph_digest(value)}")
+    if callable(value) and not isinstance(value, type):
+        func = getattr(value, "func", value)  # a functools.partial: its function
+        name = getattr(func, "__qualname__", type(func).__qualname__)
+        return _Text(f"<{getattr(func, '__module__', '?')}.{name}>")
+    return value
+
+
+def _graph_digest(graph: Graph) -> str:
+    """A digest of what ``graph`` computes: its symbols' types and views, its nodes'
+    commands (parameters included, sub-graphs digested in turn) and wiring, its inputs
+    and outputs; names are left out (they change nothing computed)."""
+    h = hashlib.sha256()
+    for sym in graph.symbols:
+        view = (sym.root, sym.base, sym.stride) if sym.is_alias else ()
+        h.update(f"{tuple(sym.shape)}{np.dtype(sym.dtype).name}{view}\n".encode())
+    for node in graph.nodes:
+        h.update(f"{stable_param(node.cmd)!r}{node.inputs}{node.outputs}\n".encode())
+    h.update(f"{graph.inputs}{graph.outputs}".encode())
+    return h.hexdigest()[:24]
 
 
 def register_backend(command: str, backend: Backend) -> None:

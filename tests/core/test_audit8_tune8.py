@@ -1,0 +1,95 @@
+"""Audit 8 (tuning): autotune table keys say what a command computes, and damaged
+table files are clear errors."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.core.command import lookup
+from fnnc.graph import GraphBuilder, interpret
+from fnnc.graph.autotune import autotune_graph
+
+HERE = jax.default_backend()
+SPEC = [jax.ShapeDtypeStruct((4,), np.float32)]
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def body(second):
+    """A graph of exp then ``second`` on a float32[4]."""
+    b = GraphBuilder()
+    x = b.input((4,))
+    return b.build([b.exec(second(), b.exec(ops.ewexp(), x))])
+
+
+@pytest.fixture
+def fused_rival():
+    """A second backend of fused_elementwise that compiles here (the reference forward)."""
+    forward = lookup("fused_elementwise").forward
+    ops.register_backend("fused_elementwise", ops.Backend("rival", forward, (HERE,), priority=0))
+    yield
+    ops.unregister_backend("fused_elementwise", "rival")
+    ops.autotune.TABLE.clear()
+
+
+def test_chains_fused_on_the_same_shapes_get_keys_of_their_own():
+    """Every sub-graph printed as <Graph: 1 inputs, 2 nodes, 1 outputs>: exp+relu and
+    exp+sigmoid shared one key, so one's winner ran the other."""
+    relu = ops.fused_elementwise(body=body(ops.relu))
+    sigmoid = ops.fused_elementwise(body=body(ops.sigmoid))
+    again = ops.fused_elementwise(body=body(ops.relu))
+    key = ops.autotune.key
+    assert key(relu, SPEC, "cpu") != key(sigmoid, SPEC, "cpu")
+    assert key(relu, SPEC, "cpu") == key(again, SPEC, "cpu")  # equal graphs, one key
+
+
+def test_a_sub_graph_key_is_the_same_in_another_process():
+    """A saved table applies to the same graph built again elsewhere."""
+    script = (
+        "import jax, numpy as np\nfrom fnnc import ops\n"
+        "from tests.core.test_audit8_tune8 import body\n"
+        "c = ops.fused_elementwise(body=body(ops.relu))\n"
+        "print(ops.autotune.key(c, [jax.ShapeDtypeStruct((4,), np.float32)], 'cpu'))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    out = run.stdout.strip()
+    here = ops.autotune.key(ops.fused_elementwise(body=body(ops.relu)), SPEC, "cpu")
+    assert out.splitlines()[-1] == here
+
+
+def test_a_function_parameter_keys_by_name_not_address():
+    from fnnc.core.backends import stable_param
+
+    text = repr(stable_param((("policy", _policy),)))
+    assert "0x" not in text and "_policy" in text
+
+
+def _policy(*args):
+    return True
+
+
+def test_autotune_graph_times_each_fused_chain(fused_rival):
+    """Both chains are timed and keep winners of their own (before, the second node
+    was skipped as already pending under the first's key)."""
+    b = GraphBuilder()
+    x = b.input((4,), name="x")
+    relu = b.exec(ops.fused_elementwise(body=body(ops.relu)), x, name="a")
+    sig = b.exec(ops.fused_elementwise(body=body(ops.sigmoid)), x, name="b")
+    graph = b.build([relu, sig])
+    value = np.linspace(-1, 1, 4, dtype=np.float32)
+    tuned = autotune_graph(graph, value, repeats=1, check=False, libraries=False)
+    assert set(tuned) == {0, 1}
+    keys = {ops.autotune.key(n.cmd, SPEC, HERE) for n in graph.nodes}
+    assert len(keys) == 2 and keys <= set(ops.autotune.TABLE)
+    got = interpret(graph, value)
+    np.testing.assert_allclose(got[0], np.maximum(np.exp(value), 0), rtol=1e-6)
+    np.testing.assert_allclose(got[1], 1 / (1 + np.exp(-np.exp(value))), rtol=1e-6)
