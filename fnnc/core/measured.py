@@ -69,17 +69,18 @@ def read(path: str | os.PathLike[str] = PATH) -> dict[str, Any]:
         data = json.loads(pathlib.Path(path).read_text())
     except FileNotFoundError:
         return {"format": FORMAT, "devices": {}, "sources": {}}
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise GraphFormatError(f"measured defaults {path}: not JSON ({e})") from None
     except OSError as e:  # unreadable: say which file and what to do, not a raw error
         raise GraphFormatError(
             f"measured defaults {path}: cannot be read ({e}); make it readable "
             "(chmod a+r), or regenerate it with `python -m fnnc.ops.measure_defaults`"
         ) from None
-    if data.get("format") != FORMAT or not isinstance(data.get("devices"), dict):
+    got = f"format {data.get('format')!r}" if isinstance(data, dict) else type(data).__name__
+    if got != f"format {FORMAT!r}" or not isinstance(data.get("devices"), dict):
         raise GraphFormatError(
             f"measured defaults {path}: expected format {FORMAT} with a 'devices' mapping, "
-            f"got format {data.get('format')!r}; regenerate it with "
+            f"got {got}; regenerate it with "
             "`python -m fnnc.ops.measure_defaults`"
         )
     return data

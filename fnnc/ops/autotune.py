@@ -176,7 +176,7 @@ def _read(path: str | os.PathLike[str]) -> dict[str, str]:
     with open(path) as f:
         try:
             data = json.load(f)
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:  # text, or other bytes
             raise GraphFormatError(
                 f"{path}: not an fnnc autotune table (not JSON: {e}); write one with "
                 "fnnc.ops.autotune.save"

@@ -93,3 +93,23 @@ def test_autotune_graph_times_each_fused_chain(fused_rival):
     got = interpret(graph, value)
     np.testing.assert_allclose(got[0], np.maximum(np.exp(value), 0), rtol=1e-6)
     np.testing.assert_allclose(got[1], 1 / (1 + np.exp(-np.exp(value))), rtol=1e-6)
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00 not text", b"[1, 2]", b"{"])
+def test_a_table_file_of_other_bytes_is_a_clear_error(tmp_path, content):
+    """Bytes that are not UTF-8 raised a bare UnicodeDecodeError naming no file (and
+    save over such a file too); a JSON list in the defaults file an AttributeError."""
+    from fnnc.core import measured
+    from fnnc.errors import GraphFormatError
+
+    path = tmp_path / "table.json"
+    path.write_bytes(content)
+    with pytest.raises(GraphFormatError, match=r"table\.json: not an fnnc autotune table"):
+        ops.autotune.load(path)
+    with pytest.raises(GraphFormatError, match=r"save: .*table\.json: not an fnnc autotune"):
+        ops.autotune.save(path)
+    assert path.read_bytes() == content  # left as it was
+    with pytest.raises(
+        GraphFormatError, match=r"measured defaults .*table\.json: .*regenerate|not JSON"
+    ):
+        measured.read(path)
