@@ -210,6 +210,7 @@ def _in_place(graph: Graph, donate: Donate, owner: dict[int, int]) -> dict[int, 
     and first written no earlier than the input's last read (else XLA copies)."""
     spans = _spans(graph, owner)
     inputs = {owner.get(r, r) for r in (graph.symbols[s].root for s in graph.inputs)}
+    returned = {owner.get(r, r) for r in (graph.symbols[s].root for s in graph.outputs)}
     shared: dict[int, int] = {}
     for i, j in donation_pairs(graph, donate):
         src = graph.symbols[graph.inputs[i]].root
@@ -217,6 +218,8 @@ def _in_place(graph: Graph, donate: Donate, owner: dict[int, int]) -> dict[int, 
         out = owner.get(out, out)
         if out in inputs or out in shared or src in shared.values():
             continue  # an input returned as is, or a buffer already given away
+        if owner.get(src, src) in returned:
+            continue  # the input (or a view of it) is returned too: it holds to the end
         if spans[out][0] >= spans[src][1]:
             shared[out] = src
     return shared

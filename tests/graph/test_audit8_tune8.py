@@ -1,0 +1,44 @@
+"""Audit 8 (tuning): the memory plan against a hand count and XLA's memory analysis."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fnnc import ops
+from fnnc.graph import GraphBuilder, compile, memory_plan
+
+N = 256
+BYTES = N * 4  # one float32[N]
+
+
+def test_a_donated_input_that_is_also_returned_keeps_its_buffer():
+    """y = relu(x) returned with x itself, x donated: y was planned into x's buffer
+    (peak one buffer), yet x must hold its values to the end. Hand count: x and y,
+    two buffers; XLA's estimate holds at least as much (it copies x to alias y)."""
+    b = GraphBuilder()
+    x = b.input((N,), name="x")
+    graph = b.build([b.exec(ops.relu(), x, name="y"), x])
+    plan = memory_plan(graph, donate=["x"])
+    assert plan.donated == ()
+    assert plan.peak_bytes == 2 * BYTES == memory_plan(graph).peak_bytes
+    program = compile(graph, donate=["x"])
+    assert program.memory().peak_estimate_bytes >= plan.peak_bytes
+    value = np.linspace(-1, 1, N, dtype=np.float32)
+    y, same = program(value.copy())
+    np.testing.assert_array_equal(np.asarray(y), np.maximum(value, 0))
+    np.testing.assert_array_equal(np.asarray(same), value)
+
+
+def test_a_donated_input_returned_through_a_view_keeps_its_buffer():
+    """Half of x returned as a view: x's buffer still holds it at the end, so y (of
+    x's shape, paired with it) gets its own. Hand count: x and y."""
+    b = GraphBuilder()
+    x = b.input((N,), name="x")
+    half = b.alias(x, (N // 2,))
+    graph = b.build([b.exec(ops.relu(), x, name="y"), half])
+    plan = memory_plan(graph, donate=[0])
+    assert plan.donated == () and plan.peak_bytes == 2 * BYTES
+    value = np.linspace(-1, 1, N, dtype=np.float32)
+    y, kept = compile(graph, donate=[0])(value.copy())
+    np.testing.assert_array_equal(np.asarray(y), np.maximum(value, 0))
+    np.testing.assert_array_equal(np.asarray(kept), value[: N // 2])
