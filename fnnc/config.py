@@ -11,7 +11,8 @@ supports it, e.g. ``pallas``; ``xla`` forces the reference everywhere. A name no
 command registers (a typo) is a :class:`~fnnc.errors.ConfigError` when a backend is
 next chosen, as is an unknown command name in ``backend_per_command``.
 ``FNNC_CPU_LIBRARIES`` (default empty): force one XLA:CPU library set for every compiled
-program (:mod:`fnnc.graph.cpu_libraries`), e.g. ``eigen``.
+program (:mod:`fnnc.graph.cpu_libraries`), e.g. ``eigen``; a name that is no library set
+is an error naming the variable when a program is next compiled, on any platform.
 ``FNNC_MATMUL_PRECISION`` (default ``float32``): how float32 dots and convolutions run
 (:data:`MATMUL_PRECISIONS`); ``tensorfloat32`` trades accuracy for speed on GPUs.
 

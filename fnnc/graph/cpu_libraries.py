@@ -58,6 +58,7 @@ _YNN = "xla_cpu_experimental_ynn_fusion_type"
 _T = "LIBRARY_FUSION_TYPE_"
 
 DEFAULT = "xla"
+_SETTING = "config (FNNC_CPU_LIBRARIES or config.override(cpu_libraries=...))"
 
 LIBRARY_SETS: Mapping[str, Mapping[str, str]] = {
     DEFAULT: {},
@@ -113,16 +114,27 @@ def available(platform: str) -> tuple[str, ...]:
 def chosen(graph: Graph, platform: str, backends: Sequence[str] | None = None) -> str:
     """The library set ``graph`` compiles with (its nodes running ``backends``): the forced
     one (``config.override(cpu_libraries=...)``), else the autotune table's, else
-    :func:`default`'s."""
+    :func:`default`'s.
+
+    Raises:
+        BackendError: the forced name is no set of :data:`LIBRARY_SETS` (on every
+            platform: a typo in ``FNNC_CPU_LIBRARIES`` is not ignored on a GPU), or a set
+            this jaxlib does not offer (on CPU).
+    """
+    forced = config.get().cpu_libraries
+    if forced and forced not in LIBRARY_SETS:  # a typo, on every platform
+        raise BackendError(
+            f"{_SETTING}: cpu_libraries={forced!r} is unknown."
+            f"{config.close_matches(forced, LIBRARY_SETS)} Use one of {list(LIBRARY_SETS)} "
+            "or leave it empty"
+        )
     if platform != "cpu":
         return DEFAULT
-    forced = config.get().cpu_libraries
     if forced:
         if forced not in available(platform):
-            known = "is not offered by this jaxlib" if forced in LIBRARY_SETS else "is unknown"
             raise BackendError(
-                f"config: cpu_libraries={forced!r} {known}; use one of "
-                f"{list(available(platform))} or leave it empty"
+                f"{_SETTING}: cpu_libraries={forced!r} is not offered by this jaxlib; use "
+                f"one of {list(available(platform))} or leave it empty"
             )
         return forced
     tuned = TABLE.get(program_key(graph, platform, backends)) if len(TABLE) else None

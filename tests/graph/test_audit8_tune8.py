@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from fnnc import ops
-from fnnc.graph import GraphBuilder, compile, memory_plan
+from fnnc import config, ops
+from fnnc.errors import BackendError
+from fnnc.graph import GraphBuilder, compile, cpu_libraries, memory_plan
 
 N = 256
 BYTES = N * 4  # one float32[N]
@@ -42,3 +44,18 @@ def test_a_donated_input_returned_through_a_view_keeps_its_buffer():
     y, kept = compile(graph, donate=[0])(value.copy())
     np.testing.assert_array_equal(np.asarray(y), np.maximum(value, 0))
     np.testing.assert_array_equal(np.asarray(kept), value[: N // 2])
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_a_misspelt_cpu_library_set_names_the_variable_on_every_platform(platform):
+    """FNNC_CPU_LIBRARIES=Eigen said "config: cpu_libraries='Eigen' is unknown" (no
+    variable, no close match) on CPU, and was silently ignored off CPU."""
+    b = GraphBuilder()
+    graph = b.build([b.exec(ops.relu(), b.input((2,)))])
+    with config.override(cpu_libraries="Eigen"), pytest.raises(BackendError) as e:
+        compile(graph, platform=platform)
+    message = str(e.value)
+    assert "FNNC_CPU_LIBRARIES" in message and "Did you mean 'eigen'" in message
+    assert all(name in message for name in cpu_libraries.LIBRARY_SETS)
+    with config.override(cpu_libraries="eigen"):  # a known set: off CPU, XLA's defaults
+        assert compile(graph, platform="gpu").cpu_libraries == "xla"
