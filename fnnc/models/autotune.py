@@ -40,6 +40,7 @@ from fnnc.graph.check import draw
 from fnnc.graph.compile import Program
 from fnnc.models.engine import Engine
 from fnnc.models.layer import ModelError
+from fnnc.ops.autotune import check_repeats
 
 
 class _Captured(BaseException):
@@ -102,13 +103,17 @@ def autotune(
         inputs: one batch of model inputs (their shapes are the ones tuned).
         targets: the batch's targets; given (``[]`` for a loss without targets) and
             with a minimizer set, the ``fit`` step is tuned too.
-        repeats: timed runs per backend (the median counts).
+        repeats: timed runs per backend (the median counts), an int >= 1.
         retune: time again what the table already holds.
 
     Returns:
         Per program tuned (``"fit"`` first when tuned, then ``"evaluate"``),
         ``{node index: backend}`` for the nodes of its graph that had a choice.
+
+    Raises:
+        BackendError: ``repeats`` is no int >= 1 (before any program is built).
     """
+    check_repeats(repeats, "Model.autotune")  # before anything compiles
     runs = {}
     has_minimizer = engine.default_minimizer is not None or bool(engine.minimizers)
     if targets is not None and has_minimizer:

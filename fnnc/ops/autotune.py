@@ -45,6 +45,7 @@ __all__ = [
     "TABLE",
     "as_specs",
     "autotune",
+    "check_repeats",
     "key",
     "load",
     "median_seconds",
@@ -117,8 +118,7 @@ def timing_target(platform: str | None, repeats: int, where: str) -> tuple[str, 
             device in this process (timing elsewhere would record another platform's
             winner under its name).
     """
-    if not isinstance(repeats, int) or repeats < 1:
-        raise BackendError(f"{where}: repeats must be an int >= 1, got {repeats!r}")
+    check_repeats(repeats, where)
     try:  # the names compile and select_backend take: 'cuda' and 'rocm' are 'gpu'
         platform = platform_name(platform, where)
     except ConfigError as e:
@@ -132,6 +132,13 @@ def timing_target(platform: str | None, repeats: int, where: str) -> tuple[str, 
             f"{present}); winners are timed where they apply, so tune on a {platform} "
             "machine and load its table here with fnnc.ops.autotune.load"
         ) from None
+
+
+def check_repeats(repeats: Any, where: str) -> None:
+    """Refuses a ``repeats`` that is no int of at least 1 (``True`` is no count) with a
+    :class:`~fnnc.errors.BackendError` naming ``where``."""
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise BackendError(f"{where}: repeats must be an int >= 1, got {repeats!r}")
 
 
 def save(path: str | os.PathLike[str]) -> None:
