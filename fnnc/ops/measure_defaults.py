@@ -159,7 +159,9 @@ def measure(
     commands: Sequence[str] | None = None,
 ) -> dict[str, dict[str, str]]:
     """Times every compiled backend of each case (of ``commands`` only, where given);
-    returns ``{command: {class: winner}}``."""
+    returns ``{command: {class: winner}}``; ``repeats`` below 1 is a
+    :class:`~fnnc.errors.BackendError` before anything is timed."""
+    autotune.check_repeats(repeats, "measure_defaults")
     platform = platform or jax.default_backend()
     entries: dict[str, dict[str, str]] = {}
     for size in sizes:
@@ -187,6 +189,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--commands", default=None, help="only these commands (commas)")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="some of float32,bfloat16")
     opts = parser.parse_args(argv)
+    if opts.repeats < 1:  # else every case compiles, then the median of no runs fails
+        raise SystemExit(f"measure_defaults: --repeats {opts.repeats}: expected an int >= 1")
     commands = _names(opts.commands, "--commands", _case_commands())
     dtypes = [jnp.dtype(d) for d in _names(opts.dtypes, "--dtypes", ("float32", "bfloat16"))]
     sizes = _names(opts.sizes, "--sizes", tuple(SIZES))

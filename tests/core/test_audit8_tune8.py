@@ -113,3 +113,18 @@ def test_a_table_file_of_other_bytes_is_a_clear_error(tmp_path, content):
         GraphFormatError, match=r"measured defaults .*table\.json: .*regenerate|not JSON"
     ):
         measured.read(path)
+
+
+def test_measure_defaults_refuses_no_repeats_before_timing(monkeypatch):
+    """--repeats 0 compiled every case, then failed in statistics.median of no runs."""
+    from fnnc.errors import BackendError
+    from fnnc.ops import measure_defaults
+
+    def never(*args, **kwargs):
+        raise AssertionError("timed something")
+
+    monkeypatch.setattr(measure_defaults, "_ratios", never)
+    with pytest.raises(SystemExit, match=r"--repeats 0: expected an int >= 1"):
+        measure_defaults.main(["--repeats", "0", "--sizes", "small"])
+    with pytest.raises(BackendError, match=r"measure_defaults: repeats must be an int >= 1"):
+        measure_defaults.measure("cpu", sizes=["small"], repeats=0)
