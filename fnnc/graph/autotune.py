@@ -23,6 +23,9 @@ and the fastest is recorded for this graph (``libraries=False`` skips this). Bot
 whole-program choices keep the default unless the alternative is faster by
 :data:`MARGIN`.
 
+Backends forced by ``config`` (``FNNC_BACKEND``, ``backend_per_command``) are set
+aside while tuning: the table records the choices made where nothing is forced.
+
 A (command, input specs, platform) already in the table is not timed again (NNC
 measures once and caches; :func:`fnnc.ops.autotune.save` keeps the table across
 processes) while its recorded winner is still eligible, unless ``retune=True``. The
@@ -110,7 +113,12 @@ def autotune_graph(
     """
     platform, device = _autotune.timing_target(platform, repeats, "autotune_graph")
     values = jax.device_put(flatten_inputs(graph, args, "autotune_graph"), device)
-    with jax.default_device(device):  # every program below compiles and runs there
+    # The table holds the choices made where nothing is forced: a forced backend
+    # (FNNC_BACKEND, backend_per_command) would make the default choices the forced
+    # ones and the "tuned" and "default" programs one program, whose timing noise
+    # then recorded the forced backend as the winner.
+    unforced = config.override(backend="", backend_per_command={})
+    with jax.default_device(device), unforced:  # every program compiles and runs there
         return _autotune_graph(graph, values, repeats, platform, retune, check, libraries)
 
 

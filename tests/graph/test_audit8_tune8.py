@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fnnc import config, ops
 from fnnc.errors import BackendError
-from fnnc.graph import GraphBuilder, compile, cpu_libraries, memory_plan
+from fnnc.graph import GraphBuilder, autotune_graph, compile, cpu_libraries, memory_plan
 
 N = 256
 BYTES = N * 4  # one float32[N]
@@ -59,3 +61,35 @@ def test_a_misspelt_cpu_library_set_names_the_variable_on_every_platform(platfor
     assert all(name in message for name in cpu_libraries.LIBRARY_SETS)
     with config.override(cpu_libraries="eigen"):  # a known set: off CPU, XLA's defaults
         assert compile(graph, platform="gpu").cpu_libraries == "xla"
+
+
+def _abs_slowly(x):
+    return jnp.sqrt(x * x)
+
+
+def test_autotune_under_a_forced_backend_records_the_measured_winner(monkeypatch):
+    """With backend 'slow' forced, the default choice checked against the per-node
+    winner was the forced one, so the "tuned" and "default" programs were one program
+    (both forced) and the tie wrote 'slow', measured slower, into the table."""
+    from fnnc.ops import autotune as table_module
+
+    here = jax.default_backend()
+    ops.register_backend("ewabs", ops.Backend("slow", _abs_slowly, (here,), priority=0))
+    times = {"slow": 2.0, "xla": 1.0}  # per node: the reference is faster
+
+    def timed(fns, *args, repeats=5):
+        return {name: times.get(name, 1.0) for name in fns}  # one program: a tie
+
+    monkeypatch.setattr(table_module, "median_seconds", timed)
+    try:
+        b = GraphBuilder()
+        graph = b.build([b.exec(ops.ewabs(), b.input((N,), name="x"), name="abs")])
+        value = np.linspace(-1, 1, N, dtype=np.float32)
+        with config.override(backend="slow"):
+            tuned = autotune_graph(graph, value, repeats=1, libraries=False)
+            assert compile(graph).backends == ((0, "abs", "slow"),)  # forcing still holds
+        assert tuned == {0: "xla"}
+        assert compile(graph).backends == ((0, "abs", "xla"),)
+    finally:
+        ops.unregister_backend("ewabs", "slow")
+        ops.autotune.TABLE.clear()
