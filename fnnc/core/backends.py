@@ -166,6 +166,7 @@ def stable_param(value: Any) -> Any:
     return value
 
 
+@functools.lru_cache(maxsize=1024)  # equal graphs have one digest; keys are made often
 def _graph_digest(graph: Graph) -> str:
     """A digest of what ``graph`` computes: its symbols' types and views, its nodes'
     commands (parameters included, sub-graphs digested in turn) and wiring, its inputs
