@@ -412,7 +412,9 @@ def compile(  # noqa: A001 - the name NNC users look for
         dispatch.state(),
         numerics,
         shardings,
-        config.matmul_precision_name(matmul_precision or config.get().matmul_precision),
+        config.matmul_precision_name(
+            matmul_precision or config.get().matmul_precision, "compile: matmul_precision"
+        ),
     )
 
 

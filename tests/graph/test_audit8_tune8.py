@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fnnc import config, ops
-from fnnc.errors import BackendError
+from fnnc.errors import BackendError, ConfigError
 from fnnc.graph import GraphBuilder, autotune_graph, compile, cpu_libraries, memory_plan
 
 N = 256
@@ -93,3 +93,11 @@ def test_autotune_under_a_forced_backend_records_the_measured_winner(monkeypatch
     finally:
         ops.unregister_backend("ewabs", "slow")
         ops.autotune.TABLE.clear()
+
+
+def test_an_unknown_matmul_precision_names_compile():
+    b = GraphBuilder()
+    graph = b.build([b.exec(ops.relu(), b.input((2,)))])
+    with pytest.raises(ConfigError, match=r"^compile: matmul_precision: unknown .*'tf32'"):
+        compile(graph, matmul_precision="tf32")
+    assert compile(graph, matmul_precision="HIGH").matmul_precision == "tensorfloat32"
