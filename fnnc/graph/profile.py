@@ -57,9 +57,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from fnnc.core.ir import Graph
 from fnnc.errors import GraphError
 from fnnc.graph._trace_events import OpTime, op_events
 from fnnc.graph._trace_events import stats_readable as stats_readable  # for trace readers
+from fnnc.graph.compile import Program
 
 NO_NODE = "(no node)"
 
@@ -352,7 +354,19 @@ def profile(
 
     Returns:
         a :class:`Profile`; ``print(profile)`` shows its tables.
+
+    Raises:
+        GraphError: ``program`` is no :class:`~fnnc.graph.Program` (a graph not yet
+            compiled, a jitted function), or ``runs`` is no positive int.
     """
+    if not isinstance(program, Program):
+        hint = "compile it first: profile(compile(graph), *args)"
+        if not isinstance(program, Graph):
+            hint = "profile times fnnc programs only; use jax.profiler for other functions"
+        raise GraphError(
+            f"profile: expected a compiled Program (from fnnc.graph.compile), got "
+            f"{type(program).__name__}; {hint}"
+        )
     donated = set(program.donate)
 
     def run() -> Any:

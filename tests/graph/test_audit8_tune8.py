@@ -101,3 +101,18 @@ def test_an_unknown_matmul_precision_names_compile():
     with pytest.raises(ConfigError, match=r"^compile: matmul_precision: unknown .*'tf32'"):
         compile(graph, matmul_precision="tf32")
     assert compile(graph, matmul_precision="HIGH").matmul_precision == "tensorfloat32"
+
+
+@pytest.mark.parametrize("given", ["graph", "jit", None])
+def test_profile_of_something_not_compiled_says_what_to_pass(given):
+    """profile(graph, ...) (the graph, not its program) raised a bare AttributeError:
+    'Graph' object has no attribute 'donate'."""
+    from fnnc.errors import GraphError
+    from fnnc.graph import profile
+
+    b = GraphBuilder()
+    graph = b.build([b.exec(ops.relu(), b.input((4,), name="x"))])
+    program = {"graph": graph, "jit": jax.jit(jnp.abs), None: None}[given]
+    want = "compile it first" if given == "graph" else "jax.profiler"
+    with pytest.raises(GraphError, match=rf"profile: expected a compiled Program.*{want}"):
+        profile(program, np.ones(4, np.float32), runs=1)
