@@ -24,7 +24,8 @@ whole-program choices keep the default unless the alternative is faster by
 :data:`MARGIN`.
 
 Backends forced by ``config`` (``FNNC_BACKEND``, ``backend_per_command``) are set
-aside while tuning: the table records the choices made where nothing is forced.
+aside while tuning nodes: the table records the node choices made where nothing is
+forced. The library set is timed on the programs the configuration in force compiles.
 
 A (command, input specs, platform) already in the table is not timed again (NNC
 measures once and caches; :func:`fnnc.ops.autotune.save` keeps the table across
@@ -113,12 +114,7 @@ def autotune_graph(
     """
     platform, device = _autotune.timing_target(platform, repeats, "autotune_graph")
     values = jax.device_put(flatten_inputs(graph, args, "autotune_graph"), device)
-    # The table holds the choices made where nothing is forced: a forced backend
-    # (FNNC_BACKEND, backend_per_command) would make the default choices the forced
-    # ones and the "tuned" and "default" programs one program, whose timing noise
-    # then recorded the forced backend as the winner.
-    unforced = config.override(backend="", backend_per_command={})
-    with jax.default_device(device), unforced:  # every program compiles and runs there
+    with jax.default_device(device):  # every program below compiles and runs there
         return _autotune_graph(graph, values, repeats, platform, retune, check, libraries)
 
 
@@ -141,9 +137,15 @@ def _autotune_graph(
             if retune or _autotune.TABLE.get(key) not in names:
                 pending.setdefault(key, index)
     if pending:
-        _time(graph, values, pending, repeats, platform)
-        if check:
-            _keep_if_faster(graph, values, pending, repeats, platform)
+        # The table holds the node choices made where nothing is forced: a forced backend
+        # (FNNC_BACKEND, backend_per_command) would make the default choices the forced
+        # ones and the "tuned" and "default" programs one program, whose timing noise
+        # then recorded the forced backend as the winner. (The library set below is
+        # chosen for the programs this configuration compiles, forced backends included.)
+        with config.override(backend="", backend_per_command={}):
+            _time(graph, values, pending, repeats, platform)
+            if check:
+                _keep_if_faster(graph, values, pending, repeats, platform)
     if libraries and len(cpu_libraries.available(platform)) > 1:
         key = cpu_libraries.program_key(graph, platform)
         if retune or _autotune.TABLE.get(key) not in cpu_libraries.available(platform):
