@@ -10,7 +10,9 @@ would write it), the temporary file made beside that file so the rename stays on
 file system.
 
 (SQLite tensor files and checkpoints are made atomic by their transactions and by
-Orbax; this is for the files written in one piece.)
+Orbax; this is for the files written in one piece.) A file that is read, merged with
+new entries and written back (tuning tables) is updated under :func:`locked`, so two
+processes saving at once each keep their entries: the second reads what the first wrote.
 
 >>> import os, pathlib, stat, tempfile
 >>> path = pathlib.Path(tempfile.mkdtemp(), "table.json")
@@ -28,8 +30,13 @@ import errno
 import os
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; updates are atomic but not serialized
+    fcntl = None  # type: ignore[assignment]
 
 
 def atomic_write(
@@ -67,6 +74,34 @@ def atomic_write(
         _write(fd, temporary, target, content, mode)
     except OSError as e:
         raise _naming(e, target, folder, temporary) from None
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Holds an exclusive advisory lock (``flock``) for a read-merge-write of the file at
+    ``path``, against other processes (and threads) doing the same through this function.
+
+    The lock is taken on a hidden file beside it, ``.NAME.lock`` (left in place: removing
+    it would let a waiting process lock a file no longer there); the file at ``path``
+    itself is replaced by :func:`atomic_write`, so it could not carry the lock. Where the
+    system has no ``fcntl`` (Windows), or the folder does not allow the lock file (a
+    read-only folder, where the write fails anyway and says why), nothing is locked.
+    """
+    target = os.fspath(path)
+    if os.path.islink(target):
+        target = os.path.realpath(target)
+    folder, name = os.path.split(os.path.abspath(target))
+    fd = -1
+    if fcntl is not None:
+        with contextlib.suppress(OSError):
+            fd = os.open(os.path.join(folder, f".{name}.lock"), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        if fd >= 0:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)  # closing releases the lock
 
 
 def _write(

@@ -31,7 +31,7 @@ from typing import Any
 import jax
 
 from fnnc.core.command import Spec
-from fnnc.core.files import atomic_write
+from fnnc.core.files import atomic_write, locked
 from fnnc.errors import GraphFormatError
 
 PATH = pathlib.Path(__file__).with_name("measured_defaults.json")
@@ -118,10 +118,12 @@ def write(
     path: str | os.PathLike[str] = PATH,
 ) -> None:
     """Merges ``entries`` (``{command: {class: backend}}``) for device ``kind`` into the
-    file at ``path``, atomically (temp file + rename)."""
-    data = read(path)
-    per = data["devices"].setdefault(kind, {})
-    for command, classes in entries.items():
-        per.setdefault(command, {}).update(classes)
-    data.setdefault("sources", {})[kind] = source
-    atomic_write(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    file at ``path``, atomically (temp file + rename), under a lock against other writers
+    (:func:`fnnc.core.files.locked`)."""
+    with locked(path):
+        data = read(path)
+        per = data["devices"].setdefault(kind, {})
+        for command, classes in entries.items():
+            per.setdefault(command, {}).update(classes)
+        data.setdefault("sources", {})[kind] = source
+        atomic_write(path, json.dumps(data, indent=1, sort_keys=True) + "\n")

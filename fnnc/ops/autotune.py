@@ -36,7 +36,7 @@ from fnnc.core.dispatch import (
     why_not,
 )
 from fnnc.core.dispatch import table_key as key
-from fnnc.core.files import atomic_write
+from fnnc.core.files import atomic_write, locked
 from fnnc.core.platforms import platform_name
 from fnnc.errors import BackendError, ConfigError, GraphFormatError
 
@@ -148,14 +148,15 @@ def save(path: str | os.PathLike[str]) -> None:
     Entries already in the file stay unless this process's table holds the same key
     (then its winner replaces the file's), so processes tuning different shapes can save
     to one file in turn, as :func:`load` merges. To drop stale entries, delete the file
-    first. Two saves at the same moment are not locked against each other: the later
-    rename wins.
+    first. Saves from several processes at once are serialized by a lock
+    (:func:`fnnc.core.files.locked`), so none loses another's entries.
 
     Raises:
         GraphFormatError: the file at ``path`` is not an fnnc autotune table (it is left
             as it is).
     """
-    atomic_write(path, json.dumps(_merged(path), indent=1, sort_keys=True))
+    with locked(path):
+        atomic_write(path, json.dumps(_merged(path), indent=1, sort_keys=True))
 
 
 def _merged(path: str | os.PathLike[str]) -> dict[str, str]:

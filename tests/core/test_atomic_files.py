@@ -156,3 +156,53 @@ def test_a_folder_at_the_path_is_refused_naming_it(tmp_path):
     with pytest.raises(IsADirectoryError, match="is a folder; give the path of a file") as info:
         atomic_write(tmp_path, b"x")
     assert info.value.filename == str(tmp_path)
+
+
+def _merge_many(path, keys) -> None:
+    from fnnc.core.files import locked
+
+    for key in keys:
+        with locked(path):
+            data = json.loads(path.read_text()) if path.exists() else {}
+            data[key] = key
+            atomic_write(path, json.dumps(data))
+
+
+def test_locked_read_merge_writes_lose_nothing(tmp_path):
+    import threading
+
+    path = tmp_path / "table.json"
+    workers = [
+        threading.Thread(target=_merge_many, args=(path, [f"{w}-{i}" for i in range(60)]))
+        for w in range(4)
+    ]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert sorted(json.loads(path.read_text())) == sorted(
+        f"{w}-{i}" for w in range(4) for i in range(60)
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".table.json.lock", "table.json"]
+
+
+def test_autotune_saves_from_two_processes_at_once_keep_every_entry(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers import subprocess_env
+
+    path = tmp_path / "tuned.json"
+    script = (
+        "import sys\nfrom fnnc.ops import autotune\n"
+        "for i in range(40):\n"
+        "    autotune.TABLE[f'{sys.argv[2]}-{i}'] = 'xla'\n"
+        "    autotune.save(sys.argv[1])\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, str(path), tag], env=subprocess_env())
+        for tag in ("a", "b")
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    expected = {f"{tag}-{i}": "xla" for tag in "ab" for i in range(40)}
+    assert json.loads(path.read_text()) == expected  # a lost update would drop some
