@@ -301,10 +301,9 @@ class ShardedCheckpoints:
                 f"the checkpoint is damaged or was not saved with this structure: restore "
                 f"another step (retained: {self.steps()})"
             ) from None
-        value = _unkeyed(got[item])
         if like is None:
-            return value
-        return jax.tree.unflatten(jax.tree.structure(like), jax.tree.leaves(value))
+            return _unkeyed(got[item])
+        return _placed(like, jax.tree.leaves(got[item]))
 
     # -- internals ------------------------------------------------------------------
     def _open(self, *, create: bool) -> Any:
@@ -381,6 +380,18 @@ def _keyed(tree: Any) -> Any:
     if isinstance(tree, (list, tuple)):
         return type(tree)(_keyed(v) for v in tree)
     return tree
+
+
+def _placed(like: Any, leaves: list[Any]) -> Any:
+    """``like``'s tree holding ``leaves``, which come in the leaf order of ``_keyed(like)``
+    (Orbax restores the escaped target): dict keys sort as the strings they are saved
+    as, which for int keys is not ``like``'s order (``"10" < "2"``, ``2 < 10``)."""
+    structure = jax.tree.structure(like)
+    order = jax.tree.leaves(_keyed(jax.tree.unflatten(structure, range(structure.num_leaves))))
+    placed: list[Any] = [None] * structure.num_leaves
+    for leaf, k in zip(leaves, order, strict=True):
+        placed[k] = leaf
+    return jax.tree.unflatten(structure, placed)
 
 
 def _unkeyed(tree: Any) -> Any:
