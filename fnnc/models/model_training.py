@@ -220,8 +220,10 @@ class TrainingMixin:
         model inputs ``outgrads`` selects (NNC's ``ccv_cnnp_model_backward(...,
         outgrads)``): every floating-point input (``True``), none (``False``: parameter
         gradients only, and the program computes no more), or the listed input
-        positions. ``outgrad=`` is the same argument under its earlier name. See
-        :mod:`fnnc.models.residuals`."""
+        positions. ``outgrad=`` is the same argument under its earlier name. Data
+        parallel over several processes, ``ingrads`` and the input gradients returned
+        are those of every process's rows, shaped as ``evaluate`` returned the outputs
+        (each process passes the same ``ingrads``). See :mod:`fnnc.models.residuals`."""
         ingrads = None if ingrads is None else _arrays(ingrads)  # one array, as fit takes
         return self.engine.backward(ingrads, outgrads if outgrad is None else outgrad)
 

@@ -56,6 +56,7 @@ import numpy as np
 
 from fnnc.core.dtypes import is_inexact
 from fnnc.core.ir import Graph
+from fnnc.errors import ShapeError
 from fnnc.graph import compile, simplify
 from fnnc.graph.compile import Program
 from fnnc.graph.memory import tensor_bytes
@@ -287,6 +288,20 @@ def seeds(ingrads: Sequence[Any] | None, out_shapes: Sequence[tuple[int, ...]]) 
         raise ModelError(
             f"backward: the model has {len(out_shapes)} outputs, got {len(ingrads)} ingrads"
         )
+    for i, (g, shape) in enumerate(zip(ingrads, out_shapes)):
+        if tuple(np.shape(g)) != tuple(shape):
+            procs = jax.process_count()
+            rows = (
+                f"; with {procs} processes that is every process's rows, as evaluate "
+                "returned them, the same array on every process"
+                if procs > 1
+                else ""
+            )
+            raise ShapeError(
+                f"backward: ingrads {i} is {list(np.shape(g))}, but output {i} of the last "
+                f"evaluate(..., requires_grad=True) is {list(shape)}; pass one gradient "
+                f"shaped as each output{rows}"
+            )
     return list(ingrads)
 
 

@@ -90,6 +90,21 @@ WORKER = textwrap.dedent(
     np.testing.assert_allclose(m.predict(X[mine], batch_size=3), logits, rtol=1e-5, atol=1e-5)
     got = m.score(X[mine], Y[mine], batch_size=3)
     np.testing.assert_allclose([got["loss"], got["accuracy"]], [loss, acc], rtol=1e-5)
+    # backward: the output gradients of every process's rows, shaped as evaluate's outputs
+    out = m.evaluate(X[mine], is_test=False, requires_grad=True)
+    G = np.cos(np.arange(48, dtype=np.float32)).reshape(16, 3)
+    try:  # this process's rows alone: a fnnc error saying which rows, not a Program's
+        m.backward([G[mine]])
+        raise AssertionError("no error")
+    except ShapeError as e:
+        assert "ingrads 0 is [8, 3]" in str(e) and "every process's rows" in str(e), e
+    (dx,) = m.backward([G])
+    np.testing.assert_allclose(out, logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx, G @ W, rtol=1e-5, atol=1e-5)
+    m.apply_gradients()
+    p = m.parameters()
+    np.testing.assert_allclose(p["t-fc-0-0"], W - 0.1 * G.T @ X, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(p["t-fc-0-1"], B - 0.1 * G.sum(0), rtol=1e-5, atol=1e-5)
     h = m.train((X[mine], Y[mine]), batch_size=4, validation=(X[mine], Y[mine]), verbose=False)
     p = m.parameters()
     _, loss, acc = oracle(np.asarray(p["t-fc-0-0"]), np.asarray(p["t-fc-0-1"]))
@@ -119,7 +134,8 @@ WORKER = textwrap.dedent(
 
 def test_two_processes_predict_score_and_validate_the_union_of_their_rows():
     """Each process passes its 8 rows: predict gives all 16 in process order, score and
-    train(validation=) the NumPy loss and accuracy of all 16 on both; a process passing
+    train(validation=) the NumPy loss and accuracy of all 16 on both, backward takes and
+    gives the gradients of all 16 (NumPy's); a process passing
     other rows or batches gets the same ShapeError as the other, within the timeout."""
     with socket.socket() as s:
         s.bind(("localhost", 0))
