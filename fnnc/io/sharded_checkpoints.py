@@ -45,6 +45,7 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from fnnc.errors import CheckpointError
@@ -345,8 +346,8 @@ class ShardedCheckpoints:
 
 def _check_savable(tree: Any, what: str, where: str) -> None:
     """A :class:`CheckpointError` naming the leaf, before anything on disk changes (a
-    re-save replaces its step), for what Orbax cannot store but :class:`Checkpoints`
-    can: a dict whose keys mix types, a zero-size array."""
+    re-save replaces its step), for what Orbax cannot store: a dict whose keys mix
+    types, a zero-size array, a leaf that is not numbers (:func:`_storable`)."""
     try:
         leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
     except (TypeError, ValueError) as e:
@@ -355,12 +356,34 @@ def _check_savable(tree: Any, what: str, where: str) -> None:
             "of one dict must be all strings or all ints"
         ) from None
     for path, leaf in leaves:
+        if not _storable(leaf):
+            dtype = getattr(leaf, "dtype", None)
+            kind = type(leaf).__name__ + (f" of {dtype}" if dtype is not None else "")
+            raise CheckpointError(
+                f"{where}: {what} leaf {jax.tree_util.keystr(path)} is a {kind} "
+                f"({leaf!r:.40}), which Orbax cannot store: save arrays of numbers (bool, "
+                "int, float, complex) or Python bool, int and float, and give other values "
+                "as metadata= (JSON)"
+            )
         if getattr(leaf, "size", None) == 0:
             raise CheckpointError(
                 f"{where}: {what} leaf {jax.tree_util.keystr(path)} is a zero-size array "
                 f"{tuple(leaf.shape)}, which Orbax cannot store: leave it out, or save with "
                 "Checkpoints (one SQLite file), which stores it"
             )
+
+
+def _storable(leaf: Any) -> bool:
+    """Whether Orbax stores ``leaf``: a Python bool, int or float, or an array (or NumPy
+    scalar) of bools, numbers (bfloat16, int4 and float8 included) or PRNG keys; not a
+    str, bytes, Python complex, nor an array of strings, objects or dates."""
+    if isinstance(leaf, (bool, int, float)):
+        return True
+    if not isinstance(leaf, (np.ndarray, np.generic, jax.Array)):
+        return False
+    dtype = leaf.dtype
+    kinds = (np.number, np.bool_, jax.dtypes.prng_key)
+    return any(jax.dtypes.issubdtype(dtype, k) for k in kinds)
 
 
 def _spec(leaf: Any) -> Any:

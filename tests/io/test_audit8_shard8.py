@@ -1,11 +1,15 @@
-"""Audit 8 (sharding): sharded checkpoints give every leaf back where it was saved."""
+"""Audit 8 (sharding): sharded checkpoints give every leaf back where it was saved, and a
+save Orbax would refuse is refused before it touches the saved step."""
 
 from __future__ import annotations
 
 import jax
+import ml_dtypes
 import numpy as np
 import optax
+import pytest
 
+from fnnc.errors import CheckpointError
 from fnnc.io import Checkpoints, ShardedCheckpoints
 
 
@@ -42,3 +46,40 @@ def test_int_keys_past_nine_restore_to_their_own_leaves(tmp_path):
                 where = jax.tree_util.keystr(path)
                 np.testing.assert_array_equal(np.asarray(b), np.asarray(a), err_msg=where)
                 np.testing.assert_array_equal(np.asarray(b), np.asarray(c), err_msg=where)
+
+
+# Orbax's refusal leaves TensorStore reads in flight (see test_sharded_checkpoints.py)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize(
+    "leaf",
+    ["abc", b"abc", 1 + 2j, np.array(["a", "b"]), np.array([object()]),
+     np.array(["2020-01-01"], "datetime64[D]")],
+    ids=["str", "bytes", "complex", "strings", "objects", "dates"],
+)  # fmt: skip
+def test_a_resave_orbax_refuses_keeps_the_saved_step(tmp_path, leaf):
+    """Re-saving a step deletes it first; a leaf Orbax then refused (a str, a string
+    array...) left no step at all. It is refused before anything on disk changes,
+    naming the leaf; the step keeps the values first saved (the oracle)."""
+    saved = {"w": np.arange(3, dtype=np.float32)}
+    with ShardedCheckpoints(tmp_path / "s") as ckpt:
+        ckpt.save(5, saved)
+        with pytest.raises(CheckpointError, match=r"state leaf \['bad'\] is a .*Orbax cannot"):
+            ckpt.save(5, {"w": np.ones(3, np.float32), "bad": leaf})
+        assert ckpt.steps() == [5]
+        np.testing.assert_array_equal(ckpt.restore(5).state["w"], saved["w"])
+
+
+def test_numbers_of_every_kind_still_save(tmp_path):
+    """What the refusal lets through: Orbax stores each, restored equal."""
+    tree = {
+        "b": True, "i": 3, "f": 2.5, "bools": np.array([True, False]),
+        "c64": np.array([1 + 2j], np.complex64), "u8": np.array([3], np.uint8),
+        "bf16": np.array([1.5], ml_dtypes.bfloat16), "int4": np.array([1], ml_dtypes.int4),
+        "f16": jax.numpy.ones(2, jax.numpy.float16),
+    }  # fmt: skip
+    with ShardedCheckpoints(tmp_path / "n") as ckpt:
+        ckpt.save(1, tree)
+        got = ckpt.restore(1, like=tree).state
+    for k, v in tree.items():
+        assert np.asarray(got[k]).dtype == np.asarray(v).dtype, k
+        np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(v), err_msg=k)
