@@ -129,7 +129,7 @@ class Parallel:
                 f"build it with jax.make_mesh({shape}, {names!r}) (for pipeline stages "
                 f"alone: parameter_sharding={PIPELINE!r})"
             )
-        _check_processes(mesh)
+        _check_processes(mesh, axis)
         # Auto axes: XLA's partitioner chooses what no layout fixes (jax.make_mesh's
         # Explicit axes would type every intermediate's sharding instead).
         types = (AxisType.Auto,) * len(mesh.axis_names)
@@ -378,9 +378,10 @@ def _state_layout(
     return found if len(found) == n_state else [PartitionSpec()] * n_state
 
 
-def _check_processes(mesh: Mesh) -> None:
+def _check_processes(mesh: Mesh, axis: str = AXIS) -> None:
     """A mesh of this run's processes, as many devices of each (a mesh built for
-    another process count, or before ``jax.distributed.initialize``, is not)."""
+    another process count, or before ``jax.distributed.initialize``, is not), whose
+    batch axis ``axis`` gives each process its own positions in process order."""
     procs = jax.process_count()
     per: dict[int, int] = {}
     for d in mesh.devices.flat:
@@ -404,6 +405,32 @@ def _check_processes(mesh: Mesh) -> None:
             "batch, so every process needs as many devices in the mesh: build it from "
             "jax.devices() whole, or use set_data_parallel(0)"
         )
+    if procs > 1:
+        _check_batch_axis(mesh, axis, procs)
+
+
+def _check_batch_axis(mesh: Mesh, axis: str, procs: int) -> None:
+    """Each process's rows fill its own positions of ``axis``, process 0's first (the
+    global batch is the processes' rows in process order, and evaluate's outputs are
+    read back so): position ``i`` of ``size`` must hold devices of process
+    ``i * procs // size`` only. A mesh listing the processes in another order put
+    process 1's outputs where process 0's rows were read; one whose ``axis`` positions
+    mix processes (the processes along another axis) failed in JAX at the first batch."""
+    size = int(mesh.shape[axis])
+    rows = np.moveaxis(mesh.devices, mesh.axis_names.index(axis), 0).reshape(size, -1)
+    owners = [sorted({int(d.process_index) for d in row}) for row in rows]
+    if size % procs == 0 and owners == [[i * procs // size] for i in range(size)]:
+        return
+    seen = ", ".join("/".join(map(str, o)) for o in owners)
+    raise ModelError(
+        f"compile: the mesh's batch axis {axis!r} ({size} positions) holds the devices of "
+        f"processes {seen}, in that order; each process passes its own rows, which fill "
+        f"the axis in process order, so every position must hold devices of one process "
+        f"and the processes must come in order, {max(size // procs, 1)} positions each: "
+        f"build it with the processes along {axis!r}, from jax.devices() in their order "
+        f"(e.g. Mesh(np.array(jax.devices()).reshape({size}, -1), ({axis!r}, ...))), or "
+        "use set_data_parallel(0)"
+    )
 
 
 def layout_json(engine: Any) -> dict[str, Any]:

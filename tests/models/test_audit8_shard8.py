@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import numpy as np
 import optax
@@ -41,3 +43,40 @@ def test_backward_error_says_which_rows_with_several_processes(monkeypatch):
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     with pytest.raises(ShapeError, match=r"with 2 processes that is every process's rows"):
         residuals.seeds([np.ones((4, 2), np.float32)], [(8, 2)])
+
+
+class _Device:
+    """A stand-in for a device of some process (only what the checks read)."""
+
+    def __init__(self, id: int, process_index: int):
+        self.id, self.process_index = id, process_index
+
+    def __repr__(self) -> str:
+        return f"D{self.id}@{self.process_index}"
+
+
+def test_batch_axis_must_give_each_process_its_positions_in_order(monkeypatch):
+    """Each process's rows fill the data axis in process order: a mesh listing process
+    1's devices first put process 1's outputs where evaluate and predict read process
+    0's (a real 2-process run gave every row another row's prediction), and one with
+    the processes along another axis failed inside JAX at the first batch. Both are
+    refused when the layout is set; the mesh jax.devices() gives in order is not."""
+    from jax.sharding import Mesh
+
+    from fnnc.errors import ModelError
+    from fnnc.models.parallel import Parallel, _check_batch_axis
+
+    devices = [_Device(10 * p + i, p) for p in range(2) for i in range(2)]  # 2 x 2
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    grid = np.array(devices).reshape(2, 2)
+    _check_batch_axis(Mesh(np.array(devices), ("data",)), "data", 2)  # in order: fine
+    _check_batch_axis(Mesh(grid, ("data", "model")), "data", 2)
+    _check_batch_axis(Mesh(grid.T, ("model", "data")), "data", 2)  # processes on "data"
+    cases = [
+        (Mesh(np.array(devices[::-1]), ("data",)), "processes 1, 1, 0, 0, in that order"),
+        (Mesh(grid.T, ("data", "model")), "processes 0/1, 0/1, in that order"),
+        (Mesh(grid[:, :1], ("model", "data")), "(1 positions) holds the devices of proc"),
+    ]
+    for mesh, want in cases:
+        with pytest.raises(ModelError, match=re.escape(want)):
+            Parallel.of(mesh, "replicated")

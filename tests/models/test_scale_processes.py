@@ -79,6 +79,16 @@ WORKER = textwrap.dedent(
         logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
         return X @ w.T + b, -logp[np.arange(16), Y].mean(), (z.argmax(-1) == Y).mean()
 
+    from jax.sharding import Mesh
+    from fnnc.errors import ModelError
+    from fnnc.models.parallel import Parallel
+    grid = np.array(jax.devices()).reshape(2, 2)  # a batch axis of process 1 first, or mixed
+    for mesh in (Mesh(grid.ravel()[::-1], ("data",)), Mesh(grid.T, ("data", "model"))):
+        try:
+            Parallel.of(mesh, "replicated")
+            raise AssertionError(f"no error: {mesh}")
+        except ModelError as e:
+            assert "in that order" in str(e), e
     x = Input()
     m = Model(x, Dense(3, name="fc")(x))
     m.set_data_parallel(0)  # 2 processes x 2 devices
