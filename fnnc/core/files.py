@@ -81,23 +81,21 @@ def locked(path: str | os.PathLike[str]) -> Iterator[None]:
     """Holds an exclusive advisory lock (``flock``) for a read-merge-write of the file at
     ``path``, against other processes (and threads) doing the same through this function.
 
-    The lock is taken on a hidden file beside it, ``.NAME.lock`` (left in place: removing
-    it would let a waiting process lock a file no longer there); the file at ``path``
-    itself is replaced by :func:`atomic_write`, so it could not carry the lock. Where the
-    system has no ``fcntl`` (Windows), or the folder does not allow the lock file (a
-    read-only folder, where the write fails anyway and says why), nothing is locked.
+    The lock is taken on the file's folder, which leaves nothing behind (the file itself
+    is replaced by :func:`atomic_write`, so it could not carry the lock); updates of
+    other files in that folder wait their turn too, which costs nothing for files saved
+    now and then. Where the system has no ``fcntl`` (Windows) or the folder cannot be
+    locked (some network file systems), nothing is locked.
     """
     target = os.fspath(path)
     if os.path.islink(target):
         target = os.path.realpath(target)
-    folder, name = os.path.split(os.path.abspath(target))
     fd = -1
     if fcntl is not None:
         with contextlib.suppress(OSError):
-            fd = os.open(os.path.join(folder, f".{name}.lock"), os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        if fd >= 0:
+            fd = os.open(os.path.dirname(os.path.abspath(target)), os.O_RDONLY)
             fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
         yield
     finally:
         if fd >= 0:
