@@ -109,6 +109,27 @@ def refuse_integer_division(x: Variable, op: str) -> None:
     )
 
 
+def reciprocal(c: Any, dtype: np.dtype) -> float | None:
+    """``1 / c`` where ``x * (1 / c)`` (``scalar_mul``) gives what ``x / c`` does, else
+    ``None`` (then ``/`` records ``ewdiv`` by the constant ``c``, as NumPy divides).
+
+    That is a power of two (its reciprocal is exact), or any finite, nonzero ``c`` with a
+    finite reciprocal for a 16-bit ``x``: ``scalar_mul`` computes that in float32 and
+    rounds once, so ``c`` is not rounded to 16 bits first (as ``x * 0.99``). A float32
+    ``x * (1 / 3)`` would be off by an ulp where ``x / 3`` is not, and ``x / 0`` has no
+    reciprocal at all (``inf``, as NumPy, not Python's ``ZeroDivisionError``).
+    """
+    c = float(c)
+    if c == 0.0 or not math.isfinite(c) or not math.isfinite(1.0 / c):
+        return None
+    mantissa, exponent = math.frexp(c)
+    if abs(mantissa) == 0.5 and -120 <= exponent <= 120:
+        return 1.0 / c
+    return (
+        1.0 / c if np.dtype(dtype).itemsize == 2 and jnp.issubdtype(dtype, jnp.floating) else None
+    )
+
+
 def power(x: Variable, p: Any) -> Variable:
     """``x ** p`` with existing commands (see the module doc)."""
     dg = x._dg

@@ -7,7 +7,8 @@ root, and an alias of an alias is a view of the root (NNC's rule). Writing throu
 an alias (``y[0] = z``) makes a new version of the whole slot.
 
 Operators record commands: ``+`` is ``ewsum``, ``-`` ``add[q=-1]``, ``*`` ``ewprod``
-(``scalar_mul`` with a Python number), ``/`` ``ewdiv``, ``@`` ``gemm``, ``**`` the
+(``scalar_mul`` with a Python number), ``/`` ``ewdiv`` (``scalar_mul`` where that
+is exact, :func:`.operands.reciprocal`), ``@`` ``gemm``, ``**`` the
 commands :mod:`.operands` lists; ``sum()`` is ``reduce_sum`` over every axis (kept as
 size 1, NNC's convention), ``mean(axis)`` ``reduce_mean`` (axes dropped, as NumPy does),
 ``.T`` ``transpose``. The other operand may be a variable, a NumPy or JAX array or a
@@ -209,7 +210,9 @@ class Variable:
     def __truediv__(self, other: Any) -> Variable:
         operands.refuse_integer_division(self, "/")  # v / 1 too, not just v / 2
         if operands.is_number(other) and not isinstance(other, (bool, np.bool_)):
-            return self._dg.exec(ops.scalar_mul(a=1.0 / float(other)), self)
+            a = operands.reciprocal(other, self.dtype)
+            if a is not None:
+                return self._dg.exec(ops.scalar_mul(a=a), self)
         return self._binary(_DIV, other, "/")
 
     def __rtruediv__(self, other: Any) -> Variable:
