@@ -34,7 +34,7 @@ import numpy as np
 
 from fnnc import ops
 from fnnc.errors import DTypeError, ShapeError
-from fnnc.ops._rules import require_storable
+from fnnc.ops._rules import require_storable, whole_number
 
 if TYPE_CHECKING:
     from .variable import Variable
@@ -93,6 +93,17 @@ def _cast(arr: Any, dtype: np.dtype) -> Any:
     if jnp.issubdtype(dtype, jnp.inexact) or not given_float:
         return arr.astype(dtype)
     return arr
+
+
+def scale(var: Variable, number: Any) -> Variable:
+    """``var * number`` (a Python or NumPy number) as ``scalar_mul``. Beside an integer
+    variable a whole ``number`` must be a value of its type, as for ``+``: ``int32 *
+    2**40`` converted the factor out of range (-2**31 came out for 1 * 2**40) where
+    NumPy raises; a fractional one gets ``scalar_mul``'s own error."""
+    value = number.item() if isinstance(number, np.generic) else number
+    if not jnp.issubdtype(var.dtype, jnp.inexact) and whole_number(value):
+        require_storable(f"* with variable {var.label}", "", value, var.dtype)
+    return var._dg.exec(ops.scalar_mul(a=float(value)), var)
 
 
 def refuse_integer_division(x: Variable, op: str) -> None:

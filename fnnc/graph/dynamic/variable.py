@@ -201,7 +201,7 @@ class Variable:
 
     def __mul__(self, other: Any) -> Variable:
         if operands.is_number(other) and not isinstance(other, (bool, np.bool_)):
-            return self._dg.exec(ops.scalar_mul(a=float(other)), self)
+            return operands.scale(self, other)
         return self._binary(_MUL, other, "*")
 
     def __rmul__(self, other: Any) -> Variable:

@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from fnnc.errors import DTypeError
 from fnnc.graph import DynamicGraph
 
 X = np.float32([1.0, -3.0, 7.0, 0.1, 49.0, 0.0])
@@ -48,3 +49,33 @@ def test_16_bit_division_by_a_number_rounds_once() -> None:
     want = (x0.astype(np.float64) / 3.0).astype(ml_dtypes.bfloat16)
     np.testing.assert_array_equal((x / 3).numpy(), want)
     assert np.isinf((x / 0).numpy().astype(np.float32)).all()
+
+
+@pytest.mark.parametrize(
+    "x0, c",
+    [
+        (np.int32([1, 2, -3]), 2**40),
+        (np.int32([1, 2, -3]), np.int64(-(2**33))),
+        (np.uint8([1, 2, 3]), -1),
+        (np.int8([1, 2, 3]), 300.0),
+    ],
+)
+def test_integer_variable_times_a_number_its_type_cannot_hold_is_refused(x0, c) -> None:
+    """``int32 * 2**40`` gave [-2**31, 0, ...] (the factor converted out of range);
+    NumPy refuses such a factor (OverflowError), and fnnc says so as for ``+``."""
+    with pytest.raises(OverflowError):
+        x0 * (c.item() if isinstance(c, np.generic) else int(c))
+    dg = DynamicGraph()
+    x = dg.variable(x0, name="n")
+    for expr in (lambda: x * c, lambda: c * x):
+        with pytest.raises(DTypeError, match=r"\* with variable 'n': .* is outside"):
+            expr()
+
+
+@pytest.mark.parametrize("x0, c", [(np.int32([1, -2, 3]), -3), (np.uint8([1, 2, 3]), 200)])
+def test_integer_variable_times_a_number_it_holds_is_numpys_product(x0, c) -> None:
+    """Whole factors in range keep working, wrapping as NumPy's integer product."""
+    dg = DynamicGraph()
+    x = dg.variable(x0)
+    np.testing.assert_array_equal((x * c).numpy(), x0 * c)
+    np.testing.assert_array_equal((float(c) * x).numpy(), x0 * c)
