@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
+import numpy as np
 
 from fnnc import ops
 from fnnc.core.dtypes import is_inexact
@@ -108,14 +109,48 @@ def _seeds(
     out = []
     for i, (f, (v, _), d) in enumerate(zip(fs, f_reads, dfs)):
         if recorded and hasattr(d, "_slot"):
-            seed, shape = dg._read(d, "backward: df", i), d.shape
+            seed, shape, dtype = dg._read(d, "backward: df", i), d.shape, d.dtype
         else:
-            d = dg.value_of(d) if hasattr(d, "_slot") else jax.numpy.asarray(d, v.dtype)
-            seed, shape = d, d.shape
+            d = dg.value_of(d) if hasattr(d, "_slot") else _seed_array(d, f, v.dtype)
+            seed, shape, dtype = d, d.shape, d.dtype
         if tuple(shape) != tuple(f.shape):
             raise ShapeError(f"backward: df for f {f.label} is {list(shape)}, f is {list(f.shape)}")
+        if dtype != v.dtype:  # a variable seed: an array is converted above
+            raise DTypeError(
+                f"backward: df for f {f.label} is a variable of {np.dtype(dtype).name}, f is "
+                f"{v.dtype.name}; convert the seed to f's dtype (datatype_conversion)"
+            )
         out.append(seed)
     return out
+
+
+def _seed_array(d: Any, f: Variable, dtype: np.dtype) -> Any:
+    """A ``df`` seed that is no variable, as an array of ``f``'s dtype."""
+    try:
+        return jax.numpy.asarray(d, dtype)
+    except (TypeError, ValueError) as e:
+        raise DTypeError(
+            f"backward: df for f {f.label} is {type(d).__name__} {d!r:.40}, not an array of "
+            f"numbers ({e}); pass a variable or an array of f's shape {list(f.shape)}"
+        ) from None
+
+
+def _check_into(ws: list[Variable], targets: list[Any]) -> None:
+    """Each ``into`` target is a variable of its ``wrt``'s shape and dtype (they were
+    checked only as the compiled program's inputs, an error naming neither)."""
+    if len(targets) != len(ws):
+        raise GraphError(f"backward: {len(ws)} wrt but {len(targets)} into; pass one per wrt")
+    given = [(i, t) for i, t in enumerate(targets) if t is not None]
+    require_variables([t for _, t in given], "backward", "into")
+    for i, t in given:
+        w = ws[i]
+        if tuple(t.shape) != tuple(w.shape) or t.dtype != w.dtype:
+            error = ShapeError if tuple(t.shape) != tuple(w.shape) else DTypeError
+            raise error(
+                f"backward: into {i} {t.label} is {t.dtype.name}{list(t.shape)}, but the "
+                f"gradient of wrt {w.label} is {w.dtype.name}{list(w.shape)}; accumulate "
+                "into a variable of the wrt's shape and dtype"
+            )
 
 
 def _gradient_graph(
@@ -300,8 +335,7 @@ def backward(
         outs, _ = _run_gradients(dg, fs, ws, df, "backward", create_graph=True)
         return higher.variables(outs, ws, dg)
     targets = [None] * len(ws) if into is None else _listed(into)
-    if len(targets) != len(ws):
-        raise GraphError(f"backward: {len(ws)} wrt but {len(targets)} into; pass one per wrt")
+    _check_into(ws, targets)
     outs, slots = _run_gradients(dg, fs, ws, df, "backward", into=targets)
     result = []
     for w, slot, g, target in zip(ws, slots, outs, targets):
@@ -357,6 +391,7 @@ def _store(
 def apply_gradients(dg: DynamicGraph, optimizer: Any, variables: Any) -> None:
     """:meth:`DynamicGraph.apply_gradients`: one cached update program per (optimizer,
     specs), on the variables' values, gradients and optimizer state."""
+    optim.check(optimizer, "apply_gradients")  # first: not 'no gradient' for a typo
     if dg.lazy:
         dg.flush()
     optimizer = keys_as_bits(optimizer)  # a PRNG key in the state rides as its bits
@@ -388,6 +423,7 @@ def apply_gradients(dg: DynamicGraph, optimizer: Any, variables: Any) -> None:
 
 def minimize(dg: DynamicGraph, optimizer: Any, f: Any, variables: Any) -> None:
     """:meth:`DynamicGraph.minimize`: the gradient program with the update appended."""
+    optim.check(optimizer, "minimize")
     optimizer = keys_as_bits(optimizer)
     ws, slots = _params(dg, variables, "minimize")
     out, _ = _run_gradients(dg, _listed(f), ws, None, "minimize", optimizer)

@@ -7,9 +7,10 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+import optax
 import pytest
 
-from fnnc.errors import DTypeError
+from fnnc.errors import DTypeError, GraphError, ShapeError
 from fnnc.graph import DynamicGraph
 
 X = np.float32([1.0, -3.0, 7.0, 0.1, 49.0, 0.0])
@@ -79,3 +80,48 @@ def test_integer_variable_times_a_number_it_holds_is_numpys_product(x0, c) -> No
     x = dg.variable(x0)
     np.testing.assert_array_equal((x * c).numpy(), x0 * c)
     np.testing.assert_array_equal((float(c) * x).numpy(), x0 * c)
+
+
+def _square():
+    dg = DynamicGraph()
+    w = dg.variable(np.float32([1.0, 2.0]), name="w")
+    return dg, w, w * w
+
+
+def test_a_seed_or_into_of_another_dtype_or_shape_names_backwards_arguments() -> None:
+    """A df variable of another dtype and an into of another shape or dtype failed in
+    the compiled program ('Program: input %1 expects float32[2]'), naming neither the
+    argument nor f / wrt; a df that is no array raised a bare ValueError."""
+    dg, w, y = _square()
+    for df in (dg.constant(np.ones(2, ml_dtypes.bfloat16)), dg.constant(np.ones(2, np.int32))):
+        with pytest.raises(DTypeError, match=r"backward: df for f .* is a variable of \w+, f is"):
+            dg.backward(y, [w], df=df)
+    for df in ("a", [[None, None]]):
+        with pytest.raises(DTypeError, match=r"backward: df for f .* not an array of numbers"):
+            dg.backward(y, [w], df=df)
+    for into, error in (
+        (dg.constant(np.zeros(3, np.float32), name="acc"), ShapeError),
+        (dg.constant(np.zeros(2, np.int32), name="acc"), DTypeError),
+    ):
+        with pytest.raises(error, match=r"backward: into 0 'acc' is \w+\[\d\], .* wrt 'w'"):
+            dg.backward(y.sum(), [w], into=[into])
+    with pytest.raises(GraphError, match="backward: into is an array"):
+        dg.backward(y.sum(), [w], into=[np.zeros(2, np.float32)])
+    # what is right still works: an array seed of another float type, an into
+    acc = dg.constant(np.float32([10.0, 10.0]))
+    (g,) = dg.backward(y, [w], df=np.float16([1.0, 2.0]), into=[acc])
+    assert g is acc
+    np.testing.assert_array_equal(acc.numpy(), [12.0, 18.0])  # 10 + df * 2 w
+
+
+def test_apply_gradients_with_no_optimizer_says_so_before_looking_for_gradients() -> None:
+    """apply_gradients('sgd', [w]) said 'w has no gradient; call backward first'."""
+    dg, w, _ = _square()
+    for step in (
+        lambda: dg.apply_gradients("sgd", [w]),
+        lambda: dg.minimize(lambda g: g, (w * w).sum(), [w]),
+    ):
+        with pytest.raises(GraphError, match=r"optimizer must be an optax\.GradientTransformation"):
+            step()
+    dg.minimize(optax.sgd(0.5), (w * w).sum(), [w])  # w - 0.5 * 2 w = 0
+    np.testing.assert_array_equal(w.numpy(), [0.0, 0.0])
