@@ -40,11 +40,11 @@ from fnnc.core.ir import Graph
 from fnnc.errors import GraphError, ModelError
 from fnnc.ops.call import call
 
+from .variable import Variable
 from .versions import detach, repin
 
 if TYPE_CHECKING:
     from .graph import DynamicGraph
-    from .variable import Variable
 
 
 class _Bound:
@@ -157,6 +157,7 @@ def evaluate(
     """Records ``model`` (a cnnp model, a graph, a program) on ``inputs`` as one
     ``call`` node; its output variable(s) (a pytree for a traced graph). A cnnp model
     runs in test mode unless ``is_test`` is False (see the module doc)."""
+    inputs = _inputs(dg, model, inputs, name)
     if not is_model(model):
         if not is_test:
             raise GraphError(
@@ -184,6 +185,20 @@ def evaluate(
     n = len(outs) - len(fwd.updates)
     _keep_updates(dg, bound, fwd.updates, outs[n:])
     return outs[0] if n == 1 else outs[:n]
+
+
+def _inputs(dg: DynamicGraph, model: Any, inputs: Any, name: str) -> list[Any]:
+    """``inputs`` as a list of variables: arrays and numbers become constants, as
+    ``exec`` takes them (a list of numbers had no ``.shape``: an AttributeError). A
+    variable or array given for the list was iterated row by row into inputs."""
+    from .variable import Variable
+
+    if not isinstance(inputs, (list, tuple)):
+        raise GraphError(
+            f"evaluate{' ' + repr(name) if name else ''}: inputs is a list with one entry "
+            f"per input of the model, got {type(inputs).__name__}; pass [x] for one input"
+        )
+    return [x if isinstance(x, Variable) else dg.constant(x) for x in inputs]
 
 
 def _args(bound: _Bound, model: Any, inputs: Sequence[Any], pids: Sequence[str]) -> list[Any]:

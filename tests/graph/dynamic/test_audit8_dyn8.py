@@ -12,6 +12,7 @@ import pytest
 
 from fnnc.errors import DTypeError, GraphError, ShapeError
 from fnnc.graph import DynamicGraph
+from fnnc.models import Dense, Input, Model
 
 X = np.float32([1.0, -3.0, 7.0, 0.1, 49.0, 0.0])
 
@@ -125,3 +126,21 @@ def test_apply_gradients_with_no_optimizer_says_so_before_looking_for_gradients(
             step()
     dg.minimize(optax.sgd(0.5), (w * w).sum(), [w])  # w - 0.5 * 2 w = 0
     np.testing.assert_array_equal(w.numpy(), [0.0, 0.0])
+
+
+def test_evaluate_takes_numbers_as_constants_and_refuses_a_bare_variable() -> None:
+    """dg.evaluate(model, [[[1, 2], ...]]) raised AttributeError ('list' has no shape)
+    and dg.evaluate(model, x) ran on x's rows as inputs ('takes 1 inputs, got 4')."""
+    inp = Input()
+    model = Model([inp], Dense(3, name="fc")(inp))
+    model.compile([jax.ShapeDtypeStruct((4, 2), jnp.float32)])
+    rows = [[1.0, 2.0], [0.5, -1.0], [0.0, 3.0], [2.0, 2.0]]
+    dg = DynamicGraph()
+    y = dg.evaluate(model, [rows])
+    params = model.parameters()
+    want = np.asarray(rows, np.float64) @ np.asarray(params["t-fc-0-0"], np.float64).T
+    want += np.asarray(params["t-fc-0-1"], np.float64)
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5)
+    x = dg.variable(np.asarray(rows, np.float32))
+    with pytest.raises(GraphError, match=r"inputs is a list .* got Variable; pass \[x\]"):
+        dg.evaluate(model, x)
