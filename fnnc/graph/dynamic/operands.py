@@ -210,7 +210,10 @@ def reduce(x: Variable, kind: str, axis: int | Sequence[int] | None, keepdims: b
 def _axes(x: Variable, axis: int | Sequence[int] | None, kind: str) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(x.ndim))
-    given = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    try:
+        given = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    except TypeError:  # axis=1.0: checked below, as one axis (was a bare TypeError)
+        given = (axis,)
     axes = []
     for a in given:
         if not isinstance(a, (int, np.integer)) or not -x.ndim <= a < x.ndim:

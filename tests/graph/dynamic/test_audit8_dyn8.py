@@ -144,3 +144,15 @@ def test_evaluate_takes_numbers_as_constants_and_refuses_a_bare_variable() -> No
     x = dg.variable(np.asarray(rows, np.float32))
     with pytest.raises(GraphError, match=r"inputs is a list .* got Variable; pass \[x\]"):
         dg.evaluate(model, x)
+
+
+def test_a_reduction_over_a_float_axis_is_a_shape_error_and_axis_sequences_work() -> None:
+    """y.sum(axis=1.0) raised a bare TypeError ('float' object is not iterable)."""
+    y0 = np.float32([[1, 2, 3], [4, 5, 6]])
+    y = DynamicGraph().variable(y0, name="y")
+    for kind in ("sum", "mean", "max", "min"):
+        with pytest.raises(ShapeError, match=rf"variable 'y': {kind} over axis 1.0 of a 2-d"):
+            getattr(y, kind)(axis=1.0)
+    for axis in (range(2), np.array([0, 1]), [1], np.int64(-1)):
+        got = y.sum(axis=axis, keepdims=False).numpy()
+        np.testing.assert_array_equal(got, y0.sum(axis=tuple(np.atleast_1d(axis).tolist())))
