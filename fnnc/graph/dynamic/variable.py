@@ -328,7 +328,12 @@ def reshape_view(parent: View, shape: tuple[int, ...], label: str) -> View:
     dims = [int(n) for n in shape]
     if dims.count(-1) == 1:
         rest = math.prod(n for n in dims if n != -1)
-        dims[dims.index(-1)] = size // rest if rest else 0
+        if rest == 0:  # any size fits: NumPy refuses, [0, 3] to (0, -1) is not [0, 0]
+            raise ShapeError(
+                f"variable {label}: cannot reshape {list(parent.shape)} to {list(shape)}: "
+                "with another axis of size 0 the -1 could be any size; give it"
+            )
+        dims[dims.index(-1)] = size // rest
     if math.prod(dims) != size or any(n < 0 for n in dims):
         raise ShapeError(
             f"variable {label}: cannot reshape {list(parent.shape)} ({size} elements) to "

@@ -156,3 +156,16 @@ def test_a_reduction_over_a_float_axis_is_a_shape_error_and_axis_sequences_work(
     for axis in (range(2), np.array([0, 1]), [1], np.int64(-1)):
         got = y.sum(axis=axis, keepdims=False).numpy()
         np.testing.assert_array_equal(got, y0.sum(axis=tuple(np.atleast_1d(axis).tolist())))
+
+
+def test_reshape_of_an_empty_variable_with_a_free_axis_is_refused_as_numpy() -> None:
+    """A [0, 3] variable's reshape(0, -1) gave [0, 0]; NumPy refuses it (the -1 could
+    be any size). Reshapes NumPy takes keep working."""
+    x0 = np.zeros((0, 3), np.float32)
+    with pytest.raises(ValueError):
+        x0.reshape(0, -1)
+    x = DynamicGraph().variable(x0, name="x")
+    with pytest.raises(ShapeError, match=r"variable 'x': cannot reshape \[0, 3\] to \[0, -1\]"):
+        x.reshape(0, -1)
+    for shape in ((-1, 3), (3, 0), (0,), (-1,)):
+        assert x.reshape(*shape).shape == x0.reshape(*shape).shape
