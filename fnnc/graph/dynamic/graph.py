@@ -390,7 +390,8 @@ class DynamicGraph:
     def write(self, target: Variable, value: Any) -> None:
         """Writes ``value`` (a variable, an array or a number) into ``target``.
 
-        ``target`` keeps its shape; a number or array broadcasts to it. Writing an alias
+        ``target`` keeps its shape; a number or array broadcasts to it (leading size-1
+        axes dropped first, as NumPy's assignment does). Writing an alias
         makes a new version of the variable it views (``y[0] = z`` is
         ``dg.write(y[0], z)``). A constant ``target`` takes ``value``'s value only: no
         gradient flows through it, however it is written (``value`` keeps its own). An

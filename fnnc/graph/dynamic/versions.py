@@ -59,6 +59,8 @@ def write(dg: DynamicGraph, target: Variable, value: Any) -> None:
         read = dg._read(value, "write", 0)
     else:
         arr = np.asarray(value, slot.version.dtype)
+        while arr.ndim > len(target.shape) and arr.shape[0] == 1:
+            arr = arr[0]  # NumPy's y[0] = np.ones((1, 3)): leading size-1 axes dropped
         try:
             arr = np.broadcast_to(arr, target.shape)
         except ValueError:

@@ -169,3 +169,23 @@ def test_reshape_of_an_empty_variable_with_a_free_axis_is_refused_as_numpy() -> 
         x.reshape(0, -1)
     for shape in ((-1, 3), (3, 0), (0,), (-1,)):
         assert x.reshape(*shape).shape == x0.reshape(*shape).shape
+
+
+def test_an_array_written_with_leading_size_1_axes_is_written_as_numpy_does() -> None:
+    """y[0] = np.ones((1, 3)) (a [1, 3] array into a [3] row) was a ShapeError; NumPy's
+    assignment drops leading size-1 axes. What NumPy refuses stays refused."""
+    y0 = np.float32([[1, 2, 3], [4, 5, 6]])
+    dg = DynamicGraph()
+    y = dg.variable(y0, name="y")
+    want = y0.copy()
+    for index, value in (
+        (0, np.float32([[7, 8, 9]])),
+        ((1, slice(1, None)), np.float32([[[0.5]]])),
+    ):
+        want[index] = value
+        y[index] = value
+        np.testing.assert_array_equal(y.numpy(), want)
+    with pytest.raises(ValueError):
+        want[0] = np.ones((3, 1), np.float32)
+    with pytest.raises(ShapeError, match=r"write into .* \[3, 1\], which does not broadcast"):
+        y[0] = np.ones((3, 1), np.float32)
