@@ -319,7 +319,13 @@ def index_view(parent: View, index: Any, label: str) -> View:
                 f"variable {label}: index {item!r} is not supported; use ints, slices and "
                 "`...` (views), or a command such as ops.index_select"
             )
-    return View(tuple(shape), base, tuple(stride))
+    return _at(View(tuple(shape), base, tuple(stride)))
+
+
+def _at(view: View) -> View:
+    """``view``, at base 0 when it is empty: it reads no element, and one that starts
+    past the end (``x[6:]`` of 6 elements) was read there, a bare ValueError."""
+    return view._replace(base=0) if 0 in view.shape and view.base else view
 
 
 def reshape_view(parent: View, shape: tuple[int, ...], label: str) -> View:
@@ -346,7 +352,7 @@ def reshape_view(parent: View, shape: tuple[int, ...], label: str) -> View:
             f"{list(parent.stride)}) is not a view of consecutive elements; copy it first "
             "(ops.data_transfer)"
         )
-    return View(tuple(dims), parent.base, contiguous_strides(tuple(dims)))
+    return _at(View(tuple(dims), parent.base, contiguous_strides(tuple(dims))))
 
 
 def alias_view(
@@ -384,7 +390,7 @@ def alias_view(
             f"alias of variable {label}: view {list(shape)} at base {view.base} with stride "
             f"{list(stride)} reaches element {last}, but the variable has {size} elements"
         )
-    return view
+    return _at(view)
 
 
 def require_variables(xs: Sequence[Any], what: str, role: str) -> None:

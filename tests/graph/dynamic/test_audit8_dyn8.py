@@ -189,3 +189,23 @@ def test_an_array_written_with_leading_size_1_axes_is_written_as_numpy_does() ->
         want[0] = np.ones((3, 1), np.float32)
     with pytest.raises(ShapeError, match=r"write into .* \[3, 1\], which does not broadcast"):
         y[0] = np.ones((3, 1), np.float32)
+
+
+def test_an_empty_view_past_the_end_reads_writes_and_differentiates_as_numpy() -> None:
+    """x[6:] of 6 elements (x[i:] at i == n) raised a bare ValueError ('index 6 is out
+    of bounds') when read, computed on, written or differentiated; NumPy gives []."""
+    x0 = np.arange(6, dtype=np.float32)
+    dg = DynamicGraph()
+    x = dg.variable(x0, name="x")
+    np.testing.assert_array_equal(x[6:].numpy(), x0[6:])
+    np.testing.assert_array_equal(x.reshape(2, 3)[2:].numpy(), x0.reshape(2, 3)[2:])
+    np.testing.assert_array_equal(dg.alias(x, (0,), base=6).numpy(), x0[6:])
+    y = x * 1.0
+    y[6:] = 5.0
+    np.testing.assert_array_equal(y.numpy(), x0)
+    (dx,) = dg.backward(x[6:].sum() + (x * x).sum(), [x])
+    np.testing.assert_array_equal(
+        dx.numpy(), jax.grad(lambda v: jnp.sum(v[6:]) + jnp.sum(v * v))(x0)
+    )
+    lazy = DynamicGraph(lazy=True)
+    np.testing.assert_array_equal((lazy.variable(x0)[6:] * 2.0).numpy(), x0[6:] * 2)
