@@ -366,6 +366,12 @@ def alias_view(
     label: str,
 ) -> View:
     """NNC's alias rule, as :meth:`GraphBuilder.alias` applies it, on a variable's view."""
+    bad = [n for n in shape if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0]
+    if bad:  # -1 was a raw TypeError from JAX, 2.5 a silent 2
+        raise ShapeError(
+            f"alias of variable {label}: shape {list(shape)} has {bad[0]!r}; give sizes "
+            "as ints >= 0 (an alias has no -1)"
+        )
     shape = tuple(int(n) for n in shape)
     if stride is None:
         if len(shape) == len(parent.shape):

@@ -209,3 +209,14 @@ def test_an_empty_view_past_the_end_reads_writes_and_differentiates_as_numpy() -
     )
     lazy = DynamicGraph(lazy=True)
     np.testing.assert_array_equal((lazy.variable(x0)[6:] * 2.0).numpy(), x0[6:] * 2)
+
+
+@pytest.mark.parametrize("shape", [(-1,), (2.5,), (True,)])
+def test_an_alias_of_a_size_that_is_no_count_is_a_shape_error(shape) -> None:
+    """dg.alias(x, (-1,)) raised JAX's TypeError ('limit_indices must be nonnegative')
+    and dg.alias(x, (2.5,)) silently viewed 2 elements."""
+    dg = DynamicGraph()
+    x = dg.variable(np.arange(6, dtype=np.float32), name="x")
+    with pytest.raises(ShapeError, match=r"alias of variable 'x': shape .* give sizes as ints"):
+        dg.alias(x, shape)
+    np.testing.assert_array_equal(dg.alias(x, (np.int64(2),), offset=(1,)).numpy(), [1.0, 2.0])
