@@ -42,6 +42,11 @@ def exec_into(
     """``exec`` with ``outputs=``: checks ``targets``, runs ``cmd`` (``run``) and writes
     its outputs into them."""
     at = where(cmd, name)
+    if not isinstance(targets, (list, tuple)):  # a variable was iterated row by row
+        raise GraphError(
+            f"{at}: outputs is a list of variables, one per output of the command, got "
+            f"{type(targets).__name__}; pass outputs=[y] for one"
+        )
     targets = list(targets)
     slots = [dg._slot(t, at) for t in targets]
     outs = run()

@@ -10,6 +10,7 @@ import numpy as np
 import optax
 import pytest
 
+from fnnc import ops
 from fnnc.errors import DTypeError, GraphError, ShapeError
 from fnnc.graph import DynamicGraph
 from fnnc.models import Dense, Input, Model
@@ -220,3 +221,16 @@ def test_an_alias_of_a_size_that_is_no_count_is_a_shape_error(shape) -> None:
     with pytest.raises(ShapeError, match=r"alias of variable 'x': shape .* give sizes as ints"):
         dg.alias(x, shape)
     np.testing.assert_array_equal(dg.alias(x, (np.int64(2),), offset=(1,)).numpy(), [1.0, 2.0])
+
+
+def test_exec_outputs_given_a_bare_variable_is_refused_not_split_into_rows() -> None:
+    """exec(cmd, x, outputs=y) iterated y into its rows: 'the command has 1 outputs, 2
+    were given' for a [2] y, and a two-output command would have written y[0], y[1]."""
+    x0 = np.float32([0.1, 0.5])
+    dg = DynamicGraph()
+    x = dg.variable(x0, name="x")
+    y = dg.variable(np.zeros(2, np.float32), name="y")
+    with pytest.raises(GraphError, match=r"outputs is a list .* got Variable; pass outputs=\[y\]"):
+        dg.exec(ops.ewexp(), x, outputs=y)
+    assert dg.exec(ops.ewexp(), x, outputs=(y,)) is y
+    np.testing.assert_allclose(y.numpy(), np.exp(x0), rtol=1e-6)
