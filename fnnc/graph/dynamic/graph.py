@@ -478,12 +478,14 @@ class DynamicGraph:
         """The gradient accumulated for ``var`` (``None`` before any backward reached it)."""
         return self.grads.get((self._slot(var, "grad"), var._view))
 
-    def zero_grad(self, variables: Sequence[Variable] | None = None) -> None:
-        """Forgets accumulated gradients (of ``variables``, default all)."""
+    def zero_grad(self, variables: Sequence[Variable] | Variable | None = None) -> None:
+        """Forgets accumulated gradients (of ``variables``, one or a list; default all)."""
         if variables is None:
             self.grads.clear()
             return
-        for var in variables:
+        # one variable is itself, as backward's wrt (iterating it gave its rows' views,
+        # whose gradients were not the ones held: zero_grad(w) silently kept w's)
+        for var in autodiff._listed(variables):
             self.grads.pop((self._slot(var, "zero_grad"), var._view), None)
 
     def apply_gradients(self, optimizer: Any, variables: Any, *, parallel: int = 1) -> None:

@@ -234,3 +234,16 @@ def test_exec_outputs_given_a_bare_variable_is_refused_not_split_into_rows() -> 
         dg.exec(ops.ewexp(), x, outputs=y)
     assert dg.exec(ops.ewexp(), x, outputs=(y,)) is y
     np.testing.assert_allclose(y.numpy(), np.exp(x0), rtol=1e-6)
+
+
+def test_zero_grad_of_one_variable_forgets_its_gradient() -> None:
+    """zero_grad(w) iterated w into row views and popped their (absent) gradients, so
+    the next backward added onto w's old gradient: 2x jax.grad instead of 1x."""
+    w0 = np.float32([[1.0, 2.0], [3.0, -1.0]])
+    dg = DynamicGraph()
+    w = dg.variable(w0, name="w")
+    dg.backward((w * w).sum(), [w])
+    dg.zero_grad(w)
+    assert dg.grad(w) is None
+    (g,) = dg.backward((w * w).sum(), [w])
+    np.testing.assert_array_equal(g.numpy(), jax.grad(lambda v: jnp.sum(v * v))(w0))
