@@ -20,10 +20,17 @@ if TYPE_CHECKING:
 
 
 def has_effect(
-    dg: DynamicGraph, sources: Sequence[Variable], destinations: Sequence[Variable]
+    dg: DynamicGraph,
+    sources: Sequence[Variable] | Variable,
+    destinations: Sequence[Variable] | Variable,
 ) -> list[bool]:
     """Per source, whether recorded nodes carry its current value into any of
-    ``destinations``' current values."""
+    ``destinations``' current values. One variable on either side is itself (it was
+    iterated into its rows: a [3, 2] source gave three answers)."""
+    if isinstance(sources, Variable):
+        sources = [sources]
+    if isinstance(destinations, Variable):
+        destinations = [destinations]
     reached: set[int] = set()
     stack: list[Version] = [dg._slot(d, "has_effect").version for d in destinations]
     seen: set[int] = set()

@@ -417,10 +417,12 @@ class DynamicGraph:
         versions.detach(self, var)
 
     def has_effect(
-        self, sources: Sequence[Variable], destinations: Sequence[Variable]
+        self,
+        sources: Sequence[Variable] | Variable,
+        destinations: Sequence[Variable] | Variable,
     ) -> list[bool]:
-        """Per variable of ``sources``, whether the recorded computation carries its value
-        into any of ``destinations`` (NNC's
+        """Per variable of ``sources`` (one variable: a list of one), whether the recorded
+        computation carries its value into any of ``destinations`` (NNC's
         ``ccv_nnc_dynamic_graph_has_effect_to_tensor_variables``, as a list for its
         bitmask). A detached value carries nothing on, and neither does a value read
         only by commands of constants alone, which are not recorded.

@@ -247,3 +247,13 @@ def test_zero_grad_of_one_variable_forgets_its_gradient() -> None:
     assert dg.grad(w) is None
     (g,) = dg.backward((w * w).sum(), [w])
     np.testing.assert_array_equal(g.numpy(), jax.grad(lambda v: jnp.sum(v * v))(w0))
+
+
+def test_has_effect_of_one_variable_gives_one_answer() -> None:
+    """has_effect(x, [y]) of a [3, 2] x iterated x into rows: [True, True, True]."""
+    dg = DynamicGraph()
+    x = dg.variable(np.ones((3, 2), np.float32), name="x")
+    c = dg.variable(np.ones(1, np.float32), name="c")
+    y = dg.exec(ops.ewexp(), x)
+    assert dg.has_effect(x, [y]) == [True]
+    assert dg.has_effect([x, c], y) == [True, False]
