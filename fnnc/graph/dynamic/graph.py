@@ -402,7 +402,12 @@ class DynamicGraph:
     def set(self, var: Variable, value: Any) -> None:
         """Gives ``var`` a new value (a leaf version; NNC's ``ccv_nnc_tensor_variable_set``)
         of its shape and dtype: another shape is a :class:`ShapeError`, another dtype a
-        :class:`DTypeError` (convert with ``.astype`` first)."""
+        :class:`DTypeError` (convert with ``.astype`` first).
+
+        A JAX array is taken as is, not copied: a later optimizer step that updates
+        ``var`` in place spends it (reading it raises JAX's "Array has been deleted");
+        pass ``jnp.array(value)`` to keep the caller's array.
+        """
         versions.set_value(self, var, value)
 
     def free(self, var: Variable) -> None:

@@ -115,7 +115,13 @@ class Variable:
 
     @property
     def value(self) -> jax.Array:
-        """The value as a JAX array (a sync point in lazy mode)."""
+        """The value as a JAX array (a sync point in lazy mode).
+
+        The array is the variable's own buffer, not a copy: an optimizer step that updates
+        the variable in place (``apply_gradients``, ``minimize``) spends it, and reading
+        it afterwards raises JAX's "Array has been deleted". Keep values across a step
+        with :meth:`numpy` (a copy) or ``jnp.array(v.value)``.
+        """
         return self._dg.value_of(self)
 
     def numpy(self) -> np.ndarray:
