@@ -379,8 +379,11 @@ def compile(  # noqa: A001 - the name NNC users look for
             program may reuse for its outputs (NNC's in-place execution); callers must
             not use them after.
         platform: ``"cpu"``, ``"gpu"`` or ``"tpu"`` (any case; JAX's ``"cuda"`` and
-            ``"rocm"`` are ``"gpu"``; another name is a :class:`~fnnc.errors.ConfigError`);
-            default: JAX's default backend.
+            ``"rocm"`` are ``"gpu"``; another name is a :class:`~fnnc.errors.ConfigError`)
+            whose backends are chosen for each node (and, on CPU, the library set);
+            default: JAX's default backend. The program still runs where its inputs
+            are (JAX's default device for host arrays): to run on another platform, put
+            the inputs there (``jax.device_put(x, jax.devices("cpu")[0])``).
         shardings: layouts of the inputs (and outputs) on a device mesh, e.g. from
             :func:`~fnnc.graph.data_parallel`; XLA inserts the collectives.
         matmul_precision: how float32 dots and convolutions run: ``"float32"`` (full
