@@ -122,7 +122,8 @@ def _shifted_exp(x, axes):
     finite (else 0): the stable pieces of logsumexp, as ``jax.nn.logsumexp`` takes them."""
     ax = norm_axes("reduce_logsumexp", axes, x.ndim)
     x = x.astype(at_least_float32(x.dtype))  # float16's sum overflows past 65504 terms
-    top = lax.stop_gradient(jnp.max(x, axis=ax, keepdims=True))
+    # initial=-inf: over an empty axis the sum is 0 and logsumexp -inf, as in jax.nn.
+    top = lax.stop_gradient(jnp.max(x, axis=ax, keepdims=True, initial=-jnp.inf))
     top = jnp.where(jnp.isfinite(top), top, jnp.zeros((), x.dtype))
     e = jnp.exp(x - top)
     return e, jnp.sum(e, axis=ax, keepdims=True), top
@@ -131,7 +132,8 @@ def _shifted_exp(x, axes):
 @defcommand(family="reduce", shape=_logsumexp_rule, uses=Uses(inputs=(0,)))
 def reduce_logsumexp(x, *, axes):
     """``log(sum(exp(x)))`` over ``axes`` (kept as size 1), computed stably (the maximum
-    taken out first, as ``jax.nn.logsumexp`` does); a 16-bit x in float32, rounded once."""
+    taken out first, as ``jax.nn.logsumexp`` does); a 16-bit x in float32, rounded once.
+    Over an empty axis it is ``-inf`` (the log of an empty sum)."""
     _, total, top = _shifted_exp(x, axes)
     return (jnp.log(total) + top).astype(x.dtype)
 

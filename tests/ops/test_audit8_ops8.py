@@ -44,3 +44,20 @@ def test_histogram_of_an_empty_tensor_counts_nothing():
     np.testing.assert_array_equal(counts, np.zeros(6, np.int32))
     np.testing.assert_array_equal(np.isnan(stats), [True, True, False, False])
     np.testing.assert_array_equal(np.asarray(stats)[2:], [0.0, 0.0])
+
+
+def test_reduce_logsumexp_over_an_empty_axis_is_minus_infinity():
+    """The log of an empty sum, as jax.nn.logsumexp gives; the forward had raised JAX's
+    bare 'zero-size array to reduction operation max' ValueError. Non-empty axes of the
+    same tensor keep their values (NumPy float64)."""
+    cmd = ops.reduce_logsumexp(axes=(0,))
+    np.testing.assert_array_equal(cmd(jnp.zeros((0, 3))), np.full((1, 3), -np.inf))
+    x = RNG.standard_normal((2, 0, 3)).astype(np.float32)
+    assert ops.reduce_logsumexp(axes=(2,))(x).shape == (2, 0, 1)
+    y = RNG.standard_normal((4, 3))
+    want = np.log(np.exp(y).sum(0, keepdims=True))
+    np.testing.assert_allclose(cmd(y.astype(np.float32)), want, rtol=1e-6)
+    (g,) = ops.lookup("reduce_logsumexp").backward(
+        (jnp.ones((1, 3)),), (jnp.zeros((0, 3)),), (cmd(jnp.zeros((0, 3))),), axes=(0,)
+    )
+    assert g.shape == (0, 3)
