@@ -123,6 +123,26 @@ def broadcast_shape(name: str, *shapes: Sequence[int]) -> tuple[int, ...]:
         fail(f"{name}: shapes {', '.join(str(list(s)) for s in shapes)} do not broadcast")
 
 
+def require_norm_scale(name: str, x: Spec, scale: Spec | None, axes: tuple[int, ...]) -> None:
+    """Raises unless the optional ``scale`` of a normalisation over ``axes`` is a float
+    tensor that broadcasts to ``x`` without enlarging it (NumPy rules, as the forward
+    applies it): a bad one had reached the forward as a bare ``broadcast_in_dim``
+    TypeError."""
+    if scale is None:
+        return
+    require_float(name, scale)
+    try:
+        fits = np.broadcast_shapes(tuple(scale.shape), tuple(x.shape)) == tuple(x.shape)
+    except ValueError:
+        fits = False
+    if not fits:
+        kept = [n if d in axes else 1 for d, n in enumerate(x.shape)]
+        fail(
+            f"{name}: scale {show(scale)} must broadcast to x {show(x)} without enlarging it "
+            f"(NumPy rules); one scale per entry of axes {list(axes)} is shaped {kept}"
+        )
+
+
 def broadcast(name: str, numbers: bool = False) -> Any:
     """Shape rule for n-ary elementwise commands (one dtype, NumPy broadcasting);
     ``numbers``: arithmetic, which bool inputs are refused (:func:`require_number`)."""

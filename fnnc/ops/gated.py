@@ -29,7 +29,15 @@ from jax import lax
 from fnnc.core.command import Spec, defcommand
 from fnnc.core.dtypes import at_least_float32
 from fnnc.errors import DTypeError
-from fnnc.ops._rules import fail, norm_axes, require_float, require_same_dtype, show, to_shape
+from fnnc.ops._rules import (
+    fail,
+    norm_axes,
+    require_float,
+    require_norm_scale,
+    require_same_dtype,
+    show,
+    to_shape,
+)
 
 
 def _clamped(value, gate, clamp):
@@ -147,7 +155,7 @@ def segmented_swiglu(a, indices, counts, gate_w, up_w, route_weight, *, clamp=0.
 
 def _rmsnorm_gated_rule(x: Spec, gate: Spec, scale: Spec | None = None, *, axes, epsilon) -> Spec:
     require_float("rmsnorm_gated", x, gate)
-    norm_axes("rmsnorm_gated", axes, x.ndim)
+    require_norm_scale("rmsnorm_gated", x, scale, norm_axes("rmsnorm_gated", axes, x.ndim))
     if tuple(gate.shape) != tuple(x.shape):
         fail(f"rmsnorm_gated: gate must be shaped like x {show(x)}, got {show(gate)}")
     return Spec(tuple(x.shape), x.dtype)
@@ -155,8 +163,9 @@ def _rmsnorm_gated_rule(x: Spec, gate: Spec, scale: Spec | None = None, *, axes,
 
 @defcommand(family="gated", shape=_rmsnorm_gated_rule)
 def rmsnorm_gated(x, gate, scale=None, *, axes=(-1,), epsilon=1e-6):
-    """``x / sqrt(mean(x^2) + epsilon) * scale * swish(gate)``, the mean over ``axes``;
-    computed in float32 at least (a 16-bit square overflows past 256), cast back."""
+    """``x / sqrt(mean(x^2) + epsilon) * scale * swish(gate)``, the mean over ``axes``
+    (``scale`` broadcasts to x by NumPy rules, as NNC's of x's rank does); computed in
+    float32 at least (a 16-bit square overflows past 256), cast back."""
     ax = norm_axes("rmsnorm_gated", axes, x.ndim)
     dtype, wide = x.dtype, at_least_float32(x.dtype)
     x, gate = x.astype(wide), gate.astype(wide)

@@ -30,6 +30,7 @@ from fnnc.ops._rules import (
     fail,
     norm_axes,
     require_float,
+    require_norm_scale,
     require_same_dtype,
     show,
     to_shape,
@@ -119,7 +120,7 @@ def _cmul_backward(grads, inputs, outputs, *, conjugate=False):
 
 def _rmsnorm_cmul_rule(x: Spec, freqs: Spec, scale: Spec | None = None, *, axes, epsilon):
     require_float("rmsnorm_cmul", x, freqs)
-    norm_axes("rmsnorm_cmul", axes, x.ndim)
+    require_norm_scale("rmsnorm_cmul", x, scale, norm_axes("rmsnorm_cmul", axes, x.ndim))
     out = _cmul_rule(x, freqs)
     if out.shape != tuple(x.shape):
         fail(f"rmsnorm_cmul: freqs {show(freqs)} must broadcast to x {show(x)}")
@@ -129,8 +130,8 @@ def _rmsnorm_cmul_rule(x: Spec, freqs: Spec, scale: Spec | None = None, *, axes,
 @defcommand(family="rope", shape=_rmsnorm_cmul_rule)
 def rmsnorm_cmul(x, freqs, scale=None, *, axes=(-1,), epsilon=1e-6):
     """RMS normalisation of ``x`` over ``axes`` (times ``scale``, NNC's
-    ``elementwise_affine``) followed by ``cmul`` with ``freqs``: query/key
-    normalisation and interleaved RoPE in one command."""
+    ``elementwise_affine``, which broadcasts to x by NumPy rules) followed by ``cmul``
+    with ``freqs``: query/key normalisation and interleaved RoPE in one command."""
     ax = norm_axes("rmsnorm_cmul", axes, x.ndim)
     wide = at_least_float32(x.dtype)
     xf = x.astype(wide)

@@ -61,3 +61,36 @@ def test_reduce_logsumexp_over_an_empty_axis_is_minus_infinity():
         (jnp.ones((1, 3)),), (jnp.zeros((0, 3)),), (cmd(jnp.zeros((0, 3))),), axes=(0,)
     )
     assert g.shape == (0, 3)
+
+
+def _swish(z):
+    return z / (1 + np.exp(-z))
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_gated", "rmsnorm_cmul"])
+def test_norm_scale_that_does_not_broadcast_to_x_is_a_shape_error(name):
+    """rmsnorm_gated / rmsnorm_cmul checked no scale: a [3] scale for axes (1,) of
+    [2, 3, 4] (it broadcasts against the last axis) reached the forward as a bare
+    broadcast_in_dim TypeError, and an int32 scale was used silently. Now a ShapeError
+    naming the command and the shape that works, and a DTypeError; that shape gives
+    float64 NumPy's values."""
+    from fnnc.errors import DTypeError, ShapeError
+
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    second = RNG.standard_normal((2, 3, 4)).astype(np.float32)  # gate or freqs
+    cmd = getattr(ops, name)(axes=(1,), epsilon=1e-6)
+    with pytest.raises(ShapeError, match=rf"{name}: scale float32\[3\].*\[1, 3, 1\]"):
+        cmd(x, second, np.ones(3, np.float32))
+    with pytest.raises(DTypeError, match=name):
+        cmd(x, second, np.ones((1, 3, 1), np.int32))
+    scale = RNG.uniform(0.5, 1.5, (1, 3, 1)).astype(np.float32)
+    xd = x.astype(np.float64)
+    normed = xd / np.sqrt((xd * xd).mean(1, keepdims=True) + 1e-6) * scale
+    if name == "rmsnorm_gated":
+        want = normed * _swish(second.astype(np.float64))
+    else:
+        z = (normed[..., 0::2] + 1j * normed[..., 1::2]) * (
+            second[..., 0::2] + 1j * second[..., 1::2]
+        )
+        want = np.stack([z.real, z.imag], -1).reshape(x.shape)
+    np.testing.assert_allclose(cmd(x, second, scale), want, rtol=1e-5, atol=1e-5)
