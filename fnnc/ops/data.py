@@ -307,6 +307,11 @@ def _pad_shape(x: Spec, *, pads, mode, value) -> Spec:
             fail(f"pad: axis {d}: pads must be >= 0, got ({lo}, {hi}); use slice to crop")
         if mode == "reflect" and (lo or hi) and max(lo, hi) >= n:
             fail(f"pad: reflect padding of axis {d} of {show(x)} needs lo, hi < {n}, got {lo, hi}")
+        if mode == "edge" and (lo or hi) and n == 0:
+            fail(
+                f"pad: edge padding of axis {d} of {show(x)} repeats its edge entry, but the "
+                "axis is empty; use mode='constant' to pad an empty axis"
+            )
         out.append(lo + n + hi)
     if mode == "constant":
         require_storable("pad", "value", value, x.dtype)

@@ -94,3 +94,17 @@ def test_norm_scale_that_does_not_broadcast_to_x_is_a_shape_error(name):
         )
         want = np.stack([z.real, z.imag], -1).reshape(x.shape)
     np.testing.assert_allclose(cmd(x, second, scale), want, rtol=1e-5, atol=1e-5)
+
+
+def test_edge_padding_of_an_empty_axis_is_a_shape_error():
+    """An empty axis has no edge entry to repeat (NNC would read before the tensor):
+    a ShapeError from the shape rule naming the axis, where jnp.pad's bare ValueError
+    had come from the forward. Zero pads of the empty axis and edge pads of the others
+    still work (NumPy's np.pad)."""
+    from fnnc.errors import ShapeError
+
+    with pytest.raises(ShapeError, match=r"pad: edge padding of axis 1 of float32\[2, 0\]"):
+        ops.pad(pads=((0, 0), (1, 0)), mode="edge")(jnp.zeros((2, 0)))
+    x = RNG.standard_normal((2, 0, 3)).astype(np.float32)
+    pads = ((1, 2), (0, 0), (2, 1))
+    np.testing.assert_array_equal(ops.pad(pads=pads, mode="edge")(x), np.pad(x, pads, "edge"))
