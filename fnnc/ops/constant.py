@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fnnc.core.command import NOTHING, Command, Spec, defcommand, make_command
+from fnnc.errors import DTypeError
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -31,10 +32,16 @@ class Literal:
     def of(value: Any, dtype: Any = None) -> Literal:
         """A literal from anything ``np.asarray`` takes (a JAX array too), its bytes in
         the machine's order (a big-endian array is converted: the bytes are what a graph
-        file stores under the dtype's name, and what XLA reads)."""
+        file stores under the dtype's name, and what XLA reads).
+
+        Raises:
+            DTypeError: 64-bit integers (x64 off: stored as 32-bit) outside the 32-bit
+                range, which the conversion would wrap (``2**40`` became 0).
+        """
         arr = np.asarray(value, dtype=dtype)
-        native = jax.dtypes.canonicalize_dtype(arr.dtype).newbyteorder("=")
-        arr = arr.astype(native, copy=False)
+        canonical = jax.dtypes.canonicalize_dtype(arr.dtype)
+        _refuse_wrapping(arr, canonical)
+        arr = arr.astype(canonical.newbyteorder("="), copy=False)
         return Literal(np.ascontiguousarray(arr).tobytes(), tuple(arr.shape), arr.dtype)
 
     @property
@@ -77,6 +84,21 @@ class Literal:
         if self.size == 1:
             return repr(self.numpy().reshape(()).item())
         return f"<{self.dtype.name}{list(self.shape)}>"
+
+
+def _refuse_wrapping(arr: np.ndarray, dtype: np.dtype) -> None:
+    """Raises unless the integers of ``arr`` all fit ``dtype``, its narrower JAX type."""
+    if arr.dtype == dtype or not np.issubdtype(arr.dtype, np.integer) or arr.size == 0:
+        return
+    info, lo, hi = np.iinfo(dtype), int(arr.min()), int(arr.max())
+    if lo < info.min or hi > info.max:
+        bad = lo if lo < info.min else hi
+        raise DTypeError(
+            f"constant: a {arr.dtype.name}{list(arr.shape)} value holds {bad}, "
+            f"outside {dtype.name}'s range [{info.min}, {info.max}]; with jax_enable_x64 off "
+            f"JAX stores {arr.dtype.name} as {dtype.name}, which would wrap it. Give values in "
+            "that range, or turn on jax_enable_x64"
+        )
 
 
 def _constant_shape(*, value: Literal) -> Spec:

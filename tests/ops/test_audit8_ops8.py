@@ -108,3 +108,20 @@ def test_edge_padding_of_an_empty_axis_is_a_shape_error():
     x = RNG.standard_normal((2, 0, 3)).astype(np.float32)
     pads = ((1, 2), (0, 0), (2, 1))
     np.testing.assert_array_equal(ops.pad(pads=pads, mode="edge")(x), np.pad(x, pads, "edge"))
+
+
+@pytest.mark.parametrize(
+    "value", [2**40, np.array([3, -(2**33)], np.int64), np.array([2**63], np.uint64)]
+)
+def test_constant_refuses_64_bit_integers_that_32_bits_would_wrap(value):
+    """With x64 off a 64-bit integer constant is stored in 32 bits, and ops.constant(2**40)
+    had silently become 0 (jnp.asarray(2**40) raises OverflowError): a DTypeError naming
+    the value. In-range 64-bit values still convert exactly (NumPy's astype)."""
+    from fnnc.errors import DTypeError
+
+    with pytest.raises(DTypeError, match=r"constant: .* outside u?int32's range"):
+        ops.constant(value)
+    fits = np.array([2**31 - 1, -(2**31)], np.int64)
+    got = ops.constant(fits)()
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, fits)
