@@ -10,7 +10,11 @@ import pytest
 
 from fnnc import ops
 
-RNG = np.random.default_rng(8)
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """A fresh generator per test: its values do not depend on which tests ran before."""
+    return np.random.default_rng(8)
 
 
 def _even_bins(x: np.ndarray, bins: int, lo: float, hi: float) -> np.ndarray:
@@ -21,11 +25,11 @@ def _even_bins(x: np.ndarray, bins: int, lo: float, hi: float) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-def test_histogram_bins_16_bit_values_as_their_exact_float_values(dtype):
+def test_histogram_bins_16_bit_values_as_their_exact_float_values(dtype, rng):
     """The bin of a 16-bit value is that of its exact value: (x - min) * scale had been
     rounded to bfloat16, which moved 8.6% of uniform values into a neighbouring bin of 100
     (float16 2%), and "bins" boundaries were rounded to x's type."""
-    x = jnp.asarray(RNG.uniform(-0.1, 1.1, 4000), dtype)
+    x = jnp.asarray(rng.uniform(-0.1, 1.1, 4000), dtype)
     exact = np.asarray(x, np.float64)
     counts, stats = ops.histogram(bins=100, min=0.0, max=1.0)(x)
     np.testing.assert_array_equal(counts, _even_bins(exact, 100, 0.0, 1.0))
@@ -46,15 +50,15 @@ def test_histogram_of_an_empty_tensor_counts_nothing():
     np.testing.assert_array_equal(np.asarray(stats)[2:], [0.0, 0.0])
 
 
-def test_reduce_logsumexp_over_an_empty_axis_is_minus_infinity():
+def test_reduce_logsumexp_over_an_empty_axis_is_minus_infinity(rng):
     """The log of an empty sum, as jax.nn.logsumexp gives; the forward had raised JAX's
     bare 'zero-size array to reduction operation max' ValueError. Non-empty axes of the
     same tensor keep their values (NumPy float64)."""
     cmd = ops.reduce_logsumexp(axes=(0,))
     np.testing.assert_array_equal(cmd(jnp.zeros((0, 3))), np.full((1, 3), -np.inf))
-    x = RNG.standard_normal((2, 0, 3)).astype(np.float32)
+    x = rng.standard_normal((2, 0, 3)).astype(np.float32)
     assert ops.reduce_logsumexp(axes=(2,))(x).shape == (2, 0, 1)
-    y = RNG.standard_normal((4, 3))
+    y = rng.standard_normal((4, 3))
     want = np.log(np.exp(y).sum(0, keepdims=True))
     np.testing.assert_allclose(cmd(y.astype(np.float32)), want, rtol=1e-6)
     (g,) = ops.lookup("reduce_logsumexp").backward(
@@ -68,7 +72,7 @@ def _swish(z):
 
 
 @pytest.mark.parametrize("name", ["rmsnorm_gated", "rmsnorm_cmul"])
-def test_norm_scale_that_does_not_broadcast_to_x_is_a_shape_error(name):
+def test_norm_scale_that_does_not_broadcast_to_x_is_a_shape_error(name, rng):
     """rmsnorm_gated / rmsnorm_cmul checked no scale: a [3] scale for axes (1,) of
     [2, 3, 4] (it broadcasts against the last axis) reached the forward as a bare
     broadcast_in_dim TypeError, and an int32 scale was used silently. Now a ShapeError
@@ -76,14 +80,14 @@ def test_norm_scale_that_does_not_broadcast_to_x_is_a_shape_error(name):
     float64 NumPy's values."""
     from fnnc.errors import DTypeError, ShapeError
 
-    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
-    second = RNG.standard_normal((2, 3, 4)).astype(np.float32)  # gate or freqs
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    second = rng.standard_normal((2, 3, 4)).astype(np.float32)  # gate or freqs
     cmd = getattr(ops, name)(axes=(1,), epsilon=1e-6)
     with pytest.raises(ShapeError, match=rf"{name}: scale float32\[3\].*\[1, 3, 1\]"):
         cmd(x, second, np.ones(3, np.float32))
     with pytest.raises(DTypeError, match=name):
         cmd(x, second, np.ones((1, 3, 1), np.int32))
-    scale = RNG.uniform(0.5, 1.5, (1, 3, 1)).astype(np.float32)
+    scale = rng.uniform(0.5, 1.5, (1, 3, 1)).astype(np.float32)
     xd = x.astype(np.float64)
     normed = xd / np.sqrt((xd * xd).mean(1, keepdims=True) + 1e-6) * scale
     if name == "rmsnorm_gated":
@@ -96,7 +100,7 @@ def test_norm_scale_that_does_not_broadcast_to_x_is_a_shape_error(name):
     np.testing.assert_allclose(cmd(x, second, scale), want, rtol=1e-5, atol=1e-5)
 
 
-def test_edge_padding_of_an_empty_axis_is_a_shape_error():
+def test_edge_padding_of_an_empty_axis_is_a_shape_error(rng):
     """An empty axis has no edge entry to repeat (NNC would read before the tensor):
     a ShapeError from the shape rule naming the axis, where jnp.pad's bare ValueError
     had come from the forward. Zero pads of the empty axis and edge pads of the others
@@ -105,7 +109,7 @@ def test_edge_padding_of_an_empty_axis_is_a_shape_error():
 
     with pytest.raises(ShapeError, match=r"pad: edge padding of axis 1 of float32\[2, 0\]"):
         ops.pad(pads=((0, 0), (1, 0)), mode="edge")(jnp.zeros((2, 0)))
-    x = RNG.standard_normal((2, 0, 3)).astype(np.float32)
+    x = rng.standard_normal((2, 0, 3)).astype(np.float32)
     pads = ((1, 2), (0, 0), (2, 1))
     np.testing.assert_array_equal(ops.pad(pads=pads, mode="edge")(x), np.pad(x, pads, "edge"))
 
@@ -135,12 +139,12 @@ def _hadamard(n: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-def test_walsh_hadamard_transform_rounds_a_16_bit_result_once(dtype):
+def test_walsh_hadamard_transform_rounds_a_16_bit_result_once(dtype, rng):
     """A 16-bit transform is the exact one (float64 NumPy, x H * scale) rounded once to
     x's type, forward and backward: the butterfly had rounded after each of its 10
     stages at n = 1024 (bfloat16: 3.4x the rms error of one rounding, 1.9x the max)."""
     n, scale = 1024, 1 / 32
-    x = jnp.asarray(RNG.standard_normal((8, n)), dtype)
+    x = jnp.asarray(rng.standard_normal((8, n)), dtype)
     want = np.asarray(x, np.float64) @ _hadamard(n) * scale
     half_ulp = np.spacing(np.abs(want).astype(jnp.dtype(dtype))).astype(np.float64) * 0.51
     for got in (
@@ -150,3 +154,20 @@ def test_walsh_hadamard_transform_rounds_a_16_bit_result_once(dtype):
         assert got.dtype == dtype
         err = np.abs(np.asarray(got, np.float64) - want)
         assert np.all(err <= half_ulp + 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_dropout_scales_16_bit_values_by_the_exact_keep_rate(dtype, rng):
+    """A kept 16-bit value is x / (1 - p) rounded once (float64 NumPy), and so is its
+    gradient: the scale 1 / (1 - p) had been rounded to x's type first (bfloat16
+    1 / 0.9 = 1.109375, 0.16% low on every kept value)."""
+    import jax
+
+    key = jax.random.key_data(jax.random.key(8))
+    x = jnp.asarray(rng.uniform(1.0, 2.0, (64, 64)), dtype)
+    cmd = ops.dropout(p=0.1)
+    y, mask = cmd(x, key)
+    want = np.asarray(x, np.float64) * np.asarray(mask, np.float64) / 0.9
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(jnp.asarray(want, dtype)))
+    (g, _) = ops.lookup("dropout").backward((x, None), (x, key), (y, mask), p=0.1, entirety=False)
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(jnp.asarray(want, dtype)))
