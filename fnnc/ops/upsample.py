@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fnnc.core.command import NOTHING, Spec, defcommand
-from fnnc.core.dtypes import is_inexact
+from fnnc.core.dtypes import at_least_float32, is_inexact
 from fnnc.errors import DTypeError
 from fnnc.ops._rules import fail, require_choice, show, to_shape
 
@@ -87,20 +87,30 @@ def upsample(x, *, scale=(2, 2), mode="nearest", align_corners=False):
     ``"bilinear"`` samples at half-pixel centres ``(i + 0.5) * n / m - 0.5`` clamped to
     the edge (PyTorch's ``align_corners=False``). ``align_corners=True`` maps the corner
     pixels onto each other instead, as NNC's flag does. The backward scatters each
-    output gradient back with the same weights.
+    output gradient back with the same weights. A 16-bit bilinear forward and every
+    16-bit backward compute in float32 and round once.
     """
     ho, wo = _upsample_sizes(x, scale, mode)
     bilinear = mode == "bilinear"
-    y = _resample(x, x.ndim - 3, ho, bilinear, align_corners)
-    return _resample(y, x.ndim - 2, wo, bilinear, align_corners)
+    # Bilinear blends in float32 at least and rounds once: in bfloat16 the weights
+    # (1/6, 5/6 at scale 3) and the first axis' blend were rounded before the second's.
+    dtype = x.dtype
+    t = x.astype(at_least_float32(dtype)) if bilinear else x
+    y = _resample(t, x.ndim - 3, ho, bilinear, align_corners)
+    return _resample(y, x.ndim - 2, wo, bilinear, align_corners).astype(dtype)
 
 
 @upsample.backward
 def _upsample_backward(grads, inputs, outputs, **params):
+    # Transposed in float32 at least, rounded once: an input pixel's gradient sums the
+    # shares of every output it reached (scale 32: 1024 of them; bfloat16 gave 100,
+    # want 102.5).
     (g,), (x,) = grads, inputs
-    return jax.linear_transpose(
-        lambda t: upsample.definition.forward(t, **params), Spec(x.shape, g.dtype)
-    )(g)
+    wide = at_least_float32(g.dtype)
+    (gx,) = jax.linear_transpose(
+        lambda t: upsample.definition.forward(t, **params), Spec(x.shape, wide)
+    )(g.astype(wide))
+    return (gx.astype(g.dtype),)
 
 
 # --- set, masked_fill, broadcast_to -------------------------------------------------------

@@ -171,3 +171,25 @@ def test_dropout_scales_16_bit_values_by_the_exact_keep_rate(dtype, rng):
     np.testing.assert_array_equal(np.asarray(y), np.asarray(jnp.asarray(want, dtype)))
     (g, _) = ops.lookup("dropout").backward((x, None), (x, key), (y, mask), p=0.1, entirety=False)
     np.testing.assert_array_equal(np.asarray(g), np.asarray(jnp.asarray(want, dtype)))
+
+
+def test_upsample_16_bit_bilinear_and_backward_round_once(rng):
+    """bfloat16 bilinear upsampling is NNC's float32 result (a port of its CPU kernel)
+    rounded once, where the 1/6, 5/6 weights of scale 3 and the first axis' blend had
+    been rounded too (1.3 ulp off); an input pixel's gradient sums its 1024 shares at
+    scale 32 in float32 (closed form: each of the 4 pixels of a symmetric 2x2 image
+    gets a quarter of sum(g); bfloat16 sums gave 100 and 104 for 102.5)."""
+    from tests.ops.test_data_values import _nnc_bilinear
+
+    x = jnp.asarray(rng.standard_normal((1, 5, 7, 3)) * 10, jnp.bfloat16)
+    got = ops.upsample(scale=(3, 3), mode="bilinear")(x)
+    want = _nnc_bilinear(np.asarray(x, np.float64), 15, 21, False).astype(np.float64)
+    half_ulp = np.spacing(np.abs(want).astype(jnp.bfloat16)).astype(np.float64) * 0.51
+    assert np.all(np.abs(np.asarray(got, np.float64) - want) <= half_ulp + 1e-6)
+    for mode in ("nearest", "bilinear"):
+        x = jnp.ones((1, 2, 2, 1), jnp.bfloat16)
+        g = jnp.full((1, 64, 64, 1), 0.1, jnp.bfloat16)
+        params = dict(scale=(32, 32), mode=mode, align_corners=False)
+        (gx,) = ops.lookup("upsample").backward((g,), (x,), (None,), **params)
+        want = np.float64(jnp.bfloat16(0.1)) * 64 * 64 / 4
+        np.testing.assert_array_equal(np.asarray(gx), np.asarray(jnp.full(x.shape, want, x.dtype)))
