@@ -22,7 +22,7 @@ from jax import lax
 
 from fnnc.core.command import NOTHING, Spec, Uses, defcommand
 from fnnc.errors import CommandError, DTypeError
-from fnnc.ops._rules import fail, norm_axes, show, summing_dtype
+from fnnc.ops._rules import fail, norm_axes, require_number, show, summing_dtype
 
 
 def _axis(name: str, x: Spec, axis: int) -> int:
@@ -143,6 +143,7 @@ def unique_consecutive(x, *, bincount):
 def _scatter_add_rule(x: Spec, indices: Spec, *, bincount) -> Spec:
     if x.ndim == 0:
         fail(f"scatter_add: expected rows to add (rank >= 1), got {show(x)}")
+    require_number("scatter_add", x)
     if indices.dtype != jnp.int32:
         raise DTypeError(f"scatter_add: indices must be int32, got {show(indices)}")
     if tuple(indices.shape) != (x.shape[0],):

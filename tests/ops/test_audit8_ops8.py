@@ -193,3 +193,17 @@ def test_upsample_16_bit_bilinear_and_backward_round_once(rng):
         (gx,) = ops.lookup("upsample").backward((g,), (x,), (None,), **params)
         want = np.float64(jnp.bfloat16(0.1)) * 64 * 64 / 4
         np.testing.assert_array_equal(np.asarray(gx), np.asarray(jnp.full(x.shape, want, x.dtype)))
+
+
+def test_scatter_add_of_bool_rows_is_a_dtype_error():
+    """scatter_add sums rows, which XLA does not do in bool: a DTypeError from the shape
+    rule, as reduce_sum gives, where a bare 'add does not accept dtype bool' TypeError
+    had come from the forward. int32 rows still add (np.add.at)."""
+    from fnnc.errors import DTypeError
+
+    idx = jnp.array([1, 1, 0], jnp.int32)
+    with pytest.raises(DTypeError, match=r"scatter_add: expected numbers, got bool\[3\]"):
+        ops.scatter_add(bincount=2)(jnp.array([True, True, False]), idx)
+    want = np.zeros(2, np.int32)
+    np.add.at(want, np.asarray(idx), [4, 5, 6])
+    np.testing.assert_array_equal(ops.scatter_add(bincount=2)(jnp.array([4, 5, 6]), idx), want)
