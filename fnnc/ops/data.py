@@ -241,6 +241,11 @@ def _index_select_shape(x: Spec, idx: Spec, *, axis: int) -> Spec:
             f"got {show(x)}; pass integer indices to pick rows of an integer x"
         )
     (ax,) = norm_axes("index_select", (axis,), x.ndim)
+    if x.shape[ax] == 0 and idx.shape[0]:
+        fail(
+            f"index_select: axis {axis} of x {show(x)} is empty, so none of the "
+            f"{idx.shape[0]} entries of idx can be picked from it"
+        )
     return Spec((*x.shape[:ax], idx.shape[0], *x.shape[ax + 1 :]), x.dtype)
 
 

@@ -7,6 +7,8 @@ backward alike, so the two always agree.
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 
 from fnnc.core.command import Spec, Uses, defcommand
@@ -23,6 +25,8 @@ def _embedding_shape(table, idx):
         )
     if table.ndim < 1:
         fail(f"embedding: table {show(table)} must be [vocabulary, features...]")
+    if table.shape[0] == 0 and math.prod(idx.shape):
+        fail(f"embedding: table {show(table)} has no row for the indices {show(idx)} to pick")
     return Spec((*idx.shape, *table.shape[1:]), table.dtype)
 
 

@@ -207,3 +207,20 @@ def test_scatter_add_of_bool_rows_is_a_dtype_error():
     want = np.zeros(2, np.int32)
     np.add.at(want, np.asarray(idx), [4, 5, 6])
     np.testing.assert_array_equal(ops.scatter_add(bincount=2)(jnp.array([4, 5, 6]), idx), want)
+
+
+def test_gathers_from_an_empty_table_are_shape_errors():
+    """index_select and embedding of a row from a table with none: a ShapeError from the
+    shape rule, where jnp.take's bare IndexError had come from the forward. No indices
+    from an empty table still give an empty result (NumPy's np.take)."""
+    from fnnc.errors import ShapeError
+
+    table = jnp.zeros((0, 3))
+    with pytest.raises(ShapeError, match=r"index_select: axis 0 of x float32\[0, 3\] is empty"):
+        ops.index_select()(table, jnp.array([0]))
+    with pytest.raises(ShapeError, match=r"embedding: table float32\[0, 3\] has no row"):
+        ops.embedding()(table, jnp.array([[0]]))
+    none = np.zeros((0,), np.int32)
+    want = np.take(np.zeros((0, 3)), none, axis=0)
+    assert ops.index_select()(table, jnp.asarray(none)).shape == want.shape
+    assert ops.embedding()(table, jnp.asarray(none)).shape == want.shape
