@@ -238,3 +238,20 @@ def test_gumbel_argmax_samples_16_bit_logits_without_tie_bias(dtype):
     idx = np.asarray(ops.gumbel_argmax(axis=-1)(jnp.full((20000, 8), 100.0, dtype), key))
     share = np.bincount(idx.ravel(), minlength=8) / idx.size
     np.testing.assert_allclose(share, np.full(8, 1 / 8), atol=0.0105)
+
+
+def test_index_select_blends_16_bit_rows_at_float_positions_once(rng):
+    """A bfloat16 row read at a float position is the float64 blend of its two rows
+    (NNC's x[j] (1 - w) + x[j + 1] w) rounded once: the weight (0.3 -> 0.30078) and
+    both products had been rounded too, 1.5 ulp of the rows off."""
+    x = jnp.asarray(rng.standard_normal((50, 64)) * 10, jnp.bfloat16)
+    pos = jnp.asarray(rng.uniform(0, 49, 200), jnp.float32)
+    y = ops.index_select()(x, pos)
+    assert y.dtype == jnp.bfloat16
+    got = np.asarray(y, np.float64)
+    xd, p = np.asarray(x, np.float64), np.asarray(pos, np.float64)
+    j = p.astype(int)
+    w = (p - j)[:, None]
+    want = xd[j] * (1 - w) + xd[np.minimum(j + 1, 49)] * w
+    half_ulp = np.spacing(np.abs(want).astype(jnp.bfloat16)).astype(np.float64) * 0.51
+    assert np.all(np.abs(got - want) <= half_ulp + 1e-6)
