@@ -64,6 +64,19 @@ def whole_number(value: Any) -> bool:
     return math.isfinite(value) and float(value).is_integer()
 
 
+def require_ints(name: str, what: str, values: Any) -> None:
+    """Raises :class:`CommandError` unless ``values`` (an int, or a sequence of them,
+    nested) are all ints (NumPy's too; not bools): a parameter without a default, which
+    :func:`fnnc.core.params.param_fits` leaves to the shape rule. A float had reached
+    JAX as a bare TypeError, or been truncated (``reshape(shape=(1.5, 4))``)."""
+    flat = [values]
+    while any(isinstance(v, (tuple, list)) for v in flat):
+        flat = [u for v in flat for u in (v if isinstance(v, (tuple, list)) else (v,))]
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in flat):
+        kind = "ints" if isinstance(values, (tuple, list)) else "an int"
+        raise CommandError(f"{name}: {what} must be {kind}, got {values!r}")
+
+
 def int_range(dtype: Any) -> tuple[int, int] | None:
     """The values an integer or bool ``dtype`` holds, ``(least, most)``; ``None`` for
     other dtypes."""

@@ -27,6 +27,7 @@ from fnnc.ops._rules import (
     jax_dtype,
     norm_axes,
     require_choice,
+    require_ints,
     require_same_dtype,
     require_storable,
     same_shape,
@@ -45,6 +46,7 @@ def _transpose_back(g: Any, perm: tuple[int, ...]) -> Any:
 
 
 def _reshape_target(x: Spec, shape: tuple[int, ...]) -> tuple[int, ...]:
+    require_ints("reshape", "shape", shape)
     shape = tuple(int(n) for n in shape)
     size = math.prod(x.shape)
     holes = [i for i, n in enumerate(shape) if n == -1]
@@ -79,6 +81,7 @@ def _reshape_backward(grads, inputs, outputs, *, shape):
 
 
 def _transpose_shape(x: Spec, *, perm: tuple[int, ...]) -> Spec:
+    require_ints("transpose", "perm", perm)
     if sorted(perm) != list(range(x.ndim)):
         fail(f"transpose: perm {list(perm)} is not a permutation of 0..{x.ndim - 1} for {show(x)}")
     return Spec(tuple(x.shape[p] for p in perm), x.dtype)
@@ -189,6 +192,7 @@ def _concat_backward(grads, inputs, outputs, *, axis):
 
 def _slice_dims(x: Spec, start, limit, strides) -> tuple[tuple[int, ...], tuple[int, ...]]:
     strides = (1,) * x.ndim if strides is None else tuple(strides)
+    require_ints("slice", "start, limit and strides", (start, limit, strides))
     if not len(start) == len(limit) == len(strides) == x.ndim:
         fail(
             f"slice: start {list(start)}, limit {list(limit)} and strides {list(strides)} "
@@ -307,6 +311,7 @@ PAD_MODES = ("constant", "reflect", "edge")
 
 def _pad_shape(x: Spec, *, pads, mode, value) -> Spec:
     require_choice("pad", "mode", mode, PAD_MODES)
+    require_ints("pad", "pads", pads)
     if len(pads) != x.ndim or any(len(p) != 2 for p in pads):
         fail(f"pad: pads {list(pads)} needs one (lo, hi) pair per axis of {show(x)}")
     out = []
@@ -352,6 +357,7 @@ def _pad_backward(grads, inputs, outputs, *, pads, mode, value):
 
 
 def _set_shape(*, shape, dtype, value) -> Spec:
+    require_ints("set", "shape", shape)
     if any(int(n) < 0 for n in shape):
         fail(f"set: shape {list(shape)} has a negative size")
     require_storable("set", "value", value, jax_dtype(dtype))
@@ -400,6 +406,7 @@ def _masked_fill_backward(grads, inputs, outputs, *, eq, fill):
 
 
 def _broadcast_to_shape(x: Spec, *, shape) -> Spec:
+    require_ints("broadcast_to", "shape", shape)
     shape = tuple(int(n) for n in shape)
     lead = len(shape) - x.ndim
     if lead < 0 or any(n not in (1, m) for n, m in zip(x.shape, shape[lead:])):

@@ -22,7 +22,7 @@ from jax import lax
 
 from fnnc.core.command import NOTHING, Spec, Uses, defcommand
 from fnnc.errors import CommandError, DTypeError
-from fnnc.ops._rules import fail, norm_axes, require_number, show, summing_dtype
+from fnnc.ops._rules import fail, norm_axes, require_ints, require_number, show, summing_dtype
 
 
 def _axis(name: str, x: Spec, axis: int) -> int:
@@ -91,6 +91,7 @@ def _sort_backward(grads, inputs, outputs, *, axis, descending):
 
 def _partition_rule(x: Spec, *, kth, axis, descending) -> tuple[Spec, Spec]:
     ax = _axis("partition", x, axis)
+    require_ints("partition", "kth", kth)
     if not 1 <= kth <= x.shape[ax]:
         raise CommandError(
             f"partition: kth must be in [1, {x.shape[ax]}] for axis {axis} of {show(x)}, got {kth}"
@@ -122,6 +123,7 @@ def _partition_backward(grads, inputs, outputs, *, kth, axis, descending):
 def _unique_rule(x: Spec, *, bincount) -> tuple[Spec, Spec]:
     if x.ndim != 1:
         fail(f"unique_consecutive: expected a 1-d tensor, got {show(x)}")
+    require_ints("unique_consecutive", "bincount", bincount)
     if bincount < 1:
         raise CommandError(f"unique_consecutive: bincount must be >= 1, got {bincount}")
     return Spec((bincount,), x.dtype), Spec((bincount,), jnp.int32)

@@ -255,3 +255,31 @@ def test_index_select_blends_16_bit_rows_at_float_positions_once(rng):
     want = xd[j] * (1 - w) + xd[np.minimum(j + 1, 49)] * w
     half_ulp = np.spacing(np.abs(want).astype(jnp.bfloat16)).astype(np.float64) * 0.51
     assert np.all(np.abs(got - want) <= half_ulp + 1e-6)
+
+
+@pytest.mark.parametrize(
+    "cmd, args, match",
+    [
+        (lambda: ops.partition(kth=1.5), ((2, 3),), r"partition: kth must be an int, got 1\.5"),
+        (lambda: ops.partition(kth=True), ((2, 3),), r"partition: kth must be an int, got True"),
+        (lambda: ops.unique_consecutive(bincount=2.5), ((3,),), r"unique_consecutive: bincount"),
+        (lambda: ops.pad(pads=((1.5, 1),)), ((3,),), r"pad: pads must be ints"),
+        (lambda: ops.slice(start=(0.5,), limit=(2,)), ((3,),), r"slice: start, limit and strides"),
+        (lambda: ops.reshape(shape=(1.5, 4)), ((4,),), r"reshape: shape must be ints"),
+        (lambda: ops.transpose(perm=(1.0, 0.0)), ((2, 3),), r"transpose: perm must be ints"),
+        (lambda: ops.broadcast_to(shape=(2.0, 3)), ((3,),), r"broadcast_to: shape must be ints"),
+    ],
+)
+def test_int_attributes_without_defaults_refuse_floats(cmd, args, match):
+    """Attributes without a default are left to the shape rules, which took floats: a
+    bare TypeError from JAX (partition's kth, unique_consecutive's bincount, pad, slice)
+    or a silent truncation (reshape(shape=(1.5, 4)) of 4 values gave [1, 4]). Now a
+    CommandError naming the command and the attribute; NumPy ints still pass."""
+    from fnnc.errors import CommandError
+
+    x = jnp.zeros(args[0])
+    with pytest.raises(CommandError, match=match):
+        cmd()(x)
+    np.testing.assert_array_equal(
+        ops.reshape(shape=(np.int64(2), 2))(jnp.arange(4.0)), [[0, 1], [2, 3]]
+    )
