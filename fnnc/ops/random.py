@@ -103,13 +103,16 @@ def _sample_shape(name: str):
     differentiable=False,
 )
 def random_uniform(key, *, shape, dtype="float32", low=0.0, high=1.0):
-    """Uniform samples in ``[low, high)`` of the given ``shape`` and float ``dtype``.
+    """Uniform samples in ``[low, high)`` of the given ``shape`` and float ``dtype``;
+    with ``low > high``, in ``[high, low)``, as NNC's ``r * high + (1 - r) * low``
+    samples between them either way (``jax.random.uniform`` gives all ``low`` then).
 
     >>> import jax
     >>> from fnnc import ops
     >>> ops.random_uniform(shape=(2, 3))(jax.random.key_data(jax.random.key(0))).shape
     (2, 3)
     """
+    low, high = min(low, high), max(low, high)
     return jax.random.uniform(_key(key), shape, jax_dtype(dtype), low, high)
 
 

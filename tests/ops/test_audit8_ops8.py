@@ -283,3 +283,16 @@ def test_int_attributes_without_defaults_refuse_floats(cmd, args, match):
     np.testing.assert_array_equal(
         ops.reshape(shape=(np.int64(2), 2))(jnp.arange(4.0)), [[0, 1], [2, 3]]
     )
+
+
+def test_random_uniform_with_low_above_high_samples_between_them():
+    """NNC's RANDOM_UNIFORM(l, u) is r * u + (1 - r) * l, between the two bounds in
+    either order; low=2, high=1 had given 2.0 everywhere (jax.random.uniform clamps to
+    minval). Now uniform in [1, 2): its mean within 4 sigma of 1.5 and no value outside."""
+    import jax
+
+    key = jax.random.key_data(jax.random.key(8))
+    got = np.asarray(ops.random_uniform(shape=(10000,), low=2.0, high=1.0)(key), np.float64)
+    assert got.min() >= 1.0 and got.max() < 2.0
+    assert abs(got.mean() - 1.5) < 4 * np.sqrt(1 / 12 / got.size)
+    assert abs(got.var() - 1 / 12) < 0.005
