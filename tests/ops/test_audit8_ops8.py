@@ -330,3 +330,31 @@ def test_sparse_attentions_compute_16_bit_inputs_in_float32(rng):
         assert y.dtype == bf
         half_ulp = np.spacing(np.abs(w).astype(bf)).astype(np.float64) * 0.51
         assert np.all(np.abs(np.asarray(y, np.float64) - w) <= half_ulp + 1e-5)
+
+
+def _complex(x):
+    x = np.asarray(x, np.float64)
+    return x[..., 0::2] + 1j * x[..., 1::2]
+
+
+def _pairs64(z):
+    return np.stack([z.real, z.imag], -1).reshape(*z.shape[:-1], -1)
+
+
+def test_cmul_rounds_a_16_bit_complex_product_once(rng):
+    """bfloat16 cmul (RoPE) is the float64 complex product of its inputs rounded once,
+    and the gradient of a broadcast b the float64 sum of g conj(a) rounded once: the
+    products a0 b0 and a1 b1 had been rounded before their difference cancelled (up to
+    740 half-ulps off)."""
+    bf = jnp.bfloat16
+    a = jnp.asarray(rng.standard_normal((16, 8, 64)) * 3, bf)
+    b = jnp.asarray(rng.standard_normal((8, 64)) * 3, bf)
+    g = jnp.asarray(rng.standard_normal((16, 8, 64)), bf)
+    got = ops.cmul()(a, b)
+    _, gb = ops.lookup("cmul").backward((g,), (a, b), (got,))
+    want = _pairs64(_complex(a) * _complex(b))
+    want_gb = _pairs64((_complex(g) * np.conj(_complex(a))).sum(0))
+    for y, w in ((got, want), (gb, want_gb)):
+        assert y.dtype == bf
+        half_ulp = np.spacing(np.abs(w).astype(bf)).astype(np.float64) * 0.51
+        assert np.all(np.abs(np.asarray(y, np.float64) - w) <= half_ulp + 1e-5)
