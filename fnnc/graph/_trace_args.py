@@ -87,6 +87,16 @@ def _static_hint(error: Exception, names: Sequence[str], args: Sequence[Any]) ->
     which = f" (given as Python numbers here: {', '.join(numbers)})" if numbers else ""
     bind = re.split(r"[.\[]", numbers[0])[0] if numbers else "n"
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if isinstance(error, jax.errors.TracerArrayConversionError):
+        # NumPy called on a traced value: the fix is jax.numpy, not a static argument
+        return (
+            "trace: the function converts a traced array to a NumPy array (a NumPy "
+            "function such as np.sin, or np.asarray, on it), but trace makes every argument "
+            f"leaf a graph input, a traced array{which}. Inside the function use jax.numpy "
+            "(jnp.sin, jnp.asarray) on array values; bind arguments NumPy must see as "
+            f"Python values before tracing, e.g. trace(functools.partial(fn, {bind}=...), "
+            f"...).\n  JAX said: {type(error).__name__}: {first}"
+        )
     return (
         "trace: the function needs an argument as a concrete Python value (a shape, a jit "
         "static argument, a Python if), but trace makes every argument leaf a graph input, "
