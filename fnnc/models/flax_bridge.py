@@ -37,9 +37,11 @@ module's flattened state; :func:`parameter_paths` maps each id back to its Flax 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from typing import Any
 
+import flax.errors
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -199,13 +201,30 @@ class _LinenFunction(_Function):
         # drop (nn.Dropout(deterministic=False)) draws in test mode too; the build feeds
         # a real key only where the traced call reads it
         rngs = {"dropout": jax.random.wrap_key_data(keys[0])}
-        if not self._collections:
-            return self._module.apply(variables, x, rngs=rngs), []
         # mutable even in test mode: a module that writes its statistics in every mode
         # runs; test mode drops what it wrote.
-        y, written = self._module.apply(variables, x, rngs=rngs, mutable=self._collections)
+        mutable = self._collections or False
+        try:
+            out = self._module.apply(variables, x, rngs=rngs, mutable=mutable)
+        except flax.errors.InvalidRngError as e:
+            raise ModelError(_rng_stream_message(self.kind, e)) from e
+        if not self._collections:
+            return out, []
+        y, written = out
         merged = {c: written.get(c, variables[c]) for c in self._collections}
         return y, jax.tree.leaves(merged)
+
+
+def _rng_stream_message(kind: str, error: Exception) -> str:
+    """What to do when a Linen module draws from a stream other than ``"dropout"``."""
+    found = re.search(r'PRNG for "([^"]+)"', str(error))
+    stream = f"the RNG stream {found.group(1)!r}" if found else "an RNG stream"
+    return (
+        f"from_flax: Linen module {kind} draws from {stream} (self.make_rng), but a "
+        "from_flax layer feeds its Linen module only a 'dropout' key (a fresh one each "
+        "training step). Draw from self.make_rng('dropout') instead, or give the "
+        f"randomness as an input. Flax said: {str(error).splitlines()[0]}"
+    )
 
 
 def parameter_paths(model: Any) -> dict[str, str]:
