@@ -37,6 +37,7 @@ module's flattened state; :func:`parameter_paths` maps each id back to its Flax 
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 from collections.abc import Callable
 from typing import Any
@@ -78,6 +79,7 @@ class FlaxLayer(Layer):
                 "module); pass its variables too: Model.from_flax(module, "
                 "module.init(key, x)), or give an nnx.Module"
             )
+        _check_one_input(module)
         self.param_paths = [p for p, _ in self._fn.params]
         self.state_paths = [p for p, _ in self._fn.state]
 
@@ -213,6 +215,26 @@ class _LinenFunction(_Function):
         y, written = out
         merged = {c: written.get(c, variables[c]) for c in self._collections}
         return y, jax.tree.leaves(merged)
+
+
+def _check_one_input(module: Any) -> None:
+    """Raises :class:`ModelError` unless ``module.__call__`` takes one input: a layer
+    calls it as ``module(x)`` (Linen: ``module.apply(variables, x)``), nothing more."""
+    try:
+        signature = inspect.signature(module.__call__)
+    except (TypeError, ValueError):  # no signature to read: the call will tell
+        return
+    try:
+        signature.bind(None)
+    except TypeError as e:
+        kind = type(module).__name__
+        raise ModelError(
+            f"from_flax: a from_flax layer calls {kind} with one input, {kind}(x) (Linen: "
+            f"module.apply(variables, x)), but {kind}.__call__{signature} cannot be called "
+            f"so ({e}). Give other arguments defaults, make them attributes of the module "
+            "(Linen: a field such as train: bool, NNX: what module.train()/eval() set), or "
+            "wrap it in a module whose __call__(x) passes them"
+        ) from None
 
 
 def _rng_stream_message(kind: str, error: Exception) -> str:
