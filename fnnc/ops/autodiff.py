@@ -25,6 +25,7 @@ import numpy as np
 
 from fnnc.core.command import BackwardNode, Command, Spec, defcommand, make_command
 from fnnc.errors import CommandError
+from fnnc.ops.primitive import vjp_problem
 
 
 def _specs(pairs: Any) -> tuple[Spec, ...]:
@@ -34,6 +35,8 @@ def _specs(pairs: Any) -> tuple[Spec, ...]:
 def _gradient_shape(*specs: Spec, of, in_specs, out_specs, grad_mask, wants) -> tuple[Spec, ...]:
     check = of.definition.backward_check
     reason = check(of) if check is not None else None
+    if reason is None:
+        reason = vjp_problem(of, tuple(in_specs), tuple(wants))
     if reason is not None:
         raise CommandError(f"{of.name} has no backward here: {reason}")
     uses = of.definition.backward_uses

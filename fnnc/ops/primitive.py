@@ -26,6 +26,7 @@ Array([0., 0.], dtype=float32)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -172,6 +173,36 @@ def primitive_command(
         "effectful_primitive" if effects else "primitive",
         {"prim": Opaque(prim), "params": Opaque(dict(params)), "out_specs": specs},
     )
+
+
+@functools.lru_cache(maxsize=512)
+def vjp_problem(cmd: Command, in_specs: tuple[Any, ...], wants: tuple[int, ...]) -> str | None:
+    """Why JAX has no reverse-mode derivative of the generic node ``cmd`` (a
+    ``primitive`` / ``effectful_primitive``) on inputs ``in_specs`` (``(shape, dtype)``
+    pairs) for the inputs ``wants``, or ``None``: the derived backward is traced
+    abstractly (``jax.eval_shape``), so a ``while_loop`` or a ``pure_callback`` is
+    refused while the gradient node is built, not when the gradient graph runs."""
+    if cmd.name not in ("primitive", "effectful_primitive"):
+        return None
+    specs = [jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype)) for shape, dtype in in_specs]
+    n_out = len(cmd.param("out_specs"))
+
+    def backward(*xs: Any) -> Any:
+        return cmd.definition.backward([None] * n_out, xs, (), wants, **cmd.kwargs)
+
+    try:
+        jax.eval_shape(backward, *specs)
+    except Exception as e:  # JAX's reason, whatever its type
+        said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        prim = cmd.param("prim").value
+        return (
+            f"JAX has no reverse-mode derivative of the primitive {prim} (jax.grad of the "
+            f"traced function fails the same way; JAX said: {type(e).__name__}: {said}). "
+            "Differentiate with respect to inputs that do not reach it, put "
+            "lax.stop_gradient around its inputs, or rewrite it (lax.scan or lax.fori_loop "
+            "with static bounds for a while_loop, jax.custom_vjp around a callback)"
+        )
+    return None
 
 
 def _vjp_orders(cmd: Command, order: int = 1) -> str | None:

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fnnc.errors import TraceError
-from fnnc.graph import interpret, trace
+from fnnc.errors import CommandError, TraceError
+from fnnc.graph import backward, interpret, trace
 
 
 def test_numpy_on_a_traced_array_gets_the_jax_numpy_hint_not_the_static_one() -> None:
@@ -42,3 +42,48 @@ def test_numpy_on_a_python_number_argument_names_it_and_binding_works() -> None:
     assert "Python numbers here: n" in str(e.value) and "jax.numpy" in str(e.value)
     graph = trace(functools.partial(fn, n=3), x)
     np.testing.assert_allclose(interpret(graph, x), np.full((2, 3), 3.0))
+
+
+def _sum_of(f):
+    return lambda x: jnp.sum(f(x))
+
+
+NOT_REVERSE_DIFFERENTIABLE = {
+    "while_loop": (
+        _sum_of(lambda x: jax.lax.while_loop(lambda c: c.sum() < 50, lambda c: c * 2, x)),
+        "while",
+    ),
+    "pure_callback": (
+        _sum_of(lambda x: jax.pure_callback(np.sin, jax.ShapeDtypeStruct(x.shape, x.dtype), x)),
+        "pure_callback",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NOT_REVERSE_DIFFERENTIABLE))
+def test_backward_through_a_primitive_jax_cannot_reverse_is_refused_by_name(name) -> None:
+    """backward() built a gradient node for a traced while_loop / pure_callback that JAX
+    cannot differentiate; it failed only when the gradient graph ran: a bare JAX
+    ValueError out of compile, a GraphError from interpret. Oracle: jax.grad fails too."""
+    f, prim = NOT_REVERSE_DIFFERENTIABLE[name]
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(ValueError):  # JAX says why
+        jax.grad(f)(x)
+    graph = trace(f, x)
+    with pytest.raises(CommandError, match=f"primitive {prim} ") as e:
+        backward(graph, graph.outputs[0], [graph.inputs[0]])
+    assert "JAX said" in str(e.value) and "stop_gradient" in str(e.value)
+
+
+def test_backward_through_a_while_loop_for_its_condition_input_only_still_works() -> None:
+    """The refusal is JAX's own answer for the inputs asked: an input reaching the loop
+    only through its condition has a (zero) gradient, as jax.grad says."""
+
+    def f(x, w):
+        return jnp.sum(jax.lax.while_loop(lambda c: c.sum() < w.sum(), lambda c: c + 1.0, x)) * w[0]
+
+    x, w = np.zeros(2, np.float32), np.full(2, 3.0, np.float32)
+    graph = trace(f, x, w)
+    grad_graph, _ = backward(graph, graph.outputs[0], [graph.inputs[1]])
+    got = interpret(grad_graph, x, w)[-1]
+    np.testing.assert_allclose(got, jax.grad(f, argnums=1)(x, w), rtol=1e-6)
