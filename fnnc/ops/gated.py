@@ -136,7 +136,8 @@ def segmented_swiglu(a, indices, counts, gate_w, up_w, route_weight, *, clamp=0.
 
     Each projection is one grouped product (``jax.lax.ragged_dot`` over the segments'
     weights, as :func:`~fnnc.ops.segmented_gemm`), never a copy of an expert's
-    ``[n, k]`` weights per row."""
+    ``[n, k]`` weights per row; 16-bit operands give float32 products, and the SwiGLU
+    is rounded once (as :func:`swiglu`)."""
     rows = _count(route_weight.shape)
     counts = jnp.maximum(counts, 0)
     ends = jnp.cumsum(counts)
@@ -144,13 +145,15 @@ def segmented_swiglu(a, indices, counts, gate_w, up_w, route_weight, *, clamp=0.
     covered = segment < counts.shape[0]
     picked = jnp.clip(indices, 0, gate_w.shape[0] - 1)
     x = to_shape(a, (rows, a.shape[1]))
+    wide = at_least_float32(a.dtype)  # as swiglu: 16-bit operands, one rounding at the end
 
     def project(w):  # [experts, n, k] -> [rows, n]
-        return lax.ragged_dot(x, jnp.swapaxes(jnp.take(w, picked, axis=0), 1, 2), counts)
+        w = jnp.swapaxes(jnp.take(w, picked, axis=0), 1, 2)
+        return lax.ragged_dot(x, w, counts, preferred_element_type=wide)
 
     up, gate = _clamped(project(up_w), project(gate_w), clamp)
-    y = route_weight.reshape(rows, 1) * up * gate * jax.nn.sigmoid(gate)
-    return jnp.where(covered[:, None], y, jnp.zeros((), y.dtype))
+    y = route_weight.reshape(rows, 1).astype(wide) * up * gate * jax.nn.sigmoid(gate)
+    return jnp.where(covered[:, None], y, jnp.zeros((), y.dtype)).astype(a.dtype)
 
 
 def _rmsnorm_gated_rule(x: Spec, gate: Spec, scale: Spec | None = None, *, axes, epsilon) -> Spec:

@@ -378,3 +378,23 @@ def test_swish_mul_and_swiglu_round_a_16_bit_result_once(rng):
         assert y.dtype == bf
         half_ulp = np.spacing(np.abs(w).astype(bf)).astype(np.float64) * 0.51
         assert np.all(np.abs(np.asarray(y, np.float64) - w) <= half_ulp + 1e-5)
+
+
+def test_segmented_swiglu_rounds_a_16_bit_result_once(rng):
+    """bfloat16 segmented_swiglu is the float64 SwiGLU of each row with its segment's
+    expert weights, times its route weight, rounded once (float32 products, as swiglu)."""
+    bf = jnp.bfloat16
+    experts, rows, n, k = 3, 12, 16, 32
+    x = jnp.asarray(rng.standard_normal((rows, k)), bf)
+    gw, uw = (jnp.asarray(rng.standard_normal((experts, n, k)) * 0.3, bf) for _ in range(2))
+    route = jnp.asarray(rng.uniform(0.5, 1.5, rows), bf)
+    indices, counts = jnp.array([2, 0, 1], jnp.int32), jnp.array([5, 4, 3], jnp.int32)
+    got = ops.segmented_swiglu()(x, indices, counts, gw, uw, route)
+    expert = np.repeat([2, 0, 1], [5, 4, 3])
+    x64, g64, u64 = (np.asarray(v, np.float64) for v in (x, gw, uw))
+    gate = np.einsum("rk,rnk->rn", x64, g64[expert])
+    up = np.einsum("rk,rnk->rn", x64, u64[expert])
+    want = np.asarray(route, np.float64)[:, None] * up * _swish(gate)
+    assert got.dtype == bf
+    half_ulp = np.spacing(np.abs(want).astype(bf)).astype(np.float64) * 0.51
+    assert np.all(np.abs(np.asarray(got, np.float64) - want) <= half_ulp + 1e-5)
