@@ -373,7 +373,9 @@ def set(*, shape, dtype="float32", value=0.0):
 
 
 def _eq_value(eq: Any, dtype: Any) -> Any:
-    """NNC rounds ``eq`` for integer masks: ``(int)(eq + 0.5)``."""
+    """``eq`` rounded half up for an integer mask: NNC's ``(int)(eq + 0.5)`` for every
+    ``eq >= -0.5``; below that C's cast truncates toward zero (``eq = -1`` compares with
+    0), an artifact fnnc does not copy (``-1`` compares with -1)."""
     return math.floor(eq + 0.5) if jnp.issubdtype(dtype, jnp.integer) else eq
 
 
