@@ -16,6 +16,8 @@ rather than ``v + 0`` with the fraction dropped (convert ``v`` to a float type f
 ``/``), ``x**0.5`` is
 ``ewsqrt``, ``x**-0.5`` ``ewrsqrt``, and any other exponent ``exp(p * log x)``, which,
 like NumPy's real power, is defined for ``x > 0`` (``x = 0`` gives 0, a NaN gradient).
+A number or array to a variable's power, ``base ** x``, is ``exp(x * log(base))`` for a
+positive number and ``ewpow`` (NumPy's power) otherwise.
 
 ``mean``, ``sum``, ``max`` and ``min`` are ``reduce_mean``, ``reduce_sum``, ... over
 ``axis`` (then ``reshape`` to drop the axes, as NumPy does, unless ``keepdims``) and
@@ -174,12 +176,14 @@ def power(x: Variable, p: Any) -> Variable:
 
 
 def rpower(x: Variable, base: Any) -> Variable:
-    """``base ** x``: ``exp(x * log(base))``, for a positive ``base``."""
+    """``base ** x``: ``exp(x * log(base))`` for a positive number ``base``; else
+    ``ewpow`` (C's ``pow``, as NumPy: ``0 ** 0`` is 1, ``(-2) ** 3`` is -8, a negative
+    base to a fractional power NaN), where ``exp(x * log(base))`` gave NaN for every
+    base <= 0."""
     dg = x._dg
     if is_number(base) and base > 0:
         return dg.exec(ops.ewexp(), dg.exec(ops.scalar_mul(a=math.log(base)), x))
-    log_base = dg.exec(ops.ewlog(), operand(x, base, "**"))
-    return dg.exec(ops.ewexp(), dg.exec(ops.ewprod(), x, log_base))
+    return dg.exec(ops.ewpow(), operand(x, base, "**"), x)
 
 
 REDUCTIONS: dict[str, Any] = {

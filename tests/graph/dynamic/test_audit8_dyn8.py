@@ -257,3 +257,21 @@ def test_has_effect_of_one_variable_gives_one_answer() -> None:
     y = dg.exec(ops.ewexp(), x)
     assert dg.has_effect(x, [y]) == [True]
     assert dg.has_effect([x, c], y) == [True, False]
+
+
+@pytest.mark.parametrize("base", [-2.0, 0.0, 3.0, "array"])
+def test_a_number_or_array_to_a_variables_power_is_numpys(base) -> None:
+    """``base ** x`` for a base <= 0 was ``exp(x log base)``, NaN everywhere; it is C's
+    pow as NumPy computes it, and its gradient jax.grad's of ``jnp.power``."""
+    X = np.array([0, 1, 2, 3, 0.5, 1.5], np.float32)
+    if base == "array":
+        base = np.array([-2, 0, 2, -1, 4, 0.5], np.float32)
+    dg = DynamicGraph()
+    x = dg.variable(X)
+    y = base**x
+    with np.errstate(invalid="ignore"):
+        want = np.power(np.asarray(base, np.float64), X.astype(np.float64))
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-6, equal_nan=True)
+    (dx,) = dg.backward(y.sum(), [x])
+    want_dx = jax.grad(lambda v: jnp.sum(jnp.power(jnp.asarray(base, jnp.float32), v)))(X)
+    np.testing.assert_allclose(dx.numpy(), want_dx, rtol=1e-6, equal_nan=True)
