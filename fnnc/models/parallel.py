@@ -301,7 +301,14 @@ class Parallel:
             if (not a.ndim or rows % self.size) and lenient and procs == 1:
                 out.append(a)
                 continue
-            if not a.ndim or rows % self.size:
+            if not a.ndim:
+                raise ShapeError(
+                    f"{where}: {names} {i} is a scalar {a.dtype.name}, with no batch axis to "
+                    f"split over the {self.size} devices of mesh axis {self.axis!r}; give "
+                    "it rows (a leading batch axis, e.g. np.full((batch, 1), value)), or "
+                    "pass it to the model as a constant or parameter instead of as an input"
+                )
+            if rows % self.size:
                 raise ShapeError(self._indivisible(where, f"{names} {i}", a, rows))
             sharding = self.sharding(PartitionSpec(self.axis))
             if procs == 1:
