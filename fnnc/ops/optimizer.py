@@ -103,11 +103,16 @@ def optax_update_command(optimizer: Any, param_specs: list[Spec]) -> Command:
     )
 
 
-def _has_keys(transform: Any) -> bool:
-    """Whether ``transform``'s state holds a typed PRNG key, probed on a list and on a
-    dict of one parameter (a transformation that takes neither is not wrapped)."""
+def _has_keys(transform: Any, params: Any = None) -> bool:
+    """Whether ``transform``'s state holds a typed PRNG key, probed on ``params`` (the
+    parameters it will update, arrays or specs) when given, else on a list and on a dict
+    of one parameter (a transformation that takes neither is not wrapped). A stand-in
+    tree can make an init that expects other parameters misbehave (a model's partitioned
+    minimizer zips its parameter ids with the probe), so callers that know the
+    parameters pass them."""
     spec = jax.ShapeDtypeStruct((2,), np.float32)
-    for probe in ([spec], {"p": spec}):
+    probes = ([spec], {"p": spec}) if params is None else (params,)
+    for probe in probes:
         try:
             state = jax.eval_shape(transform.init, probe)
         except Exception:  # an init that needs more than the probe: judged later
@@ -116,8 +121,12 @@ def _has_keys(transform: Any) -> bool:
     return False
 
 
-def keys_as_bits(transform: Any) -> Any:
+def keys_as_bits(transform: Any, params: Any = None) -> Any:
     """``transform`` with every typed PRNG key in its state kept as its key data.
+
+    ``params``: the parameters ``transform`` will update (arrays or
+    ``jax.ShapeDtypeStruct`` leaves, the tree its ``init`` takes), to probe its state
+    with; without it a one-parameter list and dict stand in.
 
     ``optax.noisy_sgd`` and ``optax.add_noise`` keep a ``jax.random.key`` in their
     state. fnnc's programs, stores and checkpoints carry arrays of numbers, so the
@@ -138,7 +147,7 @@ def keys_as_bits(transform: Any) -> Any:
     held = _WRAPPED.get(id(transform))
     if held is not None and held[0] is transform:
         return held[1]
-    wrapped = _wrap(transform) if _has_keys(transform) else transform
+    wrapped = _wrap(transform) if _has_keys(transform, params) else transform
     if len(_WRAPPED) >= 256:
         _WRAPPED.clear()
     _WRAPPED[id(transform)] = (transform, wrapped)  # one wrapper per object: programs

@@ -162,9 +162,10 @@ def minimize_scaled(
         state, not batch) and ``scaling.init()`` gives the first scale state.
     """
     loss_id, param_ids = loss_and_params(graph, loss, params, "minimize_scaled")
-    optimizer = keys_as_bits(optimizer)  # a PRNG key in the state rides as its bits
-    b = GraphBuilder.from_graph(graph)
     param_syms = [graph.symbols[p] for p in param_ids]
+    # a PRNG key in the state rides as its bits
+    optimizer = keys_as_bits(optimizer, [s.spec for s in param_syms])
+    b = GraphBuilder.from_graph(graph)
     cmd = optax_update_command(scaling.transform(optimizer), [s.spec for s in param_syms])
     state_specs = cmd.param("state_specs")
     m = len(state_specs) - 2  # the optimizer's leaves; the scale state is last

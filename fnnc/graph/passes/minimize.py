@@ -117,7 +117,8 @@ def minimize(
     (1.0, 4.0)
     """
     loss_id, param_ids = loss_and_params(graph, loss, params, "minimize")
-    optimizer = keys_as_bits(optimizer)  # a PRNG key in the state rides as its bits
+    specs = [graph.symbols[p].spec for p in param_ids]
+    optimizer = keys_as_bits(optimizer, specs)  # a PRNG key in the state rides as its bits
     grad_graph, grads = backward(graph, loss_id, param_ids)
     b = GraphBuilder.from_graph(grad_graph)
     param_syms = [grad_graph.symbols[p] for p in param_ids]
