@@ -14,7 +14,9 @@
 
 Orbax writes a step into a temporary directory and renames it when every process has
 finished, so a run killed mid-save leaves the steps before it intact (the half-written
-one is not listed). Restoring reads each array straight into the layout asked for
+one is not listed). Re-saving a step writes the new one beside it and swaps the two
+(:mod:`fnnc.io.dir_swap`): a failed or killed re-save leaves the old step. Restoring
+reads each array straight into the layout asked for
 (``like`` leaves of ``jax.ShapeDtypeStruct`` with a ``sharding``; a model's current
 layout in :meth:`ShardedCheckpoints.restore_into`), so a checkpoint written by 2
 processes restores on 1 device, on a 4-device mesh or on 2 processes again, and each
@@ -41,6 +43,7 @@ from __future__ import annotations
 import json
 import operator
 import os
+import shutil
 import time
 from typing import Any
 
@@ -49,11 +52,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from fnnc.errors import CheckpointError
+from fnnc.io import dir_swap
 from fnnc.io.checkpoints import Checkpoint
 from fnnc.io.structure import skeleton, template
 
 FORMAT, VERSION = "fnnc.sharded_checkpoint", 1
 ITEMS = ("state", "optimizer", "fnnc")
+STAGING = ".fnnc-resave"  # where a re-saved step is written before it replaces the old one
 
 
 def escape(key: str) -> str:
@@ -119,6 +124,7 @@ class ShardedCheckpoints:
                 "fnnc.io.Checkpoints, or give a new path"
             )
         self._manager: Any = None
+        self._barriers = 0
 
     @property
     def path(self) -> str:
@@ -198,20 +204,56 @@ class ShardedCheckpoints:
         manifest["structure"] = {"state": skeleton(state), "optimizer": skeleton(optimizer_state)}
         _check_json(manifest, step)
         manager = self._open(create=True)
-        if step in self.steps():  # only once the new save is known to be one Orbax takes
-            manager.delete(step)
+        self._barrier("recover", step)
+        if jax.process_index() == 0:  # what a save killed mid-swap left
+            dir_swap.recover(os.path.join(self._path, STAGING), self._path)
+        self._barrier("recovered", step)
         items = {"state": ocp.args.StandardSave(_keyed(state)), "fnnc": ocp.args.JsonSave(manifest)}
         if optimizer_state is not None:
             items["optimizer"] = ocp.args.StandardSave(_keyed(optimizer_state))
+        args = ocp.args.Composite(**items)
+        if step in self.steps():
+            self._resave(step, args)
+            return
         try:
-            manager.save(step, args=ocp.args.Composite(**items), force=True)
-        except (ValueError, TypeError) as e:
-            raise CheckpointError(
-                f"sharded checkpoint: step {step} in {self._path} cannot be saved "
-                f"({type(e).__name__}: {str(e)[:300]}); save arrays in dicts, lists and "
-                "tuples"
-            ) from None
-        manager.wait_until_finished()
+            manager.save(step, args=args, force=True)
+            manager.wait_until_finished()
+        except (ValueError, TypeError, OSError) as e:
+            raise _unsaved(step, self._path, e) from None
+
+    def _resave(self, step: int, args: Any) -> None:
+        """Replaces ``step``: Orbax writes the new one in a staging directory, which is
+        then swapped with the old one (:mod:`fnnc.io.dir_swap`), so a failure or a kill
+        at any point leaves the old step or the new one, never none."""
+        staging = os.path.join(self._path, STAGING)
+        primary = jax.process_index() == 0
+        options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
+        try:
+            writer = ocp.CheckpointManager(staging, item_names=ITEMS, options=options)
+            try:
+                writer.save(step, args=args, force=True)
+                writer.wait_until_finished()
+            finally:
+                writer.close()
+            self._barrier("staged", step)
+            if primary:
+                name = str(step)
+                dir_swap.swap_in(
+                    os.path.join(staging, name), os.path.join(self._path, name), staging
+                )
+            self._barrier("swapped", step)
+        except (ValueError, TypeError, OSError) as e:
+            raise _unsaved(step, self._path, e) from None
+        finally:
+            if primary:
+                shutil.rmtree(staging, ignore_errors=True)
+        self._open(create=True).reload()
+
+    def _barrier(self, what: str, step: int) -> None:
+        """Every process waits here (a no-op in one process); names are never reused."""
+        if jax.process_count() > 1:
+            self._barriers += 1
+            ocp.multihost.sync_global_processes(f"fnnc_sharded_{what}_{step}_{self._barriers}")
 
     def manifest(self, step: int | None = None) -> dict[str, Any]:
         """The JSON of ``step`` (default: the newest): format, metadata, and for a
@@ -425,6 +467,15 @@ def _unkeyed(tree: Any) -> Any:
     if isinstance(tree, (list, tuple)):
         return type(tree)(_unkeyed(v) for v in tree)
     return tree
+
+
+def _unsaved(step: int, path: str, e: BaseException) -> CheckpointError:
+    return CheckpointError(
+        f"sharded checkpoint: step {step} in {path} cannot be saved "
+        f"({type(e).__name__}: {str(e)[:300]}); save arrays in dicts, lists and tuples, "
+        "on a filesystem with room; the steps saved before (and an earlier save of this "
+        "step) are kept"
+    )
 
 
 def _check_json(manifest: dict[str, Any], step: int) -> None:
