@@ -122,3 +122,63 @@ def test_a_resave_killed_at_any_point_leaves_the_old_step(tmp_path, mode):
         ckpt.save(3, {"w": jnp.ones(1)})
         assert ckpt.steps() == [1, 2, 3] and sorted(os.listdir(path)) == ["1", "2", "3"]
         np.testing.assert_array_equal(np.asarray(ckpt.restore(2).state["w"]), OLD)
+
+
+TWO = textwrap.dedent(
+    """
+    import json, os, sys
+    import jax, numpy as np
+    rank, coordinator, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=2, process_id=rank)
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from fnnc.io import ShardedCheckpoints
+    sh = NamedSharding(Mesh(np.array(jax.devices()), ("d",)), P("d"))
+    base = np.arange(8.0, dtype=np.float32)
+    arr = lambda v: jax.make_array_from_callback((8,), sh, lambda i: base[i] * v)
+    ckpt = ShardedCheckpoints(out + "/ck")
+    ckpt.save(1, {"w": arr(1)})
+    ckpt.save(2, {"w": arr(2)})
+    ckpt.save(2, {"w": arr(5)}, metadata={"v": 5})  # every process writes its shards again
+    got = ckpt.restore(2, like={"w": jax.ShapeDtypeStruct((8,), np.float32, sharding=sh)})
+    shards = {str(s.index): np.asarray(s.data).tolist() for s in got.state["w"].addressable_shards}
+    with open(out + f"/r{rank}.json", "w") as f:
+        json.dump({"steps": ckpt.steps(), "meta": got.metadata, "shards": shards}, f)
+    jax.distributed.shutdown()
+    """
+)
+
+
+def test_two_processes_resave_a_step_of_sharded_arrays(tmp_path):
+    import json
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", TWO, str(r), f"localhost:{port}", str(tmp_path)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        logs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-2000:] for log in logs)
+    want = np.arange(8.0) * 5  # the oracle: the re-saved array, each process its quarter
+    for r in range(2):
+        report = json.loads((tmp_path / f"r{r}.json").read_text())
+        assert report["steps"] == [1, 2] and report["meta"] == {"v": 5}
+        assert len(report["shards"]) == 2
+        for index, data in report["shards"].items():
+            start = int(index.split("slice(")[1].split(",")[0])
+            np.testing.assert_array_equal(data, want[start : start + 2])
+    assert sorted(os.listdir(tmp_path / "ck")) == ["1", "2"]
