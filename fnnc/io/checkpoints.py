@@ -229,8 +229,8 @@ class Checkpoints:
                 template.
             TensorFileError: the file is not SQLite or its pages are damaged.
         """
-        with self.file.operation(f"restore checkpoint step {step}"):
-            return self._restore(step, like, optimizer_like)
+        with self.file.operation(f"restore checkpoint step {step}"), self.file.snapshot():
+            return self._restore(step, like, optimizer_like)  # one committed state
 
     def restore_into(self, model: Any, step: int | None = None) -> Checkpoint:
         """Restores a saved model (parameters, optimizer state, random key, training

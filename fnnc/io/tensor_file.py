@@ -185,6 +185,28 @@ class TensorFile:
         finally:
             self._depth = depth
 
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[TensorFile]:
+        """Makes the reads inside the block see one committed state of the file: a read
+        transaction holds SQLite's shared lock, so another process's commit (a
+        checkpoint save whose retention drops the step being read) waits for the block
+        to end instead of changing rows between two reads. A no-op inside
+        :meth:`transaction` or another snapshot, and for a file that does not exist."""
+        if self._depth or not self.exists():
+            yield self
+            return
+        with self.operation("read"):
+            conn = self.connection
+            began = not conn.in_transaction
+            if began:
+                conn.execute("BEGIN")
+        try:
+            yield self
+        finally:
+            if began and conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):  # a read has nothing to commit
+                    conn.execute("COMMIT")
+
     def _undo(self, conn: sqlite3.Connection, rollback: list[str]) -> None:
         if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):  # the first error is the one to see

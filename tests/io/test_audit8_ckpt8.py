@@ -182,3 +182,41 @@ def test_two_processes_resave_a_step_of_sharded_arrays(tmp_path):
             start = int(index.split("slice(")[1].split(",")[0])
             np.testing.assert_array_equal(data, want[start : start + 2])
     assert sorted(os.listdir(tmp_path / "ck")) == ["1", "2"]
+
+
+def test_a_restore_sees_one_state_while_another_writer_drops_its_step(tmp_path, monkeypatch):
+    """Checkpoints.restore read the manifest and then each row in statements of their
+    own: a save committed in between (its keep_last dropping the step being read) made
+    the reader report a damaged checkpoint. The reads now share one read transaction."""
+    import threading
+
+    from fnnc.io import Checkpoints
+
+    path = tmp_path / "run.ckpt"
+    with Checkpoints(path) as ckpt:
+        ckpt.save(1, {"w": OLD, "b": np.int32(7)})
+    writer = Checkpoints(path, keep_last=1)
+    done = threading.Event()
+
+    def save_step_2():
+        writer.save(2, {"w": NEW, "b": np.int32(8)})
+        done.set()
+
+    thread = threading.Thread(target=save_step_2)
+    row = Checkpoints._row
+
+    def row_then_race(self, *args):
+        if not thread.is_alive() and not done.is_set():  # once, after the manifest
+            thread.start()
+            done.wait(0.5)  # the save's commit waits for this read to end
+        return row(self, *args)
+
+    monkeypatch.setattr(Checkpoints, "_row", row_then_race)
+    with Checkpoints(path) as reader:
+        got = reader.restore(1)
+    thread.join(60)
+    np.testing.assert_array_equal(got.state["w"], OLD)
+    assert int(got.state["b"]) == 7
+    assert done.is_set() and writer.steps() == [2]
+    np.testing.assert_array_equal(writer.restore().state["w"], NEW)
+    writer.close()
