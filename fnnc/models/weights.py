@@ -75,6 +75,8 @@ def read_model(
     with contextlib.ExitStack() as stack:
         if isinstance(source, (str, os.PathLike)):
             source = stack.enter_context(open_tensors(source, readonly=True, format=format))
+        if callable(getattr(source, "snapshot", None)):  # an NNC file: every row read from
+            stack.enter_context(source.snapshot())  # one commit, not half of another write
         if rename is not None:
             source = Renamed(source, rename)
         found = read_parameters(source, expected, name=name, internals=internals, strict=strict)

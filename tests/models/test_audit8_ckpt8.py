@@ -61,3 +61,42 @@ def test_a_partition_with_a_key_in_its_state_still_rides_as_bits():
     loss = float(model.fit(XS, TS))
     assert np.isfinite(loss)
     assert not np.array_equal(np.asarray(model.parameters()["t-h-0-1"]), before)
+
+
+def test_model_read_takes_every_row_from_one_commit_of_a_concurrent_write(tmp_path, monkeypatch):
+    """Model.read read the rows one statement each: a Model.write of other weights
+    committed between two rows gave a model half old, half new parameters, silently."""
+    import threading
+
+    from fnnc.io import TensorFile
+
+    def mlp(seed):
+        x = Input()
+        model = Model(x, Dense(2, name="out")(ReLU()(Dense(5, name="h")(x))))
+        model.compile(XS, loss="mse", minimizer=optax.sgd(0.1), seed=seed)
+        return model
+
+    old, new, into = mlp(1), mlp(2), mlp(3)
+    path = str(tmp_path / "w.sqlite")
+    old.write(path)
+    want = old.parameters()  # the oracle: the committed file when the read began
+    assert any(not np.array_equal(want[k], v) for k, v in new.parameters().items())
+    thread = threading.Thread(target=lambda: new.write(path))
+    read = TensorFile.read
+
+    def read_then_race(self, *args, **kwargs):
+        got = read(self, *args, **kwargs)
+        if self.readonly and not thread.is_alive() and thread.ident is None:
+            thread.start()
+            thread.join(0.5)  # the write's commit waits for the read to end
+        return got
+
+    monkeypatch.setattr(TensorFile, "read", read_then_race)
+    into.read(path)
+    thread.join(60)
+    for k, v in into.parameters().items():
+        np.testing.assert_array_equal(np.asarray(v), np.asarray(want[k]), err_msg=k)
+    monkeypatch.setattr(TensorFile, "read", read)
+    into.read(path)  # and the write did happen afterwards
+    for k, v in into.parameters().items():
+        np.testing.assert_array_equal(np.asarray(v), np.asarray(new.parameters()[k]), err_msg=k)
