@@ -220,6 +220,21 @@ class ShardedCheckpoints:
             manager.wait_until_finished()
         except (ValueError, TypeError, OSError) as e:
             raise _unsaved(step, self._path, e) from None
+        for old in self._expired(step):
+            manager.delete(old)
+
+    def _expired(self, saved: int) -> list[int]:
+        """The steps retention drops after saving ``saved``, by :class:`Checkpoints`'
+        rule: the newest ``keep_last`` steps (by number), those divisible by
+        ``keep_every``, the one just saved and the newest stay. (Orbax's
+        ``max_to_keep`` counts by save time: saving an older step deleted the newest.)"""
+        if self.keep_last is None:
+            return []
+        steps = self.steps()
+        keep = {saved, steps[-1], *steps[-self.keep_last :]}
+        if self.keep_every is not None:
+            keep.update(s for s in steps if s % self.keep_every == 0)
+        return [s for s in steps if s not in keep]
 
     def _resave(self, step: int, args: Any) -> None:
         """Replaces ``step``: Orbax writes the new one in a staging directory, which is
@@ -355,9 +370,7 @@ class ShardedCheckpoints:
             if not create and not os.path.isdir(self._path):
                 return None
             options = ocp.CheckpointManagerOptions(
-                max_to_keep=self.keep_last,
-                keep_period=self.keep_every,
-                create=True,
+                create=True,  # retention: _expired (Orbax's max_to_keep goes by save time)
                 enable_async_checkpointing=False,  # save returns once the step is committed
             )
             self._manager = ocp.CheckpointManager(self._path, item_names=ITEMS, options=options)

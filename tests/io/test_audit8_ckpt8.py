@@ -220,3 +220,19 @@ def test_a_restore_sees_one_state_while_another_writer_drops_its_step(tmp_path, 
     assert done.is_set() and writer.steps() == [2]
     np.testing.assert_array_equal(writer.restore().state["w"], NEW)
     writer.close()
+
+
+@pytest.mark.parametrize(("keep_last", "keep_every"), [(2, None), (1, 4), (2, 3)])
+def test_sharded_retention_keeps_what_checkpoints_keeps(tmp_path, keep_last, keep_every):
+    """Orbax's max_to_keep counts steps by save time: saving an older step (a run
+    resumed from it) deleted the newest one. The oracle is Checkpoints' retention."""
+    from fnnc.io import Checkpoints
+
+    kw = {"keep_last": keep_last, "keep_every": keep_every}
+    with Checkpoints(tmp_path / "a.ckpt", **kw) as a, ShardedCheckpoints(tmp_path / "b", **kw) as b:
+        for step in [*range(1, 11), 5, 7]:
+            a.save(step, {"w": np.full(2, step, np.float32)})
+            b.save(step, {"w": jnp.full(2, step, jnp.float32)})
+            assert b.steps() == a.steps(), step
+        assert b.latest == 10
+        np.testing.assert_array_equal(np.asarray(b.restore().state["w"]), [10, 10])
