@@ -27,7 +27,11 @@ The policy (NNC's half-precision training, Keras's ``mixed_float16``):
   float32, so a weight shared by several layers sums their gradients in float32 (one
   shared conversion summed 300 readers' gradients of 1.0 in bfloat16, to 256), as
   Flax's casts in each call do; XLA merges the identical forward conversions;
-- nodes that only move data (:data:`FOLLOW`: reshape, transpose, slice, ...) keep the
+- nodes none of whose outputs is floating point (``compare``, ``argmax``, ``argmin``,
+  ``argsort``, a conversion to an integer or bool type, ...) read their inputs at the
+  types the graph gave them, as ``torch.autocast`` leaves comparisons alone: a float32
+  ``x < 0.1`` compared in bfloat16 was False for x = 0.09999 (both round to 0.1);
+- nodes that only move data (:data:`FOLLOW`: reshape, transpose, slice, sort, ...) keep the
   type their input has, so a float32 loss is reshaped as float32, not rounded to the
   low type and converted back (a round trip that cost the reported loss its digits).
   Gathers are among them: an ``embedding`` reads its float32 table and its rows are
@@ -92,11 +96,15 @@ FOLLOW = frozenset(
     {
         "reshape", "transpose", "format_transform", "slice", "pad", "broadcast_to",
         "data_transfer", "index_select", "embedding", "datatype_conversion",
+        "sort", "partition", "unique_consecutive",
     }
 )  # fmt: skip
 """Data movement: computes in its (first) input's type, whatever it is. A graph's own
 ``datatype_conversion`` reads its input as it is: rounding it to the low type first made
-an explicit upcast of float16 data, or a conversion to float16, bfloat16-exact."""
+an explicit upcast of float16 data, or a conversion to float16, bfloat16-exact. Sorts
+are data movement too (their values a permutation of the input, ``torch.autocast``
+leaves them in theirs): rounding float32 values first made near-equal ones ties, whose
+order (and a top-k's choice) then followed their positions, not their values."""
 
 
 def low_dtype(dtype: Any) -> Any:
@@ -176,8 +184,11 @@ def _cast(
             first = np.dtype(now[node.inputs[0]].dtype)
             want = first if _floating(first) else want
         rule = None if float32 else SUBGRAPH_RULES.get(node.cmd.name)
-        if rule is None and holds_subgraphs(node.cmd):
-            # bodies typed for the inputs as built, and no rule to retype them
+        exact = not any(_floating(graph.symbols[o].dtype) for o in node.outputs)
+        if exact or (rule is None and holds_subgraphs(node.cmd)):
+            # no floating-point result (a comparison, an argmax, a conversion to int):
+            # rounding its inputs would change its answer; or bodies typed for the
+            # inputs as built, and no rule to retype them
             ins = [read(s, np.dtype(graph.symbols[s].dtype)) for s in node.inputs]
         else:
             ins = [read(s, want) for s in node.inputs]

@@ -1,0 +1,129 @@
+"""Audit 8 of mixed precision: nodes without a floating-point result and sorts read
+their inputs unrounded under cast_precision (oracle: NumPy on the unconverted values)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.graph import GraphBuilder, cast_precision, interpret
+
+LOWS = ("bfloat16", "float16")
+NUMPY_COMPARE = {
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "eq": np.equal,
+    "ne": np.not_equal,
+}
+
+
+def _graph(shapes, fn):
+    b = GraphBuilder()
+    ins = [b.input(shape, dtype) for shape, dtype in shapes]
+    out = fn(b, *ins)
+    return b.build(list(out) if isinstance(out, tuple) else [out])
+
+
+@pytest.mark.parametrize("low", LOWS)
+@pytest.mark.parametrize("op", sorted(NUMPY_COMPARE))
+def test_a_comparison_of_float32_inputs_is_not_rounded(low, op):
+    """``x < 0.1`` with x = 0.09999: both round to 0.1 in bfloat16 and float16, so the
+    cast graph had said False (and ``eq`` True); NumPy on the float32 values is the oracle."""
+    x = np.array([0.09999, 0.1, 0.10001, -3.0], np.float32)
+    t = np.float32(0.1)
+    graph = _graph(
+        [((4,), np.float32), ((), np.float32)],
+        lambda b, x, t: b.exec(ops.compare(op=op), x, t),
+    )
+    cast = cast_precision(graph, low)
+    node = next(n for n in cast.nodes if n.cmd.name == "compare")
+    assert all(cast.spec(s).dtype == np.float32 for s in node.inputs)
+    got = np.asarray(interpret(cast, x, t))
+    np.testing.assert_array_equal(got, NUMPY_COMPARE[op](x, t))
+
+
+def test_a_comparison_of_a_low_product_reads_it_converted_up_and_the_threshold_as_is():
+    """A gemm computes in bfloat16 (by design); a comparison of its result with a float32
+    threshold compares the bfloat16 product, converted up exactly, with the threshold
+    unrounded: bfloat16(0.1) = 0.10009765625 > float32(0.1), where the threshold
+    rounded to bfloat16 too had made them equal."""
+    bf = ml_dtypes.bfloat16
+    x = np.array([[0.1, 0.0]], np.float32)
+    w = np.array([[1.0, 0.0]], np.float32)
+    t = np.float32(0.1)
+    graph = _graph(
+        [((1, 2), np.float32), ((1, 2), np.float32), ((), np.float32)],
+        lambda b, x, w, t: b.exec(
+            ops.compare(op="gt"), b.exec(ops.gemm(transpose_b=True), x, w), t
+        ),
+    )
+    cast = cast_precision(graph, "bfloat16")
+    product = x.astype(bf).astype(np.float32) @ w.astype(bf).astype(np.float32).T
+    product = product.astype(bf).astype(np.float32)
+    got = np.asarray(interpret(cast, x, w, t))
+    np.testing.assert_array_equal(got, product > t)
+    assert bool(got[0, 0])
+
+
+@pytest.mark.parametrize("low", LOWS)
+@pytest.mark.parametrize("command", ["argmax", "argmin"])
+def test_argmax_and_argmin_of_near_ties_pick_the_float32_extreme(low, command):
+    x = np.array([[1.0, 1.0001, 1.0002], [1.0002, 1.0001, 1.0]], np.float32)
+    cmd = getattr(ops, command)(axis=1)
+    graph = _graph([((2, 3), np.float32)], lambda b, x: b.exec(cmd, x))
+    got = np.asarray(interpret(cast_precision(graph, low), x))
+    want = getattr(np, command)(x, axis=1)[:, None]
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("low", LOWS)
+def test_argsort_and_conversions_to_int_and_bool_read_their_input_unrounded(low):
+    x = np.array([1.0002, 1.0, 1.0001, 2.999], np.float32)
+    graph = _graph(
+        [((4,), np.float32)],
+        lambda b, x: (
+            b.exec(ops.argsort(axis=0), x),
+            b.exec(ops.datatype_conversion(dtype="int32"), x),
+            b.exec(ops.datatype_conversion(dtype="bool"), b.exec(ops.reshape(shape=(2, 2)), x)),
+        ),
+    )
+    idx, ints, bools = (np.asarray(a) for a in interpret(cast_precision(graph, low), x))
+    np.testing.assert_array_equal(idx, np.argsort(x, kind="stable"))
+    np.testing.assert_array_equal(ints, x.astype(np.int32))
+    np.testing.assert_array_equal(bools, x.reshape(2, 2).astype(bool))
+
+
+@pytest.mark.parametrize("low", LOWS)
+@pytest.mark.parametrize("descending", [False, True])
+def test_sort_and_partition_keep_float32_values_and_their_order(low, descending):
+    """Sorts move data: their values are a permutation of the float32 input, unrounded,
+    and the indices order those values (a bfloat16 sort made 1.0, 1.0001, 1.0002 ties
+    and returned them in input order, all as 1.0)."""
+    x = np.array([[1.0, 1.0002, 1.0001, 0.5]], np.float32)
+    graph = _graph(
+        [((1, 4), np.float32)],
+        lambda b, x: (
+            *b.exec(ops.sort(axis=1, descending=descending), x),
+            *b.exec(ops.partition(kth=2, axis=1, descending=descending), x),
+        ),
+    )
+    values, idx, top, top_idx = (np.asarray(a) for a in interpret(cast_precision(graph, low), x))
+    order = np.argsort(-x if descending else x, axis=1, kind="stable")
+    assert values.dtype == np.float32 and top.dtype == np.float32
+    np.testing.assert_array_equal(idx, order)
+    np.testing.assert_array_equal(values, np.take_along_axis(x, order, axis=1))
+    np.testing.assert_array_equal(top_idx, order[:, :2])
+    np.testing.assert_array_equal(top, np.take_along_axis(x, order[:, :2], axis=1))
+
+
+@pytest.mark.parametrize("low", LOWS)
+def test_unique_consecutive_does_not_merge_runs_that_round_alike(low):
+    x = np.array([1.0, 1.0, 1.0001, 1.0001, 2.0], np.float32)
+    graph = _graph([((5,), np.float32)], lambda b, x: b.exec(ops.unique_consecutive(bincount=4), x))
+    values, counts = (np.asarray(a) for a in interpret(cast_precision(graph, low), x))
+    np.testing.assert_array_equal(values, np.array([1.0, 1.0001, 2.0, -1.0], np.float32))
+    np.testing.assert_array_equal(counts, [2, 2, 1, 0])
