@@ -155,10 +155,20 @@ ewerf = _unary(
 ewerfc = _unary(
     "ewerfc", lax.erfc, lambda x, y: -_TWO_OVER_SQRT_PI * lax.exp(-x * x), Uses(inputs=(0,))
 )
+
+
+def _abs(x):
+    """``|x|``; the identity for unsigned integers and bool, as NumPy's ``abs`` of them
+    (JAX's ``abs`` refuses them: the shape rule had passed uint8 and the run failed)."""
+    if jnp.issubdtype(x.dtype, jnp.unsignedinteger) or x.dtype == jnp.bool_:
+        return x
+    return lax.abs(x)
+
+
 # The subgradient at 0 is +1, as JAX's (so traced programs differentiate identically).
 ewabs = _unary(
     "ewabs",
-    lax.abs,
+    _abs,
     lambda x, y: jnp.where(x >= 0, 1, -1).astype(x.dtype),
     Uses(inputs=(0,)),
     float_only=False,
