@@ -9,6 +9,7 @@ exactly::
 
     loss, lse = linear_softmax_crossentropy()(x, w, label, bias)
     # == softmax_crossentropy()(float32(gemm(transpose_b=True)(x, w, bias)), label)[0]
+    # (16-bit inputs: up to the roundings XLA may skip, see _block_logits)
 
 with ``x [..., D]``, ``w [V, D]`` (NNC's dense layout), ``label`` class indices shaped
 ``[...]`` or ``[..., 1]`` (integers, or floats rounded as NNC does; NNC's label
@@ -115,9 +116,18 @@ def _block_logits(xr: Any, w: Any, bias: Any, c0: Any, cv: int) -> Any:
     after: a 16-bit block ``[2048, 32768]`` is then 128 MiB where float32 is 256 MiB,
     and the softmax's reductions and the gradient read it three times (on an H100, the
     LM step's largest reduction, ``input_convert_reduce_fusion``, which these reads
-    likely are, took 1.1 ms a step; unmeasured since). Rounding after a float32 product
-    also let XLA:GPU skip the rounding (its excess precision), so the loss's value
-    differed between platforms; an emitted 16-bit product rounds on all."""
+    likely are, took 1.1 ms a step; unmeasured since).
+
+    Whether the 16-bit roundings happen is XLA's choice: with its excess precision
+    (``xla_allow_excess_precision``, on by default) it may drop a round trip to 16 bits
+    and back. XLA:CPU does so for bfloat16, in jitted programs and in eager calls alike
+    (the block loop is always compiled): it computes the product in float32, so a block's
+    logits are that product unrounded, or with a bias the product rounded once plus the
+    bias in float32, not rounded again. It keeps float16's roundings. An eager ``gemm``
+    (its 16-bit result written out) rounds, so the command can differ from that pair of
+    commands run op by op by a 16-bit rounding of the logits (compiled as one program on
+    CPU, the pair skips the same roundings). ``XLA_FLAGS=--xla_allow_excess_precision=false``
+    keeps every rounding. Where XLA:GPU rounds is unmeasured."""
     acc = result_dtype(xr.dtype)
     wj = lax.dynamic_slice_in_dim(w, c0, cv, 0)
     z = lax.dot_general(xr, wj, (((1,), (1,)), ((), ())))
