@@ -30,7 +30,8 @@ The policy (NNC's half-precision training, Keras's ``mixed_float16``):
 - nodes none of whose outputs is floating point (``compare``, ``argmax``, ``argmin``,
   ``argsort``, a conversion to an integer or bool type, ...) read their inputs at the
   types the graph gave them, as ``torch.autocast`` leaves comparisons alone: a float32
-  ``x < 0.1`` compared in bfloat16 was False for x = 0.09999 (both round to 0.1);
+  ``x < 0.1`` compared in bfloat16 was False for x = 0.09999 (both round to 0.1); so
+  are the inputs other commands only compare (:data:`COMPARED`: ``masked_fill``'s mask);
 - nodes that only move data (:data:`FOLLOW`: reshape, transpose, slice, sort, ...) keep the
   type their input has, so a float32 loss is reshaped as float32, not rounded to the
   low type and converted back (a round trip that cost the reported loss its digits).
@@ -105,6 +106,13 @@ an explicit upcast of float16 data, or a conversion to float16, bfloat16-exact. 
 are data movement too (their values a permutation of the input, ``torch.autocast``
 leaves them in theirs): rounding float32 values first made near-equal ones ties, whose
 order (and a top-k's choice) then followed their positions, not their values."""
+
+
+COMPARED = {"fill_if_less_than": (1, 2), "masked_fill": (1,)}
+"""Inputs (by position) a command only compares, which are read at their graph types
+as a comparison's are: ``fill_if_less_than``'s selector and threshold (``s < t`` in
+bfloat16 was False for s = 0.09999, t = 0.1), ``masked_fill``'s mask (1.001 rounded to
+1.0 matched ``eq=1``)."""
 
 
 def low_dtype(dtype: Any) -> Any:
@@ -191,7 +199,11 @@ def _cast(
             # inputs as built, and no rule to retype them
             ins = [read(s, np.dtype(graph.symbols[s].dtype)) for s in node.inputs]
         else:
-            ins = [read(s, want) for s in node.inputs]
+            compared = COMPARED.get(node.cmd.name, ())
+            ins = [
+                read(s, np.dtype(graph.symbols[s].dtype) if k in compared else want)
+                for k, s in enumerate(node.inputs)
+            ]
         cmd, kept = node.cmd, len(node.outputs)
         if rule is not None:
             cmd, kept = rule(node.cmd, [np.dtype(s.dtype) for s in ins], cast_body)

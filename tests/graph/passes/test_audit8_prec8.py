@@ -127,3 +127,32 @@ def test_unique_consecutive_does_not_merge_runs_that_round_alike(low):
     values, counts = (np.asarray(a) for a in interpret(cast_precision(graph, low), x))
     np.testing.assert_array_equal(values, np.array([1.0, 1.0001, 2.0, -1.0], np.float32))
     np.testing.assert_array_equal(counts, [2, 2, 1, 0])
+
+
+@pytest.mark.parametrize("low", LOWS)
+def test_inputs_a_command_only_compares_are_not_rounded(low):
+    """fill_if_less_than's ``selector < threshold`` and masked_fill's ``mask == eq`` read
+    their float32 inputs unrounded (0.09999 < 0.1; 1.001 != 1), the filled values still
+    compute low; oracle: NumPy's ``where`` on the float32 values."""
+    from fnnc.core.command import lookup
+    from fnnc.graph.passes.precision import COMPARED
+
+    for name in COMPARED:
+        lookup(name)  # a misspelt name would protect nothing
+    a = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    sel = np.array([0.09999, 0.1, 0.10001, 0.2], np.float32)
+    mask = np.array([1.0, 1.001, 0.999, 0.0], np.float32)
+    t = np.float32(0.1)
+    graph = _graph(
+        [((4,), np.float32)] * 3 + [((), np.float32)],
+        lambda b, a, sel, mask, t: (
+            b.exec(ops.fill_if_less_than(value=-1.0), a, sel, t),
+            b.exec(ops.masked_fill(eq=1.0, fill=-5.0), a, mask),
+        ),
+    )
+    cast = cast_precision(graph, low)
+    filled, masked = (np.asarray(v) for v in interpret(cast, a, sel, mask, t))
+    np.testing.assert_array_equal(filled, np.where(sel < t, -1.0, a))
+    np.testing.assert_array_equal(masked, np.where(mask == 1.0, -5.0, a))
+    fill = next(n for n in cast.nodes if n.cmd.name == "fill_if_less_than")
+    assert cast.spec(fill.inputs[0]).dtype.name == low  # the filled tensor computes low
