@@ -85,15 +85,22 @@ class LossScale:
     minimum: float = 1.0
 
     def __post_init__(self) -> None:
+        # the state is float32: initial=1e39 became inf, and every step was skipped
+        top = float(np.finfo(np.float32).max)
+        positive = lambda v: bool(np.isfinite(v)) and v > 0
         problems = []
-        if not (np.isfinite(self.initial) and self.initial > 0):
+        if not positive(self.initial):
             problems.append(f"initial={self.initial!r} (a positive finite number)")
+        elif self.initial > top:
+            problems.append(f"initial={self.initial!r} (at most float32's largest, {top:.6g})")
         if not (isinstance(self.growth_interval, int) and self.growth_interval >= 1):
             problems.append(f"growth_interval={self.growth_interval!r} (an int >= 1)")
-        if not self.factor > 1:
-            problems.append(f"factor={self.factor!r} (a number > 1, e.g. 2.0)")
-        if not self.minimum > 0:
+        if not (positive(self.factor) and 1 < self.factor <= top):
+            problems.append(f"factor={self.factor!r} (a finite number > 1, e.g. 2.0)")
+        if not positive(self.minimum):
             problems.append(f"minimum={self.minimum!r} (a number > 0)")
+        elif positive(self.initial) and self.minimum > min(self.initial, top):
+            problems.append(f"minimum={self.minimum!r} (at most initial={self.initial!r})")
         if problems:
             raise GraphError("LossScale: expected " + "; ".join(problems))
 

@@ -156,3 +156,25 @@ def test_inputs_a_command_only_compares_are_not_rounded(low):
     np.testing.assert_array_equal(masked, np.where(mask == 1.0, -5.0, a))
     fill = next(n for n in cast.nodes if n.cmd.name == "fill_if_less_than")
     assert cast.spec(fill.inputs[0]).dtype.name == low  # the filled tensor computes low
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"initial": 1e39}, r"initial=1e\+39 \(at most float32's largest"),
+        ({"initial": 1e38, "minimum": 1e39}, r"minimum=1e\+39 \(at most initial=1e\+38\)"),
+        ({"initial": 4.0, "minimum": 8.0}, r"minimum=8.0 \(at most initial=4.0\)"),
+        ({"factor": float("inf")}, r"factor=inf \(a finite number > 1"),
+    ],
+)
+def test_a_loss_scale_float32_cannot_hold_is_refused(kwargs, message):
+    """LossScale(initial=1e39) was accepted; its float32 state was inf, so every scaled
+    loss was inf, every step skipped and the scale stayed inf (inf / 2), silently."""
+    from fnnc.errors import GraphError
+    from fnnc.graph.passes.loss_scale import LossScale
+
+    with pytest.raises(GraphError, match=message):
+        LossScale(**kwargs)
+    top = float(np.finfo(np.float32).max)
+    state = LossScale(initial=top, minimum=top).init()  # the largest accepted: finite
+    assert float(state.scale) == top and np.isfinite(np.asarray(state.scale))
