@@ -24,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
+
 from fnnc.core.ir import Graph
 from fnnc.errors import ModelError
 from fnnc.graph.passes.precision import KEEP_FLOAT32, LOW, cast_precision
@@ -48,11 +50,13 @@ class Precision:
             if loss_scale is None:
                 return value
             return dataclasses.replace(value, loss_scale=scaling.policy(loss_scale, value.dtype))
-        if value not in (None, "float32", *LOW):
+        name = _name(value)
+        if name not in (None, "float32", *LOW):
             raise ModelError(
-                f"compile: precision={value!r}; expected 'float32', 'bfloat16' or 'float16'"
+                f"compile: precision={value!r}; expected 'float32', 'bfloat16' or 'float16' "
+                "(or those dtypes, e.g. jnp.bfloat16)"
             )
-        dtype = None if value in (None, "float32") else value
+        dtype = None if name in (None, "float32") else name
         policy = scaling.policy(loss_scale, dtype)
         return None if dtype is None else Precision(dtype, loss_scale=policy)
 
@@ -62,3 +66,15 @@ class Precision:
 
     def __call__(self, graph: Graph) -> Graph:
         return cast_precision(graph, self.dtype, keep_float32=self.keep_float32)
+
+
+def _name(value: Any) -> str | None:
+    """``value``'s dtype name (``jnp.bfloat16``, ``np.dtype("float16")``: the same as
+    their names; ``np.dtype("float16")`` had been taken and ``np.float16`` refused), or
+    ``value`` itself where it names no dtype (the error then shows it)."""
+    if value is None or isinstance(value, str):
+        return value
+    try:
+        return np.dtype(value).name
+    except (TypeError, ValueError):
+        return value
