@@ -70,9 +70,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fnnc import ops
-from fnnc.core.command import Command
+from fnnc.core.command import Command, lookup
 from fnnc.core.ir import Graph, TensorSymbol
-from fnnc.errors import GraphError
+from fnnc.errors import GraphError, UnknownCommandError
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.passes._subgraphs import holds_subgraphs
 from fnnc.graph.scan import scan_bodies
@@ -134,10 +134,29 @@ def cast_precision(
         keep_float32: command names that compute in float32.
 
     Raises:
-        GraphError: an unknown ``dtype``, a graph with alias symbols, or one that reads
-            a loop's tape (a graph that already holds the loop's gradient).
+        GraphError: an unknown ``dtype``, a name in ``keep_float32`` that is no
+            registered command (it would keep nothing in float32), a graph with alias
+            symbols, or one that reads a loop's tape (a graph that already holds the
+            loop's gradient).
     """
-    return _cast(graph, np.dtype(low_dtype(dtype)), frozenset(keep_float32))
+    return _cast(graph, np.dtype(low_dtype(dtype)), _command_names(keep_float32))
+
+
+def _command_names(names: Iterable[str]) -> frozenset[str]:
+    """``keep_float32`` checked: ``{"rmsnorm"}`` (NNC's name) or ``"softmax"`` (a string,
+    its letters) had kept nothing in float32, silently."""
+    if isinstance(names, str):
+        raise GraphError(
+            f"cast_precision: keep_float32={names!r}; expected a collection of command "
+            f"names, e.g. {{{names!r}}} or KEEP_FLOAT32 | {{{names!r}}}"
+        )
+    names = frozenset(names)
+    for name in sorted(names):
+        try:
+            lookup(name)
+        except UnknownCommandError as e:
+            raise GraphError(f"cast_precision: keep_float32 names {e}") from None
+    return names
 
 
 def _cast(

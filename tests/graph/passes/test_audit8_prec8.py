@@ -178,3 +178,26 @@ def test_a_loss_scale_float32_cannot_hold_is_refused(kwargs, message):
     top = float(np.finfo(np.float32).max)
     state = LossScale(initial=top, minimum=top).init()  # the largest accepted: finite
     assert float(state.scale) == top and np.isfinite(np.asarray(state.scale))
+
+
+@pytest.mark.parametrize(
+    "keep,message",
+    [
+        ({"rmsnorm"}, r"unknown command 'rmsnorm'\. Did you mean rms_norm"),
+        ("softmax", r"keep_float32='softmax'; expected a collection of command names"),
+    ],
+)
+def test_keep_float32_names_must_be_commands(keep, message):
+    """NNC's ``"rmsnorm"`` (or a bare string, a set of its letters) kept nothing in
+    float32 and said nothing; a registered name still keeps its command in float32."""
+    from fnnc.errors import GraphError
+
+    graph = _graph(
+        [((2, 3), np.float32), ((4, 3), np.float32)],
+        lambda b, x, w: b.exec(ops.softmax(), b.exec(ops.gemm(transpose_b=True), x, w)),
+    )
+    with pytest.raises(GraphError, match=message):
+        cast_precision(graph, "bfloat16", keep_float32=keep)
+    kept = cast_precision(graph, "bfloat16", keep_float32={"softmax"})
+    softmax = next(n for n in kept.nodes if n.cmd.name == "softmax")
+    assert kept.spec(softmax.outputs[0]).dtype == np.float32
