@@ -84,13 +84,14 @@ KEEP_FLOAT32 = frozenset(
         "softmax", "log_softmax", "softmax_crossentropy", "categorical_crossentropy",
         "binary_crossentropy", "sigmoid_binary_crossentropy", "mse", "smooth_l1",
         "reduce_sum", "reduce_mean", "reduce_norm2", "reduce_max", "reduce_min",
-        "reduce_logsumexp",
+        "reduce_logsumexp", "histogram",
         "batch_norm", "layer_norm", "group_norm", "rms_norm", "rmsnorm_gated",
         "optax_update",
     }
 )  # fmt: skip
 """Commands that compute in float32 (names of registered commands: a test checks them;
-``"rmsnorm"``, NNC's name, had stood here for ``rms_norm``, which ran in bfloat16)."""
+``"rmsnorm"``, NNC's name, had stood here for ``rms_norm``, which ran in bfloat16;
+``histogram``'s sums and bins, of a float32 0.4999 rounded to 0.5, had too)."""
 
 
 FOLLOW = frozenset(

@@ -201,3 +201,20 @@ def test_keep_float32_names_must_be_commands(keep, message):
     kept = cast_precision(graph, "bfloat16", keep_float32={"softmax"})
     softmax = next(n for n in kept.nodes if n.cmd.name == "softmax")
     assert kept.spec(softmax.outputs[0]).dtype == np.float32
+
+
+@pytest.mark.parametrize("low", LOWS)
+def test_histogram_bins_and_sums_its_float32_input_in_float32(low):
+    """A statistic, as the policy keeps reductions: 0.4999 rounded to 0.5 had moved to
+    the upper bin, and the sum of 1000 entries had 3 digits; oracle: NumPy in float64."""
+    x = np.full(1000, 0.4999, np.float32)
+    x[:3] = 1.001
+    graph = _graph(
+        [((1000,), np.float32)],
+        lambda b, x: b.exec(ops.histogram(bins=2, min=0.0, max=1.0), x),
+    )
+    counts, stats = (np.asarray(v) for v in interpret(cast_precision(graph, low), x))
+    np.testing.assert_array_equal(counts, [0, 997, 0, 3, 0])
+    wide = x.astype(np.float64)
+    want = [wide.min(), wide.max(), wide.sum(), (wide * wide).sum()]
+    np.testing.assert_allclose(stats, want, rtol=1e-6)
