@@ -32,6 +32,8 @@ The policy (NNC's half-precision training, Keras's ``mixed_float16``):
   types the graph gave them, as ``torch.autocast`` leaves comparisons alone: a float32
   ``x < 0.1`` compared in bfloat16 was False for x = 0.09999 (both round to 0.1); so
   are the inputs other commands only compare (:data:`COMPARED`: ``masked_fill``'s mask);
+- identities (:data:`PASS_THROUGH`: ``stop_gradient``, ``optimization_barrier``) read
+  each input in the type it has;
 - nodes that only move data (:data:`FOLLOW`: reshape, transpose, slice, sort, ...) keep the
   type their input has, so a float32 loss is reshaped as float32, not rounded to the
   low type and converted back (a round trip that cost the reported loss its digits).
@@ -108,6 +110,10 @@ are data movement too (their values a permutation of the input, ``torch.autocast
 leaves them in theirs): rounding float32 values first made near-equal ones ties, whose
 order (and a top-k's choice) then followed their positions, not their values."""
 
+
+PASS_THROUGH = frozenset({"stop_gradient", "optimization_barrier"})
+"""Identities: each input keeps the type it has (a float32 loss behind a
+``stop_gradient`` had been rounded to the low type and converted back)."""
 
 COMPARED = {"fill_if_less_than": (1, 2), "masked_fill": (1,)}
 """Inputs (by position) a command only compares, which are read at their graph types
@@ -218,6 +224,8 @@ def _cast(
             # rounding its inputs would change its answer; or bodies typed for the
             # inputs as built, and no rule to retype them
             ins = [read(s, np.dtype(graph.symbols[s].dtype)) for s in node.inputs]
+        elif node.cmd.name in PASS_THROUGH:  # identities: each input as it is now
+            ins = [read(s, np.dtype(now[s].dtype) if s in now else want) for s in node.inputs]
         else:
             compared = COMPARED.get(node.cmd.name, ())
             ins = [

@@ -218,3 +218,27 @@ def test_histogram_bins_and_sums_its_float32_input_in_float32(low):
     wide = x.astype(np.float64)
     want = [wide.min(), wide.max(), wide.sum(), (wide * wide).sum()]
     np.testing.assert_allclose(stats, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("low", LOWS)
+def test_identities_keep_each_input_in_its_type(low):
+    """``sum(stop_gradient(x))`` of a float32 x had rounded x to the low type and back
+    (10.0004 summed as 10.0); a barrier over a float32 input and a low product keeps
+    each in its own type. Oracle: NumPy's float64 sum of the float32 values."""
+    x = np.array([1.0001, 2.0001, 3.0001, 4.0001], np.float32)
+    w = np.eye(4, dtype=np.float32)
+
+    def build(b, x, w):
+        held = b.exec(ops.stop_gradient(), x)
+        product = b.exec(ops.gemm(), b.exec(ops.reshape(shape=(1, 4)), x), w)
+        kept, low_product = b.exec(ops.optimization_barrier(), x, product)
+        total = b.exec(ops.reduce_sum(axes=(0,)), held)
+        return total, b.exec(ops.reduce_sum(axes=(0,)), kept), low_product
+
+    cast = cast_precision(_graph([((4,), np.float32), ((4, 4), np.float32)], build), low)
+    total, kept, _ = (np.asarray(v) for v in interpret(cast, x, w))
+    want = x.astype(np.float64).sum()
+    np.testing.assert_allclose(total, [want], rtol=1e-7)
+    np.testing.assert_allclose(kept, [want], rtol=1e-7)
+    barrier = next(n for n in cast.nodes if n.cmd.name == "optimization_barrier")
+    assert [cast.spec(s).dtype.name for s in barrier.outputs] == ["float32", low]
