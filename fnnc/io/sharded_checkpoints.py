@@ -48,10 +48,10 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 
 from fnnc.errors import CheckpointError
+from fnnc.io import checkpoint_trees as trees
 from fnnc.io import dir_swap
 from fnnc.io.checkpoints import Checkpoint
 from fnnc.io.structure import skeleton, template
@@ -59,18 +59,6 @@ from fnnc.io.structure import skeleton, template
 FORMAT, VERSION = "fnnc.sharded_checkpoint", 1
 ITEMS = ("state", "optimizer", "fnnc")
 STAGING = ".fnnc-resave"  # where a re-saved step is written before it replaces the old one
-
-
-def escape(key: str) -> str:
-    """A dict key Orbax stores as one name: it joins a leaf's path with ``.`` (so
-    ``{"a": {"b.c": x}}`` and ``{"a.b": {"c": y}}`` would collide) and ``/`` makes
-    directories; both are percent-encoded."""
-    return key.replace("%", "%25").replace(".", "%2E").replace("/", "%2F")
-
-
-def unescape(key: str) -> str:
-    """The inverse of :func:`escape`."""
-    return key.replace("%2F", "/").replace("%2E", ".").replace("%25", "%")
 
 
 class ShardedCheckpoints:
@@ -192,8 +180,8 @@ class ShardedCheckpoints:
             info = {"metadata": metadata}
         manifest = {"format": FORMAT, "version": VERSION, "source": source, **info}
         where = f"sharded checkpoint: step {step} for {self._path}"
-        _check_savable(state, "state", where)
-        _check_savable(optimizer_state, "optimizer state", where)
+        trees.check_savable(state, "state", where)
+        trees.check_savable(optimizer_state, "optimizer state", where)
         if not jax.tree.leaves(state):
             raise CheckpointError(f"{where}: the state holds no arrays")
         if not jax.tree.leaves(optimizer_state):  # none yet (a model before its first step)
@@ -208,9 +196,12 @@ class ShardedCheckpoints:
         if jax.process_index() == 0:  # what a save killed mid-swap left
             dir_swap.recover(os.path.join(self._path, STAGING), self._path)
         self._barrier("recovered", step)
-        items = {"state": ocp.args.StandardSave(_keyed(state)), "fnnc": ocp.args.JsonSave(manifest)}
+        items = {
+            "state": ocp.args.StandardSave(trees.keyed(state)),
+            "fnnc": ocp.args.JsonSave(manifest),
+        }
         if optimizer_state is not None:
-            items["optimizer"] = ocp.args.StandardSave(_keyed(optimizer_state))
+            items["optimizer"] = ocp.args.StandardSave(trees.keyed(optimizer_state))
         args = ocp.args.Composite(**items)
         if step in self.steps():
             self._resave(step, args)
@@ -349,7 +340,7 @@ class ShardedCheckpoints:
         """Item ``item`` (``"state"`` or ``"optimizer"``) of ``step``, each leaf laid
         out as the matching leaf of ``like`` (``None``: as saved, on one device)."""
         where = f"sharded checkpoint: step {step} in {self._path}"
-        target = None if like is None else _keyed(jax.tree.map(_spec, like))
+        target = None if like is None else trees.keyed(jax.tree.map(trees.spec, like))
         args = ocp.args.StandardRestore(target)
         try:
             got = self._open(create=False).restore(step, args=ocp.args.Composite(**{item: args}))
@@ -360,8 +351,8 @@ class ShardedCheckpoints:
                 f"another step (retained: {self.steps()})"
             ) from None
         if like is None:
-            return _unkeyed(got[item])
-        return _placed(like, jax.tree.leaves(got[item]))
+            return trees.unkeyed(got[item])
+        return trees.placed(like, jax.tree.leaves(got[item]))
 
     # -- internals ------------------------------------------------------------------
     def _open(self, *, create: bool) -> Any:
@@ -397,89 +388,6 @@ class ShardedCheckpoints:
                 f"{FORMAT!r}, version {VERSION})"
             )
         return manifest
-
-
-def _check_savable(tree: Any, what: str, where: str) -> None:
-    """A :class:`CheckpointError` naming the leaf, before anything on disk changes (a
-    re-save replaces its step), for what Orbax cannot store: a dict whose keys mix
-    types, a zero-size array, a leaf that is not numbers (:func:`_storable`)."""
-    try:
-        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(
-            f"{where}: its {what} is no pytree JAX can flatten ({str(e)[:200]}); the keys "
-            "of one dict must be all strings or all ints"
-        ) from None
-    for path, leaf in leaves:
-        if not _storable(leaf):
-            dtype = getattr(leaf, "dtype", None)
-            kind = type(leaf).__name__ + (f" of {dtype}" if dtype is not None else "")
-            raise CheckpointError(
-                f"{where}: {what} leaf {jax.tree_util.keystr(path)} is a {kind} "
-                f"({leaf!r:.40}), which Orbax cannot store: save arrays of numbers (bool, "
-                "int, float, complex) or Python bool, int and float, and give other values "
-                "as metadata= (JSON)"
-            )
-        if getattr(leaf, "size", None) == 0:
-            raise CheckpointError(
-                f"{where}: {what} leaf {jax.tree_util.keystr(path)} is a zero-size array "
-                f"{tuple(leaf.shape)}, which Orbax cannot store: leave it out, or save with "
-                "Checkpoints (one SQLite file), which stores it"
-            )
-
-
-def _storable(leaf: Any) -> bool:
-    """Whether Orbax stores ``leaf``: a Python bool, int or float, or an array (or NumPy
-    scalar) of bools, numbers (bfloat16, int4 and float8 included) or PRNG keys; not a
-    str, bytes, Python complex, nor an array of strings, objects or dates."""
-    if isinstance(leaf, (bool, int, float)):
-        return True
-    if not isinstance(leaf, (np.ndarray, np.generic, jax.Array)):
-        return False
-    dtype = leaf.dtype
-    kinds = (np.number, np.bool_, jax.dtypes.prng_key)
-    return any(jax.dtypes.issubdtype(dtype, k) for k in kinds)
-
-
-def _spec(leaf: Any) -> Any:
-    """A restore target leaf: shape, dtype and (when it has one) sharding; a Python
-    number stays itself (Orbax restores it as the number it saved)."""
-    if isinstance(leaf, (bool, int, float)):
-        return leaf
-    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=getattr(leaf, "sharding", None))
-
-
-def _keyed(tree: Any) -> Any:
-    """``tree`` with every dict key escaped (:func:`escape`)."""
-    if isinstance(tree, dict):
-        return {escape(str(k)): _keyed(v) for k, v in tree.items()}
-    if hasattr(tree, "_fields"):  # a NamedTuple (an Optax state)
-        return type(tree)(*(_keyed(v) for v in tree))
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_keyed(v) for v in tree)
-    return tree
-
-
-def _placed(like: Any, leaves: list[Any]) -> Any:
-    """``like``'s tree holding ``leaves``, which come in the leaf order of ``_keyed(like)``
-    (Orbax restores the escaped target): dict keys sort as the strings they are saved
-    as, which for int keys is not ``like``'s order (``"10" < "2"``, ``2 < 10``)."""
-    structure = jax.tree.structure(like)
-    order = jax.tree.leaves(_keyed(jax.tree.unflatten(structure, range(structure.num_leaves))))
-    placed: list[Any] = [None] * structure.num_leaves
-    for leaf, k in zip(leaves, order, strict=True):
-        placed[k] = leaf
-    return jax.tree.unflatten(structure, placed)
-
-
-def _unkeyed(tree: Any) -> Any:
-    if isinstance(tree, dict):
-        return {unescape(str(k)): _unkeyed(v) for k, v in tree.items()}
-    if hasattr(tree, "_fields"):
-        return type(tree)(*(_unkeyed(v) for v in tree))
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_unkeyed(v) for v in tree)
-    return tree
 
 
 def _unsaved(step: int, path: str, e: BaseException) -> CheckpointError:
