@@ -30,8 +30,10 @@ it before the breakpoint of the last (partial) iteration.
 
   - ``max_iterations=N`` (a static trip bound): the forward runs a ``lax.scan`` of N
     steps with an "active" flag instead: the same values while ``count`` stays within
-    N, and ``jax.vjp`` (the derived backward) differentiates it. The loop then stops at
-    ``count == N`` even if the condition still holds. Every call pays N steps.
+    N, and its backward is ``jax.vjp`` of that scan with every body node differentiated
+    by its command's own backward rule (as the backward pass and a taped loop do). The
+    loop then stops at ``count == N`` even if the condition still holds. Every call pays
+    N steps.
   - ``tape=K`` (NNC's tape, for a trip count that is data): the forward stays a
     ``lax.while_loop`` that also stores each iteration's carried values in a buffer of
     K iterations; the backward replays the tape in reverse over the iterations actually
@@ -45,7 +47,8 @@ it before the breakpoint of the last (partial) iteration.
 returns an integer scalar ``k``; branch ``k`` runs on the inputs and its outputs are
 the node's. ``-1`` is the bypass: output ``k`` is input ``bypass[k]``. Lowering:
 ``lax.switch`` on ``k + 1`` (slot 0 is the bypass), which clamps other indices into
-range. Differentiable through the derived backward (no gradient reaches the index).
+range. Its backward is ``jax.vjp`` of the switch with every branch node differentiated
+by its command's own backward rule (no gradient reaches the index).
 """
 
 from __future__ import annotations
@@ -163,14 +166,22 @@ def while_loop(
     >>> float(jax.grad(loop)(np.float32(1)))
     8.0
     """
+    return _run_loop(
+        inputs, body, cond, carry_overs, cond_inputs, breakpoint, max_iterations, tape, False
+    )
+
+
+def _run_loop(inputs, body, cond, carry_overs, cond_inputs, breakpoint, max_iterations, tape, nnc):
+    """The loop; ``nnc``: the body's nodes differentiate by their own backward rules."""
     head, tail = split_body(body, breakpoint)
     n_roots = len(head.outputs) - len(breakpoint)
     slots = sorted({i for _, i in carry_overs})
     fixed = [i for i in range(len(inputs)) if i not in slots]
     dtypes = [inputs[i].dtype for i in slots]
-    # A taped loop is differentiated trip by trip with jax.vjp of the body: running it
-    # through run_graph_nnc makes that vjp follow each command's own backward rule.
-    run = run_graph if tape is None else run_graph_nnc
+    # A differentiated loop (a taped one trip by trip, a bounded one in its backward) is
+    # differentiated with jax.vjp of the body: running it through run_graph_nnc makes
+    # that vjp follow each command's own backward rule, as the backward pass does.
+    run = run_graph if tape is None and not nnc else run_graph_nnc
 
     def full(consts, xs):
         args = [None] * len(inputs)
@@ -231,7 +242,12 @@ def _untaped(test, step, consts, state, max_iterations):
 def _while_loop_backward(grads, inputs, outputs, **params):
     if params["max_iterations"] is None and params["tape"] is None:
         raise CommandError(f"while_loop: {NO_REVERSE_MODE}")
-    return vjp_backward(while_loop.definition.forward, grads, inputs, **params)
+    return vjp_backward(_differentiable_loop, grads, inputs, **params)
+
+
+def _differentiable_loop(*inputs, **params):
+    """The loop whose ``jax.vjp`` follows the body commands' own backward rules."""
+    return _run_loop(inputs, **params, nnc=True)
 
 
 # --- case_of ------------------------------------------------------------------------
@@ -310,12 +326,28 @@ def case_of(*inputs, selector, branches, bypass):
     >>> ops.case_of(selector=selector, branches=(branch,), bypass=(0,))(np.float32(3))
     Array(3., dtype=float32)
     """
+    return _run_case(inputs, selector, branches, bypass, run_graph)
+
+
+@case_of.backward
+def _case_of_backward(grads, inputs, outputs, **params):
+    # jax.vjp of the branches run by run_graph_nnc: each node's own backward rule, as the
+    # backward pass (and NNC's backward of the taken branch) differentiates it.
+    return vjp_backward(_differentiable_case, grads, inputs, **params)
+
+
+def _differentiable_case(*inputs, selector, branches, bypass):
+    return _run_case(inputs, selector, branches, bypass, run_graph_nnc)
+
+
+def _run_case(inputs, selector, branches, bypass, run):
+    """case_of's forward; ``run`` runs a branch (:func:`run_graph` or its NNC-rule twin)."""
     (index,) = run_graph(selector, inputs)
     dtypes = [inputs[p].dtype for p in bypass]
 
     def take(graph):
         return lambda *xs: tuple(
-            lax.convert_element_type(o, d) for o, d in zip(run_graph(graph, xs), dtypes)
+            lax.convert_element_type(o, d) for o, d in zip(run(graph, xs), dtypes)
         )
 
     fns = [lambda *xs: tuple(lax.convert_element_type(xs[p], d) for p, d in zip(bypass, dtypes))]
