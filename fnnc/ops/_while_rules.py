@@ -11,6 +11,7 @@ from fnnc.core.command import Command, Spec
 from fnnc.errors import CommandError, GraphError
 from fnnc.ops._subgraph import (
     check_inputs,
+    higher_order_check,
     positions,
     require_graph,
     require_scalar,
@@ -191,10 +192,10 @@ TAPE_FIRST_ORDER = (
 
 def while_backward_check(cmd: Command, order: int = 1) -> str | None:
     """Why ``cmd`` has no gradient of order ``order`` (1: its backward, 2: the backward
-    of that, ...): a loop needs ``max_iterations`` or ``tape``, and a tape gives only
-    the first order."""
+    of that, ...): a loop needs ``max_iterations`` or ``tape``, a tape gives only the
+    first order, and a bounded loop has the orders its body's nodes have."""
     if cmd.param("max_iterations") is not None:
-        return None
+        return higher_order_check(cmd.param("body"), order)
     if cmd.param("tape") is not None:
         return None if order <= 1 else TAPE_FIRST_ORDER.format(order=order)
     return NO_REVERSE_MODE

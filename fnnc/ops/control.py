@@ -64,6 +64,7 @@ from fnnc.errors import CommandError, GraphError
 from fnnc.ops._rules import broadcast_shape, require_choice, require_same_dtype, to_shape
 from fnnc.ops._subgraph import (
     check_inputs,
+    higher_order_check,
     positions,
     require_graph,
     require_scalar,
@@ -308,7 +309,21 @@ def _case_display(cmd: Command) -> str:
         return "case_of[?]"
 
 
-@defcommand(family="control", shape=_case_shape, display=_case_display)
+def _case_backward_check(cmd: Command, order: int = 1) -> str | None:
+    """A case_of has the gradient orders all its branches have."""
+    for k, branch in enumerate(cmd.param("branches")):
+        reason = higher_order_check(branch, order)
+        if reason is not None:
+            return f"branch {k}, {reason}"
+    return None
+
+
+@defcommand(
+    family="control",
+    shape=_case_shape,
+    display=_case_display,
+    backward_check=_case_backward_check,
+)
 def case_of(*inputs, selector, branches, bypass):
     """NNC's case..of: ``branches[selector(*inputs)]`` runs; -1 bypasses (module doc).
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fnnc import ops
+from fnnc.errors import CommandError
 from fnnc.graph import GraphBuilder, case_of, compile, interpret, while_loop
 from fnnc.graph.passes.backward import backward
 
@@ -95,3 +96,73 @@ def test_backward_pass_through_case_of_uses_the_branch_commands_backward():
         _, dz, dx = run(Z, X)
         np.testing.assert_allclose(dz, want[0], rtol=1e-6)
         np.testing.assert_allclose(dx, want[1], rtol=1e-6)
+
+
+def _inner(mode):
+    """A graph (h, w) -> h * w**2 by a loop built with ``mode``."""
+    ib = GraphBuilder()
+    h0, w0 = ib.input((2,), name="h0"), ib.input((2,), name="w")
+    h1 = ib.exec(ops.ewprod(), h0, w0, name="h1")
+    ob = GraphBuilder()
+    h, w = ob.input((2,), name="H0"), ob.input((2,), name="W")
+    args = dict(carry_overs={h1: h0}, name="inner", **mode)
+    (out,) = while_loop(ob, ib.build([h1]), _count_below(2), [h, w], **args)
+    return ob.build([out]), h, out
+
+
+def _second_order(outer):
+    """The graph of d/dz sum(d sum(y * y)/dz), y = outer(inner)(z, w)."""
+    b = GraphBuilder()
+    z, w = b.input((2,), name="z"), b.input((2,), name="w")
+    (y,) = outer(b, z, w)
+    loss = b.exec(
+        ops.reshape(shape=()), b.exec(ops.reduce_sum(axes=(0,)), b.exec(ops.ewprod(), y, y))
+    )
+    g1, (dz,) = backward(b.build([loss]), loss, [z])
+    b2 = GraphBuilder.from_graph(g1)
+    s = b2.exec(ops.reshape(shape=()), b2.exec(ops.reduce_sum(axes=(0,)), dz))
+    g2 = b2.build([s])
+    return g2, s
+
+
+def _in_loop(mode):
+    def outer(b, z, w):
+        body, h, out = _inner(mode)
+        return while_loop(b, body, _count_below(2), [z, w], carry_overs={out: h}, max_iterations=3)
+
+    return outer
+
+
+def _in_case(mode):
+    def outer(b, z, w):
+        s = GraphBuilder()
+        s.input((2,)), s.input((2,))
+        return case_of(b, s.build([s.constant(np.int32(0))]), [_inner(mode)[0]], [z, w], bypass=[z])
+
+    return outer
+
+
+@pytest.mark.parametrize("where", [_in_loop, _in_case], ids=["bounded loop", "case_of"])
+def test_second_order_through_a_taped_loop_inside_is_refused_by_the_pass(where):
+    """Was: the pass built the graph and running it raised JAX's bare 'Reverse-mode
+    differentiation does not work for lax.while_loop'."""
+    g2, s = _second_order(where({"tape": 4}))
+    with pytest.raises(CommandError, match=r"node inner .*tape=4.*first-order gradients only"):
+        backward(g2, s, [g2.inputs[0]])
+
+
+@pytest.mark.parametrize("where", [_in_loop, _in_case], ids=["bounded loop", "case_of"])
+def test_second_order_through_a_bounded_loop_inside_matches_jax(where):
+    g2, s = _second_order(where({"max_iterations": 3}))
+    g3, (ddz,) = backward(g2, s, [g2.inputs[0]])
+    z, w = F32([1.1, 0.9]), F32([1.2, 0.8])
+    got = interpret(GraphBuilder.from_graph(g3).build([ddz]), z, w)
+    trips = 2 if where is _in_loop else 1  # the outer loop runs the inner one twice
+
+    def f(z, w):
+        y = jax.lax.fori_loop(0, 2 * trips, lambda _, h: h * w, z)
+        return jnp.sum(y * y)
+
+    with jax.enable_x64(True):
+        want = jax.grad(lambda z: jnp.sum(jax.grad(f)(z, np.float64(w))))(np.float64(z))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
