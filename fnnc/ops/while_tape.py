@@ -67,6 +67,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from fnnc.core.dtypes import at_least_float32
 from fnnc.errors import CommandError
 
 Carry = Any
@@ -175,12 +176,15 @@ def _replay(body_fn, consts, tape, n, g_final, capacity):
         xf = [r for r, f in zip(row, x_float) if f]
         _, pull = jax.vjp(lambda cf, xf: trip(cf, xf, row), c_floats, xf)
         d_c, d_x = pull(g_x)
-        return _like(d_x, g_x), _like([a + b for a, b in zip(g_c, d_c)], g_c)
+        return _like(d_x, g_x), [a + b.astype(a.dtype) for a, b in zip(g_c, d_c)]
 
     g_leaves = jax.tree.leaves(g_final)
     g_x0 = [_strong(g, t.dtype) for g, t, f in zip(g_leaves, t_leaves, x_float) if f]
-    g_c0 = [jnp.zeros(c.shape, c.dtype) for c in c_floats]
+    # The invariants' gradients are summed over the trips in float32 at least (16-bit
+    # terms rounded once, as scan sums them) and given back in their own types.
+    g_c0 = [jnp.zeros(c.shape, at_least_float32(c.dtype)) for c in c_floats]
     g_x, g_c = lax.fori_loop(0, jnp.minimum(n, capacity), back, (g_x0, g_c0))
+    g_c = _like(g_c, c_floats)
     c_zero = [_float0(c.shape) for c in c_leaves]
     x_zero = [_float0(t.shape[1:]) for t in t_leaves]
     return (

@@ -166,3 +166,34 @@ def test_second_order_through_a_bounded_loop_inside_matches_jax(where):
     with jax.enable_x64(True):
         want = jax.grad(lambda z: jnp.sum(jax.grad(f)(z, np.float64(w))))(np.float64(z))
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", [{"max_iterations": 300}, {"tape": 300}])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_a_16_bit_loop_invariant_gradient_is_summed_in_float32(mode, dtype):
+    """h <- h + 0.01 w for 300 trips: dsum(h)/dw = 300 * 0.01. Summed in bfloat16 trip
+    by trip it was 3.22 (7% off); scan already sums in float32."""
+    bb = GraphBuilder()
+    h0, w0 = bb.input((4,), dtype, name="h0"), bb.input((4,), dtype, name="w")
+    h1 = bb.exec(ops.ewsum(), h0, bb.exec(ops.scalar_mul(a=0.01), w0), name="h1")
+    b = GraphBuilder()
+    h, w = b.input((4,), dtype, name="h"), b.input((4,), dtype, name="w")
+    (out,) = while_loop(b, bb.build([h1]), _count_below(300), [h, w], carry_overs={h1: h0}, **mode)
+    loss = b.exec(ops.reduce_sum(axes=(0,)), out)
+    grads, _ = backward(b.build([loss]), loss, [w])
+    _, dw = compile(grads)(np.zeros(4, dtype), np.ones(4, dtype))
+    assert dw.dtype == dtype
+    want = 300 * float(np.asarray(0.01, dtype))  # each trip's term, rounded once at the end
+    np.testing.assert_allclose(np.asarray(dw, np.float64), want, rtol=4e-3)
+
+
+def test_taped_while_sums_16_bit_invariant_gradients_in_float32():
+    from fnnc.ops.while_tape import taped_while
+
+    def f(w):
+        grow = lambda w, c: (c[0] + 1, c[1] + w * jnp.asarray(0.01, w.dtype))
+        init = (jnp.int32(0), jnp.zeros(4, w.dtype))
+        return jnp.sum(taped_while(lambda w, c: c[0] < 300, grow, w, init, capacity=300)[1])
+
+    dw = jax.grad(f)(jnp.ones(4, jnp.bfloat16))
+    np.testing.assert_allclose(np.asarray(dw, np.float64), 300 * 0.01, rtol=4e-3)
