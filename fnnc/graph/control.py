@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+import numpy as np
+
 from fnnc import ops
 from fnnc.core.ir import Graph, Symbol
 from fnnc.errors import CommandError, GraphError
@@ -244,7 +246,8 @@ def _early_outputs(body: Graph, breakpoint: Any) -> tuple[int, ...]:  # noqa: A0
         return ()
     if breakpoint == "after":
         return tuple(range(len(body.outputs)))
-    if not isinstance(breakpoint, int) or not 0 <= breakpoint <= len(body.nodes):
+    is_int = isinstance(breakpoint, (int, np.integer)) and not isinstance(breakpoint, bool)
+    if not is_int or not 0 <= breakpoint <= len(body.nodes):
         raise CommandError(
             f'while_loop: breakpoint must be "before", "after" or a node count in '
             f"[0, {len(body.nodes)}], got {breakpoint!r}"

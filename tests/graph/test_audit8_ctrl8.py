@@ -197,3 +197,25 @@ def test_taped_while_sums_16_bit_invariant_gradients_in_float32():
 
     dw = jax.grad(f)(jnp.ones(4, jnp.bfloat16))
     np.testing.assert_allclose(np.asarray(dw, np.float64), 300 * 0.01, rtol=4e-3)
+
+
+def _two_node_loop(where):
+    """z1 = z0 * x (node 0), w1 = w0 + z1 (node 1); count < 2; breakpoint ``where``."""
+    bb = GraphBuilder()
+    z0, w0, x = bb.input((), name="z0"), bb.input((), name="w0"), bb.input((), name="x")
+    z1 = bb.exec(ops.ewprod(), z0, x, name="z1")
+    w1 = bb.exec(ops.ewsum(), w0, z1, name="w1")
+    b = GraphBuilder()
+    z, w, xo = b.input((), name="z"), b.input((), name="w"), b.input((), name="x")
+    args = dict(carry_overs={z1: z0, w1: w0}, breakpoint=where)
+    outs = while_loop(b, bb.build([z1, w1]), _count_below(2), [z, w, xo], **args)
+    return b.build(list(outs))
+
+
+def test_breakpoint_true_is_refused_and_a_numpy_int_is_a_node_count():
+    """breakpoint=True was taken as node count 1; np.int64(1) was refused."""
+    with pytest.raises(CommandError, match="breakpoint must be"):
+        _two_node_loop(True)
+    z, w = interpret(_two_node_loop(np.int64(1)), F32(1), F32(0), F32(2))
+    # after node 0: z is updated 3 times (the last pass stops at the breakpoint), w twice
+    assert (float(z), float(w)) == (8.0, 2.0 + 4.0)
