@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fnnc import ops
+from fnnc.core import command as command_module
 from fnnc.errors import CommandError
 from fnnc.graph import GraphBuilder, case_of, compile, interpret, while_loop
 from fnnc.graph.passes.backward import backward
@@ -15,21 +16,26 @@ from fnnc.graph.passes.backward import backward
 F32 = np.float32
 
 
-@ops.defcommand(
-    family="elementwise",
-    shape=lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-    elementwise=True,
-    name="audit8_ctrl8_ste_round",
-    replace=True,
-)
-def ste_round(x):
-    """Rounds; its hand-written backward passes the gradient straight through."""
-    return jnp.round(x)
+@pytest.fixture(scope="module")
+def ste_round():
+    """A straight-through round, registered for this module only (the registry is global)."""
 
+    @ops.defcommand(
+        family="elementwise",
+        shape=lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+        elementwise=True,
+        name="audit8_ctrl8_ste_round",
+    )
+    def _ste_round(x):
+        """Rounds; its hand-written backward passes the gradient straight through."""
+        return jnp.round(x)
 
-@ste_round.backward
-def _ste_round_backward(grads, inputs, outputs):
-    return (grads[0],)
+    @_ste_round.backward
+    def _ste_round_backward(grads, inputs, outputs):
+        return (grads[0],)
+
+    yield _ste_round
+    command_module._REGISTRY.pop("audit8_ctrl8_ste_round")
 
 
 @jax.custom_vjp
@@ -60,7 +66,7 @@ def _oracle(trips):
 
 
 @pytest.mark.parametrize("mode", [{"max_iterations": 3}, {"tape": 4}])
-def test_backward_pass_through_a_loop_uses_the_body_commands_backward(mode):
+def test_backward_pass_through_a_loop_uses_the_body_commands_backward(mode, ste_round):
     """A bounded loop's gradient ran jax.vjp of the body's JAX code: a straight-through
     round got a zero gradient, where the taped loop and the unrolled graph pass it on."""
     bb = GraphBuilder()
@@ -79,7 +85,7 @@ def test_backward_pass_through_a_loop_uses_the_body_commands_backward(mode):
         np.testing.assert_allclose(dx, want[1], rtol=1e-6)
 
 
-def test_backward_pass_through_case_of_uses_the_branch_commands_backward():
+def test_backward_pass_through_case_of_uses_the_branch_commands_backward(ste_round):
     s = GraphBuilder()
     s.input((2,), name="z"), s.input((2,), name="x")
     selector = s.build([s.constant(np.int32(0))])
