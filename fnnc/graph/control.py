@@ -10,14 +10,15 @@ and outputs, which every pass keeps. The semantics are in :mod:`fnnc.ops.control
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
 
 from fnnc import ops
 from fnnc.core.ir import Graph, Symbol
-from fnnc.errors import CommandError, GraphError
+from fnnc.errors import CommandError, GraphError, located
 from fnnc.graph.builder import GraphBuilder
 from fnnc.ops._subgraph import require_graph
 
@@ -92,23 +93,25 @@ def while_loop(
     >>> round(float(interpret(graph, np.float32([0.92]), np.float32([3.2]))[0]), 6)
     2.109061
     """
-    require_graph("while_loop", "body", body)
-    require_graph("while_loop", "cond", cond)
-    pairs = _carry_pairs(carry_overs)
-    carry = tuple(
-        (
-            _position(body, y, "outputs", "carry-over source"),
-            _position(body, x, "inputs", "carry-over target"),
+    with _naming(name):
+        require_graph("while_loop", "body", body)
+        require_graph("while_loop", "cond", cond)
+        pairs = _carry_pairs(carry_overs)
+        carry = tuple(
+            (
+                _position(body, y, "outputs", "carry-over source"),
+                _position(body, x, "inputs", "carry-over target"),
+            )
+            for y, x in pairs
         )
-        for y, x in pairs
-    )
-    refs = tuple(_cond_ref(body, s) for s in cond_inputs)
+        refs = tuple(_cond_ref(body, s) for s in cond_inputs)
+        early = _early_outputs(body, breakpoint)
     cmd = ops.while_loop(
         body=body,
         cond=cond,
         carry_overs=carry,
         cond_inputs=refs,
-        breakpoint=_early_outputs(body, breakpoint),
+        breakpoint=early,
         max_iterations=max_iterations,
         tape=tape,
     )
@@ -171,16 +174,28 @@ def case_of(
             continue
         at = [p for p, s in enumerate(inputs) if s == item]
         if not at:
-            raise GraphError(
+            error = GraphError(
                 f"case_of: bypass output {k} names {_label(item)}, which is not one of the "
                 "node's inputs; pass one of `inputs` (or its position)"
             )
+            raise located(error, f"node {name!r}") if name else error
         positions.append(at[0])
     cmd = ops.case_of(selector=selector, branches=tuple(branches), bypass=tuple(positions))
     return _as_tuple(builder.exec(cmd, *inputs, name=name))
 
 
 # -- helpers -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _naming(name: str) -> Iterator[None]:
+    """Errors of the checks made before the node exists name the node, as its own do."""
+    try:
+        yield
+    except (GraphError, CommandError) as error:
+        if not name:
+            raise
+        raise located(error, f"node {name!r}") from error
 
 
 def _label(sym: Any) -> str:

@@ -53,7 +53,7 @@ import jax.numpy as jnp
 
 from fnnc import ops
 from fnnc.core.ir import Graph, Symbol
-from fnnc.errors import GraphError
+from fnnc.errors import GraphError, located
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.passes.backward import backward
 from fnnc.graph.passes.compact import compact
@@ -118,7 +118,12 @@ def scan(
             f"({n_carry} carry + {n_stacked} stacked + {len(consts)} consts); the body's "
             "inputs are (*carry, *slices, *consts), in that order"
         )
-    forward, grad, wants = scan_bodies(body, n_carry, n_stacked, checkpoint, n_ys)
+    try:
+        forward, grad, wants = scan_bodies(body, n_carry, n_stacked, checkpoint, n_ys)
+    except GraphError as error:  # name the node, as the errors of its own checks do
+        if not name:
+            raise
+        raise located(error, f"node {name!r}") from error
     cmd = ops.scan(
         forward=forward,
         backward=grad,

@@ -225,3 +225,30 @@ def test_breakpoint_true_is_refused_and_a_numpy_int_is_a_node_count():
     z, w = interpret(_two_node_loop(np.int64(1)), F32(1), F32(0), F32(2))
     # after node 0: z is updated 3 times (the last pass stops at the breakpoint), w twice
     assert (float(z), float(w)) == (8.0, 2.0 + 4.0)
+
+
+def test_mistakes_found_before_the_node_exists_name_it():
+    """The graph-level helpers' own checks did not say which loop, branch or scan."""
+    from fnnc.errors import GraphError
+    from fnnc.graph import scan
+
+    bb = GraphBuilder()
+    z0, x0 = bb.input((2,), name="z0"), bb.input((2,), name="x")
+    z1 = bb.exec(ops.ewprod(), z0, x0, name="z1")
+    body = bb.build([z1])
+    b = GraphBuilder()
+    z, x = b.input((2,), name="z"), b.input((2,), name="x")
+    with pytest.raises(GraphError, match=r"source %0 \(z0\) is not a body output.*node 'loop 3'"):
+        while_loop(b, body, _count_below(2), [z, x], carry_overs={z0: z1}, name="loop 3")
+    with pytest.raises(CommandError, match=r"breakpoint must be.*node 'loop 3'"):
+        while_loop(
+            b, body, _count_below(2), [z, x], carry_overs={z1: z0}, breakpoint=7, name="loop 3"
+        )
+    with pytest.raises(GraphError, match=r"not one of the node's inputs.*node 'pick'"):
+        case_of(b, body, [body], [z, x], bypass=[b.input((2,))], name="pick")
+    ib = GraphBuilder()
+    h, w = ib.input((2,), np.int32, name="h"), ib.input((2,), np.int32, name="w")
+    blocks = ib.build([ib.exec(ops.ewsum(), h, w)])
+    hs, ws = b.input((2,), np.int32), b.input((3, 2), np.int32)
+    with pytest.raises(GraphError, match=r"carry 0 .* is int32.*node 'blocks'"):
+        scan(b, blocks, [hs], [ws], name="blocks")
