@@ -191,8 +191,6 @@ def _inputs(dg: DynamicGraph, model: Any, inputs: Any, name: str) -> list[Any]:
     """``inputs`` as a list of variables: arrays and numbers become constants, as
     ``exec`` takes them (a list of numbers had no ``.shape``: an AttributeError). A
     variable or array given for the list was iterated row by row into inputs."""
-    from .variable import Variable
-
     if not isinstance(inputs, (list, tuple)):
         raise GraphError(
             f"evaluate{' ' + repr(name) if name else ''}: inputs is a list with one entry "
