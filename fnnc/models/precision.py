@@ -5,8 +5,10 @@ loss graph of its ``fit`` and ``evaluate`` programs, before ``minimize`` adds th
 backward and the optimizer: parameters, optimizer state, gradients and the loss stay
 float32 (``parameters()`` returns float32), matmuls and convolutions run in the low
 type (a ``Repeat``'s blocks too, inside their loop), softmax, losses, reductions and
-normalisations in float32. With float16 the ``fit`` program also scales the loss
-dynamically (:mod:`fnnc.models.loss_scale`).
+normalisations in float32. The loss, named or a function of ``jnp`` code, computes in
+float32 whatever its commands: the model's outputs are converted up to it. With
+float16 the ``fit`` program also scales the loss dynamically
+(:mod:`fnnc.models.loss_scale`).
 
 >>> import numpy as np, optax
 >>> from fnnc.models import Dense, Input, Model
@@ -64,8 +66,11 @@ class Precision:
     def key(self) -> tuple[Any, ...]:
         return (self.dtype, tuple(sorted(self.keep_float32)), self.loss_scale)
 
-    def __call__(self, graph: Graph) -> Graph:
-        return cast_precision(graph, self.dtype, keep_float32=self.keep_float32)
+    def __call__(self, graph: Graph, float32_from: int | None = None) -> Graph:
+        """``graph`` cast; its nodes from position ``float32_from`` on (the loss the
+        training step appends to the model) compute in float32."""
+        wide = () if float32_from is None else range(float32_from, len(graph.nodes))
+        return cast_precision(graph, self.dtype, keep_float32=self.keep_float32, float32_nodes=wide)
 
 
 def _name(value: Any) -> str | None:

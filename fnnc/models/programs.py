@@ -326,10 +326,11 @@ def fit_program(
     ctx = built.ctx
     b = ctx.b
     ts = [b.input(s.shape, s.dtype, name=f"target[{i}]") for i, s in enumerate(target_specs)]
+    model_nodes = len(b._nodes)  # the builder appends: the loss's nodes follow these
     loss_sym = losses.build_loss(b, loss, built.outputs, ts)
     graph = b.build([loss_sym, *ctx.updates.values()])
     if precision is not None:  # keeps input ids: parameters are still ctx.symbols[p]
-        graph = precision(graph)
+        graph = precision(graph, float32_from=model_nodes)  # the loss in float32
     graph, ids = passes.run_forward(graph)
     graph = parallel.constrain(graph) if parallel is not None else graph
     graph = fuse_linear_crossentropy(graph)  # keeps ids too; before backward, so it pays

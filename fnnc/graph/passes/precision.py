@@ -131,7 +131,11 @@ def low_dtype(dtype: Any) -> Any:
 
 
 def cast_precision(
-    graph: Graph, dtype: Any, *, keep_float32: Iterable[str] = KEEP_FLOAT32
+    graph: Graph,
+    dtype: Any,
+    *,
+    keep_float32: Iterable[str] = KEEP_FLOAT32,
+    float32_nodes: Iterable[int] = (),
 ) -> Graph:
     """``graph`` computing in ``dtype`` by the policy of :mod:`fnnc.graph.passes.precision`.
 
@@ -139,6 +143,10 @@ def cast_precision(
         graph: any graph (without alias symbols).
         dtype: ``"bfloat16"`` or ``"float16"``.
         keep_float32: command names that compute in float32.
+        float32_nodes: positions in ``graph.nodes`` of nodes that compute in float32
+            whatever their command, as ``keep_float32``'s do: a model's loss, appended
+            after its layers (a loss written as ``jnp`` code squares in float16 and
+            overflows past 256, as Keras and ``torch.autocast`` keep losses in float32).
 
     Raises:
         GraphError: an unknown ``dtype``, a name in ``keep_float32`` that is no
@@ -146,7 +154,22 @@ def cast_precision(
             symbols, or one that reads a loop's tape (a graph that already holds the
             loop's gradient).
     """
-    return _cast(graph, np.dtype(low_dtype(dtype)), _command_names(keep_float32))
+    low, keep = np.dtype(low_dtype(dtype)), _command_names(keep_float32)
+    return _cast(graph, low, keep, wide=frozenset(_positions(float32_nodes, graph)))
+
+
+def _positions(nodes: Iterable[int], graph: Graph) -> list[int]:
+    """``float32_nodes`` checked: ints naming nodes of ``graph``."""
+    out = []
+    for k in nodes:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise GraphError(f"cast_precision: float32_nodes holds {k!r}; expected node positions")
+        if not 0 <= k < len(graph.nodes):
+            raise GraphError(
+                f"cast_precision: float32_nodes holds {k}; the graph has {len(graph.nodes)} nodes"
+            )
+        out.append(int(k))
+    return out
 
 
 def _command_names(names: Iterable[str]) -> frozenset[str]:
@@ -172,9 +195,11 @@ def _cast(
     keep: frozenset[str],
     inputs: Sequence[Any] | None = None,
     outputs: Sequence[Any] | None = None,
+    wide: frozenset[int] = frozenset(),
 ) -> Graph:
     """:func:`cast_precision` with the inputs retyped to ``inputs`` and the outputs
-    converted to ``outputs`` (default: the types they have), as a loop body needs."""
+    converted to ``outputs`` (default: the types they have), as a loop body needs; the
+    nodes at positions ``wide`` compute in float32."""
     b = GraphBuilder()
     b._symbols = list(graph.symbols)  # inputs keep their ids; new symbols follow
     b._inputs = list(graph.inputs)
@@ -211,8 +236,8 @@ def _cast(
     def cast_body(body: Graph, ins: Sequence[Any], outs: Sequence[Any]) -> Graph:
         return _cast(body, low, keep, ins, outs)
 
-    for node in graph.nodes:
-        float32 = node.cmd.name in keep
+    for position, node in enumerate(graph.nodes):
+        float32 = node.cmd.name in keep or position in wide
         want = np.dtype(np.float32) if float32 else low
         if node.cmd.name in FOLLOW and node.inputs and node.inputs[0] in now:
             first = np.dtype(now[node.inputs[0]].dtype)

@@ -242,3 +242,22 @@ def test_identities_keep_each_input_in_its_type(low):
     np.testing.assert_allclose(kept, [want], rtol=1e-7)
     barrier = next(n for n in cast.nodes if n.cmd.name == "optimization_barrier")
     assert [cast.spec(s).dtype.name for s in barrier.outputs] == ["float32", low]
+
+
+def test_float32_nodes_compute_in_float32_whatever_their_command():
+    """``float32_nodes`` keeps nodes by position (a model's loss): x * x of 300 is inf in
+    float16, 90000 in float32 (NumPy); a bad position is a GraphError."""
+    from fnnc.errors import GraphError
+
+    b = GraphBuilder()
+    x = b.input((3,), name="x")
+    sq = b.exec(ops.ewprod(), x, x, name="square")
+    g = b.build([b.exec(ops.reduce_sum(axes=(0,)), sq)])
+    xs = np.float32([300, 1, 2])
+    low = interpret(cast_precision(g, "float16"), xs)
+    kept = interpret(cast_precision(g, "float16", float32_nodes=[0]), xs)
+    assert np.isinf(np.asarray(low)).all()
+    np.testing.assert_allclose(np.asarray(kept), [np.sum(xs.astype(np.float64) ** 2)], rtol=1e-6)
+    for bad in ([5], [True], ["square"]):
+        with pytest.raises(GraphError, match="float32_nodes"):
+            cast_precision(g, "float16", float32_nodes=bad)
