@@ -46,7 +46,7 @@ from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol, TensorSymbol
 from fnnc.core.text import format_graph
 from fnnc.errors import CommandError, FnncError, GraphError
 from fnnc.graph.matching import Match, constant_value, matches, may_match
-from fnnc.graph.passes._loops import map_loop_blocks
+from fnnc.graph.passes._loops import LOOPS, map_loop_blocks
 from fnnc.graph.passes._subgraphs import map_subgraphs
 from fnnc.graph.passes.compact import compact
 from fnnc.graph.passes.dce import dce as dce_pass
@@ -128,7 +128,10 @@ def graph_rewrite(
         if loops:
             blocks = map_loop_blocks(graph, inner, f"graph_rewrite({_labels(rules)})")
             graph = graph if blocks is graph else compact(blocks)
-        graph = map_subgraphs(graph, inner)
+        # loops' bodies are map_loop_blocks's alone (in their nodes and in the `of` of
+        # their gradient nodes): the rules run again over the backward body it just
+        # derived would rewrite the gradient's own sums as if they were the block's
+        graph = map_subgraphs(graph, inner, skip=LOOPS if loops else ())
     walk = _Walk(graph, tuple(rules))
     for node in graph.nodes:
         walk.visit(node, 0)

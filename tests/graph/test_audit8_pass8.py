@@ -250,3 +250,49 @@ def test_a_rule_rewriting_a_pipeline_block_gives_the_new_block_s_gradient() -> N
     )
     np.testing.assert_allclose(dh0, want_dh0, rtol=1e-6)
     np.testing.assert_allclose(dw, want_dw, rtol=1e-6, atol=1e-7)
+
+
+DOUBLE_SECOND = Rule(
+    Pat.op("ewsum", Pat.var("a"), Pat.var("b")),
+    lambda m: m.exec(ops.add(p=1.0, q=2.0), m["a"], m["b"]),
+)
+
+
+@pytest.mark.parametrize("after_backward", [False, True])
+def test_a_rule_leaves_the_backward_body_derived_from_the_rewritten_block_alone(
+    after_backward,
+) -> None:
+    # graph_rewrite derived a scan's backward body from the rewritten block, then ran the
+    # rules over every sub-graph again, that new backward body included: the ewsum that
+    # adds the gradients of h * w through relu and sigmoid became add[q=2], and dh0 came
+    # out [-0.419, 0.936, -1.144] where jax.grad of the rewritten loop gives
+    # [-0.244, 0.542, -0.674].
+    bb = GraphBuilder()
+    h, w = bb.input((3,), name="h"), bb.input((3,), name="w")
+    z = bb.exec(ops.ewprod(), h, w)
+    out = bb.exec(ops.ewsum(), bb.exec(ops.relu(), z), bb.exec(ops.sigmoid(), z))
+    b = GraphBuilder()
+    h0, stack = b.input((3,), name="h0"), b.input((2, 3), name="W")
+    (hf,) = scan(b, bb.build([out]), [h0], [stack])
+    loss = b.exec(ops.reduce_sum(axes=(0,)), hf)
+    graph = b.build([loss])
+    if after_backward:
+        grad_graph = graph_rewrite(backward(graph, loss, [h0, stack])[0], [DOUBLE_SECOND])
+    else:
+        grad_graph = _backward_of(graph_rewrite(graph, [DOUBLE_SECOND]))
+    h0v = np.float32([1.0, -2.0, 0.5])
+    wv = np.float32([[1.0, 0.5, -1.0], [-0.5, 2.0, 1.0]])
+    value, dh0, dw = interpret(grad_graph, h0v, wv)
+
+    def f(h, ws):
+        for w in ws:
+            h = jax.nn.relu(h * w) + 2.0 * jax.nn.sigmoid(h * w)
+        return jnp.sum(h)
+
+    with jax.enable_x64(True):
+        args = (np.float64(h0v), np.float64(wv))
+        want = np.asarray(f(*args))
+        want_dh0, want_dw = (np.asarray(g) for g in jax.grad(f, argnums=(0, 1))(*args))
+    np.testing.assert_allclose(value, [want], rtol=1e-6)
+    np.testing.assert_allclose(dh0, want_dh0, rtol=1e-5)
+    np.testing.assert_allclose(dw, want_dw, rtol=1e-5)
