@@ -36,6 +36,7 @@ import numpy as np
 from jax import lax
 
 from fnnc.core.command import Command, Spec, defcommand, make_command
+from fnnc.errors import FnncError
 
 _SHOWN = (bool, int, float, str, type(None), np.dtype)
 
@@ -175,13 +176,25 @@ def primitive_command(
     )
 
 
-@functools.lru_cache(maxsize=512)
+NO_VJP_ERRORS = (ValueError, TypeError, NotImplementedError)
+"""What JAX raises while tracing the VJP of a primitive it cannot reverse: ``ValueError``
+(``while_loop``, ``pure_callback`` and ``io_callback``), ``TypeError`` (a ``reduce_window``
+whose initial value is differentiated; ``jax.errors.JAXTypeError`` is one),
+``NotImplementedError`` (a generic ``reduce``, non-symmetric ``eig`` vectors)."""
+
+
+# small: a key holds the command, whose params may hold closed jaxprs and their constants
+@functools.lru_cache(maxsize=128)
 def vjp_problem(cmd: Command, in_specs: tuple[Any, ...], wants: tuple[int, ...]) -> str | None:
     """Why JAX has no reverse-mode derivative of the generic node ``cmd`` (a
     ``primitive`` / ``effectful_primitive``) on inputs ``in_specs`` (``(shape, dtype)``
     pairs) for the inputs ``wants``, or ``None``: the derived backward is traced
     abstractly (``jax.eval_shape``), so a ``while_loop`` or a ``pure_callback`` is
-    refused while the gradient node is built, not when the gradient graph runs."""
+    refused while the gradient node is built, not when the gradient graph runs.
+
+    Only the errors JAX raises for such primitives (:data:`NO_VJP_ERRORS`) are answered
+    so; fnnc's own errors and any other exception propagate, as bugs to see, not JAX
+    limitations to report."""
     if cmd.name not in ("primitive", "effectful_primitive"):
         return None
     specs = [jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype)) for shape, dtype in in_specs]
@@ -192,7 +205,9 @@ def vjp_problem(cmd: Command, in_specs: tuple[Any, ...], wants: tuple[int, ...])
 
     try:
         jax.eval_shape(backward, *specs)
-    except Exception as e:  # JAX's reason, whatever its type
+    except FnncError:
+        raise
+    except NO_VJP_ERRORS as e:  # JAX's reason
         said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         prim = cmd.param("prim").value
         return (

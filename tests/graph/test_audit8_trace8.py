@@ -6,13 +6,14 @@ Oracles: JAX's own error types and values (jnp code that the hint recommends).
 from __future__ import annotations
 
 import functools
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fnnc.errors import CommandError, TraceError
+from fnnc.errors import CommandError, DTypeError, TraceError
 from fnnc.graph import backward, interpret, trace
 
 
@@ -87,3 +88,39 @@ def test_backward_through_a_while_loop_for_its_condition_input_only_still_works(
     grad_graph, _ = backward(graph, graph.outputs[0], [graph.inputs[1]])
     got = interpret(grad_graph, x, w)[-1]
     np.testing.assert_allclose(got, jax.grad(f, argnums=1)(x, w), rtol=1e-6)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("a bug in fnnc"), DTypeError("a bug in fnnc")])
+def test_an_internal_error_in_the_derived_backward_propagates(monkeypatch, error) -> None:
+    """vjp_problem caught every exception while tracing the derived backward and said
+    "JAX has no reverse-mode derivative of the primitive cummax" for any of them, a bug
+    in fnnc's own code included; only JAX's errors for such primitives are answered so
+    now. fnnc's own errors (a DTypeError is a TypeError too) propagate as well."""
+    primitive = sys.modules["fnnc.ops.primitive"]
+
+    def f(x):
+        return jnp.sum(jax.lax.cummax(x, 0) * x)
+
+    x = np.float32([[1.0, -2.0, 3.0], [0.5, 4.0, -1.0]])
+    graph = trace(f, x)
+    primitive.vjp_problem.cache_clear()
+    grad_graph, _ = backward(graph, graph.outputs[0], [graph.inputs[0]])  # unpatched: fine
+    with jax.enable_x64(True):
+        want = np.asarray(jax.grad(f)(np.float64(x)))
+    np.testing.assert_allclose(interpret(grad_graph, x)[-1], want, rtol=1e-6)
+
+    def broken(prim, params, args):
+        raise error
+
+    monkeypatch.setattr(primitive, "bind", broken)
+    primitive.vjp_problem.cache_clear()
+    try:
+        with pytest.raises(Exception, match="a bug in fnnc") as e:
+            backward(graph, graph.outputs[0], [graph.inputs[0]])
+        # the builder names the node: a DTypeError stays one, another exception becomes
+        # its RuleError for a failing shape rule, naming the exception
+        said = str(e.value)
+        assert "reverse-mode" not in said and "JAX said" not in said
+        assert isinstance(e.value, type(error)) or "RuntimeError: a bug in fnnc" in said
+    finally:
+        primitive.vjp_problem.cache_clear()
