@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +25,7 @@ from fnnc.errors import GraphFormatError
 from fnnc.ops.primitive import Opaque, export_command
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
-"""JAX's platforms a saved ``jax.export`` module is lowered for (where they all lower)."""
+"""JAX's platforms a saved ``jax.export`` module is lowered for (those that lower it)."""
 
 
 def _stablehlo(module: jax.export.Exported, order: int, where: str) -> bytes:
@@ -76,6 +77,46 @@ def _platforms() -> tuple[str, ...]:
     return tuple(dict.fromkeys([jax.export.default_export_platform(), *PLATFORMS]))
 
 
+def _some_platforms(
+    cmd: Command, in_specs: Sequence[Spec], where: str, joint: Exception
+) -> Command:
+    """``cmd`` exported for the platforms of :func:`_platforms` that lower it, one
+    export per platform to find them (the joint export failed with ``joint``); warns
+    naming the others.
+
+    Raises:
+        GraphFormatError: the default platform does not lower it (``jax.export``
+            declines it: a host callback, say); the graph can be compiled, not saved.
+    """
+    lowered: dict[str, Command] = {}
+    failed: dict[str, Exception] = {}
+    for platform in _platforms():
+        try:
+            lowered[platform] = export_command(cmd, in_specs, (platform,))
+        except Exception as e:  # any failure to lower is the platform's: leave it out
+            failed[platform] = e
+    default = jax.export.default_export_platform()
+    if default in failed:
+        e = failed[default]
+        raise GraphFormatError(
+            f"save: {where} ({cmd}) cannot be exported as StableHLO "
+            f"({type(e).__name__}: {e}); graphs holding it can be compiled but not saved"
+        ) from None
+    if not failed:  # each lowers alone, not all together: the default's alone, as before
+        failed = {p: joint for p in lowered if p != default}
+        lowered = {default: lowered[default]}
+    left_out = {p: (str(e).strip().splitlines() or [""])[0] for p, e in failed.items()}
+    reasons = "; ".join(f"{p} ({type(failed[p]).__name__}: {why})" for p, why in left_out.items())
+    warnings.warn(
+        f"save: {where} ({cmd}) is saved for {tuple(lowered)} only, so the file does not "
+        f"run on {', '.join(left_out)}: JAX does not lower it there: {reasons}",
+        stacklevel=2,
+    )
+    if len(lowered) == 1:
+        return lowered[default]
+    return export_command(cmd, in_specs, tuple(lowered))
+
+
 def _file_command(cmd: Command, in_specs: Sequence[Spec], where: str) -> Command:
     """The command a node is saved as: generic primitives become ``exported``.
 
@@ -86,15 +127,8 @@ def _file_command(cmd: Command, in_specs: Sequence[Spec], where: str) -> Command
     if cmd.name in ("primitive", "effectful_primitive"):
         try:
             return export_command(cmd, in_specs, _platforms())
-        except Exception:  # a lowering some platform lacks: this platform's alone
-            pass
-        try:
-            return export_command(cmd, in_specs)
-        except Exception as e:  # jax.export declines (a host callback, say)
-            raise GraphFormatError(
-                f"save: {where} ({cmd}) cannot be exported as StableHLO "
-                f"({type(e).__name__}: {e}); graphs holding it can be compiled but not saved"
-            ) from None
+        except Exception as e:  # a lowering some platform lacks: those that have it
+            return _some_platforms(cmd, in_specs, where, e)
     backward_node = cmd.definition.backward_node
     if backward_node is None:
         return cmd

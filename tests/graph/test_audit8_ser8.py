@@ -137,3 +137,32 @@ def test_an_error_in_a_sub_graph_names_the_node_holding_it(tmp_path):
         load(path)
     path.write_text(text)
     assert load(path) == g
+
+
+def test_a_module_one_platform_cannot_lower_is_saved_for_the_others_with_a_warning(tmp_path):
+    """The export for ("cpu", "cuda", "rocm", "tpu") was all or nothing: tridiagonal_solve,
+    which lowers for cpu, cuda and tpu but not rocm, was saved silently for ('cpu',)
+    alone, so the file failed on a GPU. Oracle: NumPy's dense solve in float64."""
+    dl = np.float32([0.0, 1.0, -0.5, 2.0])
+    d = np.float32([4.0, 5.0, 3.0, 6.0])
+    du = np.float32([1.0, 0.5, 1.5, 0.0])
+    rhs = np.arange(8, dtype=np.float32).reshape(4, 2) / 3
+    graph = trace(jax.lax.linalg.tridiagonal_solve, dl, d, du, rhs)
+    assert any(n.cmd.name == "primitive" for n in graph.nodes)
+    with pytest.warns(UserWarning, match=r"saved for \('cpu', 'cuda', 'tpu'\) only.*rocm") as w:
+        save(graph, tmp_path / "g.json")
+    assert len(w) == 1 and "rocm (ValueError: " in str(w[0].message)
+    (module,) = _modules(tmp_path / "g.json")
+    assert "cuda" in module.platforms and "rocm" not in module.platforms
+    assert set(module.platforms) == {"cpu", "cuda", "tpu"}
+    dense = np.diag(d) + np.diag(dl[1:], -1) + np.diag(du[:-1], 1)
+    want = np.linalg.solve(dense.astype(np.float64), rhs.astype(np.float64))
+    back = load(tmp_path / "g.json")
+    np.testing.assert_allclose(np.asarray(interpret(back, dl, d, du, rhs)), want, rtol=1e-6)
+    # the module keeps its VJP: d sum(A^-1 b) / db = A^-T 1
+    b = GraphBuilder.from_graph(back)
+    total = b.exec(ops.reduce_sum(axes=(0, 1)), back.symbols[back.outputs[0]])
+    grads, _ = backward(b.build([total]), total, [back.symbols[back.inputs[3]]])
+    got = interpret(grads, dl, d, du, rhs)[-1]
+    want_grad = np.linalg.solve(dense.T.astype(np.float64), np.ones((4, 2)))
+    np.testing.assert_allclose(np.asarray(got), want_grad, rtol=1e-5)
