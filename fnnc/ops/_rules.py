@@ -64,17 +64,33 @@ def whole_number(value: Any) -> bool:
     return math.isfinite(value) and float(value).is_integer()
 
 
-def require_ints(name: str, what: str, values: Any) -> None:
-    """Raises :class:`CommandError` unless ``values`` (an int, or a sequence of them,
-    nested) are all ints (NumPy's too; not bools): a parameter without a default, which
-    :func:`fnnc.core.params.param_fits` leaves to the shape rule. A float had reached
-    JAX as a bare TypeError, or been truncated (``reshape(shape=(1.5, 4))``)."""
-    flat = [values]
-    while any(isinstance(v, (tuple, list)) for v in flat):
-        flat = [u for v in flat for u in (v if isinstance(v, (tuple, list)) else (v,))]
-    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in flat):
+def require_ints(name: str, what: str, values: Any) -> Any:
+    """``values`` (an int, or a sequence of them, nested) as Python ints, in the same
+    nesting (sequences become tuples): a parameter without a default, which
+    :func:`fnnc.core.params.param_fits` leaves to the shape rule. Whole finite floats
+    (``2.0``) and NumPy ints are converted; a bool, a fractional or a non-finite value
+    is a :class:`CommandError`. A float had reached JAX as a bare TypeError, or been
+    truncated (``reshape(shape=(1.5, 4))``)."""
+
+    def convert(v: Any) -> Any:
+        if isinstance(v, (tuple, list)):
+            return tuple(convert(u) for u in v)
+        if isinstance(v, (bool, np.bool_)):
+            raise ValueError
+        if isinstance(v, (int, np.integer)):
+            return int(v)
+        if isinstance(v, (float, np.floating)) and math.isfinite(v) and float(v).is_integer():
+            return int(v)
+        raise ValueError
+
+    try:
+        return convert(values)
+    except ValueError:
         kind = "ints" if isinstance(values, (tuple, list)) else "an int"
-        raise CommandError(f"{name}: {what} must be {kind}, got {values!r}")
+        raise CommandError(
+            f"{name}: {what} must be {kind}, got {values!r}; give whole numbers as Python "
+            "ints (int(n)); bools, fractions and non-finite values are refused"
+        ) from None
 
 
 def int_range(dtype: Any) -> tuple[int, int] | None:

@@ -46,8 +46,7 @@ def _transpose_back(g: Any, perm: tuple[int, ...]) -> Any:
 
 
 def _reshape_target(x: Spec, shape: tuple[int, ...]) -> tuple[int, ...]:
-    require_ints("reshape", "shape", shape)
-    shape = tuple(int(n) for n in shape)
+    shape = require_ints("reshape", "shape", shape)
     size = math.prod(x.shape)
     holes = [i for i, n in enumerate(shape) if n == -1]
     if len(holes) > 1 or any(n < -1 for n in shape):
@@ -81,7 +80,7 @@ def _reshape_backward(grads, inputs, outputs, *, shape):
 
 
 def _transpose_shape(x: Spec, *, perm: tuple[int, ...]) -> Spec:
-    require_ints("transpose", "perm", perm)
+    perm = require_ints("transpose", "perm", perm)
     if sorted(perm) != list(range(x.ndim)):
         fail(f"transpose: perm {list(perm)} is not a permutation of 0..{x.ndim - 1} for {show(x)}")
     return Spec(tuple(x.shape[p] for p in perm), x.dtype)
@@ -90,12 +89,12 @@ def _transpose_shape(x: Spec, *, perm: tuple[int, ...]) -> Spec:
 @defcommand(family="data", shape=_transpose_shape, uses=NOTHING)
 def transpose(x, *, perm):
     """Permutes axes: output axis ``i`` is input axis ``perm[i]``."""
-    return jnp.transpose(x, perm)
+    return jnp.transpose(x, require_ints("transpose", "perm", perm))
 
 
 @transpose.backward
 def _transpose_backward(grads, inputs, outputs, *, perm):
-    return (_transpose_back(grads[0], perm),)
+    return (_transpose_back(grads[0], require_ints("transpose", "perm", perm)),)
 
 
 FORMATS = ("NCHW", "NHWC", "CHWN")
@@ -192,7 +191,9 @@ def _concat_backward(grads, inputs, outputs, *, axis):
 
 def _slice_dims(x: Spec, start, limit, strides) -> tuple[tuple[int, ...], tuple[int, ...]]:
     strides = (1,) * x.ndim if strides is None else tuple(strides)
-    require_ints("slice", "start, limit and strides", (start, limit, strides))
+    start, limit, strides = require_ints(
+        "slice", "start, limit and strides", (start, limit, strides)
+    )
     if not len(start) == len(limit) == len(strides) == x.ndim:
         fail(
             f"slice: start {list(start)}, limit {list(limit)} and strides {list(strides)} "
@@ -209,6 +210,12 @@ def _slice_dims(x: Spec, start, limit, strides) -> tuple[tuple[int, ...], tuple[
     return strides, tuple(out)
 
 
+def _slice_ints(x: Any, start, limit, strides) -> tuple[tuple[int, ...], ...]:
+    """``start``, ``limit`` and ``strides`` as Python ints (strides all 1 when None)."""
+    strides = (1,) * x.ndim if strides is None else strides
+    return require_ints("slice", "start, limit and strides", (start, limit, strides))
+
+
 def _slice_shape(x: Spec, *, start, limit, strides) -> Spec:
     return Spec(_slice_dims(x, start, limit, strides)[1], x.dtype)
 
@@ -216,7 +223,8 @@ def _slice_shape(x: Spec, *, start, limit, strides) -> Spec:
 @defcommand(family="data", shape=_slice_shape, uses=NOTHING)
 def slice(x, *, start, limit, strides=None):
     """``x[start:limit:strides]`` per axis (all non-negative, in bounds)."""
-    return lax.slice(x, start, limit, _slice_dims(x, start, limit, strides)[0])
+    start, limit, strides = _slice_ints(x, start, limit, strides)
+    return lax.slice(x, start, limit, strides)
 
 
 @slice.backward
@@ -224,7 +232,8 @@ def _slice_backward(grads, inputs, outputs, *, start, limit, strides):
     (g,), (x,) = grads, inputs
     if not is_float(x):
         return (None,)
-    strides, out = _slice_dims(x, start, limit, strides)
+    start, limit, strides = _slice_ints(x, start, limit, strides)
+    out = _slice_dims(x, start, limit, strides)[1]
     config = [
         (s, n - s - m - max(m - 1, 0) * (k - 1), k - 1)
         for s, k, n, m in zip(start, strides, x.shape, out)
@@ -311,7 +320,7 @@ PAD_MODES = ("constant", "reflect", "edge")
 
 def _pad_shape(x: Spec, *, pads, mode, value) -> Spec:
     require_choice("pad", "mode", mode, PAD_MODES)
-    require_ints("pad", "pads", pads)
+    pads = require_ints("pad", "pads", pads)
     if len(pads) != x.ndim or any(len(p) != 2 for p in pads):
         fail(f"pad: pads {list(pads)} needs one (lo, hi) pair per axis of {show(x)}")
     out = []
@@ -339,6 +348,7 @@ def pad(x, *, pads, mode="constant", value=0.0):
     without repeating the edge (``[1, 2, 3] -> [3, 2, 1, 2, 3, 2, 1]``); ``"edge"``
     repeats the edge entry (NNC's PAD_REPLICATE).
     """
+    pads = require_ints("pad", "pads", pads)
     if mode == "constant":
         return jnp.pad(x, pads, mode="constant", constant_values=jnp.asarray(value, x.dtype))
     return jnp.pad(x, pads, mode=mode)
@@ -347,6 +357,7 @@ def pad(x, *, pads, mode="constant", value=0.0):
 @pad.backward
 def _pad_backward(grads, inputs, outputs, *, pads, mode, value):
     (g,), (x,) = grads, inputs
+    pads = require_ints("pad", "pads", pads)
     if not is_float(x):
         return (None,)
     if mode == "constant":
@@ -357,11 +368,11 @@ def _pad_backward(grads, inputs, outputs, *, pads, mode, value):
 
 
 def _set_shape(*, shape, dtype, value) -> Spec:
-    require_ints("set", "shape", shape)
-    if any(int(n) < 0 for n in shape):
+    shape = require_ints("set", "shape", shape)
+    if any(n < 0 for n in shape):
         fail(f"set: shape {list(shape)} has a negative size")
     require_storable("set", "value", value, jax_dtype(dtype))
-    return Spec(tuple(int(n) for n in shape), jax_dtype(dtype))
+    return Spec(shape, jax_dtype(dtype))
 
 
 @defcommand(family="data", shape=_set_shape, uses=NOTHING, differentiable=False)
@@ -369,7 +380,7 @@ def set(*, shape, dtype="float32", value=0.0):
     """A tensor of ``shape`` filled with ``value`` (no inputs), NNC's SET. For an
     integer or bool ``dtype`` the value must be one it holds (whole, finite, in range;
     so must ``pad``'s ``value`` and ``masked_fill``'s ``fill``): else a DTypeError."""
-    return jnp.full(tuple(shape), value, jax_dtype(dtype))
+    return jnp.full(require_ints("set", "shape", shape), value, jax_dtype(dtype))
 
 
 def _eq_value(eq: Any, dtype: Any) -> Any:
@@ -408,8 +419,7 @@ def _masked_fill_backward(grads, inputs, outputs, *, eq, fill):
 
 
 def _broadcast_to_shape(x: Spec, *, shape) -> Spec:
-    require_ints("broadcast_to", "shape", shape)
-    shape = tuple(int(n) for n in shape)
+    shape = require_ints("broadcast_to", "shape", shape)
     lead = len(shape) - x.ndim
     if lead < 0 or any(n not in (1, m) for n, m in zip(x.shape, shape[lead:])):
         fail(f"broadcast_to: {show(x)} does not broadcast to {list(shape)} (NumPy rules)")
@@ -419,7 +429,7 @@ def _broadcast_to_shape(x: Spec, *, shape) -> Spec:
 @defcommand(family="data", shape=_broadcast_to_shape, uses=NOTHING)
 def broadcast_to(x, *, shape):
     """``x`` broadcast to ``shape`` by NumPy rules (new leading axes, size-1 axes grow)."""
-    return to_shape(x, shape)
+    return to_shape(x, require_ints("broadcast_to", "shape", shape))
 
 
 @broadcast_to.backward

@@ -91,7 +91,7 @@ def _sort_backward(grads, inputs, outputs, *, axis, descending):
 
 def _partition_rule(x: Spec, *, kth, axis, descending) -> tuple[Spec, Spec]:
     ax = _axis("partition", x, axis)
-    require_ints("partition", "kth", kth)
+    kth = require_ints("partition", "kth", kth)
     if not 1 <= kth <= x.shape[ax]:
         raise CommandError(
             f"partition: kth must be in [1, {x.shape[ax]}] for axis {axis} of {show(x)}, got {kth}"
@@ -104,7 +104,7 @@ def _partition_rule(x: Spec, *, kth, axis, descending) -> tuple[Spec, Spec]:
 def partition(x, *, kth, axis=-1, descending=False):
     """The ``kth`` smallest entries along ``axis`` (largest with ``descending=True``,
     ``jax.lax.top_k``), in order, and their ``int32`` indices."""
-    ax = _axis("partition", x, axis)
+    ax, kth = _axis("partition", x, axis), require_ints("partition", "kth", kth)
     if descending:
         values, idx = lax.top_k(jnp.moveaxis(x, ax, -1), kth)
         return jnp.moveaxis(values, -1, ax), jnp.moveaxis(idx.astype(jnp.int32), -1, ax)
@@ -123,7 +123,7 @@ def _partition_backward(grads, inputs, outputs, *, kth, axis, descending):
 def _unique_rule(x: Spec, *, bincount) -> tuple[Spec, Spec]:
     if x.ndim != 1:
         fail(f"unique_consecutive: expected a 1-d tensor, got {show(x)}")
-    require_ints("unique_consecutive", "bincount", bincount)
+    bincount = require_ints("unique_consecutive", "bincount", bincount)
     if bincount < 1:
         raise CommandError(f"unique_consecutive: bincount must be >= 1, got {bincount}")
     return Spec((bincount,), x.dtype), Spec((bincount,), jnp.int32)
@@ -135,6 +135,7 @@ def unique_consecutive(x, *, bincount):
     outputs of ``bincount`` entries (NNC's UNIQUE_CONSECUTIVE). Unused slots hold -1
     (values) and 0 (counts), so an empty x gives only unused slots; runs past
     ``bincount`` are dropped."""
+    bincount = require_ints("unique_consecutive", "bincount", bincount)
     starts = jnp.concatenate([jnp.ones((min(1, x.shape[0]),), bool), x[1:] != x[:-1]])
     run = jnp.cumsum(starts.astype(jnp.int32)) - 1
     values = jnp.full((bincount,), -1, x.dtype).at[run].set(x, mode="drop")

@@ -4,6 +4,7 @@ error a user should see."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -266,8 +267,11 @@ def test_index_select_blends_16_bit_rows_at_float_positions_once(rng):
         (lambda: ops.pad(pads=((1.5, 1),)), ((3,),), r"pad: pads must be ints"),
         (lambda: ops.slice(start=(0.5,), limit=(2,)), ((3,),), r"slice: start, limit and strides"),
         (lambda: ops.reshape(shape=(1.5, 4)), ((4,),), r"reshape: shape must be ints"),
-        (lambda: ops.transpose(perm=(1.0, 0.0)), ((2, 3),), r"transpose: perm must be ints"),
-        (lambda: ops.broadcast_to(shape=(2.0, 3)), ((3,),), r"broadcast_to: shape must be ints"),
+        (lambda: ops.transpose(perm=(1.5, 0)), ((2, 3),), r"transpose: perm must be ints"),
+        (lambda: ops.broadcast_to(shape=(2.5, 3)), ((3,),), r"broadcast_to: shape must be ints"),
+        (lambda: ops.reshape(shape=(float("nan"), 4)), ((4,),), r"reshape: shape must be ints"),
+        (lambda: ops.reshape(shape=(True, 4)), ((4,),), r"give whole numbers as Python ints"),
+        (lambda: ops.set(shape=(float("inf"),)), None, r"set: shape must be ints, got \(inf,\)"),
     ],
 )
 def test_int_attributes_without_defaults_refuse_floats(cmd, args, match):
@@ -277,12 +281,63 @@ def test_int_attributes_without_defaults_refuse_floats(cmd, args, match):
     CommandError naming the command and the attribute; NumPy ints still pass."""
     from fnnc.errors import CommandError
 
-    x = jnp.zeros(args[0])
     with pytest.raises(CommandError, match=match):
-        cmd()(x)
+        cmd()() if args is None else cmd()(jnp.zeros(args[0]))
     np.testing.assert_array_equal(
         ops.reshape(shape=(np.int64(2), 2))(jnp.arange(4.0)), [[0, 1], [2, 3]]
     )
+
+
+def _x(shape):
+    return np.arange(float(np.prod(shape))).reshape(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    "name, given, ints, shape",
+    [
+        ("reshape", {"shape": (2.0, 3)}, {"shape": (2, 3)}, (6,)),
+        ("transpose", {"perm": (1.0, np.float32(0))}, {"perm": (1, 0)}, (2, 3)),
+        (
+            "pad",
+            {"pads": ((1.0, 2.0),), "mode": "constant", "value": 0.0},
+            {"pads": ((1, 2),), "mode": "constant", "value": 0.0},
+            (3,),
+        ),
+        (
+            "slice",
+            {"start": (1.0,), "limit": (5.0,), "strides": (2.0,)},
+            {"start": (1,), "limit": (5,), "strides": (2,)},
+            (6,),
+        ),
+        ("broadcast_to", {"shape": (2.0, np.int64(3))}, {"shape": (2, 3)}, (3,)),
+        ("partition", {"kth": 2.0}, {"kth": 2}, (2, 3)),
+        ("unique_consecutive", {"bincount": np.float64(3)}, {"bincount": 3}, (4,)),
+        ("set", {"shape": (2.0, 3.0)}, {"shape": (2, 3)}, None),
+    ],
+)
+def test_int_attributes_take_whole_floats_as_their_ints(name, given, ints, shape):
+    """Whole finite floats (2.0) worked before the int check (reshape(shape=(2.0, 3))
+    gave (2, 3)) and the check had refused them; they are converted, so a command given
+    2.0 gives what it gives for 2: forward (and backward where it has one) against the
+    same command with Python ints, and NumPy for reshape / transpose / slice / pad."""
+    make, opdef = getattr(ops, name), ops.lookup(name)
+    args = () if shape is None else (jnp.asarray(_x(shape)),)
+    got, want = make(**given)(*args), make(**ints)(*args)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
+    numpy = {
+        "reshape": lambda x: x.reshape(2, 3),
+        "transpose": lambda x: x.T,
+        "slice": lambda x: x[1:5:2],
+        "pad": lambda x: np.pad(x, ((1, 2),)),
+    }
+    if name in numpy:
+        np.testing.assert_array_equal(got, numpy[name](_x(shape)))
+    if name in ("reshape", "transpose", "pad", "slice", "broadcast_to"):
+        cot = (jnp.ones_like(got),)
+        back = opdef.backward(cot, args, (got,), **given)[0]
+        np.testing.assert_array_equal(back, opdef.backward(cot, args, (got,), **ints)[0])
 
 
 def test_random_uniform_with_low_above_high_samples_between_them():
