@@ -151,19 +151,40 @@ def stable_param(value: Any) -> Any:
     is lossy or holds a memory address replaced by one that is neither: a
     :class:`~fnnc.core.ir.Graph` (``<Graph: 1 inputs, 2 nodes, 1 outputs>`` for every
     such graph) by ``graph:<digest of its symbols, nodes and wiring>``, a command by
-    its name and stable parameters, a function by ``module.qualname``. Other values
-    are kept, so their ``repr`` (and keys saved before) stay as they were."""
+    its name and stable parameters, a function by ``module.qualname``, a
+    ``functools.partial`` by its function, arguments and keywords (each made stable in
+    turn: ``partial(f, a=1)`` and ``partial(f, a=2)`` compute different things), and a
+    constant's value (:class:`fnnc.ops.Literal`, held as bytes) by its dtype, shape and
+    the sha256 of its bytes (its printed form, ``<float32[3]>``, is the same for every
+    value). Other values are kept, so their ``repr`` (and keys saved before) stay as
+    they were."""
     if isinstance(value, tuple):
         return tuple(stable_param(v) for v in value)
     if isinstance(value, Command):
         return _Text(f"Command(name={value.name!r}, params={stable_param(value.params)!r})")
     if isinstance(value, Graph):
         return _Text(f"graph:{_graph_digest(value)}")
+    if _is_literal(value):
+        digest = hashlib.sha256(value.data).hexdigest()[:24]
+        return _Text(f"<{np.dtype(value.dtype).name}{list(value.shape)} sha256:{digest}>")
+    if isinstance(value, functools.partial):
+        args = stable_param(tuple(value.args))
+        keywords = stable_param(tuple(sorted(value.keywords.items())))
+        return _Text(f"partial({stable_param(value.func)!r}, {args!r}, {keywords!r})")
     if callable(value) and not isinstance(value, type):
-        func = getattr(value, "func", value)  # a functools.partial: its function
-        name = getattr(func, "__qualname__", type(func).__qualname__)
-        return _Text(f"<{getattr(func, '__module__', '?')}.{name}>")
+        name = getattr(value, "__qualname__", type(value).__qualname__)
+        return _Text(f"<{getattr(value, '__module__', '?')}.{name}>")
     return value
+
+
+def _is_literal(value: Any) -> bool:
+    """Whether ``value`` is a constant's value, :class:`fnnc.ops.Literal` (its bytes,
+    shape and dtype); known by its fields, as the core does not import the ops."""
+    return (
+        isinstance(getattr(value, "data", None), bytes)
+        and isinstance(getattr(value, "shape", None), tuple)
+        and isinstance(getattr(value, "dtype", None), np.dtype)
+    )
 
 
 @functools.lru_cache(maxsize=1024)  # equal graphs have one digest; keys are made often

@@ -3,6 +3,7 @@ table files are clear errors."""
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import subprocess
 import sys
@@ -128,3 +129,48 @@ def test_measure_defaults_refuses_no_repeats_before_timing(monkeypatch):
         measure_defaults.main(["--repeats", "0", "--sizes", "small"])
     with pytest.raises(BackendError, match=r"measure_defaults: repeats must be an int >= 1"):
         measure_defaults.measure("cpu", sizes=["small"], repeats=0)
+
+
+def _scaled(x, *, a):
+    return x * a
+
+
+def test_partials_of_one_function_key_by_their_arguments():
+    """A partial was keyed by its function alone: partial(f, a=1) and partial(f, a=2)
+    shared an autotune key, so one's measured winner ran the other. Oracle: the key
+    follows what the partial computes (its value at 1.0)."""
+    from fnnc.core.backends import stable_param
+
+    def key(p):
+        return repr(stable_param((("policy", p),)))
+
+    one, two = functools.partial(_scaled, a=1), functools.partial(_scaled, a=2)
+    assert one(1.0) != two(1.0) and key(one) != key(two)
+    assert key(one) == key(functools.partial(_scaled, a=1))  # equal partials, one key
+    assert key(functools.partial(_scaled, 1)) != key(functools.partial(_scaled, 2))
+    assert "0x" not in key(one) and "_scaled" in key(one)
+
+
+def with_constant(value):
+    """A graph of exp then + a float32[3] constant filled with ``value``."""
+    b = GraphBuilder()
+    x = b.input((3,))
+    c = b.exec(ops.constant(np.full(3, value, np.float32)))
+    return b.build([b.exec(ops.add(), b.exec(ops.ewexp(), x), c)])
+
+
+def test_chains_differing_only_in_a_constant_get_keys_of_their_own():
+    """A constant inside a sub-graph prints as <float32[3]> whatever its value; the key
+    now holds a sha256 of its bytes. Oracle: interpret gives different values for the
+    two chains, so they must not share a measured winner."""
+    spec = [jax.ShapeDtypeStruct((3,), np.float32)]
+    one, two = with_constant(1.0), with_constant(2.0)
+    x = np.zeros(3, np.float32)
+    assert not np.array_equal(interpret(one, [x])[0], interpret(two, [x])[0])
+    key = ops.autotune.key
+    k1 = key(ops.fused_elementwise(body=one), spec, "cpu")
+    assert k1 != key(ops.fused_elementwise(body=two), spec, "cpu")
+    assert k1 == key(ops.fused_elementwise(body=with_constant(1.0)), spec, "cpu")
+    assert key(ops.constant(np.float32(1)), [], "cpu") != key(
+        ops.constant(np.float32(2)), [], "cpu"
+    )
