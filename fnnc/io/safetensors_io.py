@@ -43,7 +43,7 @@ import safetensors
 import safetensors.numpy
 from safetensors import safe_open
 
-from fnnc.core.files import atomic_write
+from fnnc.core.files import atomic_write, locked
 from fnnc.errors import DTypeError, ShapeError, TensorFileError, TensorNotFoundError
 from fnnc.io import format as fmt
 from fnnc.io.format import TensorInfo
@@ -96,6 +96,7 @@ class SafetensorsFile:
         self._header: dict[str, str] = {}
         self._layout: dict[str, dict[str, str]] = {}
         self._keys: list[str] = []
+        self._extra = dict(metadata or {})
         if os.path.exists(self.path):
             self._load_header()
         elif readonly:
@@ -308,22 +309,34 @@ class SafetensorsFile:
         return TensorFileError(f"{self.path}: cannot write: {why} (nothing was written)")
 
     def _flush(self) -> None:
+        """Writes the pending tensors into the file as it is now: under the file's lock,
+        the tensors another writer (another object, thread or process) stored since this
+        object read the header are read again and kept; this object's own tensors win
+        over theirs. Merging with the names read at open had dropped theirs."""
         assert self._pending is not None
-        tensors = {n: self._raw(n) for n in self._keys if n not in self._pending}
-        tensors.update({n: v[0] for n, v in self._pending.items()})
-        layout = {n: dict(zip(("format", "device"), self._facts(n), strict=True)) for n in tensors}
-        header = {**self._header, METADATA_KEY: json.dumps({"version": 1, "tensors": layout})}
         folder = os.path.dirname(os.path.abspath(self.path))
+        with locked(self.path):
+            if os.path.exists(self.path):
+                self._load_header()
+                self._header.update(self._extra)
+            else:
+                self._keys, self._layout = [], {}
+            tensors = {n: self._raw(n) for n in self._keys if n not in self._pending}
+            tensors.update({n: v[0] for n, v in self._pending.items()})
+            layout = {
+                n: dict(zip(("format", "device"), self._facts(n), strict=True)) for n in tensors
+            }
+            header = {**self._header, METADATA_KEY: json.dumps({"version": 1, "tensors": layout})}
 
-        def write(temporary: str) -> None:
-            safetensors.numpy.save_file(tensors, temporary, metadata=header)
+            def write(temporary: str) -> None:
+                safetensors.numpy.save_file(tensors, temporary, metadata=header)
 
-        try:  # readers see the old file or the new one
-            atomic_write(self.path, write, suffix=".safetensors")
-        except (safetensors.SafetensorError, ValueError, TypeError) as e:
-            raise TensorFileError(f"{self.path}: cannot write ({e})") from None
-        except OSError as e:
-            raise self._unwritable(folder, e) from None
+            try:  # readers see the old file or the new one
+                atomic_write(self.path, write, suffix=".safetensors")
+            except (safetensors.SafetensorError, ValueError, TypeError) as e:
+                raise TensorFileError(f"{self.path}: cannot write ({e})") from None
+            except OSError as e:
+                raise self._unwritable(folder, e) from None
         self._pending = {}
         self._load_header()
 

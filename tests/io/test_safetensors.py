@@ -267,3 +267,42 @@ def test_bfloat16_reads_where_the_librarys_numpy_reader_has_none(tmp_path, monke
     got = SafetensorsFile(path).read("b")
     assert got.dtype == ml_dtypes.bfloat16 and got.tobytes() == x.tobytes()
     assert (SafetensorsFile(path).read("f") == 1).all()
+
+
+def test_two_writers_of_one_file_keep_each_others_tensors(tmp_path):
+    """Each flush merged the pending tensors with the names read when the object was
+    opened and replaced the file whole, so of two objects writing one file the later
+    flush dropped what the other had written since. Flushes now hold the file's lock and
+    re-read its tensors. Threads, as flock conflicts between separate opens in one
+    process; oracle: the safetensors library's own load_file."""
+    import threading
+
+    path = tmp_path / "shared.safetensors"
+    SafetensorsFile(path).write("seed", np.zeros(2, np.float32))
+    files = [SafetensorsFile(path), SafetensorsFile(path)]  # both read the header now
+    start = threading.Barrier(2)
+    errors = []
+
+    def writer(k):
+        try:
+            start.wait()
+            for i in range(8):
+                files[k].write(f"w{k}_{i}", np.full(3, 10 * k + i, np.float32))
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    got = load_file(path)
+    want = {f"w{k}_{i}": np.full(3, 10 * k + i, np.float32) for k in range(2) for i in range(8)}
+    assert sorted(got) == sorted([*want, "seed"])
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value)
+    # this object's overwrite wins over the tensor another object stored under that name
+    files[0].write("w1_0", np.ones(1, np.int8))
+    np.testing.assert_array_equal(load_file(path)["w1_0"], np.ones(1, np.int8))
+    assert len(load_file(path)) == 17
