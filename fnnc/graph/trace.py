@@ -201,7 +201,8 @@ class _Tracer:
         if aval is not None and not _is_array(aval):
             return _Pending(None, value=value)
         dtype = aval.dtype if aval is not None else None
-        lit = Literal.of(value, dtype)
+        where = f"trace: captured constant {name!r}" if name else "trace: a captured constant"
+        lit = Literal.of(value, dtype, where=where)
         if lit.size == 1 and not name:
             if lit not in self._literals:
                 self._literals[lit] = self.b.constant(lit)

@@ -29,19 +29,25 @@ class Literal:
     dtype: np.dtype
 
     @staticmethod
-    def of(value: Any, dtype: Any = None) -> Literal:
+    def of(value: Any, dtype: Any = None, *, where: str = "constant") -> Literal:
         """A literal from anything ``np.asarray`` takes (a JAX array too), its bytes in
         the machine's order (a big-endian array is converted: the bytes are what a graph
-        file stores under the dtype's name, and what XLA reads).
+        file stores under the dtype's name, and what XLA reads). ``where`` starts the
+        error messages (``trace`` names the captured constant).
 
         Raises:
-            DTypeError: 64-bit integers (x64 off: stored as 32-bit) outside the 32-bit
-                range, which the conversion would wrap (``2**40`` became 0).
+            DTypeError: with x64 off (64-bit values stored as 32-bit), integers outside
+                the 32-bit range, which the conversion would wrap (``2**40`` became 0),
+                and finite float64 (complex128) values beyond float32's (complex64's)
+                largest finite value, which would become infinite (``1e300``).
         """
         arr = np.asarray(value, dtype=dtype)
         canonical = jax.dtypes.canonicalize_dtype(arr.dtype)
-        _refuse_wrapping(arr, canonical)
-        arr = arr.astype(canonical.newbyteorder("="), copy=False)
+        _refuse_wrapping(arr, canonical, where)
+        with np.errstate(over="ignore"):  # overflow to inf is refused by _refuse_overflow
+            narrowed = arr.astype(canonical.newbyteorder("="), copy=False)
+        _refuse_overflow(arr, narrowed, where)
+        arr = narrowed
         return Literal(np.ascontiguousarray(arr).tobytes(), tuple(arr.shape), arr.dtype)
 
     @property
@@ -86,7 +92,7 @@ class Literal:
         return f"<{self.dtype.name}{list(self.shape)}>"
 
 
-def _refuse_wrapping(arr: np.ndarray, dtype: np.dtype) -> None:
+def _refuse_wrapping(arr: np.ndarray, dtype: np.dtype, where: str = "constant") -> None:
     """Raises unless the integers of ``arr`` all fit ``dtype``, its narrower JAX type."""
     if arr.dtype == dtype or not np.issubdtype(arr.dtype, np.integer) or arr.size == 0:
         return
@@ -94,11 +100,35 @@ def _refuse_wrapping(arr: np.ndarray, dtype: np.dtype) -> None:
     if lo < info.min or hi > info.max:
         bad = lo if lo < info.min else hi
         raise DTypeError(
-            f"constant: a {arr.dtype.name}{list(arr.shape)} value holds {bad}, "
+            f"{where}: a {arr.dtype.name}{list(arr.shape)} value holds {bad}, "
             f"outside {dtype.name}'s range [{info.min}, {info.max}]; with jax_enable_x64 off "
             f"JAX stores {arr.dtype.name} as {dtype.name}, which would wrap it. Give values in "
             "that range, or turn on jax_enable_x64"
         )
+
+
+def _refuse_overflow(arr: np.ndarray, narrowed: np.ndarray, where: str = "constant") -> None:
+    """Raises if a finite float (or complex part) of ``arr`` became infinite in
+    ``narrowed``, its narrower JAX type (float64 as float32 with x64 off). Values within
+    the narrower type's range stay, large mask fills (``-1e9``, float32's own min) too."""
+    if arr.dtype == narrowed.dtype or not np.issubdtype(arr.dtype, np.inexact) or not arr.size:
+        return
+    parts = [(arr.real, narrowed.real), (arr.imag, narrowed.imag)]
+    if not np.iscomplexobj(arr):
+        parts = parts[:1]
+    for was, now in parts:
+        lost = np.isfinite(was) & ~np.isfinite(now)
+        if np.any(lost):
+            bad, kind = was[lost].reshape(-1)[0], narrowed.dtype
+            most = np.finfo(kind).max
+            raise DTypeError(
+                f"{where}: a {arr.dtype.name}{list(arr.shape)} value holds {float(bad)!r}, "
+                f"beyond {kind.name}'s largest finite value {float(most):.8g}; with "
+                f"jax_enable_x64 off JAX stores {arr.dtype.name} as {kind.name}, where it "
+                "would become infinite. "
+                f"Give values within {kind.name}'s range (an infinity explicitly as inf), or "
+                "turn on jax_enable_x64"
+            )
 
 
 def _constant_shape(*, value: Literal) -> Spec:

@@ -132,6 +132,40 @@ def test_constant_refuses_64_bit_integers_that_32_bits_would_wrap(value):
     np.testing.assert_array_equal(got, fits)
 
 
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [np.float64(1e300), np.array([1.0, -1e39]), np.complex128(1 + 1e300j), 2 * F32_MAX],
+)
+def test_constant_refuses_64_bit_floats_that_32_bits_would_make_infinite(value):
+    """With x64 off a float64 constant is stored as float32: Literal.of(np.float64(1e300))
+    had silently become inf. A DTypeError naming the value, like the integer one. Oracle
+    for what still converts: NumPy's float32 cast of values within float32's range (mask
+    fills -1e9 and float32's own min and max) and of infinities and NaN."""
+    from fnnc.errors import DTypeError
+
+    with pytest.raises(DTypeError, match=r"constant: .* beyond (float|complex)(32|64)'s largest"):
+        ops.constant(value)
+    fits = np.array([-1e9, -F32_MAX, F32_MAX, np.inf, -np.inf, np.nan, 1e-300], np.float64)
+    got = ops.constant(fits)()
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, fits.astype(np.float32))
+
+
+def test_a_literal_error_says_where_the_value_came_from():
+    """The errors said "constant:" even for a constant found by trace; trace now names
+    the captured constant (Literal.of's where=)."""
+    from fnnc.errors import DTypeError
+    from fnnc.ops.constant import Literal
+
+    with pytest.raises(DTypeError, match=r"^trace: captured constant 'w': a float64\[\]"):
+        Literal.of(np.float64(1e300), where="trace: captured constant 'w'")
+    with pytest.raises(DTypeError, match=r"^trace: captured constant 'k': a int64\[\]"):
+        Literal.of(np.int64(2**40), where="trace: captured constant 'k'")
+
+
 def _hadamard(n: int) -> np.ndarray:
     h = np.ones((1, 1))
     while h.shape[0] < n:
