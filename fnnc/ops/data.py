@@ -257,7 +257,8 @@ def _index_select_shape(x: Spec, idx: Spec, *, axis: int) -> Spec:
     if x.shape[ax] == 0 and idx.shape[0]:
         fail(
             f"index_select: axis {axis} of x {show(x)} is empty, so none of the "
-            f"{idx.shape[0]} entries of idx can be picked from it"
+            f"{idx.shape[0]} entries of idx can be picked from it; give x rows to pick "
+            "along that axis, or an empty idx for an empty result"
         )
     return Spec((*x.shape[:ax], idx.shape[0], *x.shape[ax + 1 :]), x.dtype)
 

@@ -26,7 +26,11 @@ def _embedding_shape(table, idx):
     if table.ndim < 1:
         fail(f"embedding: table {show(table)} must be [vocabulary, features...]")
     if table.shape[0] == 0 and math.prod(idx.shape):
-        fail(f"embedding: table {show(table)} has no row for the indices {show(idx)} to pick")
+        fail(
+            f"embedding: table {show(table)} has no row for the indices {show(idx)} to pick; "
+            "give a table of at least one row (the vocabulary), or empty indices for an "
+            "empty result"
+        )
     return Spec((*idx.shape, *table.shape[1:]), table.dtype)
 
 

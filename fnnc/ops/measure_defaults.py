@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16", help="some of float32,bfloat16")
     opts = parser.parse_args(argv)
     if opts.repeats < 1:  # else every case compiles, then the median of no runs fails
-        raise SystemExit(f"measure_defaults: --repeats {opts.repeats}: expected an int >= 1")
+        parser.error(f"--repeats must be an int >= 1, got {opts.repeats}")
     commands = _names(opts.commands, "--commands", _case_commands())
     dtypes = [jnp.dtype(d) for d in _names(opts.dtypes, "--dtypes", ("float32", "bfloat16"))]
     sizes = _names(opts.sizes, "--sizes", tuple(SIZES))

@@ -116,8 +116,10 @@ def test_a_table_file_of_other_bytes_is_a_clear_error(tmp_path, content):
         measured.read(path)
 
 
-def test_measure_defaults_refuses_no_repeats_before_timing(monkeypatch):
-    """--repeats 0 compiled every case, then failed in statistics.median of no runs."""
+def test_measure_defaults_refuses_no_repeats_before_timing(monkeypatch, capsys):
+    """--repeats 0 compiled every case, then failed in statistics.median of no runs. A
+    command-line mistake: argparse's usage line and exit status 2, in check_repeats'
+    words."""
     from fnnc.errors import BackendError
     from fnnc.ops import measure_defaults
 
@@ -125,8 +127,12 @@ def test_measure_defaults_refuses_no_repeats_before_timing(monkeypatch):
         raise AssertionError("timed something")
 
     monkeypatch.setattr(measure_defaults, "_ratios", never)
-    with pytest.raises(SystemExit, match=r"--repeats 0: expected an int >= 1"):
+    with pytest.raises(SystemExit) as exit_:
         measure_defaults.main(["--repeats", "0", "--sizes", "small"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ")
+    assert "error: --repeats must be an int >= 1, got 0" in err
     with pytest.raises(BackendError, match=r"measure_defaults: repeats must be an int >= 1"):
         measure_defaults.measure("cpu", sizes=["small"], repeats=0)
 

@@ -251,9 +251,13 @@ def test_gathers_from_an_empty_table_are_shape_errors():
     from fnnc.errors import ShapeError
 
     table = jnp.zeros((0, 3))
-    with pytest.raises(ShapeError, match=r"index_select: axis 0 of x float32\[0, 3\] is empty"):
+    with pytest.raises(
+        ShapeError, match=r"index_select: axis 0 of x float32\[0, 3\] is empty.*; give x rows"
+    ):
         ops.index_select()(table, jnp.array([0]))
-    with pytest.raises(ShapeError, match=r"embedding: table float32\[0, 3\] has no row"):
+    with pytest.raises(
+        ShapeError, match=r"embedding: table float32\[0, 3\] has no row.*; give a table"
+    ):
         ops.embedding()(table, jnp.array([[0]]))
     none = np.zeros((0,), np.int32)
     want = np.take(np.zeros((0, 3)), none, axis=0)
