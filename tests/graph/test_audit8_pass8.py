@@ -160,7 +160,8 @@ def _leaky_scan_reference(h0, stack, slope):
             h = jnp.where(z >= 0, z, slope * z)
         return jnp.sum(h)
 
-    return f(h0, stack), jax.grad(f, argnums=(0, 1))(h0, stack)
+    # jitted: one compile, where eager jax.grad compiled each op of the loop (1.3 s)
+    return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(h0, stack)
 
 
 LEAKY = Rule(
@@ -205,7 +206,7 @@ def test_a_rule_changing_a_scan_s_tape_after_backward_is_refused() -> None:
             h = jax.nn.silu(h * w)
         return jnp.sum(h)
 
-    want = jax.grad(f, argnums=(0, 1))(h0v.astype(x64), wv.astype(x64))
+    want = jax.jit(jax.grad(f, argnums=(0, 1)))(h0v.astype(x64), wv.astype(x64))
     np.testing.assert_allclose(dh0, want[0], rtol=1e-5)
     np.testing.assert_allclose(dw, want[1], rtol=1e-5)
     # after backward the graph keeps relu's tape for the loop's gradient: refused
@@ -234,14 +235,15 @@ def test_cast_precision_keeps_a_graph_s_own_conversions_exact(low) -> None:
 
 def test_a_rule_rewriting_a_pipeline_block_gives_the_new_block_s_gradient() -> None:
     bb = GraphBuilder()
-    h, w = bb.input((2, 3), name="h"), bb.input((3,), name="w")
+    h, w = bb.input((1, 3), name="h"), bb.input((3,), name="w")
     body = bb.build([bb.exec(ops.relu(), bb.exec(ops.ewprod(), h, w))])
     b = GraphBuilder()
-    h0, stack = b.input((4, 3), name="h0"), b.input((2, 3), name="W")
+    h0, stack = b.input((2, 3), name="h0"), b.input((2, 3), name="W")
     (hf,) = pipeline(b, body, [h0], [stack], stages=2, microbatches=2)
     graph = b.build([b.exec(ops.reduce_sum(axes=(0, 1)), hf)])
     rng = np.random.default_rng(0)
-    h0v, wv = rng.standard_normal((4, 3)), rng.standard_normal((2, 3))
+    h0v, wv = rng.standard_normal((2, 3)), rng.standard_normal((2, 3))
+    assert np.any(h0v * wv[0] < 0)  # some entries take leaky_relu's negative side
     _, dh0, dw = interpret(
         _backward_of(graph_rewrite(graph, [LEAKY])), h0v.astype(np.float32), wv.astype(np.float32)
     )
