@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fnnc.core.command import NOTHING, Command, Spec, defcommand, make_command
+from fnnc.core.dtypes import is_inexact
 from fnnc.errors import DTypeError
 
 
@@ -111,7 +112,7 @@ def _refuse_overflow(arr: np.ndarray, narrowed: np.ndarray, where: str = "consta
     """Raises if a finite float (or complex part) of ``arr`` became infinite in
     ``narrowed``, its narrower JAX type (float64 as float32 with x64 off). Values within
     the narrower type's range stay, large mask fills (``-1e9``, float32's own min) too."""
-    if arr.dtype == narrowed.dtype or not np.issubdtype(arr.dtype, np.inexact) or not arr.size:
+    if arr.dtype == narrowed.dtype or not is_inexact(arr.dtype) or not arr.size:
         return
     parts = [(arr.real, narrowed.real), (arr.imag, narrowed.imag)]
     if not np.iscomplexobj(arr):
