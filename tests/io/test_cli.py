@@ -152,18 +152,20 @@ def test_inspect_shows_nested_pytree_arguments_and_keywords(tmp_path, capsys):
     assert "?[" not in out
 
 
-def test_inspect_lists_a_json_graph_file_and_verifies_it(tmp_path):
+def test_inspect_lists_a_json_graph_file_and_verifies_it(tmp_path, capsys):
+    """In-process (fnnc.io.cli.main, as python -m fnnc runs it): a subprocess per file
+    cost 2 s of imports each."""
     from fnnc import ops
     from fnnc.graph import GraphBuilder, load, save
+    from fnnc.io.cli import main
 
     b = GraphBuilder()
     x = b.input((3,), name="x")
     path = tmp_path / "g.json"
     save(b.build([b.exec(ops.relu(), x, name="act")]), path)
-    done = run("inspect", str(path), "--verify")
-    assert done.returncode == 0, done.stderr
+    assert main(["inspect", str(path), "--verify"]) == 0
     listing = str(load(path)).splitlines()  # the oracle: the graph as load reads it
-    lines = done.stdout.splitlines()
+    lines = capsys.readouterr().out.splitlines()
     assert "format 'fnnc.graph', version 1" in lines[0]
     assert lines[1 : 1 + len(listing)] == listing
     assert "it reads" in lines[-1]
@@ -175,6 +177,6 @@ def test_inspect_lists_a_json_graph_file_and_verifies_it(tmp_path):
         ("other.json", 'without a "format"'),
         ("cut.json", "starts as JSON but is not"),
     ]:
-        done = run("inspect", str(tmp_path / name))
-        assert done.returncode == 1 and "Traceback" not in done.stderr
-        assert said in done.stderr and name in done.stderr
+        assert main(["inspect", str(tmp_path / name)]) == 1
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and said in err and name in err
