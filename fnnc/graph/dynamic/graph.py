@@ -8,7 +8,7 @@ explicitly with itself as first argument:
 * :mod:`.execute`: plans (cached per command and input specs) and the recorded run
   of one command; ``exec`` keeps its fast path here and calls :func:`.execute.run`;
 * :mod:`.versions`: writes, ``set``, ``free``, ``detach`` and ``exec(outputs=...)``;
-* :mod:`.autodiff`: ``backward``, ``apply_gradients`` and ``minimize``;
+* :mod:`.autodiff`: ``backward``; :mod:`.steps`: ``apply_gradients`` and ``minimize``;
 * :mod:`.parallel`: NNC's ``parallel`` copies of ``exec``, ``apply_gradients`` and
   ``minimize``;
 * :mod:`.lazy`: ``flush``, lazy mode's sync point.
@@ -31,13 +31,14 @@ from fnnc.graph._builder_args import without_trailing_none
 from fnnc.graph.passes.pipeline import resolve_passes
 from fnnc.ops import Command
 
-from . import autodiff, cnnp, effects, lazy, optim, versions
+from . import autodiff, cnnp, effects, lazy, optim, steps, versions
 from . import parallel as dp
 from .execute import Plans, reader, run, run_reads, where
 from .extract import PROGRAMS, extract
 from .record import Read, Record, Version, View
 from .state_views import StateStore
-from .variable import Slot, Variable, alias_view
+from .variable import Slot, Variable
+from .views import alias_view
 
 Pass = Callable[[Graph], Graph]
 
@@ -443,7 +444,7 @@ class DynamicGraph:
         """
         return effects.has_effect(self, sources, destinations)
 
-    # -- gradients and optimizer steps: autodiff.py -----------------------------------
+    # -- gradients and optimizer steps: autodiff.py, steps.py -----------------------------------
     def backward(
         self, f: Any, wrt: Any, df: Any = None, *, into: Any = None, create_graph: bool = False
     ) -> list[Variable]:
@@ -510,7 +511,7 @@ class DynamicGraph:
                 self, optimizer, autodiff._listed(variables), parallel, "apply_gradients"
             )
             return
-        autodiff.apply_gradients(self, optimizer, variables)
+        steps.apply_gradients(self, optimizer, variables)
         cnnp.sync(self)
 
     def optimizer_states(self, variable: Variable) -> dict[str, Any]:
@@ -534,7 +535,7 @@ class DynamicGraph:
         if isinstance(parallel, bool) or parallel != 1:
             dp.minimize_copies(self, optimizer, f, variables, parallel)
             return
-        autodiff.minimize(self, optimizer, f, variables)
+        steps.minimize(self, optimizer, f, variables)
         cnnp.sync(self)
 
     def flush(self) -> None:
