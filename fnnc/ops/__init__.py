@@ -61,10 +61,7 @@ from fnnc.ops.data import data_transfer as data_transfer
 from fnnc.ops.data import datatype_conversion as datatype_conversion
 from fnnc.ops.data import format_transform as format_transform
 from fnnc.ops.data import index_select as index_select
-from fnnc.ops.data import masked_fill as masked_fill
-from fnnc.ops.data import pad as pad
 from fnnc.ops.data import reshape as reshape
-from fnnc.ops.data import set as set
 from fnnc.ops.data import slice as slice
 from fnnc.ops.data import transpose as transpose
 from fnnc.ops.elementwise import clamp as clamp
@@ -85,6 +82,9 @@ from fnnc.ops.elementwise import min as min
 from fnnc.ops.elementwise import select as select
 from fnnc.ops.elementwise import stop_gradient as stop_gradient
 from fnnc.ops.embedding import embedding as embedding
+from fnnc.ops.fill import masked_fill as masked_fill
+from fnnc.ops.fill import pad as pad
+from fnnc.ops.fill import set as set
 from fnnc.ops.fused import fused_elementwise as fused_elementwise
 from fnnc.ops.gated import rmsnorm_gated as rmsnorm_gated
 from fnnc.ops.gated import segmented_swiglu as segmented_swiglu
