@@ -17,7 +17,7 @@ hyper-parameter candidate. A candidate becomes a float32 input only if
 * its first arithmetic is with the data, not with other numbers alone: optax computes
   ``1 - b2`` in Python's double precision and rounds once, which a float32 input would
   not reproduce (Adam's numbers would move by ~1e-5), so ``b1``, ``b2`` stay constants
-  while the rate, ``eps`` and schedule values are inputs (:func:`_rounded_first`,
+  while the rate, ``eps`` and schedule values are inputs (:func:`.rounded_first.rounded_first`,
   read off the update's jaxpr; no XLA compile).
 
 Constants are part of the key by value; the key is ``behaviour`` of the transformation
@@ -52,10 +52,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.extend.core import Literal
 
 from fnnc.errors import ModelError
 from fnnc.graph.dynamic.optim import behaviour
+from fnnc.graph.dynamic.rounded_first import rounded_first
 
 try:  # JAX has no public way to make a traced value weakly typed
     from jax._src.lax.lax import _convert_element_type
@@ -307,7 +307,7 @@ def _known_mask(transform: Any, floats: Sequence[Any]) -> list[bool]:
 def _tunable(transform: Any, floats: Sequence[Any]) -> list[bool]:
     """Which ``floats`` of ``transform`` can be float32 inputs: those whose update
     traces with them traced (found one at a time if not all do) and that
-    :func:`_rounded_first` does not reject."""
+    :func:`.rounded_first.rounded_first` does not reject."""
     n = len(floats)
     if not n:
         return []
@@ -339,93 +339,8 @@ def _tunable(transform: Any, floats: Sequence[Any]) -> list[bool]:
     jaxpr = trace(mask)
     if jaxpr is None:
         return [False] * n
-    rejected = _rounded_first(jaxpr.jaxpr, sum(mask))
+    rejected = rounded_first(jaxpr.jaxpr, sum(mask))
     at = [i for i, m in enumerate(mask) if m]
     for k in rejected:
         mask[at[k]] = False
     return mask
-
-
-_EXACT = frozenset(
-    (
-        *("convert_element_type", "broadcast_in_dim", "reshape", "squeeze", "expand_dims"),
-        *("copy", "copy_p", "neg", "abs", "max", "min", "select_n"),
-        *("eq", "ne", "lt", "le", "gt", "ge"),
-    )
-)
-"""Primitives that give the same float32 result whether their operands were combined in
-Python's double precision first or not."""
-
-
-def _rounded_first(jaxpr: Any, n: int) -> set[int]:
-    """Hyper-parameters (the first ``n`` inputs of ``jaxpr``) that meet arithmetic with
-    nothing but other hyper-parameters and literals before they meet the data.
-
-    Where the original closure held Python floats, that arithmetic (``1 - b2``) ran in
-    double precision and was rounded once; as float32 inputs it rounds at every step
-    and the numbers change, so those hyper-parameters stay constants.
-    """
-    rejected: set[int] = set()
-    _scan(jaxpr, {v: {i} for i, v in enumerate(jaxpr.invars[:n])}, rejected)
-    return rejected
-
-
-def _scan(jaxpr: Any, pure: dict[Any, set[int]], rejected: set[int]) -> None:
-    """Walks ``jaxpr`` where ``pure`` maps variables computed from hyper-parameters
-    alone to those hyper-parameters; adds the offending ones to ``rejected``."""
-    for eqn in jaxpr.eqns:
-        ins = [v for v in eqn.invars if not isinstance(v, Literal)]
-        if not any(v in pure for v in ins):
-            continue
-        inner = next(
-            (eqn.params[k] for k in ("jaxpr", "call_jaxpr", "fun_jaxpr") if k in eqn.params), None
-        )
-        inner = getattr(inner, "jaxpr", inner)
-        if inner is not None and len(inner.invars) == len(eqn.invars):
-            sub = {
-                iv: pure[v]
-                for iv, v in zip(inner.invars, eqn.invars)
-                if not isinstance(v, Literal) and v in pure
-            }
-            _scan(inner, sub, rejected)
-            for ov, iv in zip(eqn.outvars, inner.outvars):
-                if not isinstance(iv, Literal) and iv in sub:
-                    pure[ov] = sub[iv]
-            continue
-        if "branches" in eqn.params:  # lax.cond (optax.MultiSteps): operands after the index
-            _scan_branches(eqn, pure, rejected)
-            continue
-        nested = inner is not None or any(map(_holds_jaxpr, eqn.params.values()))
-        hypers = set().union(*(pure.get(v, set()) for v in ins))
-        if all(v in pure for v in ins):  # hyper-parameters and literals only
-            if eqn.primitive.name not in _EXACT or nested:
-                rejected.update(hypers)
-            for ov in eqn.outvars:
-                pure[ov] = hypers
-        elif nested:  # control flow we do not follow (while, scan)
-            rejected.update(hypers)
-
-
-def _holds_jaxpr(param: Any) -> bool:
-    if isinstance(param, (tuple, list)):
-        return any(map(_holds_jaxpr, param))
-    return hasattr(param, "eqns") or hasattr(getattr(param, "jaxpr", None), "eqns")
-
-
-def _scan_branches(eqn: Any, pure: dict[Any, set[int]], rejected: set[int]) -> None:
-    """:func:`_scan` of each branch of a ``cond``; an output is pure if it is in some
-    branch (which rejects more, never less)."""
-    outs: dict[int, set[int]] = {}
-    for branch in eqn.params["branches"]:
-        jaxpr = getattr(branch, "jaxpr", branch)
-        sub = {
-            iv: pure[v]
-            for iv, v in zip(jaxpr.invars, eqn.invars[1:])
-            if not isinstance(v, Literal) and v in pure
-        }
-        _scan(jaxpr, sub, rejected)
-        for i, ov in enumerate(jaxpr.outvars):
-            if not isinstance(ov, Literal) and ov in sub:
-                outs.setdefault(i, set()).update(sub[ov])
-    for i, hypers in outs.items():
-        pure[eqn.outvars[i]] = hypers
