@@ -40,6 +40,11 @@ from fnnc.data.indices import GroupMapDataset, RowIndices, shuffled
 from fnnc.data.sources import Column
 from fnnc.data.stages import Map, Shard, Shuffle, Stage, function_name, levels
 
+_READ_ONLY = (
+    " (a map gets the rows of an array or list column as read-only views, so that it cannot "
+    "change the data set; write into a copy: v = v.copy(), or return a new array)"
+)
+
 
 def derive_seed(seed: int | None, pipeline_seed: int, position: int) -> int:
     """The 32-bit seed of the step at ``position`` (see the module docstring)."""
@@ -190,7 +195,7 @@ class Reader:
                     f"map {function_name(step.fn)} -> column "
                     f"{', '.join(repr(o) for o in step.outputs)} failed on "
                     f"{rows_text(ids)} (epoch {epoch}): "
-                    f"{type(e).__name__}: {e}"
+                    f"{type(e).__name__}: {e}{_READ_ONLY if 'read-only' in str(e) else ''}"
                 ) from e
             if len(step.outputs) == 1:
                 values[step.outputs[0]] = out

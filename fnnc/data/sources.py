@@ -6,7 +6,10 @@ cheap: one fancy-indexing copy per batch instead of one Python call per row.
 
 Nothing is copied when a column is made. NumPy arrays and ``np.memmap`` arrays are
 kept as they are and read a row (or a batch of rows) per access, so a memory-mapped
-data set larger than memory streams from the page cache. When an iterator runs worker
+data set larger than memory streams from the page cache. A row read alone is a
+read-only view of the array (as an array row of a list is): a map that changed its
+input in place would change the data set itself, so later epochs, and worker
+processes with their own copies, would see other values. When an iterator runs worker
 processes, columns travel to them by pickling: a memory-mapped array travels as its
 file name, offset and layout (each worker maps the same file), never as its data; an
 in-memory array is copied into each worker, so memory-map large ones
@@ -23,6 +26,15 @@ from typing import Any
 import numpy as np
 
 from fnnc.data.errors import DataError, integer
+
+
+def read_only(value: Any) -> np.ndarray:
+    """``value`` as a read-only ``np.ndarray`` view (the array itself is left writable):
+    what a column gives for a row it holds, so that a map writing into its input fails
+    instead of changing the data set."""
+    out = np.asarray(value).view(np.ndarray)
+    out.flags.writeable = False
+    return out
 
 
 class Column:
@@ -54,7 +66,8 @@ class Column:
 
 
 class ArrayColumn(Column):
-    """Rows along the first axis of a NumPy array (``np.memmap`` included), never copied.
+    """Rows along the first axis of a NumPy array (``np.memmap`` included), never copied:
+    a row is a read-only view, a gathered batch a copy.
 
     >>> import numpy as np
     >>> c = ArrayColumn(np.arange(6).reshape(3, 2))
@@ -73,7 +86,7 @@ class ArrayColumn(Column):
         return self.array.shape[0]
 
     def read(self, row: int) -> Any:
-        return np.asarray(self.array[row])  # a view; drops the memmap subclass
+        return read_only(self.array[row])  # a view; drops the memmap subclass
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
         return np.asarray(self.array[rows])
@@ -96,7 +109,7 @@ class ArrayColumn(Column):
 
 class SequenceColumn(Column):
     """Rows of any random-access sequence (a list, a tuple, an HDF5 dataset...), read with
-    ``sequence[i]``.
+    ``sequence[i]`` (an array element as a read-only view).
 
     >>> SequenceColumn(["a", "b"]).read(1)
     'b'
@@ -109,7 +122,8 @@ class SequenceColumn(Column):
         return len(self.sequence)
 
     def read(self, row: int) -> Any:
-        return self.sequence[row]
+        value = self.sequence[row]
+        return read_only(value) if isinstance(value, np.ndarray) else value
 
     @property
     def in_memory(self) -> bool:
@@ -182,7 +196,9 @@ class FieldColumn(Column):
 
     def read(self, row: int) -> Any:
         value = self.rows.read(row)
-        return value[self.name] if isinstance(value, Mapping) else value[self.position]
+        value = value[self.name] if isinstance(value, Mapping) else value[self.position]
+        held = isinstance(value, np.ndarray) and isinstance(self.rows.base, SequenceColumn)
+        return read_only(value) if held else value  # a function's fresh rows stay writable
 
     @property
     def in_memory(self) -> bool:
