@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from fnnc.data.errors import as_int
+
 # ImageNet RGB eigenvalues times eigenvectors (AlexNet; NNC copies MXNet's).
 _PCA = np.array(
     [
@@ -70,15 +72,25 @@ def resize_bilinear(image: np.ndarray, rows: int, cols: int) -> np.ndarray:
     return image
 
 
-def _pair(value: Any, what: str) -> tuple[Any, Any] | None:
+def _pair(value: Any, what: str) -> tuple[int, int] | None:
+    """``value`` (``None``, one integer, or a pair of them) as a pair of Python ints; NNC's
+    ``ccv_cnnp_random_jitter_t`` holds these sizes in pixels as ``int``."""
     if value is None:
         return None
-    if isinstance(value, (int, float)):
-        return value, value
-    pair = tuple(value)
-    if len(pair) != 2:
-        raise ValueError(f"{what} must be a number or a pair, got {value!r}")
-    return pair  # type: ignore[return-value]
+    pair = (value, value) if np.ndim(value) == 0 else tuple(value)
+    whole = [as_int(v) for v in pair]
+    if len(pair) != 2 or None in whole:
+        raise ValueError(f"{what} must be an integer or a pair of integers, got {value!r}")
+    return whole[0], whole[1]  # type: ignore[return-value]
+
+
+def _amount(value: Any, what: str) -> float:
+    """A jitter amount: a finite number >= 0 (0 turns the step off)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        raise ValueError(f"{what} must be a number >= 0, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be a finite number >= 0 (0 turns it off), got {value!r}")
+    return float(value)
 
 
 def _mean_std(normalize: Any) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -104,7 +116,12 @@ def _mean_std(normalize: Any) -> tuple[tuple[float, ...], tuple[float, ...]]:
 @dataclasses.dataclass(frozen=True)
 class Jitter:
     """NNC's ``ccv_cnnp_random_jitter_t``; called as ``jitter(image, rng=generator)``
-    (a :meth:`~fnnc.data.DataFrame.map` with ``random=True``). All off by default."""
+    (a :meth:`~fnnc.data.DataFrame.map` with ``random=True``). All off by default.
+
+    ``resize``, ``size``, ``offset`` and ``roundup`` are pixels, integers as NNC's
+    (``resize``/``size``/``offset`` one or a pair); ``aspect_ratio``, ``brightness``,
+    ``contrast``, ``saturation`` and ``lighting`` are numbers >= 0. Anything else is a
+    ``ValueError`` when the jitter is made, not when the first image is read."""
 
     resize: Any = None
     size: Any = None
@@ -125,12 +142,18 @@ class Jitter:
             raise ValueError(f"resize must be (min, max) with 0 < min <= max, got {self.resize!r}")
         if size is not None and min(size) <= 0:
             raise ValueError(f"size must be positive (rows, cols), got {self.size!r}")
+        for name in ("aspect_ratio", "brightness", "contrast", "saturation", "lighting"):
+            object.__setattr__(self, name, _amount(getattr(self, name), name))
+        roundup = as_int(self.roundup)
+        if roundup is None or roundup < 0:
+            raise ValueError(f"roundup must be an integer >= 0 (0: off), got {self.roundup!r}")
+        object.__setattr__(self, "roundup", roundup)
         normalize = self.normalize
         if normalize is not None:
             normalize = _mean_std(normalize)
         object.__setattr__(self, "resize", resize)
         object.__setattr__(self, "size", size)
-        object.__setattr__(self, "offset", _pair(self.offset, "offset"))
+        object.__setattr__(self, "offset", _pair(self.offset, "offset") or (0, 0))
         object.__setattr__(self, "normalize", normalize)
 
     def __call__(self, image: Any, *, rng: np.random.Generator) -> np.ndarray:

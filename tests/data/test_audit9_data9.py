@@ -56,3 +56,44 @@ def test_rows_read_alone_are_read_only_views_and_the_source_stays_writable():
     # a function's rows are its own fresh values: left writable
     fresh = DataFrame.from_function(lambda i: (np.full(2, i),), 2, ["v"])[1]["v"]
     assert fresh.flags.writeable and fresh.tolist() == [1, 1]
+
+
+IMAGES = np.arange(2 * 8 * 10 * 3, dtype=np.float32).reshape(2, 8, 10, 3) % 255
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"size": 4.5}, "size must be an integer"),
+        ({"size": (True, 4)}, "size must be an integer"),
+        ({"resize": (6.5, 8)}, "resize must be an integer"),
+        ({"resize": ("6", 8)}, "resize must be an integer"),
+        ({"offset": (1.5, 0), "size": (4, 4)}, "offset must be an integer"),
+        ({"resize": (6, 8), "roundup": 2.5}, "roundup must be an integer >= 0"),
+        ({"resize": (6, 8), "roundup": -4}, "roundup must be an integer >= 0"),
+        ({"brightness": -1}, "brightness must be a finite number >= 0"),
+        ({"contrast": -0.5}, "contrast must be a finite number >= 0"),
+        ({"lighting": -1}, "lighting must be a finite number >= 0"),
+        ({"aspect_ratio": float("nan")}, "aspect_ratio must be a finite number >= 0"),
+        ({"saturation": "0.1"}, "saturation must be a number >= 0"),
+    ],
+)
+def test_jitter_options_are_checked_when_the_jitter_is_made(options, says):
+    # These were accepted and failed on the first image read ("'float' object cannot be
+    # interpreted as an integer", "math domain error", naming no option), or silently
+    # ran: size=(True, 4) cropped 1 row, lighting=-1 subtracted the PCA colour noise,
+    # contrast=-0.5 drew from [0.5, 2] as contrast=1, roundup=-4 and aspect_ratio=nan
+    # were ignored.
+    with pytest.raises(DataError, match=f"image_random_jitter: {says}"):
+        DataFrame.from_arrays(im=IMAGES).image_random_jitter("im", **options)
+
+
+def test_jitter_options_of_numpy_integers_and_offset_none_keep_working():
+    from fnnc.data.jitter import Jitter
+
+    rng = np.random.default_rng(0)
+    jitter = Jitter(size=np.array([4, 6]), offset=None, center_crop=True, roundup=np.int64(0))
+    assert jitter.size == (4, 6) and jitter.offset == (0, 0)
+    assert all(type(v) is int for v in jitter.size)
+    # oracle: the centre crop is the slice NNC's formula gives, (8-4+1)//2 and (10-6+1)//2
+    np.testing.assert_array_equal(jitter(IMAGES[0], rng=rng), IMAGES[0][2:6, 2:8])
