@@ -25,9 +25,12 @@ element is a function of its index).
 
 from __future__ import annotations
 
+import atexit
 import collections
+import contextlib
 import itertools
 import sys
+import weakref
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
@@ -41,6 +44,21 @@ _FILE_THREADS = 4
 """Default reading threads when a column reads files (memory maps, tensor files,
 functions); in-memory columns default to 0, as Grain advises: threads would only
 contend for the GIL (measured: 2 threads read digits batches about half as fast)."""
+
+
+_reading: weakref.WeakSet[DataIterator] = weakref.WeakSet()
+"""Iterators with Grain threads or worker processes open, closed at exit."""
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Closes the iterators a script left open. Grain's own finalizers, run later while
+    the interpreter tears its modules down, print a traceback for each reading thread
+    ('NoneType' object has no attribute 'Empty'). Runs before :func:`release_workers`
+    (registered earlier), which then stops the streams parked here."""
+    for iterator in list(_reading):
+        with contextlib.suppress(Exception):
+            iterator.close()
 
 
 def _count(value: Any, what: str, low: int) -> int:
@@ -167,6 +185,8 @@ class DataIterator(Iterator[Any]):
                     )
                 self._iter = iter(out)
             self._opened_at = at
+        if not isinstance(self._iter, _Indexed):
+            _reading.add(self)
         return self._iter
 
     def __next__(self) -> Any:
@@ -220,6 +240,7 @@ class DataIterator(Iterator[Any]):
         again restarts them there. Worker processes of an iterator that read to its end
         are kept for the next epoch's iterator instead (:mod:`fnnc.data.workers`)."""
         self._buffer.clear()  # reopening restarts at the position, before them
+        _reading.discard(self)
         if self._iter is None:
             return
         if self._key is not None and self._position == self._stop:

@@ -97,3 +97,25 @@ def test_jitter_options_of_numpy_integers_and_offset_none_keep_working():
     assert all(type(v) is int for v in jitter.size)
     # oracle: the centre crop is the slice NNC's formula gives, (8-4+1)//2 and (10-6+1)//2
     np.testing.assert_array_equal(jitter(IMAGES[0], rng=rng), IMAGES[0][2:6, 2:8])
+
+
+@pytest.mark.parametrize(("threads", "prefetch"), [(0, 2), (1, 1)])
+def test_iterators_left_open_are_closed_at_exit_before_grain_finalizes_them(threads, prefetch):
+    # A script ending with an unfinished iterator reading ahead on Grain threads (or
+    # worker processes) printed "Exception ignored in DatasetIterator.__del__ ...
+    # 'NoneType' object has no attribute 'Empty'" per thread: Grain's finalizer ran
+    # while the interpreter tore its modules down. fnnc now closes them at exit; the
+    # exit hook is called directly here (the shutdown itself needs a subprocess).
+    from fnnc.data import iterator as iterators
+
+    df = DataFrame.from_arrays(x=np.arange(7)).batch(2)
+    it = df.iterator("x", threads=threads, prefetch=prefetch)
+    assert next(it).tolist() == [0, 1]
+    assert it in iterators._reading
+    iterators._close_at_exit()
+    assert it._iter is None and it not in iterators._reading
+    # closing keeps the position: reading on restarts there (oracle: range(7) in twos)
+    assert [b.tolist() for b in it] == [[2, 3], [4, 5], [6]]
+    plain = df.iterator("x")  # read in this thread: nothing to close
+    next(plain)
+    assert plain not in iterators._reading
