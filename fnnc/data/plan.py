@@ -62,12 +62,26 @@ def _live(steps: list[Any], want: set[str]) -> tuple[list[Any], set[str]]:
     return live[::-1], need
 
 
+def _shape(name: str, value: Any, member: Any) -> tuple[int, ...]:
+    """``np.shape(value)``; a :class:`DataError` naming the column and row for a value
+    that is no array (a tuple or list of unequal parts: NumPy's inhomogeneous shape)."""
+    try:
+        return np.shape(value)
+    except ValueError as e:
+        raise DataError(
+            f"batch: column {name!r} holds a {type(value).__name__} on {rows_text(member)} "
+            f"that makes no array ({e}); batch stacks each column into one array: split "
+            "its parts into columns (map(fn, inputs, [name, ...]) with fn returning a "
+            "tuple, or from_sequence(..., names=[...])), or group rows unstacked with sample()"
+        ) from e
+
+
 def stack(name: str, values: list[Any], members: Sequence[Any]) -> np.ndarray:
     """``values`` stacked along a new first axis; :class:`DataError` naming the column and
-    the rows when their shapes differ."""
-    first = np.shape(values[0])
+    the rows when their shapes differ or a value makes no array."""
+    first = _shape(name, values[0], members[0])
     for member, value in zip(members, values):
-        if np.shape(value) != first:
+        if _shape(name, value, member) != first:
             raise DataError(
                 f"batch: column {name!r} changes shape within an epoch: {rows_text(member)} "
                 f"has shape {np.shape(value)}, {rows_text(members[0])} (first of its batch) "

@@ -119,3 +119,19 @@ def test_iterators_left_open_are_closed_at_exit_before_grain_finalizes_them(thre
     plain = df.iterator("x")  # read in this thread: nothing to close
     next(plain)
     assert plain not in iterators._reading
+
+
+def test_batching_a_tuple_column_of_unequal_parts_names_the_column():
+    # NNC's tuple columns: rows of (array, label) in one column. batch() raised NumPy's
+    # raw "inhomogeneous shape" ValueError from np.shape, naming no column or row.
+    df = DataFrame.from_sequence([(np.zeros(2), 1), (np.ones(2), 0)], "pair")
+    with pytest.raises(DataError, match=r"batch: column 'pair' holds a tuple on row 0 .*split"):
+        next(iter(df.batch(2)))
+    # split into columns, the same rows batch (oracle: np.stack of each part)
+    split = DataFrame.from_sequence([(np.zeros(2), 1), (np.ones(2), 0)], ["x", "y"]).batch(2)
+    batch = next(iter(split))
+    np.testing.assert_array_equal(batch["x"], np.stack([np.zeros(2), np.ones(2)]))
+    assert batch["y"].tolist() == [1, 0]
+    # tuples of equal parts still stack as one array, as np.stack does
+    pairs = DataFrame.from_sequence([(1, 2), (3, 4)], "pair").batch(2)
+    np.testing.assert_array_equal(next(iter(pairs))["pair"], np.stack([(1, 2), (3, 4)]))
