@@ -19,6 +19,7 @@ The functions themselves (:func:`one_hot`, ...) are plain NumPy and usable alone
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -114,6 +115,29 @@ def truncate_columns(*columns: Any) -> np.ndarray | tuple[np.ndarray, ...]:
     return cut[0] if len(cut) == 1 else tuple(cut)
 
 
+def _fill(value: Any, dtype: np.dtype, name: str) -> Any:
+    """``value`` as a ``dtype`` number, or a :class:`DataError` when ``dtype`` cannot hold
+    it: a fraction in an integer or bool type, a number out of its range."""
+    try:
+        wanted = float(value)
+    except (TypeError, ValueError):
+        raise DataError(f"one_hot: {name} must be a number, got {value!r}") from None
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            number = np.asarray(value, dtype=dtype)[()]
+        got = float(number)
+    except (OverflowError, TypeError, ValueError):  # a Python int out of the type's range
+        number, got = None, None
+    exact = np.issubdtype(dtype, np.integer) or dtype == np.bool_
+    if got is None or (got != wanted if exact else math.isinf(got) > math.isinf(wanted)):
+        became = "" if got is None else f" (it would be {got:g})"
+        raise DataError(
+            f"one_hot: {name}={value!r} does not fit dtype {dtype}{became}; give a value "
+            f"{dtype} holds, or a float dtype"
+        )
+    return number
+
+
 def _pairs(inputs: str | Sequence[str], outputs: Any, suffix: str) -> tuple[tuple[str, ...], Any]:
     names = (inputs,) if isinstance(inputs, str) else tuple(inputs)
     if outputs is None:
@@ -174,7 +198,9 @@ class AddOns:
         [0.0, 0.0, 1.0]
         """
         depth = integer(depth, "one_hot", 1, "depth")
-        options = dict(depth=depth, on=on, off=off, dtype=np.dtype(dtype))
+        dtype = np.dtype(dtype)
+        on, off = _fill(on, dtype, "on"), _fill(off, dtype, "off")
+        options = dict(depth=depth, on=on, off=off, dtype=dtype)
         return _map_columns(
             self, "one_hot", one_hot, column, output or f"{column}_one_hot", **options
         )

@@ -135,3 +135,35 @@ def test_batching_a_tuple_column_of_unequal_parts_names_the_column():
     # tuples of equal parts still stack as one array, as np.stack does
     pairs = DataFrame.from_sequence([(1, 2), (3, 4)], "pair").batch(2)
     np.testing.assert_array_equal(next(iter(pairs))["pair"], np.stack([(1, 2), (3, 4)]))
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (
+            {"on": 0.9, "off": 0.05, "dtype": np.int32},
+            r"on=0.9 does not fit dtype int32 \(it would be 0\)",
+        ),
+        ({"on": 2, "dtype": bool}, r"on=2 does not fit dtype bool"),
+        ({"off": 300, "dtype": np.uint8}, r"off=300 does not fit dtype uint8"),
+        (
+            {"on": 1e6, "dtype": np.float16},
+            r"on=1000000.0 does not fit dtype float16 \(it would be inf\)",
+        ),
+        ({"on": "a"}, r"on must be a number, got 'a'"),
+    ],
+)
+def test_one_hot_values_its_dtype_cannot_hold_are_refused(options, says):
+    # on=0.9 with dtype=int32 gave all-zero vectors: the label was silently lost.
+    labels = DataFrame.from_arrays(y=np.array([2, 0]))
+    with pytest.raises(DataError, match=f"one_hot: {says}"):
+        labels.one_hot("y", 3, **options)
+
+
+def test_one_hot_values_that_fit_keep_working():
+    labels = DataFrame.from_arrays(y=np.array([2, 0]))
+    got = labels.one_hot("y", 3, on=np.int64(5), off=-1, dtype=np.int8)[0]["y_one_hot"]
+    assert got.dtype == np.int8 and got.tolist() == [-1, -1, 5]
+    soft = labels.one_hot("y", 3, on=0.9, off=0.05, dtype=np.float16)[1]["y_one_hot"]
+    oracle = np.array([0.9, 0.05, 0.05], np.float16)  # NumPy's rounding of each value
+    assert soft.dtype == np.float16 and soft.tolist() == oracle.tolist()
