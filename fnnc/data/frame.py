@@ -200,6 +200,11 @@ class DataFrame(AddOns):
     def __getitem__(self, index: int) -> dict[str, Any]:
         """Row ``index`` of epoch 0 with seed 0, as a dict (for looking, not for training)."""
         row = as_int(index)
+        if isinstance(index, str):
+            raise DataError(
+                f"df[{index!r}]: a dataframe is indexed by row number; read a column with "
+                f"df[i][{index!r}] or df.iterator({index!r}) (columns: {', '.join(self._columns)})"
+            )
         if row is None or not -self._rows <= row < self._rows:
             raise IndexError(f"row {index!r} of a dataframe with {self._rows} rows")
         return self.to_grain()[row % self._rows]

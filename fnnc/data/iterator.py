@@ -233,7 +233,7 @@ class DataIterator(Iterator[Any]):
 
     def take(self, n: int) -> list[Any]:
         """The next ``n`` elements (fewer at the end)."""
-        return list(itertools.islice(self, n))
+        return list(itertools.islice(self, _count(n, "take n", 0)))
 
     def close(self) -> None:
         """Stops Grain's threads and worker processes; the position is kept, and reading

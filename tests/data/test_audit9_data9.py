@@ -167,3 +167,16 @@ def test_one_hot_values_that_fit_keep_working():
     soft = labels.one_hot("y", 3, on=0.9, off=0.05, dtype=np.float16)[1]["y_one_hot"]
     oracle = np.array([0.9, 0.05, 0.05], np.float16)  # NumPy's rounding of each value
     assert soft.dtype == np.float16 and soft.tolist() == oracle.tolist()
+
+
+def test_take_and_getitem_mistakes_are_data_errors_saying_what_to_do():
+    # take(-1) raised islice's "Stop argument for islice() must be None or an integer";
+    # df["x"] an IndexError "row 'x' of a dataframe with 3 rows"
+    df = DataFrame.from_arrays(x=np.arange(3))
+    with pytest.raises(DataError, match=r"take n must be an integer >= 0, got -1"):
+        df.iterator("x").take(-1)
+    with pytest.raises(DataError, match=r"indexed by row number.*df\[i\]\['x'\].*columns: x"):
+        df["x"]
+    assert [int(v) for v in df.iterator("x").take(np.int64(2))] == [0, 1]
+    with pytest.raises(IndexError, match="row 3 of a dataframe with 3 rows"):
+        df[3]
