@@ -18,9 +18,9 @@ The stream is the same for any number of threads or workers.
 
 State: ``get_state()`` is ``{"position": ..., "grain": ...}`` plus what the position
 means (seed, end, the dataframe's signature). ``"grain"`` is Grain's own iterator state
-of a threaded iterator; ``set_state`` hands it back to Grain when the slice is the same,
-and otherwise restarts at ``"position"`` (both land on the same element, since every
-element is a function of its index).
+of a threaded iterator; ``set_state`` hands it back to Grain when it lands on
+``"position"``, and otherwise restarts at ``"position"`` (both land on the same element,
+since every element is a function of its index; the position is the truth).
 """
 
 from __future__ import annotations
@@ -307,12 +307,26 @@ class DataIterator(Iterator[Any]):
         if state["seed"] != self._seed:
             self._seed, self._epoch_data = state["seed"], self._build(state["seed"])
         self._position, self._stop = as_int(state["position"]), as_int(state["stop"])
-        saved = state.get("grain")
-        threaded = (self._threads or self._prefetch) and not self._workers
-        if saved and saved["workers"] == self._workers and saved["opened_at"] >= 0 and threaded:
-            self._position = saved["opened_at"]
-            self._open(reuse=False).set_state(saved["state"])  # type: ignore[attr-defined]
+        saved = _grain_state(state.get("grain"), self._position)
+        if saved is not None and (self._threads or self._prefetch) and not self._workers:
+            self._position = saved[0]
+            self._open(reuse=False).set_state(saved[1])  # type: ignore[attr-defined]
             self._position = as_int(state["position"])
+
+
+def _grain_state(saved: Any, position: int) -> tuple[int, dict[str, Any]] | None:
+    """``(opened_at, Grain's state)`` of a threaded iterator's saved ``"grain"`` part when
+    it lands on ``position`` (Grain's ``next_index`` counts from ``opened_at``), else
+    ``None``: the position is the truth, and a part that disagrees with it (a state
+    whose position was edited, a damaged one) would continue somewhere else."""
+    if not isinstance(saved, dict) or saved.get("workers") != 0:
+        return None
+    opened, inner = as_int(saved.get("opened_at")), saved.get("state")
+    if opened is None or opened < 0 or not isinstance(inner, dict):
+        return None
+    if as_int(inner.get("next_index")) != position - opened:
+        return None
+    return opened, inner
 
 
 class _Indexed(Iterator[Any]):

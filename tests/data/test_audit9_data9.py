@@ -180,3 +180,28 @@ def test_take_and_getitem_mistakes_are_data_errors_saying_what_to_do():
     assert [int(v) for v in df.iterator("x").take(np.int64(2))] == [0, 1]
     with pytest.raises(IndexError, match="row 3 of a dataframe with 3 rows"):
         df[3]
+
+
+@pytest.mark.parametrize(("threads", "prefetch"), [(0, 2), (1, 1)])
+def test_a_state_continues_at_its_position_whatever_its_grain_part_says(threads, prefetch):
+    # A threaded iterator's state carries Grain's own state beside the position;
+    # set_state gave it to Grain even when it disagreed with the position, so a state
+    # rewound to position 0 continued at batch 3 (only [[6, 7]] of 4 batches), and a
+    # damaged "grain" part raised a raw KeyError / TypeError.
+    df = DataFrame.from_arrays(x=np.arange(8)).shuffle().batch(2)
+    oracle = [b.tolist() for b in df.iterator("x", seed=3)]  # read by index, no threads
+    it = df.iterator("x", seed=3, threads=threads, prefetch=prefetch)
+    it.take(3)
+    state = it.get_state()
+    assert state["grain"] is not None
+
+    def rest(edited):
+        again = df.iterator("x", threads=threads, prefetch=prefetch)
+        again.set_state(edited)
+        return [b.tolist() for b in again]
+
+    assert rest(state) == oracle[3:]
+    assert rest({**state, "position": 0}) == oracle
+    assert rest({**state, "position": 1}) == oracle[1:]
+    for damaged in ({"foo": 1}, 5, {"opened_at": "a", "workers": 0, "state": {}}):
+        assert rest({**state, "grain": damaged}) == oracle[3:]
