@@ -40,10 +40,15 @@ from fnnc.data.indices import GroupMapDataset, RowIndices, shuffled
 from fnnc.data.sources import Column
 from fnnc.data.stages import Map, Shard, Shuffle, Stage, function_name, levels
 
-_READ_ONLY = (
-    " (a map gets the rows of an array or list column as read-only views, so that it cannot "
-    "change the data set; write into a copy: v = v.copy(), or return a new array)"
-)
+
+def _hint(error: Exception) -> str:
+    """What to do about a function writing into a row it was given (a read-only view)."""
+    if "read-only" not in str(error):
+        return ""
+    return (
+        " (rows of an array or list column arrive as read-only views, so that a function "
+        "cannot change the data set; write into a copy: v = v.copy(), or return a new array)"
+    )
 
 
 def derive_seed(seed: int | None, pipeline_seed: int, position: int) -> int:
@@ -189,7 +194,7 @@ class Reader:
         except Exception as e:
             raise DataError(
                 f"sample {function_name(group.fn)} -> column {group.output!r} failed on "
-                f"{rows_text(members)}: {type(e).__name__}: {e}"
+                f"{rows_text(members)}: {type(e).__name__}: {e}{_hint(e)}"
             ) from e
         return {group.output: out}  # type: ignore[dict-item]
 
@@ -209,7 +214,7 @@ class Reader:
                     f"map {function_name(step.fn)} -> column "
                     f"{', '.join(repr(o) for o in step.outputs)} failed on "
                     f"{rows_text(ids)} (epoch {epoch}): "
-                    f"{type(e).__name__}: {e}{_READ_ONLY if 'read-only' in str(e) else ''}"
+                    f"{type(e).__name__}: {e}{_hint(e)}"
                 ) from e
             if len(step.outputs) == 1:
                 values[step.outputs[0]] = out

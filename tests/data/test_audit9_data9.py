@@ -39,6 +39,15 @@ def test_a_map_cannot_change_the_data_set_in_place(column):
     epochs = [[b["y"] for b in df.iterator(epoch=e)] for e in range(2)]
     np.testing.assert_array_equal(np.concatenate(epochs[0]), kept - 1.0)
     np.testing.assert_array_equal(np.concatenate(epochs[1]), kept - 1.0)
+
+    # a sample function writing into its rows gets the same hint
+    def zero_first(rows):
+        rows[0][:] = 0
+        return rows[0]
+
+    if isinstance(source, list):
+        with pytest.raises(DataError, match=r"sample zero_first .*read-only.*copy"):
+            next(iter(frame.sample(2, zero_first, inputs="x")))
     # a gathered batch is the reader's own copy: writing it leaves the source alone
     batch = next(iter(frame.batch(2)))["x"]
     batch += 5
