@@ -29,10 +29,13 @@ from fnnc.data.errors import DataError, integer
 
 
 def read_only(value: Any) -> np.ndarray:
-    """``value`` as a read-only ``np.ndarray`` view (the array itself is left writable):
-    what a column gives for a row it holds, so that a map writing into its input fails
-    instead of changing the data set."""
-    out = np.asarray(value).view(np.ndarray)
+    """``value`` as an ``np.ndarray``: a read-only view when it is (a view of) the
+    column's data, so that a map writing into its input fails instead of changing the
+    data set (the data itself is left writable); a fresh array (a NumPy scalar's) as is."""
+    out = np.asarray(value)
+    if out is not value and out.base is None:
+        return out
+    out = out.view(np.ndarray)
     out.flags.writeable = False
     return out
 

@@ -60,6 +60,8 @@ def test_rows_read_alone_are_read_only_views_and_the_source_stays_writable():
     assert not row.flags.writeable and np.shares_memory(row, a)
     assert row.dtype == np.int16 and row.tolist() == [0, 1]
     assert a.flags.writeable
+    scalar = next(iter(DataFrame.from_arrays(x=np.arange(3, dtype=np.int16))))["x"]
+    assert scalar.flags.writeable and scalar.dtype == np.int16  # a copy: free to write
     rows = DataFrame.from_sequence([{"v": np.ones(2)}], ["v"])[0]["v"]
     assert not rows.flags.writeable
     # a function's rows are its own fresh values: left writable
