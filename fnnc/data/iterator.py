@@ -304,8 +304,9 @@ class DataIterator(Iterator[Any]):
                 f"  saved: {state['signature']}\n  this:  {self._signature}"
             )
         self.close()
-        if state["seed"] != self._seed:
-            self._seed, self._epoch_data = state["seed"], self._build(state["seed"])
+        seed = as_int(state["seed"])  # a Python int: get_state stays JSON-able
+        if seed != self._seed:
+            self._seed, self._epoch_data = seed, self._build(seed)
         self._position, self._stop = as_int(state["position"]), as_int(state["stop"])
         saved = _grain_state(state.get("grain"), self._position)
         if saved is not None and (self._threads or self._prefetch) and not self._workers:

@@ -216,3 +216,20 @@ def test_a_state_continues_at_its_position_whatever_its_grain_part_says(threads,
     assert rest({**state, "position": 1}) == oracle[1:]
     for damaged in ({"foo": 1}, 5, {"opened_at": "a", "workers": 0, "state": {}}):
         assert rest({**state, "grain": damaged}) == oracle[3:]
+
+
+def test_a_state_with_numpy_integers_gives_json_states_again():
+    # set_state accepts NumPy integers (a state restored from an array checkpoint), but
+    # kept a NumPy seed as it was: the next get_state() failed json.dumps ("Object of
+    # type int64 is not JSON serializable"), though documented as JSON-able.
+    import json
+
+    df = DataFrame.from_arrays(x=np.arange(8)).shuffle().batch(2)
+    saved = df.iterator("x", seed=5).get_state()
+    numpy_state = {**saved, "seed": np.int64(5), "position": np.int64(1), "stop": np.int32(4)}
+    it = df.iterator("x")
+    it.set_state(numpy_state)
+    state = json.loads(json.dumps(it.get_state()))
+    assert (state["seed"], state["position"], state["stop"]) == (5, 1, 4)
+    oracle = [b.tolist() for b in df.iterator("x", seed=5)]
+    assert [b.tolist() for b in it] == oracle[1:]
