@@ -236,6 +236,11 @@ class DataFrame(AddOns):
         :class:`DataError` naming the column and the row."""
         if not callable(fn):
             raise DataError(f"map: fn must be callable, got {type(fn).__name__}")
+        if seed is not None and not random:
+            raise DataError(
+                f"map: seed={seed!r} seeds the rng= a random map's fn gets; give random=True "
+                "too (fn(..., rng=...)), or no seed"
+            )
         stage = Map(
             fn,
             column_names(inputs, "map inputs"),

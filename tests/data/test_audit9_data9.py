@@ -233,3 +233,15 @@ def test_a_state_with_numpy_integers_gives_json_states_again():
     assert (state["seed"], state["position"], state["stop"]) == (5, 1, 4)
     oracle = [b.tolist() for b in df.iterator("x", seed=5)]
     assert [b.tolist() for b in it] == oracle[1:]
+
+
+def test_a_map_seed_without_random_is_refused():
+    # map(fn, ..., seed=3) without random=True was accepted and the seed silently unused
+    df = DataFrame.from_arrays(x=np.arange(4))
+    with pytest.raises(DataError, match=r"map: seed=3 seeds the rng=.*random=True"):
+        df.map(lambda v: v, "x", "y", seed=3)
+    draws = df.map(lambda v, rng: rng.random(), "x", "y", random=True, seed=3)
+    assert [float(v) for v in draws.iterator("y", seed=0)] == [
+        float(v)
+        for v in draws.iterator("y", seed=9)  # its own seed: the iterator's unused
+    ]
