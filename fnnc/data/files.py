@@ -193,6 +193,13 @@ def read_csv(
     """The columns of a CSV file, each a :class:`SequenceColumn` of strings (``None``
     where a line has fewer fields; a blank line is one empty field, ``""`` in the first
     column), named by the header or ``"0"``, ``"1"``, ... Fields may be of any length."""
+    for name, char in (("delimiter", delimiter), ("quote", quote)):
+        if char is not None and (not isinstance(char, str) or len(char) != 1 or char in "\r\n"):
+            raise DataError(
+                f"from_csv: {name} must be one character (not a line break), got {char!r}"
+            )
+    if delimiter == quote:
+        raise DataError(f"from_csv: delimiter and quote are both {quote!r}; give two characters")
     limit = csv.field_size_limit(2**31 - 1)  # Python's default refuses fields over 128 KiB
     try:
         with open(path, newline="", encoding="utf-8") as f:

@@ -245,3 +245,19 @@ def test_a_map_seed_without_random_is_refused():
         float(v)
         for v in draws.iterator("y", seed=9)  # its own seed: the iterator's unused
     ]
+
+
+def test_from_csv_checks_its_delimiter_and_quote(tmp_path):
+    # '' and 'ab' raised the csv module's raw TypeError; a delimiter equal to the quote
+    # read "a,b" as one column silently
+    path = tmp_path / "t.csv"
+    path.write_text("a;b\n1;2\n")
+    for options, says in (
+        ({"delimiter": ""}, "delimiter must be one character"),
+        ({"delimiter": "ab"}, "delimiter must be one character"),
+        ({"quote": "\n"}, "quote must be one character"),
+        ({"delimiter": '"'}, "delimiter and quote are both"),
+    ):
+        with pytest.raises(DataError, match=f"from_csv: {says}"):
+            DataFrame.from_csv(path, **options)
+    assert DataFrame.from_csv(path, delimiter=";")[0] == {"a": "1", "b": "2"}
