@@ -90,11 +90,24 @@ def locked(path: str | os.PathLike[str]) -> Iterator[None]:
     target = os.fspath(path)
     if os.path.islink(target):
         target = os.path.realpath(target)
+    with folder_locked(os.path.dirname(os.path.abspath(target))):
+        yield
+
+
+@contextlib.contextmanager
+def folder_locked(folder: str | os.PathLike[str], *, shared: bool = False) -> Iterator[None]:
+    """Holds an advisory lock (``flock``) on ``folder`` itself: exclusive, or with
+    ``shared=True`` one that any number of holders share and an exclusive one waits
+    for (and the other way round). Readers of a folder whose content writers replace
+    in several steps hold a shared one while they read, writers an exclusive one, so a
+    reader sees one write whole. Each call opens the folder anew, so two threads of one
+    process exclude each other as two processes do. Where the system has no ``fcntl``
+    or the folder cannot be opened or locked, nothing is locked."""
     fd = -1
     if fcntl is not None:
         with contextlib.suppress(OSError):
-            fd = os.open(os.path.dirname(os.path.abspath(target)), os.O_RDONLY)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fd = os.open(os.fspath(folder), os.O_RDONLY)
+            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
     try:
         yield
     finally:

@@ -15,7 +15,11 @@
 Orbax writes a step into a temporary directory and renames it when every process has
 finished, so a run killed mid-save leaves the steps before it intact (the half-written
 one is not listed). Re-saving a step writes the new one beside it and swaps the two
-(:mod:`fnnc.io.dir_swap`): a failed or killed re-save leaves the old step. Restoring
+(:mod:`fnnc.io.dir_swap`): a failed or killed re-save leaves the old step. A restore
+reads the manifest and the arrays of a step in several Orbax calls; it holds a shared
+lock on the directory meanwhile (:meth:`ShardedCheckpoints.reading`), against the
+exclusive one a save or delete holds (:func:`fnnc.core.files.folder_locked`), so it
+sees one save of the step whole even while another process re-saves it. Restoring
 reads each array straight into the layout asked for
 (``like`` leaves of ``jax.ShapeDtypeStruct`` with a ``sharding``; a model's current
 layout in :meth:`ShardedCheckpoints.restore_into`), so a checkpoint written by 2
@@ -40,16 +44,19 @@ the interop export: ``Model.write`` (NNC's model file) and :class:`Checkpoints`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import operator
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from fnnc.core.files import folder_locked
 from fnnc.errors import CheckpointError
 from fnnc.io import checkpoint_trees as trees
 from fnnc.io import dir_swap
@@ -192,6 +199,12 @@ class ShardedCheckpoints:
         manifest["structure"] = {"state": skeleton(state), "optimizer": skeleton(optimizer_state)}
         _check_json(manifest, step)
         manager = self._open(create=True)
+        with self._writing():
+            self._save(manager, step, state, optimizer_state, manifest)
+
+    def _save(
+        self, manager: Any, step: int, state: Any, optimizer_state: Any, manifest: Any
+    ) -> None:
         self._barrier("recover", step)
         if jax.process_index() == 0:  # what a save killed mid-swap left
             dir_swap.recover(os.path.join(self._path, STAGING), self._path)
@@ -255,6 +268,27 @@ class ShardedCheckpoints:
                 shutil.rmtree(staging, ignore_errors=True)
         self._open(create=True).reload()
 
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Holds the steps as they are while a restore reads one in several calls: a
+        shared lock on the directory, which saves and deletes wait for (they hold an
+        exclusive one from their first change on disk to their last), so the manifest
+        and the arrays read inside come from one save. Nothing is locked for a
+        directory that does not exist, nor where the system cannot lock
+        (:func:`fnnc.core.files.folder_locked`)."""
+        if not os.path.isdir(self._path):
+            yield
+            return
+        with folder_locked(self._path, shared=True):
+            yield
+
+    def _writing(self) -> Any:
+        """The exclusive lock a save or delete holds (by process 0, the one that moves
+        steps into place; the others wait at its barriers, not on the lock)."""
+        if jax.process_index() != 0:
+            return contextlib.nullcontext()
+        return folder_locked(self._path)
+
     def _barrier(self, what: str, step: int) -> None:
         """Every process waits here (a no-op in one process); names are never reused."""
         if jax.process_count() > 1:
@@ -264,8 +298,8 @@ class ShardedCheckpoints:
     def manifest(self, step: int | None = None) -> dict[str, Any]:
         """The JSON of ``step`` (default: the newest): format, metadata, and for a
         model its parameters' shapes, optimizer-state paths and saved layout."""
-        step = self.find_step(step)
-        return self._manifest(step)
+        with self.reading():
+            return self._manifest(self.find_step(step))
 
     def restore(
         self, step: int | None = None, *, like: Any = None, optimizer_like: Any = None
@@ -284,6 +318,10 @@ class ShardedCheckpoints:
         Raises:
             CheckpointError: no checkpoints, an unknown step, or a damaged step.
         """
+        with self.reading():  # the manifest and the arrays of one save
+            return self._restore(step, like, optimizer_like)
+
+    def _restore(self, step: int | None, like: Any, optimizer_like: Any) -> Checkpoint:
         step = self.find_step(step)
         manifest = self._manifest(step)
         saved = manifest.get("structure") or {}
@@ -318,7 +356,8 @@ class ShardedCheckpoints:
         step = _step(step, self._path)
         if step not in self.steps():
             raise CheckpointError(f"sharded checkpoint: no step {step} in {self._path}")
-        self._open(create=True).delete(step)
+        with self._writing():
+            self._open(create=True).delete(step)
 
     # -- reading, for fnnc.models ---------------------------------------------------
     def find_step(self, step: int | None) -> int:

@@ -214,7 +214,14 @@ def _stack_views(views: dict[str, Any], blocks: dict[str, tuple[str, ...]]) -> d
 
 def restore_into(checkpoints: Any, model: Any, step: int | None = None) -> Checkpoint:
     """Restores step ``step`` (default the newest) of sharded ``checkpoints`` into
-    ``model`` onto its current layout; see :meth:`fnnc.io.ShardedCheckpoints.restore_into`."""
+    ``model`` onto its current layout; see :meth:`fnnc.io.ShardedCheckpoints.restore_into`.
+    The manifest and the arrays are read under :meth:`~fnnc.io.ShardedCheckpoints.reading`
+    (one save of the step, whole, while another process re-saves it)."""
+    with checkpoints.reading():
+        return _restore_into(checkpoints, model, step)
+
+
+def _restore_into(checkpoints: Any, model: Any, step: int | None) -> Checkpoint:
     engine = model.engine
     step = checkpoints.find_step(step)
     manifest = checkpoints.manifest(step)
