@@ -159,18 +159,21 @@ def restore_into(checkpoints: Any, model: Any, step: int | None = None) -> Any:
     saved = stacks.stack_parameters(saved, model)  # a Repeat's stacks from per-block rows
     _check_same_model(where, saved, engine.infos, model.describe())
     meta = ckpt.metadata.get(TRAIN_KEY) if isinstance(ckpt.metadata, dict) else None
-    key = _saved_key(where, meta)  # checked before anything of the model changes
+    # Everything is checked before anything of the model changes: a damaged entry
+    # leaves the model as it was, not with the parameters of one step and the rest
+    # of another.
+    key = _saved_key(where, meta)
+    scale = loss_scale.saved_state(engine, meta, where) if meta is not None else None
     parallel.check_restore(where, meta or {})
     states = _saved_states(where, ckpt.optimizer_state or {}, model)
-    engine.set_parameters(saved)
+    engine.set_parameters(saved)  # checks every value before it sets any
     engine._sync_live()  # the running fit's state would otherwise win over the restored one
     for pid, state in states.items():
         engine.store.put(pid, state)
-    train = (ckpt.metadata or {}).get(TRAIN_KEY) if isinstance(ckpt.metadata, dict) else None
-    if train is not None:
-        progress(model).load(train)
+    if meta is not None:
+        progress(model).load(meta)
         engine.key = key
-        loss_scale.load(engine, train, where)
+        loss_scale.put(engine, scale)
     return ckpt
 
 

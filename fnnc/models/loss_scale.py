@@ -91,19 +91,47 @@ def to_json(engine: Any) -> dict[str, Any]:
     return {} if state is None else {KEY: [state.scale, state.good_steps]}
 
 
-def load(engine: Any, saved: dict[str, Any], where: str) -> None:
-    """Restores the scale state of a checkpoint's ``saved`` progress (a model without
-    loss scaling ignores it: float16 runs may be continued in float32)."""
+def saved_state(engine: Any, saved: dict[str, Any], where: str) -> ScaleState | None:
+    """The scale state of a checkpoint's ``saved`` progress, checked before anything of
+    the model changes; ``None`` where it holds none or the model has no loss scaling
+    (float16 runs may be continued in float32).
+
+    Raises:
+        CheckpointError: the entry is not ``[scale, good_steps]``: a finite scale > 0
+            and a count in ``[0, 2**31)``.
+    """
     if KEY not in saved or getattr(engine.precision, "loss_scale", None) is None:
-        return
+        return None
+    value = saved[KEY]
     try:
-        scale, good = saved[KEY]
-        state = ScaleState(np.float32(scale), np.int32(good))
+        scale, good = value
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        if not numbers or not isinstance(good, int) or not 0 <= good < 2**31:
+            raise ValueError
+        with np.errstate(over="ignore"):
+            state = ScaleState(np.float32(scale), np.int32(good))
+        if not (np.isfinite(state.scale) and state.scale > 0):
+            raise ValueError
     except (TypeError, ValueError):
         raise CheckpointError(
-            f"checkpoint: {where}: {KEY} is {saved[KEY]!r}; expected [scale, good_steps]"
+            f"checkpoint: {where}: {KEY} is {value!r:.80}; expected [scale, good_steps] "
+            "(a finite scale > 0 and a count in [0, 2**31)), as a float16 run saves it; "
+            "restore another step, or only the parameters: "
+            "model.set_parameters(Checkpoints(path).restore(step).state)"
         ) from None
-    engine.loss_scale_state = jax.tree.map(jax.numpy.asarray, state)
+    return state
+
+
+def put(engine: Any, state: ScaleState | None) -> None:
+    """Makes ``state`` (from :func:`saved_state`) the model's; ``None`` changes nothing."""
+    if state is not None:
+        engine.loss_scale_state = jax.tree.map(jax.numpy.asarray, state)
+
+
+def load(engine: Any, saved: dict[str, Any], where: str) -> None:
+    """Restores the scale state of a checkpoint's ``saved`` progress (a model without
+    loss scaling ignores it): :func:`saved_state`, then :func:`put`."""
+    put(engine, saved_state(engine, saved, where))
 
 
 def _host(value: Any) -> Any:

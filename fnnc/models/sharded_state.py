@@ -237,6 +237,7 @@ def _restore_into(checkpoints: Any, model: Any, step: int | None) -> Checkpoint:
     meta = manifest.get("metadata")
     train = meta.get(gathered.TRAIN_KEY) if isinstance(meta, dict) else None
     key = gathered._saved_key(where, train)  # checked before anything of the model changes
+    scale = loss_scale.saved_state(engine, train, where) if train is not None else None
     parallel.check_restore(where, train or {})
     engine._sync_live()  # the running fit's state would otherwise win over the restored one
     saved_leaves = manifest.get("optimizer_leaves")
@@ -274,7 +275,7 @@ def _restore_into(checkpoints: Any, model: Any, step: int | None) -> Checkpoint:
     if train is not None:
         progress(model).load(train)
         engine.key = key
-        loss_scale.load(engine, train, where)
+        loss_scale.put(engine, scale)
     return Checkpoint(step, params, states, meta, float(manifest.get("created") or 0.0))
 
 
