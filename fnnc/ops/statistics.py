@@ -15,6 +15,10 @@ layouts (``ccv_nnc_histogram_type_e``):
   (``2 * ceil(log(max / min) / log(rate)) + 2`` counts), ``"bins"`` with those
   boundaries.
 
+A histogram returns at most :data:`MAX_COUNTS` counts: a layout that would need more
+(``bins=10**9``, or a logarithmic ``rate`` a hair above 1) is refused before anything
+is allocated.
+
 ``gumbel_argmax`` samples an index along ``axis`` from the softmax of ``x`` (the
 Gumbel-max trick: argmax of ``x`` plus Gumbel noise), ``int32``, the axis kept as
 size 1 like ``argmax``; its randomness comes from a key input like the ``random``
@@ -36,11 +40,34 @@ from fnnc.ops._rules import fail, norm_axes, require_choice, require_float, show
 from fnnc.ops.random import _check_key, _key
 
 TYPES = ("even", "logarithmic", "bins")
+MAX_COUNTS = 2**24
+"""The most counts an ``"even"`` or ``"logarithmic"`` histogram returns (``int32``
+each: 64 MiB, and the logarithmic boundaries as much again). NNC's own tests
+(``histogram.tests.c``) use 203 and 1,550."""
+
+
+def _log_side(low: float, high: float, rate: float) -> int:
+    """How many boundaries ``low * rate^i`` lie below ``high`` (on each side of 0),
+    checked to fit :data:`MAX_COUNTS` before any is made."""
+    if not all(math.isfinite(v) for v in (low, high, rate)):
+        raise CommandError(
+            "histogram: logarithmic bins need finite min, max and rate, got "
+            f"min={low}, max={high}, rate={rate}"
+        )
+    ratio = high / low
+    span = math.log(ratio) if math.isfinite(ratio) else math.log(high) - math.log(low)
+    side = math.ceil(span / math.log(rate))
+    if 2 * side + 2 > MAX_COUNTS:
+        raise CommandError(
+            f"histogram: logarithmic bins with min={low}, max={high}, rate={rate} need "
+            f"2 * ceil(log(max / min) / log(rate)) + 2 = {2 * side + 2:.4g} counts; at "
+            f"most {MAX_COUNTS} are allowed: raise rate or narrow [min, max)"
+        )
+    return side
 
 
 def _log_bounds(low: float, high: float, rate: float) -> np.ndarray:
-    upper = math.ceil(math.log(high / low) / math.log(rate))
-    right = low * rate ** np.arange(upper, dtype=np.float64)
+    right = low * rate ** np.arange(_log_side(low, high, rate), dtype=np.float64)
     return np.concatenate([-right[::-1], right]).astype(np.float32)
 
 
@@ -58,6 +85,11 @@ def _histogram_rule(x: Spec, boundaries: Spec | None = None, *, type, bins, min,
             raise CommandError(
                 f"histogram: even bins need bins >= 1 and max > min, got {bins}, [{min}, {max})"
             )
+        if bins + 3 > MAX_COUNTS:
+            raise CommandError(
+                f"histogram: bins={bins} gives bins + 3 counts; at most {MAX_COUNTS} are "
+                f"allowed: give bins <= {MAX_COUNTS - 3}"
+            )
         n = bins + 3
     else:
         if not (0 < min < max and rate > 1):
@@ -65,13 +97,13 @@ def _histogram_rule(x: Spec, boundaries: Spec | None = None, *, type, bins, min,
                 "histogram: logarithmic bins need 0 < min < max and rate > 1, "
                 f"got min={min}, max={max}, rate={rate}"
             )
-        n = _log_bounds(min, max, rate).shape[0] + 2
+        n = 2 * _log_side(min, max, rate) + 2
     return Spec((n,), jnp.int32), Spec((4,), x.dtype)
 
 
 def _count_between(x, bounds):
     nan = jnp.isnan(x)
-    slot = jnp.searchsorted(bounds, jnp.where(nan, bounds[0], x), side="right")
+    slot = jnp.searchsorted(bounds, jnp.where(nan, -jnp.inf, x), side="right")
     slot = jnp.where(nan, bounds.shape[0] + 1, slot)
     return jnp.zeros((bounds.shape[0] + 2,), jnp.int32).at[slot].add(1)
 

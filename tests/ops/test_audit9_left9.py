@@ -1,0 +1,95 @@
+"""Audit 9 (left-alone defects): histogram refuses a layout of too many counts before
+allocating it."""
+
+from __future__ import annotations
+
+import math
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.errors import CommandError
+from fnnc.ops.statistics import MAX_COUNTS
+
+X = np.array([-1e19, -3.0, -1e-13, 0.0, 2e-12, 0.5, 7.0, 1e19, np.nan], np.float32)
+
+
+def _nnc_log_boundaries() -> np.ndarray:
+    """histogram.tests.c's 774 * 2 boundaries, built as its loop builds them."""
+    h = np.zeros(774 * 2, np.float32)
+    v, i = 1e-12, 0
+    while v < 1e20:
+        h[774 + i], h[774 - i - 1] = v, -v
+        v, i = v * 1.1, i + 1
+    return h
+
+
+def test_the_layouts_of_nncs_own_tests_still_fit():
+    """NNC's tests: CMD_HISTOGRAM_LOG() (min 1e-12, max 1e20, rate 1.1: 775 * 2
+    counts) against CMD_HISTOGRAM_BINS() on its boundaries, and CMD_HISTOGRAM_EVEN(200)
+    (203 counts). Oracle: NumPy's searchsorted on the test's own boundaries."""
+    log, _ = ops.histogram(type="logarithmic", min=1e-12, max=1e20, rate=1.1)(X)
+    h = _nnc_log_boundaries()
+    want = np.bincount(np.searchsorted(h, X[:-1], side="right"), minlength=len(h) + 2)
+    want[-1] += 1  # the NaN
+    assert log.shape == (775 * 2,)
+    np.testing.assert_array_equal(np.asarray(log), want)
+    even, _ = ops.histogram(type="even", bins=200, min=-1000.0, max=1000.0)(X)
+    assert even.shape == (203,) and int(np.asarray(even).sum()) == len(X)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        (
+            {
+                "type": "logarithmic",
+                "min": 1e-12,
+                "max": 1e20,
+                "rate": math.exp(math.log(1e32) / 5e8),
+            },
+            r"min=1e-12, max=1e\+20, rate=1\.0000001.* need .*= 1e\+09 counts; at most "
+            rf"{MAX_COUNTS} are allowed: raise rate or narrow",
+        ),
+        (
+            {"type": "logarithmic", "min": 1e-300, "max": 1e300, "rate": 1 + 1e-15},
+            rf"need .* counts; at most {MAX_COUNTS} are allowed",
+        ),
+        (
+            {"type": "even", "bins": 10**9, "min": 0.0, "max": 1.0},
+            rf"bins=1000000000 gives bins \+ 3 counts; at most {MAX_COUNTS} .*bins <= ",
+        ),
+        (
+            {"type": "logarithmic", "min": 1.0, "max": float("inf"), "rate": 1.1},
+            r"need finite min, max and rate, got min=1.0, max=inf",
+        ),
+        (
+            {"type": "logarithmic", "min": 1.0, "max": 2.0, "rate": float("inf")},
+            r"need finite min, max and rate, got .*rate=inf",
+        ),
+    ],
+    ids=["log-1e9", "log-huge-span", "even-1e9", "log-max-inf", "log-rate-inf"],
+)
+def test_too_many_counts_are_refused_before_anything_is_allocated(params, message):
+    """About 1e9 logarithmic counts allocated 8 GB of float64 boundaries (and ran out of
+    memory); 1e-300..1e300 overflowed max / min; rate=inf made no boundaries and an
+    IndexError; even bins=1e9 built a 4 GB count array. Oracle: the closed-form count
+    2 * ceil(log(max / min) / log(rate)) + 2, and tracemalloc's peak (NumPy reports to
+    it) staying under 1 MB."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(CommandError, match=message):
+            ops.histogram(**params)(X)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20
+
+
+def test_bins_with_no_boundaries_count_every_value_in_one_bin():
+    """Zero boundaries indexed bounds[0] (an IndexError); every number has 0 boundaries
+    at or below it, so all but the NaN land in count 0 (oracle: the definition)."""
+    counts, _ = ops.histogram(type="bins")(X, np.zeros((0,), np.float32))
+    np.testing.assert_array_equal(np.asarray(counts), [len(X) - 1, 1])
