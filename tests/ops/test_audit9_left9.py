@@ -1,11 +1,13 @@
 """Audit 9 (left-alone defects): histogram refuses a layout of too many counts before
-allocating it."""
+allocating it; reduce backwards take NNC's null output gradient as ones."""
 
 from __future__ import annotations
 
 import math
 import tracemalloc
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -93,3 +95,29 @@ def test_bins_with_no_boundaries_count_every_value_in_one_bin():
     at or below it, so all but the NaN land in count 0 (oracle: the definition)."""
     counts, _ = ops.histogram(type="bins")(X, np.zeros((0,), np.float32))
     np.testing.assert_array_equal(np.asarray(counts), [len(X) - 1, 1])
+
+
+R = np.array([[3.0, -4.0, 1.0, 0.25], [0.5, 2.0, -2.5, 1.5], [-1.0, 0.75, 6.0, -0.5]], np.float32)
+REDUCTIONS = {
+    "reduce_sum": lambda x, ax: jnp.sum(x, axis=ax, keepdims=True),
+    "reduce_mean": lambda x, ax: jnp.mean(x, axis=ax, keepdims=True),
+    "reduce_max": lambda x, ax: jnp.max(x, axis=ax, keepdims=True),
+    "reduce_min": lambda x, ax: jnp.min(x, axis=ax, keepdims=True),
+    "reduce_norm2": lambda x, ax: jnp.sqrt(jnp.sum(x * x, axis=ax, keepdims=True)),
+}
+
+
+@pytest.mark.parametrize("axes", [(1,), (0, 1)], ids=["rows", "all"])
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_a_reduce_backward_with_no_output_gradient_takes_ones(name, axes):
+    """NNC's null output gradient (``None``, a backward kernel's ``inputs[0] == 0``)
+    raised AttributeError in every reduce backward; NNC's REDUCE_NORM2 backward gives
+    ``x / norm`` for it, and fnnc's other commands read it as ones. Oracle: jax.grad of
+    the sum of the jnp reduction (in float64)."""
+    cmd = getattr(ops, name)(axes=axes)
+    y = cmd(R)
+    (got,) = cmd.definition.backward((None,), (R,), (y,), **cmd.kwargs)
+    with jax.enable_x64():
+        want = jax.grad(lambda x: jnp.sum(REDUCTIONS[name](x, axes)))(R.astype(np.float64))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7)
