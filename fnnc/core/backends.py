@@ -22,9 +22,11 @@ import hashlib
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from fnnc import config
+from fnnc.core import measured
 from fnnc.core.command import Command, Spec, lookup
 from fnnc.core.ir import Graph
 from fnnc.core.platforms import PLATFORMS
@@ -122,7 +124,10 @@ TABLE = AutotuneTable()
 
 
 def table_key(cmd: Command, specs: Sequence[Spec], platform: str) -> str:
-    """The autotune table key of one (command, input specs, platform).
+    """The autotune table key of one (command, input specs, platform), and of where a
+    winner was measured (:func:`measured_where`): the platform's device kind, the JAX
+    version and the matmul precision in force. A winner timed on another GPU kind, under
+    another JAX (whose XLA fuses differently) or another precision does not apply here.
 
     Hyper-parameters are written as their ``repr``, except those whose ``repr`` says
     too little or differs between processes (:func:`stable_param`): a sub-graph
@@ -131,7 +136,16 @@ def table_key(cmd: Command, specs: Sequence[Spec], platform: str) -> str:
     keys of their own, and a saved table applies to the same graph built again.
     """
     shapes = ";".join("none" if s is None else f"{s.dtype.name}{list(s.shape)}" for s in specs)
-    return f"{cmd.name}|{stable_param(cmd.params)!r}|{shapes}|{platform}"
+    return f"{cmd.name}|{stable_param(cmd.params)!r}|{shapes}|{platform}|{measured_where(platform)}"
+
+
+def measured_where(platform: str) -> str:
+    """What a timing on ``platform`` depends on beyond the command and its inputs:
+    ``"<device kind>|jax <version>|<matmul precision>"`` (``jax.devices(platform)[0]
+    .device_kind``, ``"none"`` where this process has no such device; the precision
+    is :attr:`fnnc.config.Config.matmul_precision`, which autotune times under)."""
+    kind = measured.device_kind(platform) or "none"
+    return f"{kind}|jax {jax.__version__}|{config.get().matmul_precision}"
 
 
 class _Text:

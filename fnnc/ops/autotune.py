@@ -3,7 +3,12 @@
 The table (:data:`TABLE`, owned by :mod:`fnnc.core.dispatch`) maps
 ``key(command, specs, platform)`` to a backend name; every backend choice consults it
 and every write to it invalidates cached programs. It is plain JSON on disk, so a tuned
-table can ship with a deployment.
+table can ship with a deployment: ``{"format": "fnnc.autotune", "version": 2,
+"entries": {key: backend}}``. A key names where its winner was measured (the device
+kind, the JAX version and the matmul precision), so a table tuned on another GPU kind
+or under another JAX loads but does not apply. A table of an earlier fnnc (a bare
+``{key: backend}`` object, keyed without them) loads with a warning and contributes
+nothing: tune again on this machine.
 
 Example:
     >>> import jax.numpy as jnp
@@ -20,6 +25,7 @@ import statistics
 import sys
 import time
 import types
+import warnings
 from typing import Any
 
 import jax
@@ -39,6 +45,10 @@ from fnnc.core.dispatch import table_key as key
 from fnnc.core.files import atomic_write, locked
 from fnnc.core.platforms import platform_name
 from fnnc.errors import BackendError, ConfigError, GraphFormatError
+
+FORMAT, VERSION = "fnnc.autotune", 2
+"""The table file's format and version (version 1: a bare ``{key: backend}`` object,
+keyed without device kind, JAX version and matmul precision)."""
 
 __all__ = [
     "PLATFORMS",
@@ -148,7 +158,8 @@ def save(path: str | os.PathLike[str]) -> None:
     Entries already in the file stay unless this process's table holds the same key
     (then its winner replaces the file's), so processes tuning different shapes can save
     to one file in turn, as :func:`load` merges. To drop stale entries, delete the file
-    first. Saves from several processes at once are serialized by a lock
+    first (a table of an earlier fnnc, which no key here matches, is replaced). Saves
+    from several processes at once are serialized by a lock
     (:func:`fnnc.core.files.locked`), so none loses another's entries.
 
     Raises:
@@ -156,13 +167,14 @@ def save(path: str | os.PathLike[str]) -> None:
             as it is).
     """
     with locked(path):
-        atomic_write(path, json.dumps(_merged(path), indent=1, sort_keys=True))
+        data = {"format": FORMAT, "version": VERSION, "entries": _merged(path)}
+        atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def _merged(path: str | os.PathLike[str]) -> dict[str, str]:
     """The table in the file at ``path`` (none if missing) updated with :data:`TABLE`."""
     try:
-        on_disk = _read(path)
+        on_disk, _ = _read(path)
     except FileNotFoundError:
         on_disk = {}
     except GraphFormatError as e:
@@ -173,14 +185,27 @@ def _merged(path: str | os.PathLike[str]) -> dict[str, str]:
 def load(path: str | os.PathLike[str]) -> None:
     """Merges a table written by :func:`save` into :data:`TABLE`.
 
+    A table of an earlier fnnc (version 1, keyed without device kind, JAX version and
+    matmul precision) matches no key here: it loads nothing, with a warning.
+
     Raises:
-        GraphFormatError: the file is not JSON, or not an fnnc autotune table.
+        GraphFormatError: the file is not JSON, not an fnnc autotune table, or of a
+            newer version.
     """
-    TABLE.update(_read(path))
+    entries, legacy = _read(path)
+    if legacy:
+        warnings.warn(
+            f"autotune table {path}: its {legacy} entries were saved by an earlier fnnc, "
+            "keyed without the device kind, JAX version and matmul precision they were "
+            "measured under, so none is used; tune again here and save",
+            stacklevel=2,
+        )
+    TABLE.update(entries)
 
 
-def _read(path: str | os.PathLike[str]) -> dict[str, str]:
-    """The table in the file at ``path``, checked."""
+def _read(path: str | os.PathLike[str]) -> tuple[dict[str, str], int]:
+    """``(entries, legacy)``: the table in the file at ``path``, checked; ``legacy``
+    counts the entries of a version-1 table, which are left out (none matches)."""
     with open(path) as f:
         try:
             data = json.load(f)
@@ -189,9 +214,21 @@ def _read(path: str | os.PathLike[str]) -> dict[str, str]:
                 f"{path}: not an fnnc autotune table (not JSON: {e}); write one with "
                 "fnnc.ops.autotune.save"
             ) from None
-    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
-        raise GraphFormatError(f"{path}: not an fnnc autotune table (expected a JSON object)")
-    return data
+    if isinstance(data, dict) and data.get("format") == FORMAT:
+        version, entries = data.get("version"), data.get("entries")
+        if not isinstance(version, int) or version > VERSION:
+            raise GraphFormatError(
+                f"{path}: an fnnc autotune table of version {version!r}; this fnnc reads "
+                f"up to {VERSION}: tune again with it, or upgrade fnnc"
+            )
+        if isinstance(entries, dict) and all(isinstance(v, str) for v in entries.values()):
+            return entries, 0
+    elif isinstance(data, dict) and all(isinstance(v, str) for v in data.values()):
+        return {}, len(data)  # version 1: keys without where they were measured
+    raise GraphFormatError(
+        f"{path}: not an fnnc autotune table (expected a JSON object with format "
+        f"{FORMAT!r}, version {VERSION} and its entries)"
+    )
 
 
 class _CallableModule(types.ModuleType):

@@ -1,8 +1,11 @@
 """Audit 9 (left-alone defects): histogram refuses a layout of too many counts before
-allocating it; reduce backwards take NNC's null output gradient as ones."""
+allocating it; reduce backwards take NNC's null output gradient as ones; an autotune
+winner applies only on the device kind, JAX version and matmul precision it was
+measured under."""
 
 from __future__ import annotations
 
+import json
 import math
 import tracemalloc
 
@@ -11,8 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fnnc import ops
-from fnnc.errors import CommandError
+from fnnc import config, ops
+from fnnc.core import measured
+from fnnc.core.command import Spec
+from fnnc.errors import CommandError, GraphFormatError
 from fnnc.ops.statistics import MAX_COUNTS
 
 X = np.array([-1e19, -3.0, -1e-13, 0.0, 2e-12, 0.5, 7.0, 1e19, np.nan], np.float32)
@@ -121,3 +126,69 @@ def test_a_reduce_backward_with_no_output_gradient_takes_ones(name, axes):
         want = jax.grad(lambda x: jnp.sum(REDUCTIONS[name](x, axes)))(R.astype(np.float64))
     assert got.dtype == np.float32
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7)
+
+
+# -- autotune keys name where a winner was measured ----------------------------------------
+
+
+@pytest.fixture
+def twin(clean_table):
+    """A second ewabs backend that compiles here and wins by priority when nothing is
+    tuned: a table entry for "xla" is then visible in the choice."""
+    here = jax.default_backend()
+    ops.register_backend("ewabs", ops.Backend("twin", jnp.abs, (here,), priority=5))
+    yield clean_table, here
+    ops.unregister_backend("ewabs", "twin")
+
+
+def _choice(here: str) -> str:
+    return ops.select_backend(ops.ewabs(), [Spec((2, 2), jnp.float32)], here)
+
+
+def test_a_winner_applies_only_where_it_was_measured(twin, monkeypatch):
+    """The key was (command, params, specs, platform): a winner tuned on an H100, under
+    another JAX or at another matmul precision ran here as if measured here. Oracle:
+    the selection rule: an entry that does not apply leaves the priority's choice."""
+    table, here = twin
+    assert _choice(here) == "twin"
+    table[ops.autotune.key(ops.ewabs(), [Spec((2, 2), jnp.float32)], here)] = "xla"
+    assert _choice(here) == "xla"
+    with config.override(matmul_precision="tensorfloat32"):
+        assert _choice(here) == "twin"
+    assert _choice(here) == "xla"
+    with monkeypatch.context() as m:
+        m.setattr(jax, "__version__", "0.0.1")
+        assert _choice(here) == "twin"
+    with monkeypatch.context() as m:
+        m.setattr(measured, "device_kind", lambda platform: "Another GPU")
+        assert _choice(here) == "twin"
+    key = ops.autotune.key(ops.ewabs(), [Spec((2, 2), jnp.float32)], here)
+    kind = measured.device_kind(here)
+    assert f"|{kind}|jax {jax.__version__}|float32" in key
+
+
+def test_table_files_carry_a_version_and_old_ones_load_as_not_matching(twin, tmp_path):
+    """The file was a bare {key: backend} with no version. Now it has format and
+    version; a version-1 table (keys without device kind, JAX version, precision)
+    loads with a warning and changes no choice; save replaces it; a newer version is
+    refused by name. The shipped measured defaults still load."""
+    table, here = twin
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({f"ewabs|()|float32[2, 2]|{here}": "xla"}))
+    with pytest.warns(UserWarning, match=r"old\.json: its 1 entries .*earlier fnnc.*tune again"):
+        ops.autotune.load(old)
+    assert len(table) == 0 and _choice(here) == "twin"
+    key = ops.autotune.key(ops.ewabs(), [Spec((2, 2), jnp.float32)], here)
+    table[key] = "xla"
+    ops.autotune.save(old)
+    data = json.loads(old.read_text())
+    assert data == {"format": "fnnc.autotune", "version": 2, "entries": {key: "xla"}}
+    table.clear()
+    ops.autotune.load(old)
+    assert dict(table) == {key: "xla"} and _choice(here) == "xla"
+    newer = tmp_path / "newer.json"
+    newer.write_text(json.dumps({**data, "version": 3}))
+    with pytest.raises(GraphFormatError, match=r"newer\.json: .*version 3; this fnnc reads up"):
+        ops.autotune.load(newer)
+    shipped = measured.read()
+    assert shipped["format"] == measured.FORMAT and "NVIDIA H200" in shipped["devices"]

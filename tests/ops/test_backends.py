@@ -248,11 +248,14 @@ def test_save_merges_into_the_file_as_load_merges_into_the_table(tmp_path):
     """Two processes tuning different shapes save to one file in turn: both stay."""
     path = tmp_path / "table.json"
     first, second, shared = "relu|()|float32[1]|cpu", "relu|()|float32[2]|cpu", "k|()||cpu"
-    path.write_text(json.dumps({first: "xla", shared: "old"}))  # an earlier process's save
+    table = {"format": "fnnc.autotune", "version": 2}
+    earlier = {**table, "entries": {first: "xla", shared: "old"}}
+    path.write_text(json.dumps(earlier))  # an earlier process's save
     ops.autotune.TABLE.update({second: "xla", shared: "new"})
     try:
         ops.autotune.save(path)
-        assert json.loads(path.read_text()) == {first: "xla", second: "xla", shared: "new"}
+        merged = {first: "xla", second: "xla", shared: "new"}
+        assert json.loads(path.read_text()) == {**table, "entries": merged}
         path.write_text("[1, 2]")
         with pytest.raises(GraphFormatError, match=r"save: .*table.json: not an fnnc"):
             ops.autotune.save(path)
