@@ -67,8 +67,15 @@ def _log_side(low: float, high: float, rate: float) -> int:
 
 
 def _log_bounds(low: float, high: float, rate: float) -> np.ndarray:
-    right = low * rate ** np.arange(_log_side(low, high, rate), dtype=np.float64)
-    return np.concatenate([-right[::-1], right]).astype(np.float32)
+    side = _log_side(low, high, rate)
+    # rate^i alone overflows float64 where low is tiny (1e-300 * 2^1100 is finite): the
+    # bound is then taken through logarithms; float32 makes such bounds inf either way.
+    with np.errstate(over="ignore"):
+        right = low * rate ** np.arange(side, dtype=np.float64)
+    far = ~np.isfinite(right)
+    right[far] = np.exp(math.log(low) + np.flatnonzero(far) * math.log(rate))
+    with np.errstate(over="ignore"):
+        return np.concatenate([-right[::-1], right]).astype(np.float32)
 
 
 def _histogram_rule(x: Spec, boundaries: Spec | None = None, *, type, bins, min, max, rate):

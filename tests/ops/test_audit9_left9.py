@@ -192,3 +192,20 @@ def test_table_files_carry_a_version_and_old_ones_load_as_not_matching(twin, tmp
         ops.autotune.load(newer)
     shipped = measured.read()
     assert shipped["format"] == measured.FORMAT and "NVIDIA H200" in shipped["devices"]
+
+
+def test_logarithmic_bounds_past_float64s_power_range_are_not_inf():
+    """min=1e-300, rate=2: rate^i overflowed float64 from i = 1024 on, so every bound
+    from 1e-300 * 2^1024 (1.8e8) up was inf and 1e31 fell in the last finite bin, with
+    a RuntimeWarning. Oracle: the exact bounds math.ldexp(1e-300, i) in float32."""
+    low, high = 1e-300, 1e300
+    side = math.ceil((math.log(high) - math.log(low)) / math.log(2.0))  # high / low is inf
+    right = np.array([math.ldexp(low, i) for i in range(side)], np.float64)
+    with np.errstate(over="ignore"):
+        bounds = np.concatenate([-right[::-1], right]).astype(np.float32)
+    # no 0: XLA flushes the bounds that are float32 denormals to 0, NumPy does not
+    x = np.array([1e31, -1e31, 5e37, 3e9, 1e-20, -7.0, np.nan], np.float32)
+    want = np.bincount(np.searchsorted(bounds, x[:-1], side="right"), minlength=len(bounds) + 2)
+    want[-1] += 1
+    counts, _ = ops.histogram(type="logarithmic", min=low, max=high, rate=2.0)(x)
+    np.testing.assert_array_equal(np.asarray(counts), want)
