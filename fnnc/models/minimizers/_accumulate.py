@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fnnc.errors import CommandError
@@ -100,6 +101,8 @@ def with_gradient_accumulation(
         [-0.5]
     """
     try:
+        if isinstance(k, (bool, np.bool_)):
+            raise TypeError
         k = operator.index(k)
     except TypeError:
         raise CommandError(

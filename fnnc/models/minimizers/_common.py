@@ -27,7 +27,8 @@ Rate = float | Callable[[jax.Array], Any]
 
 
 def check_rate(minimizer: str, rate: Rate) -> Rate:
-    """``rate`` as given if it is a schedule or a finite number >= 0; raises otherwise."""
+    """``rate`` as given if it is a schedule, else as a finite float32 number >= 0;
+    raises otherwise."""
     if callable(rate):
         return rate
     value = as_float(minimizer, "rate", rate)
@@ -61,15 +62,29 @@ def check_range(
 
 def as_float(minimizer: str, name: str, value: Any) -> float:
     """``value`` rounded to a C ``float``, as NNC's ``cmd_param_t`` holds it (so that
-    ``1 - beta2`` is NNC's); raises a CommandError naming ``name`` for a non-number."""
+    ``1 - beta2`` is NNC's); raises a CommandError naming ``name`` for a non-number
+    (a string or a bool too), an infinite one, or one that float32 cannot hold (it
+    would become inf or 0)."""
+    given = f"got {type(value).__name__} {value!r}"
+    if isinstance(value, (str, bytes, bool, np.bool_)):
+        raise CommandError(f"{minimizer}: {name} must be a number, {given}")
     try:
-        result = float(np.float32(value))
+        with np.errstate(over="ignore"):
+            result = float(np.float32(value))
+        exact = float(value)
     except (TypeError, ValueError):
-        raise CommandError(
-            f"{minimizer}: {name} must be a number, got {type(value).__name__} {value!r}"
-        ) from None
+        raise CommandError(f"{minimizer}: {name} must be a number, {given}") from None
     if math.isnan(result):
         raise CommandError(f"{minimizer}: {name} must be a number, got nan")
+    if math.isinf(exact):
+        raise CommandError(f"{minimizer}: {name} must be finite, got {exact}")
+    if math.isinf(result) or (result == 0.0 and exact != 0.0):
+        raise CommandError(
+            f"{minimizer}: {name}={exact!r} is beyond float32's range (NNC keeps "
+            f"hyper-parameters as C floats: it would be {result}); pass a value of "
+            f"magnitude between {float(np.finfo(np.float32).smallest_subnormal):g} and "
+            f"{float(np.finfo(np.float32).max):g}"
+        )
     return result
 
 
