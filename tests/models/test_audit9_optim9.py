@@ -3,7 +3,10 @@ hyper-parameters traced by ``optax.inject_hyperparams``."""
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from fnnc.errors import CommandError
@@ -52,3 +55,56 @@ def test_hyper_parameters_at_float32_limits_are_kept():
 def test_gradient_accumulation_count_is_no_bool(k):
     with pytest.raises(CommandError, match="k must be an integer, got bool"):
         with_gradient_accumulation(sgd(0.1), k)
+
+
+# ------------------------------------------- hyper-parameters traced by inject_hyperparams
+
+W0 = jnp.array([1.0, -2.0, 0.5])
+GRADS = [jnp.array([0.5, 0.25, -1.0]), jnp.array([-0.75, 0.05, 2.0]), jnp.array([0.1, -0.5, 0.0])]
+INJECTED = [
+    (sgd, {"rate": 0.1, "momentum": 0.9, "decay": 0.01, "scale": 0.5}, {"nesterov": True}),
+    (sgd, {"rate": 0.1, "momentum": 0.8, "dampening": 0.3, "decay": 0.02}, {}),
+    (adam, {"rate": 0.05, "beta2": 0.95, "decay": 0.01, "scale": 2.0}, {"amsgrad": True}),
+    (adamw, {"rate": optax.linear_schedule(0.05, 0.01, 2), "decay": 0.1}, {}),
+    (rmsprop, {"rate": 0.01, "decay": 0.01, "alpha": 0.9, "momentum": 0.5}, {"centered": True}),
+    (lamb, {"rate": 0.05, "decay": 0.1, "beta1": 0.8}, {}),
+]
+
+
+CASES = [(*case, jnp.float32) for case in INJECTED] + [
+    (*INJECTED[i], jnp.bfloat16)
+    for i in (0, 2)  # computed in float32, rounded once
+]
+
+
+@pytest.mark.parametrize(
+    ("factory", "numbers", "flags", "dtype"),
+    CASES,
+    ids=[f"{f.__name__}-{i}-{d.__name__}" for i, (f, _, _, d) in enumerate(CASES)],
+)
+def test_inject_hyperparams_traces_the_numbers_and_steps_as_the_plain_minimizer(
+    factory, numbers, flags, dtype
+):
+    """The oracle: the same minimizer with Python numbers. Inside a jitted update
+    ``optax.inject_hyperparams`` rebuilds it with traced hyper-parameters, which were
+    refused as 'rate must be a number, got DynamicJaxprTracer' (so a Model with such a
+    minimizer failed in compile's init probe); the trajectory is now
+    the plain one (float32 hyper-parameters, as NNC's C floats)."""
+    plain = factory(**numbers, **flags)
+    injected = optax.inject_hyperparams(factory, hyperparam_dtype=jnp.float32)(**numbers, **flags)
+    p = q = W0.astype(dtype)
+    s, t = plain.init(p), injected.init(q)
+    step_plain, step_injected = jax.jit(plain.update), jax.jit(injected.update)
+    for g in GRADS:
+        u, s = step_plain(g.astype(dtype), s, p)
+        v, t = step_injected(g.astype(dtype), t, q)
+        p, q = optax.apply_updates(p, u), optax.apply_updates(q, v)
+    assert q.dtype == dtype
+    # a traced number and a constant may be fused differently by XLA: a rounding apart
+    tol = {"rtol": 2e-6, "atol": 1e-7} if dtype == jnp.float32 else {"rtol": 2**-7, "atol": 0}
+
+    def close(got, want):
+        np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), **tol)
+
+    close(q, p)
+    jax.tree.map(close, t.inner_state, s)

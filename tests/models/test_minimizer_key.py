@@ -15,6 +15,19 @@ from fnnc.models.optim import Minimizers
 from tests.helpers import assert_close, rand
 
 
+def _flagged(decay):
+    """A transformation whose ``decay`` decides Python control flow (``if decay:``)."""
+    sgd = optax.sgd(0.1)
+
+    def update(grads, state, params=None):
+        updates, state = sgd.update(grads, state, params)
+        if decay:
+            updates = jax.tree.map(lambda u, p: u - decay * p, updates, params)
+        return updates, state
+
+    return optax.GradientTransformation(sgd.init, update)
+
+
 def test_numbers_that_trace_are_inputs_and_the_others_stay_in_the_key():
     adam = optax.adam(1e-3)
     a, b = split(adam), split(optax.adam(1e-4))
@@ -24,10 +37,17 @@ def test_numbers_that_trace_are_inputs_and_the_others_stay_in_the_key():
     # optax computes 1 - b1 in Python (double precision, rounded once): a float32 input
     # would round twice and change Adam's numbers, so b1 stays a constant of the key
     assert split(optax.adam(1e-3, b1=0.8)).key != a.key
-    # NNC's Adam tests `if decay:` in Python: decay stays a constant, the rate is an input
+    # NNC's Adam takes a traced decay (optax.inject_hyperparams), as NNC's kernel adds
+    # decay * a whatever decay is: the rate and decay are inputs
     n1 = split(minimizers.adam(1e-3, decay=0.1))
     assert n1.key == split(minimizers.adam(5e-2, decay=0.1)).key
-    assert n1.key != split(minimizers.adam(1e-3, decay=0.2)).key
+    n2 = split(minimizers.adam(1e-3, decay=0.2))
+    decay = float(np.float32(0.2))  # NNC's hyper-parameters are C floats
+    assert n1.key == n2.key and decay in n2.values and decay not in n1.values
+    # a float that decides Python control flow stays a constant
+    assert (
+        n1.key != split(_flagged(1.0)).key and split(_flagged(1.0)).key != split(_flagged(0.0)).key
+    )
     # a schedule's numbers are inputs as well
     s1 = split(optax.adam(optax.exponential_decay(1e-3, 10, 0.5)))
     assert s1.key == split(optax.adam(optax.exponential_decay(2e-3, 10, 0.25))).key

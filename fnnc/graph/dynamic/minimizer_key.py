@@ -13,7 +13,7 @@ met on the way (Python floats, NumPy float scalars, 0-d float arrays) is a
 hyper-parameter candidate. A candidate becomes a float32 input only if
 
 * the update still traces with it traced: a float that decides Python control flow
-  (NNC's ``if decay:``) stays a constant;
+  (``if decay:``) stays a constant;
 * its first arithmetic is with the data, not with other numbers alone: optax computes
   ``1 - b2`` in Python's double precision and rounds once, which a float32 input would
   not reproduce (Adam's numbers would move by ~1e-5), so ``b1``, ``b2`` stay constants

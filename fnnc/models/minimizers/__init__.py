@@ -29,7 +29,10 @@ and callers raise it by one per apply; here each state counts applies (``count``
 and ``t = count + 1``. ``rate`` may be an Optax schedule of that count, in place of
 NNC's habit of setting a new minimizer with a new rate. Where it adds to NNC:
 ``rmsprop(centered=True)`` (off by default) and :func:`with_gradient_accumulation`
-as a wrapper rather than a model mode.
+as a wrapper rather than a model mode. Each factory also runs under
+``optax.inject_hyperparams`` (its numbers then traced in the jitted update: they are
+range-checked only when given as numbers, and a traced ``decay`` counts as nonzero, so
+``update`` needs ``params``).
 
 Example:
     >>> import jax, jax.numpy as jnp, optax

@@ -154,7 +154,7 @@ def _adam_family(
     def rule(g, a, m, v, vm, lr, r1, c2):
         ct = c.compute_dtype(a.dtype if a is not None else g.dtype)
         grad = scale * g.astype(ct)
-        if decay and not decoupled:
+        if c.nonzero(decay) and not decoupled:
             grad = grad + decay * a.astype(ct)
         new_m = beta1 * m.astype(ct) + (1.0 - beta1) * grad
         new_v = beta2 * v.astype(ct) + (1.0 - beta2) * grad * grad
@@ -166,13 +166,13 @@ def _adam_family(
             denom = jnp.sqrt(new_v * c2.astype(ct)) + epsilon
             new_vm = None
         delta = (new_m * r1.astype(ct)) / denom
-        if decay and decoupled:
+        if c.nonzero(decay) and decoupled:
             delta = (lr * decay).astype(ct) * a.astype(ct) + delta
         return c.to_update(delta, a, g), new_m.astype(m.dtype), new_v.astype(v.dtype), new_vm
 
     def update_fn(grads, state, params=None):
-        if decay:
-            c.require_params(name, params, f"decay={decay} multiplies them")
+        if c.nonzero(decay):
+            c.require_params(name, params, f"decay={c.shown(decay)} multiplies them")
         g_leaves, treedef = jax.tree.flatten(grads)
         lr = c.rate_at(rate, state.count)
         r1 = lr / c.bias_correction(beta1, state.count)

@@ -27,10 +27,13 @@ Rate = float | Callable[[jax.Array], Any]
 
 
 def check_rate(minimizer: str, rate: Rate) -> Rate:
-    """``rate`` as given if it is a schedule, else as a finite float32 number >= 0;
-    raises otherwise."""
+    """``rate`` as given if it is a schedule, else as a finite float32 number >= 0
+    (a traced one as a float32 scalar, unchecked: see :func:`traced`); raises
+    otherwise."""
     if callable(rate):
         return rate
+    if traced(rate):
+        return as_traced(minimizer, "rate", rate)
     value = as_float(minimizer, "rate", rate)
     if not value >= 0.0:
         raise CommandError(
@@ -50,7 +53,10 @@ def check_range(
     high_open: bool = False,
     low_open: bool = False,
 ) -> float:
-    """``value`` as a float if it lies in the interval; raises naming ``name`` otherwise."""
+    """``value`` as a float if it lies in the interval; raises naming ``name`` otherwise.
+    A traced value (:func:`traced`) comes back as a float32 scalar, unchecked."""
+    if traced(value):
+        return as_traced(minimizer, name, value)
     value = as_float(minimizer, name, value)
     above = value > low if low_open else value >= low
     below = value < high if high_open else value <= high
@@ -88,6 +94,37 @@ def as_float(minimizer: str, name: str, value: Any) -> float:
     return result
 
 
+def traced(value: Any) -> bool:
+    """Whether ``value`` is a JAX tracer: a hyper-parameter that
+    ``optax.inject_hyperparams`` rebuilds the minimizer with inside a jitted update
+    (or one a caller traces). Its number is unknown when the minimizer is made, so
+    it is not range-checked, and the rules treat it as possibly nonzero."""
+    return isinstance(value, jax.core.Tracer)
+
+
+def as_traced(minimizer: str, name: str, value: Any) -> jax.Array:
+    """A traced hyper-parameter as a float32 scalar (a C ``float``, as :func:`as_float`
+    rounds a number); raises a CommandError naming ``name`` unless it is a real scalar."""
+    if jnp.ndim(value) != 0 or not jnp.issubdtype(value.dtype, jnp.number):
+        raise CommandError(
+            f"{minimizer}: {name} must be a number, got a traced {value.dtype}"
+            f"{list(jnp.shape(value))}"
+        )
+    if jnp.issubdtype(value.dtype, jnp.complexfloating):
+        raise CommandError(f"{minimizer}: {name} must be real, got a traced {value.dtype}")
+    return jnp.asarray(value, jnp.float32)
+
+
+def nonzero(value: Any) -> bool:
+    """Whether a checked hyper-parameter may be nonzero: a traced one may."""
+    return traced(value) or value != 0.0
+
+
+def shown(value: Any) -> Any:
+    """A hyper-parameter for a message: its number, or that it is traced."""
+    return "<traced (optax.inject_hyperparams)>" if traced(value) else value
+
+
 def rate_at(rate: Rate, count: jax.Array) -> jax.Array:
     """The learning rate for the step after ``count`` steps, as a float32 scalar."""
     value = rate(count) if callable(rate) else rate
@@ -101,7 +138,7 @@ compute_dtype = at_least_float32
 def bias_correction(beta: float, count: jax.Array) -> jax.Array:
     """``1 - beta ** step`` in float32 with ``step = count + 1``, as NNC's ``powf``."""
     step = (count + 1).astype(jnp.float32)
-    return 1.0 - jnp.float32(beta) ** step
+    return 1.0 - jnp.asarray(beta, jnp.float32) ** step
 
 
 def zeros_like(params: optax.Params) -> optax.Params:

@@ -98,7 +98,7 @@ def rmsprop(
     def rule(g, a, m, v, ga, lr):
         ct = c.compute_dtype(a.dtype if a is not None else g.dtype)
         grad = scale * g.astype(ct)
-        if decay:
+        if c.nonzero(decay):
             grad = grad + decay * a.astype(ct)
         new_v = alpha * v.astype(ct) + (1.0 - alpha) * grad * grad
         if centered:
@@ -114,8 +114,8 @@ def rmsprop(
         return c.to_update(delta, a, g), new_m.astype(m.dtype), new_v.astype(v.dtype), new_ga
 
     def update_fn(grads, state, params=None):
-        if decay:
-            c.require_params("rmsprop", params, f"decay={decay} multiplies them")
+        if c.nonzero(decay):
+            c.require_params("rmsprop", params, f"decay={c.shown(decay)} multiplies them")
         g_leaves, treedef = jax.tree.flatten(grads)
         lr = c.rate_at(rate, state.count)
         ga_leaves = (

@@ -92,13 +92,13 @@ def sgd(
     decay = c.check_range("sgd", "decay", decay, 0.0)
     scale = c.check_range("sgd", "scale", scale, 0.0, low_open=True)
     nesterov = bool(nesterov)
-    if nesterov and dampening != 0.0:
+    if nesterov and c.nonzero(dampening) and not c.traced(dampening):
         raise CommandError(
             f"sgd: nesterov=True needs dampening == 0 (NNC asserts it), got "
             f"dampening={dampening}; drop dampening or set nesterov=False"
         )
 
-    if nesterov and momentum == 0.0 and decay != 0.0:
+    if nesterov and not c.nonzero(momentum) and c.nonzero(decay) and not c.traced(decay):
         warnings.warn(
             f"sgd: nesterov=True with momentum=0 ignores decay={decay} (NNC's rule is then "
             f"b = a - rate * scale * g); set momentum > 0 or nesterov=False",
@@ -112,7 +112,7 @@ def sgd(
         ct = c.compute_dtype(a.dtype if a is not None else g.dtype)
         grad = scale * g.astype(ct)
         mom = momentum * m.astype(ct)
-        wd = decay * a.astype(ct) if decay else 0.0
+        wd = decay * a.astype(ct) if c.nonzero(decay) else 0.0
         if nesterov:
             new_m = mom + grad + wd
             delta = lr.astype(ct) * (grad + momentum * new_m)
@@ -122,8 +122,8 @@ def sgd(
         return c.to_update(delta, a, g), new_m.astype(m.dtype)
 
     def update_fn(grads, state, params=None):
-        if decay:
-            c.require_params("sgd", params, f"decay={decay} multiplies them")
+        if c.nonzero(decay):
+            c.require_params("sgd", params, f"decay={c.shown(decay)} multiplies them")
         g_leaves, treedef = jax.tree.flatten(grads)
         lr = c.rate_at(rate, state.count)
         outs = [
