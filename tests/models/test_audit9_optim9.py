@@ -108,3 +108,27 @@ def test_inject_hyperparams_traces_the_numbers_and_steps_as_the_plain_minimizer(
 
     close(q, p)
     jax.tree.map(close, t.inner_state, s)
+
+
+# ------------------------------------------------------ integer and complex parameters
+
+MINIMIZERS = [
+    sgd(0.1, momentum=0.9),
+    adam(0.1, decay=0.1),
+    adamw(0.1, amsgrad=True),
+    rmsprop(0.1, centered=True),
+    lamb(0.1),
+]
+
+
+@pytest.mark.parametrize("opt", MINIMIZERS, ids=["sgd", "adam", "adamw", "rmsprop", "lamb"])
+@pytest.mark.parametrize("dtype", [np.int32, np.complex64])
+def test_integer_or_complex_parameters_are_refused_naming_the_dtype(opt, dtype):
+    """An int32 parameter was moved by the truncated float step (sgd(0.1): 1 - 0.1 * 1
+    became 0) and its momentum kept truncated; NNC's kernels take floats only."""
+    p = np.array([1, 2], dtype)
+    with pytest.raises(CommandError, match=rf"a parameter of dtype {np.dtype(dtype).name}"):
+        opt.update(p, opt.init(p), p)
+    f = np.array([1.0, 2.0], np.float32)  # a float parameter with an int gradient
+    with pytest.raises(CommandError, match=rf"a gradient of dtype {np.dtype(dtype).name}"):
+        opt.update(p, opt.init(f), f)

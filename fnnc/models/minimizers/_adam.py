@@ -152,7 +152,7 @@ def _adam_family(
         )
 
     def rule(g, a, m, v, vm, lr, r1, c2):
-        ct = c.compute_dtype(a.dtype if a is not None else g.dtype)
+        ct = c.compute_type(name, g, a)
         grad = scale * g.astype(ct)
         if c.nonzero(decay) and not decoupled:
             grad = grad + decay * a.astype(ct)

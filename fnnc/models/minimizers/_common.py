@@ -135,6 +135,21 @@ compute_dtype = at_least_float32
 """The dtype NNC computes an update in: float32, or float64 for float64 parameters."""
 
 
+def compute_type(minimizer: str, grad: jax.Array, param: jax.Array | None) -> np.dtype:
+    """:func:`compute_dtype` of the parameter (of the gradient without one); raises a
+    CommandError unless both are real floating point, as NNC's update kernels take
+    (an int32 parameter was truncated toward zero each step and so was its momentum;
+    a complex one squared its gradient instead of taking ``|g|**2``)."""
+    for what, x in (("parameter", param), ("gradient", grad)):
+        if x is not None and not jnp.issubdtype(x.dtype, jnp.floating):
+            raise CommandError(
+                f"{minimizer}: a {what} of dtype {x.dtype} (shape {list(x.shape)}); NNC's "
+                "minimizers update real floating-point parameters only: keep integer "
+                "and complex arrays out of the tree this minimizer updates"
+            )
+    return compute_dtype((param if param is not None else grad).dtype)
+
+
 def bias_correction(beta: float, count: jax.Array) -> jax.Array:
     """``1 - beta ** step`` in float32 with ``step = count + 1``, as NNC's ``powf``."""
     step = (count + 1).astype(jnp.float32)

@@ -85,7 +85,7 @@ def lamb(
         )
 
     def rule(g, a, m, v, lr, c1, c2):
-        ct = c.compute_dtype(a.dtype)
+        ct = c.compute_type("lamb", g, a)
         w = a.astype(ct)
         grad = scale * g.astype(ct)
         new_m = beta1 * m.astype(ct) + (1.0 - beta1) * grad

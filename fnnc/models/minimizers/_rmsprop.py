@@ -96,7 +96,7 @@ def rmsprop(
         )
 
     def rule(g, a, m, v, ga, lr):
-        ct = c.compute_dtype(a.dtype if a is not None else g.dtype)
+        ct = c.compute_type("rmsprop", g, a)
         grad = scale * g.astype(ct)
         if c.nonzero(decay):
             grad = grad + decay * a.astype(ct)

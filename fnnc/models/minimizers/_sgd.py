@@ -109,7 +109,7 @@ def sgd(
         return SGDState(count=jnp.zeros([], jnp.int32), momentum=c.zeros_like(params))
 
     def rule(g, a, m, lr):
-        ct = c.compute_dtype(a.dtype if a is not None else g.dtype)
+        ct = c.compute_type("sgd", g, a)
         grad = scale * g.astype(ct)
         mom = momentum * m.astype(ct)
         wd = decay * a.astype(ct) if c.nonzero(decay) else 0.0
