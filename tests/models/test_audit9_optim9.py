@@ -132,3 +132,22 @@ def test_integer_or_complex_parameters_are_refused_naming_the_dtype(opt, dtype):
     f = np.array([1.0, 2.0], np.float32)  # a float parameter with an int gradient
     with pytest.raises(CommandError, match=rf"a gradient of dtype {np.dtype(dtype).name}"):
         opt.update(p, opt.init(f), f)
+
+
+def test_rmsprop_momentum_under_a_schedule_multiplies_the_buffer_by_the_step_rate():
+    """The oracle: NNC's RMSPROP_FORWARD loop (ccv_nnc_rmsprop_cpu_ref.c) in float64,
+    run with the schedule's rate as each step's command rate. Optax's rmsprop, which
+    the docstring named as equal, keeps rate-scaled steps in its buffer instead."""
+    rate = optax.linear_schedule(0.1, 0.01, 3)
+    opt = rmsprop(rate, alpha=0.9, momentum=0.5, decay=0.01)
+    a = np.asarray(W0, np.float64)
+    m = v = np.zeros_like(a)
+    p, state = W0, opt.init(W0)
+    for t, g in enumerate(GRADS):
+        grad = np.asarray(g, np.float64) + np.float32(0.01) * a
+        v = np.float32(0.9) * v + (1 - np.float32(0.9)) * grad * grad
+        m = np.float32(0.5) * m + grad / (np.sqrt(v) + np.float32(1e-8))
+        a = a - float(rate(t)) * m
+        updates, state = opt.update(g, state, p)
+        p = optax.apply_updates(p, updates)
+    np.testing.assert_allclose(np.asarray(p, np.float64), a, rtol=2e-6, atol=1e-7)

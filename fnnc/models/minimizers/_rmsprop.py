@@ -51,8 +51,11 @@ def rmsprop(
     gradient (PyTorch's form). ``centered`` is not in NNC: it is off by default, and
     with it off the rule is NNC's exactly.
 
-    With ``decay=0`` and ``scale=1`` this is ``optax.rmsprop(rate, decay=alpha,
-    eps=epsilon, eps_in_sqrt=False, centered=centered, momentum=momentum)``.
+    With ``decay=0``, ``scale=1`` and a fixed ``rate`` this is ``optax.rmsprop(rate,
+    decay=alpha, eps=epsilon, eps_in_sqrt=False, centered=centered, momentum=momentum)``.
+    With a schedule and ``momentum > 0`` they differ: NNC's buffer holds normalized
+    gradients and each step multiplies it by that step's rate (as NNC run with a new
+    rate per step), where Optax's holds steps already multiplied by their rates.
 
     Args:
         rate: learning rate, or an Optax schedule of the step count.
