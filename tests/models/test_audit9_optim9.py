@@ -17,6 +17,7 @@ F32 = np.finfo(np.float32)
 UNHOLDABLE = [
     (sgd, {"rate": float("inf")}, "rate"),
     (sgd, {"rate": 1e39}, "rate"),  # float32 makes it inf
+    (lamb, {"rate": 10**400}, "rate"),  # an int no float holds
     (adam, {"rate": 0.1, "epsilon": float("inf")}, "epsilon"),
     (adamw, {"rate": 0.1, "decay": 1e39}, "decay"),
     (rmsprop, {"rate": 0.1, "decay": -float("inf")}, "decay"),
@@ -31,7 +32,7 @@ UNHOLDABLE = [
 @pytest.mark.parametrize(
     ("factory", "kwargs", "name"),
     UNHOLDABLE,
-    ids=[f"{f.__name__}-{n}-{v}" for f, kw, n in UNHOLDABLE for v in [kw.get(n)]],
+    ids=[f"{f.__name__}-{n}-{v!r:.12}" for f, kw, n in UNHOLDABLE for v in [kw.get(n)]],
 )
 def test_hyper_parameters_float32_cannot_hold_raise_naming_them(factory, kwargs, name):
     kwargs = dict(kwargs)

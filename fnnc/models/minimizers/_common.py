@@ -78,6 +78,11 @@ def as_float(minimizer: str, name: str, value: Any) -> float:
         with np.errstate(over="ignore"):
             result = float(np.float32(value))
         exact = float(value)
+    except OverflowError:  # an int beyond any float
+        raise CommandError(
+            f"{minimizer}: {name} is beyond float32's range (NNC keeps hyper-parameters as "
+            f"C floats), {given:.80}"
+        ) from None
     except (TypeError, ValueError):
         raise CommandError(f"{minimizer}: {name} must be a number, {given}") from None
     if math.isnan(result):
