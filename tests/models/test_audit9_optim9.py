@@ -58,6 +58,16 @@ def test_gradient_accumulation_count_is_no_bool(k):
         with_gradient_accumulation(sgd(0.1), k)
 
 
+def test_gradient_accumulation_count_fits_its_int32_counter():
+    """k = 2**40 failed at the first update with a raw OverflowError from JAX; 2**31
+    never applied (the int32 count wraps before reaching k - 1)."""
+    top = int(np.iinfo(np.int32).max)
+    with_gradient_accumulation(sgd(0.1), top)
+    for k in (top + 1, 2**40):
+        with pytest.raises(CommandError, match=rf"k must be >= 1 and <= {top}"):
+            with_gradient_accumulation(sgd(0.1), k)
+
+
 # ------------------------------------------- hyper-parameters traced by inject_hyperparams
 
 W0 = jnp.array([1.0, -2.0, 0.5])

@@ -29,6 +29,8 @@ import optax
 
 from fnnc.errors import CommandError
 
+_INT32_MAX = 2**31 - 1
+
 
 def noop() -> optax.GradientTransformation:
     """NNC's ``CMD_NOOP`` as a minimizer: parameters stay as they are.
@@ -80,13 +82,13 @@ def with_gradient_accumulation(
 
     Args:
         opt: the minimizer to run on the summed gradients.
-        k: backward calls per apply, an integer ``>= 1``.
+        k: backward calls per apply, an integer ``>= 1`` (an int32).
 
     Returns:
         An ``optax.GradientTransformation``.
 
     Raises:
-        CommandError: ``k`` is not an integer ``>= 1``.
+        CommandError: ``k`` is not an integer in ``[1, 2**31 - 1]``.
 
     Example:
         >>> import jax.numpy as jnp, optax
@@ -108,8 +110,10 @@ def with_gradient_accumulation(
         raise CommandError(
             f"with_gradient_accumulation: k must be an integer, got {type(k).__name__} {k!r}"
         ) from None
-    if k < 1:
-        raise CommandError(f"with_gradient_accumulation: k must be >= 1, got {k}")
+    if not 1 <= k <= _INT32_MAX:  # the state counts backward calls in an int32
+        raise CommandError(
+            f"with_gradient_accumulation: k must be >= 1 and <= {_INT32_MAX}, got {k}"
+        )
 
     def init_fn(params: optax.Params) -> AccumulationState:
         return AccumulationState(
