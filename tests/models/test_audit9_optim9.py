@@ -162,3 +162,14 @@ def test_rmsprop_momentum_under_a_schedule_multiplies_the_buffer_by_the_step_rat
         updates, state = opt.update(g, state, p)
         p = optax.apply_updates(p, updates)
     np.testing.assert_allclose(np.asarray(p, np.float64), a, rtol=2e-6, atol=1e-7)
+
+
+def test_a_16_bit_hyper_parameter_out_of_range_says_where_it_was_rounded():
+    """inject_hyperparams over bfloat16 parameters rounds beta2=0.999 to 1.0 (NumPy's
+    bfloat16 is the oracle); the range error says why a 0.999 became 1."""
+    assert float(jnp.asarray(0.999, jnp.bfloat16)) == 1.0
+    opt = optax.inject_hyperparams(adam)(rate=0.1, beta2=0.999)
+    with pytest.raises(CommandError, match=r"beta2 must be in \[0, 1\), got 1.0 \(a bfloat16.*"):
+        opt.init(jnp.zeros(2, jnp.bfloat16))
+    f32 = optax.inject_hyperparams(adam, hyperparam_dtype=jnp.float32)(rate=0.1, beta2=0.999)
+    f32.init(jnp.zeros(2, jnp.bfloat16))

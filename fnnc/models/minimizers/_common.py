@@ -57,13 +57,26 @@ def check_range(
     A traced value (:func:`traced`) comes back as a float32 scalar, unchecked."""
     if traced(value):
         return as_traced(minimizer, name, value)
+    given = value
     value = as_float(minimizer, name, value)
     above = value > low if low_open else value >= low
     below = value < high if high_open else value <= high
     if above and below:
         return value
     interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    raise CommandError(f"{minimizer}: {name} must be in {interval}, got {value}")
+    raise CommandError(f"{minimizer}: {name} must be in {interval}, got {value}{_narrow(given)}")
+
+
+def _narrow(value: Any) -> str:
+    """A hint for a hyper-parameter given in a 16-bit float type (which rounds 0.999
+    to 1): ``optax.inject_hyperparams`` casts them to the parameters' dtype."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating) or np.dtype(dtype).itemsize > 2:
+        return ""
+    return (
+        f" (a {np.dtype(dtype).name} value: optax.inject_hyperparams rounds hyper-parameters "
+        "to the parameters' dtype unless given hyperparam_dtype=jnp.float32)"
+    )
 
 
 def as_float(minimizer: str, name: str, value: Any) -> float:
