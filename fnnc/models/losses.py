@@ -14,8 +14,8 @@ per-sample ``[N, 1]`` losses).
   ``targets[0]``), and returns one scalar, e.g.
   ``lambda outputs, targets: jnp.mean((outputs[0] - targets[0]) ** 2)``. (A metric
   function gets the first output and target as arrays.) An error the function raises
-  while it is traced is a :class:`~fnnc.errors.ModelError` that says so, the original
-  error as its ``__cause__``.
+  (while ``fit`` traces it, or when ``score`` and validation call it) is a
+  :class:`~fnnc.errors.ModelError` that says so, the original error as its ``__cause__``.
 """
 
 from __future__ import annotations
@@ -80,23 +80,29 @@ def build_loss(
     n = len(outputs)
 
     def flat(*args: Any) -> Any:
-        outs, targs = list(args[:n]), list(args[n:])
-        try:
-            return loss(outs, targs)
-        except Exception as e:
-            raise ModelError(
-                f"the loss function {getattr(loss, '__name__', type(loss).__name__)} raised "
-                f"{type(e).__name__}: {e}\n  It is called as fn(outputs, targets) with two "
-                f"lists of arrays, outputs {_shapes(outs)} and targets {_shapes(targs)} "
-                "(even one of each is a list), and returns one scalar, e.g. "
-                "lambda outputs, targets: jnp.mean((outputs[0] - targets[0]) ** 2)"
-            ) from e
+        return call_loss(loss, list(args[:n]), list(args[n:]))
 
     graph = trace(flat, *specs)
     if len(graph.outputs) != 1 or int(np.prod(graph.spec(graph.outputs[0]).shape)) != 1:
         raise ModelError("compile: the loss function must return one scalar")
     (value,) = inline(b, graph, [*outputs, *targets], prefix="loss")
     return value if value.shape == () else b.exec(ops.reshape(shape=()), value)
+
+
+def call_loss(loss: Callable[..., Any], outputs: list[Any], targets: list[Any]) -> Any:
+    """``loss(outputs, targets)``; an error it raises is a :class:`ModelError` saying how
+    a loss function is called, the original as its ``__cause__``. Both places that call
+    a loss function use it: ``fit``'s trace and ``score``'s (validation's) eager call."""
+    try:
+        return loss(outputs, targets)
+    except Exception as e:
+        raise ModelError(
+            f"the loss function {getattr(loss, '__name__', type(loss).__name__)} raised "
+            f"{type(e).__name__}: {e}\n  It is called as fn(outputs, targets) with two "
+            f"lists of arrays, outputs {_shapes(outputs)} and targets {_shapes(targets)} "
+            "(even one of each is a list), and returns one scalar, e.g. "
+            "lambda outputs, targets: jnp.mean((outputs[0] - targets[0]) ** 2)"
+        ) from e
 
 
 def _check_target_count(loss: Any, targets: Sequence[Symbol]) -> None:

@@ -217,7 +217,7 @@ class MeanLoss(Metric):
                 checks.labels(loss, np.shape(outputs[0]), targets[0], self.where)
             out = losses._COMMANDS[loss]()(outputs[0], _as_fit_takes(targets[0]))
             return float(np.mean(np.asarray(out[0] if isinstance(out, tuple) else out)))
-        return float(loss(list(outputs), [_as_fit_takes(t) for t in targets]))
+        return float(losses.call_loss(loss, list(outputs), [_as_fit_takes(t) for t in targets]))
 
 
 def _as_fit_takes(target: Any) -> Any:

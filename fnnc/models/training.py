@@ -151,8 +151,8 @@ def train(
                 with deferred_interrupt():
                     try:
                         loss = model.fit(inputs_b, targets_b)  # dispatched: runs in XLA
-                    except (ModelError, ShapeError) as e:
-                        raise type(e)(f"{where}: {e}") from None
+                    except (ModelError, ShapeError) as e:  # keeps what e kept (a loss's error)
+                        raise type(e)(f"{where}: {e}") from e.__cause__
                     position = source.snapshot()  # of this batch, before reading the next
                     prog.step, prog.batch, prog.data = prog.step + 1, prog.batch + 1, position
                 ahead = _read_ahead(batches, check)  # while the step runs
