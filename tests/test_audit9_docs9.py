@@ -46,3 +46,28 @@ def test_train_keeps_the_loss_function_error_as_the_cause(broken):
     with pytest.raises(ModelError, match="train: epoch 0, batch 0: the loss function") as e:
         model.train((xs, ys), batch_size=4, verbose=False)
     assert isinstance(e.value.__cause__, TypeError), e.value.__cause__
+
+
+def test_train_cuts_arrays_into_full_batches_and_weighs_a_frames_short_batch_by_rows():
+    """models guide: arrays give full batches only (10 rows, batch 4: 2 steps, as
+    ``len(ArrayBatches)`` says), while a dataframe's own ``batch`` may end short, and
+    the epoch's loss weighs that batch by its rows: with a learning rate of 0, the
+    NumPy mean loss over all 10 rows."""
+    from fnnc.data import DataFrame
+    from fnnc.models import Dense, Input, Model
+
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((10, 3)).astype(np.float32)
+    ys = rng.integers(0, 2, 10).astype(np.int32)
+    x = Input()
+    model = Model(x, Dense(2, name="o")(x))
+    model.compile(xs[:4], loss="softmax_crossentropy", minimizer=optax.sgd(0.0))
+    model.train((xs, ys), epochs=1, batch_size=4, verbose=False)
+    assert model.train_progress.step == 2  # 10 // 4: the last 2 rows sat the epoch out
+    frame = DataFrame.from_arrays(x=xs, y=ys).batch(4)  # 4, 4, 2
+    history = model.train(frame, epochs=1, verbose=False)
+    assert model.train_progress.step == 2 + 3
+    logits = np.asarray(model.evaluate(xs), np.float64)
+    logsumexp = np.log(np.exp(logits).sum(1))
+    want = np.mean(logsumexp - logits[np.arange(10), ys])
+    assert history["loss"][0] == pytest.approx(want, rel=1e-5)

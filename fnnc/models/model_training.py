@@ -295,7 +295,10 @@ class TrainingMixin:
                 is the target), or a ``grain.MapDataset`` of ``(inputs, targets)`` batches.
             epochs: epochs to run, an int >= 0; with ``resume``, the epoch to run up to
                 (Keras's ``initial_epoch`` convention: the run ends at epoch ``epochs``).
-            batch_size: samples per step (arrays and unbatched dataframes).
+            batch_size: samples per step (arrays and unbatched dataframes). These are cut
+                into full batches only: the rows after the last full batch sit the epoch
+                out (each epoch's order differs, so every row is seen over epochs), and
+                every step runs the one compiled program.
             validation: measured after every epoch: ``val_loss``, ``val_accuracy``
                 (classification losses) and ``val_<name>`` per metric. Arrays, a
                 dataframe (its columns chosen as for ``data``) or a Grain dataset of
@@ -332,8 +335,9 @@ class TrainingMixin:
             ``{"epoch": [...], "loss": [mean training loss], "val_loss": [...], ...}``,
             one entry per epoch run by this call. ``loss`` is the mean of the epoch's
             step losses weighted by their batches' rows (Keras's), so a short last batch
-            counts for its rows: for a loss that is a mean over rows, the mean over the
-            epoch's rows, as the weights changed under them.
+            (a dataframe's own ``batch``, a Grain dataset) counts for its rows: for a
+            loss that is a mean over rows, the mean over the epoch's rows, as the
+            weights changed under them.
 
         >>> import numpy as np, optax
         >>> from fnnc.models import Dense, Input, Model
