@@ -71,3 +71,21 @@ def test_train_cuts_arrays_into_full_batches_and_weighs_a_frames_short_batch_by_
     logsumexp = np.log(np.exp(logits).sum(1))
     want = np.mean(logsumexp - logits[np.arange(10), ys])
     assert history["loss"][0] == pytest.approx(want, rel=1e-5)
+
+
+def test_node_names_show_in_the_compiled_hlo_and_the_lowered_text_with_debug_info():
+    """compile's docstring and the graphs guide: node names show in the HLO. The
+    lowered text has them only as locations, which ``as_text()`` leaves out:
+    ``lowered_text(debug_info=True)`` keeps them (JAX's ``Lowered.as_text`` is the
+    oracle of what the text holds)."""
+    from fnnc import ops
+    from fnnc.graph import GraphBuilder, compile
+
+    b = GraphBuilder()
+    x, w = b.input((4, 3), name="x"), b.input((2, 3), name="w")
+    y = b.exec(ops.gemm(transpose_b=True), x, w, name="fc_audit9")
+    program = compile(b.build([b.exec(ops.relu(), y, name="act_audit9")]))
+    assert "jit(program)/fc_audit9/" not in program.lowered_text()
+    for text in (program.lowered_text(debug_info=True), program.compiled_text()):
+        assert "jit(program)/fc_audit9/" in text and "jit(program)/act_audit9/" in text
+    assert program.lowered_text() == program._lowered.as_text()

@@ -277,9 +277,10 @@ class Program:
             out["out_shardings"] = (*outs, plan.replicated) if numerics else outs
         return out
 
-    def lowered_text(self) -> str:
-        """The StableHLO text XLA was given."""
-        return self._lowered.as_text()
+    def lowered_text(self, *, debug_info: bool = False) -> str:
+        """The StableHLO text XLA was given; with ``debug_info``, each operation's
+        location too, which names its node (``loc("jit(program)/fc/...")``)."""
+        return self._lowered.as_text(debug_info=debug_info)
 
     def compiled_text(self) -> str:
         """The optimised HLO XLA produced."""
@@ -358,10 +359,11 @@ def compile(  # noqa: A001 - the name NNC users look for
 ) -> Program:
     """Lowers ``graph`` to one jitted XLA computation.
 
-    Each node runs inside ``jax.named_scope(<node name or command>)``, so profiles and
-    the lowered HLO show fnnc's node names. With the numerics check on
-    (``config.override(numerics=True)``), the program also computes one finiteness flag
-    per node and a call that produced a NaN or an infinity raises
+    Each node runs inside ``jax.named_scope(<node name or command>)``, so profiles, the
+    compiled HLO's metadata (:meth:`Program.compiled_text`) and the lowered text's
+    locations (``lowered_text(debug_info=True)``) show fnnc's node names. With the
+    numerics check on (``config.override(numerics=True)``), the program also computes
+    one finiteness flag per node and a call that produced a NaN or an infinity raises
     :class:`~fnnc.errors.NumericsError` naming the first node, with its inputs' statistics.
     The check donates nothing (``donate`` is ignored), so a failing call's inputs are
     still there to re-run up to that node.
