@@ -5,7 +5,8 @@
 ``config.override(checks="numerics")`` does; ``0`` turns checks off. Any other value
 is a :class:`~fnnc.errors.ConfigError`, as is a value of the wrong kind given to
 :func:`override`.
-``FNNC_DEBUG`` (default ``0``): print graphs between passes when ``>= 1``.
+``FNNC_DEBUG`` (default ``0``): when ``>= 1``, print each pass's time, node counts and
+the diff of the graph listing it made (:func:`fnnc.graph.run_passes`).
 ``FNNC_BACKEND`` (default empty): force one backend name for every command that
 supports it, e.g. ``pallas``; ``xla`` forces the reference everywhere. A name no
 command registers (a typo) is a :class:`~fnnc.errors.ConfigError` when a backend is
@@ -128,7 +129,7 @@ class _Field(NamedTuple):
 _FIELD_KINDS: Mapping[str, _Field] = {
     "checks": _Field(bool, "True, False or 'numerics' (checks and the numerics check)"),
     "numerics": _Field(bool, "True or False"),
-    "debug": _Field(int, "an int level (0: off, >= 1: print graphs between passes)"),
+    "debug": _Field(int, "an int level (0: off, >= 1: print each pass's changes)"),
     "backend": _Field(str, "a backend name (str), '' for the default choice", "FNNC_BACKEND"),
     "backend_per_command": _Field(
         Mapping,
@@ -217,7 +218,7 @@ def _debug_from_env(raw: str) -> int:
         return int(raw or 0)
     except ValueError:
         raise ConfigError(
-            f"FNNC_DEBUG={raw!r}: expected an int level (0: off, >= 1: print graphs)"
+            f"FNNC_DEBUG={raw!r}: expected an int level (0: off, >= 1: print each pass's changes)"
         ) from None
 
 

@@ -89,3 +89,24 @@ def test_node_names_show_in_the_compiled_hlo_and_the_lowered_text_with_debug_inf
     for text in (program.lowered_text(debug_info=True), program.compiled_text()):
         assert "jit(program)/fc_audit9/" in text and "jit(program)/act_audit9/" in text
     assert program.lowered_text() == program._lowered.as_text()
+
+
+def test_debug_prints_each_pass_time_node_counts_and_a_diff_of_the_listing(capsys):
+    """errors guide and config: ``FNNC_DEBUG=1`` prints each pass's time, node counts
+    and the diff of the listing (it said "the graph"); the diff is difflib's of the two
+    listings (the oracle)."""
+    import difflib
+
+    from fnnc import config, ops
+    from fnnc.graph import GraphBuilder, cse, run_passes
+
+    b = GraphBuilder()
+    x = b.input((4,), name="x")
+    graph = b.build([b.exec(ops.ewsum(), b.exec(ops.relu(), x), b.exec(ops.relu(), x))])
+    with config.override(debug=1):
+        after = run_passes(graph, (cse,))
+    printed = capsys.readouterr().out
+    assert printed.startswith("-- cse (round 1): 3 -> 2 nodes, ")
+    for line in difflib.unified_diff(str(graph).splitlines(), str(after).splitlines(), n=0):
+        if line[:1] in "+-" and line[:3] not in ("+++", "---"):
+            assert line in printed.splitlines(), (line, printed)
