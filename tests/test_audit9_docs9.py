@@ -110,3 +110,30 @@ def test_debug_prints_each_pass_time_node_counts_and_a_diff_of_the_listing(capsy
     for line in difflib.unified_diff(str(graph).splitlines(), str(after).splitlines(), n=0):
         if line[:1] in "+-" and line[:3] not in ("+++", "---"):
             assert line in printed.splitlines(), (line, printed)
+
+
+def test_only_flash_attention_and_cpu_convolutions_mixed_are_defaults_by_priority():
+    """commands and autotune guides, ``fnnc.core.selection``: fnnc's own backends
+    register priority 0 but for flash attention (with its ``wins``) and CPU
+    convolution's ``"mixed"``; a registered ``Backend`` has priority 1 and so runs
+    instead of the reference (the guide said a priority never makes a default)."""
+    import jax
+    import jax.numpy as jnp
+
+    from fnnc import ops
+
+    own = {
+        (name, backend)
+        for name in ops.registry()
+        if name != "gradient"  # gradient nodes take their forward command's priority
+        for backend, b in ops.backends_of(name).items()
+        if b.priority > 0 and getattr(b.forward, "__module__", "").startswith("fnnc.")
+    }
+    assert own == {("scaled_dot_product_attention", "pallas"), ("convolution", "mixed")}
+    assert ops.backends_of("scaled_dot_product_attention")["pallas"].wins is not None
+    assert ops.backends_of("convolution")["mixed"].platforms == ("cpu",)
+    assert ops.Backend("b", lambda x: x, ("cpu",)).priority == 1
+    spec = [jax.ShapeDtypeStruct((2, 64, 64, 32), jnp.float32)]  # 8192 output rows
+    conv = ops.convolution(padding="SAME")
+    kernel = jax.ShapeDtypeStruct((32, 3, 3, 32), jnp.float32)
+    assert ops.select_backend(conv, [*spec, kernel], "cpu") == "mixed"

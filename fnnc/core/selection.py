@@ -13,8 +13,11 @@ among the backends :mod:`fnnc.core.backends` registers. The choice, for one node
 4. the measured default for (device kind, command, shape class) shipped with the package
    (:mod:`fnnc.core.measured`), if it compiles here and supports the input;
 5. the highest-priority backend that compiles on this platform and supports the input;
-   a backend registers a priority above 0 only where it wins by construction (flash
-   attention), so a priority alone never makes an unmeasured kernel the default;
+   fnnc's kernels register priority 0, so a priority alone never makes an unmeasured
+   kernel the default, except where a rule decides: flash attention (wins by
+   construction, its ``wins``) and CPU convolution's ``"mixed"`` (priority 20, whose
+   ``supports`` holds the shape rules measured on CPUs). A :class:`Backend` a user
+   registers has priority 1 unless given 0;
 6. the reference.
 
 A backend that only *interprets* on a platform (Pallas on CPU) is never chosen there
