@@ -137,3 +137,15 @@ def test_only_flash_attention_and_cpu_convolutions_mixed_are_defaults_by_priorit
     conv = ops.convolution(padding="SAME")
     kernel = jax.ShapeDtypeStruct((32, 3, 3, 32), jnp.float32)
     assert ops.select_backend(conv, [*spec, kernel], "cpu") == "mixed"
+
+
+def test_keep_every_alone_keeps_its_multiples_and_the_newest(tmp_path):
+    """Checkpoints' docstring: given keep_every alone, a save deletes the other steps
+    (ShardedCheckpoints kept every step then; tests/io/test_audit8_ckpt8.py compares
+    the two). The oracle is the set by its definition."""
+    from fnnc.io import Checkpoints
+
+    with Checkpoints(tmp_path / "k.ckpt", keep_every=3) as ckpt:
+        for step in range(1, 9):
+            ckpt.save(step, {"w": np.zeros(1, np.float32)})
+            assert ckpt.steps() == sorted({s for s in range(1, step + 1) if s % 3 == 0} | {step})

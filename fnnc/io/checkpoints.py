@@ -84,10 +84,12 @@ class Checkpoints:
     Args:
         path: the SQLite file (created by the first save; may be shared with model
             tensors).
-        keep_last: keep only the newest ``keep_last`` steps (``None``: no limit).
-        keep_every: also keep every step divisible by ``keep_every``.
+        keep_last: keep the newest ``keep_last`` steps.
+        keep_every: keep every step divisible by ``keep_every``.
 
-    With neither, every step is kept. The newest step is never deleted.
+    Given either, a save deletes every other step (the newest and the one just saved
+    always stay), so ``keep_every=1000`` alone keeps the multiples of 1000; with neither,
+    every step is kept.
     """
 
     def __init__(

@@ -73,10 +73,12 @@ class ShardedCheckpoints:
 
     Args:
         path: the directory (created by the first save; each step is a sub-directory).
-        keep_last: keep only the newest ``keep_last`` steps (``None``: no limit).
-        keep_every: also keep every step divisible by ``keep_every``.
+        keep_last: keep the newest ``keep_last`` steps.
+        keep_every: keep every step divisible by ``keep_every``.
 
-    With neither, every step is kept. ``Model.train(resume=path)`` and
+    Given either, a save deletes every other step (the newest and the one just saved
+    always stay), so ``keep_every=1000`` alone keeps the multiples of 1000; with neither,
+    every step is kept. ``Model.train(resume=path)`` and
     ``CheckpointEvery(path)`` take it (a path that is a directory is read as one);
     ``restore_into(model)`` puts a model's step back onto the model's own layout.
 
@@ -232,10 +234,12 @@ class ShardedCheckpoints:
         rule: the newest ``keep_last`` steps (by number), those divisible by
         ``keep_every``, the one just saved and the newest stay. (Orbax's
         ``max_to_keep`` counts by save time: saving an older step deleted the newest.)"""
-        if self.keep_last is None:
+        if self.keep_last is None and self.keep_every is None:
             return []
         steps = self.steps()
-        keep = {saved, steps[-1], *steps[-self.keep_last :]}
+        keep = {saved, steps[-1]}
+        if self.keep_last is not None:
+            keep.update(steps[-self.keep_last :])
         if self.keep_every is not None:
             keep.update(s for s in steps if s % self.keep_every == 0)
         return [s for s in steps if s not in keep]

@@ -222,7 +222,7 @@ def test_a_restore_sees_one_state_while_another_writer_drops_its_step(tmp_path, 
     writer.close()
 
 
-@pytest.mark.parametrize(("keep_last", "keep_every"), [(2, None), (1, 4), (2, 3)])
+@pytest.mark.parametrize(("keep_last", "keep_every"), [(2, None), (1, 4), (2, 3), (None, 3)])
 def test_sharded_retention_keeps_what_checkpoints_keeps(tmp_path, keep_last, keep_every):
     """Orbax's max_to_keep counts steps by save time: saving an older step (a run
     resumed from it) deleted the newest one. The oracle is Checkpoints' retention."""
