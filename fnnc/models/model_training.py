@@ -57,9 +57,10 @@ class TrainingMixin:
         ...: the first output against one target), ``None`` (the first output is the
         loss), or a JAX function called as ``fn(outputs, targets)`` with two *lists* of
         arrays (``outputs[0]``, ``targets[0]`` even for one of each) that returns one
-        scalar (:mod:`fnnc.models.losses`); an error it raises while traced is a
-        ``ModelError`` restating this. ``mesh`` (a ``jax.sharding.Mesh`` with axis ``"data"``) and
-        ``parameter_sharding`` (``"replicated"``/``"fsdp"``) train data-parallel (see
+        scalar (:mod:`fnnc.models.losses`); an error it raises (traced by ``fit``, or
+        called by ``score``) is a ``ModelError`` restating this. ``mesh`` (a
+        ``jax.sharding.Mesh`` with axis ``"data"``) and ``parameter_sharding``
+        (``"replicated"``/``"fsdp"``) train data-parallel (see
         :meth:`set_data_parallel`); on a ``("data", "model")`` mesh, sharding rules
         (``"megatron"``, ``{layer pattern: PartitionSpec}``, a
         :class:`fnnc.graph.ShardingRules`) add tensor parallelism
