@@ -149,3 +149,28 @@ def test_keep_every_alone_keeps_its_multiples_and_the_newest(tmp_path):
         for step in range(1, 9):
             ckpt.save(step, {"w": np.zeros(1, np.float32)})
             assert ckpt.steps() == sorted({s for s in range(1, step + 1) if s % 3 == 0} | {step})
+
+
+def test_fsdp_splits_the_named_parameters_and_refuses_to_split_nothing():
+    """multi-device guide: with parameter_sharding="fsdp" the parameters split along
+    their first axis that divides. Without parameters= or layout= no input was one,
+    and FSDP silently replicated everything; it is now a GraphError. The oracle for
+    the split is the first axis whose size divides by the mesh axis."""
+    from jax.sharding import AbstractMesh, PartitionSpec
+
+    from fnnc import ops
+    from fnnc.errors import GraphError
+    from fnnc.graph import GraphBuilder, data_parallel
+
+    b = GraphBuilder()
+    x, w, v = b.input((8, 3), name="x"), b.input((3, 4), name="w"), b.input((3, 5), name="v")
+    graph = b.build([b.exec(ops.gemm(), x, w), b.exec(ops.gemm(), x, v)])
+    mesh = AbstractMesh((2,), ("data",))
+    with pytest.raises(GraphError, match=r"name them with parameters=\[\.\.\.\]"):
+        data_parallel(graph, mesh, batch=["x"], parameter_sharding="fsdp")
+    plan = data_parallel(graph, mesh, parameters=["w", "v"], parameter_sharding="fsdp")
+    want = []
+    for shape in ((8, 3), (3, 4), (3, 5)):
+        axis = next((k for k, n in enumerate(shape) if n % 2 == 0), None)
+        want.append(PartitionSpec() if axis is None else PartitionSpec(*[None] * axis, "data"))
+    assert plan.inputs == tuple(want)

@@ -88,14 +88,17 @@ def data_parallel(
             every input that is not a parameter or optimizer state.
         axis: the mesh axis the batch (and FSDP parameters) are split over.
         parameters: inputs that are parameters (besides those a ``layout`` names).
-        parameter_sharding: ``"replicated"`` or ``"fsdp"``.
+        parameter_sharding: ``"replicated"`` or ``"fsdp"``; ``"fsdp"`` splits the inputs
+            ``parameters`` and ``layout`` name (and their optimizer state), so it needs
+            one of them.
         layout: the :class:`~fnnc.graph.TrainLayout` of a training graph: its first
             ``n_params`` inputs are parameters, the next ``n_state`` optimizer state,
             the last ``n_scale_state`` loss-scale state (replicated), and its outputs
             (new parameters, new state, loss, new scale state) get matching layouts.
 
     Raises:
-        GraphError: an axis the mesh lacks, an unknown mode or input.
+        GraphError: an axis the mesh lacks, an unknown mode or input, ``"fsdp"`` with
+            no parameter named.
         ShapeError: a batch input whose first axis does not divide by the axis size.
     """
     if axis not in mesh.axis_names:
@@ -119,6 +122,13 @@ def data_parallel(
     else:
         batch_set = {_position(graph, b) for b in batch}
     fsdp = parameter_sharding == "fsdp"
+    if fsdp and layout is None and not params:
+        names = [graph.symbols[s].name or f"%{s}" for s in graph.inputs]
+        raise GraphError(
+            "data_parallel: parameter_sharding='fsdp' splits the parameters, but no input "
+            f"is one (inputs {names}): name them with parameters=[...], or pass the "
+            "training graph's layout= from minimize"
+        )
     specs = []
     for i, sid in enumerate(graph.inputs):
         shape = graph.symbols[sid].shape
