@@ -174,3 +174,21 @@ def test_fsdp_splits_the_named_parameters_and_refuses_to_split_nothing():
         axis = next((k for k, n in enumerate(shape) if n % 2 == 0), None)
         want.append(PartitionSpec() if axis is None else PartitionSpec(*[None] * axis, "data"))
     assert plan.inputs == tuple(want)
+
+
+def test_which_error_a_wrong_feed_raises():
+    """errors guide's table: GraphInputError is the wrong number of arrays; a wrong
+    shape or dtype is the ShapeError / DTypeError its own example prints (the table
+    said GraphInputError for all three)."""
+    from fnnc import ops
+    from fnnc.errors import DTypeError, GraphInputError, ShapeError
+    from fnnc.graph import GraphBuilder, interpret
+
+    b = GraphBuilder()
+    graph = b.build([b.exec(ops.relu(), b.input((4,), name="x"))])
+    with pytest.raises(GraphInputError, match="takes 1 array"):
+        interpret(graph, np.ones(4, np.float32), np.ones(4, np.float32))
+    for bad, kind in ((np.ones(3, np.float32), ShapeError), (np.ones(4, np.int32), DTypeError)):
+        with pytest.raises(kind, match=r"input %0 \(x\) expects float32\[4\]") as e:
+            interpret(graph, bad)
+        assert not isinstance(e.value, GraphInputError)
