@@ -192,3 +192,21 @@ def test_which_error_a_wrong_feed_raises():
         with pytest.raises(kind, match=r"input %0 \(x\) expects float32\[4\]") as e:
             interpret(graph, bad)
         assert not isinstance(e.value, GraphInputError)
+
+
+def test_a_graph_saved_to_an_open_tensor_file_is_named_graph(tmp_path):
+    """save/load docstrings: a TensorFile without name= stores and reads the graph
+    named "graph" (load_from with that name is the oracle), beside the tensors."""
+    from fnnc import ops
+    from fnnc.graph import GraphBuilder, load, save
+    from fnnc.io import TensorFile, load_from
+
+    b = GraphBuilder()
+    graph = b.build([b.exec(ops.relu(), b.input((3,), name="x"))])
+    path = tmp_path / "t.sqlite3"
+    with TensorFile(path) as f:
+        f.write("w", np.ones(2, np.float32))
+        save(graph, f)
+        assert load(f) == graph
+    assert load_from(path, "graph") == graph == load(path, name="graph")
+    assert TensorFile(path).names() == ["w"]

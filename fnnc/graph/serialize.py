@@ -333,9 +333,10 @@ def _no_arrays(row: str, shape: Any, dtype: Any) -> Any:
 def save(graph: Graph, path: Any, *, name: str | None = None) -> None:
     """Writes ``graph`` to ``path`` as JSON, atomically (temp file, then rename).
 
-    With ``name=`` (or a :class:`fnnc.io.TensorFile` as ``path``), the graph is stored
-    under that name in an NNC SQLite tensor file instead, beside its tensors (e.g. a
-    model's parameters), in one transaction. Without ``name=``, an existing SQLite or
+    With ``name=`` (or a :class:`fnnc.io.TensorFile` as ``path``, then under the name
+    ``"graph"`` unless ``name=`` says otherwise), the graph is stored under that name
+    in an NNC SQLite tensor file instead, beside its tensors (e.g. a model's
+    parameters), in one transaction. Without ``name=``, an existing SQLite or
     safetensors file at ``path`` is refused (:class:`GraphFormatError`), not replaced
     with JSON: its tensors would be lost.
 
@@ -374,9 +375,10 @@ def save(graph: Graph, path: Any, *, name: str | None = None) -> None:
 def load(path: Any, *, name: str | None = None) -> Graph:
     """Reads a graph written by :func:`save`; :class:`GraphFormatError` if it is not one.
 
-    With ``name=`` (or a :class:`fnnc.io.TensorFile`), reads the graph of that name from
-    an NNC SQLite tensor file; without it, such a file is a :class:`GraphFormatError`
-    naming the graphs it holds.
+    With ``name=`` (or a :class:`fnnc.io.TensorFile`, then the graph named ``"graph"``
+    unless ``name=`` says otherwise), reads the graph of that name from an NNC SQLite
+    tensor file; a path to such a file without ``name=`` is a
+    :class:`GraphFormatError` naming the graphs it holds.
     """
     if name is not None or not isinstance(path, (str, os.PathLike)):
         return documents.load_from(path, name or "graph")
