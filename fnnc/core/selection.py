@@ -15,9 +15,9 @@ among the backends :mod:`fnnc.core.backends` registers. The choice, for one node
 5. the highest-priority backend that compiles on this platform and supports the input;
    fnnc's kernels register priority 0, so a priority alone never makes an unmeasured
    kernel the default, except where a rule decides: flash attention (wins by
-   construction, its ``wins``) and CPU convolution's ``"mixed"`` (priority 20, whose
-   ``supports`` holds the shape rules measured on CPUs). A :class:`Backend` a user
-   registers has priority 1 unless given 0;
+   construction, its ``wins``) and CPU convolution's ``"mixed"`` (priority 20, from a
+   size measured on CPUs, each product in the formulation its measured rules pick).
+   A :class:`Backend` a user registers has priority 1 unless given 0;
 6. the reference.
 
 A backend that only *interprets* on a platform (Pallas on CPU) is never chosen there
