@@ -231,6 +231,21 @@ def _axes(x: Variable, axis: int | Sequence[int] | None, kind: str) -> tuple[int
     return tuple(sorted(axes))
 
 
+_GEMM = ops.gemm()
+
+
+def matmul(a: Variable, b: Variable) -> Variable:
+    """``a @ b`` with NumPy's shapes: ``gemm``, whose rank-1 ``b`` is a row ``[1, n]``
+    (NNC's reading), so a rank-1 ``b`` is taken as the column ``[n, 1]`` and that axis
+    dropped from the result (``M @ v`` is ``[m]``, ``v @ v`` a scalar), as
+    ``np.matmul`` does; a rank-1 ``a`` is already a row whose axis gemm drops."""
+    if b._slot is None or b.ndim != 1:  # a freed b: exec's error names it and gemm
+        return a._dg.exec(_GEMM, a, b)
+    column = b._dg.exec(ops.reshape(shape=(b.shape[0], 1)), b)
+    out = a._dg.exec(_GEMM, a, column)
+    return out._dg.exec(ops.reshape(shape=out.shape[:-1]), out)
+
+
 def transposed(x: Variable) -> Variable:
     """``x.T``: the axes reversed (``x`` itself below two axes, as in NumPy)."""
     if x.ndim < 2:

@@ -8,7 +8,8 @@ an alias (``y[0] = z``) makes a new version of the whole slot.
 
 Operators record commands: ``+`` is ``ewsum``, ``-`` ``add[q=-1]``, ``*`` ``ewprod``
 (``scalar_mul`` with a Python number), ``/`` ``ewdiv`` (``scalar_mul`` where that
-is exact, :func:`.operands.reciprocal`), ``@`` ``gemm``, ``**`` the
+is exact, :func:`.operands.reciprocal`), ``@`` ``gemm`` (NumPy's ``matmul`` shapes,
+:func:`.operands.matmul`), ``**`` the
 commands :mod:`.operands` lists; ``sum()`` is ``reduce_sum`` over every axis (kept as
 size 1, NNC's convention), ``mean(axis)`` ``reduce_mean`` (axes dropped, as NumPy does),
 ``.T`` ``transpose``. The other operand may be a variable, a NumPy or JAX array or a
@@ -61,7 +62,6 @@ _RSUB = ops.add(p=-1.0)
 _ADD = ops.ewsum()
 _MUL = ops.ewprod()
 _DIV = ops.ewdiv()
-_MATMUL = ops.gemm()
 _NEG = ops.scalar_mul(a=-1.0)
 
 
@@ -227,10 +227,10 @@ class Variable:
         return self._binary(_DIV, other, "/", swap=True)
 
     def __matmul__(self, other: Any) -> Variable:
-        return self._binary(_MATMUL, other, "@")
+        return operands.matmul(self, operands.operand(self, other, "@"))
 
     def __rmatmul__(self, other: Any) -> Variable:
-        return self._binary(_MATMUL, other, "@", swap=True)
+        return operands.matmul(operands.operand(self, other, "@"), self)
 
     def __pow__(self, other: Any) -> Variable:
         return operands.power(self, other)
