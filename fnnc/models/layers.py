@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from fnnc import ops
+from fnnc.core.dtypes import at_least_float32, is_floating
 from fnnc.core.ir import Symbol
 from fnnc.models.layer import (
     BuildContext,
@@ -129,9 +130,17 @@ class Dense(Layer):
 class BatchNorm(Layer):
     """Batch normalisation over all axes but the last (NHWC); running stats are internals.
 
-    Called twice in one model, the second call updates the statistics the first one
-    updated (NNC's in-place update, a shared Flax NNX ``BatchNorm``): after one step,
-    ``0.9 * (0.9 * m + 0.1 * mu1) + 0.1 * mu2``.
+    In training the running statistics move as ``new = momentum * old + (1 - momentum)
+    * batch`` (NNC's reading: ``momentum`` weights the old value, so PyTorch's 0.1 is
+    0.9 here). Called twice in one model, the second call updates the statistics the
+    first one updated (NNC's in-place update, a shared Flax NNX ``BatchNorm``): after
+    one step, ``0.9 * (0.9 * m + 0.1 * mu1) + 0.1 * mu2``.
+
+    Beside a float16 or bfloat16 input, the scale, bias and running statistics are
+    float32, as NNC's ``ccv_cnnp_batch_norm`` makes them ("bump it to 32-bit"; cuDNN's
+    mixed layout): a 16-bit running statistic stops moving once ``(1 - momentum) *
+    (batch - old)`` is under half its spacing (a mean at 2.2 with momentum 0.99 never
+    reached a batch mean of 3).
     """
 
     owns_parameters = True
@@ -142,10 +151,11 @@ class BatchNorm(Layer):
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         c = (x.shape[-1],)
-        scale = ctx.param(self, 0, c, ones, x.dtype)
-        bias = ctx.param(self, 1, c, zeros, x.dtype)
-        mean = ctx.param(self, 0, c, zeros, x.dtype, internal=True)
-        var = ctx.param(self, 1, c, ones, x.dtype, internal=True)
+        dtype = at_least_float32(x.dtype) if is_floating(x.dtype) else x.dtype
+        scale = ctx.param(self, 0, c, ones, dtype)
+        bias = ctx.param(self, 1, c, zeros, dtype)
+        mean = ctx.param(self, 0, c, zeros, dtype, internal=True)
+        var = ctx.param(self, 1, c, ones, dtype, internal=True)
         cmd = ops.batch_norm(
             axes=tuple(range(len(x.shape) - 1)),
             epsilon=self.epsilon,
