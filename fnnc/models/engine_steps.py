@@ -113,11 +113,11 @@ class StepsMixin:
                 ("backward", saved.key, tuple(wrt_inputs)),
                 lambda: residuals.backward_program(fwd, [floats.index(i) for i in wrt_inputs]),
             )
-            seeds = residuals.seeds(ingrads, prog.out_shapes)
+            seeds = residuals.seeds(ingrads, prog.out_shapes, prog.out_dtypes)
             param_grads, input_grads = prog(saved.feed_args(self.values), saved.residuals, seeds)
         else:  # on a mesh: a program that runs the forward again
             prog = self._gradient_program(saved, tuple(wrt_inputs))
-            seeds = residuals.seeds(ingrads, prog.out_shapes)
+            seeds = residuals.seeds(ingrads, prog.out_shapes, prog.out_dtypes)
             param_grads, input_grads = prog(saved.inputs, self.values, saved.keys, seeds)
         for pid, g in zip(prog.params, param_grads):
             self.grads[pid] = g if pid not in self.grads else self.grads[pid] + g

@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from fnnc.core.ir import Graph, Symbol
 from fnnc.graph import GraphBuilder, compile, simplify
@@ -121,13 +122,14 @@ class ForwardProgram(_Compiled):
 @dataclasses.dataclass(frozen=True)
 class GradientProgram(_Compiled):
     """``backward``: inputs ``feed`` then one gradient per model output (shaped
-    ``out_shapes``); outputs the gradients of ``params`` (ids), then of the
-    differentiable model inputs."""
+    ``out_shapes``, of types ``out_dtypes``); outputs the gradients of ``params`` (ids),
+    then of the differentiable model inputs."""
 
     program: Program
     feed: ModelFeed
     out_shapes: tuple[tuple[int, ...], ...]
     params: tuple[str, ...]
+    out_dtypes: tuple[np.dtype, ...] = ()
 
     def __call__(
         self,
@@ -275,7 +277,8 @@ def gradient_program(
     else:
         plan = parallel.gradient_plan(grad_graph, feed, wrt_params, params)
         program = Placed(compile(grad_graph, shardings=plan))
-    return GradientProgram(program, feed, shapes, params)
+    dtypes = tuple(np.dtype(o.dtype) for o in outs)
+    return GradientProgram(program, feed, shapes, params, dtypes)
 
 
 def apply_program(

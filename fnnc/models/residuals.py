@@ -56,7 +56,7 @@ import numpy as np
 
 from fnnc.core.dtypes import is_inexact
 from fnnc.core.ir import Graph
-from fnnc.errors import ShapeError
+from fnnc.errors import DTypeError, ShapeError
 from fnnc.graph import compile, simplify
 from fnnc.graph.compile import Program
 from fnnc.graph.memory import tensor_bytes
@@ -212,14 +212,16 @@ class ResidualForward(ForwardProgram):
 @dataclasses.dataclass(frozen=True)
 class ResidualGradient(_Compiled):
     """``backward`` from residuals: inputs the feed values at ``from_feed``, the
-    computed residuals, one gradient per model output (shaped ``out_shapes``); outputs
-    the gradients of ``params`` (ids), then of the model inputs ``wrt_inputs``."""
+    computed residuals, one gradient per model output (shaped ``out_shapes``, of types
+    ``out_dtypes``); outputs the gradients of ``params`` (ids), then of the model inputs
+    ``wrt_inputs``."""
 
     program: Program
     from_feed: tuple[int, ...]
     out_shapes: tuple[tuple[int, ...], ...]
     params: tuple[str, ...]
     wrt_inputs: tuple[int, ...]
+    out_dtypes: tuple[np.dtype, ...] = ()
 
     def __call__(
         self, feed_args: Sequence[Any], residuals: Sequence[Any], ingrads: Sequence[Any]
@@ -271,19 +273,30 @@ def backward_program(forward: ResidualForward, wrt_inputs: Sequence[int]) -> Res
     outputs = (*graph.outputs[:n], *(graph.outputs[n + i] for i in wrt_inputs))
     graph = dce(dataclasses.replace(graph, outputs=outputs))
     n_dfs = forward.n_outputs
-    shapes = tuple(tuple(graph.symbols[s].shape) for s in graph.inputs[len(graph.inputs) - n_dfs :])
+    dfs = [graph.symbols[s] for s in graph.inputs[len(graph.inputs) - n_dfs :]]
     return ResidualGradient(
-        compile(graph), forward.halves.from_feed, shapes, forward.params, tuple(wrt_inputs)
+        compile(graph),
+        forward.halves.from_feed,
+        tuple(tuple(d.shape) for d in dfs),
+        forward.params,
+        tuple(wrt_inputs),
+        tuple(np.dtype(d.dtype) for d in dfs),
     )
 
 
-def seeds(ingrads: Sequence[Any] | None, out_shapes: Sequence[tuple[int, ...]]) -> list[Any]:
+def seeds(
+    ingrads: Sequence[Any] | None,
+    out_shapes: Sequence[tuple[int, ...]],
+    out_dtypes: Sequence[Any] = (),
+) -> list[Any]:
     """The output gradients of a ``backward`` call: ``ingrads``, or, as NNC's
-    ``ccv_cnnp_model_backward`` without them, ones shaped as each output (the gradients
-    of the sum of every output's entries; under data parallelism each copy's output
-    gradient is 1, whatever the number of copies); checks their number."""
+    ``ccv_cnnp_model_backward`` without them, ones shaped as each output and of its type
+    ``out_dtypes`` (float32 where not given) (the gradients of the sum of every output's
+    entries; under data parallelism each copy's output gradient is 1, whatever the
+    number of copies); checks their number, shapes and types."""
+    dtypes = [np.dtype(d) for d in out_dtypes] or [np.dtype(np.float32)] * len(out_shapes)
     if ingrads is None:
-        return [jax.numpy.ones(s, np.float32) for s in out_shapes]
+        return [jax.numpy.ones(s, d) for s, d in zip(out_shapes, dtypes)]
     if len(ingrads) != len(out_shapes):
         raise ModelError(
             f"backward: the model has {len(out_shapes)} outputs, got {len(ingrads)} ingrads"
@@ -301,6 +314,14 @@ def seeds(ingrads: Sequence[Any] | None, out_shapes: Sequence[tuple[int, ...]]) 
                 f"backward: ingrads {i} is {list(np.shape(g))}, but output {i} of the last "
                 f"evaluate(..., requires_grad=True) is {list(shape)}; pass one gradient "
                 f"shaped as each output{rows}"
+            )
+        given = getattr(g, "dtype", None)
+        if given is not None and jax.dtypes.canonicalize_dtype(given) != dtypes[i]:
+            raise DTypeError(
+                f"backward: ingrads {i} is {np.dtype(given).name}{list(np.shape(g))}, but "
+                f"output {i} of the last evaluate(..., requires_grad=True) is "
+                f"{dtypes[i].name}{list(shape)}; pass each output's gradient in its type "
+                f"(.astype({dtypes[i].name}))"
             )
     return list(ingrads)
 

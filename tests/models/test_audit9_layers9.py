@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import optax
+import pytest
 
-from fnnc.models import BatchNorm, Input, Model
+from fnnc.errors import DTypeError
+from fnnc.models import BatchNorm, Dense, Input, Model
 
 BF16 = ml_dtypes.bfloat16
 
@@ -34,3 +37,20 @@ def test_batch_norm_beside_bfloat16_keeps_float32_statistics_that_move():
     assert y.dtype == BF16  # the output keeps the input's type, rounded once
     want = (x64 - mu) / np.sqrt(var + 1e-5)
     np.testing.assert_allclose(y.astype(np.float64), want, rtol=2**-8, atol=2**-8)
+
+
+def test_backward_without_ingrads_seeds_ones_of_each_outputs_type():
+    """NNC's ccv_cnnp_model_backward without ingrads seeds ones of the output's type: a
+    bfloat16 model's backward() built float32 ones and failed on its own program input
+    ('Program: input %4 (df[0]) expects bfloat16')."""
+    x = Input()
+    model = Model([x], [Dense(2, name="d")(x)])
+    xs = np.array([[1, 2, -1], [0, 3, 2]], BF16)  # small integers: every sum exact
+    model.compile([xs], loss="mse", minimizer=optax.sgd(0.0))
+    w = np.asarray(model.parameters()["t-d-0-0"], np.float64)
+    model.evaluate([xs], requires_grad=True)
+    (dx,) = model.backward()
+    # d sum(x W^T + b) / dx[n, k] = sum_j W[j, k]: every row alike
+    np.testing.assert_allclose(np.asarray(dx, np.float64), np.tile(w.sum(0), (2, 1)), rtol=2**-8)
+    with pytest.raises(DTypeError, match=r"backward: ingrads 0 is float32\[2, 2\].*bfloat16"):
+        model.backward([np.ones((2, 2), np.float32)])
