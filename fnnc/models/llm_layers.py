@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from fnnc import ops
-from fnnc.core.dtypes import is_floating
+from fnnc.core.dtypes import at_least_float32, is_floating
 from fnnc.core.ir import Symbol
 from fnnc.models.layer import (
     BuildContext,
@@ -97,7 +97,7 @@ class RotaryEmbedding(Layer):
     """Rotary position embedding of ``[B, T, H, D]`` (NeoX / LLaMA half rotation):
     ``x cos(t θ) + rotate_half(x) sin(t θ)`` with ``θ_i = base^(-2i / D)`` and
     ``rotate_half(x) = concat(-x[D/2:], x[:D/2])``; positions start at ``offset``.
-    No parameters."""
+    A float16 or bfloat16 ``x`` is rotated in float32 and rounded once. No parameters."""
 
     def __init__(self, *, base: float = 10000.0, offset: int = 0, **kw: Any):
         super().__init__(**kw)
@@ -121,19 +121,27 @@ class RotaryEmbedding(Layer):
         theta = self.base ** (-np.arange(half, dtype=np.float64) * 2 / d)
         angle = np.arange(self.offset, self.offset + t)[:, None] * theta[None]
         angle = np.concatenate([angle, angle], axis=1)[None, :, None, :]  # [1, T, 1, D]
-        dtype = np.dtype(x.dtype)
-        cos = ctx.b.constant(np.cos(angle).astype(dtype))
-        sin = ctx.b.constant(np.sin(angle).astype(dtype))
+        dtype, name = np.dtype(x.dtype), ctx.layer_id(self)
+        # a 16-bit x rotates in float32 and rounds once (as cmul does): rounded tables and
+        # products left up to 100 half-ulps where x cos and x sin cancel
+        wide = at_least_float32(dtype)
+        if wide != dtype:
+            x = ctx.b.exec(ops.datatype_conversion(dtype=wide), x)
+        cos = ctx.b.constant(np.cos(angle).astype(wide))
+        sin = ctx.b.constant(np.sin(angle).astype(wide))
         lo = ctx.b.exec(ops.slice(start=(0, 0, 0, 0), limit=(b, t, h, half)), x)
         hi = ctx.b.exec(ops.slice(start=(0, 0, 0, half), limit=(b, t, h, d)), x)
         neg = ctx.b.exec(ops.scalar_mul(a=-1.0), hi)
         rotated = ctx.b.exec(ops.concat(axis=3), neg, lo)
-        return ctx.b.exec(
+        y = ctx.b.exec(
             ops.add(),
             ctx.b.exec(ops.mul(), x, cos),
             ctx.b.exec(ops.mul(), rotated, sin),
-            name=ctx.layer_id(self),
+            name="" if wide != dtype else name,
         )
+        if wide != dtype:
+            y = ctx.b.exec(ops.datatype_conversion(dtype=dtype), y, name=name)
+        return y
 
 
 class MoE(Layer):
