@@ -105,16 +105,42 @@ def _compiled(run: Any, keys: list[Any]) -> Any:
 
 def _call(info: Any, key: Any) -> Any:
     try:
-        return info.init(key, info.shape, info.dtype)
+        value = info.init(key, info.shape, info.dtype)
     except _UNTRACEABLE:
         raise
     except Exception as e:  # the user's function: say which parameter it was making
         raise ModelError(
-            f"parameter {info.id} {list(info.shape)} of layer {info.layer}: its init "
-            f"{getattr(info.init, '__name__', type(info.init).__name__)} raised "
-            f"{type(e).__name__}: {e}; an initializer is called as init(key, shape, dtype) "
-            "and returns an array of that shape"
+            f"{_where(info)} raised {type(e).__name__}: {e}; an initializer is called as "
+            "init(key, shape, dtype) and returns an array of that shape"
         ) from e
+    return _declared(info, value)
+
+
+def _where(info: Any) -> str:
+    name = getattr(info.init, "__name__", type(info.init).__name__)
+    return f"parameter {info.id} {list(info.shape)} of layer {info.layer}: its init {name}"
+
+
+def _declared(info: Any, value: Any) -> Any:
+    """``value``, what ``info``'s initializer returned, as the parameter's first value:
+    an array of its shape, converted to its dtype (a float32 draw for a bfloat16
+    parameter, NumPy's float64); else a ModelError naming the parameter. Unchecked, a
+    wrong shape or type failed later, at the first step, as an input of a program."""
+    if not (hasattr(value, "shape") and hasattr(value, "dtype")):
+        value = np.asarray(value) if value is not None else None
+    dtype = getattr(value, "dtype", None)
+    real = dtype is not None and (
+        dtype == np.bool_ or jax.numpy.issubdtype(dtype, jax.numpy.number)
+    )
+    if real and jax.numpy.issubdtype(dtype, jax.numpy.complexfloating):
+        real = jax.numpy.issubdtype(info.dtype, jax.numpy.complexfloating)
+    if not real or tuple(value.shape) != tuple(info.shape):
+        got = "None" if value is None else f"{np.dtype(dtype).name}{list(value.shape)}"
+        raise ModelError(
+            f"{_where(info)} returned {got}; an initializer is called as init(key, shape, "
+            f"dtype) and returns an array of numbers of that shape, {list(info.shape)}"
+        )
+    return value if dtype == info.dtype else jax.numpy.asarray(value, info.dtype)
 
 
 def _trace(info: Any, key: Any) -> Any:

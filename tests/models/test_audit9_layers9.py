@@ -3,6 +3,8 @@ NumPy, closed forms, NNC's layouts)."""
 
 from __future__ import annotations
 
+import types
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -10,8 +12,18 @@ import numpy as np
 import optax
 import pytest
 
-from fnnc.errors import DTypeError
-from fnnc.models import BatchNorm, Dense, Input, Model, RotaryEmbedding, model_function
+from fnnc.errors import DTypeError, ModelError
+from fnnc.models import (
+    BatchNorm,
+    Dense,
+    Input,
+    Model,
+    Mul,
+    Parameter,
+    RotaryEmbedding,
+    model_function,
+)
+from fnnc.models.initialize import initialize
 
 BF16 = ml_dtypes.bfloat16
 
@@ -90,3 +102,45 @@ def test_rotary_embedding_rotates_bfloat16_in_float32_and_rounds_once():
     assert y.dtype == dx.dtype == BF16
     assert _bf16_ulps(y, want).max() <= 1.0
     assert _bf16_ulps(dx, want_dx).max() <= 1.0
+
+
+def _param_model(init):
+    x = Input()
+    return Model([x], [Mul()(x, Parameter((3,), init=init, name="w")())])
+
+
+@pytest.mark.parametrize(
+    "init, got",
+    [(lambda k, s, d: jnp.zeros((2,)), r"float32\[2\]"), (lambda k, s, d: None, "None")],
+)
+def test_an_initializer_returning_another_shape_names_the_parameter_at_compile(init, got):
+    """An init function returning [2] for a [3] parameter failed at the first evaluate as
+    'Program: input %1 (t-0-0) expects float32[3]' (None: a bare IndexError)."""
+    with pytest.raises(ModelError, match=rf"parameter t-w-0-0 \[3\] .*returned {got}"):
+        _param_model(init).compile([np.ones((2, 3), np.float32)])
+
+
+def test_an_initializer_value_is_converted_to_the_parameters_dtype():
+    """A draw that ignores ``dtype`` (float32 for a bfloat16 parameter), or integers for
+    a float32 one, starts the parameter converted, as NNC's initializers write into its
+    tensor: the same values as converting the eager call's result."""
+    key = jax.random.key(5)
+    infos = [
+        types.SimpleNamespace(
+            id="t-a-0-0", layer="A", shape=(4,), dtype=np.dtype(BF16), init=lambda k, s, d: (
+                jax.random.normal(k, s)
+            )
+        ),
+        types.SimpleNamespace(
+            id="t-b-0-0", layer="B", shape=(3,), dtype=np.dtype(np.float32),
+            init=lambda k, s, d: jnp.arange(3, dtype=jnp.int32),
+        ),
+    ]  # fmt: skip
+    _, (a, b) = initialize(key, infos)
+    _, sub = jax.random.split(key)
+    assert a.dtype == BF16 and b.dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(jax.random.normal(sub, (4,)), BF16))
+    np.testing.assert_array_equal(np.asarray(b), [0.0, 1.0, 2.0])
+    model = _param_model(lambda k, s, d: np.arange(3))  # NumPy int64: converted too
+    model.compile([np.ones((2, 3), np.float32)])
+    np.testing.assert_array_equal(model.evaluate([np.ones((2, 3), np.float32)]), [[0, 1, 2]] * 2)
