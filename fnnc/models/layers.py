@@ -291,6 +291,19 @@ class MultiHeadAttention(Layer):
 
     def build(self, ctx: BuildContext, q: Symbol, kv: Symbol | None = None) -> Symbol:
         kv = q if kv is None else kv
+        for what, t in (("query", q), ("key/value", kv)):
+            if len(t.shape) != 3:
+                raise ModelError(
+                    f"layer {self.describe()}: its {what} input is {list(t.shape)}; expected "
+                    "[batch, sequence, features] (rank 3): reshape the positions into one "
+                    "sequence axis first (Reshape((-1, features)))"
+                )
+        if kv.shape[0] != q.shape[0]:
+            raise ModelError(
+                f"layer {self.describe()}: query {list(q.shape)} and key/value "
+                f"{list(kv.shape)} have other batch sizes; each sample attends to its own "
+                "keys, so both need the same batch"
+            )
         d, h = q.shape[-1], self.num_heads
         if d % h:
             raise ModelError(

@@ -19,6 +19,7 @@ from fnnc.models import (
     Input,
     Model,
     Mul,
+    MultiHeadAttention,
     Parameter,
     RotaryEmbedding,
     model_function,
@@ -144,3 +145,21 @@ def test_an_initializer_value_is_converted_to_the_parameters_dtype():
     model = _param_model(lambda k, s, d: np.arange(3))  # NumPy int64: converted too
     model.compile([np.ones((2, 3), np.float32)])
     np.testing.assert_array_equal(model.evaluate([np.ones((2, 3), np.float32)]), [[0, 1, 2]] * 2)
+
+
+@pytest.mark.parametrize(
+    "shapes, message",
+    [
+        ([(3, 8)], r"query input is \[3, 8\]; expected \[batch, sequence, features\]"),
+        ([(1, 2, 2, 8)], r"query input is \[1, 2, 2, 8\]; expected \[batch, sequence"),
+        ([(2, 3, 8), (2, 4, 4, 8)], r"key/value input is \[2, 4, 4, 8\]"),
+        ([(3, 4, 8), (2, 4, 8)], r"query \[3, 4, 8\] and key/value \[2, 4, 8\] have other batch"),
+    ],
+)
+def test_attention_on_inputs_of_another_rank_names_the_layer_and_the_shape_given(shapes, message):
+    """MultiHeadAttention takes [N, S, D]; other ranks reached scaled_dot_product_attention
+    and were reported as its [B, S, H, D] operands, shapes the user never made."""
+    ins = [Input() for _ in shapes]
+    model = Model(ins, [MultiHeadAttention(2, name="mha")(*ins)])
+    with pytest.raises(ModelError, match=r"layer MultiHeadAttention\('mha'\): .*" + message):
+        model.compile([np.zeros(s, np.float32) for s in shapes])
