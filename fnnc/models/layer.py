@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,6 +51,25 @@ def positive_int(layer: Layer, arg: str, value: Any) -> int:
             "expected a positive int, e.g. 16"
         )
     return int(value)
+
+
+def real_in(
+    layer: Layer, arg: str, value: Any, low: float, high: float, *, open_high: bool = False,
+    hint: str = "",
+) -> float:  # fmt: skip
+    """``value`` as a float when it is a real number (not a bool, not NaN) in ``[low,
+    high]`` (``[low, high)`` with ``open_high``); else a :class:`ModelError` naming
+    ``layer``, its argument ``arg`` and ``hint`` (what the number means). Layer
+    constructors check probabilities and rates with it, so ``BatchNorm(momentum=2.0)``
+    is refused instead of making running statistics diverge."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+    if not ok or not low <= value or not (value < high if open_high else value <= high):
+        span = f"[{low}, {high}{')' if open_high else ']'}"
+        raise ModelError(
+            f"layer {layer.describe()}: {arg} is {value!r:.40} ({type(value).__name__}); "
+            f"expected a number in {span}{'; ' + hint if hint else ''}"
+        )
+    return float(value)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

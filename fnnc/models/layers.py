@@ -34,6 +34,7 @@ from fnnc.models.layer import (
     normal_init,
     ones,
     positive_int,
+    real_in,
     zeros,
 )
 from fnnc.ops import Command
@@ -147,7 +148,11 @@ class BatchNorm(Layer):
 
     def __init__(self, *, momentum: float = 0.9, epsilon: float = 1e-5, **kw: Any):
         super().__init__(**kw)
-        self.momentum, self.epsilon = momentum, epsilon
+        self.momentum = real_in(
+            self, "momentum", momentum, 0.0, 1.0,
+            hint="it weights the old running statistic (PyTorch's momentum=0.1 is 0.9 here)",
+        )  # fmt: skip
+        self.epsilon = real_in(self, "epsilon", epsilon, 0.0, float("inf"))
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         c = (x.shape[-1],)
@@ -236,7 +241,9 @@ class Dropout(Layer):
 
     def __init__(self, p: float = 0.5, **kw: Any):
         super().__init__(**kw)
-        self.p = p
+        self.p = real_in(
+            self, "p", p, 0.0, 1.0, open_high=True, hint="the probability of dropping a unit"
+        )
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         if not ctx.training or self.p == 0:

@@ -16,6 +16,7 @@ from fnnc.errors import DTypeError, ModelError
 from fnnc.models import (
     BatchNorm,
     Dense,
+    Dropout,
     Input,
     Model,
     Mul,
@@ -163,3 +164,37 @@ def test_attention_on_inputs_of_another_rank_names_the_layer_and_the_shape_given
     model = Model(ins, [MultiHeadAttention(2, name="mha")(*ins)])
     with pytest.raises(ModelError, match=r"layer MultiHeadAttention\('mha'\): .*" + message):
         model.compile([np.zeros(s, np.float32) for s in shapes])
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: BatchNorm(momentum=2.0), r"momentum is 2\.0 .*\[0\.0, 1\.0\]; it weights the old"),
+        (lambda: BatchNorm(momentum=-0.1), r"momentum is -0\.1"),
+        (lambda: BatchNorm(momentum=True), r"momentum is True \(bool\)"),
+        (lambda: BatchNorm(epsilon=-1e-5), r"epsilon is -1e-05"),
+        (lambda: Dropout(1.5), r"p is 1\.5 .*\[0\.0, 1\.0\); the probability"),
+        (lambda: Dropout(1.0), r"p is 1\.0"),
+        (lambda: Dropout(float("nan")), r"p is nan"),
+        (lambda: Dropout("0.5"), r"p is '0\.5' \(str\)"),
+    ],
+)
+def test_rates_outside_their_range_are_refused_where_the_layer_is_made(make, message):
+    """BatchNorm(momentum=2.0) built and trained, its running statistics diverging
+    (new = 2 old - batch); Dropout(1.5) built and evaluated, failing only once trained."""
+    with pytest.raises(ModelError, match=message):
+        make()
+
+
+def test_batch_norm_momentum_weights_the_old_statistic_in_one_training_step():
+    """The documented update against its closed form (NNC's reading), for momentum 0 and
+    1 at the ends of the range: 0 takes the batch's statistics, 1 keeps the old ones."""
+    data = np.array([[1.0, 4.0], [3.0, 0.0]], np.float32)  # mean [2, 2], biased var [1, 4]
+    for momentum, mean, var in ((0.0, [2.0, 2.0], [1.0, 4.0]), (1.0, [0.0, 0.0], [1.0, 1.0])):
+        x = Input()
+        model = Model([x], [BatchNorm(momentum=momentum, name="bn")(x)])
+        model.compile([data])
+        model.evaluate([data], is_test=False)
+        got = model.parameters()
+        np.testing.assert_allclose(got["r-bn-0-0"], mean)
+        np.testing.assert_allclose(got["r-bn-0-1"], var)
