@@ -84,13 +84,15 @@ class Parameter(Layer):
         self.init = init if callable(init) else constant_init(self._value(init))
 
     def _value(self, init: Any) -> Any:
-        """``init`` given as a value, checked: a real number or an array of reals whose
-        shape broadcasts to the parameter's; else a ModelError naming the layer."""
+        """``init`` given as a value, checked: a real number or an array of reals (bfloat16
+        included) whose shape broadcasts to the parameter's and that float32 holds (a
+        finite 1e300 is no inf); else a ModelError naming the layer."""
         if isinstance(init, numbers.Real):
-            return init
+            return self._finite(init)
         value = np.asarray(init) if isinstance(init, (list, tuple, np.ndarray)) else init
-        kind = np.dtype(getattr(value, "dtype", object)).kind
-        if not hasattr(value, "shape") or kind not in "biuf":
+        dtype = np.dtype(getattr(value, "dtype", object))
+        real = dtype == np.bool_ or is_floating(dtype) or np.issubdtype(dtype, np.integer)
+        if not hasattr(value, "shape") or not real:
             raise ModelError(
                 f"layer {self.describe()}: init={init!r:.80} ({type(init).__name__}) is neither "
                 "a value nor an initializer; pass a number (init=0.5), an array of the "
@@ -106,6 +108,20 @@ class Parameter(Layer):
                 f"layer {self.describe()}: init is an array of shape {list(np.shape(value))}, "
                 f"which does not broadcast to the parameter's shape {list(self.shape)}; "
                 "pass an array of that shape or a number"
+            )
+        return self._finite(value)
+
+    def _finite(self, value: Any) -> Any:
+        """``value``, unless a finite entry of it is beyond float32's range, which the
+        parameter would hold as inf: a ModelError naming the layer."""
+        with np.errstate(over="ignore"):
+            wide = np.asarray(value, np.float64)
+            lost = np.isfinite(wide) & np.isinf(wide.astype(np.float32))
+        if np.any(lost):
+            raise ModelError(
+                f"layer {self.describe()}: init holds {wide[lost].flat[0]:g}, beyond float32's "
+                f"range (+-{np.finfo(np.float32).max:.4g}), the parameter's type, which would "
+                "hold it as inf; pass values float32 holds"
             )
         return value
 

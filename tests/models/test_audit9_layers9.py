@@ -198,3 +198,22 @@ def test_batch_norm_momentum_weights_the_old_statistic_in_one_training_step():
         got = model.parameters()
         np.testing.assert_allclose(got["r-bn-0-0"], mean)
         np.testing.assert_allclose(got["r-bn-0-1"], var)
+
+
+@pytest.mark.parametrize(
+    "init", [np.array([1.0, -2.0, 3.5], BF16), jnp.array([1.0, -2.0, 3.5], jnp.bfloat16)]
+)
+def test_a_parameter_starts_from_bfloat16_values(init):
+    """A bfloat16 array (NumPy's kind 'V') was refused as 'neither a value nor an
+    initializer'; it starts the float32 parameter at its values, exactly."""
+    model = _param_model(init)
+    model.compile([np.ones((1, 3), np.float32)])
+    np.testing.assert_array_equal(model.parameters()["t-w-0-0"], np.float32([1.0, -2.0, 3.5]))
+
+
+@pytest.mark.parametrize("init", [1e300, np.array([1.0, -1e39, 0.0]), 10**40])
+def test_a_parameter_value_beyond_float32_is_refused_not_made_inf(init):
+    """Parameter(init=1e300) started at inf silently (NumPy's cast warning aside), as
+    Literal.of's float64 constants did before ac341b0."""
+    with pytest.raises(ModelError, match=r"Parameter\('w'\): init holds -?1e\+\d+, beyond float32"):
+        Parameter((3,), init=init, name="w")
