@@ -2,7 +2,7 @@
 
 Dense weights are ``[out, in]`` (``y = x Wᵀ + b``), data NHWC; weight is parameter 0,
 bias parameter 1. The layers over spatial axes (convolution, pooling) are in
-:mod:`fnnc.models.spatial_layers`.
+:mod:`fnnc.models.spatial_layers`, :class:`Parameter` in :mod:`fnnc.models.parameter_of`.
 
 >>> import numpy as np
 >>> from fnnc.models import Input, Dense, Model
@@ -15,7 +15,6 @@ bias parameter 1. The layers over spatial axes (convolution, pooling) are in
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +27,6 @@ from fnnc.models.layer import (
     BuildContext,
     Layer,
     ModelError,
-    constant_init,
     glorot_uniform,
     is_int,
     normal_init,
@@ -37,6 +35,7 @@ from fnnc.models.layer import (
     real_in,
     zeros,
 )
+from fnnc.models.parameter_of import Parameter as Parameter
 from fnnc.ops import Command
 
 
@@ -60,73 +59,6 @@ def _axes(layer: Layer, axes: Any, x: Symbol) -> tuple[int, ...]:
             f"{list(x.shape)}; expected distinct axes in [{-rank}, {rank}), e.g. axes=(-1,)"
         )
     return tuple(int(a) for a in axes)
-
-
-class Parameter(Layer):
-    """A free-standing trainable tensor (NNC's shared tensor), called with no inputs.
-
-    ``init`` is its first value: a real number (Python or NumPy: every element), an
-    array (NumPy, JAX, or nested lists) of the parameter's shape or broadcasting to it,
-    or an initializer ``init(key, shape, dtype) -> array`` (an error raised inside one
-    names the parameter's id). The value is cast to float32.
-
-    >>> import numpy as np
-    >>> from fnnc.models import Parameter
-    >>> w = Parameter((1,), init=1.0, name="w")()
-    >>> b = Parameter((3,), init=np.array([1.0, 2.0, 3.0]), name="b")()
-    """
-
-    owns_parameters = True
-
-    def __init__(self, shape: Sequence[int], *, init: float | Any = 0.0, **kw: Any):
-        super().__init__(**kw)
-        self.shape = tuple(shape)
-        self.init = init if callable(init) else constant_init(self._value(init))
-
-    def _value(self, init: Any) -> Any:
-        """``init`` given as a value, checked: a real number or an array of reals (bfloat16
-        included) whose shape broadcasts to the parameter's and that float32 holds (a
-        finite 1e300 is no inf); else a ModelError naming the layer."""
-        if isinstance(init, numbers.Real):
-            return self._finite(init)
-        value = np.asarray(init) if isinstance(init, (list, tuple, np.ndarray)) else init
-        dtype = np.dtype(getattr(value, "dtype", object))
-        real = dtype == np.bool_ or is_floating(dtype) or np.issubdtype(dtype, np.integer)
-        if not hasattr(value, "shape") or not real:
-            raise ModelError(
-                f"layer {self.describe()}: init={init!r:.80} ({type(init).__name__}) is neither "
-                "a value nor an initializer; pass a number (init=0.5), an array of the "
-                f"parameter's shape {list(self.shape)}, or a function init(key, shape, dtype) "
-                "-> array, e.g. lambda key, shape, dtype: jax.random.normal(key, shape, dtype)"
-            )
-        try:
-            fits = np.broadcast_shapes(np.shape(value), self.shape) == self.shape
-        except (ValueError, TypeError):
-            fits = False
-        if not fits:
-            raise ModelError(
-                f"layer {self.describe()}: init is an array of shape {list(np.shape(value))}, "
-                f"which does not broadcast to the parameter's shape {list(self.shape)}; "
-                "pass an array of that shape or a number"
-            )
-        return self._finite(value)
-
-    def _finite(self, value: Any) -> Any:
-        """``value``, unless a finite entry of it is beyond float32's range, which the
-        parameter would hold as inf: a ModelError naming the layer."""
-        with np.errstate(over="ignore"):
-            wide = np.asarray(value, np.float64)
-            lost = np.isfinite(wide) & np.isinf(wide.astype(np.float32))
-        if np.any(lost):
-            raise ModelError(
-                f"layer {self.describe()}: init holds {wide[lost].flat[0]:g}, beyond float32's "
-                f"range (+-{np.finfo(np.float32).max:.4g}), the parameter's type, which would "
-                "hold it as inf; pass values float32 holds"
-            )
-        return value
-
-    def build(self, ctx: BuildContext) -> Symbol:
-        return ctx.param(self, 0, self.shape, self.init)
 
 
 class Dense(Layer):

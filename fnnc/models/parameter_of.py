@@ -1,6 +1,7 @@
-"""A layer's parameter as a value other layers take: NNC's ``ccv_cnnp_model_parameters``
-used as a model input ("use linear model's parameter as the input for more
-computation").
+"""Parameters as values other layers take: a free-standing :class:`Parameter` (NNC's
+shared tensor), and a layer's parameter as a model value, NNC's
+``ccv_cnnp_model_parameters`` used as a model input ("use linear model's parameter as
+the input for more computation").
 
 ``layer.parameter(i)`` (:meth:`fnnc.models.Layer.parameter`) is a model value holding
 parameter ``i`` of ``layer`` (a :class:`~fnnc.models.Dense`'s or
@@ -25,10 +26,82 @@ layer sizes its parameters when applied), so apply the layer first.
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+from fnnc.core.dtypes import is_floating
 from fnnc.core.ir import Symbol
-from fnnc.models.layer import BuildContext, Layer, ModelError, ModelIO
+from fnnc.models.layer import BuildContext, Layer, ModelError, ModelIO, constant_init
+
+
+class Parameter(Layer):
+    """A free-standing trainable tensor (NNC's shared tensor), called with no inputs.
+
+    ``init`` is its first value: a real number (Python or NumPy: every element), an
+    array (NumPy, JAX, or nested lists) of the parameter's shape or broadcasting to it,
+    or an initializer ``init(key, shape, dtype) -> array`` (an error raised inside one
+    names the parameter's id). The value is cast to float32.
+
+    >>> import numpy as np
+    >>> from fnnc.models import Parameter
+    >>> w = Parameter((1,), init=1.0, name="w")()
+    >>> b = Parameter((3,), init=np.array([1.0, 2.0, 3.0]), name="b")()
+    """
+
+    owns_parameters = True
+
+    def __init__(self, shape: Sequence[int], *, init: float | Any = 0.0, **kw: Any):
+        super().__init__(**kw)
+        self.shape = tuple(shape)
+        self.init = init if callable(init) else constant_init(self._value(init))
+
+    def _value(self, init: Any) -> Any:
+        """``init`` given as a value, checked: a real number or an array of reals (bfloat16
+        included) whose shape broadcasts to the parameter's and that float32 holds (a
+        finite 1e300 is no inf); else a ModelError naming the layer."""
+        if isinstance(init, numbers.Real):
+            return self._finite(init)
+        value = np.asarray(init) if isinstance(init, (list, tuple, np.ndarray)) else init
+        dtype = np.dtype(getattr(value, "dtype", object))
+        real = dtype == np.bool_ or is_floating(dtype) or np.issubdtype(dtype, np.integer)
+        if not hasattr(value, "shape") or not real:
+            raise ModelError(
+                f"layer {self.describe()}: init={init!r:.80} ({type(init).__name__}) is neither "
+                "a value nor an initializer; pass a number (init=0.5), an array of the "
+                f"parameter's shape {list(self.shape)}, or a function init(key, shape, dtype) "
+                "-> array, e.g. lambda key, shape, dtype: jax.random.normal(key, shape, dtype)"
+            )
+        try:
+            fits = np.broadcast_shapes(np.shape(value), self.shape) == self.shape
+        except (ValueError, TypeError):
+            fits = False
+        if not fits:
+            raise ModelError(
+                f"layer {self.describe()}: init is an array of shape {list(np.shape(value))}, "
+                f"which does not broadcast to the parameter's shape {list(self.shape)}; "
+                "pass an array of that shape or a number"
+            )
+        return self._finite(value)
+
+    def _finite(self, value: Any) -> Any:
+        """``value``, unless a finite entry of it is beyond float32's range, which the
+        parameter would hold as inf: a ModelError naming the layer."""
+        with np.errstate(over="ignore"):
+            wide = np.asarray(value, np.float64)
+            lost = np.isfinite(wide) & np.isinf(wide.astype(np.float32))
+        if np.any(lost):
+            raise ModelError(
+                f"layer {self.describe()}: init holds {wide[lost].flat[0]:g}, beyond float32's "
+                f"range (+-{np.finfo(np.float32).max:.4g}), the parameter's type, which would "
+                "hold it as inf; pass values float32 holds"
+            )
+        return value
+
+    def build(self, ctx: BuildContext) -> Symbol:
+        return ctx.param(self, 0, self.shape, self.init)
 
 
 class ParameterOf(Layer):
