@@ -215,7 +215,13 @@ class Reshape(Layer):
         self.shape = tuple(shape)
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
-        return ctx.b.exec(ops.reshape(shape=(x.shape[0], *self.shape)), x, name=ctx.layer_id(self))
+        # the -1 from one sample's size, not the batch's: 0 rows hold no count to divide
+        shape, size = self.shape, int(np.prod(x.shape[1:]))
+        if all(is_int(n) for n in shape) and shape.count(-1) == 1:
+            known = int(np.prod([n for n in shape if n != -1]))
+            if known > 0 and size % known == 0:
+                shape = tuple(size // known if n == -1 else n for n in shape)
+        return ctx.b.exec(ops.reshape(shape=(x.shape[0], *shape)), x, name=ctx.layer_id(self))
 
 
 class Embedding(Layer):

@@ -22,6 +22,7 @@ from fnnc.models import (
     Mul,
     MultiHeadAttention,
     Parameter,
+    Reshape,
     RotaryEmbedding,
     model_function,
 )
@@ -217,3 +218,14 @@ def test_a_parameter_value_beyond_float32_is_refused_not_made_inf(init):
     Literal.of's float64 constants did before ac341b0."""
     with pytest.raises(ModelError, match=r"Parameter\('w'\): init holds -?1e\+\d+, beyond float32"):
         Parameter((3,), init=init, name="w")
+
+
+def test_reshape_infers_its_minus_one_from_one_sample_so_an_empty_batch_passes():
+    """Reshape((-1, 2)) left the -1 to the whole tensor's size, so a batch of 0 rows (which
+    evaluate documents gives 0 rows) failed: 'cannot infer the -1 in [0, -1, 2]'."""
+    x = Input()
+    model = Model([x], [Reshape((-1, 2))(x)])
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    model.compile([data])
+    np.testing.assert_array_equal(model.evaluate([data]), data.reshape(3, -1, 2))
+    assert np.shape(model.evaluate([np.zeros((0, 4), np.float32)])) == (0, 2, 2)
