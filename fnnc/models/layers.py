@@ -241,7 +241,9 @@ class Embedding(Layer):
 
 class MultiHeadAttention(Layer):
     """Self- or cross-attention over ``[N, S, D]``: q/k/v/out projections (parameters 0-3
-    weights, 4-7 biases) around one ``scaled_dot_product_attention``."""
+    weights, 4-7 biases) around one ``scaled_dot_product_attention``. ``is_causal``
+    aligns the mask bottom-right, as the command and NNC do: with ``T`` keys, query ``i``
+    sees keys ``j <= i + T - S`` (PyTorch's ``is_causal`` is top-left)."""
 
     owns_parameters = True
 
