@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from fnnc.models.layer import Layer, ModelError, ModelIO
+from fnnc.models.parameter_of import ParameterOf
 
 
 def listed(value: Any, kind: type, where: str, what: str, expected: str) -> list[Any]:
@@ -55,6 +56,7 @@ def topological(inputs: list[ModelIO], outputs: list[ModelIO], where: str) -> li
     known = {id(i) for i in inputs}
     order: list[ModelIO] = []
     seen: set[int] = set()
+    users: dict[int, ModelIO] = {}  # a value -> the first one found reading it
     stack: list[tuple[ModelIO, bool]] = [(o, False) for o in reversed(outputs)]
     while stack:
         io, expanded = stack.pop()
@@ -63,7 +65,7 @@ def topological(inputs: list[ModelIO], outputs: list[ModelIO], where: str) -> li
         if io.layer is None:
             raise ModelError(
                 f"model {where}: an output depends on an Input() that is not among "
-                "the model's inputs"
+                f"the model's inputs{_through_parameter(io, users)}"
             )
         if expanded:
             order.append(io)
@@ -71,4 +73,22 @@ def topological(inputs: list[ModelIO], outputs: list[ModelIO], where: str) -> li
         seen.add(id(io))
         stack.append((io, True))
         stack.extend((a, False) for a in reversed(io.args) if id(a) not in seen)
+        for a in io.args:
+            users.setdefault(id(a), io)
     return order
+
+
+def _through_parameter(io: ModelIO, users: dict[int, ModelIO]) -> str:
+    """Why ``io``, a foreign Input, was reached, where a ``layer.parameter(i)`` of a layer
+    applied inside another model led to it (it follows that model's own inputs)."""
+    user = users.get(id(io))
+    while user is not None and not isinstance(user.layer, ParameterOf):
+        user = users.get(id(user))
+    if user is None:
+        return ""
+    layer = user.layer
+    return (
+        f": {layer.owner.describe()}.parameter({layer.index}) follows that layer's "
+        "application, which is inside another model (on that model's own inputs); use "
+        "the parameter inside that model, or apply the layer in this one"
+    )

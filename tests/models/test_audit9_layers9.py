@@ -12,9 +12,11 @@ import numpy as np
 import optax
 import pytest
 
+from fnnc import ops
 from fnnc.errors import DTypeError, ModelError
 from fnnc.models import (
     BatchNorm,
+    CommandLayer,
     Dense,
     Dropout,
     Input,
@@ -22,8 +24,10 @@ from fnnc.models import (
     Mul,
     MultiHeadAttention,
     Parameter,
+    ReLU,
     Reshape,
     RotaryEmbedding,
+    Sequential,
     model_function,
 )
 from fnnc.models.initialize import initialize
@@ -229,3 +233,18 @@ def test_reshape_infers_its_minus_one_from_one_sample_so_an_empty_batch_passes()
     model.compile([data])
     np.testing.assert_array_equal(model.evaluate([data]), data.reshape(3, -1, 2))
     assert np.shape(model.evaluate([np.zeros((0, 4), np.float32)])) == (0, 2, 2)
+
+
+def test_a_nested_layers_parameter_used_outside_its_model_says_why_it_cannot_be():
+    """lin.parameter(0) of a Dense applied inside a nested model follows that model's own
+    Input, so the outer model was refused with 'an output depends on an Input() that is
+    not among the model's inputs' and nothing about the parameter."""
+    lin = Dense(2, name="lin")
+    inner = Sequential([lin, ReLU()], name="inner")
+    x = Input()
+    y = CommandLayer(ops.gemm(transpose_b=True))(inner(x), lin.parameter(0))
+    with pytest.raises(ModelError, match=r"Dense\('lin'\)\.parameter\(0\) follows .* another"):
+        Model([x], [y])
+    x = Input()  # the plain case keeps its message
+    with pytest.raises(ModelError, match=r"not among the model's inputs$"):
+        Model([x], [Dense(2)(Input())])
