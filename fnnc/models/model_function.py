@@ -1,9 +1,10 @@
 """A compiled cnnp model's forward as a pure JAX function of parameters and inputs.
 
 :func:`model_function` builds the model's forward graph for some input specs (the
-graph ``Model.evaluate`` compiles) and returns a :class:`ModelFunction`: a pure
-function ``f(inputs, params, keys) -> (outputs, internals)`` that JAX can ``jit``,
-``grad``, ``vmap`` and nest in Flax code, with parameters passed by NNC id.
+graph ``Model.evaluate`` compiles, ``compile``'s ``precision`` cast and ``passes``
+included) and returns a :class:`ModelFunction`: a pure function
+``f(inputs, params, keys) -> (outputs, internals)`` that JAX can ``jit``, ``grad``,
+``vmap`` and nest in Flax code, with parameters passed by NNC id.
 
 Its derivative is fnnc's, not JAX's: every node runs as a ``jax.custom_vjp`` whose
 backward is the command's own NNC backward rule (what the ``backward`` pass emits node
@@ -47,7 +48,7 @@ from fnnc.core.compiled import is_forward_mode_error
 from fnnc.core.ir import Graph
 from fnnc.core.keys import key_bits
 from fnnc.errors import ModelError
-from fnnc.models.programs import _ordered
+from fnnc.models.programs import evaluated_graph
 from fnnc.ops._subgraph import run_graph_nnc
 
 
@@ -143,13 +144,13 @@ def model_function(model: Any, inputs: Sequence[Any], *, training: bool = False)
     specs = engine._check_inputs(list(inputs))
     built = engine._build(training, specs)
     ctx = built.ctx
-    graph = ctx.b.build([*built.outputs, *ctx.updates.values()])
-    if engine.precision is not None:
-        graph = engine.precision(graph)
-    feed, order = built.feed(tuple(ctx.params))
+    # evaluate's graph: the precision cast and the compile passes (which fit, evaluate
+    # and backward all run) included
+    outputs = [*built.outputs, *ctx.updates.values()]
+    graph, feed = evaluated_graph(built, outputs, engine.precision, engine.passes)
     infos = engine.infos
     return ModelFunction(
-        graph=_ordered(graph, order),
+        graph=graph,
         params=feed.params,
         trainable=frozenset(p for p in feed.params if infos[p].trainable),
         updates=tuple(ctx.updates),

@@ -1,0 +1,63 @@
+"""Audit 9 (export9): model_function, to_nnx and their inputs, against NumPy and jax.grad."""
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from fnnc import ops
+from fnnc.models import Dense, Input, Model, ReLU, model_function
+
+
+def _leaky_pass():
+    from fnnc.graph import Pat, Rule, rewrite_pass
+
+    rule = Rule(
+        Pat.op("relu", Pat.var("x")),
+        lambda m: m.exec(ops.leaky_relu(negative_slope=0.5), m["x"]),
+    )
+    return rewrite_pass(rule)
+
+
+@pytest.fixture(scope="module")
+def leaky():
+    """A relu MLP compiled with a pass rewriting relu to leaky_relu(0.5)."""
+    rng = np.random.default_rng(0)
+    x = Input()
+    m = Model(x, Dense(3, name="o")(ReLU()(Dense(8, name="h")(x))))
+    xs = rng.standard_normal((8, 5)).astype(np.float32)
+    m.compile(xs, loss="mse", minimizer=optax.sgd(0.1), passes=[_leaky_pass()])
+    return m, xs
+
+
+def _forward(p, x, slope):
+    """The leaky MLP's output and the gradients of ``sum(out**2)``, in NumPy float64."""
+    p = {k: np.asarray(v, np.float64) for k, v in p.items()}
+    x = np.asarray(x, np.float64)
+    pre = x @ p["t-h-0-0"].T + p["t-h-0-1"]
+    h = np.where(pre > 0, pre, slope * pre)
+    out = h @ p["t-o-0-0"].T + p["t-o-0-1"]
+    dout = 2 * out
+    dpre = (dout @ p["t-o-0-0"]) * np.where(pre > 0, 1.0, slope)
+    grads = {"t-o-0-0": dout.T @ h, "t-o-0-1": dout.sum(0), "t-h-0-0": dpre.T @ x}
+    return out, {**grads, "t-h-0-1": dpre.sum(0)}
+
+
+def test_model_function_and_to_nnx_run_the_compile_passes_as_evaluate(leaky):
+    """They built the layers' graph without compile's passes, so a model compiled with
+    a rewrite ran without it there while evaluate ran it."""
+    m, xs = leaky
+    params = m.parameters()
+    want, ref = _forward(params, xs, 0.5)
+    assert np.abs(want - _forward(params, xs, 0.0)[0]).max() > 1e-2  # the pass matters
+    np.testing.assert_allclose(m.evaluate(xs), want, rtol=1e-5, atol=1e-5)
+    fn = model_function(m, [xs])
+    value_and_grad = jax.jit(
+        jax.value_and_grad(lambda p: (fn([xs], p)[0][0] ** 2).sum(), has_aux=False)
+    )
+    (out,), _ = fn([xs], params)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(m.to_nnx(deterministic=True)(xs), want, rtol=1e-5, atol=1e-5)
+    _, got = value_and_grad(params)  # the gradient is that of the rewritten forward too
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k], rtol=1e-4, atol=1e-4, err_msg=k)
