@@ -48,6 +48,7 @@ from fnnc.core.compiled import is_forward_mode_error
 from fnnc.core.ir import Graph
 from fnnc.core.keys import key_bits
 from fnnc.errors import ModelError
+from fnnc.models.checks import input_label
 from fnnc.models.programs import evaluated_graph
 from fnnc.ops._subgraph import run_graph_nnc
 
@@ -67,6 +68,7 @@ class ModelFunction:
             running statistics); empty in test mode.
         n_inputs, n_outputs, n_keys: counts of model inputs, outputs and random keys.
         training: whether this is the training-mode forward (``evaluate(is_test=False)``).
+        input_labels: how errors name each model input (``input 0 (x)``).
     """
 
     graph: Graph
@@ -77,6 +79,7 @@ class ModelFunction:
     n_outputs: int
     n_keys: int
     training: bool
+    input_labels: tuple[str, ...] = ()
 
     def __call__(
         self,
@@ -87,8 +90,11 @@ class ModelFunction:
         """``(outputs, new internals by id)`` for model ``inputs`` and parameter values.
 
         Args:
-            inputs: one array per model input.
-            params: every id of :attr:`params` to its value (extra ids are ignored).
+            inputs: one array per model input, of the shapes and dtypes this function
+                was built for (another batch size needs another :func:`model_function`).
+            params: every id of :attr:`params` to its value (extra ids are ignored), of
+                the parameter's shape; a value of another dtype is cast to the
+                parameter's, as ``model.set_parameters`` does.
             keys: :attr:`n_keys` random keys (``jax.random.key_data`` of typed keys, or
                 typed keys) for Dropout and other random layers.
         """
@@ -108,10 +114,8 @@ class ModelFunction:
                 f"takes {self.n_keys} random keys (Dropout and other random layers), got "
                 f"{len(keys)}"
             )
-        values = [
-            params[p] if p in self.trainable else jax.lax.stop_gradient(params[p])
-            for p in self.params
-        ]
+        inputs = [self._input(i, x) for i, x in enumerate(inputs)]
+        values = [self._parameter(i, p, params[p]) for i, p in enumerate(self.params)]
         keys = [key_bits(k) for k in keys]
         try:
             results = run_graph_nnc(self.graph, [*inputs, *values, *keys])
@@ -128,6 +132,37 @@ class ModelFunction:
             ) from None
         outs = list(results[: self.n_outputs])
         return outs, dict(zip(self.updates, results[self.n_outputs :]))
+
+    def _input(self, i: int, x: Any) -> Any:
+        """Model input ``i``, checked against the spec the graph was built for (a
+        ModelError naming it, not a shape rule's failure deep in the graph)."""
+        x = x if hasattr(x, "shape") and hasattr(x, "dtype") else np.asarray(x)
+        want = self.graph.symbol(self.graph.inputs[i])
+        got = (tuple(np.shape(x)), jax.dtypes.canonicalize_dtype(x.dtype))
+        if got != (tuple(want.shape), jax.dtypes.canonicalize_dtype(want.dtype)):
+            label = self.input_labels[i] if i < len(self.input_labels) else f"input {i}"
+            raise ModelError(
+                f"model function: {label} is {got[1]}{list(got[0])}, but this function was "
+                f"built for {want.dtype}{list(want.shape)}; build one for these inputs, "
+                "model_function(model, inputs) (the batch size and other sizes may change "
+                "between builds, rank and dtype may not)"
+            )
+        return x
+
+    def _parameter(self, i: int, pid: str, value: Any) -> Any:
+        """Parameter ``pid`` of the right shape, in its dtype, without a gradient unless
+        it is trainable."""
+        want = self.graph.symbol(self.graph.inputs[self.n_inputs + i])
+        value = value if hasattr(value, "dtype") else np.asarray(value)
+        if tuple(np.shape(value)) != tuple(want.shape):
+            raise ModelError(
+                f"model function: parameter {pid} is {list(want.shape)}, the value given is "
+                f"{list(np.shape(value))}; pass fn.initial_parameters(model) or values of "
+                "those shapes"
+            )
+        if jax.dtypes.canonicalize_dtype(value.dtype) != want.dtype:
+            value = jax.numpy.asarray(value, want.dtype)
+        return value if pid in self.trainable else jax.lax.stop_gradient(value)
 
     def initial_parameters(self, model: Any) -> dict[str, Any]:
         """The current values of :attr:`params` in ``model`` (copies)."""
@@ -158,6 +193,7 @@ def model_function(model: Any, inputs: Sequence[Any], *, training: bool = False)
         n_outputs=len(built.outputs),
         n_keys=feed.n_keys,
         training=training,
+        input_labels=tuple(input_label(model, i) for i in range(len(built.inputs))),
     )
 
 

@@ -6,6 +6,7 @@ import optax
 import pytest
 
 from fnnc import ops
+from fnnc.errors import ModelError
 from fnnc.models import Dense, Input, Model, ReLU, model_function
 
 
@@ -61,3 +62,22 @@ def test_model_function_and_to_nnx_run_the_compile_passes_as_evaluate(leaky):
     _, got = value_and_grad(params)  # the gradient is that of the rewritten forward too
     for k in ref:
         np.testing.assert_allclose(got[k], ref[k], rtol=1e-4, atol=1e-4, err_msg=k)
+
+
+def test_model_function_names_an_input_or_parameter_it_was_not_built_for(leaky):
+    """A batch size, shape or dtype other than the build's failed deep in the graph
+    (a GraphError blaming the gemm's shape rule, or JAX's reshape TypeError) or ran an
+    int32 input silently; a parameter of another dtype is cast as set_parameters does."""
+    m, xs = leaky
+    fn = model_function(m, [xs])
+    params = m.parameters()
+    for bad in (xs[:3], xs[:, :4], xs.astype(np.int32), xs[0]):
+        with pytest.raises(ModelError, match=r"input 0 is .*built for float32\[8, 5\]"):
+            fn([bad], params)
+    with pytest.raises(ModelError, match=r"parameter t-h-0-1 is \[8\], the value given is \[1\]"):
+        fn([xs], {**params, "t-h-0-1": params["t-h-0-1"][:1]})
+    half = {k: v.astype(np.float16) for k, v in params.items()}
+    (out,), _ = fn([xs], half)
+    assert out.dtype == np.float32
+    want, _ = _forward({k: v.astype(np.float32) for k, v in half.items()}, xs, 0.5)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
