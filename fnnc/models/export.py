@@ -16,8 +16,10 @@ command's reference forward (:func:`fnnc.graph.interpret`); ``jax.vmap`` maps it
 the leading axis of every input, which ``jax.export`` keeps symbolic (``batch``, a
 dimension name). So every input and output must have the batch first and the model
 must treat samples independently in test mode, which export checks against
-:meth:`~fnnc.models.Model.evaluate` on the example batch. ``batch=None`` exports the
-graph as built, for the example shapes only.
+:meth:`~fnnc.models.Model.evaluate` on the example batch. A symbolic batch is at least 1
+(``jax.export``'s dimension variables are), so such an artifact refuses an empty batch,
+which :meth:`~fnnc.models.Model.predict` takes. ``batch=None`` exports the graph as
+built, for the example shapes only.
 
 With ``parameters="embedded"`` the parameters (internals included) are constants in
 the module; with ``"argument"`` the function's first argument is a dict of them by id
@@ -102,6 +104,14 @@ def export(
             "export: an input is a scalar, so it has no batch axis; pass batch=None to "
             "export fixed shapes"
         )
+    if check and batch is not None and any(s.shape[0] == 0 for s in specs):
+        empty = [k for k, s in enumerate(specs) if s.shape[0] == 0]
+        raise ModelError(
+            f"export: example input(s) {empty} have no rows (shapes "
+            f"{[list(specs[k].shape) for k in empty]}), which the check cannot run: a "
+            f"symbolic batch ({batch!r}) is at least 1 in jax.export. Give examples with "
+            "rows, or check=False, or batch=None for fixed shapes"
+        )
     graph, ids = _graph(model, specs, batch)
     values = model.parameters()
     n_out = len(model.outputs)
@@ -182,7 +192,8 @@ def _check(
     parameters: str,
     batch: str | None,
 ) -> None:
-    given = isinstance(inputs, (list, tuple)) and all(hasattr(x, "__array__") for x in inputs)
+    inputs = [inputs] if inputs is not None and not isinstance(inputs, (list, tuple)) else inputs
+    given = inputs is not None and all(hasattr(x, "__array__") for x in inputs)
     rng = np.random.default_rng(0)
     xs = [np.asarray(x) for x in inputs] if given else [draw(rng, s) for s in specs]
     args = xs if parameters == "embedded" else [{i: values[i] for i in ids}, *xs]
