@@ -140,7 +140,7 @@ class StepsMixin:
             built = self._build(training, specs)
             memory = MemoryOptions.of(self.model, built.ctx)
             return gradient_program(
-                built, wrt_params, wrt_inputs, memory, self.parallel, self.passes
+                built, wrt_params, wrt_inputs, memory, self.parallel, self.passes, self.precision
             )
 
         key = ("backward", specs, training, tuple(wrt_params), memory_key(self.model), wrt_inputs)

@@ -253,13 +253,17 @@ def gradient_program(
     memory: Transform | None = None,
     parallel: Any = None,
     passes: ModelPasses = NO_PASSES,
+    precision: Any = None,
 ) -> GradientProgram:
     """The program of ``backward``: gradients w.r.t. those of ``wrt_params`` this build
     has, then w.r.t. model inputs ``diff_inputs``, seeded with the output gradients;
-    ``parallel`` lays it out on a mesh as ``fit`` is."""
+    ``parallel`` lays it out on a mesh as ``fit`` is; ``precision`` casts the forward's
+    compute type as ``evaluate`` and the residual backward do."""
     ctx, outs = built.ctx, built.outputs
     dfs = [ctx.b.input(o.shape, o.dtype, name=f"df[{i}]") for i, o in enumerate(outs)]
-    graph, ids = passes.run_forward(ctx.b.build(list(outs)))
+    graph = ctx.b.build(list(outs))
+    graph = precision(graph) if precision is not None else graph  # keeps input ids
+    graph, ids = passes.run_forward(graph)
     graph = parallel.constrain(graph) if parallel is not None else graph
     params = tuple(p for p in wrt_params if p in ctx.symbols)
     wrt = [ctx.symbols[p] for p in params] + [built.inputs[i] for i in diff_inputs]

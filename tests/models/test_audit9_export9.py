@@ -1,6 +1,7 @@
 """Audit 9 (export9): model_function, to_nnx and their inputs, against NumPy and jax.grad."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -100,3 +101,34 @@ def test_export_of_an_empty_example_batch_says_why_and_a_single_array_is_the_exa
     monkeypatch.setattr(m, "forward_graph", lambda s, **kw: built(m, s))
     with pytest.raises(ModelError, match="differs from evaluate on the given example inputs"):
         m.export(inputs=xs)
+
+
+def test_backward_on_a_mesh_computes_in_the_precision_compute_type():
+    """On a mesh (set_data_parallel) backward's program ran the forward again without
+    compile's precision cast: a bfloat16 model's gradients were float32 math, those of
+    the same model off the mesh bfloat16 math."""
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((4, 5)).astype(np.float32)
+    x = Input()
+    m = Model(x, Dense(3, name="o")(ReLU()(Dense(8, name="h")(x))))
+    m.set_data_parallel(1)
+    m.compile(xs, minimizer=optax.sgd(0.1), precision="bfloat16")
+    m.evaluate(xs, requires_grad=True)
+    (gx,) = m.backward(np.ones((4, 3), np.float32))
+    grads = m.engine.grads
+
+    def loss(p, x, dtype):
+        p = {k: jnp.asarray(v, dtype) for k, v in p.items()}
+        h = jax.nn.relu(jnp.asarray(x, dtype) @ p["t-h-0-0"].T + p["t-h-0-1"][None])
+        return (h @ p["t-o-0-0"].T + p["t-o-0-1"][None]).astype(jnp.float32).sum()
+
+    params = m.parameters()
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)
+    want, f32 = grad(params, xs, jnp.bfloat16), grad(params, xs, jnp.float32)
+    np.testing.assert_allclose(gx, np.asarray(want[1], np.float32), rtol=2**-6, atol=2**-6)
+    assert np.abs(gx - np.asarray(f32[1])).max() > 1e-3  # not float32 math
+    for k in params:
+        np.testing.assert_allclose(
+            grads[k], np.asarray(want[0][k], np.float32), rtol=2**-6, atol=2**-5, err_msg=k
+        )
+    assert np.abs(grads["t-h-0-0"] - np.asarray(f32[0]["t-h-0-0"])).max() > 1e-3
