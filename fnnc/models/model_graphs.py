@@ -55,6 +55,16 @@ class GraphsMixin:
         built, feed, graph = self._graph(
             inputs, not is_test, with_updates=False, as_evaluated=as_evaluated
         )
+        if built.ctx.keys and is_test:
+            keys = set(graph.inputs[len(graph.inputs) - len(built.ctx.keys) :])
+            users = sorted({n.name or n.cmd.name for n in graph.nodes if keys & set(n.inputs)})
+            raise ModelError(
+                f"model {self.describe()}: its test-mode forward draws random keys (read "
+                f"by {', '.join(users) or 'its outputs'}), so forward_graph (and export) "
+                "have no deterministic forward to give: a layer is random in test mode too, "
+                "e.g. a Linen nn.Dropout(deterministic=False) in a from_flax module; make it "
+                "deterministic in test mode (Linen: deterministic=not self.train)"
+            )
         if built.ctx.keys or built.ctx.updates:
             raise ModelError(
                 f"model {self.describe()}: forward_graph needs a deterministic forward "

@@ -132,3 +132,28 @@ def test_backward_on_a_mesh_computes_in_the_precision_compute_type():
             grads[k], np.asarray(want[0][k], np.float32), rtol=2**-6, atol=2**-5, err_msg=k
         )
     assert np.abs(grads["t-h-0-0"] - np.asarray(f32[0]["t-h-0-0"])).max() > 1e-3
+
+
+def test_export_of_a_model_random_in_test_mode_names_the_random_layer():
+    """export asked forward_graph for the test-mode forward, whose error then said to
+    'pass is_test=True': a Linen module built to drop draws keys in test mode too."""
+    import flax.linen as nn
+
+    class Drop(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dropout(0.5, deterministic=False)(nn.Dense(3)(x))
+
+    xs = np.ones((4, 5), np.float32)
+    net = Drop()
+    v = {
+        "params": {
+            "Dense_0": {"kernel": np.ones((5, 3), np.float32), "bias": np.zeros(3, np.float32)}
+        }
+    }
+    m = Model.from_flax(net, v, name="d")
+    m.compile(xs)
+    with pytest.raises(
+        ModelError, match=r"test-mode forward draws random keys \(read by .*Dropout_0"
+    ):
+        m.export()
