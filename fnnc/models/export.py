@@ -208,6 +208,15 @@ def _check(
             f"{'given' if given else 'random'} example inputs (shapes {np.shape(g)} and "
             f"{np.shape(w)}, largest difference {max_error(g, w):.3g})"
         )
+        rows = np.shape(xs[0])[0] if batch is not None else None
+        if rows is not None and (np.ndim(w) == 0 or np.shape(w)[0] != rows):
+            raise ModelError(
+                f"{where}: for a batch of {rows} rows evaluate gives output {k} shaped "
+                f"{list(np.shape(w))}, whose first axis is not that batch (an output "
+                "reduced over the batch, or not made per sample, as a parameter), so it "
+                "cannot be mapped over a symbolic batch; export with batch=None for the "
+                "example shapes"
+            )
         if batch is not None and _mixes_samples(model, specs, xs, values, ids, k, w, tol):
             raise ModelError(
                 f"{where}: the model mixes samples of a batch in test mode (its graph for "

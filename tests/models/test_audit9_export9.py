@@ -157,3 +157,19 @@ def test_export_of_a_model_random_in_test_mode_names_the_random_layer():
         ModelError, match=r"test-mode forward draws random keys \(read by .*Dropout_0"
     ):
         m.export()
+
+
+def test_export_of_an_output_without_the_batch_axis_says_so():
+    """An output that is a parameter (no batch axis) was said to 'mix samples of a batch'."""
+    from fnnc.models import Parameter
+
+    x = Input()
+    m = Model(x, [Dense(2, name="fc")(x), Parameter((2,), init=1.0, name="p")()])
+    xs = np.ones((4, 3), np.float32)
+    m.compile(xs)
+    with pytest.raises(ModelError, match=r"output 1 shaped \[2\], whose first axis is not") as e:
+        m.export()
+    assert "mixes samples" not in str(e.value)
+    (y, p) = m.export(batch=None).call(xs)  # the way out the error gives
+    np.testing.assert_array_equal(p, np.ones(2, np.float32))
+    np.testing.assert_allclose(y, m.evaluate(xs)[0], rtol=1e-6)
