@@ -157,7 +157,10 @@ class FilesMixin:
         :mod:`fnnc.models.weights`), e.g. a Hugging Face checkpoint's ``"fc.weight"`` to
         ``"t-fc-0-0"``. Raises :class:`fnnc.errors.ParameterError` listing every missing
         or mis-shaped parameter, unless ``strict=False``, which loads what matches and
-        returns the ids that did not.
+        returns what did not, one string each: a missing parameter's id (an internal's
+        as its row, ``r-bn-0-0(0)``), and for a row of another shape or dtype
+        ``"<id>: stored float32[3, 5], expected float32[4, 5]"`` (so
+        ``s.split(":")[0]`` is the id); ``[]`` when everything loaded.
         """
         from fnnc.models.weights import read_model
 

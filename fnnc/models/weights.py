@@ -64,7 +64,7 @@ def read_model(
     format: str | None = None,  # noqa: A002 (the file format)
     rename: Rename | None = None,
 ) -> list[str]:
-    """Reads parameters into ``model``; returns the ids that did not match (see
+    """Reads parameters into ``model``; returns what did not match (see
     :meth:`fnnc.models.Model.read`)."""
     infos = model.engine.infos
     expected: dict[str, Any] = {}
