@@ -210,11 +210,29 @@ class _LinenFunction(_Function):
             out = self._module.apply(variables, x, rngs=rngs, mutable=mutable)
         except flax.errors.InvalidRngError as e:
             raise ModelError(_rng_stream_message(self.kind, e)) from e
+        except flax.errors.ScopeCollectionNotFound as e:
+            raise ModelError(self._collection_message(e)) from e
         if not self._collections:
             return out, []
         y, written = out
         merged = {c: written.get(c, variables[c]) for c in self._collections}
         return y, jax.tree.leaves(merged)
+
+    def _collection_message(self, error: Exception) -> str:
+        """What to do when the module reads a collection the variables lack (most often
+        ``variables["params"]`` given for ``variables``)."""
+        given = ["params"] * bool(self.params) + self._collections
+        hint = (
+            "; these look like a params tree (variables['params']): pass the whole "
+            "variables, Model.from_flax(module, module.init(key, x)), or {'params': params}"
+            if not self.params
+            else ": pass every collection module.init(key, x) returns"
+        )
+        return (
+            f"from_flax: Linen module {self.kind} reads a collection its variables lack "
+            f"(they hold {', '.join(map(repr, given)) or 'none'}){hint}. Flax said: "
+            f"{str(error).splitlines()[0]}"
+        )
 
 
 def _check_one_input(module: Any) -> None:

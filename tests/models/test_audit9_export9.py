@@ -173,3 +173,28 @@ def test_export_of_an_output_without_the_batch_axis_says_so():
     (y, p) = m.export(batch=None).call(xs)  # the way out the error gives
     np.testing.assert_array_equal(p, np.ones(2, np.float32))
     np.testing.assert_allclose(y, m.evaluate(xs)[0], rtol=1e-6)
+
+
+def test_from_flax_of_linen_variables_missing_a_collection_says_what_to_pass():
+    """Linen's params tree given for its variables (Model.from_flax(net, v['params'])), or
+    variables without batch_stats, failed at compile with Flax's bare
+    ScopeCollectionNotFound."""
+    import flax.linen as nn
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.BatchNorm(use_running_average=True)(nn.Dense(3)(x))
+
+    xs = np.ones((4, 5), np.float32)
+    dense = {"kernel": np.ones((5, 3), np.float32), "bias": np.zeros(3, np.float32)}
+    bn = {"scale": np.ones(3, np.float32), "bias": np.zeros(3, np.float32)}
+    params = {"Dense_0": dense, "BatchNorm_0": bn}
+    with pytest.raises(ModelError, match=r"look like a params tree \(variables\['params'\]\)"):
+        Model.from_flax(Net(), params).compile(xs)
+    with pytest.raises(ModelError, match=r"they hold 'params'\): pass every collection"):
+        Model.from_flax(Net(), {"params": params}).compile(xs)
+    stats = {"BatchNorm_0": {"mean": np.zeros(3, np.float32), "var": np.ones(3, np.float32)}}
+    m = Model.from_flax(Net(), {"params": params, "batch_stats": stats})
+    m.compile(xs)  # the way out: y = (x @ 1 + 0) / sqrt(1 + eps)
+    np.testing.assert_allclose(m.evaluate(xs), np.full((4, 3), 5 / np.sqrt(1 + 1e-5)), rtol=1e-6)
