@@ -55,6 +55,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from flax import nnx
 
 from fnnc.errors import ModelError
@@ -96,7 +97,9 @@ class FnncModule(nnx.Module):
 
     def __call__(self, *inputs: Any) -> Any:
         """The model's outputs for ``inputs`` (one array per model input): one array for
-        a one-output model, else a tuple. In training mode the ``BatchStat`` s update."""
+        a one-output model, else a tuple; an input may be nested lists of numbers, as
+        ``jnp.asarray`` takes. In training mode the ``BatchStat`` s update."""
+        inputs = tuple(x if hasattr(x, "dtype") else np.asarray(x) for x in inputs)
         fn = self._functions.get(inputs, training=not self.deterministic)
         keys = [self._key() for _ in range(fn.n_keys)]
         values = {pid: self.parameters[pid][...] for pid in fn.params}

@@ -198,3 +198,12 @@ def test_from_flax_of_linen_variables_missing_a_collection_says_what_to_pass():
     m = Model.from_flax(Net(), {"params": params, "batch_stats": stats})
     m.compile(xs)  # the way out: y = (x @ 1 + 0) / sqrt(1 + eps)
     np.testing.assert_allclose(m.evaluate(xs), np.full((4, 3), 5 / np.sqrt(1 + 1e-5)), rtol=1e-6)
+
+
+def test_to_nnx_takes_an_input_given_as_nested_lists(leaky):
+    """An input as nested lists (one per positional argument) was AttributeError:
+    'list' object has no attribute 'dtype' from the module's cache of functions."""
+    m, xs = leaky
+    rows = xs[:2].tolist()
+    got = m.to_nnx(deterministic=True)(rows)
+    np.testing.assert_allclose(got, _forward(m.parameters(), xs[:2], 0.5)[0], rtol=1e-5, atol=1e-5)
