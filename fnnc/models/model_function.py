@@ -98,6 +98,12 @@ class ModelFunction:
             keys: :attr:`n_keys` random keys (``jax.random.key_data`` of typed keys, or
                 typed keys) for Dropout and other random layers.
         """
+        if hasattr(inputs, "shape"):  # one array: its len() is its rows, not a count
+            raise ModelError(
+                f"model function: inputs is one array ({inputs.dtype}"
+                f"{list(np.shape(inputs))}); pass a list of {self.n_inputs} (one per model "
+                "input), fn([x], params)"
+            )
         if len(inputs) != self.n_inputs:
             raise ModelError(
                 f"model function: the model takes {self.n_inputs} inputs, got {len(inputs)}"

@@ -75,6 +75,8 @@ def test_model_function_names_an_input_or_parameter_it_was_not_built_for(leaky):
     for bad in (xs[:3], xs[:, :4], xs.astype(np.int32), xs[0]):
         with pytest.raises(ModelError, match=r"input 0 is .*built for float32\[8, 5\]"):
             fn([bad], params)
+    with pytest.raises(ModelError, match=r"inputs is one array \(float32\[8, 5\]\); pass a list"):
+        fn(xs, params)  # len(xs) is 8 rows: it said 'takes 1 inputs, got 8'
     with pytest.raises(ModelError, match=r"parameter t-h-0-1 is \[8\], the value given is \[1\]"):
         fn([xs], {**params, "t-h-0-1": params["t-h-0-1"][:1]})
     half = {k: v.astype(np.float16) for k, v in params.items()}
