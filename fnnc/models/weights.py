@@ -28,8 +28,11 @@ import contextlib
 import os
 from typing import Any
 
-from fnnc.io import read_parameters, write_parameters
+from fnnc.errors import TensorFileError
+from fnnc.io import SafetensorsFile, TensorFile, read_parameters, write_parameters
 from fnnc.io.convert import Rename, Renamed, open_tensors
+from fnnc.io.exported import load_exported
+from fnnc.io.sniff import looks_exported
 from fnnc.models.stacks import stack_parameters, unstack_parameters
 
 
@@ -49,6 +52,7 @@ def write_model(
     # model's (NNC's) ids
     params = unstack_parameters({k: v for k, v in values.items() if not infos[k].internal}, model)
     internals = unstack_parameters({k: v for k, v in values.items() if infos[k].internal}, model)
+    _check_format(target, format)
     with contextlib.ExitStack() as stack:
         if format is not None and isinstance(target, (str, os.PathLike)):
             target = stack.enter_context(open_tensors(target, format=format))
@@ -72,9 +76,10 @@ def read_model(
     for k, i in infos.items():  # a Repeat's stack is read per block, under NNC's ids
         wanted = internals if i.internal else expected
         wanted.update({b: (i.shape[1:], i.dtype) for b in i.blocks} or {k: (i.shape, i.dtype)})
+    _check_format(source, format)
     with contextlib.ExitStack() as stack:
         if isinstance(source, (str, os.PathLike)):
-            source = stack.enter_context(open_tensors(source, readonly=True, format=format))
+            source = stack.enter_context(_open_for_reading(source, format))
         if callable(getattr(source, "snapshot", None)):  # an NNC file: every row read from
             stack.enter_context(source.snapshot())  # one commit, not half of another write
         if rename is not None:
@@ -87,3 +92,34 @@ def read_model(
         }
     )
     return [*found.missing, *(m if isinstance(m, str) else str(m) for m in found.mismatched)]
+
+
+def _check_format(target: Any, format: str | None) -> None:  # noqa: A002 (the file format)
+    """Raises :class:`TensorFileError` when ``format`` names another kind of file than the
+    open ``target`` is (it would be ignored: an open file is written as what it is)."""
+    kinds = {TensorFile: "nnc", SafetensorsFile: "safetensors"}
+    kind = next((k for cls, k in kinds.items() if isinstance(target, cls)), None)
+    if format is not None and kind is not None and kind != format:
+        raise TensorFileError(
+            f"{target.path}: format={format!r}, but the file given is an open "
+            f"{type(target).__name__} ({kind!r}); drop format= or pass the path"
+        )
+
+
+def _open_for_reading(path: Any, format: str | None) -> Any:  # noqa: A002 (the file format)
+    """:func:`open_tensors` for reading; a ``jax.export`` artifact (what
+    :meth:`~fnnc.models.Model.export` writes) is said to be one."""
+    try:
+        return open_tensors(path, readonly=True, format=format)
+    except TensorFileError as e:
+        try:  # read whole only when its head is a flatbuffer's
+            if not looks_exported(path):
+                raise
+            load_exported(path)
+        except TensorFileError:
+            raise e from None
+        raise TensorFileError(
+            f"{e}. It is a jax.export artifact (Model.export writes these: a model's "
+            "inference, not its weights): run it with jax.export.deserialize, or read the "
+            "weights from a file Model.write wrote"
+        ) from None

@@ -209,3 +209,27 @@ def test_to_nnx_takes_an_input_given_as_nested_lists(leaky):
     rows = xs[:2].tolist()
     got = m.to_nnx(deterministic=True)(rows)
     np.testing.assert_allclose(got, _forward(m.parameters(), xs[:2], 0.5)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_read_and_write_say_what_a_file_of_another_kind_is(leaky, tmp_path):
+    """format= given with an open file of the other kind was ignored (an NNC file written
+    and read as NNC under format='safetensors'); a jax.export artifact read as weights was
+    only 'not an SQLite database'."""
+    from fnnc.errors import TensorFileError
+    from fnnc.io import TensorFile
+
+    m, _ = leaky
+    with TensorFile(tmp_path / "w.sqlite3") as f:
+        for call in (m.write, m.read):
+            with pytest.raises(TensorFileError, match="format='safetensors', but the file"):
+                call(f, format="safetensors")
+        m.write(f, format="nnc")  # the same kind: fine
+        assert m.read(f) == []
+    m.export(tmp_path / "m.jax", check=False)
+    for fmt in (None, "safetensors"):
+        with pytest.raises(TensorFileError, match=r"It is a jax\.export artifact"):
+            m.read(tmp_path / "m.jax", format=fmt)
+    (tmp_path / "t.txt").write_text("hello")
+    with pytest.raises(TensorFileError, match="not an SQLite database") as e:
+        m.read(tmp_path / "t.txt")
+    assert "jax.export" not in str(e.value)
