@@ -204,7 +204,8 @@ def model_function(model: Any, inputs: Sequence[Any], *, training: bool = False)
 
 
 class FunctionCache:
-    """:func:`model_function` of one model, built once per (input specs, mode)."""
+    """:func:`model_function` of one model, built once per (input specs, mode) and
+    again when a later ``compile`` changes the model's ``precision`` or ``passes``."""
 
     def __init__(self, model: Any):
         self.model = model
@@ -213,7 +214,8 @@ class FunctionCache:
     def get(self, inputs: Sequence[Any], training: bool) -> ModelFunction:
         """The :class:`ModelFunction` for inputs like ``inputs`` in that mode."""
         specs = tuple((tuple(np.shape(x)), np.dtype(x.dtype)) for x in inputs)
-        key = (specs, training)
+        engine = self.model.engine
+        key = (specs, training, engine.passes, engine.precision and engine.precision.key)
         if key not in self._built:
             self._built[key] = model_function(self.model, inputs, training=training)
         return self._built[key]

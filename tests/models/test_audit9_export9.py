@@ -233,3 +233,20 @@ def test_read_and_write_say_what_a_file_of_another_kind_is(leaky, tmp_path):
     with pytest.raises(TensorFileError, match="not an SQLite database") as e:
         m.read(tmp_path / "t.txt")
     assert "jax.export" not in str(e.value)
+
+
+def test_to_nnx_follows_a_later_compile_with_other_passes():
+    """The module cached one function per input shape, so compiling the model again with
+    a rewrite left the module on the old graph while evaluate ran the new one."""
+    rng = np.random.default_rng(1)
+    x = Input()
+    m = Model(x, Dense(3, name="o")(ReLU()(Dense(8, name="h")(x))))
+    xs = rng.standard_normal((8, 5)).astype(np.float32)
+    m.compile(xs)
+    module = m.to_nnx(deterministic=True)
+    relu, _ = _forward(m.parameters(), xs, 0.0)
+    np.testing.assert_allclose(module(xs), relu, rtol=1e-5, atol=1e-5)
+    m.compile(xs, passes=[_leaky_pass()])
+    leaky, _ = _forward(m.parameters(), xs, 0.5)
+    assert np.abs(leaky - relu).max() > 1e-2
+    np.testing.assert_allclose(module(xs), leaky, rtol=1e-5, atol=1e-5)
