@@ -177,12 +177,13 @@ class FilesMixin:
         check: bool = True,
     ) -> Any:
         """Writes this compiled model's inference as a ``jax.export`` artifact that plain
-        JAX loads (``jax.export.deserialize``) and runs without fnnc, at any size of the
-        symbolic ``batch`` dimension; ``parameters="embedded"`` or ``"argument"`` (a
-        dict by id, the first argument). The graph is the one :meth:`evaluate` runs
-        (``compile``'s ``precision`` and ``passes`` included); ``check`` compares the
-        artifact with :meth:`evaluate` on ``inputs`` (random ones for specs). Returns
-        the ``jax.export.Exported``; see :func:`fnnc.models.export.export`."""
+        JAX loads (``jax.export.deserialize``) and runs without fnnc, at any size (1 or
+        more) of the symbolic ``batch`` dimension; ``parameters="embedded"`` or
+        ``"argument"`` (a dict by id, the first argument). The graph is the one
+        :meth:`evaluate` runs (``compile``'s ``precision`` and ``passes`` included);
+        ``check`` compares the artifact with :meth:`evaluate` on ``inputs`` (random ones
+        for specs). Returns the ``jax.export.Exported``; see
+        :func:`fnnc.models.export.export`."""
         from fnnc.models.export import export
 
         return export(
