@@ -186,6 +186,8 @@ def labels(
     """Raises :class:`ModelError` for a label that ``loss`` cannot take against
     ``scores`` (the first output's shape): a class index outside ``[0, C)`` or not a
     whole number, or a binary target outside ``[0, 1]``. Positions are by sample."""
+    if loss not in CLASSIFICATION and loss not in BINARY:
+        return  # a regression loss (mse, smooth_l1) takes any numbers: its rule names shapes
     target = np.asarray(target)
     floating = is_floating(target.dtype)
     if not (floating or target.dtype.kind in "iu") or target.size == 0 or not scores:

@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 from fnnc.core.dtypes import is_floating
-from fnnc.errors import ModelError
+from fnnc.errors import DTypeError, ModelError, ShapeError
 from fnnc.models import checks
 
 CLASSIFICATION = checks.CLASSIFICATION
@@ -215,9 +215,19 @@ class MeanLoss(Metric):
         if isinstance(loss, str):
             if isinstance(targets[0], np.ndarray):
                 checks.labels(loss, np.shape(outputs[0]), targets[0], self.where)
-            out = losses._COMMANDS[loss]()(outputs[0], _as_fit_takes(targets[0]))
+            try:
+                out = losses._COMMANDS[loss]()(outputs[0], _as_fit_takes(targets[0]))
+            except (ShapeError, DTypeError) as e:  # named for the set, as fit names its node
+                raise type(e)(
+                    f"{self.where}: loss {loss!r} of output 0 {_typed(outputs[0])} against "
+                    f"target 0 {_typed(targets[0])}: {e}"
+                ) from None
             return float(np.mean(np.asarray(out[0] if isinstance(out, tuple) else out)))
         return float(losses.call_loss(loss, list(outputs), [_as_fit_takes(t) for t in targets]))
+
+
+def _typed(value: Any) -> str:
+    return f"{np.dtype(value.dtype).name}{list(np.shape(value))}"
 
 
 def _as_fit_takes(target: Any) -> Any:
