@@ -346,12 +346,37 @@ def split(data: Any, where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
     checks.listed_numbers(targets, where, "targets")
     inputs = [np.asarray(a) for a in inputs]
     targets = [np.asarray(a) for a in targets]
-    sizes = {len(a) for a in (*inputs, *targets)}
-    if len(sizes) != 1:
+    arrays = [*(("input", i, a) for i, a in enumerate(inputs)),
+              *(("target", i, a) for i, a in enumerate(targets))]  # fmt: skip
+    for kind, i, a in arrays:
+        if a.ndim == 0:
+            raise ModelError(
+                f"{where}: {kind} {i} is one number ({_shown(a)}), not an array with a row "
+                f"per sample; pass one {kind} per sample, e.g. np.full(len(x), value)"
+            )
+    if len({len(a) for _, _, a in arrays}) != 1:
+        rows = ", ".join(f"{kind} {i} has {len(a)}" for kind, i, a in arrays)
         raise ModelError(
-            f"{where}: inputs and targets disagree on the number of samples: {sorted(sizes)}"
+            f"{where}: inputs and targets disagree on the number of samples: {rows}; every "
+            "input and target needs one row per sample"
         )
     return inputs, targets
+
+
+def same_rows(inputs: Sequence[Any], where: str) -> None:
+    """Refuses inputs read by rows (``predict``) that disagree on the number of rows:
+    they would be batched apart, and the shorter ones' outputs would be cut or mixed."""
+    rows = [len(x) for x in inputs]
+    if len(set(rows)) > 1:
+        shown = ", ".join(f"input {i} has {n}" for i, n in enumerate(rows))
+        raise ModelError(
+            f"{where}: the inputs disagree on the number of samples ({shown}); every input "
+            "needs one row per sample"
+        )
+
+
+def _shown(a: np.ndarray) -> str:
+    return repr(a.item()) if a.dtype.kind in "biuf" else f"a {a.dtype} scalar"
 
 
 def row_multiple(model: Any) -> int:
@@ -406,6 +431,7 @@ def in_batches(
                 "expected an array with the samples first ([N, ...]); pass x[None] for "
                 "one sample"
             )
+    same_rows(inputs, "predict")  # before any batch runs
     n, chunks, rows = len(inputs[0]), [], []
     for start in range(0, n, batch_size) or [0]:
         batch = [x[start : start + batch_size] for x in inputs]

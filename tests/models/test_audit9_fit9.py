@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from fnnc.errors import DTypeError, ShapeError
+from fnnc.errors import DTypeError, ModelError, ShapeError
 from fnnc.models import Dense, Input, Model
 
 RNG = np.random.default_rng(9)
@@ -36,3 +36,33 @@ def test_score_of_a_regression_loss_is_not_checked_as_class_labels(regression):
         regression.score(X, np.round(Y).astype(np.int32))
     with pytest.raises(ShapeError, match="train validation: loss 'mse'"):
         regression.train((X, Y), batch_size=3, validation=(X, Y[:, 0]), verbose=False)
+
+
+@pytest.fixture(scope="module")
+def two_heads() -> Model:
+    a, b = Input(name="a"), Input(name="b")
+    m = Model([a, b], [Dense(1, name="o1")(a), Dense(1, name="o2")(b)], name="two")
+    m.compile([X[:4], X[:4, :2]], loss=None, minimizer=optax.sgd(0.0))
+    return m
+
+
+def test_predict_refuses_inputs_of_different_rows(two_heads):
+    # each input was batched apart: [x[:3], b[:6]] gave 3 and 4 rows (b's last 2 dropped)
+    with pytest.raises(ModelError, match=r"predict: .*input 0 has 3, input 1 has 6"):
+        two_heads.predict([X[:3], X[:, :2]], batch_size=4)
+    w = {k: np.asarray(v, np.float64) for k, v in two_heads.parameters().items()}
+    o1, o2 = two_heads.predict([X, X[:, :2]], batch_size=4)
+    np.testing.assert_allclose(o1, X @ w["t-two-0-o1-0-0"].T + w["t-two-0-o1-0-1"], rtol=1e-5)
+    np.testing.assert_allclose(
+        o2, X[:, :2] @ w["t-two-0-o2-0-0"].T + w["t-two-0-o2-0-1"], rtol=1e-5
+    )
+
+
+def test_train_and_score_name_the_rows_of_each_array_and_refuse_a_scalar(regression):
+    with pytest.raises(ModelError, match="input 0 has 6, target 0 has 5"):
+        regression.train((X, Y[:5]), batch_size=3, verbose=False)
+    with pytest.raises(ModelError, match=r"score: target 0 is one number \(1\.5\)"):
+        regression.score(X, 1.5)  # was len() of unsized object
+    with pytest.raises(ModelError, match=r"train: input 0 is one number"):
+        regression.train((np.float32(1.0), Y), batch_size=3, verbose=False)
+
