@@ -66,3 +66,9 @@ def test_train_and_score_name_the_rows_of_each_array_and_refuse_a_scalar(regress
     with pytest.raises(ModelError, match=r"train: input 0 is one number"):
         regression.train((np.float32(1.0), Y), batch_size=3, verbose=False)
 
+
+@pytest.mark.parametrize("size", [0, -1, 2.5])
+def test_score_checks_its_batch_size(regression, size):
+    # 0 raised range()'s ValueError, 2.5 a TypeError, -1 'the data gave no batches'
+    with pytest.raises(ModelError, match=rf"score: batch_size={size}"):
+        regression.score(X, Y, batch_size=size)
