@@ -37,6 +37,7 @@ as ``history["epoch"]`` counts, so a resumed run continues its curves.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from collections.abc import Callable
@@ -45,6 +46,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from fnnc.core.files import atomic_write
 from fnnc.errors import ModelError
 from fnnc.models.callbacks import Callback
 from fnnc.models.checkpoint_state import current_states
@@ -166,9 +168,10 @@ def _keep_epochs_up_to(path: str, epoch: int) -> list[str] | None:
         rows = list(csv.reader(f))
     header, body = (rows[0], rows[1:]) if rows else (None, [])
     kept = [r for r in body if not (r and r[0].isdigit() and int(r[0]) > epoch)]
-    if len(kept) < len(body):
-        with open(path, "w", newline="") as f:
-            csv.writer(f).writerows([header, *kept])
+    if len(kept) < len(body):  # replaced whole: a crash in the rewrite keeps the old log
+        text = io.StringIO(newline="")
+        csv.writer(text).writerows([header, *kept])
+        atomic_write(path, text.getvalue())
     return header
 
 

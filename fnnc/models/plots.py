@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from fnnc.core.files import atomic_write
 from fnnc.errors import ModelError
 
 
@@ -75,5 +76,17 @@ def plot_history(
     if title:
         fig.suptitle(title)
     if path is not None:
-        fig.savefig(os.fspath(path), dpi=100)
+        _save(fig, os.fspath(path))
     return fig
+
+
+def _save(fig: Any, path: str) -> None:
+    """Saves ``fig`` to ``path`` atomically (a viewer refreshing it, or a run killed while
+    it is written, never sees half a file), in the format its suffix names; a path
+    without one gets matplotlib's default format and suffix, as ``savefig`` gives it."""
+    import matplotlib
+
+    suffix = os.path.splitext(path)[1]
+    fmt = suffix[1:].lower() if suffix else matplotlib.rcParams["savefig.format"]
+    target = path if suffix else f"{path}.{fmt}"
+    atomic_write(target, lambda temporary: fig.savefig(temporary, dpi=100, format=fmt))

@@ -1,13 +1,18 @@
-"""Audit 9 (the training loop): score's loss checks, row checks of train/score/predict."""
+"""Audit 9 (the training loop): score's loss checks, row checks of train/score/predict,
+atomic rewrites of the CSV log and the history plot."""
 
 from __future__ import annotations
+
+import csv
+import errno
+import types
 
 import numpy as np
 import optax
 import pytest
 
 from fnnc.errors import DTypeError, ModelError, ShapeError
-from fnnc.models import Dense, Input, Model
+from fnnc.models import CSVLogger, Dense, Input, Model
 
 RNG = np.random.default_rng(9)
 X = RNG.standard_normal((6, 3)).astype(np.float32)
@@ -72,3 +77,62 @@ def test_score_checks_its_batch_size(regression, size):
     # 0 raised range()'s ValueError, 2.5 a TypeError, -1 'the data gave no batches'
     with pytest.raises(ModelError, match=rf"score: batch_size={size}"):
         regression.score(X, Y, batch_size=size)
+
+
+def _fail_after_first_row(monkeypatch):
+    """Makes csv writers write one row, then fail as a full disk does."""
+    real = csv.writer
+
+    class Failing:
+        def __init__(self, f):
+            self.inner = real(f)
+
+        def writerows(self, rows):
+            self.inner.writerow(next(iter(rows)))
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(csv, "writer", Failing)
+
+
+def test_csv_logger_trims_a_resumed_log_atomically(tmp_path, monkeypatch):
+    # the trim rewrote the log in place: a failure (full disk, kill) after truncating it
+    # left the header alone, every earlier epoch's row lost
+    path = tmp_path / "log.csv"
+    path.write_text("epoch,loss\r\n1,0.5\r\n2,0.25\r\n3,0.125\r\n")
+    before = path.read_bytes()
+    _fail_after_first_row(monkeypatch)
+    loop = types.SimpleNamespace(progress=types.SimpleNamespace(epoch=2))
+    with pytest.raises(ModelError, match="No space left"):
+        CSVLogger(path, append=True).on_train_begin(loop)
+    assert path.read_bytes() == before
+    monkeypatch.undo()
+    logger = CSVLogger(path, append=True)
+    logger.on_train_begin(loop)
+    logger.on_train_end(loop)
+    assert path.read_bytes() == b"epoch,loss\r\n1,0.5\r\n2,0.25\r\n"
+
+
+def test_plot_history_replaces_the_picture_atomically(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from fnnc.models.plots import plot_history
+
+    path = tmp_path / "h.png"
+    history = {"epoch": [1, 2], "loss": [1.0, 0.5]}
+    plot_history(history, path)
+    before = path.read_bytes()
+    assert before.startswith(b"\x89PNG")
+
+    def half(fig, fname, **kwargs):  # a kill or full disk in the middle of the write
+        with open(fname, "wb") as f:
+            f.write(before[:100])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", half)
+    with pytest.raises(OSError, match="No space"):
+        plot_history(history, path)
+    assert path.read_bytes() == before and sorted(tmp_path.iterdir()) == [path]
+    monkeypatch.undo()
+    plot_history(history, tmp_path / "plain")  # no suffix: matplotlib's default, as before
+    assert (tmp_path / "plain.png").read_bytes().startswith(b"\x89PNG")
