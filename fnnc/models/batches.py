@@ -336,12 +336,13 @@ def check_batch_size(batch_size: Any, where: str) -> int:
 
 
 def split(data: Any, where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """``(inputs, targets)`` as lists of arrays with as many samples each."""
+    """``(inputs, targets)`` as lists of arrays with as many samples each; targets
+    ``None`` are none (a model compiled with ``loss=None``)."""
     try:
         inputs, targets = data
     except (TypeError, ValueError):
         raise ModelError(f"{where}: expected (inputs, targets), e.g. (x_train, y_train)") from None
-    inputs, targets = as_list(inputs), as_list(targets)
+    inputs, targets = as_list(inputs), [] if targets is None else as_list(targets)
     checks.listed_numbers(inputs, where, "inputs")
     checks.listed_numbers(targets, where, "targets")
     inputs = [np.asarray(a) for a in inputs]

@@ -136,3 +136,11 @@ def test_plot_history_replaces_the_picture_atomically(tmp_path, monkeypatch):
     monkeypatch.undo()
     plot_history(history, tmp_path / "plain")  # no suffix: matplotlib's default, as before
     assert (tmp_path / "plain.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_train_takes_none_for_the_targets_of_a_model_without_loss(two_heads):
+    # (x, None) was len() of unsized object; a loss=None model trains on its first output
+    w = {k: np.asarray(v, np.float64) for k, v in two_heads.parameters().items()}
+    h = two_heads.train(([X[:4], X[:4, :2]], None), batch_size=4, verbose=False)
+    first = X[:4] @ w["t-two-0-o1-0-0"].T + w["t-two-0-o1-0-1"]
+    np.testing.assert_allclose(h["loss"], [np.mean(first)], rtol=1e-5)
