@@ -35,6 +35,7 @@ import numpy as np
 
 from fnnc.core.text import type_str
 from fnnc.errors import ModelError
+from fnnc.models import checks
 from fnnc.models.layer import BuildContext, ParamInfo
 
 
@@ -66,6 +67,11 @@ def rows(model: Any, inputs: Sequence[Any] | None = None) -> list[Row]:
     # as Model.build does for the outermost model (Engine._build: nested=False)
     with ctx.inside(model, prefix=False):
         model.build_layers(ctx, xs, on_layer=row, where="summary: ")
+    if model._engine is not None:  # a compiled model has its parameters: inputs must fit them
+        try:
+            checks.parameters(model._engine, ctx.params, specs)
+        except ModelError as e:
+            raise ModelError(f"summary: {e}") from None
     return table
 
 

@@ -144,3 +144,12 @@ def test_train_takes_none_for_the_targets_of_a_model_without_loss(two_heads):
     h = two_heads.train(([X[:4], X[:4, :2]], None), batch_size=4, verbose=False)
     first = X[:4] @ w["t-two-0-o1-0-0"].T + w["t-two-0-o1-0-1"]
     np.testing.assert_allclose(h["loss"], [np.mean(first)], rtol=1e-5)
+
+
+def test_summary_of_a_compiled_model_refuses_inputs_its_parameters_do_not_fit(regression):
+    # it tabulated t-reg-0-out-0-0 as f32[1,5] (21 parameters) while the model holds [1, 3]
+    with pytest.raises(ModelError, match=r"summary: .*t-reg-0-out-0-0 of shape \[1, 3\]"):
+        regression.summary([np.zeros((2, 5), np.float32)], print_fn=None)
+    text = regression.summary([np.zeros((7, 3), np.float32)], print_fn=None)  # a new batch
+    count = sum(np.asarray(v).size for v in regression.parameters().values())
+    assert "f32[7,1]" in text and text.splitlines()[-1].startswith(f"total: {count} parameters")
