@@ -25,6 +25,7 @@ A callback subclasses :class:`Callback` and overrides any of ``on_train_begin``,
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -312,7 +313,8 @@ class EarlyStopping(Callback):
     Args:
         monitor: a key of the epoch metrics (``val_loss`` needs ``validation=``).
         patience: epochs without improvement to allow.
-        min_delta: the least change that counts as an improvement.
+        min_delta: the least change that counts as an improvement, a number >= 0 (in
+            the direction ``mode`` says: a fall for ``"min"``, a rise for ``"max"``).
         mode: ``"min"``, ``"max"``, or ``"auto"`` (max for names with ``acc``).
     """
 
@@ -327,9 +329,18 @@ class EarlyStopping(Callback):
                 f"EarlyStopping: patience={patience!r} ({type(patience).__name__}); expected an "
                 "int >= 0, the epochs without improvement to allow, e.g. patience=2"
             )
+        number = isinstance(min_delta, numbers.Real) and not isinstance(min_delta, bool)
+        if not number or not math.isfinite(min_delta) or min_delta < 0:
+            # a negative one counted a worse value as an improvement and made it the best,
+            # so a slowly worsening metric never stopped the run
+            raise ModelError(
+                f"EarlyStopping: min_delta={min_delta!r} ({type(min_delta).__name__}); expected "
+                "a number >= 0, the least change that counts as an improvement (in the "
+                "direction mode says), e.g. min_delta=1e-3"
+            )
         if mode == "auto":
             mode = "max" if "acc" in monitor else "min"
-        self.monitor, self.min_delta, self.mode = monitor, min_delta, mode
+        self.monitor, self.min_delta, self.mode = monitor, float(min_delta), mode
         self.patience = int(patience)
         self.best: float | None = None
         self.wait = 0

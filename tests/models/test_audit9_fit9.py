@@ -12,7 +12,7 @@ import optax
 import pytest
 
 from fnnc.errors import DTypeError, ModelError, ShapeError
-from fnnc.models import CSVLogger, Dense, Input, Model
+from fnnc.models import CSVLogger, Dense, EarlyStopping, Input, Model
 
 RNG = np.random.default_rng(9)
 X = RNG.standard_normal((6, 3)).astype(np.float32)
@@ -153,3 +153,26 @@ def test_summary_of_a_compiled_model_refuses_inputs_its_parameters_do_not_fit(re
     text = regression.summary([np.zeros((7, 3), np.float32)], print_fn=None)  # a new batch
     count = sum(np.asarray(v).size for v in regression.parameters().values())
     assert "f32[7,1]" in text and text.splitlines()[-1].startswith(f"total: {count} parameters")
+
+
+@pytest.mark.parametrize("bad", [-0.1, float("nan"), "0.1", True])
+def test_early_stopping_refuses_a_min_delta_that_is_not_a_number_at_least_0(bad):
+    with pytest.raises(ModelError, match="EarlyStopping: min_delta="):
+        EarlyStopping(min_delta=bad)
+
+
+def test_early_stopping_counts_min_delta_in_the_direction_of_its_mode():
+    # with min_delta=-0.1 a rise of 0.05 was an improvement and became the best: a slowly
+    # worsening loss never stopped the run. The rule: improved if (best - v) * sign > delta.
+    def epochs_run(values, **options):
+        stopper, loop = EarlyStopping("m", patience=1, **options), types.SimpleNamespace(stop=0)
+        for epoch, value in enumerate(values):
+            stopper.on_epoch_end(loop, epoch, {"m": value})
+            if loop.stop:
+                return epoch + 1
+        return len(values)
+
+    assert epochs_run([1.0, 1.05, 1.1, 1.15, 1.2]) == 3
+    assert epochs_run([1.0, 0.95, 0.9, 0.85, 0.8], min_delta=0.1) == 3
+    assert epochs_run([1.0, 0.8, 0.6, 0.4, 0.2], min_delta=0.1) == 5
+    assert epochs_run([0.5, 0.55, 0.58, 0.7], mode="max", min_delta=np.float32(0.1)) == 3
