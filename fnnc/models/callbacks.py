@@ -307,7 +307,8 @@ class EarlyStopping(Callback):
     ``train`` call: consecutive ``train`` calls given the same EarlyStopping continue
     counting (``train(epochs=1)`` in a loop stops as one ``train(epochs=E)`` would), a
     run resumed from a :class:`CheckpointEvery` checkpoint takes it back from there, and
-    :meth:`reset` starts it afresh. Once it has stopped a run, a further ``train`` call
+    :meth:`reset` starts it afresh. A NaN value is an epoch without improvement (as in
+    Keras), never the best. Once it has stopped a run, a further ``train`` call
     stops after its first epoch unless that epoch improves on the best.
 
     Args:
@@ -368,7 +369,11 @@ class EarlyStopping(Callback):
             )
         value = logs[self.monitor]
         sign = 1.0 if self.mode == "min" else -1.0
-        if self.best is None or sign * (self.best - value) > self.min_delta:
+        # NaN is never an improvement nor the best: as the best, no later value could
+        # improve on it, and a checkpoint (JSON, no NaN) would resume it as no best at all
+        if not math.isnan(value) and (
+            self.best is None or sign * (self.best - value) > self.min_delta
+        ):
             self.best, self.wait = value, 0
             return
         self.wait += 1

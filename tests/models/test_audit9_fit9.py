@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import errno
+import json
 import types
 
 import numpy as np
@@ -176,3 +177,25 @@ def test_early_stopping_counts_min_delta_in_the_direction_of_its_mode():
     assert epochs_run([1.0, 0.95, 0.9, 0.85, 0.8], min_delta=0.1) == 3
     assert epochs_run([1.0, 0.8, 0.6, 0.4, 0.2], min_delta=0.1) == 5
     assert epochs_run([0.5, 0.55, 0.58, 0.7], mode="max", min_delta=np.float32(0.1)) == 3
+
+
+def test_early_stopping_takes_nan_as_no_improvement_and_resumes_as_it_ran():
+    # a first NaN became the best, and nothing improves on NaN: the run stopped while the
+    # metric fell; a checkpoint held that best as None, so a resumed run went on instead
+    def run(values, stopper):
+        loop = types.SimpleNamespace(stop=False)
+        for epoch, value in enumerate(values):
+            stopper.on_epoch_end(loop, epoch, {"m": value})
+            if loop.stop:
+                return epoch + 1
+        return len(values)
+
+    nan = float("nan")
+    assert run([nan, 1.0, 0.9, 0.8, 0.7], EarlyStopping("m", patience=1)) == 5
+    assert run([1.0, nan, 0.9, nan, nan, 0.5], EarlyStopping("m", patience=1)) == 5
+    first = EarlyStopping("m", patience=1)
+    run([nan], first)
+    resumed = EarlyStopping("m", patience=1)
+    resumed.load_state(json.loads(json.dumps(first.state())))
+    assert (resumed.best, resumed.wait) == (first.best, first.wait) == (None, 1)
+    assert run([nan], resumed) == 1  # the second NaN in a row: patience 1 is spent
