@@ -119,24 +119,29 @@ def test_plot_history_replaces_the_picture_atomically(tmp_path, monkeypatch):
 
     from fnnc.models.plots import plot_history
 
-    path = tmp_path / "h.png"
-    history = {"epoch": [1, 2], "loss": [1.0, 0.5]}
-    plot_history(history, path)
-    before = path.read_bytes()
-    assert before.startswith(b"\x89PNG")
+    def whole(fig, fname, *, format, **kwargs):  # stands in for rendering (seconds)
+        with open(fname, "wb") as f:
+            f.write(f"{format} picture".encode())
 
     def half(fig, fname, **kwargs):  # a kill or full disk in the middle of the write
         with open(fname, "wb") as f:
-            f.write(before[:100])
+            f.write(b"png pic")
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    path = tmp_path / "h.png"
+    history = {"epoch": [1, 2], "loss": [1.0, 0.5]}
+    monkeypatch.setattr(Figure, "savefig", whole)
+    plot_history(history, path)
+    assert path.read_bytes() == b"png picture"
     monkeypatch.setattr(Figure, "savefig", half)
     with pytest.raises(OSError, match="No space"):
-        plot_history(history, path)
-    assert path.read_bytes() == before and sorted(tmp_path.iterdir()) == [path]
-    monkeypatch.undo()
+        plot_history(history, path)  # wrote half a file over the last picture
+    assert path.read_bytes() == b"png picture" and sorted(tmp_path.iterdir()) == [path]
+    monkeypatch.setattr(Figure, "savefig", whole)
     plot_history(history, tmp_path / "plain")  # no suffix: matplotlib's default, as before
-    assert (tmp_path / "plain.png").read_bytes().startswith(b"\x89PNG")
+    assert (tmp_path / "plain.png").read_bytes() == b"png picture"
+    plot_history(history, tmp_path / "h.SVG")
+    assert (tmp_path / "h.SVG").read_bytes() == b"svg picture"
 
 
 def test_train_takes_none_for_the_targets_of_a_model_without_loss(two_heads):
