@@ -93,9 +93,10 @@ class TrainingMixin:
 
     def fit(self, inputs: Sequence[Any] | Any, targets: Sequence[Any] | Any = ()) -> Any:
         """One fused training step (forward, loss, backward, update); returns the loss.
-        ``inputs`` and ``targets``: one array each, or lists of arrays. A batch of 0 rows
-        is a :class:`~fnnc.errors.ModelError` and changes nothing (its loss would be NaN)."""
-        return self.engine.fit(_arrays(inputs), _arrays(targets))
+        ``inputs`` and ``targets``: one array each, or lists of arrays (``targets=None``:
+        none, as for ``loss=None``). A batch of 0 rows is a
+        :class:`~fnnc.errors.ModelError` and changes nothing (its loss would be NaN)."""
+        return self.engine.fit(_arrays(inputs), [] if targets is None else _arrays(targets))
 
     def evaluate(
         self, inputs: Sequence[Any] | Any, *, is_test: bool = True, requires_grad: bool = False

@@ -204,3 +204,14 @@ def test_early_stopping_takes_nan_as_no_improvement_and_resumes_as_it_ran():
     resumed.load_state(json.loads(json.dumps(first.state())))
     assert (resumed.best, resumed.wait) == (first.best, first.wait) == (None, 1)
     assert run([nan], resumed) == 1  # the second NaN in a row: patience 1 is spent
+
+
+def test_fit_takes_none_for_no_targets(two_heads, regression):
+    # fit(x, None) passed None as one target: 'loss=None takes no targets, but 1 target(s)
+    # were given', and for mse a DTypeError about an object[] target
+    w = {k: np.asarray(v, np.float64) for k, v in two_heads.parameters().items()}
+    loss = two_heads.fit([X[:4], X[:4, :2]], None)
+    first = X[:4] @ w["t-two-0-o1-0-0"].T + w["t-two-0-o1-0-1"]
+    np.testing.assert_allclose(float(loss), np.mean(first), rtol=1e-5)
+    with pytest.raises(ModelError, match="no targets were given"):
+        regression.fit(X, None)
