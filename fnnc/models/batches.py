@@ -398,7 +398,9 @@ def row_multiple(model: Any) -> int:
     return math.lcm(*counts) if counts else 1
 
 
-def evaluate_rows(model: Any, inputs: Sequence[Any], multiple: int) -> list[np.ndarray]:
+def evaluate_rows(
+    model: Any, inputs: Sequence[Any], multiple: int, where: str = "predict"
+) -> list[np.ndarray]:
     """``model.evaluate(inputs, is_test=True)`` as a list of arrays, for a batch of any
     number of rows: where the rows must be a multiple of ``multiple``
     (:func:`row_multiple`, found once per pass over the data: a pipelined Repeat's
@@ -406,12 +408,23 @@ def evaluate_rows(model: Any, inputs: Sequence[Any], multiple: int) -> list[np.n
     last one and every per-row output is cut back to the rows given. With several
     processes the outputs are every process's rows, in process order
     (:mod:`fnnc.models.processes`). (Predicting and scoring take per-row outputs
-    already; the padding rows only fill microbatches and are never returned.)"""
+    already; the padding rows only fill microbatches and are never returned.) A scalar
+    output (one value per batch: a loss) is a :class:`ModelError` beginning ``where``:
+    batches of it have no rows to gather."""
     rows = len(inputs[0]) if inputs else 0
     pad = -rows % multiple if rows else 0
     if pad:
         inputs = [np.concatenate([x, np.repeat(x[-1:], pad, axis=0)]) for x in inputs]
     outs = [np.asarray(o) for o in as_list(model.evaluate(list(inputs), is_test=True))]
+    for i, o in enumerate(outs):
+        if o.ndim == 0:  # np.concatenate of the batches' outputs would fail
+            raise ModelError(
+                f"{where}: output {i} of model {model.describe()} is a scalar ({o.dtype}[]), "
+                "one value per batch, not a row per sample, so it cannot be gathered over "
+                "the batches of a set; run model.evaluate(batch) for it, or give the model "
+                "per-sample outputs ([N, ...]; a loss=None model may output its per-sample "
+                "losses, which fit averages)"
+            )
     procs = processes.spanned(model)
     return [processes.per_process(o, rows + pad, rows, procs) for o in outs]
 

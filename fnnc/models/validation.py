@@ -99,7 +99,7 @@ def outputs_and_targets(
         if batch is None:
             break
         inputs_b, targets_b = batch
-        outs.append(feed.evaluate_rows(model, feed.as_list(inputs_b), multiple))
+        outs.append(feed.evaluate_rows(model, feed.as_list(inputs_b), multiple, where))
         ts = [np.asarray(t) for t in targets_b]
         targets.append([processes.gathered_rows(t) for t in ts] if procs > 1 else ts)
     if not outs:

@@ -12,8 +12,9 @@ import numpy as np
 import optax
 import pytest
 
+from fnnc import ops
 from fnnc.errors import DTypeError, ModelError, ShapeError
-from fnnc.models import CSVLogger, Dense, EarlyStopping, Input, Model
+from fnnc.models import CommandLayer, CSVLogger, Dense, EarlyStopping, Input, Model
 
 RNG = np.random.default_rng(9)
 X = RNG.standard_normal((6, 3)).astype(np.float32)
@@ -215,3 +216,19 @@ def test_fit_takes_none_for_no_targets(two_heads, regression):
     np.testing.assert_allclose(float(loss), np.mean(first), rtol=1e-5)
     with pytest.raises(ModelError, match="no targets were given"):
         regression.fit(X, None)
+
+
+def test_predict_and_score_name_a_scalar_output_instead_of_numpy_s_concatenate_error():
+    # a model outputting its loss as a scalar (loss=None reads the first output): predict,
+    # score and train(validation=) raised NumPy's 'zero-dimensional arrays cannot be
+    # concatenated' after evaluating every batch
+    x = Input()
+    y = Dense(1, name="o")(x)
+    mean = CommandLayer(ops.reshape(shape=()))(CommandLayer(ops.reduce_mean(axes=(0, 1)))(y))
+    m = Model(x, [y, mean], name="sc")
+    m.compile(X[:4], loss=None, minimizer=optax.sgd(0.0))
+    np.testing.assert_allclose(float(m.evaluate(X[:4])[1]), np.mean(m.evaluate(X[:4])[0]))
+    with pytest.raises(ModelError, match=r"predict: output 1 of model .* is a scalar"):
+        m.predict(X[:4], batch_size=4)
+    with pytest.raises(ModelError, match=r"score: output 1 of model .* is a scalar"):
+        m.score(X[:4], Y[:4])
