@@ -317,7 +317,7 @@ class TrainingMixin:
                 ``batch_size``, arrays go on at the same sample of the stopped epoch's
                 order; a dataframe's epoch must end in its own batch size (an error
                 says which).
-            seed: the shuffling seed (kept by the model; default 0). Epoch ``e`` is
+            seed: the shuffling seed, an int >= 0 (kept by the model; default 0). Epoch ``e`` is
                 shuffled from ``(seed, e)``: the model counts epochs, so two calls with
                 ``epochs=1`` continue one sequence, as one call with ``epochs=2`` does.
             stop_on_nan: raise :class:`fnnc.errors.NumericsError` at the first loss that

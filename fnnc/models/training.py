@@ -85,6 +85,7 @@ def train(
 ) -> dict[str, list[float]]:
     """Trains a compiled model; returns the metrics of each epoch run (see ``Model.train``)."""
     _check_args(epochs, data, validation, inputs, targets)
+    seed = _shuffle_seed(seed)  # before the model keeps it
     prog = feed.progress(model)
     # metrics are added before others read them and loggers record them; savers run last
     callbacks = in_hook_order(check_callbacks(callbacks))
@@ -350,6 +351,17 @@ def _check_args(epochs: Any, data: Any, validation: Any, inputs: Any, targets: A
             f"{type(data).__name__}, which has no columns; pass the arrays themselves as "
             "data=(inputs, targets) and drop " + named
         )
+
+
+def _shuffle_seed(seed: Any) -> int | None:
+    """``train``'s ``seed`` as a Python int >= 0 (or None): the model keeps it in its
+    progress, which checkpoints store as JSON, and every epoch's shuffle reads it."""
+    if seed is None or (is_int(seed) and seed >= 0):
+        return None if seed is None else int(seed)
+    raise ModelError(
+        f"train: seed={seed!r} ({type(seed).__name__}); expected an int >= 0, the shuffling "
+        "seed (epoch e is shuffled from (seed, e)), e.g. seed=0"
+    )
 
 
 def _metrics(

@@ -14,7 +14,10 @@ import pytest
 
 from fnnc import ops
 from fnnc.errors import DTypeError, ModelError, ShapeError
+from fnnc.io import Checkpoints
 from fnnc.models import CommandLayer, CSVLogger, Dense, EarlyStopping, Input, Model
+from fnnc.models.batches import progress
+from fnnc.models.callbacks import CheckpointEvery
 
 RNG = np.random.default_rng(9)
 X = RNG.standard_normal((6, 3)).astype(np.float32)
@@ -232,3 +235,19 @@ def test_predict_and_score_name_a_scalar_output_instead_of_numpy_s_concatenate_e
         m.predict(X[:4], batch_size=4)
     with pytest.raises(ModelError, match=r"score: output 1 of model .* is a scalar"):
         m.score(X[:4], Y[:4])
+
+
+def test_train_checks_its_seed_before_the_model_keeps_it(regression, tmp_path):
+    # seed='a', 1.5 or -1 raised NumPy's errors after the model had kept the seed, so every
+    # later train call failed too; np.int64(3) was kept as such and broke the checkpoint's
+    # JSON metadata at the first save
+    before = progress(regression).seed
+    for bad in ("a", 1.5, -1, True):
+        with pytest.raises(ModelError, match=r"train: seed=.*expected an int >= 0"):
+            regression.train((X, Y), batch_size=3, seed=bad, verbose=False)
+        assert regression.train_progress.seed == before
+    saver = CheckpointEvery(tmp_path / "run.ckpt", steps=1)
+    regression.train((X, Y), batch_size=3, seed=np.int64(3), callbacks=[saver], verbose=False)
+    assert type(regression.train_progress.seed) is int and regression.train_progress.seed == 3
+    with Checkpoints(tmp_path / "run.ckpt") as ckpt:
+        assert ckpt.latest == regression.train_progress.step
