@@ -128,8 +128,12 @@ class CheckpointEvery(Callback):
     ):
         if (steps is None) == (not per_epoch):
             raise ModelError("CheckpointEvery: give steps=N or per_epoch=True (one of them)")
-        if steps is not None and (not isinstance(steps, int) or steps < 1):
-            raise ModelError(f"CheckpointEvery: steps must be a positive int, got {steps!r}")
+        if steps is not None and (not is_int(steps) or steps < 1):  # True is no count
+            raise ModelError(
+                f"CheckpointEvery: steps must be a positive int, got {steps!r} "
+                f"({type(steps).__name__})"
+            )
+        steps = None if steps is None else int(steps)
         self.target, self.steps, self.per_epoch = checkpoints, steps, per_epoch
         self.keep_last, self.sharded = keep_last, sharded
         self.checkpoints: Any = None

@@ -251,3 +251,14 @@ def test_train_checks_its_seed_before_the_model_keeps_it(regression, tmp_path):
     assert type(regression.train_progress.seed) is int and regression.train_progress.seed == 3
     with Checkpoints(tmp_path / "run.ckpt") as ckpt:
         assert ckpt.latest == regression.train_progress.step
+
+
+def test_checkpoint_every_takes_numpy_step_counts_and_refuses_bools(regression, tmp_path):
+    # steps=np.int64(2) was refused as 'not a positive int'; steps=True saved every step
+    with pytest.raises(ModelError, match=r"steps must be a positive int, got True \(bool\)"):
+        CheckpointEvery(tmp_path / "a.ckpt", steps=True)
+    saver = CheckpointEvery(tmp_path / "b.ckpt", steps=np.int64(2))
+    start = progress(regression).step
+    regression.train((X, Y), epochs=2, batch_size=3, callbacks=[saver], verbose=False)
+    with Checkpoints(tmp_path / "b.ckpt") as ckpt:
+        assert ckpt.steps() == [s for s in range(start + 1, start + 5) if s % 2 == 0]
