@@ -82,7 +82,9 @@ class Callback:
         """After epoch ``epoch`` (from 0) with its metrics (``loss``, ``val_loss``, ...)."""
 
     def on_train_end(self, loop: Any) -> None:
-        """After the last step (also when training stops on an error)."""
+        """After the last step (also when training stops on an error, or another
+        callback's ``on_train_begin`` or ``on_train_end`` fails), for each callback whose
+        ``on_train_begin`` finished."""
 
 
 class CheckpointEvery(Callback):

@@ -119,9 +119,11 @@ def train(
     lines = None
     if verbose:
         lines = EpochLines(target, bars=sys.stderr.isatty() if progress is None else progress)
-    for cb in callbacks:
-        cb.on_train_begin(loop)
+    begun: list[Any] = []  # ended in the finally below, even if a later one fails to begin
     try:
+        for cb in callbacks:
+            cb.on_train_begin(loop)
+            begun.append(cb)
         # Labels of in-memory data were checked whole above; streamed batches are
         # checked as they are read ahead (on one process: fit checks what a data-parallel
         # step takes). Either way fit need not check them again.
@@ -192,9 +194,21 @@ def train(
         checks.trust_labels(model.engine, False)
         if lines is not None:
             lines.close()
-        for cb in callbacks:
-            cb.on_train_end(loop)
+        _end(begun, loop)
     return history
+
+
+def _end(callbacks: Sequence[Any], loop: TrainLoop) -> None:
+    """Runs every callback's ``on_train_end`` (they close files and checkpoints), each
+    even if one before it fails; then raises the first failure."""
+    failed: BaseException | None = None
+    for cb in callbacks:
+        try:
+            cb.on_train_end(loop)
+        except BaseException as e:  # a Ctrl-C too: the others still close what they hold
+            failed = failed or e
+    if failed is not None:
+        raise failed
 
 
 def _epoch_end(callback: Any, loop: TrainLoop, epoch: int, logs: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ from fnnc.errors import DTypeError, ModelError, ShapeError
 from fnnc.io import Checkpoints
 from fnnc.models import CommandLayer, CSVLogger, Dense, EarlyStopping, Input, Model
 from fnnc.models.batches import progress
-from fnnc.models.callbacks import CheckpointEvery
+from fnnc.models.callbacks import Callback, CheckpointEvery
 
 RNG = np.random.default_rng(9)
 X = RNG.standard_normal((6, 3)).astype(np.float32)
@@ -262,3 +262,38 @@ def test_checkpoint_every_takes_numpy_step_counts_and_refuses_bools(regression, 
     regression.train((X, Y), epochs=2, batch_size=3, callbacks=[saver], verbose=False)
     with Checkpoints(tmp_path / "b.ckpt") as ckpt:
         assert ckpt.steps() == [s for s in range(start + 1, start + 5) if s % 2 == 0]
+
+
+class Hooks(Callback):
+    """Records which hooks ran; ``fail`` names one that raises."""
+
+    def __init__(self, fail: str = ""):
+        self.ran: list[str] = []
+        self.fail = fail
+
+    def on_train_begin(self, loop):
+        self.ran.append("begin")
+        if self.fail == "begin":
+            raise RuntimeError("begin failed")
+
+    def on_train_end(self, loop):
+        self.ran.append("end")
+        if self.fail == "end":
+            raise RuntimeError("end failed")
+
+
+def test_train_ends_every_callback_it_began_when_another_fails(regression, tmp_path):
+    # a failing on_train_begin skipped every on_train_end (the callbacks begun before it
+    # kept their files and checkpoints open), and a failing on_train_end skipped the rest
+    first, failing, never = Hooks(), Hooks("begin"), Hooks()
+    with pytest.raises(RuntimeError, match="begin failed"):
+        regression.train(
+            (X, Y), epochs=0, batch_size=3, callbacks=[first, failing, never], verbose=False
+        )
+    assert (first.ran, failing.ran, never.ran) == (["begin", "end"], ["begin"], [])
+    saver, last = CheckpointEvery(tmp_path / "c.ckpt", steps=1), Hooks()
+    with pytest.raises(RuntimeError, match="end failed"):
+        regression.train(
+            (X, Y), epochs=0, batch_size=3, callbacks=[Hooks("end"), last, saver], verbose=False
+        )
+    assert last.ran == ["begin", "end"] and saver.checkpoints is None  # closed
