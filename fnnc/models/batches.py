@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -339,9 +339,15 @@ def split(data: Any, where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """``(inputs, targets)`` as lists of arrays with as many samples each; targets
     ``None`` are none (a model compiled with ``loss=None``)."""
     try:
+        if isinstance(data, (Mapping, str, bytes)):  # would unpack into its keys or letters
+            raise TypeError
         inputs, targets = data
     except (TypeError, ValueError):
-        raise ModelError(f"{where}: expected (inputs, targets), e.g. (x_train, y_train)") from None
+        got = f", got a {type(data).__name__}" if isinstance(data, (Mapping, str)) else ""
+        raise ModelError(
+            f"{where}: expected (inputs, targets), e.g. (x_train, y_train){got}; name "
+            "columns with a fnnc.data.DataFrame (DataFrame.from_arrays(x=..., y=...))"
+        ) from None
     inputs, targets = as_list(inputs), [] if targets is None else as_list(targets)
     checks.listed_numbers(inputs, where, "inputs")
     checks.listed_numbers(targets, where, "targets")
@@ -352,7 +358,7 @@ def split(data: Any, where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
     for kind, i, a in arrays:
         if a.ndim == 0:
             raise ModelError(
-                f"{where}: {kind} {i} is one number ({_shown(a)}), not an array with a row "
+                f"{where}: {kind} {i} is a single value ({_shown(a)}), not an array with a row "
                 f"per sample; pass one {kind} per sample, e.g. np.full(len(x), value)"
             )
     if len({len(a) for _, _, a in arrays}) != 1:

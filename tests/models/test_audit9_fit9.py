@@ -71,9 +71,9 @@ def test_predict_refuses_inputs_of_different_rows(two_heads):
 def test_train_and_score_name_the_rows_of_each_array_and_refuse_a_scalar(regression):
     with pytest.raises(ModelError, match="input 0 has 6, target 0 has 5"):
         regression.train((X, Y[:5]), batch_size=3, verbose=False)
-    with pytest.raises(ModelError, match=r"score: target 0 is one number \(1\.5\)"):
+    with pytest.raises(ModelError, match=r"score: target 0 is a single value \(1\.5\)"):
         regression.score(X, 1.5)  # was len() of unsized object
-    with pytest.raises(ModelError, match=r"train: input 0 is one number"):
+    with pytest.raises(ModelError, match=r"train: input 0 is a single value"):
         regression.train((np.float32(1.0), Y), batch_size=3, verbose=False)
 
 
@@ -297,3 +297,11 @@ def test_train_ends_every_callback_it_began_when_another_fails(regression, tmp_p
             (X, Y), epochs=0, batch_size=3, callbacks=[Hooks("end"), last, saver], verbose=False
         )
     assert last.ran == ["begin", "end"] and saver.checkpoints is None  # closed
+
+
+def test_train_and_score_refuse_a_dict_that_would_unpack_into_its_keys(regression):
+    # {"x": X, "y": Y} unpacked into inputs "x" and targets "y"
+    with pytest.raises(ModelError, match=r"train: expected \(inputs, targets\).*got a dict"):
+        regression.train({"x": X, "y": Y}, batch_size=3, verbose=False)
+    with pytest.raises(ModelError, match=r"score: expected \(inputs, targets\).*got a str"):
+        regression.score("xy")
