@@ -33,6 +33,7 @@ import numpy as np
 from fnnc.core.dtypes import is_floating
 from fnnc.errors import DTypeError, ModelError, ShapeError
 from fnnc.models import checks
+from fnnc.models.build_context import is_int
 
 CLASSIFICATION = checks.CLASSIFICATION
 
@@ -69,13 +70,15 @@ class TopK(Metric):
     """
 
     def __init__(self, k: int, *, output: int = 0, name: str | None = None):
-        if not isinstance(k, int) or k < 1:
+        if not is_int(k) or k < 1:
             raise ModelError(f"TopK: k must be a positive int, got {k!r}")
-        self.k, self.output = k, output
+        if not is_int(output) or output < 0:
+            raise ModelError(f"TopK: output must be an output index >= 0, got {output!r}")
+        self.k, self.output = int(k), int(output)
         self.name = name or ("accuracy" if k == 1 else f"top_{k}_accuracy")
 
     def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:
-        out, labels = np.asarray(outputs[self.output]), np.asarray(targets[self.output])
+        out, labels = _output_and_target(self, outputs, targets)
         if labels.shape == out.shape and out.ndim >= 1:
             labels = np.argmax(labels, axis=-1)
         if self.k > out.shape[-1]:
@@ -95,6 +98,20 @@ class TopK(Metric):
         picked = np.take_along_axis(flat, index[:, None], axis=1)
         larger = np.sum((flat > picked) | np.isnan(flat), axis=1)
         return float(np.mean((larger < self.k) & ~np.isnan(picked[:, 0]) & known))
+
+
+def _output_and_target(metric: Any, outputs: list[Any], targets: list[Any]) -> tuple[Any, Any]:
+    """Output ``metric.output`` and its target as arrays; a :class:`ModelError` where the
+    model has no such output or no target was given for it."""
+    k = metric.output
+    if not (0 <= k < len(outputs) and k < len(targets)):
+        raise ModelError(
+            f"metric {metric.name}: output={k}, but the model has {len(outputs)} output(s) "
+            f"and {len(targets)} target(s) were given; measure an output in "
+            f"[0, {min(len(outputs), len(targets))}) (output=i measures output i against "
+            "target i)"
+        )
+    return np.asarray(outputs[k]), np.asarray(targets[k])
 
 
 def _class_indices(metric: TopK, labels: np.ndarray, classes: int) -> tuple[Any, Any]:
@@ -136,10 +153,12 @@ class BinaryAccuracy(Metric):
     """
 
     def __init__(self, threshold: float | None = None, *, output: int = 0, name: str = "accuracy"):
-        self.threshold, self.output, self.name = threshold, output, name
+        if not is_int(output) or output < 0:
+            raise ModelError(f"BinaryAccuracy: output must be an output index >= 0, got {output!r}")
+        self.threshold, self.output, self.name = threshold, int(output), name
 
     def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:
-        out, labels = np.asarray(outputs[self.output]), np.asarray(targets[self.output])
+        out, labels = _output_and_target(self, outputs, targets)
         threshold = self.threshold
         if threshold is None:
             loss = getattr(getattr(model, "engine", None), "loss", None)
@@ -179,7 +198,7 @@ class Accuracy(TopK):
         super().__init__(1, output=output, name=name)
 
     def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:
-        out, labels = np.asarray(outputs[self.output]), np.asarray(targets[self.output])
+        out, labels = _output_and_target(self, outputs, targets)
         loss = getattr(getattr(model, "engine", None), "loss", None)
         # one unit (argmax would always be 0) or independent units (argmax picks one)
         if (out.ndim >= 1 and out.shape[-1] == 1) or loss in BINARY_THRESHOLDS:
@@ -247,7 +266,7 @@ class Function(Metric):
         self.name, self.fn = name, fn
 
     def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:
-        return float(self.fn(outputs[0], targets[0]))
+        return _number(self.name, self.fn(outputs[0], targets[0]))
 
 
 _TOP_K = re.compile(r"top_?(\d+)(_accuracy)?$")
@@ -323,7 +342,23 @@ def measure(
     model: Any, outputs: list[np.ndarray], targets: list[np.ndarray], metrics: dict[str, Metric]
 ) -> dict[str, float]:
     """Each metric of ``metrics`` on the gathered ``outputs`` and ``targets``."""
-    return {name: float(m(model, outputs, targets)) for name, m in metrics.items()}
+    return {name: _number(name, m(model, outputs, targets)) for name, m in metrics.items()}
+
+
+def _number(name: str, value: Any) -> float:
+    """A metric's ``value`` as a float; a :class:`ModelError` naming the metric for
+    anything but one real number (an array, a string)."""
+    try:
+        array = np.asarray(value)
+    except Exception:  # an object NumPy cannot take
+        array = np.asarray(None)
+    if array.ndim != 0 or array.dtype.kind not in "biuf":
+        shape = f" of shape {list(array.shape)}" if array.ndim else ""
+        raise ModelError(
+            f"metric {name!r} returned {type(value).__name__}{shape} ({value!r:.60}); a metric "
+            "returns one real number for the whole set, e.g. float(np.mean(...))"
+        )
+    return float(array)
 
 
 def score(

@@ -18,6 +18,7 @@ from fnnc.io import Checkpoints
 from fnnc.models import CommandLayer, CSVLogger, Dense, EarlyStopping, Input, Model
 from fnnc.models.batches import progress
 from fnnc.models.callbacks import Callback, CheckpointEvery
+from fnnc.models.metrics import Accuracy, TopK
 
 RNG = np.random.default_rng(9)
 X = RNG.standard_normal((6, 3)).astype(np.float32)
@@ -305,3 +306,18 @@ def test_train_and_score_refuse_a_dict_that_would_unpack_into_its_keys(regressio
         regression.train({"x": X, "y": Y}, batch_size=3, verbose=False)
     with pytest.raises(ModelError, match=r"score: expected \(inputs, targets\).*got a str"):
         regression.score("xy")
+
+
+def test_metrics_name_a_missing_output_and_a_result_that_is_no_number(regression):
+    # both raised bare IndexError / TypeError, in train after the epoch had trained
+    with pytest.raises(ModelError, match=r"metric a2: output=2, but the model has 1 output"):
+        regression.score(X, Y, metrics=[Accuracy(output=2, name="a2")])
+    with pytest.raises(ModelError, match=r"metric 'mean' returned ndarray of shape \[1\]"):
+        regression.score(X, Y, metrics={"mean": lambda out, target: out.mean(0)})
+    with pytest.raises(ModelError, match=r"metric 'name' returned str"):
+        regression.score(X, Y, metrics={"name": lambda out, target: "x"})
+    logits = RNG.standard_normal((9, 4)).astype(np.float32)
+    labels = RNG.integers(0, 4, 9)
+    top2 = np.argsort(-logits, axis=1)[:, :2]
+    got = TopK(np.int64(2), output=np.int64(0))(None, [logits], [labels])  # was refused
+    assert got == np.mean((top2 == labels[:, None]).any(1))
