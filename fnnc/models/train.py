@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from fnnc.models import batches, training
+from fnnc.models import batches, metrics, training
 
 
 def predict(
@@ -34,9 +34,12 @@ def predict(
 
 
 def accuracy(model: Any, data: Any, *, batch_size: int = 256) -> float:
-    """Top-1 accuracy of the first output against integer labels, one-hot or soft targets."""
+    """Top-1 accuracy of the first output against integer labels, one-hot or soft targets;
+    for a one-unit output or a binary loss, entry by entry (``score``'s ``accuracy``:
+    :class:`fnnc.models.metrics.Accuracy`, which reads the model's loss)."""
     inputs, targets = batches.split(data, "accuracy")
-    return training.accuracy(predict(model, inputs, batch_size=batch_size), targets[0])
+    outputs = predict(model, inputs, batch_size=batch_size)
+    return metrics.Accuracy()(model, [outputs], [targets[0]])
 
 
 def train(model: Any, data: Any, **kwargs: Any) -> dict[str, list[float]]:

@@ -321,3 +321,17 @@ def test_metrics_name_a_missing_output_and_a_result_that_is_no_number(regression
     top2 = np.argsort(-logits, axis=1)[:, :2]
     got = TopK(np.int64(2), output=np.int64(0))(None, [logits], [labels])  # was refused
     assert got == np.mean((top2 == labels[:, None]).any(1))
+
+
+def test_legacy_accuracy_reads_the_models_loss_as_score_does():
+    # fnnc.models.train.accuracy called Accuracy without the model: a multi-label
+    # (sigmoid_binary_crossentropy) output was measured by argmax, a one-unit one refused
+    from fnnc.models.train import accuracy
+
+    x = Input()
+    m = Model(x, Dense(3, name="o")(x), name="multi")
+    m.compile(X, loss="sigmoid_binary_crossentropy", minimizer=optax.sgd(0.0))
+    targets = (RNG.standard_normal((6, 3)) > 0).astype(np.float32)
+    w = {k: np.asarray(v, np.float64) for k, v in m.parameters().items()}
+    logits = X @ w["t-multi-0-o-0-0"].T + w["t-multi-0-o-0-1"]
+    assert accuracy(m, (X, targets)) == np.mean((logits > 0) == (targets > 0.5))
