@@ -339,11 +339,13 @@ def split(data: Any, where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """``(inputs, targets)`` as lists of arrays with as many samples each; targets
     ``None`` are none (a model compiled with ``loss=None``)."""
     try:
-        if isinstance(data, (Mapping, str, bytes)):  # would unpack into its keys or letters
+        # a dict or string would unpack into its keys or letters, an array of 2 rows into them
+        if isinstance(data, (Mapping, str, bytes)) or hasattr(data, "shape"):
             raise TypeError
         inputs, targets = data
     except (TypeError, ValueError):
-        got = f", got a {type(data).__name__}" if isinstance(data, (Mapping, str)) else ""
+        odd = isinstance(data, (Mapping, str)) or hasattr(data, "shape")
+        got = f", got a {type(data).__name__}" if odd else ""
         raise ModelError(
             f"{where}: expected (inputs, targets), e.g. (x_train, y_train){got}; name "
             "columns with a fnnc.data.DataFrame (DataFrame.from_arrays(x=..., y=...))"

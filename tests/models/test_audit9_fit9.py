@@ -301,11 +301,14 @@ def test_train_ends_every_callback_it_began_when_another_fails(regression, tmp_p
 
 
 def test_train_and_score_refuse_a_dict_that_would_unpack_into_its_keys(regression):
-    # {"x": X, "y": Y} unpacked into inputs "x" and targets "y"
+    # {"x": X, "y": Y} unpacked into inputs "x" and targets "y"; an array of 2 rows into
+    # its rows
     with pytest.raises(ModelError, match=r"train: expected \(inputs, targets\).*got a dict"):
         regression.train({"x": X, "y": Y}, batch_size=3, verbose=False)
     with pytest.raises(ModelError, match=r"score: expected \(inputs, targets\).*got a str"):
         regression.score("xy")
+    with pytest.raises(ModelError, match=r"validation: expected .*got a ndarray"):  # 2 rows
+        regression.train((X, Y), batch_size=3, validation=X[:2], verbose=False)
 
 
 def test_metrics_name_a_missing_output_and_a_result_that_is_no_number(regression):
