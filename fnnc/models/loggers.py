@@ -208,9 +208,23 @@ class LearningRate(Callback):
             return float(self.schedule(max(step - 1, 0)))
         return float(self.schedule)
 
+    def on_train_begin(self, loop: Any) -> None:
+        if self.name in ("loss", "epoch") or self.name in loop.history:
+            self._taken(self.name)
+
     def on_epoch_end(self, loop: Any, epoch: int, logs: dict[str, float]) -> None:
+        if self.name in logs:  # a metric train measured (val_loss, accuracy) or another adder's
+            self._taken(self.name)
         count = _update_count(loop.model) if callable(self.schedule) else None
         logs[self.name] = self.rate(loop.progress.step if count is None else count)
+
+    def _taken(self, name: str) -> None:
+        raise ModelError(
+            f"LearningRate: name={name!r} is a metric train already records ('loss', 'epoch', "
+            "the val_ metrics, your metrics, another LearningRate's); the rate would replace "
+            "it in the history, the logs and what EarlyStopping and the checkpoints read. "
+            "Give it its own name, e.g. LearningRate(schedule, name='lr')"
+        )
 
 
 def _update_count(model: Any) -> int | None:

@@ -15,7 +15,15 @@ import pytest
 from fnnc import ops
 from fnnc.errors import DTypeError, ModelError, ShapeError
 from fnnc.io import Checkpoints
-from fnnc.models import CommandLayer, CSVLogger, Dense, EarlyStopping, Input, Model
+from fnnc.models import (
+    CommandLayer,
+    CSVLogger,
+    Dense,
+    EarlyStopping,
+    Input,
+    LearningRate,
+    Model,
+)
 from fnnc.models.batches import progress
 from fnnc.models.callbacks import Callback, CheckpointEvery
 from fnnc.models.metrics import Accuracy, TopK
@@ -338,3 +346,13 @@ def test_legacy_accuracy_reads_the_models_loss_as_score_does():
     w = {k: np.asarray(v, np.float64) for k, v in m.parameters().items()}
     logits = X @ w["t-multi-0-o-0-0"].T + w["t-multi-0-o-0-1"]
     assert accuracy(m, (X, targets)) == np.mean((logits > 0) == (targets > 0.5))
+
+
+@pytest.mark.parametrize("name", ["loss", "val_loss"])
+def test_learning_rate_refuses_a_name_train_already_records(regression, name):
+    # LearningRate(name="loss") replaced the epoch's loss with the rate in the history, the
+    # logs, EarlyStopping's monitor and the checkpoint metadata, silently
+    with pytest.raises(ModelError, match=rf"LearningRate: name='{name}' is a metric train"):
+        regression.train((X, Y), batch_size=3, validation=(X, Y), verbose=False,
+                         callbacks=[LearningRate(0.1, name=name)])  # fmt: skip
+    assert progress(regression).batch == 0  # refused at an epoch's end at the latest
