@@ -114,6 +114,11 @@ def as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
+def targets_list(value: Any) -> list[Any]:
+    """:func:`as_list` of a batch's targets; ``None`` is none (a ``loss=None`` model)."""
+    return [] if value is None else as_list(value)
+
+
 class Batches:
     """A source of training batches: ``len(source)`` per epoch, read by :meth:`epoch`.
     ``batch_size``: the samples per batch where ``train``'s ``batch_size`` applies."""
@@ -280,7 +285,8 @@ class FrameBatches(Batches):
 
 
 class GrainBatches(Batches):
-    """A ``grain.MapDataset`` whose elements are ``(inputs, targets)`` batches: epoch
+    """A ``grain.MapDataset`` whose elements are ``(inputs, targets)`` batches (targets
+    ``None`` for a ``loss=None`` model): epoch
     ``e`` reads indices ``e * len .. (e + 1) * len`` of ``ds.repeat()``, where Grain's
     shuffles reshuffle per epoch."""
 
@@ -300,7 +306,7 @@ class GrainBatches(Batches):
                     f"train: element {k} of the Grain dataset is a {type(element).__name__}; "
                     "expected (inputs, targets) batches (map the dataset to that pair)"
                 ) from None
-            yield as_list(inputs), as_list(targets)
+            yield as_list(inputs), targets_list(targets)
 
 
 def batches(
@@ -350,7 +356,7 @@ def split(data: Any, where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
             f"{where}: expected (inputs, targets), e.g. (x_train, y_train){got}; name "
             "columns with a fnnc.data.DataFrame (DataFrame.from_arrays(x=..., y=...))"
         ) from None
-    inputs, targets = as_list(inputs), [] if targets is None else as_list(targets)
+    inputs, targets = as_list(inputs), targets_list(targets)
     checks.listed_numbers(inputs, where, "inputs")
     checks.listed_numbers(targets, where, "targets")
     inputs = [np.asarray(a) for a in inputs]

@@ -143,4 +143,4 @@ def _pair(element: Any, k: int, where: str) -> feed.Batch:
             f"{where}: element {k} of the Grain dataset is a {type(element).__name__}; "
             "expected (inputs, targets) batches (map the dataset to that pair)"
         ) from None
-    return feed.as_list(inputs), feed.as_list(targets)
+    return feed.as_list(inputs), feed.targets_list(targets)

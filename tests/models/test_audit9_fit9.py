@@ -356,3 +356,14 @@ def test_learning_rate_refuses_a_name_train_already_records(regression, name):
         regression.train((X, Y), batch_size=3, validation=(X, Y), verbose=False,
                          callbacks=[LearningRate(0.1, name=name)])  # fmt: skip
     assert progress(regression).batch == 0  # refused at an epoch's end at the latest
+
+
+def test_grain_batches_take_none_for_the_targets_of_a_model_without_loss(two_heads):
+    # (inputs, None) elements gave fit one target None, and validation NumPy's error
+    import grain
+
+    w = {k: np.asarray(v, np.float64) for k, v in two_heads.parameters().items()}
+    ds = grain.MapDataset.source([([X[:4], X[:4, :2]], None)])
+    h = two_heads.train(ds, validation=ds, verbose=False)
+    first = X[:4] @ w["t-two-0-o1-0-0"].T + w["t-two-0-o1-0-1"]
+    np.testing.assert_allclose([h["loss"], h["val_loss"]], [[np.mean(first)]] * 2, rtol=1e-5)
