@@ -266,9 +266,10 @@ class TrainingMixin:
     def memory_plan(self, inputs: Any = None, targets: Any = ()) -> Any:
         """:func:`fnnc.graph.memory_plan` of the compiled training step: the last one
         :meth:`fit` ran, or the one for ``inputs``/``targets`` (arrays or specs: one, or
-        a list, as :meth:`fit` takes them)."""
+        a list, or ``None`` for no targets, as :meth:`fit` takes them)."""
         return self.engine.memory_plan(
-            None if inputs is None else _arrays(inputs), _arrays(targets)
+            None if inputs is None else _arrays(inputs),
+            [] if targets is None else _arrays(targets),
         )
 
     def train(

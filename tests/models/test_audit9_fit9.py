@@ -228,6 +228,7 @@ def test_fit_takes_none_for_no_targets(two_heads, regression):
     np.testing.assert_allclose(float(loss), np.mean(first), rtol=1e-5)
     with pytest.raises(ModelError, match="no targets were given"):
         regression.fit(X, None)
+    assert two_heads.memory_plan([X[:4], X[:4, :2]], None) is not None  # said '1 target'
 
 
 def test_predict_and_score_name_a_scalar_output_instead_of_numpy_s_concatenate_error():
