@@ -224,11 +224,13 @@ def test_fit_takes_none_for_no_targets(two_heads, regression):
     # were given', and for mse a DTypeError about an object[] target
     w = {k: np.asarray(v, np.float64) for k, v in two_heads.parameters().items()}
     loss = two_heads.fit([X[:4], X[:4, :2]], None)
+    ran = two_heads.memory_plan()  # of the program fit just ran
     first = X[:4] @ w["t-two-0-o1-0-0"].T + w["t-two-0-o1-0-1"]
     np.testing.assert_allclose(float(loss), np.mean(first), rtol=1e-5)
     with pytest.raises(ModelError, match="no targets were given"):
         regression.fit(X, None)
-    assert two_heads.memory_plan([X[:4], X[:4, :2]], None) is not None  # said '1 target'
+    planned = two_heads.memory_plan([X[:4], X[:4, :2]], None)  # said '1 target(s) were given'
+    assert planned.peak_bytes == ran.peak_bytes > 0
 
 
 def test_predict_and_score_name_a_scalar_output_instead_of_numpy_s_concatenate_error():
