@@ -372,7 +372,7 @@ def score(
     targets: Any = None,
 ) -> dict[str, float]:
     """Loss and metrics of ``model`` on a labelled set (see ``Model.score``)."""
-    from fnnc.models.batches import check_batch_size
+    from fnnc.models.sample_sets import check_batch_size
     from fnnc.models.validation import outputs_and_targets, validation_batches
 
     batch_size = check_batch_size(batch_size, "score")

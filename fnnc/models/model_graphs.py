@@ -94,8 +94,8 @@ class GraphsMixin:
         """``(build, its feed, graph)``: the model outputs (then the internals' new
         values ``with_updates``), inputs in the feed's order; ``as_evaluated``: after the
         engine's precision cast and forward passes, as ``forward_program`` runs them."""
-        from fnnc.models.batches import as_list
         from fnnc.models.programs import _ordered, evaluated_graph
+        from fnnc.models.sample_sets import as_list
 
         engine = self.engine
         arrays = as_list(inputs)

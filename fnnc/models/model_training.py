@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from fnnc.models import checks
-from fnnc.models.batches import check_batch_size
 from fnnc.models.engine import Engine
 from fnnc.models.layer import ModelError
+from fnnc.models.sample_sets import check_batch_size
 
 
 class TrainingMixin:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from fnnc.models import batches, metrics, training
+from fnnc.models import metrics, sample_sets, training
 
 
 def predict(
@@ -37,7 +37,7 @@ def accuracy(model: Any, data: Any, *, batch_size: int = 256) -> float:
     """Top-1 accuracy of the first output against integer labels, one-hot or soft targets;
     for a one-unit output or a binary loss, entry by entry (``score``'s ``accuracy``:
     :class:`fnnc.models.metrics.Accuracy`, which reads the model's loss)."""
-    inputs, targets = batches.split(data, "accuracy")
+    inputs, targets = sample_sets.split(data, "accuracy")
     outputs = predict(model, inputs, batch_size=batch_size)
     return metrics.Accuracy()(model, [outputs], [targets[0]])
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from fnnc.errors import ModelError, NumericsError, ShapeError
 from fnnc.models import batches as feed
-from fnnc.models import checks, processes
+from fnnc.models import checks, processes, sample_sets
 from fnnc.models import metrics as metrics_
 from fnnc.models.callbacks import (
     Callback,
@@ -410,7 +410,7 @@ def _metrics(
 def predict(model: Any, inputs: Any, *, batch_size: int = 256, all_outputs: bool = False) -> Any:
     """The model's outputs (test mode) over all samples of ``inputs`` in batches: one
     array for a one-output model, else a list (``all_outputs``: always a list)."""
-    inputs = [np.asarray(x) for x in feed.as_list(inputs)]
+    inputs = [np.asarray(x) for x in sample_sets.as_list(inputs)]
     procs = processes.spanned(model)
     if procs > 1:  # every process must run as many batches of as many rows
         processes.agree(
@@ -419,7 +419,7 @@ def predict(model: Any, inputs: Any, *, batch_size: int = 256, all_outputs: bool
             "every process must pass as many rows (its share of the set: "
             "DataFrame.shard() or equal slices of the arrays)",
         )  # fmt: skip
-    multiple = feed.row_multiple(model)
-    run = lambda xs: feed.evaluate_rows(model, xs, multiple)
-    outs = feed.in_batches(run, inputs, batch_size, procs)
+    multiple = sample_sets.row_multiple(model)
+    run = lambda xs: sample_sets.evaluate_rows(model, xs, multiple)
+    outs = sample_sets.in_batches(run, inputs, batch_size, procs)
     return outs if all_outputs or len(outs) != 1 else outs[0]

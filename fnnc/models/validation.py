@@ -30,7 +30,7 @@ import numpy as np
 
 from fnnc.errors import DataError, ModelError
 from fnnc.models import batches as feed
-from fnnc.models import processes
+from fnnc.models import processes, sample_sets
 
 Read = Callable[[], Iterator[feed.Batch]]
 
@@ -66,7 +66,7 @@ def validation_batches(
         return lambda: _renamed(grain_source.epoch(0, 0, None), where)
     if isinstance(validation, grain.IterDataset):
         return lambda: (_pair(e, k, where) for k, e in enumerate(validation))
-    xs, ts = feed.split(validation, where)
+    xs, ts = sample_sets.split(validation, where)
     n = len(xs[0])
 
     def arrays() -> Iterator[feed.Batch]:
@@ -89,7 +89,7 @@ def outputs_and_targets(
     as many rows."""
     outs: list[list[np.ndarray]] = []
     targets: list[list[np.ndarray]] = []
-    multiple = feed.row_multiple(model)
+    multiple = sample_sets.row_multiple(model)
     procs = processes.spanned(model)
     batches = iter(read())
     while True:
@@ -99,7 +99,9 @@ def outputs_and_targets(
         if batch is None:
             break
         inputs_b, targets_b = batch
-        outs.append(feed.evaluate_rows(model, feed.as_list(inputs_b), multiple, where))
+        outs.append(
+            sample_sets.evaluate_rows(model, sample_sets.as_list(inputs_b), multiple, where)
+        )
         ts = [np.asarray(t) for t in targets_b]
         targets.append([processes.gathered_rows(t) for t in ts] if procs > 1 else ts)
     if not outs:
@@ -110,7 +112,7 @@ def outputs_and_targets(
 def _agree(batch: feed.Batch | None, k: int, where: str) -> None:
     """Checks that every process has a batch ``k`` (``None``: this one's set ended)
     of as many rows as this one's."""
-    rows = -1 if batch is None else len(feed.as_list(batch[0])[0])
+    rows = -1 if batch is None else len(sample_sets.as_list(batch[0])[0])
     processes.agree(
         [rows], where, f"the rows of batch {k} of the set",
         "every process must give as many batches of as many rows (its share of the set: "
@@ -143,4 +145,4 @@ def _pair(element: Any, k: int, where: str) -> feed.Batch:
             f"{where}: element {k} of the Grain dataset is a {type(element).__name__}; "
             "expected (inputs, targets) batches (map the dataset to that pair)"
         ) from None
-    return feed.as_list(inputs), feed.targets_list(targets)
+    return sample_sets.as_list(inputs), sample_sets.targets_list(targets)
