@@ -128,9 +128,11 @@ def softmax_crossentropy(x, label, *, trim0=0.0, trim1=1.0):
     ``loss = logsumexp(x) - sum(t * x)`` for targets ``t``; it equals
     ``sum(t * -log softmax(x))`` whenever the targets sum to 1 (one-hot labels, or
     ``trim0 = eps / C, trim1 = 1 - eps + eps / C``), and its gradient is always NNC's
-    ``softmax - t``. The backward reads only the softmax and the label. A 16-bit x is
-    computed in float32 (as the Pallas kernel does: over more than 65504 classes the sum
-    of the exponentials passes float16's largest value) and both outputs cast back.
+    ``softmax - t``. A class whose target is 0 adds 0, so logits masked with ``-inf`` give a
+    finite loss (and a zero softmax there) unless a target falls on one. The backward reads
+    only the softmax and the label. A 16-bit x is computed in float32 (as the Pallas kernel
+    does: over more than 65504 classes the sum of the exponentials passes float16's largest
+    value) and both outputs cast back.
 
     >>> import jax.numpy as jnp
     >>> from fnnc import ops
@@ -145,8 +147,10 @@ def softmax_crossentropy(x, label, *, trim0=0.0, trim1=1.0):
     s = jnp.sum(e, axis=-1, keepdims=True)
     t = _targets(label, x.shape, x.dtype, trim0, trim1)
     t_sum = jnp.sum(t, axis=-1, keepdims=True)
-    # -sum(t * z) is exactly max - x[label] for a one-hot t, so log(s) is added last.
-    loss = -jnp.sum(t * z, axis=-1, keepdims=True) + m * (1 - t_sum) + jnp.log(s)
+    # -sum(t * z) is exactly max - x[label] for a one-hot t, so log(s) is added last. A
+    # class without target adds 0 even at a masked -inf logit (0 * -inf would be NaN).
+    tz = jnp.where(t == 0, 0, t * z)
+    loss = -jnp.sum(tz, axis=-1, keepdims=True) + m * (1 - t_sum) + jnp.log(s)
     return loss.astype(out), (e / s).astype(out)
 
 

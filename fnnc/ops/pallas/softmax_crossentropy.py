@@ -109,7 +109,9 @@ def _forward_kernel(x_ref, t_ref, loss_ref, p_ref, *, bc, dense, trims):
         m, s = carry
         x = _blk(x_ref, j, bc, c, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(x, axis=1, keepdims=True))
-        s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(x - m_new), axis=1, keepdims=True)
+        # A row with only -inf so far (a masked block) shifts by 0: -inf - -inf is NaN.
+        shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+        s = s * jnp.exp(m - shift) + jnp.sum(jnp.exp(x - shift), axis=1, keepdims=True)
         return m_new, s
 
     init = (jnp.full((bm, 1), -jnp.inf, jnp.float32), jnp.zeros((bm, 1), jnp.float32))
@@ -121,7 +123,8 @@ def _forward_kernel(x_ref, t_ref, loss_ref, p_ref, *, bc, dense, trims):
         z = _blk(x_ref, j, bc, c) - m
         store(p_ref, idx, jnp.exp(z) / s, mask)
         t = _targets(t_ref, j, bm, bc, c, dense, trims)
-        return tz + jnp.sum(t * z, axis=1, keepdims=True), t_sum + jnp.sum(t, axis=1, keepdims=True)
+        tz = tz + jnp.sum(jnp.where(t == 0, 0.0, t * z), axis=1, keepdims=True)  # 0 at -inf
+        return tz, t_sum + jnp.sum(t, axis=1, keepdims=True)
 
     zero = jnp.zeros((bm, 1), jnp.float32)
     tz, t_sum = lax.fori_loop(0, n, write, (zero, zero))

@@ -1,0 +1,67 @@
+"""Audit 9 (losses): masked -inf logits, the fused head's online logsumexp, labels."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fnnc import ops
+from fnnc.ops.pallas import softmax_crossentropy as kernel
+
+NINF = -np.inf
+
+
+def _masked_ce(x, label):
+    """NumPy float64 ``logsumexp(x) - x[label]`` over the finite logits, and its gradient."""
+    x = np.asarray(x, np.float64)
+    m = x.max(-1, keepdims=True)
+    e = np.exp(x - m)
+    p = e / e.sum(-1, keepdims=True)
+    loss = np.log(e.sum(-1)) + m[:, 0] - np.take_along_axis(x, label[:, None], -1)[:, 0]
+    return loss, p - np.eye(x.shape[-1])[label]
+
+
+# Row 0's first 16 classes are -inf: a whole class block of the kernel below (and of the
+# linear head's class_chunk), the case where an online logsumexp computes -inf - -inf.
+_X = np.random.default_rng(0).standard_normal((3, 37)).astype(np.float32) * 3
+_X[0, :16] = NINF
+_X[1, [2, 5, 36]] = NINF
+_LABEL = np.array([20, 4, 0], np.int32)
+
+
+@pytest.mark.parametrize("form", ["index", "index1", "float_index", "one_hot"])
+def test_softmax_crossentropy_of_masked_logits_is_finite(form):
+    """0 * -inf was NaN in -sum(t * z) for every class off the label (optax and NNC,
+    which reads x[label] alone, give the finite loss)."""
+    label = {
+        "index": _LABEL,
+        "index1": _LABEL[:, None],
+        "float_index": _LABEL.astype(np.float32),
+        "one_hot": np.eye(37, dtype=np.float32)[_LABEL],
+    }[form]
+    cmd = ops.softmax_crossentropy()
+    want, want_grad = _masked_ce(_X, _LABEL)
+    loss, p = cmd(_X, label)
+    np.testing.assert_allclose(np.asarray(loss)[:, 0], want, rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(
+        want, optax.softmax_cross_entropy_with_integer_labels(_X, _LABEL), rtol=1e-6
+    )
+    assert np.all(np.asarray(p)[np.isinf(_X)] == 0)
+    grad = jax.grad(lambda x: jnp.sum(cmd(x, label)[0]))(jnp.asarray(_X))
+    np.testing.assert_allclose(grad, want_grad, atol=1e-6)
+
+
+def test_smoothed_targets_on_a_masked_logit_are_an_infinite_loss():
+    """trim0 > 0 puts mass on the -inf classes: the loss is +inf, not NaN."""
+    loss, _ = ops.softmax_crossentropy(trim0=0.01, trim1=0.9)(_X, _LABEL)
+    assert np.all(np.asarray(loss)[:2] == np.inf)
+
+
+def test_pallas_kernel_of_masked_logits_matches_numpy(monkeypatch):
+    """The kernel's online logsumexp saw a first class block of -inf only: NaN."""
+    monkeypatch.setattr(kernel, "CLASS_BLOCK", 16)
+    loss, _ = jax.jit(kernel.softmax_crossentropy)(_X, _LABEL)
+    np.testing.assert_allclose(np.asarray(loss)[:, 0], _masked_ce(_X, _LABEL)[0], rtol=1e-5)
