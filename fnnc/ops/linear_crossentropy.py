@@ -148,7 +148,10 @@ def _row_losses(xr, lr, w, bias, trims, cv):
         fresh = _fresh(c0, j, cv)[None, :]
         zm = jnp.where(fresh, z, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(zm, axis=1))
-        s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(zm - m_new[:, None]), axis=1)
+        # A row with only -inf logits so far (a bias masking a block) shifts by 0, not by
+        # -inf: -inf - -inf is NaN.
+        shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+        s = s * jnp.exp(m - shift) + jnp.sum(jnp.exp(zm - shift[:, None]), axis=1)
         hit = fresh & (c0 + lax.iota(jnp.int32, cv)[None, :] == lr[:, None])
         picked = picked + jnp.sum(jnp.where(hit, z, 0.0), axis=1)
         if trim0:

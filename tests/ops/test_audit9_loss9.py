@@ -65,3 +65,23 @@ def test_pallas_kernel_of_masked_logits_matches_numpy(monkeypatch):
     monkeypatch.setattr(kernel, "CLASS_BLOCK", 16)
     loss, _ = jax.jit(kernel.softmax_crossentropy)(_X, _LABEL)
     np.testing.assert_allclose(np.asarray(loss)[:, 0], _masked_ce(_X, _LABEL)[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("class_chunk", [16, 5])
+def test_linear_head_with_a_masked_first_class_block(class_chunk):
+    """A bias of -inf over the first class block made the fused head's online
+    logsumexp NaN for every row; the dense backend and the unfused pair were finite."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    w = (rng.standard_normal((37, 4)) * 0.5).astype(np.float32)
+    bias = np.zeros(37, np.float32)
+    bias[:16] = NINF
+    label = rng.integers(16, 37, 5).astype(np.int32)
+    z = x.astype(np.float64) @ w.T.astype(np.float64) + bias
+    want, want_dz = _masked_ce(z, label)
+    cmd = ops.linear_softmax_crossentropy(row_chunk=2, class_chunk=class_chunk)
+    f = jax.jit(lambda x, w: jnp.sum(cmd(x, w, label, bias)[0]))
+    loss, (gx, gw) = jax.value_and_grad(f, (0, 1))(x, w)
+    np.testing.assert_allclose(loss, want.sum(), rtol=1e-5)
+    np.testing.assert_allclose(gx, want_dz @ w.astype(np.float64), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gw, want_dz.T @ x.astype(np.float64), rtol=1e-4, atol=1e-5)
