@@ -12,8 +12,9 @@ exactly::
     # (16-bit inputs: up to the roundings XLA may skip, see _block_logits)
 
 with ``x [..., D]``, ``w [V, D]`` (NNC's dense layout), ``label`` class indices shaped
-``[...]`` or ``[..., 1]`` (integers, or floats rounded as NNC does; NNC's label
-smoothing ``trim0``, ``trim1`` applies) and an optional ``bias [V]``. The outputs are
+``[...]`` or ``[..., 1]`` (or ``[N]`` for ``x [N, 1, ..., 1, D]``, NNC's batch-first rule,
+as the pair takes them; integers, or floats rounded as NNC does; NNC's label smoothing
+``trim0``, ``trim1`` applies) and an optional ``bias [V]``. The outputs are
 the per-row loss ``[..., 1]`` and the row's logsumexp ``[..., 1]`` (the backward's
 residual; ``softmax = exp(logits - lse)``), both float32 for 16-bit inputs. Per-class
 float targets are not taken: they are ``[N, V]`` themselves (use the pair of commands).
@@ -52,7 +53,7 @@ from fnnc.core.dispatch import Backend, register_backend
 from fnnc.core.dtypes import at_least_float32
 from fnnc.errors import CommandError, DTypeError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show
-from fnnc.ops.loss import class_index
+from fnnc.ops.loss import batch_label, class_index
 
 NAME = "linear_softmax_crossentropy"
 ROW_CHUNK = 4096
@@ -78,11 +79,13 @@ def _shape(x, w, label, bias=None, *, trim0, trim1, row_chunk, class_chunk):
     lead = tuple(x.shape[:-1])
     if not (jnp.issubdtype(label.dtype, jnp.integer) or jnp.issubdtype(label.dtype, jnp.floating)):
         raise DTypeError(f"{NAME}: label {show(label)} must be class indices (int or float)")
-    if tuple(label.shape) not in (lead, (*lead, 1)):
+    if tuple(label.shape) not in (lead, (*lead, 1)) and not batch_label(
+        (*lead, w.shape[0]), label.shape
+    ):
         fail(
             f"{NAME}: label {show(label)} must be class indices shaped {list(lead)} or "
-            f"{[*lead, 1]} for hidden {show(x)}; for per-class targets use gemm and "
-            "softmax_crossentropy"
+            f"{[*lead, 1]} (or [N] for hidden [N, 1, ..., 1, D], NNC's batch-first rule) for "
+            f"hidden {show(x)}; for per-class targets use gemm and softmax_crossentropy"
         )
     for key, n in (("row_chunk", row_chunk), ("class_chunk", class_chunk)):
         if not isinstance(n, int) or n < 1:

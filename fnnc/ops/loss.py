@@ -43,7 +43,7 @@ def _label_kind(name: str, x, label) -> str:
         )
     if _is_target(label, x.shape):
         return "target"
-    if shape in (lead, (*lead, 1)) or _batch_label(x.shape, shape):
+    if shape in (lead, (*lead, 1)) or batch_label(x.shape, shape):
         return "index"
     fail(
         f"{name}: label {show(label)} does not fit scores {show(x)}: expected class indices "
@@ -52,7 +52,7 @@ def _label_kind(name: str, x, label) -> str:
     )
 
 
-def _batch_label(scores, shape) -> bool:
+def batch_label(scores, shape) -> bool:
     """NNC's rule: dimension 0 is the batch, so ``[N]`` (or ``[N, 1]``) labels fit scores
     ``[N, 1, ..., 1, C]``, whose axes between the batch and the classes have size 1."""
     scores, shape = tuple(scores), tuple(shape)

@@ -85,3 +85,21 @@ def test_linear_head_with_a_masked_first_class_block(class_chunk):
     np.testing.assert_allclose(loss, want.sum(), rtol=1e-5)
     np.testing.assert_allclose(gx, want_dz @ w.astype(np.float64), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(gw, want_dz.T @ x.astype(np.float64), rtol=1e-4, atol=1e-5)
+
+
+def test_linear_head_takes_batch_first_labels_as_the_pair_does():
+    """Hidden [N, 1, D] with labels [N]: softmax_crossentropy takes them (NNC's
+    batch-first rule), so the fused command that replaces the pair must too."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 1, 3)).astype(np.float32)
+    w = rng.standard_normal((5, 3)).astype(np.float32)
+    label = np.array([0, 4, 2, 1], np.int32)
+    z = x[:, 0].astype(np.float64) @ w.T.astype(np.float64)
+    want = np.log(np.exp(z).sum(-1)) - z[np.arange(4), label]
+    loss, _ = ops.linear_softmax_crossentropy()(x, w, label)
+    assert loss.shape == (4, 1, 1)
+    np.testing.assert_allclose(np.ravel(loss), want, rtol=1e-6)
+    mean, _, gw, _ = ops.linear_softmax_crossentropy_mean()(x, w, label)
+    np.testing.assert_allclose(np.ravel(mean), [want.mean()], rtol=1e-6)
+    dz = (np.exp(z) / np.exp(z).sum(-1, keepdims=True) - np.eye(5)[label]) / 4
+    np.testing.assert_allclose(gw, dz.T @ x[:, 0], rtol=1e-5, atol=1e-6)
