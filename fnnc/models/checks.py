@@ -47,6 +47,7 @@ import numpy as np
 from fnnc.core.dtypes import is_floating, is_inexact
 from fnnc.errors import ModelError
 from fnnc.models.build_context import is_int
+from fnnc.ops.loss import batch_label
 
 CLASSIFICATION = ("softmax_crossentropy", "categorical_crossentropy")
 BINARY = ("binary_crossentropy", "sigmoid_binary_crossentropy")
@@ -201,7 +202,7 @@ def labels(
         return  # per-class targets (one-hot or soft), not class indices
     classes = scores[-1]
     lead = tuple(scores[:-1])
-    if target.shape not in (lead, (*lead, 1)):
+    if target.shape not in (lead, (*lead, 1)) and not batch_label(scores, target.shape):
         return  # the loss's shape rule explains what fits
     need = (
         f"{loss!r} needs class indices in [0, {classes}) for the model's {classes} output "

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import optax
+import pytest
 
+from fnnc.errors import ModelError
 from fnnc.graph.passes import linear_crossentropy
 from fnnc.models import Dense, Input, Model
 
@@ -30,3 +32,17 @@ def test_fit_fuses_a_head_whose_labels_are_batch_first(monkeypatch):
     want = np.mean(np.log(np.exp(z).sum(-1)) - z[np.arange(4), y])
     np.testing.assert_allclose(losses[0][0], want, rtol=1e-6)
     np.testing.assert_allclose(losses[0], losses[10**9], rtol=1e-6)
+
+
+def test_a_batch_first_label_out_of_range_is_refused():
+    """Labels [N] for scores [N, 1, C] skipped the range check: label 7 of 5 classes hit
+    no class and fit trained on logsumexp alone (NNC asserts 0 <= label < C)."""
+    x = np.zeros((4, 1, 3), np.float32)
+    i = Input(name="x")
+    model = Model([i], [Dense(5, name="fc")(i)])
+    model.compile([x], loss="softmax_crossentropy", minimizer=optax.sgd(0.5), seed=1)
+    before = {k: np.asarray(v) for k, v in model.parameters().items()}
+    with pytest.raises(ModelError, match=r"label 7 at sample 2; 'softmax_crossentropy' needs"):
+        model.fit([x], [np.array([0, 1, 7, 2], np.int32)])
+    for k, v in model.parameters().items():
+        np.testing.assert_array_equal(v, before[k])
