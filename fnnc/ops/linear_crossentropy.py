@@ -74,6 +74,8 @@ def _shape(x, w, label, bias=None, *, trim0, trim1, row_chunk, class_chunk):
             f"{NAME}: hidden {show(x)} must be [..., D] and weights {show(w)} [V, D] "
             "(NNC's dense layout) with the same D"
         )
+    if w.shape[0] == 0:  # a softmax over no classes is undefined, as in softmax_crossentropy
+        fail(f"{NAME}: weights {show(w)} have no classes; a softmax needs at least one")
     if bias is not None and tuple(bias.shape) != (w.shape[0],):
         fail(f"{NAME}: bias {show(bias)} must be [{w.shape[0]}], one per class of {show(w)}")
     lead = tuple(x.shape[:-1])

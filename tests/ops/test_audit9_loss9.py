@@ -9,6 +9,7 @@ import optax
 import pytest
 
 from fnnc import ops
+from fnnc.errors import ShapeError
 from fnnc.ops.pallas import softmax_crossentropy as kernel
 
 NINF = -np.inf
@@ -103,3 +104,16 @@ def test_linear_head_takes_batch_first_labels_as_the_pair_does():
     np.testing.assert_allclose(np.ravel(mean), [want.mean()], rtol=1e-6)
     dz = (np.exp(z) / np.exp(z).sum(-1, keepdims=True) - np.eye(5)[label]) / 4
     np.testing.assert_allclose(gw, dz.T @ x[:, 0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "name", ["linear_softmax_crossentropy", "linear_softmax_crossentropy_mean"]
+)
+def test_linear_head_over_no_classes_is_a_shape_error(name):
+    """w [0, D]: the blockwise command divided by a class chunk of 0 (a raw
+    ZeroDivisionError) and the mean returned -inf; softmax_crossentropy refuses C = 0."""
+    x, w = np.ones((3, 4), np.float32), np.zeros((0, 4), np.float32)
+    with pytest.raises(ShapeError, match=r"weights float32\[0, 4\] have no classes"):
+        getattr(ops, name)()(x, w, np.array([0, 1, 2], np.int32))
+    with pytest.raises(ShapeError, match="no classes"):
+        ops.softmax_crossentropy()(np.ones((3, 0), np.float32), np.array([0, 1, 2], np.int32))
