@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from fnnc import ops
+from fnnc.core.command import Command
 from fnnc.core.ir import Symbol
 from fnnc.graph import GraphBuilder, trace
 from fnnc.graph.inline import inline
@@ -43,6 +44,23 @@ _COMMANDS: dict[str, Callable[[], Any]] = {
 
 
 def check(loss: Any) -> None:
+    """Raises :class:`ModelError` for a ``loss=`` that is not a loss name, ``None`` or a
+    function. A command object (``ops.softmax_crossentropy(trim0=...)``, NNC's way to
+    give a loss its parameters) would be called as ``fn(outputs, targets)`` with two
+    lists: the error says to wrap it in such a function instead."""
+    if isinstance(loss, Command):
+        how = "use a loss name, None, or a function (outputs, targets) -> scalar"
+        if loss.name in _COMMANDS:
+            pick = (
+                "[0]"
+                if loss.name in ("softmax_crossentropy", "sigmoid_binary_crossentropy")
+                else ""
+            )
+            how = (
+                "to give a loss command parameters, wrap it in a function: loss=lambda "
+                f"outputs, targets: jnp.mean(ops.{loss.name}(...)(outputs[0], targets[0]){pick})"
+            )
+        raise ModelError(f"compile: loss={loss} is a command object, not a loss; {how}")
     if loss is None or callable(loss) or loss in _COMMANDS:
         return
     raise ModelError(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
+from fnnc import ops
 from fnnc.errors import ModelError
 from fnnc.graph.passes import linear_crossentropy
 from fnnc.models import Dense, Input, Model
@@ -46,3 +48,31 @@ def test_a_batch_first_label_out_of_range_is_refused():
         model.fit([x], [np.array([0, 1, 7, 2], np.int32)])
     for k, v in model.parameters().items():
         np.testing.assert_array_equal(v, before[k])
+
+
+def test_a_loss_command_object_is_refused_with_the_function_that_takes_it():
+    """loss=ops.softmax_crossentropy(trim0=.., trim1=..) (how NNC passes a loss with
+    parameters) was called as fn(outputs, targets) with two lists and failed with 'the
+    loss function must return one scalar'; the error now gives the wrapping function,
+    which computes NNC's smoothed loss (NumPy oracle)."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((6, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 6).astype(np.int32)
+    cmd = ops.softmax_crossentropy(trim0=0.01, trim1=0.98)
+    i = Input(name="x")
+    model = Model([i], [Dense(3, name="fc")(i)])
+    with pytest.raises(
+        ModelError,
+        match=r"loss=softmax_crossentropy\[trim0=0.01, trim1=0.98\] "
+        r"is a command object.*jnp.mean\(ops.softmax_crossentropy",
+    ):
+        model.compile([x], loss=cmd, minimizer=optax.sgd(0.0))
+    model.compile(
+        [x], loss=lambda o, t: jnp.mean(cmd(o[0], t[0])[0]), minimizer=optax.sgd(0.0), seed=0
+    )
+    w, b = (np.asarray(v, np.float64) for v in model.parameters().values())
+    z = x.astype(np.float64) @ w.T + b
+    t = np.full((6, 3), 0.01)
+    t[np.arange(6), y] = 0.98
+    want = np.mean(np.log(np.exp(z).sum(-1)) - (t * z).sum(-1))
+    np.testing.assert_allclose(float(model.fit([x], [y])), want, rtol=1e-6)
