@@ -28,6 +28,7 @@ import numpy as np
 
 from fnnc import ops
 from fnnc.core.command import Command
+from fnnc.core.dtypes import is_floating
 from fnnc.core.ir import Symbol
 from fnnc.graph import GraphBuilder, trace
 from fnnc.graph.inline import inline
@@ -80,6 +81,7 @@ def build_loss(
     _check_target_count(loss, targets)
     if loss is None:
         out = outputs[0]
+        _check_floating("loss=None: the model's first output", out.dtype, out.shape)
         axes = tuple(range(len(out.shape)))
         mean = b.exec(ops.reduce_mean(axes=axes), out) if axes else out
         return b.exec(ops.reshape(shape=()), mean, name="loss")
@@ -101,8 +103,13 @@ def build_loss(
         return call_loss(loss, list(args[:n]), list(args[n:]))
 
     graph = trace(flat, *specs)
-    if len(graph.outputs) != 1 or int(np.prod(graph.spec(graph.outputs[0]).shape)) != 1:
-        raise ModelError("compile: the loss function must return one scalar")
+    got = [graph.spec(o) for o in graph.outputs]
+    if len(got) != 1 or int(np.prod(got[0].shape)) != 1:
+        raise ModelError(
+            f"compile: the loss function must return one scalar, got {_shapes(got)}; reduce "
+            "it, e.g. with jnp.mean"
+        )
+    _check_floating("the loss function's value", got[0].dtype, got[0].shape)
     (value,) = inline(b, graph, [*outputs, *targets], prefix="loss")
     return value if value.shape == () else b.exec(ops.reshape(shape=()), value)
 
@@ -121,6 +128,19 @@ def call_loss(loss: Callable[..., Any], outputs: list[Any], targets: list[Any]) 
             "(even one of each is a list), and returns one scalar, e.g. "
             "lambda outputs, targets: jnp.mean((outputs[0] - targets[0]) ** 2)"
         ) from e
+
+
+def _check_floating(what: str, dtype: Any, shape: Any) -> None:
+    """A loss is minimised by its gradient: an integer, boolean or complex one has none
+    (``jax.grad`` refuses it), and a step would apply zero updates silently."""
+    if not is_floating(dtype):
+        raise ModelError(
+            f"compile: {what} is {np.dtype(dtype).name}{list(shape)}; a loss must be a "
+            "real floating-point scalar (an integer, boolean or complex value has no "
+            "gradient, so fit would change nothing): compute it in floating point from the "
+            "outputs, e.g. jnp.mean((outputs[0] - targets[0]) ** 2); count things with a "
+            "metric instead"
+        )
 
 
 def _check_target_count(loss: Any, targets: Sequence[Symbol]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -76,3 +77,36 @@ def test_a_loss_command_object_is_refused_with_the_function_that_takes_it():
     t[np.arange(6), y] = 0.98
     want = np.mean(np.log(np.exp(z).sum(-1)) - (t * z).sum(-1))
     np.testing.assert_allclose(float(model.fit([x], [y])), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "loss, dtype",
+    [
+        (lambda o, t: jnp.sum(o[0] > t[0]), "int32"),
+        (lambda o, t: jnp.all(o[0] > 0), "bool"),
+        (lambda o, t: jnp.mean(o[0]).astype(jnp.complex64), "complex64"),
+    ],
+)
+def test_a_loss_without_a_gradient_is_refused(loss, dtype):
+    """An integer or boolean loss 'trained' with zero updates and no error (jax.grad
+    refuses such outputs); a complex one failed in float() with a raw TypeError."""
+    x, y = np.ones((4, 2), np.float32), np.zeros((4, 3), np.float32)
+    i = Input(name="x")
+    model = Model([i], [Dense(3, name="fc")(i)])
+    model.compile([x], loss=loss, minimizer=optax.sgd(0.1), seed=0)
+    before = {k: np.asarray(v) for k, v in model.parameters().items()}
+    with pytest.raises(ModelError, match=rf"loss function's value is {dtype}\[\]; a loss must"):
+        model.fit([x], [y])
+    for k, v in model.parameters().items():
+        np.testing.assert_array_equal(v, before[k])
+    with pytest.raises(TypeError, match="real"):  # the oracle: JAX refuses it too
+        jax.grad(lambda o: loss([o], [np.zeros((4, 3), np.float32)]))(np.ones((4, 3), np.float32))
+
+
+def test_a_loss_of_several_values_names_what_it_returned():
+    x = np.ones((4, 2), np.float32)
+    i = Input(name="x")
+    model = Model([i], [Dense(3, name="fc")(i)])
+    model.compile([x], loss=lambda o, t: jnp.mean(o[0], axis=0), minimizer=optax.sgd(0.1))
+    with pytest.raises(ModelError, match=r"one scalar, got \[float32\[3\]\]; reduce it"):
+        model.fit([x], [np.zeros((4, 3), np.float32)])
