@@ -14,7 +14,8 @@ exactly::
 with ``x [..., D]``, ``w [V, D]`` (NNC's dense layout), ``label`` class indices shaped
 ``[...]`` or ``[..., 1]`` (or ``[N]`` for ``x [N, 1, ..., 1, D]``, NNC's batch-first rule,
 as the pair takes them; integers, or floats rounded as NNC does; NNC's label smoothing
-``trim0``, ``trim1`` applies) and an optional ``bias [V]``. The outputs are
+``trim0``, ``trim1`` applies; an index outside ``[0, V)`` hits no class, as in the pair)
+and an optional ``bias [V]``. The outputs are
 the per-row loss ``[..., 1]`` and the row's logsumexp ``[..., 1]`` (the backward's
 residual; ``softmax = exp(logits - lse)``), both float32 for 16-bit inputs. Per-class
 float targets are not taken: they are ``[N, V]`` themselves (use the pair of commands).

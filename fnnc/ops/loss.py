@@ -13,6 +13,11 @@ does; ``[N]`` also fits scores ``[N, 1, ..., 1, C]``, NNC taking dimension 0 as 
 batch), or per-class float targets shaped like the scores. Index labels become the
 targets ``trim1`` at the label and ``trim0`` elsewhere: NNC's label smoothing
 (``CMD_SOFTMAX_CROSSENTROPY_FORWARD(trim0, trim1)``); float targets ignore the trims.
+A class index outside ``[0, C)`` (-1, or C) hits no class: its targets are ``trim0``
+everywhere, so softmax_crossentropy's loss is ``logsumexp(x)`` (unsmoothed) and its
+gradient the softmax, and categorical_crossentropy's is 0. NNC asserts there; a
+compiled program cannot check data, so ``Model.fit`` checks NumPy labels on the host
+(:mod:`fnnc.models.checks`) and the fused linear heads and the Pallas kernel agree.
 Sources: ``lib/nnc/cmd/softmax_loss/ccv_nnc_softmax_crossentropy_cpu_ref.c``,
 ``lib/nnc/cmd/sigmoid_loss/ccv_nnc_sigmoid_binary_crossentropy_cpu_ref.c`` and
 ``lib/nnc/cmd/loss/ccv_nnc_{categorical_crossentropy,binary_crossentropy,mse,smooth_l1}_cpu_ref.c``.

@@ -10,6 +10,7 @@ import pytest
 
 from fnnc import ops
 from fnnc.errors import ShapeError
+from fnnc.ops import linear_crossentropy
 from fnnc.ops.pallas import softmax_crossentropy as kernel
 
 NINF = -np.inf
@@ -117,3 +118,36 @@ def test_linear_head_over_no_classes_is_a_shape_error(name):
         getattr(ops, name)()(x, w, np.array([0, 1, 2], np.int32))
     with pytest.raises(ShapeError, match="no classes"):
         ops.softmax_crossentropy()(np.ones((3, 0), np.float32), np.array([0, 1, 2], np.int32))
+
+
+def test_a_label_outside_the_classes_hits_none_in_every_implementation():
+    """The documented meaning of labels -1 and V (NNC asserts; a program cannot): targets
+    trim0 everywhere, the same in the reference, the Pallas kernel, the blockwise and
+    dense linear heads and the mean head (NumPy float64 oracle)."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    w = rng.standard_normal((6, 3)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    label = np.array([6, -1, 2, 100], np.int32)
+    t0, t1 = 0.02, 0.9  # smoothed: trim0 reaches every class of a label that hits none
+    z = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    t = np.full((4, 6), t0)
+    t[2, 2] = t1
+    want = np.log(np.exp(z).sum(-1)) - (t * z).sum(-1)  # the documented loss, any trims
+    zf = z.astype(np.float32)
+    kw = {"trim0": t0, "trim1": t1}
+    got = {
+        "reference": ops.softmax_crossentropy(**kw)(zf, label)[0],
+        "pallas": jax.jit(lambda a: kernel.softmax_crossentropy(a, label, **kw))(zf)[0],
+        "blockwise": ops.linear_softmax_crossentropy(**kw, row_chunk=3, class_chunk=4)(
+            x, w, label, b
+        )[0],
+        "dense": linear_crossentropy._dense(x, w, label, b, **kw, row_chunk=1, class_chunk=1)[0],
+    }
+    for name, loss in got.items():
+        np.testing.assert_allclose(np.ravel(loss), want, rtol=1e-5, err_msg=name)
+    mean = ops.linear_softmax_crossentropy_mean(**kw, row_chunk=3)(x, w, label, b)[0]
+    np.testing.assert_allclose(np.ravel(mean), [want.mean()], rtol=1e-5)
+    p = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
+    grad = jax.grad(lambda a: jnp.sum(ops.softmax_crossentropy(**kw)(a, label)[0]))(zf)
+    np.testing.assert_allclose(grad, p - t, atol=1e-6)
