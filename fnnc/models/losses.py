@@ -16,6 +16,11 @@ per-sample ``[N, 1]`` losses).
   function gets the first output and target as arrays.) An error the function raises
   (while ``fit`` traces it, or when ``score`` and validation call it) is a
   :class:`~fnnc.errors.ModelError` that says so, the original error as its ``__cause__``.
+  Its value must be a real floating-point scalar (an integer one has no gradient). A
+  loss command with parameters (label smoothing, ``pos_weight``, ``beta``) is given as
+  such a function, e.g. ``lambda outputs, targets:
+  jnp.mean(ops.softmax_crossentropy(trim0=0.01, trim1=0.91)(outputs[0], targets[0])[0])``;
+  the command object itself is refused.
 """
 
 from __future__ import annotations
