@@ -64,6 +64,7 @@ from fnnc.graph.dynamic.state_views import (  # noqa: F401 (the engine's names f
     views_like,
 )
 from fnnc.models.stacks import Blocks, acts_elementwise, cached_per_block, per_block
+from fnnc.ops.optimizer import update_like
 
 
 def partitioned(
@@ -200,8 +201,8 @@ class Minimizers:
             tree = None if params is None else dict(zip(pids, params))
             updates, new = partitioned(built, parts).update(dict(zip(pids, grads)), inner, tree)
             new = jax.tree.map(lambda a, b: a.astype(b.dtype), new, inner)
-            like = params if params is not None else grads
-            return [updates[p].astype(x.dtype) for p, x in zip(pids, like)], (new, hyper)
+            like = params if params is not None else grads  # float32 for 16-bit kept
+            return [update_like(updates[p], x) for p, x in zip(pids, like)], (new, hyper)
 
         return optax.GradientTransformation(init, update)
 

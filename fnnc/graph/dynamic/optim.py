@@ -44,7 +44,7 @@ import optax
 from fnnc.core.keys import key_bits
 from fnnc.errors import GraphError
 from fnnc.graph.dynamic.state_views import rekey, view
-from fnnc.ops.optimizer import state_structure
+from fnnc.ops.optimizer import state_structure, update_like
 
 if TYPE_CHECKING:
     from .graph import DynamicGraph
@@ -377,9 +377,12 @@ def _with_hyper(h: Any) -> optax.GradientTransformation:
         inner, hyper = state
         updates, new = h.rebuild(hyper).update(grads, inner, params)
         # the rebuilt rates are weakly typed (minimizer_key.weak); the casts only guard
-        # a transformation that promotes on its own: keep the state's and grads' types
+        # a transformation that promotes on its own: keep the state's and grads' types,
+        # but a float32 update of a 16-bit parameter as it is (update_like: NNC's rules
+        # give one, so that apply_updates rounds once)
         new = jax.tree.map(lambda a, b: a.astype(b.dtype), new, inner)
-        return jax.tree.map(lambda u, g: u.astype(g.dtype), updates, grads), (new, hyper)
+        like = grads if params is None else params
+        return jax.tree.map(update_like, updates, like), (new, hyper)
 
     return optax.GradientTransformation(init, update)
 

@@ -6,6 +6,14 @@ operations (where ``scale`` and ``decay`` enter, where ``epsilon`` sits relative
 square root, how the step count enters the bias corrections), and the same dtypes
 (computed in float32, new parameters and saved auxiliaries written back in each
 parameter's dtype, so float16 and bfloat16 parameters behave as on NNC's GPU kernels).
+The update of a half or bfloat16 parameter is therefore float32: ``optax.apply_updates``
+adds it in float32 and rounds the sum once to the parameter's dtype, as NNC's kernels
+round ``a - delta`` once (an update in 16 bits would be rounded, then the sum again).
+A wrapper whose ``lax.cond`` branches must agree on dtypes and whose other branch gives
+the gradients' dtype (``optax.apply_if_finite``, ``optax.conditionally_transform``)
+needs float32 gradients: chain ``optax.stateless(lambda g, _: jax.tree.map(lambda x:
+x.astype(jnp.float32), g))`` before it (the numbers are the same: NNC reads a 16-bit
+gradient into float32 anyway).
 
 ===============  ==================================  ============================================
 NNC command      fnnc                                rule taken from (liuliu/ccv)

@@ -168,7 +168,7 @@ def _adam_family(
         delta = (new_m * r1.astype(ct)) / denom
         if c.nonzero(decay) and decoupled:
             delta = (lr * decay).astype(ct) * a.astype(ct) + delta
-        return c.to_update(delta, a, g), new_m.astype(m.dtype), new_v.astype(v.dtype), new_vm
+        return c.to_update(delta), new_m.astype(m.dtype), new_v.astype(v.dtype), new_vm
 
     def update_fn(grads, state, params=None):
         if c.nonzero(decay):

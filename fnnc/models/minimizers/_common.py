@@ -5,7 +5,8 @@ the new parameter and the new saved auxiliaries (momentum, velocity) back in the
 parameter's dtype (``NUM2`` in ``gpu/ccv_nnc_*_gpu_ref.cu``). The helpers here give the
 same behaviour to every rule: :func:`compute_dtype` is float32 for half, bfloat16 and
 float32 parameters, and :func:`to_update` turns NNC's ``b = a - delta`` into the Optax
-update ``u`` with ``optax.apply_updates(a, u) == b``.
+update ``u`` with ``optax.apply_updates(a, u) == b`` rounded once to ``a``'s dtype (the
+update is float32 for 16-bit parameters).
 """
 
 from __future__ import annotations
@@ -194,22 +195,20 @@ def require_params(minimizer: str, params: Any, why: str) -> None:
         )
 
 
-def to_update(delta: jax.Array, param: jax.Array | None, grad: jax.Array) -> jax.Array:
-    """The Optax update for NNC's ``b = a - delta`` computed in ``delta``'s dtype.
+def to_update(delta: jax.Array) -> jax.Array:
+    """The Optax update for NNC's ``b = a - delta``: ``-delta``, in ``delta``'s dtype
+    (:func:`compute_dtype`).
 
-    When ``a`` has that dtype, ``-delta`` is returned, so ``a + u`` rounds once exactly
-    as NNC's ``a - delta`` does. For half and bfloat16 parameters NNC rounds ``b`` to
-    the parameter's dtype; the update is then ``round(b) - a`` in that dtype, which
-    ``apply_updates`` turns back into ``round(b)`` (exactly whenever the step does not
-    halve or double ``a``, Sterbenz). Without parameters the update takes ``grad``'s
-    dtype.
+    For half and bfloat16 parameters that is float32, wider than the parameter:
+    ``optax.apply_updates`` computes ``a + u`` in float32, which is NNC's float32
+    ``a - delta`` exactly (negation is exact), and casts it to the parameter's dtype,
+    so the new parameter is rounded once, as NNC's kernels round it. (An update in the
+    parameter's dtype cannot do that: from bfloat16 ``a = 1``, no bfloat16 ``u`` gives
+    ``a + u`` = 0.0009994, NNC's rounding of ``b = 0.001``; 0 and 0.0039 are nearest.)
+    Consumers of an update must therefore not cast it to its parameter's dtype
+    (:func:`fnnc.ops.optimizer.update_like`).
     """
-    if param is None:
-        return (-delta).astype(grad.dtype)
-    if param.dtype == delta.dtype:
-        return -delta
-    new = (param.astype(delta.dtype) - delta).astype(param.dtype)
-    return new - param
+    return -delta
 
 
 def map_leaves(rule: Any, treedef: Any, *leaf_lists: Any, outputs: int) -> list[Any]:

@@ -95,7 +95,7 @@ def lamb(
         u_norm = jnp.sqrt(jnp.sum(u * u))
         trust = jnp.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, 1.0)
         delta = (lr.astype(ct) * trust) * u
-        return c.to_update(delta, a, g), new_m.astype(m.dtype), new_v.astype(v.dtype)
+        return c.to_update(delta), new_m.astype(m.dtype), new_v.astype(v.dtype)
 
     def update_fn(grads, state, params=None):
         c.require_params("lamb", params, "the trust ratio is |params| / |update|")

@@ -114,7 +114,7 @@ def rmsprop(
             new_ga = None
         new_m = momentum * m.astype(ct) + grad / denom
         delta = lr.astype(ct) * new_m
-        return c.to_update(delta, a, g), new_m.astype(m.dtype), new_v.astype(v.dtype), new_ga
+        return c.to_update(delta), new_m.astype(m.dtype), new_v.astype(v.dtype), new_ga
 
     def update_fn(grads, state, params=None):
         if c.nonzero(decay):

@@ -65,7 +65,8 @@ def sgd(
 
     Returns:
         An ``optax.GradientTransformation``; ``update`` needs ``params`` when
-        ``decay != 0`` (and uses them to round half-precision parameters as NNC does).
+        ``decay != 0``. Its updates of half and bfloat16 parameters are float32, so that
+        ``optax.apply_updates`` rounds the new parameter once, as NNC does.
 
     Raises:
         CommandError: a hyper-parameter is out of range, naming it.
@@ -119,7 +120,7 @@ def sgd(
         else:
             new_m = mom + (1.0 - dampening) * (grad + wd)
             delta = lr.astype(ct) * new_m
-        return c.to_update(delta, a, g), new_m.astype(m.dtype)
+        return c.to_update(delta), new_m.astype(m.dtype)
 
     def update_fn(grads, state, params=None):
         if c.nonzero(decay):
