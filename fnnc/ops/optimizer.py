@@ -61,6 +61,8 @@ def optax_update(*inputs, optimizer, state_tree, state_specs, n_params):
     try:
         updates, new_state = optimizer.value.update(grads, state, params)
     except TypeError as e:
+        if "branches must have equal output types" in str(e):
+            raise CommandError(_branch_types(e, params)) from e
         if "keyword-only argument" not in str(e):
             raise
         raise CommandError(
@@ -73,6 +75,22 @@ def optax_update(*inputs, optimizer, state_tree, state_specs, n_params):
     new_params = optax.apply_updates(params, updates)
     new_params = [p.astype(old.dtype) for p, old in zip(new_params, params)]
     return tuple(new_params) + tuple(jax.tree.leaves(new_state))
+
+
+def _branch_types(error: TypeError, params: list[Any]) -> str:
+    """The message for a wrapper whose ``lax.cond`` branches give updates of different
+    dtypes (``optax.apply_if_finite`` around an NNC minimizer of 16-bit parameters)."""
+    low = sorted({str(p.dtype) for p in params if np.dtype(p.dtype).itemsize == 2})
+    first = str(error).splitlines()[0]
+    return (
+        f"optax_update: a lax.cond in this Optax transformation gives updates of "
+        f"different dtypes in its branches ({first}). fnnc's NNC minimizers give float32 "
+        f"updates of 16-bit parameters (here {', '.join(low) or 'none'}), so that the new "
+        "parameter is rounded once, while a wrapper's skip branch (optax.apply_if_finite, "
+        "optax.conditionally_transform) gives the gradients' dtype: chain "
+        "optax.stateless(lambda g, _: jax.tree.map(lambda x: x.astype(jnp.float32), g)) "
+        "before the wrapper, so both branches are float32"
+    )
 
 
 def update_like(update: Any, like: Any) -> Any:

@@ -17,6 +17,7 @@ import numpy as np
 import optax
 import pytest
 
+from fnnc.errors import CommandError
 from fnnc.graph import DynamicGraph
 from fnnc.graph.passes.loss_scale import LossScale
 from fnnc.models import Dense, Input, Model
@@ -221,3 +222,13 @@ def test_dynamic_graph_rounds_bfloat16_variables_once(fused):
             dg.apply_gradients(make("adamw", hyper), [w])
     want = oracle("adamw", hyper, A0, [GRADS[0]] * 2, bf)
     _same([np.asarray(dg.value_of(w), F32)], [want[1]], "dynamic graph adamw")
+
+
+def test_a_wrapper_with_branches_of_two_dtypes_says_what_to_chain():
+    """apply_if_finite's skip branch gives the gradients' bfloat16, the step float32: a
+    CommandError naming the fix, not lax.cond's bare TypeError."""
+    dg = DynamicGraph()
+    w = dg.variable(jnp.ones(4, jnp.bfloat16))
+    c = dg.constant(jnp.ones(4, jnp.bfloat16))
+    with pytest.raises(CommandError, match=r"float32 updates of 16-bit.*optax\.stateless"):
+        dg.minimize(optax.apply_if_finite(sgd(0.01), 3), (w * c).sum(), [w])
