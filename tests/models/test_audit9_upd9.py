@@ -232,3 +232,30 @@ def test_a_wrapper_with_branches_of_two_dtypes_says_what_to_chain():
     c = dg.constant(jnp.ones(4, jnp.bfloat16))
     with pytest.raises(CommandError, match=r"float32 updates of 16-bit.*optax\.stateless"):
         dg.minimize(optax.apply_if_finite(sgd(0.01), 3), (w * c).sum(), [w])
+
+
+def test_loss_scale_unscales_float16_gradients_in_float32():
+    """Scaled float16 gradients 2**15 * [1e-8, -3e-8] unscaled back into float16 were
+    [0, -6e-8] (underflow, what the scale is for); NNC's kernels multiply a 16-bit g
+    by their scale in float32. Oracle: b = round16(a - rate * (g16 / 2**15)) in float32."""
+    f16 = np.float16
+    a = np.zeros(2, f16)
+    g16 = np.asarray(np.float32([1e-8, -3e-8]) * 2**15, f16)
+    opt = LossScale(initial=2.0**15).transform(sgd(1000.0))
+    updates, _ = opt.update(jnp.asarray(g16), opt.init(jnp.asarray(a)), jnp.asarray(a))
+    got = np.asarray(optax.apply_updates(jnp.asarray(a), updates), F32)
+    want = _r(a.astype(F32) - F32(1000.0) * (g16.astype(F32) / F32(2.0**15)), f16)
+    np.testing.assert_array_equal(got, want)
+    assert np.all(got != 0)
+
+
+def test_loss_scaled_optax_state_of_float16_parameters_keeps_its_dtype():
+    """optax.adam's moments of float16 parameters, fed the float32 unscaled gradients,
+    stay float16 (the program's state specs), and the step is Optax's in float32."""
+    a = jnp.asarray([0.5, -0.25], jnp.float16)
+    opt = LossScale(initial=4.0).transform(optax.adam(0.1))
+    updates, state = opt.update(jnp.asarray([4.0, -8.0], jnp.float16), opt.init(a), a)
+    assert [x.dtype for x in jax.tree.leaves(state[0]) if x.ndim] == [jnp.float16] * 2
+    ref = optax.adam(0.1)
+    want, _ = ref.update(jnp.float32([1.0, -2.0]), ref.init(a), a)
+    np.testing.assert_array_equal(np.asarray(updates), np.asarray(want))

@@ -122,23 +122,39 @@ class LossScale:
     def transform(self, inner: optax.GradientTransformation) -> optax.GradientTransformation:
         """``inner`` on gradients of a scaled loss: its state is ``(inner state,
         ScaleState)``; it unscales the gradients, and where any is not finite it
-        updates by ``-0.0`` (``p + -0.0 == p`` bitwise) and keeps the inner state."""
+        updates by ``-0.0`` (``p + -0.0 == p`` bitwise) and keeps the inner state.
+        A 16-bit gradient is unscaled into float32 (:func:`_unscaled`)."""
 
         def init(params: Any) -> tuple[Any, ScaleState]:
             return inner.init(params), self.init()
 
         def update(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
             inner_state, scaled = state
-            grads = jax.tree.map(lambda g: (g / scaled.scale).astype(g.dtype), grads)
+            grads = jax.tree.map(lambda g: _unscaled(g, scaled.scale), grads)
             finite = jnp.array(True)
             for g in jax.tree.leaves(grads):
                 finite = finite & jnp.all(jnp.isfinite(g))
             updates, new_inner = inner.update(grads, inner_state, params)
             updates = jax.tree.map(lambda u: jnp.where(finite, u, -jnp.zeros_like(u)), updates)
-            new_inner = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new_inner, inner_state)
+            new_inner = jax.tree.map(
+                lambda n, o: jnp.where(finite, n, o).astype(o.dtype), new_inner, inner_state
+            )  # an Optax state of 16-bit parameters fed float32 gradients keeps its dtypes
             return updates, (new_inner, self.next(scaled, finite))
 
         return optax.GradientTransformation(init, update)
+
+
+def _unscaled(g: Any, scale: Any) -> Any:
+    """``g / scale``: in float32 for a half or bfloat16 ``g``, else in ``g``'s dtype.
+
+    Rounding the quotient back to 16 bits would flush to zero the small gradients the
+    scale kept from underflowing (float16 1e-8 is 0), before any update reads them;
+    NNC's update kernels read a 16-bit gradient into float32 and multiply it by their
+    ``scale`` there. The update is then float32, which ``apply_updates`` rounds once.
+    """
+    if jnp.issubdtype(g.dtype, jnp.floating) and np.dtype(g.dtype).itemsize == 2:
+        return g.astype(jnp.float32) / scale
+    return (g / scale).astype(g.dtype)
 
 
 def minimize_scaled(
