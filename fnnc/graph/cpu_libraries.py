@@ -52,7 +52,7 @@ import jax.numpy as jnp
 from fnnc import config
 from fnnc.core.dispatch import TABLE, select_backend, table_key
 from fnnc.core.ir import Graph
-from fnnc.errors import BackendError
+from fnnc.errors import BackendError, ConfigError
 
 _YNN = "xla_cpu_experimental_ynn_fusion_type"
 _T = "LIBRARY_FUSION_TYPE_"
@@ -111,6 +111,12 @@ def available(platform: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+class _UnknownSet(BackendError, ConfigError):
+    """An unknown ``cpu_libraries`` setting: a :class:`~fnnc.errors.ConfigError`, as
+    every unknown configuration value is (the errors guide), and the
+    :class:`~fnnc.errors.BackendError` it was before."""
+
+
 def chosen(graph: Graph, platform: str, backends: Sequence[str] | None = None) -> str:
     """The library set ``graph`` compiles with (its nodes running ``backends``): the forced
     one (``config.override(cpu_libraries=...)``), else the autotune table's, else
@@ -118,12 +124,12 @@ def chosen(graph: Graph, platform: str, backends: Sequence[str] | None = None) -
 
     Raises:
         BackendError: the forced name is no set of :data:`LIBRARY_SETS` (on every
-            platform: a typo in ``FNNC_CPU_LIBRARIES`` is not ignored on a GPU), or a set
-            this jaxlib does not offer (on CPU).
+            platform: a typo in ``FNNC_CPU_LIBRARIES`` is not ignored on a GPU; that
+            error is a ``ConfigError`` too), or a set this jaxlib does not offer (on CPU).
     """
     forced = config.get().cpu_libraries
     if forced and forced not in LIBRARY_SETS:  # a typo, on every platform
-        raise BackendError(
+        raise _UnknownSet(
             f"{_SETTING}: cpu_libraries={forced!r} is unknown."
             f"{config.close_matches(forced, LIBRARY_SETS)} Use one of {list(LIBRARY_SETS)} "
             "or leave it empty"

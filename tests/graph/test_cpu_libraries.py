@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fnnc import config, ops
-from fnnc.errors import BackendError
+from fnnc.errors import BackendError, ConfigError
 from fnnc.graph import GraphBuilder, autotune, autotune_graph, compile, cpu_libraries, interpret
 from fnnc.ops import autotune as op_autotune
 from tests.helpers import assert_close, rand
@@ -62,6 +62,8 @@ def test_an_unknown_set_is_a_clear_error():
     with config.override(cpu_libraries="mkl"), pytest.raises(BackendError) as e:
         compile(_graph(channels=4))
     assert "cpu_libraries='mkl'" in str(e.value) and "eigen" in str(e.value)
+    # an unknown configuration value, as the errors guide says of every setting
+    assert isinstance(e.value, ConfigError)
 
 
 def test_off_cpu_only_xla_defaults():
