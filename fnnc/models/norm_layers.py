@@ -16,6 +16,7 @@ from fnnc.models.layer import (
     BuildContext,
     Layer,
     ModelError,
+    flag,
     is_int,
     ones,
     positive_int,
@@ -123,18 +124,69 @@ class LayerNorm(Layer):
 
 
 class GroupNorm(Layer):
-    """Group normalisation, channels last."""
+    """Group normalisation (NNC's ``ccv_cnnp_group_norm``): the channels on ``group_axis``
+    fall into ``groups`` equal groups, each normalised over its own channels and the
+    ``reduce_axes``; then scaled and shifted per channel (parameters 0 and 1, ``[C]``).
+
+    Args:
+        groups: the number of groups; it must divide the channels.
+        epsilon: added to the variance.
+        group_axis: the channel axis (default -1, channels last; 1 for NCHW).
+        reduce_axes: the other axes each group is normalised over. ``None`` (the
+            default) is every axis but the batch axis 0 and ``group_axis``: the usual
+            group norm of a CNN, per sample and group. ``()`` normalises each position
+            over the group's channels alone. NNC's ``reduce_axis``/``axis_count`` list
+            them explicitly, e.g. ``(1, 2)`` for NHWC, ``(2, 3)`` for NCHW.
+        elementwise_affine: ``False`` makes no scale or bias (NNC's
+            ``elementwise_affine=0``): the plain normalised groups.
+
+    An axis out of range for the input, or ``reduce_axes`` that repeat or include
+    ``group_axis``, is a :class:`ModelError` naming the layer at build.
+    """
 
     owns_parameters = True
 
-    def __init__(self, groups: int, *, epsilon: float = 1e-5, **kw: Any):
+    def __init__(
+        self,
+        groups: int,
+        *,
+        epsilon: float = 1e-5,
+        group_axis: int = -1,
+        reduce_axes: Sequence[int] | None = None,
+        elementwise_affine: bool = True,
+        **kw: Any,
+    ):
         super().__init__(**kw)
         self.groups, self.epsilon = positive_int(self, "groups", groups), epsilon
+        if not is_int(group_axis):
+            raise ModelError(
+                f"layer {self.describe()}: group_axis is {group_axis!r:.40} "
+                f"({type(group_axis).__name__}); expected one int axis, e.g. -1 (NHWC) or 1 "
+                "(NCHW)"
+            )
+        self.group_axis = int(group_axis)
+        self.reduce_axes = None if reduce_axes is None else _tuple(reduce_axes)
+        self.affine = flag(self, "elementwise_affine", elementwise_affine)
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
-        c = (x.shape[-1],)
-        args = [x, ctx.param(self, 0, c, ones, x.dtype), ctx.param(self, 1, c, zeros, x.dtype)]
-        cmd = ops.group_norm(groups=self.groups, epsilon=self.epsilon, reduce_axes=None)
+        (ax,) = _axes(self, (self.group_axis,), x)
+        reduce_axes = self.reduce_axes
+        if reduce_axes is not None:
+            rank = len(x.shape)
+            reduce_axes = _axes(self, reduce_axes, x)
+            if ax % rank in {a % rank for a in reduce_axes}:
+                raise ModelError(
+                    f"layer {self.describe()}: reduce_axes={reduce_axes} include its group_axis "
+                    f"{ax} of the input {list(x.shape)}; the groups' own channels are always "
+                    "reduced, list only the other axes"
+                )
+        args = [x]
+        if self.affine:
+            c = (x.shape[ax],)
+            args += [ctx.param(self, 0, c, ones, x.dtype), ctx.param(self, 1, c, zeros, x.dtype)]
+        cmd = ops.group_norm(
+            groups=self.groups, axis=ax, epsilon=self.epsilon, reduce_axes=reduce_axes
+        )
         return ctx.b.exec(cmd, *args, name=ctx.layer_id(self))[0]
 
 

