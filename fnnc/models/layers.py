@@ -27,6 +27,7 @@ from fnnc.models.layer import (
     BuildContext,
     Layer,
     ModelError,
+    flag,
     glorot_uniform,
     is_int,
     normal_init,
@@ -58,18 +59,27 @@ class Dense(Layer):
 
 
 class Dropout(Layer):
-    """Drops with probability ``p`` while training; the identity when testing."""
+    """Drops with probability ``p`` while training; the identity when testing.
 
-    def __init__(self, p: float = 0.5, **kw: Any):
+    Kept values are scaled by ``1 / (1 - p)``. ``entirety=True`` (NNC's
+    ``ccv_cnnp_dropout(p, entirety)``) keeps or drops the whole input at once: one
+    draw per call, the output all zeros with probability ``p``, else ``x / (1 - p)``
+    (stochastic depth on a residual branch). A non-bool ``entirety`` is a
+    :class:`ModelError` naming the layer.
+    """
+
+    def __init__(self, p: float = 0.5, *, entirety: bool = False, **kw: Any):
         super().__init__(**kw)
         self.p = real_in(
             self, "p", p, 0.0, 1.0, open_high=True, hint="the probability of dropping a unit"
         )
+        self.entirety = flag(self, "entirety", entirety)
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         if not ctx.training or self.p == 0:
             return x
-        return ctx.b.exec(ops.dropout(p=self.p), x, ctx.key(), name=ctx.layer_id(self))[0]
+        cmd = ops.dropout(p=self.p, entirety=self.entirety)
+        return ctx.b.exec(cmd, x, ctx.key(), name=ctx.layer_id(self))[0]
 
 
 class Flatten(Layer):

@@ -13,6 +13,7 @@ import pytest
 
 from fnnc.errors import ModelError
 from fnnc.models import (
+    Dropout,
     GroupNorm,
     Input,
     Model,
@@ -102,6 +103,7 @@ def test_group_norm_without_affine_matches_flax_and_has_no_parameters():
             "group_axis",
         ),
         (lambda: GroupNorm(2, reduce_axes=(1, 1), name="gn"), (1, 2, 2, 4), "distinct"),
+        (lambda: Dropout(0.1, entirety=0.5, name="drop"), None, "entirety"),
     ],
 )
 def test_a_bad_value_of_each_new_option_names_the_layer(make, shape, match):
@@ -110,3 +112,27 @@ def test_a_bad_value_of_each_new_option_names_the_layer(make, shape, match):
         x = Input()
         Model([x], [layer(x)]).compile([np.zeros(shape, np.float32)])
     assert "layer " in str(info.value) and "('" in str(info.value)
+
+
+def test_dropout_entirety_keeps_or_drops_the_whole_input_at_rate_p():
+    """entirety=True (NNC's ccv_cnnp_dropout(p, 1)) draws once per call: every output is
+    all zeros or x / (1 - p), and over 400 keys about 1 - p are kept (counted; 6 sigma);
+    the gradient is the same mask times 1 / (1 - p). Element-wise dropout mixes."""
+    x = RNG.uniform(1, 2, (2, 3)).astype(np.float32)
+    ct = RNG.standard_normal(x.shape).astype(np.float32)
+    keys = jax.vmap(lambda i: jax.random.key_data(jax.random.key(i)))(jnp.arange(400))
+
+    def run(entirety):
+        _, fn = _fn(Dropout(0.25, entirety=entirety), x, training=True)
+        return jax.jit(jax.vmap(lambda k: _vjp(fn, {}, [x], ct, [k])[:2]))(keys)
+
+    y, (dx,) = run(True)
+    kept = np.all(np.isclose(y, x / 0.75, rtol=1e-6), axis=(1, 2))
+    dropped = np.all(y == 0, axis=(1, 2))
+    assert np.all(kept | dropped)
+    assert abs(kept.mean() - 0.75) < 6 * np.sqrt(0.75 * 0.25 / 400)
+    want_dx = np.where(kept[:, None, None], ct / 0.75, 0)
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-6)
+    y, _ = run(False)
+    mixed = ~np.all(y == 0, axis=(1, 2)) & np.any(y == 0, axis=(1, 2))
+    assert mixed.any()
