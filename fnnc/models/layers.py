@@ -19,9 +19,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from fnnc import ops
+from fnnc.core.dtypes import is_floating
 from fnnc.core.ir import Symbol
 from fnnc.models.layer import (
     BuildContext,
@@ -108,17 +110,32 @@ class Reshape(Layer):
 
 
 class Embedding(Layer):
-    """Rows of a ``[vocab, dim]`` table for integer indices."""
+    """Rows of a ``[vocab, dim]`` table (parameter 0) for integer indices.
+
+    ``dtype`` is the table's type (NNC's ``ccv_cnnp_embedding(datatype, ...)``, which
+    takes float32 or float16): float32 by default, or float16 / bfloat16 for a 16-bit
+    table and output. A non-floating or unknown ``dtype`` is a :class:`ModelError`
+    naming the layer.
+    """
 
     owns_parameters = True
 
-    def __init__(self, vocab: int, dim: int, **kw: Any):
+    def __init__(self, vocab: int, dim: int, *, dtype: Any = np.float32, **kw: Any):
         super().__init__(**kw)
         self.vocab = positive_int(self, "vocab", vocab)
         self.dim = positive_int(self, "dim", dim)
+        try:
+            self.dtype = np.dtype(jnp.dtype(dtype))
+        except TypeError:
+            self.dtype = None
+        if self.dtype is None or not is_floating(self.dtype):
+            raise ModelError(
+                f"layer {self.describe()}: dtype is {dtype!r:.40}; expected a floating type "
+                "for the table, e.g. np.float32 (the default), np.float16 or jnp.bfloat16"
+            )
 
     def build(self, ctx: BuildContext, idx: Symbol) -> Symbol:
-        table = ctx.param(self, 0, (self.vocab, self.dim), normal_init(0.02))
+        table = ctx.param(self, 0, (self.vocab, self.dim), normal_init(0.02), self.dtype)
         return ctx.b.exec(ops.embedding(), table, idx, name=ctx.layer_id(self))
 
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
 from fnnc.errors import ModelError
 from fnnc.models import (
     Dropout,
+    Embedding,
     GroupNorm,
     Input,
     Model,
@@ -104,6 +106,8 @@ def test_group_norm_without_affine_matches_flax_and_has_no_parameters():
         ),
         (lambda: GroupNorm(2, reduce_axes=(1, 1), name="gn"), (1, 2, 2, 4), "distinct"),
         (lambda: Dropout(0.1, entirety=0.5, name="drop"), None, "entirety"),
+        (lambda: Embedding(4, 2, dtype=np.int32, name="emb"), None, "dtype"),
+        (lambda: Embedding(4, 2, dtype="nope", name="emb"), None, "dtype"),
     ],
 )
 def test_a_bad_value_of_each_new_option_names_the_layer(make, shape, match):
@@ -136,3 +140,23 @@ def test_dropout_entirety_keeps_or_drops_the_whole_input_at_rate_p():
     y, _ = run(False)
     mixed = ~np.all(y == 0, axis=(1, 2)) & np.any(y == 0, axis=(1, 2))
     assert mixed.any()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_embedding_dtype_makes_a_16_bit_table(dtype):
+    """dtype (NNC's ccv_cnnp_embedding datatype, 32F or 16F) is the table's and the
+    output's type; rows and their gradient (summed per row) equal NumPy's take and
+    add.at in float64, rounded once."""
+    idx = np.array([[0, 2], [2, 3]], np.int32)
+    model, fn = _fn(Embedding(4, 3, dtype=dtype, name="emb"), idx)
+    table = model.parameters()["t-emb-0-0"]
+    assert table.dtype == np.dtype(dtype) and table.shape == (4, 3)
+    ct = RNG.standard_normal((2, 2, 3)).astype(dtype)
+    y, _, dp = _vjp(fn, {"t-emb-0-0": jnp.asarray(table)}, [idx], ct)
+    assert y.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(table)[idx])
+    want = np.zeros((4, 3))
+    np.add.at(want, idx.reshape(-1), ct.astype(np.float64).reshape(-1, 3))
+    assert dp["t-emb-0-0"].dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(np.asarray(dp["t-emb-0-0"]), want.astype(dtype))
+    assert Embedding(4, 3).dtype == np.float32  # the default is unchanged
