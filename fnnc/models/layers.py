@@ -16,6 +16,7 @@ bias parameter 1. The layers over spatial axes (convolution, pooling) are in
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -143,17 +144,58 @@ class MultiHeadAttention(Layer):
     """Self- or cross-attention over ``[N, S, D]``: q/k/v/out projections (parameters 0-3
     weights, 4-7 biases) around one ``scaled_dot_product_attention``. ``is_causal``
     aligns the mask bottom-right, as the command and NNC do: with ``T`` keys, query ``i``
-    sees keys ``j <= i + T - S`` (PyTorch's ``is_causal`` is top-left)."""
+    sees keys ``j <= i + T - S`` (PyTorch's ``is_causal`` is top-left).
+
+    ``has_attn_mask=True`` (NNC's ``ccv_cnnp_scaled_dot_product_attention`` option of
+    that name) takes an attention mask as the last input: ``layer(x, mask)`` or
+    ``layer(q, kv, mask)``. It broadcasts to ``[N, heads, S, T]`` (``[N, 1, 1, T]``
+    masks padded keys per sample); a bool mask keeps the True keys, a float one (of
+    the input's type) is added to the logits. With ``is_causal`` both apply. ``scale``
+    multiplies ``q kᵀ`` (NNC's ``scale``; ``None``, the default, is ``1 / sqrt(D /
+    heads)``). A missing mask input, or a non-bool ``has_attn_mask``, is a
+    :class:`ModelError` naming the layer.
+    """
 
     owns_parameters = True
 
-    def __init__(self, num_heads: int, *, is_causal: bool = False, **kw: Any):
+    def __init__(
+        self,
+        num_heads: int,
+        *,
+        is_causal: bool = False,
+        has_attn_mask: bool = False,
+        scale: float | None = None,
+        **kw: Any,
+    ):
         super().__init__(**kw)
         self.num_heads = positive_int(self, "num_heads", num_heads)
         self.is_causal = is_causal
+        self.has_attn_mask = flag(self, "has_attn_mask", has_attn_mask)
+        ok = scale is None or (
+            isinstance(scale, numbers.Real) and not isinstance(scale, (bool, np.bool_))
+        )
+        if not ok or (scale is not None and not np.isfinite(scale)):
+            raise ModelError(
+                f"layer {self.describe()}: scale is {scale!r:.40}; expected a finite number "
+                "(the factor on q kᵀ) or None for 1 / sqrt(head size)"
+            )
+        self.scale = None if scale is None else float(scale)
 
-    def build(self, ctx: BuildContext, q: Symbol, kv: Symbol | None = None) -> Symbol:
-        kv = q if kv is None else kv
+    def build(self, ctx: BuildContext, q: Symbol, *rest: Symbol) -> Symbol:
+        mask = None
+        if self.has_attn_mask:
+            if not rest or len(rest) > 2:
+                raise ModelError(
+                    f"layer {self.describe()}: has_attn_mask=True takes (x, mask) or "
+                    f"(q, kv, mask), got {1 + len(rest)} input(s); pass the mask last"
+                )
+            *rest, mask = rest
+        elif len(rest) > 1:
+            raise ModelError(
+                f"layer {self.describe()}: takes (x) or (q, kv), got {1 + len(rest)} inputs; "
+                "for an attention mask make it with has_attn_mask=True and pass it last"
+            )
+        kv = rest[0] if rest else q
         for what, t in (("query", q), ("key/value", kv)):
             if len(t.shape) != 3:
                 raise ModelError(
@@ -180,13 +222,9 @@ class MultiHeadAttention(Layer):
             y = b.exec(ops.gemm(transpose_b=True), x, w, bias, name=f"{name}/proj{i}")
             return b.exec(ops.reshape(shape=(*x.shape[:-1], h, d // h)), y)
 
-        attn = b.exec(
-            ops.scaled_dot_product_attention(is_causal=self.is_causal),
-            project(q, 0),
-            project(kv, 1),
-            project(kv, 2),
-            name=name,
-        )
+        sdpa = ops.scaled_dot_product_attention(scale=self.scale, is_causal=self.is_causal)
+        qkv = (project(q, 0), project(kv, 1), project(kv, 2))
+        attn = b.exec(sdpa, *qkv, *([] if mask is None else [mask]), name=name)
         merged = b.exec(ops.reshape(shape=(*q.shape[:-1], d)), attn)
         w = ctx.param(self, 3, (d, d), glorot_uniform([1], [0]), q.dtype)
         return b.exec(

@@ -19,6 +19,7 @@ from fnnc.models import (
     GroupNorm,
     Input,
     Model,
+    MultiHeadAttention,
     model_function,
 )
 
@@ -108,6 +109,9 @@ def test_group_norm_without_affine_matches_flax_and_has_no_parameters():
         (lambda: Dropout(0.1, entirety=0.5, name="drop"), None, "entirety"),
         (lambda: Embedding(4, 2, dtype=np.int32, name="emb"), None, "dtype"),
         (lambda: Embedding(4, 2, dtype="nope", name="emb"), None, "dtype"),
+        (lambda: MultiHeadAttention(2, has_attn_mask="yes", name="mha"), None, "has_attn_mask"),
+        (lambda: MultiHeadAttention(2, scale="1", name="mha"), None, "scale"),
+        (lambda: MultiHeadAttention(2, scale=float("nan"), name="mha"), None, "scale"),
     ],
 )
 def test_a_bad_value_of_each_new_option_names_the_layer(make, shape, match):
@@ -160,3 +164,96 @@ def test_embedding_dtype_makes_a_16_bit_table(dtype):
     assert dp["t-emb-0-0"].dtype == np.dtype(dtype)
     np.testing.assert_array_equal(np.asarray(dp["t-emb-0-0"]), want.astype(dtype))
     assert Embedding(4, 3).dtype == np.float32  # the default is unchanged
+
+
+def _attention64(x, kv, p, heads, mask, scale=None):
+    """Float64 NumPy multi-head attention with the layer's parameters; mask: bool keep
+    or float added, broadcast to [N, H, S, T]."""
+    d = x.shape[-1]
+    proj = lambda v, i: v @ p[f"t-mha-0-{i}"].T + p[f"t-mha-0-{4 + i}"][None, None]
+    q, k, v = (
+        proj(t, i).reshape(*t.shape[:2], heads, d // heads) for t, i in ((x, 0), (kv, 1), (kv, 2))
+    )
+    logits = np.einsum("bshd,bthd->bhst", q, k) * (scale or 1 / np.sqrt(d // heads))
+    if mask.dtype == bool:
+        logits = np.where(mask, logits, -np.inf)
+    else:
+        logits = logits + mask
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    o = np.einsum("bhst,bthd->bshd", w, v).reshape(*x.shape[:2], d)
+    return o @ p["t-mha-0-3"].T + p["t-mha-0-7"][None, None]
+
+
+def test_attention_bool_padding_mask_matches_float64_numpy_forward_and_gradient():
+    """has_attn_mask=True (NNC's option of that name) takes the mask as the last input:
+    here a bool [N, 1, 1, T] padding mask in self-attention. Oracle: float64 NumPy
+    attention with the layer's weights; gradients: jax.grad of a float32 jnp copy."""
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    keep = np.ones((2, 1, 1, 3), bool)
+    keep[0, ..., 2] = False  # sample 0's last key is padding
+    ct = RNG.standard_normal(x.shape).astype(np.float32)
+    model, fn = _fn(MultiHeadAttention(2, has_attn_mask=True, name="mha"), x, keep)
+    p = {k: np.asarray(v, np.float64) for k, v in model.parameters().items()}
+    y, (dx, _), _ = _vjp(fn, model.parameters(), [x, keep], ct)
+    np.testing.assert_allclose(y, _attention64(x, x, p, 2, keep), rtol=1e-5, atol=1e-5)
+    # a second oracle: sample 0 attends as if its padding key were not there at all
+    unmasked = _attention64(x[:1], x[:1, :2], p, 2, np.ones((1, 1, 1, 2), bool))
+    np.testing.assert_allclose(y[:1], unmasked, rtol=1e-5, atol=1e-5)
+    ref = lambda v: jnp.sum(_attention_jnp(v, v, p, 2, keep) * ct)
+    np.testing.assert_allclose(dx, jax.jit(jax.grad(ref))(x), rtol=1e-4, atol=1e-5)
+
+
+def test_attention_float_mask_with_scale_and_causal_matches_float64_numpy():
+    """A float additive [N, 1, S, T] mask in cross-attention, with scale=0.3 (NNC's
+    scale) and is_causal (bottom-right) on top; the mask's gradient is checked too."""
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    kv = RNG.standard_normal((2, 5, 4)).astype(np.float32)
+    add = RNG.standard_normal((2, 1, 3, 5)).astype(np.float32)
+    ct = RNG.standard_normal(x.shape).astype(np.float32)
+    mha = MultiHeadAttention(2, has_attn_mask=True, scale=0.3, is_causal=True, name="mha")
+    model, fn = _fn(mha, x, kv, add)
+    p = {k: np.asarray(v, np.float64) for k, v in model.parameters().items()}
+    causal = np.arange(5)[None, :] <= np.arange(3)[:, None] + 2  # bottom-right
+    want_mask = np.where(causal, add.astype(np.float64), -np.inf)
+    y, (dx, dkv, dmask), _ = _vjp(fn, model.parameters(), [x, kv, add], ct)
+    np.testing.assert_allclose(y, _attention64(x, kv, p, 2, want_mask, 0.3), rtol=1e-5, atol=1e-5)
+    grads = jax.jit(
+        jax.grad(
+            lambda a, b, m: jnp.sum(
+                _attention_jnp(a, b, p, 2, jnp.where(causal, m, -jnp.inf), 0.3) * ct
+            ),
+            argnums=(0, 1, 2),
+        )
+    )(x, kv, add)
+    for got, want in zip((dx, dkv, dmask), grads):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _attention_jnp(x, kv, p, heads, mask, scale=None):
+    """_attention64 in jnp float32, for jax.grad."""
+    d = x.shape[-1]
+    p = {k: jnp.asarray(v, jnp.float32) for k, v in p.items()}
+    proj = lambda v, i: v @ p[f"t-mha-0-{i}"].T + p[f"t-mha-0-{4 + i}"][None, None]
+    q, k, v = (
+        proj(t, i).reshape(*t.shape[:2], heads, d // heads) for t, i in ((x, 0), (kv, 1), (kv, 2))
+    )
+    logits = jnp.einsum("bshd,bthd->bhst", q, k) * (scale or 1 / np.sqrt(d // heads))
+    logits = jnp.where(mask, logits, -jnp.inf) if mask.dtype == bool else logits + mask
+    o = jnp.einsum("bhst,bthd->bshd", jax.nn.softmax(logits, -1), v).reshape(*x.shape[:2], d)
+    return o @ p["t-mha-0-3"].T + p["t-mha-0-7"][None, None]
+
+
+def test_attention_mask_input_count_is_checked():
+    """A has_attn_mask layer without its mask input, or a plain one given three inputs,
+    names the layer and says where the mask goes."""
+    x = Input()
+    with pytest.raises(ModelError, match=r"MultiHeadAttention\('mha'\).*pass the mask last"):
+        Model([x], [MultiHeadAttention(2, has_attn_mask=True, name="mha")(x)]).compile(
+            [np.zeros((1, 2, 4), np.float32)]
+        )
+    a, b, c = Input(), Input(), Input()
+    with pytest.raises(ModelError, match=r"MultiHeadAttention\('mha'\).*has_attn_mask=True"):
+        Model([a, b, c], [MultiHeadAttention(2, name="mha")(a, b, c)]).compile(
+            [np.zeros((1, 2, 4), np.float32)] * 3
+        )
