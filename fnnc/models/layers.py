@@ -26,6 +26,7 @@ import numpy as np
 from fnnc import ops
 from fnnc.core.dtypes import is_floating
 from fnnc.core.ir import Symbol
+from fnnc.errors import CommandError
 from fnnc.models.layer import (
     BuildContext,
     Layer,
@@ -268,9 +269,18 @@ class CommandLayer(Layer):
         return out
 
 
-def Activation(kind: str, **kw: Any) -> CommandLayer:
+def Activation(
+    kind: str, *, name: str = "", is_trainable: bool | None = None, **options: Any
+) -> CommandLayer:
     """An activation layer: "relu", "sigmoid", "tanh", "swish", "gelu", "mish", "softmax",
-    "leaky_relu"."""
+    "leaky_relu".
+
+    ``options`` are the command's own, as NNC's constructors take them:
+    ``Activation("gelu", approximate=True)`` is ``ccv_cnnp_gelu(tanh=1)``,
+    ``Activation("leaky_relu", negative_slope=0.2)`` is ``ccv_cnnp_leaky_relu(0.2)``;
+    also ``swish``'s ``beta`` and ``softmax``'s ``axis``. An option the command does not
+    take, or a bad value, is a :class:`ModelError` naming the layer.
+    """
     factories = {
         "relu": ops.relu,
         "sigmoid": ops.sigmoid,
@@ -283,7 +293,24 @@ def Activation(kind: str, **kw: Any) -> CommandLayer:
     }
     if kind not in factories:
         raise ModelError(f"Activation: unknown kind {kind!r}; expected one of {sorted(factories)}")
-    return CommandLayer(factories[kind](), **kw)
+    label = f"Activation({kind!r}{f', name={name!r}' if name else ''})"
+    cmd = _command(label, factories[kind], **options)
+    return CommandLayer(cmd, name=name, is_trainable=is_trainable)
+
+
+def _command(label: str, factory: Any, **options: Any) -> Command:
+    """``factory(**options)``; a bad option is a :class:`ModelError` naming the layer
+    ``label`` (the command's own message says which option and what it takes)."""
+    bad = [
+        k for k, v in options.items()
+        if isinstance(v, numbers.Real) and not isinstance(v, bool) and not np.isfinite(v)
+    ]  # fmt: skip
+    if bad:
+        raise ModelError(f"layer {label}: {bad[0]}={options[bad[0]]!r}; expected a finite number")
+    try:
+        return factory(**options)
+    except CommandError as e:
+        raise ModelError(f"layer {label}: {e}") from e
 
 
 def ReLU(**kw: Any) -> CommandLayer:

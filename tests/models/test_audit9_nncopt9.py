@@ -5,6 +5,8 @@ each checked against an independent oracle (float64 NumPy, Flax, counting)."""
 
 from __future__ import annotations
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,7 @@ import pytest
 
 from fnnc.errors import ModelError
 from fnnc.models import (
+    Activation,
     Dropout,
     Embedding,
     GroupNorm,
@@ -257,3 +260,56 @@ def test_attention_mask_input_count_is_checked():
         Model([a, b, c], [MultiHeadAttention(2, name="mha")(a, b, c)]).compile(
             [np.zeros((1, 2, 4), np.float32)] * 3
         )
+
+
+def _erf(x):
+    return np.vectorize(math.erf)(x)
+
+
+ACTIVATIONS = [
+    # ((kind, options), the float64 NumPy closed form)
+    (
+        ("gelu", {"approximate": True}),
+        lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
+    ),
+    (("gelu", {}), lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2)))),
+    (("leaky_relu", {"negative_slope": 0.2}), lambda x: np.where(x > 0, x, 0.2 * x)),
+    (("swish", {"beta": 2.0}), lambda x: x / (1 + np.exp(-2 * x))),
+    (("softmax", {"axis": 0}), lambda x: np.exp(x) / np.exp(x).sum(0, keepdims=True)),
+]
+
+
+@pytest.mark.parametrize(
+    "spec, oracle", ACTIVATIONS, ids=[f"{k}{sorted(o.items())}" for (k, o), _ in ACTIVATIONS]
+)
+def test_activation_options_reach_the_command(spec, oracle):
+    """Activation passes the command's options on (NNC's ccv_cnnp_gelu(tanh),
+    ccv_cnnp_leaky_relu(negative_slope)): Activation("gelu", approximate=True) was an
+    'unknown keyword argument' error. Oracle: float64 closed forms, and central
+    differences of them for the gradient."""
+    kind, options = spec
+    x = np.array([[-1.5, -0.3, 0.2], [0.7, 1.1, -2.0]], np.float32)
+    ct = RNG.standard_normal(x.shape).astype(np.float32)
+    _, fn = _fn(Activation(kind, name="act", **options), x)
+    y, (dx,), _ = _vjp(fn, {}, [x], ct)
+    x64, h = x.astype(np.float64), 1e-6
+    np.testing.assert_allclose(y, oracle(x64), rtol=1e-5, atol=1e-6)
+    if kind == "softmax":  # a vector function: the vjp through the closed form's Jacobian
+        s = oracle(x64)
+        want = s * (ct - (ct * s).sum(0, keepdims=True))
+    else:
+        want = ct * (oracle(x64 + h) - oracle(x64 - h)) / (2 * h)
+    np.testing.assert_allclose(dx, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: Activation("gelu", tanh=True, name="act"), r"Activation\('gelu', name='act'\)"),
+        (lambda: Activation("relu", negative_slope=0.1), r"Activation\('relu'\).*negative_slope"),
+        (lambda: Activation("gelu", approximate="yes"), r"Activation\('gelu'\).*approximate"),
+    ],
+)
+def test_bad_activation_options_name_the_layer(make, match):
+    with pytest.raises(ModelError, match=match):
+        make()
