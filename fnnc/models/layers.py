@@ -318,14 +318,20 @@ def ReLU(**kw: Any) -> CommandLayer:
     return Activation("relu", **kw)
 
 
-def Add(**kw: Any) -> CommandLayer:
-    """Sum of the inputs."""
-    return CommandLayer(ops.ewsum(), **kw)
+def Add(*, p: float = 1.0, q: float = 1.0, **kw: Any) -> CommandLayer:
+    """Sum of the inputs (broadcasting). ``p`` and ``q`` weigh two inputs, ``p a + q b``
+    (NNC's ``ccv_cnnp_add(p, q)``); with either not 1 the layer takes exactly two."""
+    if p == 1 and q == 1:
+        return CommandLayer(ops.ewsum(), **kw)
+    return CommandLayer(_command("Add", ops.add, p=p, q=q), **kw)
 
 
-def Mul(**kw: Any) -> CommandLayer:
-    """Product of the inputs."""
-    return CommandLayer(ops.ewprod(), **kw)
+def Mul(*, p: float = 1.0, **kw: Any) -> CommandLayer:
+    """Product of the inputs (broadcasting). ``p`` scales the product of two inputs,
+    ``p a b`` (NNC's ``ccv_cnnp_mul(p)``); with ``p`` not 1 the layer takes exactly two."""
+    if p == 1:
+        return CommandLayer(ops.ewprod(), **kw)
+    return CommandLayer(_command("Mul", ops.mul, p=p), **kw)
 
 
 def Concat(axis: int = -1, **kw: Any) -> CommandLayer:

@@ -17,11 +17,13 @@ import pytest
 from fnnc.errors import ModelError
 from fnnc.models import (
     Activation,
+    Add,
     Dropout,
     Embedding,
     GroupNorm,
     Input,
     Model,
+    Mul,
     MultiHeadAttention,
     model_function,
 )
@@ -302,14 +304,34 @@ def test_activation_options_reach_the_command(spec, oracle):
     np.testing.assert_allclose(dx, want, rtol=1e-4, atol=1e-5)
 
 
+def test_add_and_mul_weights_match_numpy():
+    """Add(p, q) is NNC's ccv_cnnp_add(p, q) = p a + q b and Mul(p) is ccv_cnnp_mul(p) =
+    p a b, broadcasting; gradients q * g and p * g * other (NumPy closed forms)."""
+    a = RNG.standard_normal((2, 3)).astype(np.float32)
+    b = RNG.standard_normal((1, 3)).astype(np.float32)
+    ct = RNG.standard_normal((2, 3)).astype(np.float32)
+    _, fn = _fn(Add(p=0.5, q=-2.0), a, b)
+    y, (da, db), _ = _vjp(fn, {}, [a, b], ct)
+    np.testing.assert_allclose(y, 0.5 * a - 2.0 * b, rtol=1e-6)
+    np.testing.assert_allclose(da, 0.5 * ct, rtol=1e-6)
+    np.testing.assert_allclose(db, (-2.0 * ct).sum(0, keepdims=True), rtol=1e-6)
+    _, fn = _fn(Mul(p=3.0), a, b)
+    y, (da, db), _ = _vjp(fn, {}, [a, b], ct)
+    np.testing.assert_allclose(y, 3.0 * a * b, rtol=1e-6)
+    np.testing.assert_allclose(da, 3.0 * ct * b, rtol=1e-6)
+    np.testing.assert_allclose(db, (3.0 * ct * a).sum(0, keepdims=True), rtol=1e-5)
+
+
 @pytest.mark.parametrize(
     "make, match",
     [
         (lambda: Activation("gelu", tanh=True, name="act"), r"Activation\('gelu', name='act'\)"),
         (lambda: Activation("relu", negative_slope=0.1), r"Activation\('relu'\).*negative_slope"),
         (lambda: Activation("gelu", approximate="yes"), r"Activation\('gelu'\).*approximate"),
+        (lambda: Add(p="a"), r"layer Add: .*'p'"),
+        (lambda: Mul(p=float("nan")), r"layer Mul: p=nan"),
     ],
 )
-def test_bad_activation_options_name_the_layer(make, match):
+def test_bad_activation_add_mul_options_name_the_layer(make, match):
     with pytest.raises(ModelError, match=match):
         make()
