@@ -47,6 +47,12 @@ def _axes(layer: Layer, axes: Any, x: Symbol) -> tuple[int, ...]:
     return tuple(int(a) for a in axes)
 
 
+def _epsilon(layer: Layer, epsilon: Any) -> float:
+    """A norm's ``epsilon``, a number >= 0: a negative one made constant inputs (variance
+    0) NaN or inf silently."""
+    return real_in(layer, "epsilon", epsilon, 0.0, float("inf"), hint="added to the variance")
+
+
 class BatchNorm(Layer):
     """Batch normalisation over all axes but the last (NHWC); running stats are internals.
 
@@ -71,7 +77,7 @@ class BatchNorm(Layer):
             self, "momentum", momentum, 0.0, 1.0,
             hint="it weights the old running statistic (PyTorch's momentum=0.1 is 0.9 here)",
         )  # fmt: skip
-        self.epsilon = real_in(self, "epsilon", epsilon, 0.0, float("inf"))
+        self.epsilon = _epsilon(self, epsilon)
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         c = (x.shape[-1],)
@@ -109,7 +115,8 @@ class LayerNorm(Layer):
         **kw: Any,
     ):
         super().__init__(**kw)
-        self.axes, self.epsilon, self.affine = _tuple(axes), epsilon, elementwise_affine
+        self.axes, self.epsilon = _tuple(axes), _epsilon(self, epsilon)
+        self.affine = flag(self, "elementwise_affine", elementwise_affine)
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         shape = tuple(x.shape[a] for a in _axes(self, self.axes, x))
@@ -157,7 +164,8 @@ class GroupNorm(Layer):
         **kw: Any,
     ):
         super().__init__(**kw)
-        self.groups, self.epsilon = positive_int(self, "groups", groups), epsilon
+        self.groups = positive_int(self, "groups", groups)
+        self.epsilon = _epsilon(self, epsilon)
         if not is_int(group_axis):
             raise ModelError(
                 f"layer {self.describe()}: group_axis is {group_axis!r:.40} "
@@ -197,7 +205,7 @@ class RMSNorm(Layer):
 
     def __init__(self, *, axes: Sequence[int] = (-1,), epsilon: float = 1e-6, **kw: Any):
         super().__init__(**kw)
-        self.axes, self.epsilon = _tuple(axes), epsilon
+        self.axes, self.epsilon = _tuple(axes), _epsilon(self, epsilon)
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         shape = tuple(x.shape[a] for a in _axes(self, self.axes, x))

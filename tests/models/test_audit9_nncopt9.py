@@ -22,9 +22,11 @@ from fnnc.models import (
     Embedding,
     GroupNorm,
     Input,
+    LayerNorm,
     Model,
     Mul,
     MultiHeadAttention,
+    RMSNorm,
     model_function,
 )
 
@@ -335,3 +337,35 @@ def test_add_and_mul_weights_match_numpy():
 def test_bad_activation_add_mul_options_name_the_layer(make, match):
     with pytest.raises(ModelError, match=match):
         make()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda eps: LayerNorm(epsilon=eps, name="norm"),
+        lambda eps: RMSNorm(epsilon=eps, name="norm"),
+        lambda eps: GroupNorm(2, epsilon=eps, name="norm"),
+    ],
+    ids=["layer_norm", "rms_norm", "group_norm"],
+)
+def test_norm_epsilon_must_be_a_number_at_least_zero(make):
+    """A negative epsilon made a constant input's output NaN (inf for RMSNorm) silently;
+    it is now refused naming the layer, as BatchNorm's was. A valid one reaches the
+    command: a constant row normalises to 0 (RMS: c / sqrt(c^2 + eps), float64)."""
+    for bad in (-1.0, "1e-5", float("nan")):
+        with pytest.raises(ModelError, match=r"\('norm'\): epsilon"):
+            make(bad)
+    x = np.full((2, 4), 3.0, np.float32)
+    model, fn = _fn(make(0.5), x)
+    y = fn([x], fn.initial_parameters(model))[0][0]
+    want = 3.0 / np.sqrt(9.0 + 0.5) if isinstance(make(0.5), RMSNorm) else 0.0
+    np.testing.assert_allclose(y, np.full(x.shape, want), rtol=1e-6, atol=1e-6)
+
+
+def test_layer_norm_elementwise_affine_must_be_a_bool():
+    """LayerNorm(elementwise_affine="no") built a scale and bias (a truthy string)."""
+    with pytest.raises(ModelError, match=r"LayerNorm\('ln'\): elementwise_affine"):
+        LayerNorm(elementwise_affine="no", name="ln")
+    x = np.ones((2, 4), np.float32)
+    model, _ = _fn(LayerNorm(elementwise_affine=0, name="ln"), x)  # NNC's int flag
+    assert model.parameters() == {}
