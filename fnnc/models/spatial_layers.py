@@ -127,7 +127,10 @@ class Conv(Layer):
 class _Pool(Layer):
     """A pool over the spatial axes of ``[batch, spatial..., channels]``: ``window`` is
     one int for every spatial axis of the input (``MaxPool(2)`` is 2x2 on NHWC, width 2
-    on ``[N, W, C]``, as ``Conv(16, 3)`` is 3x3) or one int per spatial axis."""
+    on ``[N, W, C]``, as ``Conv(16, 3)`` is 3x3) or one int per spatial axis.
+    ``window=0`` (or all zeros) is a global pool over the whole spatial extent of the
+    input, ``[N, 1, 1, C]`` for NHWC, as NNC's ``kdim`` of zeros
+    (``ccv_cnnp_average_pool(DIM_ALLOC(0, 0), ...)``, its ResNet's last pool)."""
 
     command: Any = None
 
@@ -140,11 +143,19 @@ class _Pool(Layer):
         **kw: Any,
     ):
         super().__init__(**kw)
-        self.window = _sizes(self, "window", window)
+        many = isinstance(window, Sequence) and not isinstance(window, str)
+        values = list(window) if many else [window]
+        # all zeros: global (None), NNC's kdim {0, 0}; a zero beside sizes stays an error
+        whole = bool(values) and all(is_int(k) and k == 0 for k in values)
+        self.window = None if whole else _sizes(self, "window", window)
         self.strides, self.padding = strides, padding
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
-        window = _per_axis(self, "window", self.window, x)
+        if self.window is None:  # NNC's kdim of zeros: the input's spatial extent
+            _per_axis(self, "window", 1, x)  # its checks: a spatial axis at least
+            window = tuple(int(n) for n in x.shape[1:-1])
+        else:
+            window = _per_axis(self, "window", self.window, x)
         cmd = type(self).command(window=window, strides=self.strides, padding=self.padding)
         return ctx.b.exec(cmd, x, name=ctx.layer_id(self))
 

@@ -18,11 +18,13 @@ from fnnc.errors import ModelError
 from fnnc.models import (
     Activation,
     Add,
+    AvgPool,
     Dropout,
     Embedding,
     GroupNorm,
     Input,
     LayerNorm,
+    MaxPool,
     Model,
     Mul,
     MultiHeadAttention,
@@ -369,3 +371,29 @@ def test_layer_norm_elementwise_affine_must_be_a_bool():
     x = np.ones((2, 4), np.float32)
     model, _ = _fn(LayerNorm(elementwise_affine=0, name="ln"), x)  # NNC's int flag
     assert model.parameters() == {}
+
+
+@pytest.mark.parametrize("layer", [AvgPool(0), MaxPool((0, 0))], ids=["avg", "max"])
+def test_a_window_of_zeros_pools_the_whole_spatial_extent_as_nnc(layer):
+    """NNC's pools take kdim {0, 0} as the input's whole height and width (its ResNet
+    ends in ccv_cnnp_average_pool(DIM_ALLOC(0, 0), ...)); fnnc refused window=0.
+    Oracle: NumPy mean / max over H and W, gradients ct / (H W) and ct at the argmax."""
+    x = RNG.permutation(2 * 3 * 4 * 2).astype(np.float32).reshape(2, 3, 4, 2)  # distinct
+    ct = RNG.standard_normal((2, 1, 1, 2)).astype(np.float32)
+    _, fn = _fn(layer, x)
+    y, (dx,), _ = _vjp(fn, {}, [x], ct)
+    if isinstance(layer, AvgPool):
+        want, want_dx = x.mean((1, 2), keepdims=True), np.broadcast_to(ct / 12, x.shape)
+    else:
+        want = x.max((1, 2), keepdims=True)
+        want_dx = np.where(x == want, ct, 0)
+    np.testing.assert_allclose(y, want, rtol=1e-6)
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-6)
+
+
+def test_a_window_mixing_zeros_and_sizes_or_a_global_pool_without_space_names_the_layer():
+    with pytest.raises(ModelError, match=r"MaxPool\('pool'\): window\[0\] is 0"):
+        MaxPool((0, 2), name="pool")
+    x = Input()
+    with pytest.raises(ModelError, match=r"AvgPool\('pool'\).*no spatial axis"):
+        Model([x], [AvgPool(0, name="pool")(x)]).compile([np.zeros((2, 3), np.float32)])
