@@ -29,6 +29,7 @@ from fnnc.models.layer import ModelIO as ModelIO
 from fnnc.models.layers import Activation as Activation
 from fnnc.models.layers import Add as Add
 from fnnc.models.layers import BatchNorm as BatchNorm
+from fnnc.models.layers import Chunk as Chunk
 from fnnc.models.layers import CommandLayer as CommandLayer
 from fnnc.models.layers import Concat as Concat
 from fnnc.models.layers import Dense as Dense

@@ -337,3 +337,43 @@ def Mul(*, p: float = 1.0, **kw: Any) -> CommandLayer:
 def Concat(axis: int = -1, **kw: Any) -> CommandLayer:
     """Concatenation along ``axis``."""
     return CommandLayer(ops.concat(axis=axis), **kw)
+
+
+class Chunk(Layer):
+    """Splits its input into ``n`` equal pieces along ``axis`` (NNC's ``ccv_cnnp_chunk(n,
+    axis)``): ``n`` outputs, each ``size / n`` wide on ``axis``, in order (``q, k, v =
+    Chunk(3)(qkv)``). A size that ``n`` does not divide, or an axis out of range, is a
+    :class:`ModelError` naming the layer."""
+
+    def __init__(self, n: int, axis: int = -1, **kw: Any):
+        super().__init__(**kw)
+        self.n = positive_int(self, "n", n)
+        if not is_int(axis):
+            raise ModelError(
+                f"layer {self.describe()}: axis is {axis!r:.40} ({type(axis).__name__}); "
+                "expected one int axis, e.g. -1"
+            )
+        self.axis = int(axis)
+
+    def num_outputs(self, num_inputs: int) -> int:
+        return self.n
+
+    def build(self, ctx: BuildContext, x: Symbol) -> Any:
+        shape, rank = list(x.shape), len(x.shape)
+        if not -rank <= self.axis < rank or shape[self.axis] % self.n:
+            raise ModelError(
+                f"layer {self.describe()}: cannot cut axis {self.axis} of its input {shape} "
+                f"into {self.n} equal pieces; expected an axis in [{-rank}, {rank}) whose "
+                f"size {self.n} divides"
+            )
+        axis, name = self.axis % rank, ctx.layer_id(self)
+        step = shape[axis] // self.n
+        outs = []
+        for i in range(self.n):
+            start = [0] * rank
+            start[axis] = i * step
+            limit = list(shape)
+            limit[axis] = (i + 1) * step
+            cmd = ops.slice(start=tuple(start), limit=tuple(limit))
+            outs.append(ctx.b.exec(cmd, x, name=f"{name}/{i}" if name else ""))
+        return tuple(outs) if self.n > 1 else outs[0]

@@ -19,6 +19,7 @@ from fnnc.models import (
     Activation,
     Add,
     AvgPool,
+    Chunk,
     Dropout,
     Embedding,
     GroupNorm,
@@ -397,3 +398,38 @@ def test_a_window_mixing_zeros_and_sizes_or_a_global_pool_without_space_names_th
     x = Input()
     with pytest.raises(ModelError, match=r"AvgPool\('pool'\).*no spatial axis"):
         Model([x], [AvgPool(0, name="pool")(x)]).compile([np.zeros((2, 3), np.float32)])
+
+
+def test_chunk_splits_into_equal_pieces_as_numpy():
+    """Chunk(n, axis) is NNC's ccv_cnnp_chunk: n outputs, np.split's pieces in order;
+    the gradient of the input is the outputs' cotangents joined back (np.concatenate)."""
+    x = RNG.standard_normal((2, 6, 2)).astype(np.float32)
+    cts = [RNG.standard_normal((2, 2, 2)).astype(np.float32) for _ in range(3)]
+    inp = Input()
+    model = Model([inp], list(Chunk(3, axis=-2, name="qkv")(inp)))
+    model.compile([x])
+    fn = model_function(model, [x])
+
+    def both(x, cts):
+        ys, vjp = jax.vjp(lambda v: fn([v], {})[0], x)
+        return ys, vjp(cts)[0]
+
+    ys, dx = jax.jit(both)(jnp.asarray(x), [jnp.asarray(c) for c in cts])
+    for y, want in zip(ys, np.split(x, 3, axis=1), strict=True):
+        np.testing.assert_array_equal(y, want)
+    np.testing.assert_array_equal(dx, np.concatenate(cts, axis=1))
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: Chunk(2, axis=1, name="c"), r"Chunk\('c'\): cannot cut axis 1 of its input"),
+        (lambda: Chunk(2, axis=3, name="c"), r"Chunk\('c'\): cannot cut axis 3"),
+        (lambda: Chunk(0, name="c"), r"Chunk\('c'\): n is 0"),
+        (lambda: Chunk(2, axis=1.0, name="c"), r"Chunk\('c'\): axis is 1.0"),
+    ],
+)
+def test_chunk_errors_name_the_layer(make, match):
+    x = Input()
+    with pytest.raises(ModelError, match=match):
+        Model([x], list(make()(x))).compile([np.zeros((2, 5, 2), np.float32)])
