@@ -54,7 +54,8 @@ class Dense(Layer):
 
     def __init__(self, count: int, *, no_bias: bool = False, **kw: Any):
         super().__init__(**kw)
-        self.count, self.no_bias = positive_int(self, "count", count), no_bias
+        self.count = positive_int(self, "count", count)
+        self.no_bias = flag(self, "no_bias", no_bias)
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         w = ctx.param(self, 0, (self.count, x.shape[-1]), glorot_uniform([1], [0]), x.dtype)

@@ -34,6 +34,7 @@ from fnnc.models.layer import (
     BuildContext,
     Layer,
     ModelError,
+    flag,
     glorot_uniform,
     positive_int,
     zeros,
@@ -69,6 +70,7 @@ class SwiGLU(Layer):
         super().__init__(**kw)
         hidden = positive_int(self, "hidden", hidden)
         out = None if out is None else positive_int(self, "out", out)
+        down = flag(self, "down", down)
         if not down and out is not None:
             raise ModelError(
                 f"layer {self.describe()}: out={out} sizes the down projection, which "

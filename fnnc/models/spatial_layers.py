@@ -27,6 +27,7 @@ from fnnc.models.layer import (
     BuildContext,
     Layer,
     ModelError,
+    flag,
     glorot_uniform,
     is_int,
     positive_int,
@@ -102,7 +103,8 @@ class Conv(Layer):
         self.filters = positive_int(self, "filters", filters)
         self.kernel_size = _sizes(self, "kernel_size", kernel_size)
         self.strides, self.padding, self.dilation = strides, padding, dilation
-        self.groups, self.no_bias = positive_int(self, "groups", groups), no_bias
+        self.groups = positive_int(self, "groups", groups)
+        self.no_bias = flag(self, "no_bias", no_bias)
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         cin = x.shape[-1]

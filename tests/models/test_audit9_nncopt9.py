@@ -20,6 +20,8 @@ from fnnc.models import (
     Add,
     AvgPool,
     Chunk,
+    Conv,
+    Dense,
     Dropout,
     Embedding,
     GroupNorm,
@@ -30,6 +32,7 @@ from fnnc.models import (
     Mul,
     MultiHeadAttention,
     RMSNorm,
+    SwiGLU,
     model_function,
 )
 
@@ -433,3 +436,26 @@ def test_chunk_errors_name_the_layer(make, match):
     x = Input()
     with pytest.raises(ModelError, match=match):
         Model([x], list(make()(x))).compile([np.zeros((2, 5, 2), np.float32)])
+
+
+@pytest.mark.parametrize(
+    "make, arg",
+    [
+        (lambda v: Dense(2, no_bias=v, name="l"), "no_bias"),
+        (lambda v: Conv(2, 1, no_bias=v, name="l"), "no_bias"),
+        (lambda v: SwiGLU(4, down=v, name="l"), "down"),
+    ],
+    ids=["dense", "conv", "swiglu"],
+)
+def test_bool_options_refuse_non_bools_and_take_nnc_int_flags(make, arg):
+    """Dense(no_bias="no"), Conv(no_bias="no") and SwiGLU(down="no") dropped the bias
+    (the down projection) silently: a truthy string. Now a ModelError naming the layer;
+    NNC's 1 / 0 still work, making the parameters True / False make (counted)."""
+    with pytest.raises(ModelError, match=rf"\('l'\): {arg} is 'no'"):
+        make("no")
+    x = np.zeros((2, 3, 4), np.float32)
+    counts = []
+    for v in (1, True, 0, False):
+        model, _ = _fn(make(v), x)
+        counts.append(len(model.parameters()))
+    assert counts[0] == counts[1] and counts[2] == counts[3] and counts[0] != counts[2]
