@@ -56,7 +56,8 @@ def positive_int(layer: Layer, arg: str, value: Any) -> int:
 def flag(layer: Layer, arg: str, value: Any) -> bool:
     """``value`` as a bool when it is one (Python or NumPy) or NNC's int flag 0 / 1; else
     a :class:`ModelError` naming ``layer`` and its argument ``arg``, so a misplaced
-    ``Dropout(0.1, 0.5)`` or ``elementwise_affine="no"`` is refused instead of being true."""
+    ``Dropout(0.1, entirety=0.5)`` or ``elementwise_affine="no"`` is refused instead of
+    being true."""
     if isinstance(value, (bool, np.bool_)) or (is_int(value) and value in (0, 1)):
         return bool(value)
     raise ModelError(
