@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fnnc.core.dtypes import is_floating
 from fnnc.core.ir import Symbol
 from fnnc.errors import ModelError as ModelError  # re-exported here for layer authors
 from fnnc.models.build_context import BuildContext as BuildContext
@@ -75,6 +76,8 @@ def real_in(
     ``layer``, its argument ``arg`` and ``hint`` (what the number means). Layer
     constructors check probabilities and rates with it, so ``BatchNorm(momentum=2.0)``
     is refused instead of making running statistics diverge."""
+    if _real_scalar(value):  # a NumPy or JAX 0-d array of a real number is one too
+        value = float(value)
     ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
     if not ok or not low <= value or not (value < high if open_high else value <= high):
         span = f"[{low}, {high}{')' if open_high else ']'}"
@@ -83,6 +86,14 @@ def real_in(
             f"expected a number in {span}{'; ' + hint if hint else ''}"
         )
     return float(value)
+
+
+def _real_scalar(value: Any) -> bool:
+    """Whether ``value`` is a 0-d array (NumPy's or JAX's) of an int or a real float."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None or getattr(value, "ndim", None) != 0:
+        return False
+    return np.dtype(dtype).kind in "iu" or is_floating(dtype)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -352,7 +352,7 @@ def _number(name: str, value: Any) -> float:
         array = np.asarray(value)
     except Exception:  # an object NumPy cannot take
         array = np.asarray(None)
-    if array.ndim != 0 or array.dtype.kind not in "biuf":
+    if array.ndim != 0 or not (array.dtype.kind in "biu" or is_floating(array.dtype)):
         shape = f" of shape {list(array.shape)}" if array.ndim else ""
         raise ModelError(
             f"metric {name!r} returned {type(value).__name__}{shape} ({value!r:.60}); a metric "

@@ -90,7 +90,13 @@ class Parameter(Layer):
         """``value``, unless a finite entry of it is beyond float32's range, which the
         parameter would hold as inf: a ModelError naming the layer."""
         with np.errstate(over="ignore"):
-            wide = np.asarray(value, np.float64)
+            try:
+                wide = np.asarray(value, np.float64)
+            except OverflowError:  # an int beyond any float (10**400): NumPy's bare error
+                raise ModelError(
+                    f"layer {self.describe()}: init holds an int beyond float64's range; pass "
+                    "values float32, the parameter's type, holds"
+                ) from None
             lost = np.isfinite(wide) & np.isinf(wide.astype(np.float32))
         if np.any(lost):
             raise ModelError(

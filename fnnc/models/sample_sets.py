@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from fnnc.core.dtypes import is_floating
 from fnnc.errors import ModelError
 from fnnc.models import checks, processes
 
@@ -93,7 +94,8 @@ def same_rows(inputs: Sequence[Any], where: str) -> None:
 
 
 def _shown(a: np.ndarray) -> str:
-    return repr(a.item()) if a.dtype.kind in "biuf" else f"a {a.dtype} scalar"
+    number = a.dtype.kind in "biu" or is_floating(a.dtype)  # bfloat16's NumPy kind is 'V'
+    return repr(a.item()) if number else f"a {a.dtype} scalar"
 
 
 def row_multiple(model: Any) -> int:
