@@ -39,3 +39,8 @@ def test_layer_arguments_take_0_d_arrays_of_real_numbers(p) -> None:
 def test_a_parameter_init_beyond_any_float_names_the_layer() -> None:
     with pytest.raises(ModelError, match="beyond float64's range"):
         layers.Parameter((1,), init=10**400)
+
+
+def test_early_stopping_takes_a_0_d_min_delta() -> None:
+    assert M.EarlyStopping(min_delta=jnp.float32(0.5)).min_delta == 0.5
+    assert M.EarlyStopping(min_delta=np.array(2)).min_delta == 2.0
