@@ -88,8 +88,8 @@ def _branch_types(error: TypeError, params: list[Any]) -> str:
         f"updates of 16-bit parameters (here {', '.join(low) or 'none'}), so that the new "
         "parameter is rounded once, while a wrapper's skip branch (optax.apply_if_finite, "
         "optax.conditionally_transform) gives the gradients' dtype: chain "
-        "optax.stateless(lambda g, _: jax.tree.map(lambda x: x.astype(jnp.float32), g)) "
-        "before the wrapper, so both branches are float32"
+        "fnnc.models.minimizers.float32_gradients() before the wrapper, so both branches "
+        "are float32"
     )
 
 

@@ -11,9 +11,8 @@ adds it in float32 and rounds the sum once to the parameter's dtype, as NNC's ke
 round ``a - delta`` once (an update in 16 bits would be rounded, then the sum again).
 A wrapper whose ``lax.cond`` branches must agree on dtypes and whose other branch gives
 the gradients' dtype (``optax.apply_if_finite``, ``optax.conditionally_transform``)
-needs float32 gradients: chain ``optax.stateless(lambda g, _: jax.tree.map(lambda x:
-x.astype(jnp.float32), g))`` before it (the numbers are the same: NNC reads a 16-bit
-gradient into float32 anyway).
+needs float32 gradients: chain :func:`float32_gradients` before it (the numbers are the
+same: NNC reads a 16-bit gradient into float32 anyway).
 
 ===============  ==================================  ============================================
 NNC command      fnnc                                rule taken from (liuliu/ccv)
@@ -55,6 +54,7 @@ Example:
 """
 
 from fnnc.models.minimizers._accumulate import AccumulationState as AccumulationState
+from fnnc.models.minimizers._accumulate import float32_gradients as float32_gradients
 from fnnc.models.minimizers._accumulate import noop as noop
 from fnnc.models.minimizers._accumulate import (
     with_gradient_accumulation as with_gradient_accumulation,

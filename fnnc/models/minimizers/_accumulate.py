@@ -32,6 +32,37 @@ from fnnc.errors import CommandError
 _INT32_MAX = 2**31 - 1
 
 
+def float32_gradients() -> optax.GradientTransformation:
+    """Gradients of a half or bfloat16 type as float32, the rest as they are: chain it
+    before ``optax.apply_if_finite`` or ``optax.conditionally_transform`` around an NNC
+    minimizer of 16-bit parameters.
+
+    NNC's minimizers give float32 updates for 16-bit parameters (so each new parameter
+    is rounded once, as NNC's kernels round it), while those wrappers' skip branch gives
+    the gradients' type, and ``lax.cond`` needs both branches of one type. The numbers
+    do not change: NNC's kernels read a 16-bit gradient into float32 anyway.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> from fnnc.models import minimizers
+        >>> opt = optax.chain(
+        ...     minimizers.float32_gradients(),
+        ...     optax.apply_if_finite(minimizers.adam(1e-3), max_consecutive_errors=3),
+        ... )
+        >>> params = {"w": jnp.ones(2, jnp.bfloat16)}
+        >>> updates, _ = opt.update({"w": jnp.ones(2, jnp.bfloat16)}, opt.init(params), params)
+        >>> updates["w"].dtype
+        dtype('float32')
+    """
+
+    def cast(g: Any) -> Any:
+        if jnp.issubdtype(g.dtype, jnp.floating) and np.dtype(g.dtype).itemsize == 2:
+            return g.astype(jnp.float32)
+        return g
+
+    return optax.stateless(lambda updates, params=None: jax.tree.map(cast, updates))
+
+
 def noop() -> optax.GradientTransformation:
     """NNC's ``CMD_NOOP`` as a minimizer: parameters stay as they are.
 
