@@ -23,7 +23,8 @@ parameters of the forward are the command's hyper-parameters
 optional.
 
 Backward convention (NNC's): ``backward(grads, inputs, outputs, **params)`` gets
-tuples ``grads`` (one per output, ``None`` where an output has no gradient),
+tuples ``grads`` (one per output, ``None`` where an output has no gradient; all
+``None`` is NNC's null gradient, read as ones: see :meth:`OpDef.backward`),
 ``inputs`` and ``outputs`` and returns one gradient per input, ``None`` for
 non-differentiable inputs. A tensor not named in ``backward_uses`` arrives as its
 ``jax.ShapeDtypeStruct``: its shape is known (to undo broadcasting, say) but its values
@@ -294,6 +295,7 @@ def defcommand(
     display: Callable[[Command], str] | None = None,
     backward_check: Callable[..., str | None] | None = None,
     backward_node: BackwardNode | None = None,
+    null_gradient: Callable[..., Sequence[Any]] | None = None,
     replace: bool = False,
 ) -> Callable[[Callable[..., Any]], _Factory]:
     """Registers a command whose reference forward is the decorated function.
@@ -323,6 +325,9 @@ def defcommand(
             gradient graph runs.
         backward_node: set only on a command that runs another command's backward
             (``gradient``); see :class:`BackwardNode`.
+        null_gradient: ``null_gradient(inputs, outputs, **params) -> grads``: the output
+            gradients a backward given none at all (NNC's null gradient) takes instead;
+            default ones for each float output (see :meth:`OpDef.backward`).
         replace: replace a command already registered under this name (a notebook cell
             defining it run again; a built-in command too) instead of raising
             :class:`~fnnc.errors.CommandError`. Existing command values and graphs that
@@ -378,6 +383,7 @@ def defcommand(
             display=display,
             backward_check=ordered_check(backward_check),
             backward_node=backward_node,
+            null_gradient=null_gradient,
         )
         if old is not None:
             _forget(cmd_name)

@@ -164,6 +164,7 @@ class OpDef:
     backward_check: Callable[[Command, int], str | None] | None = None
     backward_fn: Callable[..., Any] | None = None
     backward_node: BackwardNode | None = None
+    null_gradient: Callable[..., Sequence[Any]] | None = None
 
     def check_arity(self, n: int, where: str = "") -> None:
         """Raises :class:`CommandError` unless ``n`` inputs fit this command."""
@@ -187,10 +188,21 @@ class OpDef:
     ) -> tuple[Any, ...]:
         """Gradients of the inputs from gradients of the outputs (NNC convention).
 
+        ``grads`` has one entry per output, ``None`` for an output without a gradient.
+        When *every* entry is ``None`` (NNC's null output gradient, ``g = 0`` in
+        ``ccv_nnc_cmd_exec``'s inputs) the backward computes the command's own
+        derivative: each float output's gradient is taken as ones of that output's
+        shape and dtype (a command may say otherwise with ``defcommand(null_gradient=)``:
+        ``cmul`` takes complex ones, the two-output losses ones for the loss only). When
+        some are given, a ``None`` adds nothing: the ``backward`` pass passes ``None``
+        for an output no gradient reaches.
+
         ``wants`` (positional: commands may have a hyper-parameter of that name) lists
         the inputs whose gradients are asked for; the derived backward differentiates
         only those, a hand-written one may compute the others too.
         """
+        if grads and all(g is None for g in grads):
+            grads = self.null_gradients(inputs, outputs, len(grads), params)
         if self.backward_fn is None:
             return vjp_backward(self.forward, grads, inputs, wants, **params)
         args = (tuple(grads), tuple(inputs), tuple(outputs))
@@ -210,6 +222,22 @@ class OpDef:
                 ) from e
             raise
         return self._gradients(result, len(args[1]))
+
+    def null_gradients(
+        self, inputs: Sequence[Any], outputs: Sequence[Any], n: int, params: dict[str, Any]
+    ) -> tuple[Any, ...]:
+        """The ``n`` output gradients NNC's null gradient stands for (see :meth:`backward`):
+        the command's ``null_gradient(inputs, outputs, **params)``, else ones for each
+        float output, shaped by ``outputs`` or, where those are not given with shapes
+        (``(None,)``, ``()``), by the shape rule on the inputs' specs."""
+        if self.null_gradient is not None:
+            return tuple(self.null_gradient(tuple(inputs), tuple(outputs), **params))
+        specs = tuple(outputs)
+        if len(specs) != n or not all(hasattr(o, "shape") and hasattr(o, "dtype") for o in specs):
+            given = (None if x is None else Spec(tuple(x.shape), x.dtype) for x in inputs)
+            out = self.shape(*given, **params)
+            specs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        return tuple(jax.numpy.ones(o.shape, o.dtype) if is_float(o) else None for o in specs)
 
     def run_backward(
         self,

@@ -122,10 +122,17 @@ def _class_loss_shape(name: str, outputs: int, *, softmax: bool = False):
     return rule
 
 
+def _null_loss_gradients(inputs, outputs, **params):
+    """NNC's null gradient of a two-output loss (``(loss, probabilities)``): ones for the
+    loss, nothing for the probabilities (:meth:`fnnc.ops.OpDef.backward` asks it)."""
+    return _loss_gradient(None, inputs[0]), None
+
+
 @defcommand(
     family="loss",
     shape=_class_loss_shape("softmax_crossentropy", 2, softmax=True),
     uses=Uses(inputs=(1,), outputs=(1,)),
+    null_gradient=_null_loss_gradients,
 )
 def softmax_crossentropy(x, label, *, trim0=0.0, trim1=1.0):
     """Softmax of the logits ``x`` and the cross-entropy to the label: ``(loss [..., 1], softmax)``.
@@ -170,9 +177,7 @@ def _softmax_crossentropy_grad(g_loss, g_p, label, p, *, trim0, trim1):
 
 @softmax_crossentropy.backward
 def _softmax_crossentropy_backward(grads, inputs, outputs, *, trim0, trim1):
-    (g_loss, g_p), (x, label), (_, p) = grads, inputs, outputs
-    if g_loss is None and g_p is None:  # NNC's null gradient (a graph gives at least one)
-        g_loss = _loss_gradient(None, x)
+    (g_loss, g_p), (_, label), (_, p) = grads, inputs, outputs
     return _softmax_crossentropy_grad(g_loss, g_p, label, p, trim0=trim0, trim1=trim1), None
 
 
@@ -283,6 +288,7 @@ def _binary_crossentropy_backward(grads, inputs, outputs, *, pos_weight):
     family="loss",
     shape=_binary_shape("sigmoid_binary_crossentropy", 2),
     uses=Uses(inputs=(1,), outputs=(1,)),
+    null_gradient=_null_loss_gradients,
 )
 def sigmoid_binary_crossentropy(x, label, *, pos_weight=1.0):
     """Sigmoid of logits ``x`` and binary cross-entropy to ``label``: ``(loss [..., 1], sigmoid)``.
@@ -307,9 +313,7 @@ def _sigmoid_binary_crossentropy_grad(g_loss, g_s, label, s, *, pos_weight):
 
 @sigmoid_binary_crossentropy.backward
 def _sigmoid_binary_crossentropy_backward(grads, inputs, outputs, *, pos_weight):
-    (g_loss, g_s), (x, label), (_, s) = grads, inputs, outputs
-    if g_loss is None and g_s is None:  # NNC's null gradient (a graph gives at least one)
-        g_loss = _loss_gradient(None, x)
+    (g_loss, g_s), (_, label), (_, s) = grads, inputs, outputs
     return _sigmoid_binary_crossentropy_grad(g_loss, g_s, label, s, pos_weight=pos_weight), None
 
 

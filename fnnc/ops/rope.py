@@ -96,7 +96,15 @@ def _cmul(a, b, shape, conjugate_b=False):
     return _interleave(a0 * b0 - a1 * b1, a0 * b1 + a1 * b0).astype(dtype)
 
 
-@defcommand(family="rope", shape=_cmul_rule, uses=Uses(inputs=(0, 1)))
+def _complex_ones(inputs, outputs, **params):
+    """NNC's null output gradient of CMUL: complex ones, ``(1, 0)`` pairs."""
+    a, b = inputs
+    shape = jnp.broadcast_shapes(a.shape, b.shape)
+    pair = jnp.asarray([1, 0], jnp.result_type(a.dtype, b.dtype))
+    return (jnp.broadcast_to(jnp.tile(pair, shape[-1] // 2), shape),)
+
+
+@defcommand(family="rope", shape=_cmul_rule, uses=Uses(inputs=(0, 1)), null_gradient=_complex_ones)
 def cmul(a, b, *, conjugate=False):
     """Complex product of interleaved pairs ``(re, im)`` along the last axis
     (broadcasting the other axes): RoPE with complex frequencies. ``conjugate=True``
@@ -107,10 +115,6 @@ def cmul(a, b, *, conjugate=False):
 @cmul.backward
 def _cmul_backward(grads, inputs, outputs, *, conjugate=False):
     (g,), (a, b) = grads, inputs
-    if g is None:  # NNC's null output gradient: complex ones, (1, 0) pairs
-        shape = jnp.broadcast_shapes(a.shape, b.shape)
-        pair = jnp.asarray([1, 0], jnp.result_type(a.dtype, b.dtype))
-        g = jnp.broadcast_to(jnp.tile(pair, shape[-1] // 2), shape)
     # Products and their sums over broadcast axes in float32 at least, rounded once.
     wide = at_least_float32(g.dtype)
     gw, aw, bw = g.astype(wide), a.astype(wide), b.astype(wide)
