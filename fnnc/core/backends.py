@@ -123,11 +123,14 @@ class AutotuneTable(MutableMapping[str, str]):
 TABLE = AutotuneTable()
 
 
-def table_key(cmd: Command, specs: Sequence[Spec], platform: str) -> str:
+def table_key(
+    cmd: Command, specs: Sequence[Spec], platform: str, precision: str | None = None
+) -> str:
     """The autotune table key of one (command, input specs, platform), and of where a
     winner was measured (:func:`measured_where`): the platform's device kind, the JAX
-    version and the matmul precision in force. A winner timed on another GPU kind, under
-    another JAX (whose XLA fuses differently) or another precision does not apply here.
+    version and the matmul precision (``precision``, default the one in force). A winner
+    timed on another GPU kind, under another JAX (whose XLA fuses differently) or
+    another precision does not apply here.
 
     Hyper-parameters are written as their ``repr``, except those whose ``repr`` says
     too little or differs between processes (:func:`stable_param`): a sub-graph
@@ -136,16 +139,23 @@ def table_key(cmd: Command, specs: Sequence[Spec], platform: str) -> str:
     keys of their own, and a saved table applies to the same graph built again.
     """
     shapes = ";".join("none" if s is None else f"{s.dtype.name}{list(s.shape)}" for s in specs)
-    return f"{cmd.name}|{stable_param(cmd.params)!r}|{shapes}|{platform}|{measured_where(platform)}"
+    where = measured_where(platform, precision)
+    return f"{cmd.name}|{stable_param(cmd.params)!r}|{shapes}|{platform}|{where}"
 
 
-def measured_where(platform: str) -> str:
+def measured_where(platform: str, precision: str | None = None) -> str:
     """What a timing on ``platform`` depends on beyond the command and its inputs:
     ``"<device kind>|jax <version>|<matmul precision>"`` (``jax.devices(platform)[0]
-    .device_kind``, ``"none"`` where this process has no such device; the precision
-    is :attr:`fnnc.config.Config.matmul_precision`, which autotune times under)."""
+    .device_kind``, ``"none"`` where this process has no such device; the precision is
+    ``precision`` (a name of :data:`fnnc.config.MATMUL_PRECISIONS`; what a program
+    compiled with ``compile(matmul_precision=...)`` runs under), default
+    :attr:`fnnc.config.Config.matmul_precision`, which autotune times under)."""
     kind = measured.device_kind(platform) or "none"
-    return f"{kind}|jax {jax.__version__}|{config.get().matmul_precision}"
+    if precision is None:
+        precision = config.get().matmul_precision
+    else:
+        precision = config.matmul_precision_name(precision, "measured_where: precision")
+    return f"{kind}|jax {jax.__version__}|{precision}"
 
 
 class _Text:

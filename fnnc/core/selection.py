@@ -70,11 +70,19 @@ def _check_forcing(cfg: config.Config) -> None:
     _checked = (backends._generation, cfg.serial)
 
 
-def select_backend(cmd: Command, specs: Sequence[Spec], platform: str | None = None) -> str:
+def select_backend(
+    cmd: Command,
+    specs: Sequence[Spec],
+    platform: str | None = None,
+    precision: str | None = None,
+) -> str:
     """The backend name a node running ``cmd`` on ``specs`` gets (see module doc) on
     ``platform`` (``"cpu"``, ``"gpu"`` or ``"tpu"``, any case; JAX's ``"cuda"`` and
-    ``"rocm"`` are ``"gpu"``; default: JAX's default backend). An unknown platform name
-    is a :class:`~fnnc.errors.ConfigError`."""
+    ``"rocm"`` are ``"gpu"``; default: JAX's default backend) for a program whose
+    float32 dots run at the matmul ``precision`` (``compile(matmul_precision=...)``'s;
+    default :attr:`fnnc.config.Config.matmul_precision`): the autotune table's winners
+    are looked up under it. An unknown platform or precision name is a
+    :class:`~fnnc.errors.ConfigError`."""
     platform = platform_name(platform, "select_backend")
     available = _backends_of(cmd.name, backends._generation)
     cfg = config.get()
@@ -98,7 +106,7 @@ def select_backend(cmd: Command, specs: Sequence[Spec], platform: str | None = N
     preferred = available.get(cfg.backend)
     if preferred is not None and why_not(preferred, cmd, specs, platform) is None:
         return cfg.backend
-    tuned = TABLE.get(table_key(cmd, specs, platform)) if len(TABLE) else None
+    tuned = TABLE.get(table_key(cmd, specs, platform, precision)) if len(TABLE) else None
     for name in (tuned, _measured(cmd, specs, platform)):
         chosen = available.get(name) if name else None
         if (

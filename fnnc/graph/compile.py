@@ -94,7 +94,8 @@ class Program:
         choices = []
         for node in graph.nodes:
             specs = [graph.spec(s) for s in node.inputs]
-            choices.append(dispatch.select_backend(node.cmd, specs, platform))
+            # the autotune winners timed under this program's precision, not the config's
+            choices.append(dispatch.select_backend(node.cmd, specs, platform, matmul_precision))
         self.backends = tuple(
             (i, node.name or str(node.cmd), b)
             for i, (node, b) in enumerate(zip(graph.nodes, choices))
@@ -140,7 +141,7 @@ class Program:
                 results = tuple(run_nodes(graph, args[:n_in], run_node))
             return (*results, jnp.stack(bad)) if numerics and bad else results
 
-        self.cpu_libraries = cpu_libraries.chosen(graph, platform, choices)
+        self.cpu_libraries = cpu_libraries.chosen(graph, platform, choices, matmul_precision)
         self._jitted = jax.jit(
             program,
             donate_argnums=donate,

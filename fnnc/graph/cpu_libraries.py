@@ -78,17 +78,28 @@ each convolution 0.91; without batch norm ``"xla"`` stays ahead (the CNN 1.10, t
 1.04)."""
 
 
-def program_key(graph: Graph, platform: str, backends: Sequence[str] | None = None) -> str:
+def program_key(
+    graph: Graph,
+    platform: str,
+    backends: Sequence[str] | None = None,
+    precision: str | None = None,
+) -> str:
     """The autotune-table key of ``graph``'s library set on ``platform``: a digest of
     every node's command, parameters, input specs, wiring and backend (``backends``, one
-    per node; default: the ones :func:`~fnnc.core.dispatch.select_backend` gives now).
+    per node; default: the ones :func:`~fnnc.core.dispatch.select_backend` gives now),
+    and of the matmul ``precision`` (default the one in force; see ``table_key``).
     It is the same in every process, so a saved table applies to the same graph built
     again; a set tuned with some backends does not apply when other ones are forced."""
     h = hashlib.sha256()
     for i, node in enumerate(graph.nodes):
         specs = [graph.spec(s) for s in node.inputs]
-        backend = backends[i] if backends is not None else select_backend(node.cmd, specs, platform)
-        line = f"{table_key(node.cmd, specs, platform)}|{node.inputs}|{node.outputs}|{backend}"
+        backend = (
+            backends[i]
+            if backends is not None
+            else select_backend(node.cmd, specs, platform, precision)
+        )
+        key = table_key(node.cmd, specs, platform, precision)
+        line = f"{key}|{node.inputs}|{node.outputs}|{backend}"
         h.update(f"{line}\n".encode())
     h.update(f"{graph.inputs}|{graph.outputs}".encode())
     return f"program|{h.hexdigest()[:32]}|{platform}"
@@ -117,9 +128,15 @@ class _UnknownSet(BackendError, ConfigError):
     :class:`~fnnc.errors.BackendError` it was before."""
 
 
-def chosen(graph: Graph, platform: str, backends: Sequence[str] | None = None) -> str:
-    """The library set ``graph`` compiles with (its nodes running ``backends``): the forced
-    one (``config.override(cpu_libraries=...)``), else the autotune table's, else
+def chosen(
+    graph: Graph,
+    platform: str,
+    backends: Sequence[str] | None = None,
+    precision: str | None = None,
+) -> str:
+    """The library set ``graph`` compiles with (its nodes running ``backends``, its dots
+    at the matmul ``precision``, default the one in force): the forced one
+    (``config.override(cpu_libraries=...)``), else the autotune table's, else
     :func:`default`'s.
 
     Raises:
@@ -143,7 +160,7 @@ def chosen(graph: Graph, platform: str, backends: Sequence[str] | None = None) -
                 f"one of {list(available(platform))} or leave it empty"
             )
         return forced
-    tuned = TABLE.get(program_key(graph, platform, backends)) if len(TABLE) else None
+    tuned = TABLE.get(program_key(graph, platform, backends, precision)) if len(TABLE) else None
     return tuned if tuned in available(platform) else default(graph, platform)
 
 
