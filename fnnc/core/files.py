@@ -100,9 +100,17 @@ def folder_locked(folder: str | os.PathLike[str], *, shared: bool = False) -> It
     ``shared=True`` one that any number of holders share and an exclusive one waits
     for (and the other way round). Readers of a folder whose content writers replace
     in several steps hold a shared one while they read, writers an exclusive one, so a
-    reader sees one write whole. Each call opens the folder anew, so two threads of one
-    process exclude each other as two processes do. Where the system has no ``fcntl``
-    or the folder cannot be opened or locked, nothing is locked."""
+    reader sees one write whole. Each call opens the folder anew, so on a local
+    filesystem two threads of one process exclude each other as two processes do.
+    Where the system has no ``fcntl`` or the folder cannot be opened or locked, nothing
+    is locked.
+
+    The lock is advisory and holds on local filesystems. On NFS, Linux emulates
+    ``flock`` with POSIX record locks, which belong to the process: an exclusive lock
+    on the folder (opened read-only, as a folder must be) fails with ``EBADF``, so an
+    exclusive call locks nothing there; a shared one is taken, but closing any of the
+    process's descriptors of the folder drops it (do not nest calls on one folder), and
+    threads of one process do not exclude each other."""
     fd = -1
     if fcntl is not None:
         with contextlib.suppress(OSError):

@@ -49,6 +49,7 @@ import json
 import operator
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -122,6 +123,7 @@ class ShardedCheckpoints:
             )
         self._manager: Any = None
         self._barriers = 0
+        self._held = threading.local()  # how deep this thread is in reading()
 
     @property
     def path(self) -> str:
@@ -279,12 +281,29 @@ class ShardedCheckpoints:
         exclusive one from their first change on disk to their last), so the manifest
         and the arrays read inside come from one save. Nothing is locked for a
         directory that does not exist, nor where the system cannot lock
-        (:func:`fnnc.core.files.folder_locked`)."""
-        if not os.path.isdir(self._path):
-            yield
+        (:func:`fnnc.core.files.folder_locked`).
+
+        It nests: inside it, this thread's ``manifest``, ``restore`` and ``reading``
+        keep the one lock it holds rather than take another (a second lock on a new
+        file descriptor, closed on return, would drop the first where ``flock`` is
+        emulated by per-process POSIX locks, as on NFS). The lock is advisory and holds
+        on local filesystems; on NFS a save's exclusive lock is not taken (see
+        :func:`~fnnc.core.files.folder_locked`), so there a restore is not protected
+        from a concurrent re-save or delete."""
+        depth = getattr(self._held, "depth", 0)
+        if depth or not os.path.isdir(self._path):
+            self._held.depth = depth + 1
+            try:
+                yield
+            finally:
+                self._held.depth = depth
             return
         with folder_locked(self._path, shared=True):
-            yield
+            self._held.depth = 1
+            try:
+                yield
+            finally:
+                self._held.depth = 0
 
     def _writing(self) -> Any:
         """The exclusive lock a save or delete holds (by process 0, the one that moves
