@@ -174,6 +174,11 @@ class ShardedCheckpoints:
                 that dict (restored as one, keyed by parameter id).
             optimizer_state: e.g. an Optax state (not with a model: it saves its own).
             metadata: anything JSON can hold.
+
+        A save waits for every restore of another process or job that holds
+        :meth:`reading` on this directory; in a multi-process run the other processes
+        wait meanwhile at a barrier with a timeout (see ``_writing``), so keep outside
+        restores (an evaluator) shorter than it.
         """
         step = _step(step, self._path)
         source = "pytree"
@@ -307,7 +312,16 @@ class ShardedCheckpoints:
 
     def _writing(self) -> Any:
         """The exclusive lock a save or delete holds (by process 0, the one that moves
-        steps into place; the others wait at its barriers, not on the lock)."""
+        steps into place; the others wait at its barriers, not on the lock).
+
+        Process 0 takes it before the ``recover`` barrier, so while an outside reader
+        holds :meth:`reading` the other processes wait at that barrier. Taking it later
+        would not spare them: each change process 0 makes on disk that a reader can
+        see (the new step's rename inside Orbax's save, the swap, retention's deletes)
+        comes after a barrier and before the next one (or one inside Orbax's save), so
+        its wait for the lock is always a wait of the others at that one. So a
+        restore by another job must take less time than the barrier's timeout (Orbax's
+        ``sync_global_processes``: 300 s with its distributed barrier)."""
         if jax.process_index() != 0:
             return contextlib.nullcontext()
         return folder_locked(self._path)
