@@ -164,7 +164,9 @@ class DataIterator(Iterator[Any]):
 
     # -- reading -------------------------------------------------------------------
     def _open(self, reuse: bool = True) -> Iterator[Any]:
-        if self._iter is None and reuse and self._key is not None:
+        if self._iter is not None:
+            return self._iter
+        if reuse and self._key is not None:
             taken = parking.take(self._key, self._position)
             if taken is not None:
                 self._opened_at, self._iter = taken
@@ -185,7 +187,7 @@ class DataIterator(Iterator[Any]):
                     )
                 self._iter = iter(out)
             self._opened_at = at
-        if not isinstance(self._iter, _Indexed):
+        if not isinstance(self._iter, _Indexed):  # once per stream opened or taken
             _reading.add(self)
         return self._iter
 
