@@ -89,7 +89,11 @@ class ArrayColumn(Column):
         return self.array.shape[0]
 
     def read(self, row: int) -> Any:
-        return read_only(self.array[row])  # a view; drops the memmap subclass
+        out = self.array[row]
+        if type(out) is np.ndarray and self.array.ndim > 1:
+            out.flags.writeable = False  # a new view of one row: locking it locks no one's
+            return out
+        return read_only(out)  # a view; drops the memmap subclass
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
         return np.asarray(self.array[rows])
