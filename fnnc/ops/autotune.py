@@ -189,8 +189,9 @@ def load(path: str | os.PathLike[str]) -> None:
     matmul precision) matches no key here: it loads nothing, with a warning.
 
     Raises:
-        GraphFormatError: the file is not JSON, not an fnnc autotune table, or of a
-            newer version.
+        GraphFormatError: the file is not JSON, not an fnnc autotune table, of a
+            newer version, or with the format key and a version other than the int
+            2 (no fnnc writes that: version 1 had no format key).
     """
     entries, legacy = _read(path)
     if legacy:
@@ -216,10 +217,17 @@ def _read(path: str | os.PathLike[str]) -> tuple[dict[str, str], int]:
             ) from None
     if isinstance(data, dict) and data.get("format") == FORMAT:
         version, entries = data.get("version"), data.get("entries")
-        if not isinstance(version, int) or version > VERSION:
+        if type(version) is int and version > VERSION:
             raise GraphFormatError(
                 f"{path}: an fnnc autotune table of version {version!r}; this fnnc reads "
                 f"up to {VERSION}: tune again with it, or upgrade fnnc"
+            )
+        if type(version) is not int or version != VERSION:  # True, 1.0, "2" included
+            raise GraphFormatError(
+                f"{path}: an fnnc autotune table of version {version!r}, which fnnc never "
+                f"writes (version 1 was a JSON object of entries alone, without "
+                f"{FORMAT!r}; this fnnc writes {VERSION}): the file is damaged or was "
+                "edited; tune again and save"
             )
         if isinstance(entries, dict) and all(isinstance(v, str) for v in entries.values()):
             return entries, 0
