@@ -201,10 +201,11 @@ for i in range(40):
     with files.locked(path):
         try:
             with open(path) as f:
-                on_disk = json.load(f)
+                on_disk = json.load(f)["entries"]
         except FileNotFoundError:
             on_disk = {}
-        files.atomic_write(path, json.dumps({**on_disk, **table}, indent=1, sort_keys=True))
+        data = {"format": "fnnc.autotune", "version": 2, "entries": {**on_disk, **table}}
+        files.atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
 """
 
 
@@ -225,7 +226,8 @@ def test_autotune_saves_from_two_processes_at_once_keep_every_entry(tmp_path):
     ]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     expected = {f"{tag}-{i}": "xla" for tag in "ab" for i in range(40)}
-    assert json.loads(path.read_text()) == expected  # a lost update would drop some
+    # autotune's table file (version 2: the entries under a format and version)
+    assert json.loads(path.read_text())["entries"] == expected  # a lost update drops some
     saved = dict(autotune.TABLE)
     try:
         autotune.TABLE.clear()
@@ -234,4 +236,4 @@ def test_autotune_saves_from_two_processes_at_once_keep_every_entry(tmp_path):
     finally:
         autotune.TABLE.clear()
         autotune.TABLE.update(saved)
-    assert json.loads(path.read_text()) == {**expected, "c-0": "xla"}
+    assert json.loads(path.read_text())["entries"] == {**expected, "c-0": "xla"}
