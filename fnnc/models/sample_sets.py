@@ -72,11 +72,12 @@ def split(data: Any, where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
                 f"{where}: {kind} {i} is a single value ({_shown(a)}), not an array with a row "
                 f"per sample; pass one {kind} per sample, e.g. np.full(len(x), value)"
             )
-    if len({len(a) for _, _, a in arrays}) != 1:
+    sizes = {len(a) for _, _, a in arrays}
+    if len(sizes) != 1:
         rows = ", ".join(f"{kind} {i} has {len(a)}" for kind, i, a in arrays)
         raise ModelError(
-            f"{where}: inputs and targets disagree on the number of samples: {rows}; every "
-            "input and target needs one row per sample"
+            f"{where}: inputs and targets disagree on the number of samples: {sorted(sizes)} "
+            f"({rows}); every input and target needs one row per sample"
         )
     return inputs, targets
 
