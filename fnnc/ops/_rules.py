@@ -237,15 +237,6 @@ def leading_sum(t: Any, axes: Sequence[int], dtype: Any = None) -> Any:
     return total.astype(t.dtype) if low else total
 
 
-def null_gradient(g: Any, *inputs: Any) -> Any:
-    """``g``, or for NNC's null output gradient (``None``) ones shaped like the
-    broadcast of ``inputs``: a command's own derivative, as NNC's backwards read it."""
-    if g is not None:
-        return g
-    shape = jnp.broadcast_shapes(*(x.shape for x in inputs))
-    return jnp.ones(shape, jnp.result_type(*(x.dtype for x in inputs)))
-
-
 def unbroadcast(g: Any, shape: Sequence[int]) -> Any:
     """Sums ``g`` down to ``shape``: the backward of broadcasting."""
     shape = tuple(shape)

@@ -21,7 +21,6 @@ from fnnc.ops._rules import (
     broadcast,
     broadcast_shape,
     int_range,
-    null_gradient,
     require_float,
     require_same_dtype,
     same_shape,
@@ -308,7 +307,6 @@ def _minmax(name: str, pick):
     @factory.backward
     def _backward(grads, inputs, outputs, *, ties="both"):
         (g,), (a, b) = grads, inputs
-        g = null_gradient(g, a, b)  # NNC's null gradient: the min (max)'s own derivative
         aa, bb = to_shape(a, g.shape), to_shape(b, g.shape)
         picked = pick(aa, bb)
         at_a, at_b = picked == aa, picked == bb

@@ -6,7 +6,7 @@ against its input without reshaping: ``reduce_sum(axes=(1,))`` maps ``[2, 3, 4]`
 ``[2, 1, 4]``. ``axes`` may be negative. argmax / argmin take one axis and return
 ``int32`` indices; they and ``reduce_isnan`` (``int32`` flags) have no gradient.
 A backward given NNC's null output gradient (``None``) takes ones, the reduction's own
-derivative (:func:`fnnc.ops._rules.null_gradient`), as NNC's REDUCE_NORM2 backward
+derivative (:meth:`fnnc.core.opdef.OpDef.backward` fills it in), as NNC's REDUCE_NORM2 backward
 does (``x / norm``).
 """
 
@@ -58,13 +58,6 @@ def _reduce_rule(name: str, need_float: bool = False, nonempty: bool = False, co
     return rule
 
 
-def _null_ones(g, x, name: str, axes):
-    """``g``, or for NNC's null output gradient ones shaped like the reduction's output."""
-    if g is not None:
-        return g
-    return jnp.ones(_kept(x.shape, norm_axes(name, axes, x.ndim)), x.dtype)
-
-
 def _nonempty(name: str, x: Spec, axes: tuple[int, ...]) -> None:
     """A maximum, minimum or arg-extremum of no values is undefined (JAX raises a bare
     ValueError while tracing): a ShapeError naming the empty axis instead."""
@@ -90,7 +83,7 @@ def _reduce_sum_backward(grads, inputs, outputs, *, axes):
     (g,), (x,) = grads, inputs
     if not is_float(x):
         return (None,)
-    return (to_shape(_null_ones(g, x, "reduce_sum", axes), x.shape),)
+    return (to_shape(g, x.shape),)
 
 
 @defcommand(family="reduce", shape=_reduce_rule("reduce_mean", need_float=True), uses=NOTHING)
@@ -108,7 +101,7 @@ def reduce_mean(x, *, axes):
 def _reduce_mean_backward(grads, inputs, outputs, *, axes):
     (g,), (x,) = grads, inputs
     n = _count(x.shape, norm_axes("reduce_mean", axes, x.ndim))
-    return (to_shape(_null_ones(g, x, "reduce_mean", axes), x.shape) / n,)
+    return (to_shape(g, x.shape) / n,)
 
 
 def _extremum(name: str, pick, doc: str):
@@ -125,7 +118,6 @@ def _extremum(name: str, pick, doc: str):
         (g,), (x,), (y,) = grads, inputs, outputs
         if not is_float(x):
             return (None,)
-        g = _null_ones(g, x, name, axes)
         ax = norm_axes(name, axes, x.ndim)
         hit = (x == to_shape(y, x.shape)).astype(g.dtype)
         share = g / jnp.sum(hit, axis=ax, keepdims=True)
@@ -158,7 +150,6 @@ def reduce_norm2(x, *, axes):
 @reduce_norm2.backward
 def _reduce_norm2_backward(grads, inputs, outputs, *, axes):
     (g,), (x,), (y,) = grads, inputs, outputs
-    g = _null_ones(g, x, "reduce_norm2", axes)
     wide = at_least_float32(x.dtype)
     return ((x.astype(wide) * to_shape(g.astype(wide) / y.astype(wide), x.shape)).astype(x.dtype),)
 
