@@ -32,11 +32,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fnnc.core.dtypes import is_inexact
 from fnnc.errors import ModelError, NumericsError
-from fnnc.models.layer import is_int
+from fnnc.models.layer import is_int, real_scalar
 
 CALLBACKS_KEY = "fnnc.callbacks"
 """The key of the callbacks' progress in a checkpoint's metadata (:class:`CheckpointEvery`)."""
@@ -337,8 +336,8 @@ class EarlyStopping(Callback):
                 f"EarlyStopping: patience={patience!r} ({type(patience).__name__}); expected an "
                 "int >= 0, the epochs without improvement to allow, e.g. patience=2"
             )
-        if getattr(min_delta, "ndim", None) == 0 and np.asarray(min_delta).dtype.kind in "iuf":
-            min_delta = float(min_delta)  # a 0-d NumPy or JAX number
+        if real_scalar(min_delta):  # a 0-d NumPy or JAX number
+            min_delta = float(min_delta)
         number = isinstance(min_delta, numbers.Real) and not isinstance(min_delta, bool)
         if not number or not math.isfinite(min_delta) or min_delta < 0:
             # a negative one counted a worse value as an improvement and made it the best,

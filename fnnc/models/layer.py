@@ -76,7 +76,7 @@ def real_in(
     ``layer``, its argument ``arg`` and ``hint`` (what the number means). Layer
     constructors check probabilities and rates with it, so ``BatchNorm(momentum=2.0)``
     is refused instead of making running statistics diverge."""
-    if _real_scalar(value):  # a NumPy or JAX 0-d array of a real number is one too
+    if real_scalar(value):  # a NumPy or JAX 0-d array of a real number is one too
         value = float(value)
     ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
     if not ok or not low <= value or not (value < high if open_high else value <= high):
@@ -88,7 +88,7 @@ def real_in(
     return float(value)
 
 
-def _real_scalar(value: Any) -> bool:
+def real_scalar(value: Any) -> bool:
     """Whether ``value`` is a 0-d array (NumPy's or JAX's) of an int or a real float."""
     dtype = getattr(value, "dtype", None)
     if dtype is None or getattr(value, "ndim", None) != 0:
