@@ -125,7 +125,8 @@ def _class_loss_shape(name: str, outputs: int, *, softmax: bool = False):
 def _null_loss_gradients(inputs, outputs, **params):
     """NNC's null gradient of a two-output loss (``(loss, probabilities)``): ones for the
     loss, nothing for the probabilities (:meth:`fnnc.ops.OpDef.backward` asks it)."""
-    return _loss_gradient(None, inputs[0]), None
+    x = inputs[0]
+    return jnp.ones((*x.shape[:-1], 1), x.dtype), None
 
 
 @defcommand(
@@ -225,14 +226,7 @@ def _categorical_crossentropy_grad(g, p, label, *, trim0, trim1):
 
 @categorical_crossentropy.backward
 def _categorical_crossentropy_backward(grads, inputs, outputs, *, trim0, trim1):
-    g = _loss_gradient(grads[0], inputs[0])
-    return _categorical_crossentropy_grad(g, *inputs, trim0=trim0, trim1=trim1)
-
-
-def _loss_gradient(g, x):
-    """``g``, or for NNC's null output gradient (``None``) ones shaped like the loss
-    ``[..., 1]``: a loss command's own derivative, as NNC's backwards read it."""
-    return jnp.ones((*x.shape[:-1], 1), x.dtype) if g is None else g
+    return _categorical_crossentropy_grad(grads[0], *inputs, trim0=trim0, trim1=trim1)
 
 
 def _binary_shape(name: str, outputs: int):
@@ -280,8 +274,7 @@ def _binary_crossentropy_grad(g, p, label, *, pos_weight):
 
 @binary_crossentropy.backward
 def _binary_crossentropy_backward(grads, inputs, outputs, *, pos_weight):
-    g = _loss_gradient(grads[0], inputs[0])
-    return _binary_crossentropy_grad(g, *inputs, pos_weight=pos_weight)
+    return _binary_crossentropy_grad(grads[0], *inputs, pos_weight=pos_weight)
 
 
 @defcommand(
