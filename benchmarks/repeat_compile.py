@@ -84,14 +84,20 @@ def _clear_caches() -> None:
     _check_scan.cache_clear()
 
 
-def compile_seconds(make: Callable[[], Model], x: np.ndarray) -> float:
-    """Seconds of ``compile`` + first ``fit`` of a fresh ``make()`` (module doc)."""
+def compiled(make: Callable[[], Model], x: np.ndarray) -> tuple[float, Model]:
+    """Seconds of ``compile`` + first ``fit`` of a fresh ``make()`` (module doc), and the
+    fitted model (its ``engine._last_fit.program`` is the compiled training step)."""
     _clear_caches()
     model = make()
     start = time.perf_counter()
     model.compile(x, loss=_loss, minimizer=optax.adam(1e-3))
     jax.block_until_ready(model.fit(x, x))
-    return time.perf_counter() - start
+    return time.perf_counter() - start, model
+
+
+def compile_seconds(make: Callable[[], Model], x: np.ndarray) -> float:
+    """Seconds of ``compile`` + first ``fit`` of a fresh ``make()`` (module doc)."""
+    return compiled(make, x)[0]
 
 
 def measure(makers: dict[str, Callable[[], Model]], x: np.ndarray, runs: int) -> dict[str, float]:
