@@ -29,6 +29,7 @@ through an autotune table written on another platform).
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +40,19 @@ from fnnc.core.command import Command, Spec, lookup, spec_text
 from fnnc.core.opdef import registry
 from fnnc.core.platforms import platform_name
 from fnnc.errors import BackendError
+
+_PRECISION: contextvars.ContextVar[str | None] = contextvars.ContextVar("precision", default=None)
+
+
+def selection_precision() -> str:
+    """The matmul precision the backend choice underway is made for: the ``precision``
+    given to :func:`select_backend` (``compile(matmul_precision=...)``'s) while a
+    backend's ``wins`` rule runs, else :attr:`fnnc.config.Config.matmul_precision`. A
+    ``wins`` rule that depends on the precision (flash attention's) reads it here, so
+    a program compiled at another precision than the configured one is judged at its own.
+    """
+    given = _PRECISION.get()
+    return config.matmul_precision_name(given or config.get().matmul_precision)
 
 
 def why_not(backend: Backend, cmd: Command, specs: Sequence[Spec], platform: str) -> str | None:
@@ -116,11 +130,15 @@ def select_backend(
         ):
             return chosen.name
     best, best_priority = REFERENCE, 0
-    for name, backend in available.items():
-        priority = _priority(cmd, specs, name, backend)
-        eligible = platform in backend.platforms and priority > best_priority
-        if eligible and backend.supports(cmd, specs) is None:
-            best, best_priority = name, priority
+    token = _PRECISION.set(precision)
+    try:
+        for name, backend in available.items():
+            priority = _priority(cmd, specs, name, backend)
+            eligible = platform in backend.platforms and priority > best_priority
+            if eligible and backend.supports(cmd, specs) is None:
+                best, best_priority = name, priority
+    finally:
+        _PRECISION.reset(token)
     return best
 
 

@@ -61,8 +61,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from fnnc import config
 from fnnc.core.command import Command, Spec
+from fnnc.core.selection import selection_precision
 from fnnc.ops.attention import scaled_dot_product_attention as _command
 from fnnc.ops.pallas import _derivatives
 from fnnc.ops.pallas._attention_fused import SHARED_BYTES as FUSED_SHARED_BYTES
@@ -189,10 +189,11 @@ def wins(cmd: Command, specs: Sequence[Spec]) -> bool:
     on tensor cores, that is 16-bit inputs, or float32 under a matmul policy below full
     float32. At full float32 precision Triton multiplies without them: on an H200 the
     kernel took 1.37 ms where XLA took 0.078 ms ([2, 512, 8, 64]), so there it is the
-    default only where measured faster (the H200's large float32 class)."""
+    default only where measured faster (the H200's large float32 class). The precision
+    is the program's (``compile(matmul_precision=...)``), else the configured one."""
     if specs[0].dtype.itemsize <= 2:
         return True
-    return config.get().matmul_precision != "float32"
+    return selection_precision() != "float32"
 
 
 def supports(cmd: Command, specs: Sequence[Spec], blocks: Blocks = Blocks()) -> str | None:
