@@ -8,10 +8,11 @@ Statistics and sums are float32 whatever the input dtype:
 
 - forward: the mean (layer norm only), then the biased variance of ``x - mean`` (two
   passes, as the reference, so no cancellation), then ``y`` with scale and bias;
-- backward: the row sums ``sum(g xhat)`` (and ``sum(g)`` for layer norm) of
-  ``g = gy * scale``, then ``dx``; the same walk writes this program's partial sums of
-  ``d scale = sum_rows gy xhat`` and ``d bias = sum_rows gy``, which XLA adds up over
-  the ``R / bm`` programs (a small ``[R / bm, N]`` array).
+- backward: for a 16-bit layer norm, the statistics again from ``x`` in float32 (the
+  saved ones were rounded to x's type); the row sums ``sum(g xhat)`` (and ``sum(g)``
+  for layer norm) of ``g = gy * scale``, then ``dx``; the same walk writes this
+  program's partial sums of ``d scale = sum_rows gy xhat`` and ``d bias = sum_rows gy``,
+  which XLA adds up over the ``R / bm`` programs (a small ``[R / bm, N]`` array).
 """
 
 from __future__ import annotations
@@ -149,6 +150,11 @@ def _backward_kernel(*refs, norm: Norm, bn: int, has: tuple[bool, bool, bool]):
     walk = steps(n, bn)
     mean = mean_ref[...].astype(jnp.float32) if mean_ref is not None else 0.0
     inv = inv_ref[...].astype(jnp.float32)
+    if norm.centered and x_ref.dtype.itemsize == 2:
+        # 16-bit saved statistics were rounded (a mean of 100 in bfloat16 is off by up to
+        # 0.25, shifting every x - mean): recomputed in float32 from x, as the reference
+        # layer_norm backward does
+        mean, inv = _stats(x_ref, norm, bn)
 
     def pieces(j):  # past N, gy and g are 0, so no sum below sees those lanes
         xhat = (_load(x_ref, j, bn, n) - mean) * inv
