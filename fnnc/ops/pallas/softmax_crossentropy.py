@@ -28,6 +28,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
@@ -35,6 +36,7 @@ from fnnc.core.command import Command, Spec
 from fnnc.ops.loss import softmax_crossentropy as _command
 from fnnc.ops.pallas import _derivatives
 from fnnc.ops.pallas._common import (
+    FLOATS,
     float_reason,
     lane_block,
     launch,
@@ -70,10 +72,17 @@ def _is_target(label: Any, x_shape: Sequence[int]) -> bool:
     return jnp.issubdtype(label.dtype, jnp.floating) and tuple(label.shape) == tuple(x_shape)
 
 
-def _prepare(x_shape: Sequence[int], label: Any, dtype: Any) -> tuple[Any, bool]:
-    """The label as kernel input: targets ``[R, C]`` or class indices ``[R, 1]`` int32."""
+def _prepare(x_shape: Sequence[int], label: Any, dtype: Any = None) -> tuple[Any, bool]:
+    """The label as kernel input: targets ``[R, C]`` or class indices ``[R, 1]`` int32.
+
+    Targets are cast to ``dtype``; ``None`` (the forward) keeps a kernel float type and
+    takes float32 otherwise, as the reference reads them in its float32 arithmetic:
+    rounding float32 targets to 16-bit scores' type moved the loss (1/3 in bfloat16 is
+    0.33398)."""
     rows, c = math.prod(x_shape[:-1]), x_shape[-1]
     if _is_target(label, x_shape):
+        if dtype is None:
+            dtype = label.dtype if np.dtype(label.dtype) in FLOATS else jnp.float32
         return jnp.reshape(label.astype(dtype), (rows, c)), True
     if jnp.issubdtype(label.dtype, jnp.floating):
         label = jnp.floor(label + 0.5)  # NNC: (int)(label + 0.5)
@@ -236,7 +245,7 @@ _derivatives.defvjp(_fused, _fused_fwd, _fused_bwd, _fused_reference)
 
 def softmax_crossentropy(x: Any, label: Any, *, trim0: float = 0.0, trim1: float = 1.0) -> Any:
     """The kernel backend: same signature and results as the reference."""
-    t, dense = _prepare(x.shape, label, x.dtype)
+    t, dense = _prepare(x.shape, label)
     rows, c = math.prod(x.shape[:-1]), x.shape[-1]
     loss, p = _fused(jnp.reshape(x, (rows, c)), t, dense, (float(trim0), float(trim1)))
     return jnp.reshape(loss, (*x.shape[:-1], 1)), jnp.reshape(p, x.shape)

@@ -4,7 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fnnc import ops
 from fnnc.ops.pallas import layer_norm as layer_norm_kernel
+from fnnc.ops.pallas import softmax_crossentropy as sce_kernel
 
 
 def _layer_norm_grads64(x, scale, gy, epsilon=1e-5):
@@ -47,3 +49,23 @@ def test_16_bit_layer_norm_kernel_backward_does_not_read_rounded_statistics():
         # a few roundings of the 16-bit results (the reference's own error is 1.8e-3, 1.3e-3)
         assert rel(dx, want_dx) < 4e-3
         assert rel(ds, want_ds) < 4e-3
+
+
+def test_float32_targets_of_16_bit_scores_are_not_rounded():
+    """The reference reads float targets in its float32 arithmetic; the kernel rounded
+    them to the scores' 16-bit type (1/3 became 0.33398 in bfloat16), so the loss of
+    [256, 0, 0] against thirds was 170 (170.5 rounded) where float64 gives 170.67 (171)."""
+    t = jnp.full((1, 3), 1 / 3, jnp.float32)
+    x = jnp.array([[256.0, 0.0, 0.0]], jnp.bfloat16)
+    x64, t64 = np.asarray(x, np.float64), np.asarray(t, np.float64)
+    lse = x64.max() + np.log(np.sum(np.exp(x64 - x64.max())))
+    want = lse * t64.sum() - np.sum(t64 * x64)  # logsumexp - sum t x, sum t = 1
+    loss = lambda a: sce_kernel.softmax_crossentropy(a, t)[0].astype(jnp.float32).sum()
+    got, g = jax.jit(jax.value_and_grad(loss))(x)
+    assert float(got) == float(jnp.asarray(want, jnp.bfloat16)) == 171.0
+    ref_loss = ops.softmax_crossentropy().definition.forward(x, t)[0]
+    assert float(got) == float(ref_loss[0, 0])
+    # the kernel's vjp, d loss / dx = softmax - t, with t unrounded (float64, rounded once)
+    softmax = np.exp(x64 - lse)
+    want_g = np.asarray(jnp.asarray(softmax - t64, jnp.bfloat16), np.float32)
+    np.testing.assert_array_equal(np.asarray(g, np.float32), want_g)
