@@ -3,8 +3,11 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from fnnc import ops
+from fnnc import config, ops
+from fnnc.errors import ConfigError
+from fnnc.graph import GraphBuilder, compile
 from fnnc.ops.pallas import layer_norm as layer_norm_kernel
 from fnnc.ops.pallas import softmax_crossentropy as sce_kernel
 
@@ -69,3 +72,28 @@ def test_float32_targets_of_16_bit_scores_are_not_rounded():
     softmax = np.exp(x64 - lse)
     want_g = np.asarray(jnp.asarray(softmax - t64, jnp.bfloat16), np.float32)
     np.testing.assert_array_equal(np.asarray(g, np.float32), want_g)
+
+
+def test_flash_attention_wins_by_the_precision_the_program_is_compiled_at(clean_table):
+    """Flash attention wins on float32 only below full float32 precision (``wins``). It
+    read the configuration's precision, so ``compile(matmul_precision="tensorfloat32")``
+    left float32 attention on XLA and ``compile(matmul_precision="float32")`` under a
+    tensorfloat32 configuration chose the kernel, which then multiplies without tensor
+    cores (18x slower than XLA on an H200)."""
+    sdpa = ops.scaled_dot_product_attention(is_causal=True)
+    f32 = [jax.ShapeDtypeStruct((1, 16, 2, 16), np.float32)] * 3
+    b = GraphBuilder()
+    q = b.input((1, 16, 2, 16), name="q")
+    graph = b.build([b.exec(sdpa, q, q, q, name="attn")])
+    compiled = lambda precision: compile(graph, platform="gpu", matmul_precision=precision)
+    assert ops.select_backend(sdpa, f32, "gpu") == "xla"
+    assert ops.select_backend(sdpa, f32, "gpu", "tensorfloat32") == "pallas"
+    assert ops.select_backend(sdpa, f32, "gpu", "high") == "pallas"  # JAX's alias
+    assert compiled("tensorfloat32").backends == ((0, "attn", "pallas"),)
+    assert compiled("float32").backends == ((0, "attn", "xla"),)
+    with config.override(matmul_precision="tensorfloat32"):
+        assert ops.select_backend(sdpa, f32, "gpu") == "pallas"
+        assert ops.select_backend(sdpa, f32, "gpu", "float32") == "xla"
+        assert compiled("float32").backends == ((0, "attn", "xla"),)
+    with pytest.raises(ConfigError, match="unknown matmul precision 'fp8'"):
+        ops.select_backend(sdpa, f32, "gpu", "fp8")
