@@ -7,6 +7,11 @@ constrained hyper-connections), NNC's GATED_DELTA and HYPER_CONNECTION (liuliu/c
   ``hv`` reads key head ``hv // (Hv / Hk)``; per step ``S = decay * S``,
   ``S = S + beta (v - S k) kᵀ``, ``y = S q``, with ``decay = exp(log_decay)`` (or
   ``log_decay`` itself when ``log_decay=False``). One ``lax.scan`` over time.
+  ``q``, ``k``, ``v`` share one float type; ``log_decay``, ``beta`` and ``state`` are
+  that type or float32 (NNC's 16-bit form: 16-bit ``q``/``k``/``v``, float32 decay and
+  state). The recurrence runs in float32 at least (a 16-bit state rounded every step
+  drifts ~5x further from the exact one); ``y`` comes back in ``v``'s type and the
+  state in ``state``'s.
 * ``hyper_connection`` has NNC's two forms, picked by ``mode``:
   ``"split"``: ``(mix [..., 2n + n²], scale [3], base [2n + n²])`` gives
   ``pre = σ(mix scale₀ + base) + ε``, ``post = 2σ(·)`` ``[..., n]`` and ``comb``
@@ -26,17 +31,24 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from fnnc.core.command import Spec, defcommand
-from fnnc.errors import CommandError
+from fnnc.errors import CommandError, DTypeError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show
 
 
 def _gated_delta_shape(q, k, v, log_decay, beta, state, *, log_decay_input, state_checkpoint_count):
     name = "gated_delta"
     require_float(name, q, k, v, log_decay, beta, state)
-    require_same_dtype(name, q, k, v, log_decay, beta, state)
+    require_same_dtype(name, q, k, v)
+    for label, s in (("log_decay", log_decay), ("beta", beta), ("state", state)):
+        if np.dtype(s.dtype) not in (np.dtype(q.dtype), np.dtype(np.float32)):
+            raise DTypeError(
+                f"{name}: {label} {show(s)} should be {np.dtype(q.dtype).name} (q's type) or "
+                f"float32 (NNC's 16-bit form: float32 log_decay, beta and state); q {show(q)}"
+            )
     ok = q.ndim == 4 and tuple(k.shape) == tuple(q.shape) and v.ndim == 4
     if ok:
         b, t, hk, dk = q.shape
@@ -79,6 +91,9 @@ def gated_delta(q, k, v, log_decay, beta, state, *, log_decay_input=True, state_
     >>> y.shape, s.shape
     ((1, 3, 1, 2), (1, 1, 2, 2))
     """
+    out_dtype, state_dtype = v.dtype, state.dtype
+    wide = jnp.result_type(jnp.float32, q, k, v, log_decay, beta, state)
+    q, k, v, log_decay, beta, state = (a.astype(wide) for a in (q, k, v, log_decay, beta, state))
     r = v.shape[2] // q.shape[2]
     qe, ke = jnp.repeat(q, r, axis=2), jnp.repeat(k, r, axis=2)  # [B, T, Hv, Dk]
     decay = jnp.exp(log_decay) if log_decay_input else log_decay
@@ -95,13 +110,14 @@ def gated_delta(q, k, v, log_decay, beta, state, *, log_decay_input=True, state_
 
     xs = tuple(jnp.swapaxes(x, 0, 1) for x in (qe, ke, v, decay, beta))
     final, (ys, states) = lax.scan(step, state, xs)
-    y = jnp.swapaxes(ys, 0, 1)
+    y = jnp.swapaxes(ys, 0, 1).astype(out_dtype)
     if not keep:
-        return y, final
+        return y, final.astype(state_dtype)
     every = jnp.concatenate([state[None], states], axis=0)  # [T + 1, B, Hv, Dv, Dk]
     history = jnp.flip(every, axis=0)[: keep + 1]
     b, hv, dv, dk = state.shape
-    return y, jnp.reshape(jnp.swapaxes(history, 0, 1), (b, (keep + 1) * hv, dv, dk))
+    history = jnp.reshape(jnp.swapaxes(history, 0, 1), (b, (keep + 1) * hv, dv, dk))
+    return y, history.astype(state_dtype)
 
 
 def _hc_shape(*xs, mode, count, sinkhorn_iterations, epsilon):
