@@ -21,6 +21,8 @@ constrained hyper-connections), NNC's GATED_DELTA and HYPER_CONNECTION (liuliu/c
   ``"expand"``: ``(block [..., D], residual [..., n, D], post [..., n],
   comb [..., n²] or [..., n, n])`` gives ``out[i] = block post[i] + Σⱼ comb[j, i] residual[j]``.
 
+Both compute 16-bit inputs in float32 and round the outputs once (NNC runs them in
+float32 only); a bfloat16 Sinkhorn left comb's sums 1.5-2.5x further from exact.
 NNC runs both forward only; fnnc differentiates them from ``jax.vjp`` of the
 reference (both are smooth), so a Gated DeltaNet or mHC block trains.
 """
@@ -35,6 +37,7 @@ import numpy as np
 from jax import lax
 
 from fnnc.core.command import Spec, defcommand
+from fnnc.core.dtypes import at_least_float32
 from fnnc.errors import CommandError, DTypeError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show
 
@@ -149,6 +152,13 @@ def _hc_shape(*xs, mode, count, sinkhorn_iterations, epsilon):
         raise CommandError(f"{name}: mode must be 'split' or 'expand', got {mode!r}")
     if len(xs) not in (3, 4):
         fail(f"{name}: mode 'split' takes (mix, scale, base[, residual]), got {len(xs)} inputs")
+    if sinkhorn_iterations < 1:  # NNC's split: EXEC_INVALID, as for epsilon below
+        raise CommandError(
+            f"{name}: sinkhorn_iterations={sinkhorn_iterations}; expected at least 1 (the "
+            "split normalises comb's columns once, then rows and columns per extra iteration)"
+        )
+    if not epsilon >= 0:
+        raise CommandError(f"{name}: epsilon={epsilon}; expected a number >= 0, e.g. 1e-6")
     mix, scale, base = xs[:3]
     width = 2 * n + n * n
     if mix.ndim < 1 or mix.shape[-1] != width or tuple(base.shape) != (width,):
@@ -192,13 +202,15 @@ def hyper_connection(*xs, mode="split", count=4, sinkhorn_iterations=20, epsilon
     >>> comb[0].round(4)  # doubly stochastic
     Array([0.5, 0.5, 0.5, 0.5], dtype=float32)
     """
-    n = count
+    n, dtype = count, xs[0].dtype
+    xs = tuple(x.astype(at_least_float32(dtype)) for x in xs)  # 16-bit: rounded once
     if mode == "expand":
         block, residual, post, comb = xs
         c = jnp.reshape(comb, (*block.shape[:-1], n, n))  # [..., n*n] or [..., n, n]
         mixed = jnp.einsum("...ji,...jd->...id", c, residual)
-        return block[..., None, :] * post[..., :, None] + mixed
+        return (block[..., None, :] * post[..., :, None] + mixed).astype(dtype)
     pre, post, comb = _sinkhorn(*xs[:3], n, sinkhorn_iterations, epsilon)
     if len(xs) == 3:
-        return pre, post, comb
-    return post, comb, jnp.einsum("...id,...i->...d", xs[3], pre)
+        return pre.astype(dtype), post.astype(dtype), comb.astype(dtype)
+    weighted = jnp.einsum("...id,...i->...d", xs[3], pre)
+    return post.astype(dtype), comb.astype(dtype), weighted.astype(dtype)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fnnc import ops
-from fnnc.errors import DTypeError
+from fnnc.errors import CommandError, DTypeError
 
 
 def _gated_delta_f64(q, k, v, log_decay, beta, state):
@@ -66,3 +66,56 @@ def test_gated_delta_16bit_rejects_other_mixed_types():
         ops.gated_delta()(q, q, q, gate, gate, state)
     with pytest.raises(DTypeError, match="share one dtype"):
         ops.gated_delta()(q, q.astype(jnp.float32), q, gate, gate, state)
+
+
+def _sig(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def _hc_split_f64(mix, scale, base, residual, n, iterations, eps):
+    """NNC's ``_ccv_nnc_hyper_connection_split_row`` (cpu_ref) in float64, then the
+    pre-weighted sum of the residual streams."""
+    z = mix * np.repeat(scale, [n, n, n * n]) + base
+    pre, post = _sig(z[..., :n]) + eps, 2 * _sig(z[..., n : 2 * n])
+    logits = z[..., 2 * n :].reshape(*z.shape[:-1], n, n)
+    comb = np.exp(logits - logits.max(-1, keepdims=True))
+    comb = comb / comb.sum(-1, keepdims=True) + eps
+    comb = comb / (comb.sum(-2, keepdims=True) + eps)
+    for _ in range(iterations - 1):
+        comb = comb / (comb.sum(-1, keepdims=True) + eps)
+        comb = comb / (comb.sum(-2, keepdims=True) + eps)
+    weighted = np.einsum("...id,...i->...d", residual, pre)
+    return post, comb.reshape(*z.shape[:-1], n * n), weighted
+
+
+def test_hyper_connection_16bit_rounds_once():
+    """bfloat16 mHC split: computed in float32 and rounded once, nearly every output is
+    the float64 result rounded to bfloat16 (a bfloat16 Sinkhorn matched 69% of post)."""
+    rng = np.random.default_rng(1)
+    n, rows = 4, 16
+    raw = [rng.normal(size=(rows, 2 * n + n * n)), rng.normal(size=3),
+           rng.normal(size=2 * n + n * n), rng.normal(size=(rows, n, 8))]  # fmt: skip
+    exact = [np.asarray(jnp.asarray(a, jnp.bfloat16), np.float64) for a in raw]
+    want = _hc_split_f64(*exact, n, 20, 1e-6)
+    got = ops.hyper_connection(count=n)(*(jnp.asarray(a, jnp.bfloat16) for a in exact))
+    for g, w in zip(got, want):
+        assert g.dtype == jnp.bfloat16
+        rounded = np.asarray(jnp.asarray(w, jnp.float32).astype(jnp.bfloat16), np.float64)
+        same = np.mean(np.asarray(g, np.float64) == rounded)
+        assert same > 0.95, f"{same:.3f} of the outputs are the float64 result rounded"
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"sinkhorn_iterations": 0}, "sinkhorn_iterations=0; expected at least 1"),
+        ({"epsilon": -1e-6}, r"epsilon=-1e-06; expected a number >= 0"),
+        ({"epsilon": float("nan")}, r"epsilon=nan; expected a number >= 0"),
+    ],
+)
+def test_hyper_connection_split_rejects_nnc_invalid_parameters(params, message):
+    """NNC's split returns EXEC_INVALID for these; fnnc had run them (0 iterations as 1,
+    a negative epsilon making comb negative, NaN everywhere)."""
+    mix, scale, base = jnp.zeros((2, 8)), jnp.ones(3), jnp.zeros(8)
+    with pytest.raises(CommandError, match=message):
+        ops.hyper_connection(count=2, **params)(mix, scale, base)
