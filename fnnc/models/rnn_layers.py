@@ -51,9 +51,9 @@ class LSTM(Layer):
             padding, which leaves the state unchanged and outputs zeros, and the
             backward direction starts at each sample's last real step
             (:func:`fnnc.ops.lstm`'s ``masked``).
-
-    Not supported: NNC's ``batch_first=0`` (time-major ``[T, N, I]``): inputs are always
-    batch-first; transpose a time-major sequence first.
+        batch_first: ``True``: inputs ``[N, T, I]``, outputs ``[N, T, D * P]``;
+            ``False`` (NNC's ``batch_first=0``): time-major ``[T, N, I]`` in and
+            ``[T, N, D * P]`` out (``lengths`` stays ``[N]``).
 
     Parameters come one layer and direction after another (layer 0 forward, layer 0
     backward, layer 1 ...), each as ``w_ih [4H, In]``, ``w_hh [4H, P]``, ``bias [4H]``
@@ -74,6 +74,7 @@ class LSTM(Layer):
         dropout: float = 0.0,
         bias: bool = True,
         masked: bool = False,
+        batch_first: bool = True,
         **kw: Any,
     ):
         super().__init__(**kw)
@@ -100,12 +101,15 @@ class LSTM(Layer):
                 f"layer {self.describe()}: dropout={dropout!r} is outside [0, 1); expected the "
                 "probability of dropping a unit, e.g. 0.1"
             )
-        for flag, value in (("bidirectional", bidirectional), ("bias", bias), ("masked", masked)):
+        flags = {"bidirectional": bidirectional, "bias": bias, "masked": masked,
+                 "batch_first": batch_first}  # fmt: skip
+        for flag, value in flags.items():
             if not isinstance(value, (bool, np.bool_)):
                 raise ModelError(
                     f"layer {self.describe()}: {flag} is {value!r:.40}; expected True or False"
                 )
         self.bidirectional, self.bias, self.masked = bool(bidirectional), bool(bias), bool(masked)
+        self.batch_first = bool(batch_first)
         self.proj_size, self.dropout = int(proj_size), float(dropout)
 
     def weight_shapes(self, features: int) -> list[tuple[int, ...]]:
@@ -124,9 +128,10 @@ class LSTM(Layer):
         if len(x.shape) != 3:
             raise ModelError(
                 f"layer {self.describe()}: input of shape {list(x.shape)}; expected "
-                "[batch, time, features]"
+                + ("[batch, time, features]" if self.batch_first else "[time, batch, features]")
             )
-        self._check_lengths(x, lengths)
+        batch = x.shape[0] if self.batch_first else x.shape[1]
+        self._check_lengths(batch, lengths)
         weights = []
         for index, shape in enumerate(self.weight_shapes(x.shape[-1])):
             init = zeros if len(shape) == 1 else glorot_uniform([1], [0])
@@ -134,7 +139,7 @@ class LSTM(Layer):
         units = self.num_layers * (2 if self.bidirectional else 1)
         h0, c0 = (
             ctx.b.exec(ops.set(shape=shape, dtype=np.dtype(x.dtype), value=0.0))
-            for shape in lstm_state_shapes(x.shape[0], self.hidden, units, self.proj_size)
+            for shape in lstm_state_shapes(batch, self.hidden, units, self.proj_size)
         )
         keyed = ctx.training and self.dropout > 0
         cmd = ops.lstm(
@@ -144,16 +149,18 @@ class LSTM(Layer):
             dropout=self.dropout,
             is_test=not ctx.training,
             masked=self.masked,
+            batch_first=self.batch_first,
         )
         key = [ctx.key()] if keyed else []
         y, _, _ = ctx.b.exec(cmd, x, h0, c0, *weights, *lengths, *key, name=ctx.layer_id(self))
         return y
 
-    def _check_lengths(self, x: Symbol, lengths: tuple[Symbol, ...]) -> None:
+    def _check_lengths(self, batch: int, lengths: tuple[Symbol, ...]) -> None:
         if len(lengths) != int(self.masked):
             raise ModelError(
                 f"layer {self.describe()}: {1 + len(lengths)} input(s) with masked="
-                f"{self.masked}; expected x [batch, time, features]"
+                f"{self.masked}; expected x [batch, time, features] ([time, batch, features] "
+                "with batch_first=False)"
                 + (
                     " and lengths int32 [batch]"
                     if self.masked
@@ -162,10 +169,10 @@ class LSTM(Layer):
             )
         if lengths and (
             not np.issubdtype(np.dtype(lengths[0].dtype), np.integer)
-            or tuple(lengths[0].shape) != (x.shape[0],)
+            or tuple(lengths[0].shape) != (batch,)
         ):
             raise ModelError(
                 f"layer {self.describe()}: lengths of shape {list(lengths[0].shape)} and "
-                f"dtype {np.dtype(lengths[0].dtype).name}; expected int32 [{x.shape[0]}], "
+                f"dtype {np.dtype(lengths[0].dtype).name}; expected int32 [{batch}], "
                 "each sample's number of real (unpadded) steps"
             )

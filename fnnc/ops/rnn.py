@@ -1,10 +1,13 @@
 """RNN family: lstm, NNC's LSTM with its ``num_layers``, ``bidirectional``, ``proj_size``,
-``dropout`` and ``masked`` options (``CMD_LSTM_FORWARD`` in liuliu/ccv ``lib/nnc/cmd/rnn``).
+``dropout``, ``masked`` and ``batch_first`` options (``CMD_LSTM_FORWARD`` in liuliu/ccv
+``lib/nnc/cmd/rnn``).
 
-Data is batch-first, ``x [B, T, I]`` (NNC's ``batch_first=1``; its time-major default
-is not supported: transpose the sequence first). Weights are packed per gate in the order input,
-forget, cell (g), output (cuDNN's order, which NNC's LSTM follows) and given one
-layer and direction after another (layer 0 forward, layer 0 backward, layer 1 ...),
+Data is batch-first, ``x [B, T, I]`` (NNC's ``batch_first=1``), or time-major
+``x [T, B, I]`` with ``batch_first=False`` (NNC's ``batch_first=0``; ``y`` is then
+``[T, B, D*P]``; states, ``lengths`` and weights are the same either way). Weights
+are packed per gate in the order input, forget, cell (g), output (cuDNN's order, which
+NNC's LSTM follows) and given one layer and direction after another (layer 0 forward,
+layer 0 backward, layer 1 ...),
 each as ``w_ih [4H, In]``, ``w_hh [4H, P]``, optionally ``bias [4H]``, and with
 ``proj_size = P > 0`` the projection ``w_hr [P, H]`` (LSTMP: ``h = w_hr (σ(o)
 tanh(c))``); without a projection ``P = H``. ``proj_size`` must not exceed the hidden
@@ -129,8 +132,12 @@ def lstm_state_shapes(
     return (*lead, proj_size or hidden), (*lead, hidden)
 
 
-def _lstm_shape(x, h0=None, c0=None, *rest, **params):
+def _lstm_shape(x, h0=None, c0=None, *rest, batch_first=True, **params):
     name = "lstm"
+    if x.ndim == 3 and not batch_first:  # time-major [T, B, I]: y [T, B, D*P]
+        spec = Spec((x.shape[1], x.shape[0], x.shape[2]), x.dtype)
+        y, h, c = _lstm_shape(spec, h0, c0, *rest, **params)
+        return Spec((y.shape[1], y.shape[0], y.shape[2]), y.dtype), h, c
     hidden = _hidden(c0, rest)
     units, per, has_bias, keyed, proj = _layout(3 + len(rest), hidden=hidden, **params)
     weights = rest[: units * per]
@@ -140,7 +147,10 @@ def _lstm_shape(x, h0=None, c0=None, *rest, **params):
     if keyed:
         _check_key(name, rest[-1])
     if x.ndim != 3:
-        fail(f"{name}: x {show(x)} must be [batch, time, features]")
+        fail(
+            f"{name}: x {show(x)} must be [batch, time, features] ([time, batch, features] "
+            "with batch_first=False)"
+        )
     b, t, i = x.shape
     if params["masked"]:
         lengths = rest[units * per]
@@ -223,8 +233,10 @@ def lstm(
     dropout=0.0,
     is_test=False,
     masked=False,
+    batch_first=True,
 ):
-    """NNC's LSTM over ``x [B, T, I]``: ``(y [B, T, D*P], h_T, c_T)`` (see the module doc).
+    """NNC's LSTM over ``x [B, T, I]``: ``(y [B, T, D*P], h_T, c_T)`` (see the module doc);
+    with ``batch_first=False`` over ``x [T, B, I]``, giving ``y [T, B, D*P]``.
     ``h0``/``c0`` given as ``None`` start from zeros (NNC's absent hx, cx).
 
     Per step, ``i, f, g, o = split(x_t w_ihᵀ + h w_hhᵀ + bias)``;
@@ -245,6 +257,7 @@ def lstm(
     >>> two(jnp.ones((2, 5, 3)), jnp.zeros((4, 2, 2)), jnp.zeros((4, 2, 4)), *w)[0].shape
     (2, 5, 4)
     """
+    x = x if batch_first else jnp.swapaxes(x, 0, 1)  # NNC's time-major: run batch-first
     params = dict(
         num_layers=num_layers,
         bidirectional=bidirectional,
@@ -287,4 +300,5 @@ def lstm(
             scale = jnp.asarray(1.0 / (1.0 - dropout), x.dtype)
             layer_in = layer_in * keep.astype(x.dtype) * scale
     h_t, c_t = jnp.stack(h_out), jnp.stack(c_out)
-    return layer_in, (h_t if stacked else h_t[0]), (c_t if stacked else c_t[0])
+    y = layer_in if batch_first else jnp.swapaxes(layer_in, 0, 1)
+    return y, (h_t if stacked else h_t[0]), (c_t if stacked else c_t[0])
