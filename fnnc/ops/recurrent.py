@@ -58,6 +58,7 @@ def _gated_delta_shape(q, k, v, log_decay, beta, state, *, log_decay_input, stat
         hv, dv = v.shape[2], v.shape[3]
         ok = (
             v.shape[:2] == (b, t)
+            and hk > 0  # NNC: Hk > 0 (no key head to share)
             and hv % hk == 0
             and tuple(log_decay.shape) == (b, t, hv)
             and tuple(beta.shape) == (b, t, hv)
@@ -65,9 +66,9 @@ def _gated_delta_shape(q, k, v, log_decay, beta, state, *, log_decay_input, stat
         )
     if not ok:
         fail(
-            f"{name}: expected q, k [B, T, Hk, Dk], v [B, T, Hv, Dv] (Hk divides Hv), log_decay "
-            f"and beta [B, T, Hv], state [B, Hv, Dv, Dk]; got q {show(q)}, k {show(k)}, v "
-            f"{show(v)}, log_decay {show(log_decay)}, beta {show(beta)}, state {show(state)}"
+            f"{name}: expected q, k [B, T, Hk, Dk], v [B, T, Hv, Dv] (Hk >= 1 divides Hv), "
+            f"log_decay and beta [B, T, Hv], state [B, Hv, Dv, Dk]; got q {show(q)}, k {show(k)}, "
+            f"v {show(v)}, log_decay {show(log_decay)}, beta {show(beta)}, state {show(state)}"
         )
     if not 0 <= state_checkpoint_count <= q.shape[1]:
         fail(

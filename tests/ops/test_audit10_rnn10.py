@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fnnc import ops
-from fnnc.errors import CommandError, DTypeError
+from fnnc.errors import CommandError, DTypeError, ShapeError
 
 
 def _gated_delta_f64(q, k, v, log_decay, beta, state):
@@ -119,3 +119,12 @@ def test_hyper_connection_split_rejects_nnc_invalid_parameters(params, message):
     mix, scale, base = jnp.zeros((2, 8)), jnp.ones(3), jnp.zeros(8)
     with pytest.raises(CommandError, match=message):
         ops.hyper_connection(count=2, **params)(mix, scale, base)
+
+
+def test_gated_delta_without_key_heads_is_a_shape_error():
+    """Hk = 0 (NNC asserts Hk > 0) reached ``hv % hk`` in the shape rule: a RuleError
+    wrapping ZeroDivisionError instead of the shapes expected."""
+    z = lambda *s: jnp.zeros(s, jnp.float32)
+    with pytest.raises(ShapeError, match=r"Hk >= 1 divides Hv.*got q float32\[1, 2, 0, 2\]"):
+        ops.gated_delta()(z(1, 2, 0, 2), z(1, 2, 0, 2), z(1, 2, 2, 2), z(1, 2, 2), z(1, 2, 2),
+                          z(1, 2, 2, 2))  # fmt: skip
