@@ -72,7 +72,14 @@ def projection(proj_size: int, hidden: int) -> int:
 
 def _hidden(c0, rest) -> int:
     """The hidden size ``H``: ``c0``'s last axis, else ``w_hh [4H, P]``'s first over 4."""
-    return c0.shape[-1] if c0 is not None else rest[1].shape[0] // 4
+    if c0 is not None:
+        return c0.shape[-1]
+    if len(rest) > 1 and (len(rest[1].shape) != 2 or rest[1].shape[0] % 4):
+        fail(
+            f"lstm: w_hh {show(rest[1])} should be [4H, P] (gates i, f, g, o of hidden size "
+            "H stacked): without c0 the hidden size is read from it"
+        )
+    return rest[1].shape[0] // 4
 
 
 def _layout(n: int, *, hidden, num_layers, bidirectional, proj_size, dropout, is_test, masked):

@@ -128,3 +128,15 @@ def test_gated_delta_without_key_heads_is_a_shape_error():
     with pytest.raises(ShapeError, match=r"Hk >= 1 divides Hv.*got q float32\[1, 2, 0, 2\]"):
         ops.gated_delta()(z(1, 2, 0, 2), z(1, 2, 0, 2), z(1, 2, 2, 2), z(1, 2, 2), z(1, 2, 2),
                           z(1, 2, 2, 2))  # fmt: skip
+
+
+def test_lstm_without_c0_names_a_w_hh_that_is_not_4h():
+    """Without c0 the hidden size is w_hh's rows / 4: w_hh [15, 4] was read as H = 3 and
+    blamed the right w_ih ('w_ih float32[16, 3] should be [12, 3]')."""
+    x, w_ih = jnp.ones((2, 3, 3)), jnp.ones((16, 3))
+    with pytest.raises(ShapeError, match=r"w_hh float32\[15, 4\] should be \[4H, P\]"):
+        ops.lstm()(x, None, None, w_ih, jnp.ones((15, 4)))
+    y = ops.lstm()(x, None, None, w_ih, jnp.zeros((16, 4)))[0]  # H = 4, zero states
+    i, _, g, o = np.split(np.ones(3) @ np.ones((3, 16)), 4)  # step 0 from zeros
+    c0 = 1 / (1 + np.exp(-i)) * np.tanh(g)
+    np.testing.assert_allclose(y[0, 0], 1 / (1 + np.exp(-o)) * np.tanh(c0), rtol=1e-6)
