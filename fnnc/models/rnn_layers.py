@@ -20,6 +20,7 @@ from fnnc.models.layer import (
     BuildContext,
     Layer,
     ModelError,
+    flag,
     glorot_uniform,
     is_int,
     positive_int,
@@ -101,15 +102,10 @@ class LSTM(Layer):
                 f"layer {self.describe()}: dropout={dropout!r} is outside [0, 1); expected the "
                 "probability of dropping a unit, e.g. 0.1"
             )
-        flags = {"bidirectional": bidirectional, "bias": bias, "masked": masked,
-                 "batch_first": batch_first}  # fmt: skip
-        for flag, value in flags.items():
-            if not isinstance(value, (bool, np.bool_)):
-                raise ModelError(
-                    f"layer {self.describe()}: {flag} is {value!r:.40}; expected True or False"
-                )
-        self.bidirectional, self.bias, self.masked = bool(bidirectional), bool(bias), bool(masked)
-        self.batch_first = bool(batch_first)
+        # NNC's ccv_cnnp_lstm takes int flags: 1 / 0 read as True / False, as Dense's do
+        self.bidirectional = flag(self, "bidirectional", bidirectional)
+        self.bias, self.masked = flag(self, "bias", bias), flag(self, "masked", masked)
+        self.batch_first = flag(self, "batch_first", batch_first)
         self.proj_size, self.dropout = int(proj_size), float(dropout)
 
     def weight_shapes(self, features: int) -> list[tuple[int, ...]]:

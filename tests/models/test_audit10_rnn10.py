@@ -104,3 +104,18 @@ def test_lstm_layer_time_major():
         Model([x_in, n_in], layer(x_in, n_in)).compile([np.swapaxes(x, 0, 1), lengths[:2]])
     with pytest.raises(ModelError, match="batch_first is 'no'"):
         Sequential([LSTM(4, batch_first="no")])
+
+
+def test_lstm_takes_nnc_int_flags():
+    """ccv_cnnp_lstm(masked, hidden, proj, layers, bias, batch_first, bidirectional, ...)
+    takes ints; LSTM refused bidirectional=1 ('expected True or False') where Dense and
+    the other layers read NNC's 1 / 0. The weights match the bool spelling's and NNC's
+    weight_dim with bias=0: 2 directions x (16*3 + 16*4) elements."""
+    ints = LSTM(4, bidirectional=1, bias=0, batch_first=0, masked=0)
+    bools = LSTM(4, bidirectional=True, bias=False, batch_first=False, masked=False)
+    assert ints.weight_shapes(3) == bools.weight_shapes(3)
+    assert sum(int(np.prod(s)) for s in ints.weight_shapes(3)) == 2 * (16 * 3 + 16 * 4)
+    assert (ints.bidirectional, ints.bias, ints.batch_first, ints.masked) == (
+        True, False, False, False)  # fmt: skip
+    with pytest.raises(ModelError, match=r"bidirectional is 2 \(int\); expected True or False"):
+        LSTM(4, bidirectional=2)
