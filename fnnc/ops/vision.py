@@ -190,6 +190,8 @@ def _nms_shape(a, *, iou_threshold):
 
 def _nms_one(a, threshold):
     m = a.shape[0]
+    if m == 0:  # no rows to keep: the gathers below would index an empty axis
+        return a, jnp.zeros((0,), jnp.int32)
     order = jnp.argsort(-a[:, 0], stable=True)
     b = a[order]
     x, y, w, h = b[:, 1], b[:, 2], b[:, 3], b[:, 4]
