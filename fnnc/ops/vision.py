@@ -3,9 +3,10 @@
 Data is NHWC, as everywhere in fnnc. Each follows its ``lib/nnc/cmd/<family>`` CPU
 reference in liuliu/ccv:
 
-* ``grid_sample(a [N, H, W, C], grid [N, Ho, Wo, 2])``: bilinear sampling at
-  ``grid``'s ``(x, y)`` in ``[-1, 1]`` (``align_corners`` maps -1 and 1 to the corner
-  pixels' centres, otherwise to the outer edges), zeros outside the image. NNC's
+* ``grid_sample(a [N, H, W, C], grid [N, Ho, Wo, 2])`` (or one image, ``[H, W, C]``
+  and ``[Ho, Wo, 2]``): bilinear sampling at ``grid``'s ``(x, y)`` in ``[-1, 1]``
+  (``align_corners`` maps -1 and 1 to the corner pixels' centres, otherwise to the
+  outer edges), zeros outside the image. NNC's
   backward gives ``a`` a gradient; fnnc differentiates ``grid`` too (spatial
   transformers learn it), from ``jax.vjp`` of the reference.
 * ``roi_align(a [N, H, W, C] or [H, W, C], boxes [B, 4] or [4])``: each box
@@ -14,7 +15,8 @@ reference in liuliu/ccv:
   over the samples that fall inside the image; box ``n`` reads image ``n % N``. The
   sample count depends on the box, so fnnc samples up to ``ceil(2 H / rows)`` rows
   (and columns) per bin: boxes up to twice the image match NNC exactly. Backward as
-  NNC's: the gradient of ``a`` only (the boxes get none).
+  NNC's: the gradient of ``a`` only (the boxes get none). No boxes (``[0, 4]``) give
+  no outputs.
 
 grid_sample and roi_align compute in float32 at least
 (:func:`~fnnc.core.dtypes.at_least_float32`) and round their outputs and gradients to
@@ -47,12 +49,17 @@ def _grid_sample_shape(a, grid, *, align_corners):
     name = "grid_sample"
     require_float(name, a, grid)
     require_same_dtype(name, a, grid)
-    if a.ndim != 4 or grid.ndim != 4 or grid.shape[-1] != 2 or grid.shape[0] != a.shape[0]:
+    if (
+        a.ndim not in (3, 4)
+        or grid.ndim != a.ndim
+        or grid.shape[-1] != 2
+        or (a.ndim == 4 and grid.shape[0] != a.shape[0])
+    ):
         fail(
-            f"{name}: a must be NHWC [N, H, W, C] and grid [N, Ho, Wo, 2] with the same N; got "
-            f"{show(a)}, {show(grid)}"
+            f"{name}: a must be NHWC [N, H, W, C] and grid [N, Ho, Wo, 2] with the same N "
+            f"(or one image, [H, W, C] and [Ho, Wo, 2]); got {show(a)}, {show(grid)}"
         )
-    return Spec((a.shape[0], grid.shape[1], grid.shape[2], a.shape[3]), a.dtype)
+    return Spec((*grid.shape[:-1], a.shape[-1]), a.dtype)
 
 
 @defcommand(family="grid_sample", shape=_grid_sample_shape)
@@ -65,6 +72,8 @@ def grid_sample(a, grid, *, align_corners=False):
     >>> ops.grid_sample(align_corners=True)(a, jnp.zeros((1, 1, 1, 2)))[0, 0, 0, 0]
     Array(1.5, dtype=float32)
     """
+    if a.ndim == 3:  # one image without a batch axis, as NNC's kernel takes it
+        return grid_sample.definition.forward(a[None], grid[None], align_corners=align_corners)[0]
     # Widened here, so jax.vjp of this (the derived backward) also adds the image
     # gradient's shares in float32 and rounds once.
     dtype, wide = a.dtype, at_least_float32(a.dtype)
@@ -82,7 +91,10 @@ def grid_sample(a, grid, *, align_corners=False):
 
     def tap(yy, xx):
         inside = (yy >= 0) & (yy < h) & (xx >= 0) & (xx < w)
-        at = jnp.reshape(jnp.clip(yy, 0, h - 1) * w + jnp.clip(xx, 0, w - 1), (n, -1))
+        # Sizes spelled out: -1 cannot be inferred for a batch of no images.
+        at = jnp.reshape(
+            jnp.clip(yy, 0, h - 1) * w + jnp.clip(xx, 0, w - 1), (n, math.prod(yy.shape[1:]))
+        )
         v = jnp.take_along_axis(flat, at[..., None], axis=1).reshape((*yy.shape, c))
         return jnp.where(inside[..., None], v, jnp.zeros((), a.dtype))
 
@@ -107,8 +119,19 @@ def _roi_align_shape(a, boxes, *, size):
     rows, cols = max(int(size[0]), 1), max(int(size[1]), 1)
     if a.ndim == 3 and boxes.ndim == 1:
         return Spec((rows, cols, a.shape[2]), a.dtype)
-    n = max(a.shape[0] if a.ndim == 4 else 1, boxes.shape[0] if boxes.ndim == 2 else 1)
-    return Spec((n, rows, cols, a.shape[-1]), a.dtype)
+    n_a, n_b = a.shape[0] if a.ndim == 4 else 1, boxes.shape[0] if boxes.ndim == 2 else 1
+    if n_a == 0 and n_b:
+        fail(
+            f"{name}: a {show(a)} holds no images for the boxes {show(boxes)} to read (box n "
+            "reads image n % N); give at least one image, or no boxes"
+        )
+    return Spec((_roi_count(n_a, n_b), rows, cols, a.shape[-1]), a.dtype)
+
+
+def _roi_count(n_a: int, n_b: int) -> int:
+    """NNC's output count ``max(N, B)``; no boxes give no outputs (where NNC's
+    ``n % B`` divides by zero)."""
+    return 0 if n_b == 0 else max(n_a, n_b)
 
 
 def _roi_weights(start, extent, length: int, pool: int):
@@ -157,7 +180,10 @@ def _roi_align_wide(a, boxes, size):
     bx = boxes[None] if boxes.ndim == 1 else boxes
     n_a, h, w, _ = images.shape
     rows, cols = max(int(size[0]), 1), max(int(size[1]), 1)
-    n = max(n_a, bx.shape[0])
+    n = _roi_count(n_a, bx.shape[0])
+    if n == 0:  # no boxes: nothing to gather (jnp.take of an empty axis raises)
+        out = jnp.zeros((0, rows, cols, images.shape[-1]), wide)
+        return out[0] if unbatched else out
     bx = jnp.take(bx, jnp.arange(n) % bx.shape[0], axis=0)
     wy = _roi_weights(bx[:, 1] * h, bx[:, 3] * h, h, rows)
     wx = _roi_weights(bx[:, 0] * w, bx[:, 2] * w, w, cols)

@@ -1,10 +1,13 @@
 """Audit 10 (ops10): command semantics against NNC's CPU reference kernels."""
 
+import functools
+
 import jax
 import numpy as np
 import pytest
 
 from fnnc import ops
+from fnnc.errors import ShapeError
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -51,6 +54,12 @@ def test_nms_of_no_rows_keeps_nothing(shape):
     assert ga.shape == shape
 
 
+@functools.cache
+def _jitted_nms(threshold):
+    cmd = ops.nms(iou_threshold=threshold)
+    return jax.jit(lambda a: cmd(a))
+
+
 def test_nms_matches_nnc_cpu_reference():
     rng = np.random.default_rng(0)
     for t in range(12):
@@ -62,6 +71,79 @@ def test_nms_matches_nnc_cpu_reference():
         a[t % m, 0] = -FLT_MAX if t % 3 == 0 else a[t % m, 0]
         threshold = (0.0, 0.3, 0.5, 1.0)[t % 4]
         want_b, want_idx = _nnc_nms(a, threshold)
-        b, idx = jax.tree.map(np.asarray, ops.nms(iou_threshold=threshold)(a))
+        b, idx = jax.tree.map(np.asarray, _jitted_nms(threshold)(a))
         np.testing.assert_array_equal(idx, want_idx)
         np.testing.assert_array_equal(b, want_b)
+
+
+def _nnc_grid_sample(a, grid, align_corners):
+    """A port of ``_ccv_nnc_grid_sample_forw`` (ccv_nnc_grid_sample_cpu_ref.c), NHWC."""
+    n, h, w, c = a.shape
+    out = np.zeros((n, grid.shape[1], grid.shape[2], c), np.float64)
+    for b in range(n):
+        for y in range(grid.shape[1]):
+            for x in range(grid.shape[2]):
+                gx, gy = (float(v) for v in grid[b, y, x])
+                ix = (gx + 1) * (w - 1) * 0.5 if align_corners else ((gx + 1) * w - 1) * 0.5
+                iy = (gy + 1) * (h - 1) * 0.5 if align_corners else ((gy + 1) * h - 1) * 0.5
+                x0, y0 = int(np.floor(ix)), int(np.floor(iy))
+                wx1, wy1 = ix - x0, iy - y0
+                for yy, xx, wt in (
+                    (y0, x0, (1 - wy1) * (1 - wx1)),
+                    (y0, x0 + 1, (1 - wy1) * wx1),
+                    (y0 + 1, x0, wy1 * (1 - wx1)),
+                    (y0 + 1, x0 + 1, wy1 * wx1),
+                ):
+                    if 0 <= yy < h and 0 <= xx < w:
+                        out[b, y, x] += a[b, yy, xx] * wt
+    return out
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample_takes_one_image_without_a_batch_axis_as_nnc(align_corners):
+    # NNC's kernel takes a [H, W, C] image with a [Ho, Wo, 2] grid; the rule refused it.
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((3, 4, 2)).astype(np.float32)
+    grid = rng.uniform(-1.2, 1.2, (2, 3, 2)).astype(np.float32)
+    cmd = ops.grid_sample(align_corners=align_corners)
+    y = cmd(a, grid)
+    assert y.shape == (2, 3, 2)
+    want = _nnc_grid_sample(a[None], grid[None], align_corners)[0]
+    np.testing.assert_allclose(np.asarray(y), want, rtol=1e-5, atol=1e-6)
+    g = rng.standard_normal(y.shape).astype(np.float32)
+    back = jax.jit(lambda g, a, grid, y: cmd.definition.backward((g,), (a, grid), (y,)))
+    ga, gg = back(g, a, grid, y)
+    batched = back(g[None], a[None], grid[None], y[None])
+    np.testing.assert_allclose(np.asarray(ga), np.asarray(batched[0])[0], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(gg), np.asarray(batched[1])[0], rtol=1e-6)
+
+
+def test_grid_sample_of_no_images():
+    # Was a bare ZeroDivisionError: a reshape to (0, -1) cannot infer -1.
+    cmd = ops.grid_sample()
+    a, grid = np.zeros((0, 2, 2, 1), np.float32), np.zeros((0, 3, 1, 2), np.float32)
+    y = cmd(a, grid)
+    assert y.shape == (0, 3, 1, 1)
+    back = jax.jit(lambda g, a, grid, y: cmd.definition.backward((g,), (a, grid), (y,)))
+    ga, gg = back(np.ones(y.shape, np.float32), a, grid, y)
+    assert ga.shape == a.shape and gg.shape == grid.shape
+
+
+@pytest.mark.parametrize("image", [(2, 4, 4, 3), (4, 4, 3)])
+def test_roi_align_of_no_boxes_gives_no_outputs(image):
+    # Was jnp.take's bare IndexError (box n reads boxes[n % 0]); NNC divides by zero.
+    a = np.arange(np.prod(image), dtype=np.float32).reshape(image)
+    boxes = np.zeros((0, 4), np.float32)
+    cmd = ops.roi_align(size=(2, 2))
+    y = cmd(a, boxes)
+    assert y.shape == (0, 2, 2, 3)
+    (ga, gb) = cmd.definition.backward(
+        (np.ones(y.shape, np.float32),), (a, boxes), (y,), size=(2, 2)
+    )
+    np.testing.assert_array_equal(np.asarray(ga), np.zeros(image, np.float32))
+    assert gb is None
+
+
+def test_roi_align_refuses_boxes_without_images():
+    with pytest.raises(ShapeError, match="holds no images"):
+        ops.roi_align(size=(2, 2))(np.zeros((0, 4, 4, 1), np.float32), np.zeros((3, 4), np.float32))
