@@ -11,12 +11,12 @@ reference in liuliu/ccv:
   transformers learn it), from ``jax.vjp`` of the reference.
 * ``roi_align(a [N, H, W, C] or [H, W, C], boxes [B, 4] or [4])``: each box
   ``(x, y, w, h)``, relative to the image size, is split into ``size = (rows, cols)``
-  bins of ``ceil(h / rows) x ceil(w / cols)`` bilinear samples, edge-clamped, averaged
-  over the samples that fall inside the image; box ``n`` reads image ``n % N``. The
-  sample count depends on the box, so fnnc samples up to ``ceil(2 H / rows)`` rows
-  (and columns) per bin: boxes up to twice the image match NNC exactly. Backward as
-  NNC's: the gradient of ``a`` only (the boxes get none). No boxes (``[0, 4]``) give
-  no outputs.
+  bins (one int: square) of ``ceil(h / rows) x ceil(w / cols)`` bilinear samples,
+  edge-clamped, averaged over the samples that fall inside the image; box ``n`` reads
+  image ``n % N``. The sample count depends on the box, so fnnc samples up to
+  ``ceil(2 H / rows)`` rows (and columns) per bin: boxes up to twice the image match
+  NNC exactly. Backward as NNC's: the gradient of ``a`` only (the boxes get none). No
+  boxes (``[0, 4]``) give no outputs.
 
 grid_sample and roi_align compute in float32 at least
 (:func:`~fnnc.core.dtypes.at_least_float32`) and round their outputs and gradients to
@@ -40,7 +40,8 @@ from jax import lax
 
 from fnnc.core.command import Spec, Uses, defcommand
 from fnnc.core.dtypes import at_least_float32
-from fnnc.ops._rules import fail, require_float, require_same_dtype, show
+from fnnc.errors import CommandError
+from fnnc.ops._rules import fail, require_float, require_ints, require_same_dtype, show
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -116,7 +117,7 @@ def _roi_align_shape(a, boxes, *, size):
             f"{name}: a must be [N, H, W, C] or [H, W, C] and boxes [B, 4] or [4] (x, y, w, h); "
             f"got {show(a)}, {show(boxes)}"
         )
-    rows, cols = max(int(size[0]), 1), max(int(size[1]), 1)
+    rows, cols = _pool_size(size)
     if a.ndim == 3 and boxes.ndim == 1:
         return Spec((rows, cols, a.shape[2]), a.dtype)
     n_a, n_b = a.shape[0] if a.ndim == 4 else 1, boxes.shape[0] if boxes.ndim == 2 else 1
@@ -126,6 +127,17 @@ def _roi_align_shape(a, boxes, *, size):
             "reads image n % N); give at least one image, or no boxes"
         )
     return Spec((_roi_count(n_a, n_b), rows, cols, a.shape[-1]), a.dtype)
+
+
+def _pool_size(size) -> tuple[int, int]:
+    """``size = (rows, cols)`` (one int for both) as ints, each at least 1 (NNC's
+    ``ccv_max(size, 1)``): ``size=2`` had failed inside the rule on ``2[0]`` and
+    ``(1.5, 2)`` was truncated to ``(1, 2)``."""
+    pair = require_ints("roi_align", "size", size)
+    pair = (pair, pair) if isinstance(pair, int) else pair
+    if len(pair) != 2:
+        raise CommandError(f"roi_align: size must be (rows, cols), two ints, got {size!r}")
+    return max(pair[0], 1), max(pair[1], 1)
 
 
 def _roi_count(n_a: int, n_b: int) -> int:
@@ -179,7 +191,7 @@ def _roi_align_wide(a, boxes, size):
     images = a[None] if a.ndim == 3 else a
     bx = boxes[None] if boxes.ndim == 1 else boxes
     n_a, h, w, _ = images.shape
-    rows, cols = max(int(size[0]), 1), max(int(size[1]), 1)
+    rows, cols = _pool_size(size)
     n = _roi_count(n_a, bx.shape[0])
     if n == 0:  # no boxes: nothing to gather (jnp.take of an empty axis raises)
         out = jnp.zeros((0, rows, cols, images.shape[-1]), wide)

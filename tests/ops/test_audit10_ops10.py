@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fnnc import ops
-from fnnc.errors import ShapeError
+from fnnc.errors import CommandError, ShapeError
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -147,3 +147,17 @@ def test_roi_align_of_no_boxes_gives_no_outputs(image):
 def test_roi_align_refuses_boxes_without_images():
     with pytest.raises(ShapeError, match="holds no images"):
         ops.roi_align(size=(2, 2))(np.zeros((0, 4, 4, 1), np.float32), np.zeros((3, 4), np.float32))
+
+
+def test_roi_align_size_is_checked_as_ints():
+    # (1.5, 2) was truncated to (1, 2); size=2 failed inside the rule on 2[0].
+    a = np.arange(16, dtype=np.float32).reshape(4, 4, 1)
+    box = np.array([0.0, 0.0, 1.0, 1.0], np.float32)
+    with pytest.raises(CommandError, match="size must be ints"):
+        ops.roi_align(size=(1.5, 2))(a, box)
+    with pytest.raises(CommandError, match=r"size must be \(rows, cols\)"):
+        ops.roi_align(size=(2, 2, 2))(a, box)
+    # One int is both, as conv and pool sizes; NNC's four 2x2 bin averages of arange(16).
+    np.testing.assert_allclose(
+        np.asarray(ops.roi_align(size=2)(a, box))[..., 0], [[2.5, 4.5], [10.5, 12.5]]
+    )
