@@ -123,15 +123,19 @@ _NEGATIVE_ZERO = _NegativeZero(-0.0)
 
 def freeze(value: Any) -> Hashable:
     """Makes a hyper-parameter hashable: lists become tuples, dtypes become np.dtype, and
-    NumPy integer and bool scalars (``np.int64(2)`` from ``np.arange`` or ``shape // 2``)
-    the Python ``int`` / ``bool`` they equal, so every rule that takes an int takes them
-    and listings print ``strides=2``."""
+    NumPy integer, bool and float scalars (``np.int64(2)`` from ``np.arange`` or ``shape //
+    2``, ``np.float32(2)`` from an array) the Python ``int`` / ``bool`` / ``float`` they
+    equal, so every rule that takes an int takes them and listings print ``strides=2``
+    (a float32 scalar against a tuple default, ``(2, 2) != np.float32(2)``, compared as an
+    array and broke printing the command, so every eager call)."""
     if isinstance(value, (list, tuple)):
         return tuple(freeze(v) for v in value)
     if isinstance(value, np.bool_):
         return bool(value)
     if isinstance(value, np.integer):
         return int(value)
+    if isinstance(value, np.floating):
+        value = float(value)  # exact; NaN and -0.0 are then frozen as Python floats below
     if isinstance(value, np.ndarray):
         raise CommandError("array hyper-parameters are not allowed; use fnnc.ops.constant")
     if isinstance(value, np.dtype):
