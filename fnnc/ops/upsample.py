@@ -9,6 +9,7 @@ formulas. The backward transposes the (linear) forward with
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -17,7 +18,7 @@ import numpy as np
 
 from fnnc.core.command import NOTHING, Spec, defcommand
 from fnnc.core.dtypes import at_least_float32, is_inexact
-from fnnc.errors import DTypeError
+from fnnc.errors import CommandError, DTypeError
 from fnnc.ops._rules import fail, require_choice, show, to_shape
 
 UPSAMPLE_MODES = ("nearest", "bilinear")
@@ -25,7 +26,7 @@ UPSAMPLE_MODES = ("nearest", "bilinear")
 
 def _upsample_sizes(x: Spec, scale, mode: str) -> tuple[int, int]:
     require_choice("upsample", "mode", mode, UPSAMPLE_MODES)
-    sh, sw = (scale, scale) if isinstance(scale, (int, float)) else scale
+    sh, sw = _scales(scale)
     if x.ndim not in (3, 4):
         fail(
             f"upsample: expected a rank-4 NHWC input (or rank-3 HWC, one image), got "
@@ -41,7 +42,35 @@ def _upsample_sizes(x: Spec, scale, mode: str) -> tuple[int, int]:
     ho, wo = int(h * sh + 0.5), int(w * sw + 0.5)
     if ho < h or wo < w:
         fail(f"upsample: scale {scale} would shrink {show(x)}; NNC's upsample only enlarges")
+    if max(ho, wo) > _MAX_SIDE:
+        fail(
+            f"upsample: scale {scale} makes {show(x)} {ho} x {wo}, beyond the {_MAX_SIDE} "
+            "entries an axis holds (NNC's dimensions are 32-bit ints); give a smaller scale"
+        )
     return ho, wo
+
+
+_MAX_SIDE = 2**31 - 1
+
+
+def _scales(scale: Any) -> tuple[float, float]:
+    """``scale`` as ``(sh, sw)``, each a finite number > 0 (one number for both): a
+    wrong count or NaN had failed inside the rule on unpacking or ``int(nan)``, and
+    ``1e10`` ran out of memory building the sampling taps."""
+    pair = (scale, scale) if not isinstance(scale, (tuple, list)) else tuple(scale)
+    ok = len(pair) == 2 and all(
+        isinstance(v, (int, float, np.integer, np.floating))
+        and not isinstance(v, (bool, np.bool_))
+        and math.isfinite(v)
+        and v > 0
+        for v in pair
+    )
+    if not ok:
+        raise CommandError(
+            f"upsample: scale must be (sh, sw), two finite numbers > 0 (or one for both), "
+            f"got {scale!r}"
+        )
+    return float(pair[0]), float(pair[1])
 
 
 def _taps(n_in: int, n_out: int, bilinear: bool, align: bool):

@@ -161,3 +161,20 @@ def test_roi_align_size_is_checked_as_ints():
     np.testing.assert_allclose(
         np.asarray(ops.roi_align(size=2)(a, box))[..., 0], [[2.5, 4.5], [10.5, 12.5]]
     )
+
+
+@pytest.mark.parametrize("scale", [(2,), (2, 2, 2), float("nan"), (float("inf"), 2), 0, -1.5])
+def test_upsample_scale_must_be_two_finite_positive_numbers(scale):
+    # (2,) and NaN failed inside the rule (unpacking, int(nan)) as RuleErrors.
+    with pytest.raises(CommandError, match=r"scale must be \(sh, sw\)"):
+        ops.upsample(scale=scale)(np.zeros((1, 2, 2, 1), np.float32))
+
+
+def test_upsample_refuses_an_axis_beyond_32_bits_before_allocating():
+    # scale=1e10 allocated 149 GiB of float64 taps and died with a MemoryError.
+    with pytest.raises(ShapeError, match="20000000000 x 20000000000"):
+        ops.upsample(scale=1e10)(np.zeros((1, 2, 2, 1), np.float32))
+    x = np.arange(4, dtype=np.float32).reshape(1, 2, 2, 1)  # the valid forms still work
+    np.testing.assert_array_equal(
+        np.asarray(ops.upsample(scale=[1, 2])(x))[0, :, :, 0], [[0, 0, 1, 1], [2, 2, 3, 3]]
+    )
