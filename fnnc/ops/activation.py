@@ -141,15 +141,27 @@ def _swish_backward(grads, inputs, outputs, *, beta):
 
 _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 _GELU_C = 0.044715
+_GELU_FLAT = 20.0
+"""Past ``|x| = 20`` the tanh form's ``tanh(sqrt(2/pi) (x + 0.044715 x^3))`` is ``+-1``
+(its argument passes 300), so the cubic is taken at ``x`` clipped there: the same values,
+where ``x * x`` had overflowed (float16 from ``|x| = 256``, float32 from ``1.8e19``) and
+made the gradient ``0 * inf = NaN`` instead of 1 (or 0 below)."""
+
+
+def _gelu_tanh_parts(x):
+    """``x`` clipped to ``[-20, 20]``, ``tanh(u)`` and ``du/dx`` of the tanh form."""
+    xc = jnp.clip(x, -_GELU_FLAT, _GELU_FLAT)
+    t = jnp.tanh(_SQRT_2_OVER_PI * (xc + _GELU_C * xc * xc * xc))
+    return xc, t, _SQRT_2_OVER_PI * (1 + 3 * _GELU_C * xc * xc)
 
 
 @defcommand(family="activation", shape=_float_rule("gelu"), uses=INPUT_ONLY, elementwise=True)
 def gelu(x, *, approximate=False):
     """``x * Phi(x)`` with Phi the standard normal CDF; ``approximate=True`` uses
     ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` (NNC's GELU ``tanh`` flag)."""
-    if approximate:
-        u = _SQRT_2_OVER_PI * (x + _GELU_C * x * x * x)
-        return 0.5 * x * (1 + jnp.tanh(u))
+    if approximate:  # cubic at x clipped where tanh is flat (_GELU_FLAT): no overflow
+        _, t, _ = _gelu_tanh_parts(x)
+        return 0.5 * x * (1 + t)
     return 0.5 * x * (1 + lax.erf(x * (1 / math.sqrt(2))))
 
 
@@ -157,9 +169,8 @@ def gelu(x, *, approximate=False):
 def _gelu_backward(grads, inputs, outputs, *, approximate):
     (g,), (x,) = grads, inputs
     if approximate:
-        t = jnp.tanh(_SQRT_2_OVER_PI * (x + _GELU_C * x * x * x))
-        du = _SQRT_2_OVER_PI * (1 + 3 * _GELU_C * x * x)
-        return (g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du),)
+        xc, t, du = _gelu_tanh_parts(x)  # 1 - t * t is 0 where x was clipped
+        return (g * (0.5 * (1 + t) + 0.5 * xc * (1 - t * t) * du),)
     cdf = 0.5 * (1 + lax.erf(x * (1 / math.sqrt(2))))
     pdf = jnp.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
     return (g * (cdf + x * pdf),)

@@ -178,3 +178,38 @@ def test_upsample_refuses_an_axis_beyond_32_bits_before_allocating():
     np.testing.assert_array_equal(
         np.asarray(ops.upsample(scale=[1, 2])(x))[0, :, :, 0], [[0, 0, 1, 1], [2, 2, 3, 3]]
     )
+
+
+def _tanh_gelu_derivative(x):
+    """d/dx of 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) in float64 (1 / 0 at +-inf)."""
+    x = np.asarray(x, np.float64)
+    s, c = np.sqrt(2 / np.pi), 0.044715
+    with np.errstate(all="ignore"):
+        t = np.tanh(s * (x + c * x**3))
+        d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * s * (1 + 3 * c * x * x)
+    return np.where(np.isinf(x), (x > 0).astype(np.float64), d)
+
+
+@pytest.mark.parametrize(
+    "dtype, xs",
+    [
+        (np.float16, [300.0, -300.0, 1e4, -1e4, 20.5, -20.5, 3.0, np.inf, -np.inf]),
+        (np.float32, [1e13, -1e13, 1e20, -1e20, 20.5, -20.5, 3.0, np.inf, -np.inf]),
+    ],
+)
+def test_tanh_gelu_gradient_of_large_inputs_is_one_or_zero_not_nan(dtype, xs):
+    # x * x overflowed (float16 from |x| = 256, float32 from 1.8e19): (1 - tanh^2) * du was
+    # 0 * inf = NaN, in the hand-written backward and in jax.vjp of the forward (fused chains).
+    cmd = ops.gelu(approximate=True)
+    x = np.array(xs, dtype)
+    ones = np.ones_like(x)
+    back = jax.jit(lambda x: cmd.definition.backward((ones,), (x,), (cmd(x),), **cmd.kwargs)[0])
+    derived = jax.jit(
+        lambda x: jax.vjp(lambda t: cmd.definition.forward(t, **cmd.kwargs), x)[1](ones)[0]
+    )
+    want = _tanh_gelu_derivative(x)
+    tol = 2e-3 if dtype == np.float16 else 1e-6
+    np.testing.assert_allclose(np.asarray(back(x), np.float64), want, rtol=tol, atol=tol)
+    finite = np.isfinite(x)  # at +-inf the forward itself is 0.5 * inf * (1 + t) (NaN at -inf)
+    got = np.asarray(derived(x), np.float64)[finite]
+    np.testing.assert_allclose(got, want[finite], rtol=tol, atol=tol)
