@@ -119,7 +119,11 @@ def targets(
         and isinstance(values[0], np.ndarray)
         and (force or engine not in _TRUSTED)
     ):
-        labels(loss, scores_shape(engine, specs), values[0], where)
+        scores = scores_shape(engine, specs)
+        rows = np.shape(values[0])[:1]
+        if scores and rows and rows[0] * jax.process_count() == scores[0] != rows[0]:
+            scores = (*rows, *scores[1:])  # this process's slice of a global batch
+        labels(loss, scores, values[0], where)
 
 
 def listed_numbers(values: Sequence[Any], where: str, what: str) -> None:

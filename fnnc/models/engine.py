@@ -376,12 +376,13 @@ class Engine(StepsMixin):
                 "compile(inputs, loss=..., minimizer=...) first"
             )
         checks.nonempty_batch(self, inputs, targets, "fit")  # before any state changes
+        host = targets  # the labels as given: the mesh's batch makes them device arrays
         if self.parallel is not None:
             where = f"model {self.model.describe()} fit"
             inputs = self.parallel.batch(inputs, where)
             targets = self.parallel.batch(targets, where, "target")
         specs = self._check_inputs(inputs)
-        checks.targets(self, specs, targets, "fit")  # NumPy labels only: no device sync
+        checks.targets(self, specs, host, "fit")  # NumPy labels only: no device sync
         key, prog, mins = self._fit_program(specs, _specs(targets))
         live = self._live
         if live is None or live.key != key:
