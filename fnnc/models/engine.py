@@ -376,11 +376,12 @@ class Engine(StepsMixin):
                 "compile(inputs, loss=..., minimizer=...) first"
             )
         checks.nonempty_batch(self, inputs, targets, "fit")  # before any state changes
-        host = targets  # the labels as given: the mesh's batch makes them device arrays
+        host, host_inputs = targets, inputs  # as given: the mesh's batch makes device arrays
         if self.parallel is not None:
             where = f"model {self.model.describe()} fit"
             inputs = self.parallel.batch(inputs, where)
-            targets = self.parallel.batch(targets, where, "target")
+            rows = np.shape(host_inputs[0])[0] if host_inputs and np.ndim(host_inputs[0]) else None
+            targets = self.parallel.batch(targets, where, "target", rows_of_inputs=rows)
         specs = self._check_inputs(inputs)
         checks.targets(self, specs, host, "fit")  # NumPy labels only: no device sync
         key, prog, mins = self._fit_program(specs, _specs(targets))

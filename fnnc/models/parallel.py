@@ -282,12 +282,15 @@ class Parallel:
 
     # -- moving values ------------------------------------------------------------
     def batch(
-        self, arrays: Sequence[Any], where: str, names: str = "input", lenient: bool = False
-    ) -> list[Any]:
+        self, arrays: Sequence[Any], where: str, names: str = "input", lenient: bool = False,
+        rows_of_inputs: int | None = None,
+    ) -> list[Any]:  # fmt: skip
         """Global batch arrays from this process's ``arrays`` (split over the mesh);
         ``lenient`` (``evaluate``) replicates a batch that does not divide in one process,
         and with several checks the processes' rows at every call (``fit``: the first
-        time this process sees its row counts, so that a step waits on no collective)."""
+        time this process sees its row counts, so that a step waits on no collective).
+        ``rows_of_inputs``: this process's input rows, for the error of a target that
+        does not divide because it has another number of rows."""
         procs = jax.process_count()
         if procs > 1:
             self._check_rows(arrays, where, names, every_call=lenient)
@@ -307,6 +310,12 @@ class Parallel:
                     f"split over the {self.size} devices of mesh axis {self.axis!r}; give "
                     "it rows (a leading batch axis, e.g. np.full((batch, 1), value)), or "
                     "pass it to the model as a constant or parameter instead of as an input"
+                )
+            if rows % self.size and rows_of_inputs not in (None, a.shape[0]):
+                raise ShapeError(
+                    f"{where}: {names} {i} has {a.shape[0]} rows but the inputs have "
+                    f"{rows_of_inputs}; give as many {names} rows as input rows (one per "
+                    "sample: the loss compares them row by row)"
                 )
             if rows % self.size:
                 raise ShapeError(self._indivisible(where, f"{names} {i}", a, rows))

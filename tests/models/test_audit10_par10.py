@@ -6,9 +6,11 @@ import jax
 import numpy as np
 import optax
 import pytest
+from jax.sharding import AbstractMesh
 
-from fnnc.errors import ModelError
+from fnnc.errors import ModelError, ShapeError
 from fnnc.models import Dense, Input, Model, checks
+from fnnc.models.parallel import Parallel
 
 X = np.random.default_rng(0).normal(size=(8, 6)).astype(np.float32)
 BAD = {"int": np.array([0, 1, 2, 7, 0, 1, 2, 1], np.int32), "float": np.full(8, 1.5, np.float32)}
@@ -53,3 +55,14 @@ def test_a_process_checks_its_own_rows_of_the_global_batch(classifiers, monkeypa
     with pytest.raises(ModelError, match=r"label 5 at sample 2; .* shaped \[4, 3\]"):
         checks.targets(engine, specs, [local], "fit")
     checks.targets(engine, specs, [local % 3], "fit")  # in range: no error
+
+
+def test_a_target_with_other_rows_than_the_inputs_is_named_so_on_a_mesh():
+    # 8 input rows, 2 target rows, 4 devices: the error said the target's 2 rows do not
+    # divide over 4 devices and to set_data_parallel(n) with n dividing 2
+    par = Parallel(AbstractMesh((4,), ("data",)))
+    y = np.zeros((2, 3), np.float32)
+    with pytest.raises(ShapeError, match="target 0 has 2 rows but the inputs have 8; give as"):
+        par.batch([y], "fit", "target", rows_of_inputs=8)
+    with pytest.raises(ShapeError, match="does not divide over the 4 devices"):
+        par.batch([y], "fit", "target", rows_of_inputs=2)  # as many rows: the old error
