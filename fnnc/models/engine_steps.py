@@ -114,13 +114,19 @@ class StepsMixin:
                 lambda: residuals.backward_program(fwd, [floats.index(i) for i in wrt_inputs]),
             )
             seeds = residuals.seeds(ingrads, prog.out_shapes, prog.out_dtypes)
-            param_grads, input_grads = prog(saved.feed_args(self.values), saved.residuals, seeds)
+            values = self.values
+            if self.parallel is not None:  # evaluated before set_data_parallel: one device
+                values = {pid: self.parallel.gather(v) for pid, v in values.items()}
+            param_grads, input_grads = prog(saved.feed_args(values), saved.residuals, seeds)
         else:  # on a mesh: a program that runs the forward again
             prog = self._gradient_program(saved, tuple(wrt_inputs))
             seeds = residuals.seeds(ingrads, prog.out_shapes, prog.out_dtypes)
             param_grads, input_grads = prog(saved.inputs, self.values, saved.keys, seeds)
         for pid, g in zip(prog.params, param_grads):
-            self.grads[pid] = g if pid not in self.grads else self.grads[pid] + g
+            old = self.grads.get(pid)
+            if isinstance(old, jax.Array) and old.sharding != g.sharding:
+                old = jax.device_put(old, g.sharding)  # kept from before a layout change
+            self.grads[pid] = g if old is None else old + g
         if self.parallel is not None and jax.process_count() > 1:
             input_grads = [self.parallel.gather(g) for g in input_grads]
         return input_grads

@@ -11,6 +11,7 @@ from jax.sharding import AbstractMesh
 from fnnc.errors import ModelError, ShapeError
 from fnnc.models import Dense, Input, Model, checks
 from fnnc.models.parallel import Parallel
+from tests.helpers import run_on_cpu_devices
 
 X = np.random.default_rng(0).normal(size=(8, 6)).astype(np.float32)
 BAD = {"int": np.array([0, 1, 2, 7, 0, 1, 2, 1], np.int32), "float": np.full(8, 1.5, np.float32)}
@@ -66,3 +67,47 @@ def test_a_target_with_other_rows_than_the_inputs_is_named_so_on_a_mesh():
         par.batch([y], "fit", "target", rows_of_inputs=8)
     with pytest.raises(ShapeError, match="does not divide over the 4 devices"):
         par.batch([y], "fit", "target", rows_of_inputs=2)  # as many rows: the old error
+
+
+LAYOUT_CHANGE = """
+import numpy as np, optax
+from fnnc.models import Dense, Input, Model, ReLU
+rng = np.random.default_rng(0)
+X = rng.normal(size=(4, 3)).astype(np.float32)
+G = rng.normal(size=(4, 2)).astype(np.float32)
+
+def make(n=None):
+    x = Input()
+    m = Model(x, Dense(2, name="o")(ReLU()(Dense(4, name="h")(x))))
+    if n:
+        m.set_data_parallel(n, parameter_sharding="fsdp")
+    m.compile(X, minimizer=optax.sgd(0.1))
+    return m
+
+def stepped(m, switch):
+    # evaluate + backward, then evaluate, set_data_parallel(switch), backward; apply
+    m.evaluate(X, requires_grad=True)
+    dxs = m.backward([G])
+    m.evaluate(X, requires_grad=True)
+    if switch:
+        m.set_data_parallel(switch, parameter_sharding="fsdp")
+    dxs += m.backward([G * 0.5])
+    m.apply_gradients()
+    return m.parameters(), dxs
+
+want, want_dx = stepped(make(), None)
+for start, switch in ((None, 2), (2, 1)):
+    got, dx = stepped(make(start), switch)
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-6, atol=1e-6, err_msg=f"{start} {switch} {k}")
+    for a, b in zip(dx, want_dx):
+        np.testing.assert_allclose(np.asarray(a), b, rtol=1e-6, atol=1e-6)
+print("OK")
+"""
+
+
+def test_backward_after_set_data_parallel_equals_one_device():
+    # the residuals evaluate kept on one device met parameters laid out on a mesh (a raw
+    # "compiled for input shardings that disagree" error), and a gradient accumulated on
+    # one mesh was added to one of another (JAX's "incompatible devices" ValueError)
+    run_on_cpu_devices(LAYOUT_CHANGE, devices=2)
