@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fnnc import ops
-from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol
+from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol, TensorSymbol
 from fnnc.errors import DTypeError, GraphError, ShapeError
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.passes._view_sets import disjoint_groups, size
@@ -77,7 +77,7 @@ def _ids(graph: Graph, items: Any, what: str) -> list[int]:
             )
         sid = int(item.id if hasattr(item, "id") else item)
         if not 0 <= sid < len(graph.symbols) or (
-            hasattr(item, "id") and graph.symbols[sid] != item
+            hasattr(item, "id") and not _held(graph.symbols[sid], item)
         ):
             raise GraphError(
                 f"backward: {what} {item!r} is not a symbol of this graph "
@@ -86,6 +86,22 @@ def _ids(graph: Graph, items: Any, what: str) -> list[int]:
             )
         out.append(sid)
     return out
+
+
+def _held(held: Symbol, item: Any) -> bool:
+    """Whether ``item`` names the graph's symbol ``held``: the symbol itself, or the
+    shape-less one a builder handed out before build gave it its shape (an auto
+    ``tensor(None)`` or ``input(None)``, and what nodes reading those returned), which
+    the builder itself keeps accepting."""
+    if held == item:
+        return True
+    return (
+        isinstance(item, TensorSymbol)
+        and isinstance(held, TensorSymbol)
+        and item.shape is None
+        and item.name == held.name
+        and (item.dtype is None or np.dtype(item.dtype) == np.dtype(held.dtype))
+    )
 
 
 def _relevant_nodes(graph: Graph, f: list[int], wrt: list[int]) -> tuple[set[int], list[int]]:

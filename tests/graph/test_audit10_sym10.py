@@ -1,0 +1,65 @@
+"""Audit 10 (sym10): the symbolic graph's public API against NNC's graph unit tests
+(liuliu/ccv test/unit/nnc: symbolic.graph, autograd, autograd.vector, tensor.bind)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.errors import GraphError
+from fnnc.graph import GraphBuilder, backward, interpret
+
+F32 = np.float32
+
+
+def test_backward_takes_the_symbols_handed_out_before_set_shape():
+    """symbolic.graph.tests.c "set tensor symbol shape after computation specified", then
+    differentiated: the symbols ``exec`` and ``input(None)`` returned before the shape was
+    set name the graph's symbols in ``backward`` as they do in the builder (they were
+    rejected as "not a symbol of this graph"). d log(a) / da = 1 / a."""
+    b = GraphBuilder()
+    a = b.input(None, name="a")
+    y = b.exec(ops.ewlog(), a, name="log")
+    b.set_shape(a, (1,))
+    graph, (da,) = backward(b.build([y]), y, [a])
+    got = interpret(graph, F32([1.25]))
+    np.testing.assert_allclose(got[0], [np.log(1.25)], rtol=1e-6)
+    np.testing.assert_allclose(got[1], [1 / 1.25], rtol=1e-6)
+    assert da.shape == (1,)
+
+
+def test_backward_takes_an_auto_tensor_filled_by_its_writer():
+    """An auto tensor (``tensor(None)``, NNC's ``ccv_nnc_tensor_auto``) that a node filled
+    is ``f`` as the shape-less symbol the user kept: d sum(x * x) / dx = 2 x."""
+    b = GraphBuilder()
+    x = b.input((3,), name="x")
+    y = b.tensor(None, name="y")
+    b.exec(ops.ewprod(), x, x, outputs=[y], name="sqr")
+    total = b.tensor(None, name="total")
+    b.exec(ops.reduce_sum(axes=(0,)), y, outputs=[total])
+    graph, _ = backward(b.build([total]), total, [x])
+    got = interpret(graph, F32([1, 2, -3]))
+    np.testing.assert_allclose(got[1], [2, 4, -6], rtol=1e-6)
+
+
+def test_backward_still_rejects_a_symbol_of_another_builder():
+    """The shape-less symbols are taken by id and name only from their own graph: a
+    shaped symbol of another builder with the same id is still an error."""
+    b = GraphBuilder()
+    x = b.input((1,), name="x")
+    y = b.exec(ops.ewlog(), x, name="log")
+    other = GraphBuilder()
+    stranger = other.exec(ops.ewexp(), other.input((2,), name="x"), name="log")
+    assert stranger.id == y.id and stranger.name == y.name
+    with pytest.raises(GraphError, match="not a symbol of this graph"):
+        backward(b.build([y]), stranger, [x])
+
+
+def test_reading_an_auto_tensor_points_nnc_users_to_input_none():
+    """NNC's auto tensor read before any node writes it (the ported "set tensor symbol
+    shape" case) says how fnnc spells a tensor whose shape is set later."""
+    b = GraphBuilder()
+    a = b.tensor(None, name="a")
+    with pytest.raises(GraphError, match=r"input\(None\), then set_shape"):
+        b.exec(ops.ewlog(), a)
