@@ -175,3 +175,29 @@ def unflatten_outputs(graph: Graph, values: Sequence[Any]) -> Any:
     if graph.out_tree is not None:
         return jax.tree.unflatten(graph.out_tree, list(values))
     return values[0] if len(values) == 1 else tuple(values)
+
+
+def donation_problem(graph: Graph, leaves: Sequence[Any], donate: Sequence[int]) -> str | None:
+    """Why XLA refused ``leaves`` if a donation is the cause: an input array whose
+    buffer an earlier call took (a program that donates it), or one array passed for a
+    donated input and another input of the same call. ``None`` otherwise."""
+    for i, leaf in enumerate(leaves):
+        live = not isinstance(leaf, jax.Array) or isinstance(leaf, jax.core.Tracer)
+        if not live and leaf.is_deleted():
+            return (
+                f"input {graph.label(graph.inputs[i])} is an array whose buffer was "
+                "donated to an earlier call (compile(donate=...) lets a call reuse a "
+                "donated input's buffer for its outputs, and the array is gone after); "
+                "pass the output that replaced it or a fresh array, or compile without "
+                "donating it"
+            )
+    for i in donate:
+        same = [j for j, leaf in enumerate(leaves) if j != i and leaf is leaves[i]]
+        if same:
+            other = graph.label(graph.inputs[same[0]])
+            return (
+                f"input {graph.label(graph.inputs[i])} is donated, and the same array is "
+                f"passed for input {other}; pass a copy for one of them "
+                "(jnp.array(x, copy=True)) or compile without donating it"
+            )
+    return None

@@ -27,7 +27,7 @@ from fnnc.core.ir import Graph, Node, require_graph
 from fnnc.core.platforms import platform_name
 from fnnc.errors import CommandError, GraphError, GraphInputError, NumericsError
 from fnnc.graph import cpu_libraries
-from fnnc.graph._io import flatten_inputs, unflatten_outputs
+from fnnc.graph._io import donation_problem, flatten_inputs, unflatten_outputs
 from fnnc.graph.memory import Donate, MemoryPlan, donated_positions, memory_plan
 from fnnc.graph.numerics import Blame, numerics_error
 from fnnc.graph.sharding import Shardings
@@ -191,6 +191,9 @@ class Program:
             values = self._compiled(*leaves, *self._consts)
         except (TypeError, ValueError) as e:
             if not self._on_one_other_device(leaves):
+                why = donation_problem(self.graph, leaves, self.donate)
+                if why is not None:
+                    raise GraphInputError(f"Program: {why}") from None
                 raise GraphInputError(
                     f"Program: inputs were rejected by the compiled program: {e}"
                 ) from e

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fnnc import ops
-from fnnc.errors import GraphError
-from fnnc.graph import GraphBuilder, backward, interpret
+from fnnc.errors import GraphError, GraphInputError
+from fnnc.graph import GraphBuilder, backward, compile, interpret
 
 F32 = np.float32
 
@@ -63,3 +64,32 @@ def test_reading_an_auto_tensor_points_nnc_users_to_input_none():
     a = b.tensor(None, name="a")
     with pytest.raises(GraphError, match=r"input\(None\), then set_shape"):
         b.exec(ops.ewlog(), a)
+
+
+@pytest.fixture(scope="module")
+def donating():
+    """z = x * y compiled with x donated (NNC's in-place "compile symbolic graph of one
+    node")."""
+    b = GraphBuilder()
+    x, y = b.input((2,), name="x"), b.input((2,), name="y")
+    return compile(b.build([b.exec(ops.ewprod(), x, y, name="prod")]), donate=["x"])
+
+
+def test_a_donated_array_passed_again_is_named(donating):
+    """The array a donating call took, passed to the program again, is a GraphInputError
+    naming the input and saying what to pass (it was XLA's "Invalid buffer passed to
+    Execute() as argument 0")."""
+    x, y = jnp.array([1.2, 2.0]), jnp.array([2.3, 3.0])
+    np.testing.assert_allclose(donating(x, y), [1.2 * 2.3, 6.0], rtol=1e-6)
+    assert x.is_deleted()
+    with pytest.raises(GraphInputError, match=r"input %0 \(x\) is an array whose buffer was "):
+        donating(x, jnp.array([1.0, 1.0]))
+
+
+def test_one_array_for_a_donated_and_another_input_is_named(donating):
+    """The same array for a donated input and another input (XLA's "Attempt to use a
+    buffer that was previously donated in the same call") names both inputs."""
+    a = jnp.array([1.0, 2.0])
+    with pytest.raises(GraphInputError, match=r"input %0 \(x\) is donated, .* input %1 \(y\)"):
+        donating(a, a)
+    np.testing.assert_allclose(donating(a, jnp.array(a, copy=True)), [1.0, 4.0])
