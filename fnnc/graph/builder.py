@@ -275,7 +275,9 @@ class GraphBuilder:
             cmd: a command, e.g. ``ops.gemm(transpose_b=True)``.
             *inputs: symbols of this builder; trailing ``None`` are left out (optional
                 inputs not given), an input before a given one cannot be.
-            outputs: existing symbols (tensors or aliases) to write instead of new ones.
+            outputs: existing symbols (tensors or aliases) to write instead of new ones;
+                ``None`` for an output not kept (NNC's ``NO_TENSOR_SYMBOL``) gets a new
+                symbol, returned in its place.
             name: the node's name (shown in listings and errors).
         """
         if not isinstance(cmd, Command):
@@ -305,7 +307,16 @@ class GraphBuilder:
                 for i, s in enumerate(specs)
             )
         else:
-            outs = tuple(self._known(s, where) for s in _listed(outputs, where, "outputs="))
+            listed = _listed(outputs, where, "outputs=")
+            outs = tuple(
+                self._known(
+                    self.tensor(tuple(specs[k].shape), specs[k].dtype)
+                    if s is None and k < len(specs)
+                    else s,
+                    where,
+                )
+                for k, s in enumerate(listed)
+            )
             outs = self._fill_auto(where, outs, specs)
         given, outs, reshapes = outs, *self._reshaped_outputs(outs, specs)
         self._check_outputs(where, outs, specs)
@@ -386,7 +397,8 @@ class GraphBuilder:
             names = [name] if n == 1 else [f"{name}.{i}" if name else "" for i in range(n)]
             outs = tuple(self.tensor(None, None, label) for label in names)
         else:
-            outs = tuple(self._known(s, where) for s in _listed(outputs, where, "outputs="))
+            listed = _listed(outputs, where, "outputs=")
+            outs = tuple(self._known(self.tensor(None) if s is None else s, where) for s in listed)
             for sym in outs:
                 if sym.id in self._inputs:
                     raise GraphError(f"{where}: {self._written_input(sym)}")
@@ -467,7 +479,8 @@ class GraphBuilder:
     def _check_outputs(self, where: str, outs: tuple[Symbol, ...], specs: tuple[Any, ...]) -> None:
         if len(outs) != len(specs):
             raise GraphError(
-                f"{where}: the command has {len(specs)} outputs, {len(outs)} were given"
+                f"{where}: the command has {len(specs)} outputs, {len(outs)} were given; "
+                "pass one per output, None for one not kept (NNC's NO_TENSOR_SYMBOL)"
             )
         for sym, spec in zip(outs, specs):
             if sym.shape != tuple(spec.shape):

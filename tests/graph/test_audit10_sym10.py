@@ -93,3 +93,37 @@ def test_one_array_for_a_donated_and_another_input_is_named(donating):
     with pytest.raises(GraphInputError, match=r"input %0 \(x\) is donated, .* input %1 \(y\)"):
         donating(a, a)
     np.testing.assert_allclose(donating(a, jnp.array(a, copy=True)), [1.0, 4.0])
+
+
+def _layer_norm(x):
+    x = x.astype(np.float64)
+    return (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5)
+
+
+@pytest.mark.parametrize("shape_later", [False, True], ids=["shaped", "set_shape"])
+def test_none_among_outputs_is_an_output_not_kept(shape_later):
+    """NNC's ``TENSOR_SYMBOL_LIST(y, NO_TENSOR_SYMBOL, NO_TENSOR_SYMBOL)`` for a command
+    whose statistics the caller does not keep: ``outputs=[y, None, None]`` writes y and
+    gives the others new symbols (it was "expected a tensor symbol, got NoneType; wrap
+    values with builder.constant(value)")."""
+    b = GraphBuilder()
+    x = b.input(None if shape_later else (2, 3), name="x")
+    y = b.tensor(None if shape_later else (2, 3), name="y")
+    got = b.exec(ops.layer_norm(axes=(1,), epsilon=1e-5), x, outputs=[y, None, None])
+    assert len(got) == 3 and got[0].id == y.id and None not in got
+    if shape_later:
+        b.set_shape(x, (2, 3))
+    graph = b.build([y, got[1]])
+    xs = np.array([[1, 2, 4], [-1, 0, 3]], F32)
+    out, mean = interpret(graph, xs)
+    np.testing.assert_allclose(out, _layer_norm(xs), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(mean, xs.mean(1, keepdims=True), rtol=1e-6)
+
+
+def test_too_few_outputs_say_none_marks_one_not_kept():
+    """Fewer outputs than the command has stays an error, which now says how to leave
+    one out."""
+    b = GraphBuilder()
+    x, y = b.input((2, 3), name="x"), b.tensor((2, 3), name="y")
+    with pytest.raises(GraphError, match=r"3 outputs, 1 were given; .*None for one not kept"):
+        b.exec(ops.layer_norm(axes=(1,)), x, outputs=[y])
