@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fnnc import ops
-from fnnc.errors import GraphError, GraphInputError
+from fnnc.errors import DTypeError, GraphError, GraphInputError, ShapeError
 from fnnc.graph import GraphBuilder, backward, compile, interpret
 
 F32 = np.float32
@@ -127,3 +128,30 @@ def test_too_few_outputs_say_none_marks_one_not_kept():
     x, y = b.input((2, 3), name="x"), b.tensor((2, 3), name="y")
     with pytest.raises(GraphError, match=r"3 outputs, 1 were given; .*None for one not kept"):
         b.exec(ops.layer_norm(axes=(1,)), x, outputs=[y])
+
+
+def test_an_array_seed_is_the_gradient_written_into_df():
+    """NNC seeds a non-scalar f by writing into its gradient tensor (autograd.vector's
+    ``tdz->data``); an array as ``df`` is that seed, as in ``DynamicGraph.backward``. It
+    was read as a list of symbol ids ("df[0] is np.float32(1.0)"). Oracle: jax.vjp."""
+    b = GraphBuilder()
+    x = b.input((3,), name="x")
+    y = b.exec(ops.ewprod(), x, b.exec(ops.ewexp(), x))
+    seed = np.array([1.0, -2.0, 0.5])  # float64: taken as f's float32
+    graph, (dx,) = backward(b.build([y]), y, [x], df=seed)
+    xs = F32([0.3, -1.0, 2.0])
+    want = jax.vjp(lambda v: v * jnp.exp(v), xs)[1](seed.astype(F32))[0]
+    np.testing.assert_allclose(interpret(graph, xs)[1], want, rtol=1e-6)
+    assert dx.dtype == np.float32
+    with pytest.raises(ShapeError, match=r"df for f .* is an array of float64\[2\], f is"):
+        backward(b.build([y]), y, [x], df=np.ones(2))
+
+
+def test_a_seed_symbol_of_another_dtype_is_a_dtype_error():
+    """A seed symbol of another dtype than f was a ShapeError; it is a DTypeError that
+    says how to convert."""
+    b = GraphBuilder()
+    x, d = b.input((3,), name="x"), b.input((3,), np.float16, name="d")
+    y = b.exec(ops.ewexp(), x)
+    with pytest.raises(DTypeError, match=r"df for f .* float16\[3\], f is float32\[3\]; convert"):
+        backward(b.build([y]), y, [x], df=d)

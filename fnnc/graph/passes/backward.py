@@ -44,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -187,13 +188,30 @@ class _Grads:
         return whole
 
 
+def _seed_constant(b: GraphBuilder, graph: Graph, sid: int, seed: Any) -> Symbol:
+    """An array seed as a constant of ``f``'s dtype (its shape is checked by _seed)."""
+    spec = graph.spec(sid)
+    value = np.asarray(seed)
+    if not np.issubdtype(value.dtype, np.number) or value.shape != tuple(spec.shape):
+        raise ShapeError(
+            f"backward: df for f {graph.label(sid)} is an array of {value.dtype.name}"
+            f"{list(value.shape)}, f is {np.dtype(spec.dtype).name}{list(spec.shape)}; "
+            "pass an array of f's shape"
+        )
+    return b.constant(value.astype(spec.dtype))
+
+
 def _seed(b: GraphBuilder, graph: Graph, sid: int, df: Symbol | None) -> Symbol:
     spec = graph.spec(sid)
     if df is not None:
-        if tuple(df.shape) != tuple(spec.shape) or np.dtype(df.dtype) != np.dtype(spec.dtype):
-            raise ShapeError(
-                f"backward: df for f {graph.label(sid)} is {np.dtype(df.dtype).name}"
-                f"{list(df.shape)}, f is {np.dtype(spec.dtype).name}{list(spec.shape)}"
+        got = f"{np.dtype(df.dtype).name}{list(df.shape)}"
+        want = f"{np.dtype(spec.dtype).name}{list(spec.shape)}"
+        if tuple(df.shape) != tuple(spec.shape):
+            raise ShapeError(f"backward: df for f {graph.label(sid)} is {got}, f is {want}")
+        if np.dtype(df.dtype) != np.dtype(spec.dtype):
+            raise DTypeError(
+                f"backward: df for f {graph.label(sid)} is {got}, f is {want}; convert the "
+                "seed to f's dtype (ops.datatype_conversion)"
             )
         return df
     if int(np.prod(spec.shape)) != 1:
@@ -249,8 +267,10 @@ def backward(
         graph: the forward graph.
         f: one symbol (or id) or several; gradients of several ``f`` add up.
         wrt: the symbols to differentiate with respect to.
-        df: seed gradients, one per ``f`` (symbols of the graph, shaped like ``f``);
-            default ones, which requires each ``f`` to have one element.
+        df: seed gradients, one per ``f`` (symbols of the graph, shaped like ``f``,
+            or arrays of ``f``'s shape, which become constants: NNC's seed written into
+            the gradient tensor); default ones, which requires each ``f`` to have one
+            element.
 
     Returns:
         ``(new_graph, grads)``: the new graph returns ``graph.outputs`` then the
@@ -285,7 +305,10 @@ def backward(
     b = GraphBuilder.from_graph(graph)
     grads = _Grads(b, graph)
     for sid, seed in zip(fs, dfs):
-        s = None if seed is None else graph.symbols[_ids(graph, seed, "df")[0]]
+        if isinstance(seed, (np.ndarray, np.floating, float, jax.Array)):
+            s = _seed_constant(b, graph, sid, seed)
+        else:
+            s = None if seed is None else graph.symbols[_ids(graph, seed, "df")[0]]
         grads.add(graph.symbols[sid], _seed(b, graph, sid, s))
     depends, on_path = _relevant_nodes(graph, fs, ws)
     for index in on_path:
