@@ -89,9 +89,16 @@ class GraphBuilder:
         return builder
 
     def add_input(self, sym: TensorSymbol) -> None:
-        """Makes an existing, unwritten tensor symbol a graph input (appended last)."""
-        self._known(sym, "add_input")
-        self._inputs.append(sym.id)
+        """Makes an existing, unwritten tensor symbol a graph input (appended last).
+
+        A symbol made without a shape (``tensor(None)``, NNC's auto tensor) becomes an
+        input like ``input(None)``: nodes may read it, and :meth:`set_shape` gives it
+        its shape before :meth:`build`.
+        """
+        held = self._known(sym, "add_input")
+        self._inputs.append(held.id)
+        if held.shape is None and not held.is_alias:
+            self._deferred.add(held.id)
 
     # -- symbols ---------------------------------------------------------------
     def input(
@@ -155,6 +162,8 @@ class GraphBuilder:
                 "input(None)"
             )
         dtype = held.dtype if dtype is None else _dtype(dtype, where)
+        if dtype is None:  # an auto tensor made an input (add_input): float32, as tensor()
+            dtype = np.dtype(np.float32)
         sym = TensorSymbol(held.id, _shape(shape, where, auto=False), dtype, held.name)
         self._symbols[held.id] = sym
         return sym

@@ -155,3 +155,18 @@ def test_a_seed_symbol_of_another_dtype_is_a_dtype_error():
     y = b.exec(ops.ewexp(), x)
     with pytest.raises(DTypeError, match=r"df for f .* float16\[3\], f is float32\[3\]; convert"):
         backward(b.build([y]), y, [x], df=d)
+
+
+def test_an_auto_tensor_made_an_input_takes_its_shape_later():
+    """symbolic.graph.tests.c "set tensor symbol shape after computation specified" as
+    NNC writes it: ``a`` and ``b`` are auto tensors, log a -> b, then a's shape is set.
+    With ``a`` made an input by ``add_input``, ``set_shape`` now gives it its shape (it
+    was "not a graph input", and reading ``a`` said to call set_shape). log(1.25)."""
+    b = GraphBuilder()
+    a, y = b.tensor(None, name="a"), b.tensor(None, name="b")
+    b.add_input(a)
+    b.exec(ops.ewlog(), a, outputs=[y], name="log")
+    b.set_shape(a, (1,))
+    graph = b.build([y])
+    assert graph.input_specs[0].shape == (1,) and graph.output_specs[0].shape == (1,)
+    np.testing.assert_allclose(compile(graph)(F32([1.25])), [np.log(1.25)], rtol=1e-6)
