@@ -463,7 +463,8 @@ class GraphBuilder:
             f"tensor {label} has no shape yet (made with shape=None, NNC's auto shape, which "
             "the node writing it fills); write it first with exec(..., outputs=[it]), or "
             "give tensor() a shape; if callers feed it (NNC's ccv_nnc_tensor_symbol_set "
-            "after the nodes), make it a graph input: input(None), then set_shape(it, shape)"
+            "after the nodes), make it a graph input: input(None) (or add_input(it) before the "
+            "nodes reading it), then set_shape(it, shape)"
         )
 
     def _written_input(self, sym: Symbol) -> str:
