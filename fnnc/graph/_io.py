@@ -185,11 +185,10 @@ def donation_problem(graph: Graph, leaves: Sequence[Any], donate: Sequence[int])
         live = not isinstance(leaf, jax.Array) or isinstance(leaf, jax.core.Tracer)
         if not live and leaf.is_deleted():
             return (
-                f"input {graph.label(graph.inputs[i])} is an array whose buffer was "
-                "donated to an earlier call (compile(donate=...) lets a call reuse a "
-                "donated input's buffer for its outputs, and the array is gone after); "
-                "pass the output that replaced it or a fresh array, or compile without "
-                "donating it"
+                f"input {graph.label(graph.inputs[i])} is an array that was deleted: a "
+                "call of a program compiled with donate=... took its buffer for its "
+                "outputs (or .delete() freed it); pass the output that replaced it or a "
+                "fresh array, or compile that program without donating it"
             )
     for i in donate:
         same = [j for j, leaf in enumerate(leaves) if j != i and leaf is leaves[i]]

@@ -184,16 +184,20 @@ class Program:
                 if self._on_one_other_device(args):  # see below: no second attempt
                     return self._outputs(args, self._jitted(*args, *self._consts))
                 # wrong types or a pytree: check below and say what is wrong
+            except RuntimeError:  # JAX's "Array has been deleted" (donated elsewhere)
+                self._check_donations(args)
+                raise
         leaves = flatten_inputs(self.graph, args, "Program")
         if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
             return self._traced(leaves)
         try:
             values = self._compiled(*leaves, *self._consts)
+        except RuntimeError:
+            self._check_donations(leaves)
+            raise
         except (TypeError, ValueError) as e:
             if not self._on_one_other_device(leaves):
-                why = donation_problem(self.graph, leaves, self.donate)
-                if why is not None:
-                    raise GraphInputError(f"Program: {why}") from None
+                self._check_donations(leaves)
                 raise GraphInputError(
                     f"Program: inputs were rejected by the compiled program: {e}"
                 ) from e
@@ -201,6 +205,13 @@ class Program:
             # per-device copies): it runs there, as jax.jit does, compiled once for it
             values = self._jitted(*leaves, *self._consts)
         return self._outputs(leaves, values)
+
+    def _check_donations(self, leaves: Sequence[Any]) -> None:
+        """A GraphInputError naming the input if a donation is why XLA refused ``leaves``
+        (:func:`~fnnc.graph._io.donation_problem`)."""
+        why = donation_problem(self.graph, leaves, self.donate)
+        if why is not None:
+            raise GraphInputError(f"Program: {why}") from None
 
     def _on_one_other_device(self, leaves: Sequence[Any]) -> bool:
         if self.shardings is not None or any(isinstance(a, jax.core.Tracer) for a in leaves):
