@@ -28,8 +28,11 @@ AfterNode = Callable[[int, Node, list[Any], tuple[Any, ...]], Sequence[Any]]
 
 @functools.lru_cache(maxsize=4096)
 def _view_plan(sym: AliasSymbol, root_shape: tuple[int, ...]) -> tuple[str, Any]:
-    """How to read/write this view: ("slice", starts), ("block", None) or ("gather", idx)."""
+    """How to read/write this view: ("slice", starts), ("block", None), ("gather", idx)
+    or ("empty", None) for a view of no elements (its base may be the root's end)."""
     size = int(np.prod(sym.shape, dtype=np.int64))
+    if size == 0:
+        return "empty", None
     if len(sym.shape) == len(root_shape) and sym.stride == contiguous_strides(root_shape):
         starts = (
             np.unravel_index(sym.base, root_shape)
@@ -47,6 +50,8 @@ def _view_plan(sym: AliasSymbol, root_shape: tuple[int, ...]) -> tuple[str, Any]
 def read_view(root: Any, sym: AliasSymbol) -> Any:
     """The values of view ``sym`` of array ``root``."""
     kind, plan = _view_plan(sym, tuple(root.shape))
+    if kind == "empty":
+        return jnp.zeros(sym.shape, root.dtype)
     if kind == "slice":
         return lax.slice(root, plan, tuple(s + n for s, n in zip(plan, sym.shape)))
     flat = jnp.reshape(root, (-1,))
@@ -59,6 +64,8 @@ def read_view(root: Any, sym: AliasSymbol) -> Any:
 def write_view(root: Any, sym: AliasSymbol, value: Any) -> Any:
     """``root`` with view ``sym`` replaced by ``value``."""
     kind, plan = _view_plan(sym, tuple(root.shape))
+    if kind == "empty":
+        return root
     value = value.astype(root.dtype)
     if kind == "slice":
         return lax.dynamic_update_slice(root, value, plan)

@@ -174,3 +174,22 @@ def test_an_auto_tensor_made_an_input_takes_its_shape_later():
     graph = b.build([y])
     assert graph.input_specs[0].shape == (1,) and graph.output_specs[0].shape == (1,)
     np.testing.assert_allclose(compile(graph)(F32([1.25])), [np.log(1.25)], rtol=1e-6)
+
+
+def test_an_empty_view_at_the_end_of_its_root():
+    """A view of no elements starting at the root's end (the last, empty chunk of a
+    split: NumPy's ``x[4:4]``, ``x[:, 3:]`` of 3 columns) is accepted by ``alias`` but
+    raised NumPy's "index 4 is out of bounds" in interpret and compile. It reads as
+    empty, and the gradient through it is the other reads' (d sum(x) / dx = 1)."""
+    b = GraphBuilder()
+    x = b.input((4,), name="x")
+    tail = b.alias(x, (0,), offset=(4,), name="x[4:]")
+    cols = b.alias(b.exec(ops.reshape(shape=(2, 2)), x), (2, 0), offset=(0, 2), name="[:, 2:]")
+    empty = b.exec(ops.reduce_sum(axes=(0,)), tail)
+    f = b.exec(ops.ewsum(), empty, b.exec(ops.reduce_sum(axes=(0,)), x))
+    graph, _ = backward(b.build([tail, cols, f]), f, [x])
+    xs = F32([1, 2, 3, 4])
+    for got in (interpret(graph, xs), compile(graph)(xs)):
+        assert got[0].shape == xs[4:].shape and got[1].shape == xs.reshape(2, 2)[:, 2:].shape
+        np.testing.assert_allclose(got[2], [xs.sum()], rtol=1e-6)
+        np.testing.assert_allclose(got[3], np.ones(4), rtol=0)
