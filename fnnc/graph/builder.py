@@ -215,7 +215,10 @@ class GraphBuilder:
             of: the tensor (or alias) to view.
             shape: the view's shape.
             offset: per view axis, where the view starts; the flat start is
-                ``sum(offset[d] * stride[d])`` (NNC's rule). Default zeros.
+                ``sum(offset[d] * stride[d])`` (NNC's rule). Default zeros. For a view
+                of a view it counts from the parent view's start (as NNC's dynamic
+                graph does); NNC's symbolic ``ccv_nnc_tensor_symbol_alias_new`` counts
+                an alias of an alias from the root: port those with ``base=``.
             stride: per view axis, in elements of the root's flat buffer. Default:
                 the root's strides when ranks agree (a slice), else the view's own
                 contiguous strides (a reshape).
