@@ -112,9 +112,18 @@ def _verify_one(graph: Graph) -> None:
                 _fail(graph, f"node {index} reads %{sid}, which is not in the graph", index)
             root = symbols[sid].root
             if root not in written:
+                later = any(symbols[o].root == root for m in graph.nodes for o in m.outputs)
+                why = (
+                    "; write it before this node"
+                    if later
+                    else "; no node writes it: if callers feed it (NNC's tensor symbols that "
+                    "no command writes), make it a graph input: GraphBuilder.input(...), "
+                    "or add_input(it) for one made with tensor()"
+                )
                 _fail(
                     graph,
-                    f"node {index} ({node.cmd.name}) reads {graph.label(sid)} before it is written",
+                    f"node {index} ({node.cmd.name}) reads {graph.label(sid)} before it is "
+                    f"written{why}",
                     index,
                 )
             first_read.setdefault(root, (index, sid))

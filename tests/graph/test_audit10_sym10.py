@@ -193,3 +193,16 @@ def test_an_empty_view_at_the_end_of_its_root():
         assert got[0].shape == xs[4:].shape and got[1].shape == xs.reshape(2, 2)[:, 2:].shape
         np.testing.assert_allclose(got[2], [xs.sum()], rtol=1e-6)
         np.testing.assert_allclose(got[3], np.ones(4), rtol=0)
+
+
+def test_a_tensor_no_node_writes_says_to_make_it_an_input():
+    """NNC's graphs have no inputs: a tensor symbol no command writes is fed by the caller.
+    Ported as ``tensor()``, reading it said only "reads %0 (a) before it is written"; it
+    now says how to make it an input, and ``add_input`` does (log(2.34))."""
+    b = GraphBuilder()
+    a = b.tensor((1,), name="a")
+    y = b.exec(ops.ewlog(), a, name="log")
+    with pytest.raises(GraphError, match=r"reads %0 \(a\) before it is written; no node .*add_in"):
+        b.build([y])
+    b.add_input(a)
+    np.testing.assert_allclose(interpret(b.build([y]), F32([2.34])), [np.log(2.34)], rtol=1e-6)
