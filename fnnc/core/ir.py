@@ -39,6 +39,16 @@ def unit_axes_apart(a: Sequence[int], b: Sequence[int]) -> bool:
     return tuple(a) != tuple(b) and [n for n in a if n != 1] == [n for n in b if n != 1]
 
 
+def _as_tuples(record: Any, *fields: str) -> None:
+    """Turns the sequences (lists) given for ``fields`` of a frozen IR record into the
+    tuples it holds, so a record made by hand or with :func:`dataclasses.replace` stays
+    hashable (compile caches on graphs)."""
+    for field in fields:
+        value = getattr(record, field)
+        if value is not None and not isinstance(value, tuple):
+            object.__setattr__(record, field, tuple(value))
+
+
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Row-major strides, in elements."""
     strides, acc = [], 1
@@ -56,6 +66,9 @@ class TensorSymbol:
     shape: tuple[int, ...]
     dtype: np.dtype
     name: str = ""
+
+    def __post_init__(self) -> None:
+        _as_tuples(self, "shape")
 
     @property
     def spec(self) -> Spec:
@@ -81,6 +94,9 @@ class AliasSymbol:
     base: int
     stride: tuple[int, ...]
     name: str = ""
+
+    def __post_init__(self) -> None:
+        _as_tuples(self, "shape", "stride")
 
     @property
     def spec(self) -> Spec:
@@ -128,6 +144,9 @@ class Node:
     outputs: tuple[int, ...]
     name: str = ""
 
+    def __post_init__(self) -> None:
+        _as_tuples(self, "inputs", "outputs")
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Graph:
@@ -153,6 +172,9 @@ class Graph:
     outputs: tuple[int, ...]
     out_tree: Any = None
     in_paths: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _as_tuples(self, "symbols", "nodes", "inputs", "outputs", "in_paths")
 
     def symbol(self, sid: int) -> Symbol:
         return self.symbols[sid]

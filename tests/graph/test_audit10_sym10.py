@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +12,7 @@ import pytest
 
 from fnnc import ops
 from fnnc.errors import DTypeError, GraphError, GraphInputError, ShapeError
-from fnnc.graph import GraphBuilder, backward, compile, interpret
+from fnnc.graph import Graph, GraphBuilder, Node, TensorSymbol, backward, compile, interpret
 
 F32 = np.float32
 
@@ -206,3 +208,22 @@ def test_a_tensor_no_node_writes_says_to_make_it_an_input():
         b.build([y])
     b.add_input(a)
     np.testing.assert_allclose(interpret(b.build([y]), F32([2.34])), [np.log(2.34)], rtol=1e-6)
+
+
+def test_records_made_with_lists_compile():
+    """The IR records are public and edited with ``dataclasses.replace``; lists given for
+    their tuple fields (``outputs=[...]``, a Node's inputs, a symbol's shape) made
+    ``compile`` fail with "unhashable type: 'list'". They are held as tuples."""
+    b = GraphBuilder()
+    x = b.input((2,), name="x")
+    e = b.exec(ops.ewexp(), x, name="exp")
+    graph = b.build([b.exec(ops.ewlog(), e, name="log")])
+    only_exp = dataclasses.replace(graph, outputs=[e.id], nodes=list(graph.nodes[:1]))
+    assert only_exp.outputs == (e.id,) and hash(only_exp) == hash(only_exp)
+    xs = F32([0.5, -1.0])
+    np.testing.assert_allclose(compile(only_exp)(xs), np.exp(xs), rtol=1e-6)
+    relu = Node(ops.relu(), [x.id], [2])
+    symbols = [x, TensorSymbol(2, [2], np.dtype(np.float32), "r")]
+    hand = Graph([*symbols[:1], e, symbols[1]], [relu], [x.id], [2])
+    assert hand.symbols[2].shape == (2,) and relu.inputs == (x.id,)
+    np.testing.assert_allclose(compile(hand)(xs), np.maximum(xs, 0), rtol=0)
