@@ -392,7 +392,7 @@ def compile(  # noqa: A001 - the name NNC users look for
 
     Args:
         graph: the graph to compile.
-        donate: graph inputs (positions or names, one or a list) whose buffers the
+        donate: graph inputs (positions, names or symbols, one or a list) whose buffers the
             program may reuse for its outputs (NNC's in-place execution); callers must
             not use them after.
         platform: ``"cpu"``, ``"gpu"`` or ``"tpu"`` (any case; JAX's ``"cuda"`` and

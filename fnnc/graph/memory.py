@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from fnnc.core.ir import Graph, require_graph
+from fnnc.core.ir import Graph, TensorSymbol, require_graph
 from fnnc.core.text import type_str
 from fnnc.errors import GraphInputError
 
@@ -130,24 +130,33 @@ def tensor_bytes(shape: tuple[int, ...], dtype: object) -> int:
 PASS_THROUGH = frozenset({"optimization_barrier"})
 """Commands whose output ``i`` is input ``i``'s buffer (XLA aliases them)."""
 
-Donate = int | str | Sequence[int | str]
+Donate = int | str | TensorSymbol | Sequence[int | str | TensorSymbol]
 """Graph inputs whose buffers the program may reuse: positions or names (one, or a list)."""
 
 
 def donated_positions(graph: Graph, donate: Donate, where: str = "memory_plan") -> tuple[int, ...]:
-    """``donate`` as sorted input positions (names are the inputs' symbol names; a lone
-    position or name is one input)."""
+    """``donate`` as sorted input positions (names are the inputs' symbol names, symbols
+    the builder's input symbols; a lone position, name or symbol is one input)."""
     names = {graph.symbols[s].name: i for i, s in enumerate(graph.inputs)}
-    if isinstance(donate, (str, int, np.integer)):
+    ids = {s: i for i, s in enumerate(graph.inputs)}
+    if isinstance(donate, (str, int, np.integer, TensorSymbol)):
         donate = (donate,)
     elif not isinstance(donate, Iterable):
         raise GraphInputError(
             f"{where}: donate is {type(donate).__name__} {donate!r}; give graph input "
-            "positions or names: one (donate=0, donate='x') or a list (donate=[0, 'w'])"
+            "positions, names or symbols: one (donate=0, donate='x') or a list (donate=[0, 'w'])"
         )
     out = set()
     for d in donate:
-        if isinstance(d, str):
+        if isinstance(d, TensorSymbol):
+            if d.id not in ids or graph.symbols[d.id].name != d.name:
+                raise GraphInputError(
+                    f"{where}: donate names symbol %{d.id} ({d.name}), which is not an "
+                    f"input of this graph (its inputs are {list(names)}); pass this "
+                    "graph's input symbols, names or positions"
+                )
+            out.add(ids[d.id])
+        elif isinstance(d, str):
             if d not in names:
                 raise GraphInputError(
                     f"{where}: donate names input {d!r}, but the graph inputs are "

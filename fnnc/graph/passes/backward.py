@@ -57,7 +57,8 @@ from fnnc.ops.autodiff import gradient_command
 
 
 def _ids(graph: Graph, items: Any, what: str) -> list[int]:
-    """Symbol ids of ``items``: symbols of ``graph`` or their integer ids (one or a list)."""
+    """Symbol ids of ``items``: symbols of ``graph``, their integer ids or their names
+    (one or a list; a name must name exactly one symbol)."""
     if isinstance(items, (int, np.integer, str)) or hasattr(items, "id"):
         items = [items]
     elif not hasattr(items, "__iter__"):
@@ -67,6 +68,9 @@ def _ids(graph: Graph, items: Any, what: str) -> list[int]:
         )
     out = []
     for k, item in enumerate(items):
+        if isinstance(item, str):
+            out.append(_named(graph, item, what))
+            continue
         if not hasattr(item, "id") and (
             isinstance(item, bool) or not isinstance(item, (int, np.integer))
         ):
@@ -87,6 +91,20 @@ def _ids(graph: Graph, items: Any, what: str) -> list[int]:
             )
         out.append(sid)
     return out
+
+
+def _named(graph: Graph, name: str, what: str) -> int:
+    """The id of the one symbol of ``graph`` named ``name``."""
+    found = [i for i, sym in enumerate(graph.symbols) if getattr(sym, "name", None) == name]
+    if len(found) != 1:
+        inputs = ", ".join(graph.label(s) for s in graph.inputs)
+        many = f"{len(found)} symbols ({', '.join(graph.label(i) for i in found)})"
+        raise GraphError(
+            f"backward: {what} names {name!r}, which "
+            f"{'is no symbol of this graph' if not found else 'names ' + many}; pass the "
+            f"symbol itself or its integer id (the graph inputs are {inputs})"
+        )
+    return found[0]
 
 
 def _held(held: Symbol, item: Any) -> bool:
@@ -265,8 +283,9 @@ def backward(
 
     Args:
         graph: the forward graph.
-        f: one symbol (or id) or several; gradients of several ``f`` add up.
-        wrt: the symbols to differentiate with respect to.
+        f: one symbol (or its id, or its name) or several; gradients of several ``f``
+            add up.
+        wrt: the symbols (or ids, or names) to differentiate with respect to.
         df: seed gradients, one per ``f`` (symbols of the graph, shaped like ``f``,
             or arrays of ``f``'s shape, which become constants: NNC's seed written into
             the gradient tensor); default ones, which requires each ``f`` to have one
