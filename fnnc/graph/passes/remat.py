@@ -35,12 +35,16 @@ not recomputed again.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
+import jax
+import numpy as np
+
 from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol
 from fnnc.errors import GraphError
-from fnnc.graph.memory import PASS_THROUGH, Donate, memory_plan
+from fnnc.graph.memory import PASS_THROUGH, Donate, donated_positions, memory_plan
 from fnnc.graph.passes.remat_cost import node_flops
 from fnnc.ops import optimization_barrier
 
@@ -100,7 +104,11 @@ def remat(
 
     Raises:
         GraphError: both or neither of ``policy`` and ``budget_bytes`` given, an unknown
-            policy name, or a budget below what recomputing everything reaches.
+            policy name, a policy that is no function of ``(graph, index)`` (JAX's
+            ``jax.checkpoint_policies`` other than the three named ones, which map to
+            fnnc's), a budget that is no number, or a budget below what recomputing
+            everything reaches.
+        GraphInputError: ``donate`` names no graph input.
 
     >>> from fnnc import ops
     >>> from fnnc.graph import GraphBuilder, backward, memory_plan, remat
@@ -117,17 +125,48 @@ def remat(
     """
     if (policy is None) == (budget_bytes is None):
         raise GraphError("remat: give exactly one of policy= or budget_bytes=")
+    donated_positions(graph, donate, "remat")  # a wrong name is an error with a policy too
+    saved = None if policy is None else _policy(policy)
+    budget = None if budget_bytes is None else _budget(budget_bytes)
     start = backward_start(graph)
     if start is None:
         return graph
-    if budget_bytes is not None:
-        return _within_budget(graph, start, int(budget_bytes), donate)
+    if budget is not None:
+        return _within_budget(graph, start, budget, donate)
+    assert saved is not None
+    unsaved = {i for i in range(start) if not saved(graph, i)}
+    return recompute(graph, unsaved)
+
+
+def _policy(policy: Any) -> Policy:
+    """``policy`` as a function, or a GraphError saying what a policy is."""
     if isinstance(policy, str):
         if policy not in POLICIES:
             raise GraphError(f"remat: unknown policy {policy!r}; known: {sorted(POLICIES)}")
-        policy = POLICIES[policy]
-    unsaved = {i for i in range(start) if not policy(graph, i)}
-    return recompute(graph, unsaved)
+        return POLICIES[policy]
+    for name, ours in POLICIES.items():  # jax.checkpoint_policies.<name> itself
+        if policy is getattr(jax.checkpoint_policies, name, None):
+            return ours
+    where = getattr(policy, "__module__", None) or type(policy).__module__
+    if not callable(policy) or where.split(".")[0] == "jax":
+        what = "JAX's checkpoint policy" if callable(policy) else type(policy).__name__
+        raise GraphError(
+            f"remat: policy is {what} {policy!r}; give a name from {sorted(POLICIES)} or "
+            "a function policy(graph, node_index) -> bool (True: the node's outputs are "
+            "saved), which sees fnnc nodes, not JAX primitives"
+        )
+    return policy
+
+
+def _budget(budget_bytes: Any) -> int:
+    """``budget_bytes`` as an int, or a GraphError naming what was given."""
+    number = isinstance(budget_bytes, (int, float, np.integer, np.floating))
+    if number and not isinstance(budget_bytes, (bool, np.bool_)) and math.isfinite(budget_bytes):
+        return int(budget_bytes)
+    raise GraphError(
+        f"remat: budget_bytes is {type(budget_bytes).__name__} {budget_bytes!r}; give the "
+        "peak to meet in bytes, a number such as budget_bytes=2**20"
+    )
 
 
 def recomputable(graph: Graph, start: int | None = None) -> list[int]:

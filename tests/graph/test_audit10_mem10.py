@@ -1,0 +1,104 @@
+"""Audit 10 (memory): donation misuse is a clear error naming the input; remat refuses
+policies and budgets it cannot use instead of failing inside or silently misreading them."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.errors import GraphError, GraphInputError
+from fnnc.graph import GraphBuilder, backward, compile, interpret, memory_plan, remat
+
+
+@pytest.fixture(scope="module")
+def add_graph():
+    b = GraphBuilder()
+    x, w = b.input((4,), name="x"), b.input((4,), name="w")
+    return b.build([b.exec(ops.ewsum(), x, w, name="y")])
+
+
+@pytest.fixture(scope="module")
+def donating(add_graph):
+    with warnings.catch_warnings():  # w finds no output to take ("not usable"): still donated
+        warnings.simplefilter("ignore")
+        return compile(add_graph, donate=["x"]), compile(add_graph, donate=["x", "w"])
+
+
+def test_an_input_a_donating_call_took_is_named_when_passed_again(add_graph, donating):
+    program, _ = donating
+    a, w = jnp.arange(4.0), jnp.ones(4)
+    y = program(a, w)
+    np.testing.assert_array_equal(np.asarray(y), np.arange(4.0) + 1)  # NumPy
+    assert a.is_deleted()
+    for call in (
+        lambda: program(a, w),
+        lambda: program([a, w]),
+        lambda: interpret(add_graph, a, w),
+    ):
+        with pytest.raises(GraphInputError, match=r"input %0 \(x\) is a JAX array whose buffer"):
+            call()
+    np.testing.assert_array_equal(np.asarray(program(y, w)), np.arange(4.0) + 2)  # its output
+
+
+@pytest.mark.parametrize("both", [False, True])
+def test_one_array_in_a_donated_and_another_position_is_named(donating, both):
+    program = donating[int(both)]
+    a = jnp.full(4, 3.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(GraphInputError, match=r"input %0 \(x\).*donates.*input %1 \(w\)"):
+            program(a, a)
+    assert not a.is_deleted()
+    np.testing.assert_array_equal(np.asarray(program(jnp.array(a, copy=True), a)), np.full(4, 6.0))
+
+
+@pytest.fixture(scope="module")
+def tanh_chain():
+    b = GraphBuilder()
+    x = b.input((8,), name="x")
+    h = b.exec(ops.tanh(), b.exec(ops.tanh(), x, name="t0"), name="t1")
+    loss = b.exec(ops.reduce_sum(axes=(0,)), h, name="loss")
+    return backward(b.build([loss]), loss, [x])[0]
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [True, 1, ["nothing_saveable"], jax.checkpoint_policies.save_only_these_names("t0")],
+    ids=["bool", "int", "list", "jax-names"],
+)
+def test_a_policy_that_is_no_function_of_graph_and_index_is_refused(tanh_chain, policy):
+    with pytest.raises(GraphError, match=r"remat: policy is .*policy\(graph, node_index\)"):
+        remat(tanh_chain, policy=policy)
+
+
+@pytest.mark.parametrize("name", ["nothing_saveable", "everything_saveable", "dots_saveable"])
+def test_jax_policies_of_fnnc_names_are_those_policies(tanh_chain, name):
+    ours = remat(tanh_chain, policy=name)
+    theirs = remat(tanh_chain, policy=getattr(jax.checkpoint_policies, name))
+    assert [n.name for n in theirs.nodes] == [n.name for n in ours.nodes]
+    xs = np.linspace(-1, 1, 8, dtype=np.float32)
+    t = np.tanh(np.tanh(xs.astype(np.float64)))  # NumPy: d sum(tanh(tanh x)) / dx
+    want = (1 - t * t) * (1 - np.tanh(xs.astype(np.float64)) ** 2)
+    np.testing.assert_allclose(np.asarray(interpret(theirs, xs)[1]), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("budget", ["4096", True, float("nan"), None])
+def test_a_budget_that_is_no_number_is_refused(tanh_chain, budget):
+    if budget is None:  # both missing: the existing message
+        with pytest.raises(GraphError, match="exactly one"):
+            remat(tanh_chain, budget_bytes=None)
+        return
+    with pytest.raises(GraphError, match=r"remat: budget_bytes is (str|bool|float)"):
+        remat(tanh_chain, budget_bytes=budget)
+
+
+def test_a_float_budget_is_bytes_and_a_wrong_donate_name_is_refused_with_a_policy(tanh_chain):
+    full = memory_plan(tanh_chain).peak_bytes
+    assert remat(tanh_chain, budget_bytes=float(full)) is tanh_chain
+    with pytest.raises(GraphInputError, match=r"remat: donate names input 'w'"):
+        remat(tanh_chain, policy="nothing_saveable", donate=["w"])
