@@ -22,6 +22,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+from fnnc.graph.passes.remat import POLICIES
 from fnnc.models import checks
 from fnnc.models.engine import Engine
 from fnnc.models.layer import ModelError
@@ -251,17 +254,17 @@ class TrainingMixin:
         them: every node built inside it, except those making its outputs, is not saved
         for the training step's backward (:func:`fnnc.graph.remat`). Set it on blocks of a
         larger model (one block's activations live at a time) or on the whole model."""
-        self.gradient_checkpointing = bool(enabled)
+        self.gradient_checkpointing = _switch(self, "set_gradient_checkpointing", enabled)
 
     def set_memory_compression(self, enabled: bool = True) -> None:
         """Keep convolution activations for the backward LSSC-compressed (lossy, 8x
         smaller than float32; :func:`fnnc.graph.passes.memory_compression`)."""
-        self.memory_compression = bool(enabled)
+        self.memory_compression = _switch(self, "set_memory_compression", enabled)
 
     def set_memory_reduction(self, enabled: bool = True) -> None:
         """Redo widening ``datatype_conversion`` nodes in the backward instead of keeping
         their wide outputs (lossless; :func:`fnnc.graph.passes.memory_reduction`)."""
-        self.memory_reduction = bool(enabled)
+        self.memory_reduction = _switch(self, "set_memory_reduction", enabled)
 
     def memory_plan(self, inputs: Any = None, targets: Any = ()) -> Any:
         """:func:`fnnc.graph.memory_plan` of the compiled training step: the last one
@@ -368,3 +371,20 @@ class TrainingMixin:
 def _arrays(value: Any) -> list[Any]:
     """A list of arrays from one array or a list/tuple of them."""
     return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _switch(model: Any, method: str, enabled: Any) -> bool:
+    """``enabled`` of a memory switch as a bool: True, False (NumPy's too) or 1/0, as NNC's
+    ``int`` flag; anything else (``"false"``, a remat policy name) is a ModelError, since
+    ``bool()`` would turn it on."""
+    if isinstance(enabled, (bool, np.bool_)) or (
+        isinstance(enabled, (int, np.integer)) and enabled in (0, 1)
+    ):
+        return bool(enabled)
+    hint = ""
+    if isinstance(enabled, str) and enabled in POLICIES:
+        hint = "; a remat policy per block is Repeat(..., checkpoint=policy)"
+    raise ModelError(
+        f"{model.describe()}: {method}(enabled) takes True or False, got "
+        f"{type(enabled).__name__} {enabled!r}{hint}"
+    )
