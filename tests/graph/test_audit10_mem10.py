@@ -12,7 +12,15 @@ import pytest
 
 from fnnc import ops
 from fnnc.errors import GraphError, GraphInputError
-from fnnc.graph import GraphBuilder, backward, compile, interpret, memory_plan, remat
+from fnnc.graph import (
+    GraphBuilder,
+    backward,
+    compile,
+    interpret,
+    memory_compression,
+    memory_plan,
+    remat,
+)
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +110,46 @@ def test_a_float_budget_is_bytes_and_a_wrong_donate_name_is_refused_with_a_polic
     assert remat(tanh_chain, budget_bytes=float(full)) is tanh_chain
     with pytest.raises(GraphInputError, match=r"remat: donate names input 'w'"):
         remat(tanh_chain, policy="nothing_saveable", donate=["w"])
+
+
+def _two_convolutions(shape, kernel):
+    """x -> c1 = conv(x, w1) -> c2 = conv(c1, w2) -> sum, with w2's gradient."""
+    b = GraphBuilder()
+    x = b.input(shape, name="x")
+    w1, w2 = b.input(kernel, name="w1"), b.input(kernel, name="w2")
+    c1 = b.exec(ops.convolution(padding="SAME"), x, w1, name="c1")
+    c2 = b.exec(ops.convolution(padding="SAME"), c1, w2, name="c2")
+    loss = b.exec(ops.reduce_sum(axes=tuple(range(len(shape)))), c2, name="loss")
+    return backward(b.build([loss]), loss, [w2])[0]
+
+
+def test_compression_keeps_each_sample_in_its_own_blocks():
+    """LSSC's 4x4 blocks lie in one sample's H x W plane, so a sample's gradient does not
+    depend on the other samples (oracle: the same sample's compressed gradient alone).
+    A 1-D convolution's [N, L, C] would make blocks of four samples (sample 0's gradient
+    became 0 with the others scaled 100x): it is not compressed, and its gradient is the
+    plain one."""
+    rng = np.random.default_rng(0)
+    one = np.eye(2, dtype=np.float32)
+    for shape, kernel, compressed in [
+        ((4, 8, 2), (2, 1, 2), False),
+        ((4, 4, 8, 2), (2, 1, 1, 2), True),
+    ]:
+        g = _two_convolutions(shape, kernel)
+        c = memory_compression(g)
+        assert (c is not g) == compressed
+        w = one.reshape(kernel)
+        xs = rng.normal(size=shape).astype(np.float32)
+        alone = xs.copy()
+        alone[1:] = 0
+        others = xs.copy()
+        others[1:] *= 100
+        rest = others.copy()
+        rest[0] = 0
+        sample0 = np.asarray(interpret(c, others, w, w)[1]) - np.asarray(
+            interpret(c, rest, w, w)[1]
+        )
+        want = np.asarray(interpret(c, alone, w, w)[1])
+        np.testing.assert_allclose(sample0, want, rtol=1e-3, atol=1e-3)
+        if not compressed:  # NumPy: d sum(conv(x, 1), w2) / dw2[o, 0, i] = sum_l x[0, l, i]
+            np.testing.assert_allclose(want.reshape(2, 2), np.tile(xs[0].sum(0), (2, 1)), rtol=1e-5)

@@ -8,9 +8,12 @@ NNC's ``ccv_nnc_symbolic_graph_memory_compression``, on a graph with its backwar
   ``CONVOLUTION_FORWARD``, kept for e.g. a following norm's or activation's backward);
 - only those a backward node reads and a forward node writes (not graph inputs), that
   are neither views nor viewed (NNC skips aliased tensors), and that are not graph
-  outputs; fnnc also needs ``[H, W, C]``/``[N, H, W, C]`` float tensors (LSSC's
-  layout), and every backward reader to be a ``gradient`` node (so the lossy values
-  reach gradients only, as in NNC, where only backward commands are rewired).
+  outputs; fnnc also needs float tensors of a 2-D convolution (``[N, H, W, C]``: LSSC
+  takes 4x4 blocks of one sample's ``H x W`` plane; a 1-D convolution's ``[N, L, C]``
+  would put four samples in a block, making one sample's gradient depend on the
+  others, so it is not compressed), and every backward reader to be a ``gradient``
+  node (so the lossy values reach gradients only, as in NNC, where only backward
+  commands are rewired).
 
 Each picked tensor is compressed (:func:`~fnnc.ops.lssc_compress`) right after the
 node that writes it and decompressed (:func:`~fnnc.ops.lssc_decompress`, back to its
@@ -79,7 +82,7 @@ def compressible(graph: Graph) -> list[int]:
             or producers.get(sid, start) >= start
             or not readers
             or any(r.cmd.name != "gradient" for r in readers)
-            or len(sym.shape) not in (3, 4)
+            or len(sym.shape) != 4  # [N, H, W, C]: blocks within one sample
             or not is_floating(sym.dtype)
         ):
             continue
