@@ -20,6 +20,8 @@ from fnnc.graph import (
     memory_compression,
     memory_plan,
     remat,
+    scan,
+    trace,
 )
 
 
@@ -153,3 +155,36 @@ def test_compression_keeps_each_sample_in_its_own_blocks():
         np.testing.assert_allclose(sample0, want, rtol=1e-3, atol=1e-3)
         if not compressed:  # NumPy: d sum(conv(x, 1), w2) / dw2[o, 0, i] = sum_l x[0, l, i]
             np.testing.assert_allclose(want.reshape(2, 2), np.tile(xs[0].sum(0), (2, 1)), rtol=1e-5)
+
+
+def test_a_loop_whose_body_has_an_effect_is_not_recomputed():
+    """remat recomputed a scan whose body runs a debug callback, so the callback ran twice
+    per trip; a node holding an effectful command in a sub-graph is kept, as DCE and CSE
+    treat it. Oracle: the plain graph's callback count and values."""
+    calls = []
+
+    def body_fn(h, w):
+        jax.debug.callback(lambda v: calls.append(1), h)
+        return jnp.tanh(h @ w)
+
+    body = trace(body_fn, jnp.ones((2, 4)), jnp.ones((4, 4)))
+    b = GraphBuilder()
+    x, ws = b.input((2, 4), name="x"), b.input((3, 4, 4), name="ws")
+    (out,) = scan(b, body, [b.exec(ops.tanh(), x, name="pre")], [ws], name="blocks")
+    loss = b.exec(ops.reduce_sum(axes=(0, 1)), b.exec(ops.tanh(), out, name="post"))
+    g = backward(b.build([loss]), loss, [x, ws])[0]
+    r = remat(g, policy="nothing_saveable")
+    assert sorted(n.name for n in r.nodes if n.name.endswith("@remat")) == [
+        "post@remat",
+        "pre@remat",
+    ]
+    args = [np.full((2, 4), 0.1, np.float32), np.full((3, 4, 4), 0.1, np.float32)]
+    counts, values = [], []
+    for graph in (g, r):
+        calls.clear()
+        values.append(interpret(graph, *args))
+        jax.effects_barrier()
+        counts.append(len(calls))
+    assert counts == [3, 3]
+    for got, want in zip(values[1], values[0]):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -23,7 +23,8 @@ Before / after (``policy="nothing_saveable"``; ``%2`` is no longer kept for ``%6
                                            %9 = tanh(%7)  # @remat
                                            %6 = tanh.backward(%8, %9)
 
-Not recomputed, whatever the policy: nodes of random or effectful commands, nodes that
+Not recomputed, whatever the policy: nodes of random or effectful commands (or holding
+one in a sub-graph: a loop whose body has a debug callback runs it once), nodes that
 write views, nodes whose outputs are graph outputs, nodes without inputs (constants:
 nothing to save, and a copy would only add a node), and recomputations (nodes named
 ``@remat``, or reading the ``remat.barrier`` or another recomputation). So ``remat`` is
@@ -45,6 +46,7 @@ import numpy as np
 from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol
 from fnnc.errors import GraphError
 from fnnc.graph.memory import PASS_THROUGH, Donate, donated_positions, memory_plan
+from fnnc.graph.passes._subgraphs import is_pure
 from fnnc.graph.passes.remat_cost import node_flops
 from fnnc.ops import optimization_barrier
 
@@ -185,7 +187,6 @@ def recomputable(graph: Graph, start: int | None = None) -> list[int]:
     found = []
     for index in range(start):
         node = graph.nodes[index]
-        attrs = node.cmd.definition.attributes
         copy = node.name == BARRIER or node.name.endswith(SUFFIX)
         if copy or any(symbols[s].root in copies for s in node.inputs):
             # a recomputation (after fold, ahead of the first backward node): not again
@@ -193,7 +194,7 @@ def recomputable(graph: Graph, start: int | None = None) -> list[int]:
             continue
         if not node.inputs:
             continue  # a constant: nothing to save
-        if attrs.random or attrs.has_effects or node.cmd.name in PASS_THROUGH:
+        if not is_pure(node.cmd) or node.cmd.name in PASS_THROUGH:  # sub-graphs too
             continue
         if any(symbols[s].is_alias or symbols[s].root in outputs for s in node.outputs):
             continue
