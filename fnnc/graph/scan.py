@@ -50,6 +50,7 @@ import functools
 from collections.abc import Sequence
 
 import jax.numpy as jnp
+import numpy as np
 
 from fnnc import ops
 from fnnc.core.ir import Graph, Symbol
@@ -118,6 +119,8 @@ def scan(
             f"({n_carry} carry + {n_stacked} stacked + {len(consts)} consts); the body's "
             "inputs are (*carry, *slices, *consts), in that order"
         )
+    if isinstance(checkpoint, np.bool_):  # NumPy's True/False are the bools, not policies
+        checkpoint = bool(checkpoint)
     try:
         forward, grad, wants = scan_bodies(body, n_carry, n_stacked, checkpoint, n_ys)
     except GraphError as error:  # name the node, as the errors of its own checks do

@@ -188,3 +188,20 @@ def test_a_loop_whose_body_has_an_effect_is_not_recomputed():
     assert counts == [3, 3]
     for got, want in zip(values[1], values[0]):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("flag", [np.True_, np.False_])
+def test_scan_takes_numpys_bools_as_checkpoint_flags(flag):
+    """scan(checkpoint=np.True_) was passed to remat as a policy (now an error there); it
+    is True, as a NumPy bool from a config is (oracle: the graph scan builds for the bool)."""
+
+    def loop(checkpoint):
+        body = GraphBuilder()
+        h, w = body.input((2, 3), name="h"), body.input((3, 3), name="w")
+        block = body.build([body.exec(ops.tanh(), body.exec(ops.gemm(), h, w))])
+        b = GraphBuilder()
+        x, ws = b.input((2, 3), name="x"), b.input((4, 3, 3), name="ws")
+        (out,) = scan(b, block, [x], [ws], checkpoint=checkpoint, name="blocks")
+        return b.build([out]).nodes[0].cmd
+
+    assert loop(flag) == loop(bool(flag))
