@@ -48,8 +48,10 @@ class GraphError(FnncError, ValueError):
 
 class GraphInputError(FnncError, ValueError):
     """A graph or program was fed the wrong number of arrays, a pytree of another
-    structure, or a ``donate`` / ``shardings`` that does not fit its inputs. One input of
-    the wrong shape or dtype is a :class:`ShapeError` or :class:`DTypeError` naming it."""
+    structure, or a ``donate`` / ``shardings`` that does not fit its inputs, or an array a
+    donating call took (deleted), or one array passed in a donated and another position.
+    One input of the wrong shape or dtype is a :class:`ShapeError` or
+    :class:`DTypeError` naming it."""
 
 
 class GraphFormatError(FnncError, ValueError):

@@ -46,6 +46,8 @@ def flatten_inputs(graph: Graph, args: Sequence[Any], where: str) -> list[Any]:
     for sid, leaf in zip(graph.inputs, leaves):
         sym = graph.symbol(sid)
         want = f"{np.dtype(sym.dtype).name}{list(sym.shape)}"
+        if _deleted(leaf):
+            raise GraphInputError(f"{where}: input {graph.label(sid)} {DELETED}")
         arr = leaf if isinstance(leaf, jax.Array) else _numeric(leaf)
         if arr is None:
             raise DTypeError(
@@ -177,19 +179,28 @@ def unflatten_outputs(graph: Graph, values: Sequence[Any]) -> Any:
     return values[0] if len(values) == 1 else tuple(values)
 
 
+DELETED = (
+    "is an array that was deleted: a call of a program compiled with donate=... took its "
+    "buffer for its outputs (or .delete() freed it); pass the output that replaced it or a "
+    "fresh array, or compile that program without donating it"
+)
+"""What an input that is a deleted array is told (after its position and name)."""
+
+
+def _deleted(leaf: Any) -> bool:
+    """Whether ``leaf`` is a concrete JAX array whose buffer was deleted or donated."""
+    return (
+        isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer) and leaf.is_deleted()
+    )
+
+
 def donation_problem(graph: Graph, leaves: Sequence[Any], donate: Sequence[int]) -> str | None:
     """Why XLA refused ``leaves`` if a donation is the cause: an input array whose
     buffer an earlier call took (a program that donates it), or one array passed for a
     donated input and another input of the same call. ``None`` otherwise."""
     for i, leaf in enumerate(leaves):
-        live = not isinstance(leaf, jax.Array) or isinstance(leaf, jax.core.Tracer)
-        if not live and leaf.is_deleted():
-            return (
-                f"input {graph.label(graph.inputs[i])} is an array that was deleted: a "
-                "call of a program compiled with donate=... took its buffer for its "
-                "outputs (or .delete() freed it); pass the output that replaced it or a "
-                "fresh array, or compile that program without donating it"
-            )
+        if _deleted(leaf):
+            return f"input {graph.label(graph.inputs[i])} {DELETED}"
     for i in donate:
         same = [j for j, leaf in enumerate(leaves) if j != i and leaf is leaves[i]]
         if same:

@@ -184,20 +184,20 @@ class Program:
                 if self._on_one_other_device(args):  # see below: no second attempt
                     return self._outputs(args, self._jitted(*args, *self._consts))
                 # wrong types or a pytree: check below and say what is wrong
-            except RuntimeError:  # JAX's "Array has been deleted" (donated elsewhere)
-                self._check_donations(args)
+            except RuntimeError as e:  # JAX's "Array has been deleted" (donated elsewhere)
+                self._check_donations(args, e)
                 raise
         leaves = flatten_inputs(self.graph, args, "Program")
         if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
             return self._traced(leaves)
         try:
             values = self._compiled(*leaves, *self._consts)
-        except RuntimeError:
-            self._check_donations(leaves)
+        except RuntimeError as e:
+            self._check_donations(leaves, e)
             raise
         except (TypeError, ValueError) as e:
             if not self._on_one_other_device(leaves):
-                self._check_donations(leaves)
+                self._check_donations(leaves, e)
                 raise GraphInputError(
                     f"Program: inputs were rejected by the compiled program: {e}"
                 ) from e
@@ -206,9 +206,14 @@ class Program:
             values = self._jitted(*leaves, *self._consts)
         return self._outputs(leaves, values)
 
-    def _check_donations(self, leaves: Sequence[Any]) -> None:
+    def _check_donations(self, leaves: Sequence[Any], error: Exception) -> None:
         """A GraphInputError naming the input if a donation is why XLA refused ``leaves``
-        (:func:`~fnnc.graph._io.donation_problem`)."""
+        (:func:`~fnnc.graph._io.donation_problem`). Only where the error's first line is
+        about a deleted or donated buffer: a taped loop's overflow is raised after the
+        call took its donated inputs, and stays the tape's error."""
+        first = str(error).strip().split("\n", 1)[0].lower()
+        if "delet" not in first and "donat" not in first:
+            return
         why = donation_problem(self.graph, leaves, self.donate)
         if why is not None:
             raise GraphInputError(f"Program: {why}") from None
