@@ -77,11 +77,50 @@ def open_reader(path: str) -> sqlite3.Connection:
                 raise
             conn.close()
             conn = _rollback_then_read(path)
+        check_whole_pages(conn, path)
         return conn
     except ERRORS as e:
         if conn is not None:
             conn.close()
         raise translate(e, path, "open") from e
+    except TensorFileError:
+        if conn is not None:
+            conn.close()
+        raise
+
+
+def check_whole_pages(conn: sqlite3.Connection, path: str) -> None:
+    """The file holds every page SQLite counts in it, else it was cut short.
+
+    SQLite writes whole pages, and refuses a file missing pages its header counts, but
+    it reads a last page cut part way (a copy or download stopped early) as if the rest
+    were zeros: the tail of the tensor stored there reads back as zeros, and NNC's rows
+    carry no checksum to tell. Checked under a read transaction (no rollback-journal
+    writer changes the file meanwhile); not for WAL files, whose checkpoints extend the
+    file while readers read. Bytes after the last page are no loss: SQLite ignores them.
+
+    Raises:
+        TensorFileError: the file is shorter than its pages.
+    """
+    began = not conn.in_transaction
+    if began:
+        conn.execute("BEGIN")
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # the shared lock
+        wal = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal"
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        size = os.stat(path).st_size
+    finally:
+        if began and conn.in_transaction:
+            conn.execute("COMMIT")
+    if not wal and size < pages * page:
+        raise TensorFileError(
+            f"{path}: the file is {size} bytes, short of its {pages} pages of {page} bytes "
+            f"({pages * page} bytes): it was cut short (a copy or download stopped early), "
+            f"and its last page ({size % page or page} of {page} bytes present) would read "
+            "as zeros; copy or download it again"
+        )
 
 
 def _rollback_then_read(path: str) -> sqlite3.Connection:
@@ -114,12 +153,18 @@ def open_writer(path: str) -> sqlite3.Connection:
         conn = _connect(path, "rwc")
         if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
             conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
+        else:
+            check_whole_pages(conn, path)
         conn.execute("PRAGMA synchronous=FULL")
         return conn
     except ERRORS as e:
         if conn is not None:
             conn.close()
         raise translate(e, path, "open for writing") from e
+    except TensorFileError:
+        if conn is not None:
+            conn.close()
+        raise
 
 
 def check_columns(conn: sqlite3.Connection, path: str) -> None:

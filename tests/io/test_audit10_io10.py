@@ -1,0 +1,63 @@
+"""Audit 10 of NNC file interop: tensor files as NNC writes them (rows without fnnc's
+checksums, through the ``sqlite3`` module as ``ccv_nnc_tensor_write`` does), damaged
+the way files are damaged in transit, and the row names fnnc writes for NNC."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+
+import numpy as np
+import pytest
+
+from fnnc.errors import TensorFileError
+from fnnc.io import TensorFile
+from fnnc.io import format as fmt
+from fnnc.io.cli import main
+
+_CREATE = (
+    "CREATE TABLE tensors (name TEXT, type INTEGER, format INTEGER, datatype INTEGER, "
+    "dim BLOB, data BLOB, PRIMARY KEY (name))"
+)
+
+
+def _nnc_file(path, rows, page_size=1024):
+    """A tensor file as NNC writes it: its table, its rows, no checksums."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute(f"PRAGMA page_size={page_size}")
+        conn.execute(_CREATE)
+        for name, x in rows.items():
+            dtype = fmt.CODES[x.dtype]
+            conn.execute(
+                "REPLACE INTO tensors VALUES (?, 1, 2, ?, ?, ?)",
+                (name, dtype, fmt.pack_dim(x.shape), x.tobytes()),
+            )
+        conn.commit()
+
+
+def test_a_file_cut_short_inside_its_last_page_is_refused_not_read_as_zeros(tmp_path, capsys):
+    """A copy stopped part way through the last page: SQLite reads the missing bytes as
+    zeros, so the tail of the tensor stored there read back as 0 with no error (NNC's
+    rows carry no checksum), and ``inspect --verify`` called the file sound."""
+    w = np.arange(1, 3001, dtype=np.float32)
+    whole = tmp_path / "whole.sqlite3"
+    _nnc_file(whole, {"b": np.ones(3, np.float32), "w": w})
+    blob = whole.read_bytes()
+    assert len(blob) % 1024 == 0
+    with TensorFile(whole, readonly=True) as f:  # the oracle: the file as written
+        np.testing.assert_array_equal(f.read("w"), w)
+    for cut in (1, 100, 1000):
+        short = tmp_path / f"short{cut}.sqlite3"
+        short.write_bytes(blob[:-cut])
+        pages = r"short of its \d+ pages of 1024 bytes"
+        with pytest.raises(TensorFileError, match=pages), TensorFile(short, readonly=True) as f:
+            f.read("w")
+        with pytest.raises(TensorFileError, match=r"cut short"):
+            TensorFile(short).write("x", np.zeros(2, np.float32))
+        assert short.read_bytes() == blob[:-cut]  # a write leaves it as it was
+        assert main(["inspect", "--verify", str(short)]) == 1
+        assert "cut short" in capsys.readouterr().err
+    longer = tmp_path / "longer.sqlite3"  # bytes after the last page: SQLite ignores them
+    longer.write_bytes(blob + b"\x01" * 100)
+    with TensorFile(longer, readonly=True) as f:
+        np.testing.assert_array_equal(f.read("w"), w)
