@@ -6,7 +6,8 @@ One row of NNC's ``tensors`` table (``lib/nnc/ccv_nnc_tensor_io.c``)::
     type INTEGER   memory (CPU 0x1, GPU 0x2) | device id << 8 | encoder id << 32
     format INTEGER NCHW 1, NHWC 2, CHWN 4
     datatype INT   8U 0x1000, 32S 0x2000, 32F 0x4000, 64S 0x8000, 64F 0x10000,
-                   16F 0x20000, QX 0x40000, 16BF 0x80000
+                   16F 0x20000, QX 0x40000, 16BF 0x80000 | reserved << 32 (NNC's
+                   readers ignore the high 32 bits: a QX row keeps its block size there)
     dim BLOB       int32[12] little-endian; the shape ends at the first value <= 0
     data BLOB      the elements, contiguous, little-endian
 
@@ -204,12 +205,15 @@ def row_info(
         raise TensorFileError(
             f"{where}: unknown format {format_:#x} (NNC knows NCHW 1, NHWC 2, CHWN 4)"
         )
-    if datatype not in DATATYPES and not is_quantized(datatype):
+    # NNC's reader takes the low 32 bits (``datatype_mix & 0xffffffff``); the high ones
+    # hold the tensor's ``reserved`` field (a QX row's block size), whatever the type
+    code = datatype & 0xFFFFFFFF
+    if code not in DATATYPES and not is_quantized(code):
         known = ", ".join(f"{d}={c:#x}" for c, d in DATATYPES.items())
-        raise TensorFileError(f"{where}: unknown datatype {datatype:#x} (known: {known})")
+        raise TensorFileError(f"{where}: unknown datatype {code:#x} (known: {known})")
     return TensorInfo(
         name=name,
-        dtype=DATATYPES.get(datatype),
+        dtype=DATATYPES.get(code),
         shape=shape,
         format=FORMAT_NAMES[format_],
         type=type_ & 0xFFFFFFFF,

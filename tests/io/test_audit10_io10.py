@@ -61,3 +61,21 @@ def test_a_file_cut_short_inside_its_last_page_is_refused_not_read_as_zeros(tmp_
     longer.write_bytes(blob + b"\x01" * 100)
     with TensorFile(longer, readonly=True) as f:
         np.testing.assert_array_equal(f.read("w"), w)
+
+
+@pytest.mark.parametrize("reserved", [7, 0x80000001])
+def test_the_high_32_bits_of_datatype_are_nncs_reserved_field_and_ignored(tmp_path, reserved):
+    """NNC writes ``reserved << 32 | datatype`` and its reader takes ``datatype_mix &
+    0xffffffff`` (ccv_nnc_tensor_io.c), so a 32F row with anything in ``reserved`` is a
+    32F row; fnnc called it an unknown datatype and refused the row."""
+    path = tmp_path / "reserved.sqlite3"
+    w = np.arange(6, dtype=np.float32).reshape(2, 3) - 2.5
+    _nnc_file(path, {"w": w})
+    mixed = (reserved << 32) | 0x4000
+    mixed = mixed - 2**64 if mixed >= 2**63 else mixed  # an int64 column, as NNC binds it
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute("UPDATE tensors SET datatype=? WHERE name='w'", (mixed,))
+    with TensorFile(path, readonly=True) as f:
+        assert (f.info("w").dtype, f.info("w").shape) == (np.float32, (2, 3))
+        np.testing.assert_array_equal(f.read("w"), w)
+        assert f.verify().ok
