@@ -152,6 +152,10 @@ def _stats(arr: np.ndarray) -> list[str]:
 
 
 def _num(x: Any) -> str:
+    """A statistic as printed: integers (an integer tensor's min and max) exactly,
+    floats to 6 significant digits."""
+    if isinstance(x, (int, np.integer)):
+        return str(int(x))
     return f"{float(x):.6g}"
 
 

@@ -13,7 +13,7 @@ import pytest
 from fnnc.errors import TensorFileError
 from fnnc.io import TensorFile
 from fnnc.io import format as fmt
-from fnnc.io.cli import main
+from fnnc.io.cli import inspect_lines, main
 
 _CREATE = (
     "CREATE TABLE tensors (name TEXT, type INTEGER, format INTEGER, datatype INTEGER, "
@@ -79,3 +79,21 @@ def test_the_high_32_bits_of_datatype_are_nncs_reserved_field_and_ignored(tmp_pa
         assert (f.info("w").dtype, f.info("w").shape) == (np.float32, (2, 3))
         np.testing.assert_array_equal(f.read("w"), w)
         assert f.verify().ok
+
+
+def test_inspect_stats_print_an_integer_tensors_extremes_exactly(tmp_path):
+    """``--stats`` printed every statistic with %.6g: NNC's i32 row holding 2147483647
+    listed its max as 2.14748e+09, and int64 values past 2**53 were not even the nearest
+    float. Oracle: Python's own ints."""
+    path = tmp_path / "ints.sqlite3"
+    rows = {
+        "i32": np.array([1, -2, 3, 2**31 - 1], np.int32),
+        "i64": np.array([-(2**62) - 1, 2**53 + 1], np.int64),
+        "u8": np.array([7, 255], np.uint8),
+    }
+    _nnc_file(path, rows)
+    lines = inspect_lines(path, stats=True)
+    cells = {line.split()[0]: line.split() for line in lines[2:]}
+    for name, x in rows.items():
+        assert cells[name][5:7] == [str(int(x.min())), str(int(x.max()))], lines
+    assert cells["i32"][7] == f"{float(rows['i32'].mean()):.6g}"
