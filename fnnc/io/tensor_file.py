@@ -434,6 +434,10 @@ class TensorFile:
                 f"{where} is NNC's quantized QX datatype; fnnc cannot read it "
                 "(dequantize it with the tool that wrote it)"
             )
+        if data is None and not info.encoder and math.prod(info.shape) == 0:
+            # NNC's empty tensor has a NULL data pointer, which ccv_nnc_tensor_write
+            # binds as a NULL blob (sqlite3_bind_blob of NULL); NNC reads it as no bytes
+            data = b""
         if not isinstance(data, bytes):
             raise TensorFileError(f"{where}: data is {type(data).__name__}, expected a BLOB")
         if not info.encoder:

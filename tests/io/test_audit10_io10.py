@@ -9,9 +9,10 @@ import sqlite3
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from fnnc.errors import TensorFileError
-from fnnc.io import TensorFile
+from fnnc.io import TensorFile, read_parameters
 from fnnc.io import format as fmt
 from fnnc.io.cli import inspect_lines, main
 
@@ -97,3 +98,31 @@ def test_inspect_stats_print_an_integer_tensors_extremes_exactly(tmp_path):
     for name, x in rows.items():
         assert cells[name][5:7] == [str(int(x.min())), str(int(x.max()))], lines
     assert cells["i32"][7] == f"{float(rows['i32'].mean()):.6g}"
+
+
+def test_an_empty_tensor_as_nnc_writes_it_with_a_null_blob_reads(tmp_path, capsys):
+    """ccv_nnc_tensor_new gives a tensor of no elements a NULL data pointer, and
+    ccv_nnc_tensor_write binds it with sqlite3_bind_blob, which stores NULL for a NULL
+    pointer; NNC reads it back as no bytes. fnnc called the row damaged ('data is
+    NoneType, expected a BLOB'), so read, read_parameters, verify and convert failed
+    on the whole file."""
+    path = tmp_path / "empty.sqlite3"
+    w = np.array([1.5, -2.0], np.float32)
+    _nnc_file(path, {"w": w})
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute("INSERT INTO tensors VALUES ('e', 1, 2, 16384, ?, NULL)", (bytes(48),))
+    with TensorFile(path, readonly=True) as f:
+        e = f.read("e")
+        assert (e.dtype, e.shape) == (np.float32, (0,))
+        assert f.read("e", shape=(0, 3)).shape == (0, 3)
+        report = f.verify()
+        assert report.ok and sorted(report.unchecked) == ["e", "w"]
+    got = read_parameters(path)
+    assert got["e"].shape == (0,) and got["e"].dtype == np.float32
+    np.testing.assert_array_equal(got["w"], w)
+    assert main(["convert", str(path), str(tmp_path / "out.safetensors")]) == 0
+    assert load_file(str(tmp_path / "out.safetensors"))["e"].shape == (0,)
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:  # a NULL holding elements
+        conn.execute("UPDATE tensors SET data=NULL WHERE name='w'")
+    with pytest.raises(TensorFileError, match="expected a BLOB"), TensorFile(path) as f:
+        f.read("w")
