@@ -316,6 +316,12 @@ class TensorFile:
         if not isinstance(name, str):
             raise TypeError(f"tensor names are str, got {type(name).__name__}")
         where = f"tensor {name!r} in {self.path}"
+        if "\x00" in name:
+            raise TensorFileError(
+                f"{where}: NNC passes names as C strings, so it cannot read a name holding "
+                f"NUL ('\\x00'): it would look up {name.partition(chr(0))[0]!r}; choose a "
+                "name without it"
+            )
         arr = fmt.storable(array, where)
         data: bytes | memoryview = memoryview(arr.reshape(-1).view(np.uint8))
         identifier = 0

@@ -126,3 +126,18 @@ def test_an_empty_tensor_as_nnc_writes_it_with_a_null_blob_reads(tmp_path, capsy
         conn.execute("UPDATE tensors SET data=NULL WHERE name='w'")
     with pytest.raises(TensorFileError, match="expected a BLOB"), TensorFile(path) as f:
         f.read("w")
+
+
+def test_a_name_nnc_cannot_read_back_is_refused(tmp_path):
+    """ccv_nnc_tensor_write / _read bind the name with sqlite3_bind_text(name, -1): a C
+    string, cut at its first NUL. fnnc stored 'a\\x00b' whole, a row NNC can never ask
+    for (it looks up 'a', here another tensor's row)."""
+    path = tmp_path / "names.sqlite3"
+    with TensorFile(path) as f:
+        f.write("a", np.ones(2, np.float32))
+        with pytest.raises(TensorFileError, match=r"C strings.*look up 'a'"):
+            f.write("a\x00b", np.zeros(2, np.float32))
+        assert f.names() == ["a"]
+        np.testing.assert_array_equal(f.read("a"), np.ones(2, np.float32))
+        f.write("", np.zeros(1, np.float32))  # NNC can write and read an empty name
+        assert f.names() == ["", "a"]
