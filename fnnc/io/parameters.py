@@ -105,13 +105,28 @@ def write_parameters(
     """
     _mapping(params, "write_parameters", "params", "parameter id -> array")
     _mapping(internals, "write_parameters", "internals", "internal id -> array")
-    if not writes_files():
-        return
     rows = [(parameter_row(k, name=name), v) for k, v in params.items()]
     rows += [(internal_row(k, name=name, device=device), v) for k, v in (internals or {}).items()]
+    _distinct([row for row, _ in rows], [*params, *(f"internal {k}" for k in internals or {})])
+    if not writes_files():
+        return
     with opened(target) as f, f.transaction():
         for row, value in rows:
             f.write(row, value, format, encoder=encoder)
+
+
+def _distinct(rows: list[str], ids: list[str]) -> None:
+    """Each id gets its own row, else a :class:`ParameterError` naming the ids that share
+    one (the later write would silently replace the earlier one)."""
+    first: dict[str, str] = {}
+    for row, key in zip(rows, ids, strict=True):
+        if row in first:
+            raise ParameterError(
+                f"write_parameters: {first[row]!r} and {key!r} are both stored as row "
+                f"{row!r}, so one would replace the other; rename one of them (NNC's ids "
+                "never collide: parameters start with t-, internals with r-)"
+            )
+        first[row] = key
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from fnnc.errors import TensorFileError
-from fnnc.io import TensorFile, read_parameters
+from fnnc.errors import ParameterError, TensorFileError
+from fnnc.io import TensorFile, read_parameters, write_parameters
 from fnnc.io import format as fmt
 from fnnc.io.cli import inspect_lines, main
 
@@ -141,3 +141,16 @@ def test_a_name_nnc_cannot_read_back_is_refused(tmp_path):
         np.testing.assert_array_equal(f.read("a"), np.ones(2, np.float32))
         f.write("", np.zeros(1, np.float32))  # NNC can write and read an empty name
         assert f.names() == ["", "a"]
+
+
+def test_write_parameters_refuses_two_ids_stored_as_one_row(tmp_path):
+    """Parameter 'w(0)' and internal 'w' (device 0) are both NNC's row 'w(0)': the
+    internal silently replaced the parameter in the file. Oracle: ccv_cnnp_model_write's
+    row names ('%s' and '%s(%d)')."""
+    path = tmp_path / "p.sqlite3"
+    with pytest.raises(ParameterError, match=r"'w\(0\)' and 'internal w' are both stored as"):
+        write_parameters(path, {"w(0)": np.ones(2, np.float32)}, internals={"w": np.zeros(3)})
+    assert not path.exists() or path.stat().st_size == 0
+    write_parameters(path, {"w": np.ones(2, np.float32)}, internals={"w": np.zeros(3)})
+    with TensorFile(path, readonly=True) as f:
+        assert f.names() == ["w", "w(0)"]
