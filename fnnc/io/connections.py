@@ -225,16 +225,30 @@ def _without_rowid(conn: sqlite3.Connection, sql: str | None) -> bool:
         return sql is not None and "WITHOUTROWID" in "".join(sql.upper().split())
 
 
+NNC_GRAPH_TABLES = ("tensor_symbol", "graph_exec_symbol", "graph", "tensor_bind")
+"""The tables of NNC's own symbolic graph files (``ccv_nnc_symbolic_graph_write``)."""
+
+
 def no_tensors_table(conn: sqlite3.Connection, path: str) -> TensorFileError:
     """The error for a file without a ``tensors`` table. A file with no tables at all is
     what a first write that failed or was killed leaves of a new file: it says so."""
     with translating(path, "list tables"):
+        query = "SELECT name FROM sqlite_master WHERE type='table'"
+        tables = {r[0] for r in conn.execute(query)}
         empty = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
     if empty:
         return TensorFileError(
             f"{path}: no tensors table: the file is empty (no tables at all): no tensors "
             "were written to it yet, or its first write failed or was interrupted; write "
             "the tensors (again), or check the path"
+        )
+    if set(NNC_GRAPH_TABLES) <= tables:
+        return TensorFileError(
+            f"{path}: no tensors table: it is an NNC symbolic graph file "
+            f"(ccv_nnc_symbolic_graph_write: tables {', '.join(NNC_GRAPH_TABLES)}), whose "
+            "format fnnc does not read; rebuild the graph with fnnc.graph.GraphBuilder and "
+            "save it with fnnc.graph.save, and store tensors with ccv_nnc_tensor_write "
+            "(tensors table), which fnnc reads"
         )
     return TensorFileError(
         f"{path}: no tensors table (not an NNC tensor file; NNC creates it on its first "

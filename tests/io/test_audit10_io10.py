@@ -154,3 +154,17 @@ def test_write_parameters_refuses_two_ids_stored_as_one_row(tmp_path):
     write_parameters(path, {"w": np.ones(2, np.float32)}, internals={"w": np.zeros(3)})
     with TensorFile(path, readonly=True) as f:
         assert f.names() == ["w", "w(0)"]
+
+
+def test_an_nnc_symbolic_graph_file_is_named_as_such(tmp_path, capsys):
+    """ccv_nnc_symbolic_graph_write makes tensor_symbol, graph_exec_symbol, graph and
+    tensor_bind and no tensors table; fnnc said 'not an NNC tensor file', for a file
+    NNC wrote, without saying what it is or that fnnc cannot read that format."""
+    path = tmp_path / "graph.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        for table in ("tensor_symbol", "graph_exec_symbol", "graph", "tensor_bind"):
+            conn.execute(f"CREATE TABLE {table} (id INTEGER, graph INTEGER, name TEXT)")
+    with pytest.raises(TensorFileError, match=r"NNC symbolic graph file .*does not read"):
+        TensorFile(path, readonly=True)
+    assert main(["inspect", str(path)]) == 1
+    assert "ccv_nnc_symbolic_graph_write" in capsys.readouterr().err
