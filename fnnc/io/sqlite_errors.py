@@ -22,6 +22,7 @@ w.sqlite: cannot read: no such table: tensors; the file's tables are not NNC's l
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 from collections.abc import Iterator
 
@@ -114,7 +115,22 @@ def translate(error: BaseException, path: str, operation: str) -> TensorFileErro
             f"{path}: cannot {operation}: SQLite reported text that is not UTF-8 ({error}); "
             + _ADVICE[0][1]
         )
-    return TensorFileError(f"{path}: cannot {operation}: {error}; {advice(error)}")
+    return TensorFileError(f"{path}: cannot {operation}: {error}; {_advice_for(error, path)}")
+
+
+def _advice_for(error: BaseException, path: str) -> str:
+    """:func:`advice`, or, for SQLite failing to open a file (its journal, or the new
+    file itself) in a folder this process may not write, that folder."""
+    code = getattr(error, "sqlite_errorname", None) or ""
+    folder = os.path.dirname(os.path.abspath(path))
+    unwritable = os.path.isdir(folder) and not os.access(folder, os.W_OK)
+    if code.startswith("SQLITE_CANTOPEN") and unwritable:
+        return (
+            f"its folder {folder} is not writable: every write makes SQLite's journal "
+            f"({os.path.basename(path)}-journal) there, and a new file is made there; "
+            "write to a file in a writable folder, or change the folder's permissions"
+        )
+    return advice(error)
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ the way files are damaged in transit, and the row names fnnc writes for NNC."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 
 import numpy as np
@@ -168,3 +169,43 @@ def test_an_nnc_symbolic_graph_file_is_named_as_such(tmp_path, capsys):
         TensorFile(path, readonly=True)
     assert main(["inspect", str(path)]) == 1
     assert "ccv_nnc_symbolic_graph_write" in capsys.readouterr().err
+
+
+def _cantopen() -> sqlite3.Error:
+    """A real SQLITE_CANTOPEN, as SQLite raises it for a journal it cannot create."""
+    try:
+        sqlite3.connect("file:/nonexistent-folder/x.sqlite3?mode=rwc", uri=True)
+    except sqlite3.Error as e:
+        return e
+    raise AssertionError("SQLite opened a file in a missing folder")
+
+
+def test_a_write_in_a_folder_it_cannot_write_names_the_folder(tmp_path, monkeypatch):
+    """Every write makes SQLite's journal beside the file; in a folder the process may
+    not write that fails as SQLITE_CANTOPEN, which said 'check that the path is a file
+    and its folder exists' while both exist. The translation now names the folder."""
+    from fnnc.io import sqlite_errors
+
+    assert getattr(_cantopen(), "sqlite_errorname", "SQLITE_CANTOPEN") == "SQLITE_CANTOPEN"
+    path = tmp_path / "w.sqlite3"
+    monkeypatch.setattr(sqlite_errors.os, "access", lambda p, mode: p != str(tmp_path))
+    error = sqlite_errors.translate(_cantopen(), str(path), "write")
+    assert f"its folder {tmp_path} is not writable" in str(error)
+    assert "w.sqlite3-journal" in str(error)
+
+
+def test_a_read_only_folder_end_to_end(tmp_path):
+    """The same through TensorFile, where the OS refuses the write (not for root)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    _nnc_file(folder / "w.sqlite3", {"w": np.ones(2, np.float32)})
+    folder.chmod(0o555)
+    try:
+        if os.access(folder, os.W_OK):
+            pytest.skip("this process may write a 0o555 folder (root)")
+        with TensorFile(folder / "w.sqlite3") as f:
+            np.testing.assert_array_equal(f.read("w"), np.ones(2, np.float32))
+            with pytest.raises(TensorFileError, match=r"its folder .* is not writable"):
+                f.write("x", np.zeros(2, np.float32))
+    finally:
+        folder.chmod(0o755)
