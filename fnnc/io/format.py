@@ -94,14 +94,19 @@ class TensorInfo:
 
 
 def pack_type(device: str, encoder: int = 0, where: str = "") -> int:
-    """NNC's ``type`` column for ``device`` ("CPU", "GPU:0", ...) and an encoder id."""
+    """NNC's ``type`` column for ``device`` ("CPU", "GPU:0", ...) and an encoder id.
+
+    ``"CPU"`` is NNC's any-device CPU tensor (0xfff01); ``"GPU"`` is ``"GPU:0"``: NNC
+    has no any-device GPU tensor (``ccv_nnc_tensor_new`` asserts that a GPU tensor
+    names its device, so ``ccv_nnc_tensor_read`` of such a row fails, and
+    ``ccv_cnnp_model_read`` puts an any-device parameter on device 0)."""
     memory, _, index = str(device).upper().partition(":")
     kinds = {"CPU": CPU_MEMORY, "GPU": GPU_MEMORY}
     if memory not in kinds or not (index == "" or index.isdigit()) or len(index) > 3:
         raise TensorFileError(
             f'{where}: device {device!r}; expected "CPU", "CPU:<n>", "GPU" or "GPU:<n>"'
         )
-    dev = ANY_DEVICE if index == "" else int(index)
+    dev = int(index) if index else ANY_DEVICE if memory == "CPU" else 0
     return (encoder << 32) | (dev << 8) | kinds[memory]
 
 

@@ -306,7 +306,8 @@ class TensorFile:
                 bfloat16, float64, int32, int64 or uint8; up to 12 dimensions.
             format: the layout tag NNC keeps with the tensor.
             device: recorded in ``type``: ``"CPU"`` (NNC's any-CPU, 0xfff01),
-                ``"GPU:0"``, ...
+                ``"GPU:0"``, ... (``"GPU"`` is ``"GPU:0"``: NNC's GPU tensors name
+                their device)
             encoder: a :class:`Codec`, a registered codec's identifier or name (NNC's
                 ``"q4p"`` .. ``"q8p"``, ``"ezm7"``, ``"zip"``, ``"fpzip"``), or a
                 function ``(data, dtype, shape) -> (identifier, bytes)``; ``None`` or a

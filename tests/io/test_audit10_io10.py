@@ -209,3 +209,20 @@ def test_a_read_only_folder_end_to_end(tmp_path):
                 f.write("x", np.zeros(2, np.float32))
     finally:
         folder.chmod(0o755)
+
+
+def test_a_gpu_row_names_its_device_as_nnc_requires(tmp_path):
+    """device="GPU" was written as 0xfff02, NNC's any-device GPU: ccv_nnc_tensor_new
+    asserts that a GPU tensor names its device (CCV_COMPUTE_DEVICE_ANY is refused), so
+    ccv_nnc_tensor_read of the row fails in NNC; ccv_cnnp_model_read takes such a
+    parameter as device 0, which is what it now is. Oracle: NNC's type layout,
+    memory | device << 8, and the row NNC wrote for a CPU tensor of device 0 (0x1)."""
+    path = tmp_path / "gpu.sqlite3"
+    with TensorFile(path) as f:
+        for device in ("GPU", "GPU:0", "GPU:3", "CPU", "CPU:0"):
+            f.write(device, np.ones(2, np.float32), device=device)
+    want = {"GPU": 0x002, "GPU:0": 0x002, "GPU:3": 0x302, "CPU": 0xFFF01, "CPU:0": 0x001}
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert dict(conn.execute("SELECT name, type FROM tensors")) == want
+    with TensorFile(path, readonly=True) as f:
+        assert [f.info(n).device for n in ("GPU", "GPU:3", "CPU")] == ["GPU:0", "GPU:3", "CPU"]
