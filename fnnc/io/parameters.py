@@ -203,7 +203,8 @@ def read_parameters(
             return what matched and list the rest in ``missing`` / ``mismatched``.
 
     Floating rows are converted to the expected floating dtype (NNC converts 16F and
-    32F); a scalar expected as ``()`` matches NNC's ``[1]``.
+    32F); a scalar expected as ``()`` matches NNC's ``[1]``, and a zero-size shape such as
+    ``(0, 4)`` the ``(0,)`` of a row with no elements (NNC's ``dim`` cannot hold either).
 
     Raises:
         ParameterError: (strict) listing every missing and every mismatched parameter;
@@ -331,7 +332,11 @@ def _match(f: TensorFile, expected: Mapping[str, Any], name: str | None, device:
             missing.append(label)
             continue
         info = f.info(row)
-        stored_shape = () if shape == () and info.shape == (1,) else info.shape
+        stored_shape = info.shape
+        if shape is not None and (
+            (shape == () and info.shape == (1,)) or (info.shape == (0,) and 0 in shape)
+        ):
+            stored_shape = shape  # NNC has no rank 0 (a scalar is [1]) nor zero-size axes
         dtype_ok = dtype is None or dtype == info.dtype or {dtype, info.dtype} <= FLOATS
         if (shape is not None and stored_shape != shape) or not dtype_ok:
             want = f"{dtype.name if dtype else '*'}{list(shape) if shape is not None else ''}"
