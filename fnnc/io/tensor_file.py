@@ -102,6 +102,7 @@ class TensorFile:
             ) from None
         self.readonly = readonly
         self._depth = 0
+        self._snapshots = 0
         self._op: str | None = None
         self._handle = connections.Handle(
             self.path, setup=(_CREATE, integrity.CREATE, *integrity.TRIGGERS)
@@ -157,6 +158,12 @@ class TensorFile:
         by then and be writing to it.
         """
         depth = self._depth
+        if self._snapshots and not depth:
+            raise TensorFileError(
+                f"{self.path}: cannot write inside snapshot(), a read-only view of one "
+                "commit; write after the block, or read and write inside transaction(), "
+                "whose reads also see one state"
+            )
         begin, commit, rollback = "BEGIN IMMEDIATE", ["COMMIT"], ["ROLLBACK"]
         if depth:
             sp = f"fnnc_{depth}"
@@ -191,7 +198,9 @@ class TensorFile:
         transaction holds SQLite's shared lock, so another process's commit (a
         checkpoint save whose retention drops the step being read) waits for the block
         to end instead of changing rows between two reads. A no-op inside
-        :meth:`transaction` or another snapshot, and for a file that does not exist."""
+        :meth:`transaction` or another snapshot, and for a file that does not exist.
+        Writing inside it raises :class:`TensorFileError` (read and write inside
+        :meth:`transaction` instead)."""
         if self._depth or not self.exists():
             yield self
             return
@@ -200,10 +209,12 @@ class TensorFile:
             began = not conn.in_transaction
             if began:
                 conn.execute("BEGIN")
+        self._snapshots += 1
         try:
             yield self
         finally:
-            if began and conn.in_transaction:
+            self._snapshots -= 1
+            if began and conn is self._handle.conn and conn.in_transaction:  # not closed
                 with contextlib.suppress(sqlite3.Error):  # a read has nothing to commit
                     conn.execute("COMMIT")
 

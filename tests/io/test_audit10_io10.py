@@ -239,3 +239,27 @@ def test_a_zero_size_parameter_reads_back_into_its_shape(tmp_path):
     assert got["s"].shape == () and got["s"] == 3
     got = read_parameters(path, {"w": ((3, 4), np.float32)}, strict=False)
     assert [str(m) for m in got.mismatched] == ["w: stored float32[0], expected float32[3, 4]"]
+
+
+@pytest.mark.parametrize("writing_first", [False, True])
+def test_a_write_inside_a_snapshot_is_refused_clearly(tmp_path, writing_first):
+    """snapshot() holds a read transaction; a write inside it closed that connection
+    (a read-only one) and the block's end then raised a raw sqlite3.ProgrammingError
+    ('Cannot operate on a closed database'), or, on a connection already open for
+    writing, 'cannot start a transaction within a transaction; the file may be
+    damaged'. The write is now refused before it starts, and the file keeps its rows."""
+    path = tmp_path / "s.sqlite3"
+    w = np.arange(3, dtype=np.float32)
+    _nnc_file(path, {"w": w})
+    with TensorFile(path) as f:
+        if writing_first:
+            f.write("v", w)
+        with f.snapshot():
+            np.testing.assert_array_equal(f.read("w"), w)
+            with pytest.raises(TensorFileError, match=r"cannot write inside snapshot\(\)"):
+                f.write("x", np.ones(2, np.float32))
+            np.testing.assert_array_equal(f.read("w"), w)
+        with f.transaction():  # reads and writes together
+            f.write("x", f.read("w") + 1)
+        np.testing.assert_array_equal(f.read("x"), w + 1)
+        assert "x" in f.names()
