@@ -112,7 +112,10 @@ def pack_type(device: str, encoder: int = 0, where: str = "") -> int:
 
 def pack_format(fmt: str | int, where: str = "") -> int:
     """The ``format`` code for ``"NHWC"`` / ``"NCHW"`` / ``"CHWN"`` (or a code)."""
-    code = fmt if isinstance(fmt, int) else FORMATS.get(str(fmt).upper())
+    if isinstance(fmt, bool):  # an int to Python, but no layout (True would be NCHW)
+        code = None
+    else:
+        code = fmt if isinstance(fmt, int) else FORMATS.get(str(fmt).upper())
     if code not in FORMAT_NAMES:
         raise TensorFileError(f"{where}: format {fmt!r}; expected one of {', '.join(FORMATS)}")
     return code

@@ -263,3 +263,13 @@ def test_a_write_inside_a_snapshot_is_refused_clearly(tmp_path, writing_first):
             f.write("x", f.read("w") + 1)
         np.testing.assert_array_equal(f.read("x"), w + 1)
         assert "x" in f.names()
+
+
+def test_a_bool_is_no_layout(tmp_path):
+    """format=True was taken as the int 1 and stored as NCHW without a word."""
+    with TensorFile(tmp_path / "f.sqlite3") as f:
+        for flag in (True, False):
+            with pytest.raises(TensorFileError, match=f"format {flag}"):
+                f.write("w", np.ones(2, np.float32), flag)
+        f.write("w", np.ones(2, np.float32), 1)  # NNC's code for NCHW
+        assert f.info("w").format == "NCHW"
