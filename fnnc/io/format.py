@@ -54,7 +54,7 @@ DATATYPES: dict[int, np.dtype] = {
     0x80000: np.dtype(ml_dtypes.bfloat16),
 }
 QX = 0x40000
-"""NNC's quantized (palettized) datatype: readable only through the writer's decoder."""
+"""NNC's quantized (palettized) datatype; its rows read depalettized (:mod:`fnnc.io.qx`)."""
 
 CODES: dict[np.dtype, int] = {dtype: code for code, dtype in DATATYPES.items()}
 FORMATS: dict[str, int] = {"NCHW": 1, "NHWC": 2, "CHWN": 4}

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from fnnc.errors import DTypeError, ShapeError, TensorFileError, TensorNotFoundError
-from fnnc.io import connections, integrity
+from fnnc.io import connections, integrity, qx
 from fnnc.io import format as fmt
 from fnnc.io.codecs import Decoder, Encoder, decode_with, encode_with
 from fnnc.io.format import TensorInfo
@@ -437,8 +437,10 @@ class TensorFile:
         """One row as stored, checked: ``(info, bytes, checksum status)``.
 
         The bytes are the decoded elements (``decode=False``: as stored, for rows
-        written with an encoder); the status is ``"checked"``, ``"unchecked"`` (no
-        checksum) or ``"stale"`` (rewritten by a writer that keeps none, e.g. NNC).
+        written with an encoder or NNC's palettized QX rows, whose ``info.dtype`` is
+        then ``None``; decoded, a QX row is depalettized, :mod:`fnnc.io.qx`); the
+        status is ``"checked"``, ``"unchecked"`` (no checksum) or ``"stale"``
+        (rewritten by a writer that keeps none, e.g. NNC).
         Allocates no more than the row holds.
         """
         row = self._tensors().execute(_ROW + "WHERE name=?", (name,)).fetchone()
@@ -447,22 +449,20 @@ class TensorFile:
         rowid, fields, data = row[0], row[2:6], row[7]
         info = fmt.row_info(*row[1:7], path=self.path)
         where = f"tensor {name!r} in {self.path}"
-        if info.dtype is None:
-            raise TensorFileError(
-                f"{where} is NNC's quantized QX datatype; fnnc cannot read it "
-                "(dequantize it with the tool that wrote it)"
-            )
         if data is None and not info.encoder and math.prod(info.shape) == 0:
             # NNC's empty tensor has a NULL data pointer, which ccv_nnc_tensor_write
             # binds as a NULL blob (sqlite3_bind_blob of NULL); NNC reads it as no bytes
             data = b""
         if not isinstance(data, bytes):
             raise TensorFileError(f"{where}: data is {type(data).__name__}, expected a BLOB")
-        if not info.encoder:
+        palettized = info.dtype is None  # NNC's QX row: decoded as NNC depalettizes
+        if not info.encoder and not palettized:
             fmt.check_length(where, info, len(data))
         status = integrity.UNCHECKED
         if self.has_table(integrity.TABLE):
             status = integrity.check(self._handle.reader(), where, name, rowid, fields, data)
+        if palettized and decode:
+            info, data = qx.decode(info, row[4], data, where)
         if info.encoder and decode:
             data = decode_with(decoder, info.encoder, data, info.dtype, info.shape, where)
             fmt.check_length(where, info, len(data))

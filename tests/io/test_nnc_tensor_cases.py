@@ -25,7 +25,7 @@ from fnnc.errors import TensorFileError
 from fnnc.graph import GraphBuilder, compile, interpret, load, save
 from fnnc.io import TensorFile
 from fnnc.io import format as fmt
-from fnnc.io.palettize import encoded_size, palettize
+from fnnc.io.palettize import depalettize, encoded_size, palettize
 from tests.helpers import NNC_FILES, fetch_rows, needs_nnc_files
 
 NNC_TENSORS = NNC_FILES / "tensors.sqlite3"
@@ -98,8 +98,9 @@ def test_nnc_rows_read_in_part_and_converted():
 def test_a_palettized_row_as_nnc_writes_it_is_listed_and_not_damaged(tmp_path):
     """Case "allocate palettize tensor with quantization to 5-bit", written: NNC stores a
     ccv_nnc_tensor_palettize tensor with datatype 0x40504 (QX | 5 << 8 | 32F >> 12) and
-    its block size 512 in the high 32 bits; NNC reads its metadata back. fnnc should list
-    it (a QX row: dtype None), not call it damaged, and refuse only its data, saying QX."""
+    its block size 512 in the high 32 bits; NNC reads its metadata back. fnnc lists it
+    (a QX row: dtype None), does not call it damaged, and reads it depalettized, as NNC's
+    ccv_nnc_depalettize of the row read back gives it (the palettized bytes decoded)."""
     path = tmp_path / "qx.sqlite3"
     x = _uniform((10, 20, 30), 6)
     with TensorFile(path) as f:
@@ -112,8 +113,11 @@ def test_a_palettized_row_as_nnc_writes_it_is_listed_and_not_damaged(tmp_path):
         assert (info.shape, info.dtype, info.nbytes) == ((10, 20, 30), None, 5286)
         assert [i.name for i in f.infos()] == ["plain", "q"]
         assert f.verify().ok
-        with pytest.raises(TensorFileError, match="QX"):
-            f.read("q")
+        got = f.read("q")
+    assert got.dtype == np.float32 and got.shape == (10, 20, 30)
+    expected = depalettize(palettize(x, 5, 512), np.dtype(np.float32), x.size, 5, 512)
+    np.testing.assert_array_equal(got.reshape(-1), expected)
+    np.testing.assert_allclose(got, x, atol=np.ptp(x) / 2**5)  # 32 levels a block
 
 
 def test_metadata_reads_without_the_data(tmp_path):
