@@ -91,18 +91,18 @@ def _check_wrt(dg: DynamicGraph, ws: list[Variable], what: str) -> list[Read]:
 def _seeds(
     dg: DynamicGraph, df: Any, fs: list[Variable], f_reads: list[Read], recorded: bool = False
 ) -> list[Any]:
-    """The seed gradients' values, one per ``f`` (none for ``df=None``). With
-    ``recorded`` (``create_graph``) a seed that is a variable comes as its read, so
-    the recorded gradient depends on it and a second backward reaches it."""
+    """The seed gradients' values, one per ``f`` (none for ``df=None`` and one-element
+    ``f``: the program seeds those itself). ``df=None`` with an ``f`` of several
+    elements seeds ones of each ``f``'s shape and dtype, as NNC's
+    ``ccv_nnc_dynamic_graph_backward`` (its ``CMD_SET_FORWARD(1)``) does: the gradient
+    of the sum of ``f``'s elements. With ``recorded`` (``create_graph``) a seed that is
+    a variable comes as its read, so the recorded gradient depends on it and a second
+    backward reaches it."""
     if df is None:
-        for f, (v, view) in zip(fs, f_reads):
-            shape = view.shape if view is not None else v.shape
-            if math.prod(shape) != 1:
-                raise ShapeError(
-                    f"backward: f {f.label} is {v.dtype.name}{list(shape)}, not a scalar; "
-                    "pass df= (a seed gradient of f's shape) or reduce f, e.g. f.sum()"
-                )
-        return []
+        shapes = [view.shape if view is not None else v.shape for v, view in f_reads]
+        if all(math.prod(shape) == 1 for shape in shapes):
+            return []
+        return [jax.numpy.ones(s, v.dtype) for s, (v, _) in zip(shapes, f_reads)]
     dfs = _listed(df)
     if len(dfs) != len(fs):
         raise GraphError(f"backward: {len(fs)} f but {len(dfs)} df; pass one seed per f")

@@ -451,8 +451,9 @@ class DynamicGraph:
         """Accumulates the gradient of ``f`` with respect to each of ``wrt``.
 
         Args:
-            f: a variable (or several: their gradients add up); one element each unless
-                ``df`` is given.
+            f: a variable (or several: their gradients add up). Without ``df`` every
+                element is seeded with one, as NNC does: an ``f`` of several elements
+                gives the gradient of their sum.
             wrt: the variables to differentiate with respect to (aliases too).
             df: seed gradients, one per ``f``, shaped like it. With ``create_graph``
                 a seed that is a trainable variable is differentiated too (the
