@@ -255,7 +255,13 @@ class DynamicGraph:
         return tuple(Variable(self, Slot(v, "", True), None, "") for v in outs)
 
     def evaluate(
-        self, model: Any, inputs: Sequence[Any], name: str = "", *, is_test: bool = True
+        self,
+        model: Any,
+        inputs: Sequence[Any],
+        name: str = "",
+        *,
+        is_test: bool = True,
+        outputs: Sequence[Variable] | None = None,
     ) -> Any:
         """Runs a whole graph as one recorded node; gradients flow through it.
 
@@ -272,8 +278,18 @@ class DynamicGraph:
         ``ccv_nnc_dynamic_graph_evaluate`` do: Dropout drops (keys from the model's
         stream), BatchNorm uses the batch's statistics and updates its running
         statistics in the model, as ``Model.fit`` does.
+
+        ``outputs``: variables to write the model's outputs into, one per output, as
+        ``exec(outputs=...)`` writes them (NNC's ``ccv_nnc_dynamic_graph_evaluate``
+        takes its outputs so; ``outputs=[y]`` with ``y`` among the inputs runs in
+        place); they are returned instead of new variables.
         """
-        return cnnp.evaluate(self, model, inputs, name, is_test)
+        if outputs is None:
+            return cnnp.evaluate(self, model, inputs, name, is_test)
+        at = f"evaluate {name or 'model'}"
+        targets = versions.output_list(self, outputs, at)
+        outs = cnnp.evaluate(self, model, inputs, name, is_test)
+        return versions.write_outputs(self, outs, targets, at)
 
     def parameters(self, model: Any) -> dict[str, Variable]:
         """A cnnp model's trainable parameters as variables of this graph, by id."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import jax
 import numpy as np
 
 from fnnc import ops
@@ -54,6 +55,31 @@ def exec_into(
         raise GraphError(f"{at}: the command has {len(outs)} outputs, {len(targets)} were given")
     for target, slot, out in zip(targets, slots, outs):
         _assign(dg, target, slot, (out, None), at)
+    return targets[0] if len(targets) == 1 else tuple(targets)
+
+
+def output_list(dg: DynamicGraph, targets: Any, at: str) -> list[Variable]:
+    """``evaluate``'s ``outputs``, checked before the model runs: a list of live
+    variables of ``dg`` (a variable alone would be iterated row by row)."""
+    if not isinstance(targets, (list, tuple)):
+        raise GraphError(
+            f"{at}: outputs is a list of variables, one per output of the model, got "
+            f"{type(targets).__name__}; pass outputs=[y] for one"
+        )
+    for t in targets:
+        dg._slot(t, at)
+    return list(targets)
+
+
+def write_outputs(dg: DynamicGraph, outs: Any, targets: list[Variable], at: str) -> Any:
+    """``evaluate(outputs=...)``: each of ``outs`` (variables, a pytree of them for a
+    traced graph) written into its target, as ``exec_into`` writes a command's outputs."""
+    leaves = jax.tree.leaves(outs, is_leaf=lambda v: isinstance(v, Variable))
+    if len(leaves) != len(targets):
+        raise GraphError(f"{at}: the model has {len(leaves)} outputs, {len(targets)} were given")
+    slots = [dg._slot(t, at) for t in targets]
+    for target, slot, out in zip(targets, slots, leaves):
+        _assign(dg, target, slot, (out._slot.version, None), at)
     return targets[0] if len(targets) == 1 else tuple(targets)
 
 

@@ -12,7 +12,9 @@ import optax
 import pytest
 
 from fnnc import ops
+from fnnc.errors import GraphError, ShapeError
 from fnnc.graph import DynamicGraph
+from fnnc.models import Input, Model, Mul
 
 F32 = np.float32
 LAZY = pytest.mark.parametrize("lazy", [False, True])
@@ -73,3 +75,40 @@ def test_minimize_without_df_of_a_non_scalar_f(lazy: bool) -> None:
     opt = optax.sgd(0.1)
     updates, _ = opt.update(grads, opt.init(wv), wv)
     np.testing.assert_allclose(w.numpy(), optax.apply_updates(wv, updates), rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def mul_model():
+    a_in, b_in = Input(), Input()
+    return Model([a_in, b_in], Mul(name="mul")(a_in, b_in))
+
+
+@LAZY
+def test_evaluate_writes_into_given_outputs(mul_model, lazy: bool) -> None:
+    """NNC: "dynamic graph to evaluate cnnp model without any parameters", with NNC's
+    output variable c (ccv_nnc_dynamic_graph_evaluate takes its outputs): c = 2.46,
+    dc/da = 2; then in place (NNC's evaluate(linear, [y], [y])): a = a * b again."""
+    dg = DynamicGraph(lazy=lazy)
+    a = dg.variable(F32([1.23]), name="a")
+    b = dg.variable(F32([2.0]), name="b")
+    c = dg.variable(F32([0.0]), name="c")
+    assert dg.evaluate(mul_model, [a, b], outputs=[c]) is c
+    (da,) = dg.backward(c, [a])
+    np.testing.assert_allclose(c.numpy(), [2.46], rtol=1e-6)
+    np.testing.assert_allclose(da.numpy(), [2.0], rtol=1e-6)
+    dg.evaluate(mul_model, [a, b], outputs=[a])
+    np.testing.assert_allclose(a.numpy(), [2.46], rtol=1e-6)
+    (db,) = dg.backward(a, [b])  # d(a0 * b)/db = a0
+    np.testing.assert_allclose(db.numpy(), [1.23], rtol=1e-6)
+
+
+def test_evaluate_outputs_mistakes(mul_model) -> None:
+    dg = DynamicGraph()
+    a, b = dg.variable(F32([1.0]), name="a"), dg.variable(F32([2.0]), name="b")
+    c = dg.variable(F32([0.0]), name="c")
+    with pytest.raises(GraphError, match=r"pass outputs=\[y\]"):
+        dg.evaluate(mul_model, [a, b], outputs=c)
+    with pytest.raises(GraphError, match="the model has 1 outputs, 2 were given"):
+        dg.evaluate(mul_model, [a, b], outputs=[c, c])
+    with pytest.raises(ShapeError, match="into variable 'c3'"):
+        dg.evaluate(mul_model, [a, b], outputs=[dg.variable(np.zeros(3, F32), name="c3")])
