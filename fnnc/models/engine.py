@@ -220,7 +220,9 @@ class Engine(StepsMixin):
         """Sets the minimizer of all (or ``params``) parameters; see ``Model.set_minimizer``.
 
         ``params`` makes those parameters one partition of the model's transformation
-        (every parameter set with one object is one partition), updated as a whole."""
+        (every parameter set with one object is one partition), updated as a whole.
+        Without ``params`` it sets the default, and the parameters given their own
+        minimizer keep it (NNC re-applies them) unless ``reset``."""
         if isinstance(minimizer, optax.MultiSteps):
             minimizer = _gradient_transformation(minimizer)
         if not isinstance(minimizer, optax.GradientTransformation):
@@ -232,9 +234,10 @@ class Engine(StepsMixin):
         minimizer = keys_as_bits(minimizer)  # a PRNG key in the state rides as its bits
         params = checks.minimizer_ids(params)
         self._sync_live()
-        if params is None:
+        if params is None:  # NNC: the per-parameter ones set before stay, unless reset
             self.default_minimizer = minimizer
-            self.minimizers.clear()
+            if reset:
+                self.minimizers.clear()
         else:
             unknown = [p for p in params if self.infos and p not in self.infos]
             if unknown:

@@ -245,7 +245,10 @@ class TrainingMixin:
         of trainable parameters ``{id: array}`` as a whole; ``params`` makes those ids a
         partition that ``minimizer`` updates as a whole, as ``optax.multi_transform``
         does (the ids set with one object are one partition; one id alone is a list of
-        it); see :mod:`fnnc.models.optim`."""
+        it); see :mod:`fnnc.models.optim`. Without ``params`` (a new default, e.g. a
+        new learning rate each epoch) the ids given their own minimizer keep it, as
+        NNC's ``ccv_cnnp_model_set_minimizer`` re-applies them; ``reset=True`` with no
+        ``params`` drops them too, so every parameter takes ``minimizer`` afresh."""
         self.engine.set_minimizer(minimizer, reset=reset, params=params)
 
     # -- memory (NNC's ccv_cnnp_model_set_memory_* / _gradient_checkpointing) --------
