@@ -218,17 +218,17 @@ class TrainingMixin:
         *,
         outgrad: bool | Sequence[int] | None = None,
     ) -> list[Any]:
-        """Backpropagates ``ingrads`` (the output gradients; by default, as NNC's, ones
-        shaped as the outputs) from the residuals the last ``evaluate(...,
-        requires_grad=True)`` kept, without running the forward again. Parameter
-        gradients accumulate for :meth:`apply_gradients`. Returns the gradients of the
-        model inputs ``outgrads`` selects (NNC's ``ccv_cnnp_model_backward(...,
+        """Backpropagates ``ingrads`` (the output gradients; by default, as NNC's, ones shaped
+        as the outputs, and ones for an entry that is ``None``) from the residuals the last
+        ``evaluate(..., requires_grad=True)`` kept, without running the forward again.
+        Parameter gradients accumulate for :meth:`apply_gradients`. Returns the gradients of
+        the model inputs ``outgrads`` selects (NNC's ``ccv_cnnp_model_backward(...,
         outgrads)``): every floating-point input (``True``), none (``False``: parameter
-        gradients only, and the program computes no more), or the listed input
-        positions. ``outgrad=`` is the same argument under its earlier name. Data
-        parallel over several processes, ``ingrads`` and the input gradients returned
-        are those of every process's rows, shaped as ``evaluate`` returned the outputs
-        (each process passes the same ``ingrads``). See :mod:`fnnc.models.residuals`."""
+        gradients only, and the program computes no more), or the listed input positions.
+        ``outgrad=`` is the same argument under its earlier name. Data parallel over several
+        processes, ``ingrads`` and the input gradients returned are those of every process's
+        rows, shaped as ``evaluate`` returned the outputs (each process passes the same
+        ``ingrads``). See :mod:`fnnc.models.residuals`."""
         ingrads = None if ingrads is None else _arrays(ingrads)  # one array, as fit takes
         return self.engine.backward(ingrads, outgrads if outgrad is None else outgrad)
 

@@ -293,7 +293,8 @@ def seeds(
     ``ccv_cnnp_model_backward`` without them, ones shaped as each output and of its type
     ``out_dtypes`` (float32 where not given) (the gradients of the sum of every output's
     entries; under data parallelism each copy's output gradient is 1, whatever the
-    number of copies); checks their number, shapes and types."""
+    number of copies); an entry of ``ingrads`` that is ``None`` is that output's ones,
+    as NNC's null ``ingrads[i]``; checks their number, shapes and types."""
     dtypes = [np.dtype(d) for d in out_dtypes] or [np.dtype(np.float32)] * len(out_shapes)
     if ingrads is None:
         return [jax.numpy.ones(s, d) for s, d in zip(out_shapes, dtypes)]
@@ -301,6 +302,9 @@ def seeds(
         raise ModelError(
             f"backward: the model has {len(out_shapes)} outputs, got {len(ingrads)} ingrads"
         )
+    ingrads = [
+        jax.numpy.ones(s, d) if g is None else g for g, s, d in zip(ingrads, out_shapes, dtypes)
+    ]
     for i, (g, shape) in enumerate(zip(ingrads, out_shapes)):
         if tuple(np.shape(g)) != tuple(shape):
             procs = jax.process_count()

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fnnc.models import Dense, Input, Model, minimizers
+from fnnc.models import Activation, Dense, Input, Model, minimizers
 from tests.helpers import assert_close
 
 W, B = "t-m-0-fc-0-0", "t-m-0-fc-0-1"
@@ -55,3 +55,20 @@ def test_a_new_default_minimizer_keeps_the_per_parameter_ones_unless_reset():
     p2 = model.parameters()
     assert_close(p2[W], p1[W] - 0.05 * g[W], rtol=1e-6, atol=1e-7)
     assert_close(p2[B], p1[B] - 0.05 * g[B], rtol=1e-6, atol=1e-7)
+
+
+def test_a_none_output_gradient_is_ones_as_nnc_null_ingrad():
+    """NNC's ccv_cnnp_model_backward sets an output's gradient to 1 where ``ingrads[i]`` is
+    0; fnnc took ``None`` for an array of shape [] ("ingrads 0 is [], but output 0 ... is
+    [1, 2]"). Oracle: d/dx of sum(tanh x) + g . sigmoid x in closed form."""
+    x = Input()
+    model = Model([x], [Activation("tanh")(x), Activation("sigmoid")(x)], name="m")
+    xs = np.array([[1.0, -2.0]], np.float32)
+    model.compile([xs])
+    model.evaluate([xs], requires_grad=True)
+    g = np.array([[2.0, 3.0]], np.float32)
+    s = 1.0 / (1.0 + np.exp(-xs.astype(np.float64)))
+    (dx,) = model.backward([None, g])
+    assert_close(dx, 1.0 - np.tanh(xs.astype(np.float64)) ** 2 + g * s * (1.0 - s), rtol=1e-6)
+    (dx,) = model.backward([g, None])
+    assert_close(dx, g * (1.0 - np.tanh(xs.astype(np.float64)) ** 2) + s * (1.0 - s), rtol=1e-6)
