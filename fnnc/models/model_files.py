@@ -57,6 +57,45 @@ class FilesMixin:
             return dict(self.engine.values)
         return self.engine.parameters()
 
+    def parameter_ids(
+        self, of: Any = None, select: int | None = None, index: int | None = None
+    ) -> list[str]:
+        """Ids of the parameters of ``of`` (a layer or sub-model of this compiled model;
+        the whole model by default), in model order: NNC's
+        ``ccv_cnnp_model_parameters(of, select, index)``, e.g. for
+        ``set_minimizer(opt, params=model.parameter_ids(sub))``. ``select``: ``None`` for
+        all (NNC's ALL_PARAMETERS), 0 the weights, 1 the biases (the parameter's index in
+        its layer, as ``CCV_CNNP_PARAMETER_SELECT_WEIGHT`` / ``_BIAS``); ``index``: the
+        ``index``-th of those (a list of one), ``None`` for all. Internals (``r-...``,
+        e.g. running statistics) are not parameters here. A layer of another model, or
+        an ``index`` past the end, is a ``ModelError``."""
+        inside = _layers_in(of)
+        owned = [
+            pid
+            for pid, info in self.engine.infos.items()
+            if of is None or any(id(o) in inside for o in info.owners)
+        ]
+        chosen = [
+            pid
+            for pid in owned
+            if not self.engine.infos[pid].internal
+            and (select is None or pid.rsplit("-", 1)[-1] == str(select))
+        ]
+        where = "the model" if of is None else getattr(of, "describe", lambda: repr(of))()
+        if not owned:
+            raise ModelError(
+                f"parameter_ids: {where} has no parameters in {self.describe()} (a layer "
+                "of another model, or one without parameters); pass a layer this model calls"
+            )
+        if index is None:
+            return chosen
+        if not isinstance(index, int) or not 0 <= index < len(chosen):
+            raise ModelError(
+                f"parameter_ids: index={index!r}, but {where} has {len(chosen)} parameter(s) "
+                f"for select={select!r}: {chosen}"
+            )
+        return [chosen[index]]
+
     def set_parameters(self, values: dict[str, Any], *, strict: bool = True) -> list[str]:
         """Sets parameters by id (e.g. from another model, or a checkpoint's
         ``Checkpoints(path).restore().state``) and returns the ids of ``values`` it
@@ -190,3 +229,15 @@ class FilesMixin:
             self, path, batch=batch, parameters=parameters, inputs=inputs,
             platforms=platforms, check=check,
         )  # fmt: skip
+
+
+def _layers_in(layer: Any) -> set[int]:
+    """The ids of ``layer`` and of every layer its models call, however deep: a layer
+    shared with another sub-model owns its parameters in both, as in NNC."""
+    seen, todo = {id(layer)}, [layer]
+    while todo:
+        for io in getattr(todo.pop(), "_order", ()):
+            if io.layer is not None and id(io.layer) not in seen:
+                seen.add(id(io.layer))
+                todo.append(io.layer)
+    return seen

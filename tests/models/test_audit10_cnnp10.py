@@ -6,8 +6,22 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from fnnc.models import Activation, Dense, Input, Model, minimizers
+from fnnc import ops
+from fnnc.errors import ModelError
+from fnnc.models import (
+    Activation,
+    Add,
+    CommandLayer,
+    Dense,
+    Input,
+    Model,
+    Mul,
+    Parameter,
+    Sequential,
+    minimizers,
+)
 from tests.helpers import assert_close
 
 W, B = "t-m-0-fc-0-0", "t-m-0-fc-0-1"
@@ -72,3 +86,47 @@ def test_a_none_output_gradient_is_ones_as_nnc_null_ingrad():
     assert_close(dx, 1.0 - np.tanh(xs.astype(np.float64)) ** 2 + g * s * (1.0 - s), rtol=1e-6)
     (dx,) = model.backward([g, None])
     assert_close(dx, g * (1.0 - np.tanh(xs.astype(np.float64)) ** 2) + s * (1.0 - s), rtol=1e-6)
+
+
+def test_parameter_ids_select_a_sub_models_parameters_as_nnc_does():
+    """NNC's ccv_cnnp_model_parameters(mul, ALL_PARAMETERS, ALL_PARAMETERS) as "learn 2 * x
+    + y = 12" passes it to set_minimizer: ``parameter_ids(mul)`` gives the ids of mul's
+    parameters (NNC's ids), select 0 / 1 the weights / biases, index one of them.
+    Freezing mul that way, one SGD(0.1) step on (2 x + y - 12) ** 2 from x = 1, y = 2
+    moves y by -0.1 * 2 * (2 + 2 - 12) = 1.6 and leaves x (jax.grad agrees)."""
+    xi, yi = Input(), Input()
+    mul = Model([xi], [Mul()(xi, Parameter((1,), init=1.0)())], name="mul")
+    add = Model([yi], [Add()(yi, Parameter((1,), init=2.0)())], name="add")
+    a, f = Input(), Input()
+    diff = CommandLayer(ops.add(q=-1.0))(Sequential([mul, add], name="seq")(a), f)
+    model = Model([a, f], [Mul()(diff, diff)])
+    data = [np.float32([2.0]), np.float32([12.0])]
+    model.compile(data, minimizer=minimizers.sgd(0.1))
+    assert model.parameter_ids(mul) == ["t-seq-0-mul-0-0-0"]
+    assert model.parameter_ids() == ["t-seq-0-mul-0-0-0", "t-seq-0-add-0-0-0"]
+    assert model.parameter_ids(add, select=0, index=0) == ["t-seq-0-add-0-0-0"]
+    assert model.parameter_ids(add, select=1) == []
+    model.set_minimizer(minimizers.noop(), params=model.parameter_ids(mul))
+    model.fit(data)
+    dx, dy = jax.grad(lambda x, y: (2.0 * x + y - 12.0) ** 2, argnums=(0, 1))(1.0, 2.0)
+    got = model.parameters()
+    assert float(got["t-seq-0-mul-0-0-0"][0]) == 1.0 and float(dx) != 0.0
+    assert_close(got["t-seq-0-add-0-0-0"], np.float32([2.0 - 0.1 * float(dy)]), rtol=1e-6)
+    with pytest.raises(ModelError, match=r"parameter_ids: Dense has no parameters in"):
+        model.parameter_ids(Dense(1))
+    with pytest.raises(ModelError, match=r"index=1, but Model\('mul'\) has 1 parameter"):
+        model.parameter_ids(mul, index=1)
+
+
+def test_parameter_ids_of_a_sub_model_include_a_layer_it_shares():
+    """NNC's ccv_cnnp_model_parameters(B, ...) walks B's layers: a dense that sub-models A
+    and B both call (its ids made in A, where it was built first) is among B's too."""
+    d = Dense(2, name="shared")
+    a_in, b_in, x = Input(), Input(), Input()
+    a = Model([a_in], [d(a_in)], name="A")
+    b = Model([b_in], [Dense(2, name="own")(d(b_in))], name="B")
+    model = Model([x], [b(a(x))], name="top")
+    model.compile([np.ones((1, 2), np.float32)])
+    shared = ["t-top-0-A-0-shared-0-0", "t-top-0-A-0-shared-0-1"]
+    assert model.parameter_ids(a) == shared == model.parameter_ids(d)
+    assert model.parameter_ids(b) == [*shared, "t-top-0-B-0-own-0-0", "t-top-0-B-0-own-0-1"]
