@@ -55,7 +55,7 @@ import jax
 import numpy as np
 
 from fnnc.core.dtypes import is_inexact
-from fnnc.core.ir import Graph
+from fnnc.core.ir import Graph, unit_axes_apart
 from fnnc.errors import DTypeError, ShapeError
 from fnnc.graph import compile, simplify
 from fnnc.graph.compile import Program
@@ -294,7 +294,9 @@ def seeds(
     ``out_dtypes`` (float32 where not given) (the gradients of the sum of every output's
     entries; under data parallelism each copy's output gradient is 1, whatever the
     number of copies); an entry of ``ingrads`` that is ``None`` is that output's ones,
-    as NNC's null ``ingrads[i]``; checks their number, shapes and types."""
+    as NNC's null ``ingrads[i]``, and one whose shape differs from the output's only by
+    size-1 axes is reshaped to it (NNC binds any of the output's element count); checks
+    their number, shapes and types."""
     dtypes = [np.dtype(d) for d in out_dtypes] or [np.dtype(np.float32)] * len(out_shapes)
     if ingrads is None:
         return [jax.numpy.ones(s, d) for s, d in zip(out_shapes, dtypes)]
@@ -304,6 +306,10 @@ def seeds(
         )
     ingrads = [
         jax.numpy.ones(s, d) if g is None else g for g, s, d in zip(ingrads, out_shapes, dtypes)
+    ]
+    ingrads = [  # NNC binds a gradient of the output's count: a [1] one for a [1, 1] output
+        g.reshape(s) if unit_axes_apart(np.shape(g), s) and hasattr(g, "reshape") else g
+        for g, s in zip(ingrads, out_shapes)
     ]
     for i, (g, shape) in enumerate(zip(ingrads, out_shapes)):
         if tuple(np.shape(g)) != tuple(shape):

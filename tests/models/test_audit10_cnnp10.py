@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fnnc import ops
-from fnnc.errors import ModelError
+from fnnc.errors import ModelError, ShapeError
 from fnnc.models import (
     Activation,
     Add,
@@ -71,7 +71,7 @@ def test_a_new_default_minimizer_keeps_the_per_parameter_ones_unless_reset():
     assert_close(p2[B], p1[B] - 0.05 * g[B], rtol=1e-6, atol=1e-7)
 
 
-def test_a_none_output_gradient_is_ones_as_nnc_null_ingrad():
+def test_output_gradients_none_or_apart_by_unit_axes_are_taken_as_nnc_takes_them():
     """NNC's ccv_cnnp_model_backward sets an output's gradient to 1 where ``ingrads[i]`` is
     0; fnnc took ``None`` for an array of shape [] ("ingrads 0 is [], but output 0 ... is
     [1, 2]"). Oracle: d/dx of sum(tanh x) + g . sigmoid x in closed form."""
@@ -86,6 +86,12 @@ def test_a_none_output_gradient_is_ones_as_nnc_null_ingrad():
     assert_close(dx, 1.0 - np.tanh(xs.astype(np.float64)) ** 2 + g * s * (1.0 - s), rtol=1e-6)
     (dx,) = model.backward([g, None])
     assert_close(dx, g * (1.0 - np.tanh(xs.astype(np.float64)) ** 2) + s * (1.0 - s), rtol=1e-6)
+    # NNC's "... and check out gradients" passes a [1] gradient for its [1, 1] output: a
+    # gradient apart from its output only by size-1 axes is taken; another shape is not
+    (dx,) = model.backward([g[0], g[None]])
+    assert_close(dx, g * (1.0 - np.tanh(xs.astype(np.float64)) ** 2) + g * s * (1.0 - s), rtol=1e-6)
+    with pytest.raises(ShapeError, match=r"ingrads 1 is \[1, 3\], but output 1 .* is \[1, 2\]"):
+        model.backward([g, np.ones((1, 3), np.float32)])
 
 
 def test_parameter_ids_select_a_sub_models_parameters_as_nnc_does():
