@@ -89,7 +89,7 @@ def write(dg: DynamicGraph, target: Variable, value: Any) -> None:
     if isinstance(value, Variable):
         read = dg._read(value, "write", 0)
     else:
-        arr = np.asarray(value, slot.version.dtype)
+        arr = _numbers(value, slot.version.dtype, f"write into {target.label}")
         while arr.ndim > len(target.shape) and arr.shape[0] == 1:
             arr = arr[0]  # NumPy's y[0] = np.ones((1, 3)): leading size-1 axes dropped
         try:
@@ -102,6 +102,22 @@ def write(dg: DynamicGraph, target: Variable, value: Any) -> None:
             ) from None
         read = (dg._leaf(np.array(arr), grad=False), None)
     _assign(dg, target, slot, read, f"write into {target.label}")
+
+
+def _numbers(value: Any, dtype: np.dtype, at: str) -> np.ndarray:
+    """``value`` as an array of ``dtype``, or a :class:`DTypeError` naming ``at`` for a
+    value that holds no numbers (``np.asarray(None, float32)`` is NaN, not an error)."""
+    try:
+        arr = np.asarray(value)
+        if arr.dtype.kind in "biufc" or arr.dtype.name == "bfloat16":
+            return arr.astype(dtype)
+    except (TypeError, ValueError):
+        pass
+    raise DTypeError(
+        f"{at}: got {value!r:.40} ({type(value).__name__}), which is not an array of "
+        f"numbers; write a Variable, a number, or a NumPy or JAX array of "
+        f"{np.dtype(dtype).name} (or a list of numbers)"
+    )
 
 
 def _assign(dg: DynamicGraph, target: Variable, slot: Slot, read: Read, where: str) -> None:
@@ -177,7 +193,7 @@ def set_value(dg: DynamicGraph, var: Variable, value: Any) -> None:
     slot = dg._slot(var, "set")
     if var.is_alias:
         return write(dg, var, value)
-    leaf = dg._leaf(value, grad=slot.trainable, name=slot.name)
+    leaf = dg._leaf(value, grad=slot.trainable, name=slot.name, where="set: variable")
     old = slot.version
     if leaf.spec != old.spec:
         said = (

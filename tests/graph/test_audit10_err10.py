@@ -1,0 +1,45 @@
+"""Audit 10 (err10): user mistakes below the model layer get an FnncError that names the
+thing and says what was expected, never a raw NumPy/JAX error or a silent wrong value."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fnnc.errors import DTypeError
+from fnnc.graph import DynamicGraph
+
+F32 = np.float32
+
+
+@pytest.mark.parametrize("value", [None, "abc", [1.0, "a"], {"a": 1}, object()])
+def test_dynamic_write_of_no_numbers_is_an_error_not_nans(value) -> None:
+    """``dg.write(x, None)`` wrote NaN (``np.asarray(None, float32)``) without a word and
+    ``dg.write(x, "abc")`` was NumPy's ValueError; both are a DTypeError naming ``x`` and
+    leave its value as it was (oracle: the value before the write)."""
+    dg = DynamicGraph()
+    x = dg.variable(F32([1.0, 2.0, 3.0]), name="x")
+    with pytest.raises(
+        DTypeError, match=r"write into 'x': got .* not an array of numbers.*float32"
+    ):
+        dg.write(x, value)
+    np.testing.assert_array_equal(x.numpy(), F32([1.0, 2.0, 3.0]))
+
+
+def test_dynamic_write_of_numbers_still_casts_and_broadcasts() -> None:
+    dg = DynamicGraph()
+    x = dg.variable(F32([1.0, 2.0, 3.0]), name="x")
+    dg.write(x, np.int32([4, 5, 6]))
+    np.testing.assert_array_equal(x.numpy(), F32([4.0, 5.0, 6.0]))
+    dg.write(x, [True, False, True])
+    np.testing.assert_array_equal(x.numpy(), F32([1.0, 0.0, 1.0]))
+    dg.write(x, 2)
+    np.testing.assert_array_equal(x.numpy(), F32([2.0, 2.0, 2.0]))
+
+
+def test_dynamic_set_of_no_numbers_names_set_and_the_variable() -> None:
+    """The message began with an empty place: `` 'x': got None``."""
+    dg = DynamicGraph()
+    x = dg.variable(F32([1.0]), name="x")
+    with pytest.raises(DTypeError, match=r"^set: variable 'x': got None"):
+        dg.set(x, None)
