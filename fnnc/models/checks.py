@@ -358,6 +358,18 @@ def declared_input(model: Any, index: int, io: Any, x: Any, where: str = "") -> 
     )
 
 
+def too_few_axes(layer: Any, args: Sequence[Any], error: Exception, where: str = "") -> ModelError:
+    """The :class:`ModelError` for a layer whose ``build`` indexed an axis its input lacks
+    (``x.shape[-1]`` of a scalar): names the layer and the inputs' types."""
+    given = ", ".join(_ty(a) for a in args) or "none"
+    return ModelError(
+        f"{where}layer {layer.describe()}: its input(s) {given} have fewer axes than it reads "
+        f"({type(error).__name__}: {error}); layers take the samples first and the features "
+        "last ([N, features], [N, H, W, C]): give inputs of that rank, e.g. x.reshape(-1, 1) for "
+        "one feature per sample"
+    )
+
+
 def output_count(layer: Any, num_inputs: int, given: int, where: str = "") -> None:
     """What ``layer.build`` returned (``given`` outputs) against ``layer.num_outputs``: the
     model wires that many values from each call, so a missing one (or an extra one taken

@@ -52,6 +52,11 @@ class Model(FilesMixin, ScaleMixin, GraphsMixin, TrainingMixin, Layer):
         super().__init__(name=name, is_trainable=is_trainable, **unknown)
         self.inputs = ios(inputs, "inputs", self.describe())
         self.outputs = ios(outputs, "outputs", self.describe())
+        if not self.outputs:
+            raise ModelError(
+                f"model {self.describe()}: outputs is empty; a model needs at least one "
+                "output: x = Input(); Model(x, Dense(3)(x))"
+            )
         self._order = topological(self.inputs, self.outputs, self.describe())
         self._engine: Engine | None = None
         self.gradient_checkpointing = False
@@ -105,6 +110,8 @@ class Model(FilesMixin, ScaleMixin, GraphsMixin, TrainingMixin, Layer):
                     raise
                 except (ValueError, TypeError) as e:
                     raise ModelError(f"{where}layer {io.layer.describe()}: {e}") from e
+                except IndexError as e:  # x.shape[-1] of a rank-0 input, a missing axis
+                    raise checks.too_few_axes(io.layer, args, e, where) from e
                 built[key] = out if isinstance(out, tuple) else (out,)
                 checks.output_count(io.layer, len(args), len(built[key]), where)
                 if on_layer is not None:

@@ -107,13 +107,13 @@ class Conv(Layer):
         self.no_bias = flag(self, "no_bias", no_bias)
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
+        kernel = _per_axis(self, "kernel_size", self.kernel_size, x)  # first: checks the rank
         cin = x.shape[-1]
         if cin % self.groups:
             raise ModelError(
                 f"layer {self.describe()}: {cin} input channels do not split into "
                 f"{self.groups} groups"
             )
-        kernel = _per_axis(self, "kernel_size", self.kernel_size, x)
         nk = len(kernel)
         shape = (self.filters, *kernel, cin // self.groups)
         w = ctx.param(self, 0, shape, glorot_uniform(range(1, nk + 2), [0]), x.dtype)
