@@ -156,6 +156,8 @@ def _gumbel_rule(x: Spec, key: Spec, *, axis) -> Spec:
     if x.ndim == 0:
         fail(f"gumbel_argmax: needs an input of rank >= 1, got {show(x)}")
     ax = norm_axes("gumbel_argmax", (axis,), x.ndim)[0]
+    if x.shape[ax] == 0:  # argmax of no values: JAX's bare ValueError while tracing
+        fail(f"gumbel_argmax: axis {ax} of {show(x)} is empty; it has no value to pick")
     return Spec(tuple(1 if d == ax else n for d, n in enumerate(x.shape)), jnp.int32)
 
 

@@ -3,11 +3,13 @@ thing and says what was expected, never a raw NumPy/JAX error or a silent wrong 
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
-from fnnc.errors import DTypeError
-from fnnc.graph import DynamicGraph
+from fnnc import ops
+from fnnc.errors import DTypeError, ShapeError
+from fnnc.graph import DynamicGraph, GraphBuilder
 
 F32 = np.float32
 
@@ -43,3 +45,18 @@ def test_dynamic_set_of_no_numbers_names_set_and_the_variable() -> None:
     x = dg.variable(F32([1.0]), name="x")
     with pytest.raises(DTypeError, match=r"^set: variable 'x': got None"):
         dg.set(x, None)
+
+
+def test_gumbel_argmax_over_an_empty_axis_is_a_shape_error_as_argmax_is() -> None:
+    """JAX's bare ``ValueError: attempt to get argmax of an empty sequence`` came from the
+    forward; argmax and argmin already refused it in their shape rule."""
+    x = np.zeros((3, 0), F32)
+    key = jax.random.key_data(jax.random.key(0))
+    with pytest.raises(ShapeError, match=r"argmax: axis 1 of float32\[3, 0\] is empty"):
+        ops.argmax(axis=1)(x)
+    with pytest.raises(ShapeError, match=r"gumbel_argmax: axis 1 of float32\[3, 0\] is empty"):
+        ops.gumbel_argmax(axis=1)(x, key)
+    b = GraphBuilder()
+    with pytest.raises(ShapeError, match=r"gumbel_argmax: axis 1 of float32\[3, 0\] is empty"):
+        b.exec(ops.gumbel_argmax(axis=1), b.input((3, 0)), b.input(key.shape, dtype=key.dtype))
+    assert ops.gumbel_argmax(axis=1)(np.zeros((3, 1), F32), key).tolist() == [[0], [0], [0]]
