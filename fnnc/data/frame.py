@@ -110,6 +110,11 @@ class DataFrame(AddOns):
         """Rows from a Python sequence. ``names`` a string: one column holding each
         element. A list of names: each element is a dict (read by those keys) or a
         tuple (read by position), split into those columns."""
+        if not (hasattr(sequence, "__len__") and hasattr(sequence, "__getitem__")):
+            raise DataError(
+                f"from_sequence: expected a sequence of rows (a list, a tuple, anything with "
+                f"len() and [i]), got {type(sequence).__name__}; wrap an iterator in list()"
+            )
         return cls._split(SequenceColumn(sequence), names)
 
     @classmethod

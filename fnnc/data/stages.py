@@ -27,7 +27,10 @@ from fnnc.data.errors import DataError, integer, unknown_columns
 
 def names(value: str | Sequence[str], what: str) -> tuple[str, ...]:
     """``value`` as a tuple of column names (one name may be given as a string)."""
-    out = (value,) if isinstance(value, str) else tuple(value)
+    try:
+        out = (value,) if isinstance(value, str) else tuple(value)
+    except TypeError:  # None, a number: not iterable
+        out = ()
     if not out or not all(isinstance(n, str) and n for n in out):
         raise DataError(f"{what}: expected column names (non-empty strings), got {value!r}")
     if len(set(out)) != len(out):

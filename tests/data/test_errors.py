@@ -173,3 +173,22 @@ def test_an_add_on_failing_on_a_row_names_itself_and_a_partial_its_function():
 def test_from_arrays_of_something_not_a_column_names_the_column(value, says):
     with pytest.raises(DataError, match=rf"^column 'x': {says}"):
         DataFrame.from_arrays(x=value, y=np.arange(2))
+
+
+def test_names_that_are_not_names_and_a_sequence_that_is_none_are_data_errors():
+    """``map(..., output=None)``, ``from_sequence(rows, names=3)`` and ``iterator(columns=3)``
+    were ``TypeError: ... is not iterable``; ``from_sequence(None)`` was ``TypeError: object
+    of type 'NoneType' has no len()``."""
+    df = frame(3)
+    with pytest.raises(DataError, match=r"map output: expected column names .* got None"):
+        df.map(lambda a: a, "x", output=None)
+    with pytest.raises(DataError, match=r"names: expected column names .* got 3"):
+        DataFrame.from_sequence([(1, 2)], names=3)
+    with pytest.raises(DataError, match=r"columns: expected column names .* got 3"):
+        df.iterator(columns=3)
+    with pytest.raises(DataError, match=r"from_sequence: expected a sequence of rows .* NoneType"):
+        DataFrame.from_sequence(None)
+    with pytest.raises(DataError, match=r"got generator; wrap an iterator in list\(\)"):
+        DataFrame.from_sequence(i for i in range(3))
+    assert DataFrame.from_sequence(range(3))[2] == {"row": 2}
+    assert DataFrame.from_sequence([(1, 2)], names=("a", "b"))[0] == {"a": 1, "b": 2}
