@@ -42,7 +42,7 @@ import numpy as np
 
 from fnnc.core.command import Command, OpDef, freeze, lookup
 from fnnc.core.files import atomic_write
-from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol
+from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol, require_graph
 from fnnc.core.params import expected_kind, param_fits
 from fnnc.errors import CheckpointError, FnncError, GraphFormatError, located
 from fnnc.graph._serialize_checks import _check_ids, _dims, _dtype, _rule_failure
@@ -175,7 +175,7 @@ def _check_type(opdef: OpDef, key: str, value: Any, where: str) -> None:
 # -- graphs ------------------------------------------------------------------
 def to_data(graph: Graph) -> dict[str, Any]:
     """The graph as JSON-able data."""
-    return _graph_data(graph, 1)
+    return _graph_data(require_graph(graph, "to_data"), 1)
 
 
 def _graph_data(graph: Graph, order: int) -> dict[str, Any]:
@@ -351,6 +351,7 @@ def save(graph: Graph, path: Any, *, name: str | None = None) -> None:
     >>> load(path) == g
     True
     """
+    require_graph(graph, "save")
     if name is not None or not isinstance(path, (str, os.PathLike)):
         documents.save_to(path, graph, name or "graph")
         return

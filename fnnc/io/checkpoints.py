@@ -269,6 +269,11 @@ class Checkpoints:
         ['__ckpt-1__[t-fc-0-0/count]', '__ckpt-1__[t-fc-0-0/mu]', '__ckpt-1__[t-fc-0-0/nu]',
          '__ckpt-1__[t-fc-0-1/count]', '__ckpt-1__[t-fc-0-1/mu]', '__ckpt-1__[t-fc-0-1/nu]']
         """
+        if not hasattr(model, "restore_checkpoint"):
+            raise CheckpointError(
+                f"restore_into: expected a compiled fnnc.models Model, got "
+                f"{type(model).__name__}; restore plain state with ckpt.restore(step)"
+            )
         return model.restore_checkpoint(self, step)
 
     def delete(self, step: int) -> None:

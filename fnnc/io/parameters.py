@@ -103,7 +103,7 @@ def write_parameters(
     others return without touching the file. ``params`` or ``internals`` that is not a
     mapping is a :class:`~fnnc.errors.ParameterError` (also a ``TypeError``).
     """
-    _mapping(params, "write_parameters", "params", "parameter id -> array")
+    _mapping(params, "write_parameters", "params", "parameter id -> array", optional=False)
     _mapping(internals, "write_parameters", "internals", "internal id -> array")
     rows = [(parameter_row(k, name=name), v) for k, v in params.items()]
     rows += [(internal_row(k, name=name, device=device), v) for k, v in (internals or {}).items()]
@@ -294,9 +294,10 @@ class _ParameterTypeError(ParameterError, TypeError):
     (what the spec check raised before) still catches."""
 
 
-def _mapping(value: Any, where: str, what: str, holds: str) -> None:
-    """``value`` is ``None`` or a mapping, else a :class:`ParameterError` saying so."""
-    if value is not None and not isinstance(value, Mapping):
+def _mapping(value: Any, where: str, what: str, holds: str, optional: bool = True) -> None:
+    """``value`` is a mapping (or ``None``, if ``optional``), else a
+    :class:`ParameterError` saying so."""
+    if (value is not None or not optional) and not isinstance(value, Mapping):
         got = f"a {type(value).__name__}" + (
             f" of {len(value)} item(s)" if isinstance(value, (list, tuple)) else ""
         )
@@ -311,7 +312,10 @@ def _spec(key: str, spec: Any) -> tuple[tuple[int, ...] | None, np.dtype | None]
     if hasattr(spec, "shape") and hasattr(spec, "dtype"):
         return tuple(spec.shape), np.dtype(spec.dtype)
     if isinstance(spec, (tuple, list)) and len(spec) == 2 and isinstance(spec[0], (tuple, list)):
-        return tuple(int(d) for d in spec[0]), None if spec[1] is None else np.dtype(spec[1])
+        try:
+            return tuple(int(d) for d in spec[0]), None if spec[1] is None else np.dtype(spec[1])
+        except (TypeError, ValueError):  # NumPy's "data type 'float99' not understood"
+            pass
     raise _ParameterTypeError(
         f"read_parameters: expected[{key!r}] is {spec!r}; give (shape, dtype), e.g. "
         "((4, 3), np.float32), or an array / jax.ShapeDtypeStruct"

@@ -114,6 +114,11 @@ class ShardedCheckpoints:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise CheckpointError(f"{what}={value!r}: expected a positive int or None")
         self.keep_last, self.keep_every = keep_last, keep_every
+        if not isinstance(path, (str, os.PathLike)):
+            raise CheckpointError(
+                f"ShardedCheckpoints: the path is {type(path).__name__} {path!r:.40}; give the "
+                "directory's path as a str or os.PathLike, e.g. ShardedCheckpoints('run.ckpt')"
+            )
         self._path = os.path.abspath(os.fspath(path))
         if os.path.isfile(self._path):
             raise CheckpointError(

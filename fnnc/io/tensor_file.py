@@ -64,8 +64,8 @@ def _operation(verb: str, *, named: bool = False) -> Callable[[_F], _F]:
 
 
 class _PathTypeError(TensorFileError, TypeError):
-    """A path that is no path: a :class:`TensorFileError` that ``except TypeError`` (what
-    ``os.fspath`` raised before) still catches."""
+    """A path (or a row name) that is no path: a :class:`TensorFileError` that ``except
+    TypeError`` (what ``os.fspath`` raised before) still catches."""
 
 
 class TensorFile:
@@ -326,7 +326,10 @@ class TensorFile:
         """
         self._writable(f"tensor {name!r}")
         if not isinstance(name, str):
-            raise TypeError(f"tensor names are str, got {type(name).__name__}")
+            raise _PathTypeError(
+                f"{self.path}: tensor names are str, got {type(name).__name__} {name!r:.40}; "
+                "name the row, e.g. f.write('t-fc-0-0', array)"
+            )
         where = f"tensor {name!r} in {self.path}"
         if "\x00" in name:
             raise TensorFileError(

@@ -7,9 +7,16 @@ import jax
 import numpy as np
 import pytest
 
-from fnnc import ops
-from fnnc.errors import DTypeError, ShapeError
-from fnnc.graph import DynamicGraph, GraphBuilder
+from fnnc import io, ops
+from fnnc.errors import (
+    CheckpointError,
+    DTypeError,
+    GraphError,
+    ParameterError,
+    ShapeError,
+    TensorFileError,
+)
+from fnnc.graph import DynamicGraph, GraphBuilder, save, to_data
 
 F32 = np.float32
 
@@ -60,3 +67,31 @@ def test_gumbel_argmax_over_an_empty_axis_is_a_shape_error_as_argmax_is() -> Non
     with pytest.raises(ShapeError, match=r"gumbel_argmax: axis 1 of float32\[3, 0\] is empty"):
         b.exec(ops.gumbel_argmax(axis=1), b.input((3, 0)), b.input(key.shape, dtype=key.dtype))
     assert ops.gumbel_argmax(axis=1)(np.zeros((3, 1), F32), key).tolist() == [[0], [0], [0]]
+
+
+def test_io_and_graph_files_given_none_or_a_bad_dtype_say_what_they_expect(tmp_path) -> None:
+    """Each was a raw error: ``save(None, p)`` / ``to_data(None)`` AttributeError on
+    ``.symbols``; ``write_parameters(p, None)`` AttributeError on ``.items``;
+    ``read_parameters(p, {id: (shape, "float99")})`` NumPy's TypeError;
+    ``Checkpoints.restore_into(None)`` AttributeError; ``ShardedCheckpoints(None)``
+    ``os.fspath``'s TypeError; ``TensorFile.write(None, x)`` a bare TypeError."""
+    path = str(tmp_path / "p.sqlite3")
+    with pytest.raises(GraphError, match=r"^save: expected a fnnc.graph.Graph, got NoneType"):
+        save(None, str(tmp_path / "g.json"))
+    with pytest.raises(GraphError, match=r"^to_data: expected a fnnc.graph.Graph, got NoneType"):
+        to_data(None)
+    with pytest.raises(ParameterError, match=r"write_parameters: params is a NoneType; give a di"):
+        io.write_parameters(path, None)
+    io.write_parameters(path, {"t-a-0-0": np.ones(2, F32)})
+    with pytest.raises(ParameterError, match=r"expected\['t-a-0-0'\] is \(\(2,\), 'float99'\)"):
+        io.read_parameters(path, {"t-a-0-0": ((2,), "float99")})
+    got = io.read_parameters(path, {"t-a-0-0": ((2,), "float32")})["t-a-0-0"]
+    np.testing.assert_array_equal(got, np.ones(2, F32))
+    with pytest.raises(TensorFileError, match=r"tensor names are str, got NoneType"):
+        io.TensorFile(path).write(None, np.ones(2, F32))
+    ckpt = io.Checkpoints(str(tmp_path / "c.ckpt"))
+    with pytest.raises(CheckpointError, match=r"restore_into: expected a compiled fnnc.mod"):
+        ckpt.restore_into(None)
+    ckpt.close()
+    with pytest.raises(CheckpointError, match=r"ShardedCheckpoints: the path is NoneType"):
+        io.ShardedCheckpoints(None)
