@@ -54,6 +54,27 @@ def positive_int(layer: Layer, arg: str, value: Any) -> int:
     return int(value)
 
 
+def shape_of(
+    layer: Layer, arg: str, value: Any, example: str, inferred: bool = False, sizes: bool = True
+) -> tuple:
+    """``value`` as a tuple of sizes: ints >= 0 (and ``-1`` once, if ``inferred``); else a
+    :class:`ModelError` naming ``layer`` and its argument ``arg`` (``Reshape(None)`` was
+    ``TypeError: 'NoneType' object is not iterable``). ``sizes=False``: any sequence, its
+    entries checked later (at build)."""
+    many = isinstance(value, Sequence) and not isinstance(value, str)
+    got = tuple(value) if many else ()
+    if many and not sizes:
+        return got
+    low = -1 if inferred else 0
+    if not many or not all(is_int(n) and n >= low for n in got) or got.count(-1) > 1:
+        what = "sizes >= 0" + (" (and one -1 for a size inferred)" if inferred else "")
+        raise ModelError(
+            f"layer {layer.describe()}: {arg} is {value!r:.40} ({type(value).__name__}); "
+            f"expected a tuple of {what}, e.g. {example}"
+        )
+    return tuple(int(n) for n in got)
+
+
 def flag(layer: Layer, arg: str, value: Any) -> bool:
     """``value`` as a bool when it is one (Python or NumPy) or NNC's int flag 0 / 1; else
     a :class:`ModelError` naming ``layer`` and its argument ``arg``, so a misplaced

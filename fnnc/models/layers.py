@@ -37,6 +37,7 @@ from fnnc.models.layer import (
     normal_init,
     positive_int,
     real_in,
+    shape_of,
     zeros,
 )
 from fnnc.models.norm_layers import BatchNorm as BatchNorm
@@ -100,7 +101,7 @@ class Reshape(Layer):
 
     def __init__(self, shape: Sequence[int], **kw: Any):
         super().__init__(**kw)
-        self.shape = tuple(shape)
+        self.shape = shape_of(self, "shape", shape, "Reshape((4, 4)) or Reshape((-1,))", True)
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         # the -1 from one sample's size, not the batch's: 0 rows hold no count to divide

@@ -34,7 +34,14 @@ import numpy as np
 
 from fnnc.core.dtypes import is_floating
 from fnnc.core.ir import Symbol
-from fnnc.models.layer import BuildContext, Layer, ModelError, ModelIO, constant_init
+from fnnc.models.layer import (
+    BuildContext,
+    Layer,
+    ModelError,
+    ModelIO,
+    constant_init,
+    shape_of,
+)
 
 
 class Parameter(Layer):
@@ -55,7 +62,8 @@ class Parameter(Layer):
 
     def __init__(self, shape: Sequence[int], *, init: float | Any = 0.0, **kw: Any):
         super().__init__(**kw)
-        self.shape = tuple(shape)
+        example = "Parameter((4,)) or Parameter(()) for a scalar"
+        self.shape = shape_of(self, "shape", shape, example, sizes=False)  # sizes: at build
         self.init = init if callable(init) else constant_init(self._value(init))
 
     def _value(self, init: Any) -> Any:

@@ -3,10 +3,13 @@ given and what it expects, never a raw IndexError/TypeError from inside a layer.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 import fnnc.models as M
+from fnnc.errors import FnncError
 from fnnc.models import ModelError
 
 F32 = np.float32
@@ -52,3 +55,30 @@ def test_a_model_without_outputs_is_refused_when_made() -> None:
         M.Model([], [])
     with pytest.raises(ModelError, match=r"outputs is empty"):
         M.Model([M.Input()], [])
+
+
+@pytest.mark.parametrize("shape", [None, 4, "ab", (2, -1, -1), (2.0,)])
+def test_reshape_and_parameter_shapes_are_checked_when_made(shape) -> None:
+    """``Reshape(None)`` / ``Parameter(None)`` were ``TypeError: 'NoneType' object is not
+    iterable``; ``Reshape("ab")`` built a reshape to ``(N, 'a', 'b')``."""
+    with pytest.raises(ModelError, match=r"layer Reshape: shape is .*; expected a tuple of sizes"):
+        M.Reshape(shape)
+    if shape in (None, 4, "ab"):  # sizes of a sequence: checked at build (test_layers)
+        with pytest.raises(ModelError, match=r"layer Parameter: shape is .*; expected a tuple"):
+            M.Parameter(shape)
+
+
+def test_reshape_with_one_inferred_size_and_numpy_sizes_still_builds() -> None:
+    x = np.arange(12, dtype=F32).reshape(2, 6)
+    model = M.Sequential([M.Reshape((np.int64(3), -1))])
+    model.compile(x)
+    np.testing.assert_array_equal(model.predict(x), x.reshape(2, 3, 2))
+    assert M.Parameter(()).shape == () and M.Parameter([2, 3]).shape == (2, 3)
+
+
+@pytest.mark.parametrize("kw", [{"initial": "a"}, {"factor": None}, {"minimum": [1.0]}])
+def test_loss_scale_of_no_number_names_the_argument(kw) -> None:
+    """``LossScale(initial="a")`` was NumPy's ``ufunc 'isfinite' not supported``."""
+    ((arg, value),) = kw.items()
+    with pytest.raises(FnncError, match=re.escape(f"LossScale: expected {arg}={value!r}")):
+        M.LossScale(**kw)

@@ -43,6 +43,7 @@ Before / after (``minimize`` for comparison; loss = sum(w * x))::
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -87,7 +88,9 @@ class LossScale:
     def __post_init__(self) -> None:
         # the state is float32: initial=1e39 became inf, and every step was skipped
         top = float(np.finfo(np.float32).max)
-        positive = lambda v: bool(np.isfinite(v)) and v > 0
+        positive = lambda v: (
+            isinstance(v, numbers.Real) and not isinstance(v, bool) and np.isfinite(v) and v > 0
+        )
         problems = []
         if not positive(self.initial):
             problems.append(f"initial={self.initial!r} (a positive finite number)")
