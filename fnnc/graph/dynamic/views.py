@@ -70,6 +70,12 @@ def _at(view: View) -> View:
 def reshape_view(parent: View, shape: tuple[int, ...], label: str) -> View:
     """``parent`` seen with another shape (``-1`` fills in); it must be consecutive."""
     size = math.prod(parent.shape)
+    whole = (int, np.integer)
+    if not all(isinstance(n, whole) and not isinstance(n, (bool, np.bool_)) for n in shape):
+        raise ShapeError(  # int("a") was a bare ValueError, int(2.5) a silent 2
+            f"variable {label}: reshape takes ints (one -1 for a size inferred), got "
+            f"{list(shape)}; e.g. x.reshape(2, -1)"
+        )
     dims = [int(n) for n in shape]
     if dims.count(-1) == 1:
         rest = math.prod(n for n in dims if n != -1)
