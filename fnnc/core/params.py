@@ -70,14 +70,19 @@ def param_fits(opdef: OpDef, key: str, value: Any) -> bool:
     The kind is judged by the parameter's default: a bool for a bool, an int (not a
     bool) for an int, a number for a float, a name or a dtype for a str, a sequence or
     one number for a tuple, and what ``_ALSO`` adds for some parameters. ``None`` fits
-    any parameter (some give it a meaning: group_norm's ``reduce_axes=None``, all axes
-    but the batch and the channels); so does any value of a parameter without a
-    default or whose default is ``None``. The shape rules judge those.
+    a parameter whose default is a tuple or a str (some give it a meaning: group_norm's
+    ``reduce_axes=None``, all axes but the batch and the channels), not one whose default
+    is a bool or a number: it reached the forward there (``gemm(transpose_a=None)`` a
+    ``KeyError``, ``layer_norm(epsilon=None)`` a ``TypeError`` on a tracer) or was read as
+    ``False`` or NaN (``masked_fill(fill=None)`` filled NaNs). Any value fits a parameter
+    without a default or whose default is ``None``. The shape rules judge those.
     """
     kind = type(value)
     accepted = _accepted(opdef, key)
-    if accepted is None or value is None:
+    if accepted is None:
         fits = True
+    elif value is None:
+        fits = type(opdef.param_defaults[key]) not in (bool, int, float)
     elif kind is bool or kind is np.bool_:  # a subclass of int, but no int
         fits = bool in accepted[0]
     else:

@@ -10,6 +10,7 @@ import pytest
 from fnnc import io, ops
 from fnnc.errors import (
     CheckpointError,
+    CommandError,
     DTypeError,
     GraphError,
     ParameterError,
@@ -95,3 +96,48 @@ def test_io_and_graph_files_given_none_or_a_bad_dtype_say_what_they_expect(tmp_p
     ckpt.close()
     with pytest.raises(CheckpointError, match=r"ShardedCheckpoints: the path is NoneType"):
         io.ShardedCheckpoints(None)
+
+
+@pytest.mark.parametrize(
+    ("cmd", "kind"),
+    [
+        (lambda: ops.gemm(transpose_a=None), "a bool"),
+        (lambda: ops.layer_norm(epsilon=None), "a number"),
+        (lambda: ops.masked_fill(fill=None), "a number"),
+        (lambda: ops.softmax(axis=None), "an int"),
+        (lambda: ops.moe_routing(kth=2, normalize=None), "a bool"),
+    ],
+)
+def test_none_for_a_bool_or_number_hyper_parameter_is_refused_where_made(cmd, kind) -> None:
+    """``None`` fitted every hyper-parameter: ``gemm(transpose_a=None)`` raised
+    ``KeyError: None`` in its forward, ``layer_norm(epsilon=None)`` a TypeError on a
+    tracer, ``masked_fill(fill=None)`` filled NaN and ``moe_routing(normalize=None)`` read
+    as ``False`` though its default is ``True`` (44 parameters of 40 commands)."""
+    with pytest.raises(CommandError, match=r"hyper-parameter '\w+' is None \(NoneType\); expe"):
+        cmd()
+    with pytest.raises(CommandError, match=rf"expected {kind}\. Pass e\.g\."):
+        cmd()
+
+
+def test_none_still_fits_where_a_tuple_or_a_name_is_taken() -> None:
+    """A tuple- or str-defaulted parameter still takes ``None`` to its shape rule (some
+    give it a meaning); masked_fill with a number fills as ``np.where`` does."""
+    x, mask = np.arange(4, dtype=F32), np.array([0, 1, 0, 1], np.int32)
+    got = ops.masked_fill(eq=0, fill=-1.0)(x, mask)
+    np.testing.assert_array_equal(np.asarray(got), np.where(mask == 0, F32(-1.0), x))
+    assert ops.group_norm(groups=1, reduce_axes=None).kwargs["reduce_axes"] is None
+    with pytest.raises(CommandError, match=r"reduce_sum\[axes=None\]: the shape rule"):
+        ops.reduce_sum(axes=None)(x)
+
+
+@pytest.mark.parametrize("shape", [("a",), (3.0, 2), (True, 6)])
+def test_dynamic_reshape_to_sizes_that_are_not_ints_names_the_variable(shape) -> None:
+    """``x.reshape("a")`` was ``int()``'s bare ValueError; ``x.reshape(3.0, 2)`` was taken
+    as ``(3, 2)`` though NumPy refuses a float size (oracle: ``np.reshape`` raises)."""
+    dg = DynamicGraph()
+    x = dg.variable(np.arange(6, dtype=F32), name="x")
+    with pytest.raises(TypeError):
+        np.arange(6).reshape(*shape)
+    with pytest.raises(ShapeError, match=r"variable 'x': reshape takes ints .* e\.g\. x\.reshape"):
+        x.reshape(*shape)
+    np.testing.assert_array_equal(x.reshape(np.int64(3), -1).numpy(), np.arange(6).reshape(3, 2))
