@@ -36,7 +36,8 @@ import numpy as np
 from jax import lax
 
 from fnnc.core.command import Command, Spec, defcommand, make_command
-from fnnc.errors import FnncError
+from fnnc.errors import CommandError, DTypeError, FnncError, ShapeError
+from fnnc.ops._rules import show
 
 _SHOWN = (bool, int, float, str, type(None), np.dtype)
 
@@ -237,7 +238,32 @@ def _vjp_orders(cmd: Command, order: int = 1) -> str | None:
     )
 
 
-@defcommand(family="generic", shape=_shape, min_inputs=0, backward_check=_vjp_orders)
+def _exported_shape(*specs: Spec, module: Any, out_specs: Any) -> tuple[Spec, ...]:
+    """The output specs, once ``specs`` fit the module's inputs (its ``in_avals``; a
+    symbolic size fits any): else JAX's bare error came from ``Exported.call``."""
+    avals = module.value.in_avals
+    want = ", ".join(show(a) for a in avals) or "none"
+    got = ", ".join(show(s) for s in specs) or "none"
+    if len(specs) != len(avals):
+        raise CommandError(
+            f"exported: its module takes {len(avals)} input(s) ({want}), got {len(specs)} "
+            f"({got}); pass one array per module input, in order"
+        )
+    for i, (s, a) in enumerate(zip(specs, avals)):
+        sizes = len(s.shape) == len(a.shape) and all(
+            not isinstance(d, int) or d == n for d, n in zip(a.shape, s.shape)
+        )
+        if not sizes or s.dtype != a.dtype:
+            error = ShapeError if not sizes else DTypeError
+            raise error(
+                f"exported: input {i} is {show(s)}, its module takes {show(a)} (inputs "
+                f"{want}); a saved module "
+                "runs only on the shapes and dtypes it was exported for"
+            )
+    return _shape(*specs, out_specs=out_specs)
+
+
+@defcommand(family="generic", shape=_exported_shape, min_inputs=0, backward_check=_vjp_orders)
 def exported(*inputs, module, out_specs):
     """A serialized computation (``jax.export.Exported``, StableHLO) as one node.
 

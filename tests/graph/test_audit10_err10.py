@@ -141,3 +141,25 @@ def test_dynamic_reshape_to_sizes_that_are_not_ints_names_the_variable(shape) ->
     with pytest.raises(ShapeError, match=r"variable 'x': reshape takes ints .* e\.g\. x\.reshape"):
         x.reshape(*shape)
     np.testing.assert_array_equal(x.reshape(np.int64(3), -1).numpy(), np.arange(6).reshape(3, 2))
+
+
+def test_an_exported_node_checks_its_inputs_against_its_module() -> None:
+    """Its shape rule returned the output specs whatever came, so a wrong count, rank or
+    dtype reached ``Exported.call`` and JAX's bare ValueError ("Rank mismatch for
+    args[0]") came back with no node named."""
+    from jax import lax
+
+    from fnnc.core.command import Spec
+    from fnnc.ops.primitive import export_command, primitive_command
+
+    spec = Spec((3, 4), np.dtype(F32))
+    cmd = export_command(primitive_command(lax.erf_p, {}, [((3, 4), F32)]), [spec])
+    x = np.linspace(-1, 1, 12, dtype=F32).reshape(3, 4)
+    np.testing.assert_allclose(np.asarray(cmd(x)), np.asarray(lax.erf(x)), rtol=1e-6)
+    with pytest.raises(CommandError, match=r"module takes 1 input\(s\) \(float32\[3, 4\]\), got 2"):
+        cmd(x, x)
+    with pytest.raises(DTypeError, match=r"input 0 is int32\[3, 4\], its module takes float32\["):
+        cmd(x.astype(np.int32))
+    b = GraphBuilder()
+    with pytest.raises(ShapeError, match=r"node 'e' \(exported\): exported: input 0 is float32\[12\]"):
+        b.exec(cmd, b.input((12,)), name="e")
