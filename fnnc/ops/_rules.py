@@ -253,6 +253,11 @@ def norm_axes(name: str, axes: Iterable[int], rank: int) -> tuple[int, ...]:
     """Axes made non-negative and checked against ``rank``."""
     out = []
     for a in axes:
+        if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, np.integer)):
+            # 1.0 passed the range check and reached jnp ("'float' object cannot be
+            # interpreted as an integer" from the forward); a TypeError here is the
+            # rule's, which the caller raises as a RuleError naming command and inputs
+            raise TypeError(f"axis {a!r} is not an int; give axes as ints, e.g. (-1,)")
         if not -rank <= a < rank:
             fail(f"{name}: axis {a} is out of range for a rank-{rank} input")
         out.append(a % rank)

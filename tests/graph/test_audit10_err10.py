@@ -161,5 +161,18 @@ def test_an_exported_node_checks_its_inputs_against_its_module() -> None:
     with pytest.raises(DTypeError, match=r"input 0 is int32\[3, 4\], its module takes float32\["):
         cmd(x.astype(np.int32))
     b = GraphBuilder()
-    with pytest.raises(ShapeError, match=r"node 'e' \(exported\): exported: input 0 is float32\[12\]"):
+    with pytest.raises(
+        ShapeError, match=r"node 'e' \(exported\): exported: input 0 is float32\[12\]"
+    ):
         b.exec(cmd, b.input((12,)), name="e")
+
+
+@pytest.mark.parametrize("axes", [(1.0,), (True,)])
+def test_an_axis_that_is_not_an_int_is_a_rule_error_not_jax_s(axes) -> None:
+    """``reduce_sum(axes=(1.0,))`` passed the range check and failed in the forward with
+    jnp's "'float' object cannot be interpreted as an integer"; ``(True,)`` summed axis
+    1. Both are now the RuleError ``axes=("a",)`` already gave."""
+    x = np.ones((2, 3), F32)
+    with pytest.raises(CommandError, match=r"reduce_sum.*\(TypeError: axis .* is not an int"):
+        ops.reduce_sum(axes=axes)(x)
+    np.testing.assert_array_equal(np.asarray(ops.reduce_sum(axes=(1,))(x)), x.sum(1, keepdims=True))
