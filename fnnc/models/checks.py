@@ -363,10 +363,10 @@ def too_few_axes(layer: Any, args: Sequence[Any], error: Exception, where: str =
     (``x.shape[-1]`` of a scalar): names the layer and the inputs' types."""
     given = ", ".join(_ty(a) for a in args) or "none"
     return ModelError(
-        f"{where}layer {layer.describe()}: its input(s) {given} have fewer axes than it reads "
-        f"({type(error).__name__}: {error}); layers take the samples first and the features "
-        "last ([N, features], [N, H, W, C]): give inputs of that rank, e.g. x.reshape(-1, 1) for "
-        "one feature per sample"
+        f"{where}layer {layer.describe()}: building it on input(s) {given} raised "
+        f"{type(error).__name__}: {error}; an input likely has fewer axes than the layer reads: "
+        "layers take the samples first and the features last ([N, features], [N, H, W, C]); "
+        "give inputs of that rank, e.g. x.reshape(-1, 1) for one feature per sample"
     )
 
 
