@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fnnc import ops
-from fnnc.core.ir import Graph, Symbol
+from fnnc.core.ir import Graph, Symbol, require_graph
 from fnnc.errors import GraphError, located
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.passes.backward import backward
@@ -107,6 +107,7 @@ def scan(
         GraphError: the body's inputs or outputs do not match ``carry``/``stacked``/
             ``consts``, or no length is known.
     """
+    require_graph(body, "scan: body")  # None was an AttributeError on body.inputs
     n_carry, n_stacked = len(carry), len(stacked)
     if length is None:
         if not stacked:

@@ -17,7 +17,7 @@ from fnnc.errors import (
     ShapeError,
     TensorFileError,
 )
-from fnnc.graph import DynamicGraph, GraphBuilder, save, to_data
+from fnnc.graph import DynamicGraph, GraphBuilder, save, scan, to_data
 
 F32 = np.float32
 
@@ -176,3 +176,12 @@ def test_an_axis_that_is_not_an_int_is_a_rule_error_not_jax_s(axes) -> None:
     with pytest.raises(CommandError, match=r"reduce_sum.*\(TypeError: axis .* is not an int"):
         ops.reduce_sum(axes=axes)(x)
     np.testing.assert_array_equal(np.asarray(ops.reduce_sum(axes=(1,))(x)), x.sum(1, keepdims=True))
+
+
+def test_scan_of_a_body_that_is_no_graph_says_so() -> None:
+    """``scan(b, None, [x], length=2)`` was ``AttributeError: 'NoneType' object has no
+    attribute 'inputs'``; while_loop and case_of already named a missing graph."""
+    b = GraphBuilder()
+    x = b.input((2,))
+    with pytest.raises(GraphError, match=r"^scan: body: expected a fnnc.graph.Graph, got NoneType"):
+        scan(b, None, [x], length=2)
