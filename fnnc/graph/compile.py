@@ -426,6 +426,11 @@ def compile(  # noqa: A001 - the name NNC users look for
     Array([3., 6.], dtype=float32)
     """
     require_graph(graph, "compile")
+    if shardings is not None and not isinstance(shardings, Shardings):
+        raise GraphInputError(  # 3 was an AttributeError on .inputs when first called
+            f"compile: shardings is {type(shardings).__name__} {shardings!r:.40}; expected a "
+            "fnnc.graph.Shardings, e.g. data_parallel(graph, mesh)"
+        )
     if passes:
         graph = _after_passes(graph, passes)
     numerics = config.get().numerics

@@ -37,9 +37,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
-from fnnc.core.ir import Graph
+from fnnc.core.ir import Graph, require_graph
 from fnnc.errors import GraphError, ShapeError
 
 MODES = ("replicated", "fsdp")
@@ -67,6 +67,18 @@ class Shardings:
     def replicated(self) -> NamedSharding:
         """The fully replicated sharding of this mesh (for constants)."""
         return NamedSharding(self.mesh, PartitionSpec())
+
+
+def require_mesh(mesh: Any, where: str) -> Mesh:
+    """``mesh`` when it is a ``jax.sharding.Mesh`` (or an ``AbstractMesh``, enough to plan
+    layouts), else a :class:`GraphError` saying how to make one (``None`` was an
+    AttributeError on ``mesh.axis_names``)."""
+    if not isinstance(mesh, (Mesh, AbstractMesh)):
+        raise GraphError(
+            f"{where}: mesh is {type(mesh).__name__} {mesh!r:.40}; expected a "
+            "jax.sharding.Mesh, e.g. Mesh(np.array(jax.devices()), ('data',))"
+        )
+    return mesh
 
 
 def data_parallel(
@@ -101,6 +113,8 @@ def data_parallel(
             no parameter named.
         ShapeError: a batch input whose first axis does not divide by the axis size.
     """
+    require_graph(graph, "data_parallel")
+    require_mesh(mesh, "data_parallel")
     if axis not in mesh.axis_names:
         raise GraphError(
             f"data_parallel: the mesh has no axis {axis!r} (its axes: {list(mesh.axis_names)}); "

@@ -50,10 +50,10 @@ import jax
 import optax
 from jax.sharding import Mesh, PartitionSpec
 
-from fnnc.core.ir import Graph
+from fnnc.core.ir import Graph, require_graph
 from fnnc.core.text import first_few
 from fnnc.errors import GraphError, ShapeError
-from fnnc.graph.sharding import Shardings, data_parallel
+from fnnc.graph.sharding import Shardings, data_parallel, require_mesh
 from fnnc.graph.sharding_roles import find_roles
 
 MEGATRON = (
@@ -199,6 +199,8 @@ def parameter_specs(
         ShapeError: a split axis does not divide by its mesh axis's size.
     """
     rules = ShardingRules.of(rules)
+    require_graph(graph, "parameter_specs")
+    require_mesh(mesh, "parameter_specs")
     positions = range(len(graph.inputs)) if parameters is None else parameters
     sids = [graph.inputs[_position(graph, p)] for p in positions]
     roles = find_roles(graph, sids)

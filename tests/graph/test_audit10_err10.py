@@ -13,6 +13,7 @@ from fnnc.errors import (
     CommandError,
     DTypeError,
     GraphError,
+    GraphInputError,
     ParameterError,
     ShapeError,
     TensorFileError,
@@ -185,3 +186,24 @@ def test_scan_of_a_body_that_is_no_graph_says_so() -> None:
     x = b.input((2,))
     with pytest.raises(GraphError, match=r"^scan: body: expected a fnnc.graph.Graph, got NoneType"):
         scan(b, None, [x], length=2)
+
+
+def test_sharding_planners_and_compile_given_none_say_what_they_take() -> None:
+    """``data_parallel(g, None)`` / ``tensor_parallel(g, None)`` / ``parameter_specs(g, None)``
+    were AttributeErrors on ``mesh.axis_names``, ``data_parallel(None, mesh)`` one on
+    ``graph.inputs`` and ``compile(g, shardings=3)`` one on ``.inputs`` at the first call."""
+    from jax.sharding import AbstractMesh
+
+    from fnnc.graph import compile, data_parallel, parameter_specs, tensor_parallel
+
+    b = GraphBuilder()
+    g = b.build([b.exec(ops.relu(), b.input((4, 3), name="x"))])
+    mesh = AbstractMesh((1,), ("data",))
+    for plan in (data_parallel, tensor_parallel, parameter_specs):
+        with pytest.raises(GraphError, match=r"mesh is NoneType None; expected a jax.sharding.Mes"):
+            plan(g, None)
+    with pytest.raises(GraphError, match=r"^data_parallel: expected a fnnc.graph.Graph, got None"):
+        data_parallel(None, mesh)
+    with pytest.raises(GraphInputError, match=r"compile: shardings is int 3; expected a fnnc.gra"):
+        compile(g, shardings=3)
+    assert data_parallel(g, mesh).mesh is mesh  # an AbstractMesh still plans layouts
