@@ -180,9 +180,11 @@ def model_function(model: Any, inputs: Sequence[Any], *, training: bool = False)
     """The forward of compiled ``model`` for inputs like ``inputs`` (arrays or
     ``jax.ShapeDtypeStruct``) as a :class:`ModelFunction`; ``training`` gives the
     training-mode forward (batch statistics, Dropout), which returns the updated
-    internals too. Input rank and dtype must be those the model was compiled for."""
+    internals too. Input rank and dtype must be those the model was compiled for. One
+    array alone is a list of it, as in ``compile`` and ``evaluate``."""
     engine = model.engine
-    specs = engine._check_inputs(list(inputs))
+    # list(None) was a bare TypeError and list(array) its rows, one "input" each
+    specs = engine._check_inputs(list(inputs) if isinstance(inputs, (list, tuple)) else [inputs])
     built = engine._build(training, specs)
     ctx = built.ctx
     # evaluate's graph: the precision cast and the compile passes (which fit, evaluate

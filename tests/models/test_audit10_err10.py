@@ -84,3 +84,15 @@ def test_loss_scale_of_no_number_names_the_argument(kw) -> None:
     ((arg, value),) = kw.items()
     with pytest.raises(FnncError, match=re.escape(f"LossScale: expected {arg}={value!r}")):
         M.LossScale(**kw)
+
+
+def test_model_function_takes_one_array_and_names_none() -> None:
+    """``model_function(m, None)`` was ``TypeError: 'NoneType' object is not iterable`` and
+    one array was split into its rows, one "input" each; it now takes one array as a list
+    of it (as compile does) and None is the ModelError naming input 0."""
+    x = np.ones((4, 3), F32)
+    model = M.Sequential([M.Dense(2, name="d")])
+    model.compile(x)
+    with pytest.raises(ModelError, match=r"input 0 is object\[\], compiled for float32\[4, 3\]"):
+        M.model_function(model, None)
+    assert M.model_function(model, x).graph == M.model_function(model, [x]).graph
