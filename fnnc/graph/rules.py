@@ -102,7 +102,7 @@ def graph_rewrite(
 
     Args:
         graph: the graph.
-        rules: rules, tried in order at each node.
+        rules: rules, tried in order at each node (one :class:`Rule` alone is a list of one).
         dce: drop nodes left without readers (the matched nodes the replacement no
             longer needs); otherwise only replaced nodes go.
         subgraphs: rewrite inside sub-graphs held by commands too.
@@ -117,9 +117,11 @@ def graph_rewrite(
         ``graph`` itself when no rule fired; else the rewritten graph, compacted.
 
     Raises:
-        GraphError: a replacement's outputs do not have the replaced outputs' specs,
-            or a rule keeps matching its own replacement.
+        GraphError: ``rules`` holds something other than a :class:`Rule`, a
+            replacement's outputs do not have the replaced outputs' specs, or a rule
+            keeps matching its own replacement.
     """
+    rules = _as_rules(rules, "graph_rewrite")
     if subgraphs:
 
         def inner(sub: Graph) -> Graph:
@@ -143,7 +145,9 @@ def graph_rewrite(
 
 def rewrite_pass(*rules: Rule, name: str = "rewrite", dce: bool = True) -> Callable[[Graph], Graph]:
     """A pass ``Graph -> Graph`` running ``rules`` with :func:`graph_rewrite`, named
-    ``name`` (what :func:`~fnnc.graph.run_passes` blames and prints)."""
+    ``name`` (what :func:`~fnnc.graph.run_passes` blames and prints); the rules may
+    also come as one list, as :func:`graph_rewrite` takes them."""
+    rules = _as_rules(rules[0] if len(rules) == 1 else rules, f"rewrite_pass({name!r})")
 
     def run(graph: Graph) -> Graph:
         return graph_rewrite(graph, rules, dce=dce)
@@ -322,6 +326,21 @@ class _Walk:
         outputs = tuple(self._resolve(s) for s in g.outputs)
         nodes = tuple(self.nodes)
         return Graph(tuple(self.symbols), nodes, g.inputs, outputs, g.out_tree, g.in_paths)
+
+
+def _as_rules(rules: Any, where: str) -> tuple[Rule, ...]:
+    """``rules`` as a tuple of :class:`Rule`, or a GraphError naming what is not one."""
+    if isinstance(rules, Rule):
+        return (rules,)
+    if not isinstance(rules, Sequence) or isinstance(rules, str):
+        raise GraphError(f"{where}: rules are a list of Rule, got {type(rules).__name__}")
+    for i, r in enumerate(rules):
+        if not isinstance(r, Rule):
+            raise GraphError(
+                f"{where}: rules[{i}] is {type(r).__name__} {r!r}, not a Rule; build one "
+                f"with Rule(Pat.op(...), replace)"
+            )
+    return tuple(rules)
 
 
 def _labels(rules: Sequence[Rule]) -> str:
