@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from fnnc.core.ir import Symbol
-from fnnc.errors import GraphError
+from fnnc.core.opdef import lookup
+from fnnc.errors import GraphError, UnknownCommandError
 
 ATTRIBUTES = ("elementwise", "commutative", "idempotent", "random", "has_effects", "pure")
 """Command attributes a pattern may require (``pure``: neither random nor effectful)."""
@@ -79,7 +80,9 @@ class Pat:
         any command) on ``inputs``.
 
         Args:
-            cmd: command name(s); ``None`` matches any command (narrow it with ``attrs``).
+            cmd: command name(s), each a registered command (a name
+                :func:`fnnc.ops.registry` lacks is a :class:`~fnnc.errors.GraphError`);
+                ``None`` matches any command (narrow it with ``attrs``).
             *inputs: one pattern per input; a trailing ``...`` lets further inputs be
                 anything (``Match.rest`` holds them); no inputs at all means any inputs.
             name: capture the output under this name (``Match.node(name)`` is its node).
@@ -106,7 +109,7 @@ class Pat:
                     f"Pat.op({cmd!r}): inputs are patterns (Pat.var(), Pat.op(...)) or a "
                     f"trailing ..., got {type(p).__name__} {p!r}"
                 )
-        cmds = None if cmd is None else frozenset([cmd] if isinstance(cmd, str) else cmd)
+        cmds = None if cmd is None else _command_names(cmd)
         return Pat(
             "op", name, cmds, tuple(pats) if inputs else None, rest, tuple(params.items()),
             tuple(attrs), ordered, _dtype(dtype), _shape(shape), where, index=index,
@@ -152,6 +155,26 @@ class Pat:
     def any_of(*choices: Pat, name: str | None = None) -> Pat:
         """The first of ``choices`` that matches (each may capture names)."""
         return Pat("any_of", name, choices=tuple(choices))
+
+
+def _command_names(cmd: Any) -> frozenset[str]:
+    """``Pat.op``'s ``cmd`` as a set of registered names (a misspelt name would match
+    nothing, silently: it is an error naming the close ones)."""
+    names = [cmd] if isinstance(cmd, str) else cmd
+    if not isinstance(names, (list, tuple, set, frozenset)) or not all(
+        isinstance(c, str) for c in names
+    ):
+        raise GraphError(
+            f"Pat.op: cmd is a command name, a list of names or None, got "
+            f"{type(cmd).__name__} {cmd!r}; e.g. Pat.op('relu', Pat.var('x')), "
+            f"hyper-parameters as keywords"
+        )
+    for c in sorted(names):
+        try:
+            lookup(c)
+        except UnknownCommandError as e:
+            raise GraphError(f"Pat.op: {e}") from None
+    return frozenset(names)
 
 
 def _dtype(dtype: Any) -> Any:

@@ -34,3 +34,15 @@ def test_graph_rewrite_takes_one_rule_and_names_what_is_not_a_rule():
         GraphError, match=r"rewrite_pass\('p'\): rules are a list of Rule, got function"
     ):
         rewrite_pass(lambda m: None, name="p")
+
+
+def test_a_misspelt_command_in_a_pattern_is_an_error_not_a_pass_that_does_nothing():
+    # Pat.op("rleu", ...) used to match nothing: the pass silently left the graph as it was
+    with pytest.raises(GraphError, match=r"unknown command 'rleu'. Did you mean relu\?"):
+        Pat.op("rleu", Pat.var("x"))
+    with pytest.raises(GraphError, match=r"unknown command 'tnah'"):
+        Pat.op(("relu", "tnah"), Pat.var("x"))
+    with pytest.raises(GraphError, match=r"cmd is a command name.*got Command"):
+        Pat.op(ops.relu(), Pat.var("x"))
+    assert Pat.op(("relu", "tanh")).cmds == {"relu", "tanh"}
+    assert Pat.op(None, attrs=("pure",)).cmds is None
