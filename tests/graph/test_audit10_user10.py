@@ -46,3 +46,12 @@ def test_a_misspelt_command_in_a_pattern_is_an_error_not_a_pass_that_does_nothin
         Pat.op(ops.relu(), Pat.var("x"))
     assert Pat.op(("relu", "tanh")).cmds == {"relu", "tanh"}
     assert Pat.op(None, attrs=("pure",)).cmds is None
+
+
+def test_a_rule_given_as_a_pass_says_to_wrap_it_with_rewrite_pass():
+    from fnnc.graph import compile
+
+    with pytest.raises(
+        GraphError, match=r"got the rule '<lambda>': make it a pass with .*rewrite_pass"
+    ):
+        compile(relu_graph(), passes=[LEAKY])

@@ -51,6 +51,11 @@ def resolve_passes(passes: str | Pass | Sequence[str | Pass], where: str) -> tup
                     "or pass a function Graph -> Graph"
                 )
             p = PASSES[p]
+        elif hasattr(p, "pattern") and hasattr(p, "replace"):  # a Rule: one step short
+            raise GraphError(
+                f"{where}: passes are {what}; got the rule {getattr(p, 'label', p)!r}: make "
+                "it a pass with fnnc.graph.rewrite_pass(rule, ...)"
+            )
         elif not callable(p):
             raise GraphError(f"{where}: passes are {what}; got {type(p).__name__} {p!r}")
         resolved.append(p)
