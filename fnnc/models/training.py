@@ -103,6 +103,8 @@ def train(
             "give every process as many batches of as many rows: DataFrame.shard() "
             "(drop_remainder=True) splits a dataframe so, or pass equal shards of the arrays",
         )  # fmt: skip
+    if isinstance(source, feed.FrameBatches) and inputs is None:
+        _check_default_columns(model, source)
     if isinstance(source, feed.ArrayBatches):  # once per call, on the host
         checks.train_data(model, source.inputs, source.targets, batch_size)
     source.resume(prog)  # an epoch stopped in batches of another size
@@ -342,6 +344,21 @@ def _rows(inputs: list[Any]) -> int:
 def loss_value(model: Any, outputs: list[Any], targets: list[Any]) -> float:
     """The compiled loss of ``outputs`` against ``targets`` (a batch mean), run eagerly."""
     return metrics_.MeanLoss()(model, outputs, targets)
+
+
+def _check_default_columns(model: Any, source: Any) -> None:
+    """A dataframe read with the default columns (the last the target, the others the
+    inputs) whose inputs do not fit the model: say which columns were taken and how to
+    name them, before a step fails with a bare count."""
+    want = len(model.engine.input_specs)
+    if not want or len(source.inputs) == want:
+        return
+    raise ModelError(
+        f"train: the dataframe has the columns {list(source.frame.columns)}; by default the last, "
+        f"{source.targets}, is the target and the others, {source.inputs}, the model's "
+        f"inputs, but the model takes {want} input(s). Name them: train(df, "
+        f"inputs=[...], targets=[...])"
+    )
 
 
 def _check_args(epochs: Any, data: Any, validation: Any, inputs: Any, targets: Any) -> None:
