@@ -36,6 +36,8 @@ from typing import Any
 
 import grain
 
+from fnnc.errors import DataError
+
 KEEP = 2
 """Parked streams kept at most (a training and a validation pipeline)."""
 CHUNK_BYTES = 1 << 20
@@ -72,7 +74,7 @@ def stream(
     out = grain.experimental.WithOptionsIterDataset(out, small).mp_prefetch(
         options, worker_init_fn=_yield_to_training
     )
-    return _Unchunked(iter(out)) if chunk > 1 else iter(out)
+    return _Unchunked(_Explained(iter(out))) if chunk > 1 else _Explained(iter(out))
 
 
 NICE = 10
@@ -85,6 +87,38 @@ def _yield_to_training(worker: int, workers: int) -> None:
     the training step leaves (the step waits for a batch only when none is buffered)."""
     with contextlib.suppress(OSError):  # not permitted here: keep the default priority
         os.nice(NICE)
+
+
+DIED = "terminated unexpectedly"
+"""What Grain's error says when a worker process dies."""
+
+
+class _Explained(Iterator[Any]):
+    """Grain's stream, with a worker that died explained: most often a script without
+    ``if __name__ == "__main__":``, whose workers (started by *spawn*, which imports the
+    script again) fail to start and print Python's "bootstrapping phase" error."""
+
+    def __init__(self, it: Any):
+        self._it = it
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._it)
+        except RuntimeError as e:
+            if DIED not in str(e):
+                raise
+            raise DataError(
+                f"a worker process reading the dataframe died ({str(e).splitlines()[0]}); "
+                "its own error is printed above. Workers are started with spawn, which "
+                "imports your script again in each: put the code that reads with workers "
+                'under if __name__ == "__main__":, or read with workers=0'
+            ) from e
+
+    def close(self) -> None:
+        self._it.close()
+
+    def __getattr__(self, name: str) -> Any:  # get_state and the rest: Grain's own
+        return getattr(self._it, name)
 
 
 class _Unchunked(Iterator[Any]):
