@@ -40,12 +40,13 @@ def unit_axes_apart(a: Sequence[int], b: Sequence[int]) -> bool:
 
 
 def _as_tuples(record: Any, *fields: str) -> None:
-    """Turns the sequences (lists) given for ``fields`` of a frozen IR record into the
-    tuples it holds, so a record made by hand or with :func:`dataclasses.replace` stays
-    hashable (compile caches on graphs)."""
+    """Turns the lists given for ``fields`` of a frozen IR record into the tuples it
+    holds, so a record made by hand or with :func:`dataclasses.replace` stays hashable
+    (compile caches on graphs). Anything else is kept as given, for
+    :func:`~fnnc.graph.verify` to name (a string is no sequence of dimensions)."""
     for field in fields:
         value = getattr(record, field)
-        if value is not None and not isinstance(value, tuple):
+        if isinstance(value, list):
             object.__setattr__(record, field, tuple(value))
 
 

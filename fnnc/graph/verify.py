@@ -176,7 +176,7 @@ def _check_symbol(graph: Graph, i: int, sym: object) -> None:
         _fail(
             graph,
             f"symbol {graph.label(i)} has shape {shape!r} ({type(shape).__name__}); expected a "
-            f"tuple of non-negative ints, e.g. shape=tuple({shape!r})",
+            "tuple of non-negative ints, e.g. shape=(2, 3)",
             _user_of(graph, i),
         )
     try:

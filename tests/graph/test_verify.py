@@ -296,10 +296,17 @@ def test_a_symbol_id_past_the_end_is_reported_without_a_listing() -> None:
 def test_hand_built_records_of_the_wrong_types() -> None:
     graph = _chain()
     msg = _expect(
-        _replace_symbol(graph, 2, shape=[4]),
-        "symbol %2 (e) has shape [4] (list); expected a tuple of non-negative ints",
+        _replace_symbol(graph, 2, shape=(4.0,)),
+        "symbol %2 (e) has shape (4.0,) (tuple); expected a tuple of non-negative ints",
         marked="ewexp",
     )
     assert "declares" not in msg  # not "declares float32[4], its shape rule gives float32[4]"
+    _expect(
+        _replace_symbol(graph, 2, shape="4"),
+        "symbol %2 (e) has shape '4' (str); expected a tuple of non-negative ints",
+        marked="ewexp",
+    )
+    listed = _replace_symbol(graph, 2, shape=[4])  # a list is held as the tuple it lists
+    assert listed.symbols[2].shape == (4,) and verify(listed) is listed
     with pytest.raises(GraphError, match=r"node 1 \(a\) has cmd 'ewabs' of type str; expected a"):
         verify(_replace_node(graph, 1, cmd="ewabs"))
