@@ -131,7 +131,8 @@ PASS_THROUGH = frozenset({"optimization_barrier"})
 """Commands whose output ``i`` is input ``i``'s buffer (XLA aliases them)."""
 
 Donate = int | str | TensorSymbol | Sequence[int | str | TensorSymbol]
-"""Graph inputs whose buffers the program may reuse: positions or names (one, or a list)."""
+"""Graph inputs whose buffers the program may reuse: positions, names or symbols (one, or a
+list)."""
 
 
 def donated_positions(graph: Graph, donate: Donate, where: str = "memory_plan") -> tuple[int, ...]:
@@ -272,8 +273,9 @@ def memory_plan(graph: Graph, *, donate: Donate = ()) -> MemoryPlan:
 
     Args:
         graph: any verified graph (a forward, or one with its backward and updates).
-        donate: graph inputs (positions or names, one or a list) the program donates, as given to
-            :func:`~fnnc.graph.compile` (:attr:`Program.donate` of a compiled one):
+        donate: graph inputs (positions, names or symbols, one or a list) the program
+            donates, as given to :func:`~fnnc.graph.compile` (:attr:`Program.donate` of a
+            compiled one):
             outputs written after such an input's last read reuse its bytes.
 
     Returns:

@@ -52,18 +52,6 @@ def test_chosen_on_gpu_by_measurement_or_construction_never_on_cpu(clean_table):
     assert ops.select_backend(sdpa, f32, "gpu") == "pallas"
 
 
-def test_flash_attention_judges_float32_at_the_programs_precision():
-    """``compile(matmul_precision=P)`` selects at P: flash attention's rule (tensor cores
-    below full float32) reads the program's precision, not only the configured one."""
-    sdpa, f32 = ops.scaled_dot_product_attention(), [spec((2, 16, 2, 16), F32)] * 3
-    assert ops.select_backend(sdpa, f32, "gpu", "tensorfloat32") == "pallas"
-    assert ops.select_backend(sdpa, f32, "gpu", "bfloat16") == "pallas"
-    with config.override(matmul_precision="tensorfloat32"):
-        assert ops.select_backend(sdpa, f32, "gpu", "float32") == "xla"
-        assert ops.select_backend(sdpa, f32, "gpu") == "pallas"
-    assert ops.select_backend(sdpa, f32, "gpu") == "xla"  # the rule leaves no state behind
-
-
 def test_compile_on_cpu_never_picks_an_interpret_mode_kernel():
     b = GraphBuilder()
     x, w = b.input((16, 32), name="x"), b.input((64, 32), name="w")
