@@ -61,6 +61,8 @@ def shape_of(
     :class:`ModelError` naming ``layer`` and its argument ``arg`` (``Reshape(None)`` was
     ``TypeError: 'NoneType' object is not iterable``). ``sizes=False``: any sequence, its
     entries checked later (at build)."""
+    if isinstance(value, np.ndarray) and value.ndim == 1:  # NumPy's shapes, as tuple() took
+        value = value.tolist()
     many = isinstance(value, Sequence) and not isinstance(value, str)
     got = tuple(value) if many else ()
     if many and not sizes:

@@ -89,7 +89,7 @@ class FilesMixin:
             )
         if index is None:
             return chosen
-        if not isinstance(index, int) or not 0 <= index < len(chosen):
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(chosen):
             raise ModelError(
                 f"parameter_ids: index={index!r}, but {where} has {len(chosen)} parameter(s) "
                 f"for select={select!r}: {chosen}"

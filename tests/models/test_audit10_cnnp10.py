@@ -122,6 +122,8 @@ def test_parameter_ids_select_a_sub_models_parameters_as_nnc_does():
         model.parameter_ids(Dense(1))
     with pytest.raises(ModelError, match=r"index=1, but Model\('mul'\) has 1 parameter"):
         model.parameter_ids(mul, index=1)
+    with pytest.raises(ModelError, match=r"index=True, but"):  # a bool is no index
+        model.parameter_ids(add, select=0, index=True)
 
 
 def test_parameter_ids_of_a_sub_model_include_a_layer_it_shares():

@@ -69,6 +69,15 @@ class ScaleState(NamedTuple):
     good_steps: Any
 
 
+def _real(v: Any) -> bool:
+    """A real number: a Python or NumPy one, or a 0-d array or JAX scalar of one."""
+    if isinstance(v, numbers.Real):
+        return True
+    return (
+        np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number) and not np.iscomplexobj(v)
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class LossScale:
     """A dynamic loss-scaling policy (see the module doc).
@@ -89,7 +98,7 @@ class LossScale:
         # the state is float32: initial=1e39 became inf, and every step was skipped
         top = float(np.finfo(np.float32).max)
         positive = lambda v: (
-            isinstance(v, numbers.Real) and not isinstance(v, bool) and np.isfinite(v) and v > 0
+            _real(v) and not isinstance(v, (bool, np.bool_)) and np.isfinite(v) and v > 0
         )
         problems = []
         if not positive(self.initial):

@@ -1,0 +1,24 @@
+"""Review of session 22's fixes: values the stricter checks must still take, or refuse."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fnnc import models as M
+from fnnc.errors import ModelError
+from fnnc.graph.passes.loss_scale import LossScale
+
+
+def test_reshape_and_parameter_take_numpy_shapes_as_they_took_tuples():
+    assert M.Reshape(np.array([2, 2])).shape == M.Reshape((2, 2)).shape == (2, 2)
+    assert M.Parameter(np.array([3])).shape == (3,)
+    with pytest.raises(ModelError, match="expected a tuple"):
+        M.Reshape(np.array([[2, 2]]))
+
+
+def test_loss_scale_takes_0_d_arrays_and_jax_scalars():
+    for initial in (np.array(1024.0), jnp.float32(1024), np.float32(1024), 1024):
+        assert float(LossScale(initial=initial).init().scale) == 1024.0
+    for bad in (np.array([1024.0]), np.array(True), "1024", 1j):
+        with pytest.raises(Exception, match="positive finite number"):
+            LossScale(initial=bad)
