@@ -320,6 +320,8 @@ class GraphBuilder:
             )
         else:
             listed = _listed(outputs, where, "outputs=")
+            if len(listed) != len(specs):  # before any None gets a symbol
+                self._check_outputs(where, tuple(listed), specs)
             outs = tuple(
                 self._known(
                     self.tensor(tuple(specs[k].shape), specs[k].dtype)

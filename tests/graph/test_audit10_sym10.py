@@ -134,6 +134,11 @@ def test_too_few_outputs_say_none_marks_one_not_kept():
     x, y = b.input((2, 3), name="x"), b.tensor((2, 3), name="y")
     with pytest.raises(GraphError, match=r"3 outputs, 1 were given; .*None for one not kept"):
         b.exec(ops.layer_norm(axes=(1,)), x, outputs=[y])
+    # too many: the count is checked before a None gets a symbol, and none is left behind
+    before = len(b.build([]).symbols)
+    with pytest.raises(GraphError, match=r"1 outputs, 2 were given"):
+        b.exec(ops.ewexp(), x, outputs=[None, None])
+    assert len(b.build([]).symbols) == before
 
 
 def test_an_array_seed_is_the_gradient_written_into_df():
