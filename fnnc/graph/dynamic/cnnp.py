@@ -151,6 +151,15 @@ def parameters(dg: DynamicGraph, model: Any) -> dict[str, Variable]:
     return {pid: bound.variables[pid] for pid in bound.trainable}
 
 
+def output_count(model: Any) -> int | None:
+    """How many output variables :func:`evaluate` of ``model`` makes (pytree leaves for a
+    traced graph), known before it runs; ``None`` where the model does not say."""
+    if not is_model(model):
+        return len(graph_of(model).outputs)
+    outs = getattr(model, "outputs", None)
+    return len(outs) if isinstance(outs, (list, tuple)) else None
+
+
 def evaluate(
     dg: DynamicGraph, model: Any, inputs: Sequence[Any], name: str, is_test: bool = True
 ) -> Any:

@@ -287,7 +287,7 @@ class DynamicGraph:
         if outputs is None:
             return cnnp.evaluate(self, model, inputs, name, is_test)
         at = f"evaluate {name or 'model'}"
-        targets = versions.output_list(self, outputs, at)
+        targets = versions.output_list(self, outputs, at, cnnp.output_count(model))
         outs = cnnp.evaluate(self, model, inputs, name, is_test)
         return versions.write_outputs(self, outs, targets, at)
 

@@ -58,14 +58,19 @@ def exec_into(
     return targets[0] if len(targets) == 1 else tuple(targets)
 
 
-def output_list(dg: DynamicGraph, targets: Any, at: str) -> list[Variable]:
+def output_list(
+    dg: DynamicGraph, targets: Any, at: str, count: int | None = None
+) -> list[Variable]:
     """``evaluate``'s ``outputs``, checked before the model runs: a list of live
-    variables of ``dg`` (a variable alone would be iterated row by row)."""
+    variables of ``dg`` (a variable alone would be iterated row by row), ``count`` of
+    them where the model's output count is known."""
     if not isinstance(targets, (list, tuple)):
         raise GraphError(
             f"{at}: outputs is a list of variables, one per output of the model, got "
             f"{type(targets).__name__}; pass outputs=[y] for one"
         )
+    if count is not None and len(targets) != count:
+        raise GraphError(f"{at}: the model has {count} outputs, {len(targets)} were given")
     for t in targets:
         dg._slot(t, at)
     return list(targets)
