@@ -75,6 +75,8 @@ class TensorInfo:
         type: NNC's 32-bit tensor type: memory kind | device id << 8.
         encoder: the encoder identifier from the high 32 bits of ``type``; 0 = raw.
         nbytes: the length of the stored ``data`` blob (encoded, padded as stored).
+        palettized: for NNC's QX rows, the element type they decode to (read returns
+            that type, :mod:`fnnc.io.qx`); ``None`` for every other row.
     """
 
     name: str
@@ -84,6 +86,7 @@ class TensorInfo:
     type: int
     encoder: int
     nbytes: int
+    palettized: np.dtype | None = None
 
     @property
     def device(self) -> str:
@@ -227,6 +230,7 @@ def row_info(
         type=type_ & 0xFFFFFFFF,
         encoder=(type_ >> 32) & 0xFFFFFFFF,
         nbytes=nbytes if isinstance(nbytes, int) else 0,
+        palettized=DATATYPES.get((code & 0xFF) << 12) if is_quantized(code) else None,
     )
 
 

@@ -341,10 +341,11 @@ def _match(f: TensorFile, expected: Mapping[str, Any], name: str | None, device:
             (shape == () and info.shape == (1,)) or (info.shape == (0,) and 0 in shape)
         ):
             stored_shape = shape  # NNC has no rank 0 (a scalar is [1]) nor zero-size axes
-        dtype_ok = dtype is None or dtype == info.dtype or {dtype, info.dtype} <= FLOATS
+        held = info.dtype or info.palettized  # an NNC QX row reads as its element type
+        dtype_ok = dtype is None or dtype == held or {dtype, held} <= FLOATS
         if (shape is not None and stored_shape != shape) or not dtype_ok:
             want = f"{dtype.name if dtype else '*'}{list(shape) if shape is not None else ''}"
-            stored = f"{info.dtype.name if info.dtype else 'qx'}{list(info.shape)}"
+            stored = f"{held.name if held else 'qx'}{list(info.shape)}"
             mismatched.append(Mismatch(label, row, stored, want))
             continue
         values[key] = f.read(row, shape=shape, dtype=dtype)

@@ -28,7 +28,7 @@ def decode(
             bytes are not a palettized tensor of the row's shape.
     """
     code = datatype & 0xFFFFFFFF
-    element = fmt.DATATYPES.get((code & 0xFF) << 12)
+    element = info.palettized
     bits, block_size = (code >> 8) & 0xF, (datatype >> 32) & 0xFFFFFFFF
     if element is None:
         raise TensorFileError(
@@ -42,4 +42,4 @@ def decode(
             f"{where}: NNC's palettized QX row ({element.name} in {bits} bits, blocks of "
             f"{block_size}) cannot be decoded: {e}"
         ) from None
-    return dataclasses.replace(info, dtype=element), values.tobytes()
+    return dataclasses.replace(info, dtype=element, palettized=None), values.tobytes()

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from fnnc import ops
-from fnnc.errors import TensorFileError
+from fnnc.errors import ParameterError, TensorFileError
 from fnnc.graph import GraphBuilder, compile, interpret, load, save
-from fnnc.io import TensorFile
+from fnnc.io import TensorFile, read_parameters
 from fnnc.io import format as fmt
 from fnnc.io.palettize import depalettize, encoded_size, palettize
 from tests.helpers import NNC_FILES, fetch_rows, needs_nnc_files
@@ -118,6 +118,11 @@ def test_a_palettized_row_as_nnc_writes_it_is_listed_and_not_damaged(tmp_path):
     expected = depalettize(palettize(x, 5, 512), np.dtype(np.float32), x.size, 5, 512)
     np.testing.assert_array_equal(got.reshape(-1), expected)
     np.testing.assert_allclose(got, x, atol=np.ptp(x) / 2**5)  # 32 levels a block
+    # as a model's parameter: its element type is what read_parameters (Model.read) expects
+    params = read_parameters(path, {"q": ((10, 20, 30), np.float32)})
+    np.testing.assert_array_equal(params["q"], got)
+    with pytest.raises(ParameterError, match=r"stored float32\[10, 20, 30\], expected int32"):
+        read_parameters(path, {"q": ((10, 20, 30), np.int32)})
 
 
 def test_metadata_reads_without_the_data(tmp_path):
