@@ -285,15 +285,36 @@ class DataFrame(AddOns):
         return self._then(Shard(index, count, bool(drop_remainder)))
 
     def batch(
-        self, batch_size: int, *, drop_remainder: bool = False, columns: Sequence[str] | None = None
+        self,
+        batch_size: int,
+        *,
+        drop_remainder: bool = False,
+        columns: Sequence[str] | None = None,
+        wrap: bool = False,
     ) -> DataFrame:
         """Every ``batch_size`` rows become one whose columns are the rows' values stacked
         along a new first axis (NNC's ``ccv_cnnp_dataframe_combine_new``). The last batch
         is shorter unless ``drop_remainder`` (a fixed shape keeps ``jit`` from compiling
-        twice; a :class:`DataError` if it leaves no batch). ``columns`` keeps only those.
-        Rows of different shapes raise :class:`DataError` naming column, rows and shapes."""
+        twice; a :class:`DataError` if it leaves no batch) or ``wrap``: NNC's combine
+        fills it up with its own rows again, row ``k`` of it being its ``k % n``-th of
+        ``n`` (8 rows in batches of 3: rows 6, 7, 6 last), so every batch has one shape
+        and no row is left out. ``columns`` keeps only those. Rows of different shapes
+        raise :class:`DataError` naming column, rows and shapes.
+
+        >>> import numpy as np
+        >>> from fnnc.data import DataFrame
+        >>> df = DataFrame.from_arrays(x=np.arange(5))
+        >>> [b.tolist() for b in df.batch(2, wrap=True).iterator("x")]
+        [[0, 1], [2, 3], [4, 4]]
+        """
         inputs = self._columns if columns is None else column_names(columns, "batch columns")
-        return self._then(Group(batch_size, bool(drop_remainder), inputs, stack=True))
+        if drop_remainder and wrap:
+            raise DataError(
+                "batch: drop_remainder leaves out a short last batch and wrap fills it up; "
+                "give one of them"
+            )
+        group = Group(batch_size, bool(drop_remainder), inputs, stack=True, wrap=bool(wrap))
+        return self._then(group)
 
     def sample(
         self,

@@ -17,7 +17,8 @@ parents):
   Above :data:`TABLE_LIMIT` rows :func:`shuffled` uses Grain's ``shuffle`` instead, which
   needs no table.
 - :class:`GroupMapDataset`: ``size`` consecutive elements of one epoch as one (the last
-  shorter unless ``drop_remainder``), like Grain's ``batch`` of indices.
+  shorter unless ``drop_remainder``, or filled up by ``wrap``), like Grain's ``batch`` of
+  indices.
 """
 
 from __future__ import annotations
@@ -148,16 +149,28 @@ def shuffled(ds: grain.MapDataset, seed: int) -> grain.MapDataset:
 class GroupMapDataset(grain.MapDataset):
     """Groups of ``size`` consecutive elements of ``parent`` within each epoch: an
     ``int64`` array of them when ``parent`` holds row indices (``rows=True``), else a
-    tuple.
+    tuple. With ``wrap`` a short last group repeats its own elements from its start up to
+    ``size`` (NNC's combine: element ``k`` is ``members[k % len(members)]``).
 
     >>> ds = GroupMapDataset(RowIndices(5), 2, drop_remainder=False, rows=True)
     >>> len(ds), [ds[i].tolist() for i in range(4)]
     (3, [[0, 1], [2, 3], [4], [0, 1]])
+    >>> GroupMapDataset(RowIndices(5), 3, drop_remainder=False, rows=True, wrap=True)[1].tolist()
+    [3, 4, 3]
     """
 
-    def __init__(self, parent: grain.MapDataset, size: int, *, drop_remainder: bool, rows: bool):
+    def __init__(
+        self,
+        parent: grain.MapDataset,
+        size: int,
+        *,
+        drop_remainder: bool,
+        rows: bool,
+        wrap: bool = False,
+    ):
         super().__init__(parent)
         self._size, self._rows, self._parent_length = size, rows, len(parent)
+        self._wrap = wrap
         n = self._parent_length
         self._length = n // size if drop_remainder else math.ceil(n / size)
 
@@ -174,7 +187,10 @@ class GroupMapDataset(grain.MapDataset):
         start = group * self._size
         stop = min(start + self._size, self._parent_length)
         offset = epoch * self._parent_length
-        members = self._parent._getitems(range(start + offset, stop + offset))
+        positions: Sequence[int] = range(start + offset, stop + offset)
+        if self._wrap and stop - start < self._size:
+            positions = [positions[k % len(positions)] for k in range(self._size)]
+        members = self._parent._getitems(positions)
         return np.asarray(members, np.int64) if self._rows else tuple(members)
 
     def _getitems(self, indices: Sequence[int]) -> list[Any]:

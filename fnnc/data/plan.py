@@ -254,6 +254,8 @@ def build(
                 ds = ds.slice(slice(step.index, None, step.count))
         if k < len(groups):
             group = groups[k]
-            ds = GroupMapDataset(ds, group.size, drop_remainder=group.drop_remainder, rows=k == 0)
+            ds = GroupMapDataset(
+                ds, group.size, drop_remainder=group.drop_remainder, rows=k == 0, wrap=group.wrap
+            )
     reader = Reader(source, stages, output, kind, pipeline_seed, max(len(ds), 1))
     return ds.map_with_index(reader)

@@ -134,7 +134,7 @@ class Shard:
 @dataclasses.dataclass(frozen=True)
 class Group:
     """``size`` consecutive rows become one (the last group may be shorter unless
-    ``drop_remainder``).
+    ``drop_remainder``, or is filled up with its own rows again by ``wrap``).
 
     Without ``fn`` the group keeps the ``inputs`` columns: each value is the rows'
     values stacked into one array (``stack``, NNC's combine) or their list. With ``fn``
@@ -148,6 +148,7 @@ class Group:
     stack: bool = True
     fn: Callable[..., Any] | None = None
     output: str | None = None
+    wrap: bool = False
 
     def __post_init__(self) -> None:
         size = integer(self.size, "batch/sample", 1, "size")
@@ -173,7 +174,8 @@ class Group:
 
     def describe(self) -> str:
         kind = "batch" if self.stack else "sample"
-        return f"{kind}({self.size}{',drop' if self.drop_remainder else ''})"
+        how = ",drop" if self.drop_remainder else ",wrap" if self.wrap else ""
+        return f"{kind}({self.size}{how})"
 
 
 Stage = Map | Shuffle | Shard | Group
