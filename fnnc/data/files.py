@@ -192,7 +192,9 @@ def read_csv(
 ) -> dict[str, Column]:
     """The columns of a CSV file, each a :class:`SequenceColumn` of strings (``None``
     where a line has fewer fields; a blank line is one empty field, ``""`` in the first
-    column), named by the header or ``"0"``, ``"1"``, ... Fields may be of any length."""
+    column), named by the header or ``"0"``, ``"1"``, ... Fields may be of any length.
+    There are as many columns as the first line (the header, if any) has fields: NNC's
+    reader counts them there and leaves out fields past them on later lines."""
     for name, char in (("delimiter", delimiter), ("quote", quote)):
         if char is not None and (not isinstance(char, str) or len(char) != 1 or char in "\r\n"):
             raise DataError(
@@ -207,10 +209,8 @@ def read_csv(
     finally:
         csv.field_size_limit(limit)
     lines = [line or [""] for line in lines]  # a blank line: one empty field, as NNC reads it
-    names: list[str] = []
-    if header and lines:
-        names = lines.pop(0)
-    width = max([len(names), *(len(line) for line in lines)], default=0)
+    width = len(lines[0]) if lines else 0
+    names: list[str] = lines.pop(0) if header and lines else []
     if width == 0:
         raise DataError(f"{os.fspath(path)}: no columns (an empty CSV file)")
     names = [n if n else str(i) for i, n in enumerate(names)]

@@ -65,3 +65,16 @@ def test_batch_wrap_repeats_a_row_with_its_own_random_draw_and_works_on_batches(
     assert [b.tolist() for b in pairs.iterator("x")][-1] == [[8, 9], [8, 9], [8, 9], [8, 9]]
     with pytest.raises(DataError, match="one of them"):
         DataFrame.from_arrays(x=INTS).batch(3, drop_remainder=True, wrap=True)
+
+
+def test_csv_columns_are_the_fields_of_the_first_line_as_nnc_counts_them(tmp_path):
+    # NNC's from_csv_new counts the delimiters of the first line ("has 4 columns based
+    # on header") and stores no field past that count on later lines; fnnc made a
+    # column for the longest line instead ("2" here, beside a and b).
+    path = tmp_path / "ragged.csv"
+    path.write_text('a,b\n1,2,3\n4\n"x,y",5,6,7\n')
+    df = DataFrame.from_csv(path)
+    assert df.columns == ("a", "b")
+    assert [tuple(r) for r in df.iterator(("a", "b"))] == [("1", "2"), ("4", None), ("x,y", "5")]
+    df = DataFrame.from_csv(path, header=False)
+    assert df.columns == ("0", "1") and list(df.iterator("1")) == ["b", "2", None, "5"]
