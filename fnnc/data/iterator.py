@@ -200,15 +200,18 @@ class DataIterator(Iterator[Any]):
         return element
 
     def prefetch(self, n: int = 1) -> int:
-        """Reads the next ``n`` elements now, in the calling thread, into a buffer that
-        the following ``next`` calls take from (NNC's ``ccv_cnnp_dataframe_iter_prefetch``).
+        """Reads the next ``n`` elements now into a buffer that the following ``next``
+        calls take from (NNC's ``ccv_cnnp_dataframe_iter_prefetch``).
 
         Prefetches add up: three ``prefetch(1)`` hold three elements, and ``next`` reads
         nothing until they are used. Returns how many elements it read: ``n``, fewer
         when the iterator's end comes first (0 at the end, where NNC returns -1). The
-        background read-ahead (``threads``, ``prefetch=``, ``workers``) is unchanged;
-        this fills the buffer from it. :meth:`get_state` counts only elements taken
-        with ``next``: buffered ones are read again after a restore.
+        background read-ahead (``threads``, ``prefetch=``, ``workers``) is unchanged and
+        this fills the buffer from it: rows are read only when asked for, as NNC's tests
+        count them, with ``threads=0`` and ``prefetch=0`` (the default for in-memory
+        columns, not for ``from_function``); reading threads read further ahead.
+        :meth:`get_state` counts only elements taken with ``next``: buffered ones are
+        read again after a restore.
 
         >>> import numpy as np
         >>> from fnnc.data import DataFrame

@@ -78,3 +78,29 @@ def test_csv_columns_are_the_fields_of_the_first_line_as_nnc_counts_them(tmp_pat
     assert [tuple(r) for r in df.iterator(("a", "b"))] == [("1", "2"), ("4", None), ("x,y", "5")]
     df = DataFrame.from_csv(path, header=False)
     assert df.columns == ("0", "1") and list(df.iterator("1")) == ["b", "2", None, "5"]
+
+
+def test_newly_added_column_counts_with_a_public_function_column():
+    # NNC "iterate through newly added column" (ccv_cnnp_dataframe_add: a data_enum
+    # column), with from_function counting its calls; NNC counts one call per batched
+    # read, fnnc one per row. Reading threads would read ahead, so threads=0.
+    calls = []
+
+    def row(i):
+        calls.append(i)
+        return int(INTS[i])
+
+    df = DataFrame.from_function(row, 8, "x")
+    assert list(df.iterator("x", threads=0)) == INTS.tolist()
+    it = df.iterator("x", threads=0)
+    assert [it.prefetch(1) for _ in range(3)] == [1, 1, 1]
+    calls.clear()
+    result = [next(it) for _ in range(3)]
+    assert calls == []  # all three were prefetched
+    result.append(next(it))
+    assert calls == [3]
+    assert it.prefetch(4) == 4 and calls == [3, 4, 5, 6, 7]
+    calls.clear()
+    result += [next(it) for _ in range(2)]
+    assert calls == [] and it.prefetch(1) == 0  # NNC: -1, rows 6 and 7 are held
+    assert result == INTS[:6].tolist()
