@@ -178,6 +178,9 @@ def test_compression_keeps_each_sample_in_its_own_blocks():
         np.testing.assert_allclose(sample0, want, rtol=1e-3, atol=1e-3)
         if not compressed:  # NumPy: d sum(conv(x, 1), w2) / dw2[o, 0, i] = sum_l x[0, l, i]
             np.testing.assert_allclose(want.reshape(2, 2), np.tile(xs[0].sum(0), (2, 1)), rtol=1e-5)
+    # one [H, W, C] image of a 2-D convolution is one sample's plane: compressed, as NNC does
+    g = _two_convolutions((8, 8, 2), (2, 1, 1, 2))
+    assert any(n.cmd.name == "lssc_compress" for n in memory_compression(g).nodes)
 
 
 def test_a_loop_whose_body_has_an_effect_is_not_recomputed():

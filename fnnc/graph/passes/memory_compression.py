@@ -65,7 +65,11 @@ def compressible(graph: Graph) -> list[int]:
     outputs = {symbols[s].root for s in graph.outputs}
     picked: list[int] = []
     for node in graph.nodes[:start]:
-        if node.cmd.name in COMPRESSED_COMMANDS:
+        # a 2-D convolution (weights [O, kh, kw, C]) on [N, H, W, C] or one [H, W, C]
+        # image: LSSC's 4x4 blocks lie in one sample's plane; a 1-D one's [N, L, C] would
+        # put several samples in a block
+        two_d = len(node.inputs) > 1 and len(symbols[node.inputs[1]].shape) == 4
+        if node.cmd.name in COMPRESSED_COMMANDS and two_d:
             picked += [node.inputs[0], node.outputs[0]]
     late: dict[int, list[Node]] = {}
     for node in graph.nodes[start:]:
@@ -82,7 +86,7 @@ def compressible(graph: Graph) -> list[int]:
             or producers.get(sid, start) >= start
             or not readers
             or any(r.cmd.name != "gradient" for r in readers)
-            or len(sym.shape) != 4  # [N, H, W, C]: blocks within one sample
+            or len(sym.shape) not in (3, 4)  # [N, H, W, C] or [H, W, C]
             or not is_floating(sym.dtype)
         ):
             continue
