@@ -162,15 +162,25 @@ def _backward_kernel(*refs, norm: Norm, bn: int, has: tuple[bool, bool, bool]):
         g = gy * _load(scale_ref, j, bn, n) if scale_ref is not None else gy
         return xhat, gy, g
 
+    # The variance's derivative 2 (x - mean(x)) / n sums to 0, but x - mean with the mean
+    # rounded (7 threes average to 3.0000002) does not, and a cotangent of inv_std times
+    # inv_std**2 turned that into a gradient of 1 on a constant row: xhat is recentred.
+    recentre = norm.centered and ginv_ref is not None
+
     def sums(j, acc):
         xhat, _, g = pieces(j)
+        if recentre:
+            mask = _lanes(x_ref, j, bn, n)[1]
+            inside = xhat if mask is None else jnp.where(mask, xhat, 0.0)
+            acc = (*acc[:2], acc[2] + jnp.sum(inside, axis=1, keepdims=True))
         return (
             acc[0] + jnp.sum(g, axis=1, keepdims=True),
             acc[1] + jnp.sum(g * xhat, axis=1, keepdims=True),
+            acc[2],
         )
 
     zero = jnp.zeros((bm, 1), jnp.float32)
-    sum_g, sum_gx = lax.fori_loop(0, walk, sums, (zero, zero))
+    sum_g, sum_gx, sum_xhat = lax.fori_loop(0, walk, sums, (zero, zero, zero))
 
     def write(j, carry):
         xhat, gy, g = pieces(j)
@@ -181,7 +191,7 @@ def _backward_kernel(*refs, norm: Norm, bn: int, has: tuple[bool, bool, bool]):
         if gmean_ref is not None:
             gx = gx + gmean_ref[...].astype(jnp.float32) / n
         if ginv_ref is not None:
-            gx = gx - (ginv_ref[...].astype(jnp.float32) * inv * inv / n) * xhat
+            gx = gx - (ginv_ref[...].astype(jnp.float32) * inv * inv / n) * (xhat - sum_xhat / n)
         idx, mask = _lanes(gx_ref, j, bn, n)
         store(gx_ref, idx, gx, mask)
         parts = ([gy * xhat] if norm.has_scale else []) + ([gy] if norm.has_bias else [])
