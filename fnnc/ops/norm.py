@@ -10,9 +10,12 @@ the count) and ``epsilon`` goes inside the square root:
 least (:func:`~fnnc.core.dtypes.at_least_float32`) and the outputs and gradients cast
 back, so a 16-bit x whose deviations square past its range (``|x - mean| >= 256`` in
 float16) still normalises. The saved statistics keep their documented type (x's, as
-NNC's and the Pallas kernels'); where that is 16-bit the backwards recompute them in
-float32 from x rather than read the rounded ones, whose rounding (a mean of 100 in
-bfloat16) would have shifted every ``x - mean`` of the gradient.
+NNC's and the Pallas kernels'); where that is 16-bit the centred norms' backwards
+(batch_norm, layer_norm, group_norm) recompute them in float32 from x rather than read
+the rounded ones, whose rounding (a mean of 100 in bfloat16) would have shifted every
+``x - mean`` of the gradient. rms_norm's backward reads its saved ``inv_std`` as NNC's
+does: its rounding scales the gradient by at most one rounding of x's type, as large as
+the outputs' own (bfloat16 dx 0.3% off float64 against 0.2% for rounding alone).
 """
 
 from __future__ import annotations
