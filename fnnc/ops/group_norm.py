@@ -16,6 +16,7 @@ from fnnc.ops._rules import (
     fail,
     norm_axes,
     require_float,
+    require_ints,
     require_same_dtype,
     show,
     to_shape,
@@ -29,6 +30,8 @@ def _group_layout(x, groups: int, axis: int, reduce_axes):
     axes, statistics shape)`` for NNC's GROUP_NORM (see :func:`group_norm`)."""
     (ax,) = norm_axes("group_norm", (axis,), x.ndim)
     c = x.shape[ax]
+    # groups=2.0 passed the divisibility check and reached jnp.reshape as a bare TypeError
+    groups = require_ints("group_norm", "groups", groups)
     if groups < 1 or c % groups:
         raise CommandError(f"group_norm: groups={groups} must divide the {c} channels of {show(x)}")
     if reduce_axes is None:

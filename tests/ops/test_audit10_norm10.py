@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from fnnc import ops
+from fnnc.errors import CommandError
 
 RNG = np.random.default_rng(0)
 # Near-constant rows: x - mean is ~1e-6, where float32's mean of 7 threes (3.0000002)
@@ -54,3 +55,17 @@ def test_gradient_through_saved_inv_std_of_near_constant_rows(x) -> None:
     ).T
     for name, gx in got.items():
         np.testing.assert_allclose(gx, want, rtol=0, atol=2e-3, err_msg=name)
+
+
+def test_group_norm_groups_must_be_a_whole_number() -> None:
+    """groups=2.0 passed ``c % groups`` and reached jnp.reshape as a bare TypeError, and
+    groups=True (4 % True == 0) normalised as one group silently: a whole float is now
+    the int it names and a bool or a fraction a CommandError. Oracle: NumPy."""
+    x = RNG.standard_normal([2, 3, 4]).astype(np.float32)
+    y = np.asarray(ops.group_norm(groups=2.0)(x)[0], np.float64)
+    xs = x.astype(np.float64).reshape(2, 3, 2, 2)  # reduce_axes=(): per position and group
+    mu, var = xs.mean(-1, keepdims=True), xs.var(-1, keepdims=True)
+    np.testing.assert_allclose(y, ((xs - mu) / np.sqrt(var + 1e-5)).reshape(x.shape), atol=1e-5)
+    for groups in (True, 2.5):
+        with pytest.raises(CommandError, match=rf"group_norm: groups must be an int, got {groups}"):
+            ops.group_norm(groups=groups)(x)
