@@ -20,7 +20,7 @@ from typing import Any
 import jax
 
 from fnnc import config
-from fnnc.core import backends
+from fnnc.core import backends, selection
 from fnnc.core.backends import REFERENCE, _backends_of
 from fnnc.core.command import Command, Spec, output_specs, spec_text
 from fnnc.core.evaluate import disagreement, part_of, results_agree
@@ -35,18 +35,25 @@ def forward_of(cmd: Command, backend: str = REFERENCE) -> Callable[..., Any]:
     )
 
 
-def matmul_precision_scope(precision: str | None = None) -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def matmul_precision_scope(precision: str | None = None) -> Iterator[None]:
     """The context fnnc traces commands under: float32 dots and convolutions at
     ``precision`` (a name in :data:`fnnc.config.MATMUL_PRECISIONS`; default: the
     configured policy, :attr:`fnnc.config.Config.matmul_precision`).
 
     It sets ``jax.default_matmul_precision`` while a forward is traced, so every dot and
     convolution the forward emits (Pallas kernels' in-kernel dots included) carries the
-    precision; ``"default"`` leaves JAX's own setting in force.
+    precision; ``"default"`` leaves JAX's own setting in force. Backends chosen inside
+    (sub-graphs' nodes) are chosen for it too (:func:`~fnnc.core.selection.precision_scope`).
     """
     name = config.matmul_precision_name(precision or config.get().matmul_precision)
     value = config.MATMUL_PRECISIONS[name]
-    return contextlib.nullcontext() if value is None else jax.default_matmul_precision(value)
+    with selection.precision_scope(name):
+        if value is None:
+            yield
+        else:
+            with jax.default_matmul_precision(value):
+                yield
 
 
 _REFERENCE_ONLY = contextvars.ContextVar("fnnc_reference_only", default=False)

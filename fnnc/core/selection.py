@@ -29,8 +29,9 @@ through an autotune table written on another platform).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from fnnc import config
@@ -53,6 +54,19 @@ def selection_precision() -> str:
     """
     given = _PRECISION.get()
     return config.matmul_precision_name(given or config.get().matmul_precision)
+
+
+@contextlib.contextmanager
+def precision_scope(precision: str | None) -> Iterator[None]:
+    """Inside, :func:`select_backend` calls that name no precision choose for
+    ``precision`` (a program's ``compile(matmul_precision=...)``): the nodes of loop and
+    branch bodies, chosen while the program is traced, see the program's precision.
+    :func:`fnnc.core.dispatch.matmul_precision_scope` enters it."""
+    token = _PRECISION.set(precision)
+    try:
+        yield
+    finally:
+        _PRECISION.reset(token)
 
 
 def why_not(backend: Backend, cmd: Command, specs: Sequence[Spec], platform: str) -> str | None:
@@ -98,6 +112,7 @@ def select_backend(
     are looked up under it. An unknown platform or precision name is a
     :class:`~fnnc.errors.ConfigError`."""
     platform = platform_name(platform, "select_backend")
+    precision = precision or _PRECISION.get()  # a program's, while it is traced
     available = _backends_of(cmd.name, backends._generation)
     cfg = config.get()
     if (cfg.backend or cfg.backend_per_command) and _checked != (backends._generation, cfg.serial):

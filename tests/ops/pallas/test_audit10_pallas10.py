@@ -97,3 +97,24 @@ def test_flash_attention_wins_by_the_precision_the_program_is_compiled_at(clean_
         assert compiled("float32").backends == ((0, "attn", "xla"),)
     with pytest.raises(ConfigError, match="unknown matmul precision 'fp8'"):
         ops.select_backend(sdpa, f32, "gpu", "fp8")
+
+
+def test_a_loop_bodys_attention_is_chosen_at_the_programs_precision(monkeypatch):
+    """Nodes of a scan body are chosen while the program is traced; they saw the config's
+    precision, not ``compile(matmul_precision=...)``'s (review of session 22). The
+    precision a ``wins`` rule reads is now the program's at top level and in the body."""
+    from fnnc.core import selection
+    from fnnc.graph import GraphBuilder, compile, scan
+    from fnnc.ops.pallas import scaled_dot_product_attention as kernel
+
+    seen = []
+    read = lambda: seen.append(selection.selection_precision()) or seen[-1]
+    monkeypatch.setattr(kernel, "selection_precision", read)  # what wins reads
+    shape = (1, 4, 1, 16)
+    inner = GraphBuilder()
+    q = inner.input(shape, name="q")
+    body = inner.build([inner.exec(ops.scaled_dot_product_attention(), q, q, q)])
+    b = GraphBuilder()
+    out = scan(b, body, [b.input(shape, name="q0")], length=2)
+    compile(b.build([out[0]]), matmul_precision="tensorfloat32")(np.ones(shape, np.float32))
+    assert seen and set(seen) == {"tensorfloat32"}, seen
