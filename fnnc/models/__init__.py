@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from fnnc.models import metrics as metrics
 from fnnc.models import minimizers as minimizers
+from fnnc.models.attention_layers import ScaledDotProductAttention as ScaledDotProductAttention
 from fnnc.models.callbacks import Callback as Callback
 from fnnc.models.callbacks import CheckpointEvery as CheckpointEvery
 from fnnc.models.callbacks import EarlyStopping as EarlyStopping

@@ -1,0 +1,106 @@
+"""NNC's ``ccv_cnnp_scaled_dot_product_attention`` as a layer: attention of given
+``q, k, v`` (no input projections), with NNC's optional fused output projection.
+
+>>> import numpy as np
+>>> from fnnc.models import Input, Model, ScaledDotProductAttention
+>>> q, k, v = Input(), Input(), Input()
+>>> sdpa = ScaledDotProductAttention(fused_unify_head_weights=True, name="sdpa")
+>>> model = Model([q, k, v], sdpa(q, k, v))
+>>> x = np.ones((2, 3, 4, 8), np.float32)
+>>> model.compile([x, x, x])
+>>> {p: model.parameters()[p].shape for p in sorted(model.parameters())}
+{'t-sdpa-0-0': (32, 32), 't-sdpa-0-1': (32,)}
+>>> model.evaluate([x, x, x]).shape
+(2, 3, 32)
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import jax
+import numpy as np
+
+from fnnc import ops
+from fnnc.core.ir import Symbol
+from fnnc.models.layer import BuildContext, Layer, ModelError, flag, zeros
+
+
+def _nnc_uniform(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    """NNC's init of the unify-head weights: uniform in ``±sqrt(3) sqrt(2 / c)``,
+    ``c`` the joined head width (``shape[1]``)."""
+    bound = float(np.sqrt(3.0) * np.sqrt(2.0 / max(1, shape[1])))
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+_nnc_uniform.draws = True  # type: ignore[attr-defined]
+
+
+class ScaledDotProductAttention(Layer):
+    """``softmax(scale q kᵀ + mask) v`` of ``q [B, S, H, D]``, ``k [B, T, Hk, D]``,
+    ``v [B, T, Hk, Dv]`` (NNC's layout): one ``scaled_dot_product_attention`` command.
+
+    The options are NNC's (``ccv_cnnp_scaled_dot_product_attention``): ``scale`` on
+    ``q kᵀ`` (``None``: ``1 / sqrt(D)``), ``is_causal`` (aligned bottom-right: query
+    ``i`` sees keys ``j <= i + T - S``), ``has_attn_mask`` (a fourth input, bool keeps
+    or float adds, broadcast to ``[B, H, S, T]``). Without ``fused_unify_head_weights``
+    the output is ``[B, S, H, Dv]`` and the layer has no parameters; with it the heads
+    are joined and projected, ``y [B, S, H * Dv] = joined @ W^T + bias``, with
+    parameter 0 ``W [H * Dv, H * Dv]`` (NNC's init, uniform in ``±sqrt(6 / (H Dv))``)
+    and parameter 1 ``bias [H * Dv]`` (zeros; none with ``no_bias``): NNC's ids and
+    layout, so NNC-written weights load.
+    """
+
+    owns_parameters = True
+
+    def __init__(
+        self,
+        scale: float | None = None,
+        is_causal: bool = False,
+        has_attn_mask: bool = False,
+        fused_unify_head_weights: bool = False,
+        no_bias: bool = False,
+        **kw: Any,
+    ):
+        super().__init__(**kw)
+        ok = scale is None or (
+            isinstance(scale, numbers.Real) and not isinstance(scale, (bool, np.bool_))
+        )
+        if not ok or (scale is not None and not np.isfinite(scale)):
+            raise ModelError(
+                f"layer {self.describe()}: scale is {scale!r:.40}; expected a finite number "
+                "(the factor on q kᵀ) or None for 1 / sqrt(head size)"
+            )
+        self.scale = None if scale is None else float(scale)
+        self.is_causal = flag(self, "is_causal", is_causal)
+        self.has_attn_mask = flag(self, "has_attn_mask", has_attn_mask)
+        self.fused = flag(self, "fused_unify_head_weights", fused_unify_head_weights)
+        self.no_bias = flag(self, "no_bias", no_bias)
+
+    def build(self, ctx: BuildContext, *xs: Symbol) -> Symbol:
+        want = 4 if self.has_attn_mask else 3
+        if len(xs) != want:
+            raise ModelError(
+                f"layer {self.describe()}: takes (q, k, v{', mask' if want == 4 else ''}), "
+                f"got {len(xs)} input(s)"
+                + ("" if want == 4 else "; for a mask make it with has_attn_mask=True")
+            )
+        q, _, v = xs[:3]
+        for what, t in zip(("q", "k", "v"), xs[:3]):
+            if len(t.shape) != 4:
+                raise ModelError(
+                    f"layer {self.describe()}: {what} is {list(t.shape)}; expected [B, S, H, D] "
+                    "(rank 4): reshape the heads apart first (Reshape((S, H, D)))"
+                )
+        b, name = ctx.b, ctx.layer_id(self)
+        cmd = ops.scaled_dot_product_attention(scale=self.scale, is_causal=self.is_causal)
+        if not self.fused:
+            return b.exec(cmd, *xs, name=name)
+        joined = q.shape[2] * v.shape[3]
+        w = ctx.param(self, 0, (joined, joined), _nnc_uniform, q.dtype)
+        extra = [] if self.no_bias else [ctx.param(self, 1, (joined,), zeros, q.dtype)]
+        # a graph node has no empty input slot: a zero float mask stands in for none
+        mask = xs[3] if self.has_attn_mask else b.constant(np.zeros((), q.dtype))
+        y, _ = b.exec(cmd, *xs[:3], mask, w, *extra, name=name)
+        return y
