@@ -91,6 +91,12 @@ def _projection(q, v, weights, bias) -> int:
     return weights.shape[0]
 
 
+def default_scale(d: int) -> float:
+    """``1 / sqrt(D)``, the scale ``scale=None`` means; ``1`` for an empty head (``D = 0``:
+    every logit is 0 whatever the scale, and ``1 / sqrt(0)`` was a ZeroDivisionError)."""
+    return 1 / math.sqrt(d) if d else 1.0
+
+
 def _expand_heads(x, heads):
     """Repeats key/value heads so head ``h`` of the result is head ``h // r`` of ``x``."""
     return x if x.shape[2] == heads else jnp.repeat(x, heads // x.shape[2], axis=2)
@@ -100,7 +106,7 @@ def _probabilities(q, k, mask, scale, is_causal, dtype=None):
     """Attention probabilities ``[B, H, S, T]``; rows that attend nothing are zero.
     ``dtype``: the type the logits and the softmax are computed in (default q's)."""
     (_, s, h, d), t = q.shape, k.shape[1]
-    scale = 1 / math.sqrt(d) if scale is None else scale
+    scale = default_scale(d) if scale is None else scale
     dtype = q.dtype if dtype is None else dtype
     logits = jnp.einsum(
         "bshd,bthd->bhst", q, _expand_heads(k, h), preferred_element_type=dtype
@@ -169,7 +175,7 @@ def _fold_heads(g, heads):
 def _sdpa_grads(go, q, k, v, o, m, *, scale, is_causal):
     """Gradients of q, k, v and the mask (``None`` unless a float mask) from ``go``."""
     h, d = q.shape[2], q.shape[3]
-    scale = 1 / math.sqrt(d) if scale is None else scale
+    scale = default_scale(d) if scale is None else scale
     # For 16-bit inputs the softmax and dp - delta, which cancels, are taken in float32
     # (in 16 bits float16's dq missed NNC's 1e-3 by 2x), and ds is rounded once.
     wide = at_least_float32(q.dtype)

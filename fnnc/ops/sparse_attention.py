@@ -42,7 +42,7 @@ from fnnc.core.command import Spec, defcommand
 from fnnc.core.dtypes import at_least_float32
 from fnnc.errors import DTypeError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show
-from fnnc.ops.attention import scaled_dot_product_attention
+from fnnc.ops.attention import default_scale, scaled_dot_product_attention
 
 
 def _arg_partition_shape(
@@ -179,7 +179,7 @@ def sparse_indexed_attention(
     sinks = None if sinks is None else sinks.astype(wide)
     t, h, d = q.shape
     rd, rs = dense_k.shape[0], sparse_k.shape[0]
-    scale = 1 / math.sqrt(d) if scale is None else scale
+    scale = default_scale(d) if scale is None else scale
     idx = indices if indices.ndim == 2 else indices[:, :0]
     rows = jnp.arange(rd)
     if is_causal:

@@ -1,0 +1,38 @@
+"""Audit round 10, attention: scaled_dot_product_attention edge cases against a float64
+NumPy attention in NNC's ``[B, S, H, D]`` layout."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fnnc import ops
+
+
+def test_empty_head_dim_is_uniform_attention() -> None:
+    """``D = 0`` with the default scale: every logit is 0, so each query averages the
+    values it sees (causal: bottom-right); ``1 / sqrt(0)`` raised ZeroDivisionError."""
+    rng = np.random.default_rng(0)
+    q, k = np.zeros((1, 2, 2, 0), np.float32), np.zeros((1, 3, 1, 0), np.float32)
+    v = rng.standard_normal((1, 3, 1, 4)).astype(np.float32)
+    seen = np.arange(3)[None] <= np.arange(2)[:, None] + 1  # [S, T], query i: j <= i + 1
+    p = seen / seen.sum(-1, keepdims=True)
+    want = np.einsum("st,btd->bsd", p, v[:, :, 0].astype(np.float64))[:, :, None]
+    sdpa = ops.scaled_dot_product_attention(is_causal=True)
+
+    def loss(v):
+        return jnp.sum(sdpa(q, k, v) * jnp.arange(4.0).reshape(1, 1, 1, 4))
+
+    o = sdpa(q, k, v)
+    np.testing.assert_allclose(o, np.broadcast_to(want, (1, 2, 2, 4)), rtol=1e-6)
+    gv = jax.grad(loss)(v)  # d/dv of sum_s,h p[s, t] v[t] . w: 2 heads read key head 0
+    np.testing.assert_allclose(gv[0, :, 0], 2 * p.sum(0)[:, None] * np.arange(4.0), rtol=1e-6)
+
+
+def test_sparse_indexed_attention_empty_head_dim() -> None:
+    """Its ``scale=None`` is ``1 / sqrt(D)`` too: with ``D = 0`` an empty output, not a
+    ZeroDivisionError."""
+    q, kv = jnp.zeros((1, 1, 0)), jnp.zeros((2, 0))
+    out = ops.sparse_indexed_attention()(q, kv, kv, kv, kv, jnp.array([[1]], jnp.int32))
+    assert out.shape == (1, 1, 0)
