@@ -24,7 +24,7 @@ import numpy as np
 
 from fnnc import ops
 from fnnc.core.ir import Symbol
-from fnnc.models.layer import BuildContext, Layer, ModelError, flag, zeros
+from fnnc.models.layer import BuildContext, Layer, ModelError, flag, is_int, zeros
 
 
 def _nnc_uniform(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
@@ -41,10 +41,12 @@ class ScaledDotProductAttention(Layer):
     """``softmax(scale q kᵀ + mask) v`` of ``q [B, S, H, D]``, ``k [B, T, Hk, D]``,
     ``v [B, T, Hk, Dv]`` (NNC's layout): one ``scaled_dot_product_attention`` command.
 
-    The options are NNC's (``ccv_cnnp_scaled_dot_product_attention``): ``scale`` on
-    ``q kᵀ`` (``None``: ``1 / sqrt(D)``), ``is_causal`` (aligned bottom-right: query
-    ``i`` sees keys ``j <= i + T - S``), ``has_attn_mask`` (a fourth input, bool keeps
-    or float adds, broadcast to ``[B, H, S, T]``). Without ``fused_unify_head_weights``
+    The options are NNC's, in the order of ``ccv_cnnp_scaled_dot_product_attention``:
+    ``scale`` on ``q kᵀ`` (``None``: ``1 / sqrt(D)``), ``is_causal`` (aligned
+    bottom-right: query ``i`` sees keys ``j <= i + T - S``), ``has_attn_mask`` (a fourth
+    input, bool keeps or float adds, broadcast to ``[B, H, S, T]``), ``flags`` (NNC's
+    GEMM precision flags: taken and ignored, a 16-bit attention accumulates in float32
+    anyway), ``fused_unify_head_weights`` and ``no_bias``. Without ``fused_unify_head_weights``
     the output is ``[B, S, H, Dv]`` and the layer has no parameters; with it the heads
     are joined and projected, ``y [B, S, H * Dv] = joined @ W^T + bias``, with
     parameter 0 ``W [H * Dv, H * Dv]`` (NNC's init, uniform in ``±sqrt(6 / (H Dv))``)
@@ -59,6 +61,7 @@ class ScaledDotProductAttention(Layer):
         scale: float | None = None,
         is_causal: bool = False,
         has_attn_mask: bool = False,
+        flags: int = 0,
         fused_unify_head_weights: bool = False,
         no_bias: bool = False,
         **kw: Any,
@@ -73,6 +76,11 @@ class ScaledDotProductAttention(Layer):
                 "(the factor on q kᵀ) or None for 1 / sqrt(head size)"
             )
         self.scale = None if scale is None else float(scale)
+        if not is_int(flags) or flags < 0:
+            raise ModelError(
+                f"layer {self.describe()}: flags is {flags!r:.40}; expected NNC's int flags "
+                "(e.g. 0), which fnnc takes and ignores"
+            )
         self.is_causal = flag(self, "is_causal", is_causal)
         self.has_attn_mask = flag(self, "has_attn_mask", has_attn_mask)
         self.fused = flag(self, "fused_unify_head_weights", fused_unify_head_weights)

@@ -90,3 +90,13 @@ def test_wrong_inputs_and_options_are_model_errors(qkv) -> None:
         ScaledDotProductAttention(is_causal="no")
     with pytest.raises(ModelError, match=r"scale is 'x'"):
         ScaledDotProductAttention("x")
+
+
+def test_positional_options_follow_nnc(qkv) -> None:
+    """``ccv_cnnp_scaled_dot_product_attention(scale, is_causal, has_attn_mask, flags,
+    fused_unify_head_weights, no_bias)``: NNC's positional call ports unchanged."""
+    layer = ScaledDotProductAttention(1 / 8, 0, 0, 0, 1, 1)
+    assert (layer.scale, layer.is_causal, layer.has_attn_mask) == (1 / 8, False, False)
+    assert (layer.fused, layer.no_bias) == (True, True)
+    with pytest.raises(ModelError, match=r"flags is 0.5"):
+        ScaledDotProductAttention(None, False, False, 0.5)
