@@ -23,6 +23,7 @@ same arithmetic.)
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,7 @@ from fnnc.models.layer import (
     ModelError,
     flag,
     glorot_uniform,
+    is_int,
     positive_int,
     zeros,
 )
@@ -103,7 +105,18 @@ class RotaryEmbedding(Layer):
 
     def __init__(self, *, base: float = 10000.0, offset: int = 0, **kw: Any):
         super().__init__(**kw)
-        self.base, self.offset = base, offset
+        if not is_int(offset) or offset < 0:  # a float one made arange's count drift
+            raise ModelError(
+                f"layer {self.describe()}: offset is {offset!r:.40}; expected an int >= 0, "
+                "the position of the first step (e.g. the KV cache's length)"
+            )
+        ok = isinstance(base, numbers.Real) and not isinstance(base, (bool, np.bool_))
+        if not ok or not np.isfinite(base) or base <= 0:  # 0 or < 0: NaN angles
+            raise ModelError(
+                f"layer {self.describe()}: base is {base!r:.40}; expected a finite number "
+                "> 0 (θ_i = base^(-2i / D), e.g. 10000.0)"
+            )
+        self.base, self.offset = float(base), int(offset)
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         if len(x.shape) != 4 or x.shape[-1] % 2:

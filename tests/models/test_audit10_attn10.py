@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fnnc.models import Input, Model, ModelError, ScaledDotProductAttention
+from fnnc.models import Input, Model, ModelError, RotaryEmbedding, ScaledDotProductAttention
 
 B, S, T, H, D, DV = 2, 3, 5, 2, 4, 3
 
@@ -100,3 +100,19 @@ def test_positional_options_follow_nnc(qkv) -> None:
     assert (layer.fused, layer.no_bias) == (True, True)
     with pytest.raises(ModelError, match=r"flags is 0.5"):
         ScaledDotProductAttention(None, False, False, 0.5)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"offset": 2.5}, r"offset is 2.5; expected an int >= 0"),  # arange's count drifted
+        ({"offset": -1}, r"offset is -1; expected an int >= 0"),
+        ({"offset": None}, r"offset is None"),  # was "unsupported operand type(s)"
+        ({"base": 0.0}, r"base is 0.0; expected a finite number > 0"),  # NaN output
+        ({"base": -2.0}, r"base is -2.0"),  # NaN output
+        ({"base": "1e4"}, r"base is '1e4'"),  # was "ufunc 'power' not supported"
+    ],
+)
+def test_rotary_embedding_refuses_bad_offset_and_base(kw, match) -> None:
+    with pytest.raises(ModelError, match=rf"RotaryEmbedding.*{match}"):
+        RotaryEmbedding(**kw)
