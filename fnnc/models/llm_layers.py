@@ -78,6 +78,12 @@ class SwiGLU(Layer):
                 f"layer {self.describe()}: out={out} sizes the down projection, which "
                 "down=False leaves out (the output is hidden wide)"
             )
+        ok = isinstance(clamp, numbers.Real) and not isinstance(clamp, (bool, np.bool_))
+        if not ok or not np.isfinite(clamp):
+            raise ModelError(
+                f"layer {self.describe()}: clamp is {clamp!r:.40}; expected a finite number "
+                "(> 0 clamps the gate and up projections, 0 does not)"
+            )
         self.hidden, self.out, self.clamp, self.down = hidden, out, float(clamp), down
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
@@ -199,8 +205,9 @@ class MoE(Layer):
         if not 1 <= k <= experts:
             raise ModelError(f"MoE: k={k} must be in 1..{experts} (the number of experts)")
         self.experts, self.hidden, self.k = experts, hidden, k
-        self.weight_scale, self.return_load = weight_scale, return_load
-        self.normalize = bool(normalize)
+        self.weight_scale = weight_scale
+        self.return_load = flag(self, "return_load", return_load)
+        self.normalize = flag(self, "normalize", normalize)  # bool("no") was True
 
     def num_outputs(self, num_inputs: int) -> int:
         return 2 if self.return_load else 1

@@ -7,7 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fnnc.models import Input, Model, ModelError, RotaryEmbedding, ScaledDotProductAttention
+from fnnc.models import (
+    Input,
+    Model,
+    ModelError,
+    MoE,
+    RotaryEmbedding,
+    ScaledDotProductAttention,
+    SwiGLU,
+)
 
 B, S, T, H, D, DV = 2, 3, 5, 2, 4, 3
 
@@ -116,3 +124,19 @@ def test_positional_options_follow_nnc(qkv) -> None:
 def test_rotary_embedding_refuses_bad_offset_and_base(kw, match) -> None:
     with pytest.raises(ModelError, match=rf"RotaryEmbedding.*{match}"):
         RotaryEmbedding(**kw)
+
+
+def test_swiglu_and_moe_check_their_options() -> None:
+    """``SwiGLU(clamp="x")`` raised a bare ValueError (``None`` a TypeError);
+    ``MoE(normalize="no")`` read as True (``bool("no")``), the opposite of what was
+    asked, and ``return_load="no"`` added a second output."""
+    with pytest.raises(ModelError, match=r"SwiGLU.*clamp is 'x'; expected a finite number"):
+        SwiGLU(8, clamp="x")
+    with pytest.raises(ModelError, match=r"SwiGLU.*clamp is None"):
+        SwiGLU(8, clamp=None)
+    with pytest.raises(ModelError, match=r"MoE.*normalize is 'no'"):
+        MoE(2, 8, normalize="no")
+    with pytest.raises(ModelError, match=r"MoE.*return_load is 'no'"):
+        MoE(2, 8, return_load="no")
+    assert MoE(2, 8, normalize=0).normalize is False  # NNC's 1 / 0 still read
+    assert SwiGLU(8, clamp=np.float32(2.5)).clamp == 2.5
