@@ -26,19 +26,34 @@ of keeping the ``[B, H, S, T]`` probabilities alive.
 from __future__ import annotations
 
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from fnnc.core.command import Spec, Uses, defcommand
 from fnnc.core.dtypes import at_least_float32
-from fnnc.errors import DTypeError
+from fnnc.errors import CommandError, DTypeError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show, to_shape, unbroadcast
+
+
+def check_scale(name: str, scale) -> None:
+    """Raises unless ``scale`` is ``None`` or a finite real number (not a bool): the
+    ``None`` default let any value through, so ``scale="x"`` failed inside ``jnp.asarray``
+    and ``scale=nan`` gave numbers."""
+    real = isinstance(scale, numbers.Real) and not isinstance(scale, (bool, np.bool_))
+    if scale is not None and not (real and math.isfinite(scale)):
+        raise CommandError(
+            f"{name}: scale is {scale!r:.40} ({type(scale).__name__}); expected a finite "
+            "number (the factor on q kᵀ) or None for 1 / sqrt(D)"
+        )
 
 
 def _sdpa_shape(q, k, v, mask=None, weights=None, bias=None, *, scale, is_causal):
     name = "scaled_dot_product_attention"
+    check_scale(name, scale)
     require_float(name, q, k, v)
     dtype = require_same_dtype(name, q, k, v)
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:

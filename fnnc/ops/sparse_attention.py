@@ -42,7 +42,7 @@ from fnnc.core.command import Spec, defcommand
 from fnnc.core.dtypes import at_least_float32
 from fnnc.errors import DTypeError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show
-from fnnc.ops.attention import default_scale, scaled_dot_product_attention
+from fnnc.ops.attention import check_scale, default_scale, scaled_dot_product_attention
 
 
 def _arg_partition_shape(
@@ -110,6 +110,7 @@ def _sparse_shape(
     attention_sinks, sliding_window
 ):  # fmt: skip
     name = "sparse_indexed_attention"
+    check_scale(name, scale)
     floats = [q, dense_k, dense_v, sparse_k, sparse_v] + ([sinks] if sinks is not None else [])
     require_float(name, *floats)
     require_same_dtype(name, *floats)

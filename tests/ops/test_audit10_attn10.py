@@ -6,8 +6,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fnnc import ops
+from fnnc.errors import CommandError
 
 
 def test_empty_head_dim_is_uniform_attention() -> None:
@@ -36,3 +38,24 @@ def test_sparse_indexed_attention_empty_head_dim() -> None:
     q, kv = jnp.zeros((1, 1, 0)), jnp.zeros((2, 0))
     out = ops.sparse_indexed_attention()(q, kv, kv, kv, kv, jnp.array([[1]], jnp.int32))
     assert out.shape == (1, 1, 0)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), "x", True])
+def test_scale_must_be_a_finite_number(scale) -> None:
+    """``scale=None`` is the default, so the generic hyper-parameter check let anything
+    through: ``"x"`` failed inside ``jnp.asarray``, ``nan`` gave numbers, ``inf`` NaN."""
+    q = np.ones((1, 2, 1, 4), np.float32)
+    with pytest.raises(CommandError, match=r"scaled_dot_product_attention: scale is .*finite"):
+        ops.scaled_dot_product_attention(scale=scale)(q, q, q)
+    with pytest.raises(CommandError, match=r"sparse_indexed_attention: scale is"):
+        kv = np.ones((2, 4), np.float32)
+        ops.sparse_indexed_attention(scale=scale)(q[0], kv, kv, kv, kv, np.ones((2, 1), np.int32))
+
+
+def test_integral_scale_still_works() -> None:
+    q = np.random.default_rng(1).standard_normal((1, 2, 1, 4)).astype(np.float32)
+    logits = np.einsum("sd,td->st", q[0, :, 0], q[0, :, 0]).astype(np.float64) * 2
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ q[0, :, 0].astype(np.float64)
+    got = ops.scaled_dot_product_attention(scale=np.int64(2))(q, q, q)
+    np.testing.assert_allclose(np.asarray(got)[0, :, 0], want, rtol=1e-5)
