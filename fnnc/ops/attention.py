@@ -170,8 +170,14 @@ def scaled_dot_product_attention(
     if weights is None:
         return o
     b, s, h, dv = o.shape
-    y = jnp.einsum("bsf,ef->bse", jnp.reshape(o, (b, s, h * dv)), weights)
-    return (y if bias is None else y + to_shape(bias, y.shape)), o
+    # 16-bit: the product and its bias in float32, rounded once (as NNC's loop sums
+    # bias + products in float); rounding the product before the bias added a second
+    wide = at_least_float32(q.dtype)
+    y = jnp.einsum(
+        "bsf,ef->bse", jnp.reshape(o, (b, s, h * dv)), weights, preferred_element_type=wide
+    )
+    y = y if bias is None else y + to_shape(bias.astype(wide), y.shape)
+    return y.astype(q.dtype), o
 
 
 def _heads(q, k, v, mask, scale, is_causal):
@@ -223,10 +229,13 @@ def _sdpa_backward(grads, inputs, outputs, *, scale, is_causal):
         b, s, h, dv = o.shape
         joined = jnp.reshape(o, (b, s, h * dv))
         gw = gb = None
-        if gy is not None:
-            g_joined = jnp.reshape(jnp.einsum("bse,ef->bsf", gy, weights), o.shape)
-            go = g_joined if go is None else go + g_joined
-            gw = jnp.einsum("bse,bsf->ef", gy, joined)
+        if gy is not None:  # 16-bit: summed in float32, rounded once
+            wide = at_least_float32(q.dtype)
+            g_joined = jnp.einsum("bse,ef->bsf", gy, weights, preferred_element_type=wide)
+            g_joined = jnp.reshape(g_joined, o.shape)
+            go = (g_joined if go is None else go.astype(wide) + g_joined).astype(o.dtype)
+            gw = jnp.einsum("bse,bsf->ef", gy, joined, preferred_element_type=wide)
+            gw = gw.astype(weights.dtype)
             gb = jnp.sum(gy, axis=(0, 1))
         extra = (gw, gb)
     if go is None:
