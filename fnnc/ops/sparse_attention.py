@@ -218,6 +218,7 @@ def _sol_shape(
     approximation_end, query_block_size, local_block_radius
 ):  # fmt: skip
     name = "sol_attention"
+    check_scale(name, scale)
     require_float(name, q, k, v)
     require_same_dtype(name, q, k, v)
     flag = is_dense_attention

@@ -50,6 +50,8 @@ def test_scale_must_be_a_finite_number(scale) -> None:
     with pytest.raises(CommandError, match=r"sparse_indexed_attention: scale is"):
         kv = np.ones((2, 4), np.float32)
         ops.sparse_indexed_attention(scale=scale)(q[0], kv, kv, kv, kv, np.ones((2, 1), np.int32))
+    with pytest.raises(CommandError, match=r"sol_attention: .*sc.* is"):  # nan: NaN out
+        ops.sol_attention(scale=scale, block_size=2)(q, q, q)
 
 
 def test_integral_scale_still_works() -> None:
