@@ -172,6 +172,20 @@ _AXES = frozenset({"axes", "reduce_axes"})
 """Parameters that list axes: one int given alone is the one-axis tuple."""
 
 
+def _flag(default: Any, value: Any) -> Any:
+    """NNC's int flag ``0`` / ``1`` for a bool hyper-parameter is the bool it means
+    (``CMD_SCALED_DOT_PRODUCT_ATTENTION_FORWARD(scale, 1)``, as the layers' ``flag``
+    takes it); any other value is kept for :func:`param_fits` to judge."""
+    if (
+        type(default) is bool
+        and isinstance(value, (int, np.integer))
+        and not isinstance(value, (bool, np.bool_))
+        and value in (0, 1)
+    ):
+        return bool(value)
+    return value
+
+
 def make_command(name: str, kwargs: dict[str, Any]) -> Command:
     """Builds a :class:`Command`, filling defaults and rejecting unknown parameters and
     values of a kind the parameter never takes (see :func:`param_fits`)."""
@@ -182,6 +196,7 @@ def make_command(name: str, kwargs: dict[str, Any]) -> Command:
             f"{name}: unknown hyper-parameter(s) {unknown}; "
             f"expected some of {sorted(opdef.param_defaults)}"
         )
+    kwargs = {k: _flag(opdef.param_defaults[k], v) for k, v in kwargs.items()}
     for key, value in kwargs.items():
         fits = FITS.get((name, key, type(value)))
         if fits is None:
