@@ -1,10 +1,12 @@
-"""The cnnp layers over spatial axes: :class:`Conv`, :class:`MaxPool`, :class:`AvgPool`.
+"""The cnnp layers over spatial axes: :class:`Conv`, :class:`ConvTranspose`,
+:class:`MaxPool`, :class:`AvgPool`.
 
 Data is channels-last, ``[batch, spatial..., channels]`` (NHWC for images); a size given
 as one int stands for every spatial axis of the input the layer is called on
 (``Conv(16, 3)`` is 3x3 on NHWC, width 3 on ``[N, W, C]``), known at build. Convolution
-weights are ``[filters, k..., in/groups]`` (NNC's ``[out, kh, kw, in/groups]``), weight
-parameter 0, bias parameter 1.
+weights are ``[filters, k..., in/groups]`` (NNC's ``[out, kh, kw, in/groups]``), those of
+a transposed convolution ``[in, k..., filters/groups]`` (NNC's), weight parameter 0, bias
+parameter 1.
 
 >>> import numpy as np
 >>> from fnnc.models import Conv, MaxPool, Sequential
@@ -122,6 +124,80 @@ class Conv(Layer):
         )
         cmd = ops.convolution(
             strides=self.strides, padding=self.padding, dilation=self.dilation, groups=self.groups
+        )
+        return ctx.b.exec(cmd, *args, name=ctx.layer_id(self))
+
+
+class ConvTranspose(Conv):
+    """Channels-last transposed convolution, NNC's ``ccv_cnnp_convolution_transpose``:
+    weight ``[in, k..., filters/groups]`` (NHWC: ``[in, kh, kw, filters/groups]``, the
+    layout NNC gives it, so NNC-written weights load as they are), parameter 0; bias
+    ``[filters]``, parameter 1.
+
+    It is the adjoint of a :class:`Conv` with the same weight, strides, padding and
+    dilation (``ops.convolution_transpose``): ``[N, spatial..., in]`` goes to ``[N,
+    (spatial - 1) * strides + dilated k - pads + output_padding, filters]``, ``spatial *
+    strides`` with ``padding="SAME"`` (the default, as Conv's). ``padding`` is that of the
+    convolution being transposed (NNC's hint border); ``output_padding`` (one int or one
+    per spatial axis, each below its stride, NNC's ``output_padding``) picks among the
+    sizes a strided convolution maps to the same size.
+
+    >>> import numpy as np
+    >>> from fnnc.models import ConvTranspose, Sequential
+    >>> model = Sequential([ConvTranspose(4, 3, strides=2, padding=1, output_padding=1,
+    ...                                   name="up")])
+    >>> model.compile([np.zeros((1, 5, 5, 3), np.float32)])
+    >>> model.parameters()["t-up-0-0"].shape
+    (3, 3, 3, 4)
+    >>> model.evaluate([np.ones((1, 5, 5, 3), np.float32)]).shape
+    (1, 10, 10, 4)
+    """
+
+    def __init__(
+        self,
+        filters: int,
+        kernel_size: int | Sequence[int],
+        *,
+        output_padding: Any = 0,
+        **kw: Any,
+    ):
+        super().__init__(filters, kernel_size, **kw)
+        many = isinstance(output_padding, Sequence) and not isinstance(output_padding, str)
+        values = list(output_padding) if many else [output_padding]
+        if not all(is_int(r) and r >= 0 for r in values):
+            raise ModelError(
+                f"layer {self.describe()}: output_padding is {output_padding!r:.40}; expected "
+                "an int >= 0 (below the stride) or one per spatial axis, e.g. output_padding=1"
+            )
+        self.output_padding = tuple(int(r) for r in values) if many else int(values[0])
+        if self.filters % self.groups:
+            raise ModelError(
+                f"layer {self.describe()}: filters={self.filters} do not split into "
+                f"groups={self.groups}; filters must be a multiple of groups"
+            )
+
+    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
+        kernel = _per_axis(self, "kernel_size", self.kernel_size, x)  # first: checks the rank
+        cin = x.shape[-1]
+        if cin % self.groups:
+            raise ModelError(
+                f"layer {self.describe()}: {cin} input channels do not split into "
+                f"{self.groups} groups"
+            )
+        if not is_int(self.output_padding):
+            _per_axis(self, "output_padding", self.output_padding, x)
+        nk = len(kernel)
+        shape = (cin, *kernel, self.filters // self.groups)
+        w = ctx.param(self, 0, shape, glorot_uniform(range(1, nk + 2), [0]), x.dtype)
+        args = (
+            [x, w] if self.no_bias else [x, w, ctx.param(self, 1, (self.filters,), zeros, x.dtype)]
+        )
+        cmd = ops.convolution_transpose(
+            strides=self.strides,
+            padding=self.padding,
+            dilation=self.dilation,
+            groups=self.groups,
+            output_padding=self.output_padding,
         )
         return ctx.b.exec(cmd, *args, name=ctx.layer_id(self))
 

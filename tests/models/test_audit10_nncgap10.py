@@ -1,0 +1,137 @@
+"""Audit 10: NNC cnnp layers fnnc lacked (ccv_cnnp_model_addons.c): the transposed
+convolution layer (ccv_cnnp_convolution_transpose), checked against a NumPy port of NNC's
+CPU reference kernel (ccv_nnc_conv_transpose_cpu_ref.c) and jax.vjp of
+lax.conv_general_dilated."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from fnnc.errors import ModelError
+from fnnc.models import ConvTranspose, Input, Model, model_function
+
+RNG = np.random.default_rng(10)
+
+
+def _fn(layer, *xs):
+    ins = [Input() for _ in xs]
+    model = Model(ins, [layer(*ins)])
+    model.compile(list(xs))
+    return model, model_function(model, list(xs))
+
+
+def _vjp(fn, params, xs, ct):
+    """(y, dx of every input, d params) of ``fn`` at ``xs`` for the cotangent ``ct``."""
+
+    def both(xs, params, ct):
+        y, vjp = jax.vjp(lambda xs, p: fn(list(xs), p, [])[0][0], xs, params)
+        return (y, *vjp(ct))
+
+    return jax.jit(both)(tuple(jnp.asarray(x) for x in xs), params, jnp.asarray(ct))
+
+
+def _nnc_conv_transpose(a, w, bias, groups, stride, border, dilation, out_hw):
+    """NNC's NHWC CPU reference in float64 loops: output channel k of group k // (F/G)
+    gets ``w[c, j0, j1, k % (F/G)] * a[i0, i1, c]`` at ``i * stride - border + j *
+    dilation`` for the group's input channels c, cropped to ``out_hw``, plus the bias."""
+    n, h, wd, cin = a.shape
+    _, kh, kw, fg = w.shape
+    out = np.zeros((n, *out_hw, fg * groups)) + bias
+    icg = cin // groups
+    for b in range(n):
+        for k in range(fg * groups):
+            g = k // fg
+            for i0 in range(h):
+                for i1 in range(wd):
+                    for j0 in range(kh):
+                        for j1 in range(kw):
+                            y0 = i0 * stride[0] - border[0] + j0 * dilation[0]
+                            y1 = i1 * stride[1] - border[1] + j1 * dilation[1]
+                            if 0 <= y0 < out_hw[0] and 0 <= y1 < out_hw[1]:
+                                cs = slice(g * icg, (g + 1) * icg)
+                                out[b, y0, y1, k] += np.dot(
+                                    w[cs, j0, j1, k % fg].astype(np.float64),
+                                    a[b, i0, i1, cs].astype(np.float64),
+                                )
+    return out
+
+
+def _adjoint(x, w, bias, groups, stride, pads, dilation, out_hw):
+    """The transpose as jax.vjp of lax.conv_general_dilated (OHWI weight [in, k, F/G])
+    with respect to its input of size ``out_hw``."""
+    n = x.shape[0]
+    zero = jnp.zeros((n, *out_hw, w.shape[-1] * groups), x.dtype)
+    conv = lambda z: lax.conv_general_dilated(
+        z, w, stride, pads, rhs_dilation=dilation,
+        dimension_numbers=("NHWC", "OHWI", "NHWC"), feature_group_count=groups,
+    )  # fmt: skip
+    return jax.vjp(conv, zero)[1](x)[0] + jnp.reshape(bias, (1, 1, 1, -1))
+
+
+def test_conv_transpose_matches_nnc_cpu_ref_and_conv_adjoint():
+    """ConvTranspose(4, (3, 2), strides=2, padding=1, dilation=(1, 2), output_padding=1,
+    groups=2) on [2, 3, 4, 6]: weight [6, 3, 2, 2] (NNC's [in, kh, kw, filters/groups]);
+    forward == NNC's CPU reference port; forward and all gradients == jax.vjp of the
+    convolution's input-adjoint (jax.grad oracle)."""
+    x = RNG.standard_normal((2, 3, 4, 6)).astype(np.float32)
+    layer = ConvTranspose(
+        4, (3, 2), strides=2, padding=1, dilation=(1, 2), output_padding=1, groups=2, name="up"
+    )
+    model, fn = _fn(layer, x)
+    params = model.parameters()
+    assert params["t-up-0-0"].shape == (6, 3, 2, 2) and params["t-up-0-1"].shape == (4,)
+    w = RNG.standard_normal((6, 3, 2, 2)).astype(np.float32)
+    bias = RNG.standard_normal(4).astype(np.float32)
+    p = {"t-up-0-0": jnp.asarray(w), "t-up-0-1": jnp.asarray(bias)}
+    # (3 - 1) * 2 + 3 - 2 + 1 = 6 rows; (4 - 1) * 2 + 3 - 2 + 1 = 8 columns
+    out_hw = (6, 8)
+    ct = RNG.standard_normal((2, *out_hw, 4)).astype(np.float32)
+    y, (dx,), dp = _vjp(fn, p, [x], ct)
+    want = _nnc_conv_transpose(x, w, bias, 2, (2, 2), (1, 1), (1, 2), out_hw)
+    np.testing.assert_allclose(np.asarray(y), want, rtol=1e-5, atol=1e-5)
+
+    args = dict(groups=2, stride=(2, 2), pads=((1, 1), (1, 1)), dilation=(1, 2), out_hw=out_hw)
+    ref = lambda x, w, b: _adjoint(x, w, b, **args)
+    np.testing.assert_allclose(np.asarray(y), ref(x, w, bias), rtol=1e-5, atol=1e-5)
+    gx, gw, gb = jax.grad(lambda *a: jnp.sum(ref(*a) * ct), argnums=(0, 1, 2))(x, w, bias)
+    np.testing.assert_allclose(np.asarray(dx), gx, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(dp["t-up-0-0"]), gw, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(dp["t-up-0-1"]), gb, rtol=1e-5, atol=1e-4)
+
+
+def test_conv_transpose_same_padding_no_bias_one_dim():
+    """The defaults (padding='SAME') give x * stride; no_bias makes one parameter; on
+    [N, W, C] an int kernel is a width. Oracle: the NNC reference port with SAME's
+    border (the convolution of the [N, 8] output pads (k - s) // 2 = 0 before)."""
+    x = RNG.standard_normal((1, 4, 3)).astype(np.float32)
+    model, fn = _fn(ConvTranspose(2, 3, strides=2, no_bias=True, name="t"), x)
+    assert list(model.parameters()) == ["t-t-0-0"]
+    w = RNG.standard_normal((3, 3, 2)).astype(np.float32)
+    y = np.asarray(fn([x], {"t-t-0-0": jnp.asarray(w)}, [])[0][0])
+    assert y.shape == (1, 8, 2)
+    want = _nnc_conv_transpose(x[:, None], w[:, None], 0.0, 1, (1, 2), (0, 0), (1, 1), (1, 8))[:, 0]
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "shape", "match"),
+    [
+        (dict(output_padding=-1), (1, 4, 4, 2), "output_padding is -1"),
+        (dict(output_padding="a"), (1, 4, 4, 2), "output_padding is 'a'"),
+        (dict(groups=2, filters=3), (1, 4, 4, 2), "filters=3 do not split"),
+        (dict(groups=2), (1, 4, 4, 3), "3 input channels do not split"),
+        (dict(output_padding=(1, 1, 1), strides=2), (1, 4, 4, 2), "output_padding=.*2 spatial"),
+        (dict(), (4, 2), "no spatial axis"),
+        (dict(output_padding=2, strides=2), (1, 4, 4, 2), "smaller than strides"),
+    ],
+)
+def test_conv_transpose_errors_name_the_layer(kwargs, shape, match):
+    """Bad options and inputs are ModelErrors naming ConvTranspose('bad')."""
+    kwargs = {"filters": 4, "kernel_size": 3, "padding": 1, **kwargs}
+    with pytest.raises(ModelError, match=match) as info:
+        _fn(ConvTranspose(name="bad", **kwargs), np.zeros(shape, np.float32))
+    assert "ConvTranspose('bad')" in str(info.value)
