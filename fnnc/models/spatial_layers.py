@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from fnnc import ops
 from fnnc.core.ir import Symbol
 from fnnc.models.layer import (
@@ -85,6 +87,20 @@ class Conv(Layer):
     ``kernel_size`` is one int for every spatial axis of the input the layer is called
     on (inputs are ``[batch, spatial..., channels]``: ``Conv(16, 3)`` is 3x3 on NHWC, a
     width-3 kernel on ``[N, W, C]``) or one int per spatial axis.
+
+    ``format="NCHW"`` (NNC's ``format``, also its ints 1 / 2 for NCHW / NHWC) makes the
+    input and output channels-first ``[batch, channels, spatial...]`` and the weight NNC's
+    NCHW one, ``[filters, in/groups, k...]``, so NCHW models and their weights port as
+    they are; the layer transposes to channels-last around the convolution.
+
+    >>> import numpy as np
+    >>> from fnnc.models import Conv, Sequential
+    >>> model = Sequential([Conv(4, 3, format="NCHW", name="c")])
+    >>> model.compile([np.zeros((1, 3, 8, 8), np.float32)])
+    >>> model.parameters()["t-c-0-0"].shape
+    (4, 3, 3, 3)
+    >>> model.evaluate([np.ones((1, 3, 8, 8), np.float32)]).shape
+    (1, 4, 8, 8)
     """
 
     owns_parameters = True
@@ -99,6 +115,7 @@ class Conv(Layer):
         dilation: Any = 1,
         groups: int = 1,
         no_bias: bool = False,
+        format: Any = "NHWC",  # noqa: A002 (NNC's name)
         **kw: Any,
     ):
         super().__init__(**kw)
@@ -107,25 +124,43 @@ class Conv(Layer):
         self.strides, self.padding, self.dilation = strides, padding, dilation
         self.groups = positive_int(self, "groups", groups)
         self.no_bias = flag(self, "no_bias", no_bias)
+        self.format = _layout(self, format)
+
+    def _weight_ends(self, cin: int) -> tuple[int, int]:
+        """The weight's first and channel dims: ``(filters, in/groups)``."""
+        return self.filters, cin // self.groups
+
+    def _command(self) -> Any:
+        return ops.convolution(
+            strides=self.strides, padding=self.padding, dilation=self.dilation, groups=self.groups
+        )
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         kernel = _per_axis(self, "kernel_size", self.kernel_size, x)  # first: checks the rank
-        cin = x.shape[-1]
+        first = self.format == "NCHW"
+        cin = x.shape[1] if first else x.shape[-1]
         if cin % self.groups:
             raise ModelError(
-                f"layer {self.describe()}: {cin} input channels do not split into "
-                f"{self.groups} groups"
+                f"layer {self.describe()}: {cin} input channels ({self.format} input of "
+                f"shape {list(x.shape)}) do not split into {self.groups} groups"
             )
-        nk = len(kernel)
-        shape = (self.filters, *kernel, cin // self.groups)
+        self._check(x)
+        nk, (out, inner) = len(kernel), self._weight_ends(cin)
+        shape = (out, inner, *kernel) if first else (out, *kernel, inner)
         w = ctx.param(self, 0, shape, glorot_uniform(range(1, nk + 2), [0]), x.dtype)
-        args = (
-            [x, w] if self.no_bias else [x, w, ctx.param(self, 1, (self.filters,), zeros, x.dtype)]
-        )
-        cmd = ops.convolution(
-            strides=self.strides, padding=self.padding, dilation=self.dilation, groups=self.groups
-        )
-        return ctx.b.exec(cmd, *args, name=ctx.layer_id(self))
+        bias = [] if self.no_bias else [ctx.param(self, 1, (self.filters,), zeros, x.dtype)]
+        name = ctx.layer_id(self)
+        if not first:
+            return ctx.b.exec(self._command(), x, w, *bias, name=name)
+        last = ops.transpose(perm=(0, *range(2, nk + 2), 1))  # NCHW -> NHWC, OIHW -> OHWI
+        x = ctx.b.exec(last, x, name=f"{name}/nhwc")
+        w = ctx.b.exec(last, w, name=f"{name}/weight_nhwc")
+        y = ctx.b.exec(self._command(), x, w, *bias, name=name)
+        back = ops.transpose(perm=(0, nk + 1, *range(1, nk + 1)))
+        return ctx.b.exec(back, y, name=f"{name}/nchw")
+
+    def _check(self, x: Symbol) -> None:
+        """Checks of the input beyond the kernel's and the groups' (none for Conv)."""
 
 
 class ConvTranspose(Conv):
@@ -176,30 +211,39 @@ class ConvTranspose(Conv):
                 f"groups={self.groups}; filters must be a multiple of groups"
             )
 
-    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
-        kernel = _per_axis(self, "kernel_size", self.kernel_size, x)  # first: checks the rank
-        cin = x.shape[-1]
-        if cin % self.groups:
-            raise ModelError(
-                f"layer {self.describe()}: {cin} input channels do not split into "
-                f"{self.groups} groups"
-            )
-        if not is_int(self.output_padding):
-            _per_axis(self, "output_padding", self.output_padding, x)
-        nk = len(kernel)
-        shape = (cin, *kernel, self.filters // self.groups)
-        w = ctx.param(self, 0, shape, glorot_uniform(range(1, nk + 2), [0]), x.dtype)
-        args = (
-            [x, w] if self.no_bias else [x, w, ctx.param(self, 1, (self.filters,), zeros, x.dtype)]
-        )
-        cmd = ops.convolution_transpose(
+    def _weight_ends(self, cin: int) -> tuple[int, int]:
+        """The weight's first and channel dims: ``(in, filters/groups)``, NNC's."""
+        return cin, self.filters // self.groups
+
+    def _command(self) -> Any:
+        return ops.convolution_transpose(
             strides=self.strides,
             padding=self.padding,
             dilation=self.dilation,
             groups=self.groups,
             output_padding=self.output_padding,
         )
-        return ctx.b.exec(cmd, *args, name=ctx.layer_id(self))
+
+    def _check(self, x: Symbol) -> None:
+        if not is_int(self.output_padding):
+            _per_axis(self, "output_padding", self.output_padding, x)
+
+
+def _layout(layer: Layer, format: Any) -> str:  # noqa: A002 (NNC's name)
+    """A Conv's ``format``: ``"NHWC"`` or ``"NCHW"`` (any case), or NNC's
+    ``CCV_TENSOR_FORMAT_*`` ints (1 NCHW, 2 NHWC; 0, NNC's "as the input", is NHWC); else
+    a :class:`ModelError` naming the layer."""
+    names = {"NHWC": "NHWC", "NCHW": "NCHW", 0: "NHWC", 1: "NCHW", 2: "NHWC"}
+    key = format.upper() if isinstance(format, str) else format
+    if isinstance(format, (bool, np.bool_)) or not isinstance(key, (str, int, np.integer)):
+        key = None
+    if key not in names:
+        raise ModelError(
+            f"layer {layer.describe()}: format is {format!r:.40}; expected 'NHWC' (the "
+            "default, channels last) or 'NCHW' (channels first, weight [out, in, k...]), "
+            "or NNC's ints 1 (NCHW) / 2 (NHWC)"
+        )
+    return names[key]
 
 
 class _Pool(Layer):
