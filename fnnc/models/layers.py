@@ -97,20 +97,70 @@ class Flatten(Layer):
 
 
 class Reshape(Layer):
-    """Reshapes the non-batch axes to ``shape`` (``-1`` allowed once)."""
+    """Reshapes the non-batch axes to ``shape`` (``-1`` allowed once).
 
-    def __init__(self, shape: Sequence[int], **kw: Any):
+    With ``ofs`` or ``stride`` (NNC's ``ccv_cnnp_reshape(format, dim, ofs, stride)``) it
+    is a view of each sample: entry ``i`` reads the sample's flat (row-major) element
+    ``sum((ofs[k] + i[k]) * stride[k])``, ``stride`` defaulting to the contiguous strides
+    of ``shape`` and ``ofs`` to zeros, one entry per axis of ``shape``. NNC's ``dim`` /
+    ``ofs`` / ``stride`` also hold the batch axis; here it is kept whole (NNC's batch
+    offset 0, stride the sample's size). A view reaching outside the sample, or a ``-1``
+    in a view's shape, is a :class:`ModelError` naming the layer. The second half of the
+    channels of ``[N, 2, 2, 4]``:
+
+    >>> import numpy as np
+    >>> from fnnc.models import Reshape, Sequential
+    >>> model = Sequential([Reshape((2, 2, 2), ofs=(0, 0, 2), stride=(8, 4, 1))])
+    >>> model.compile([np.zeros((1, 2, 2, 4), np.float32)])
+    >>> x = np.arange(16, dtype=np.float32).reshape(1, 2, 2, 4)
+    >>> model.evaluate([x])[0, :, :, 0].tolist()
+    [[2.0, 6.0], [10.0, 14.0]]
+    """
+
+    def __init__(self, shape: Sequence[int], *, ofs: Any = None, stride: Any = None, **kw: Any):
         super().__init__(**kw)
         self.shape = shape_of(self, "shape", shape, "Reshape((4, 4)) or Reshape((-1,))", True)
+        n, example = len(self.shape), "Reshape((2, 2), ofs=(0, 1), stride=(4, 1))"
+        self.ofs = None if ofs is None else shape_of(self, "ofs", ofs, example)
+        self.stride = None if stride is None else shape_of(self, "stride", stride, example)
+        view = [v for v in (self.ofs, self.stride) if v is not None]
+        if view and (-1 in self.shape or any(len(v) != n for v in view)):
+            raise ModelError(
+                f"layer {self.describe()}: a view takes shape, ofs and stride with one entry "
+                f"per axis and no -1; got shape={shape!r:.40}, ofs={ofs!r:.40}, "
+                f"stride={stride!r:.40}, e.g. {example}"
+            )
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         # the -1 from one sample's size, not the batch's: 0 rows hold no count to divide
         shape, size = self.shape, int(np.prod(x.shape[1:]))
+        if self.ofs is not None or self.stride is not None:
+            return self._view(ctx, x, size)
         if all(is_int(n) for n in shape) and shape.count(-1) == 1:
             known = int(np.prod([n for n in shape if n != -1]))
             if known > 0 and size % known == 0:
                 shape = tuple(size // known if n == -1 else n for n in shape)
         return ctx.b.exec(ops.reshape(shape=(x.shape[0], *shape)), x, name=ctx.layer_id(self))
+
+    def _view(self, ctx: BuildContext, x: Symbol, size: int) -> Symbol:
+        """NNC's alias of each sample, as a gather of its flat elements."""
+        shape, n = self.shape, len(self.shape)
+        stride = self.stride or tuple(int(np.prod(shape[k + 1 :])) for k in range(n))
+        ofs = self.ofs or (0,) * n
+        grids = np.meshgrid(*[np.arange(o, o + m) for o, m in zip(ofs, shape)], indexing="ij")
+        flat = sum((g * s for g, s in zip(grids, stride)), np.zeros(shape, np.int64))
+        if flat.size and int(flat.max()) >= size:
+            raise ModelError(
+                f"layer {self.describe()}: the view shape {list(shape)}, ofs {list(ofs)}, "
+                f"stride {list(stride)} reads element {int(flat.max())} of a sample of "
+                f"{size} (input {list(x.shape)}); keep sum((ofs + shape - 1) * stride) "
+                f"below {size}"
+            )
+        name = ctx.layer_id(self)
+        rows = ctx.b.exec(ops.reshape(shape=(x.shape[0], size)), x, name=f"{name}/flat")
+        idx = ctx.b.constant(flat.reshape(-1).astype(np.int32), name=f"{name}/index")
+        y = ctx.b.exec(ops.index_select(axis=1), rows, idx, name=f"{name}/view")
+        return ctx.b.exec(ops.reshape(shape=(x.shape[0], *shape)), y, name=name)
 
 
 class Embedding(Layer):

@@ -12,7 +12,7 @@ import pytest
 from jax import lax
 
 from fnnc.errors import ModelError
-from fnnc.models import Conv, ConvTranspose, Input, Model, model_function
+from fnnc.models import Conv, ConvTranspose, Input, Model, Reshape, model_function
 
 RNG = np.random.default_rng(10)
 
@@ -191,3 +191,64 @@ def test_conv_format_is_checked(bad):
     with pytest.raises(ModelError, match=r"Conv\('c'\): format is"):
         Conv(4, 3, format=bad, name="c")
     assert Conv(4, 3).format == "NHWC" and Conv(4, 3, format="nchw").format == "NCHW"
+
+
+def test_reshape_view_is_the_channel_slice_with_its_gradient():
+    """Reshape((2, 3, 2), ofs=(0, 0, 2), stride=(12, 4, 1)) on [2, 2, 3, 4] is NNC's
+    alias of the last two channels: == x[..., 2:], and dx is ct in those channels, zero
+    elsewhere (jax.grad of the slice)."""
+    x = RNG.standard_normal((2, 2, 3, 4)).astype(np.float32)
+    _, fn = _fn(Reshape((2, 3, 2), ofs=(0, 0, 2), stride=(12, 4, 1)), x)
+    ct = RNG.standard_normal((2, 2, 3, 2)).astype(np.float32)
+    y, (dx,), _ = _vjp(fn, {}, [x], ct)
+    np.testing.assert_array_equal(np.asarray(y), x[..., 2:])
+    want = jax.grad(lambda v: jnp.sum(v[..., 2:] * ct))(x)
+    np.testing.assert_array_equal(np.asarray(dx), want)
+
+
+@pytest.mark.parametrize(
+    ("shape", "ofs", "stride"),
+    [
+        ((2, 3), (1, 0), None),  # default contiguous stride: elements 3..8 of 12
+        ((3, 2), (0, 1), (0, 2)),  # stride 0: each row the same odd elements (overlap)
+        ((2, 2), None, (5, 3)),  # a skewed view
+    ],
+)
+def test_reshape_view_matches_numpy_as_strided(shape, ofs, stride):
+    """Per sample, the view == np.lib.stride_tricks.as_strided of the flat sample at
+    NNC's offset sum(ofs * stride), strides in elements (stride defaulting to shape's
+    contiguous ones); dx sums every read of an element (overlapping views add), as
+    jax.grad of a take at as_strided's positions."""
+    x = RNG.standard_normal((2, 12)).astype(np.float32)
+    _, fn = _fn(Reshape(shape, ofs=ofs, stride=stride), x)
+    st = stride or (shape[1], 1)
+    start = sum(o * s for o, s in zip(ofs or (0, 0), st))
+    pos = np.lib.stride_tricks.as_strided(
+        np.arange(12)[start:], shape, tuple(8 * s for s in st), writeable=False
+    )
+    want = np.stack([np.lib.stride_tricks.as_strided(
+        r[start:], shape, tuple(4 * s for s in st), writeable=False
+    ) for r in x])  # fmt: skip
+    ct = RNG.standard_normal((2, *shape)).astype(np.float32)
+    y, (dx,), _ = _vjp(fn, {}, [x], ct)
+    np.testing.assert_array_equal(np.asarray(y), want)
+    gx = jax.grad(lambda v: jnp.sum(jnp.take(v, jnp.asarray(pos), axis=1) * ct))(x)
+    np.testing.assert_allclose(np.asarray(dx), gx, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(shape=(2, 2), ofs=(0, 3), stride=(4, 1)), "reads element 8 of a sample of 8"),
+        (dict(shape=(-1, 2), ofs=(0, 1)), "no -1"),
+        (dict(shape=(2, 2), stride=(4,)), "one entry"),
+        (dict(shape=(2, 2), ofs=(0, -1)), "ofs is"),
+        (dict(shape=(2, 2), stride="ab"), "stride is"),
+    ],
+)
+def test_reshape_view_errors_name_the_layer(kwargs, match):
+    """A view outside the sample, a -1 in a view, or mismatched / bad ofs and stride
+    are ModelErrors naming Reshape('r')."""
+    with pytest.raises(ModelError, match=match) as info:
+        _fn(Reshape(name="r", **kwargs), np.zeros((1, 2, 4), np.float32))
+    assert "Reshape('r')" in str(info.value)
