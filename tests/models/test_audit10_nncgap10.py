@@ -252,3 +252,29 @@ def test_reshape_view_errors_name_the_layer(kwargs, match):
     with pytest.raises(ModelError, match=match) as info:
         _fn(Reshape(name="r", **kwargs), np.zeros((1, 2, 4), np.float32))
     assert "Reshape('r')" in str(info.value)
+
+
+def test_nchw_conv_transpose_reads_nnc_layout_weights(tmp_path):
+    """Weights as ccv_cnnp_model_write lays out an NCHW transposed convolution (row
+    __net__[t-net-0-up-0-0], NCHW tensor [in, filters/groups, kh, kw], bias [filters])
+    read into ConvTranspose(format='NCHW') as they are; the output is NNC's CPU
+    reference (its port, on the transposed input and weight)."""
+    from fnnc.io import TensorFile
+    from fnnc.models import Sequential
+
+    w = RNG.standard_normal((2, 4, 3, 3)).astype(np.float32)
+    bias = RNG.standard_normal(4).astype(np.float32)
+    path = tmp_path / "up.sqlite3"
+    with TensorFile(path) as f, f.transaction():
+        f.write("__net__[t-net-0-up-0-0]", w, "NCHW")
+        f.write("__net__[t-net-0-up-0-1]", bias, "NCHW")
+    up = ConvTranspose(4, 3, strides=2, padding=1, format="NCHW", name="up")
+    model = Sequential([up], name="net")
+    x = RNG.standard_normal((1, 2, 3, 3)).astype(np.float32)
+    model.compile([x])
+    assert sorted(model.parameters()) == ["t-net-0-up-0-0", "t-net-0-up-0-1"]
+    assert model.read(path, name="net") == []
+    want = _nnc_conv_transpose(
+        x.transpose(0, 2, 3, 1), w.transpose(0, 2, 3, 1), bias, 1, (2, 2), (1, 1), (1, 1), (5, 5)
+    ).transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(np.asarray(model.evaluate([x])), want, rtol=1e-5, atol=1e-5)
