@@ -167,8 +167,13 @@ def _adam_family(
             new_vm = None
         delta = (new_m * r1.astype(ct)) / denom
         if c.nonzero(decay) and decoupled:
-            delta = (lr * decay).astype(ct) * a.astype(ct) + delta
-        return c.to_update(delta), new_m.astype(m.dtype), new_v.astype(v.dtype), new_vm
+            # NNC's b = (a - rate * decay * a) - delta, rounded in that order; b - a is
+            # exact while b is within a factor 2 of a, and apply_updates then gives b.
+            w = a.astype(ct)
+            update = ((w - (lr * decay).astype(ct) * w) - delta) - w
+        else:
+            update = c.to_update(delta)
+        return update, new_m.astype(m.dtype), new_v.astype(v.dtype), new_vm
 
     def update_fn(grads, state, params=None):
         if c.nonzero(decay):
