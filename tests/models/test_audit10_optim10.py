@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 
+from fnnc.errors import CommandError
 from fnnc.models import minimizers
 
 f32 = np.float32
@@ -53,3 +54,35 @@ def test_adamw_rounds_the_decay_then_the_step_as_nnc_does(jit) -> None:
     np.testing.assert_array_equal(np.asarray(params), b)
     np.testing.assert_array_equal(np.asarray(state.momentum), m)
     np.testing.assert_array_equal(np.asarray(state.velocity), v)
+
+
+SHAPED = {
+    "sgd": lambda: minimizers.sgd(0.1, momentum=0.9),
+    "adam": lambda: minimizers.adam(0.1, amsgrad=True),
+    "adamw": lambda: minimizers.adamw(0.1, decay=0.1),
+    "lamb": lambda: minimizers.lamb(0.1),
+    "rmsprop": lambda: minimizers.rmsprop(0.1, centered=True),
+}
+
+
+@pytest.mark.parametrize("kind", list(SHAPED))
+@pytest.mark.parametrize("grad_shape", [(2, 3), (1,)], ids=["wider", "size-1"])
+def test_a_gradient_of_another_shape_than_its_parameter_is_refused(kind, grad_shape) -> None:
+    """NNC's kernels assert that g, a and the saved auxiliaries have one shape; fnnc's
+    rules broadcast instead: a [2, 3] gradient turned a [3] parameter and its momentum
+    into [2, 3] ones (a [1] gradient was spread over all 3 elements), silently."""
+    opt = SHAPED[kind]()
+    params = {"w": jnp.ones(3)}
+    with pytest.raises(CommandError, match=r"gradient \['w'\] has shape .*\[3\]"):
+        opt.update({"w": jnp.ones(grad_shape)}, opt.init(params), params)
+
+
+def test_a_state_of_another_tree_than_the_gradients_is_refused_naming_it() -> None:
+    """A state made by init of other parameters met flatten_up_to's bare ValueError."""
+    opt = minimizers.adam(0.1)
+    state = opt.init({"w": jnp.ones(3)})
+    grads = {"w": jnp.ones(3), "b": jnp.ones(2)}
+    with pytest.raises(
+        CommandError, match="the gradients' tree is not that of the state's momentum"
+    ):
+        opt.update(grads, state, grads)

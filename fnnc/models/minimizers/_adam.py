@@ -178,6 +178,14 @@ def _adam_family(
     def update_fn(grads, state, params=None):
         if c.nonzero(decay):
             c.require_params(name, params, f"decay={c.shown(decay)} multiplies them")
+        c.check_leaves(
+            name,
+            grads,
+            params,
+            momentum=state.momentum,
+            velocity=state.velocity,
+            velocity_max=state.velocity_max,
+        )
         g_leaves, treedef = jax.tree.flatten(grads)
         lr = c.rate_at(rate, state.count)
         r1 = lr / c.bias_correction(beta1, state.count)

@@ -187,6 +187,34 @@ def leaves_like(treedef: Any, tree: Any) -> list[Any]:
     return treedef.flatten_up_to(tree)
 
 
+def check_leaves(minimizer: str, grads: Any, params: Any, **saved: Any) -> None:
+    """Raises a CommandError unless ``params`` (if given) and each saved auxiliary tree
+    (``momentum=state.momentum``, ...; None if not kept) have the gradients' tree and each
+    leaf the gradient's shape. NNC's kernels assert equal dims; jnp broadcasting would
+    instead turn a [3] parameter and its momentum into [2, 3] ones on a [2, 3] gradient."""
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(grads)
+    trees = {"parameter": params, **saved}
+    for what, tree in trees.items():
+        if tree is None:
+            continue
+        try:
+            others = treedef.flatten_up_to(tree)
+        except (ValueError, TypeError) as e:
+            whose = "parameters" if what == "parameter" else f"state's {what}"
+            raise CommandError(
+                f"{minimizer}: the gradients' tree is not that of the {whose} ({e}); "
+                "update(grads, state, params) needs the tree that init was given"
+            ) from None
+        for (path, g), x in zip(leaves, others):
+            if x is not None and jnp.shape(x) != jnp.shape(g):
+                where = f"gradient {jax.tree_util.keystr(path)}" if path else "the gradient"
+                raise CommandError(
+                    f"{minimizer}: {where} has shape {list(jnp.shape(g))} but its {what} "
+                    f"has shape {list(jnp.shape(x))}; NNC's minimizers update a parameter "
+                    "with a gradient of its own shape (no broadcasting)"
+                )
+
+
 def require_params(minimizer: str, params: Any, why: str) -> None:
     """Raises unless ``params`` were passed to ``update``."""
     if params is None:

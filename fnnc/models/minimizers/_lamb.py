@@ -99,6 +99,7 @@ def lamb(
 
     def update_fn(grads, state, params=None):
         c.require_params("lamb", params, "the trust ratio is |params| / |update|")
+        c.check_leaves("lamb", grads, params, momentum=state.momentum, velocity=state.velocity)
         g_leaves, treedef = jax.tree.flatten(grads)
         lr = c.rate_at(rate, state.count)
         c1 = 1.0 / c.bias_correction(beta1, state.count)

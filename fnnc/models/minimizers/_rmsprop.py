@@ -119,6 +119,14 @@ def rmsprop(
     def update_fn(grads, state, params=None):
         if c.nonzero(decay):
             c.require_params("rmsprop", params, f"decay={c.shown(decay)} multiplies them")
+        c.check_leaves(
+            "rmsprop",
+            grads,
+            params,
+            momentum=state.momentum,
+            velocity=state.velocity,
+            grad_average=state.grad_average,
+        )
         g_leaves, treedef = jax.tree.flatten(grads)
         lr = c.rate_at(rate, state.count)
         ga_leaves = (

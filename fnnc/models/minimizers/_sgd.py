@@ -125,6 +125,7 @@ def sgd(
     def update_fn(grads, state, params=None):
         if c.nonzero(decay):
             c.require_params("sgd", params, f"decay={c.shown(decay)} multiplies them")
+        c.check_leaves("sgd", grads, params, momentum=state.momentum)
         g_leaves, treedef = jax.tree.flatten(grads)
         lr = c.rate_at(rate, state.count)
         outs = [
