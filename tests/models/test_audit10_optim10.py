@@ -86,3 +86,11 @@ def test_a_state_of_another_tree_than_the_gradients_is_refused_naming_it() -> No
         CommandError, match="the gradients' tree is not that of the state's momentum"
     ):
         opt.update(grads, state, grads)
+
+
+def test_gradient_accumulation_refuses_a_gradient_of_another_shape() -> None:
+    """The running sum broadcast a [1] gradient over a [3] parameter's sum silently."""
+    opt = minimizers.with_gradient_accumulation(minimizers.sgd(0.1), 2)
+    params = {"w": jnp.ones(3)}
+    with pytest.raises(CommandError, match=r"gradient \['w'\] has shape \[1\] but its parameter"):
+        opt.update({"w": jnp.ones(1)}, opt.init(params), params)

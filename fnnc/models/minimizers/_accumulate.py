@@ -28,6 +28,7 @@ import numpy as np
 import optax
 
 from fnnc.errors import CommandError
+from fnnc.models.minimizers._common import check_leaves
 
 _INT32_MAX = 2**31 - 1
 
@@ -154,6 +155,7 @@ def with_gradient_accumulation(
         )
 
     def update_fn(grads, state, params=None):
+        check_leaves("with_gradient_accumulation", grads, params, gradient_sum=state.gradients)
         total = jax.tree.map(lambda s, g: s + g.astype(s.dtype), state.gradients, grads)
         summed = jax.tree.map(lambda t, g: t.astype(g.dtype), total, grads)
         shapes, _ = jax.eval_shape(opt.update, summed, state.inner, params)
