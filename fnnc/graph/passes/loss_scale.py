@@ -83,7 +83,7 @@ class LossScale:
     """A dynamic loss-scaling policy (see the module doc).
 
     Attributes:
-        initial: the first scale (NNC and Flax: ``2**15``).
+        initial: the first scale (Flax's ``2**15``; s4nnc's GradScaler starts at 65536).
         growth_interval: finite steps in a row after which the scale grows.
         factor: the scale is multiplied by it to grow, divided by it on Inf/NaN.
         minimum: the scale never goes below it.
