@@ -27,6 +27,7 @@ from fnnc import ops
 from fnnc.core.dtypes import is_floating
 from fnnc.core.ir import Symbol
 from fnnc.errors import CommandError
+from fnnc.models.attention_layers import MultiHeadAttention as MultiHeadAttention
 from fnnc.models.layer import (
     BuildContext,
     Layer,
@@ -191,102 +192,6 @@ class Embedding(Layer):
     def build(self, ctx: BuildContext, idx: Symbol) -> Symbol:
         table = ctx.param(self, 0, (self.vocab, self.dim), normal_init(0.02), self.dtype)
         return ctx.b.exec(ops.embedding(), table, idx, name=ctx.layer_id(self))
-
-
-class MultiHeadAttention(Layer):
-    """Self- or cross-attention over ``[N, S, D]``: q/k/v/out projections (parameters 0-3
-    weights, 4-7 biases) around one ``scaled_dot_product_attention``. ``is_causal``
-    aligns the mask bottom-right, as the command and NNC do: with ``T`` keys, query ``i``
-    sees keys ``j <= i + T - S`` (PyTorch's ``is_causal`` is top-left).
-
-    ``has_attn_mask=True`` (NNC's ``ccv_cnnp_scaled_dot_product_attention`` option of
-    that name) takes an attention mask as the last input: ``layer(x, mask)`` or
-    ``layer(q, kv, mask)``. It broadcasts to ``[N, heads, S, T]`` (``[N, 1, 1, T]``
-    masks padded keys per sample); a bool mask keeps the True keys, a float one (of
-    the input's type) is added to the logits. With ``is_causal`` both apply. ``scale``
-    multiplies ``q kᵀ`` (NNC's ``scale``; ``None``, the default, is ``1 / sqrt(D /
-    heads)``). A missing mask input, or a non-bool ``has_attn_mask``, is a
-    :class:`ModelError` naming the layer.
-    """
-
-    owns_parameters = True
-
-    def __init__(
-        self,
-        num_heads: int,
-        *,
-        is_causal: bool = False,
-        has_attn_mask: bool = False,
-        scale: float | None = None,
-        **kw: Any,
-    ):
-        super().__init__(**kw)
-        self.num_heads = positive_int(self, "num_heads", num_heads)
-        self.is_causal = is_causal
-        self.has_attn_mask = flag(self, "has_attn_mask", has_attn_mask)
-        ok = scale is None or (
-            isinstance(scale, numbers.Real) and not isinstance(scale, (bool, np.bool_))
-        )
-        if not ok or (scale is not None and not np.isfinite(scale)):
-            raise ModelError(
-                f"layer {self.describe()}: scale is {scale!r:.40}; expected a finite number "
-                "(the factor on q kᵀ) or None for 1 / sqrt(head size)"
-            )
-        self.scale = None if scale is None else float(scale)
-
-    def build(self, ctx: BuildContext, q: Symbol, *rest: Symbol) -> Symbol:
-        mask = None
-        if self.has_attn_mask:
-            if not rest or len(rest) > 2:
-                raise ModelError(
-                    f"layer {self.describe()}: has_attn_mask=True takes (x, mask) or "
-                    f"(q, kv, mask), got {1 + len(rest)} input(s); pass the mask last"
-                )
-            *rest, mask = rest
-        elif len(rest) > 1:
-            raise ModelError(
-                f"layer {self.describe()}: takes (x) or (q, kv), got {1 + len(rest)} inputs; "
-                "for an attention mask make it with has_attn_mask=True and pass it last"
-            )
-        kv = rest[0] if rest else q
-        for what, t in (("query", q), ("key/value", kv)):
-            if len(t.shape) != 3:
-                raise ModelError(
-                    f"layer {self.describe()}: its {what} input is {list(t.shape)}; expected "
-                    "[batch, sequence, features] (rank 3): reshape the positions into one "
-                    "sequence axis first (Reshape((-1, features)))"
-                )
-        if kv.shape[0] != q.shape[0]:
-            raise ModelError(
-                f"layer {self.describe()}: query {list(q.shape)} and key/value "
-                f"{list(kv.shape)} have other batch sizes; each sample attends to its own "
-                "keys, so both need the same batch"
-            )
-        d, h = q.shape[-1], self.num_heads
-        if d % h:
-            raise ModelError(
-                f"layer {self.describe()}: model width {d} is not divisible by {h} heads"
-            )
-        b, name = ctx.b, ctx.layer_id(self)
-
-        def project(x: Symbol, i: int) -> Symbol:
-            w = ctx.param(self, i, (d, x.shape[-1]), glorot_uniform([1], [0]), x.dtype)
-            bias = ctx.param(self, 4 + i, (d,), zeros, x.dtype)
-            y = b.exec(ops.gemm(transpose_b=True), x, w, bias, name=f"{name}/proj{i}")
-            return b.exec(ops.reshape(shape=(*x.shape[:-1], h, d // h)), y)
-
-        sdpa = ops.scaled_dot_product_attention(scale=self.scale, is_causal=self.is_causal)
-        qkv = (project(q, 0), project(kv, 1), project(kv, 2))
-        attn = b.exec(sdpa, *qkv, *([] if mask is None else [mask]), name=name)
-        merged = b.exec(ops.reshape(shape=(*q.shape[:-1], d)), attn)
-        w = ctx.param(self, 3, (d, d), glorot_uniform([1], [0]), q.dtype)
-        return b.exec(
-            ops.gemm(transpose_b=True),
-            merged,
-            w,
-            ctx.param(self, 7, (d,), zeros, q.dtype),
-            name=f"{name}/out",
-        )
 
 
 class CommandLayer(Layer):

@@ -35,7 +35,6 @@ not recomputed again.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -43,16 +42,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from fnnc.core.ir import AliasSymbol, Graph, Node, TensorSymbol
+from fnnc.core.ir import Graph
 from fnnc.errors import GraphError
 from fnnc.graph.memory import PASS_THROUGH, Donate, donated_positions, memory_plan
 from fnnc.graph.passes._subgraphs import is_pure
 from fnnc.graph.passes.remat_cost import node_flops
-from fnnc.ops import optimization_barrier
-
-BARRIER = "remat.barrier"
-SUFFIX = "@remat"
-"""The names of the barrier before a recomputed segment and the suffix of its nodes."""
+from fnnc.graph.passes.remat_rewrite import BARRIER as BARRIER
+from fnnc.graph.passes.remat_rewrite import SUFFIX as SUFFIX
+from fnnc.graph.passes.remat_rewrite import Rewriter
 
 Policy = Callable[[Graph, int], bool]
 """``policy(graph, index) -> True`` when forward node ``index``'s outputs are saved."""
@@ -229,111 +226,7 @@ def recompute(graph: Graph, unsaved: set[int]) -> Graph:
     unsaved = set(unsaved) & set(recomputable(graph, start))
     if not unsaved & set(candidates(graph, start)):
         return graph
-    return _Rewriter(graph, start, unsaved).run()
-
-
-class _Rewriter:
-    """Builds the rematerialised graph: forward as is, segments duplicated on demand."""
-
-    def __init__(self, graph: Graph, start: int, unsaved: set[int]):
-        self.graph, self.start, self.unsaved = graph, start, unsaved
-        self.symbols: list[Any] = list(graph.symbols)
-        self.nodes: list[Node] = list(graph.nodes[:start])
-        self.copy: dict[int, int] = {}  # forward root id -> its recomputed root id
-
-    def run(self) -> Graph:
-        producers = self.graph.producers
-        for node in self.graph.nodes[self.start :]:
-            need = [
-                self.symbols[s].root
-                for s in node.inputs
-                if self._needs_copy(self.symbols[s].root, producers)
-            ]
-            if need:
-                self._emit_segment(list(dict.fromkeys(need)), node)
-            self.nodes.append(dataclasses.replace(node, inputs=self._remap(node.inputs)))
-        return dataclasses.replace(self.graph, symbols=tuple(self.symbols), nodes=tuple(self.nodes))
-
-    def _needs_copy(self, root: int, producers: dict[int, int]) -> bool:
-        producer = producers.get(root)
-        return (
-            producer is not None
-            and producer < self.start
-            and producer in self.unsaved
-            and root not in self.copy
-        )
-
-    def _emit_segment(self, roots: list[int], reader: Node) -> None:
-        """Duplicates the unsaved forward nodes that ``roots`` need, behind a barrier."""
-        producers, graph = self.graph.producers, self.graph
-        todo: set[int] = set()
-        stack = [producers[r] for r in roots]
-        while stack:
-            index = stack.pop()
-            if index in todo:
-                continue
-            todo.add(index)
-            for s in graph.nodes[index].inputs:
-                root = self.symbols[s].root
-                p = producers.get(root)
-                if p is not None and p < self.start and p in self.unsaved and root not in self.copy:
-                    stack.append(p)
-        order = sorted(todo)
-        made = {o for i in order for o in (self.symbols[s].root for s in graph.nodes[i].outputs)}
-        leaves = list(
-            dict.fromkeys(
-                s
-                for i in order
-                for s in graph.nodes[i].inputs
-                if self.symbols[s].root not in made and self.symbols[s].root not in self.copy
-            )
-        )
-        late = [s for s in reader.inputs if self._is_late(s)]
-        fenced: dict[int, int] = {}
-        if leaves:
-            ins = (*leaves, *late[:1])
-            outs = tuple(self._new_tensor(self.symbols[s]) for s in ins)
-            self.nodes.append(Node(optimization_barrier(), ins, outs, BARRIER))
-            fenced = dict(zip(leaves, outs))
-        for index in order:
-            node = graph.nodes[index]
-            inputs = tuple(fenced[s] if s in fenced else self._remap((s,))[0] for s in node.inputs)
-            outs = []
-            for s in node.outputs:
-                new = self._new_tensor(self.symbols[s])
-                self.copy[self.symbols[s].root] = new
-                outs.append(new)
-            name = f"{node.name or node.cmd.name}{SUFFIX}"
-            self.nodes.append(Node(node.cmd, inputs, tuple(outs), name))
-
-    def _is_late(self, sid: int) -> bool:
-        producer = self.graph.producers.get(self.symbols[sid].root)
-        return producer is not None and producer >= self.start
-
-    def _remap(
-        self, sids: tuple[int, ...], fenced: dict[int, int] | None = None
-    ) -> tuple[int, ...]:
-        out = []
-        for s in sids:
-            if fenced and s in fenced:
-                out.append(s)  # replaced by the caller with the barrier's output
-                continue
-            sym = self.symbols[s]
-            new_root = self.copy.get(sym.root)
-            if new_root is None:
-                out.append(s)
-            elif isinstance(sym, AliasSymbol):
-                view = dataclasses.replace(sym, id=len(self.symbols), root=new_root)
-                self.symbols.append(view)
-                out.append(view.id)
-            else:
-                out.append(new_root)
-        return tuple(out)
-
-    def _new_tensor(self, like: Any) -> int:
-        sym = TensorSymbol(len(self.symbols), tuple(like.shape), like.dtype, like.name)
-        self.symbols.append(sym)
-        return sym.id
+    return Rewriter(graph, start, unsaved).run()
 
 
 def _within_budget(graph: Graph, start: int, budget: int, donate: Donate = ()) -> Graph:
