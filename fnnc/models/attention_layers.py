@@ -78,15 +78,7 @@ class ScaledDotProductAttention(Layer):
         **kw: Any,
     ):
         super().__init__(**kw)
-        ok = scale is None or (
-            isinstance(scale, numbers.Real) and not isinstance(scale, (bool, np.bool_))
-        )
-        if not ok or (scale is not None and not np.isfinite(scale)):
-            raise ModelError(
-                f"layer {self.describe()}: scale is {scale!r:.40}; expected a finite number "
-                "(the factor on q kᵀ) or None for 1 / sqrt(head size)"
-            )
-        self.scale = None if scale is None else float(scale)
+        self.scale = _scale(self, scale)
         if not is_int(flags) or flags < 0:
             raise ModelError(
                 f"layer {self.describe()}: flags is {flags!r:.40}; expected NNC's int flags "
@@ -154,17 +146,9 @@ class MultiHeadAttention(Layer):
     ):
         super().__init__(**kw)
         self.num_heads = positive_int(self, "num_heads", num_heads)
-        self.is_causal = is_causal
+        self.is_causal = flag(self, "is_causal", is_causal)
         self.has_attn_mask = flag(self, "has_attn_mask", has_attn_mask)
-        ok = scale is None or (
-            isinstance(scale, numbers.Real) and not isinstance(scale, (bool, np.bool_))
-        )
-        if not ok or (scale is not None and not np.isfinite(scale)):
-            raise ModelError(
-                f"layer {self.describe()}: scale is {scale!r:.40}; expected a finite number "
-                "(the factor on q kᵀ) or None for 1 / sqrt(head size)"
-            )
-        self.scale = None if scale is None else float(scale)
+        self.scale = _scale(self, scale)
 
     def build(self, ctx: BuildContext, q: Symbol, *rest: Symbol) -> Symbol:
         mask = None
@@ -219,3 +203,17 @@ class MultiHeadAttention(Layer):
             ctx.param(self, 7, (d,), zeros, q.dtype),
             name=f"{name}/out",
         )
+
+
+def _scale(layer: Layer, scale: Any) -> float | None:
+    """An attention layer's ``scale``: ``None`` (``1 / sqrt(head size)``) or a finite
+    number, else a :class:`ModelError` naming ``layer``."""
+    ok = scale is None or (
+        isinstance(scale, numbers.Real) and not isinstance(scale, (bool, np.bool_))
+    )
+    if not ok or (scale is not None and not np.isfinite(scale)):
+        raise ModelError(
+            f"layer {layer.describe()}: scale is {scale!r:.40}; expected a finite number "
+            "(the factor on q kᵀ) or None for 1 / sqrt(head size)"
+        )
+    return None if scale is None else float(scale)
