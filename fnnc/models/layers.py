@@ -105,8 +105,11 @@ class Reshape(Layer):
     ``sum((ofs[k] + i[k]) * stride[k])``, ``stride`` defaulting to the contiguous strides
     of ``shape`` and ``ofs`` to zeros, one entry per axis of ``shape``. NNC's ``dim`` /
     ``ofs`` / ``stride`` also hold the batch axis; here it is kept whole (NNC's batch
-    offset 0, stride the sample's size). A view reaching outside the sample, or a ``-1``
-    in a view's shape, is a :class:`ModelError` naming the layer. The second half of the
+    offset 0, stride the sample's size). NNC's default strides come from its ``dim``,
+    batch included, so a smaller view of ``ofs`` without ``stride`` would step its batch
+    by the view's size, not the sample's: such a view must give ``stride``. A view
+    reaching outside the sample, or a ``-1`` in a view's shape, is a
+    :class:`ModelError` naming the layer. The second half of the
     channels of ``[N, 2, 2, 4]``:
 
     >>> import numpy as np
@@ -146,6 +149,15 @@ class Reshape(Layer):
     def _view(self, ctx: BuildContext, x: Symbol, size: int) -> Symbol:
         """NNC's alias of each sample, as a gather of its flat elements."""
         shape, n = self.shape, len(self.shape)
+        if self.stride is None and int(np.prod(shape)) != size:
+            raise ModelError(
+                f"layer {self.describe()}: a view of shape {list(shape)} of a sample of "
+                f"{size} (input {list(x.shape)}) needs stride=: NNC's default strides "
+                "come from the view's own dim, batch included, which would step the batch "
+                f"by {int(np.prod(shape))}, not {size}; give stride= (shape's contiguous "
+                f"strides, {tuple(int(np.prod(shape[k + 1 :])) for k in range(len(shape)))}, "
+                "read from each sample's start)"
+            )
         stride = self.stride or tuple(int(np.prod(shape[k + 1 :])) for k in range(n))
         ofs = self.ofs or (0,) * n
         grids = np.meshgrid(*[np.arange(o, o + m) for o, m in zip(ofs, shape)], indexing="ij")

@@ -209,7 +209,8 @@ def test_reshape_view_is_the_channel_slice_with_its_gradient():
 @pytest.mark.parametrize(
     ("shape", "ofs", "stride"),
     [
-        ((2, 3), (1, 0), None),  # default contiguous stride: elements 3..8 of 12
+        ((2, 3), (1, 0), (3, 1)),  # shape's contiguous stride: elements 3..8 of 12
+        ((2, 6), (0, 0), None),  # a view of the whole sample: the default stride
         ((3, 2), (0, 1), (0, 2)),  # stride 0: each row the same odd elements (overlap)
         ((2, 2), None, (5, 3)),  # a skewed view
     ],
@@ -243,6 +244,7 @@ def test_reshape_view_matches_numpy_as_strided(shape, ofs, stride):
         (dict(shape=(-1, 2), ofs=(0, 1)), "no -1"),
         (dict(shape=(2, 2), stride=(4,)), "one entry"),
         (dict(shape=(2, 2), ofs=(0, -1)), "ofs is"),
+        (dict(shape=(2, 1), ofs=(0, 1)), r"needs stride=: NNC's default strides"),
         (dict(shape=(2, 2), stride="ab"), "stride is"),
     ],
 )

@@ -18,7 +18,9 @@ def test_reshape_and_parameter_take_numpy_shapes_as_they_took_tuples():
 
 def test_loss_scale_takes_0_d_arrays_and_jax_scalars():
     for initial in (np.array(1024.0), jnp.float32(1024), np.float32(1024), 1024):
-        assert float(LossScale(initial=initial).init().scale) == 1024.0
+        scale = LossScale(initial=initial)
+        assert float(scale.init().scale) == 1024.0
+        assert scale == LossScale(initial=1024.0) and hash(scale) == hash(LossScale(1024.0))
     for bad in (np.array([1024.0]), np.array(True), "1024", 1j):
         with pytest.raises(Exception, match="positive finite number"):
             LossScale(initial=bad)

@@ -115,6 +115,8 @@ class LossScale:
             problems.append(f"minimum={self.minimum!r} (at most initial={self.initial!r})")
         if problems:
             raise GraphError("LossScale: expected " + "; ".join(problems))
+        for field in ("initial", "factor", "minimum"):  # hashable: programs key on it
+            object.__setattr__(self, field, float(getattr(self, field)))
 
     def init(self) -> ScaleState:
         """The starting state: ``initial`` and no good steps."""
