@@ -45,6 +45,16 @@ def integer(value: Any, what: str, low: int, name: str) -> int:
     raise DataError(f"{what}: {name} must be {need}, got {value!r}")
 
 
+def flag(value: Any, what: str, name: str) -> bool:
+    """``value`` as a bool: a Python or NumPy bool, or NNC's int flag 0 / 1; else the
+    error naming ``what`` and ``name`` (``bool("no")`` would be True)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and value in (0, 1):
+        return bool(value)
+    raise DataError(f"{what}: {name} must be True or False (or NNC's 1 / 0), got {value!r}")
+
+
 def flat_rows(ids: Any) -> list[int]:
     """The source rows in ``ids``: one row index, or (nested) groups of them."""
     if isinstance(ids, (int, np.integer)):

@@ -39,7 +39,7 @@ import grain
 
 from fnnc.data import files, plan
 from fnnc.data.addons import AddOns
-from fnnc.data.errors import DataError, as_int, integer
+from fnnc.data.errors import DataError, as_int, flag, integer
 from fnnc.data.iterator import DataIterator
 from fnnc.data.sources import (
     Column,
@@ -282,7 +282,7 @@ class DataFrame(AddOns):
         assert count is not None
         count = integer(count, "shard", 1, "count")
         index = integer(index, "shard", 0, "index")
-        return self._then(Shard(index, count, bool(drop_remainder)))
+        return self._then(Shard(index, count, flag(drop_remainder, "shard", "drop_remainder")))
 
     def batch(
         self,
@@ -308,12 +308,13 @@ class DataFrame(AddOns):
         [[0, 1], [2, 3], [4, 4]]
         """
         inputs = self._columns if columns is None else column_names(columns, "batch columns")
-        if drop_remainder and wrap:
+        drop, wrap = flag(drop_remainder, "batch", "drop_remainder"), flag(wrap, "batch", "wrap")
+        if drop and wrap:
             raise DataError(
                 "batch: drop_remainder leaves out a short last batch and wrap fills it up; "
                 "give one of them"
             )
-        group = Group(batch_size, bool(drop_remainder), inputs, stack=True, wrap=bool(wrap))
+        group = Group(batch_size, drop, inputs, stack=True, wrap=wrap)
         return self._then(group)
 
     def sample(
@@ -335,11 +336,13 @@ class DataFrame(AddOns):
         cols = self._columns if inputs is None else column_names(inputs, "sample inputs")
         check_known("sample", cols, self._columns)
         if fn is None:
-            return self._then(Group(size, bool(drop_remainder), cols, stack=False))
+            drop = flag(drop_remainder, "sample", "drop_remainder")
+            return self._then(Group(size, drop, cols, stack=False))
         if not callable(fn):
             raise DataError(f"sample: fn must be callable, got {type(fn).__name__}")
         out = column_names(output, "sample output")[0]
-        return self._then(Group(size, bool(drop_remainder), cols, stack=False, fn=fn, output=out))
+        drop = flag(drop_remainder, "sample", "drop_remainder")
+        return self._then(Group(size, drop, cols, stack=False, fn=fn, output=out))
 
     # -- reading -----------------------------------------------------------------------
     def read_with(

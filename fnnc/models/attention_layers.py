@@ -18,7 +18,6 @@ projections), with NNC's optional fused output projection.
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import jax
@@ -36,6 +35,7 @@ from fnnc.models.layer import (
     positive_int,
     zeros,
 )
+from fnnc.ops.attention import finite_real
 
 
 def _nnc_uniform(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
@@ -208,10 +208,7 @@ class MultiHeadAttention(Layer):
 def _scale(layer: Layer, scale: Any) -> float | None:
     """An attention layer's ``scale``: ``None`` (``1 / sqrt(head size)``) or a finite
     number, else a :class:`ModelError` naming ``layer``."""
-    ok = scale is None or (
-        isinstance(scale, numbers.Real) and not isinstance(scale, (bool, np.bool_))
-    )
-    if not ok or (scale is not None and not np.isfinite(scale)):
+    if scale is not None and not finite_real(scale):
         raise ModelError(
             f"layer {layer.describe()}: scale is {scale!r:.40}; expected a finite number "
             "(the factor on q kᵀ) or None for 1 / sqrt(head size)"

@@ -1,12 +1,13 @@
 """The cnnp layers over spatial axes: :class:`Conv`, :class:`ConvTranspose`,
 :class:`MaxPool`, :class:`AvgPool`.
 
-Data is channels-last, ``[batch, spatial..., channels]`` (NHWC for images); a size given
-as one int stands for every spatial axis of the input the layer is called on
-(``Conv(16, 3)`` is 3x3 on NHWC, width 3 on ``[N, W, C]``), known at build. Convolution
-weights are ``[filters, k..., in/groups]`` (NNC's ``[out, kh, kw, in/groups]``), those of
-a transposed convolution ``[in, k..., filters/groups]`` (NNC's), weight parameter 0, bias
-parameter 1.
+Data is channels-last, ``[batch, spatial..., channels]`` (NHWC for images), unless a
+convolution is made with ``format="NCHW"`` (NNC's ``format``: ``[batch, channels,
+spatial...]``, weights in NNC's NCHW layout); a size given as one int stands for every
+spatial axis of the input the layer is called on (``Conv(16, 3)`` is 3x3 on NHWC, width 3
+on ``[N, W, C]``), known at build. Convolution weights are ``[filters, k..., in/groups]``
+(NNC's ``[out, kh, kw, in/groups]``), those of a transposed convolution ``[in, k...,
+filters/groups]`` (NNC's), weight parameter 0, bias parameter 1.
 
 >>> import numpy as np
 >>> from fnnc.models import Conv, MaxPool, Sequential
@@ -74,8 +75,9 @@ def _per_axis(layer: Layer, arg: str, value: Any, x: Symbol) -> tuple[int, ...]:
     if len(sizes) != nd:
         raise ModelError(
             f"layer {layer.describe()}: {arg}={value!r} does not fit its input of shape "
-            f"{shape}: inside a model inputs are [batch, spatial..., channels], so this one "
-            f"has {nd} spatial axes; pass one int or {nd} ints, e.g. {arg}={(sizes[0],) * nd}"
+            f"{shape}: inside a model inputs are [batch, spatial..., channels] ([batch, "
+            f"channels, spatial...] with format='NCHW'), so this one has {nd} spatial "
+            f"axes; pass one int or {nd} ints, e.g. {arg}={(sizes[0],) * nd}"
         )
     return tuple(int(k) for k in sizes)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -39,12 +40,22 @@ from fnnc.errors import CommandError, DTypeError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show, to_shape, unbroadcast
 
 
+def finite_real(value: Any) -> bool:
+    """Whether ``value`` is a finite real number, not a bool (an int too large for a
+    float, ``10**400``, is not finite)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def check_scale(name: str, scale) -> None:
     """Raises unless ``scale`` is ``None`` or a finite real number (not a bool): the
     ``None`` default let any value through, so ``scale="x"`` failed inside ``jnp.asarray``
     and ``scale=nan`` gave numbers."""
-    real = isinstance(scale, numbers.Real) and not isinstance(scale, (bool, np.bool_))
-    if scale is not None and not (real and math.isfinite(scale)):
+    if scale is not None and not finite_real(scale):
         raise CommandError(
             f"{name}: scale is {scale!r:.40} ({type(scale).__name__}); expected a finite "
             "number (the factor on q kᵀ) or None for 1 / sqrt(D)"

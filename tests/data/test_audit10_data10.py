@@ -104,3 +104,19 @@ def test_newly_added_column_counts_with_a_public_function_column():
     result += [next(it) for _ in range(2)]
     assert calls == [] and it.prefetch(1) == 0  # NNC: -1, rows 6 and 7 are held
     assert result == INTS[:6].tolist()
+
+
+def test_batch_and_sample_flags_are_bools_or_nncs_ints():
+    """``batch(3, wrap='no')`` wrapped (``bool('no')`` is True); the flags take a bool or
+    NNC's 1 / 0 and refuse anything else (review of session 22)."""
+    df = DataFrame.from_arrays(x=np.arange(8))
+    assert [b.tolist() for b in df.batch(3, wrap=1).iterator("x")][-1] == [6, 7, 6]
+    assert [b.tolist() for b in df.batch(3, drop_remainder=np.True_).iterator("x")] == [
+        [0, 1, 2],
+        [3, 4, 5],
+    ]
+    for bad in (dict(wrap="no"), dict(drop_remainder="yes"), dict(wrap=2)):
+        with pytest.raises(DataError, match=r"batch: \w+ must be True or False"):
+            df.batch(3, **bad)
+    with pytest.raises(DataError, match=r"sample: drop_remainder must be True or False"):
+        df.sample(3, drop_remainder=None)

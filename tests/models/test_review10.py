@@ -24,3 +24,14 @@ def test_loss_scale_takes_0_d_arrays_and_jax_scalars():
     for bad in (np.array([1024.0]), np.array(True), "1024", 1j):
         with pytest.raises(Exception, match="positive finite number"):
             LossScale(initial=bad)
+
+
+def test_attention_scale_past_float_range_is_refused_clearly():
+    from fnnc import ops
+    from fnnc.errors import CommandError
+
+    with pytest.raises(ModelError, match=r"scale is .*expected a finite number"):
+        M.ScaledDotProductAttention(scale=10**400)
+    q = np.ones((1, 2, 1, 4), np.float32)
+    with pytest.raises(CommandError, match=r"scale is .*expected a finite number"):
+        ops.scaled_dot_product_attention(scale=10**400)(q, q, q)
