@@ -76,17 +76,16 @@ def test_backward_names_a_bad_wrt_item() -> None:
     graph, x, _, loss = _loss_graph()
     with pytest.raises(GraphError) as e:
         backward(graph, loss, [x, "nope"])
-    assert str(e.value) == (
-        "backward: wrt[1] is 'nope' (a str); wrt takes tensor symbols of the graph (what "
-        "GraphBuilder.input/exec return) or their integer ids, e.g. the graph inputs "
-        "%0 (x), %1 (w)"
+    assert str(e.value) == (  # a str names a symbol (the names of compile's donate=)
+        "backward: wrt names 'nope', which is no symbol of this graph; pass the symbol "
+        "itself or its integer id (the graph inputs are %0 (x), %1 (w))"
     )
     with pytest.raises(GraphError, match=r"wrt\[0\] is True \(a bool\)"):
         backward(graph, loss, [True])
     with pytest.raises(GraphError, match="backward: wrt is a float; it takes a tensor symbol"):
         backward(graph, loss, 1.5)
-    with pytest.raises(GraphError, match=r"f\[0\] is 'loss' \(a str\)"):
-        backward(graph, "loss", [x])
+    by_name, by_symbol = backward(graph, "loss", ["x"]), backward(graph, loss, [x])
+    assert by_name[1] == by_symbol[1] and len(by_name[0].nodes) == len(by_symbol[0].nodes)
 
 
 def test_backward_takes_symbols_and_integer_ids() -> None:

@@ -34,7 +34,8 @@ def test_graph_does_not_grow_with_depth():
 def test_48_blocks_compile_to_a_program_the_size_of_4s():
     """Why compile time does not grow with depth, checked deterministically: the compiled
     training steps of 4 and 48 blocks (``Model.compile`` + the first ``fit``) have the
-    same number of lines of StableHLO and of optimised HLO. The time ratio itself
+    same number of lines of StableHLO, and of optimised HLO within 2% (XLA's fusion
+    choices move a few lines; 48 unrolled blocks would be about 12x). The time ratio itself
     (issue 28: at most 1.5) is measured by ``benchmarks/repeat_compile.py --check``, not
     here: timed assertions fail on busy CI machines (one did at 1.69 while quiet runs
     measure 1.0)."""
@@ -44,7 +45,10 @@ def test_48_blocks_compile_to_a_program_the_size_of_4s():
         sizes.append(
             (len(program.lowered_text().splitlines()), len(program.compiled_text().splitlines()))
         )
-    assert sizes[0] == sizes[1], f"program lines of 4 blocks vs 48: {sizes}"
+    (lowered4, compiled4), (lowered48, compiled48) = sizes
+    assert lowered48 == lowered4, f"StableHLO lines of 4 blocks vs 48: {sizes}"
+    # XLA's fusion choices move a few lines (CI: 3917 vs 3910); unrolled would be ~12x
+    assert abs(compiled48 - compiled4) <= 0.02 * compiled4, f"HLO lines, 4 vs 48: {sizes}"
 
 
 def test_check_flag_fails_when_the_ratio_is_over(monkeypatch, capsys):
