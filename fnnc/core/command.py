@@ -59,7 +59,7 @@ from fnnc.core.opdef import (
     registry,
     vjp_backward,
 )
-from fnnc.core.params import FITS, expected_kind, freeze, param_fits
+from fnnc.core.params import FITS, expected_kind, flag_value, freeze, param_fits
 from fnnc.errors import CommandError, FnncError, RuleError
 
 __all__ = [  # the definitions' names, re-exported: commands are imported from here
@@ -176,14 +176,8 @@ def _flag(default: Any, value: Any) -> Any:
     """NNC's int flag ``0`` / ``1`` for a bool hyper-parameter is the bool it means
     (``CMD_SCALED_DOT_PRODUCT_ATTENTION_FORWARD(scale, 1)``, as the layers' ``flag``
     takes it); any other value is kept for :func:`param_fits` to judge."""
-    if (
-        type(default) is bool
-        and isinstance(value, (int, np.integer))
-        and not isinstance(value, (bool, np.bool_))
-        and value in (0, 1)
-    ):
-        return bool(value)
-    return value
+    meant = flag_value(value) if type(default) is bool else None
+    return value if meant is None else meant
 
 
 def make_command(name: str, kwargs: dict[str, Any]) -> Command:

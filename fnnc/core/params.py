@@ -64,6 +64,17 @@ def _accepted(opdef: OpDef, key: str) -> _Kinds | None:
     return kinds[0] + also[0], f"{kinds[1]} or {also[1]}"
 
 
+def flag_value(value: Any) -> bool | None:
+    """The bool an NNC flag means: a Python or NumPy bool, or NNC's ``int`` flag ``0`` /
+    ``1``; ``None`` for anything else (``bool("no")`` would be True). Commands, layers,
+    model switches and dataframe options all read flags through this."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and value in (0, 1):
+        return bool(value)
+    return None
+
+
 def param_fits(opdef: OpDef, key: str, value: Any) -> bool:
     """Whether ``value`` is of a kind parameter ``key`` of ``opdef`` takes.
 

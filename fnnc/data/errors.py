@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from fnnc.core.params import flag_value
 from fnnc.errors import DataError
 
 
@@ -48,10 +49,9 @@ def integer(value: Any, what: str, low: int, name: str) -> int:
 def flag(value: Any, what: str, name: str) -> bool:
     """``value`` as a bool: a Python or NumPy bool, or NNC's int flag 0 / 1; else the
     error naming ``what`` and ``name`` (``bool("no")`` would be True)."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)) and value in (0, 1):
-        return bool(value)
+    meant = flag_value(value)
+    if meant is not None:
+        return meant
     raise DataError(f"{what}: {name} must be True or False (or NNC's 1 / 0), got {value!r}")
 
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from fnnc.core.dtypes import is_floating
 from fnnc.core.ir import Symbol
+from fnnc.core.params import flag_value
 from fnnc.errors import ModelError as ModelError  # re-exported here for layer authors
 from fnnc.models.build_context import BuildContext as BuildContext
 from fnnc.models.build_context import Checkpoint as Checkpoint
@@ -82,8 +83,9 @@ def flag(layer: Layer, arg: str, value: Any) -> bool:
     a :class:`ModelError` naming ``layer`` and its argument ``arg``, so a misplaced
     ``Dropout(0.1, entirety=0.5)`` or ``elementwise_affine="no"`` is refused instead of
     being true."""
-    if isinstance(value, (bool, np.bool_)) or (is_int(value) and value in (0, 1)):
-        return bool(value)
+    meant = flag_value(value)
+    if meant is not None:
+        return meant
     raise ModelError(
         f"layer {layer.describe()}: {arg} is {value!r:.40} ({type(value).__name__}); "
         "expected True or False (or NNC's 1 / 0)"

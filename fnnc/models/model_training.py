@@ -22,8 +22,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
+from fnnc.core.params import flag_value
 from fnnc.graph.passes.remat import POLICIES
 from fnnc.models import checks
 from fnnc.models.engine import Engine
@@ -380,10 +379,9 @@ def _switch(model: Any, method: str, enabled: Any) -> bool:
     """``enabled`` of a memory switch as a bool: True, False (NumPy's too) or 1/0, as NNC's
     ``int`` flag; anything else (``"false"``, a remat policy name) is a ModelError, since
     ``bool()`` would turn it on."""
-    if isinstance(enabled, (bool, np.bool_)) or (
-        isinstance(enabled, (int, np.integer)) and enabled in (0, 1)
-    ):
-        return bool(enabled)
+    meant = flag_value(enabled)
+    if meant is not None:
+        return meant
     hint = ""
     if isinstance(enabled, str) and enabled in POLICIES:
         hint = "; a remat policy per block is Repeat(..., checkpoint=policy)"
