@@ -22,7 +22,7 @@ from fnnc.ops._rules import (
     to_shape,
     unbroadcast,
 )
-from fnnc.ops.norm import _like, _mean_inv_std, _param, _recentred, _rounded, _widen
+from fnnc.ops.norm import _like, _mean_inv_std, _param, _rounded, _widen
 
 
 def _group_layout(x, groups: int, axis: int, reduce_axes):
@@ -141,7 +141,7 @@ def _group_norm_backward(grads, inputs, outputs, *, groups, axis, epsilon, reduc
     if g_mean is not None:
         gx = gx + jnp.reshape(g_mean, keep) / n
     if g_inv is not None:
-        centred = _recentred(xhat, lambda t: jnp.mean(t, axis=reduced, keepdims=True))
+        centred = xhat - jnp.mean(xhat, axis=reduced, keepdims=True)  # as batch_norm's
         gx = gx - (jnp.reshape(g_inv, keep) * inv_std * inv_std / n) * centred
     xhat = jnp.reshape(xhat, x.shape)
     contributions = (gy * xhat, gy)

@@ -64,15 +64,6 @@ def _mean_inv_std(x, axes, epsilon):
     return mu, lax.rsqrt(jnp.mean(jnp.square(x - mu), axis=axes, keepdims=True) + epsilon)
 
 
-def _recentred(xhat, mean):
-    """``xhat`` minus its mean (``mean(xhat)``, a function of it): the derivative of the
-    variance is ``2 (x - mean(x)) / n`` whose terms sum to 0, but ``x - mu`` with ``mu``
-    rounded (7 threes average to 3.0000002) does not, and the cotangent of ``inv_std``,
-    scaled by ``inv_std**2`` (1e5 for a constant row), turned that offset into a gradient
-    of 1 where the exact one is 0."""
-    return xhat - mean(xhat)
-
-
 def _like(values, originals) -> tuple:
     """Each value cast back to the type of its original (``None`` stays ``None``)."""
     return tuple(None if v is None else v.astype(o.dtype) for v, o in zip(values, originals))
@@ -226,7 +217,10 @@ def _batch_norm_backward(grads, inputs, outputs, *, axes, epsilon, momentum, is_
     if g_stat_mean is not None:
         gx = gx + full(g_stat_mean / n)
     if g_stat_var is not None:
-        centred = _recentred(xhat, lambda t: full(leading_sum(t, ax) / n))
+        # xhat minus its own mean: the variance's derivative 2 (x - mean(x)) / n sums to
+        # 0, but x - mu with mu rounded (7 threes average to 3.0000002) does not, and
+        # inv_std**2 (1e5 on a constant row) made that a gradient of 1 where it is 0
+        centred = xhat - full(leading_sum(xhat, ax) / n)
         gx = gx + full(2 * g_stat_var / (n * inv_std)) * centred
     g_mean, g_var = _scaled(g_new_mean, momentum), _scaled(g_new_var, momentum)
     return _narrow(x_dtype, stat, gx, g_scale, g_bias, g_mean, g_var)
@@ -303,7 +297,7 @@ def _layer_norm_backward(grads, inputs, outputs, *, axes, epsilon):
     if g_mean is not None:
         gx = gx + g_mean / n
     if g_inv is not None:
-        centred = _recentred(xhat, lambda t: jnp.mean(t, axis=ax, keepdims=True))
+        centred = xhat - jnp.mean(xhat, axis=ax, keepdims=True)  # as in batch_norm's
         gx = gx - (g_inv * inv_std * inv_std / n) * centred
     return _like((gx, *_affine_grads(gy, xhat, x, ax, params)), originals)
 
