@@ -323,13 +323,8 @@ class GraphBuilder:
             if len(listed) != len(specs):  # before any None gets a symbol
                 self._check_outputs(where, tuple(listed), specs)
             outs = tuple(
-                self._known(
-                    self.tensor(tuple(specs[k].shape), specs[k].dtype)
-                    if s is None and k < len(specs)
-                    else s,
-                    where,
-                )
-                for k, s in enumerate(listed)
+                self._known(self.tensor(tuple(spec.shape), spec.dtype) if s is None else s, where)
+                for s, spec in zip(listed, specs)
             )
             outs = self._fill_auto(where, outs, specs)
         given, outs, reshapes = outs, *self._reshaped_outputs(outs, specs)

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from fnnc import ops
+from fnnc.core.dtypes import is_inexact
 from fnnc.core.ir import unit_axes_apart
 from fnnc.errors import DTypeError, GraphError, ShapeError
 from fnnc.ops import Command
@@ -114,7 +115,7 @@ def _numbers(value: Any, dtype: np.dtype, at: str) -> np.ndarray:
     value that holds no numbers (``np.asarray(None, float32)`` is NaN, not an error)."""
     try:
         arr = np.asarray(value)
-        if arr.dtype.kind in "biufc" or arr.dtype.name == "bfloat16":
+        if arr.dtype.kind in "biu" or is_inexact(arr.dtype):
             return arr.astype(dtype)
     except (TypeError, ValueError):
         pass
