@@ -15,10 +15,11 @@ the order the programs finish, so it is not bit-for-bit repeatable from run to r
 (the split backward is; XLA's own scatter-adds on a GPU are not either). So it is a
 candidate only (``"pallas_fused"``, priority 0): measurement makes it a default or not.
 
-It needs ``lse`` before its first tile: given by the forward under ``jax.grad``. A
-graph's backward has ``O``, not ``lse``: it calls the forward kernel again, the call
-the forward node made, with the same operands and settings, so that XLA's common
-subexpression elimination can merge the two in one program and ``lse`` costs nothing
+It needs the softmax statistics (``m``, ``log2 l``) before its first tile: given by the
+forward under ``jax.grad``. A graph's backward has ``O``, not them: it calls the forward
+kernel again, the call the forward node made, with the same operands and settings, so
+that XLA's common subexpression elimination can merge the two in one program and the
+statistics cost nothing
 (where it does not, the call costs a forward: two products a tile; a kept profile
 shows which, by the forward kernels it counts). A float mask whose gradient is wanted
 runs the split kernels, which write the logits' gradient tile by tile.
@@ -49,25 +50,27 @@ def shared_bytes(bq: int, bk: int, stages: int, d: int, dv: int, itemsize: int) 
     runs them: the lengths padded to a power of two, capped), ``stages`` pipelining
     stages, head sizes ``d``, ``dv`` and inputs of ``itemsize`` bytes: the K and V tiles
     it keeps, ``stages`` tiles each of the Q and dO it streams (and of the float32 rows
-    of ``lse`` and ``delta``), the float32 ``[bq, D]`` dQ tile it adds out, and one
-    ``[bq, bk]`` tile of P / dS as a product's operand in the inputs' dtype.
+    of ``m``, ``log2 l`` and ``delta``), the float32 ``[bq, D]`` dQ tile it adds out, and
+    one ``[bq, bk]`` tile of P / dS as a product's operand in the inputs' dtype.
 
     Calibrated on an H200 (2026-11-28), where float32 at 64 x 64 blocks, 2 stages,
-    ``D = Dv = 128`` asked for 246784 bytes, this sum exactly; 16-bit inputs at
+    ``D = Dv = 128`` asked for 246784 bytes, this sum exactly with one row of
+    statistics (a logsumexp then; two rows now: ``stages * bq * 4`` more); 16-bit inputs at
     ``D = 128`` (137 KiB here) and float32 at ``D = 64`` (129 KiB) ran."""
     kept = bk * (d + dv) * itemsize
-    streamed = stages * (bq * (d + dv) * itemsize + 2 * bq * 4)
+    streamed = stages * (bq * (d + dv) * itemsize + 3 * bq * 4)
     return kept + streamed + bq * d * 4 + bq * bk * itemsize
 
 
-def fused_grads(cfg: Config, q, k, v, mask, o, lse, go) -> tuple[Any, Any, Any]:
-    """``(dq, dk, dv)`` from one kernel (see the module doc); ``lse`` is ``[B, H, S]``."""
+def fused_grads(cfg: Config, q, k, v, mask, o, stats, go) -> tuple[Any, Any, Any]:
+    """``(dq, dk, dv)`` from one kernel (see the module doc); ``stats`` are the forward's
+    ``(m, log2 l)``, each ``[B, H, S]``."""
     b, s, _, d = q.shape
     t, hk, dv = k.shape[1], k.shape[2], v.shape[3]
     go = go.astype(q.dtype)
     in_specs, out_specs, group_spec = key_walk_specs(cfg, s, d, dv, mask)
     mask_in = [] if mask is None else [mask]
-    inputs = (q, k, v, *mask_in, go, lse, delta_of(go, o), jnp.zeros(q.shape, jnp.float32))
+    inputs = (q, k, v, *mask_in, go, *stats, delta_of(go, o), jnp.zeros(q.shape, jnp.float32))
     dk, dv_, dq = launch(
         functools.partial(dkv_kernel, cfg=cfg, fused=True),
         grid=(b, hk, steps(t, cfg.bk)),

@@ -1,5 +1,6 @@
 """Flash attention's backward kernels: ``delta = sum(dO * O)`` per row (XLA), a dQ kernel
-over the key blocks of each query block (given ``lse``, or finding it online), and a
+over the key blocks of each query block (given the softmax statistics, or finding them
+online), and a
 dK/dV kernel over the query blocks of each key block. See
 :mod:`fnnc.ops.pallas.scaled_dot_product_attention`."""
 
@@ -15,7 +16,6 @@ from jax.experimental.pallas import triton as plgpu
 
 from fnnc.core.command import Spec
 from fnnc.ops.pallas._attention_tiles import (
-    LOG2E,
     Config,
     first_full_query_block,
     full_key_blocks,
@@ -45,20 +45,26 @@ def _dlogits(p, go, v, delta):
     return p * (dp - delta)
 
 
+def probabilities(logits: Any, m: Any, log2_l: Any) -> Any:
+    """A tile's softmax from the row statistics the forward wrote (base 2, as the logits:
+    see :func:`tile_logits`; a row that sees nothing has logits ``-inf`` and
+    statistics 0, so its ``p`` is 0). ``(logits - m) - log2(l)``: subtracting ``m`` first
+    keeps ``log2(l)`` where ``m`` is huge (see the module doc)."""
+    return jnp.exp2((logits - m[:, None]) - log2_l[:, None])
+
+
 def _dq_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, want_dmask: bool):
     mask_ref = refs[0] if cfg.mask else None
-    go_ref, lse_ref, delta_ref, dq_ref, *dmask_ref = refs[1:] if cfg.mask else refs
+    go_ref, m_ref, l_ref, delta_ref, dq_ref, *dmask_ref = refs[1:] if cfg.mask else refs
     i, bq, bk, t = pl.program_id(2), cfg.bq, cfg.bk, k_ref.shape[0]
     row0 = i * bq
     q, go = tile_rows(q_ref, None, row0, cfg.s, bq), tile_rows(go_ref, None, row0, cfg.s, bq)
-    lse = tile_rows(lse_ref, None, row0, cfg.s, bq)
-    # base 2, as the logits (see tile_logits); rows that see nothing: p = 0
-    lse = jnp.where(lse == -jnp.inf, 0.0, lse * LOG2E)[:, None]
+    m, log2_l = (tile_rows(r, None, row0, cfg.s, bq) for r in (m_ref, l_ref))
     delta = tile_rows(delta_ref, None, row0, cfg.s, bq)[:, None]
 
     def body(j, dq, causal):
         cols, k, v, logits = _key_tile(cfg, q, k_ref, v_ref, mask_ref, row0, j, t, causal)
-        ds = _dlogits(jnp.exp2(logits - lse), go, v, delta)
+        ds = _dlogits(probabilities(logits, m, log2_l), go, v, delta)
         if want_dmask:
             inside = both(span(row0, bq, cfg.s, ds.shape, 0), span(j * bk, bk, t, ds.shape, 1))
             store(dmask_ref[0], (slice(None), cols), ds, inside)
@@ -74,13 +80,13 @@ def _dq_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, want_dmask: bool):
 
 
 def _dq_online_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
-    """dQ without ``lse``: the softmax statistics accumulate online, as in the forward.
+    """dQ without the statistics: they accumulate online, as in the forward.
     ``dS = exp(S - m) (dP - delta)`` is summed into dQ unnormalised, rescaled whenever
     the running max ``m`` grows, and divided by the row sum at the end; the row's
-    ``lse`` is written for the dK/dV kernel. This replaces the statistics-only forward
-    pass a graph's backward would otherwise run first (it is given ``O``, not ``lse``)."""
+    statistics are written for the dK/dV kernel. This replaces the statistics-only
+    forward pass a graph's backward would otherwise run first (it is given ``O`` only)."""
     mask_ref = refs[0] if cfg.mask else None
-    go_ref, delta_ref, dq_ref, lse_ref = refs[1:] if cfg.mask else refs
+    go_ref, delta_ref, dq_ref, m_ref, l_ref = refs[1:] if cfg.mask else refs
     i, bq, t = pl.program_id(2), cfg.bq, k_ref.shape[0]
     row0 = i * bq
     q, go = tile_rows(q_ref, None, row0, cfg.s, bq), tile_rows(go_ref, None, row0, cfg.s, bq)
@@ -106,11 +112,12 @@ def _dq_online_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config):
     )
     split = full_key_blocks(cfg, i, t) if cfg.causal else None
     dq, m, total = walk(cfg, body, 0, key_blocks(cfg, i, t), init, split)
-    empty = total == 0  # a row that sees no key: dq = 0, lse = -inf
+    empty = total == 0  # a row that sees no key: dq = 0, statistics 0
     dq = dq / jnp.where(empty, 1.0, total)[:, None]
     store(dq_ref, None, dq * cfg.scale, span(row0, bq, cfg.s, dq.shape, 0))
-    lse = jnp.where(empty, -jnp.inf, (m + jnp.log2(jnp.where(empty, 1.0, total))) / LOG2E)
-    store(lse_ref, None, lse, span(row0, bq, cfg.s, (bq,), 0))
+    rows = span(row0, bq, cfg.s, (bq,), 0)
+    store(m_ref, None, jnp.where(empty, 0.0, m), rows)
+    store(l_ref, None, jnp.log2(jnp.where(empty, 1.0, total)), rows)
 
 
 def add_into(ref: Any, idx: tuple[Any, ...], value: Any, mask: Any) -> None:
@@ -127,9 +134,9 @@ def add_into(ref: Any, idx: tuple[Any, ...], value: Any, mask: Any) -> None:
 def dkv_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, fused: bool = False):
     """dK and dV of one key block over the query blocks of its heads; ``fused``: dQ too,
     each tile's share added into a float32 dQ (:mod:`fnnc.ops.pallas._attention_fused`;
-    refs ``go, lse, delta, dq given, dk, dv, dq``)."""
+    refs ``go, m, log2 l, delta, dq given, dk, dv, dq``)."""
     mask_ref = refs[0] if cfg.mask else None
-    go_ref, lse_ref, delta_ref, *outs = refs[1:] if cfg.mask else refs
+    go_ref, m_ref, l_ref, delta_ref, *outs = refs[1:] if cfg.mask else refs
     dk_ref, dv_ref, dq_ref = outs[1:] if fused else (*outs, None)
     j, bq, bk, s = pl.program_id(2), cfg.bq, cfg.bk, q_ref.shape[0]
     k, v = tile_rows(k_ref, None, j * bk, cfg.t, bk), tile_rows(v_ref, None, j * bk, cfg.t, bk)
@@ -145,11 +152,11 @@ def dkv_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, fused: bool = False):
             rows, row0 = pl.ds(i * bq, bq), i * bq
             q = tile_rows(q_ref, (rows, head, slice(None)), row0, s, bq)
             go = tile_rows(go_ref, (rows, head, slice(None)), row0, s, bq)
-            lse = tile_rows(lse_ref, (head, rows), row0, s, bq)
-            lse = jnp.where(lse == -jnp.inf, 0.0, lse * LOG2E)[:, None]  # base 2
+            m, log2_l = (tile_rows(r, (head, rows), row0, s, bq) for r in (m_ref, l_ref))
             delta = tile_rows(delta_ref, (head, rows), row0, s, bq)[:, None]
             tile = mask_tile(cfg, mask_ref, rows, slice(None), (row0, j * bk), head)
-            p = jnp.exp2(tile_logits(cfg, q, k, i * bq, j * bk, tile, causal) - lse)
+            logits = tile_logits(cfg, q, k, i * bq, j * bk, tile, causal)
+            p = probabilities(logits, m, log2_l)
             dv = dv + lax.dot_general(
                 p.astype(go.dtype), go, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
             )
@@ -172,7 +179,7 @@ def dkv_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, fused: bool = False):
 
 
 def delta_of(go: Any, o: Any) -> Any:
-    """``delta = sum(dO * O)`` per row, ``[B, H, S]`` like ``lse`` (float32)."""
+    """``delta = sum(dO * O)`` per row, ``[B, H, S]`` like the statistics (float32)."""
     delta = jnp.sum(go.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)
     return jnp.transpose(delta, (0, 2, 1))
 
@@ -181,7 +188,7 @@ def key_walk_specs(
     cfg: Config, s: int, d: int, dv: int, mask: Any
 ) -> tuple[list[Any], list[Any], Any]:
     """A kernel with grid ``(B, Hk, T / bk)`` that walks the queries of a key block's
-    heads: the specs of ``q, k, v, [mask,] dO, lse, delta`` and of ``dK, dV``, and
+    heads: the specs of ``q, k, v, [mask,] dO, m, log2 l, delta`` and of ``dK, dV``, and
     ``group_spec(n)``, a ``[S, H / Hk, n]`` block of the heads' rows."""
     g, (vb, vh, vs, vt) = cfg.group, cfg.varies
     group_spec = lambda n: pl.BlockSpec((None, s, g, n), lambda bi, gi, j: (bi, 0, gi, 0))
@@ -193,15 +200,17 @@ def key_walk_specs(
             lambda bi, gi, j: (pick(bi, vb), pick(gi, vh), 0, pick(j, vt)),
         )
     ][: 0 if mask is None else 1]
-    ins = [group_spec(d), key_spec(d), key_spec(dv), *mask_k, group_spec(dv), stats_spec]
+    ins = [group_spec(d), key_spec(d), key_spec(dv), *mask_k, group_spec(dv)]
+    ins += [stats_spec] * 2
     return [*ins, stats_spec], [key_spec(d), key_spec(dv)], group_spec
 
 
 def kernel_grads(
-    dq_cfg: Config, dkv_cfg: Config, q, k, v, mask, o, lse, go, want_dmask: bool
+    dq_cfg: Config, dkv_cfg: Config, q, k, v, mask, o, stats, go, want_dmask: bool
 ) -> tuple[Any, Any, Any, Any]:
-    """``(dq, dk, dv, d logits or None)``; ``d logits`` is ``[B, H, S, T]``. With
-    ``lse=None`` the dQ kernel finds the statistics itself (not with ``want_dmask``).
+    """``(dq, dk, dv, d logits or None)``; ``d logits`` is ``[B, H, S, T]``. ``stats``:
+    the forward's ``(m, log2 l)``; with ``None`` the dQ kernel finds them itself (not
+    with ``want_dmask``).
     The dQ and dK/dV kernels run with their own configs (blocks and stages); the
     statistics they pass on are whole arrays, so the blocks need not agree."""
     cfg = dq_cfg
@@ -226,16 +235,16 @@ def kernel_grads(
             Spec((b, h, s, t), mask.dtype if mask is not None else q.dtype),
         )
     ][: int(want_dmask)]
-    # Given lse, dQ reads it (and may write the mask's gradient); without it, the online
-    # kernel finds it and writes it out for the dK/dV kernel.
-    online = lse is None
-    assert not (online and want_dmask), "the mask's gradient needs lse before its first tile"
+    # Given the statistics, dQ reads them (and may write the mask's gradient); without
+    # them, the online kernel finds them and writes them out for the dK/dV kernel.
+    online = stats is None
+    assert not (online and want_dmask), "the mask's gradient needs the statistics first"
     if online:
         kernel, stats_in = functools.partial(_dq_online_kernel, cfg=cfg), [delta]
-        extra_out = [(stat_spec, Spec((b, h, s), jnp.float32))]
+        extra_out = [(stat_spec, Spec((b, h, s), jnp.float32))] * 2
     else:
         kernel = functools.partial(_dq_kernel, cfg=cfg, want_dmask=want_dmask)
-        stats_in = [lse, delta]
+        stats_in = [*stats, delta]
         extra_out = dmask_out
     dq, *extra = launch(
         kernel,
@@ -248,7 +257,7 @@ def kernel_grads(
         warps=cfg.warps,
         stages=cfg.stages,
     )(q, k, v, *mask_in, go, *stats_in)
-    lse, dmask = (extra[0], []) if online else (lse, extra)
+    stats, dmask = (tuple(extra), []) if online else (stats, extra)
     cfg = dkv_cfg
     in_specs, out_specs, _ = key_walk_specs(cfg, s, d, dv, mask)
     dk, dv_ = launch(
@@ -260,5 +269,5 @@ def kernel_grads(
         name="fnnc_flash_attention_dkv",
         warps=cfg.warps,
         stages=cfg.stages,
-    )(q, k, v, *mask_in, go, lse, delta)
+    )(q, k, v, *mask_in, go, *stats, delta)
     return dq, dk, dv_, (dmask[0] if dmask else None)

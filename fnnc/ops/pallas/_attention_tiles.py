@@ -58,7 +58,7 @@ def tile_logits(
     s = s * (cfg.scale * LOG2E)
     keep = None
     if cfg.mask == "float":
-        s = s + m.astype(jnp.float32) * LOG2E
+        s = s + _base2(m.astype(jnp.float32))
     elif cfg.mask == "bool":
         keep = jnp.broadcast_to(m != 0, s.shape)
     if cfg.causal if causal is None else causal:
@@ -69,6 +69,15 @@ def tile_logits(
     inside = both(span(row0, cfg.bq, cfg.s, s.shape, 0), span(col0, cfg.bk, cfg.t, s.shape, 1))
     keep = both(keep, inside)  # ragged blocks: rows / keys past S / T see nothing
     return s if keep is None else jnp.where(keep, s, -jnp.inf)
+
+
+def _base2(m: Any) -> Any:
+    """A float mask tile times ``log2(e)``, kept finite where it was: a mask at float32's
+    lowest (``finfo.min``, the usual "masked" value) overflowed to ``-inf``, so a row
+    masked wholly with it attended nothing (zeros) where the reference's softmax of equal
+    logits is uniform (the mean of ``v``). ``-inf`` stays ``-inf``, as in the reference."""
+    lowest = jnp.finfo(jnp.float32).min
+    return jnp.where(m == -jnp.inf, m, jnp.maximum(m * LOG2E, lowest))
 
 
 def tile_rows(ref: Any, idx: Any, row0: Any, n: int, size: int) -> Any:

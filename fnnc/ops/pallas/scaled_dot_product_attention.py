@@ -9,8 +9,12 @@ Semantics are the command's exactly (see :mod:`fnnc.ops.attention`): layout
 - forward, grid ``(B, H, S / bq)``: one query block stays put while key/value blocks
   of ``bk`` stream past; an online softmax keeps the running max ``m`` and sum ``l``
   (masked logits are ``-inf``; a row whose max is still ``-inf`` contributes nothing).
-  It also writes the row logsumexp ``lse`` (``-inf`` for a row that sees no key), the
-  residual of the backward. Causal programs stop at their last visible key block, and
+  It also writes the row statistics, the residual of the backward: the max ``m`` and
+  ``log2(l)``, both in base 2 and both 0 for a row that sees no key. They stay two
+  numbers, not one logsumexp, because ``m + log2(l)`` loses ``log2(l)`` when ``m`` is
+  huge: a row masked wholly with float32's lowest value (the usual "masked" number),
+  whose softmax is uniform, would get probabilities of 1 instead of ``1 / T``.
+  Causal programs stop at their last visible key block, and
   build the causal mask only for the tiles the diagonal crosses (:func:`walk`).
 - backward: ``delta = sum(dO * O)`` per row (XLA, a cheap reduction); a dK/dV kernel
   with grid ``(B, Hk, T / bk)`` walks the query blocks of the ``H / Hk`` heads that
@@ -19,12 +23,12 @@ Semantics are the command's exactly (see :mod:`fnnc.ops.attention`): layout
   mask the dQ kernel also writes the logits' gradient, which is the mask's gradient
   before it is summed back to the mask's broadcast shape.
 
-The graph's ``gradient`` node gets ``O`` but not ``lse``. Its kernel backward runs the
-dQ kernel in online mode: the softmax statistics accumulate as in the forward, dQ is
-rescaled as the running max grows and divided by the row sum at the end, and the
-kernel writes ``lse`` for the dK/dV kernel, so no product is spent on recovering it.
-Only where the float mask's gradient is wanted (written tile by tile, so it needs
-``lse`` first) does the forward kernel run in statistics-only mode beforehand.
+The graph's ``gradient`` node gets ``O`` but not the statistics. Its kernel backward
+runs the dQ kernel in online mode: the softmax statistics accumulate as in the forward,
+dQ is rescaled as the running max grows and divided by the row sum at the end, and the
+kernel writes the statistics for the dK/dV kernel, so no product is spent on recovering
+them. Only where the float mask's gradient is wanted (written tile by tile, so it needs
+the statistics first) does the forward kernel run in statistics-only mode beforehand.
 
 Ragged lengths (67 queries, 45 keys): the grids are ``cdiv(S, bq)`` / ``cdiv(T, bk)``
 and the walks ``cdiv`` too, with power-of-two blocks of at least 16. A query row or
@@ -45,7 +49,7 @@ FlashAttention-2's one-kernel backward (:data:`FUSED`,
 kernels run seven, dQ summed with float32 atomic adds, so not bit-for-bit repeatable).
 None has a priority: each becomes a default only where
 ``python -m fnnc.ops.measure_defaults`` timed it faster. The backward kernels pass
-``lse`` and ``delta`` as whole arrays, so each kernel may have its own blocks.
+the statistics and ``delta`` as whole arrays, so each kernel may have its own blocks.
 """
 
 from __future__ import annotations
@@ -70,7 +74,6 @@ from fnnc.ops.pallas._attention_fused import fused_grads
 from fnnc.ops.pallas._attention_fused import shared_bytes as fused_shared_bytes
 from fnnc.ops.pallas._attention_grads import kernel_grads
 from fnnc.ops.pallas._attention_tiles import (
-    LOG2E,
     Config,
     full_key_blocks,
     key_blocks,
@@ -251,7 +254,7 @@ def _backward_configs(cfg: Config, blocks: Blocks) -> tuple[Config, Config]:
 
 def _forward_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, stats_only: bool):
     mask_ref = refs[0] if cfg.mask else None
-    *o_ref, lse_ref = refs[1:] if cfg.mask else refs
+    *o_ref, m_ref, l_ref = refs[1:] if cfg.mask else refs
     i, bq, bk, t = pl.program_id(2), cfg.bq, cfg.bk, k_ref.shape[0]
     q = tile_rows(q_ref, None, i * bq, cfg.s, bq)
 
@@ -283,8 +286,9 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, cfg: Config, stats_only: bool):
     split = full_key_blocks(cfg, i, t) if cfg.causal else None
     acc, m, total = walk(cfg, body, 0, key_blocks(cfg, i, t), init, split)
     empty = total == 0
-    lse = jnp.where(empty, -jnp.inf, (m + jnp.log2(jnp.where(empty, 1.0, total))) / LOG2E)
-    store(lse_ref, None, lse, span(i * bq, bq, cfg.s, (bq,), 0))
+    rows = span(i * bq, bq, cfg.s, (bq,), 0)
+    store(m_ref, None, jnp.where(empty, 0.0, m), rows)
+    store(l_ref, None, jnp.log2(jnp.where(empty, 1.0, total)), rows)
     if not stats_only:
         o = acc / jnp.where(empty, 1.0, total)[:, None]
         store(o_ref[0], None, o, span(i * bq, bq, cfg.s, o.shape, 0))
@@ -306,20 +310,21 @@ def _forward(cfg: Config, q, k, v, mask, *, stats_only=False):
                 lambda bi, hi, i: (pick(bi, vb), pick(hi, vh), pick(i, vs), 0),
             )
         )
-    lse_spec = pl.BlockSpec((None, None, cfg.bq), lambda bi, hi, i: (bi, hi, i))
+    stat_spec = pl.BlockSpec((None, None, cfg.bq), lambda bi, hi, i: (bi, hi, i))
     out_spec = pl.BlockSpec((None, cfg.bq, None, dv), lambda bi, hi, i: (bi, i, hi, 0))
-    lse, out = Spec((b, h, s), jnp.float32), Spec((b, s, h, dv), q.dtype)
+    stat, out = Spec((b, h, s), jnp.float32), Spec((b, s, h, dv), q.dtype)
     results = launch(
         functools.partial(_forward_kernel, cfg=cfg, stats_only=stats_only),
         grid=(b, h, steps(s, cfg.bq)),
         in_specs=specs,
-        out_specs=[lse_spec] if stats_only else [out_spec, lse_spec],
-        out_shape=[lse] if stats_only else [out, lse],
+        out_specs=[out_spec][: not stats_only] + [stat_spec] * 2,
+        out_shape=[out][: not stats_only] + [stat] * 2,
         name="fnnc_flash_attention_stats" if stats_only else "fnnc_flash_attention",
         warps=cfg.warps,
         stages=cfg.stages,
     )(*(x for x in (q, k, v, mask) if x is not None))
-    return results[0] if stats_only else tuple(results)
+    # (o, (m, log2 l)), or the statistics alone
+    return tuple(results) if stats_only else (results[0], tuple(results[1:]))
 
 
 def _unbroadcast(g: Any, shape: Sequence[int]) -> Any:
@@ -335,16 +340,16 @@ def _attention(cfgs: tuple[Config, Config, Config, bool], q, k, v, mask):
 
 
 def _attention_fwd(cfgs, q, k, v, mask):
-    o, lse = _forward(cfgs[0], q, k, v, mask)
-    return o, (q, k, v, mask, o, lse)
+    o, stats = _forward(cfgs[0], q, k, v, mask)
+    return o, (q, k, v, mask, o, stats)
 
 
 def _attention_bwd(cfgs, residuals, go):
-    q, k, v, mask, o, lse = residuals
+    q, k, v, mask, o, stats = residuals
     want = cfgs[0].mask == "float"
     if cfgs[3] and not want:
-        return (*fused_grads(cfgs[2], q, k, v, mask, o, lse, go), None)
-    dq, dk, dv, dlogits = kernel_grads(*cfgs[1:3], q, k, v, mask, o, lse, go, want)
+        return (*fused_grads(cfgs[2], q, k, v, mask, o, stats, go), None)
+    dq, dk, dv, dlogits = kernel_grads(*cfgs[1:3], q, k, v, mask, o, stats, go, want)
     return dq, dk, dv, (_unbroadcast(dlogits, mask.shape) if want else None)
 
 
@@ -379,24 +384,25 @@ def scaled_dot_product_attention(
 def backward(
     grads, inputs, outputs, wants, *, scale, is_causal, blocks: Blocks = Blocks()
 ) -> tuple[Any, ...]:
-    """The command's backward (NNC convention) as kernels; the dQ kernel finds ``lse``."""
+    """The command's backward (NNC convention) as kernels; the dQ kernel finds the
+    softmax statistics."""
     (go,), (q, k, v, *mask), (o,) = grads, inputs, outputs
     m = mask[0] if mask else None
     cfg = _config(q, k, m, scale, is_causal, blocks)
     m4 = _mask4(m)
     want = cfg.mask == "float" and 3 in wants
     if blocks.fused and not want:
-        # It needs lse before its first tile: from the forward kernel's own call, the one
-        # the forward node ran, with the same operands and settings, which XLA's common
-        # subexpression elimination merges with it in one program (as it may cuDNN's)
-        lse = _forward(cfg, q, k, v, m4)[1]
-        dq, dk, dv = fused_grads(_backward_configs(cfg, blocks)[1], q, k, v, m4, o, lse, go)
+        # It needs the statistics before its first tile: from the forward kernel's own
+        # call, the one the forward node ran, with the same operands and settings, which
+        # XLA's common subexpression elimination merges with it in one program
+        stats = _forward(cfg, q, k, v, m4)[1]
+        dq, dk, dv = fused_grads(_backward_configs(cfg, blocks)[1], q, k, v, m4, o, stats, go)
         return (dq, dk, dv) if m is None else (dq, dk, dv, None)
-    # the mask's gradient is written tile by tile, so it needs lse first: a statistics-
-    # only forward pass; otherwise the dQ kernel finds lse online, at no extra product
-    lse = _forward(cfg, q, k, v, m4, stats_only=True) if want else None
+    # the mask's gradient is written tile by tile, so it needs the statistics first: a
+    # statistics-only forward pass; otherwise the dQ kernel finds them online
+    stats = _forward(cfg, q, k, v, m4, stats_only=True) if want else None
     dq, dk, dv, dlogits = kernel_grads(
-        *_backward_configs(cfg, blocks), q, k, v, m4, o, lse, go, want
+        *_backward_configs(cfg, blocks), q, k, v, m4, o, stats, go, want
     )
     if m is None:
         return dq, dk, dv

@@ -49,6 +49,14 @@ def test_matches_reference(name):
     check_kernel(FUSED, cmd, args, diff=diff)
 
 
+def test_rows_masked_with_float32_lowest():
+    """The fused backward reads the forward's two statistics: a row masked wholly with
+    ``finfo(float32).min`` gets the uniform softmax's gradients (see the split kernels'
+    test); the mask is not differentiated, so the fused kernel runs."""
+    cmd, args, _ = case("lowest_float_mask_rows")
+    check_kernel(FUSED, cmd, args, diff=[0, 1, 2])
+
+
 def test_in_bfloat16_at_its_own_blocks(monkeypatch):
     """``FUSED`` itself (64 x 64 blocks) in bfloat16 at S = 150: ragged blocks, grouped
     heads, causal."""
@@ -149,8 +157,10 @@ def test_forced_on_a_gpu_it_declines_exactly_the_tiles_that_overflow_shared_memo
 
 def test_the_shared_memory_estimate_is_xlas_request_on_the_h200():
     """The fused kernel's tiles at 64 x 64 blocks, 2 stages, float32, D = Dv = 128 sum to
-    the bytes XLA asked for, and its limit is XLA's "available"."""
+    the bytes XLA asked for, and its limit is XLA's "available". XLA asked 246784 when
+    the statistics were one float32 row (a logsumexp); they are two rows now (the max and
+    log2 of the sum), one more row of 64 floats in each of the 2 stages."""
     from fnnc.ops.pallas._attention_fused import SHARED_BYTES, shared_bytes
 
-    assert shared_bytes(64, 64, 2, 128, 128, 4) == 246784
+    assert shared_bytes(64, 64, 2, 128, 128, 4) == 246784 + 2 * 64 * 4
     assert SHARED_BYTES == 232448

@@ -44,6 +44,8 @@ CASES = {
     "causal_bool_mask": ((2, 32, 32, 2, 2, 16, 16), True, "bool", None),
     "ragged_float_mask_gqa": ((1, 37, 21, 2, 1, 16, 16), True, "float", None),
     "ragged_key_padding_mask": ((1, 20, 45, 2, 2, 16, 16), False, "keys", None),
+    # rows masked wholly or partly with float32's lowest number, and one with -inf
+    "lowest_float_mask_rows": ((1, 20, 21, 2, 2, 16, 16), False, "lowest", None),
 }
 
 
@@ -59,16 +61,33 @@ def case(name):
         args.append(mask)
     elif mask_kind == "float":
         args.append(rand((1, h, s, t), seed=8))
+    elif mask_kind == "lowest":
+        mask = np.array(rand((1, h, s, t), seed=8), np.float32)
+        mask[0, 0, 3, :] = np.finfo(np.float32).min  # uniform softmax: the mean of v
+        mask[0, 1, 5, :7] = np.finfo(np.float32).min
+        mask[0, 1, 6, :] = -np.inf  # attends nothing: zeros
+        args.append(mask)
     elif mask_kind == "keys":
         args.append(rng.uniform(size=(t,)) > 0.5)
     cmd = ops.scaled_dot_product_attention(scale=scale, is_causal=causal)
-    return cmd, args, [0, 1, 2] + ([3] if mask_kind == "float" else [])
+    return cmd, args, [0, 1, 2] + ([3] if mask_kind in ("float", "lowest") else [])
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_reference(name):
     cmd, args, diff = case(name)
     check_kernel(kernel, cmd, args, diff=diff)
+
+
+def test_rows_masked_with_float32_lowest_without_the_mask_gradient():
+    """A row masked wholly with ``finfo(float32).min`` has equal logits: its softmax is
+    uniform, its output the mean of v and its gradients those of that softmax, as in the
+    reference. The kernels once scaled the mask into base 2 and overflowed it to -inf
+    (zeros out), and kept one logsumexp, ``m + log2(l)``, which loses ``log2(l)`` at such
+    an ``m`` (probabilities of 1, not 1/T). Without the mask's gradient the graph's
+    backward finds the statistics online (the other paths run in the test above)."""
+    cmd, args, _ = case("lowest_float_mask_rows")
+    check_kernel(kernel, cmd, args, diff=[0, 1, 2])
 
 
 def test_forced_eager_call():
