@@ -102,7 +102,22 @@ CASES = {
         3e-2,
         "pallas_fused",
     ),
+    "attention lowest-masked rows": (  # rows masked wholly with float32's lowest
+        ops.scaled_dot_product_attention(),
+        lambda: [rand((2, 200, 4, 64), seed=i) for i in range(3)] + [_lowest_rows_mask()],
+        2e-2,
+    ),
 }
+
+
+def _lowest_rows_mask():
+    """A float mask whose rows 3 and 7 are wholly ``finfo(float32).min`` (a uniform
+    softmax) and row 9 half of it; row 11 is ``-inf`` (attends nothing)."""
+    mask = np.array(rand((1, 1, 200, 200), seed=8), np.float32)
+    mask[..., [3, 7], :] = np.finfo(np.float32).min
+    mask[..., 9, :100] = np.finfo(np.float32).min
+    mask[..., 11, :] = -np.inf
+    return mask
 
 
 def _time(fn, *args, repeats=20):
