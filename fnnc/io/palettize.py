@@ -371,6 +371,10 @@ def _unpack(data: np.ndarray, bits: int, count: int) -> np.ndarray:
 def depalettize(data: bytes, dtype: np.dtype, count: int, bits: int, block_size: int) -> np.ndarray:
     """``ccv_nnc_depalettize``: ``count`` elements of ``dtype`` from palettized bytes.
 
+    ``data`` may stop at the last index's last bit, as NNC's writer stores a QX tensor
+    (its ``ccv_nnc_tensor_data_size_without_padding``, shorter than ``palettize``'s bytes
+    by the zero padding of the last group of 5-, 6- or 7-bit indices).
+
     Raises:
         ValueError: ``data`` is shorter than ``count`` elements need, or the parameters
             are not ones NNC palettizes with.
@@ -378,11 +382,16 @@ def depalettize(data: bytes, dtype: np.dtype, count: int, bits: int, block_size:
     dtype = np.dtype(dtype)
     _check(dtype, bits, block_size)
     need = encoded_size(dtype, count, bits, block_size)
-    if len(data) < need:
+    # NNC stores a QX tensor's ccv_nnc_tensor_data_size_without_padding: the last group of
+    # indices cut to the bytes its bits fill (5, 6, 7 bits), the zero padding left out.
+    least = dtype.itemsize * -(-count // block_size) * (1 << bits) + -(-count * bits // 8)
+    if len(data) < least:
         raise ValueError(
             f"{len(data)} bytes hold no {count} elements palettized to {bits} bits in blocks "
-            f"of {block_size} ({need} bytes needed)"
+            f"of {block_size} ({least} bytes needed)"
         )
+    if len(data) < need:
+        data = bytes(data) + bytes(need - len(data))
     k = 1 << bits
     raw = np.frombuffer(data, np.uint8)
     stride = k * dtype.itemsize + block_size * bits // 8
