@@ -17,6 +17,8 @@ symmetric, so the backward is the same transform of the gradient, as in NNC.
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 from jax import lax
 
@@ -43,6 +45,23 @@ def _conform_rule(x: Spec, *, datatype, preserved_tail) -> Spec:
     return Spec(tuple(x.shape), x.dtype)
 
 
+def _block_scale(amax):
+    """NNC's ``ldexpf(1, ceilf(log2f(amax / 448)))``, exactly a power of two.
+
+    XLA's ``exp2`` and ``log2`` are approximations (on CPU ``exp2(-15)`` is not ``2**-15``
+    and ``log2(2**-13)`` is ``-12.999999``), so ``amax / 448 = m 2**e`` (``m`` in [1, 2))
+    is split exactly by ``frexp``, ``log2f``'s float32 rounding of ``e + log2(m)`` is
+    replayed as a float32 sum (``log1p`` is exact enough near ``m = 1``, where that
+    rounding can fall back onto ``e``), and the power of two is made by ``ldexp``.
+    """
+    ratio = amax / E4M3_MAX
+    frac, exp = jnp.frexp(ratio)  # ratio = frac 2**exp, frac in [0.5, 1)
+    e = exp - 1
+    log2 = e.astype(jnp.float32) + jnp.log1p(2 * frac - 1) * (1 / math.log(2))
+    scale = jnp.ldexp(jnp.float32(1), jnp.ceil(log2).astype(jnp.int32))
+    return jnp.where(jnp.isfinite(amax), scale, jnp.nan)  # a NaN or inf: the block is NaN
+
+
 @defcommand(family="quantize", shape=_conform_rule, uses=NOTHING)
 def conform_data_format(x, *, datatype="fp8_e4m3", preserved_tail=0):
     """``x`` rounded to FP8-E4M3 in blocks of 64 with a power-of-two scale per block,
@@ -54,7 +73,7 @@ def conform_data_format(x, *, datatype="fp8_e4m3", preserved_tail=0):
     wide = x[..., :prefix].astype(jnp.float32)
     blocks = wide.reshape(*x.shape[:-1], prefix // BLOCK, BLOCK)
     amax = jnp.maximum(jnp.max(jnp.abs(blocks), axis=-1, keepdims=True), 1e-4)
-    scale = jnp.exp2(jnp.ceil(jnp.log2(amax / E4M3_MAX)))
+    scale = _block_scale(amax)
     normal = jnp.clip(blocks / scale, -E4M3_MAX, E4M3_MAX)
     # The barrier keeps the rounding: XLA:GPU drops a float32 -> fp8 -> float32 round trip
     # as excess precision (xla_allow_excess_precision), which left values unquantised.
