@@ -38,6 +38,7 @@ so palettizing large tensors with fnnc is slow; reading them is not.
 from __future__ import annotations
 
 import math
+import numbers
 
 import ml_dtypes
 import numpy as np
@@ -314,15 +315,22 @@ def encoded_size(dtype: np.dtype, count: int, bits: int, block_size: int) -> int
     return dtype.itemsize * blocks * (1 << bits) + -(-count // group) * group_bytes
 
 
-def _check(dtype: np.dtype, bits: int, block_size: int) -> None:
+def _whole(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _check(dtype: np.dtype, bits: int, block_size: int, count: int = 0) -> None:
     if dtype not in FLOATS:
         raise ValueError(f"palettize takes float16, bfloat16, float32 or float64, not {dtype}")
-    if bits not in BITS:
-        raise ValueError(f"palettize takes 4 to 8 bits, not {bits}")
+    if not _whole(bits) or bits not in BITS:
+        raise ValueError(f"palettize takes 4 to 8 bits (an int), not {bits!r}")
+    if not _whole(count) or count < 0:
+        raise ValueError(f"the element count must be an int >= 0, not {count!r}")
     group = _group(bits)[0]
-    if block_size <= 0 or block_size % group:
+    if not _whole(block_size) or block_size <= 0 or block_size % group:
         raise ValueError(
-            f"block size {block_size} must be a positive multiple of {group} for {bits} bits"
+            f"block size {block_size!r} must be a positive int, a multiple of {group} for "
+            f"{bits} bits"
         )
 
 
@@ -380,7 +388,7 @@ def depalettize(data: bytes, dtype: np.dtype, count: int, bits: int, block_size:
             are not ones NNC palettizes with.
     """
     dtype = np.dtype(dtype)
-    _check(dtype, bits, block_size)
+    _check(dtype, bits, block_size, count)
     need = encoded_size(dtype, count, bits, block_size)
     # NNC stores a QX tensor's ccv_nnc_tensor_data_size_without_padding: the last group of
     # indices cut to the bytes its bits fill (5, 6, 7 bits), the zero padding left out.

@@ -50,3 +50,29 @@ def test_a_qx_row_nnc_wrote_without_its_last_groups_padding_reads(tmp_path, bits
     with TensorFile(path, readonly=True) as f:
         for name, expected in want.items():
             np.testing.assert_array_equal(f.read(name), expected)
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((4, 8.0, 16), "block size 8.0 must be a positive int"),
+        ((4.0, 8, 16), "4 to 8 bits \\(an int\\), not 4.0"),
+        ((True, 8, 16), "4 to 8 bits \\(an int\\), not True"),
+        ((4, 8, 16.0), "element count must be an int >= 0, not 16.0"),
+        ((4, 8, -1), "element count must be an int >= 0, not -1"),
+    ],
+)
+def test_palettize_parameters_that_are_no_ints_are_clear_value_errors(args, match):
+    """A float block size, a float or bool bit width and a float or negative count raised
+    raw TypeErrors from slicing or np.empty ('slice indices must be integers'); NumPy
+    integers still work (the blob equals the one from Python ints)."""
+    bits, block, count = args
+    x = np.arange(16, dtype=np.float32)
+    blob = palettize(x, 4, 8)
+    assert palettize(x, np.int64(4), np.int32(8)) == blob
+    np.testing.assert_array_equal(depalettize(blob, np.float32, np.int64(16), 4, 8), x)
+    with pytest.raises(ValueError, match=match):
+        depalettize(blob, np.float32, count, bits, block)
+    if count == 16 and isinstance(count, int):  # palettize takes no count
+        with pytest.raises(ValueError, match=match):
+            palettize(x, bits, block)
