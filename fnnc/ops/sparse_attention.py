@@ -13,7 +13,8 @@ and sol_attention (NNC's commands of the same names, liuliu/ccv ``lib/nnc/cmd``)
   sparse_v [Rs, D], indices [T, K], sinks [H] or [1])``: one softmax over the dense
   rows (causal: the last ``T`` rows line up with the queries; ``sliding_window``
   keeps the last ``w`` of them), the sparse rows ``indices[t]`` names (up to its
-  first negative entry; rows out of range are skipped), and, with
+  first negative entry; rows out of range are skipped; ``indices [T]`` names none,
+  as NNC's one-axis indices have ``K = 0``), and, with
   ``attention_sinks``, one sink logit per head that takes weight but adds no value.
   A query that attends nothing gets zeros.
 * ``sol_attention(q, k, v [N, T, H, D])``: block-routed approximate attention. Keys
@@ -181,7 +182,8 @@ def sparse_indexed_attention(
     t, h, d = q.shape
     rd, rs = dense_k.shape[0], sparse_k.shape[0]
     scale = default_scale(d) if scale is None else scale
-    idx = indices if indices.ndim == 2 else indices[:, :0]
+    # [T] indices are NNC's K = 0 (its indices_nd == 1): dense rows and sinks only
+    idx = indices if indices.ndim == 2 else indices[:, None][:, :0]
     rows = jnp.arange(rd)
     if is_causal:
         end = jnp.clip(rd - t + jnp.arange(t) + 1, 0, rd)

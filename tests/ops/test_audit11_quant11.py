@@ -70,3 +70,35 @@ def test_conform_scales_blocks_by_an_exact_power_of_two(conform):
     a = np.stack(rows)
     got = np.asarray(conform(a))
     np.testing.assert_array_equal(got, _nnc_conform(a))
+
+
+def _nnc_sparse_attention(q, dense_k, dense_v, scale, is_causal):
+    """NNC's cpu_ref loop with no sparse rows (one-axis indices: K = 0), in float64."""
+    t_count, h_count = q.shape[:2]
+    rows = dense_k.shape[0]
+    out = np.zeros(q.shape)
+    for t in range(t_count):
+        end = min(max(rows - t_count + t + 1, 0), rows) if is_causal else rows
+        for h in range(h_count):
+            if end == 0:
+                continue
+            logits = dense_k[:end].astype(np.float64) @ q[t, h].astype(np.float64) * scale
+            w = np.exp(logits - logits.max())
+            out[t, h] = w @ dense_v[:end] / w.sum()
+    return out
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_sparse_indexed_attention_takes_nncs_one_axis_indices(is_causal):
+    """NNC reads indices [T] as K = 0 (no sparse rows), and fnnc's shape rule and
+    docstring accepted [T]; the forward then raised jnp's bare IndexError ('Too many
+    indices') from indices[:, :0]. It now attends the dense rows alone."""
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    dk, dv = (rng.standard_normal((4, 4)).astype(np.float32) for _ in range(2))
+    sk = sv = rng.standard_normal((5, 4)).astype(np.float32)
+    cmd = ops.sparse_indexed_attention(scale=0.5, is_causal=is_causal)
+    got = np.asarray(cmd(q, dk, dv, sk, sv, np.array([4, 0, 2], np.int32)))
+    np.testing.assert_allclose(got, _nnc_sparse_attention(q, dk, dv, 0.5, is_causal), atol=2e-6)
+    none = np.asarray(cmd(q, dk, dv, sk, sv, np.full((3, 1), -1, np.int32)))
+    np.testing.assert_array_equal(got, none)
