@@ -95,6 +95,14 @@ def _transpose_geometry(name: str, x: Any, w: Any, strides, padding, dilation, o
     s = _spatial.ints(name, "strides", strides, nd)
     d = _spatial.ints(name, "dilation", dilation, nd)
     r = _spatial.ints(name, "output_padding", output_padding, nd, low=0)
+    if 0 in x.shape[1:-1]:
+        # No convolution gives an empty spatial axis (its window never fits), so there
+        # is none to transpose: the size formula would invent (k - s) cells from nothing.
+        fail(
+            f"{name}: x {show(x)} has an empty spatial axis; the convolution it transposes "
+            "would have to output none, which no window does: give at least one cell per "
+            "spatial axis"
+        )
     if any(ri >= si for ri, si in zip(r, s)):
         fail(f"{name}: output_padding={output_padding!r} must be smaller than strides={strides!r}")
     k = _spatial.dilated(w.shape[1:-1], d)
