@@ -79,7 +79,10 @@ def _taps(n_in: int, n_out: int, bilinear: bool, align: bool):
     num, den = (n_in - 1, max(1, n_out - 1)) if align else (n_in, n_out)
     r = np.float64(np.float32(num) / np.float32(den))
     if not bilinear:
-        src = (i * r + 0.5) if align else (i + 0.5) * r
+        # C's xd * rwidth + 0.5 multiplies in float (an int times a float) and adds the
+        # double 0.5 to that rounded product; (xd + 0.5) * rwidth is all double.
+        scaled = (i.astype(np.float32) * np.float32(r)).astype(np.float64)
+        src = (scaled + 0.5) if align else (i + 0.5) * r
         i0 = np.minimum(src.astype(np.int32), n_in - 1)
         return i0, None, None, None
     xs = (i * r if align else (i + 0.5) * r - 0.5).astype(np.float32)

@@ -35,3 +35,31 @@ def test_convolution_transpose_keeps_nnc_values_on_a_one_cell_input() -> None:
     y = np.asarray(ops.convolution_transpose(strides=2)(jnp.asarray(x), jnp.asarray(w)))
     want = (w[0, :, :, 0] * 1.0 + w[1, :, :, 0] * 2.0)[None, :, :, None]
     np.testing.assert_array_equal(y, want)
+
+
+def _nnc_nearest(a: np.ndarray, ho: int, wo: int, align: bool) -> np.ndarray:
+    """Port of ccv_nnc_upsample_cpu_ref.c's nearest forward (NHWC): the ratio is a float
+    division, ``(int)(xd * rwidth + 0.5)`` multiplies in float and adds a double 0.5,
+    ``(int)((xd + 0.5) * rwidth)`` is all double."""
+    _, h, w, _ = a.shape
+
+    def index(n_in: int, n_out: int) -> list[int]:
+        if align:
+            r = np.float32(np.float32(n_in - 1) / np.float32(max(1, n_out - 1)))
+            src = [float(np.float32(np.float32(x) * r)) + 0.5 for x in range(n_out)]
+        else:
+            r = np.float32(np.float32(n_in) / np.float32(n_out))
+            src = [(x + 0.5) * float(r) for x in range(n_out)]
+        return [min(int(s), n_in - 1) for s in src]
+
+    return a[:, index(h, ho)][:, :, index(w, wo)]
+
+
+@pytest.mark.parametrize("align", [True, False])
+def test_upsample_nearest_indices_follow_nnc_float_arithmetic(align) -> None:
+    """With align_corners, NNC rounds xd * rwidth to float before adding 0.5: 15 -> 45
+    rows (scale 3) took row 4 for output rows 14 and 42, where NNC takes row 5 (200 of
+    45 x 57 pixels differed); the product is now rounded to float32 first."""
+    a = np.arange(15 * 19, dtype=np.float32).reshape(1, 15, 19, 1)
+    y = ops.upsample(scale=3, mode="nearest", align_corners=align)(jnp.asarray(a))
+    np.testing.assert_array_equal(np.asarray(y), _nnc_nearest(a, 45, 57, align))
