@@ -39,7 +39,7 @@ def _upsample_sizes(x: Spec, scale, mode: str) -> tuple[int, int]:
             "fnnc.ops.datatype_conversion first, or use mode='nearest' (label maps)"
         )
     h, w = x.shape[-3], x.shape[-2]
-    ho, wo = int(h * sh + 0.5), int(w * sw + 0.5)
+    ho, wo = _out_size(h, sh), _out_size(w, sw)
     if ho < h or wo < w:
         fail(f"upsample: scale {scale} would shrink {show(x)}; NNC's upsample only enlarges")
     if max(ho, wo) > _MAX_SIDE:
@@ -51,6 +51,15 @@ def _upsample_sizes(x: Spec, scale, mode: str) -> tuple[int, int]:
 
 
 _MAX_SIDE = 2**31 - 1
+
+
+def _out_size(n: int, scale: float) -> int:
+    """NNC's ``(int)(n * scale + 0.5)``: its scale is a C float, so the product is a
+    float32 one (15 * 2.1 is 31.499998, giving 31 rows where a double product gives 32)
+    before the double 0.5 is added and C truncates."""
+    with np.errstate(over="ignore"):
+        product = float(np.float32(n) * np.float32(scale))
+    return int(product + 0.5) if math.isfinite(product) else _MAX_SIDE + 1
 
 
 def _scales(scale: Any) -> tuple[float, float]:

@@ -63,3 +63,15 @@ def test_upsample_nearest_indices_follow_nnc_float_arithmetic(align) -> None:
     a = np.arange(15 * 19, dtype=np.float32).reshape(1, 15, 19, 1)
     y = ops.upsample(scale=3, mode="nearest", align_corners=align)(jnp.asarray(a))
     np.testing.assert_array_equal(np.asarray(y), _nnc_nearest(a, 45, 57, align))
+
+
+@pytest.mark.parametrize(("scale", "want"), [(2.1, (31, 52)), ((2.0, 1.06), (30, 26))])
+def test_upsample_output_size_multiplies_in_float32_as_nnc(scale, want) -> None:
+    """NNC's size is (int)(n * scale + 0.5) with a C float scale: 15 * 2.1f is 31.499998,
+    so 31 rows (a double product gave 32), 25 * 1.06f is 26.499998, so 26 (was 27)."""
+    a = np.arange(15 * 25, dtype=np.float32).reshape(1, 15, 25, 1)
+    y = np.asarray(ops.upsample(scale=scale, mode="nearest")(jnp.asarray(a)))
+    sh, sw = scale if isinstance(scale, tuple) else (scale, scale)
+    sizes = tuple(int(float(np.float32(n) * np.float32(s)) + 0.5) for n, s in ((15, sh), (25, sw)))
+    assert sizes == want
+    np.testing.assert_array_equal(y, _nnc_nearest(a, *want, align=False))
