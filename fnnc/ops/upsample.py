@@ -85,7 +85,8 @@ def _scales(scale: Any) -> tuple[float, float]:
 def _taps(n_in: int, n_out: int, bilinear: bool, align: bool):
     """NNC's source indices and weights along one axis (float32 arithmetic, as in C)."""
     i = np.arange(n_out, dtype=np.float64)
-    num, den = (n_in - 1, max(1, n_out - 1)) if align else (n_in, n_out)
+    # An empty axis (n_out = 0, no taps) would divide 0 by 0 (NumPy's RuntimeWarning).
+    num, den = (n_in - 1, max(1, n_out - 1)) if align else (n_in, max(1, n_out))
     r = np.float64(np.float32(num) / np.float32(den))
     if not bilinear:
         # C's xd * rwidth + 0.5 multiplies in float (an int times a float) and adds the

@@ -75,3 +75,15 @@ def test_upsample_output_size_multiplies_in_float32_as_nnc(scale, want) -> None:
     sizes = tuple(int(float(np.float32(n) * np.float32(s)) + 0.5) for n, s in ((15, sh), (25, sw)))
     assert sizes == want
     np.testing.assert_array_equal(y, _nnc_nearest(a, *want, align=False))
+
+
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+def test_upsample_of_an_empty_axis_warns_nothing(mode) -> None:
+    """[1, 0, 3, 2] upsampled is [1, 0, 6, 2] (np.repeat's shape for nearest), without
+    NumPy's 'invalid value in divide' RuntimeWarning from the ratio 0 / 0."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = ops.upsample(mode=mode)(jnp.zeros((1, 0, 3, 2)))
+    assert y.shape == np.repeat(np.repeat(np.zeros((1, 0, 3, 2)), 2, 1), 2, 2).shape
