@@ -208,6 +208,7 @@ def convolution(x, w, bias=None, *, strides=1, padding=0, dilation=1, groups=1):
 @convolution.backward
 def _convolution_backward(grads, inputs, outputs, *, strides, padding, dilation, groups):
     (g,), (x, w, *bias) = grads, inputs
+    g = g.astype(x.dtype)  # as the CPU backends' backward and max_pool's take it
     one = _spatial.one_sample(x, w.ndim)
     x, g = (x[None], g[None]) if one else (x, g)
     s, pads, d, sizes = _conv_geometry("convolution", x, w, strides, padding, dilation)
@@ -265,6 +266,7 @@ def _convolution_transpose_backward(
     grads, inputs, outputs, *, strides, padding, dilation, groups, output_padding
 ):
     (g,), (x, w, *bias) = grads, inputs
+    g = g.astype(x.dtype)  # as the CPU backends' backward and max_pool's take it
     one = _spatial.one_sample(x, w.ndim)
     x, g = (x[None], g[None]) if one else (x, g)
     s, pads, d, _, r = _transpose_geometry(

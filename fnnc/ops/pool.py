@@ -242,7 +242,7 @@ def _transposed(factory):
         f = functools.partial(
             factory.definition.forward, window=window, strides=strides, padding=padding
         )
-        return jax.linear_transpose(f, Spec(x.shape, x.dtype))(g)
+        return jax.linear_transpose(f, Spec(x.shape, x.dtype))(g.astype(x.dtype))
 
     return backward
 

@@ -152,7 +152,7 @@ def _upsample_backward(grads, inputs, outputs, **params):
     (gx,) = jax.linear_transpose(
         lambda t: upsample.definition.forward(t, **params), Spec(x.shape, wide)
     )(g.astype(wide))
-    return (gx.astype(g.dtype),)
+    return (gx.astype(x.dtype),)
 
 
 # --- set, masked_fill, broadcast_to -------------------------------------------------------

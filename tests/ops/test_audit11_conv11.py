@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -87,3 +88,39 @@ def test_upsample_of_an_empty_axis_warns_nothing(mode) -> None:
         warnings.simplefilter("error")
         y = ops.upsample(mode=mode)(jnp.zeros((1, 0, 3, 2)))
     assert y.shape == np.repeat(np.repeat(np.zeros((1, 0, 3, 2)), 2, 1), 2, 2).shape
+
+
+def _bf16(shape, seed):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.bfloat16)
+
+
+@pytest.mark.parametrize("name", ["convolution", "convolution_transpose", "avg_pool", "upsample"])
+def test_backward_takes_a_float32_gradient_of_a_bfloat16_command(name) -> None:
+    """As max_pool's backward and the CPU convolution backends' do, a float32 output
+    gradient of a bfloat16 command is taken in the input's type: convolution's raised
+    lax's 'requires arguments to have the same dtypes', avg_pool's (and sum_pool's, the
+    same code) 'cotangent type does not match', and upsample's returned a float32 input
+    gradient. Oracle: jax.vjp of the float32 forward, within bfloat16 rounding."""
+    x = _bf16((1, 4, 4, 2), 0)
+    w = _bf16((2, 3, 3, 2), 1)
+    cmd = {
+        "convolution": ops.convolution(padding=1),
+        "convolution_transpose": ops.convolution_transpose(padding=1),
+        "avg_pool": ops.avg_pool(window=3, strides=1, padding=1),
+        "upsample": ops.upsample(),
+    }[name]
+    inputs = (x, w) if name.startswith("conv") else (x,)
+    d = cmd.definition
+
+    @jax.jit
+    def both(g, *inputs):
+        wide = [t.astype(jnp.float32) for t in inputs]
+        want = jax.vjp(lambda *a: d.forward(*a, **cmd.kwargs), *wide)[1](g)
+        return d.backward((g,), inputs, (None,), **cmd.kwargs), want
+
+    y_shape = jax.eval_shape(lambda *a: d.forward(*a, **cmd.kwargs), *inputs).shape
+    g = jnp.asarray(np.random.default_rng(2).standard_normal(y_shape), jnp.float32)
+    got, want = both(g, *inputs)
+    for a, b in zip(got, want):
+        assert a.dtype == jnp.bfloat16
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b), rtol=2e-2, atol=4e-2)
