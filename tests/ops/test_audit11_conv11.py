@@ -124,3 +124,32 @@ def test_backward_takes_a_float32_gradient_of_a_bfloat16_command(name) -> None:
     for a, b in zip(got, want):
         assert a.dtype == jnp.bfloat16
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b), rtol=2e-2, atol=4e-2)
+
+
+@pytest.mark.parametrize("platform", ["cpu", "other"])
+def test_max_pool_backward_sums_16_bit_shares_in_float32(platform, monkeypatch) -> None:
+    """A peak that is the maximum of 25 overlapping windows (window 5, stride 1) gets 25
+    gradient shares; summed in bfloat16 they were up to 1.8 ulps off. Oracle: a float64
+    scatter of each window's gradient to its maximum (no ties), rounded once. 'other'
+    is the reduce_window path of non-CPU platforms."""
+    from fnnc.ops import pool
+
+    monkeypatch.setattr(pool.jax, "default_backend", lambda: platform)
+    rng = np.random.default_rng(0)
+    n, c = 10, 4
+    x = rng.uniform(-0.01, 0.01, (1, n, n, c)).astype(np.float32)
+    x[:, 2::5, 2::5, :] = 10.0
+    xb = jnp.asarray(x, jnp.bfloat16)
+    cmd = ops.max_pool(window=5, strides=1, padding=2)
+    g = jnp.asarray(rng.uniform(0.5, 1.5, (1, n, n, c)), jnp.bfloat16)
+    (got,) = jax.jit(lambda g, x: cmd.definition.backward((g,), (x,), (None,), **cmd.kwargs))(g, xb)
+    assert got.dtype == jnp.bfloat16
+    xp = np.pad(np.asarray(xb, np.float64), ((0, 0), (2, 2), (2, 2), (0, 0)), constant_values=-1)
+    g64 = np.asarray(g, np.float64)
+    want = np.zeros((n + 4, n + 4, c))
+    for i in range(n):
+        for j in range(n):
+            top = xp[0, i : i + 5, j : j + 5].reshape(25, c).argmax(0)
+            want[i + top // 5, j + top % 5, np.arange(c)] += g64[0, i, j]
+    want = np.asarray(jnp.asarray(want[2:-2, 2:-2], jnp.bfloat16), np.float64)
+    np.testing.assert_array_equal(np.asarray(got, np.float64)[0], want)
