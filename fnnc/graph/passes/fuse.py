@@ -126,9 +126,11 @@ def _activation_loss(activation: str, loss: str) -> Pat:
 
 
 def _private_activation(graph: Graph, m: Match) -> int | None:
-    """The index of the node writing ``p`` when ``p`` is unviewed and not an output."""
+    """The index of the node writing ``p`` when ``p`` is unviewed, not an output and not
+    the label too (``binary_crossentropy(p, p)``, the entropy of ``p``: the fused node
+    would read the ``p`` it writes)."""
     p = m["p"].id
-    if p in graph.outputs or p in _viewed(graph):
+    if p in graph.outputs or p in _viewed(graph) or m["label"].id == p:
         return None
     return graph.producers[p]
 
