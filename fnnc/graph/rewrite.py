@@ -76,7 +76,8 @@ class Rewriter:
         self._removed: set[int] = set()
         self._same: dict[int, int] = {}
         self._at: tuple[str, int] = ("before", len(graph.nodes))  # the end
-        self._index: dict[Node, int] | None = None
+        self._index: dict[int, int] | None = None  # id(node) -> position
+        self._equal: dict[Node, int] = {}  # node -> its first position
 
     # -- reading ----------------------------------------------------------------
     def symbol(self, sid: int | Symbol) -> Symbol:
@@ -103,13 +104,21 @@ class Rewriter:
                 raise GraphError(f"{self.name}: node index {node} is not in the graph")
             return node
         if self._index is None:
-            self._index = {n: i for i, n in enumerate(self.graph.nodes)}
-        if node not in self._index:
+            # by identity first: equal nodes (two debug prints of one value, no outputs)
+            # are told apart by which object the caller holds; by equality, the first
+            self._index = {id(n): i for i, n in enumerate(self.graph.nodes)}
+            self._equal = {}
+            for i, n in enumerate(self.graph.nodes):
+                self._equal.setdefault(n, i)
+        i = self._index.get(id(node))
+        if i is not None and self.graph.nodes[i] is node:
+            return i
+        if node not in self._equal:
             raise GraphError(
                 f"{self.name}: node {node.cmd.name} ({node.name or 'unnamed'}) is not an "
                 "original node of the graph; insert relative to the graph's own nodes"
             )
-        return self._index[node]
+        return self._equal[node]
 
     # -- editing ----------------------------------------------------------------
     @contextlib.contextmanager

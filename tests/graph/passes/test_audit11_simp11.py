@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
+from jax.experimental import io_callback
 
 from fnnc import ops
-from fnnc.graph import GraphBuilder, fuse, interpret, simplify
+from fnnc.graph import GraphBuilder, Rewriter, fuse, interpret, simplify, trace
 
 X = np.array([[0.1, -1.0, 2.0], [0.3, 0.5, -0.2]], np.float32)
 
@@ -30,3 +32,27 @@ def test_fuse_keeps_binary_crossentropy_of_a_sigmoid_with_itself() -> None:
     graph = b.build([h])
     assert fuse(graph) is graph
     np.testing.assert_allclose(interpret(simplify(graph), X), _entropy(X), rtol=1e-5)
+
+
+def test_rewriter_tells_equal_effect_nodes_apart() -> None:
+    # Two io_callbacks of one value are equal nodes (no outputs); Rewriter.index looked
+    # nodes up by equality, so removing the first one removed the last: the callbacks
+    # then ran y, z instead of z, y.
+    seen = []
+
+    def record(v):
+        seen.append(float(np.asarray(v)[0]))
+
+    def f(x):
+        y, z = jnp.sin(x), jnp.cos(x)
+        for v in (y, z, y):
+            io_callback(record, None, v, ordered=True)
+        return y
+
+    graph = trace(f, jnp.zeros(2))
+    rw = Rewriter(graph)
+    first, _, last = rw.find("effectful_primitive")
+    assert (rw.index(first), rw.index(last)) == (graph.nodes.index(first), len(graph.nodes) - 1)
+    rw.remove(first)
+    interpret(rw.finish(), np.zeros(2, np.float32))
+    assert seen == [np.cos(0.0), np.sin(0.0)]
