@@ -137,7 +137,7 @@ def _match(pat: Pat, sid: int, src: Source, bound: dict[str, Any]) -> Iterator[d
             yield from _bind(pat.name, sid, bound)
     elif pat.kind == "const":
         value = src.value(sid)
-        if value is not None and (pat.value is None or bool(np.all(value == pat.value))):
+        if value is not None and (pat.value is None or all_equal(value, pat.value)):
             yield from _bind(pat.name, sid, bound)
     else:
         node = src.producer(sid)
@@ -147,6 +147,16 @@ def _match(pat: Pat, sid: int, src: Source, bound: dict[str, Any]) -> Iterator[d
             return
         for b in _inputs(pat, node, src, bound):
             yield from _bind(pat.name, sid, b)
+
+
+def all_equal(value: np.ndarray, want: Any) -> bool:
+    """Whether every element of ``value`` equals ``want`` (broadcast against it); a
+    ``want`` of a shape that does not broadcast with ``value`` is not equal (NumPy raised
+    ValueError from inside the match)."""
+    try:
+        return bool(np.all(np.equal(value, want)))
+    except (ValueError, TypeError):
+        return False
 
 
 def _bind(name: str | None, sid: int, bound: dict[str, Any]) -> Iterator[dict[str, Any]]:

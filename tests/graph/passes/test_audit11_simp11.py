@@ -7,7 +7,17 @@ import numpy as np
 from jax.experimental import io_callback
 
 from fnnc import ops
-from fnnc.graph import GraphBuilder, Rewriter, fuse, interpret, simplify, trace
+from fnnc.graph import (
+    GraphBuilder,
+    Pat,
+    Rewriter,
+    Rule,
+    fuse,
+    graph_rewrite,
+    interpret,
+    simplify,
+    trace,
+)
 
 X = np.array([[0.1, -1.0, 2.0], [0.3, 0.5, -0.2]], np.float32)
 
@@ -56,3 +66,20 @@ def test_rewriter_tells_equal_effect_nodes_apart() -> None:
     rw.remove(first)
     interpret(rw.finish(), np.zeros(2, np.float32))
     assert seen == [np.cos(0.0), np.sin(0.0)]
+
+
+def test_a_constant_pattern_of_another_shape_does_not_match() -> None:
+    # Pat.const(array) compared with ==, which raised NumPy's "operands could not be
+    # broadcast" from inside the match for a constant of another shape.
+    b = GraphBuilder()
+    x = b.input((3,), name="x")
+    graph = b.build([b.exec(ops.ewsum(), x, b.constant(np.float32([1, 2, 3])))])
+
+    def dropped(value):
+        rule = Rule(Pat.op("ewsum", Pat.var("x"), Pat.const(np.float32(value))), lambda m: m["x"])
+        return graph_rewrite(graph, [rule])
+
+    assert dropped([1, 2]) is graph and dropped([1, 2, 4]) is graph
+    xv = np.float32([0.5, -1.0, 2.0])
+    np.testing.assert_array_equal(interpret(graph, xv), xv + np.float32([1, 2, 3]))
+    np.testing.assert_array_equal(interpret(dropped([1, 2, 3]), xv), xv)
