@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from fnnc.core.command import output_specs
-from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol, TensorSymbol
+from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol, TensorSymbol, require_graph
 from fnnc.core.text import format_graph
 from fnnc.errors import CommandError, FnncError, GraphError
 from fnnc.graph.matching import Match, constant_value, matches, may_match
@@ -121,6 +121,7 @@ def graph_rewrite(
             replacement's outputs do not have the replaced outputs' specs, or a rule
             keeps matching its own replacement.
     """
+    require_graph(graph, "graph_rewrite")
     rules = _as_rules(rules, "graph_rewrite")
     if subgraphs:
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fnnc.core.ir import AliasSymbol, Graph
+from fnnc.core.ir import AliasSymbol, Graph, require_graph
 from fnnc.graph.passes._subgraphs import map_subgraphs
 
 
@@ -36,7 +36,7 @@ def compact(graph: Graph) -> Graph:
     >>> compact(g) is g
     True
     """
-    graph = map_subgraphs(graph, compact)
+    graph = map_subgraphs(require_graph(graph, "compact"), compact)
     used = set(graph.inputs) | set(graph.outputs)
     for node in graph.nodes:
         used.update(node.inputs)

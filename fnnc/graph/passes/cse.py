@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fnnc.core.ir import AliasSymbol, Graph, Node
+from fnnc.core.ir import AliasSymbol, Graph, Node, require_graph
 from fnnc.graph.passes._subgraphs import is_pure, map_subgraphs
 from fnnc.graph.passes.compact import compact
 from fnnc.ops import Command
@@ -52,7 +52,7 @@ def cse(graph: Graph) -> Graph:
     >>> len(cse(b.build([z])).nodes)
     2
     """
-    graph = map_subgraphs(graph, cse)
+    graph = map_subgraphs(require_graph(graph, "cse"), cse)
     symbols = graph.symbols
     same: dict[int, int] = {}  # symbol id -> the symbol that replaces it
     views: dict[tuple, int] = {}

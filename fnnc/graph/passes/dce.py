@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fnnc.core.ir import Graph
+from fnnc.core.ir import Graph, require_graph
 from fnnc.graph.passes._subgraphs import has_effects, map_subgraphs
 from fnnc.graph.passes.compact import compact
 
@@ -43,7 +43,7 @@ def dce(graph: Graph) -> Graph:
       return %1
     }
     """
-    graph = map_subgraphs(graph, dce)
+    graph = map_subgraphs(require_graph(graph, "dce"), dce)
     symbols = graph.symbols
     live = {symbols[s].root for s in graph.outputs}
     kept = []

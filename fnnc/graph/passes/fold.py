@@ -7,6 +7,7 @@ passes with): :data:`IDENTITIES` (``x * 1 -> x``, ...) and constant folding.
 from __future__ import annotations
 
 import functools
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,8 @@ import numpy as np
 
 from fnnc.core.command import output_specs
 from fnnc.core.dispatch import REFERENCE, compiled_forward
-from fnnc.core.ir import Graph, Symbol, num_elements
+from fnnc.core.ir import Graph, Symbol, num_elements, require_graph
+from fnnc.errors import GraphError
 from fnnc.graph.matching import Match
 from fnnc.graph.pattern import Pat
 from fnnc.graph.rules import Rule, graph_rewrite
@@ -169,6 +171,15 @@ def fold(graph: Graph, *, max_elements: int = MAX_ELEMENTS) -> Graph:
         graph: the graph.
         max_elements: largest folded output, in elements.
     """
+    require_graph(graph, "fold")
+    if (
+        isinstance(max_elements, bool)
+        or not isinstance(max_elements, numbers.Integral)
+        or max_elements < 0
+    ):
+        raise GraphError(
+            f"fold: max_elements is the largest folded output, an int >= 0; got {max_elements!r}"
+        )
     # identities keep values: the bodies of a loop are folded on their own
     return graph_rewrite(graph, fold_rules(max_elements), dce=False, loops=False)
 

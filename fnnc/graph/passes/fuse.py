@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Callable
 
 from fnnc import ops
 from fnnc.core.dtypes import is_floating
-from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol
+from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol, require_graph
+from fnnc.errors import GraphError
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.matching import GraphSource, Match, match
 from fnnc.graph.passes._subgraphs import is_pure, map_subgraphs
@@ -270,6 +272,15 @@ def fuse(graph: Graph, *, min_length: int = 2) -> Graph:
         graph: the graph.
         min_length: fewest nodes a fused chain has.
     """
+    require_graph(graph, "fuse")
+    if (
+        isinstance(min_length, bool)
+        or not isinstance(min_length, numbers.Integral)
+        or min_length < 1
+    ):
+        raise GraphError(
+            f"fuse: min_length is the fewest nodes a chain has, an int >= 1; got {min_length!r}"
+        )
     graph = map_subgraphs(graph, lambda sub: fuse(sub, min_length=min_length), skip=FUSED)
     fused = _chains(_patterns(graph), min_length)
     return graph if fused is graph else compact(fused)

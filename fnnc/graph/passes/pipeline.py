@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import numbers
 import time
 from collections.abc import Callable, Sequence
 
@@ -144,6 +145,14 @@ def run_passes(
     """
     require_graph(graph, "run_passes")
     passes = resolve_passes(passes, "run_passes")
+    if (
+        isinstance(max_rounds, bool)
+        or not isinstance(max_rounds, numbers.Integral)
+        or max_rounds < 1
+    ):
+        raise GraphError(
+            f"run_passes: max_rounds is an int >= 1 (rounds of the passes); got {max_rounds!r}"
+        )
     cfg = config.get()
     checks = cfg.checks if verify_each is None else verify_each
     show = cfg.debug >= 1 if print_each is None else print_each

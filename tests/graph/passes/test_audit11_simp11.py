@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.experimental import io_callback
 
 from fnnc import ops
+from fnnc.errors import GraphError
 from fnnc.graph import (
     GraphBuilder,
     Pat,
     Rewriter,
     Rule,
+    compact,
+    cse,
+    dce,
+    fold,
     fuse,
     graph_rewrite,
     interpret,
@@ -83,3 +89,27 @@ def test_a_constant_pattern_of_another_shape_does_not_match() -> None:
     xv = np.float32([0.5, -1.0, 2.0])
     np.testing.assert_array_equal(interpret(graph, xv), xv + np.float32([1, 2, 3]))
     np.testing.assert_array_equal(interpret(dropped([1, 2, 3]), xv), xv)
+
+
+@pytest.mark.parametrize(
+    "call, says",
+    [
+        (lambda g: cse(None), "cse: expected a fnnc.graph.Graph, got NoneType"),
+        (lambda g: dce("g"), "dce: expected a fnnc.graph.Graph, got str"),
+        (lambda g: compact(None), "compact: expected a fnnc.graph.Graph"),
+        (lambda g: fuse(None), "fuse: expected a fnnc.graph.Graph"),
+        (lambda g: graph_rewrite(None, []), "graph_rewrite: expected a fnnc.graph.Graph"),
+        (lambda g: fuse(g, min_length="2"), "min_length is the fewest nodes .* got '2'"),
+        (lambda g: fold(g, max_elements=-1), "max_elements is .* an int >= 0; got -1"),
+        (lambda g: simplify(g, max_rounds="2"), "max_rounds is an int >= 1 .* got '2'"),
+        (lambda g: simplify(g, max_rounds=0), "max_rounds is an int >= 1 .* got 0"),
+    ],
+)
+def test_passes_say_what_they_expect(call, says) -> None:
+    # the passes died with AttributeError ('NoneType' object has no attribute 'nodes')
+    # or TypeError ('>' not supported between 'int' and 'str'); simplify(max_rounds=0)
+    # silently returned the graph unsimplified.
+    b = GraphBuilder()
+    graph = b.build([b.exec(ops.relu(), b.input((2,)))])
+    with pytest.raises(GraphError, match=says):
+        call(graph)
