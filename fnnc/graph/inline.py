@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fnnc.core.ir import AliasSymbol, Graph, Symbol
+from fnnc.core.ir import AliasSymbol, Graph, Symbol, TensorSymbol, require_graph
 from fnnc.errors import GraphInputError, ShapeError
 from fnnc.graph.builder import GraphBuilder
 
@@ -39,6 +39,12 @@ def inline(
     >>> print(b.build([out]).nodes[0].cmd)
     relu
     """
+    require_graph(graph, "inline")
+    if isinstance(args, (TensorSymbol, AliasSymbol)) or not isinstance(args, Sequence):
+        raise GraphInputError(
+            f"inline: args is one symbol per graph input, a list; got {type(args).__name__}"
+            f" (for one input, pass [symbol])"
+        )
     if len(args) != len(graph.inputs):
         raise GraphInputError(
             f"inline: the graph takes {len(graph.inputs)} inputs, got {len(args)} symbols"
@@ -46,6 +52,12 @@ def inline(
     mapping: dict[int, Symbol] = {}
     for sid, arg in zip(graph.inputs, args):
         sym = graph.symbols[sid]
+        if not isinstance(arg, (TensorSymbol, AliasSymbol)):
+            raise GraphInputError(
+                f"inline: input {graph.label(sid)} is fed {type(arg).__name__} {arg!r:.40}; "
+                "feed symbols of the builder (builder.input(...), a node's output, or "
+                "builder.constant(value) for a value)"
+            )
         if tuple(arg.shape) != sym.shape or arg.dtype != sym.dtype:
             raise GraphInputError(
                 f"inline: input {graph.label(sid)} is {sym.dtype}{list(sym.shape)}, the symbol "

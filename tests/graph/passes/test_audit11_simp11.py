@@ -8,7 +8,7 @@ import pytest
 from jax.experimental import io_callback
 
 from fnnc import ops
-from fnnc.errors import GraphError
+from fnnc.errors import FnncError, GraphError
 from fnnc.graph import (
     GraphBuilder,
     Pat,
@@ -20,6 +20,7 @@ from fnnc.graph import (
     fold,
     fuse,
     graph_rewrite,
+    inline,
     interpret,
     simplify,
     trace,
@@ -113,3 +114,26 @@ def test_passes_say_what_they_expect(call, says) -> None:
     graph = b.build([b.exec(ops.relu(), b.input((2,)))])
     with pytest.raises(GraphError, match=says):
         call(graph)
+
+
+@pytest.mark.parametrize(
+    "graph_or, args, says",
+    [
+        ("g", None, "inline: expected a fnnc.graph.Graph, got str"),
+        (None, "sym", "args is one symbol per graph input, a list; got TensorSymbol"),
+        (None, [None], r"input %0 \(x\) is fed NoneType None; feed symbols"),
+        (None, [np.zeros(2, np.float32)], "is fed ndarray"),
+    ],
+)
+def test_inline_says_what_it_expects(graph_or, args, says) -> None:
+    # inline died with AttributeError ('NoneType' object has no attribute 'shape',
+    # 'str' object has no attribute 'inputs') or a TypeError (len() of a symbol)
+    inner = GraphBuilder()
+    graph = inner.build([inner.exec(ops.relu(), inner.input((2,), name="x"))])
+    b = GraphBuilder()
+    y = b.input((2,), name="y")
+    with pytest.raises(FnncError, match=says):
+        inline(b, graph_or or graph, [y] if args is None else y if args == "sym" else args)
+    (out,) = inline(b, graph, [y])  # the builder still works
+    xv = np.float32([-1.0, 2.0])
+    np.testing.assert_array_equal(interpret(b.build([out]), xv), np.maximum(xv, 0))
