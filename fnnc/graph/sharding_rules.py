@@ -90,6 +90,26 @@ class ShardingRules:
     fsdp: bool = False
     activations: bool = True
 
+    def __post_init__(self) -> None:
+        # every way in (ShardingRules(layers=...) as much as a dict to ``of``) checks the
+        # rules: a str spec was taken as a spec of one axis per character, P(1) failed on
+        # ``tuple(1)`` and P(0) replicated, silently
+        layers = []
+        for rule in self.layers:
+            if not (isinstance(rule, (tuple, list)) and len(rule) == 2):
+                raise GraphError(
+                    f"sharding rules: layers holds {rule!r}; each rule is a pair "
+                    "(pattern, PartitionSpec), e.g. ('mlp*', PartitionSpec(None, 'model'))"
+                )
+            pattern, spec = rule
+            if not isinstance(pattern, (str, re.Pattern)):
+                raise GraphError(
+                    f"sharding rules: pattern {pattern!r} must be a glob string or a "
+                    "compiled regex on parameter ids and layer names"
+                )
+            layers.append((pattern, _spec(spec, pattern)))
+        object.__setattr__(self, "layers", tuple(layers))  # a tuple: rules are hashed
+
     @staticmethod
     def of(value: Any) -> ShardingRules:
         """Rules from a :class:`ShardingRules`, ``"megatron"`` / ``"tensor_parallel"``
@@ -100,15 +120,7 @@ class ShardingRules:
         if isinstance(value, str) and value in NAMES:
             return ShardingRules()
         if isinstance(value, Mapping):
-            layers = []
-            for pattern, spec in value.items():
-                if not isinstance(pattern, (str, re.Pattern)):
-                    raise GraphError(
-                        f"sharding rules: pattern {pattern!r} must be a glob string or a "
-                        "compiled regex on parameter ids and layer names"
-                    )
-                layers.append((pattern, _spec(spec, pattern)))
-            return ShardingRules(layers=tuple(layers))
+            return ShardingRules(layers=tuple(value.items()))
         raise GraphError(
             f"sharding rules: expected a ShardingRules, one of {NAMES} or a dict "
             f"{{layer-name pattern: PartitionSpec}}, got {value!r}"
@@ -161,14 +173,28 @@ def _some(items: list[str], n: int = 12) -> str:
 
 
 def _spec(spec: Any, where: Any) -> PartitionSpec:
-    if isinstance(spec, PartitionSpec):
-        return spec
-    if isinstance(spec, (tuple, list)):
-        return PartitionSpec(*spec)
-    raise GraphError(
-        f"sharding rules: the rule for {where!r} gives {spec!r}; expected a "
-        "jax.sharding.PartitionSpec such as PartitionSpec(None, 'model')"
-    )
+    if isinstance(spec, (tuple, list)) and not isinstance(spec, PartitionSpec):
+        spec = PartitionSpec(*spec)
+    if not isinstance(spec, PartitionSpec) or _bad_entry(spec) is not None:
+        raise GraphError(
+            f"sharding rules: the rule for {getattr(where, 'pattern', where)!r} gives "
+            f"{spec!r}; expected a jax.sharding.PartitionSpec of mesh axis names (None: "
+            "not split, a tuple of names: split over several) such as "
+            "PartitionSpec(None, 'model')"
+        )
+    return spec
+
+
+def _bad_entry(spec: PartitionSpec) -> Any:
+    """The first entry of ``spec`` that is not ``None``, a mesh axis name or a tuple of
+    names (an int such as ``P(1)``), else ``None``."""
+    for entry in spec:
+        names = (entry,) if isinstance(entry, str) else entry
+        if entry is not None and not (
+            isinstance(names, tuple) and all(isinstance(a, str) for a in names)
+        ):
+            return entry
+    return None
 
 
 def parameter_specs(
@@ -224,6 +250,12 @@ def parameter_specs(
 
 
 def _check(pid: str, shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh, how: str) -> Any:
+    if not isinstance(spec, PartitionSpec) or _bad_entry(spec) is not None:
+        raise GraphError(
+            f"sharding rules: parameter {pid} {list(shape)} gets {spec!r} by {how}; "
+            "expected a jax.sharding.PartitionSpec of mesh axis names (None: not split, "
+            "a tuple of names: split over several) such as PartitionSpec(None, 'model')"
+        )
     if len(spec) > len(shape):
         raise GraphError(
             f"sharding rules: parameter {pid} {list(shape)} gets {spec} by {how}, which "
@@ -366,7 +398,12 @@ def tensor_parallel(
 
 
 def _position(graph: Graph, which: int | str) -> int:
-    if isinstance(which, int):
+    if isinstance(which, int) and not isinstance(which, bool):
+        if not 0 <= which < len(graph.inputs):  # -1 was the last input, 99 an IndexError
+            raise GraphError(
+                f"sharding rules: input position {which} is out of range; the graph has "
+                f"{len(graph.inputs)} inputs (positions 0..{len(graph.inputs) - 1})"
+            )
         return which
     names = [graph.symbols[s].name for s in graph.inputs]
     if which not in names:

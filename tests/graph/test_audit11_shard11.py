@@ -1,0 +1,61 @@
+"""Audit 11 (sharding rules): user mistakes in rules, ``specs=`` and parameter
+positions are clear errors, not silent replication or raw Python errors. Layouts are
+planned on abstract meshes (no devices)."""
+
+from __future__ import annotations
+
+import pytest
+from jax.sharding import AbstractMesh
+from jax.sharding import PartitionSpec as P
+
+from fnnc import ops
+from fnnc.errors import GraphError
+from fnnc.graph import GraphBuilder, ShardingRules, parameter_specs
+
+MESH = AbstractMesh((2, 2), ("data", "model"))
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    b = GraphBuilder()
+    x = b.input((4, 8), name="x")
+    w1, w2 = b.input((32, 8), name="fc1"), b.input((8, 32), name="fc2")
+    h = b.exec(ops.relu(), b.exec(ops.gemm(transpose_b=True), x, w1))
+    return b.build([b.exec(ops.gemm(transpose_b=True), h, w2)])
+
+
+@pytest.mark.parametrize("position", [3, 99, -1])
+def test_parameter_positions_out_of_range_are_named(mlp, position):
+    """99 was an IndexError and -1 took the last input, which data_parallel refuses."""
+    with pytest.raises(GraphError, match=rf"input position {position} is out of range.*3 inputs"):
+        parameter_specs(mlp, MESH, parameters=[position])
+    assert parameter_specs(mlp, MESH, parameters=[1, 2]) == {
+        "fc1": P("model"),
+        "fc2": P(None, "model"),
+    }
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [
+        lambda: ShardingRules(layers=(("fc1", "model"),)),  # was "names 5 axes"
+        lambda: {"fc1": P(1)},  # was TypeError: 'int' object is not iterable
+        lambda: {"fc1": P(("model", 2))},
+        lambda: ShardingRules(layers=(("fc1",),)),
+        lambda: ShardingRules(roles=(("column", 1),)),  # was TypeError too
+    ],
+)
+def test_specs_that_are_not_mesh_axis_names_are_refused(mlp, rules):
+    with pytest.raises(GraphError, match=r"expected a jax.sharding.PartitionSpec of mesh axis"
+                       r" names|each rule is a pair"):  # fmt: skip
+        parameter_specs(mlp, MESH, rules(), parameters=["fc1", "fc2"])
+
+
+def test_rules_given_directly_take_tuples_and_lists_as_of_does(mlp):
+    direct = ShardingRules(layers=[("fc2", (None, "model")), ("fc1", ["model"])])
+    assert direct == ShardingRules.of({"fc2": (None, "model"), "fc1": ["model"]})
+    hash(direct)  # Parallel keys programs by its rules
+    assert parameter_specs(mlp, MESH, direct, parameters=["fc1", "fc2"]) == {
+        "fc1": P("model"),
+        "fc2": P(None, "model"),
+    }
