@@ -381,6 +381,7 @@ def tensor_parallel(
     params = sorted({*range(n_params), *(_position(graph, p) for p in parameters)})
     if specs is None:
         specs = parameter_specs(graph, mesh, rules, parameters=params, names=names)
+    _known(graph, specs)
     inputs = list(base.inputs)
     for i in params:
         sym = graph.symbols[graph.inputs[i]]
@@ -395,6 +396,20 @@ def tensor_parallel(
     outputs = list(base.outputs or ())
     outputs[: n_params + layout.n_state] = inputs[: n_params + layout.n_state]
     return Shardings(mesh, tuple(inputs), tuple(outputs))
+
+
+def _known(graph: Graph, specs: Mapping[str, Any]) -> None:
+    """A ``specs=`` key that names no input of ``graph`` is a typo (it left the
+    parameter it meant replicated, silently): raises naming the inputs there are."""
+    names = [graph.symbols[s].name for s in graph.inputs]
+    unknown = [repr(k) for k in specs if k not in names]
+    if unknown:
+        shown = [str(n) for n in names]
+        raise GraphError(
+            f"tensor_parallel: specs= names {first_few(unknown, 6)}, which no input of the "
+            f"graph is; its inputs are [{first_few(shown, 12)}]: key specs by the "
+            "parameter inputs' names (as parameter_specs returns them)"
+        )
 
 
 def _position(graph: Graph, which: int | str) -> int:

@@ -10,7 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 from fnnc import ops
 from fnnc.errors import GraphError
-from fnnc.graph import GraphBuilder, ShardingRules, parameter_specs
+from fnnc.graph import GraphBuilder, ShardingRules, parameter_specs, tensor_parallel
 
 MESH = AbstractMesh((2, 2), ("data", "model"))
 
@@ -22,6 +22,16 @@ def mlp():
     w1, w2 = b.input((32, 8), name="fc1"), b.input((8, 32), name="fc2")
     h = b.exec(ops.relu(), b.exec(ops.gemm(transpose_b=True), x, w1))
     return b.build([b.exec(ops.gemm(transpose_b=True), h, w2)])
+
+
+def test_a_specs_key_naming_no_input_is_refused(mlp):
+    """``specs={"fc_1": ...}`` left fc1 replicated, silently (rules refuse such typos)."""
+    with pytest.raises(GraphError, match=r"specs= names 'fc_1', which no input.*x, fc1, fc2"):
+        tensor_parallel(mlp, MESH, parameters=["fc1", "fc2"], specs={"fc_1": P("model")})
+    # the Megatron layout parameter_specs finds (oracle: the documented table) is kept
+    specs = parameter_specs(mlp, MESH, parameters=["fc1", "fc2"])
+    plan = tensor_parallel(mlp, MESH, parameters=["fc1", "fc2"], specs=specs)
+    assert plan.inputs == (P("data"), P("model"), P(None, "model"))
 
 
 @pytest.mark.parametrize("position", [3, 99, -1])
