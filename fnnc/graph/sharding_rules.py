@@ -139,15 +139,16 @@ class ShardingRules:
 
 
 def _hits(pattern: Pattern, *names: str | None) -> bool:
-    """Whether ``pattern`` (a glob or a compiled regex) matches one of ``names``."""
+    """Whether ``pattern`` (a glob or a compiled regex) matches one of ``names``. A
+    glob equal to a name matches it: a Repeat's ids hold ``[0:4]``, which as a glob is
+    a character class, so the id itself (as the errors suggest it) matched nothing."""
     for name in names:
         if name is None:
             continue
-        if (
-            pattern.search(name)
-            if isinstance(pattern, re.Pattern)
-            else fnmatch.fnmatchcase(name, pattern)
-        ):
+        if isinstance(pattern, re.Pattern):
+            if pattern.search(name):
+                return True
+        elif name == pattern or fnmatch.fnmatchcase(name, pattern):
             return True
     return False
 

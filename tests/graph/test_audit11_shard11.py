@@ -69,3 +69,29 @@ def test_rules_given_directly_take_tuples_and_lists_as_of_does(mlp):
         "fc1": P("model"),
         "fc2": P(None, "model"),
     }
+
+
+def test_a_rule_naming_a_repeat_stack_by_its_id_matches_it():
+    """A Repeat's stacked ids hold ``[0:3]``, a character class as a glob: the id
+    itself, which the errors list and suggest as a rule, matched no parameter."""
+    from fnnc.models import Dense, Input, Model, ReLU, Repeat
+    from fnnc.models.layer import BuildContext
+
+    def block():
+        x = Input()
+        return Model(x, Dense(8, name="mlp2")(ReLU()(Dense(16, name="mlp1")(x))), name="b")
+
+    x = Input(name="x")
+    model = Model([x], [Repeat(block, 3, name="blocks")(x)], name="m")
+    ctx = BuildContext(False)
+    out = model.build(ctx, ctx.b.input((4, 8), name="x"), nested=False)
+    graph, pids = ctx.b.build([out]), list(ctx.params)
+    stack = next(p for p in pids if p.endswith("mlp1-0-0"))
+    assert "[0:3]" in stack
+    specs = parameter_specs(graph, MESH, {stack: P()}, parameters=pids)
+    # oracle: the role table (column on the block's output axis) for the others
+    assert specs[stack] == P()
+    assert specs[stack[:-1] + "1"] == P(None, "model")
+    # the glob still globs: "*mlp1-0-?" matches both of mlp1's stacks
+    both = parameter_specs(graph, MESH, {"*mlp1-0-?": P()}, parameters=pids)
+    assert both[stack] == both[stack[:-1] + "1"] == P()
