@@ -233,7 +233,7 @@ def parameter_specs(
     roles = find_roles(graph, sids)
     names = names or {}
     _unmatched(rules, [graph.symbols[sid].name for sid in sids], names)
-    out = {}
+    out, uneven = {}, []
     for sid in sids:
         sym = graph.symbols[sid]
         pid, shape = sym.name, tuple(sym.shape)
@@ -243,11 +243,48 @@ def parameter_specs(
             role = roles[sid]
             axis, how = rules.axis_of(role.name), f"its role {role.name!r}"
             spec = PartitionSpec(*([None] * role.dim), axis) if axis else PartitionSpec()
+        if how != "its rule" and _indivisible(shape, spec, mesh):
+            uneven.append((pid, shape, spec, how))  # reported together below
+            continue
         spec = _check(pid, shape, spec or PartitionSpec(), mesh, how)
         if rules.fsdp and (trainable is None or pid in trainable):
             spec = _with_fsdp(shape, spec, rules.data, mesh)
         out[pid] = spec
+    _uneven(uneven, mesh)
     return out
+
+
+def _indivisible(shape: tuple[int, ...], spec: Any, mesh: Mesh) -> bool:
+    """Whether a role's ``spec`` (mesh axes the mesh has) splits an axis of ``shape``
+    that does not divide."""
+    if not isinstance(spec, PartitionSpec) or _bad_entry(spec) is not None:
+        return False
+    if len(spec) > len(shape) or not set(_axes(spec)) <= set(mesh.axis_names):
+        return False
+    return any(n % _size(mesh, e) for n, e in zip(shape, spec))
+
+
+def _uneven(found: list[tuple[str, tuple[int, ...], Any, str]], mesh: Mesh) -> None:
+    """Raises for the parameters whose role's split does not divide, all at once: one
+    at a time, the rule each error suggested led to the next (a column dense's weight,
+    then its bias, then the row dense after it)."""
+    if len(found) == 1:
+        _check(*found[0][:3], mesh, found[0][3])  # raises
+    if found:
+        listed = []
+        for pid, shape, spec, how in found:
+            dim, entry = next((d, e) for d, e in enumerate(spec) if shape[d] % _size(mesh, e))
+            listed.append(
+                f"{pid} {list(shape)} is split along axis {dim} ({shape[dim]}) over mesh "
+                f"axis {entry!r} of size {_size(mesh, entry)} by {how}"
+            )
+        rules = ", ".join(f"{pid!r}: PartitionSpec()" for pid, _, _, _ in found)
+        raise ShapeError(
+            f"sharding rules: parameter {listed[0]}, which does not divide, and so are "
+            f"{len(found) - 1} more: {'; '.join(listed[1:])}; make those sizes multiples "
+            f"of the mesh axes', use smaller mesh axes, or replicate them all with the "
+            f"rules {{{rules}}}"
+        )
 
 
 def _check(pid: str, shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh, how: str) -> Any:

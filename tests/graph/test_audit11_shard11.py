@@ -9,7 +9,7 @@ from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 from fnnc import ops
-from fnnc.errors import GraphError
+from fnnc.errors import GraphError, ShapeError
 from fnnc.graph import GraphBuilder, ShardingRules, parameter_specs, tensor_parallel
 
 MESH = AbstractMesh((2, 2), ("data", "model"))
@@ -95,3 +95,31 @@ def test_a_rule_naming_a_repeat_stack_by_its_id_matches_it():
     # the glob still globs: "*mlp1-0-?" matches both of mlp1's stacks
     both = parameter_specs(graph, MESH, {"*mlp1-0-?": P()}, parameters=pids)
     assert both[stack] == both[stack[:-1] + "1"] == P()
+
+
+def test_role_splits_that_do_not_divide_are_named_together_with_rules_that_work():
+    """An MLP of 5 hidden units on model=2: the column weight, its bias and the row
+    weight do not divide. One error at a time suggested replicating only that one,
+    which led to the next error; one error now names all three, and its rules work."""
+    b = GraphBuilder()
+    x = b.input((4, 6), name="x")
+    w1, b1, w2 = (
+        b.input((5, 6), name="fc1"),
+        b.input((5,), name="fc1b"),
+        b.input((3, 5), name="fc2"),
+    )
+    h = b.exec(ops.relu(), b.exec(ops.gemm(transpose_b=True), x, w1, b1))
+    graph = b.build([b.exec(ops.gemm(transpose_b=True), h, w2)])
+    params = ["fc1", "fc1b", "fc2"]
+    with pytest.raises(
+        ShapeError,
+        match=r"fc1 \[5, 6\] is split along axis 0 \(5\) .* 2 more: fc1b \[5\] .*; "
+        r"fc2 \[3, 5\] is split along axis 1",
+    ) as e:
+        parameter_specs(graph, MESH, parameters=params)
+    rules = eval(str(e.value).rsplit("all with the rules ", 1)[1], {"PartitionSpec": P})
+    assert rules == {"fc1": P(), "fc1b": P(), "fc2": P()}
+    assert parameter_specs(graph, MESH, rules, parameters=params) == rules
+    # one alone keeps its own message (axis, sizes and the rule for it)
+    with pytest.raises(ShapeError, match=r"fc1 \[5, 6\] is split along axis 0 \(5\)"):
+        parameter_specs(graph, MESH, {"fc1b": P(), "fc2": P()}, parameters=params)
