@@ -52,8 +52,17 @@ from jax.sharding import Mesh, PartitionSpec
 
 from fnnc.core.ir import Graph, require_graph
 from fnnc.core.text import first_few
-from fnnc.errors import GraphError, ShapeError
+from fnnc.errors import GraphError
 from fnnc.graph.sharding import Shardings, data_parallel, require_mesh
+from fnnc.graph.sharding_checks import (
+    check_spec,
+    indivisible,
+    input_position,
+    known_specs,
+    mesh_axes,
+    rule_spec,
+    uneven,
+)
 from fnnc.graph.sharding_roles import find_roles
 
 MEGATRON = (
@@ -107,7 +116,7 @@ class ShardingRules:
                     f"sharding rules: pattern {pattern!r} must be a glob string or a "
                     "compiled regex on parameter ids and layer names"
                 )
-            layers.append((pattern, _spec(spec, pattern)))
+            layers.append((pattern, rule_spec(spec, pattern)))
         object.__setattr__(self, "layers", tuple(layers))  # a tuple: rules are hashed
 
     @staticmethod
@@ -173,31 +182,6 @@ def _some(items: list[str], n: int = 12) -> str:
     return f"[{first_few(items, n)}]" if items else "[] (none)"
 
 
-def _spec(spec: Any, where: Any) -> PartitionSpec:
-    if isinstance(spec, (tuple, list)) and not isinstance(spec, PartitionSpec):
-        spec = PartitionSpec(*spec)
-    if not isinstance(spec, PartitionSpec) or _bad_entry(spec) is not None:
-        raise GraphError(
-            f"sharding rules: the rule for {getattr(where, 'pattern', where)!r} gives "
-            f"{spec!r}; expected a jax.sharding.PartitionSpec of mesh axis names (None: "
-            "not split, a tuple of names: split over several) such as "
-            "PartitionSpec(None, 'model')"
-        )
-    return spec
-
-
-def _bad_entry(spec: PartitionSpec) -> Any:
-    """The first entry of ``spec`` that is not ``None``, a mesh axis name or a tuple of
-    names (an int such as ``P(1)``), else ``None``."""
-    for entry in spec:
-        names = (entry,) if isinstance(entry, str) else entry
-        if entry is not None and not (
-            isinstance(names, tuple) and all(isinstance(a, str) for a in names)
-        ):
-            return entry
-    return None
-
-
 def parameter_specs(
     graph: Graph,
     mesh: Mesh,
@@ -229,11 +213,11 @@ def parameter_specs(
     require_graph(graph, "parameter_specs")
     require_mesh(mesh, "parameter_specs")
     positions = range(len(graph.inputs)) if parameters is None else parameters
-    sids = [graph.inputs[_position(graph, p)] for p in positions]
+    sids = [graph.inputs[input_position(graph, p)] for p in positions]
     roles = find_roles(graph, sids)
     names = names or {}
     _unmatched(rules, [graph.symbols[sid].name for sid in sids], names)
-    out, uneven = {}, []
+    out, split_uneven = {}, []
     for sid in sids:
         sym = graph.symbols[sid]
         pid, shape = sym.name, tuple(sym.shape)
@@ -243,107 +227,21 @@ def parameter_specs(
             role = roles[sid]
             axis, how = rules.axis_of(role.name), f"its role {role.name!r}"
             spec = PartitionSpec(*([None] * role.dim), axis) if axis else PartitionSpec()
-        if how != "its rule" and _indivisible(shape, spec, mesh):
-            uneven.append((pid, shape, spec, how))  # reported together below
+        if how != "its rule" and indivisible(shape, spec, mesh):
+            split_uneven.append((pid, shape, spec, how))  # reported together below
             continue
-        spec = _check(pid, shape, spec or PartitionSpec(), mesh, how)
+        spec = check_spec(pid, shape, spec or PartitionSpec(), mesh, how)
         if rules.fsdp and (trainable is None or pid in trainable):
             spec = _with_fsdp(shape, spec, rules.data, mesh)
         out[pid] = spec
-    _uneven(uneven, mesh)
+    uneven(split_uneven, mesh)
     return out
-
-
-def _indivisible(shape: tuple[int, ...], spec: Any, mesh: Mesh) -> bool:
-    """Whether a role's ``spec`` (mesh axes the mesh has) splits an axis of ``shape``
-    that does not divide."""
-    if not isinstance(spec, PartitionSpec) or _bad_entry(spec) is not None:
-        return False
-    if len(spec) > len(shape) or not set(_axes(spec)) <= set(mesh.axis_names):
-        return False
-    return any(n % _size(mesh, e) for n, e in zip(shape, spec))
-
-
-def _uneven(found: list[tuple[str, tuple[int, ...], Any, str]], mesh: Mesh) -> None:
-    """Raises for the parameters whose role's split does not divide, all at once: one
-    at a time, the rule each error suggested led to the next (a column dense's weight,
-    then its bias, then the row dense after it)."""
-    if len(found) == 1:
-        _check(*found[0][:3], mesh, found[0][3])  # raises
-    if found:
-        listed = []
-        for pid, shape, spec, how in found:
-            dim, entry = next((d, e) for d, e in enumerate(spec) if shape[d] % _size(mesh, e))
-            listed.append(
-                f"{pid} {list(shape)} is split along axis {dim} ({shape[dim]}) over mesh "
-                f"axis {entry!r} of size {_size(mesh, entry)} by {how}"
-            )
-        rules = ", ".join(f"{pid!r}: PartitionSpec()" for pid, _, _, _ in found)
-        raise ShapeError(
-            f"sharding rules: parameter {listed[0]}, which does not divide, and so are "
-            f"{len(found) - 1} more: {'; '.join(listed[1:])}; make those sizes multiples "
-            f"of the mesh axes', use smaller mesh axes, or replicate them all with the "
-            f"rules {{{rules}}}"
-        )
-
-
-def _check(pid: str, shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh, how: str) -> Any:
-    if not isinstance(spec, PartitionSpec) or _bad_entry(spec) is not None:
-        raise GraphError(
-            f"sharding rules: parameter {pid} {list(shape)} gets {spec!r} by {how}; "
-            "expected a jax.sharding.PartitionSpec of mesh axis names (None: not split, "
-            "a tuple of names: split over several) such as PartitionSpec(None, 'model')"
-        )
-    if len(spec) > len(shape):
-        raise GraphError(
-            f"sharding rules: parameter {pid} {list(shape)} gets {spec} by {how}, which "
-            f"names {len(spec)} axes; give at most {len(shape)} entries"
-        )
-    used = _axes(spec)
-    twice = sorted({a for a in used if used.count(a) > 1})
-    if twice:
-        raise GraphError(
-            f"sharding rules: parameter {pid} {list(shape)} gets {spec} by {how}, which "
-            f"splits over mesh axis {twice[0]!r} twice; an axis can split one dimension "
-            f"only: give each mesh axis once, e.g. {{{pid!r}: PartitionSpec({twice[0]!r})}}"
-        )
-    for dim, entry in enumerate(spec):
-        for axis in (entry,) if isinstance(entry, str) else tuple(entry or ()):
-            if axis not in mesh.axis_names:
-                raise GraphError(
-                    f"sharding rules: parameter {pid} {list(shape)} is split over mesh axis "
-                    f"{axis!r} by {how}, but the mesh has axes {list(mesh.axis_names)}; "
-                    f"build the mesh with that axis, e.g. jax.make_mesh((2, 2), "
-                    f"('data', {axis!r})), or add a rule that replicates it: "
-                    f"{{{pid!r}: PartitionSpec()}}"
-                )
-        size = _size(mesh, entry)
-        if shape[dim] % size:
-            raise ShapeError(
-                f"sharding rules: parameter {pid} {list(shape)} is split along axis {dim} "
-                f"({shape[dim]}) over mesh axis {entry!r} of size {size} by {how}, which "
-                f"does not divide; make that size a multiple of {size}, use a smaller "
-                f"{entry!r} axis, or add a rule: {{{pid!r}: PartitionSpec()}}"
-            )
-    return spec
-
-
-def _axes(spec: PartitionSpec) -> list[str]:
-    """The mesh axes ``spec`` names, in order, with repeats."""
-    return [a for e in spec for a in ((e,) if isinstance(e, str) else tuple(e or ()))]
-
-
-def _size(mesh: Mesh, entry: Any) -> int:
-    size = 1
-    for axis in (entry,) if isinstance(entry, str) else tuple(entry or ()):
-        size *= int(mesh.shape[axis])
-    return size
 
 
 def _with_fsdp(shape: tuple[int, ...], spec: PartitionSpec, axis: str, mesh: Mesh) -> Any:
     """``spec`` with ``axis`` added on the first unsplit dimension that divides by it
     (unchanged where a rule already split the parameter over ``axis``)."""
-    if axis not in mesh.axis_names or mesh.shape[axis] == 1 or axis in _axes(spec):
+    if axis not in mesh.axis_names or mesh.shape[axis] == 1 or axis in mesh_axes(spec):
         return spec
     entries = list(spec) + [None] * (len(shape) - len(spec))
     for d, n in enumerate(shape):
@@ -416,15 +314,15 @@ def tensor_parallel(
         graph, mesh, batch=batch, axis=rules.data, parameters=parameters, layout=layout
     )
     n_params = layout.n_params if layout is not None else 0
-    params = sorted({*range(n_params), *(_position(graph, p) for p in parameters)})
+    params = sorted({*range(n_params), *(input_position(graph, p) for p in parameters)})
     if specs is None:
         specs = parameter_specs(graph, mesh, rules, parameters=params, names=names)
-    _known(graph, specs)
+    known_specs(graph, specs)
     inputs = list(base.inputs)
     for i in params:
         sym = graph.symbols[graph.inputs[i]]
         spec = specs.get(sym.name, PartitionSpec())
-        inputs[i] = _check(sym.name, sym.shape, spec, mesh, "specs=")
+        inputs[i] = check_spec(sym.name, sym.shape, spec, mesh, "specs=")
     if layout is None:
         return Shardings(mesh, tuple(inputs), base.outputs)
     state = state_specs(
@@ -434,31 +332,3 @@ def tensor_parallel(
     outputs = list(base.outputs or ())
     outputs[: n_params + layout.n_state] = inputs[: n_params + layout.n_state]
     return Shardings(mesh, tuple(inputs), tuple(outputs))
-
-
-def _known(graph: Graph, specs: Mapping[str, Any]) -> None:
-    """A ``specs=`` key that names no input of ``graph`` is a typo (it left the
-    parameter it meant replicated, silently): raises naming the inputs there are."""
-    names = [graph.symbols[s].name for s in graph.inputs]
-    unknown = [repr(k) for k in specs if k not in names]
-    if unknown:
-        shown = [str(n) for n in names]
-        raise GraphError(
-            f"tensor_parallel: specs= names {first_few(unknown, 6)}, which no input of the "
-            f"graph is; its inputs are [{first_few(shown, 12)}]: key specs by the "
-            "parameter inputs' names (as parameter_specs returns them)"
-        )
-
-
-def _position(graph: Graph, which: int | str) -> int:
-    if isinstance(which, int) and not isinstance(which, bool):
-        if not 0 <= which < len(graph.inputs):  # -1 was the last input, 99 an IndexError
-            raise GraphError(
-                f"sharding rules: input position {which} is out of range; the graph has "
-                f"{len(graph.inputs)} inputs (positions 0..{len(graph.inputs) - 1})"
-            )
-        return which
-    names = [graph.symbols[s].name for s in graph.inputs]
-    if which not in names:
-        raise GraphError(f"sharding rules: no input named {which!r}; the inputs are {names}")
-    return names.index(which)
