@@ -118,6 +118,15 @@ class ShardingRules:
                 )
             layers.append((pattern, rule_spec(spec, pattern)))
         object.__setattr__(self, "layers", tuple(layers))  # a tuple: rules are hashed
+        roles = self.roles
+        if not isinstance(roles, (tuple, list)) or not all(
+            isinstance(r, (tuple, list)) and len(r) == 2 and isinstance(r[0], str) for r in roles
+        ):
+            raise GraphError(
+                f"sharding rules: roles is {roles!r}; expected pairs (role, mesh axis or "
+                "None), e.g. (('column', 'model'), ('row', 'model'))"
+            )
+        object.__setattr__(self, "roles", tuple(tuple(r) for r in roles))
 
     @staticmethod
     def of(value: Any) -> ShardingRules:

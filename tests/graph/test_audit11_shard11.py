@@ -123,3 +123,14 @@ def test_role_splits_that_do_not_divide_are_named_together_with_rules_that_work(
     # one alone keeps its own message (axis, sizes and the rule for it)
     with pytest.raises(ShapeError, match=r"fc1 \[5, 6\] is split along axis 0 \(5\)"):
         parameter_specs(graph, MESH, {"fc1b": P(), "fc2": P()}, parameters=params)
+
+
+def test_rules_given_as_lists_are_hashable_and_bad_roles_are_named():
+    """The model keys its programs by the rules: lists made them unhashable."""
+    rules = ShardingRules(layers=[["fc2", P()]], roles=[["column", "model"], ["row", "model"]])
+    assert hash(rules) == hash(ShardingRules(layers=(("fc2", P()),), roles=MEGATRON_2))
+    with pytest.raises(GraphError, match=r"roles is 'column'; expected pairs"):
+        ShardingRules(roles="column")
+
+
+MEGATRON_2 = (("column", "model"), ("row", "model"))
