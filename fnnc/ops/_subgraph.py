@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from fnnc.core import dispatch
-from fnnc.core.command import Spec
+from fnnc.core.command import Command, Spec
 from fnnc.core.evaluate import as_tuple, run_nodes
 from fnnc.core.ir import Graph, Node
 from fnnc.errors import CommandError, DTypeError, GraphError, ShapeError
@@ -107,6 +107,41 @@ def _nnc_differentiable(cmd: Any, opdef: Any) -> Any:
     # of handing zeros for them, which a scan's tape must not get.
     run.defvjp(fwd, bwd, symbolic_zeros=True)
     return run
+
+
+@functools.lru_cache(maxsize=512)
+def without_effects(graph: Graph) -> Graph:
+    """``graph`` without the nodes that run only for their effects (an effectful command
+    with no outputs: a traced ``jax.debug.callback``), in its sub-graphs too; the same
+    object when it holds none.
+
+    What a command's backward runs when it recomputes its sub-graphs' forward
+    (``jax.vjp`` of a loop, a branch, a ``call``): their effects then happen once per
+    trip, in the forward, as under ``jax.grad`` of the same program, not again in the
+    backward. Values are unchanged: the nodes dropped write nothing."""
+    nodes = []
+    for node in graph.nodes:
+        if node.cmd.definition.attributes.has_effects and not node.outputs:
+            continue
+        cmd = _quiet_value(node.cmd)
+        nodes.append(node if cmd is node.cmd else dataclasses.replace(node, cmd=cmd))
+    if len(nodes) == len(graph.nodes) and all(a is b for a, b in zip(nodes, graph.nodes)):
+        return graph
+    return dataclasses.replace(graph, nodes=tuple(nodes))
+
+
+def _quiet_value(value: Any) -> Any:
+    """``value`` (a hyper-parameter) with :func:`without_effects` applied to its graphs."""
+    if isinstance(value, Graph):
+        return without_effects(value)
+    if isinstance(value, tuple):
+        items = tuple(_quiet_value(v) for v in value)
+        return value if all(a is b for a, b in zip(items, value)) else items
+    if isinstance(value, Command):
+        params = tuple((k, _quiet_value(v)) for k, v in value.params)
+        same = all(a[1] is b[1] for a, b in zip(params, value.params))
+        return value if same else dataclasses.replace(value, params=params)
+    return value
 
 
 def higher_order_check(graph: Graph, order: int) -> str | None:

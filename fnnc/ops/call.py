@@ -31,6 +31,7 @@ from fnnc.ops._subgraph import (
     require_graph,
     run_graph,
     run_graph_nnc,
+    without_effects,
 )
 
 
@@ -101,6 +102,7 @@ def call(*inputs, graph):
 @call.backward
 def _call_backward(grads, inputs, outputs, *, graph):
     wants = tuple(i for i, x in enumerate(inputs) if is_float(x))
+    graph = without_effects(graph)  # its effects ran in the forward
 
     def f(*xs: Any) -> tuple[Any, ...]:
         args = list(inputs)

@@ -73,6 +73,7 @@ from fnnc.ops._subgraph import (
     run_graph,
     run_graph_nnc,
     split_body,
+    without_effects,
 )
 from fnnc.ops._while_rules import (
     NO_REVERSE_MODE,
@@ -260,9 +261,11 @@ def _while_loop_backward(grads, inputs, outputs, **params):
     return vjp_backward(_differentiable_loop, grads, inputs, **params)
 
 
-def _differentiable_loop(*inputs, **params):
-    """The loop whose ``jax.vjp`` follows the body commands' own backward rules."""
-    return _run_loop(inputs, **params, nnc=True)
+def _differentiable_loop(*inputs, body, cond, **params):
+    """The loop whose ``jax.vjp`` follows the body commands' own backward rules; the
+    body's effects (a debug callback) ran in the forward and do not run again here."""
+    body, cond = without_effects(body), without_effects(cond)
+    return _run_loop(inputs, body=body, cond=cond, **params, nnc=True)
 
 
 # --- case_of ------------------------------------------------------------------------
@@ -366,7 +369,8 @@ def _case_of_backward(grads, inputs, outputs, **params):
 
 
 def _differentiable_case(*inputs, selector, branches, bypass):
-    return _run_case(inputs, selector, branches, bypass, run_graph_nnc)
+    branches = tuple(without_effects(g) for g in branches)
+    return _run_case(inputs, without_effects(selector), branches, bypass, run_graph_nnc)
 
 
 def _run_case(inputs, selector, branches, bypass, run):

@@ -1,0 +1,78 @@
+"""Audit of control flow (session 23): loops, branches and calls run their bodies' effects
+once per trip, forward and backward together, as jax.grad of the same JAX program does;
+oracles are jax.grad in float64 and its callback count."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.graph import GraphBuilder, backward, case_of, compile, trace, while_loop
+
+F32 = np.float32
+CALLS: list[int] = []
+X, W = F32([0.1, 0.2]), F32([0.5, 0.7])
+
+
+def _noisy(h, w):
+    jax.debug.callback(lambda v: CALLS.append(1), h)
+    return jnp.tanh(h * w)
+
+
+@pytest.fixture(scope="module")
+def noisy_body():
+    return trace(_noisy, jnp.ones(2), jnp.ones(2))
+
+
+def _count_below(n):
+    c = GraphBuilder()
+    count = c.input((), np.int32, name="count")
+    return c.build([c.exec(ops.compare(op="lt"), count, c.constant(np.int32(n)))])
+
+
+def _wrapped(kind, body):
+    """sum(out) for out = the body (h, w) -> tanh(h * w) run 3 times by a loop, or once
+    by a case_of branch or a call; with its gradients with respect to h and w."""
+    b = GraphBuilder()
+    x, w = b.input((2,), name="x"), b.input((2,), name="w")
+    h0, h1 = (body.symbols[body.inputs[0]], body.symbols[body.outputs[0]])
+    if kind == "case_of":
+        s = GraphBuilder()
+        s.input((2,)), s.input((2,))
+        selector = s.build([s.constant(np.int32(0))])
+        (out,) = case_of(b, selector, [body], [x, w], bypass=[x], name="C")
+    elif kind == "call":
+        out = b.exec(ops.call(graph=body), x, w, name="C")
+    else:
+        mode = {kind: 5}
+        (out,) = while_loop(b, body, _count_below(3), [x, w], carry_overs={h1: h0}, **mode)
+    loss = b.exec(ops.reduce_sum(axes=(0,)), out)
+    return backward(b.build([loss]), loss, [x, w])[0]
+
+
+def _oracle(trips):
+    """(loss, d/dx, d/dw) by jax.grad in float64, and the callbacks that call made."""
+
+    def f(x, w):
+        return jnp.sum(jax.lax.fori_loop(0, trips, lambda _, h: _noisy(h, w), x))
+
+    with jax.enable_x64(True):
+        CALLS.clear()
+        value, grads = jax.jit(jax.value_and_grad(f, (0, 1)))(np.float64(X), np.float64(W))
+        jax.effects_barrier()
+        return [value, *grads], len(CALLS)
+
+
+@pytest.mark.parametrize("kind", ["max_iterations", "tape", "case_of", "call"])
+def test_a_body_effect_runs_once_per_trip_with_its_gradient(kind, noisy_body):
+    """The backward of a loop, a case_of and a call recomputed the body's forward with
+    its debug callback: 6 calls for a 3-trip bounded loop, 9 taped, 2 for one branch."""
+    graph = _wrapped(kind, noisy_body)
+    want, calls = _oracle(1 if kind in ("case_of", "call") else 3)
+    CALLS.clear()
+    got = compile(graph)(X, W)
+    jax.effects_barrier()
+    assert len(CALLS) == calls
+    for g, v in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(v), rtol=1e-6)
