@@ -169,8 +169,14 @@ def case_of(
     """
     positions = []
     for k, item in enumerate(bypass):
-        if isinstance(item, int):
-            positions.append(item)
+        if isinstance(item, (bool, np.bool_)):  # an int to Python, but no position
+            error = GraphError(
+                f"case_of: bypass output {k} is {item!r}; pass one of `inputs` or its "
+                "position (an int)"
+            )
+            raise located(error, f"node {name!r}") if name else error
+        if isinstance(item, (int, np.integer)):  # a position, NumPy's ints too
+            positions.append(int(item))
             continue
         at = [p for p, s in enumerate(inputs) if s == item]
         if not at:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from fnnc import ops
-from fnnc.graph import GraphBuilder, backward, case_of, compile, trace, while_loop
+from fnnc.errors import GraphError
+from fnnc.graph import GraphBuilder, backward, case_of, compile, interpret, trace, while_loop
 
 F32 = np.float32
 CALLS: list[int] = []
@@ -76,3 +77,35 @@ def test_a_body_effect_runs_once_per_trip_with_its_gradient(kind, noisy_body):
     assert len(CALLS) == calls
     for g, v in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(v), rtol=1e-6)
+
+
+def _bypass_only(bypass):
+    """A case_of whose selector always bypasses, over inputs (x, y), as a graph."""
+    s = GraphBuilder()
+    s.input((2,)), s.input((2,))
+    selector = s.build([s.constant(np.int32(-1))])
+    g = GraphBuilder()
+    a, _ = g.input((2,)), g.input((2,))
+    branch = g.build([g.exec(ops.relu(), a)])
+    b = GraphBuilder()
+    x, y = b.input((2,), name="x"), b.input((2,), name="y")
+    (out,) = case_of(b, selector, [branch], [x, y], bypass=bypass, name="C")
+    return b.build([out])
+
+
+@pytest.mark.parametrize("position", [np.int64(1), np.int32(1), 1])
+def test_case_of_bypass_takes_numpy_int_positions(position):
+    """A NumPy int position was searched among the input symbols and refused as 'not one
+    of the node's inputs'; it is the position, as a Python int (oracle: input 1, y)."""
+    graph = _bypass_only([position])
+    got = interpret(graph, F32([1, 2]), F32([3, 4]))
+    np.testing.assert_array_equal(np.asarray(got), F32([3, 4]))
+
+
+@pytest.mark.parametrize("flag", [True, np.True_])
+def test_case_of_bypass_refuses_a_bool(flag):
+    """bypass=[True] was taken silently as position 1 (a bool is an int to Python)."""
+    with pytest.raises(
+        GraphError, match=r"bypass output 0 is (np.)?True_?; pass one of .*node 'C'"
+    ):
+        _bypass_only([flag])
