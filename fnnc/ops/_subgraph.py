@@ -247,9 +247,9 @@ def split_body(body: Graph, early: tuple[int, ...]) -> tuple[Graph, Graph]:
     """Splits ``body`` at the breakpoint that follows its outputs ``early``.
 
     Returns ``(head, tail)``. ``head`` holds the nodes those outputs need; it takes the
-    body inputs and returns every root it writes followed by the ``early`` outputs.
-    ``tail`` holds the other nodes; it takes the body inputs followed by the roots
-    ``head`` wrote and returns all body outputs.
+    body inputs and returns the roots it writes that the tail's nodes or the body's
+    outputs read, followed by the ``early`` outputs. ``tail`` holds the other nodes; it
+    takes the body inputs followed by those roots and returns all body outputs.
     """
     syms = body.symbols
     need = {syms[body.outputs[j]].root for j in early}
@@ -260,9 +260,19 @@ def split_body(body: Graph, early: tuple[int, ...]) -> tuple[Graph, Graph]:
             head_at.append(index)
             need.update(syms[s].root for s in node.inputs)
     head_at.reverse()
+    taken = set(head_at)
+    # The roots the head hands on: those the tail's nodes touch or the body returns. A
+    # root nothing after the breakpoint reads (a scan's tape, which only its gradient
+    # node may read) stays inside the head: carried over the trips it would receive a
+    # zero gradient, which a scan refuses.
+    later = {syms[o].root for o in body.outputs}
+    for index, node in enumerate(body.nodes):
+        if index not in taken:
+            later.update(syms[s].root for s in (*node.inputs, *node.outputs))
     roots: dict[int, None] = {}
     for index in head_at:
         roots.update((syms[o].root, None) for o in body.nodes[index].outputs)
+    roots = {r: None for r in roots if r in later}
     early_ids = tuple(body.outputs[j] for j in early)
     head = dataclasses.replace(
         body,
@@ -270,7 +280,6 @@ def split_body(body: Graph, early: tuple[int, ...]) -> tuple[Graph, Graph]:
         outputs=(*roots, *early_ids),
         out_tree=None,
     )
-    taken = set(head_at)
     tail = dataclasses.replace(
         body,
         nodes=tuple(n for i, n in enumerate(body.nodes) if i not in taken),

@@ -9,7 +9,16 @@ import pytest
 
 from fnnc import ops
 from fnnc.errors import GraphError
-from fnnc.graph import GraphBuilder, backward, case_of, compile, interpret, trace, while_loop
+from fnnc.graph import (
+    GraphBuilder,
+    backward,
+    case_of,
+    compile,
+    interpret,
+    scan,
+    trace,
+    while_loop,
+)
 
 F32 = np.float32
 CALLS: list[int] = []
@@ -109,3 +118,40 @@ def test_case_of_bypass_refuses_a_bool(flag):
         GraphError, match=r"bypass output 0 is (np.)?True_?; pass one of .*node 'C'"
     ):
         _bypass_only([flag])
+
+
+def test_a_scan_before_a_taped_loops_breakpoint_differentiates():
+    """A scan computed before the breakpoint of a taped loop failed its backward with
+    'a tape output has a gradient': the head handed every root it wrote to the next
+    trip, the scan's tape among them, so the replay gave that tape a zero gradient.
+    Oracle: jax.grad in float64 of the same loop in Python."""
+    sb = GraphBuilder()
+    sh, sw = sb.input((2,), name="sh"), sb.input((2,), name="sw")
+    block = sb.build([sb.exec(ops.tanh(), sb.exec(ops.ewprod(), sh, sw))])
+    bb = GraphBuilder()
+    h0, ws0 = bb.input((2,), name="h0"), bb.input((2, 2), name="ws")
+    (h1,) = scan(bb, block, [h0], [ws0], name="S")
+    s1 = bb.exec(ops.reduce_sum(axes=(0,)), h1, name="s1")
+    body = bb.build([h1, s1])
+    c = GraphBuilder()
+    c.input((), np.int32, name="count")
+    total = c.exec(ops.reshape(shape=()), c.input((1,), name="s"))
+    cond = c.build([c.exec(ops.compare(op="gt"), total, c.constant(F32(0.5)))])
+    b = GraphBuilder()
+    x, ws = b.input((2,), name="x"), b.input((2, 2), name="ws")
+    mode = dict(cond_inputs=[s1], breakpoint="after", tape=4, name="L")
+    (out,) = while_loop(b, body, cond, [x, ws], carry_overs={h1: h0}, **mode)
+    loss = b.exec(ops.reduce_sum(axes=(0,)), b.exec(ops.ewprod(), out, out))
+    graph = backward(b.build([loss]), loss, [x, ws])[0]
+    xv, wv = F32([0.9, 0.8]), F32([[0.9, 0.8], [0.7, 0.6]])  # 2 trips
+
+    def f(h, w):  # the loop stops after 2 trips (sums 0.76, then 0.41)
+        for _ in range(2):
+            h = jnp.tanh(jnp.tanh(h * w[0]) * w[1])
+        return jnp.sum(h * h)
+
+    with jax.enable_x64(True):
+        value, grads = jax.jit(jax.value_and_grad(f, (0, 1)))(np.float64(xv), np.float64(wv))
+        want = [value, *grads]
+    for got, value in zip(compile(graph)(xv, wv), want):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(value).reshape(got.shape), rtol=1e-5)
