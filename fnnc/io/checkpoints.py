@@ -99,10 +99,7 @@ class Checkpoints:
         keep_last: int | None = None,
         keep_every: int | None = None,
     ):
-        for what, value in (("keep_last", keep_last), ("keep_every", keep_every)):
-            if value is not None and value < 1:
-                raise CheckpointError(f"{what}={value}: expected a positive int or None")
-        self.keep_last, self.keep_every = keep_last, keep_every
+        self.keep_last, self.keep_every = retention(keep_last, keep_every)
         self.file = TensorFile(path)
 
     @property
@@ -376,6 +373,22 @@ class Checkpoints:
             conn.execute("DELETE FROM fnnc_checkpoints WHERE step=?", (step,))
             dropped = True
         return dropped
+
+
+def retention(keep_last: Any, keep_every: Any) -> tuple[int | None, int | None]:
+    """``keep_last`` and ``keep_every`` as Python ints (or ``None``), checked: each a
+    positive Python or NumPy int. A float (``2.0``, ``2.5``) or a bool is refused when the
+    journal is opened, not taken (``keep_every=2.5`` divides no step, so every save would
+    delete every other step) or left to fail at the first save, after the training step."""
+    out = []
+    for what, value in (("keep_last", keep_last), ("keep_every", keep_every)):
+        whole = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+        if value is not None and (not whole or value < 1):
+            raise CheckpointError(
+                f"{what}={value!r} ({type(value).__name__}): expected a positive int or None"
+            )
+        out.append(None if value is None else int(value))
+    return out[0], out[1]
 
 
 def _step(step: Any, path: str) -> int:

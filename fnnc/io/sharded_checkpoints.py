@@ -61,7 +61,7 @@ from fnnc.core.files import folder_locked
 from fnnc.errors import CheckpointError
 from fnnc.io import checkpoint_trees as trees
 from fnnc.io import dir_swap
-from fnnc.io.checkpoints import Checkpoint
+from fnnc.io.checkpoints import Checkpoint, retention
 from fnnc.io.structure import skeleton, template
 
 FORMAT, VERSION = "fnnc.sharded_checkpoint", 1
@@ -110,10 +110,7 @@ class ShardedCheckpoints:
         keep_last: int | None = None,
         keep_every: int | None = None,
     ):
-        for what, value in (("keep_last", keep_last), ("keep_every", keep_every)):
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise CheckpointError(f"{what}={value!r}: expected a positive int or None")
-        self.keep_last, self.keep_every = keep_last, keep_every
+        self.keep_last, self.keep_every = retention(keep_last, keep_every)
         if not isinstance(path, (str, os.PathLike)):
             raise CheckpointError(
                 f"ShardedCheckpoints: the path is {type(path).__name__} {path!r:.40}; give the "

@@ -1,0 +1,37 @@
+"""Audit 11 (checkpoints area): what a journal is opened with is checked before the run
+depends on it. The oracle for retention is the rule the docstrings state (the newest
+``keep_last`` steps by number, multiples of ``keep_every``, the saved and the newest)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fnnc.errors import CheckpointError
+from fnnc.io import Checkpoints, ShardedCheckpoints
+
+KINDS = [(Checkpoints, "run.ckpt"), (ShardedCheckpoints, "run.dir")]
+
+
+@pytest.mark.parametrize("kind,name", KINDS)
+@pytest.mark.parametrize(
+    "option", [{"keep_last": 2.0}, {"keep_last": "2"}, {"keep_last": True}, {"keep_every": 2.5}]
+)
+def test_retention_that_is_no_positive_int_is_refused_when_opened(tmp_path, kind, name, option):
+    """keep_last=2.0 raised a raw TypeError at the first save (after the training step,
+    the step unsaved), '2' a raw TypeError, keep_every=2.5 deleted every step but the
+    newest on each save, True was taken as 1; each is now refused when opened."""
+    with pytest.raises(CheckpointError, match=f"{next(iter(option))}=.*positive int"):
+        kind(tmp_path / name, **option)
+    assert not (tmp_path / name).exists()
+
+
+@pytest.mark.parametrize("kind,name", KINDS)
+def test_a_numpy_int_retention_keeps_what_the_rule_says(tmp_path, kind, name):
+    """ShardedCheckpoints refused keep_last=np.int64(2), which Checkpoints took."""
+    with kind(tmp_path / name, keep_last=np.int64(2), keep_every=np.int32(3)) as ckpt:
+        for step in range(1, 8):
+            ckpt.save(step, {"w": np.full(2, step, np.float32)})
+        assert ckpt.steps() == [3, 6, 7]
+        assert isinstance(ckpt.keep_last, int) and isinstance(ckpt.keep_every, int)
+        np.testing.assert_array_equal(np.asarray(ckpt.restore(6).state["w"]), [6, 6])
