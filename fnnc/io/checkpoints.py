@@ -394,6 +394,8 @@ def retention(keep_last: Any, keep_every: Any) -> tuple[int | None, int | None]:
 def _step(step: Any, path: str) -> int:
     """``step`` as an int SQLite can store (a 64-bit signed integer)."""
     try:
+        if isinstance(step, (bool, np.bool_)):  # True is no step number
+            raise TypeError
         step = operator.index(step)
     except TypeError:
         raise CheckpointError(

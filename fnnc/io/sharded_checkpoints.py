@@ -55,6 +55,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from fnnc.core.files import folder_locked
@@ -489,6 +490,8 @@ def _check_json(manifest: dict[str, Any], step: int) -> None:
 
 def _step(step: Any, path: str) -> int:
     try:
+        if isinstance(step, (bool, np.bool_)):  # True is no step number
+            raise TypeError
         step = operator.index(step)
     except TypeError:
         raise CheckpointError(

@@ -35,3 +35,20 @@ def test_a_numpy_int_retention_keeps_what_the_rule_says(tmp_path, kind, name):
         assert ckpt.steps() == [3, 6, 7]
         assert isinstance(ckpt.keep_last, int) and isinstance(ckpt.keep_every, int)
         np.testing.assert_array_equal(np.asarray(ckpt.restore(6).state["w"]), [6, 6])
+
+
+@pytest.mark.parametrize("kind,name", KINDS)
+def test_a_bool_is_no_step(tmp_path, kind, name):
+    """save(True, ...) stored step 1 (operator.index(True) is 1); a bool is refused as
+    a step in every call that takes one, and nothing is written."""
+    with kind(tmp_path / name) as ckpt:
+        ckpt.save(0, {"w": np.zeros(2, np.float32)})
+        for call in (
+            lambda: ckpt.save(True, {"w": np.ones(2, np.float32)}),
+            lambda: ckpt.restore(np.bool_(False)),
+            lambda: ckpt.delete(False),
+        ):
+            with pytest.raises(CheckpointError, match=r"is a .*bool.*give an int"):
+                call()
+        assert ckpt.steps() == [0]
+        np.testing.assert_array_equal(np.asarray(ckpt.restore(0).state["w"]), [0, 0])
