@@ -168,6 +168,8 @@ def restore_into(checkpoints: Any, model: Any, step: int | None = None) -> Any:
     states = _saved_states(where, ckpt.optimizer_state or {}, model)
     engine.set_parameters(saved)  # checks every value before it sets any
     engine._sync_live()  # the running fit's state would otherwise win over the restored one
+    if meta is not None:  # a model's save: its optimizer state is all the run had
+        engine.store.reset()  # a parameter it holds none of starts afresh, as it did then
     for pid, state in states.items():
         engine.store.put(pid, state)
     if meta is not None:

@@ -270,6 +270,8 @@ def _restore_into(checkpoints: Any, model: Any, step: int | None) -> Checkpoint:
             )
     engine.values.update(params)
     engine.place_parameters()
+    if train is not None:  # a model's save: its optimizer state is all the run had
+        engine.store.reset()  # a parameter it holds none of starts afresh, as it did then
     for pid, state in states.items():
         engine.store.put(pid, state)
     if train is not None:
