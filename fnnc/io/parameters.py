@@ -56,8 +56,9 @@ _INTERNAL = re.compile(r"^(.*)\((\d+)\)$")
 
 
 def parameter_row(key: str, *, name: str | None = None) -> str:
-    """The row name NNC gives parameter ``key`` (of the model called ``name``)."""
-    return f"__{name}__[{key}]" if name else key
+    """The row name NNC gives parameter ``key`` (of the model called ``name``; ``""`` is
+    a name, as to ``ccv_cnnp_model_write``: rows ``____[<key>]``)."""
+    return key if name is None else f"__{name}__[{key}]"
 
 
 def internal_row(key: str, *, name: str | None = None, device: int = 0) -> str:
@@ -223,7 +224,7 @@ def read_parameters(
         hint = _names_hint(f, result.missing, name) if strict and result.missing else []
     if strict and (result.missing or result.mismatched):
         lines = [f"read_parameters: {f.path} does not hold what the model expects"]
-        lines[0] += f" (model name {name!r})" if name else " (no model name)"
+        lines[0] += f" (model name {name!r})" if name is not None else " (no model name)"
         if result.missing:
             lines.append(f"  missing ({len(result.missing)}): " + ", ".join(result.missing))
             lines += hint
@@ -235,7 +236,7 @@ def read_parameters(
     return result
 
 
-_NAMED = re.compile(r"^__(.+?)__\[(.*)\]$", re.DOTALL)
+_NAMED = re.compile(r"^__(.*?)__\[(.*)\]$", re.DOTALL)
 
 
 def _names_hint(f: TensorFile, missing: tuple[str, ...], name: str | None) -> list[str]:
@@ -250,12 +251,12 @@ def _names_hint(f: TensorFile, missing: tuple[str, ...], name: str | None) -> li
         holds.setdefault(m.group(1) if m else None, 0)
     lines = []
     for other in holds:
-        if other == (name or None):
+        if other == name:
             continue
         found = sum(parameter_row(key, name=other) in f for key in missing)
         if found:
-            rows = f"rows __{other}__[<id>]" if other else "rows <id>"
-            what = f"a model named {other!r}" if other else "a model without a name"
+            rows = "rows <id>" if other is None else f"rows __{other}__[<id>]"
+            what = "a model without a name" if other is None else f"a model named {other!r}"
             lines.append(
                 f"  the file holds {what} ({rows}) with {found} of the {len(missing)} "
                 f"missing ids: read it with name={other!r}"
@@ -273,7 +274,7 @@ def _discover(f: TensorFile, name: str | None, device: int):
     for row in f.names():
         if not isinstance(row, str):  # a damaged or foreign row: no parameter's name
             continue
-        if name:
+        if name is not None:
             if not (row.startswith(prefix) and row.endswith("]")):
                 continue
             key = row[len(prefix) : -1]

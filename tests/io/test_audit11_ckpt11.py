@@ -7,8 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fnnc.errors import CheckpointError
-from fnnc.io import Checkpoints, ShardedCheckpoints
+from fnnc.errors import CheckpointError, ParameterError
+from fnnc.io import (
+    Checkpoints,
+    ShardedCheckpoints,
+    TensorFile,
+    read_parameters,
+    write_parameters,
+)
 
 KINDS = [(Checkpoints, "run.ckpt"), (ShardedCheckpoints, "run.dir")]
 
@@ -52,3 +58,20 @@ def test_a_bool_is_no_step(tmp_path, kind, name):
                 call()
         assert ckpt.steps() == [0]
         np.testing.assert_array_equal(np.asarray(ckpt.restore(0).state["w"]), [0, 0])
+
+
+def test_the_empty_model_name_is_a_name_as_nnc_writes_it(tmp_path):
+    """ccv_cnnp_model_write(model, conn, "") names rows "__" "" "__[id]" (its snprintf
+    with an empty %s): fnnc wrote and read bare ids for name="", so a file s4nnc wrote
+    under the key "" did not read (and listed no model to read it as)."""
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    path = tmp_path / "nnc.sqlite3"
+    with TensorFile(path) as f:  # as NNC writes it
+        f.write("____[t-fc-0-0]", w)
+        f.write("____[r-bn-0-0(0)]", w[0])
+    got = read_parameters(path, {"t-fc-0-0": ((2, 3), np.float32)}, name="")
+    np.testing.assert_array_equal(got["t-fc-0-0"], w)
+    with pytest.raises(ParameterError, match=r"model named '' \(rows ____\[<id>\]\).*name=''"):
+        read_parameters(path, {"t-fc-0-0": ((2, 3), np.float32)})
+    write_parameters(tmp_path / "b.sqlite3", {"t-fc-0-0": w}, name="", internals={"r-bn-0-0": w[0]})
+    assert sorted(TensorFile(tmp_path / "b.sqlite3").names()) == sorted(TensorFile(path).names())
