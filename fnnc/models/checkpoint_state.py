@@ -242,7 +242,7 @@ def _in_dtypes_of(where: str, pid: str, state: Any, like: Any) -> Any:
 _KINDS = (np.floating, np.integer)
 
 
-def _saved_key(where: str, train: Any) -> Any:
+def _saved_key(where: str, train: Any, reader: str = "Checkpoints") -> Any:
     """The random key saved in the progress entry ``train`` (``None`` without one),
     after checking the entry: a damaged one raises :class:`CheckpointError`."""
     if train is None:
@@ -256,11 +256,15 @@ def _saved_key(where: str, train: Any) -> Any:
         raise CheckpointError(
             f"checkpoint: {where}: its training progress ({TRAIN_KEY!r} in the metadata) "
             f"is damaged ({type(e).__name__}: {e}); restore another step, or only the "
-            "parameters: model.set_parameters(Checkpoints(path).restore(step).state)"
+            f"parameters: model.set_parameters({reader}(path).restore(step).state)"
         ) from None
 
 
-def _check_same_model(where: str, saved: dict[str, Any], infos: Any, name: str) -> None:
+def _check_same_model(
+    where: str, saved: dict[str, Any], infos: Any, name: str, reader: str = "Checkpoints"
+) -> None:
+    """Raises :class:`CheckpointError` listing every parameter of ``saved`` missing,
+    extra or mis-shaped for the model (``reader``: the class the hint restores with)."""
     missing = [k for k in infos if k not in saved]
     extra = [k for k in saved if k not in infos]
     shapes = [
@@ -280,6 +284,6 @@ def _check_same_model(where: str, saved: dict[str, Any], infos: Any, name: str) 
     lines.append(
         "Restore into the model that saved it, or copy the parameters that fit (it "
         "returns the ids it skipped; the optimizer state is not copied) with "
-        "model.set_parameters(Checkpoints(path).restore().state, strict=False)."
+        f"model.set_parameters({reader}(path).restore().state, strict=False)."
     )
     raise CheckpointError("\n".join(lines))

@@ -42,6 +42,8 @@ from fnnc.models import loss_scale, parallel, stacks
 from fnnc.models.batches import progress
 from fnnc.models.optim import SHARED, disagreements, owners
 
+READER = "ShardedCheckpoints"  # the class its errors tell to restore the parameters with
+
 
 def split_parameters(engine: Any) -> list[str]:
     """Ids of the parameters split over processes (no process holds all of one)."""
@@ -233,10 +235,11 @@ def _restore_into(checkpoints: Any, model: Any, step: int | None) -> Checkpoint:
         )
     specs = _saved_specs(where, manifest)
     blocks = _saved_blocks(specs, model)  # a Repeat's stacks saved per block
-    gathered._check_same_model(where, _stacked_specs(specs, blocks), engine.infos, model.describe())
+    saved = _stacked_specs(specs, blocks)
+    gathered._check_same_model(where, saved, engine.infos, model.describe(), READER)
     meta = manifest.get("metadata")
     train = meta.get(gathered.TRAIN_KEY) if isinstance(meta, dict) else None
-    key = gathered._saved_key(where, train)  # checked before anything of the model changes
+    key = gathered._saved_key(where, train, READER)  # checked before anything of the model changes
     scale = loss_scale.saved_state(engine, train, where) if train is not None else None
     parallel.check_restore(where, train or {})
     engine._sync_live()  # the running fit's state would otherwise win over the restored one

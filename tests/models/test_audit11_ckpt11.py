@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 
+from fnnc.errors import CheckpointError
 from fnnc.io import Checkpoints, ShardedCheckpoints
 from fnnc.models import Dense, Input, Model
 
@@ -44,3 +45,21 @@ def test_a_step_saved_before_any_update_rewinds_the_optimizer_state_too(tmp_path
         rewound.fit(X, Y)
     for pid, want in run.parameters().items():
         np.testing.assert_array_equal(np.asarray(rewound.parameters()[pid]), np.asarray(want))
+
+
+def test_a_sharded_checkpoint_of_another_model_names_the_class_that_reads_it(tmp_path):
+    """The error of a sharded step restored into another model told to copy what fits
+    with Checkpoints(path).restore(), which cannot open a directory; it names
+    ShardedCheckpoints, and that remedy works."""
+    path = tmp_path / "run.dir"
+    with ShardedCheckpoints(path) as ckpt:
+        ckpt.save(1, _model())
+    x = Input()
+    other = Model(x, Dense(2, name="fc")(Dense(2, name="more")(x)))
+    other.compile(X, loss="mse", minimizer=optax.adam(0.1))
+    with pytest.raises(CheckpointError, match=r"missing[\s\S]*ShardedCheckpoints\(path\)"):
+        ShardedCheckpoints(path).restore_into(other)
+    with ShardedCheckpoints(path) as ckpt:
+        saved = ckpt.restore().state
+        assert "t-fc-0-0" in other.set_parameters(saved, strict=False)  # the misshaped one
+    np.testing.assert_array_equal(other.parameters()["t-fc-0-1"], np.asarray(saved["t-fc-0-1"]))
