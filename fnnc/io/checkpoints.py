@@ -100,6 +100,12 @@ class Checkpoints:
         keep_every: int | None = None,
     ):
         self.keep_last, self.keep_every = retention(keep_last, keep_every)
+        if isinstance(path, (str, os.PathLike)) and os.path.isdir(path):
+            raise CheckpointError(
+                f"checkpoint: {os.fspath(path)} is a directory (a ShardedCheckpoints one?); "
+                "Checkpoints keeps one SQLite file: open the directory with "
+                "fnnc.io.ShardedCheckpoints, or give a file path"
+            )
         self.file = TensorFile(path)
 
     @property

@@ -75,3 +75,15 @@ def test_the_empty_model_name_is_a_name_as_nnc_writes_it(tmp_path):
         read_parameters(path, {"t-fc-0-0": ((2, 3), np.float32)})
     write_parameters(tmp_path / "b.sqlite3", {"t-fc-0-0": w}, name="", internals={"r-bn-0-0": w[0]})
     assert sorted(TensorFile(tmp_path / "b.sqlite3").names()) == sorted(TensorFile(path).names())
+
+
+def test_checkpoints_given_a_sharded_directory_name_the_class_that_reads_it(tmp_path):
+    """Checkpoints(dir) said 'not a file (a folder or device); give a tensor file' for a
+    ShardedCheckpoints directory (ShardedCheckpoints(file) already named Checkpoints);
+    it now names ShardedCheckpoints, which restores the step."""
+    path = tmp_path / "run.dir"
+    with ShardedCheckpoints(path) as ckpt:
+        ckpt.save(3, {"w": np.arange(3, dtype=np.float32)})
+    with pytest.raises(CheckpointError, match=r"is a directory.*ShardedCheckpoints"):
+        Checkpoints(path)
+    np.testing.assert_array_equal(ShardedCheckpoints(path).restore(3).state["w"], np.arange(3))
