@@ -2,8 +2,11 @@
 
 :meth:`Checkpoints.save(step, model) <fnnc.io.Checkpoints.save>` stores
 
-- every parameter (internals included) in a row named by its id, as NNC names them:
-  ``__ckpt-<step>__[t-fc1-0-0]``; a :class:`~fnnc.models.Repeat`'s stacks per block,
+- every parameter in a row named by its id, as NNC names them:
+  ``__ckpt-<step>__[t-fc1-0-0]``, and internals as NNC names them on device 0,
+  ``__ckpt-<step>__[r-bn-0-0(0)]`` (so ``Model.read(path, name="ckpt-<step>")`` and
+  NNC's ``ccv_cnnp_model_read`` read a step; checkpoints saved before name internals
+  by id alone and restore as well); a :class:`~fnnc.models.Repeat`'s stacks per block,
   under the unrolled model's ids, optimizer state included (:mod:`fnnc.models.stacks`);
 - the optimizer state of each trainable parameter in rows named ``<id>/<field>``, the
   field path of the Optax state (``t-fc1-0-0/mu``, ``t-fc1-0-0/count``; positions are
@@ -125,7 +128,12 @@ def encode_model(model: Any, row: Any, metadata: Any, step: int) -> tuple[Any, A
             "model), or export the parameters with model.write(path)"
         )
     params = stacks.unstack_parameters(model.parameters(), model)  # NNC's per-block ids
-    encoded = [(k, tree.encode(v, str(k), row)) for k, v in params.items()]
+    # an internal's row is <id>(0), as ccv_cnnp_model_write names it, so that NNC's
+    # ccv_cnnp_model_read(handle, "ckpt-<step>", ...) and Model.read(name=) find it
+    internals = {b for p, i in engine.infos.items() if i.internal for b in i.blocks or (p,)}
+    encoded = [
+        (k, tree.encode(v, f"{k}(0)" if k in internals else str(k), row)) for k, v in params.items()
+    ]
     state_data = {"$dict": [[k, data] for k, (data, _) in encoded]}
     rows = [r for _, (_, leaf_rows) in encoded for r in leaf_rows]
     opt_items = []

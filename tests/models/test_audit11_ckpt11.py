@@ -11,7 +11,7 @@ import pytest
 
 from fnnc.errors import CheckpointError
 from fnnc.io import Checkpoints, ShardedCheckpoints
-from fnnc.models import Dense, Input, Model
+from fnnc.models import BatchNorm, Dense, Input, Model
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((8, 3)).astype(np.float32)
@@ -63,3 +63,25 @@ def test_a_sharded_checkpoint_of_another_model_names_the_class_that_reads_it(tmp
         saved = ckpt.restore().state
         assert "t-fc-0-0" in other.set_parameters(saved, strict=False)  # the misshaped one
     np.testing.assert_array_equal(other.parameters()["t-fc-0-1"], np.asarray(saved["t-fc-0-1"]))
+
+
+def test_a_checkpoint_step_reads_as_a_named_model_internals_included(tmp_path):
+    """The journal's doc says ccv_cnnp_model_read(handle, "ckpt-<step>") reads a step;
+    NNC (and Model.read) look internals up as __ckpt-<step>__[<id>(0)], but they were
+    saved as __ckpt-<step>__[<id>], so the read missed the batch-norm statistics."""
+    x = Input()
+    run = Model(x, BatchNorm(name="bn")(Dense(2, name="fc")(x)))
+    run.compile(X, loss="mse", minimizer=optax.adam(0.1))
+    run.fit(X, Y)
+    path = tmp_path / "run.ckpt"
+    with Checkpoints(path) as ckpt:
+        ckpt.save(1, run)
+    x = Input()
+    other = Model(x, BatchNorm(name="bn")(Dense(2, name="fc")(x)))
+    other.compile(X, loss="mse", minimizer=optax.adam(0.1))
+    assert other.read(path, name="ckpt-1") == []
+    with Checkpoints(path) as ckpt:
+        restored = ckpt.restore(1).state
+    for pid, want in run.parameters().items():
+        np.testing.assert_array_equal(np.asarray(other.parameters()[pid]), np.asarray(want))
+        np.testing.assert_array_equal(np.asarray(restored[pid]), np.asarray(want))
