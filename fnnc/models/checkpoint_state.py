@@ -184,6 +184,8 @@ def restore_into(checkpoints: Any, model: Any, step: int | None = None) -> Any:
         progress(model).load(meta)
         engine.key = key
         loss_scale.put(engine, scale)
+        if scale is None:  # the run saved none (float32): the policy's initial scale
+            engine.loss_scale_state = None
     return ckpt
 
 

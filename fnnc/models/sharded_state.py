@@ -281,6 +281,8 @@ def _restore_into(checkpoints: Any, model: Any, step: int | None) -> Checkpoint:
         progress(model).load(train)
         engine.key = key
         loss_scale.put(engine, scale)
+        if scale is None:  # the run saved none (float32): the policy's initial scale
+            engine.loss_scale_state = None
     return Checkpoint(step, params, states, meta, float(manifest.get("created") or 0.0))
 
 

@@ -85,3 +85,30 @@ def test_a_checkpoint_step_reads_as_a_named_model_internals_included(tmp_path):
     for pid, want in run.parameters().items():
         np.testing.assert_array_equal(np.asarray(other.parameters()[pid]), np.asarray(want))
         np.testing.assert_array_equal(np.asarray(restored[pid]), np.asarray(want))
+
+
+def test_a_float32_step_restored_into_a_float16_model_starts_its_loss_scale_afresh(tmp_path):
+    """A float32 run saves no loss scale; restored into a float16 model that had stepped,
+    the model kept its own scale state (good_steps 2), unlike the same step restored into
+    a fresh float16 model (the oracle): it now starts from the policy's initial state."""
+    from fnnc.models import loss_scale
+
+    path = tmp_path / "run.ckpt"
+    with Checkpoints(path) as ckpt:
+        ckpt.save(1, _model())
+
+    def half() -> Model:
+        x = Input()
+        model = Model(x, Dense(2, name="fc")(x))
+        model.compile(X, loss="mse", minimizer=optax.adam(0.1), seed=0, precision="float16")
+        return model
+
+    stepped, fresh = half(), half()
+    for _ in range(2):
+        stepped.fit(X, Y)
+    assert loss_scale.visible(stepped.engine).good_steps == 2
+    with Checkpoints(path) as ckpt:
+        ckpt.restore_into(stepped)
+        ckpt.restore_into(fresh)
+    assert loss_scale.visible(stepped.engine) == loss_scale.visible(fresh.engine)
+    assert loss_scale.visible(stepped.engine).good_steps == 0
