@@ -196,9 +196,12 @@ def _scalar(value, like):
 
 
 def _wide(dtype):
-    """The type a scalar product is computed in: float32 for 16-bit floats, whose own
-    rounding of the scalar (0.99 is 0.9883 in bfloat16) would move every result."""
-    return jnp.promote_types(dtype, jnp.float32) if jnp.issubdtype(dtype, jnp.floating) else dtype
+    """The type a scalar product is computed in: float32 for 16- and 8-bit floats, whose
+    own rounding of the scalar (0.99 is 0.9883 in bfloat16) would move every result (JAX
+    has no promotion path from the float8 types, so it is not asked)."""
+    if not jnp.issubdtype(dtype, jnp.floating):
+        return dtype
+    return dtype if np.dtype(dtype).itemsize >= 4 else np.dtype(np.float32)
 
 
 def _times(x, value):

@@ -1,0 +1,52 @@
+"""Audit 11 (trace): regressions found by using trace as a demanding user would.
+
+Oracles: JAX's own values and gradients (jax.grad) of the traced function, and NumPy.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.graph import backward, compile, interpret, trace
+
+FLOAT8 = [jnp.float8_e4m3fn, jnp.float8_e5m2]
+
+
+@pytest.mark.parametrize("dtype", FLOAT8, ids=lambda d: np.dtype(d).name)
+def test_negation_of_float8_runs_and_equals_jax(dtype) -> None:
+    """-x of a float8 array traces to scalar_mul(a=-1), whose float32 widening asked
+    jnp.promote_types(float8, float32), which JAX refuses: a valid JAX program failed in
+    interpret and compile with TypePromotionError."""
+    x = jnp.array([1.0, -2.0, 3.0, 0.5, -0.0], dtype)
+    graph = trace(lambda a: -a, x)
+    want = np.asarray(-x)
+    for got in (interpret(graph, x), compile(graph)(x)):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got, np.float32), want.astype(np.float32))
+        assert np.array_equal(np.signbit(np.asarray(got, np.float32)), np.signbit(-x))
+
+    def loss(a):
+        return jnp.sum((-a).astype(jnp.float32) * jnp.arange(5.0))
+
+    h = trace(loss, x)
+    gg, _ = backward(h, h.outputs[0], [h.inputs[0]])
+    want_grad = np.asarray(jax.grad(loss)(x), np.float32)
+    np.testing.assert_array_equal(np.asarray(interpret(gg, x)[-1], np.float32), want_grad)
+
+
+@pytest.mark.parametrize("dtype", FLOAT8, ids=lambda d: np.dtype(d).name)
+def test_scalar_products_of_float8_round_once_from_float32(dtype) -> None:
+    """scalar_mul / add(p, q) of float8 values: computed in float32, rounded once."""
+    x = np.array([1.0, -2.0, 3.0, 0.5], np.float32)
+    a = jnp.asarray(x, dtype)
+    wide = np.asarray(a, np.float32)
+    cmd = ops.scalar_mul(a=0.75)
+    got = cmd.definition.forward(a, **cmd.kwargs)
+    np.testing.assert_array_equal(got, (wide * 0.75).astype(dtype))
+    cmd = ops.add(p=0.5, q=2.0)
+    got = cmd.definition.forward(a, a, **cmd.kwargs)
+    np.testing.assert_array_equal(got, (wide * 0.5 + wide * 2.0).astype(dtype))
