@@ -50,3 +50,27 @@ def test_scalar_products_of_float8_round_once_from_float32(dtype) -> None:
     cmd = ops.add(p=0.5, q=2.0)
     got = cmd.definition.forward(a, a, **cmd.kwargs)
     np.testing.assert_array_equal(got, (wide * 0.5 + wide * 2.0).astype(dtype))
+
+
+def test_jax_grad_of_a_run_traced_relu_is_zero_at_zero() -> None:
+    """jax.nn.relu traces to the relu command, whose forward was lax.max(x, 0): jax.grad
+    (or jax.jvp) of interpret / compile of the graph split the tie at 0 (0.5) where
+    jax.grad of jax.nn.relu, and fnnc's own backward of the graph, give 0."""
+    x = jnp.array([0.0, -0.0, 1.5, -1.0, 2.0], jnp.float32)
+    graph = trace(jax.nn.relu, x)
+    assert [n.cmd.name for n in graph.nodes] == ["relu"]
+    weights = jnp.arange(1.0, 6.0)
+
+    def loss(run):
+        return lambda a: jnp.sum(run(a) * weights)
+
+    want = np.asarray(jax.grad(loss(jax.nn.relu))(x))
+    np.testing.assert_array_equal(want, [0.0, 0.0, 3.0, 0.0, 5.0])
+    program = compile(graph)
+    for run in (lambda a: interpret(graph, a), program):
+        np.testing.assert_array_equal(jax.grad(loss(run))(x), want)
+        tangent = jax.jvp(run, (x,), (jnp.ones_like(x),))[1]
+        np.testing.assert_array_equal(tangent, [0.0, 0.0, 1.0, 0.0, 1.0])
+    h = trace(loss(jax.nn.relu), x)
+    gg, _ = backward(h, h.outputs[0], [h.inputs[0]])
+    np.testing.assert_array_equal(interpret(gg, x)[-1], want)
