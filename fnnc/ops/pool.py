@@ -119,19 +119,42 @@ def max_pool(x, *, window=(2, 2), strides=None, padding=0):
         # The same maxima as reduce_window's (max is exact, NaN wins in both), but as
         # one fused elementwise pass over strided views, which XLA:CPU runs faster and
         # fuses with the activation before it.
-        _, cells = _window_cells(x, k, s, pads, out)
-        return functools.reduce(jnp.maximum, cells)
+        return _max_of_cells(x, tuple(k), tuple(s), tuple(map(tuple, pads)), tuple(out))
     return _reduce(x, -jnp.inf, lax.max, k, s, pads)
 
 
-def _window_cells(x, k, s, pads, out):
-    """One strided view ``[N, out..., C]`` per window cell (row-major), padded with -inf."""
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3, 4))
+def _max_of_cells(x, k, s, pads, out):
+    """The CPU forward: the maximum of the window cells. Its JAX derivative is
+    ``reduce_window``'s (each window's tangent at the cell ``select_and_scatter`` picks,
+    its first maximum), not ``jnp.maximum``'s, which splits a tie: ``jax.grad`` of a
+    graph run by ``interpret`` or ``compile`` then equals ``jax.grad`` of the pool."""
+    _, cells = _window_cells(x, k, s, pads, out)
+    return functools.reduce(jnp.maximum, cells)
+
+
+@_max_of_cells.defjvp
+def _max_of_cells_jvp(k, s, pads, out, primals, tangents):
+    (x,), (t,) = primals, tangents
+    _, cells = _window_cells(x, k, s, pads, out)
+    _, moved = _window_cells(t, k, s, pads, out, fill=0)
+    kept, tangent = cells[0], moved[0]
+    for cell, dt in zip(cells[1:], moved[1:]):  # _max_pool_scatter's scan
+        move = ~(kept >= cell)
+        kept = jnp.where(move, cell, kept)
+        tangent = jnp.where(move, dt, tangent)
+    return functools.reduce(jnp.maximum, cells), tangent
+
+
+def _window_cells(x, k, s, pads, out, fill=-np.inf):
+    """One strided view ``[N, out..., C]`` per window cell (row-major), padded with
+    ``fill`` (-inf: a padded cell never wins a maximum)."""
     n, c = x.shape[0], x.shape[-1]
     # Pad the high side up to the last window's end too, so every view is in bounds.
     hi = [max(h, (m - 1) * si + ki - lo - size) for (lo, h), m, si, ki, size in
           zip(pads, out, s, k, x.shape[1:-1])]  # fmt: skip
     spec = ((0, 0, 0), *((lo, h, 0) for (lo, _), h in zip(pads, hi)), (0, 0, 0))
-    xp = lax.pad(x, np.array(-np.inf, x.dtype), spec)
+    xp = lax.pad(x, np.array(fill, x.dtype), spec)
     cells = []
     for off in itertools.product(*(range(ki) for ki in k)):
         limit = tuple(o + (m - 1) * si + 1 for o, m, si in zip(off, out, s))

@@ -74,3 +74,36 @@ def test_jax_grad_of_a_run_traced_relu_is_zero_at_zero() -> None:
     h = trace(loss(jax.nn.relu), x)
     gg, _ = backward(h, h.outputs[0], [h.inputs[0]])
     np.testing.assert_array_equal(interpret(gg, x)[-1], want)
+
+
+def _pool(x):
+    """A 1-D max pool (window 3, stride 1, one padded cell each side) as Flax spells it."""
+    return jax.lax.reduce_window(
+        x.reshape(1, 6, 1), -jnp.inf, jax.lax.max, (1, 3, 1), (1, 1, 1), ((0, 0), (1, 1), (0, 0))
+    )
+
+
+def test_jax_grad_of_a_run_traced_max_pool_gives_a_tie_to_the_first_maximum() -> None:
+    """max_pool's CPU forward is the maximum of the window cells (jnp.maximum), whose JAX
+    derivative splits a tie among the tied cells: jax.grad of interpret / compile of a
+    traced max pool split ties ([1.5, 3, 0, 10.5, 3, 3]) where jax.grad of reduce_window (and
+    fnnc's backward) give each window's gradient to its first maximum."""
+    x = jnp.array([2.0, 2.0, -1.0, 2.0, 0.0, 0.0], jnp.float32)
+    graph = trace(_pool, x)
+    assert "max_pool" in [n.cmd.name for n in graph.nodes]
+    weights = jnp.arange(1.0, 7.0).reshape(1, 6, 1)
+
+    def loss(run):
+        return lambda a: jnp.sum(run(a) * weights)
+
+    want = np.asarray(jax.grad(loss(_pool))(x))
+    np.testing.assert_array_equal(want, [3.0, 3.0, 0.0, 9.0, 6.0, 0.0])
+    want_tangent = np.asarray(jax.jvp(_pool, (x,), (jnp.arange(6.0),))[1])
+    program = compile(graph)
+    for run in (lambda a: interpret(graph, a), program):
+        np.testing.assert_array_equal(run(x), _pool(x))
+        np.testing.assert_array_equal(jax.grad(loss(run))(x), want)
+        np.testing.assert_array_equal(jax.jvp(run, (x,), (jnp.arange(6.0),))[1], want_tangent)
+    h = trace(loss(_pool), x)
+    gg, _ = backward(h, h.outputs[0], [h.inputs[0]])
+    np.testing.assert_array_equal(interpret(gg, x)[-1], want)
