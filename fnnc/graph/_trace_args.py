@@ -19,7 +19,9 @@ from fnnc.errors import TraceError
 
 
 def _input_names(fn: Callable[..., Any], args: Sequence[Any]) -> list[str]:
-    """One name per leaf of ``args``; raises :class:`TraceError` for non-array leaves."""
+    """One name per leaf of ``args``; raises :class:`TraceError` for non-array leaves,
+    and for a count of example arguments ``fn``'s signature cannot take."""
+    _check_count(fn, args)
     bases = _arg_names(fn, len(args))
     names: list[str] = []
     for base, arg in zip(bases, args):
@@ -33,6 +35,24 @@ def _input_names(fn: Callable[..., Any], args: Sequence[Any]) -> list[str]:
                 )
             names.append(name if name not in names else f"{name}#{len(names)}")
     return names
+
+
+def _check_count(fn: Callable[..., Any], args: Sequence[Any]) -> None:
+    """Raises :class:`TraceError` when ``fn`` cannot be called on ``len(args)``
+    positional arguments (its own TypeError named no example arguments)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # no signature to check (a builtin): the call itself will say
+    try:
+        signature.bind(*args)
+    except TypeError as e:
+        raise TraceError(
+            f"trace: {getattr(fn, '__name__', type(fn).__name__)}{signature} cannot take "
+            f"the {len(args)} example argument(s) given ({e}); give one example array "
+            "(or pytree) per positional parameter, and bind the others before tracing, "
+            "e.g. trace(functools.partial(fn, name=...), ...)"
+        ) from None
 
 
 def _arg_names(fn: Callable[..., Any], n: int) -> list[str]:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fnnc import ops
+from fnnc.errors import TraceError
 from fnnc.graph import backward, compile, interpret, trace
 
 FLOAT8 = [jnp.float8_e4m3fn, jnp.float8_e5m2]
@@ -107,3 +108,24 @@ def test_jax_grad_of_a_run_traced_max_pool_gives_a_tie_to_the_first_maximum() ->
     h = trace(loss(_pool), x)
     gg, _ = backward(h, h.outputs[0], [h.inputs[0]])
     np.testing.assert_array_equal(interpret(gg, x)[-1], want)
+
+
+def test_a_wrong_count_of_example_arguments_is_a_trace_error_naming_the_signature() -> None:
+    """trace(fn, x) for fn(x, y) raised the function's own TypeError from inside
+    jax.make_jaxpr; it is now a TraceError naming fn's signature and the count given."""
+    x = jnp.ones((2,), jnp.float32)
+
+    def fn(x, y):
+        return x + y
+
+    with pytest.raises(TypeError) as direct:  # the oracle: Python's own call
+        fn(x)
+    with pytest.raises(TraceError) as e:
+        trace(fn, x)
+    said = str(e.value)
+    assert "fn(x, y)" in said and "1 example argument" in said and "'y'" in said
+    assert "'y'" in str(direct.value)
+    with pytest.raises(TraceError, match="2 example argument"):
+        trace(lambda x: x, x, x)
+    graph = trace(lambda *xs: xs[0] * xs[1], x, x)  # *args takes any count
+    np.testing.assert_array_equal(interpret(graph, x, x), x * x)
