@@ -32,11 +32,17 @@ def is_inexact(dtype: Any) -> bool:
 
 
 def at_least_float32(dtype: Any) -> np.dtype:
-    """The type to compute in for values of ``dtype``: float32 for 16-bit floats (and
-    integers), ``dtype`` itself for float32, float64 and complex types. Sums, squares
-    and statistics of 16-bit values are taken in it and rounded once.
+    """The type to compute in for values of ``dtype``: float32 for 16-bit and 8-bit
+    floats (and integers), ``dtype`` itself for float32, float64 and complex types. Sums,
+    squares and statistics of narrow values are taken in it and rounded once.
 
     >>> at_least_float32(jnp.bfloat16), at_least_float32("float64")
     (dtype('float32'), dtype('float64'))
+    >>> at_least_float32(jnp.float8_e4m3fn)
+    dtype('float32')
     """
+    dtype = np.dtype(dtype)
+    if is_floating(dtype) and dtype.itemsize < 4:
+        # float8 types refuse implicit promotion (JAX's TypePromotionError)
+        return np.dtype(np.float32)
     return np.dtype(jnp.promote_types(dtype, jnp.float32))
