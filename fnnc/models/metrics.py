@@ -79,8 +79,7 @@ class TopK(Metric):
 
     def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:
         out, labels = _output_and_target(self, outputs, targets)
-        if labels.shape == out.shape and out.ndim >= 1:
-            labels = np.argmax(labels, axis=-1)
+        labels = _class_labels(self, out, labels)
         if self.k > out.shape[-1]:
             raise ModelError(
                 f"metric {self.name}: k={self.k} but output {self.output} has only "
@@ -114,6 +113,34 @@ def _output_and_target(metric: Any, outputs: list[Any], targets: list[Any]) -> t
     return np.asarray(outputs[k]), np.asarray(targets[k])
 
 
+def _class_labels(metric: Any, out: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """``labels`` as class labels, one per row of ``out``'s classes (the argmax of
+    per-class targets shaped as ``out``); a :class:`ModelError` naming both shapes where
+    they do not pair up, or the labels are no numbers (NumPy would raise a bare
+    broadcasting or indexing error, after train's epoch had trained)."""
+    if out.ndim == 0:
+        raise ModelError(
+            f"metric {metric.name}: output {metric.output} is a scalar ({out.dtype}[]), "
+            "not scores over classes; a class metric takes outputs shaped [N, classes]"
+        )
+    if not (labels.dtype.kind in "biu" or is_floating(labels.dtype)):
+        raise ModelError(
+            f"metric {metric.name}: target {metric.output} holds {labels.dtype} values; class "
+            "labels are integer class indices, or one-hot / soft float targets"
+        )
+    if labels.shape == out.shape:
+        return np.argmax(labels, axis=-1)
+    rows = out.shape[:-1]
+    if labels.size != int(np.prod(rows, dtype=np.int64)):
+        raise ModelError(
+            f"metric {metric.name}: output {metric.output} is {list(out.shape)} "
+            f"({out.shape[-1]} classes) but its target is {list(labels.shape)}; expected "
+            f"one class index per sample ({list(rows)} or {[*rows, 1]}) or per-class "
+            f"targets shaped {list(out.shape)}"
+        )
+    return labels
+
+
 def _class_indices(metric: TopK, labels: np.ndarray, classes: int) -> tuple[Any, Any]:
     """The flat class indices of ``labels`` (int64; a NaN label's is 0) and where they are
     known (not NaN). A label outside ``[0, classes)`` is a :class:`ModelError`: NumPy
@@ -122,6 +149,16 @@ def _class_indices(metric: TopK, labels: np.ndarray, classes: int) -> tuple[Any,
     flat = labels.reshape(-1)
     known = ~np.isnan(flat) if is_floating(flat.dtype) else np.ones(flat.size, bool)
     bad = np.flatnonzero(known & ((flat < 0) | (flat >= classes)))
+    if not bad.size and is_floating(flat.dtype):  # 1.5 is no class; astype would make it 1
+        bad = np.flatnonzero(known & (flat != np.floor(flat)))
+        if bad.size:
+            raise ModelError(
+                f"metric {metric.name}: target {metric.output} holds the label "
+                f"{checks._show(flat[bad[0]])} at "
+                f"{checks._position(labels.shape, int(bad[0]), 'sample')}; a class index is "
+                "a whole number (cast labels with .astype(np.int32)), or pass per-class float "
+                f"targets shaped as output {metric.output}"
+            )
     if bad.size:
         place = checks._position(labels.shape, int(bad[0]), "sample")
         raise ModelError(
@@ -204,8 +241,7 @@ class Accuracy(TopK):
         if (out.ndim >= 1 and out.shape[-1] == 1) or loss in BINARY_THRESHOLDS:
             binary = BinaryAccuracy(output=self.output, name=self.name)
             return binary(model, outputs, targets)
-        if labels.shape == out.shape and out.ndim >= 1:
-            labels = np.argmax(labels, axis=-1)
+        labels = _class_labels(self, out, labels)
         index, known = _class_indices(self, labels, out.shape[-1])
         # argmax, not top-1 by rank: ties go to the first class, as predictions do
         return float(np.mean((np.argmax(out, axis=-1).reshape(-1) == index) & known))

@@ -1,0 +1,62 @@
+"""Audit 11 (what surrounds Model.fit): class metrics refuse targets that do not pair
+with the outputs."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fnnc.errors import ModelError
+from fnnc.models import Dense, Input, Model
+from fnnc.models.metrics import Accuracy, TopK
+
+RNG = np.random.default_rng(11)
+X = RNG.standard_normal((6, 3)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def custom() -> Model:
+    """Three classes, trained by a loss function: no named loss checks the labels."""
+    x = Input()
+    m = Model(x, Dense(3, name="out")(x), name="custom")
+    m.compile(X, loss=lambda o, t: jnp.mean(o[0] ** 2), minimizer=optax.sgd(0.0))
+    return m
+
+
+def test_class_metrics_name_targets_that_do_not_pair_with_the_outputs(custom):
+    # a [N, 2] target for a [N, 3] output raised NumPy's bare broadcasting error from
+    # score, and from train's validation (the same metrics) after the epoch had trained
+    out = np.asarray(custom.evaluate(X))
+    labels = np.array([0, 1, 2, 2, 1, 0])
+    want = np.mean(np.argmax(out, 1) == labels)
+    top2 = np.mean([lab in np.argsort(-row)[:2] for row, lab in zip(out, labels)])
+    got = custom.score(X, labels, metrics=["accuracy", "top_2_accuracy"])
+    assert got["accuracy"] == pytest.approx(want) and got["top_2_accuracy"] == pytest.approx(top2)
+    bad = np.zeros((6, 2), np.int32)
+    shapes = r"output 0 is \[6, 3\] \(3 classes\) but its target is \[6, 2\]"
+    with pytest.raises(ModelError, match=f"metric accuracy: {shapes}"):
+        custom.score(X, bad, metrics=["accuracy"])
+    with pytest.raises(ModelError, match=f"metric top_2_accuracy: {shapes}"):
+        custom.score(X, bad, metrics=["top_2_accuracy"])
+
+
+def test_class_metrics_refuse_sequences_against_one_label_per_sample_and_odd_labels():
+    out = RNG.standard_normal((4, 2, 5)).astype(np.float32)
+    seq = np.array([[0, 1], [2, 3], [4, 0], [1, 1]])
+    want = np.mean(np.argmax(out, -1) == seq)
+    assert Accuracy()(None, [out], [seq]) == pytest.approx(want)
+    assert Accuracy()(None, [out], [np.eye(5)[seq]]) == pytest.approx(want)  # one-hot
+    for metric in (Accuracy(), TopK(2)):
+        with pytest.raises(ModelError, match=r"is \[4, 2, 5\] .* target is \[4\]; expected"):
+            metric(None, [out], [seq[:, 0]])
+        with pytest.raises(ModelError, match="holds <U1 values"):
+            metric(None, [out[:, 0]], [np.array(list("abcd"))])
+        with pytest.raises(ModelError, match=r"holds the label 1\.5 at sample 2; a class index is"):
+            metric(None, [out[:, 0]], [np.array([0.0, 1.0, 1.5, 2.0])])  # astype made it 1
+    with pytest.raises(ModelError, match=r"output 0 is a scalar \(float32\[\]\)"):
+        Accuracy()(None, [np.float32(1.0)], [np.array(1)])
+    floats = np.array([0.0, 4.0, np.nan, 2.0])  # whole floats are labels, NaN a miss
+    hits = np.argmax(out[:, 0], -1) == np.array([0, 4, -1, 2])
+    assert Accuracy()(None, [out[:, 0]], [floats]) == pytest.approx(np.mean(hits))
