@@ -268,6 +268,11 @@ class MeanLoss(Metric):
         if loss is None:
             return float(np.mean(np.asarray(outputs[0])))
         if isinstance(loss, str):
+            if not targets:  # as fit refuses it, rather than an IndexError after the epoch
+                raise ModelError(
+                    f"{self.where}: loss={loss!r} compares the model's first output with "
+                    "targets, but the set has none; pass (inputs, targets)"
+                )
             if isinstance(targets[0], np.ndarray):
                 checks.labels(loss, np.shape(outputs[0]), targets[0], self.where)
             try:
@@ -296,13 +301,14 @@ def _as_fit_takes(target: Any) -> Any:
 
 class Function(Metric):
     """Your own metric: ``fn(outputs, targets) -> float`` of the first output and
-    target over the set, under the key ``name``."""
+    target over the set, under the key ``name`` (``targets`` is ``None`` for a set
+    without targets, as a ``loss=None`` model is given)."""
 
     def __init__(self, name: str, fn: Callable[[Any, Any], Any]):
         self.name, self.fn = name, fn
 
     def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:
-        return _number(self.name, self.fn(outputs[0], targets[0]))
+        return _number(self.name, self.fn(outputs[0], targets[0] if targets else None))
 
 
 _TOP_K = re.compile(r"top_?(\d+)(_accuracy)?$")

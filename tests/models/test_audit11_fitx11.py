@@ -1,5 +1,5 @@
 """Audit 11 (what surrounds Model.fit): class metrics refuse targets that do not pair
-with the outputs."""
+with the outputs, metrics and the loss of a set without targets."""
 
 from __future__ import annotations
 
@@ -60,3 +60,25 @@ def test_class_metrics_refuse_sequences_against_one_label_per_sample_and_odd_lab
     floats = np.array([0.0, 4.0, np.nan, 2.0])  # whole floats are labels, NaN a miss
     hits = np.argmax(out[:, 0], -1) == np.array([0, 4, -1, 2])
     assert Accuracy()(None, [out[:, 0]], [floats]) == pytest.approx(np.mean(hits))
+
+
+def test_a_set_without_targets_gives_user_metrics_none_and_a_named_loss_an_error():
+    x = Input()
+    m = Model(x, Dense(1, name="out")(x), name="free")
+    m.compile(X, loss=None, minimizer=optax.sgd(0.0))
+    out = np.asarray(m.evaluate(X), np.float64)
+    seen = []
+
+    def mean_out(outputs, targets):
+        seen.append(targets)
+        return float(np.mean(outputs))
+
+    # fn(outputs, targets[0]) raised IndexError: list index out of range
+    got = m.score((X, None), metrics={"mean_out": mean_out})
+    assert got == pytest.approx({"loss": np.mean(out), "mean_out": np.mean(out)})
+    assert seen == [None]
+    x = Input()
+    mse = Model(x, Dense(1, name="out")(x), name="mse")
+    mse.compile(X, loss="mse", minimizer=optax.sgd(0.0))
+    with pytest.raises(ModelError, match=r"score: loss=.mse. compares .* the set has none"):
+        mse.score((X, None))
