@@ -358,11 +358,30 @@ def resolve(model: Any, metrics: Any, where: str = "metrics") -> dict[str, Metri
     for metric in metrics:  # a list may mix names, Metrics, callables and {"name": fn}
         if isinstance(metric, Mapping):
             for name, fn in metric.items():
-                _add(found, name, fn if isinstance(fn, Metric) else Function(name, fn), where)
+                _add(
+                    found, name, fn if isinstance(fn, Metric) else _function(name, fn, where), where
+                )
             continue
         m = get(metric, where)
         _add(found, m.name, m, where)
     return found
+
+
+def _function(name: Any, fn: Any, where: str) -> Function:
+    """``{name: fn}`` as a :class:`Function` metric; a name that is no string, or an
+    ``fn`` that is not callable, is a :class:`ModelError` now, not after train's epoch."""
+    if not isinstance(name, str) or not name:
+        raise ModelError(
+            f"{where}: a metric's name is a non-empty string (the key of the results and "
+            f"the history), got {name!r} ({type(name).__name__}); pass {{'my_metric': fn}}"
+        )
+    if not callable(fn):
+        raise ModelError(
+            f"{where}: metric {name!r} is {type(fn).__name__} ({fn!r:.40}), not a function; "
+            f"pass {{{name!r}: fn}} with fn(outputs, targets) -> float, or a "
+            "fnnc.models.metrics.Metric"
+        )
+    return Function(name, fn)
 
 
 def _add(found: dict[str, Metric], name: str, metric: Metric, where: str) -> None:

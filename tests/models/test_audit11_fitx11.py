@@ -10,6 +10,7 @@ import pytest
 
 from fnnc.errors import ModelError
 from fnnc.models import Dense, Input, Model
+from fnnc.models.batches import progress
 from fnnc.models.metrics import Accuracy, TopK
 
 RNG = np.random.default_rng(11)
@@ -82,3 +83,21 @@ def test_a_set_without_targets_gives_user_metrics_none_and_a_named_loss_an_error
     mse.compile(X, loss="mse", minimizer=optax.sgd(0.0))
     with pytest.raises(ModelError, match=r"score: loss=.mse. compares .* the set has none"):
         mse.score((X, None))
+
+
+def test_a_metric_mapping_is_checked_before_train_runs_an_epoch(custom):
+    # {'a': 5} raised "'int' object is not callable" after the epoch had trained, and
+    # {3: fn} put the key 3 into the results, the history and the CSV header
+    before = {k: np.asarray(v) for k, v in custom.parameters().items()}
+    step = progress(custom).step
+    labels = np.array([0, 1, 2, 2, 1, 0])
+    with pytest.raises(ModelError, match=r"train: metric 'a' is int \(5\), not a function"):
+        custom.train((X, labels), batch_size=3, metrics={"a": 5}, verbose=False)
+    with pytest.raises(ModelError, match=r"score: a metric's name is a non-empty string.* got 3"):
+        custom.score(X, labels, metrics={3: lambda o, t: 1.0})
+    assert progress(custom).step == step
+    for k, v in custom.parameters().items():
+        np.testing.assert_array_equal(np.asarray(v), before[k])
+    out = np.asarray(custom.evaluate(X), np.float64)
+    got = custom.score(X, labels, metrics=[{"peak": lambda o, t: float(np.max(o))}])
+    assert got["peak"] == pytest.approx(np.max(out))
