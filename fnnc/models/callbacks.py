@@ -136,6 +136,12 @@ class CheckpointEvery(Callback):
                 f"({type(steps).__name__})"
             )
         steps = None if steps is None else int(steps)
+        if not isinstance(checkpoints, (str, os.PathLike)) and not hasattr(checkpoints, "save"):
+            raise ModelError(
+                f"CheckpointEvery: checkpoints={checkpoints!r:.60} ({type(checkpoints).__name__}); "
+                "expected a path, a fnnc.io.Checkpoints or a fnnc.io.ShardedCheckpoints, e.g. "
+                "CheckpointEvery('run.ckpt', per_epoch=True)"
+            )
         self.target, self.steps, self.per_epoch = checkpoints, steps, per_epoch
         self.keep_last, self.sharded = keep_last, sharded
         self.checkpoints: Any = None
@@ -329,6 +335,11 @@ class EarlyStopping(Callback):
         self, monitor: str = "val_loss", *, patience: int = 0, min_delta: float = 0.0,
         mode: str = "auto",
     ):  # fmt: skip
+        if not isinstance(monitor, str):  # 'acc' in 5 raised a bare TypeError
+            raise ModelError(
+                f"EarlyStopping: monitor={monitor!r} ({type(monitor).__name__}); expected the "
+                "name of an epoch metric, e.g. monitor='val_loss'"
+            )
         if mode not in ("min", "max", "auto"):
             raise ModelError(f"EarlyStopping: mode must be 'min', 'max' or 'auto', got {mode!r}")
         if not is_int(patience) or patience < 0:

@@ -200,6 +200,11 @@ class LearningRate(Callback):
                 "LearningRate: pass the Optax schedule given to the minimizer (e.g. "
                 f"optax.cosine_decay_schedule(...)) or a number, got {type(schedule).__name__}"
             )
+        if not isinstance(name, str) or not name:  # the key of the history and the CSV
+            raise ModelError(
+                f"LearningRate: name={name!r} ({type(name).__name__}); expected a non-empty "
+                "string, the metric's key, e.g. name='lr'"
+            )
         self.schedule, self.name = schedule, name
 
     def rate(self, step: int) -> float:

@@ -9,8 +9,10 @@ import optax
 import pytest
 
 from fnnc.errors import ModelError
-from fnnc.models import Dense, Input, Model
+from fnnc.io import Checkpoints
+from fnnc.models import Dense, EarlyStopping, Input, LearningRate, Model
 from fnnc.models.batches import progress
+from fnnc.models.callbacks import CheckpointEvery
 from fnnc.models.metrics import Accuracy, TopK
 
 RNG = np.random.default_rng(11)
@@ -101,3 +103,21 @@ def test_a_metric_mapping_is_checked_before_train_runs_an_epoch(custom):
     out = np.asarray(custom.evaluate(X), np.float64)
     got = custom.score(X, labels, metrics=[{"peak": lambda o, t: float(np.max(o))}])
     assert got["peak"] == pytest.approx(np.max(out))
+
+
+def test_callback_arguments_of_the_wrong_kind_are_model_errors_when_made(tmp_path):
+    # EarlyStopping(monitor=5) raised "argument of type 'int' is not iterable",
+    # LearningRate(name=5) logged the rate under the key 5, and CheckpointEvery(None)
+    # died at train's start with "'NoneType' object has no attribute 'latest'"
+    with pytest.raises(ModelError, match=r"EarlyStopping: monitor=5 \(int\); expected the name"):
+        EarlyStopping(monitor=5)
+    with pytest.raises(ModelError, match=r"LearningRate: name=5 \(int\); expected a non-empty"):
+        LearningRate(0.1, name=5)
+    with pytest.raises(ModelError, match=r"CheckpointEvery: checkpoints=None \(NoneType\)"):
+        CheckpointEvery(None, per_epoch=True)
+    path = tmp_path / "run.ckpt"
+    assert CheckpointEvery(path, per_epoch=True).target == path  # a PathLike is a path
+    with Checkpoints(str(tmp_path / "open.ckpt")) as ckpt:
+        assert CheckpointEvery(ckpt, steps=2).target is ckpt
+    assert EarlyStopping(monitor="val_top_2_accuracy").mode == "max"
+    assert LearningRate(0.1, name="rate").rate(3) == 0.1
