@@ -181,17 +181,15 @@ def train(
             prog.next_epoch()
             logs = {"loss": mean_loss, **measure()}
             history["epoch"].append(epoch + 1)
-            for key, value in logs.items():
-                history.setdefault(key, []).append(value)
+            _record(history, logs)
             for cb in callbacks[:adders]:  # first, so the line shows what they add ("lr")
                 _epoch_end(cb, loop, epoch, logs)
+            _record(history, logs)  # what they added, before the others read loop.history
             if lines is not None:
                 lines.end(logs, time.perf_counter() - started)
             for cb in callbacks[adders:]:
                 _epoch_end(cb, loop, epoch, logs)
-            for key, value in logs.items():  # added by a callback (LearningRate's "lr")
-                if len(history.setdefault(key, [])) < len(history["epoch"]):
-                    history[key].append(value)
+            _record(history, logs)
     finally:
         checks.trust_labels(model.engine, False)
         if lines is not None:
@@ -211,6 +209,15 @@ def _end(callbacks: Sequence[Any], loop: TrainLoop) -> None:
             failed = failed or e
     if failed is not None:
         raise failed
+
+
+def _record(history: dict[str, list[float]], logs: dict[str, Any]) -> None:
+    """Appends the epoch's value of each metric of ``logs`` that ``history`` lacks for
+    this epoch: what ``train`` measured, then what callbacks added (LearningRate's
+    ``lr``), so a callback reading ``loop.history`` sees the epoch's metrics."""
+    for key, value in logs.items():
+        if len(history.setdefault(key, [])) < len(history["epoch"]):
+            history[key].append(value)
 
 
 def _epoch_end(callback: Any, loop: TrainLoop, epoch: int, logs: dict[str, Any]) -> None:

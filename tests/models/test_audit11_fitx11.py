@@ -12,7 +12,7 @@ from fnnc.errors import ModelError
 from fnnc.io import Checkpoints
 from fnnc.models import Dense, EarlyStopping, Input, LearningRate, Model
 from fnnc.models.batches import progress
-from fnnc.models.callbacks import CheckpointEvery
+from fnnc.models.callbacks import Callback, CheckpointEvery
 from fnnc.models.metrics import Accuracy, TopK
 
 RNG = np.random.default_rng(11)
@@ -121,3 +121,25 @@ def test_callback_arguments_of_the_wrong_kind_are_model_errors_when_made(tmp_pat
         assert CheckpointEvery(ckpt, steps=2).target is ckpt
     assert EarlyStopping(monitor="val_top_2_accuracy").mode == "max"
     assert LearningRate(0.1, name="rate").rate(3) == 0.1
+
+
+def test_callbacks_see_this_epoch_s_added_metrics_in_loop_history(custom):
+    # LearningRate's lr reached train's history only after every callback had run, so a
+    # callback reading loop.history in on_epoch_end saw the previous epoch's rate
+    seen = []
+
+    class Reads(Callback):
+        def on_epoch_end(self, loop, epoch, logs):
+            seen.append({k: list(v) for k, v in loop.history.items()})
+
+    def schedule(count):
+        return 0.5 / (1.0 + count)
+
+    start = progress(custom).step
+    labels = np.array([0, 1, 2, 2, 1, 0])
+    got = custom.train((X, labels), epochs=2, batch_size=3, verbose=False,
+                       callbacks=[Reads(), LearningRate(schedule)])  # fmt: skip
+    # sgd(0.0) keeps no update count: the rate is of the epoch's last step s, schedule(s - 1)
+    want = [schedule(start + 2 - 1), schedule(start + 4 - 1)]
+    assert got["lr"] == pytest.approx(want)
+    assert seen == [{k: v[:1] for k, v in got.items()}, got]
