@@ -266,7 +266,7 @@ class MeanLoss(Metric):
 
         loss = model.engine.loss
         if loss is None:
-            return float(np.mean(np.asarray(outputs[0])))
+            return _mean(outputs[0])
         if isinstance(loss, str):
             if not targets:  # as fit refuses it, rather than an IndexError after the epoch
                 raise ModelError(
@@ -282,8 +282,14 @@ class MeanLoss(Metric):
                     f"{self.where}: loss {loss!r} of output 0 {_typed(outputs[0])} against "
                     f"target 0 {_typed(targets[0])}: {e}"
                 ) from None
-            return float(np.mean(np.asarray(out[0] if isinstance(out, tuple) else out)))
+            return _mean(out[0] if isinstance(out, tuple) else out)
         return float(losses.call_loss(loss, list(outputs), [_as_fit_takes(t) for t in targets]))
+
+
+def _mean(values: Any) -> float:
+    """The mean of ``values`` summed in float64: NumPy sums a bfloat16 array in bfloat16,
+    whose 8-bit mantissa stops counting near 256 (the mean of 4096 ones is 0.125)."""
+    return float(np.mean(np.asarray(values), dtype=np.float64))
 
 
 def _typed(value: Any) -> str:

@@ -143,3 +143,23 @@ def test_callbacks_see_this_epoch_s_added_metrics_in_loop_history(custom):
     want = [schedule(start + 2 - 1), schedule(start + 4 - 1)]
     assert got["lr"] == pytest.approx(want)
     assert seen == [{k: v[:1] for k, v in got.items()}, got]
+
+
+@pytest.mark.parametrize("loss", [None, "mse"])
+def test_score_of_a_bfloat16_model_averages_in_float64(loss):
+    # np.mean summed the bfloat16 losses in bfloat16, which stops counting near 256:
+    # score gave 3.09 for an mse of 10.69 (and 0.125 for the mean of 4096 ones)
+    bf16 = jnp.bfloat16
+    rows = np.random.default_rng(3).standard_normal((1024, 3))
+    xs = (rows + 30.0).astype(bf16)
+    ts = (rows[:, :1] + 3.0).astype(bf16)
+    x = Input()
+    m = Model(x, Dense(1, name="out")(x), name="bf16")
+    m.compile(xs[:4], loss=loss, minimizer=optax.sgd(0.0))
+    out = np.asarray(m.predict(xs, batch_size=1024), np.float64)
+    if loss is None:
+        got, want = m.score((xs, None), batch_size=1024)["loss"], np.mean(out)
+    else:
+        got = m.score(xs, ts, batch_size=1024)["loss"]
+        want = np.mean((out - np.asarray(ts, np.float64)) ** 2)
+    assert got == pytest.approx(want, rel=2e-3)  # bfloat16 per-row losses, a float64 mean
