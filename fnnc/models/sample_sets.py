@@ -59,6 +59,8 @@ def split(data: Any, where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
             f"{where}: expected (inputs, targets), e.g. (x_train, y_train){got}; name "
             "columns with a fnnc.data.DataFrame (DataFrame.from_arrays(x=..., y=...))"
         ) from None
+    listed = [(what, len(v)) for what, v in (("inputs", inputs), ("targets", targets))
+              if isinstance(v, list) and len(v) > 1]  # fmt: skip
     inputs, targets = as_list(inputs), targets_list(targets)
     checks.listed_numbers(inputs, where, "inputs")
     checks.listed_numbers(targets, where, "targets")
@@ -75,9 +77,14 @@ def split(data: Any, where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
     sizes = {len(a) for _, _, a in arrays}
     if len(sizes) != 1:
         rows = ", ".join(f"{kind} {i} has {len(a)}" for kind, i, a in arrays)
+        hint = "".join(
+            f"; {what} came as a list of {n}, and a list holds one array per "
+            f"{what[:-1]}: make a nested list of numbers one array with np.asarray"
+            for what, n in listed
+        )
         raise ModelError(
             f"{where}: inputs and targets disagree on the number of samples: {sorted(sizes)} "
-            f"({rows}); every input and target needs one row per sample"
+            f"({rows}); every input and target needs one row per sample{hint}"
         )
     return inputs, targets
 

@@ -163,3 +163,19 @@ def test_score_of_a_bfloat16_model_averages_in_float64(loss):
         got = m.score(xs, ts, batch_size=1024)["loss"]
         want = np.mean((out - np.asarray(ts, np.float64)) ** 2)
     assert got == pytest.approx(want, rel=2e-3)  # bfloat16 per-row losses, a float64 mean
+
+
+def test_inputs_given_as_nested_lists_are_told_to_be_one_array(custom):
+    # score(x.tolist(), y) said only that 6 inputs of 3 rows disagree with 6 targets
+    labels = np.array([0, 1, 2, 2, 1, 0])
+    with pytest.raises(ModelError, match=r"input 5 has 3, target 0 has 6\); .*inputs came as a "
+                       r"list of 6, and a list holds one array per input: make a nested list of "
+                       r"numbers one array with np.asarray"):  # fmt: skip
+        custom.score(X.tolist(), labels)
+    with pytest.raises(ModelError) as e:  # two arrays of unequal rows: no list hint
+        custom.score((X, X[:2]), labels)
+    assert "nested list" not in str(e.value)
+    out = np.asarray(custom.evaluate(X))
+    got = custom.score(np.asarray(X.tolist(), np.float32), labels, metrics=["accuracy"])
+    got = got["accuracy"]
+    assert got == pytest.approx(np.mean(np.argmax(out, 1) == labels))
