@@ -23,6 +23,8 @@ of the first output and target.
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -34,6 +36,7 @@ from fnnc.core.dtypes import is_floating
 from fnnc.errors import DTypeError, ModelError, ShapeError
 from fnnc.models import checks
 from fnnc.models.build_context import is_int
+from fnnc.models.layer import real_scalar
 
 CLASSIFICATION = checks.CLASSIFICATION
 
@@ -192,6 +195,16 @@ class BinaryAccuracy(Metric):
     def __init__(self, threshold: float | None = None, *, output: int = 0, name: str = "accuracy"):
         if not is_int(output) or output < 0:
             raise ModelError(f"BinaryAccuracy: output must be an output index >= 0, got {output!r}")
+        if real_scalar(threshold):  # a 0-d NumPy or JAX number
+            threshold = float(threshold)
+        number = isinstance(threshold, numbers.Real) and not isinstance(threshold, bool)
+        if threshold is not None and (not number or math.isnan(threshold)):
+            # '0.5' failed NumPy's comparison only when measured, after train's epoch
+            raise ModelError(
+                f"BinaryAccuracy: threshold={threshold!r} ({type(threshold).__name__}); "
+                "expected a number (0.0 for logits, 0.5 for probabilities) or None (from "
+                "the model's loss)"
+            )
         self.threshold, self.output, self.name = threshold, int(output), name
 
     def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:

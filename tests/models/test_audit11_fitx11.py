@@ -13,7 +13,7 @@ from fnnc.io import Checkpoints
 from fnnc.models import Dense, EarlyStopping, Input, LearningRate, Model
 from fnnc.models.batches import progress
 from fnnc.models.callbacks import Callback, CheckpointEvery
-from fnnc.models.metrics import Accuracy, TopK
+from fnnc.models.metrics import Accuracy, BinaryAccuracy, TopK
 
 RNG = np.random.default_rng(11)
 X = RNG.standard_normal((6, 3)).astype(np.float32)
@@ -179,3 +179,14 @@ def test_inputs_given_as_nested_lists_are_told_to_be_one_array(custom):
     got = custom.score(np.asarray(X.tolist(), np.float32), labels, metrics=["accuracy"])
     got = got["accuracy"]
     assert got == pytest.approx(np.mean(np.argmax(out, 1) == labels))
+
+
+def test_binary_accuracy_takes_a_number_as_threshold_and_refuses_others():
+    # BinaryAccuracy('0.5') was kept and failed NumPy's comparison when measured
+    out = np.array([[0.2], [0.7], [0.5], [0.9]], np.float32)
+    t = np.array([0, 1, 1, 0])
+    want = np.mean((out[:, 0] > 0.5) == (t > 0.5))
+    assert BinaryAccuracy(np.float32(0.5))(None, [out], [t]) == pytest.approx(want)
+    for bad in ("0.5", float("nan"), True, [0.5]):
+        with pytest.raises(ModelError, match=r"BinaryAccuracy: threshold=.* expected a number"):
+            BinaryAccuracy(bad)
