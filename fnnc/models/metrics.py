@@ -34,7 +34,7 @@ import numpy as np
 
 from fnnc.core.dtypes import is_floating
 from fnnc.errors import DTypeError, ModelError, ShapeError
-from fnnc.models import checks
+from fnnc.models import checks, metric_checks
 from fnnc.models.build_context import is_int
 from fnnc.models.layer import real_scalar
 
@@ -81,8 +81,8 @@ class TopK(Metric):
         self.name = name or ("accuracy" if k == 1 else f"top_{k}_accuracy")
 
     def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:
-        out, labels = _output_and_target(self, outputs, targets)
-        labels = _class_labels(self, out, labels)
+        out, labels = metric_checks.output_and_target(self, outputs, targets)
+        labels = metric_checks.class_labels(self, out, labels)
         if self.k > out.shape[-1]:
             raise ModelError(
                 f"metric {self.name}: k={self.k} but output {self.output} has only "
@@ -94,84 +94,12 @@ class TopK(Metric):
                 "ranks mean nothing there: measure it with 'accuracy' (BinaryAccuracy)"
             )
         flat = out.reshape(-1, out.shape[-1])
-        index, known = _class_indices(self, labels, out.shape[-1])
+        index, known = metric_checks.class_indices(self, labels, out.shape[-1])
         # a label ties into the top k if fewer than k outputs are strictly larger; a NaN
         # output ranks above everything (as argmax takes it), and a NaN label is a miss
         picked = np.take_along_axis(flat, index[:, None], axis=1)
         larger = np.sum((flat > picked) | np.isnan(flat), axis=1)
         return float(np.mean((larger < self.k) & ~np.isnan(picked[:, 0]) & known))
-
-
-def _output_and_target(metric: Any, outputs: list[Any], targets: list[Any]) -> tuple[Any, Any]:
-    """Output ``metric.output`` and its target as arrays; a :class:`ModelError` where the
-    model has no such output or no target was given for it."""
-    k = metric.output
-    if not (0 <= k < len(outputs) and k < len(targets)):
-        raise ModelError(
-            f"metric {metric.name}: output={k}, but the model has {len(outputs)} output(s) "
-            f"and {len(targets)} target(s) were given; measure an output in "
-            f"[0, {min(len(outputs), len(targets))}) (output=i measures output i against "
-            "target i)"
-        )
-    return np.asarray(outputs[k]), np.asarray(targets[k])
-
-
-def _class_labels(metric: Any, out: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """``labels`` as class labels, one per row of ``out``'s classes (the argmax of
-    per-class targets shaped as ``out``); a :class:`ModelError` naming both shapes where
-    they do not pair up, or the labels are no numbers (NumPy would raise a bare
-    broadcasting or indexing error, after train's epoch had trained)."""
-    if out.ndim == 0:
-        raise ModelError(
-            f"metric {metric.name}: output {metric.output} is a scalar ({out.dtype}[]), "
-            "not scores over classes; a class metric takes outputs shaped [N, classes]"
-        )
-    if not (labels.dtype.kind in "biu" or is_floating(labels.dtype)):
-        raise ModelError(
-            f"metric {metric.name}: target {metric.output} holds {labels.dtype} values; class "
-            "labels are integer class indices, or one-hot / soft float targets"
-        )
-    if labels.shape == out.shape:
-        return np.argmax(labels, axis=-1)
-    rows = out.shape[:-1]
-    if labels.size != int(np.prod(rows, dtype=np.int64)):
-        raise ModelError(
-            f"metric {metric.name}: output {metric.output} is {list(out.shape)} "
-            f"({out.shape[-1]} classes) but its target is {list(labels.shape)}; expected "
-            f"one class index per sample ({list(rows)} or {[*rows, 1]}) or per-class "
-            f"targets shaped {list(out.shape)}"
-        )
-    return labels
-
-
-def _class_indices(metric: TopK, labels: np.ndarray, classes: int) -> tuple[Any, Any]:
-    """The flat class indices of ``labels`` (int64; a NaN label's is 0) and where they are
-    known (not NaN). A label outside ``[0, classes)`` is a :class:`ModelError`: NumPy
-    would raise an IndexError for it, or take ``-1`` as the last class."""
-    labels = np.atleast_1d(labels)
-    flat = labels.reshape(-1)
-    known = ~np.isnan(flat) if is_floating(flat.dtype) else np.ones(flat.size, bool)
-    bad = np.flatnonzero(known & ((flat < 0) | (flat >= classes)))
-    if not bad.size and is_floating(flat.dtype):  # 1.5 is no class; astype would make it 1
-        bad = np.flatnonzero(known & (flat != np.floor(flat)))
-        if bad.size:
-            raise ModelError(
-                f"metric {metric.name}: target {metric.output} holds the label "
-                f"{checks._show(flat[bad[0]])} at "
-                f"{checks._position(labels.shape, int(bad[0]), 'sample')}; a class index is "
-                "a whole number (cast labels with .astype(np.int32)), or pass per-class float "
-                f"targets shaped as output {metric.output}"
-            )
-    if bad.size:
-        place = checks._position(labels.shape, int(bad[0]), "sample")
-        raise ModelError(
-            f"metric {metric.name}: target {metric.output} holds the label "
-            f"{checks._show(flat[bad[0]])} at {place}, but output {metric.output} has {classes} "
-            f"classes: labels are class indices in [0, {classes}) (-1 is no class, not the "
-            "last one). Labels counted from 1 need y - 1; or give the last layer as many "
-            "units as there are classes"
-        )
-    return np.where(known, flat, 0).astype(np.int64), known
 
 
 class BinaryAccuracy(Metric):
@@ -208,7 +136,7 @@ class BinaryAccuracy(Metric):
         self.threshold, self.output, self.name = threshold, int(output), name
 
     def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:
-        out, labels = _output_and_target(self, outputs, targets)
+        out, labels = metric_checks.output_and_target(self, outputs, targets)
         threshold = self.threshold
         if threshold is None:
             loss = getattr(getattr(model, "engine", None), "loss", None)
@@ -248,14 +176,14 @@ class Accuracy(TopK):
         super().__init__(1, output=output, name=name)
 
     def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:
-        out, labels = _output_and_target(self, outputs, targets)
+        out, labels = metric_checks.output_and_target(self, outputs, targets)
         loss = getattr(getattr(model, "engine", None), "loss", None)
         # one unit (argmax would always be 0) or independent units (argmax picks one)
         if (out.ndim >= 1 and out.shape[-1] == 1) or loss in BINARY_THRESHOLDS:
             binary = BinaryAccuracy(output=self.output, name=self.name)
             return binary(model, outputs, targets)
-        labels = _class_labels(self, out, labels)
-        index, known = _class_indices(self, labels, out.shape[-1])
+        labels = metric_checks.class_labels(self, out, labels)
+        index, known = metric_checks.class_indices(self, labels, out.shape[-1])
         # argmax, not top-1 by rank: ties go to the first class, as predictions do
         return float(np.mean((np.argmax(out, axis=-1).reshape(-1) == index) & known))
 
