@@ -45,11 +45,13 @@ _ALSO: dict[tuple[type, str], _Kinds] = {
     (int, "padding"): ((tuple, list, str), "one per spatial axis or 'SAME' or 'VALID'"),
     (int, "eq"): ((float, np.floating), "a float"),
     (bool, "checkpoint"): ((str, Callable), "a remat policy (a name or a function)"),
+    (str, "format"): ((int, np.integer), "NNC's format int (1 NCHW, 2 NHWC)"),
 }
 """What parameters of these names and kinds of default take besides: spatial ones
 (convolution, pooling) one entry per axis (:mod:`fnnc.ops._spatial`), ``padding`` also
-``"SAME"`` / ``"VALID"``; masked_fill's ``eq`` any number (NNC's is a float); scan's and
-pipeline's ``checkpoint`` a :func:`fnnc.graph.remat` policy."""
+``"SAME"`` / ``"VALID"``; a ``format`` (upsample's) NNC's ints too; masked_fill's
+``eq`` any number (NNC's is a float); scan's and pipeline's ``checkpoint`` a
+:func:`fnnc.graph.remat` policy."""
 
 FITS: dict[tuple[str, str, type], bool] = {}
 """``param_fits`` per (command, parameter, kind of value): commands are made often."""

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from fnnc.core.command import Spec
 from fnnc.ops._rules import fail
@@ -36,6 +37,25 @@ def drop_batch(x: Any) -> Any:
     if isinstance(x, (Spec, jax.ShapeDtypeStruct)):
         return Spec(tuple(x.shape[1:]), x.dtype)
     return x[0]
+
+
+_LAYOUTS = {"NHWC": "NHWC", "NCHW": "NCHW", 0: "NHWC", 1: "NCHW", 2: "NHWC"}
+
+LAYOUT_CHOICES = (
+    "'NHWC' (the default, channels last) or 'NCHW' (channels first), "
+    "or NNC's ints 1 (NCHW) / 2 (NHWC)"
+)
+
+
+def layout(format: Any) -> str | None:
+    """A spatial ``format``: ``"NHWC"`` or ``"NCHW"`` (any case), or NNC's
+    ``CCV_TENSOR_FORMAT_*`` ints (1 NCHW, 2 NHWC; 0, NNC's "as the input", is NHWC), as
+    ``"NHWC"`` / ``"NCHW"``; ``None`` for anything else (bools, NNC's CHWN 4), which
+    the caller reports naming its layer or command (:data:`LAYOUT_CHOICES`)."""
+    key = format.upper() if isinstance(format, str) else format
+    if isinstance(format, (bool, np.bool_)) or not isinstance(key, (str, int, np.integer)):
+        return None
+    return _LAYOUTS.get(key)
 
 
 def _is_int(v: Any) -> bool:

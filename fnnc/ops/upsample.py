@@ -1,4 +1,4 @@
-"""Upsample: enlarge the spatial axes of an NHWC tensor, NNC's UPSAMPLE.
+"""Upsample: enlarge the spatial axes of an NHWC (or NCHW) tensor, NNC's UPSAMPLE.
 
 Follows ``lib/nnc/cmd/upsample`` in liuliu/ccv: the output size is
 ``int(n * scale + 0.5)``; nearest reads ``min(int((i + 0.5) * n / m), n - 1)``;
@@ -19,26 +19,35 @@ import numpy as np
 from fnnc.core.command import NOTHING, Spec, defcommand
 from fnnc.core.dtypes import at_least_float32, is_inexact
 from fnnc.errors import CommandError, DTypeError
+from fnnc.ops import _spatial
 from fnnc.ops._rules import fail, require_choice, show, to_shape
 
 UPSAMPLE_MODES = ("nearest", "bilinear")
 
 
-def _upsample_sizes(x: Spec, scale, mode: str) -> tuple[int, int]:
+def _upsample_sizes(x: Spec, scale, mode: str, format) -> tuple[int, int, int]:
+    """The output's H and W, and the input's H axis (W follows it)."""
     require_choice("upsample", "mode", mode, UPSAMPLE_MODES)
     sh, sw = _scales(scale)
+    layout = _spatial.layout(format)
+    if layout is None:
+        raise CommandError(
+            f"upsample: format is {format!r:.40}; expected {_spatial.LAYOUT_CHOICES}"
+        )
     if x.ndim not in (3, 4):
         fail(
-            f"upsample: expected a rank-4 NHWC input (or rank-3 HWC, one image), got "
-            f"{show(x)}; use format_transform for NCHW"
+            f"upsample: expected a rank-4 {layout} input (or rank-3 "
+            f"{layout[1:]}, one image), got {show(x)}; format='NCHW' takes channels-first "
+            "tensors, format='NHWC' (the default) channels-last ones"
         )
+    ax = x.ndim - (2 if layout == "NCHW" else 3)
     if mode == "bilinear" and not is_inexact(x.dtype):
         raise DTypeError(
             f"upsample: bilinear mode blends pixels and needs a floating-point input, got "
             f"{show(x)} (its weights would round to 0 or 1); convert it with "
             "fnnc.ops.datatype_conversion first, or use mode='nearest' (label maps)"
         )
-    h, w = x.shape[-3], x.shape[-2]
+    h, w = x.shape[ax], x.shape[ax + 1]
     ho, wo = _out_size(h, sh), _out_size(w, sw)
     if ho < h or wo < w:
         fail(f"upsample: scale {scale} would shrink {show(x)}; NNC's upsample only enlarges")
@@ -47,7 +56,7 @@ def _upsample_sizes(x: Spec, scale, mode: str) -> tuple[int, int]:
             f"upsample: scale {scale} makes {show(x)} {ho} x {wo}, beyond the {_MAX_SIDE} "
             "entries an axis holds (NNC's dimensions are 32-bit ints); give a smaller scale"
         )
-    return ho, wo
+    return ho, wo, ax
 
 
 _MAX_SIDE = 2**31 - 1
@@ -115,14 +124,17 @@ def _resample(x: Any, axis: int, n_out: int, bilinear: bool, align: bool) -> Any
     return a * weight(w0) + jnp.take(x, i1, axis=axis) * weight(w1)
 
 
-def _upsample_shape(x: Spec, *, scale, mode, align_corners) -> Spec:
-    ho, wo = _upsample_sizes(x, scale, mode)
-    return Spec((*x.shape[:-3], ho, wo, x.shape[-1]), x.dtype)
+def _upsample_shape(x: Spec, *, scale, mode, align_corners, format) -> Spec:
+    ho, wo, ax = _upsample_sizes(x, scale, mode, format)
+    return Spec((*x.shape[:ax], ho, wo, *x.shape[ax + 2 :]), x.dtype)
 
 
 @defcommand(family="data", shape=_upsample_shape, uses=NOTHING)
-def upsample(x, *, scale=(2, 2), mode="nearest", align_corners=False):
-    """Enlarges the H and W axes of an NHWC tensor (or an HWC one) by ``scale = (sh, sw)``.
+def upsample(x, *, scale=(2, 2), mode="nearest", align_corners=False, format="NHWC"):
+    """Enlarges the H and W axes of an NHWC tensor (or an HWC one) by ``scale = (sh, sw)``;
+    with ``format="NCHW"`` (also NNC's ints 1 / 2 for NCHW / NHWC, as the layers'
+    ``format``) those of an NCHW tensor (or a CHW one), as NNC's CPU kernel does when
+    its input tensor is NCHW; the channel axis is left as it is either way.
 
     Follows NNC's UPSAMPLE (lib/nnc/cmd/upsample/ccv_nnc_upsample_cpu_ref.c): output
     size ``int(n * s + 0.5)``; ``"nearest"`` reads ``min(int((i + 0.5) * n / m), n - 1)``;
@@ -132,14 +144,14 @@ def upsample(x, *, scale=(2, 2), mode="nearest", align_corners=False):
     output gradient back with the same weights. A 16-bit bilinear forward and every
     16-bit backward compute in float32 and round once.
     """
-    ho, wo = _upsample_sizes(x, scale, mode)
+    ho, wo, ax = _upsample_sizes(x, scale, mode, format)
     bilinear = mode == "bilinear"
     # Bilinear blends in float32 at least and rounds once: in bfloat16 the weights
     # (1/6, 5/6 at scale 3) and the first axis' blend were rounded before the second's.
     dtype = x.dtype
     t = x.astype(at_least_float32(dtype)) if bilinear else x
-    y = _resample(t, x.ndim - 3, ho, bilinear, align_corners)
-    return _resample(y, x.ndim - 2, wo, bilinear, align_corners).astype(dtype)
+    y = _resample(t, ax, ho, bilinear, align_corners)
+    return _resample(y, ax + 1, wo, bilinear, align_corners).astype(dtype)
 
 
 @upsample.backward
