@@ -64,6 +64,7 @@ from fnnc.models.spatial_layers import AvgPool as AvgPool
 from fnnc.models.spatial_layers import Conv as Conv
 from fnnc.models.spatial_layers import ConvTranspose as ConvTranspose
 from fnnc.models.spatial_layers import MaxPool as MaxPool
+from fnnc.models.spatial_layers import Upsample as Upsample
 from fnnc.models.stacks import stack_parameters as stack_parameters
 from fnnc.models.stacks import stacked_ids as stacked_ids
 from fnnc.models.stacks import unstack_parameters as unstack_parameters

@@ -23,6 +23,7 @@ from fnnc.models.layer import (
     real_in,
     zeros,
 )
+from fnnc.models.spatial_layers import channels_first, channels_last, layout_of
 
 
 def _tuple(axes: Any) -> tuple[Any, ...]:
@@ -54,7 +55,14 @@ def _epsilon(layer: Layer, epsilon: Any) -> float:
 
 
 class BatchNorm(Layer):
-    """Batch normalisation over all axes but the last (NHWC); running stats are internals.
+    """Batch normalisation over all axes but the channel axis; running stats are internals.
+
+    The channel axis is the last one (NHWC, the default) or, with ``format="NCHW"`` (as
+    :class:`Conv`'s: also NNC's ints 1 / 2 for NCHW / NHWC), axis 1 of ``[batch,
+    channels, spatial...]``, as NNC's ``ccv_cnnp_batch_norm`` reads the format of its
+    input; the scale, bias and running statistics are ``[C]`` either way. The layer
+    transposes an NCHW input to channels-last around the command, so its outputs,
+    statistics and gradients equal its NHWC twin's on the transposed input.
 
     In training the running statistics move as ``new = momentum * old + (1 - momentum)
     * batch`` (NNC's reading: ``momentum`` weights the old value, so PyTorch's 0.1 is
@@ -71,15 +79,31 @@ class BatchNorm(Layer):
 
     owns_parameters = True
 
-    def __init__(self, *, momentum: float = 0.9, epsilon: float = 1e-5, **kw: Any):
+    def __init__(
+        self,
+        *,
+        momentum: float = 0.9,
+        epsilon: float = 1e-5,
+        format: Any = "NHWC",  # noqa: A002 (NNC's name)
+        **kw: Any,
+    ):
         super().__init__(**kw)
         self.momentum = real_in(
             self, "momentum", momentum, 0.0, 1.0,
             hint="it weights the old running statistic (PyTorch's momentum=0.1 is 0.9 here)",
         )  # fmt: skip
         self.epsilon = _epsilon(self, epsilon)
+        self.format = layout_of(self, format)
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
+        first = self.format == "NCHW"
+        if first and len(x.shape) < 2:
+            raise ModelError(
+                f"layer {self.describe()}: its input of shape {list(x.shape)} has no channel "
+                "axis 1; format='NCHW' takes [batch, channels, spatial...] (rank 2 or more)"
+            )
+        if first:  # as NHWC, so the NCHW layer's numbers are its NHWC twin's to the bit
+            x = channels_last(ctx, self, x)
         c = (x.shape[-1],)
         dtype = at_least_float32(x.dtype) if is_floating(x.dtype) else x.dtype
         scale = ctx.param(self, 0, c, ones, dtype)
@@ -98,7 +122,7 @@ class BatchNorm(Layer):
         if ctx.training:
             ctx.update(self, 0, new_mean)
             ctx.update(self, 1, new_var)
-        return y
+        return channels_first(ctx, self, y) if first else y
 
 
 class LayerNorm(Layer):

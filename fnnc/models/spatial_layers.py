@@ -1,13 +1,14 @@
 """The cnnp layers over spatial axes: :class:`Conv`, :class:`ConvTranspose`,
-:class:`MaxPool`, :class:`AvgPool`.
+:class:`MaxPool`, :class:`AvgPool`, :class:`Upsample`.
 
 Data is channels-last, ``[batch, spatial..., channels]`` (NHWC for images), unless a
-convolution is made with ``format="NCHW"`` (NNC's ``format``: ``[batch, channels,
-spatial...]``, weights in NNC's NCHW layout); a size given as one int stands for every
-spatial axis of the input the layer is called on (``Conv(16, 3)`` is 3x3 on NHWC, width 3
-on ``[N, W, C]``), known at build. Convolution weights are ``[filters, k..., in/groups]``
-(NNC's ``[out, kh, kw, in/groups]``), those of a transposed convolution ``[in, k...,
-filters/groups]`` (NNC's), weight parameter 0, bias parameter 1.
+layer is made with ``format="NCHW"`` (NNC's ``format``: ``[batch, channels,
+spatial...]``, a convolution's weights in NNC's NCHW layout; :class:`BatchNorm` takes it
+too); a size given as one int stands for every spatial axis of the input the layer is
+called on (``Conv(16, 3)`` is 3x3 on NHWC, width 3 on ``[N, W, C]``), known at build.
+Convolution weights are ``[filters, k..., in/groups]`` (NNC's ``[out, kh, kw,
+in/groups]``), those of a transposed convolution ``[in, k..., filters/groups]`` (NNC's),
+weight parameter 0, bias parameter 1.
 
 >>> import numpy as np
 >>> from fnnc.models import Conv, MaxPool, Sequential
@@ -24,10 +25,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from fnnc import ops
 from fnnc.core.ir import Symbol
+from fnnc.errors import CommandError
 from fnnc.models.layer import (
     BuildContext,
     Layer,
@@ -38,6 +38,8 @@ from fnnc.models.layer import (
     positive_int,
     zeros,
 )
+from fnnc.ops import _spatial
+from fnnc.ops.upsample import UPSAMPLE_MODES
 
 
 def _sizes(layer: Layer, arg: str, value: Any) -> int | tuple[int, ...]:
@@ -126,7 +128,7 @@ class Conv(Layer):
         self.strides, self.padding, self.dilation = strides, padding, dilation
         self.groups = positive_int(self, "groups", groups)
         self.no_bias = flag(self, "no_bias", no_bias)
-        self.format = _layout(self, format)
+        self.format = layout_of(self, format)
 
     def _weight_ends(self, cin: int) -> tuple[int, int]:
         """The weight's first and channel dims: ``(filters, in/groups)``."""
@@ -231,21 +233,31 @@ class ConvTranspose(Conv):
             _per_axis(self, "output_padding", self.output_padding, x)
 
 
-def _layout(layer: Layer, format: Any) -> str:  # noqa: A002 (NNC's name)
-    """A Conv's ``format``: ``"NHWC"`` or ``"NCHW"`` (any case), or NNC's
-    ``CCV_TENSOR_FORMAT_*`` ints (1 NCHW, 2 NHWC; 0, NNC's "as the input", is NHWC); else
-    a :class:`ModelError` naming the layer."""
-    names = {"NHWC": "NHWC", "NCHW": "NCHW", 0: "NHWC", 1: "NCHW", 2: "NHWC"}
-    key = format.upper() if isinstance(format, str) else format
-    if isinstance(format, (bool, np.bool_)) or not isinstance(key, (str, int, np.integer)):
-        key = None
-    if key not in names:
+def layout_of(layer: Layer, format: Any) -> str:  # noqa: A002 (NNC's name)
+    """A spatial layer's ``format`` (Conv's, the pools', BatchNorm's, Upsample's):
+    ``"NHWC"`` or ``"NCHW"`` (any case), or NNC's ``CCV_TENSOR_FORMAT_*`` ints (1 NCHW, 2
+    NHWC; 0, NNC's "as the input", is NHWC); else a :class:`ModelError` naming the
+    layer."""
+    found = _spatial.layout(format)
+    if found is None:
         raise ModelError(
-            f"layer {layer.describe()}: format is {format!r:.40}; expected 'NHWC' (the "
-            "default, channels last) or 'NCHW' (channels first, weight [out, in, k...]), "
-            "or NNC's ints 1 (NCHW) / 2 (NHWC)"
+            f"layer {layer.describe()}: format is {format!r:.40}; expected "
+            f"{_spatial.LAYOUT_CHOICES}"
         )
-    return names[key]
+    return found
+
+
+def channels_last(ctx: BuildContext, layer: Layer, x: Symbol) -> Symbol:
+    """``x``, a channels-first ``[batch, channels, spatial...]`` input of ``layer``, as
+    channels-last ``[batch, spatial..., channels]``."""
+    perm = (0, *range(2, len(x.shape)), 1)
+    return ctx.b.exec(ops.transpose(perm=perm), x, name=f"{ctx.layer_id(layer)}/nhwc")
+
+
+def channels_first(ctx: BuildContext, layer: Layer, y: Symbol) -> Symbol:
+    """``y``, a channels-last result of ``layer``, back as channels-first."""
+    perm = (0, len(y.shape) - 1, *range(1, len(y.shape) - 1))
+    return ctx.b.exec(ops.transpose(perm=perm), y, name=f"{ctx.layer_id(layer)}/nchw")
 
 
 class _Pool(Layer):
@@ -254,7 +266,12 @@ class _Pool(Layer):
     on ``[N, W, C]``, as ``Conv(16, 3)`` is 3x3) or one int per spatial axis.
     ``window=0`` (or all zeros) is a global pool over the whole spatial extent of the
     input, ``[N, 1, 1, C]`` for NHWC, as NNC's ``kdim`` of zeros
-    (``ccv_cnnp_average_pool(DIM_ALLOC(0, 0), ...)``, its ResNet's last pool)."""
+    (``ccv_cnnp_average_pool(DIM_ALLOC(0, 0), ...)``, its ResNet's last pool).
+
+    ``format="NCHW"`` (as :class:`Conv`'s: also NNC's ints 1 / 2 for NCHW / NHWC) pools
+    a channels-first ``[batch, channels, spatial...]`` input into a channels-first
+    output, as NNC's pool commands do on an NCHW tensor; the layer transposes to
+    channels-last around the pool."""
 
     command: Any = None
 
@@ -264,6 +281,7 @@ class _Pool(Layer):
         *,
         strides: Any = None,
         padding: Any = 0,
+        format: Any = "NHWC",  # noqa: A002 (NNC's name)
         **kw: Any,
     ):
         super().__init__(**kw)
@@ -273,26 +291,78 @@ class _Pool(Layer):
         whole = bool(values) and all(is_int(k) and k == 0 for k in values)
         self.window = None if whole else _sizes(self, "window", window)
         self.strides, self.padding = strides, padding
+        self.format = layout_of(self, format)
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
+        _per_axis(self, "window", 1 if self.window is None else self.window, x)  # the rank
+        first = self.format == "NCHW"
+        if first:
+            x = channels_last(ctx, self, x)
         if self.window is None:  # NNC's kdim of zeros: the input's spatial extent
-            _per_axis(self, "window", 1, x)  # its checks: a spatial axis at least
             window = tuple(int(n) for n in x.shape[1:-1])
         else:
             window = _per_axis(self, "window", self.window, x)
         cmd = type(self).command(window=window, strides=self.strides, padding=self.padding)
-        return ctx.b.exec(cmd, x, name=ctx.layer_id(self))
+        y = ctx.b.exec(cmd, x, name=ctx.layer_id(self))
+        return channels_first(ctx, self, y) if first else y
 
 
 class MaxPool(_Pool):
-    """Max pooling over the spatial axes of ``[batch, spatial..., channels]``; an int
-    ``window`` is that size on every spatial axis (``MaxPool(2)`` is 2x2 on NHWC)."""
+    """Max pooling over the spatial axes of ``[batch, spatial..., channels]`` (``[batch,
+    channels, spatial...]`` with ``format="NCHW"``); an int ``window`` is that size on
+    every spatial axis (``MaxPool(2)`` is 2x2 on NHWC and on NCHW)."""
 
     command = ops.max_pool
 
 
 class AvgPool(_Pool):
-    """Average pooling over the spatial axes of ``[batch, spatial..., channels]`` (padded
-    cells not counted, as NNC); an int ``window`` is that size on every spatial axis."""
+    """Average pooling over the spatial axes of ``[batch, spatial..., channels]``
+    (``[batch, channels, spatial...]`` with ``format="NCHW"``; padded cells not counted,
+    as NNC); an int ``window`` is that size on every spatial axis."""
 
     command = ops.avg_pool
+
+
+class Upsample(Layer):
+    """NNC's ``ccv_cnnp_upsample``: enlarges H and W of ``[batch, H, W, channels]`` (or
+    ``[batch, channels, H, W]`` with ``format="NCHW"``, as :class:`Conv`'s: also NNC's
+    ints 1 / 2) by ``scale``, one number for both or ``(sh, sw)`` (NNC's arguments are
+    ``width_scale, height_scale``: mind the order); the output size is ``int(n * s +
+    0.5)``. ``mode`` is ``"nearest"`` or ``"bilinear"``, ``align_corners`` NNC's flag;
+    the values are :func:`fnnc.ops.upsample`'s. A wrong scale or input is a
+    :class:`ModelError` naming the layer at build.
+
+    >>> import numpy as np
+    >>> from fnnc.models import Sequential, Upsample
+    >>> model = Sequential([Upsample(2, format="NCHW")])
+    >>> model.compile([np.zeros((1, 3, 4, 5), np.float32)])
+    >>> model.evaluate([np.ones((1, 3, 4, 5), np.float32)]).shape
+    (1, 3, 8, 10)
+    """
+
+    def __init__(
+        self,
+        scale: Any = 2,
+        *,
+        mode: str = "nearest",
+        align_corners: bool = False,
+        format: Any = "NHWC",  # noqa: A002 (NNC's name)
+        **kw: Any,
+    ):
+        super().__init__(**kw)
+        if mode not in UPSAMPLE_MODES:
+            raise ModelError(
+                f"layer {self.describe()}: mode is {mode!r:.40}; expected one of "
+                f"{', '.join(map(repr, UPSAMPLE_MODES))}"
+            )
+        self.format = layout_of(self, format)
+        align = flag(self, "align_corners", align_corners)
+        try:
+            self.command = ops.upsample(
+                scale=scale, mode=mode, align_corners=align, format=self.format
+            )
+        except CommandError as e:  # a scale of the wrong kind
+            raise ModelError(f"layer {self.describe()}: {e}") from None
+
+    def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
+        return ctx.b.exec(self.command, x, name=ctx.layer_id(self))
