@@ -299,6 +299,15 @@ def normal_init(std: float) -> Initializer:
     return _drawn(init)
 
 
+def uniform_init(bound: float) -> Initializer:
+    """Uniform in ``[-bound, bound)``, NNC's ``CMD_RANDOM_UNIFORM_FORWARD(-bound, bound)``."""
+
+    def init(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return _drawn(init)
+
+
 def _drawn(init: Initializer) -> Initializer:
     """``init`` marked as drawing at random: :meth:`BuildContext.param` requires a
     floating-point dtype of its parameters (an integer one cannot be drawn)."""

@@ -21,10 +21,9 @@ from fnnc.models.layer import (
     Layer,
     ModelError,
     flag,
-    glorot_uniform,
     is_int,
     positive_int,
-    zeros,
+    uniform_init,
 )
 from fnnc.ops.rnn import lstm_state_shapes, lstm_weight_shapes
 
@@ -128,10 +127,10 @@ class LSTM(Layer):
             )
         batch = x.shape[0] if self.batch_first else x.shape[1]
         self._check_lengths(batch, lengths)
-        weights = []
-        for index, shape in enumerate(self.weight_shapes(x.shape[-1])):
-            init = zeros if len(shape) == 1 else glorot_uniform([1], [0])
-            weights.append(ctx.param(self, index, shape, init, x.dtype))
+        # NNC's _ccv_cnnp_lstm_init_states: every weight and bias uniform in ±1/sqrt(H)
+        init = uniform_init(float(1.0 / np.sqrt(self.hidden)))
+        shapes = self.weight_shapes(x.shape[-1])
+        weights = [ctx.param(self, k, shape, init, x.dtype) for k, shape in enumerate(shapes)]
         units = self.num_layers * (2 if self.bidirectional else 1)
         h0, c0 = (
             ctx.b.exec(ops.set(shape=shape, dtype=np.dtype(x.dtype), value=0.0))
