@@ -33,6 +33,7 @@ from fnnc.models.layer import (
     glorot_uniform,
     is_int,
     positive_int,
+    uniform_draw,
     zeros,
 )
 from fnnc.ops.attention import finite_real
@@ -42,7 +43,7 @@ def _nnc_uniform(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Arra
     """NNC's init of the unify-head weights: uniform in ``±sqrt(3) sqrt(2 / c)``,
     ``c`` the joined head width (``shape[1]``)."""
     bound = float(np.sqrt(3.0) * np.sqrt(2.0 / max(1, shape[1])))
-    return jax.random.uniform(key, shape, dtype, -bound, bound)
+    return uniform_draw(key, shape, dtype, bound)
 
 
 _nnc_uniform.draws = True  # type: ignore[attr-defined]

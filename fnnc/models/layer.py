@@ -276,7 +276,7 @@ def glorot_uniform(fan_in_axes: Sequence[int], fan_out_axes: Sequence[int]) -> I
         fan_in = int(np.prod([shape[a] for a in fan_in_axes]))
         fan_out = int(np.prod([shape[a] for a in fan_out_axes]))
         limit = float(np.sqrt(6.0 / max(1, fan_in + fan_out)))
-        return jax.random.uniform(key, shape, dtype, -limit, limit)
+        return uniform_draw(key, shape, dtype, limit)
 
     return _drawn(init)
 
@@ -294,7 +294,7 @@ ones = constant_init(1.0)
 
 def normal_init(std: float) -> Initializer:
     def init(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
-        return std * jax.random.normal(key, shape, dtype)
+        return (std * jax.random.normal(key, shape, _wide(dtype))).astype(dtype)
 
     return _drawn(init)
 
@@ -303,9 +303,22 @@ def uniform_init(bound: float) -> Initializer:
     """Uniform in ``[-bound, bound)``, NNC's ``CMD_RANDOM_UNIFORM_FORWARD(-bound, bound)``."""
 
     def init(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
-        return jax.random.uniform(key, shape, dtype, -bound, bound)
+        return uniform_draw(key, shape, dtype, bound)
 
     return _drawn(init)
+
+
+def uniform_draw(key: jax.Array, shape: tuple[int, ...], dtype: Any, bound: float) -> jax.Array:
+    """``shape`` draws uniform in ``[-bound, bound)`` as ``dtype``, drawn in float32 (or
+    wider) and rounded, as NNC's kernels draw a float and write it into a 16-bit tensor:
+    drawn in bfloat16 itself, JAX's uniform takes only 128 values (float16: 1024)."""
+    return jax.random.uniform(key, shape, _wide(dtype), -bound, bound).astype(dtype)
+
+
+def _wide(dtype: Any) -> Any:
+    """The type to draw ``dtype``'s values in: float32 for a 16-bit float, else itself."""
+    floating = jnp.issubdtype(dtype, jnp.floating)
+    return jnp.promote_types(dtype, jnp.float32) if floating else dtype
 
 
 def _drawn(init: Initializer) -> Initializer:

@@ -1,9 +1,10 @@
 """Default parameter initialisation against NNC's init_states (ccv_cnnp_model_addons.c)."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fnnc.models import LSTM, Sequential
+from fnnc.models import LSTM, Dense, Embedding, Sequential
 
 
 def _lstm_parameters(seed, **options):
@@ -37,3 +38,32 @@ def test_lstm_init_is_deterministic_under_a_seed(lstm_params):
         np.testing.assert_array_equal(again[name], v)
     other = _lstm_parameters(1)
     assert not np.array_equal(other["t-l-0-0"], lstm_params["t-l-0-0"])
+
+
+def _first_values(layer, x):
+    model = Sequential([layer])
+    model.compile([x], seed=3)
+    return {k: np.asarray(v) for k, v in model.parameters().items()}
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_16_bit_weights_are_float32_draws_rounded_as_nncs(dtype):
+    # NNC draws a float and writes it into the 16-bit tensor; drawn in bfloat16 itself,
+    # JAX's uniform took 128 values only (and its normal was cut near 2.5 sigma)
+    x = np.zeros((1, 64), np.float32)
+    wide = _first_values(Dense(64, name="d"), x)["t-d-0-0"]
+    narrow = _first_values(Dense(64, name="d"), x.astype(dtype))["t-d-0-0"]
+    assert narrow.dtype == dtype
+    _rounded(narrow, wide, dtype)
+    assert len(np.unique(narrow)) > 1000
+    ids = np.zeros((1, 1), np.int32)
+    wide = _first_values(Embedding(64, 64, name="e"), ids)["t-e-0-0"]
+    narrow = _first_values(Embedding(64, 64, dtype=dtype, name="e"), ids)["t-e-0-0"]
+    _rounded(narrow, wide, dtype)
+    assert np.abs(narrow.astype(np.float32)).max() > 3 * 0.02
+
+
+def _rounded(narrow, wide, dtype):
+    """``narrow`` is ``wide`` rounded to ``dtype`` (XLA's fused convert may land one ulp off)."""
+    eps = float(jnp.finfo(dtype).eps)
+    np.testing.assert_allclose(narrow.astype(np.float32), wide, rtol=eps, atol=1e-7)
