@@ -113,7 +113,17 @@ def random_uniform(key, *, shape, dtype="float32", low=0.0, high=1.0):
     (2, 3)
     """
     low, high = min(low, high), max(low, high)
-    return jax.random.uniform(_key(key), shape, jax_dtype(dtype), low, high)
+    dtype = jax_dtype(dtype)
+    wide = at_least_float32(dtype)
+    u = jax.random.uniform(_key(key), shape, wide, low, high)
+    if wide == dtype:
+        return u
+    # 16-bit: drawn in float32 and rounded once, as NNC writes a float draw into a 16-bit
+    # tensor (jax.random.uniform in bfloat16 fills its 7-bit mantissa: 128 values in
+    # [0, 1)); a draw that rounds up to high is kept below it
+    y, top = u.astype(dtype), jnp.asarray(high, dtype)
+    below = jnp.maximum(jnp.nextafter(top, jnp.asarray(-jnp.inf, dtype)), jnp.asarray(low, dtype))
+    return jnp.where(y >= top, below, y)
 
 
 @defcommand(
@@ -124,10 +134,13 @@ def random_uniform(key, *, shape, dtype="float32", low=0.0, high=1.0):
     differentiable=False,
 )
 def random_normal(key, *, shape, dtype="float32", mean=0.0, std=1.0):
-    """Normal samples ``mean + std * N(0, 1)`` of the given ``shape`` and float ``dtype``."""
+    """Normal samples ``mean + std * N(0, 1)`` of the given ``shape`` and float ``dtype``
+    (16-bit ones drawn and scaled in float32 and rounded once, as NNC writes a float draw
+    into a 16-bit tensor: a bfloat16 draw has a 7-bit mantissa's values only)."""
     dtype = jax_dtype(dtype)
-    z = jax.random.normal(_key(key), shape, dtype)
-    return z * jnp.asarray(std, dtype) + jnp.asarray(mean, dtype)
+    wide = at_least_float32(dtype)
+    z = jax.random.normal(_key(key), shape, wide)
+    return (z * jnp.asarray(std, wide) + jnp.asarray(mean, wide)).astype(dtype)
 
 
 def _split_shape(key, *, n):
