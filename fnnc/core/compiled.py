@@ -79,8 +79,9 @@ def references_only() -> bool:
 def compiled_forward(cmd: Command, backend: str = REFERENCE) -> Callable[..., Any]:
     """A jitted forward of ``cmd`` on one backend, traced under the matmul precision in
     force, cached per command value, state and precision. A command holding sub-graphs
-    also keys on the configuration in force and :func:`reference_only` (its nodes'
-    backends are chosen when it is traced)."""
+    also keys on the configuration in force, :func:`reference_only` and the platform
+    of :func:`~fnnc.core.selection.platform_scope` (its nodes' backends are chosen when
+    it is traced)."""
     cfg = config.get()
     nested = _holds_graph(cmd)
     return _compiled(
@@ -90,6 +91,7 @@ def compiled_forward(cmd: Command, backend: str = REFERENCE) -> Callable[..., An
         cfg.matmul_precision,
         _REFERENCE_ONLY.get() if nested else False,
         cfg.serial if nested else 0,
+        selection.platform_in_scope() if nested else None,
     )
 
 
@@ -107,14 +109,20 @@ def _holds_graph(cmd: Command) -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def _compiled(
-    cmd: Command, backend: str, generation: int, precision: str, references: bool, serial: int
+    cmd: Command,
+    backend: str,
+    generation: int,
+    precision: str,
+    references: bool,
+    serial: int,
+    platform: str | None,
 ) -> Callable[..., Any]:
     forward = forward_of(cmd, backend)
 
     def run(*args: Any, **kwargs: Any) -> Any:
         token = _REFERENCE_ONLY.set(references)  # as keyed, whenever jit traces
         try:
-            with matmul_precision_scope(precision):
+            with matmul_precision_scope(precision), selection.platform_scope(platform):
                 result = forward(*args, **kwargs)
         finally:
             _REFERENCE_ONLY.reset(token)

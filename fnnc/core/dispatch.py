@@ -50,6 +50,7 @@ from fnnc.core.compiled import reference_only as reference_only
 from fnnc.core.compiled import references_only as references_only
 from fnnc.core.keys import key_bits
 from fnnc.core.platforms import PLATFORMS as PLATFORMS
+from fnnc.core.selection import platform_scope as platform_scope
 from fnnc.core.selection import select_backend as select_backend
 from fnnc.core.selection import selection_precision as selection_precision
 from fnnc.core.selection import use_measured_defaults as use_measured_defaults

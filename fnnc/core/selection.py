@@ -43,6 +43,7 @@ from fnnc.core.platforms import platform_name
 from fnnc.errors import BackendError
 
 _PRECISION: contextvars.ContextVar[str | None] = contextvars.ContextVar("precision", default=None)
+_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("platform", default=None)
 
 
 def selection_precision() -> str:
@@ -67,6 +68,24 @@ def precision_scope(precision: str | None) -> Iterator[None]:
         yield
     finally:
         _PRECISION.reset(token)
+
+
+@contextlib.contextmanager
+def platform_scope(platform: str | None) -> Iterator[None]:
+    """Inside, :func:`select_backend` calls that name no platform choose for
+    ``platform`` (a program's ``compile(platform=...)``): the nodes of loop and branch
+    bodies, chosen while the program is traced, get the backends and autotune winners
+    of the platform its top-level nodes were chosen for, not JAX's default backend's."""
+    token = _PLATFORM.set(platform)
+    try:
+        yield
+    finally:
+        _PLATFORM.reset(token)
+
+
+def platform_in_scope() -> str | None:
+    """The platform :func:`platform_scope` set (``None`` outside one)."""
+    return _PLATFORM.get()
 
 
 def why_not(backend: Backend, cmd: Command, specs: Sequence[Spec], platform: str) -> str | None:
@@ -106,12 +125,13 @@ def select_backend(
 ) -> str:
     """The backend name a node running ``cmd`` on ``specs`` gets (see module doc) on
     ``platform`` (``"cpu"``, ``"gpu"`` or ``"tpu"``, any case; JAX's ``"cuda"`` and
-    ``"rocm"`` are ``"gpu"``; default: JAX's default backend) for a program whose
+    ``"rocm"`` are ``"gpu"``; default: the program's while one is traced
+    (:func:`platform_scope`), else JAX's default backend) for a program whose
     float32 dots run at the matmul ``precision`` (``compile(matmul_precision=...)``'s;
     default :attr:`fnnc.config.Config.matmul_precision`): the autotune table's winners
     are looked up under it. An unknown platform or precision name is a
     :class:`~fnnc.errors.ConfigError`."""
-    platform = platform_name(platform, "select_backend")
+    platform = platform_name(platform or _PLATFORM.get(), "select_backend")
     precision = precision or _PRECISION.get()  # a program's, while it is traced
     available = _backends_of(cmd.name, backends._generation)
     cfg = config.get()

@@ -137,7 +137,12 @@ class Program:
                     bad.append(blame(node, outs))
                 return outs
 
-            with dispatch.matmul_precision_scope(matmul_precision):
+            # loop and branch bodies choose their nodes' backends as the top level's
+            # were chosen: at this precision, for this platform
+            with (
+                dispatch.matmul_precision_scope(matmul_precision),
+                dispatch.platform_scope(platform),
+            ):
                 results = tuple(run_nodes(graph, args[:n_in], run_node))
             return (*results, jnp.stack(bad)) if numerics and bad else results
 

@@ -1,0 +1,46 @@
+"""Audit 11 (backend selection and autotuning): regressions found by probing."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.graph import GraphBuilder, compile, scan
+
+
+@pytest.fixture
+def gpu_only_relu():
+    """A relu backend that compiles on GPUs only and adds 100, so its use shows."""
+    fake = ops.Backend(
+        "gpu_only", lambda x: jnp.maximum(x, 0) + 100, ("gpu",), priority=5, interpret_platforms=()
+    )
+    ops.register_backend("relu", fake)
+    yield
+    ops.unregister_backend("relu", "gpu_only")
+
+
+def _relu_then_scanned_relu():
+    body = GraphBuilder()
+    h = body.input((2,))
+    body = body.build([body.exec(ops.relu(), h)])
+    b = GraphBuilder()
+    y = b.exec(ops.relu(), b.input((2,)))
+    (z,) = scan(b, body, [y], length=1)
+    return b.build([y, z])
+
+
+def test_loop_bodies_choose_backends_for_the_platform_the_program_is_compiled_for(
+    gpu_only_relu, monkeypatch
+):
+    # compile(platform=P) chose its top-level nodes for P but a scan body's nodes for JAX's
+    # default backend: a GPU host's compile(platform="cpu") put GPU kernels in the loop.
+    graph, x = _relu_then_scanned_relu(), np.array([-1.0, 2.0], np.float32)
+    relu = lambda v: np.maximum(v, 0)
+    y, z = compile(graph, platform="gpu")(x)
+    np.testing.assert_array_equal(y, relu(x) + 100)
+    np.testing.assert_array_equal(z, relu(relu(x) + 100) + 100)  # the body's too
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # as on a GPU host
+    y, z = compile(graph, platform="cpu")(x)
+    np.testing.assert_array_equal(y, relu(x))
+    np.testing.assert_array_equal(z, relu(x))  # no GPU-only backend in the CPU program
