@@ -83,7 +83,28 @@ def read(path: str | os.PathLike[str] = PATH) -> dict[str, Any]:
             f"got {got}; regenerate it with "
             "`python -m fnnc.ops.measure_defaults`"
         )
+    for kind, per in data["devices"].items():
+        problem = _entries_problem(per)
+        if problem:
+            raise GraphFormatError(
+                f"measured defaults {path}: device {kind!r}: {problem}; expected "
+                "{command: {shape class: backend name}}; regenerate it with "
+                "`python -m fnnc.ops.measure_defaults`"
+            )
     return data
+
+
+def _entries_problem(per: Any) -> str | None:
+    """What is wrong with one device's entries (``None``: ``{command: {class: name}}``)."""
+    if not isinstance(per, dict):
+        return f"got a {type(per).__name__}"
+    for command, classes in per.items():
+        if not isinstance(classes, dict):
+            return f"command {command!r} maps to a {type(classes).__name__}"
+        for cls, name in classes.items():
+            if not isinstance(name, str):
+                return f"command {command!r}, class {cls!r}: backend {name!r} is no name"
+    return None
 
 
 def table() -> Mapping[str, Mapping[str, Mapping[str, str]]]:
