@@ -25,7 +25,7 @@ from fnnc.core import dispatch
 from fnnc.core.evaluate import as_tuple, run_nodes
 from fnnc.core.ir import Graph, Node, require_graph
 from fnnc.core.platforms import platform_name
-from fnnc.errors import CommandError, GraphError, GraphInputError, NumericsError
+from fnnc.errors import BackendError, CommandError, GraphError, GraphInputError, NumericsError
 from fnnc.graph import cpu_libraries
 from fnnc.graph._io import donation_problem, flatten_inputs, unflatten_outputs
 from fnnc.graph.memory import Donate, MemoryPlan, donated_positions, memory_plan
@@ -92,10 +92,15 @@ class Program:
         self.platform = platform
         self.shardings = shardings
         choices = []
-        for node in graph.nodes:
+        for i, node in enumerate(graph.nodes):
             specs = [graph.spec(s) for s in node.inputs]
             # the autotune winners timed under this program's precision, not the config's
-            choices.append(dispatch.select_backend(node.cmd, specs, platform, matmul_precision))
+            try:
+                choices.append(dispatch.select_backend(node.cmd, specs, platform, matmul_precision))
+            except BackendError as e:  # a forced backend that cannot run it: say which node
+                raise BackendError(
+                    f"compile: node {i} ({node.name or node.cmd.name}): {e}"
+                ) from None
         self.backends = tuple(
             (i, node.name or str(node.cmd), b)
             for i, (node, b) in enumerate(zip(graph.nodes, choices))

@@ -16,7 +16,7 @@ from fnnc.core import dispatch
 from fnnc.core.command import Command, Spec
 from fnnc.core.evaluate import as_tuple, run_nodes
 from fnnc.core.ir import Graph, Node
-from fnnc.errors import CommandError, DTypeError, GraphError, ShapeError
+from fnnc.errors import BackendError, CommandError, DTypeError, GraphError, ShapeError
 from fnnc.ops._rules import show
 
 
@@ -38,7 +38,12 @@ def run_graph(graph: Graph, args: Sequence[Any], *, backends: bool = True) -> li
 
     def chosen(index: int, node: Any, inputs: list[Any]) -> tuple[Any, ...]:
         specs = [Spec(tuple(x.shape), x.dtype) for x in inputs]
-        backend = dispatch.select_backend(node.cmd, specs)
+        try:
+            backend = dispatch.select_backend(node.cmd, specs)
+        except BackendError as e:  # a forced backend that cannot run it: say which node
+            raise BackendError(
+                f"sub-graph node {index} ({node.name or node.cmd.name}): {e}"
+            ) from None
         if backend == dispatch.REFERENCE:
             return reference(index, node, inputs)
         return as_tuple(dispatch.forward_of(node.cmd, backend)(*inputs))

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fnnc import ops
+from fnnc import config, ops
+from fnnc.errors import BackendError
 from fnnc.graph import GraphBuilder, compile, scan
 
 
@@ -44,3 +45,25 @@ def test_loop_bodies_choose_backends_for_the_platform_the_program_is_compiled_fo
     y, z = compile(graph, platform="cpu")(x)
     np.testing.assert_array_equal(y, relu(x))
     np.testing.assert_array_equal(z, relu(x))  # no GPU-only backend in the CPU program
+
+
+def test_a_forced_backend_that_declines_names_the_node_top_level_and_in_a_body():
+    # The error named the command and the reason but not which node of the graph.
+    b = GraphBuilder()
+    a, w = b.input((3,), name="a"), b.input((4, 3), name="w")
+    proj = b.exec(ops.gemm(transpose_b=True), a, w, name="proj")
+    body = GraphBuilder()
+    h, bw = body.input((3,)), body.input((3, 3))
+    body = body.build([body.exec(ops.gemm(transpose_b=True), h, bw, name="inner"), bw])
+    looped = GraphBuilder()
+    carry = [looped.input((3,)), looped.input((3, 3))]
+    (c, _) = scan(looped, body, carry, length=1)
+    with config.override(backend_per_command={"gemm": "pallas"}):
+        with pytest.raises(
+            BackendError, match=r"compile: node 0 \(proj\): gemm.*forced .*'pallas'.*vector"
+        ):
+            compile(b.build([proj]), platform="gpu")
+        with pytest.raises(
+            BackendError, match=r"sub-graph node 0 \(inner\): gemm.*forced .*'pallas'.*vector"
+        ):
+            compile(looped.build([c]), platform="gpu")
