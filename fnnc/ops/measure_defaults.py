@@ -33,6 +33,7 @@ import numpy as np
 from fnnc.core import measured
 from fnnc.core.command import Command
 from fnnc.core.dispatch import REFERENCE, as_specs, backends_of, why_not
+from fnnc.core.platforms import platform_name
 from fnnc.ops import autotune
 
 MARGIN = 0.97
@@ -160,9 +161,11 @@ def measure(
 ) -> dict[str, dict[str, str]]:
     """Times every compiled backend of each case (of ``commands`` only, where given);
     returns ``{command: {class: winner}}``; ``repeats`` below 1 is a
-    :class:`~fnnc.errors.BackendError` before anything is timed."""
+    :class:`~fnnc.errors.BackendError` before anything is timed. ``platform`` is spelt
+    as ``compile`` takes it (``"cuda"`` is ``"gpu"``; default JAX's default backend; an
+    unknown name is a :class:`~fnnc.errors.ConfigError`)."""
     autotune.check_repeats(repeats, "measure_defaults")
-    platform = platform or jax.default_backend()
+    platform = platform_name(platform, "measure_defaults")  # 'cuda' matched no backend
     entries: dict[str, dict[str, str]] = {}
     for size in sizes:
         for dtype in dtypes:

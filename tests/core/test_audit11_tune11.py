@@ -2,10 +2,12 @@
 
 import json
 
+import jax.numpy as jnp
 import pytest
 
 from fnnc.core import measured
-from fnnc.errors import GraphFormatError
+from fnnc.errors import ConfigError, GraphFormatError
+from fnnc.ops import measure_defaults
 
 
 @pytest.mark.parametrize(
@@ -35,3 +37,22 @@ def test_the_shipped_file_and_what_write_makes_read_back(tmp_path):
         "Kind": {"gemm": {"bfloat16:large": "xla", "float32:large": "pallas"}}
     }
     assert data["sources"] == {"Kind": "again"}
+
+
+def test_measure_takes_the_platform_names_compile_takes(monkeypatch):
+    # measure(platform="cuda") matched no backend's platforms ("gpu") and silently
+    # measured nothing; a misspelt name did the same.
+    monkeypatch.setattr(
+        measure_defaults.autotune, "median_seconds", lambda fns, repeats: {k: 1.0 for k in fns}
+    )
+    run = dict(
+        sizes=["small"],
+        dtypes=[jnp.bfloat16],
+        make_cases=lambda z, dtype: measure_defaults.cases(z, dtype, specs_only=True)[4:5],
+        log=lambda s: None,
+    )
+    entries = {"scaled_dot_product_attention": {"bfloat16:small": "xla"}}  # timer: all tie
+    assert measure_defaults.measure("gpu", **run) == entries
+    assert measure_defaults.measure("CUDA", **run) == entries
+    with pytest.raises(ConfigError, match="measure_defaults: unknown platform 'gpus'"):
+        measure_defaults.measure("gpus", **run)
