@@ -78,7 +78,8 @@ def references_only() -> bool:
 
 def compiled_forward(cmd: Command, backend: str = REFERENCE) -> Callable[..., Any]:
     """A jitted forward of ``cmd`` on one backend, traced under the matmul precision in
-    force, cached per command value, state and precision. A command holding sub-graphs
+    force (a program's while it is traced, :func:`~fnnc.core.selection.selection_precision`),
+    cached per command value, state and precision. A command holding sub-graphs
     also keys on the configuration in force, :func:`reference_only` and the platform
     of :func:`~fnnc.core.selection.platform_scope` (its nodes' backends are chosen when
     it is traced)."""
@@ -88,7 +89,9 @@ def compiled_forward(cmd: Command, backend: str = REFERENCE) -> Callable[..., An
         cmd,
         backend,
         backends._generation,
-        cfg.matmul_precision,
+        # a program's compile(matmul_precision=...) while it is traced (a command's
+        # forward calling another command), else the configured one
+        selection.selection_precision(),
         _REFERENCE_ONLY.get() if nested else False,
         cfg.serial if nested else 0,
         selection.platform_in_scope() if nested else None,

@@ -1,11 +1,14 @@
 """Audit 11 (backend selection and autotuning): regressions found by probing."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fnnc import config, ops
+from fnnc.core.command import Spec
 from fnnc.errors import BackendError
 from fnnc.graph import GraphBuilder, compile, scan
 
@@ -67,3 +70,19 @@ def test_a_forced_backend_that_declines_names_the_node_top_level_and_in_a_body()
             BackendError, match=r"sub-graph node 0 \(inner\): gemm.*forced .*'pallas'.*vector"
         ):
             compile(looped.build([c]), platform="gpu")
+
+
+def test_a_command_calling_another_runs_it_at_the_programs_matmul_precision(restore_registries):
+    # compiled_forward keyed and traced the inner gemm at the config's precision (float32,
+    # HIGHEST) inside a program compiled at bfloat16, whose own gemm ran at DEFAULT.
+    rule = lambda a, w: Spec((a.shape[0], w.shape[1]), a.dtype)
+    nested = ops.defcommand(family="custom", shape=rule, name="audit11_nested_gemm")(
+        lambda a, w: ops.gemm()(a, w)
+    )
+    b = GraphBuilder()
+    x, w = b.input((4, 4)), b.input((4, 4))
+    graph = b.build([b.exec(nested(), x, w), b.exec(ops.gemm(), x, w)])
+    for precision, jax_name in (("bfloat16", "DEFAULT"), ("float32", "HIGHEST")):
+        text = compile(graph, matmul_precision=precision).lowered_text()
+        found = re.findall(r"stablehlo.dot_general.*precision = \[(\w+), (\w+)\]", text)
+        assert found == [(jax_name, jax_name)] * 2, (precision, found)
