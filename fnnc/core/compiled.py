@@ -79,10 +79,11 @@ def references_only() -> bool:
 def compiled_forward(cmd: Command, backend: str = REFERENCE) -> Callable[..., Any]:
     """A jitted forward of ``cmd`` on one backend, traced under the matmul precision in
     force (a program's while it is traced, :func:`~fnnc.core.selection.selection_precision`),
-    cached per command value, state and precision. A command holding sub-graphs
-    also keys on the configuration in force, :func:`reference_only` and the platform
-    of :func:`~fnnc.core.selection.platform_scope` (its nodes' backends are chosen when
-    it is traced)."""
+    cached per command value, state, precision and the platform of
+    :func:`~fnnc.core.selection.platform_scope` (a forward calling other commands
+    chooses their backends for it). A command holding sub-graphs also keys on the
+    configuration in force and :func:`reference_only` (its nodes' backends are chosen
+    when it is traced)."""
     cfg = config.get()
     nested = _holds_graph(cmd)
     return _compiled(
@@ -94,7 +95,7 @@ def compiled_forward(cmd: Command, backend: str = REFERENCE) -> Callable[..., An
         selection.selection_precision(),
         _REFERENCE_ONLY.get() if nested else False,
         cfg.serial if nested else 0,
-        selection.platform_in_scope() if nested else None,
+        selection.platform_in_scope(),  # a command calling others chooses for it too
     )
 
 

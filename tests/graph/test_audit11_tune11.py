@@ -86,3 +86,20 @@ def test_a_command_calling_another_runs_it_at_the_programs_matmul_precision(rest
         text = compile(graph, matmul_precision=precision).lowered_text()
         found = re.findall(r"stablehlo.dot_general.*precision = \[(\w+), (\w+)\]", text)
         assert found == [(jax_name, jax_name)] * 2, (precision, found)
+
+
+def test_commands_called_inside_other_commands_choose_for_the_programs_platform(
+    gpu_only_relu, restore_registries
+):
+    # outer's forward calls inner eagerly, whose jitted forward calls relu: the jitted
+    # forward was keyed without the platform and chose relu's backend for JAX's default.
+    same = lambda x: Spec(x.shape, x.dtype)
+    inner = ops.defcommand(family="custom", shape=same, name="audit11_inner")(
+        lambda x: ops.relu()(x)
+    )
+    outer = ops.defcommand(family="custom", shape=same, name="audit11_outer")(lambda x: inner()(x))
+    b = GraphBuilder()
+    graph = b.build([b.exec(outer(), b.input((2,)))])
+    x = np.array([-1.0, 2.0], np.float32)
+    np.testing.assert_array_equal(compile(graph, platform="gpu")(x), np.maximum(x, 0) + 100)
+    np.testing.assert_array_equal(compile(graph, platform="cpu")(x), np.maximum(x, 0))
