@@ -52,7 +52,7 @@ from typing import Any
 import jax
 
 from fnnc import config
-from fnnc.core.dispatch import select_backend
+from fnnc.core.dispatch import platform_scope, select_backend
 from fnnc.core.evaluate import as_tuple, run_nodes
 from fnnc.core.ir import Graph, Node
 from fnnc.graph import cpu_libraries
@@ -114,7 +114,9 @@ def autotune_graph(
     """
     platform, device = _autotune.timing_target(platform, repeats, "autotune_graph")
     values = jax.device_put(flatten_inputs(graph, args, "autotune_graph"), device)
-    with jax.default_device(device):  # every program below compiles and runs there
+    # every program below compiles and runs there, its nodes (and the eager calls that
+    # compute each node's inputs) on the backends chosen for that platform
+    with jax.default_device(device), platform_scope(platform):
         return _autotune_graph(graph, values, repeats, platform, retune, check, libraries)
 
 

@@ -39,6 +39,7 @@ from fnnc.core.dispatch import (
     backends_of,
     checked_inputs,
     compiled_forward,
+    platform_scope,
     why_not,
 )
 from fnnc.core.dispatch import table_key as key
@@ -104,13 +105,14 @@ def autotune(cmd: Command, *arrays: Any, repeats: int = 5, platform: str | None 
     platform, device = timing_target(platform, repeats, "autotune")
     arrays, specs, _ = checked_inputs(cmd, arrays)
     gap = any(s is None for s in specs)
-    fns = {
-        name: compiled_forward(cmd, name)
-        for name, backend in backends_of(cmd.name).items()
-        if platform in backend.platforms
-        and not why_not(backend, cmd, specs, platform)
-        and not (gap and name != REFERENCE)
-    }
+    with platform_scope(platform):  # a forward choosing backends chooses for platform
+        fns = {
+            name: compiled_forward(cmd, name)
+            for name, backend in backends_of(cmd.name).items()
+            if platform in backend.platforms
+            and not why_not(backend, cmd, specs, platform)
+            and not (gap and name != REFERENCE)
+        }
     times = median_seconds(fns, *jax.device_put(arrays, device), repeats=repeats)
     winner = min(times, key=times.__getitem__)
     TABLE[key(cmd, specs, platform)] = winner

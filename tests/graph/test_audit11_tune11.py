@@ -11,6 +11,7 @@ from fnnc import config, ops
 from fnnc.core.command import Spec
 from fnnc.errors import BackendError
 from fnnc.graph import GraphBuilder, compile, scan
+from fnnc.graph.autotune import autotune_graph
 
 
 @pytest.fixture
@@ -103,3 +104,28 @@ def test_commands_called_inside_other_commands_choose_for_the_programs_platform(
     x = np.array([-1.0, 2.0], np.float32)
     np.testing.assert_array_equal(compile(graph, platform="gpu")(x), np.maximum(x, 0) + 100)
     np.testing.assert_array_equal(compile(graph, platform="cpu")(x), np.maximum(x, 0))
+
+
+def _no_kernel_here(x):
+    raise RuntimeError("a GPU kernel ran in a CPU program")
+
+
+def test_autotune_graph_computes_node_inputs_with_the_tuned_platforms_backends(monkeypatch):
+    # On a GPU host, autotune_graph(platform="cpu") computed each node's inputs with eager
+    # calls that chose backends for the GPU (JAX's default), running GPU kernels on CPU.
+    gpu = ops.Backend("gpu_kernel", _no_kernel_here, ("gpu",), priority=5, interpret_platforms=())
+    rival = ops.Backend("rival", lambda x: jnp.sqrt(x * x), ("cpu",), priority=0)
+    ops.register_backend("relu", gpu)
+    ops.register_backend("ewabs", rival)
+    try:
+        b = GraphBuilder()
+        graph = b.build([b.exec(ops.ewabs(), b.exec(ops.relu(), b.input((2,))))])
+        monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # as on a GPU host
+        x = np.array([-1.0, 2.0], np.float32)
+        tuned = autotune_graph(graph, x, platform="cpu", repeats=1, check=False, libraries=False)
+        assert set(tuned) == {1} and tuned[1] in ("xla", "rival")
+    finally:
+        ops.unregister_backend("relu", "gpu_kernel")
+        ops.unregister_backend("ewabs", "rival")
+        for key in [k for k in ops.autotune.TABLE if k.startswith("ewabs|")]:
+            del ops.autotune.TABLE[key]
