@@ -5,6 +5,8 @@ per-graph state (the :class:`~.record.Record`, its IR; the plans; gradients and
 optimizer states). What takes more than a few lines lives in helper modules it calls
 explicitly with itself as first argument:
 
+* :mod:`.leaves`: values into leaf versions, variables into reads (``_leaf``,
+  ``_read``, ``_slot``, ``_view_value``);
 * :mod:`.execute`: plans (cached per command and input specs) and the recorded run
   of one command; ``exec`` keeps its fast path here and calls :func:`.execute.run`;
 * :mod:`.versions`: writes, ``set``, ``free``, ``detach`` and ``exec(outputs=...)``;
@@ -26,14 +28,14 @@ import numpy as np
 
 from fnnc.core.dispatch import state as dispatch_state
 from fnnc.core.ir import Graph
-from fnnc.errors import DTypeError, GraphError
+from fnnc.errors import GraphError
 from fnnc.graph._builder_args import without_trailing_none
 from fnnc.graph.passes.pipeline import resolve_passes
 from fnnc.ops import Command
 
-from . import autodiff, cnnp, effects, lazy, optim, steps, versions
+from . import autodiff, cnnp, effects, lazy, leaves, optim, steps, versions
 from . import parallel as dp
-from .execute import Plans, reader, run, run_reads, where
+from .execute import Plans, run, run_reads, where
 from .extract import PROGRAMS, extract
 from .record import Read, Record, Version, View
 from .state_views import StateStore
@@ -152,31 +154,11 @@ class DynamicGraph:
         return Variable(self, slot, view, name)
 
     def _leaf(self, value: Any, grad: bool, name: str = "", where: str = "") -> Version:
-        """A new version holding ``value``; ``where`` (``"variable"``, ``"exec relu:
-        input 0"``) names it in the :class:`DTypeError` for a value that is no array."""
-        if isinstance(value, Variable):
-            value = self.value_of(value)
-        try:
-            arr = value if isinstance(value, jax.Array) else jax.device_put(np.asarray(value))
-        except (TypeError, ValueError) as e:
-            label = f"{where} {name!r}" if name else where or "value"
-            raise DTypeError(
-                f"{label}: got {value!r:.40} ({type(value).__name__}), which is not an "
-                f"array of numbers ({e}); pass a number, a NumPy or JAX array, or a list "
-                "of numbers, e.g. np.asarray(x, np.float32)"
-            ) from None
-        v = self._record.version(tuple(arr.shape), np.dtype(arr.dtype), arr, grad)
-        v.name = name
-        return v
+        """A new version holding ``value`` (:func:`.leaves.leaf`)."""
+        return leaves.leaf(self, value, grad, name, where)
 
     def _scalar_array(self, value: Any, dtype: np.dtype) -> Any:
-        key = (value, dtype)
-        arr = self._scalars.get(key)
-        if arr is None:
-            if len(self._scalars) > 1024:
-                self._scalars.clear()
-            arr = self._scalars[key] = jax.device_put(np.asarray(value, dtype))
-        return arr
+        return leaves.scalar_array(self, value, dtype)
 
     def _handle(self, version: Version, name: str, trainable: bool) -> Variable:
         return Variable(self, Slot(version, name, trainable), None, name)
@@ -297,21 +279,10 @@ class DynamicGraph:
 
     # -- reading ---------------------------------------------------------------
     def _read(self, x: Any, where: str, i: int) -> Read:
-        if isinstance(x, Variable):
-            slot = x._slot
-            if slot is None or x._dg is not self:
-                if slot is None:
-                    self.freed_error(x, where)
-                raise GraphError(f"{where}: input {i} {x.label} belongs to another DynamicGraph")
-            return slot.version, x._view
-        return self._leaf(x, grad=False, where=f"{where}: input {i}"), None
+        return leaves.read(self, x, where, i)
 
     def _slot(self, x: Any, where: str) -> Slot:
-        if not isinstance(x, Variable):
-            raise GraphError(f"{where}: expected a Variable, got {type(x).__name__}")
-        if x._slot is None:
-            self.freed_error(x, where)
-        return x._slot  # type: ignore[return-value]
+        return leaves.slot_of(self, x, where)
 
     def freed_error(self, x: Variable, where: str) -> None:
         """Raises the :class:`GraphError` for using ``x`` after it was freed."""
@@ -329,14 +300,7 @@ class DynamicGraph:
         return v.value if var._view is None else self._view_value(v, var._view)
 
     def _view_value(self, v: Version, view: View) -> Any:
-        if v.views is None:
-            v.views = {}
-        got = v.views.get(view)
-        if got is None:
-            if v.value is None:
-                self.flush()
-            got = v.views[view] = reader(view, v.shape, v.dtype)(v.value)
-        return got
+        return leaves.view_value(self, v, view)
 
     # -- lifetime ----------------------------------------------------------------
     def release(self, slot: Slot) -> None:

@@ -1,0 +1,86 @@
+"""Where user values meet a dynamic graph's record: a value becomes a leaf version
+(a variable's, a constant's, an array passed to ``exec``, a cached scalar), and a
+variable given to a command becomes a read (its slot's version and view), with the
+errors for a value that is no array and for a variable freed or of another graph.
+:class:`~.graph.DynamicGraph`'s ``_leaf``, ``_scalar_array``, ``_read``, ``_slot`` and
+``_view_value`` call these with the graph as first argument."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from fnnc.errors import DTypeError, GraphError
+
+from .execute import reader
+from .record import Read, Version, View
+from .variable import Slot, Variable
+
+if TYPE_CHECKING:
+    from .graph import DynamicGraph
+
+
+def leaf(dg: DynamicGraph, value: Any, grad: bool, name: str = "", where: str = "") -> Version:
+    """A new version holding ``value``; ``where`` (``"variable"``, ``"exec relu:
+    input 0"``) names it in the :class:`DTypeError` for a value that is no array."""
+    if isinstance(value, Variable):
+        value = dg.value_of(value)
+    try:
+        arr = value if isinstance(value, jax.Array) else jax.device_put(np.asarray(value))
+    except (TypeError, ValueError) as e:
+        label = f"{where} {name!r}" if name else where or "value"
+        raise DTypeError(
+            f"{label}: got {value!r:.40} ({type(value).__name__}), which is not an "
+            f"array of numbers ({e}); pass a number, a NumPy or JAX array, or a list "
+            "of numbers, e.g. np.asarray(x, np.float32)"
+        ) from None
+    v = dg._record.version(tuple(arr.shape), np.dtype(arr.dtype), arr, grad)
+    v.name = name
+    return v
+
+
+def scalar_array(dg: DynamicGraph, value: Any, dtype: np.dtype) -> Any:
+    """``value`` as a device scalar of ``dtype``, cached per graph (bounded)."""
+    key = (value, dtype)
+    arr = dg._scalars.get(key)
+    if arr is None:
+        if len(dg._scalars) > 1024:
+            dg._scalars.clear()
+        arr = dg._scalars[key] = jax.device_put(np.asarray(value, dtype))
+    return arr
+
+
+def read(dg: DynamicGraph, x: Any, where: str, i: int) -> Read:
+    """Input ``i`` of a command at ``where``: a variable's version and view, or an
+    array taken as a constant leaf."""
+    if isinstance(x, Variable):
+        slot = x._slot
+        if slot is None or x._dg is not dg:
+            if slot is None:
+                dg.freed_error(x, where)
+            raise GraphError(f"{where}: input {i} {x.label} belongs to another DynamicGraph")
+        return slot.version, x._view
+    return leaf(dg, x, grad=False, where=f"{where}: input {i}"), None
+
+
+def slot_of(dg: DynamicGraph, x: Any, where: str) -> Slot:
+    """The slot of variable ``x`` (errors for anything else and for a freed one)."""
+    if not isinstance(x, Variable):
+        raise GraphError(f"{where}: expected a Variable, got {type(x).__name__}")
+    if x._slot is None:
+        dg.freed_error(x, where)
+    return x._slot  # type: ignore[return-value]
+
+
+def view_value(dg: DynamicGraph, v: Version, view: View) -> Any:
+    """The value ``view`` sees of version ``v`` (computed once, kept on ``v``)."""
+    if v.views is None:
+        v.views = {}
+    got = v.views.get(view)
+    if got is None:
+        if v.value is None:
+            dg.flush()
+        got = v.views[view] = reader(view, v.shape, v.dtype)(v.value)
+    return got
