@@ -22,9 +22,11 @@ w.sqlite: cannot read: no such table: tensors; the file's tables are not NNC's l
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from fnnc.errors import TensorFileError
 
@@ -140,3 +142,23 @@ def translating(path: str, operation: str) -> Iterator[None]:
         yield
     except ERRORS as e:
         raise translate(e, path, operation) from e
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def operation_method(verb: str, *, named: bool = False) -> Callable[[_F], _F]:
+    """Runs a method as one operation: SQLite errors inside name the file and ``verb``
+    (through the object's ``operation(what)``, e.g. :meth:`fnnc.io.TensorFile.operation`;
+    ``named``: ``verb`` followed by the method's first argument, the tensor's name)."""
+
+    def wrap(method: _F) -> _F:
+        @functools.wraps(method)
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            what = f"{verb} tensor {args[0]!r:.80}" if named and args else verb
+            with self.operation(what):
+                return method(self, *args, **kwargs)
+
+        return run  # type: ignore[return-value]
+
+    return wrap
