@@ -21,7 +21,7 @@ Reading writes nothing: a missing file is an empty journal (``steps() == []``, s
 not exist; an SQLite file without the journal table (any other database) is left as it
 is. A damaged manifest (changed after it was saved, not JSON, wrong types, out-of-range
 values, rows it names that the file lacks) raises :class:`CheckpointError` naming the
-file and the step.
+file and the step (reading a step back: :mod:`fnnc.io.checkpoint_reading`).
 
 >>> import os, tempfile
 >>> import numpy as np
@@ -36,49 +36,29 @@ file and the step.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
-import operator
 import os
 import time
 from typing import Any
 
 import numpy as np
 
-from fnnc.errors import CheckpointError, TensorFileError, TensorNotFoundError
+from fnnc.errors import CheckpointError
 from fnnc.io import integrity, tree
+from fnnc.io.checkpoint_reading import FORMAT as FORMAT
+from fnnc.io.checkpoint_reading import VERSION as VERSION
+from fnnc.io.checkpoint_reading import Checkpoint as Checkpoint
+from fnnc.io.checkpoint_reading import JournalReading, parse_manifest, step_number
 from fnnc.io.processes import writes_files
 from fnnc.io.tensor_file import TensorFile
 
-FORMAT, VERSION = "fnnc.checkpoint", 1
 _CREATE = (
     "CREATE TABLE IF NOT EXISTS fnnc_checkpoints "
     "(step INTEGER PRIMARY KEY, created REAL, manifest TEXT, checksum TEXT)"
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class Checkpoint:
-    """One restored step.
-
-    Attributes:
-        step: the training step.
-        state: the saved state, in its saved structure (a dict id -> array when a model
-            with ``parameters()`` was saved).
-        optimizer_state: the saved optimizer state, or ``None``.
-        metadata: the saved JSON metadata, or ``None``.
-        created: the save time (seconds since the epoch).
-    """
-
-    step: int
-    state: Any
-    optimizer_state: Any
-    metadata: Any
-    created: float
-
-
-class Checkpoints:
+class Checkpoints(JournalReading):
     """A checkpoint journal: :meth:`save` steps, :meth:`restore` any retained one.
 
     Args:
@@ -160,7 +140,7 @@ class Checkpoints:
         In a multi-process run every process calls this (a model's state is gathered
         first), and only process 0 writes the file.
         """
-        step = _step(step, self.path)
+        step = step_number(step, self.path)
         if step < 0:  # as sharded checkpoints: a step counts training steps, from 0
             raise CheckpointError(
                 f"checkpoint: step {step} for {self.path}: a saved step is the training step, "
@@ -217,26 +197,6 @@ class Checkpoints:
             conn.execute(query, (step, created, text, checksum))
             self._drop(self._expired(step))
 
-    def restore(
-        self, step: int | None = None, *, like: Any = None, optimizer_like: Any = None
-    ) -> Checkpoint:
-        """The checkpoint of ``step`` (default: the newest) as a :class:`Checkpoint`.
-
-        Args:
-            step: which retained step; ``None`` for the newest.
-            like: a template of the state: its tree structure is used (any pytree,
-                custom nodes included) instead of the saved one; leaves must match.
-            optimizer_like: the same for the optimizer state (e.g. ``opt.init(params)``).
-
-        Raises:
-            CheckpointError: no checkpoints (or no file), an unknown step, a damaged
-                manifest or row, or a NamedTuple class that is not imported and no
-                template.
-            TensorFileError: the file is not SQLite or its pages are damaged.
-        """
-        with self.file.operation(f"restore checkpoint step {step}"), self.file.snapshot():
-            return self._restore(step, like, optimizer_like)  # one committed state
-
     def restore_into(self, model: Any, step: int | None = None) -> Checkpoint:
         """Restores a saved model (parameters, optimizer state, random key, training
         progress) into ``model``, compiled the same way; returns the :class:`Checkpoint`.
@@ -281,7 +241,7 @@ class Checkpoints:
 
     def delete(self, step: int) -> None:
         """Deletes one step (its rows and its manifest) atomically (process 0 only)."""
-        step = _step(step, self.path)
+        step = step_number(step, self.path)
         if step not in self.steps():
             raise CheckpointError(f"checkpoint: no step {step} in {self.path}")
         if writes_files():
@@ -292,62 +252,6 @@ class Checkpoints:
     def _journal(self) -> bool:
         """Whether the file exists and holds the journal table (reading creates neither)."""
         return self.file.exists() and self.file.has_table("fnnc_checkpoints")
-
-    def _restore(self, step: int | None, like: Any, optimizer_like: Any) -> Checkpoint:
-        if step is None:
-            step = self.latest
-            if step is None:
-                why = "" if self.file.exists() else " (the file does not exist; check the path)"
-                raise CheckpointError(f"checkpoint: {self.path} holds no checkpoints{why}")
-        step = _step(step, self.path)
-        row = self._manifest_row(step) if self._journal() else None
-        if row is None:
-            raise CheckpointError(
-                f"checkpoint: no step {step} in {self.path}; retained steps: {self.steps()}"
-            )
-        where = f"checkpoint: step {step} in {self.path}"
-        integrity.check_manifest(where, step, *row)
-        manifest = _manifest(row[1], where)
-        created = row[0]
-        if isinstance(created, bool) or not isinstance(created, (int, float)):
-            raise CheckpointError(f"{where}: its save time is {created!r:.40}, not a number")
-        read = lambda name, shape, dtype: self._row(name, shape, dtype, where)
-        out = []
-        for key, template in (("state", like), ("optimizer", optimizer_like)):
-            if key not in manifest:
-                raise CheckpointError(f"{where}: the manifest has no {key!r} entry; it is damaged")
-            try:
-                value = tree.decode(manifest[key], read, loose=template is not None, where=where)
-            except RecursionError:
-                raise CheckpointError(f"{where}: the {key} is nested too deeply") from None
-            out.append(value if template is None else tree.rebuild(value, template, key))
-        return Checkpoint(step, out[0], out[1], manifest.get("metadata"), float(created))
-
-    def _manifest_row(self, step: int) -> tuple[Any, Any, Any] | None:
-        """``(created, manifest, checksum)`` of ``step`` (checksum ``None`` in files
-        saved before fnnc wrote it), or ``None`` for a step the journal lacks."""
-        conn = self.file.connection
-        checksum = integrity.MANIFEST_COLUMN if integrity.manifest_checksums(conn) else "NULL"
-        query = f"SELECT created, manifest, {checksum} FROM fnnc_checkpoints WHERE step=?"
-        return conn.execute(query, (step,)).fetchone()
-
-    def _row(self, name: str, shape: tuple[int, ...], dtype: np.dtype, where: str) -> np.ndarray:
-        """Row ``name`` as the manifest describes it, exactly (or CheckpointError)."""
-        try:
-            arr = self.file.read(name)
-        except TensorNotFoundError:
-            raise CheckpointError(
-                f"{where}: the manifest names tensor row {name!r}, which the file lacks; the "
-                f"checkpoint is damaged (retained steps: {self.steps()})"
-            ) from None
-        except TensorFileError as e:
-            raise CheckpointError(f"{where}: {e}") from e
-        if arr.dtype != dtype or arr.size != math.prod(shape):
-            raise CheckpointError(
-                f"{where}: row {name!r} holds {arr.dtype}{list(arr.shape)}, the manifest says "
-                f"{dtype}{list(shape)}; the checkpoint is damaged"
-            )
-        return arr.reshape(shape)
 
     def _expired(self, saved: int) -> list[int]:
         if self.keep_last is None and self.keep_every is None:
@@ -371,7 +275,7 @@ class Checkpoints:
                 continue
             try:  # a changed manifest may name rows of other steps: not trusted
                 integrity.check_manifest("", step, *found)
-                names = _row_names(_manifest(found[1], ""))
+                names = _row_names(parse_manifest(found[1], ""))
             except CheckpointError:
                 prefix = f"__ckpt-{step}__["
                 names = [n for n in self.file.names() if str(n).startswith(prefix)]
@@ -395,39 +299,6 @@ def retention(keep_last: Any, keep_every: Any) -> tuple[int | None, int | None]:
             )
         out.append(None if value is None else int(value))
     return out[0], out[1]
-
-
-def _step(step: Any, path: str) -> int:
-    """``step`` as an int SQLite can store (a 64-bit signed integer)."""
-    try:
-        if isinstance(step, (bool, np.bool_)):  # True is no step number
-            raise TypeError
-        step = operator.index(step)
-    except TypeError:
-        raise CheckpointError(
-            f"checkpoint: step {step!r:.40} for {path} is a {type(step).__name__}; give an int"
-        ) from None
-    if not -(2**63) <= step < 2**63:
-        raise CheckpointError(f"checkpoint: step {step} for {path} is outside SQLite's int64 range")
-    return step
-
-
-def _manifest(text: Any, where: str) -> dict[str, Any]:
-    """The manifest JSON of one step, checked to be fnnc's."""
-    try:
-        manifest = json.loads(text)
-    except (TypeError, ValueError, RecursionError) as e:
-        raise CheckpointError(
-            f"{where}: its manifest is not JSON ({type(e).__name__}: {str(e)[:100]}); the "
-            "checkpoint is damaged, restore another step"
-        ) from None
-    kind = (manifest.get("format"), manifest.get("version")) if isinstance(manifest, dict) else ()
-    if kind != (FORMAT, VERSION):
-        raise CheckpointError(
-            f"{where} has an unknown format (expected a JSON object with format "
-            f"{FORMAT!r}, version {VERSION})"
-        )
-    return manifest
 
 
 def _row_names(data: dict[str, Any]) -> list[str]:
