@@ -40,7 +40,7 @@ import numpy as np
 from fnnc import config
 from fnnc.core.files import atomic_write
 from fnnc.core.platforms import platform_name
-from fnnc.errors import ModelError
+from fnnc.errors import ConfigError, ModelError
 from fnnc.graph import interpret
 from fnnc.graph.check import close, draw, max_error
 from fnnc.models.pipeline import Pipeline
@@ -79,8 +79,10 @@ def export(
             by id, the first argument).
         inputs: example inputs or specs (one per model input); default: the shapes the
             model was compiled for.
-        platforms: e.g. ``("cpu", "cuda")``; default: JAX's default backend. For any
-            platform but this process's own, every node takes its XLA reference (a
+        platforms: e.g. ``("cpu", "cuda")`` (one name alone is a tuple of it; names
+            are ``jax.export``'s, in any case; ``"gpu"`` is this machine's GPU platform,
+            ``cuda`` or ``rocm``, where it has one); default: JAX's default backend. For
+            any platform but this process's own, every node takes its XLA reference (a
             kernel chosen here need not lower there).
         check: run the artifact on the example inputs (random ones drawn for the specs
             when only specs or nothing were given) and compare it with ``evaluate``
@@ -98,6 +100,7 @@ def export(
             f"export: batch={batch!r}; expected the name of the symbolic batch dimension "
             "(an identifier such as 'b' or 'batch'), or None to export the example shapes"
         )
+    platforms = _lowering_platforms(platforms)
     specs = _specs(model, inputs)
     if batch is not None and any(not s.shape for s in specs):
         raise ModelError(
@@ -164,6 +167,31 @@ def _graph(model: Any, specs: list[Any], batch: str | None) -> tuple[Any, list[s
         # the same mistake said of the shapes the user gave, not of the one-sample ones
         model.forward_graph(specs, as_evaluated=True)
         raise
+
+
+def _lowering_platforms(platforms: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    """``platforms`` as ``jax.export`` names them: a string alone is one platform (not
+    its letters), names lowercased and deduplicated, ``"gpu"`` this machine's GPU
+    platform (``jax.export`` lowers for ``cuda`` or ``rocm``, not ``gpu``)."""
+    if platforms is None:
+        return None
+    names = [platforms] if isinstance(platforms, str) else list(platforms)
+    out = []
+    for name in names:
+        platform_name(name, "export")  # a ConfigError for a misspelt one
+        name = name.lower()
+        if name == "gpu":
+            if platform_name(None, "export") != "gpu":
+                raise ConfigError(
+                    "export: platforms names 'gpu', which jax.export lowers for as 'cuda' "
+                    "(NVIDIA) or 'rocm' (AMD), and this machine has no GPU to say which; "
+                    "pass 'cuda' or 'rocm'"
+                )
+            name = jax.export.default_export_platform()
+        out.append(name)
+    if not out:
+        raise ConfigError("export: platforms is empty; name one or more, or leave it None")
+    return tuple(dict.fromkeys(out))
 
 
 def _runs_here(platforms: Sequence[str] | None) -> str:
