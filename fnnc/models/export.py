@@ -54,8 +54,15 @@ def _specs(model: Any, inputs: Sequence[Any] | None) -> list[jax.ShapeDtypeStruc
         if not specs:
             raise ModelError(f"export: model {model.describe()} is not compiled; compile it first")
     else:
-        specs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        specs = _examples(inputs)
     return [jax.ShapeDtypeStruct(tuple(np.shape(s)), np.dtype(s.dtype)) for s in specs]
+
+
+def _examples(inputs: Any) -> list[Any]:
+    """The example inputs or specs, one per model input: one array alone is a list of
+    it, and a nested list of numbers is one array (as ``evaluate`` takes them)."""
+    listed = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    return [x if hasattr(x, "shape") and hasattr(x, "dtype") else np.asarray(x) for x in listed]
 
 
 def export(
@@ -220,7 +227,7 @@ def _check(
     parameters: str,
     batch: str | None,
 ) -> None:
-    inputs = [inputs] if inputs is not None and not isinstance(inputs, (list, tuple)) else inputs
+    inputs = None if inputs is None else _examples(inputs)
     given = inputs is not None and all(hasattr(x, "__array__") for x in inputs)
     rng = np.random.default_rng(0)
     xs = [np.asarray(x) for x in inputs] if given else [draw(rng, s) for s in specs]

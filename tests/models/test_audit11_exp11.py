@@ -42,3 +42,12 @@ def test_export_platforms_given_as_one_name_or_in_capitals_are_jax_export_names(
     with pytest.raises(ConfigError, match="platforms is empty"):
         dense.export(None, platforms=())
 
+
+def test_export_takes_an_example_input_given_as_nested_lists(dense):
+    """inputs=[[[...], ...]] (a nested list, as evaluate takes one) was an AttributeError
+    ('list' object has no attribute 'dtype'); it is the example the check runs on."""
+    rows = [[1.0, -2.0, 0.5], [0.0, 3.0, -1.0], [2.0, 2.0, 2.0]]
+    exported = dense.export(None, inputs=[rows])
+    assert exported.in_avals[0].dtype == np.float32
+    x = np.asarray(rows, np.float32)
+    np.testing.assert_allclose(exported.call(x), _numpy(dense, x), rtol=1e-6, atol=1e-6)
