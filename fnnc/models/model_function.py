@@ -114,6 +114,11 @@ class ModelFunction:
                 f"model function: parameters {missing} are missing; pass every id of "
                 f"fn.params ({list(self.params)}), e.g. fn.initial_parameters(model)"
             )
+        if hasattr(keys, "shape") or isinstance(keys, (int, np.integer)):
+            raise ModelError(
+                f"model function: keys is one value ({_shown(keys)}); pass a list of "
+                f"{self.n_keys} random keys, fn(inputs, params, [key])"
+            )
         if len(keys) != self.n_keys:
             raise ModelError(
                 f"model function: the {'training' if self.training else 'test'}-mode forward "
@@ -122,7 +127,7 @@ class ModelFunction:
             )
         inputs = [self._input(i, x) for i, x in enumerate(inputs)]
         values = [self._parameter(i, p, params[p]) for i, p in enumerate(self.params)]
-        keys = [key_bits(k) for k in keys]
+        keys = [self._key(k, key) for k, key in enumerate(keys)]
         try:
             results = run_graph_nnc(self.graph, [*inputs, *values, *keys])
         except TypeError as e:
@@ -170,10 +175,33 @@ class ModelFunction:
             value = jax.numpy.asarray(value, want.dtype)
         return value if pid in self.trainable else jax.lax.stop_gradient(value)
 
+    def _key(self, k: int, key: Any) -> Any:
+        """Random key ``k`` as its key data, checked against the graph's key input (a
+        ModelError, not JAX's 'invalid PRNG key data' from inside a random node)."""
+        bits = key_bits(key)
+        bits = bits if hasattr(bits, "shape") and hasattr(bits, "dtype") else np.asarray(bits)
+        want = self.graph.symbol(self.graph.inputs[self.n_inputs + len(self.params) + k])
+        if (tuple(np.shape(bits)), np.dtype(bits.dtype)) != (tuple(want.shape), want.dtype):
+            raise ModelError(
+                f"model function: random key {k} is {_shown(key)}, but the forward takes "
+                f"one key of {want.dtype}{list(want.shape)} key data; pass "
+                "jax.random.key(seed) (JAX's default implementation) or its "
+                "jax.random.key_data, one per random key (split a key for several)"
+            )
+        return bits
+
     def initial_parameters(self, model: Any) -> dict[str, Any]:
         """The current values of :attr:`params` in ``model`` (copies)."""
         values = model.parameters()
         return {p: values[p] for p in self.params}
+
+
+def _shown(value: Any) -> str:
+    """How key errors show a value: a typed key by its shape and implementation."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:
+        return f"{type(value).__name__} {value!r:.40}"
+    return f"{dtype}{list(np.shape(value))}"
 
 
 def model_function(model: Any, inputs: Sequence[Any], *, training: bool = False) -> ModelFunction:

@@ -1,13 +1,15 @@
 """Audit 11 (exported and serialized computations): Model.export's platforms and
 example inputs, checked against NumPy."""
 
+import re
+
 import jax
 import numpy as np
 import optax
 import pytest
 
-from fnnc.errors import ConfigError
-from fnnc.models import Dense, Input, Model, ReLU
+from fnnc.errors import ConfigError, ModelError
+from fnnc.models import Dense, Dropout, Input, Model, ReLU, model_function
 
 W_ROWS = 3
 
@@ -51,3 +53,35 @@ def test_export_takes_an_example_input_given_as_nested_lists(dense):
     assert exported.in_avals[0].dtype == np.float32
     x = np.asarray(rows, np.float32)
     np.testing.assert_allclose(exported.call(x), _numpy(dense, x), rtol=1e-6, atol=1e-6)
+
+
+def test_model_function_names_a_random_key_it_cannot_take():
+    """A key of another implementation (rbg), a batch of keys, float key data, or one
+    key not in a list reached JAX as 'invalid PRNG key data' / 'bernoulli accepts a
+    single key' / 'len() of unsized object' from inside the graph; now a ModelError."""
+    x = Input()
+    m = Model(x, Dropout(0.5)(Dense(3, name="fc")(x)))
+    xs = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
+    m.compile(xs, loss="mse", minimizer=optax.sgd(0.1))
+    fn = model_function(m, [xs], training=True)
+    params = fn.initial_parameters(m)
+    key = jax.random.key(3)
+    (typed,), _ = fn([xs], params, [key])
+    (bits,), _ = fn([xs], params, [jax.random.key_data(key)])
+    p = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    dense = xs.astype(np.float64) @ p["t-fc-0-0"].T + p["t-fc-0-1"]
+    kept = np.asarray(typed) != 0
+    np.testing.assert_allclose(np.asarray(typed)[kept], 2 * dense[kept], rtol=1e-5)
+    np.testing.assert_array_equal(typed, bits)
+    bad = {
+        "key<rbg>[]": jax.random.key(0, impl="rbg"),
+        "key<fry>[2]": jax.random.split(key, 2),
+        "float32[2]": np.zeros(2, np.float32),
+    }
+    for shown, value in bad.items():
+        with pytest.raises(
+            ModelError, match=rf"random key 0 is {re.escape(shown)}, .* uint32\[2\]"
+        ):
+            fn([xs], params, [value])
+    with pytest.raises(ModelError, match=r"keys is one value .*fn\(inputs, params, \[key\]\)"):
+        fn([xs], params, key)
