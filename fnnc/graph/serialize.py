@@ -49,6 +49,7 @@ from fnnc.graph._serialize_checks import _check_ids, _dims, _dtype, _rule_failur
 from fnnc.graph._serialize_exported import _file_command, _module, _stablehlo
 from fnnc.graph.verify import verify
 from fnnc.io import documents, tree
+from fnnc.io.exported import artifact_hint
 from fnnc.io.sniff import looks_safetensors, looks_sqlite
 from fnnc.ops import Literal
 from fnnc.ops.primitive import Opaque
@@ -399,7 +400,7 @@ def load(path: Any, *, name: str | None = None) -> Graph:
     except (ValueError, RecursionError) as e:  # bad UTF-8 and JSON are ValueErrors
         why = "nested too deeply" if isinstance(e, RecursionError) else f"not JSON: {e}"
         raise GraphFormatError(
-            f"load: {os.fspath(path)} is not an fnnc graph file ({why})"
+            f"load: {os.fspath(path)} is not an fnnc graph file ({why}){artifact_hint(path)}"
         ) from None
     try:
         return from_data(data)

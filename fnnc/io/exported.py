@@ -22,6 +22,7 @@ import os
 import jax
 
 from fnnc.errors import TensorFileError
+from fnnc.io.sniff import looks_exported
 
 
 def load_exported(path: str | os.PathLike[str]) -> jax.export.Exported:
@@ -38,6 +39,22 @@ def load_exported(path: str | os.PathLike[str]) -> jax.export.Exported:
         raise TensorFileError(
             f"{os.fspath(path)}: not a jax.export artifact ({type(e).__name__}: {e})"
         ) from None
+
+
+def artifact_hint(path: str | os.PathLike[str]) -> str:
+    """What a reader of another kind of file (a graph file) adds to its error when
+    ``path`` is a ``jax.export`` artifact, else ``""``; the file is read whole only when
+    its head is a flatbuffer's."""
+    try:
+        if not looks_exported(path):
+            return ""
+        load_exported(path)
+    except TensorFileError:
+        return ""
+    return (
+        ". It is a jax.export artifact (Model.export writes these), not a graph: run it "
+        "with jax.export.deserialize(bytearray(open(path, 'rb').read())).call(...)"
+    )
 
 
 def _argument(label: str, arg: object) -> list[str]:
