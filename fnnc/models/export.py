@@ -114,6 +114,14 @@ def export(
             "export: an input is a scalar, so it has no batch axis; pass batch=None to "
             "export fixed shapes"
         )
+    if batch is not None and len({s.shape[0] for s in specs}) > 1:
+        raise ModelError(
+            f"export: with a symbolic batch ({batch!r}) every input's first axis is that "
+            f"batch, but the example inputs' first axes are {[s.shape[0] for s in specs]} "
+            f"(shapes {[list(s.shape) for s in specs]}); give inputs of one batch size, or "
+            "batch=None to export the example shapes (an input shared by all rows, of 1 "
+            "row, say)"
+        )
     if check and batch is not None and any(s.shape[0] == 0 for s in specs):
         empty = [k for k, s in enumerate(specs) if s.shape[0] == 0]
         raise ModelError(

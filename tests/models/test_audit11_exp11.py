@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from fnnc.errors import ConfigError, ModelError
-from fnnc.models import Dense, Dropout, Input, Model, ReLU, model_function
+from fnnc.models import Add, Dense, Dropout, Input, Model, ReLU, model_function
 
 W_ROWS = 3
 
@@ -85,3 +85,24 @@ def test_model_function_names_a_random_key_it_cannot_take():
             fn([xs], params, [value])
     with pytest.raises(ModelError, match=r"keys is one value .*fn\(inputs, params, \[key\]\)"):
         fn([xs], params, key)
+
+
+def test_export_of_inputs_with_other_first_axes_says_they_are_not_one_batch():
+    """A model whose second input is one row added to every row ([4, 3] and [1, 5])
+    exported with a symbolic batch failed in the check with jax.export's bare 'Input
+    shapes do not match the polymorphic shapes specification' ValueError (with
+    check=False the artifact mapped over that row as a batch); now a ModelError, and
+    the batch=None it suggests gives the NumPy result."""
+    a, b = Input(), Input()
+    m = Model([a, b], Add()(Dense(2, name="fa")(a), b))
+    xa = np.arange(12, dtype=np.float32).reshape(4, 3) / 12
+    xb = np.array([[1.0, -1.0]], np.float32)
+    m.compile([xa, xb], loss="mse", minimizer=optax.sgd(0.1))
+    with pytest.raises(ModelError, match=r"first axes are \[4, 1\].*batch=None"):
+        m.export(None)
+    with pytest.raises(ModelError, match=r"first axes are \[4, 1\]"):
+        m.export(None, check=False)
+    fixed = m.export(None, batch=None)
+    p = {k: np.asarray(v, np.float64) for k, v in m.parameters().items()}
+    want = xa.astype(np.float64) @ p["t-fa-0-0"].T + p["t-fa-0-1"] + xb
+    np.testing.assert_allclose(fixed.call(xa, xb), want, rtol=1e-6, atol=1e-6)
