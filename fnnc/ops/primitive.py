@@ -270,10 +270,49 @@ def exported(*inputs, module, out_specs):
     The file form of a generic ``primitive`` node: :func:`fnnc.graph.save` exports the
     primitive (with its first-order VJP, so the loaded node is differentiable) and
     loading gives this command, whose forward calls the deserialized module. Running it
-    needs no Python code from the file.
+    needs no Python code from the file. Under ``jax.vmap`` it calls the module once per
+    sample (JAX has no batching rule for one), its gradient too.
     """
-    outs = module.value.call(*inputs)
+    outs = _mapped(module.value)(*inputs)
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+@functools.lru_cache(maxsize=128)
+def _mapped(module: jax.export.Exported) -> Any:
+    """``module.call`` that ``jax.vmap`` maps too (one call per sample: JAX has no
+    batching rule for a ``jax.export`` module, so a loaded graph would not map where
+    the traced one did), differentiable as far as the module's VJP orders go."""
+    orders, held = 0, module
+    while held.has_vjp():
+        orders, held = orders + 1, held.vjp()
+    return _per_sample(lambda *xs: tuple(module.call(*xs)), len(module.in_avals), orders)
+
+
+def _per_sample(f: Any, n: int, orders: int) -> Any:
+    """``f`` (of ``n`` arrays, returning a tuple) mapped one sample at a time under
+    ``jax.vmap``, with a ``custom_vjp`` whose backward (``jax.vjp`` of ``f``) is mapped
+    so too, for ``orders`` levels; past those, JAX's own error says the module holds no
+    more."""
+    mapped = jax.custom_batching.sequential_vmap(f)
+
+    @jax.custom_vjp
+    def g(*xs: Any) -> Any:
+        return mapped(*xs)
+
+    def forward(*xs: Any) -> Any:  # differentiated too where g's backward is
+        return (_per_sample(f, n, orders - 1) if orders else mapped)(*xs), xs
+
+    def backward(xs: Any, cts: Any) -> Any:
+        if orders == 0:
+            return jax.vjp(f, *xs)[1](tuple(cts))
+
+        def pullback(*args: Any) -> Any:
+            return tuple(jax.vjp(f, *args[:n])[1](tuple(args[n:])))
+
+        return tuple(_per_sample(pullback, n + len(cts), orders - 1)(*xs, *cts))
+
+    g.defvjp(forward, backward)
+    return g
 
 
 def export_command(

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fnnc.errors import GraphFormatError
-from fnnc.graph import load
+from fnnc.graph import interpret, load, save, trace
 
 
 def test_loading_a_jax_export_artifact_as_a_graph_says_what_it_is(tmp_path):
@@ -27,3 +27,33 @@ def test_loading_a_jax_export_artifact_as_a_graph_says_what_it_is(tmp_path):
     with pytest.raises(GraphFormatError, match="not JSON") as caught:
         load(other)
     assert "jax.export" not in str(caught.value)
+
+
+def _sorted_twice(x):
+    values, order = jax.lax.sort((x, jax.lax.broadcasted_iota(jnp.int32, x.shape, 0)), num_keys=1)
+    return jnp.cumsum(values, axis=0) ** 2, order
+
+
+def test_a_loaded_graph_maps_under_vmap_as_the_traced_one_did(tmp_path):
+    """A traced graph's generic nodes (cumsum, sort with an int output) map under
+    jax.vmap; saved and loaded they are jax.export modules, for which JAX has no
+    batching rule: vmap of the loaded graph failed ('Batching rule for call_exported
+    not implemented'), and so did vmap of its gradient. The oracle is the JAX function
+    itself, under vmap and grad."""
+    x = np.array([3.0, -1.0, 2.0], np.float32)
+    graph = trace(_sorted_twice, x)
+    save(graph, tmp_path / "g.json")
+    loaded = load(tmp_path / "g.json")
+    assert "exported" in {n.cmd.name for n in loaded.nodes}
+    xs = np.stack([x, -2 * x, x[::-1]])
+    got = jax.vmap(lambda a: interpret(loaded, a))(xs)
+    want = jax.vmap(_sorted_twice)(xs)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+    np.testing.assert_array_equal(got[1], want[1])
+    weights = np.array([1.0, -2.0, 0.5], np.float32)
+
+    def loss(run):
+        return jax.grad(lambda a: (run(a)[0] * weights).sum())
+
+    grads = jax.jit(jax.vmap(loss(lambda a: interpret(loaded, a))))(xs)
+    np.testing.assert_allclose(grads, jax.vmap(loss(_sorted_twice))(xs), rtol=1e-5)
