@@ -55,6 +55,14 @@ def _specs(model: Any, inputs: Sequence[Any] | None) -> list[jax.ShapeDtypeStruc
             raise ModelError(f"export: model {model.describe()} is not compiled; compile it first")
     else:
         specs = _examples(inputs)
+        for k, s in enumerate(specs):
+            if not all(isinstance(n, (int, np.integer)) for n in np.shape(s)):
+                raise ModelError(
+                    f"export: example input {k} has the shape {tuple(np.shape(s))}, with a "
+                    "symbolic dimension; inputs= takes concrete shapes (fnnc builds the "
+                    "graph for sizes it knows): give an example batch, and name the "
+                    "symbolic batch with batch= (other sizes stay as the example's)"
+                )
     return [jax.ShapeDtypeStruct(tuple(np.shape(s)), np.dtype(s.dtype)) for s in specs]
 
 

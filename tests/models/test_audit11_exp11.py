@@ -106,3 +106,16 @@ def test_export_of_inputs_with_other_first_axes_says_they_are_not_one_batch():
     p = {k: np.asarray(v, np.float64) for k, v in m.parameters().items()}
     want = xa.astype(np.float64) @ p["t-fa-0-0"].T + p["t-fa-0-1"] + xb
     np.testing.assert_allclose(fixed.call(xa, xb), want, rtol=1e-6, atol=1e-6)
+
+
+def test_export_of_a_symbolic_example_spec_says_to_name_the_batch(dense):
+    """inputs=[ShapeDtypeStruct(symbolic_shape('n, 3'))] was a bare TypeError
+    ('_DimExpr' object cannot be interpreted as an integer); the batch is made symbolic
+    by batch=, which gives an artifact of any row count (NumPy oracle)."""
+    spec = jax.ShapeDtypeStruct(jax.export.symbolic_shape(f"n, {W_ROWS}"), np.float32)
+    with pytest.raises(ModelError, match=r"example input 0 .*symbolic dimension.*batch="):
+        dense.export(None, inputs=[spec])
+    exported = dense.export(None, batch="n", inputs=[jax.ShapeDtypeStruct((4, W_ROWS), np.float32)])
+    assert str(exported.in_avals[0].shape[0]) == "n"
+    x = np.linspace(-1, 1, 5 * W_ROWS, dtype=np.float32).reshape(5, W_ROWS)
+    np.testing.assert_allclose(exported.call(x), _numpy(dense, x), rtol=1e-6, atol=1e-6)
