@@ -219,11 +219,13 @@ def _lowering_platforms(platforms: str | Sequence[str] | None) -> tuple[str, ...
 
 def _runs_here(platforms: Sequence[str] | None) -> str:
     """``"only"``: the artifact is for this process's platform alone; ``"also"``: for it
-    and others; ``"no"``: for others only."""
+    and others; ``"no"``: for others only. ``platforms`` are ``jax.export``'s names
+    (:func:`_lowering_platforms`), compared as such: an artifact for ``rocm`` does not
+    run on ``cuda``, though fnnc calls both ``gpu``."""
     if platforms is None:
         return "only"
-    here = platform_name(None, "export")
-    hits = [platform_name(p, "export") == here for p in platforms]
+    here = jax.export.default_export_platform()
+    hits = [p == here for p in platforms]
     return "only" if all(hits) else "also" if any(hits) else "no"
 
 

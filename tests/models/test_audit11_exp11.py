@@ -119,3 +119,16 @@ def test_export_of_a_symbolic_example_spec_says_to_name_the_batch(dense):
     assert str(exported.in_avals[0].shape[0]) == "n"
     x = np.linspace(-1, 1, 5 * W_ROWS, dtype=np.float32).reshape(5, W_ROWS)
     np.testing.assert_allclose(exported.call(x), _numpy(dense, x), rtol=1e-6, atol=1e-6)
+
+
+def test_export_tells_an_artifact_for_rocm_from_one_for_cuda(monkeypatch):
+    """On an NVIDIA machine platforms=("rocm",) counted as this platform (fnnc names
+    both 'gpu'), so export chose this machine's kernels and ran the check, which
+    jax.export refuses ('exported for platforms (rocm,) but it is used on (cuda,)')."""
+    from fnnc.models import export as export_module
+
+    monkeypatch.setattr(jax.export, "default_export_platform", lambda: "cuda")
+    assert export_module._runs_here(("rocm",)) == "no"
+    assert export_module._runs_here(("cuda",)) == "only"
+    assert export_module._runs_here(("cpu", "cuda")) == "also"
+    assert export_module._runs_here(("cpu", "rocm")) == "no"
