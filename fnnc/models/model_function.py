@@ -185,7 +185,7 @@ class ModelFunction:
             raise ModelError(
                 f"model function: random key {k} is {_shown(key)}, but the forward takes "
                 f"one key of {want.dtype}{list(want.shape)} key data; pass "
-                "jax.random.key(seed) (JAX's default implementation) or its "
+                "a threefry2x32 key, jax.random.key(seed) (JAX's default), or its "
                 "jax.random.key_data, one per random key (split a key for several)"
             )
         return bits
