@@ -34,6 +34,11 @@ def load_exported(path: str | os.PathLike[str]) -> jax.export.Exported:
     try:
         with open(path, "rb") as f:
             blob = bytearray(f.read())
+    except OSError as e:  # missing, a folder, unreadable: not a question of format
+        raise TensorFileError(
+            f"{os.fspath(path)}: cannot read it ({e.strerror or e}); check the path"
+        ) from None
+    try:
         return jax.export.deserialize(blob)
     except Exception as e:  # flatbuffers reports damage as any of several errors
         raise TensorFileError(

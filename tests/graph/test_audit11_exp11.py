@@ -57,3 +57,19 @@ def test_a_loaded_graph_maps_under_vmap_as_the_traced_one_did(tmp_path):
 
     grads = jax.jit(jax.vmap(loss(lambda a: interpret(loaded, a))))(xs)
     np.testing.assert_allclose(grads, jax.vmap(loss(_sorted_twice))(xs), rtol=1e-5)
+
+
+def test_load_exported_of_a_missing_file_or_a_folder_says_so(tmp_path):
+    """load_exported of a missing path said '...: not a jax.export artifact
+    (FileNotFoundError ...)', as if the file were of another kind."""
+    from fnnc.errors import TensorFileError
+    from fnnc.io.exported import load_exported
+
+    for path in (tmp_path / "missing.jax", tmp_path):
+        with pytest.raises(TensorFileError, match=r"cannot read it .*check the path") as caught:
+            load_exported(path)
+        assert "not a jax.export artifact" not in str(caught.value)
+    exported = jax.export.export(jax.jit(jnp.negative))(jax.ShapeDtypeStruct((2,), jnp.float32))
+    (tmp_path / "neg.jax").write_bytes(exported.serialize())
+    x = np.array([1.5, -2.0], np.float32)
+    np.testing.assert_array_equal(load_exported(tmp_path / "neg.jax").call(x), -x)
