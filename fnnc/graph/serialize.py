@@ -225,7 +225,7 @@ def from_data(data: Any) -> Graph:
             f'"{FORMAT}"; got {type(data).__name__}'
             + (f" with format {data.get('format')!r})" if isinstance(data, dict) else ")")
         )
-    if data.get("version") != VERSION:
+    if type(data.get("version")) is not int or data["version"] != VERSION:  # true == 1
         raise GraphFormatError(
             f"load: graph format version {data.get('version')!r}; this fnnc reads version {VERSION}"
         )

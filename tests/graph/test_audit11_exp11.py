@@ -73,3 +73,18 @@ def test_load_exported_of_a_missing_file_or_a_folder_says_so(tmp_path):
     (tmp_path / "neg.jax").write_bytes(exported.serialize())
     x = np.array([1.5, -2.0], np.float32)
     np.testing.assert_array_equal(load_exported(tmp_path / "neg.jax").call(x), -x)
+
+
+def test_a_graph_file_whose_version_is_not_the_integer_1_is_refused():
+    """ "version": true (or 1.0) was read as version 1, since True == 1 in Python."""
+    from fnnc import ops
+    from fnnc.graph import GraphBuilder, from_data, to_data
+
+    b = GraphBuilder()
+    x = b.input((3,), name="x")
+    data = to_data(b.build([b.exec(ops.relu(), x)]))
+    for version in (True, 1.0, "1"):
+        with pytest.raises(GraphFormatError, match=rf"version {version!r}; this fnnc reads"):
+            from_data({**data, "version": version})
+    v = np.array([-1.0, 0.5, 2.0], np.float32)
+    np.testing.assert_array_equal(interpret(from_data(data), v), np.maximum(v, 0))
