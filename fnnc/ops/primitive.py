@@ -283,7 +283,7 @@ def _mapped(module: jax.export.Exported) -> Any:
     batching rule for a ``jax.export`` module, so a loaded graph would not map where
     the traced one did), differentiable as far as the module's VJP orders go."""
     orders, held = 0, module
-    while held.has_vjp():
+    while orders < 3 and held.has_vjp():  # a module not from a file has VJPs without end
         orders, held = orders + 1, held.vjp()
     return _per_sample(lambda *xs: tuple(module.call(*xs)), len(module.in_avals), orders)
 
