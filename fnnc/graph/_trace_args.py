@@ -39,9 +39,11 @@ def _input_names(fn: Callable[..., Any], args: Sequence[Any]) -> list[str]:
 
 def _check_count(fn: Callable[..., Any], args: Sequence[Any]) -> None:
     """Raises :class:`TraceError` when ``fn`` cannot be called on ``len(args)``
-    positional arguments (its own TypeError named no example arguments)."""
+    positional arguments (its own TypeError named no example arguments). The signature
+    is ``fn``'s own, not the one ``functools.wraps`` copies from a function it wraps: a
+    decorator binding an argument takes fewer than the function under it."""
     try:
-        signature = inspect.signature(fn)
+        signature = inspect.signature(fn, follow_wrapped=False)
     except (TypeError, ValueError):
         return  # no signature to check (a builtin): the call itself will say
     try:

@@ -41,6 +41,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from fnnc.core.ir import Graph, require_graph
 from fnnc.errors import GraphError, ShapeError
+from fnnc.graph.sharding_checks import input_position
 
 MODES = ("replicated", "fsdp")
 
@@ -128,13 +129,13 @@ def data_parallel(
     n_params = layout.n_params if layout is not None else 0
     n_state = layout.n_state if layout is not None else 0
     n_scale = layout.n_scale_state if layout is not None else 0
-    params = set(range(n_params)) | {_position(graph, p) for p in parameters}
+    params = set(range(n_params)) | {input_position(graph, p, "data_parallel") for p in parameters}
     state = set(range(n_params, n_params + n_state))
     scale = set(range(len(graph.inputs) - n_scale, len(graph.inputs)))
     if batch is None:
         batch_set = set(range(len(graph.inputs))) - params - state - scale
     else:
-        batch_set = {_position(graph, b) for b in batch}
+        batch_set = {input_position(graph, b, "data_parallel") for b in batch}
     fsdp = parameter_sharding == "fsdp"
     if fsdp and layout is None and not params:
         names = [graph.symbols[s].name or f"%{s}" for s in graph.inputs]
@@ -159,17 +160,6 @@ def data_parallel(
             for k in range(len(graph.outputs))
         )  # the loss, other outputs and scale state (scalars) are replicated
     return Shardings(mesh, tuple(specs), outputs)
-
-
-def _position(graph: Graph, which: int | str) -> int:
-    if isinstance(which, int):
-        if not 0 <= which < len(graph.inputs):
-            raise GraphError(f"data_parallel: input position {which} is out of range")
-        return which
-    names = [graph.symbols[s].name for s in graph.inputs]
-    if which not in names:
-        raise GraphError(f"data_parallel: no input named {which!r}; the inputs are {names}")
-    return names.index(which)
 
 
 def _split_batch(graph: Graph, sid: int, shape: tuple[int, ...], axis: str, size: int) -> Any:

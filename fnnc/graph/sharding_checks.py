@@ -4,9 +4,11 @@ that do not divide (named together), ``specs=`` keys and input positions."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from fnnc.core.ir import Graph
@@ -146,16 +148,23 @@ def known_specs(graph: Graph, specs: Mapping[str, Any]) -> None:
         )
 
 
-def input_position(graph: Graph, which: int | str) -> int:
-    """The position of graph input ``which`` (a position, range-checked, or a name)."""
-    if isinstance(which, int) and not isinstance(which, bool):
+def input_position(graph: Graph, which: int | str, where: str = "sharding rules") -> int:
+    """The position of graph input ``which``: a position (a Python or NumPy int,
+    range-checked) or a name; a bool is neither (True was input 1)."""
+    if isinstance(which, (bool, np.bool_)):
+        raise GraphError(
+            f"{where}: input {which!r} is a bool; name an input by its position (an int) "
+            "or its name"
+        )
+    if isinstance(which, (int, np.integer)):
+        which = operator.index(which)
         if not 0 <= which < len(graph.inputs):  # -1 was the last input, 99 an IndexError
             raise GraphError(
-                f"sharding rules: input position {which} is out of range; the graph has "
+                f"{where}: input position {which} is out of range; the graph has "
                 f"{len(graph.inputs)} inputs (positions 0..{len(graph.inputs) - 1})"
             )
         return which
     names = [graph.symbols[s].name for s in graph.inputs]
     if which not in names:
-        raise GraphError(f"sharding rules: no input named {which!r}; the inputs are {names}")
+        raise GraphError(f"{where}: no input named {which!r}; the inputs are {names}")
     return names.index(which)

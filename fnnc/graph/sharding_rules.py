@@ -120,7 +120,11 @@ class ShardingRules:
         object.__setattr__(self, "layers", tuple(layers))  # a tuple: rules are hashed
         roles = self.roles
         if not isinstance(roles, (tuple, list)) or not all(
-            isinstance(r, (tuple, list)) and len(r) == 2 and isinstance(r[0], str) for r in roles
+            isinstance(r, (tuple, list))
+            and len(r) == 2
+            and isinstance(r[0], str)
+            and (r[1] is None or isinstance(r[1], str))
+            for r in roles
         ):
             raise GraphError(
                 f"sharding rules: roles is {roles!r}; expected pairs (role, mesh axis or "

@@ -317,11 +317,6 @@ def resolve(model: Any, metrics: Any, where: str = "metrics") -> dict[str, Metri
 def _function(name: Any, fn: Any, where: str) -> Function:
     """``{name: fn}`` as a :class:`Function` metric; a name that is no string, or an
     ``fn`` that is not callable, is a :class:`ModelError` now, not after train's epoch."""
-    if not isinstance(name, str) or not name:
-        raise ModelError(
-            f"{where}: a metric's name is a non-empty string (the key of the results and "
-            f"the history), got {name!r} ({type(name).__name__}); pass {{'my_metric': fn}}"
-        )
     if not callable(fn):
         raise ModelError(
             f"{where}: metric {name!r} is {type(fn).__name__} ({fn!r:.40}), not a function; "
@@ -335,7 +330,12 @@ def _add(found: dict[str, Metric], name: str, metric: Metric, where: str) -> Non
     """Adds ``metric`` under ``name``, refusing the names the model's own numbers use:
     ``loss`` (the model's loss, ``val_loss`` in train, which EarlyStopping and the
     checkpoints read) for anything but :class:`MeanLoss`, and ``epoch`` (train's
-    history numbers the epochs under it)."""
+    history numbers the epochs under it), and a name that is no non-empty string."""
+    if not isinstance(name, str) or not name:
+        raise ModelError(
+            f"{where}: a metric's name is a non-empty string (the key of the results and "
+            f"the history), got {name!r} ({type(name).__name__}); pass {{'my_metric': fn}}"
+        )
     if (name == "loss" and not isinstance(metric, MeanLoss)) or name == "epoch":
         whose = "the model's loss (val_loss in train)" if name == "loss" else "the epoch number"
         raise ModelError(

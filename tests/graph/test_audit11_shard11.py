@@ -4,13 +4,20 @@ planned on abstract meshes (no devices)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 from fnnc import ops
 from fnnc.errors import GraphError, ShapeError
-from fnnc.graph import GraphBuilder, ShardingRules, parameter_specs, tensor_parallel
+from fnnc.graph import (
+    GraphBuilder,
+    ShardingRules,
+    data_parallel,
+    parameter_specs,
+    tensor_parallel,
+)
 
 MESH = AbstractMesh((2, 2), ("data", "model"))
 
@@ -57,7 +64,7 @@ def test_parameter_positions_out_of_range_are_named(mlp, position):
 )
 def test_specs_that_are_not_mesh_axis_names_are_refused(mlp, rules):
     with pytest.raises(GraphError, match=r"expected a jax.sharding.PartitionSpec of mesh axis"
-                       r" names|each rule is a pair"):  # fmt: skip
+                       r" names|each rule is a pair|expected pairs \(role, mesh axis"):  # fmt: skip
         parameter_specs(mlp, MESH, rules(), parameters=["fc1", "fc2"])
 
 
@@ -131,6 +138,19 @@ def test_rules_given_as_lists_are_hashable_and_bad_roles_are_named():
     assert hash(rules) == hash(ShardingRules(layers=(("fc2", P()),), roles=MEGATRON_2))
     with pytest.raises(GraphError, match=r"roles is 'column'; expected pairs"):
         ShardingRules(roles="column")
+    with pytest.raises(GraphError, match=r"expected pairs \(role, mesh axis or None\)"):
+        ShardingRules(roles=[("column", ["data", "model"])])  # a list axis: unhashable
+
+
+def test_input_positions_are_ints_or_numpy_ints_never_bools(mlp):
+    """One reading of an input position for parameter_specs and data_parallel: a NumPy
+    int is a position (it was looked up as a name), a bool is refused (True was 1)."""
+    want = parameter_specs(mlp, MESH, parameters=[1, 2])
+    assert parameter_specs(mlp, MESH, parameters=[np.int64(1), np.int32(2)]) == want
+    with pytest.raises(GraphError, match=r"parameter_specs|sharding rules.*bool"):
+        parameter_specs(mlp, MESH, parameters=[True])
+    with pytest.raises(GraphError, match=r"data_parallel: input True is a bool"):
+        data_parallel(mlp, MESH, parameters=[True])
 
 
 MEGATRON_2 = (("column", "model"), ("row", "model"))

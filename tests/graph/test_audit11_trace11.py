@@ -5,6 +5,8 @@ Oracles: JAX's own values and gradients (jax.grad) of the traced function, and N
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -129,3 +131,16 @@ def test_a_wrong_count_of_example_arguments_is_a_trace_error_naming_the_signatur
         trace(lambda x: x, x, x)
     graph = trace(lambda *xs: xs[0] * xs[1], x, x)  # *args takes any count
     np.testing.assert_array_equal(interpret(graph, x, x), x * x)
+
+    def binds_scale(f):  # a decorator taking fewer arguments than the function it wraps
+        @functools.wraps(f)
+        def wrapper(x):
+            return f(x, 2.0)
+
+        return wrapper
+
+    @binds_scale
+    def scaled(x, s):
+        return x * s
+
+    np.testing.assert_array_equal(interpret(trace(scaled, x), x), x * 2.0)

@@ -97,6 +97,9 @@ def test_a_metric_mapping_is_checked_before_train_runs_an_epoch(custom):
         custom.train((X, labels), batch_size=3, metrics={"a": 5}, verbose=False)
     with pytest.raises(ModelError, match=r"score: a metric's name is a non-empty string.* got 3"):
         custom.score(X, labels, metrics={3: lambda o, t: 1.0})
+    for name in (3, ""):  # a Metric object under a bad name too
+        with pytest.raises(ModelError, match=r"score: a metric's name is a non-empty string"):
+            custom.score(X, labels, metrics={name: Accuracy()})
     assert progress(custom).step == step
     for k, v in custom.parameters().items():
         np.testing.assert_array_equal(np.asarray(v), before[k])
