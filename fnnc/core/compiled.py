@@ -24,7 +24,6 @@ from fnnc.core import backends, selection
 from fnnc.core.backends import REFERENCE, _backends_of
 from fnnc.core.command import Command, Spec, output_specs, spec_text
 from fnnc.core.evaluate import disagreement, part_of, results_agree
-from fnnc.core.ir import Graph
 from fnnc.errors import BackendError, CommandError, FnncError
 
 
@@ -81,11 +80,10 @@ def compiled_forward(cmd: Command, backend: str = REFERENCE) -> Callable[..., An
     force (a program's while it is traced, :func:`~fnnc.core.selection.selection_precision`),
     cached per command value, state, precision and the platform of
     :func:`~fnnc.core.selection.platform_scope` (a forward calling other commands
-    chooses their backends for it). A command holding sub-graphs also keys on the
-    configuration in force and :func:`reference_only` (its nodes' backends are chosen
-    when it is traced)."""
+    chooses their backends for it), the configuration in force and
+    :func:`reference_only` (the backends a forward's inner commands or a command's
+    sub-graph nodes get are chosen when it is traced)."""
     cfg = config.get()
-    nested = _holds_graph(cmd)
     return _compiled(
         cmd,
         backend,
@@ -93,22 +91,10 @@ def compiled_forward(cmd: Command, backend: str = REFERENCE) -> Callable[..., An
         # a program's compile(matmul_precision=...) while it is traced (a command's
         # forward calling another command), else the configured one
         selection.selection_precision(),
-        _REFERENCE_ONLY.get() if nested else False,
-        cfg.serial if nested else 0,
+        _REFERENCE_ONLY.get(),
+        cfg.serial,
         selection.platform_in_scope(),  # a command calling others chooses for it too
     )
-
-
-@functools.lru_cache(maxsize=4096)
-def _holds_graph(cmd: Command) -> bool:
-    def holds(value: Any) -> bool:  # a Graph, in a tuple, or in a command (a gradient's)
-        if isinstance(value, tuple):
-            return any(holds(v) for v in value)
-        if isinstance(value, Command):
-            return any(holds(v) for _, v in value.params)
-        return isinstance(value, Graph)
-
-    return any(holds(v) for _, v in cmd.params)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -34,6 +34,7 @@ from fnnc.core import measured
 from fnnc.core.command import Command
 from fnnc.core.dispatch import REFERENCE, as_specs, backends_of, why_not
 from fnnc.core.platforms import platform_name
+from fnnc.core.selection import platform_scope
 from fnnc.ops import autotune
 
 MARGIN = 0.97
@@ -137,7 +138,10 @@ def _ratios(
     for name in (REFERENCE, *rivals):
         for part, fn in _timed(cmd, name, args, diff).items():
             fns[f"{name} {part}"] = fn
-    times = autotune.median_seconds(fns, repeats=repeats)
+    # traced (at their first timed call) choosing for platform: a forward that calls other
+    # commands chose their backends for JAX's default backend
+    with platform_scope(platform):
+        times = autotune.median_seconds(fns, repeats=repeats)
     parts = ("fwd", "fwd+bwd")
     return {
         name: max(times[f"{name} {p}"] / times[f"{REFERENCE} {p}"] for p in parts)

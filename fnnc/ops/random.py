@@ -120,9 +120,10 @@ def random_uniform(key, *, shape, dtype="float32", low=0.0, high=1.0):
         return u
     # 16-bit: drawn in float32 and rounded once, as NNC writes a float draw into a 16-bit
     # tensor (jax.random.uniform in bfloat16 fills its 7-bit mantissa: 128 values in
-    # [0, 1)); a draw that rounds up to high is kept below it
-    y, top = u.astype(dtype), jnp.asarray(high, dtype)
-    below = jnp.maximum(jnp.nextafter(top, jnp.asarray(-jnp.inf, dtype)), jnp.asarray(low, dtype))
+    # [0, 1)); a draw that rounds up to high is kept below it (stepping toward low:
+    # float8_e4m3fn has no -inf, its -inf is NaN)
+    y, top, bottom = u.astype(dtype), jnp.asarray(high, dtype), jnp.asarray(low, dtype)
+    below = jnp.maximum(jnp.nextafter(top, bottom), bottom)
     return jnp.where(y >= top, below, y)
 
 

@@ -56,3 +56,32 @@ def test_measure_takes_the_platform_names_compile_takes(monkeypatch):
     assert measure_defaults.measure("CUDA", **run) == entries
     with pytest.raises(ConfigError, match="measure_defaults: unknown platform 'gpus'"):
         measure_defaults.measure("gpus", **run)
+
+
+def test_a_command_calling_another_follows_a_config_override_after_its_first_call():
+    """The jitted forward of a command whose forward calls ``gemm`` was keyed on the
+    config only for commands holding sub-graphs: after one plain call, a forced gemm
+    backend that cannot run was ignored (a direct gemm call refuses it)."""
+    import numpy as np
+
+    from fnnc import config, ops
+    from fnnc.core.command import Spec, defcommand
+    from fnnc.errors import BackendError
+
+    @defcommand(
+        family="blas",
+        shape=lambda a, b: Spec((a.shape[0], b.shape[1]), a.dtype),
+        name="audit11_twice_gemm",
+    )
+    def twice_gemm(a, b):
+        return ops.gemm()(a, b) * 2
+
+    a = np.ones((2, 3), np.float32)
+    b = np.ones((3, 2), np.float32)
+    np.testing.assert_array_equal(twice_gemm()(a, b), 2 * a @ b)  # the oracle: NumPy
+    with config.override(backend_per_command={"gemm": "nonexistent"}):
+        with pytest.raises(BackendError, match="nonexistent"):
+            ops.gemm()(a, b)
+        with pytest.raises(BackendError, match="nonexistent"):
+            twice_gemm()(a, b)
+    np.testing.assert_array_equal(twice_gemm()(a, b), 2 * a @ b)

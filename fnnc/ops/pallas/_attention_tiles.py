@@ -52,8 +52,8 @@ def tile_logits(
     scale folds into the one multiply every tile already had, as Triton's and
     FlashAttention's kernels do. The exponentials and the scale are most of a tile's
     non-tensor-core instructions, which bound a 16-bit tile at ``D = 64`` on a Hopper
-    GPU as much as its two products do. The row statistics stay in natural log
-    (``lse``), converted once per row."""
+    GPU as much as its two products do. The row statistics are in base 2 too (the max
+    ``m`` and ``log2`` of the sum)."""
     s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     s = s * (cfg.scale * LOG2E)
     keep = None
@@ -75,7 +75,10 @@ def _base2(m: Any) -> Any:
     """A float mask tile times ``log2(e)``, kept finite where it was: a mask at float32's
     lowest (``finfo.min``, the usual "masked" value) overflowed to ``-inf``, so a row
     masked wholly with it attended nothing (zeros) where the reference's softmax of equal
-    logits is uniform (the mean of ``v``). ``-inf`` stays ``-inf``, as in the reference."""
+    logits is uniform (the mean of ``v``). ``-inf`` stays ``-inf``, as in the reference.
+    Every mask value below ``lowest / log2(e)`` (about -2.36e38) becomes ``lowest``, so
+    such values are equal here where the reference still tells them apart: a mask uses
+    one "masked" number, which is exact."""
     lowest = jnp.finfo(jnp.float32).min
     return jnp.where(m == -jnp.inf, m, jnp.maximum(m * LOG2E, lowest))
 

@@ -9,13 +9,11 @@ Semantics are the command's exactly (see :mod:`fnnc.ops.attention`): layout
 - forward, grid ``(B, H, S / bq)``: one query block stays put while key/value blocks
   of ``bk`` stream past; an online softmax keeps the running max ``m`` and sum ``l``
   (masked logits are ``-inf``; a row whose max is still ``-inf`` contributes nothing).
-  It also writes the row statistics, the residual of the backward: the max ``m`` and
-  ``log2(l)``, both in base 2 and both 0 for a row that sees no key. They stay two
-  numbers, not one logsumexp, because ``m + log2(l)`` loses ``log2(l)`` when ``m`` is
-  huge: a row masked wholly with float32's lowest value (the usual "masked" number),
-  whose softmax is uniform, would get probabilities of 1 instead of ``1 / T``.
-  Causal programs stop at their last visible key block, and
-  build the causal mask only for the tiles the diagonal crosses (:func:`walk`).
+  It writes the backward's residual, the row statistics ``m`` and ``log2(l)`` (base 2;
+  0 for a row that sees no key), two numbers because one logsumexp loses ``log2(l)`` at
+  a huge ``m`` (a row masked wholly with float32's lowest number: p = 1, not 1 / T).
+  Causal programs stop at their last visible key block, and build the causal mask
+  only for the tiles the diagonal crosses (:func:`walk`).
 - backward: ``delta = sum(dO * O)`` per row (XLA, a cheap reduction); a dK/dV kernel
   with grid ``(B, Hk, T / bk)`` walks the query blocks of the ``H / Hk`` heads that
   share its key/value head (causal programs start at their first visible query block),

@@ -1,6 +1,6 @@
 """The fused flash-attention backward (``pallas_fused``) against the reference, in
-interpret mode: forward, ``jax.vjp`` (given the forward's ``lse``) and the graph's
-backward (the forward kernel's call again gives ``lse``), on ragged, causal, grouped and
+interpret mode: forward, ``jax.vjp`` (given the forward's softmax statistics) and the
+graph's backward (the forward kernel's call again gives them), on ragged, causal, grouped and
 masked shapes. Interpreted, programs run one after another and dQ's atomic adds are a
 masked read-modify-write; the compiled atomics are checked in ``test_gpu.py``."""
 
@@ -72,8 +72,8 @@ def _launched(fn, *args):
     return sorted(set(re.findall(r"name=(fnnc_flash_attention\w*)", text)))
 
 
-def test_one_backward_kernel_given_lse_and_the_forward_kernels_call_in_a_graph():
-    """``jax.grad`` has the forward's ``lse``: one backward kernel. A graph's gradient node
+def test_one_backward_kernel_given_the_statistics_and_the_forward_kernels_call_in_a_graph():
+    """``jax.grad`` has the forward's statistics: one backward kernel. A graph's gradient node
     has ``O``: it calls the forward kernel again, as the forward node did (XLA merges the
     two calls in one program). A float mask whose gradient is wanted runs the split
     kernels. Every kernel exponentiates in base 2."""
@@ -159,7 +159,8 @@ def test_the_shared_memory_estimate_is_xlas_request_on_the_h200():
     """The fused kernel's tiles at 64 x 64 blocks, 2 stages, float32, D = Dv = 128 sum to
     the bytes XLA asked for, and its limit is XLA's "available". XLA asked 246784 when
     the statistics were one float32 row (a logsumexp); they are two rows now (the max and
-    log2 of the sum), one more row of 64 floats in each of the 2 stages."""
+    log2 of the sum), one more row of 64 floats in each of the 2 stages: extrapolated,
+    not yet re-measured on a GPU."""
     from fnnc.ops.pallas._attention_fused import SHARED_BYTES, shared_bytes
 
     assert shared_bytes(64, 64, 2, 128, 128, 4) == 246784 + 2 * 64 * 4

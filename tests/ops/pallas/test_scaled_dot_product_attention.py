@@ -148,7 +148,7 @@ def test_query_blocks_wider_than_key_blocks_match_reference(name):
 def test_causal_walks_split_at_the_diagonal_for_any_blocks(name, bq, bk):
     """Tiles under the diagonal skip the causal mask: with query blocks wider or narrower
     than key blocks, keys longer or shorter than queries, the split still lands on
-    the diagonal (forward, dQ with and without lse, dK/dV)."""
+    the diagonal (forward, dQ with and without the statistics, dK/dV)."""
     dims, causal, mask_kind, scale = CASES[name]
     args = list(_qkv(*dims))
     if mask_kind == "float":
@@ -179,9 +179,9 @@ SPLIT_SMALL = {
 )
 def test_backward_kernels_with_blocks_of_their_own_match_reference(name, layout):
     """The dQ and dK/dV kernels blocked differently from the forward and from each other
-    (the ``pallas_split`` layout): ``lse`` and ``delta`` pass between them whole, so the
-    forward, both vjps and the graph backward (dQ finding ``lse`` online, or given it
-    where the float mask's gradient is wanted) still match the reference."""
+    (the ``pallas_split`` layout): the statistics and ``delta`` pass between them whole,
+    so the forward, both vjps and the graph backward (dQ finding the statistics online,
+    or given them where the float mask's gradient is wanted) still match the reference."""
     dims, causal, mask_kind, scale = CASES[name]
     args = list(_qkv(*dims))
     if mask_kind == "float":
@@ -262,8 +262,8 @@ def test_the_bq128_backend_in_bfloat16_matches_reference_and_is_never_a_default(
     assert "KiB of shared memory" in why
 
 
-def test_the_graph_backward_finds_lse_in_its_dq_kernel():
-    """A gradient node has O but not lse: the dQ kernel accumulates the statistics online
+def test_the_graph_backward_finds_the_statistics_in_its_dq_kernel():
+    """A gradient node has O but not the statistics: the dQ kernel accumulates the statistics online
     (no statistics-only forward pass), except where the float mask's gradient, written
     tile by tile, is wanted; the values are checked against the reference above."""
     q, k, v = _qkv(1, 40, 40, 2, 2, 16, 16)

@@ -116,9 +116,10 @@ def test_kernel_products_take_the_ambient_matmul_precision(name, policy, want):
 
 
 def test_the_fused_graph_backward_calls_the_forward_kernel_as_the_forward_did():
-    """``pallas_fused``'s graph backward gets ``lse`` from the forward kernel's call, the
-    one the forward node made: same operands, same kernel and settings, only the source
-    location differs, so XLA's common subexpression elimination can merge the two."""
+    """``pallas_fused``'s graph backward gets the softmax statistics from the forward
+    kernel's call, the one the forward node made: same operands, same kernel and
+    settings, only the source location differs, so XLA's common subexpression
+    elimination can merge the two."""
     from fnnc.ops.pallas import scaled_dot_product_attention as kernel
 
     def step(q, k, v, go):
