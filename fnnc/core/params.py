@@ -12,6 +12,7 @@ holds :func:`freeze`, which makes a hyper-parameter hashable.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +76,14 @@ def flag_value(value: Any) -> bool | None:
     if isinstance(value, (int, np.integer)) and value in (0, 1):
         return bool(value)
     return None
+
+
+def is_count(value: Any, least: int = 0) -> bool:
+    """Whether ``value`` is an int (Python or NumPy, not a bool) of at least ``least``:
+    a count or a size a caller gives (``2.0``, ``'2'`` and ``True`` are not)."""
+    return (
+        isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+    ) and value >= least
 
 
 def param_fits(opdef: OpDef, key: str, value: Any) -> bool:

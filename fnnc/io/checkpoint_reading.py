@@ -125,16 +125,22 @@ class JournalReading:
         return arr.reshape(shape)
 
 
-def step_number(step: Any, path: str) -> int:
-    """``step`` as an int SQLite can store (a 64-bit signed integer); else CheckpointError."""
+def as_step(step: Any, what: str, path: str) -> int:
+    """``step`` as an int (Python or NumPy; a bool is no step), else a
+    :class:`CheckpointError` saying ``what`` (``"checkpoint"``) and ``path``."""
     try:
         if isinstance(step, (bool, np.bool_)):  # True is no step number
             raise TypeError
-        step = operator.index(step)
+        return operator.index(step)
     except TypeError:
         raise CheckpointError(
-            f"checkpoint: step {step!r:.40} for {path} is a {type(step).__name__}; give an int"
+            f"{what}: step {step!r:.40} for {path} is a {type(step).__name__}; give an int"
         ) from None
+
+
+def step_number(step: Any, path: str) -> int:
+    """``step`` as an int SQLite can store (a 64-bit signed integer); else CheckpointError."""
+    step = as_step(step, "checkpoint", path)
     if not -(2**63) <= step < 2**63:
         raise CheckpointError(f"checkpoint: step {step} for {path} is outside SQLite's int64 range")
     return step

@@ -7,19 +7,18 @@ barriers that keep the processes of a multi-process run in step; and the on-disk
 from __future__ import annotations
 
 import json
-import operator
 import os
 import shutil
 import time
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 
 from fnnc.errors import CheckpointError
 from fnnc.io import checkpoint_trees as trees
 from fnnc.io import dir_swap
+from fnnc.io.checkpoint_reading import as_step
 from fnnc.io.structure import skeleton
 
 FORMAT, VERSION = "fnnc.sharded_checkpoint", 1
@@ -191,15 +190,7 @@ def _check_json(manifest: dict[str, Any], step: int) -> None:
 
 def step_number(step: Any, path: str) -> int:
     """``step`` as an int >= 0 (else CheckpointError naming the directory ``path``)."""
-    try:
-        if isinstance(step, (bool, np.bool_)):  # True is no step number
-            raise TypeError
-        step = operator.index(step)
-    except TypeError:
-        raise CheckpointError(
-            f"sharded checkpoint: step {step!r:.40} for {path} is a {type(step).__name__}; "
-            "give an int"
-        ) from None
+    step = as_step(step, "sharded checkpoint", path)
     if step < 0:
         raise CheckpointError(f"sharded checkpoint: step {step} for {path}: give an int >= 0")
     return step

@@ -7,7 +7,6 @@ passes with): :data:`IDENTITIES` (``x * 1 -> x``, ...) and constant folding.
 from __future__ import annotations
 
 import functools
-import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +15,7 @@ import numpy as np
 from fnnc.core.command import output_specs
 from fnnc.core.dispatch import REFERENCE, compiled_forward
 from fnnc.core.ir import Graph, Symbol, num_elements, require_graph
+from fnnc.core.params import is_count
 from fnnc.errors import GraphError
 from fnnc.graph.matching import Match
 from fnnc.graph.pattern import Pat
@@ -172,11 +172,7 @@ def fold(graph: Graph, *, max_elements: int = MAX_ELEMENTS) -> Graph:
         max_elements: largest folded output, in elements.
     """
     require_graph(graph, "fold")
-    if (
-        isinstance(max_elements, bool)
-        or not isinstance(max_elements, numbers.Integral)
-        or max_elements < 0
-    ):
+    if not is_count(max_elements, 0):
         raise GraphError(
             f"fold: max_elements is the largest folded output, an int >= 0; got {max_elements!r}"
         )

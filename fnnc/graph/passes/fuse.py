@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from collections.abc import Callable
 
 from fnnc import ops
 from fnnc.core.dtypes import is_floating
 from fnnc.core.ir import AliasSymbol, Graph, Node, Symbol, require_graph
+from fnnc.core.params import is_count
 from fnnc.errors import GraphError
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.matching import GraphSource, Match, match
@@ -273,11 +273,7 @@ def fuse(graph: Graph, *, min_length: int = 2) -> Graph:
         min_length: fewest nodes a fused chain has.
     """
     require_graph(graph, "fuse")
-    if (
-        isinstance(min_length, bool)
-        or not isinstance(min_length, numbers.Integral)
-        or min_length < 1
-    ):
+    if not is_count(min_length, 1):
         raise GraphError(
             f"fuse: min_length is the fewest nodes a chain has, an int >= 1; got {min_length!r}"
         )

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import numbers
 import time
 from collections.abc import Callable, Sequence
 
 from fnnc import config
 from fnnc.core.ir import Graph, require_graph
+from fnnc.core.params import is_count
 from fnnc.errors import FnncError, GraphError
 from fnnc.graph.passes.cse import cse
 from fnnc.graph.passes.dce import dce
@@ -145,11 +145,7 @@ def run_passes(
     """
     require_graph(graph, "run_passes")
     passes = resolve_passes(passes, "run_passes")
-    if (
-        isinstance(max_rounds, bool)
-        or not isinstance(max_rounds, numbers.Integral)
-        or max_rounds < 1
-    ):
+    if not is_count(max_rounds, 1):
         raise GraphError(
             f"run_passes: max_rounds is an int >= 1 (rounds of the passes); got {max_rounds!r}"
         )
