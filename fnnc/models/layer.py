@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fnnc.core.dtypes import is_floating
+from fnnc.core.dtypes import at_least_float32, is_floating
 from fnnc.core.ir import Symbol
 from fnnc.core.params import flag_value
 from fnnc.errors import ModelError as ModelError  # re-exported here for layer authors
@@ -294,9 +294,14 @@ ones = constant_init(1.0)
 
 def normal_init(std: float) -> Initializer:
     def init(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
-        return (std * jax.random.normal(key, shape, _wide(dtype))).astype(dtype)
+        return (std * jax.random.normal(key, shape, _draw_type(dtype))).astype(dtype)
 
     return _drawn(init)
+
+
+def _draw_type(dtype: Any) -> Any:
+    """The type to draw ``dtype``'s values in: float32 for a 16- or 8-bit float, else itself."""
+    return at_least_float32(dtype) if is_floating(dtype) else dtype
 
 
 def uniform_init(bound: float) -> Initializer:
@@ -312,13 +317,7 @@ def uniform_draw(key: jax.Array, shape: tuple[int, ...], dtype: Any, bound: floa
     """``shape`` draws uniform in ``[-bound, bound)`` as ``dtype``, drawn in float32 (or
     wider) and rounded, as NNC's kernels draw a float and write it into a 16-bit tensor:
     drawn in bfloat16 itself, JAX's uniform takes only 128 values (float16: 1024)."""
-    return jax.random.uniform(key, shape, _wide(dtype), -bound, bound).astype(dtype)
-
-
-def _wide(dtype: Any) -> Any:
-    """The type to draw ``dtype``'s values in: float32 for a 16-bit float, else itself."""
-    floating = jnp.issubdtype(dtype, jnp.floating)
-    return jnp.promote_types(dtype, jnp.float32) if floating else dtype
+    return jax.random.uniform(key, shape, _draw_type(dtype), -bound, bound).astype(dtype)
 
 
 def _drawn(init: Initializer) -> Initializer:

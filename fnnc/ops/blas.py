@@ -14,6 +14,7 @@ import numpy as np
 from jax import lax
 
 from fnnc.core.command import NOTHING, Spec, Uses, defcommand
+from fnnc.core.dtypes import at_least_float32, is_floating
 from fnnc.errors import DTypeError
 from fnnc.ops._rules import (
     broadcast,
@@ -199,9 +200,7 @@ def _wide(dtype):
     """The type a scalar product is computed in: float32 for 16- and 8-bit floats, whose
     own rounding of the scalar (0.99 is 0.9883 in bfloat16) would move every result (JAX
     has no promotion path from the float8 types, so it is not asked)."""
-    if not jnp.issubdtype(dtype, jnp.floating):
-        return dtype
-    return dtype if np.dtype(dtype).itemsize >= 4 else np.dtype(np.float32)
+    return at_least_float32(dtype) if is_floating(dtype) else dtype
 
 
 def _times(x, value):
