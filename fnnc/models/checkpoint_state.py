@@ -176,17 +176,24 @@ def restore_into(checkpoints: Any, model: Any, step: int | None = None) -> Any:
     states = _saved_states(where, ckpt.optimizer_state or {}, model)
     engine.set_parameters(saved)  # checks every value before it sets any
     engine._sync_live()  # the running fit's state would otherwise win over the restored one
-    if meta is not None:  # a model's save: its optimizer state is all the run had
-        engine.store.reset()  # a parameter it holds none of starts afresh, as it did then
+    put_run(model, states, meta, key, scale)
+    return ckpt
+
+
+def put_run(model: Any, states: dict[str, Any], train: Any, key: Any, scale: Any) -> None:
+    """Puts a restored step's optimizer ``states`` into ``model`` and, for a model's own
+    save (``train``, its progress entry, not ``None``), its progress, random key and
+    loss scale; such a save's optimizer state is all the run had, so it replaces the
+    whole store (a parameter it holds none of starts afresh, as it did then)."""
+    engine = model.engine
+    if train is not None:
+        engine.store.reset()
     for pid, state in states.items():
         engine.store.put(pid, state)
-    if meta is not None:
-        progress(model).load(meta)
+    if train is not None:
+        progress(model).load(train)
         engine.key = key
         loss_scale.put(engine, scale)
-        if scale is None:  # the run saved none (float32): the policy's initial scale
-            engine.loss_scale_state = None
-    return ckpt
 
 
 def _saved_states(where: str, opt_saved: dict[str, Any], model: Any) -> dict[str, Any]:

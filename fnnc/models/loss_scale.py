@@ -123,15 +123,9 @@ def saved_state(engine: Any, saved: dict[str, Any], where: str) -> ScaleState | 
 
 
 def put(engine: Any, state: ScaleState | None) -> None:
-    """Makes ``state`` (from :func:`saved_state`) the model's; ``None`` changes nothing."""
-    if state is not None:
-        engine.loss_scale_state = jax.tree.map(jax.numpy.asarray, state)
-
-
-def load(engine: Any, saved: dict[str, Any], where: str) -> None:
-    """Restores the scale state of a checkpoint's ``saved`` progress (a model without
-    loss scaling ignores it): :func:`saved_state`, then :func:`put`."""
-    put(engine, saved_state(engine, saved, where))
+    """Makes ``state`` (from :func:`saved_state`) the model's; ``None`` (the run saved
+    none: a float32 one) is the policy's initial state, as in a fresh model."""
+    engine.loss_scale_state = None if state is None else jax.tree.map(jax.numpy.asarray, state)
 
 
 def _host(value: Any) -> Any:

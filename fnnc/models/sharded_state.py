@@ -273,16 +273,7 @@ def _restore_into(checkpoints: Any, model: Any, step: int | None) -> Checkpoint:
             )
     engine.values.update(params)
     engine.place_parameters()
-    if train is not None:  # a model's save: its optimizer state is all the run had
-        engine.store.reset()  # a parameter it holds none of starts afresh, as it did then
-    for pid, state in states.items():
-        engine.store.put(pid, state)
-    if train is not None:
-        progress(model).load(train)
-        engine.key = key
-        loss_scale.put(engine, scale)
-        if scale is None:  # the run saved none (float32): the policy's initial scale
-            engine.loss_scale_state = None
+    gathered.put_run(model, states, train, key, scale)
     return Checkpoint(step, params, states, meta, float(manifest.get("created") or 0.0))
 
 
