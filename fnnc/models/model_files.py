@@ -63,12 +63,16 @@ class FilesMixin:
         """Ids of the parameters of ``of`` (a layer or sub-model of this compiled model;
         the whole model by default), in model order: NNC's
         ``ccv_cnnp_model_parameters(of, select, index)``, e.g. for
-        ``set_minimizer(opt, params=model.parameter_ids(sub))``. ``select``: ``None`` for
-        all (NNC's ALL_PARAMETERS), 0 the weights, 1 the biases (the parameter's index in
-        its layer, as ``CCV_CNNP_PARAMETER_SELECT_WEIGHT`` / ``_BIAS``); ``index``: the
-        ``index``-th of those (a list of one), ``None`` for all. Internals (``r-...``,
-        e.g. running statistics) are not parameters here. A layer of another model, or
-        an ``index`` past the end, is a ``ModelError``."""
+        ``set_minimizer(opt, params=model.parameter_ids(sub))``. ``select``: ``None`` or
+        a negative int for all (NNC's ``ALL_PARAMETERS``, -1), 0 the weights, 1 the biases
+        (the parameter's index in its layer, as ``CCV_CNNP_PARAMETER_SELECT_WEIGHT`` /
+        ``_BIAS``); ``index``: the ``index``-th of those (a list of one), ``None`` or a
+        negative int for all. Internals (``r-...``, e.g. running statistics) are not
+        parameters here. A layer of another model, a ``select`` or ``index`` that is not
+        an int, or an ``index`` past the end, is a ``ModelError``."""
+        where = "the model" if of is None else getattr(of, "describe", lambda: repr(of))()
+        select = _all_or_int(select, "select", where)
+        index = _all_or_int(index, "index", where)
         inside = _layers_in(of)
         owned = [
             pid
@@ -81,7 +85,6 @@ class FilesMixin:
             if not self.engine.infos[pid].internal
             and (select is None or pid.rsplit("-", 1)[-1] == str(select))
         ]
-        where = "the model" if of is None else getattr(of, "describe", lambda: repr(of))()
         if not owned:
             raise ModelError(
                 f"parameter_ids: {where} has no parameters in {self.describe()} (a layer "
@@ -89,7 +92,7 @@ class FilesMixin:
             )
         if index is None:
             return chosen
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(chosen):
+        if index >= len(chosen):
             raise ModelError(
                 f"parameter_ids: index={index!r}, but {where} has {len(chosen)} parameter(s) "
                 f"for select={select!r}: {chosen}"
@@ -241,3 +244,19 @@ def _layers_in(layer: Any) -> set[int]:
                 seen.add(id(io.layer))
                 todo.append(io.layer)
     return seen
+
+
+def _all_or_int(value: Any, what: str, where: str) -> int | None:
+    """``select`` or ``index`` of :meth:`FilesMixin.parameter_ids`: ``None`` for all, as
+    is any negative int (NNC's ``ALL_PARAMETERS``, -1: ``ccv_cnnp_model_parameters``
+    takes every ``< 0`` as all), else the int; a bool, float or string is a
+    :class:`ModelError` (``str(select)`` matched no parameter, so it gave ``[]``)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ModelError(
+            f"parameter_ids: {what}={value!r}, but {what} takes an int (0 the weights, "
+            f"1 the biases for select; a position for index) or None / -1 (NNC's "
+            f"ALL_PARAMETERS) for all; in {where}"
+        )
+    return None if value < 0 else int(value)
