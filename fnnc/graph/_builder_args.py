@@ -14,15 +14,27 @@ import numpy as np
 from fnnc.core.ir import AliasSymbol, Symbol, TensorSymbol, contiguous_strides
 from fnnc.errors import CommandError, DTypeError, GraphError
 
+# Commands whose NNC form takes a nil input as a value: (command, position) -> what to pass.
+_NIL_AS = {
+    ("ewdiv", 0): "a tensor of ones as input 0 (NNC's nil numerator, 1 / b, is "
+    "ewdiv(ones, b)); a scalar constant np.float32(1) broadcasts",
+}
 
-def without_trailing_none(inputs: Sequence[Any], where: str) -> Sequence[Any]:
+
+def without_trailing_none(inputs: Sequence[Any], where: str, command: str = "") -> Sequence[Any]:
     """``inputs`` without trailing ``None`` (optional inputs left out); a ``None``
-    before a given input is an error that says what to pass instead. The builder's
+    before a given input is an error that says what to pass instead (for ``command``'s
+    NNC nil inputs, such as ewdiv's numerator, the value NNC takes). The builder's
     ``exec`` and the dynamic graph's share it."""
     n = len(inputs)
     while n and inputs[n - 1] is None:
         n -= 1
     gap = next((k for k in range(n) if inputs[k] is None), None)
+    if gap is not None and (command, gap) in _NIL_AS:
+        raise CommandError(
+            f"{where}: input {gap} is None but input {n - 1} is given; a graph node can leave "
+            f"out trailing inputs only. Pass {_NIL_AS[command, gap]}"
+        )
     if gap is not None:
         raise CommandError(
             f"{where}: input {gap} is None but input {n - 1} is given; a graph node can leave "

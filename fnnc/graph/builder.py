@@ -298,7 +298,7 @@ class GraphBuilder:
                 f"{type(cmd).__name__}; call the factory to build one"
             )
         where = f"node {name!r} ({cmd.name})" if name else f"node {cmd.name}"
-        inputs = without_trailing_none(inputs, where)
+        inputs = without_trailing_none(inputs, where, cmd.name)
         held = [self._known(s, f"node {name or cmd.name}") for s in inputs]
         if any(s.id in self._deferred for s in held):
             return self._exec_later(cmd, held, outputs, name, where)

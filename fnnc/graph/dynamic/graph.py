@@ -224,7 +224,7 @@ class DynamicGraph:
         else:
             if plan is None:  # the general path: arrays, views, a first use, a mistake
                 at = where(cmd, name)
-                inputs = without_trailing_none(inputs, at)  # optional inputs left out
+                inputs = without_trailing_none(inputs, at, getattr(cmd, "name", ""))
                 reads = [self._read(x, at, i) for i, x in enumerate(inputs)]
                 job: Any = functools.partial(run_reads, self, cmd, reads, name)
             else:
