@@ -390,7 +390,9 @@ def minimizer_ids(params: Any) -> list[str] | None:
     if not isinstance(params, Sequence) or not all(isinstance(p, str) for p in params):
         raise ModelError(
             f"set_minimizer: params={params!r:.60} ({type(params).__name__}); expected a "
-            "parameter id or a list of ids, e.g. params=['t-fc-0-0'] (see model.parameters())"
+            "parameter id or a list of ids, e.g. params=['t-fc-0-0'] (see model.parameters()); "
+            "for a layer's or sub-model's parameters (NNC's ccv_cnnp_model_parameters(layer, "
+            "ALL_PARAMETERS, ALL_PARAMETERS)) pass model.parameter_ids(layer)"
         )
     return list(params)
 

@@ -76,3 +76,13 @@ def test_learn_x_with_y_frozen_by_all_parameters():
     got = model.parameters()
     assert float(got["t-seq-0-mul-0-0-0"][0]) == 1.0
     assert_close(got["t-seq-0-add-0-0-0"], np.float32([2.0 - 0.1 * float(dy)]), rtol=1e-6)
+
+
+def test_set_minimizer_given_a_layer_names_parameter_ids(two_dense):
+    """NNC passes MODEL_IO_LIST(ccv_cnnp_model_parameters(layer, ...)); a porter passing
+    the layer was told only to pass ids; the message names parameter_ids(layer), whose
+    ids set_minimizer then takes (the layer's weight and bias, NNC's ids)."""
+    model, first = two_dense
+    with pytest.raises(ModelError, match=r"pass model.parameter_ids\(layer\)"):
+        model.set_minimizer(minimizers.noop(), params=[first])
+    assert model.parameter_ids(first) == ["t-a-0-0", "t-a-0-1"]
