@@ -140,7 +140,11 @@ class DynamicGraph:
         base: int | None = None,
         name: str = "",
     ) -> Variable:
-        """A view of ``of`` by NNC's alias rule (as :meth:`GraphBuilder.alias`)."""
+        """A view of ``of`` by NNC's alias rule (as :meth:`GraphBuilder.alias`). A stride
+        of all zeros is NNC's ``DIM_ALLOC()``, no stride given: the default (the parent's
+        strides, as ``ccv_nnc_tensor_variable_alias_new`` takes ``stride[0] == 0``)."""
+        if stride is not None and len(stride) and all(_is_zero(s) for s in stride):
+            stride = None
         slot = self._slot(of, "alias")
         parent = of._root_view()
         view = alias_view(
@@ -527,3 +531,8 @@ class DynamicGraph:
     def programs() -> int:
         """How many programs dynamic graphs hold compiled (gradients, updates, flushes)."""
         return len(PROGRAMS)
+
+
+def _is_zero(value: Any) -> bool:
+    """``value == 0`` for an int (NumPy's too); anything else is left to the view checks."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value == 0
