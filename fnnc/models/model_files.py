@@ -24,7 +24,7 @@ import numpy as np
 
 from fnnc.core.ir import unit_axes_apart
 from fnnc.models import checkpoint_state, checks, sharded_state, stacks
-from fnnc.models.layer import ModelError
+from fnnc.models.layer import ModelError, ModelIO
 
 
 class FilesMixin:
@@ -86,9 +86,15 @@ class FilesMixin:
             and (select is None or pid.rsplit("-", 1)[-1] == str(select))
         ]
         if not owned:
+            hint = "pass a layer this model calls"
+            if isinstance(of, ModelIO):  # NNC passes the model, not what it returned
+                made = "a model input" if of.layer is None else of.layer.describe()
+                where, hint = "a ModelIO", f"that is the output of {made}; pass the layer itself"
+            elif isinstance(of, str):
+                hint = "pass the layer object itself, not its name"
             raise ModelError(
                 f"parameter_ids: {where} has no parameters in {self.describe()} (a layer "
-                "of another model, or one without parameters); pass a layer this model calls"
+                f"of another model, or one without parameters); {hint}"
             )
         if index is None:
             return chosen

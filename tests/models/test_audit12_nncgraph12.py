@@ -86,3 +86,15 @@ def test_set_minimizer_given_a_layer_names_parameter_ids(two_dense):
     with pytest.raises(ModelError, match=r"pass model.parameter_ids\(layer\)"):
         model.set_minimizer(minimizers.noop(), params=[first])
     assert model.parameter_ids(first) == ["t-a-0-0", "t-a-0-1"]
+
+
+def test_parameter_ids_of_a_layers_output_says_to_pass_the_layer(two_dense):
+    """A ModelIO (what calling a layer returns) printed its whole repr and said 'a layer
+    of another model'; it now names the layer that made it, whose ids (NNC's) follow."""
+    model, first = two_dense
+    x = Input()
+    with pytest.raises(ModelError, match=r"ModelIO has no .*output of Dense\('a'\); pass the"):
+        model.parameter_ids(first(x))
+    with pytest.raises(ModelError, match=r"'a' has no .*layer object itself, not its name"):
+        model.parameter_ids("a")
+    assert model.parameter_ids(first) == ["t-a-0-0", "t-a-0-1"]
