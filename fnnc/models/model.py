@@ -25,13 +25,14 @@ from fnnc.models import checks
 from fnnc.models.engine import Engine
 from fnnc.models.layer import BuildContext, Layer, ModelError, ModelIO
 from fnnc.models.model_files import FilesMixin
+from fnnc.models.model_gradients import GradientsMixin
 from fnnc.models.model_graphs import GraphsMixin
 from fnnc.models.model_training import TrainingMixin
 from fnnc.models.scale import ScaleMixin
 from fnnc.models.wiring import ios, layers_of, topological
 
 
-class Model(FilesMixin, ScaleMixin, GraphsMixin, TrainingMixin, Layer):
+class Model(FilesMixin, ScaleMixin, GraphsMixin, TrainingMixin, GradientsMixin, Layer):
     """A model from inputs to outputs through layers called on them.
 
     A layer object called twice shares its parameters. A model is itself a layer, so
