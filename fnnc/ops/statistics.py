@@ -88,9 +88,10 @@ def _histogram_rule(x: Spec, boundaries: Spec | None = None, *, type, bins, min,
     elif boundaries is not None:
         raise CommandError(f"histogram: type={type!r} takes no boundaries input; use type='bins'")
     elif type == "even":
-        if bins < 1 or not max > min:
+        if bins < 1 or not np.float32(max) > np.float32(min):
             raise CommandError(
-                f"histogram: even bins need bins >= 1 and max > min, got {bins}, [{min}, {max})"
+                f"histogram: even bins need bins >= 1 and max > min as float32 values (NNC's "
+                f"parameter type), got {bins}, [{min}, {max})"
             )
         if bins + 3 > MAX_COUNTS:
             raise CommandError(
@@ -131,8 +132,11 @@ def histogram(x, boundaries=None, *, type="even", bins=10, min=0.0, max=1.0, rat
     flat = x.reshape(-1).astype(at_least_float32(x.dtype))
     if type == "even":
         nan = jnp.isnan(flat)
-        scale = bins / (max - min)
-        inside = jnp.clip(((flat - min) * scale).astype(jnp.int32) + 1, 1, bins)
+        # NNC's float range = bins / (max - min), each step rounded to float: the double
+        # quotient rounded once moved values within an ulp of a bin edge to its neighbour
+        lo, hi = np.asarray(min, flat.dtype), np.asarray(max, flat.dtype)
+        scale = np.asarray(bins, flat.dtype) / (hi - lo)
+        inside = jnp.clip(((flat - lo) * scale).astype(jnp.int32) + 1, 1, bins)
         slot = jnp.where(flat < min, 0, jnp.where(flat >= max, bins + 1, inside))
         slot = jnp.where(nan, bins + 2, slot)
         counts = jnp.zeros((bins + 3,), jnp.int32).at[slot].add(1)
