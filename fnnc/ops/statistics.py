@@ -12,8 +12,8 @@ layouts (``ccv_nnc_histogram_type_e``):
   entries: entry ``i`` counts values with exactly ``i`` boundaries ``<=`` them, the
   last counts NaNs;
 * ``"logarithmic"``: boundaries ``+-min * rate^i`` below ``max`` on both sides of 0
-  (``2 * ceil(log(max / min) / log(rate)) + 2`` counts), ``"bins"`` with those
-  boundaries.
+  (``2 * ceil(log(max / min) / log(rate)) + 2`` counts, taken in float32 from the
+  float32 min, max and rate as NNC's parameters are), ``"bins"`` with those boundaries.
 
 A histogram returns at most :data:`MAX_COUNTS` counts: a layout that would need more
 (``bins=10**9``, or a logarithmic ``rate`` a hair above 1) is refused before anything
@@ -48,7 +48,8 @@ each: 64 MiB, and the logarithmic boundaries as much again). NNC's own tests
 
 def _log_side(low: float, high: float, rate: float) -> int:
     """How many boundaries ``low * rate^i`` lie below ``high`` (on each side of 0),
-    checked to fit :data:`MAX_COUNTS` before any is made."""
+    checked to fit :data:`MAX_COUNTS` before any is made: NNC's count where its float
+    parameters hold the layout (see :func:`_float_layout`)."""
     if not all(math.isfinite(v) for v in (low, high, rate)):
         raise CommandError(
             "histogram: logarithmic bins need finite min, max and rate, got "
@@ -57,6 +58,8 @@ def _log_side(low: float, high: float, rate: float) -> int:
     ratio = high / low
     span = math.log(ratio) if math.isfinite(ratio) else math.log(high) - math.log(low)
     side = math.ceil(span / math.log(rate))
+    floats = None if 2 * side + 2 > MAX_COUNTS else _float_layout(low, high, rate)
+    side = side if floats is None else floats[2]
     if 2 * side + 2 > MAX_COUNTS:
         raise CommandError(
             f"histogram: logarithmic bins with min={low}, max={high}, rate={rate} need "
@@ -66,8 +69,28 @@ def _log_side(low: float, high: float, rate: float) -> int:
     return side
 
 
+def _float_layout(low: float, high: float, rate: float) -> tuple[float, float, int] | None:
+    """``(min, rate, side)`` as NNC computes them from its float parameters:
+    ``upper_range = ceilf(logf(max / min) * log_base)`` with ``log_base = 1.0 /
+    logf(rate)``, every step a C float (histogram_cpu_ref.c); a double count differed
+    (rate=1.001 over [1e-12, 1e20): 147,442 counts, NNC's 147,436). ``None`` where the
+    floats cannot hold the layout (min, max, rate or max / min not a normal float, or
+    rate rounding to 1): the double layout stands there."""
+    f32 = np.float32
+    with np.errstate(all="ignore"):
+        lo, hi, r = f32(low), f32(high), f32(rate)
+        ratio = hi / lo
+        usable = all(np.isfinite(v) and v >= np.finfo(f32).tiny for v in (lo, hi, ratio))
+        if not (usable and r > 1):
+            return None
+        log_base = f32(1.0 / float(np.log(r)))
+        return float(lo), float(r), int(np.ceil(np.log(ratio) * log_base))
+
+
 def _log_bounds(low: float, high: float, rate: float) -> np.ndarray:
     side = _log_side(low, high, rate)
+    floats = _float_layout(low, high, rate)
+    low, rate = (low, rate) if floats is None else floats[:2]
     # rate^i alone overflows float64 where low is tiny (1e-300 * 2^1100 is finite): the
     # bound is then taken through logarithms; float32 makes such bounds inf either way.
     with np.errstate(over="ignore"):

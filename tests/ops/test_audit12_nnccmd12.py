@@ -49,3 +49,43 @@ def test_even_histogram_refuses_a_range_empty_in_float32():
     """NNC stores min and max as floats and asserts max > min: 1 and 1 + 1e-9 are one float."""
     with pytest.raises(CommandError, match="float32"):
         ops.histogram(bins=4, min=1.0, max=1.0 + 1e-9)(np.ones(3, f32))
+
+
+def _nnc_log_counts(x: np.ndarray, lo: float, hi: float, rate: float) -> np.ndarray:
+    """histogram_cpu_ref.c's logarithmic layout and binning, every step a C float:
+    ``upper_range = ceilf(logf(max / min) * log_base)``, ``log_base = 1.0 / logf(rate)``,
+    and ``idx = ceilf(logf(|v| * min_inv) * log_base)`` from the middle count."""
+    mn, mx, r = f32(lo), f32(hi), f32(rate)
+    log_base = f32(1.0 / float(np.log(r)))
+    side = int(np.ceil(np.log(mx / mn) * log_base))
+    min_inv = f32(1.0 / float(mn))
+    counts = np.zeros(2 * side + 2, np.int64)
+    for v in x.astype(f32).ravel():
+        if np.isnan(v):
+            counts[2 * side + 1] += 1
+        elif v >= mx:
+            counts[2 * side] += 1
+        elif v <= -mx:
+            counts[0] += 1
+        elif -mn < v < mn:
+            counts[side] += 1
+        else:
+            idx = int(np.ceil(np.log(f32(abs(v) * min_inv)) * log_base))
+            idx = side + idx if v > 0 else side - idx
+            counts[min(max(idx, 0), 2 * side)] += 1
+    return counts
+
+
+def test_logarithmic_histogram_has_nncs_float_count_and_bins():
+    """rate=1.001 over [1e-12, 1e20]: NNC's float layout has 2 * 73717 + 2 counts, the
+    double ceil(log(max / min) / log(rate)) gave 73720 a side; values away from the
+    bin edges (mid-bin in log space) land in NNC's bins."""
+    lo, hi, rate = 1e-12, 1e20, 1.001
+    side = 73717
+    rng = np.random.default_rng(0)
+    mid = f32(lo) * f32(rate) ** (rng.integers(1, side, 40) - 0.5)
+    x = np.concatenate([mid, -mid[:20], [0.0, 5e-13, 2e20, -3e20, np.nan]]).astype(f32)
+    counts, _ = ops.histogram(type="logarithmic", min=lo, max=hi, rate=rate)(x)
+    want = _nnc_log_counts(x, lo, hi, rate)
+    assert want.shape == (2 * side + 2,)
+    np.testing.assert_array_equal(np.asarray(counts), want)
