@@ -89,3 +89,101 @@ def test_logarithmic_histogram_has_nncs_float_count_and_bins():
     want = _nnc_log_counts(x, lo, hi, rate)
     assert want.shape == (2 * side + 2,)
     np.testing.assert_array_equal(np.asarray(counts), want)
+
+
+# forward.tests.c: "convolution transpose of 3x3 on 2x2 with given weights ...". Each case:
+# (groups, filters, stride, NCHW, NNC's expected output). The input is ones [2, 2, 2], the
+# weight 0..17 in NNC's layout ([in, kh, kw, F/G] NHWC, [in, F/G, kh, kw] NCHW), the bias
+# ones, the hint border 0.
+_CONVT = {
+    "group of 2": (
+        2,
+        2,
+        1,
+        False,
+        [
+            [1, 10, 2, 20, 4, 22, 3, 12],
+            [4, 22, 9, 45, 13, 49, 8, 26],
+            [10, 28, 21, 57, 25, 61, 14, 32],
+            [7, 16, 14, 32, 16, 34, 9, 18],
+        ],
+    ),
+    "group of 2, stride of 2": (
+        2,
+        2,
+        2,
+        False,
+        [
+            [1, 10, 2, 11, 3, 21, 2, 11, 3, 12],
+            [4, 13, 5, 14, 9, 27, 5, 14, 6, 15],
+            [7, 25, 9, 27, 17, 53, 9, 27, 11, 29],
+            [4, 13, 5, 14, 9, 27, 5, 14, 6, 15],
+            [7, 16, 8, 17, 15, 33, 8, 17, 9, 18],
+        ],
+    ),
+    "NCHW": (
+        1,
+        1,
+        1,
+        True,
+        [[10, 21, 25, 14], [25, 53, 61, 33], [37, 77, 85, 45], [22, 45, 49, 26]],
+    ),
+    "group of 2, NCHW": (
+        2,
+        2,
+        1,
+        True,
+        [
+            [1, 2, 4, 3],
+            [4, 9, 13, 8],
+            [10, 21, 25, 14],
+            [7, 14, 16, 9],
+            [10, 20, 22, 12],
+            [22, 45, 49, 26],
+            [28, 57, 61, 32],
+            [16, 32, 34, 18],
+        ],
+    ),
+    "group of 2, stride of 2, NCHW": (
+        2,
+        2,
+        2,
+        True,
+        [
+            [1, 2, 3, 2, 3],
+            [4, 5, 9, 5, 6],
+            [7, 9, 17, 9, 11],
+            [4, 5, 9, 5, 6],
+            [7, 8, 15, 8, 9],
+            [10, 11, 21, 11, 12],
+            [13, 14, 27, 14, 15],
+            [25, 27, 53, 27, 29],
+            [13, 14, 27, 14, 15],
+            [16, 17, 33, 17, 18],
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", _CONVT)
+def test_convolution_transpose_with_given_weights(case):
+    """NNC's expected outputs, bit for bit. The command is channels-last; an NCHW case runs
+    on transposed input, weight ([in, F/G, kh, kw] -> [in, kh, kw, F/G]) and output."""
+    groups, filters, stride, nchw, want = _CONVT[case]
+    a = np.ones((2, 2, 2), f32)
+    w = np.arange(18, dtype=f32)
+    w = (
+        w.reshape(2, filters // groups, 3, 3).transpose(0, 2, 3, 1)
+        if nchw
+        else w.reshape(2, 3, 3, -1)
+    )
+    cmd = ops.convolution_transpose(strides=stride, padding=0, groups=groups)
+    y = np.asarray(cmd(a, w, np.ones(filters, f32)))
+    side = (2 - 1) * stride + 3  # NNC's output size, border 0
+    want = np.asarray(want, f32)
+    want = (
+        want.reshape(filters, side, side).transpose(1, 2, 0)
+        if nchw
+        else want.reshape(side, side, filters)
+    )
+    np.testing.assert_array_equal(y, want)
