@@ -196,7 +196,12 @@ def _mish_backward(grads, inputs, outputs):
 def softmax(x, *, axis=-1):
     """``exp(x) / sum(exp(x))`` along ``axis`` (computed stably). A 16-bit x is computed
     in float32 and the output rounded once: over more than 65504 classes float16's sum
-    of exponentials overflowed and every probability came out 0."""
+    of exponentials overflowed and every probability came out 0.
+
+    NNC's ``CMD_SOFTMAX_FORWARD()`` has no axis: it normalises a tensor of rank 3 or
+    more over every axis but the first (each batch row as one distribution); fnnc's
+    default is the last axis (what attention and classifier heads mean). For NNC's
+    reading, reshape to ``[N, -1]`` first (``ops.reshape``) and back after."""
     return jax.nn.softmax(_widen(x), axis=axis).astype(x.dtype)
 
 
