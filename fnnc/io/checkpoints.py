@@ -135,7 +135,8 @@ class Checkpoints(JournalReading):
                 :meth:`restore_into` (any object with ``checkpoint_state(row, metadata,
                 step)``, which :class:`fnnc.models.Model` implements).
             optimizer_state: e.g. an Optax state; restored in the same structure.
-            metadata: anything JSON can hold (loss, epoch, config); a dict with a model.
+            metadata: anything JSON can hold (loss, epoch, config; NumPy and JAX scalars
+                are stored as Python numbers); a dict with a model.
 
         In a multi-process run every process calls this (a model's state is gathered
         first), and only process 0 writes the file.
@@ -147,7 +148,7 @@ class Checkpoints(JournalReading):
                 "an int >= 0 (e.g. model.train_progress.step)"
             )
         prefix = f"__ckpt-{step}__["
-        source = "pytree"
+        source, metadata = "pytree", tree.plain_metadata(metadata)
         row = lambda label: f"{prefix}{label}]"
         if callable(getattr(state, "checkpoint_state", None)):  # a model: everything to resume
             if optimizer_state is not None:

@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 
 from fnnc.errors import CheckpointError
 from fnnc.io import checkpoint_trees as trees
-from fnnc.io import dir_swap
+from fnnc.io import dir_swap, tree
 from fnnc.io.checkpoint_reading import as_step
 from fnnc.io.structure import skeleton
 
@@ -56,7 +56,7 @@ class ShardedSaving:
                 or any object with ``parameters() -> dict[str, array]``, saved as
                 that dict (restored as one, keyed by parameter id).
             optimizer_state: e.g. an Optax state (not with a model: it saves its own).
-            metadata: anything JSON can hold.
+            metadata: anything JSON can hold (NumPy and JAX scalars as Python numbers).
 
         A save waits for every restore of another process or job that holds
         :meth:`reading` on this directory; in a multi-process run the other processes
@@ -64,7 +64,7 @@ class ShardedSaving:
         restores (an evaluator) shorter than it.
         """
         step = step_number(step, self._path)
-        source = "pytree"
+        source, metadata = "pytree", tree.plain_metadata(metadata)
         if callable(getattr(state, "sharded_checkpoint_state", None)):
             if optimizer_state is not None:
                 raise CheckpointError(

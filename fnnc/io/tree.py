@@ -164,6 +164,21 @@ def decode(
     return dec(data, 0)
 
 
+def plain_metadata(metadata: Any) -> Any:
+    """``metadata`` with NumPy and JAX scalars (``np.float32(0.5)``, the 0-d loss
+    ``fit`` returns) as the Python numbers JSON holds, inside dicts, lists and tuples;
+    everything else is left for ``json.dumps`` to take or refuse."""
+    if isinstance(metadata, dict):
+        return {k: plain_metadata(v) for k, v in metadata.items()}
+    if isinstance(metadata, (list, tuple)):
+        return [plain_metadata(v) for v in metadata]
+    if isinstance(metadata, np.generic):
+        return metadata.item()
+    if isinstance(metadata, (np.ndarray, jax.Array)) and metadata.ndim == 0:
+        return metadata.item()
+    return metadata
+
+
 def _short(x: Any) -> str:
     text = repr(x)
     return text if len(text) <= 80 else text[:77] + "..."

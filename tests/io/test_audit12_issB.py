@@ -1,0 +1,49 @@
+"""Audit 12 (issues 5, 6, 15, 16, 29): persistence as a user writes it."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fnnc.errors import CheckpointError
+from fnnc.io import Checkpoints, ShardedCheckpoints
+
+
+def test_checkpoint_metadata_takes_numpy_and_jax_scalars_as_python_numbers(tmp_path):
+    """``save(step, state, metadata={"loss": loss})`` with the 0-d loss ``fit`` returns
+    (a JAX array) or NumPy scalars was refused as 'not JSON'; the oracle is ``.item()``."""
+    loss = jnp.sum(jnp.ones(3, jnp.float32)) / 4  # what fit returns: a 0-d jax.Array
+    meta = {
+        "loss": loss,
+        "lr": np.float32(0.25),
+        "epoch": np.int64(3),
+        "ok": np.bool_(True),
+        "hist": [np.float16(0.5), jnp.int32(7)],
+        "pair": (np.uint8(2), 1.5),
+    }
+    want = {
+        "loss": 0.75,
+        "lr": 0.25,
+        "epoch": 3,
+        "ok": True,
+        "hist": [0.5, 7],
+        "pair": [2, 1.5],
+    }
+    with Checkpoints(tmp_path / "run.ckpt") as ckpt:
+        ckpt.save(1, {"w": np.ones(2, np.float32)}, metadata=meta)
+        ckpt.save(2, {"w": np.ones(2, np.float32)}, optax.sgd(0.1).init({}), meta)
+        got = ckpt.restore(1).metadata
+        assert got == want and type(got["epoch"]) is int and type(got["ok"]) is bool
+        assert {k: ckpt.restore(2).metadata[k] for k in want} == want
+        with pytest.raises(CheckpointError, match="not JSON"):  # non-finite: still refused
+            ckpt.save(3, {"w": np.ones(2, np.float32)}, metadata={"loss": np.float32("nan")})
+        assert ckpt.steps() == [1, 2]
+
+
+def test_sharded_checkpoint_metadata_takes_numpy_scalars(tmp_path):
+    """ShardedCheckpoints follows the same rule as Checkpoints."""
+    with ShardedCheckpoints(tmp_path / "run") as ckpt:
+        ckpt.save(1, {"w": np.ones(2, np.float32)}, metadata={"loss": np.float32(0.5)})
+        assert ckpt.restore(1).metadata == {"loss": 0.5}
