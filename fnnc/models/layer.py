@@ -155,7 +155,9 @@ class Layer:
 
     Attributes:
         name: the layer's name (parameter ids use it); may be empty.
-        is_trainable: True, False, or None to inherit from the enclosing model.
+        is_trainable: True, False, or None to inherit from the enclosing model (also
+            given as ``"inherit"`` or NNC's ``-1``; NNC's ints 1 and 0 are True and
+            False); anything else is a :class:`ModelError`.
         owns_parameters: (class) whether layers of this kind own parameters or
             internals, as NNC's model kinds with ``add_to_parameter``: an unnamed one
             then takes a number in ids even when an instance makes none (a layer norm
@@ -183,6 +185,26 @@ class Layer:
             raise ModelError(
                 f"layer {self.describe()}: unknown keyword argument(s) {given}; "
                 f"{type(self).__name__} takes {', '.join(self.keyword_arguments())}.{hint}"
+            )
+
+    @property
+    def is_trainable(self) -> bool | None:
+        """True, False, or None (inherit from the enclosing model)."""
+        return self._is_trainable
+
+    @is_trainable.setter
+    def is_trainable(self, value: Any) -> None:
+        if value is None or (isinstance(value, str) and value == "inherit"):
+            self._is_trainable = None
+        elif isinstance(value, (bool, np.bool_)):
+            self._is_trainable = bool(value)
+        elif isinstance(value, (int, np.integer)) and int(value) in (-1, 0, 1):
+            self._is_trainable = None if int(value) == -1 else bool(value)  # NNC's ints
+        else:
+            raise ModelError(
+                f"layer {type(self).__name__}({self.name!r}): is_trainable={value!r:.40} "
+                f"({type(value).__name__}); expected True, False, or None (or 'inherit') "
+                "to inherit from the enclosing model"
             )
 
     @classmethod
