@@ -109,6 +109,8 @@ class TrainingMixin:
         statistics) they are a :class:`~fnnc.errors.ModelError`. Data parallel over several
         processes, each passes its own rows (as many as the others) and gets the
         outputs of every process's rows, process 0's first (:mod:`fnnc.models.processes`)."""
+        is_test = _flag(self, "evaluate", "is_test", is_test)
+        requires_grad = _flag(self, "evaluate", "requires_grad", requires_grad)
         return self.engine.evaluate(_arrays(inputs), is_test=is_test, requires_grad=requires_grad)
 
     def score(
@@ -248,6 +250,7 @@ class TrainingMixin:
         new learning rate each epoch) the ids given their own minimizer keep it, as
         NNC's ``ccv_cnnp_model_set_minimizer`` re-applies them; ``reset=True`` with no
         ``params`` drops them too, so every parameter takes ``minimizer`` afresh."""
+        reset = _flag(self, "set_minimizer", "reset", reset)
         self.engine.set_minimizer(minimizer, reset=reset, params=params)
 
     # -- memory (NNC's ccv_cnnp_model_set_memory_* / _gradient_checkpointing) --------
@@ -362,6 +365,9 @@ class TrainingMixin:
         from fnnc.models.training import train
 
         batch_size = check_batch_size(batch_size, "train")  # before resume restores anything
+        stop_on_nan = _flag(self, "train", "stop_on_nan", stop_on_nan)
+        verbose = _flag(self, "train", "verbose", verbose)
+        progress = None if progress is None else _flag(self, "train", "progress", progress)
         return train(
             self, data, epochs=epochs, batch_size=batch_size, validation=validation,
             metrics=metrics, callbacks=callbacks, resume=resume, seed=seed,
@@ -373,6 +379,19 @@ class TrainingMixin:
 def _arrays(value: Any) -> list[Any]:
     """A list of arrays from one array or a list/tuple of them."""
     return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _flag(model: Any, method: str, arg: str, value: Any) -> bool:
+    """``value`` of a switch argument as a bool (True, False, NumPy's, NNC's 1/0); anything
+    else is a ModelError, since ``bool("false")`` is True (``reset="no"`` would drop the
+    optimizer state, ``is_test="false"`` would run in test mode)."""
+    meant = flag_value(value)
+    if meant is None:
+        raise ModelError(
+            f"{model.describe()}: {method}({arg}=...) takes True or False, got "
+            f"{type(value).__name__} {value!r:.40}"
+        )
+    return meant
 
 
 def _switch(model: Any, method: str, enabled: Any) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import optax
 import pytest
@@ -42,3 +43,38 @@ def test_is_trainable_of_another_kind_is_a_model_error_naming_the_layer(value):
     with pytest.raises(ModelError, match="is_trainable="):
         layer.is_trainable = value
     assert layer.is_trainable is None
+
+
+@pytest.fixture(scope="module")
+def adam_model():
+    x = np.ones((2, 3), np.float32)
+    model = Sequential([Dense(2, name="fc")], name="net")
+    model.compile(x, loss="mse", minimizer=optax.adam(0.1))
+    model.fit(x, np.zeros((2, 2), np.float32))
+    return model, x
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda m, x: m.set_minimizer(optax.adam(0.1), reset="no"),
+        lambda m, x: m.evaluate(x, is_test="false"),
+        lambda m, x: m.evaluate(x, requires_grad="no"),
+        lambda m, x: m.train((x, x[:, :2]), epochs=1, batch_size=2, progress="no"),
+        lambda m, x: m.train((x, x[:, :2]), epochs=1, batch_size=2, verbose="no"),
+        lambda m, x: m.train((x, x[:, :2]), epochs=1, batch_size=2, stop_on_nan="no"),
+    ],
+    ids=["reset", "is_test", "requires_grad", "progress", "verbose", "stop_on_nan"],
+)
+def test_switch_arguments_given_as_strings_are_model_errors_and_change_nothing(adam_model, call):
+    """``set_minimizer(reset="no")`` was truthy and dropped Adam's moments (issue 5:
+    "optimizer state is never silently reset"); ``evaluate(is_test="false")`` ran in test
+    mode. Each is now a ModelError naming the argument; the Adam state (count 1 after
+    the one fit) is unchanged (the oracle: the state before the call)."""
+    model, x = adam_model
+    before = jax.tree.map(np.asarray, model.engine.optimizer_state("t-net-0-fc-0-0"))
+    with pytest.raises(ModelError, match=r"takes True or False, got str"):
+        call(model, x)
+    after = jax.tree.map(np.asarray, model.engine.optimizer_state("t-net-0-fc-0-0"))
+    assert jax.tree.all(jax.tree.map(np.array_equal, before, after))
+    assert int(np.asarray(jax.tree.leaves(after)[0])) == 1
