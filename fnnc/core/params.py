@@ -78,6 +78,17 @@ def flag_value(value: Any) -> bool | None:
     return None
 
 
+def require_flag(value: Any, what: str, error: type[Exception]) -> bool:
+    """:func:`flag_value` of ``value``, or ``error`` saying that ``what`` (e.g.
+    ``"CSVLogger(append=...)"``) takes True or False: a ``"no"`` is not read as True."""
+    meant = flag_value(value)
+    if meant is None:
+        raise error(
+            f"{what} takes True or False (or NNC's 1 / 0), got {type(value).__name__} {value!r:.40}"
+        )
+    return meant
+
+
 def is_count(value: Any, least: int = 0) -> bool:
     """Whether ``value`` is an int (Python or NumPy, not a bool) of at least ``least``:
     a count or a size a caller gives (``2.0``, ``'2'`` and ``True`` are not)."""

@@ -44,6 +44,7 @@ import safetensors.numpy
 from safetensors import safe_open
 
 from fnnc.core.files import atomic_write, locked
+from fnnc.core.params import require_flag
 from fnnc.errors import DTypeError, ShapeError, TensorFileError, TensorNotFoundError
 from fnnc.io import format as fmt
 from fnnc.io.format import TensorInfo
@@ -90,7 +91,7 @@ class SafetensorsFile:
         metadata: dict[str, str] | None = None,
     ):
         self.path = os.fspath(path)
-        self.readonly = readonly
+        self.readonly = require_flag(readonly, "SafetensorsFile(readonly=...)", TensorFileError)
         self._pending: dict[str, tuple[np.ndarray, str, str]] | None = None
         self._depth = 0
         self._header: dict[str, str] = {}

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from fnnc.core.params import require_flag
 from fnnc.errors import TensorFileError, TensorNotFoundError
 from fnnc.io import connections, integrity
 from fnnc.io import format as fmt
@@ -83,7 +84,9 @@ class TensorFile(RowReading):
                 f"TensorFile: the path is {type(path).__name__} {path!r:.40}; give the "
                 "file's path as a str or os.PathLike, e.g. TensorFile('weights.sqlite')"
             ) from None
-        self.readonly = readonly
+        self.readonly = readonly = require_flag(
+            readonly, "TensorFile(readonly=...)", TensorFileError
+        )
         self._depth = 0
         self._snapshots = 0
         self._op: str | None = None

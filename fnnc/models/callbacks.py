@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from fnnc.core.dtypes import is_inexact
+from fnnc.core.params import require_flag
 from fnnc.errors import ModelError, NumericsError
 from fnnc.models.layer import is_int, real_scalar
 
@@ -128,6 +129,7 @@ class CheckpointEvery(Callback):
         keep_last: int | None = None,
         sharded: bool | None = None,
     ):
+        per_epoch = require_flag(per_epoch, "CheckpointEvery(per_epoch=...)", ModelError)
         if (steps is None) == (not per_epoch):
             raise ModelError("CheckpointEvery: give steps=N or per_epoch=True (one of them)")
         if steps is not None and (not is_int(steps) or steps < 1):  # True is no count

@@ -39,6 +39,7 @@ import numpy as np
 
 from fnnc import config
 from fnnc.core.files import atomic_write
+from fnnc.core.params import require_flag
 from fnnc.core.platforms import platform_name
 from fnnc.errors import ConfigError, ModelError
 from fnnc.graph import interpret
@@ -108,6 +109,7 @@ def export(
     Returns:
         The ``jax.export.Exported``.
     """
+    check = require_flag(check, "export(check=...)", ModelError)
     if parameters not in PARAMETERS:
         raise ModelError(f"export: parameters={parameters!r}; expected one of {PARAMETERS}")
     if batch is not None and not (isinstance(batch, str) and batch.isidentifier()):

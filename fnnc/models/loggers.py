@@ -47,6 +47,7 @@ import jax
 import numpy as np
 
 from fnnc.core.files import atomic_write
+from fnnc.core.params import require_flag
 from fnnc.errors import ModelError
 from fnnc.models.callbacks import Callback
 from fnnc.models.checkpoint_state import current_states
@@ -80,6 +81,7 @@ class TensorBoard(Callback):
     logs_metrics = True
 
     def __init__(self, log_dir: str | os.PathLike[str], *, per_step: bool = False):
+        per_step = require_flag(per_step, "TensorBoard(per_step=...)", ModelError)
         self.log_dir, self.per_step = os.fspath(log_dir), per_step
         self.writer: Any = None
 
@@ -119,6 +121,7 @@ class CSVLogger(Callback):
     logs_metrics = True
 
     def __init__(self, path: str | os.PathLike[str], *, append: bool = False):
+        append = require_flag(append, "CSVLogger(append=...)", ModelError)
         self.path, self.append = os.fspath(path), append
         self._file: Any = None
         self._writer: Any = None

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from fnnc.core.ir import unit_axes_apart
+from fnnc.core.params import require_flag
 from fnnc.models import checkpoint_state, checks, sharded_state, stacks
 from fnnc.models.layer import ModelError, ModelIO
 
@@ -53,7 +54,7 @@ class FilesMixin:
         >>> model.parameters(gather=False)["t-fc-0-0"].sharding.is_fully_replicated
         True
         """
-        if not gather:
+        if not require_flag(gather, "parameters(gather=...)", ModelError):
             return dict(self.engine.values)
         return self.engine.parameters()
 
@@ -118,6 +119,7 @@ class FilesMixin:
         and skips the rest, returning the ids skipped (as :meth:`read`). A value that is
         not numbers (a string, a ragged list) is a ``ModelError`` either way.
         """
+        strict = require_flag(strict, "set_parameters(strict=...)", ModelError)
         if not isinstance(values, Mapping):
             self.engine.set_parameters(values)  # raises, saying what to pass
         block = {
@@ -212,6 +214,7 @@ class FilesMixin:
         """
         from fnnc.models.weights import read_model
 
+        strict = require_flag(strict, "read(strict=...)", ModelError)
         return read_model(self, source, name=name, strict=strict, format=format, rename=rename)
 
     def export(

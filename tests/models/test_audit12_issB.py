@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import numpy as np
 import optax
@@ -78,3 +80,34 @@ def test_switch_arguments_given_as_strings_are_model_errors_and_change_nothing(a
     after = jax.tree.map(np.asarray, model.engine.optimizer_state("t-net-0-fc-0-0"))
     assert jax.tree.all(jax.tree.map(np.array_equal, before, after))
     assert int(np.asarray(jax.tree.leaves(after)[0])) == 1
+
+
+def test_file_and_callback_switches_given_as_strings_are_named_errors(adam_model, tmp_path):
+    """``CSVLogger(append="no")`` appended, ``CheckpointEvery(per_epoch="no")`` saved each
+    epoch, ``read(strict="no")`` / ``set_parameters(strict="no")`` were strict,
+    ``TensorFile(readonly="no")`` refused writes: any str was True. Each is now named."""
+    from fnnc.errors import TensorFileError
+    from fnnc.io import SafetensorsFile, TensorFile
+    from fnnc.models import CheckpointEvery, CSVLogger, TensorBoard
+
+    model, _ = adam_model
+    path = tmp_path / "m.sqlite3"
+    model.write(path)
+    calls = {
+        "CSVLogger(append": lambda: CSVLogger(tmp_path / "h.csv", append="no"),
+        "TensorBoard(per_step": lambda: TensorBoard(tmp_path / "tb", per_step="no"),
+        "CheckpointEvery(per_epoch": lambda: CheckpointEvery(tmp_path / "c", per_epoch="no"),
+        "read(strict": lambda: model.read(path, strict="no"),
+        "set_parameters(strict": lambda: model.set_parameters({}, strict="no"),
+        "parameters(gather": lambda: model.parameters(gather="no"),
+        "export(check": lambda: model.export(tmp_path / "m.jax", check="no"),
+    }
+    for what, call in calls.items():
+        with pytest.raises(ModelError, match=rf"^{re.escape(what)}=\.\.\.\) takes True or False"):
+            call()
+    for cls in (TensorFile, SafetensorsFile):
+        with pytest.raises(TensorFileError, match=r"readonly=\.\.\.\) takes True or False"):
+            cls(path, readonly="no")
+    assert not (tmp_path / "m.jax").exists() and not (tmp_path / "h.csv").exists()
+    assert CSVLogger(tmp_path / "h.csv", append=0).append is False  # NNC's int flags stay
+    assert TensorFile(path, readonly=1).readonly is True
