@@ -144,6 +144,13 @@ class CheckpointEvery(Callback):
                 "expected a path, a fnnc.io.Checkpoints or a fnnc.io.ShardedCheckpoints, e.g. "
                 "CheckpointEvery('run.ckpt', per_epoch=True)"
             )
+        if sharded is not None:
+            sharded = require_flag(sharded, "CheckpointEvery(sharded=...)", ModelError)
+        if keep_last is not None and (not is_int(keep_last) or keep_last < 1):
+            raise ModelError(
+                f"CheckpointEvery: keep_last={keep_last!r:.40} ({type(keep_last).__name__}); "
+                "expected a positive int (the newest steps to keep) or None to keep every one"
+            )
         self.target, self.steps, self.per_epoch = checkpoints, steps, per_epoch
         self.keep_last, self.sharded = keep_last, sharded
         self.checkpoints: Any = None

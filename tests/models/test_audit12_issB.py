@@ -97,6 +97,7 @@ def test_file_and_callback_switches_given_as_strings_are_named_errors(adam_model
         "CSVLogger(append": lambda: CSVLogger(tmp_path / "h.csv", append="no"),
         "TensorBoard(per_step": lambda: TensorBoard(tmp_path / "tb", per_step="no"),
         "CheckpointEvery(per_epoch": lambda: CheckpointEvery(tmp_path / "c", per_epoch="no"),
+        "CheckpointEvery(sharded": lambda: CheckpointEvery(tmp_path / "c", steps=1, sharded="no"),
         "read(strict": lambda: model.read(path, strict="no"),
         "set_parameters(strict": lambda: model.set_parameters({}, strict="no"),
         "parameters(gather": lambda: model.parameters(gather="no"),
@@ -108,6 +109,8 @@ def test_file_and_callback_switches_given_as_strings_are_named_errors(adam_model
     for cls in (TensorFile, SafetensorsFile):
         with pytest.raises(TensorFileError, match=r"readonly=\.\.\.\) takes True or False"):
             cls(path, readonly="no")
+    with pytest.raises(ModelError, match=r"keep_last='2' \(str\); expected a positive int"):
+        CheckpointEvery(tmp_path / "c", steps=1, keep_last="2")
     assert not (tmp_path / "m.jax").exists() and not (tmp_path / "h.csv").exists()
     assert CSVLogger(tmp_path / "h.csv", append=0).append is False  # NNC's int flags stay
     assert TensorFile(path, readonly=1).readonly is True
