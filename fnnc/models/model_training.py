@@ -48,10 +48,10 @@ class TrainingMixin:
         return self._engine
 
     def compile(
-        self, inputs: Sequence[Any], *, loss: Any = None, minimizer: Any = None,
+        self, inputs: Sequence[Any] | Any = None, *, loss: Any = None, minimizer: Any = None,
         seed: int | None = None,
         mesh: Any = None, parameter_sharding: Any = None, precision: str | None = None,
-        loss_scale: Any = None, passes: Any = None,
+        loss_scale: Any = None, passes: Any = None, input_specs: Any = None,
     ) -> None:  # fmt: skip
         """Fixes input specs (arrays or ShapeDtypeStructs), the loss and the minimizer,
         and initialises parameters. New input shapes later recompile, keeping weights
@@ -76,7 +76,15 @@ class TrainingMixin:
         ``{"forward": [...], "training": [...]}`` to also rewrite the training graph
         after it (:mod:`fnnc.models.model_passes`). ``seed`` (an int, default 0) seeds
         the parameters' initialisation and the dropout key; it counts at the first
-        compile only (later compiles keep the weights, and warn if given another seed)."""
+        compile only (later compiles keep the weights, and warn if given another seed).
+        ``input_specs=`` is another name for ``inputs`` (NNC's and the issue's word)."""
+        if (inputs is None) == (input_specs is None):
+            raise ModelError(
+                f"model {self.describe()}.compile: give the input specs once, as the first "
+                "argument or input_specs= (one array or ShapeDtypeStruct per model input), "
+                f"got {'both' if inputs is not None else 'neither'}"
+            )
+        inputs = input_specs if inputs is None else inputs
         arrays = checks.numeric_inputs(self, _arrays(inputs))  # before anything is built or kept
         given = None if seed is None else checks.seed(self, seed)
         if self._engine is None:
