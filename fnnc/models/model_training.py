@@ -303,7 +303,7 @@ class TrainingMixin:
         inputs: Any = None,
         targets: Any = None,
         progress: bool | None = None,
-        verbose: bool = True,
+        verbose: bool | int = True,
     ) -> dict[str, list[float]]:
         """Trains the compiled model for ``epochs`` epochs of fused steps.
 
@@ -348,7 +348,8 @@ class TrainingMixin:
             targets: the dataframe column(s) of the targets, as ``inputs``.
             progress: a tqdm bar per epoch that stays on screen with the epoch's
                 metrics (default: when stderr is a terminal; else one log line per
-                epoch on stderr; :mod:`fnnc.models.progress`). ``verbose=False``: neither.
+                epoch on stderr; :mod:`fnnc.models.progress`). ``verbose=False``: neither;
+                Keras's ``verbose=2``: one log line per epoch (0 and 1 are False and True).
 
         Returns:
             ``{"epoch": [...], "loss": [mean training loss], "val_loss": [...], ...}``,
@@ -374,8 +375,10 @@ class TrainingMixin:
 
         batch_size = check_batch_size(batch_size, "train")  # before resume restores anything
         stop_on_nan = _flag(self, "train", "stop_on_nan", stop_on_nan)
-        verbose = _flag(self, "train", "verbose", verbose)
         progress = None if progress is None else _flag(self, "train", "progress", progress)
+        if isinstance(verbose, int) and not isinstance(verbose, bool) and verbose == 2:
+            verbose, progress = True, False if progress is None else progress  # Keras's 2
+        verbose = _flag(self, "train", "verbose", verbose)
         return train(
             self, data, epochs=epochs, batch_size=batch_size, validation=validation,
             metrics=metrics, callbacks=callbacks, resume=resume, seed=seed,
