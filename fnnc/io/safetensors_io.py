@@ -146,6 +146,10 @@ class SafetensorsFile:
         if self._pending and name in self._pending:
             return self._pending[name][0]
         if name not in self._keys:
+            if not self._pending and not os.path.exists(self.path):  # as TensorFile says it
+                raise TensorFileError(
+                    f"{self.path}: no such file; check the path (reading never creates it)"
+                )
             shown = ", ".join(repr(n) for n in self._keys[:8])
             more = ", ..." if len(self._keys) > 8 else ""
             raise TensorNotFoundError(

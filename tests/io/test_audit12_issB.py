@@ -47,3 +47,25 @@ def test_sharded_checkpoint_metadata_takes_numpy_scalars(tmp_path):
     with ShardedCheckpoints(tmp_path / "run") as ckpt:
         ckpt.save(1, {"w": np.ones(2, np.float32)}, metadata={"loss": np.float32(0.5)})
         assert ckpt.restore(1).metadata == {"loss": 0.5}
+
+
+def test_safetensors_read_of_a_missing_file_says_the_file_is_missing(tmp_path):
+    """``SafetensorsFile(typo).read("w")`` said "no tensor 'w' ... (0 tensors: none)", a
+    TensorNotFoundError, where TensorFile says the file does not exist; both now say so
+    (issue 16: a missing file is an error naming the path) and create nothing."""
+    from fnnc.errors import TensorFileError, TensorNotFoundError
+    from fnnc.io import SafetensorsFile, TensorFile
+
+    for cls, name in ((SafetensorsFile, "typo.safetensors"), (TensorFile, "typo.sqlite3")):
+        path = tmp_path / name
+        with pytest.raises(TensorFileError, match="no such file; check the path") as e:
+            cls(path).read("w")
+        assert not isinstance(e.value, TensorNotFoundError)
+        with pytest.raises(TensorFileError, match="no such file"):
+            cls(path).info("w")
+    assert list(tmp_path.iterdir()) == []
+    with SafetensorsFile(tmp_path / "a.safetensors") as f:  # a pending write still reads
+        f.write("w", np.arange(3, dtype=np.float32))
+        np.testing.assert_array_equal(f.read("w"), np.arange(3, dtype=np.float32))
+        with pytest.raises(TensorNotFoundError, match="no tensor 'v'"):
+            f.read("v")
