@@ -436,14 +436,19 @@ class Engine(StepsMixin):
     def memory_plan(self, inputs: Sequence[Any] | None, targets: Sequence[Any]) -> MemoryPlan:
         """:func:`~fnnc.graph.memory_plan` of the fit program for ``inputs`` and
         ``targets`` (arrays or specs), or of the last one :meth:`fit` used."""
+        return self.fit_step(inputs, targets, "memory_plan").memory_plan()  # with donation
+
+    def fit_step(self, inputs: Sequence[Any] | None, targets: Sequence[Any], what: str) -> Any:
+        """The compiled fit :class:`~fnnc.graph.Program` for ``inputs`` and ``targets``
+        (arrays or specs; compiled here if new), or the last one :meth:`fit` used."""
         if inputs is not None:
             self._fit_program(self._check_inputs(inputs), _specs(targets))
         if self._last_fit is None:
             raise ModelError(
-                f"model {self.model.describe()}: memory_plan needs a training step; call "
-                "fit first or pass memory_plan(inputs, targets)"
+                f"model {self.model.describe()}: {what} needs a training step; call "
+                f"fit first or pass {what}(inputs, targets)"
             )
-        return self._last_fit.program.memory_plan()  # with the step's donation
+        return self._last_fit.program
 
     def _sync_live(self) -> None:
         """Writes the state of the running fit program back to the store."""

@@ -288,6 +288,17 @@ class TrainingMixin:
             [] if targets is None else _arrays(targets),
         )
 
+    def memory(self, inputs: Any = None, targets: Any = ()) -> Any:
+        """XLA's memory analysis (:meth:`fnnc.graph.Program.memory`) of the compiled
+        training step, chosen as :meth:`memory_plan` chooses it: e.g. a model with frozen
+        layers against the same model all trainable (no gradient or optimizer buffers
+        for frozen parameters)."""
+        return self.engine.fit_step(
+            None if inputs is None else _arrays(inputs),
+            [] if targets is None else _arrays(targets),
+            "memory",
+        ).memory()
+
     def train(
         self,
         data: Any,

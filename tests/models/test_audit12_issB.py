@@ -161,3 +161,26 @@ def test_train_verbose_takes_keras_levels(adam_model, monkeypatch):
     for bad in (3, "2"):
         with pytest.raises(ModelError, match=r"train\(verbose=\.\.\.\) takes True or False"):
             model.train(data, epochs=1, batch_size=2, verbose=bad)
+
+
+def test_model_memory_is_the_fit_steps_program_memory_and_freezing_shrinks_it():
+    """Issue 5: "check it with ``Program.memory()``" had no public way to reach the fit
+    step's Program. ``Model.memory(inputs, targets)`` is XLA's analysis of it: freezing a
+    64->256 dense drops at least its Adam moments (2 x 256 x 65 float32)."""
+    from fnnc.models import Input, Model, ReLU
+
+    x, y = np.ones((8, 64), np.float32), np.zeros(8, np.int32)
+
+    def make(frozen):
+        xi = Input()
+        h = Dense(256, name="big", is_trainable=not frozen)(xi)
+        model = Model(xi, Dense(3, name="out")(ReLU()(h)))
+        model.compile(x, loss="softmax_crossentropy", minimizer=optax.adam(1e-3))
+        return model
+
+    trainable, frozen = make(False), make(True)
+    with pytest.raises(ModelError, match=r"memory needs a training step"):
+        frozen.memory()
+    saved = trainable.memory(x, y).peak_estimate_bytes - frozen.memory(x, y).peak_estimate_bytes
+    assert saved >= 2 * 256 * 65 * 4
+    assert frozen.memory().peak_estimate_bytes == frozen.memory(x, y).peak_estimate_bytes
