@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,8 +20,10 @@ from fnnc.graph._io import flatten_inputs, unflatten_outputs
 from fnnc.graph.numerics import Blame, check_node
 from fnnc.ops import while_tape
 
-OnNode = Callable[[int, Node, tuple[Any, ...], tuple[Any, ...]], Sequence[Any] | None]
-"""``on_node(index, node, inputs, outputs) -> None | replacement outputs``."""
+OnNode = Callable[..., Sequence[Any] | None]
+"""``on_node(index, node, inputs, outputs) -> None | replacement outputs``; a hook of
+three arguments is called as ``(node, inputs, outputs)``, one of two as
+``(node, outputs)`` (the node and its values)."""
 
 
 def interpret(graph: Graph, *args: Any, on_node: OnNode | None = None) -> Any:
@@ -45,9 +48,11 @@ def interpret(graph: Graph, *args: Any, on_node: OnNode | None = None) -> Any:
             with one argument per input, any of them may be a nested list of numbers,
             converted to its input's dtype (floats into an integer input are refused).
             :class:`~fnnc.graph.Program` takes the same.
-        on_node: called after each node with ``(index, node, inputs, outputs)``; it may
-            inspect them (:func:`~fnnc.graph.tensor_stats`) or return replacement outputs
-            (same shapes and dtypes) to inject values: the base of a step-through debugger.
+        on_node: called after each node with ``(index, node, inputs, outputs)`` (a
+            function taking three arguments gets ``(node, inputs, outputs)``, one taking
+            two ``(node, outputs)``); it may inspect them
+            (:func:`~fnnc.graph.tensor_stats`) or return replacement outputs (same shapes
+            and dtypes) to inject values: the base of a step-through debugger.
 
     Returns:
         The outputs: shaped by the graph's ``out_tree`` if it has one, else the single
@@ -72,6 +77,7 @@ def interpret(graph: Graph, *args: Any, on_node: OnNode | None = None) -> Any:
     """
     values = flatten_inputs(require_graph(graph, "interpret"), args, "interpret")
     blame = Blame(graph) if config.get().numerics else None
+    hook = None if on_node is None else _hook(on_node)
 
     def run_node(index: int, node: Node, inputs: list[Any]) -> tuple[Any, ...]:
         try:
@@ -102,14 +108,47 @@ def interpret(graph: Graph, *args: Any, on_node: OnNode | None = None) -> Any:
     def after(index: int, node: Node, inputs: list[Any], outs: tuple[Any, ...]) -> tuple:
         if blame is not None:
             check_node(graph, index, inputs, outs, "interpret", blame)
-        if on_node is not None:
-            replaced = on_node(index, node, tuple(inputs), outs)
+        if hook is not None:
+            replaced = hook(index, node, tuple(inputs), outs)
             if replaced is not None:
                 outs = _replacements(graph, index, node, replaced)
         return outs
 
     results = run_nodes(graph, values, run_node, where="interpret", after=after)
     return unflatten_outputs(graph, results)
+
+
+def _hook(on_node: Any) -> Callable[[int, Node, tuple, tuple], Any]:
+    """``on_node`` as a function of ``(index, node, inputs, outputs)``: one written for
+    ``(node, inputs, outputs)`` or ``(node, outputs)`` gets those (the most arguments
+    its signature takes, up to four)."""
+    if not callable(on_node):
+        raise GraphError(
+            f"interpret: on_node={on_node!r:.60} ({type(on_node).__name__}) is not callable; "
+            "expected a function of (index, node, inputs, outputs)"
+        )
+    try:
+        params = inspect.signature(on_node).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature: the full form
+        return on_node
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return on_node
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = sum(p.default is p.empty for p in positional)
+    for n in (4, 3, 2):
+        if required <= n <= len(positional):
+            break
+    else:
+        raise GraphError(
+            f"interpret: on_node {getattr(on_node, '__name__', on_node)!s:.40} takes "
+            f"{required} positional argument(s); expected (index, node, inputs, outputs), "
+            "(node, inputs, outputs) or (node, outputs)"
+        )
+    if n == 4:
+        return on_node
+    if n == 3:
+        return lambda index, node, inputs, outs: on_node(node, inputs, outs)
+    return lambda index, node, inputs, outs: on_node(node, outs)
 
 
 def _replacements(graph: Graph, index: int, node: Node, replaced: Sequence[Any]) -> tuple:

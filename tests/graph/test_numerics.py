@@ -93,3 +93,28 @@ def test_tensor_stats_counts_nan_in_every_float_type_and_complex_parts():
 
 def test_compiled_hlo_carries_node_names():
     assert "times0" in compile(_nan_maker()).compiled_text()
+
+
+def test_on_node_hooks_of_fewer_arguments_get_the_node_and_its_values():
+    """Issue 16's hook "called after each node with the node and its values": a function
+    of (node, outputs) or (node, inputs, outputs) is called so, and may replace outputs
+    as the four-argument form does; other arities are a GraphError."""
+    b = GraphBuilder()
+    x = b.input((2,))
+    graph = b.build([b.exec(ops.ewexp(), b.exec(ops.relu(), x))])
+    seen = []
+
+    def two(node, values):
+        seen.append((node.cmd.name, np.asarray(values[0]).tolist()))
+        return [values[0] * 0] if node.cmd.name == "relu" else None
+
+    out = interpret(graph, np.array([-1.0, 2.0], np.float32), on_node=two)
+    assert seen == [("relu", [0.0, 2.0]), ("ewexp", [1.0, 1.0])]
+    np.testing.assert_array_equal(np.asarray(out), [1.0, 1.0])  # exp(0): the replacement
+    three = []
+    interpret(graph, np.ones(2, np.float32), on_node=lambda n, i, o: three.append(len(i)))
+    assert three == [1, 1]
+    with pytest.raises(GraphError, match="takes 1 positional argument"):
+        interpret(graph, np.ones(2, np.float32), on_node=lambda node: None)
+    with pytest.raises(GraphError, match="is not callable"):
+        interpret(graph, np.ones(2, np.float32), on_node="print")
