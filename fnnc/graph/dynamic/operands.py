@@ -238,9 +238,16 @@ def matmul(a: Variable, b: Variable) -> Variable:
     """``a @ b`` with NumPy's shapes: ``gemm``, whose rank-1 ``b`` is a row ``[1, n]``
     (NNC's reading), so a rank-1 ``b`` is taken as the column ``[n, 1]`` and that axis
     dropped from the result (``M @ v`` is ``[m]``, ``v @ v`` a scalar), as
-    ``np.matmul`` does; a rank-1 ``a`` is already a row whose axis gemm drops."""
-    if b._slot is None or b.ndim != 1:  # a freed b: exec's error names it and gemm
+    ``np.matmul`` does; a rank-1 ``a`` is a row whose axis gemm drops against a matrix
+    but keeps against a batch of them (``[2, 1, n]``), so that axis is dropped here
+    (``v @ B`` is ``[2, n]``)."""
+    if a._slot is None or b._slot is None:  # a freed one: exec's error names it and gemm
         return a._dg.exec(_GEMM, a, b)
+    if b.ndim != 1:
+        out = a._dg.exec(_GEMM, a, b)
+        if a.ndim != 1 or b.ndim <= 2:
+            return out
+        return out._dg.exec(ops.reshape(shape=(*out.shape[:-2], out.shape[-1])), out)
     column = b._dg.exec(ops.reshape(shape=(b.shape[0], 1)), b)
     out = a._dg.exec(_GEMM, a, column)
     return out._dg.exec(ops.reshape(shape=out.shape[:-1]), out)

@@ -1,0 +1,36 @@
+"""Audit 12, issA: issues 2, 3, 4 and 26 used as their texts word them (see report)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fnnc.graph import DynamicGraph
+
+F32 = np.float32
+
+
+# -- issue 4: ``@`` has NumPy's matmul shapes -------------------------------------------
+
+
+def test_matmul_of_a_vector_and_a_batch_has_numpys_shape_and_gradient() -> None:
+    # gemm keeps a rank-1 a's row axis against a batch of matrices ([2, 1, 3])
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(4,)).astype(F32), rng.normal(size=(2, 4, 3)).astype(F32)
+    dg = DynamicGraph()
+    x, y = dg.variable(a), dg.variable(b)
+    z = x @ y
+    np.testing.assert_allclose(np.asarray(z.value), np.matmul(a, b), rtol=1e-5, atol=1e-6)
+    gx, gy = dg.backward((z * z).sum(), [x, y])
+    want = jax.grad(lambda p, q: jnp.sum(jnp.matmul(p, q) ** 2), argnums=(0, 1))(a, b)
+    np.testing.assert_allclose(np.asarray(gx.value), want[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(gy.value), want[1], rtol=1e-4, atol=1e-5)
+
+
+def test_lazy_matmul_of_an_array_vector_and_a_4d_batch_has_numpys_shape() -> None:
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=(4,)).astype(F32), rng.normal(size=(2, 1, 4, 3)).astype(F32)
+    dg = DynamicGraph(lazy=True)
+    z = a @ dg.variable(b)  # np.matmul calls the variable's __rmatmul__
+    np.testing.assert_allclose(np.asarray(z.value), np.matmul(a, b), rtol=1e-5, atol=1e-6)
