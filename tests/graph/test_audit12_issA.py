@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fnnc.graph import DynamicGraph
+from fnnc import ops
+from fnnc.graph import DynamicGraph, trace
 
 F32 = np.float32
 
@@ -34,3 +35,30 @@ def test_lazy_matmul_of_an_array_vector_and_a_4d_batch_has_numpys_shape() -> Non
     dg = DynamicGraph(lazy=True)
     z = a @ dg.variable(b)  # np.matmul calls the variable's __rmatmul__
     np.testing.assert_allclose(np.asarray(z.value), np.matmul(a, b), rtol=1e-5, atol=1e-6)
+
+
+# -- issue 4: memoisation is for pure commands only ----------------------------------------
+
+
+def test_memo_reruns_an_evaluated_graph_that_holds_an_effect() -> None:
+    # the command is pure by its own attributes; the debug callback inside is not
+    seen: list[float] = []
+
+    def f(x):
+        jax.debug.callback(lambda v: seen.append(float(v[0])), x)
+        return x * 2.0
+
+    x = F32([1.0, 2.0])
+    graph = trace(f, x)
+    jitted = jax.jit(f)
+    for _ in range(2):
+        jitted(x)
+    jax.effects_barrier()
+    want, seen[:] = len(seen), []  # what JAX runs for two calls: 2
+    dg = DynamicGraph()  # memoisation on, the default
+    v = dg.variable(x)
+    outs = [dg.evaluate(graph, [v]), dg.evaluate(graph, [v]), dg.exec(ops.call(graph=graph), v)]
+    jax.effects_barrier()
+    assert len(seen) == want + 1
+    for out in outs:
+        np.testing.assert_array_equal(np.asarray(out.value), np.asarray(jitted(x)))

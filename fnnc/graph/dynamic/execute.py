@@ -40,6 +40,7 @@ from fnnc.core.evaluate import read_view
 from fnnc.core.ir import AliasSymbol
 from fnnc.errors import FnncError, GraphError
 from fnnc.graph.numerics import NotFinite, checked, exec_error
+from fnnc.graph.passes._subgraphs import is_pure
 from fnnc.ops import Command
 
 from .record import Node, Read, Version, View, spec_id
@@ -67,9 +68,9 @@ class PerCommand:
         attrs = cmd.definition.attributes
         self.differentiable = attrs.differentiable
         self.plans: dict[tuple[int, ...], Plan] = {}
-        self.memo: dict[Any, tuple[Version, ...]] | None = (
-            {} if memo and not (attrs.random or attrs.has_effects) else None
-        )
+        # pure through and through: a call, loop or branch holding an effect (a debug
+        # callback in an evaluated graph) or a random draw runs again at every exec
+        self.memo: dict[Any, tuple[Version, ...]] | None = {} if memo and is_pure(cmd) else None
 
 
 class Plan:
