@@ -62,3 +62,32 @@ def test_memo_reruns_an_evaluated_graph_that_holds_an_effect() -> None:
     assert len(seen) == want + 1
     for out in outs:
         np.testing.assert_array_equal(np.asarray(out.value), np.asarray(jitted(x)))
+
+
+# -- issue 26: the lazy flush's passes and the gradient agree ------------------------------
+
+
+def test_lazy_passes_rewrite_the_forward_that_backward_differentiates() -> None:
+    # relu -> leaky_relu at the flush: values were leaky, the gradient was relu's
+    from fnnc.graph import Pat, Rule, rewrite_pass
+
+    leaky = Rule(
+        Pat.op("relu", Pat.var("x")),
+        lambda m: m.exec(ops.leaky_relu(negative_slope=0.1), m["x"]),
+    )
+    xs = F32([[-1.0, 2.0, -0.5], [0.3, -2.0, 1.0]])
+    ws = F32([[0.5, -1.0], [2.0, 0.1], [-0.3, 0.7]])
+
+    def loss(x, w):
+        h = x @ w
+        return jnp.sum(jnp.where(h > 0, h, 0.1 * h) ** 2)
+
+    want = jax.grad(loss, argnums=(0, 1))(xs, ws)
+    dg = DynamicGraph(lazy=True, passes=[rewrite_pass(leaky, name="leaky")])
+    x, w = dg.variable(xs), dg.variable(ws)
+    h = dg.exec(ops.relu(), x @ w)
+    s = (h * h).sum()
+    np.testing.assert_allclose(np.asarray(s.value).item(), loss(xs, ws), rtol=1e-6)  # flushed
+    gx, gw = dg.backward(s, [x, w])
+    np.testing.assert_allclose(np.asarray(gx.value), want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(gw.value), want[1], rtol=1e-5, atol=1e-6)

@@ -20,6 +20,7 @@ graph and runs the program compiled for the first step.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,7 @@ from fnnc.ops.optimizer import optax_update_command
 from . import higher, lazy, optim, stale
 from .extract import PROGRAMS, extract
 from .record import Read, Version, between
-from .simplified import simplify_trim
+from .simplified import simplify_trim, tag_forward
 from .variable import require_variables
 
 if TYPE_CHECKING:
@@ -160,12 +161,20 @@ def _gradient_graph(
     seeded: bool,
     acc: tuple[bool, ...],
     optimizer: Any = None,
+    passes: tuple[Any, ...] = (),
 ) -> tuple[Graph, tuple[int, ...]]:
     """``forward``'s gradients (+ accumulation, + an Optax update), see the module doc.
+
+    ``passes`` (lazy mode's ``DynamicGraph(passes=)``) run on the forward first, as the
+    flush that computed its values ran them: the gradient is the rewritten forward's.
 
     Returns the graph and the forward symbols it reads, its first inputs; then come
     the seeds, the gradients accumulated into, and the optimizer state.
     """
+    n_forward = len(forward.symbols)
+    if passes:
+        forward, f, wrt = _rewritten(forward, f, wrt, passes)
+        n_forward = 0  # the forward symbols carry their tags (simplify_trim) already
     b = GraphBuilder.from_graph(forward)
 
     def extra(sid: int) -> Any:
@@ -192,7 +201,18 @@ def _gradient_graph(
         added += [s.id for s in state]
         updated = b.exec(cmd, *outs, *state, *params, name="optimizer")
         outs = list(updated) if isinstance(updated, tuple) else [updated]
-    return simplify_trim(b.build(outs), len(forward.symbols), added)
+    return simplify_trim(b.build(outs), n_forward, added)
+
+
+def _rewritten(
+    forward: Graph, f: tuple[int, ...], wrt: tuple[int, ...], passes: tuple[Any, ...]
+) -> tuple[Graph, tuple[int, ...], tuple[int, ...]]:
+    """``forward`` after ``passes``, its symbols tagged with their recorded ids first
+    (passes renumber symbols but keep names), and ``f``, ``wrt`` in it: they are its
+    outputs, which passes keep by position."""
+    tagged = dataclasses.replace(tag_forward(forward), outputs=(*f, *wrt))
+    new = lazy.passes_on(passes, tagged)
+    return new, new.outputs[: len(f)], new.outputs[len(f) :]
 
 
 def _run_gradients(
@@ -238,7 +258,8 @@ def _run_gradients(
             (None, []) if optimizer is None else optim.stepper(optimizer, optim.specs_of(params))
         )
         (graph, roots), fresh = PROGRAMS.get(
-            key, lambda: _gradient_graph(ex.graph, f_ids, w_ids, bool(seeds), acc, step)
+            (*key, dg.passes),
+            lambda: _gradient_graph(ex.graph, f_ids, w_ids, bool(seeds), acc, step, dg.passes),
         )
         args: list[Any] = [ex.versions[r] for r in roots] + seeds
         args += [dg.value_of(g) for g in old if g is not None]

@@ -84,11 +84,17 @@ def run_with(dg: DynamicGraph, tail: Graph | None, args: Sequence[Any]) -> Any:
 
 def _passes(dg: DynamicGraph, graph: Graph) -> Graph:
     """``graph`` after the user's passes, which must keep its inputs and outputs."""
-    if not dg.passes:
+    return passes_on(dg.passes, graph)
+
+
+def passes_on(passes: tuple[Any, ...], graph: Graph) -> Graph:
+    """``graph`` after ``passes`` (a graph's ``passes``), which must keep its inputs and
+    outputs; a backward's forward gets them too (:func:`.autodiff._rewritten`)."""
+    if not passes:
         return graph
-    new = run_passes(graph, dg.passes)
+    new = run_passes(graph, passes)
     if new.input_specs != graph.input_specs or new.output_specs != graph.output_specs:
-        names = [getattr(p, "__name__", p) for p in dg.passes]
+        names = [getattr(p, "__name__", p) for p in passes]
         raise GraphError(
             f"DynamicGraph: passes {names} changed a lazy flush's inputs or outputs; a "
             "pass must keep them (their number, shapes and dtypes)"

@@ -39,6 +39,12 @@ def _tagged(graph: Graph, n_symbols: int, extra: Sequence[int]) -> Graph:
     return dataclasses.replace(graph, symbols=tuple(symbols))
 
 
+def tag_forward(graph: Graph) -> Graph:
+    """``graph`` with each tensor symbol tagged as the forward symbol of its id (for a
+    forward that passes rewrite before :func:`simplify_trim`, given ``n_symbols=0``)."""
+    return _tagged(graph, len(graph.symbols), ())
+
+
 def _tag(graph: Graph, sid: int, prefix: str) -> int | None:
     name = getattr(graph.symbols[sid], "name", "")
     return int(name[len(prefix) :]) if name.startswith(prefix) else None
@@ -52,7 +58,8 @@ def simplify_trim(
     Args:
         graph: the forward graph (its first ``n_symbols`` symbols) with the gradient
             nodes appended; its outputs are what the program returns.
-        n_symbols: how many symbols the forward graph has.
+        n_symbols: how many symbols the forward graph has (0: they are tagged
+            already, :func:`tag_forward`).
         extra: ids of the inputs added after the forward graph, in feeding order.
 
     Returns:
