@@ -57,7 +57,8 @@ class DynamicGraph:
         memo: reuse the result of a pure command already run on the same versions.
         passes: passes ``Graph -> Graph`` (or names of the built-in ones, e.g.
             ``"cse"``) run on each lazy flush's graph before it is simplified and
-            compiled (cached per structure and passes, as flushes are).
+            compiled (cached per structure and passes, as flushes are); ``backward``
+            differentiates the forward they rewrote, as it ran.
 
     Attributes:
         grads: accumulated gradient variables by (slot, view) of what they belong to;
