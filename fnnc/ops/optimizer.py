@@ -12,6 +12,7 @@ those. Its backward is derived (``jax.vjp``), so meta-learning through an update
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import jax
@@ -154,6 +155,28 @@ def _has_keys(transform: Any, params: Any = None) -> bool:
             continue
         return any(is_key(x) for x in jax.tree.leaves(state))
     return False
+
+
+_MULTI_STEPS: weakref.WeakKeyDictionary[Any, optax.GradientTransformation] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def as_transformation(optimizer: Any) -> Any:
+    """An ``optax.MultiSteps`` object as its ``GradientTransformation`` (one per object,
+    as ``Model`` takes it); anything else as it is.
+
+    >>> import optax
+    >>> ms = optax.MultiSteps(optax.sgd(0.1), 2)
+    >>> as_transformation(ms) is as_transformation(ms)
+    True
+    """
+    if not isinstance(optimizer, optax.MultiSteps):
+        return optimizer
+    held = _MULTI_STEPS.get(optimizer)
+    if held is None:
+        held = _MULTI_STEPS[optimizer] = optimizer.gradient_transformation()
+    return held
 
 
 def keys_as_bits(transform: Any, params: Any = None) -> Any:

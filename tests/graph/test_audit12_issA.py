@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from fnnc import ops
 from fnnc.graph import DynamicGraph, trace
@@ -91,3 +92,44 @@ def test_lazy_passes_rewrite_the_forward_that_backward_differentiates() -> None:
     gx, gw = dg.backward(s, [x, w])
     np.testing.assert_allclose(np.asarray(gx.value), want[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(gw.value), want[1], rtol=1e-5, atol=1e-6)
+
+
+# -- issues 3 and 4: any Optax optimizer, optax.MultiSteps too (as Model takes it) ---------
+
+
+def _multi_steps_reference(w0, xs, steps):
+    ms = optax.MultiSteps(optax.sgd(0.5), 2)
+    w, state = w0, ms.init(w0)
+    for _ in range(steps):
+        g = jax.grad(lambda v: jnp.sum(jnp.tanh(v * xs) ** 2))(w)
+        u, state = ms.update(g, state, w)
+        w = optax.apply_updates(w, u)
+    return w
+
+
+def test_dynamic_graph_minimize_takes_optax_multisteps() -> None:
+    w0, xs = F32([0.5, -1.0]), F32([1.5, 0.7])
+    ms = optax.MultiSteps(optax.sgd(0.5), 2)
+    dg = DynamicGraph()
+    w, x = dg.variable(w0), dg.constant(xs)
+    for _ in range(3):
+        h = dg.exec(ops.tanh(), w * x)
+        dg.minimize(ms, (h * h).sum(), [w])
+    np.testing.assert_allclose(np.asarray(w.value), _multi_steps_reference(w0, xs, 3), rtol=1e-6)
+
+
+def test_symbolic_minimize_takes_optax_multisteps() -> None:
+    from fnnc.graph import GraphBuilder, interpret, minimize
+
+    w0, xs = F32([0.5, -1.0]), F32([1.5, 0.7])
+    b = GraphBuilder()
+    w, x = b.input((2,), name="w"), b.input((2,), name="x")
+    h = b.exec(ops.tanh(), b.exec(ops.ewprod(), w, x))
+    loss = b.exec(
+        ops.reshape(shape=()), b.exec(ops.reduce_sum(axes=(0,)), b.exec(ops.ewprod(), h, h))
+    )
+    step, layout = minimize(b.build([loss]), loss, [w], optax.MultiSteps(optax.sgd(0.5), 2))
+    params, state = [w0], layout.init([w0])
+    for _ in range(3):
+        params, state, _ = layout.split(interpret(step, *params, *state, xs))
+    np.testing.assert_allclose(np.asarray(params[0]), _multi_steps_reference(w0, xs, 3), rtol=1e-6)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from fnnc.errors import GraphError
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.compile import compile
-from fnnc.ops.optimizer import keys_as_bits, optax_update_command
+from fnnc.ops.optimizer import as_transformation, keys_as_bits, optax_update_command
 
 from . import optim
 from .autodiff import _check_wrt, _donated, _listed, _run_gradients
@@ -66,6 +66,7 @@ def _store(
 def apply_gradients(dg: DynamicGraph, optimizer: Any, variables: Any) -> None:
     """:meth:`DynamicGraph.apply_gradients`: one cached update program per (optimizer,
     specs), on the variables' values, gradients and optimizer state."""
+    optimizer = as_transformation(optimizer)  # optax.MultiSteps, as Model takes it
     optim.check(optimizer, "apply_gradients")  # first: not 'no gradient' for a typo
     if dg.lazy:
         dg.flush()
@@ -98,6 +99,7 @@ def apply_gradients(dg: DynamicGraph, optimizer: Any, variables: Any) -> None:
 
 def minimize(dg: DynamicGraph, optimizer: Any, f: Any, variables: Any) -> None:
     """:meth:`DynamicGraph.minimize`: the gradient program with the update appended."""
+    optimizer = as_transformation(optimizer)
     optim.check(optimizer, "minimize")
     optimizer = keys_as_bits(optimizer)
     ws, slots = _params(dg, variables, "minimize")

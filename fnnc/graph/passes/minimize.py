@@ -31,7 +31,7 @@ from fnnc.core.ir import Graph
 from fnnc.errors import GraphError
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.passes.backward import _ids, backward
-from fnnc.ops.optimizer import keys_as_bits, optax_update_command
+from fnnc.ops.optimizer import as_transformation, keys_as_bits, optax_update_command
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +98,7 @@ def minimize(
         graph: the forward graph computing ``loss``.
         loss: a scalar symbol (or id) of ``graph``.
         params: graph inputs to train.
-        optimizer: any ``optax.GradientTransformation``.
+        optimizer: any ``optax.GradientTransformation`` (or an ``optax.MultiSteps``).
 
     Returns:
         ``(step_graph, layout)``; ``step_graph`` maps (params, state, other inputs) to
@@ -118,7 +118,7 @@ def minimize(
     """
     loss_id, param_ids = loss_and_params(graph, loss, params, "minimize")
     specs = [graph.symbols[p].spec for p in param_ids]
-    optimizer = keys_as_bits(optimizer, specs)  # a PRNG key in the state rides as its bits
+    optimizer = keys_as_bits(as_transformation(optimizer), specs)  # a key rides as its bits
     grad_graph, grads = backward(graph, loss_id, param_ids)
     b = GraphBuilder.from_graph(grad_graph)
     param_syms = [grad_graph.symbols[p] for p in param_ids]
