@@ -100,3 +100,7 @@ from fnnc.graph.sharding_rules import state_specs as state_specs
 from fnnc.graph.sharding_rules import tensor_parallel as tensor_parallel
 from fnnc.graph.trace import trace as trace
 from fnnc.graph.verify import verify as verify
+
+# DESIGN.md's and issue 3's names for the two sub-graph nodes: the same builders.
+While = while_loop
+CaseOf = case_of

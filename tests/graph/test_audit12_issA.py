@@ -133,3 +133,10 @@ def test_symbolic_minimize_takes_optax_multisteps() -> None:
     for _ in range(3):
         params, state, _ = layout.split(interpret(step, *params, *state, xs))
     np.testing.assert_allclose(np.asarray(params[0]), _multi_steps_reference(w0, xs, 3), rtol=1e-6)
+
+
+def test_design_names_while_and_caseof_are_the_builders():
+    """DESIGN.md and issue 3 call the sub-graph nodes ``While`` and ``CaseOf``."""
+    import fnnc.graph as g
+
+    assert g.While is g.while_loop and g.CaseOf is g.case_of
