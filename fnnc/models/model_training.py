@@ -26,6 +26,7 @@ from fnnc.core.params import flag_value
 from fnnc.graph.passes.remat import POLICIES
 from fnnc.models import checks
 from fnnc.models.engine import Engine
+from fnnc.models.keras_habits import refuse_unknown
 from fnnc.models.layer import ModelError
 from fnnc.models.sample_sets import check_batch_size
 
@@ -101,29 +102,41 @@ class TrainingMixin:
         self._engine.compile(arrays, loss=loss, minimizer=minimizer, passes=passes)
         self._engine.place_parameters()
 
-    def fit(self, inputs: Sequence[Any] | Any, targets: Sequence[Any] | Any = ()) -> Any:
+    def fit(
+        self, inputs: Sequence[Any] | Any, targets: Sequence[Any] | Any = (), **unknown: Any
+    ) -> Any:
         """One fused training step (forward, loss, backward, update); returns the loss.
         ``inputs`` and ``targets``: one array each, or lists of arrays (``targets=None``:
         none, as for ``loss=None``). A batch of 0 rows is a
-        :class:`~fnnc.errors.ModelError` and changes nothing (its loss would be NaN)."""
+        :class:`~fnnc.errors.ModelError` and changes nothing (its loss would be NaN).
+        Keras's ``fit(x, y, epochs=...)`` over a dataset is :meth:`train`; its keywords
+        here are a ``ModelError`` saying so."""
+        refuse_unknown("fit", self.describe(), unknown)  # type: ignore[attr-defined]
         return self.engine.fit(_arrays(inputs), [] if targets is None else _arrays(targets))
 
     def evaluate(
-        self, inputs: Sequence[Any] | Any, *, is_test: bool = True, requires_grad: bool = False
+        self,
+        inputs: Sequence[Any] | Any,
+        *,
+        is_test: bool = True,
+        requires_grad: bool = False,
+        **unknown: Any,
     ) -> Any:
         """The model's outputs for one batch (one array or a list of arrays);
         ``requires_grad`` keeps what :meth:`backward` needs. 0 rows give 0 rows of
         outputs in test mode; in training mode (``is_test=False``, which updates running
         statistics) they are a :class:`~fnnc.errors.ModelError`. Data parallel over several
         processes, each passes its own rows (as many as the others) and gets the
-        outputs of every process's rows, process 0's first (:mod:`fnnc.models.processes`)."""
+        outputs of every process's rows, process 0's first (:mod:`fnnc.models.processes`).
+        Keras's ``evaluate(x, y)`` is :meth:`score`."""
+        refuse_unknown("evaluate", self.describe(), unknown)  # type: ignore[attr-defined]
         is_test = _flag(self, "evaluate", "is_test", is_test)
         requires_grad = _flag(self, "evaluate", "requires_grad", requires_grad)
         return self.engine.evaluate(_arrays(inputs), is_test=is_test, requires_grad=requires_grad)
 
     def score(
         self, data: Any, labels: Any = None, *, metrics: Any = None, batch_size: int = 256,
-        inputs: Any = None, targets: Any = None,
+        inputs: Any = None, targets: Any = None, **unknown: Any,
     ) -> dict[str, float]:  # fmt: skip
         """Loss and metrics on a labelled set in one call (Keras's ``evaluate(x, y)``;
         ``evaluate`` here is NNC's forward pass): ``{"loss": ..., "accuracy": ...}``,
@@ -147,6 +160,7 @@ class TrainingMixin:
         """
         from fnnc.models.metrics import score
 
+        refuse_unknown("score", self.describe(), unknown)  # type: ignore[attr-defined]
         return score(
             self, data, labels, metrics=metrics, batch_size=batch_size, inputs=inputs,
             targets=targets,
@@ -181,7 +195,7 @@ class TrainingMixin:
 
         return FnncModule(self, **options)
 
-    def predict(self, inputs: Sequence[Any] | Any, *, batch_size: int = 256) -> Any:
+    def predict(self, inputs: Sequence[Any] | Any, *, batch_size: int = 256, **unknown: Any) -> Any:
         """The outputs (test mode) over every sample of ``inputs`` (one array or a
         list), evaluated ``batch_size`` samples at a time, as NumPy: one array for a
         one-output model, else a list. Data parallel over several processes, each
@@ -200,6 +214,7 @@ class TrainingMixin:
         """
         from fnnc.models.training import predict
 
+        refuse_unknown("predict", self.describe(), unknown)  # type: ignore[attr-defined]
         self.engine._check_inputs(_arrays(inputs))  # evaluate's check, before batching
         return predict(self, inputs, batch_size=batch_size)
 
@@ -315,6 +330,7 @@ class TrainingMixin:
         targets: Any = None,
         progress: bool | None = None,
         verbose: bool | int = True,
+        **unknown: Any,
     ) -> dict[str, list[float]]:
         """Trains the compiled model for ``epochs`` epochs of fused steps.
 
@@ -384,6 +400,7 @@ class TrainingMixin:
         """
         from fnnc.models.training import train
 
+        refuse_unknown("train", self.describe(), unknown)  # type: ignore[attr-defined]
         batch_size = check_batch_size(batch_size, "train")  # before resume restores anything
         stop_on_nan = _flag(self, "train", "stop_on_nan", stop_on_nan)
         progress = None if progress is None else _flag(self, "train", "progress", progress)
