@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -63,7 +62,7 @@ from fnnc.models.programs import (
     ModelGraph,
     fit_program,
 )
-from fnnc.ops.optimizer import keys_as_bits
+from fnnc.ops.optimizer import as_transformation, keys_as_bits
 
 Spec = jax.ShapeDtypeStruct
 AnyProgram = ForwardProgram | GradientProgram | ApplyProgram | FitProgram
@@ -109,22 +108,6 @@ class _Live:
     def states(self) -> Any:
         """The Optax states of the partitions, in ``mins.parts`` order."""
         return Minimizers.inner(self.layout.state(self.leaves))
-
-
-_MULTI_STEPS: weakref.WeakKeyDictionary[Any, optax.GradientTransformation] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _gradient_transformation(multi: optax.MultiSteps) -> optax.GradientTransformation:
-    """One ``GradientTransformation`` per ``MultiSteps`` object: its method makes a new
-    one at every call, and partitions are the parameters set with one object, so two
-    ``set_minimizer(ms, params=...)`` calls would split one partition in two (a
-    ``clip_by_global_norm`` inside then clipping each part by its own norm)."""
-    held = _MULTI_STEPS.get(multi)
-    if held is None:
-        held = _MULTI_STEPS[multi] = multi.gradient_transformation()
-    return held
 
 
 class Engine(StepsMixin):
@@ -223,8 +206,9 @@ class Engine(StepsMixin):
         (every parameter set with one object is one partition), updated as a whole.
         Without ``params`` it sets the default, and the parameters given their own
         minimizer keep it (NNC re-applies them) unless ``reset``."""
-        if isinstance(minimizer, optax.MultiSteps):
-            minimizer = _gradient_transformation(minimizer)
+        # one GradientTransformation per MultiSteps object: its method makes a new one
+        # at every call, and the parameters set with one object are one partition
+        minimizer = as_transformation(minimizer)
         if not isinstance(minimizer, optax.GradientTransformation):
             raise ModelError(
                 f"set_minimizer: expected an optax.GradientTransformation (e.g. "
