@@ -219,12 +219,20 @@ def parameter_specs(
 
     Raises:
         GraphError: a rule names an axis the mesh lacks, or more axes than a tensor has,
-            or a user rule matches no parameter (a typo would leave them replicated).
+            or a user rule matches no parameter (a typo would leave them replicated), or
+            ``fsdp`` asks for a data axis the mesh lacks.
         ShapeError: a split axis does not divide by its mesh axis's size.
     """
     rules = ShardingRules.of(rules)
     require_graph(graph, "parameter_specs")
     require_mesh(mesh, "parameter_specs")
+    if rules.fsdp and rules.data not in mesh.axis_names:  # was no FSDP at all, silently
+        raise GraphError(
+            f"parameter_specs: fsdp=True splits parameters over the data axis "
+            f"{rules.data!r}, which the mesh lacks (its axes: {list(mesh.axis_names)}); "
+            f"name the mesh's batch axis with ShardingRules(data=...), build the mesh with "
+            f"an axis {rules.data!r}, or pass fsdp=False"
+        )
     positions = range(len(graph.inputs)) if parameters is None else parameters
     sids = [graph.inputs[input_position(graph, p)] for p in positions]
     roles = find_roles(graph, sids)
