@@ -35,6 +35,7 @@ not recomputed again.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -238,8 +239,12 @@ def _within_budget(graph: Graph, start: int, budget: int, donate: Donate = ()) -
     ``n`` blocks ``k ~ sqrt(n)`` is the classic checkpoint spacing), counted from the
     candidate before the one nearest the loss, or from that one (a block's output
     saved, its inner activation recomputed, or the other way round), and keeps the
-    first spacing that fits with the fewest FLOPs recomputed; then each recomputed candidate, most
-    expensive first, is saved again if the budget still holds.
+    spacings that fit; where none fits, :func:`_descend` walks from the lowest peak
+    found. Then, from each of the three cheapest spacings that fit and from the lowest
+    configuration, each recomputed candidate, most expensive first, is saved again if
+    the budget still holds; the cheapest result wins (one greedy pass from the cheapest
+    spacing alone had recomputed more for a looser budget than for a tighter one).
+    Configurations are tried once each (memoised).
     """
     full = memory_plan(graph, donate=donate).peak_bytes
     if full <= budget:
@@ -248,12 +253,18 @@ def _within_budget(graph: Graph, start: int, budget: int, donate: Donate = ()) -
     order = list(units)
     cost = {c: sum(node_flops(graph, i) for i in unit) for c, unit in units.items()}
 
+    memo: dict[frozenset[int], tuple[int, int, Graph, list[int]]] = {}
+
     def attempt(unsaved: list[int]) -> tuple[int, int, Graph, list[int]]:
-        result = recompute(graph, _union(units, unsaved))
-        peak = memory_plan(result, donate=donate).peak_bytes
-        return peak, sum(cost[c] for c in unsaved), result, unsaved
+        key = frozenset(unsaved)
+        if key not in memo:
+            result = recompute(graph, _union(units, unsaved))
+            peak = memory_plan(result, donate=donate).peak_bytes
+            memo[key] = (peak, sum(cost[c] for c in unsaved), result, unsaved)
+        return memo[key]
 
     best: tuple[int, int, Graph, list[int]] | None = None
+    fits = []
     lowest = attempt([])
     spacings = {  # every k-th saved, counted from the one before the loss end, or the end
         frozenset(order[len(order) - first :: -k]): None
@@ -263,37 +274,53 @@ def _within_budget(graph: Graph, start: int, budget: int, donate: Donate = ()) -
     for saved in [*spacings, frozenset()]:  # and none saved
         trial = attempt([c for c in order if c not in saved])
         lowest = min(lowest, trial, key=lambda t: (t[0], t[1]))
+        if trial[0] <= budget:
+            fits.append(trial)
         if trial[0] <= budget and (best is None or trial[1] < best[1]):
             best = trial
-    if best is None:
-        best = _descend(attempt, order, lowest, budget)
-    if best is None:
+    starts = sorted(fits, key=lambda t: t[1])[:3]
+    if lowest[0] > budget:
+        lowest = _descend(attempt, order, lowest, budget) or lowest
+    if lowest[0] <= budget and (best is None or lowest[3] != best[3]):
+        starts.append(lowest)  # the fewest bytes: pruned, it may need fewer FLOPs
+    if not starts:
         raise GraphError(
             f"remat: budget_bytes={budget:,d} is below the smallest peak found "
             f"({lowest[0]:,d} bytes; without remat {full:,d}); raise the budget"
         )
+    return min((_pruned(attempt, s, cost, budget) for s in starts), key=lambda t: t[1])[2]
+
+
+def _pruned(attempt: Any, best: Any, cost: dict[int, int], budget: int) -> Any:
+    """``best`` with each recomputed candidate, most expensive first, saved again
+    while the budget still holds."""
     for c in sorted(best[3], key=lambda c: -cost[c]):
         trial = attempt([k for k in best[3] if k != c])
         if trial[0] <= budget:
             best = trial
-    return best[2]
+    return best
 
 
 def _descend(attempt: Any, order: list[int], start: Any, budget: int) -> Any:
     """From the lowest configuration the sweep found, flip one candidate at a time
-    (saved <-> recomputed) while that lowers the peak, until the budget holds."""
+    (saved <-> recomputed), or two neighbours together where no single flip helps (a
+    block's output and its inner activation saved as a pair), while that lowers the
+    peak, until the budget holds."""
     current = start
+    groups = [[c] for c in order] + [list(p) for p in itertools.pairwise(order)]
     improved = True
     while improved and current[0] > budget:
         improved = False
-        for c in order:
+        for group in groups:
             unsaved = current[3]
-            flipped = [k for k in unsaved if k != c] if c in unsaved else [*unsaved, c]
+            flipped = [k for k in unsaved if k not in group]
+            flipped += [c for c in group if c not in unsaved]
             trial = attempt(flipped)
             if trial[0] < current[0]:
                 current, improved = trial, True
                 if current[0] <= budget:
                     return current
+                break  # single flips first again
     return current if current[0] <= budget else None
 
 
