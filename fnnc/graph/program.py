@@ -33,6 +33,7 @@ from fnnc.graph._io import donation_problem, flatten_inputs, unflatten_outputs
 from fnnc.graph.memory import MemoryPlan, memory_plan
 from fnnc.graph.numerics import Blame, numerics_error
 from fnnc.graph.sharding import Shardings
+from fnnc.graph.sharding_checks import check_layouts
 from fnnc.ops import while_tape
 
 HOIST_ELEMENTS = 16
@@ -297,11 +298,7 @@ class Program:
         plan = self.shardings
         if plan is None:
             return {}
-        if len(plan.inputs) != len(self.graph.inputs):
-            raise GraphInputError(
-                f"compile: shardings give {len(plan.inputs)} input layouts for a graph with "
-                f"{len(self.graph.inputs)} inputs"
-            )
+        check_layouts(self.graph, plan.inputs, plan.outputs, plan.mesh)
         ins = plan.named(plan.inputs) + (plan.replicated,) * len(self._consts)
         out: dict[str, Any] = {"in_shardings": ins}
         if plan.outputs is not None:

@@ -1,6 +1,7 @@
 """Checks of sharding layouts for :mod:`fnnc.graph.sharding_rules`: a rule's spec, a
 parameter's spec on a mesh (axis names the mesh has, splits that divide), role splits
-that do not divide (named together), ``specs=`` keys and input positions."""
+that do not divide (named together), ``specs=`` keys and input positions; and of the
+layouts a :class:`~fnnc.graph.Shardings` gives ``compile`` (:func:`check_layouts`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from fnnc.core.ir import Graph
 from fnnc.core.text import first_few
-from fnnc.errors import GraphError, ShapeError
+from fnnc.errors import GraphError, GraphInputError, ShapeError
 
 
 def rule_spec(spec: Any, where: Any) -> PartitionSpec:
@@ -168,3 +169,63 @@ def input_position(graph: Graph, which: int | str, where: str = "sharding rules"
     if which not in names:
         raise GraphError(f"{where}: no input named {which!r}; the inputs are {names}")
     return names.index(which)
+
+
+def check_layouts(graph: Graph, inputs: Any, outputs: Any, mesh: Mesh) -> None:
+    """The layouts a :class:`~fnnc.graph.Shardings` gives ``compile``, checked against
+    ``graph`` and ``mesh`` before ``jax.jit`` sees them (which raised its own
+    ValueError, IndivisibleError or AttributeError naming no input): one
+    ``PartitionSpec`` per input (and output, when given), of axes the mesh has, at most
+    one entry per tensor axis, each split dividing that axis."""
+    for kind, sids, specs in (("input", graph.inputs, inputs), ("output", graph.outputs, outputs)):
+        if specs is None:
+            continue
+        if len(specs) != len(sids):
+            raise GraphInputError(
+                f"compile: shardings give {len(specs)} {kind} layouts for a graph with "
+                f"{len(sids)} {kind}s; give one PartitionSpec per {kind}"
+                + (" (or outputs=None to let XLA choose)" if kind == "output" else "")
+            )
+        for i, (sid, spec) in enumerate(zip(sids, specs)):
+            sym = graph.symbols[sid]
+            what = f"compile: shardings.{kind}s[{i}] for {kind} {i}" + (
+                f" ({sym.name})" if sym.name else ""
+            )
+            shape = tuple(sym.shape)
+            named = spec  # UNCONSTRAINED entries (XLA chooses) split nothing here
+            if isinstance(spec, PartitionSpec):
+                named = PartitionSpec(
+                    *(None if e is PartitionSpec.UNCONSTRAINED else e for e in spec)
+                )
+            if not isinstance(spec, PartitionSpec) or bad_entry(named) is not None:
+                raise GraphError(
+                    f"{what} is {spec!r}; expected a jax.sharding.PartitionSpec of mesh "
+                    f"axis names (None: not split), e.g. PartitionSpec({mesh.axis_names[0]!r})"
+                )
+            if len(spec) > len(shape):
+                raise GraphError(
+                    f"{what} is {spec}, {len(spec)} entries for a tensor of shape "
+                    f"{list(shape)}; give at most {len(shape)}"
+                )
+            used = mesh_axes(named)
+            for axis in used:
+                if axis not in mesh.axis_names:
+                    raise GraphError(
+                        f"{what} is {spec}, which names mesh axis {axis!r}; the mesh has "
+                        f"axes {list(mesh.axis_names)}: use one of them or build the mesh "
+                        "with that axis"
+                    )
+                if used.count(axis) > 1:
+                    raise GraphError(
+                        f"{what} is {spec}, which names mesh axis {axis!r} twice; a mesh "
+                        "axis can split one dimension only"
+                    )
+            for dim, entry in enumerate(named):
+                size = axes_size(mesh, entry)
+                if shape[dim] % size:
+                    raise ShapeError(
+                        f"{what} is {spec}: it splits axis {dim} of shape {list(shape)} "
+                        f"({shape[dim]}) over mesh axis {entry!r} of size {size}, which "
+                        f"does not divide; make that size a multiple of {size} or do not "
+                        "split that axis"
+                    )

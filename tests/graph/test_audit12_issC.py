@@ -5,21 +5,26 @@ from __future__ import annotations
 
 import itertools
 
+import jax
+import numpy as np
 import pytest
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 from fnnc import ops
-from fnnc.errors import GraphError
+from fnnc.errors import GraphError, GraphInputError, ShapeError
 from fnnc.graph import (
     GraphBuilder,
     ShardingRules,
+    Shardings,
     backward,
+    compile,
     memory_plan,
     parameter_specs,
     remat,
 )
 from fnnc.graph.passes.remat_cost import node_flops
+from fnnc.graph.sharding_checks import check_layouts
 
 MESH = AbstractMesh((2, 2), ("data", "model"))
 
@@ -91,3 +96,50 @@ def test_a_budget_some_saved_set_meets_is_met():
     assert min(peaks) == 5380
     # a looser budget never recomputes more
     assert all(a >= b for a, b in itertools.pairwise(found)), found
+
+
+# -- compile(shardings=) --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def matmul():
+    b = GraphBuilder()
+    x, w = b.input((8, 3), name="x"), b.input((4, 3), name="w")
+    return b.build([b.exec(ops.gemm(transpose_b=True), x, w)])
+
+
+@pytest.mark.parametrize(
+    "inputs,outputs,error,match",
+    [
+        (
+            (P("batch"), P()),
+            None,
+            GraphError,
+            r"inputs\[0\] for input 0 \(x\) is .*'batch'.*\['data'\]",
+        ),
+        (
+            (P(None, None, "data"), P()),
+            None,
+            GraphError,
+            r"3 entries for a tensor of shape \[8, 3\]",
+        ),
+        (("data", P()), None, GraphError, r"inputs\[0\] .* is 'data'; expected a .*PartitionSpec"),
+        ((P(("data", "data")), P()), None, GraphError, r"names mesh axis 'data' twice"),
+        ((P("data"), P()), (P(), P()), GraphInputError, r"2 output layouts .* 1 outputs"),
+        ((P("data"),), None, GraphInputError, r"1 input layouts for a graph with 2 inputs"),
+    ],
+)
+def test_compile_names_the_input_of_a_bad_layout(matmul, inputs, outputs, error, match):
+    """jax.jit's own ValueError / AttributeError / pytree mismatch, naming no input, came
+    out of the first call; compile's layouts are checked as the rules' are."""
+    mesh = jax.make_mesh((1,), ("data",))
+    with pytest.raises(error, match=match):
+        compile(matmul, shardings=Shardings(mesh, inputs, outputs))(
+            np.ones((8, 3), np.float32), np.ones((4, 3), np.float32)
+        )
+
+
+def test_a_layout_that_does_not_divide_names_the_axis_and_sizes(matmul):
+    """IndivisibleError from jax.jit before; on 4 devices (an abstract mesh here)."""
+    mesh = AbstractMesh((4,), ("data",))
+    with pytest.raises(ShapeError, match=r"axis 1 of shape \[8, 3\] \(3\) over mesh axis 'data'"):
+        check_layouts(matmul, (P(None, "data"), P()), None, mesh)
+    check_layouts(matmul, (P("data"), P()), (P("data"),), mesh)  # 8 rows over 4: fine
