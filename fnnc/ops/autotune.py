@@ -45,7 +45,7 @@ from fnnc.core.dispatch import (
 from fnnc.core.dispatch import table_key as key
 from fnnc.core.files import atomic_write, locked
 from fnnc.core.platforms import platform_name
-from fnnc.errors import BackendError, ConfigError, GraphFormatError
+from fnnc.errors import BackendError, CommandError, ConfigError, GraphFormatError
 
 FORMAT, VERSION = "fnnc.autotune", 2
 """The table file's format and version (version 1: a bare ``{key: backend}`` object,
@@ -101,7 +101,14 @@ def autotune(cmd: Command, *arrays: Any, repeats: int = 5, platform: str | None 
     Raises:
         BackendError: ``repeats`` below 1, a platform name fnnc does not know, or one
             with no device here.
+        CommandError: ``cmd`` is no command (a name such as ``"gemm"``, or the factory
+            ``ops.gemm`` not called).
     """
+    if not isinstance(cmd, Command):  # "gemm" was an AttributeError on .definition
+        raise CommandError(
+            f"autotune: expected a Command with its hyper-parameters bound (e.g. "
+            f"fnnc.ops.gemm(transpose_b=True)), got {type(cmd).__name__} {cmd!r:.60}"
+        )
     platform, device = timing_target(platform, repeats, "autotune")
     arrays, specs, _ = checked_inputs(cmd, arrays)
     gap = any(s is None for s in specs)
