@@ -40,7 +40,7 @@ from fnnc.core.backends import _BACKENDS, REFERENCE, TABLE, Backend, _backends_o
 from fnnc.core.command import Command, Spec, lookup, spec_text
 from fnnc.core.opdef import registry
 from fnnc.core.platforms import platform_name
-from fnnc.errors import BackendError
+from fnnc.errors import BackendError, CommandError
 
 _PRECISION: contextvars.ContextVar[str | None] = contextvars.ContextVar("precision", default=None)
 _PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("platform", default=None)
@@ -130,7 +130,13 @@ def select_backend(
     float32 dots run at the matmul ``precision`` (``compile(matmul_precision=...)``'s;
     default :attr:`fnnc.config.Config.matmul_precision`): the autotune table's winners
     are looked up under it. An unknown platform or precision name is a
-    :class:`~fnnc.errors.ConfigError`."""
+    :class:`~fnnc.errors.ConfigError`; ``cmd`` that is no command (a name such as
+    ``"gemm"``) a :class:`~fnnc.errors.CommandError`."""
+    if not isinstance(cmd, Command):  # "gemm" was an AttributeError on .name
+        raise CommandError(
+            f"select_backend: expected a Command with its hyper-parameters bound (e.g. "
+            f"fnnc.ops.gemm(transpose_b=True)), got {type(cmd).__name__} {cmd!r:.60}"
+        )
     platform = platform_name(platform or _PLATFORM.get(), "select_backend")
     precision = precision or _PRECISION.get()  # a program's, while it is traced
     available = _backends_of(cmd.name, backends._generation)
