@@ -133,8 +133,13 @@ def as_step(step: Any, what: str, path: str) -> int:
             raise TypeError
         return operator.index(step)
     except TypeError:
+        hint = (  # restore(model): the model in the step's place
+            "; to restore into a model, call restore_into(model, step)"
+            if hasattr(step, "checkpoint_state")
+            else ""
+        )
         raise CheckpointError(
-            f"{what}: step {step!r:.40} for {path} is a {type(step).__name__}; give an int"
+            f"{what}: step {step!r:.40} for {path} is a {type(step).__name__}; give an int{hint}"
         ) from None
 
 

@@ -12,7 +12,7 @@ from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 from fnnc import ops
-from fnnc.errors import GraphError, GraphInputError, ShapeError
+from fnnc.errors import CheckpointError, GraphError, GraphInputError, ShapeError
 from fnnc.graph import (
     GraphBuilder,
     ShardingRules,
@@ -25,6 +25,8 @@ from fnnc.graph import (
 )
 from fnnc.graph.passes.remat_cost import node_flops
 from fnnc.graph.sharding_checks import check_layouts
+from fnnc.io import Checkpoints, ShardedCheckpoints
+from fnnc.models import Dense, Sequential
 
 MESH = AbstractMesh((2, 2), ("data", "model"))
 
@@ -143,3 +145,13 @@ def test_a_layout_that_does_not_divide_names_the_axis_and_sizes(matmul):
     with pytest.raises(ShapeError, match=r"axis 1 of shape \[8, 3\] \(3\) over mesh axis 'data'"):
         check_layouts(matmul, (P(None, "data"), P()), None, mesh)
     check_layouts(matmul, (P("data"), P()), (P("data"),), mesh)  # 8 rows over 4: fine
+
+
+# -- checkpoints ----------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", [Checkpoints, ShardedCheckpoints])
+def test_restore_given_a_model_points_to_restore_into(tmp_path, kind):
+    """``restore(model)`` (the model in the step's place) said only 'give an int'."""
+    with pytest.raises(CheckpointError, match=r"is a _Sequential; give an int; .*restore_into"):
+        kind(tmp_path / "run").restore(Sequential([Dense(2)]))
+    with pytest.raises(CheckpointError, match=r"is a str; give an int$"):
+        kind(tmp_path / "run").restore("3")
