@@ -23,6 +23,7 @@ from fnnc.graph import (
     parameter_specs,
     remat,
 )
+from fnnc.graph.passes.loss_scale import LossScale
 from fnnc.graph.passes.remat_cost import node_flops
 from fnnc.graph.sharding_checks import check_layouts
 from fnnc.io import Checkpoints, ShardedCheckpoints
@@ -155,3 +156,13 @@ def test_restore_given_a_model_points_to_restore_into(tmp_path, kind):
         kind(tmp_path / "run").restore(Sequential([Dense(2)]))
     with pytest.raises(CheckpointError, match=r"is a str; give an int$"):
         kind(tmp_path / "run").restore("3")
+
+
+# -- loss scaling ---------------------------------------------------------------------------
+def test_loss_scale_growth_interval_takes_numpy_ints_and_refuses_bools():
+    """np.int64(5) was refused as 'no int >= 1' while True passed as 1."""
+    assert LossScale(growth_interval=np.int64(5)) == LossScale(growth_interval=5)
+    assert type(LossScale(growth_interval=np.int32(3)).growth_interval) is int
+    for bad in (True, np.True_, 0, 2.0):
+        with pytest.raises(GraphError, match=r"growth_interval=.* \(an int >= 1\)"):
+            LossScale(growth_interval=bad)

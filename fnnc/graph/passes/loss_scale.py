@@ -105,7 +105,12 @@ class LossScale:
             problems.append(f"initial={self.initial!r} (a positive finite number)")
         elif self.initial > top:
             problems.append(f"initial={self.initial!r} (at most float32's largest, {top:.6g})")
-        if not (isinstance(self.growth_interval, int) and self.growth_interval >= 1):
+        count = self.growth_interval  # NumPy's ints count; True is no count (it was 1)
+        if not (
+            isinstance(count, (int, np.integer))
+            and not isinstance(count, (bool, np.bool_))
+            and count >= 1
+        ):
             problems.append(f"growth_interval={self.growth_interval!r} (an int >= 1)")
         if not (positive(self.factor) and 1 < self.factor <= top):
             problems.append(f"factor={self.factor!r} (a finite number > 1, e.g. 2.0)")
@@ -117,6 +122,7 @@ class LossScale:
             raise GraphError("LossScale: expected " + "; ".join(problems))
         for field in ("initial", "factor", "minimum"):  # hashable: programs key on it
             object.__setattr__(self, field, float(getattr(self, field)))
+        object.__setattr__(self, "growth_interval", int(count))
 
     def init(self) -> ScaleState:
         """The starting state: ``initial`` and no good steps."""
