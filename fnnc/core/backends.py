@@ -29,8 +29,8 @@ from fnnc import config
 from fnnc.core import measured
 from fnnc.core.command import Command, Spec, lookup
 from fnnc.core.ir import Graph
-from fnnc.core.platforms import PLATFORMS
-from fnnc.errors import BackendError
+from fnnc.core.platforms import PLATFORMS, platform_name
+from fnnc.errors import BackendError, ConfigError
 
 REFERENCE = "xla"
 
@@ -240,10 +240,62 @@ def register_backend(command: str, backend: Backend) -> None:
         >>> ops.unregister_backend("relu", "mine")
     """
     lookup(command)
+    backend = _checked(command, backend)
     if backend.name == REFERENCE:
         raise BackendError(f"{command}: {REFERENCE!r} is the reference backend's name")
     _BACKENDS.setdefault(command, {})[backend.name] = backend
     _bump()
+
+
+def _checked(command: str, backend: Any) -> Backend:
+    """``backend`` with its platform names spelt as fnnc spells them (``"CPU"``,
+    ``"cuda"`` -> ``"cpu"``, ``"gpu"``; one name alone is a tuple of it), or a
+    :class:`BackendError` for a field selection would trip over later (a misspelt
+    platform was never chosen, a string priority failed the first eager call)."""
+    if not isinstance(backend, Backend):
+        raise BackendError(
+            f"register_backend({command!r}, ...): expected a fnnc.ops.Backend(name, forward, "
+            f"platforms, ...), got {type(backend).__name__}"
+        )
+    where = f"register_backend({command!r}, Backend({backend.name!r}, ...))"
+    if not isinstance(backend.name, str) or not backend.name:
+        raise BackendError(f"{where}: name must be a non-empty string, got {backend.name!r}")
+    for field in ("forward", "supports", "backward", "wins"):
+        value = getattr(backend, field)
+        if not callable(value) and (value is not None or field in ("forward", "supports")):
+            raise BackendError(f"{where}: {field} must be a function, got {type(value).__name__}")
+    priority = backend.priority
+    if isinstance(priority, (bool, np.bool_)) or not isinstance(priority, (int, np.integer)):
+        raise BackendError(f"{where}: priority must be an int, got {priority!r}")
+    fields = {
+        f: _platforms(where, f, getattr(backend, f)) for f in ("platforms", "interpret_platforms")
+    }
+    if all(fields[f] == getattr(backend, f) for f in fields):
+        return backend
+    return dataclasses.replace(backend, **fields)
+
+
+def _platforms(where: str, field: str, given: Any) -> tuple[str, ...]:
+    """``given`` (a name or names) as a tuple of fnnc's platform names
+    (:func:`~fnnc.core.platforms.platform_name`); the platform JAX runs on here is also
+    taken as JAX names it (a plugin's own, as ``platform_name(None)`` gives it)."""
+    names = (given,) if isinstance(given, str) else given
+    if not isinstance(names, (tuple, list)):
+        raise BackendError(f"{where}: {field} must be a tuple of platform names, got {given!r}")
+    out = []
+    for name in names:
+        try:
+            out.append(platform_name(name, where) if isinstance(name, str) else None)
+        except ConfigError:  # only then ask JAX, which starts its backends
+            here = platform_name(None, where)
+            out.append(here if name.lower() == here else None)
+        if out[-1] is None:
+            raise BackendError(
+                f"{where}: {field}={given!r}: {name!r} is no platform; fnnc's are "
+                f"{list(PLATFORMS)} (JAX's 'cuda' and 'rocm' are 'gpu'), e.g. "
+                "platforms=('cpu',)"
+            )
+    return tuple(out)
 
 
 def unregister_backend(command: str, name: str) -> None:

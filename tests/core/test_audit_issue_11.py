@@ -311,7 +311,9 @@ def test_gradient_backends_come_only_from_forward_backends_with_a_backward(regis
     before = set(ops.backends_of("gradient"))
     ops.register_backend("relu", ops.Backend("plain", _abs, EVERYWHERE, priority=0))
     assert set(ops.backends_of("gradient")) == before
-    ops.register_backend("relu", ops.Backend("withbw", _abs, EVERYWHERE, 0, backward=_twice))
+    ops.register_backend(
+        "relu", ops.Backend("withbw", _abs, EVERYWHERE, priority=0, backward=_twice)
+    )
     assert set(ops.backends_of("gradient")) == before | {"withbw"}
     ops.unregister_backend("relu", "withbw")
     assert set(ops.backends_of("gradient")) == before

@@ -1,0 +1,77 @@
+"""Audit 12 (issD): issue 11's registry of backends, checked where a backend is registered.
+
+A backend whose platforms were spelt as JAX or a user spells them (``"CPU"``,
+``"cuda"``) was registered and then never chosen, silently; a priority or ``supports``
+of the wrong kind failed with Python's bare ``TypeError`` at the first eager call of the
+command. ``register_backend`` now spells the platforms as fnnc does and refuses the rest
+with a :class:`~fnnc.errors.BackendError` naming the command, the backend and the field.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fnnc import ops
+from fnnc.errors import BackendError
+
+X = np.array([-1.0, 2.0], np.float32)
+SPECS = [jax.ShapeDtypeStruct((2,), jnp.float32)]
+
+
+def _plus_100(x):
+    return jnp.maximum(x, 0) + 100.0
+
+
+@pytest.fixture
+def fake():
+    """Registers nothing itself; removes the backend 'fake' of relu after the test."""
+    yield
+    ops.unregister_backend("relu", "fake")
+
+
+@pytest.mark.parametrize(
+    "platforms, chosen_on",
+    [(("CPU",), "cpu"), ("cpu", "cpu"), (["cpu"], "cpu"), (("cuda",), "gpu"), (("ROCm",), "gpu")],
+)
+def test_platform_names_are_spelt_as_fnnc_spells_them(fake, platforms, chosen_on):
+    ops.register_backend("relu", ops.Backend("fake", _plus_100, platforms, priority=5))
+    assert ops.select_backend(ops.relu(), SPECS, chosen_on) == "fake"
+    assert ops.backends_of("relu")["fake"].platforms == (chosen_on,)
+    if chosen_on == jax.default_backend():  # the eager call runs it: the fake's numbers
+        np.testing.assert_array_equal(ops.relu()(X), np.maximum(X, 0) + 100.0)
+
+
+def test_a_backend_given_fnnc_names_is_registered_as_given(fake):
+    backend = ops.Backend("fake", _plus_100, ("cpu", "gpu"), priority=5)
+    ops.register_backend("relu", backend)
+    assert ops.backends_of("relu")["fake"] is backend
+
+
+@pytest.mark.parametrize(
+    "fields, said",
+    [
+        (dict(platforms=("metal9",)), "'metal9' is no platform"),
+        (dict(platforms={"cpu"}), "platforms must be a tuple"),
+        (dict(interpret_platforms=("cpus",)), "interpret_platforms=('cpus',)"),
+        (dict(priority="5"), "priority must be an int, got '5'"),
+        (dict(priority=True), "priority must be an int, got True"),
+        (dict(supports=5), "supports must be a function, got int"),
+        (dict(backward="grad"), "backward must be a function, got str"),
+        (dict(forward=None), "forward must be a function"),
+    ],
+)
+def test_a_malformed_backend_is_refused_when_registered(fields, said):
+    given = dict(name="fake", forward=_plus_100, platforms=("cpu",), priority=5) | fields
+    with pytest.raises(BackendError, match="register_backend\\('relu', Backend\\('fake'") as e:
+        ops.register_backend("relu", ops.Backend(**given))
+    assert said in str(e.value)
+    assert "fake" not in ops.backends_of("relu")  # nothing half-registered
+    np.testing.assert_array_equal(ops.relu()(X), np.maximum(X, 0))
+
+
+def test_registering_a_function_instead_of_a_backend_says_what_to_pass():
+    with pytest.raises(BackendError, match=r"expected a fnnc\.ops\.Backend"):
+        ops.register_backend("relu", _plus_100)
