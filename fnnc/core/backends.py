@@ -27,7 +27,7 @@ import numpy as np
 
 from fnnc import config
 from fnnc.core import measured
-from fnnc.core.command import Command, Spec, lookup
+from fnnc.core.command import Command, Spec, lookup, spec_text
 from fnnc.core.ir import Graph
 from fnnc.core.platforms import PLATFORMS, platform_name
 from fnnc.errors import BackendError, ConfigError
@@ -296,6 +296,22 @@ def _platforms(where: str, field: str, given: Any) -> tuple[str, ...]:
                 "platforms=('cpu',)"
             )
     return tuple(out)
+
+
+def support_reason(backend: Backend, cmd: Command, specs: Sequence[Spec]) -> str | None:
+    """``backend.supports(cmd, specs)``: ``None`` where the backend runs these inputs,
+    else the reason it does not. Anything else is a :class:`BackendError`: a predicate
+    returning ``True``/``False`` reads the other way round (``False`` is a reason too),
+    so such a backend was silently never chosen, while ``autotune`` timed it."""
+    reason = backend.supports(cmd, specs)
+    if reason is None or (isinstance(reason, str) and reason):
+        return reason
+    raise BackendError(
+        f"backend {backend.name!r} of {cmd.name}: supports(cmd, specs) returned {reason!r} "
+        f"for inputs {[spec_text(s) for s in specs]}; "
+        "it must return None where the backend runs the inputs and a string saying why not "
+        "elsewhere (not True/False: write `None if ok else 'why'`)"
+    )
 
 
 def unregister_backend(command: str, name: str) -> None:

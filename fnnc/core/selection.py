@@ -36,7 +36,16 @@ from typing import Any
 
 from fnnc import config
 from fnnc.core import backends, measured
-from fnnc.core.backends import _BACKENDS, REFERENCE, TABLE, Backend, _backends_of, _bump, table_key
+from fnnc.core.backends import (
+    _BACKENDS,
+    REFERENCE,
+    TABLE,
+    Backend,
+    _backends_of,
+    _bump,
+    support_reason,
+    table_key,
+)
 from fnnc.core.command import Command, Spec, lookup, spec_text
 from fnnc.core.opdef import registry
 from fnnc.core.platforms import platform_name
@@ -92,7 +101,7 @@ def why_not(backend: Backend, cmd: Command, specs: Sequence[Spec], platform: str
     """Why ``backend`` cannot run ``cmd`` on these inputs here; ``None`` if it can."""
     if platform not in backend.platforms + backend.interpret_platforms:
         return f"backend {backend.name!r} does not run on {platform}"
-    return backend.supports(cmd, specs)
+    return support_reason(backend, cmd, specs)
 
 
 def _forced(cmd: Command, cfg: config.Config) -> str:
@@ -167,7 +176,7 @@ def select_backend(
         if (
             chosen is not None
             and platform in chosen.platforms
-            and chosen.supports(cmd, specs) is None
+            and support_reason(chosen, cmd, specs) is None
         ):
             return chosen.name
     best, best_priority = REFERENCE, 0
@@ -176,7 +185,7 @@ def select_backend(
         for name, backend in available.items():
             priority = _priority(cmd, specs, name, backend)
             eligible = platform in backend.platforms and priority > best_priority
-            if eligible and backend.supports(cmd, specs) is None:
+            if eligible and support_reason(backend, cmd, specs) is None:
                 best, best_priority = name, priority
     finally:
         _PRECISION.reset(token)

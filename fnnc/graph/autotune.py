@@ -52,7 +52,7 @@ from typing import Any
 import jax
 
 from fnnc import config
-from fnnc.core.dispatch import platform_scope, select_backend
+from fnnc.core.dispatch import platform_scope, select_backend, why_not
 from fnnc.core.evaluate import as_tuple, run_nodes
 from fnnc.core.ir import Graph, Node
 from fnnc.graph import cpu_libraries
@@ -73,7 +73,7 @@ def eligible(cmd: Command, specs: Any, platform: str) -> list[str]:
     return [
         name
         for name, backend in backends_of(cmd.name).items()
-        if platform in backend.platforms and backend.supports(cmd, specs) is None
+        if platform in backend.platforms and why_not(backend, cmd, specs, platform) is None
     ]
 
 

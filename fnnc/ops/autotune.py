@@ -117,7 +117,7 @@ def autotune(cmd: Command, *arrays: Any, repeats: int = 5, platform: str | None 
             name: compiled_forward(cmd, name)
             for name, backend in backends_of(cmd.name).items()
             if platform in backend.platforms
-            and not why_not(backend, cmd, specs, platform)
+            and why_not(backend, cmd, specs, platform) is None
             and not (gap and name != REFERENCE)
         }
     times = median_seconds(fns, *jax.device_put(arrays, device), repeats=repeats)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from fnnc import ops
+from fnnc.core.dispatch import why_not
 from fnnc.errors import BackendError
 
 X = np.array([-1.0, 2.0], np.float32)
@@ -75,3 +76,37 @@ def test_a_malformed_backend_is_refused_when_registered(fields, said):
 def test_registering_a_function_instead_of_a_backend_says_what_to_pass():
     with pytest.raises(BackendError, match=r"expected a fnnc\.ops\.Backend"):
         ops.register_backend("relu", _plus_100)
+
+
+def _small_only(cmd, specs):  # a predicate, not fnnc's None-or-reason
+    return specs[0].shape[0] <= 4
+
+
+@pytest.mark.parametrize("rows", [2, 8])
+def test_a_supports_returning_a_bool_is_an_error_not_a_backend_never_chosen(fake, rows):
+    """``supports`` returning True (meant: runs) was read as a reason, so the backend was
+    never chosen; False (meant: declines) let ``autotune`` time it on those inputs."""
+    ops.register_backend(
+        "relu", ops.Backend("fake", _plus_100, ("cpu",), supports=_small_only, priority=5)
+    )
+    specs = [jax.ShapeDtypeStruct((rows,), jnp.float32)]
+    said = f"supports\\(cmd, specs\\) returned {rows <= 4}"
+    with pytest.raises(BackendError, match=f"backend 'fake' of relu: {said}"):
+        ops.select_backend(ops.relu(), specs, "cpu")
+    with pytest.raises(BackendError, match=said):
+        ops.autotune(ops.relu(), np.ones((rows,), np.float32), repeats=1, platform="cpu")
+
+
+def test_a_supports_saying_none_or_why_is_followed(fake):
+    def small_only(cmd, specs):
+        return None if specs[0].shape[0] <= 4 else "more than 4 rows"
+
+    ops.register_backend(
+        "relu", ops.Backend("fake", _plus_100, ("cpu",), supports=small_only, priority=5)
+    )
+    small, large = ([jax.ShapeDtypeStruct((n,), jnp.float32)] for n in (2, 8))
+    assert ops.select_backend(ops.relu(), small, "cpu") == "fake"
+    assert ops.select_backend(ops.relu(), large, "cpu") == "xla"
+    assert why_not(ops.backends_of("relu")["fake"], ops.relu(), large, "cpu") == (
+        "more than 4 rows"
+    )
