@@ -32,7 +32,7 @@ import jax
 
 from fnnc.core.command import Spec
 from fnnc.core.files import atomic_write, locked
-from fnnc.errors import GraphFormatError
+from fnnc.errors import BackendError, GraphFormatError
 
 PATH = pathlib.Path(__file__).with_name("measured_defaults.json")
 FORMAT = 1
@@ -107,6 +107,17 @@ def _entries_problem(per: Any) -> str | None:
     return None
 
 
+def _devices_problem(devices: Any) -> str | None:
+    """What is wrong with ``{device kind: entries}`` (``None``: nothing)."""
+    if not isinstance(devices, Mapping):
+        return f"got a {type(devices).__name__}"
+    for kind, per in devices.items():
+        problem = _entries_problem(per)
+        if problem:
+            return f"device {kind!r}: {problem}"
+    return None
+
+
 def table() -> Mapping[str, Mapping[str, Mapping[str, str]]]:
     """The defaults in force: ``{device kind: {command: {shape class: backend}}}``."""
     global _table
@@ -120,7 +131,15 @@ def use(devices: Mapping[str, Mapping[str, Mapping[str, str]]] | None) -> None:
     cache backend choices must also move the dispatch state
     (:func:`fnnc.core.dispatch.use_measured_defaults` does both)."""
     global _table
-    _table = None if devices is None else {k: dict(v) for k, v in devices.items()}
+    if devices is not None:
+        problem = _devices_problem(devices)
+        if problem:  # not a bare AttributeError at the next backend choice
+            raise BackendError(
+                f"use_measured_defaults: {problem}; expected {{device kind: {{command: "
+                "{shape class: backend name}}}, e.g. {'cpu': {'gemm': {'*': 'xla'}}}"
+            )
+        devices = {k: {c: dict(v) for c, v in per.items()} for k, per in devices.items()}
+    _table = devices
 
 
 def lookup(command: str, specs: Sequence[Spec | None], platform: str) -> str | None:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fnnc import ops
-from fnnc.core.dispatch import why_not
+from fnnc.core.dispatch import use_measured_defaults, why_not
 from fnnc.errors import BackendError
 
 X = np.array([-1.0, 2.0], np.float32)
@@ -110,3 +110,33 @@ def test_a_supports_saying_none_or_why_is_followed(fake):
     assert why_not(ops.backends_of("relu")["fake"], ops.relu(), large, "cpu") == (
         "more than 4 rows"
     )
+
+
+@pytest.mark.parametrize(
+    "devices, said",
+    [
+        ({"cpu": {"relu": "fake"}}, "device 'cpu': command 'relu' maps to a str"),
+        ({"cpu": ["relu"]}, "device 'cpu': got a list"),
+        (["cpu"], "got a list"),
+        (
+            {"cpu": {"relu": {"*": 5}}},
+            "device 'cpu': command 'relu', class '\\*': backend 5 is no name",
+        ),
+    ],
+)
+def test_malformed_measured_defaults_are_refused_when_given(fake, devices, said):
+    """They were kept, and the next backend choice died with a bare AttributeError."""
+    from fnnc.core import measured
+
+    ops.register_backend("relu", ops.Backend("fake", _plus_100, ("cpu",), priority=0))
+    kind = measured.device_kind("cpu")
+    devices = {kind: v for v in devices.values()} if isinstance(devices, dict) else devices
+    with pytest.raises(BackendError, match=f"use_measured_defaults: {said}"):
+        use_measured_defaults(devices)
+    assert ops.select_backend(ops.relu(), SPECS, "cpu") == "xla"  # the shipped table stays
+    use_measured_defaults({kind: {"relu": {"*": "fake"}}})
+    try:
+        assert ops.select_backend(ops.relu(), SPECS, "cpu") == "fake"
+    finally:
+        use_measured_defaults(None)
+    assert ops.select_backend(ops.relu(), SPECS, "cpu") == "xla"
