@@ -44,6 +44,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from fnnc.core.definition_checks import check_definition
 from fnnc.core.opdef import (
     _REGISTRY,
     ALL_INPUTS,
@@ -358,6 +359,16 @@ def defcommand(
             else:
                 optional += 1
         cmd_name = name or forward.__name__
+        flags = dict(
+            random=random,
+            has_effects=has_effects,
+            differentiable=differentiable,
+            elementwise=elementwise,
+            commutative=commutative,
+            idempotent=idempotent,
+            batch_statistics=batch_statistics,
+        )
+        check_definition(cmd_name, family, shape, uses, min_inputs, flags)
         old = _REGISTRY.get(cmd_name)
         if old is not None and not replace:
             where = f"{old.forward.__module__}.{old.forward.__qualname__}"
@@ -374,15 +385,7 @@ def defcommand(
             forward=forward,
             shape=shape,
             backward_uses=uses,
-            attributes=Attributes(
-                random,
-                has_effects,
-                differentiable,
-                elementwise,
-                commutative,
-                idempotent,
-                batch_statistics,
-            ),
+            attributes=Attributes(**flags),
             param_defaults=defaults,
             num_required=required,
             num_optional=optional,

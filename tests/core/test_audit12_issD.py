@@ -16,7 +16,7 @@ import pytest
 
 from fnnc import ops
 from fnnc.core.dispatch import use_measured_defaults, why_not
-from fnnc.errors import BackendError
+from fnnc.errors import BackendError, CommandError
 
 X = np.array([-1.0, 2.0], np.float32)
 SPECS = [jax.ShapeDtypeStruct((2,), jnp.float32)]
@@ -140,3 +140,46 @@ def test_malformed_measured_defaults_are_refused_when_given(fake, devices, said)
     finally:
         use_measured_defaults(None)
     assert ops.select_backend(ops.relu(), SPECS, "cpu") == "xla"
+
+
+def _same(a):
+    return a
+
+
+@pytest.mark.parametrize(
+    "given, said",
+    [
+        (dict(elementwise="no"), "elementwise must be True or False, got 'no'"),
+        (dict(idempotent="x"), "idempotent must be True or False or a function"),
+        (dict(commutative=1), "commutative must be True or False or a function"),
+        (dict(random=None), "random must be True or False, got None"),
+        (dict(uses=(0,)), "uses must be a fnnc.ops.Uses"),
+        (dict(min_inputs="1"), "min_inputs must be an int >= 0 or None, got '1'"),
+        (dict(family=None), "family must be a non-empty string"),
+        (dict(shape=5), "shape must be the shape rule, a function, got int"),
+    ],
+)
+def test_defcommand_refuses_attributes_the_passes_would_misread(given, said):
+    """``elementwise="no"`` was kept and read as true: ``fuse`` chained the command."""
+    args = dict(family="elementwise", shape=_same) | given
+    with pytest.raises(CommandError, match="defcommand of 'audit12_bad'") as e:
+        ops.defcommand(name="audit12_bad", **args)(lambda a: a * 2.0)
+    assert said in str(e.value)
+    assert "audit12_bad" not in ops.registry()
+
+
+def test_defcommand_takes_flags_and_predicates(restore_registries):
+    @ops.defcommand(
+        family="elementwise",
+        shape=lambda a, b: a,
+        elementwise=np.bool_(True),
+        commutative=lambda cmd: True,
+        name="audit12_good",
+    )
+    def twice(a, b):
+        """a + b (test command)."""
+        return a + b
+
+    attributes = ops.lookup("audit12_good").attributes
+    assert attributes.elementwise and attributes.is_commutative(twice())
+    np.testing.assert_array_equal(twice()(X, X), X + X)
