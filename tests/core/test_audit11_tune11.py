@@ -58,7 +58,9 @@ def test_measure_takes_the_platform_names_compile_takes(monkeypatch):
         measure_defaults.measure("gpus", **run)
 
 
-def test_a_command_calling_another_follows_a_config_override_after_its_first_call():
+def test_a_command_calling_another_follows_a_config_override_after_its_first_call(
+    restore_registries,
+):
     """The jitted forward of a command whose forward calls ``gemm`` was keyed on the
     config only for commands holding sub-graphs: after one plain call, a forced gemm
     backend that cannot run was ignored (a direct gemm call refuses it)."""
