@@ -104,7 +104,13 @@ def _complex_ones(inputs, outputs, **params):
     return (jnp.broadcast_to(jnp.tile(pair, shape[-1] // 2), shape),)
 
 
-@defcommand(family="rope", shape=_cmul_rule, uses=Uses(inputs=(0, 1)), null_gradient=_complex_ones)
+@defcommand(
+    family="rope",
+    shape=_cmul_rule,
+    uses=Uses(inputs=(0, 1)),
+    null_gradient=_complex_ones,
+    commutative=lambda cmd: not cmd.kwargs.get("conjugate", False),  # a * b; not a * conj(b)
+)
 def cmul(a, b, *, conjugate=False):
     """Complex product of interleaved pairs ``(re, im)`` along the last axis
     (broadcasting the other axes): RoPE with complex frequencies. ``conjugate=True``

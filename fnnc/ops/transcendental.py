@@ -163,7 +163,7 @@ def _filled(selector, threshold, shape):
     return to_shape(selector, shape) < to_shape(threshold, shape)
 
 
-@defcommand(family="elementwise", shape=_fill_rule, uses=Uses(inputs=(1, 2)))
+@defcommand(family="elementwise", shape=_fill_rule, uses=Uses(inputs=(1, 2)), elementwise=True)
 def fill_if_less_than(a, selector, threshold, *, value=0.0):
     """``value`` where ``selector < threshold`` (broadcast to ``a``), else ``a``."""
     return jnp.where(_filled(selector, threshold, a.shape), jnp.asarray(value, a.dtype), a)
