@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 def leaf(dg: DynamicGraph, value: Any, grad: bool, name: str = "", where: str = "") -> Version:
     """A new version holding ``value``; ``where`` (``"variable"``, ``"exec relu:
     input 0"``) names it in the :class:`DTypeError` for a value that is no array."""
-    if isinstance(value, Variable):
-        value = dg.value_of(value)
+    if isinstance(value, Variable):  # of this graph or another: a copy of its value
+        value = value._dg.value_of(value)
     try:
         arr = value if isinstance(value, jax.Array) else jax.device_put(np.asarray(value))
     except (TypeError, ValueError) as e:
@@ -66,11 +66,17 @@ def read(dg: DynamicGraph, x: Any, where: str, i: int) -> Read:
 
 
 def slot_of(dg: DynamicGraph, x: Any, where: str) -> Slot:
-    """The slot of variable ``x`` (errors for anything else and for a freed one)."""
+    """The slot of variable ``x`` (errors for anything else, for a freed one and for
+    one of another graph)."""
     if not isinstance(x, Variable):
         raise GraphError(f"{where}: expected a Variable, got {type(x).__name__}")
     if x._slot is None:
         dg.freed_error(x, where)
+    if x._dg is not dg:  # its slot is another graph's: set, free, grad would corrupt it
+        raise GraphError(
+            f"{where}: variable {x.label} belongs to another DynamicGraph; use it with the "
+            "graph that made it, or copy its value in: dg.variable(x) or dg.constant(x)"
+        )
     return x._slot  # type: ignore[return-value]
 
 
