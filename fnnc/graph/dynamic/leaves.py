@@ -27,10 +27,14 @@ def leaf(dg: DynamicGraph, value: Any, grad: bool, name: str = "", where: str = 
     input 0"``) names it in the :class:`DTypeError` for a value that is no array."""
     if isinstance(value, Variable):  # of this graph or another: a copy of its value
         value = value._dg.value_of(value)
+    label = f"{where} {name!r}" if name else where or "value"
     try:
-        arr = value if isinstance(value, jax.Array) else jax.device_put(np.asarray(value))
+        arr = value if isinstance(value, jax.Array) else np.asarray(value)
+        if not isinstance(arr, jax.Array):
+            arr = jax.device_put(_fits(arr, label))
     except (TypeError, ValueError) as e:
-        label = f"{where} {name!r}" if name else where or "value"
+        if isinstance(e, DTypeError):  # _fits's own
+            raise
         raise DTypeError(
             f"{label}: got {value!r:.40} ({type(value).__name__}), which is not an "
             f"array of numbers ({e}); pass a number, a NumPy or JAX array, or a list "
@@ -39,6 +43,22 @@ def leaf(dg: DynamicGraph, value: Any, grad: bool, name: str = "", where: str = 
     v = dg._record.version(tuple(arr.shape), np.dtype(arr.dtype), arr, grad)
     v.name = name
     return v
+
+
+def _fits(host: np.ndarray, label: str) -> np.ndarray:
+    """``host`` itself; 64-bit integers that JAX (64-bit types off) would hold wrapped in
+    32 bits (``np.int64(2**40)`` as 0, with a warning only) are a :class:`DTypeError`."""
+    if host.dtype.kind in "iu" and host.dtype.itemsize == 8:
+        held = jax.dtypes.canonicalize_dtype(host.dtype)
+        if held != host.dtype and not np.array_equal(host.astype(held), host):
+            info = np.iinfo(held)
+            raise DTypeError(
+                f"{label}: {host.dtype.name} values outside [{info.min}, {info.max}] (e.g. "
+                f"{host[host.astype(held) != host].flat[0]}) do not fit in {held.name}, the "
+                "type the graph holds them in (JAX's 64-bit types are off); pass values in "
+                f"that range, floats, or enable jax_enable_x64"
+            )
+    return host
 
 
 def scalar_array(dg: DynamicGraph, value: Any, dtype: np.dtype) -> Any:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fnnc.errors import GraphError
+from fnnc import ops
+from fnnc.errors import DTypeError, GraphError
 from fnnc.graph import DynamicGraph
 
 
@@ -34,3 +35,26 @@ def test_a_variable_of_another_graph_is_refused_and_left_intact(lazy: bool) -> N
     # copying the value in is the documented way, lazily too (it read None before)
     c = d2.variable(b)
     np.testing.assert_array_equal((c * 3.0).numpy(), [6.0, 12.0])
+
+
+def test_64_bit_integers_that_32_bits_do_not_hold_are_refused_not_wrapped() -> None:
+    # JAX (64-bit types off) holds an int64 array in int32: 2**40 became 0 with a warning
+    dg = DynamicGraph()
+    big = np.int64([2**40, 3])
+    for call in (
+        lambda: dg.variable(big, name="n"),
+        lambda: dg.constant([2**40]),
+        lambda: dg.variable(np.uint64([2**63])),
+        lambda: dg.exec(ops.ewsum(), dg.variable(np.int32([1, 1])), big),
+        lambda: dg.set(dg.variable(np.int32([0, 0])), big),
+    ):
+        with pytest.raises(DTypeError, match=r"do not fit in u?int32"):
+            call()
+    # in range they keep NumPy's values (held as int32); floats still round as before
+    small = np.int64([-(2**31), 2**31 - 1, 5])
+    got = dg.variable(small)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got.numpy(), small)
+    np.testing.assert_array_equal(
+        dg.variable(np.float64([0.1, 2.0])).numpy(), np.float64([0.1, 2.0]).astype(np.float32)
+    )
