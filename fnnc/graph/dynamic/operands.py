@@ -70,7 +70,7 @@ def operand(var: Variable, other: Any, op: str) -> Variable:
             f"{op} with variable {var.label}: the other operand, {type(other).__name__} "
             f"{other!r:.60}, is not a tensor; use {_ONE_OF}"
         )
-    return dg.constant(_cast(arr, var.dtype))
+    return dg.constant(_cast(arr, var.dtype, f"{op} with variable {var.label}"))
 
 
 def _array(x: Any) -> Any:
@@ -87,14 +87,22 @@ def _array(x: Any) -> Any:
     return arr if numeric and arr.dtype != object else None
 
 
-def _cast(arr: Any, dtype: np.dtype) -> Any:
-    """``arr`` in ``dtype`` where NumPy's promotion would give ``dtype``; else unchanged."""
+def _cast(arr: Any, dtype: np.dtype, at: str) -> Any:
+    """``arr`` in ``dtype`` where NumPy's promotion would give ``dtype``; else unchanged.
+    Integers that ``dtype`` does not hold are a :class:`DTypeError`, as a number is
+    (:func:`require_storable`): cast, they would wrap (``int8 + int32([300])`` was 45)."""
     if arr.dtype == dtype:
         return arr
     given_float = jnp.issubdtype(arr.dtype, jnp.inexact)
-    if jnp.issubdtype(dtype, jnp.inexact) or not given_float:
+    if jnp.issubdtype(dtype, jnp.inexact):
         return arr.astype(dtype)
-    return arr
+    if given_float:
+        return arr
+    out = arr.astype(dtype)
+    if not np.array_equal(np.asarray(out), np.asarray(arr)):
+        bad = np.asarray(arr)[np.asarray(out) != np.asarray(arr)].flat[0]
+        require_storable(at, "", int(bad), dtype)  # raises: the first value that wraps
+    return out
 
 
 def scale(var: Variable, number: Any) -> Variable:

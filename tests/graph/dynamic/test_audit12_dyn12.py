@@ -58,3 +58,27 @@ def test_64_bit_integers_that_32_bits_do_not_hold_are_refused_not_wrapped() -> N
     np.testing.assert_array_equal(
         dg.variable(np.float64([0.1, 2.0])).numpy(), np.float64([0.1, 2.0]).astype(np.float32)
     )
+
+
+def test_integer_array_operands_the_variables_type_does_not_hold_are_refused() -> None:
+    # the variable's type wins, so an array operand is cast to it: int8 + int32([300])
+    # gave 45 (300 wrapped); a number that does not fit was already refused
+    dg = DynamicGraph()
+    i8 = dg.variable(np.int8([1, 2]), name="i8")
+    i32 = dg.variable(np.int32([1, 2]))
+    u8 = dg.variable(np.uint8([1, 2]))
+    for call in (
+        lambda: i8 + np.int32([300, 1]),
+        lambda: np.int16([300, 1]) + i8,  # reflected
+        lambda: i32 * np.int64([2**40, 1]),
+        lambda: i32 - np.uint32([2**32 - 1, 1]),
+        lambda: u8 + np.int32([-1, 1]),
+    ):
+        with pytest.raises(DTypeError, match=r"outside u?int(8|32)'s range"):
+            call()
+    # values the type holds give NumPy's results, computed in the wider type
+    for var, other in ((i8, np.int32([100, -3])), (i32, np.int64([7, -(2**31) + 2])), (u8, [3, 9])):
+        want = np.asarray(var.numpy(), np.int64) + np.asarray(other, np.int64)
+        got = var + other
+        assert got.dtype == var.dtype
+        np.testing.assert_array_equal(got.numpy(), want)
