@@ -152,10 +152,11 @@ def _assign(dg: DynamicGraph, target: Variable, slot: Slot, read: Read, where: s
         new = v
     if not slot.trainable and new.grad:
         new = _constant(dg, new)
-    elif slot.trainable and not new.grad and target._view is None:
+    elif slot.trainable and not new.grad and (target._view is None or old.grad):
         # a value made from constants alone (ops.set, ...) written into a trainable
         # variable: it stays a variable, now a leaf holding that value, as ``set`` makes
-        # it (NNC: the variable keeps taking gradients)
+        # it (NNC: the variable keeps taking gradients); so does a differentiable one
+        # written through an alias under no_grad (``w[0] = 0`` made w a constant)
         value = new.value
         if value is None:  # pinned while flushed: unpinned pending work is dead
             new.pins += 1

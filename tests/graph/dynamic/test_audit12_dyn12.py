@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
+import optax
 import pytest
 
 from fnnc import ops
@@ -82,3 +83,26 @@ def test_integer_array_operands_the_variables_type_does_not_hold_are_refused() -
         got = var + other
         assert got.dtype == var.dtype
         np.testing.assert_array_equal(got.numpy(), want)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_write_through_an_alias_under_no_grad_keeps_the_variable_trainable(lazy: bool) -> None:
+    # w[0] = 10 under no_grad made w a constant for good ('f is a constant'), where a
+    # whole write under no_grad (dg.write(w, w * 0.5)) keeps w a variable, as set does
+    dg = DynamicGraph(lazy=lazy)
+    w = dg.variable(np.float32([3.0, -2.0, 1.0]), name="w")
+    with dg.no_grad():
+        w[0] = 10.0
+        dg.exec(ops.scalar_mul(a=2.0), w[1:], outputs=[w[1:]])
+    want = np.float32([10.0, -4.0, 2.0])  # NumPy's w after the same writes
+    assert w.requires_grad
+    np.testing.assert_array_equal(w.numpy(), want)
+    (g,) = dg.backward((w * w).sum(), [w])
+    np.testing.assert_allclose(g.numpy(), 2 * want)  # d/dw sum(w^2), as jax.grad
+    dg.zero_grad()
+    dg.minimize(optax.sgd(0.1), (w * w).sum(), [w])
+    np.testing.assert_allclose(w.numpy(), want - 0.1 * 2 * want, rtol=1e-6)
+    c = dg.constant(np.float32([1.0, 2.0]))  # a constant written so stays one
+    with dg.no_grad():
+        c[0] = 5.0
+    assert not c.requires_grad
