@@ -241,6 +241,12 @@ def detach(dg: DynamicGraph, var: Variable, collect: bool = True) -> None:
     memoisation shares it) and makes its slot a constant one; then prunes the record
     (``collect``)."""
     slot = dg._slot(var, "detach")
+    if var.is_alias:  # it would detach the whole variable (NNC asserts: no alias)
+        raise GraphError(
+            f"detach: {var.label} is an alias (a view of another variable); detaching it "
+            "would detach the whole variable it views. Detach that variable, or use a "
+            "constant copy of the view: dg.constant(view)"
+        )
     v = slot.version
     if v.pins > 1:  # shared by memoisation: detach a copy
         repin(dg, slot, dg._leaf(v.value if v.value is not None else var.value, False))

@@ -106,3 +106,17 @@ def test_a_write_through_an_alias_under_no_grad_keeps_the_variable_trainable(laz
     with dg.no_grad():
         c[0] = 5.0
     assert not c.requires_grad
+
+
+def test_detach_of_an_alias_is_refused_instead_of_detaching_the_whole_variable() -> None:
+    # dg.detach(x[0:1]) made all of x a constant (NNC asserts a detached variable is no
+    # alias; PyTorch refuses detach_ of a view): the next backward said 'wrt is a constant'
+    dg = DynamicGraph()
+    x0 = np.float32([1.0, 2.0, 3.0])
+    x = dg.variable(x0, name="x")
+    with pytest.raises(GraphError, match=r"detach: .* is an alias"):
+        dg.detach(x[0:1])
+    assert x.requires_grad
+    c = dg.constant(x[0:1])  # the way to a detached copy of the view
+    (g,) = dg.backward((x * x * c).sum(), [x])
+    np.testing.assert_allclose(g.numpy(), 2 * x0 * x0[0])  # jax.grad, c a stop_gradient
