@@ -13,8 +13,9 @@ it (:func:`compile_for`); the dynamic graph's optimizer trains it, not the model
 The parameters are variables of the dynamic graph, made once per model from
 :meth:`Model.parameters` (:func:`parameters`; trainable ones as ``dg.variable``, the
 rest as constants). ``dg.minimize`` / ``dg.apply_gradients`` on them update the
-variables; :func:`sync` then writes the new values back into the model, so
-``model.parameters()`` (and ``model.evaluate``) see the training. The other way, a
+variables (as do ``dg.set``, writes and ``exec(outputs=)``); :func:`sync` then writes
+the new values back into the model, so ``model.parameters()`` (and ``model.evaluate``,
+``model.save``) see them. The other way, a
 change the model makes itself (``set_parameters``, ``fit``, a checkpoint restored) is
 seen at the next ``dg.evaluate`` / ``dg.parameters``: the variables of the parameters
 whose arrays the model replaced take their new values (:meth:`_Bound.refresh`; one
@@ -41,7 +42,7 @@ from fnnc.errors import GraphError, ModelError
 from fnnc.ops.call import call
 
 from .variable import Variable
-from .versions import detach, repin
+from .versions import detach, repin, set_value
 
 if TYPE_CHECKING:
     from .graph import DynamicGraph
@@ -80,7 +81,7 @@ class _Bound:
         for pid in changed:
             var = self.variables.get(pid)
             if var is not None and var._slot is not None:  # a copy: the model donates its own
-                dg.set(var, self.model.engine._host(values[pid]))
+                set_value(dg, var, self.model.engine._host(values[pid]))
                 self.synced[pid] = var._slot.version
         self.seen = dict(values)
 

@@ -235,7 +235,10 @@ class DynamicGraph:
             else:
                 job = functools.partial(run, self, cmd, plan, reads, args, name)
             if outputs is not None:
-                return versions.exec_into(self, cmd, job, outputs, name)
+                written = versions.exec_into(self, cmd, job, outputs, name)
+                if self._models:
+                    cnnp.sync(self)
+                return written
             outs = job()
         if len(outs) == 1:
             return Variable(self, Slot(outs[0], "", True), None, "")
@@ -384,6 +387,8 @@ class DynamicGraph:
         array that does not broadcast to ``target``'s shape is a :class:`ShapeError`.
         """
         versions.write(self, target, value)
+        if self._models:  # a model's parameter written: the model sees it (one copy)
+            cnnp.sync(self)
 
     def set(self, var: Variable, value: Any) -> None:
         """Gives ``var`` a new value (a leaf version; NNC's ``ccv_nnc_tensor_variable_set``)
@@ -395,6 +400,8 @@ class DynamicGraph:
         pass ``jnp.array(value)`` to keep the caller's array.
         """
         versions.set_value(self, var, value)
+        if self._models:
+            cnnp.sync(self)
 
     def free(self, var: Variable) -> None:
         """Frees ``var`` now (NNC's ``ccv_nnc_tensor_variable_free``) and prunes the record."""

@@ -17,7 +17,7 @@ from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.compile import compile
 from fnnc.ops.optimizer import as_transformation, keys_as_bits, optax_update_command
 
-from . import optim
+from . import optim, versions
 from .autodiff import _check_wrt, _donated, _listed, _run_gradients
 from .extract import PROGRAMS
 from .variable import require_variables
@@ -59,7 +59,7 @@ def _store(
     state = out[len(ws) : len(out) - n_hyper]  # the hyper-parameters: passed through
     optim.store(dg, optimizer, slots, out[: len(ws)], state)
     for w, value in zip(ws, out[: len(ws)]):
-        dg.set(w, value)
+        versions.set_value(dg, w, value)  # the caller syncs models once
         dg.grads.pop((dg._slot(w, "update"), None), None)
 
 

@@ -10,6 +10,7 @@ import pytest
 from fnnc import ops
 from fnnc.errors import DTypeError, GraphError
 from fnnc.graph import DynamicGraph
+from fnnc.models import Dense, Input, Model
 
 
 @pytest.mark.parametrize("lazy", [False, True])
@@ -120,3 +121,29 @@ def test_detach_of_an_alias_is_refused_instead_of_detaching_the_whole_variable()
     c = dg.constant(x[0:1])  # the way to a detached copy of the view
     (g,) = dg.backward((x * x * c).sum(), [x])
     np.testing.assert_allclose(g.numpy(), 2 * x0 * x0[0])  # jax.grad, c a stop_gradient
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_models_parameter_set_or_written_in_the_graph_is_the_models_too(lazy: bool) -> None:
+    # only minimize/apply_gradients wrote parameter variables back: after dg.set(w, 0)
+    # the graph computed with 0 while model.evaluate (and model.save) kept the old w
+    x = Input()
+    model = Model(x, Dense(2, name="lin")(x))
+    dg = DynamicGraph(lazy=lazy)
+    xs = np.float32([[1.0, 2.0], [0.5, -1.0]])
+    dg.evaluate(model, [xs])
+    params = dg.parameters(model)
+    w_id = next(p for p, v in params.items() if v.ndim == 2)
+    b_id = next(p for p in params if p != w_id)
+    w, b = params[w_id], params[b_id]
+    dg.set(w, np.float32([[1.0, -1.0], [2.0, 0.5]]))
+    w[1] = np.float32([3.0, -2.0])  # through an alias
+    b0 = np.asarray(model.parameters()[b_id])
+    dg.exec(ops.scalar_mul(a=2.0), b, outputs=[b])
+    want_w, want_b = np.float32([[1.0, -1.0], [3.0, -2.0]]), 2 * b0
+    got = {p: np.asarray(v) for p, v in model.parameters().items()}
+    np.testing.assert_array_equal(got[w_id], want_w)
+    np.testing.assert_array_equal(got[b_id], want_b)
+    want = xs @ want_w.T + want_b  # Dense: x W^T + b
+    np.testing.assert_allclose(np.asarray(model.evaluate(xs)), want, rtol=1e-6)
+    np.testing.assert_allclose(dg.evaluate(model, [xs]).numpy(), want, rtol=1e-6)
