@@ -28,7 +28,7 @@ import numpy as np
 
 from fnnc import ops
 from fnnc.core.ir import contiguous_strides
-from fnnc.errors import GraphError
+from fnnc.errors import GraphError, ShapeError
 from fnnc.graph._io import describe
 
 from . import operands
@@ -138,6 +138,16 @@ class Variable:
 
     def __float__(self) -> float:
         return float(self.item())
+
+    def __bool__(self) -> bool:
+        """NumPy's truth value: that of the one element (``__len__`` made ``[0.0]`` true
+        and any ``[2, 2]`` true); several elements or none are ambiguous, a ShapeError."""
+        if self.size != 1:
+            raise ShapeError(
+                f"the truth value of variable {self.label}, {list(self.shape)} "
+                f"({self.size} elements), is ambiguous; use x.numpy().any() or .all()"
+            )
+        return bool(self.item())
 
     def __len__(self) -> int:
         if not self.shape:

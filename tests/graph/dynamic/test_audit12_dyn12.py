@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from fnnc import ops
-from fnnc.errors import DTypeError, GraphError
+from fnnc.errors import DTypeError, GraphError, ShapeError
 from fnnc.graph import DynamicGraph
 from fnnc.models import Dense, Input, Model
 
@@ -147,3 +147,15 @@ def test_a_models_parameter_set_or_written_in_the_graph_is_the_models_too(lazy: 
     want = xs @ want_w.T + want_b  # Dense: x W^T + b
     np.testing.assert_allclose(np.asarray(model.evaluate(xs)), want, rtol=1e-6)
     np.testing.assert_allclose(dg.evaluate(model, [xs]).numpy(), want, rtol=1e-6)
+
+
+def test_truth_value_of_a_variable_is_numpys() -> None:
+    # Python fell back on __len__: [0.0] was true and any [2, 2] was true
+    dg = DynamicGraph()
+    for value in (np.float32([0.0]), np.float32([[3.0]]), np.int32(0), np.float32([-1.5])):
+        assert bool(dg.variable(value)) is bool(np.asarray(value))
+    for value in (np.float32([[1.0, 0.0], [2.0, 3.0]]), np.zeros((0, 2), np.float32)):
+        with pytest.raises(ValueError, match="ambiguous"):
+            bool(np.asarray(value))  # the oracle refuses too
+        with pytest.raises(ShapeError, match="ambiguous"):
+            bool(dg.variable(value))
