@@ -52,20 +52,20 @@ def _listed(x: Any) -> list[Any]:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-def _check_f(dg: DynamicGraph, fs: list[Variable]) -> list[Read]:
-    require_variables(fs, "backward", "f")
-    reads = [dg._read(f, "backward", i) for i, f in enumerate(fs)]
+def _check_f(dg: DynamicGraph, fs: list[Variable], what: str) -> list[Read]:
+    require_variables(fs, what, "f")
+    reads = [dg._read(f, what, i) for i, f in enumerate(fs)]
     for f, (v, _) in zip(fs, reads):
         if not v.grad and not is_inexact(v.dtype):
             raise DTypeError(
-                f"backward: f {f.label} is {v.dtype.name}, which has no gradient: integer "
+                f"{what}: f {f.label} is {v.dtype.name}, which has no gradient: integer "
                 "(and boolean) values are not differentiable, dg.variable(...) of integers "
                 "and what is computed from them included; differentiate a floating-point "
                 "f with respect to floating-point variables"
             )
         if not v.grad:
             raise GraphError(
-                f"backward: f {f.label} is a constant: it depends on no trainable variable "
+                f"{what}: f {f.label} is a constant: it depends on no trainable variable "
                 "(made with dg.constant, under no_grad, or detached), so it has no gradient"
             )
     return reads
@@ -231,7 +231,7 @@ def _run_gradients(
     With ``create_graph`` the program is recorded instead (:mod:`.higher`) and the
     outputs are versions.
     """
-    f_reads = _check_f(dg, fs)
+    f_reads = _check_f(dg, fs, what)
     w_reads = _check_wrt(dg, ws, what)
     seeds = _seeds(dg, df, fs, f_reads, recorded=create_graph)
     slots = [dg._slot(w, what) for w in ws]

@@ -159,3 +159,16 @@ def test_truth_value_of_a_variable_is_numpys() -> None:
             bool(np.asarray(value))  # the oracle refuses too
         with pytest.raises(ShapeError, match="ambiguous"):
             bool(dg.variable(value))
+
+
+def test_minimize_names_itself_when_its_loss_has_no_gradient() -> None:
+    # minimize's f checks said 'backward: f ... is a constant' (the call made was minimize)
+    dg = DynamicGraph()
+    w = dg.variable(np.float32([1.0, 2.0]), name="w")
+    with dg.no_grad():
+        loss = (w * w).sum()
+    with pytest.raises(GraphError, match=r"^minimize: f #\d+ is a constant"):
+        dg.minimize(optax.sgd(0.1), loss, [w])
+    with pytest.raises(GraphError, match=r"^minimize: f is an array"):
+        dg.minimize(optax.sgd(0.1), np.ones(1), [w])
+    np.testing.assert_array_equal(w.numpy(), [1.0, 2.0])  # nothing stepped
