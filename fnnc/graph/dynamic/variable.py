@@ -63,6 +63,7 @@ _ADD = ops.ewsum()
 _MUL = ops.ewprod()
 _DIV = ops.ewdiv()
 _NEG = ops.scalar_mul(a=-1.0)
+_ABS = ops.ewabs()
 
 
 class Variable:
@@ -250,6 +251,10 @@ class Variable:
 
     def __neg__(self) -> Variable:
         return self._dg.exec(_NEG, self)
+
+    def __abs__(self) -> Variable:
+        """``abs(x)``: the elementwise absolute value (``ewabs``), as ``np.abs``."""
+        return self._dg.exec(_ABS, self)
 
     @property
     def T(self) -> Variable:

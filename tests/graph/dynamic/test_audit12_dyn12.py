@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import optax
 import pytest
@@ -172,3 +173,18 @@ def test_minimize_names_itself_when_its_loss_has_no_gradient() -> None:
     with pytest.raises(GraphError, match=r"^minimize: f is an array"):
         dg.minimize(optax.sgd(0.1), np.ones(1), [w])
     np.testing.assert_array_equal(w.numpy(), [1.0, 2.0])  # nothing stepped
+
+
+def test_abs_of_a_variable_is_ewabs_with_its_gradient():
+    """``abs(v)`` was a bare TypeError (no ``__abs__``); it is NumPy's abs, and its
+    gradient sign(x) (jax.grad)."""
+    dg = DynamicGraph()
+    x0 = np.array([-1.5, 2.0, -3.0], np.float32)
+    x = dg.variable(x0)
+    y = abs(x)
+    np.testing.assert_array_equal(y.numpy(), np.abs(x0))
+    dg.backward(y.sum(), [x])
+    want = jax.grad(lambda a: jax.numpy.abs(a).sum())(x0)
+    np.testing.assert_array_equal(np.asarray(dg.grad(x)), np.asarray(want))
+    ints = dg.variable(np.array([-4, 5], np.int32))
+    np.testing.assert_array_equal(abs(ints).numpy(), [4, 5])
