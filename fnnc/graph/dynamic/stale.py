@@ -99,7 +99,9 @@ def _raise(f: Variable, w: Variable, what: str) -> None:
     raise GraphError(
         f"{what}: f {f.label} was computed from an earlier value of variable {w.label}, "
         "which a minimize/apply_gradients step, set or write has replaced since; gradients "
-        "are taken with respect to its current value, which f does not depend on "
-        "(they would be zero). Compute f again from the variables after the step, e.g. "
-        "record the loss inside the training loop"
+        "are taken with respect to its current value only, so that earlier value's part "
+        "of f would get no gradient (all of it, where f reads no current value). Compute "
+        "f again from the variables after the step, e.g. record the loss inside the "
+        "training loop; for a buffer written every step (buf[0] = h), dg.detach(buf) "
+        "before the write cuts the old values out"
     )
