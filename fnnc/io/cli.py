@@ -58,8 +58,9 @@ DESCRIPTION = "What an NNC or fnnc tensor file holds."
 INSPECT_HELP = """\
 List the tensors of an NNC or fnnc SQLite file (name, dtype, shape, format, stored
 bytes), in name order with numbers sorted as numbers, and the graphs and checkpoint
-steps fnnc keeps beside them. A missing, damaged or non-SQLite file prints one error
-line and exits with status 1; the file is only read."""
+steps fnnc keeps beside them. Shapes are what fnnc reads: a scalar fnnc wrote shows
+[] (NNC, which has no rank 0, reads its row as [1]). A missing, damaged or
+non-SQLite file prints one error line and exits with status 1; the file is only read."""
 
 
 def inspect_lines(path: str | os.PathLike[str], *, stats: bool = False) -> list[str]:

@@ -12,9 +12,11 @@ One row of NNC's ``tensors`` table (``lib/nnc/ccv_nnc_tensor_io.c``)::
     data BLOB      the elements, contiguous, little-endian
 
 NNC cannot express two shapes: a rank-0 tensor (its element count is 0 when ``dim[0]``
-is 0) and a tensor with a zero-size axis. fnnc writes a scalar as ``[1]`` and a
-zero-size tensor with an all-zero ``dim`` (read back as shape ``(0,)``); pass
-``shape=`` to :meth:`TensorFile.read` to get the original back. Checkpoints record
+is 0) and a tensor with a zero-size axis. fnnc writes a scalar as ``[1]`` (what NNC
+reads) and notes the rank 0 in its side table, so fnnc reads it back as ``()``
+(:mod:`fnnc.io.integrity`; rows without the note, e.g. NNC's, read as ``[1]``); it
+writes a zero-size tensor with an all-zero ``dim`` (read back as shape ``(0,)``; pass
+``shape=`` to :meth:`TensorFile.read` to get the original back). Checkpoints record
 shapes themselves, so they round-trip both exactly.
 
 NNC pads ``data`` to its allocation size (16 or 64 bytes on CPU, 128 or 4096 on GPU),
@@ -70,7 +72,8 @@ class TensorInfo:
     Attributes:
         name: the row's name.
         dtype: the element type; ``None`` for NNC's quantized ``QX`` rows.
-        shape: the shape read from ``dim`` (a scalar was written as ``(1,)``).
+        shape: the shape read from ``dim``; ``()`` for a row fnnc wrote from a rank-0
+            array (``dim`` and NNC say ``[1]``; :class:`~fnnc.io.TensorFile`).
         format: ``"NHWC"``, ``"NCHW"`` or ``"CHWN"``.
         type: NNC's 32-bit tensor type: memory kind | device id << 8.
         encoder: the encoder identifier from the high 32 bits of ``type``; 0 = raw.

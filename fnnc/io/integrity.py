@@ -3,17 +3,22 @@
 NNC's ``tensors`` table stays byte for byte what NNC writes and reads; the checksums
 live beside it::
 
-    fnnc_checksums (name TEXT PRIMARY KEY, row INTEGER, algo TEXT, digest TEXT)
+    fnnc_checksums (name TEXT PRIMARY KEY, row INTEGER, algo TEXT, digest TEXT, shape TEXT)
 
 ``row`` is the SQLite rowid of the ``tensors`` row the digest was computed for, written
-in the same transaction as that row. The file also carries three triggers
+in the same transaction as that row. ``shape`` is the array's shape as JSON where NNC's
+``dim`` cannot say it: ``"[]"`` for a row written from a rank-0 array, which NNC sees
+(and ``dim`` holds) as ``[1]`` and fnnc reads back as ``()``; ``NULL`` otherwise. Files
+made before the column read as before (a scalar as ``[1]``); fnnc adds the column the
+next time it writes to such a file. The file also carries three triggers
 (:data:`TRIGGERS`) that drop a name's checksum whenever any SQLite writer inserts,
 replaces, updates or deletes that row: NNC's ``REPLACE INTO tensors``, s4nnc's
 ``DELETE FROM tensors`` followed by a write (which reuses the rowid), a script's
 ``UPDATE``. Triggers live in the file, so every SQLite writer runs them, NNC's
 included; a row another writer changed therefore reads as *unchecked*, never as
 damaged, while damage that bypasses SQLite (flipped bits on disk) is still caught.
-NNC reads only the ``tensors`` table and ignores the rest.
+A row's recorded shape goes with its checksum, so a scalar row that NNC rewrote reads
+as the ``[1]`` NNC wrote. NNC reads only the ``tensors`` table and ignores the rest.
 
 Files written before fnnc kept these triggers still read (reads never write); fnnc adds
 the triggers the next time it writes to the file. In such a file a row another writer
@@ -54,6 +59,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import math
 import sqlite3
 import struct
 import zlib
@@ -69,9 +76,12 @@ if TYPE_CHECKING:
 TABLE = "fnnc_checksums"
 CREATE = (
     f"CREATE TABLE IF NOT EXISTS {TABLE} "
-    "(name TEXT PRIMARY KEY, row INTEGER, algo TEXT, digest TEXT)"
+    "(name TEXT PRIMARY KEY, row INTEGER, algo TEXT, digest TEXT, shape TEXT)"
 )
 ALGO = "crc32"
+SHAPE_COLUMN = "shape"
+"""The column of :data:`TABLE` holding fnnc's shape of a row NNC's ``dim`` cannot
+describe (a rank-0 array: ``"[]"``); absent in files made before it."""
 
 _EVENTS = (("INSERT", "NEW.name"), ("UPDATE", "OLD.name OR name=NEW.name"), ("DELETE", "OLD.name"))
 TRIGGER_NAMES = tuple(f"{TABLE}_on_{event.lower()}" for event, _ in _EVENTS)
@@ -153,10 +163,71 @@ def check_manifest(where: str, step: Any, created: Any, manifest: Any, stored: A
     return CHECKED
 
 
-def record(conn: sqlite3.Connection, name: str, rowid: int, value: str) -> None:
-    """Stores the checksum of row ``rowid`` (inside the caller's transaction)."""
-    query = f"REPLACE INTO {TABLE} (name, row, algo, digest) VALUES (?, ?, ?, ?)"
-    conn.execute(query, (name, rowid, ALGO, value))
+def shapes_recorded(conn: sqlite3.Connection) -> bool:
+    """Whether the file's checksum table has the :data:`SHAPE_COLUMN` (tables made
+    before it have none; reading adds nothing)."""
+    columns = conn.execute(f"PRAGMA table_info({TABLE})").fetchall()
+    return any(c[1] == SHAPE_COLUMN for c in columns)
+
+
+def add_shape_column(conn: sqlite3.Connection) -> None:
+    """Adds :data:`SHAPE_COLUMN` to a checksum table made before it (inside the
+    caller's transaction: a write); the rows already there keep ``NULL``."""
+    if not shapes_recorded(conn):
+        conn.execute(f"ALTER TABLE {TABLE} ADD COLUMN {SHAPE_COLUMN} TEXT")
+
+
+def record(
+    conn: sqlite3.Connection,
+    name: str,
+    rowid: int,
+    value: str,
+    shape: tuple[int, ...] | None = None,
+) -> None:
+    """Stores the checksum of row ``rowid``, and ``shape`` where NNC's ``dim`` cannot
+    hold it (``()``; ``None``: the ``dim`` says it), inside the caller's transaction,
+    which has added :data:`SHAPE_COLUMN` (:func:`add_shape_column`)."""
+    text = None if shape is None else json.dumps(list(shape))
+    query = f"REPLACE INTO {TABLE} (name, row, algo, digest, {SHAPE_COLUMN}) VALUES (?, ?, ?, ?, ?)"
+    conn.execute(query, (name, rowid, ALGO, value, text))
+
+
+def recorded_shapes(conn: sqlite3.Connection, name: Any = None) -> dict[Any, tuple[Any, Any]]:
+    """``name -> (row, shape)`` of the checksum table's rows that record a shape (all of
+    them, or ``name``'s): one query, no ``PRAGMA``; ``{}`` in a table made before
+    :data:`SHAPE_COLUMN`. Check each with :func:`written_shape`."""
+    where, params = ("", ()) if name is None else (" WHERE name=?", (name,))
+    cursor = conn.execute(f"SELECT * FROM {TABLE}{where}", params)
+    columns = [d[0] for d in cursor.description]
+    if not {"name", "row", SHAPE_COLUMN} <= set(columns):  # an older (or edited) table
+        return {}
+    at = [columns.index(c) for c in ("name", "row", SHAPE_COLUMN)]
+    return {r[at[0]]: (r[at[1]], r[at[2]]) for r in cursor if r[at[2]] is not None}
+
+
+def written_shape(
+    recorded: tuple[Any, Any] | None, rowid: int, stored: tuple[int, ...]
+) -> tuple[int, ...] | None:
+    """fnnc's shape of row ``rowid`` (``()`` for a rank-0 array NNC sees as ``[1]``) from
+    its ``(row, shape)`` entry of :func:`recorded_shapes`, or ``None``: no shape
+    recorded (files without :data:`SHAPE_COLUMN`, rows NNC wrote), one recorded for an
+    older row (another writer replaced it since), or one that does not hold the
+    ``stored`` shape's elements (not fnnc's: the ``dim`` is read as it is)."""
+    if recorded is None or recorded[0] != rowid or not isinstance(recorded[1], str):
+        return None
+    text = recorded[1]
+    try:  # damage or an edit may have left anything here: never an error, never deep
+        shape = json.loads(text) if len(text) <= 16 * fmt.MAX_DIM else None
+    except (ValueError, RecursionError):
+        return None
+    if not (
+        isinstance(shape, list)
+        and len(shape) <= fmt.MAX_DIM
+        and all(type(d) is int and d >= 0 for d in shape)
+        and math.prod(shape) == math.prod(stored)
+    ):
+        return None
+    return tuple(shape)
 
 
 def forget(conn: sqlite3.Connection, names: list[Any]) -> None:

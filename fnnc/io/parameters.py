@@ -204,7 +204,8 @@ def read_parameters(
             return what matched and list the rest in ``missing`` / ``mismatched``.
 
     Floating rows are converted to the expected floating dtype (NNC converts 16F and
-    32F); a scalar expected as ``()`` matches NNC's ``[1]``, and a zero-size shape such as
+    32F); a scalar expected as ``()`` matches NNC's ``[1]`` (and a ``[1]`` parameter a
+    scalar row fnnc wrote, which NNC reads as ``[1]``), and a zero-size shape such as
     ``(0, 4)`` the ``(0,)`` of a row with no elements (NNC's ``dim`` cannot hold either).
 
     Raises:
@@ -339,9 +340,11 @@ def _match(f: TensorFile, expected: Mapping[str, Any], name: str | None, device:
         info = f.info(row)
         stored_shape = info.shape
         if shape is not None and (
-            (shape == () and info.shape == (1,)) or (info.shape == (0,) and 0 in shape)
+            {shape, info.shape} == {(), (1,)} or (info.shape == (0,) and 0 in shape)
         ):
-            stored_shape = shape  # NNC has no rank 0 (a scalar is [1]) nor zero-size axes
+            # NNC has no rank 0 nor zero-size axes: a scalar is [1] to NNC (fnnc reads
+            # its own as ()), so either matches a [1] or () parameter, as in NNC
+            stored_shape = shape
         held = info.dtype or info.palettized  # an NNC QX row reads as its element type
         dtype_ok = dtype is None or dtype == held or {dtype, held} <= FLOATS
         if (shape is not None and stored_shape != shape) or not dtype_ok:

@@ -61,6 +61,13 @@ class TensorFile(RowReading):
             so is reading a file left empty by a first write that failed.
         readonly: refuse writes; the file must exist and hold a ``tensors`` table.
 
+    NNC has no rank 0: a scalar (a rank-0 array) is stored as NNC's ``[1]``, which is
+    what NNC and the ``tensors`` table hold, and fnnc notes it in its side table
+    (:mod:`fnnc.io.integrity`), so :meth:`read` and :meth:`info` give it back as
+    ``()``. Rows NNC wrote, or rewrote since, and scalars in files written by fnnc
+    before it kept that note read as ``[1]``; ``read(name, shape=())`` reads any
+    one-element row as a scalar.
+
     >>> import os, tempfile
     >>> import numpy as np
     >>> from fnnc.io import TensorFile
@@ -69,11 +76,11 @@ class TensorFile(RowReading):
     ...     f.write("w", np.arange(6, dtype=np.float32).reshape(2, 3))
     ...     with f.transaction():  # all or nothing
     ...         f.write("b", np.zeros(3, np.float16))
-    ...         f.write("step", np.int32(7))  # NNC has no scalars: stored as [1]
+    ...         f.write("step", np.int32(7))  # NNC sees [1]; fnnc reads ()
     ...     print(f.names(), f.info("w").shape, f.read("b", dtype=np.float32).dtype)
-    ...     print(f.read("step"), f.read("step", shape=()))
+    ...     print(repr(f.read("step")), f.info("step").shape, f.read("step", shape=(1,)))
     ['b', 'step', 'w'] (2, 3) float32
-    [7] 7
+    array(7, dtype=int32) () [7]
     """
 
     def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False):
@@ -161,6 +168,7 @@ class TensorFile(RowReading):
             try:
                 if not depth:
                     self._handle.create_tables()
+                    integrity.add_shape_column(conn)  # a file written by an older fnnc
             except BaseException:
                 # e.g. a full disk, or a `tensors` view: undone here, as a failure in the
                 # block is, so the write lock is released and a retry starts afresh
@@ -256,18 +264,20 @@ class TensorFile(RowReading):
             TensorNotFoundError: no such name.
             TensorFileError: the row is not in NNC's format.
         """
-        query = "SELECT name, type, format, datatype, dim, length(data) FROM tensors WHERE name=?"
-        row = self._tensors().execute(query, (name,)).fetchone()
+        query = "SELECT rowid, name, type, format, datatype, dim, length(data) FROM tensors "
+        row = self._tensors().execute(query + "WHERE name=?", (name,)).fetchone()
         if row is None:
             raise self._missing(name)
-        return fmt.row_info(*row, path=self.path)
+        return self._as_written(fmt.row_info(*row[1:], path=self.path), row[0])
 
     @_operation("list")
     def infos(self) -> list[TensorInfo]:
         """:meth:`info` of every row, sorted by name."""
-        query = "SELECT name, type, format, datatype, dim, length(data) FROM tensors ORDER BY name"
-        rows = self._tensors().execute(query).fetchall()
-        return [fmt.row_info(*row, path=self.path) for row in rows]
+        query = "SELECT rowid, name, type, format, datatype, dim, length(data) FROM tensors "
+        conn = self._tensors()
+        rows = conn.execute(query + "ORDER BY name").fetchall()
+        shapes = integrity.recorded_shapes(conn) if self.has_table(integrity.TABLE) else {}
+        return [self._as_written(fmt.row_info(*r[1:], path=self.path), r[0], shapes) for r in rows]
 
     @_operation("verify")
     def verify(self) -> IntegrityReport:
@@ -323,7 +333,8 @@ class TensorFile(RowReading):
                 f"NUL ('\\x00'): it would look up {name.partition(chr(0))[0]!r}; choose a "
                 "name without it"
             )
-        arr = fmt.storable(array, where)
+        arr = fmt.storable(array, where)  # NNC's view: a rank-0 array is [1]
+        shape = () if np.ndim(array) == 0 else None  # fnnc's, in its side table
         data: bytes | memoryview = memoryview(arr.reshape(-1).view(np.uint8))
         identifier = 0
         if encoder is not None:
@@ -338,7 +349,7 @@ class TensorFile(RowReading):
             cursor = conn.execute(query + "(?, ?, ?, ?, ?, ?)", (name, *fields, data))
             rowid = cursor.lastrowid
             assert rowid is not None
-            integrity.record(conn, name, rowid, integrity.digest(fields, data) or "")
+            integrity.record(conn, name, rowid, integrity.digest(fields, data) or "", shape)
 
     @_operation("write", named=True)
     def delete(self, name: str) -> None:

@@ -5,6 +5,7 @@ the first elements, floating types convert, float16 as NNC truncates (``read``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -47,9 +48,11 @@ class RowReading:
             shape: read into this shape, as NNC reads into a given tensor
                 (``ccv_nnc_tensor_read`` with a preallocated one): the stored values in
                 order, or, for a shape with fewer elements, the first that many
-                (NNC copies ``min(sizes)``); ``shape=()`` gets a scalar back from its
-                ``[1]`` row. A larger shape raises :class:`ShapeError` (NNC would leave
-                the rest of its tensor as it was; a new array has no "as it was").
+                (NNC copies ``min(sizes)``); ``shape=()`` reads a one-element row
+                as a scalar. Without it: the shape written, a rank-0 array as ``()``
+                (NNC sees ``[1]``; see :class:`~fnnc.io.TensorFile`). A larger shape
+                raises :class:`ShapeError` (NNC would leave the rest of its tensor as
+                it was; a new array has no "as it was").
             dtype: read as this dtype. Floating types convert into each other (NNC
                 converts 16F <-> 32F); other changes raise :class:`DTypeError`.
             decoder: for rows written with an encoder: a :class:`Codec` or a function
@@ -126,4 +129,18 @@ class RowReading:
         if info.encoder and decode:
             data = decode_with(decoder, info.encoder, data, info.dtype, info.shape, where)
             fmt.check_length(where, info, len(data))
-        return info, data, status
+        return self._as_written(info, rowid), data, status
+
+    def _as_written(
+        self, info: TensorInfo, rowid: int, recorded: dict[Any, Any] | None = None
+    ) -> TensorInfo:
+        """``info`` with the shape fnnc wrote the row from where NNC's ``dim`` cannot
+        hold it (a rank-0 array, stored as ``[1]``), as fnnc's side table records it
+        for this very row (``recorded``: :func:`fnnc.io.integrity.recorded_shapes` of
+        the whole file, for listings; else looked up)."""
+        if recorded is None:
+            if not self.has_table(integrity.TABLE):
+                return info
+            recorded = integrity.recorded_shapes(self._handle.reader(), info.name)
+        shape = integrity.written_shape(recorded.get(info.name), rowid, info.shape)
+        return info if shape is None else dataclasses.replace(info, shape=shape)
