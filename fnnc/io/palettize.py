@@ -80,10 +80,12 @@ _BASE, _SHIFT = _float_to_half_tables()
 
 
 def float_to_half(values: np.ndarray) -> np.ndarray:
-    """``ccv_float_to_half_precision``: float32 -> float16 bits, truncating (not rounding)."""
-    u = np.ascontiguousarray(values, np.float32).view(np.uint32)
+    """``ccv_float_to_half_precision``: float32 -> float16 bits, truncating (not rounding),
+    in the shape of ``values`` (a 0-d array stays 0-d)."""
+    u = np.ascontiguousarray(values, np.float32).view(np.uint32)  # 0-d becomes [1] here
     e = (u >> 23) & 0x1FF
-    return (_BASE[e] + ((u & 0x007FFFFF) >> _SHIFT[e])).astype(np.uint16).view(np.float16)
+    half = (_BASE[e] + ((u & 0x007FFFFF) >> _SHIFT[e])).astype(np.uint16).view(np.float16)
+    return half.reshape(np.shape(values))
 
 
 def half_to_float(values: np.ndarray) -> np.ndarray:

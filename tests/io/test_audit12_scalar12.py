@@ -76,6 +76,19 @@ def test_shape_keeps_its_meaning_and_one_element_vectors_stay_vectors(tmp_path):
         assert f.read("e").shape == () and f.read("e") == 4.0
 
 
+def test_a_scalar_read_as_float16_stays_a_scalar(tmp_path):
+    """Reading float32 as float16 goes through NNC's truncating conversion, which made
+    a 0-d array [1] (np.ascontiguousarray), also for shape=(); the oracle is the
+    truncated bits NNC gives 0.0001 (0x068D, where rounding gives 0x068E)."""
+    path = tmp_path / "h.sqlite3"
+    with TensorFile(path) as f:
+        f.write("s", np.float32(0.0001))
+        f.write("v", np.array([0.0001], np.float32))
+        for got in (f.read("s", dtype=np.float16), f.read("v", shape=(), dtype=np.float16)):
+            assert got.shape == () and got.dtype == np.float16 and got.view(np.uint16) == 0x068D
+        assert f.read("v", dtype=np.float16).view(np.uint16).tolist() == [0x068D]
+
+
 @pytest.mark.parametrize(
     "change",
     [
