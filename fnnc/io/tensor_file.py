@@ -334,7 +334,9 @@ class TensorFile(RowReading):
                 "name without it"
             )
         arr = fmt.storable(array, where)  # NNC's view: a rank-0 array is [1]
-        shape = () if np.ndim(array) == 0 else None  # fnnc's, in its side table
+        # fnnc's shape, in its side table, where NNC's dim cannot hold it: rank 0 (NNC's
+        # [1]) and zero-size arrays (a dim read up to its first 0 loses the other axes)
+        shape = tuple(np.shape(array)) if np.ndim(array) == 0 or np.size(array) == 0 else None
         data: bytes | memoryview = memoryview(arr.reshape(-1).view(np.uint8))
         identifier = 0
         if encoder is not None:

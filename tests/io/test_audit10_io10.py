@@ -230,15 +230,15 @@ def test_a_gpu_row_names_its_device_as_nnc_requires(tmp_path):
 
 def test_a_zero_size_parameter_reads_back_into_its_shape(tmp_path):
     """NNC's dim cannot hold a zero-size axis, so a (0, 4) parameter is stored with an
-    all-zero dim and reads back as (0,); read_parameters matched a scalar's [1] to ()
-    but called the empty one 'stored float32[0], expected float32[0, 4]'."""
+    all-zero dim (fnnc's side table keeps (0, 4)); read_parameters matched a scalar's [1]
+    to () but called the empty one 'stored float32[0], expected float32[0, 4]'."""
     path = tmp_path / "z.sqlite3"
     write_parameters(path, {"w": np.zeros((0, 4), np.float32), "s": np.float32(3)})
     got = read_parameters(path, {"w": ((0, 4), np.float32), "s": ((), np.float32)})
     assert (got["w"].shape, got["w"].dtype) == ((0, 4), np.float32)
     assert got["s"].shape == () and got["s"] == 3
     got = read_parameters(path, {"w": ((3, 4), np.float32)}, strict=False)
-    assert [str(m) for m in got.mismatched] == ["w: stored float32[0], expected float32[3, 4]"]
+    assert [str(m) for m in got.mismatched] == ["w: stored float32[0, 4], expected float32[3, 4]"]
 
 
 @pytest.mark.parametrize("writing_first", [False, True])

@@ -212,3 +212,17 @@ def test_model_and_checkpoint_with_0d_parameter_and_adam_count_restore_exactly(
     _same_model(trained, restored)
     counts = Checkpoints(ckpt_path).restore().optimizer_state["t-s-0-0"]
     assert any(np.shape(x) == () for x in jax.tree.leaves(counts))
+
+
+def test_zero_size_arrays_keep_every_axis(tmp_path):
+    """NNC's dim is read up to its first 0, so a (0, 4) array read back as (0,); fnnc
+    records the shape beside the row as it does for rank 0 (NNC's view unchanged)."""
+    path = tmp_path / "z.sqlite3"
+    with TensorFile(path) as f:
+        for shape in [(0,), (0, 4), (2, 0, 3)]:
+            f.write(str(shape), np.zeros(shape, np.float16))
+    with TensorFile(path, readonly=True) as f:
+        for shape in [(0,), (0, 4), (2, 0, 3)]:
+            got = f.read(str(shape))
+            assert got.shape == shape and got.dtype == np.float16
+            assert f.info(str(shape)).shape == shape
