@@ -36,8 +36,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from fnnc.models.layer import ModelError
+from fnnc.core.dtypes import at_least_float32
+from fnnc.models.layer import ModelError, ModelIO
 
 
 class GradientsMixin:
@@ -58,7 +60,7 @@ class GradientsMixin:
     def clip_grad_norm(self, max_norm: float, norm_type: float = 2, params: Any = None) -> float:
         """Scales the accumulated gradients of ``params`` (all by default; see
         :meth:`gradients`) so that their global ``norm_type``-norm (taken over all of
-        them together, in float32) is at most ``max_norm``: each is multiplied by
+        them together, in float32 at least) is at most ``max_norm``: each is multiplied by
         ``min(max_norm / norm, 1)``, as NNC's ``ccv_cnnp_model_parameters_clip_grad_norm``
         (which takes ``norm_type`` 2 only; here any ``p >= 1`` or ``math.inf``, as
         PyTorch's ``clip_grad_norm_``). Returns the norm before clipping. Call it between
@@ -90,10 +92,16 @@ class GradientsMixin:
         :meth:`backward` starts from zero. :meth:`apply_gradients` clears them too."""
         self.engine.grads.clear()  # type: ignore[attr-defined]
 
-    # NNC's names: ccv_cnnp_model_parameters_clip_grad_norm / _parameter_gradients_isnan
-    # (the model functions drop "ccv_cnnp_model_", as parameters and set_minimizer do).
-    parameters_clip_grad_norm = clip_grad_norm
-    parameter_gradients_isnan = gradients_isnan
+    def parameters_clip_grad_norm(self, params: Any, norm_type: float, max_norm: float) -> float:
+        """NNC's ``ccv_cnnp_model_parameters_clip_grad_norm(model, parameters, norm_type,
+        max_norm)`` in its argument order: :meth:`clip_grad_norm` ``(max_norm,
+        norm_type, params)``."""
+        return self.clip_grad_norm(max_norm, norm_type, params)
+
+    def parameter_gradients_isnan(self, params: Any = None) -> bool:
+        """NNC's ``ccv_cnnp_model_parameter_gradients_isnan(model, parameters)``:
+        :meth:`gradients_isnan`."""
+        return self.gradients_isnan(params)
 
     def _gradient_ids(self, params: Any, where: str) -> list[str]:
         """The ids ``params`` names that have an accumulated gradient, in model order."""
@@ -104,7 +112,8 @@ class GradientsMixin:
             wanted = [params]
         elif isinstance(params, Sequence) and all(isinstance(p, str) for p in params):
             wanted = list(params)
-        elif hasattr(params, "describe"):  # a layer or sub-model: NNC's parameters(layer)
+        elif hasattr(params, "describe") or isinstance(params, ModelIO):
+            # a layer or sub-model, NNC's parameters(layer); parameter_ids explains a ModelIO
             wanted = self.parameter_ids(params)  # type: ignore[attr-defined]
         else:
             raise ModelError(
@@ -113,37 +122,49 @@ class GradientsMixin:
             )
         unknown = [p for p in wanted if p not in engine.infos]
         if unknown:
+            ids = list(engine.infos)
+            shown = f"{ids[:6]}{'...' if len(ids) > 6 else ''}"
             raise ModelError(
                 f"{where}: {unknown[0]!r} is not a parameter of {self.describe()}; "  # type: ignore[attr-defined]
-                f"its parameters are {list(engine.infos)[:6]}... (model.parameter_ids())"
+                f"its parameters are {shown} (model.parameter_ids())"
             )
         chosen = set(wanted)
         return [pid for pid in engine.infos if pid in chosen and pid in engine.grads]
 
 
+def _number(value: Any) -> float | None:
+    """``value`` as a float if it is a real number (Python's, NumPy's, a 0-d array);
+    ``None`` for bools and everything else."""
+    if isinstance(value, (bool, np.bool_)) or np.ndim(value) != 0:
+        return None
+    kind = getattr(np.asarray(value), "dtype", np.dtype(object)).kind
+    return float(value) if kind in "iuf" else None
+
+
 def _positive(value: Any, name: str) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not value > 0 or math.isnan(value):
+    number = _number(value)
+    if number is None or not number > 0:
         raise ModelError(f"clip_grad_norm: {name}={value!r}; expected a number above 0")
-    return float(value)
+    return number
 
 
 def _norm_type(value: Any) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not value >= 1:
+    number = _number(value)
+    if number is None or not number >= 1:
         raise ModelError(
             f"clip_grad_norm: norm_type={value!r}; expected a number >= 1 (2, NNC's only "
             "one, by default) or math.inf"
         )
-    return float(value)
+    return number
 
 
 @functools.lru_cache(maxsize=8)
 def _clip(p: float) -> Any:
-    """A jitted ``(grads, max_norm) -> (clipped grads, norm)`` for the ``p``-norm."""
+    """A jitted ``(grads, max_norm) -> (clipped grads, norm)`` for the ``p``-norm,
+    taken in float32 at least (float64 gradients in float64)."""
 
     def clip(grads: list[Any], max_norm: Any) -> tuple[list[Any], Any]:
-        wide = [g.astype(jnp.float32) for g in grads]
+        wide = [g.astype(at_least_float32(g.dtype)) for g in grads]
         if math.isinf(p):
             norm = jnp.max(jnp.stack([jnp.max(jnp.abs(g), initial=0.0) for g in wide]))
         else:

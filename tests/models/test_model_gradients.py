@@ -87,7 +87,7 @@ def test_clip_of_one_layer_leaves_the_others(mlp):
     model.evaluate(X_IN, requires_grad=True)
     model.backward(outgrads=False)
     before = {k: np.asarray(v) for k, v in model.gradients().items()}
-    model.parameters_clip_grad_norm(1e-3, 2, first)  # NNC's name and argument order
+    model.parameters_clip_grad_norm(first, 2, np.float32(1e-3))  # NNC's name and order
     after = model.gradients()
     sub = np.concatenate([np.asarray(after[p]).ravel() for p in model.parameter_ids(first)])
     assert np.linalg.norm(sub) == pytest.approx(1e-3, rel=1e-4)
@@ -144,6 +144,9 @@ def test_isnan_sees_nan_and_not_inf(mlp):
         (lambda m: m.clip_grad_norm(1.0, norm_type=0.5), "norm_type=0.5; expected a number"),
         (lambda m: m.clip_grad_norm(1.0, params="t-nope"), "'t-nope' is not a parameter"),
         (lambda m: m.gradients(params=3), "params=3 \\(int\\); expected None"),
+        (lambda m: m.clip_grad_norm(True), "max_norm=True; expected a number above 0"),
+        (lambda m: m.clip_grad_norm(np.nan), "max_norm=nan; expected a number above 0"),
+        (lambda m: m.clip_grad_norm(1.0, norm_type=np.int64(0)), "expected a number >= 1"),
     ],
 )
 def test_bad_arguments_are_named(mlp, call, message):
