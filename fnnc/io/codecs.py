@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from fnnc.core.params import require_flag
 from fnnc.errors import TensorFileError
 
 Transform = Callable[[bytes, np.dtype, tuple[int, ...]], bytes | None]
@@ -70,6 +71,7 @@ def register_codec(codec: Codec, *, replace: bool = False) -> Codec:
     Raises:
         TensorFileError: another codec holds the identifier and ``replace`` is false.
     """
+    replace = require_flag(replace, "register_codec(replace=...)", TensorFileError)
     held = _registry.get(codec.identifier)
     if held is not None and held != codec and not replace:
         raise TensorFileError(

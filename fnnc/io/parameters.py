@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from fnnc.core.params import require_flag
 from fnnc.errors import ParameterError
 from fnnc.io.convert import open_tensors
 from fnnc.io.format import FLOATS
@@ -213,6 +214,7 @@ def read_parameters(
             also (and as a ``TypeError``) for ``expected`` or ``internals`` that is not a
             mapping, or a spec that is not ``(shape, dtype)`` or an array-like.
     """
+    strict = require_flag(strict, "read_parameters(strict=...)", ParameterError)
     _mapping(expected, "read_parameters", "expected", "parameter id -> (shape, dtype)")
     _mapping(internals, "read_parameters", "internals", "internal id -> (shape, dtype)")
     with opened(source, readonly=True) as f:

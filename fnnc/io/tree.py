@@ -169,7 +169,10 @@ def plain_metadata(metadata: Any) -> Any:
     ``fit`` returns) as the Python numbers JSON holds, inside dicts, lists and tuples;
     everything else is left for ``json.dumps`` to take or refuse."""
     if isinstance(metadata, dict):
-        return {k: plain_metadata(v) for k, v in metadata.items()}
+        return {
+            (k.item() if isinstance(k, np.generic) else k): plain_metadata(v)
+            for k, v in metadata.items()
+        }
     if isinstance(metadata, (list, tuple)):
         return [plain_metadata(v) for v in metadata]
     if isinstance(metadata, np.generic):

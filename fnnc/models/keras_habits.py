@@ -10,7 +10,7 @@ Python's own ``TypeError`` named only the keyword.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fnnc.models.layer import ModelError
@@ -50,9 +50,18 @@ _INSTEAD = {
 }
 
 
-def refuse_unknown(method: str, where: str, unknown: Mapping[str, Any]) -> None:
-    """A :class:`ModelError` for the keywords ``unknown`` given to ``method`` of the
-    model ``where`` describes, naming what fnnc takes instead; nothing when empty."""
+def refuse_unknown(
+    method: str, where: str, unknown: Mapping[str, Any], extra: Sequence[Any] = ()
+) -> None:
+    """A :class:`ModelError` for the keywords ``unknown`` (and the positional arguments
+    ``extra`` past the method's own: Keras's ``evaluate(x, y)``, ``fit(x, y, 32, 10)``)
+    given to ``method`` of the model ``where`` describes, naming what fnnc takes instead;
+    nothing when both are empty."""
+    if extra:
+        raise ModelError(
+            f"{method} of model {where}: {len(extra)} positional argument(s) more than it "
+            f"takes; {_WHAT[method]}"
+        )
     if not unknown:
         return
     given = ", ".join(f"{k}={v!r:.30}" for k, v in unknown.items())

@@ -202,7 +202,7 @@ class Layer:
             self._is_trainable = None if int(value) == -1 else bool(value)  # NNC's ints
         else:
             raise ModelError(
-                f"layer {type(self).__name__}({self.name!r}): is_trainable={value!r:.40} "
+                f"layer {self.describe()}: is_trainable={value!r:.40} "
                 f"({type(value).__name__}); expected True, False, or None (or 'inherit') "
                 "to inherit from the enclosing model"
             )

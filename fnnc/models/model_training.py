@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from fnnc.core.params import flag_value
+from fnnc.core.params import flag_value, is_count, require_flag
 from fnnc.graph.passes.remat import POLICIES
 from fnnc.models import checks
 from fnnc.models.engine import Engine
@@ -103,7 +103,11 @@ class TrainingMixin:
         self._engine.place_parameters()
 
     def fit(
-        self, inputs: Sequence[Any] | Any, targets: Sequence[Any] | Any = (), **unknown: Any
+        self,
+        inputs: Sequence[Any] | Any,
+        targets: Sequence[Any] | Any = (),
+        *extra: Any,
+        **unknown: Any,
     ) -> Any:
         """One fused training step (forward, loss, backward, update); returns the loss.
         ``inputs`` and ``targets``: one array each, or lists of arrays (``targets=None``:
@@ -111,13 +115,13 @@ class TrainingMixin:
         :class:`~fnnc.errors.ModelError` and changes nothing (its loss would be NaN).
         Keras's ``fit(x, y, epochs=...)`` over a dataset is :meth:`train`; its keywords
         here are a ``ModelError`` saying so."""
-        refuse_unknown("fit", self.describe(), unknown)  # type: ignore[attr-defined]
+        refuse_unknown("fit", self.describe(), unknown, extra)  # type: ignore[attr-defined]
         return self.engine.fit(_arrays(inputs), [] if targets is None else _arrays(targets))
 
     def evaluate(
         self,
         inputs: Sequence[Any] | Any,
-        *,
+        *extra: Any,
         is_test: bool = True,
         requires_grad: bool = False,
         **unknown: Any,
@@ -129,7 +133,7 @@ class TrainingMixin:
         processes, each passes its own rows (as many as the others) and gets the
         outputs of every process's rows, process 0's first (:mod:`fnnc.models.processes`).
         Keras's ``evaluate(x, y)`` is :meth:`score`."""
-        refuse_unknown("evaluate", self.describe(), unknown)  # type: ignore[attr-defined]
+        refuse_unknown("evaluate", self.describe(), unknown, extra)  # type: ignore[attr-defined]
         is_test = _flag(self, "evaluate", "is_test", is_test)
         requires_grad = _flag(self, "evaluate", "requires_grad", requires_grad)
         return self.engine.evaluate(_arrays(inputs), is_test=is_test, requires_grad=requires_grad)
@@ -195,7 +199,9 @@ class TrainingMixin:
 
         return FnncModule(self, **options)
 
-    def predict(self, inputs: Sequence[Any] | Any, *, batch_size: int = 256, **unknown: Any) -> Any:
+    def predict(
+        self, inputs: Sequence[Any] | Any, *extra: Any, batch_size: int = 256, **unknown: Any
+    ) -> Any:
         """The outputs (test mode) over every sample of ``inputs`` (one array or a
         list), evaluated ``batch_size`` samples at a time, as NumPy: one array for a
         one-output model, else a list. Data parallel over several processes, each
@@ -214,7 +220,7 @@ class TrainingMixin:
         """
         from fnnc.models.training import predict
 
-        refuse_unknown("predict", self.describe(), unknown)  # type: ignore[attr-defined]
+        refuse_unknown("predict", self.describe(), unknown, extra)  # type: ignore[attr-defined]
         self.engine._check_inputs(_arrays(inputs))  # evaluate's check, before batching
         return predict(self, inputs, batch_size=batch_size)
 
@@ -233,6 +239,7 @@ class TrainingMixin:
 
         targets = None if targets is None else _arrays(targets)
         arrays = stand_in(self.engine) if inputs is None else _arrays(inputs)
+        retune = _flag(self, "autotune", "retune", retune)
         return autotune(self.engine, arrays, targets, repeats=repeats, retune=retune)
 
     def backward(
@@ -404,8 +411,13 @@ class TrainingMixin:
         batch_size = check_batch_size(batch_size, "train")  # before resume restores anything
         stop_on_nan = _flag(self, "train", "stop_on_nan", stop_on_nan)
         progress = None if progress is None else _flag(self, "train", "progress", progress)
-        if isinstance(verbose, int) and not isinstance(verbose, bool) and verbose == 2:
+        if is_count(verbose) and verbose == 2:  # Python's or NumPy's 2, not True
             verbose, progress = True, False if progress is None else progress  # Keras's 2
+        elif flag_value(verbose) is None:
+            raise ModelError(
+                f"{self.describe()}: train(verbose=...) takes True or False, 0, 1 or Keras's "  # type: ignore[attr-defined]
+                f"2 (one line per epoch), got {type(verbose).__name__} {verbose!r:.40}"
+            )
         verbose = _flag(self, "train", "verbose", verbose)
         return train(
             self, data, epochs=epochs, batch_size=batch_size, validation=validation,
@@ -424,13 +436,7 @@ def _flag(model: Any, method: str, arg: str, value: Any) -> bool:
     """``value`` of a switch argument as a bool (True, False, NumPy's, NNC's 1/0); anything
     else is a ModelError, since ``bool("false")`` is True (``reset="no"`` would drop the
     optimizer state, ``is_test="false"`` would run in test mode)."""
-    meant = flag_value(value)
-    if meant is None:
-        raise ModelError(
-            f"{model.describe()}: {method}({arg}=...) takes True or False, got "
-            f"{type(value).__name__} {value!r:.40}"
-        )
-    return meant
+    return require_flag(value, f"{model.describe()}: {method}({arg}=...)", ModelError)
 
 
 def _switch(model: Any, method: str, enabled: Any) -> bool:

@@ -69,3 +69,32 @@ def test_safetensors_read_of_a_missing_file_says_the_file_is_missing(tmp_path):
         np.testing.assert_array_equal(f.read("w"), np.arange(3, dtype=np.float32))
         with pytest.raises(TensorNotFoundError, match="no tensor 'v'"):
             f.read("v")
+
+
+def test_sibling_switches_given_as_strings_are_named(tmp_path):
+    """read_parameters(strict="no") was strict and register_codec(replace="no") replaced
+    the held codec: any str was True (review of the issB switch fixes)."""
+    from fnnc.errors import ParameterError, TensorFileError
+    from fnnc.io import read_parameters, write_parameters
+    from fnnc.io.codecs import _registry, register_codec
+
+    path = tmp_path / "p.sqlite3"
+    write_parameters(path, {"w": np.ones(2, np.float32)})
+    with pytest.raises(ParameterError, match=r"read_parameters\(strict=...\) takes True or False"):
+        read_parameters(path, {"w": ((2,), np.float32)}, strict="no")
+    held = next(iter(_registry.values()))
+    with pytest.raises(TensorFileError, match=r"register_codec\(replace=...\) takes True or"):
+        register_codec(held, replace="no")
+    assert _registry[held.identifier] is held
+    got = read_parameters(path, {"w": ((2,), np.float32), "v": ((1,), np.float32)}, strict=0)
+    assert list(got.missing) == ["v"] and np.array_equal(got["w"], np.ones(2, np.float32))
+
+
+def test_numpy_keys_of_checkpoint_metadata_are_plain(tmp_path):
+    """metadata={np.int64(3): 0.5} was 'not JSON' (keys must be str, int...)."""
+    from fnnc.io.tree import plain_metadata
+
+    assert plain_metadata({np.int64(3): np.float32(0.5), "a": (np.bool_(True),)}) == {
+        3: 0.5,
+        "a": [True],
+    }

@@ -36,6 +36,13 @@ def model():
         ),
         (lambda m: m.predict(X, verbose=0), r"verbose: progress= and verbose= of train"),
         (lambda m: m.score((X, Y), verbose=0), r"score takes data, labels"),
+        (lambda m: m.evaluate(X, Y), r"1 positional argument\(s\) more than it takes; eval"),
+        (lambda m: m.fit(X, Y, 32, 10), r"2 positional argument\(s\) more .* is train\("),
+        (lambda m: m.predict(X, 2), r"predict takes inputs and batch_size="),
+        (
+            lambda m: m.train((X, Y), verbose=np.int64(3)),
+            r"train\(verbose=...\) takes True or False, 0, 1 or Keras's 2",
+        ),
         (
             lambda m: m.train((X, Y), validation_data=(X, Y), initial_epoch=1),
             r"validation_data: validation=; initial_epoch: resume=",
