@@ -90,8 +90,10 @@ def remat(
         policy: which forward nodes keep their outputs: a name from :data:`POLICIES`
             or ``policy(graph, index) -> bool`` (True = saved).
         budget_bytes: instead of a policy, a peak for :func:`~fnnc.graph.memory_plan`:
-            the pass chooses the nodes to recompute, greedily by bytes freed per FLOP
-            recomputed, then drops choices the budget does not need.
+            the pass chooses the nodes to recompute by a heuristic search (evenly
+            spaced saved activations, as in checkpointing every ``sqrt(n)``-th block,
+            then saving back what the budget does not need recomputed); it may miss a
+            lower peak or a cheaper choice that an exhaustive search would find.
         donate: the graph inputs the compiled program donates (as for
             :func:`~fnnc.graph.compile`), so the budget is checked against the plan of
             the program that runs: a training step's updated parameters and state
@@ -244,7 +246,9 @@ def _within_budget(graph: Graph, start: int, budget: int, donate: Donate = ()) -
     configuration, each recomputed candidate, most expensive first, is saved again if
     the budget still holds; the cheapest result wins (one greedy pass from the cheapest
     spacing alone had recomputed more for a looser budget than for a tighter one).
-    Configurations are tried once each (memoised).
+    Configurations are tried once each (memoised). The search is a heuristic, not an
+    exhaustive one: on some graphs a saved set it does not try meets a lower budget, or
+    the same budget with fewer recomputed FLOPs.
     """
     full = memory_plan(graph, donate=donate).peak_bytes
     if full <= budget:
@@ -286,7 +290,9 @@ def _within_budget(graph: Graph, start: int, budget: int, donate: Donate = ()) -
     if not starts:
         raise GraphError(
             f"remat: budget_bytes={budget:,d} is below the smallest peak found "
-            f"({lowest[0]:,d} bytes; without remat {full:,d}); raise the budget"
+            f"({lowest[0]:,d} bytes; without remat {full:,d}); the search is heuristic, "
+            "so a lower peak may exist: raise the budget, or name what to save with "
+            "policy= (a function of the node) and check memory_plan(...).peak_bytes"
         )
     return min((_pruned(attempt, s, cost, budget) for s in starts), key=lambda t: t[1])[2]
 
