@@ -279,7 +279,10 @@ class DynamicGraph:
         at = f"evaluate {name or 'model'}"
         targets = versions.output_list(self, outputs, at, cnnp.output_count(model))
         outs = cnnp.evaluate(self, model, inputs, name, is_test)
-        return versions.write_outputs(self, outs, targets, at)
+        written = versions.write_outputs(self, outs, targets, at)
+        if self._models:  # outputs may be a bound model's parameters: one copy
+            cnnp.sync(self)
+        return written
 
     def parameters(self, model: Any) -> dict[str, Variable]:
         """A cnnp model's trainable parameters as variables of this graph, by id."""

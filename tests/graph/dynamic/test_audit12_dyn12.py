@@ -10,7 +10,7 @@ import pytest
 
 from fnnc import ops
 from fnnc.errors import DTypeError, GraphError, ShapeError
-from fnnc.graph import DynamicGraph
+from fnnc.graph import DynamicGraph, GraphBuilder
 from fnnc.models import Dense, Input, Model
 
 
@@ -148,6 +148,12 @@ def test_a_models_parameter_set_or_written_in_the_graph_is_the_models_too(lazy: 
     want = xs @ want_w.T + want_b  # Dense: x W^T + b
     np.testing.assert_allclose(np.asarray(model.evaluate(xs)), want, rtol=1e-6)
     np.testing.assert_allclose(dg.evaluate(model, [xs]).numpy(), want, rtol=1e-6)
+    gb = GraphBuilder()  # evaluate(outputs=[b]) writes the parameter too
+    v = gb.input((2,))
+    dg.evaluate(
+        gb.build([gb.exec(ops.scalar_mul(a=3.0), v)]), [np.ones(2, np.float32)], outputs=[b]
+    )
+    np.testing.assert_array_equal(np.asarray(model.parameters()[b_id]), [3.0, 3.0])
 
 
 def test_truth_value_of_a_variable_is_numpys() -> None:
