@@ -128,6 +128,18 @@ def require_storable(name: str, what: str, value: Any, dtype: Any) -> None:
     )
 
 
+def integer_cast(arr: Any, dtype: Any, name: str) -> Any:
+    """``arr`` (NumPy or JAX) as ``dtype``; where both are integer or bool kinds, the
+    first value ``dtype`` does not hold is :func:`require_storable`'s DTypeError naming
+    ``name`` instead of wrapping (``int8`` of ``int32([300])`` was 44)."""
+    out = arr.astype(dtype)
+    if np.dtype(arr.dtype).kind in "biu" and np.dtype(dtype).kind in "biu":
+        given, kept = np.asarray(arr), np.asarray(out)
+        if not np.array_equal(given, kept):
+            require_storable(name, "", int(given[given != kept].flat[0]), dtype)
+    return out
+
+
 def require_same_dtype(name: str, *specs: Spec) -> np.dtype:
     dtypes = {np.dtype(s.dtype) for s in specs}
     if len(dtypes) > 1:

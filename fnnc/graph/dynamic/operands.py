@@ -36,7 +36,7 @@ import numpy as np
 
 from fnnc import ops
 from fnnc.errors import DTypeError, ShapeError
-from fnnc.ops._rules import require_storable, whole_number
+from fnnc.ops._rules import integer_cast, require_storable, whole_number
 
 if TYPE_CHECKING:
     from .variable import Variable
@@ -98,11 +98,7 @@ def _cast(arr: Any, dtype: np.dtype, at: str) -> Any:
         return arr.astype(dtype)
     if given_float:
         return arr
-    out = arr.astype(dtype)
-    if not np.array_equal(np.asarray(out), np.asarray(arr)):
-        bad = np.asarray(arr)[np.asarray(out) != np.asarray(arr)].flat[0]
-        require_storable(at, "", int(bad), dtype)  # raises: the first value that wraps
-    return out
+    return integer_cast(arr, dtype, at)  # the first value that would wrap: an error
 
 
 def scale(var: Variable, number: Any) -> Variable:

@@ -20,6 +20,7 @@ from fnnc.core.dtypes import is_inexact
 from fnnc.core.ir import unit_axes_apart
 from fnnc.errors import DTypeError, GraphError, ShapeError
 from fnnc.ops import Command
+from fnnc.ops._rules import integer_cast
 from fnnc.ops.call import write_view
 
 from . import stale
@@ -115,10 +116,12 @@ def _numbers(value: Any, dtype: np.dtype, at: str) -> np.ndarray:
     value that holds no numbers (``np.asarray(None, float32)`` is NaN, not an error)."""
     try:
         arr = np.asarray(value)
-        if arr.dtype.kind in "biu" or is_inexact(arr.dtype):
-            return arr.astype(dtype)
     except (TypeError, ValueError):
-        pass
+        arr = np.asarray(None)
+    if arr.dtype.kind in "biu":  # an integer the variable's type does not hold: error
+        return integer_cast(arr, dtype, at)
+    if is_inexact(arr.dtype):
+        return arr.astype(dtype)
     raise DTypeError(
         f"{at}: got {value!r:.40} ({type(value).__name__}), which is not an array of "
         f"numbers; write a Variable, a number, or a NumPy or JAX array of "

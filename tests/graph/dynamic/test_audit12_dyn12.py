@@ -194,3 +194,23 @@ def test_abs_of_a_variable_is_ewabs_with_its_gradient():
     np.testing.assert_array_equal(np.asarray(dg.grad(x)), np.asarray(want))
     ints = dg.variable(np.array([-4, 5], np.int32))
     np.testing.assert_array_equal(abs(ints).numpy(), [4, 5])
+
+
+def test_writes_of_integers_the_variable_does_not_hold_are_refused_not_wrapped() -> None:
+    # dg.write / x[i] = v cast unchecked: int8[0] = 300 gave 44, int32 of 2**40 gave 0,
+    # where NumPy's np.int8([1, 2])[0] = 300 raises OverflowError
+    dg = DynamicGraph()
+    i8, i32, u8 = (dg.variable(np.array([1, 2], t)) for t in (np.int8, np.int32, np.uint8))
+    writes = [
+        (lambda: i8.__setitem__(0, 300), "300 is outside int8's range"),
+        (lambda: dg.write(i8, 300), "300 is outside int8's range"),
+        (lambda: dg.write(i32, np.int64([2**40, 1])), "1099511627776 is outside int32"),
+        (lambda: u8.__setitem__(0, -1), "-1 is outside uint8's range"),
+    ]
+    for write, message in writes:
+        with pytest.raises(DTypeError, match=message):
+            write()
+    for var, want in ((i8, [1, 2]), (i32, [1, 2]), (u8, [1, 2])):
+        np.testing.assert_array_equal(var.numpy(), want)  # nothing written
+    i8[1] = np.int64(-128)  # in range: NumPy's value
+    np.testing.assert_array_equal(i8.numpy(), np.array([1, -128], np.int8))
