@@ -69,6 +69,15 @@ def _log_side(low: float, high: float, rate: float) -> int:
     return side
 
 
+def _one_float(low: float, high: float) -> bool:
+    """Whether ``low < high`` are one float32 value, both in its normal range (NNC's
+    float parameters, which it asserts differ); outside that range fnnc keeps doubles."""
+    f32 = np.float32
+    with np.errstate(all="ignore"):
+        lo, hi = f32(low), f32(high)
+        return bool(lo >= hi and np.isfinite(hi) and lo >= np.finfo(f32).tiny)
+
+
 def _float_layout(low: float, high: float, rate: float) -> tuple[float, float, int] | None:
     """``(min, rate, side)`` as NNC computes them from its float parameters:
     ``upper_range = ceilf(logf(max / min) * log_base)`` with ``log_base = 1.0 /
@@ -123,18 +132,25 @@ def _histogram_rule(x: Spec, boundaries: Spec | None = None, *, type, bins, min,
             )
         n = bins + 3
     else:
-        if not (0 < min < max and rate > 1):
+        if not (0 < min < max and rate > 1) or _one_float(min, max):
             raise CommandError(
-                "histogram: logarithmic bins need 0 < min < max and rate > 1, "
-                f"got min={min}, max={max}, rate={rate}"
+                "histogram: logarithmic bins need 0 < min < max (as float32 values, NNC's "
+                f"parameter type) and rate > 1, got min={min}, max={max}, rate={rate}"
             )
         n = 2 * _log_side(min, max, rate) + 2
     return Spec((n,), jnp.int32), Spec((4,), x.dtype)
 
 
-def _count_between(x, bounds):
+def _count_between(x, bounds, closed_right_above_zero=False):
+    """Counts per interval of sorted ``bounds``, left-closed; with
+    ``closed_right_above_zero`` positive values' intervals are right-closed, as NNC's
+    logarithmic bins (``ceilf(logf(v / min) / logf(rate))``: ``v == min * rate**k`` is
+    in bin ``k``, ``v == min`` in the middle one with ``(-min, min)``)."""
     nan = jnp.isnan(x)
-    slot = jnp.searchsorted(bounds, jnp.where(nan, -jnp.inf, x), side="right")
+    x = jnp.where(nan, -jnp.inf, x)
+    slot = jnp.searchsorted(bounds, x, side="right")
+    if closed_right_above_zero:
+        slot = jnp.where(x > 0, jnp.searchsorted(bounds, x, side="left"), slot)
     slot = jnp.where(nan, bounds.shape[0] + 1, slot)
     return jnp.zeros((bounds.shape[0] + 2,), jnp.int32).at[slot].add(1)
 
@@ -165,7 +181,7 @@ def histogram(x, boundaries=None, *, type="even", bins=10, min=0.0, max=1.0, rat
         counts = jnp.zeros((bins + 3,), jnp.int32).at[slot].add(1)
     else:
         bounds = boundaries if type == "bins" else jnp.asarray(_log_bounds(min, max, rate))
-        counts = _count_between(flat, bounds.astype(flat.dtype))
+        counts = _count_between(flat, bounds.astype(flat.dtype), type == "logarithmic")
     return counts, _stats(flat).astype(x.dtype)
 
 

@@ -91,6 +91,21 @@ def test_logarithmic_histogram_has_nncs_float_count_and_bins():
     np.testing.assert_array_equal(np.asarray(counts), want)
 
 
+@pytest.mark.parametrize(
+    "lo, hi, rate, values",
+    [
+        (1.0, 100.0, 10.0, [1, 10, -1, -10, 0.5, 50]),
+        (2.0**-3, 8.0, 2.0, [2.0**k for k in range(-3, 3)] + [-(2.0**k) for k in range(-3, 3)]),
+    ],
+)
+def test_logarithmic_histogram_puts_exact_boundaries_where_nnc_does(lo, hi, rate, values):
+    """NNC's positive bins are right-closed (ceilf of the log): min goes with (-min, min)
+    and min * rate**k to bin k; fnnc's left-closed search put each one bin higher."""
+    x = np.asarray(values, f32)
+    counts, _ = ops.histogram(type="logarithmic", min=lo, max=hi, rate=rate)(x)
+    np.testing.assert_array_equal(np.asarray(counts), _nnc_log_counts(x, lo, hi, rate))
+
+
 # forward.tests.c: "convolution transpose of 3x3 on 2x2 with given weights ...". Each case:
 # (groups, filters, stride, NCHW, NNC's expected output). The input is ones [2, 2, 2], the
 # weight 0..17 in NNC's layout ([in, kh, kw, F/G] NHWC, [in, F/G, kh, kw] NCHW), the bias
@@ -187,3 +202,8 @@ def test_convolution_transpose_with_given_weights(case):
         else want.reshape(side, side, filters)
     )
     np.testing.assert_array_equal(y, want)
+
+
+def test_logarithmic_range_empty_in_float32_is_refused_as_even_bins_are():
+    with pytest.raises(CommandError, match=r"0 < min < max \(as float32 values"):
+        ops.histogram(type="logarithmic", min=1.0, max=1.0000000001)(np.ones(2, f32))
