@@ -37,7 +37,7 @@ import numpy as np
 
 from fnnc.data.errors import DataError, flat_rows, rows_text
 from fnnc.data.indices import GroupMapDataset, RowIndices, shuffled
-from fnnc.data.sources import Column
+from fnnc.data.sources import Column, FieldColumn
 from fnnc.data.stages import Map, Shard, Shuffle, Stage, function_name, levels
 
 
@@ -132,6 +132,8 @@ class Reader:
                 want -= set(self.gathered)
             self.members[k] = want
         self.maps[0], self.read0 = _live(steps[0], want)
+        shared = (source[c].rows for c in self.read0 if isinstance(source[c], FieldColumn))
+        self.shared = list({id(rows): rows for rows in shared}.values())
         self.seeds = {
             position: derive_seed(step.seed, pipeline_seed, position)
             for level in self.maps
@@ -151,7 +153,11 @@ class Reader:
     def _level(self, k: int, ids: Any, epoch: int) -> dict[str, Any]:
         if k == 0:
             row = int(ids)
-            values = {c: self._read(c, row) for c in self.read0}
+            try:
+                values = {c: self._read(c, row) for c in self.read0}
+            finally:  # fields of one element share a read; the next element reads anew
+                for rows in self.shared:
+                    rows.forget()
             return self._maps(0, values, ids, epoch)
         members, values = ids, {}
         if k == 1:

@@ -168,7 +168,10 @@ class _LastRow(threading.local):
 
 
 class SharedRows:
-    """Rows of ``base`` read once per row and thread, however many fields are taken."""
+    """Rows of ``base``, each read once while the fields of one element are taken (per
+    thread), however many of its fields are: the reader calls :meth:`forget` when the
+    element's fields are read, so the next read of the row (the next epoch, a row repeated
+    by ``wrap``) calls ``base`` again and gets fresh values, not ones a map changed."""
 
     def __init__(self, base: Column):
         self.base, self._last = base, _LastRow()
@@ -178,6 +181,10 @@ class SharedRows:
         if last.row != row:
             last.value, last.row = self.base.read(row), row
         return last.value
+
+    def forget(self) -> None:
+        """Drops this thread's row (its next :meth:`read` calls ``base`` again)."""
+        self._last.row, self._last.value = None, None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"base": self.base}
