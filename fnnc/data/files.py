@@ -169,15 +169,17 @@ class TensorSliceColumn(_FileColumn):
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
         """Rows ``rows``, read through one blob handle, in file order (a run of
-        consecutive rows is one read)."""
+        consecutive rows is one read), into a new writable array (as an array column's
+        batch is: whatever the rows' order, a batch map may write into it)."""
         rows = np.asarray(rows, np.int64) % max(self.rows, 1)
         out = np.empty((rows.size, *self.row_shape), self.dtype)
         size = self.row_bytes
+        flat = out.reshape(rows.size, -1).view(np.uint8)
         with self._blob() as blob:
             if rows.size and np.array_equal(rows, np.arange(rows[0], rows[0] + rows.size)):
                 blob.seek(int(rows[0]) * size)
-                return np.frombuffer(blob.read(rows.size * size), self.dtype).reshape(out.shape)
-            flat = out.reshape(rows.size, -1).view(np.uint8)
+                flat[...] = np.frombuffer(blob.read(rows.size * size), np.uint8).reshape(flat.shape)
+                return out
             for k in np.argsort(rows, kind="stable").tolist():
                 blob.seek(int(rows[k]) * size)
                 flat[k] = np.frombuffer(blob.read(size), np.uint8)

@@ -30,3 +30,26 @@ def test_function_rows_are_read_anew_for_every_element():
     last = list(frame.batch(3, wrap=True).iterator(("b", "i"), threads=0))[-1]
     np.testing.assert_array_equal(last[0], np.full((3, 2), 7.0))  # row 6 three times
     assert last[1].tolist() == [6, 6, 6]
+
+
+def _center(x):
+    x -= x.mean(axis=0)  # in place, on the batch (a copy of the rows)
+    return x
+
+
+def test_tensor_slice_batches_are_writable_copies_in_any_order(tmp_path):
+    # A run of consecutive rows came back as np.frombuffer of the blob, read-only, while
+    # shuffled rows were a writable copy: a batch map writing into its input failed on
+    # unshuffled batches only (from_arrays batches are writable either way).
+    from fnnc.io import TensorFile
+
+    images = np.arange(8 * 3, dtype=np.float32).reshape(8, 3) ** 1.5
+    path = tmp_path / "d.sqlite"
+    with TensorFile(path) as f:
+        f.write("images", images)
+        f.write("labels", np.arange(8, dtype=np.int64))
+    base = DataFrame.from_tensor_slices(path, x="images", i="labels")
+    for df in (base, base.shuffle()):
+        for x, i in df.batch(4).map(_center, "x", "x").iterator(("x", "i"), threads=0):
+            np.testing.assert_allclose(x, images[i] - images[i].mean(axis=0), rtol=1e-6)
+    np.testing.assert_array_equal(next(iter(base.batch(3)))["x"], images[:3])
