@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from fnnc.data.errors import DataError, integer
+from fnnc.data.errors import DataError, flag, integer
 from fnnc.data.jitter import Jitter
 
 
@@ -228,7 +228,8 @@ class AddOns:
         call's masks all have one size, as NNC's."""
         max_length = integer(max_length, "one_squared", 0, "max_length")
         names, outs = _pairs(columns, outputs, "mask")
-        options = dict(max_length=max_length, variable_size=bool(variable_size))
+        variable_size = flag(variable_size, "one_squared", "variable_size")
+        options = dict(max_length=max_length, variable_size=variable_size)
         return _map_columns(self, "one_squared", one_squared_columns, names, outs, **options)
 
     def truncate(

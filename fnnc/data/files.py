@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from fnnc.data.errors import DataError
+from fnnc.data.errors import DataError, flag
 from fnnc.data.sources import Column, SequenceColumn
 from fnnc.io import TensorFile
 
@@ -202,6 +202,7 @@ def read_csv(
             raise DataError(
                 f"from_csv: {name} must be one character (not a line break), got {char!r}"
             )
+    header = flag(header, "from_csv", "header")
     if delimiter == quote:
         raise DataError(f"from_csv: delimiter and quote are both {quote!r}; give two characters")
     limit = csv.field_size_limit(2**31 - 1)  # Python's default refuses fields over 128 KiB

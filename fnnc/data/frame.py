@@ -145,6 +145,7 @@ class DataFrame(Constructors, AddOns):
         :class:`DataError` naming the column and the row."""
         if not callable(fn):
             raise DataError(f"map: fn must be callable, got {type(fn).__name__}")
+        random = flag(random, "map", "random")
         if seed is not None and not random:
             raise DataError(
                 f"map: seed={seed!r} seeds the rng= a random map's fn gets; give random=True "
@@ -154,7 +155,7 @@ class DataFrame(Constructors, AddOns):
             fn,
             column_names(inputs, "map inputs"),
             column_names(output, "map output"),
-            bool(random),
+            random,
             _seed(seed, "map"),
         )
         return self._then(stage)

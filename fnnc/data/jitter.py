@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from fnnc.core.params import flag_value
 from fnnc.data.errors import as_int
 
 # ImageNet RGB eigenvalues times eigenvectors (AlexNet; NNC copies MXNet's).
@@ -142,6 +143,13 @@ class Jitter:
             raise ValueError(f"resize must be (min, max) with 0 < min <= max, got {self.resize!r}")
         if size is not None and min(size) <= 0:
             raise ValueError(f"size must be positive (rows, cols), got {self.size!r}")
+        for name in ("center_crop", "symmetric"):  # bool("no") would be True
+            meant = flag_value(getattr(self, name))
+            if meant is None:
+                raise ValueError(
+                    f"{name} must be True or False (or NNC's 1 / 0), got {getattr(self, name)!r}"
+                )
+            object.__setattr__(self, name, meant)
         for name in ("aspect_ratio", "brightness", "contrast", "saturation", "lighting"):
             object.__setattr__(self, name, _amount(getattr(self, name), name))
         roundup = as_int(self.roundup)

@@ -1,8 +1,9 @@
 """Audit 12 of fnnc.data: regressions found by probing against independent oracles."""
 
 import numpy as np
+import pytest
 
-from fnnc.data import DataFrame
+from fnnc.data import DataError, DataFrame
 
 
 def _bump(a):
@@ -53,3 +54,38 @@ def test_tensor_slice_batches_are_writable_copies_in_any_order(tmp_path):
         for x, i in df.batch(4).map(_center, "x", "x").iterator(("x", "i"), threads=0):
             np.testing.assert_allclose(x, images[i] - images[i].mean(axis=0), rtol=1e-6)
     np.testing.assert_array_equal(next(iter(base.batch(3)))["x"], images[:3])
+
+
+def _flagged(df, csv, value, option):
+    """The step that takes ``option`` as a flag, given ``value``."""
+    if option == "random":
+        return df.map(
+            lambda v, rng=None: v + (rng.integers(9) if rng else 0), "x", "y", random=value
+        )
+    if option == "header":
+        return DataFrame.from_csv(csv, header=value)
+    if option == "variable_size":
+        return df.batch(2).one_squared("n", 4, variable_size=value)
+    return df.map(lambda v: np.zeros((2, 3, 3), np.uint8), "x", "img").image_random_jitter(
+        "img", size=1, **{option: value}
+    )
+
+
+@pytest.mark.parametrize("option", ["random", "header", "variable_size", "symmetric"])
+def test_flags_take_a_bool_or_nnc_01_and_refuse_anything_else(tmp_path, option):
+    # map(random=), from_csv(header=), one_squared(variable_size=) and the jitter's
+    # center_crop/symmetric read any truthy value as True (header='no' kept the header,
+    # random='no' passed rng= to a function without it), as batch/shard no longer do.
+    csv = tmp_path / "f.csv"
+    csv.write_text("a,b\n1,2\n")
+    df = DataFrame.from_arrays(x=np.arange(4), n=np.array([1, 2, 1, 1]))
+    for nnc, meant in ((1, True), (0, False), (np.bool_(True), True)):
+        got, want = _flagged(df, csv, nnc, option), _flagged(df, csv, meant, option)
+        assert repr(got) == repr(want)
+        a, b = got.iterator(seed=3), want.iterator(seed=3)
+        for x, y in zip(a, b):
+            assert x.keys() == y.keys()
+            for k in x:
+                np.testing.assert_array_equal(x[k], y[k])
+    with pytest.raises(DataError, match=f"{option} must be True or False .*got 'no'"):
+        _flagged(df, csv, "no", option)
