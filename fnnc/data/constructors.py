@@ -105,8 +105,12 @@ class Constructors:
         delimiter: str = ",",
         quote: str = '"',
         header: bool = True,
+        encoding: str = "utf-8",
     ) -> Self:
         """The rows of a CSV file as string columns (``None`` for a missing field), named
         by the first line when ``header`` else ``"0"``, ``"1"``, ... (NNC's CSV reader:
-        RFC 4180 with a chosen delimiter and quote). Convert with :meth:`map`."""
-        return cls(files.read_csv(path, delimiter=delimiter, quote=quote, header=header))
+        RFC 4180 with a chosen delimiter and quote). The bytes are text in ``encoding``
+        (``"latin-1"`` reads any bytes; ``"utf-8-sig"`` drops a byte-order mark). Convert
+        with :meth:`map`."""
+        options = dict(delimiter=delimiter, quote=quote, header=header, encoding=encoding)
+        return cls(files.read_csv(path, **options))

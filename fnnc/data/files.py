@@ -190,7 +190,12 @@ class TensorSliceColumn(_FileColumn):
 
 
 def read_csv(
-    path: str | os.PathLike[str], *, delimiter: str, quote: str, header: bool
+    path: str | os.PathLike[str],
+    *,
+    delimiter: str,
+    quote: str,
+    header: bool,
+    encoding: str = "utf-8",
 ) -> dict[str, Column]:
     """The columns of a CSV file, each a :class:`SequenceColumn` of strings (``None``
     where a line has fewer fields; a blank line is one empty field, ``""`` in the first
@@ -207,8 +212,16 @@ def read_csv(
         raise DataError(f"from_csv: delimiter and quote are both {quote!r}; give two characters")
     limit = csv.field_size_limit(2**31 - 1)  # Python's default refuses fields over 128 KiB
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open(path, newline="", encoding=encoding) as f:
             lines = list(csv.reader(f, delimiter=delimiter, quotechar=quote, doublequote=True))
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"from_csv: {os.fspath(path)} is not {encoding} text (it holds the byte "
+            f"{e.object[e.start : e.start + 1]!r}); give the file's encoding, e.g. "
+            "from_csv(path, encoding='latin-1')"
+        ) from e
+    except LookupError as e:
+        raise DataError(f"from_csv: unknown encoding {encoding!r} ({e})") from None
     finally:
         csv.field_size_limit(limit)
     lines = [line or [""] for line in lines]  # a blank line: one empty field, as NNC reads it

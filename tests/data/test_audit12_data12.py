@@ -89,3 +89,17 @@ def test_flags_take_a_bool_or_nnc_01_and_refuse_anything_else(tmp_path, option):
                 np.testing.assert_array_equal(x[k], y[k])
     with pytest.raises(DataError, match=f"{option} must be True or False .*got 'no'"):
         _flagged(df, csv, "no", option)
+
+
+def test_from_csv_reads_other_encodings_and_says_which_it_expected(tmp_path):
+    # A latin-1 file raised the codec's raw UnicodeDecodeError naming neither the file
+    # nor a way to read it (NNC reads bytes); from_csv takes encoding= now.
+    path = tmp_path / "latin.csv"
+    path.write_bytes("name,n\ncaf\xe9,1\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin\.csv is not utf-8 text.*encoding='latin-1'"):
+        DataFrame.from_csv(path)
+    df = DataFrame.from_csv(path, encoding="latin-1")
+    assert [(r["name"], r["n"]) for r in df] == [("café", "1")]
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes("\ufeffa,b\n1,2\n".encode())
+    assert DataFrame.from_csv(bom, encoding="utf-8-sig").columns == ("a", "b")
