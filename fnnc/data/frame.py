@@ -76,6 +76,12 @@ class DataFrame(Constructors, AddOns):
     __slots__ = ("_columns", "_read", "_rows", "_source", "_source_rows", "_stages")
 
     def __init__(self, columns: Mapping[str, Column | Any]):
+        if not isinstance(columns, Mapping):
+            raise DataError(
+                f"DataFrame(columns): expected a mapping {{name: column}}, got "
+                f"{type(columns).__name__}; e.g. DataFrame({{'x': array}}) or "
+                "DataFrame.from_arrays(x=array)"
+            )
         source = {name: as_column(value, name) for name, value in columns.items()}
         column_names(tuple(source), "DataFrame")
         lengths = {name: len(column) for name, column in source.items()}

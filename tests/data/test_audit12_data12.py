@@ -103,3 +103,10 @@ def test_from_csv_reads_other_encodings_and_says_which_it_expected(tmp_path):
     bom = tmp_path / "bom.csv"
     bom.write_bytes("\ufeffa,b\n1,2\n".encode())
     assert DataFrame.from_csv(bom, encoding="utf-8-sig").columns == ("a", "b")
+
+
+def test_dataframe_of_a_non_mapping_says_what_it_takes():
+    # DataFrame([array]) raised "'list' object has no attribute 'items'".
+    with pytest.raises(DataError, match=r"expected a mapping \{name: column\}, got list"):
+        DataFrame([np.arange(3)])
+    assert DataFrame({"x": np.arange(3)})[2]["x"] == 2
