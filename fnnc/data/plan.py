@@ -126,9 +126,7 @@ class Reader:
             self.combined[k] = bool(want)
             if k == 1:  # batch and sample read source columns a group at a time
                 raw = set(want) - {o for _, m in _live(steps[0], want)[0] for o in m.outputs}
-                self.gathered = sorted(
-                    c for c in raw if type(source[c]).gather is not Column.gather
-                )
+                self.gathered = sorted(c for c in raw if source[c].can_gather)
                 want -= set(self.gathered)
             self.members[k] = want
         self.maps[0], self.read0 = _live(steps[0], want)

@@ -58,6 +58,12 @@ class Column:
         del rows
         return None
 
+    @property
+    def can_gather(self) -> bool:
+        """Whether a batch's rows are read at once with :meth:`gather`, not read and
+        stacked one by one."""
+        return type(self).gather is not Column.gather
+
     def describe(self) -> str:
         """A few words for error messages and ``repr``."""
         return type(self).__name__
@@ -97,6 +103,12 @@ class ArrayColumn(Column):
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
         return np.asarray(self.array[rows])
+
+    @property
+    def can_gather(self) -> bool:
+        """An object array's rows are Python objects (arrays of a ragged data set): a
+        batch stacks them one by one as a list's, not into an array of objects."""
+        return not self.array.dtype.hasobject
 
     @property
     def in_memory(self) -> bool:

@@ -110,3 +110,22 @@ def test_dataframe_of_a_non_mapping_says_what_it_takes():
     with pytest.raises(DataError, match=r"expected a mapping \{name: column\}, got list"):
         DataFrame([np.arange(3)])
     assert DataFrame({"x": np.arange(3)})[2]["x"] == 2
+
+
+def test_an_object_array_column_batches_as_its_rows_stacked():
+    # An object array (rows that are arrays, e.g. a ragged data set) was gathered as is:
+    # batch gave an object array of arrays, shape (B,), where a list of the same rows
+    # stacks to [B, n] and ragged rows are a DataError naming the rows.
+    rows = [np.full(2, float(i)) for i in range(5)]
+    column = np.empty(5, dtype=object)
+    column[:] = rows
+    got = [b.tolist() for b in DataFrame.from_arrays(x=column).batch(2).iterator("x")]
+    want = [np.stack(rows[i : i + 2]).tolist() for i in range(0, 5, 2)]
+    assert got == want
+    ragged = np.empty(3, dtype=object)
+    ragged[:] = [np.zeros(2), np.zeros(3), np.zeros(1)]
+    frame = DataFrame.from_arrays(x=ragged)
+    with pytest.raises(DataError, match=r"column 'x' changes shape.*row 1 has shape \(3,\)"):
+        next(iter(frame.batch(2)))
+    sampled = next(iter(frame.sample(3).iterator("x")))
+    assert [v.shape for v in sampled] == [(2,), (3,), (1,)]
