@@ -291,7 +291,9 @@ class DataFrame(Constructors, AddOns):
         self, columns: str | Sequence[str] | None = None, *, seed: int = 0
     ) -> grain.MapDataset:
         """One epoch as a ``grain.MapDataset`` (index ``i + e * len(df)`` reads epoch
-        ``e``), for composing with Grain directly. ``columns`` as in :meth:`iterator`."""
+        ``e``), for composing with Grain directly. ``columns`` as in :meth:`iterator`;
+        Grain's iterators drop ``None`` elements (its filter), so one column that may hold
+        ``None`` (a CSV's missing field) is safer read as a tuple, ``to_grain(["b"])``."""
         chosen, kind = self._output(columns)
         return self._build(chosen, kind)(_seed(seed, "to_grain") or 0)
 
@@ -337,8 +339,11 @@ class DataFrame(Constructors, AddOns):
         """
         chosen, kind = self._output(columns)
         read = self._read
+        # One column's values go through Grain boxed in a tuple: its threads and workers
+        # would drop a None value (Grain's filter), and with it a row of the stream.
         return DataIterator(
-            build=self._build(chosen, kind),
+            build=self._build(chosen, "boxed" if kind == "one" else kind),
+            boxed=kind == "one",
             signature=self._signature(),
             seed=_seed(seed, "iterator") or 0,
             epoch=epoch,

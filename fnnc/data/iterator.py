@@ -116,8 +116,9 @@ class DataIterator(Iterator[Any]):
         prefetch: int | None = None,
         in_memory: bool = False,
         pipeline: Hashable | None = None,
+        boxed: bool = False,
     ):
-        self._build, self._signature = build, signature
+        self._build, self._signature, self._boxed = build, signature, boxed
         self._workers = _count(workers, "workers", 0)
         if threads is None:
             threads = 0 if in_memory else _FILE_THREADS
@@ -197,7 +198,7 @@ class DataIterator(Iterator[Any]):
             raise StopIteration
         element = self._buffer.popleft() if self._buffer else next(self._open())
         self._position += 1
-        return element
+        return element[0] if self._boxed else element
 
     def prefetch(self, n: int = 1) -> int:
         """Reads the next ``n`` elements now into a buffer that the following ``next``

@@ -146,6 +146,8 @@ class Reader:
             return {c: values[c] for c in self.output}
         if self.kind == "tuple":
             return tuple(values[c] for c in self.output)
+        if self.kind == "boxed":  # Grain's iterators drop None elements (its filter)
+            return (values[self.output[0]],)
         return values[self.output[0]]
 
     def _level(self, k: int, ids: Any, epoch: int) -> dict[str, Any]:
