@@ -162,6 +162,9 @@ class Reader:
         members, values = ids, {}
         if k == 1:
             values = {c: self._read(c, members) for c in self.gathered}
+            for c in [c for c, v in values.items() if v is None]:  # gather: one by one
+                rows = [self._read(c, int(r)) for r in members]
+                values[c] = stack(c, rows, members) if self.groups[0].stack else rows
             if not self.groups[0].stack:  # a sample's columns are lists of rows
                 values = {c: list(v) for c, v in values.items()}
         if self.combined[k]:

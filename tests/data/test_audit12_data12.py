@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fnnc.data import DataError, DataFrame
+from fnnc.data import Column, DataError, DataFrame
 
 
 def _bump(a):
@@ -147,3 +147,31 @@ def test_none_values_of_one_column_are_kept_by_reading_threads(tmp_path, read):
     resumed.set_state(it.get_state())
     assert list(resumed) == want[1:]
     assert list(df.map(lambda v: None, "a", "c").iterator("c", **read)) == [None] * 4
+
+
+class _Runs(Column):
+    """Gathers runs of consecutive rows only; None asks for the rows one by one."""
+
+    def __len__(self):
+        return 6
+
+    def read(self, row):
+        return np.full(2, row)
+
+    def gather(self, rows):
+        if np.array_equal(rows, np.arange(rows[0], rows[0] + rows.size)):
+            return np.stack([self.read(r) for r in rows])
+        return None
+
+
+def test_a_column_gather_may_answer_none_as_documented():
+    # Column.gather says "or None to read them one by one"; the reader used the None as
+    # the batch, and Grain then dropped that element: a shuffled epoch of 3 batches gave
+    # 1, and sample raised a raw TypeError.
+    df = DataFrame({"x": _Runs(), "i": np.arange(6)}).shuffle()
+    batches = list(df.batch(2).iterator(("x", "i"), seed=1))
+    assert len(batches) == 3
+    for x, i in batches:
+        np.testing.assert_array_equal(x, np.stack([np.full(2, r) for r in i]))
+    for x, i in df.sample(4).iterator(("x", "i"), seed=1):
+        assert [v.tolist() for v in x] == [[r, r] for r in i]
