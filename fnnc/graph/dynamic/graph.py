@@ -143,7 +143,9 @@ class DynamicGraph:
     ) -> Variable:
         """A view of ``of`` by NNC's alias rule (as :meth:`GraphBuilder.alias`). A stride
         of all zeros is NNC's ``DIM_ALLOC()``, no stride given: the default (the parent's
-        strides, as ``ccv_nnc_tensor_variable_alias_new`` takes ``stride[0] == 0``)."""
+        strides). NNC's ``ccv_nnc_tensor_variable_alias_new`` reads any ``stride[0] == 0``
+        so; fnnc only all zeros, since a zero stride on some axes is its broadcast view
+        (``stride=(0, 1)`` repeats one row)."""
         if stride is not None and len(stride) and all(_is_zero(s) for s in stride):
             stride = None
         slot = self._slot(of, "alias")

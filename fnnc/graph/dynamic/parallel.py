@@ -71,7 +71,8 @@ def exec_copies(
 ) -> tuple[Variable, ...]:
     """``exec(..., parallel=n)``: the command on each copy; every copy's outputs, in order."""
     ins = copies(inputs, parallel, f"exec {cmd.name}", "inputs")
-    outs = copies(outputs, parallel, f"exec {cmd.name}", "outputs") if outputs else None
+    # `is not None`: a Variable's truth is its value's (one element) or an error
+    outs = None if outputs is None else copies(outputs, parallel, f"exec {cmd.name}", "outputs")
     results: list[Variable] = []
     for i in range(parallel):
         got = dg.exec(

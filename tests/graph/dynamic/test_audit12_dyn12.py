@@ -214,3 +214,11 @@ def test_writes_of_integers_the_variable_does_not_hold_are_refused_not_wrapped()
         np.testing.assert_array_equal(var.numpy(), want)  # nothing written
     i8[1] = np.int64(-128)  # in range: NumPy's value
     np.testing.assert_array_equal(i8.numpy(), np.array([1, -128], np.int8))
+
+
+def test_parallel_exec_reads_outputs_by_presence_not_truth() -> None:
+    # `if outputs` took a one-element Variable's value: [0.] dropped outputs silently
+    dg = DynamicGraph()
+    a, b, y = (dg.variable(np.float32([v])) for v in (1.0, 2.0, 0.0))
+    with pytest.raises(GraphError, match="their number must divide by 2; got 1"):
+        dg.exec(ops.ewsum(), a, b, outputs=y, parallel=2)
