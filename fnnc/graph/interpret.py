@@ -49,8 +49,8 @@ def interpret(graph: Graph, *args: Any, on_node: OnNode | None = None) -> Any:
             converted to its input's dtype (floats into an integer input are refused).
             :class:`~fnnc.graph.Program` takes the same.
         on_node: called after each node with ``(index, node, inputs, outputs)`` (a
-            function taking three arguments gets ``(node, inputs, outputs)``, one taking
-            two ``(node, outputs)``); it may inspect them
+            function requiring three positional arguments gets ``(node, inputs,
+            outputs)``, one requiring two ``(node, outputs)``); it may inspect them
             (:func:`~fnnc.graph.tensor_stats`) or return replacement outputs (same shapes
             and dtypes) to inject values: the base of a step-through debugger.
 
@@ -120,8 +120,8 @@ def interpret(graph: Graph, *args: Any, on_node: OnNode | None = None) -> Any:
 
 def _hook(on_node: Any) -> Callable[[int, Node, tuple, tuple], Any]:
     """``on_node`` as a function of ``(index, node, inputs, outputs)``: one written for
-    ``(node, inputs, outputs)`` or ``(node, outputs)`` gets those (the most arguments
-    its signature takes, up to four)."""
+    ``(node, inputs, outputs)`` or ``(node, outputs)`` gets those, judged by its
+    required positional parameters (or, where all have defaults, the most it takes)."""
     if not callable(on_node):
         raise GraphError(
             f"interpret: on_node={on_node!r:.60} ({type(on_node).__name__}) is not callable; "
@@ -135,9 +135,13 @@ def _hook(on_node: Any) -> Callable[[int, Node, tuple, tuple], Any]:
         return on_node
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     required = sum(p.default is p.empty for p in positional)
-    for n in (4, 3, 2):
-        if required <= n <= len(positional):
-            break
+    # the required ones decide (def hook(node, outputs, verbose=False) is two); a hook
+    # whose arguments all have defaults gets the most it takes
+    fits = [n for n in (4, 3, 2) if required <= n <= len(positional)]
+    if 2 <= required <= 4:
+        n = required
+    elif fits:
+        n = fits[0]
     else:
         raise GraphError(
             f"interpret: on_node {getattr(on_node, '__name__', on_node)!s:.40} takes "

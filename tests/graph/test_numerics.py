@@ -114,6 +114,9 @@ def test_on_node_hooks_of_fewer_arguments_get_the_node_and_its_values():
     three = []
     interpret(graph, np.ones(2, np.float32), on_node=lambda n, i, o: three.append(len(i)))
     assert three == [1, 1]
+    kept = []
+    interpret(graph, np.ones(2, np.float32), on_node=lambda n, o, verbose=False: kept.append(o))
+    assert [len(o) for o in kept] == [1, 1] and kept[1][0].shape == (2,)  # outputs, not inputs
     with pytest.raises(GraphError, match="takes 1 positional argument"):
         interpret(graph, np.ones(2, np.float32), on_node=lambda node: None)
     with pytest.raises(GraphError, match="is not callable"):
