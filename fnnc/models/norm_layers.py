@@ -48,6 +48,14 @@ def _axes(layer: Layer, axes: Any, x: Symbol) -> tuple[int, ...]:
     return tuple(int(a) for a in axes)
 
 
+def _param_shape(layer: Layer, axes: Any, x: Symbol) -> tuple[int, ...]:
+    """The sizes of ``x`` at ``axes`` in x's axis order, as the norm commands (and NNC's
+    ``[1, .., C]`` scale with 1 off the axes) lay the scale out: ``axes=(-1, 1)`` of
+    ``[N, T, C]`` is ``[T, C]``, not ``[C, T]``."""
+    rank = len(x.shape)
+    return tuple(x.shape[a] for a in sorted(a % rank for a in _axes(layer, axes, x)))
+
+
 def _epsilon(layer: Layer, epsilon: Any) -> float:
     """A norm's ``epsilon``, a number >= 0: a negative one made constant inputs (variance
     0) NaN or inf silently."""
@@ -126,7 +134,9 @@ class BatchNorm(Layer):
 
 
 class LayerNorm(Layer):
-    """Layer normalisation over ``axes`` with scale and bias."""
+    """Layer normalisation over ``axes`` with scale and bias (parameters 0 and 1), shaped
+    like the input at ``axes`` taken in the input's axis order, whatever order ``axes``
+    lists them in."""
 
     owns_parameters = True
 
@@ -143,7 +153,7 @@ class LayerNorm(Layer):
         self.affine = flag(self, "elementwise_affine", elementwise_affine)
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
-        shape = tuple(x.shape[a] for a in _axes(self, self.axes, x))
+        shape = _param_shape(self, self.axes, x)
         args = [x]
         if self.affine:
             args += [
@@ -223,7 +233,8 @@ class GroupNorm(Layer):
 
 
 class RMSNorm(Layer):
-    """RMS normalisation over ``axes`` with a scale."""
+    """RMS normalisation over ``axes`` with a scale (parameter 0), shaped like the input
+    at ``axes`` taken in the input's axis order, as :class:`LayerNorm`'s."""
 
     owns_parameters = True
 
@@ -232,7 +243,7 @@ class RMSNorm(Layer):
         self.axes, self.epsilon = _tuple(axes), _epsilon(self, epsilon)
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
-        shape = tuple(x.shape[a] for a in _axes(self, self.axes, x))
+        shape = _param_shape(self, self.axes, x)
         scale = ctx.param(self, 0, shape, ones, x.dtype)
         cmd = ops.rms_norm(axes=self.axes, epsilon=self.epsilon)
         return ctx.b.exec(cmd, x, scale, name=ctx.layer_id(self))[0]

@@ -1,0 +1,35 @@
+"""Audit 12 (cnnp layers against NNC's ccv_cnnp_model_addons.c): regression tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fnnc.models import LayerNorm, RMSNorm, Sequential
+
+
+def _numpy_norm(x, axes, scale, bias, eps, centred):
+    x = x.astype(np.float64)
+    mu = x.mean(axis=axes, keepdims=True) if centred else 0.0
+    var = ((x - mu) ** 2).mean(axis=axes, keepdims=True)
+    keep = [n if d in axes else 1 for d, n in enumerate(x.shape)]
+    y = (x - mu) / np.sqrt(var + eps) * scale.reshape(keep)
+    return y + bias.reshape(keep) if bias is not None else y
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_norm_axes_listed_out_of_order_shape_the_scale_in_axis_order(kind):
+    # axes=(-1, 1) made a [C, T] scale the command refused ('must have shape [T, C]')
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 3, 4)).astype(np.float32)
+    layer = LayerNorm(axes=(-1, 1), name="n") if kind == "layer" else RMSNorm(axes=(2, 1), name="n")
+    model = Sequential([layer])
+    model.compile([x])
+    ids = sorted(model.parameters())
+    params = {k: rng.normal(size=(3, 4)).astype(np.float32) for k in ids}
+    assert {k: np.shape(v) for k, v in model.parameters().items()} == dict.fromkeys(ids, (3, 4))
+    model.set_parameters(params)
+    bias = params.get("t-n-0-1")
+    eps = 1e-5 if kind == "layer" else 1e-6
+    want = _numpy_norm(x, (1, 2), params["t-n-0-0"], bias, eps, kind == "layer")
+    np.testing.assert_allclose(np.asarray(model.evaluate([x])), want, rtol=1e-5, atol=1e-5)
