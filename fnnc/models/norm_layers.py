@@ -26,9 +26,21 @@ from fnnc.models.layer import (
 from fnnc.models.spatial_layers import channels_first, channels_last, layout_of
 
 
-def _tuple(axes: Any) -> tuple[Any, ...]:
-    """``axes`` as a tuple, one int standing for itself (``axes=-1`` is ``axes=(-1,)``)."""
-    return (axes,) if isinstance(axes, (int, np.integer)) else tuple(axes)
+def _tuple(layer: Layer, arg: str, axes: Any) -> tuple[Any, ...]:
+    """``axes`` as a tuple, one int standing for itself (``axes=-1`` is ``axes=(-1,)``);
+    a value that is neither (None, 3.5) is a :class:`ModelError` naming ``layer`` and
+    ``arg`` (``tuple(None)`` was a bare TypeError). The entries are checked at build."""
+    if isinstance(axes, (int, np.integer)):
+        return (axes,)
+    if not isinstance(axes, str):
+        try:  # a list, a tuple, a 1-D NumPy array
+            return tuple(axes)
+        except TypeError:
+            pass
+    raise ModelError(
+        f"layer {layer.describe()}: {arg} is {axes!r:.40} ({type(axes).__name__}); expected "
+        f"one int axis or a sequence of them, e.g. {arg}=(-1,)"
+    )
 
 
 def _axes(layer: Layer, axes: Any, x: Symbol) -> tuple[int, ...]:
@@ -59,7 +71,10 @@ def _param_shape(layer: Layer, axes: Any, x: Symbol) -> tuple[int, ...]:
 def _epsilon(layer: Layer, epsilon: Any) -> float:
     """A norm's ``epsilon``, a number >= 0: a negative one made constant inputs (variance
     0) NaN or inf silently."""
-    return real_in(layer, "epsilon", epsilon, 0.0, float("inf"), hint="added to the variance")
+    return real_in(
+        layer, "epsilon", epsilon, 0.0, float("inf"), open_high=True,
+        hint="added to the variance (inf made every output the bias)",
+    )  # fmt: skip
 
 
 class BatchNorm(Layer):
@@ -149,7 +164,7 @@ class LayerNorm(Layer):
         **kw: Any,
     ):
         super().__init__(**kw)
-        self.axes, self.epsilon = _tuple(axes), _epsilon(self, epsilon)
+        self.axes, self.epsilon = _tuple(self, "axes", axes), _epsilon(self, epsilon)
         self.affine = flag(self, "elementwise_affine", elementwise_affine)
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
@@ -207,7 +222,7 @@ class GroupNorm(Layer):
                 "(NCHW)"
             )
         self.group_axis = int(group_axis)
-        self.reduce_axes = None if reduce_axes is None else _tuple(reduce_axes)
+        self.reduce_axes = None if reduce_axes is None else _tuple(self, "reduce_axes", reduce_axes)
         self.affine = flag(self, "elementwise_affine", elementwise_affine)
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
@@ -240,7 +255,7 @@ class RMSNorm(Layer):
 
     def __init__(self, *, axes: Sequence[int] = (-1,), epsilon: float = 1e-6, **kw: Any):
         super().__init__(**kw)
-        self.axes, self.epsilon = _tuple(axes), _epsilon(self, epsilon)
+        self.axes, self.epsilon = _tuple(self, "axes", axes), _epsilon(self, epsilon)
 
     def build(self, ctx: BuildContext, x: Symbol) -> Symbol:
         shape = _param_shape(self, self.axes, x)

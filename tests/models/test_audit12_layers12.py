@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fnnc.models import LayerNorm, RMSNorm, Sequential
+from fnnc.models import GroupNorm, LayerNorm, ModelError, RMSNorm, Sequential
 
 
 def _numpy_norm(x, axes, scale, bias, eps, centred):
@@ -32,4 +32,29 @@ def test_norm_axes_listed_out_of_order_shape_the_scale_in_axis_order(kind):
     bias = params.get("t-n-0-1")
     eps = 1e-5 if kind == "layer" else 1e-6
     want = _numpy_norm(x, (1, 2), params["t-n-0-0"], bias, eps, kind == "layer")
+    np.testing.assert_allclose(np.asarray(model.evaluate([x])), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: LayerNorm(axes=None, name="n"),
+        lambda: RMSNorm(axes=3.5, name="n"),
+        lambda: GroupNorm(2, reduce_axes="ab", name="n"),
+        lambda: LayerNorm(epsilon=float("inf"), name="n"),
+        lambda: RMSNorm(epsilon=float("inf"), name="n"),
+    ],
+)
+def test_norm_axes_that_are_no_axes_and_an_infinite_epsilon_name_the_layer(make):
+    # axes=None / 3.5 were tuple()'s bare TypeError; epsilon=inf made every output the bias
+    with pytest.raises(ModelError, match=r"Norm\('n'\): (axes|reduce_axes|epsilon) is"):
+        make()
+
+
+def test_norm_axes_given_as_an_array_or_one_int_still_work():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2, 3, 4)).astype(np.float32)
+    model = Sequential([LayerNorm(axes=np.array([1, 2]), elementwise_affine=False)])
+    model.compile([x])
+    want = _numpy_norm(x, (1, 2), np.ones((3, 4)), None, 1e-5, True)
     np.testing.assert_allclose(np.asarray(model.evaluate([x])), want, rtol=1e-5, atol=1e-5)
