@@ -304,8 +304,9 @@ def Mul(*, p: float = 1.0, **kw: Any) -> CommandLayer:
 
 
 def Concat(axis: int = -1, **kw: Any) -> CommandLayer:
-    """Concatenation along ``axis``."""
-    return CommandLayer(ops.concat(axis=axis), **kw)
+    """Concatenation along ``axis`` (NNC's ``ccv_cnnp_concat(axis)``); an axis that is not
+    an int is a :class:`ModelError` naming the layer."""
+    return CommandLayer(_command("Concat", ops.concat, axis=axis), **kw)
 
 
 class Chunk(Layer):

@@ -5,7 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fnnc.models import GroupNorm, LayerNorm, ModelError, RMSNorm, Sequential
+from fnnc.models import (
+    Concat,
+    GroupNorm,
+    Input,
+    LayerNorm,
+    Model,
+    ModelError,
+    RMSNorm,
+    Sequential,
+)
 
 
 def _numpy_norm(x, axes, scale, bias, eps, centred):
@@ -58,3 +67,19 @@ def test_norm_axes_given_as_an_array_or_one_int_still_work():
     model.compile([x])
     want = _numpy_norm(x, (1, 2), np.ones((3, 4)), None, 1e-5, True)
     np.testing.assert_allclose(np.asarray(model.evaluate([x])), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("axis", ["a", 1.5])
+def test_concat_with_an_axis_that_is_no_int_is_a_model_error(axis):
+    # was the command's CommandError, naming concat and no layer
+    with pytest.raises(ModelError, match=r"layer Concat: concat: hyper-parameter 'axis'"):
+        Concat(axis=axis)
+
+
+def test_concat_layer_still_joins_along_its_axis():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = -np.arange(4, dtype=np.float32).reshape(2, 2)
+    x, y = Input(), Input()
+    model = Model([x, y], [Concat(axis=np.int64(-1))(x, y)])
+    model.compile([a, b])
+    np.testing.assert_array_equal(np.asarray(model.evaluate([a, b])), np.concatenate([a, b], 1))
