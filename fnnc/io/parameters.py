@@ -207,7 +207,10 @@ def read_parameters(
     Floating rows are converted to the expected floating dtype (NNC converts 16F and
     32F); a scalar expected as ``()`` matches NNC's ``[1]`` (and a ``[1]`` parameter a
     scalar row fnnc wrote, which NNC reads as ``[1]``), and a zero-size shape such as
-    ``(0, 4)`` the ``(0,)`` of a row with no elements (NNC's ``dim`` cannot hold either).
+    ``(0, 4)`` the ``(0,)`` of a row with no elements (NNC's ``dim`` cannot hold either);
+    a row whose shape is the expected one with size-1 axes inserted or removed reads as
+    the expected shape (NNC's norm layers keep scale and bias x-ranked, ``[1, 1, C]``
+    beside fnnc's ``[C]``; ``[1, 4]`` is not taken for ``[4, 1]``).
 
     Raises:
         ParameterError: (strict) listing every missing and every mismatched parameter;
@@ -326,6 +329,23 @@ def _spec(key: str, spec: Any) -> tuple[tuple[int, ...] | None, np.dtype | None]
     )
 
 
+def _ones_inserted(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Whether one shape is the other with size-1 axes inserted (``[1, 1, 4]`` and
+    ``[4]``, ``[1, 3, 4]`` and ``[3, 4]``): the same values in the same order. Shapes of
+    one length must be equal (``[1, 4]`` is not taken for ``[4, 1]``)."""
+    long, short = (a, b) if len(a) > len(b) else (b, a)
+    if len(long) == len(short):
+        return False
+    rest = iter(short)
+    want = next(rest, None)
+    for d in long:
+        if d == want:
+            want = next(rest, None)
+        elif d != 1:
+            return False
+    return want is None
+
+
 def _match(f: TensorFile, expected: Mapping[str, Any], name: str | None, device: int | None):
     values: dict[str, np.ndarray] = {}
     missing: list[str] = []
@@ -342,10 +362,13 @@ def _match(f: TensorFile, expected: Mapping[str, Any], name: str | None, device:
         info = f.info(row)
         stored_shape = info.shape
         if shape is not None and (
-            {shape, info.shape} == {(), (1,)} or (info.shape == (0,) and 0 in shape)
+            {shape, info.shape} == {(), (1,)}
+            or (info.shape == (0,) and 0 in shape)
+            or _ones_inserted(tuple(info.shape), shape)
         ):
-            # NNC has no rank 0 nor zero-size axes: a scalar is [1] to NNC (fnnc reads
-            # its own as ()), so either matches a [1] or () parameter, as in NNC
+            # NNC has no rank 0 (a scalar is [1] to NNC; fnnc reads its own as ()) nor
+            # zero-size axes, and its layer/group/rms norms keep scale and bias x-ranked
+            # ([1, 1, C] beside fnnc's [C]): each matches as in NNC, which reads by count
             stored_shape = shape
         held = info.dtype or info.palettized  # an NNC QX row reads as its element type
         dtype_ok = dtype is None or dtype == held or {dtype, held} <= FLOATS

@@ -83,3 +83,44 @@ def test_concat_layer_still_joins_along_its_axis():
     model = Model([x, y], [Concat(axis=np.int64(-1))(x, y)])
     model.compile([a, b])
     np.testing.assert_array_equal(np.asarray(model.evaluate([a, b])), np.concatenate([a, b], 1))
+
+
+def test_nnc_x_ranked_norm_parameters_read_into_the_layers(tmp_path):
+    # NNC's ccv_cnnp_layer_norm / group_norm / rmsnorm make scale and bias x-ranked with 1
+    # off the axes ([1, 1, 4] for a [N, 3, 4] input); Model.read refused them as
+    # 'stored float32[1, 1, 4], expected float32[4]'
+    from fnnc.io import TensorFile
+
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(2, 3, 4)).astype(np.float32)
+
+    def make():
+        layers = [LayerNorm(name="ln"), GroupNorm(2, name="gn"), RMSNorm(axes=(1, 2), name="rn")]
+        model = Sequential(layers, name="m")
+        model.compile([x])
+        return model
+
+    model = make()
+    path = str(tmp_path / "nnc.sqlite3")
+    model.write(path)
+    values = {
+        k: rng.normal(size=np.shape(v)).astype(np.float32) for k, v in model.parameters().items()
+    }
+    nnc = {"ln": (1, 1, 4), "gn": (1, 1, 4), "rn": (1, 3, 4)}
+    with TensorFile(path) as f:
+        for k, v in values.items():
+            f.write(k, v.reshape(nnc[k.split("-")[3]]))
+    other = make()
+    assert other.read(path) == []
+    got = {k: np.asarray(v) for k, v in other.parameters().items()}
+    assert all(np.array_equal(got[k], values[k]) for k in values)
+    # the oracle: the three norms in float64 NumPy on the values as set
+    p = values
+    h = _numpy_norm(x, (2,), p["t-m-0-ln-0-0"], p["t-m-0-ln-0-1"], 1e-5, True)
+    hg = h.reshape(2, 3, 2, 2)  # [N, T, groups, C / groups], normalised over T and C / groups
+    mu = hg.mean(axis=(1, 3), keepdims=True)
+    var = ((hg - mu) ** 2).mean(axis=(1, 3), keepdims=True)
+    g = ((hg - mu) / np.sqrt(var + 1e-5)).reshape(2, 3, 4)
+    g = g * p["t-m-0-gn-0-0"] + p["t-m-0-gn-0-1"]
+    want = _numpy_norm(g, (1, 2), p["t-m-0-rn-0-0"], None, 1e-6, False)
+    np.testing.assert_allclose(np.asarray(other.evaluate([x])), want, rtol=1e-4, atol=1e-4)
