@@ -124,3 +124,19 @@ def test_nnc_x_ranked_norm_parameters_read_into_the_layers(tmp_path):
     g = g * p["t-m-0-gn-0-0"] + p["t-m-0-gn-0-1"]
     want = _numpy_norm(g, (1, 2), p["t-m-0-rn-0-0"], None, 1e-6, False)
     np.testing.assert_allclose(np.asarray(other.evaluate([x])), want, rtol=1e-4, atol=1e-4)
+
+
+def test_read_parameters_takes_size_1_axes_only_where_the_order_is_kept(tmp_path):
+    from fnnc.io import TensorFile, read_parameters
+
+    path = str(tmp_path / "t.sqlite3")
+    a = np.arange(4, dtype=np.float32)
+    with TensorFile(path) as f:
+        f.write("w", a.reshape(1, 4))
+        f.write("s", np.ones((1, 1, 1), np.float32))
+    found = read_parameters(path, {"w": ((4,), None), "s": ((1,), None)})
+    np.testing.assert_array_equal(found["w"], a)
+    assert found["s"].shape == (1,)
+    # [1, 4] stored for an expected [4, 1] (a transposed weight) stays a mismatch
+    found = read_parameters(path, {"w": ((4, 1), None)}, strict=False)
+    assert [m.key for m in found.mismatched] == ["w"]
