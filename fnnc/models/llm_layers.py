@@ -203,9 +203,19 @@ class MoE(Layer):
         experts = positive_int(self, "experts", experts)
         hidden, k = positive_int(self, "hidden", hidden), positive_int(self, "k", k)
         if not 1 <= k <= experts:
-            raise ModelError(f"MoE: k={k} must be in 1..{experts} (the number of experts)")
+            raise ModelError(
+                f"layer {self.describe()}: k={k} must be in 1..{experts} (the number of experts)"
+            )
+        ok = isinstance(weight_scale, numbers.Real) and not isinstance(
+            weight_scale, (bool, np.bool_)
+        )
+        if not ok or not np.isfinite(weight_scale):  # nan made every output NaN silently
+            raise ModelError(
+                f"layer {self.describe()}: weight_scale is {weight_scale!r:.40}; expected a "
+                "finite number (it multiplies each expert row's routing weight, e.g. 1.0)"
+            )
         self.experts, self.hidden, self.k = experts, hidden, k
-        self.weight_scale = weight_scale
+        self.weight_scale = float(weight_scale)
         self.return_load = flag(self, "return_load", return_load)
         self.normalize = flag(self, "normalize", normalize)  # bool("no") was True
 

@@ -12,6 +12,7 @@ from fnnc.models import (
     LayerNorm,
     Model,
     ModelError,
+    MoE,
     RMSNorm,
     Sequential,
 )
@@ -140,3 +141,33 @@ def test_read_parameters_takes_size_1_axes_only_where_the_order_is_kept(tmp_path
     # [1, 4] stored for an expected [4, 1] (a transposed weight) stays a mismatch
     found = read_parameters(path, {"w": ((4, 1), None)}, strict=False)
     assert [m.key for m in found.mismatched] == ["w"]
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"weight_scale": float("nan")}, "weight_scale is nan"),
+        ({"weight_scale": "x"}, "weight_scale is 'x'"),
+        ({"weight_scale": True}, "weight_scale is True"),
+        ({"k": 3}, "k=3 must be in 1..2"),
+    ],
+)
+def test_moe_weight_scale_and_k_are_checked_naming_the_layer(kw, match):
+    # weight_scale=nan built and gave NaN outputs silently; k's error named no layer
+    with pytest.raises(ModelError, match=rf"layer MoE\('moe'\): {match}"):
+        MoE(2, 4, name="moe", **kw)
+
+
+def test_moe_weight_scale_scales_the_output():
+    # normalize=True: each row's weight is p / sum(p) * weight_scale, so the output is linear
+    # in weight_scale (closed form: 2.5 times the weight_scale=1 output)
+    x = np.random.default_rng(3).normal(size=(3, 4)).astype(np.float32)
+    outs, params = [], {}
+    for scale in (1.0, np.float32(2.5)):
+        model = Sequential([MoE(2, 4, weight_scale=scale, name="moe")])
+        model.compile([x])
+        model.set_parameters(params or model.parameters())  # the same weights for both
+        params = {k: np.asarray(v) for k, v in model.parameters().items()}
+        outs.append(np.asarray(model.evaluate([x])))
+    assert np.abs(outs[0]).max() > 1e-2
+    np.testing.assert_allclose(outs[1], 2.5 * outs[0], rtol=1e-5, atol=1e-6)
