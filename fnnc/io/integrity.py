@@ -126,18 +126,28 @@ def manifest_digest(step: Any, created: Any, manifest: Any, algo: str = ALGO) ->
     return None
 
 
+def _has_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
+    columns = conn.execute(f"PRAGMA table_info({table})").fetchall()
+    return any(c[1] == column for c in columns)
+
+
+def _add_column(conn: sqlite3.Connection, table: str, column: str) -> None:
+    """Adds the TEXT ``column`` to ``table`` made before it (inside the caller's
+    transaction); the rows already there keep ``NULL``."""
+    if not _has_column(conn, table, column):
+        conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+
+
 def manifest_checksums(conn: sqlite3.Connection) -> bool:
     """Whether the file's checkpoint table has the checksum column (files saved
     before it have none; reading adds nothing)."""
-    columns = conn.execute(f"PRAGMA table_info({MANIFESTS})").fetchall()
-    return any(c[1] == MANIFEST_COLUMN for c in columns)
+    return _has_column(conn, MANIFESTS, MANIFEST_COLUMN)
 
 
 def add_manifest_checksums(conn: sqlite3.Connection) -> None:
     """Adds the checksum column to a checkpoint table made before it (inside the
     caller's transaction: a save); the steps already there keep ``NULL``."""
-    if not manifest_checksums(conn):
-        conn.execute(f"ALTER TABLE {MANIFESTS} ADD COLUMN {MANIFEST_COLUMN} TEXT")
+    _add_column(conn, MANIFESTS, MANIFEST_COLUMN)
 
 
 def check_manifest(where: str, step: Any, created: Any, manifest: Any, stored: Any) -> str:
@@ -166,15 +176,13 @@ def check_manifest(where: str, step: Any, created: Any, manifest: Any, stored: A
 def shapes_recorded(conn: sqlite3.Connection) -> bool:
     """Whether the file's checksum table has the :data:`SHAPE_COLUMN` (tables made
     before it have none; reading adds nothing)."""
-    columns = conn.execute(f"PRAGMA table_info({TABLE})").fetchall()
-    return any(c[1] == SHAPE_COLUMN for c in columns)
+    return _has_column(conn, TABLE, SHAPE_COLUMN)
 
 
 def add_shape_column(conn: sqlite3.Connection) -> None:
     """Adds :data:`SHAPE_COLUMN` to a checksum table made before it (inside the
     caller's transaction: a write); the rows already there keep ``NULL``."""
-    if not shapes_recorded(conn):
-        conn.execute(f"ALTER TABLE {TABLE} ADD COLUMN {SHAPE_COLUMN} TEXT")
+    _add_column(conn, TABLE, SHAPE_COLUMN)
 
 
 def record(

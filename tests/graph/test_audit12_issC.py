@@ -28,17 +28,10 @@ from fnnc.graph.passes.remat_cost import node_flops
 from fnnc.graph.sharding_checks import check_layouts
 from fnnc.io import Checkpoints, ShardedCheckpoints
 from fnnc.models import Dense, Sequential
+from tests.graph import test_audit11_shard11 as shard11
 
-MESH = AbstractMesh((2, 2), ("data", "model"))
-
-
-@pytest.fixture(scope="module")
-def mlp():
-    b = GraphBuilder()
-    x = b.input((4, 8), name="x")
-    w1, w2 = b.input((32, 8), name="fc1"), b.input((8, 32), name="fc2")
-    h = b.exec(ops.relu(), b.exec(ops.gemm(transpose_b=True), x, w1))
-    return b.build([b.exec(ops.gemm(transpose_b=True), h, w2)])
+MESH = shard11.MESH
+mlp = shard11.mlp  # the same module-scoped fixture
 
 
 @pytest.mark.parametrize(
