@@ -195,7 +195,9 @@ class MeanLoss(Metric):
     It is computed on the model's outputs, so a probability loss behind a sigmoid or
     softmax is not fused with it as in ``fit``: a saturated correct output (a sigmoid
     of 1.0, a softmax 0 off the label) costs 0 as in ``fit``, but a label whose
-    probability rounded to 0 costs ``inf`` where ``fit``'s fused loss stays finite."""
+    probability rounded to 0 costs ``inf`` where ``fit``'s fused loss stays finite. A
+    loss function gets the whole set's outputs and targets as JAX arrays, as ``fit``
+    gives it a batch's (NumPy arrays have no ``.at[]``)."""
 
     name = "loss"
 
@@ -224,7 +226,10 @@ class MeanLoss(Metric):
                     f"target 0 {_typed(targets[0])}: {e}"
                 ) from None
             return _mean(out[0] if isinstance(out, tuple) else out)
-        return float(losses.call_loss(loss, list(outputs), [_as_fit_takes(t) for t in targets]))
+        # as JAX arrays, as fit traces it: a NumPy array has no .at[] (nor JAX's other ways)
+        outs = [jax.numpy.asarray(o) for o in outputs]
+        ts = [jax.numpy.asarray(_as_fit_takes(t)) for t in targets]
+        return float(losses.call_loss(loss, outs, ts))
 
 
 def _mean(values: Any) -> float:

@@ -1,0 +1,36 @@
+"""Audit 12 (losses and metrics): regressions found by the loss12 audit."""
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fnnc.models import Dense, Input, Model
+
+
+def _model(units, loss, x, **kw):
+    i = Input(name="x")
+    model = Model(i, Dense(units, name="fc")(i))
+    model.compile(x, loss=loss, minimizer=optax.sgd(0.0), **kw)
+    return model
+
+
+def _scaled_mse(outputs, targets):
+    """A JAX loss using .at[] (NumPy arrays have none): column 0 counts twice."""
+    d = outputs[0].at[:, 0].multiply(2.0) - targets[0]
+    return jnp.mean(d * d)
+
+
+def test_function_loss_with_jax_methods_scores_as_fit_trains():
+    # score / validation called the loss with NumPy arrays: AttributeError ('no .at')
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(6, 3)).astype(np.float32)
+    t = rng.normal(size=(6, 2)).astype(np.float32)
+    model = _model(2, _scaled_mse, x)
+    out = np.asarray(model.predict(x), np.float64)
+    d = out * np.array([2.0, 1.0]) - t
+    oracle = np.mean(d * d)
+    assert float(model.fit(x, t)) == pytest.approx(oracle, rel=1e-5)
+    assert model.score(x, t, batch_size=4)["loss"] == pytest.approx(oracle, rel=1e-5)
+    history = model.train((x, t), epochs=1, batch_size=3, validation=(x, t), progress=False)
+    assert history["val_loss"][0] == pytest.approx(oracle, rel=1e-5)
