@@ -383,16 +383,21 @@ def smooth_l1(a, b, *, beta=1.0):
 
     NNC's form: with ``l1 = sum|a - b|`` over the sample, the loss is
     ``0.5 * sum((a - b)**2) / beta`` when ``l1 < beta`` and ``l1 - 0.5 * beta`` otherwise.
+    Summed in float32 at least, as :func:`mse`: a 16-bit sum of squares overflows where
+    the quadratic branch's loss fits (float16, beta 1000: 300**2 is inf, the loss 45).
     """
-    d = a - b
+    wide = at_least_float32(a.dtype)
+    d = a.astype(wide) - b.astype(wide)
     l1 = _per_sample(jnp.abs(d))
-    return jnp.where(l1 < beta, _per_sample(d * d) * (0.5 / beta), l1 - 0.5 * beta)
+    loss = jnp.where(l1 < beta, _per_sample(d * d) * (0.5 / beta), l1 - 0.5 * beta)
+    return loss.astype(a.dtype)
 
 
 def _smooth_l1_grad(g, a, b, *, beta):
-    d = a - b
-    small = _expand(_per_sample(jnp.abs(d)) < beta, a.shape)
-    ga = _expand(g, a.shape) * jnp.where(small, d / beta, jnp.sign(d))
+    wide = at_least_float32(a.dtype)
+    d = a.astype(wide) - b.astype(wide)
+    small = _expand(_per_sample(jnp.abs(d)) < beta, a.shape)  # the forward's switch
+    ga = _expand(g, a.shape) * jnp.where(small, d / beta, jnp.sign(d)).astype(a.dtype)
     return ga, -ga
 
 
