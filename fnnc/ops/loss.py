@@ -235,7 +235,7 @@ def _binary_shape(name: str, outputs: int):
         if x.ndim < 1 or tuple(label.shape) != tuple(x.shape):
             fail(
                 f"{name}: label {show(label)} must be shaped like the input {show(x)} "
-                "(one target per entry)"
+                f"(one target per entry){_reshape_hint(label.shape, x.shape)}"
             )
         loss = Spec((*x.shape[:-1], 1), x.dtype)
         return (loss, Spec(x.shape, x.dtype)) if outputs == 2 else loss
@@ -315,12 +315,28 @@ def _pair_shape(name: str, check=None):
         require_float(name, a, b)
         require_same_dtype(name, a, b)
         if a.ndim < 1 or tuple(a.shape) != tuple(b.shape):
-            fail(f"{name}: inputs must share one shape [batch, ...], got {show(a)} and {show(b)}")
+            fail(
+                f"{name}: inputs must share one shape [batch, ...], got {show(a)} and "
+                f"{show(b)}{_reshape_hint(b.shape, a.shape)}"
+            )
         if check is not None:
             check(**params)
         return Spec((a.shape[0], 1), a.dtype)
 
     return rule
+
+
+def _reshape_hint(given, want) -> str:
+    """What to do when ``given`` holds ``want``'s values but for axes of size 1 (a target
+    ``y`` of ``[N]`` for an output ``[N, 1]``, Keras's habit): reshape it. Else nothing."""
+    given, want = tuple(given), tuple(want)
+    if given == want or [n for n in given if n != 1] != [n for n in want if n != 1]:
+        return ""
+    rows = ", ".join(["-1", *(str(n) for n in want[1:])])
+    return (
+        f"; the second holds the same values but for axes of size 1: reshape it to "
+        f"{list(want)} (a target y of any batch: y.reshape({rows}))"
+    )
 
 
 def _per_sample(v):

@@ -5,6 +5,7 @@ import numpy as np
 import optax
 import pytest
 
+from fnnc.errors import ShapeError
 from fnnc.models import Dense, Input, Model
 
 
@@ -34,3 +35,22 @@ def test_function_loss_with_jax_methods_scores_as_fit_trains():
     assert model.score(x, t, batch_size=4)["loss"] == pytest.approx(oracle, rel=1e-5)
     history = model.train((x, t), epochs=1, batch_size=3, validation=(x, t), progress=False)
     assert history["val_loss"][0] == pytest.approx(oracle, rel=1e-5)
+
+
+@pytest.mark.parametrize("loss", ["mse", "sigmoid_binary_crossentropy"])
+def test_target_missing_a_size_1_axis_says_how_to_reshape(loss):
+    # the error named both shapes but not what to do about Keras's y [N] for Dense(1)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(6, 3)).astype(np.float32)
+    y = rng.integers(0, 2, 6).astype(np.float32)
+    model = _model(1, loss, x)
+    with pytest.raises(ShapeError, match=r"reshape it to \[6, 1\].*y\.reshape\(-1, 1\)"):
+        model.fit(x, y)
+    with pytest.raises(ShapeError, match=r"y\.reshape\(-1, 1\)"):
+        model.score(x, y)
+    out = np.asarray(model.predict(x), np.float64)[:, 0]
+    if loss == "mse":
+        oracle = np.mean((out - y) ** 2)
+    else:
+        oracle = np.mean((1 - y) * out + np.log1p(np.exp(-out)))
+    assert float(model.fit(x, y.reshape(-1, 1))) == pytest.approx(oracle, rel=1e-5)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from fnnc import ops
+from fnnc.errors import ShapeError
 
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
@@ -22,3 +23,12 @@ def test_smooth_l1_16bit_quadratic_branch_does_not_overflow(dtype):
     np.testing.assert_allclose(np.asarray(loss, np.float64)[:, 0], oracle, rtol=1e-2)
     grad = jax.grad(lambda x: jnp.sum(cmd(x, b).astype(jnp.float32)))(a)
     np.testing.assert_allclose(np.asarray(grad, np.float64), d / beta, rtol=1e-2, atol=1e-6)
+
+
+def test_shape_error_hints_a_reshape_only_for_size_1_axes():
+    a = np.zeros((3, 2), np.float32)
+    with pytest.raises(ShapeError) as e:
+        ops.mse()(a, np.zeros((2, 3), np.float32))  # a transposed target: no reshape hint
+    assert "reshape" not in str(e.value)
+    with pytest.raises(ShapeError, match=r"reshape it to \[3, 2\].*y\.reshape\(-1, 2\)"):
+        ops.binary_crossentropy()(a, np.zeros((3, 1, 2), np.float32))
