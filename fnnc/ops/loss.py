@@ -84,9 +84,12 @@ def _targets(label, shape, dtype, trim0, trim1):
     """Per-class targets ``[..., C]`` from a label (see the module docstring)."""
     if _is_target(label, shape):
         return label.astype(dtype)
-    label = class_index(label)
+    # class numbers counted in at least int32: an iota in a uint8 label's own type wraps
+    # past 255, so with 300 classes label 10 also hit class 266
+    wide = jax.dtypes.canonicalize_dtype(jnp.promote_types(label.dtype, jnp.int32))
+    label = class_index(label).astype(wide)
     idx = to_shape(jnp.reshape(label, (*shape[:-1], 1)), shape)
-    hit = lax.broadcasted_iota(idx.dtype, shape, len(shape) - 1) == idx
+    hit = lax.broadcasted_iota(wide, shape, len(shape) - 1) == idx
     return jnp.where(hit, jnp.asarray(trim1, dtype), jnp.asarray(trim0, dtype))
 
 

@@ -32,3 +32,31 @@ def test_shape_error_hints_a_reshape_only_for_size_1_axes():
     assert "reshape" not in str(e.value)
     with pytest.raises(ShapeError, match=r"reshape it to \[3, 2\].*y\.reshape\(-1, 2\)"):
         ops.binary_crossentropy()(a, np.zeros((3, 1, 2), np.float32))
+
+
+def test_uint8_labels_over_256_classes_hit_one_class():
+    # the one-hot compare counted classes in the label's type: a uint8 iota wraps at 256,
+    # so with 300 classes label 10 also hit class 266 (softmax and categorical CE)
+    rng = np.random.default_rng(0)
+    c = 300
+    x = rng.normal(size=(3, c)).astype(np.float32)
+    y = np.array([10, 44, 255], np.uint8)
+    x64 = x.astype(np.float64)
+    m = x64.max(1)
+    lse = m + np.log(np.exp(x64 - m[:, None]).sum(1))
+    rows = np.arange(3)
+    loss, _ = ops.softmax_crossentropy()(x, y)
+    np.testing.assert_allclose(np.asarray(loss)[:, 0], lse - x64[rows, y], rtol=1e-5)
+    t = np.full((3, c), 0.001)
+    t[rows, y] = 0.701
+    loss, _ = ops.softmax_crossentropy(trim0=0.001, trim1=0.701)(x, y)
+    np.testing.assert_allclose(np.asarray(loss)[:, 0], lse - (t * x64).sum(1), rtol=1e-5)
+    p = np.asarray(jax.nn.softmax(x))
+    cce = ops.categorical_crossentropy()
+    np.testing.assert_allclose(
+        np.asarray(cce(p, y))[:, 0], -np.log(p[rows, y].astype(np.float64)), rtol=1e-5
+    )
+    grad = np.asarray(jax.grad(lambda q: jnp.sum(cce(q, y)))(p), np.float64)
+    want = np.zeros((3, c))
+    want[rows, y] = -1 / p[rows, y].astype(np.float64)
+    np.testing.assert_allclose(grad, want, rtol=1e-5)
