@@ -74,8 +74,10 @@ def _is_target(label, shape) -> bool:
 
 
 def class_index(label):
-    """Class indices from a label: float labels round as NNC's ``(int)(label + 0.5)``."""
+    """Class indices from a label: float labels round as NNC's ``(int)(label + 0.5)``, in
+    float32 at least (a bfloat16 ``129 + 0.5`` rounds to 130, a float16 ``1025.5`` to 1026)."""
     if jnp.issubdtype(label.dtype, jnp.floating):
+        label = label.astype(at_least_float32(label.dtype))
         return jnp.floor(label + 0.5).astype(jnp.int32)
     return label
 

@@ -7,6 +7,7 @@ import pytest
 
 from fnnc import ops
 from fnnc.errors import ShapeError
+from fnnc.ops.pallas import softmax_crossentropy as kernel
 
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
@@ -60,3 +61,31 @@ def test_uint8_labels_over_256_classes_hit_one_class():
     want = np.zeros((3, c))
     want[rows, y] = -1 / p[rows, y].astype(np.float64)
     np.testing.assert_allclose(grad, want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_16bit_float_labels_round_to_their_own_class(dtype):
+    # (int)(label + 0.5) computed in the label's type: bfloat16 129 + 0.5 is 130 (ties to
+    # even), float16 1025 + 0.5 is 1026, so a whole label hit the next class everywhere
+    rng = np.random.default_rng(2)
+    c = 1100
+    big = 1025 if dtype == jnp.float16 else 255
+    ints = np.array([129, big, 7])
+    label = jnp.asarray(ints.astype(np.float32), dtype)
+    assert np.array_equal(np.asarray(label, np.float64), ints)  # each is exact in dtype
+    x = rng.standard_normal((3, 2)).astype(np.float32)
+    w = rng.standard_normal((c, 2)).astype(np.float32)
+    z = x.astype(np.float64) @ w.T.astype(np.float64)
+    rows = np.arange(3)
+    want = np.log(np.exp(z).sum(-1)) - z[rows, ints]
+    zf = z.astype(np.float32)
+    got = {
+        "reference": ops.softmax_crossentropy()(zf, label)[0],
+        "pallas": jax.jit(lambda a: kernel.softmax_crossentropy(a, label))(zf)[0],
+        "linear": ops.linear_softmax_crossentropy(class_chunk=512)(x, w, label)[0],
+    }
+    for name, loss in got.items():
+        np.testing.assert_allclose(np.ravel(loss), want, rtol=1e-5, err_msg=name)
+    p = np.asarray(jax.nn.softmax(zf))
+    cce = np.asarray(ops.categorical_crossentropy()(p, label))[:, 0]
+    np.testing.assert_allclose(cce, -np.log(p[rows, ints].astype(np.float64)), rtol=1e-5)

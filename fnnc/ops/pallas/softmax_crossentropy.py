@@ -33,6 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from fnnc.core.command import Command, Spec
+from fnnc.ops.loss import class_index
 from fnnc.ops.loss import softmax_crossentropy as _command
 from fnnc.ops.pallas import _derivatives
 from fnnc.ops.pallas._common import (
@@ -84,8 +85,7 @@ def _prepare(x_shape: Sequence[int], label: Any, dtype: Any = None) -> tuple[Any
         if dtype is None:
             dtype = label.dtype if np.dtype(label.dtype) in FLOATS else jnp.float32
         return jnp.reshape(label.astype(dtype), (rows, c)), True
-    if jnp.issubdtype(label.dtype, jnp.floating):
-        label = jnp.floor(label + 0.5)  # NNC: (int)(label + 0.5)
+    label = class_index(label)  # NNC: (int)(label + 0.5), in float32 at least
     return jnp.reshape(label.astype(jnp.int32), (rows, 1)), False
 
 
