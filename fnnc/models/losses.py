@@ -69,10 +69,36 @@ def check(loss: Any) -> None:
         raise ModelError(f"compile: loss={loss} is a command object, not a loss; {how}")
     if loss is None or callable(loss) or loss in _COMMANDS:
         return
+    habit = _KERAS_NAMES.get(loss.lower()) if isinstance(loss, str) else None
     raise ModelError(
         f"compile: unknown loss {loss!r}; use one of {sorted(_COMMANDS)} or a "
-        "function (outputs, targets) -> scalar"
+        "function (outputs, targets) -> scalar" + (f" ({loss!r} is {habit})" if habit else "")
     )
+
+
+_SPARSE = (
+    "categorical_crossentropy for probabilities, softmax_crossentropy for logits "
+    "(from_logits=True; fused and stabler); both take integer labels or one-hot targets"
+)
+_KERAS_NAMES = {  # Keras / PyTorch loss names, lowercased, and what they are here
+    "sparse_categorical_crossentropy": _SPARSE,
+    "crossentropy": _SPARSE,
+    "cross_entropy": _SPARSE,
+    "crossentropyloss": "softmax_crossentropy (logits and integer labels)",
+    "nll_loss": "categorical_crossentropy of probabilities (not of log-probabilities)",
+    "bce": "binary_crossentropy (probabilities)",
+    "bcewithlogitsloss": "sigmoid_binary_crossentropy (logits)",
+    "mean_squared_error": "mse",
+    "mseloss": "mse",
+    "huber": "smooth_l1 (beta=1, switched on each sample's L1 distance)",
+    "huber_loss": "smooth_l1 (beta=1, switched on each sample's L1 distance)",
+    "smoothl1loss": "smooth_l1 (switched on each sample's L1 distance)",
+    "mae": "a function: lambda outputs, targets: jnp.mean(jnp.abs(outputs[0] - targets[0]))",
+    "mean_absolute_error": (
+        "a function: lambda outputs, targets: jnp.mean(jnp.abs(outputs[0] - targets[0]))"
+    ),
+    "l1loss": "a function: lambda outputs, targets: jnp.mean(jnp.abs(outputs[0] - targets[0]))",
+}
 
 
 def build_loss(

@@ -1,11 +1,13 @@
 """Audit 12 (losses and metrics): regressions found by the loss12 audit."""
 
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
-from fnnc.errors import ShapeError
+from fnnc.errors import ModelError, ShapeError
 from fnnc.models import Dense, Input, Model
 
 
@@ -54,3 +56,20 @@ def test_target_missing_a_size_1_axis_says_how_to_reshape(loss):
     else:
         oracle = np.mean((1 - y) * out + np.log1p(np.exp(-out)))
     assert float(model.fit(x, y.reshape(-1, 1))) == pytest.approx(oracle, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        ("sparse_categorical_crossentropy", "softmax_crossentropy for logits"),
+        ("MSELoss", "is mse"),
+        ("mae", "jnp.mean(jnp.abs(outputs[0] - targets[0]))"),
+    ],
+)
+def test_keras_and_torch_loss_names_say_what_they_are_here(name, hint):
+    # 'unknown loss' listed fnnc's names but not which one a Keras/PyTorch name is
+    x = np.zeros((2, 3), np.float32)
+    i = Input(name="x")
+    model = Model(i, Dense(2, name="fc")(i))
+    with pytest.raises(ModelError, match=re.escape(hint)):
+        model.compile(x, loss=name, minimizer=optax.sgd(0.0))
