@@ -106,7 +106,31 @@ def outputs_and_targets(
         targets.append([processes.gathered_rows(t) for t in ts] if procs > 1 else ts)
     if not outs:
         raise ModelError(f"{where}: the data gave no batches; pass a non-empty set")
-    return [np.concatenate(p) for p in zip(*outs)], [np.concatenate(p) for p in zip(*targets)]
+    return _gathered(outs, "output", where), _gathered(targets, "target", where)
+
+
+def _gathered(per_batch: list[list[np.ndarray]], what: str, where: str) -> list[np.ndarray]:
+    """Each ``what`` (output or target) concatenated over the batches; a
+    :class:`ModelError` naming the batches whose shapes past the rows differ (sequences
+    padded per batch), where NumPy's concatenate raised a bare ValueError."""
+    gathered = []
+    for i, arrays in enumerate(zip(*per_batch)):
+        first = np.shape(arrays[0])[1:]
+        for k, a in enumerate(arrays):
+            if np.shape(a)[1:] != first:
+                raise ModelError(
+                    f"{where}: {what} {i} is {_typed(arrays[0])} in batch 0 but "
+                    f"{_typed(a)} in batch {k}; the metrics see each {what} of the whole "
+                    "set as one array, so its batches must share every axis but the "
+                    "first: pad every batch to one length (the set's longest), or "
+                    "measure each batch apart with model.score(batch)"
+                )
+        gathered.append(np.concatenate(arrays))
+    return gathered
+
+
+def _typed(a: np.ndarray) -> str:
+    return f"{np.dtype(a.dtype).name}{list(np.shape(a))}"
 
 
 def _agree(batch: feed.Batch | None, k: int, where: str) -> None:

@@ -73,3 +73,22 @@ def test_keras_and_torch_loss_names_say_what_they_are_here(name, hint):
     model = Model(i, Dense(2, name="fc")(i))
     with pytest.raises(ModelError, match=re.escape(hint)):
         model.compile(x, loss=name, minimizer=optax.sgd(0.0))
+
+
+def test_validation_batches_of_different_lengths_are_a_named_error():
+    # sequences padded per batch: np.concatenate's bare ValueError (after train's epoch)
+    import grain
+
+    rng = np.random.default_rng(3)
+    xs = [rng.normal(size=(2, t, 4)).astype(np.float32) for t in (3, 5)]
+    ys = [rng.integers(0, 5, (2, t)) for t in (3, 5)]
+    model = _model(5, "softmax_crossentropy", xs[0])
+    ragged = grain.MapDataset.source([([x], [y]) for x, y in zip(xs, ys)])
+    with pytest.raises(ModelError, match=r"output 0 is float32\[2, 3, 5\] in batch 0 but "):
+        model.score(ragged)
+    even = grain.MapDataset.source([([x[:, :3]], [y[:, :3]]) for x, y in zip(xs, ys)])
+    z = np.concatenate([np.asarray(model.predict(x[:, :3]), np.float64) for x in xs])
+    y = np.concatenate([y[:, :3] for y in ys])
+    lse = np.log(np.exp(z).sum(-1))
+    oracle = np.mean(lse - np.take_along_axis(z, y[..., None], -1)[..., 0])
+    assert model.score(even)["loss"] == pytest.approx(oracle, rel=1e-5)
