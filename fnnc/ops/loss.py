@@ -34,6 +34,7 @@ from jax import lax
 from fnnc.core.command import Spec, Uses, defcommand
 from fnnc.core.dtypes import at_least_float32
 from fnnc.errors import CommandError, DTypeError
+from fnnc.ops._loss_hints import class_axis_hint, reshape_hint
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show, to_shape
 
 
@@ -53,7 +54,7 @@ def _label_kind(name: str, x, label) -> str:
     fail(
         f"{name}: label {show(label)} does not fit scores {show(x)}: expected class indices "
         f"shaped {list(lead)} or {[*lead, 1]} (or [N] for scores [N, 1, ..., 1, C], NNC's "
-        f"batch-first rule), or float targets shaped {list(x.shape)}"
+        f"batch-first rule), or float targets shaped {list(x.shape)}{class_axis_hint(x, shape)}"
     )
 
 
@@ -240,7 +241,7 @@ def _binary_shape(name: str, outputs: int):
         if x.ndim < 1 or tuple(label.shape) != tuple(x.shape):
             fail(
                 f"{name}: label {show(label)} must be shaped like the input {show(x)} "
-                f"(one target per entry){_reshape_hint(label.shape, x.shape)}"
+                f"(one target per entry){reshape_hint(label.shape, x.shape)}"
             )
         loss = Spec((*x.shape[:-1], 1), x.dtype)
         return (loss, Spec(x.shape, x.dtype)) if outputs == 2 else loss
@@ -322,26 +323,13 @@ def _pair_shape(name: str, check=None):
         if a.ndim < 1 or tuple(a.shape) != tuple(b.shape):
             fail(
                 f"{name}: inputs must share one shape [batch, ...], got {show(a)} and "
-                f"{show(b)}{_reshape_hint(b.shape, a.shape)}"
+                f"{show(b)}{reshape_hint(b.shape, a.shape)}"
             )
         if check is not None:
             check(**params)
         return Spec((a.shape[0], 1), a.dtype)
 
     return rule
-
-
-def _reshape_hint(given, want) -> str:
-    """What to do when ``given`` holds ``want``'s values but for axes of size 1 (a target
-    ``y`` of ``[N]`` for an output ``[N, 1]``, Keras's habit): reshape it. Else nothing."""
-    given, want = tuple(given), tuple(want)
-    if given == want or [n for n in given if n != 1] != [n for n in want if n != 1]:
-        return ""
-    rows = ", ".join(["-1", *(str(n) for n in want[1:])])
-    return (
-        f"; the second holds the same values but for axes of size 1: reshape it to "
-        f"{list(want)} (a target y of any batch: y.reshape({rows}))"
-    )
 
 
 def _per_sample(v):

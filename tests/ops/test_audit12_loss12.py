@@ -89,3 +89,19 @@ def test_16bit_float_labels_round_to_their_own_class(dtype):
     p = np.asarray(jax.nn.softmax(zf))
     cce = np.asarray(ops.categorical_crossentropy()(p, label))[:, 0]
     np.testing.assert_allclose(cce, -np.log(p[rows, ints].astype(np.float64)), rtol=1e-5)
+
+
+def test_nchw_scores_against_nhw_labels_say_to_move_the_classes_last():
+    # the error listed the shapes that fit but not that the classes must be last
+    x = np.random.default_rng(4).normal(size=(2, 5, 3, 4)).astype(np.float32)
+    y = np.random.default_rng(5).integers(0, 5, (2, 3, 4)).astype(np.int32)
+    with pytest.raises(ShapeError, match=r"classes on axis 1.*perm=\[0, 2, 3, 1\]"):
+        ops.softmax_crossentropy()(x, y)
+    with pytest.raises(ShapeError) as e:
+        ops.softmax_crossentropy()(x, y[:, :2])  # fits no axis: no hint
+    assert "axis" not in str(e.value)
+    # the hint's remedy gives NumPy's per-pixel cross-entropy
+    z = np.moveaxis(x, 1, -1).astype(np.float64)
+    want = np.log(np.exp(z).sum(-1)) - np.take_along_axis(z, y[..., None], -1)[..., 0]
+    loss, _ = ops.softmax_crossentropy()(ops.transpose(perm=[0, 2, 3, 1])(x), y)
+    np.testing.assert_allclose(np.asarray(loss)[..., 0], want, rtol=1e-5)
