@@ -139,11 +139,12 @@ class BinaryAccuracy(Metric):
         out, labels = metric_checks.output_and_target(self, outputs, targets)
         threshold = self.threshold
         if threshold is None:
-            loss = getattr(getattr(model, "engine", None), "loss", None)
+            loss = _named_loss(model)
             if loss not in BINARY_THRESHOLDS:
+                given = getattr(getattr(model, "engine", None), "loss", None)
                 raise ModelError(
                     f"metric {self.name}: output {self.output} has one unit (binary), and "
-                    f"the loss {loss!r} does not say whether it is a logit or a "
+                    f"the loss {given!r:.60} does not say whether it is a logit or a "
                     "probability; pass fnnc.models.metrics.BinaryAccuracy(threshold=0.0 "
                     "for logits, 0.5 for probabilities)"
                 )
@@ -162,6 +163,13 @@ class BinaryAccuracy(Metric):
 BINARY_THRESHOLDS = {"sigmoid_binary_crossentropy": 0.0, "binary_crossentropy": 0.5}
 
 
+def _named_loss(model: Any) -> Any:
+    """The model's loss if a name, else ``None``: a loss function may be unhashable (a
+    dataclass instance), and looking it up in :data:`BINARY_THRESHOLDS` raised TypeError."""
+    loss = getattr(getattr(model, "engine", None), "loss", None)
+    return loss if isinstance(loss, str) else None
+
+
 class Accuracy(TopK):
     """Top-1 accuracy: the argmax of output ``output`` against integer labels, or
     one-hot / soft (mixup) targets of the output's shape, whose argmax is the label.
@@ -177,7 +185,7 @@ class Accuracy(TopK):
 
     def __call__(self, model: Any, outputs: list[np.ndarray], targets: list[np.ndarray]) -> float:
         out, labels = metric_checks.output_and_target(self, outputs, targets)
-        loss = getattr(getattr(model, "engine", None), "loss", None)
+        loss = _named_loss(model)
         # one unit (argmax would always be 0) or independent units (argmax picks one)
         if (out.ndim >= 1 and out.shape[-1] == 1) or loss in BINARY_THRESHOLDS:
             binary = BinaryAccuracy(output=self.output, name=self.name)

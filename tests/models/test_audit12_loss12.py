@@ -1,5 +1,6 @@
 """Audit 12 (losses and metrics): regressions found by the loss12 audit."""
 
+import dataclasses
 import re
 
 import jax.numpy as jnp
@@ -7,8 +8,10 @@ import numpy as np
 import optax
 import pytest
 
+from fnnc import ops
 from fnnc.errors import ModelError, ShapeError
 from fnnc.models import Dense, Input, Model
+from fnnc.models.metrics import BinaryAccuracy
 
 
 def _model(units, loss, x, **kw):
@@ -92,3 +95,34 @@ def test_validation_batches_of_different_lengths_are_a_named_error():
     lse = np.log(np.exp(z).sum(-1))
     oracle = np.mean(lse - np.take_along_axis(z, y[..., None], -1)[..., 0])
     assert model.score(even)["loss"] == pytest.approx(oracle, rel=1e-5)
+
+
+@dataclasses.dataclass
+class _Smoothed:
+    """A loss object as one writes it with parameters: a dataclass, so unhashable."""
+
+    eps: float = 0.1
+
+    def __call__(self, outputs, targets):
+        c = outputs[0].shape[-1]
+        cmd = ops.softmax_crossentropy(trim0=self.eps / c, trim1=1 - self.eps + self.eps / c)
+        return jnp.mean(cmd(outputs[0], targets[0])[0])
+
+
+def test_an_unhashable_loss_object_is_measured_by_accuracy():
+    # Accuracy looked the loss up in a dict of binary losses: TypeError unhashable type
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(6, 3)).astype(np.float32)
+    y = rng.integers(0, 4, 6)
+    model = _model(4, _Smoothed(), x)
+    z = np.asarray(model.predict(x), np.float64)
+    got = model.score(x, y, metrics=["accuracy", "top_2_accuracy"])
+    assert got["accuracy"] == np.mean(z.argmax(1) == y)
+    top2 = np.argsort(-z, axis=1)[:, :2]
+    assert got["top_2_accuracy"] == np.mean((top2 == y[:, None]).any(1))
+    t = np.full((6, 4), 0.1 / 4)
+    t[np.arange(6), y] += 0.9
+    oracle = np.mean(np.log(np.exp(z).sum(1)) - (t * z).sum(1))
+    assert got["loss"] == pytest.approx(oracle, rel=1e-5)
+    with pytest.raises(ModelError, match=r"_Smoothed.*does not say whether it is a logit"):
+        BinaryAccuracy()(model, [z[:, :1]], [y[:, None] % 2])
