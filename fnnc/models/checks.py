@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fnnc.core.dtypes import is_floating, is_inexact
-from fnnc.errors import ModelError
+from fnnc.errors import DTypeError, ModelError
 from fnnc.models.build_context import is_int
 from fnnc.ops.loss import batch_label
 
@@ -114,6 +114,7 @@ def targets(
             "no targets were given; call model.fit(inputs, targets) (train takes "
             "(inputs, targets) pairs)"
         )
+    float_targets(loss, values[0], where)
     if (
         (loss in CLASSIFICATION or loss in BINARY)
         and isinstance(values[0], np.ndarray)
@@ -191,9 +192,10 @@ def labels(
     """Raises :class:`ModelError` for a label that ``loss`` cannot take against
     ``scores`` (the first output's shape): a class index outside ``[0, C)`` or not a
     whole number, or a binary target outside ``[0, 1]``. Positions are by sample."""
+    target = np.asarray(target)
+    float_targets(loss, target, where)
     if loss not in CLASSIFICATION and loss not in BINARY:
         return  # a regression loss (mse, smooth_l1) takes any numbers: its rule names shapes
-    target = np.asarray(target)
     floating = is_floating(target.dtype)
     if not (floating or target.dtype.kind in "iu") or target.size == 0 or not scores:
         return  # the loss's shape rule names dtypes it cannot take
@@ -228,6 +230,19 @@ def labels(
                 f"{need}: a class index is a whole number (cast labels with "
                 f".astype(np.int32)), or pass per-class float targets shaped {list(scores)}",
             )  # fmt: skip
+
+
+def float_targets(loss: str, target: Any, where: str) -> None:
+    """Integer or boolean NumPy targets (Keras takes 0/1 ints) for a loss that compares
+    the output with float targets (all but the class-index losses): a DTypeError saying
+    to cast them, where the command's rule spoke of datatype_conversion."""
+    kind = getattr(getattr(target, "dtype", None), "kind", "")
+    if loss not in CLASSIFICATION and isinstance(target, np.ndarray) and kind in "biu" and kind:
+        raise DTypeError(
+            f"{where}: loss {loss!r} of target 0 {target.dtype.name}{list(target.shape)}: "
+            "expected a floating-point target (one per output entry; 0/1 or probabilities "
+            "for a binary loss); pass y.astype(np.float32)"
+        )
 
 
 def _fail(where: str, target: np.ndarray, flat: int, sample: str, need: str) -> None:

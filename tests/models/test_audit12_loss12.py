@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from fnnc import ops
-from fnnc.errors import ModelError, ShapeError
+from fnnc.errors import DTypeError, ModelError, ShapeError
 from fnnc.models import Dense, Input, Model
 from fnnc.models.metrics import BinaryAccuracy
 
@@ -126,3 +126,19 @@ def test_an_unhashable_loss_object_is_measured_by_accuracy():
     assert got["loss"] == pytest.approx(oracle, rel=1e-5)
     with pytest.raises(ModelError, match=r"_Smoothed.*does not say whether it is a logit"):
         BinaryAccuracy()(model, [z[:, :1]], [y[:, None] % 2])
+
+
+def test_integer_binary_targets_say_to_cast_them():
+    # Keras takes 0/1 int labels for a binary loss; the error spoke of datatype_conversion
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(6, 3)).astype(np.float32)
+    y = rng.integers(0, 2, (6, 2))
+    model = _model(2, "sigmoid_binary_crossentropy", x)
+    before = {k: np.asarray(v) for k, v in model.parameters().items()}
+    for call in (lambda: model.fit(x, y), lambda: model.score(x, y)):
+        with pytest.raises(DTypeError, match=r"int64\[6, 2\].*y\.astype\(np\.float32\)"):
+            call()
+    assert all(np.array_equal(np.asarray(v), before[k]) for k, v in model.parameters().items())
+    z = np.asarray(model.predict(x), np.float64)
+    oracle = np.mean(((1 - y) * z + np.log1p(np.exp(-z))).sum(1))
+    assert model.score(x, y.astype(np.float32))["loss"] == pytest.approx(oracle, rel=1e-5)
