@@ -235,8 +235,8 @@ class MeanLoss(Metric):
                 ) from None
             return _mean(out[0] if isinstance(out, tuple) else out)
         # as JAX arrays, as fit traces it: a NumPy array has no .at[] (nor JAX's other ways)
-        outs = [jax.numpy.asarray(o) for o in outputs]
-        ts = [jax.numpy.asarray(_as_fit_takes(t)) for t in targets]
+        outs = [_as_jax(o) for o in outputs]
+        ts = [_as_jax(_as_fit_takes(t)) for t in targets]
         return float(losses.call_loss(loss, outs, ts))
 
 
@@ -244,6 +244,15 @@ def _mean(values: Any) -> float:
     """The mean of ``values`` summed in float64: NumPy sums a bfloat16 array in bfloat16,
     whose 8-bit mantissa stops counting near 256 (the mean of 4096 ones is 0.125)."""
     return float(np.mean(np.asarray(values), dtype=np.float64))
+
+
+def _as_jax(value: Any) -> Any:
+    """A NumPy array of numbers as a JAX array (what a loss function gets in ``fit``);
+    anything else (strings a function may ignore) as it is."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None or not (np.dtype(dtype).kind in "biufc" or is_floating(dtype)):
+        return value
+    return jax.numpy.asarray(value)
 
 
 def _typed(value: Any) -> str:

@@ -142,3 +142,11 @@ def test_integer_binary_targets_say_to_cast_them():
     z = np.asarray(model.predict(x), np.float64)
     oracle = np.mean(((1 - y) * z + np.log1p(np.exp(-z))).sum(1))
     assert model.score(x, y.astype(np.float32))["loss"] == pytest.approx(oracle, rel=1e-5)
+
+
+def test_a_loss_function_ignoring_non_numeric_targets_still_scores():
+    # score gives a loss function JAX arrays of numbers, other targets as they are
+    x = np.random.default_rng(8).normal(size=(4, 3)).astype(np.float32)
+    model = _model(2, lambda outputs, targets: jnp.mean(outputs[0]), x)
+    want = np.mean(np.asarray(model.predict(x), np.float64))
+    assert model.score(x, np.array(["a", "b", "c", "d"]))["loss"] == pytest.approx(want, abs=1e-6)
