@@ -21,8 +21,8 @@ def class_axis_hint(x, shape) -> str:
     k = fits[0]
     perm = [n for n in range(len(dims)) if n != k] + [k]
     return (
-        f"; the classes are the last axis of the scores, and these labels fit scores with "
-        f"classes on axis {k} (PyTorch's NCHW): move them last, e.g. "
+        f"; the classes are the last axis of the scores: if they are on axis {k} "
+        f"(PyTorch's NCHW), which these labels would fit, move them last, e.g. "
         f"fnnc.ops.transpose(perm={perm}) or jnp.moveaxis(scores, {k}, -1)"
     )
 
