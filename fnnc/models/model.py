@@ -27,12 +27,13 @@ from fnnc.models.layer import BuildContext, Layer, ModelError, ModelIO
 from fnnc.models.model_files import FilesMixin
 from fnnc.models.model_gradients import GradientsMixin
 from fnnc.models.model_graphs import GraphsMixin
+from fnnc.models.model_memory import MemoryMixin
 from fnnc.models.model_training import TrainingMixin
 from fnnc.models.scale import ScaleMixin
 from fnnc.models.wiring import ios, layers_of, topological
 
 
-class Model(FilesMixin, ScaleMixin, GraphsMixin, TrainingMixin, GradientsMixin, Layer):
+class Model(FilesMixin, ScaleMixin, GraphsMixin, TrainingMixin, MemoryMixin, GradientsMixin, Layer):
     """A model from inputs to outputs through layers called on them.
 
     A layer object called twice shares its parameters. A model is itself a layer, so

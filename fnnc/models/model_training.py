@@ -2,8 +2,8 @@
 
 :class:`TrainingMixin` holds the methods of a compiled model (``compile``, ``fit``,
 ``evaluate``, ``score``, ``predict``, ``train``, ``backward``, ``apply_gradients``,
-``set_minimizer``, ``autotune``, ``profile``, ``summary``, ``to_nnx``, the memory
-options, ``memory_plan``); each delegates to the model's
+``set_minimizer``, ``autotune``, ``profile``, ``summary``, ``to_nnx``; the memory
+options are :mod:`fnnc.models.model_memory`'s); each delegates to the model's
 :class:`~fnnc.models.engine.Engine` or to the module that does the work, so
 ``model.py`` stays the model's structure.
 
@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from fnnc.core.params import flag_value, is_count, require_flag
-from fnnc.graph.passes.remat import POLICIES
 from fnnc.models import checks
 from fnnc.models.engine import Engine
 from fnnc.models.keras_habits import refuse_unknown
@@ -35,9 +34,6 @@ class TrainingMixin:
     """Compiling, training and running a model (see module doc)."""
 
     _engine: Engine | None
-    gradient_checkpointing: bool
-    memory_compression: bool
-    memory_reduction: bool
 
     @property
     def engine(self) -> Engine:
@@ -283,44 +279,6 @@ class TrainingMixin:
         reset = _flag(self, "set_minimizer", "reset", reset)
         self.engine.set_minimizer(minimizer, reset=reset, params=params)
 
-    # -- memory (NNC's ccv_cnnp_model_set_memory_* / _gradient_checkpointing) --------
-    def set_gradient_checkpointing(self, enabled: bool = True) -> None:
-        """Recompute this (sub-)model's activations in the backward instead of keeping
-        them: every node built inside it, except those making its outputs, is not saved
-        for the training step's backward (:func:`fnnc.graph.remat`). Set it on blocks of a
-        larger model (one block's activations live at a time) or on the whole model."""
-        self.gradient_checkpointing = _switch(self, "set_gradient_checkpointing", enabled)
-
-    def set_memory_compression(self, enabled: bool = True) -> None:
-        """Keep convolution activations for the backward LSSC-compressed (lossy, 8x
-        smaller than float32; :func:`fnnc.graph.passes.memory_compression`)."""
-        self.memory_compression = _switch(self, "set_memory_compression", enabled)
-
-    def set_memory_reduction(self, enabled: bool = True) -> None:
-        """Redo widening ``datatype_conversion`` nodes in the backward instead of keeping
-        their wide outputs (lossless; :func:`fnnc.graph.passes.memory_reduction`)."""
-        self.memory_reduction = _switch(self, "set_memory_reduction", enabled)
-
-    def memory_plan(self, inputs: Any = None, targets: Any = ()) -> Any:
-        """:func:`fnnc.graph.memory_plan` of the compiled training step: the last one
-        :meth:`fit` ran, or the one for ``inputs``/``targets`` (arrays or specs: one, or
-        a list, or ``None`` for no targets, as :meth:`fit` takes them)."""
-        return self.engine.memory_plan(
-            None if inputs is None else _arrays(inputs),
-            [] if targets is None else _arrays(targets),
-        )
-
-    def memory(self, inputs: Any = None, targets: Any = ()) -> Any:
-        """XLA's memory analysis (:meth:`fnnc.graph.Program.memory`) of the compiled
-        training step, chosen as :meth:`memory_plan` chooses it: e.g. a model with frozen
-        layers against the same model all trainable (no gradient or optimizer buffers
-        for frozen parameters)."""
-        return self.engine.fit_step(
-            None if inputs is None else _arrays(inputs),
-            [] if targets is None else _arrays(targets),
-            "memory",
-        ).memory()
-
     def train(
         self,
         data: Any,
@@ -437,19 +395,3 @@ def _flag(model: Any, method: str, arg: str, value: Any) -> bool:
     else is a ModelError, since ``bool("false")`` is True (``reset="no"`` would drop the
     optimizer state, ``is_test="false"`` would run in test mode)."""
     return require_flag(value, f"{model.describe()}: {method}({arg}=...)", ModelError)
-
-
-def _switch(model: Any, method: str, enabled: Any) -> bool:
-    """``enabled`` of a memory switch as a bool: True, False (NumPy's too) or 1/0, as NNC's
-    ``int`` flag; anything else (``"false"``, a remat policy name) is a ModelError, since
-    ``bool()`` would turn it on."""
-    meant = flag_value(enabled)
-    if meant is not None:
-        return meant
-    hint = ""
-    if isinstance(enabled, str) and enabled in POLICIES:
-        hint = "; a remat policy per block is Repeat(..., checkpoint=policy)"
-    raise ModelError(
-        f"{model.describe()}: {method}(enabled) takes True or False, got "
-        f"{type(enabled).__name__} {enabled!r}{hint}"
-    )
