@@ -15,8 +15,9 @@ NNC cannot express two shapes: a rank-0 tensor (its element count is 0 when ``di
 is 0) and a tensor with a zero-size axis. fnnc writes a scalar as ``[1]`` (what NNC
 reads) and notes the rank 0 in its side table, so fnnc reads it back as ``()``
 (:mod:`fnnc.io.integrity`; rows without the note, e.g. NNC's, read as ``[1]``); it
-writes a zero-size tensor with an all-zero ``dim`` (read back as shape ``(0,)``; pass
-``shape=`` to :meth:`TensorFile.read` to get the original back). Checkpoints record
+writes a zero-size tensor with an all-zero ``dim`` (NNC reads shape ``(0,)``) and notes
+its shape there too, so fnnc reads ``(0, 4)`` back (``shape=`` of
+:meth:`TensorFile.read` reads any other row so). Checkpoints record
 shapes themselves, so they round-trip both exactly.
 
 NNC pads ``data`` to its allocation size (16 or 64 bytes on CPU, 128 or 4096 on GPU),

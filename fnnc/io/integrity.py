@@ -8,7 +8,9 @@ live beside it::
 ``row`` is the SQLite rowid of the ``tensors`` row the digest was computed for, written
 in the same transaction as that row. ``shape`` is the array's shape as JSON where NNC's
 ``dim`` cannot say it: ``"[]"`` for a row written from a rank-0 array, which NNC sees
-(and ``dim`` holds) as ``[1]`` and fnnc reads back as ``()``; ``NULL`` otherwise. Files
+(and ``dim`` holds) as ``[1]`` and fnnc reads back as ``()``, and the shape of a
+zero-size array (``"[0, 4]"``; ``dim`` is all zeros, ``(0,)`` to NNC); ``NULL``
+otherwise. Files
 made before the column read as before (a scalar as ``[1]``); fnnc adds the column the
 next time it writes to such a file. The file also carries three triggers
 (:data:`TRIGGERS`) that drop a name's checksum whenever any SQLite writer inserts,
@@ -81,7 +83,8 @@ CREATE = (
 ALGO = "crc32"
 SHAPE_COLUMN = "shape"
 """The column of :data:`TABLE` holding fnnc's shape of a row NNC's ``dim`` cannot
-describe (a rank-0 array: ``"[]"``); absent in files made before it."""
+describe (a rank-0 array: ``"[]"``; a zero-size one: ``"[0, 4]"``); absent in files
+made before it."""
 
 _EVENTS = (("INSERT", "NEW.name"), ("UPDATE", "OLD.name OR name=NEW.name"), ("DELETE", "OLD.name"))
 TRIGGER_NAMES = tuple(f"{TABLE}_on_{event.lower()}" for event, _ in _EVENTS)

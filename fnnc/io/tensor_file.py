@@ -66,7 +66,8 @@ class TensorFile(RowReading):
     (:mod:`fnnc.io.integrity`), so :meth:`read` and :meth:`info` give it back as
     ``()``. Rows NNC wrote, or rewrote since, and scalars in files written by fnnc
     before it kept that note read as ``[1]``; ``read(name, shape=())`` reads any
-    one-element row as a scalar.
+    one-element row as a scalar. A zero-size array (``(0, 4)``), whose ``dim`` NNC reads
+    as ``(0,)``, is noted the same way and read back in its own shape.
 
     >>> import os, tempfile
     >>> import numpy as np
