@@ -44,8 +44,9 @@ Operands = Sequence[tuple[Any, str]]
 
 
 Pull = Callable[[list[Any], Sequence[Any]], list[Any]]
-"""``pull(tiles, cts)``: the tiles' gradients for output gradients ``cts`` (``None`` for
-non-float tiles)."""
+"""``pull(tiles, cts)``: the tiles' gradients for output gradients ``cts``, in float32
+(``None`` for non-float tiles); :func:`vjp_call` sums the partials in float32 and
+rounds each gradient to its operand's type once."""
 
 
 def _lane_mask(ref: Any, bl: int, lanes: int) -> Any:

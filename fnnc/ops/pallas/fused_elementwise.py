@@ -209,8 +209,11 @@ def _block_pull(body: Any, p: Plan) -> _blockwise.Pull:
             for sid, gi in zip(node.inputs, back):
                 if gi is not None and jnp.issubdtype(env[sid].dtype, jnp.floating):
                     add(sid, gi)
+        # float32, rounded to the operand's type once, after the partials are summed
+        # (rounding each program's partial sum of a 16-bit bias first moved its gradient
+        # by up to half an ulp of the partials, which cancel)
         return [
-            (grads[s] if s in grads else jnp.zeros(t.shape, jnp.float32)).astype(t.dtype)
+            (grads[s] if s in grads else jnp.zeros(t.shape, jnp.float32))
             if jnp.issubdtype(t.dtype, jnp.floating)
             else None
             for s, t in zip(sids, tiles)
