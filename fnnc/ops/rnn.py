@@ -21,8 +21,10 @@ The states are ``h0 [L*D, B, P]`` and ``c0 [L*D, B, H]`` (or ``[B, P]``/``[B, H]
 single layer and direction); the outputs are ``y [B, T, D*P]`` (the last layer, the
 directions concatenated) and the final states, shaped like the initial ones. With
 ``dropout > 0`` and ``is_test=False`` (training), every layer's output but the last
-is dropped with that probability (scaled by ``1 / (1 - p)``), drawn from a trailing
-``key`` input (``uint32[2]``, as ``ops.dropout`` takes), so equal keys give equal masks.
+is dropped with that probability (scaled by ``1 / (1 - p)`` in float32 at least and
+rounded to ``x``'s type once, as ``ops.dropout``), drawn from a trailing ``key`` input
+(``uint32[2]``, as ``ops.dropout`` takes; layer ``l``'s mask from ``fold_in(key, l)``),
+so equal keys give equal masks.
 
 With ``masked=True`` (NNC's variable sequence lengths), an integer ``lengths [B]``
 input follows the weights (before the key): sample ``b``'s steps ``t >= lengths[b]``
@@ -50,7 +52,7 @@ from jax import lax
 from fnnc.core.command import Spec, defcommand
 from fnnc.errors import CommandError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show, to_shape
-from fnnc.ops.random import _check_key, _key
+from fnnc.ops.random import _check_key, _key, _scaled
 
 
 def projection(proj_size: int, hidden: int) -> int:
@@ -304,8 +306,7 @@ def lstm(
         if keyed and layer < num_layers - 1:
             key = jax.random.fold_in(_key(rest[-1]), layer)
             keep = jax.random.bernoulli(key, np.float32(1.0 - dropout), layer_in.shape)
-            scale = jnp.asarray(1.0 / (1.0 - dropout), x.dtype)
-            layer_in = layer_in * keep.astype(x.dtype) * scale
+            layer_in = _scaled(layer_in, keep, dropout)  # float32, rounded once
     h_t, c_t = jnp.stack(h_out), jnp.stack(c_out)
     y = layer_in if batch_first else jnp.swapaxes(layer_in, 0, 1)
     return y, (h_t if stacked else h_t[0]), (c_t if stacked else c_t[0])
