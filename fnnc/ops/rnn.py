@@ -73,15 +73,21 @@ def projection(proj_size: int, hidden: int) -> int:
 
 
 def _hidden(c0, rest) -> int:
-    """The hidden size ``H``: ``c0``'s last axis, else ``w_hh [4H, P]``'s first over 4."""
-    if c0 is not None:
-        return c0.shape[-1]
-    if len(rest) > 1 and (len(rest[1].shape) != 2 or rest[1].shape[0] % 4):
+    """The hidden size ``H``: ``w_hh [4H, P]``'s rows over 4 (the weights fix it, as
+    NNC's ``hidden_size`` does), which ``c0``'s last axis must match."""
+    w_hh = rest[1]
+    if len(w_hh.shape) != 2 or w_hh.shape[0] % 4:
         fail(
-            f"lstm: w_hh {show(rest[1])} should be [4H, P] (gates i, f, g, o of hidden size "
-            "H stacked): without c0 the hidden size is read from it"
+            f"lstm: w_hh {show(w_hh)} should be [4H, P] (gates i, f, g, o of hidden size "
+            "H stacked): the hidden size is read from it"
         )
-    return rest[1].shape[0] // 4
+    hidden = w_hh.shape[0] // 4
+    if c0 is not None and (len(c0.shape) not in (2, 3) or c0.shape[-1] != hidden):
+        fail(
+            f"lstm: c0 {show(c0)} should be [L*D, B, {hidden}], or [B, {hidden}] for one "
+            f"layer and direction: the hidden size {hidden} of w_hh {show(w_hh)} ([4H, P])"
+        )
+    return hidden
 
 
 def _layout(n: int, *, hidden, num_layers, bidirectional, proj_size, dropout, is_test, masked):
@@ -143,10 +149,6 @@ def lstm_state_shapes(
 
 def _lstm_shape(x, h0=None, c0=None, *rest, batch_first=True, **params):
     name = "lstm"
-    if x.ndim == 3 and not batch_first:  # time-major [T, B, I]: y [T, B, D*P]
-        spec = Spec((x.shape[1], x.shape[0], x.shape[2]), x.dtype)
-        y, h, c = _lstm_shape(spec, h0, c0, *rest, **params)
-        return Spec((y.shape[1], y.shape[0], y.shape[2]), y.dtype), h, c
     hidden = _hidden(c0, rest)
     units, per, has_bias, keyed, proj = _layout(3 + len(rest), hidden=hidden, **params)
     weights = rest[: units * per]
@@ -160,7 +162,8 @@ def _lstm_shape(x, h0=None, c0=None, *rest, batch_first=True, **params):
             f"{name}: x {show(x)} must be [batch, time, features] ([time, batch, features] "
             "with batch_first=False)"
         )
-    b, t, i = x.shape
+    # time-major x [T, B, I] (NNC's batch_first=0) gives y [T, B, D*P]
+    b, t, i = x.shape if batch_first else (x.shape[1], x.shape[0], x.shape[2])
     if params["masked"]:
         lengths = rest[units * per]
         if not np.issubdtype(np.dtype(lengths.dtype), np.integer) or lengths.shape != (b,):
@@ -174,12 +177,13 @@ def _lstm_shape(x, h0=None, c0=None, *rest, batch_first=True, **params):
     h_shape, c_shape = lstm_state_shapes(b, hidden, units, proj, stacked=stacked)
     h0 = Spec(h_shape, x.dtype) if h0 is None else h0  # absent: zeros
     c0 = Spec(c_shape, x.dtype) if c0 is None else c0
-    if tuple(h0.shape) != h_shape or tuple(c0.shape) != c_shape:
-        fail(
-            f"{name}: h0 {show(h0)} and c0 {show(c0)} should be {list(h_shape)} and "
-            f"{list(c_shape)} ([L*D, B, P] and [L*D, B, H]; [B, P], [B, H] for one "
-            "layer and direction)"
-        )
+    for label, state, want in (("h0", h0, h_shape), ("c0", c0, c_shape)):
+        if tuple(state.shape) != want:
+            fail(
+                f"{name}: {label} {show(state)} should be {list(want)} (h0 [L*D, B, P], c0 "
+                f"[L*D, B, H]; [B, P], [B, H] for one layer and direction; here L*D = "
+                f"{units}, B = {b} from x {show(x)}, H = {hidden}, P = {p})"
+            )
     layout = {k: params[k] for k in ("num_layers", "bidirectional")}
     want_shapes = lstm_weight_shapes(i, hidden, bias=has_bias, proj_size=proj, **layout)
     for u, want in enumerate(want_shapes):
@@ -190,7 +194,8 @@ def _lstm_shape(x, h0=None, c0=None, *rest, batch_first=True, **params):
                     f"{', reverse' if u % d else ''}; x {show(x)}, hidden {hidden}, proj "
                     f"{proj}; gates i, f, g, o)"
                 )
-    return Spec((b, t, d * p), x.dtype), Spec(tuple(h0.shape), x.dtype), Spec(c0.shape, x.dtype)
+    y = Spec((b, t, d * p) if batch_first else (t, b, d * p), x.dtype)
+    return y, Spec(tuple(h0.shape), x.dtype), Spec(c0.shape, x.dtype)
 
 
 def _direction(x, h0, c0, w_ih, w_hh, bias, w_hr, reverse, valid=None):

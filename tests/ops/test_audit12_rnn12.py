@@ -6,8 +6,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fnnc import ops
+from fnnc.errors import ShapeError
 
 
 def _r16(a):
@@ -59,3 +61,30 @@ def test_lstm_16bit_dropout_scales_in_float32_and_rounds_once():
     got = np.asarray(y, np.float64)
     assert (got == want).mean() > 0.95  # 0.61 before; a float32 sum may round across a tie
     np.testing.assert_allclose(got, want, atol=2**-8)
+
+
+def _zeros(*shape):
+    return np.zeros(shape, np.float32)
+
+
+def test_lstm_state_errors_name_the_wrong_state():
+    """The hidden size was read from c0, so a c0 [2, 5] beside w_hh [16, 4] said 'h0
+    float32[2, 4] and c0 float32[2, 5] should be [2, 5] and [2, 5]' (blaming the right h0),
+    and without h0 it blamed the right w_ih ('should be [20, 3]'); a time-major x was
+    shown transposed. H now comes from w_hh (NNC's hidden_size) and each state is named
+    alone, with x as given."""
+    x, w = _zeros(2, 3, 3), [_zeros(16, 3), _zeros(16, 4), _zeros(16)]
+    wrong_c0 = r"c0 float32\[2, 5\] should be .*\[B, 4\] .*hidden size 4 of w_hh float32\[16, 4\]"
+    for h0 in (_zeros(2, 4), None):
+        with pytest.raises(ShapeError, match=wrong_c0):
+            ops.lstm()(x, h0, _zeros(2, 5), *w)
+    with pytest.raises(ShapeError, match=r"h0 float32\[2, 5\] should be \[2, 4\] \("):
+        ops.lstm()(x, _zeros(2, 5), _zeros(2, 4), *w)
+    with pytest.raises(ShapeError, match=r"c0 float32\[2, 4\] should be \[1, 2, 4\] \("):
+        ops.lstm()(x, _zeros(1, 2, 4), _zeros(2, 4), *w)
+    with pytest.raises(
+        ShapeError, match=r"h0 float32\[3, 4\] should be \[2, 4\] .*x float32\[3, 2, 3\]"
+    ):
+        ops.lstm(batch_first=False)(_zeros(3, 2, 3), _zeros(3, 4), _zeros(3, 4), *w)
+    y, h, c = ops.lstm(batch_first=False)(_zeros(3, 2, 3), None, _zeros(2, 4), *w)
+    assert (y.shape, h.shape, c.shape) == ((3, 2, 4), (2, 4), (2, 4))
