@@ -292,7 +292,13 @@ def lstm(
     valid = None
     if masked:  # [T, B, 1]: step t of sample b is real
         steps = jnp.arange(x.shape[1], dtype=jnp.int32)[:, None]
-        valid = (steps < rest[units * per].astype(jnp.int32)[None, :])[:, :, None]
+        # clamped in its own type first: a uint32 or int64 length above 2**31 - 1 cast
+        # to int32 wraps negative (a whole sequence read as padding); the bound T itself
+        # is capped to the type (an int8 300 wraps to 44)
+        lengths = jnp.asarray(rest[units * per])
+        top = min(x.shape[1], int(jnp.iinfo(lengths.dtype).max))
+        lengths = jnp.clip(lengths, 0, top).astype(jnp.int32)
+        valid = (steps < lengths[None, :])[:, :, None]
     layer_in, h_out, c_out = x, [], []
     for layer in range(num_layers):
         outs = []

@@ -88,3 +88,28 @@ def test_lstm_state_errors_name_the_wrong_state():
         ops.lstm(batch_first=False)(_zeros(3, 2, 3), _zeros(3, 4), _zeros(3, 4), *w)
     y, h, c = ops.lstm(batch_first=False)(_zeros(3, 2, 3), None, _zeros(2, 4), *w)
     assert (y.shape, h.shape, c.shape) == ((3, 2, 4), (2, 4), (2, 4))
+
+
+def test_lstm_lengths_above_int32_are_clamped_to_t():
+    """Lengths are documented as clamped to [0, T], but they were cast to int32 first: a
+    uint32 length of 2**32 - 1 (or anything above 2**31 - 1) wrapped negative and the
+    whole sequence was read as padding (zeros out, h0 kept). Clamped in their own type,
+    they run every step, as the float64 loop over all T steps does; int8 lengths keep
+    working with the bound capped to their type."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 3, 2))
+    w_ih, w_hh = rng.normal(size=(8, 2)), rng.normal(size=(8, 2))
+    h = c = np.zeros((3, 2))
+    want = []
+    for t in range(3):
+        i, f, g, o = np.split(x[:, t] @ w_ih.T + h @ w_hh.T, 4, axis=-1)
+        c = _sig(f) * c + _sig(i) * np.tanh(g)
+        h = _sig(o) * np.tanh(c)
+        want.append(h)
+    want = np.stack(want, 1)
+    args = [np.asarray(a, np.float32) for a in (x, h * 0, h * 0, w_ih, w_hh)]
+    cmd = ops.lstm(masked=True)
+    for lengths in (np.array([3, 2**32 - 1, 2**31], np.uint32), np.array([3, 127, 3], np.int8)):
+        y, h_t, _ = cmd(*args, lengths)
+        np.testing.assert_allclose(np.asarray(y, np.float64), want, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(h_t, np.float64), want[:, -1], atol=1e-5)
