@@ -50,7 +50,7 @@ import numpy as np
 from jax import lax
 
 from fnnc.core.command import Spec, defcommand
-from fnnc.errors import CommandError
+from fnnc.errors import CommandError, DTypeError, ShapeError
 from fnnc.ops._rules import fail, require_float, require_same_dtype, show, to_shape
 from fnnc.ops.random import _check_key, _key, _scaled
 
@@ -156,7 +156,15 @@ def _lstm_shape(x, h0=None, c0=None, *rest, batch_first=True, **params):
     require_float(name, x, *given, *weights)
     require_same_dtype(name, x, *given, *weights)
     if keyed:
-        _check_key(name, rest[-1])
+        try:
+            _check_key(name, rest[-1])
+        except (DTypeError, ShapeError) as e:  # say why a key is read there
+            raise type(e)(
+                f"{e} (the last input: dropout={params['dropout']} with is_test=False drops "
+                "every layer's output but the last with a mask drawn from a key given last"
+                + (" (one layer has none to drop)" if params["num_layers"] == 1 else "")
+                + "; is_test=True or dropout=0 takes no key)"
+            ) from None
     if x.ndim != 3:
         fail(
             f"{name}: x {show(x)} must be [batch, time, features] ([time, batch, features] "

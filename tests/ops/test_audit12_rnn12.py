@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fnnc import ops
-from fnnc.errors import ShapeError
+from fnnc.errors import DTypeError, ShapeError
 
 
 def _r16(a):
@@ -113,3 +113,18 @@ def test_lstm_lengths_above_int32_are_clamped_to_t():
         y, h_t, _ = cmd(*args, lengths)
         np.testing.assert_allclose(np.asarray(y, np.float64), want, atol=1e-5)
         np.testing.assert_allclose(np.asarray(h_t, np.float64), want[:, -1], atol=1e-5)
+
+
+def test_lstm_dropout_key_error_says_why_a_key_is_read():
+    """Training with dropout reads a key last; a forgotten key made the bias 'key
+    float32[16]' with no word of dropout. The error now says where the key comes from
+    and how to run without one."""
+    x, w = _zeros(2, 3, 3), [_zeros(16, 3), _zeros(16, 4), _zeros(16)]
+    with pytest.raises(DTypeError, match=r"key float32\[16\] .*dropout=0.5 with is_test=False"):
+        ops.lstm(dropout=0.5)(x, None, None, *w)
+    with pytest.raises(ShapeError, match=r"key uint32\[3\] .*is_test=True or dropout=0 takes no"):
+        ops.lstm(num_layers=2, dropout=0.5)(
+            x, None, None, *w, _zeros(16, 4), *w[1:], np.zeros(3, np.uint32)
+        )
+    y, _, _ = ops.lstm(dropout=0.5, is_test=True)(x, None, None, *w)
+    assert y.shape == (2, 3, 4)
