@@ -26,9 +26,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from fnnc.core.ir import Graph
-from fnnc.errors import GraphError
+from fnnc.errors import DTypeError, GraphError, ShapeError
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.passes.backward import _ids, backward
 from fnnc.ops.optimizer import as_transformation, keys_as_bits, optax_update_command
@@ -71,9 +73,23 @@ class TrainLayout:
 def loss_and_params(
     graph: Graph, loss: Any, params: Sequence[Any], who: str
 ) -> tuple[int, list[int]]:
-    """The ids of ``loss`` and ``params``, checking that every parameter is a graph
-    input (the step returns their new values)."""
+    """The ids of ``loss`` and ``params``, checking that the loss is one floating-point
+    element (an integer loss had trained nothing: its gradients are zeros; a vector's
+    error told to pass ``df=``, which a step does not take) and that every parameter is
+    a graph input (the step returns their new values)."""
     (loss_id,) = _ids(graph, loss, "loss")
+    spec = graph.spec(loss_id)
+    kind = f"{np.dtype(spec.dtype).name}{list(spec.shape)}"
+    if not jnp.issubdtype(spec.dtype, jnp.floating):
+        raise DTypeError(
+            f"{who}: loss {graph.label(loss_id)} is {kind}, which has no gradient (the step "
+            "would never change the parameters); pass a floating-point loss"
+        )
+    if int(np.prod(spec.shape)) != 1:
+        raise ShapeError(
+            f"{who}: loss {graph.label(loss_id)} is {kind}, not one element; reduce it to "
+            "one (ops.reduce_sum or ops.reduce_mean over every axis)"
+        )
     param_ids = _ids(graph, params, "params")
     for i, pid in enumerate(param_ids):
         if pid in param_ids[:i]:
