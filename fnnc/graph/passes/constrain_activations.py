@@ -8,8 +8,10 @@ axis, its output is pinned as ``(data, ..., axis)``: batch over ``data``, featur
 the model axis. One split by input features gets ``(data, ...)``: its features whole,
 so the partial sums meet in one all-reduce there. Attention whose query projection is
 split by heads gets ``(data, None, axis, None)`` on its ``[B, S, H, D]`` output.
-Consumers read the pinned value; inputs, outputs and every existing id stay, so ids a
-caller holds (parameters, the loss) still name the same tensors::
+Consumers read the pinned value; inputs, outputs and every existing id and name stay,
+so ids and names a caller holds (parameters, the loss) still name the same tensors (a
+pinned value is named ``<name>/shard``); a value already pinned is not pinned again, so
+the pass is idempotent::
 
     %4 = gemm[transpose_b=True](%0, %1)     %4 = gemm[transpose_b=True](%0, %1)
     %5 = relu(%4)                     ->    %7 = sharding_constraint[spec=(data, model)](%4)
@@ -52,11 +54,14 @@ def constrain_activations(
     names = {graph.symbols[s].name: s for s in graph.inputs}
     by_sid = {names[p]: spec for p, spec in specs.items() if p in names}
     walk = Walk(graph, by_sid)
+    # a value already pinned to that layout (the pass run twice) is not pinned again
+    done = {(n.inputs[0], n.cmd.param("spec")) for n in graph.nodes if n.cmd.name == CONSTRAINT}
     pins = {}
     for node in graph.nodes:
         pin = _pin(walk, node, by_sid, sizes, data)
-        if pin is not None and not graph.symbols[node.outputs[0]].is_alias:
-            pins[node.outputs[0]] = pin
+        out = node.outputs[0]
+        if pin is not None and not graph.symbols[out].is_alias and (out, pin) not in done:
+            pins[out] = pin
     if not pins:
         return graph
     symbols, nodes, rename = list(graph.symbols), [], {}
@@ -66,7 +71,9 @@ def constrain_activations(
         for out in node.outputs:
             if out in pins:
                 sym = graph.symbols[out]
-                new = TensorSymbol(len(symbols), sym.shape, sym.dtype, sym.name)
+                # its own name: a copy of the layer's made that name name two symbols
+                name = f"{sym.name}/shard" if sym.name else ""
+                new = TensorSymbol(len(symbols), sym.shape, sym.dtype, name)
                 symbols.append(new)
                 cmd = sharding_constraint(spec=pins[out])
                 nodes.append(Node(cmd, (out,), (new.id,), f"{node.name or node.cmd.name}/shard"))
@@ -115,6 +122,8 @@ def _pin_attention(
         return (data, None, axis, None)
     return None
 
+
+CONSTRAINT = "sharding_constraint"
 
 PINS = {"scaled_dot_product_attention": _pin_attention}
 """Command name -> ``rule(walk, node, rank, specs, sizes, data)``: the layout to pin

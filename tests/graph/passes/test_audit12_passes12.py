@@ -42,3 +42,34 @@ def test_minimize_of_a_scalar_loss_steps_as_optax():
     # oracle: d(sum(w * x))/dw = x, SGD: w - 0.1 x
     np.testing.assert_allclose(np.asarray(w1[0]), 1.0 - 0.1 * x, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(loss), [3.0])
+
+
+def _mlp():
+    b = GraphBuilder()
+    x = b.input((4, 8), name="x")
+    w1, w2 = b.input((32, 8), name="fc1"), b.input((8, 32), name="fc2")
+    h = b.exec(ops.gemm(transpose_b=True), x, w1, name="h")
+    y = b.exec(ops.gemm(transpose_b=True), b.exec(ops.relu(), h), w2, name="y")
+    loss = b.exec(ops.reduce_sum(axes=(0, 1)), b.exec(ops.mul(), y, y), name="loss")
+    return b.build([loss, h])
+
+
+def test_constrain_activations_keeps_names_unique_and_is_idempotent():
+    # the constraint's output copied the layer's name, so "h" named two symbols and
+    # backward(..., wrt="h") refused it; a second run pinned every layer twice more
+    from jax.sharding import AbstractMesh
+
+    from fnnc.graph import backward, constrain_activations, parameter_specs
+
+    mesh = AbstractMesh((2, 2), ("data", "model"))
+    graph = _mlp()
+    specs = parameter_specs(graph, mesh, parameters=[1, 2])
+    pinned = constrain_activations(graph, specs, sizes=dict(mesh.shape))
+    assert constrain_activations(pinned, specs, sizes=dict(mesh.shape)) is pinned
+    names = [s.name for s in pinned.symbols if s.name]
+    assert len(names) == len(set(names)) and "h/shard" in names
+    rng = np.random.default_rng(0)
+    args = [rng.normal(size=graph.symbols[s].shape).astype(np.float32) for s in graph.inputs]
+    got = interpret(backward(pinned, "loss", ["h"])[0], *args)
+    want = interpret(backward(graph, "loss", ["h"])[0], *args)  # oracle: no constraints
+    np.testing.assert_allclose(np.asarray(got[-1]), np.asarray(want[-1]), rtol=1e-6)
