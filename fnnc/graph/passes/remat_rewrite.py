@@ -83,7 +83,11 @@ class Rewriter:
             inputs = tuple(fenced[s] if s in fenced else self._remap((s,))[0] for s in node.inputs)
             outs = []
             for s in node.outputs:
-                new = self._new_tensor(self.symbols[s])
+                # a recomputation is named apart (``h@remat``; a barrier's copies have no
+                # name): copies of the forward's names made "h" name two symbols, which
+                # backward(graph, "h", ...) then refused
+                like = self.symbols[s]
+                new = self._new_tensor(like, f"{like.name}{SUFFIX}" if like.name else "")
                 self.copy[self.symbols[s].root] = new
                 outs.append(new)
             name = f"{node.name or node.cmd.name}{SUFFIX}"
@@ -113,7 +117,7 @@ class Rewriter:
                 out.append(new_root)
         return tuple(out)
 
-    def _new_tensor(self, like: Any) -> int:
-        sym = TensorSymbol(len(self.symbols), tuple(like.shape), like.dtype, like.name)
+    def _new_tensor(self, like: Any, name: str = "") -> int:
+        sym = TensorSymbol(len(self.symbols), tuple(like.shape), like.dtype, name)
         self.symbols.append(sym)
         return sym.id
