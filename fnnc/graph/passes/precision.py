@@ -201,7 +201,10 @@ def _cast(
     converted to ``outputs`` (default: the types they have), as a loop body needs; the
     nodes at positions ``wide`` compute in float32."""
     b = GraphBuilder()
-    b._symbols = list(graph.symbols)  # inputs keep their ids; new symbols follow
+    # inputs keep their ids; new symbols follow and take the names, so the old symbols
+    # (left unreferenced) drop theirs: backward(cast, "loss", ...) found two "loss"
+    kept = frozenset(graph.inputs)
+    b._symbols = [s if s.id in kept or not s.name else _unnamed(s) for s in graph.symbols]
     b._inputs = list(graph.inputs)
     for sid, dt in zip(graph.inputs, inputs or ()):
         b._symbols[sid] = dataclasses.replace(graph.symbols[sid], dtype=np.dtype(dt))
@@ -300,6 +303,10 @@ def _retype_loop(cmd: Command, dtypes: Sequence[np.dtype], cast: BodyCast) -> tu
 
 SUBGRAPH_RULES: dict[str, SubgraphRule] = {"scan": _retype_loop, "pipeline": _retype_loop}
 """Commands holding sub-graphs typed for their inputs: how to retype them."""
+
+
+def _unnamed(sym: Any) -> Any:
+    return dataclasses.replace(sym, name="")
 
 
 def _floating(dtype: Any) -> bool:

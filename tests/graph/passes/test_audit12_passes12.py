@@ -109,3 +109,16 @@ def test_remat_names_its_recomputations_apart():
     x, w = _args()
     got = interpret(backward(r, "loss", ["t"])[0], x, w)[-1]
     np.testing.assert_allclose(np.asarray(got), _reference_dt(x, w), rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cast_precision_leaves_each_name_on_one_symbol(dtype):
+    # the cast kept the old symbols with their names beside the new ones, so
+    # backward(cast_precision(g), "loss", ...) found two "loss" and refused
+    from fnnc.graph import backward, cast_precision
+
+    low = cast_precision(_chain(), dtype)
+    assert _named_twice(low) == []
+    x, w = _args()
+    got = interpret(backward(low, "loss", ["t"])[0], x, w)[-1]
+    np.testing.assert_allclose(np.asarray(got, np.float64), _reference_dt(x, w), rtol=2e-2)
