@@ -23,6 +23,7 @@ class Rewriter:
         self.symbols: list[Any] = list(graph.symbols)
         self.nodes: list[Node] = list(graph.nodes[:start])
         self.copy: dict[int, int] = {}  # forward root id -> its recomputed root id
+        self.views: dict[int, int] = {}  # forward view id -> the same view of the copy
 
     def run(self) -> Graph:
         producers = self.graph.producers
@@ -110,9 +111,12 @@ class Rewriter:
             if new_root is None:
                 out.append(s)
             elif isinstance(sym, AliasSymbol):
-                view = dataclasses.replace(sym, id=len(self.symbols), root=new_root)
-                self.symbols.append(view)
-                out.append(view.id)
+                if s not in self.views:  # one view of the copy per view, named apart
+                    name = f"{sym.name}{SUFFIX}" if sym.name else ""
+                    view = dataclasses.replace(sym, id=len(self.symbols), root=new_root, name=name)
+                    self.symbols.append(view)
+                    self.views[s] = view.id
+                out.append(self.views[s])
             else:
                 out.append(new_root)
         return tuple(out)

@@ -122,3 +122,22 @@ def test_cast_precision_leaves_each_name_on_one_symbol(dtype):
     x, w = _args()
     got = interpret(backward(low, "loss", ["t"])[0], x, w)[-1]
     np.testing.assert_allclose(np.asarray(got, np.float64), _reference_dt(x, w), rtol=2e-2)
+
+
+def test_remat_makes_one_named_view_of_a_recomputed_tensor():
+    # a view of a recomputed tensor was copied once per operand reading it, each copy
+    # with the forward view's name (v * v: "v" named three symbols)
+    from fnnc.graph import backward, remat
+
+    b = GraphBuilder()
+    x = b.input((2, 3), name="x")
+    t = b.exec(ops.tanh(), x, name="t")
+    v = b.alias(t, (3, 2), stride=(2, 1), name="v")  # a reshape view
+    y = b.exec(ops.ewprod(), v, v, name="y")
+    loss = b.exec(ops.reduce_sum(axes=(0, 1)), y, name="loss")
+    grad, _ = backward(b.build([loss]), "loss", ["x"])
+    r = remat(grad, policy="nothing_saveable")
+    assert _named_twice(r) == [] and "v@remat" in {s.name for s in r.symbols}
+    xs = np.random.default_rng(4).normal(size=(2, 3)).astype(np.float32)
+    t64 = np.tanh(xs.astype(np.float64))  # oracle: d sum(tanh(x)^2)/dx
+    np.testing.assert_allclose(np.asarray(interpret(r, xs)[-1]), 2 * t64 * (1 - t64**2), rtol=1e-5)
