@@ -115,11 +115,12 @@ PASS_THROUGH = frozenset({"stop_gradient", "optimization_barrier"})
 """Identities: each input keeps the type it has (a float32 loss behind a
 ``stop_gradient`` had been rounded to the low type and converted back)."""
 
-COMPARED = {"fill_if_less_than": (1, 2), "masked_fill": (1,)}
+COMPARED = {"fill_if_less_than": (1, 2), "masked_fill": (1,), "index_select": (1,)}
 """Inputs (by position) a command only compares, which are read at their graph types
 as a comparison's are: ``fill_if_less_than``'s selector and threshold (``s < t`` in
 bfloat16 was False for s = 0.09999, t = 0.1), ``masked_fill``'s mask (1.001 rounded to
-1.0 matched ``eq=1``)."""
+1.0 matched ``eq=1``); and ``index_select``'s float positions, which pick the rows
+(in bfloat16 position 257 read row 256, and 299 of 300 rows became 300: NaN)."""
 
 
 def low_dtype(dtype: Any) -> Any:

@@ -141,3 +141,26 @@ def test_remat_makes_one_named_view_of_a_recomputed_tensor():
     xs = np.random.default_rng(4).normal(size=(2, 3)).astype(np.float32)
     t64 = np.tanh(xs.astype(np.float64))  # oracle: d sum(tanh(x)^2)/dx
     np.testing.assert_allclose(np.asarray(interpret(r, xs)[-1]), 2 * t64 * (1 - t64**2), rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cast_precision_reads_index_select_positions_at_their_type(dtype):
+    # float positions were rounded to the low type with the rows: in bfloat16 257 read
+    # row 256 and 299 (of 300 rows) became 300, out of range: NaN
+    from fnnc.graph import backward, cast_precision
+
+    b = GraphBuilder()
+    x, pos = b.input((300, 2), name="x"), b.input((3,), name="pos")
+    rows = b.exec(ops.index_select(), b.exec(ops.tanh(), x), pos, name="rows")
+    loss = b.exec(ops.reduce_sum(axes=(0, 1)), rows, name="loss")
+    low = cast_precision(b.build([rows, loss]), dtype)
+    xs = np.linspace(-1, 1, 600).reshape(300, 2).astype(np.float32)
+    ps = np.array([257.0, 1.25, 299.0], np.float32)
+    t = np.tanh(xs.astype(np.float64))  # oracle: NNC's interpolation in float64
+    j = ps.astype(np.int64)
+    w = (ps - j)[:, None]
+    want = t[j] * (1 - w) + t[np.minimum(j + 1, 299)] * w
+    np.testing.assert_allclose(np.asarray(interpret(low, xs, ps)[0]), want, atol=1e-2)
+    grad = interpret(backward(low, "loss", ["x"])[0], xs, ps)[-1]
+    touched = np.flatnonzero(np.abs(np.asarray(grad)).sum(1))
+    assert touched.tolist() == [1, 2, 257, 299]  # the rows the positions read
