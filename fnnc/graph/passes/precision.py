@@ -100,7 +100,7 @@ FOLLOW = frozenset(
     {
         "reshape", "transpose", "format_transform", "slice", "pad", "broadcast_to",
         "data_transfer", "index_select", "embedding", "datatype_conversion",
-        "sort", "partition", "unique_consecutive",
+        "sort", "partition", "unique_consecutive", "nms",
     }
 )  # fmt: skip
 """Data movement: computes in its (first) input's type, whatever it is. A graph's own
@@ -108,7 +108,9 @@ FOLLOW = frozenset(
 an explicit upcast of float16 data, or a conversion to float16, bfloat16-exact. Sorts
 are data movement too (their values a permutation of the input, ``torch.autocast``
 leaves them in theirs): rounding float32 values first made near-equal ones ties, whose
-order (and a top-k's choice) then followed their positions, not their values."""
+order (and a top-k's choice) then followed their positions, not their values. So is
+``nms``, which sorts rows by score and keeps some (scores 0.3 and 0.3001, a tie in
+bfloat16, came out in the wrong order)."""
 
 
 PASS_THROUGH = frozenset({"stop_gradient", "optimization_barrier"})

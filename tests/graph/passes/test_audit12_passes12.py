@@ -164,3 +164,20 @@ def test_cast_precision_reads_index_select_positions_at_their_type(dtype):
     grad = interpret(backward(low, "loss", ["x"])[0], xs, ps)[-1]
     touched = np.flatnonzero(np.abs(np.asarray(grad)).sum(1))
     assert touched.tolist() == [1, 2, 257, 299]  # the rows the positions read
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cast_precision_keeps_nms_scores_in_their_type(dtype):
+    # nms sorts by score: 0.3 and 0.3001 rounded to one value in the low type, and the
+    # tie came out in row order (0 before 1), not by score
+    from fnnc.graph import cast_precision
+
+    b = GraphBuilder()
+    a = b.input((3, 5), name="a")
+    rows, index = b.exec(ops.nms(iou_threshold=0.5), a, name="nms")
+    graph = b.build([rows, index])
+    boxes = [[0.3, 0, 0, 10, 10], [0.3001, 20, 20, 10, 10], [0.9, 100, 100, 10, 10]]
+    xs = np.array(boxes, np.float32)
+    _, got = interpret(cast_precision(graph, dtype), xs)
+    want = np.argsort(-xs[:, 0], kind="stable")  # oracle: disjoint boxes, all kept by score
+    np.testing.assert_array_equal(np.asarray(got), want)
