@@ -51,12 +51,15 @@ _INSTEAD = {
 
 
 def refuse_unknown(
-    method: str, where: str, unknown: Mapping[str, Any], extra: Sequence[Any] = ()
+    method: str, model: Any, unknown: Mapping[str, Any], extra: Sequence[Any] = ()
 ) -> None:
     """A :class:`ModelError` for the keywords ``unknown`` (and the positional arguments
     ``extra`` past the method's own: Keras's ``evaluate(x, y)``, ``fit(x, y, 32, 10)``)
-    given to ``method`` of the model ``where`` describes, naming what fnnc takes instead;
-    nothing when both are empty."""
+    given to ``method`` of ``model``, naming what fnnc takes instead; nothing (and no
+    work: ``fit`` calls it every step) when both are empty."""
+    if not extra and not unknown:
+        return
+    where = model.describe()
     if extra:
         raise ModelError(
             f"{method} of model {where}: {len(extra)} positional argument(s) more than it "

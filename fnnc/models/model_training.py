@@ -111,7 +111,7 @@ class TrainingMixin:
         :class:`~fnnc.errors.ModelError` and changes nothing (its loss would be NaN).
         Keras's ``fit(x, y, epochs=...)`` over a dataset is :meth:`train`; its keywords
         here are a ``ModelError`` saying so."""
-        refuse_unknown("fit", self.describe(), unknown, extra)  # type: ignore[attr-defined]
+        refuse_unknown("fit", self, unknown, extra)
         return self.engine.fit(_arrays(inputs), [] if targets is None else _arrays(targets))
 
     def evaluate(
@@ -129,7 +129,7 @@ class TrainingMixin:
         processes, each passes its own rows (as many as the others) and gets the
         outputs of every process's rows, process 0's first (:mod:`fnnc.models.processes`).
         Keras's ``evaluate(x, y)`` is :meth:`score`."""
-        refuse_unknown("evaluate", self.describe(), unknown, extra)  # type: ignore[attr-defined]
+        refuse_unknown("evaluate", self, unknown, extra)
         is_test = _flag(self, "evaluate", "is_test", is_test)
         requires_grad = _flag(self, "evaluate", "requires_grad", requires_grad)
         return self.engine.evaluate(_arrays(inputs), is_test=is_test, requires_grad=requires_grad)
@@ -160,7 +160,7 @@ class TrainingMixin:
         """
         from fnnc.models.metrics import score
 
-        refuse_unknown("score", self.describe(), unknown)  # type: ignore[attr-defined]
+        refuse_unknown("score", self, unknown)
         return score(
             self, data, labels, metrics=metrics, batch_size=batch_size, inputs=inputs,
             targets=targets,
@@ -216,7 +216,7 @@ class TrainingMixin:
         """
         from fnnc.models.training import predict
 
-        refuse_unknown("predict", self.describe(), unknown, extra)  # type: ignore[attr-defined]
+        refuse_unknown("predict", self, unknown, extra)
         self.engine._check_inputs(_arrays(inputs))  # evaluate's check, before batching
         return predict(self, inputs, batch_size=batch_size)
 
@@ -365,7 +365,7 @@ class TrainingMixin:
         """
         from fnnc.models.training import train
 
-        refuse_unknown("train", self.describe(), unknown)  # type: ignore[attr-defined]
+        refuse_unknown("train", self, unknown)
         batch_size = check_batch_size(batch_size, "train")  # before resume restores anything
         stop_on_nan = _flag(self, "train", "stop_on_nan", stop_on_nan)
         progress = None if progress is None else _flag(self, "train", "progress", progress)
