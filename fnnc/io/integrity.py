@@ -248,29 +248,32 @@ def forget(conn: sqlite3.Connection, names: list[Any]) -> None:
 
 def check(
     conn: sqlite3.Connection, where: str, name: Any, rowid: int, fields: Any, data: bytes
-) -> str:
-    """:data:`CHECKED`, :data:`UNCHECKED` or :data:`STALE` for one row just read.
+) -> tuple[str, dict[Any, tuple[Any, Any]]]:
+    """:data:`CHECKED`, :data:`UNCHECKED` or :data:`STALE` for one row just read, and
+    its recorded shape as :func:`recorded_shapes` of ``name`` gives it (one query).
 
     Raises:
         TensorFileError: the row's bytes do not match the checksum written with them.
     """
-    query = f"SELECT row, algo, digest FROM {TABLE} WHERE name=?"
-    found = conn.execute(query, (name,)).fetchone()
+    cursor = conn.execute(f"SELECT * FROM {TABLE} WHERE name=?", (name,))
+    found = cursor.fetchone()
     if found is None:
-        return UNCHECKED
-    row, algo, stored = found
+        return UNCHECKED, {}
+    entry = dict(zip([d[0] for d in cursor.description], found))
+    row, algo, stored, text = (entry.get(c) for c in ("row", "algo", "digest", SHAPE_COLUMN))
+    shapes = {} if text is None else {name: (row, text)}
     if row != rowid:
-        return STALE
+        return STALE, shapes
     computed = digest(fields, data, algo) if isinstance(algo, str) else None
     if computed is None:
-        return UNCHECKED
+        return UNCHECKED, shapes
     if computed != stored:
         raise TensorFileError(
             f"{where}: checksum mismatch ({algo} {stored!r:.70} stored with the row, "
             f"{computed} computed now): its bytes changed after fnnc wrote them (disk "
             f"damage){_untracked(conn)}; restore the file from a copy, or rewrite the tensor"
         )
-    return CHECKED
+    return CHECKED, shapes
 
 
 def _untracked(conn: sqlite3.Connection) -> str:

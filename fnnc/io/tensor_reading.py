@@ -121,15 +121,16 @@ class RowReading:
         palettized = info.dtype is None  # NNC's QX row: decoded as NNC depalettizes
         if not info.encoder and not palettized:
             fmt.check_length(where, info, len(data))
-        status = integrity.UNCHECKED
-        if self.has_table(integrity.TABLE):
-            status = integrity.check(self._handle.reader(), where, name, rowid, fields, data)
+        status, recorded = integrity.UNCHECKED, {}
+        if self.has_table(integrity.TABLE):  # the checksum and the recorded shape
+            reader = self._handle.reader()
+            status, recorded = integrity.check(reader, where, name, rowid, fields, data)
         if palettized and decode:
             info, data = qx.decode(info, row[4], data, where)
         if info.encoder and decode:
             data = decode_with(decoder, info.encoder, data, info.dtype, info.shape, where)
             fmt.check_length(where, info, len(data))
-        return self._as_written(info, rowid), data, status
+        return self._as_written(info, rowid, recorded), data, status
 
     def _as_written(
         self, info: TensorInfo, rowid: int, recorded: dict[Any, Any] | None = None
