@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from fnnc.core.opdef import Uses
+from fnnc.core.params import is_count
 from fnnc.errors import CommandError
 
 FLAGS = ("random", "has_effects", "differentiable", "elementwise")
@@ -37,8 +38,7 @@ def check_definition(
         problems.append(f"shape must be the shape rule, a function, got {type(shape).__name__}")
     if not isinstance(uses, Uses):
         problems.append(f"uses must be a fnnc.ops.Uses (e.g. Uses(inputs=(0,))), got {uses!r}")
-    integer = isinstance(min_inputs, (int, np.integer)) and not isinstance(min_inputs, bool)
-    if min_inputs is not None and not (integer and min_inputs >= 0):
+    if min_inputs is not None and not is_count(min_inputs, 0):
         problems.append(f"min_inputs must be an int >= 0 or None, got {min_inputs!r}")
     for key, value in attributes.items():
         if isinstance(value, (bool, np.bool_)):

@@ -5,6 +5,8 @@ for an output ``[N, 1]``), or scores whose classes are not the last axis (PyTorc
 
 from __future__ import annotations
 
+from fnnc.core.ir import unit_axes_apart
+
 
 def class_axis_hint(x, shape) -> str:
     """For labels that fit scores whose classes sit on another axis than the last
@@ -30,9 +32,9 @@ def class_axis_hint(x, shape) -> str:
 def reshape_hint(given, want) -> str:
     """What to do when ``given`` holds ``want``'s values but for axes of size 1 (a target
     ``y`` of ``[N]`` for an output ``[N, 1]``, Keras's habit): reshape it. Else nothing."""
-    given, want = tuple(given), tuple(want)
-    if given == want or [n for n in given if n != 1] != [n for n in want if n != 1]:
+    if not unit_axes_apart(given, want):
         return ""
+    want = tuple(want)
     rows = ", ".join(["-1", *(str(n) for n in want[1:])])
     return (
         f"; the second holds the same values but for axes of size 1: reshape it to "

@@ -54,6 +54,7 @@ import optax
 
 from fnnc import ops
 from fnnc.core.ir import Graph
+from fnnc.core.params import is_count
 from fnnc.errors import GraphError
 from fnnc.graph.builder import GraphBuilder
 from fnnc.graph.passes.backward import backward
@@ -106,11 +107,7 @@ class LossScale:
         elif self.initial > top:
             problems.append(f"initial={self.initial!r} (at most float32's largest, {top:.6g})")
         count = self.growth_interval  # NumPy's ints count; True is no count (it was 1)
-        if not (
-            isinstance(count, (int, np.integer))
-            and not isinstance(count, (bool, np.bool_))
-            and count >= 1
-        ):
+        if not is_count(count, 1):
             problems.append(f"growth_interval={self.growth_interval!r} (an int >= 1)")
         if not (positive(self.factor) and 1 < self.factor <= top):
             problems.append(f"factor={self.factor!r} (a finite number > 1, e.g. 2.0)")
