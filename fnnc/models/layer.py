@@ -94,18 +94,20 @@ def flag(layer: Layer, arg: str, value: Any) -> bool:
 
 def real_in(
     layer: Layer, arg: str, value: Any, low: float, high: float, *, open_high: bool = False,
-    hint: str = "",
+    open_low: bool = False, hint: str = "",
 ) -> float:  # fmt: skip
     """``value`` as a float when it is a real number (not a bool, not NaN) in ``[low,
-    high]`` (``[low, high)`` with ``open_high``); else a :class:`ModelError` naming
+    high]`` (open at ``high`` with ``open_high``, at ``low`` with ``open_low``: ``low=-inf,
+    high=inf`` and both open is any finite number); else a :class:`ModelError` naming
     ``layer``, its argument ``arg`` and ``hint`` (what the number means). Layer
     constructors check probabilities and rates with it, so ``BatchNorm(momentum=2.0)``
     is refused instead of making running statistics diverge."""
     if real_scalar(value):  # a NumPy or JAX 0-d array of a real number is one too
         value = float(value)
     ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-    if not ok or not low <= value or not (value < high if open_high else value <= high):
-        span = f"[{low}, {high}{')' if open_high else ']'}"
+    above = ok and (low < value if open_low else low <= value)
+    if not above or not (value < high if open_high else value <= high):
+        span = f"{'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
         raise ModelError(
             f"layer {layer.describe()}: {arg} is {value!r:.40} ({type(value).__name__}); "
             f"expected a number in {span}{'; ' + hint if hint else ''}"

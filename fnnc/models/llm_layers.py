@@ -39,6 +39,7 @@ from fnnc.models.layer import (
     glorot_uniform,
     is_int,
     positive_int,
+    real_in,
     zeros,
 )
 
@@ -206,16 +207,13 @@ class MoE(Layer):
             raise ModelError(
                 f"layer {self.describe()}: k={k} must be in 1..{experts} (the number of experts)"
             )
-        ok = isinstance(weight_scale, numbers.Real) and not isinstance(
-            weight_scale, (bool, np.bool_)
-        )
-        if not ok or not np.isfinite(weight_scale):  # nan made every output NaN silently
-            raise ModelError(
-                f"layer {self.describe()}: weight_scale is {weight_scale!r:.40}; expected a "
-                "finite number (it multiplies each expert row's routing weight, e.g. 1.0)"
-            )
+        inf = float("inf")  # nan made every output NaN silently
+        weight_scale = real_in(
+            self, "weight_scale", weight_scale, -inf, inf, open_low=True, open_high=True,
+            hint="a finite number; it multiplies each expert row's routing weight, e.g. 1.0",
+        )  # fmt: skip
         self.experts, self.hidden, self.k = experts, hidden, k
-        self.weight_scale = float(weight_scale)
+        self.weight_scale = weight_scale
         self.return_load = flag(self, "return_load", return_load)
         self.normalize = flag(self, "normalize", normalize)  # bool("no") was True
 

@@ -36,10 +36,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fnnc.core.dtypes import at_least_float32
-from fnnc.models.layer import ModelError, ModelIO
+from fnnc.models.layer import ModelError, ModelIO, real_in
 
 
 class GradientsMixin:
@@ -66,8 +65,14 @@ class GradientsMixin:
         PyTorch's ``clip_grad_norm_``). Returns the norm before clipping. Call it between
         :meth:`backward` and :meth:`apply_gradients`. A NaN norm leaves the gradients
         NaN (see :meth:`gradients_isnan`)."""
-        max_norm = _positive(max_norm, "max_norm")
-        p = _norm_type(norm_type)
+        max_norm = real_in(
+            self, "max_norm", max_norm, 0.0, math.inf, open_low=True,  # type: ignore[arg-type]
+            hint="the largest global norm the gradients keep",
+        )  # fmt: skip
+        p = real_in(
+            self, "norm_type", norm_type, 1.0, math.inf,  # type: ignore[arg-type]
+            hint="p of the p-norm: 2 (NNC's only one, the default) or math.inf",
+        )  # fmt: skip
         pids = self._gradient_ids(params, "clip_grad_norm")
         grads = self.engine.grads  # type: ignore[attr-defined]
         if not pids:
@@ -130,32 +135,6 @@ class GradientsMixin:
             )
         chosen = set(wanted)
         return [pid for pid in engine.infos if pid in chosen and pid in engine.grads]
-
-
-def _number(value: Any) -> float | None:
-    """``value`` as a float if it is a real number (Python's, NumPy's, a 0-d array);
-    ``None`` for bools and everything else."""
-    if isinstance(value, (bool, np.bool_)) or np.ndim(value) != 0:
-        return None
-    kind = getattr(np.asarray(value), "dtype", np.dtype(object)).kind
-    return float(value) if kind in "iuf" else None
-
-
-def _positive(value: Any, name: str) -> float:
-    number = _number(value)
-    if number is None or not number > 0:
-        raise ModelError(f"clip_grad_norm: {name}={value!r}; expected a number above 0")
-    return number
-
-
-def _norm_type(value: Any) -> float:
-    number = _number(value)
-    if number is None or not number >= 1:
-        raise ModelError(
-            f"clip_grad_norm: norm_type={value!r}; expected a number >= 1 (2, NNC's only "
-            "one, by default) or math.inf"
-        )
-    return number
 
 
 @functools.lru_cache(maxsize=8)

@@ -138,15 +138,36 @@ def test_isnan_sees_nan_and_not_inf(mlp):
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda m: m.clip_grad_norm(0), "max_norm=0; expected a number above 0"),
-        (lambda m: m.clip_grad_norm(-1.0), "max_norm=-1.0; expected a number above 0"),
-        (lambda m: m.clip_grad_norm("1"), "max_norm='1'; expected a number above 0"),
-        (lambda m: m.clip_grad_norm(1.0, norm_type=0.5), "norm_type=0.5; expected a number"),
+        (
+            lambda m: m.clip_grad_norm(0),
+            r"max_norm is 0 \(int\); expected a number in \(0.0, inf\]",
+        ),
+        (
+            lambda m: m.clip_grad_norm(-1.0),
+            r"max_norm is -1.0 \(float\); expected a number in \(0.0, inf\]",
+        ),
+        (
+            lambda m: m.clip_grad_norm("1"),
+            r"max_norm is '1' \(str\); expected a number in \(0.0, inf\]",
+        ),
+        (
+            lambda m: m.clip_grad_norm(1.0, norm_type=0.5),
+            r"norm_type is 0.5 \(float\); expected a number in \[1.0, inf\]",
+        ),
         (lambda m: m.clip_grad_norm(1.0, params="t-nope"), "'t-nope' is not a parameter"),
         (lambda m: m.gradients(params=3), "params=3 \\(int\\); expected None"),
-        (lambda m: m.clip_grad_norm(True), "max_norm=True; expected a number above 0"),
-        (lambda m: m.clip_grad_norm(np.nan), "max_norm=nan; expected a number above 0"),
-        (lambda m: m.clip_grad_norm(1.0, norm_type=np.int64(0)), "expected a number >= 1"),
+        (
+            lambda m: m.clip_grad_norm(True),
+            r"max_norm is True \(bool\); expected a number in \(0.0, inf\]",
+        ),
+        (
+            lambda m: m.clip_grad_norm(np.nan),
+            r"max_norm is nan \(float\); expected a number in \(0.0, inf\]",
+        ),
+        (
+            lambda m: m.clip_grad_norm(1.0, norm_type=np.int64(0)),
+            r"norm_type is 0.0 \(float\); expected a number in \[1.0, inf\]",
+        ),
     ],
 )
 def test_bad_arguments_are_named(mlp, call, message):
