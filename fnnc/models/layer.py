@@ -196,12 +196,11 @@ class Layer:
 
     @is_trainable.setter
     def is_trainable(self, value: Any) -> None:
-        if value is None or (isinstance(value, str) and value == "inherit"):
+        inherit = isinstance(value, str) and value == "inherit"
+        if value is None or inherit or (is_int(value) and value == -1):  # NNC's -1 too
             self._is_trainable = None
-        elif isinstance(value, (bool, np.bool_)):
-            self._is_trainable = bool(value)
-        elif isinstance(value, (int, np.integer)) and int(value) in (-1, 0, 1):
-            self._is_trainable = None if int(value) == -1 else bool(value)  # NNC's ints
+        elif flag_value(value) is not None:  # a bool, or NNC's 1 / 0
+            self._is_trainable = flag_value(value)
         else:
             raise ModelError(
                 f"layer {self.describe()}: is_trainable={value!r:.40} "
