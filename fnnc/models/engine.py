@@ -42,7 +42,6 @@ import optax
 from fnnc.core import dispatch
 from fnnc.core.ir import unit_axes_apart
 from fnnc.errors import NumericsError
-from fnnc.graph.memory import MemoryPlan
 from fnnc.graph.passes.minimize import TrainLayout
 from fnnc.models import checks, loss_scale, losses
 from fnnc.models.engine_steps import StepsMixin
@@ -416,11 +415,6 @@ class Engine(StepsMixin):
         prog: FitProgram = self._compiled(key, make)
         self._last_fit = prog
         return key, prog, mins
-
-    def memory_plan(self, inputs: Sequence[Any] | None, targets: Sequence[Any]) -> MemoryPlan:
-        """:func:`~fnnc.graph.memory_plan` of the fit program for ``inputs`` and
-        ``targets`` (arrays or specs), or of the last one :meth:`fit` used."""
-        return self.fit_step(inputs, targets, "memory_plan").memory_plan()  # with donation
 
     def fit_step(self, inputs: Sequence[Any] | None, targets: Sequence[Any], what: str) -> Any:
         """The compiled fit :class:`~fnnc.graph.Program` for ``inputs`` and ``targets``

@@ -50,21 +50,22 @@ class MemoryMixin:
         """:func:`fnnc.graph.memory_plan` of the compiled training step: the last one
         :meth:`fit` ran, or the one for ``inputs``/``targets`` (arrays or specs: one, or
         a list, or ``None`` for no targets, as :meth:`fit` takes them)."""
-        return self.engine.memory_plan(
-            None if inputs is None else _arrays(inputs),
-            [] if targets is None else _arrays(targets),
-        )
+        return self._fit_step(inputs, targets, "memory_plan").memory_plan()  # with donation
 
     def memory(self, inputs: Any = None, targets: Any = ()) -> Any:
         """XLA's memory analysis (:meth:`fnnc.graph.Program.memory`) of the compiled
         training step, chosen as :meth:`memory_plan` chooses it: e.g. a model with frozen
         layers against the same model all trainable (no gradient or optimizer buffers
         for frozen parameters)."""
-        return self.engine.fit_step(
+        return self._fit_step(inputs, targets, "memory").memory()
+
+    def _fit_step(self, inputs: Any, targets: Any, what: str) -> Any:
+        """The compiled fit program both report on (:meth:`Engine.fit_step`)."""
+        return self.engine.fit_step(  # type: ignore[attr-defined]
             None if inputs is None else _arrays(inputs),
             [] if targets is None else _arrays(targets),
-            "memory",
-        ).memory()
+            what,
+        )
 
 
 def _switch(model: Any, method: str, enabled: Any) -> bool:
