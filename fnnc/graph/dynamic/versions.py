@@ -115,12 +115,12 @@ def _numbers(value: Any, dtype: np.dtype, at: str) -> np.ndarray:
     """``value`` as an array of ``dtype``, or a :class:`DTypeError` naming ``at`` for a
     value that holds no numbers (``np.asarray(None, float32)`` is NaN, not an error)."""
     try:
-        arr = np.asarray(value)
-    except (TypeError, ValueError):
-        arr = np.asarray(None)
-    if arr.dtype.kind in "biu":  # an integer the variable's type does not hold: error
+        given = (arr := np.asarray(value)).dtype
+    except (TypeError, ValueError):  # ragged lists
+        given = np.dtype(object)
+    if given.kind in "biu":  # an integer the variable's type does not hold: error
         return integer_cast(arr, dtype, at)
-    if is_inexact(arr.dtype):
+    if is_inexact(given):
         return arr.astype(dtype)
     raise DTypeError(
         f"{at}: got {value!r:.40} ({type(value).__name__}), which is not an array of "
